@@ -1,0 +1,300 @@
+#include "config.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fileio.h"
+
+void ps_config_defaults(ps_config *c) {
+    memset(c, 0, sizeof *c);
+    c->rope = true;
+    c->rope_theta = 10000.0;
+    c->qk_norm = true;
+    c->rms_eps = 1e-6;
+    c->tie_embeddings = true;
+    c->kind = PS_ATTN_FULL;
+    c->window = 8;
+    c->stride = -1;       /* = W unless given */
+    c->local_window = -1; /* = W unless given */
+    c->gate = PS_GATE_LEARNED;
+    c->payload = PS_PAYLOAD_PER_OFFSET;
+}
+
+/* ---- typed getters: each names the key (with its JSON path) and the file ---- */
+
+static int get_int(json_t *v, const char *key, const char *src, int64_t *out, ps_error *err) {
+    if (!json_is_integer(v))
+        return ps_fail(err, "%s: key \"%s\" must be a JSON integer, got %s", src, key,
+                       json_is_real(v) ? "a real number" : json_is_string(v) ? "a string" : "another type");
+    *out = (int64_t)json_integer_value(v);
+    return 0;
+}
+
+static int get_num(json_t *v, const char *key, const char *src, double *out, ps_error *err) {
+    if (!json_is_number(v)) return ps_fail(err, "%s: key \"%s\" must be a number", src, key);
+    *out = json_number_value(v);
+    return 0;
+}
+
+static int get_bool(json_t *v, const char *key, const char *src, bool *out, ps_error *err) {
+    if (!json_is_boolean(v)) return ps_fail(err, "%s: key \"%s\" must be true or false", src, key);
+    *out = json_is_true(v);
+    return 0;
+}
+
+static int get_enum(json_t *v, const char *key, const char *src, const char *a, const char *b, int *out,
+                    ps_error *err) {
+    if (!json_is_string(v)) return ps_fail(err, "%s: key \"%s\" must be a string (\"%s\" or \"%s\")", src, key, a, b);
+    const char *s = json_string_value(v);
+    if (!strcmp(s, a)) *out = 0;
+    else if (!strcmp(s, b)) *out = 1;
+    else return ps_fail(err, "%s: key \"%s\" is \"%s\", expected \"%s\" or \"%s\"", src, key, s, a, b);
+    return 0;
+}
+
+static int parse_attention(json_t *att, const char *src, ps_config *c, ps_error *err) {
+    if (!json_is_object(att)) return ps_fail(err, "%s: key \"attention\" must be an object", src);
+    const char *k;
+    json_t *v;
+    json_object_foreach(att, k, v) {
+        int e = 0, tmp = 0;
+        if (!strcmp(k, "kind")) {
+            e = get_enum(v, "attention.kind", src, "full", "compressed", &tmp, err);
+            c->kind = (ps_attn_kind)tmp;
+        } else if (!strcmp(k, "window")) e = get_int(v, "attention.window", src, &c->window, err);
+        else if (!strcmp(k, "stride")) e = get_int(v, "attention.stride", src, &c->stride, err);
+        else if (!strcmp(k, "local_window")) e = get_int(v, "attention.local_window", src, &c->local_window, err);
+        else if (!strcmp(k, "gate")) {
+            e = get_enum(v, "attention.gate", src, "learned", "uniform", &tmp, err);
+            c->gate = (ps_gate_kind)tmp;
+        } else if (!strcmp(k, "payload")) {
+            e = get_enum(v, "attention.payload", src, "per_offset", "shared", &tmp, err);
+            c->payload = (ps_payload_kind)tmp;
+        } else
+            return ps_fail(err,
+                           "%s: unknown key \"attention.%s\" (valid: kind, window, stride, local_window, gate, payload)",
+                           src, k);
+        if (e) return -1;
+    }
+    return 0;
+}
+
+static const char *const REQUIRED[] = {"vocab_size", "d_model",  "n_layers", "n_heads",
+                                       "n_kv_heads", "head_dim", "d_ff",     "max_seq_len"};
+
+static int64_t *required_slot(ps_config *c, int i) {
+    int64_t *slots[] = {&c->vocab_size, &c->d_model,  &c->n_layers, &c->n_heads,
+                        &c->n_kv_heads, &c->head_dim, &c->d_ff,     &c->max_seq_len};
+    return slots[i];
+}
+
+static int parse_native(json_t *root, const char *src, ps_config *c, ps_error *err) {
+    bool seen[8] = {0};
+    const char *k;
+    json_t *v;
+    json_object_foreach(root, k, v) {
+        int e = 0, found = 0;
+        for (int i = 0; i < 8; i++)
+            if (!strcmp(k, REQUIRED[i])) {
+                e = get_int(v, k, src, required_slot(c, i), err);
+                seen[i] = true;
+                found = 1;
+            }
+        if (found) {
+            if (e) return -1;
+            continue;
+        }
+        if (!strcmp(k, "rope")) e = get_bool(v, k, src, &c->rope, err);
+        else if (!strcmp(k, "rope_theta")) e = get_num(v, k, src, &c->rope_theta, err);
+        else if (!strcmp(k, "qk_norm")) e = get_bool(v, k, src, &c->qk_norm, err);
+        else if (!strcmp(k, "rms_eps")) e = get_num(v, k, src, &c->rms_eps, err);
+        else if (!strcmp(k, "tie_embeddings")) e = get_bool(v, k, src, &c->tie_embeddings, err);
+        else if (!strcmp(k, "attention")) e = parse_attention(v, src, c, err);
+        else
+            return ps_fail(err,
+                           "%s: unknown key \"%s\" (valid: vocab_size, d_model, n_layers, n_heads, n_kv_heads, "
+                           "head_dim, d_ff, max_seq_len, rope, rope_theta, qk_norm, rms_eps, tie_embeddings, "
+                           "attention)",
+                           src, k);
+        if (e) return -1;
+    }
+    for (int i = 0; i < 8; i++)
+        if (!seen[i]) return ps_fail(err, "%s: missing required key \"%s\"", src, REQUIRED[i]);
+    return 0;
+}
+
+/* Hugging Face Qwen3: map the keys SPEC §2 lists, ignore the rest, full attention. */
+static int parse_hf(json_t *root, const char *src, ps_config *c, ps_error *err) {
+    static const char *const map[][2] = {
+        {"vocab_size", "vocab_size"},       {"hidden_size", "d_model"},          {"num_hidden_layers", "n_layers"},
+        {"num_attention_heads", "n_heads"}, {"num_key_value_heads", "n_kv_heads"}, {"head_dim", "head_dim"},
+        {"intermediate_size", "d_ff"},      {"max_position_embeddings", "max_seq_len"},
+    };
+    for (int i = 0; i < 8; i++) {
+        json_t *v = json_object_get(root, map[i][0]);
+        int64_t *slot = NULL;
+        for (int j = 0; j < 8; j++)
+            if (!strcmp(map[i][1], REQUIRED[j])) slot = required_slot(c, j);
+        if (!v) {
+            if (!strcmp(map[i][0], "num_key_value_heads") || !strcmp(map[i][0], "head_dim")) continue;
+            return ps_fail(err, "%s: missing required key \"%s\" (Hugging Face qwen3 config)", src, map[i][0]);
+        }
+        if (get_int(v, map[i][0], src, slot, err)) return -1;
+    }
+    if (!json_object_get(root, "num_key_value_heads")) c->n_kv_heads = c->n_heads;
+    if (!json_object_get(root, "head_dim")) {
+        if (c->n_heads <= 0 || c->d_model % c->n_heads)
+            return ps_fail(err, "%s: key \"head_dim\" missing and hidden_size is not a multiple of num_attention_heads",
+                           src);
+        c->head_dim = c->d_model / c->n_heads;
+    }
+    json_t *v;
+    if ((v = json_object_get(root, "rope_theta")) && get_num(v, "rope_theta", src, &c->rope_theta, err)) return -1;
+    if ((v = json_object_get(root, "rms_norm_eps")) && get_num(v, "rms_norm_eps", src, &c->rms_eps, err)) return -1;
+    if ((v = json_object_get(root, "tie_word_embeddings")) &&
+        get_bool(v, "tie_word_embeddings", src, &c->tie_embeddings, err))
+        return -1;
+    c->kind = PS_ATTN_FULL;
+    return 0;
+}
+
+int ps_config_validate(const ps_config *c, const char *src, ps_error *err) {
+    const int64_t *req[] = {&c->vocab_size, &c->d_model,  &c->n_layers, &c->n_heads,
+                            &c->n_kv_heads, &c->head_dim, &c->d_ff,     &c->max_seq_len};
+    for (int i = 0; i < 8; i++) {
+        if (*req[i] < 1) return ps_fail(err, "%s: key \"%s\" must be >= 1, got %lld", src, REQUIRED[i], (long long)*req[i]);
+        if (*req[i] > PS_MAX_DIM)
+            return ps_fail(err, "%s: key \"%s\" is %lld, more than the supported maximum %lld", src, REQUIRED[i],
+                           (long long)*req[i], (long long)PS_MAX_DIM);
+    }
+    if (c->n_heads % c->n_kv_heads)
+        return ps_fail(err, "%s: key \"n_heads\" (%lld) must be a multiple of \"n_kv_heads\" (%lld)", src,
+                       (long long)c->n_heads, (long long)c->n_kv_heads);
+    if (c->rope && c->head_dim % 2)
+        return ps_fail(err, "%s: key \"head_dim\" (%lld) must be even when rope is true", src, (long long)c->head_dim);
+    if (!(c->rope_theta > 0) || !isfinite(c->rope_theta))
+        return ps_fail(err, "%s: key \"rope_theta\" must be > 0, got %g", src, c->rope_theta);
+    if (!(c->rms_eps > 0) || !isfinite(c->rms_eps))
+        return ps_fail(err, "%s: key \"rms_eps\" must be > 0, got %g", src, c->rms_eps);
+    /* Parameter and per-token sizes must stay sane: refuse absurd totals before anything allocates. */
+    double params = (double)c->vocab_size * c->d_model * 2 +
+                    (double)c->n_layers * ((double)c->d_model * c->head_dim * (2 * c->n_heads + 2 * c->n_kv_heads) +
+                                           3.0 * c->d_model * c->d_ff);
+    if (params > 1e11) return ps_fail(err, "%s: model would have about %.3g parameters; refusing (limit 1e11)", src, params);
+    if (c->kind == PS_ATTN_COMPRESSED) {
+        if (c->window < 1) return ps_fail(err, "%s: key \"attention.window\" must be >= 1, got %lld", src, (long long)c->window);
+        if (c->window > 4096)
+            return ps_fail(err, "%s: key \"attention.window\" is %lld, more than the supported maximum 4096", src,
+                           (long long)c->window);
+        if (c->stride < 1) return ps_fail(err, "%s: key \"attention.stride\" must be >= 1, got %lld", src, (long long)c->stride);
+        if (c->stride > c->window)
+            return ps_fail(err, "%s: key \"attention.stride\" (%lld) must not exceed attention.window (%lld)", src,
+                           (long long)c->stride, (long long)c->window);
+        if (c->local_window < 1)
+            return ps_fail(err, "%s: key \"attention.local_window\" must be >= 1, got %lld", src, (long long)c->local_window);
+        if (c->local_window > PS_MAX_DIM)
+            return ps_fail(err, "%s: key \"attention.local_window\" is %lld, more than the supported maximum %lld", src,
+                           (long long)c->local_window, (long long)PS_MAX_DIM);
+    }
+    return 0;
+}
+
+int ps_config_parse(const char *text, size_t len, const char *src, ps_config *c, ps_error *err) {
+    ps_config_defaults(c);
+    json_error_t je;
+    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
+    if (!root) return ps_fail(err, "%s: not valid JSON (line %d: %s)", src, je.line, je.text);
+    int rc = -1;
+    if (!json_is_object(root)) {
+        ps_fail(err, "%s: config must be a JSON object", src);
+        goto done;
+    }
+    json_t *mt = json_object_get(root, "model_type");
+    if (mt) {
+        if (!json_is_string(mt) || strcmp(json_string_value(mt), "qwen3") != 0) {
+            ps_fail(err, "%s: key \"model_type\" must be \"qwen3\" (the only Hugging Face architecture accepted)", src);
+            goto done;
+        }
+        if (parse_hf(root, src, c, err)) goto done;
+    } else if (parse_native(root, src, c, err))
+        goto done;
+    if (c->stride == -1) c->stride = c->window;
+    if (c->local_window == -1) c->local_window = c->window;
+    rc = ps_config_validate(c, src, err);
+done:
+    json_decref(root);
+    return rc;
+}
+
+int ps_config_load(const char *path, ps_config *out, ps_error *err) {
+    char *text;
+    size_t len;
+    if (ps_read_file(path, (size_t)16 << 20, &text, &len, err)) return -1;
+    int rc = ps_config_parse(text, len, path, out, err);
+    free(text);
+    return rc;
+}
+
+char *ps_config_to_json(const ps_config *c) {
+    json_t *o = json_object();
+    json_object_set_new(o, "vocab_size", json_integer(c->vocab_size));
+    json_object_set_new(o, "d_model", json_integer(c->d_model));
+    json_object_set_new(o, "n_layers", json_integer(c->n_layers));
+    json_object_set_new(o, "n_heads", json_integer(c->n_heads));
+    json_object_set_new(o, "n_kv_heads", json_integer(c->n_kv_heads));
+    json_object_set_new(o, "head_dim", json_integer(c->head_dim));
+    json_object_set_new(o, "d_ff", json_integer(c->d_ff));
+    json_object_set_new(o, "max_seq_len", json_integer(c->max_seq_len));
+    json_object_set_new(o, "rope", json_boolean(c->rope));
+    json_object_set_new(o, "rope_theta", json_real(c->rope_theta));
+    json_object_set_new(o, "qk_norm", json_boolean(c->qk_norm));
+    json_object_set_new(o, "rms_eps", json_real(c->rms_eps));
+    json_object_set_new(o, "tie_embeddings", json_boolean(c->tie_embeddings));
+    json_t *a = json_object();
+    json_object_set_new(a, "kind", json_string(c->kind == PS_ATTN_COMPRESSED ? "compressed" : "full"));
+    json_object_set_new(a, "window", json_integer(c->window));
+    json_object_set_new(a, "stride", json_integer(c->stride));
+    json_object_set_new(a, "local_window", json_integer(c->local_window));
+    json_object_set_new(a, "gate", json_string(c->gate == PS_GATE_UNIFORM ? "uniform" : "learned"));
+    json_object_set_new(a, "payload", json_string(c->payload == PS_PAYLOAD_SHARED ? "shared" : "per_offset"));
+    json_object_set_new(o, "attention", a);
+    char *s = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(15));
+    json_decref(o);
+    return s;
+}
+
+int ps_config_save(const ps_config *c, const char *path, ps_error *err) {
+    char *s = ps_config_to_json(c);
+    if (!s) return ps_fail(err, "%s: cannot serialise config", path);
+    size_t n = strlen(s);
+    char *t = malloc(n + 2);
+    if (!t) {
+        free(s);
+        return ps_fail(err, "%s: out of memory", path);
+    }
+    memcpy(t, s, n);
+    t[n] = '\n';
+    int rc = ps_write_file_atomic(path, t, n + 1, err);
+    free(t);
+    free(s);
+    return rc;
+}
+
+void ps_config_hash(const ps_config *c, char out[17]) {
+    char *s = ps_config_to_json(c);
+    uint64_t h = 1469598103934665603ULL;
+    for (const char *p = s; p && *p; p++) {
+        h ^= (unsigned char)*p;
+        h *= 1099511628211ULL;
+    }
+    free(s);
+    snprintf(out, 17, "%016llx", (unsigned long long)h);
+}
+
+int64_t ps_config_n_windows(const ps_config *c, int64_t T) {
+    if (c->kind != PS_ATTN_COMPRESSED || T < c->window) return 0;
+    return (T - c->window) / c->stride + 1;
+}

@@ -1,0 +1,59 @@
+/* config.h — the model configuration (SPEC §2): parsing config.json (phasescope's own schema or a
+ * Hugging Face Qwen3 config), validation with one-line errors naming the key and the file, writing it
+ * back, and a stable hash used in result provenance. */
+#ifndef PS_CONFIG_H
+#define PS_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdbool.h>
+
+#include "error.h"
+
+typedef enum { PS_ATTN_FULL = 0, PS_ATTN_COMPRESSED = 1 } ps_attn_kind;
+typedef enum { PS_GATE_LEARNED = 0, PS_GATE_UNIFORM = 1 } ps_gate_kind;
+typedef enum { PS_PAYLOAD_PER_OFFSET = 0, PS_PAYLOAD_SHARED = 1 } ps_payload_kind;
+
+/* Upper bound on every integer dimension; keeps all size products far from int64 overflow. */
+#define PS_MAX_DIM ((int64_t)1 << 24)
+
+typedef struct {
+    int64_t vocab_size, d_model, n_layers, n_heads, n_kv_heads, head_dim, d_ff, max_seq_len;
+    bool rope;
+    double rope_theta;
+    bool qk_norm;
+    double rms_eps;
+    bool tie_embeddings;
+    ps_attn_kind kind;
+    int64_t window;       /* W */
+    int64_t stride;       /* S, 1 <= S <= W */
+    int64_t local_window; /* raw tokens each query sees, >= 1 */
+    ps_gate_kind gate;
+    ps_payload_kind payload;
+} ps_config;
+
+/* Defaults for every optional key; the required ones are left 0. */
+void ps_config_defaults(ps_config *c);
+
+/* Parse a JSON text; `source` names the file in error messages. */
+int ps_config_parse(const char *json_text, size_t len, const char *source, ps_config *out, ps_error *err);
+
+/* Read and parse a config.json file. */
+int ps_config_load(const char *path, ps_config *out, ps_error *err);
+
+/* Check the invariants of SPEC §2 (also run by the parser). `source` names the file. */
+int ps_config_validate(const ps_config *c, const char *source, ps_error *err);
+
+/* Serialise as phasescope's own schema (pretty JSON, fixed key order). Caller frees. */
+char *ps_config_to_json(const ps_config *c);
+
+/* Write config.json atomically. */
+int ps_config_save(const ps_config *c, const char *path, ps_error *err);
+
+/* 16 hex digits: FNV-1a 64 over the canonical JSON of the config. */
+void ps_config_hash(const ps_config *c, char out[17]);
+
+/* Number of compressed windows wholly inside a sequence of T tokens (0 for full attention). */
+int64_t ps_config_n_windows(const ps_config *c, int64_t T);
+
+#endif

@@ -1,0 +1,37 @@
+/* fileio.h — whole-file reads with a size limit, and atomic writes (temp file + fsync + rename),
+ * so a killed run never leaves a half-written file under its final name. */
+#ifndef PS_FILEIO_H
+#define PS_FILEIO_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "error.h"
+
+/* Read a regular file into a malloc'd buffer (NUL-terminated, *len excludes the NUL). Refuses
+ * directories and files larger than max_bytes. */
+int ps_read_file(const char *path, size_t max_bytes, char **data, size_t *len, ps_error *err);
+
+/* Atomic writer: ps_atomic_open gives a FILE* on a temp file beside `path`; ps_atomic_commit flushes,
+ * fsyncs, closes and renames it over `path` (and fsyncs the directory); ps_atomic_abort removes it. */
+typedef struct {
+    FILE *f;
+    char path[4096];
+    char tmp[4096 + 16];
+} ps_atomic_file;
+
+int ps_atomic_open(ps_atomic_file *af, const char *path, ps_error *err);
+int ps_atomic_commit(ps_atomic_file *af, ps_error *err);
+void ps_atomic_abort(ps_atomic_file *af);
+
+/* Convenience: write a whole buffer atomically. */
+int ps_write_file_atomic(const char *path, const void *data, size_t len, ps_error *err);
+
+/* Join dir and name with one '/' into out (size n). Fails if it does not fit. */
+int ps_path_join(char *out, size_t n, const char *dir, const char *name, ps_error *err);
+
+/* mkdir -p for one directory level (existing directory is fine). */
+int ps_mkdir(const char *path, ps_error *err);
+
+#endif

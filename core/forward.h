@@ -1,0 +1,69 @@
+/* forward.h — activations and the forward pass (SPEC §2) with hooks (SPEC §4).
+ *
+ * All activations of a run live in one contiguous buffer laid out by a size table (see
+ * ps_acts_create). With keep_all (training), every layer keeps its own activations for the backward
+ * pass; otherwise the per-layer scratch is shared across layers and only the residual stream of every
+ * layer boundary is kept — enough to restart the pass at any layer (ps_forward_from), which is how a
+ * knockout grid avoids recomputing the layers below the one it changes. */
+#ifndef PS_FORWARD_H
+#define PS_FORWARD_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "error.h"
+#include "hooks.h"
+#include "model.h"
+#include "ops.h"
+
+typedef struct {
+    float *resid;          /* [L+1, B, T, d]   input of layer l (l = L: the final residual) */
+    /* per layer (L slots when keep_all, else 1): */
+    float *ln1, *ln1_rstd; /* [B,T,d], [B,T] */
+    float *q_pre, *q, *q_rstd; /* [B,T,nh,hd] before norm/RoPE, after; [B,T,nh] */
+    float *k_pre, *k, *k_rstd; /* [B,T,nkv,hd], [B,T,nkv] */
+    float *v;              /* [B,T,nkv,hd] */
+    float *gz_k, *ga_k, *gz_v, *ga_v; /* gate logits and alpha [B,nW,nkv,W] */
+    float *pk, *pv;        /* payloads [B,nW,W,nkv*hd] */
+    float *ck_pre, *ck, *ck_rstd, *cv; /* [B,nW,nkv,hd] pooled key before norm/RoPE, after; [B,nW,nkv]; value */
+    float *probs;          /* [B,nh,T,ncols] */
+    float *z;              /* [B,T,nh,hd] */
+    float *attn_out, *resid_mid, *ln2, *ln2_rstd; /* [B,T,d] ([B,T] rstd) */
+    float *mlp_g, *mlp_u, *mlp_h; /* [B,T,d_ff] */
+    float *mlp_out;        /* [B,T,d] */
+    /* final */
+    float *lnf, *lnf_rstd; /* [B,T,d], [B,T] */
+    float *logits;         /* [B,T,V] */
+    /* scratch */
+    float *rope_cos, *rope_sin; /* [T, hd/2] */
+    float *payload_scratch;     /* [B,T,nkv*hd] (shared payload) */
+    float *pattern_full;        /* [B,nh,T,nW+T] (only when a pattern hook exists) */
+} ps_act_ptrs;
+
+typedef struct {
+    int64_t B, T, nW;
+    bool keep_all;
+    ps_attn_geom geom;
+    ps_act_ptrs p;
+    /* per-layer strides (floats) of each per-layer array; 0 when shared across layers */
+    int64_t layer_stride[sizeof(ps_act_ptrs) / sizeof(float *)];
+    float *buf;
+    int64_t n_floats;
+} ps_acts;
+
+/* Floats a run needs (for memory estimates before allocating). */
+int64_t ps_acts_size(const ps_config *cfg, int64_t B, int64_t T, bool keep_all, bool pattern_hook);
+
+int ps_acts_create(ps_acts *a, const ps_config *cfg, int64_t B, int64_t T, bool keep_all, ps_error *err);
+void ps_acts_free(ps_acts *a);
+
+/* Pointers to layer l's slot of the per-layer arrays. */
+ps_act_ptrs ps_acts_layer(const ps_acts *a, int l);
+
+/* Full forward: tokens [B, T] (each in [0, vocab)). Fills logits. hooks may be NULL. */
+int ps_forward(const ps_model *m, ps_acts *a, const int32_t *tokens, const ps_hooks *hooks, ps_error *err);
+
+/* Forward from layer `from` on, given a->p.resid[from] (already computed by an earlier pass). */
+int ps_forward_from(const ps_model *m, ps_acts *a, int from, const ps_hooks *hooks, ps_error *err);
+
+#endif

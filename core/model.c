@@ -1,0 +1,284 @@
+#include "model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fileio.h"
+#include "rng.h"
+#include "safetensors.h"
+
+static const char *const LAYER_NAMES[PS_P_NKINDS] = {
+    [PS_P_IN_NORM] = "input_layernorm.weight",
+    [PS_P_WQ] = "self_attn.q_proj.weight",
+    [PS_P_WK] = "self_attn.k_proj.weight",
+    [PS_P_WV] = "self_attn.v_proj.weight",
+    [PS_P_WO] = "self_attn.o_proj.weight",
+    [PS_P_QNORM] = "self_attn.q_norm.weight",
+    [PS_P_KNORM] = "self_attn.k_norm.weight",
+    [PS_P_KEY_PAYLOAD] = "self_attn.compressor.key_payload",
+    [PS_P_VALUE_PAYLOAD] = "self_attn.compressor.value_payload",
+    [PS_P_KEY_GATE_W] = "self_attn.compressor.key_gate.weight",
+    [PS_P_KEY_GATE_B] = "self_attn.compressor.key_gate.bias",
+    [PS_P_VALUE_GATE_W] = "self_attn.compressor.value_gate.weight",
+    [PS_P_VALUE_GATE_B] = "self_attn.compressor.value_gate.bias",
+    [PS_P_POST_NORM] = "post_attention_layernorm.weight",
+    [PS_P_MLP_GATE] = "mlp.gate_proj.weight",
+    [PS_P_MLP_UP] = "mlp.up_proj.weight",
+    [PS_P_MLP_DOWN] = "mlp.down_proj.weight",
+};
+
+static void add(ps_model *m, ps_param_kind kind, int layer, int ndim, int64_t a, int64_t b, int64_t c) {
+    ps_param_info *p = &m->table[m->n_tensors++];
+    p->kind = kind;
+    p->layer = layer;
+    p->ndim = ndim;
+    p->shape[0] = a;
+    p->shape[1] = b;
+    p->shape[2] = c;
+    p->numel = 1;
+    for (int i = 0; i < ndim; i++) p->numel *= p->shape[i];
+    p->offset = m->n_params;
+    m->n_params += p->numel;
+    if (layer >= 0) snprintf(p->name, sizeof p->name, "model.layers.%d.%s", layer, LAYER_NAMES[kind]);
+    else if (kind == PS_P_EMBED) snprintf(p->name, sizeof p->name, "model.embed_tokens.weight");
+    else if (kind == PS_P_FINAL_NORM) snprintf(p->name, sizeof p->name, "model.norm.weight");
+    else snprintf(p->name, sizeof p->name, "lm_head.weight");
+}
+
+int ps_model_create(ps_model *m, const ps_config *cfg, ps_error *err) {
+    memset(m, 0, sizeof *m);
+    if (ps_config_validate(cfg, "config", err)) return -1;
+    m->cfg = *cfg;
+    const ps_config *c = cfg;
+    int64_t d = c->d_model, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads, W = c->window;
+    m->table = calloc((size_t)(c->n_layers * 17 + 3), sizeof *m->table);
+    if (!m->table) return ps_fail(err, "out of memory for the parameter table");
+    add(m, PS_P_EMBED, -1, 2, c->vocab_size, d, 0);
+    for (int l = 0; l < c->n_layers; l++) {
+        add(m, PS_P_IN_NORM, l, 1, d, 0, 0);
+        add(m, PS_P_WQ, l, 2, nh * hd, d, 0);
+        add(m, PS_P_WK, l, 2, nkv * hd, d, 0);
+        add(m, PS_P_WV, l, 2, nkv * hd, d, 0);
+        add(m, PS_P_WO, l, 2, d, nh * hd, 0);
+        if (c->qk_norm) {
+            add(m, PS_P_QNORM, l, 1, hd, 0, 0);
+            add(m, PS_P_KNORM, l, 1, hd, 0, 0);
+        }
+        if (c->kind == PS_ATTN_COMPRESSED) {
+            if (c->payload == PS_PAYLOAD_PER_OFFSET) {
+                add(m, PS_P_KEY_PAYLOAD, l, 3, W, nkv * hd, d);
+                add(m, PS_P_VALUE_PAYLOAD, l, 3, W, nkv * hd, d);
+            } else {
+                add(m, PS_P_KEY_PAYLOAD, l, 2, nkv * hd, d, 0);
+                add(m, PS_P_VALUE_PAYLOAD, l, 2, nkv * hd, d, 0);
+            }
+            if (c->gate == PS_GATE_LEARNED) {
+                add(m, PS_P_KEY_GATE_W, l, 3, W, nkv, d);
+                add(m, PS_P_KEY_GATE_B, l, 2, W, nkv, 0);
+                add(m, PS_P_VALUE_GATE_W, l, 3, W, nkv, d);
+                add(m, PS_P_VALUE_GATE_B, l, 2, W, nkv, 0);
+            }
+        }
+        add(m, PS_P_POST_NORM, l, 1, d, 0, 0);
+        add(m, PS_P_MLP_GATE, l, 2, c->d_ff, d, 0);
+        add(m, PS_P_MLP_UP, l, 2, c->d_ff, d, 0);
+        add(m, PS_P_MLP_DOWN, l, 2, d, c->d_ff, 0);
+    }
+    add(m, PS_P_FINAL_NORM, -1, 1, d, 0, 0);
+    if (!c->tie_embeddings) add(m, PS_P_LM_HEAD, -1, 2, c->vocab_size, d, 0);
+    m->params = calloc((size_t)m->n_params, sizeof(float));
+    if (!m->params) {
+        int64_t n = m->n_params;
+        ps_model_free(m);
+        return ps_fail(err, "out of memory for %lld parameters", (long long)n);
+    }
+    return 0;
+}
+
+void ps_model_free(ps_model *m) {
+    if (!m) return;
+    free(m->table);
+    free(m->params);
+    for (int i = 0; i < m->n_meta; i++) {
+        free(m->meta_keys[i]);
+        free(m->meta_vals[i]);
+    }
+    free(m->meta_keys);
+    free(m->meta_vals);
+    memset(m, 0, sizeof *m);
+}
+
+ps_layer_params ps_model_layer(const ps_model *m, float *base, int l) {
+    ps_layer_params p;
+    memset(&p, 0, sizeof p);
+    float **slot[PS_P_NKINDS] = {
+        [PS_P_IN_NORM] = &p.in_norm,           [PS_P_WQ] = &p.wq,
+        [PS_P_WK] = &p.wk,                     [PS_P_WV] = &p.wv,
+        [PS_P_WO] = &p.wo,                     [PS_P_QNORM] = &p.qnorm,
+        [PS_P_KNORM] = &p.knorm,               [PS_P_KEY_PAYLOAD] = &p.key_payload,
+        [PS_P_VALUE_PAYLOAD] = &p.value_payload, [PS_P_KEY_GATE_W] = &p.key_gate_w,
+        [PS_P_KEY_GATE_B] = &p.key_gate_b,     [PS_P_VALUE_GATE_W] = &p.value_gate_w,
+        [PS_P_VALUE_GATE_B] = &p.value_gate_b, [PS_P_POST_NORM] = &p.post_norm,
+        [PS_P_MLP_GATE] = &p.mlp_gate,         [PS_P_MLP_UP] = &p.mlp_up,
+        [PS_P_MLP_DOWN] = &p.mlp_down,
+    };
+    for (int i = 0; i < m->n_tensors; i++)
+        if (m->table[i].layer == l && slot[m->table[i].kind]) *slot[m->table[i].kind] = base + m->table[i].offset;
+    return p;
+}
+
+static float *global_ptr(const ps_model *m, float *base, ps_param_kind k) {
+    for (int i = 0; i < m->n_tensors; i++)
+        if (m->table[i].kind == k) return base + m->table[i].offset;
+    return NULL;
+}
+
+float *ps_model_embed(const ps_model *m, float *base) { return global_ptr(m, base, PS_P_EMBED); }
+float *ps_model_final_norm(const ps_model *m, float *base) { return global_ptr(m, base, PS_P_FINAL_NORM); }
+float *ps_model_lm_head(const ps_model *m, float *base) {
+    return m->cfg.tie_embeddings ? global_ptr(m, base, PS_P_EMBED) : global_ptr(m, base, PS_P_LM_HEAD);
+}
+
+const ps_param_info *ps_model_find(const ps_model *m, const char *name) {
+    for (int i = 0; i < m->n_tensors; i++)
+        if (!strcmp(m->table[i].name, name)) return &m->table[i];
+    return NULL;
+}
+
+void ps_model_init(ps_model *m, uint64_t seed) {
+    ps_rng r;
+    ps_rng_seed(&r, seed);
+    double out_std = 0.02 / sqrt(2.0 * (double)m->cfg.n_layers);
+    for (int i = 0; i < m->n_tensors; i++) {
+        const ps_param_info *p = &m->table[i];
+        float *w = m->params + p->offset;
+        double std = 0.02;
+        switch (p->kind) {
+        case PS_P_IN_NORM: case PS_P_POST_NORM: case PS_P_FINAL_NORM: case PS_P_QNORM: case PS_P_KNORM:
+            for (int64_t j = 0; j < p->numel; j++) w[j] = 1.0f;
+            continue;
+        case PS_P_KEY_GATE_W: case PS_P_KEY_GATE_B: case PS_P_VALUE_GATE_W: case PS_P_VALUE_GATE_B:
+            memset(w, 0, (size_t)p->numel * sizeof(float)); /* SPEC §2: gates start uniform */
+            continue;
+        case PS_P_WO: case PS_P_MLP_DOWN:
+            std = out_std;
+            break;
+        default:
+            break;
+        }
+        for (int64_t j = 0; j < p->numel; j++) w[j] = (float)(std * ps_rng_normal(&r));
+    }
+}
+
+int ps_model_set_meta(ps_model *m, const char *key, const char *val, ps_error *err) {
+    for (int i = 0; i < m->n_meta; i++)
+        if (!strcmp(m->meta_keys[i], key)) {
+            char *v = strdup(val);
+            if (!v) return ps_fail(err, "out of memory");
+            free(m->meta_vals[i]);
+            m->meta_vals[i] = v;
+            return 0;
+        }
+    char **k = realloc(m->meta_keys, (size_t)(m->n_meta + 1) * sizeof *k);
+    if (!k) return ps_fail(err, "out of memory");
+    m->meta_keys = k;
+    char **v = realloc(m->meta_vals, (size_t)(m->n_meta + 1) * sizeof *v);
+    if (!v) return ps_fail(err, "out of memory");
+    m->meta_vals = v;
+    m->meta_keys[m->n_meta] = strdup(key);
+    m->meta_vals[m->n_meta] = strdup(val);
+    if (!m->meta_keys[m->n_meta] || !m->meta_vals[m->n_meta]) return ps_fail(err, "out of memory");
+    m->n_meta++;
+    return 0;
+}
+
+const char *ps_model_get_meta(const ps_model *m, const char *key) {
+    for (int i = 0; i < m->n_meta; i++)
+        if (!strcmp(m->meta_keys[i], key)) return m->meta_vals[i];
+    return NULL;
+}
+
+static void shape_str(char *buf, size_t n, int ndim, const int64_t *shape) {
+    size_t w = (size_t)snprintf(buf, n, "[");
+    for (int i = 0; i < ndim && w < n; i++) w += (size_t)snprintf(buf + w, n - w, "%s%lld", i ? ", " : "", (long long)shape[i]);
+    if (w < n) snprintf(buf + w, n - w, "]");
+}
+
+int ps_model_load(ps_model *m, const char *dir, ps_error *err) {
+    memset(m, 0, sizeof *m);
+    char cpath[4096], wpath[4096];
+    if (ps_path_join(cpath, sizeof cpath, dir, "config.json", err) ||
+        ps_path_join(wpath, sizeof wpath, dir, "model.safetensors", err))
+        return -1;
+    ps_config cfg;
+    if (ps_config_load(cpath, &cfg, err)) return -1;
+    if (ps_model_create(m, &cfg, err)) return ps_fail_prefix(err, "%s: ", cpath);
+    ps_st_file f;
+    if (ps_st_open(wpath, &f, err)) {
+        ps_model_free(m);
+        return -1;
+    }
+    int rc = -1;
+    for (int i = 0; i < m->n_tensors; i++) {
+        const ps_param_info *p = &m->table[i];
+        const ps_st_entry *e = ps_st_find(&f, p->name);
+        if (!e) {
+            ps_fail(err, "%s: tensor \"%s\" is missing (the config in %s needs it)", wpath, p->name, cpath);
+            goto done;
+        }
+        int same = e->ndim == p->ndim;
+        for (int d = 0; same && d < p->ndim; d++) same = e->shape[d] == p->shape[d];
+        if (!same) {
+            char got[128], want[128];
+            shape_str(got, sizeof got, e->ndim, e->shape);
+            shape_str(want, sizeof want, p->ndim, p->shape);
+            ps_fail(err, "%s: tensor \"%s\" has shape %s but the config needs %s", wpath, p->name, got, want);
+            goto done;
+        }
+        float *w = m->params + p->offset;
+        if (ps_st_read_f32(&f, e, w, err)) goto done;
+        for (int64_t j = 0; j < p->numel; j++)
+            if (!isfinite(w[j])) {
+                ps_fail(err, "%s: tensor \"%s\" holds a non-finite value (%g at flat index %lld)", wpath, p->name,
+                        (double)w[j], (long long)j);
+                goto done;
+            }
+    }
+    for (int i = 0; i < f.n; i++) {
+        if (ps_model_find(m, f.entries[i].name)) continue;
+        if (cfg.tie_embeddings && !strcmp(f.entries[i].name, "lm_head.weight")) continue; /* tolerated, ignored */
+        ps_fail(err, "%s: unexpected tensor \"%s\" (not part of the model described by %s)", wpath, f.entries[i].name,
+                cpath);
+        goto done;
+    }
+    for (int i = 0; i < f.n_meta; i++)
+        if (strcmp(f.meta_keys[i], "format") && ps_model_set_meta(m, f.meta_keys[i], f.meta_vals[i], err)) goto done;
+    rc = 0;
+done:
+    ps_st_close(&f);
+    if (rc) ps_model_free(m);
+    return rc;
+}
+
+int ps_model_save(const ps_model *m, const char *dir, ps_error *err) {
+    if (ps_mkdir(dir, err)) return -1;
+    char cpath[4096], wpath[4096];
+    if (ps_path_join(cpath, sizeof cpath, dir, "config.json", err) ||
+        ps_path_join(wpath, sizeof wpath, dir, "model.safetensors", err))
+        return -1;
+    ps_st_tensor *t = calloc((size_t)m->n_tensors, sizeof *t);
+    if (!t) return ps_fail(err, "%s: out of memory", wpath);
+    for (int i = 0; i < m->n_tensors; i++) {
+        t[i].name = m->table[i].name;
+        t[i].ndim = m->table[i].ndim;
+        for (int d = 0; d < 3; d++) t[i].shape[d] = m->table[i].shape[d];
+        t[i].data = m->params + m->table[i].offset;
+    }
+    int rc = ps_st_save(wpath, t, m->n_tensors, (const char *const *)m->meta_keys, (const char *const *)m->meta_vals,
+                        m->n_meta, err);
+    free(t);
+    if (rc) return -1;
+    return ps_config_save(&m->cfg, cpath, err);
+}

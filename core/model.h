@@ -1,0 +1,85 @@
+/* model.h — a model's parameters: one contiguous float buffer described by a size table of named
+ * tensors (SPEC §3 names), loading and saving checkpoints (config.json + model.safetensors),
+ * and random initialisation. The same table lays out gradient and optimizer buffers. */
+#ifndef PS_MODEL_H
+#define PS_MODEL_H
+
+#include <stdint.h>
+
+#include "config.h"
+#include "error.h"
+
+/* Parameter kinds; per-layer kinds repeat for every layer. */
+typedef enum {
+    PS_P_EMBED = 0,
+    PS_P_IN_NORM, PS_P_WQ, PS_P_WK, PS_P_WV, PS_P_WO, PS_P_QNORM, PS_P_KNORM,
+    PS_P_KEY_PAYLOAD, PS_P_VALUE_PAYLOAD, PS_P_KEY_GATE_W, PS_P_KEY_GATE_B, PS_P_VALUE_GATE_W, PS_P_VALUE_GATE_B,
+    PS_P_POST_NORM, PS_P_MLP_GATE, PS_P_MLP_UP, PS_P_MLP_DOWN,
+    PS_P_FINAL_NORM, PS_P_LM_HEAD,
+    PS_P_NKINDS
+} ps_param_kind;
+
+typedef struct {
+    char name[128];
+    ps_param_kind kind;
+    int layer; /* -1 for global tensors */
+    int ndim;
+    int64_t shape[3];
+    int64_t numel;
+    int64_t offset; /* into the parameter buffer, in floats */
+} ps_param_info;
+
+/* Pointers into a buffer laid out by the table (parameters, gradients, moments alike). NULL where the
+ * config has no such tensor. Shapes in comments. */
+typedef struct {
+    float *in_norm;      /* [d] */
+    float *wq;           /* [nh*hd, d] */
+    float *wk, *wv;      /* [nkv*hd, d] */
+    float *wo;           /* [d, nh*hd] */
+    float *qnorm, *knorm;/* [hd] */
+    float *key_payload, *value_payload;  /* [W, nkv*hd, d] per_offset or [nkv*hd, d] shared */
+    float *key_gate_w, *value_gate_w;    /* [W, nkv, d] */
+    float *key_gate_b, *value_gate_b;    /* [W, nkv] */
+    float *post_norm;    /* [d] */
+    float *mlp_gate, *mlp_up; /* [d_ff, d] */
+    float *mlp_down;     /* [d, d_ff] */
+} ps_layer_params;
+
+typedef struct {
+    ps_config cfg;
+    int n_tensors;
+    ps_param_info *table;
+    int64_t n_params;
+    float *params;       /* n_params floats */
+    /* metadata carried with the checkpoint (task layout etc.), "format" excluded */
+    int n_meta;
+    char **meta_keys, **meta_vals;
+} ps_model;
+
+/* Build the table for cfg and allocate zeroed parameters. */
+int ps_model_create(ps_model *m, const ps_config *cfg, ps_error *err);
+void ps_model_free(ps_model *m);
+
+/* Pointers into `base` (m->params or a buffer of the same layout). */
+ps_layer_params ps_model_layer(const ps_model *m, float *base, int l);
+float *ps_model_embed(const ps_model *m, float *base);
+float *ps_model_final_norm(const ps_model *m, float *base);
+float *ps_model_lm_head(const ps_model *m, float *base); /* the embedding when tied */
+const ps_param_info *ps_model_find(const ps_model *m, const char *name);
+
+/* Initialise: norms = 1, gates = 0, embedding N(0, 0.02), projections N(0, 0.02), output
+ * projections (o_proj, down_proj) N(0, 0.02/sqrt(2L)), payloads N(0, 0.02) like k/v_proj. */
+void ps_model_init(ps_model *m, uint64_t seed);
+
+/* Load DIR/config.json and DIR/model.safetensors. Errors name the file and the tensor. */
+int ps_model_load(ps_model *m, const char *dir, ps_error *err);
+
+/* Save atomically: DIR/config.json and DIR/model.safetensors (F32, "__metadata__" with the model's
+ * metadata). DIR is created if missing. */
+int ps_model_save(const ps_model *m, const char *dir, ps_error *err);
+
+/* Set (or replace) a metadata string. */
+int ps_model_set_meta(ps_model *m, const char *key, const char *val, ps_error *err);
+const char *ps_model_get_meta(const ps_model *m, const char *key);
+
+#endif

@@ -1,0 +1,69 @@
+/* ops.h — the compute seam: every numeric kernel the model calls, over plain float arrays.
+ * The CPU implementation (ops_cpu.c) uses OpenBLAS sgemm and OpenMP; a CUDA backend will provide
+ * the same functions later. Shapes are row-major and stated per function; all sizes are int64. */
+#ifndef PS_OPS_H
+#define PS_OPS_H
+
+#include <stdint.h>
+
+/* out[M, N] (= or +=) inp[M, K] · w[N, K]^T  (a linear layer without bias). */
+void ps_matmul(float *out, const float *inp, const float *w, int64_t M, int64_t K, int64_t N, int accumulate);
+
+/* out[b, t, :] = table[tok[b, t], :]; table: [V, C]. Tokens are validated by the caller. */
+void ps_embed(float *out, const int32_t *tok, const float *table, int64_t n_tok, int64_t C);
+
+/* RMSNorm over rows of C: out = inp / sqrt(mean(inp^2) + eps) * weight; rstd[n_rows] is kept for the
+ * backward. out may alias inp. */
+void ps_rmsnorm(float *out, float *rstd, const float *inp, const float *weight, int64_t n_rows, int64_t C, float eps);
+
+/* Rotate-half RoPE tables: cos/sin [n_pos, hd/2] with angles p·theta^(-2i/hd) in double precision. */
+void ps_rope_table(float *cos_t, float *sin_t, int64_t n_pos, int64_t hd, double theta);
+
+/* In-place RoPE on x: [n_seq, rows_per_seq, n_heads, hd]; row r of a sequence sits at position r·pos_step. */
+void ps_rope(float *x, const float *cos_t, const float *sin_t, int64_t n_seq, int64_t rows_per_seq, int64_t n_heads,
+             int64_t hd, int64_t pos_step);
+
+/* SwiGLU: h = silu(g) ⊙ u, all [n]. */
+void ps_swiglu(float *h, const float *g, const float *u, int64_t n);
+
+/* out = a + b, all [n]. out may alias a. */
+void ps_add(float *out, const float *a, const float *b, int64_t n);
+
+/* Compressor gate for one branch (SPEC §2). a: [B, T, d]; u: [W, nkv, d] and c: [W, nkv], or u = NULL
+ * for the uniform gate. Writes logits z and alpha = softmax_i(z): both [B, nW, nkv, W]. */
+void ps_gate(float *z, float *alpha, const float *a, const float *u, const float *c, int64_t B, int64_t T, int64_t d,
+             int64_t nW, int64_t W, int64_t S, int64_t nkv);
+
+/* Compressor payloads for one branch: P[b, j, i, :] = C_i a[b, jS+i, :]. per_offset: C is [W, nkvhd, d];
+ * shared: C is [nkvhd, d] (scratch: [B, T, nkvhd], only for shared). P: [B, nW, W, nkvhd]. */
+void ps_payload(float *P, const float *a, const float *C, int shared, float *scratch, int64_t B, int64_t T, int64_t d,
+                int64_t nW, int64_t W, int64_t S, int64_t nkvhd);
+
+/* Pooling: out[b, j, g, :] = sum_i alpha[b, j, g, i] P[b, j, i, g*hd : (g+1)*hd]. out: [B, nW, nkv, hd]. */
+void ps_pool(float *out, const float *alpha, const float *P, int64_t B, int64_t nW, int64_t W, int64_t nkv, int64_t hd);
+
+/* Attention geometry shared by the probability and output kernels. */
+typedef struct {
+    int64_t B, T, nh, nkv, hd;
+    int compressed;
+    int64_t W, S, LW; /* compressed only: window, stride, effective local window min(local_window, T) */
+    int64_t nW;       /* compressed windows (0 for full attention) */
+    int64_t ncols;    /* columns of a probability row: T (full) or nW + LW (compressed) */
+} ps_attn_geom;
+
+/* Probability rows. q: [B, T, nh, hd]; k: [B, T, nkv, hd]; ck: [B, nW, nkv, hd] (compressed).
+ * probs: [B, nh, T, ncols]. Full: column t' = raw position. Compressed: columns 0..nW-1 are the
+ * windows, column nW+m the raw position t-LW+1+m. Entries a query does not see are 0. */
+void ps_attn_probs(float *probs, const float *q, const float *k, const float *ck, const ps_attn_geom *g);
+
+/* z[b, t, n, :] = sum over columns of probs · value (raw v: [B, T, nkv, hd], compressed cv: [B, nW, nkv, hd]). */
+void ps_attn_out(float *z, const float *probs, const float *v, const float *cv, const ps_attn_geom *g);
+
+/* Number of compressed windows ended by position t: windows j with jS + W - 1 <= t, capped at nW. */
+static inline int64_t ps_windows_seen(int64_t t, int64_t W, int64_t S, int64_t nW) {
+    if (t < W - 1) return 0;
+    int64_t n = (t - W + 1) / S + 1;
+    return n < nW ? n : nW;
+}
+
+#endif

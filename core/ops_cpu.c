@@ -1,0 +1,234 @@
+/* ops_cpu.c — CPU implementation of ops.h: OpenBLAS sgemm for matrix products (always called outside
+ * OpenMP regions, so the BLAS threads and ours never oversubscribe), OpenMP loops for the rest. */
+#include <cblas.h>
+#include <math.h>
+#include <string.h>
+
+#include "ops.h"
+
+void ps_matmul(float *out, const float *inp, const float *w, int64_t M, int64_t K, int64_t N, int accumulate) {
+    if (M == 0 || N == 0) return;
+    if (K == 0) {
+        if (!accumulate) memset(out, 0, (size_t)(M * N) * sizeof(float));
+        return;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)M, (blasint)N, (blasint)K, 1.0f, inp, (blasint)K, w,
+                (blasint)K, accumulate ? 1.0f : 0.0f, out, (blasint)N);
+}
+
+void ps_embed(float *out, const int32_t *tok, const float *table, int64_t n_tok, int64_t C) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n_tok; i++) memcpy(out + i * C, table + (int64_t)tok[i] * C, (size_t)C * sizeof(float));
+}
+
+void ps_rmsnorm(float *out, float *rstd, const float *inp, const float *weight, int64_t n_rows, int64_t C, float eps) {
+#pragma omp parallel for schedule(static) if (n_rows * C > 32768)
+    for (int64_t r = 0; r < n_rows; r++) {
+        const float *x = inp + r * C;
+        float *o = out + r * C;
+        double ss = 0.0;
+        for (int64_t i = 0; i < C; i++) ss += (double)x[i] * x[i];
+        float s = (float)(1.0 / sqrt(ss / (double)C + (double)eps));
+        if (rstd) rstd[r] = s;
+        for (int64_t i = 0; i < C; i++) o[i] = x[i] * s * weight[i];
+    }
+}
+
+void ps_rope_table(float *cos_t, float *sin_t, int64_t n_pos, int64_t hd, double theta) {
+    int64_t half = hd / 2;
+    for (int64_t p = 0; p < n_pos; p++)
+        for (int64_t i = 0; i < half; i++) {
+            double f = pow(theta, -2.0 * (double)i / (double)hd), ang = (double)p * f;
+            cos_t[p * half + i] = (float)cos(ang);
+            sin_t[p * half + i] = (float)sin(ang);
+        }
+}
+
+void ps_rope(float *x, const float *cos_t, const float *sin_t, int64_t n_seq, int64_t rows_per_seq, int64_t n_heads,
+             int64_t hd, int64_t pos_step) {
+    int64_t half = hd / 2, n_rows = n_seq * rows_per_seq;
+#pragma omp parallel for schedule(static) if (n_rows * n_heads * hd > 32768)
+    for (int64_t r = 0; r < n_rows; r++) {
+        int64_t pos = (r % rows_per_seq) * pos_step;
+        const float *c = cos_t + pos * half, *s = sin_t + pos * half;
+        for (int64_t h = 0; h < n_heads; h++) {
+            float *v = x + (r * n_heads + h) * hd;
+            for (int64_t i = 0; i < half; i++) {
+                float a = v[i], b = v[i + half];
+                v[i] = a * c[i] - b * s[i];
+                v[i + half] = b * c[i] + a * s[i];
+            }
+        }
+    }
+}
+
+void ps_swiglu(float *h, const float *g, const float *u, int64_t n) {
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (int64_t i = 0; i < n; i++) {
+        float x = g[i];
+        h[i] = x / (1.0f + expf(-x)) * u[i];
+    }
+}
+
+void ps_add(float *out, const float *a, const float *b, int64_t n) {
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+}
+
+void ps_gate(float *z, float *alpha, const float *a, const float *u, const float *c, int64_t B, int64_t T, int64_t d,
+             int64_t nW, int64_t W, int64_t S, int64_t nkv) {
+    int64_t n = B * nW * nkv;
+#pragma omp parallel for schedule(static) if (n * W * d > 32768)
+    for (int64_t idx = 0; idx < n; idx++) {
+        int64_t b = idx / (nW * nkv), j = (idx / nkv) % nW, g = idx % nkv;
+        float *zz = z + idx * W, *al = alpha + idx * W;
+        if (!u) {
+            for (int64_t i = 0; i < W; i++) {
+                zz[i] = 0.0f;
+                al[i] = 1.0f / (float)W;
+            }
+            continue;
+        }
+        float mx = -INFINITY;
+        for (int64_t i = 0; i < W; i++) {
+            const float *x = a + (b * T + j * S + i) * d, *w = u + (i * nkv + g) * d;
+            float s = c[i * nkv + g];
+            for (int64_t k = 0; k < d; k++) s += w[k] * x[k];
+            zz[i] = s;
+            if (s > mx) mx = s;
+        }
+        float sum = 0.0f;
+        for (int64_t i = 0; i < W; i++) {
+            al[i] = expf(zz[i] - mx);
+            sum += al[i];
+        }
+        for (int64_t i = 0; i < W; i++) al[i] /= sum;
+    }
+}
+
+void ps_payload(float *P, const float *a, const float *C, int shared, float *scratch, int64_t B, int64_t T, int64_t d,
+                int64_t nW, int64_t W, int64_t S, int64_t nkvhd) {
+    if (nW == 0) return;
+    if (shared) {
+        ps_matmul(scratch, a, C, B * T, d, nkvhd, 0);
+#pragma omp parallel for schedule(static)
+        for (int64_t bj = 0; bj < B * nW; bj++) {
+            int64_t b = bj / nW, j = bj % nW;
+            for (int64_t i = 0; i < W; i++)
+                memcpy(P + (bj * W + i) * nkvhd, scratch + (b * T + j * S + i) * nkvhd, (size_t)nkvhd * sizeof(float));
+        }
+        return;
+    }
+    /* One strided sgemm per (offset, sequence): rows a[b, jS+i] for j = 0..nW-1 are S·d apart. */
+    for (int64_t i = 0; i < W; i++)
+        for (int64_t b = 0; b < B; b++)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)nW, (blasint)nkvhd, (blasint)d, 1.0f,
+                        a + (b * T + i) * d, (blasint)(S * d), C + i * nkvhd * d, (blasint)d, 0.0f,
+                        P + (b * nW * W + i) * nkvhd, (blasint)(W * nkvhd));
+}
+
+void ps_pool(float *out, const float *alpha, const float *P, int64_t B, int64_t nW, int64_t W, int64_t nkv, int64_t hd) {
+    int64_t n = B * nW * nkv;
+#pragma omp parallel for schedule(static) if (n * W * hd > 32768)
+    for (int64_t idx = 0; idx < n; idx++) {
+        int64_t bj = idx / nkv, g = idx % nkv;
+        float *o = out + idx * hd;
+        const float *al = alpha + idx * W;
+        memset(o, 0, (size_t)hd * sizeof(float));
+        for (int64_t i = 0; i < W; i++) {
+            const float *p = P + (bj * W + i) * nkv * hd + g * hd;
+            for (int64_t k = 0; k < hd; k++) o[k] += al[i] * p[k];
+        }
+    }
+}
+
+/* Raw column range of query t in a compressed row: columns nW+m for m in [m0, LW). */
+static inline int64_t local_first(int64_t t, int64_t LW) { return t - LW + 1 < 0 ? LW - 1 - t : 0; }
+
+void ps_attn_probs(float *probs, const float *q, const float *k, const float *ck, const ps_attn_geom *g) {
+    int64_t B = g->B, T = g->T, nh = g->nh, nkv = g->nkv, hd = g->hd, nc = g->ncols, grp = nh / nkv;
+    float scale = 1.0f / sqrtf((float)hd);
+    /* Products that sgemm does well: full QK^T, and Q · compressed keys. */
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t n = 0; n < nh; n++) {
+            int64_t kv = n / grp;
+            float *P = probs + (b * nh + n) * T * nc;
+            const float *Q = q + b * T * nh * hd + n * hd;
+            if (!g->compressed)
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)T, (blasint)T, (blasint)hd, scale, Q,
+                            (blasint)(nh * hd), k + b * T * nkv * hd + kv * hd, (blasint)(nkv * hd), 0.0f, P, (blasint)nc);
+            else if (g->nW > 0)
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)T, (blasint)g->nW, (blasint)hd, scale, Q,
+                            (blasint)(nh * hd), ck + b * g->nW * nkv * hd + kv * hd, (blasint)(nkv * hd), 0.0f, P,
+                            (blasint)nc);
+        }
+    /* Local raw scores, masking and softmax, one row at a time. */
+    int64_t rows = B * nh * T;
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t t = r % T, n = (r / T) % nh, b = r / (T * nh), kv = n / grp;
+        float *row = probs + r * nc;
+        int64_t lo, hi; /* visible columns: [0, n_comp) and [lo, hi) */
+        int64_t n_comp = 0;
+        if (!g->compressed) {
+            lo = 0;
+            hi = t + 1;
+        } else {
+            n_comp = ps_windows_seen(t, g->W, g->S, g->nW);
+            lo = g->nW + local_first(t, g->LW);
+            hi = g->nW + g->LW;
+            const float *qt = q + ((b * T + t) * nh + n) * hd;
+            for (int64_t c = lo; c < hi; c++) {
+                int64_t tp = t - g->LW + 1 + (c - g->nW);
+                const float *kt = k + ((b * T + tp) * nkv + kv) * hd;
+                float s = 0.0f;
+                for (int64_t i = 0; i < hd; i++) s += qt[i] * kt[i];
+                row[c] = s * scale;
+            }
+        }
+        float mx = -INFINITY;
+        for (int64_t c = 0; c < n_comp; c++) mx = fmaxf(mx, row[c]);
+        for (int64_t c = lo; c < hi; c++) mx = fmaxf(mx, row[c]);
+        float sum = 0.0f;
+        for (int64_t c = 0; c < n_comp; c++) sum += (row[c] = expf(row[c] - mx));
+        for (int64_t c = lo; c < hi; c++) sum += (row[c] = expf(row[c] - mx));
+        float inv = 1.0f / sum;
+        for (int64_t c = 0; c < nc; c++) {
+            int vis = c < n_comp || (c >= lo && c < hi);
+            row[c] = vis ? row[c] * inv : 0.0f;
+        }
+    }
+}
+
+void ps_attn_out(float *z, const float *probs, const float *v, const float *cv, const ps_attn_geom *g) {
+    int64_t B = g->B, T = g->T, nh = g->nh, nkv = g->nkv, hd = g->hd, nc = g->ncols, grp = nh / nkv;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t n = 0; n < nh; n++) {
+            int64_t kv = n / grp;
+            const float *P = probs + (b * nh + n) * T * nc;
+            float *Z = z + b * T * nh * hd + n * hd;
+            if (!g->compressed)
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)T, (blasint)hd, (blasint)T, 1.0f, P,
+                            (blasint)nc, v + b * T * nkv * hd + kv * hd, (blasint)(nkv * hd), 0.0f, Z, (blasint)(nh * hd));
+            else if (g->nW > 0)
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)T, (blasint)hd, (blasint)g->nW, 1.0f, P,
+                            (blasint)nc, cv + b * g->nW * nkv * hd + kv * hd, (blasint)(nkv * hd), 0.0f, Z,
+                            (blasint)(nh * hd));
+            else
+                for (int64_t t = 0; t < T; t++) memset(Z + t * nh * hd, 0, (size_t)hd * sizeof(float));
+        }
+    if (!g->compressed) return;
+    int64_t rows = B * nh * T;
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t t = r % T, n = (r / T) % nh, b = r / (T * nh), kv = n / grp;
+        const float *row = probs + r * nc;
+        float *zt = z + ((b * T + t) * nh + n) * hd;
+        for (int64_t c = g->nW + local_first(t, g->LW); c < nc; c++) {
+            int64_t tp = t - g->LW + 1 + (c - g->nW);
+            const float *vt = v + ((b * T + tp) * nkv + kv) * hd;
+            float p = row[c];
+            for (int64_t i = 0; i < hd; i++) zt[i] += p * vt[i];
+        }
+    }
+}

@@ -1,0 +1,41 @@
+/* cli.h — command-line plumbing shared by the subcommands: flag parsing with one-line errors naming
+ * the bad flag, integer flag values, and model resolution (the shipped default when --model is absent). */
+#ifndef PS_CLI_H
+#define PS_CLI_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "error.h"
+
+typedef struct {
+    const char *name;  /* "--model" */
+    bool takes_value;
+    const char *value; /* set by the parser */
+    bool present;
+} ps_flag;
+#define PS_FLAG(n, v) {.name = (n), .takes_value = (v)}
+
+/* Parses argv[1..] (argv[0] is the subcommand). Accepts "--flag value" and "--flag=value".
+ * Positional arguments go to pos (at most max_pos). Unknown flags and missing values are errors. */
+int ps_cli_parse(int argc, char **argv, ps_flag *flags, int n_flags, const char **pos, int max_pos, int *n_pos,
+                 ps_error *err);
+ps_flag *ps_cli_get(ps_flag *flags, int n_flags, const char *name);
+
+/* Parse an integer flag value within [lo, hi]; the error names the flag and the allowed range. */
+int ps_cli_int(const char *flag, const char *value, int64_t lo, int64_t hi, int64_t *out, ps_error *err);
+
+/* The model directory: --model if given, else the shipped default under data/models/. */
+int ps_cli_model_dir(const char *flag_value, char *out, size_t n, ps_error *err);
+
+/* True when help was asked for (--help or -h anywhere). */
+bool ps_cli_wants_help(int argc, char **argv);
+
+/* The command line as one string (for provenance). Caller frees. */
+char *ps_cli_command_line(int argc, char **argv);
+
+int ps_cmd_info(int argc, char **argv);
+int ps_cmd_forward(int argc, char **argv);
+
+#endif

@@ -1,0 +1,141 @@
+/* cmd_forward.c — `phasescope forward`: the export path (SPEC §7). Each sequence of T.json runs on its
+ * own (batch of one); writes logits.{i} [T_i, vocab] and {hook}.{i} (batch dimension dropped). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "forward.h"
+#include "hooks.h"
+#include "model.h"
+#include "safetensors.h"
+#include "tokens.h"
+
+static const char HELP[] =
+    "usage: phasescope forward --model DIR --tokens T.json [--hooks NAMES] --out OUT.safetensors\n"
+    "\n"
+    "Runs every sequence of T.json (a JSON list of token-id lists) on its own and writes\n"
+    "logits.{i} [T_i, vocab] and, for each hook in NAMES (comma-separated, e.g.\n"
+    "blocks.1.attn.hook_q,blocks.0.hook_resid_post), {hook}.{i} with the batch dimension dropped.\n"
+    "\n"
+    "  --model DIR      checkpoint directory (config.json + model.safetensors); default: shipped model\n"
+    "  --tokens FILE    token sequences\n"
+    "  --hooks NAMES    hook points to export (see SPEC §4 / docs/hooks.md)\n"
+    "  --out FILE       output safetensors file (written atomically)\n";
+
+typedef struct {
+    int n, cap;
+    ps_st_tensor *t;
+} tensor_list;
+
+static int push(tensor_list *l, const char *name, int ndim, const int64_t *shape, const float *src, ps_error *err) {
+    if (l->n == l->cap) {
+        int cap = l->cap ? 2 * l->cap : 16;
+        ps_st_tensor *t = realloc(l->t, (size_t)cap * sizeof *t);
+        if (!t) return ps_fail(err, "out of memory");
+        l->t = t;
+        l->cap = cap;
+    }
+    int64_t n = 1;
+    ps_st_tensor *t = &l->t[l->n];
+    memset(t, 0, sizeof *t);
+    t->ndim = ndim;
+    for (int i = 0; i < ndim; i++) n *= (t->shape[i] = shape[i]);
+    float *d = malloc((size_t)(n ? n : 1) * sizeof(float));
+    char *nm = strdup(name);
+    if (!d || !nm) {
+        free(d);
+        free(nm);
+        return ps_fail(err, "out of memory");
+    }
+    memcpy(d, src, (size_t)n * sizeof(float));
+    t->data = d;
+    t->name = nm;
+    l->n++;
+    return 0;
+}
+
+static void free_list(tensor_list *l) {
+    for (int i = 0; i < l->n; i++) {
+        free((void *)l->t[i].data);
+        free((void *)l->t[i].name);
+    }
+    free(l->t);
+}
+
+int ps_cmd_forward(int argc, char **argv) {
+    if (ps_cli_wants_help(argc, argv)) {
+        fputs(HELP, stdout);
+        return 0;
+    }
+    ps_flag flags[] = {PS_FLAG("--model", true), PS_FLAG("--tokens", true), PS_FLAG("--hooks", true), PS_FLAG("--out", true)};
+    int nf = (int)(sizeof flags / sizeof flags[0]), npos;
+    const char *pos[1];
+    ps_error err = {{0}};
+    ps_model m = {0};
+    ps_token_lists toks = {0};
+    ps_hooks hooks;
+    ps_cache cache;
+    tensor_list out = {0};
+    ps_hooks_init(&hooks);
+    ps_cache_init(&cache);
+    int rc = 1;
+    char dir[4096];
+    char *names = NULL;
+    if (ps_cli_parse(argc, argv, flags, nf, pos, 0, &npos, &err)) goto done;
+    if (!flags[1].value) {
+        ps_fail(&err, "--tokens is required");
+        goto done;
+    }
+    if (!flags[3].value) {
+        ps_fail(&err, "--out is required");
+        goto done;
+    }
+    if (ps_cli_model_dir(flags[0].value, dir, sizeof dir, &err) || ps_model_load(&m, dir, &err)) goto done;
+    if (ps_tokens_load(flags[1].value, 0, 0, &toks, &err)) goto done;
+    if (flags[2].value) {
+        names = strdup(flags[2].value);
+        for (char *save = NULL, *h = strtok_r(names, ",", &save); h; h = strtok_r(NULL, ",", &save))
+            if (ps_cache_watch(&cache, &hooks, &m.cfg, h, &err)) {
+                ps_fail_prefix(&err, "--hooks: ");
+                goto done;
+            }
+    }
+    for (int i = 0; i < toks.n; i++) {
+        ps_acts a;
+        if (toks.len[i] > m.cfg.max_seq_len) {
+            ps_fail(&err, "%s: sequence %d has %lld tokens, more than max_seq_len %lld by %lld", flags[1].value, i,
+                    (long long)toks.len[i], (long long)m.cfg.max_seq_len, (long long)(toks.len[i] - m.cfg.max_seq_len));
+            goto done;
+        }
+        if (ps_acts_create(&a, &m.cfg, 1, toks.len[i], false, &err)) goto done;
+        if (ps_forward(&m, &a, toks.seq[i], &hooks, &err)) {
+            ps_fail_prefix(&err, "%s: sequence %d: ", flags[1].value, i);
+            ps_acts_free(&a);
+            goto done;
+        }
+        char name[160];
+        snprintf(name, sizeof name, "logits.%d", i);
+        int64_t shp[2] = {toks.len[i], m.cfg.vocab_size};
+        int bad = push(&out, name, 2, shp, a.p.logits, &err);
+        ps_acts_free(&a);
+        if (bad) goto done;
+        for (int k = 0; k < cache.n; k++) {
+            const ps_cache_item *it = &cache.items[k];
+            snprintf(name, sizeof name, "%s.%d", it->name, i);
+            if (push(&out, name, it->ndim - 1, it->shape + 1, it->data, &err)) goto done;
+        }
+    }
+    if (ps_st_save(flags[3].value, out.t, out.n, NULL, NULL, 0, &err)) goto done;
+    printf("wrote %d tensors for %d sequences to %s\n", out.n, toks.n, flags[3].value);
+    rc = 0;
+done:
+    if (rc) fprintf(stderr, "phasescope forward: %s\n", err.msg);
+    free(names);
+    free_list(&out);
+    ps_cache_free(&cache);
+    ps_hooks_free(&hooks);
+    ps_tokens_free(&toks);
+    ps_model_free(&m);
+    return rc;
+}

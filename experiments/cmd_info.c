@@ -1,0 +1,104 @@
+/* cmd_info.c — `phasescope info`: the config, parameter counts by group, KV-cache bytes per token
+ * (compressed versus its full-attention equivalent) and memory estimates. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "forward.h"
+#include "model.h"
+
+static const char HELP[] =
+    "usage: phasescope info [--model DIR] [--batch B]\n"
+    "\n"
+    "Prints the model's config, parameter counts by group, the KV-cache bytes per token of the\n"
+    "compressed cache versus a full-attention cache of the same shape, and the memory a forward pass\n"
+    "and a training step at max_seq_len would need (for a batch of B sequences, default 1).\n"
+    "\n"
+    "  --model DIR   checkpoint directory (default: the shipped model)\n"
+    "  --batch B     batch size for the memory estimates\n";
+
+static void human(char *buf, size_t n, double bytes) {
+    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int i = 0;
+    while (bytes >= 1024 && i < 4) {
+        bytes /= 1024;
+        i++;
+    }
+    snprintf(buf, n, i ? "%.2f %s" : "%.0f %s", bytes, u[i]);
+}
+
+int ps_cmd_info(int argc, char **argv) {
+    if (ps_cli_wants_help(argc, argv)) {
+        fputs(HELP, stdout);
+        return 0;
+    }
+    ps_flag flags[] = {PS_FLAG("--model", true), PS_FLAG("--batch", true)};
+    int npos;
+    const char *pos[1];
+    ps_error err = {{0}};
+    ps_model m = {0};
+    char dir[4096];
+    int64_t B = 1;
+    if (ps_cli_parse(argc, argv, flags, 2, pos, 0, &npos, &err) ||
+        (flags[1].value && ps_cli_int("--batch", flags[1].value, 1, 1 << 20, &B, &err)) ||
+        ps_cli_model_dir(flags[0].value, dir, sizeof dir, &err) || ps_model_load(&m, dir, &err)) {
+        fprintf(stderr, "phasescope info: %s\n", err.msg);
+        return 1;
+    }
+    const ps_config *c = &m.cfg;
+    char hash[17];
+    ps_config_hash(c, hash);
+    char *cj = ps_config_to_json(c);
+    printf("model       %s\nconfig hash %s\n%s\n\n", dir, hash, cj);
+    free(cj);
+
+    const char *groups[] = {"embedding", "attention q/k/v/o", "qk-norm", "compressor payloads", "compressor gates",
+                            "layer norms", "mlp", "lm_head (untied)"};
+    int64_t cnt[8] = {0};
+    for (int i = 0; i < m.n_tensors; i++) {
+        const ps_param_info *p = &m.table[i];
+        int g;
+        switch (p->kind) {
+        case PS_P_EMBED: g = 0; break;
+        case PS_P_WQ: case PS_P_WK: case PS_P_WV: case PS_P_WO: g = 1; break;
+        case PS_P_QNORM: case PS_P_KNORM: g = 2; break;
+        case PS_P_KEY_PAYLOAD: case PS_P_VALUE_PAYLOAD: g = 3; break;
+        case PS_P_KEY_GATE_W: case PS_P_KEY_GATE_B: case PS_P_VALUE_GATE_W: case PS_P_VALUE_GATE_B: g = 4; break;
+        case PS_P_IN_NORM: case PS_P_POST_NORM: case PS_P_FINAL_NORM: g = 5; break;
+        case PS_P_MLP_GATE: case PS_P_MLP_UP: case PS_P_MLP_DOWN: g = 6; break;
+        default: g = 7; break;
+        }
+        cnt[g] += p->numel;
+    }
+    printf("parameters  %lld total\n", (long long)m.n_params);
+    for (int g = 0; g < 8; g++)
+        if (cnt[g]) printf("  %-22s %12lld  (%.1f%%)\n", groups[g], (long long)cnt[g], 100.0 * (double)cnt[g] / (double)m.n_params);
+
+    /* KV cache (float32): a full cache stores k and v for every token; the compressed one stores one
+     * compressed k and v per window (a new window every S tokens) plus a ring of local_window raw
+     * entries, constant in the sequence length. */
+    double per_tok_full = (double)c->n_layers * 2.0 * (double)(c->n_kv_heads * c->head_dim) * 4.0;
+    printf("\nKV cache (float32)\n  full attention        %.1f bytes/token\n", per_tok_full);
+    if (c->kind == PS_ATTN_COMPRESSED) {
+        double per_tok = per_tok_full / (double)c->stride;
+        char local[32];
+        human(local, sizeof local, per_tok_full * (double)c->local_window);
+        printf("  compressed W%lld/S%lld      %.1f bytes/token (%.1fx smaller) + %s fixed local window\n",
+               (long long)c->window, (long long)c->stride, per_tok, (double)c->stride, local);
+    }
+    double pbytes = (double)m.n_params * 4.0;
+    double fwd = (double)ps_acts_size(c, B, c->max_seq_len, false, false) * 4.0 + pbytes;
+    /* training: params + grads + 2 Adam moments, and every layer's activations (plus their gradients, bounded by the
+     * same size again) */
+    double train = pbytes * 4.0 + 2.0 * (double)ps_acts_size(c, B, c->max_seq_len, true, false) * 4.0;
+    char a[32], b[32], pb[32];
+    human(pb, sizeof pb, pbytes);
+    human(a, sizeof a, fwd);
+    human(b, sizeof b, train);
+    printf("\nmemory (batch %lld, T = max_seq_len = %lld)\n  weights               %s\n  forward pass          %s\n"
+           "  training step         %s (estimate: weights, gradients, AdamW moments, activations and their gradients)\n",
+           (long long)B, (long long)c->max_seq_len, pb, a, b);
+    ps_model_free(&m);
+    return 0;
+}

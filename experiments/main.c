@@ -1,0 +1,49 @@
+/* main.c — the `phasescope` program: dispatches to a subcommand, either as `phasescope CMD ...` or
+ * when installed under the subcommand's own name (`forward ...`). */
+#include <libgen.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+
+typedef struct {
+    const char *name;
+    int (*fn)(int, char **);
+    const char *summary;
+} subcommand;
+
+static const subcommand CMDS[] = {
+    {"info", ps_cmd_info, "config, parameters, KV-cache bytes per token, memory estimates"},
+    {"forward", ps_cmd_forward, "run token sequences; write logits and chosen hooks to safetensors"},
+};
+#define N_CMDS (int)(sizeof CMDS / sizeof CMDS[0])
+
+static void usage(FILE *f) {
+    fprintf(f, "phasescope %s — phase sensitivity of compressed-KV-cache transformers\n\nusage: phasescope COMMAND [FLAGS]\n\ncommands:\n", PS_VERSION);
+    for (int i = 0; i < N_CMDS; i++) fprintf(f, "  %-10s %s\n", CMDS[i].name, CMDS[i].summary);
+    fprintf(f, "\n`phasescope COMMAND --help` describes each command.\n");
+}
+
+int main(int argc, char **argv) {
+    char self[4096];
+    snprintf(self, sizeof self, "%s", argv[0]);
+    const char *base = basename(self);
+    for (int i = 0; i < N_CMDS; i++)
+        if (!strcmp(base, CMDS[i].name)) return CMDS[i].fn(argc, argv);
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return 0;
+    }
+    if (!strcmp(argv[1], "--version")) {
+        printf("phasescope %s\n", PS_VERSION);
+        return 0;
+    }
+    for (int i = 0; i < N_CMDS; i++)
+        if (!strcmp(argv[1], CMDS[i].name)) return CMDS[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "phasescope: unknown command \"%s\" (see phasescope --help)\n", argv[1]);
+    return 2;
+}
