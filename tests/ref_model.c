@@ -1,0 +1,142 @@
+#include "ref_model.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void rms(double *o, const double *x, const float *w, int n, double eps) {
+    double s = 0;
+    for (int i = 0; i < n; i++) s += x[i] * x[i];
+    double r = 1.0 / sqrt(s / n + eps);
+    for (int i = 0; i < n; i++) o[i] = x[i] * r * (w ? w[i] : 1.0);
+}
+
+static void rope(double *x, int hd, double p, double theta) {
+    for (int i = 0; i < hd / 2; i++) {
+        double ang = p * pow(theta, -2.0 * i / hd), c = cos(ang), s = sin(ang);
+        double a = x[i], b = x[i + hd / 2];
+        x[i] = a * c - b * s;
+        x[i + hd / 2] = b * c + a * s;
+    }
+}
+
+/* y[rows] = W[rows, cols] x[cols] */
+static void mv(double *y, const float *W, const double *x, int rows, int cols) {
+    for (int r = 0; r < rows; r++) {
+        double s = 0;
+        for (int c = 0; c < cols; c++) s += (double)W[(int64_t)r * cols + c] * x[c];
+        y[r] = s;
+    }
+}
+
+void ref_forward(const ps_model *m, const int32_t *tok, int T, double *logits) {
+    const ps_config *c = &m->cfg;
+    int d = (int)c->d_model, hd = (int)c->head_dim, nh = (int)c->n_heads, nkv = (int)c->n_kv_heads, F = (int)c->d_ff;
+    int W = (int)c->window, S = (int)c->stride, LW = (int)c->local_window, V = (int)c->vocab_size;
+    int comp = c->kind == PS_ATTN_COMPRESSED;
+    int nW = comp && T >= W ? (T - W) / S + 1 : 0;
+    double eps = c->rms_eps;
+    double *h = calloc((size_t)T * d, 8), *a = calloc((size_t)T * d, 8);
+    double *q = calloc((size_t)T * nh * hd, 8), *k = calloc((size_t)T * nkv * hd, 8), *v = calloc((size_t)T * nkv * hd, 8);
+    double *ck = calloc((size_t)(nW + 1) * nkv * hd, 8), *cv = calloc((size_t)(nW + 1) * nkv * hd, 8);
+    double *z = calloc((size_t)nh * hd, 8), *tmp = calloc((size_t)(d > F ? d : F) * 4 + nkv * hd * 2, 8);
+    double *sc = calloc((size_t)(nW + T + 1), 8);
+    const float *E = ps_model_embed(m, m->params);
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < d; i++) h[t * d + i] = E[(int64_t)tok[t] * d + i];
+    for (int l = 0; l < c->n_layers; l++) {
+        ps_layer_params w = ps_model_layer(m, m->params, l);
+        for (int t = 0; t < T; t++) rms(a + t * d, h + t * d, w.in_norm, d, eps);
+        for (int t = 0; t < T; t++) {
+            mv(q + t * nh * hd, w.wq, a + t * d, nh * hd, d);
+            mv(k + t * nkv * hd, w.wk, a + t * d, nkv * hd, d);
+            mv(v + t * nkv * hd, w.wv, a + t * d, nkv * hd, d);
+            for (int n = 0; n < nh; n++) {
+                if (c->qk_norm) rms(q + (t * nh + n) * hd, q + (t * nh + n) * hd, w.qnorm, hd, eps);
+                if (c->rope) rope(q + (t * nh + n) * hd, hd, t, c->rope_theta);
+            }
+            for (int g = 0; g < nkv; g++) {
+                if (c->qk_norm) rms(k + (t * nkv + g) * hd, k + (t * nkv + g) * hd, w.knorm, hd, eps);
+                if (c->rope) rope(k + (t * nkv + g) * hd, hd, t, c->rope_theta);
+            }
+        }
+        for (int j = 0; j < nW; j++)
+            for (int br = 0; br < 2; br++) {
+                const float *U = br ? w.value_gate_w : w.key_gate_w, *Cb = br ? w.value_gate_b : w.key_gate_b;
+                const float *P = br ? w.value_payload : w.key_payload;
+                double *out = br ? cv : ck;
+                for (int g = 0; g < nkv; g++) {
+                    double zl[4096], al[4096], mx = -1e300, sum = 0;
+                    for (int i = 0; i < W; i++) {
+                        zl[i] = 0;
+                        if (c->gate == PS_GATE_LEARNED) {
+                            zl[i] = Cb[i * nkv + g];
+                            for (int e = 0; e < d; e++) zl[i] += (double)U[((int64_t)i * nkv + g) * d + e] * a[(j * S + i) * d + e];
+                        }
+                        if (zl[i] > mx) mx = zl[i];
+                    }
+                    for (int i = 0; i < W; i++) sum += (al[i] = exp(zl[i] - mx));
+                    double *o = out + (j * nkv + g) * hd;
+                    memset(o, 0, (size_t)hd * 8);
+                    for (int i = 0; i < W; i++) {
+                        const float *Ci = c->payload == PS_PAYLOAD_SHARED ? P : P + (int64_t)i * nkv * hd * d;
+                        mv(tmp, Ci + (int64_t)g * hd * d, a + (j * S + i) * d, hd, d);
+                        for (int e = 0; e < hd; e++) o[e] += al[i] / sum * tmp[e];
+                    }
+                    if (!br) {
+                        if (c->qk_norm) rms(o, o, w.knorm, hd, eps);
+                        if (c->rope) rope(o, hd, (double)j * S, c->rope_theta);
+                    }
+                }
+            }
+        for (int t = 0; t < T; t++) {
+            for (int n = 0; n < nh; n++) {
+                int g = n / (nh / nkv), ns = 0;
+                const double *qt = q + (t * nh + n) * hd;
+                double mx = -1e300;
+                /* entries: compressed windows that ended, then raw keys of the local window (or all, full) */
+                int jmax = 0;
+                for (int j = 0; j < nW; j++)
+                    if (j * S + W - 1 <= t) jmax = j + 1;
+                int lo = comp ? (t - LW + 1 > 0 ? t - LW + 1 : 0) : 0;
+                for (int j = 0; j < jmax; j++) {
+                    double s = 0;
+                    for (int e = 0; e < hd; e++) s += qt[e] * ck[(j * nkv + g) * hd + e];
+                    sc[ns++] = s / sqrt(hd);
+                }
+                for (int tp = lo; tp <= t; tp++) {
+                    double s = 0;
+                    for (int e = 0; e < hd; e++) s += qt[e] * k[(tp * nkv + g) * hd + e];
+                    sc[ns++] = s / sqrt(hd);
+                }
+                double sum = 0;
+                for (int i = 0; i < ns; i++) mx = sc[i] > mx ? sc[i] : mx;
+                for (int i = 0; i < ns; i++) sum += (sc[i] = exp(sc[i] - mx));
+                double *zn = z + n * hd;
+                memset(zn, 0, (size_t)hd * 8);
+                int i = 0;
+                for (int j = 0; j < jmax; j++, i++)
+                    for (int e = 0; e < hd; e++) zn[e] += sc[i] / sum * cv[(j * nkv + g) * hd + e];
+                for (int tp = lo; tp <= t; tp++, i++)
+                    for (int e = 0; e < hd; e++) zn[e] += sc[i] / sum * v[(tp * nkv + g) * hd + e];
+            }
+            mv(tmp, w.wo, z, d, nh * hd);
+            for (int i = 0; i < d; i++) h[t * d + i] += tmp[i];
+        }
+        for (int t = 0; t < T; t++) {
+            double *mm = tmp, *gg = tmp + d, *uu = tmp + d + F;
+            rms(mm, h + t * d, w.post_norm, d, eps);
+            mv(gg, w.mlp_gate, mm, F, d);
+            mv(uu, w.mlp_up, mm, F, d);
+            for (int i = 0; i < F; i++) gg[i] = gg[i] / (1 + exp(-gg[i])) * uu[i];
+            mv(mm, w.mlp_down, gg, d, F);
+            for (int i = 0; i < d; i++) h[t * d + i] += mm[i];
+        }
+    }
+    const float *H = ps_model_lm_head(m, m->params);
+    for (int t = 0; t < T; t++) {
+        rms(a + t * d, h + t * d, ps_model_final_norm(m, m->params), d, eps);
+        mv(logits + (int64_t)t * V, H, a + t * d, V, d);
+    }
+    free(h); free(a); free(q); free(k); free(v); free(ck); free(cv); free(z); free(tmp); free(sc);
+}

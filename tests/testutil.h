@@ -1,0 +1,21 @@
+/* testutil.h — helpers shared by the tests: small configs, models with every tensor random (gates and
+ * norms included, so they matter), random token sequences, temp directories. */
+#ifndef PS_TESTUTIL_H
+#define PS_TESTUTIL_H
+
+#include <stdint.h>
+
+#include "config.h"
+#include "model.h"
+
+/* A small config: 1 layer unless changed, vocab 23, d 16, 4 heads / 2 KV heads, hd 4, d_ff 24, T <= 64. */
+ps_config tu_config(ps_attn_kind kind);
+/* Create m for cfg and fill it: norms 1 + 0.2 N, everything else `scale` N. */
+void tu_random_model(ps_model *m, const ps_config *cfg, uint64_t seed, float scale);
+void tu_random_tokens(int32_t *tok, int64_t n, int64_t vocab, uint64_t seed);
+/* A fresh directory under /tmp (or $TMPDIR); returns a static-lifetime string owned by the caller buffer. */
+void tu_tempdir(char *out, size_t n, const char *tag);
+/* The shared conformance folder (../shared/conformance beside the repository). */
+const char *tu_conformance_dir(void);
+
+#endif
