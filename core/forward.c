@@ -214,7 +214,7 @@ static int layer_forward(const ps_model *m, ps_acts *a, int l, const ps_hooks *h
         ps_pool(p.ck_pre, p.ga_k, p.pk, B, nW, W, nkv, hd);
         ps_pool(p.cv, p.ga_v, p.pv, B, nW, W, nkv, hd);
         if (c->qk_norm) ps_rmsnorm(p.ck, p.ck_rstd, p.ck_pre, w.knorm, B * nW * nkv, hd, eps);
-        else memcpy(p.ck, p.ck_pre, (size_t)(B * nW * nkv * hd) * sizeof(float));
+        else if (nW > 0) memcpy(p.ck, p.ck_pre, (size_t)(B * nW * nkv * hd) * sizeof(float));
         if (c->rope && nW > 0) ps_rope(p.ck, a->p.rope_cos, a->p.rope_sin, B, nW, nkv, hd, S);
         FIRE(PS_HOOK_CK, p.ck, 4, B, nW, nkv, hd);
         FIRE(PS_HOOK_CV, p.cv, 4, B, nW, nkv, hd);

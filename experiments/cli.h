@@ -35,6 +35,7 @@ bool ps_cli_wants_help(int argc, char **argv);
 /* The command line as one string (for provenance). Caller frees. */
 char *ps_cli_command_line(int argc, char **argv);
 
+int ps_cmd_init(int argc, char **argv);
 int ps_cmd_info(int argc, char **argv);
 int ps_cmd_forward(int argc, char **argv);
 

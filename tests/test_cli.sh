@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# test_cli.sh — the commands as a user types them: --help, one-line errors naming the bad flag or file,
+# the per-subcommand names, and forward's output layout. Usage: test_cli.sh BUILD_DIR CONFORMANCE_DIR
+set -u
+B="$1"; CONF="$2"; PS="$B/phasescope"
+T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
+pass=0; fail=0
+expect() { # expect NAME WANT_RC SUBSTRING -- CMD...
+  local name="$1" want="$2" sub="$3"; shift 4
+  local out rc
+  out=$("$@" 2>&1); rc=$?
+  if [ "$rc" -eq "$want" ] && grep -qF -- "$sub" <<<"$out" && { [ "$want" -eq 0 ] || [ "$(wc -l <<<"$out")" -eq 1 ]; }; then
+    pass=$((pass+1))
+  else
+    fail=$((fail+1)); echo "FAIL $name: rc=$rc (want $want), output: $out" >&2
+  fi
+}
+M="$CONF/compressed_w8s8"
+echo '[[0, 1, 2, 3, 4, 5, 6, 7, 8, 9]]' > "$T/tok.json"
+echo '[[0, 1, 2], [0, 99]]' > "$T/badtok.json"
+echo '[[0, 1, 2' > "$T/broken.json"
+python_free_len=$(printf '[[0'; for i in $(seq 1 60); do printf ', 1'; done; printf ']]')
+echo "$python_free_len" > "$T/long.json"
+
+expect help 0 "usage: phasescope forward" -- "$PS" forward --help
+expect help-top 0 "commands:" -- "$PS" --help
+expect help-info 0 "usage: phasescope info" -- "$B/info" --help
+expect unknown-cmd 2 'unknown command "frobnicate"' -- "$PS" frobnicate
+expect unknown-flag 1 "unknown flag --layer" -- "$PS" forward --layer 3
+expect missing-value 1 "flag --out needs a value" -- "$PS" forward --model "$M" --tokens "$T/tok.json" --out
+expect missing-tokens 1 "--tokens is required" -- "$PS" forward --model "$M" --out "$T/o.st"
+expect missing-model 1 "--model /nonexistent: no such directory" -- "$PS" forward --model /nonexistent --tokens "$T/tok.json" --out "$T/o.st"
+expect model-is-file 1 "not a directory" -- "$PS" info --model "$T/tok.json"
+expect bad-hook 1 'hook "blocks.7.hook_resid_pre": layer 7 out of range' -- "$PS" forward --model "$M" --tokens "$T/tok.json" --hooks blocks.7.hook_resid_pre --out "$T/o.st"
+expect bad-hook-name 1 "valid hooks" -- "$PS" forward --model "$M" --tokens "$T/tok.json" --hooks blocks.0.hook_nope --out "$T/o.st"
+expect bad-token 1 "token 99 at sequence 0, position 1" -- "$PS" forward --model "$M" --tokens "$T/badtok.json" --out "$T/o.st"
+expect broken-json 1 "broken.json: not valid JSON" -- "$PS" forward --model "$M" --tokens "$T/broken.json" --out "$T/o.st"
+expect too-long 1 "more than max_seq_len 48 by 13" -- "$PS" forward --model "$M" --tokens "$T/long.json" --out "$T/o.st"
+expect bad-batch 1 "--batch 0: must be in" -- "$PS" info --model "$M" --batch 0
+expect out-dir-missing 1 "/nonexistent/o.st" -- "$PS" forward --model "$M" --tokens "$T/tok.json" --out /nonexistent/o.st
+expect forward-ok 0 "wrote 3 tensors for 1 sequences" -- "$B/forward" --model "$M" --tokens "$T/tok.json" --hooks blocks.1.attn.hook_ck,blocks.0.hook_resid_post --out "$T/o.st"
+expect info-ok 0 "compressed W8/S8" -- "$PS" info --model "$M"
+expect init-bad-config 1 "none.json: cannot open" -- "$PS" init --config "$T/none.json" --out "$T/m"
+expect init-ok 0 "wrote" -- "$PS" init --config "$M/config.json" --out "$T/m" --seed 3
+expect init-then-info 0 "parameters" -- "$PS" info --model "$T/m"
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
