@@ -1,0 +1,156 @@
+/* bench_forward.c — forward-pass throughput (tokens/s, achieved GFLOP/s) for full attention and
+ * compressed W8/S8 on a small and a medium config, next to the machine's own cblas_sgemm rate measured
+ * in the same run, and how time grows with T (512 → 4096). Prints figures; asserts nothing. */
+#define _POSIX_C_SOURCE 200809L
+#include <cblas.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "forward.h"
+#include "model.h"
+#include "rng.h"
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Useful FLOPs of one forward pass of B sequences of T tokens (multiply-add = 2 FLOPs):
+ *   per token and layer: 2d(nh + 2 nkv)hd (q, k, v) + 2 nh hd d (o) + 6 d dff (SwiGLU MLP)
+ *   attention per query t: 4 nh hd · (number of entries it sees)        [scores + weighted sum]
+ *     full: t + 1 entries; compressed: windows ended by t + min(local_window, t + 1)
+ *   compressed, per window and layer: 2 branches × (2 W nkv d (gate logits) + 2 W d nkv hd (payloads))
+ *   per token: 2 d V (logits) */
+static double forward_flops(const ps_config *c, int64_t B, int64_t T) {
+    double d = (double)c->d_model, hd = (double)c->head_dim, nh = (double)c->n_heads, nkv = (double)c->n_kv_heads;
+    double per_tok_layer = 2 * d * (nh + 2 * nkv) * hd + 2 * nh * hd * d + 6 * d * (double)c->d_ff;
+    double entries = 0;
+    int64_t nW = ps_config_n_windows(c, T);
+    for (int64_t t = 0; t < T; t++) {
+        if (c->kind == PS_ATTN_FULL) entries += (double)(t + 1);
+        else {
+            int64_t lw = c->local_window < t + 1 ? c->local_window : t + 1;
+            entries += (double)(ps_windows_seen(t, c->window, c->stride, nW) + lw);
+        }
+    }
+    double attn = 4 * nh * hd * entries;
+    double comp = c->kind == PS_ATTN_COMPRESSED
+                      ? (double)nW * 2 * (2 * (double)c->window * nkv * d + 2 * (double)c->window * d * nkv * hd)
+                      : 0;
+    double per_layer = per_tok_layer * (double)T + attn + comp;
+    return (double)B * ((double)c->n_layers * per_layer + (double)T * 2 * d * (double)c->vocab_size);
+}
+
+static ps_config make_config(int64_t d, int64_t L, int64_t nh, int64_t nkv, int64_t dff, int64_t max_T, int comp) {
+    ps_config c;
+    ps_config_defaults(&c);
+    c.vocab_size = 512;
+    c.d_model = d;
+    c.n_layers = L;
+    c.n_heads = nh;
+    c.n_kv_heads = nkv;
+    c.head_dim = d / nh;
+    c.d_ff = dff;
+    c.max_seq_len = max_T;
+    c.kind = comp ? PS_ATTN_COMPRESSED : PS_ATTN_FULL;
+    c.window = 8;
+    c.stride = 8;
+    c.local_window = 8;
+    return c;
+}
+
+/* Seconds per forward (median-free: total time over enough repetitions to pass min_s). */
+static double time_forward(const ps_config *c, int64_t B, int64_t T, double min_s) {
+    ps_model m;
+    ps_error err;
+    if (ps_model_create(&m, c, &err)) {
+        fprintf(stderr, "%s\n", err.msg);
+        exit(1);
+    }
+    ps_model_init(&m, 1);
+    /* make the gates non-uniform so the compressor does real work */
+    ps_rng r;
+    ps_rng_seed(&r, 2);
+    for (int i = 0; i < m.n_tensors; i++)
+        if (m.table[i].kind == PS_P_KEY_GATE_W || m.table[i].kind == PS_P_VALUE_GATE_W)
+            for (int64_t j = 0; j < m.table[i].numel; j++) m.params[m.table[i].offset + j] = 0.05f * (float)ps_rng_normal(&r);
+    int32_t *tok = malloc((size_t)(B * T) * sizeof(int32_t));
+    for (int64_t i = 0; i < B * T; i++) tok[i] = (int32_t)ps_rng_below(&r, c->vocab_size);
+    ps_acts a;
+    if (ps_acts_create(&a, c, B, T, false, &err)) {
+        fprintf(stderr, "%s\n", err.msg);
+        exit(1);
+    }
+    ps_forward(&m, &a, tok, NULL, &err); /* warm-up */
+    int n = 0;
+    double t0 = now(), el;
+    do {
+        ps_forward(&m, &a, tok, NULL, &err);
+        n++;
+        el = now() - t0;
+    } while (el < min_s || n < 2);
+    ps_acts_free(&a);
+    free(tok);
+    ps_model_free(&m);
+    return el / n;
+}
+
+/* cblas_sgemm GFLOP/s on the shapes a forward pass multiplies: [B·T, K] × [K, N]. */
+static double sgemm_rate(int64_t M, int64_t K, int64_t N) {
+    float *A = malloc((size_t)(M * K) * 4), *Bm = malloc((size_t)(N * K) * 4), *C = malloc((size_t)(M * N) * 4);
+    for (int64_t i = 0; i < M * K; i++) A[i] = (float)(i % 7) * 0.1f;
+    for (int64_t i = 0; i < N * K; i++) Bm[i] = (float)(i % 5) * 0.1f;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)N, (int)K, 1, A, (int)K, Bm, (int)K, 0, C, (int)N);
+    int n = 0;
+    double t0 = now(), el;
+    do {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)N, (int)K, 1, A, (int)K, Bm, (int)K, 0, C, (int)N);
+        n++;
+        el = now() - t0;
+    } while (el < 0.5);
+    free(A);
+    free(Bm);
+    free(C);
+    return 2.0 * (double)M * (double)K * (double)N * n / el / 1e9;
+}
+
+int main(int argc, char **argv) {
+    double min_s = argc > 1 ? atof(argv[1]) : 1.0;
+    printf("phasescope bench_forward (forward pass, float32, CPU; %s)\n\n", openblas_get_config());
+    printf("FLOPs counted per forward (multiply-add = 2):\n"
+           "  per token & layer: 2d(nh+2nkv)hd + 2·nh·hd·d + 6·d·dff;  attention: 4·nh·hd per (query, entry seen)\n"
+           "  compressed, per window & layer: 2·(2·W·nkv·d + 2·W·d·nkv·hd);  logits: 2·d·V per token\n\n");
+    struct { const char *name; int64_t d, L, nh, nkv, dff, B, T; } cfgs[] = {
+        {"small  d=128 L=4 h=4/4 T=256 B=8", 128, 4, 4, 4, 384, 8, 256},
+        {"medium d=512 L=8 h=8/4 T=1024 B=2", 512, 8, 8, 4, 1536, 2, 1024},
+    };
+    printf("%-36s %-14s %12s %12s %10s %10s %9s\n", "config", "attention", "ms/forward", "tokens/s", "GFLOP/s", "sgemm", "ratio");
+    for (int i = 0; i < 2; i++) {
+        /* the machine's sgemm on this config's main shape: [B·T, d] × [d, d_ff] */
+        double sg = sgemm_rate(cfgs[i].B * cfgs[i].T, cfgs[i].d, cfgs[i].dff);
+        for (int comp = 0; comp < 2; comp++) {
+            ps_config c = make_config(cfgs[i].d, cfgs[i].L, cfgs[i].nh, cfgs[i].nkv, cfgs[i].dff, cfgs[i].T, comp);
+            double s = time_forward(&c, cfgs[i].B, cfgs[i].T, min_s);
+            double gf = forward_flops(&c, cfgs[i].B, cfgs[i].T) / s / 1e9;
+            printf("%-36s %-14s %12.2f %12.0f %10.1f %10.1f %8.0f%%\n", cfgs[i].name, comp ? "compressed W8/S8" : "full",
+                   s * 1e3, (double)(cfgs[i].B * cfgs[i].T) / s, gf, sg, 100 * gf / sg);
+        }
+    }
+    printf("\nscaling with T (d=256, L=4, h=4/4, B=1): time relative to T=512\n");
+    printf("%-8s %14s %8s %14s %8s\n", "T", "full ms", "x", "compressed ms", "x");
+    double base[2] = {0, 0};
+    for (int64_t T = 512; T <= 4096; T *= 2) {
+        double ms[2];
+        for (int comp = 0; comp < 2; comp++) {
+            ps_config c = make_config(256, 4, 4, 4, 768, 4096, comp);
+            ms[comp] = time_forward(&c, 1, T, min_s / 2) * 1e3;
+            if (T == 512) base[comp] = ms[comp];
+        }
+        printf("%-8lld %14.2f %8.2f %14.2f %8.2f\n", (long long)T, ms[0], ms[0] / base[0], ms[1], ms[1] / base[1]);
+    }
+    printf("(linear in T would be 8x at T=4096; quadratic 64x)\n");
+    return 0;
+}
