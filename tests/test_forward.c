@@ -315,6 +315,47 @@ static void test_batch(ps_attn_kind kind) {
     ps_model_free(&m);
 }
 
+/* Restarting at layer l from the kept residual stream gives the same logits as a full pass, with or
+ * without an intervention hook on layer l (how a knockout grid reuses the layers below). */
+static int scale_hook(const ps_hook_event *ev, void *u, ps_error *e) {
+    (void)u; (void)e;
+    int64_t n = ev->shape[0] * ev->shape[1] * ev->shape[2] * ev->shape[3];
+    for (int64_t i = 0; i < n; i++) ev->data[i] *= 0.5f;
+    return 0;
+}
+
+static void test_forward_from(void) {
+    ps_config c = tu_config(PS_ATTN_COMPRESSED);
+    c.n_layers = 3;
+    ps_model m;
+    tu_random_model(&m, &c, 17, 0.4f);
+    enum { T = 21 };
+    int32_t tok[T];
+    tu_random_tokens(tok, T, c.vocab_size, 18);
+    ps_error err;
+    ps_acts a;
+    ps_hooks h;
+    ps_hooks_init(&h);
+    ps_hooks_add(&h, &c, "blocks.2.attn.hook_cv", scale_hook, NULL, &err);
+    float full[T * 23], hooked[T * 23];
+    CHECK_OK(ps_acts_create(&a, &c, 1, T, false, &err), &err);
+    ps_forward(&m, &a, tok, &h, &err);
+    memcpy(hooked, a.p.logits, sizeof hooked);
+    ps_forward(&m, &a, tok, NULL, &err);
+    memcpy(full, a.p.logits, sizeof full);
+    for (int l = 0; l <= 3; l++) {
+        CHECK_OK(ps_forward_from(&m, &a, l, NULL, &err), &err);
+        CHECK(memcmp(a.p.logits, full, sizeof full) == 0, "forward_from(%d) differs from the full pass", l);
+    }
+    CHECK_OK(ps_forward_from(&m, &a, 2, &h, &err), &err);
+    CHECK(memcmp(a.p.logits, hooked, sizeof hooked) == 0, "forward_from(2) with a hook differs");
+    CHECK(memcmp(hooked, full, sizeof full) != 0, "the hook had no effect");
+    CHECK_ERR(ps_forward_from(&m, &a, 4, NULL, &err), &err, "layer 4", "3 layers");
+    ps_acts_free(&a);
+    ps_hooks_free(&h);
+    ps_model_free(&m);
+}
+
 static void test_bad_tokens(void) {
     ps_config c = tu_config(PS_ATTN_FULL);
     ps_model m;
@@ -350,5 +391,6 @@ int main(void) {
     test_batch(PS_ATTN_FULL);
     test_batch(PS_ATTN_COMPRESSED);
     test_bad_tokens();
+    test_forward_from();
     CHECK_DONE();
 }
