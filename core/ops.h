@@ -67,3 +67,46 @@ static inline int64_t ps_windows_seen(int64_t t, int64_t W, int64_t S, int64_t n
 }
 
 #endif
+
+/* ---- backward kernels: each accumulates (+=) into its gradient outputs unless stated ---- */
+
+/* out = inp · w^T: dinp[M, K] += dout · w (skipped when dinp is NULL); dw[N, K] += dout^T · inp. */
+void ps_matmul_backward(float *dinp, float *dw, const float *dout, const float *inp, const float *w, int64_t M,
+                        int64_t K, int64_t N);
+
+/* dinp[n_rows, C] += ∂/∂inp, dweight[C] += ∂/∂weight of out = rmsnorm(inp) * weight. */
+void ps_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
+                         const float *rstd, int64_t n_rows, int64_t C);
+
+/* In place: the gradient through ps_rope (the transpose rotation). Same layout as ps_rope. */
+void ps_rope_backward(float *dx, const float *cos_t, const float *sin_t, int64_t n_seq, int64_t rows_per_seq,
+                      int64_t n_heads, int64_t hd, int64_t pos_step);
+
+/* h = silu(g) ⊙ u: writes dg and du (=, not +=). */
+void ps_swiglu_backward(float *dg, float *du, const float *dh, const float *g, const float *u, int64_t n);
+
+/* Gate backward for one branch. dalpha, alpha: [B, nW, nkv, W]. da [B, T, d] +=, du [W, nkv, d] +=,
+ * dc [W, nkv] +=. (Uniform gates have no parameters and pass no gradient to a: not called.) */
+void ps_gate_backward(float *da, float *du, float *dc, const float *dalpha, const float *alpha, const float *a,
+                      const float *u, int64_t B, int64_t T, int64_t d, int64_t nW, int64_t W, int64_t S, int64_t nkv);
+
+/* Payload backward: dP [B, nW, W, nkvhd] → da [B, T, d] +=, dC +=. scratch: [B, T, nkvhd] (shared only). */
+void ps_payload_backward(float *da, float *dC, const float *dP, const float *a, const float *C, int shared,
+                         float *scratch, int64_t B, int64_t T, int64_t d, int64_t nW, int64_t W, int64_t S,
+                         int64_t nkvhd);
+
+/* Pooling backward: writes dalpha [B, nW, nkv, W] and dP [B, nW, W, nkv*hd] (=). */
+void ps_pool_backward(float *dalpha, float *dP, const float *dout, const float *alpha, const float *P, int64_t B,
+                      int64_t nW, int64_t W, int64_t nkv, int64_t hd);
+
+/* Attention backward given the stored probabilities. Writes dq (=) and accumulates dk, dv, dck, dcv
+ * (+=; dck/dcv only for compressed). dprobs: scratch of the probs layout. O(T·ncols·hd) per head. */
+void ps_attn_backward(float *dq, float *dk, float *dv, float *dck, float *dcv, float *dprobs, const float *dz,
+                      const float *probs, const float *q, const float *k, const float *v, const float *ck,
+                      const float *cv, const ps_attn_geom *g);
+
+/* Softmax cross-entropy over rows of V logits. For rows with target >= 0: adds -log p[target] to
+ * *loss_sum and writes dlogits = (softmax - onehot) * scale; other rows get dlogits = 0. Returns the
+ * number of target rows. */
+int64_t ps_cross_entropy(double *loss_sum, float *dlogits, const float *logits, const int32_t *targets, int64_t n_rows,
+                         int64_t V, float scale);

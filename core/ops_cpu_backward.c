@@ -1,0 +1,244 @@
+/* ops_cpu_backward.c — CPU implementation of the backward kernels of ops.h. As in ops_cpu.c, sgemm is
+ * never called inside an OpenMP region; reductions into shared gradients run serially or per thread. */
+#include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ops.h"
+
+void ps_matmul_backward(float *dinp, float *dw, const float *dout, const float *inp, const float *w, int64_t M,
+                        int64_t K, int64_t N) {
+    if (M == 0 || N == 0 || K == 0) return;
+    if (dinp)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)M, (blasint)K, (blasint)N, 1.0f, dout,
+                    (blasint)N, w, (blasint)K, 1.0f, dinp, (blasint)K);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (blasint)N, (blasint)K, (blasint)M, 1.0f, dout, (blasint)N, inp,
+                (blasint)K, 1.0f, dw, (blasint)K);
+}
+
+void ps_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
+                         const float *rstd, int64_t n_rows, int64_t C) {
+#pragma omp parallel for schedule(static) if (n_rows * C > 32768)
+    for (int64_t r = 0; r < n_rows; r++) {
+        const float *x = inp + r * C, *dy = dout + r * C;
+        float s = rstd[r];
+        double dot = 0;
+        for (int64_t i = 0; i < C; i++) dot += (double)dy[i] * weight[i] * x[i];
+        float coef = (float)(dot * (double)s * s * s / (double)C);
+        float *dx = dinp + r * C;
+        for (int64_t i = 0; i < C; i++) dx[i] += s * weight[i] * dy[i] - coef * x[i];
+    }
+    for (int64_t r = 0; r < n_rows; r++) {
+        const float *x = inp + r * C, *dy = dout + r * C;
+        for (int64_t i = 0; i < C; i++) dweight[i] += dy[i] * x[i] * rstd[r];
+    }
+}
+
+void ps_rope_backward(float *dx, const float *cos_t, const float *sin_t, int64_t n_seq, int64_t rows_per_seq,
+                      int64_t n_heads, int64_t hd, int64_t pos_step) {
+    int64_t half = hd / 2, n_rows = n_seq * rows_per_seq;
+#pragma omp parallel for schedule(static) if (n_rows * n_heads * hd > 32768)
+    for (int64_t r = 0; r < n_rows; r++) {
+        int64_t pos = (r % rows_per_seq) * pos_step;
+        const float *c = cos_t + pos * half, *s = sin_t + pos * half;
+        for (int64_t h = 0; h < n_heads; h++) {
+            float *v = dx + (r * n_heads + h) * hd;
+            for (int64_t i = 0; i < half; i++) {
+                float a = v[i], b = v[i + half];
+                v[i] = a * c[i] + b * s[i];
+                v[i + half] = b * c[i] - a * s[i];
+            }
+        }
+    }
+}
+
+void ps_swiglu_backward(float *dg, float *du, const float *dh, const float *g, const float *u, int64_t n) {
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (int64_t i = 0; i < n; i++) {
+        float x = g[i], sg = 1.0f / (1.0f + expf(-x)), silu = x * sg;
+        du[i] = dh[i] * silu;
+        dg[i] = dh[i] * u[i] * sg * (1.0f + x * (1.0f - sg));
+    }
+}
+
+void ps_gate_backward(float *da, float *du, float *dc, const float *dalpha, const float *alpha, const float *a,
+                      const float *u, int64_t B, int64_t T, int64_t d, int64_t nW, int64_t W, int64_t S, int64_t nkv) {
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t j = 0; j < nW; j++)
+            for (int64_t g = 0; g < nkv; g++) {
+                const float *al = alpha + ((b * nW + j) * nkv + g) * W, *dal = dalpha + ((b * nW + j) * nkv + g) * W;
+                double dot = 0;
+                for (int64_t i = 0; i < W; i++) dot += (double)al[i] * dal[i];
+                for (int64_t i = 0; i < W; i++) {
+                    float dz = al[i] * (dal[i] - (float)dot);
+                    const float *x = a + (b * T + j * S + i) * d, *w = u + (i * nkv + g) * d;
+                    float *dx = da + (b * T + j * S + i) * d, *dw = du + (i * nkv + g) * d;
+                    dc[i * nkv + g] += dz;
+                    for (int64_t e = 0; e < d; e++) {
+                        dw[e] += dz * x[e];
+                        dx[e] += dz * w[e];
+                    }
+                }
+            }
+}
+
+void ps_payload_backward(float *da, float *dC, const float *dP, const float *a, const float *C, int shared,
+                         float *scratch, int64_t B, int64_t T, int64_t d, int64_t nW, int64_t W, int64_t S,
+                         int64_t nkvhd) {
+    if (nW == 0) return;
+    if (shared) {
+        /* gather dP back to token rows (overlapping windows add up), then one matmul backward */
+        memset(scratch, 0, (size_t)(B * T * nkvhd) * sizeof(float));
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t j = 0; j < nW; j++)
+                for (int64_t i = 0; i < W; i++) {
+                    const float *src = dP + ((b * nW + j) * W + i) * nkvhd;
+                    float *dst = scratch + (b * T + j * S + i) * nkvhd;
+                    for (int64_t e = 0; e < nkvhd; e++) dst[e] += src[e];
+                }
+        ps_matmul_backward(da, dC, scratch, a, C, B * T, d, nkvhd);
+        return;
+    }
+    for (int64_t i = 0; i < W; i++)
+        for (int64_t b = 0; b < B; b++) {
+            const float *dPi = dP + (b * nW * W + i) * nkvhd, *Ai = a + (b * T + i) * d;
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (blasint)nkvhd, (blasint)d, (blasint)nW, 1.0f, dPi,
+                        (blasint)(W * nkvhd), Ai, (blasint)(S * d), 1.0f, dC + i * nkvhd * d, (blasint)d);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)nW, (blasint)d, (blasint)nkvhd, 1.0f, dPi,
+                        (blasint)(W * nkvhd), C + i * nkvhd * d, (blasint)d, 1.0f, da + (b * T + i) * d, (blasint)(S * d));
+        }
+}
+
+void ps_pool_backward(float *dalpha, float *dP, const float *dout, const float *alpha, const float *P, int64_t B,
+                      int64_t nW, int64_t W, int64_t nkv, int64_t hd) {
+    int64_t n = B * nW * nkv;
+#pragma omp parallel for schedule(static) if (n * W * hd > 32768)
+    for (int64_t idx = 0; idx < n; idx++) {
+        int64_t bj = idx / nkv, g = idx % nkv;
+        const float *dy = dout + idx * hd, *al = alpha + idx * W;
+        for (int64_t i = 0; i < W; i++) {
+            const float *p = P + (bj * W + i) * nkv * hd + g * hd;
+            float *dp = dP + (bj * W + i) * nkv * hd + g * hd;
+            float s = 0;
+            for (int64_t e = 0; e < hd; e++) {
+                s += dy[e] * p[e];
+                dp[e] = al[i] * dy[e];
+            }
+            dalpha[idx * W + i] = s;
+        }
+    }
+}
+
+static inline int64_t local_first(int64_t t, int64_t LW) { return t - LW + 1 < 0 ? LW - 1 - t : 0; }
+
+void ps_attn_backward(float *dq, float *dk, float *dv, float *dck, float *dcv, float *dprobs, const float *dz,
+                      const float *probs, const float *q, const float *k, const float *v, const float *ck,
+                      const float *cv, const ps_attn_geom *g) {
+    int64_t B = g->B, T = g->T, nh = g->nh, nkv = g->nkv, hd = g->hd, nc = g->ncols, grp = nh / nkv, nW = g->nW;
+    int64_t LW = g->LW, qs = nh * hd, ks = nkv * hd;
+    float scale = 1.0f / sqrtf((float)hd);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t n = 0; n < nh; n++) {
+            int64_t kv = n / grp;
+            const float *P = probs + (b * nh + n) * T * nc, *dZ = dz + b * T * qs + n * hd, *Q = q + b * T * qs + n * hd;
+            float *dP = dprobs + (b * nh + n) * T * nc, *dQ = dq + b * T * qs + n * hd;
+            const float *K = k + b * T * ks + kv * hd, *Vv = v + b * T * ks + kv * hd;
+            float *dK = dk + b * T * ks + kv * hd, *dV = dv + b * T * ks + kv * hd;
+            /* dP = dZ · values^T ; dvalues += P^T · dZ */
+            if (!g->compressed) {
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)T, (blasint)T, (blasint)hd, 1.0f, dZ,
+                            (blasint)qs, Vv, (blasint)ks, 0.0f, dP, (blasint)nc);
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (blasint)T, (blasint)hd, (blasint)T, 1.0f, P,
+                            (blasint)nc, dZ, (blasint)qs, 1.0f, dV, (blasint)ks);
+            } else {
+                const float *CK = ck + b * nW * ks + kv * hd, *CV = cv + b * nW * ks + kv * hd;
+                float *dCV = dcv + b * nW * ks + kv * hd;
+                (void)CK;
+                if (nW > 0) {
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)T, (blasint)nW, (blasint)hd, 1.0f, dZ,
+                                (blasint)qs, CV, (blasint)ks, 0.0f, dP, (blasint)nc);
+                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (blasint)nW, (blasint)hd, (blasint)T, 1.0f, P,
+                                (blasint)nc, dZ, (blasint)qs, 1.0f, dCV, (blasint)ks);
+                }
+                for (int64_t t = 0; t < T; t++)
+                    for (int64_t c = nW + local_first(t, LW); c < nc; c++) {
+                        int64_t tp = t - LW + 1 + (c - nW);
+                        const float *dzt = dZ + t * qs, *vt = Vv + tp * ks;
+                        float *dvt = dV + tp * ks, p = P[t * nc + c], s = 0;
+                        for (int64_t e = 0; e < hd; e++) {
+                            s += dzt[e] * vt[e];
+                            dvt[e] += p * dzt[e];
+                        }
+                        dP[t * nc + c] = s;
+                    }
+            }
+            /* softmax backward: dS = P ⊙ (dP − Σ P·dP); unseen entries have P = 0 and get dS = 0 */
+#pragma omp parallel for schedule(static) if (T * nc > 32768)
+            for (int64_t t = 0; t < T; t++) {
+                const float *pr = P + t * nc;
+                float *dr = dP + t * nc;
+                double dot = 0;
+                for (int64_t c = 0; c < nc; c++)
+                    if (pr[c] != 0.0f) dot += (double)pr[c] * dr[c];
+                for (int64_t c = 0; c < nc; c++) dr[c] = pr[c] == 0.0f ? 0.0f : pr[c] * (dr[c] - (float)dot) * scale;
+            }
+            /* scores = scale · q·key: dQ = dS·keys, dkeys += dS^T·Q (scale folded into dS above) */
+            if (!g->compressed) {
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)T, (blasint)hd, (blasint)T, 1.0f, dP,
+                            (blasint)nc, K, (blasint)ks, 0.0f, dQ, (blasint)qs);
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (blasint)T, (blasint)hd, (blasint)T, 1.0f, dP,
+                            (blasint)nc, Q, (blasint)qs, 1.0f, dK, (blasint)ks);
+            } else {
+                const float *CK = ck + b * nW * ks + kv * hd;
+                float *dCK = dck + b * nW * ks + kv * hd;
+                if (nW > 0) {
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)T, (blasint)hd, (blasint)nW, 1.0f, dP,
+                                (blasint)nc, CK, (blasint)ks, 0.0f, dQ, (blasint)qs);
+                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (blasint)nW, (blasint)hd, (blasint)T, 1.0f, dP,
+                                (blasint)nc, Q, (blasint)qs, 1.0f, dCK, (blasint)ks);
+                } else
+                    for (int64_t t = 0; t < T; t++) memset(dQ + t * qs, 0, (size_t)hd * sizeof(float));
+                for (int64_t t = 0; t < T; t++)
+                    for (int64_t c = nW + local_first(t, LW); c < nc; c++) {
+                        int64_t tp = t - LW + 1 + (c - nW);
+                        float ds = dP[t * nc + c];
+                        const float *kt = K + tp * ks, *qt = Q + t * qs;
+                        float *dqt = dQ + t * qs, *dkt = dK + tp * ks;
+                        for (int64_t e = 0; e < hd; e++) {
+                            dqt[e] += ds * kt[e];
+                            dkt[e] += ds * qt[e];
+                        }
+                    }
+            }
+        }
+}
+
+int64_t ps_cross_entropy(double *loss_sum, float *dlogits, const float *logits, const int32_t *targets, int64_t n_rows,
+                         int64_t V, float scale) {
+    int64_t count = 0;
+    double loss = 0;
+#pragma omp parallel for schedule(static) reduction(+ : loss, count)
+    for (int64_t r = 0; r < n_rows; r++) {
+        const float *x = logits + r * V;
+        float *dx = dlogits ? dlogits + r * V : NULL;
+        int32_t y = targets[r];
+        if (y < 0) {
+            if (dx) memset(dx, 0, (size_t)V * sizeof(float));
+            continue;
+        }
+        float mx = -INFINITY;
+        for (int64_t i = 0; i < V; i++) mx = fmaxf(mx, x[i]);
+        double sum = 0;
+        for (int64_t i = 0; i < V; i++) sum += exp((double)(x[i] - mx));
+        double lse = log(sum) + mx;
+        loss += lse - x[y];
+        count++;
+        if (dx) {
+            for (int64_t i = 0; i < V; i++) dx[i] = (float)(exp((double)x[i] - lse)) * scale;
+            dx[y] -= scale;
+        }
+    }
+    *loss_sum += loss;
+    return count;
+}

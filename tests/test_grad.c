@@ -1,0 +1,166 @@
+/* test_grad.c — the backward pass: every parameter tensor of every config variant against central
+ * finite differences of the independent double-precision reference forward (tests/ref_model.c), and
+ * the shared conformance gradients (loss and every tensor, relative error < 1e-3). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "backward.h"
+#include "check.h"
+#include "forward.h"
+#include "model.h"
+#include "ref_model.h"
+#include "rng.h"
+#include "safetensors.h"
+#include "testutil.h"
+#include "tokens.h"
+
+/* mean cross-entropy of the reference forward */
+static double ref_loss(const ps_model *m, const int32_t *tok, const int32_t *tgt, int T) {
+    int64_t V = m->cfg.vocab_size;
+    double *lg = malloc((size_t)(T * V) * sizeof(double)), loss = 0;
+    int n = 0;
+    ref_forward(m, tok, T, lg);
+    for (int t = 0; t < T; t++) {
+        if (tgt[t] < 0) continue;
+        double mx = -1e300, s = 0;
+        for (int64_t i = 0; i < V; i++) mx = lg[t * V + i] > mx ? lg[t * V + i] : mx;
+        for (int64_t i = 0; i < V; i++) s += exp(lg[t * V + i] - mx);
+        loss += log(s) + mx - lg[t * V + tgt[t]];
+        n++;
+    }
+    free(lg);
+    return loss / n;
+}
+
+static void fd_check(const char *label, ps_config c, uint64_t seed) {
+    enum { T = 17 };
+    ps_model m;
+    tu_random_model(&m, &c, seed, 0.5f);
+    int32_t tok[T], tgt[T];
+    tu_random_tokens(tok, T, c.vocab_size, seed + 1);
+    tu_random_tokens(tgt, T, c.vocab_size, seed + 2);
+    for (int t = 0; t < T; t += 3) tgt[t] = -1;
+    ps_acts a, g;
+    ps_error err;
+    CHECK_OK(ps_acts_create(&a, &c, 1, T, true, &err), &err);
+    CHECK_OK(ps_acts_create(&g, &c, 1, T, false, &err), &err);
+    CHECK_OK(ps_forward(&m, &a, tok, NULL, &err), &err);
+    int64_t nt = 0;
+    for (int t = 0; t < T; t++) nt += tgt[t] >= 0;
+    float *grads = calloc((size_t)m.n_params, sizeof(float));
+    double loss = 0;
+    int64_t cnt = 0;
+    CHECK_OK(ps_backward(&m, &a, &g, tok, tgt, 1.0f / (float)nt, grads, &loss, &cnt, &err), &err);
+    double rl = ref_loss(&m, tok, tgt, T);
+    CHECK(cnt == nt && fabs(loss / (double)cnt - rl) < 1e-5 * fabs(rl), "%s: loss %g vs reference %g", label, loss / cnt, rl);
+    ps_rng r;
+    ps_rng_seed(&r, seed + 3);
+    for (int i = 0; i < m.n_tensors; i++) {
+        const ps_param_info *p = &m.table[i];
+        double num = 0, den = 1e-4;
+        for (int k = 0; k < 6; k++) {
+            int64_t j = p->offset + ps_rng_below(&r, p->numel);
+            float keep = m.params[j];
+            m.params[j] = keep + 1e-3f;
+            float up = m.params[j];
+            double lp = ref_loss(&m, tok, tgt, T);
+            m.params[j] = keep - 1e-3f;
+            float dn = m.params[j];
+            double lm = ref_loss(&m, tok, tgt, T);
+            m.params[j] = keep;
+            double fd = (lp - lm) / ((double)up - (double)dn);
+            num = fmax(num, fabs(fd - grads[j]));
+            den = fmax(den, fmax(fabs(fd), fabs(grads[j])));
+        }
+        CHECK(num / den < 1e-3, "%s: %s gradient rel err %.3g (scale %.3g)", label, p->name, num / den, den);
+    }
+    free(grads);
+    ps_acts_free(&a);
+    ps_acts_free(&g);
+    ps_model_free(&m);
+}
+
+static void test_finite_differences(void) {
+    struct { const char *name; int kind, W, S, LW, gate, payload, rope, qkn, tie; int64_t nh, nkv; } v[] = {
+        {"full GQA", PS_ATTN_FULL, 0, 0, 0, 0, 0, 1, 1, 1, 4, 2},
+        {"full untied no-rope no-qknorm", PS_ATTN_FULL, 0, 0, 0, 0, 0, 0, 0, 0, 4, 4},
+        {"compressed W4/S4", PS_ATTN_COMPRESSED, 4, 4, 4, PS_GATE_LEARNED, PS_PAYLOAD_PER_OFFSET, 1, 1, 1, 4, 2},
+        {"compressed W4/S2 overlap LW3", PS_ATTN_COMPRESSED, 4, 2, 3, PS_GATE_LEARNED, PS_PAYLOAD_PER_OFFSET, 1, 1, 1, 4, 2},
+        {"compressed W5/S3 LW2 shared", PS_ATTN_COMPRESSED, 5, 3, 2, PS_GATE_LEARNED, PS_PAYLOAD_SHARED, 1, 1, 1, 4, 2},
+        {"compressed uniform gate", PS_ATTN_COMPRESSED, 4, 2, 4, PS_GATE_UNIFORM, PS_PAYLOAD_PER_OFFSET, 1, 1, 1, 4, 2},
+        {"compressed no-rope no-qknorm untied", PS_ATTN_COMPRESSED, 4, 4, 4, PS_GATE_LEARNED, PS_PAYLOAD_PER_OFFSET, 0, 0, 0, 2, 1},
+    };
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+        ps_config c = tu_config((ps_attn_kind)v[i].kind);
+        c.n_layers = 2;
+        c.d_model = 8;
+        c.head_dim = 4;
+        c.d_ff = 12;
+        c.vocab_size = 11;
+        if (v[i].kind == PS_ATTN_COMPRESSED) {
+            c.window = v[i].W; c.stride = v[i].S; c.local_window = v[i].LW;
+            c.gate = (ps_gate_kind)v[i].gate; c.payload = (ps_payload_kind)v[i].payload;
+        }
+        c.rope = v[i].rope; c.qk_norm = v[i].qkn; c.tie_embeddings = v[i].tie;
+        c.n_heads = v[i].nh; c.n_kv_heads = v[i].nkv;
+        fd_check(v[i].name, c, 1000 + i * 11);
+    }
+}
+
+static void test_conformance_grads(const char *name) {
+    char dir[2048], path[4096];
+    snprintf(dir, sizeof dir, "%s/%s", tu_conformance_dir(), name);
+    ps_error err;
+    ps_model m;
+    ps_token_lists toks, tg;
+    ps_st_file ref;
+    CHECK_OK(ps_model_load(&m, dir, &err), &err);
+    snprintf(path, sizeof path, "%s/tokens.json", dir);
+    CHECK_OK(ps_tokens_load(path, 0, 0, &toks, &err), &err);
+    snprintf(path, sizeof path, "%s/targets.json", dir);
+    CHECK_OK(ps_tokens_load(path, 1, -1, &tg, &err), &err);
+    snprintf(path, sizeof path, "%s/expected_grad.safetensors", dir);
+    CHECK_OK(ps_st_open(path, &ref, &err), &err);
+    int64_t total = 0;
+    for (int s = 0; s < tg.n; s++)
+        for (int64_t t = 0; t < tg.len[s]; t++) total += tg.seq[s][t] >= 0;
+    float *grads = calloc((size_t)m.n_params, sizeof(float));
+    double loss = 0;
+    int64_t cnt = 0;
+    for (int s = 0; s < toks.n; s++) {
+        ps_acts a, g;
+        ps_acts_create(&a, &m.cfg, 1, toks.len[s], true, &err);
+        ps_acts_create(&g, &m.cfg, 1, toks.len[s], false, &err);
+        CHECK_OK(ps_forward(&m, &a, toks.seq[s], NULL, &err), &err);
+        CHECK_OK(ps_backward(&m, &a, &g, toks.seq[s], tg.seq[s], 1.0f / (float)total, grads, &loss, &cnt, &err), &err);
+        ps_acts_free(&a);
+        ps_acts_free(&g);
+    }
+    float lossf = (float)(loss / (double)cnt), want;
+    ps_st_read_f32(&ref, ps_st_find(&ref, "loss"), &want, &err);
+    CHECK(fabs(lossf - want) < 1e-5 * fabs(want), "%s: loss %g vs %g", name, lossf, want);
+    for (int i = 0; i < m.n_tensors; i++) {
+        const ps_param_info *p = &m.table[i];
+        const ps_st_entry *e = ps_st_find(&ref, p->name);
+        CHECK(e && ps_st_numel(e) == p->numel, "%s: reference gradient %s missing", name, p->name);
+        if (!e) continue;
+        float *w = malloc((size_t)p->numel * sizeof(float));
+        ps_st_read_f32(&ref, e, w, &err);
+        double r = rel_err_f(grads + p->offset, w, p->numel);
+        CHECK(r < 1e-3, "%s: gradient of %s rel err %.3g", name, p->name, r);
+        free(w);
+    }
+    free(grads);
+    ps_st_close(&ref);
+    ps_tokens_free(&toks);
+    ps_tokens_free(&tg);
+    ps_model_free(&m);
+}
+
+int main(void) {
+    test_finite_differences();
+    test_conformance_grads("full_gqa");
+    test_conformance_grads("compressed_w8s8");
+    test_conformance_grads("compressed_w6s3_overlap");
+    CHECK_DONE();
+}
