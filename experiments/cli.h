@@ -38,5 +38,6 @@ char *ps_cli_command_line(int argc, char **argv);
 int ps_cmd_init(int argc, char **argv);
 int ps_cmd_info(int argc, char **argv);
 int ps_cmd_forward(int argc, char **argv);
+int ps_cmd_grad(int argc, char **argv);
 
 #endif

@@ -16,6 +16,7 @@ static const subcommand CMDS[] = {
     {"init", ps_cmd_init, "write a freshly initialised checkpoint for a config"},
     {"info", ps_cmd_info, "config, parameters, KV-cache bytes per token, memory estimates"},
     {"forward", ps_cmd_forward, "run token sequences; write logits and chosen hooks to safetensors"},
+    {"grad", ps_cmd_grad, "mean cross-entropy and its gradient for every tensor, to safetensors"},
 };
 #define N_CMDS (int)(sizeof CMDS / sizeof CMDS[0])
 

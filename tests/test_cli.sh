@@ -43,5 +43,16 @@ expect info-ok 0 "compressed W8/S8" -- "$PS" info --model "$M"
 expect init-bad-config 1 "none.json: cannot open" -- "$PS" init --config "$T/none.json" --out "$T/m"
 expect init-ok 0 "wrote" -- "$PS" init --config "$M/config.json" --out "$T/m" --seed 3
 expect init-then-info 0 "parameters" -- "$PS" info --model "$T/m"
+G="$CONF/compressed_w6s3_overlap"
+echo '[[0, 1, 2, 3], [0, 5]]' > "$T/tok2.json"
+echo '[[1, -1, null, 4], [7, 2]]' > "$T/tgt2.json"
+echo '[[1, -1, null], [7, 2]]' > "$T/tgtshort.json"
+echo '[[-1, -1, null, -1], [null, -1]]' > "$T/tgtnone.json"
+expect grad-help 0 "usage: phasescope grad" -- "$B/grad" --help
+expect grad-ok 0 "over 4 target positions" -- "$PS" grad --model "$G" --tokens "$T/tok2.json" --targets "$T/tgt2.json" --out "$T/g.st"
+expect grad-conformance 0 "over" -- "$PS" grad --model "$G" --tokens "$G/tokens.json" --targets "$G/targets.json" --out "$T/gc.st"
+expect grad-short 1 "sequence 0 has 3 targets for 4 tokens" -- "$PS" grad --model "$G" --tokens "$T/tok2.json" --targets "$T/tgtshort.json" --out "$T/g.st"
+expect grad-none 1 "no target positions" -- "$PS" grad --model "$G" --tokens "$T/tok2.json" --targets "$T/tgtnone.json" --out "$T/g.st"
+expect grad-missing 1 "--targets is required" -- "$PS" grad --model "$G" --tokens "$T/tok2.json" --out "$T/g.st"
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
