@@ -44,8 +44,10 @@ void ps_rope_table(float *cos_t, float *sin_t, int64_t n_pos, int64_t hd, double
         }
 }
 
-void ps_rope(float *x, const float *cos_t, const float *sin_t, int64_t n_seq, int64_t rows_per_seq, int64_t n_heads,
-             int64_t hd, int64_t pos_step) {
+/* Rotate each (x_i, x_{i+hd/2}) pair by +angle (dir = 1, the forward) or -angle (dir = -1, which is
+ * the transpose: the gradient through the forward rotation). */
+static void rope_rotate(float *x, const float *cos_t, const float *sin_t, int64_t n_seq, int64_t rows_per_seq,
+                        int64_t n_heads, int64_t hd, int64_t pos_step, float dir) {
     int64_t half = hd / 2, n_rows = n_seq * rows_per_seq;
 #pragma omp parallel for schedule(static) if (n_rows * n_heads * hd > 32768)
     for (int64_t r = 0; r < n_rows; r++) {
@@ -54,12 +56,22 @@ void ps_rope(float *x, const float *cos_t, const float *sin_t, int64_t n_seq, in
         for (int64_t h = 0; h < n_heads; h++) {
             float *v = x + (r * n_heads + h) * hd;
             for (int64_t i = 0; i < half; i++) {
-                float a = v[i], b = v[i + half];
-                v[i] = a * c[i] - b * s[i];
-                v[i + half] = b * c[i] + a * s[i];
+                float a = v[i], b = v[i + half], sn = dir * s[i];
+                v[i] = a * c[i] - b * sn;
+                v[i + half] = b * c[i] + a * sn;
             }
         }
     }
+}
+
+void ps_rope(float *x, const float *cos_t, const float *sin_t, int64_t n_seq, int64_t rows_per_seq, int64_t n_heads,
+             int64_t hd, int64_t pos_step) {
+    rope_rotate(x, cos_t, sin_t, n_seq, rows_per_seq, n_heads, hd, pos_step, 1.0f);
+}
+
+void ps_rope_backward(float *dx, const float *cos_t, const float *sin_t, int64_t n_seq, int64_t rows_per_seq,
+                      int64_t n_heads, int64_t hd, int64_t pos_step) {
+    rope_rotate(dx, cos_t, sin_t, n_seq, rows_per_seq, n_heads, hd, pos_step, -1.0f);
 }
 
 void ps_swiglu(float *h, const float *g, const float *u, int64_t n) {

@@ -1,4 +1,5 @@
-/* ops_cpu_backward.c — CPU implementation of the backward kernels of ops.h. As in ops_cpu.c, sgemm is
+/* ops_cpu_backward.c — CPU implementation of the backward kernels of ops.h (ps_rope_backward shares
+ * its rotation with ps_rope in ops_cpu.c). As in ops_cpu.c, sgemm is
  * never called inside an OpenMP region; reductions into shared gradients run serially or per thread. */
 #include <cblas.h>
 #include <math.h>
@@ -32,24 +33,6 @@ void ps_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const f
     for (int64_t r = 0; r < n_rows; r++) {
         const float *x = inp + r * C, *dy = dout + r * C;
         for (int64_t i = 0; i < C; i++) dweight[i] += dy[i] * x[i] * rstd[r];
-    }
-}
-
-void ps_rope_backward(float *dx, const float *cos_t, const float *sin_t, int64_t n_seq, int64_t rows_per_seq,
-                      int64_t n_heads, int64_t hd, int64_t pos_step) {
-    int64_t half = hd / 2, n_rows = n_seq * rows_per_seq;
-#pragma omp parallel for schedule(static) if (n_rows * n_heads * hd > 32768)
-    for (int64_t r = 0; r < n_rows; r++) {
-        int64_t pos = (r % rows_per_seq) * pos_step;
-        const float *c = cos_t + pos * half, *s = sin_t + pos * half;
-        for (int64_t h = 0; h < n_heads; h++) {
-            float *v = dx + (r * n_heads + h) * hd;
-            for (int64_t i = 0; i < half; i++) {
-                float a = v[i], b = v[i + half];
-                v[i] = a * c[i] + b * s[i];
-                v[i + half] = b * c[i] - a * s[i];
-            }
-        }
     }
 }
 
