@@ -199,13 +199,14 @@ void ps_attn_backward(float *dq, float *dk, float *dv, float *dck, float *dcv, f
 
 int64_t ps_cross_entropy(double *loss_sum, float *dlogits, const float *logits, const int32_t *targets, int64_t n_rows,
                          int64_t V, float scale) {
-    int64_t count = 0;
-    double loss = 0;
-#pragma omp parallel for schedule(static) reduction(+ : loss, count)
+    /* per-row losses, summed serially afterwards: bit-identical for any thread count */
+    double *row_loss = malloc((size_t)(n_rows ? n_rows : 1) * sizeof(double));
+#pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < n_rows; r++) {
         const float *x = logits + r * V;
         float *dx = dlogits ? dlogits + r * V : NULL;
         int32_t y = targets[r];
+        row_loss[r] = 0;
         if (y < 0) {
             if (dx) memset(dx, 0, (size_t)V * sizeof(float));
             continue;
@@ -215,13 +216,18 @@ int64_t ps_cross_entropy(double *loss_sum, float *dlogits, const float *logits, 
         double sum = 0;
         for (int64_t i = 0; i < V; i++) sum += exp((double)(x[i] - mx));
         double lse = log(sum) + mx;
-        loss += lse - x[y];
-        count++;
+        row_loss[r] = lse - x[y];
         if (dx) {
             for (int64_t i = 0; i < V; i++) dx[i] = (float)(exp((double)x[i] - lse)) * scale;
             dx[y] -= scale;
         }
     }
-    *loss_sum += loss;
+    int64_t count = 0;
+    for (int64_t r = 0; r < n_rows; r++)
+        if (targets[r] >= 0) {
+            *loss_sum += row_loss[r];
+            count++;
+        }
+    free(row_loss);
     return count;
 }

@@ -1,0 +1,127 @@
+#include "gates.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+int ps_gate_acc_init(ps_gate_acc *acc, const ps_config *cfg, ps_error *err) {
+    memset(acc, 0, sizeof *acc);
+    if (cfg->kind != PS_ATTN_COMPRESSED)
+        return ps_fail(err, "gate statistics need a compressed-attention model (this one has full attention)");
+    acc->n_layers = cfg->n_layers;
+    acc->nkv = cfg->n_kv_heads;
+    acc->W = cfg->window;
+    acc->sum_alpha = calloc((size_t)(acc->n_layers * acc->nkv * 2 * acc->W), sizeof(double));
+    acc->sum_neff = calloc((size_t)(acc->n_layers * acc->nkv * 2), sizeof(double));
+    acc->n_windows = calloc((size_t)(acc->n_layers * 2), sizeof(int64_t));
+    if (!acc->sum_alpha || !acc->sum_neff || !acc->n_windows) {
+        ps_gate_acc_free(acc);
+        return ps_fail(err, "out of memory for gate statistics");
+    }
+    return 0;
+}
+
+void ps_gate_acc_free(ps_gate_acc *acc) {
+    free(acc->sum_alpha);
+    free(acc->sum_neff);
+    free(acc->n_windows);
+    memset(acc, 0, sizeof *acc);
+}
+
+void ps_gate_acc_reset(ps_gate_acc *acc) {
+    memset(acc->sum_alpha, 0, (size_t)(acc->n_layers * acc->nkv * 2 * acc->W) * sizeof(double));
+    memset(acc->sum_neff, 0, (size_t)(acc->n_layers * acc->nkv * 2) * sizeof(double));
+    memset(acc->n_windows, 0, (size_t)(acc->n_layers * 2) * sizeof(int64_t));
+}
+
+double ps_effective_offsets(const double *p, int64_t n) {
+    double h = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (p[i] > 0) h -= p[i] * log(p[i]);
+    return exp(h);
+}
+
+void ps_gate_acc_add(ps_gate_acc *acc, int layer, ps_branch br, const float *alpha, int64_t n) {
+    int64_t W = acc->W, nkv = acc->nkv;
+    double tmp[4096];
+    for (int64_t w = 0; w < n; w++)
+        for (int64_t g = 0; g < nkv; g++) {
+            const float *a = alpha + (w * nkv + g) * W;
+            double *s = acc->sum_alpha + (((int64_t)layer * nkv + g) * 2 + br) * W;
+            for (int64_t i = 0; i < W; i++) {
+                s[i] += a[i];
+                tmp[i] = a[i];
+            }
+            acc->sum_neff[((int64_t)layer * nkv + g) * 2 + br] += ps_effective_offsets(tmp, W);
+        }
+    acc->n_windows[layer * 2 + br] += n;
+}
+
+static int gate_hook(const ps_hook_event *ev, void *user, ps_error *err) {
+    (void)err;
+    ps_gate_acc_add(user, ev->layer, ev->point == PS_HOOK_GATE_K ? PS_BRANCH_KEY : PS_BRANCH_VALUE, ev->data,
+                    ev->shape[0] * ev->shape[1]);
+    return 0;
+}
+
+int ps_gate_acc_watch(ps_gate_acc *acc, ps_hooks *hooks, const ps_config *cfg, ps_error *err) {
+    for (int l = 0; l < cfg->n_layers; l++)
+        for (int b = 0; b < 2; b++) {
+            char name[96];
+            ps_hook_name(name, sizeof name, l, b ? PS_HOOK_GATE_V : PS_HOOK_GATE_K);
+            if (ps_hooks_add(hooks, cfg, name, gate_hook, acc, err)) return -1;
+        }
+    return 0;
+}
+
+void ps_gate_acc_stat(const ps_gate_acc *acc, int layer, int head, ps_branch br, ps_gate_stat *out) {
+    int64_t W = acc->W, n = acc->n_windows[layer * 2 + br];
+    const double *s = acc->sum_alpha + (((int64_t)layer * acc->nkv + head) * 2 + br) * W;
+    out->W = W;
+    out->n_windows = n;
+    out->peak = 0;
+    for (int64_t i = 0; i < W; i++) {
+        out->mean_gate[i] = n ? s[i] / (double)n : 0.0;
+        if (out->mean_gate[i] > out->mean_gate[out->peak]) out->peak = (int)i;
+    }
+    out->N_static = n ? ps_effective_offsets(out->mean_gate, W) : 0.0;
+    out->N_input = n ? acc->sum_neff[((int64_t)layer * acc->nkv + head) * 2 + br] / (double)n : 0.0;
+}
+
+json_t *ps_gate_acc_to_json(const ps_gate_acc *acc, const ps_config *cfg) {
+    json_t *root = json_object(), *layers = json_array();
+    json_object_set_new(root, "window", json_integer(cfg->window));
+    json_object_set_new(root, "stride", json_integer(cfg->stride));
+    json_object_set_new(root, "gate", json_string(cfg->gate == PS_GATE_UNIFORM ? "uniform" : "learned"));
+    ps_gate_stat *st = malloc(sizeof *st); /* 32 KiB: not on the stack */
+    if (!st) {
+        json_decref(root);
+        json_decref(layers);
+        return NULL;
+    }
+    for (int l = 0; l < acc->n_layers; l++) {
+        json_t *lo = json_object(), *heads = json_array();
+        json_object_set_new(lo, "layer", json_integer(l));
+        for (int g = 0; g < acc->nkv; g++) {
+            json_t *ho = json_object();
+            json_object_set_new(ho, "head", json_integer(g));
+            for (int b = 0; b < 2; b++) {
+                ps_gate_acc_stat(acc, l, g, (ps_branch)b, st);
+                json_t *bo = json_object(), *mg = json_array();
+                for (int64_t i = 0; i < st->W; i++) json_array_append_new(mg, json_real(st->mean_gate[i]));
+                json_object_set_new(bo, "mean_gate", mg);
+                json_object_set_new(bo, "N_static", json_real(st->N_static));
+                json_object_set_new(bo, "N_input", json_real(st->N_input));
+                json_object_set_new(bo, "peak", json_integer(st->peak));
+                json_object_set_new(bo, "n_windows", json_integer(st->n_windows));
+                json_object_set_new(ho, b ? "value" : "key", bo);
+            }
+            json_array_append_new(heads, ho);
+        }
+        json_object_set_new(lo, "heads", heads);
+        json_array_append_new(layers, lo);
+    }
+    free(st);
+    json_object_set_new(root, "layers", layers);
+    return root;
+}

@@ -1,0 +1,52 @@
+/* gates.h — gate concentration statistics (SPEC §6 "effective offsets"): per layer, KV head and branch,
+ * pooled over every window of every prompt seen: mean_gate = E[alpha] (a distribution over the W
+ * offsets), N_static = exp(H(mean_gate)), N_input = E[exp(H(alpha))] (natural log, 0·log 0 = 0), and
+ * the peak offset argmax mean_gate (ties to the lowest offset). Fed by the gate hooks of forward passes. */
+#ifndef PS_GATES_H
+#define PS_GATES_H
+
+#include <jansson.h>
+#include <stdint.h>
+
+#include "config.h"
+#include "error.h"
+#include "hooks.h"
+
+typedef enum { PS_BRANCH_KEY = 0, PS_BRANCH_VALUE = 1 } ps_branch;
+
+typedef struct {
+    int64_t n_layers, nkv, W;
+    double *sum_alpha;  /* [L, nkv, 2, W] */
+    double *sum_neff;   /* [L, nkv, 2] */
+    int64_t *n_windows; /* [L, 2] windows pooled (per head) */
+} ps_gate_acc;
+
+typedef struct {
+    double mean_gate[4096];
+    int64_t W;
+    double N_static, N_input;
+    int peak;
+    int64_t n_windows;
+} ps_gate_stat;
+
+/* Fails for a full-attention model (no gates). */
+int ps_gate_acc_init(ps_gate_acc *acc, const ps_config *cfg, ps_error *err);
+void ps_gate_acc_free(ps_gate_acc *acc);
+void ps_gate_acc_reset(ps_gate_acc *acc);
+
+/* Register hooks on every layer's hook_gate_k and hook_gate_v that pool into acc. */
+int ps_gate_acc_watch(ps_gate_acc *acc, ps_hooks *hooks, const ps_config *cfg, ps_error *err);
+
+/* Pool alpha [n, nkv, W] (n = B·nW windows) of one layer and branch. */
+void ps_gate_acc_add(ps_gate_acc *acc, int layer, ps_branch br, const float *alpha, int64_t n);
+
+void ps_gate_acc_stat(const ps_gate_acc *acc, int layer, int head, ps_branch br, ps_gate_stat *out);
+
+/* exp of the entropy (natural log, 0·log 0 = 0) of a distribution over n entries. */
+double ps_effective_offsets(const double *p, int64_t n);
+
+/* {"window", "stride", "gate", "layers": [{"layer", "heads": [{"head", "key": {...}, "value": {...}}]}]}
+ * with mean_gate, N_static, N_input, peak, n_windows per branch (the layout of the conformance file). */
+json_t *ps_gate_acc_to_json(const ps_gate_acc *acc, const ps_config *cfg);
+
+#endif
