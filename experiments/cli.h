@@ -36,6 +36,7 @@ bool ps_cli_wants_help(int argc, char **argv);
 char *ps_cli_command_line(int argc, char **argv);
 
 int ps_cmd_init(int argc, char **argv);
+int ps_cmd_train(int argc, char **argv);
 int ps_cmd_info(int argc, char **argv);
 int ps_cmd_forward(int argc, char **argv);
 int ps_cmd_grad(int argc, char **argv);

@@ -13,6 +13,7 @@ typedef struct {
 } subcommand;
 
 static const subcommand CMDS[] = {
+    {"train", ps_cmd_train, "train a model (resumable); logs JSONL with gate statistics"},
     {"init", ps_cmd_init, "write a freshly initialised checkpoint for a config"},
     {"info", ps_cmd_info, "config, parameters, KV-cache bytes per token, memory estimates"},
     {"forward", ps_cmd_forward, "run token sequences; write logits and chosen hooks to safetensors"},

@@ -1,0 +1,509 @@
+#define _POSIX_C_SOURCE 200809L
+#include "train.h"
+
+#include <dirent.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "backward.h"
+#include "fileio.h"
+#include "forward.h"
+#include "gates.h"
+#include "model.h"
+#include "safetensors.h"
+
+/* ---- config ---- */
+
+static const char *const TRAIN_KEYS[] = {"steps",       "batch_size",   "seed",         "lr",
+                                         "min_lr_frac", "warmup_steps", "beta1",        "beta2",
+                                         "eps",         "weight_decay", "grad_clip",    "gate_lr_mult",
+                                         "gate_weight_decay", "log_every", "eval_every", "eval_size",
+                                         "gates_every", "checkpoint_every"};
+#define N_TRAIN_KEYS (int)(sizeof TRAIN_KEYS / sizeof TRAIN_KEYS[0])
+
+void ps_train_cfg_free(ps_train_cfg *c) {
+    free(c->canonical);
+    c->canonical = NULL;
+}
+
+static int parse_train(json_t *o, const char *src, ps_train_cfg *c, ps_error *err) {
+    if (!json_is_object(o)) return ps_fail(err, "%s: key \"train\" must be an object", src);
+    const char *k;
+    json_t *v;
+    json_object_foreach(o, k, v) {
+        int i = 0;
+        while (i < N_TRAIN_KEYS && strcmp(TRAIN_KEYS[i], k)) i++;
+        if (i == N_TRAIN_KEYS)
+            return ps_fail(err,
+                           "%s: unknown key \"train.%s\" (valid: steps, batch_size, seed, lr, min_lr_frac, warmup_steps, "
+                           "beta1, beta2, eps, weight_decay, grad_clip, gate_lr_mult, gate_weight_decay, log_every, "
+                           "eval_every, eval_size, gates_every, checkpoint_every)",
+                           src, k);
+        int64_t *ints[N_TRAIN_KEYS] = {&c->steps, &c->batch_size, NULL, NULL, NULL, &c->opt.warmup_steps, NULL, NULL, NULL,
+                                       NULL, NULL, NULL, NULL, &c->log_every, &c->eval_every, &c->eval_size,
+                                       &c->gates_every, &c->checkpoint_every};
+        double *reals[N_TRAIN_KEYS] = {NULL, NULL, NULL, &c->opt.lr, &c->opt.min_lr_frac, NULL, &c->opt.beta1,
+                                       &c->opt.beta2, &c->opt.eps, &c->opt.weight_decay, &c->opt.grad_clip,
+                                       &c->opt.gate_lr_mult, &c->opt.gate_weight_decay, NULL, NULL, NULL, NULL, NULL};
+        if (!strcmp(k, "seed")) {
+            if (!json_is_integer(v) || json_integer_value(v) < 0)
+                return ps_fail(err, "%s: key \"train.seed\" must be a non-negative integer", src);
+            c->seed = (uint64_t)json_integer_value(v);
+        } else if (ints[i]) {
+            if (!json_is_integer(v)) return ps_fail(err, "%s: key \"train.%s\" must be a JSON integer", src, k);
+            *ints[i] = (int64_t)json_integer_value(v);
+        } else {
+            if (!json_is_number(v)) return ps_fail(err, "%s: key \"train.%s\" must be a number", src, k);
+            *reals[i] = json_number_value(v);
+        }
+    }
+    struct { const char *n; int64_t v, lo; } iv[] = {{"steps", c->steps, 1},           {"batch_size", c->batch_size, 1},
+                                                    {"warmup_steps", c->opt.warmup_steps, 0}, {"log_every", c->log_every, 1},
+                                                    {"eval_every", c->eval_every, 1},   {"eval_size", c->eval_size, 1},
+                                                    {"gates_every", c->gates_every, 1}, {"checkpoint_every", c->checkpoint_every, 1}};
+    for (size_t i = 0; i < sizeof iv / sizeof iv[0]; i++)
+        if (iv[i].v < iv[i].lo || iv[i].v > ((int64_t)1 << 40))
+            return ps_fail(err, "%s: key \"train.%s\" must be >= %lld, got %lld", src, iv[i].n, (long long)iv[i].lo,
+                           (long long)iv[i].v);
+    struct { const char *n; double v, lo, hi; } rv[] = {
+        {"lr", c->opt.lr, 0, 10},          {"min_lr_frac", c->opt.min_lr_frac, 0, 1}, {"beta1", c->opt.beta1, 0, 0.999999},
+        {"beta2", c->opt.beta2, 0, 0.999999999}, {"eps", c->opt.eps, 0, 1},        {"weight_decay", c->opt.weight_decay, 0, 10},
+        {"grad_clip", c->opt.grad_clip, 0, 1e9}, {"gate_lr_mult", c->opt.gate_lr_mult, 0, 1e6},
+        {"gate_weight_decay", c->opt.gate_weight_decay, 0, 10}};
+    for (size_t i = 0; i < sizeof rv / sizeof rv[0]; i++)
+        if (!(rv[i].v >= rv[i].lo && rv[i].v <= rv[i].hi) || (rv[i].lo == 0 && !strcmp(rv[i].n, "lr") && rv[i].v == 0))
+            return ps_fail(err, "%s: key \"train.%s\" is %g, outside [%g, %g]", src, rv[i].n, rv[i].v, rv[i].lo, rv[i].hi);
+    return 0;
+}
+
+int ps_train_cfg_parse(const char *text, size_t len, const char *src, ps_train_cfg *c, ps_error *err) {
+    memset(c, 0, sizeof *c);
+    ps_optim_defaults(&c->opt);
+    c->steps = 1000;
+    c->batch_size = 16;
+    c->log_every = 10;
+    c->eval_every = 100;
+    c->eval_size = 256;
+    c->gates_every = 100;
+    c->checkpoint_every = 200;
+    json_error_t je;
+    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
+    if (!root) return ps_fail(err, "%s: not valid JSON (line %d: %s)", src, je.line, je.text);
+    int rc = -1;
+    char *model_text = NULL;
+    json_t *model = NULL, *task = NULL, *train = NULL;
+    if (!json_is_object(root)) {
+        ps_fail(err, "%s: training config must be a JSON object with \"model\", \"task\" and \"train\"", src);
+        goto done;
+    }
+    const char *k;
+    json_t *v;
+    json_object_foreach(root, k, v) {
+        if (!strcmp(k, "model")) model = v;
+        else if (!strcmp(k, "task")) task = v;
+        else if (!strcmp(k, "train")) train = v;
+        else {
+            ps_fail(err, "%s: unknown key \"%s\" (valid: model, task, train)", src, k);
+            goto done;
+        }
+    }
+    if (!model || !task) {
+        ps_fail(err, "%s: missing key \"%s\"", src, model ? "task" : "model");
+        goto done;
+    }
+    if (!json_is_object(model)) {
+        ps_fail(err, "%s: key \"model\" must be an object", src);
+        goto done;
+    }
+    model_text = json_dumps(model, JSON_COMPACT);
+    char msrc[1100];
+    snprintf(msrc, sizeof msrc, "%s (model)", src);
+    if (ps_config_parse(model_text, strlen(model_text), msrc, &c->model, err)) goto done;
+    if (ps_task_from_json(task, src, &c->task, err)) goto done;
+    if (ps_task_validate(&c->task, c->model.vocab_size, c->model.max_seq_len, src, err)) goto done;
+    if (train && parse_train(train, src, c, err)) goto done;
+    c->opt.total_steps = c->steps;
+    /* canonical form: every key with its value, fixed order */
+    json_t *canon = json_object(), *tr = json_object();
+    char *mj = ps_config_to_json(&c->model);
+    json_object_set_new(canon, "model", json_loads(mj, 0, NULL));
+    free(mj);
+    json_object_set_new(canon, "task", ps_task_to_json(&c->task));
+    json_object_set_new(tr, "steps", json_integer(c->steps));
+    json_object_set_new(tr, "batch_size", json_integer(c->batch_size));
+    json_object_set_new(tr, "seed", json_integer((json_int_t)c->seed));
+    json_object_set_new(tr, "lr", json_real(c->opt.lr));
+    json_object_set_new(tr, "min_lr_frac", json_real(c->opt.min_lr_frac));
+    json_object_set_new(tr, "warmup_steps", json_integer(c->opt.warmup_steps));
+    json_object_set_new(tr, "beta1", json_real(c->opt.beta1));
+    json_object_set_new(tr, "beta2", json_real(c->opt.beta2));
+    json_object_set_new(tr, "eps", json_real(c->opt.eps));
+    json_object_set_new(tr, "weight_decay", json_real(c->opt.weight_decay));
+    json_object_set_new(tr, "grad_clip", json_real(c->opt.grad_clip));
+    json_object_set_new(tr, "gate_lr_mult", json_real(c->opt.gate_lr_mult));
+    json_object_set_new(tr, "gate_weight_decay", json_real(c->opt.gate_weight_decay));
+    json_object_set_new(tr, "log_every", json_integer(c->log_every));
+    json_object_set_new(tr, "eval_every", json_integer(c->eval_every));
+    json_object_set_new(tr, "eval_size", json_integer(c->eval_size));
+    json_object_set_new(tr, "gates_every", json_integer(c->gates_every));
+    json_object_set_new(tr, "checkpoint_every", json_integer(c->checkpoint_every));
+    json_object_set_new(canon, "train", tr);
+    c->canonical = json_dumps(canon, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
+    json_decref(canon);
+    rc = 0;
+done:
+    free(model_text);
+    json_decref(root);
+    return rc;
+}
+
+int ps_train_cfg_load(const char *path, ps_train_cfg *c, ps_error *err) {
+    char *text;
+    size_t len;
+    if (ps_read_file(path, (size_t)16 << 20, &text, &len, err)) return -1;
+    int rc = ps_train_cfg_parse(text, len, path, c, err);
+    free(text);
+    return rc;
+}
+
+/* ---- run state ---- */
+
+typedef struct {
+    const ps_train_cfg *c;
+    const char *dir;
+    ps_model m;
+    float *grads, *m1, *m2;
+    ps_acts acts, gacts, eval_acts;
+    ps_batch batch, eval_batch;
+    FILE *log;
+    int has_gates;
+    ps_gate_acc gacc;
+    ps_hooks ghooks;
+} run_state;
+
+static uint64_t step_seed(uint64_t seed, int64_t step) {
+    uint64_t x = seed * 0xd1b54a32d192ed03ULL ^ ((uint64_t)step + 0x632be59bd9b4e019ULL);
+    x ^= x >> 31;
+    x *= 0x9e3779b97f4a7c15ULL;
+    return x ^ (x >> 29);
+}
+
+static int save_checkpoint(run_state *s, int64_t step, ps_error *err) {
+    char name[64], path[4200], buf[32];
+    snprintf(name, sizeof name, "optimizer-%lld.safetensors", (long long)step);
+    if (ps_path_join(path, sizeof path, s->dir, name, err)) return -1;
+    ps_st_tensor *t = calloc((size_t)(2 * s->m.n_tensors), sizeof *t);
+    char (*names)[140] = calloc((size_t)(2 * s->m.n_tensors), sizeof *names);
+    if (!t || !names) {
+        free(t);
+        free(names);
+        return ps_fail(err, "out of memory");
+    }
+    for (int i = 0; i < s->m.n_tensors; i++)
+        for (int k = 0; k < 2; k++) {
+            const ps_param_info *p = &s->m.table[i];
+            ps_st_tensor *x = &t[2 * i + k];
+            snprintf(names[2 * i + k], 140, "%s.%s", k ? "v" : "m", p->name);
+            x->name = names[2 * i + k];
+            x->ndim = p->ndim;
+            for (int d = 0; d < 3; d++) x->shape[d] = p->shape[d];
+            x->data = (k ? s->m2 : s->m1) + p->offset;
+        }
+    snprintf(buf, sizeof buf, "%lld", (long long)step);
+    const char *mk[] = {"phasescope.step"}, *mv[] = {buf};
+    int rc = ps_st_save(path, t, 2 * s->m.n_tensors, mk, mv, 1, err);
+    free(t);
+    free(names);
+    if (rc) return -1;
+    /* the model names its optimizer file; written second, so a kill between the two leaves the older
+     * (model, optimizer) pair intact */
+    json_t *tj = ps_task_to_json(&s->c->task);
+    char *task = json_dumps(tj, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(tj);
+    int bad = ps_model_set_meta(&s->m, "phasescope.step", buf, err) ||
+              ps_model_set_meta(&s->m, "phasescope.optimizer", name, err) ||
+              ps_model_set_meta(&s->m, "phasescope.task", task, err) ||
+              ps_model_set_meta(&s->m, "phasescope.train", s->c->canonical, err) ||
+              ps_model_set_meta(&s->m, "phasescope.version", PS_VERSION, err);
+    free(task);
+    if (bad || ps_model_save(&s->m, s->dir, err)) return -1;
+    DIR *d = opendir(s->dir);
+    if (d) {
+        for (struct dirent *e; (e = readdir(d));)
+            if (!strncmp(e->d_name, "optimizer-", 10) && strcmp(e->d_name, name) &&
+                ps_path_join(path, sizeof path, s->dir, e->d_name, NULL) == 0)
+                unlink(path);
+        closedir(d);
+    }
+    return 0;
+}
+
+static void log_json(run_state *s, json_t *o) {
+    char *line = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9));
+    fprintf(s->log, "%s\n", line);
+    fflush(s->log);
+    free(line);
+    json_decref(o);
+}
+
+/* Held-out accuracy and mean loss over the eval set; gate statistics pooled over it when asked. */
+static int evaluate(run_state *s, int with_gates, double *acc, double *loss, ps_error *err) {
+    const ps_batch *eb = &s->eval_batch;
+    int64_t B = s->c->batch_size, T = eb->T, V = s->m.cfg.vocab_size, done = 0, correct = 0, nq = 0, nt = 0;
+    double lsum = 0;
+    ps_batch view = *eb;
+    int *ok = malloc((size_t)(B * eb->max_q) * sizeof(int));
+    double *lp = malloc((size_t)(B * eb->max_q) * sizeof(double));
+    if (with_gates) ps_gate_acc_reset(&s->gacc);
+    while (done < eb->B) {
+        int64_t n = eb->B - done < B ? eb->B - done : B;
+        view.B = n;
+        view.tokens = eb->tokens + done * T;
+        view.targets = eb->targets + done * T;
+        view.n_q = eb->n_q + done;
+        view.queries = eb->queries + done * eb->max_q;
+        ps_acts part, *a = &s->eval_acts;
+        if (n < B) { /* last partial chunk */
+            if (ps_acts_create(&part, &s->m.cfg, n, T, false, err)) {
+                free(ok);
+                free(lp);
+                return -1;
+            }
+            a = &part;
+        }
+        int bad = ps_forward(&s->m, a, view.tokens, with_gates ? &s->ghooks : NULL, err);
+        if (!bad) ps_score_queries(&view, a->p.logits, V, ok, lp);
+        if (a == &part) ps_acts_free(&part);
+        if (bad) {
+            free(ok);
+            free(lp);
+            return -1;
+        }
+        for (int64_t r = 0; r < n; r++)
+            for (int64_t q = 0; q < view.n_q[r]; q++) {
+                correct += ok[r * eb->max_q + q];
+                lsum -= lp[r * eb->max_q + q];
+                nt += view.queries[r * eb->max_q + q].answer_len;
+                nq++;
+            }
+        done += n;
+    }
+    free(ok);
+    free(lp);
+    *acc = nq ? (double)correct / (double)nq : 0;
+    *loss = nt ? lsum / (double)nt : 0;
+    return 0;
+}
+
+static int log_gates(run_state *s, int64_t step) {
+    json_t *g = ps_gate_acc_to_json(&s->gacc, &s->m.cfg), *o = json_object();
+    json_object_set_new(o, "type", json_string("gates"));
+    json_object_set_new(o, "step", json_integer(step));
+    json_object_set(o, "layers", json_object_get(g, "layers"));
+    json_decref(g);
+    log_json(s, o);
+    return 0;
+}
+
+/* Keep only the records of steps <= step (a resumed run rewrites what follows). */
+static int truncate_log(const char *path, int64_t step, ps_error *err) {
+    char *text;
+    size_t len;
+    if (ps_read_file(path, (size_t)1 << 32, &text, &len, err)) return -1;
+    char *out = malloc(len + 1);
+    size_t w = 0;
+    for (char *line = text; *line;) {
+        char *nl = strchr(line, '\n');
+        size_t ll = nl ? (size_t)(nl - line) : strlen(line);
+        json_t *o = json_loadb(line, ll, 0, NULL);
+        if (o && json_integer_value(json_object_get(o, "step")) <= step && nl) {
+            memcpy(out + w, line, ll + 1);
+            w += ll + 1;
+        }
+        json_decref(o);
+        if (!nl) break;
+        line = nl + 1;
+    }
+    int rc = ps_write_file_atomic(path, out, w, err);
+    free(out);
+    free(text);
+    return rc;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int load_resume(run_state *s, int64_t *step, ps_error *err) {
+    if (ps_model_load(&s->m, s->dir, err)) return -1;
+    const char *st = ps_model_get_meta(&s->m, "phasescope.step"), *opt = ps_model_get_meta(&s->m, "phasescope.optimizer"),
+               *tr = ps_model_get_meta(&s->m, "phasescope.train");
+    if (!st || !opt || !tr) return ps_fail(err, "%s/model.safetensors: not a training checkpoint (no phasescope.step)", s->dir);
+    if (strcmp(tr, s->c->canonical))
+        return ps_fail(err, "%s: the training config differs from the one this run was started with", s->dir);
+    *step = strtoll(st, NULL, 10);
+    s->m1 = calloc((size_t)s->m.n_params, sizeof(float));
+    s->m2 = calloc((size_t)s->m.n_params, sizeof(float));
+    if (!s->m1 || !s->m2) return ps_fail(err, "out of memory for optimizer state");
+    char path[4200];
+    if (ps_path_join(path, sizeof path, s->dir, opt, err)) return -1;
+    ps_st_file f;
+    if (ps_st_open(path, &f, err)) return -1;
+    const char *ost = ps_st_meta(&f, "phasescope.step");
+    int rc = 0;
+    if (!ost || strtoll(ost, NULL, 10) != *step)
+        rc = ps_fail(err, "%s: optimizer state is for another step than the model (%s)", path, st);
+    for (int i = 0; !rc && i < s->m.n_tensors; i++)
+        for (int k = 0; k < 2 && !rc; k++) {
+            char nm[140];
+            snprintf(nm, sizeof nm, "%s.%s", k ? "v" : "m", s->m.table[i].name);
+            const ps_st_entry *e = ps_st_find(&f, nm);
+            if (!e || ps_st_numel(e) != s->m.table[i].numel)
+                rc = ps_fail(err, "%s: tensor \"%s\" missing or of the wrong size", path, nm);
+            else rc = ps_st_read_f32(&f, e, (k ? s->m2 : s->m1) + s->m.table[i].offset, err);
+        }
+    ps_st_close(&f);
+    return rc;
+}
+
+int ps_train(const ps_train_cfg *c, const char *dir, int resume, int64_t stop_after, ps_train_progress_fn fn,
+             void *user, ps_error *err) {
+    run_state s;
+    memset(&s, 0, sizeof s);
+    s.c = c;
+    s.dir = dir;
+    ps_hooks_init(&s.ghooks);
+    int rc = -1;
+    int64_t start = 0, B = c->batch_size, T = c->task.seq_len;
+    char logpath[4200], mpath[4200];
+    if (ps_mkdir(dir, err) || ps_path_join(logpath, sizeof logpath, dir, "train.jsonl", err) ||
+        ps_path_join(mpath, sizeof mpath, dir, "model.safetensors", err))
+        return -1;
+    if (resume) {
+        if (access(mpath, F_OK) != 0) return ps_fail(err, "--resume: %s holds no checkpoint to resume", dir);
+    } else if (access(mpath, F_OK) == 0)
+        return ps_fail(err, "%s already holds a run; use --resume to continue it or choose another --out", dir);
+    if (resume) {
+        if (load_resume(&s, &start, err)) goto done;
+        if (truncate_log(logpath, start, err)) goto done;
+    } else {
+        if (ps_model_create(&s.m, &c->model, err)) return -1;
+        ps_model_init(&s.m, c->seed);
+        s.m1 = calloc((size_t)s.m.n_params, sizeof(float));
+        s.m2 = calloc((size_t)s.m.n_params, sizeof(float));
+        if (!s.m1 || !s.m2) {
+            ps_fail(err, "out of memory for optimizer state");
+            goto done;
+        }
+    }
+    s.grads = malloc((size_t)s.m.n_params * sizeof(float));
+    if (!s.grads || ps_acts_create(&s.acts, &c->model, B, T, true, err) ||
+        ps_acts_create(&s.gacts, &c->model, B, T, false, err) || ps_acts_create(&s.eval_acts, &c->model, B, T, false, err) ||
+        ps_batch_alloc(&s.batch, B, T, c->task.n_queries, err) ||
+        ps_batch_alloc(&s.eval_batch, c->eval_size, T, c->task.n_queries, err))
+        goto done;
+    ps_task_generate(&c->task, step_seed(c->seed ^ 0x5eed0e7a1ULL, -1), &s.eval_batch); /* held out: never a train seed */
+    s.has_gates = c->model.kind == PS_ATTN_COMPRESSED;
+    if (s.has_gates && (ps_gate_acc_init(&s.gacc, &c->model, err) || ps_gate_acc_watch(&s.gacc, &s.ghooks, &c->model, err)))
+        goto done;
+    s.log = fopen(logpath, resume ? "a" : "w");
+    if (!s.log) {
+        ps_fail(err, "%s: cannot open for writing", logpath);
+        goto done;
+    }
+    if (!resume) {
+        /* step-0 statistics: where the gates start (uniform) */
+        double acc, el;
+        if (evaluate(&s, s.has_gates, &acc, &el, err)) goto done;
+        json_t *o = json_object();
+        json_object_set_new(o, "type", json_string("eval"));
+        json_object_set_new(o, "step", json_integer(0));
+        json_object_set_new(o, "accuracy", json_real(acc));
+        json_object_set_new(o, "loss", json_real(el));
+        log_json(&s, o);
+        if (s.has_gates) log_gates(&s, 0);
+        if (save_checkpoint(&s, 0, err)) goto done;
+    }
+    int64_t end = stop_after >= 0 && stop_after < c->steps ? stop_after : c->steps;
+    double t_last = now_s();
+    int64_t tok_since = 0;
+    for (int64_t step = start; step < end; step++) {
+        ps_task_generate(&c->task, step_seed(c->seed, step), &s.batch);
+        memset(s.grads, 0, (size_t)s.m.n_params * sizeof(float));
+        int64_t n_t = 0;
+        for (int64_t i = 0; i < B * T; i++) n_t += s.batch.targets[i] >= 0;
+        double lsum = 0;
+        int64_t cnt = 0;
+        if (ps_forward(&s.m, &s.acts, s.batch.tokens, NULL, err) ||
+            ps_backward(&s.m, &s.acts, &s.gacts, s.batch.tokens, s.batch.targets, 1.0f / (float)n_t, s.grads, &lsum, &cnt, err))
+            goto done;
+        double loss = lsum / (double)cnt, gn = ps_grad_norm(s.grads, s.m.n_params);
+        if (!isfinite(loss) || !isfinite(gn)) {
+            ps_fail(err, "step %lld: %s is %s; stopping (the last good checkpoint is kept in %s)", (long long)step + 1,
+                    isfinite(loss) ? "gradient norm" : "loss", isnan(isfinite(loss) ? gn : loss) ? "NaN" : "infinite", dir);
+            goto done;
+        }
+        double clip = c->opt.grad_clip > 0 && gn > c->opt.grad_clip ? c->opt.grad_clip / gn : 1.0, lr = ps_lr_at(&c->opt, step);
+        ps_adamw_update(&s.m, s.grads, s.m1, s.m2, step + 1, lr, clip, &c->opt);
+        tok_since += B * T;
+        int64_t done_steps = step + 1;
+        int last = done_steps == c->steps; /* logs follow the schedule of the full run, so an interrupted and
+                                              resumed run logs exactly what an uninterrupted one does */
+        ps_train_progress pr = {.step = done_steps, .total = c->steps, .loss = loss, .lr = lr, .grad_norm = gn,
+                                .tokens_per_s = 0, .eval_accuracy = -1};
+        if (done_steps % c->log_every == 0 || last) {
+            double t = now_s();
+            pr.tokens_per_s = (double)tok_since / (t - t_last > 1e-9 ? t - t_last : 1e-9);
+            t_last = t;
+            tok_since = 0;
+            json_t *o = json_object();
+            json_object_set_new(o, "type", json_string("train"));
+            json_object_set_new(o, "step", json_integer(done_steps));
+            json_object_set_new(o, "loss", json_real(loss));
+            json_object_set_new(o, "lr", json_real(lr));
+            json_object_set_new(o, "grad_norm", json_real(gn));
+            json_object_set_new(o, "tokens_per_s", json_real(round(pr.tokens_per_s)));
+            log_json(&s, o);
+        }
+        int do_gates = s.has_gates && (done_steps % c->gates_every == 0 || last);
+        if (done_steps % c->eval_every == 0 || last || do_gates) {
+            double acc, el;
+            if (evaluate(&s, do_gates, &acc, &el, err)) goto done;
+            if (done_steps % c->eval_every == 0 || last) {
+                json_t *o = json_object();
+                json_object_set_new(o, "type", json_string("eval"));
+                json_object_set_new(o, "step", json_integer(done_steps));
+                json_object_set_new(o, "accuracy", json_real(acc));
+                json_object_set_new(o, "loss", json_real(el));
+                log_json(&s, o);
+                pr.eval_accuracy = acc;
+            }
+            if (do_gates) log_gates(&s, done_steps);
+        }
+        if (done_steps % c->checkpoint_every == 0 || done_steps == end)
+            if (save_checkpoint(&s, done_steps, err)) goto done;
+        if (fn) fn(&pr, user);
+    }
+    rc = 0;
+done:
+    if (s.log) fclose(s.log);
+    ps_hooks_free(&s.ghooks);
+    if (s.has_gates) ps_gate_acc_free(&s.gacc);
+    ps_batch_free(&s.batch);
+    ps_batch_free(&s.eval_batch);
+    ps_acts_free(&s.acts);
+    ps_acts_free(&s.gacts);
+    ps_acts_free(&s.eval_acts);
+    free(s.grads);
+    free(s.m1);
+    free(s.m2);
+    ps_model_free(&s.m);
+    return rc;
+}

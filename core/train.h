@@ -1,0 +1,46 @@
+/* train.h — the training run behind `phasescope train`: one JSON config (model, task, optimisation),
+ * seeded batches derived from (seed, step), AdamW, periodic atomic checkpoints with the optimizer state
+ * in a separate file, a JSONL log (train / eval / gate-statistics records), exact resume, and a stop on
+ * a non-finite loss that keeps the last good checkpoint.
+ *
+ * RUN/ layout: config.json, model.safetensors (metadata: phasescope.step, phasescope.task,
+ * phasescope.train, phasescope.optimizer), optimizer-STEP.safetensors (AdamW moments m.NAME, v.NAME),
+ * train.jsonl. */
+#ifndef PS_TRAIN_H
+#define PS_TRAIN_H
+
+#include <stdint.h>
+
+#include "config.h"
+#include "error.h"
+#include "optim.h"
+#include "tasks.h"
+
+typedef struct {
+    ps_config model;
+    ps_task task;
+    ps_optim_cfg opt;
+    int64_t batch_size, steps;
+    uint64_t seed;
+    int64_t log_every, eval_every, eval_size, gates_every, checkpoint_every;
+    char *canonical; /* the whole config as canonical JSON (stored in the checkpoint) */
+} ps_train_cfg;
+
+int ps_train_cfg_parse(const char *text, size_t len, const char *source, ps_train_cfg *c, ps_error *err);
+int ps_train_cfg_load(const char *path, ps_train_cfg *c, ps_error *err);
+void ps_train_cfg_free(ps_train_cfg *c);
+
+typedef struct {
+    int64_t step, total;
+    double loss, lr, grad_norm, tokens_per_s;
+    double eval_accuracy; /* < 0 when this step did not evaluate */
+} ps_train_progress;
+
+typedef void (*ps_train_progress_fn)(const ps_train_progress *p, void *user);
+
+/* Train into out_dir. resume: continue from out_dir's checkpoint (its config must equal c). stop_after >= 0
+ * ends the run (with a checkpoint) after that many total steps, as an interruption would (tests). */
+int ps_train(const ps_train_cfg *c, const char *out_dir, int resume, int64_t stop_after, ps_train_progress_fn fn,
+             void *user, ps_error *err);
+
+#endif
