@@ -2,6 +2,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* ---- size table ---- */
 
@@ -123,6 +124,12 @@ ps_act_ptrs ps_acts_layer(const ps_acts *a, int l) {
 
 /* ---- forward ---- */
 
+double ps_prof_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 #define FIRE(pt, data, nd, ...)                                                              \
     do {                                                                                     \
         if (ps_hooks_on(hooks, l, pt)) {                                                     \
@@ -172,6 +179,7 @@ static int fire_pattern(const ps_hooks *hooks, int l, const ps_acts *a, float *p
 }
 
 static int layer_forward(const ps_model *m, ps_acts *a, int l, const ps_hooks *hooks, ps_error *err) {
+    ps_profile *prof = a->prof;
     const ps_config *c = &m->cfg;
     ps_layer_params w = ps_model_layer(m, m->params, l);
     ps_act_ptrs p = ps_acts_layer(a, l);
@@ -182,21 +190,21 @@ static int layer_forward(const ps_model *m, ps_acts *a, int l, const ps_hooks *h
     int comp = c->kind == PS_ATTN_COMPRESSED;
 
     FIRE(PS_HOOK_RESID_PRE, h, 3, B, T, d);
-    ps_rmsnorm(p.ln1, p.ln1_rstd, h, w.in_norm, BT, d, eps);
+    PROF(0, PS_PROF_NORM_ROPE, ps_rmsnorm(p.ln1, p.ln1_rstd, h, w.in_norm, BT, d, eps));
     /* q, k, v: [B,T,nh|nkv,hd] */
-    ps_matmul(p.q_pre, p.ln1, w.wq, BT, d, nh * hd, 0);
-    ps_matmul(p.k_pre, p.ln1, w.wk, BT, d, nkv * hd, 0);
-    ps_matmul(p.v, p.ln1, w.wv, BT, d, nkv * hd, 0);
+    PROF(0, PS_PROF_MATMUL, ps_matmul(p.q_pre, p.ln1, w.wq, BT, d, nh * hd, 0));
+    PROF(0, PS_PROF_MATMUL, ps_matmul(p.k_pre, p.ln1, w.wk, BT, d, nkv * hd, 0));
+    PROF(0, PS_PROF_MATMUL, ps_matmul(p.v, p.ln1, w.wv, BT, d, nkv * hd, 0));
     if (c->qk_norm) {
-        ps_rmsnorm(p.q, p.q_rstd, p.q_pre, w.qnorm, BT * nh, hd, eps);
-        ps_rmsnorm(p.k, p.k_rstd, p.k_pre, w.knorm, BT * nkv, hd, eps);
+        PROF(0, PS_PROF_NORM_ROPE, ps_rmsnorm(p.q, p.q_rstd, p.q_pre, w.qnorm, BT * nh, hd, eps));
+        PROF(0, PS_PROF_NORM_ROPE, ps_rmsnorm(p.k, p.k_rstd, p.k_pre, w.knorm, BT * nkv, hd, eps));
     } else {
         memcpy(p.q, p.q_pre, (size_t)(BT * nh * hd) * sizeof(float));
         memcpy(p.k, p.k_pre, (size_t)(BT * nkv * hd) * sizeof(float));
     }
     if (c->rope) {
-        ps_rope(p.q, a->p.rope_cos, a->p.rope_sin, B, T, nh, hd, 1);
-        ps_rope(p.k, a->p.rope_cos, a->p.rope_sin, B, T, nkv, hd, 1);
+        PROF(0, PS_PROF_NORM_ROPE, ps_rope(p.q, a->p.rope_cos, a->p.rope_sin, B, T, nh, hd, 1));
+        PROF(0, PS_PROF_NORM_ROPE, ps_rope(p.k, a->p.rope_cos, a->p.rope_sin, B, T, nkv, hd, 1));
     }
     FIRE(PS_HOOK_Q, p.q, 4, B, T, nh, hd);
     FIRE(PS_HOOK_K, p.k, 4, B, T, nkv, hd);
@@ -205,36 +213,36 @@ static int layer_forward(const ps_model *m, ps_acts *a, int l, const ps_hooks *h
     if (comp) {
         /* Compressor: gates and payloads read the layer input a = ln1 (SPEC §2). */
         int learned = c->gate == PS_GATE_LEARNED, shared = c->payload == PS_PAYLOAD_SHARED;
-        ps_gate(p.gz_k, p.ga_k, p.ln1, learned ? w.key_gate_w : NULL, w.key_gate_b, B, T, d, nW, W, S, nkv);
-        ps_gate(p.gz_v, p.ga_v, p.ln1, learned ? w.value_gate_w : NULL, w.value_gate_b, B, T, d, nW, W, S, nkv);
+        PROF(0, PS_PROF_COMPRESSOR, ps_gate(p.gz_k, p.ga_k, p.ln1, learned ? w.key_gate_w : NULL, w.key_gate_b, B, T, d, nW, W, S, nkv));
+        PROF(0, PS_PROF_COMPRESSOR, ps_gate(p.gz_v, p.ga_v, p.ln1, learned ? w.value_gate_w : NULL, w.value_gate_b, B, T, d, nW, W, S, nkv));
         FIRE(PS_HOOK_GATE_K, p.ga_k, 4, B, nW, nkv, W);
         FIRE(PS_HOOK_GATE_V, p.ga_v, 4, B, nW, nkv, W);
-        ps_payload(p.pk, p.ln1, w.key_payload, shared, a->p.payload_scratch, B, T, d, nW, W, S, nkv * hd);
-        ps_payload(p.pv, p.ln1, w.value_payload, shared, a->p.payload_scratch, B, T, d, nW, W, S, nkv * hd);
-        ps_pool(p.ck_pre, p.ga_k, p.pk, B, nW, W, nkv, hd);
-        ps_pool(p.cv, p.ga_v, p.pv, B, nW, W, nkv, hd);
-        if (c->qk_norm) ps_rmsnorm(p.ck, p.ck_rstd, p.ck_pre, w.knorm, B * nW * nkv, hd, eps);
+        PROF(0, PS_PROF_COMPRESSOR, ps_payload(p.pk, p.ln1, w.key_payload, shared, a->p.payload_scratch, B, T, d, nW, W, S, nkv * hd));
+        PROF(0, PS_PROF_COMPRESSOR, ps_payload(p.pv, p.ln1, w.value_payload, shared, a->p.payload_scratch, B, T, d, nW, W, S, nkv * hd));
+        PROF(0, PS_PROF_COMPRESSOR, ps_pool(p.ck_pre, p.ga_k, p.pk, B, nW, W, nkv, hd));
+        PROF(0, PS_PROF_COMPRESSOR, ps_pool(p.cv, p.ga_v, p.pv, B, nW, W, nkv, hd));
+        if (c->qk_norm) PROF(0, PS_PROF_NORM_ROPE, ps_rmsnorm(p.ck, p.ck_rstd, p.ck_pre, w.knorm, B * nW * nkv, hd, eps));
         else if (nW > 0) memcpy(p.ck, p.ck_pre, (size_t)(B * nW * nkv * hd) * sizeof(float));
-        if (c->rope && nW > 0) ps_rope(p.ck, a->p.rope_cos, a->p.rope_sin, B, nW, nkv, hd, S);
+        if (c->rope && nW > 0) PROF(0, PS_PROF_NORM_ROPE, ps_rope(p.ck, a->p.rope_cos, a->p.rope_sin, B, nW, nkv, hd, S));
         FIRE(PS_HOOK_CK, p.ck, 4, B, nW, nkv, hd);
         FIRE(PS_HOOK_CV, p.cv, 4, B, nW, nkv, hd);
     }
-    ps_attn_probs(p.probs, p.q, p.k, p.ck, &a->geom);
+    PROF(0, PS_PROF_ATTENTION, ps_attn_probs(p.probs, p.q, p.k, p.ck, &a->geom));
     if (ps_hooks_on(hooks, l, PS_HOOK_PATTERN) && fire_pattern(hooks, l, a, p.probs, err)) return -1;
-    ps_attn_out(p.z, p.probs, p.v, p.cv, &a->geom);
+    PROF(0, PS_PROF_ATTENTION, ps_attn_out(p.z, p.probs, p.v, p.cv, &a->geom));
     FIRE(PS_HOOK_Z, p.z, 4, B, T, nh, hd);
-    ps_matmul(p.attn_out, p.z, w.wo, BT, nh * hd, d, 0);
+    PROF(0, PS_PROF_MATMUL, ps_matmul(p.attn_out, p.z, w.wo, BT, nh * hd, d, 0));
     FIRE(PS_HOOK_ATTN_OUT, p.attn_out, 3, B, T, d);
-    ps_add(p.resid_mid, h, p.attn_out, BT * d);
+    PROF(0, PS_PROF_OTHER, ps_add(p.resid_mid, h, p.attn_out, BT * d));
     FIRE(PS_HOOK_RESID_MID, p.resid_mid, 3, B, T, d);
 
-    ps_rmsnorm(p.ln2, p.ln2_rstd, p.resid_mid, w.post_norm, BT, d, eps);
-    ps_matmul(p.mlp_g, p.ln2, w.mlp_gate, BT, d, dff, 0);
-    ps_matmul(p.mlp_u, p.ln2, w.mlp_up, BT, d, dff, 0);
-    ps_swiglu(p.mlp_h, p.mlp_g, p.mlp_u, BT * dff);
-    ps_matmul(p.mlp_out, p.mlp_h, w.mlp_down, BT, dff, d, 0);
+    PROF(0, PS_PROF_NORM_ROPE, ps_rmsnorm(p.ln2, p.ln2_rstd, p.resid_mid, w.post_norm, BT, d, eps));
+    PROF(0, PS_PROF_MATMUL, ps_matmul(p.mlp_g, p.ln2, w.mlp_gate, BT, d, dff, 0));
+    PROF(0, PS_PROF_MATMUL, ps_matmul(p.mlp_u, p.ln2, w.mlp_up, BT, d, dff, 0));
+    PROF(0, PS_PROF_OTHER, ps_swiglu(p.mlp_h, p.mlp_g, p.mlp_u, BT * dff));
+    PROF(0, PS_PROF_MATMUL, ps_matmul(p.mlp_out, p.mlp_h, w.mlp_down, BT, dff, d, 0));
     FIRE(PS_HOOK_MLP_OUT, p.mlp_out, 3, B, T, d);
-    ps_add(h_next, p.resid_mid, p.mlp_out, BT * d);
+    PROF(0, PS_PROF_OTHER, ps_add(h_next, p.resid_mid, p.mlp_out, BT * d));
     FIRE(PS_HOOK_RESID_POST, h_next, 3, B, T, d);
     return 0;
 }
@@ -249,9 +257,11 @@ int ps_forward_from(const ps_model *m, ps_acts *a, int from, const ps_hooks *hoo
     for (int l = from; l < c->n_layers; l++)
         if (layer_forward(m, a, l, hooks, err)) return -1;
     int64_t BT = a->B * a->T, d = c->d_model;
-    ps_rmsnorm(a->p.lnf, a->p.lnf_rstd, a->p.resid + c->n_layers * BT * d, ps_model_final_norm(m, m->params), BT, d,
-               (float)c->rms_eps);
-    ps_matmul(a->p.logits, a->p.lnf, ps_model_lm_head(m, m->params), BT, d, c->vocab_size, 0);
+    ps_profile *prof = a->prof;
+    PROF(0, PS_PROF_NORM_ROPE,
+         ps_rmsnorm(a->p.lnf, a->p.lnf_rstd, a->p.resid + c->n_layers * BT * d, ps_model_final_norm(m, m->params), BT, d,
+                    (float)c->rms_eps));
+    PROF(0, PS_PROF_MATMUL, ps_matmul(a->p.logits, a->p.lnf, ps_model_lm_head(m, m->params), BT, d, c->vocab_size, 0));
     return 0;
 }
 
@@ -262,6 +272,7 @@ int ps_forward(const ps_model *m, ps_acts *a, const int32_t *tokens, const ps_ho
         if (tokens[i] < 0 || tokens[i] >= c->vocab_size)
             return ps_fail(err, "token %d at sequence %lld, position %lld is outside the vocabulary [0, %lld)",
                            tokens[i], (long long)(i / a->T), (long long)(i % a->T), (long long)c->vocab_size);
-    ps_embed(a->p.resid, tokens, ps_model_embed(m, m->params), BT, c->d_model);
+    ps_profile *prof = a->prof;
+    PROF(0, PS_PROF_OTHER, ps_embed(a->p.resid, tokens, ps_model_embed(m, m->params), BT, c->d_model));
     return ps_forward_from(m, a, 0, hooks, err);
 }

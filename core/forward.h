@@ -40,9 +40,24 @@ typedef struct {
     float *pattern_full;        /* [B,nh,T,nW+T] (only when a pattern hook exists) */
 } ps_act_ptrs;
 
+/* Optional per-op timing (bench programs): seconds by category, [0] forward, [1] backward. */
+typedef enum {
+    PS_PROF_MATMUL = 0, /* linear layers (q/k/v/o, MLP, logits) */
+    PS_PROF_ATTENTION,  /* scores, softmax, weighted sums */
+    PS_PROF_COMPRESSOR, /* gates, payloads, pooling */
+    PS_PROF_NORM_ROPE,  /* RMSNorm, RoPE */
+    PS_PROF_OTHER,      /* embedding, SwiGLU, residual adds, loss */
+    PS_PROF_N
+} ps_prof_cat;
+
+typedef struct {
+    double seconds[2][PS_PROF_N];
+} ps_profile;
+
 typedef struct {
     int64_t B, T, nW;
     bool keep_all;
+    ps_profile *prof; /* NULL (the default): no timing */
     ps_attn_geom geom;
     ps_act_ptrs p;
     /* per-layer strides (floats) of each per-layer array; 0 when shared across layers */
@@ -65,5 +80,18 @@ int ps_forward(const ps_model *m, ps_acts *a, const int32_t *tokens, const ps_ho
 
 /* Forward from layer `from` on, given a->p.resid[from] (already computed by an earlier pass). */
 int ps_forward_from(const ps_model *m, ps_acts *a, int from, const ps_hooks *hooks, ps_error *err);
+
+/* Time `stmt` into prof->seconds[dir][cat] when a profile is attached (`prof` in scope). */
+double ps_prof_now(void);
+#define PROF(dir, cat, stmt)                                    \
+    do {                                                        \
+        if (prof) {                                             \
+            double t0_ = ps_prof_now();                         \
+            stmt;                                               \
+            prof->seconds[dir][cat] += ps_prof_now() - t0_;     \
+        } else {                                                \
+            stmt;                                               \
+        }                                                       \
+    } while (0)
 
 #endif
