@@ -157,90 +157,95 @@ void ps_pool(float *out, const float *alpha, const float *P, int64_t B, int64_t 
 /* Raw column range of query t in a compressed row: columns nW+m for m in [m0, LW). */
 static inline int64_t local_first(int64_t t, int64_t LW) { return t - LW + 1 < 0 ? LW - 1 - t : 0; }
 
+/* Query rows are processed in blocks of PS_ATTN_BLOCK so that full (causal) attention only computes the
+ * lower block triangle of QK^T and P·V. */
+#define PS_ATTN_BLOCK 64
+
+static void sgemm_nt(int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda, const float *B,
+                     int64_t ldb, float beta, float *C, int64_t ldc) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)M, (blasint)N, (blasint)K, alpha, A, (blasint)lda, B,
+                (blasint)ldb, beta, C, (blasint)ldc);
+}
+
+static void sgemm_nn(int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda, const float *B,
+                     int64_t ldb, float beta, float *C, int64_t ldc) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)M, (blasint)N, (blasint)K, alpha, A, (blasint)lda, B,
+                (blasint)ldb, beta, C, (blasint)ldc);
+}
+
+/* Softmax of one probability row over its visible columns [0, n_comp) ∪ [lo, hi); the rest set to 0. */
+static void softmax_row(float *row, int64_t nc, int64_t n_comp, int64_t lo, int64_t hi) {
+    float mx = -INFINITY;
+    for (int64_t c = 0; c < n_comp; c++) mx = fmaxf(mx, row[c]);
+    for (int64_t c = lo; c < hi; c++) mx = fmaxf(mx, row[c]);
+    float sum = 0.0f;
+    for (int64_t c = 0; c < n_comp; c++) sum += (row[c] = expf(row[c] - mx));
+    for (int64_t c = lo; c < hi; c++) sum += (row[c] = expf(row[c] - mx));
+    float inv = 1.0f / sum;
+    for (int64_t c = 0; c < nc; c++) row[c] = (c < n_comp || (c >= lo && c < hi)) ? row[c] * inv : 0.0f;
+}
+
+/* Each (sequence, query head) is independent: one OpenMP task each. sgemm called inside the parallel
+ * region runs single-threaded (OpenBLAS's OpenMP build), so the cores split the heads between them. */
 void ps_attn_probs(float *probs, const float *q, const float *k, const float *ck, const ps_attn_geom *g) {
-    int64_t B = g->B, T = g->T, nh = g->nh, nkv = g->nkv, hd = g->hd, nc = g->ncols, grp = nh / nkv;
+    int64_t B = g->B, T = g->T, nh = g->nh, nkv = g->nkv, hd = g->hd, nc = g->ncols, grp = nh / nkv, nW = g->nW;
     float scale = 1.0f / sqrtf((float)hd);
-    /* Products that sgemm does well: full QK^T, and Q · compressed keys. */
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t n = 0; n < nh; n++) {
-            int64_t kv = n / grp;
-            float *P = probs + (b * nh + n) * T * nc;
-            const float *Q = q + b * T * nh * hd + n * hd;
-            if (!g->compressed)
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)T, (blasint)T, (blasint)hd, scale, Q,
-                            (blasint)(nh * hd), k + b * T * nkv * hd + kv * hd, (blasint)(nkv * hd), 0.0f, P, (blasint)nc);
-            else if (g->nW > 0)
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)T, (blasint)g->nW, (blasint)hd, scale, Q,
-                            (blasint)(nh * hd), ck + b * g->nW * nkv * hd + kv * hd, (blasint)(nkv * hd), 0.0f, P,
-                            (blasint)nc);
-        }
-    /* Local raw scores, masking and softmax, one row at a time. */
-    int64_t rows = B * nh * T;
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < rows; r++) {
-        int64_t t = r % T, n = (r / T) % nh, b = r / (T * nh), kv = n / grp;
-        float *row = probs + r * nc;
-        int64_t lo, hi; /* visible columns: [0, n_comp) and [lo, hi) */
-        int64_t n_comp = 0;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t bn = 0; bn < B * nh; bn++) {
+        int64_t b = bn / nh, n = bn % nh, kv = n / grp;
+        float *P = probs + bn * T * nc;
+        const float *Q = q + b * T * nh * hd + n * hd;
         if (!g->compressed) {
-            lo = 0;
-            hi = t + 1;
-        } else {
-            n_comp = ps_windows_seen(t, g->W, g->S, g->nW);
-            lo = g->nW + local_first(t, g->LW);
-            hi = g->nW + g->LW;
-            const float *qt = q + ((b * T + t) * nh + n) * hd;
-            for (int64_t c = lo; c < hi; c++) {
-                int64_t tp = t - g->LW + 1 + (c - g->nW);
-                const float *kt = k + ((b * T + tp) * nkv + kv) * hd;
+            const float *K = k + b * T * nkv * hd + kv * hd;
+            for (int64_t r0 = 0; r0 < T; r0 += PS_ATTN_BLOCK) {
+                int64_t r1 = r0 + PS_ATTN_BLOCK < T ? r0 + PS_ATTN_BLOCK : T;
+                sgemm_nt(r1 - r0, r1, hd, scale, Q + r0 * nh * hd, nh * hd, K, nkv * hd, 0.0f, P + r0 * nc, nc);
+                for (int64_t t = r0; t < r1; t++) softmax_row(P + t * nc, nc, 0, 0, t + 1);
+            }
+            continue;
+        }
+        if (nW > 0) sgemm_nt(T, nW, hd, scale, Q, nh * hd, ck + b * nW * nkv * hd + kv * hd, nkv * hd, 0.0f, P, nc);
+        for (int64_t t = 0; t < T; t++) {
+            float *row = P + t * nc;
+            const float *qt = Q + t * nh * hd;
+            int64_t lo = nW + local_first(t, g->LW);
+            for (int64_t c = lo; c < nc; c++) {
+                const float *kt = k + ((b * T + t - g->LW + 1 + (c - nW)) * nkv + kv) * hd;
                 float s = 0.0f;
                 for (int64_t i = 0; i < hd; i++) s += qt[i] * kt[i];
                 row[c] = s * scale;
             }
-        }
-        float mx = -INFINITY;
-        for (int64_t c = 0; c < n_comp; c++) mx = fmaxf(mx, row[c]);
-        for (int64_t c = lo; c < hi; c++) mx = fmaxf(mx, row[c]);
-        float sum = 0.0f;
-        for (int64_t c = 0; c < n_comp; c++) sum += (row[c] = expf(row[c] - mx));
-        for (int64_t c = lo; c < hi; c++) sum += (row[c] = expf(row[c] - mx));
-        float inv = 1.0f / sum;
-        for (int64_t c = 0; c < nc; c++) {
-            int vis = c < n_comp || (c >= lo && c < hi);
-            row[c] = vis ? row[c] * inv : 0.0f;
+            softmax_row(row, nc, ps_windows_seen(t, g->W, g->S, nW), lo, nc);
         }
     }
 }
 
 void ps_attn_out(float *z, const float *probs, const float *v, const float *cv, const ps_attn_geom *g) {
-    int64_t B = g->B, T = g->T, nh = g->nh, nkv = g->nkv, hd = g->hd, nc = g->ncols, grp = nh / nkv;
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t n = 0; n < nh; n++) {
-            int64_t kv = n / grp;
-            const float *P = probs + (b * nh + n) * T * nc;
-            float *Z = z + b * T * nh * hd + n * hd;
-            if (!g->compressed)
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)T, (blasint)hd, (blasint)T, 1.0f, P,
-                            (blasint)nc, v + b * T * nkv * hd + kv * hd, (blasint)(nkv * hd), 0.0f, Z, (blasint)(nh * hd));
-            else if (g->nW > 0)
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)T, (blasint)hd, (blasint)g->nW, 1.0f, P,
-                            (blasint)nc, cv + b * g->nW * nkv * hd + kv * hd, (blasint)(nkv * hd), 0.0f, Z,
-                            (blasint)(nh * hd));
-            else
-                for (int64_t t = 0; t < T; t++) memset(Z + t * nh * hd, 0, (size_t)hd * sizeof(float));
+    int64_t B = g->B, T = g->T, nh = g->nh, nkv = g->nkv, hd = g->hd, nc = g->ncols, grp = nh / nkv, nW = g->nW;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t bn = 0; bn < B * nh; bn++) {
+        int64_t b = bn / nh, n = bn % nh, kv = n / grp;
+        const float *P = probs + bn * T * nc;
+        float *Z = z + b * T * nh * hd + n * hd;
+        if (!g->compressed) {
+            const float *V = v + b * T * nkv * hd + kv * hd;
+            for (int64_t r0 = 0; r0 < T; r0 += PS_ATTN_BLOCK) {
+                int64_t r1 = r0 + PS_ATTN_BLOCK < T ? r0 + PS_ATTN_BLOCK : T;
+                sgemm_nn(r1 - r0, hd, r1, 1.0f, P + r0 * nc, nc, V, nkv * hd, 0.0f, Z + r0 * nh * hd, nh * hd);
+            }
+            continue;
         }
-    if (!g->compressed) return;
-    int64_t rows = B * nh * T;
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < rows; r++) {
-        int64_t t = r % T, n = (r / T) % nh, b = r / (T * nh), kv = n / grp;
-        const float *row = probs + r * nc;
-        float *zt = z + ((b * T + t) * nh + n) * hd;
-        for (int64_t c = g->nW + local_first(t, g->LW); c < nc; c++) {
-            int64_t tp = t - g->LW + 1 + (c - g->nW);
-            const float *vt = v + ((b * T + tp) * nkv + kv) * hd;
-            float p = row[c];
-            for (int64_t i = 0; i < hd; i++) zt[i] += p * vt[i];
+        if (nW > 0) sgemm_nn(T, hd, nW, 1.0f, P, nc, cv + b * nW * nkv * hd + kv * hd, nkv * hd, 0.0f, Z, nh * hd);
+        else
+            for (int64_t t = 0; t < T; t++) memset(Z + t * nh * hd, 0, (size_t)hd * sizeof(float));
+        for (int64_t t = 0; t < T; t++) {
+            const float *row = P + t * nc;
+            float *zt = Z + t * nh * hd;
+            for (int64_t c = nW + local_first(t, g->LW); c < nc; c++) {
+                const float *vt = v + ((b * T + t - g->LW + 1 + (c - nW)) * nkv + kv) * hd;
+                float p = row[c];
+                for (int64_t i = 0; i < hd; i++) zt[i] += p * vt[i];
+            }
         }
     }
 }

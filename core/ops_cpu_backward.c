@@ -115,86 +115,86 @@ void ps_pool_backward(float *dalpha, float *dP, const float *dout, const float *
 
 static inline int64_t local_first(int64_t t, int64_t LW) { return t - LW + 1 < 0 ? LW - 1 - t : 0; }
 
+#define PS_ATTN_BLOCK 64
+
+static void gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *B, int64_t ldb,
+                 float beta, float *C, int64_t ldc) {
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (blasint)M, (blasint)N,
+                (blasint)K, 1.0f, A, (blasint)lda, B, (blasint)ldb, beta, C, (blasint)ldc);
+}
+
+/* softmax backward of row t in place: dS = P ⊙ (dP − Σ P·dP) · scale; unseen entries (P = 0) get 0 */
+static void softmax_row_backward(float *dr, const float *pr, int64_t nc, float scale) {
+    double dot = 0;
+    for (int64_t c = 0; c < nc; c++)
+        if (pr[c] != 0.0f) dot += (double)pr[c] * dr[c];
+    for (int64_t c = 0; c < nc; c++) dr[c] = pr[c] == 0.0f ? 0.0f : pr[c] * (dr[c] - (float)dot) * scale;
+}
+
+/* Parallel over (sequence, KV head): the query heads of one group write the same dK/dV slices, so they
+ * run in order inside one task. sgemm inside the region runs single-threaded. */
 void ps_attn_backward(float *dq, float *dk, float *dv, float *dck, float *dcv, float *dprobs, const float *dz,
                       const float *probs, const float *q, const float *k, const float *v, const float *ck,
                       const float *cv, const ps_attn_geom *g) {
     int64_t B = g->B, T = g->T, nh = g->nh, nkv = g->nkv, hd = g->hd, nc = g->ncols, grp = nh / nkv, nW = g->nW;
     int64_t LW = g->LW, qs = nh * hd, ks = nkv * hd;
     float scale = 1.0f / sqrtf((float)hd);
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t n = 0; n < nh; n++) {
-            int64_t kv = n / grp;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t bk = 0; bk < B * nkv; bk++) {
+        int64_t b = bk / nkv, kv = bk % nkv;
+        const float *K = k + b * T * ks + kv * hd, *Vv = v + b * T * ks + kv * hd;
+        float *dK = dk + b * T * ks + kv * hd, *dV = dv + b * T * ks + kv * hd;
+        for (int64_t n = kv * grp; n < (kv + 1) * grp; n++) {
             const float *P = probs + (b * nh + n) * T * nc, *dZ = dz + b * T * qs + n * hd, *Q = q + b * T * qs + n * hd;
             float *dP = dprobs + (b * nh + n) * T * nc, *dQ = dq + b * T * qs + n * hd;
-            const float *K = k + b * T * ks + kv * hd, *Vv = v + b * T * ks + kv * hd;
-            float *dK = dk + b * T * ks + kv * hd, *dV = dv + b * T * ks + kv * hd;
-            /* dP = dZ · values^T ; dvalues += P^T · dZ */
             if (!g->compressed) {
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)T, (blasint)T, (blasint)hd, 1.0f, dZ,
-                            (blasint)qs, Vv, (blasint)ks, 0.0f, dP, (blasint)nc);
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (blasint)T, (blasint)hd, (blasint)T, 1.0f, P,
-                            (blasint)nc, dZ, (blasint)qs, 1.0f, dV, (blasint)ks);
-            } else {
-                const float *CK = ck + b * nW * ks + kv * hd, *CV = cv + b * nW * ks + kv * hd;
-                float *dCV = dcv + b * nW * ks + kv * hd;
-                (void)CK;
-                if (nW > 0) {
-                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)T, (blasint)nW, (blasint)hd, 1.0f, dZ,
-                                (blasint)qs, CV, (blasint)ks, 0.0f, dP, (blasint)nc);
-                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (blasint)nW, (blasint)hd, (blasint)T, 1.0f, P,
-                                (blasint)nc, dZ, (blasint)qs, 1.0f, dCV, (blasint)ks);
+                for (int64_t r0 = 0; r0 < T; r0 += PS_ATTN_BLOCK) {
+                    int64_t r1 = r0 + PS_ATTN_BLOCK < T ? r0 + PS_ATTN_BLOCK : T, m = r1 - r0;
+                    /* dP = dZ·V^T ; dV += P^T·dZ ; dS ; dQ = dS·K ; dK += dS^T·Q   (columns [0, r1) only) */
+                    gemm(0, 1, m, r1, hd, dZ + r0 * qs, qs, Vv, ks, 0.0f, dP + r0 * nc, nc);
+                    gemm(1, 0, r1, hd, m, P + r0 * nc, nc, dZ + r0 * qs, qs, 1.0f, dV, ks);
+                    for (int64_t t = r0; t < r1; t++) softmax_row_backward(dP + t * nc, P + t * nc, r1, scale);
+                    gemm(0, 0, m, hd, r1, dP + r0 * nc, nc, K, ks, 0.0f, dQ + r0 * qs, qs);
+                    gemm(1, 0, r1, hd, m, dP + r0 * nc, nc, Q + r0 * qs, qs, 1.0f, dK, ks);
                 }
-                for (int64_t t = 0; t < T; t++)
-                    for (int64_t c = nW + local_first(t, LW); c < nc; c++) {
-                        int64_t tp = t - LW + 1 + (c - nW);
-                        const float *dzt = dZ + t * qs, *vt = Vv + tp * ks;
-                        float *dvt = dV + tp * ks, p = P[t * nc + c], s = 0;
-                        for (int64_t e = 0; e < hd; e++) {
-                            s += dzt[e] * vt[e];
-                            dvt[e] += p * dzt[e];
-                        }
-                        dP[t * nc + c] = s;
+                continue;
+            }
+            const float *CK = ck + b * nW * ks + kv * hd, *CV = cv + b * nW * ks + kv * hd;
+            float *dCK = dck + b * nW * ks + kv * hd, *dCV = dcv + b * nW * ks + kv * hd;
+            if (nW > 0) {
+                gemm(0, 1, T, nW, hd, dZ, qs, CV, ks, 0.0f, dP, nc);
+                gemm(1, 0, nW, hd, T, P, nc, dZ, qs, 1.0f, dCV, ks);
+            }
+            for (int64_t t = 0; t < T; t++)
+                for (int64_t c = nW + local_first(t, LW); c < nc; c++) {
+                    int64_t tp = t - LW + 1 + (c - nW);
+                    const float *dzt = dZ + t * qs, *vt = Vv + tp * ks;
+                    float *dvt = dV + tp * ks, p = P[t * nc + c], s = 0;
+                    for (int64_t e = 0; e < hd; e++) {
+                        s += dzt[e] * vt[e];
+                        dvt[e] += p * dzt[e];
                     }
-            }
-            /* softmax backward: dS = P ⊙ (dP − Σ P·dP); unseen entries have P = 0 and get dS = 0 */
-#pragma omp parallel for schedule(static) if (T * nc > 32768)
-            for (int64_t t = 0; t < T; t++) {
-                const float *pr = P + t * nc;
-                float *dr = dP + t * nc;
-                double dot = 0;
-                for (int64_t c = 0; c < nc; c++)
-                    if (pr[c] != 0.0f) dot += (double)pr[c] * dr[c];
-                for (int64_t c = 0; c < nc; c++) dr[c] = pr[c] == 0.0f ? 0.0f : pr[c] * (dr[c] - (float)dot) * scale;
-            }
-            /* scores = scale · q·key: dQ = dS·keys, dkeys += dS^T·Q (scale folded into dS above) */
-            if (!g->compressed) {
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)T, (blasint)hd, (blasint)T, 1.0f, dP,
-                            (blasint)nc, K, (blasint)ks, 0.0f, dQ, (blasint)qs);
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (blasint)T, (blasint)hd, (blasint)T, 1.0f, dP,
-                            (blasint)nc, Q, (blasint)qs, 1.0f, dK, (blasint)ks);
-            } else {
-                const float *CK = ck + b * nW * ks + kv * hd;
-                float *dCK = dck + b * nW * ks + kv * hd;
-                if (nW > 0) {
-                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)T, (blasint)hd, (blasint)nW, 1.0f, dP,
-                                (blasint)nc, CK, (blasint)ks, 0.0f, dQ, (blasint)qs);
-                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (blasint)nW, (blasint)hd, (blasint)T, 1.0f, dP,
-                                (blasint)nc, Q, (blasint)qs, 1.0f, dCK, (blasint)ks);
-                } else
-                    for (int64_t t = 0; t < T; t++) memset(dQ + t * qs, 0, (size_t)hd * sizeof(float));
-                for (int64_t t = 0; t < T; t++)
-                    for (int64_t c = nW + local_first(t, LW); c < nc; c++) {
-                        int64_t tp = t - LW + 1 + (c - nW);
-                        float ds = dP[t * nc + c];
-                        const float *kt = K + tp * ks, *qt = Q + t * qs;
-                        float *dqt = dQ + t * qs, *dkt = dK + tp * ks;
-                        for (int64_t e = 0; e < hd; e++) {
-                            dqt[e] += ds * kt[e];
-                            dkt[e] += ds * qt[e];
-                        }
+                    dP[t * nc + c] = s;
+                }
+            for (int64_t t = 0; t < T; t++) softmax_row_backward(dP + t * nc, P + t * nc, nc, scale);
+            if (nW > 0) {
+                gemm(0, 0, T, hd, nW, dP, nc, CK, ks, 0.0f, dQ, qs);
+                gemm(1, 0, nW, hd, T, dP, nc, Q, qs, 1.0f, dCK, ks);
+            } else
+                for (int64_t t = 0; t < T; t++) memset(dQ + t * qs, 0, (size_t)hd * sizeof(float));
+            for (int64_t t = 0; t < T; t++)
+                for (int64_t c = nW + local_first(t, LW); c < nc; c++) {
+                    int64_t tp = t - LW + 1 + (c - nW);
+                    float ds = dP[t * nc + c];
+                    const float *kt = K + tp * ks, *qt = Q + t * qs;
+                    float *dqt = dQ + t * qs, *dkt = dK + tp * ks;
+                    for (int64_t e = 0; e < hd; e++) {
+                        dqt[e] += ds * kt[e];
+                        dkt[e] += ds * qt[e];
                     }
-            }
+                }
         }
+    }
 }
 
 int64_t ps_cross_entropy(double *loss_sum, float *dlogits, const float *logits, const int32_t *targets, int64_t n_rows,
