@@ -32,6 +32,7 @@ test: test-fast test-asan
 
 bench: build
 	@./build/bench/bench_forward
+	@./build/bench/bench_train
 
 clean:
 	rm -rf build build-asan

@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# The main job. Until the trained demo models ship (a later milestone), it makes a freshly initialised
-# W8/S8 compressed checkpoint, describes it with `info`, and runs `forward` with hooks on it.
+# The main job. Until the trained demo models ship (a later milestone): trains a tiny compressed model
+# for a few seconds (train.jsonl with gate statistics), makes a freshly initialised W8/S8 checkpoint,
+# describes it with `info`, and runs `forward` with hooks on it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PS=build/phasescope
 OUT=out/demo
 mkdir -p "$OUT"
+rm -rf "$OUT/tiny-run"
+$PS train --config experiments/configs/tiny_kv_w4s4.json --out "$OUT/tiny-run"
+grep '"type":"eval"' "$OUT/tiny-run/train.jsonl"
 $PS init --config experiments/configs/demo_w8s8.json --out "$OUT/model-w8s8" --seed 1
 $PS info --model "$OUT/model-w8s8"
 # two prompts: 40 and 100 tokens

@@ -54,5 +54,15 @@ expect grad-conformance 0 "over" -- "$PS" grad --model "$G" --tokens "$G/tokens.
 expect grad-short 1 "sequence 0 has 3 targets for 4 tokens" -- "$PS" grad --model "$G" --tokens "$T/tok2.json" --targets "$T/tgtshort.json" --out "$T/g.st"
 expect grad-none 1 "no target positions" -- "$PS" grad --model "$G" --tokens "$T/tok2.json" --targets "$T/tgtnone.json" --out "$T/g.st"
 expect grad-missing 1 "--targets is required" -- "$PS" grad --model "$G" --tokens "$T/tok2.json" --out "$T/g.st"
+TC="$(dirname "$0")/../experiments/configs/tiny_kv_w4s4.json"
+sed 's/"steps": 400/"steps": 20/' "$TC" > "$T/tc.json"
+echo '{"model": {}, "task": {}, "train": {}, "extra": 1}' > "$T/badtc.json"
+expect train-help 0 "usage: phasescope train" -- "$B/train" --help
+expect train-bad 1 'badtc.json: unknown key "extra"' -- "$PS" train --config "$T/badtc.json" --out "$T/run"
+expect train-ok 0 "run in" -- "$PS" train --config "$T/tc.json" --out "$T/run"
+expect train-exists 1 "already holds a run" -- "$PS" train --config "$T/tc.json" --out "$T/run"
+expect train-resume-done 0 "run in" -- "$PS" train --config "$T/tc.json" --out "$T/run" --resume
+expect train-resume-none 1 "holds no checkpoint" -- "$PS" train --config "$T/tc.json" --out "$T/run2" --resume
+expect train-stop-bad 1 "--stop-after x: not an integer" -- "$PS" train --config "$T/tc.json" --out "$T/run3" --stop-after x
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
