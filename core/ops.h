@@ -85,9 +85,10 @@ void ps_rope_backward(float *dx, const float *cos_t, const float *sin_t, int64_t
 /* h = silu(g) ⊙ u: writes dg and du (=, not +=). */
 void ps_swiglu_backward(float *dg, float *du, const float *dh, const float *g, const float *u, int64_t n);
 
-/* Gate backward for one branch. dalpha, alpha: [B, nW, nkv, W]. da [B, T, d] +=, du [W, nkv, d] +=,
- * dc [W, nkv] +=. (Uniform gates have no parameters and pass no gradient to a: not called.) */
-void ps_gate_backward(float *da, float *du, float *dc, const float *dalpha, const float *alpha, const float *a,
+/* Gate backward for one branch. dalpha, alpha: [B, nW, nkv, W] (dalpha is overwritten with the logit
+ * gradient). da [B, T, d] +=, du [W, nkv, d] +=, dc [W, nkv] +=. (Uniform gates have no parameters
+ * and pass no gradient to a: not called.) */
+void ps_gate_backward(float *da, float *du, float *dc, float *dalpha, const float *alpha, const float *a,
                       const float *u, int64_t B, int64_t T, int64_t d, int64_t nW, int64_t W, int64_t S, int64_t nkv);
 
 /* Payload backward: dP [B, nW, W, nkvhd] → da [B, T, d] +=, dC +=. scratch: [B, T, nkvhd] (shared only). */

@@ -131,12 +131,15 @@ void ps_payload(float *P, const float *a, const float *C, int shared, float *scr
         }
         return;
     }
-    /* One strided sgemm per (offset, sequence): rows a[b, jS+i] for j = 0..nW-1 are S·d apart. */
-    for (int64_t i = 0; i < W; i++)
-        for (int64_t b = 0; b < B; b++)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)nW, (blasint)nkvhd, (blasint)d, 1.0f,
-                        a + (b * T + i) * d, (blasint)(S * d), C + i * nkvhd * d, (blasint)d, 0.0f,
-                        P + (b * nW * W + i) * nkvhd, (blasint)(W * nkvhd));
+    /* One strided sgemm per (offset, sequence): rows a[b, jS+i] for j = 0..nW-1 are S·d apart. The calls
+     * are small, so they run in parallel, each single-threaded. */
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t ib = 0; ib < W * B; ib++) {
+        int64_t i = ib / B, b = ib % B;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)nW, (blasint)nkvhd, (blasint)d, 1.0f,
+                    a + (b * T + i) * d, (blasint)(S * d), C + i * nkvhd * d, (blasint)d, 0.0f,
+                    P + (b * nW * W + i) * nkvhd, (blasint)(W * nkvhd));
+    }
 }
 
 void ps_pool(float *out, const float *alpha, const float *P, int64_t B, int64_t nW, int64_t W, int64_t nkv, int64_t hd) {

@@ -45,23 +45,41 @@ void ps_swiglu_backward(float *dg, float *du, const float *dh, const float *g, c
     }
 }
 
-void ps_gate_backward(float *da, float *du, float *dc, const float *dalpha, const float *alpha, const float *a,
+void ps_gate_backward(float *da, float *du, float *dc, float *dalpha, const float *alpha, const float *a,
                       const float *u, int64_t B, int64_t T, int64_t d, int64_t nW, int64_t W, int64_t S, int64_t nkv) {
+    int64_t n = B * nW * nkv;
+    /* softmax backward, in place: dalpha becomes dz = alpha ⊙ (dalpha − Σ alpha·dalpha) */
+#pragma omp parallel for schedule(static) if (n * W > 32768)
+    for (int64_t idx = 0; idx < n; idx++) {
+        const float *al = alpha + idx * W;
+        float *dal = dalpha + idx * W;
+        double dot = 0;
+        for (int64_t i = 0; i < W; i++) dot += (double)al[i] * dal[i];
+        for (int64_t i = 0; i < W; i++) dal[i] = al[i] * (dal[i] - (float)dot);
+    }
+    /* parameter gradients: each (offset, head) owns its row of du and its dc entry */
+#pragma omp parallel for schedule(static)
+    for (int64_t ig = 0; ig < W * nkv; ig++) {
+        int64_t i = ig / nkv, g = ig % nkv;
+        float *dw = du + ig * d;
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t j = 0; j < nW; j++) {
+                float dz = dalpha[((b * nW + j) * nkv + g) * W + i];
+                const float *x = a + (b * T + j * S + i) * d;
+                dc[ig] += dz;
+                for (int64_t e = 0; e < d; e++) dw[e] += dz * x[e];
+            }
+    }
+    /* input gradients: each sequence owns its rows (windows may overlap within it) */
+#pragma omp parallel for schedule(static)
     for (int64_t b = 0; b < B; b++)
         for (int64_t j = 0; j < nW; j++)
-            for (int64_t g = 0; g < nkv; g++) {
-                const float *al = alpha + ((b * nW + j) * nkv + g) * W, *dal = dalpha + ((b * nW + j) * nkv + g) * W;
-                double dot = 0;
-                for (int64_t i = 0; i < W; i++) dot += (double)al[i] * dal[i];
-                for (int64_t i = 0; i < W; i++) {
-                    float dz = al[i] * (dal[i] - (float)dot);
-                    const float *x = a + (b * T + j * S + i) * d, *w = u + (i * nkv + g) * d;
-                    float *dx = da + (b * T + j * S + i) * d, *dw = du + (i * nkv + g) * d;
-                    dc[i * nkv + g] += dz;
-                    for (int64_t e = 0; e < d; e++) {
-                        dw[e] += dz * x[e];
-                        dx[e] += dz * w[e];
-                    }
+            for (int64_t i = 0; i < W; i++) {
+                float *dx = da + (b * T + j * S + i) * d;
+                for (int64_t g = 0; g < nkv; g++) {
+                    float dz = dalpha[((b * nW + j) * nkv + g) * W + i];
+                    const float *w = u + (i * nkv + g) * d;
+                    for (int64_t e = 0; e < d; e++) dx[e] += dz * w[e];
                 }
             }
 }
@@ -83,14 +101,20 @@ void ps_payload_backward(float *da, float *dC, const float *dP, const float *a, 
         ps_matmul_backward(da, dC, scratch, a, C, B * T, d, nkvhd);
         return;
     }
+    /* dC_i += dP_i^T · A_i: each offset owns its payload matrix */
+#pragma omp parallel for schedule(dynamic, 1)
     for (int64_t i = 0; i < W; i++)
-        for (int64_t b = 0; b < B; b++) {
-            const float *dPi = dP + (b * nW * W + i) * nkvhd, *Ai = a + (b * T + i) * d;
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (blasint)nkvhd, (blasint)d, (blasint)nW, 1.0f, dPi,
-                        (blasint)(W * nkvhd), Ai, (blasint)(S * d), 1.0f, dC + i * nkvhd * d, (blasint)d);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)nW, (blasint)d, (blasint)nkvhd, 1.0f, dPi,
-                        (blasint)(W * nkvhd), C + i * nkvhd * d, (blasint)d, 1.0f, da + (b * T + i) * d, (blasint)(S * d));
-        }
+        for (int64_t b = 0; b < B; b++)
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (blasint)nkvhd, (blasint)d, (blasint)nW, 1.0f,
+                        dP + (b * nW * W + i) * nkvhd, (blasint)(W * nkvhd), a + (b * T + i) * d, (blasint)(S * d), 1.0f,
+                        dC + i * nkvhd * d, (blasint)d);
+    /* da rows += dP_i · C_i: each sequence owns its rows (offsets of overlapping windows share rows) */
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t i = 0; i < W; i++)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)nW, (blasint)d, (blasint)nkvhd, 1.0f,
+                        dP + (b * nW * W + i) * nkvhd, (blasint)(W * nkvhd), C + i * nkvhd * d, (blasint)d, 1.0f,
+                        da + (b * T + i) * d, (blasint)(S * d));
 }
 
 void ps_pool_backward(float *dalpha, float *dP, const float *dout, const float *alpha, const float *P, int64_t B,
