@@ -178,15 +178,16 @@ static int fire_pattern(const ps_hooks *hooks, int l, const ps_acts *a, float *p
     return 0;
 }
 
-static int layer_forward(const ps_model *m, ps_acts *a, int l, const ps_hooks *hooks, ps_error *err) {
+/* Layer l up to the compressed keys and values (ln1, q/k/v, norms, RoPE, compressor) with their hooks. */
+static int layer_forward_pre(const ps_model *m, ps_acts *a, int l, const ps_hooks *hooks, ps_error *err) {
     ps_profile *prof = a->prof;
     const ps_config *c = &m->cfg;
     ps_layer_params w = ps_model_layer(m, m->params, l);
     ps_act_ptrs p = ps_acts_layer(a, l);
     int64_t B = a->B, T = a->T, BT = B * T, d = c->d_model, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads;
-    int64_t nW = a->nW, W = c->window, S = c->stride, dff = c->d_ff;
+    int64_t nW = a->nW, W = c->window, S = c->stride;
     float eps = (float)c->rms_eps;
-    float *h = a->p.resid + (int64_t)l * BT * d, *h_next = h + BT * d;
+    float *h = a->p.resid + (int64_t)l * BT * d;
     int comp = c->kind == PS_ATTN_COMPRESSED;
 
     FIRE(PS_HOOK_RESID_PRE, h, 3, B, T, d);
@@ -227,6 +228,18 @@ static int layer_forward(const ps_model *m, ps_acts *a, int l, const ps_hooks *h
         FIRE(PS_HOOK_CK, p.ck, 4, B, nW, nkv, hd);
         FIRE(PS_HOOK_CV, p.cv, 4, B, nW, nkv, hd);
     }
+    return 0;
+}
+
+/* The rest of layer l from the attention scores on: reads q, k, v, ck, cv of layer l's slot. */
+static int layer_forward_post(const ps_model *m, ps_acts *a, int l, const ps_hooks *hooks, ps_error *err) {
+    ps_profile *prof = a->prof;
+    const ps_config *c = &m->cfg;
+    ps_layer_params w = ps_model_layer(m, m->params, l);
+    ps_act_ptrs p = ps_acts_layer(a, l);
+    int64_t B = a->B, T = a->T, BT = B * T, d = c->d_model, hd = c->head_dim, nh = c->n_heads, dff = c->d_ff;
+    float eps = (float)c->rms_eps;
+    float *h = a->p.resid + (int64_t)l * BT * d, *h_next = h + BT * d;
     PROF(0, PS_PROF_ATTENTION, ps_attn_probs(p.probs, p.q, p.k, p.ck, &a->geom));
     if (ps_hooks_on(hooks, l, PS_HOOK_PATTERN) && fire_pattern(hooks, l, a, p.probs, err)) return -1;
     PROF(0, PS_PROF_ATTENTION, ps_attn_out(p.z, p.probs, p.v, p.cv, &a->geom));
@@ -247,6 +260,20 @@ static int layer_forward(const ps_model *m, ps_acts *a, int l, const ps_hooks *h
     return 0;
 }
 
+static int layer_forward(const ps_model *m, ps_acts *a, int l, const ps_hooks *hooks, ps_error *err) {
+    return layer_forward_pre(m, a, l, hooks, err) || layer_forward_post(m, a, l, hooks, err) ? -1 : 0;
+}
+
+static int forward_rest(const ps_model *m, ps_acts *a, int from, const ps_hooks *hooks, ps_error *err);
+
+int ps_forward_from_attention(const ps_model *m, ps_acts *a, int l, const ps_hooks *hooks, ps_error *err) {
+    if (!a->keep_all) return ps_fail(err, "forward from the attention of layer %d needs the activations of every layer", l);
+    if (l < 0 || l >= m->cfg.n_layers)
+        return ps_fail(err, "forward from layer %d: the model has %lld layers", l, (long long)m->cfg.n_layers);
+    if (layer_forward_post(m, a, l, hooks, err)) return -1;
+    return forward_rest(m, a, l + 1, hooks, err);
+}
+
 int ps_forward_from(const ps_model *m, ps_acts *a, int from, const ps_hooks *hooks, ps_error *err) {
     const ps_config *c = &m->cfg;
     if (from < 0 || from > c->n_layers)
@@ -254,6 +281,11 @@ int ps_forward_from(const ps_model *m, ps_acts *a, int from, const ps_hooks *hoo
     if (hooks && hooks->mask && hooks->n_layers != c->n_layers)
         return ps_fail(err, "hooks were registered for a model with %lld layers, this one has %lld",
                        (long long)hooks->n_layers, (long long)c->n_layers);
+    return forward_rest(m, a, from, hooks, err);
+}
+
+static int forward_rest(const ps_model *m, ps_acts *a, int from, const ps_hooks *hooks, ps_error *err) {
+    const ps_config *c = &m->cfg;
     for (int l = from; l < c->n_layers; l++)
         if (layer_forward(m, a, l, hooks, err)) return -1;
     int64_t BT = a->B * a->T, d = c->d_model;

@@ -81,6 +81,10 @@ int ps_forward(const ps_model *m, ps_acts *a, const int32_t *tokens, const ps_ho
 /* Forward from layer `from` on, given a->p.resid[from] (already computed by an earlier pass). */
 int ps_forward_from(const ps_model *m, ps_acts *a, int from, const ps_hooks *hooks, ps_error *err);
 
+/* Forward from the attention scores of layer l on, reusing layer l's kept q, k, v, ck, cv (which the
+ * caller may have changed, e.g. a knockout) — needs keep_all activations of an earlier pass. */
+int ps_forward_from_attention(const ps_model *m, ps_acts *a, int l, const ps_hooks *hooks, ps_error *err);
+
 /* Time `stmt` into prof->seconds[dir][cat] when a profile is attached (`prof` in scope). */
 double ps_prof_now(void);
 #define PROF(dir, cat, stmt)                                    \

@@ -51,6 +51,36 @@ int ps_cli_int(const char *flag, const char *value, int64_t lo, int64_t hi, int6
     return 0;
 }
 
+int ps_cli_int_list(const char *flag, const char *value, int64_t lo, int64_t hi, int *out, int max, int *n, ps_error *err) {
+    *n = 0;
+    const char *p = value;
+    while (*p) {
+        char *end;
+        errno = 0;
+        long long a = strtoll(p, &end, 10), b = a;
+        if (end == p || errno) return ps_fail(err, "%s %s: expected a list like 0,2,5-7", flag, value);
+        if (*end == '-') {
+            const char *q = end + 1;
+            b = strtoll(q, &end, 10);
+            if (end == q) return ps_fail(err, "%s %s: expected a list like 0,2,5-7", flag, value);
+        }
+        if (a > b) return ps_fail(err, "%s %s: range %lld-%lld is reversed", flag, value, a, b);
+        for (long long x = a; x <= b; x++) {
+            if (x < lo || x > hi)
+                return ps_fail(err, "%s %s: %lld is out of range [%lld, %lld]", flag, value, x, (long long)lo, (long long)hi);
+            for (int i = 0; i < *n; i++)
+                if (out[i] == x) return ps_fail(err, "%s %s: %lld is listed twice", flag, value, x);
+            if (*n >= max) return ps_fail(err, "%s %s: too many entries", flag, value);
+            out[(*n)++] = (int)x;
+        }
+        if (*end == ',') end++;
+        else if (*end) return ps_fail(err, "%s %s: expected a list like 0,2,5-7", flag, value);
+        p = end;
+    }
+    if (*n == 0) return ps_fail(err, "%s: empty list", flag);
+    return 0;
+}
+
 int ps_cli_model_dir(const char *flag_value, char *out, size_t n, ps_error *err) {
     const char *dir = flag_value ? flag_value : PS_SOURCE_DIR "/data/models/default";
     struct stat st;

@@ -26,6 +26,9 @@ ps_flag *ps_cli_get(ps_flag *flags, int n_flags, const char *name);
 /* Parse an integer flag value within [lo, hi]; the error names the flag and the allowed range. */
 int ps_cli_int(const char *flag, const char *value, int64_t lo, int64_t hi, int64_t *out, ps_error *err);
 
+/* A list of integers in [lo, hi]: "0,2,5-7". *n gets the count (at most max). */
+int ps_cli_int_list(const char *flag, const char *value, int64_t lo, int64_t hi, int *out, int max, int *n, ps_error *err);
+
 /* The model directory: --model if given, else the shipped default under data/models/. */
 int ps_cli_model_dir(const char *flag_value, char *out, size_t n, ps_error *err);
 
@@ -40,5 +43,9 @@ int ps_cmd_train(int argc, char **argv);
 int ps_cmd_info(int argc, char **argv);
 int ps_cmd_forward(int argc, char **argv);
 int ps_cmd_grad(int argc, char **argv);
+int ps_cmd_sweep(int argc, char **argv);
+int ps_cmd_knockout(int argc, char **argv);
+int ps_cmd_gatecycle(int argc, char **argv);
+int ps_cmd_gates(int argc, char **argv);
 
 #endif

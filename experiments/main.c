@@ -14,6 +14,10 @@ typedef struct {
 
 static const subcommand CMDS[] = {
     {"train", ps_cmd_train, "train a model (resumable); logs JSONL with gate statistics"},
+    {"sweep", ps_cmd_sweep, "phase sweep: accuracy per residue (prefix padding or move mode)"},
+    {"knockout", ps_cmd_knockout, "mean-replacement KV-head knockout grid, per residue"},
+    {"gatecycle", ps_cmd_gatecycle, "roll a layer's per-offset gate parameters; sweep before and after"},
+    {"gates", ps_cmd_gates, "gate concentration: effective offsets per layer, KV head and branch"},
     {"init", ps_cmd_init, "write a freshly initialised checkpoint for a config"},
     {"info", ps_cmd_info, "config, parameters, KV-cache bytes per token, memory estimates"},
     {"forward", ps_cmd_forward, "run token sequences; write logits and chosen hooks to safetensors"},

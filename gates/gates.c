@@ -34,6 +34,11 @@ void ps_gate_acc_reset(ps_gate_acc *acc) {
     memset(acc->n_windows, 0, (size_t)(acc->n_layers * 2) * sizeof(int64_t));
 }
 
+const char *ps_gate_label(const ps_gate_stat *s) {
+    if (s->N_input <= PS_GATE_CONCENTRATED) return s->N_static <= PS_GATE_CONCENTRATED ? "static" : "input-dependent";
+    return "diffuse";
+}
+
 double ps_effective_offsets(const double *p, int64_t n) {
     double h = 0;
     for (int64_t i = 0; i < n; i++)
@@ -114,6 +119,7 @@ json_t *ps_gate_acc_to_json(const ps_gate_acc *acc, const ps_config *cfg) {
                 json_object_set_new(bo, "N_input", json_real(st->N_input));
                 json_object_set_new(bo, "peak", json_integer(st->peak));
                 json_object_set_new(bo, "n_windows", json_integer(st->n_windows));
+                json_object_set_new(bo, "label", json_string(ps_gate_label(st)));
                 json_object_set_new(ho, b ? "value" : "key", bo);
             }
             json_array_append_new(heads, ho);

@@ -42,6 +42,12 @@ void ps_gate_acc_add(ps_gate_acc *acc, int layer, ps_branch br, const float *alp
 
 void ps_gate_acc_stat(const ps_gate_acc *acc, int layer, int head, ps_branch br, ps_gate_stat *out);
 
+/* Concentration label (docs/results-schema.md): "static" when N_static <= PS_GATE_CONCENTRATED and
+ * N_input <= PS_GATE_CONCENTRATED (one fixed offset for every window), "input-dependent" when only
+ * N_input <= PS_GATE_CONCENTRATED (each window picks few offsets, but not the same ones), else "diffuse". */
+#define PS_GATE_CONCENTRATED 2.0
+const char *ps_gate_label(const ps_gate_stat *s);
+
 /* exp of the entropy (natural log, 0·log 0 = 0) of a distribution over n entries. */
 double ps_effective_offsets(const double *p, int64_t n);
 

@@ -1,0 +1,102 @@
+#include "instrument.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fileio.h"
+
+int ps_instr_setup(ps_instr *in, const char *command, int argc, char **argv, ps_flag *flags, int need_task,
+                   ps_error *err) {
+    in->command = command;
+    in->cmdline = ps_cli_command_line(argc, argv);
+    in->n_prompts = 256;
+    in->batch = 32;
+    in->seed = 0;
+    int64_t v;
+    if (ps_cli_model_dir(flags[0].value, in->model_dir, sizeof in->model_dir, err) ||
+        ps_model_load(&in->m, in->model_dir, err))
+        return -1;
+    const ps_config *c = &in->m.cfg;
+    in->P = c->kind == PS_ATTN_COMPRESSED ? c->stride : 8;
+    if (flags[1].value) {
+        if (ps_cli_int("--period", flags[1].value, 1, 4096, &v, err)) return -1;
+        in->P = v;
+    }
+    if (flags[3].value) {
+        if (ps_cli_int("--n", flags[3].value, 1, 1 << 22, &v, err)) return -1;
+        in->n_prompts = v;
+    }
+    if (flags[4].value) {
+        if (ps_cli_int("--seed", flags[4].value, 0, INT64_MAX, &v, err)) return -1;
+        in->seed = (uint64_t)v;
+    }
+    if (flags[5].value) {
+        if (ps_cli_int("--batch", flags[5].value, 1, 1 << 16, &v, err)) return -1;
+        in->batch = v;
+    }
+    snprintf(in->out_dir, sizeof in->out_dir, "%s", flags[6].value ? flags[6].value : "");
+    if (!flags[6].value) snprintf(in->out_dir, sizeof in->out_dir, "out/%s", command);
+    if (ps_fillers_load(PS_SOURCE_DIR "/data/fillers.json", &in->fams, &in->n_fams, err) ||
+        ps_fillers_find(in->fams, in->n_fams, flags[2].value, &in->fam, err))
+        return -1;
+    if (!need_task) return 0;
+    if (ps_model_task(&in->m, in->model_dir, &in->task, err)) return -1;
+    if (ps_batch_alloc(&in->base, in->n_prompts, in->task.seq_len, in->task.n_queries, err)) return -1;
+    ps_task_generate(&in->task, in->seed ^ 0xe7a1ULL, &in->base);
+    ps_progress_init(&in->bar, (int64_t)1 << 40); /* plain mode: only the final line */
+    return 0;
+}
+
+void ps_instr_free(ps_instr *in) {
+    free(in->cmdline);
+    free(in->fams);
+    ps_batch_free(&in->base);
+    ps_model_free(&in->m);
+}
+
+json_t *ps_instr_provenance(const ps_instr *in, const char *mode) {
+    json_t *o = json_object(), *ev = json_object();
+    char hash[17];
+    ps_config_hash(&in->m.cfg, hash);
+    json_object_set_new(o, "command", json_string(in->cmdline ? in->cmdline : in->command));
+    json_object_set_new(o, "model", json_string(in->model_dir));
+    json_object_set_new(o, "config_hash", json_string(hash));
+    json_object_set_new(o, "seed", json_integer((json_int_t)in->seed));
+    json_object_set_new(o, "version", json_string(PS_VERSION));
+    const char *ms = ps_model_get_meta(&in->m, "phasescope.step");
+    if (ms) json_object_set_new(o, "model_step", json_integer(strtoll(ms, NULL, 10)));
+    if (in->base.B) json_object_set_new(o, "task", ps_task_to_json(&in->task));
+    json_object_set_new(ev, "n_prompts", json_integer(in->n_prompts));
+    json_object_set_new(ev, "period", json_integer(in->P));
+    json_object_set_new(ev, "family", json_string(in->fam ? in->fam->name : ""));
+    if (mode) json_object_set_new(ev, "mode", json_string(mode));
+    json_object_set_new(o, "eval", ev);
+    return o;
+}
+
+int ps_instr_write(const ps_instr *in, const char *name, json_t *result, ps_error *err) {
+    /* create out/COMMAND and its parent */
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", in->out_dir);
+    for (char *s = dir + 1; *s; s++)
+        if (*s == '/') {
+            *s = '\0';
+            if (ps_mkdir(dir, err)) return -1;
+            *s = '/';
+        }
+    if (ps_mkdir(dir, err)) return -1;
+    char path[4200];
+    if (ps_path_join(path, sizeof path, dir, name, err)) return -1;
+    char *text = json_dumps(result, JSON_INDENT(1) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10));
+    if (!text) return ps_fail(err, "%s: cannot serialise the result", path);
+    int rc = ps_write_file_atomic(path, text, strlen(text), err);
+    free(text);
+    if (!rc) printf("wrote %s\n", path);
+    return rc;
+}
+
+void ps_instr_progress(int64_t done, int64_t total, void *user) {
+    ps_instr *in = user;
+    ps_progress_update(&in->bar, done, total, in->command);
+}

@@ -1,0 +1,60 @@
+/* instrument.h — what sweep, knockout, gatecycle and gates share: the common flags (--model, --period,
+ * --family, --n, --seed, --batch, --out), the model with its stored task, the evaluation set, the filler
+ * family, provenance and atomic writing of result JSON. */
+#ifndef PS_INSTRUMENT_H
+#define PS_INSTRUMENT_H
+
+#include <jansson.h>
+#include <stdint.h>
+
+#include "cli.h"
+#include "model.h"
+#include "progress.h"
+#include "sweep.h"
+#include "tasks.h"
+
+#define PS_INSTR_FLAGS                                                                                        \
+    PS_FLAG("--model", true), PS_FLAG("--period", true), PS_FLAG("--family", true), PS_FLAG("--n", true),      \
+        PS_FLAG("--seed", true), PS_FLAG("--batch", true), PS_FLAG("--out", true)
+#define PS_INSTR_N_FLAGS 7
+#define PS_INSTR_HELP                                                                                          \
+    "  --model DIR     checkpoint trained by `phasescope train` (default: the shipped model)\n"                 \
+    "  --period P      phase period (default: the model's stride S; 8 for full attention)\n"                     \
+    "  --family NAME   filler family from data/fillers.json (default: the first, \"repeat\")\n"                 \
+    "  --n N           evaluation prompts generated from the model's task (default 256)\n"                      \
+    "  --seed S        seed of the evaluation prompts and random fillers (default 0)\n"                         \
+    "  --batch B       prompts per forward batch (default 32)\n"                                                \
+    "  --out DIR       where the result JSON goes (default out/COMMAND)\n"
+
+typedef struct {
+    const char *command;
+    char *cmdline;
+    char model_dir[4096];
+    char out_dir[4096];
+    ps_model m;
+    ps_task task;
+    ps_batch base;
+    ps_filler_family *fams;
+    int n_fams;
+    const ps_filler_family *fam;
+    int64_t P, n_prompts, batch;
+    uint64_t seed;
+    ps_progress bar;
+} ps_instr;
+
+/* flags: the command's flag table, whose first PS_INSTR_N_FLAGS entries are PS_INSTR_FLAGS. need_task:
+ * build the evaluation set from the stored task. */
+int ps_instr_setup(ps_instr *in, const char *command, int argc, char **argv, ps_flag *flags, int need_task,
+                   ps_error *err);
+void ps_instr_free(ps_instr *in);
+
+/* {"command", "model", "config_hash", "seed", "version", "task", "eval": {...}} */
+json_t *ps_instr_provenance(const ps_instr *in, const char *mode);
+
+/* Write OUT_DIR/name atomically (pretty JSON). */
+int ps_instr_write(const ps_instr *in, const char *name, json_t *result, ps_error *err);
+
+/* progress callback for ps_progress_fn */
+void ps_instr_progress(int64_t done, int64_t total, void *user);
+
+#endif

@@ -1,0 +1,122 @@
+#include "stats.h"
+
+#include <math.h>
+
+void ps_wilson(int64_t k, int64_t n, double z, double *lo, double *hi) {
+    if (n <= 0) {
+        *lo = 0;
+        *hi = 1;
+        return;
+    }
+    double p = (double)k / (double)n, nn = (double)n, z2 = z * z;
+    double den = 1 + z2 / nn, centre = (p + z2 / (2 * nn)) / den;
+    double half = z * sqrt(p * (1 - p) / nn + z2 / (4 * nn * nn)) / den;
+    *lo = fmax(0.0, centre - half);
+    *hi = fmin(1.0, centre + half);
+}
+
+/* series for P(a, x), continued fraction for Q(a, x) (Numerical Recipes 6.2, Lentz's method) */
+double ps_gamma_q(double a, double x) {
+    if (x <= 0) return 1.0;
+    double gln = lgamma(a);
+    if (x < a + 1) {
+        double ap = a, sum = 1.0 / a, del = sum;
+        for (int n = 0; n < 1000; n++) {
+            ap += 1;
+            del *= x / ap;
+            sum += del;
+            if (fabs(del) < fabs(sum) * 1e-15) break;
+        }
+        return fmax(0.0, 1.0 - sum * exp(-x + a * log(x) - gln));
+    }
+    double b = x + 1 - a, c = 1.0 / 1e-300, d = 1.0 / b, h = d;
+    for (int i = 1; i < 1000; i++) {
+        double an = -i * (i - a);
+        b += 2;
+        d = an * d + b;
+        if (fabs(d) < 1e-300) d = 1e-300;
+        c = b + an / c;
+        if (fabs(c) < 1e-300) c = 1e-300;
+        d = 1.0 / d;
+        double del = d * c;
+        h *= del;
+        if (fabs(del - 1) < 1e-15) break;
+    }
+    return exp(-x + a * log(x) - gln) * h;
+}
+
+void ps_chi_square(const int64_t *k, const int64_t *n, int64_t R, double *chi2, int64_t *df, double *p) {
+    int64_t K = 0, N = 0, used = 0;
+    for (int64_t r = 0; r < R; r++) {
+        K += k[r];
+        N += n[r];
+        used += n[r] > 0;
+    }
+    *chi2 = 0;
+    *df = used > 1 ? used - 1 : 0;
+    if (N == 0 || K == 0 || K == N || used < 2) {
+        *p = 1.0;
+        return;
+    }
+    double pk = (double)K / (double)N;
+    for (int64_t r = 0; r < R; r++) {
+        if (!n[r]) continue;
+        double e1 = (double)n[r] * pk, e0 = (double)n[r] * (1 - pk);
+        double o1 = (double)k[r], o0 = (double)(n[r] - k[r]);
+        *chi2 += (o1 - e1) * (o1 - e1) / e1 + (o0 - e0) * (o0 - e0) / e0;
+    }
+    *p = ps_gamma_q((double)*df / 2.0, *chi2 / 2.0);
+}
+
+double ps_dominant_period(const double *y, int64_t P, int64_t *k_out, double *power_frac) {
+    double mean = 0, total = 0, best = 0;
+    int64_t bk = 0;
+    for (int64_t i = 0; i < P; i++) mean += y[i] / (double)P;
+    for (int64_t k = 1; k <= P / 2; k++) {
+        double re = 0, im = 0;
+        for (int64_t i = 0; i < P; i++) {
+            double ang = 2 * M_PI * (double)k * (double)i / (double)P;
+            re += (y[i] - mean) * cos(ang);
+            im -= (y[i] - mean) * sin(ang);
+        }
+        double pw = re * re + im * im;
+        if (2 * k != P) pw *= 2; /* the mirrored frequency P - k carries the same power */
+        total += pw;
+        if (pw > best * (1 + 1e-12) + 1e-300) {
+            best = pw;
+            bk = k;
+        }
+    }
+    *k_out = bk;
+    *power_frac = total > 0 ? best / total : 0;
+    if (total <= 1e-24 || bk == 0) {
+        *k_out = 0;
+        return 0;
+    }
+    return (double)P / (double)bk;
+}
+
+int64_t ps_best_shift(const double *before, const double *after, int64_t P, double *corr) {
+    double mb = 0, ma = 0, sb = 0, sa = 0;
+    for (int64_t i = 0; i < P; i++) {
+        mb += before[i] / (double)P;
+        ma += after[i] / (double)P;
+    }
+    for (int64_t i = 0; i < P; i++) {
+        sb += (before[i] - mb) * (before[i] - mb);
+        sa += (after[i] - ma) * (after[i] - ma);
+    }
+    int64_t best = 0;
+    double bc = -INFINITY;
+    for (int64_t s = 0; s < P; s++) {
+        double c = 0;
+        for (int64_t r = 0; r < P; r++) c += (after[r] - ma) * (before[((r - s) % P + P) % P] - mb);
+        c = sa > 0 && sb > 0 ? c / sqrt(sa * sb) : 0;
+        if (c > bc + 1e-12) {
+            bc = c;
+            best = s;
+        }
+    }
+    *corr = bc;
+    return best;
+}

@@ -1,0 +1,28 @@
+/* stats.h — the statistics of a phase curve: Wilson score intervals, the chi-square test of
+ * independence of accuracy and residue (with its p-value), and the dominant period of a residue curve
+ * from its discrete Fourier transform. */
+#ifndef PS_STATS_H
+#define PS_STATS_H
+
+#include <stdint.h>
+
+/* 95% (z = 1.96) or any-z Wilson score interval for k successes in n trials. n = 0 gives [0, 1]. */
+void ps_wilson(int64_t k, int64_t n, double z, double *lo, double *hi);
+
+/* Regularised upper incomplete gamma Q(a, x) = Γ(a, x) / Γ(a). */
+double ps_gamma_q(double a, double x);
+
+/* Chi-square test on a 2 × R table (correct / wrong per residue). Residues with n = 0 are left out;
+ * df = (non-empty residues − 1). With all or none correct the statistic is 0 and p = 1. */
+void ps_chi_square(const int64_t *k, const int64_t *n, int64_t R, double *chi2, int64_t *df, double *p);
+
+/* Dominant period of a curve y[0..P) read as one period of a periodic signal: the k in 1..P/2 with the
+ * largest DFT power of the mean-centred curve gives period P / k. Returns 0 (period undefined) for a
+ * flat curve. *power_frac: that frequency's share of the total power. */
+double ps_dominant_period(const double *y, int64_t P, int64_t *k_out, double *power_frac);
+
+/* Best-aligning shift s in [0, P): maximises the correlation of the mean-centred curves after(rho) and
+ * before((rho - s) mod P). Ties go to the smallest s. *corr: that correlation (0 if a curve is flat). */
+int64_t ps_best_shift(const double *before, const double *after, int64_t P, double *corr);
+
+#endif

@@ -1,0 +1,319 @@
+#include "sweep.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fileio.h"
+#include "rng.h"
+#include "stats.h"
+
+int ps_fillers_load(const char *path, ps_filler_family **out, int *n, ps_error *err) {
+    *out = NULL;
+    *n = 0;
+    char *text;
+    size_t len;
+    if (ps_read_file(path, 1 << 20, &text, &len, err)) return -1;
+    json_error_t je;
+    json_t *root = json_loadb(text, len, 0, &je);
+    free(text);
+    if (!root) return ps_fail(err, "%s: not valid JSON (line %d: %s)", path, je.line, je.text);
+    json_t *fams = json_object_get(root, "families");
+    int rc = -1;
+    if (!json_is_array(fams) || json_array_size(fams) == 0 || json_array_size(fams) > 1000) {
+        ps_fail(err, "%s: key \"families\" must be a non-empty list", path);
+        goto done;
+    }
+    *out = calloc(json_array_size(fams), sizeof **out);
+    for (size_t i = 0; i < json_array_size(fams); i++) {
+        json_t *f = json_array_get(fams, i), *nm = json_object_get(f, "name"), *kind = json_object_get(f, "kind");
+        ps_filler_family *ff = &(*out)[i];
+        if (!json_is_string(nm) || strlen(json_string_value(nm)) >= sizeof ff->name || !json_is_string(kind)) {
+            ps_fail(err, "%s: family %zu needs a string \"name\" (< 64 chars) and \"kind\"", path, i);
+            goto done;
+        }
+        snprintf(ff->name, sizeof ff->name, "%s", json_string_value(nm));
+        if (!strcmp(json_string_value(kind), "random")) ff->random = 1;
+        else if (!strcmp(json_string_value(kind), "pattern")) {
+            json_t *pat = json_object_get(f, "pattern");
+            if (!json_is_array(pat) || json_array_size(pat) == 0 || json_array_size(pat) > 64) {
+                ps_fail(err, "%s: family \"%s\": \"pattern\" must be a list of 1..64 filler indices", path, ff->name);
+                goto done;
+            }
+            ff->n_pattern = (int64_t)json_array_size(pat);
+            for (int64_t k = 0; k < ff->n_pattern; k++) {
+                json_t *x = json_array_get(pat, (size_t)k);
+                if (!json_is_integer(x) || json_integer_value(x) < 0) {
+                    ps_fail(err, "%s: family \"%s\": pattern entries must be non-negative integers", path, ff->name);
+                    goto done;
+                }
+                ff->pattern[k] = (int64_t)json_integer_value(x);
+            }
+        } else {
+            ps_fail(err, "%s: family \"%s\": kind must be \"pattern\" or \"random\"", path, ff->name);
+            goto done;
+        }
+        (*n)++;
+    }
+    rc = 0;
+done:
+    json_decref(root);
+    if (rc) {
+        free(*out);
+        *out = NULL;
+        *n = 0;
+    }
+    return rc;
+}
+
+int ps_fillers_find(const ps_filler_family *f, int n, const char *name, const ps_filler_family **out, ps_error *err) {
+    if (!name) {
+        *out = &f[0];
+        return 0;
+    }
+    char list[512] = "";
+    for (int i = 0; i < n; i++) {
+        if (!strcmp(f[i].name, name)) {
+            *out = &f[i];
+            return 0;
+        }
+        size_t l = strlen(list);
+        snprintf(list + l, sizeof list - l, "%s%s", i ? ", " : "", f[i].name);
+    }
+    return ps_fail(err, "--family %s: unknown filler family (families: %s)", name, list);
+}
+
+int ps_model_task(const ps_model *m, const char *dir, ps_task *t, ps_error *err) {
+    const char *js = ps_model_get_meta(m, "phasescope.task");
+    if (!js)
+        return ps_fail(err, "%s: the checkpoint has no task layout (phasescope.task in its metadata); models trained "
+                            "with `phasescope train` carry one",
+                       dir);
+    json_error_t je;
+    json_t *o = json_loads(js, 0, &je);
+    if (!o) return ps_fail(err, "%s: phasescope.task metadata is not valid JSON", dir);
+    char src[4200];
+    snprintf(src, sizeof src, "%s/model.safetensors (phasescope.task)", dir);
+    int rc = ps_task_from_json(o, src, t, err);
+    json_decref(o);
+    if (!rc) rc = ps_task_validate(t, m->cfg.vocab_size, INT64_MAX / 4, src, err);
+    return rc;
+}
+
+static void filler(const ps_filler_family *f, const ps_task *t, ps_rng *r, int32_t *dst, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        int64_t idx = f->random ? ps_rng_below(r, t->n_fillers) : f->pattern[i % f->n_pattern] % t->n_fillers;
+        dst[i] = (int32_t)(ps_task_fill0(t) + idx);
+    }
+}
+
+void ps_shifted_free(ps_shifted *s) {
+    ps_batch_free(&s->b);
+    free(s->residue);
+    memset(s, 0, sizeof *s);
+}
+
+int ps_make_shifted(const ps_batch *base, const ps_task *task, const ps_filler_family *fam, ps_sweep_mode mode,
+                    int64_t P, int64_t p, uint64_t seed, int64_t max_seq_len, ps_shifted *out, ps_error *err) {
+    memset(out, 0, sizeof *out);
+    int64_t T = base->T, N = base->B, add = mode == PS_SWEEP_PAD ? p : P - 1, Tp = T + add;
+    if (mode == PS_SWEEP_PAD && T + P - 1 > max_seq_len)
+        return ps_fail(err, "prompts of %lld tokens padded by up to %lld fillers need %lld positions, more than max_seq_len "
+                            "%lld by %lld",
+                       (long long)T, (long long)(P - 1), (long long)(T + P - 1), (long long)max_seq_len,
+                       (long long)(T + P - 1 - max_seq_len));
+    if (mode == PS_SWEEP_MOVE && Tp > max_seq_len)
+        return ps_fail(err, "move mode adds %lld fillers to prompts of %lld tokens: %lld positions, more than max_seq_len "
+                            "%lld by %lld",
+                       (long long)(P - 1), (long long)T, (long long)Tp, (long long)max_seq_len, (long long)(Tp - max_seq_len));
+    if (ps_batch_alloc(&out->b, N, Tp, base->max_q, err)) return -1;
+    out->residue = malloc((size_t)(N * base->max_q) * sizeof(int64_t));
+    if (!out->residue) {
+        ps_shifted_free(out);
+        return ps_fail(err, "out of memory");
+    }
+    out->p = p;
+    out->P = P;
+    int64_t pair_len = task->kind == PS_TASK_KV ? task->key_len + task->value_len : 2;
+    for (int64_t i = 0; i < N; i++) {
+        ps_rng r;
+        ps_rng_seed(&r, seed * 0x9e3779b97f4a7c15ULL ^ ((uint64_t)i << 20) ^ (uint64_t)p);
+        const int32_t *src = base->tokens + i * T;
+        int32_t *dst = out->b.tokens + i * Tp;
+        out->b.n_q[i] = base->n_q[i];
+        for (int64_t t = 0; t < Tp; t++) out->b.targets[i * Tp + t] = -1;
+        if (mode == PS_SWEEP_PAD) {
+            dst[0] = src[0];
+            filler(fam, task, &r, dst + 1, p);
+            memcpy(dst + 1 + p, src + 1, (size_t)(T - 1) * sizeof(int32_t));
+            for (int64_t q = 0; q < base->n_q[i]; q++) {
+                ps_query qq = base->queries[i * base->max_q + q];
+                qq.key_pos += p;
+                qq.answer_pos += p;
+                out->b.queries[i * base->max_q + q] = qq;
+                out->residue[i * base->max_q + q] = qq.key_pos % P;
+            }
+        } else {
+            /* move the first query's pair: [kp, kp + pair_len) gets p fillers before it, P-1-p after it */
+            ps_query q0 = base->queries[i * base->max_q];
+            int64_t kp = q0.key_pos, w = 0;
+            memcpy(dst, src, (size_t)kp * sizeof(int32_t));
+            w = kp;
+            filler(fam, task, &r, dst + w, p);
+            w += p;
+            memcpy(dst + w, src + kp, (size_t)pair_len * sizeof(int32_t));
+            w += pair_len;
+            filler(fam, task, &r, dst + w, P - 1 - p);
+            w += P - 1 - p;
+            memcpy(dst + w, src + kp + pair_len, (size_t)(T - kp - pair_len) * sizeof(int32_t));
+            for (int64_t q = 0; q < base->n_q[i]; q++) {
+                ps_query qq = base->queries[i * base->max_q + q];
+                qq.key_pos = qq.key_pos < kp ? qq.key_pos : qq.key_pos == kp ? kp + p : qq.key_pos + P - 1;
+                qq.answer_pos += P - 1; /* queries follow the context */
+                out->b.queries[i * base->max_q + q] = qq;
+                out->residue[i * base->max_q + q] = q == 0 ? qq.key_pos % P : -1;
+            }
+        }
+        /* answer targets (for the loss-free scorer they only document the answers) */
+        for (int64_t q = 0; q < out->b.n_q[i]; q++) {
+            const ps_query *qq = &out->b.queries[i * base->max_q + q];
+            for (int64_t k = 0; k < qq->answer_len; k++)
+                out->b.targets[i * Tp + qq->answer_pos + k] = dst[qq->answer_pos + k + 1];
+        }
+    }
+    return 0;
+}
+
+int ps_residue_stats_init(ps_residue_stats *r, int64_t P, ps_error *err) {
+    r->P = P;
+    r->n = calloc((size_t)P, sizeof(int64_t));
+    r->k = calloc((size_t)P, sizeof(int64_t));
+    r->lp = calloc((size_t)P, sizeof(double));
+    if (!r->n || !r->k || !r->lp) {
+        ps_residue_stats_free(r);
+        return ps_fail(err, "out of memory");
+    }
+    return 0;
+}
+
+void ps_residue_stats_free(ps_residue_stats *r) {
+    free(r->n);
+    free(r->k);
+    free(r->lp);
+    memset(r, 0, sizeof *r);
+}
+
+void ps_residue_stats_add(ps_residue_stats *r, const ps_shifted *s, const int *correct, const double *logprob) {
+    for (int64_t i = 0; i < s->b.B; i++)
+        for (int64_t q = 0; q < s->b.n_q[i]; q++) {
+            int64_t rho = s->residue[i * s->b.max_q + q];
+            if (rho < 0) continue;
+            r->n[rho]++;
+            r->k[rho] += correct[i * s->b.max_q + q];
+            r->lp[rho] += logprob[i * s->b.max_q + q];
+        }
+}
+
+double ps_residue_accuracy(const ps_residue_stats *r, int64_t rho) {
+    return r->n[rho] ? (double)r->k[rho] / (double)r->n[rho] : 0.0;
+}
+
+int ps_eval_shifted(const ps_model *m, const ps_shifted *s, int64_t batch, const ps_hooks *hooks, int *correct,
+                    double *logprob, ps_error *err) {
+    int64_t N = s->b.B, T = s->b.T;
+    ps_acts a;
+    if (ps_acts_create(&a, &m->cfg, batch < N ? batch : N, T, false, err)) return -1;
+    int rc = 0;
+    for (int64_t i0 = 0; i0 < N && !rc; i0 += batch) {
+        int64_t n = N - i0 < batch ? N - i0 : batch;
+        ps_acts part, *use = &a;
+        if (n != a.B) {
+            if (ps_acts_create(&part, &m->cfg, n, T, false, err)) {
+                rc = -1;
+                break;
+            }
+            use = &part;
+        }
+        ps_batch view = s->b;
+        view.B = n;
+        view.tokens = s->b.tokens + i0 * T;
+        view.targets = s->b.targets + i0 * T;
+        view.n_q = s->b.n_q + i0;
+        view.queries = s->b.queries + i0 * s->b.max_q;
+        rc = ps_forward(m, use, view.tokens, hooks, err);
+        if (!rc) ps_score_queries(&view, use->p.logits, m->cfg.vocab_size, correct + i0 * s->b.max_q, logprob + i0 * s->b.max_q);
+        if (use != &a) ps_acts_free(&part);
+    }
+    ps_acts_free(&a);
+    return rc;
+}
+
+int ps_sweep_run(const ps_model *m, const ps_batch *base, const ps_task *task, const ps_filler_family *fam,
+                 ps_sweep_mode mode, int64_t P, uint64_t seed, int64_t batch, ps_residue_stats *stats,
+                 ps_progress_fn progress, void *user, ps_error *err) {
+    if (ps_residue_stats_init(stats, P, err)) return -1;
+    int *ok = malloc((size_t)(base->B * base->max_q) * sizeof(int));
+    double *lp = malloc((size_t)(base->B * base->max_q) * sizeof(double));
+    int rc = ok && lp ? 0 : ps_fail(err, "out of memory");
+    for (int64_t p = 0; p < P && !rc; p++) {
+        ps_shifted s;
+        rc = ps_make_shifted(base, task, fam, mode, P, p, seed, m->cfg.max_seq_len, &s, err);
+        if (rc) break;
+        rc = ps_eval_shifted(m, &s, batch, NULL, ok, lp, err);
+        if (!rc) ps_residue_stats_add(stats, &s, ok, lp);
+        ps_shifted_free(&s);
+        if (progress) progress(p + 1, P, user);
+    }
+    free(ok);
+    free(lp);
+    return rc;
+}
+
+json_t *ps_residue_stats_json(const ps_residue_stats *r) {
+    json_t *o = json_object(), *res = json_array();
+    int64_t P = r->P, N = 0, K = 0;
+    double mn = INFINITY, mx = -INFINITY, *acc = malloc((size_t)P * sizeof(double));
+    for (int64_t rho = 0; rho < P; rho++) {
+        double lo, hi, a = ps_residue_accuracy(r, rho);
+        acc[rho] = a;
+        ps_wilson(r->k[rho], r->n[rho], 1.96, &lo, &hi);
+        json_t *e = json_object();
+        json_object_set_new(e, "rho", json_integer(rho));
+        json_object_set_new(e, "n", json_integer(r->n[rho]));
+        json_object_set_new(e, "correct", json_integer(r->k[rho]));
+        json_object_set_new(e, "accuracy", json_real(a));
+        json_object_set_new(e, "wilson_lo", json_real(lo));
+        json_object_set_new(e, "wilson_hi", json_real(hi));
+        json_object_set_new(e, "mean_logprob", json_real(r->n[rho] ? r->lp[rho] / (double)r->n[rho] : 0.0));
+        json_array_append_new(res, e);
+        N += r->n[rho];
+        K += r->k[rho];
+        if (r->n[rho]) {
+            mn = fmin(mn, a);
+            mx = fmax(mx, a);
+        }
+    }
+    double chi2, p, frac;
+    int64_t df, k;
+    ps_chi_square(r->k, r->n, P, &chi2, &df, &p);
+    double period = ps_dominant_period(acc, P, &k, &frac);
+    json_object_set_new(o, "period", json_integer(P));
+    json_object_set_new(o, "residues", res);
+    json_object_set_new(o, "n", json_integer(N));
+    json_object_set_new(o, "mean_accuracy", json_real(N ? (double)K / (double)N : 0.0));
+    json_object_set_new(o, "min_accuracy", json_real(N ? mn : 0.0));
+    json_object_set_new(o, "max_accuracy", json_real(N ? mx : 0.0));
+    json_object_set_new(o, "gap_pp", json_real(N ? 100.0 * (mx - mn) : 0.0));
+    json_t *cs = json_object();
+    json_object_set_new(cs, "statistic", json_real(chi2));
+    json_object_set_new(cs, "df", json_integer(df));
+    json_object_set_new(cs, "p_value", json_real(p));
+    json_object_set_new(o, "chi_square", cs);
+    json_t *dp = json_object();
+    json_object_set_new(dp, "period", period > 0 ? json_real(period) : json_null());
+    json_object_set_new(dp, "frequency", json_integer(k));
+    json_object_set_new(dp, "power_fraction", json_real(frac));
+    json_object_set_new(o, "dominant_period", dp);
+    free(acc);
+    return o;
+}

@@ -1,0 +1,76 @@
+/* sweep.h — the phase sweep (SPEC §5): an evaluation set from the model's stored task, shifted copies
+ * (prefix padding, or move mode), scoring, and per-residue statistics. Knockout and gate cycling reuse
+ * the same shifted prompts and statistics. */
+#ifndef PS_SWEEP_H
+#define PS_SWEEP_H
+
+#include <jansson.h>
+#include <stdint.h>
+
+#include "error.h"
+#include "forward.h"
+#include "hooks.h"
+#include "model.h"
+#include "tasks.h"
+
+typedef enum { PS_SWEEP_PAD = 0, PS_SWEEP_MOVE = 1 } ps_sweep_mode;
+
+/* A filler family (data/fillers.json): a pattern of filler indices (mod n_fillers), or random. */
+typedef struct {
+    char name[64];
+    int random;
+    int64_t n_pattern;
+    int64_t pattern[64];
+} ps_filler_family;
+
+/* Load the families; *n gets their count (the first is the default). Caller frees *out. */
+int ps_fillers_load(const char *path, ps_filler_family **out, int *n, ps_error *err);
+/* Find a family by name (NULL name: the first); the error lists the names. */
+int ps_fillers_find(const ps_filler_family *f, int n, const char *name, const ps_filler_family **out, ps_error *err);
+
+/* The task stored in a checkpoint's metadata ("phasescope.task"). */
+int ps_model_task(const ps_model *m, const char *model_dir, ps_task *t, ps_error *err);
+
+/* Prompts of one shift p: every prompt has the same length, queries carry shifted positions, and
+ * residue[i·max_q + q] is the query's phase coordinate (t_K mod P), or -1 for a query not scored. */
+typedef struct {
+    ps_batch b;
+    int64_t p, P;
+    int64_t *residue;
+} ps_shifted;
+
+/* Build the prompts of shift p from base (pad: p fillers after BOS; move: the first query's pair moves,
+ * with p fillers before it and P-1-p after it). Errors when a prompt would exceed max_seq_len. */
+int ps_make_shifted(const ps_batch *base, const ps_task *task, const ps_filler_family *fam, ps_sweep_mode mode,
+                    int64_t P, int64_t p, uint64_t seed, int64_t max_seq_len, ps_shifted *out, ps_error *err);
+void ps_shifted_free(ps_shifted *s);
+
+/* Per-residue accumulators. */
+typedef struct {
+    int64_t P;
+    int64_t *n, *k;  /* [P] evaluations, correct */
+    double *lp;      /* [P] summed target log-probabilities */
+} ps_residue_stats;
+
+int ps_residue_stats_init(ps_residue_stats *r, int64_t P, ps_error *err);
+void ps_residue_stats_free(ps_residue_stats *r);
+/* Add the outcomes of one shifted set (correct / logprob per query, [N · max_q]). */
+void ps_residue_stats_add(ps_residue_stats *r, const ps_shifted *s, const int *correct, const double *logprob);
+
+/* Run the shifted prompts through the model in batches of `batch` (hooks may be NULL); per-query
+ * outcomes go to correct / logprob ([N · max_q]). */
+int ps_eval_shifted(const ps_model *m, const ps_shifted *s, int64_t batch, const ps_hooks *hooks, int *correct,
+                    double *logprob, ps_error *err);
+
+/* The summary of a curve: per residue n, accuracy, Wilson 95% interval, mean log-prob; overall mean,
+ * min, max, gap (pp), chi-square test, dominant period. */
+json_t *ps_residue_stats_json(const ps_residue_stats *r);
+double ps_residue_accuracy(const ps_residue_stats *r, int64_t rho);
+
+/* A whole sweep over shifts 0..P-1: fills stats. progress(done, total, user) may be NULL. */
+typedef void (*ps_progress_fn)(int64_t done, int64_t total, void *user);
+int ps_sweep_run(const ps_model *m, const ps_batch *base, const ps_task *task, const ps_filler_family *fam,
+                 ps_sweep_mode mode, int64_t P, uint64_t seed, int64_t batch, ps_residue_stats *stats,
+                 ps_progress_fn progress, void *user, ps_error *err);
+
+#endif
