@@ -33,6 +33,7 @@ test: test-fast test-asan
 bench: build
 	@./build/bench/bench_forward
 	@./build/bench/bench_train
+	@./build/bench/bench_knockout
 
 clean:
 	rm -rf build build-asan

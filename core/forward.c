@@ -274,6 +274,50 @@ int ps_forward_from_attention(const ps_model *m, ps_acts *a, int l, const ps_hoo
     return forward_rest(m, a, l + 1, hooks, err);
 }
 
+/* The last layer's post-attention part and the logits for chosen rows only (all else is left stale). */
+static int last_layer_rows(const ps_model *m, ps_acts *a, const int64_t *rows, int64_t n, ps_error *err) {
+    const ps_config *c = &m->cfg;
+    int l = (int)c->n_layers - 1;
+    ps_layer_params w = ps_model_layer(m, m->params, l);
+    ps_act_ptrs p = ps_acts_layer(a, l);
+    int64_t BT = a->B * a->T, d = c->d_model, qd = c->n_heads * c->head_dim, dff = c->d_ff, V = c->vocab_size;
+    float eps = (float)c->rms_eps;
+    const float *h = a->p.resid + (int64_t)l * BT * d;
+    float *buf = malloc((size_t)(n * (qd + 4 * d + 3 * dff + V) + 2 * n) * sizeof(float));
+    if (!buf) return ps_fail(err, "out of memory");
+    float *z = buf, *ao = z + n * qd, *mid = ao + n * d, *ln = mid + n * d, *hh = ln + n * d, *g = hh + n * d,
+          *u = g + n * dff, *mh = u + n * dff, *lg = mh + n * dff, *rs = lg + n * V;
+    ps_attn_rows(z, rows, n, p.q, p.k, p.v, p.ck, p.cv, &a->geom);
+    ps_matmul(ao, z, w.wo, n, qd, d, 0);
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t e = 0; e < d; e++) mid[i * d + e] = h[rows[i] * d + e] + ao[i * d + e];
+    ps_rmsnorm(ln, rs, mid, w.post_norm, n, d, eps);
+    ps_matmul(g, ln, w.mlp_gate, n, d, dff, 0);
+    ps_matmul(u, ln, w.mlp_up, n, d, dff, 0);
+    ps_swiglu(mh, g, u, n * dff);
+    ps_matmul(hh, mh, w.mlp_down, n, dff, d, 0);
+    ps_add(hh, mid, hh, n * d);
+    ps_rmsnorm(ln, rs, hh, ps_model_final_norm(m, m->params), n, d, eps);
+    ps_matmul(lg, ln, ps_model_lm_head(m, m->params), n, d, V, 0);
+    for (int64_t i = 0; i < n; i++) memcpy(a->p.logits + rows[i] * V, lg + i * V, (size_t)V * sizeof(float));
+    free(buf);
+    return 0;
+}
+
+int ps_forward_from_attention_rows(const ps_model *m, ps_acts *a, int l, const int64_t *rows, int64_t n, ps_error *err) {
+    const ps_config *c = &m->cfg;
+    int last = (int)c->n_layers - 1;
+    if (!a->keep_all) return ps_fail(err, "forward from the attention of layer %d needs the activations of every layer", l);
+    if (l < 0 || l > last) return ps_fail(err, "forward from layer %d: the model has %lld layers", l, (long long)c->n_layers);
+    if (l < last) {
+        if (layer_forward_post(m, a, l, NULL, err)) return -1;
+        for (int k = l + 1; k < last; k++)
+            if (layer_forward(m, a, k, NULL, err)) return -1;
+        if (layer_forward_pre(m, a, last, NULL, err)) return -1;
+    }
+    return last_layer_rows(m, a, rows, n, err);
+}
+
 int ps_forward_from(const ps_model *m, ps_acts *a, int from, const ps_hooks *hooks, ps_error *err) {
     const ps_config *c = &m->cfg;
     if (from < 0 || from > c->n_layers)

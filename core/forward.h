@@ -85,6 +85,11 @@ int ps_forward_from(const ps_model *m, ps_acts *a, int from, const ps_hooks *hoo
  * caller may have changed, e.g. a knockout) — needs keep_all activations of an earlier pass. */
 int ps_forward_from_attention(const ps_model *m, ps_acts *a, int l, const ps_hooks *hooks, ps_error *err);
 
+/* The same, but only the logits of the given rows (row = b·T + t) are computed: the last layer's
+ * attention output, MLP and the logits run for those rows alone (scoring answers needs nothing else).
+ * Other rows of the logits are left stale. */
+int ps_forward_from_attention_rows(const ps_model *m, ps_acts *a, int l, const int64_t *rows, int64_t n, ps_error *err);
+
 /* Time `stmt` into prof->seconds[dir][cat] when a profile is attached (`prof` in scope). */
 double ps_prof_now(void);
 #define PROF(dir, cat, stmt)                                    \

@@ -111,3 +111,8 @@ void ps_attn_backward(float *dq, float *dk, float *dv, float *dck, float *dcv, f
  * number of target rows. */
 int64_t ps_cross_entropy(double *loss_sum, float *dlogits, const float *logits, const int32_t *targets, int64_t n_rows,
                          int64_t V, float scale);
+
+/* Attention output for chosen query rows only (row r = b·T + t): z_rows[n, nh·hd] from the kept q, k, v
+ * (and ck, cv when compressed), the same math as ps_attn_probs + ps_attn_out. */
+void ps_attn_rows(float *z_rows, const int64_t *rows, int64_t n, const float *q, const float *k, const float *v,
+                  const float *ck, const float *cv, const ps_attn_geom *g);

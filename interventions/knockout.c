@@ -92,7 +92,7 @@ int ps_knockout_grid(const ps_model *m, const ps_batch *base, const ps_task *tas
     int *ok = malloc((size_t)(N * maxq) * sizeof(int));
     double *lp = malloc((size_t)(N * maxq) * sizeof(double));
     if (!ok || !lp) rc = ps_fail(err, "out of memory");
-    int64_t total = P * (1 + (int64_t)n_layers * n_heads), done = 0;
+    int64_t total = P * (1 + (int64_t)n_layers * n_heads);
     for (int64_t p = 0; p < P && !rc; p++) {
         ps_shifted s;
         if ((rc = ps_make_shifted(base, task, fam, PS_SWEEP_PAD, P, p, seed, c->max_seq_len, &s, err))) break;
@@ -113,6 +113,8 @@ int ps_knockout_grid(const ps_model *m, const ps_batch *base, const ps_task *tas
         }
         ps_acts a;
         int64_t B = batch < N ? batch : N;
+        int64_t *rows = malloc((size_t)(B * maxq * (task->kind == PS_TASK_KV ? task->value_len : 1)) * sizeof(int64_t));
+        if (!rows) rc = ps_fail(err, "out of memory");
         if (!rc) rc = ps_acts_create(&a, c, B, T, true, err);
         /* pass 1: the means over all prompts of this shift */
         for (int64_t i0 = 0; i0 < N && !rc; i0 += B) {
@@ -147,7 +149,14 @@ int ps_knockout_grid(const ps_model *m, const ps_batch *base, const ps_task *tas
             ps_shifted sv = s;
             sv.b = view;
             sv.residue = s.residue + i0 * maxq;
-            rc = ps_forward(m, use, view.tokens, NULL, err);
+            /* the rows whose logits are scored: every answer token of every query of the batch */
+            int64_t n_rows = 0;
+            for (int64_t b = 0; b < n; b++)
+                for (int64_t q = 0; q < view.n_q[b]; q++)
+                    for (int64_t t = 0; t < view.queries[b * maxq + q].answer_len; t++)
+                        rows[n_rows++] = b * T + view.queries[b * maxq + q].answer_pos + t;
+            /* one batch: pass 1 already left this batch's clean activations in place */
+            if (N > B) rc = ps_forward(m, use, view.tokens, NULL, err);
             if (!rc) {
                 ps_score_queries(&view, use->p.logits, c->vocab_size, ok, lp);
                 ps_residue_stats_add(&out->clean, &sv, ok, lp);
@@ -182,7 +191,7 @@ int ps_knockout_grid(const ps_model *m, const ps_batch *base, const ps_task *tas
                             memcpy(saved[k], x, (size_t)cnt * sizeof(float));
                             write_means(x, n, mn.npos[k], nkv, hd, g, mn.sum[k] + (int64_t)li * mn.npos[k] * nkv * hd, N);
                         }
-                        if (!rc) rc = ps_forward_from_attention(m, use, l, NULL, err);
+                        if (!rc) rc = ps_forward_from_attention_rows(m, use, l, rows, n_rows, err);
                         for (int k = 0; k < mn.n_arr; k++) {
                             if (!saved[k]) continue;
                             memcpy(act_array(&lp_, mn.pt[k]), saved[k],
@@ -197,14 +206,13 @@ int ps_knockout_grid(const ps_model *m, const ps_batch *base, const ps_task *tas
                 }
             }
             if (use != &a) ps_acts_free(&part);
-            done += (1 + (int64_t)n_layers * n_heads) * n / N;
         }
         ps_acts_free(&a);
+        free(rows);
         for (int k = 0; k < mn.n_arr; k++) free(mn.sum[k]);
         ps_shifted_free(&s);
         if (progress) progress((p + 1) * (1 + (int64_t)n_layers * n_heads), total, user);
     }
-    (void)done;
     free(ok);
     free(lp);
     return rc;

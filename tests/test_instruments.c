@@ -131,7 +131,7 @@ static void test_knockout(ps_attn_kind kind, ps_ko_target target) {
         for (int r = 0; r < 4; r++) {
             same_k &= fast.cells[c].k[r] == naive.cells[c].k[r] && fast.cells[c].n[r] == naive.cells[c].n[r];
             worst = fmax(worst, fabs(fast.cells[c].lp[r] - naive.cells[c].lp[r]) / (1 + fabs(naive.cells[c].lp[r])));
-            changed |= fast.cells[c].lp[r] != fast.clean.lp[r];
+            changed |= fabs(fast.cells[c].lp[r] - fast.clean.lp[r]) > 1e-3 * (1 + fabs(fast.clean.lp[r]));
         }
     CHECK(same_k && worst < 1e-5, "grid cells differ from full forwards with overwrite hooks (%g)", worst);
     CHECK(changed, "no knockout changed anything");
@@ -150,10 +150,15 @@ static void test_knockout(ps_attn_kind kind, ps_ko_target target) {
         memcpy(base.queries + i * base.max_q, base.queries, (size_t)base.max_q * sizeof(ps_query));
     }
     CHECK_OK(ps_knockout_grid(&m, &base, &t, &fam, 4, 0, 4, layers, 3, heads, 2, target, 0, &fast, NULL, NULL, &err), &err);
+    /* (cells score only the answer rows with row-wise kernels, so the log-probs agree to rounding) */
     int all_same = 1;
+    double dmax = 0;
     for (int c = 0; c < 6; c++)
-        for (int r = 0; r < 4; r++) all_same &= fast.cells[c].k[r] == fast.clean.k[r] && fast.cells[c].lp[r] == fast.clean.lp[r];
-    CHECK(all_same, "knocking out heads with constant activations changed the result");
+        for (int r = 0; r < 4; r++) {
+            all_same &= fast.cells[c].k[r] == fast.clean.k[r];
+            dmax = fmax(dmax, fabs(fast.cells[c].lp[r] - fast.clean.lp[r]) / (1 + fabs(fast.clean.lp[r])));
+        }
+    CHECK(all_same && dmax < 1e-6, "knocking out heads with constant activations changed the result (%g)", dmax);
     ps_knockout_result_free(&fast);
     if (kind == PS_ATTN_FULL)
         CHECK_ERR(ps_knockout_grid(&m, &base, &t, &fam, 4, 0, 4, layers, 3, heads, 2, PS_KO_COMPRESSED, 0, &fast, NULL, NULL, &err),
