@@ -64,5 +64,31 @@ expect train-exists 1 "already holds a run" -- "$PS" train --config "$T/tc.json"
 expect train-resume-done 0 "run in" -- "$PS" train --config "$T/tc.json" --out "$T/run" --resume
 expect train-resume-none 1 "holds no checkpoint" -- "$PS" train --config "$T/tc.json" --out "$T/run2" --resume
 expect train-stop-bad 1 "--stop-after x: not an integer" -- "$PS" train --config "$T/tc.json" --out "$T/run3" --stop-after x
+R="$T/run"   # the 20-step run trained above (W4/S4, seq_len 28, max_seq_len 32)
+expect sweep-help 0 "usage: phasescope sweep" -- "$B/sweep" --help
+expect sweep-ok 0 "chi-square p" -- "$PS" sweep --model "$R" --n 16 --out "$T/o"
+expect sweep-json 0 '"gap_pp"' -- cat "$T/o/sweep.json"
+expect sweep-provenance 0 '"config_hash"' -- cat "$T/o/sweep.json"
+expect sweep-move 0 "mean accuracy" -- "$PS" sweep --model "$R" --n 8 --mode move --family random --out "$T/o"
+expect sweep-badmode 1 "--mode slide: expected pad or move" -- "$PS" sweep --model "$R" --mode slide
+expect sweep-period0 1 "--period 0: must be in [1, 4096]" -- "$PS" sweep --model "$R" --period 0
+expect sweep-toolong 1 "more than max_seq_len 32 by 7" -- "$PS" sweep --model "$R" --period 12 --n 4 --out "$T/o"
+expect sweep-family 1 "--family nope: unknown filler family (families: repeat, cycle, random)" -- "$PS" sweep --model "$R" --family nope
+expect sweep-notask 1 "has no task layout" -- "$PS" sweep --model "$M" --n 4 --out "$T/o"
+expect knockout-help 0 "usage: phasescope knockout" -- "$B/knockout" --help
+expect knockout-ok 0 "largest mean NLL increases" -- "$PS" knockout --model "$R" --n 8 --layers 1 --heads 0-1 --out "$T/o"
+expect knockout-json 0 '"delta_nll"' -- cat "$T/o/knockout.json"
+expect knockout-layer 1 "--layers 9: 9 is out of range [0, 1]" -- "$PS" knockout --model "$R" --layers 9
+expect knockout-target 1 "--target kv: expected raw, compressed or both" -- "$PS" knockout --model "$R" --target kv
+expect gatecycle-help 0 "usage: phasescope gatecycle" -- "$B/gatecycle" --help
+expect gatecycle-ok 0 "accuracy curve shifts by" -- "$B/gatecycle" --model "$R" --layer 1 --shift 2 --n 8 --out "$T/o" --save "$T/cyc"
+expect gatecycle-saved 0 "parameters" -- "$PS" info --model "$T/cyc"
+expect gatecycle-layer 1 "--layer 9: out of range (the model has 2 layers, 0..1)" -- "$PS" gatecycle --model "$R" --layer 9 --shift 2
+expect gatecycle-head 1 "--head 5: out of range (the model has 2 KV heads, 0..1)" -- "$PS" gatecycle --model "$R" --layer 0 --shift 2 --head 5
+expect gatecycle-noshift 1 "--shift is required" -- "$PS" gatecycle --model "$R" --layer 0
+expect gates-help 0 "usage: phasescope gates" -- "$B/gates" --help
+expect gates-ok 0 "label" -- "$PS" gates --model "$R" --n 8 --log "$R/train.jsonl" --out "$T/o"
+expect gates-json 0 '"concentrated_at_step"' -- cat "$T/o/gates.json"
+expect gates-badlog 1 "--log: $T/tok.json: no gate records" -- "$PS" gates --model "$R" --n 8 --log "$T/tok.json" --out "$T/o"
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
