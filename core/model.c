@@ -147,14 +147,16 @@ const ps_param_info *ps_model_find(const ps_model *m, const char *name) {
     return NULL;
 }
 
-void ps_model_init(ps_model *m, uint64_t seed) {
+void ps_model_init(ps_model *m, uint64_t seed) { ps_model_init_std(m, seed, 0.02); }
+
+void ps_model_init_std(ps_model *m, uint64_t seed, double base_std) {
     ps_rng r;
     ps_rng_seed(&r, seed);
-    double out_std = 0.02 / sqrt(2.0 * (double)m->cfg.n_layers);
+    double out_std = base_std / sqrt(2.0 * (double)m->cfg.n_layers);
     for (int i = 0; i < m->n_tensors; i++) {
         const ps_param_info *p = &m->table[i];
         float *w = m->params + p->offset;
-        double std = 0.02;
+        double std = base_std;
         switch (p->kind) {
         case PS_P_IN_NORM: case PS_P_POST_NORM: case PS_P_FINAL_NORM: case PS_P_QNORM: case PS_P_KNORM:
             for (int64_t j = 0; j < p->numel; j++) w[j] = 1.0f;

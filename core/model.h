@@ -70,6 +70,8 @@ const ps_param_info *ps_model_find(const ps_model *m, const char *name);
 /* Initialise: norms = 1, gates = 0, embedding N(0, 0.02), projections N(0, 0.02), output
  * projections (o_proj, down_proj) N(0, 0.02/sqrt(2L)), payloads N(0, 0.02) like k/v_proj. */
 void ps_model_init(ps_model *m, uint64_t seed);
+/* The same with another base standard deviation (0.02 above). */
+void ps_model_init_std(ps_model *m, uint64_t seed, double std);
 
 /* Load DIR/config.json and DIR/model.safetensors. Errors name the file and the tensor. */
 int ps_model_load(ps_model *m, const char *dir, ps_error *err);

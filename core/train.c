@@ -23,7 +23,7 @@ static const char *const TRAIN_KEYS[] = {"steps",       "batch_size",   "seed", 
                                          "min_lr_frac", "warmup_steps", "beta1",        "beta2",
                                          "eps",         "weight_decay", "grad_clip",    "gate_lr_mult",
                                          "gate_weight_decay", "log_every", "eval_every", "eval_size",
-                                         "gates_every", "checkpoint_every"};
+                                         "gates_every", "checkpoint_every", "init_std"};
 #define N_TRAIN_KEYS (int)(sizeof TRAIN_KEYS / sizeof TRAIN_KEYS[0])
 
 void ps_train_cfg_free(ps_train_cfg *c) {
@@ -42,14 +42,15 @@ static int parse_train(json_t *o, const char *src, ps_train_cfg *c, ps_error *er
             return ps_fail(err,
                            "%s: unknown key \"train.%s\" (valid: steps, batch_size, seed, lr, min_lr_frac, warmup_steps, "
                            "beta1, beta2, eps, weight_decay, grad_clip, gate_lr_mult, gate_weight_decay, log_every, "
-                           "eval_every, eval_size, gates_every, checkpoint_every)",
+                           "eval_every, eval_size, gates_every, checkpoint_every, init_std)",
                            src, k);
         int64_t *ints[N_TRAIN_KEYS] = {&c->steps, &c->batch_size, NULL, NULL, NULL, &c->opt.warmup_steps, NULL, NULL, NULL,
                                        NULL, NULL, NULL, NULL, &c->log_every, &c->eval_every, &c->eval_size,
-                                       &c->gates_every, &c->checkpoint_every};
+                                       &c->gates_every, &c->checkpoint_every, NULL};
         double *reals[N_TRAIN_KEYS] = {NULL, NULL, NULL, &c->opt.lr, &c->opt.min_lr_frac, NULL, &c->opt.beta1,
                                        &c->opt.beta2, &c->opt.eps, &c->opt.weight_decay, &c->opt.grad_clip,
-                                       &c->opt.gate_lr_mult, &c->opt.gate_weight_decay, NULL, NULL, NULL, NULL, NULL};
+                                       &c->opt.gate_lr_mult, &c->opt.gate_weight_decay, NULL, NULL, NULL, NULL, NULL,
+                                       &c->init_std};
         if (!strcmp(k, "seed")) {
             if (!json_is_integer(v) || json_integer_value(v) < 0)
                 return ps_fail(err, "%s: key \"train.seed\" must be a non-negative integer", src);
@@ -74,7 +75,7 @@ static int parse_train(json_t *o, const char *src, ps_train_cfg *c, ps_error *er
         {"lr", c->opt.lr, 0, 10},          {"min_lr_frac", c->opt.min_lr_frac, 0, 1}, {"beta1", c->opt.beta1, 0, 0.999999},
         {"beta2", c->opt.beta2, 0, 0.999999999}, {"eps", c->opt.eps, 0, 1},        {"weight_decay", c->opt.weight_decay, 0, 10},
         {"grad_clip", c->opt.grad_clip, 0, 1e9}, {"gate_lr_mult", c->opt.gate_lr_mult, 0, 1e6},
-        {"gate_weight_decay", c->opt.gate_weight_decay, 0, 10}};
+        {"gate_weight_decay", c->opt.gate_weight_decay, 0, 10}, {"init_std", c->init_std, 1e-6, 10}};
     for (size_t i = 0; i < sizeof rv / sizeof rv[0]; i++)
         if (!(rv[i].v >= rv[i].lo && rv[i].v <= rv[i].hi) || (rv[i].lo == 0 && !strcmp(rv[i].n, "lr") && rv[i].v == 0))
             return ps_fail(err, "%s: key \"train.%s\" is %g, outside [%g, %g]", src, rv[i].n, rv[i].v, rv[i].lo, rv[i].hi);
@@ -91,6 +92,7 @@ int ps_train_cfg_parse(const char *text, size_t len, const char *src, ps_train_c
     c->eval_size = 256;
     c->gates_every = 100;
     c->checkpoint_every = 200;
+    c->init_std = 0.02;
     json_error_t je;
     json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
     if (!root) return ps_fail(err, "%s: not valid JSON (line %d: %s)", src, je.line, je.text);
@@ -152,6 +154,7 @@ int ps_train_cfg_parse(const char *text, size_t len, const char *src, ps_train_c
     json_object_set_new(tr, "eval_size", json_integer(c->eval_size));
     json_object_set_new(tr, "gates_every", json_integer(c->gates_every));
     json_object_set_new(tr, "checkpoint_every", json_integer(c->checkpoint_every));
+    json_object_set_new(tr, "init_std", json_real(c->init_std));
     json_object_set_new(canon, "train", tr);
     c->canonical = json_dumps(canon, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
     json_decref(canon);
@@ -395,7 +398,7 @@ int ps_train(const ps_train_cfg *c, const char *dir, int resume, int64_t stop_af
         if (truncate_log(logpath, start, err)) goto done;
     } else {
         if (ps_model_create(&s.m, &c->model, err)) return -1;
-        ps_model_init(&s.m, c->seed);
+        ps_model_init_std(&s.m, c->seed, c->init_std);
         s.m1 = calloc((size_t)s.m.n_params, sizeof(float));
         s.m2 = calloc((size_t)s.m.n_params, sizeof(float));
         if (!s.m1 || !s.m2) {

@@ -22,6 +22,7 @@ typedef struct {
     ps_optim_cfg opt;
     int64_t batch_size, steps;
     uint64_t seed;
+    double init_std; /* base standard deviation of the initial weights (docs/training.md) */
     int64_t log_every, eval_every, eval_size, gates_every, checkpoint_every;
     char *canonical; /* the whole config as canonical JSON (stored in the checkpoint) */
 } ps_train_cfg;

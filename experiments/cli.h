@@ -47,5 +47,6 @@ int ps_cmd_sweep(int argc, char **argv);
 int ps_cmd_knockout(int argc, char **argv);
 int ps_cmd_gatecycle(int argc, char **argv);
 int ps_cmd_gates(int argc, char **argv);
+int ps_cmd_render(int argc, char **argv);
 
 #endif

@@ -3,6 +3,8 @@
 #include <string.h>
 
 #include "cli.h"
+#include "fileio.h"
+#include "figures.h"
 #include "progress.h"
 #include "train.h"
 
@@ -64,6 +66,10 @@ int ps_cmd_train(int argc, char **argv) {
         goto done;
     }
     ps_progress_end(&ui.bar);
+    char logp[4200];
+    if (ps_path_join(logp, sizeof logp, flags[1].value, "train.jsonl", &err)) goto done;
+    const char *paths[1] = {logp};
+    if (ps_render(paths, 1, flags[1].value, NULL, 1, &err)) goto done;
     printf("run in %s\n", flags[1].value);
     rc = 0;
 done:

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "fileio.h"
+#include "figures.h"
 
 int ps_instr_setup(ps_instr *in, const char *command, int argc, char **argv, ps_flag *flags, int need_task,
                    ps_error *err) {
@@ -66,6 +67,9 @@ json_t *ps_instr_provenance(const ps_instr *in, const char *mode) {
     json_object_set_new(o, "version", json_string(PS_VERSION));
     const char *ms = ps_model_get_meta(&in->m, "phasescope.step");
     if (ms) json_object_set_new(o, "model_step", json_integer(strtoll(ms, NULL, 10)));
+    char *cj = ps_config_to_json(&in->m.cfg);
+    json_object_set_new(o, "config", json_loads(cj, 0, NULL));
+    free(cj);
     if (in->base.B) json_object_set_new(o, "task", ps_task_to_json(&in->task));
     json_object_set_new(ev, "n_prompts", json_integer(in->n_prompts));
     json_object_set_new(ev, "period", json_integer(in->P));
@@ -92,8 +96,11 @@ int ps_instr_write(const ps_instr *in, const char *name, json_t *result, ps_erro
     if (!text) return ps_fail(err, "%s: cannot serialise the result", path);
     int rc = ps_write_file_atomic(path, text, strlen(text), err);
     free(text);
-    if (!rc) printf("wrote %s\n", path);
-    return rc;
+    if (rc) return -1;
+    printf("wrote %s\n", path);
+    /* the figures are drawn from the file just written, exactly as `phasescope render` would */
+    const char *paths[1] = {path};
+    return ps_render(paths, 1, dir, NULL, 1, err);
 }
 
 void ps_instr_progress(int64_t done, int64_t total, void *user) {

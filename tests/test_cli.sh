@@ -69,6 +69,12 @@ expect sweep-help 0 "usage: phasescope sweep" -- "$B/sweep" --help
 expect sweep-ok 0 "chi-square p" -- "$PS" sweep --model "$R" --n 16 --out "$T/o"
 expect sweep-json 0 '"gap_pp"' -- cat "$T/o/sweep.json"
 expect sweep-provenance 0 '"config_hash"' -- cat "$T/o/sweep.json"
+expect sweep-png 0 "" -- test -s "$T/o/phase_curve.png"
+expect render-same 0 "wrote" -- "$PS" render "$T/o/sweep.json" --out "$T/re"
+expect render-pixels 0 "" -- cmp "$T/o/phase_curve.png" "$T/re/phase_curve.png"
+expect render-svg 0 "phase_curve.svg" -- "$B/render" "$T/o/sweep.json" --out "$T/re" --format svg
+expect render-badfmt 1 "--format gif: expected pdf or svg" -- "$PS" render "$T/o/sweep.json" --format gif
+expect render-none 1 "no result file given" -- "$PS" render
 expect sweep-move 0 "mean accuracy" -- "$PS" sweep --model "$R" --n 8 --mode move --family random --out "$T/o"
 expect sweep-badmode 1 "--mode slide: expected pad or move" -- "$PS" sweep --model "$R" --mode slide
 expect sweep-period0 1 "--period 0: must be in [1, 4096]" -- "$PS" sweep --model "$R" --period 0
@@ -77,6 +83,8 @@ expect sweep-family 1 "--family nope: unknown filler family (families: repeat, c
 expect sweep-notask 1 "has no task layout" -- "$PS" sweep --model "$M" --n 4 --out "$T/o"
 expect knockout-help 0 "usage: phasescope knockout" -- "$B/knockout" --help
 expect knockout-ok 0 "largest mean NLL increases" -- "$PS" knockout --model "$R" --n 8 --layers 1 --heads 0-1 --out "$T/o"
+expect knockout-png 0 "" -- test -s "$T/o/knockout_heatmap.png"
+expect knockout-acc 0 "knockout_heatmap_acc.png" -- "$PS" render "$T/o/knockout.json" --measure acc --out "$T/re"
 expect knockout-json 0 '"delta_nll"' -- cat "$T/o/knockout.json"
 expect knockout-layer 1 "--layers 9: 9 is out of range [0, 1]" -- "$PS" knockout --model "$R" --layers 9
 expect knockout-target 1 "--target kv: expected raw, compressed or both" -- "$PS" knockout --model "$R" --target kv
@@ -88,6 +96,8 @@ expect gatecycle-head 1 "--head 5: out of range (the model has 2 KV heads, 0..1)
 expect gatecycle-noshift 1 "--shift is required" -- "$PS" gatecycle --model "$R" --layer 0
 expect gates-help 0 "usage: phasescope gates" -- "$B/gates" --help
 expect gates-ok 0 "label" -- "$PS" gates --model "$R" --n 8 --log "$R/train.jsonl" --out "$T/o"
+expect gates-png 0 "" -- test -s "$T/o/gate_concentration.png"
+expect train-png 0 "" -- test -s "$R/training.png"
 expect gates-json 0 '"concentrated_at_step"' -- cat "$T/o/gates.json"
 expect gates-badlog 1 "--log: $T/tok.json: no gate records" -- "$PS" gates --model "$R" --n 8 --log "$T/tok.json" --out "$T/o"
 echo "$pass passed, $fail failed"

@@ -1,0 +1,59 @@
+/* draw.h — figure plumbing on cairo: a figure (PNG through libpng with provenance text chunks, or PDF /
+ * SVG through cairo), colour maps (viridis for magnitudes, ColorBrewer RdBu for signed changes), text,
+ * heatmaps with thinned tick labels, colour bars, and line-plot axes. Coordinates are pixels (points in
+ * the vector formats). */
+#ifndef PS_DRAW_H
+#define PS_DRAW_H
+
+#include <cairo.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "error.h"
+
+typedef enum { PS_FMT_PNG = 0, PS_FMT_PDF, PS_FMT_SVG } ps_fig_format;
+
+typedef struct {
+    cairo_surface_t *surface;
+    cairo_t *cr;
+    double w, h;
+    ps_fig_format format;
+    char path[4096], tmp[4200];
+} ps_fig;
+
+/* Start a figure of w × h pixels at `path` (its extension should match the format). White background. */
+int ps_fig_begin(ps_fig *f, double w, double h, ps_fig_format fmt, const char *path, ps_error *err);
+/* Finish: PNG is written with libpng with tEXt chunks keys[i] = vals[i]; everything atomically. */
+int ps_fig_end(ps_fig *f, const char *const *keys, const char *const *vals, int n_text, ps_error *err);
+void ps_fig_abort(ps_fig *f);
+
+typedef struct {
+    double r, g, b;
+} ps_rgb;
+
+ps_rgb ps_viridis(double t);   /* t in [0, 1] */
+ps_rgb ps_diverging(double t); /* t in [0, 1], 0.5 = white; blue below, red above */
+
+/* Text with its anchor: ax, ay in {0 = left/top, 0.5 = centre, 1 = right/bottom}; angle in radians. */
+void ps_text(cairo_t *cr, double x, double y, const char *s, double size, double ax, double ay, double angle, int bold);
+double ps_text_width(cairo_t *cr, const char *s, double size, int bold);
+
+/* Every k-th label so labels of `label_w` never overlap cells of `cell` pixels (k >= 1). */
+int ps_tick_step(double cell, double label_w);
+
+/* A heatmap of rows × cols values in the rectangle (x, y, w, h); colour(v) maps a value to a colour. NaN
+ * cells are drawn grey. */
+void ps_heatmap(cairo_t *cr, double x, double y, double w, double h, const double *v, int rows, int cols,
+                ps_rgb (*cmap)(double), double vmin, double vmax);
+
+/* A vertical colour bar at (x, y, w, h) with ticks and a label (units). */
+void ps_colorbar(cairo_t *cr, double x, double y, double w, double h, ps_rgb (*cmap)(double), double vmin, double vmax,
+                 const char *label);
+
+/* "Nice" tick values covering [lo, hi]: fills ticks (at most max), returns the count. */
+int ps_nice_ticks(double lo, double hi, int target, double *ticks, int max);
+
+/* Format a tick value compactly. */
+void ps_fmt_num(char *buf, size_t n, double v);
+
+#endif
