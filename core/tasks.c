@@ -180,7 +180,7 @@ static void gen_kv(const ps_task *t, ps_rng *r, int32_t *tok, int32_t *tgt, ps_q
         tok[pos++] = PS_MARKER;
         memcpy(tok + pos, keys + p * kl, (size_t)kl * sizeof(int32_t));
         pos += kl;
-        q[i] = (ps_query){.key_pos = kpos[p], .answer_pos = pos - 1, .answer_len = vl};
+        q[i] = (ps_query){.key_pos = kpos[p], .answer_pos = pos - 1, .answer_len = vl, .answer_src = pos};
         memcpy(tok + pos, vals + p * vl, (size_t)vl * sizeof(int32_t));
         for (int64_t k = 0; k < vl; k++) tgt[pos - 1 + k] = vals[p * vl + k];
         pos += vl;
@@ -210,7 +210,7 @@ static void gen_bigram(const ps_task *t, ps_rng *r, int32_t *tok, int32_t *tgt, 
         int64_t p = ctx0 + perm[i];
         tok[pos] = tok[p];
         tgt[pos] = tok[p + 1];
-        q[i] = (ps_query){.key_pos = p, .answer_pos = pos, .answer_len = 1};
+        q[i] = (ps_query){.key_pos = p, .answer_pos = pos, .answer_len = 1, .answer_src = p + 1};
         pos++;
     }
     *nq = t->n_queries;
@@ -226,8 +226,13 @@ void ps_task_generate(const ps_task *t, uint64_t seed, ps_batch *b) {
         for (int64_t i = 0; i < b->T; i++) tgt[i] = -1;
         if (t->kind == PS_TASK_KV) gen_kv(t, &r, tok, tgt, b->queries + s * b->max_q, &b->n_q[s]);
         else gen_bigram(t, &r, tok, tgt, b->queries + s * b->max_q, &b->n_q[s]);
-        if (t->loss_all)
+        if (t->loss_all) { /* next-token targets everywhere, answers where a query asks */
             for (int64_t i = 0; i + 1 < b->T; i++) tgt[i] = tok[i + 1];
+            for (int64_t qi = 0; qi < b->n_q[s]; qi++) {
+                const ps_query *q = &b->queries[s * b->max_q + qi];
+                for (int64_t k = 0; k < q->answer_len; k++) tgt[q->answer_pos + k] = tok[q->answer_src + k];
+            }
+        }
     }
 }
 
@@ -240,7 +245,7 @@ void ps_score_queries(const ps_batch *b, const float *logits, int64_t V, int *co
             for (int64_t k = 0; k < q->answer_len; k++) {
                 int64_t t = q->answer_pos + k;
                 const float *x = logits + (s * b->T + t) * V;
-                int32_t y = b->tokens[s * b->T + t + 1];
+                int32_t y = b->tokens[s * b->T + q->answer_src + k];
                 float mx = x[0];
                 int64_t arg = 0;
                 for (int64_t i = 1; i < V; i++)

@@ -45,6 +45,8 @@ typedef struct {
                            bigram: position of the earlier occurrence of the query token */
     int64_t answer_pos; /* position whose next-token prediction is the first answer token */
     int64_t answer_len; /* answer tokens (value_len, or 1) */
+    int64_t answer_src; /* where the answer tokens stand in the sequence: kv: answer_pos + 1 (the teacher-
+                           forced value); bigram: key_pos + 1 (the successor in the context) */
 } ps_query;
 
 typedef struct {
@@ -67,8 +69,8 @@ void ps_batch_free(ps_batch *b);
 /* Fill b (allocated for B sequences of t->seq_len tokens) deterministically from seed. */
 void ps_task_generate(const ps_task *t, uint64_t seed, ps_batch *b);
 
-/* Score queries against logits [B, T, V] (teacher-forced): correct[q] = every answer token is the top-1
- * over the full vocabulary; logprob[q] = sum of the answer tokens' log-probabilities. Arrays are
+/* Score queries against logits [B, T, V] (teacher-forced): the answer of a query is
+ * tokens[answer_src .. + answer_len); correct[q] = every answer token is the top-1 over the full vocabulary; logprob[q] = sum of the answer tokens' log-probabilities. Arrays are
  * [B, max_q]. */
 void ps_score_queries(const ps_batch *b, const float *logits, int64_t V, int *correct, double *logprob);
 

@@ -150,6 +150,7 @@ int ps_make_shifted(const ps_batch *base, const ps_task *task, const ps_filler_f
                 ps_query qq = base->queries[i * base->max_q + q];
                 qq.key_pos += p;
                 qq.answer_pos += p;
+                qq.answer_src += p;
                 out->b.queries[i * base->max_q + q] = qq;
                 out->residue[i * base->max_q + q] = qq.key_pos % P;
             }
@@ -168,8 +169,12 @@ int ps_make_shifted(const ps_batch *base, const ps_task *task, const ps_filler_f
             memcpy(dst + w, src + kp + pair_len, (size_t)(T - kp - pair_len) * sizeof(int32_t));
             for (int64_t q = 0; q < base->n_q[i]; q++) {
                 ps_query qq = base->queries[i * base->max_q + q];
-                qq.key_pos = qq.key_pos < kp ? qq.key_pos : qq.key_pos == kp ? kp + p : qq.key_pos + P - 1;
+                /* a position before the pair stays, inside the pair moves by p, after it by P-1 */
+#define MOVED(x) ((x) < kp ? (x) : (x) < kp + pair_len ? (x) + p : (x) + P - 1)
+                qq.key_pos = MOVED(qq.key_pos);
+                qq.answer_src = MOVED(qq.answer_src);
                 qq.answer_pos += P - 1; /* queries follow the context */
+#undef MOVED
                 out->b.queries[i * base->max_q + q] = qq;
                 out->residue[i * base->max_q + q] = q == 0 ? qq.key_pos % P : -1;
             }
@@ -177,8 +182,7 @@ int ps_make_shifted(const ps_batch *base, const ps_task *task, const ps_filler_f
         /* answer targets (for the loss-free scorer they only document the answers) */
         for (int64_t q = 0; q < out->b.n_q[i]; q++) {
             const ps_query *qq = &out->b.queries[i * base->max_q + q];
-            for (int64_t k = 0; k < qq->answer_len; k++)
-                out->b.targets[i * Tp + qq->answer_pos + k] = dst[qq->answer_pos + k + 1];
+            for (int64_t k = 0; k < qq->answer_len; k++) out->b.targets[i * Tp + qq->answer_pos + k] = dst[qq->answer_src + k];
         }
     }
     return 0;

@@ -66,7 +66,7 @@ static void test_residues(void) {
     int32_t tok[13] = {0, F, F, K1, V1, F, K2, V2, F, F, PS_MARKER, K2, V2};
     memcpy(b.tokens, tok, sizeof tok);
     b.n_q[0] = 1;
-    b.queries[0] = (ps_query){.key_pos = 6, .answer_pos = 11, .answer_len = 1};
+    b.queries[0] = (ps_query){.key_pos = 6, .answer_pos = 11, .answer_len = 1, .answer_src = 12};
     ps_filler_family fam = repeat_family();
     ps_shifted s;
     /* pad: p = 3 fillers after BOS; t_K = 9; residue 9 mod 4 = 1 */
@@ -81,8 +81,9 @@ static void test_residues(void) {
     CHECK_OK(ps_make_shifted(&b, &t, &fam, PS_SWEEP_MOVE, 4, 1, 0, 64, &s, &err), &err);
     int32_t want_move[16] = {0, F, F, K1, V1, F, F, K2, V2, F, F, F, F, PS_MARKER, K2, V2};
     CHECK(s.b.T == 16 && !memcmp(s.b.tokens, want_move, sizeof want_move), "move tokens");
-    CHECK(s.b.queries[0].key_pos == 7 && s.b.queries[0].answer_pos == 14 && s.residue[0] == 3, "move: key %lld rho %lld",
-          (long long)s.b.queries[0].key_pos, (long long)s.residue[0]);
+    CHECK(s.b.queries[0].key_pos == 7 && s.b.queries[0].answer_pos == 14 && s.b.queries[0].answer_src == 15 &&
+              s.residue[0] == 3 && s.b.targets[14] == V2,
+          "move: key %lld rho %lld", (long long)s.b.queries[0].key_pos, (long long)s.residue[0]);
     ps_shifted_free(&s);
     /* every residue is visited once per query over p = 0..P-1 */
     int seen[4] = {0};

@@ -49,7 +49,7 @@ static void test_kv_generator(void) {
             const ps_query *qq = &a.queries[s * 3 + q];
             int64_t k = qq->key_pos, ap = qq->answer_pos;
             /* the query repeats the key at key_pos; the answer is the value that followed it */
-            if (tok[ap - 2] != PS_MARKER || tok[ap - 1] != tok[k] || tok[ap] != tok[k + 1]) bad++;
+            if (tok[ap - 2] != PS_MARKER || tok[ap - 1] != tok[k] || tok[ap] != tok[k + 1] || qq->answer_src != ap + 1) bad++;
             for (int v = 0; v < 2; v++) {
                 if (tok[ap + 1 + v] != tok[k + 2 + v]) bad++;
                 if (tg[ap + v] != tok[ap + 1 + v]) bad++;
@@ -103,7 +103,9 @@ static void test_bigram_generator(void) {
         int seen_t[64] = {0};
         for (int q = 0; q < 6; q++) {
             const ps_query *qq = &a.queries[s * 6 + q];
-            if (tok[qq->answer_pos] != tok[qq->key_pos] || tg[qq->answer_pos] != tok[qq->key_pos + 1]) bad++;
+            if (tok[qq->answer_pos] != tok[qq->key_pos] || tg[qq->answer_pos] != tok[qq->key_pos + 1] ||
+                qq->answer_src != qq->key_pos + 1)
+                bad++;
             if (seen_t[tg[qq->answer_pos]]++) bad++; /* distinct targets */
             int occ = 0;
             for (int i = 0; i < qq->answer_pos; i++) occ += tok[i] == tok[qq->answer_pos];
