@@ -1,9 +1,12 @@
 # Thin wrapper over CMake for the two README commands:
 #   make demo   — set up, build, run the main job
-#   make test   — set up, build, run the test suite (plain build, then ASan + UBSan)
+#   make test   — set up, build, run the test suite (plain build, then ASan + UBSan), then the fuzzers
 JOBS ?= $(shell nproc)
 
-.PHONY: all setup build build-asan demo test test-fast test-asan bench clean
+FUZZ_SECONDS ?= 40
+FUZZ_TARGETS = safetensors config train_config render
+
+.PHONY: all setup build build-asan build-fuzz demo test test-fast test-asan fuzz bench clean
 
 all: build
 
@@ -29,7 +32,25 @@ test-asan: build-asan
 		LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp:print_suppressions=0 \
 		ctest --output-on-failure -j 2
 
-test: test-fast test-asan
+build-fuzz: setup
+	@CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DPS_SANITIZE=ON -DPS_FUZZ=ON >/dev/null
+	@cmake --build build-fuzz -j $(JOBS) -- --no-print-directory -s
+
+# Each target runs for FUZZ_SECONDS on the sanitizer build; new inputs go to a scratch corpus, a crash
+# fails (keep its input under tests/fuzz/regressions/TARGET/ once fixed).
+fuzz: build-fuzz
+	@for t in $(FUZZ_TARGETS); do \
+		rm -rf build-fuzz/corpus-$$t && mkdir -p build-fuzz/corpus-$$t build-fuzz/crashes && \
+		echo "fuzzing $$t for $(FUZZ_SECONDS) s"; \
+		ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp:print_suppressions=0 \
+		./build-fuzz/tests/fuzz/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -timeout=20 -rss_limit_mb=4096 \
+			-artifact_prefix=build-fuzz/crashes/$$t- -print_final_stats=1 \
+			build-fuzz/corpus-$$t tests/fuzz/corpus/$$t tests/fuzz/regressions/$$t > build-fuzz/fuzz-$$t.log 2>&1; \
+		rc=$$?; tail -n 5 build-fuzz/fuzz-$$t.log; \
+		if [ $$rc -ne 0 ]; then echo "fuzz target $$t failed (exit $$rc); inputs in build-fuzz/crashes/"; exit 1; fi; \
+	done
+
+test: test-fast test-asan fuzz
 
 bench: build
 	@./build/bench/bench_forward
@@ -37,4 +58,4 @@ bench: build
 	@./build/bench/bench_knockout
 
 clean:
-	rm -rf build build-asan
+	rm -rf build build-asan build-fuzz

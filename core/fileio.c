@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <dirent.h>
 #include <unistd.h>
 
 int ps_read_file(const char *path, size_t max_bytes, char **data, size_t *len, ps_error *err) {
@@ -143,4 +144,32 @@ int ps_mkdir(const char *path, ps_error *err) {
         return ps_fail(err, "%s: exists and is not a directory", path);
     }
     return ps_fail(err, "%s: cannot create directory: %s", path, strerror(errno));
+}
+
+uint64_t ps_mem_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (f) {
+        char line[256];
+        unsigned long long kb;
+        while (fgets(line, sizeof line, f))
+            if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) {
+                fclose(f);
+                return (uint64_t)kb * 1024;
+            }
+        fclose(f);
+    }
+    long pages = sysconf(_SC_AVPHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    return pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz : 0;
+}
+
+void ps_clean_temp_files(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    for (struct dirent *e; (e = readdir(d));) {
+        const char *t = strstr(e->d_name, ".tmp");
+        if (!t || e->d_name[0] == '.') continue;
+        char path[4200];
+        if (ps_path_join(path, sizeof path, dir, e->d_name, NULL) == 0) unlink(path);
+    }
+    closedir(d);
 }

@@ -31,6 +31,12 @@ int ps_write_file_atomic(const char *path, const void *data, size_t len, ps_erro
 /* Join dir and name with one '/' into out (size n). Fails if it does not fit. */
 int ps_path_join(char *out, size_t n, const char *dir, const char *name, ps_error *err);
 
+/* Bytes of memory available to this process now (MemAvailable, or free pages); 0 if unknown. */
+uint64_t ps_mem_available(void);
+
+/* Remove temporary files (NAME.tmp*) that a killed writer left in dir. */
+void ps_clean_temp_files(const char *dir);
+
 /* mkdir -p for one directory level (existing directory is fine). */
 int ps_mkdir(const char *path, ps_error *err);
 

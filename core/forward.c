@@ -1,5 +1,7 @@
 #include "forward.h"
 
+#include "fileio.h"
+
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -93,6 +95,10 @@ int ps_acts_create(ps_acts *a, const ps_config *cfg, int64_t B, int64_t T, bool 
     if (tot * 4 > 256e9)
         return ps_fail(err, "activations for B=%lld, T=%lld would need %.1f GB; refusing", (long long)B, (long long)T,
                        tot * 4 / 1e9);
+    uint64_t avail = ps_mem_available();
+    if (avail && tot * 4 > (double)avail)
+        return ps_fail(err, "activations for B=%lld, T=%lld need %.2f GiB but only %.2f GiB of memory is available", (long long)B,
+                       (long long)T, tot * 4 / 1073741824.0, (double)avail / 1073741824.0);
     a->n_floats = (int64_t)tot;
     a->buf = malloc((size_t)(a->n_floats ? a->n_floats : 1) * sizeof(float));
     if (!a->buf)

@@ -88,6 +88,13 @@ int ps_model_create(ps_model *m, const ps_config *cfg, ps_error *err) {
     }
     add(m, PS_P_FINAL_NORM, -1, 1, d, 0, 0);
     if (!c->tie_embeddings) add(m, PS_P_LM_HEAD, -1, 2, c->vocab_size, d, 0);
+    uint64_t avail = ps_mem_available();
+    if (avail && (double)m->n_params * 4.0 > (double)avail) {
+        int64_t n = m->n_params;
+        ps_model_free(m);
+        return ps_fail(err, "the model's %lld parameters need %.2f GiB but only %.2f GiB of memory is available", (long long)n,
+                       (double)n * 4.0 / 1073741824.0, (double)avail / 1073741824.0);
+    }
     m->params = calloc((size_t)m->n_params, sizeof(float));
     if (!m->params) {
         int64_t n = m->n_params;

@@ -389,6 +389,7 @@ int ps_train(const ps_train_cfg *c, const char *dir, int resume, int64_t stop_af
     if (ps_mkdir(dir, err) || ps_path_join(logpath, sizeof logpath, dir, "train.jsonl", err) ||
         ps_path_join(mpath, sizeof mpath, dir, "model.safetensors", err))
         return -1;
+    ps_clean_temp_files(dir); /* what a killed checkpoint write left behind */
     if (resume) {
         if (access(mpath, F_OK) != 0) return ps_fail(err, "--resume: %s holds no checkpoint to resume", dir);
     } else if (access(mpath, F_OK) == 0)

@@ -1,6 +1,7 @@
 /* main.c — the `phasescope` program: dispatches to a subcommand, either as `phasescope CMD ...` or
  * when installed under the subcommand's own name (`forward ...`). */
 #include <libgen.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -33,6 +34,8 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
+    /* a file-size limit (ulimit -f) makes writes fail with EFBIG, reported as an error, instead of a kill */
+    signal(SIGXFSZ, SIG_IGN);
     char self[4096];
     snprintf(self, sizeof self, "%s", argv[0]);
     const char *base = basename(self);

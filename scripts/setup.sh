@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages phasescope needs (or, when not root, prints the exact apt-get line).
 set -euo pipefail
-PKGS=(gcc make cmake pkg-config libopenblas-openmp-dev libjansson-dev libpng-dev libcairo2-dev fonts-dejavu-core)
+PKGS=(gcc make cmake pkg-config libopenblas-openmp-dev libjansson-dev libpng-dev libcairo2-dev fonts-dejavu-core clang libclang-rt-14-dev libomp-dev)
 missing=()
 for p in "${PKGS[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then missing+=("$p"); fi
