@@ -70,7 +70,10 @@ int ps_cmd_gatecycle(int argc, char **argv) {
     if (ps_instr_setup(&in, "gatecycle", argc, argv, flags, 1, &err)) goto done;
     /* validate the cycle first (bad layer/head/model fail before any sweep) on a scratch copy of nothing:
      * cycling by 0 checks every precondition and changes nothing */
-    if (ps_gate_cycle(&in.m, (int)layer, (int)head, branches, params, 0, &err)) goto done;
+    if (ps_gate_cycle(&in.m, (int)layer, (int)head, branches, params, 0, &err)) {
+        if (strncmp(err.msg, "--", 2)) ps_fail_prefix(&err, "--model %s: ", in.model_dir);
+        goto done;
+    }
     if (ps_sweep_run(&in.m, &in.base, &in.task, in.fam, PS_SWEEP_PAD, in.P, in.seed, in.batch, &before, ps_instr_progress,
                      &in, &err))
         goto done;

@@ -49,14 +49,18 @@ int ps_cmd_knockout(int argc, char **argv) {
     }
     if (flags[7].value) {
         if (ps_cli_int_list("--layers", flags[7].value, 0, c->n_layers - 1, layers, 4096, &nl, &err)) {
-            ps_fail_prefix(&err, "(the model has %lld layers) ", (long long)c->n_layers);
+            char m[PS_ERROR_MAX];
+            snprintf(m, sizeof m, "%s", err.msg);
+            ps_fail(&err, "%.900s (the model has %lld layers)", m, (long long)c->n_layers);
             goto done;
         }
     } else
         for (nl = 0; nl < c->n_layers; nl++) layers[nl] = nl;
     if (flags[8].value) {
         if (ps_cli_int_list("--heads", flags[8].value, 0, c->n_kv_heads - 1, heads, 4096, &nh, &err)) {
-            ps_fail_prefix(&err, "(the model has %lld KV heads) ", (long long)c->n_kv_heads);
+            char m[PS_ERROR_MAX];
+            snprintf(m, sizeof m, "%s", err.msg);
+            ps_fail(&err, "%.900s (the model has %lld KV heads)", m, (long long)c->n_kv_heads);
             goto done;
         }
     } else

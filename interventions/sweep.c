@@ -87,7 +87,7 @@ int ps_model_task(const ps_model *m, const char *dir, ps_task *t, ps_error *err)
     const char *js = ps_model_get_meta(m, "phasescope.task");
     if (!js)
         return ps_fail(err, "%s: the checkpoint has no task layout (phasescope.task in its metadata); models trained "
-                            "with `phasescope train` carry one",
+                            "with phasescope train carry one",
                        dir);
     json_error_t je;
     json_t *o = json_loads(js, 0, &je);

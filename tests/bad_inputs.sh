@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# bad_inputs.sh — the bad-input table of docs/bad-inputs.md, checked: every row's command is run and its
+# one-line error must equal the documented one (after the fixtures' paths are filled in).
+#   bad_inputs.sh BUILD_DIR SRC_DIR CONFORMANCE_DIR          check the table
+#   bad_inputs.sh BUILD_DIR SRC_DIR CONFORMANCE_DIR --print  print the rows as they run now
+set -u
+B=$(cd "$1" && pwd); SRC=$(cd "$2" && pwd); CONF=$(cd "$3" && pwd); MODE="${4:-check}"
+PS="$B/phasescope"
+T=$(mktemp -d /tmp/ps_bad.XXXXXX); trap 'rm -rf "$T"' EXIT
+# ---- fixtures ----
+echo '[[0, 1, 2, 3]]' > "$T/tok.json"
+python_free_long=$(printf '[[0'; for i in $(seq 1 60); do printf ', 1'; done; printf ']]'); echo "$python_free_long" > "$T/long.json"
+sed 's/"steps": 400/"steps": 10/' "$SRC/experiments/configs/tiny_kv_w4s4.json" > "$T/tiny.json"
+"$PS" train --config "$T/tiny.json" --out "$T/run" > /dev/null 2>&1
+sed 's/"kind": "compressed", "window": 4, "stride": 4, "local_window": 4/"kind": "full"/' "$T/tiny.json" > "$T/tinyfull.json"
+"$PS" train --config "$T/tinyfull.json" --out "$T/fullrun" > /dev/null 2>&1
+sed 's/"train":/"trian":/' "$T/tiny.json" > "$T/badtrain.json"
+cp -r "$CONF/compressed_w8s8" "$T/trunc" && chmod -R u+w "$T/trunc" && head -c 100 "$CONF/compressed_w8s8/model.safetensors" > "$T/trunc/model.safetensors"
+cp -r "$CONF/compressed_w8s8" "$T/short" && chmod -R u+w "$T/short" && printf 'abc' > "$T/short/model.safetensors"
+cp -r "$CONF/compressed_w8s8" "$T/huge" && chmod -R u+w "$T/huge" && printf '\x00\x00\x00\x00\x00\x01\x00\x00{}' > "$T/huge/model.safetensors"
+cp -r "$CONF/compressed_w8s8" "$T/lie" && chmod -R u+w "$T/lie"
+hdr='{"model.embed_tokens.weight":{"dtype":"F32","shape":[50,24],"data_offsets":[0,4800000]}}'
+{ printf "$(printf '\\x%02x' ${#hdr} 0 0 0 0 0 0 0)"; printf '%s' "$hdr"; head -c 4800 /dev/zero; } > "$T/lie/model.safetensors"
+cp -r "$CONF/compressed_w8s8" "$T/shape" && chmod -R u+w "$T/shape" && sed -i 's/"d_ff": 40/"d_ff": 48/' "$T/shape/config.json"
+cp -r "$CONF/compressed_w8s8" "$T/nan" && chmod -R u+w "$T/nan"
+hl=$(od -An -t u8 -N8 "$T/nan/model.safetensors" | tr -d ' ')
+printf '\x00\x00\xc0\x7f' | dd of="$T/nan/model.safetensors" bs=1 seek=$((8 + hl)) conv=notrunc 2>/dev/null
+mkdir -p "$T/dirmodel" && mkdir "$T/dirmodel/model.safetensors" && cp "$CONF/compressed_w8s8/config.json" "$T/dirmodel/"
+cp -r "$CONF/compressed_w8s8" "$T/badcfg" && chmod -R u+w "$T/badcfg" && sed -i 's/"n_heads": 4/"n_heads": 3/' "$T/badcfg/config.json"
+# ---- the table ----
+pass=0; fail=0
+row() { # row "what" "command" "expected"
+  local what="$1" cmd="$2" want="$3" got
+  got=$(cd "$T" && eval "$cmd" 2>&1 >/dev/null | head -n 1)
+  got=${got//$T/\$T}; got=${got//$CONF/\$CONF}; got=${got//$B/\$B}
+  if [ "$MODE" = "--print" ]; then printf '| %s | `%s` | `%s` |\n' "$what" "$cmd" "$got"; return; fi
+  if [ "$got" = "$want" ]; then pass=$((pass+1)); else fail=$((fail+1)); printf 'FAIL %s\n  want: %s\n  got:  %s\n' "$what" "$want" "$got" >&2; fi
+}
+if [ "$MODE" = "--print" ]; then echo '| input | command | error |'; echo '|---|---|---|'; fi
+# rows are read from the documentation so that the table and the tests cannot drift apart
+while IFS= read -r line; do
+  case "$line" in '| '*' | `'*) ;; *) continue ;; esac
+  what=$(printf '%s' "$line" | sed -E 's/^\| ([^|]*) \| `.*$/\1/')
+  cmd=$(printf '%s' "$line" | sed -E 's/^\| [^|]* \| `([^`]*)` \| .*$/\1/')
+  want=$(printf '%s' "$line" | sed -E 's/^.*\| `([^`]*)` \|$/\1/')
+  row "$what" "$cmd" "$want"
+done < "$SRC/docs/bad-inputs.md"
+[ "$MODE" = "--print" ] && exit 0
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ] && [ "$pass" -ge 20 ]
