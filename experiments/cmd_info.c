@@ -6,6 +6,7 @@
 
 #include "cli.h"
 #include "forward.h"
+#include "fileio.h"
 #include "model.h"
 
 static const char HELP[] =
@@ -92,13 +93,20 @@ int ps_cmd_info(int argc, char **argv) {
     /* training: params + grads + 2 Adam moments, and every layer's activations (plus their gradients, bounded by the
      * same size again) */
     double train = pbytes * 4.0 + 2.0 * (double)ps_acts_size(c, B, c->max_seq_len, true, false) * 4.0;
-    char a[32], b[32], pb[32];
+    /* knockout grid: one batch's activations of every layer kept, plus the per-shift means of one target */
+    double grid = pbytes + (double)ps_acts_size(c, B, c->max_seq_len, true, false) * 4.0 +
+                  (double)c->n_layers * (double)c->max_seq_len * (double)(c->n_kv_heads * c->head_dim) * 2.0 * 8.0;
+    char a[32], b[32], pb[32], kg[32], av[32];
     human(pb, sizeof pb, pbytes);
     human(a, sizeof a, fwd);
     human(b, sizeof b, train);
-    printf("\nmemory (batch %lld, T = max_seq_len = %lld)\n  weights               %s\n  forward pass          %s\n"
-           "  training step         %s (estimate: weights, gradients, AdamW moments, activations and their gradients)\n",
-           (long long)B, (long long)c->max_seq_len, pb, a, b);
+    human(kg, sizeof kg, grid);
+    human(av, sizeof av, (double)ps_mem_available());
+    printf("\nmemory (batch %lld, T = max_seq_len = %lld; %s available now)\n  weights               %s\n"
+           "  forward pass          %s\n"
+           "  training step         %s (weights, gradients, AdamW moments, activations and their gradients)\n"
+           "  knockout grid         %s (every layer's activations of one batch, and the means)\n",
+           (long long)B, (long long)c->max_seq_len, av, pb, a, b, kg);
     ps_model_free(&m);
     return 0;
 }
