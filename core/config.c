@@ -238,6 +238,16 @@ int ps_config_load(const char *path, ps_config *out, ps_error *err) {
     return rc;
 }
 
+/* The fewest significant digits (15..17) that print v so that it reads back exactly. */
+static int round_trip_digits(double v) {
+    for (int p = 15; p < 17; p++) {
+        char buf[64];
+        snprintf(buf, sizeof buf, "%.*g", p, v);
+        if (strtod(buf, NULL) == v) return p;
+    }
+    return 17;
+}
+
 char *ps_config_to_json(const ps_config *c) {
     json_t *o = json_object();
     json_object_set_new(o, "vocab_size", json_integer(c->vocab_size));
@@ -261,7 +271,8 @@ char *ps_config_to_json(const ps_config *c) {
     json_object_set_new(a, "gate", json_string(c->gate == PS_GATE_UNIFORM ? "uniform" : "learned"));
     json_object_set_new(a, "payload", json_string(c->payload == PS_PAYLOAD_SHARED ? "shared" : "per_offset"));
     json_object_set_new(o, "attention", a);
-    char *s = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(15));
+    int digits = round_trip_digits(c->rope_theta), d2 = round_trip_digits(c->rms_eps);
+    char *s = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(d2 > digits ? d2 : digits));
     json_decref(o);
     return s;
 }
