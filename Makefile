@@ -6,7 +6,7 @@ JOBS ?= $(shell nproc)
 FUZZ_SECONDS ?= 40
 FUZZ_TARGETS = safetensors config train_config render
 
-.PHONY: all setup build build-asan build-fuzz demo test test-fast test-asan fuzz bench clean
+.PHONY: all setup build build-asan build-fuzz demo retrain test test-fast test-asan fuzz bench clean
 
 all: build
 
@@ -23,6 +23,9 @@ build-asan: setup
 
 demo: build
 	@bash scripts/demo.sh
+
+retrain: build
+	@bash scripts/retrain_demo.sh
 
 test-fast: build
 	@cd build && ctest --output-on-failure -j 2

@@ -48,5 +48,7 @@ int ps_cmd_knockout(int argc, char **argv);
 int ps_cmd_gatecycle(int argc, char **argv);
 int ps_cmd_gates(int argc, char **argv);
 int ps_cmd_render(int argc, char **argv);
+int ps_cmd_table(int argc, char **argv);
+int ps_cmd_theory(int argc, char **argv);
 
 #endif

@@ -54,10 +54,14 @@ int ps_cmd_sweep(int argc, char **argv) {
     if (ps_instr_write(&in, "sweep.json", res, &err)) goto done;
     json_t *cs = json_object_get(curve, "chi_square"), *dp = json_object_get(curve, "dominant_period");
     double p = json_number_value(json_object_get(cs, "p_value"));
+    double gap = json_number_value(json_object_get(curve, "gap_pp"));
+    /* a verdict needs both a significant test and a gap worth the name */
+    const char *verdict = p >= 0.01 ? "no phase dependence detected"
+                          : gap >= 5 ? "phase sensitive"
+                                     : "a statistically detectable but small phase dependence (gap < 5 pp)";
     printf("mean accuracy %.3f, min %.3f, gap %.1f pp; chi-square p = %.3g: %s", json_number_value(json_object_get(curve, "mean_accuracy")),
-           json_number_value(json_object_get(curve, "min_accuracy")), json_number_value(json_object_get(curve, "gap_pp")), p,
-           p < 0.01 ? "phase sensitive" : "no phase dependence detected");
-    if (p < 0.01 && json_is_number(json_object_get(dp, "period")))
+           json_number_value(json_object_get(curve, "min_accuracy")), gap, p, verdict);
+    if (p < 0.01 && gap >= 5 && json_is_number(json_object_get(dp, "period")))
         printf(", dominant period %.4g", json_number_value(json_object_get(dp, "period")));
     printf("\n");
     rc = 0;

@@ -20,6 +20,8 @@ static const subcommand CMDS[] = {
     {"gatecycle", ps_cmd_gatecycle, "roll a layer's per-offset gate parameters; sweep before and after"},
     {"gates", ps_cmd_gates, "gate concentration: effective offsets per layer, KV head and branch"},
     {"render", ps_cmd_render, "redraw the figures of result files (PNG, and PDF/SVG)"},
+    {"theory", ps_cmd_theory, "the idealised bigram-induction model: gates converge to one offset"},
+    {"table", ps_cmd_table, "summary table (markdown) of several sweep results"},
     {"init", ps_cmd_init, "write a freshly initialised checkpoint for a config"},
     {"info", ps_cmd_info, "config, parameters, KV-cache bytes per token, memory estimates"},
     {"forward", ps_cmd_forward, "run token sequences; write logits and chosen hooks to safetensors"},

@@ -69,31 +69,33 @@ void ps_chi_square(const int64_t *k, const int64_t *n, int64_t R, double *chi2, 
 }
 
 double ps_dominant_period(const double *y, int64_t P, int64_t *k_out, double *power_frac) {
-    double mean = 0, total = 0, best = 0;
-    int64_t bk = 0;
+    double mean = 0, total = 0, best = 0, pw[2049];
+    int64_t K = P / 2 < 2048 ? P / 2 : 2048;
     for (int64_t i = 0; i < P; i++) mean += y[i] / (double)P;
-    for (int64_t k = 1; k <= P / 2; k++) {
+    for (int64_t k = 1; k <= K; k++) {
         double re = 0, im = 0;
         for (int64_t i = 0; i < P; i++) {
             double ang = 2 * M_PI * (double)k * (double)i / (double)P;
             re += (y[i] - mean) * cos(ang);
             im -= (y[i] - mean) * sin(ang);
         }
-        double pw = re * re + im * im;
-        if (2 * k != P) pw *= 2; /* the mirrored frequency P - k carries the same power */
-        total += pw;
-        if (pw > best * (1 + 1e-12) + 1e-300) {
-            best = pw;
-            bk = k;
+        pw[k] = re * re + im * im;
+        if (2 * k != P) pw[k] *= 2; /* the mirrored frequency P - k carries the same power */
+        total += pw[k];
+        if (pw[k] > best) best = pw[k];
+    }
+    *k_out = 0;
+    *power_frac = 0;
+    if (total <= 1e-24) return 0;
+    /* the lowest frequency within 10% of the strongest: a lone dip (equal power everywhere) repeats every P,
+     * a pattern that repeats every P/k has no power below k */
+    for (int64_t k = 1; k <= K; k++)
+        if (pw[k] >= 0.9 * best) {
+            *k_out = k;
+            *power_frac = pw[k] / total;
+            return (double)P / (double)k;
         }
-    }
-    *k_out = bk;
-    *power_frac = total > 0 ? best / total : 0;
-    if (total <= 1e-24 || bk == 0) {
-        *k_out = 0;
-        return 0;
-    }
-    return (double)P / (double)bk;
+    return 0;
 }
 
 int64_t ps_best_shift(const double *before, const double *after, int64_t P, double *corr) {

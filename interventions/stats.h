@@ -16,9 +16,10 @@ double ps_gamma_q(double a, double x);
  * df = (non-empty residues − 1). With all or none correct the statistic is 0 and p = 1. */
 void ps_chi_square(const int64_t *k, const int64_t *n, int64_t R, double *chi2, int64_t *df, double *p);
 
-/* Dominant period of a curve y[0..P) read as one period of a periodic signal: the k in 1..P/2 with the
- * largest DFT power of the mean-centred curve gives period P / k. Returns 0 (period undefined) for a
- * flat curve. *power_frac: that frequency's share of the total power. */
+/* Dominant period of a curve y[0..P) read as one period of a periodic signal: from the DFT power of the
+ * mean-centred curve over k in 1..P/2, the lowest k whose power is within 10% of the strongest gives
+ * period P / k (so a single dip, whose power is spread evenly, repeats every P). Returns 0 (period
+ * undefined) for a flat curve. *power_frac: that frequency's share of the total power. */
 double ps_dominant_period(const double *y, int64_t P, int64_t *k_out, double *power_frac);
 
 /* Best-aligning shift s in [0, P): maximises the correlation of the mean-centred curves after(rho) and

@@ -1,26 +1,41 @@
 #!/usr/bin/env bash
-# The main job. Until the trained demo models ship (a later milestone): trains a tiny compressed model
-# for a few seconds (train.jsonl with gate statistics and training.png), runs the four instruments on
-# it (JSON and figures), makes a freshly initialised W8/S8 checkpoint, describes it with `info`, and runs
-# `forward` with hooks on it.
+# The main job: the phase-sensitivity reproduction on the demo models shipped under data/models/ (no
+# training). Sweeps every model, runs the knockout grid for the full-attention baseline and W8/S8, the
+# gate statistics, and gate cycling on W8/S8; writes JSON and figures under out/demo/ and prints the
+# summary table (also out/demo/summary.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PS=build/phasescope
+M=data/models
 OUT=out/demo
+N=${DEMO_PROMPTS:-256}
+rm -rf "$OUT"
 mkdir -p "$OUT"
-rm -rf "$OUT/tiny-run"
-$PS train --config experiments/configs/tiny_kv_w4s4.json --out "$OUT/tiny-run"
-grep '"type":"eval"' "$OUT/tiny-run/train.jsonl"
-# the instruments on it (figures next to each JSON)
-$PS sweep --model "$OUT/tiny-run" --n 64 --out "$OUT/sweep"
-$PS gates --model "$OUT/tiny-run" --n 64 --log "$OUT/tiny-run/train.jsonl" --out "$OUT/gates"
-$PS knockout --model "$OUT/tiny-run" --n 64 --out "$OUT/knockout"
-$PS gatecycle --model "$OUT/tiny-run" --layer 0 --shift 1 --n 64 --out "$OUT/gatecycle"
-$PS init --config experiments/configs/demo_w8s8.json --out "$OUT/model-w8s8" --seed 1
-$PS info --model "$OUT/model-w8s8"
-# two prompts: 40 and 100 tokens
-printf '[[0%s], [0%s]]\n' "$(for i in $(seq 1 39); do printf ', %d' $(( (i * 37) % 511 + 1 )); done)" \
-  "$(for i in $(seq 1 99); do printf ', %d' $(( (i * 53) % 511 + 1 )); done)" > "$OUT/tokens.json"
-$PS forward --model "$OUT/model-w8s8" --tokens "$OUT/tokens.json" \
-  --hooks blocks.0.attn.hook_gate_k,blocks.3.attn.hook_pattern,blocks.3.hook_resid_post --out "$OUT/forward.safetensors"
-echo "demo outputs in $OUT/"
+for name in full w8s8 w4s4 w8s8_uniform w8s8_norope; do
+  echo "== $name"
+  # each model at its own stride (8 for the full-attention baseline), and at P = 24 (lcm of 4, 6, 8, 12)
+  $PS sweep --model "$M/$name" --n "$N" --out "$OUT/sweep/$name"
+  $PS sweep --model "$M/$name" --n "$N" --period 24 --out "$OUT/sweep24/$name"
+done
+echo "== move mode (the needle moves, the prompt length stays)"
+$PS sweep --model "$M/w8s8" --n "$N" --mode move --out "$OUT/move/w8s8"
+$PS sweep --model "$M/full" --n "$N" --mode move --out "$OUT/move/full"
+echo "== knockout grids"
+$PS knockout --model "$M/full" --n 128 --target raw --out "$OUT/knockout/full"
+$PS knockout --model "$M/w8s8" --n 128 --out "$OUT/knockout/w8s8"
+$PS render "$OUT/knockout/full/knockout.json" "$OUT/knockout/w8s8/knockout.json" --out "$OUT/knockout"
+$PS render "$OUT/knockout/full/knockout.json" "$OUT/knockout/w8s8/knockout.json" --out "$OUT/knockout" --measure acc
+echo "== gates"
+$PS gates --model "$M/w8s8" --n 128 --log "$M/w8s8/train.jsonl" --out "$OUT/gates/w8s8"
+echo "== gate cycling: every head of W8/S8, gates and payloads rolled by 2"
+$PS gatecycle --model "$M/w8s8" --layer 0 --shift 2 --params all --n "$N" --out "$OUT/gatecycle/w8s8"
+echo "== the idealised bigram-induction model"
+$PS theory --out "$OUT/theory"
+echo "== all models on the shared coordinate P = 24"
+$PS render "$OUT"/sweep24/*/sweep.json --out "$OUT/sweep24"
+$PS render "$OUT/sweep/full/sweep.json" "$OUT/sweep/w8s8/sweep.json" --out "$OUT/sweep"
+echo
+echo "Summary (each model at its own period; P = 8 for the baseline):"
+$PS table "$OUT"/sweep/{full,w8s8,w4s4,w8s8_uniform,w8s8_norope}/sweep.json --out "$OUT/summary.md"
+echo
+echo "figures and JSON under $OUT/ (summary: $OUT/summary.md)"

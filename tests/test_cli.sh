@@ -100,5 +100,12 @@ expect gates-png 0 "" -- test -s "$T/o/gate_concentration.png"
 expect train-png 0 "" -- test -s "$R/training.png"
 expect gates-json 0 '"concentrated_at_step"' -- cat "$T/o/gates.json"
 expect gates-badlog 1 "--log: $T/tok.json: no gate records" -- "$PS" gates --model "$R" --n 8 --log "$T/tok.json" --out "$T/o"
+expect theory-grad 0 "gradient check: 64 parameters" -- "$PS" theory --check-grad
+expect theory-grad6 0 "gradient check: 36 parameters" -- "$PS" theory --check-grad --heads 3 --window 6 --chunks 3 --vocab 20
+expect theory-run 0 "heads have their value peak" -- "$B/theory" --steps 30 --out "$T/th"
+expect theory-png 0 "" -- test -s "$T/th/theory.png"
+expect theory-vocab 1 "--vocab 10: must hold the 64 distinct context tokens" -- "$PS" theory --vocab 10
+expect table-ok 0 "| mean accuracy |" -- "$PS" table "$T/o/sweep.json" --out "$T/table.md"
+expect table-bad 1 "not a sweep result" -- "$PS" table "$T/o/gates.json"
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

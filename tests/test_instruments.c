@@ -44,6 +44,12 @@ static void test_stats(void) {
     CHECK(ps_dominant_period(y, 24, &kk, &frac) == 6, "cosine of period 6");
     for (int i = 0; i < 8; i++) y[i] = i == 2 ? 0.9 : 0.1;
     CHECK(ps_dominant_period(y, 8, &kk, &frac) == 8, "one-hot over 8: period 8");
+    for (int i = 0; i < 8; i++) y[i] = i == 7 ? 0.2 : 1.0;
+    CHECK(ps_dominant_period(y, 8, &kk, &frac) == 8, "a lone dip repeats every P");
+    for (int i = 0; i < 24; i++) y[i] = i % 8 == 5 ? 0.1 : 0.9;
+    CHECK(ps_dominant_period(y, 24, &kk, &frac) == 8 && kk == 3, "a dip every 8 over 24");
+    for (int i = 0; i < 8; i++) y[i] = i % 4 < 2 ? 1 : 0;
+    CHECK(ps_dominant_period(y, 8, &kk, &frac) == 4, "square wave of period 4 over 8");
     for (int i = 0; i < 8; i++) y[i] = 0.5;
     CHECK(ps_dominant_period(y, 8, &kk, &frac) == 0 && kk == 0, "flat curve has no period");
     double before[8] = {0}, after[8] = {0}, corr;

@@ -467,6 +467,13 @@ static void draw_training(cairo_t *cr, void *vctx) {
 
 /* ---- loading ---- */
 
+static double ps_effective_offsets_f(const double *p, int n) {
+    double h = 0;
+    for (int i = 0; i < n; i++)
+        if (p[i] > 0) h -= p[i] * log(p[i]);
+    return exp(h);
+}
+
 static json_t *load(const char *path, ps_error *err) {
     char *text;
     size_t len;
@@ -721,6 +728,53 @@ static int render_training(const char *path, const char *out, const ps_render_op
     return rc;
 }
 
+/* The idealised model: loss and accuracy over steps, and each head's key/value gate over steps (drawn in
+ * the training layout; its gates are static, so N_static = N_input). */
+static int render_theory(json_t *doc, const char *out, const ps_render_opts *o, int verbose, ps_error *err) {
+    json_t *st = json_object_get(doc, "steps"), *heads = json_object_get(doc, "heads");
+    train_ctx x = {0};
+    int n = (int)json_array_size(st);
+    x.H = (int)json_array_size(heads);
+    x.L = 1;
+    x.W = (int)json_array_size(json_array_get(json_object_get(json_array_get(heads, 0), "key_gate"), 0));
+    if (n < 1 || x.H < 1 || x.W < 1 || n > 100000 || x.H > 64 || x.W > 4096) return ps_fail(err, "theory result is malformed");
+    x.n_train = x.n_eval = x.n_gates = n;
+    x.sel = x.H < 6 ? x.H : 6;
+    x.ts = calloc((size_t)n, sizeof(double));
+    x.loss = calloc((size_t)n, sizeof(double));
+    x.es = calloc((size_t)n, sizeof(double));
+    x.acc = calloc((size_t)n, sizeof(double));
+    x.gs = calloc((size_t)n, sizeof(double));
+    x.mg = calloc((size_t)n * x.H * 2 * x.W, sizeof(double));
+    x.ns = calloc((size_t)n * x.H * 2, sizeof(double));
+    x.ni = calloc((size_t)n * x.H * 2, sizeof(double));
+    for (int k = 0; k < n; k++) {
+        x.ts[k] = x.es[k] = x.gs[k] = (double)json_integer_value(json_array_get(st, (size_t)k));
+        x.loss[k] = json_number_value(json_array_get(json_object_get(doc, "loss"), (size_t)k));
+        x.acc[k] = json_number_value(json_array_get(json_object_get(doc, "accuracy"), (size_t)k));
+        for (int h = 0; h < x.H; h++)
+            for (int b = 0; b < 2; b++) {
+                json_t *g = json_array_get(json_object_get(json_array_get(heads, (size_t)h), b ? "value_gate" : "key_gate"), (size_t)k);
+                size_t idx = ((size_t)k * x.H + h) * 2 + b;
+                for (int i = 0; i < x.W; i++) x.mg[idx * x.W + i] = json_number_value(json_array_get(g, (size_t)i));
+                x.ns[idx] = x.ni[idx] = ps_effective_offsets_f(x.mg + idx * x.W, x.W);
+            }
+    }
+    json_t *pr = json_object_get(doc, "params");
+    snprintf(x.title, sizeof x.title, "Idealised bigram induction: %lld heads, W = S = %lld, %lld chunks",
+             (long long)json_integer_value(json_object_get(pr, "heads")), (long long)json_integer_value(json_object_get(pr, "window")),
+             (long long)json_integer_value(json_object_get(pr, "chunks")));
+    snprintf(x.subtitle, sizeof x.subtitle, "one-hot embeddings, static gates, gradient descent from a small random init; "
+             "%lld of %d heads end with the value peak one offset after the key peak",
+             (long long)json_integer_value(json_object_get(doc, "heads_with_value_peak_after_key_peak")), x.H);
+    chunks ch;
+    make_chunks(&ch, json_object_get(doc, "provenance"), x.title);
+    double H = 80 + 230 + 60 + 90 + x.sel * 190;
+    int rc = emit(out, "theory", 1320, H, draw_training, &x, &ch, o, verbose, err);
+    free(x.ts); free(x.loss); free(x.es); free(x.acc); free(x.gs); free(x.mg); free(x.ns); free(x.ni);
+    return rc;
+}
+
 int ps_render(const char *const *paths, int n, const char *out, const ps_render_opts *o, int verbose, ps_error *err) {
     if (n < 1) return ps_fail(err, "render: no result file given");
     size_t l0 = strlen(paths[0]);
@@ -745,7 +799,10 @@ int ps_render(const char *const *paths, int n, const char *out, const ps_render_
     if (!rc) {
         if (!strcmp(kind, "sweep") || !strcmp(kind, "gatecycle")) rc = render_curves(docs, paths, n, out, o, verbose, err);
         else if (!strcmp(kind, "knockout")) rc = render_knockout(docs, paths, n, out, o, verbose, err);
-        else if (!strcmp(kind, "gates")) {
+        else if (!strcmp(kind, "theory")) {
+            if (n > 1) rc = ps_fail(err, "render: theory results are drawn one at a time");
+            else rc = render_theory(docs[0], out, o, verbose, err);
+        } else if (!strcmp(kind, "gates")) {
             if (n > 1) rc = ps_fail(err, "render: gates results are drawn one at a time");
             else rc = render_gates(docs[0], out, o, verbose, err);
         } else

@@ -1,0 +1,82 @@
+/* cmd_table.c — `phasescope table`: the summary table of several sweeps (like the paper's Table 1). */
+#include <jansson.h>
+#include <libgen.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "fileio.h"
+
+static const char HELP[] =
+    "usage: phasescope table SWEEP.json [MORE.json ...] [--out TABLE.md]\n"
+    "\n"
+    "Prints a markdown table with one row per sweep result: model, attention, period, mean accuracy, worst\n"
+    "residue, gap (pp), the detected period (dominant DFT frequency of the residue curve) and the chi-square\n"
+    "p-value of accuracy against residue. --out also writes it to a file (atomically).\n";
+
+int ps_cmd_table(int argc, char **argv) {
+    if (ps_cli_wants_help(argc, argv)) {
+        fputs(HELP, stdout);
+        return 0;
+    }
+    ps_flag flags[] = {PS_FLAG("--out", true)};
+    const char *pos[256];
+    int npos;
+    ps_error err = {{0}};
+    size_t cap = 65536, len = 0;
+    char *out = malloc(cap);
+    int rc = 1;
+    if (ps_cli_parse(argc, argv, flags, 1, pos, 256, &npos, &err)) goto done;
+    if (npos == 0) {
+        ps_fail(&err, "no sweep result given (see --help)");
+        goto done;
+    }
+    len += (size_t)snprintf(out + len, cap - len,
+                            "| model | attention | period P | mean accuracy | min over residues | gap (pp) | detected period | "
+                            "chi-square p |\n|---|---|---|---|---|---|---|---|\n");
+    for (int i = 0; i < npos; i++) {
+        json_error_t je;
+        json_t *d = json_load_file(pos[i], 0, &je);
+        if (!d || strcmp(json_string_value(json_object_get(d, "kind")) ?: "", "sweep")) {
+            json_decref(d);
+            ps_fail(&err, "%s: not a sweep result", pos[i]);
+            goto done;
+        }
+        json_t *prov = json_object_get(d, "provenance"), *c = json_object_get(d, "curve");
+        json_t *att = json_object_get(json_object_get(prov, "config"), "attention");
+        char model[1024], attn[128];
+        snprintf(model, sizeof model, "%s", json_string_value(json_object_get(prov, "model")) ?: "?");
+        size_t ml = strlen(model);
+        while (ml > 1 && model[ml - 1] == '/') model[--ml] = '\0';
+        const char *kind = json_string_value(json_object_get(att, "kind")) ?: "?";
+        if (!strcmp(kind, "compressed"))
+            snprintf(attn, sizeof attn, "compressed W%lld/S%lld%s%s", (long long)json_integer_value(json_object_get(att, "window")),
+                     (long long)json_integer_value(json_object_get(att, "stride")),
+                     !strcmp(json_string_value(json_object_get(att, "gate")) ?: "", "uniform") ? ", uniform gate" : "",
+                     json_is_false(json_object_get(json_object_get(prov, "config"), "rope")) ? ", no RoPE" : "");
+        else snprintf(attn, sizeof attn, "full");
+        json_t *dp = json_object_get(json_object_get(c, "dominant_period"), "period");
+        char per[32];
+        if (json_is_number(dp)) snprintf(per, sizeof per, "%.3g", json_number_value(dp));
+        else snprintf(per, sizeof per, "none");
+        if (cap - len < 4096) {
+            cap *= 2;
+            out = realloc(out, cap);
+        }
+        len += (size_t)snprintf(out + len, cap - len, "| %s | %s | %lld | %.3f | %.3f | %.1f | %s | %.2g |\n", basename(model), attn,
+                                (long long)json_integer_value(json_object_get(c, "period")),
+                                json_number_value(json_object_get(c, "mean_accuracy")),
+                                json_number_value(json_object_get(c, "min_accuracy")), json_number_value(json_object_get(c, "gap_pp")),
+                                per, json_number_value(json_object_get(json_object_get(c, "chi_square"), "p_value")));
+        json_decref(d);
+    }
+    fputs(out, stdout);
+    if (flags[0].value && ps_write_file_atomic(flags[0].value, out, len, &err)) goto done;
+    rc = 0;
+done:
+    if (rc) fprintf(stderr, "phasescope table: %s\n", err.msg);
+    free(out);
+    return rc;
+}

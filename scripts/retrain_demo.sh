@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Retrains the shipped demo models from experiments/configs/demo/ into data/models/NAME/ (about 15 CPU
+# minutes in all on 2 cores; `make retrain`). Each is exactly:
+#   phasescope train --config experiments/configs/demo/NAME.json --out data/models/NAME
+# The AdamW state is dropped afterwards (it is only needed to resume); train.jsonl and training.png stay.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PS=build/phasescope
+for name in full w8s8 w4s4 w8s8_uniform w8s8_norope; do
+  rm -rf "data/models/$name"
+  $PS train --config "experiments/configs/demo/$name.json" --out "data/models/$name"
+  rm -f data/models/$name/optimizer-*.safetensors
+done
+ln -sfn w8s8 data/models/default
