@@ -28,12 +28,12 @@ retrain: build
 	@bash scripts/retrain_demo.sh
 
 test-fast: build
-	@cd build && ctest --output-on-failure -j 2
+	@cd build && ctest --output-on-failure
 
 test-asan: build-asan
 	@cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 		LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp:print_suppressions=0 \
-		ctest --output-on-failure -j 2
+		ctest --output-on-failure
 
 build-fuzz: setup
 	@CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DPS_SANITIZE=ON -DPS_FUZZ=ON >/dev/null
