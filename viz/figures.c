@@ -556,13 +556,14 @@ static int render_knockout(json_t **docs, const char *const *paths, int n, const
         g->rows = (int)json_array_size(cells);
         g->cols = (int)json_integer_value(json_object_get(grid_j, "period"));
         if (g->cols < 1 || g->cols > 4096 || g->rows > 100000) {
+            int rows = g->rows, cols = g->cols;
             for (int j = 0; j < k; j++) {
                 free(x.g[j].layer);
                 free(x.g[j].head);
                 free(x.g[j].v);
             }
             free(x.g);
-            return ps_fail(err, "%s: knockout grid with %d cells of period %d is malformed", paths[k], g->rows, g->cols);
+            return ps_fail(err, "%s: knockout grid with %d cells of period %d is malformed", paths[k], rows, cols);
         }
         g->layer = calloc((size_t)g->rows + 1, sizeof(int));
         g->head = calloc((size_t)g->rows + 1, sizeof(int));
