@@ -352,6 +352,23 @@ static void test_forward_from(void) {
     CHECK(memcmp(hooked, full, sizeof full) != 0, "the hook had no effect");
     CHECK_ERR(ps_forward_from(&m, &a, 4, NULL, &err), &err, "layer 4", "3 layers");
     ps_acts_free(&a);
+    /* from the attention of a layer, reusing its kept q/k/v/ck/cv (keep_all), and scoring chosen rows only */
+    CHECK_OK(ps_acts_create(&a, &c, 1, T, true, &err), &err);
+    ps_forward(&m, &a, tok, NULL, &err);
+    for (int l = 0; l < 3; l++) {
+        CHECK_OK(ps_forward_from_attention(&m, &a, l, NULL, &err), &err);
+        CHECK(memcmp(a.p.logits, full, sizeof full) == 0, "forward_from_attention(%d) differs from the full pass", l);
+        int64_t rows[3] = {0, 7, T - 1};
+        memset(a.p.logits, 0, sizeof full);
+        CHECK_OK(ps_forward_from_attention_rows(&m, &a, l, rows, 3, &err), &err);
+        CHECK(rel_err_f(a.p.logits + 7 * 23, full + 7 * 23, 23) < 1e-5 && rel_err_f(a.p.logits, full, 23) < 1e-5 &&
+                  rel_err_f(a.p.logits + (T - 1) * 23, full + (T - 1) * 23, 23) < 1e-5,
+              "forward_from_attention_rows(%d): chosen rows differ", l);
+    }
+    ps_acts_free(&a);
+    CHECK_OK(ps_acts_create(&a, &c, 1, T, false, &err), &err);
+    CHECK_ERR(ps_forward_from_attention(&m, &a, 1, NULL, &err), &err, "activations of every layer");
+    ps_acts_free(&a);
     ps_hooks_free(&h);
     ps_model_free(&m);
 }
