@@ -7,7 +7,11 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include <stdio.h>
+
 #include "config.h"
+#include "model.h"
+#include "rng.h"
 #include "ops.h"
 
 static inline double now(void) {
@@ -77,6 +81,21 @@ static inline double sgemm_rate(int64_t M, int64_t K, int64_t N) {
     free(Bm);
     free(C);
     return 2.0 * (double)M * (double)K * (double)N * n / el / 1e9;
+}
+
+/* A model for cfg with the standard init, and non-uniform gates so the compressor does real work. */
+static inline void bench_model(ps_model *m, const ps_config *c) {
+    ps_error err;
+    if (ps_model_create(m, c, &err)) {
+        fprintf(stderr, "%s\n", err.msg);
+        exit(1);
+    }
+    ps_model_init(m, 1);
+    ps_rng r;
+    ps_rng_seed(&r, 2);
+    for (int i = 0; i < m->n_tensors; i++)
+        if (m->table[i].kind == PS_P_KEY_GATE_W || m->table[i].kind == PS_P_VALUE_GATE_W)
+            for (int64_t j = 0; j < m->table[i].numel; j++) m->params[m->table[i].offset + j] = 0.05f * (float)ps_rng_normal(&r);
 }
 
 #endif

@@ -17,17 +17,9 @@
 static double time_forward(const ps_config *c, int64_t B, int64_t T, double min_s) {
     ps_model m;
     ps_error err;
-    if (ps_model_create(&m, c, &err)) {
-        fprintf(stderr, "%s\n", err.msg);
-        exit(1);
-    }
-    ps_model_init(&m, 1);
-    /* make the gates non-uniform so the compressor does real work */
+    bench_model(&m, c);
     ps_rng r;
-    ps_rng_seed(&r, 2);
-    for (int i = 0; i < m.n_tensors; i++)
-        if (m.table[i].kind == PS_P_KEY_GATE_W || m.table[i].kind == PS_P_VALUE_GATE_W)
-            for (int64_t j = 0; j < m.table[i].numel; j++) m.params[m.table[i].offset + j] = 0.05f * (float)ps_rng_normal(&r);
+    ps_rng_seed(&r, 3);
     int32_t *tok = malloc((size_t)(B * T) * sizeof(int32_t));
     for (int64_t i = 0; i < B * T; i++) tok[i] = (int32_t)ps_rng_below(&r, c->vocab_size);
     ps_acts a;

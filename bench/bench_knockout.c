@@ -27,8 +27,7 @@ int main(int argc, char **argv) {
         ps_config c = make_config(cfgs[i].d, cfgs[i].L, cfgs[i].nh, cfgs[i].nkv, cfgs[i].dff, 160, cfgs[i].comp);
         ps_model m;
         ps_error err;
-        if (ps_model_create(&m, &c, &err)) return 1;
-        ps_model_init(&m, 3);
+        bench_model(&m, &c);
         ps_batch base;
         ps_batch_alloc(&base, n_prompts, t.seq_len, t.n_queries, &err);
         ps_task_generate(&t, 1, &base);

@@ -24,11 +24,7 @@ static result time_train(const ps_config *c, int64_t B, int64_t T, double min_s)
     memset(&r, 0, sizeof r);
     ps_model m;
     ps_error err;
-    if (ps_model_create(&m, c, &err)) {
-        fprintf(stderr, "%s\n", err.msg);
-        exit(1);
-    }
-    ps_model_init(&m, 1);
+    bench_model(&m, c);
     ps_rng rng;
     ps_rng_seed(&rng, 2);
     int32_t *tok = malloc((size_t)(B * T) * sizeof(int32_t)), *tgt = malloc((size_t)(B * T) * sizeof(int32_t));

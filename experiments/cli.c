@@ -2,6 +2,7 @@
 #include "cli.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +39,19 @@ int ps_cli_parse(int argc, char **argv, ps_flag *flags, int n_flags, const char 
         } else if (eq)
             return ps_fail(err, "flag %s takes no value", f->name);
     }
+    return 0;
+}
+
+int ps_cli_require(const ps_flag *flags, int n_flags, ps_error *err, ...) {
+    va_list ap;
+    va_start(ap, err);
+    for (const char *name; (name = va_arg(ap, const char *));)
+        for (int i = 0; i < n_flags; i++)
+            if (!strcmp(flags[i].name, name) && !flags[i].present) {
+                va_end(ap);
+                return ps_fail(err, "%s is required", name);
+            }
+    va_end(ap);
     return 0;
 }
 

@@ -23,6 +23,9 @@ int ps_cli_parse(int argc, char **argv, ps_flag *flags, int n_flags, const char 
                  ps_error *err);
 ps_flag *ps_cli_get(ps_flag *flags, int n_flags, const char *name);
 
+/* Fail with "--NAME is required" unless every listed flag was given (names end with NULL). */
+int ps_cli_require(const ps_flag *flags, int n_flags, ps_error *err, ...);
+
 /* Parse an integer flag value within [lo, hi]; the error names the flag and the allowed range. */
 int ps_cli_int(const char *flag, const char *value, int64_t lo, int64_t hi, int64_t *out, ps_error *err);
 

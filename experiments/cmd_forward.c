@@ -83,14 +83,7 @@ int ps_cmd_forward(int argc, char **argv) {
     char dir[4096];
     char *names = NULL;
     if (ps_cli_parse(argc, argv, flags, nf, pos, 0, &npos, &err)) goto done;
-    if (!flags[1].value) {
-        ps_fail(&err, "--tokens is required");
-        goto done;
-    }
-    if (!flags[3].value) {
-        ps_fail(&err, "--out is required");
-        goto done;
-    }
+    if (ps_cli_require(flags, nf, &err, "--tokens", "--out", NULL)) goto done;
     if (ps_cli_model_dir(flags[0].value, dir, sizeof dir, &err) || ps_model_load(&m, dir, &err)) goto done;
     if (ps_tokens_load(flags[1].value, 0, 0, &toks, &err)) goto done;
     if (flags[2].value) {

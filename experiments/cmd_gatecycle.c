@@ -43,10 +43,7 @@ int ps_cmd_gatecycle(int argc, char **argv) {
     int64_t layer = 0, shift = 0, head = -1;
     int branches = PS_CYCLE_KEY | PS_CYCLE_VALUE, params = PS_CYCLE_GATE;
     if (ps_cli_parse(argc, argv, flags, PS_INSTR_N_FLAGS + 6, pos, 0, &npos, &err)) goto done;
-    if (!flags[7].value || !flags[8].value) {
-        ps_fail(&err, "%s is required", flags[7].value ? "--shift" : "--layer");
-        goto done;
-    }
+    if (ps_cli_require(flags, PS_INSTR_N_FLAGS + 6, &err, "--layer", "--shift", NULL)) goto done;
     if (ps_cli_int("--layer", flags[7].value, -1000000, 1000000, &layer, &err) ||
         ps_cli_int("--shift", flags[8].value, -1000000, 1000000, &shift, &err) ||
         (flags[9].value && ps_cli_int("--head", flags[9].value, 0, 1000000, &head, &err)))

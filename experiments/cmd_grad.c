@@ -40,11 +40,7 @@ int ps_cmd_grad(int argc, char **argv) {
     int rc = 1;
     char dir[4096];
     if (ps_cli_parse(argc, argv, flags, 4, pos, 0, &npos, &err)) goto done;
-    for (int i = 1; i < 4; i++)
-        if (!flags[i].value) {
-            ps_fail(&err, "%s is required", flags[i].name);
-            goto done;
-        }
+    if (ps_cli_require(flags, 4, &err, "--tokens", "--targets", "--out", NULL)) goto done;
     if (ps_cli_model_dir(flags[0].value, dir, sizeof dir, &err) || ps_model_load(&m, dir, &err) ||
         ps_tokens_load(flags[1].value, 0, 0, &toks, &err) || ps_tokens_load(flags[2].value, 1, -1, &tgts, &err))
         goto done;

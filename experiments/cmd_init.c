@@ -30,14 +30,7 @@ int ps_cmd_init(int argc, char **argv) {
     int64_t seed = 0;
     int rc = 1;
     if (ps_cli_parse(argc, argv, flags, 3, pos, 0, &npos, &err)) goto done;
-    if (!flags[0].value) {
-        ps_fail(&err, "--config is required");
-        goto done;
-    }
-    if (!flags[1].value) {
-        ps_fail(&err, "--out is required");
-        goto done;
-    }
+    if (ps_cli_require(flags, 3, &err, "--config", "--out", NULL)) goto done;
     if (flags[2].value && ps_cli_int("--seed", flags[2].value, 0, INT64_MAX, &seed, &err)) goto done;
     if (ps_config_load(flags[0].value, &cfg, &err) || ps_model_create(&m, &cfg, &err)) goto done;
     ps_model_init(&m, (uint64_t)seed);

@@ -49,14 +49,7 @@ int ps_cmd_train(int argc, char **argv) {
     int64_t stop = -1;
     int rc = 1;
     if (ps_cli_parse(argc, argv, flags, 4, pos, 0, &npos, &err)) goto done;
-    if (!flags[0].value) {
-        ps_fail(&err, "--config is required");
-        goto done;
-    }
-    if (!flags[1].value) {
-        ps_fail(&err, "--out is required");
-        goto done;
-    }
+    if (ps_cli_require(flags, 4, &err, "--config", "--out", NULL)) goto done;
     if (flags[3].value && ps_cli_int("--stop-after", flags[3].value, 0, INT64_MAX, &stop, &err)) goto done;
     if (ps_train_cfg_load(flags[0].value, &cfg, &err)) goto done;
     train_ui ui;
