@@ -23,6 +23,19 @@ static int check_pass_ = 0, check_fail_ = 0;
 /* The call must succeed; prints its error otherwise. */
 #define CHECK_OK(call, errp) CHECK((call) == 0, "%s", (errp)->msg)
 
+/* The call must succeed, or the enclosing void function returns at once (a missing input is a failed
+ * check, never a crash on the data it would have produced). */
+#define REQUIRE_OK(call, errp)                                                \
+    do {                                                                      \
+        if ((call) == 0) check_pass_++;                                       \
+        else {                                                                \
+            check_fail_++;                                                    \
+            fprintf(stderr, "FAIL %s:%d: %s: %s (giving up on this test)\n",  \
+                    __FILE__, __LINE__, #call, (errp)->msg);                  \
+            return;                                                           \
+        }                                                                     \
+    } while (0)
+
 /* The call must fail with a message containing every given substring. */
 #define CHECK_ERR(call, errp, ...)                                                               \
     do {                                                                                         \

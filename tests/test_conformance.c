@@ -1,4 +1,4 @@
-/* test_conformance.c — the shared conformance vectors (../shared/conformance, computed in float64 by an
+/* test_conformance.c — the shared conformance vectors (tests/conformance, copied from the project's shared folder; computed in float64 by an
  * independent implementation of SPEC.md): logits and layer-1 hooks of forward, and a mean-replacement
  * knockout of KV head 1 in layer 1 built from hooks. Per-tensor relative error must be < 1e-4. */
 #include <stdlib.h>
@@ -61,15 +61,15 @@ static void run_model(const char *name) {
     snprintf(dir, sizeof dir, "%s/%s", tu_conformance_dir(), name);
     ps_error err;
     ps_model m;
-    CHECK_OK(ps_model_load(&m, dir, &err), &err);
+    REQUIRE_OK(ps_model_load(&m, dir, &err), &err);
     snprintf(path, sizeof path, "%s/tokens.json", dir);
     ps_token_lists toks;
-    CHECK_OK(ps_tokens_load(path, 0, 0, &toks, &err), &err);
+    REQUIRE_OK(ps_tokens_load(path, 0, 0, &toks, &err), &err);
     ps_st_file ref, ref_ko;
     snprintf(path, sizeof path, "%s/expected_forward.safetensors", dir);
-    CHECK_OK(ps_st_open(path, &ref, &err), &err);
+    REQUIRE_OK(ps_st_open(path, &ref, &err), &err);
     snprintf(path, sizeof path, "%s/expected_knockout_l1_h1.safetensors", dir);
-    CHECK_OK(ps_st_open(path, &ref_ko, &err), &err);
+    REQUIRE_OK(ps_st_open(path, &ref_ko, &err), &err);
     int comp = m.cfg.kind == PS_ATTN_COMPRESSED;
     const char *hooks_all[] = {"blocks.1.attn.hook_q", "blocks.1.attn.hook_k", "blocks.1.attn.hook_z",
                                "blocks.1.attn.hook_pattern", "blocks.1.hook_resid_post", "blocks.1.attn.hook_gate_k",

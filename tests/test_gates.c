@@ -75,9 +75,9 @@ static void test_conformance(const char *name) {
     ps_error err;
     ps_model m;
     ps_token_lists toks;
-    CHECK_OK(ps_model_load(&m, dir, &err), &err);
+    REQUIRE_OK(ps_model_load(&m, dir, &err), &err);
     snprintf(path, sizeof path, "%s/tokens.json", dir);
-    CHECK_OK(ps_tokens_load(path, 0, 0, &toks, &err), &err);
+    REQUIRE_OK(ps_tokens_load(path, 0, 0, &toks, &err), &err);
     ps_gate_acc acc;
     ps_hooks h;
     ps_hooks_init(&h);

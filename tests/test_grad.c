@@ -114,13 +114,13 @@ static void test_conformance_grads(const char *name) {
     ps_model m;
     ps_token_lists toks, tg;
     ps_st_file ref;
-    CHECK_OK(ps_model_load(&m, dir, &err), &err);
+    REQUIRE_OK(ps_model_load(&m, dir, &err), &err);
     snprintf(path, sizeof path, "%s/tokens.json", dir);
-    CHECK_OK(ps_tokens_load(path, 0, 0, &toks, &err), &err);
+    REQUIRE_OK(ps_tokens_load(path, 0, 0, &toks, &err), &err);
     snprintf(path, sizeof path, "%s/targets.json", dir);
-    CHECK_OK(ps_tokens_load(path, 1, -1, &tg, &err), &err);
+    REQUIRE_OK(ps_tokens_load(path, 1, -1, &tg, &err), &err);
     snprintf(path, sizeof path, "%s/expected_grad.safetensors", dir);
-    CHECK_OK(ps_st_open(path, &ref, &err), &err);
+    REQUIRE_OK(ps_st_open(path, &ref, &err), &err);
     int64_t total = 0;
     for (int s = 0; s < tg.n; s++)
         for (int64_t t = 0; t < tg.len[s]; t++) total += tg.seq[s][t] >= 0;

@@ -60,5 +60,5 @@ void tu_tempdir(char *out, size_t n, const char *tag) {
 
 const char *tu_conformance_dir(void) {
     const char *e = getenv("PS_CONFORMANCE_DIR");
-    return e && *e ? e : PS_SOURCE_DIR "/../shared/conformance";
+    return e && *e ? e : PS_SOURCE_DIR "/tests/conformance";
 }

@@ -15,7 +15,7 @@ void tu_random_model(ps_model *m, const ps_config *cfg, uint64_t seed, float sca
 void tu_random_tokens(int32_t *tok, int64_t n, int64_t vocab, uint64_t seed);
 /* A fresh directory under /tmp (or $TMPDIR); returns a static-lifetime string owned by the caller buffer. */
 void tu_tempdir(char *out, size_t n, const char *tag);
-/* The shared conformance folder (../shared/conformance beside the repository). */
+/* The shared conformance folder (tests/conformance in the repository; PS_CONFORMANCE_DIR overrides). */
 const char *tu_conformance_dir(void);
 
 #endif
