@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "cpu_env.h"
 
 typedef struct {
     const char *name;
@@ -38,6 +39,10 @@ static void usage(FILE *f) {
 int main(int argc, char **argv) {
     /* a file-size limit (ulimit -f) makes writes fail with EFBIG, reported as an error, instead of a kill */
     signal(SIGXFSZ, SIG_IGN);
+    /* BLAS kernels that match the CPU and a passive OpenMP wait policy; may re-execute the program once */
+    char warning[PS_ERROR_MAX + 64];
+    ps_cpu_env_prepare(argv, warning, sizeof warning);
+    if (warning[0]) fprintf(stderr, "%s\n", warning);
     char self[4096];
     snprintf(self, sizeof self, "%s", argv[0]);
     const char *base = basename(self);
