@@ -1,8 +1,13 @@
 /* test_viz.c — figures (SPEC §8): PNGs decode with libpng and carry the provenance text chunks; a
  * heatmap of a known matrix has the expected colours at cell centres; colour maps are what they claim
- * (viridis end points, white centre of the diverging map); rendering the same result twice gives the
- * same bytes; the vector outputs are valid PDF and SVG. */
+ * (viridis end points, white centre of the blue–orange diverging map, Okabe-Ito lines); rendering the
+ * same result twice gives the same bytes; the vector outputs are valid PDF and SVG. Pixel probes: a
+ * rendered knockout heatmap has each cell's colour-map colour at the cell's centre (each panel on its
+ * own scale, panels equally tall), a rendered phase curve has its colour where its data points map
+ * (a point at accuracy 1.0 included, inside the frame). Inputs with dimensions beyond a figure (the
+ * crafted gates file that once overflowed an int) fail with an error naming the file and field. */
 #define _POSIX_C_SOURCE 200809L
+#include <math.h>
 #include <png.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,7 +71,22 @@ static void test_colormaps(void) {
     CHECK(fabs(a.r * 255 - 0x44) < 3 && fabs(a.g * 255 - 0x01) < 3 && fabs(a.b * 255 - 0x54) < 3, "viridis(0)");
     CHECK(fabs(b.r * 255 - 0xfd) < 3 && fabs(b.g * 255 - 0xe7) < 3 && fabs(b.b * 255 - 0x25) < 5, "viridis(1)");
     CHECK(m.r > 0.95 && m.g > 0.95 && m.b > 0.95, "diverging centre is white");
-    CHECK(lo.b > lo.r && hi.r > hi.b, "blue below zero, red above");
+    CHECK(lo.b > lo.r && hi.r > hi.b, "blue below zero, orange above");
+    CHECK(hi.r > hi.g && hi.g > hi.b && lo.g > lo.r, "the positive end is orange (not red), the negative end blue");
+    ps_rgb rv = ps_diverging_rev(0);
+    CHECK(rv.r == hi.r && rv.g == hi.g && rv.b == hi.b, "reversed map");
+    ps_rgb ok0 = ps_okabe_ito(0), ok1 = ps_okabe_ito(1);
+    CHECK(lround(ok0.r * 255) == 0x00 && lround(ok0.g * 255) == 0x72 && lround(ok0.b * 255) == 0xb2, "Okabe-Ito blue");
+    CHECK(lround(ok1.r * 255) == 0xe6 && lround(ok1.g * 255) == 0x9f && lround(ok1.b * 255) == 0x00, "Okabe-Ito orange");
+    char buf[64];
+    ps_fmt_p(buf, sizeof buf, 0);
+    CHECK(!strcmp(buf, "< 1e-300"), "p = 0 prints \"%s\"", buf);
+    ps_fmt_p(buf, sizeof buf, 0.0014);
+    CHECK(!strcmp(buf, "0.0014"), "p = 0.0014 prints \"%s\"", buf);
+    ps_period_text(buf, sizeof buf, 0, NAN, 0);
+    CHECK(strstr(buf, "no period") && strstr(buf, "< 1e-300") && !strstr(buf, "= 0"), "no period: \"%s\"", buf);
+    ps_period_text(buf, sizeof buf, 1, 8, 0.5);
+    CHECK(strstr(buf, "period 8") && strstr(buf, "= 0.5"), "period 8: \"%s\"", buf);
     /* viridis gets lighter monotonically (perceptual ordering) */
     double prev = -1;
     int mono = 1;
@@ -182,10 +202,227 @@ static void test_render(void) {
     CHECK_ERR(ps_render(bp, 1, d1, NULL, 0, &err), &err, "unknown result kind \"banana\"");
 }
 
+
+static int px_close(const png_img *img, double x, double y, ps_rgb want, int tol) {
+    int xi = (int)floor(x), yi = (int)floor(y);
+    if (xi < 0 || yi < 0 || xi >= img->w || yi >= img->h) return 0;
+    const unsigned char *px = img->rgb + ((size_t)yi * img->w + xi) * 3;
+    return abs(px[0] - (int)lround(want.r * 255)) <= tol && abs(px[1] - (int)lround(want.g * 255)) <= tol &&
+           abs(px[2] - (int)lround(want.b * 255)) <= tol;
+}
+
+/* Is the colour anywhere within r pixels of (x, y)? */
+static int px_near(const png_img *img, double x, double y, ps_rgb want, int r, int tol) {
+    for (int dy = -r; dy <= r; dy++)
+        for (int dx = -r; dx <= r; dx++)
+            if (px_close(img, x + dx, y + dy, want, tol)) return 1;
+    return 0;
+}
+
+/* A knockout result of one layer: rows heads, period P, delta_nll[r][c] = v[r * P + c]. */
+static void knockout_json(char *out, size_t n, const char *model, int rows, int P, const double *v) {
+    size_t o = (size_t)snprintf(out, n,
+                                "{\"kind\": \"knockout\", \"provenance\": {\"command\": \"phasescope knockout\", \"model\": \"%s\", "
+                                "\"config\": {\"attention\": {\"kind\": \"compressed\", \"window\": 4, \"stride\": 4}}}, "
+                                "\"grid\": {\"period\": %d, \"target\": \"compressed\", \"cells\": [",
+                                model, P);
+    for (int r = 0; r < rows; r++) {
+        o += (size_t)snprintf(out + o, n - o, "%s{\"layer\": 0, \"head\": %d, \"residues\": [", r ? "," : "", r);
+        for (int c = 0; c < P; c++)
+            o += (size_t)snprintf(out + o, n - o, "%s{\"rho\": %d, \"n\": 10, \"delta_nll\": %.17g, \"delta_accuracy_pp\": %.17g}",
+                                  c ? "," : "", c, v[r * P + c], -10 * v[r * P + c]);
+        o += (size_t)snprintf(out + o, n - o, "]}");
+    }
+    snprintf(out + o, n - o, "]}}");
+}
+
+static void test_knockout_pixels(void) {
+    /* panel A: 2 heads x 4 residues, |max| 3; panel B: 4 heads x 4 residues, |max| 0.5 (its own scale) */
+    double a[8] = {3, 0, -1.5, 0.75, 0, 1, 2, -3};
+    double b[16] = {0.5, 0, 0, 0, 0, -0.25, 0, 0, 0, 0, 0.1, 0, 0, 0, 0, -0.5};
+    static char ja[8192], jb[16384];
+    knockout_json(ja, sizeof ja, "runs/a", 2, 4, a);
+    knockout_json(jb, sizeof jb, "runs/b", 4, 4, b);
+    char pa[1024], pb[1024], dir[1024], png[1100];
+    snprintf(pa, sizeof pa, "%s/ko_a.json", TMP);
+    snprintf(pb, sizeof pb, "%s/ko_b.json", TMP);
+    snprintf(dir, sizeof dir, "%s/ko", TMP);
+    write_text(pa, ja);
+    write_text(pb, jb);
+    const char *paths[2] = {pa, pb};
+    ps_error err;
+    REQUIRE_OK(ps_render(paths, 2, dir, NULL, 0, &err), &err);
+    int rows[2] = {2, 4}, cols[2] = {4, 4};
+    ps_rect heat[2];
+    double W, H;
+    REQUIRE_OK(ps_knockout_layout(2, rows, cols, heat, &W, &H, &err), &err);
+    CHECK(heat[0].h == heat[1].h && heat[0].y == heat[1].y, "panels of 2 and 4 rows are not equally tall");
+    snprintf(png, sizeof png, "%s/knockout_heatmap.png", dir);
+    png_img img;
+    if (read_png(png, &img)) {
+        CHECK(0, "knockout heatmap does not decode");
+        return;
+    }
+    CHECK(img.w == (int)ceil(W) && img.h == (int)ceil(H), "figure is %dx%d, layout says %.0fx%.0f", img.w, img.h, W, H);
+    int bad = 0;
+    for (int k = 0; k < 2; k++) {
+        const double *v = k ? b : a;
+        double vmax = k ? 0.5 : 3;
+        for (int r = 0; r < rows[k]; r++)
+            for (int c = 0; c < 4; c++) {
+                double x = heat[k].x + (c + 0.5) * heat[k].w / 4, y = heat[k].y + (r + 0.5) * heat[k].h / rows[k];
+                if (!px_close(&img, x, y, ps_knockout_color(v[r * 4 + c], vmax, 0), 1)) {
+                    bad++;
+                    fprintf(stderr, "  panel %d cell (%d, %d) = %g: wrong colour at (%.0f, %.0f)\n", k, r, c, v[r * 4 + c], x, y);
+                }
+            }
+    }
+    CHECK(bad == 0, "%d knockout cells differ from the colour map", bad);
+    /* each panel on its own scale: both panels' largest harm is the darkest orange */
+    ps_rgb top = ps_diverging(1);
+    CHECK(px_close(&img, heat[0].x + 0.5 * heat[0].w / 4, heat[0].y + 0.5 * heat[0].h / 2, top, 1) &&
+              px_close(&img, heat[1].x + 0.5 * heat[1].w / 4, heat[1].y + 0.5 * heat[1].h / 4, top, 1),
+          "the largest NLL rise of each panel is not full orange");
+    free(img.rgb);
+    /* accuracy: a fall (harm) is orange too */
+    ps_render_opts o = {.measure = "acc"};
+    REQUIRE_OK(ps_render(paths, 1, dir, &o, 0, &err), &err);
+    snprintf(png, sizeof png, "%s/knockout_heatmap_acc.png", dir);
+    REQUIRE_OK(ps_knockout_layout(1, rows, cols, heat, &W, &H, &err), &err);
+    if (read_png(png, &img) == 0) {
+        /* cell (0, 0): NLL +3, accuracy -30 pp: harm; cell (1, 3): accuracy +30 pp: help */
+        double x0 = heat[0].x + 0.5 * heat[0].w / 4, y0 = heat[0].y + 0.5 * heat[0].h / 2;
+        double x1 = heat[0].x + 3.5 * heat[0].w / 4, y1 = heat[0].y + 1.5 * heat[0].h / 2;
+        CHECK(px_close(&img, x0, y0, ps_knockout_color(-30, 30, 1), 1) && px_close(&img, x0, y0, ps_diverging(1), 1),
+              "an accuracy fall is not drawn orange");
+        CHECK(px_close(&img, x1, y1, ps_diverging(0), 1), "an accuracy rise is not drawn blue");
+        free(img.rgb);
+    } else
+        CHECK(0, "accuracy heatmap does not decode");
+}
+
+static void test_curve_pixels(void) {
+    /* the SWEEP result, plus residue 0 at accuracy 1.0: it must show inside the frame */
+    char json[1024], dir[1024], png[1100];
+    snprintf(json, sizeof json, "%s/sweep1.json", TMP);
+    snprintf(dir, sizeof dir, "%s/curve", TMP);
+    static char text[8192];
+    snprintf(text, sizeof text, "%s", SWEEP);
+    char *p = strstr(text, "\"correct\": 9, \"accuracy\": 0.9, \"wilson_lo\": 0.6, \"wilson_hi\": 0.98");
+    if (!p) {
+        CHECK(0, "test input changed");
+        return;
+    }
+    const char *rep = "\"correct\": 9, \"accuracy\": 1.0, \"wilson_lo\": 0.7, \"wilson_hi\": 1.00";
+    memcpy(p, rep, strlen(rep)); /* same length as the text it replaces */
+    write_text(json, text);
+    const char *paths[1] = {json};
+    ps_error err;
+    REQUIRE_OK(ps_render(paths, 1, dir, NULL, 0, &err), &err);
+    snprintf(png, sizeof png, "%s/phase_curve.png", dir);
+    png_img img;
+    if (read_png(png, &img)) {
+        CHECK(0, "phase curve does not decode");
+        return;
+    }
+    double acc[4] = {1.0, 0.1, 0.8, 0.7};
+    ps_rgb col = ps_okabe_ito(0);
+    ps_rect a = ps_curve_area();
+    int miss = 0;
+    for (int r = 0; r < 4; r++) {
+        double x = ps_curve_x(4, r), y = ps_curve_y(acc[r]);
+        if (!(x > a.x && x < a.x + a.w && y > a.y + 3 && y < a.y + a.h - 3)) miss++;
+        if (!px_close(&img, x, y, col, 2)) {
+            miss++;
+            fprintf(stderr, "  residue %d (accuracy %.1f): no curve colour at (%.1f, %.1f)\n", r, acc[r], x, y);
+        }
+    }
+    CHECK(miss == 0, "%d data points are not where the plot-area mapping puts them", miss);
+    /* and not everywhere: halfway between residues 1 and 2 at accuracy 0.95 is background */
+    CHECK(!px_near(&img, (ps_curve_x(4, 1) + ps_curve_x(4, 2)) / 2, ps_curve_y(0.95), col, 1, 40),
+          "curve colour where no curve runs");
+    free(img.rgb);
+}
+
+/* The crash of issue 10: a ~17 KB gates file whose layers × heads × 2 × window overflowed an int in the
+ * renderer. Now every dimension beyond a figure is refused with the file and field named. */
+static void test_huge_dimensions(void) {
+    char path[1024], dir[1024];
+    snprintf(path, sizeof path, "%s/huge_gates.json", TMP);
+    snprintf(dir, sizeof dir, "%s/huge", TMP);
+    size_t cap = 1 << 16, o = 0;
+    char *s = malloc(cap);
+    if (!s) return;
+    o += (size_t)snprintf(s + o, cap - o, "{\"kind\": \"gates\", \"gates\": {\"window\": 4096, \"layers\": [{\"heads\": [");
+    for (int h = 0; h < 4096; h++) o += (size_t)snprintf(s + o, cap - o, "%s{}", h ? "," : "");
+    o += (size_t)snprintf(s + o, cap - o, "]}");
+    for (int l = 1; l < 1000; l++) o += (size_t)snprintf(s + o, cap - o, ",{}");
+    snprintf(s + o, cap - o, "]}}");
+    CHECK(strlen(s) > 10000 && strlen(s) < 30000, "crafted file is %zu bytes", strlen(s));
+    write_text(path, s);
+    const char *paths[1] = {path};
+    ps_error err;
+    CHECK_ERR(ps_render(paths, 1, dir, NULL, 0, &err), &err, "huge_gates.json", "gates.layers", "figure");
+    /* each dimension on its own */
+    write_text(path, "{\"kind\": \"gates\", \"gates\": {\"window\": 2000000000, \"layers\": [{\"heads\": [{}]}]}}");
+    CHECK_ERR(ps_render(paths, 1, dir, NULL, 0, &err), &err, "huge_gates.json", "gates.window");
+    o = (size_t)snprintf(s, cap, "{\"kind\": \"gates\", \"gates\": {\"window\": 8, \"layers\": [{\"heads\": [");
+    for (int h = 0; h < 200; h++) o += (size_t)snprintf(s + o, cap - o, "%s{}", h ? "," : "");
+    o += (size_t)snprintf(s + o, cap - o, "]}");
+    for (int l = 1; l < 100; l++) o += (size_t)snprintf(s + o, cap - o, ",{}");
+    snprintf(s + o, cap - o, "]}}");
+    write_text(path, s);
+    CHECK_ERR(ps_render(paths, 1, dir, NULL, 0, &err), &err, "huge_gates.json", "layers × heads");
+    free(s);
+    write_text(path, "{\"kind\": \"knockout\", \"grid\": {\"period\": 2147483647, \"cells\": [{}]}}");
+    CHECK_ERR(ps_render(paths, 1, dir, NULL, 0, &err), &err, "huge_gates.json", "grid.period");
+    write_text(path, "{\"kind\": \"theory\", \"steps\": [1], \"heads\": [{\"key_gate\": [[1]]}]}");
+    CHECK_OK(ps_render(paths, 1, dir, NULL, 0, &err), &err); /* a tiny theory result draws */
+    ps_fig f;
+    CHECK_ERR(ps_fig_begin(&f, 1e6, 100, PS_FMT_PNG, path, &err), &err, "larger than a figure");
+}
+
+/* Gate cycling: the title names k and the cycled heads (from cycle.heads when present). */
+static void test_gatecycle_title(void) {
+    char path[1024], dir[1024], png[1100];
+    snprintf(path, sizeof path, "%s/gatecycle.json", TMP);
+    snprintf(dir, sizeof dir, "%s/gc", TMP);
+    const char *cur = strstr(SWEEP, "\"curve\": ") + 9;
+    size_t cl = strlen(cur) - 1; /* the curve object, without the document's closing brace */
+    static char text[16384];
+    for (int with = 0; with < 2; with++) {
+        snprintf(text, sizeof text,
+                 "{\"kind\": \"gatecycle\", \"provenance\": {\"model\": \"runs/m\", \"config\": {\"n_kv_heads\": 6}}, "
+                 "\"cycle\": {\"layer\": 1, \"shift\": -1, \"head\": \"all\", %s\"branch\": \"both\", \"params\": \"all\"}, "
+                 "\"before\": %.*s, \"after\": %.*s, %s\"best_shift\": 0, \"best_shift_signed\": 0, \"best_shift_correlation\": 0.5}",
+                 with ? "\"heads\": [5, 1, 2, 3], " : "", (int)cl, cur, (int)cl, cur,
+                 with ? "\"dips\": [{\"before\": 1, \"after\": 0, \"moved_by\": -1, \"still_dips_after\": false}], \"new_dips\": [], " : "");
+        write_text(path, text);
+        const char *paths[1] = {path};
+        ps_error err;
+        REQUIRE_OK(ps_render(paths, 1, dir, NULL, 0, &err), &err);
+        snprintf(png, sizeof png, "%s/gatecycle_curve.png", dir);
+        png_img img;
+        if (read_png(png, &img)) {
+            CHECK(0, "gatecycle figure does not decode");
+            return;
+        }
+        const char *t = text_of(&img, "Title");
+        CHECK(t && strstr(t, "k = -1") && strstr(t, "layer 1") && strstr(t, with ? "heads 1–3, 5" : "all 6 KV heads") &&
+                  !strstr(t, TMP),
+              "gatecycle title \"%s\"", t ? t : "");
+        free(img.rgb);
+    }
+}
+
 int main(void) {
     tu_tempdir(TMP, sizeof TMP, "viz");
     test_colormaps();
     test_heatmap_pixels();
     test_render();
+    test_knockout_pixels();
+    test_curve_pixels();
+    test_huge_dimensions();
+    test_gatecycle_title();
     CHECK_DONE();
 }

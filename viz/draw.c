@@ -15,6 +15,9 @@
 
 int ps_fig_begin(ps_fig *f, double w, double h, ps_fig_format fmt, const char *path, ps_error *err) {
     memset(f, 0, sizeof *f);
+    if (!(w >= 1 && w <= PS_FIG_MAX_SIDE && h >= 1 && h <= PS_FIG_MAX_SIDE))
+        return ps_fail(err, "%s: a %.0f x %.0f px figure is larger than a figure can be (at most %.0f px a side)", path, w,
+                       h, PS_FIG_MAX_SIDE);
     f->w = w;
     f->h = h;
     f->format = fmt;
@@ -30,6 +33,10 @@ int ps_fig_begin(ps_fig *f, double w, double h, ps_fig_format fmt, const char *p
         return ps_fail(err, "%s: cannot create the figure surface", path);
     }
     f->cr = cairo_create(f->surface);
+    if (cairo_status(f->cr) != CAIRO_STATUS_SUCCESS) {
+        ps_fig_abort(f);
+        return ps_fail(err, "%s: cannot create the drawing context", path);
+    }
     cairo_set_source_rgb(f->cr, 1, 1, 1);
     cairo_paint(f->cr);
     cairo_set_source_rgb(f->cr, 0, 0, 0);
@@ -54,6 +61,7 @@ static int write_png(ps_fig *f, const char *const *keys, const char *const *vals
     png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, NULL, NULL, NULL);
     png_infop info = png ? png_create_info_struct(png) : NULL;
     unsigned char *row = malloc((size_t)W * 3);
+    png_text *volatile txt = NULL;
     if (!png || !info || !row) {
         png_destroy_write_struct(&png, &info);
         free(row);
@@ -62,6 +70,7 @@ static int write_png(ps_fig *f, const char *const *keys, const char *const *vals
     }
     if (setjmp(png_jmpbuf(png))) {
         png_destroy_write_struct(&png, &info);
+        free(txt);
         free(row);
         ps_atomic_abort(&af);
         return ps_fail(err, "%s: PNG write failed", f->path);
@@ -69,7 +78,8 @@ static int write_png(ps_fig *f, const char *const *keys, const char *const *vals
     png_init_io(png, af.f);
     png_set_IHDR(png, info, (png_uint_32)W, (png_uint_32)H, 8, PNG_COLOR_TYPE_RGB, PNG_INTERLACE_NONE,
                  PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
-    png_text *txt = calloc((size_t)(n_text ? n_text : 1), sizeof *txt);
+    txt = calloc((size_t)(n_text ? n_text : 1), sizeof *txt);
+    if (!txt) png_error(png, "out of memory");
     for (int i = 0; i < n_text; i++) {
         txt[i].compression = PNG_TEXT_COMPRESSION_NONE;
         txt[i].key = (char *)keys[i];
@@ -128,11 +138,14 @@ ps_rgb ps_viridis(double t) {
     return (ps_rgb){o[0], o[1], o[2]};
 }
 
-/* ColorBrewer RdBu (reversed: blue for negative), 11 anchors, linear in between */
+/* Blue–white–orange, 11 anchors, linear in between: ColorBrewer RdBu's blue half below the centre and
+ * PuOr's orange half above it (blue against orange stays distinct under every common colour-vision
+ * deficiency, unlike red against green). */
 ps_rgb ps_diverging(double t) {
     static const double a[11][3] = {{0x05, 0x30, 0x61}, {0x21, 0x66, 0xac}, {0x43, 0x93, 0xc3}, {0x92, 0xc5, 0xde},
-                                    {0xd1, 0xe5, 0xf0}, {0xf7, 0xf7, 0xf7}, {0xfd, 0xdb, 0xc7}, {0xf4, 0xa5, 0x82},
-                                    {0xd6, 0x60, 0x4d}, {0xb2, 0x18, 0x2b}, {0x67, 0x00, 0x1f}};
+                                    {0xd1, 0xe5, 0xf0}, {0xf7, 0xf7, 0xf7}, {0xfe, 0xe0, 0xb6}, {0xfd, 0xb8, 0x63},
+                                    {0xe0, 0x82, 0x14}, {0xb3, 0x58, 0x06}, {0x7f, 0x3b, 0x08}};
+    if (isnan(t)) t = 0.5;
     t = t < 0 ? 0 : t > 1 ? 1 : t;
     double x = t * 10;
     int i = (int)x;
@@ -142,6 +155,19 @@ ps_rgb ps_diverging(double t) {
                 (a[i][2] * (1 - f) + a[i + 1][2] * f) / 255};
     return c;
 }
+
+ps_rgb ps_diverging_rev(double t) { return ps_diverging(1 - t); }
+
+/* Okabe & Ito (2008), "Color Universal Design" (black moved last) */
+ps_rgb ps_okabe_ito(int i) {
+    static const ps_rgb c[8] = {{0x00 / 255., 0x72 / 255., 0xb2 / 255.}, {0xe6 / 255., 0x9f / 255., 0x00 / 255.},
+                                {0x00 / 255., 0x9e / 255., 0x73 / 255.}, {0xd5 / 255., 0x5e / 255., 0x00 / 255.},
+                                {0xcc / 255., 0x79 / 255., 0xa7 / 255.}, {0x56 / 255., 0xb4 / 255., 0xe9 / 255.},
+                                {0xf0 / 255., 0xe4 / 255., 0x42 / 255.}, {0, 0, 0}};
+    return c[((i % 8) + 8) % 8];
+}
+
+void ps_set_rgb(cairo_t *cr, ps_rgb c) { cairo_set_source_rgb(cr, c.r, c.g, c.b); }
 
 static void font(cairo_t *cr, double size, int bold) {
     cairo_select_font_face(cr, "DejaVu Sans", CAIRO_FONT_SLANT_NORMAL, bold ? CAIRO_FONT_WEIGHT_BOLD : CAIRO_FONT_WEIGHT_NORMAL);
@@ -179,10 +205,16 @@ int ps_tick_step(double cell, double label_w) {
 
 void ps_heatmap(cairo_t *cr, double x, double y, double w, double h, const double *v, int rows, int cols,
                 ps_rgb (*cmap)(double), double vmin, double vmax) {
+    ps_heatmap_strided(cr, x, y, w, h, v, rows, cols, cols, 1, cmap, vmin, vmax);
+}
+
+void ps_heatmap_strided(cairo_t *cr, double x, double y, double w, double h, const double *v, int rows, int cols,
+                        ptrdiff_t rstride, ptrdiff_t cstride, ps_rgb (*cmap)(double), double vmin, double vmax) {
+    if (rows < 1 || cols < 1) return;
     double cw = w / cols, ch = h / rows;
     for (int r = 0; r < rows; r++)
         for (int c = 0; c < cols; c++) {
-            double val = v[r * cols + c];
+            double val = v[(ptrdiff_t)r * rstride + (ptrdiff_t)c * cstride];
             if (isnan(val)) cairo_set_source_rgb(cr, 0.8, 0.8, 0.8);
             else {
                 double t = vmax > vmin ? (val - vmin) / (vmax - vmin) : 0.5;
@@ -199,6 +231,12 @@ void ps_heatmap(cairo_t *cr, double x, double y, double w, double h, const doubl
     cairo_rectangle(cr, round(x) + 0.5, round(y) + 0.5, round(x + w) - round(x) - 1, round(y + h) - round(y) - 1);
     cairo_stroke(cr);
     cairo_set_source_rgb(cr, 0, 0, 0);
+}
+
+void ps_fmt_p(char *buf, size_t n, double p) {
+    if (isnan(p)) snprintf(buf, n, "n/a");
+    else if (p < 1e-300) snprintf(buf, n, "< 1e-300");
+    else snprintf(buf, n, "%.2g", p);
 }
 
 void ps_fmt_num(char *buf, size_t n, double v) {
@@ -225,8 +263,8 @@ int ps_nice_ticks(double lo, double hi, int target, double *ticks, int max) {
     return n;
 }
 
-void ps_colorbar(cairo_t *cr, double x, double y, double w, double h, ps_rgb (*cmap)(double), double vmin, double vmax,
-                 const char *label) {
+double ps_colorbar(cairo_t *cr, double x, double y, double w, double h, ps_rgb (*cmap)(double), double vmin, double vmax,
+                   const char *label) {
     int steps = (int)h;
     for (int i = 0; i < steps; i++) {
         ps_rgb c = cmap(1.0 - (i + 0.5) / steps);
@@ -239,7 +277,7 @@ void ps_colorbar(cairo_t *cr, double x, double y, double w, double h, ps_rgb (*c
     cairo_rectangle(cr, x + 0.5, y + 0.5, w - 1, h - 1);
     cairo_stroke(cr);
     double ticks[32];
-    int n = ps_nice_ticks(vmin, vmax, 5, ticks, 32);
+    int n = vmax > vmin ? ps_nice_ticks(vmin, vmax, 5, ticks, 32) : 0;
     cairo_set_source_rgb(cr, 0, 0, 0);
     for (int i = 0; i < n; i++) {
         double ty = y + h * (1 - (ticks[i] - vmin) / (vmax - vmin));
@@ -248,13 +286,14 @@ void ps_colorbar(cairo_t *cr, double x, double y, double w, double h, ps_rgb (*c
         cairo_stroke(cr);
         char buf[32];
         ps_fmt_num(buf, sizeof buf, ticks[i]);
-        ps_text(cr, x + w + 7, ty, buf, 11, 0, 0.5, 0, 0);
+        ps_text(cr, x + w + 7, ty, buf, 12, 0, 0.5, 0, 0);
     }
     double maxw = 0;
     for (int i = 0; i < n; i++) {
         char buf[32];
         ps_fmt_num(buf, sizeof buf, ticks[i]);
-        maxw = fmax(maxw, ps_text_width(cr, buf, 11, 0));
+        maxw = fmax(maxw, ps_text_width(cr, buf, 12, 0));
     }
-    ps_text(cr, x + w + 14 + maxw, y + h / 2, label, 12, 0.5, 0, -M_PI / 2, 0);
+    ps_text(cr, x + w + 14 + maxw, y + h / 2, label, 13, 0.5, 0, -M_PI / 2, 0);
+    return w + 14 + maxw + 16;
 }

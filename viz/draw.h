@@ -1,7 +1,8 @@
 /* draw.h — figure plumbing on cairo: a figure (PNG through libpng with provenance text chunks, or PDF /
- * SVG through cairo), colour maps (viridis for magnitudes, ColorBrewer RdBu for signed changes), text,
- * heatmaps with thinned tick labels, colour bars, and line-plot axes. Coordinates are pixels (points in
- * the vector formats). */
+ * SVG through cairo), colour-blind-safe colours (Okabe-Ito for lines, viridis for magnitudes, a blue–
+ * white–orange diverging map for signed changes), text (UTF-8, DejaVu Sans, so ρ and α print as Greek
+ * letters), heatmaps with thinned tick labels, colour bars, and line-plot axes. Coordinates are pixels
+ * (points in the vector formats). */
 #ifndef PS_DRAW_H
 #define PS_DRAW_H
 
@@ -21,7 +22,10 @@ typedef struct {
     char path[4096], tmp[4200];
 } ps_fig;
 
-/* Start a figure of w × h pixels at `path` (its extension should match the format). White background. */
+/* The largest figure side drawn, in pixels: renderers refuse inputs that would need more. */
+#define PS_FIG_MAX_SIDE 16000.0
+
+/* Start a figure of w × h pixels (each in 1 .. PS_FIG_MAX_SIDE, else an error) at `path` (its extension should match the format). White background. */
 int ps_fig_begin(ps_fig *f, double w, double h, ps_fig_format fmt, const char *path, ps_error *err);
 /* Finish: PNG is written with libpng with tEXt chunks keys[i] = vals[i]; everything atomically. */
 int ps_fig_end(ps_fig *f, const char *const *keys, const char *const *vals, int n_text, ps_error *err);
@@ -31,8 +35,11 @@ typedef struct {
     double r, g, b;
 } ps_rgb;
 
-ps_rgb ps_viridis(double t);   /* t in [0, 1] */
-ps_rgb ps_diverging(double t); /* t in [0, 1], 0.5 = white; blue below, red above */
+ps_rgb ps_viridis(double t);       /* t in [0, 1] */
+ps_rgb ps_diverging(double t);     /* t in [0, 1], 0.5 = white; blue below, orange above */
+ps_rgb ps_diverging_rev(double t); /* the same reversed: orange below, blue above */
+ps_rgb ps_okabe_ito(int i);        /* line colour i (mod 8): blue, orange, bluish green, vermillion, ... */
+void ps_set_rgb(cairo_t *cr, ps_rgb c);
 
 /* Text with its anchor: ax, ay in {0 = left/top, 0.5 = centre, 1 = right/bottom}; angle in radians. */
 void ps_text(cairo_t *cr, double x, double y, const char *s, double size, double ax, double ay, double angle, int bold);
@@ -45,15 +52,21 @@ int ps_tick_step(double cell, double label_w);
  * cells are drawn grey. */
 void ps_heatmap(cairo_t *cr, double x, double y, double w, double h, const double *v, int rows, int cols,
                 ps_rgb (*cmap)(double), double vmin, double vmax);
+/* The same, reading cell (r, c) at v[r * rstride + c * cstride] (no copy needed for a slice). */
+void ps_heatmap_strided(cairo_t *cr, double x, double y, double w, double h, const double *v, int rows, int cols,
+                        ptrdiff_t rstride, ptrdiff_t cstride, ps_rgb (*cmap)(double), double vmin, double vmax);
 
-/* A vertical colour bar at (x, y, w, h) with ticks and a label (units). */
-void ps_colorbar(cairo_t *cr, double x, double y, double w, double h, ps_rgb (*cmap)(double), double vmin, double vmax,
-                 const char *label);
+/* A vertical colour bar at (x, y, w, h) with ticks and a label (units); returns the width it used
+ * (bar, ticks, tick labels and label). */
+double ps_colorbar(cairo_t *cr, double x, double y, double w, double h, ps_rgb (*cmap)(double), double vmin, double vmax,
+                   const char *label);
 
 /* "Nice" tick values covering [lo, hi]: fills ticks (at most max), returns the count. */
 int ps_nice_ticks(double lo, double hi, int target, double *ticks, int max);
 
 /* Format a tick value compactly. */
 void ps_fmt_num(char *buf, size_t n, double v);
+/* Format a p-value: "< 1e-300" for 0 (or anything below the smallest double printed), else 2 digits. */
+void ps_fmt_p(char *buf, size_t n, double p);
 
 #endif

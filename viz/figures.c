@@ -10,9 +10,17 @@
 
 #include "fileio.h"
 
-static const ps_rgb PALETTE[8] = {{0.122, 0.467, 0.706}, {0.839, 0.153, 0.157}, {0.173, 0.627, 0.173},
-                                  {1.000, 0.498, 0.055}, {0.580, 0.404, 0.741}, {0.549, 0.337, 0.294},
-                                  {0.890, 0.467, 0.761}, {0.498, 0.498, 0.498}};
+/* What a figure can show: larger inputs are refused (the renderer names the file and the field). */
+#define MAX_RESIDUES 1024    /* a phase curve's residues; a knockout grid's period is capped lower */
+#define MAX_KO_PERIOD 256    /* knockout columns */
+#define MAX_KO_ROWS 512      /* knockout rows (layer × head) per panel */
+#define MAX_KO_PANELS 8      /* knockout files side by side */
+#define MAX_LAYERS 128       /* gates */
+#define MAX_HEADS 256        /* gates, training logs */
+#define MAX_GATE_ROWS 1024   /* gates: layers × heads */
+#define MAX_WINDOW 256       /* gates, training logs, theory: offsets in a window */
+#define MAX_TRAIN_PANELS 64  /* training: (layer, head) panels drawn (the first 64 when there are more) */
+#define MAX_GATE_VALUES ((int64_t)1 << 26) /* training / theory: records × layers × heads × 2 × window */
 
 /* ---- helpers ---- */
 
@@ -50,6 +58,22 @@ static int emit(const char *out_dir, const char *name, double w, double h, draw_
     return 0;
 }
 
+/* Text width before a figure exists (for sizing the canvas). */
+static double measure(const char *s, double size, int bold) {
+    cairo_surface_t *sf = cairo_image_surface_create(CAIRO_FORMAT_ARGB32, 1, 1);
+    cairo_t *cr = cairo_create(sf);
+    double w = cairo_status(cr) == CAIRO_STATUS_SUCCESS ? ps_text_width(cr, s, size, bold) : 0.6 * size * (double)strlen(s);
+    cairo_destroy(cr);
+    cairo_surface_destroy(sf);
+    return w;
+}
+
+/* The largest font size <= size (down to 8) at which s fits in maxw. */
+static double fit(cairo_t *cr, const char *s, double size, double maxw, int bold) {
+    while (size > 8 && ps_text_width(cr, s, size, bold) > maxw) size -= 0.5;
+    return size;
+}
+
 static void model_name(char *buf, size_t n, json_t *prov) {
     char tmp[2048];
     snprintf(tmp, sizeof tmp, "%s", json_string_value(json_object_get(prov, "model")) ?: "model");
@@ -76,255 +100,572 @@ static void line(cairo_t *cr, double x0, double y0, double x1, double y1) {
     cairo_stroke(cr);
 }
 
+/* "0–3, 5, 7–15" from a sorted list of ints */
+static void fmt_ranges(char *buf, size_t n, const int64_t *v, int k) {
+    size_t o = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < k && o < n;) {
+        int j = i;
+        while (j + 1 < k && v[j + 1] == v[j] + 1) j++;
+        int w;
+        if (j > i) w = snprintf(buf + o, n - o, "%s%lld–%lld", i ? ", " : "", (long long)v[i], (long long)v[j]);
+        else w = snprintf(buf + o, n - o, "%s%lld", i ? ", " : "", (long long)v[i]);
+        if (w < 0) break;
+        o += (size_t)w;
+        i = j + 1;
+    }
+}
+
 /* ---- phase curves ---- */
+
+#define CURVE_W 1000.0
+#define CURVE_L 80.0
+#define CURVE_R 340.0
+#define CURVE_T 104.0
+#define CURVE_PH 400.0
+#define CURVE_Y0 (-0.04) /* accuracy range drawn: a little beyond [0, 1], so no curve hides under the frame */
+#define CURVE_Y1 1.05
+
+ps_rect ps_curve_area(void) { return (ps_rect){CURVE_L, CURVE_T, CURVE_W - CURVE_L - CURVE_R, CURVE_PH}; }
+double ps_curve_x(int64_t P, int64_t r) {
+    ps_rect a = ps_curve_area();
+    return a.x + a.w / (double)(P > 0 ? P : 1) * ((double)r + 0.5); /* residue r sits at the centre of its slot */
+}
+double ps_curve_y(double acc) {
+    ps_rect a = ps_curve_area();
+    return a.y + a.h * (1 - (acc - CURVE_Y0) / (CURVE_Y1 - CURVE_Y0));
+}
 
 typedef struct {
     char label[256], stats[256], stats2[256];
     int64_t P;
-    double acc[4096], lo[4096], hi[4096], mean, min;
+    double *acc, *lo, *hi, mean;
     int64_t argmin;
+    int flat; /* max == min: no worst residue to ring */
 } curve;
 
 typedef struct {
     int n;
     curve *c;
-    char title[1024], subtitle[1024];
+    double chance; /* gate cycling: the task's chance accuracy, drawn dotted (NaN: none) */
+    char title[1024], headline[1024], subtitle[1024], xlabel[128];
 } curves_ctx;
 
-static void fill_curve(curve *c, json_t *cj, const char *label) {
+static void free_curves(curves_ctx *x) {
+    for (int i = 0; i < x->n; i++) {
+        free(x->c[i].acc);
+        free(x->c[i].lo);
+        free(x->c[i].hi);
+    }
+    free(x->c);
+}
+
+/* A curve object's period: no period when "dominant_period" or its "period" is null or missing, or when
+ * the curve or its period is flagged non-significant ("significant": false). */
+static int has_period(json_t *cj) {
+    json_t *dp = json_object_get(cj, "dominant_period");
+    if (!json_is_number(json_object_get(dp, "period"))) return 0;
+    if (json_is_false(json_object_get(dp, "significant")) || json_is_false(json_object_get(cj, "significant")) ||
+        json_is_false(json_object_get(cj, "phase_sensitive")))
+        return 0;
+    return 1;
+}
+
+static int fill_curve(curve *c, json_t *cj, const char *label, const char *path, const char *field, ps_error *err) {
     snprintf(c->label, sizeof c->label, "%s", label);
     json_t *res = json_object_get(cj, "residues");
-    c->P = (int64_t)json_array_size(res);
-    if (c->P > 4096) c->P = 4096;
-    c->min = 2;
+    size_t nres = json_array_size(res);
+    if (nres < 1) return ps_fail(err, "%s: %s.residues is missing or empty", path, field);
+    if (nres > MAX_RESIDUES)
+        return ps_fail(err, "%s: %s.residues has %zu entries; a figure shows at most %d", path, field, nres, MAX_RESIDUES);
+    c->P = (int64_t)nres;
+    c->acc = calloc(nres, sizeof(double));
+    c->lo = calloc(nres, sizeof(double));
+    c->hi = calloc(nres, sizeof(double));
+    if (!c->acc || !c->lo || !c->hi) return ps_fail(err, "%s: out of memory", path);
+    double min = 2, max = -1;
     c->argmin = 0;
     for (int64_t r = 0; r < c->P; r++) {
         json_t *e = json_array_get(res, (size_t)r);
         c->acc[r] = num(e, "accuracy");
         c->lo[r] = num(e, "wilson_lo");
         c->hi[r] = num(e, "wilson_hi");
-        if (json_integer_value(json_object_get(e, "n")) > 0 && c->acc[r] < c->min) {
-            c->min = c->acc[r];
+        if (json_integer_value(json_object_get(e, "n")) > 0 && c->acc[r] < min) {
+            min = c->acc[r];
             c->argmin = r;
         }
+        if (json_integer_value(json_object_get(e, "n")) > 0) max = fmax(max, c->acc[r]);
     }
+    c->flat = !(max - min > 1e-12);
     c->mean = num(cj, "mean_accuracy");
     json_t *dp = json_object_get(cj, "dominant_period"), *cs = json_object_get(cj, "chi_square");
     snprintf(c->stats, sizeof c->stats, "mean %.3f, min %.3f, gap %.1f pp", c->mean, num(cj, "min_accuracy"), num(cj, "gap_pp"));
-    double p = num(cs, "p_value");
-    if (json_is_number(json_object_get(dp, "period")))
-        snprintf(c->stats2, sizeof c->stats2, "period %.3g, chi-square p = %.2g", num(dp, "period"), p);
-    else
-        snprintf(c->stats2, sizeof c->stats2, "no period (flat), chi-square p = %.2g", p);
+    ps_period_text(c->stats2, sizeof c->stats2, has_period(cj), num(dp, "period"),
+                   json_is_number(json_object_get(cs, "p_value")) ? num(cs, "p_value") : NAN);
+    return 0;
+}
+
+void ps_period_text(char *buf, size_t n, int has, double period, double p) {
+    char pb[32];
+    ps_fmt_p(pb, sizeof pb, p);
+    const char *eq = pb[0] == '<' ? "" : "= ";
+    if (has) snprintf(buf, n, "period %.3g, χ² p %s%s", period, eq, pb);
+    else snprintf(buf, n, "no period, χ² p %s%s", eq, pb);
 }
 
 static void draw_curves(cairo_t *cr, void *vctx) {
     curves_ctx *x = vctx;
-    double W = 960, L = 80, R = 300, T = 70, B = 70, pw = W - L - R, ph = 560 - T - B;
+    ps_rect a = ps_curve_area();
+    double L = a.x, T = a.y, pw = a.w, ph = a.h;
     int64_t P = x->c[0].P;
-    ps_text(cr, L, 24, x->title, 17, 0, 0.5, 0, 1);
-    ps_text(cr, L, 46, x->subtitle, 12, 0, 0.5, 0, 0);
-    /* axes and grid */
+    ps_text(cr, 20, 22, x->title, fit(cr, x->title, 17, CURVE_W - 40, 1), 0, 0.5, 0, 1);
+    ps_text(cr, 20, 46, x->headline, fit(cr, x->headline, 14, CURVE_W - 40, 1), 0, 0.5, 0, 1);
+    ps_text(cr, 20, 68, x->subtitle, fit(cr, x->subtitle, 12, CURVE_W - 40, 0), 0, 0.5, 0, 0);
+    /* grid */
     cairo_set_line_width(cr, 1);
     for (int i = 0; i <= 5; i++) {
-        double yv = i / 5.0, y = round(T + ph * (1 - yv)) + 0.5;
+        double yv = i / 5.0, y = round(ps_curve_y(yv)) + 0.5;
         cairo_set_source_rgb(cr, 0.88, 0.88, 0.88);
         line(cr, L, y, L + pw, y);
         cairo_set_source_rgb(cr, 0, 0, 0);
+        line(cr, L - 5, y, L, y);
         char buf[16];
         snprintf(buf, sizeof buf, "%.1f", yv);
         ps_text(cr, L - 8, y, buf, 12, 1, 0.5, 0, 0);
     }
-    double dx = pw / (double)P; /* residue r sits at the centre of its slot */
-    int step = ps_tick_step(dx, ps_text_width(cr, "000", 12, 0) + 6);
+    double dx = pw / (double)P;
+    int step = ps_tick_step(dx, ps_text_width(cr, "0000", 12, 0) + 6);
     for (int64_t r = 0; r < P; r += step) {
-        double xx = L + dx * ((double)r + 0.5);
+        double xx = ps_curve_x(P, r);
         cairo_set_source_rgb(cr, 0, 0, 0);
         line(cr, round(xx) + 0.5, T + ph, round(xx) + 0.5, T + ph + 5);
         char buf[32];
         snprintf(buf, sizeof buf, "%lld", (long long)r);
         ps_text(cr, xx, T + ph + 9, buf, 12, 0.5, 0, 0, 0);
     }
+    /* frame first, curves on top of it */
     cairo_set_source_rgb(cr, 0, 0, 0);
     cairo_rectangle(cr, L + 0.5, T + 0.5, pw, ph);
     cairo_stroke(cr);
-    char xl[128];
-    snprintf(xl, sizeof xl, "phase residue rho = t_K mod %lld", (long long)P);
-    ps_text(cr, L + pw / 2, T + ph + 34, xl, 13, 0.5, 0, 0, 0);
+    ps_text(cr, L + pw / 2, T + ph + 32, x->xlabel, 13, 0.5, 0, 0, 0);
     ps_text(cr, L - 52, T + ph / 2, "accuracy (top-1), 95% Wilson interval", 13, 0.5, 0.5, -M_PI / 2, 0);
-    /* curves */
+    static const double dots[2] = {1.5, 3};
+    if (!isnan(x->chance)) {
+        cairo_set_source_rgb(cr, 0.35, 0.35, 0.35);
+        cairo_set_line_width(cr, 1.5);
+        cairo_set_dash(cr, dots, 2, 0);
+        line(cr, L, ps_curve_y(x->chance), L + pw, ps_curve_y(x->chance));
+        cairo_set_dash(cr, NULL, 0, 0);
+    }
     for (int i = 0; i < x->n; i++) {
         curve *c = &x->c[i];
-        ps_rgb col = PALETTE[i % 8];
+        ps_rgb col = ps_okabe_ito(i);
         double off = x->n > 1 ? (i - (x->n - 1) / 2.0) * fmin(4, dx / (x->n + 2)) : 0;
-        cairo_set_source_rgb(cr, col.r, col.g, col.b);
+        ps_set_rgb(cr, col);
         cairo_set_line_width(cr, 1.2);
         for (int64_t r = 0; r < c->P; r++) { /* error bars */
-            double xx = (L + dx * ((double)r + 0.5)) + off;
-            line(cr, xx, T + ph * (1 - c->lo[r]), xx, T + ph * (1 - c->hi[r]));
-            line(cr, xx - 3, T + ph * (1 - c->lo[r]), xx + 3, T + ph * (1 - c->lo[r]));
-            line(cr, xx - 3, T + ph * (1 - c->hi[r]), xx + 3, T + ph * (1 - c->hi[r]));
+            double xx = ps_curve_x(P, r) + off;
+            line(cr, xx, ps_curve_y(c->lo[r]), xx, ps_curve_y(c->hi[r]));
+            line(cr, xx - 3, ps_curve_y(c->lo[r]), xx + 3, ps_curve_y(c->lo[r]));
+            line(cr, xx - 3, ps_curve_y(c->hi[r]), xx + 3, ps_curve_y(c->hi[r]));
         }
+        double dash_i[2] = {7, 3};
+        if (i % 2) cairo_set_dash(cr, dash_i, 2, 0); /* alternate curves dashed: colour is not the only cue */
         cairo_set_line_width(cr, 2);
         for (int64_t r = 0; r < c->P; r++) {
-            double xx = (L + dx * ((double)r + 0.5)) + off, yy = T + ph * (1 - c->acc[r]);
+            double xx = ps_curve_x(P, r) + off, yy = ps_curve_y(c->acc[r]);
             if (r == 0) cairo_move_to(cr, xx, yy);
             else cairo_line_to(cr, xx, yy);
         }
         cairo_stroke(cr);
+        cairo_set_dash(cr, NULL, 0, 0);
         for (int64_t r = 0; r < c->P; r++) {
-            double xx = (L + dx * ((double)r + 0.5)) + off, yy = T + ph * (1 - c->acc[r]);
-            cairo_arc(cr, xx, yy, 3.2, 0, 2 * M_PI);
+            double xx = ps_curve_x(P, r) + off, yy = ps_curve_y(c->acc[r]);
+            if (i % 2) cairo_rectangle(cr, xx - 3.2, yy - 3.2, 6.4, 6.4);
+            else cairo_arc(cr, xx, yy, 3.4, 0, 2 * M_PI);
             cairo_fill(cr);
         }
         /* mean: dashed line; min: open ring */
         double dash[2] = {6, 4};
         cairo_set_dash(cr, dash, 2, 0);
         cairo_set_line_width(cr, 1.3);
-        line(cr, L, T + ph * (1 - c->mean), L + pw, T + ph * (1 - c->mean));
+        line(cr, L, ps_curve_y(c->mean), L + pw, ps_curve_y(c->mean));
         cairo_set_dash(cr, NULL, 0, 0);
-        double mx = (L + dx * ((double)c->argmin + 0.5)) + off, my = T + ph * (1 - c->acc[c->argmin]);
-        cairo_set_line_width(cr, 2);
-        cairo_arc(cr, mx, my, 8, 0, 2 * M_PI);
-        cairo_stroke(cr);
+        if (!c->flat) {
+            double mx = ps_curve_x(P, c->argmin) + off, my = ps_curve_y(c->acc[c->argmin]);
+            cairo_set_line_width(cr, 2);
+            cairo_arc(cr, mx, my, 8, 0, 2 * M_PI);
+            cairo_stroke(cr);
+        }
         /* legend */
-        double ly = T + 8 + i * 70;
+        double lx = L + pw + 20, ly = T + 8 + i * 74, tw = CURVE_W - (lx + 32) - 10;
+        ps_set_rgb(cr, col);
         cairo_set_line_width(cr, 2);
-        line(cr, L + pw + 20, ly + 6, L + pw + 44, ly + 6);
-        cairo_arc(cr, L + pw + 32, ly + 6, 3.2, 0, 2 * M_PI);
+        if (i % 2) cairo_set_dash(cr, dash_i, 2, 0);
+        line(cr, lx, ly + 6, lx + 24, ly + 6);
+        cairo_set_dash(cr, NULL, 0, 0);
+        if (i % 2) cairo_rectangle(cr, lx + 12 - 3.2, ly + 6 - 3.2, 6.4, 6.4);
+        else cairo_arc(cr, lx + 12, ly + 6, 3.4, 0, 2 * M_PI);
         cairo_fill(cr);
         cairo_set_source_rgb(cr, 0, 0, 0);
-        ps_text(cr, L + pw + 52, ly + 6, c->label, 12, 0, 0.5, 0, 1);
-        ps_text(cr, L + pw + 52, ly + 24, c->stats, 11, 0, 0.5, 0, 0);
-        ps_text(cr, L + pw + 52, ly + 40, c->stats2, 11, 0, 0.5, 0, 0);
+        ps_text(cr, lx + 32, ly + 6, c->label, fit(cr, c->label, 13, tw, 1), 0, 0.5, 0, 1);
+        ps_text(cr, lx + 32, ly + 25, c->stats, fit(cr, c->stats, 12, tw, 0), 0, 0.5, 0, 0);
+        ps_text(cr, lx + 32, ly + 42, c->stats2, fit(cr, c->stats2, 12, tw, 0), 0, 0.5, 0, 0);
     }
-    double ky = T + 8 + x->n * 70 + 10;
+    double lx = L + pw + 20, ky = T + 8 + x->n * 74 + 6;
     cairo_set_source_rgb(cr, 0.2, 0.2, 0.2);
     double dash[2] = {6, 4};
     cairo_set_dash(cr, dash, 2, 0);
     cairo_set_line_width(cr, 1.3);
-    line(cr, L + pw + 20, ky, L + pw + 44, ky);
+    line(cr, lx, ky, lx + 24, ky);
     cairo_set_dash(cr, NULL, 0, 0);
-    ps_text(cr, L + pw + 52, ky, "mean accuracy", 11, 0, 0.5, 0, 0);
-    cairo_arc(cr, L + pw + 32, ky + 20, 7, 0, 2 * M_PI);
+    ps_text(cr, lx + 32, ky, "mean accuracy (curve's colour)", 12, 0, 0.5, 0, 0);
+    cairo_set_line_width(cr, 2);
+    cairo_arc(cr, lx + 12, ky + 22, 7, 0, 2 * M_PI);
     cairo_stroke(cr);
-    ps_text(cr, L + pw + 52, ky + 20, "worst residue (min)", 11, 0, 0.5, 0, 0);
+    ps_text(cr, lx + 32, ky + 22, "worst residue (min)", 12, 0, 0.5, 0, 0);
+    if (!isnan(x->chance)) {
+        char buf[64];
+        snprintf(buf, sizeof buf, "chance accuracy (%.3g)", x->chance);
+        cairo_set_source_rgb(cr, 0.35, 0.35, 0.35);
+        cairo_set_line_width(cr, 1.5);
+        cairo_set_dash(cr, dots, 2, 0);
+        line(cr, lx, ky + 44, lx + 24, ky + 44);
+        cairo_set_dash(cr, NULL, 0, 0);
+        cairo_set_source_rgb(cr, 0, 0, 0);
+        ps_text(cr, lx + 32, ky + 44, buf, 12, 0, 0.5, 0, 0);
+    }
 }
 
 /* ---- knockout heatmaps ---- */
 
+#define KO_TOP 124.0 /* heatmaps start here: title, subtitle (2 lines), panel name and target above */
+#define KO_BAR_GAP 16.0
+#define KO_BAR_W 16.0
+#define KO_BAR_ROOM 96.0 /* bar ticks and label */
+
+static double ko_left(double ch) { return ch >= 10 ? 110 : 80; }
+static double ko_panel_h(int maxrows) { return fmax(240, fmin(900, maxrows * 24.0)); }
+static double ko_cell_w(int maxcols, int n) { return fmax(10, fmin(36, 560.0 / maxcols / (n > 1 ? 1.4 : 1))); }
+
+int ps_knockout_layout(int n, const int *rows, const int *cols, ps_rect *heat, double *fig_w, double *fig_h,
+                       ps_error *err) {
+    int maxrows = 1, maxcols = 1;
+    if (n < 1 || n > MAX_KO_PANELS) return ps_fail(err, "knockout: %d grids side by side; a figure shows 1 to %d", n, MAX_KO_PANELS);
+    for (int k = 0; k < n; k++) {
+        if (rows[k] < 1 || rows[k] > MAX_KO_ROWS || cols[k] < 1 || cols[k] > MAX_KO_PERIOD)
+            return ps_fail(err, "knockout: a %d x %d grid is beyond a figure (1 to %d rows, 1 to %d residues)", rows[k], cols[k],
+                           MAX_KO_ROWS, MAX_KO_PERIOD);
+        maxrows = rows[k] > maxrows ? rows[k] : maxrows;
+        maxcols = cols[k] > maxcols ? cols[k] : maxcols;
+    }
+    double hp = ko_panel_h(maxrows), cw = ko_cell_w(maxcols, n), x = 20;
+    for (int k = 0; k < n; k++) {
+        double ch = hp / rows[k];
+        x += ko_left(ch);
+        heat[k] = (ps_rect){x, KO_TOP, cols[k] * cw, hp};
+        x += cols[k] * cw + KO_BAR_GAP + KO_BAR_W + KO_BAR_ROOM + 24;
+    }
+    *fig_w = fmax(x, 900);
+    *fig_h = KO_TOP + hp + 62;
+    if (*fig_w > PS_FIG_MAX_SIDE || *fig_h > PS_FIG_MAX_SIDE)
+        return ps_fail(err, "knockout: %d grids would need a %.0f x %.0f px figure (at most %.0f a side)", n, *fig_w, *fig_h,
+                       PS_FIG_MAX_SIDE);
+    return 0;
+}
+
+ps_rgb ps_knockout_color(double v, double vmax, int acc) {
+    double t = vmax > 0 ? (v + vmax) / (2 * vmax) : 0.5;
+    return acc ? ps_diverging_rev(t) : ps_diverging(t);
+}
+
 typedef struct {
-    char name[512];
+    char name[512], target[256];
     int rows, cols;
     int *layer, *head;
-    double *v;
+    double *v, vmax;
 } grid;
 
 typedef struct {
     int n;
     grid *g;
-    double vmax;
+    ps_rect *heat;
     int acc;
-    char title[1024], subtitle[1024];
-    double cw, ch, panel_w, left;
+    double fig_w;
+    char title[1024], subtitle[1024], subtitle2[1024];
 } ko_ctx;
 
 static void draw_knockout(cairo_t *cr, void *vctx) {
     ko_ctx *x = vctx;
-    double T = 96;
-    ps_text(cr, 20, 24, x->title, 17, 0, 0.5, 0, 1);
-    ps_text(cr, 20, 46, x->subtitle, 12, 0, 0.5, 0, 0);
-    double px = x->left;
+    ps_text(cr, 20, 22, x->title, fit(cr, x->title, 17, x->fig_w - 40, 1), 0, 0.5, 0, 1);
+    ps_text(cr, 20, 46, x->subtitle, fit(cr, x->subtitle, 12.5, x->fig_w - 40, 0), 0, 0.5, 0, 0);
+    ps_text(cr, 20, 64, x->subtitle2, fit(cr, x->subtitle2, 12.5, x->fig_w - 40, 0), 0, 0.5, 0, 0);
+    ps_rgb (*cmap)(double) = x->acc ? ps_diverging_rev : ps_diverging;
     for (int k = 0; k < x->n; k++) {
         grid *g = &x->g[k];
-        double w = g->cols * x->cw, h = g->rows * x->ch;
-        ps_text(cr, px + w / 2, T - 22, g->name, 13, 0.5, 0.5, 0, 1);
-        ps_heatmap(cr, px, T, w, h, g->v, g->rows, g->cols, ps_diverging, -x->vmax, x->vmax);
+        ps_rect hr = x->heat[k];
+        double px = hr.x, T = hr.y, w = hr.w, h = hr.h, ch = h / g->rows, cw = w / g->cols;
+        double room = w + KO_BAR_GAP + KO_BAR_W + KO_BAR_ROOM; /* the panel's width right of its labels */
+        double cx = px + (w + KO_BAR_GAP + KO_BAR_W) / 2;
+        cairo_set_source_rgb(cr, 0, 0, 0);
+        ps_text(cr, cx, T - 34, g->name, fit(cr, g->name, 13, room + 60, 1), 0.5, 0.5, 0, 1);
+        ps_text(cr, cx, T - 16, g->target, fit(cr, g->target, 12, room + 60, 0), 0.5, 0.5, 0, 0);
+        ps_heatmap(cr, px, T, w, h, g->v, g->rows, g->cols, cmap, -g->vmax, g->vmax);
         /* layer groups: separators and labels; head labels when they fit */
         cairo_set_source_rgb(cr, 0, 0, 0);
         int r0 = 0;
         for (int r = 1; r <= g->rows; r++)
             if (r == g->rows || g->layer[r] != g->layer[r0]) {
-                double yc = T + (r0 + r) / 2.0 * x->ch;
+                double yc = T + (r0 + r) / 2.0 * ch;
                 char buf[32];
                 snprintf(buf, sizeof buf, "layer %d", g->layer[r0]);
-                if ((r - r0) * x->ch >= 9 || r0 == 0 || g->rows <= 64)
-                    ps_text(cr, px - (x->ch >= 10 ? 34 : 6), yc, buf, x->ch >= 10 ? 12 : 10, 1, 0.5, 0, 1);
+                if ((r - r0) * ch >= 9 || r0 == 0 || g->rows <= 64)
+                    ps_text(cr, px - (ch >= 10 ? 34 : 6), yc, buf, ch >= 10 ? 12 : 10, 1, 0.5, 0, 1);
                 if (r < g->rows) {
                     cairo_set_line_width(cr, 2);
-                    line(cr, px - 4, round(T + r * x->ch), px + w, round(T + r * x->ch));
+                    line(cr, px - 4, round(T + r * ch), px + w, round(T + r * ch));
                 }
                 r0 = r;
             }
-        if (x->ch >= 10)
+        if (ch >= 10)
             for (int r = 0; r < g->rows; r++) {
                 char buf[16];
                 snprintf(buf, sizeof buf, "h%d", g->head[r]);
-                ps_text(cr, px - 4, T + (r + 0.5) * x->ch, buf, fmin(11, x->ch - 1), 1, 0.5, 0, 0);
+                ps_text(cr, px - 4, T + (r + 0.5) * ch, buf, fmin(12, ch - 1), 1, 0.5, 0, 0);
             }
-        int step = ps_tick_step(x->cw, ps_text_width(cr, "00", 11, 0) + 4);
+        int step = ps_tick_step(cw, ps_text_width(cr, "000", 12, 0) + 4);
         for (int c = 0; c < g->cols; c += step) {
             char buf[16];
             snprintf(buf, sizeof buf, "%d", c);
-            ps_text(cr, px + (c + 0.5) * x->cw, T + h + 6, buf, 11, 0.5, 0, 0, 0);
+            ps_text(cr, px + (c + 0.5) * cw, T + h + 6, buf, 12, 0.5, 0, 0, 0);
         }
-        ps_text(cr, px + w / 2, T + h + 26, "phase residue rho", 12, 0.5, 0, 0, 0);
-        px += x->panel_w;
+        ps_text(cr, px + w / 2, T + h + 28, "phase residue ρ", 13, 0.5, 0, 0, 0);
+        ps_colorbar(cr, px + w + KO_BAR_GAP, T, KO_BAR_W, h, cmap, -g->vmax, g->vmax,
+                    x->acc ? "Δ accuracy (pp)" : "Δ mean target NLL (nats)");
     }
-    double maxh = 0;
-    for (int k = 0; k < x->n; k++) maxh = fmax(maxh, x->g[k].rows * x->ch);
-    ps_colorbar(cr, px - x->panel_w + x->g[x->n - 1].cols * x->cw + 30, T, 18, fmin(fmax(maxh, 260), 420), ps_diverging, -x->vmax, x->vmax,
-                x->acc ? "change in accuracy (pp)" : "change in mean target NLL (nats)");
+}
+
+static const char *target_text(const char *t) {
+    if (!t) return "knocked out: (target not recorded)";
+    if (!strcmp(t, "raw")) return "knocked out: raw keys and values (hook_k, hook_v)";
+    if (!strcmp(t, "compressed")) return "knocked out: compressed keys and values (hook_ck, hook_cv)";
+    if (!strcmp(t, "both")) return "knocked out: raw and compressed keys and values";
+    return NULL;
+}
+
+static void free_grids(ko_ctx *x) {
+    if (x->g)
+        for (int k = 0; k < x->n; k++) {
+            free(x->g[k].layer);
+            free(x->g[k].head);
+            free(x->g[k].v);
+        }
+    free(x->g);
+    free(x->heat);
+}
+
+static int render_knockout(json_t **docs, const char *const *paths, int n, const char *out, const ps_render_opts *o,
+                           int verbose, ps_error *err) {
+    if (n > MAX_KO_PANELS) return ps_fail(err, "%s: %d knockout grids side by side; a figure shows at most %d", paths[0], n, MAX_KO_PANELS);
+    ko_ctx x = {0};
+    x.n = n;
+    x.acc = o && o->measure && !strcmp(o->measure, "acc");
+    x.g = calloc((size_t)n, sizeof *x.g);
+    x.heat = calloc((size_t)n, sizeof *x.heat);
+    int *rows = calloc((size_t)n, sizeof(int)), *cols = calloc((size_t)n, sizeof(int));
+    int rc = 0;
+    if (!x.g || !x.heat || !rows || !cols) rc = ps_fail(err, "%s: out of memory", paths[0]);
+    for (int k = 0; k < n && !rc; k++) {
+        json_t *grid_j = json_object_get(docs[k], "grid"), *cells = json_object_get(grid_j, "cells");
+        grid *g = &x.g[k];
+        model_name(g->name, sizeof g->name, json_object_get(docs[k], "provenance"));
+        const char *tg = json_string_value(json_object_get(grid_j, "target")), *tt = target_text(tg);
+        if (tt) snprintf(g->target, sizeof g->target, "%s", tt);
+        else snprintf(g->target, sizeof g->target, "knocked out: %s", tg);
+        size_t nrows = json_array_size(cells);
+        json_int_t period = json_integer_value(json_object_get(grid_j, "period"));
+        if (nrows < 1 || nrows > MAX_KO_ROWS) {
+            rc = ps_fail(err, "%s: grid.cells has %zu rows; a figure shows 1 to %d", paths[k], nrows, MAX_KO_ROWS);
+            break;
+        }
+        if (period < 1 || period > MAX_KO_PERIOD) {
+            rc = ps_fail(err, "%s: grid.period = %lld; a figure shows 1 to %d residues", paths[k], (long long)period, MAX_KO_PERIOD);
+            break;
+        }
+        g->rows = rows[k] = (int)nrows;
+        g->cols = cols[k] = (int)period;
+        g->layer = calloc((size_t)g->rows, sizeof(int));
+        g->head = calloc((size_t)g->rows, sizeof(int));
+        g->v = calloc((size_t)g->rows * (size_t)g->cols, sizeof(double));
+        if (!g->layer || !g->head || !g->v) {
+            rc = ps_fail(err, "%s: out of memory", paths[k]);
+            break;
+        }
+        for (int r = 0; r < g->rows; r++) {
+            json_t *cell = json_array_get(cells, (size_t)r), *res = json_object_get(cell, "residues");
+            g->layer[r] = (int)json_integer_value(json_object_get(cell, "layer"));
+            g->head[r] = (int)json_integer_value(json_object_get(cell, "head"));
+            for (int c = 0; c < g->cols; c++) {
+                json_t *e = json_array_get(res, (size_t)c);
+                double v = json_integer_value(json_object_get(e, "n")) > 0 ? num(e, x.acc ? "delta_accuracy_pp" : "delta_nll") : NAN;
+                if (!isfinite(v)) v = NAN;
+                g->v[(size_t)r * (size_t)g->cols + (size_t)c] = v;
+                if (!isnan(v)) g->vmax = fmax(g->vmax, fabs(v));
+            }
+        }
+        if (!(g->vmax > 0)) g->vmax = 1; /* all zero: a scale of ±1 shows them white */
+    }
+    double W = 0, H = 0;
+    if (!rc) rc = ps_knockout_layout(n, rows, cols, x.heat, &W, &H, err);
+    if (!rc) {
+        x.fig_w = W;
+        snprintf(x.title, sizeof x.title, "KV-head knockout (mean replacement): change in %s per layer × KV head and phase residue",
+                 x.acc ? "accuracy" : "mean target NLL");
+        snprintf(x.subtitle, sizeof x.subtitle,
+                 "each KV head's entries (named over each panel) replaced by their mean over the prompts of the same shift; "
+                 "%s",
+                 x.acc ? "change = knocked out − clean accuracy, in percentage points" : "change = knocked out − clean NLL, in nats");
+        snprintf(x.subtitle2, sizeof x.subtitle2, "orange = knockout hurts (%s), blue = knockout helps, white = no change, grey = no prompts%s",
+                 x.acc ? "accuracy falls" : "NLL rises", n > 1 ? "; each panel has its own colour scale" : "");
+        chunks ch;
+        make_chunks(&ch, json_object_get(docs[0], "provenance"), x.title);
+        rc = emit(out, x.acc ? "knockout_heatmap_acc" : "knockout_heatmap", W, H, draw_knockout, &x, &ch, o, verbose, err);
+    }
+    free_grids(&x);
+    free(rows);
+    free(cols);
+    return rc;
 }
 
 /* ---- gate concentration ---- */
 
 typedef struct {
     int L, H, W;
-    double *mg;          /* [L][H][2][W] */
-    double *ns, *ni;     /* [L][H][2] */
-    int *peak;           /* [L][H][2] */
+    double *mg;      /* [L][H][2][W] */
+    double *ns, *ni; /* [L][H][2] */
+    int *peak;       /* [L][H][2] */
     char title[1024], subtitle[1024];
-    double cw, ch;
+    double cw, ch, left, textw, gap, top, rowh, fig_w;
 } gates_ctx;
+
+#define GATES_STATS_FMT "N_s %.2f   N_i %.2f   r = %d"
+
+static double gates_stats_font(double ch) { return fmin(13, ch - 1); }
 
 static void draw_gates(cairo_t *cr, void *vctx) {
     gates_ctx *x = vctx;
-    ps_text(cr, 20, 24, x->title, 17, 0, 0.5, 0, 1);
-    ps_text(cr, 20, 46, x->subtitle, 12, 0, 0.5, 0, 0);
-    double T = 100, left = 90, bw = x->W * x->cw, textw = 190, rowh = x->H * x->ch + 56;
+    ps_text(cr, 20, 24, x->title, fit(cr, x->title, 18, x->fig_w - 40, 1), 0, 0.5, 0, 1);
+    ps_text(cr, 20, 50, x->subtitle, fit(cr, x->subtitle, 13, x->fig_w - 40, 0), 0, 0.5, 0, 0);
+    double T = x->top, left = x->left, bw = x->W * x->cw, hh = x->H * x->ch, block = bw + 10 + x->textw + x->gap;
     for (int b = 0; b < 2; b++)
-        ps_text(cr, left + b * (bw + textw) + bw / 2, T - 34, b ? "value gate" : "key gate", 13, 0.5, 0.5, 0, 1);
+        ps_text(cr, left + b * block + bw / 2, T - 18, b ? "value gate" : "key gate", 15, 0.5, 0.5, 0, 1);
+    double fs = gates_stats_font(x->ch);
     for (int l = 0; l < x->L; l++) {
-        double y = T + l * rowh;
-        char buf[64];
+        double y = T + l * x->rowh;
+        char buf[96];
         snprintf(buf, sizeof buf, "layer %d", l);
-        ps_text(cr, 14, y + x->H * x->ch / 2, buf, 13, 0, 0.5, 0, 1);
+        cairo_set_source_rgb(cr, 0, 0, 0);
+        ps_text(cr, 16, y + hh / 2, buf, 14, 0, 0.5, 0, 1);
         for (int b = 0; b < 2; b++) {
-            double px = left + b * (bw + textw);
-            double *v = malloc((size_t)(x->H * x->W) * sizeof(double));
-            for (int h = 0; h < x->H; h++)
-                for (int i = 0; i < x->W; i++) v[h * x->W + i] = x->mg[(((size_t)l * x->H + h) * 2 + b) * x->W + i];
-            ps_heatmap(cr, px, y, bw, x->H * x->ch, v, x->H, x->W, ps_viridis, 0, 1);
-            free(v);
+            double px = left + b * block;
+            ps_heatmap_strided(cr, px, y, bw, hh, x->mg + ((size_t)l * (size_t)x->H * 2 + (size_t)b) * (size_t)x->W, x->H, x->W,
+                               (ptrdiff_t)2 * x->W, 1, ps_viridis, 0, 1);
             cairo_set_source_rgb(cr, 0, 0, 0);
             for (int h = 0; h < x->H; h++) {
-                size_t k = ((size_t)l * x->H + h) * 2 + b;
+                size_t k = ((size_t)l * (size_t)x->H + (size_t)h) * 2 + (size_t)b;
+                if (x->ch < 9) break;
                 snprintf(buf, sizeof buf, "h%d", h);
-                if (x->ch >= 9) ps_text(cr, px - 4, y + (h + 0.5) * x->ch, buf, fmin(11, x->ch - 1), 1, 0.5, 0, 0);
-                snprintf(buf, sizeof buf, "N_s %.2f  N_i %.2f  r=%d", x->ns[k], x->ni[k], x->peak[k]);
-                if (x->ch >= 9) ps_text(cr, px + bw + 6, y + (h + 0.5) * x->ch, buf, fmin(10.5, x->ch - 1), 0, 0.5, 0, 0);
+                ps_text(cr, px - 5, y + (h + 0.5) * x->ch, buf, fs, 1, 0.5, 0, 0);
+                snprintf(buf, sizeof buf, GATES_STATS_FMT, x->ns[k], x->ni[k], x->peak[k]);
+                ps_text(cr, px + bw + 10, y + (h + 0.5) * x->ch, buf, fs, 0, 0.5, 0, 0);
             }
-            int step = ps_tick_step(x->cw, ps_text_width(cr, "00", 10, 0) + 3);
+            int step = ps_tick_step(x->cw, ps_text_width(cr, "000", 12, 0) + 3);
             for (int i = 0; i < x->W; i += step) {
                 snprintf(buf, sizeof buf, "%d", i);
-                ps_text(cr, px + (i + 0.5) * x->cw, y + x->H * x->ch + 4, buf, 10, 0.5, 0, 0, 0);
+                ps_text(cr, px + (i + 0.5) * x->cw, y + hh + 5, buf, 12, 0.5, 0, 0, 0);
             }
-            ps_text(cr, px + bw / 2, y + x->H * x->ch + 20, "offset i in the window", 11, 0.5, 0, 0, 0);
+            ps_text(cr, px + bw / 2, y + hh + 24, "offset i in the window", 13, 0.5, 0, 0, 0);
         }
     }
-    ps_colorbar(cr, left + 2 * (bw + textw) + 10, T, 18, fmin(300, fmax(120, x->L * rowh - 56)), ps_viridis, 0, 1,
-                "mean gate weight E[alpha_i]");
+    ps_colorbar(cr, left + 2 * block - x->gap + 24, T, 18, fmin(hh, 600), ps_viridis, 0, 1, "mean gate weight E[α_i]");
+}
+
+static void free_gates(gates_ctx *x) {
+    free(x->mg);
+    free(x->ns);
+    free(x->ni);
+    free(x->peak);
+}
+
+static int render_gates(json_t *doc, const char *path, const char *out, const ps_render_opts *o, int verbose, ps_error *err) {
+    json_t *gj = json_object_get(doc, "gates"), *layers = json_object_get(gj, "layers");
+    size_t L = json_array_size(layers), H = json_array_size(json_object_get(json_array_get(layers, 0), "heads"));
+    json_int_t W = json_integer_value(json_object_get(gj, "window"));
+    if (L < 1 || L > MAX_LAYERS)
+        return ps_fail(err, "%s: gates.layers has %zu entries; a figure shows 1 to %d layers", path, L, MAX_LAYERS);
+    if (H < 1 || H > MAX_HEADS)
+        return ps_fail(err, "%s: gates.layers[0].heads has %zu entries; a figure shows 1 to %d heads", path, H, MAX_HEADS);
+    if (W < 1 || W > MAX_WINDOW)
+        return ps_fail(err, "%s: gates.window = %lld; a figure shows 1 to %d offsets", path, (long long)W, MAX_WINDOW);
+    if ((int64_t)L * (int64_t)H > MAX_GATE_ROWS)
+        return ps_fail(err, "%s: gates.layers × heads = %zu × %zu rows; a figure shows at most %d", path, L, H, MAX_GATE_ROWS);
+    gates_ctx x = {0};
+    x.L = (int)L;
+    x.H = (int)H;
+    x.W = (int)W;
+    size_t nb = L * H * 2; /* <= 2048, so nb * W <= 2^19 */
+    x.mg = calloc(nb * (size_t)x.W, sizeof(double));
+    x.ns = calloc(nb, sizeof(double));
+    x.ni = calloc(nb, sizeof(double));
+    x.peak = calloc(nb, sizeof(int));
+    if (!x.mg || !x.ns || !x.ni || !x.peak) {
+        free_gates(&x);
+        return ps_fail(err, "%s: out of memory", path);
+    }
+    int64_t nwin = 0;
+    for (int l = 0; l < x.L; l++)
+        for (int h = 0; h < x.H; h++)
+            for (int b = 0; b < 2; b++) {
+                json_t *bo = json_object_get(json_array_get(json_object_get(json_array_get(layers, (size_t)l), "heads"), (size_t)h),
+                                             b ? "value" : "key");
+                size_t k = ((size_t)l * (size_t)x.H + (size_t)h) * 2 + (size_t)b;
+                for (int i = 0; i < x.W; i++) x.mg[k * (size_t)x.W + (size_t)i] = json_number_value(json_array_get(json_object_get(bo, "mean_gate"), (size_t)i));
+                x.ns[k] = num(bo, "N_static");
+                x.ni[k] = num(bo, "N_input");
+                x.peak[k] = (int)json_integer_value(json_object_get(bo, "peak"));
+                nwin = json_integer_value(json_object_get(bo, "n_windows"));
+            }
+    char name[400];
+    model_name(name, sizeof name, json_object_get(doc, "provenance"));
+    snprintf(x.title, sizeof x.title, "Gate concentration — %s", name);
+    snprintf(x.subtitle, sizeof x.subtitle,
+             "mean gate weight per KV head and offset, pooled over %lld windows; N_s = exp(H(mean gate)), N_i = E[exp(H(α))], "
+             "r = peak offset",
+             (long long)nwin);
+    /* fill the canvas: cells as big as a ~440 px square allows, stats text and the colour bar right beside */
+    x.cw = fmax(12, fmin(56, 400.0 / x.W));
+    x.ch = fmax(6, fmin(30, 460.0 / x.H));
+    x.left = 16 + measure("layer 000", 14, 1) + 12 + (x.ch >= 9 ? measure("h000", gates_stats_font(x.ch), 0) + 8 : 0);
+    char wide[96];
+    snprintf(wide, sizeof wide, GATES_STATS_FMT, 8.88, 8.88, x.W > 100 ? 888 : 88);
+    x.textw = x.ch >= 9 ? measure(wide, gates_stats_font(x.ch), 0) : 0;
+    x.top = 104;
+    x.rowh = x.H * x.ch + 62;
+    x.gap = 40 + (x.ch >= 9 ? measure("h000", gates_stats_font(x.ch), 0) : 0);
+    double block = x.W * x.cw + 10 + x.textw + x.gap;
+    double W_px = x.left + 2 * block - x.gap + 24 + 18 + 14 + measure("0.8", 12, 0) + 30;
+    x.fig_w = fmax(W_px, measure(x.subtitle, 13, 0) + 40);
+    double H_px = x.top + x.L * x.rowh + 6;
+    chunks ch;
+    make_chunks(&ch, json_object_get(doc, "provenance"), x.title);
+    int rc;
+    if (x.fig_w > PS_FIG_MAX_SIDE || H_px > PS_FIG_MAX_SIDE)
+        rc = ps_fail(err, "%s: %zu layers x %zu heads x window %lld need a %.0f x %.0f px figure (at most %.0f a side)", path, L,
+                     H, (long long)W, x.fig_w, H_px, PS_FIG_MAX_SIDE);
+    else
+        rc = emit(out, "gate_concentration", x.fig_w, H_px, draw_gates, &x, &ch, o, verbose, err);
+    free_gates(&x);
+    return rc;
 }
 
 /* ---- training ---- */
@@ -332,137 +673,217 @@ static void draw_gates(cairo_t *cr, void *vctx) {
 typedef struct {
     int n_train, n_eval, n_gates;
     double *ts, *loss, *es, *acc, *gs;
-    int L, H, W, sel;      /* sel: (layer, head) panels drawn */
-    double *mg;            /* [n_gates][L][H][2][W] */
-    double *ns, *ni;       /* [n_gates][L][H][2] */
-    char title[1024], subtitle[1024];
+    int L, H, W, sel; /* sel: (layer, head) panels drawn: every head, up to MAX_TRAIN_PANELS */
+    double *mg;       /* [n_gates][L][H][2][W] */
+    double *ns, *ni;  /* [n_gates][L][H][2] */
+    double fig_w;
+    char title[1024], subtitle[1024], section[256];
 } train_ctx;
 
+#define TR_TOP 84.0
+#define TR_PLOT_H 200.0
+#define TR_GATES (TR_TOP + TR_PLOT_H + 104.0) /* first row of gate panels */
+#define TR_PW 600.0                           /* a (layer, head) panel */
+#define TR_PH 172.0
+#define TR_HM_H 90.0
+#define TR_HM_W 150.0
+
+static int train_cols(int sel) { return sel >= 2 ? 2 : 1; }
+
 static void axes(cairo_t *cr, double x, double y, double w, double h, double x0, double x1, double y0, double y1,
-                 const char *xl, const char *yl) {
+                 double fs, const char *xl, const char *yl) {
     double t[32];
-    int n = ps_nice_ticks(y0, y1, 5, t, 32);
+    int n = ps_nice_ticks(y0, y1, h < 150 ? 4 : 5, t, 32);
     cairo_set_line_width(cr, 1);
     for (int i = 0; i < n; i++) {
+        if (t[i] > y1 || t[i] < y0) continue;
         double yy = round(y + h * (1 - (t[i] - y0) / (y1 - y0))) + 0.5;
         cairo_set_source_rgb(cr, 0.88, 0.88, 0.88);
         line(cr, x, yy, x + w, yy);
         cairo_set_source_rgb(cr, 0, 0, 0);
+        line(cr, x - 4, yy, x, yy);
         char buf[32];
         ps_fmt_num(buf, sizeof buf, t[i]);
-        ps_text(cr, x - 6, yy, buf, 11, 1, 0.5, 0, 0);
+        ps_text(cr, x - 6, yy, buf, fs, 1, 0.5, 0, 0);
     }
-    n = ps_nice_ticks(x0, x1, 6, t, 32);
+    n = ps_nice_ticks(x0, x1, w < 250 ? 4 : 6, t, 32);
+    /* (y ticks below y0 are skipped above: ranges padded below 0 keep 0 as their lowest tick) */
     for (int i = 0; i < n; i++) {
         double xx = round(x + w * (t[i] - x0) / (x1 - x0)) + 0.5;
         line(cr, xx, y + h, xx, y + h + 4);
         char buf[32];
         ps_fmt_num(buf, sizeof buf, t[i]);
-        ps_text(cr, xx, y + h + 7, buf, 11, 0.5, 0, 0, 0);
+        ps_text(cr, xx, y + h + 6, buf, fs, 0.5, 0, 0, 0);
     }
     cairo_rectangle(cr, x + 0.5, y + 0.5, w, h);
     cairo_stroke(cr);
-    ps_text(cr, x + w / 2, y + h + 26, xl, 12, 0.5, 0, 0, 0);
-    ps_text(cr, x - 50, y + h / 2, yl, 12, 0.5, 0.5, -M_PI / 2, 0);
+    if (xl) ps_text(cr, x + w / 2, y + h + 8 + fs * 1.5, xl, fs + 1, 0.5, 0, 0, 0);
+    if (yl) ps_text(cr, x - 50, y + h / 2, yl, fs + 1, 0.5, 0.5, -M_PI / 2, 0);
 }
 
-static void polyline(cairo_t *cr, const double *xs, const double *ys, int n, double x, double y, double w, double h,
-                     double x0, double x1, double y0, double y1) {
+/* A polyline in data coordinates, clipped a few pixels outside the plot area (so values on its edge
+ * stay visible on top of the frame). xs, ys: n values with strides. */
+static void polyline(cairo_t *cr, const double *xs, const double *ys, ptrdiff_t ystride, int n, double x, double y, double w,
+                     double h, double x0, double x1, double y0, double y1) {
+    cairo_save(cr);
+    cairo_rectangle(cr, x - 4, y - 4, w + 8, h + 8);
+    cairo_clip(cr);
     for (int i = 0; i < n; i++) {
-        double xx = x + w * (xs[i] - x0) / (x1 - x0), yy = y + h * (1 - (ys[i] - y0) / (y1 - y0));
+        double xx = x + w * (xs[i] - x0) / (x1 - x0), yy = y + h * (1 - (ys[i * ystride] - y0) / (y1 - y0));
         if (i == 0) cairo_move_to(cr, xx, yy);
         else cairo_line_to(cr, xx, yy);
     }
     cairo_stroke(cr);
+    cairo_restore(cr);
+}
+
+/* key: filled circle; value: open square */
+static void marker(cairo_t *cr, int kind, double x, double y) {
+    if (kind == 0) {
+        cairo_arc(cr, x, y, 3.2, 0, 2 * M_PI);
+        cairo_fill(cr);
+    } else {
+        cairo_set_line_width(cr, 1.4);
+        cairo_rectangle(cr, x - 4, y - 4, 8, 8);
+        cairo_stroke(cr);
+    }
+}
+
+static void nline_style(cairo_t *cr, int b, int q) {
+    static const double dash[2] = {6, 3.5};
+    ps_set_rgb(cr, ps_okabe_ito(b ? 3 : 0));
+    cairo_set_line_width(cr, b ? 1.6 : 3.4); /* key drawn wide under the value line: both stay visible where they meet */
+    cairo_set_dash(cr, q ? dash : NULL, q ? 2 : 0, 0);
 }
 
 static void draw_training(cairo_t *cr, void *vctx) {
     train_ctx *x = vctx;
-    ps_text(cr, 20, 24, x->title, 17, 0, 0.5, 0, 1);
-    ps_text(cr, 20, 46, x->subtitle, 12, 0, 0.5, 0, 0);
+    ps_text(cr, 20, 22, x->title, fit(cr, x->title, 17, x->fig_w - 40, 1), 0, 0.5, 0, 1);
+    ps_text(cr, 20, 46, x->subtitle, fit(cr, x->subtitle, 12.5, x->fig_w - 40, 0), 0, 0.5, 0, 0);
     double smax = 1;
     for (int i = 0; i < x->n_train; i++) smax = fmax(smax, x->ts[i]);
     for (int i = 0; i < x->n_eval; i++) smax = fmax(smax, x->es[i]);
     double lmax = 0;
-    for (int i = 0; i < x->n_train; i++) lmax = fmax(lmax, x->loss[i]);
-    double y = 80, h = 230, w = 400;
-    axes(cr, 80, y, w, h, 0, smax, 0, lmax > 0 ? lmax * 1.05 : 1, "training step", "training loss (nats)");
-    cairo_set_source_rgb(cr, PALETTE[0].r, PALETTE[0].g, PALETTE[0].b);
-    cairo_set_line_width(cr, 1.8);
-    polyline(cr, x->ts, x->loss, x->n_train, 80, y, w, h, 0, smax, 0, lmax > 0 ? lmax * 1.05 : 1);
+    for (int i = 0; i < x->n_train; i++)
+        if (isfinite(x->loss[i])) lmax = fmax(lmax, x->loss[i]);
+    /* y ranges padded a little beyond the data (0 and 1 included), so no curve runs along the frame */
+    double ltop = lmax > 0 ? lmax * 1.06 : 1, lbot = -0.03 * ltop, abot = -0.03, atop = 1.05;
+    double y = TR_TOP, h = TR_PLOT_H, w = 520, ax = 80, bx = 80 + w + 110;
+    axes(cr, ax, y, w, h, 0, smax, lbot, ltop, 12, "training step", "training loss (nats)");
+    ps_set_rgb(cr, ps_okabe_ito(0));
+    cairo_set_line_width(cr, 2);
+    polyline(cr, x->ts, x->loss, 1, x->n_train, ax, y, w, h, 0, smax, lbot, ltop);
     cairo_set_source_rgb(cr, 0, 0, 0);
-    axes(cr, 80 + w + 110, y, w, h, 0, smax, 0, 1, "training step", "held-out accuracy");
-    cairo_set_source_rgb(cr, PALETTE[1].r, PALETTE[1].g, PALETTE[1].b);
-    polyline(cr, x->es, x->acc, x->n_eval, 80 + w + 110, y, w, h, 0, smax, 0, 1);
+    axes(cr, bx, y, w, h, 0, smax, abot, atop, 12, "training step", "held-out accuracy");
+    ps_set_rgb(cr, ps_okabe_ito(3));
+    cairo_set_line_width(cr, 2);
+    polyline(cr, x->es, x->acc, 1, x->n_eval, bx, y, w, h, 0, smax, abot, atop);
     for (int i = 0; i < x->n_eval; i++) {
-        cairo_arc(cr, 80 + w + 110 + w * x->es[i] / smax, y + h * (1 - x->acc[i]), 3, 0, 2 * M_PI);
+        cairo_arc(cr, bx + w * x->es[i] / smax, y + h * (1 - (x->acc[i] - abot) / (atop - abot)), 3, 0, 2 * M_PI);
         cairo_fill(cr);
     }
     cairo_set_source_rgb(cr, 0, 0, 0);
     if (!x->n_gates) return;
     /* gate evolution: per (layer, head): key and value offset × step heatmaps, then N_static / N_input */
-    double top = y + h + 90, ph = 120, hw = 270;
-    ps_text(cr, 20, top - 30, "Gate concentration during training (held-out windows)", 15, 0, 0.5, 0, 1);
+    int ncol = train_cols(x->sel), ng = x->n_gates;
+    double gmax = x->gs[ng - 1] > x->gs[0] ? x->gs[ng - 1] : x->gs[0] + 1, nmax = x->W * 1.08;
+    ps_text(cr, 20, TR_GATES - 50, x->section, 15, 0, 0.5, 0, 1);
+    ps_text(cr, 20, TR_GATES - 30,
+            "per head: mean gate over offsets (rows) and logged steps (columns), key and value branch; effective offsets "
+            "N_static = exp(H(mean gate)) and N_input = E[exp(H(α))]",
+            fit(cr, "per head: mean gate over offsets (rows) and logged steps (columns), key and value branch; effective offsets "
+                    "N_static = exp(H(mean gate)) and N_input = E[exp(H(α))]", 12, x->fig_w - 40, 0),
+            0, 0.5, 0, 0);
+    double cwk = TR_HM_W / ng;
+    double st_t[32];
+    int nst = ng > 1 ? ps_nice_ticks(x->gs[0], x->gs[ng - 1], 3, st_t, 32) : 0;
+    int mstep = ng > 10 ? (ng + 9) / 10 : 1;
+    ptrdiff_t kst = (ptrdiff_t)x->L * x->H * 2 * x->W; /* one record to the next in mg */
     for (int s = 0; s < x->sel; s++) {
         int l = s / x->H, hd = s % x->H;
-        double yy = top + s * (ph + 70);
+        double px = 40 + (s % ncol) * TR_PW, py = TR_GATES + (s / ncol) * TR_PH, hy = py + 30;
         char buf[64];
         snprintf(buf, sizeof buf, "layer %d, head %d", l, hd);
-        ps_text(cr, 20, yy - 12, buf, 13, 0, 0.5, 0, 1);
+        cairo_set_source_rgb(cr, 0, 0, 0);
+        ps_text(cr, px, py + 4, buf, 13, 0, 0.5, 0, 1);
         for (int b = 0; b < 2; b++) {
-            double px = 80 + b * (hw + 70);
-            double *v = malloc((size_t)(x->W * x->n_gates) * sizeof(double));
-            for (int i = 0; i < x->W; i++)
-                for (int k = 0; k < x->n_gates; k++)
-                    v[i * x->n_gates + k] = x->mg[((((size_t)k * x->L + l) * x->H + hd) * 2 + b) * x->W + i];
-            ps_heatmap(cr, px, yy, hw, ph, v, x->W, x->n_gates, ps_viridis, 0, 1);
-            free(v);
-            int st = ps_tick_step(ph / x->W, 12);
-            for (int i = 0; i < x->W; i += st) {
-                snprintf(buf, sizeof buf, "%d", i);
-                ps_text(cr, px - 4, yy + (i + 0.5) * ph / x->W, buf, 10, 1, 0.5, 0, 0);
+            double hx = px + 44 + b * (TR_HM_W + 16);
+            size_t base = (((size_t)l * (size_t)x->H + (size_t)hd) * 2 + (size_t)b) * (size_t)x->W;
+            ps_heatmap_strided(cr, hx, hy, TR_HM_W, TR_HM_H, x->mg + base, x->W, ng, 1, kst, ps_viridis, 0, 1);
+            cairo_set_source_rgb(cr, 0, 0, 0);
+            ps_text(cr, hx + TR_HM_W / 2, py + 20, b ? "value gate" : "key gate", 12, 0.5, 0.5, 0, 0);
+            if (b == 0) {
+                int st = ps_tick_step(TR_HM_H / x->W, 11);
+                for (int i = 0; i < x->W; i += st) {
+                    snprintf(buf, sizeof buf, "%d", i);
+                    ps_text(cr, hx - 4, hy + (i + 0.5) * TR_HM_H / x->W, buf, 10, 1, 0.5, 0, 0);
+                }
+                ps_text(cr, hx - 30, hy + TR_HM_H / 2, "offset", 11, 0.5, 0.5, -M_PI / 2, 0);
             }
-            ps_text(cr, px - 26, yy + ph / 2, "offset", 11, 0.5, 0.5, -M_PI / 2, 0);
-            snprintf(buf, sizeof buf, "%s gate: mean_gate, step 0 .. %.0f", b ? "value" : "key", x->gs[x->n_gates - 1]);
-            ps_text(cr, px + hw / 2, yy + ph + 6, buf, 11, 0.5, 0, 0, 0);
+            for (int i = 0; i < nst; i++) { /* step ticks at round steps, placed between the logged columns */
+                double fi = 0;
+                for (int k = 0; k + 1 < ng; k++)
+                    if (st_t[i] >= x->gs[k] && st_t[i] <= x->gs[k + 1]) {
+                        fi = k + (x->gs[k + 1] > x->gs[k] ? (st_t[i] - x->gs[k]) / (x->gs[k + 1] - x->gs[k]) : 0);
+                        break;
+                    } else if (st_t[i] > x->gs[k + 1])
+                        fi = k + 1;
+                double cx = hx + (fi + 0.5) * cwk;
+                line(cr, round(cx) + 0.5, hy + TR_HM_H, round(cx) + 0.5, hy + TR_HM_H + 3);
+                ps_fmt_num(buf, sizeof buf, st_t[i]);
+                ps_text(cr, cx, hy + TR_HM_H + 5, buf, 10, 0.5, 0, 0, 0);
+            }
+            ps_text(cr, hx + TR_HM_W / 2, hy + TR_HM_H + 20, "training step", 11, 0.5, 0, 0, 0);
         }
-        double px = 80 + 2 * (hw + 70), nmax = x->W;
-        axes(cr, px, yy, hw, ph, 0, x->gs[x->n_gates - 1] > 0 ? x->gs[x->n_gates - 1] : 1, 0, nmax * 1.05, "training step",
-             "effective offsets");
+        double nx = px + 44 + 2 * (TR_HM_W + 16) + 32, nw = TR_PW - (nx - px) - 30;
+        ps_text(cr, nx + nw / 2, py + 20, "effective offsets", 12, 0.5, 0.5, 0, 0);
+        axes(cr, nx, hy, nw, TR_HM_H, fmin(0, x->gs[0]), gmax, 0, nmax, 10, "training step", NULL);
         for (int b = 0; b < 2; b++)
             for (int q = 0; q < 2; q++) {
-                double *ys = malloc((size_t)x->n_gates * sizeof(double));
-                for (int k = 0; k < x->n_gates; k++) {
-                    size_t idx = (((size_t)k * x->L + l) * x->H + hd) * 2 + b;
-                    ys[k] = q ? x->ni[idx] : x->ns[idx];
-                }
-                ps_rgb c = PALETTE[b * 2 + q];
-                cairo_set_source_rgb(cr, c.r, c.g, c.b);
-                cairo_set_line_width(cr, 1.8);
-                if (q) {
-                    double dash[2] = {5, 3};
-                    cairo_set_dash(cr, dash, 2, 0);
-                }
-                polyline(cr, x->gs, ys, x->n_gates, px, yy, hw, ph, 0, x->gs[x->n_gates - 1] > 0 ? x->gs[x->n_gates - 1] : 1, 0,
-                         nmax * 1.05);
+                size_t idx = (((size_t)l * (size_t)x->H + (size_t)hd) * 2 + (size_t)b);
+                const double *ys = (q ? x->ni : x->ns) + idx;
+                ptrdiff_t yst = (ptrdiff_t)x->L * x->H * 2;
+                nline_style(cr, b, q);
+                polyline(cr, x->gs, ys, yst, ng, nx, hy, nw, TR_HM_H, fmin(0, x->gs[0]), gmax, 0, nmax);
                 cairo_set_dash(cr, NULL, 0, 0);
-                free(ys);
-                if (s == 0) {
-                    const char *nm[4] = {"key N_static", "key N_input", "value N_static", "value N_input"};
-                    double lx = px + hw + 14, ly = yy + 10 + (b * 2 + q) * 18;
-                    if (q) {
-                        double dash[2] = {5, 3};
-                        cairo_set_dash(cr, dash, 2, 0);
-                    }
-                    line(cr, lx, ly, lx + 22, ly);
-                    cairo_set_dash(cr, NULL, 0, 0);
-                    cairo_set_source_rgb(cr, 0, 0, 0);
-                    ps_text(cr, lx + 28, ly, nm[b * 2 + q], 11, 0, 0.5, 0, 0);
-                }
-                cairo_set_source_rgb(cr, 0, 0, 0);
+                for (int k = 0; k < ng; k += mstep)
+                    marker(cr, b, nx + nw * (x->gs[k] - fmin(0, x->gs[0])) / (gmax - fmin(0, x->gs[0])),
+                           hy + TR_HM_H * (1 - ys[k * yst] / nmax));
             }
+        cairo_set_source_rgb(cr, 0, 0, 0);
     }
-    ps_colorbar(cr, 80 + 2 * (hw + 70) + hw + 140, top + 100, 16, 160, ps_viridis, 0, 1, "mean gate weight");
+    /* legend and colour bar, right of the first row */
+    double lx = 40 + ncol * TR_PW + 6, ly = TR_GATES + 10;
+    const char *nm[4] = {"key N_static", "key N_input", "value N_static", "value N_input"};
+    for (int b = 0; b < 2; b++)
+        for (int q = 0; q < 2; q++) {
+            double yy = ly + (b * 2 + q) * 22;
+            nline_style(cr, b, q);
+            line(cr, lx, yy, lx + 34, yy);
+            cairo_set_dash(cr, NULL, 0, 0);
+            marker(cr, b, lx + 17, yy);
+            cairo_set_source_rgb(cr, 0, 0, 0);
+            ps_text(cr, lx + 42, yy, nm[b * 2 + q], 12, 0, 0.5, 0, 0);
+        }
+    ps_colorbar(cr, lx, ly + 110, 16, 180, ps_viridis, 0, 1, "mean gate weight");
+}
+
+static void free_train(train_ctx *x) {
+    free(x->ts);
+    free(x->loss);
+    free(x->es);
+    free(x->acc);
+    free(x->gs);
+    free(x->mg);
+    free(x->ns);
+    free(x->ni);
+}
+
+static void train_size(train_ctx *x, double *w, double *h) {
+    int ncol = train_cols(x->sel);
+    *w = fmax(1290, 40 + ncol * TR_PW + 190);
+    *h = x->n_gates ? TR_GATES + ((x->sel + ncol - 1) / ncol) * TR_PH + 4 : TR_TOP + TR_PLOT_H + 60;
+    x->fig_w = *w;
 }
 
 /* ---- loading ---- */
@@ -490,165 +911,247 @@ static json_t *load(const char *path, ps_error *err) {
     return o;
 }
 
+/* The first of several keys present in o (fields named by the gate-cycling result, tolerant of spelling). */
+static json_t *get_any(json_t *o, const char *const *keys) {
+    for (int i = 0; keys[i]; i++) {
+        json_t *v = json_object_get(o, keys[i]);
+        if (v && !json_is_null(v)) return v;
+    }
+    return NULL;
+}
+
+static int64_t wrap_signed(int64_t d, int64_t P) {
+    if (P < 1) return d;
+    d %= P;
+    if (d < 0) d += P;
+    if (d > P / 2) d -= P;
+    return d;
+}
+
+/* Residues where a curve dips (accuracy < 0.5 with prompts), as "ρ 1, ρ 7"; returns the count. */
+static int dips_text(char *buf, size_t n, json_t *cj) {
+    json_t *res = json_object_get(cj, "residues");
+    size_t o = 0, cnt = 0;
+    buf[0] = '\0';
+    for (size_t r = 0; r < json_array_size(res) && o < n; r++) {
+        json_t *e = json_array_get(res, r);
+        if (json_integer_value(json_object_get(e, "n")) > 0 && num(e, "accuracy") < 0.5) {
+            int w = snprintf(buf + o, n - o, "%sρ %zu", cnt ? ", " : "", r);
+            if (w < 0) break;
+            o += (size_t)w;
+            cnt++;
+        }
+    }
+    return (int)cnt;
+}
+
+/* The gate-cycling headline: what was cycled (k, layer, heads, branch, params) and what the dips did.
+ * Reads the cycled heads from cycle.heads / cycled_heads and each dip's movement from dips / dip_moves
+ * (objects with from/to or before/after residues, and optionally moved_by) when the result has them;
+ * otherwise it states where the curves dip before and after. */
+static void gatecycle_text(json_t *doc, int64_t P, char *title, size_t tn, char *headline, size_t hn, char *sub, size_t sn,
+                           char *after_label, size_t an) {
+    json_t *cy = json_object_get(doc, "cycle"), *prov = json_object_get(doc, "provenance");
+    char name[400];
+    model_name(name, sizeof name, prov);
+    long long k = (long long)json_integer_value(json_object_get(cy, "shift"));
+    long long layer = (long long)json_integer_value(json_object_get(cy, "layer"));
+    static const char *const hk[] = {"heads", "cycled_heads", NULL};
+    json_t *heads = get_any(cy, hk);
+    if (!heads) heads = get_any(doc, hk);
+    char hs[512];
+    long long nkv = (long long)json_integer_value(json_object_get(json_object_get(prov, "config"), "n_kv_heads"));
+    if (json_is_array(heads) && json_array_size(heads) > 0) {
+        size_t nh = json_array_size(heads);
+        int64_t *v = calloc(nh, sizeof(int64_t));
+        if (v) {
+            for (size_t i = 0; i < nh; i++) v[i] = (int64_t)json_integer_value(json_array_get(heads, i));
+            for (size_t i = 1; i < nh; i++) /* insertion sort: a handful of heads */
+                for (size_t j = i; j > 0 && v[j - 1] > v[j]; j--) {
+                    int64_t t = v[j];
+                    v[j] = v[j - 1];
+                    v[j - 1] = t;
+                }
+            char rg[400];
+            fmt_ranges(rg, sizeof rg, v, (int)(nh < 4096 ? nh : 4096));
+            snprintf(hs, sizeof hs, "%s %s", nh == 1 ? "head" : "heads", rg);
+            free(v);
+        } else
+            snprintf(hs, sizeof hs, "%zu heads", nh);
+    } else {
+        json_t *h1 = json_object_get(cy, "head");
+        if (json_is_integer(h1)) snprintf(hs, sizeof hs, "head %lld", (long long)json_integer_value(h1));
+        else if (nkv > 0) snprintf(hs, sizeof hs, "all %lld KV heads (0–%lld)", nkv, nkv - 1);
+        else snprintf(hs, sizeof hs, "all KV heads");
+    }
+    const char *br = json_string_value(json_object_get(cy, "branch")), *pa = json_string_value(json_object_get(cy, "params"));
+    const char *what = pa && !strcmp(pa, "gate") ? "gates" : pa && !strcmp(pa, "payload") ? "payloads" : "gates and payloads";
+    const char *bw = br && !strcmp(br, "key") ? "key " : br && !strcmp(br, "value") ? "value " : "";
+    snprintf(title, tn, "Gate cycling — %s: layer %lld, %s; %s%s rolled by k = %+lld", name, layer, hs, bw, what, k);
+    static const char *const dk[] = {"dips", "dip_moves", "dip_movement", "dip_shifts", NULL};
+    static const char *const fk[] = {"from", "before", "rho_before", "from_rho", NULL};
+    static const char *const tk[] = {"to", "after", "rho_after", "to_rho", NULL};
+    static const char *const mk[] = {"moved_by", "movement", "shift", "delta", NULL};
+    json_t *dips = get_any(doc, dk);
+    if (!dips) dips = get_any(cy, dk);
+    size_t o = 0;
+    headline[0] = '\0';
+    if (json_is_array(dips) && json_array_size(dips) > 0) {
+        json_t *after = json_object_get(json_object_get(doc, "after"), "residues");
+        o += (size_t)snprintf(headline, hn, "Measured: ");
+        for (size_t i = 0; i < json_array_size(dips) && o < hn; i++) {
+            json_t *d = json_array_get(dips, i), *f = get_any(d, fk), *t = get_any(d, tk), *m = get_any(d, mk);
+            if (!json_is_integer(f)) continue;
+            long long fr = (long long)json_integer_value(f);
+            json_t *still = json_object_get(d, "still_dips_after");
+            int stays = json_is_boolean(still) ? json_is_true(still) : 0;
+            char tail[128] = "";
+            if (stays) {
+                double acc = num(json_array_get(after, (size_t)fr), "accuracy");
+                snprintf(tail, sizeof tail, ", ρ %lld still dips after (%.2f)", fr, acc);
+            }
+            int w;
+            if (json_is_integer(t) && json_integer_value(t) >= 0) {
+                long long mv = json_is_integer(m) ? (long long)json_integer_value(m)
+                                                  : (long long)wrap_signed(json_integer_value(t) - json_integer_value(f), P);
+                w = snprintf(headline + o, hn - o, "%sdip at ρ %lld moved to ρ %lld (%+lld)%s", i ? "; " : "", fr,
+                             (long long)json_integer_value(t), mv, tail);
+            } else
+                w = snprintf(headline + o, hn - o, "%sdip at ρ %lld: no new dip took its place%s", i ? "; " : "", fr,
+                             stays ? " (it still dips)" : " (it is gone)");
+            if (w < 0) break;
+            o += (size_t)w;
+        }
+        json_t *nd = json_object_get(doc, "new_dips");
+        for (size_t i = 0; i < json_array_size(nd) && o > 10 && o < hn; i++) {
+            int w = snprintf(headline + o, hn - o, "%s ρ %lld", i ? "," : "; new dip at", (long long)json_integer_value(json_array_get(nd, i)));
+            if (w < 0) break;
+            o += (size_t)w;
+        }
+        if (o <= 10) o = 0; /* no usable entries: fall back to the curves */
+    }
+    if (!o || o >= hn) {
+        char b[256], a[256];
+        int nb = dips_text(b, sizeof b, json_object_get(doc, "before")), na = dips_text(a, sizeof a, json_object_get(doc, "after"));
+        snprintf(headline, hn, "Measured dips (accuracy < 0.5): before cycling at %s; after at %s", nb ? b : "none", na ? a : "none");
+    }
+    size_t so = (size_t)snprintf(sub, sn, "best-aligning shift of the whole curves (SPEC §6 correlation): %+lld, correlation %.2f",
+                                 (long long)json_integer_value(json_object_get(doc, "best_shift_signed")),
+                                 num(doc, "best_shift_correlation"));
+    json_t *ex = json_object_get(doc, "excluded_residues");
+    for (size_t i = 0; i < json_array_size(ex) && so < sn; i++) {
+        int w = snprintf(sub + so, sn - so, "%s %lld", i ? "," : " (residues near chance in both curves left out: ρ",
+                         (long long)json_integer_value(json_array_get(ex, i)));
+        if (w < 0) break;
+        so += (size_t)w;
+        if (i + 1 == json_array_size(ex) && so < sn) so += (size_t)snprintf(sub + so, sn - so, ")");
+    }
+    json_t *wn = json_object_get(doc, "warnings");
+    for (size_t i = 0; i < json_array_size(wn) && so < sn; i++) {
+        const char *ws = json_string_value(json_array_get(wn, i));
+        if (!ws) continue;
+        int w = snprintf(sub + so, sn - so, "; warning: %s", ws);
+        if (w < 0) break;
+        so += (size_t)w;
+    }
+    snprintf(after_label, an, "after cycling (k = %+lld)", k);
+}
+
 static int render_curves(json_t **docs, const char *const *paths, int n, const char *out, const ps_render_opts *o,
                          int verbose, ps_error *err) {
     const char *kind = json_string_value(json_object_get(docs[0], "kind"));
     int gc = !strcmp(kind, "gatecycle");
+    if (gc && n > 1) return ps_fail(err, "render: gate-cycling results are drawn one at a time");
     curves_ctx x = {0};
-    x.c = calloc((size_t)(gc ? 2 * n : n), sizeof *x.c);
-    if (!x.c) return ps_fail(err, "out of memory");
+    x.chance = gc && json_is_number(json_object_get(docs[0], "chance")) ? num(docs[0], "chance") : NAN;
+    x.c = calloc((size_t)(gc ? 2 : n), sizeof *x.c);
+    if (!x.c) return ps_fail(err, "%s: out of memory", paths[0]);
+    int rc = 0;
     int64_t P = -1;
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < n && !rc; i++) {
         json_t *prov = json_object_get(docs[i], "provenance");
         char name[400];
         model_name(name, sizeof name, prov);
         if (gc) {
-            json_t *cy = json_object_get(docs[i], "cycle");
-            char lb[600];
-            fill_curve(&x.c[x.n++], json_object_get(docs[i], "before"), "before cycling");
-            const char *br = json_string_value(json_object_get(cy, "branch")), *pa = json_string_value(json_object_get(cy, "params"));
-            snprintf(lb, sizeof lb, "after: layer %lld %s%s rolled by %+lld", (long long)json_integer_value(json_object_get(cy, "layer")),
-                     br && !strcmp(br, "both") ? "" : br ? br : "", pa && !strcmp(pa, "gate") ? (br && strcmp(br, "both") ? " gate" : "gates")
-                                                   : pa && !strcmp(pa, "payload") ? (br && strcmp(br, "both") ? " payload" : "payloads")
-                                                                                 : (br && strcmp(br, "both") ? " gate+payload" : "gates+payloads"),
-                     (long long)json_integer_value(json_object_get(cy, "shift")));
-            fill_curve(&x.c[x.n++], json_object_get(docs[i], "after"), lb);
-            snprintf(x.title, sizeof x.title, "Gate cycling — %s", name);
-            snprintf(x.subtitle, sizeof x.subtitle, "accuracy curve shifts by %+lld residues (best-aligning shift, correlation %.2f); %s",
-                     (long long)json_integer_value(json_object_get(docs[i], "best_shift_signed")),
-                     num(docs[i], "best_shift_correlation"), paths[i]);
+            char lb[256];
+            x.n++;
+            rc = fill_curve(&x.c[0], json_object_get(docs[i], "before"), "before cycling", paths[i], "before", err);
+            if (rc) break;
+            gatecycle_text(docs[i], x.c[0].P, x.title, sizeof x.title, x.headline, sizeof x.headline, x.subtitle, sizeof x.subtitle,
+                           lb, sizeof lb);
+            x.n++;
+            rc = fill_curve(&x.c[1], json_object_get(docs[i], "after"), lb, paths[i], "after", err);
+            if (rc) break;
+            if (x.c[1].P != x.c[0].P)
+                rc = ps_fail(err, "%s: after.residues has %lld entries, before.residues %lld", paths[i], (long long)x.c[1].P,
+                             (long long)x.c[0].P);
         } else {
-            fill_curve(&x.c[x.n++], json_object_get(docs[i], "curve"), name);
+            x.n++;
+            rc = fill_curve(&x.c[i], json_object_get(docs[i], "curve"), name, paths[i], "curve", err);
+            if (rc) break;
             json_t *ev = json_object_get(prov, "eval");
             if (n == 1) snprintf(x.title, sizeof x.title, "Phase sweep — %s", name);
             else snprintf(x.title, sizeof x.title, "Phase sweep — %d models", n);
-            snprintf(x.subtitle, sizeof x.subtitle, "%s mode, %s filler, %lld prompts per shift; accuracy per phase residue",
+            snprintf(x.headline, sizeof x.headline, "Accuracy per phase residue ρ (%s mode, %s filler, %lld prompts per shift)",
                      json_string_value(json_object_get(ev, "mode")) ?: "pad", json_string_value(json_object_get(ev, "family")) ?: "",
                      (long long)json_integer_value(json_object_get(ev, "n_prompts")));
+            snprintf(x.subtitle, sizeof x.subtitle,
+                     "dots: accuracy at each residue with its 95%% Wilson interval; dashed: the mean; ring: the worst residue");
         }
-        if (P >= 0 && x.c[x.n - 1].P != P) {
-            free(x.c);
-            return ps_fail(err, "%s: period %lld differs from the first file's %lld; curves share one axis", paths[i],
-                           (long long)x.c[x.n - 1].P, (long long)P);
-        }
-        P = x.c[x.n - 1].P;
+        if (!rc && P >= 0 && x.c[x.n - 1].P != P)
+            rc = ps_fail(err, "%s: period %lld differs from the first file's %lld; curves share one axis", paths[i],
+                         (long long)x.c[x.n - 1].P, (long long)P);
+        if (!rc) P = x.c[x.n - 1].P;
     }
-    chunks ch;
-    make_chunks(&ch, json_object_get(docs[0], "provenance"), x.title);
-    int rc = emit(out, gc ? "gatecycle_curve" : "phase_curve", 960, fmax(560, 70 + x.n * 70 + 120), draw_curves, &x, &ch, o,
-                  verbose, err);
-    free(x.c);
+    if (!rc) {
+        snprintf(x.xlabel, sizeof x.xlabel, "phase residue ρ = t_K mod %lld", (long long)P);
+        chunks ch;
+        make_chunks(&ch, json_object_get(docs[0], "provenance"), x.title);
+        rc = emit(out, gc ? "gatecycle_curve" : "phase_curve", CURVE_W, fmax(580, CURVE_T + 8 + x.n * 74 + 60), draw_curves, &x,
+                  &ch, o, verbose, err);
+    }
+    free_curves(&x);
     return rc;
 }
 
-static int render_knockout(json_t **docs, const char *const *paths, int n, const char *out, const ps_render_opts *o,
-                           int verbose, ps_error *err) {
-    (void)paths;
-    ko_ctx x = {0};
-    x.n = n;
-    x.acc = o && o->measure && !strcmp(o->measure, "acc");
-    x.g = calloc((size_t)n, sizeof *x.g);
-    int maxrows = 0, maxcols = 0;
-    for (int k = 0; k < n; k++) {
-        json_t *grid_j = json_object_get(docs[k], "grid"), *cells = json_object_get(grid_j, "cells");
-        grid *g = &x.g[k];
-        model_name(g->name, sizeof g->name, json_object_get(docs[k], "provenance"));
-        g->rows = (int)json_array_size(cells);
-        g->cols = (int)json_integer_value(json_object_get(grid_j, "period"));
-        if (g->cols < 1 || g->cols > 4096 || g->rows > 100000) {
-            int rows = g->rows, cols = g->cols;
-            for (int j = 0; j < k; j++) {
-                free(x.g[j].layer);
-                free(x.g[j].head);
-                free(x.g[j].v);
-            }
-            free(x.g);
-            return ps_fail(err, "%s: knockout grid with %d cells of period %d is malformed", paths[k], rows, cols);
-        }
-        g->layer = calloc((size_t)g->rows + 1, sizeof(int));
-        g->head = calloc((size_t)g->rows + 1, sizeof(int));
-        g->v = calloc((size_t)(g->rows * g->cols) + 1, sizeof(double));
-        for (int r = 0; r < g->rows; r++) {
-            json_t *cell = json_array_get(cells, (size_t)r), *res = json_object_get(cell, "residues");
-            g->layer[r] = (int)json_integer_value(json_object_get(cell, "layer"));
-            g->head[r] = (int)json_integer_value(json_object_get(cell, "head"));
-            for (int c = 0; c < g->cols; c++) {
-                json_t *e = json_array_get(res, (size_t)c);
-                double v = json_integer_value(json_object_get(e, "n")) > 0 ? num(e, x.acc ? "delta_accuracy_pp" : "delta_nll") : NAN;
-                g->v[r * g->cols + c] = v;
-                if (!isnan(v)) x.vmax = fmax(x.vmax, fabs(v));
-            }
-        }
-        maxrows = g->rows > maxrows ? g->rows : maxrows;
-        maxcols = g->cols > maxcols ? g->cols : maxcols;
+/* A training log's model: RUN/config.json next to the log, when there is one. */
+static void run_name(char *buf, size_t n, const char *log_path) {
+    char dir[4096], cfgp[4200];
+    snprintf(dir, sizeof dir, "%s", log_path);
+    char *d = dirname(dir);
+    snprintf(cfgp, sizeof cfgp, "%s/config.json", d);
+    char *text = NULL;
+    size_t len = 0;
+    ps_error e;
+    json_t *cfg = NULL;
+    if (!ps_read_file(cfgp, (size_t)1 << 20, &text, &len, &e)) {
+        cfg = json_loadb(text, len, 0, NULL);
+        free(text);
     }
-    if (x.vmax <= 0) x.vmax = 1e-6;
-    x.ch = fmax(4, fmin(24, 640.0 / (maxrows ? maxrows : 1)));
-    x.cw = fmax(14, fmin(36, 560.0 / (maxcols ? maxcols : 1) / (n > 1 ? 1.4 : 1)));
-    x.left = x.ch >= 10 ? 110 : 80;
-    x.panel_w = maxcols * x.cw + x.left;
-    const char *tgt = json_string_value(json_object_get(json_object_get(docs[0], "grid"), "target"));
-    snprintf(x.title, sizeof x.title, "KV-head knockout (mean replacement): change in %s",
-             x.acc ? "accuracy (pp)" : "mean target NLL (nats)");
-    snprintf(x.subtitle, sizeof x.subtitle, "rows: layer x KV head; columns: phase residue; %s entries replaced; red = knockout hurts%s",
-             tgt ? tgt : "", n > 1 ? "; shared colour scale" : "");
-    chunks ch;
-    make_chunks(&ch, json_object_get(docs[0], "provenance"), x.title);
-    double W = x.left + n * x.panel_w + 130, H = 96 + fmax(maxrows * x.ch + 50, 280);
-    int rc = emit(out, x.acc ? "knockout_heatmap_acc" : "knockout_heatmap", fmax(W, 760), H, draw_knockout, &x, &ch,
-                  o, verbose, err);
-    for (int k = 0; k < n; k++) {
-        free(x.g[k].layer);
-        free(x.g[k].head);
-        free(x.g[k].v);
+    char abs[4096];
+    snprintf(abs, sizeof abs, "%s", d);
+    if (!strcmp(abs, ".")) {
+        char *cwd = realpath(".", NULL);
+        if (cwd) {
+            snprintf(abs, sizeof abs, "%s", cwd);
+            free(cwd);
+        }
     }
-    free(x.g);
-    return rc;
-}
-
-static int render_gates(json_t *doc, const char *out, const ps_render_opts *o, int verbose, ps_error *err) {
-    json_t *gj = json_object_get(doc, "gates"), *layers = json_object_get(gj, "layers");
-    gates_ctx x = {0};
-    x.L = (int)json_array_size(layers);
-    x.H = (int)json_array_size(json_object_get(json_array_get(layers, 0), "heads"));
-    x.W = (int)json_integer_value(json_object_get(gj, "window"));
-    if (x.L <= 0 || x.H <= 0 || x.W <= 0 || x.L > 4096 || x.H > 4096 || x.W > 4096)
-        return ps_fail(err, "gates result is malformed (%d layers, %d heads, window %d)", x.L, x.H, x.W);
-    x.mg = calloc((size_t)(x.L * x.H * 2 * x.W), sizeof(double));
-    x.ns = calloc((size_t)(x.L * x.H * 2), sizeof(double));
-    x.ni = calloc((size_t)(x.L * x.H * 2), sizeof(double));
-    x.peak = calloc((size_t)(x.L * x.H * 2), sizeof(int));
-    int64_t nwin = 0;
-    for (int l = 0; l < x.L; l++)
-        for (int h = 0; h < x.H; h++)
-            for (int b = 0; b < 2; b++) {
-                json_t *bo = json_object_get(json_array_get(json_object_get(json_array_get(layers, (size_t)l), "heads"), (size_t)h),
-                                             b ? "value" : "key");
-                size_t k = ((size_t)l * x.H + h) * 2 + b;
-                for (int i = 0; i < x.W; i++) x.mg[k * x.W + i] = json_number_value(json_array_get(json_object_get(bo, "mean_gate"), (size_t)i));
-                x.ns[k] = num(bo, "N_static");
-                x.ni[k] = num(bo, "N_input");
-                x.peak[k] = (int)json_integer_value(json_object_get(bo, "peak"));
-                nwin = json_integer_value(json_object_get(bo, "n_windows"));
-            }
-    char name[400];
-    model_name(name, sizeof name, json_object_get(doc, "provenance"));
-    snprintf(x.title, sizeof x.title, "Gate concentration — %s", name);
-    snprintf(x.subtitle, sizeof x.subtitle,
-             "mean gate per KV head and offset, pooled over %lld windows; N_s = exp(H(mean gate)), N_i = E[exp(H(alpha))], "
-             "r = peak offset",
-             (long long)nwin);
-    x.cw = fmax(12, fmin(40, 320.0 / x.W));
-    x.ch = fmax(6, fmin(26, 200.0 / x.H));
-    chunks ch;
-    make_chunks(&ch, json_object_get(doc, "provenance"), x.title);
-    double W = 90 + 2 * (x.W * x.cw + 190) + 110, H = 100 + x.L * (x.H * x.ch + 56) + 20;
-    int rc = emit(out, "gate_concentration", fmax(W, 900), fmax(H, 420), draw_gates, &x, &ch, o, verbose, err);
-    free(x.mg);
-    free(x.ns);
-    free(x.ni);
-    free(x.peak);
-    return rc;
+    json_t *prov = json_object();
+    if (prov) {
+        json_object_set_new(prov, "model", json_string(abs));
+        if (cfg) json_object_set(prov, "config", cfg);
+        model_name(buf, n, prov);
+        json_t *c = json_object_get(prov, "config");
+        long long L = (long long)json_integer_value(json_object_get(c, "n_layers")), H = (long long)json_integer_value(json_object_get(c, "n_kv_heads"));
+        if (L > 0 && H > 0) {
+            size_t l = strlen(buf);
+            snprintf(buf + l, n - l, ", %lld layer%s × %lld KV heads", L, L == 1 ? "" : "s", H);
+        }
+        json_decref(prov);
+    } else
+        snprintf(buf, n, "training run");
+    json_decref(cfg);
 }
 
 static int render_training(const char *path, const char *out, const ps_render_opts *o, int verbose, ps_error *err) {
@@ -665,7 +1168,8 @@ static int render_training(const char *path, const char *out, const ps_render_op
     x.gs = calloc(lines, sizeof(double));
     json_t **gates = calloc(lines, sizeof(json_t *));
     int line_no = 0, rc = 0;
-    for (char *ln = strtok(text, "\n"); ln; ln = strtok(NULL, "\n")) {
+    if (!x.ts || !x.loss || !x.es || !x.acc || !x.gs || !gates) rc = ps_fail(err, "%s: out of memory", path);
+    for (char *ln = rc ? NULL : strtok(text, "\n"); ln; ln = strtok(NULL, "\n")) {
         line_no++;
         json_error_t je;
         json_t *r = json_loads(ln, 0, &je);
@@ -691,23 +1195,37 @@ static int render_training(const char *path, const char *out, const ps_render_op
     if (!rc && x.n_train + x.n_eval == 0) rc = ps_fail(err, "%s: no train or eval records", path);
     if (!rc && x.n_gates) {
         json_t *layers = json_object_get(gates[0], "layers");
-        x.L = (int)json_array_size(layers);
-        x.H = (int)json_array_size(json_object_get(json_array_get(layers, 0), "heads"));
-        x.W = (int)json_array_size(json_object_get(json_object_get(json_array_get(json_object_get(json_array_get(layers, 0), "heads"), 0), "key"), "mean_gate"));
-        if (x.L > 4096 || x.H > 4096 || x.W > 4096) rc = ps_fail(err, "%s: gate records are malformed", path);
-        x.sel = x.L * x.H < 6 ? x.L * x.H : 6;
-        if (rc) x.n_gates = 0;
-        x.mg = calloc((size_t)x.n_gates * x.L * x.H * 2 * (x.W ? x.W : 1) + 1, sizeof(double));
-        x.ns = calloc((size_t)x.n_gates * x.L * x.H * 2 + 1, sizeof(double));
-        x.ni = calloc((size_t)x.n_gates * x.L * x.H * 2 + 1, sizeof(double));
-        for (int k = 0; k < x.n_gates; k++)
+        json_t *h0 = json_array_get(json_object_get(json_array_get(layers, 0), "heads"), 0);
+        size_t L = json_array_size(layers), H = json_array_size(json_object_get(json_array_get(layers, 0), "heads")),
+               W = json_array_size(json_object_get(json_object_get(h0, "key"), "mean_gate"));
+        if (L < 1 || L > MAX_LAYERS)
+            rc = ps_fail(err, "%s: the first gates record's layers has %zu entries; a figure shows 1 to %d", path, L, MAX_LAYERS);
+        else if (H < 1 || H > MAX_HEADS)
+            rc = ps_fail(err, "%s: the first gates record's layers[0].heads has %zu entries; a figure shows 1 to %d", path, H, MAX_HEADS);
+        else if (W < 1 || W > MAX_WINDOW)
+            rc = ps_fail(err, "%s: the first gates record's mean_gate has %zu offsets; a figure shows 1 to %d", path, W, MAX_WINDOW);
+        else if ((int64_t)x.n_gates * (int64_t)L * (int64_t)H * 2 * (int64_t)W > MAX_GATE_VALUES)
+            rc = ps_fail(err, "%s: %d gates records × %zu layers × %zu heads × window %zu are more than a figure draws", path,
+                         x.n_gates, L, H, W);
+        if (!rc) {
+            x.L = (int)L;
+            x.H = (int)H;
+            x.W = (int)W;
+            x.sel = x.L * x.H < MAX_TRAIN_PANELS ? x.L * x.H : MAX_TRAIN_PANELS;
+            size_t nb = (size_t)x.n_gates * L * H * 2; /* bounded above */
+            x.mg = calloc(nb * W, sizeof(double));
+            x.ns = calloc(nb, sizeof(double));
+            x.ni = calloc(nb, sizeof(double));
+            if (!x.mg || !x.ns || !x.ni) rc = ps_fail(err, "%s: out of memory", path);
+        }
+        for (int k = 0; k < x.n_gates && !rc; k++)
             for (int l = 0; l < x.L; l++)
                 for (int h = 0; h < x.H; h++)
                     for (int b = 0; b < 2; b++) {
                         json_t *bo = json_object_get(json_array_get(json_object_get(json_array_get(json_object_get(gates[k], "layers"), (size_t)l), "heads"), (size_t)h),
                                                      b ? "value" : "key");
-                        size_t idx = (((size_t)k * x.L + l) * x.H + h) * 2 + b;
-                        for (int i = 0; i < x.W; i++) x.mg[idx * x.W + i] = json_number_value(json_array_get(json_object_get(bo, "mean_gate"), (size_t)i));
+                        size_t idx = (((size_t)k * (size_t)x.L + (size_t)l) * (size_t)x.H + (size_t)h) * 2 + (size_t)b;
+                        for (int i = 0; i < x.W; i++) x.mg[idx * (size_t)x.W + (size_t)i] = json_number_value(json_array_get(json_object_get(bo, "mean_gate"), (size_t)i));
                         x.ns[idx] = num(bo, "N_static");
                         x.ni[idx] = num(bo, "N_input");
                     }
@@ -715,64 +1233,84 @@ static int render_training(const char *path, const char *out, const ps_render_op
     for (int k = 0; k < x.n_gates; k++) json_decref(gates[k]);
     free(gates);
     if (!rc) {
-        snprintf(x.title, sizeof x.title, "Training run — %s", path);
+        char name[1024];
+        run_name(name, sizeof name, path);
+        snprintf(x.title, sizeof x.title, "Training run — %s", name);
         snprintf(x.subtitle, sizeof x.subtitle, "loss of each logged batch; held-out accuracy (top-1, every answer token)%s",
                  x.n_gates ? "; gate statistics on held-out windows" : "");
+        if (x.sel < x.L * x.H)
+            snprintf(x.section, sizeof x.section, "Gate concentration during training: the first %d of %d (layer, KV head) pairs", x.sel,
+                     x.L * x.H);
+        else
+            snprintf(x.section, sizeof x.section, "Gate concentration during training: every KV head (%d)", x.sel);
         chunks ch;
         snprintf(ch.command, sizeof ch.command, "phasescope train (log %s)", path);
         snprintf(ch.model, sizeof ch.model, "%s", path);
         snprintf(ch.title, sizeof ch.title, "%s", x.title);
-        double H = 80 + 230 + 60 + (x.n_gates ? 90 + x.sel * 190 : 0);
-        rc = emit(out, "training", x.n_gates ? 1320 : 1080, H, draw_training, &x, &ch, o, verbose, err);
+        double W, H;
+        train_size(&x, &W, &H);
+        rc = emit(out, "training", W, H, draw_training, &x, &ch, o, verbose, err);
     }
-    free(x.ts); free(x.loss); free(x.es); free(x.acc); free(x.gs); free(x.mg); free(x.ns); free(x.ni);
+    free_train(&x);
     return rc;
 }
 
 /* The idealised model: loss and accuracy over steps, and each head's key/value gate over steps (drawn in
  * the training layout; its gates are static, so N_static = N_input). */
-static int render_theory(json_t *doc, const char *out, const ps_render_opts *o, int verbose, ps_error *err) {
+static int render_theory(json_t *doc, const char *path, const char *out, const ps_render_opts *o, int verbose, ps_error *err) {
     json_t *st = json_object_get(doc, "steps"), *heads = json_object_get(doc, "heads");
     train_ctx x = {0};
-    int n = (int)json_array_size(st);
-    x.H = (int)json_array_size(heads);
+    size_t n = json_array_size(st), H = json_array_size(heads),
+           W = json_array_size(json_array_get(json_object_get(json_array_get(heads, 0), "key_gate"), 0));
+    if (n < 1 || n > 100000) return ps_fail(err, "%s: steps has %zu entries; a figure shows 1 to 100000", path, n);
+    if (H < 1 || H > MAX_TRAIN_PANELS) return ps_fail(err, "%s: heads has %zu entries; a figure shows 1 to %d", path, H, MAX_TRAIN_PANELS);
+    if (W < 1 || W > MAX_WINDOW)
+        return ps_fail(err, "%s: heads[0].key_gate[0] has %zu offsets; a figure shows 1 to %d", path, W, MAX_WINDOW);
+    if ((int64_t)n * (int64_t)H * 2 * (int64_t)W > MAX_GATE_VALUES)
+        return ps_fail(err, "%s: %zu steps × %zu heads × window %zu are more than a figure draws", path, n, H, W);
+    x.H = (int)H;
     x.L = 1;
-    x.W = (int)json_array_size(json_array_get(json_object_get(json_array_get(heads, 0), "key_gate"), 0));
-    if (n < 1 || x.H < 1 || x.W < 1 || n > 100000 || x.H > 64 || x.W > 4096) return ps_fail(err, "theory result is malformed");
-    x.n_train = x.n_eval = x.n_gates = n;
-    x.sel = x.H < 6 ? x.H : 6;
-    x.ts = calloc((size_t)n, sizeof(double));
-    x.loss = calloc((size_t)n, sizeof(double));
-    x.es = calloc((size_t)n, sizeof(double));
-    x.acc = calloc((size_t)n, sizeof(double));
-    x.gs = calloc((size_t)n, sizeof(double));
-    x.mg = calloc((size_t)n * x.H * 2 * x.W, sizeof(double));
-    x.ns = calloc((size_t)n * x.H * 2, sizeof(double));
-    x.ni = calloc((size_t)n * x.H * 2, sizeof(double));
-    for (int k = 0; k < n; k++) {
-        x.ts[k] = x.es[k] = x.gs[k] = (double)json_integer_value(json_array_get(st, (size_t)k));
-        x.loss[k] = json_number_value(json_array_get(json_object_get(doc, "loss"), (size_t)k));
-        x.acc[k] = json_number_value(json_array_get(json_object_get(doc, "accuracy"), (size_t)k));
+    x.W = (int)W;
+    x.n_train = x.n_eval = x.n_gates = (int)n;
+    x.sel = x.H;
+    x.ts = calloc(n, sizeof(double));
+    x.loss = calloc(n, sizeof(double));
+    x.es = calloc(n, sizeof(double));
+    x.acc = calloc(n, sizeof(double));
+    x.gs = calloc(n, sizeof(double));
+    x.mg = calloc(n * H * 2 * W, sizeof(double));
+    x.ns = calloc(n * H * 2, sizeof(double));
+    x.ni = calloc(n * H * 2, sizeof(double));
+    if (!x.ts || !x.loss || !x.es || !x.acc || !x.gs || !x.mg || !x.ns || !x.ni) {
+        free_train(&x);
+        return ps_fail(err, "%s: out of memory", path);
+    }
+    for (size_t k = 0; k < n; k++) {
+        x.ts[k] = x.es[k] = x.gs[k] = (double)json_integer_value(json_array_get(st, k));
+        x.loss[k] = json_number_value(json_array_get(json_object_get(doc, "loss"), k));
+        x.acc[k] = json_number_value(json_array_get(json_object_get(doc, "accuracy"), k));
         for (int h = 0; h < x.H; h++)
             for (int b = 0; b < 2; b++) {
-                json_t *g = json_array_get(json_object_get(json_array_get(heads, (size_t)h), b ? "value_gate" : "key_gate"), (size_t)k);
-                size_t idx = ((size_t)k * x.H + h) * 2 + b;
-                for (int i = 0; i < x.W; i++) x.mg[idx * x.W + i] = json_number_value(json_array_get(g, (size_t)i));
-                x.ns[idx] = x.ni[idx] = ps_effective_offsets_f(x.mg + idx * x.W, x.W);
+                json_t *g = json_array_get(json_object_get(json_array_get(heads, (size_t)h), b ? "value_gate" : "key_gate"), k);
+                size_t idx = (k * H + (size_t)h) * 2 + (size_t)b;
+                for (int i = 0; i < x.W; i++) x.mg[idx * W + (size_t)i] = json_number_value(json_array_get(g, (size_t)i));
+                x.ns[idx] = x.ni[idx] = ps_effective_offsets_f(x.mg + idx * W, x.W);
             }
     }
     json_t *pr = json_object_get(doc, "params");
-    snprintf(x.title, sizeof x.title, "Idealised bigram induction: %lld heads, W = S = %lld, %lld chunks",
+    snprintf(x.title, sizeof x.title, "Idealised bigram induction (phasescope theory): %lld heads, W = S = %lld, %lld chunks",
              (long long)json_integer_value(json_object_get(pr, "heads")), (long long)json_integer_value(json_object_get(pr, "window")),
              (long long)json_integer_value(json_object_get(pr, "chunks")));
     snprintf(x.subtitle, sizeof x.subtitle, "one-hot embeddings, static gates, gradient descent from a small random init; "
              "%lld of %d heads end with the value peak one offset after the key peak",
              (long long)json_integer_value(json_object_get(doc, "heads_with_value_peak_after_key_peak")), x.H);
+    snprintf(x.section, sizeof x.section, "Gates during training: every head (%d); static gates, so N_static = N_input", x.H);
     chunks ch;
     make_chunks(&ch, json_object_get(doc, "provenance"), x.title);
-    double H = 80 + 230 + 60 + 90 + x.sel * 190;
-    int rc = emit(out, "theory", 1320, H, draw_training, &x, &ch, o, verbose, err);
-    free(x.ts); free(x.loss); free(x.es); free(x.acc); free(x.gs); free(x.mg); free(x.ns); free(x.ni);
+    double Wd, Hd;
+    train_size(&x, &Wd, &Hd);
+    int rc = emit(out, "theory", Wd, Hd, draw_training, &x, &ch, o, verbose, err);
+    free_train(&x);
     return rc;
 }
 
@@ -784,6 +1322,7 @@ int ps_render(const char *const *paths, int n, const char *out, const ps_render_
         return render_training(paths[0], out, o, verbose, err);
     }
     json_t **docs = calloc((size_t)n, sizeof *docs);
+    if (!docs) return ps_fail(err, "render: out of memory");
     int rc = 0;
     const char *kind = NULL;
     for (int i = 0; i < n && !rc; i++) {
@@ -802,10 +1341,10 @@ int ps_render(const char *const *paths, int n, const char *out, const ps_render_
         else if (!strcmp(kind, "knockout")) rc = render_knockout(docs, paths, n, out, o, verbose, err);
         else if (!strcmp(kind, "theory")) {
             if (n > 1) rc = ps_fail(err, "render: theory results are drawn one at a time");
-            else rc = render_theory(docs[0], out, o, verbose, err);
+            else rc = render_theory(docs[0], paths[0], out, o, verbose, err);
         } else if (!strcmp(kind, "gates")) {
             if (n > 1) rc = ps_fail(err, "render: gates results are drawn one at a time");
-            else rc = render_gates(docs[0], out, o, verbose, err);
+            else rc = render_gates(docs[0], paths[0], out, o, verbose, err);
         } else
             rc = ps_fail(err, "%s: unknown result kind \"%s\"", paths[0], kind);
     }
