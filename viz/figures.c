@@ -11,14 +11,14 @@
 #include "fileio.h"
 
 /* What a figure can show: larger inputs are refused (the renderer names the file and the field). */
-#define MAX_RESIDUES 1024    /* a phase curve's residues; a knockout grid's period is capped lower */
-#define MAX_KO_PERIOD 256    /* knockout columns */
-#define MAX_KO_ROWS 512      /* knockout rows (layer × head) per panel */
+#define MAX_RESIDUES 4096    /* a phase curve's residues (sweep --period goes up to 4096) */
+#define MAX_KO_PERIOD 4096   /* knockout columns */
+#define MAX_KO_ROWS 4096     /* knockout rows (layer × head) per panel: down to 1 px each */
 #define MAX_KO_PANELS 8      /* knockout files side by side */
 #define MAX_LAYERS 128       /* gates */
 #define MAX_HEADS 256        /* gates, training logs */
 #define MAX_GATE_ROWS 1024   /* gates: layers × heads */
-#define MAX_WINDOW 256       /* gates, training logs, theory: offsets in a window */
+#define MAX_WINDOW 4096      /* gates, training logs, theory: offsets in a window */
 #define MAX_TRAIN_PANELS 64  /* training: (layer, head) panels drawn (the first 64 when there are more) */
 #define MAX_GATE_VALUES ((int64_t)1 << 26) /* training / theory: records × layers × heads × 2 × window */
 
@@ -345,8 +345,14 @@ static void draw_curves(cairo_t *cr, void *vctx) {
 #define KO_BAR_ROOM 96.0 /* bar ticks and label */
 
 static double ko_left(double ch) { return ch >= 10 ? 110 : 80; }
-static double ko_panel_h(int maxrows) { return fmax(240, fmin(900, maxrows * 24.0)); }
-static double ko_cell_w(int maxcols, int n) { return fmax(10, fmin(36, 560.0 / maxcols / (n > 1 ? 1.4 : 1))); }
+/* panels 24 px a row, at least 240 and at most 900 px tall, unless the rows need more (1 px each) */
+static double ko_panel_h(int maxrows) { return fmin(fmax(240, maxrows * 24.0), fmax(900, (double)maxrows)); }
+/* cells 10 to 36 px wide, narrower (down to 1 px) when n panels of maxcols would pass ~12000 px */
+static double ko_cell_w(int maxcols, int n) {
+    double cw = fmax(10, fmin(36, 560.0 / maxcols / (n > 1 ? 1.4 : 1)));
+    if (cw * maxcols * n > 12000) cw = fmax(1, 12000.0 / ((double)maxcols * n));
+    return cw;
+}
 
 int ps_knockout_layout(int n, const int *rows, const int *cols, ps_rect *heat, double *fig_w, double *fig_h,
                        ps_error *err) {
@@ -613,7 +619,7 @@ static int render_gates(json_t *doc, const char *path, const char *out, const ps
     x.L = (int)L;
     x.H = (int)H;
     x.W = (int)W;
-    size_t nb = L * H * 2; /* <= 2048, so nb * W <= 2^19 */
+    size_t nb = L * H * 2; /* <= 2048, so nb * W <= 2^23 */
     x.mg = calloc(nb * (size_t)x.W, sizeof(double));
     x.ns = calloc(nb, sizeof(double));
     x.ni = calloc(nb, sizeof(double));
@@ -643,7 +649,7 @@ static int render_gates(json_t *doc, const char *path, const char *out, const ps
              "r = peak offset",
              (long long)nwin);
     /* fill the canvas: cells as big as a ~440 px square allows, stats text and the colour bar right beside */
-    x.cw = fmax(12, fmin(56, 400.0 / x.W));
+    x.cw = x.W <= 33 ? fmax(12, fmin(56, 400.0 / x.W)) : fmax(1, 400.0 / x.W); /* wide windows: cells down to 1 px */
     x.ch = fmax(6, fmin(30, 460.0 / x.H));
     x.left = 16 + measure("layer 000", 14, 1) + 12 + (x.ch >= 9 ? measure("h000", gates_stats_font(x.ch), 0) + 8 : 0);
     char wide[96];
@@ -1233,7 +1239,7 @@ static int render_training(const char *path, const char *out, const ps_render_op
     for (int k = 0; k < x.n_gates; k++) json_decref(gates[k]);
     free(gates);
     if (!rc) {
-        char name[1024];
+        char name[900];
         run_name(name, sizeof name, path);
         snprintf(x.title, sizeof x.title, "Training run — %s", name);
         snprintf(x.subtitle, sizeof x.subtitle, "loss of each logged batch; held-out accuracy (top-1, every answer token)%s",
