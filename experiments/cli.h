@@ -32,14 +32,28 @@ int ps_cli_int(const char *flag, const char *value, int64_t lo, int64_t hi, int6
 /* A list of integers in [lo, hi]: "0,2,5-7". *n gets the count (at most max). */
 int ps_cli_int_list(const char *flag, const char *value, int64_t lo, int64_t hi, int *out, int max, int *n, ps_error *err);
 
-/* The model directory: --model if given, else the shipped default under data/models/. */
+/* The model directory: --model if given, else the shipped default under data/models/. A directory without
+ * config.json is refused ("DIR is not a model directory (no config.json)") before anything is loaded. */
 int ps_cli_model_dir(const char *flag_value, char *out, size_t n, ps_error *err);
+
+/* Exit status of a failed command: 2 for a usage error (unknown flag, missing required flag or value, a
+ * flag value the flag does not accept: every failure of the ps_cli_* parsers, and those the command marks
+ * with ps_cli_usage), 1 for a runtime error (a file, a model, a computation). */
+int ps_cli_status(void);
+/* Fail with a usage error (exit status 2): the message names the flag. */
+int ps_cli_usage(ps_error *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Mark the error already in err as a usage error. Returns -1. */
+int ps_cli_mark_usage(void);
 
 /* True when help was asked for (--help or -h anywhere). */
 bool ps_cli_wants_help(int argc, char **argv);
 
 /* The command line as one string (for provenance). Caller frees. */
 char *ps_cli_command_line(int argc, char **argv);
+
+/* When --model was not given: a description of the default model for error messages, e.g.
+ * "the default model /src/data/models/default (w8s8)". Empty when a --model was given. */
+void ps_cli_default_model_note(const char *flag_value, char *out, size_t n);
 
 int ps_cmd_init(int argc, char **argv);
 int ps_cmd_train(int argc, char **argv);

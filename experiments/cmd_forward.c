@@ -20,7 +20,7 @@ static const char HELP[] =
     "\n"
     "  --model DIR      checkpoint directory (config.json + model.safetensors); default: shipped model\n"
     "  --tokens FILE    token sequences\n"
-    "  --hooks NAMES    hook points to export (see SPEC §4 / docs/hooks.md)\n"
+    "  --hooks NAMES    hook points to export (see docs/hooks.md)\n"
     "  --out FILE       output safetensors file (written atomically)\n";
 
 typedef struct {
@@ -91,6 +91,7 @@ int ps_cmd_forward(int argc, char **argv) {
         for (char *save = NULL, *h = strtok_r(names, ",", &save); h; h = strtok_r(NULL, ",", &save))
             if (ps_cache_watch(&cache, &hooks, &m.cfg, h, &err)) {
                 ps_fail_prefix(&err, "--hooks: ");
+                ps_cli_mark_usage();
                 goto done;
             }
     }
@@ -123,7 +124,10 @@ int ps_cmd_forward(int argc, char **argv) {
     printf("wrote %d tensors for %d sequences to %s\n", out.n, toks.n, flags[3].value);
     rc = 0;
 done:
-    if (rc) fprintf(stderr, "phasescope forward: %s\n", err.msg);
+    if (rc) {
+        fprintf(stderr, "phasescope forward: %s\n", err.msg);
+        rc = ps_cli_status();
+    }
     free(names);
     free_list(&out);
     ps_cache_free(&cache);

@@ -12,18 +12,36 @@ static const char HELP[] =
     "                            [--params gate|payload|all] [--save DIR] [--model DIR] [--period P]\n"
     "                            [--family NAME] [--n N] [--seed S] [--batch B] [--out DIR]\n"
     "\n"
-    "Gate offset cycling (SPEC §6): rolls layer L's per-offset gate parameters by K (u'_i = u_{(i-K) mod W},\n"
-    "c'_i likewise; with --params payload|all the per-offset payload maps too), so a gate that peaked at\n"
-    "offset r peaks at r+K; runs the prefix-padding sweep before and after and reports both curves and the\n"
-    "best-aligning shift s (maximising the correlation of A_after(rho) with A_before(rho - s mod P)), also\n"
-    "signed in (-P/2, P/2]. Writes OUT/gatecycle.json.\n"
+    "Gate offset cycling (docs/results-schema.md, `gatecycle.json`): rolls layer L's per-offset parameters by\n"
+    "K (u'_i = u_{(i-K) mod W}, c'_i likewise, and with --params payload|all the per-offset payload maps C'_i),\n"
+    "so a head that read offset r reads offset r+K; runs the prefix-padding sweep before and after and reports\n"
+    "both curves, the cycled heads, where each dip of the clean curve moved (residue before -> after), and the\n"
+    "best-aligning shift s (maximising the correlation of A_after(rho) with A_before(rho - s mod P), leaving out\n"
+    "residues near chance in both curves), also signed in (-P/2, P/2]. Warns when the cycled curve is near\n"
+    "chance (the cycled heads stopped working). Writes OUT/gatecycle.json.\n"
     "\n" PS_INSTR_HELP
     "  --layer L       layer to cycle (required)\n"
     "  --shift K       offsets to roll by (required; any integer, taken mod W)\n"
     "  --head G        one KV head (default: all)\n"
     "  --branch B      key, value or both (default both)\n"
-    "  --params X      gate (default), payload or all\n"
+    "  --params X      gate, payload or all (default: all the model has: gates and per-offset payloads move\n"
+    "                  together; rolling the gates alone of a per-offset-payload model breaks every head)\n"
     "  --save DIR      also write the cycled checkpoint to DIR\n";
+
+static void heads_text(char *buf, size_t n, int64_t head, int64_t nkv) {
+    if (head >= 0) snprintf(buf, n, "KV head %lld", (long long)head);
+    else if (nkv == 1) snprintf(buf, n, "KV head 0 (all)");
+    else snprintf(buf, n, "KV heads 0-%lld (all)", (long long)nkv - 1);
+}
+
+static double mean_accuracy(const ps_residue_stats *r) {
+    int64_t n = 0, k = 0;
+    for (int64_t i = 0; i < r->P; i++) {
+        n += r->n[i];
+        k += r->k[i];
+    }
+    return n ? (double)k / (double)n : 0.0;
+}
 
 int ps_cmd_gatecycle(int argc, char **argv) {
     if (ps_cli_wants_help(argc, argv)) {
@@ -38,10 +56,12 @@ int ps_cmd_gatecycle(int argc, char **argv) {
     ps_error err = {{0}};
     ps_instr in = {0};
     ps_residue_stats before = {0}, after = {0};
+    ps_cycle_analysis an = {0};
     json_t *res = NULL;
+    double *ab = NULL, *aa = NULL;
     int rc = 1;
     int64_t layer = 0, shift = 0, head = -1;
-    int branches = PS_CYCLE_KEY | PS_CYCLE_VALUE, params = PS_CYCLE_GATE;
+    int branches = PS_CYCLE_KEY | PS_CYCLE_VALUE, params = 0;
     if (ps_cli_parse(argc, argv, flags, PS_INSTR_N_FLAGS + 6, pos, 0, &npos, &err)) goto done;
     if (ps_cli_require(flags, PS_INSTR_N_FLAGS + 6, &err, "--layer", "--shift", NULL)) goto done;
     if (ps_cli_int("--layer", flags[7].value, -1000000, 1000000, &layer, &err) ||
@@ -52,23 +72,62 @@ int ps_cmd_gatecycle(int argc, char **argv) {
         if (!strcmp(flags[10].value, "key")) branches = PS_CYCLE_KEY;
         else if (!strcmp(flags[10].value, "value")) branches = PS_CYCLE_VALUE;
         else if (strcmp(flags[10].value, "both")) {
-            ps_fail(&err, "--branch %s: expected key, value or both", flags[10].value);
+            ps_cli_usage(&err, "--branch %s: expected key, value or both", flags[10].value);
             goto done;
         }
     }
     if (flags[11].value) {
-        if (!strcmp(flags[11].value, "payload")) params = PS_CYCLE_PAYLOAD;
+        if (!strcmp(flags[11].value, "gate")) params = PS_CYCLE_GATE;
+        else if (!strcmp(flags[11].value, "payload")) params = PS_CYCLE_PAYLOAD;
         else if (!strcmp(flags[11].value, "all")) params = PS_CYCLE_GATE | PS_CYCLE_PAYLOAD;
-        else if (strcmp(flags[11].value, "gate")) {
-            ps_fail(&err, "--params %s: expected gate, payload or all", flags[11].value);
+        else {
+            ps_cli_usage(&err, "--params %s: expected gate, payload or all", flags[11].value);
             goto done;
         }
     }
     if (ps_instr_setup(&in, "gatecycle", argc, argv, flags, 1, &err)) goto done;
-    /* validate the cycle first (bad layer/head/model fail before any sweep) on a scratch copy of nothing:
-     * cycling by 0 checks every precondition and changes nothing */
+    const ps_config *c = &in.m.cfg;
+    /* a layer or head the model does not have is a usage error; without --model, say which model that is */
+    char note[4600];
+    ps_cli_default_model_note(flags[0].value, note, sizeof note);
+    if (c->kind == PS_ATTN_COMPRESSED && (layer < 0 || layer >= c->n_layers)) {
+        if (note[0]) {
+            char valid[64];
+            if (c->n_layers == 1) snprintf(valid, sizeof valid, "--layer 0");
+            else snprintf(valid, sizeof valid, "--layer 0..%lld", (long long)c->n_layers - 1);
+            ps_cli_usage(&err, "--layer %lld: out of range: no --model given, so this is %s, which has %lld layer%s: valid %s (or pass --model DIR)",
+                         (long long)layer, note, (long long)c->n_layers, c->n_layers == 1 ? "" : "s", valid);
+        }
+        else
+            ps_cli_usage(&err, "--layer %lld: out of range (the model has %lld layers, 0..%lld)", (long long)layer,
+                         (long long)c->n_layers, (long long)c->n_layers - 1);
+        goto done;
+    }
+    if (c->kind == PS_ATTN_COMPRESSED && head >= c->n_kv_heads) {
+        if (note[0])
+            ps_cli_usage(&err, "--head %lld: out of range: no --model given, so this is %s, which has %lld KV heads: valid --head 0..%lld (or pass --model DIR)",
+                         (long long)head, note, (long long)c->n_kv_heads, (long long)c->n_kv_heads - 1);
+        else
+            ps_cli_usage(&err, "--head %lld: out of range (the model has %lld KV heads, 0..%lld)", (long long)head,
+                         (long long)c->n_kv_heads, (long long)c->n_kv_heads - 1);
+        goto done;
+    }
+    /* default: every per-offset parameter the model has (gates and payloads move together) */
+    if (!params && c->kind == PS_ATTN_COMPRESSED) {
+        if (c->gate != PS_GATE_UNIFORM) params |= PS_CYCLE_GATE;
+        if (c->payload != PS_PAYLOAD_SHARED) params |= PS_CYCLE_PAYLOAD;
+        if (!params) {
+            ps_fail(&err, "--model %s: the model's gate is uniform and its payload shared: it has no per-offset parameters to cycle",
+                    in.model_dir);
+            goto done;
+        }
+    }
+    if (!params) params = PS_CYCLE_GATE;
+    /* validate the cycle first (bad model fails before any sweep): cycling by 0 checks every precondition
+     * and changes nothing */
     if (ps_gate_cycle(&in.m, (int)layer, (int)head, branches, params, 0, &err)) {
         if (strncmp(err.msg, "--", 2)) ps_fail_prefix(&err, "--model %s: ", in.model_dir);
+        else ps_cli_mark_usage();
         goto done;
     }
     if (ps_sweep_run(&in.m, &in.base, &in.task, in.fam, PS_SWEEP_PAD, in.P, in.seed, in.batch, &before, ps_instr_progress,
@@ -81,41 +140,121 @@ int ps_cmd_gatecycle(int argc, char **argv) {
         goto done;
     ps_progress_end(&in.bar);
     if (flags[12].value) {
-        char note[96];
-        snprintf(note, sizeof note, "layer %lld shift %lld", (long long)layer, (long long)shift);
-        if (ps_model_set_meta(&in.m, "phasescope.gatecycle", note, &err) || ps_model_save(&in.m, flags[12].value, &err))
+        char meta[96];
+        snprintf(meta, sizeof meta, "layer %lld shift %lld", (long long)layer, (long long)shift);
+        if (ps_model_set_meta(&in.m, "phasescope.gatecycle", meta, &err) || ps_model_save(&in.m, flags[12].value, &err))
             goto done;
         printf("wrote the cycled checkpoint to %s\n", flags[12].value);
     }
-    double *ab = malloc((size_t)in.P * sizeof(double)), *aa = malloc((size_t)in.P * sizeof(double)), corr;
+    ab = malloc((size_t)in.P * sizeof(double));
+    aa = malloc((size_t)in.P * sizeof(double));
+    if (!ab || !aa) {
+        ps_fail(&err, "out of memory for two curves of %lld residues", (long long)in.P);
+        goto done;
+    }
     for (int64_t r = 0; r < in.P; r++) {
         ab[r] = ps_residue_accuracy(&before, r);
         aa[r] = ps_residue_accuracy(&after, r);
     }
-    int64_t s = ps_best_shift(ab, aa, in.P, &corr), signed_s = s > in.P / 2 ? s - in.P : s;
-    free(ab);
-    free(aa);
+    if (ps_cycle_analyse(ab, aa, in.P, ps_task_chance(&in.task), &an, &err)) goto done;
+    const char *br = branches == 3 ? "both" : branches == 1 ? "key" : "value";
+    const char *pa = params == 3 ? "all" : params == 1 ? "gate" : "payload";
+    char hs[64];
+    heads_text(hs, sizeof hs, head, c->n_kv_heads);
+    char warning[600] = "";
+    if (an.after_near_chance)
+        snprintf(warning, sizeof warning,
+                 "after cycling, accuracy is near chance (mean %.3f, chance %.3f): the cycled heads no longer work, "
+                 "so the shift statistic means nothing%s",
+                 mean_accuracy(&after), an.chance,
+                 params == PS_CYCLE_GATE && c->payload != PS_PAYLOAD_SHARED
+                     ? " (the gates were rolled without their per-offset payloads; try --params all)"
+                     : "");
     res = json_object();
     json_object_set_new(res, "kind", json_string("gatecycle"));
     json_object_set_new(res, "provenance", ps_instr_provenance(&in, "pad"));
-    json_t *cyc = json_object();
+    json_t *cyc = json_object(), *hl = json_array();
     json_object_set_new(cyc, "layer", json_integer(layer));
     json_object_set_new(cyc, "shift", json_integer(shift));
     json_object_set_new(cyc, "head", head < 0 ? json_string("all") : json_integer(head));
-    json_object_set_new(cyc, "branch", json_string(branches == 3 ? "both" : branches == 1 ? "key" : "value"));
-    json_object_set_new(cyc, "params", json_string(params == 3 ? "all" : params == 1 ? "gate" : "payload"));
+    for (int64_t g = head < 0 ? 0 : head; g < (head < 0 ? c->n_kv_heads : head + 1); g++) json_array_append_new(hl, json_integer(g));
+    json_object_set_new(cyc, "heads", hl);
+    json_object_set_new(cyc, "branch", json_string(br));
+    json_object_set_new(cyc, "params", json_string(pa));
     json_object_set_new(res, "cycle", cyc);
-    json_object_set_new(res, "before", ps_residue_stats_json(&before));
-    json_object_set_new(res, "after", ps_residue_stats_json(&after));
-    json_object_set_new(res, "best_shift", json_integer(s));
-    json_object_set_new(res, "best_shift_signed", json_integer(signed_s));
-    json_object_set_new(res, "best_shift_correlation", json_real(corr));
+    json_t *jb = ps_residue_stats_json(&before, &err), *ja = jb ? ps_residue_stats_json(&after, &err) : NULL;
+    if (!ja) {
+        json_decref(jb);
+        goto done;
+    }
+    json_object_set_new(res, "before", jb);
+    json_object_set_new(res, "after", ja);
+    json_object_set_new(res, "chance", json_real(an.chance));
+    json_object_set_new(res, "after_near_chance", json_boolean(an.after_near_chance));
+    json_t *dips = json_array(), *nd = json_array(), *ex = json_array(), *warns = json_array();
+    for (int64_t i = 0; i < an.n_moves; i++) {
+        const ps_dip_move *mv = &an.moves[i];
+        json_t *d = json_object();
+        json_object_set_new(d, "before", json_integer(mv->before));
+        json_object_set_new(d, "after", mv->after >= 0 ? json_integer(mv->after) : json_null());
+        int64_t mb = mv->after >= 0 ? ((mv->after - mv->before) % in.P + in.P) % in.P : 0;
+        if (mb > in.P / 2) mb -= in.P;
+        json_object_set_new(d, "moved_by", mv->after >= 0 ? json_integer(mb) : json_null());
+        json_object_set_new(d, "accuracy_before", json_real(mv->acc_before));
+        json_object_set_new(d, "accuracy_after", json_real(mv->acc_after));
+        json_object_set_new(d, "still_dips_after", json_boolean(mv->still_dips));
+        json_array_append_new(dips, d);
+    }
+    for (int64_t i = 0; i < an.n_new; i++) json_array_append_new(nd, json_integer(an.new_dips[i]));
+    for (int64_t i = 0; i < an.n_excluded; i++) json_array_append_new(ex, json_integer(an.excluded[i]));
+    if (warning[0]) json_array_append_new(warns, json_string(warning));
+    json_object_set_new(res, "dips", dips);
+    json_object_set_new(res, "new_dips", nd);
+    json_object_set_new(res, "excluded_residues", ex);
+    json_object_set_new(res, "best_shift", json_integer(an.best_shift));
+    json_object_set_new(res, "best_shift_signed", json_integer(an.best_shift_signed));
+    json_object_set_new(res, "best_shift_correlation", json_real(an.best_shift_correlation));
+    json_object_set_new(res, "warnings", warns);
     if (ps_instr_write(&in, "gatecycle.json", res, &err)) goto done;
-    printf("cycled layer %lld by %lld: accuracy curve shifts by %lld (signed %+lld, correlation %.3f)\n", (long long)layer,
-           (long long)shift, (long long)s, (long long)signed_s, corr);
+    if (warning[0]) fprintf(stderr, "phasescope gatecycle: warning: %s\n", warning);
+    printf("cycled layer %lld, %s, %s %s by %lld\n", (long long)layer, hs,
+           branches == 3 ? "key and value" : br, params == 3 ? "gates and payloads" : params == 1 ? "gates" : "payloads",
+           (long long)shift);
+    for (int64_t i = 0; i < an.n_moves; i++) {
+        const ps_dip_move *mv = &an.moves[i];
+        if (mv->after >= 0)
+            printf("  dip at rho %lld (%.3f) -> rho %lld (%.3f)", (long long)mv->before, mv->acc_before, (long long)mv->after,
+                   mv->acc_after);
+        else if (an.after_near_chance)
+            printf("  dip at rho %lld (%.3f) -> nowhere: every residue is near chance after cycling", (long long)mv->before,
+                   mv->acc_before);
+        else
+            printf("  dip at rho %lld (%.3f) -> %s", (long long)mv->before, mv->acc_before,
+                   mv->still_dips ? "stays (no new dip)" : "gone (no new dip)");
+        if (mv->still_dips) printf("; rho %lld still dips after (%.3f)", (long long)mv->before, aa[mv->before]);
+        else if (mv->after >= 0) printf("; rho %lld recovers (%.3f)", (long long)mv->before, aa[mv->before]);
+        printf("\n");
+    }
+    if (!an.n_moves) printf("  no dip before cycling\n");
+    for (int64_t i = 0; i < an.n_new; i++)
+        printf("  new dip at rho %lld (%.3f)\n", (long long)an.new_dips[i], aa[an.new_dips[i]]);
+    printf("whole-curve best-aligning shift %lld (signed %+lld, correlation %.3f)%s", (long long)an.best_shift,
+           (long long)an.best_shift_signed, an.best_shift_correlation,
+           an.after_near_chance ? " [meaningless: the cycled curve is near chance]" : "");
+    if (an.n_excluded) {
+        printf("; left out %lld residue%s near chance in both curves:", (long long)an.n_excluded, an.n_excluded == 1 ? "" : "s");
+        for (int64_t i = 0; i < an.n_excluded; i++) printf(" %lld", (long long)an.excluded[i]);
+    }
+    printf("\n");
     rc = 0;
 done:
-    if (rc) fprintf(stderr, "phasescope gatecycle: %s\n", err.msg);
+    if (rc) {
+        fprintf(stderr, "phasescope gatecycle: %s\n", err.msg);
+        rc = ps_cli_status();
+    }
+    free(ab);
+    free(aa);
+    ps_cycle_analysis_free(&an);
     json_decref(res);
     ps_residue_stats_free(&before);
     ps_residue_stats_free(&after);

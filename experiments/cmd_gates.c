@@ -10,8 +10,8 @@
 static const char HELP[] =
     "usage: phasescope gates [--model DIR] [--log RUN/train.jsonl] [--n N] [--seed S] [--batch B] [--out DIR]\n"
     "\n"
-    "Gate concentration (SPEC §6), pooled over every window of the evaluation prompts (shift 0): per layer,\n"
-    "KV head and branch, mean_gate (a distribution over the W offsets), N_static = exp(H(mean_gate)),\n"
+    "Gate concentration (docs/results-schema.md, `gates.json`), pooled over every window of the evaluation\n"
+    "prompts (shift 0): per layer, KV head and branch, mean_gate (a distribution over the W offsets), N_static = exp(H(mean_gate)),\n"
     "N_input = E[exp(H(alpha))], the peak offset, and a label: static (N_static <= 2 and N_input <= 2),\n"
     "input-dependent (N_input <= 2 < N_static) or diffuse (N_input > 2). With --log, also how these evolved\n"
     "over the gate records of a training log. Writes OUT/gates.json.\n"
@@ -140,7 +140,10 @@ int ps_cmd_gates(int argc, char **argv) {
             }
     rc = 0;
 done:
-    if (rc) fprintf(stderr, "phasescope gates: %s\n", err.msg);
+    if (rc) {
+        fprintf(stderr, "phasescope gates: %s\n", err.msg);
+        rc = ps_cli_status();
+    }
     json_decref(res);
     ps_hooks_free(&h);
     if (acc.sum_alpha) ps_gate_acc_free(&acc);

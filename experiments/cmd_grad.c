@@ -101,7 +101,10 @@ int ps_cmd_grad(int argc, char **argv) {
            m.n_tensors, flags[3].value);
     rc = 0;
 done:
-    if (rc) fprintf(stderr, "phasescope grad: %s\n", err.msg);
+    if (rc) {
+        fprintf(stderr, "phasescope grad: %s\n", err.msg);
+        rc = ps_cli_status();
+    }
     free(t);
     free(grads);
     ps_tokens_free(&toks);

@@ -45,7 +45,8 @@ int ps_cmd_info(int argc, char **argv) {
         (flags[1].value && ps_cli_int("--batch", flags[1].value, 1, 1 << 20, &B, &err)) ||
         ps_cli_model_dir(flags[0].value, dir, sizeof dir, &err) || ps_model_load(&m, dir, &err)) {
         fprintf(stderr, "phasescope info: %s\n", err.msg);
-        return 1;
+        ps_model_free(&m);
+        return ps_cli_status();
     }
     const ps_config *c = &m.cfg;
     char hash[17];

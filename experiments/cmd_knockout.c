@@ -11,10 +11,11 @@ static const char HELP[] =
     "usage: phasescope knockout [--model DIR] [--layers LIST] [--heads LIST] [--target raw|compressed|both]\n"
     "                           [--period P] [--family NAME] [--n N] [--seed S] [--batch B] [--out DIR]\n"
     "\n"
-    "Mean-replacement KV-head knockout (SPEC §6): for every chosen layer l and KV head g, that head's entries\n"
+    "Mean-replacement KV-head knockout (docs/results-schema.md, `knockout.json`): for every chosen layer l and KV head g, that head's entries\n"
     "are replaced by their mean over the evaluation prompts of the same shift, position by position, and the\n"
     "prefix-padding sweep is run. Reports per (layer, head, residue) the change in accuracy (pp) and in mean\n"
-    "target NLL against the clean run. Writes OUT/knockout.json.\n"
+    "target NLL against the clean run, and each head's worst residue (the largest accuracy drop). Writes\n"
+    "OUT/knockout.json.\n"
     "\n" PS_INSTR_HELP
     "  --layers LIST   layers, e.g. 0,2-3 (default: all)\n"
     "  --heads LIST    KV heads (default: all)\n"
@@ -33,22 +34,29 @@ int ps_cmd_knockout(int argc, char **argv) {
     ps_instr in = {0};
     ps_knockout_result r = {0};
     json_t *res = NULL;
-    int rc = 1, layers[4096], heads[4096], nl = 0, nh = 0;
+    int rc = 1, *layers = NULL, *heads = NULL, nl = 0, nh = 0, *order = NULL;
     if (ps_cli_parse(argc, argv, flags, PS_INSTR_N_FLAGS + 3, pos, 0, &npos, &err)) goto done;
     if (ps_instr_setup(&in, "knockout", argc, argv, flags, 1, &err)) goto done;
     const ps_config *c = &in.m.cfg;
+    /* a config may have up to 2^24 layers or KV heads: the lists are sized to the model */
+    layers = malloc((size_t)c->n_layers * sizeof(int));
+    heads = malloc((size_t)c->n_kv_heads * sizeof(int));
+    if (!layers || !heads) {
+        ps_fail(&err, "out of memory for the lists of %lld layers and %lld KV heads", (long long)c->n_layers, (long long)c->n_kv_heads);
+        goto done;
+    }
     ps_ko_target target = c->kind == PS_ATTN_COMPRESSED ? PS_KO_COMPRESSED : PS_KO_RAW;
     if (flags[9].value) {
         if (!strcmp(flags[9].value, "raw")) target = PS_KO_RAW;
         else if (!strcmp(flags[9].value, "compressed")) target = PS_KO_COMPRESSED;
         else if (!strcmp(flags[9].value, "both")) target = PS_KO_BOTH;
         else {
-            ps_fail(&err, "--target %s: expected raw, compressed or both", flags[9].value);
+            ps_cli_usage(&err, "--target %s: expected raw, compressed or both", flags[9].value);
             goto done;
         }
     }
     if (flags[7].value) {
-        if (ps_cli_int_list("--layers", flags[7].value, 0, c->n_layers - 1, layers, 4096, &nl, &err)) {
+        if (ps_cli_int_list("--layers", flags[7].value, 0, c->n_layers - 1, layers, (int)c->n_layers, &nl, &err)) {
             char m[PS_ERROR_MAX];
             snprintf(m, sizeof m, "%s", err.msg);
             ps_fail(&err, "%.900s (the model has %lld layers)", m, (long long)c->n_layers);
@@ -57,7 +65,7 @@ int ps_cmd_knockout(int argc, char **argv) {
     } else
         for (nl = 0; nl < c->n_layers; nl++) layers[nl] = nl;
     if (flags[8].value) {
-        if (ps_cli_int_list("--heads", flags[8].value, 0, c->n_kv_heads - 1, heads, 4096, &nh, &err)) {
+        if (ps_cli_int_list("--heads", flags[8].value, 0, c->n_kv_heads - 1, heads, (int)c->n_kv_heads, &nh, &err)) {
             char m[PS_ERROR_MAX];
             snprintf(m, sizeof m, "%s", err.msg);
             ps_fail(&err, "%.900s (the model has %lld KV heads)", m, (long long)c->n_kv_heads);
@@ -74,36 +82,54 @@ int ps_cmd_knockout(int argc, char **argv) {
     res = json_object();
     json_object_set_new(res, "kind", json_string("knockout"));
     json_object_set_new(res, "provenance", ps_instr_provenance(&in, "pad"));
-    json_t *grid = ps_knockout_json(&r, target);
+    json_t *grid = ps_knockout_json(&r, target, &err);
+    if (!grid) goto done;
     json_object_set_new(res, "grid", grid);
     if (ps_instr_write(&in, "knockout.json", res, &err)) goto done;
-    /* the cells that hurt most */
+    /* every head with the residue it hurts most (a head that kills one residue can have a small mean),
+     * worst first */
     json_t *cells = json_object_get(grid, "cells");
-    printf("clean mean accuracy %.3f; largest mean NLL increases:\n",
-           json_number_value(json_object_get(json_object_get(grid, "clean"), "mean_accuracy")));
     size_t ncell = json_array_size(cells);
-    int *order = malloc(ncell * sizeof(int));
+    order = malloc((ncell ? ncell : 1) * sizeof(int));
+    if (!order) {
+        ps_fail(&err, "out of memory for the order of %zu cells", ncell);
+        goto done;
+    }
     for (size_t i = 0; i < ncell; i++) order[i] = (int)i;
-    for (size_t i = 0; i < ncell; i++)
-        for (size_t j = i + 1; j < ncell; j++)
-            if (json_number_value(json_object_get(json_array_get(cells, (size_t)order[j]), "mean_delta_nll")) >
-                json_number_value(json_object_get(json_array_get(cells, (size_t)order[i]), "mean_delta_nll"))) {
-                int t = order[i];
-                order[i] = order[j];
-                order[j] = t;
-            }
-    for (size_t i = 0; i < ncell && i < 5; i++) {
-        json_t *cell = json_array_get(cells, (size_t)order[i]);
-        printf("  layer %lld head %lld: mean dNLL %+.3f, mean dacc %+.1f pp\n",
+#define WORST_DA(i) json_number_value(json_object_get(json_object_get(json_array_get(cells, (size_t)order[i]), "worst_residue"), "delta_accuracy_pp"))
+#define MEAN_DNLL(i) json_number_value(json_object_get(json_array_get(cells, (size_t)order[i]), "mean_delta_nll"))
+    for (size_t i = 1; i < ncell; i++) /* insertion sort: worst-residue drop, then mean dNLL */
+        for (size_t j = i; j > 0 && (WORST_DA(j) < WORST_DA(j - 1) - 1e-9 ||
+                                     (fabs(WORST_DA(j) - WORST_DA(j - 1)) <= 1e-9 && MEAN_DNLL(j) > MEAN_DNLL(j - 1)));
+             j--) {
+            int t = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = t;
+        }
+    printf("clean mean accuracy %.3f; per head, the residue it hurts most (worst first):\n",
+           json_number_value(json_object_get(json_object_get(grid, "clean"), "mean_accuracy")));
+    size_t show = ncell < 32 ? ncell : 32;
+    for (size_t i = 0; i < show; i++) {
+        json_t *cell = json_array_get(cells, (size_t)order[i]), *w = json_object_get(cell, "worst_residue");
+        printf("  layer %lld head %lld: worst rho %lld: %.3f -> %.3f (%+.1f pp, dNLL %+.3f); mean dacc %+.1f pp, mean dNLL %+.3f\n",
                (long long)json_integer_value(json_object_get(cell, "layer")),
                (long long)json_integer_value(json_object_get(cell, "head")),
-               json_number_value(json_object_get(cell, "mean_delta_nll")),
-               json_number_value(json_object_get(cell, "mean_delta_accuracy_pp")));
+               (long long)json_integer_value(json_object_get(w, "rho")), json_number_value(json_object_get(w, "clean_accuracy")),
+               json_number_value(json_object_get(w, "accuracy")), json_number_value(json_object_get(w, "delta_accuracy_pp")),
+               json_number_value(json_object_get(w, "delta_nll")),
+               json_number_value(json_object_get(cell, "mean_delta_accuracy_pp")),
+               json_number_value(json_object_get(cell, "mean_delta_nll")));
     }
-    free(order);
+    if (show < ncell) printf("  ... %zu more heads in knockout.json\n", ncell - show);
     rc = 0;
 done:
-    if (rc) fprintf(stderr, "phasescope knockout: %s\n", err.msg);
+    if (rc) {
+        fprintf(stderr, "phasescope knockout: %s\n", err.msg);
+        rc = ps_cli_status();
+    }
+    free(order);
+    free(layers);
+    free(heads);
     json_decref(res);
     ps_knockout_result_free(&r);
     ps_instr_free(&in);

@@ -4,17 +4,19 @@
 #include <string.h>
 
 #include "instrument.h"
+#include "stats.h"
 
 static const char HELP[] =
     "usage: phasescope sweep [--model DIR] [--period P] [--mode pad|move] [--family NAME] [--n N] [--seed S]\n"
     "                        [--batch B] [--out DIR]\n"
     "\n"
-    "Phase sweep (SPEC §5). pad: for each shift p = 0..P-1, p filler tokens go right after BOS; move: the\n"
+    "Phase sweep (docs/results-schema.md). pad: for each shift p = 0..P-1, p filler tokens go right after BOS; move: the\n"
     "queried pair moves (p fillers before it, P-1-p after it), the prompt length stays fixed. Each query's\n"
     "phase coordinate is rho = t_K mod P (t_K: position of the queried key's first token). Reports per rho:\n"
     "n, accuracy (top-1 over the vocabulary), 95% Wilson interval, mean target log-prob; overall mean, min\n"
-    "and gap (pp); a chi-square test of accuracy against residue and the dominant period of the curve.\n"
-    "Writes OUT/sweep.json.\n"
+    "and gap (pp); a chi-square test of accuracy against residue and the verdict: phase sensitive when\n"
+    "p < 0.01 and the gap is at least 5 pp; only then the dominant period of the curve is given (the JSON's\n"
+    "dominant_period.period is null otherwise). Writes OUT/sweep.json.\n"
     "\n" PS_INSTR_HELP "  --mode M        pad (default) or move\n";
 
 int ps_cmd_sweep(int argc, char **argv) {
@@ -36,7 +38,7 @@ int ps_cmd_sweep(int argc, char **argv) {
         if (!strcmp(flags[7].value, "pad")) mode = PS_SWEEP_PAD;
         else if (!strcmp(flags[7].value, "move")) mode = PS_SWEEP_MOVE;
         else {
-            ps_fail(&err, "--mode %s: expected pad or move", flags[7].value);
+            ps_cli_usage(&err, "--mode %s: expected pad or move", flags[7].value);
             goto done;
         }
     }
@@ -49,24 +51,28 @@ int ps_cmd_sweep(int argc, char **argv) {
     res = json_object();
     json_object_set_new(res, "kind", json_string("sweep"));
     json_object_set_new(res, "provenance", ps_instr_provenance(&in, mode == PS_SWEEP_PAD ? "pad" : "move"));
-    json_t *curve = ps_residue_stats_json(&st);
+    json_t *curve = ps_residue_stats_json(&st, &err);
+    if (!curve) goto done;
     json_object_set_new(res, "curve", curve);
     if (ps_instr_write(&in, "sweep.json", res, &err)) goto done;
+    /* the verdict and the period come from the JSON just written, so the two always agree */
     json_t *cs = json_object_get(curve, "chi_square"), *dp = json_object_get(curve, "dominant_period");
     double p = json_number_value(json_object_get(cs, "p_value"));
     double gap = json_number_value(json_object_get(curve, "gap_pp"));
-    /* a verdict needs both a significant test and a gap worth the name */
-    const char *verdict = p >= 0.01 ? "no phase dependence detected"
-                          : gap >= 5 ? "phase sensitive"
-                                     : "a statistically detectable but small phase dependence (gap < 5 pp)";
-    printf("mean accuracy %.3f, min %.3f, gap %.1f pp; chi-square p = %.3g: %s", json_number_value(json_object_get(curve, "mean_accuracy")),
-           json_number_value(json_object_get(curve, "min_accuracy")), gap, p, verdict);
-    if (p < 0.01 && gap >= 5 && json_is_number(json_object_get(dp, "period")))
+    char ptext[32];
+    ps_format_p(ptext, sizeof ptext, p);
+    printf("mean accuracy %.3f, min %.3f, gap %.1f pp; chi-square p %s%s: %s", json_number_value(json_object_get(curve, "mean_accuracy")),
+           json_number_value(json_object_get(curve, "min_accuracy")), gap, ptext[0] == '<' ? "" : "= ", ptext,
+           json_string_value(json_object_get(curve, "verdict")));
+    if (json_is_number(json_object_get(dp, "period")))
         printf(", dominant period %.4g", json_number_value(json_object_get(dp, "period")));
     printf("\n");
     rc = 0;
 done:
-    if (rc) fprintf(stderr, "phasescope sweep: %s\n", err.msg);
+    if (rc) {
+        fprintf(stderr, "phasescope sweep: %s\n", err.msg);
+        rc = ps_cli_status();
+    }
     json_decref(res);
     ps_residue_stats_free(&st);
     ps_instr_free(&in);

@@ -133,15 +133,15 @@ int ps_cmd_theory(int argc, char **argv) {
         (flags[8].value && ps_cli_int("--seed", flags[8].value, 0, INT64_MAX, &seed, &err)))
         goto done;
     if (flags[5].value && (sscanf(flags[5].value, "%lf", &lr) != 1 || !(lr > 0) || lr > 1e4)) {
-        ps_fail(&err, "--lr %s: expected a positive number", flags[5].value);
+        ps_cli_usage(&err, "--lr %s: expected a positive number", flags[5].value);
         goto done;
     }
     if (flags[6].value && (sscanf(flags[6].value, "%lf", &lam) != 1 || !(lam > 0) || lam > 1e4)) {
-        ps_fail(&err, "--temperature %s: expected a positive number", flags[6].value);
+        ps_cli_usage(&err, "--temperature %s: expected a positive number", flags[6].value);
         goto done;
     }
     if (N < C * S) {
-        ps_fail(&err, "--vocab %lld: must hold the %lld distinct context tokens (chunks x window)", (long long)N, (long long)(C * S));
+        ps_cli_usage(&err, "--vocab %lld: must hold the %lld distinct context tokens (chunks x window)", (long long)N, (long long)(C * S));
         goto done;
     }
     theory t = {H, S, C, N, lam};
@@ -323,7 +323,10 @@ int ps_cmd_theory(int argc, char **argv) {
     if (ps_render(paths, 1, out, NULL, 1, &err)) goto done;
     rc = 0;
 done:
-    if (rc) fprintf(stderr, "phasescope theory: %s\n", err.msg);
+    if (rc) {
+        fprintf(stderr, "phasescope theory: %s\n", err.msg);
+        rc = ps_cli_status();
+    }
     json_decref(res);
     free(a); free(b); free(al); free(be); free(da); free(db); free(scratch); free(ctx); free(perm);
     return rc;

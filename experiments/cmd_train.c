@@ -66,7 +66,10 @@ int ps_cmd_train(int argc, char **argv) {
     printf("run in %s\n", flags[1].value);
     rc = 0;
 done:
-    if (rc) fprintf(stderr, "phasescope train: %s\n", err.msg);
+    if (rc) {
+        fprintf(stderr, "phasescope train: %s\n", err.msg);
+        rc = ps_cli_status();
+    }
     ps_train_cfg_free(&cfg);
     return rc;
 }

@@ -40,7 +40,7 @@ int ps_instr_setup(ps_instr *in, const char *command, int argc, char **argv, ps_
     if (!flags[6].value) snprintf(in->out_dir, sizeof in->out_dir, "out/%s", command);
     if (ps_fillers_load(PS_SOURCE_DIR "/data/fillers.json", &in->fams, &in->n_fams, err) ||
         ps_fillers_find(in->fams, in->n_fams, flags[2].value, &in->fam, err))
-        return -1;
+        return in->fams && flags[2].value ? ps_cli_mark_usage() : -1;
     if (!need_task) return 0;
     if (ps_model_task(&in->m, in->model_dir, &in->task, err)) return -1;
     if (ps_batch_alloc(&in->base, in->n_prompts, in->task.seq_len, in->task.n_queries, err)) return -1;

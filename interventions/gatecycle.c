@@ -1,5 +1,8 @@
 #include "gatecycle.h"
 
+#include "stats.h"
+
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -45,8 +48,102 @@ int ps_gate_cycle(ps_model *m, int layer, int head, int branches, int params, in
                 bad |= roll(br ? p.value_gate_b : p.key_gate_b, W, nkv, g, 1, k);
             }
             if (params & PS_CYCLE_PAYLOAD) bad |= roll(br ? p.value_payload : p.key_payload, W, nkv * hd * d, g * hd * d, hd * d, k);
-            if (bad) return ps_fail(err, "out of memory");
+            if (bad) return ps_fail(err, "out of memory for a copy of layer %d's per-offset parameters (W = %lld)", layer, (long long)W);
         }
     }
     return 0;
+}
+
+double ps_task_chance(const ps_task *t) {
+    if (t->kind == PS_TASK_BIGRAM) return t->n_context > 0 ? 1.0 / (double)t->n_context : 0.0;
+    if (t->n_values <= 0) return 0.0;
+    return pow(1.0 / (double)t->n_values, (double)(t->value_len > 0 ? t->value_len : 1));
+}
+
+void ps_cycle_analysis_free(ps_cycle_analysis *a) {
+    free(a->moves);
+    free(a->new_dips);
+    free(a->excluded);
+    memset(a, 0, sizeof *a);
+}
+
+/* dips of a curve: residues at or below the midpoint of a curve whose gap is at least 5 pp */
+static int64_t find_dips(const double *y, int64_t P, int *is_dip) {
+    double mn = INFINITY, mx = -INFINITY;
+    for (int64_t r = 0; r < P; r++) {
+        mn = fmin(mn, y[r]);
+        mx = fmax(mx, y[r]);
+    }
+    int64_t n = 0;
+    for (int64_t r = 0; r < P; r++) {
+        is_dip[r] = mx - mn >= 0.05 && y[r] <= (mx + mn) / 2;
+        n += is_dip[r];
+    }
+    return n;
+}
+
+/* indices with flag set, deepest (lowest y) first, ties by index */
+static int64_t sorted_by_depth(const double *y, const int *flag, int64_t P, int64_t *out) {
+    int64_t n = 0;
+    for (int64_t r = 0; r < P; r++)
+        if (flag[r]) out[n++] = r;
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t j = i + 1; j < n; j++)
+            if (y[out[j]] < y[out[i]] || (y[out[j]] == y[out[i]] && out[j] < out[i])) {
+                int64_t t = out[i];
+                out[i] = out[j];
+                out[j] = t;
+            }
+    return n;
+}
+
+int ps_cycle_analyse(const double *before, const double *after, int64_t P, double chance, ps_cycle_analysis *out,
+                     ps_error *err) {
+    memset(out, 0, sizeof *out);
+    out->P = P;
+    out->chance = chance;
+    int *db = calloc((size_t)P, sizeof(int)), *da = calloc((size_t)P, sizeof(int)), *fresh = calloc((size_t)P, sizeof(int));
+    int *keep = calloc((size_t)P, sizeof(int));
+    int64_t *ob = malloc((size_t)P * sizeof(int64_t)), *oa = malloc((size_t)P * sizeof(int64_t));
+    out->moves = calloc((size_t)P, sizeof *out->moves);
+    out->new_dips = malloc((size_t)P * sizeof(int64_t));
+    out->excluded = malloc((size_t)P * sizeof(int64_t));
+    int rc = 0;
+    if (!db || !da || !fresh || !keep || !ob || !oa || !out->moves || !out->new_dips || !out->excluded) {
+        rc = ps_fail(err, "out of memory for the comparison of two curves of %lld residues", (long long)P);
+        ps_cycle_analysis_free(out);
+        goto done;
+    }
+    double thr = chance + PS_NEAR_CHANCE_PP / 100.0, mb = 0, ma = 0;
+    for (int64_t r = 0; r < P; r++) {
+        mb += before[r] / (double)P;
+        ma += after[r] / (double)P;
+        keep[r] = !(before[r] <= thr && after[r] <= thr);
+        if (!keep[r]) out->excluded[out->n_excluded++] = r;
+    }
+    out->before_near_chance = mb <= thr;
+    out->after_near_chance = ma <= thr;
+    find_dips(before, P, db);
+    find_dips(after, P, da);
+    for (int64_t r = 0; r < P; r++) fresh[r] = da[r] && !db[r];
+    int64_t nb = sorted_by_depth(before, db, P, ob), na = sorted_by_depth(after, fresh, P, oa);
+    for (int64_t i = 0; i < nb; i++) {
+        ps_dip_move *mv = &out->moves[out->n_moves++];
+        mv->before = ob[i];
+        mv->acc_before = before[ob[i]];
+        mv->still_dips = da[ob[i]];
+        mv->after = i < na ? oa[i] : -1;
+        mv->acc_after = i < na ? after[oa[i]] : after[ob[i]];
+    }
+    for (int64_t i = nb; i < na; i++) out->new_dips[out->n_new++] = oa[i];
+    out->best_shift = ps_best_shift_masked(before, after, out->n_excluded ? keep : NULL, P, &out->best_shift_correlation);
+    out->best_shift_signed = out->best_shift > P / 2 ? out->best_shift - P : out->best_shift;
+done:
+    free(db);
+    free(da);
+    free(fresh);
+    free(keep);
+    free(ob);
+    free(oa);
+    return rc;
 }

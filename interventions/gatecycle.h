@@ -8,6 +8,7 @@
 
 #include "error.h"
 #include "model.h"
+#include "tasks.h"
 
 enum { PS_CYCLE_KEY = 1, PS_CYCLE_VALUE = 2 };          /* branch mask */
 enum { PS_CYCLE_GATE = 1, PS_CYCLE_PAYLOAD = 2 };       /* parameter mask */
@@ -15,5 +16,41 @@ enum { PS_CYCLE_GATE = 1, PS_CYCLE_PAYLOAD = 2 };       /* parameter mask */
 /* head = -1: every KV head. Errors (naming the flag) for a layer or head out of range, a full-attention
  * model, gates on a uniform-gate model, a shared payload. */
 int ps_gate_cycle(ps_model *m, int layer, int head, int branches, int params, int64_t k, ps_error *err);
+
+/* Chance accuracy of a task's scored answers: kv-retrieval (1/n_values)^value_len, bigram 1/n_context. */
+double ps_task_chance(const ps_task *t);
+
+/* A residue is near chance when its accuracy is at most chance + PS_NEAR_CHANCE_PP percentage points. */
+#define PS_NEAR_CHANCE_PP 5.0
+
+/* One dip of the curve before cycling and where it went. after = -1: no new dip took its place. */
+typedef struct {
+    int64_t before, after;
+    double acc_before, acc_after; /* accuracy at `before` in the clean curve, at `after` in the cycled one */
+    int still_dips;               /* `before` is still a dip after cycling */
+} ps_dip_move;
+
+/* Comparison of the clean curve (before) and the cycled one (after) over one period P.
+ * Dips: when a curve's gap (max - min) is at least 5 pp, the residues at or below the midpoint
+ * (max + min) / 2. Each dip of `before` is paired with a new dip of `after` (a dip after that was not one
+ * before), deepest with deepest; unpaired new dips are listed. The shift statistic (best-aligning shift
+ * and its correlation) leaves out the residues near chance in both curves ("excluded"). */
+typedef struct {
+    int64_t P;
+    double chance;
+    int before_near_chance, after_near_chance; /* the curve's mean accuracy is near chance */
+    int64_t n_moves;
+    ps_dip_move *moves;   /* [n_moves] */
+    int64_t n_new;
+    int64_t *new_dips;    /* [n_new] new dips of `after` that no dip of `before` moved to */
+    int64_t n_excluded;
+    int64_t *excluded;    /* [n_excluded] residues near chance in both curves */
+    int64_t best_shift, best_shift_signed;
+    double best_shift_correlation;
+} ps_cycle_analysis;
+
+int ps_cycle_analyse(const double *before, const double *after, int64_t P, double chance, ps_cycle_analysis *out,
+                     ps_error *err);
+void ps_cycle_analysis_free(ps_cycle_analysis *a);
 
 #endif

@@ -1,12 +1,13 @@
 #include "knockout.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 void ps_knockout_result_free(ps_knockout_result *r) {
     ps_residue_stats_free(&r->clean);
     if (r->cells)
-        for (int i = 0; i < r->n_layers * r->n_heads; i++) ps_residue_stats_free(&r->cells[i]);
+        for (int64_t i = 0; i < (int64_t)r->n_layers * r->n_heads; i++) ps_residue_stats_free(&r->cells[i]);
     free(r->cells);
     free(r->layers);
     free(r->heads);
@@ -71,10 +72,12 @@ int ps_knockout_grid(const ps_model *m, const ps_batch *base, const ps_task *tas
     out->P = P;
     out->n_layers = n_layers;
     out->n_heads = n_heads;
+    if (n_layers < 1 || n_heads < 1) return ps_fail(err, "knockout grid: no layers or no heads selected");
     out->layers = malloc((size_t)n_layers * sizeof(int));
     out->heads = malloc((size_t)n_heads * sizeof(int));
-    out->cells = calloc((size_t)(n_layers * n_heads), sizeof *out->cells);
-    if (!out->layers || !out->heads || !out->cells) return ps_fail(err, "out of memory");
+    out->cells = calloc((size_t)n_layers * (size_t)n_heads, sizeof *out->cells);
+    if (!out->layers || !out->heads || !out->cells)
+        return ps_fail(err, "out of memory for a knockout grid of %d layers x %d heads", n_layers, n_heads);
     /* visit layers top-down */
     memcpy(out->layers, layers, (size_t)n_layers * sizeof(int));
     memcpy(out->heads, heads, (size_t)n_heads * sizeof(int));
@@ -86,12 +89,13 @@ int ps_knockout_grid(const ps_model *m, const ps_batch *base, const ps_task *tas
                 out->layers[j] = t;
             }
     int rc = ps_residue_stats_init(&out->clean, P, err);
-    for (int i = 0; i < n_layers * n_heads && !rc; i++) rc = ps_residue_stats_init(&out->cells[i], P, err);
+    for (int64_t i = 0; i < (int64_t)n_layers * n_heads && !rc; i++) rc = ps_residue_stats_init(&out->cells[i], P, err);
     if (rc) return -1;
     int64_t N = base->B, nkv = c->n_kv_heads, hd = c->head_dim, maxq = base->max_q;
     int *ok = malloc((size_t)(N * maxq) * sizeof(int));
     double *lp = malloc((size_t)(N * maxq) * sizeof(double));
-    if (!ok || !lp) rc = ps_fail(err, "out of memory");
+    if (!ok || !lp)
+        rc = ps_fail(err, "out of memory for the outcomes of %lld prompts x %lld queries", (long long)N, (long long)maxq);
     int64_t total = P * (1 + (int64_t)n_layers * n_heads);
     for (int64_t p = 0; p < P && !rc; p++) {
         ps_shifted s;
@@ -107,19 +111,35 @@ int ps_knockout_grid(const ps_model *m, const ps_batch *base, const ps_task *tas
             mn.pt[mn.n_arr] = PS_HOOK_K, mn.npos[mn.n_arr++] = T;
             mn.pt[mn.n_arr] = PS_HOOK_V, mn.npos[mn.n_arr++] = T;
         }
-        for (int k = 0; k < mn.n_arr; k++) {
-            mn.sum[k] = calloc((size_t)(n_layers * (mn.npos[k] ? mn.npos[k] : 1) * nkv * hd), sizeof(double));
-            if (!mn.sum[k]) rc = ps_fail(err, "out of memory");
+        for (int k = 0; k < mn.n_arr && !rc; k++) {
+            mn.sum[k] = calloc((size_t)n_layers * (size_t)(mn.npos[k] ? mn.npos[k] : 1) * (size_t)(nkv * hd), sizeof(double));
+            if (!mn.sum[k])
+                rc = ps_fail(err, "out of memory for the means of %d layers x %lld positions x %lld KV heads", n_layers,
+                             (long long)mn.npos[k], (long long)nkv);
         }
-        ps_acts a;
+        /* everything below is created only when what precedes it succeeded; cleanup frees only what was
+         * created (a zeroed ps_acts / NULL pointer is never freed as if it were live) */
+        ps_acts a = {0};
+        int have_a = 0;
         int64_t B = batch < N ? batch : N;
-        int64_t *rows = malloc((size_t)(B * maxq * (task->kind == PS_TASK_KV ? task->value_len : 1)) * sizeof(int64_t));
-        if (!rows) rc = ps_fail(err, "out of memory");
-        if (!rc) rc = ps_acts_create(&a, c, B, T, true, err);
+        int64_t ans = task->kind == PS_TASK_KV ? task->value_len : 1;
+        int64_t *rows = NULL;
+        if (!rc) {
+            /* sizes in double first: a corrupt task (absurd value_len) must fail here, not wrap around */
+            if ((double)B * (double)maxq * (double)ans * 8.0 > 9e18) rows = NULL;
+            else rows = malloc((size_t)(B * maxq * ans) * sizeof(int64_t));
+            if (!rows)
+                rc = ps_fail(err, "out of memory for the answer rows of %lld prompts x %lld queries x %lld answer tokens",
+                             (long long)B, (long long)maxq, (long long)ans);
+        }
+        if (!rc) {
+            rc = ps_acts_create(&a, c, B, T, true, err);
+            have_a = !rc;
+        }
         /* pass 1: the means over all prompts of this shift */
         for (int64_t i0 = 0; i0 < N && !rc; i0 += B) {
             int64_t n = N - i0 < B ? N - i0 : B;
-            ps_acts part, *use = &a;
+            ps_acts part = {0}, *use = &a;
             if (n != B && (rc = ps_acts_create(&part, c, n, T, true, err))) break;
             if (n != B) use = &part;
             rc = ps_forward(m, use, s.b.tokens + i0 * T, NULL, err);
@@ -138,7 +158,7 @@ int ps_knockout_grid(const ps_model *m, const ps_batch *base, const ps_task *tas
         /* pass 2: clean and knocked-out runs per batch */
         for (int64_t i0 = 0; i0 < N && !rc; i0 += B) {
             int64_t n = N - i0 < B ? N - i0 : B;
-            ps_acts part, *use = &a;
+            ps_acts part = {0}, *use = &a;
             if (n != B && (rc = ps_acts_create(&part, c, n, T, true, err))) break;
             if (n != B) use = &part;
             ps_batch view = s.b;
@@ -185,7 +205,7 @@ int ps_knockout_grid(const ps_model *m, const ps_batch *base, const ps_task *tas
                             int64_t cnt = n * mn.npos[k] * nkv * hd;
                             saved[k] = malloc((size_t)(cnt ? cnt : 1) * sizeof(float));
                             if (!saved[k]) {
-                                rc = ps_fail(err, "out of memory");
+                                rc = ps_fail(err, "out of memory for a copy of layer %d's kept activations", l);
                                 continue;
                             }
                             memcpy(saved[k], x, (size_t)cnt * sizeof(float));
@@ -207,7 +227,7 @@ int ps_knockout_grid(const ps_model *m, const ps_batch *base, const ps_task *tas
             }
             if (use != &a) ps_acts_free(&part);
         }
-        ps_acts_free(&a);
+        if (have_a) ps_acts_free(&a);
         free(rows);
         for (int k = 0; k < mn.n_arr; k++) free(mn.sum[k]);
         ps_shifted_free(&s);
@@ -218,11 +238,22 @@ int ps_knockout_grid(const ps_model *m, const ps_batch *base, const ps_task *tas
     return rc;
 }
 
-json_t *ps_knockout_json(const ps_knockout_result *r, ps_ko_target target) {
-    json_t *o = json_object(), *cells = json_array();
-    json_object_set_new(o, "period", json_integer(r->P));
-    json_object_set_new(o, "target", json_string(target == PS_KO_RAW ? "raw" : target == PS_KO_COMPRESSED ? "compressed" : "both"));
-    json_object_set_new(o, "clean", ps_residue_stats_json(&r->clean));
+#define SET(o, key, v) (bad |= json_object_set_new((o), (key), (v)) != 0)
+
+json_t *ps_knockout_json(const ps_knockout_result *r, ps_ko_target target, ps_error *err) {
+    int bad = 0;
+    json_t *o = json_object(), *cells = json_array(), *clean = ps_residue_stats_json(&r->clean, err);
+    if (!o || !cells || !clean) {
+        json_decref(o);
+        json_decref(cells);
+        json_decref(clean);
+        if (o && cells) return NULL; /* err already names what failed */
+        ps_fail(err, "out of memory for the knockout summary");
+        return NULL;
+    }
+    SET(o, "period", json_integer(r->P));
+    SET(o, "target", json_string(target == PS_KO_RAW ? "raw" : target == PS_KO_COMPRESSED ? "compressed" : "both"));
+    SET(o, "clean", clean);
     /* cells in ascending layer order */
     for (int want = -1;;) {
         int next = 1 << 30;
@@ -233,36 +264,60 @@ json_t *ps_knockout_json(const ps_knockout_result *r, ps_ko_target target) {
         int li = 0;
         while (r->layers[li] != want) li++;
         for (int hi = 0; hi < r->n_heads; hi++) {
-            const ps_residue_stats *cs = &r->cells[li * r->n_heads + hi];
+            const ps_residue_stats *cs = &r->cells[(int64_t)li * r->n_heads + hi];
             json_t *cell = json_object(), *res = json_array();
-            json_object_set_new(cell, "layer", json_integer(want));
-            json_object_set_new(cell, "head", json_integer(r->heads[hi]));
-            double sum_da = 0, sum_dn = 0;
-            int64_t used = 0;
+            SET(cell, "layer", json_integer(want));
+            SET(cell, "head", json_integer(r->heads[hi]));
+            double sum_da = 0, sum_dn = 0, worst_da = INFINITY, worst_dn = 0, worst_ac = 0, worst_ak = 0;
+            int64_t used = 0, worst = -1;
             for (int64_t rho = 0; rho < r->P; rho++) {
                 json_t *e = json_object();
                 double ac = ps_residue_accuracy(&r->clean, rho), ak = ps_residue_accuracy(cs, rho);
                 double nc = r->clean.n[rho] ? -r->clean.lp[rho] / (double)r->clean.n[rho] : 0;
                 double nk = cs->n[rho] ? -cs->lp[rho] / (double)cs->n[rho] : 0;
-                json_object_set_new(e, "rho", json_integer(rho));
-                json_object_set_new(e, "n", json_integer(cs->n[rho]));
-                json_object_set_new(e, "accuracy", json_real(ak));
-                json_object_set_new(e, "mean_nll", json_real(nk));
-                json_object_set_new(e, "delta_accuracy_pp", json_real(100.0 * (ak - ac)));
-                json_object_set_new(e, "delta_nll", json_real(nk - nc));
-                json_array_append_new(res, e);
+                SET(e, "rho", json_integer(rho));
+                SET(e, "n", json_integer(cs->n[rho]));
+                SET(e, "accuracy", json_real(ak));
+                SET(e, "mean_nll", json_real(nk));
+                SET(e, "delta_accuracy_pp", json_real(100.0 * (ak - ac)));
+                SET(e, "delta_nll", json_real(nk - nc));
+                bad |= json_array_append_new(res, e) != 0;
                 if (cs->n[rho]) {
-                    sum_da += 100.0 * (ak - ac);
-                    sum_dn += nk - nc;
+                    double da = 100.0 * (ak - ac), dn = nk - nc;
+                    sum_da += da;
+                    sum_dn += dn;
                     used++;
+                    /* the residue the head hurts most: largest accuracy drop, ties by the larger NLL increase */
+                    if (worst < 0 || da < worst_da - 1e-9 || (fabs(da - worst_da) <= 1e-9 && dn > worst_dn)) {
+                        worst = rho;
+                        worst_da = da;
+                        worst_dn = dn;
+                        worst_ac = ac;
+                        worst_ak = ak;
+                    }
                 }
             }
-            json_object_set_new(cell, "residues", res);
-            json_object_set_new(cell, "mean_delta_accuracy_pp", json_real(used ? sum_da / (double)used : 0));
-            json_object_set_new(cell, "mean_delta_nll", json_real(used ? sum_dn / (double)used : 0));
-            json_array_append_new(cells, cell);
+            SET(cell, "residues", res);
+            SET(cell, "mean_delta_accuracy_pp", json_real(used ? sum_da / (double)used : 0));
+            SET(cell, "mean_delta_nll", json_real(used ? sum_dn / (double)used : 0));
+            if (worst >= 0) {
+                json_t *w = json_object();
+                SET(w, "rho", json_integer(worst));
+                SET(w, "clean_accuracy", json_real(worst_ac));
+                SET(w, "accuracy", json_real(worst_ak));
+                SET(w, "delta_accuracy_pp", json_real(worst_da));
+                SET(w, "delta_nll", json_real(worst_dn));
+                SET(cell, "worst_residue", w);
+            } else
+                SET(cell, "worst_residue", json_null());
+            bad |= json_array_append_new(cells, cell) != 0;
         }
     }
-    json_object_set_new(o, "cells", cells);
+    SET(o, "cells", cells);
+    if (bad) {
+        json_decref(o);
+        ps_fail(err, "out of memory while building the knockout summary");
+        return NULL;
+    }
     return o;
 }

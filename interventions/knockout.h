@@ -34,7 +34,8 @@ void ps_knockout_result_free(ps_knockout_result *r);
 
 /* {"period", "target", "clean": {...curve...}, "cells": [{"layer", "head", "residues": [{"rho",
  * "delta_accuracy_pp", "delta_nll", "accuracy", "mean_nll"}], "mean_delta_accuracy_pp",
- * "mean_delta_nll"}]} */
-json_t *ps_knockout_json(const ps_knockout_result *r, ps_ko_target target);
+ * "mean_delta_nll", "worst_residue": {"rho", "clean_accuracy", "accuracy", "delta_accuracy_pp",
+ * "delta_nll"}}]}. NULL with err set when memory runs out. */
+json_t *ps_knockout_json(const ps_knockout_result *r, ps_ko_target target, ps_error *err);
 
 #endif

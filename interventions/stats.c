@@ -1,6 +1,7 @@
 #include "stats.h"
 
 #include <math.h>
+#include <stdio.h>
 
 void ps_wilson(int64_t k, int64_t n, double z, double *lo, double *hi) {
     if (n <= 0) {
@@ -121,4 +122,54 @@ int64_t ps_best_shift(const double *before, const double *after, int64_t P, doub
     }
     *corr = bc;
     return best;
+}
+
+int64_t ps_best_shift_masked(const double *before, const double *after, const int *keep, int64_t P, double *corr) {
+    if (!keep) return ps_best_shift(before, after, P, corr);
+    int64_t best = 0;
+    double bc = -INFINITY;
+    for (int64_t s = 0; s < P; s++) {
+        double ma = 0, mb = 0, n = 0;
+        for (int64_t r = 0; r < P; r++) {
+            int64_t q = ((r - s) % P + P) % P;
+            if (!keep[r] || !keep[q]) continue;
+            ma += after[r];
+            mb += before[q];
+            n++;
+        }
+        double c = 0;
+        if (n > 1) {
+            ma /= n;
+            mb /= n;
+            double sab = 0, saa = 0, sbb = 0;
+            for (int64_t r = 0; r < P; r++) {
+                int64_t q = ((r - s) % P + P) % P;
+                if (!keep[r] || !keep[q]) continue;
+                sab += (after[r] - ma) * (before[q] - mb);
+                saa += (after[r] - ma) * (after[r] - ma);
+                sbb += (before[q] - mb) * (before[q] - mb);
+            }
+            c = saa > 0 && sbb > 0 ? sab / sqrt(saa * sbb) : 0;
+        }
+        if (c > bc + 1e-12) {
+            bc = c;
+            best = s;
+        }
+    }
+    *corr = bc;
+    return best;
+}
+
+int ps_phase_verdict(double p_value, double gap_pp, const char **text) {
+    int sens = p_value < PS_PHASE_P_MAX && gap_pp >= PS_PHASE_GAP_MIN_PP;
+    if (text)
+        *text = p_value >= PS_PHASE_P_MAX ? "no phase dependence detected"
+                : sens                    ? "phase sensitive"
+                                          : "a statistically detectable but small phase dependence (gap < 5 pp)";
+    return sens;
+}
+
+void ps_format_p(char *buf, size_t n, double p) {
+    if (p < 1e-300) snprintf(buf, n, "< 1e-300");
+    else snprintf(buf, n, "%.3g", p);
 }

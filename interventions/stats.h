@@ -4,6 +4,7 @@
 #ifndef PS_STATS_H
 #define PS_STATS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 /* 95% (z = 1.96) or any-z Wilson score interval for k successes in n trials. n = 0 gives [0, 1]. */
@@ -25,5 +26,21 @@ double ps_dominant_period(const double *y, int64_t P, int64_t *k_out, double *po
 /* Best-aligning shift s in [0, P): maximises the correlation of the mean-centred curves after(rho) and
  * before((rho - s) mod P). Ties go to the smallest s. *corr: that correlation (0 if a curve is flat). */
 int64_t ps_best_shift(const double *before, const double *after, int64_t P, double *corr);
+
+/* Best-aligning shift over the residues with keep[r] != 0 only: for each s the correlation is taken over the
+ * pairs (after(rho), before(rho - s)) with both residues kept (means over those pairs). keep = NULL keeps
+ * every residue (then it equals ps_best_shift). */
+int64_t ps_best_shift_masked(const double *before, const double *after, const int *keep, int64_t P, double *corr);
+
+/* The verdict on a curve that the sweep command prints and every curve JSON carries: phase sensitive when
+ * the chi-square p < 0.01 and the gap is at least 5 pp. Returns 1 for phase sensitive; *text (may be NULL)
+ * gets the sentence ("phase sensitive", "no phase dependence detected", or "a statistically detectable
+ * but small phase dependence (gap < 5 pp)"). */
+#define PS_PHASE_P_MAX 0.01
+#define PS_PHASE_GAP_MIN_PP 5.0
+int ps_phase_verdict(double p_value, double gap_pp, const char **text);
+
+/* A p-value for people: "< 1e-300" when it underflowed (below 1e-300, printed as 0 otherwise), else %.3g. */
+void ps_format_p(char *buf, size_t n, double p);
 
 #endif

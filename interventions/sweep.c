@@ -25,6 +25,10 @@ int ps_fillers_load(const char *path, ps_filler_family **out, int *n, ps_error *
         goto done;
     }
     *out = calloc(json_array_size(fams), sizeof **out);
+    if (!*out) {
+        ps_fail(err, "%s: out of memory for %zu filler families", path, json_array_size(fams));
+        goto done;
+    }
     for (size_t i = 0; i < json_array_size(fams); i++) {
         json_t *f = json_array_get(fams, i), *nm = json_object_get(f, "name"), *kind = json_object_get(f, "kind");
         ps_filler_family *ff = &(*out)[i];
@@ -130,7 +134,7 @@ int ps_make_shifted(const ps_batch *base, const ps_task *task, const ps_filler_f
     out->residue = malloc((size_t)(N * base->max_q) * sizeof(int64_t));
     if (!out->residue) {
         ps_shifted_free(out);
-        return ps_fail(err, "out of memory");
+        return ps_fail(err, "out of memory for the residues of %lld shifted prompts", (long long)N);
     }
     out->p = p;
     out->P = P;
@@ -195,7 +199,7 @@ int ps_residue_stats_init(ps_residue_stats *r, int64_t P, ps_error *err) {
     r->lp = calloc((size_t)P, sizeof(double));
     if (!r->n || !r->k || !r->lp) {
         ps_residue_stats_free(r);
-        return ps_fail(err, "out of memory");
+        return ps_fail(err, "out of memory for the statistics of %lld residues", (long long)P);
     }
     return 0;
 }
@@ -258,7 +262,9 @@ int ps_sweep_run(const ps_model *m, const ps_batch *base, const ps_task *task, c
     if (ps_residue_stats_init(stats, P, err)) return -1;
     int *ok = malloc((size_t)(base->B * base->max_q) * sizeof(int));
     double *lp = malloc((size_t)(base->B * base->max_q) * sizeof(double));
-    int rc = ok && lp ? 0 : ps_fail(err, "out of memory");
+    int rc = ok && lp ? 0
+                      : ps_fail(err, "out of memory for the outcomes of %lld prompts x %lld queries",
+                                (long long)base->B, (long long)base->max_q);
     for (int64_t p = 0; p < P && !rc; p++) {
         ps_shifted s;
         rc = ps_make_shifted(base, task, fam, mode, P, p, seed, m->cfg.max_seq_len, &s, err);
@@ -273,23 +279,34 @@ int ps_sweep_run(const ps_model *m, const ps_batch *base, const ps_task *task, c
     return rc;
 }
 
-json_t *ps_residue_stats_json(const ps_residue_stats *r) {
-    json_t *o = json_object(), *res = json_array();
+/* every jansson call can fail on memory: `bad` collects the failures */
+#define SET(o, key, v) (bad |= json_object_set_new((o), (key), (v)) != 0)
+
+json_t *ps_residue_stats_json(const ps_residue_stats *r, ps_error *err) {
     int64_t P = r->P, N = 0, K = 0;
-    double mn = INFINITY, mx = -INFINITY, *acc = malloc((size_t)P * sizeof(double));
+    int bad = 0;
+    double mn = INFINITY, mx = -INFINITY, *acc = malloc((size_t)(P > 0 ? P : 1) * sizeof(double));
+    json_t *o = json_object(), *res = json_array();
+    if (!acc || !o || !res) {
+        free(acc);
+        json_decref(o);
+        json_decref(res);
+        ps_fail(err, "out of memory for the curve summary (%lld residues)", (long long)P);
+        return NULL;
+    }
     for (int64_t rho = 0; rho < P; rho++) {
         double lo, hi, a = ps_residue_accuracy(r, rho);
         acc[rho] = a;
         ps_wilson(r->k[rho], r->n[rho], 1.96, &lo, &hi);
         json_t *e = json_object();
-        json_object_set_new(e, "rho", json_integer(rho));
-        json_object_set_new(e, "n", json_integer(r->n[rho]));
-        json_object_set_new(e, "correct", json_integer(r->k[rho]));
-        json_object_set_new(e, "accuracy", json_real(a));
-        json_object_set_new(e, "wilson_lo", json_real(lo));
-        json_object_set_new(e, "wilson_hi", json_real(hi));
-        json_object_set_new(e, "mean_logprob", json_real(r->n[rho] ? r->lp[rho] / (double)r->n[rho] : 0.0));
-        json_array_append_new(res, e);
+        SET(e, "rho", json_integer(rho));
+        SET(e, "n", json_integer(r->n[rho]));
+        SET(e, "correct", json_integer(r->k[rho]));
+        SET(e, "accuracy", json_real(a));
+        SET(e, "wilson_lo", json_real(lo));
+        SET(e, "wilson_hi", json_real(hi));
+        SET(e, "mean_logprob", json_real(r->n[rho] ? r->lp[rho] / (double)r->n[rho] : 0.0));
+        bad |= json_array_append_new(res, e) != 0;
         N += r->n[rho];
         K += r->k[rho];
         if (r->n[rho]) {
@@ -301,23 +318,36 @@ json_t *ps_residue_stats_json(const ps_residue_stats *r) {
     int64_t df, k;
     ps_chi_square(r->k, r->n, P, &chi2, &df, &p);
     double period = ps_dominant_period(acc, P, &k, &frac);
-    json_object_set_new(o, "period", json_integer(P));
-    json_object_set_new(o, "residues", res);
-    json_object_set_new(o, "n", json_integer(N));
-    json_object_set_new(o, "mean_accuracy", json_real(N ? (double)K / (double)N : 0.0));
-    json_object_set_new(o, "min_accuracy", json_real(N ? mn : 0.0));
-    json_object_set_new(o, "max_accuracy", json_real(N ? mx : 0.0));
-    json_object_set_new(o, "gap_pp", json_real(N ? 100.0 * (mx - mn) : 0.0));
+    double gap = N ? 100.0 * (mx - mn) : 0.0;
+    const char *verdict;
+    int sens = ps_phase_verdict(p, gap, &verdict);
+    SET(o, "period", json_integer(P));
+    SET(o, "residues", res);
+    SET(o, "n", json_integer(N));
+    SET(o, "mean_accuracy", json_real(N ? (double)K / (double)N : 0.0));
+    SET(o, "min_accuracy", json_real(N ? mn : 0.0));
+    SET(o, "max_accuracy", json_real(N ? mx : 0.0));
+    SET(o, "gap_pp", json_real(gap));
     json_t *cs = json_object();
-    json_object_set_new(cs, "statistic", json_real(chi2));
-    json_object_set_new(cs, "df", json_integer(df));
-    json_object_set_new(cs, "p_value", json_real(p));
-    json_object_set_new(o, "chi_square", cs);
+    SET(cs, "statistic", json_real(chi2));
+    SET(cs, "df", json_integer(df));
+    SET(cs, "p_value", json_real(p));
+    SET(o, "chi_square", cs);
+    SET(o, "phase_sensitive", json_boolean(sens));
+    SET(o, "verdict", json_string(verdict));
+    /* a period is reported only for a curve the verdict calls phase sensitive; the DFT's pick is kept as
+     * candidate_period either way */
     json_t *dp = json_object();
-    json_object_set_new(dp, "period", period > 0 ? json_real(period) : json_null());
-    json_object_set_new(dp, "frequency", json_integer(k));
-    json_object_set_new(dp, "power_fraction", json_real(frac));
-    json_object_set_new(o, "dominant_period", dp);
+    SET(dp, "period", sens && period > 0 ? json_real(period) : json_null());
+    SET(dp, "candidate_period", period > 0 ? json_real(period) : json_null());
+    SET(dp, "frequency", json_integer(k));
+    SET(dp, "power_fraction", json_real(frac));
+    SET(o, "dominant_period", dp);
     free(acc);
+    if (bad) {
+        json_decref(o);
+        ps_fail(err, "out of memory while building the curve summary");
+        return NULL;
+    }
     return o;
 }

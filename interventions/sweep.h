@@ -1,4 +1,4 @@
-/* sweep.h — the phase sweep (SPEC §5): an evaluation set from the model's stored task, shifted copies
+/* sweep.h — the phase sweep (docs/results-schema.md): an evaluation set from the model's stored task, shifted copies
  * (prefix padding, or move mode), scoring, and per-residue statistics. Knockout and gate cycling reuse
  * the same shifted prompts and statistics. */
 #ifndef PS_SWEEP_H
@@ -63,8 +63,9 @@ int ps_eval_shifted(const ps_model *m, const ps_shifted *s, int64_t batch, const
                     double *logprob, ps_error *err);
 
 /* The summary of a curve: per residue n, accuracy, Wilson 95% interval, mean log-prob; overall mean,
- * min, max, gap (pp), chi-square test, dominant period. */
-json_t *ps_residue_stats_json(const ps_residue_stats *r);
+ * min, max, gap (pp), chi-square test, the verdict (phase_sensitive: p < 0.01 and gap >= 5 pp) and the
+ * dominant period (null unless phase sensitive). NULL with err set when memory runs out. */
+json_t *ps_residue_stats_json(const ps_residue_stats *r, ps_error *err);
 double ps_residue_accuracy(const ps_residue_stats *r, int64_t rho);
 
 /* A whole sweep over shifts 0..P-1: fills stats. progress(done, total, user) may be NULL. */

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # test_cli.sh — the commands as a user types them: --help, one-line errors naming the bad flag or file,
-# the per-subcommand names, and forward's output layout. Usage: test_cli.sh BUILD_DIR CONFORMANCE_DIR
+# exit status 2 for usage errors and 1 for runtime errors, the per-subcommand names, and what the commands
+# write: the JSON of every instrument is parsed (python3) and its numbers checked against each other and
+# against the other commands (a knockout's clean curve is the sweep's curve, gate cycling really rolls the
+# saved checkpoint's parameters, ...). Usage: test_cli.sh BUILD_DIR CONFORMANCE_DIR
 set -u
 B="$1"; CONF="$2"; PS="$B/phasescope"
 T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
@@ -9,13 +12,37 @@ expect() { # expect NAME WANT_RC SUBSTRING -- CMD...
   local name="$1" want="$2" sub="$3"; shift 4
   local out rc
   out=$("$@" 2>&1); rc=$?
+  printf '%s\n' "$out" > "$T/last.out"
   if [ "$rc" -eq "$want" ] && grep -qF -- "$sub" <<<"$out" && { [ "$want" -eq 0 ] || [ "$(wc -l <<<"$out")" -eq 1 ]; }; then
     pass=$((pass+1))
   else
     fail=$((fail+1)); echo "FAIL $name: rc=$rc (want $want), output: $out" >&2
   fi
 }
+# check NAME 'python code' ARGS...: the code runs with A = ARGS and helpers load(), png_size(), tensor()
+check() {
+  local name="$1" code="$2"; shift 2
+  local out
+  if out=$(python3 -c "
+import json, math, struct, sys
+A = sys.argv[1:]
+def load(p):
+    with open(p) as f: return json.load(f)
+def png_size(p):
+    with open(p, 'rb') as f: h = f.read(24)
+    assert h[:8] == b'\\x89PNG\\r\\n\\x1a\\n' and h[12:16] == b'IHDR', p + ': not a PNG'
+    return struct.unpack('>II', h[16:24])
+def tensor(p, name):
+    with open(p, 'rb') as f:
+        n = struct.unpack('<Q', f.read(8))[0]; h = json.loads(f.read(n)); base = 8 + n
+        e = h[name]; a, b = e['data_offsets']; f.seek(base + a); raw = f.read(b - a)
+    assert e['dtype'] == 'F32', e['dtype']
+    return e['shape'], list(struct.unpack('<%df' % ((b - a) // 4), raw))
+$code
+" "$@" 2>&1); then pass=$((pass+1)); else fail=$((fail+1)); echo "FAIL $name: $out" >&2; fi
+}
 M="$CONF/compressed_w8s8"
+D="$(dirname "$0")/../data/models/default"
 echo '[[0, 1, 2, 3, 4, 5, 6, 7, 8, 9]]' > "$T/tok.json"
 echo '[[0, 1, 2], [0, 99]]' > "$T/badtok.json"
 echo '[[0, 1, 2' > "$T/broken.json"
@@ -25,24 +52,42 @@ echo "$python_free_len" > "$T/long.json"
 expect help 0 "usage: phasescope forward" -- "$PS" forward --help
 expect help-top 0 "commands:" -- "$PS" --help
 expect help-info 0 "usage: phasescope info" -- "$B/info" --help
+for c in sweep knockout gatecycle gates init forward grad train info theory; do
+  expect "help-$c-no-spec" 1 "" -- grep -q "SPEC" <("$PS" $c --help)   # help cites docs/*.md, not a spec users lack
+done
+expect help-docs 0 "docs/results-schema.md" -- "$PS" knockout --help
+# usage errors exit 2, runtime errors 1
 expect unknown-cmd 2 'unknown command "frobnicate"' -- "$PS" frobnicate
-expect unknown-flag 1 "unknown flag --layer" -- "$PS" forward --layer 3
-expect missing-value 1 "flag --out needs a value" -- "$PS" forward --model "$M" --tokens "$T/tok.json" --out
-expect missing-tokens 1 "--tokens is required" -- "$PS" forward --model "$M" --out "$T/o.st"
+expect unknown-flag 2 "unknown flag --layer" -- "$PS" forward --layer 3
+expect missing-value 2 "flag --out needs a value" -- "$PS" forward --model "$M" --tokens "$T/tok.json" --out
+expect missing-tokens 2 "--tokens is required" -- "$PS" forward --model "$M" --out "$T/o.st"
 expect missing-model 1 "--model /nonexistent: no such directory" -- "$PS" forward --model /nonexistent --tokens "$T/tok.json" --out "$T/o.st"
 expect model-is-file 1 "not a directory" -- "$PS" info --model "$T/tok.json"
-expect bad-hook 1 'hook "blocks.7.hook_resid_pre": layer 7 out of range' -- "$PS" forward --model "$M" --tokens "$T/tok.json" --hooks blocks.7.hook_resid_pre --out "$T/o.st"
-expect bad-hook-name 1 "valid hooks" -- "$PS" forward --model "$M" --tokens "$T/tok.json" --hooks blocks.0.hook_nope --out "$T/o.st"
+expect not-a-model 1 "$T is not a model directory (no config.json)" -- "$PS" info --model "$T"
+expect not-a-model-sweep 1 "$T is not a model directory (no config.json)" -- "$PS" sweep --model "$T"
+expect bad-hook 2 'hook "blocks.7.hook_resid_pre": layer 7 out of range' -- "$PS" forward --model "$M" --tokens "$T/tok.json" --hooks blocks.7.hook_resid_pre --out "$T/o.st"
+expect bad-hook-name 2 "valid hooks" -- "$PS" forward --model "$M" --tokens "$T/tok.json" --hooks blocks.0.hook_nope --out "$T/o.st"
 expect bad-token 1 "token 99 at sequence 0, position 1" -- "$PS" forward --model "$M" --tokens "$T/badtok.json" --out "$T/o.st"
 expect broken-json 1 "broken.json: not valid JSON" -- "$PS" forward --model "$M" --tokens "$T/broken.json" --out "$T/o.st"
 expect too-long 1 "more than max_seq_len 48 by 13" -- "$PS" forward --model "$M" --tokens "$T/long.json" --out "$T/o.st"
-expect bad-batch 1 "--batch 0: must be in" -- "$PS" info --model "$M" --batch 0
+expect bad-batch 2 "--batch 0: must be in" -- "$PS" info --model "$M" --batch 0
 expect out-dir-missing 1 "/nonexistent/o.st" -- "$PS" forward --model "$M" --tokens "$T/tok.json" --out /nonexistent/o.st
 expect forward-ok 0 "wrote 3 tensors for 1 sequences" -- "$B/forward" --model "$M" --tokens "$T/tok.json" --hooks blocks.1.attn.hook_ck,blocks.0.hook_resid_post --out "$T/o.st"
+check forward-layout '
+c = load(A[1])
+sl, lg = tensor(A[0], "logits.0"); sr, _ = tensor(A[0], "blocks.0.hook_resid_post.0"); sk, ck = tensor(A[0], "blocks.1.attn.hook_ck.0")
+assert sl == [10, c["vocab_size"]], sl
+assert sr == [10, c["d_model"]], sr
+assert len(sk) == 3 and sk[1:] == [c["n_kv_heads"], c["head_dim"]] and sk[0] >= 1, sk
+assert all(math.isfinite(x) for x in lg + ck)
+' "$T/o.st" "$M/config.json"
 expect info-ok 0 "compressed W8/S8" -- "$PS" info --model "$M"
 expect init-bad-config 1 "none.json: cannot open" -- "$PS" init --config "$T/none.json" --out "$T/m"
 expect init-ok 0 "wrote" -- "$PS" init --config "$M/config.json" --out "$T/m" --seed 3
+NP=$(grep -o '([0-9]* parameters' "$T/last.out" | tr -dc 0-9)
 expect init-then-info 0 "parameters" -- "$PS" info --model "$T/m"
+expect init-info-count 0 "$NP" -- grep -F "$NP" "$T/last.out"
+check init-config-same 'a, b = load(A[0]), load(A[1]); assert all(b[k] == v for k, v in a.items() if k != "attention") and all(b["attention"][k] == v for k, v in a["attention"].items()), (a, b)' "$M/config.json" "$T/m/config.json"
 G="$CONF/compressed_w6s3_overlap"
 echo '[[0, 1, 2, 3], [0, 5]]' > "$T/tok2.json"
 echo '[[1, -1, null, 4], [7, 2]]' > "$T/tgt2.json"
@@ -50,10 +95,16 @@ echo '[[1, -1, null], [7, 2]]' > "$T/tgtshort.json"
 echo '[[-1, -1, null, -1], [null, -1]]' > "$T/tgtnone.json"
 expect grad-help 0 "usage: phasescope grad" -- "$B/grad" --help
 expect grad-ok 0 "over 4 target positions" -- "$PS" grad --model "$G" --tokens "$T/tok2.json" --targets "$T/tgt2.json" --out "$T/g.st"
+check grad-layout '
+c = load(A[1]); s, loss = tensor(A[0], "loss"); se, ge = tensor(A[0], "model.embed_tokens.weight")
+assert len(loss) == 1 and math.isfinite(loss[0]) and loss[0] > 0, loss
+assert se == [c["vocab_size"], c["d_model"]], se
+assert any(x != 0 for x in ge) and all(math.isfinite(x) for x in ge)
+' "$T/g.st" "$G/config.json"
 expect grad-conformance 0 "over" -- "$PS" grad --model "$G" --tokens "$G/tokens.json" --targets "$G/targets.json" --out "$T/gc.st"
 expect grad-short 1 "sequence 0 has 3 targets for 4 tokens" -- "$PS" grad --model "$G" --tokens "$T/tok2.json" --targets "$T/tgtshort.json" --out "$T/g.st"
 expect grad-none 1 "no target positions" -- "$PS" grad --model "$G" --tokens "$T/tok2.json" --targets "$T/tgtnone.json" --out "$T/g.st"
-expect grad-missing 1 "--targets is required" -- "$PS" grad --model "$G" --tokens "$T/tok2.json" --out "$T/g.st"
+expect grad-missing 2 "--targets is required" -- "$PS" grad --model "$G" --tokens "$T/tok2.json" --out "$T/g.st"
 TC="$(dirname "$0")/../experiments/configs/tiny_kv_w4s4.json"
 sed 's/"steps": 400/"steps": 20/' "$TC" > "$T/tc.json"
 echo '{"model": {}, "task": {}, "train": {}, "extra": 1}' > "$T/badtc.json"
@@ -63,49 +114,193 @@ expect train-ok 0 "run in" -- "$PS" train --config "$T/tc.json" --out "$T/run"
 expect train-exists 1 "already holds a run" -- "$PS" train --config "$T/tc.json" --out "$T/run"
 expect train-resume-done 0 "run in" -- "$PS" train --config "$T/tc.json" --out "$T/run" --resume
 expect train-resume-none 1 "holds no checkpoint" -- "$PS" train --config "$T/tc.json" --out "$T/run2" --resume
-expect train-stop-bad 1 "--stop-after x: not an integer" -- "$PS" train --config "$T/tc.json" --out "$T/run3" --stop-after x
-R="$T/run"   # the 20-step run trained above (W4/S4, seq_len 28, max_seq_len 32)
+expect train-stop-bad 2 "--stop-after x: not an integer" -- "$PS" train --config "$T/tc.json" --out "$T/run3" --stop-after x
+# init takes a training config too (its "model" part)
+expect init-train-config 0 "wrote" -- "$PS" init --config "$TC" --out "$T/mi"
+check init-train-model 'a, b = load(A[0])["model"], load(A[1]); assert all(b[k] == v for k, v in a.items() if k != "attention"), (a, b); assert all(b["attention"][k] == v for k, v in a["attention"].items())' "$TC" "$T/mi/config.json"
+R="$T/run"   # the 20-step run trained above (W4/S4, seq_len 28, max_seq_len 32, 3 queries per prompt)
 expect sweep-help 0 "usage: phasescope sweep" -- "$B/sweep" --help
 expect sweep-ok 0 "chi-square p" -- "$PS" sweep --model "$R" --n 16 --out "$T/o"
-expect sweep-json 0 '"gap_pp"' -- cat "$T/o/sweep.json"
-expect sweep-provenance 0 '"config_hash"' -- cat "$T/o/sweep.json"
-expect sweep-png 0 "" -- test -s "$T/o/phase_curve.png"
+cp "$T/last.out" "$T/sweep.out"
+"$PS" info --model "$R" > "$T/info.out" 2>&1
+# the curve: 16 prompts x 3 queries visit each of the 4 residues once; numbers agree with each other, the
+# verdict and period agree with what the command printed, provenance names the run and its config hash
+CURVE_CHECK='
+def curve_ok(c, P, n_per):
+    res = c["residues"]
+    assert c["period"] == P and [r["rho"] for r in res] == list(range(P)), c["period"]
+    assert all(r["n"] == n_per for r in res), [r["n"] for r in res]
+    assert c["n"] == P * n_per
+    acc = [r["correct"] / r["n"] for r in res]
+    assert all(abs(a - r["accuracy"]) < 1e-9 and r["wilson_lo"] <= a + 1e-12 and a <= r["wilson_hi"] + 1e-12 for a, r in zip(acc, res))
+    assert abs(c["mean_accuracy"] - sum(r["correct"] for r in res) / c["n"]) < 1e-9
+    assert abs(c["min_accuracy"] - min(acc)) < 1e-9 and abs(c["max_accuracy"] - max(acc)) < 1e-9
+    assert abs(c["gap_pp"] - 100 * (max(acc) - min(acc))) < 1e-6
+    p = c["chi_square"]["p_value"]; sens = p < 0.01 and c["gap_pp"] >= 5
+    assert 0 <= p <= 1 and c["chi_square"]["df"] == P - 1 and c["phase_sensitive"] == sens
+    dp = c["dominant_period"]
+    assert (dp["period"] is None) if not sens else (dp["period"] == dp["candidate_period"] and dp["period"] > 0), dp
+    return acc
+def printed_ok(c, out):
+    assert ("mean accuracy %.3f" % c["mean_accuracy"]) in out and c["verdict"] in out, out
+    assert ("dominant period" in out) == (c["dominant_period"]["period"] is not None), out
+'
+check sweep-json "$CURVE_CHECK"'
+d = load(A[0]); c = d["curve"]; out = open(A[1]).read(); info = open(A[2]).read(); pr = d["provenance"]
+assert d["kind"] == "sweep"
+curve_ok(c, 4, 16 * 3); printed_ok(c, out)
+assert pr["eval"] == {"n_prompts": 16, "period": 4, "family": "repeat", "mode": "pad"}, pr["eval"]
+assert pr["model"] == A[3] and pr["model_step"] == 20 and pr["task"]["n_queries"] == 3
+assert ("config hash " + pr["config_hash"]) in info and len(pr["config_hash"]) == 16
+' "$T/o/sweep.json" "$T/sweep.out" "$T/info.out" "$R"
+check sweep-png 'w, h = png_size(A[0]); assert w >= 200 and h >= 100, (w, h)' "$T/o/phase_curve.png"
 expect render-same 0 "wrote" -- "$PS" render "$T/o/sweep.json" --out "$T/re"
 expect render-pixels 0 "" -- cmp "$T/o/phase_curve.png" "$T/re/phase_curve.png"
 expect render-svg 0 "phase_curve.svg" -- "$B/render" "$T/o/sweep.json" --out "$T/re" --format svg
+expect render-svg-xml 0 "<svg" -- head -c 400 "$T/re/phase_curve.svg"
 expect render-badfmt 1 "--format gif: expected pdf or svg" -- "$PS" render "$T/o/sweep.json" --format gif
 expect render-none 1 "no result file given" -- "$PS" render
-expect sweep-move 0 "mean accuracy" -- "$PS" sweep --model "$R" --n 8 --mode move --family random --out "$T/o"
-expect sweep-badmode 1 "--mode slide: expected pad or move" -- "$PS" sweep --model "$R" --mode slide
-expect sweep-period0 1 "--period 0: must be in [1, 4096]" -- "$PS" sweep --model "$R" --period 0
+expect sweep-move 0 "mean accuracy" -- "$PS" sweep --model "$R" --n 8 --mode move --family random --out "$T/om"
+cp "$T/last.out" "$T/move.out"
+check sweep-move-json "$CURVE_CHECK"'
+d = load(A[0]); c = d["curve"]
+curve_ok(c, 4, 8); printed_ok(c, open(A[1]).read())   # move mode scores the first query only
+assert d["provenance"]["eval"]["mode"] == "move" and d["provenance"]["eval"]["family"] == "random"
+' "$T/om/sweep.json" "$T/move.out"
+# the shipped default model (W8/S8): a dip at rho 7, p underflows and prints as "< 1e-300"
+expect sweep-default 0 "chi-square p < 1e-300: phase sensitive, dominant period 8" -- "$PS" sweep --n 64 --out "$T/od"
+check sweep-default-json "$CURVE_CHECK"'
+c = load(A[0])["curve"]; acc = curve_ok(c, 8, 64 * 8)
+assert c["chi_square"]["p_value"] < 1e-300 and c["dominant_period"]["period"] == 8 and acc.index(min(acc)) == 7, acc
+' "$T/od/sweep.json"
+# the full-attention demo model: flat, so no period in the JSON and none printed
+expect sweep-flat 0 "no phase dependence detected" -- "$PS" sweep --model "$D/../full" --n 16 --out "$T/of"
+cp "$T/last.out" "$T/flat.out"
+check sweep-flat-json "$CURVE_CHECK"'
+c = load(A[0])["curve"]; curve_ok(c, 8, 16 * 8); printed_ok(c, open(A[1]).read())
+assert c["dominant_period"]["period"] is None and not c["phase_sensitive"]
+' "$T/of/sweep.json" "$T/flat.out"
+expect sweep-badmode 2 "--mode slide: expected pad or move" -- "$PS" sweep --model "$R" --mode slide
+expect sweep-period0 2 "--period 0: must be in [1, 4096]" -- "$PS" sweep --model "$R" --period 0
 expect sweep-toolong 1 "more than max_seq_len 32 by 7" -- "$PS" sweep --model "$R" --period 12 --n 4 --out "$T/o"
-expect sweep-family 1 "--family nope: unknown filler family (families: repeat, cycle, random)" -- "$PS" sweep --model "$R" --family nope
+expect sweep-family 2 "--family nope: unknown filler family (families: repeat, cycle, random)" -- "$PS" sweep --model "$R" --family nope
 expect sweep-notask 1 "has no task layout" -- "$PS" sweep --model "$M" --n 4 --out "$T/o"
 expect knockout-help 0 "usage: phasescope knockout" -- "$B/knockout" --help
-expect knockout-ok 0 "largest mean NLL increases" -- "$PS" knockout --model "$R" --n 8 --layers 1 --heads 0-1 --out "$T/o"
-expect knockout-png 0 "" -- test -s "$T/o/knockout_heatmap.png"
+expect sweep-8 0 "mean accuracy" -- "$PS" sweep --model "$R" --n 8 --out "$T/s8"
+expect knockout-ok 0 "the residue it hurts most" -- "$PS" knockout --model "$R" --n 8 --layers 1 --heads 0-1 --out "$T/o"
+cp "$T/last.out" "$T/ko.out"
+check knockout-png 'w, h = png_size(A[0]); assert w >= 200 and h >= 100, (w, h)' "$T/o/knockout_heatmap.png"
 expect knockout-acc 0 "knockout_heatmap_acc.png" -- "$PS" render "$T/o/knockout.json" --measure acc --out "$T/re"
-expect knockout-json 0 '"delta_nll"' -- cat "$T/o/knockout.json"
-expect knockout-layer 1 "--layers 9: 9 is out of range [0, 1]" -- "$PS" knockout --model "$R" --layers 9
-expect knockout-target 1 "--target kv: expected raw, compressed or both" -- "$PS" knockout --model "$R" --target kv
+# the grid: its clean curve is the sweep's (same prompts), every delta is knocked-out minus clean, the
+# means are the means of the residue deltas, the worst residue is the largest drop, and the command lists it
+check knockout-json '
+d = load(A[0]); g = d["grid"]; s = load(A[1])["curve"]; out = open(A[2]).read()
+assert d["kind"] == "knockout" and g["period"] == 4 and g["target"] == "compressed"
+assert [r["correct"] for r in g["clean"]["residues"]] == [r["correct"] for r in s["residues"]]
+assert [(c["layer"], c["head"]) for c in g["cells"]] == [(1, 0), (1, 1)]
+for c in g["cells"]:
+    rs = c["residues"]; assert len(rs) == 4
+    for r, cl in zip(rs, g["clean"]["residues"]):
+        assert r["n"] == cl["n"] and abs(r["delta_accuracy_pp"] - 100 * (r["accuracy"] - cl["accuracy"])) < 1e-6
+        assert abs(r["delta_nll"] - (r["mean_nll"] + cl["mean_logprob"])) < 1e-6
+    assert abs(c["mean_delta_accuracy_pp"] - sum(r["delta_accuracy_pp"] for r in rs) / 4) < 1e-6
+    assert abs(c["mean_delta_nll"] - sum(r["delta_nll"] for r in rs) / 4) < 1e-6
+    w = c["worst_residue"]; assert abs(w["delta_accuracy_pp"] - min(r["delta_accuracy_pp"] for r in rs)) < 1e-9
+    assert abs(rs[w["rho"]]["delta_accuracy_pp"] - w["delta_accuracy_pp"]) < 1e-9
+    assert ("layer 1 head %d: worst rho %d:" % (c["head"], w["rho"])) in out, out
+' "$T/o/knockout.json" "$T/s8/sweep.json" "$T/ko.out"
+expect knockout-layer 2 "--layers 9: 9 is out of range [0, 1]" -- "$PS" knockout --model "$R" --layers 9
+expect knockout-target 2 "--target kv: expected raw, compressed or both" -- "$PS" knockout --model "$R" --target kv
+# a model with more KV heads than the old 4096-entry lists (regression: stack overflow when --heads is absent)
+cat > "$T/many.json" <<'JSON'
+{"model": {"vocab_size": 32, "d_model": 4, "n_layers": 1, "n_heads": 4097, "n_kv_heads": 4097, "head_dim": 2,
+           "d_ff": 4, "max_seq_len": 32, "attention": {"kind": "full"}},
+ "task": {"kind": "kv-retrieval", "seq_len": 28, "n_keys": 8, "n_values": 8, "n_fillers": 4, "n_pairs": 3,
+          "key_len": 1, "value_len": 1, "gap_min": 0, "gap_max": 2, "query_gap": 1, "n_queries": 3},
+ "train": {"steps": 1, "batch_size": 1, "eval_size": 1, "eval_every": 1, "log_every": 1, "gates_every": 1, "checkpoint_every": 1}}
+JSON
+expect many-heads-train 0 "run in" -- "$PS" train --config "$T/many.json" --out "$T/many"
+expect many-heads-knockout 1 "--target compressed: a full-attention model has no compressed entries" -- "$PS" knockout --model "$T/many" --target compressed --n 1
+expect many-heads-list 1 "--target compressed" -- "$PS" knockout --model "$T/many" --heads 4000-4096 --target compressed --n 1
 expect gatecycle-help 0 "usage: phasescope gatecycle" -- "$B/gatecycle" --help
-expect gatecycle-ok 0 "accuracy curve shifts by" -- "$B/gatecycle" --model "$R" --layer 1 --shift 2 --n 8 --out "$T/o" --save "$T/cyc"
+expect gatecycle-ok 0 "cycled layer 1, KV heads 0-1 (all), key and value gates and payloads by 2" -- "$B/gatecycle" --model "$R" --layer 1 --shift 2 --n 8 --out "$T/o" --save "$T/cyc"
 expect gatecycle-saved 0 "parameters" -- "$PS" info --model "$T/cyc"
-expect gatecycle-layer 1 "--layer 9: out of range (the model has 2 layers, 0..1)" -- "$PS" gatecycle --model "$R" --layer 9 --shift 2
-expect gatecycle-head 1 "--head 5: out of range (the model has 2 KV heads, 0..1)" -- "$PS" gatecycle --model "$R" --layer 0 --shift 2 --head 5
-expect gatecycle-noshift 1 "--shift is required" -- "$PS" gatecycle --model "$R" --layer 0
+# the saved checkpoint: layer 1's gates and payloads rolled by 2 along the offset axis, layer 0 untouched
+check gatecycle-rolled '
+W = 4
+for name in ["key_gate.weight", "key_gate.bias", "value_gate.weight", "value_gate.bias", "key_payload", "value_payload"]:
+    s, a = tensor(A[0], "model.layers.1.self_attn.compressor." + name); s2, b = tensor(A[1], "model.layers.1.self_attn.compressor." + name)
+    assert s == s2 and s[0] == W, (name, s)
+    blk = len(a) // W
+    assert any(x != y for x, y in zip(a, b)), name + " did not change"
+    for i in range(W):
+        assert b[i * blk:(i + 1) * blk] == a[((i - 2) % W) * blk:((i - 2) % W + 1) * blk], (name, i)
+    _, a0 = tensor(A[0], "model.layers.0.self_attn.compressor." + name); _, b0 = tensor(A[1], "model.layers.0.self_attn.compressor." + name)
+    assert a0 == b0, name + " of layer 0 changed"
+' "$R/model.safetensors" "$T/cyc/model.safetensors"
+check gatecycle-json '
+d = load(A[0]); s = load(A[1])["curve"]
+assert d["cycle"] == {"layer": 1, "shift": 2, "head": "all", "heads": [0, 1], "branch": "both", "params": "all"}, d["cycle"]
+assert [r["correct"] for r in d["before"]["residues"]] == [r["correct"] for r in s["residues"]]
+assert 0 <= d["best_shift"] < 4 and d["best_shift_signed"] in (d["best_shift"], d["best_shift"] - 4)
+chance = 1 / 8; assert abs(d["chance"] - chance) < 1e-12
+dead = [r for r in range(4) if d["before"]["residues"][r]["accuracy"] <= chance + 0.05 and d["after"]["residues"][r]["accuracy"] <= chance + 0.05]
+assert d["excluded_residues"] == dead, (d["excluded_residues"], dead)
+assert d["after_near_chance"] == (d["after"]["mean_accuracy"] <= chance + 0.05) and (len(d["warnings"]) > 0) == d["after_near_chance"]
+' "$T/o/gatecycle.json" "$T/s8/sweep.json"
+expect gatecycle-layer 2 "--layer 9: out of range (the model has 2 layers, 0..1)" -- "$PS" gatecycle --model "$R" --layer 9 --shift 2
+expect gatecycle-head 2 "--head 5: out of range (the model has 2 KV heads, 0..1)" -- "$PS" gatecycle --model "$R" --layer 0 --shift 2 --head 5
+expect gatecycle-noshift 2 "--shift is required" -- "$PS" gatecycle --model "$R" --layer 0
+expect gatecycle-default-layer 2 "the default model $(cd "$D/.." && pwd)/default (-> w8s8), which has 1 layer: valid --layer 0" -- "$PS" gatecycle --layer 9 --shift 2
+# the default model: every head's gates and payloads by 2 move the dip at rho 7 to rho 1 (rho 7 stays dead)
+expect gatecycle-default 0 "dip at rho 7 (" -- "$PS" gatecycle --layer 0 --shift 2 --n 32 --out "$T/gd"
+expect gatecycle-default-moved 0 ") -> rho 1 (" -- cat "$T/last.out"
+check gatecycle-default-json '
+d = load(A[0]); c = d["cycle"]
+assert c["params"] == "all" and c["heads"] == list(range(16)), c
+m = d["dips"]; assert len(m) == 1 and m[0]["before"] == 7 and m[0]["after"] == 1 and m[0]["moved_by"] == 2 and m[0]["still_dips_after"], m
+assert not d["after_near_chance"] and d["warnings"] == []
+' "$T/gd/gatecycle.json"
+# gates alone on a per-offset-payload model break every head: warned on stderr and in the JSON
+"$PS" gatecycle --layer 0 --shift 2 --n 32 --params gate --out "$T/gg" > "$T/gg.out" 2> "$T/gg.err"
+expect gatecycle-gate-warn 0 "warning: after cycling, accuracy is near chance" -- cat "$T/gg.err"
+expect gatecycle-gate-hint 0 "try --params all" -- cat "$T/gg.err"
+check gatecycle-gate-json '
+d = load(A[0]); assert d["cycle"]["params"] == "gate" and d["after_near_chance"] and "near chance" in d["warnings"][0]
+assert d["after"]["max_accuracy"] < 0.1 and d["dips"][0]["before"] == 7 and d["dips"][0]["after"] is None
+' "$T/gg/gatecycle.json"
 expect gates-help 0 "usage: phasescope gates" -- "$B/gates" --help
 expect gates-ok 0 "label" -- "$PS" gates --model "$R" --n 8 --log "$R/train.jsonl" --out "$T/o"
-expect gates-png 0 "" -- test -s "$T/o/gate_concentration.png"
-expect train-png 0 "" -- test -s "$R/training.png"
-expect gates-json 0 '"concentrated_at_step"' -- cat "$T/o/gates.json"
+check gates-png 'w, h = png_size(A[0]); assert w >= 200 and h >= 100, (w, h)' "$T/o/gate_concentration.png"
+check train-png 'w, h = png_size(A[0]); assert w >= 200 and h >= 100, (w, h)' "$R/training.png"
+check gates-json '
+d = load(A[0]); g = d["gates"]
+assert d["kind"] == "gates" and g["window"] == 4 and g["stride"] == 4 and len(g["layers"]) == 2
+for l, L in enumerate(g["layers"]):
+    assert L["layer"] == l and [h["head"] for h in L["heads"]] == [0, 1]
+    for h in L["heads"]:
+        for br in ("key", "value"):
+            b = h[br]; mg = b["mean_gate"]
+            assert len(mg) == 4 and abs(sum(mg) - 1) < 1e-4 and min(mg) >= 0, mg
+            assert b["peak"] == mg.index(max(mg)) and 1 - 1e-6 <= b["N_static"] <= 4 + 1e-6 and b["n_windows"] > 0
+            lab = "static" if b["N_static"] <= 2 and b["N_input"] <= 2 else "input-dependent" if b["N_input"] <= 2 else "diffuse"
+            assert b["label"] == lab, (b["label"], lab)
+tr = d["training"]; assert len(tr) == 8 and all(len(t["steps"]) == len(t["N_static"]) > 0 and t["steps"][-1] == 20 for t in tr)
+' "$T/o/gates.json"
 expect gates-badlog 1 "--log: $T/tok.json: no gate records" -- "$PS" gates --model "$R" --n 8 --log "$T/tok.json" --out "$T/o"
 expect theory-grad 0 "gradient check: 64 parameters" -- "$PS" theory --check-grad
 expect theory-grad6 0 "gradient check: 36 parameters" -- "$PS" theory --check-grad --heads 3 --window 6 --chunks 3 --vocab 20
 expect theory-run 0 "heads have their value peak" -- "$B/theory" --steps 30 --out "$T/th"
-expect theory-png 0 "" -- test -s "$T/th/theory.png"
-expect theory-vocab 1 "--vocab 10: must hold the 64 distinct context tokens" -- "$PS" theory --vocab 10
-expect table-ok 0 "| mean accuracy |" -- "$PS" table "$T/o/sweep.json" --out "$T/table.md"
-expect table-bad 1 "not a sweep result" -- "$PS" table "$T/o/gates.json"
+check theory-png 'w, h = png_size(A[0]); assert w >= 200 and h >= 100, (w, h)' "$T/th/theory.png"
+expect theory-vocab 2 "--vocab 10: must hold the 64 distinct context tokens" -- "$PS" theory --vocab 10
+expect table-ok 0 "| mean accuracy |" -- "$PS" table "$T/o/sweep.json" "$T/of/sweep.json" --out "$T/table.md"
+check table-values '
+t = open(A[0]).read(); rows = [l for l in t.splitlines() if l.startswith("| ") and "---" not in l][1:]
+assert len(rows) == 2, t
+for row, p in zip(rows, A[1:]):
+    c = load(p)["curve"]
+    assert ("| %.3f | %.3f | %.1f |" % (c["mean_accuracy"], c["min_accuracy"], c["gap_pp"])) in row, (row, c["mean_accuracy"])
+' "$T/table.md" "$T/o/sweep.json" "$T/of/sweep.json"
+expect table-bad 1 "gates.json" -- "$PS" table "$T/o/gates.json"
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -1,8 +1,12 @@
 /* test_instruments.c — phase sweep, knockout grid, gate cycling (SPEC §5, §6): residue bookkeeping on
  * hand-built prompts in both modes, Wilson intervals and chi-square p-values against known values, period
- * detection and best-shift alignment on synthetic curves, the knockout grid against a full forward with
- * overwrite hooks per cell, no change for a head whose activations do not vary, gatecycle by W and by k
- * then -k restoring the checkpoint bit-exactly, and the errors. */
+ * detection and best-shift alignment on synthetic curves, the verdict (no period for a curve that is not
+ * phase sensitive), the knockout grid against a full forward with overwrite hooks per cell and against a
+ * mean replacement written here from scratch (hooks cache the entries, the test averages them), each
+ * cell's worst residue, no change for a head whose activations do not vary, cleanup after an allocation
+ * failure, gatecycle by W and by k then -k restoring the checkpoint bit-exactly, a cycled model's
+ * parameters against a hand roll, the dip tracking of gate cycling, and the errors. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,6 +16,11 @@
 #include "stats.h"
 #include "sweep.h"
 #include "testutil.h"
+
+/* the allocation-failure test asks for more memory than exists: under ASan that must return NULL, as
+ * plain malloc does, rather than abort */
+const char *__asan_default_options(void);
+const char *__asan_default_options(void) { return "allocator_may_return_null=1"; }
 
 static ps_filler_family repeat_family(void) {
     ps_filler_family f = {.name = "repeat", .n_pattern = 1, .pattern = {0}};
@@ -59,6 +68,54 @@ static void test_stats(void) {
     memset(after, 0, sizeof after);
     after[0] = 1;
     CHECK(ps_best_shift(before, after, 8, &corr) == 6, "best shift 6 (signed -2)");
+    /* the verdict, and p-values for people */
+    const char *v;
+    CHECK(ps_phase_verdict(0.001, 10, &v) == 1 && !strcmp(v, "phase sensitive"), "verdict sensitive");
+    CHECK(ps_phase_verdict(0.001, 0.2, &v) == 0 && strstr(v, "small"), "verdict small gap");
+    CHECK(ps_phase_verdict(0.51, 30, &v) == 0 && !strcmp(v, "no phase dependence detected"), "verdict p");
+    char pb[32];
+    ps_format_p(pb, sizeof pb, 0.0);
+    CHECK(!strcmp(pb, "< 1e-300"), "p 0 prints as %s", pb);
+    ps_format_p(pb, sizeof pb, 0.0123);
+    CHECK(!strcmp(pb, "0.0123"), "p 0.0123 prints as %s", pb);
+    /* masked best shift: residue 7 dead in both curves would pin the whole-curve statistic to 0 */
+    double b2[8] = {1, 1, 0, 1, 1, 1, 1, 0}, a2[8] = {1, 1, 1, 1, 1, 0, 1, 0};
+    int keep[8] = {1, 1, 1, 1, 1, 1, 1, 0};
+    CHECK(ps_best_shift_masked(b2, a2, keep, 8, &corr) == 3 && fabs(corr - 1) < 1e-12, "masked best shift 3 (%g)", corr);
+    CHECK(ps_best_shift_masked(b2, a2, NULL, 8, &corr) == ps_best_shift(b2, a2, 8, &frac), "no mask = whole curve");
+}
+
+/* Gate cycling's comparison of the clean and cycled curves: where each dip went, new dips, exclusions. */
+static void test_cycle_analysis(void) {
+    ps_error err;
+    ps_cycle_analysis an;
+    /* the shipped W8/S8 rolled by 2: the dip at 7 moves to 1, and 7 dips too after */
+    double b1[8] = {1, 1, 1, 1, 1, 1, 1, 0.25}, a1[8] = {0.99, 0.09, 0.99, 1, 0.99, 1, 1, 0};
+    CHECK_OK(ps_cycle_analyse(b1, a1, 8, 1.0 / 32, &an, &err), &err);
+    CHECK(an.n_moves == 1 && an.moves[0].before == 7 && an.moves[0].after == 1 && an.moves[0].still_dips && an.n_new == 0 &&
+              an.n_excluded == 0 && !an.after_near_chance,
+          "dip 7 -> 1");
+    ps_cycle_analysis_free(&an);
+    /* two dead dips before (2, 7), after: 5 and 7; 7 is dead in both and left out of the statistic */
+    double b2[8] = {1, 1, 0, 1, 1, 1, 1, 0}, a2[8] = {1, 1, 1, 1, 1, 0, 1, 0};
+    CHECK_OK(ps_cycle_analyse(b2, a2, 8, 0.01, &an, &err), &err);
+    CHECK(an.n_moves == 2 && an.moves[0].before == 2 && an.moves[0].after == 5 && an.moves[1].before == 7 &&
+              an.moves[1].after == -1 && an.moves[1].still_dips,
+          "dips 2 -> 5, 7 stays");
+    CHECK(an.n_excluded == 1 && an.excluded[0] == 7 && an.best_shift == 3 && an.best_shift_signed == 3 &&
+              fabs(an.best_shift_correlation - 1) < 1e-12,
+          "7 excluded, best shift 3 (%lld, %g)", (long long)an.best_shift, an.best_shift_correlation);
+    ps_cycle_analysis_free(&an);
+    /* a cycled curve at chance everywhere: flagged, no dips after */
+    double a3[8] = {0.02, 0.01, 0.02, 0.01, 0.0, 0.01, 0.02, 0.01};
+    CHECK_OK(ps_cycle_analyse(b1, a3, 8, 1.0 / 32, &an, &err), &err);
+    CHECK(an.after_near_chance && !an.before_near_chance && an.n_moves == 1 && an.moves[0].after == -1 && an.n_new == 0,
+          "near chance after cycling");
+    ps_cycle_analysis_free(&an);
+    ps_task t = {.kind = PS_TASK_KV, .n_values = 8, .value_len = 2};
+    CHECK(fabs(ps_task_chance(&t) - 1.0 / 64) < 1e-15, "kv chance");
+    t = (ps_task){.kind = PS_TASK_BIGRAM, .n_context = 32};
+    CHECK(fabs(ps_task_chance(&t) - 1.0 / 32) < 1e-15, "bigram chance");
 }
 
 /* A hand-built kv prompt: BOS f f K1 V1 f K2 V2 f f MARK K2 V2 (T = 13), the query asks K2 at 6. */
@@ -142,10 +199,21 @@ static void test_knockout(ps_attn_kind kind, ps_ko_target target) {
         }
     CHECK(same_k && worst < 1e-5, "grid cells differ from full forwards with overwrite hooks (%g)", worst);
     CHECK(changed, "no knockout changed anything");
-    json_t *j = ps_knockout_json(&fast, target);
+    json_t *j = ps_knockout_json(&fast, target, &err);
     CHECK(json_array_size(json_object_get(j, "cells")) == 6 &&
               json_integer_value(json_object_get(json_array_get(json_object_get(j, "cells"), 0), "layer")) == 0,
           "knockout json layout");
+    /* each cell's worst residue is the largest accuracy drop among its residues */
+    for (size_t ci = 0; ci < json_array_size(json_object_get(j, "cells")); ci++) {
+        json_t *cell = json_array_get(json_object_get(j, "cells"), ci), *w = json_object_get(cell, "worst_residue");
+        double lowest = INFINITY;
+        for (size_t r = 0; r < 4; r++)
+            lowest = fmin(lowest, json_real_value(json_object_get(json_array_get(json_object_get(cell, "residues"), r), "delta_accuracy_pp")));
+        json_int_t wr = json_integer_value(json_object_get(w, "rho"));
+        CHECK(fabs(json_real_value(json_object_get(w, "delta_accuracy_pp")) - lowest) < 1e-12 && wr >= 0 && wr < 4 &&
+                  json_real_value(json_object_get(json_array_get(json_object_get(cell, "residues"), (size_t)wr), "delta_accuracy_pp")) == lowest,
+              "worst residue of cell %zu", ci);
+    }
     json_decref(j);
     ps_knockout_result_free(&fast);
     ps_knockout_result_free(&naive);
@@ -216,13 +284,47 @@ static void test_gatecycle(void) {
     free(orig);
 }
 
-/* The sweep of a model whose gate was cycled runs and its statistics are consistent. */
+/* A model whose gates and payloads were cycled (layer 1, every head, both branches, k = 1): every
+ * per-offset parameter equals a roll written here by hand, nothing else moved, and the sweep of the cycled
+ * model runs with consistent statistics. */
 static void test_sweep_run(void) {
     ps_model m;
     make_model(&m, PS_ATTN_COMPRESSED, 61);
+    ps_error err;
+    float *orig = malloc((size_t)m.n_params * sizeof(float));
+    memcpy(orig, m.params, (size_t)m.n_params * sizeof(float));
+    const int64_t k = 1, W = m.cfg.window, nkv = m.cfg.n_kv_heads, d = m.cfg.d_model, hd = m.cfg.head_dim;
+    CHECK_OK(ps_gate_cycle(&m, 1, -1, PS_CYCLE_KEY | PS_CYCLE_VALUE, PS_CYCLE_GATE | PS_CYCLE_PAYLOAD, k, &err), &err);
+    ps_layer_params a = ps_model_layer(&m, m.params, 1), o = ps_model_layer(&m, orig, 1);
+    /* per-offset arrays: offset i is a block of `per` floats (all heads), head g's part at g * len */
+    struct {
+        const float *now, *was;
+        int64_t per, len;
+        const char *name;
+    } arr[6] = {{a.key_gate_w, o.key_gate_w, nkv * d, d, "key gate w"},       {a.key_gate_b, o.key_gate_b, nkv, 1, "key gate b"},
+                {a.value_gate_w, o.value_gate_w, nkv * d, d, "value gate w"}, {a.value_gate_b, o.value_gate_b, nkv, 1, "value gate b"},
+                {a.key_payload, o.key_payload, nkv * hd * d, hd * d, "key payload"},
+                {a.value_payload, o.value_payload, nkv * hd * d, hd * d, "value payload"}};
+    int64_t moved = 0;
+    for (int ai = 0; ai < 6; ai++) {
+        int same = 1;
+        for (int64_t i = 0; i < W; i++)
+            for (int64_t g = 0; g < nkv; g++)
+                for (int64_t e = 0; e < arr[ai].len; e++) {
+                    int64_t src = ((i - k) % W + W) % W; /* u'_i = u_{(i-k) mod W} */
+                    same &= arr[ai].now[i * arr[ai].per + g * arr[ai].len + e] == arr[ai].was[src * arr[ai].per + g * arr[ai].len + e];
+                    moved += arr[ai].now[i * arr[ai].per + g * arr[ai].len + e] != arr[ai].was[i * arr[ai].per + g * arr[ai].len + e];
+                }
+        CHECK(same, "%s of layer 1 is not the hand roll by %lld", arr[ai].name, (long long)k);
+    }
+    CHECK(moved > 0, "cycling changed nothing");
+    /* everything else is untouched: count the floats that differ; they are exactly the rolled ones */
+    int64_t diff = 0;
+    for (int64_t i = 0; i < m.n_params; i++) diff += m.params[i] != orig[i];
+    CHECK(diff == moved, "parameters outside layer 1's per-offset arrays changed (%lld vs %lld)", (long long)diff, (long long)moved);
+    free(orig);
     ps_task t = small_task();
     ps_batch base;
-    ps_error err;
     ps_batch_alloc(&base, 12, t.seq_len, t.n_queries, &err);
     ps_task_generate(&t, 5, &base);
     ps_filler_family fam = repeat_family();
@@ -231,7 +333,7 @@ static void test_sweep_run(void) {
     int64_t tot = 0;
     for (int r = 0; r < 4; r++) tot += st.n[r];
     CHECK(tot == 12 * 2 * 4 && st.n[0] == 24, "pad: every query at every residue once (%lld)", (long long)tot);
-    json_t *j = ps_residue_stats_json(&st);
+    json_t *j = ps_residue_stats_json(&st, &err);
     CHECK(json_array_size(json_object_get(j, "residues")) == 4 && json_object_get(j, "chi_square"), "curve json");
     json_decref(j);
     ps_residue_stats_free(&st);
@@ -246,13 +348,181 @@ static void test_sweep_run(void) {
     ps_model_free(&m);
 }
 
+/* A curve's JSON carries the sweep command's verdict; the period is null unless the curve is phase
+ * sensitive (p < 0.01 and gap >= 5 pp). */
+static void test_curve_verdict(void) {
+    ps_residue_stats r;
+    ps_error err;
+    CHECK_OK(ps_residue_stats_init(&r, 8, &err), &err);
+    for (int i = 0; i < 8; i++) { /* a 0.2 pp wobble over 100000 queries per residue: significant, tiny */
+        r.n[i] = 100000;
+        r.k[i] = i == 3 ? 99800 : 99999;
+    }
+    json_t *j = ps_residue_stats_json(&r, &err), *dp = json_object_get(j, "dominant_period");
+    double p = json_real_value(json_object_get(json_object_get(j, "chi_square"), "p_value"));
+    CHECK(p < 0.01 && json_is_false(json_object_get(j, "phase_sensitive")) && json_is_null(json_object_get(dp, "period")) &&
+              json_real_value(json_object_get(dp, "candidate_period")) == 8,
+          "a significant 0.2 pp gap gets no period (p %g)", p);
+    json_decref(j);
+    for (int i = 0; i < 8; i++) r.k[i] = i == 3 ? 10000 : 99000;
+    j = ps_residue_stats_json(&r, &err);
+    dp = json_object_get(j, "dominant_period");
+    CHECK(json_is_true(json_object_get(j, "phase_sensitive")) && json_real_value(json_object_get(dp, "period")) == 8 &&
+              !strcmp(json_string_value(json_object_get(j, "verdict")), "phase sensitive"),
+          "a deep dip: period 8");
+    json_decref(j);
+    for (int i = 0; i < 8; i++) r.k[i] = i % 2 ? 50000 : 50300; /* not significant */
+    j = ps_residue_stats_json(&r, &err);
+    CHECK(json_is_null(json_object_get(json_object_get(j, "dominant_period"), "period")) &&
+              !strcmp(json_string_value(json_object_get(j, "verdict")), "no phase dependence detected"),
+          "not significant: no period");
+    json_decref(j);
+    ps_residue_stats_free(&r);
+}
+
+/* One knockout cell computed here from scratch: hooks cache layer l's entries (compressed ck/cv or raw
+ * k/v) of every prompt of a shift, the test averages head g over the prompts position by position in
+ * plain loops, a second hook writes that mean in, and the outcomes per residue must equal the grid's. */
+typedef struct {
+    float *buf[2];   /* [N, npos, nkv, hd] per array */
+    int64_t npos, nkv, hd, head;
+    double *mean[2]; /* [npos, hd] */
+    int write;
+    ps_hook_point pts[2];
+} indep_ko;
+
+static int indep_hook(const ps_hook_event *ev, void *user, ps_error *err) {
+    (void)err;
+    indep_ko *c = user;
+    int w = ev->point == c->pts[0] ? 0 : 1;
+    int64_t B = ev->shape[0];
+    if (!c->write) {
+        memcpy(c->buf[w], ev->data, (size_t)(B * c->npos * c->nkv * c->hd) * sizeof(float));
+        return 0;
+    }
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t t = 0; t < c->npos; t++)
+            for (int64_t e = 0; e < c->hd; e++)
+                ev->data[((b * c->npos + t) * c->nkv + c->head) * c->hd + e] = (float)c->mean[w][t * c->hd + e];
+    return 0;
+}
+
+static void test_knockout_independent(ps_ko_target target) {
+    ps_model m;
+    make_model(&m, PS_ATTN_COMPRESSED, 71);
+    ps_task t = small_task();
+    ps_batch base;
+    ps_error err;
+    const int64_t N = 7, P = 4;
+    const int L = 1, G = 1;
+    ps_batch_alloc(&base, N, t.seq_len, t.n_queries, &err);
+    ps_task_generate(&t, 9, &base);
+    ps_filler_family fam = repeat_family();
+    ps_knockout_result grid;
+    int layers[1] = {L}, heads[1] = {G};
+    CHECK_OK(ps_knockout_grid(&m, &base, &t, &fam, P, 0, 3, layers, 1, heads, 1, target, 0, &grid, NULL, NULL, &err), &err);
+    int64_t kk[4] = {0}, nn[4] = {0};
+    double lp[4] = {0};
+    const int64_t nkv = m.cfg.n_kv_heads, hd = m.cfg.head_dim, V = m.cfg.vocab_size;
+    for (int64_t p = 0; p < P; p++) {
+        ps_shifted s;
+        CHECK_OK(ps_make_shifted(&base, &t, &fam, PS_SWEEP_PAD, P, p, 0, m.cfg.max_seq_len, &s, &err), &err);
+        int64_t T = s.b.T;
+        indep_ko c = {.npos = target == PS_KO_COMPRESSED ? ps_config_n_windows(&m.cfg, T) : T, .nkv = nkv, .hd = hd, .head = G};
+        c.pts[0] = target == PS_KO_COMPRESSED ? PS_HOOK_CK : PS_HOOK_K;
+        c.pts[1] = target == PS_KO_COMPRESSED ? PS_HOOK_CV : PS_HOOK_V;
+        ps_hooks h;
+        ps_hooks_init(&h);
+        for (int w = 0; w < 2; w++) {
+            c.buf[w] = malloc((size_t)(N * c.npos * nkv * hd) * sizeof(float));
+            c.mean[w] = calloc((size_t)(c.npos * hd), sizeof(double));
+            char name[96];
+            ps_hook_name(name, sizeof name, L, c.pts[w]);
+            CHECK_OK(ps_hooks_add(&h, &m.cfg, name, indep_hook, &c, &err), &err);
+        }
+        ps_acts a;
+        CHECK_OK(ps_acts_create(&a, &m.cfg, N, T, false, &err), &err);
+        /* clean pass: cache the entries */
+        CHECK_OK(ps_forward(&m, &a, s.b.tokens, &h, &err), &err);
+        /* the mean of head G over the N prompts, position by position */
+        for (int w = 0; w < 2; w++)
+            for (int64_t tt = 0; tt < c.npos; tt++)
+                for (int64_t e = 0; e < hd; e++) {
+                    double sum = 0;
+                    for (int64_t b = 0; b < N; b++) sum += c.buf[w][((b * c.npos + tt) * nkv + G) * hd + e];
+                    c.mean[w][tt * hd + e] = sum / (double)N;
+                }
+        /* knocked-out pass */
+        c.write = 1;
+        CHECK_OK(ps_forward(&m, &a, s.b.tokens, &h, &err), &err);
+        int *ok = malloc((size_t)(N * s.b.max_q) * sizeof(int));
+        double *lq = malloc((size_t)(N * s.b.max_q) * sizeof(double));
+        ps_score_queries(&s.b, a.p.logits, V, ok, lq);
+        for (int64_t b = 0; b < N; b++)
+            for (int64_t q = 0; q < s.b.n_q[b]; q++) {
+                int64_t rho = s.residue[b * s.b.max_q + q];
+                nn[rho]++;
+                kk[rho] += ok[b * s.b.max_q + q];
+                lp[rho] += lq[b * s.b.max_q + q];
+            }
+        free(ok);
+        free(lq);
+        ps_acts_free(&a);
+        ps_hooks_free(&h);
+        for (int w = 0; w < 2; w++) {
+            free(c.buf[w]);
+            free(c.mean[w]);
+        }
+        ps_shifted_free(&s);
+    }
+    double worst = 0;
+    int same = 1, changed = 0;
+    for (int r = 0; r < P; r++) {
+        same &= nn[r] == grid.cells[0].n[r] && kk[r] == grid.cells[0].k[r];
+        worst = fmax(worst, fabs(lp[r] - grid.cells[0].lp[r]) / fabs(lp[r]));
+        changed |= fabs(lp[r] - grid.clean.lp[r]) > 1e-3 * fabs(grid.clean.lp[r]);
+    }
+    CHECK(same && worst < 1e-4, "%s knockout of layer %d head %d differs from the hand-made mean replacement (rel %g)",
+          target == PS_KO_COMPRESSED ? "compressed" : "raw", L, G, worst);
+    CHECK(changed, "the hand-made knockout changed nothing (the comparison would be vacuous)");
+    ps_knockout_result_free(&grid);
+    ps_batch_free(&base);
+    ps_model_free(&m);
+}
+
+/* Regression: an allocation that fails inside the grid (here the answer rows of an absurd task) returns an
+ * error naming it, and the cleanup frees only what was created (it used to free a ps_acts never made). */
+static void test_knockout_alloc_failure(void) {
+    ps_model m;
+    make_model(&m, PS_ATTN_COMPRESSED, 81);
+    ps_task t = small_task();
+    ps_batch base;
+    ps_error err;
+    ps_batch_alloc(&base, 4, t.seq_len, t.n_queries, &err);
+    ps_task_generate(&t, 3, &base);
+    t.value_len = (int64_t)1 << 58; /* the rows buffer would need 2^64 bytes */
+    ps_filler_family fam = repeat_family();
+    ps_knockout_result r;
+    int layers[1] = {0}, heads[1] = {0};
+    CHECK_ERR(ps_knockout_grid(&m, &base, &t, &fam, 4, 0, 4, layers, 1, heads, 1, PS_KO_COMPRESSED, 0, &r, NULL, NULL, &err),
+              &err, "out of memory", "answer rows");
+    ps_knockout_result_free(&r);
+    ps_batch_free(&base);
+    ps_model_free(&m);
+}
+
 int main(void) {
     test_stats();
     test_residues();
     test_knockout(PS_ATTN_COMPRESSED, PS_KO_COMPRESSED);
     test_knockout(PS_ATTN_COMPRESSED, PS_KO_BOTH);
     test_knockout(PS_ATTN_FULL, PS_KO_RAW);
+    test_knockout_independent(PS_KO_COMPRESSED);
+    test_knockout_independent(PS_KO_RAW);
+    test_knockout_alloc_failure();
     test_gatecycle();
     test_sweep_run();
+    test_curve_verdict();
+    test_cycle_analysis();
     CHECK_DONE();
 }
