@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# bad_inputs.sh — the bad-input table of docs/bad-inputs.md, checked: every row's command is run and its
-# one-line error must equal the documented one (after the fixtures' paths are filled in).
+# bad_inputs.sh — the bad-input table of docs/bad-inputs.md, checked: every row's command is run, its exit
+# status must equal the documented one (2 for a usage error, 1 for a runtime error) and its one-line error
+# the documented one (after the fixtures' paths are filled in).
 #   bad_inputs.sh BUILD_DIR SRC_DIR CONFORMANCE_DIR          check the table
 #   bad_inputs.sh BUILD_DIR SRC_DIR CONFORMANCE_DIR --print  print the rows as they run now
 set -u
@@ -26,24 +27,28 @@ cp -r "$CONF/compressed_w8s8" "$T/nan" && chmod -R u+w "$T/nan"
 hl=$(od -An -t u8 -N8 "$T/nan/model.safetensors" | tr -d ' ')
 printf '\x00\x00\xc0\x7f' | dd of="$T/nan/model.safetensors" bs=1 seek=$((8 + hl)) conv=notrunc 2>/dev/null
 mkdir -p "$T/dirmodel" && mkdir "$T/dirmodel/model.safetensors" && cp "$CONF/compressed_w8s8/config.json" "$T/dirmodel/"
+mkdir -p "$T/nost" && cp "$CONF/compressed_w8s8/config.json" "$T/nost/"
 cp -r "$CONF/compressed_w8s8" "$T/badcfg" && chmod -R u+w "$T/badcfg" && sed -i 's/"n_heads": 4/"n_heads": 3/' "$T/badcfg/config.json"
 # ---- the table ----
 pass=0; fail=0
-row() { # row "what" "command" "expected"
-  local what="$1" cmd="$2" want="$3" got
-  got=$(cd "$T" && eval "$cmd" 2>&1 >/dev/null | head -n 1)
+row() { # row "what" "command" "exit status" "expected"
+  local what="$1" cmd="$2" want_rc="$3" want="$4" got rc
+  (cd "$T" && eval "$cmd") > /dev/null 2> "$T/.row_err"; rc=$?
+  got=$(head -n 1 "$T/.row_err")
   got=${got//$T/\$T}; got=${got//$CONF/\$CONF}; got=${got//$B/\$B}
-  if [ "$MODE" = "--print" ]; then printf '| %s | `%s` | `%s` |\n' "$what" "$cmd" "$got"; return; fi
-  if [ "$got" = "$want" ]; then pass=$((pass+1)); else fail=$((fail+1)); printf 'FAIL %s\n  want: %s\n  got:  %s\n' "$what" "$want" "$got" >&2; fi
+  if [ "$MODE" = "--print" ]; then printf '| %s | `%s` | %s | `%s` |\n' "$what" "$cmd" "$rc" "$got"; return; fi
+  if [ "$got" = "$want" ] && [ "$rc" = "$want_rc" ]; then pass=$((pass+1)); else fail=$((fail+1)); printf 'FAIL %s\n  want: %s (exit %s)\n  got:  %s (exit %s)\n' "$what" "$want" "$want_rc" "$got" "$rc" >&2; fi
 }
-if [ "$MODE" = "--print" ]; then echo '| input | command | error |'; echo '|---|---|---|'; fi
+if [ "$MODE" = "--print" ]; then echo '| input | command | exit | error |'; echo '|---|---|---|---|'; fi
 # rows are read from the documentation so that the table and the tests cannot drift apart
 while IFS= read -r line; do
   case "$line" in '| '*' | `'*) ;; *) continue ;; esac
   what=$(printf '%s' "$line" | sed -E 's/^\| ([^|]*) \| `.*$/\1/')
   cmd=$(printf '%s' "$line" | sed -E 's/^\| [^|]* \| `([^`]*)` \| .*$/\1/')
+  want_rc=$(printf '%s' "$line" | sed -E 's/^.*` \| ([0-9]+) \| `[^`]*` \|$/\1/')
+  case "$want_rc" in ''|*[!0-9]*) want_rc=1 ;; esac   # a row without an exit column must exit 1
   want=$(printf '%s' "$line" | sed -E 's/^.*\| `([^`]*)` \|$/\1/')
-  row "$what" "$cmd" "$want"
+  row "$what" "$cmd" "$want_rc" "$want"
 done < "$SRC/docs/bad-inputs.md"
 [ "$MODE" = "--print" ] && exit 0
 echo "$pass passed, $fail failed"
