@@ -7,11 +7,13 @@
 
 #include "cli.h"
 #include "figures.h"
+#include "results_check.h"
 
 static const char HELP[] =
     "usage: phasescope render RESULT.json [MORE.json ...] [--out DIR] [--format pdf|svg] [--measure nll|acc]\n"
     "\n"
-    "Redraws the figures of result files from the JSON alone (the same pixels the command drew):\n"
+    "Redraws the figures of result files from the JSON alone (the same pixels the command drew). Each result\n"
+    "is checked against docs/results-schema.md first; a malformed one is refused, naming the field at fault:\n"
     "  sweep.json          phase curve (several sweeps: one line per model, shared axes)\n"
     "  gatecycle.json      phase curves before and after cycling\n"
     "  knockout.json       knockout heatmap (several: side by side on a shared colour scale, e.g. the\n"
@@ -30,7 +32,8 @@ int ps_cmd_render(int argc, char **argv) {
     }
     ps_flag flags[] = {PS_FLAG("--out", true), PS_FLAG("--format", true), PS_FLAG("--measure", true)};
     const char *pos[64];
-    int npos;
+    json_t *docs[64];
+    int npos, ndocs = 0;
     ps_error err = {{0}};
     ps_render_opts o = {.format = PS_FMT_PNG};
     int rc = 1;
@@ -62,9 +65,18 @@ int ps_cmd_render(int argc, char **argv) {
         snprintf(tmp, sizeof tmp, "%s", pos[0]);
         snprintf(dir, sizeof dir, "%s", dirname(tmp));
     }
+    /* every result is validated before anything is drawn (a training log is read line by line by the
+     * renderer itself; what one figure can show is checked by the figures as they are laid out) */
+    for (int i = 0; i < npos; i++) {
+        size_t l = strlen(pos[i]);
+        if (l > 6 && !strcmp(pos[i] + l - 6, ".jsonl")) continue;
+        if (ps_results_load(pos[i], NULL, &docs[ndocs], &err)) goto done;
+        ndocs++;
+    }
     if (ps_render(pos, npos, dir, &o, 1, &err)) goto done;
     rc = 0;
 done:
     if (rc) fprintf(stderr, "phasescope render: %s\n", err.msg);
+    for (int i = 0; i < ndocs; i++) json_decref(docs[i]);
     return rc;
 }

@@ -8,13 +8,15 @@
 
 #include "cli.h"
 #include "fileio.h"
+#include "results_check.h"
 
 static const char HELP[] =
     "usage: phasescope table SWEEP.json [MORE.json ...] [--out TABLE.md]\n"
     "\n"
     "Prints a markdown table with one row per sweep result: model, attention, period, mean accuracy, worst\n"
     "residue, gap (pp), the detected period (dominant DFT frequency of the residue curve) and the chi-square\n"
-    "p-value of accuracy against residue. --out also writes it to a file (atomically).\n";
+    "p-value of accuracy against residue. --out also writes it to a file (atomically). Each file is checked\n"
+    "against docs/results-schema.md first; a malformed one is refused, naming the field at fault.\n";
 
 int ps_cmd_table(int argc, char **argv) {
     if (ps_cli_wants_help(argc, argv)) {
@@ -37,13 +39,8 @@ int ps_cmd_table(int argc, char **argv) {
                             "| model | attention | period P | mean accuracy | min over residues | gap (pp) | detected period | "
                             "chi-square p |\n|---|---|---|---|---|---|---|---|\n");
     for (int i = 0; i < npos; i++) {
-        json_error_t je;
-        json_t *d = json_load_file(pos[i], 0, &je);
-        if (!d || strcmp(json_string_value(json_object_get(d, "kind")) ?: "", "sweep")) {
-            json_decref(d);
-            ps_fail(&err, "%s: not a sweep result", pos[i]);
-            goto done;
-        }
+        json_t *d;
+        if (ps_results_load(pos[i], "sweep", &d, &err)) goto done;
         json_t *prov = json_object_get(d, "provenance"), *c = json_object_get(d, "curve");
         json_t *att = json_object_get(json_object_get(prov, "config"), "attention");
         char model[1024], attn[128];
@@ -66,7 +63,7 @@ int ps_cmd_table(int argc, char **argv) {
             out = realloc(out, cap);
         }
         len += (size_t)snprintf(out + len, cap - len, "| %s | %s | %lld | %.3f | %.3f | %.1f | %s | %.2g |\n", basename(model), attn,
-                                (long long)json_integer_value(json_object_get(c, "period")),
+                                (long long)json_array_size(json_object_get(c, "residues")),
                                 json_number_value(json_object_get(c, "mean_accuracy")),
                                 json_number_value(json_object_get(c, "min_accuracy")), json_number_value(json_object_get(c, "gap_pp")),
                                 per, json_number_value(json_object_get(json_object_get(c, "chi_square"), "p_value")));

@@ -29,6 +29,28 @@ printf '\x00\x00\xc0\x7f' | dd of="$T/nan/model.safetensors" bs=1 seek=$((8 + hl
 mkdir -p "$T/dirmodel" && mkdir "$T/dirmodel/model.safetensors" && cp "$CONF/compressed_w8s8/config.json" "$T/dirmodel/"
 mkdir -p "$T/nost" && cp "$CONF/compressed_w8s8/config.json" "$T/nost/"
 cp -r "$CONF/compressed_w8s8" "$T/badcfg" && chmod -R u+w "$T/badcfg" && sed -i 's/"n_heads": 4/"n_heads": 3/' "$T/badcfg/config.json"
+# ---- result files for render and table (the result validator, viz/results_check.c) ----
+"$PS" sweep --model "$T/run" --n 4 --out "$T/res" > /dev/null 2>&1
+S="$T/res/sweep.json"
+echo '{"kind": "sweep"}' > "$T/r_kind_only.json"
+sed 's/^ "curve": {/ "old_curve": {/' "$S" > "$T/r_nocurve.json"
+sed 's/^ "kind": "sweep",/ "kind": "sweep", "curve": "x",/; s/^ "curve": {/ "old_curve": {/' "$S" > "$T/r_curvestr.json"
+sed 's/^ "provenance": {/ "provenance": 7, "old_provenance": {/' "$S" > "$T/r_provnum.json"
+sed '0,/"correct": [0-9]*/s//"correct": 99999/' "$S" > "$T/r_correct.json"
+sed '0,/"accuracy": [0-9.e+-]*/s//"accuracy": 2.0/' "$S" > "$T/r_acc2.json"
+sed '0,/"n": [0-9]*/s//"n": -5/' "$S" > "$T/r_negn.json"
+sed 's/^  "period": \([0-9]*\),/  "period": 1000000000,/' "$S" > "$T/r_period.json"
+awk -v P=1200 'BEGIN {   # a well-formed knockout result (P = 1200, one cell), for a reader of sweeps only
+  z = 1.96; den = 1 + z * z; lo = (1 + z * z / 2) / den - z * sqrt(z * z / 4) / den
+  printf "{\"kind\": \"knockout\", \"provenance\": {\"command\": \"knockout\", \"model\": \"m\", \"seed\": 0, \"version\": \"0.1.0\", "
+  printf "\"config\": {\"attention\": {\"kind\": \"full\"}}, \"eval\": {\"n_prompts\": 1, \"period\": %d, \"family\": \"repeat\"}},\n", P
+  printf "\"grid\": {\"period\": %d, \"target\": \"raw\", \"clean\": {\"period\": %d, \"residues\": [", P, P
+  for (r = 0; r < P; r++) printf "%s{\"rho\": %d, \"n\": 1, \"correct\": 1, \"accuracy\": 1.0, \"wilson_lo\": %.17g, \"wilson_hi\": 1.0, \"mean_logprob\": 0.0}", (r ? ", " : ""), r, lo
+  printf "], \"n\": %d, \"mean_accuracy\": 1.0, \"min_accuracy\": 1.0, \"max_accuracy\": 1.0, \"gap_pp\": 0.0, ", P
+  printf "\"chi_square\": {\"statistic\": 0.0, \"df\": %d, \"p_value\": 1.0}, \"dominant_period\": null},\n", P - 1
+  printf "\"cells\": [{\"layer\": 0, \"head\": 0, \"mean_delta_accuracy_pp\": 0.0, \"mean_delta_nll\": 0.0, \"residues\": ["
+  for (r = 0; r < P; r++) printf "%s{\"rho\": %d, \"n\": 1, \"accuracy\": 1.0, \"mean_nll\": 0.0, \"delta_accuracy_pp\": 0.0, \"delta_nll\": 0.0}", (r ? ", " : ""), r
+  printf "]}]}}\n" }' > "$T/r_bigko.json"
 # ---- the table ----
 pass=0; fail=0
 row() { # row "what" "command" "exit status" "expected"

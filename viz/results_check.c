@@ -1,0 +1,801 @@
+/* results_check.c — the validator for result JSON; the rules are written out in docs/results-schema.md
+ * ("Validation"). Each check names the path of the field at fault (curve.residues[3].correct) and stops at
+ * the first fault, in the order the fields appear in the schema. */
+#include "results_check.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fileio.h"
+#include "stats.h"
+
+/* writer limits (experiments/instrument.c, the interventions, core/config.c, experiments/cmd_theory.c) */
+#define MAX_PERIOD 4096               /* --period */
+#define MAX_PROMPTS ((int64_t)1 << 22) /* --n */
+#define MAX_COUNT ((int64_t)1000000000000000) /* a count of scored queries: far above what a run scores */
+#define MAX_INDEX ((int64_t)1 << 24)  /* layers, heads (PS_MAX_DIM) */
+#define MAX_WINDOW 4096               /* attention.window */
+#define MAX_SHIFT 1000000             /* gatecycle --shift, --layer, --head */
+#define TOL 1e-6                      /* "within rounding": results are written with 10 significant digits */
+
+typedef struct {
+    const char *file;
+    ps_error *err;
+    char path[512];
+    size_t len;
+} ck;
+
+/* ---- the path of the field being checked ---- */
+
+static size_t push(ck *c, const char *fmt, ...) {
+    size_t old = c->len;
+    va_list ap;
+    va_start(ap, fmt);
+    int w = vsnprintf(c->path + c->len, sizeof c->path - c->len, fmt, ap);
+    va_end(ap);
+    if (w > 0) c->len = c->len + (size_t)w < sizeof c->path ? c->len + (size_t)w : sizeof c->path - 1;
+    return old;
+}
+static size_t key(ck *c, const char *k) { return push(c, c->len ? ".%s" : "%s", k); }
+static size_t idx(ck *c, size_t i) { return push(c, "[%zu]", i); }
+static void pop(ck *c, size_t old) {
+    c->len = old;
+    c->path[old] = '\0';
+}
+
+static int bad(ck *c, const char *fmt, ...) {
+    char msg[768];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return ps_fail(c->err, "%s: %s: %s", c->file, c->len ? c->path : "(top level)", msg);
+}
+
+static const char *type_name(const json_t *v) {
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "an object";
+    case JSON_ARRAY: return "an array";
+    case JSON_STRING: return "a string";
+    case JSON_INTEGER: return "an integer";
+    case JSON_REAL: return "a fractional number";
+    case JSON_TRUE: return "true";
+    case JSON_FALSE: return "false";
+    default: return "null";
+    }
+}
+
+static int close_to(double a, double b, double scale) { return fabs(a - b) <= TOL * fmax(1.0, scale); }
+
+/* ---- typed fields: each pushes the key, checks, and pops on success (on failure the path stays) ---- */
+
+static int field(ck *c, json_t *o, const char *k, json_t **v) {
+    key(c, k);
+    *v = json_object_get(o, k);
+    if (!*v) return bad(c, "missing");
+    return 0;
+}
+
+static int want_type(ck *c, json_t *v, int ok, const char *what) {
+    if (!ok) return bad(c, "expected %s, got %s", what, type_name(v));
+    return 0;
+}
+
+static int get_obj(ck *c, json_t *o, const char *k, json_t **v) {
+    size_t old = c->len;
+    if (field(c, o, k, v) || want_type(c, *v, json_is_object(*v), "an object")) return -1;
+    pop(c, old);
+    return 0;
+}
+
+/* an array of exactly n entries (n < 0: any length within [lo, hi]) */
+static int get_arr(ck *c, json_t *o, const char *k, int64_t lo, int64_t hi, json_t **v, int64_t *n) {
+    size_t old = c->len;
+    if (field(c, o, k, v) || want_type(c, *v, json_is_array(*v), "an array")) return -1;
+    int64_t m = (int64_t)json_array_size(*v);
+    if (m < lo || m > hi) {
+        if (lo == hi) return bad(c, "%lld entries, expected %lld", (long long)m, (long long)lo);
+        return bad(c, "%lld entries, expected %lld to %lld", (long long)m, (long long)lo, (long long)hi);
+    }
+    if (n) *n = m;
+    pop(c, old);
+    return 0;
+}
+
+static int int_value(ck *c, json_t *v, int64_t lo, int64_t hi, int64_t *out) {
+    if (json_is_real(v)) {
+        double d = json_real_value(v);
+        return bad(c, "%.10g is not an integer", d);
+    }
+    if (want_type(c, v, json_is_integer(v), "an integer")) return -1;
+    int64_t x = (int64_t)json_integer_value(v);
+    if (x < lo || x > hi) {
+        if (lo == 0 && x < 0) return bad(c, "%lld is negative", (long long)x);
+        return bad(c, "%lld is out of range [%lld, %lld]", (long long)x, (long long)lo, (long long)hi);
+    }
+    if (out) *out = x;
+    return 0;
+}
+
+static int get_int(ck *c, json_t *o, const char *k, int64_t lo, int64_t hi, int64_t *out) {
+    size_t old = c->len;
+    json_t *v;
+    if (field(c, o, k, &v) || int_value(c, v, lo, hi, out)) return -1;
+    pop(c, old);
+    return 0;
+}
+
+static int num_value(ck *c, json_t *v, double lo, double hi, double *out) {
+    if (want_type(c, v, json_is_number(v), "a number")) return -1;
+    double x = json_number_value(v);
+    if (!isfinite(x)) return bad(c, "%g is not finite", x);
+    if (x < lo || x > hi) {
+        if (lo == 0 && x < 0) return bad(c, "%.10g is negative", x);
+        if (isinf(hi)) return bad(c, "%.10g is less than %g", x, lo);
+        if (isinf(lo)) return bad(c, "%.10g is more than %g", x, hi);
+        return bad(c, "%.10g is out of range [%g, %g]", x, lo, hi);
+    }
+    if (out) *out = x;
+    return 0;
+}
+
+static int get_num(ck *c, json_t *o, const char *k, double lo, double hi, double *out) {
+    size_t old = c->len;
+    json_t *v;
+    if (field(c, o, k, &v) || num_value(c, v, lo, hi, out)) return -1;
+    pop(c, old);
+    return 0;
+}
+
+/* a fraction in [0, 1] (rounding may overshoot by TOL; the value is clamped) */
+static int get_frac(ck *c, json_t *o, const char *k, double *out) {
+    double x = 0;
+    size_t old = c->len;
+    json_t *v;
+    if (field(c, o, k, &v) || want_type(c, v, json_is_number(v), "a number")) return -1;
+    x = json_number_value(v);
+    if (!(x >= -TOL && x <= 1 + TOL)) return bad(c, "%.10g is out of range [0, 1]", x);
+    pop(c, old);
+    if (out) *out = fmin(1, fmax(0, x));
+    return 0;
+}
+
+static int get_str(ck *c, json_t *o, const char *k, const char **out) {
+    size_t old = c->len;
+    json_t *v;
+    if (field(c, o, k, &v) || want_type(c, v, json_is_string(v), "a string")) return -1;
+    if (out) *out = json_string_value(v);
+    pop(c, old);
+    return 0;
+}
+
+/* a string that must be one of the NULL-terminated opts */
+static int get_enum(ck *c, json_t *o, const char *k, const char *const *opts, const char **out) {
+    const char *s;
+    if (get_str(c, o, k, &s)) return -1;
+    for (int i = 0; opts[i]; i++)
+        if (!strcmp(s, opts[i])) {
+            if (out) *out = s;
+            return 0;
+        }
+    char list[256] = "";
+    for (int i = 0; opts[i]; i++) {
+        size_t l = strlen(list);
+        snprintf(list + l, sizeof list - l, "%s%s", i ? ", " : "", opts[i]);
+    }
+    key(c, k);
+    return bad(c, "\"%.100s\" is not one of %s", s, list);
+}
+
+/* optional: absent is fine; present must have the type */
+static int opt_str(ck *c, json_t *o, const char *k) { return json_object_get(o, k) ? get_str(c, o, k, NULL) : 0; }
+static int opt_int(ck *c, json_t *o, const char *k, int64_t lo, int64_t hi) {
+    return json_object_get(o, k) ? get_int(c, o, k, lo, hi, NULL) : 0;
+}
+
+/* ---- provenance ---- */
+
+typedef struct {
+    int64_t n_prompts, period; /* eval (0 when the kind has none) */
+} prov_info;
+
+static int check_provenance(ck *c, json_t *doc, int instrument, const char *mode_kind, prov_info *pi) {
+    static const char *const ATTN[] = {"full", "compressed", NULL}, *const MODES[] = {"pad", "move", NULL};
+    json_t *p, *v;
+    memset(pi, 0, sizeof *pi);
+    if (get_obj(c, doc, "provenance", &p)) return -1;
+    size_t old = key(c, "provenance");
+    if (get_str(c, p, "command", NULL) || get_str(c, p, "model", NULL) || get_str(c, p, "version", NULL) ||
+        get_int(c, p, "seed", 0, INT64_MAX, NULL) || opt_str(c, p, "config_hash") || opt_int(c, p, "model_step", 0, INT64_MAX))
+        return -1;
+    if (instrument || json_object_get(p, "config")) {
+        json_t *cfg, *att;
+        const char *kind;
+        if (get_obj(c, p, "config", &cfg)) return -1;
+        size_t o2 = key(c, "config");
+        if (get_obj(c, cfg, "attention", &att)) return -1;
+        size_t o3 = key(c, "attention");
+        if (get_enum(c, att, "kind", ATTN, &kind)) return -1;
+        if (!strcmp(kind, "compressed")) {
+            int64_t w;
+            if (get_int(c, att, "window", 1, MAX_WINDOW, &w) || get_int(c, att, "stride", 1, w, NULL) || opt_str(c, att, "gate"))
+                return -1;
+        }
+        pop(c, o3);
+        if ((v = json_object_get(cfg, "rope")) && !json_is_boolean(v)) {
+            key(c, "rope");
+            return bad(c, "expected true or false, got %s", type_name(v));
+        }
+        pop(c, o2);
+    }
+    if ((v = json_object_get(p, "task")) && !json_is_object(v)) {
+        key(c, "task");
+        return bad(c, "expected an object, got %s", type_name(v));
+    }
+    if (instrument) {
+        json_t *ev;
+        if (get_obj(c, p, "eval", &ev)) return -1;
+        size_t o2 = key(c, "eval");
+        if (get_int(c, ev, "n_prompts", 1, MAX_PROMPTS, &pi->n_prompts) || get_int(c, ev, "period", 1, MAX_PERIOD, &pi->period) ||
+            get_str(c, ev, "family", NULL))
+            return -1;
+        if (mode_kind || json_object_get(ev, "mode"))
+            if (get_enum(c, ev, "mode", MODES, NULL)) return -1;
+        pop(c, o2);
+    }
+    pop(c, old);
+    return 0;
+}
+
+/* ---- curves (sweep.curve, gatecycle.before/after, knockout.grid.clean) ---- */
+
+typedef struct {
+    int64_t P;
+    int64_t *n, *k;
+    double *acc, *lp;
+} curve_info;
+
+static void curve_free(curve_info *ci) {
+    free(ci->n);
+    free(ci->k);
+    free(ci->acc);
+    free(ci->lp);
+    memset(ci, 0, sizeof *ci);
+}
+
+/* want_P: the period the provenance declares (eval.period) */
+static int check_curve(ck *c, json_t *parent, const char *name, int64_t want_P, curve_info *ci) {
+    json_t *cv, *res, *v;
+    memset(ci, 0, sizeof *ci);
+    if (get_obj(c, parent, name, &cv)) return -1;
+    size_t old = key(c, name);
+    /* period: the number of residues (null is accepted and means "as many as listed") */
+    int64_t P;
+    v = json_object_get(cv, "period");
+    if (!v) {
+        key(c, "period");
+        return bad(c, "missing");
+    }
+    if (!json_is_null(v)) {
+        size_t o1 = key(c, "period");
+        if (int_value(c, v, 1, MAX_PERIOD, &P)) return -1;
+        if (P != want_P) return bad(c, "%lld, but provenance.eval.period is %lld", (long long)P, (long long)want_P);
+        pop(c, o1);
+    }
+    if (get_arr(c, cv, "residues", want_P, want_P, &res, NULL)) return -1;
+    P = want_P;
+    ci->P = P;
+    ci->n = calloc((size_t)P, sizeof(int64_t));
+    ci->k = calloc((size_t)P, sizeof(int64_t));
+    ci->acc = calloc((size_t)P, sizeof(double));
+    ci->lp = calloc((size_t)P, sizeof(double));
+    if (!ci->n || !ci->k || !ci->acc || !ci->lp) return ps_fail(c->err, "out of memory");
+    size_t o2 = key(c, "residues");
+    int64_t N = 0, K = 0, used = 0;
+    double mn = INFINITY, mx = -INFINITY;
+    for (int64_t r = 0; r < P; r++) {
+        json_t *e = json_array_get(res, (size_t)r);
+        size_t o3 = idx(c, (size_t)r);
+        if (want_type(c, e, json_is_object(e), "an object")) return -1;
+        int64_t rho, n, k;
+        double a, lo, hi, wlo, whi;
+        if (get_int(c, e, "rho", INT64_MIN, INT64_MAX, &rho)) return -1;
+        if (rho != r) {
+            key(c, "rho");
+            return bad(c, "%lld, expected %lld (the residues 0..P-1 = 0..%lld, each once, in order)", (long long)rho, (long long)r,
+                       (long long)(P - 1));
+        }
+        if (get_int(c, e, "n", 0, MAX_COUNT, &n) || get_int(c, e, "correct", 0, MAX_COUNT, &k)) return -1;
+        if (k > n) {
+            key(c, "correct");
+            return bad(c, "%lld > n = %lld", (long long)k, (long long)n);
+        }
+        if (get_frac(c, e, "accuracy", &a)) return -1;
+        double want = n ? (double)k / (double)n : 0.0;
+        if (!close_to(a, want, 0)) {
+            key(c, "accuracy");
+            return bad(c, "%.10g, but correct/n = %lld/%lld = %.10g", json_number_value(json_object_get(e, "accuracy")), (long long)k,
+                       (long long)n, want);
+        }
+        if (get_frac(c, e, "wilson_lo", &lo) || get_frac(c, e, "wilson_hi", &hi)) return -1;
+        ps_wilson(k, n, 1.96, &wlo, &whi);
+        if (!close_to(lo, wlo, 0) || !close_to(hi, whi, 0)) {
+            key(c, close_to(lo, wlo, 0) ? "wilson_hi" : "wilson_lo");
+            return bad(c, "[%.10g, %.10g] is not the 95%% Wilson interval of %lld/%lld, [%.10g, %.10g]", lo, hi, (long long)k,
+                       (long long)n, wlo, whi);
+        }
+        if (get_num(c, e, "mean_logprob", -INFINITY, TOL, &ci->lp[r])) return -1;
+        ci->n[r] = n;
+        ci->k[r] = k;
+        ci->acc[r] = want;
+        N += n;
+        K += k;
+        if (n) {
+            used++;
+            mn = fmin(mn, want);
+            mx = fmax(mx, want);
+        }
+        pop(c, o3);
+    }
+    pop(c, o2);
+    int64_t tn;
+    double m;
+    if (get_int(c, cv, "n", 0, INT64_MAX, &tn)) return -1;
+    if (tn != N) {
+        key(c, "n");
+        return bad(c, "%lld, but the residues' n add up to %lld", (long long)tn, (long long)N);
+    }
+    if (N == 0) {
+        key(c, "n");
+        return bad(c, "0: nothing was measured (every residue has n = 0)");
+    }
+    const char *sk[3] = {"mean_accuracy", "min_accuracy", "max_accuracy"};
+    double sv[3] = {(double)K / (double)N, mn, mx};
+    const char *why[3] = {"correct/n over all residues", "the lowest residue accuracy", "the highest residue accuracy"};
+    for (int i = 0; i < 3; i++) {
+        if (get_frac(c, cv, sk[i], &m)) return -1;
+        if (!close_to(m, sv[i], 0)) {
+            key(c, sk[i]);
+            return bad(c, "%.10g, but %s is %.10g", m, why[i], sv[i]);
+        }
+    }
+    if (get_num(c, cv, "gap_pp", -TOL, 100 + TOL, &m)) return -1;
+    if (!close_to(m, 100 * (mx - mn), 100)) {
+        key(c, "gap_pp");
+        return bad(c, "%.10g, but max - min accuracy is %.10g pp", m, 100 * (mx - mn));
+    }
+    /* chi-square: recomputed from the counts */
+    json_t *cs;
+    double chi2, p, st, pv;
+    int64_t df, wdf;
+    ps_chi_square(ci->k, ci->n, P, &chi2, &wdf, &p);
+    if (get_obj(c, cv, "chi_square", &cs)) return -1;
+    size_t o4 = key(c, "chi_square");
+    if (get_num(c, cs, "statistic", 0, INFINITY, &st) || get_int(c, cs, "df", 0, MAX_PERIOD, &df) ||
+        get_num(c, cs, "p_value", 0, 1, &pv))
+        return -1;
+    if (!close_to(st, chi2, chi2)) {
+        key(c, "statistic");
+        return bad(c, "%.10g, but the counts give %.10g", st, chi2);
+    }
+    if (df != wdf) {
+        key(c, "df");
+        return bad(c, "%lld, but %lld residues have n > 0 (df = %lld)", (long long)df, (long long)used, (long long)wdf);
+    }
+    if (!close_to(pv, p, 0) && fabs(pv - p) > 1e-3 * p) {
+        key(c, "p_value");
+        return bad(c, "%.10g, but the counts give %.10g", pv, p);
+    }
+    pop(c, o4);
+    /* dominant period: null (flat, or not significant) or P / frequency */
+    v = json_object_get(cv, "dominant_period");
+    if (!v) {
+        key(c, "dominant_period");
+        return bad(c, "missing");
+    }
+    if (!json_is_null(v)) {
+        size_t o5 = key(c, "dominant_period");
+        if (want_type(c, v, json_is_object(v), "an object or null")) return -1;
+        int64_t fk;
+        if (get_int(c, v, "frequency", 0, P / 2, &fk) || get_frac(c, v, "power_fraction", NULL)) return -1;
+        json_t *dp = json_object_get(v, "period");
+        if (!dp) {
+            key(c, "period");
+            return bad(c, "missing");
+        }
+        if (!json_is_null(dp)) {
+            key(c, "period");
+            double d;
+            if (num_value(c, dp, 1, (double)P, &d)) return -1;
+            if (fk < 1) return bad(c, "%.10g, but frequency is %lld (no period)", d, (long long)fk);
+            if (!close_to(d, (double)P / (double)fk, (double)P))
+                return bad(c, "%.10g, but P / frequency = %lld / %lld = %.10g", d, (long long)P, (long long)fk, (double)P / (double)fk);
+        }
+        pop(c, o5);
+    }
+    pop(c, old);
+    return 0;
+}
+
+/* ---- kinds ---- */
+
+static int check_sweep(ck *c, json_t *doc) {
+    prov_info pi;
+    curve_info ci;
+    if (check_provenance(c, doc, 1, "sweep", &pi)) return -1;
+    int rc = check_curve(c, doc, "curve", pi.period, &ci);
+    curve_free(&ci);
+    return rc;
+}
+
+static int check_gatecycle(ck *c, json_t *doc) {
+    static const char *const BR[] = {"key", "value", "both", NULL}, *const PA[] = {"gate", "payload", "all", NULL};
+    prov_info pi;
+    curve_info b = {0}, a = {0};
+    json_t *cy, *v;
+    int rc = -1;
+    if (check_provenance(c, doc, 1, NULL, &pi) || get_obj(c, doc, "cycle", &cy)) goto done;
+    size_t old = key(c, "cycle"), in_cycle = c->len;
+    if (get_int(c, cy, "layer", 0, MAX_SHIFT, NULL) || get_int(c, cy, "shift", -MAX_SHIFT, MAX_SHIFT, NULL)) goto done;
+    if (field(c, cy, "head", &v)) goto done;
+    if (json_is_string(v)) {
+        if (strcmp(json_string_value(v), "all")) {
+            bad(c, "\"%.100s\": expected \"all\" or a head number", json_string_value(v));
+            goto done;
+        }
+    } else if (int_value(c, v, 0, MAX_SHIFT, NULL))
+        goto done;
+    pop(c, in_cycle);
+    if (get_enum(c, cy, "branch", BR, NULL) || get_enum(c, cy, "params", PA, NULL)) goto done;
+    pop(c, old);
+    if (check_curve(c, doc, "before", pi.period, &b) || check_curve(c, doc, "after", pi.period, &a)) goto done;
+    /* the shift statistic may leave residues out (those near chance), so it is checked for range and
+     * consistency, not recomputed */
+    int64_t P = pi.period, s, ss;
+    if (get_int(c, doc, "best_shift", 0, P - 1, &s) || get_int(c, doc, "best_shift_signed", -P, P, &ss)) goto done;
+    if (ss != (s > P / 2 ? s - P : s)) {
+        key(c, "best_shift_signed");
+        bad(c, "%lld, but best_shift %lld maps to %lld in (-P/2, P/2]", (long long)ss, (long long)s, (long long)(s > P / 2 ? s - P : s));
+        goto done;
+    }
+    if (get_num(c, doc, "best_shift_correlation", -1 - TOL, 1 + TOL, NULL)) goto done;
+    rc = 0;
+done:
+    curve_free(&b);
+    curve_free(&a);
+    return rc;
+}
+
+static int cmp_i64(const void *x, const void *y) {
+    int64_t a = *(const int64_t *)x, b = *(const int64_t *)y;
+    return a < b ? -1 : a > b;
+}
+
+static int check_knockout(ck *c, json_t *doc) {
+    static const char *const TGT[] = {"raw", "compressed", "both", NULL};
+    prov_info pi;
+    curve_info cl = {0};
+    json_t *g, *cells;
+    int64_t P, nc, *pairs = NULL;
+    int rc = -1;
+    if (check_provenance(c, doc, 1, NULL, &pi) || get_obj(c, doc, "grid", &g)) goto done;
+    size_t old = key(c, "grid");
+    if (get_int(c, g, "period", 1, MAX_PERIOD, &P)) goto done;
+    if (P != pi.period) {
+        key(c, "period");
+        bad(c, "%lld, but provenance.eval.period is %lld", (long long)P, (long long)pi.period);
+        goto done;
+    }
+    if (get_enum(c, g, "target", TGT, NULL) || check_curve(c, g, "clean", P, &cl)) goto done;
+    if (get_arr(c, g, "cells", 1, MAX_WINDOW * (int64_t)MAX_WINDOW, &cells, &nc)) goto done;
+    pairs = malloc((size_t)nc * sizeof *pairs);
+    if (!pairs) {
+        ps_fail(c->err, "out of memory");
+        goto done;
+    }
+    size_t o2 = key(c, "cells");
+    for (int64_t i = 0; i < nc; i++) {
+        json_t *cell = json_array_get(cells, (size_t)i), *res;
+        size_t o3 = idx(c, (size_t)i);
+        int64_t layer, head;
+        if (want_type(c, cell, json_is_object(cell), "an object") || get_int(c, cell, "layer", 0, MAX_INDEX - 1, &layer) ||
+            get_int(c, cell, "head", 0, MAX_INDEX - 1, &head) || get_arr(c, cell, "residues", P, P, &res, NULL))
+            goto done;
+        pairs[i] = layer << 32 | head;
+        size_t o4 = key(c, "residues");
+        double sum_da = 0, sum_dn = 0, m;
+        int64_t used = 0;
+        for (int64_t r = 0; r < P; r++) {
+            json_t *e = json_array_get(res, (size_t)r);
+            size_t o5 = idx(c, (size_t)r);
+            int64_t rho, n;
+            double a, nll, da, dn;
+            if (want_type(c, e, json_is_object(e), "an object") || get_int(c, e, "rho", INT64_MIN, INT64_MAX, &rho)) goto done;
+            if (rho != r) {
+                key(c, "rho");
+                bad(c, "%lld, expected %lld (the residues 0..P-1 = 0..%lld, each once, in order)", (long long)rho, (long long)r,
+                    (long long)(P - 1));
+                goto done;
+            }
+            if (get_int(c, e, "n", 0, MAX_COUNT, &n)) goto done;
+            if (n != cl.n[r]) {
+                key(c, "n");
+                bad(c, "%lld, but grid.clean has n = %lld at residue %lld (a knocked-out cell scores the same queries)", (long long)n,
+                    (long long)cl.n[r], (long long)r);
+                goto done;
+            }
+            if (get_frac(c, e, "accuracy", &a)) goto done;
+            double k = n ? round(a * (double)n) : 0, want = n ? k / (double)n : 0;
+            if (!close_to(a, want, 0)) {
+                key(c, "accuracy");
+                bad(c, "%.10g is not a count of correct answers out of n = %lld", a, (long long)n);
+                goto done;
+            }
+            if (get_num(c, e, "mean_nll", -TOL, INFINITY, &nll) || get_num(c, e, "delta_accuracy_pp", -100 - TOL, 100 + TOL, &da) ||
+                get_num(c, e, "delta_nll", -INFINITY, INFINITY, &dn))
+                goto done;
+            if (!close_to(da, 100 * (a - cl.acc[r]), 100)) {
+                key(c, "delta_accuracy_pp");
+                bad(c, "%.10g, but accuracy - clean accuracy = %.10g pp", da, 100 * (a - cl.acc[r]));
+                goto done;
+            }
+            double cn = -cl.lp[r];
+            if (!close_to(dn, nll - cn, fmax(nll, cn))) {
+                key(c, "delta_nll");
+                bad(c, "%.10g, but mean_nll - clean mean NLL = %.10g", dn, nll - cn);
+                goto done;
+            }
+            if (n) {
+                sum_da += da;
+                sum_dn += dn;
+                used++;
+            }
+            pop(c, o5);
+        }
+        pop(c, o4);
+        double wda = used ? sum_da / (double)used : 0, wdn = used ? sum_dn / (double)used : 0;
+        if (get_num(c, cell, "mean_delta_accuracy_pp", -100 - TOL, 100 + TOL, &m)) goto done;
+        if (!close_to(m, wda, 100)) {
+            key(c, "mean_delta_accuracy_pp");
+            bad(c, "%.10g, but the residues' mean is %.10g", m, wda);
+            goto done;
+        }
+        if (get_num(c, cell, "mean_delta_nll", -INFINITY, INFINITY, &m)) goto done;
+        if (!close_to(m, wdn, fabs(wdn))) {
+            key(c, "mean_delta_nll");
+            bad(c, "%.10g, but the residues' mean is %.10g", m, wdn);
+            goto done;
+        }
+        pop(c, o3);
+    }
+    pop(c, o2);
+    int64_t *sorted = malloc((size_t)nc * sizeof *sorted);
+    if (!sorted) {
+        ps_fail(c->err, "out of memory");
+        goto done;
+    }
+    memcpy(sorted, pairs, (size_t)nc * sizeof *sorted);
+    qsort(sorted, (size_t)nc, sizeof *sorted, cmp_i64);
+    for (int64_t i = 1; i < nc; i++)
+        if (sorted[i] == sorted[i - 1]) {
+            int64_t dup = sorted[i], first = -1;
+            for (int64_t j = 0; j < nc; j++)
+                if (pairs[j] == dup) {
+                    if (first < 0) first = j;
+                    else {
+                        key(c, "cells");
+                        idx(c, (size_t)j);
+                        bad(c, "layer %lld head %lld again (first at cells[%lld]); each cell once", (long long)(dup >> 32),
+                            (long long)(dup & 0xffffffff), (long long)first);
+                        break;
+                    }
+                }
+            free(sorted);
+            goto done;
+        }
+    free(sorted);
+    pop(c, old);
+    rc = 0;
+done:
+    free(pairs);
+    curve_free(&cl);
+    return rc;
+}
+
+static int check_gates(ck *c, json_t *doc) {
+    static const char *const GATE[] = {"learned", "uniform", NULL},
+                             *const LABEL[] = {"static", "input-dependent", "diffuse", NULL};
+    prov_info pi;
+    json_t *g, *layers, *v;
+    int64_t W, L, H = -1;
+    if (check_provenance(c, doc, 1, NULL, &pi)) return -1;
+    if ((v = json_object_get(doc, "thresholds")) && !json_is_object(v)) {
+        key(c, "thresholds");
+        return bad(c, "expected an object, got %s", type_name(v));
+    }
+    if (get_obj(c, doc, "gates", &g)) return -1;
+    size_t old = key(c, "gates");
+    if (get_int(c, g, "window", 1, MAX_WINDOW, &W) || get_int(c, g, "stride", 1, W, NULL) || get_enum(c, g, "gate", GATE, NULL) ||
+        get_arr(c, g, "layers", 1, MAX_INDEX, &layers, &L))
+        return -1;
+    size_t o2 = key(c, "layers");
+    for (int64_t l = 0; l < L; l++) {
+        json_t *lo = json_array_get(layers, (size_t)l), *heads;
+        size_t o3 = idx(c, (size_t)l);
+        int64_t li, nh;
+        if (want_type(c, lo, json_is_object(lo), "an object") || get_int(c, lo, "layer", 0, MAX_INDEX, &li)) return -1;
+        if (li != l) {
+            key(c, "layer");
+            return bad(c, "%lld, expected %lld (layers 0..L-1 in order)", (long long)li, (long long)l);
+        }
+        if (get_arr(c, lo, "heads", H < 0 ? 1 : H, H < 0 ? MAX_INDEX : H, &heads, &nh)) return -1;
+        H = nh;
+        size_t o4 = key(c, "heads");
+        for (int64_t h = 0; h < H; h++) {
+            json_t *ho = json_array_get(heads, (size_t)h);
+            size_t o5 = idx(c, (size_t)h);
+            int64_t hi;
+            if (want_type(c, ho, json_is_object(ho), "an object") || get_int(c, ho, "head", 0, MAX_INDEX, &hi)) return -1;
+            if (hi != h) {
+                key(c, "head");
+                return bad(c, "%lld, expected %lld (KV heads 0..H-1 in order)", (long long)hi, (long long)h);
+            }
+            for (int b = 0; b < 2; b++) {
+                json_t *bo, *mg;
+                const char *bn = b ? "value" : "key";
+                if (get_obj(c, ho, bn, &bo)) return -1;
+                size_t o6 = key(c, bn);
+                if (get_arr(c, bo, "mean_gate", W, W, &mg, NULL)) return -1;
+                size_t o7 = key(c, "mean_gate");
+                double sum = 0, x;
+                for (int64_t i = 0; i < W; i++) {
+                    size_t o8 = idx(c, (size_t)i);
+                    if (num_value(c, json_array_get(mg, (size_t)i), -TOL, 1 + TOL, &x)) return -1;
+                    sum += x;
+                    pop(c, o8);
+                }
+                if (fabs(sum - 1) > 1e-3) return bad(c, "the weights add up to %.10g, not 1", sum);
+                pop(c, o7);
+                double tol = 1e-3 * (double)W;
+                if (get_num(c, bo, "N_static", 1 - tol, (double)W + tol, NULL) || get_num(c, bo, "N_input", 1 - tol, (double)W + tol, NULL) ||
+                    get_int(c, bo, "peak", 0, W - 1, NULL) || get_int(c, bo, "n_windows", 0, MAX_COUNT, NULL) ||
+                    get_enum(c, bo, "label", LABEL, NULL))
+                    return -1;
+                pop(c, o6);
+            }
+            pop(c, o5);
+        }
+        pop(c, o4);
+        pop(c, o3);
+    }
+    pop(c, o2);
+    pop(c, old);
+    if ((v = json_object_get(doc, "training")) && !json_is_array(v)) {
+        key(c, "training");
+        return bad(c, "expected an array, got %s", type_name(v));
+    }
+    return 0;
+}
+
+static int check_theory(ck *c, json_t *doc) {
+    prov_info pi;
+    json_t *pr, *st, *loss, *acc, *heads;
+    int64_t n, H, W = -1, ph, pw;
+    if (check_provenance(c, doc, 0, NULL, &pi) || get_obj(c, doc, "params", &pr)) return -1;
+    size_t old = key(c, "params");
+    if (get_int(c, pr, "heads", 1, 64, &ph) || get_int(c, pr, "window", 2, 64, &pw) || get_int(c, pr, "chunks", 1, 256, NULL)) return -1;
+    pop(c, old);
+    if (get_arr(c, doc, "steps", 1, 100000, &st, &n) || get_arr(c, doc, "loss", n, n, &loss, NULL) ||
+        get_arr(c, doc, "accuracy", n, n, &acc, NULL))
+        return -1;
+    int64_t prev = -1, s;
+    for (int64_t k = 0; k < n; k++) {
+        size_t o = key(c, "steps");
+        idx(c, (size_t)k);
+        if (int_value(c, json_array_get(st, (size_t)k), 0, INT64_MAX, &s)) return -1;
+        if (s <= prev) return bad(c, "%lld after step %lld (steps increase)", (long long)s, (long long)prev);
+        prev = s;
+        pop(c, o);
+        key(c, "loss");
+        idx(c, (size_t)k);
+        if (num_value(c, json_array_get(loss, (size_t)k), 0, INFINITY, NULL)) return -1;
+        pop(c, o);
+        key(c, "accuracy");
+        idx(c, (size_t)k);
+        if (num_value(c, json_array_get(acc, (size_t)k), -TOL, 1 + TOL, NULL)) return -1;
+        pop(c, o);
+    }
+    if (get_arr(c, doc, "heads", ph, ph, &heads, &H)) return -1;
+    int64_t aligned = 0, wa;
+    size_t o2 = key(c, "heads");
+    for (int64_t h = 0; h < H; h++) {
+        json_t *ho = json_array_get(heads, (size_t)h);
+        size_t o3 = idx(c, (size_t)h);
+        int64_t hi, kp, vp;
+        if (want_type(c, ho, json_is_object(ho), "an object") || get_int(c, ho, "head", 0, 63, &hi)) return -1;
+        if (hi != h) {
+            key(c, "head");
+            return bad(c, "%lld, expected %lld (heads 0..H-1 in order)", (long long)hi, (long long)h);
+        }
+        for (int b = 0; b < 2; b++) {
+            json_t *gs;
+            const char *gn = b ? "value_gate" : "key_gate";
+            if (get_arr(c, ho, gn, n, n, &gs, NULL)) return -1;
+            size_t o4 = key(c, gn);
+            for (int64_t k = 0; k < n; k++) {
+                json_t *gk = json_array_get(gs, (size_t)k);
+                size_t o5 = idx(c, (size_t)k);
+                if (want_type(c, gk, json_is_array(gk), "an array")) return -1;
+                if ((int64_t)json_array_size(gk) != pw)
+                    return bad(c, "%zu entries, expected params.window = %lld", json_array_size(gk), (long long)pw);
+                W = pw;
+                for (int64_t i = 0; i < W; i++) {
+                    size_t o6 = idx(c, (size_t)i);
+                    if (num_value(c, json_array_get(gk, (size_t)i), -TOL, 1 + TOL, NULL)) return -1;
+                    pop(c, o6);
+                }
+                pop(c, o5);
+            }
+            pop(c, o4);
+        }
+        if (get_int(c, ho, "key_peak", 0, pw - 1, &kp) || get_int(c, ho, "value_peak", 0, pw - 1, &vp)) return -1;
+        double tol = 1e-3 * (double)pw;
+        if (get_num(c, ho, "N_key", 1 - tol, (double)pw + tol, NULL) || get_num(c, ho, "N_value", 1 - tol, (double)pw + tol, NULL))
+            return -1;
+        aligned += vp == kp + 1;
+        pop(c, o3);
+    }
+    pop(c, o2);
+    if (get_int(c, doc, "heads_with_value_peak_after_key_peak", 0, H, &wa)) return -1;
+    if (wa != aligned) {
+        key(c, "heads_with_value_peak_after_key_peak");
+        return bad(c, "%lld, but %lld heads have value_peak = key_peak + 1", (long long)wa, (long long)aligned);
+    }
+    return 0;
+}
+
+/* ---- entry points ---- */
+
+int ps_results_check(json_t *doc, const char *path, ps_error *err) {
+    ck c = {.file = path, .err = err};
+    json_t *k = json_is_object(doc) ? json_object_get(doc, "kind") : NULL;
+    if (!k) return ps_fail(err, "%s: not a phasescope result file (no \"kind\")", path);
+    key(&c, "kind");
+    if (want_type(&c, k, json_is_string(k), "a string")) return -1;
+    const char *kind = json_string_value(k);
+    pop(&c, 0);
+    if (!strcmp(kind, "sweep")) return check_sweep(&c, doc);
+    if (!strcmp(kind, "gatecycle")) return check_gatecycle(&c, doc);
+    if (!strcmp(kind, "knockout")) return check_knockout(&c, doc);
+    if (!strcmp(kind, "gates")) return check_gates(&c, doc);
+    if (!strcmp(kind, "theory")) return check_theory(&c, doc);
+    key(&c, "kind");
+    return bad(&c, "\"%.100s\" is not a result kind (sweep, knockout, gatecycle, gates, theory)", kind);
+}
+
+int ps_results_load(const char *path, const char *want_kind, json_t **doc, ps_error *err) {
+    char *text;
+    size_t len;
+    *doc = NULL;
+    if (ps_read_file(path, PS_RESULT_MAX_BYTES, &text, &len, err)) return -1;
+    json_error_t je;
+    json_t *o = json_loadb(text, len, 0, &je);
+    free(text);
+    if (!o) return ps_fail(err, "%s: not valid JSON (line %d: %s)", path, je.line, je.text);
+    if (want_kind && json_is_object(o) && json_is_string(json_object_get(o, "kind")) &&
+        strcmp(json_string_value(json_object_get(o, "kind")), want_kind)) {
+        ps_fail(err, "%s: kind: \"%.100s\", expected \"%s\"", path, json_string_value(json_object_get(o, "kind")), want_kind);
+        json_decref(o);
+        return -1;
+    }
+    if (ps_results_check(o, path, err)) {
+        json_decref(o);
+        return -1;
+    }
+    *doc = o;
+    return 0;
+}
