@@ -83,7 +83,10 @@ int ps_backward(const ps_model *m, const ps_acts *a, ps_acts *g, const int32_t *
             return ps_fail(err, "target %d at sequence %lld, position %lld is outside the vocabulary [0, %lld)", targets[i],
                            (long long)(i / a->T), (long long)(i % a->T), (long long)V);
     ps_profile *prof = a->prof;
-    PROF(1, PS_PROF_OTHER, *n_targets += ps_cross_entropy(loss_sum, g->p.logits, a->p.logits, targets, BT, V, scale));
+    int64_t n_t = 0;
+    PROF(1, PS_PROF_OTHER, n_t = ps_cross_entropy(loss_sum, g->p.logits, a->p.logits, targets, BT, V, scale));
+    if (n_t < 0) return ps_fail(err, "out of memory for the per-row losses of %lld rows", (long long)BT);
+    *n_targets += n_t;
     float *dh = g->p.resid; /* [B, T, d], the running gradient of the residual stream */
     ZERO(g->p.lnf, BT * d);
     PROF(1, PS_PROF_MATMUL, ps_matmul_backward(g->p.lnf, ps_model_lm_head(m, grads), g->p.logits, a->p.lnf, ps_model_lm_head(m, m->params), BT, d, V));

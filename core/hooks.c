@@ -99,14 +99,17 @@ int ps_hooks_fire(const ps_hooks *h, int layer, ps_hook_point pt, float *data, i
 void ps_cache_init(ps_cache *c) { memset(c, 0, sizeof *c); }
 
 void ps_cache_free(ps_cache *c) {
-    for (int i = 0; i < c->n; i++) free(c->items[i].data);
+    for (int i = 0; i < c->n; i++) {
+        free(c->items[i]->data);
+        free(c->items[i]);
+    }
     free(c->items);
     memset(c, 0, sizeof *c);
 }
 
 const ps_cache_item *ps_cache_get(const ps_cache *c, const char *name) {
     for (int i = 0; i < c->n; i++)
-        if (!strcmp(c->items[i].name, name)) return &c->items[i];
+        if (!strcmp(c->items[i]->name, name)) return c->items[i];
     return NULL;
 }
 
@@ -135,13 +138,15 @@ int ps_cache_watch(ps_cache *c, ps_hooks *h, const ps_config *cfg, const char *n
     if (ps_cache_get(c, name)) return 0;
     if (c->n == c->cap) {
         int cap = c->cap ? 2 * c->cap : 8;
-        ps_cache_item *it = realloc(c->items, (size_t)cap * sizeof *it);
-        if (!it) return ps_fail(err, "out of memory");
-        c->items = it;
+        ps_cache_item **items = realloc(c->items, (size_t)cap * sizeof *items);
+        if (!items) return ps_fail(err, "hook \"%s\": out of memory growing the cache", name);
+        c->items = items;
         c->cap = cap;
     }
-    ps_cache_item *it = &c->items[c->n++];
-    memset(it, 0, sizeof *it);
+    /* each item is its own allocation, so pointers from ps_cache_get survive the cache growing */
+    ps_cache_item *it = calloc(1, sizeof *it);
+    if (!it) return ps_fail(err, "hook \"%s\": out of memory", name);
+    c->items[c->n++] = it;
     ps_hook_name(it->name, sizeof it->name, layer, pt);
     return ps_hooks_add(h, cfg, name, cache_hook, c, err);
 }

@@ -80,13 +80,15 @@ typedef struct {
 
 typedef struct {
     int n, cap;
-    ps_cache_item *items;
+    ps_cache_item **items; /* each item allocated on its own: its address never changes */
 } ps_cache;
 
 void ps_cache_init(ps_cache *c);
 void ps_cache_free(ps_cache *c);
 /* Register a caching hook for name (repeated runs overwrite the earlier copy). */
 int ps_cache_watch(ps_cache *c, ps_hooks *h, const ps_config *cfg, const char *name, ps_error *err);
+/* The item for name, or NULL. The item pointer stays valid until ps_cache_free (watching more names
+ * does not move it); item->data until the next run in which that activation's shape changes. */
 const ps_cache_item *ps_cache_get(const ps_cache *c, const char *name);
 
 #endif

@@ -66,8 +66,6 @@ static inline int64_t ps_windows_seen(int64_t t, int64_t W, int64_t S, int64_t n
     return n < nW ? n : nW;
 }
 
-#endif
-
 /* ---- backward kernels: each accumulates (+=) into its gradient outputs unless stated ---- */
 
 /* out = inp · w^T: dinp[M, K] += dout · w (skipped when dinp is NULL); dw[N, K] += dout^T · inp. */
@@ -108,7 +106,7 @@ void ps_attn_backward(float *dq, float *dk, float *dv, float *dck, float *dcv, f
 
 /* Softmax cross-entropy over rows of V logits. For rows with target >= 0: adds -log p[target] to
  * *loss_sum and writes dlogits = (softmax - onehot) * scale; other rows get dlogits = 0. Returns the
- * number of target rows. */
+ * number of target rows, or -1 when its per-row scratch cannot be allocated (nothing added then). */
 int64_t ps_cross_entropy(double *loss_sum, float *dlogits, const float *logits, const int32_t *targets, int64_t n_rows,
                          int64_t V, float scale);
 
@@ -116,3 +114,5 @@ int64_t ps_cross_entropy(double *loss_sum, float *dlogits, const float *logits, 
  * (and ck, cv when compressed), the same math as ps_attn_probs + ps_attn_out. */
 void ps_attn_rows(float *z_rows, const int64_t *rows, int64_t n, const float *q, const float *k, const float *v,
                   const float *ck, const float *cv, const ps_attn_geom *g);
+
+#endif

@@ -258,34 +258,34 @@ void ps_attn_rows(float *z_rows, const int64_t *rows, int64_t n, const float *q,
                   const float *ck, const float *cv, const ps_attn_geom *g) {
     int64_t T = g->T, nh = g->nh, nkv = g->nkv, hd = g->hd, grp = nh / nkv, nW = g->nW;
     float scale = 1.0f / sqrtf((float)hd);
-#pragma omp parallel
-    {
-        float *sc = malloc((size_t)(T + nW + 1) * sizeof(float));
-#pragma omp for schedule(static)
-        for (int64_t rn = 0; rn < n * nh; rn++) {
-            int64_t r = rows[rn / nh], hn = rn % nh, b = r / T, t = r % T, kv = hn / grp;
-            const float *qt = q + (r * nh + hn) * hd;
-            float *zt = z_rows + (rn / nh) * nh * hd + hn * hd;
-            /* entries: compressed windows ended by t, then raw positions [lo, t] */
-            int64_t nc = g->compressed ? ps_windows_seen(t, g->W, g->S, nW) : 0;
-            int64_t lo = g->compressed ? (t - g->LW + 1 > 0 ? t - g->LW + 1 : 0) : 0, ne = nc + (t - lo + 1);
-            float mx = -INFINITY;
-            for (int64_t e = 0; e < ne; e++) {
-                const float *key = e < nc ? ck + ((b * nW + e) * nkv + kv) * hd : k + ((b * T + lo + e - nc) * nkv + kv) * hd;
-                float s = 0;
-                for (int64_t i = 0; i < hd; i++) s += qt[i] * key[i];
-                sc[e] = s * scale;
-                mx = fmaxf(mx, sc[e]);
+    (void)nW;
+    /* one pass per row with a running maximum (online softmax): no scratch, nothing allocated */
+#pragma omp parallel for schedule(static)
+    for (int64_t rn = 0; rn < n * nh; rn++) {
+        int64_t r = rows[rn / nh], hn = rn % nh, b = r / T, t = r % T, kv = hn / grp;
+        const float *qt = q + (r * nh + hn) * hd;
+        float *zt = z_rows + (rn / nh) * nh * hd + hn * hd;
+        /* entries: compressed windows ended by t, then raw positions [lo, t] */
+        int64_t nc = g->compressed ? ps_windows_seen(t, g->W, g->S, g->nW) : 0;
+        int64_t lo = g->compressed ? (t - g->LW + 1 > 0 ? t - g->LW + 1 : 0) : 0, ne = nc + (t - lo + 1);
+        float mx = -INFINITY, sum = 0;
+        memset(zt, 0, (size_t)hd * sizeof(float));
+        for (int64_t e = 0; e < ne; e++) {
+            const float *key = e < nc ? ck + ((b * g->nW + e) * nkv + kv) * hd : k + ((b * T + lo + e - nc) * nkv + kv) * hd;
+            const float *val = e < nc ? cv + ((b * g->nW + e) * nkv + kv) * hd : v + ((b * T + lo + e - nc) * nkv + kv) * hd;
+            float sc = 0;
+            for (int64_t i = 0; i < hd; i++) sc += qt[i] * key[i];
+            sc *= scale;
+            if (sc > mx) { /* rescale what was accumulated under the old maximum */
+                float f = expf(mx - sc);
+                sum *= f;
+                for (int64_t i = 0; i < hd; i++) zt[i] *= f;
+                mx = sc;
             }
-            float sum = 0;
-            for (int64_t e = 0; e < ne; e++) sum += (sc[e] = expf(sc[e] - mx));
-            memset(zt, 0, (size_t)hd * sizeof(float));
-            for (int64_t e = 0; e < ne; e++) {
-                const float *val = e < nc ? cv + ((b * nW + e) * nkv + kv) * hd : v + ((b * T + lo + e - nc) * nkv + kv) * hd;
-                float p = sc[e] / sum;
-                for (int64_t i = 0; i < hd; i++) zt[i] += p * val[i];
-            }
+            float p = expf(sc - mx);
+            sum += p;
+            for (int64_t i = 0; i < hd; i++) zt[i] += p * val[i];
         }
-        free(sc);
+        for (int64_t i = 0; i < hd; i++) zt[i] /= sum;
     }
 }

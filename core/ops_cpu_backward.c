@@ -225,6 +225,7 @@ int64_t ps_cross_entropy(double *loss_sum, float *dlogits, const float *logits, 
                          int64_t V, float scale) {
     /* per-row losses, summed serially afterwards: bit-identical for any thread count */
     double *row_loss = malloc((size_t)(n_rows ? n_rows : 1) * sizeof(double));
+    if (!row_loss) return -1;
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < n_rows; r++) {
         const float *x = logits + r * V;

@@ -1,6 +1,8 @@
 #define _POSIX_C_SOURCE 200809L
 #include "train.h"
 
+#include "cpu_env.h"
+
 #include <dirent.h>
 #include <jansson.h>
 #include <math.h>
@@ -233,6 +235,9 @@ static int save_checkpoint(run_state *s, int64_t step, ps_error *err) {
               ps_model_set_meta(&s->m, "phasescope.task", task, err) ||
               ps_model_set_meta(&s->m, "phasescope.train", s->c->canonical, err) ||
               ps_model_set_meta(&s->m, "phasescope.version", PS_VERSION, err);
+    char compute[512];
+    ps_cpu_env_describe(compute, sizeof compute);
+    bad = bad || ps_model_set_meta(&s->m, "phasescope.compute", compute, err);
     free(task);
     if (bad || ps_model_save(&s->m, s->dir, err)) return -1;
     DIR *d = opendir(s->dir);
@@ -262,6 +267,11 @@ static int evaluate(run_state *s, int with_gates, double *acc, double *loss, ps_
     ps_batch view = *eb;
     int *ok = malloc((size_t)(B * eb->max_q) * sizeof(int));
     double *lp = malloc((size_t)(B * eb->max_q) * sizeof(double));
+    if (!ok || !lp) {
+        free(ok);
+        free(lp);
+        return ps_fail(err, "%s: out of memory for the evaluation of %lld queries", s->dir, (long long)(B * eb->max_q));
+    }
     if (with_gates) ps_gate_acc_reset(&s->gacc);
     while (done < eb->B) {
         int64_t n = eb->B - done < B ? eb->B - done : B;
@@ -319,6 +329,10 @@ static int truncate_log(const char *path, int64_t step, ps_error *err) {
     size_t len;
     if (ps_read_file(path, (size_t)1 << 32, &text, &len, err)) return -1;
     char *out = malloc(len + 1);
+    if (!out) {
+        free(text);
+        return ps_fail(err, "%s: out of memory rewriting the log", path);
+    }
     size_t w = 0;
     for (char *line = text; *line;) {
         char *nl = strchr(line, '\n');

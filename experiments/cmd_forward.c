@@ -115,7 +115,7 @@ int ps_cmd_forward(int argc, char **argv) {
         ps_acts_free(&a);
         if (bad) goto done;
         for (int k = 0; k < cache.n; k++) {
-            const ps_cache_item *it = &cache.items[k];
+            const ps_cache_item *it = cache.items[k];
             snprintf(name, sizeof name, "%s.%d", it->name, i);
             if (push(&out, name, it->ndim - 1, it->shape + 1, it->data, &err)) goto done;
         }

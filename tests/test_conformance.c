@@ -102,8 +102,8 @@ static void run_model(const char *name) {
                 int64_t shp[2] = {toks.len[s], m.cfg.vocab_size};
                 compare(&ref, nm, a.p.logits, 2, shp, name);
                 for (int i = 0; i < cache.n; i++) {
-                    snprintf(nm, sizeof nm, "%s.%d", cache.items[i].name, s);
-                    compare(&ref, nm, cache.items[i].data, cache.items[i].ndim - 1, cache.items[i].shape + 1, name);
+                    snprintf(nm, sizeof nm, "%s.%d", cache.items[i]->name, s);
+                    compare(&ref, nm, cache.items[i]->data, cache.items[i]->ndim - 1, cache.items[i]->shape + 1, name);
                 }
                 ko.collecting = 1;
                 CHECK_OK(ps_forward(&m, &a, toks.seq[s], &kh, &err), &err); /* collect the means */

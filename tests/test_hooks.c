@@ -191,6 +191,22 @@ static void test_model(ps_attn_kind kind) {
     int zero = 1;
     for (int i = 0; a && i < 16; i++) zero &= a->data[3 * 16 + i] == 0.0f;
     CHECK(zero, "cache holds the value before the overwrite");
+    /* an item pointer survives the cache growing: watch every point of every layer after taking it
+     * (the cache grew by realloc and left earlier pointers dangling; ASan caught the read below) */
+    int grown = 0;
+    for (int l = 0; l < c.n_layers; l++)
+        for (int pt = 0; pt < PS_HOOK_NPOINTS; pt++) {
+            if (c.kind != PS_ATTN_COMPRESSED &&
+                (pt == PS_HOOK_GATE_K || pt == PS_HOOK_GATE_V || pt == PS_HOOK_CK || pt == PS_HOOK_CV))
+                continue;
+            char nm[96];
+            ps_hook_name(nm, sizeof nm, l, (ps_hook_point)pt);
+            grown += ps_cache_watch(&cache, &h, &c, nm, &err) == 0;
+        }
+    CHECK(cache.n > 8 && grown > 8, "cache did not grow past its first capacity (%d items)", cache.n);
+    CHECK(ps_cache_get(&cache, "blocks.0.hook_resid_post") == a, "item pointer moved when the cache grew");
+    run(&m, tok, &h, out, &err);
+    CHECK(a->ndim == 3 && a->shape[1] == T && a->data[3 * 16] == 0.0f, "item read after growth is wrong");
     ps_cache_free(&cache);
     ps_hooks_free(&h);
     ps_model_free(&m);
