@@ -205,7 +205,7 @@ void ps_cpu_env_describe(char *out, size_t n) {
     char num[32] = "";
     if (vnum) sscanf(vnum + 1, "%31s", num);
     const char *tauto = getenv("PS_CPU_ENV_THREADS");
-    snprintf(out, n, "%s %s %s (%s), %d threads%s, OMP_WAIT_POLICY=%s", ver, num, ps_blas_corename(), how,
-             openblas_get_num_threads(), tauto && !strcmp(tauto, "auto") ? " (cores free at start)" : "",
+    snprintf(out, n, "%s %s %s (%s), %d thread%s%s, OMP_WAIT_POLICY=%s", ver, num, ps_blas_corename(), how,
+             openblas_get_num_threads(), openblas_get_num_threads() == 1 ? "" : "s", tauto && !strcmp(tauto, "auto") ? " (cores free at start)" : "",
              wp && *wp ? wp : "default");
 }

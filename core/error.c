@@ -9,6 +9,7 @@ int ps_fail(ps_error *err, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(err->msg, sizeof err->msg, fmt, ap);
     va_end(ap);
+    err->usage = 0;
     return -1;
 }
 

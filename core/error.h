@@ -12,9 +12,10 @@
 
 typedef struct {
     char msg[PS_ERROR_MAX];
+    int usage; /* 1 when the caller asked for something invalid (a bad flag or value): CLI exit status 2 */
 } ps_error;
 
-/* Write a message into err (NULL-safe); always returns -1 so callers can `return ps_fail(...)`. */
+/* Write a message into err (NULL-safe; clears `usage`); always returns -1 so callers can `return ps_fail(...)`. */
 int ps_fail(ps_error *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Prefix an existing message, e.g. with the file name: "FILE: <old message>". Returns -1. */

@@ -9,12 +9,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static int usage_error;
+int ps_cli_status(const ps_error *err) { return err && err->usage ? 2 : 1; }
 
-int ps_cli_status(void) { return usage_error ? 2 : 1; }
-
-int ps_cli_mark_usage(void) {
-    usage_error = 1;
+int ps_cli_mark_usage(ps_error *err) {
+    if (err) err->usage = 1;
     return -1;
 }
 
@@ -23,7 +21,7 @@ int ps_cli_usage(ps_error *err, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(err->msg, sizeof err->msg, fmt, ap);
     va_end(ap);
-    return ps_cli_mark_usage();
+    return ps_cli_mark_usage(err);
 }
 
 ps_flag *ps_cli_get(ps_flag *flags, int n_flags, const char *name) {

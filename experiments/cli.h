@@ -39,11 +39,11 @@ int ps_cli_model_dir(const char *flag_value, char *out, size_t n, ps_error *err)
 /* Exit status of a failed command: 2 for a usage error (unknown flag, missing required flag or value, a
  * flag value the flag does not accept: every failure of the ps_cli_* parsers, and those the command marks
  * with ps_cli_usage), 1 for a runtime error (a file, a model, a computation). */
-int ps_cli_status(void);
+int ps_cli_status(const ps_error *err);
 /* Fail with a usage error (exit status 2): the message names the flag. */
 int ps_cli_usage(ps_error *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Mark the error already in err as a usage error. Returns -1. */
-int ps_cli_mark_usage(void);
+int ps_cli_mark_usage(ps_error *err);
 
 /* True when help was asked for (--help or -h anywhere). */
 bool ps_cli_wants_help(int argc, char **argv);

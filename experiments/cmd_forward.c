@@ -71,7 +71,7 @@ int ps_cmd_forward(int argc, char **argv) {
     ps_flag flags[] = {PS_FLAG("--model", true), PS_FLAG("--tokens", true), PS_FLAG("--hooks", true), PS_FLAG("--out", true)};
     int nf = (int)(sizeof flags / sizeof flags[0]), npos;
     const char *pos[1];
-    ps_error err = {{0}};
+    ps_error err = {0};
     ps_model m = {0};
     ps_token_lists toks = {0};
     ps_hooks hooks;
@@ -91,7 +91,7 @@ int ps_cmd_forward(int argc, char **argv) {
         for (char *save = NULL, *h = strtok_r(names, ",", &save); h; h = strtok_r(NULL, ",", &save))
             if (ps_cache_watch(&cache, &hooks, &m.cfg, h, &err)) {
                 ps_fail_prefix(&err, "--hooks: ");
-                ps_cli_mark_usage();
+                ps_cli_mark_usage(&err);
                 goto done;
             }
     }
@@ -126,7 +126,7 @@ int ps_cmd_forward(int argc, char **argv) {
 done:
     if (rc) {
         fprintf(stderr, "phasescope forward: %s\n", err.msg);
-        rc = ps_cli_status();
+        rc = ps_cli_status(&err);
     }
     free(names);
     free_list(&out);

@@ -53,7 +53,7 @@ int ps_cmd_gatecycle(int argc, char **argv) {
                        PS_FLAG("--save", true)};
     int npos;
     const char *pos[1];
-    ps_error err = {{0}};
+    ps_error err = {0};
     ps_instr in = {0};
     ps_residue_stats before = {0}, after = {0};
     ps_cycle_analysis an = {0};
@@ -127,7 +127,7 @@ int ps_cmd_gatecycle(int argc, char **argv) {
      * and changes nothing */
     if (ps_gate_cycle(&in.m, (int)layer, (int)head, branches, params, 0, &err)) {
         if (strncmp(err.msg, "--", 2)) ps_fail_prefix(&err, "--model %s: ", in.model_dir);
-        else ps_cli_mark_usage();
+        else ps_cli_mark_usage(&err);
         goto done;
     }
     if (ps_sweep_run(&in.m, &in.base, &in.task, in.fam, PS_SWEEP_PAD, in.P, in.seed, in.batch, &before, ps_instr_progress,
@@ -250,7 +250,7 @@ int ps_cmd_gatecycle(int argc, char **argv) {
 done:
     if (rc) {
         fprintf(stderr, "phasescope gatecycle: %s\n", err.msg);
-        rc = ps_cli_status();
+        rc = ps_cli_status(&err);
     }
     free(ab);
     free(aa);

@@ -95,7 +95,7 @@ int ps_cmd_gates(int argc, char **argv) {
     ps_flag flags[] = {PS_INSTR_FLAGS, PS_FLAG("--log", true)};
     int npos;
     const char *pos[1];
-    ps_error err = {{0}};
+    ps_error err = {0};
     ps_instr in = {0};
     ps_gate_acc acc = {0};
     ps_hooks h;
@@ -142,7 +142,7 @@ int ps_cmd_gates(int argc, char **argv) {
 done:
     if (rc) {
         fprintf(stderr, "phasescope gates: %s\n", err.msg);
-        rc = ps_cli_status();
+        rc = ps_cli_status(&err);
     }
     json_decref(res);
     ps_hooks_free(&h);

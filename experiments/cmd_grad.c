@@ -32,7 +32,7 @@ int ps_cmd_grad(int argc, char **argv) {
                        PS_FLAG("--out", true)};
     int npos;
     const char *pos[1];
-    ps_error err = {{0}};
+    ps_error err = {0};
     ps_model m = {0};
     ps_token_lists toks = {0}, tgts = {0};
     float *grads = NULL;
@@ -103,7 +103,7 @@ int ps_cmd_grad(int argc, char **argv) {
 done:
     if (rc) {
         fprintf(stderr, "phasescope grad: %s\n", err.msg);
-        rc = ps_cli_status();
+        rc = ps_cli_status(&err);
     }
     free(t);
     free(grads);

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "cpu_env.h"
 #include "forward.h"
 #include "fileio.h"
 #include "model.h"
@@ -37,7 +38,7 @@ int ps_cmd_info(int argc, char **argv) {
     ps_flag flags[] = {PS_FLAG("--model", true), PS_FLAG("--batch", true)};
     int npos;
     const char *pos[1];
-    ps_error err = {{0}};
+    ps_error err = {0};
     ps_model m = {0};
     char dir[4096];
     int64_t B = 1;
@@ -46,7 +47,7 @@ int ps_cmd_info(int argc, char **argv) {
         ps_cli_model_dir(flags[0].value, dir, sizeof dir, &err) || ps_model_load(&m, dir, &err)) {
         fprintf(stderr, "phasescope info: %s\n", err.msg);
         ps_model_free(&m);
-        return ps_cli_status();
+        return ps_cli_status(&err);
     }
     const ps_config *c = &m.cfg;
     char hash[17];
@@ -108,6 +109,13 @@ int ps_cmd_info(int argc, char **argv) {
            "  training step         %s (weights, gradients, AdamW moments, activations and their gradients)\n"
            "  knockout grid         %s (every layer's activations of one batch, and the means)\n",
            (long long)B, (long long)c->max_seq_len, av, pb, a, b, kg);
+    char compute[512];
+    ps_cpu_env_describe(compute, sizeof compute);
+    ps_error ce;
+    double rel = 0;
+    int ok = ps_blas_selfcheck(&rel, &ce) == 0;
+    printf("\ncompute     cpu: %s\n  sgemm check against a plain loop: %s (worst relative error %.2g)\n", compute,
+           ok ? "passed" : "FAILED", rel);
     ps_model_free(&m);
     return 0;
 }

@@ -52,7 +52,7 @@ int ps_cmd_init(int argc, char **argv) {
     ps_flag flags[] = {PS_FLAG("--config", true), PS_FLAG("--out", true), PS_FLAG("--seed", true)};
     int npos;
     const char *pos[1];
-    ps_error err = {{0}};
+    ps_error err = {0};
     ps_config cfg;
     ps_model m = {0};
     int64_t seed = 0;
@@ -70,7 +70,7 @@ int ps_cmd_init(int argc, char **argv) {
 done:
     if (rc) {
         fprintf(stderr, "phasescope init: %s\n", err.msg);
-        rc = ps_cli_status();
+        rc = ps_cli_status(&err);
     }
     ps_model_free(&m);
     return rc;

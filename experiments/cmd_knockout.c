@@ -30,7 +30,7 @@ int ps_cmd_knockout(int argc, char **argv) {
     ps_flag flags[] = {PS_INSTR_FLAGS, PS_FLAG("--layers", true), PS_FLAG("--heads", true), PS_FLAG("--target", true)};
     int npos;
     const char *pos[1];
-    ps_error err = {{0}};
+    ps_error err = {0};
     ps_instr in = {0};
     ps_knockout_result r = {0};
     json_t *res = NULL;
@@ -59,7 +59,7 @@ int ps_cmd_knockout(int argc, char **argv) {
         if (ps_cli_int_list("--layers", flags[7].value, 0, c->n_layers - 1, layers, (int)c->n_layers, &nl, &err)) {
             char m[PS_ERROR_MAX];
             snprintf(m, sizeof m, "%s", err.msg);
-            ps_fail(&err, "%.900s (the model has %lld layers)", m, (long long)c->n_layers);
+            ps_cli_usage(&err, "%.900s (the model has %lld layers)", m, (long long)c->n_layers);
             goto done;
         }
     } else
@@ -68,7 +68,7 @@ int ps_cmd_knockout(int argc, char **argv) {
         if (ps_cli_int_list("--heads", flags[8].value, 0, c->n_kv_heads - 1, heads, (int)c->n_kv_heads, &nh, &err)) {
             char m[PS_ERROR_MAX];
             snprintf(m, sizeof m, "%s", err.msg);
-            ps_fail(&err, "%.900s (the model has %lld KV heads)", m, (long long)c->n_kv_heads);
+            ps_cli_usage(&err, "%.900s (the model has %lld KV heads)", m, (long long)c->n_kv_heads);
             goto done;
         }
     } else
@@ -125,7 +125,7 @@ int ps_cmd_knockout(int argc, char **argv) {
 done:
     if (rc) {
         fprintf(stderr, "phasescope knockout: %s\n", err.msg);
-        rc = ps_cli_status();
+        rc = ps_cli_status(&err);
     }
     free(order);
     free(layers);

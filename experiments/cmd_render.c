@@ -34,27 +34,27 @@ int ps_cmd_render(int argc, char **argv) {
     const char *pos[64];
     json_t *docs[64];
     int npos, ndocs = 0;
-    ps_error err = {{0}};
+    ps_error err = {0};
     ps_render_opts o = {.format = PS_FMT_PNG};
     int rc = 1;
     char dir[4096];
     if (ps_cli_parse(argc, argv, flags, 3, pos, 64, &npos, &err)) goto done;
     if (npos == 0) {
-        ps_fail(&err, "no result file given (see --help)");
+        ps_cli_usage(&err, "no result file given (see --help)");
         goto done;
     }
     if (flags[1].value) {
         if (!strcmp(flags[1].value, "pdf")) o.format = PS_FMT_PDF;
         else if (!strcmp(flags[1].value, "svg")) o.format = PS_FMT_SVG;
         else {
-            ps_fail(&err, "--format %s: expected pdf or svg (PNG is always written)", flags[1].value);
+            ps_cli_usage(&err, "--format %s: expected pdf or svg (PNG is always written)", flags[1].value);
             goto done;
         }
         o.vector = 1;
     }
     if (flags[2].value) {
         if (strcmp(flags[2].value, "nll") && strcmp(flags[2].value, "acc")) {
-            ps_fail(&err, "--measure %s: expected nll or acc", flags[2].value);
+            ps_cli_usage(&err, "--measure %s: expected nll or acc", flags[2].value);
             goto done;
         }
         o.measure = flags[2].value;
@@ -76,7 +76,10 @@ int ps_cmd_render(int argc, char **argv) {
     if (ps_render(pos, npos, dir, &o, 1, &err)) goto done;
     rc = 0;
 done:
-    if (rc) fprintf(stderr, "phasescope render: %s\n", err.msg);
+    if (rc) {
+        fprintf(stderr, "phasescope render: %s\n", err.msg);
+        rc = ps_cli_status(&err);
+    }
     for (int i = 0; i < ndocs; i++) json_decref(docs[i]);
     return rc;
 }

@@ -27,7 +27,7 @@ int ps_cmd_sweep(int argc, char **argv) {
     ps_flag flags[] = {PS_INSTR_FLAGS, PS_FLAG("--mode", true)};
     int npos;
     const char *pos[1];
-    ps_error err = {{0}};
+    ps_error err = {0};
     ps_instr in = {0};
     ps_residue_stats st = {0};
     json_t *res = NULL;
@@ -71,7 +71,7 @@ int ps_cmd_sweep(int argc, char **argv) {
 done:
     if (rc) {
         fprintf(stderr, "phasescope sweep: %s\n", err.msg);
-        rc = ps_cli_status();
+        rc = ps_cli_status(&err);
     }
     json_decref(res);
     ps_residue_stats_free(&st);

@@ -9,6 +9,7 @@
 #include "cli.h"
 #include "fileio.h"
 #include "results_check.h"
+#include "stats.h"
 
 static const char HELP[] =
     "usage: phasescope table SWEEP.json [MORE.json ...] [--out TABLE.md]\n"
@@ -26,13 +27,17 @@ int ps_cmd_table(int argc, char **argv) {
     ps_flag flags[] = {PS_FLAG("--out", true)};
     const char *pos[256];
     int npos;
-    ps_error err = {{0}};
+    ps_error err = {0};
     size_t cap = 65536, len = 0;
     char *out = malloc(cap);
     int rc = 1;
+    if (!out) {
+        ps_fail(&err, "out of memory for the table");
+        goto done;
+    }
     if (ps_cli_parse(argc, argv, flags, 1, pos, 256, &npos, &err)) goto done;
     if (npos == 0) {
-        ps_fail(&err, "no sweep result given (see --help)");
+        ps_cli_usage(&err, "no sweep result given (see --help)");
         goto done;
     }
     len += (size_t)snprintf(out + len, cap - len,
@@ -60,20 +65,31 @@ int ps_cmd_table(int argc, char **argv) {
         else snprintf(per, sizeof per, "none");
         if (cap - len < 4096) {
             cap *= 2;
-            out = realloc(out, cap);
+            char *grown = realloc(out, cap);
+            if (!grown) {
+                json_decref(d);
+                ps_fail(&err, "out of memory for the table");
+                goto done;
+            }
+            out = grown;
         }
-        len += (size_t)snprintf(out + len, cap - len, "| %s | %s | %lld | %.3f | %.3f | %.1f | %s | %.2g |\n", basename(model), attn,
+        char ptext[32];
+        ps_format_p(ptext, sizeof ptext, json_number_value(json_object_get(json_object_get(c, "chi_square"), "p_value")));
+        len += (size_t)snprintf(out + len, cap - len, "| %s | %s | %lld | %.3f | %.3f | %.1f | %s | %s |\n", basename(model), attn,
                                 (long long)json_array_size(json_object_get(c, "residues")),
                                 json_number_value(json_object_get(c, "mean_accuracy")),
                                 json_number_value(json_object_get(c, "min_accuracy")), json_number_value(json_object_get(c, "gap_pp")),
-                                per, json_number_value(json_object_get(json_object_get(c, "chi_square"), "p_value")));
+                                per, ptext);
         json_decref(d);
     }
     fputs(out, stdout);
     if (flags[0].value && ps_write_file_atomic(flags[0].value, out, len, &err)) goto done;
     rc = 0;
 done:
-    if (rc) fprintf(stderr, "phasescope table: %s\n", err.msg);
+    if (rc) {
+        fprintf(stderr, "phasescope table: %s\n", err.msg);
+        rc = ps_cli_status(&err);
+    }
     free(out);
     return rc;
 }

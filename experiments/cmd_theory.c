@@ -115,7 +115,7 @@ int ps_cmd_theory(int argc, char **argv) {
                        PS_FLAG("--out", true), PS_FLAG("--check-grad", false)};
     int npos;
     const char *pos[1];
-    ps_error err = {{0}};
+    ps_error err = {0};
     int rc = 1;
     int64_t H = 4, S = 8, C = 8, N = 128, steps = 3000, B = 256, seed = 0;
     double lr = 1.0, lam = 8.0;
@@ -325,7 +325,7 @@ int ps_cmd_theory(int argc, char **argv) {
 done:
     if (rc) {
         fprintf(stderr, "phasescope theory: %s\n", err.msg);
-        rc = ps_cli_status();
+        rc = ps_cli_status(&err);
     }
     json_decref(res);
     free(a); free(b); free(al); free(be); free(da); free(db); free(scratch); free(ctx); free(perm);

@@ -44,7 +44,7 @@ int ps_cmd_train(int argc, char **argv) {
                        PS_FLAG("--stop-after", true)};
     int npos;
     const char *pos[1];
-    ps_error err = {{0}};
+    ps_error err = {0};
     ps_train_cfg cfg = {0};
     int64_t stop = -1;
     int rc = 1;
@@ -68,7 +68,7 @@ int ps_cmd_train(int argc, char **argv) {
 done:
     if (rc) {
         fprintf(stderr, "phasescope train: %s\n", err.msg);
-        rc = ps_cli_status();
+        rc = ps_cli_status(&err);
     }
     ps_train_cfg_free(&cfg);
     return rc;

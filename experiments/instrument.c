@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu_env.h"
 #include "fileio.h"
 #include "figures.h"
 
@@ -40,7 +41,7 @@ int ps_instr_setup(ps_instr *in, const char *command, int argc, char **argv, ps_
     if (!flags[6].value) snprintf(in->out_dir, sizeof in->out_dir, "out/%s", command);
     if (ps_fillers_load(PS_SOURCE_DIR "/data/fillers.json", &in->fams, &in->n_fams, err) ||
         ps_fillers_find(in->fams, in->n_fams, flags[2].value, &in->fam, err))
-        return in->fams && flags[2].value ? ps_cli_mark_usage() : -1;
+        return in->fams && flags[2].value ? ps_cli_mark_usage(err) : -1;
     if (!need_task) return 0;
     if (ps_model_task(&in->m, in->model_dir, &in->task, err)) return -1;
     if (ps_batch_alloc(&in->base, in->n_prompts, in->task.seq_len, in->task.n_queries, err)) return -1;
@@ -65,6 +66,10 @@ json_t *ps_instr_provenance(const ps_instr *in, const char *mode) {
     json_object_set_new(o, "config_hash", json_string(hash));
     json_object_set_new(o, "seed", json_integer((json_int_t)in->seed));
     json_object_set_new(o, "version", json_string(PS_VERSION));
+    char compute[512];
+    ps_cpu_env_describe(compute, sizeof compute);
+    json_object_set_new(o, "backend", json_string("cpu"));
+    json_object_set_new(o, "compute", json_string(compute));
     const char *ms = ps_model_get_meta(&in->m, "phasescope.step");
     if (ms) json_object_set_new(o, "model_step", json_integer(strtoll(ms, NULL, 10)));
     char *cj = ps_config_to_json(&in->m.cfg);

@@ -158,8 +158,8 @@ expect render-same 0 "wrote" -- "$PS" render "$T/o/sweep.json" --out "$T/re"
 expect render-pixels 0 "" -- cmp "$T/o/phase_curve.png" "$T/re/phase_curve.png"
 expect render-svg 0 "phase_curve.svg" -- "$B/render" "$T/o/sweep.json" --out "$T/re" --format svg
 expect render-svg-xml 0 "<svg" -- head -c 400 "$T/re/phase_curve.svg"
-expect render-badfmt 1 "--format gif: expected pdf or svg" -- "$PS" render "$T/o/sweep.json" --format gif
-expect render-none 1 "no result file given" -- "$PS" render
+expect render-badfmt 2 "--format gif: expected pdf or svg" -- "$PS" render "$T/o/sweep.json" --format gif
+expect render-none 2 "no result file given" -- "$PS" render
 expect sweep-move 0 "mean accuracy" -- "$PS" sweep --model "$R" --n 8 --mode move --family random --out "$T/om"
 cp "$T/last.out" "$T/move.out"
 check sweep-move-json "$CURVE_CHECK"'
@@ -302,5 +302,29 @@ for row, p in zip(rows, A[1:]):
     assert ("| %.3f | %.3f | %.1f |" % (c["mean_accuracy"], c["min_accuracy"], c["gap_pp"])) in row, (row, c["mean_accuracy"])
 ' "$T/table.md" "$T/o/sweep.json" "$T/of/sweep.json"
 expect table-bad 1 "gates.json" -- "$PS" table "$T/o/gates.json"
+# BLAS kernels: a library that reports a kernel family below the CPU's gets the CPU's (checked against a
+# plain loop); a user's OPENBLAS_CORETYPE wins; info and every result name the kernels in use
+best=$(python3 -c "
+flags = open('/proc/cpuinfo').read().split()
+print('SkylakeX' if all(f in flags for f in ('avx512f', 'avx512bw', 'avx512vl', 'avx512dq')) else
+      'Haswell' if 'avx2' in flags and 'fma' in flags else 'Sandybridge' if 'avx' in flags else 'Prescott')")
+expect_ml() { # expect_ml NAME SUBSTRING -- CMD... (exit 0, multi-line output)
+  local name="$1" sub="$2"; shift 3
+  local out; out=$("$@" 2>&1)
+  if [ $? -eq 0 ] && grep -qF -- "$sub" <<<"$out"; then pass=$((pass+1)); else fail=$((fail+1)); echo "FAIL $name: $out" >&2; fi
+}
+expect_ml kernels-auto "OpenBLAS 0.3" -- env -u OPENBLAS_CORETYPE PS_CPU_ENV_TEST_REPORTED=Prescott "$PS" info
+if [ "$best" != Prescott ]; then
+  expect_ml kernels-auto-chosen "$best (auto: CPU supports $best kernels, library reported Prescott)" -- \
+    env -u OPENBLAS_CORETYPE PS_CPU_ENV_TEST_REPORTED=Prescott "$PS" info
+fi
+expect_ml kernels-checked "sgemm check against a plain loop: passed" -- env -u OPENBLAS_CORETYPE PS_CPU_ENV_TEST_REPORTED=Prescott "$PS" info
+expect_ml kernels-user "Prescott (OPENBLAS_CORETYPE=Prescott set by the user)" -- env OPENBLAS_CORETYPE=Prescott "$PS" info
+expect_ml kernels-passive "OMP_WAIT_POLICY=PASSIVE" -- env -u OMP_WAIT_POLICY "$PS" info
+check provenance-compute '
+d = load(A[0])["provenance"]
+assert d["backend"] == "cpu" and d["compute"].startswith("OpenBLAS"), d.get("compute")
+' "$T/o/sweep.json"
+
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

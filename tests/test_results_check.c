@@ -45,7 +45,7 @@ static const char *out(const char *rel) {
 static int chk(json_t *doc, ps_error *err) { return ps_results_check(doc, "r.json", err); }
 
 static json_t *load_ok(const char *path) {
-    ps_error err = {{0}};
+    ps_error err = {0};
     json_t *d = NULL;
     CHECK(ps_results_load(path, NULL, &d, &err) == 0, "%s", err.msg);
     return d;
@@ -111,7 +111,7 @@ static void test_real_results(void) {
 /* ---- sweep: the cases and the consistency rules ---- */
 
 static void test_sweep(void) {
-    ps_error err = {{0}};
+    ps_error err = {0};
     json_t *base = load_ok(out("sweep/w8s8/sweep.json")), *d;
     if (!base) return;
     int64_t n0 = json_integer_value(json_object_get(RES(base, "curve", 0), "n"));
@@ -264,7 +264,7 @@ static void test_sweep(void) {
 /* ---- knockout, gatecycle, gates, theory ---- */
 
 static void test_other_kinds(void) {
-    ps_error err = {{0}};
+    ps_error err = {0};
     json_t *ko = load_ok(out("knockout/w8s8/knockout.json")), *gc = load_ok(out("gatecycle/all/gatecycle.json")),
            *ga = load_ok(out("gates/w8s8/gates.json")), *th = load_ok(out("theory/theory.json")), *d;
     if (!ko || !gc || !ga || !th) goto done;
@@ -367,7 +367,7 @@ done:
 /* ---- files ---- */
 
 static void test_files(void) {
-    ps_error err = {{0}};
+    ps_error err = {0};
     json_t *d;
     char p[512];
     snprintf(p, sizeof p, "%s/bad.json", TMP);
