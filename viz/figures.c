@@ -1041,7 +1041,7 @@ static void gatecycle_text(json_t *doc, int64_t P, char *title, size_t tn, char 
         int nb = dips_text(b, sizeof b, json_object_get(doc, "before")), na = dips_text(a, sizeof a, json_object_get(doc, "after"));
         snprintf(headline, hn, "Measured dips (accuracy < 0.5): before cycling at %s; after at %s", nb ? b : "none", na ? a : "none");
     }
-    size_t so = (size_t)snprintf(sub, sn, "best-aligning shift of the whole curves (SPEC §6 correlation): %+lld, correlation %.2f",
+    size_t so = (size_t)snprintf(sub, sn, "best-aligning shift of the whole curves (highest correlation): %+lld, correlation %.2f",
                                  (long long)json_integer_value(json_object_get(doc, "best_shift_signed")),
                                  num(doc, "best_shift_correlation"));
     json_t *ex = json_object_get(doc, "excluded_residues");
