@@ -288,10 +288,28 @@ for l, L in enumerate(g["layers"]):
 tr = d["training"]; assert len(tr) == 8 and all(len(t["steps"]) == len(t["N_static"]) > 0 and t["steps"][-1] == 20 for t in tr)
 ' "$T/o/gates.json"
 expect gates-badlog 1 "--log: $T/tok.json: no gate records" -- "$PS" gates --model "$R" --n 8 --log "$T/tok.json" --out "$T/o"
-expect theory-grad 0 "gradient check: 64 parameters" -- "$PS" theory --check-grad
-expect theory-grad6 0 "gradient check: 36 parameters" -- "$PS" theory --check-grad --heads 3 --window 6 --chunks 3 --vocab 20
+expect theory-grad 0 "gradient check: 114 parameters" -- "$PS" theory --check-grad
+expect theory-grad6 0 "gradient check: 38 parameters" -- "$PS" theory --check-grad --heads 3 --window 6 --chunks 3 --vocab 20
+expect theory-grad-boundary 0 "phase sum vs every position" -- "$PS" theory --check-grad --boundary --heads 2 --window 4 --chunks 3 --vocab 12
 expect theory-run 0 "heads have their value peak" -- "$B/theory" --steps 30 --out "$T/th"
 check theory-png 'w, h = png_size(A[0]); assert w >= 200 and h >= 100, (w, h)' "$T/th/theory.png"
+# the theorem's setting, short: every phase 0 .. S-2 answered by a head with key r, value r + 1, gates near one-hot
+expect theory-conv 0 "7 of 7 heads have their value peak one offset after their key peak; 7 of 7 one-hot" -- "$PS" theory --records 20 --out "$T/thc"
+check theory-json '
+d = load(A[0]); st = d["steps"]; H = d["params"]["heads"]
+assert st[0] == 0 and st[-1] == 100000 and all(a < b for a, b in zip(st, st[1:])) and len(st) <= 23, st
+assert d["params"]["within_chunk"] is True and d["params"]["learn_temperature"] is False and d["params"]["batch"] == 0
+assert d["covered_phases"] == list(range(7)) and d["coverable_phases"] == 7 and d["heads_one_hot"] == H == 7
+for h in d["heads"]:
+    nk = h["N_key_over_time"]; assert len(nk) == len(st) and nk[0] > 7.9 and nk[-1] == h["N_key"] < 1.2, nk
+    assert h["value_peak"] == h["key_peak"] + 1 and h["value_peak_is_key_peak_plus_1"] is True and h["N_value"] < 1.05
+assert d["score_scale"][-1] == d["logit_scale"][-1] == 8.0
+' "$T/thc/theory.json"
+expect theory-learn 0 "lambda" -- "$PS" theory --steps 300 --learn-temperature --boundary --batch 16 --out "$T/thl"
+check theory-learn-json 'd = load(A[0]); assert d["score_scale"][-1] != 8.0 and d["logit_scale"][-1] != 8.0 and d["params"]["within_chunk"] is False' "$T/thl/theory.json"
+expect theory-render 0 "theory.png" -- "$PS" render "$T/thl/theory.json" --out "$T/thl2"
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); d["covered_phases"]=d["covered_phases"][1:]; json.dump(d,open(sys.argv[2],"w"))' "$T/thc/theory.json" "$T/thbad.json"
+expect theory-bad-coverage 1 "covered_phases: 6 entries, but 7 phases qualify" -- "$PS" render "$T/thbad.json" --out "$T/thl2"
 expect theory-vocab 2 "--vocab 10: must hold the 64 distinct context tokens" -- "$PS" theory --vocab 10
 expect table-ok 0 "| mean accuracy |" -- "$PS" table "$T/o/sweep.json" "$T/of/sweep.json" --out "$T/table.md"
 check table-values '

@@ -1261,11 +1261,213 @@ static int render_training(const char *path, const char *out, const ps_render_op
     return rc;
 }
 
-/* The idealised model: loss and accuracy over steps, and each head's key/value gate over steps (drawn in
- * the training layout; its gates are static, so N_static = N_input). */
+/* The idealised model: loss, accuracy and the two temperatures over log-spaced steps (log step axis);
+ * each head's effective offsets N_eff = exp(H(gate)) of its key and value gate over the same axis, one
+ * colour per head; and the final gates, head × offset, with each head's key peak r and value peak. */
+typedef struct {
+    int n, H, W;
+    double *lx, *loss, *acc, *lam, *mu; /* lx = log10(step + 1) */
+    double *mg;                         /* [n][H][2][W] */
+    double *ne, *nl;                    /* [n][H][2]: N_eff, log10(N_eff − 1) clipped at nlo */
+    double nlo, nhi;                    /* log10 range of N_eff − 1 drawn */
+    double fig_w, lxmax;
+    int learn;
+    char title[1024], subtitle[1024], verdict[1024];
+} theory_ctx;
+
+#define TH_TOP 84.0
+#define TH_ROW1_H 180.0
+#define TH_ROW2 (TH_TOP + TH_ROW1_H + 92.0)
+#define TH_ROW2_H 250.0
+#define TH_ROW3 (TH_ROW2 + TH_ROW2_H + 110.0)
+
+static void free_theory(theory_ctx *x) {
+    free(x->lx);
+    free(x->loss);
+    free(x->acc);
+    free(x->lam);
+    free(x->mu);
+    free(x->mg);
+    free(x->ne);
+    free(x->nl);
+}
+
+/* Per-head line: seven Okabe-Ito colours (yellow left out: too pale on white), then the same with dashes. */
+static void theory_head_style(cairo_t *cr, int h, double width) {
+    static const double dashes[3][2] = {{1, 0}, {7, 3}, {2, 2.5}};
+    static const int col[7] = {0, 1, 2, 3, 4, 5, 7};
+    int d = (h / 7) % 3;
+    ps_set_rgb(cr, ps_okabe_ito(col[h % 7]));
+    cairo_set_line_width(cr, width);
+    cairo_set_dash(cr, dashes[d], d ? 2 : 0, 0);
+}
+
+/* A plot frame with y ticks (ps_nice_ticks) and a log10 step axis: decades 1, 10, 100, 1e3 … at x = 0 .. lxmax. */
+static void theory_axes(cairo_t *cr, double x, double y, double w, double h, double lxmax, double y0, double y1, const char *yl,
+                        int logy) {
+    double t[32];
+    int n = 0;
+    if (logy) /* y0, y1 in log10 units: a tick at every decade (every second one past 8) */
+        for (int e = (int)ceil(y0 - 1e-9), st = y1 - y0 > 8 ? 2 : 1; e <= y1 + 1e-9 && n < 32; e += st) t[n++] = e;
+    else
+        n = ps_nice_ticks(y0, y1, 5, t, 32);
+    cairo_set_line_width(cr, 1);
+    cairo_set_dash(cr, NULL, 0, 0);
+    char buf[32];
+    for (int i = 0; i < n; i++) {
+        if (t[i] > y1 || t[i] < y0) continue;
+        double yy = round(y + h * (1 - (t[i] - y0) / (y1 - y0))) + 0.5;
+        cairo_set_source_rgb(cr, 0.88, 0.88, 0.88);
+        line(cr, x, yy, x + w, yy);
+        cairo_set_source_rgb(cr, 0, 0, 0);
+        line(cr, x - 4, yy, x, yy);
+        if (logy && (t[i] < -2 || t[i] > 2)) snprintf(buf, sizeof buf, "1e%d", (int)t[i]);
+        else ps_fmt_num(buf, sizeof buf, logy ? pow(10, t[i]) : t[i]);
+        ps_text(cr, x - 6, yy, buf, 11, 1, 0.5, 0, 0);
+    }
+    for (int d = 0; d <= (int)floor(lxmax + 1e-9); d++) {
+        double xx = round(x + w * d / lxmax) + 0.5;
+        cairo_set_source_rgb(cr, 0.88, 0.88, 0.88);
+        if (d > 0) line(cr, xx, y, xx, y + h);
+        cairo_set_source_rgb(cr, 0, 0, 0);
+        line(cr, xx, y + h, xx, y + h + 4);
+        if (d < 3) snprintf(buf, sizeof buf, "%d", d == 0 ? 1 : d == 1 ? 10 : 100);
+        else snprintf(buf, sizeof buf, "1e%d", d);
+        ps_text(cr, xx, y + h + 6, buf, 11, 0.5, 0, 0, 0);
+        for (int m = 2; m < 10 && d + log10(m) < lxmax; m++) { /* minor ticks */
+            double mx = round(x + w * (d + log10(m)) / lxmax) + 0.5;
+            line(cr, mx, y + h, mx, y + h + 2);
+        }
+    }
+    cairo_rectangle(cr, x + 0.5, y + 0.5, w, h);
+    cairo_stroke(cr);
+    ps_text(cr, x + w / 2, y + h + 24, "gradient step + 1 (log scale)", 12, 0.5, 0, 0, 0);
+    if (yl) ps_text(cr, x - 44, y + h / 2, yl, 12, 0.5, 0.5, -M_PI / 2, 0);
+}
+
+static void draw_theory(cairo_t *cr, void *vctx) {
+    theory_ctx *x = vctx;
+    ps_text(cr, 20, 22, x->title, fit(cr, x->title, 17, x->fig_w - 40, 1), 0, 0.5, 0, 1);
+    ps_text(cr, 20, 46, x->subtitle, fit(cr, x->subtitle, 12.5, x->fig_w - 40, 0), 0, 0.5, 0, 0);
+    /* row 1: loss, accuracy, temperatures */
+    double pw = (x->fig_w - 80 - 2 * 90) / 3, y = TH_TOP, h = TH_ROW1_H;
+    double lmax = 0, tmax = 0;
+    for (int k = 0; k < x->n; k++) {
+        if (isfinite(x->loss[k])) lmax = fmax(lmax, x->loss[k]);
+        tmax = fmax(tmax, fmax(x->lam[k], x->mu[k]));
+    }
+    lmax = lmax > 0 ? lmax * 1.06 : 1;
+    tmax = tmax > 0 ? tmax * 1.08 : 1;
+    double px[3] = {70, 70 + pw + 90, 70 + 2 * (pw + 90)};
+    theory_axes(cr, px[0], y, pw, h, x->lxmax, -0.03 * lmax, lmax, "loss (nats)", 0);
+    ps_set_rgb(cr, ps_okabe_ito(0));
+    cairo_set_line_width(cr, 2);
+    polyline(cr, x->lx, x->loss, 1, x->n, px[0], y, pw, h, 0, x->lxmax, -0.03 * lmax, lmax);
+    cairo_set_source_rgb(cr, 0, 0, 0);
+    theory_axes(cr, px[1], y, pw, h, x->lxmax, -0.03, 1.05, "accuracy (top-1)", 0);
+    ps_set_rgb(cr, ps_okabe_ito(3));
+    cairo_set_line_width(cr, 2);
+    polyline(cr, x->lx, x->acc, 1, x->n, px[1], y, pw, h, 0, x->lxmax, -0.03, 1.05);
+    cairo_set_source_rgb(cr, 0, 0, 0);
+    theory_axes(cr, px[2], y, pw, h, x->lxmax, 0, tmax, x->learn ? "learned scale" : "scale (fixed)", 0);
+    for (int b = 0; b < 2; b++) {
+        ps_set_rgb(cr, ps_okabe_ito(b ? 2 : 5));
+        cairo_set_line_width(cr, b ? 2 : 3.5);
+        polyline(cr, x->lx, b ? x->mu : x->lam, 1, x->n, px[2], y, pw, h, 0, x->lxmax, 0, tmax);
+        double ly = y + h - 40 + 18 * b;
+        line(cr, px[2] + pw - 150, ly, px[2] + pw - 126, ly);
+        cairo_set_source_rgb(cr, 0, 0, 0);
+        ps_text(cr, px[2] + pw - 120, ly, b ? "μ (logit scale)" : "λ (score scale)", 11, 0, 0.5, 0, 0);
+    }
+    /* row 2: N_eff − 1 per head, key and value, log-log (a power law in time is a straight line) */
+    double w2 = (x->fig_w - 70 - 80 - 330) / 2, y2 = TH_ROW2;
+    ps_text(cr, 20, y2 - 48,
+            "Effective offsets of every head over log time: N_eff − 1, N_eff = exp(H(gate)) (0 = one-hot, W − 1 = uniform), log scale", 15,
+            0, 0.5, 0, 1);
+    ps_text(cr, 20, y2 - 28, x->verdict, fit(cr, x->verdict, 12, x->fig_w - 40, 0), 0, 0.5, 0, 0);
+    for (int b = 0; b < 2; b++) {
+        double ax = 70 + b * (w2 + 80);
+        theory_axes(cr, ax, y2, w2, TH_ROW2_H, x->lxmax, x->nlo, x->nhi, b ? "N_eff − 1, value gate" : "N_eff − 1, key gate", 1);
+        for (int hd = 0; hd < x->H; hd++) {
+            theory_head_style(cr, hd, 2.2);
+            polyline(cr, x->lx, x->nl + (size_t)hd * 2 + (size_t)b, (ptrdiff_t)x->H * 2, x->n, ax, y2, w2, TH_ROW2_H, 0, x->lxmax, x->nlo,
+                     x->nhi);
+        }
+        cairo_set_dash(cr, NULL, 0, 0);
+        cairo_set_source_rgb(cr, 0, 0, 0);
+    }
+    /* legend: one line per head with its final peaks and N_eff */
+    double lx = 70 + 2 * (w2 + 80) - 20, ly = y2 + 4;
+    ps_text(cr, lx, ly, "head: key r → value peak; final N_key / N_value", fit(cr, "head: key r → value peak; final N_key / N_value", 11, x->fig_w - lx - 8, 1), 0, 0.5, 0, 1);
+    int per = (int)fmin(x->H, floor((TH_ROW2_H + 60) / 17.0));
+    for (int hd = 0; hd < x->H && hd < per; hd++) {
+        const double *g = x->mg + ((size_t)(x->n - 1) * (size_t)x->H + (size_t)hd) * 2 * (size_t)x->W;
+        int pk = 0, pv = 0;
+        for (int i = 1; i < x->W; i++) {
+            if (g[i] > g[pk]) pk = i;
+            if (g[x->W + i] > g[x->W + pv]) pv = i;
+        }
+        const double *ne = x->ne + ((size_t)(x->n - 1) * (size_t)x->H + (size_t)hd) * 2;
+        double yy = ly + 20 + 17 * hd;
+        theory_head_style(cr, hd, 2.6);
+        line(cr, lx, yy, lx + 26, yy);
+        cairo_set_dash(cr, NULL, 0, 0);
+        cairo_set_source_rgb(cr, 0, 0, 0);
+        char buf[160];
+        snprintf(buf, sizeof buf, "head %d: r = %d → %d%s   %.4f / %.4f", hd, pk, pv, pv == pk + 1 ? " ✓" : " ✗", ne[0], ne[1]);
+        ps_text(cr, lx + 32, yy, buf, 11, 0, 0.5, 0, 0);
+    }
+    if (per < x->H) {
+        char buf[64];
+        snprintf(buf, sizeof buf, "(%d more heads in the gate maps below)", x->H - per);
+        ps_text(cr, lx, ly + 20 + 17 * per, buf, 11, 0, 0.5, 0, 0);
+    }
+    /* row 3: final gates, head × offset */
+    double y3 = TH_ROW3, hw = fmin(420, (x->fig_w - 300) / 2), hh = fmin(300, fmax(60, 22.0 * x->H));
+    ps_text(cr, 20, y3 - 40, "Final gates (rows: heads, columns: offsets 0 .. W − 1; ○ key peak r, □ value peak)", 15, 0, 0.5, 0, 1);
+    for (int b = 0; b < 2; b++) {
+        double hx = 80 + b * (hw + 80);
+        const double *g0 = x->mg + (size_t)(x->n - 1) * (size_t)x->H * 2 * (size_t)x->W + (size_t)b * (size_t)x->W;
+        ps_heatmap_strided(cr, hx, y3, hw, hh, g0, x->H, x->W, 2 * (ptrdiff_t)x->W, 1, ps_viridis, 0, 1);
+        cairo_set_source_rgb(cr, 0, 0, 0);
+        ps_text(cr, hx + hw / 2, y3 - 14, b ? "value gate β" : "key gate α", 12, 0.5, 0.5, 0, 1);
+        double cw = hw / x->W, ch = hh / x->H;
+        char buf[32];
+        int sx = ps_tick_step(cw, 18), sy = ps_tick_step(ch, 12);
+        for (int i = 0; i < x->W; i += sx) {
+            snprintf(buf, sizeof buf, "%d", i);
+            ps_text(cr, hx + (i + 0.5) * cw, y3 + hh + 4, buf, 10, 0.5, 0, 0, 0);
+        }
+        ps_text(cr, hx + hw / 2, y3 + hh + 20, "offset", 11, 0.5, 0, 0, 0);
+        for (int hd = 0; hd < x->H; hd += sy) {
+            snprintf(buf, sizeof buf, "%d", hd);
+            ps_text(cr, hx - 4, y3 + (hd + 0.5) * ch, buf, 10, 1, 0.5, 0, 0);
+        }
+        ps_text(cr, hx - 28, y3 + hh / 2, "head", 11, 0.5, 0.5, -M_PI / 2, 0);
+        if (cw >= 8 && ch >= 8)
+            for (int hd = 0; hd < x->H; hd++) {
+                const double *g = x->mg + ((size_t)(x->n - 1) * (size_t)x->H + (size_t)hd) * 2 * (size_t)x->W;
+                int pk = 0, pv = 0;
+                for (int i = 1; i < x->W; i++) {
+                    if (g[i] > g[pk]) pk = i;
+                    if (g[x->W + i] > g[x->W + pv]) pv = i;
+                }
+                double r = fmin(cw, ch) * 0.3, cy = y3 + (hd + 0.5) * ch;
+                cairo_set_line_width(cr, 1.5);
+                cairo_set_source_rgb(cr, 1, 1, 1);
+                cairo_arc(cr, hx + (pk + 0.5) * cw, cy, r, 0, 2 * M_PI);
+                cairo_stroke(cr);
+                cairo_rectangle(cr, hx + (pv + 0.5) * cw - r, cy - r, 2 * r, 2 * r);
+                cairo_stroke(cr);
+            }
+        cairo_set_source_rgb(cr, 0, 0, 0);
+    }
+    ps_colorbar(cr, 80 + 2 * (hw + 80) - 40, y3, 16, hh, ps_viridis, 0, 1, "gate weight");
+}
+
 static int render_theory(json_t *doc, const char *path, const char *out, const ps_render_opts *o, int verbose, ps_error *err) {
-    json_t *st = json_object_get(doc, "steps"), *heads = json_object_get(doc, "heads");
-    train_ctx x = {0};
+    json_t *st = json_object_get(doc, "steps"), *heads = json_object_get(doc, "heads"), *pr = json_object_get(doc, "params");
+    theory_ctx x = {0};
     size_t n = json_array_size(st), H = json_array_size(heads),
            W = json_array_size(json_array_get(json_object_get(json_array_get(heads, 0), "key_gate"), 0));
     if (n < 1 || n > 100000) return ps_fail(err, "%s: steps has %zu entries; a figure shows 1 to 100000", path, n);
@@ -1274,49 +1476,70 @@ static int render_theory(json_t *doc, const char *path, const char *out, const p
         return ps_fail(err, "%s: heads[0].key_gate[0] has %zu offsets; a figure shows 1 to %d", path, W, MAX_WINDOW);
     if ((int64_t)n * (int64_t)H * 2 * (int64_t)W > MAX_GATE_VALUES)
         return ps_fail(err, "%s: %zu steps × %zu heads × window %zu are more than a figure draws", path, n, H, W);
+    x.n = (int)n;
     x.H = (int)H;
-    x.L = 1;
     x.W = (int)W;
-    x.n_train = x.n_eval = x.n_gates = (int)n;
-    x.sel = x.H;
-    x.ts = calloc(n, sizeof(double));
+    x.lx = calloc(n, sizeof(double));
     x.loss = calloc(n, sizeof(double));
-    x.es = calloc(n, sizeof(double));
     x.acc = calloc(n, sizeof(double));
-    x.gs = calloc(n, sizeof(double));
+    x.lam = calloc(n, sizeof(double));
+    x.mu = calloc(n, sizeof(double));
     x.mg = calloc(n * H * 2 * W, sizeof(double));
-    x.ns = calloc(n * H * 2, sizeof(double));
-    x.ni = calloc(n * H * 2, sizeof(double));
-    if (!x.ts || !x.loss || !x.es || !x.acc || !x.gs || !x.mg || !x.ns || !x.ni) {
-        free_train(&x);
+    x.ne = calloc(n * H * 2, sizeof(double));
+    x.nl = calloc(n * H * 2, sizeof(double));
+    if (!x.lx || !x.loss || !x.acc || !x.lam || !x.mu || !x.mg || !x.ne || !x.nl) {
+        free_theory(&x);
         return ps_fail(err, "%s: out of memory", path);
     }
+    double temp = num(pr, "temperature");
+    json_t *lj = json_object_get(doc, "score_scale"), *mj = json_object_get(doc, "logit_scale");
     for (size_t k = 0; k < n; k++) {
-        x.ts[k] = x.es[k] = x.gs[k] = (double)json_integer_value(json_array_get(st, k));
+        x.lx[k] = log10(fmax(0, (double)json_integer_value(json_array_get(st, k))) + 1);
         x.loss[k] = json_number_value(json_array_get(json_object_get(doc, "loss"), k));
         x.acc[k] = json_number_value(json_array_get(json_object_get(doc, "accuracy"), k));
+        x.lam[k] = lj ? json_number_value(json_array_get(lj, k)) : temp;
+        x.mu[k] = mj ? json_number_value(json_array_get(mj, k)) : temp;
         for (int h = 0; h < x.H; h++)
             for (int b = 0; b < 2; b++) {
                 json_t *g = json_array_get(json_object_get(json_array_get(heads, (size_t)h), b ? "value_gate" : "key_gate"), k);
                 size_t idx = (k * H + (size_t)h) * 2 + (size_t)b;
                 for (int i = 0; i < x.W; i++) x.mg[idx * W + (size_t)i] = json_number_value(json_array_get(g, (size_t)i));
-                x.ns[idx] = x.ni[idx] = ps_effective_offsets_f(x.mg + idx * W, x.W);
+                x.ne[idx] = ps_effective_offsets_f(x.mg + idx * W, x.W);
             }
     }
-    json_t *pr = json_object_get(doc, "params");
-    snprintf(x.title, sizeof x.title, "Idealised bigram induction (phasescope theory): %lld heads, W = S = %lld, %lld chunks",
-             (long long)json_integer_value(json_object_get(pr, "heads")), (long long)json_integer_value(json_object_get(pr, "window")),
-             (long long)json_integer_value(json_object_get(pr, "chunks")));
-    snprintf(x.subtitle, sizeof x.subtitle, "one-hot embeddings, static gates, gradient descent from a small random init; "
-             "%lld of %d heads end with the value peak one offset after the key peak",
-             (long long)json_integer_value(json_object_get(doc, "heads_with_value_peak_after_key_peak")), x.H);
-    snprintf(x.section, sizeof x.section, "Gates during training: every head (%d); static gates, so N_static = N_input", x.H);
+    x.lxmax = fmax(1, x.lx[n - 1]);
+    /* N_eff − 1 from the decade below its smallest value (at most 1e-8 below) to the decade above W − 1 */
+    double nmin = (double)W;
+    for (size_t k = 0; k < n * H * 2; k++) nmin = fmin(nmin, fmax(x.ne[k] - 1, 1e-8));
+    x.nlo = fmin(-1, floor(log10(nmin)));
+    x.nhi = fmax(x.nlo + 1, ceil(log10(fmax((double)W - 1, 1e-8)) + 1e-9));
+    for (size_t k = 0; k < n * H * 2; k++) x.nl[k] = log10(fmax(x.ne[k] - 1, pow(10, x.nlo)));
+    x.learn = json_is_true(json_object_get(pr, "learn_temperature"));
+    int within = json_is_true(json_object_get(pr, "within_chunk"));
+    long long S = (long long)json_integer_value(json_object_get(pr, "window"));
+    snprintf(x.title, sizeof x.title, "Idealised bigram induction (phasescope theory): %d heads, W = S = %lld, %lld chunks, %lld steps",
+             x.H, S, (long long)json_integer_value(json_object_get(pr, "chunks")),
+             (long long)json_integer_value(json_object_get(pr, "steps")));
+    char lr[32];
+    ps_fmt_num(lr, sizeof lr, num(pr, "lr"));
+    snprintf(x.subtitle, sizeof x.subtitle,
+             "one-hot embeddings, static gates; %s gradient descent (lr %s) from gate logits N(0, 0.01²); λ = μ %s %g; queries: %s",
+             json_integer_value(json_object_get(pr, "batch")) > 0 ? "stochastic" : "exact (population)", lr,
+             x.learn ? "learned from" : "fixed at", temp,
+             within ? "phases 0 .. S − 2 (successor in the query's own chunk)" : "every phase (phase S − 1's successor lies in the next chunk)");
+    json_t *cov = json_object_get(doc, "covered_phases");
+    double maxn = 0;
+    for (size_t k = 0; k < H * 2; k++) maxn = fmax(maxn, x.ne[(n - 1) * H * 2 + k]);
+    snprintf(x.verdict, sizeof x.verdict,
+             "%lld of %d heads end with value peak = key peak + 1; phases answered: %zu of %lld (0 .. %lld); largest final N_eff %.4f",
+             (long long)json_integer_value(json_object_get(doc, "heads_with_value_peak_after_key_peak")), x.H, json_array_size(cov), S - 1,
+             S - 2, maxn);
     chunks ch;
     make_chunks(&ch, json_object_get(doc, "provenance"), x.title);
-    double Wd, Hd;
-    train_size(&x, &Wd, &Hd);
-    int rc = emit(out, "theory", Wd, Hd, draw_training, &x, &ch, o, verbose, err);
-    free_train(&x);
+    double hh = fmin(300, fmax(60, 22.0 * x.H));
+    x.fig_w = 1320;
+    int rc = emit(out, "theory", x.fig_w, TH_ROW3 + hh + 50, draw_theory, &x, &ch, o, verbose, err);
+    free_theory(&x);
     return rc;
 }
 

@@ -683,14 +683,25 @@ static int check_gates(ck *c, json_t *doc) {
 
 static int check_theory(ck *c, json_t *doc) {
     prov_info pi;
-    json_t *pr, *st, *loss, *acc, *heads;
+    json_t *pr, *st, *loss, *acc, *heads, *v;
     int64_t n, H, W = -1, ph, pw;
     if (check_provenance(c, doc, 0, NULL, &pi) || get_obj(c, doc, "params", &pr)) return -1;
     size_t old = key(c, "params");
-    if (get_int(c, pr, "heads", 1, 64, &ph) || get_int(c, pr, "window", 2, 64, &pw) || get_int(c, pr, "chunks", 1, 256, NULL)) return -1;
+    if (get_int(c, pr, "heads", 1, 64, &ph) || get_int(c, pr, "window", 2, 64, &pw) || get_int(c, pr, "chunks", 1, 256, NULL) ||
+        get_int(c, pr, "steps", 1, 10000000, NULL) || get_int(c, pr, "batch", 0, 1 << 16, NULL))
+        return -1;
+    for (int i = 0; i < 2; i++) {
+        const char *bk = i ? "within_chunk" : "learn_temperature";
+        size_t o = key(c, bk);
+        v = json_object_get(pr, bk);
+        if (want_type(c, v, json_is_boolean(v), "true or false")) return -1;
+        pop(c, o);
+    }
     pop(c, old);
+    json_t *sc[2];
     if (get_arr(c, doc, "steps", 1, 100000, &st, &n) || get_arr(c, doc, "loss", n, n, &loss, NULL) ||
-        get_arr(c, doc, "accuracy", n, n, &acc, NULL))
+        get_arr(c, doc, "accuracy", n, n, &acc, NULL) || get_arr(c, doc, "score_scale", n, n, &sc[0], NULL) ||
+        get_arr(c, doc, "logit_scale", n, n, &sc[1], NULL))
         return -1;
     int64_t prev = -1, s;
     for (int64_t k = 0; k < n; k++) {
@@ -708,9 +719,16 @@ static int check_theory(ck *c, json_t *doc) {
         idx(c, (size_t)k);
         if (num_value(c, json_array_get(acc, (size_t)k), -TOL, 1 + TOL, NULL)) return -1;
         pop(c, o);
+        for (int i = 0; i < 2; i++) {
+            key(c, i ? "logit_scale" : "score_scale");
+            idx(c, (size_t)k);
+            if (num_value(c, json_array_get(sc[i], (size_t)k), 1e-300, INFINITY, NULL)) return -1;
+            pop(c, o);
+        }
     }
     if (get_arr(c, doc, "heads", ph, ph, &heads, &H)) return -1;
-    int64_t aligned = 0, wa;
+    int64_t aligned = 0, wa, onehot = 0, cover[64] = {0};
+    double tol = 1e-3 * (double)pw;
     size_t o2 = key(c, "heads");
     for (int64_t h = 0; h < H; h++) {
         json_t *ho = json_array_get(heads, (size_t)h);
@@ -741,12 +759,30 @@ static int check_theory(ck *c, json_t *doc) {
                 pop(c, o5);
             }
             pop(c, o4);
+            const char *nn = b ? "N_value_over_time" : "N_key_over_time";
+            if (get_arr(c, ho, nn, n, n, &gs, NULL)) return -1;
+            o4 = key(c, nn);
+            for (int64_t k = 0; k < n; k++) {
+                size_t o5 = idx(c, (size_t)k);
+                if (num_value(c, json_array_get(gs, (size_t)k), 1 - tol, (double)pw + tol, NULL)) return -1;
+                pop(c, o5);
+            }
+            pop(c, o4);
         }
+        double nk, nv;
         if (get_int(c, ho, "key_peak", 0, pw - 1, &kp) || get_int(c, ho, "value_peak", 0, pw - 1, &vp)) return -1;
-        double tol = 1e-3 * (double)pw;
-        if (get_num(c, ho, "N_key", 1 - tol, (double)pw + tol, NULL) || get_num(c, ho, "N_value", 1 - tol, (double)pw + tol, NULL))
+        if (get_num(c, ho, "N_key", 1 - tol, (double)pw + tol, &nk) || get_num(c, ho, "N_value", 1 - tol, (double)pw + tol, &nv))
             return -1;
+        for (int b = 0; b < 2; b++) { /* the final N is the last record's */
+            double last = json_number_value(json_array_get(json_object_get(ho, b ? "N_value_over_time" : "N_key_over_time"), (size_t)n - 1));
+            if (fabs(last - (b ? nv : nk)) > 1e-6 * (double)pw) {
+                key(c, b ? "N_value" : "N_key");
+                return bad(c, "%.10g, but the last record of %s is %.10g", b ? nv : nk, b ? "N_value_over_time" : "N_key_over_time", last);
+            }
+        }
         aligned += vp == kp + 1;
+        if (vp == kp + 1 && kp < 64) cover[kp]++;
+        onehot += nk <= 1.05 && nv <= 1.05;
         pop(c, o3);
     }
     pop(c, o2);
@@ -754,6 +790,50 @@ static int check_theory(ck *c, json_t *doc) {
     if (wa != aligned) {
         key(c, "heads_with_value_peak_after_key_peak");
         return bad(c, "%lld, but %lld heads have value_peak = key_peak + 1", (long long)wa, (long long)aligned);
+    }
+    for (int64_t h = 0; h < H; h++) { /* each head's flag agrees with its peaks */
+        json_t *ho = json_array_get(heads, (size_t)h), *f = json_object_get(ho, "value_peak_is_key_peak_plus_1");
+        size_t o3 = key(c, "heads");
+        idx(c, (size_t)h);
+        key(c, "value_peak_is_key_peak_plus_1");
+        if (want_type(c, f, json_is_boolean(f), "true or false")) return -1;
+        int al = json_integer_value(json_object_get(ho, "value_peak")) == json_integer_value(json_object_get(ho, "key_peak")) + 1;
+        if (json_is_true(f) != al) return bad(c, "%s, but value_peak %s key_peak + 1", al ? "false" : "true", al ? "=" : "!=");
+        pop(c, o3);
+    }
+    int64_t oh, cp, nc, ns;
+    json_t *cov, *shared;
+    if (get_int(c, doc, "heads_one_hot", 0, H, &oh)) return -1;
+    if (oh != onehot) {
+        key(c, "heads_one_hot");
+        return bad(c, "%lld, but %lld heads have N_key and N_value <= 1.05", (long long)oh, (long long)onehot);
+    }
+    if (get_num(c, doc, "max_final_N", 1 - tol, (double)pw + tol, NULL) || get_int(c, doc, "coverable_phases", pw - 1, pw - 1, &cp) ||
+        get_arr(c, doc, "covered_phases", 0, pw - 1, &cov, &nc) || get_arr(c, doc, "phases_covered_twice_or_more", 0, pw - 1, &shared, &ns))
+        return -1;
+    int64_t want = 0, want2 = 0;
+    for (int64_t i = 0; i < pw - 1 && i < 64; i++) {
+        want += cover[i] > 0;
+        want2 += cover[i] > 1;
+    }
+    for (int b = 0; b < 2; b++) {
+        json_t *arr = b ? shared : cov;
+        const char *an = b ? "phases_covered_twice_or_more" : "covered_phases";
+        int64_t m = b ? ns : nc, exp_m = b ? want2 : want;
+        size_t o = key(c, an);
+        for (int64_t k = 0, prevk = -1; k < m; k++) {
+            int64_t ph_k;
+            size_t o5 = idx(c, (size_t)k);
+            if (int_value(c, json_array_get(arr, (size_t)k), 0, pw - 2, &ph_k)) return -1;
+            if (ph_k <= prevk) return bad(c, "%lld after %lld (phases increase)", (long long)ph_k, (long long)prevk);
+            prevk = ph_k;
+            if (cover[ph_k] < (b ? 2 : 1))
+                return bad(c, "%lld, but %s heads have key_peak %lld and value_peak %lld", (long long)ph_k, b ? "fewer than two" : "no",
+                           (long long)ph_k, (long long)ph_k + 1);
+            pop(c, o5);
+        }
+        if (m != exp_m) return bad(c, "%lld entries, but %lld phases qualify", (long long)m, (long long)exp_m);
+        pop(c, o);
     }
     return 0;
 }
