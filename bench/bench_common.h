@@ -64,23 +64,47 @@ static inline ps_config make_config(int64_t d, int64_t L, int64_t nh, int64_t nk
     return c;
 }
 
-/* cblas_sgemm GFLOP/s on the shapes a forward pass multiplies: [B·T, K] × [K, N]. */
-static inline double sgemm_rate(int64_t M, int64_t K, int64_t N) {
+/* CPU seconds used by the whole process (all threads). On a shared machine the wall clock counts the
+ * time other processes hold the cores; CPU time counts only our own work (and our threads' waits). */
+static inline double cpu_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static inline int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Median of n values (sorts them). The machine is shared: medians of many short samples are far less
+ * sensitive to other processes' bursts than a mean over one long interval. */
+static inline double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* cblas_sgemm GFLOP/s on the shapes a forward pass multiplies: [B·T, K] × [K, N] (median over calls of
+ * the wall clock); *cpu_rate (if not NULL): GFLOP per CPU-second over all calls, all threads together. */
+static inline double sgemm_rate(int64_t M, int64_t K, int64_t N, double *cpu_rate) {
     float *A = malloc((size_t)(M * K) * 4), *Bm = malloc((size_t)(N * K) * 4), *C = malloc((size_t)(M * N) * 4);
     for (int64_t i = 0; i < M * K; i++) A[i] = (float)(i % 7) * 0.1f;
     for (int64_t i = 0; i < N * K; i++) Bm[i] = (float)(i % 5) * 0.1f;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)N, (int)K, 1, A, (int)K, Bm, (int)K, 0, C, (int)N);
+    enum { MAXN = 4096 };
+    static double dt[MAXN];
     int n = 0;
-    double t0 = now(), el;
+    double t0 = now(), c0 = cpu_now();
     do {
+        double t1 = now();
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)N, (int)K, 1, A, (int)K, Bm, (int)K, 0, C, (int)N);
-        n++;
-        el = now() - t0;
-    } while (el < 0.5);
+        dt[n++] = now() - t1;
+    } while ((now() - t0 < 0.5 || n < 5) && n < MAXN);
+    if (cpu_rate) *cpu_rate = 2.0 * (double)M * (double)K * (double)N * n / (cpu_now() - c0) / 1e9;
     free(A);
     free(Bm);
     free(C);
-    return 2.0 * (double)M * (double)K * (double)N * n / el / 1e9;
+    return 2.0 * (double)M * (double)K * (double)N / median(dt, n) / 1e9;
 }
 
 /* A model for cfg with the standard init, and non-uniform gates so the compressor does real work. */

@@ -12,6 +12,7 @@
 #include "model.h"
 #include "rng.h"
 #include "bench_common.h"
+#include "cpu_env.h"
 
 /* Seconds per forward (median-free: total time over enough repetitions to pass min_s). */
 static double time_forward(const ps_config *c, int64_t B, int64_t T, double min_s) {
@@ -42,8 +43,12 @@ static double time_forward(const ps_config *c, int64_t B, int64_t T, double min_
 }
 
 int main(int argc, char **argv) {
+    char warning[256], blas[320];
+    ps_cpu_env_prepare(argv, warning, sizeof warning); /* first: may re-exec with the right BLAS kernels */
+    if (warning[0]) fprintf(stderr, "%s\n", warning);
     double min_s = argc > 1 ? atof(argv[1]) : 1.0;
-    printf("phasescope bench_forward (forward pass, float32, CPU; %s)\n\n", openblas_get_config());
+    ps_cpu_env_describe(blas, sizeof blas);
+    printf("phasescope bench_forward (forward pass, float32, CPU)\nBLAS: %s\n\n", blas);
     printf("FLOPs counted per forward (multiply-add = 2):\n"
            "  per token & layer: 2d(nh+2nkv)hd + 2·nh·hd·d + 6·d·dff;  attention: 4·nh·hd per (query, entry seen)\n"
            "  compressed, per window & layer: 2·(2·W·nkv·d + 2·W·d·nkv·hd);  logits: 2·d·V per token\n\n");
@@ -54,7 +59,7 @@ int main(int argc, char **argv) {
     printf("%-36s %-14s %12s %12s %10s %10s %9s\n", "config", "attention", "ms/forward", "tokens/s", "GFLOP/s", "sgemm", "ratio");
     for (int i = 0; i < 2; i++) {
         /* the machine's sgemm on this config's main shape: [B·T, d] × [d, d_ff] */
-        double sg = sgemm_rate(cfgs[i].B * cfgs[i].T, cfgs[i].d, cfgs[i].dff);
+        double sg = sgemm_rate(cfgs[i].B * cfgs[i].T, cfgs[i].d, cfgs[i].dff, NULL);
         for (int comp = 0; comp < 2; comp++) {
             ps_config c = make_config(cfgs[i].d, cfgs[i].L, cfgs[i].nh, cfgs[i].nkv, cfgs[i].dff, cfgs[i].T, comp);
             double s = time_forward(&c, cfgs[i].B, cfgs[i].T, min_s);

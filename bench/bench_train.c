@@ -8,13 +8,14 @@
 
 #include "backward.h"
 #include "bench_common.h"
+#include "cpu_env.h"
 #include "forward.h"
 #include "model.h"
 #include "optim.h"
 #include "rng.h"
 
 typedef struct {
-    double step_s, opt_s;
+    double step_s, opt_s, cpu_s; /* median wall seconds per step, optimizer, CPU seconds per step (mean) */
     ps_profile prof;
     int steps;
 } result;
@@ -38,28 +39,31 @@ static result time_train(const ps_config *c, int64_t B, int64_t T, double min_s)
     }
     ps_optim_cfg oc;
     ps_optim_defaults(&oc);
-    double t0 = 0, el = 0;
+    enum { MAXSTEPS = 1000 };
+    double dt[MAXSTEPS], t_start = 0, c_start = 0;
     for (int it = 0;; it++) {
         if (it == 1) { /* the first step warms up; profile from the second on */
-            t0 = now();
+            t_start = now();
+            c_start = cpu_now();
             a.prof = &r.prof;
         }
-        double lsum = 0;
+        double t0 = now(), lsum = 0;
         int64_t n = 0;
         memset(g, 0, (size_t)m.n_params * 4);
         ps_forward(&m, &a, tok, NULL, &err);
         ps_backward(&m, &a, &ga, tok, tgt, 1.0f / (float)(B * (T - 1)), g, &lsum, &n, &err);
-        double to = now();
+        double to = cpu_now();
         double gn = ps_grad_norm(g, m.n_params);
         ps_adamw_update(&m, g, m1, m2, it + 1, 1e-4, gn > 1 ? 1 / gn : 1, &oc);
         if (it >= 1) {
-            r.opt_s += now() - to;
+            r.opt_s += cpu_now() - to;
+            dt[it - 1] = now() - t0;
             r.steps = it;
-            el = now() - t0;
-            if (el >= min_s && it >= 2) break;
+            if ((now() - t_start >= min_s && it >= 5) || it >= MAXSTEPS) break;
         }
     }
-    r.step_s = el / r.steps;
+    r.cpu_s = (cpu_now() - c_start) / r.steps;
+    r.step_s = median(dt, r.steps); /* median step: robust to other processes on a shared machine */
     r.opt_s /= r.steps;
     for (int d = 0; d < 2; d++)
         for (int k = 0; k < PS_PROF_N; k++) r.prof.seconds[d][k] /= r.steps;
@@ -71,8 +75,13 @@ static result time_train(const ps_config *c, int64_t B, int64_t T, double min_s)
 }
 
 int main(int argc, char **argv) {
+    char warning[256], blas[320];
+    ps_cpu_env_prepare(argv, warning, sizeof warning); /* first: may re-exec with the right BLAS kernels */
+    if (warning[0]) fprintf(stderr, "%s\n", warning);
     double min_s = argc > 1 ? atof(argv[1]) : 2.0;
-    printf("phasescope bench_train (forward + backward + AdamW, float32, CPU; %s)\n\n", openblas_get_config());
+    const char *only = argc > 2 ? argv[2] : NULL; /* "small" or "medium": that config alone */
+    ps_cpu_env_describe(blas, sizeof blas);
+    printf("phasescope bench_train (forward + backward + AdamW, float32, CPU)\nBLAS: %s\n\n", blas);
     printf("FLOPs per training step = 3 × forward FLOPs (the backward of every product is two products of the\n"
            "same size); forward FLOPs as in bench_forward:\n"
            "  per token & layer: 2d(nh+2nkv)hd + 2·nh·hd·d + 6·d·dff;  attention: 4·nh·hd per (query, entry seen)\n"
@@ -82,26 +91,34 @@ int main(int argc, char **argv) {
         {"small  d=256 L=4 h=4/4 V=512 B=4 T=256", 256, 4, 4, 4, 768, 4, 256},
         {"medium d=512 L=8 h=8/8 V=512 B=4 T=512", 512, 8, 8, 8, 1536, 4, 512},
     };
-    const char *cat[PS_PROF_N] = {"matmul", "attention", "compressor", "norm+rope", "other"};
     for (int i = 0; i < 2; i++) {
-        double sg = sgemm_rate(cfgs[i].B * cfgs[i].T, cfgs[i].d, cfgs[i].dff);
-        printf("%s   (same-run sgemm on [%lld x %lld] x [%lld x %lld]: %.1f GFLOP/s)\n", cfgs[i].name,
-               (long long)(cfgs[i].B * cfgs[i].T), (long long)cfgs[i].d, (long long)cfgs[i].d, (long long)cfgs[i].dff, sg);
-        printf("  %-18s %10s %10s %9s %7s   breakdown fwd | bwd (ms): %s\n", "attention", "ms/step", "tokens/s", "GFLOP/s",
-               "/sgemm", "matmul, attention, compressor, norm+rope, other; optimizer");
+        if (only && strncmp(cfgs[i].name, only, strlen(only))) continue;
+        printf("%s   (same-run sgemm: [B·T x d] x [d x d_ff] = [%lld x %lld] x [%lld x %lld], measured next to each row)\n",
+               cfgs[i].name, (long long)(cfgs[i].B * cfgs[i].T), (long long)cfgs[i].d, (long long)cfgs[i].d,
+               (long long)cfgs[i].dff);
+        printf("  %-18s %9s %9s %8s %8s %7s %9s %7s   breakdown fwd | bwd (CPU ms, all threads): matmul attention compressor "
+               "norm+rope other | …; optimizer\n", "attention", "ms/step", "tokens/s", "GFLOP/s", "sgemm", "/sgemm",
+               "cpu-ms", "/sgemm");
         for (int comp = 0; comp < 2; comp++) {
             ps_config c = make_config(cfgs[i].d, cfgs[i].L, cfgs[i].nh, cfgs[i].nkv, cfgs[i].dff, cfgs[i].T, comp);
+            int64_t M = cfgs[i].B * cfgs[i].T;
+            double sc0, sc1, sg0 = sgemm_rate(M, cfgs[i].d, cfgs[i].dff, &sc0);
             result r = time_train(&c, cfgs[i].B, cfgs[i].T, min_s);
-            double gf = 3 * forward_flops(&c, cfgs[i].B, cfgs[i].T) / r.step_s / 1e9;
-            printf("  %-18s %10.1f %10.0f %9.1f %6.0f%%   ", comp ? "compressed W8/S8" : "full", r.step_s * 1e3,
-                   (double)(cfgs[i].B * cfgs[i].T) / r.step_s, gf, 100 * gf / sg);
+            double sg1 = sgemm_rate(M, cfgs[i].d, cfgs[i].dff, &sc1), sg = 0.5 * (sg0 + sg1), sc = 0.5 * (sc0 + sc1);
+            double fl = 3 * forward_flops(&c, cfgs[i].B, cfgs[i].T), gf = fl / r.step_s / 1e9, gfc = fl / r.cpu_s / 1e9;
+            printf("  %-18s %9.1f %9.0f %8.1f %8.1f %6.0f%% %9.1f %6.0f%%   ", comp ? "compressed W8/S8" : "full",
+                   r.step_s * 1e3, (double)M / r.step_s, gf, sg, 100 * gf / sg, r.cpu_s * 1e3, 100 * gfc / sc);
             for (int d = 0; d < 2; d++) {
                 for (int k = 0; k < PS_PROF_N; k++) printf("%s%.1f", k ? " " : "", r.prof.seconds[d][k] * 1e3);
                 printf(d ? "; " : " | ");
             }
             printf("%.1f\n", r.opt_s * 1e3);
+            /* one machine-readable line per row (make bench joins these with bench/torch_peer.py's) */
+            printf("#result %.*s %s ms_step=%.3f gflops=%.2f sgemm=%.2f cpu_ms_step=%.3f cpu_ratio=%.3f steps=%d\n",
+                   (int)strcspn(cfgs[i].name, " "), cfgs[i].name, comp ? "compressed" : "full", r.step_s * 1e3, gf, sg,
+                   r.cpu_s * 1e3, gfc / sc, r.steps);
+            fflush(stdout);
         }
-        (void)cat;
         printf("\n");
     }
     return 0;

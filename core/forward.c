@@ -130,9 +130,12 @@ ps_act_ptrs ps_acts_layer(const ps_acts *a, int l) {
 
 /* ---- forward ---- */
 
+/* Process CPU time (all threads): on a shared machine the wall clock would charge each op with the time
+ * other processes held the cores; CPU time charges it with our own work (waits of our idle threads
+ * included). */
 double ps_prof_now(void) {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 

@@ -40,7 +40,8 @@ typedef struct {
     float *pattern_full;        /* [B,nh,T,nW+T] (only when a pattern hook exists) */
 } ps_act_ptrs;
 
-/* Optional per-op timing (bench programs): seconds by category, [0] forward, [1] backward. */
+/* Optional per-op timing (bench programs): process CPU seconds (all threads) by category, [0] forward,
+ * [1] backward. */
 typedef enum {
     PS_PROF_MATMUL = 0, /* linear layers (q/k/v/o, MLP, logits) */
     PS_PROF_ATTENTION,  /* scores, softmax, weighted sums */

@@ -5,6 +5,29 @@
 #define PS_OPS_H
 
 #include <stdint.h>
+#include <string.h>
+
+/* expf for the kernels' inner loops: Cephes' range reduction and degree-6 polynomial, written so that
+ * gcc vectorises the loops that call it (libm's expf is a call, which stops vectorisation). Relative
+ * error <= 2e-7 (a few ulp) over [-87, 88]; arguments are clamped to that range (below: about 1.6e-38
+ * instead of a denormal or 0; above: about 1.7e38 instead of +inf). NaN stays NaN. */
+static inline float ps_expf(float x) {
+    x = x < -87.0f ? -87.0f : x;
+    x = x > 88.0f ? 88.0f : x;
+    float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round to nearest (1.5·2^23 trick) */
+    float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    int32_t e = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &e, sizeof scale);
+    return p * scale;
+}
 
 /* out[M, N] (= or +=) inp[M, K] · w[N, K]^T  (a linear layer without bias). */
 void ps_matmul(float *out, const float *inp, const float *w, int64_t M, int64_t K, int64_t N, int accumulate);

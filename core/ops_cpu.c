@@ -79,7 +79,7 @@ void ps_swiglu(float *h, const float *g, const float *u, int64_t n) {
 #pragma omp parallel for schedule(static) if (n > 65536)
     for (int64_t i = 0; i < n; i++) {
         float x = g[i];
-        h[i] = x / (1.0f + expf(-x)) * u[i];
+        h[i] = x / (1.0f + ps_expf(-x)) * u[i];
     }
 }
 
@@ -112,7 +112,7 @@ void ps_gate(float *z, float *alpha, const float *a, const float *u, const float
         }
         float sum = 0.0f;
         for (int64_t i = 0; i < W; i++) {
-            al[i] = expf(zz[i] - mx);
+            al[i] = ps_expf(zz[i] - mx);
             sum += al[i];
         }
         for (int64_t i = 0; i < W; i++) al[i] /= sum;
@@ -132,12 +132,15 @@ void ps_payload(float *P, const float *a, const float *C, int shared, float *scr
         }
         return;
     }
-    /* One strided sgemm per (offset, sequence): rows a[b, jS+i] for j = 0..nW-1 are S·d apart. The calls
-     * are small, so they run in parallel, each single-threaded. */
+    /* When T = nW·S, the rows a[b, jS+i] of every (sequence, window) are S·d apart across sequences too:
+     * one strided sgemm per offset with M = B·nW. Otherwise one per (offset, sequence). The calls run in
+     * parallel, each single-threaded. */
+    int batched = T == nW * S;
+    int64_t n_calls = batched ? W : W * B, M = batched ? B * nW : nW;
 #pragma omp parallel for schedule(dynamic, 1)
-    for (int64_t ib = 0; ib < W * B; ib++) {
-        int64_t i = ib / B, b = ib % B;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)nW, (blasint)nkvhd, (blasint)d, 1.0f,
+    for (int64_t ib = 0; ib < n_calls; ib++) {
+        int64_t i = batched ? ib : ib / B, b = batched ? 0 : ib % B;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)M, (blasint)nkvhd, (blasint)d, 1.0f,
                     a + (b * T + i) * d, (blasint)(S * d), C + i * nkvhd * d, (blasint)d, 0.0f,
                     P + (b * nW * W + i) * nkvhd, (blasint)(W * nkvhd));
     }
@@ -179,14 +182,19 @@ static void sgemm_nn(int64_t M, int64_t N, int64_t K, float alpha, const float *
 
 /* Softmax of one probability row over its visible columns [0, n_comp) ∪ [lo, hi); the rest set to 0. */
 static void softmax_row(float *row, int64_t nc, int64_t n_comp, int64_t lo, int64_t hi) {
+    /* plain compares instead of fmaxf (a libm call here, as fmaxf must honour NaN rules): these loops
+     * vectorise */
     float mx = -INFINITY;
-    for (int64_t c = 0; c < n_comp; c++) mx = fmaxf(mx, row[c]);
-    for (int64_t c = lo; c < hi; c++) mx = fmaxf(mx, row[c]);
+    for (int64_t c = 0; c < n_comp; c++) mx = row[c] > mx ? row[c] : mx;
+    for (int64_t c = lo; c < hi; c++) mx = row[c] > mx ? row[c] : mx;
     float sum = 0.0f;
-    for (int64_t c = 0; c < n_comp; c++) sum += (row[c] = expf(row[c] - mx));
-    for (int64_t c = lo; c < hi; c++) sum += (row[c] = expf(row[c] - mx));
+    for (int64_t c = 0; c < n_comp; c++) sum += (row[c] = ps_expf(row[c] - mx));
+    for (int64_t c = lo; c < hi; c++) sum += (row[c] = ps_expf(row[c] - mx));
     float inv = 1.0f / sum;
-    for (int64_t c = 0; c < nc; c++) row[c] = (c < n_comp || (c >= lo && c < hi)) ? row[c] * inv : 0.0f;
+    for (int64_t c = 0; c < n_comp; c++) row[c] *= inv;
+    for (int64_t c = n_comp; c < lo; c++) row[c] = 0.0f;
+    for (int64_t c = lo; c < hi; c++) row[c] *= inv;
+    for (int64_t c = hi > lo ? hi : lo; c < nc; c++) row[c] = 0.0f;
 }
 
 /* Each (sequence, query head) is independent: one OpenMP task each. sgemm called inside the parallel

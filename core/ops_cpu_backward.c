@@ -18,28 +18,62 @@ void ps_matmul_backward(float *dinp, float *dw, const float *dout, const float *
                 (blasint)K, 1.0f, dw, (blasint)K);
 }
 
-void ps_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
-                         const float *rstd, int64_t n_rows, int64_t C) {
-#pragma omp parallel for schedule(static) if (n_rows * C > 32768)
-    for (int64_t r = 0; r < n_rows; r++) {
+/* Rows in blocks of RMS_BLK: each block's weight-gradient partial is summed over its rows in order, and
+ * the partials are added in block order, so dweight does not depend on the thread count. One pass over
+ * the rows computes dinp and the partials together. */
+#define RMS_BLK 64
+
+static void rmsnorm_backward_rows(float *dinp, float *part, const float *dout, const float *inp, const float *weight,
+                                  const float *rstd, int64_t r0, int64_t r1, int64_t C) {
+    for (int64_t i = 0; i < C; i++) part[i] = 0.0f;
+    for (int64_t r = r0; r < r1; r++) {
         const float *x = inp + r * C, *dy = dout + r * C;
         float s = rstd[r];
         double dot = 0;
         for (int64_t i = 0; i < C; i++) dot += (double)dy[i] * weight[i] * x[i];
         float coef = (float)(dot * (double)s * s * s / (double)C);
         float *dx = dinp + r * C;
-        for (int64_t i = 0; i < C; i++) dx[i] += s * weight[i] * dy[i] - coef * x[i];
+        for (int64_t i = 0; i < C; i++) {
+            dx[i] += s * weight[i] * dy[i] - coef * x[i];
+            part[i] += dy[i] * x[i] * s;
+        }
     }
-    for (int64_t r = 0; r < n_rows; r++) {
-        const float *x = inp + r * C, *dy = dout + r * C;
-        for (int64_t i = 0; i < C; i++) dweight[i] += dy[i] * x[i] * rstd[r];
+}
+
+void ps_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
+                         const float *rstd, int64_t n_rows, int64_t C) {
+    int64_t nb = (n_rows + RMS_BLK - 1) / RMS_BLK;
+    float *part = malloc((size_t)(nb * C > 0 ? nb * C : 1) * sizeof(float));
+    if (!part) { /* no scratch: one block at a time, the same sums in the same order */
+        for (int64_t b = 0; b < nb; b++) {
+            int64_t r1 = (b + 1) * RMS_BLK < n_rows ? (b + 1) * RMS_BLK : n_rows;
+            for (int64_t r = b * RMS_BLK; r < r1; r++) {
+                const float *x = inp + r * C, *dy = dout + r * C;
+                float s = rstd[r];
+                double dot = 0;
+                for (int64_t i = 0; i < C; i++) dot += (double)dy[i] * weight[i] * x[i];
+                float coef = (float)(dot * (double)s * s * s / (double)C);
+                for (int64_t i = 0; i < C; i++) dinp[r * C + i] += s * weight[i] * dy[i] - coef * x[i];
+            }
+        }
+        for (int64_t r = 0; r < n_rows; r++)
+            for (int64_t i = 0; i < C; i++) dweight[i] += dout[r * C + i] * inp[r * C + i] * rstd[r];
+        return;
     }
+#pragma omp parallel for schedule(static) if (n_rows * C > 32768)
+    for (int64_t b = 0; b < nb; b++) {
+        int64_t r1 = (b + 1) * RMS_BLK < n_rows ? (b + 1) * RMS_BLK : n_rows;
+        rmsnorm_backward_rows(dinp, part + b * C, dout, inp, weight, rstd, b * RMS_BLK, r1, C);
+    }
+    for (int64_t b = 0; b < nb; b++)
+        for (int64_t i = 0; i < C; i++) dweight[i] += part[b * C + i];
+    free(part);
 }
 
 void ps_swiglu_backward(float *dg, float *du, const float *dh, const float *g, const float *u, int64_t n) {
 #pragma omp parallel for schedule(static) if (n > 65536)
     for (int64_t i = 0; i < n; i++) {
-        float x = g[i], sg = 1.0f / (1.0f + expf(-x)), silu = x * sg;
+        float x = g[i], sg = 1.0f / (1.0f + ps_expf(-x)), silu = x * sg;
         du[i] = dh[i] * silu;
         dg[i] = dh[i] * u[i] * sg * (1.0f + x * (1.0f - sg));
     }
@@ -101,14 +135,28 @@ void ps_payload_backward(float *da, float *dC, const float *dP, const float *a, 
         ps_matmul_backward(da, dC, scratch, a, C, B * T, d, nkvhd);
         return;
     }
+    /* When T = nW·S the (sequence, window) rows of one offset are evenly strided across sequences, so each
+     * offset is one sgemm with B·nW rows (see ps_payload); otherwise one per (offset, sequence). */
+    int batched = T == nW * S;
+    int64_t nb = batched ? 1 : B, M = batched ? B * nW : nW;
     /* dC_i += dP_i^T · A_i: each offset owns its payload matrix */
 #pragma omp parallel for schedule(dynamic, 1)
     for (int64_t i = 0; i < W; i++)
-        for (int64_t b = 0; b < B; b++)
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (blasint)nkvhd, (blasint)d, (blasint)nW, 1.0f,
+        for (int64_t b = 0; b < nb; b++)
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (blasint)nkvhd, (blasint)d, (blasint)M, 1.0f,
                         dP + (b * nW * W + i) * nkvhd, (blasint)(W * nkvhd), a + (b * T + i) * d, (blasint)(S * d), 1.0f,
                         dC + i * nkvhd * d, (blasint)d);
-    /* da rows += dP_i · C_i: each sequence owns its rows (offsets of overlapping windows share rows) */
+    /* da rows += dP_i · C_i. Windows that do not overlap (W <= S): offsets own disjoint rows, one task
+     * each; overlapping windows: each sequence owns its rows, offsets in order inside it. */
+    if (W <= S) {
+#pragma omp parallel for schedule(dynamic, 1)
+        for (int64_t i = 0; i < W; i++)
+            for (int64_t b = 0; b < nb; b++)
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)M, (blasint)d, (blasint)nkvhd, 1.0f,
+                            dP + (b * nW * W + i) * nkvhd, (blasint)(W * nkvhd), C + i * nkvhd * d, (blasint)d, 1.0f,
+                            da + (b * T + i) * d, (blasint)(S * d));
+        return;
+    }
 #pragma omp parallel for schedule(dynamic, 1)
     for (int64_t b = 0; b < B; b++)
         for (int64_t i = 0; i < W; i++)
@@ -147,12 +195,13 @@ static void gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A
                 (blasint)K, 1.0f, A, (blasint)lda, B, (blasint)ldb, beta, C, (blasint)ldc);
 }
 
-/* softmax backward of row t in place: dS = P ⊙ (dP − Σ P·dP) · scale; unseen entries (P = 0) get 0 */
+/* softmax backward of row t in place: dS = P ⊙ (dP − Σ P·dP) · scale; unseen entries (P = 0) get 0.
+ * Branch-free (an unseen entry's P = 0 adds nothing and zeroes its output), so both loops vectorise. */
 static void softmax_row_backward(float *dr, const float *pr, int64_t nc, float scale) {
     double dot = 0;
-    for (int64_t c = 0; c < nc; c++)
-        if (pr[c] != 0.0f) dot += (double)pr[c] * dr[c];
-    for (int64_t c = 0; c < nc; c++) dr[c] = pr[c] == 0.0f ? 0.0f : pr[c] * (dr[c] - (float)dot) * scale;
+    for (int64_t c = 0; c < nc; c++) dot += (double)(pr[c] * dr[c]);
+    float fd = (float)dot;
+    for (int64_t c = 0; c < nc; c++) dr[c] = pr[c] * (dr[c] - fd) * scale;
 }
 
 /* Parallel over (sequence, KV head): the query heads of one group write the same dK/dV slices, so they
@@ -237,13 +286,15 @@ int64_t ps_cross_entropy(double *loss_sum, float *dlogits, const float *logits, 
             continue;
         }
         float mx = -INFINITY;
-        for (int64_t i = 0; i < V; i++) mx = fmaxf(mx, x[i]);
+        for (int64_t i = 0; i < V; i++) mx = x[i] > mx ? x[i] : mx;
+        /* exponentials in float (x - mx <= 0, so no overflow), their sum and the log in double */
         double sum = 0;
-        for (int64_t i = 0; i < V; i++) sum += exp((double)(x[i] - mx));
+        for (int64_t i = 0; i < V; i++) sum += (double)ps_expf(x[i] - mx);
         double lse = log(sum) + mx;
         row_loss[r] = lse - x[y];
         if (dx) {
-            for (int64_t i = 0; i < V; i++) dx[i] = (float)(exp((double)x[i] - lse)) * scale;
+            float fs = (float)(1.0 / sum) * scale;
+            for (int64_t i = 0; i < V; i++) dx[i] = ps_expf(x[i] - mx) * fs;
             dx[y] -= scale;
         }
     }

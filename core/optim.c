@@ -1,6 +1,7 @@
 #include "optim.h"
 
 #include <math.h>
+#include <stdlib.h>
 
 void ps_optim_defaults(ps_optim_cfg *c) {
     c->lr = 3e-3;
@@ -26,40 +27,77 @@ double ps_lr_at(const ps_optim_cfg *c, int64_t step) {
     return lo + 0.5 * (c->lr - lo) * (1.0 + cos(M_PI * p));
 }
 
+/* Sum of squares of g[i0, i1) in double: 8 interleaved accumulators (a fixed order, so the same for any
+ * thread count) that vectorise. */
+static double sumsq(const float *g, int64_t i, int64_t end) {
+    double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (; i + 8 <= end; i += 8)
+        for (int k = 0; k < 8; k++) acc[k] += (double)g[i + k] * g[i + k];
+    for (; i < end; i++) acc[0] += (double)g[i] * g[i];
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
 double ps_grad_norm(const float *g, int64_t n) {
-    /* fixed blocks summed in a fixed order: the same value for any thread count */
+    /* fixed blocks, the block sums added in block order: the same value for any thread count (the blocks
+     * run in parallel; only their partial sums are shared) */
     enum { BLK = 4096 };
     int64_t nb = (n + BLK - 1) / BLK;
-    double total = 0;
-    for (int64_t b = 0; b < nb; b++) {
-        double s = 0;
-        int64_t end = (b + 1) * BLK < n ? (b + 1) * BLK : n;
-        for (int64_t i = b * BLK; i < end; i++) s += (double)g[i] * g[i];
-        total += s;
+    double stack[256], *part = nb <= 256 ? stack : malloc((size_t)nb * sizeof(double));
+    if (!part) { /* no scratch: the same sums, serially */
+        double total = 0;
+        for (int64_t b = 0; b < nb; b++) total += sumsq(g, b * BLK, (b + 1) * BLK < n ? (b + 1) * BLK : n);
+        return sqrt(total);
     }
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (int64_t b = 0; b < nb; b++) part[b] = sumsq(g, b * BLK, (b + 1) * BLK < n ? (b + 1) * BLK : n);
+    double total = 0;
+    for (int64_t b = 0; b < nb; b++) total += part[b];
+    if (part != stack) free(part);
     return sqrt(total);
+}
+
+/* AdamW over one tensor's elements [j0, j1) (the plain-loop kernel; elementwise, so any split of the
+ * range gives the same numbers). */
+static void adamw_range(float *w, float *mm, float *vv, const float *g, int64_t j0, int64_t j1, float b1, float b2,
+                        float eps, float cs, float ib1, float ib2, float plr, float wd) {
+    for (int64_t j = j0; j < j1; j++) {
+        float gj = g[j] * cs;
+        mm[j] = b1 * mm[j] + (1.0f - b1) * gj;
+        vv[j] = b2 * vv[j] + (1.0f - b2) * gj * gj;
+        float mh = mm[j] * ib1, vh = vv[j] * ib2;
+        w[j] -= plr * (mh / (sqrtf(vh) + eps) + wd * w[j]);
+    }
 }
 
 void ps_adamw_update(ps_model *m, const float *grads, float *m1, float *m2, int64_t t, double lr, double clip_scale,
                      const ps_optim_cfg *c) {
     double bc1 = 1.0 - pow(c->beta1, (double)t), bc2 = 1.0 - pow(c->beta2, (double)t);
-    for (int i = 0; i < m->n_tensors; i++) {
-        const ps_param_info *p = &m->table[i];
-        int gate = p->kind == PS_P_KEY_GATE_W || p->kind == PS_P_KEY_GATE_B || p->kind == PS_P_VALUE_GATE_W ||
-                   p->kind == PS_P_VALUE_GATE_B;
-        float plr = (float)(gate ? lr * c->gate_lr_mult : lr);
-        float wd = (float)(gate ? c->gate_weight_decay : p->ndim >= 2 ? c->weight_decay : 0.0);
-        float b1 = (float)c->beta1, b2 = (float)c->beta2, eps = (float)c->eps, cs = (float)clip_scale;
-        float ib1 = (float)(1.0 / bc1), ib2 = (float)(1.0 / bc2);
-        float *w = m->params + p->offset, *mm = m1 + p->offset, *vv = m2 + p->offset;
-        const float *g = grads + p->offset;
-#pragma omp parallel for schedule(static) if (p->numel > 65536)
-        for (int64_t j = 0; j < p->numel; j++) {
-            float gj = g[j] * cs;
-            mm[j] = b1 * mm[j] + (1.0f - b1) * gj;
-            vv[j] = b2 * vv[j] + (1.0f - b2) * gj * gj;
-            float mh = mm[j] * ib1, vh = vv[j] * ib2;
-            w[j] -= plr * (mh / (sqrtf(vh) + eps) + wd * w[j]);
+    float b1 = (float)c->beta1, b2 = (float)c->beta2, eps = (float)c->eps, cs = (float)clip_scale;
+    float ib1 = (float)(1.0 / bc1), ib2 = (float)(1.0 / bc2);
+    /* One parallel region for every tensor: each tensor is cut into chunks of CH elements, and the
+     * threads share out all chunks of all tensors (small tensors no longer run alone on one thread, and
+     * there is one fork/join per step instead of one per tensor). */
+    enum { CH = 16384 };
+    int64_t n_chunks = 0;
+    for (int i = 0; i < m->n_tensors; i++) n_chunks += (m->table[i].numel + CH - 1) / CH;
+#pragma omp parallel if (m->n_params > 65536)
+    {
+        int i = 0;
+        int64_t first = 0; /* chunk index of tensor i's first chunk */
+#pragma omp for schedule(static)
+        for (int64_t k = 0; k < n_chunks; k++) {
+            while (i < m->n_tensors && k >= first + (m->table[i].numel + CH - 1) / CH) {
+                first += (m->table[i].numel + CH - 1) / CH;
+                i++;
+            }
+            const ps_param_info *p = &m->table[i];
+            int gate = p->kind == PS_P_KEY_GATE_W || p->kind == PS_P_KEY_GATE_B || p->kind == PS_P_VALUE_GATE_W ||
+                       p->kind == PS_P_VALUE_GATE_B;
+            float plr = (float)(gate ? lr * c->gate_lr_mult : lr);
+            float wd = (float)(gate ? c->gate_weight_decay : p->ndim >= 2 ? c->weight_decay : 0.0);
+            int64_t j0 = (k - first) * CH, j1 = j0 + CH < p->numel ? j0 + CH : p->numel;
+            adamw_range(m->params + p->offset, m1 + p->offset, m2 + p->offset, grads + p->offset, j0, j1, b1, b2, eps,
+                        cs, ib1, ib2, plr, wd);
         }
     }
 }
