@@ -126,38 +126,155 @@ static int parse_native(json_t *root, const char *src, ps_config *c, ps_error *e
     return 0;
 }
 
-/* Hugging Face Qwen3: map the keys SPEC §2 lists, ignore the rest, full attention. */
+static const char *type_name(const json_t *v) {
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "an object";
+    case JSON_ARRAY: return "an array";
+    case JSON_STRING: return "a string";
+    case JSON_INTEGER: return "an integer";
+    case JSON_REAL: return "a real number";
+    case JSON_TRUE: case JSON_FALSE: return "a boolean";
+    default: return "null";
+    }
+}
+
+/* A short printable copy of an untrusted string for a one-line message. */
+static const char *printable(const char *s, char *buf, size_t n) {
+    size_t w = 0;
+    for (; *s && w + 4 < n; s++) buf[w++] = ((unsigned char)*s < 0x20 || (unsigned char)*s >= 0x7f) ? '?' : *s;
+    if (*s) {
+        if (w > n - 4) w = n - 4;
+        memcpy(buf + w, "...", 3);
+        w += 3;
+    }
+    buf[w] = '\0';
+    return buf;
+}
+
+/* rope_parameters (transformers 5) or rope_scaling (4.x): only the plain ("default") rotary form. */
+static int parse_rope_object(json_t *v, const char *key, const char *src, double *theta, int *has_theta, ps_error *err) {
+    char b[64];
+    if (json_is_null(v) && !strcmp(key, "rope_scaling")) return 0;
+    if (!json_is_object(v)) return ps_fail(err, "%s: key \"%s\" must be an object, got %s", src, key, type_name(v));
+    const char *k;
+    json_t *x;
+    json_object_foreach(v, k, x) {
+        char full[96];
+        snprintf(full, sizeof full, "%s.%s", key, printable(k, b, 40));
+        if (!strcmp(k, "rope_type") || !strcmp(k, "type")) {
+            if (!json_is_string(x)) return ps_fail(err, "%s: key \"%s\" must be a string", src, full);
+            if (strcmp(json_string_value(x), "default"))
+                return ps_fail(err, "%s: key \"%s\" is \"%s\": only \"default\" RoPE is supported (SPEC §2)", src, full,
+                               printable(json_string_value(x), b, sizeof b));
+        } else if (!strcmp(k, "rope_theta")) {
+            if (get_num(x, full, src, theta, err)) return -1;
+            *has_theta = 1;
+        } else if (!strcmp(k, "partial_rotary_factor")) {
+            double f = 1.0;
+            if (get_num(x, full, src, &f, err)) return -1;
+            if (f != 1.0) return ps_fail(err, "%s: key \"%s\" is %g: only full rotary embeddings (1.0) are supported", src, full, f);
+        } else
+            return ps_fail(err, "%s: key \"%s\" is not supported (valid: rope_type \"default\", rope_theta)", src, full);
+    }
+    return 0;
+}
+
+/* Hugging Face Qwen3: map the keys SPEC §2 lists; read the newer forms (rope_parameters, dtype,
+ * layer_types, architectures); refuse what would change the math (sliding-window layers, RoPE
+ * scaling, another activation); ignore the rest; full attention unless the phasescope "attention"
+ * extension says otherwise. Missing keys take transformers' Qwen3Config defaults. */
 static int parse_hf(json_t *root, const char *src, ps_config *c, ps_error *err) {
     static const char *const map[][2] = {
         {"vocab_size", "vocab_size"},       {"hidden_size", "d_model"},          {"num_hidden_layers", "n_layers"},
         {"num_attention_heads", "n_heads"}, {"num_key_value_heads", "n_kv_heads"}, {"head_dim", "head_dim"},
         {"intermediate_size", "d_ff"},      {"max_position_embeddings", "max_seq_len"},
     };
+    char b[64];
     for (int i = 0; i < 8; i++) {
         json_t *v = json_object_get(root, map[i][0]);
         int64_t *slot = NULL;
         for (int j = 0; j < 8; j++)
             if (!strcmp(map[i][1], REQUIRED[j])) slot = required_slot(c, j);
-        if (!v) {
+        if (!v || (json_is_null(v) && !strcmp(map[i][0], "num_key_value_heads"))) {
             if (!strcmp(map[i][0], "num_key_value_heads") || !strcmp(map[i][0], "head_dim")) continue;
             return ps_fail(err, "%s: missing required key \"%s\" (Hugging Face qwen3 config)", src, map[i][0]);
         }
         if (get_int(v, map[i][0], src, slot, err)) return -1;
     }
-    if (!json_object_get(root, "num_key_value_heads")) c->n_kv_heads = c->n_heads;
-    if (!json_object_get(root, "head_dim")) {
-        if (c->n_heads <= 0 || c->d_model % c->n_heads)
-            return ps_fail(err, "%s: key \"head_dim\" missing and hidden_size is not a multiple of num_attention_heads",
-                           src);
-        c->head_dim = c->d_model / c->n_heads;
+    json_t *v = json_object_get(root, "num_key_value_heads");
+    if (!v || json_is_null(v)) c->n_kv_heads = c->n_heads;
+    if (!json_object_get(root, "head_dim")) c->head_dim = 128; /* transformers' Qwen3Config default */
+    c->tie_embeddings = false;                                 /* likewise */
+    double theta = 10000.0, theta2 = 0;
+    int has1 = 0, has2 = 0;
+    if ((v = json_object_get(root, "rope_theta"))) {
+        if (get_num(v, "rope_theta", src, &theta, err)) return -1;
+        has1 = 1;
     }
-    json_t *v;
-    if ((v = json_object_get(root, "rope_theta")) && get_num(v, "rope_theta", src, &c->rope_theta, err)) return -1;
+    if ((v = json_object_get(root, "rope_parameters")) && !json_is_null(v) &&
+        parse_rope_object(v, "rope_parameters", src, &theta2, &has2, err))
+        return -1;
+    if ((v = json_object_get(root, "rope_scaling")) && parse_rope_object(v, "rope_scaling", src, &theta2, &has2, err))
+        return -1;
+    if (has1 && has2 && theta != theta2)
+        return ps_fail(err, "%s: key \"rope_parameters.rope_theta\" (%g) disagrees with \"rope_theta\" (%g)", src, theta2, theta);
+    c->rope_theta = has2 ? theta2 : theta;
     if ((v = json_object_get(root, "rms_norm_eps")) && get_num(v, "rms_norm_eps", src, &c->rms_eps, err)) return -1;
     if ((v = json_object_get(root, "tie_word_embeddings")) &&
         get_bool(v, "tie_word_embeddings", src, &c->tie_embeddings, err))
         return -1;
+    /* dtype (transformers >= 4.56) and torch_dtype: the weights' storage type, informative only */
+    const char *dt[2] = {NULL, NULL};
+    static const char *const dtk[2] = {"dtype", "torch_dtype"};
+    for (int i = 0; i < 2; i++)
+        if ((v = json_object_get(root, dtk[i])) && !json_is_null(v)) {
+            if (!json_is_string(v)) return ps_fail(err, "%s: key \"%s\" must be a string, got %s", src, dtk[i], type_name(v));
+            dt[i] = json_string_value(v);
+            if (strcmp(dt[i], "float32") && strcmp(dt[i], "bfloat16") && strcmp(dt[i], "float16") && strcmp(dt[i], "auto"))
+                return ps_fail(err, "%s: key \"%s\" is \"%s\" (expected \"float32\", \"bfloat16\" or \"float16\")", src,
+                               dtk[i], printable(dt[i], b, sizeof b));
+        }
+    if (dt[0] && dt[1] && strcmp(dt[0], dt[1]))
+        return ps_fail(err, "%s: key \"dtype\" (\"%s\") disagrees with \"torch_dtype\" (\"%s\")", src, dt[0], dt[1]);
+    if ((v = json_object_get(root, "architectures")) && !json_is_null(v)) {
+        if (!json_is_array(v)) return ps_fail(err, "%s: key \"architectures\" must be an array of strings, got %s", src, type_name(v));
+        int ok = 0;
+        for (size_t i = 0; i < json_array_size(v); i++) {
+            json_t *a = json_array_get(v, i);
+            if (!json_is_string(a)) return ps_fail(err, "%s: key \"architectures[%zu]\" must be a string", src, i);
+            if (!strcmp(json_string_value(a), "Qwen3ForCausalLM")) ok = 1;
+        }
+        if (!ok) return ps_fail(err, "%s: key \"architectures\" does not list \"Qwen3ForCausalLM\" (the only architecture accepted)", src);
+    }
+    if ((v = json_object_get(root, "hidden_act")) && !json_is_null(v) &&
+        (!json_is_string(v) || strcmp(json_string_value(v), "silu")))
+        return ps_fail(err, "%s: key \"hidden_act\" must be \"silu\" (the SwiGLU MLP of SPEC §2)", src);
+    if ((v = json_object_get(root, "attention_bias")) && !json_is_null(v) && !json_is_false(v))
+        return ps_fail(err, "%s: key \"attention_bias\" must be false (Qwen3 attention has no biases in SPEC §2)", src);
+    json_t *lt = json_object_get(root, "layer_types");
+    if (lt && !json_is_null(lt)) {
+        if (!json_is_array(lt)) return ps_fail(err, "%s: key \"layer_types\" must be an array of strings, got %s", src, type_name(lt));
+        if ((int64_t)json_array_size(lt) != c->n_layers)
+            return ps_fail(err, "%s: key \"layer_types\" has %zu entries but num_hidden_layers is %lld", src,
+                           json_array_size(lt), (long long)c->n_layers);
+        for (size_t i = 0; i < json_array_size(lt); i++) {
+            json_t *a = json_array_get(lt, i);
+            if (!json_is_string(a)) return ps_fail(err, "%s: key \"layer_types[%zu]\" must be a string, got %s", src, i, type_name(a));
+            if (strcmp(json_string_value(a), "full_attention"))
+                return ps_fail(err, "%s: key \"layer_types[%zu]\" is \"%s\": only \"full_attention\" layers are supported", src, i,
+                               printable(json_string_value(a), b, sizeof b));
+        }
+    } else if ((v = json_object_get(root, "use_sliding_window")) && json_is_true(v)) {
+        /* transformers: without layer_types, layers from max_window_layers on use the sliding window */
+        json_t *sw = json_object_get(root, "sliding_window"), *mw = json_object_get(root, "max_window_layers");
+        int64_t mwl = 28;
+        if (mw && get_int(mw, "max_window_layers", src, &mwl, err)) return -1;
+        if (!json_is_null(sw) && mwl < c->n_layers)
+            return ps_fail(err, "%s: key \"use_sliding_window\" is true: layers %lld.. would use sliding-window attention, "
+                           "which is not supported", src, (long long)(mwl < 0 ? 0 : mwl));
+    }
     c->kind = PS_ATTN_FULL;
+    if ((v = json_object_get(root, "attention")) && parse_attention(v, src, c, err)) return -1; /* phasescope extension */
     return 0;
 }
 
@@ -290,6 +407,81 @@ int ps_config_save(const ps_config *c, const char *path, ps_error *err) {
     t[n] = '\n';
     int rc = ps_write_file_atomic(path, t, n + 1, err);
     free(t);
+    free(s);
+    return rc;
+}
+
+char *ps_config_to_hf_json(const ps_config *c, const char *dtype, ps_error *err) {
+    if (!c->rope || !c->qk_norm)
+        return ps_fail(err, "the Hugging Face layout needs rope and qk_norm true (a Qwen3 config cannot switch them off); "
+                            "save this model in phasescope's layout"), NULL;
+    if (!dtype) dtype = "float32";
+    json_t *o = json_object();
+    json_t *arch = json_array();
+    json_array_append_new(arch, json_string("Qwen3ForCausalLM"));
+    json_object_set_new(o, "architectures", arch);
+    json_object_set_new(o, "model_type", json_string("qwen3"));
+    json_object_set_new(o, "vocab_size", json_integer(c->vocab_size));
+    json_object_set_new(o, "hidden_size", json_integer(c->d_model));
+    json_object_set_new(o, "intermediate_size", json_integer(c->d_ff));
+    json_object_set_new(o, "num_hidden_layers", json_integer(c->n_layers));
+    json_object_set_new(o, "num_attention_heads", json_integer(c->n_heads));
+    json_object_set_new(o, "num_key_value_heads", json_integer(c->n_kv_heads));
+    json_object_set_new(o, "head_dim", json_integer(c->head_dim));
+    json_object_set_new(o, "max_position_embeddings", json_integer(c->max_seq_len));
+    json_object_set_new(o, "rms_norm_eps", json_real(c->rms_eps));
+    json_t *rp = json_object();
+    json_object_set_new(rp, "rope_theta", json_real(c->rope_theta));
+    json_object_set_new(rp, "rope_type", json_string("default"));
+    json_object_set_new(o, "rope_parameters", rp);
+    json_object_set_new(o, "rope_theta", json_real(c->rope_theta)); /* what transformers 4.x reads */
+    json_t *lt = json_array();
+    for (int64_t l = 0; l < c->n_layers; l++) json_array_append_new(lt, json_string("full_attention"));
+    json_object_set_new(o, "layer_types", lt);
+    json_object_set_new(o, "sliding_window", json_null());
+    json_object_set_new(o, "use_sliding_window", json_false());
+    json_object_set_new(o, "max_window_layers", json_integer(c->n_layers));
+    json_object_set_new(o, "tie_word_embeddings", json_boolean(c->tie_embeddings));
+    json_object_set_new(o, "dtype", json_string(dtype));
+    json_object_set_new(o, "torch_dtype", json_string(dtype)); /* what transformers < 4.56 reads */
+    json_object_set_new(o, "attention_bias", json_false());
+    json_object_set_new(o, "attention_dropout", json_real(0.0));
+    json_object_set_new(o, "hidden_act", json_string("silu"));
+    json_object_set_new(o, "initializer_range", json_real(0.02));
+    json_object_set_new(o, "use_cache", json_true());
+    json_object_set_new(o, "bos_token_id", json_integer(0)); /* SPEC §5: every sequence starts with BOS = 0 */
+    if (c->kind == PS_ATTN_COMPRESSED) { /* phasescope's extension: transformers ignores it (see docs/models.md) */
+        json_t *a = json_object();
+        json_object_set_new(a, "kind", json_string("compressed"));
+        json_object_set_new(a, "window", json_integer(c->window));
+        json_object_set_new(a, "stride", json_integer(c->stride));
+        json_object_set_new(a, "local_window", json_integer(c->local_window));
+        json_object_set_new(a, "gate", json_string(c->gate == PS_GATE_UNIFORM ? "uniform" : "learned"));
+        json_object_set_new(a, "payload", json_string(c->payload == PS_PAYLOAD_SHARED ? "shared" : "per_offset"));
+        json_object_set_new(o, "attention", a);
+    }
+    int digits = round_trip_digits(c->rope_theta), d2 = round_trip_digits(c->rms_eps);
+    char *s = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(d2 > digits ? d2 : digits));
+    json_decref(o);
+    if (!s) ps_fail(err, "cannot serialise config");
+    return s;
+}
+
+static int save_text(const char *s, const char *path, ps_error *err) {
+    size_t n = strlen(s);
+    char *t = malloc(n + 2);
+    if (!t) return ps_fail(err, "%s: out of memory", path);
+    memcpy(t, s, n);
+    t[n] = '\n';
+    int rc = ps_write_file_atomic(path, t, n + 1, err);
+    free(t);
+    return rc;
+}
+
+int ps_config_save_hf(const ps_config *c, const char *dtype, const char *path, ps_error *err) {
+    char *s = ps_config_to_hf_json(c, dtype, err);
+    if (!s) return ps_fail_prefix(err, "%s: ", path);
+    int rc = save_text(s, path, err);
     free(s);
     return rc;
 }

@@ -50,6 +50,12 @@ char *ps_config_to_json(const ps_config *c);
 /* Write config.json atomically. */
 int ps_config_save(const ps_config *c, const char *path, ps_error *err);
 
+/* Serialise as a Hugging Face Qwen3 config (transformers 5 keys, plus rope_theta and torch_dtype for
+ * 4.x readers; a compressed model adds phasescope's "attention" object). `dtype` is the weights'
+ * storage ("float32", "bfloat16", "float16"). Fails (NULL) when rope or qk_norm is off. Caller frees. */
+char *ps_config_to_hf_json(const ps_config *c, const char *dtype, ps_error *err);
+int ps_config_save_hf(const ps_config *c, const char *dtype, const char *path, ps_error *err);
+
 /* 16 hex digits: FNV-1a 64 over the canonical JSON of the config. */
 void ps_config_hash(const ps_config *c, char out[17]);
 

@@ -1,9 +1,15 @@
+#define _POSIX_C_SOURCE 200809L
 #include "model.h"
 
+#include <dirent.h>
+#include <errno.h>
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "fileio.h"
 #include "rng.h"
@@ -215,20 +221,41 @@ static void shape_str(char *buf, size_t n, int ndim, const int64_t *shape) {
     if (w < n) snprintf(buf + w, n - w, "]");
 }
 
-int ps_model_load(ps_model *m, const char *dir, ps_error *err) {
-    memset(m, 0, sizeof *m);
-    char cpath[4096], wpath[4096];
-    if (ps_path_join(cpath, sizeof cpath, dir, "config.json", err) ||
-        ps_path_join(wpath, sizeof wpath, dir, "model.safetensors", err))
-        return -1;
-    ps_config cfg;
-    if (ps_config_load(cpath, &cfg, err)) return -1;
-    if (ps_model_create(m, &cfg, err)) return ps_fail_prefix(err, "%s: ", cpath);
-    ps_st_file f;
-    if (ps_st_open(wpath, &f, err)) {
-        ps_model_free(m);
-        return -1;
+/* Check one stored tensor against the table entry, convert it into the parameter buffer, refuse
+ * non-finite values, and drop its file pages again. */
+static int load_tensor(ps_model *m, const ps_param_info *p, const ps_st_file *f, const ps_st_entry *e, ps_error *err) {
+    int same = e->ndim == p->ndim;
+    for (int d = 0; same && d < p->ndim; d++) same = e->shape[d] == p->shape[d];
+    if (!same) {
+        char got[128], want[128];
+        shape_str(got, sizeof got, e->ndim, e->shape);
+        shape_str(want, sizeof want, p->ndim, p->shape);
+        return ps_fail(err, "%s: tensor \"%s\" has shape %s but the config needs %s", f->path, p->name, got, want);
     }
+    float *w = m->params + p->offset;
+    int rc = ps_st_read_f32(f, e, w, err);
+    ps_st_release(f, e);
+    if (rc) return -1;
+    for (int64_t j = 0; j < p->numel; j++)
+        if (!isfinite(w[j]))
+            return ps_fail(err, "%s: tensor \"%s\" holds a non-finite value (%g at flat index %lld)", f->path, p->name,
+                           (double)w[j], (long long)j);
+    return 0;
+}
+
+static int take_meta(ps_model *m, const ps_st_file *f, ps_error *err) {
+    for (int i = 0; i < f->n_meta; i++)
+        if (strcmp(f->meta_keys[i], "format") && ps_model_set_meta(m, f->meta_keys[i], f->meta_vals[i], err)) return -1;
+    return 0;
+}
+
+static int tolerated_extra(const ps_model *m, const char *name) {
+    return m->cfg.tie_embeddings && !strcmp(name, "lm_head.weight"); /* SPEC §3: ignored */
+}
+
+static int load_single(ps_model *m, const char *wpath, const char *cpath, ps_error *err) {
+    ps_st_file f;
+    if (ps_st_open(wpath, &f, err)) return -1;
     int rc = -1;
     for (int i = 0; i < m->n_tensors; i++) {
         const ps_param_info *p = &m->table[i];
@@ -237,57 +264,239 @@ int ps_model_load(ps_model *m, const char *dir, ps_error *err) {
             ps_fail(err, "%s: tensor \"%s\" is missing (the config in %s needs it)", wpath, p->name, cpath);
             goto done;
         }
-        int same = e->ndim == p->ndim;
-        for (int d = 0; same && d < p->ndim; d++) same = e->shape[d] == p->shape[d];
-        if (!same) {
-            char got[128], want[128];
-            shape_str(got, sizeof got, e->ndim, e->shape);
-            shape_str(want, sizeof want, p->ndim, p->shape);
-            ps_fail(err, "%s: tensor \"%s\" has shape %s but the config needs %s", wpath, p->name, got, want);
-            goto done;
-        }
-        float *w = m->params + p->offset;
-        if (ps_st_read_f32(&f, e, w, err)) goto done;
-        for (int64_t j = 0; j < p->numel; j++)
-            if (!isfinite(w[j])) {
-                ps_fail(err, "%s: tensor \"%s\" holds a non-finite value (%g at flat index %lld)", wpath, p->name,
-                        (double)w[j], (long long)j);
-                goto done;
-            }
+        if (load_tensor(m, p, &f, e, err)) goto done;
     }
     for (int i = 0; i < f.n; i++) {
-        if (ps_model_find(m, f.entries[i].name)) continue;
-        if (cfg.tie_embeddings && !strcmp(f.entries[i].name, "lm_head.weight")) continue; /* tolerated, ignored */
-        ps_fail(err, "%s: unexpected tensor \"%s\" (not part of the model described by %s)", wpath, f.entries[i].name,
+        if (ps_model_find(m, f.entries[i].name) || tolerated_extra(m, f.entries[i].name)) continue;
+        char b[200];
+        ps_fail(err, "%s: unexpected tensor \"%s\" (not part of the model described by %s)", wpath,
+                ps_st_printable(f.entries[i].name, b, sizeof b), cpath);
+        goto done;
+    }
+    rc = take_meta(m, &f, err);
+done:
+    ps_st_close(&f);
+    return rc;
+}
+
+/* A sharded checkpoint: the index is checked whole first (every listed tensor belongs to the model,
+ * every model tensor is listed), then the shards are opened lazily, in the order the model's tensors
+ * need them; a shard holding no needed tensor is never opened. Every tensor of an opened shard must be
+ * listed in weight_map under that shard. */
+static int load_sharded(ps_model *m, const char *dir, const char *ipath, const char *cpath, ps_error *err) {
+    ps_st_index ix;
+    if (ps_st_index_load(ipath, &ix, err)) return -1;
+    int rc = -1;
+    char b1[200], b2[200];
+    ps_st_file *sh = calloc((size_t)(ix.n_shards ? ix.n_shards : 1), sizeof *sh);
+    char *opened = calloc((size_t)(ix.n_shards ? ix.n_shards : 1), 1);
+    if (!sh || !opened) {
+        ps_fail(err, "%s: out of memory", ipath);
+        goto done;
+    }
+    for (int i = 0; i < ix.n; i++) {
+        if (ps_model_find(m, ix.names[i]) || tolerated_extra(m, ix.names[i])) continue;
+        ps_fail(err, "%s: unexpected tensor \"%s\" in weight_map (shard \"%s\"; not part of the model described by %s)",
+                ipath, ps_st_printable(ix.names[i], b1, sizeof b1), ps_st_printable(ix.shards[ix.shard[i]], b2, sizeof b2),
                 cpath);
         goto done;
     }
-    for (int i = 0; i < f.n_meta; i++)
-        if (strcmp(f.meta_keys[i], "format") && ps_model_set_meta(m, f.meta_keys[i], f.meta_vals[i], err)) goto done;
+    for (int i = 0; i < m->n_tensors; i++)
+        if (ps_st_index_find(&ix, m->table[i].name) < 0) {
+            ps_fail(err, "%s: tensor \"%s\" is missing from weight_map (the config in %s needs it)", ipath,
+                    m->table[i].name, cpath);
+            goto done;
+        }
+    for (int i = 0; i < m->n_tensors; i++) {
+        const ps_param_info *p = &m->table[i];
+        int s = ix.shard[ps_st_index_find(&ix, p->name)];
+        if (!opened[s]) {
+            char spath[4096];
+            if (ps_st_shard_path(dir, ipath, ix.shards[s], spath, sizeof spath, err) || ps_st_open(spath, &sh[s], err))
+                goto done;
+            opened[s] = 1;
+            for (int j = 0; j < sh[s].n; j++) {
+                const char *name = sh[s].entries[j].name;
+                int k = ps_st_index_find(&ix, name);
+                if (k < 0) {
+                    ps_fail(err, "%s: tensor \"%s\" is not listed in the weight_map of %s", spath,
+                            ps_st_printable(name, b1, sizeof b1), ipath);
+                    goto done;
+                }
+                if (ix.shard[k] != s) {
+                    ps_fail(err, "%s: tensor \"%s\" is also stored here, but %s maps it to shard \"%s\" (a tensor in two shards)",
+                            spath, ps_st_printable(name, b1, sizeof b1), ipath,
+                            ps_st_printable(ix.shards[ix.shard[k]], b2, sizeof b2));
+                    goto done;
+                }
+            }
+            if (take_meta(m, &sh[s], err)) goto done;
+        }
+        const ps_st_entry *e = ps_st_find(&sh[s], p->name);
+        if (!e) {
+            ps_fail(err, "%s: tensor \"%s\" is missing (%s lists it in this shard)", sh[s].path, p->name, ipath);
+            goto done;
+        }
+        if (load_tensor(m, p, &sh[s], e, err)) goto done;
+    }
+    m->n_shards = 0;
+    for (int s = 0; s < ix.n_shards; s++) m->n_shards += opened[s];
     rc = 0;
 done:
-    ps_st_close(&f);
+    for (int s = 0; sh && s < ix.n_shards; s++)
+        if (opened[s]) ps_st_close(&sh[s]);
+    free(sh);
+    free(opened);
+    ps_st_index_free(&ix);
+    return rc;
+}
+
+int ps_model_load(ps_model *m, const char *dir, ps_error *err) {
+    memset(m, 0, sizeof *m);
+    char cpath[4096], wpath[4096], ipath[4096];
+    if (ps_path_join(cpath, sizeof cpath, dir, "config.json", err) ||
+        ps_path_join(wpath, sizeof wpath, dir, "model.safetensors", err) ||
+        ps_path_join(ipath, sizeof ipath, dir, PS_ST_INDEX_NAME, err))
+        return -1;
+    ps_config cfg;
+    if (ps_config_load(cpath, &cfg, err)) return -1;
+    if (ps_model_create(m, &cfg, err)) return ps_fail_prefix(err, "%s: ", cpath);
+    /* As in transformers: model.safetensors first, else the shard index. */
+    struct stat st;
+    int sharded = lstat(wpath, &st) != 0 && errno == ENOENT && stat(ipath, &st) == 0;
+    int rc = sharded ? load_sharded(m, dir, ipath, cpath, err) : load_single(m, wpath, cpath, err);
+    if (!sharded && !rc) m->n_shards = 1;
     if (rc) ps_model_free(m);
     return rc;
 }
 
-int ps_model_save(const ps_model *m, const char *dir, ps_error *err) {
+/* ---- saving ---- */
+
+static int is_shard_name(const char *name, int *i, int *n) {
+    int a, b, len = 0;
+    if (strlen(name) != 32 || sscanf(name, "model-%5d-of-%5d.safetensors%n", &a, &b, &len) != 2 || len != 32) return 0;
+    *i = a;
+    *n = b;
+    return 1;
+}
+
+/* After a save: remove the other layout's weight files, so that the directory holds one checkpoint
+ * (model.safetensors wins over an index when both exist, so a stale one would be loaded instead). */
+static void remove_stale(const char *dir, int n_shards) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    char path[4096];
+    for (struct dirent *e; (e = readdir(d));) {
+        int i, n, stale = 0;
+        if (is_shard_name(e->d_name, &i, &n)) stale = !(n_shards > 1 && n == n_shards && i >= 1 && i <= n);
+        else if (!strcmp(e->d_name, "model.safetensors")) stale = n_shards > 1;
+        else if (!strcmp(e->d_name, PS_ST_INDEX_NAME)) stale = n_shards <= 1;
+        if (stale && (size_t)snprintf(path, sizeof path, "%s/%s", dir, e->d_name) < sizeof path) unlink(path);
+    }
+    closedir(d);
+}
+
+static const char *hf_dtype_name(ps_dtype d) {
+    return d == PS_DT_BF16 ? "bfloat16" : d == PS_DT_F16 ? "float16" : "float32";
+}
+
+int ps_model_save_as(const ps_model *m, const char *dir, const ps_save_opts *o, ps_error *err) {
+    ps_save_opts def = {0};
+    if (!o) o = &def;
+    ps_dtype dt = o->dtype_set ? o->dtype : PS_DT_F32;
+    if (dt != PS_DT_F32 && dt != PS_DT_BF16 && dt != PS_DT_F16)
+        return ps_fail(err, "%s: cannot store weights as %s (F32, BF16 or F16)", dir, ps_dtype_name(dt));
+    if (o->layout == PS_LAYOUT_HF) { /* fail before writing anything */
+        char *js = ps_config_to_hf_json(&m->cfg, hf_dtype_name(dt), err);
+        if (!js) return ps_fail_prefix(err, "%s: ", dir);
+        free(js);
+    }
     if (ps_mkdir(dir, err)) return -1;
     char cpath[4096], wpath[4096];
     if (ps_path_join(cpath, sizeof cpath, dir, "config.json", err) ||
         ps_path_join(wpath, sizeof wpath, dir, "model.safetensors", err))
         return -1;
+    int64_t esz = ps_dtype_size(dt);
+    /* Shards: tensors in table order, a new shard when the next tensor would pass max_shard_bytes. */
+    int *shard_of = calloc((size_t)m->n_tensors, sizeof *shard_of);
     ps_st_tensor *t = calloc((size_t)m->n_tensors, sizeof *t);
-    if (!t) return ps_fail(err, "%s: out of memory", wpath);
+    if (!t || !shard_of) {
+        free(t);
+        free(shard_of);
+        return ps_fail(err, "%s: out of memory", wpath);
+    }
+    int n_shards = 1;
+    uint64_t cur = 0, total = 0;
     for (int i = 0; i < m->n_tensors; i++) {
+        uint64_t bytes = (uint64_t)m->table[i].numel * (uint64_t)esz;
+        if (o->max_shard_bytes && cur > 0 && cur + bytes > o->max_shard_bytes) {
+            n_shards++;
+            cur = 0;
+        }
+        shard_of[i] = n_shards - 1;
+        cur += bytes;
+        total += bytes;
         t[i].name = m->table[i].name;
         t[i].ndim = m->table[i].ndim;
         for (int d = 0; d < 3; d++) t[i].shape[d] = m->table[i].shape[d];
         t[i].data = m->params + m->table[i].offset;
     }
-    int rc = ps_st_save(wpath, t, m->n_tensors, (const char *const *)m->meta_keys, (const char *const *)m->meta_vals,
-                        m->n_meta, err);
+    int rc = -1;
+    if (n_shards > 99999) {
+        ps_fail(err, "%s: %d shards is more than the 99999 the file names allow; raise the shard size", dir, n_shards);
+        goto done;
+    }
+    if (n_shards == 1) {
+        if (ps_st_save_as(wpath, t, m->n_tensors, (const char *const *)m->meta_keys, (const char *const *)m->meta_vals,
+                          m->n_meta, dt, err))
+            goto done;
+    } else {
+        json_t *wm = json_object();
+        for (int s = 0, first = 0; s < n_shards; s++) {
+            int last = first;
+            while (last < m->n_tensors && shard_of[last] == s) last++;
+            char name[64], spath[4200];
+            snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", s + 1, n_shards);
+            if (ps_path_join(spath, sizeof spath, dir, name, err) ||
+                ps_st_save_as(spath, t + first, last - first, (const char *const *)m->meta_keys,
+                              (const char *const *)m->meta_vals, m->n_meta, dt, err)) {
+                json_decref(wm);
+                goto done;
+            }
+            for (int i = first; i < last; i++) json_object_set_new(wm, t[i].name, json_string(name));
+            first = last;
+        }
+        json_t *root = json_object(), *md = json_object();
+        json_object_set_new(md, "total_size", json_integer((json_int_t)total));
+        json_object_set_new(root, "metadata", md);
+        json_object_set_new(root, "weight_map", wm);
+        char *js = json_dumps(root, JSON_INDENT(2) | JSON_SORT_KEYS);
+        json_decref(root);
+        char ipath[4096];
+        if (!js) {
+            ps_fail(err, "%s: cannot serialise the shard index", dir);
+            goto done;
+        }
+        size_t n = strlen(js);
+        char *txt = realloc(js, n + 2);
+        if (!txt) {
+            free(js);
+            ps_fail(err, "%s: out of memory", dir);
+            goto done;
+        }
+        txt[n] = '\n';
+        int bad = ps_path_join(ipath, sizeof ipath, dir, PS_ST_INDEX_NAME, err) || ps_write_file_atomic(ipath, txt, n + 1, err);
+        free(txt);
+        if (bad) goto done;
+    }
+    if (o->layout == PS_LAYOUT_HF ? ps_config_save_hf(&m->cfg, hf_dtype_name(dt), cpath, err) : ps_config_save(&m->cfg, cpath, err))
+        goto done;
+    remove_stale(dir, n_shards);
+    rc = 0;
+done:
     free(t);
-    if (rc) return -1;
-    return ps_config_save(&m->cfg, cpath, err);
+    free(shard_of);
+    return rc;
 }
+
+int ps_model_save(const ps_model *m, const char *dir, ps_error *err) { return ps_model_save_as(m, dir, NULL, err); }

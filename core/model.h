@@ -8,6 +8,7 @@
 
 #include "config.h"
 #include "error.h"
+#include "safetensors.h"
 
 /* Parameter kinds; per-layer kinds repeat for every layer. */
 typedef enum {
@@ -54,6 +55,7 @@ typedef struct {
     /* metadata carried with the checkpoint (task layout etc.), "format" excluded */
     int n_meta;
     char **meta_keys, **meta_vals;
+    int n_shards;        /* weight files read by ps_model_load: 1, or the shards it opened */
 } ps_model;
 
 /* Build the table for cfg and allocate zeroed parameters. */
@@ -73,12 +75,29 @@ void ps_model_init(ps_model *m, uint64_t seed);
 /* The same with another base standard deviation (0.02 above). */
 void ps_model_init_std(ps_model *m, uint64_t seed, double std);
 
-/* Load DIR/config.json and DIR/model.safetensors. Errors name the file and the tensor. */
+/* Load DIR/config.json (phasescope's schema or a Hugging Face Qwen3 config) and the weights:
+ * DIR/model.safetensors, or when there is none, the shards named by DIR/model.safetensors.index.json
+ * (opened lazily: only shards holding a needed tensor). Files are memory-mapped and converted tensor by
+ * tensor (F32, BF16, F16) into the float32 parameter buffer, each tensor's file pages dropped after
+ * it, so the peak is the float32 parameters plus about one tensor. Errors name the file and the tensor. */
 int ps_model_load(ps_model *m, const char *dir, ps_error *err);
 
 /* Save atomically: DIR/config.json and DIR/model.safetensors (F32, "__metadata__" with the model's
  * metadata). DIR is created if missing. */
 int ps_model_save(const ps_model *m, const char *dir, ps_error *err);
+
+typedef enum { PS_LAYOUT_PHASESCOPE = 0, PS_LAYOUT_HF = 1 } ps_layout;
+typedef struct {
+    ps_layout layout;          /* config.json schema: phasescope's own, or Hugging Face Qwen3 */
+    int dtype_set;             /* 0: F32 */
+    ps_dtype dtype;            /* PS_DT_F32, PS_DT_BF16 or PS_DT_F16 (rounded to nearest even) */
+    uint64_t max_shard_bytes;  /* 0: one model.safetensors; else shards model-0000i-of-0000n.safetensors of at
+                                  most this many bytes (a bigger tensor gets a shard of its own) + the index */
+} ps_save_opts;
+/* Save with a layout, a storage dtype and sharding (o NULL: as ps_model_save). Each file is atomic; the
+ * other layout's weight files (model.safetensors, the index, stale model-*-of-*.safetensors) are removed
+ * afterwards, so the directory holds one checkpoint. The model's metadata goes into every file. */
+int ps_model_save_as(const ps_model *m, const char *dir, const ps_save_opts *o, ps_error *err);
 
 /* Set (or replace) a metadata string. */
 int ps_model_set_meta(ps_model *m, const char *key, const char *val, ps_error *err);

@@ -7,6 +7,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <limits.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -30,11 +32,12 @@ const char *ps_dtype_name(ps_dtype d) {
     return "?";
 }
 
-static int dtype_size(ps_dtype d) {
+int ps_dtype_size(ps_dtype d) {
     for (int i = 0; i < N_DTYPES; i++)
         if (DTYPES[i].dt == d) return DTYPES[i].size;
     return 0;
 }
+#define dtype_size ps_dtype_size
 
 int64_t ps_st_numel(const ps_st_entry *e) {
     int64_t n = 1;
@@ -101,7 +104,7 @@ void ps_st_close(ps_st_file *f) {
     }
     free(f->meta_keys);
     free(f->meta_vals);
-    free(f->data);
+    if (f->map) munmap(f->map, f->map_len);
     free(f->path);
     memset(f, 0, sizeof *f);
 }
@@ -293,14 +296,22 @@ int ps_st_open(const char *path, ps_st_file *f, ps_error *err) {
             goto fail;
         }
     }
-    f->data = malloc(f->data_len ? f->data_len : 1);
-    if (!f->data) {
-        ps_fail(err, "%s: out of memory for %llu bytes of tensor data", path, (unsigned long long)f->data_len);
-        goto fail;
-    }
-    if (f->data_len && pread_all(fd, f->data, f->data_len, 8 + hlen)) {
-        ps_fail(err, "%s: cannot read the tensor data", path);
-        goto fail;
+    /* The data section is mapped, not read: a tensor's pages come in when it is converted and go
+     * again with ps_st_release, so loading never holds the file's bytes and the float32 copy at once. */
+    {
+        size_t map_len = (size_t)fsize;
+        if ((uint64_t)map_len != fsize) {
+            ps_fail(err, "%s: file of %llu bytes is too large to map", path, (unsigned long long)fsize);
+            goto fail;
+        }
+        void *mp = mmap(NULL, map_len, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (mp == MAP_FAILED) {
+            ps_fail(err, "%s: cannot map the file: %s", path, strerror(errno));
+            goto fail;
+        }
+        f->map = mp;
+        f->map_len = map_len;
+        f->data = (const uint8_t *)mp + 8 + hlen;
     }
     json_decref(root);
     free(header);
@@ -348,8 +359,25 @@ int ps_st_read_f32(const ps_st_file *f, const ps_st_entry *e, float *out, ps_err
 
 /* ---- writer ---- */
 
+void ps_st_release(const ps_st_file *f, const ps_st_entry *e) {
+    if (!f->map || e->end <= e->begin) return;
+    long pg = sysconf(_SC_PAGESIZE);
+    if (pg <= 0) return;
+    uintptr_t a = (uintptr_t)(f->data + e->begin), b = (uintptr_t)(f->data + e->end);
+    uintptr_t lo = (a + (uintptr_t)pg - 1) / (uintptr_t)pg * (uintptr_t)pg, hi = b / (uintptr_t)pg * (uintptr_t)pg;
+    if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED); /* a private read-only mapping: pages re-read if touched */
+}
+
 int ps_st_save(const char *path, const ps_st_tensor *t, int n, const char *const *mk, const char *const *mv,
                int n_meta, ps_error *err) {
+    return ps_st_save_as(path, t, n, mk, mv, n_meta, PS_DT_F32, err);
+}
+
+int ps_st_save_as(const char *path, const ps_st_tensor *t, int n, const char *const *mk, const char *const *mv,
+                  int n_meta, ps_dtype dtype, ps_error *err) {
+    if (dtype != PS_DT_F32 && dtype != PS_DT_BF16 && dtype != PS_DT_F16)
+        return ps_fail(err, "%s: cannot write dtype %s (F32, BF16 or F16)", path, ps_dtype_name(dtype));
+    uint64_t esz = (uint64_t)ps_dtype_size(dtype);
     json_t *root = json_object(), *meta = json_object();
     json_object_set_new(meta, "format", json_string("pt"));
     for (int i = 0; i < n_meta; i++) json_object_set_new(meta, mk[i], json_string(mv[i]));
@@ -362,17 +390,17 @@ int ps_st_save(const char *path, const ps_st_tensor *t, int n, const char *const
             json_array_append_new(sh, json_integer(t[i].shape[d]));
             numel *= t[i].shape[d];
         }
-        json_object_set_new(e, "dtype", json_string("F32"));
+        json_object_set_new(e, "dtype", json_string(ps_dtype_name(dtype)));
         json_object_set_new(e, "shape", sh);
         json_t *o = json_array();
         json_array_append_new(o, json_integer((json_int_t)off));
-        json_array_append_new(o, json_integer((json_int_t)(off + (uint64_t)numel * 4)));
+        json_array_append_new(o, json_integer((json_int_t)(off + (uint64_t)numel * esz)));
         json_object_set_new(e, "data_offsets", o);
         if (json_object_set_new(root, t[i].name, e) != 0) {
             json_decref(root);
             return ps_fail(err, "%s: tensor \"%s\": invalid name", path, t[i].name);
         }
-        off += (uint64_t)numel * 4;
+        off += (uint64_t)numel * esz;
     }
     if ((int)json_object_size(root) != n + 1) {
         json_decref(root);
@@ -392,10 +420,24 @@ int ps_st_save(const char *path, const ps_st_tensor *t, int n, const char *const
     int bad = fwrite(lenb, 1, 8, af.f) != 8 || fwrite(hdr, 1, hl, af.f) != hl;
     for (size_t i = hl; i < padded && !bad; i++) bad = fputc(' ', af.f) == EOF;
     free(hdr);
+    enum { CHUNK = 16384 };
+    uint8_t buf[CHUNK * 2];
     for (int i = 0; i < n && !bad; i++) {
         int64_t numel = 1;
         for (int d = 0; d < t[i].ndim; d++) numel *= t[i].shape[d];
-        if (numel && fwrite(t[i].data, 4, (size_t)numel, af.f) != (size_t)numel) bad = 1;
+        if (dtype == PS_DT_F32) {
+            if (numel && fwrite(t[i].data, 4, (size_t)numel, af.f) != (size_t)numel) bad = 1;
+            continue;
+        }
+        for (int64_t j = 0; j < numel && !bad; j += CHUNK) { /* converted a chunk at a time, little-endian */
+            int64_t m = numel - j < CHUNK ? numel - j : CHUNK;
+            for (int64_t k = 0; k < m; k++) {
+                uint16_t h = dtype == PS_DT_BF16 ? ps_f32_to_bf16(t[i].data[j + k]) : ps_f32_to_f16(t[i].data[j + k]);
+                buf[2 * k] = (uint8_t)(h & 0xff);
+                buf[2 * k + 1] = (uint8_t)(h >> 8);
+            }
+            if (fwrite(buf, 2, (size_t)m, af.f) != (size_t)m) bad = 1;
+        }
     }
     if (bad) {
         int e = errno;
@@ -403,4 +445,218 @@ int ps_st_save(const char *path, const ps_st_tensor *t, int n, const char *const
         return ps_fail(err, "%s: write failed: %s", path, strerror(e ? e : EIO));
     }
     return ps_atomic_commit(&af, err);
+}
+
+/* ---- the shard index ---- */
+
+const char *ps_st_printable(const char *s, char *buf, size_t n) {
+    static const char hex[] = "0123456789abcdef";
+    size_t w = 0;
+    if (!n) return buf;
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (w + 8 >= n) { /* room for "..." and the NUL */
+            memcpy(buf + w, "...", 3);
+            w += 3;
+            break;
+        }
+        if (*p < 0x20 || *p >= 0x7f || *p == '\\') {
+            buf[w++] = '\\';
+            buf[w++] = 'x';
+            buf[w++] = hex[*p >> 4];
+            buf[w++] = hex[*p & 15];
+        } else
+            buf[w++] = (char)*p;
+    }
+    buf[w] = '\0';
+    return buf;
+}
+
+void ps_st_index_free(ps_st_index *ix) {
+    if (!ix) return;
+    for (int i = 0; i < ix->n; i++) free(ix->names[i]);
+    for (int i = 0; i < ix->n_shards; i++) free(ix->shards[i]);
+    free(ix->names);
+    free(ix->shard);
+    free(ix->order);
+    free(ix->shards);
+    free(ix->path);
+    memset(ix, 0, sizeof *ix);
+}
+
+static const ps_st_index *sort_ix; /* qsort has no user pointer; set only around the sort */
+static int cmp_name(const void *a, const void *b) {
+    return strcmp(sort_ix->names[*(const int *)a], sort_ix->names[*(const int *)b]);
+}
+
+static const char *json_type_name(const json_t *v) {
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "an object";
+    case JSON_ARRAY: return "an array";
+    case JSON_STRING: return "a string";
+    case JSON_INTEGER: return "an integer";
+    case JSON_REAL: return "a real number";
+    case JSON_TRUE: case JSON_FALSE: return "a boolean";
+    default: return "null";
+    }
+}
+
+int ps_st_index_parse(const char *text, size_t len, const char *src, ps_st_index *ix, ps_error *err) {
+    memset(ix, 0, sizeof *ix);
+    char pa[160], pb[160];
+    json_error_t je;
+    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
+    if (!root) {
+        if (!strncmp(je.text, "duplicate object key", 20)) {
+            /* name the key: the last string that ends before where the parser stopped */
+            size_t end = je.position >= 0 && (size_t)je.position < len ? (size_t)je.position : len, beg;
+            while (end > 0 && text[end - 1] != '"') end--;
+            beg = end ? end - 1 : 0;
+            while (beg > 0 && !(text[beg - 1] == '"' && (beg < 2 || text[beg - 2] != '\\'))) beg--;
+            char key[200];
+            size_t kl = end > beg + 1 ? end - 1 - beg : 0;
+            if (kl >= sizeof key) kl = sizeof key - 1;
+            memcpy(key, text + beg, kl);
+            key[kl] = '\0';
+            return ps_fail(err, "%s: key \"%s\" is listed twice (line %d); a tensor may be listed only once, in one shard",
+                           src, ps_st_printable(key, pa, sizeof pa), je.line);
+        }
+        return ps_fail(err, "%s: not valid JSON (line %d: %s)", src, je.line, ps_st_printable(je.text, pa, sizeof pa));
+    }
+    int rc = -1;
+    json_t *wm = json_is_object(root) ? json_object_get(root, "weight_map") : NULL, *md;
+    if (!json_is_object(root)) {
+        ps_fail(err, "%s: a shard index must be a JSON object with \"weight_map\", got %s", src, json_type_name(root));
+        goto done;
+    }
+    if (!wm) {
+        ps_fail(err, "%s: missing \"weight_map\" (the tensor -> shard file map)", src);
+        goto done;
+    }
+    if (!json_is_object(wm)) {
+        ps_fail(err, "%s: \"weight_map\" must be an object (tensor name -> shard file), got %s", src, json_type_name(wm));
+        goto done;
+    }
+    if ((md = json_object_get(root, "metadata")) && !json_is_object(md)) {
+        ps_fail(err, "%s: \"metadata\" must be an object, got %s", src, json_type_name(md));
+        goto done;
+    }
+    size_t nw = json_object_size(wm);
+    if (nw > PS_ST_MAX_TENSORS) {
+        ps_fail(err, "%s: weight_map lists %zu tensors (limit %d)", src, nw, PS_ST_MAX_TENSORS);
+        goto done;
+    }
+    ix->path = strdup(src);
+    ix->names = calloc(nw ? nw : 1, sizeof *ix->names);
+    ix->shard = calloc(nw ? nw : 1, sizeof *ix->shard);
+    ix->order = calloc(nw ? nw : 1, sizeof *ix->order);
+    ix->shards = calloc(nw ? nw : 1, sizeof *ix->shards);
+    if (!ix->path || !ix->names || !ix->shard || !ix->order || !ix->shards) {
+        ps_fail(err, "%s: out of memory", src);
+        goto done;
+    }
+    const char *k;
+    json_t *v;
+    json_object_foreach(wm, k, v) {
+        if (!json_is_string(v)) {
+            ps_fail(err, "%s: weight_map[\"%s\"] must be a string (a shard file name), got %s", src,
+                    ps_st_printable(k, pa, sizeof pa), json_type_name(v));
+            goto done;
+        }
+        const char *sh = json_string_value(v);
+        if (!*sh || strchr(sh, '/') || !strcmp(sh, ".") || !strcmp(sh, "..")) {
+            ps_fail(err, "%s: weight_map[\"%s\"]: shard \"%s\" must be a file name in the checkpoint directory "
+                    "(not empty, no \"/\", not \".\" or \"..\")",
+                    src, ps_st_printable(k, pa, sizeof pa), ps_st_printable(sh, pb, sizeof pb));
+            goto done;
+        }
+        int s = -1;
+        for (int j = ix->n_shards - 1; j >= 0 && s < 0; j--) /* shards come in runs: look from the newest */
+            if (!strcmp(ix->shards[j], sh)) s = j;
+        if (s < 0) {
+            if (!(ix->shards[ix->n_shards] = strdup(sh))) {
+                ps_fail(err, "%s: out of memory", src);
+                goto done;
+            }
+            s = ix->n_shards++;
+        }
+        if (!(ix->names[ix->n] = strdup(k))) {
+            ps_fail(err, "%s: out of memory", src);
+            goto done;
+        }
+        ix->shard[ix->n] = s;
+        ix->order[ix->n] = ix->n;
+        ix->n++;
+    }
+    sort_ix = ix;
+    qsort(ix->order, (size_t)ix->n, sizeof *ix->order, cmp_name);
+    sort_ix = NULL;
+    rc = 0;
+done:
+    json_decref(root);
+    if (rc) ps_st_index_free(ix);
+    return rc;
+}
+
+int ps_st_index_load(const char *path, ps_st_index *ix, ps_error *err) {
+    memset(ix, 0, sizeof *ix);
+    char *text;
+    size_t len;
+    if (ps_read_file(path, PS_ST_INDEX_MAX_BYTES, &text, &len, err)) return -1;
+    int rc = ps_st_index_parse(text, len, path, ix, err);
+    free(text);
+    return rc;
+}
+
+int ps_st_index_find(const ps_st_index *ix, const char *name) {
+    int lo = 0, hi = ix->n - 1;
+    while (lo <= hi) {
+        int mid = lo + (hi - lo) / 2, c = strcmp(ix->names[ix->order[mid]], name);
+        if (!c) return ix->order[mid];
+        if (c < 0) lo = mid + 1;
+        else hi = mid - 1;
+    }
+    return -1;
+}
+
+/* The parent of an absolute, resolved path (in place); "/" stays "/". */
+static void parent_dir(char *p) {
+    char *s = strrchr(p, '/');
+    if (!s) return;
+    if (s == p) p[1] = '\0';
+    else *s = '\0';
+}
+
+static int inside(const char *path, const char *dir) {
+    size_t n = strlen(dir);
+    if (n == 1 && dir[0] == '/') return path[0] == '/' && path[1] != '\0';
+    return !strncmp(path, dir, n) && path[n] == '/';
+}
+
+int ps_st_shard_path(const char *dir, const char *index_path, const char *shard, char *out, size_t n, ps_error *err) {
+    char ps[160];
+    if (!*shard || strchr(shard, '/') || !strcmp(shard, ".") || !strcmp(shard, ".."))
+        return ps_fail(err, "%s: shard \"%s\" must be a file name in the checkpoint directory", index_path,
+                       ps_st_printable(shard, ps, sizeof ps));
+    if (ps_path_join(out, n, dir, shard, err)) return -1;
+    char rdir[PATH_MAX], rfile[PATH_MAX];
+    if (!realpath(dir, rdir)) return ps_fail(err, "%s: cannot resolve: %s", dir, strerror(errno));
+    if (!realpath(out, rfile)) {
+        int e = errno;
+        return ps_fail(err, "%s: cannot open: %s (a shard listed in %s)", out, strerror(e), index_path);
+    }
+    if (inside(rfile, rdir)) return 0;
+    /* A Hugging Face hub cache snapshot: ROOT/snapshots/REV/NAME -> ../../blobs/HASH. */
+    char root[PATH_MAX];
+    snprintf(root, sizeof root, "%s", rdir);
+    parent_dir(root);
+    const char *base = strrchr(root, '/');
+    if (base && !strcmp(base + 1, "snapshots")) {
+        parent_dir(root);
+        char blobs[PATH_MAX + 8];
+        snprintf(blobs, sizeof blobs, "%s%sblobs", root, strcmp(root, "/") ? "/" : "");
+        if (inside(rfile, blobs)) return 0;
+    }
+    char pf[160];
+    return ps_fail(err, "%s: shard \"%s\" resolves to %s, outside the checkpoint directory %s", index_path,
+                   ps_st_printable(shard, ps, sizeof ps), ps_st_printable(rfile, pf, sizeof pf), rdir);
 }

@@ -1,7 +1,9 @@
 /* safetensors.h — reader and writer for the public safetensors layout (SPEC §3): 8-byte little-endian
  * header length, JSON header (dtype, shape, data_offsets per tensor, optional string-valued
  * __metadata__), then the raw data. The reader treats the file as hostile: every offset, shape and
- * length is checked against the file before anything is read or allocated from it. */
+ * length is checked against the file before anything is read or allocated from it. The data section
+ * is memory-mapped, never read whole. Also the Hugging Face shard index
+ * (model.safetensors.index.json: {"metadata": {...}, "weight_map": {tensor: shard file}}). */
 #ifndef PS_SAFETENSORS_H
 #define PS_SAFETENSORS_H
 
@@ -29,15 +31,18 @@ typedef struct {
 
 typedef struct {
     char *path;
-    uint8_t *data;      /* the data section (file bytes after the header) */
+    const uint8_t *data; /* the data section (file bytes after the header), inside the read-only mapping */
     uint64_t data_len;
+    void *map;           /* the whole file, mapped read-only (private) */
+    size_t map_len;
     int n;
     ps_st_entry *entries;
     int n_meta;
     char **meta_keys, **meta_vals;
 } ps_st_file;
 
-/* Open and fully validate a safetensors file; reads the data section into memory. */
+/* Open and fully validate a safetensors file; maps it read-only (nothing of the data section is read
+ * until a tensor is converted). The file must not be truncated while it is open. */
 int ps_st_open(const char *path, ps_st_file *f, ps_error *err);
 void ps_st_close(ps_st_file *f);
 
@@ -48,6 +53,10 @@ const char *ps_dtype_name(ps_dtype d);
 
 /* Convert one tensor (F32, F16 or BF16) to float32 into out[numel]. */
 int ps_st_read_f32(const ps_st_file *f, const ps_st_entry *e, float *out, ps_error *err);
+
+/* Drop the tensor's file pages from this process (they are read again if touched): after converting a
+ * tensor, so that loading holds at most one tensor's bytes of the file at a time. */
+void ps_st_release(const ps_st_file *f, const ps_st_entry *e);
 
 /* A tensor to write: float32 data, row-major. */
 typedef struct {
@@ -60,6 +69,44 @@ typedef struct {
 /* Write F32 tensors atomically, with "__metadata__": {"format": "pt", meta_keys[i]: meta_vals[i]...}. */
 int ps_st_save(const char *path, const ps_st_tensor *t, int n, const char *const *meta_keys,
                const char *const *meta_vals, int n_meta, ps_error *err);
+/* The same, storing every tensor as `dtype` (PS_DT_F32, PS_DT_BF16 or PS_DT_F16; rounded to nearest even). */
+int ps_st_save_as(const char *path, const ps_st_tensor *t, int n, const char *const *meta_keys,
+                  const char *const *meta_vals, int n_meta, ps_dtype dtype, ps_error *err);
+/* Bytes per element of a dtype (0 if unknown). */
+int ps_dtype_size(ps_dtype d);
+
+/* ---- the shard index of a sharded checkpoint ---- */
+
+#define PS_ST_INDEX_NAME "model.safetensors.index.json"
+#define PS_ST_INDEX_MAX_BYTES (64u << 20)
+
+typedef struct {
+    char *path;      /* the index file (error messages) */
+    int n;           /* weight_map entries */
+    char **names;    /* tensor names, n */
+    int *shard;      /* shard of each entry: index into shards[] */
+    int *order;      /* entries sorted by name (ps_st_index_find) */
+    int n_shards;
+    char **shards;   /* distinct shard file names, in order of first appearance */
+} ps_st_index;
+
+/* Parse an index: a JSON object (no duplicate keys) whose "weight_map" is an object of strings; each
+ * shard name must be a plain file name (not empty, no '/', not "." or ".."); "metadata", when present,
+ * must be an object; other top-level keys are ignored. `source` names the file in errors. */
+int ps_st_index_parse(const char *json, size_t len, const char *source, ps_st_index *ix, ps_error *err);
+int ps_st_index_load(const char *path, ps_st_index *ix, ps_error *err);
+void ps_st_index_free(ps_st_index *ix);
+/* The entry of a tensor name, or -1. */
+int ps_st_index_find(const ps_st_index *ix, const char *name);
+
+/* The path of shard `shard` of the checkpoint directory dir, checked to stay inside dir once symlinks
+ * are resolved (the one exception: a Hugging Face hub cache snapshot, DIR = ROOT/snapshots/REV, whose
+ * files link to ROOT/blobs/). Errors name the index file `index_path`. */
+int ps_st_shard_path(const char *dir, const char *index_path, const char *shard, char *out, size_t n, ps_error *err);
+
+/* Copy s into buf (size n) with control characters and non-ASCII bytes escaped as \xNN and a long
+ * string cut with "...": untrusted names in one-line error messages. Returns buf. */
+const char *ps_st_printable(const char *s, char *buf, size_t n);
 
 /* Half-precision conversions (round-to-nearest-even on the way down). */
 float ps_f16_to_f32(uint16_t h);

@@ -29,6 +29,23 @@ printf '\x00\x00\xc0\x7f' | dd of="$T/nan/model.safetensors" bs=1 seek=$((8 + hl
 mkdir -p "$T/dirmodel" && mkdir "$T/dirmodel/model.safetensors" && cp "$CONF/compressed_w8s8/config.json" "$T/dirmodel/"
 mkdir -p "$T/nost" && cp "$CONF/compressed_w8s8/config.json" "$T/nost/"
 cp -r "$CONF/compressed_w8s8" "$T/badcfg" && chmod -R u+w "$T/badcfg" && sed -i 's/"n_heads": 4/"n_heads": 3/' "$T/badcfg/config.json"
+# ---- sharded checkpoints (qwen3_published: two BF16 shards + model.safetensors.index.json) ----
+ix() { cp -r "$CONF/qwen3_published" "$T/$1" && chmod -R u+w "$T/$1"; }
+S2=model-00002-of-00002.safetensors
+ix ix_noshard && rm "$T/ix_noshard/$S2"
+ix ix_two && cp "$T/ix_two/model-00001-of-00002.safetensors" "$T/ix_two/$S2"
+ix ix_absent && printf '\x02\x00\x00\x00\x00\x00\x00\x00{}' > "$T/ix_absent/$S2"   # a valid shard holding no tensor
+ix ix_unlisted
+hdr='{"extra":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}'
+{ printf "$(printf '\\x%02x' ${#hdr} 0 0 0 0 0 0 0)"; printf '%s' "$hdr"; head -c 4 /dev/zero; } > "$T/ix_unlisted/$S2"
+ix ix_dotdot && sed -i "s#\"$S2\"#\"../$S2\"#" "$T/ix_dotdot/model.safetensors.index.json"
+ix ix_abs && sed -i "s#\"$S2\"#\"/etc/passwd\"#" "$T/ix_abs/model.safetensors.index.json"
+ix ix_link && rm "$T/ix_link/$S2" && ln -s "$CONF/qwen3_published/$S2" "$T/ix_link/$S2"
+ix ix_json && printf '{"weight_map": {' > "$T/ix_json/model.safetensors.index.json"
+ix ix_wmarr && printf '{"weight_map": ["%s"]}' "$S2" > "$T/ix_wmarr/model.safetensors.index.json"
+ix ix_nonstr && printf '{"weight_map": {"model.norm.weight": 2}}' > "$T/ix_nonstr/model.safetensors.index.json"
+ix ix_sliding && sed -i '0,/"full_attention",/s//"sliding_attention",/' "$T/ix_sliding/config.json"
+ix ix_yarn && sed -i 's/"rope_type": "default"/"rope_type": "yarn"/' "$T/ix_yarn/config.json"
 # ---- result files for render and table (the result validator, viz/results_check.c) ----
 "$PS" sweep --model "$T/run" --n 4 --out "$T/res" > /dev/null 2>&1
 S="$T/res/sweep.json"

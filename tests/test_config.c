@@ -65,6 +65,65 @@ int main(void) {
               c.d_ff == 3072 && c.max_seq_len == 40960 && c.rope_theta == 1e6 && c.kind == PS_ATTN_FULL,
           "HF key map wrong");
 
+    /* Hugging Face Qwen3 as published today: rope_parameters, dtype, layer_types, architectures */
+#define HF "\"model_type\": \"qwen3\", \"vocab_size\": 160, \"hidden_size\": 64, \"num_hidden_layers\": 2, " \
+           "\"num_attention_heads\": 4, \"intermediate_size\": 96, \"max_position_embeddings\": 128"
+    CHECK_OK(parse("{" HF ", \"num_key_value_heads\": 2, \"head_dim\": 16, \"rms_norm_eps\": 1e-06, \"rope_parameters\": "
+                   "{\"rope_theta\": 1000000.0, \"rope_type\": \"default\"}, \"layer_types\": [\"full_attention\", "
+                   "\"full_attention\"], \"sliding_window\": null, \"use_sliding_window\": false, \"tie_word_embeddings\": true, "
+                   "\"dtype\": \"bfloat16\", \"architectures\": [\"Qwen3ForCausalLM\"], \"hidden_act\": \"silu\", "
+                   "\"attention_bias\": false, \"rope_scaling\": null}", &c, &err), &err);
+    CHECK(c.rope_theta == 1e6 && c.n_kv_heads == 2 && c.head_dim == 16 && c.tie_embeddings && c.kind == PS_ATTN_FULL,
+          "newer HF keys read wrong");
+    /* transformers' Qwen3Config defaults: head_dim 128, untied, num_key_value_heads = heads, rope_theta 10000 */
+    CHECK_OK(parse("{" HF "}", &c, &err), &err);
+    CHECK(c.head_dim == 128 && !c.tie_embeddings && c.n_kv_heads == 4 && c.rope_theta == 10000, "HF defaults wrong");
+    CHECK_OK(parse("{" HF ", \"rope_theta\": 5e5, \"rope_parameters\": {\"rope_theta\": 5e5}, \"torch_dtype\": \"float32\", "
+                   "\"use_sliding_window\": true, \"max_window_layers\": 2}", &c, &err), &err);
+    CHECK(c.rope_theta == 5e5, "rope_theta in both places");
+    /* the phasescope extension: a compressed model in a Hugging Face config */
+    CHECK_OK(parse("{" HF ", \"head_dim\": 16, \"attention\": {\"kind\": \"compressed\", \"window\": 4}}", &c, &err), &err);
+    CHECK(c.kind == PS_ATTN_COMPRESSED && c.window == 4 && c.stride == 4, "attention extension in an HF config");
+    /* the HF writer's output reads back as the same model */
+    c.rope_theta = 1e6;
+    char *hf = ps_config_to_hf_json(&c, "bfloat16", &err);
+    CHECK(hf != NULL, "%s", err.msg);
+    if (hf) {
+        ps_config c3;
+        CHECK_OK(ps_config_parse(hf, strlen(hf), "hf", &c3, &err), &err);
+        CHECK(memcmp(&c, &c3, sizeof c) == 0, "HF config round trip changed the config");
+        free(hf);
+    }
+    struct { const char *json; const char *key; const char *what; } badhf[] = {
+        {"{" HF ", \"layer_types\": [\"full_attention\", \"sliding_attention\"]}", "layer_types[1]", "only \"full_attention\""},
+        {"{" HF ", \"layer_types\": [\"full_attention\"]}", "layer_types", "1 entries"},
+        {"{" HF ", \"layer_types\": \"full_attention\"}", "layer_types", "array"},
+        {"{" HF ", \"layer_types\": [\"full_attention\", 3]}", "layer_types[1]", "string"},
+        {"{" HF ", \"use_sliding_window\": true, \"sliding_window\": 64, \"max_window_layers\": 1}", "use_sliding_window", "layers 1.."},
+        {"{" HF ", \"rope_parameters\": {\"rope_type\": \"yarn\", \"factor\": 4}}", "rope_parameters.rope_type", "\"yarn\""},
+        {"{" HF ", \"rope_parameters\": {\"rope_theta\": \"1e6\"}}", "rope_parameters.rope_theta", "number"},
+        {"{" HF ", \"rope_parameters\": [1]}", "rope_parameters", "object"},
+        {"{" HF ", \"rope_parameters\": {\"rope_theta\": 1e6, \"factor\": 2}}", "rope_parameters.factor", "not supported"},
+        {"{" HF ", \"rope_scaling\": {\"type\": \"linear\", \"factor\": 2}}", "rope_scaling.type", "\"linear\""},
+        {"{" HF ", \"rope_theta\": 1e4, \"rope_parameters\": {\"rope_theta\": 1e6}}", "rope_parameters.rope_theta", "disagrees"},
+        {"{" HF ", \"rope_parameters\": {\"rope_theta\": 0}}", "rope_theta", "> 0"},
+        {"{" HF ", \"dtype\": 16}", "\"dtype\"", "string"},
+        {"{" HF ", \"dtype\": \"int8\"}", "\"dtype\"", "int8"},
+        {"{" HF ", \"dtype\": \"bfloat16\", \"torch_dtype\": \"float32\"}", "\"dtype\"", "disagrees"},
+        {"{" HF ", \"architectures\": [\"LlamaForCausalLM\"]}", "architectures", "Qwen3ForCausalLM"},
+        {"{" HF ", \"architectures\": \"Qwen3ForCausalLM\"}", "architectures", "array"},
+        {"{" HF ", \"architectures\": [7]}", "architectures[0]", "string"},
+        {"{" HF ", \"hidden_act\": \"gelu\"}", "hidden_act", "silu"},
+        {"{" HF ", \"attention_bias\": true}", "attention_bias", "false"},
+        {"{" HF ", \"attention\": {\"kind\": \"compressed\", \"stride\": 99}}", "attention.stride", "must not exceed"},
+    };
+    for (size_t i = 0; i < sizeof badhf / sizeof badhf[0]; i++) {
+        CHECK_ERR(parse(badhf[i].json, &c, &err), &err, badhf[i].key, badhf[i].what, "cfg/config.json");
+        CHECK(strchr(err.msg, '\n') == NULL, "error is not one line: %s", err.msg);
+    }
+    c.rope = false;
+    CHECK_ERR(ps_config_to_hf_json(&c, "float32", &err) == NULL ? -1 : 0, &err, "rope");
+
     /* bad inputs: each error names the key and the file */
     struct { const char *json; const char *key; } bad[] = {
         {"{" BASE ", \"dropout\": 0.1}", "\"dropout\""},

@@ -129,6 +129,76 @@ static void run_model(const char *name) {
     ps_model_free(&m);
 }
 
+/* qwen3_published: a Qwen3 checkpoint as Hugging Face publishes it (newer config keys, two BF16 shards
+ * and an index, no lm_head). Its logits match; the same weights written as one F32 file (phasescope's
+ * layout, and the Hugging Face layout) load and give the same logits, bit for bit. */
+static void forward_all(const ps_model *m, const ps_token_lists *toks, float **out) {
+    ps_error err;
+    for (int s = 0; s < toks->n; s++) {
+        ps_acts a;
+        out[s] = NULL;
+        if (ps_acts_create(&a, &m->cfg, 1, toks->len[s], false, &err)) {
+            CHECK(0, "acts: %s", err.msg);
+            continue;
+        }
+        CHECK_OK(ps_forward(m, &a, toks->seq[s], NULL, &err), &err);
+        size_t n = (size_t)(toks->len[s] * m->cfg.vocab_size);
+        out[s] = malloc(n * sizeof(float));
+        memcpy(out[s], a.p.logits, n * sizeof(float));
+        ps_acts_free(&a);
+    }
+}
+
+static void run_published(void) {
+    char dir[2048], path[4096];
+    snprintf(dir, sizeof dir, "%s/qwen3_published", tu_conformance_dir());
+    ps_error err;
+    ps_model m;
+    REQUIRE_OK(ps_model_load(&m, dir, &err), &err);
+    CHECK(m.n_shards == 2 && m.cfg.tie_embeddings && m.cfg.rope_theta == 1e6 && m.cfg.kind == PS_ATTN_FULL,
+          "qwen3_published: %d shards, rope_theta %g", m.n_shards, m.cfg.rope_theta);
+    snprintf(path, sizeof path, "%s/tokens.json", dir);
+    ps_token_lists toks;
+    REQUIRE_OK(ps_tokens_load(path, 0, 0, &toks, &err), &err);
+    ps_st_file ref;
+    snprintf(path, sizeof path, "%s/expected_forward.safetensors", dir);
+    REQUIRE_OK(ps_st_open(path, &ref, &err), &err);
+    float *base[8] = {0}, *again[8] = {0};
+    forward_all(&m, &toks, base);
+    for (int s = 0; s < toks.n && s < 8; s++) {
+        char nm[64];
+        snprintf(nm, sizeof nm, "logits.%d", s);
+        int64_t shp[2] = {toks.len[s], m.cfg.vocab_size};
+        if (base[s]) compare(&ref, nm, base[s], 2, shp, "qwen3_published");
+    }
+    char tmp[512];
+    tu_tempdir(tmp, sizeof tmp, "conf_pub");
+    for (int layout = 0; layout < 2; layout++) {
+        char out[1024];
+        snprintf(out, sizeof out, "%s/%s", tmp, layout ? "hf_f32" : "ps_f32");
+        ps_save_opts o = {.layout = layout ? PS_LAYOUT_HF : PS_LAYOUT_PHASESCOPE};
+        CHECK_OK(ps_model_save_as(&m, out, &o, &err), &err);
+        ps_model m2;
+        if (ps_model_load(&m2, out, &err)) {
+            CHECK(0, "reload %s: %s", out, err.msg);
+            continue;
+        }
+        CHECK(m2.n_shards == 1 && m2.n_params == m.n_params && !memcmp(m.params, m2.params, (size_t)m.n_params * 4),
+              "%s: single F32 file does not hold the same weights", out);
+        forward_all(&m2, &toks, again);
+        for (int s = 0; s < toks.n && s < 8; s++) {
+            size_t n = (size_t)(toks.len[s] * m.cfg.vocab_size);
+            CHECK(base[s] && again[s] && !memcmp(base[s], again[s], n * sizeof(float)), "%s: logits.%d differ", out, s);
+            free(again[s]);
+        }
+        ps_model_free(&m2);
+    }
+    for (int s = 0; s < 8; s++) free(base[s]);
+    ps_st_close(&ref);
+    ps_tokens_free(&toks);
+    ps_model_free(&m);
+}
+
 int main(void) {
     char probe[4096];
     snprintf(probe, sizeof probe, "%s/README.md", tu_conformance_dir());
@@ -141,5 +211,6 @@ int main(void) {
     run_model("full_gqa");
     run_model("compressed_w8s8");
     run_model("compressed_w6s3_overlap");
+    run_published();
     CHECK_DONE();
 }
