@@ -14,6 +14,8 @@ typedef struct {
     const char *summary;
 } subcommand;
 
+int ps_cmd_tokenize(int argc, char **argv); /* experiments/cmd_tokenize.c */
+
 static const subcommand CMDS[] = {
     {"train", ps_cmd_train, "train a model (resumable); logs JSONL with gate statistics"},
     {"sweep", ps_cmd_sweep, "phase sweep: accuracy per residue (prefix padding or move mode)"},
@@ -27,6 +29,7 @@ static const subcommand CMDS[] = {
     {"info", ps_cmd_info, "config, parameters, KV-cache bytes per token, memory estimates"},
     {"forward", ps_cmd_forward, "run token sequences; write logits and chosen hooks to safetensors"},
     {"grad", ps_cmd_grad, "mean cross-entropy and its gradient for every tensor, to safetensors"},
+    {"tokenize", ps_cmd_tokenize, "text to token ids (and back) with a model's tokenizer.json"},
 };
 #define N_CMDS (int)(sizeof CMDS / sizeof CMDS[0])
 
