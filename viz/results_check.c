@@ -57,6 +57,7 @@ static int bad(ck *c, const char *fmt, ...) {
 }
 
 static const char *type_name(const json_t *v) {
+    if (!v) return "nothing (the field is missing)";
     switch (json_typeof(v)) {
     case JSON_OBJECT: return "an object";
     case JSON_ARRAY: return "an array";
