@@ -55,9 +55,20 @@ fuzz: build-fuzz
 
 test: test-fast test-asan fuzz
 
+# bench: phasescope's benches, then the PyTorch peer of bench_train on the same shapes, with the
+# phasescope/PyTorch ratios side by side (bench/torch_peer.py; PyTorch is a bench-only dependency, Debian's
+# python3-torch for PEER_PYTHON; skipped with a message when missing). BENCH_SECONDS: minimum seconds per row.
+PEER_PYTHON ?= /usr/bin/python3
+BENCH_SECONDS ?= 2
 bench: build
 	@./build/bench/bench_forward
-	@./build/bench/bench_train
+	@./build/bench/bench_train $(BENCH_SECONDS) | tee build/bench_train.out
+	@if $(PEER_PYTHON) -c 'import torch' >/dev/null 2>&1; then \
+		$(PEER_PYTHON) bench/torch_peer.py --min-s $(BENCH_SECONDS) --phasescope build/bench_train.out; \
+	else \
+		echo "bench: PyTorch peer skipped: $(PEER_PYTHON) cannot import torch (Debian: apt-get install python3-torch;" \
+			"only the bench needs it)"; \
+	fi
 	@./build/bench/bench_knockout
 
 clean:
