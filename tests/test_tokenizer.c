@@ -301,46 +301,46 @@ static ps_tokenizer *added_tok(const char *normalizer, const char *tokens) {
     ", \"normalized\": " #norm ", \"special\": " #sp "}"
 
 static void test_added(void) {
-    ps_tokenizer *t = added_tok("", TOK(20, "<m>", true, false, false, false, true));
+    ps_tokenizer *t = added_tok("", TOK(13, "<m>", true, false, false, false, true));
     if (t) {
         /* single_word: only where neither side is a word character (the HF test sentence) */
-        EXPECT(t, "<m> ab <m> c<m> <m>d <m>", 20, 3, 0, 1, 3, 20, 3, 2, 10, 12, 11, 3, 10, 12, 11, 4, 3, 20);
-        EXPECT(t, "<m>,<m>", 20, 20); /* punctuation is not a word character ("," has no id here) */
+        EXPECT(t, "<m> ab <m> c<m> <m>d <m>", 13, 3, 0, 1, 3, 13, 3, 2, 10, 12, 11, 3, 10, 12, 11, 4, 3, 13);
+        EXPECT(t, "<m>,<m>", 13, 13); /* punctuation is not a word character ("," has no id here) */
         ps_tokenizer_free(t);
     }
-    t = added_tok("", TOK(21, "[L]", false, true, false, false, false) "," TOK(22, "[R]", false, false, true, false, false));
+    t = added_tok("", TOK(13, "[L]", false, true, false, false, false) "," TOK(14, "[R]", false, false, true, false, false));
     if (t) {
-        EXPECT(t, "a  [L] b", 0, 21, 3, 1);      /* lstrip: the spaces on its left belong to the token */
-        EXPECT(t, "a [R] \t b", 0, 3, 22, 1);    /* rstrip: the spaces (tab included) on its right */
-        EXPECT(t, "a[R]  [L]b", 0, 22, 21, 1);   /* the spaces are taken once */
+        EXPECT(t, "a  [L] b", 0, 13, 3, 1);      /* lstrip: the spaces on its left belong to the token */
+        EXPECT(t, "a [R] \t b", 0, 3, 14, 1);    /* rstrip: the spaces (tab included) on its right */
+        EXPECT(t, "a[R]  [L]b", 0, 14, 13, 1);   /* the spaces are taken once */
         ps_tokenizer_free(t);
     }
     /* longest match wins; the first of two candidates at one place */
-    t = added_tok("", TOK(23, "<a>", false, false, false, false, true) "," TOK(24, "<a>b", false, false, false, false, true));
+    t = added_tok("", TOK(13, "<a>", false, false, false, false, true) "," TOK(14, "<a>b", false, false, false, false, true));
     if (t) {
-        EXPECT(t, "<a>b<a>c", 24, 23, 2);
+        EXPECT(t, "<a>b<a>c", 14, 13, 2);
         ps_tokenizer_free(t);
     }
     /* normalized: matched on the normalized text (NFC), so both spellings of Å match; a non-normalized
      * token only matches its exact bytes on the raw text */
     const char *nfc = "\"normalizer\": {\"type\": \"NFC\"},";
-    t = added_tok(nfc, TOK(25, "\\u00c5X", false, false, false, true, false));
+    t = added_tok(nfc, TOK(13, "\\u00c5X", false, false, false, true, false));
     if (t) {
-        EXPECT(t, "\xC3\x85X", 25);
-        EXPECT(t, "A\xCC\x8AX", 25);
+        EXPECT(t, "\xC3\x85X", 13);
+        EXPECT(t, "A\xCC\x8AX", 13);
         ps_tokenizer_free(t);
     }
-    t = added_tok(nfc, TOK(26, "A\\u030aX", false, false, false, false, false));
+    t = added_tok(nfc, TOK(13, "A\\u030aX", false, false, false, false, false));
     if (t) {
-        EXPECT(t, "A\xCC\x8AX", 26);
+        EXPECT(t, "A\xCC\x8AX", 13);
         EXPECT(t, "\xC3\x85X", 8, 9);
         EXPECT(t, "A\xCC\x8A", 8); /* not the token: normalized to Å */
         ps_tokenizer_free(t);
     }
     /* special flag: dropped by decode with skip_special; an added token that is not special stays */
-    t = added_tok("", TOK(30, "<s>", false, false, false, false, true) "," TOK(31, "<t>", false, false, false, false, false));
+    t = added_tok("", TOK(13, "<s>", false, false, false, false, true) "," TOK(14, "<t>", false, false, false, false, false));
     if (t) {
-        int32_t ids[] = {30, 0, 31, 1};
+        int32_t ids[] = {13, 0, 14, 1};
         size_t len;
         char *d = decode(t, ids, 4, false, &len);
         CHECK(d && !strcmp(d, "<s> a <t> b"), "no decoder: tokens joined by spaces (got \"%s\")", d ? d : "");
@@ -348,16 +348,25 @@ static void test_added(void) {
         d = decode(t, ids, 4, true, &len);
         CHECK(d && !strcmp(d, "a <t> b"), "skip_special drops <s> only (got \"%s\")", d ? d : "");
         free(d);
-        CHECK(ps_tokenizer_token_to_id(t, "<s>", 3) == 30 && ps_tokenizer_token_to_id(t, "a", 1) == 0 &&
-                  ps_tokenizer_token_to_id(t, "zz", 2) == -1 && ps_tokenizer_vocab_size(t) == 32,
+        CHECK(ps_tokenizer_token_to_id(t, "<s>", 3) == 13 && ps_tokenizer_token_to_id(t, "a", 1) == 0 &&
+                  ps_tokenizer_token_to_id(t, "zz", 2) == -1 && ps_tokenizer_vocab_size(t) == 15,
               "token_to_id and vocab_size");
+        ps_tokenizer_free(t);
+    }
+    /* ids as Hugging Face assigns them on reading the file: the model's id when the content is in the
+     * vocabulary, else one past the largest so far (or the vocabulary's size), whatever `id` says */
+    t = added_tok("", TOK(20, "<m>", false, false, false, false, true) "," TOK(20, "<n>", false, false, false, false, true) ","
+                      TOK(7, "a", false, false, false, false, false) "," TOK(0, "<o>", false, false, false, false, false));
+    if (t) {
+        CHECK(ps_tokenizer_token_to_id(t, "<m>", 3) == 13 && ps_tokenizer_token_to_id(t, "<n>", 3) == 14 &&
+                  ps_tokenizer_token_to_id(t, "a", 1) == 0 && ps_tokenizer_token_to_id(t, "<o>", 3) == 15,
+              "added token ids follow the reference's rule");
+        EXPECT(t, "<n>a<o>", 14, 0, 15);
         ps_tokenizer_free(t);
     }
     ps_tokenizer *bad = NULL;
     ps_error err = {0};
     char j[4096];
-    snprintf(j, sizeof j, ADDED_BASE, "", TOK(20, "<m>", false, false, false, false, true) "," TOK(20, "<n>", false, false, false, false, true));
-    CHECK_ERR(ps_tokenizer_parse(j, strlen(j), "a.json", &bad, &err), &err, "added_tokens[1].id");
     snprintf(j, sizeof j, ADDED_BASE, "", TOK(20, "<m>", false, false, false, false, true) "," TOK(21, "<m>", false, false, false, false, true));
     CHECK_ERR(ps_tokenizer_parse(j, strlen(j), "a.json", &bad, &err), &err, "added_tokens[1].content");
 }

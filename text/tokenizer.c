@@ -350,6 +350,7 @@ struct ps_tokenizer {
     int n_added;
     trie raw_trie, norm_trie;
     pcre2_code *word_re; /* \w of the reference, for single_word added tokens */
+    int32_t *added_ids; /* while loading: the ids of added_tokens[i] */
     int32_t *sp_pre, *sp_post; /* special ids around a single sequence */
     int n_sp_pre, n_sp_post;
     int decoder; /* 0: none (tokens joined by spaces), 1: ByteLevel */
@@ -787,20 +788,38 @@ static int parse_model(ctx *c, ps_tokenizer *t, json_t *root) {
     const char *key;
     json_t *val;
     json_object_foreach(vocab, key, val) {
+        size_t klen = strlen(key);
         if (!json_is_integer(val) || json_integer_value(val) < 0 || json_integer_value(val) >= MAX_ID)
             return FAILK(c, "model.vocab[\"%.64s\"]: expected an id in [0, %d)", key, MAX_ID);
+        if (klen == 0) return FAILK(c, "model.vocab: empty token");
+        if (!utf8_is_valid(key, klen)) return FAILK(c, "model.vocab[\"%.64s\"]: not valid UTF-8", key);
+        int existed;
+        if (!sm_put(&t->vocab, key, klen, (int32_t)json_integer_value(val), &existed)) return FAILK(c, "out of memory");
         if (json_integer_value(val) > max_id) max_id = json_integer_value(val);
     }
+    /* Added tokens get the ids Hugging Face gives them when it reads the file (AddedVocabulary::add_tokens,
+     * in file order): the model's id when the content is in model.vocab, otherwise one past the largest
+     * added id so far, or the vocabulary's size (its number of entries) when that is larger. The file's
+     * `id` is what these give in every published file; where it is not, the library's ids are used. */
     json_t *added = json_object_get(root, "added_tokens");
     if (added && !json_is_null(added) && !json_is_array(added)) return FAILK(c, "added_tokens: expected a list");
-    for (size_t i = 0; i < json_array_size(added); i++) {
+    size_t na = json_array_size(added);
+    t->added_ids = malloc((na ? na : 1) * sizeof *t->added_ids);
+    if (!t->added_ids) return FAILK(c, "out of memory");
+    int64_t max_added = -1, vocab_n = (int64_t)t->vocab.n;
+    for (size_t i = 0; i < na; i++) {
         json_t *a = json_array_get(added, i), *id = json_object_get(a, "id"), *content = json_object_get(a, "content");
         if (!json_is_object(a)) return FAILK(c, "added_tokens[%zu]: expected an object", i);
         if (!json_is_integer(id) || json_integer_value(id) < 0 || json_integer_value(id) >= MAX_ID)
             return FAILK(c, "added_tokens[%zu].id: expected an id in [0, %d)", i, MAX_ID);
         if (!json_is_string(content) || json_string_length(content) == 0)
             return FAILK(c, "added_tokens[%zu].content: expected a non-empty string", i);
-        if (json_integer_value(id) > max_id) max_id = json_integer_value(id);
+        int64_t hf = sm_get(&t->vocab, json_string_value(content), json_string_length(content));
+        if (hf < 0) hf = max_added >= 0 && (max_added >= vocab_n || vocab_n == 0) ? max_added + 1 : vocab_n;
+        if (hf >= MAX_ID) return FAILK(c, "added_tokens[%zu]: id %lld is too large", i, (long long)hf);
+        t->added_ids[i] = (int32_t)hf;
+        if (hf > max_added) max_added = hf;
+        if (hf > max_id) max_id = hf;
     }
     t->n_ids = (int32_t)(max_id + 1);
     size_t nid = (size_t)(t->n_ids ? t->n_ids : 1);
@@ -808,16 +827,20 @@ static int parse_model(ctx *c, ps_tokenizer *t, json_t *root) {
     t->id_len = calloc(nid, sizeof *t->id_len);
     t->id_special = calloc(nid, 1);
     if (!t->id_tok || !t->id_len || !t->id_special) return FAILK(c, "out of memory");
-    json_object_foreach(vocab, key, val) {
-        size_t klen = strlen(key);
-        int32_t id = (int32_t)json_integer_value(val);
-        if (klen == 0) return FAILK(c, "model.vocab: empty token");
-        if (!utf8_is_valid(key, klen)) return FAILK(c, "model.vocab[\"%.64s\"]: not valid UTF-8", key);
-        if (t->id_tok[id]) return FAILK(c, "model.vocab[\"%.64s\"]: id %d is also the id of \"%.64s\"", key, (int)id, t->id_tok[id]);
-        int existed;
-        const char *k = sm_put(&t->vocab, key, klen, id, &existed);
-        if (!k) return FAILK(c, "out of memory");
-        set_id_string(c, t, id, k, klen, "model.vocab");
+    for (size_t i = 0; i < t->vocab.cap; i++) {
+        const sm_ent *e = &t->vocab.e[i];
+        if (!e->k) continue;
+        if (t->id_tok[e->v]) {
+            /* name the two tokens in a fixed order, whatever the hash order */
+            const char *x = t->id_tok[e->v], *y = e->k;
+            if (strcmp(x, y) > 0) {
+                const char *z = x;
+                x = y;
+                y = z;
+            }
+            return FAILK(c, "model.vocab[\"%.64s\"]: id %d is also the id of \"%.64s\"", y, (int)e->v, x);
+        }
+        set_id_string(c, t, e->v, e->k, e->klen, "model.vocab");
     }
     json_t *unk = json_object_get(m, "unk_token");
     t->unk_id = -1;
@@ -895,7 +918,7 @@ static int parse_added(ctx *c, ps_tokenizer *t, json_t *root) {
         snprintf(path, sizeof path, "added_tokens[%zu]", i);
         added_tok *at = &t->added[t->n_added];
         json_t *content = json_object_get(a, "content");
-        at->id = (int32_t)json_integer_value(json_object_get(a, "id"));
+        at->id = t->added_ids[i];
         at->len = json_string_length(content);
         if (!utf8_is_valid(json_string_value(content), at->len)) return FAILK(c, "%s.content: not valid UTF-8", path);
         if (get_bool(c, a, "special", path, false, &at->special) ||
@@ -996,6 +1019,7 @@ void ps_tokenizer_free(ps_tokenizer *t) {
     free(t->added);
     free(t->raw_trie.n);
     free(t->norm_trie.n);
+    free(t->added_ids);
     free(t->sp_pre);
     free(t->sp_post);
     free(t);

@@ -21,11 +21,11 @@ static const char QWEN_TAIL[] =
     "\"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\\\r\\\\n\\\\p{L}\\\\p{N}]?\\\\p{L}+|\\\\p{N}| ?[^\\\\s\\\\p{L}\\\\p{N}]+[\\\\r\\\\n]*|\\\\s*[\\\\r\\\\n]+|\\\\s+(?!\\\\S)|\\\\s+\"},"
     " \"behavior\": \"Isolated\", \"invert\": false}, {\"type\": \"Split\", \"pattern\": {\"String\": \"x\"}, \"behavior\": "
     "\"MergedWithNext\", \"invert\": false}, {\"type\": \"ByteLevel\", \"add_prefix_space\": false, \"use_regex\": false}]},"
-    "\"added_tokens\": [{\"id\": 300, \"content\": \"<|im_start|>\", \"special\": true, \"normalized\": false},"
-    "{\"id\": 301, \"content\": \"<m>\", \"single_word\": true, \"lstrip\": true, \"rstrip\": true, \"normalized\": true},"
-    "{\"id\": 302, \"content\": \"\\u00c5\", \"normalized\": true}, {\"id\": 303, \"content\": \"<|\", \"normalized\": false}],"
+    "\"added_tokens\": [{\"id\": 263, \"content\": \"<|im_start|>\", \"special\": true, \"normalized\": false},"
+    "{\"id\": 264, \"content\": \"<m>\", \"single_word\": true, \"lstrip\": true, \"rstrip\": true, \"normalized\": true},"
+    "{\"id\": 265, \"content\": \"\\u00c5\", \"normalized\": true}, {\"id\": 266, \"content\": \"<|\", \"normalized\": false}],"
     "\"post_processor\": {\"type\": \"TemplateProcessing\", \"single\": [{\"SpecialToken\": {\"id\": \"<|im_start|>\"}}, "
-    "{\"Sequence\": {\"id\": \"A\"}}], \"special_tokens\": {\"<|im_start|>\": {\"ids\": [300]}}},"
+    "{\"Sequence\": {\"id\": \"A\"}}], \"special_tokens\": {\"<|im_start|>\": {\"ids\": [263]}}},"
     "\"decoder\": {\"type\": \"ByteLevel\"}}";
 static const char DS_TAIL[] =
     "\"pre_tokenizer\": {\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", \"pattern\": {\"Regex\": \"\\\\p{N}{1,3}\"}, "
@@ -33,7 +33,7 @@ static const char DS_TAIL[] =
     "\"behavior\": \"Contiguous\", \"invert\": true}, {\"type\": \"Split\", \"pattern\": {\"Regex\": "
     "\"[!\\\"#$%&'()*+,\\\\-./:;<=>?@\\\\[\\\\\\\\\\\\]^_`{|}~][A-Za-z]+|[^\\r\\n\\\\p{L}\\\\p{P}\\\\p{S}]?[\\\\p{L}\\\\p{M}]+| ?[\\\\p{P}\\\\p{S}]+[\\r\\n]*|\\\\s*[\\r\\n]+|\\\\s+(?!\\\\S)|\\\\s+\"}, "
     "\"behavior\": \"Isolated\", \"invert\": false}, {\"type\": \"ByteLevel\", \"add_prefix_space\": false, \"use_regex\": false}]},"
-    "\"added_tokens\": [{\"id\": 300, \"content\": \"<｜begin▁of▁sentence｜>\", \"special\": true, \"normalized\": false}],"
+    "\"added_tokens\": [{\"id\": 263, \"content\": \"<｜begin▁of▁sentence｜>\", \"special\": true, \"normalized\": false}],"
     "\"decoder\": {\"type\": \"ByteLevel\"}}";
 
 /* The 256 mapped bytes (id = byte), then the tail. */
