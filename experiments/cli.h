@@ -67,5 +67,6 @@ int ps_cmd_gates(int argc, char **argv);
 int ps_cmd_render(int argc, char **argv);
 int ps_cmd_table(int argc, char **argv);
 int ps_cmd_theory(int argc, char **argv);
+int ps_cmd_tokenize(int argc, char **argv);
 
 #endif

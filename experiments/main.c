@@ -14,7 +14,6 @@ typedef struct {
     const char *summary;
 } subcommand;
 
-int ps_cmd_tokenize(int argc, char **argv); /* experiments/cmd_tokenize.c */
 
 static const subcommand CMDS[] = {
     {"train", ps_cmd_train, "train a model (resumable); logs JSONL with gate statistics"},
