@@ -29,6 +29,30 @@ static inline float ps_expf(float x) {
     return p * scale;
 }
 
+/* Dot product of a[n] and b[n] in float with 16 interleaved partial sums added in a fixed order: the same
+ * result on every call and thread count, and the loop vectorises (an in-order float sum does not). */
+static inline float ps_dot(const float *a, const float *b, int64_t n) {
+    float acc[16] = {0};
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int l = 0; l < 16; l++) acc[l] += a[i + l] * b[i + l];
+    for (int l = 0; i < n; i++, l++) acc[l] += a[i] * b[i];
+    for (int w = 8; w >= 1; w /= 2)
+        for (int l = 0; l < w; l++) acc[l] += acc[l + w];
+    return acc[0];
+}
+
+/* Σ a[i]·b[i] in double with 8 interleaved accumulators added in a fixed order (vectorises; the same
+ * result on every call). */
+static inline double ps_dot_d(const float *a, const float *b, int64_t n) {
+    double acc[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; l++) acc[l] += (double)a[i + l] * b[i + l];
+    for (int l = 0; i < n; i++, l++) acc[l] += (double)a[i] * b[i];
+    return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+}
+
 /* out[M, N] (= or +=) inp[M, K] · w[N, K]^T  (a linear layer without bias). */
 void ps_matmul(float *out, const float *inp, const float *w, int64_t M, int64_t K, int64_t N, int accumulate);
 

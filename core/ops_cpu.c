@@ -27,8 +27,7 @@ void ps_rmsnorm(float *out, float *rstd, const float *inp, const float *weight, 
     for (int64_t r = 0; r < n_rows; r++) {
         const float *x = inp + r * C;
         float *o = out + r * C;
-        double ss = 0.0;
-        for (int64_t i = 0; i < C; i++) ss += (double)x[i] * x[i];
+        double ss = ps_dot_d(x, x, C);
         float s = (float)(1.0 / sqrt(ss / (double)C + (double)eps));
         if (rstd) rstd[r] = s;
         for (int64_t i = 0; i < C; i++) o[i] = x[i] * s * weight[i];
@@ -105,8 +104,7 @@ void ps_gate(float *z, float *alpha, const float *a, const float *u, const float
         float mx = -INFINITY;
         for (int64_t i = 0; i < W; i++) {
             const float *x = a + (b * T + j * S + i) * d, *w = u + (i * nkv + g) * d;
-            float s = c[i * nkv + g];
-            for (int64_t k = 0; k < d; k++) s += w[k] * x[k];
+            float s = c[i * nkv + g] + ps_dot(w, x, d);
             zz[i] = s;
             if (s > mx) mx = s;
         }
@@ -223,9 +221,7 @@ void ps_attn_probs(float *probs, const float *q, const float *k, const float *ck
             int64_t lo = nW + local_first(t, g->LW);
             for (int64_t c = lo; c < nc; c++) {
                 const float *kt = k + ((b * T + t - g->LW + 1 + (c - nW)) * nkv + kv) * hd;
-                float s = 0.0f;
-                for (int64_t i = 0; i < hd; i++) s += qt[i] * kt[i];
-                row[c] = s * scale;
+                row[c] = ps_dot(qt, kt, hd) * scale;
             }
             softmax_row(row, nc, ps_windows_seen(t, g->W, g->S, nW), lo, nc);
         }

@@ -23,14 +23,23 @@ void ps_matmul_backward(float *dinp, float *dw, const float *dout, const float *
  * the rows computes dinp and the partials together. */
 #define RMS_BLK 64
 
+/* Σ a·b·c in double, 8 interleaved accumulators in a fixed order (vectorises) */
+static double dot3(const float *a, const float *b, const float *c, int64_t n) {
+    double acc[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; l++) acc[l] += (double)a[i + l] * b[i + l] * c[i + l];
+    for (int l = 0; i < n; i++, l++) acc[l] += (double)a[i] * b[i] * c[i];
+    return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+}
+
 static void rmsnorm_backward_rows(float *dinp, float *part, const float *dout, const float *inp, const float *weight,
                                   const float *rstd, int64_t r0, int64_t r1, int64_t C) {
     for (int64_t i = 0; i < C; i++) part[i] = 0.0f;
     for (int64_t r = r0; r < r1; r++) {
         const float *x = inp + r * C, *dy = dout + r * C;
         float s = rstd[r];
-        double dot = 0;
-        for (int64_t i = 0; i < C; i++) dot += (double)dy[i] * weight[i] * x[i];
+        double dot = dot3(dy, weight, x, C);
         float coef = (float)(dot * (double)s * s * s / (double)C);
         float *dx = dinp + r * C;
         for (int64_t i = 0; i < C; i++) {
@@ -50,8 +59,7 @@ void ps_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const f
             for (int64_t r = b * RMS_BLK; r < r1; r++) {
                 const float *x = inp + r * C, *dy = dout + r * C;
                 float s = rstd[r];
-                double dot = 0;
-                for (int64_t i = 0; i < C; i++) dot += (double)dy[i] * weight[i] * x[i];
+                double dot = dot3(dy, weight, x, C);
                 float coef = (float)(dot * (double)s * s * s / (double)C);
                 for (int64_t i = 0; i < C; i++) dinp[r * C + i] += s * weight[i] * dy[i] - coef * x[i];
             }
@@ -175,12 +183,8 @@ void ps_pool_backward(float *dalpha, float *dP, const float *dout, const float *
         for (int64_t i = 0; i < W; i++) {
             const float *p = P + (bj * W + i) * nkv * hd + g * hd;
             float *dp = dP + (bj * W + i) * nkv * hd + g * hd;
-            float s = 0;
-            for (int64_t e = 0; e < hd; e++) {
-                s += dy[e] * p[e];
-                dp[e] = al[i] * dy[e];
-            }
-            dalpha[idx * W + i] = s;
+            for (int64_t e = 0; e < hd; e++) dp[e] = al[i] * dy[e];
+            dalpha[idx * W + i] = ps_dot(dy, p, hd);
         }
     }
 }
@@ -198,9 +202,7 @@ static void gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A
 /* softmax backward of row t in place: dS = P ⊙ (dP − Σ P·dP) · scale; unseen entries (P = 0) get 0.
  * Branch-free (an unseen entry's P = 0 adds nothing and zeroes its output), so both loops vectorise. */
 static void softmax_row_backward(float *dr, const float *pr, int64_t nc, float scale) {
-    double dot = 0;
-    for (int64_t c = 0; c < nc; c++) dot += (double)(pr[c] * dr[c]);
-    float fd = (float)dot;
+    float fd = (float)ps_dot_d(pr, dr, nc);
     for (int64_t c = 0; c < nc; c++) dr[c] = pr[c] * (dr[c] - fd) * scale;
 }
 
@@ -242,12 +244,9 @@ void ps_attn_backward(float *dq, float *dk, float *dv, float *dck, float *dcv, f
                 for (int64_t c = nW + local_first(t, LW); c < nc; c++) {
                     int64_t tp = t - LW + 1 + (c - nW);
                     const float *dzt = dZ + t * qs, *vt = Vv + tp * ks;
-                    float *dvt = dV + tp * ks, p = P[t * nc + c], s = 0;
-                    for (int64_t e = 0; e < hd; e++) {
-                        s += dzt[e] * vt[e];
-                        dvt[e] += p * dzt[e];
-                    }
-                    dP[t * nc + c] = s;
+                    float *dvt = dV + tp * ks, p = P[t * nc + c];
+                    for (int64_t e = 0; e < hd; e++) dvt[e] += p * dzt[e];
+                    dP[t * nc + c] = ps_dot(dzt, vt, hd);
                 }
             for (int64_t t = 0; t < T; t++) softmax_row_backward(dP + t * nc, P + t * nc, nc, scale);
             if (nW > 0) {
@@ -288,8 +287,12 @@ int64_t ps_cross_entropy(double *loss_sum, float *dlogits, const float *logits, 
         float mx = -INFINITY;
         for (int64_t i = 0; i < V; i++) mx = x[i] > mx ? x[i] : mx;
         /* exponentials in float (x - mx <= 0, so no overflow), their sum and the log in double */
-        double sum = 0;
-        for (int64_t i = 0; i < V; i++) sum += (double)ps_expf(x[i] - mx);
+        double acc[8] = {0};
+        int64_t k = 0;
+        for (; k + 8 <= V; k += 8)
+            for (int l = 0; l < 8; l++) acc[l] += (double)ps_expf(x[k + l] - mx);
+        for (int l = 0; k < V; k++, l++) acc[l] += (double)ps_expf(x[k] - mx);
+        double sum = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
         double lse = log(sum) + mx;
         row_loss[r] = lse - x[y];
         if (dx) {

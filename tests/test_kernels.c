@@ -350,6 +350,8 @@ static void test_optim(void) {
     ps_optim_defaults(&oc);
     oc.gate_lr_mult = 3, oc.gate_weight_decay = 0.01;
     double lr = 1e-2, cs = 0.5, t = 3, bc1 = 1 - pow(oc.beta1, t), bc2 = 1 - pow(oc.beta2, t);
+    /* the plain float loop of the optimizer, operation for operation: the fast path must match it bit for bit */
+    float *fw = malloc((size_t)np * 4), *fm1 = malloc((size_t)np * 4), *fm2 = malloc((size_t)np * 4);
     for (int i = 0; i < m.n_tensors; i++) {
         const ps_param_info *p = &m.table[i];
         int gate = p->kind == PS_P_KEY_GATE_W || p->kind == PS_P_KEY_GATE_B || p->kind == PS_P_VALUE_GATE_W ||
@@ -360,12 +362,20 @@ static void test_optim(void) {
             rm1[j] = oc.beta1 * m1[j] + (1 - oc.beta1) * gj;
             rm2[j] = oc.beta2 * m2[j] + (1 - oc.beta2) * gj * gj;
             rw[j] = w0[j] - plr * (rm1[j] / bc1 / (sqrt(rm2[j] / bc2) + oc.eps) + wd * w0[j]);
+            float fg = gr[j] * (float)cs, b1 = (float)oc.beta1, b2 = (float)oc.beta2;
+            fm1[j] = b1 * m1[j] + (1.0f - b1) * fg;
+            fm2[j] = b2 * m2[j] + (1.0f - b2) * fg * fg;
+            float mh = fm1[j] * (float)(1.0 / bc1), vh = fm2[j] * (float)(1.0 / bc2);
+            fw[j] = w0[j] - (float)plr * (mh / (sqrtf(vh) + (float)oc.eps) + (float)wd * w0[j]);
         }
     }
     ps_adamw_update(&m, gr, m1, m2, (int64_t)t, lr, cs, &oc);
     CHECK(rel_err(m.params, rw, np) < 1e-5, "adamw weights rel. error %.3g", rel_err(m.params, rw, np));
     CHECK(rel_err(m1, rm1, np) < 1e-5, "adamw m1 rel. error %.3g", rel_err(m1, rm1, np));
     CHECK(rel_err(m2, rm2, np) < 1e-5, "adamw m2 rel. error %.3g", rel_err(m2, rm2, np));
+    CHECK(!memcmp(m.params, fw, (size_t)np * 4) && !memcmp(m1, fm1, (size_t)np * 4) && !memcmp(m2, fm2, (size_t)np * 4),
+          "adamw differs from the plain float loop");
+    free(fw), free(fm1), free(fm2);
     free(gr), free(m1), free(m2), free(w0), free(rw), free(rm1), free(rm2);
     ps_model_free(&m);
 }
