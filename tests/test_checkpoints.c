@@ -76,7 +76,7 @@ static void round_trip(const ps_model *m, const ps_save_opts *o, const char *tag
     CHECK(m2.n_shards == want_shards, "%s: %d shards, want %d", tag, m2.n_shards, want_shards);
     /* the expected weights: the originals rounded to the stored dtype */
     ps_model r;
-    ps_model_create(&r, &m->cfg, &err);
+    CHECK_OK(ps_model_create(&r, &m->cfg, &err), &err);
     int exact = m2.n_params == m->n_params;
     for (int64_t i = 0; i < m->n_params; i++) {
         float x = m->params[i];
@@ -107,7 +107,7 @@ static void test_round_trips(void) {
         if (!kind) c.tie_embeddings = false;
         ps_model m;
         tu_random_model(&m, &c, 11 + (uint64_t)kind, 0.3f);
-        ps_model_set_meta(&m, "task", "{\"kind\":\"kv\"}", &err);
+        CHECK_OK(ps_model_set_meta(&m, "task", "{\"kind\":\"kv\"}", &err), &err);
         char tag[64];
         ps_save_opts o1 = {.layout = PS_LAYOUT_HF};
         snprintf(tag, sizeof tag, "hf_f32_%d", kind);

@@ -88,8 +88,8 @@ static void run_model(const char *name) {
     ko.count = calloc((size_t)ko.max_pos, sizeof(int64_t));
     ps_hooks kh;
     ps_hooks_init(&kh);
-    ps_hooks_add(&kh, &m.cfg, comp ? "blocks.1.attn.hook_ck" : "blocks.1.attn.hook_k", ko_hook, &ko, &err);
-    ps_hooks_add(&kh, &m.cfg, comp ? "blocks.1.attn.hook_cv" : "blocks.1.attn.hook_v", ko_hook, &ko, &err);
+    CHECK_OK(ps_hooks_add(&kh, &m.cfg, comp ? "blocks.1.attn.hook_ck" : "blocks.1.attn.hook_k", ko_hook, &ko, &err), &err);
+    CHECK_OK(ps_hooks_add(&kh, &m.cfg, comp ? "blocks.1.attn.hook_cv" : "blocks.1.attn.hook_v", ko_hook, &ko, &err), &err);
 
     for (int pass = 0; pass < 2; pass++)
         for (int s = 0; s < toks.n; s++) {

@@ -197,8 +197,8 @@ static void test_mean_pooling(void) {
     ps_hooks h;
     ps_hooks_init(&h);
     ps_error err;
-    ps_hooks_add(&h, &c, "blocks.0.hook_resid_pre", cap_resid, &cap, &err);
-    ps_hooks_add(&h, &c, "blocks.0.attn.hook_cv", cap_cv, &cap, &err);
+    CHECK_OK(ps_hooks_add(&h, &c, "blocks.0.hook_resid_pre", cap_resid, &cap, &err), &err);
+    CHECK_OK(ps_hooks_add(&h, &c, "blocks.0.attn.hook_cv", cap_cv, &cap, &err), &err);
     run(&m, tok, 1, T, &h, lg);
     ps_layer_params w = ps_model_layer(&m, m.params, 0);
     double worst = 0;
@@ -245,7 +245,7 @@ static void test_gqa_mapping(ps_attn_kind kind) {
     ps_hooks h;
     ps_hooks_init(&h);
     ps_error err;
-    ps_hooks_add(&h, &c, "blocks.0.attn.hook_z", cap_z, z, &err);
+    CHECK_OK(ps_hooks_add(&h, &c, "blocks.0.attn.hook_z", cap_z, z, &err), &err);
     run(&m, tok, 1, T, &h, lg);
     double nz[4] = {0};
     for (int t = 0; t < T; t++)
@@ -336,12 +336,12 @@ static void test_forward_from(void) {
     ps_acts a;
     ps_hooks h;
     ps_hooks_init(&h);
-    ps_hooks_add(&h, &c, "blocks.2.attn.hook_cv", scale_hook, NULL, &err);
+    CHECK_OK(ps_hooks_add(&h, &c, "blocks.2.attn.hook_cv", scale_hook, NULL, &err), &err);
     float full[T * 23], hooked[T * 23];
     CHECK_OK(ps_acts_create(&a, &c, 1, T, false, &err), &err);
-    ps_forward(&m, &a, tok, &h, &err);
+    CHECK_OK(ps_forward(&m, &a, tok, &h, &err), &err);
     memcpy(hooked, a.p.logits, sizeof hooked);
-    ps_forward(&m, &a, tok, NULL, &err);
+    CHECK_OK(ps_forward(&m, &a, tok, NULL, &err), &err);
     memcpy(full, a.p.logits, sizeof full);
     for (int l = 0; l <= 3; l++) {
         CHECK_OK(ps_forward_from(&m, &a, l, NULL, &err), &err);
@@ -354,7 +354,7 @@ static void test_forward_from(void) {
     ps_acts_free(&a);
     /* from the attention of a layer, reusing its kept q/k/v/ck/cv (keep_all), and scoring chosen rows only */
     CHECK_OK(ps_acts_create(&a, &c, 1, T, true, &err), &err);
-    ps_forward(&m, &a, tok, NULL, &err);
+    CHECK_OK(ps_forward(&m, &a, tok, NULL, &err), &err);
     for (int l = 0; l < 3; l++) {
         CHECK_OK(ps_forward_from_attention(&m, &a, l, NULL, &err), &err);
         CHECK(memcmp(a.p.logits, full, sizeof full) == 0, "forward_from_attention(%d) differs from the full pass", l);

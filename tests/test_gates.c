@@ -46,12 +46,12 @@ static void test_uniform_model(void) {
     ps_hooks h;
     ps_hooks_init(&h);
     ps_error err;
-    ps_gate_acc_init(&acc, &c, &err);
+    CHECK_OK(ps_gate_acc_init(&acc, &c, &err), &err);
     CHECK_OK(ps_gate_acc_watch(&acc, &h, &c, &err), &err);
     int32_t tok[2 * 40];
     tu_random_tokens(tok, 80, c.vocab_size, 4);
     ps_acts a;
-    ps_acts_create(&a, &c, 2, 40, false, &err);
+    CHECK_OK(ps_acts_create(&a, &c, 2, 40, false, &err), &err);
     CHECK_OK(ps_forward(&m, &a, tok, &h, &err), &err);
     double worst = 0;
     for (int l = 0; l < 2; l++)
@@ -81,11 +81,11 @@ static void test_conformance(const char *name) {
     ps_gate_acc acc;
     ps_hooks h;
     ps_hooks_init(&h);
-    ps_gate_acc_init(&acc, &m.cfg, &err);
-    ps_gate_acc_watch(&acc, &h, &m.cfg, &err);
+    CHECK_OK(ps_gate_acc_init(&acc, &m.cfg, &err), &err);
+    CHECK_OK(ps_gate_acc_watch(&acc, &h, &m.cfg, &err), &err);
     for (int s = 0; s < toks.n; s++) {
         ps_acts a;
-        ps_acts_create(&a, &m.cfg, 1, toks.len[s], false, &err);
+        CHECK_OK(ps_acts_create(&a, &m.cfg, 1, toks.len[s], false, &err), &err);
         CHECK_OK(ps_forward(&m, &a, toks.seq[s], &h, &err), &err);
         ps_acts_free(&a);
     }

@@ -129,8 +129,8 @@ static void test_conformance_grads(const char *name) {
     int64_t cnt = 0;
     for (int s = 0; s < toks.n; s++) {
         ps_acts a, g;
-        ps_acts_create(&a, &m.cfg, 1, toks.len[s], true, &err);
-        ps_acts_create(&g, &m.cfg, 1, toks.len[s], false, &err);
+        CHECK_OK(ps_acts_create(&a, &m.cfg, 1, toks.len[s], true, &err), &err);
+        CHECK_OK(ps_acts_create(&g, &m.cfg, 1, toks.len[s], false, &err), &err);
         CHECK_OK(ps_forward(&m, &a, toks.seq[s], NULL, &err), &err);
         CHECK_OK(ps_backward(&m, &a, &g, toks.seq[s], tg.seq[s], 1.0f / (float)total, grads, &loss, &cnt, &err), &err);
         ps_acts_free(&a);

@@ -129,7 +129,7 @@ static void test_model(ps_attn_kind kind) {
             if (kind == PS_ATTN_FULL && p >= PS_HOOK_GATE_K && p <= PS_HOOK_CV) continue;
             char nm[96];
             ps_hook_name(nm, sizeof nm, l, (ps_hook_point)p);
-            ps_hooks_add(&h, &c, nm, identity_hook, NULL, &err);
+            CHECK_OK(ps_hooks_add(&h, &c, nm, identity_hook, NULL, &err), &err);
         }
     CHECK_OK(run(&m, tok, &h, out, &err), &err);
     CHECK(memcmp(clean, out, sizeof clean) == 0, "%s: write-back hooks changed the logits", label);
@@ -158,21 +158,21 @@ static void test_model(ps_attn_kind kind) {
         /* zeroing compressed window 2 (positions 8..11, ends at 11) of the last layer changes queries >= 11 */
         int win = 2;
         ps_hooks_init(&h);
-        ps_hooks_add(&h, &c, "blocks.1.attn.hook_cv", zero_pos_hook, &win, &err);
-        run(&m, tok, &h, out, &err);
+        CHECK_OK(ps_hooks_add(&h, &c, "blocks.1.attn.hook_cv", zero_pos_hook, &win, &err), &err);
+        CHECK_OK(run(&m, tok, &h, out, &err), &err);
         CHECK(changed_rows(clean, out) == range_mask(11, T), "zeroing compressed value 2 changed %llx",
               (unsigned long long)changed_rows(clean, out));
         ps_hooks_free(&h);
         ps_hooks_init(&h);
-        ps_hooks_add(&h, &c, "blocks.1.attn.hook_gate_k", zero_pos_hook, &win, &err);
-        run(&m, tok, &h, out, &err);
+        CHECK_OK(ps_hooks_add(&h, &c, "blocks.1.attn.hook_gate_k", zero_pos_hook, &win, &err), &err);
+        CHECK_OK(run(&m, tok, &h, out, &err), &err);
         CHECK(changed_rows(clean, out) == range_mask(11, T), "zeroing gate of window 2 changed %llx",
               (unsigned long long)changed_rows(clean, out));
         ps_hooks_free(&h);
     }
     /* a hook error aborts the pass with the hook's message */
     ps_hooks_init(&h);
-    ps_hooks_add(&h, &c, "blocks.0.hook_mlp_out", failing_hook, NULL, &err);
+    CHECK_OK(ps_hooks_add(&h, &c, "blocks.0.hook_mlp_out", failing_hook, NULL, &err), &err);
     CHECK_ERR(run(&m, tok, &h, out, &err), &err, "blocks.0.hook_mlp_out refused");
     ps_hooks_free(&h);
 
@@ -181,10 +181,10 @@ static void test_model(ps_attn_kind kind) {
     ps_cache_init(&cache);
     ps_hooks_init(&h);
     int pos = 3;
-    ps_hooks_add(&h, &c, "blocks.0.hook_resid_post", zero_pos_hook, &pos, &err);
+    CHECK_OK(ps_hooks_add(&h, &c, "blocks.0.hook_resid_post", zero_pos_hook, &pos, &err), &err);
     CHECK_OK(ps_cache_watch(&cache, &h, &c, "blocks.0.hook_resid_post", &err), &err);
     CHECK_OK(ps_cache_watch(&cache, &h, &c, "blocks.1.hook_resid_pre", &err), &err);
-    run(&m, tok, &h, out, &err);
+    CHECK_OK(run(&m, tok, &h, out, &err), &err);
     const ps_cache_item *a = ps_cache_get(&cache, "blocks.0.hook_resid_post"), *b = ps_cache_get(&cache, "blocks.1.hook_resid_pre");
     CHECK(a && b && a->ndim == 3 && a->shape[1] == T && memcmp(a->data, b->data, sizeof(float) * T * 16) == 0,
           "cache: resid_post of layer 0 != resid_pre of layer 1");
@@ -205,7 +205,7 @@ static void test_model(ps_attn_kind kind) {
         }
     CHECK(cache.n > 8 && grown > 8, "cache did not grow past its first capacity (%d items)", cache.n);
     CHECK(ps_cache_get(&cache, "blocks.0.hook_resid_post") == a, "item pointer moved when the cache grew");
-    run(&m, tok, &h, out, &err);
+    CHECK_OK(run(&m, tok, &h, out, &err), &err);
     CHECK(a->ndim == 3 && a->shape[1] == T && a->data[3 * 16] == 0.0f, "item read after growth is wrong");
     ps_cache_free(&cache);
     ps_hooks_free(&h);
@@ -237,9 +237,9 @@ static void test_pattern_overwrite(ps_attn_kind kind) {
     ps_hooks_init(&h);
     ps_cache_init(&cache);
     ps_error err;
-    ps_hooks_add(&h, &c, "blocks.0.attn.hook_pattern", self_attend, NULL, &err);
-    ps_cache_watch(&cache, &h, &c, "blocks.0.attn.hook_v", &err);
-    ps_cache_watch(&cache, &h, &c, "blocks.0.attn.hook_z", &err);
+    CHECK_OK(ps_hooks_add(&h, &c, "blocks.0.attn.hook_pattern", self_attend, NULL, &err), &err);
+    CHECK_OK(ps_cache_watch(&cache, &h, &c, "blocks.0.attn.hook_v", &err), &err);
+    CHECK_OK(ps_cache_watch(&cache, &h, &c, "blocks.0.attn.hook_z", &err), &err);
     float out[T * V];
     CHECK_OK(run(&m, tok, &h, out, &err), &err);
     const ps_cache_item *v = ps_cache_get(&cache, "blocks.0.attn.hook_v"), *z = ps_cache_get(&cache, "blocks.0.attn.hook_z");

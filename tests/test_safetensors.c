@@ -97,7 +97,7 @@ static void test_hostile_files(void) {
 static void save_model_with(const ps_model *m, const char *dir, const char *drop, const char *extra_name,
                             const int64_t *reshape_dims, int reshape_ndim, const char *reshape_name) {
     ps_error err;
-    ps_model_save(m, dir, &err);
+    CHECK_OK(ps_model_save(m, dir, &err), &err);
     char path[1024];
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     ps_st_tensor t[64];
@@ -114,7 +114,7 @@ static void save_model_with(const ps_model *m, const char *dir, const char *drop
         n++;
     }
     if (extra_name) t[n++] = (ps_st_tensor){.name = extra_name, .ndim = 1, .shape = {4}, .data = extra};
-    ps_st_save(path, t, n, NULL, NULL, 0, &err);
+    CHECK_OK(ps_st_save(path, t, n, NULL, NULL, 0, &err), &err);
 }
 
 static void test_model_checkpoints(void) {
@@ -123,7 +123,7 @@ static void test_model_checkpoints(void) {
     c.n_layers = 2;
     ps_model m, m2;
     tu_random_model(&m, &c, 77, 0.3f);
-    ps_model_set_meta(&m, "task", "{\"kind\":\"kv\"}", &err);
+    CHECK_OK(ps_model_set_meta(&m, "task", "{\"kind\":\"kv\"}", &err), &err);
     char dir[1024];
     snprintf(dir, sizeof dir, "%s/ckpt", TMP);
     /* round trip: bit-exact, metadata kept */
@@ -169,12 +169,12 @@ static void test_model_checkpoints(void) {
         const ps_param_info *pi = ps_model_find(&m, "model.layers.1.mlp.up_proj.weight");
         float keep = m.params[pi->offset + 5];
         m.params[pi->offset + 5] = k ? INFINITY : NAN;
-        ps_model_save(&m, dir, &err);
+        CHECK_OK(ps_model_save(&m, dir, &err), &err);
         m.params[pi->offset + 5] = keep;
         CHECK_ERR(ps_model_load(&m2, dir, &err), &err, "model.safetensors", "model.layers.1.mlp.up_proj.weight", "non-finite");
     }
     /* config mismatch: config says untied, checkpoint lacks lm_head */
-    ps_model_save(&m, dir, &err);
+    CHECK_OK(ps_model_save(&m, dir, &err), &err);
     ps_config c2 = m.cfg;
     c2.tie_embeddings = false;
     snprintf(path, sizeof path, "%s/config.json", dir);
@@ -211,7 +211,7 @@ static void test_half_precision(void) {
         /* round the weights to the half format, write a checkpoint in that format by hand */
         char dir[1024], path[1100];
         snprintf(dir, sizeof dir, "%s/half%d", TMP, dt);
-        ps_model_save(&m, dir, &err);
+        CHECK_OK(ps_model_save(&m, dir, &err), &err);
         snprintf(path, sizeof path, "%s/model.safetensors", dir);
         size_t hcap = 65536, hl = 0;
         char *hdr = malloc(hcap);
