@@ -12,10 +12,10 @@
  * error <= 2e-7 (a few ulp) over [-87, 88]; arguments are clamped to that range (below: about 1.6e-38
  * instead of a denormal or 0; above: about 1.7e38 instead of +inf). NaN stays NaN. */
 static inline float ps_expf(float x) {
-    x = x < -87.0f ? -87.0f : x;
-    x = x > 88.0f ? 88.0f : x;
-    float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round to nearest (1.5·2^23 trick) */
-    float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+    float xc = x > -87.0f ? x : -87.0f; /* NaN → -87 here (no NaN reaches the integer conversion)… */
+    xc = xc < 88.0f ? xc : 88.0f;
+    float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round to nearest (1.5·2^23 trick) */
+    float r = xc - n * 0.693359375f + n * 2.12194440e-4f;
     float p = 1.9875691500e-4f;
     p = p * r + 1.3981999507e-3f;
     p = p * r + 8.3334519073e-3f;
@@ -23,10 +23,10 @@ static inline float ps_expf(float x) {
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     p = p * r * r + r + 1.0f;
-    int32_t e = ((int32_t)n + 127) << 23;
+    uint32_t e = (uint32_t)((int32_t)n + 127) << 23; /* n in [-126, 127]: a normal power of two */
     float scale;
     memcpy(&scale, &e, sizeof scale);
-    return p * scale;
+    return x == x ? p * scale : x; /* …and NaN in, NaN out */
 }
 
 /* Dot product of a[n] and b[n] in float with 16 interleaved partial sums added in a fixed order: the same
