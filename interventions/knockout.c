@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fileio.h"
+
 void ps_knockout_result_free(ps_knockout_result *r) {
     ps_residue_stats_free(&r->clean);
     if (r->cells)
@@ -17,7 +19,7 @@ void ps_knockout_result_free(ps_knockout_result *r) {
 /* Means of one shift: per selected layer, [npos, nkv, hd] for each replaced array. */
 typedef struct {
     int n_arr;            /* 2 (k/v or ck/cv) or 4 */
-    ps_hook_point pt[4];  /* which arrays */
+    ps_hook_point pt[4];  /* which arrays, in the order the forward fires them */
     int64_t npos[4];
     double *sum[4];       /* [n_layers][npos][nkv][hd] */
 } means;
@@ -31,41 +33,92 @@ static float *act_array(const ps_act_ptrs *p, ps_hook_point pt) {
     }
 }
 
+/* The overwrite hook of both paths. Its event is [n_rep · per, npos, nkv, hd]: replica c (sequences
+ * c·per … c·per + per − 1) gets the mean of its own head heads[c] written in, position by position.
+ * The naive path registers it with one replica per forward; the batched path with one replica per cell
+ * of the group. npos may be shorter than the means (a truncated pass): the first npos positions. */
 typedef struct {
     const means *mn;
-    int li, head;
-    int64_t nkv, hd, count;
+    const int *layers; /* the grid's layers (index li of the means) */
+    int n_layers;
+    const int *heads;  /* [n_rep] */
+    int n_rep;
+    int64_t per, nkv, hd, count;
 } ko_hook_ctx;
 
-/* overwrite head g of the event's [B, npos, nkv, hd] array with the means */
-static void write_means(float *x, int64_t B, int64_t npos, int64_t nkv, int64_t hd, int64_t g, const double *sum,
-                        int64_t count) {
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t t = 0; t < npos; t++) {
-            float *dst = x + ((b * npos + t) * nkv + g) * hd;
-            const double *src = sum + (t * nkv + g) * hd;
-            for (int64_t e = 0; e < hd; e++) dst[e] = (float)(src[e] / (double)count);
-        }
+static int ko_hook(const ps_hook_event *ev, void *user, ps_error *err) {
+    ko_hook_ctx *c = user;
+    int li = 0, k = 0;
+    while (li < c->n_layers && c->layers[li] != ev->layer) li++;
+    while (k < c->mn->n_arr && c->mn->pt[k] != ev->point) k++;
+    if (li == c->n_layers || k == c->mn->n_arr) return ps_fail(err, "knockout hook fired on %s, which it does not replace", ev->name);
+    int64_t npos = ev->shape[1], full = c->mn->npos[k], nkv = c->nkv, hd = c->hd;
+    if (ev->shape[0] != c->n_rep * c->per || npos > full || ev->shape[2] != nkv || ev->shape[3] != hd)
+        return ps_fail(err, "knockout hook on %s: activation [%lld, %lld, %lld, %lld] is not %d replicas of %lld sequences", ev->name,
+                       (long long)ev->shape[0], (long long)ev->shape[1], (long long)ev->shape[2], (long long)ev->shape[3],
+                       c->n_rep, (long long)c->per);
+    const double *sum = c->mn->sum[k] + (int64_t)li * full * nkv * hd;
+    for (int r = 0; r < c->n_rep; r++) {
+        int64_t g = c->heads[r];
+        for (int64_t b = (int64_t)r * c->per; b < (int64_t)(r + 1) * c->per; b++)
+            for (int64_t t = 0; t < npos; t++) {
+                float *dst = ev->data + ((b * npos + t) * nkv + g) * hd;
+                const double *src = sum + (t * nkv + g) * hd;
+                for (int64_t e = 0; e < hd; e++) dst[e] = (float)(src[e] / (double)c->count);
+            }
+    }
+    return 0;
 }
 
-static int ko_hook(const ps_hook_event *ev, void *user, ps_error *err) {
-    (void)err;
-    ko_hook_ctx *c = user;
-    for (int k = 0; k < c->mn->n_arr; k++)
-        if (c->mn->pt[k] == ev->point) {
-            int64_t npos = c->mn->npos[k];
-            write_means(ev->data, ev->shape[0], npos, c->nkv, c->hd, c->head,
-                        c->mn->sum[k] + (int64_t)c->li * npos * c->nkv * c->hd, c->count);
+/* Bytes of a keep_all activation set of B sequences of T tokens (as ps_acts_create allocates it). */
+static double acts_bytes(const ps_config *c, int64_t B, int64_t T) {
+    return 4.0 * (double)ps_acts_size(c, B, T, true, true);
+}
+
+double ps_knockout_default_budget(void) {
+    double b = PS_KO_DEFAULT_BUDGET, avail = (double)ps_mem_available();
+    if (avail > 0 && avail / 4 < b) b = avail / 4;
+    return b;
+}
+
+/* Copy the restart state of sequences src_b0 … src_b0 + n − 1 of the clean pass (layer l's input
+ * residual, q, k, v and, compressed, ck, cv; T tokens, nW windows) into sequences dst_b0 … of the
+ * replica set (T2 ≤ T tokens, nW2 ≤ nW windows: the first T2 positions, the first nW2 windows). */
+static void copy_restart(const ps_config *c, const ps_acts *src, int64_t src_b0, ps_acts *dst, int64_t dst_b0, int64_t n, int l) {
+    int64_t T = src->T, T2 = dst->T, nW = src->nW, nW2 = dst->nW, d = c->d_model;
+    int64_t qd = c->n_heads * c->head_dim, kd = c->n_kv_heads * c->head_dim;
+    ps_act_ptrs s = ps_acts_layer(src, l), t = ps_acts_layer(dst, l);
+    const float *rs = src->p.resid + (int64_t)l * src->B * T * d;
+    float *rd = dst->p.resid + (int64_t)l * dst->B * T2 * d;
+    for (int64_t b = 0; b < n; b++) {
+        int64_t i = src_b0 + b, o = dst_b0 + b;
+        memcpy(rd + o * T2 * d, rs + i * T * d, (size_t)(T2 * d) * sizeof(float));
+        memcpy(t.q + o * T2 * qd, s.q + i * T * qd, (size_t)(T2 * qd) * sizeof(float));
+        memcpy(t.k + o * T2 * kd, s.k + i * T * kd, (size_t)(T2 * kd) * sizeof(float));
+        memcpy(t.v + o * T2 * kd, s.v + i * T * kd, (size_t)(T2 * kd) * sizeof(float));
+        if (c->kind == PS_ATTN_COMPRESSED && nW2 > 0) {
+            memcpy(t.ck + o * nW2 * kd, s.ck + i * nW * kd, (size_t)(nW2 * kd) * sizeof(float));
+            memcpy(t.cv + o * nW2 * kd, s.cv + i * nW * kd, (size_t)(nW2 * kd) * sizeof(float));
         }
-    return 0;
+    }
 }
 
 int ps_knockout_grid(const ps_model *m, const ps_batch *base, const ps_task *task, const ps_filler_family *fam,
                      int64_t P, uint64_t seed, int64_t batch, const int *layers, int n_layers, const int *heads,
                      int n_heads, ps_ko_target target, int naive, ps_knockout_result *out, ps_progress_fn progress,
                      void *user, ps_error *err) {
+    ps_knockout_opts o = {.naive = naive};
+    return ps_knockout_grid_opts(m, base, task, fam, P, seed, batch, layers, n_layers, heads, n_heads, target, &o, out,
+                                 progress, user, err);
+}
+
+int ps_knockout_grid_opts(const ps_model *m, const ps_batch *base, const ps_task *task, const ps_filler_family *fam,
+                          int64_t P, uint64_t seed, int64_t batch, const int *layers, int n_layers, const int *heads,
+                          int n_heads, ps_ko_target target, const ps_knockout_opts *opts, ps_knockout_result *out,
+                          ps_progress_fn progress, void *user, ps_error *err) {
     memset(out, 0, sizeof *out);
     const ps_config *c = &m->cfg;
+    int naive = opts && opts->naive;
     if ((target & PS_KO_COMPRESSED) && c->kind != PS_ATTN_COMPRESSED)
         return ps_fail(err, "--target %s: a full-attention model has no compressed entries (use --target raw)",
                        target == PS_KO_BOTH ? "both" : "compressed");
@@ -73,6 +126,7 @@ int ps_knockout_grid(const ps_model *m, const ps_batch *base, const ps_task *tas
     out->n_layers = n_layers;
     out->n_heads = n_heads;
     if (n_layers < 1 || n_heads < 1) return ps_fail(err, "knockout grid: no layers or no heads selected");
+    if (batch < 1) return ps_fail(err, "knockout grid: batch %lld must be >= 1", (long long)batch);
     out->layers = malloc((size_t)n_layers * sizeof(int));
     out->heads = malloc((size_t)n_heads * sizeof(int));
     out->cells = calloc((size_t)n_layers * (size_t)n_heads, sizeof *out->cells);
@@ -91,7 +145,8 @@ int ps_knockout_grid(const ps_model *m, const ps_batch *base, const ps_task *tas
     int rc = ps_residue_stats_init(&out->clean, P, err);
     for (int64_t i = 0; i < (int64_t)n_layers * n_heads && !rc; i++) rc = ps_residue_stats_init(&out->cells[i], P, err);
     if (rc) return -1;
-    int64_t N = base->B, nkv = c->n_kv_heads, hd = c->head_dim, maxq = base->max_q;
+    double budget = opts && opts->mem_bytes > 0 ? opts->mem_bytes : ps_knockout_default_budget();
+    int64_t N = base->B, nkv = c->n_kv_heads, hd = c->head_dim, maxq = base->max_q, V = c->vocab_size;
     int *ok = malloc((size_t)(N * maxq) * sizeof(int));
     double *lp = malloc((size_t)(N * maxq) * sizeof(double));
     if (!ok || !lp)
@@ -103,13 +158,13 @@ int ps_knockout_grid(const ps_model *m, const ps_batch *base, const ps_task *tas
         int64_t T = s.b.T, nW = ps_config_n_windows(c, T);
         means mn;
         memset(&mn, 0, sizeof mn);
-        if (target & PS_KO_COMPRESSED) {
-            mn.pt[mn.n_arr] = PS_HOOK_CK, mn.npos[mn.n_arr++] = nW;
-            mn.pt[mn.n_arr] = PS_HOOK_CV, mn.npos[mn.n_arr++] = nW;
-        }
         if (target & PS_KO_RAW) {
             mn.pt[mn.n_arr] = PS_HOOK_K, mn.npos[mn.n_arr++] = T;
             mn.pt[mn.n_arr] = PS_HOOK_V, mn.npos[mn.n_arr++] = T;
+        }
+        if (target & PS_KO_COMPRESSED) {
+            mn.pt[mn.n_arr] = PS_HOOK_CK, mn.npos[mn.n_arr++] = nW;
+            mn.pt[mn.n_arr] = PS_HOOK_CV, mn.npos[mn.n_arr++] = nW;
         }
         for (int k = 0; k < mn.n_arr && !rc; k++) {
             mn.sum[k] = calloc((size_t)n_layers * (size_t)(mn.npos[k] ? mn.npos[k] : 1) * (size_t)(nkv * hd), sizeof(double));
@@ -117,31 +172,68 @@ int ps_knockout_grid(const ps_model *m, const ps_batch *base, const ps_task *tas
                 rc = ps_fail(err, "out of memory for the means of %d layers x %lld positions x %lld KV heads", n_layers,
                              (long long)mn.npos[k], (long long)nkv);
         }
+        /* The overwrite hooks of every selected layer, one context (the group being run) for all. */
+        ko_hook_ctx hc = {.mn = &mn, .layers = out->layers, .n_layers = n_layers, .nkv = nkv, .hd = hd, .count = N};
+        ps_hooks hooks;
+        ps_hooks_init(&hooks);
+        for (int li = 0; li < n_layers && !rc; li++)
+            for (int k = 0; k < mn.n_arr && !rc; k++) {
+                char name[96];
+                ps_hook_name(name, sizeof name, out->layers[li], mn.pt[k]);
+                rc = ps_hooks_add(&hooks, c, name, ko_hook, &hc, err);
+            }
+        /* The restarted passes stop at the last answer row (causal: nothing after it is read). */
+        int64_t T2 = 1;
+        for (int64_t b = 0; b < N; b++)
+            for (int64_t q = 0; q < s.b.n_q[b]; q++) {
+                const ps_query *qq = &s.b.queries[b * maxq + q];
+                if (qq->answer_pos + qq->answer_len > T2) T2 = qq->answer_pos + qq->answer_len;
+            }
+        if (T2 > T) T2 = T;
+        int64_t B = batch < N ? batch : N;
+        /* Cells per forward: k cells of one layer, each a replica of m prompts, k·m sequences in all, as
+         * many as the memory budget holds (at least one cell of one prompt). */
+        int64_t k_cells = 1, m_pr = B;
+        if (!naive) {
+            double one = acts_bytes(c, 2, T2) - acts_bytes(c, 1, T2), fixed = acts_bytes(c, 1, T2) - one;
+            double fit = floor((budget - fixed) / one);
+            if (fit < 1) fit = 1;
+            if (fit >= (double)B) {
+                k_cells = fit / (double)B >= n_heads ? n_heads : (int64_t)(fit / (double)B);
+                if (opts && opts->max_cells > 0 && k_cells > opts->max_cells) k_cells = opts->max_cells;
+            } else
+                m_pr = (int64_t)fit;
+            if (k_cells > out->cells_per_forward) out->cells_per_forward = (int)k_cells;
+            if (m_pr > out->prompts_per_forward) out->prompts_per_forward = m_pr;
+        }
         /* everything below is created only when what precedes it succeeded; cleanup frees only what was
          * created (a zeroed ps_acts / NULL pointer is never freed as if it were live) */
-        ps_acts a = {0};
-        int have_a = 0;
-        int64_t B = batch < N ? batch : N;
+        ps_acts a = {0}, part = {0}, rep = {0};
+        int have_a = 0, have_part = 0, have_rep = 0;
         int64_t ans = task->kind == PS_TASK_KV ? task->value_len : 1;
         int64_t *rows = NULL;
         if (!rc) {
             /* sizes in double first: a corrupt task (absurd value_len) must fail here, not wrap around */
-            if ((double)B * (double)maxq * (double)ans * 8.0 > 9e18) rows = NULL;
-            else rows = malloc((size_t)(B * maxq * ans) * sizeof(int64_t));
+            int64_t seqs = naive ? B : k_cells * m_pr;
+            if ((double)seqs * (double)maxq * (double)ans * 8.0 > 9e18) rows = NULL;
+            else rows = malloc((size_t)(seqs * maxq * ans) * sizeof(int64_t));
             if (!rows)
                 rc = ps_fail(err, "out of memory for the answer rows of %lld prompts x %lld queries x %lld answer tokens",
-                             (long long)B, (long long)maxq, (long long)ans);
+                             (long long)seqs, (long long)maxq, (long long)ans);
         }
         if (!rc) {
             rc = ps_acts_create(&a, c, B, T, true, err);
             have_a = !rc;
         }
+        int64_t last0 = (N - 1) / B * B; /* the first prompt of the last batch */
+        if (!rc && N - last0 != B) {
+            rc = ps_acts_create(&part, c, N - last0, T, true, err);
+            have_part = !rc;
+        }
         /* pass 1: the means over all prompts of this shift */
         for (int64_t i0 = 0; i0 < N && !rc; i0 += B) {
-            int64_t n = N - i0 < B ? N - i0 : B;
-            ps_acts part = {0}, *use = &a;
-            if (n != B && (rc = ps_acts_create(&part, c, n, T, true, err))) break;
-            if (n != B) use = &part;
+            ps_acts *use = i0 == last0 && have_part ? &part : &a;
+            int64_t n = use->B;
             rc = ps_forward(m, use, s.b.tokens + i0 * T, NULL, err);
             for (int li = 0; li < n_layers && !rc; li++) {
                 ps_act_ptrs lp_ = ps_acts_layer(use, out->layers[li]);
@@ -153,14 +245,12 @@ int ps_knockout_grid(const ps_model *m, const ps_batch *base, const ps_task *tas
                         for (int64_t e = 0; e < per; e++) sum[e] += x[b * per + e];
                 }
             }
-            if (use != &a) ps_acts_free(&part);
         }
-        /* pass 2: clean and knocked-out runs per batch */
-        for (int64_t i0 = 0; i0 < N && !rc; i0 += B) {
-            int64_t n = N - i0 < B ? N - i0 : B;
-            ps_acts part = {0}, *use = &a;
-            if (n != B && (rc = ps_acts_create(&part, c, n, T, true, err))) break;
-            if (n != B) use = &part;
+        /* pass 2: clean and knocked-out runs per batch, last batch first (pass 1 left its clean
+         * activations in place) */
+        for (int64_t i0 = last0; i0 >= 0 && !rc; i0 -= B) {
+            ps_acts *use = i0 == last0 && have_part ? &part : &a;
+            int64_t n = use->B;
             ps_batch view = s.b;
             view.B = n;
             view.tokens = s.b.tokens + i0 * T;
@@ -169,26 +259,20 @@ int ps_knockout_grid(const ps_model *m, const ps_batch *base, const ps_task *tas
             ps_shifted sv = s;
             sv.b = view;
             sv.residue = s.residue + i0 * maxq;
-            /* the rows whose logits are scored: every answer token of every query of the batch */
-            int64_t n_rows = 0;
-            for (int64_t b = 0; b < n; b++)
-                for (int64_t q = 0; q < view.n_q[b]; q++)
-                    for (int64_t t = 0; t < view.queries[b * maxq + q].answer_len; t++)
-                        rows[n_rows++] = b * T + view.queries[b * maxq + q].answer_pos + t;
-            /* one batch: pass 1 already left this batch's clean activations in place */
-            if (N > B) rc = ps_forward(m, use, view.tokens, NULL, err);
+            if (i0 != last0) rc = ps_forward(m, use, view.tokens, NULL, err);
             if (!rc) {
-                ps_score_queries(&view, use->p.logits, c->vocab_size, ok, lp);
+                ps_score_queries(&view, use->p.logits, V, ok, lp);
                 ps_residue_stats_add(&out->clean, &sv, ok, lp);
             }
             for (int li = 0; li < n_layers && !rc; li++) {
                 int l = out->layers[li];
-                for (int hi = 0; hi < n_heads && !rc; hi++) {
-                    int g = heads[hi];
-                    if (naive) {
+                if (naive) {
+                    /* one full forward with the overwrite hooks per cell */
+                    for (int hi = 0; hi < n_heads && !rc; hi++) {
                         ps_hooks h;
                         ps_hooks_init(&h);
-                        ko_hook_ctx ctx = {.mn = &mn, .li = li, .head = g, .nkv = nkv, .hd = hd, .count = N};
+                        ko_hook_ctx ctx = hc;
+                        ctx.heads = &heads[hi], ctx.n_rep = 1, ctx.per = n;
                         for (int k = 0; k < mn.n_arr && !rc; k++) {
                             char name[96];
                             ps_hook_name(name, sizeof name, l, mn.pt[k]);
@@ -196,38 +280,75 @@ int ps_knockout_grid(const ps_model *m, const ps_batch *base, const ps_task *tas
                         }
                         if (!rc) rc = ps_forward(m, use, view.tokens, &h, err);
                         ps_hooks_free(&h);
-                    } else {
-                        /* replace head g in layer l's kept arrays, run from its attention, restore */
-                        ps_act_ptrs lp_ = ps_acts_layer(use, l);
-                        float *saved[4] = {0};
-                        for (int k = 0; k < mn.n_arr; k++) {
-                            float *x = act_array(&lp_, mn.pt[k]);
-                            int64_t cnt = n * mn.npos[k] * nkv * hd;
-                            saved[k] = malloc((size_t)(cnt ? cnt : 1) * sizeof(float));
-                            if (!saved[k]) {
-                                rc = ps_fail(err, "out of memory for a copy of layer %d's kept activations", l);
-                                continue;
-                            }
-                            memcpy(saved[k], x, (size_t)cnt * sizeof(float));
-                            write_means(x, n, mn.npos[k], nkv, hd, g, mn.sum[k] + (int64_t)li * mn.npos[k] * nkv * hd, N);
-                        }
-                        if (!rc) rc = ps_forward_from_attention_rows(m, use, l, rows, n_rows, err);
-                        for (int k = 0; k < mn.n_arr; k++) {
-                            if (!saved[k]) continue;
-                            memcpy(act_array(&lp_, mn.pt[k]), saved[k],
-                                   (size_t)(n * mn.npos[k] * nkv * hd) * sizeof(float));
-                            free(saved[k]);
+                        if (!rc) {
+                            ps_score_queries(&view, use->p.logits, V, ok, lp);
+                            ps_residue_stats_add(&out->cells[li * n_heads + hi], &sv, ok, lp);
                         }
                     }
-                    if (!rc) {
-                        ps_score_queries(&view, use->p.logits, c->vocab_size, ok, lp);
-                        ps_residue_stats_add(&out->cells[li * n_heads + hi], &sv, ok, lp);
+                    continue;
+                }
+                /* batched: groups of k_cells heads × m_pr prompts. Each cell's replica restarts from the
+                 * clean state at layer l's attention, its head's entries replaced by the hooks. */
+                for (int h0 = 0; h0 < n_heads && !rc; h0 += (int)k_cells) {
+                    int kk = n_heads - h0 < k_cells ? n_heads - h0 : (int)k_cells;
+                    for (int64_t b0 = 0; b0 < n && !rc; b0 += m_pr) {
+                        int64_t mm = n - b0 < m_pr ? n - b0 : m_pr, Bp = kk * mm;
+                        if (have_rep && rep.B != Bp) {
+                            ps_acts_free(&rep);
+                            have_rep = 0;
+                        }
+                        if (!have_rep) {
+                            if ((rc = ps_acts_create(&rep, c, Bp, T2, true, err))) break;
+                            have_rep = 1;
+                        }
+                        for (int r = 0; r < kk; r++) copy_restart(c, use, b0, &rep, r * mm, mm, l);
+                        hc.heads = &heads[h0], hc.n_rep = kk, hc.per = mm;
+                        ps_act_ptrs rp = ps_acts_layer(&rep, l);
+                        for (int k = 0; k < mn.n_arr && !rc; k++) {
+                            int64_t shape[4] = {Bp, mn.pt[k] == PS_HOOK_CK || mn.pt[k] == PS_HOOK_CV ? rep.nW : T2, nkv, hd};
+                            rc = ps_hooks_fire(&hooks, l, mn.pt[k], act_array(&rp, mn.pt[k]), 4, shape, err);
+                        }
+                        /* the rows whose logits are scored: every answer token of every query */
+                        int64_t n_rows = 0;
+                        for (int r = 0; r < kk; r++)
+                            for (int64_t b = 0; b < mm; b++)
+                                for (int64_t q = 0; q < view.n_q[b0 + b]; q++) {
+                                    const ps_query *qq = &view.queries[(b0 + b) * maxq + q];
+                                    for (int64_t t = 0; t < qq->answer_len; t++)
+                                        rows[n_rows++] = (r * mm + b) * T2 + qq->answer_pos + t;
+                                }
+                        if (!rc) rc = ps_forward_from_attention_rows(m, &rep, l, rows, n_rows, err);
+                        /* score each replica: its answer rows go into the clean pass's logits (already
+                         * scored) at their own positions, so the prompts' view reads them */
+                        ps_batch sub = view;
+                        sub.B = mm;
+                        sub.tokens = view.tokens + b0 * T;
+                        sub.n_q = view.n_q + b0;
+                        sub.queries = view.queries + b0 * maxq;
+                        ps_shifted ss = sv;
+                        ss.b = sub;
+                        ss.residue = sv.residue + b0 * maxq;
+                        float *lg = use->p.logits + b0 * T * V;
+                        for (int r = 0; r < kk && !rc; r++) {
+                            for (int64_t b = 0; b < mm; b++)
+                                for (int64_t q = 0; q < sub.n_q[b]; q++) {
+                                    const ps_query *qq = &sub.queries[b * maxq + q];
+                                    for (int64_t t = 0; t < qq->answer_len; t++)
+                                        memcpy(lg + (b * T + qq->answer_pos + t) * V,
+                                               rep.p.logits + ((r * mm + b) * T2 + qq->answer_pos + t) * V,
+                                               (size_t)V * sizeof(float));
+                                }
+                            ps_score_queries(&sub, lg, V, ok, lp);
+                            ps_residue_stats_add(&out->cells[li * n_heads + h0 + r], &ss, ok, lp);
+                        }
                     }
                 }
             }
-            if (use != &a) ps_acts_free(&part);
         }
+        if (have_rep) ps_acts_free(&rep);
+        if (have_part) ps_acts_free(&part);
         if (have_a) ps_acts_free(&a);
+        ps_hooks_free(&hooks);
         free(rows);
         for (int k = 0; k < mn.n_arr; k++) free(mn.sum[k]);
         ps_shifted_free(&s);

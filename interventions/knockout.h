@@ -4,9 +4,14 @@
  * chosen (layer, head) over the prefix-padding sweep and reports per residue the change in accuracy
  * and in mean target NLL against the clean run.
  *
- * Cost: per prompt batch and shift, one clean pass keeps every layer's activations; cells then run from
- * the attention of layer l on (layers visited top-down, so the kept activations below stay clean) —
- * layers below l and layer l's projections and compressor are never recomputed. */
+ * Cost: per shift, one pass over the prompts computes the means and keeps every layer's activations of
+ * a batch (the last batch is scored from it directly; earlier batches are rerun once, clean). Cells then
+ * restart from the clean state at layer l's attention: the cells of one layer run in batches, k cells ×
+ * m prompts as k·m sequences of one forward (each replica gets its own head's mean written by the
+ * overwrite hook, the same hook a naive run registers), as many as a memory budget allows; the
+ * restarted pass stops at the last answer row (causal) and its last layer computes the answer rows only.
+ * Layers below l and layer l's projections and compressor are never recomputed. See docs/design.md,
+ * "Knockout grid". */
 #ifndef PS_KNOCKOUT_H
 #define PS_KNOCKOUT_H
 
@@ -22,7 +27,19 @@ typedef struct {
     int *layers, *heads;
     ps_residue_stats clean;
     ps_residue_stats *cells; /* [n_layers · n_heads], layer-major */
+    int cells_per_forward;   /* batched path: the most cells one forward ran (0 for the naive path) */
+    int64_t prompts_per_forward; /* batched path: prompts per cell in one forward (the batch unless the budget is smaller) */
 } ps_knockout_result;
+
+/* Default memory for the batched cells' activations: 1 GiB, at most a quarter of available memory. */
+#define PS_KO_DEFAULT_BUDGET (1024.0 * 1024.0 * 1024.0)
+double ps_knockout_default_budget(void);
+
+typedef struct {
+    int naive;        /* 1: a full forward with overwrite hooks per cell (the reference) */
+    int max_cells;    /* most cells batched into one forward; 0: as many as the budget holds (1: one at a time) */
+    double mem_bytes; /* bytes for the batched cells' activations; 0: ps_knockout_default_budget() */
+} ps_knockout_opts;
 
 /* naive = 1 runs a full forward with overwrite hooks for every cell (the reference the bench and
  * tests compare with). */
@@ -30,6 +47,11 @@ int ps_knockout_grid(const ps_model *m, const ps_batch *base, const ps_task *tas
                      int64_t P, uint64_t seed, int64_t batch, const int *layers, int n_layers, const int *heads,
                      int n_heads, ps_ko_target target, int naive, ps_knockout_result *out, ps_progress_fn progress,
                      void *user, ps_error *err);
+/* The same with options (opts may be NULL: the defaults, batched). */
+int ps_knockout_grid_opts(const ps_model *m, const ps_batch *base, const ps_task *task, const ps_filler_family *fam,
+                          int64_t P, uint64_t seed, int64_t batch, const int *layers, int n_layers, const int *heads,
+                          int n_heads, ps_ko_target target, const ps_knockout_opts *opts, ps_knockout_result *out,
+                          ps_progress_fn progress, void *user, ps_error *err);
 void ps_knockout_result_free(ps_knockout_result *r);
 
 /* {"period", "target", "clean": {...curve...}, "cells": [{"layer", "head", "residues": [{"rho",

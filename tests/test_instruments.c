@@ -2,7 +2,8 @@
  * hand-built prompts in both modes, Wilson intervals and chi-square p-values against known values, period
  * detection and best-shift alignment on synthetic curves, the verdict (no period for a curve that is not
  * phase sensitive), the knockout grid against a full forward with overwrite hooks per cell and against a
- * mean replacement written here from scratch (hooks cache the entries, the test averages them), each
+ * mean replacement written here from scratch (hooks cache the entries, the test averages them), the batched
+ * grid (several cells per forward, any budget) against one cell per forward for every cell and target, each
  * cell's worst residue, no change for a head whose activations do not vary, cleanup after an allocation
  * failure, gatecycle by W and by k then -k restoring the checkpoint bit-exactly, a cycled model's
  * parameters against a hand roll, the dip tracking of gate cycling, and the errors. */
@@ -419,8 +420,10 @@ static void test_knockout_independent(ps_ko_target target) {
     ps_task_generate(&t, 9, &base);
     ps_filler_family fam = repeat_family();
     ps_knockout_result grid;
-    int layers[1] = {L}, heads[1] = {G};
-    CHECK_OK(ps_knockout_grid(&m, &base, &t, &fam, P, 0, 3, layers, 1, heads, 1, target, 0, &grid, NULL, NULL, &err), &err);
+    /* two heads: the batched grid runs both cells in one forward, head G as the second replica */
+    int layers[1] = {L}, heads[2] = {0, G};
+    CHECK_OK(ps_knockout_grid(&m, &base, &t, &fam, P, 0, 3, layers, 1, heads, 2, target, 0, &grid, NULL, NULL, &err), &err);
+    CHECK(grid.cells_per_forward == 2, "the grid ran %d cells per forward, expected 2", grid.cells_per_forward);
     int64_t kk[4] = {0}, nn[4] = {0};
     double lp[4] = {0};
     const int64_t nkv = m.cfg.n_kv_heads, hd = m.cfg.head_dim, V = m.cfg.vocab_size;
@@ -478,14 +481,72 @@ static void test_knockout_independent(ps_ko_target target) {
     double worst = 0;
     int same = 1, changed = 0;
     for (int r = 0; r < P; r++) {
-        same &= nn[r] == grid.cells[0].n[r] && kk[r] == grid.cells[0].k[r];
-        worst = fmax(worst, fabs(lp[r] - grid.cells[0].lp[r]) / fabs(lp[r]));
+        same &= nn[r] == grid.cells[1].n[r] && kk[r] == grid.cells[1].k[r];
+        worst = fmax(worst, fabs(lp[r] - grid.cells[1].lp[r]) / fabs(lp[r]));
         changed |= fabs(lp[r] - grid.clean.lp[r]) > 1e-3 * fabs(grid.clean.lp[r]);
     }
     CHECK(same && worst < 1e-4, "%s knockout of layer %d head %d differs from the hand-made mean replacement (rel %g)",
           target == PS_KO_COMPRESSED ? "compressed" : "raw", L, G, worst);
     CHECK(changed, "the hand-made knockout changed nothing (the comparison would be vacuous)");
     ps_knockout_result_free(&grid);
+    ps_batch_free(&base);
+    ps_model_free(&m);
+}
+
+/* The batched grid (several cells of one layer as replicas in one forward, the restarted pass truncated
+ * after the last answer row) against the same grid one cell per forward and against the naive grid (a full
+ * forward with overwrite hooks per cell): every cell, every residue. Runs the budget's choice (all heads
+ * of a layer in one forward), groups of 2 of 3 heads (two replica batch sizes), a budget too small for
+ * one cell of the whole batch (one prompt per forward), over batches of 4, 4 and 2 prompts. */
+static void test_knockout_batched(ps_attn_kind kind, ps_ko_target target) {
+    ps_model m;
+    ps_config c = tu_config(kind);
+    c.n_layers = 3;
+    c.n_kv_heads = 4;
+    c.max_seq_len = 40;
+    tu_random_model(&m, &c, 47, 0.5f);
+    ps_task t = small_task();
+    ps_batch base;
+    ps_error err;
+    ps_batch_alloc(&base, 10, t.seq_len, t.n_queries, &err);
+    ps_task_generate(&t, 5, &base);
+    ps_filler_family fam = repeat_family();
+    int layers[3] = {1, 0, 2}, heads[3] = {2, 0, 3};
+    const char *tname = target == PS_KO_RAW ? "raw" : target == PS_KO_COMPRESSED ? "compressed" : "both";
+    ps_knockout_opts o_one = {.max_cells = 1}, o_naive = {.naive = 1};
+    ps_knockout_result one, naive;
+    CHECK_OK(ps_knockout_grid_opts(&m, &base, &t, &fam, 4, 0, 4, layers, 3, heads, 3, target, &o_one, &one, NULL, NULL, &err), &err);
+    CHECK_OK(ps_knockout_grid_opts(&m, &base, &t, &fam, 4, 0, 4, layers, 3, heads, 3, target, &o_naive, &naive, NULL, NULL, &err), &err);
+    CHECK(one.cells_per_forward == 1 && one.prompts_per_forward == 4, "%s: one cell per forward ran %d cells x %lld prompts",
+          tname, one.cells_per_forward, (long long)one.prompts_per_forward);
+    ps_knockout_opts runs[3] = {{0}, {.max_cells = 2}, {.mem_bytes = 1}};
+    int want_cells[3] = {3, 2, 1};
+    int64_t want_prompts[3] = {4, 4, 1};
+    int changed = 0;
+    for (int ri = 0; ri < 3; ri++) {
+        ps_knockout_result b;
+        CHECK_OK(ps_knockout_grid_opts(&m, &base, &t, &fam, 4, 0, 4, layers, 3, heads, 3, target, &runs[ri], &b, NULL, NULL, &err), &err);
+        CHECK(b.cells_per_forward == want_cells[ri] && b.prompts_per_forward == want_prompts[ri],
+              "%s run %d: %d cells x %lld prompts per forward, expected %d x %lld", tname, ri, b.cells_per_forward,
+              (long long)b.prompts_per_forward, want_cells[ri], (long long)want_prompts[ri]);
+        int same = 1;
+        double worst = 0;
+        for (int ci = 0; ci < 9; ci++)
+            for (int r = 0; r < 4; r++) {
+                const ps_residue_stats *x = &b.cells[ci], *y = &one.cells[ci], *z = &naive.cells[ci];
+                same &= x->k[r] == y->k[r] && x->n[r] == y->n[r] && x->k[r] == z->k[r] && x->n[r] == z->n[r];
+                worst = fmax(worst, fabs(x->lp[r] - y->lp[r]) / fabs(y->lp[r]));
+                worst = fmax(worst, fabs(x->lp[r] - z->lp[r]) / fabs(z->lp[r]));
+                changed |= fabs(x->lp[r] - b.clean.lp[r]) > 1e-3 * fabs(b.clean.lp[r]);
+            }
+        for (int r = 0; r < 4; r++) same &= b.clean.k[r] == naive.clean.k[r] && b.clean.n[r] == naive.clean.n[r];
+        CHECK(same && worst < 1e-5, "%s run %d: batched cells differ from one cell per forward or the naive grid (rel %g)",
+              tname, ri, worst);
+        ps_knockout_result_free(&b);
+    }
+    CHECK(changed, "%s: no knockout changed anything (the comparison would be vacuous)", tname);
+    ps_knockout_result_free(&one);
+    ps_knockout_result_free(&naive);
     ps_batch_free(&base);
     ps_model_free(&m);
 }
@@ -519,6 +580,10 @@ int main(void) {
     test_knockout(PS_ATTN_FULL, PS_KO_RAW);
     test_knockout_independent(PS_KO_COMPRESSED);
     test_knockout_independent(PS_KO_RAW);
+    test_knockout_batched(PS_ATTN_COMPRESSED, PS_KO_COMPRESSED);
+    test_knockout_batched(PS_ATTN_COMPRESSED, PS_KO_RAW);
+    test_knockout_batched(PS_ATTN_COMPRESSED, PS_KO_BOTH);
+    test_knockout_batched(PS_ATTN_FULL, PS_KO_RAW);
     test_knockout_alloc_failure();
     test_gatecycle();
     test_sweep_run();
