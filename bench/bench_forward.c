@@ -14,8 +14,8 @@
 #include "bench_common.h"
 #include "cpu_env.h"
 
-/* Seconds per forward (median-free: total time over enough repetitions to pass min_s). */
-static double time_forward(const ps_config *c, int64_t B, int64_t T, double min_s) {
+/* Seconds per forward: the median over repetitions (wall clock) and the mean CPU seconds (all threads). */
+static double time_forward(const ps_config *c, int64_t B, int64_t T, double min_s, double *cpu_s) {
     ps_model m;
     ps_error err;
     bench_model(&m, c);
@@ -29,17 +29,20 @@ static double time_forward(const ps_config *c, int64_t B, int64_t T, double min_
         exit(1);
     }
     ps_forward(&m, &a, tok, NULL, &err); /* warm-up */
+    enum { MAXN = 2000 };
+    static double dt[MAXN];
     int n = 0;
-    double t0 = now(), el;
+    double t0 = now(), c0 = cpu_now();
     do {
+        double t1 = now();
         ps_forward(&m, &a, tok, NULL, &err);
-        n++;
-        el = now() - t0;
-    } while (el < min_s || n < 2);
+        dt[n++] = now() - t1;
+    } while ((now() - t0 < min_s || n < 3) && n < MAXN);
+    if (cpu_s) *cpu_s = (cpu_now() - c0) / n;
     ps_acts_free(&a);
     free(tok);
     ps_model_free(&m);
-    return el / n;
+    return median(dt, n);
 }
 
 int main(int argc, char **argv) {
@@ -54,18 +57,26 @@ int main(int argc, char **argv) {
            "  compressed, per window & layer: 2·(2·W·nkv·d + 2·W·d·nkv·hd);  logits: 2·d·V per token\n\n");
     struct { const char *name; int64_t d, L, nh, nkv, dff, B, T; } cfgs[] = {
         {"small  d=128 L=4 h=4/4 T=256 B=8", 128, 4, 4, 4, 384, 8, 256},
+        {"train-small d=256 L=4 h=4/4 T=256 B=4", 256, 4, 4, 4, 768, 4, 256},
         {"medium d=512 L=8 h=8/4 T=1024 B=2", 512, 8, 8, 4, 1536, 2, 1024},
     };
-    printf("%-36s %-14s %12s %12s %10s %10s %9s\n", "config", "attention", "ms/forward", "tokens/s", "GFLOP/s", "sgemm", "ratio");
-    for (int i = 0; i < 2; i++) {
-        /* the machine's sgemm on this config's main shape: [B·T, d] × [d, d_ff] */
-        double sg = sgemm_rate(cfgs[i].B * cfgs[i].T, cfgs[i].d, cfgs[i].dff, NULL);
+    printf("(ms/forward: median wall clock; cpu-ms: CPU seconds of all threads per forward; the ratios are to the\n"
+           " same-run sgemm on the config's [B·T x d] x [d x d_ff], measured next to each row, by wall clock and by\n"
+           " CPU time — on a shared machine the CPU-time ratio is the stable one)\n");
+    printf("%-38s %-16s %11s %10s %8s %8s %7s %8s %7s\n", "config", "attention", "ms/forward", "tokens/s", "GFLOP/s",
+           "sgemm", "ratio", "cpu-ms", "ratio");
+    for (int i = 0; i < 3; i++) {
         for (int comp = 0; comp < 2; comp++) {
             ps_config c = make_config(cfgs[i].d, cfgs[i].L, cfgs[i].nh, cfgs[i].nkv, cfgs[i].dff, cfgs[i].T, comp);
-            double s = time_forward(&c, cfgs[i].B, cfgs[i].T, min_s);
-            double gf = forward_flops(&c, cfgs[i].B, cfgs[i].T) / s / 1e9;
-            printf("%-36s %-14s %12.2f %12.0f %10.1f %10.1f %8.0f%%\n", cfgs[i].name, comp ? "compressed W8/S8" : "full",
-                   s * 1e3, (double)(cfgs[i].B * cfgs[i].T) / s, gf, sg, 100 * gf / sg);
+            int64_t M = cfgs[i].B * cfgs[i].T;
+            double sc0, sc1, sg0 = sgemm_rate(M, cfgs[i].d, cfgs[i].dff, &sc0), cpu;
+            double s = time_forward(&c, cfgs[i].B, cfgs[i].T, min_s, &cpu);
+            double sg = 0.5 * (sg0 + sgemm_rate(M, cfgs[i].d, cfgs[i].dff, &sc1)), sc = 0.5 * (sc0 + sc1);
+            double fl = forward_flops(&c, cfgs[i].B, cfgs[i].T), gf = fl / s / 1e9;
+            printf("%-38s %-16s %11.2f %10.0f %8.1f %8.1f %6.0f%% %8.2f %6.0f%%\n", cfgs[i].name,
+                   comp ? "compressed W8/S8" : "full", s * 1e3, (double)M / s, gf, sg, 100 * gf / sg, cpu * 1e3,
+                   100 * fl / cpu / 1e9 / sc);
+            fflush(stdout);
         }
     }
     printf("\nscaling with T (d=256, L=4, h=4/4, B=1): time relative to T=512\n");
@@ -75,7 +86,7 @@ int main(int argc, char **argv) {
         double ms[2];
         for (int comp = 0; comp < 2; comp++) {
             ps_config c = make_config(256, 4, 4, 4, 768, 4096, comp);
-            ms[comp] = time_forward(&c, 1, T, min_s / 2) * 1e3;
+            ms[comp] = time_forward(&c, 1, T, min_s / 2, NULL) * 1e3;
             if (T == 512) base[comp] = ms[comp];
         }
         printf("%-8lld %14.2f %8.2f %14.2f %8.2f\n", (long long)T, ms[0], ms[0] / base[0], ms[1], ms[1] / base[1]);
