@@ -70,6 +70,7 @@ bench: build
 			"only the bench needs it)"; \
 	fi
 	@./build/bench/bench_knockout
+	@bash bench/bench_contention.sh build .
 
 clean:
 	rm -rf build build-asan build-fuzz
