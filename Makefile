@@ -48,7 +48,7 @@ fuzz: build-fuzz
 		ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp:print_suppressions=0 \
 		./build-fuzz/tests/fuzz/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -timeout=20 -rss_limit_mb=4096 \
 			-artifact_prefix=build-fuzz/crashes/$$t- -print_final_stats=1 \
-			build-fuzz/corpus-$$t tests/fuzz/corpus/$$t tests/fuzz/regressions/$$t > build-fuzz/fuzz-$$t.log 2>&1; \
+			build-fuzz/corpus-$$t tests/fuzz/corpus/$$t $$([ -d tests/fuzz/regressions/$$t ] && echo tests/fuzz/regressions/$$t) > build-fuzz/fuzz-$$t.log 2>&1; \
 		rc=$$?; tail -n 5 build-fuzz/fuzz-$$t.log; \
 		if [ $$rc -ne 0 ]; then echo "fuzz target $$t failed (exit $$rc); inputs in build-fuzz/crashes/"; exit 1; fi; \
 	done
