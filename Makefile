@@ -26,6 +26,7 @@ demo: build
 
 retrain: build
 	@bash scripts/retrain_demo.sh
+	@bash scripts/retrain_deep.sh
 
 test-fast: build
 	@cd build && ctest --output-on-failure
