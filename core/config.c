@@ -126,17 +126,6 @@ static int parse_native(json_t *root, const char *src, ps_config *c, ps_error *e
     return 0;
 }
 
-static const char *type_name(const json_t *v) {
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a real number";
-    case JSON_TRUE: case JSON_FALSE: return "a boolean";
-    default: return "null";
-    }
-}
 
 /* A short printable copy of an untrusted string for a one-line message. */
 static const char *printable(const char *s, char *buf, size_t n) {
@@ -155,7 +144,7 @@ static const char *printable(const char *s, char *buf, size_t n) {
 static int parse_rope_object(json_t *v, const char *key, const char *src, double *theta, int *has_theta, ps_error *err) {
     char b[64];
     if (json_is_null(v) && !strcmp(key, "rope_scaling")) return 0;
-    if (!json_is_object(v)) return ps_fail(err, "%s: key \"%s\" must be an object, got %s", src, key, type_name(v));
+    if (!json_is_object(v)) return ps_fail(err, "%s: key \"%s\" must be an object, got %s", src, key, ps_json_type_name(v));
     const char *k;
     json_t *x;
     json_object_foreach(v, k, x) {
@@ -228,7 +217,7 @@ static int parse_hf(json_t *root, const char *src, ps_config *c, ps_error *err) 
     static const char *const dtk[2] = {"dtype", "torch_dtype"};
     for (int i = 0; i < 2; i++)
         if ((v = json_object_get(root, dtk[i])) && !json_is_null(v)) {
-            if (!json_is_string(v)) return ps_fail(err, "%s: key \"%s\" must be a string, got %s", src, dtk[i], type_name(v));
+            if (!json_is_string(v)) return ps_fail(err, "%s: key \"%s\" must be a string, got %s", src, dtk[i], ps_json_type_name(v));
             dt[i] = json_string_value(v);
             if (strcmp(dt[i], "float32") && strcmp(dt[i], "bfloat16") && strcmp(dt[i], "float16") && strcmp(dt[i], "auto"))
                 return ps_fail(err, "%s: key \"%s\" is \"%s\" (expected \"float32\", \"bfloat16\" or \"float16\")", src,
@@ -237,7 +226,7 @@ static int parse_hf(json_t *root, const char *src, ps_config *c, ps_error *err) 
     if (dt[0] && dt[1] && strcmp(dt[0], dt[1]))
         return ps_fail(err, "%s: key \"dtype\" (\"%s\") disagrees with \"torch_dtype\" (\"%s\")", src, dt[0], dt[1]);
     if ((v = json_object_get(root, "architectures")) && !json_is_null(v)) {
-        if (!json_is_array(v)) return ps_fail(err, "%s: key \"architectures\" must be an array of strings, got %s", src, type_name(v));
+        if (!json_is_array(v)) return ps_fail(err, "%s: key \"architectures\" must be an array of strings, got %s", src, ps_json_type_name(v));
         int ok = 0;
         for (size_t i = 0; i < json_array_size(v); i++) {
             json_t *a = json_array_get(v, i);
@@ -253,13 +242,13 @@ static int parse_hf(json_t *root, const char *src, ps_config *c, ps_error *err) 
         return ps_fail(err, "%s: key \"attention_bias\" must be false (Qwen3 attention has no biases in SPEC §2)", src);
     json_t *lt = json_object_get(root, "layer_types");
     if (lt && !json_is_null(lt)) {
-        if (!json_is_array(lt)) return ps_fail(err, "%s: key \"layer_types\" must be an array of strings, got %s", src, type_name(lt));
+        if (!json_is_array(lt)) return ps_fail(err, "%s: key \"layer_types\" must be an array of strings, got %s", src, ps_json_type_name(lt));
         if ((int64_t)json_array_size(lt) != c->n_layers)
             return ps_fail(err, "%s: key \"layer_types\" has %zu entries but num_hidden_layers is %lld", src,
                            json_array_size(lt), (long long)c->n_layers);
         for (size_t i = 0; i < json_array_size(lt); i++) {
             json_t *a = json_array_get(lt, i);
-            if (!json_is_string(a)) return ps_fail(err, "%s: key \"layer_types[%zu]\" must be a string, got %s", src, i, type_name(a));
+            if (!json_is_string(a)) return ps_fail(err, "%s: key \"layer_types[%zu]\" must be a string, got %s", src, i, ps_json_type_name(a));
             if (strcmp(json_string_value(a), "full_attention"))
                 return ps_fail(err, "%s: key \"layer_types[%zu]\" is \"%s\": only \"full_attention\" layers are supported", src, i,
                                printable(json_string_value(a), b, sizeof b));
@@ -365,6 +354,27 @@ static int round_trip_digits(double v) {
     return 17;
 }
 
+/* The `attention` object of the native schema (also phasescope's extension of an HF config). */
+static json_t *attention_json(const ps_config *c) {
+    json_t *a = json_object();
+    json_object_set_new(a, "kind", json_string(c->kind == PS_ATTN_COMPRESSED ? "compressed" : "full"));
+    json_object_set_new(a, "window", json_integer(c->window));
+    json_object_set_new(a, "stride", json_integer(c->stride));
+    json_object_set_new(a, "local_window", json_integer(c->local_window));
+    json_object_set_new(a, "gate", json_string(c->gate == PS_GATE_UNIFORM ? "uniform" : "learned"));
+    json_object_set_new(a, "payload", json_string(c->payload == PS_PAYLOAD_SHARED ? "shared" : "per_offset"));
+    return a;
+}
+
+/* Serialise a config object with the fewest digits that read rope_theta and rms_eps back exactly;
+ * consumes o. */
+static char *dump_config(json_t *o, const ps_config *c) {
+    int digits = round_trip_digits(c->rope_theta), d2 = round_trip_digits(c->rms_eps);
+    char *s = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(d2 > digits ? d2 : digits));
+    json_decref(o);
+    return s;
+}
+
 char *ps_config_to_json(const ps_config *c) {
     json_t *o = json_object();
     json_object_set_new(o, "vocab_size", json_integer(c->vocab_size));
@@ -380,18 +390,8 @@ char *ps_config_to_json(const ps_config *c) {
     json_object_set_new(o, "qk_norm", json_boolean(c->qk_norm));
     json_object_set_new(o, "rms_eps", json_real(c->rms_eps));
     json_object_set_new(o, "tie_embeddings", json_boolean(c->tie_embeddings));
-    json_t *a = json_object();
-    json_object_set_new(a, "kind", json_string(c->kind == PS_ATTN_COMPRESSED ? "compressed" : "full"));
-    json_object_set_new(a, "window", json_integer(c->window));
-    json_object_set_new(a, "stride", json_integer(c->stride));
-    json_object_set_new(a, "local_window", json_integer(c->local_window));
-    json_object_set_new(a, "gate", json_string(c->gate == PS_GATE_UNIFORM ? "uniform" : "learned"));
-    json_object_set_new(a, "payload", json_string(c->payload == PS_PAYLOAD_SHARED ? "shared" : "per_offset"));
-    json_object_set_new(o, "attention", a);
-    int digits = round_trip_digits(c->rope_theta), d2 = round_trip_digits(c->rms_eps);
-    char *s = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(d2 > digits ? d2 : digits));
-    json_decref(o);
-    return s;
+    json_object_set_new(o, "attention", attention_json(c));
+    return dump_config(o, c);
 }
 
 int ps_config_save(const ps_config *c, const char *path, ps_error *err) {
@@ -450,19 +450,9 @@ char *ps_config_to_hf_json(const ps_config *c, const char *dtype, ps_error *err)
     json_object_set_new(o, "initializer_range", json_real(0.02));
     json_object_set_new(o, "use_cache", json_true());
     json_object_set_new(o, "bos_token_id", json_integer(0)); /* SPEC §5: every sequence starts with BOS = 0 */
-    if (c->kind == PS_ATTN_COMPRESSED) { /* phasescope's extension: transformers ignores it (see docs/models.md) */
-        json_t *a = json_object();
-        json_object_set_new(a, "kind", json_string("compressed"));
-        json_object_set_new(a, "window", json_integer(c->window));
-        json_object_set_new(a, "stride", json_integer(c->stride));
-        json_object_set_new(a, "local_window", json_integer(c->local_window));
-        json_object_set_new(a, "gate", json_string(c->gate == PS_GATE_UNIFORM ? "uniform" : "learned"));
-        json_object_set_new(a, "payload", json_string(c->payload == PS_PAYLOAD_SHARED ? "shared" : "per_offset"));
-        json_object_set_new(o, "attention", a);
-    }
-    int digits = round_trip_digits(c->rope_theta), d2 = round_trip_digits(c->rms_eps);
-    char *s = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(d2 > digits ? d2 : digits));
-    json_decref(o);
+    /* phasescope's extension: transformers ignores it (see docs/models.md) */
+    if (c->kind == PS_ATTN_COMPRESSED) json_object_set_new(o, "attention", attention_json(c));
+    char *s = dump_config(o, c);
     if (!s) ps_fail(err, "cannot serialise config");
     return s;
 }

@@ -173,3 +173,16 @@ void ps_clean_temp_files(const char *dir) {
     }
     closedir(d);
 }
+
+const char *ps_json_type_name(const json_t *v) {
+    if (!v) return "null";
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "an object";
+    case JSON_ARRAY: return "an array";
+    case JSON_STRING: return "a string";
+    case JSON_INTEGER: return "an integer";
+    case JSON_REAL: return "a real number";
+    case JSON_TRUE: case JSON_FALSE: return "a boolean";
+    default: return "null";
+    }
+}

@@ -7,6 +7,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include <jansson.h>
+
 #include "error.h"
 
 /* Read a regular file into a malloc'd buffer (NUL-terminated, *len excludes the NUL). Refuses
@@ -39,5 +41,9 @@ void ps_clean_temp_files(const char *dir);
 
 /* mkdir -p for one directory level (existing directory is fine). */
 int ps_mkdir(const char *path, ps_error *err);
+
+/* "an object", "an array", "a string", "an integer", "a real number", "a boolean" or "null" (also for
+ * NULL, a missing value): for error messages that name what a JSON key held. */
+const char *ps_json_type_name(const json_t *v);
 
 #endif

@@ -483,22 +483,10 @@ void ps_st_index_free(ps_st_index *ix) {
     memset(ix, 0, sizeof *ix);
 }
 
-static const ps_st_index *sort_ix; /* qsort has no user pointer; set only around the sort */
-static int cmp_name(const void *a, const void *b) {
-    return strcmp(sort_ix->names[*(const int *)a], sort_ix->names[*(const int *)b]);
+static int cmp_key(const void *a, const void *b) {
+    return strcmp(((const ps_st_index_key *)a)->name, ((const ps_st_index_key *)b)->name);
 }
 
-static const char *json_type_name(const json_t *v) {
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a real number";
-    case JSON_TRUE: case JSON_FALSE: return "a boolean";
-    default: return "null";
-    }
-}
 
 int ps_st_index_parse(const char *text, size_t len, const char *src, ps_st_index *ix, ps_error *err) {
     memset(ix, 0, sizeof *ix);
@@ -525,7 +513,7 @@ int ps_st_index_parse(const char *text, size_t len, const char *src, ps_st_index
     int rc = -1;
     json_t *wm = json_is_object(root) ? json_object_get(root, "weight_map") : NULL, *md;
     if (!json_is_object(root)) {
-        ps_fail(err, "%s: a shard index must be a JSON object with \"weight_map\", got %s", src, json_type_name(root));
+        ps_fail(err, "%s: a shard index must be a JSON object with \"weight_map\", got %s", src, ps_json_type_name(root));
         goto done;
     }
     if (!wm) {
@@ -533,11 +521,11 @@ int ps_st_index_parse(const char *text, size_t len, const char *src, ps_st_index
         goto done;
     }
     if (!json_is_object(wm)) {
-        ps_fail(err, "%s: \"weight_map\" must be an object (tensor name -> shard file), got %s", src, json_type_name(wm));
+        ps_fail(err, "%s: \"weight_map\" must be an object (tensor name -> shard file), got %s", src, ps_json_type_name(wm));
         goto done;
     }
     if ((md = json_object_get(root, "metadata")) && !json_is_object(md)) {
-        ps_fail(err, "%s: \"metadata\" must be an object, got %s", src, json_type_name(md));
+        ps_fail(err, "%s: \"metadata\" must be an object, got %s", src, ps_json_type_name(md));
         goto done;
     }
     size_t nw = json_object_size(wm);
@@ -559,7 +547,7 @@ int ps_st_index_parse(const char *text, size_t len, const char *src, ps_st_index
     json_object_foreach(wm, k, v) {
         if (!json_is_string(v)) {
             ps_fail(err, "%s: weight_map[\"%s\"] must be a string (a shard file name), got %s", src,
-                    ps_st_printable(k, pa, sizeof pa), json_type_name(v));
+                    ps_st_printable(k, pa, sizeof pa), ps_json_type_name(v));
             goto done;
         }
         const char *sh = json_string_value(v);
@@ -584,12 +572,10 @@ int ps_st_index_parse(const char *text, size_t len, const char *src, ps_st_index
             goto done;
         }
         ix->shard[ix->n] = s;
-        ix->order[ix->n] = ix->n;
+        ix->order[ix->n] = (ps_st_index_key){ix->names[ix->n], ix->n};
         ix->n++;
     }
-    sort_ix = ix;
-    qsort(ix->order, (size_t)ix->n, sizeof *ix->order, cmp_name);
-    sort_ix = NULL;
+    qsort(ix->order, (size_t)ix->n, sizeof *ix->order, cmp_key);
     rc = 0;
 done:
     json_decref(root);
@@ -610,8 +596,8 @@ int ps_st_index_load(const char *path, ps_st_index *ix, ps_error *err) {
 int ps_st_index_find(const ps_st_index *ix, const char *name) {
     int lo = 0, hi = ix->n - 1;
     while (lo <= hi) {
-        int mid = lo + (hi - lo) / 2, c = strcmp(ix->names[ix->order[mid]], name);
-        if (!c) return ix->order[mid];
+        int mid = lo + (hi - lo) / 2, c = strcmp(ix->order[mid].name, name);
+        if (!c) return ix->order[mid].i;
         if (c < 0) lo = mid + 1;
         else hi = mid - 1;
     }

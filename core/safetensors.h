@@ -80,12 +80,18 @@ int ps_dtype_size(ps_dtype d);
 #define PS_ST_INDEX_NAME "model.safetensors.index.json"
 #define PS_ST_INDEX_MAX_BYTES (64u << 20)
 
+/* One entry of an index's name-sorted view: the name and its position in `names`. */
+typedef struct {
+    const char *name;
+    int i;
+} ps_st_index_key;
+
 typedef struct {
     char *path;      /* the index file (error messages) */
     int n;           /* weight_map entries */
     char **names;    /* tensor names, n */
     int *shard;      /* shard of each entry: index into shards[] */
-    int *order;      /* entries sorted by name (ps_st_index_find) */
+    ps_st_index_key *order; /* entries sorted by name (ps_st_index_find) */
     int n_shards;
     char **shards;   /* distinct shard file names, in order of first appearance */
 } ps_st_index;
