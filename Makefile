@@ -63,7 +63,7 @@ PEER_PYTHON ?= /usr/bin/python3
 BENCH_SECONDS ?= 2
 bench: build
 	@./build/bench/bench_forward
-	@./build/bench/bench_train $(BENCH_SECONDS) | tee build/bench_train.out
+	@./build/bench/bench_train $(BENCH_SECONDS) > build/bench_train.out; rc=$$?; cat build/bench_train.out; exit $$rc
 	@if $(PEER_PYTHON) -c 'import torch' >/dev/null 2>&1; then \
 		$(PEER_PYTHON) bench/torch_peer.py --min-s $(BENCH_SECONDS) --phasescope build/bench_train.out; \
 	else \

@@ -18,8 +18,8 @@ run() { # WHAT POLICY -> seconds
   t0=$(date +%s.%N)
   local envs=(env -u OMP_WAIT_POLICY -u OMP_NUM_THREADS -u GOMP_SPINCOUNT)
   [ "$2" = before ] && envs+=(OMP_WAIT_POLICY=ACTIVE OMP_NUM_THREADS="$cores")
-  if [ "$1" = sweep ]; then "${envs[@]}" "$PS" sweep --model "$MODEL" --n "$N" --out "$T/s" > /dev/null 2>&1
-  else rm -rf "$T/run"; "${envs[@]}" "$PS" train --config "$T/train.json" --out "$T/run" > /dev/null 2>&1; fi
+  if [ "$1" = sweep ]; then "${envs[@]}" "$PS" sweep --model "$MODEL" --n "$N" --out "$T/s" > /dev/null 2>&1 || exit 1
+  else rm -rf "$T/run"; "${envs[@]}" "$PS" train --config "$T/train.json" --out "$T/run" > /dev/null 2>&1 || exit 1; fi
   t1=$(date +%s.%N)
   awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }'
 }

@@ -260,9 +260,8 @@ void ps_attn_out(float *z, const float *probs, const float *v, const float *cv, 
 
 void ps_attn_rows(float *z_rows, const int64_t *rows, int64_t n, const float *q, const float *k, const float *v,
                   const float *ck, const float *cv, const ps_attn_geom *g) {
-    int64_t T = g->T, nh = g->nh, nkv = g->nkv, hd = g->hd, grp = nh / nkv, nW = g->nW;
+    int64_t T = g->T, nh = g->nh, nkv = g->nkv, hd = g->hd, grp = nh / nkv;
     float scale = 1.0f / sqrtf((float)hd);
-    (void)nW;
     /* one pass per row with a running maximum (online softmax): no scratch, nothing allocated */
 #pragma omp parallel for schedule(static)
     for (int64_t rn = 0; rn < n * nh; rn++) {
@@ -277,16 +276,14 @@ void ps_attn_rows(float *z_rows, const int64_t *rows, int64_t n, const float *q,
         for (int64_t e = 0; e < ne; e++) {
             const float *key = e < nc ? ck + ((b * g->nW + e) * nkv + kv) * hd : k + ((b * T + lo + e - nc) * nkv + kv) * hd;
             const float *val = e < nc ? cv + ((b * g->nW + e) * nkv + kv) * hd : v + ((b * T + lo + e - nc) * nkv + kv) * hd;
-            float sc = 0;
-            for (int64_t i = 0; i < hd; i++) sc += qt[i] * key[i];
-            sc *= scale;
+            float sc = ps_dot(qt, key, hd) * scale; /* the same dot and exp as ps_attn_probs */
             if (sc > mx) { /* rescale what was accumulated under the old maximum */
-                float f = expf(mx - sc);
+                float f = ps_expf(mx - sc);
                 sum *= f;
                 for (int64_t i = 0; i < hd; i++) zt[i] *= f;
                 mx = sc;
             }
-            float p = expf(sc - mx);
+            float p = ps_expf(sc - mx);
             sum += p;
             for (int64_t i = 0; i < hd; i++) zt[i] += p * val[i];
         }

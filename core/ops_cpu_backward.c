@@ -240,7 +240,10 @@ void ps_attn_backward(float *dq, float *dk, float *dv, float *dck, float *dcv, f
                 gemm(0, 1, T, nW, hd, dZ, qs, CV, ks, 0.0f, dP, nc);
                 gemm(1, 0, nW, hd, T, P, nc, dZ, qs, 1.0f, dCV, ks);
             }
-            for (int64_t t = 0; t < T; t++)
+            for (int64_t t = 0; t < T; t++) {
+                /* raw columns before the sequence start hold no entry: dP must be a real 0 there, since
+                 * the branch-free softmax backward multiplies it by P = 0 (stale bytes could be Inf/NaN) */
+                for (int64_t c = nW; c < nW + local_first(t, LW); c++) dP[t * nc + c] = 0.0f;
                 for (int64_t c = nW + local_first(t, LW); c < nc; c++) {
                     int64_t tp = t - LW + 1 + (c - nW);
                     const float *dzt = dZ + t * qs, *vt = Vv + tp * ks;
@@ -248,6 +251,7 @@ void ps_attn_backward(float *dq, float *dk, float *dv, float *dck, float *dcv, f
                     for (int64_t e = 0; e < hd; e++) dvt[e] += p * dzt[e];
                     dP[t * nc + c] = ps_dot(dzt, vt, hd);
                 }
+            }
             for (int64_t t = 0; t < T; t++) softmax_row_backward(dP + t * nc, P + t * nc, nc, scale);
             if (nW > 0) {
                 gemm(0, 0, T, hd, nW, dP, nc, CK, ks, 0.0f, dQ, qs);
@@ -287,17 +291,25 @@ int64_t ps_cross_entropy(double *loss_sum, float *dlogits, const float *logits, 
         float mx = -INFINITY;
         for (int64_t i = 0; i < V; i++) mx = x[i] > mx ? x[i] : mx;
         /* exponentials in float (x - mx <= 0, so no overflow), their sum and the log in double */
+        /* with a gradient buffer the exponentials are kept in it and scaled afterwards (one exp per logit) */
         double acc[8] = {0};
         int64_t k = 0;
-        for (; k + 8 <= V; k += 8)
-            for (int l = 0; l < 8; l++) acc[l] += (double)ps_expf(x[k + l] - mx);
-        for (int l = 0; k < V; k++, l++) acc[l] += (double)ps_expf(x[k] - mx);
+        if (dx) {
+            for (int64_t i = 0; i < V; i++) dx[i] = ps_expf(x[i] - mx);
+            for (; k + 8 <= V; k += 8)
+                for (int l = 0; l < 8; l++) acc[l] += (double)dx[k + l];
+            for (int l = 0; k < V; k++, l++) acc[l] += (double)dx[k];
+        } else {
+            for (; k + 8 <= V; k += 8)
+                for (int l = 0; l < 8; l++) acc[l] += (double)ps_expf(x[k + l] - mx);
+            for (int l = 0; k < V; k++, l++) acc[l] += (double)ps_expf(x[k] - mx);
+        }
         double sum = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
         double lse = log(sum) + mx;
         row_loss[r] = lse - x[y];
         if (dx) {
             float fs = (float)(1.0 / sum) * scale;
-            for (int64_t i = 0; i < V; i++) dx[i] = ps_expf(x[i] - mx) * fs;
+            for (int64_t i = 0; i < V; i++) dx[i] *= fs;
             dx[y] -= scale;
         }
     }

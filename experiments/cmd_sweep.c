@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "instrument.h"
+#include "draw.h"
 #include "stats.h"
 
 static const char HELP[] =

@@ -9,7 +9,7 @@
 #include "cli.h"
 #include "fileio.h"
 #include "results_check.h"
-#include "stats.h"
+#include "draw.h"
 
 static const char HELP[] =
     "usage: phasescope table SWEEP.json [MORE.json ...] [--out TABLE.md]\n"

@@ -169,7 +169,3 @@ int ps_phase_verdict(double p_value, double gap_pp, const char **text) {
     return sens;
 }
 
-void ps_format_p(char *buf, size_t n, double p) {
-    if (p < 1e-300) snprintf(buf, n, "< 1e-300");
-    else snprintf(buf, n, "%.3g", p);
-}

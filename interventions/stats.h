@@ -40,7 +40,5 @@ int64_t ps_best_shift_masked(const double *before, const double *after, const in
 #define PS_PHASE_GAP_MIN_PP 5.0
 int ps_phase_verdict(double p_value, double gap_pp, const char **text);
 
-/* A p-value for people: "< 1e-300" when it underflowed (below 1e-300, printed as 0 otherwise), else %.3g. */
-void ps_format_p(char *buf, size_t n, double p);
 
 #endif

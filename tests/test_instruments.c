@@ -14,6 +14,7 @@
 #include "check.h"
 #include "gatecycle.h"
 #include "knockout.h"
+#include "draw.h"
 #include "stats.h"
 #include "sweep.h"
 #include "testutil.h"

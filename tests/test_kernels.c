@@ -141,6 +141,9 @@ static void test_attention_case(const char *name, geo g) {
     float *dz = randv(nq, 1);
     int64_t np = g.B * g.nh * g.T * ag.ncols;
     float *probs = randv(np, 1), *dprobs = randv(np, 1), *z = randv(nq, 1);
+    /* the gradient scratch starts as NaN: a backward that reads a cell it never wrote poisons its row
+     * (the compressed backward once left the raw columns before the sequence start unwritten) */
+    for (int64_t i = 0; i < np; i++) dprobs[i] = NAN;
     float *dq = randv(nq, 1), *dk = calloc((size_t)nk, 4), *dv = calloc((size_t)nk, 4);
     float *dck = calloc((size_t)(nc ? nc : 1), 4), *dcv = calloc((size_t)(nc ? nc : 1), 4);
     double *rz = zerod(nq), *rdq = zerod(nq), *rdk = zerod(nk), *rdv = zerod(nk), *rdck = zerod(nc), *rdcv = zerod(nc);

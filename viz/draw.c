@@ -233,10 +233,10 @@ void ps_heatmap_strided(cairo_t *cr, double x, double y, double w, double h, con
     cairo_set_source_rgb(cr, 0, 0, 0);
 }
 
-void ps_fmt_p(char *buf, size_t n, double p) {
+void ps_format_p(char *buf, size_t n, double p) {
     if (isnan(p)) snprintf(buf, n, "n/a");
     else if (p < 1e-300) snprintf(buf, n, "< 1e-300");
-    else snprintf(buf, n, "%.2g", p);
+    else snprintf(buf, n, "%.3g", p);
 }
 
 void ps_fmt_num(char *buf, size_t n, double v) {

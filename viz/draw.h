@@ -64,9 +64,11 @@ double ps_colorbar(cairo_t *cr, double x, double y, double w, double h, ps_rgb (
 /* "Nice" tick values covering [lo, hi]: fills ticks (at most max), returns the count. */
 int ps_nice_ticks(double lo, double hi, int target, double *ticks, int max);
 
+/* A p-value for people: "< 1e-300" when it underflows (0), "n/a" for NaN, else 3 significant digits.
+ * The one formatter of the CLI, tables and figures. */
+void ps_format_p(char *buf, size_t n, double p);
+
 /* Format a tick value compactly. */
 void ps_fmt_num(char *buf, size_t n, double v);
-/* Format a p-value: "< 1e-300" for 0 (or anything below the smallest double printed), else 2 digits. */
-void ps_fmt_p(char *buf, size_t n, double p);
 
 #endif

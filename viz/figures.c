@@ -207,7 +207,7 @@ static int fill_curve(curve *c, json_t *cj, const char *label, const char *path,
 
 void ps_period_text(char *buf, size_t n, int has, double period, double p) {
     char pb[32];
-    ps_fmt_p(pb, sizeof pb, p);
+    ps_format_p(pb, sizeof pb, p);
     const char *eq = pb[0] == '<' ? "" : "= ";
     if (has) snprintf(buf, n, "period %.3g, χ² p %s%s", period, eq, pb);
     else snprintf(buf, n, "no period, χ² p %s%s", eq, pb);

@@ -98,7 +98,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     ps_tokenizer *t = NULL;
     ps_error err = {0};
     if (ps_tokenizer_parse(s, n, "fuzz.json", &t, &err) == 0) {
-        encode_decode(t, "Hello world's <|im_start|> 12345 \xE4\xBD\xA0\xE5\xA5\xBD \xF0\x9F\x98\x80\r\n\t x", 40, 0);
+        static const char probe[] = "Hello world's <|im_start|> 12345 \xE4\xBD\xA0\xE5\xA5\xBD \xF0\x9F\x98\x80\r\n\t x";
+        encode_decode(t, probe, sizeof probe - 1, 0);
         encode_decode(t, s, n < 4096 ? n : 4096, 0);
         ps_tokenizer_free(t);
     } else if (!err.msg[0] || strncmp(err.msg, "fuzz.json: ", 11))
