@@ -53,19 +53,23 @@ void ps_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const f
                          const float *rstd, int64_t n_rows, int64_t C) {
     int64_t nb = (n_rows + RMS_BLK - 1) / RMS_BLK;
     float *part = malloc((size_t)(nb * C > 0 ? nb * C : 1) * sizeof(float));
-    if (!part) { /* no scratch: one block at a time, the same sums in the same order */
+    if (!part) { /* no scratch: one block at a time, serially — each block's column sums in float, added
+                  * to dweight block by block: the same sums in the same order as the parallel path */
         for (int64_t b = 0; b < nb; b++) {
-            int64_t r1 = (b + 1) * RMS_BLK < n_rows ? (b + 1) * RMS_BLK : n_rows;
-            for (int64_t r = b * RMS_BLK; r < r1; r++) {
+            int64_t r0 = b * RMS_BLK, r1 = (b + 1) * RMS_BLK < n_rows ? (b + 1) * RMS_BLK : n_rows;
+            for (int64_t r = r0; r < r1; r++) {
                 const float *x = inp + r * C, *dy = dout + r * C;
                 float s = rstd[r];
                 double dot = dot3(dy, weight, x, C);
                 float coef = (float)(dot * (double)s * s * s / (double)C);
                 for (int64_t i = 0; i < C; i++) dinp[r * C + i] += s * weight[i] * dy[i] - coef * x[i];
             }
+            for (int64_t i = 0; i < C; i++) {
+                float p = 0.0f;
+                for (int64_t r = r0; r < r1; r++) p += dout[r * C + i] * inp[r * C + i] * rstd[r];
+                dweight[i] += p;
+            }
         }
-        for (int64_t r = 0; r < n_rows; r++)
-            for (int64_t i = 0; i < C; i++) dweight[i] += dout[r * C + i] * inp[r * C + i] * rstd[r];
         return;
     }
 #pragma omp parallel for schedule(static) if (n_rows * C > 32768)

@@ -6,6 +6,8 @@
 #endif
 #include <stdlib.h>
 
+#include "ops.h"
+
 void ps_optim_defaults(ps_optim_cfg *c) {
     c->lr = 3e-3;
     c->min_lr_frac = 0.1;
@@ -30,16 +32,6 @@ double ps_lr_at(const ps_optim_cfg *c, int64_t step) {
     return lo + 0.5 * (c->lr - lo) * (1.0 + cos(M_PI * p));
 }
 
-/* Sum of squares of g[i0, i1) in double: 8 interleaved accumulators (a fixed order, so the same for any
- * thread count) that vectorise. */
-static double sumsq(const float *g, int64_t i, int64_t end) {
-    double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (; i + 8 <= end; i += 8)
-        for (int k = 0; k < 8; k++) acc[k] += (double)g[i + k] * g[i + k];
-    for (; i < end; i++) acc[0] += (double)g[i] * g[i];
-    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-}
-
 double ps_grad_norm(const float *g, int64_t n) {
     /* fixed blocks, the block sums added in block order: the same value for any thread count (the blocks
      * run in parallel; only their partial sums are shared) */
@@ -48,11 +40,11 @@ double ps_grad_norm(const float *g, int64_t n) {
     double stack[256], *part = nb <= 256 ? stack : malloc((size_t)nb * sizeof(double));
     if (!part) { /* no scratch: the same sums, serially */
         double total = 0;
-        for (int64_t b = 0; b < nb; b++) total += sumsq(g, b * BLK, (b + 1) * BLK < n ? (b + 1) * BLK : n);
+        for (int64_t b = 0; b < nb; b++) total += ps_dot_d(g + b * BLK, g + b * BLK, ((b + 1) * BLK < n ? (b + 1) * BLK : n) - b * BLK);
         return sqrt(total);
     }
 #pragma omp parallel for schedule(static) if (n > 65536)
-    for (int64_t b = 0; b < nb; b++) part[b] = sumsq(g, b * BLK, (b + 1) * BLK < n ? (b + 1) * BLK : n);
+    for (int64_t b = 0; b < nb; b++) part[b] = ps_dot_d(g + b * BLK, g + b * BLK, ((b + 1) * BLK < n ? (b + 1) * BLK : n) - b * BLK);
     double total = 0;
     for (int64_t b = 0; b < nb; b++) total += part[b];
     if (part != stack) free(part);

@@ -37,7 +37,6 @@ int ps_dtype_size(ps_dtype d) {
         if (DTYPES[i].dt == d) return DTYPES[i].size;
     return 0;
 }
-#define dtype_size ps_dtype_size
 
 int64_t ps_st_numel(const ps_st_entry *e) {
     int64_t n = 1;
@@ -145,7 +144,7 @@ static int parse_entry(const char *path, const char *name, json_t *v, ps_st_entr
         return ps_fail(err, "%s: tensor \"%s\": shape has %zu dimensions (at most %d supported)", path, name,
                        json_array_size(sh), PS_ST_MAX_NDIM);
     e->ndim = (int)json_array_size(sh);
-    uint64_t nbytes = (uint64_t)dtype_size(e->dtype);
+    uint64_t nbytes = (uint64_t)ps_dtype_size(e->dtype);
     for (int i = 0; i < e->ndim; i++) {
         json_t *d = json_array_get(sh, (size_t)i);
         if (!json_is_integer(d) || json_integer_value(d) < 0)

@@ -76,7 +76,7 @@ static int64_t find_dips(const double *y, int64_t P, int *is_dip) {
     }
     int64_t n = 0;
     for (int64_t r = 0; r < P; r++) {
-        is_dip[r] = mx - mn >= 0.05 && y[r] <= (mx + mn) / 2;
+        is_dip[r] = mx - mn >= PS_PHASE_GAP_MIN_PP / 100.0 && y[r] <= (mx + mn) / 2;
         n += is_dip[r];
     }
     return n;
