@@ -73,7 +73,8 @@ int ps_cmd_render(int argc, char **argv) {
         if (ps_results_load(pos[i], NULL, &docs[ndocs], &err)) goto done;
         ndocs++;
     }
-    if (ps_render(pos, npos, dir, &o, 1, &err)) goto done;
+    /* the validated documents are what gets drawn (a training log, which has none, is read by the renderer) */
+    if (ndocs == npos ? ps_render_docs(docs, pos, npos, dir, &o, 1, &err) : ps_render(pos, npos, dir, &o, 1, &err)) goto done;
     rc = 0;
 done:
     if (rc) {

@@ -7,6 +7,7 @@
 #include "cpu_env.h"
 #include "fileio.h"
 #include "figures.h"
+#include "results_check.h"
 
 int ps_instr_setup(ps_instr *in, const char *command, int argc, char **argv, ps_flag *flags, int need_task,
                    ps_error *err) {
@@ -97,6 +98,8 @@ int ps_instr_write(const ps_instr *in, const char *name, json_t *result, ps_erro
     if (ps_mkdir(dir, err)) return -1;
     char path[4200];
     if (ps_path_join(path, sizeof path, dir, name, err)) return -1;
+    /* what a command writes must pass the reader's validator (writers and validator kept in step) */
+    if (ps_results_check(result, path, err)) return ps_fail_prefix(err, "internal error: the result does not validate: ");
     char *text = json_dumps(result, JSON_INDENT(1) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10));
     if (!text) return ps_fail(err, "%s: cannot serialise the result", path);
     int rc = ps_write_file_atomic(path, text, strlen(text), err);

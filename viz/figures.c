@@ -470,7 +470,7 @@ static void free_grids(ko_ctx *x) {
     free(x->heat);
 }
 
-static int render_knockout(json_t **docs, const char *const *paths, int n, const char *out, const ps_render_opts *o,
+static int render_knockout(json_t *const *docs, const char *const *paths, int n, const char *out, const ps_render_opts *o,
                            int verbose, ps_error *err) {
     if (n > MAX_KO_PANELS) return ps_fail(err, "%s: %d knockout grids side by side; a figure shows at most %d", paths[0], n, MAX_KO_PANELS);
     ko_ctx x = {0};
@@ -1063,7 +1063,7 @@ static void gatecycle_text(json_t *doc, int64_t P, char *title, size_t tn, char 
     snprintf(after_label, an, "after cycling (k = %+lld)", k);
 }
 
-static int render_curves(json_t **docs, const char *const *paths, int n, const char *out, const ps_render_opts *o,
+static int render_curves(json_t *const *docs, const char *const *paths, int n, const char *out, const ps_render_opts *o,
                          int verbose, ps_error *err) {
     const char *kind = json_string_value(json_object_get(docs[0], "kind"));
     int gc = !strcmp(kind, "gatecycle");
@@ -1553,14 +1553,22 @@ int ps_render(const char *const *paths, int n, const char *out, const ps_render_
     json_t **docs = calloc((size_t)n, sizeof *docs);
     if (!docs) return ps_fail(err, "render: out of memory");
     int rc = 0;
+    for (int i = 0; i < n && !rc; i++)
+        if (!(docs[i] = load(paths[i], err))) rc = -1;
+    if (!rc) rc = ps_render_docs(docs, paths, n, out, o, verbose, err);
+    for (int i = 0; i < n; i++) json_decref(docs[i]);
+    free(docs);
+    return rc;
+}
+
+int ps_render_docs(json_t *const *docs, const char *const *paths, int n, const char *out, const ps_render_opts *o,
+                   int verbose, ps_error *err) {
+    if (n < 1) return ps_fail(err, "render: no result given");
+    int rc = 0;
     const char *kind = NULL;
     for (int i = 0; i < n && !rc; i++) {
-        docs[i] = load(paths[i], err);
-        if (!docs[i]) {
-            rc = -1;
-            break;
-        }
         const char *k = json_string_value(json_object_get(docs[i], "kind"));
+        if (!k) return ps_fail(err, "%s: not a phasescope result file (no \"kind\")", paths[i]);
         if (!kind) kind = k;
         else if (strcmp(kind, k) && !(strstr("sweep gatecycle", kind) && !strcmp(k, "sweep")))
             rc = ps_fail(err, "%s: a %s result cannot share a figure with a %s result", paths[i], k, kind);
@@ -1577,7 +1585,5 @@ int ps_render(const char *const *paths, int n, const char *out, const ps_render_
         } else
             rc = ps_fail(err, "%s: unknown result kind \"%s\"", paths[0], kind);
     }
-    for (int i = 0; i < n; i++) json_decref(docs[i]);
-    free(docs);
     return rc;
 }

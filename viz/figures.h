@@ -6,6 +6,7 @@
 #ifndef PS_FIGURES_H
 #define PS_FIGURES_H
 
+#include <jansson.h>
 #include <stdint.h>
 
 #include "draw.h"
@@ -21,6 +22,11 @@ typedef struct {
  * or one train.jsonl) into out_dir. Prints each file written when verbose. */
 int ps_render(const char *const *paths, int n, const char *out_dir, const ps_render_opts *opts, int verbose,
               ps_error *err);
+
+/* The same for result documents already loaded (e.g. validated by ps_results_load): paths[i] names
+ * docs[i] in titles and errors. Not for training logs. */
+int ps_render_docs(json_t *const *docs, const char *const *paths, int n, const char *out_dir,
+                   const ps_render_opts *opts, int verbose, ps_error *err);
 
 /* ---- layout, exposed so tests can probe pixels where the figures put them ---- */
 
