@@ -397,16 +397,7 @@ char *ps_config_to_json(const ps_config *c) {
 int ps_config_save(const ps_config *c, const char *path, ps_error *err) {
     char *s = ps_config_to_json(c);
     if (!s) return ps_fail(err, "%s: cannot serialise config", path);
-    size_t n = strlen(s);
-    char *t = malloc(n + 2);
-    if (!t) {
-        free(s);
-        return ps_fail(err, "%s: out of memory", path);
-    }
-    memcpy(t, s, n);
-    t[n] = '\n';
-    int rc = ps_write_file_atomic(path, t, n + 1, err);
-    free(t);
+    int rc = ps_write_text_atomic(path, s, err);
     free(s);
     return rc;
 }
@@ -457,21 +448,10 @@ char *ps_config_to_hf_json(const ps_config *c, const char *dtype, ps_error *err)
     return s;
 }
 
-static int save_text(const char *s, const char *path, ps_error *err) {
-    size_t n = strlen(s);
-    char *t = malloc(n + 2);
-    if (!t) return ps_fail(err, "%s: out of memory", path);
-    memcpy(t, s, n);
-    t[n] = '\n';
-    int rc = ps_write_file_atomic(path, t, n + 1, err);
-    free(t);
-    return rc;
-}
-
 int ps_config_save_hf(const ps_config *c, const char *dtype, const char *path, ps_error *err) {
     char *s = ps_config_to_hf_json(c, dtype, err);
     if (!s) return ps_fail_prefix(err, "%s: ", path);
-    int rc = save_text(s, path, err);
+    int rc = ps_write_text_atomic(path, s, err);
     free(s);
     return rc;
 }

@@ -174,6 +174,17 @@ void ps_clean_temp_files(const char *dir) {
     closedir(d);
 }
 
+int ps_write_text_atomic(const char *path, const char *s, ps_error *err) {
+    size_t n = strlen(s);
+    char *t = malloc(n + 1);
+    if (!t) return ps_fail(err, "%s: out of memory", path);
+    memcpy(t, s, n);
+    t[n] = '\n';
+    int rc = ps_write_file_atomic(path, t, n + 1, err);
+    free(t);
+    return rc;
+}
+
 const char *ps_json_type_name(const json_t *v) {
     if (!v) return "null";
     switch (json_typeof(v)) {

@@ -42,6 +42,9 @@ void ps_clean_temp_files(const char *dir);
 /* mkdir -p for one directory level (existing directory is fine). */
 int ps_mkdir(const char *path, ps_error *err);
 
+/* Write the text s followed by a newline to path, atomically (ps_write_file_atomic). */
+int ps_write_text_atomic(const char *path, const char *s, ps_error *err);
+
 /* "an object", "an array", "a string", "an integer", "a real number", "a boolean" or "null" (also for
  * NULL, a missing value): for error messages that name what a JSON key held. */
 const char *ps_json_type_name(const json_t *v);

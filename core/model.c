@@ -477,16 +477,8 @@ int ps_model_save_as(const ps_model *m, const char *dir, const ps_save_opts *o, 
             ps_fail(err, "%s: cannot serialise the shard index", dir);
             goto done;
         }
-        size_t n = strlen(js);
-        char *txt = realloc(js, n + 2);
-        if (!txt) {
-            free(js);
-            ps_fail(err, "%s: out of memory", dir);
-            goto done;
-        }
-        txt[n] = '\n';
-        int bad = ps_path_join(ipath, sizeof ipath, dir, PS_ST_INDEX_NAME, err) || ps_write_file_atomic(ipath, txt, n + 1, err);
-        free(txt);
+        int bad = ps_path_join(ipath, sizeof ipath, dir, PS_ST_INDEX_NAME, err) || ps_write_text_atomic(ipath, js, err);
+        free(js);
         if (bad) goto done;
     }
     if (o->layout == PS_LAYOUT_HF ? ps_config_save_hf(&m->cfg, hf_dtype_name(dt), cpath, err) : ps_config_save(&m->cfg, cpath, err))
