@@ -1,11 +1,20 @@
-/* ops.h — the compute seam: every numeric kernel the model calls, over plain float arrays.
- * The CPU implementation (ops_cpu.c) uses OpenBLAS sgemm and OpenMP; a CUDA backend will provide
- * the same functions later. Shapes are row-major and stated per function; all sizes are int64. */
+/* ops.h — the compute seam: every numeric step the model, its training and the instruments take over
+ * activations or parameters, as ops on a context (core/ctx.h). Each op dispatches to the context's
+ * backend (the op table in core/backend.h: the CPU backend in core/cpu/ is the reference) and returns
+ * 0, or -1 with the context failed (ps_ctx_check hands the first message on). After a failure, later
+ * ops return -1 at once, so a caller may chain a whole layer and check once.
+ *
+ * Array arguments are buffers of the context (ps_buf_alloc); index arrays (tokens, targets, rows) are
+ * host arrays that the backend stages when it needs to. Shapes are row-major and stated per op; all
+ * sizes are int64. Backward ops accumulate (+=) into gradient outputs unless stated. */
 #ifndef PS_OPS_H
 #define PS_OPS_H
 
 #include <stdint.h>
 #include <string.h>
+
+#include "backend.h"
+#include "ctx.h"
 
 /* expf for the kernels' inner loops: Cephes' range reduction and degree-6 polynomial, written so that
  * gcc vectorises the loops that call it (libm's expf is a call, which stops vectorisation). Relative
@@ -53,59 +62,6 @@ static inline double ps_dot_d(const float *a, const float *b, int64_t n) {
     return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
 }
 
-/* out[M, N] (= or +=) inp[M, K] · w[N, K]^T  (a linear layer without bias). */
-void ps_matmul(float *out, const float *inp, const float *w, int64_t M, int64_t K, int64_t N, int accumulate);
-
-/* out[b, t, :] = table[tok[b, t], :]; table: [V, C]. Tokens are validated by the caller. */
-void ps_embed(float *out, const int32_t *tok, const float *table, int64_t n_tok, int64_t C);
-
-/* RMSNorm over rows of C: out = inp / sqrt(mean(inp^2) + eps) * weight; rstd[n_rows] is kept for the
- * backward. out may alias inp. */
-void ps_rmsnorm(float *out, float *rstd, const float *inp, const float *weight, int64_t n_rows, int64_t C, float eps);
-
-/* Rotate-half RoPE tables: cos/sin [n_pos, hd/2] with angles p·theta^(-2i/hd) in double precision. */
-void ps_rope_table(float *cos_t, float *sin_t, int64_t n_pos, int64_t hd, double theta);
-
-/* In-place RoPE on x: [n_seq, rows_per_seq, n_heads, hd]; row r of a sequence sits at position r·pos_step. */
-void ps_rope(float *x, const float *cos_t, const float *sin_t, int64_t n_seq, int64_t rows_per_seq, int64_t n_heads,
-             int64_t hd, int64_t pos_step);
-
-/* SwiGLU: h = silu(g) ⊙ u, all [n]. */
-void ps_swiglu(float *h, const float *g, const float *u, int64_t n);
-
-/* out = a + b, all [n]. out may alias a. */
-void ps_add(float *out, const float *a, const float *b, int64_t n);
-
-/* Compressor gate for one branch (SPEC §2). a: [B, T, d]; u: [W, nkv, d] and c: [W, nkv], or u = NULL
- * for the uniform gate. Writes logits z and alpha = softmax_i(z): both [B, nW, nkv, W]. */
-void ps_gate(float *z, float *alpha, const float *a, const float *u, const float *c, int64_t B, int64_t T, int64_t d,
-             int64_t nW, int64_t W, int64_t S, int64_t nkv);
-
-/* Compressor payloads for one branch: P[b, j, i, :] = C_i a[b, jS+i, :]. per_offset: C is [W, nkvhd, d];
- * shared: C is [nkvhd, d] (scratch: [B, T, nkvhd], only for shared). P: [B, nW, W, nkvhd]. */
-void ps_payload(float *P, const float *a, const float *C, int shared, float *scratch, int64_t B, int64_t T, int64_t d,
-                int64_t nW, int64_t W, int64_t S, int64_t nkvhd);
-
-/* Pooling: out[b, j, g, :] = sum_i alpha[b, j, g, i] P[b, j, i, g*hd : (g+1)*hd]. out: [B, nW, nkv, hd]. */
-void ps_pool(float *out, const float *alpha, const float *P, int64_t B, int64_t nW, int64_t W, int64_t nkv, int64_t hd);
-
-/* Attention geometry shared by the probability and output kernels. */
-typedef struct {
-    int64_t B, T, nh, nkv, hd;
-    int compressed;
-    int64_t W, S, LW; /* compressed only: window, stride, effective local window min(local_window, T) */
-    int64_t nW;       /* compressed windows (0 for full attention) */
-    int64_t ncols;    /* columns of a probability row: T (full) or nW + LW (compressed) */
-} ps_attn_geom;
-
-/* Probability rows. q: [B, T, nh, hd]; k: [B, T, nkv, hd]; ck: [B, nW, nkv, hd] (compressed).
- * probs: [B, nh, T, ncols]. Full: column t' = raw position. Compressed: columns 0..nW-1 are the
- * windows, column nW+m the raw position t-LW+1+m. Entries a query does not see are 0. */
-void ps_attn_probs(float *probs, const float *q, const float *k, const float *ck, const ps_attn_geom *g);
-
-/* z[b, t, n, :] = sum over columns of probs · value (raw v: [B, T, nkv, hd], compressed cv: [B, nW, nkv, hd]). */
-void ps_attn_out(float *z, const float *probs, const float *v, const float *cv, const ps_attn_geom *g);
-
 /* Number of compressed windows ended by position t: windows j with jS + W - 1 <= t, capped at nW. */
 static inline int64_t ps_windows_seen(int64_t t, int64_t W, int64_t S, int64_t nW) {
     if (t < W - 1) return 0;
@@ -113,53 +69,229 @@ static inline int64_t ps_windows_seen(int64_t t, int64_t W, int64_t S, int64_t n
     return n < nW ? n : nW;
 }
 
-/* ---- backward kernels: each accumulates (+=) into its gradient outputs unless stated ---- */
+#define PS_OP_CALL(c, op, ...) ((c)->failed ? -1 : (c)->be->op((c), __VA_ARGS__))
+
+/* ---------------- forward ---------------- */
+
+/* out[M, N] (= or +=) inp[M, K] · w[N, K]^T  (a linear layer without bias). */
+static inline int ps_matmul(ps_ctx *c, float *out, const float *inp, const float *w, int64_t M, int64_t K, int64_t N,
+                            int accumulate) {
+    return PS_OP_CALL(c, matmul, out, inp, w, M, K, N, accumulate);
+}
+
+/* out[i, :] = table[tok[i], :]; table: [V, C]. Tokens are validated by the caller. */
+static inline int ps_embed(ps_ctx *c, float *out, const int32_t *tok, const float *table, int64_t n_tok, int64_t C) {
+    return PS_OP_CALL(c, embed, out, tok, table, n_tok, C);
+}
+
+/* RMSNorm over rows of C: out = inp / sqrt(mean(inp^2) + eps) * weight; rstd[n_rows] (may be NULL) is
+ * kept for the backward. out may alias inp. */
+static inline int ps_rmsnorm(ps_ctx *c, float *out, float *rstd, const float *inp, const float *weight, int64_t n_rows,
+                             int64_t C, float eps) {
+    return PS_OP_CALL(c, rmsnorm, out, rstd, inp, weight, n_rows, C, eps);
+}
+
+/* Rotate-half RoPE tables: cos/sin [n_pos, hd/2] with angles p·theta^(-2i/hd) in double precision. */
+static inline int ps_rope_table(ps_ctx *c, float *cos_t, float *sin_t, int64_t n_pos, int64_t hd, double theta) {
+    return PS_OP_CALL(c, rope_table, cos_t, sin_t, n_pos, hd, theta);
+}
+
+/* In-place RoPE on x: [n_seq, rows_per_seq, n_heads, hd]; row r of a sequence sits at position r·pos_step. */
+static inline int ps_rope(ps_ctx *c, float *x, const float *cos_t, const float *sin_t, int64_t n_seq,
+                          int64_t rows_per_seq, int64_t n_heads, int64_t hd, int64_t pos_step) {
+    return PS_OP_CALL(c, rope, x, cos_t, sin_t, n_seq, rows_per_seq, n_heads, hd, pos_step);
+}
+
+/* SwiGLU: h = silu(g) ⊙ u, all [n]. */
+static inline int ps_swiglu(ps_ctx *c, float *h, const float *g, const float *u, int64_t n) {
+    return PS_OP_CALL(c, swiglu, h, g, u, n);
+}
+
+/* out = a + b, all [n]. out may alias a or b. */
+static inline int ps_add(ps_ctx *c, float *out, const float *a, const float *b, int64_t n) {
+    return PS_OP_CALL(c, add, out, a, b, n);
+}
+
+/* dst[n] = src[n] (n floats; the arrays do not overlap). */
+static inline int ps_copy(ps_ctx *c, float *dst, const float *src, int64_t n) { return PS_OP_CALL(c, copy, dst, src, n); }
+
+/* x[n] = value. */
+static inline int ps_fill(ps_ctx *c, float *x, float value, int64_t n) { return PS_OP_CALL(c, fill, x, value, n); }
+
+/* Compressor gate for one branch (SPEC §2). a: [B, T, d]; u: [W, nkv, d] and bias: [W, nkv], or u = NULL
+ * for the uniform gate. Writes logits z and alpha = softmax_i(z): both [B, nW, nkv, W]. */
+static inline int ps_gate(ps_ctx *c, float *z, float *alpha, const float *a, const float *u, const float *bias,
+                          int64_t B, int64_t T, int64_t d, int64_t nW, int64_t W, int64_t S, int64_t nkv) {
+    return PS_OP_CALL(c, gate, z, alpha, a, u, bias, B, T, d, nW, W, S, nkv);
+}
+
+/* Compressor payloads for one branch: P[b, j, i, :] = C_i a[b, jS+i, :]. per_offset: C is [W, nkvhd, d];
+ * shared: C is [nkvhd, d] (scratch: [B, T, nkvhd], only for shared). P: [B, nW, W, nkvhd]. */
+static inline int ps_payload(ps_ctx *c, float *P, const float *a, const float *C, int shared, float *scratch,
+                             int64_t B, int64_t T, int64_t d, int64_t nW, int64_t W, int64_t S, int64_t nkvhd) {
+    return PS_OP_CALL(c, payload, P, a, C, shared, scratch, B, T, d, nW, W, S, nkvhd);
+}
+
+/* Pooling: out[b, j, g, :] = sum_i alpha[b, j, g, i] P[b, j, i, g*hd : (g+1)*hd]. out: [B, nW, nkv, hd]. */
+static inline int ps_pool(ps_ctx *c, float *out, const float *alpha, const float *P, int64_t B, int64_t nW, int64_t W,
+                          int64_t nkv, int64_t hd) {
+    return PS_OP_CALL(c, pool, out, alpha, P, B, nW, W, nkv, hd);
+}
+
+/* Attention in O(T) memory (flash style): z[b, t, n, :] = softmax(q·keys/sqrt(hd)) · values over the
+ * entries query t sees, and lse[b, n, t] = the row's log-sum-exp of the scaled scores (kept for the
+ * backward). q: [B, T, nh, hd]; k, v: [B, T, nkv, hd]; ck, cv: [B, nW, nkv, hd] (compressed). No
+ * probability matrix is stored. */
+static inline int ps_attn_forward(ps_ctx *c, float *z, float *lse, const float *q, const float *k, const float *v,
+                                  const float *ck, const float *cv, const ps_attn_geom *g) {
+    return PS_OP_CALL(c, attn_forward, z, lse, q, k, v, ck, cv, g);
+}
+
+/* Probability rows, materialised (only for a registered pattern hook). probs: [B, nh, T, ncols].
+ * Full: column t' = raw position. Compressed: columns 0..nW-1 are the windows, column nW+m the raw
+ * position t-LW+1+m. Entries a query does not see are 0. */
+static inline int ps_attn_probs(ps_ctx *c, float *probs, const float *q, const float *k, const float *ck,
+                                const ps_attn_geom *g) {
+    return PS_OP_CALL(c, attn_probs, probs, q, k, ck, g);
+}
+
+/* z[b, t, n, :] = sum over columns of probs · value (raw v: [B, T, nkv, hd], compressed cv: [B, nW, nkv, hd]). */
+static inline int ps_attn_out(ps_ctx *c, float *z, const float *probs, const float *v, const float *cv,
+                              const ps_attn_geom *g) {
+    return PS_OP_CALL(c, attn_out, z, probs, v, cv, g);
+}
+
+/* Attention output for chosen query rows only (row r = b·T + t): z_rows[n, nh·hd], the same math as
+ * ps_attn_forward. */
+static inline int ps_attn_rows(ps_ctx *c, float *z_rows, const int64_t *rows, int64_t n, const float *q, const float *k,
+                               const float *v, const float *ck, const float *cv, const ps_attn_geom *g) {
+    return PS_OP_CALL(c, attn_rows, z_rows, rows, n, q, k, v, ck, cv, g);
+}
+
+/* Pattern hook layout: expand compact probability rows [B, nh, T, ncols] into [B, nh, T, nW + T]
+ * (compressed: windows, then raw positions; unseen entries 0), and back (entries a query does not see
+ * are dropped). Full attention rows already have the wide layout: compact re-zeroes the unseen entries
+ * in place (full = probs). */
+static inline int ps_pattern_expand(ps_ctx *c, float *full, const float *probs, const ps_attn_geom *g) {
+    return PS_OP_CALL(c, pattern_expand, full, probs, g);
+}
+static inline int ps_pattern_compact(ps_ctx *c, float *probs, const float *full, const ps_attn_geom *g) {
+    return PS_OP_CALL(c, pattern_compact, probs, full, g);
+}
+
+/* out[i, :] = in[rows[i], :] (+ add[i, :] when add is not NULL); width floats per row. */
+static inline int ps_gather_rows(ps_ctx *c, float *out, const float *in, const float *add, const int64_t *rows,
+                                 int64_t n, int64_t width) {
+    return PS_OP_CALL(c, gather_rows, out, in, add, rows, n, width);
+}
+
+/* out[rows[i], :] = in[i, :]; width floats per row. */
+static inline int ps_scatter_rows(ps_ctx *c, float *out, const float *in, const int64_t *rows, int64_t n, int64_t width) {
+    return PS_OP_CALL(c, scatter_rows, out, in, rows, n, width);
+}
+
+/* ---------------- hook actions (interventions inside the backend) ---------------- */
+
+/* x: [n_seq, npos, nh, hd]. For sequences [seq0, seq1) and head `head`, position t, for t < npos:
+ * x[b, t, head, :] = src[t·src_stride ... + hd] (src_stride 0: one vector for every position),
+ * or 0 when src is NULL. Mean replacement, zero ablation and patching from a cache are this op. */
+static inline int ps_head_set(ps_ctx *c, float *x, const float *src, int64_t src_stride, int64_t n_seq, int64_t npos,
+                              int64_t nh, int64_t hd, int64_t head, int64_t seq0, int64_t seq1) {
+    return PS_OP_CALL(c, head_set, x, src, src_stride, n_seq, npos, nh, hd, head, seq0, seq1);
+}
+
+/* x[i·width ... + width] += scale · vec[width] for every row i < n_rows (add a steering vector). */
+static inline int ps_add_vector(ps_ctx *c, float *x, const float *vec, float scale, int64_t n_rows, int64_t width) {
+    return PS_OP_CALL(c, add_vector, x, vec, scale, n_rows, width);
+}
+
+/* Roll blocks: x holds W blocks of `stride` floats; in every block i the `len` floats at `off` move to
+ * block (i + k) mod W (gate offset cycling: u'_i = u_{(i-k) mod W}). */
+static inline int ps_roll_blocks(ps_ctx *c, float *x, int64_t W, int64_t stride, int64_t off, int64_t len, int64_t k) {
+    return PS_OP_CALL(c, roll_blocks, x, W, stride, off, len, k);
+}
+
+/* ---------------- backward ---------------- */
 
 /* out = inp · w^T: dinp[M, K] += dout · w (skipped when dinp is NULL); dw[N, K] += dout^T · inp. */
-void ps_matmul_backward(float *dinp, float *dw, const float *dout, const float *inp, const float *w, int64_t M,
-                        int64_t K, int64_t N);
+static inline int ps_matmul_backward(ps_ctx *c, float *dinp, float *dw, const float *dout, const float *inp,
+                                     const float *w, int64_t M, int64_t K, int64_t N) {
+    return PS_OP_CALL(c, matmul_backward, dinp, dw, dout, inp, w, M, K, N);
+}
+
+/* dtable[tok[i], :] += dout[i, :] (rows with the same token add in token order: deterministic). */
+static inline int ps_embed_backward(ps_ctx *c, float *dtable, const float *dout, const int32_t *tok, int64_t n_tok,
+                                    int64_t C) {
+    return PS_OP_CALL(c, embed_backward, dtable, dout, tok, n_tok, C);
+}
 
 /* dinp[n_rows, C] += ∂/∂inp, dweight[C] += ∂/∂weight of out = rmsnorm(inp) * weight. */
-void ps_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
-                         const float *rstd, int64_t n_rows, int64_t C);
+static inline int ps_rmsnorm_backward(ps_ctx *c, float *dinp, float *dweight, const float *dout, const float *inp,
+                                      const float *weight, const float *rstd, int64_t n_rows, int64_t C) {
+    return PS_OP_CALL(c, rmsnorm_backward, dinp, dweight, dout, inp, weight, rstd, n_rows, C);
+}
 
 /* In place: the gradient through ps_rope (the transpose rotation). Same layout as ps_rope. */
-void ps_rope_backward(float *dx, const float *cos_t, const float *sin_t, int64_t n_seq, int64_t rows_per_seq,
-                      int64_t n_heads, int64_t hd, int64_t pos_step);
+static inline int ps_rope_backward(ps_ctx *c, float *dx, const float *cos_t, const float *sin_t, int64_t n_seq,
+                                   int64_t rows_per_seq, int64_t n_heads, int64_t hd, int64_t pos_step) {
+    return PS_OP_CALL(c, rope_backward, dx, cos_t, sin_t, n_seq, rows_per_seq, n_heads, hd, pos_step);
+}
 
 /* h = silu(g) ⊙ u: writes dg and du (=, not +=). */
-void ps_swiglu_backward(float *dg, float *du, const float *dh, const float *g, const float *u, int64_t n);
+static inline int ps_swiglu_backward(ps_ctx *c, float *dg, float *du, const float *dh, const float *g, const float *u,
+                                     int64_t n) {
+    return PS_OP_CALL(c, swiglu_backward, dg, du, dh, g, u, n);
+}
 
 /* Gate backward for one branch. dalpha, alpha: [B, nW, nkv, W] (dalpha is overwritten with the logit
- * gradient). da [B, T, d] +=, du [W, nkv, d] +=, dc [W, nkv] +=. (Uniform gates have no parameters
+ * gradient). da [B, T, d] +=, du [W, nkv, d] +=, dbias [W, nkv] +=. (Uniform gates have no parameters
  * and pass no gradient to a: not called.) */
-void ps_gate_backward(float *da, float *du, float *dc, float *dalpha, const float *alpha, const float *a,
-                      const float *u, int64_t B, int64_t T, int64_t d, int64_t nW, int64_t W, int64_t S, int64_t nkv);
+static inline int ps_gate_backward(ps_ctx *c, float *da, float *du, float *dbias, float *dalpha, const float *alpha,
+                                   const float *a, const float *u, int64_t B, int64_t T, int64_t d, int64_t nW,
+                                   int64_t W, int64_t S, int64_t nkv) {
+    return PS_OP_CALL(c, gate_backward, da, du, dbias, dalpha, alpha, a, u, B, T, d, nW, W, S, nkv);
+}
 
 /* Payload backward: dP [B, nW, W, nkvhd] → da [B, T, d] +=, dC +=. scratch: [B, T, nkvhd] (shared only). */
-void ps_payload_backward(float *da, float *dC, const float *dP, const float *a, const float *C, int shared,
-                         float *scratch, int64_t B, int64_t T, int64_t d, int64_t nW, int64_t W, int64_t S,
-                         int64_t nkvhd);
+static inline int ps_payload_backward(ps_ctx *c, float *da, float *dC, const float *dP, const float *a, const float *C,
+                                      int shared, float *scratch, int64_t B, int64_t T, int64_t d, int64_t nW,
+                                      int64_t W, int64_t S, int64_t nkvhd) {
+    return PS_OP_CALL(c, payload_backward, da, dC, dP, a, C, shared, scratch, B, T, d, nW, W, S, nkvhd);
+}
 
 /* Pooling backward: writes dalpha [B, nW, nkv, W] and dP [B, nW, W, nkv*hd] (=). */
-void ps_pool_backward(float *dalpha, float *dP, const float *dout, const float *alpha, const float *P, int64_t B,
-                      int64_t nW, int64_t W, int64_t nkv, int64_t hd);
+static inline int ps_pool_backward(ps_ctx *c, float *dalpha, float *dP, const float *dout, const float *alpha,
+                                   const float *P, int64_t B, int64_t nW, int64_t W, int64_t nkv, int64_t hd) {
+    return PS_OP_CALL(c, pool_backward, dalpha, dP, dout, alpha, P, B, nW, W, nkv, hd);
+}
 
-/* Attention backward given the stored probabilities. Writes dq (=) and accumulates dk, dv, dck, dcv
- * (+=; dck/dcv only for compressed). dprobs: scratch of the probs layout. O(T·ncols·hd) per head. */
-void ps_attn_backward(float *dq, float *dk, float *dv, float *dck, float *dcv, float *dprobs, const float *dz,
-                      const float *probs, const float *q, const float *k, const float *v, const float *ck,
-                      const float *cv, const ps_attn_geom *g);
+/* Attention backward from the forward's output z and row log-sum-exp (probabilities recomputed block
+ * by block; memory O(T) per thread). Writes dq (=) and accumulates dk, dv, dck, dcv (+=; dck/dcv only
+ * for compressed). */
+static inline int ps_attn_backward(ps_ctx *c, float *dq, float *dk, float *dv, float *dck, float *dcv, const float *dz,
+                                   const float *z, const float *lse, const float *q, const float *k, const float *v,
+                                   const float *ck, const float *cv, const ps_attn_geom *g) {
+    return PS_OP_CALL(c, attn_backward, dq, dk, dv, dck, dcv, dz, z, lse, q, k, v, ck, cv, g);
+}
 
 /* Softmax cross-entropy over rows of V logits. For rows with target >= 0: adds -log p[target] to
- * *loss_sum and writes dlogits = (softmax - onehot) * scale; other rows get dlogits = 0. Returns the
- * number of target rows, or -1 when its per-row scratch cannot be allocated (nothing added then). */
-int64_t ps_cross_entropy(double *loss_sum, float *dlogits, const float *logits, const int32_t *targets, int64_t n_rows,
-                         int64_t V, float scale);
+ * *loss_sum and 1 to *n_targets, and writes dlogits = (softmax - onehot) * scale (dlogits may be NULL:
+ * loss only); other rows get dlogits = 0. The sum runs in row order: the same for any thread count. */
+static inline int ps_cross_entropy(ps_ctx *c, double *loss_sum, int64_t *n_targets, float *dlogits, const float *logits,
+                                   const int32_t *targets, int64_t n_rows, int64_t V, float scale) {
+    return PS_OP_CALL(c, cross_entropy, loss_sum, n_targets, dlogits, logits, targets, n_rows, V, scale);
+}
 
-/* Attention output for chosen query rows only (row r = b·T + t): z_rows[n, nh·hd] from the kept q, k, v
- * (and ck, cv when compressed), the same math as ps_attn_probs + ps_attn_out. */
-void ps_attn_rows(float *z_rows, const int64_t *rows, int64_t n, const float *q, const float *k, const float *v,
-                  const float *ck, const float *cv, const ps_attn_geom *g);
+/* ---------------- optimizer ---------------- */
+
+/* *out = Σ x[i]² in double, in fixed blocks added in order (the same for any thread count). */
+static inline int ps_sumsq(ps_ctx *c, double *out, const float *x, int64_t n) { return PS_OP_CALL(c, sumsq, out, x, n); }
+
+/* One AdamW step over segments of a parameter buffer (w, moments m1/m2 and gradients g share its
+ * layout): m1 = b1·m1 + (1-b1)·g', m2 = b2·m2 + (1-b2)·g'², w -= lr·(m̂/(sqrt(v̂)+eps) + wd·w), g' = g·clip. */
+static inline int ps_adamw(ps_ctx *c, float *w, float *m1, float *m2, const float *g, const ps_adamw_seg *segs,
+                           int n_segs, const ps_adamw_hyper *h) {
+    return PS_OP_CALL(c, adamw, w, m1, m2, g, segs, n_segs, h);
+}
 
 #endif

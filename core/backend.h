@@ -1,0 +1,113 @@
+/* backend.h — what a backend provides: memory and the op table behind ops.h.
+ *
+ * A backend fills one ps_backend (the CPU backend: core/cpu/backend_cpu.c) and registers it in
+ * core/ctx.c. Every entry is required. Each op gets the context first, returns 0, or fails through
+ * ps_ctx_fail (message naming the op and the size that failed) and returns -1. Ops may take scratch
+ * from ps_ctx_workspace and must not allocate otherwise; arrays are the backend's buffers; index arrays
+ * (tokens, targets, rows, AdamW segments) are host arrays. The semantics of every op are stated in
+ * core/ops.h; the CPU implementation is the reference the tests compare a backend with. */
+#ifndef PS_BACKEND_H
+#define PS_BACKEND_H
+
+#include <stdint.h>
+
+#include "ctx.h"
+
+/* Attention geometry shared by the attention ops. */
+typedef struct {
+    int64_t B, T, nh, nkv, hd;
+    int compressed;
+    int64_t W, S, LW; /* compressed only: window, stride, effective local window min(local_window, T) */
+    int64_t nW;       /* compressed windows (0 for full attention) */
+    int64_t ncols;    /* columns of a probability row: T (full) or nW + LW (compressed) */
+} ps_attn_geom;
+
+/* Settings of one AdamW segment (a run of parameters with one learning rate and decay). */
+typedef struct {
+    int64_t offset, n;    /* floats into the parameter buffer */
+    float lr, weight_decay;
+} ps_adamw_seg;
+
+typedef struct {
+    float beta1, beta2, eps;
+    float clip_scale;     /* gradients are multiplied by this first */
+    float inv_bc1, inv_bc2; /* 1 / (1 - beta^t) */
+} ps_adamw_hyper;
+
+struct ps_backend {
+    const char *name;
+    /* memory: bytes, zero-filled; copies between host and buffers */
+    void *(*alloc)(ps_ctx *c, int64_t bytes);
+    void (*free)(ps_ctx *c, void *p);
+    int (*to_host)(ps_ctx *c, void *host, const void *buf, int64_t bytes);
+    int (*from_host)(ps_ctx *c, void *buf, const void *host, int64_t bytes);
+    int host_visible; /* buffers are host pointers */
+    int (*init)(ps_ctx *c);   /* backend state into c->impl (may be NULL) */
+    void (*fini)(ps_ctx *c);  /* (may be NULL) */
+
+    /* forward */
+    int (*matmul)(ps_ctx *c, float *out, const float *inp, const float *w, int64_t M, int64_t K, int64_t N, int accumulate);
+    int (*embed)(ps_ctx *c, float *out, const int32_t *tok, const float *table, int64_t n_tok, int64_t C);
+    int (*rmsnorm)(ps_ctx *c, float *out, float *rstd, const float *inp, const float *weight, int64_t n_rows, int64_t C,
+                   float eps);
+    int (*rope_table)(ps_ctx *c, float *cos_t, float *sin_t, int64_t n_pos, int64_t hd, double theta);
+    int (*rope)(ps_ctx *c, float *x, const float *cos_t, const float *sin_t, int64_t n_seq, int64_t rows_per_seq,
+                int64_t n_heads, int64_t hd, int64_t pos_step);
+    int (*swiglu)(ps_ctx *c, float *h, const float *g, const float *u, int64_t n);
+    int (*add)(ps_ctx *c, float *out, const float *a, const float *b, int64_t n);
+    int (*copy)(ps_ctx *c, float *dst, const float *src, int64_t n);
+    int (*fill)(ps_ctx *c, float *x, float value, int64_t n);
+    int (*gate)(ps_ctx *c, float *z, float *alpha, const float *a, const float *u, const float *bias, int64_t B,
+                int64_t T, int64_t d, int64_t nW, int64_t W, int64_t S, int64_t nkv);
+    int (*payload)(ps_ctx *c, float *P, const float *a, const float *C, int shared, float *scratch, int64_t B, int64_t T,
+                   int64_t d, int64_t nW, int64_t W, int64_t S, int64_t nkvhd);
+    int (*pool)(ps_ctx *c, float *out, const float *alpha, const float *P, int64_t B, int64_t nW, int64_t W, int64_t nkv,
+                int64_t hd);
+    int (*attn_forward)(ps_ctx *c, float *z, float *lse, const float *q, const float *k, const float *v, const float *ck,
+                        const float *cv, const ps_attn_geom *g);
+    int (*attn_probs)(ps_ctx *c, float *probs, const float *q, const float *k, const float *ck, const ps_attn_geom *g);
+    int (*attn_out)(ps_ctx *c, float *z, const float *probs, const float *v, const float *cv, const ps_attn_geom *g);
+    int (*attn_rows)(ps_ctx *c, float *z_rows, const int64_t *rows, int64_t n, const float *q, const float *k,
+                     const float *v, const float *ck, const float *cv, const ps_attn_geom *g);
+    int (*pattern_expand)(ps_ctx *c, float *full, const float *probs, const ps_attn_geom *g);
+    int (*pattern_compact)(ps_ctx *c, float *probs, const float *full, const ps_attn_geom *g);
+    int (*gather_rows)(ps_ctx *c, float *out, const float *in, const float *add, const int64_t *rows, int64_t n,
+                       int64_t width);
+    int (*scatter_rows)(ps_ctx *c, float *out, const float *in, const int64_t *rows, int64_t n, int64_t width);
+    /* hook actions */
+    int (*head_set)(ps_ctx *c, float *x, const float *src, int64_t src_stride, int64_t n_seq, int64_t npos, int64_t nh,
+                    int64_t hd, int64_t head, int64_t seq0, int64_t seq1);
+    int (*add_vector)(ps_ctx *c, float *x, const float *vec, float scale, int64_t n_rows, int64_t width);
+    int (*roll_blocks)(ps_ctx *c, float *x, int64_t W, int64_t stride, int64_t off, int64_t len, int64_t k);
+    /* backward */
+    int (*matmul_backward)(ps_ctx *c, float *dinp, float *dw, const float *dout, const float *inp, const float *w,
+                           int64_t M, int64_t K, int64_t N);
+    int (*embed_backward)(ps_ctx *c, float *dtable, const float *dout, const int32_t *tok, int64_t n_tok, int64_t C);
+    int (*rmsnorm_backward)(ps_ctx *c, float *dinp, float *dweight, const float *dout, const float *inp,
+                            const float *weight, const float *rstd, int64_t n_rows, int64_t C);
+    int (*rope_backward)(ps_ctx *c, float *dx, const float *cos_t, const float *sin_t, int64_t n_seq,
+                         int64_t rows_per_seq, int64_t n_heads, int64_t hd, int64_t pos_step);
+    int (*swiglu_backward)(ps_ctx *c, float *dg, float *du, const float *dh, const float *g, const float *u, int64_t n);
+    int (*gate_backward)(ps_ctx *c, float *da, float *du, float *dbias, float *dalpha, const float *alpha,
+                         const float *a, const float *u, int64_t B, int64_t T, int64_t d, int64_t nW, int64_t W,
+                         int64_t S, int64_t nkv);
+    int (*payload_backward)(ps_ctx *c, float *da, float *dC, const float *dP, const float *a, const float *C, int shared,
+                            float *scratch, int64_t B, int64_t T, int64_t d, int64_t nW, int64_t W, int64_t S,
+                            int64_t nkvhd);
+    int (*pool_backward)(ps_ctx *c, float *dalpha, float *dP, const float *dout, const float *alpha, const float *P,
+                         int64_t B, int64_t nW, int64_t W, int64_t nkv, int64_t hd);
+    int (*attn_backward)(ps_ctx *c, float *dq, float *dk, float *dv, float *dck, float *dcv, const float *dz,
+                         const float *z, const float *lse, const float *q, const float *k, const float *v,
+                         const float *ck, const float *cv, const ps_attn_geom *g);
+    int (*cross_entropy)(ps_ctx *c, double *loss_sum, int64_t *n_targets, float *dlogits, const float *logits,
+                         const int32_t *targets, int64_t n_rows, int64_t V, float scale);
+    /* optimizer */
+    int (*sumsq)(ps_ctx *c, double *out, const float *x, int64_t n);
+    int (*adamw)(ps_ctx *c, float *w, float *m1, float *m2, const float *g, const ps_adamw_seg *segs, int n_segs,
+                 const ps_adamw_hyper *h);
+};
+
+/* The CPU backend (the reference). */
+extern const ps_backend ps_backend_cpu;
+
+#endif

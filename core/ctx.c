@@ -1,0 +1,118 @@
+#include "ctx.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+
+/* The backends this build has (a CUDA build adds its table here). */
+static const ps_backend *const backends[] = {&ps_backend_cpu};
+#define N_BACKENDS ((int)(sizeof backends / sizeof backends[0]))
+
+const char *ps_ctx_backends(void) { return "cpu"; }
+
+int ps_ctx_create(ps_ctx **out, const char *backend, ps_error *err) {
+    *out = NULL;
+    const char *want = backend && *backend ? backend : "cpu";
+    const ps_backend *be = NULL;
+    for (int i = 0; i < N_BACKENDS; i++)
+        if (!strcmp(backends[i]->name, want)) be = backends[i];
+    if (!be) {
+        ps_fail(err, "--backend %s: this build has no such backend (it has: %s)", want, ps_ctx_backends());
+        if (err) err->usage = 1;
+        return -1;
+    }
+    ps_ctx *c = calloc(1, sizeof *c);
+    if (!c) return ps_fail(err, "out of memory for a %s context", want);
+    c->be = be;
+    if (be->init && be->init(c)) {
+        ps_fail(err, "%s backend: %s", want, c->err.msg);
+        free(c);
+        return -1;
+    }
+    *out = c;
+    return 0;
+}
+
+void ps_ctx_free(ps_ctx *c) {
+    if (!c) return;
+    if (c->ws) c->be->free(c, c->ws);
+    if (c->be->fini) c->be->fini(c);
+    free(c);
+}
+
+const char *ps_ctx_backend_name(const ps_ctx *c) { return c->be->name; }
+
+int ps_ctx_fail(ps_ctx *c, const char *fmt, ...) {
+    if (c->failed) return -1;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->err.msg, sizeof c->err.msg, fmt, ap);
+    va_end(ap);
+    c->failed = 1;
+    return -1;
+}
+
+int ps_ctx_check(ps_ctx *c, ps_error *err) {
+    if (!c->failed) return 0;
+    if (err) *err = c->err;
+    c->failed = 0;
+    c->err.msg[0] = '\0';
+    return -1;
+}
+
+float *ps_ctx_workspace(ps_ctx *c, int64_t n_floats) {
+    if (c->failed) return NULL;
+    if (n_floats < 1) n_floats = 1;
+    if (n_floats <= c->ws_floats) return c->ws;
+    if (c->ws) c->be->free(c, c->ws);
+    c->live_bytes -= c->ws_floats * (int64_t)sizeof(float);
+    c->ws = NULL;
+    c->ws_floats = 0;
+    c->ws = c->be->alloc(c, n_floats * (int64_t)sizeof(float));
+    if (!c->ws) {
+        ps_ctx_fail(c, "out of memory: op workspace of %.1f MB", (double)n_floats * 4 / 1e6);
+        return NULL;
+    }
+    c->ws_floats = n_floats;
+    if (n_floats > c->ws_peak) c->ws_peak = n_floats;
+    c->live_bytes += n_floats * (int64_t)sizeof(float);
+    if (c->live_bytes > c->peak_bytes) c->peak_bytes = c->live_bytes;
+    return c->ws;
+}
+
+void *ps_buf_alloc(ps_ctx *c, int64_t bytes, const char *name, ps_error *err) {
+    if (bytes < 0) {
+        ps_fail(err, "%s: negative size %lld bytes", name, (long long)bytes);
+        return NULL;
+    }
+    void *p = c->be->alloc(c, bytes ? bytes : 1);
+    if (!p) {
+        ps_fail(err, "out of memory: %s need %.1f MB on the %s backend", name, (double)bytes / 1e6, c->be->name);
+        return NULL;
+    }
+    c->live_bytes += bytes;
+    if (c->live_bytes > c->peak_bytes) c->peak_bytes = c->live_bytes;
+    return p;
+}
+
+void ps_buf_free(ps_ctx *c, void *buf, int64_t bytes) {
+    if (!buf) return;
+    c->be->free(c, buf);
+    c->live_bytes -= bytes;
+}
+
+int ps_buf_to_host(ps_ctx *c, void *host, const void *buf, int64_t bytes, ps_error *err) {
+    if (c->be->to_host(c, host, buf, bytes)) return ps_fail(err, "copy of %lld bytes to the host failed: %s", (long long)bytes, c->err.msg);
+    return 0;
+}
+
+int ps_buf_from_host(ps_ctx *c, void *buf, const void *host, int64_t bytes, ps_error *err) {
+    if (c->be->from_host(c, buf, host, bytes))
+        return ps_fail(err, "copy of %lld bytes from the host failed: %s", (long long)bytes, c->err.msg);
+    return 0;
+}
+
+int ps_ctx_host_visible(const ps_ctx *c) { return c->be->host_visible; }

@@ -1,0 +1,64 @@
+/* ctx.h — the compute context every op runs in, and the buffers a backend owns.
+ *
+ * A ps_ctx names the backend that runs the ops (its op table, core/backend.h), the threads the ops may
+ * use, the backend's own state (for a device: a stream and BLAS/cuDNN handles), a workspace arena that
+ * kernels take their scratch from (no kernel allocates), and the first error an op reported. Every
+ * tensor the model touches — parameters, gradients, AdamW moments, activations, caches — is allocated
+ * with ps_buf_alloc on the context of the model that uses it; host code reads or writes a buffer only
+ * through ps_buf_to_host / ps_buf_from_host (on the CPU backend these are plain copies and a buffer
+ * pointer is a host pointer, so existing host code that reads activations keeps working there).
+ *
+ * One context is not shared between threads that run ops at the same time (its workspace and error
+ * are per context); a CPU context's ops parallelise inside with OpenMP. */
+#ifndef PS_CTX_H
+#define PS_CTX_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "error.h"
+
+typedef struct ps_backend ps_backend; /* the op table: core/backend.h */
+
+typedef struct ps_ctx {
+    const ps_backend *be; /* the backend's op table */
+    int threads;          /* CPU: OpenMP threads the ops may use (0: the runtime's default) */
+    void *impl;           /* backend state (CUDA: stream, cuBLAS/cuBLASLt/cuDNN handles); NULL on the CPU */
+    float *ws;            /* workspace arena: ps_ctx_workspace */
+    int64_t ws_floats;
+    int64_t ws_peak;      /* the most floats the arena ever held (bench) */
+    int64_t live_bytes, peak_bytes; /* bytes of ps_buf_alloc buffers alive now / at most (bench) */
+    int failed;           /* an op failed: err holds its message; later ops return -1 at once */
+    ps_error err;
+} ps_ctx;
+
+/* A context on the named backend ("cpu"; NULL means "cpu"). Unknown names are an error that lists the
+ * backends this build has. */
+int ps_ctx_create(ps_ctx **out, const char *backend, ps_error *err);
+void ps_ctx_free(ps_ctx *c);
+const char *ps_ctx_backend_name(const ps_ctx *c);
+/* The backends this build has, comma-separated ("cpu" or "cpu, cuda"). */
+const char *ps_ctx_backends(void);
+
+/* Record an op's failure (the first message is kept). Returns -1. */
+int ps_ctx_fail(ps_ctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* 0 when no op failed; else -1 with the first op error copied into err, and the context cleared for
+ * the next pass. */
+int ps_ctx_check(ps_ctx *c, ps_error *err);
+
+/* Workspace: at least n floats, valid until the next ps_ctx_workspace call on this context (a kernel
+ * asks once, before its parallel region; ops do not nest). NULL (with the context failed) when memory
+ * runs out. */
+float *ps_ctx_workspace(ps_ctx *c, int64_t n_floats);
+
+/* Buffers on the context's backend, zero-filled. `name` is for the error message ("parameters",
+ * "activations B=4 T=512", ...). */
+void *ps_buf_alloc(ps_ctx *c, int64_t bytes, const char *name, ps_error *err);
+void ps_buf_free(ps_ctx *c, void *buf, int64_t bytes);
+/* Copies between a backend buffer and host memory (bytes). */
+int ps_buf_to_host(ps_ctx *c, void *host, const void *buf, int64_t bytes, ps_error *err);
+int ps_buf_from_host(ps_ctx *c, void *buf, const void *host, int64_t bytes, ps_error *err);
+/* 1 when a buffer of this context is a host pointer (CPU backend): host code may read it in place. */
+int ps_ctx_host_visible(const ps_ctx *c);
+
+#endif
