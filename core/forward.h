@@ -26,7 +26,7 @@ typedef struct {
     float *gz_k, *ga_k, *gz_v, *ga_v; /* gate logits and alpha [B,nW,nkv,W] */
     float *pk, *pv;        /* payloads [B,nW,W,nkv*hd] */
     float *ck_pre, *ck, *ck_rstd, *cv; /* [B,nW,nkv,hd] pooled key before norm/RoPE, after; [B,nW,nkv]; value */
-    float *probs;          /* [B,nh,T,ncols] */
+    float *lse;            /* [B,nh,T] attention row log-sum-exp (the backward recomputes probabilities) */
     float *z;              /* [B,T,nh,hd] */
     float *attn_out, *resid_mid, *ln2, *ln2_rstd; /* [B,T,d] ([B,T] rstd) */
     float *mlp_g, *mlp_u, *mlp_h; /* [B,T,d_ff] */
@@ -37,7 +37,6 @@ typedef struct {
     /* scratch */
     float *rope_cos, *rope_sin; /* [T, hd/2] */
     float *payload_scratch;     /* [B,T,nkv*hd] (shared payload) */
-    float *pattern_full;        /* [B,nh,T,nW+T] (only when a pattern hook exists) */
 } ps_act_ptrs;
 
 /* Optional per-op timing (bench programs): process CPU seconds (all threads) by category, [0] forward,
@@ -56,6 +55,8 @@ typedef struct {
 } ps_profile;
 
 typedef struct {
+    ps_ctx *ctx;           /* the context the buffers live on (the model's) */
+    const ps_config *cfg;
     int64_t B, T, nW;
     bool keep_all;
     ps_profile *prof; /* NULL (the default): no timing */
@@ -63,18 +64,28 @@ typedef struct {
     ps_act_ptrs p;
     /* per-layer strides (floats) of each per-layer array; 0 when shared across layers */
     int64_t layer_stride[sizeof(ps_act_ptrs) / sizeof(float *)];
-    float *buf;
+    float *buf;            /* one ps_buf_alloc buffer holding every array above */
     int64_t n_floats;
+    /* grown on demand: the pattern hook's probabilities (compact + wide rows) and the answer-row pass */
+    float *pattern, *rows_buf;
+    int64_t pattern_n, rows_n;
+    float *logits_host;    /* host copy of the logits (device backends only) */
 } ps_acts;
 
-/* Floats a run needs (for memory estimates before allocating). */
+/* Floats a run needs (for memory estimates before allocating); pattern_hook adds the probability
+ * scratch a pattern hook allocates on first use. */
 int64_t ps_acts_size(const ps_config *cfg, int64_t B, int64_t T, bool keep_all, bool pattern_hook);
 
-int ps_acts_create(ps_acts *a, const ps_config *cfg, int64_t B, int64_t T, bool keep_all, ps_error *err);
+/* Activations for B sequences of T tokens on ctx (the model's context: m->ctx). */
+int ps_acts_create(ps_acts *a, ps_ctx *ctx, const ps_config *cfg, int64_t B, int64_t T, bool keep_all, ps_error *err);
 void ps_acts_free(ps_acts *a);
 
 /* Pointers to layer l's slot of the per-layer arrays. */
 ps_act_ptrs ps_acts_layer(const ps_acts *a, int l);
+
+/* The logits [B, T, V] readable on the host: the buffer itself on a host-visible backend, else a host
+ * copy made now (kept with the acts). NULL with err set when the copy cannot be made. */
+const float *ps_acts_logits_host(ps_acts *a, ps_error *err);
 
 /* Full forward: tokens [B, T] (each in [0, vocab)). Fills logits. hooks may be NULL. */
 int ps_forward(const ps_model *m, ps_acts *a, const int32_t *tokens, const ps_hooks *hooks, ps_error *err);

@@ -102,7 +102,7 @@ int ps_cmd_forward(int argc, char **argv) {
                     (long long)toks.len[i], (long long)m.cfg.max_seq_len, (long long)(toks.len[i] - m.cfg.max_seq_len));
             goto done;
         }
-        if (ps_acts_create(&a, &m.cfg, 1, toks.len[i], false, &err)) goto done;
+        if (ps_acts_create(&a, m.ctx, &m.cfg, 1, toks.len[i], false, &err)) goto done;
         if (ps_forward(&m, &a, toks.seq[i], &hooks, &err)) {
             ps_fail_prefix(&err, "%s: sequence %d: ", flags[1].value, i);
             ps_acts_free(&a);

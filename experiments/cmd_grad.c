@@ -76,8 +76,8 @@ int ps_cmd_grad(int argc, char **argv) {
     int64_t n_targets = 0;
     for (int s = 0; s < toks.n; s++) {
         ps_acts a, g;
-        if (ps_acts_create(&a, &m.cfg, 1, toks.len[s], true, &err)) goto done;
-        if (ps_acts_create(&g, &m.cfg, 1, toks.len[s], false, &err)) {
+        if (ps_acts_create(&a, m.ctx, &m.cfg, 1, toks.len[s], true, &err)) goto done;
+        if (ps_acts_create(&g, m.ctx, &m.cfg, 1, toks.len[s], false, &err)) {
             ps_acts_free(&a);
             goto done;
         }

@@ -230,13 +230,13 @@ int ps_eval_shifted(const ps_model *m, const ps_shifted *s, int64_t batch, const
                     double *logprob, ps_error *err) {
     int64_t N = s->b.B, T = s->b.T;
     ps_acts a;
-    if (ps_acts_create(&a, &m->cfg, batch < N ? batch : N, T, false, err)) return -1;
+    if (ps_acts_create(&a, m->ctx, &m->cfg, batch < N ? batch : N, T, false, err)) return -1;
     int rc = 0;
     for (int64_t i0 = 0; i0 < N && !rc; i0 += batch) {
         int64_t n = N - i0 < batch ? N - i0 : batch;
         ps_acts part, *use = &a;
         if (n != a.B) {
-            if (ps_acts_create(&part, &m->cfg, n, T, false, err)) {
+            if (ps_acts_create(&part, m->ctx, &m->cfg, n, T, false, err)) {
                 rc = -1;
                 break;
             }

@@ -282,7 +282,7 @@ static int evaluate(run_state *s, int with_gates, double *acc, double *loss, ps_
         view.queries = eb->queries + done * eb->max_q;
         ps_acts part, *a = &s->eval_acts;
         if (n < B) { /* last partial chunk */
-            if (ps_acts_create(&part, &s->m.cfg, n, T, false, err)) {
+            if (ps_acts_create(&part, s->m.ctx, &s->m.cfg, n, T, false, err)) {
                 free(ok);
                 free(lp);
                 return -1;
@@ -290,7 +290,9 @@ static int evaluate(run_state *s, int with_gates, double *acc, double *loss, ps_
             a = &part;
         }
         int bad = ps_forward(&s->m, a, view.tokens, with_gates ? &s->ghooks : NULL, err);
-        if (!bad) ps_score_queries(&view, a->p.logits, V, ok, lp);
+        const float *logits = bad ? NULL : ps_acts_logits_host(a, err);
+        bad = bad || !logits;
+        if (!bad) ps_score_queries(&view, logits, V, ok, lp);
         if (a == &part) ps_acts_free(&part);
         if (bad) {
             free(ok);
@@ -358,6 +360,14 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* AdamW moments on the model's context, zeroed. */
+static int alloc_optimizer(run_state *s, ps_error *err) {
+    int64_t bytes = s->m.n_params * (int64_t)sizeof(float);
+    s->m1 = ps_buf_alloc(s->m.ctx, bytes, "AdamW first moments", err);
+    s->m2 = s->m1 ? ps_buf_alloc(s->m.ctx, bytes, "AdamW second moments", err) : NULL;
+    return s->m2 ? 0 : -1;
+}
+
 static int load_resume(run_state *s, int64_t *step, ps_error *err) {
     if (ps_model_load(&s->m, s->dir, err)) return -1;
     const char *st = ps_model_get_meta(&s->m, "phasescope.step"), *opt = ps_model_get_meta(&s->m, "phasescope.optimizer"),
@@ -366,9 +376,7 @@ static int load_resume(run_state *s, int64_t *step, ps_error *err) {
     if (strcmp(tr, s->c->canonical))
         return ps_fail(err, "%s: the training config differs from the one this run was started with", s->dir);
     *step = strtoll(st, NULL, 10);
-    s->m1 = calloc((size_t)s->m.n_params, sizeof(float));
-    s->m2 = calloc((size_t)s->m.n_params, sizeof(float));
-    if (!s->m1 || !s->m2) return ps_fail(err, "out of memory for optimizer state");
+    if (alloc_optimizer(s, err)) return -1;
     char path[4200];
     if (ps_path_join(path, sizeof path, s->dir, opt, err)) return -1;
     ps_st_file f;
@@ -414,16 +422,13 @@ int ps_train(const ps_train_cfg *c, const char *dir, int resume, int64_t stop_af
     } else {
         if (ps_model_create(&s.m, &c->model, err)) return -1;
         ps_model_init_std(&s.m, c->seed, c->init_std);
-        s.m1 = calloc((size_t)s.m.n_params, sizeof(float));
-        s.m2 = calloc((size_t)s.m.n_params, sizeof(float));
-        if (!s.m1 || !s.m2) {
-            ps_fail(err, "out of memory for optimizer state");
-            goto done;
-        }
+        if (alloc_optimizer(&s, err)) goto done;
     }
-    s.grads = malloc((size_t)s.m.n_params * sizeof(float));
-    if (!s.grads || ps_acts_create(&s.acts, &c->model, B, T, true, err) ||
-        ps_acts_create(&s.gacts, &c->model, B, T, false, err) || ps_acts_create(&s.eval_acts, &c->model, B, T, false, err) ||
+    int64_t pbytes = s.m.n_params * (int64_t)sizeof(float);
+    s.grads = ps_buf_alloc(s.m.ctx, pbytes, "gradients", err);
+    if (!s.grads || ps_acts_create(&s.acts, s.m.ctx, &c->model, B, T, true, err) ||
+        ps_acts_create(&s.gacts, s.m.ctx, &c->model, B, T, false, err) ||
+        ps_acts_create(&s.eval_acts, s.m.ctx, &c->model, B, T, false, err) ||
         ps_batch_alloc(&s.batch, B, T, c->task.n_queries, err) ||
         ps_batch_alloc(&s.eval_batch, c->eval_size, T, c->task.n_queries, err))
         goto done;
@@ -454,7 +459,10 @@ int ps_train(const ps_train_cfg *c, const char *dir, int resume, int64_t stop_af
     int64_t tok_since = 0;
     for (int64_t step = start; step < end; step++) {
         ps_task_generate(&c->task, step_seed(c->seed, step), &s.batch);
-        memset(s.grads, 0, (size_t)s.m.n_params * sizeof(float));
+        if (ps_fill(s.m.ctx, s.grads, 0.0f, s.m.n_params)) {
+            ps_ctx_check(s.m.ctx, err);
+            goto done;
+        }
         int64_t n_t = 0;
         for (int64_t i = 0; i < B * T; i++) n_t += s.batch.targets[i] >= 0;
         double lsum = 0;
@@ -462,14 +470,15 @@ int ps_train(const ps_train_cfg *c, const char *dir, int resume, int64_t stop_af
         if (ps_forward(&s.m, &s.acts, s.batch.tokens, NULL, err) ||
             ps_backward(&s.m, &s.acts, &s.gacts, s.batch.tokens, s.batch.targets, 1.0f / (float)n_t, s.grads, &lsum, &cnt, err))
             goto done;
-        double loss = lsum / (double)cnt, gn = ps_grad_norm(s.grads, s.m.n_params);
+        double loss = lsum / (double)cnt, gn = 0;
+        if (ps_grad_norm(s.m.ctx, s.grads, s.m.n_params, &gn, err)) goto done;
         if (!isfinite(loss) || !isfinite(gn)) {
             ps_fail(err, "step %lld: %s is %s; stopping (the last good checkpoint is kept in %s)", (long long)step + 1,
                     isfinite(loss) ? "gradient norm" : "loss", isnan(isfinite(loss) ? gn : loss) ? "NaN" : "infinite", dir);
             goto done;
         }
         double clip = c->opt.grad_clip > 0 && gn > c->opt.grad_clip ? c->opt.grad_clip / gn : 1.0, lr = ps_lr_at(&c->opt, step);
-        ps_adamw_update(&s.m, s.grads, s.m1, s.m2, step + 1, lr, clip, &c->opt);
+        if (ps_adamw_update(&s.m, s.grads, s.m1, s.m2, step + 1, lr, clip, &c->opt, err)) goto done;
         tok_since += B * T;
         int64_t done_steps = step + 1;
         int last = done_steps == c->steps; /* logs follow the schedule of the full run, so an interrupted and
@@ -519,9 +528,11 @@ done:
     ps_acts_free(&s.acts);
     ps_acts_free(&s.gacts);
     ps_acts_free(&s.eval_acts);
-    free(s.grads);
-    free(s.m1);
-    free(s.m2);
+    if (s.m.ctx) {
+        ps_buf_free(s.m.ctx, s.grads, s.m.n_params * (int64_t)sizeof(float));
+        ps_buf_free(s.m.ctx, s.m1, s.m.n_params * (int64_t)sizeof(float));
+        ps_buf_free(s.m.ctx, s.m2, s.m.n_params * (int64_t)sizeof(float));
+    }
     ps_model_free(&s.m);
     return rc;
 }

@@ -5,24 +5,29 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ops.h"
+#include "cpu.h"
 
-void ps_matmul(float *out, const float *inp, const float *w, int64_t M, int64_t K, int64_t N, int accumulate) {
-    if (M == 0 || N == 0) return;
+int ps_cpu_matmul(ps_ctx *ctx, float *out, const float *inp, const float *w, int64_t M, int64_t K, int64_t N, int accumulate) {
+    (void)ctx;
+    if (M == 0 || N == 0) return 0;
     if (K == 0) {
         if (!accumulate) memset(out, 0, (size_t)(M * N) * sizeof(float));
-        return;
+        return 0;
     }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)M, (blasint)N, (blasint)K, 1.0f, inp, (blasint)K, w,
                 (blasint)K, accumulate ? 1.0f : 0.0f, out, (blasint)N);
+    return 0;
 }
 
-void ps_embed(float *out, const int32_t *tok, const float *table, int64_t n_tok, int64_t C) {
+int ps_cpu_embed(ps_ctx *ctx, float *out, const int32_t *tok, const float *table, int64_t n_tok, int64_t C) {
+    (void)ctx;
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n_tok; i++) memcpy(out + i * C, table + (int64_t)tok[i] * C, (size_t)C * sizeof(float));
+    return 0;
 }
 
-void ps_rmsnorm(float *out, float *rstd, const float *inp, const float *weight, int64_t n_rows, int64_t C, float eps) {
+int ps_cpu_rmsnorm(ps_ctx *ctx, float *out, float *rstd, const float *inp, const float *weight, int64_t n_rows, int64_t C, float eps) {
+    (void)ctx;
 #pragma omp parallel for schedule(static) if (n_rows * C > 32768)
     for (int64_t r = 0; r < n_rows; r++) {
         const float *x = inp + r * C;
@@ -32,9 +37,11 @@ void ps_rmsnorm(float *out, float *rstd, const float *inp, const float *weight, 
         if (rstd) rstd[r] = s;
         for (int64_t i = 0; i < C; i++) o[i] = x[i] * s * weight[i];
     }
+    return 0;
 }
 
-void ps_rope_table(float *cos_t, float *sin_t, int64_t n_pos, int64_t hd, double theta) {
+int ps_cpu_rope_table(ps_ctx *ctx, float *cos_t, float *sin_t, int64_t n_pos, int64_t hd, double theta) {
+    (void)ctx;
     int64_t half = hd / 2;
     for (int64_t p = 0; p < n_pos; p++)
         for (int64_t i = 0; i < half; i++) {
@@ -42,6 +49,7 @@ void ps_rope_table(float *cos_t, float *sin_t, int64_t n_pos, int64_t hd, double
             cos_t[p * half + i] = (float)cos(ang);
             sin_t[p * half + i] = (float)sin(ang);
         }
+    return 0;
 }
 
 /* Rotate each (x_i, x_{i+hd/2}) pair by +angle (dir = 1, the forward) or -angle (dir = -1, which is
@@ -64,31 +72,40 @@ static void rope_rotate(float *x, const float *cos_t, const float *sin_t, int64_
     }
 }
 
-void ps_rope(float *x, const float *cos_t, const float *sin_t, int64_t n_seq, int64_t rows_per_seq, int64_t n_heads,
+int ps_cpu_rope(ps_ctx *ctx, float *x, const float *cos_t, const float *sin_t, int64_t n_seq, int64_t rows_per_seq, int64_t n_heads,
              int64_t hd, int64_t pos_step) {
+    (void)ctx;
     rope_rotate(x, cos_t, sin_t, n_seq, rows_per_seq, n_heads, hd, pos_step, 1.0f);
+    return 0;
 }
 
-void ps_rope_backward(float *dx, const float *cos_t, const float *sin_t, int64_t n_seq, int64_t rows_per_seq,
+int ps_cpu_rope_backward(ps_ctx *ctx, float *dx, const float *cos_t, const float *sin_t, int64_t n_seq, int64_t rows_per_seq,
                       int64_t n_heads, int64_t hd, int64_t pos_step) {
+    (void)ctx;
     rope_rotate(dx, cos_t, sin_t, n_seq, rows_per_seq, n_heads, hd, pos_step, -1.0f);
+    return 0;
 }
 
-void ps_swiglu(float *h, const float *g, const float *u, int64_t n) {
+int ps_cpu_swiglu(ps_ctx *ctx, float *h, const float *g, const float *u, int64_t n) {
+    (void)ctx;
 #pragma omp parallel for schedule(static) if (n > 65536)
     for (int64_t i = 0; i < n; i++) {
         float x = g[i];
         h[i] = x / (1.0f + ps_expf(-x)) * u[i];
     }
+    return 0;
 }
 
-void ps_add(float *out, const float *a, const float *b, int64_t n) {
+int ps_cpu_add(ps_ctx *ctx, float *out, const float *a, const float *b, int64_t n) {
+    (void)ctx;
 #pragma omp parallel for schedule(static) if (n > 65536)
     for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+    return 0;
 }
 
-void ps_gate(float *z, float *alpha, const float *a, const float *u, const float *c, int64_t B, int64_t T, int64_t d,
+int ps_cpu_gate(ps_ctx *ctx, float *z, float *alpha, const float *a, const float *u, const float *c, int64_t B, int64_t T, int64_t d,
              int64_t nW, int64_t W, int64_t S, int64_t nkv) {
+    (void)ctx;
     int64_t n = B * nW * nkv;
 #pragma omp parallel for schedule(static) if (n * W * d > 32768)
     for (int64_t idx = 0; idx < n; idx++) {
@@ -115,20 +132,21 @@ void ps_gate(float *z, float *alpha, const float *a, const float *u, const float
         }
         for (int64_t i = 0; i < W; i++) al[i] /= sum;
     }
+    return 0;
 }
 
-void ps_payload(float *P, const float *a, const float *C, int shared, float *scratch, int64_t B, int64_t T, int64_t d,
+int ps_cpu_payload(ps_ctx *ctx, float *P, const float *a, const float *C, int shared, float *scratch, int64_t B, int64_t T, int64_t d,
                 int64_t nW, int64_t W, int64_t S, int64_t nkvhd) {
-    if (nW == 0) return;
+    if (nW == 0) return 0;
     if (shared) {
-        ps_matmul(scratch, a, C, B * T, d, nkvhd, 0);
+        ps_cpu_matmul(ctx, scratch, a, C, B * T, d, nkvhd, 0);
 #pragma omp parallel for schedule(static)
         for (int64_t bj = 0; bj < B * nW; bj++) {
             int64_t b = bj / nW, j = bj % nW;
             for (int64_t i = 0; i < W; i++)
                 memcpy(P + (bj * W + i) * nkvhd, scratch + (b * T + j * S + i) * nkvhd, (size_t)nkvhd * sizeof(float));
         }
-        return;
+        return 0;
     }
     /* When T = nW·S, the rows a[b, jS+i] of every (sequence, window) are S·d apart across sequences too:
      * one strided sgemm per offset with M = B·nW. Otherwise one per (offset, sequence). The calls run in
@@ -142,9 +160,11 @@ void ps_payload(float *P, const float *a, const float *C, int shared, float *scr
                     a + (b * T + i) * d, (blasint)(S * d), C + i * nkvhd * d, (blasint)d, 0.0f,
                     P + (b * nW * W + i) * nkvhd, (blasint)(W * nkvhd));
     }
+    return 0;
 }
 
-void ps_pool(float *out, const float *alpha, const float *P, int64_t B, int64_t nW, int64_t W, int64_t nkv, int64_t hd) {
+int ps_cpu_pool(ps_ctx *ctx, float *out, const float *alpha, const float *P, int64_t B, int64_t nW, int64_t W, int64_t nkv, int64_t hd) {
+    (void)ctx;
     int64_t n = B * nW * nkv;
 #pragma omp parallel for schedule(static) if (n * W * hd > 32768)
     for (int64_t idx = 0; idx < n; idx++) {
@@ -157,6 +177,7 @@ void ps_pool(float *out, const float *alpha, const float *P, int64_t B, int64_t 
             for (int64_t k = 0; k < hd; k++) o[k] += al[i] * p[k];
         }
     }
+    return 0;
 }
 
 /* Raw column range of query t in a compressed row: columns nW+m for m in [m0, LW). */
@@ -197,7 +218,8 @@ static void softmax_row(float *row, int64_t nc, int64_t n_comp, int64_t lo, int6
 
 /* Each (sequence, query head) is independent: one OpenMP task each. sgemm called inside the parallel
  * region runs single-threaded (OpenBLAS's OpenMP build), so the cores split the heads between them. */
-void ps_attn_probs(float *probs, const float *q, const float *k, const float *ck, const ps_attn_geom *g) {
+int ps_cpu_attn_probs(ps_ctx *ctx, float *probs, const float *q, const float *k, const float *ck, const ps_attn_geom *g) {
+    (void)ctx;
     int64_t B = g->B, T = g->T, nh = g->nh, nkv = g->nkv, hd = g->hd, nc = g->ncols, grp = nh / nkv, nW = g->nW;
     float scale = 1.0f / sqrtf((float)hd);
 #pragma omp parallel for schedule(dynamic, 1)
@@ -226,9 +248,11 @@ void ps_attn_probs(float *probs, const float *q, const float *k, const float *ck
             softmax_row(row, nc, ps_windows_seen(t, g->W, g->S, nW), lo, nc);
         }
     }
+    return 0;
 }
 
-void ps_attn_out(float *z, const float *probs, const float *v, const float *cv, const ps_attn_geom *g) {
+int ps_cpu_attn_out(ps_ctx *ctx, float *z, const float *probs, const float *v, const float *cv, const ps_attn_geom *g) {
+    (void)ctx;
     int64_t B = g->B, T = g->T, nh = g->nh, nkv = g->nkv, hd = g->hd, nc = g->ncols, grp = nh / nkv, nW = g->nW;
 #pragma omp parallel for schedule(dynamic, 1)
     for (int64_t bn = 0; bn < B * nh; bn++) {
@@ -256,10 +280,12 @@ void ps_attn_out(float *z, const float *probs, const float *v, const float *cv, 
             }
         }
     }
+    return 0;
 }
 
-void ps_attn_rows(float *z_rows, const int64_t *rows, int64_t n, const float *q, const float *k, const float *v,
+int ps_cpu_attn_rows(ps_ctx *ctx, float *z_rows, const int64_t *rows, int64_t n, const float *q, const float *k, const float *v,
                   const float *ck, const float *cv, const ps_attn_geom *g) {
+    (void)ctx;
     int64_t T = g->T, nh = g->nh, nkv = g->nkv, hd = g->hd, grp = nh / nkv;
     float scale = 1.0f / sqrtf((float)hd);
     /* one pass per row with a running maximum (online softmax): no scratch, nothing allocated */
@@ -289,4 +315,5 @@ void ps_attn_rows(float *z_rows, const int64_t *rows, int64_t n, const float *q,
         }
         for (int64_t i = 0; i < hd; i++) zt[i] /= sum;
     }
+    return 0;
 }
