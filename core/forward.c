@@ -400,3 +400,37 @@ int ps_forward(const ps_model *m, ps_acts *a, const int32_t *tokens, const ps_ho
     OPS(PS_PROF_OTHER, ps_embed(ctx, a->p.resid, tokens, ps_model_embed(m, m->params), BT, c->d_model));
     return ps_forward_from(m, a, 0, hooks, err);
 }
+
+int ps_acts_score(ps_acts *a, const ps_batch *view, int *correct, double *logprob, ps_error *err) {
+    if (view->B != a->B || view->T != a->T)
+        return ps_fail(err, "scoring a batch of %lldx%lld tokens with activations of %lldx%lld", (long long)view->B,
+                       (long long)view->T, (long long)a->B, (long long)a->T);
+    const float *logits = ps_acts_logits_host(a, err);
+    if (!logits) return -1;
+    ps_score_queries(view, logits, a->cfg->vocab_size, correct, logprob);
+    return 0;
+}
+
+int ps_forward_batches(const ps_model *m, const ps_batch *b, int64_t batch, bool keep_all, const ps_hooks *hooks,
+                       ps_batch_fn fn, void *user, ps_error *err) {
+    if (batch < 1) return ps_fail(err, "batch %lld must be >= 1", (long long)batch);
+    int64_t N = b->B, T = b->T, full = batch < N ? batch : N, last0 = N ? (N - 1) / full * full : 0;
+    if (N == 0) return 0;
+    ps_acts a, part;
+    int have_part = 0;
+    if (ps_acts_create(&a, m->ctx, &m->cfg, full, T, keep_all, err)) return -1;
+    int rc = 0;
+    if (N - last0 != full) {
+        rc = ps_acts_create(&part, m->ctx, &m->cfg, N - last0, T, keep_all, err);
+        have_part = !rc;
+    }
+    for (int64_t i0 = 0; i0 < N && !rc; i0 += full) {
+        ps_acts *use = i0 == last0 && have_part ? &part : &a;
+        ps_batch view = ps_batch_view(b, i0, use->B);
+        rc = ps_forward(m, use, view.tokens, hooks, err);
+        if (!rc && fn) rc = fn(&view, i0, use, user, err);
+    }
+    if (have_part) ps_acts_free(&part);
+    ps_acts_free(&a);
+    return rc;
+}

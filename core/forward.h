@@ -15,6 +15,7 @@
 #include "hooks.h"
 #include "model.h"
 #include "ops.h"
+#include "tasks.h"
 
 typedef struct {
     float *resid;          /* [L+1, B, T, d]   input of layer l (l = L: the final residual) */
@@ -101,6 +102,18 @@ int ps_forward_from_attention(const ps_model *m, ps_acts *a, int l, const ps_hoo
  * attention output, MLP and the logits run for those rows alone (scoring answers needs nothing else).
  * Other rows of the logits are left stale. */
 int ps_forward_from_attention_rows(const ps_model *m, ps_acts *a, int l, const int64_t *rows, int64_t n, ps_error *err);
+
+/* The one batching loop of every instrument: the sequences of b in batches of at most `batch` (one
+ * activation set for the full batches, one made once for a last partial batch), each run forward with
+ * hooks and handed to fn with its view (b restricted to sequences [i0, i0 + n)). keep_all keeps every
+ * layer's activations (for a restart or a backward). Stops at the first failure. */
+typedef int (*ps_batch_fn)(const ps_batch *view, int64_t i0, ps_acts *a, void *user, ps_error *err);
+int ps_forward_batches(const ps_model *m, const ps_batch *b, int64_t batch, bool keep_all, const ps_hooks *hooks,
+                       ps_batch_fn fn, void *user, ps_error *err);
+
+/* Score the queries of view (the batch the acts were run on) from its logits: ps_score_queries, with the
+ * logits read on the host (see ps_acts_logits_host). */
+int ps_acts_score(ps_acts *a, const ps_batch *view, int *correct, double *logprob, ps_error *err);
 
 /* Time `stmt` into prof->seconds[dir][cat] when a profile is attached (`prof` in scope). */
 double ps_prof_now(void);

@@ -236,6 +236,16 @@ void ps_task_generate(const ps_task *t, uint64_t seed, ps_batch *b) {
     }
 }
 
+ps_batch ps_batch_view(const ps_batch *b, int64_t i0, int64_t n) {
+    ps_batch v = *b;
+    v.B = n;
+    v.tokens = b->tokens + i0 * b->T;
+    v.targets = b->targets ? b->targets + i0 * b->T : NULL;
+    v.n_q = b->n_q + i0;
+    v.queries = b->queries + i0 * b->max_q;
+    return v;
+}
+
 void ps_score_queries(const ps_batch *b, const float *logits, int64_t V, int *correct, double *logprob) {
     for (int64_t s = 0; s < b->B; s++)
         for (int64_t qi = 0; qi < b->n_q[s]; qi++) {

@@ -64,6 +64,8 @@ int ps_task_validate(const ps_task *t, int64_t vocab_size, int64_t max_seq_len, 
 json_t *ps_task_to_json(const ps_task *t);
 
 int ps_batch_alloc(ps_batch *b, int64_t B, int64_t T, int64_t max_q, ps_error *err);
+/* b restricted to sequences [i0, i0 + n) (pointers into b: nothing is copied). */
+ps_batch ps_batch_view(const ps_batch *b, int64_t i0, int64_t n);
 void ps_batch_free(ps_batch *b);
 
 /* Fill b (allocated for B sequences of t->seq_len tokens) deterministically from seed. */

@@ -226,34 +226,20 @@ double ps_residue_accuracy(const ps_residue_stats *r, int64_t rho) {
     return r->n[rho] ? (double)r->k[rho] / (double)r->n[rho] : 0.0;
 }
 
+typedef struct {
+    int *correct;
+    double *logprob;
+} eval_out;
+
+static int score_batch(const ps_batch *view, int64_t i0, ps_acts *a, void *user, ps_error *err) {
+    eval_out *o = user;
+    return ps_acts_score(a, view, o->correct + i0 * view->max_q, o->logprob + i0 * view->max_q, err);
+}
+
 int ps_eval_shifted(const ps_model *m, const ps_shifted *s, int64_t batch, const ps_hooks *hooks, int *correct,
                     double *logprob, ps_error *err) {
-    int64_t N = s->b.B, T = s->b.T;
-    ps_acts a;
-    if (ps_acts_create(&a, m->ctx, &m->cfg, batch < N ? batch : N, T, false, err)) return -1;
-    int rc = 0;
-    for (int64_t i0 = 0; i0 < N && !rc; i0 += batch) {
-        int64_t n = N - i0 < batch ? N - i0 : batch;
-        ps_acts part, *use = &a;
-        if (n != a.B) {
-            if (ps_acts_create(&part, m->ctx, &m->cfg, n, T, false, err)) {
-                rc = -1;
-                break;
-            }
-            use = &part;
-        }
-        ps_batch view = s->b;
-        view.B = n;
-        view.tokens = s->b.tokens + i0 * T;
-        view.targets = s->b.targets + i0 * T;
-        view.n_q = s->b.n_q + i0;
-        view.queries = s->b.queries + i0 * s->b.max_q;
-        rc = ps_forward(m, use, view.tokens, hooks, err);
-        if (!rc) ps_score_queries(&view, use->p.logits, m->cfg.vocab_size, correct + i0 * s->b.max_q, logprob + i0 * s->b.max_q);
-        if (use != &a) ps_acts_free(&part);
-    }
-    ps_acts_free(&a);
-    return rc;
+    eval_out o = {correct, logprob};
+    return ps_forward_batches(m, &s->b, batch, false, hooks, score_batch, &o, err);
 }
 
 int ps_sweep_run(const ps_model *m, const ps_batch *base, const ps_task *task, const ps_filler_family *fam,

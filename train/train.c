@@ -183,7 +183,7 @@ typedef struct {
     const char *dir;
     ps_model m;
     float *grads, *m1, *m2;
-    ps_acts acts, gacts, eval_acts;
+    ps_acts acts, gacts;
     ps_batch batch, eval_batch;
     FILE *log;
     int has_gates;
@@ -260,59 +260,41 @@ static void log_json(run_state *s, json_t *o) {
 }
 
 /* Held-out accuracy and mean loss over the eval set; gate statistics pooled over it when asked. */
+typedef struct {
+    int *ok;
+    double *lp;
+    int64_t correct, nq, nt;
+    double lsum;
+} eval_acc;
+
+static int eval_batch(const ps_batch *view, int64_t i0, ps_acts *a, void *user, ps_error *err) {
+    (void)i0;
+    eval_acc *e = user;
+    if (ps_acts_score(a, view, e->ok, e->lp, err)) return -1;
+    for (int64_t r = 0; r < view->B; r++)
+        for (int64_t q = 0; q < view->n_q[r]; q++) {
+            e->correct += e->ok[r * view->max_q + q];
+            e->lsum -= e->lp[r * view->max_q + q];
+            e->nt += view->queries[r * view->max_q + q].answer_len;
+            e->nq++;
+        }
+    return 0;
+}
+
 static int evaluate(run_state *s, int with_gates, double *acc, double *loss, ps_error *err) {
     const ps_batch *eb = &s->eval_batch;
-    int64_t B = s->c->batch_size, T = eb->T, V = s->m.cfg.vocab_size, done = 0, correct = 0, nq = 0, nt = 0;
-    double lsum = 0;
-    ps_batch view = *eb;
-    int *ok = malloc((size_t)(B * eb->max_q) * sizeof(int));
-    double *lp = malloc((size_t)(B * eb->max_q) * sizeof(double));
-    if (!ok || !lp) {
-        free(ok);
-        free(lp);
-        return ps_fail(err, "%s: out of memory for the evaluation of %lld queries", s->dir, (long long)(B * eb->max_q));
-    }
+    int64_t B = s->c->batch_size;
+    eval_acc e = {.ok = malloc((size_t)(B * eb->max_q) * sizeof(int)), .lp = malloc((size_t)(B * eb->max_q) * sizeof(double))};
+    int rc = e.ok && e.lp ? 0
+                          : ps_fail(err, "%s: out of memory for the evaluation of %lld queries", s->dir,
+                                    (long long)(B * eb->max_q));
     if (with_gates) ps_gate_acc_reset(&s->gacc);
-    while (done < eb->B) {
-        int64_t n = eb->B - done < B ? eb->B - done : B;
-        view.B = n;
-        view.tokens = eb->tokens + done * T;
-        view.targets = eb->targets + done * T;
-        view.n_q = eb->n_q + done;
-        view.queries = eb->queries + done * eb->max_q;
-        ps_acts part, *a = &s->eval_acts;
-        if (n < B) { /* last partial chunk */
-            if (ps_acts_create(&part, s->m.ctx, &s->m.cfg, n, T, false, err)) {
-                free(ok);
-                free(lp);
-                return -1;
-            }
-            a = &part;
-        }
-        int bad = ps_forward(&s->m, a, view.tokens, with_gates ? &s->ghooks : NULL, err);
-        const float *logits = bad ? NULL : ps_acts_logits_host(a, err);
-        bad = bad || !logits;
-        if (!bad) ps_score_queries(&view, logits, V, ok, lp);
-        if (a == &part) ps_acts_free(&part);
-        if (bad) {
-            free(ok);
-            free(lp);
-            return -1;
-        }
-        for (int64_t r = 0; r < n; r++)
-            for (int64_t q = 0; q < view.n_q[r]; q++) {
-                correct += ok[r * eb->max_q + q];
-                lsum -= lp[r * eb->max_q + q];
-                nt += view.queries[r * eb->max_q + q].answer_len;
-                nq++;
-            }
-        done += n;
-    }
-    free(ok);
-    free(lp);
-    *acc = nq ? (double)correct / (double)nq : 0;
-    *loss = nt ? lsum / (double)nt : 0;
-    return 0;
+    if (!rc) rc = ps_forward_batches(&s->m, eb, B, false, with_gates ? &s->ghooks : NULL, eval_batch, &e, err);
+    free(e.ok);
+    free(e.lp);
+    *acc = e.nq ? (double)e.correct / (double)e.nq : 0;
+    *loss = e.nt ? e.lsum / (double)e.nt : 0;
+    return rc;
 }
 
 static int log_gates(run_state *s, int64_t step) {
@@ -428,7 +410,6 @@ int ps_train(const ps_train_cfg *c, const char *dir, int resume, int64_t stop_af
     s.grads = ps_buf_alloc(s.m.ctx, pbytes, "gradients", err);
     if (!s.grads || ps_acts_create(&s.acts, s.m.ctx, &c->model, B, T, true, err) ||
         ps_acts_create(&s.gacts, s.m.ctx, &c->model, B, T, false, err) ||
-        ps_acts_create(&s.eval_acts, s.m.ctx, &c->model, B, T, false, err) ||
         ps_batch_alloc(&s.batch, B, T, c->task.n_queries, err) ||
         ps_batch_alloc(&s.eval_batch, c->eval_size, T, c->task.n_queries, err))
         goto done;
@@ -527,7 +508,6 @@ done:
     ps_batch_free(&s.eval_batch);
     ps_acts_free(&s.acts);
     ps_acts_free(&s.gacts);
-    ps_acts_free(&s.eval_acts);
     if (s.m.ctx) {
         ps_buf_free(s.m.ctx, s.grads, s.m.n_params * (int64_t)sizeof(float));
         ps_buf_free(s.m.ctx, s.m1, s.m.n_params * (int64_t)sizeof(float));
