@@ -44,6 +44,7 @@ const ps_backend ps_backend_cpu = {
     .attn_forward = ps_cpu_attn_forward,
     .attn_probs = ps_cpu_attn_probs,
     .attn_out = ps_cpu_attn_out,
+    .attn_chunk = ps_cpu_attn_chunk,
     .attn_rows = ps_cpu_attn_rows,
     .pattern_expand = ps_cpu_pattern_expand,
     .pattern_compact = ps_cpu_pattern_compact,

@@ -69,6 +69,10 @@ int ps_cpu_sumsq(ps_ctx *ctx, double *out, const float *x, int64_t n);
 int ps_cpu_adamw(ps_ctx *ctx, float *w, float *m1, float *m2, const float *g, const ps_adamw_seg *segs, int n_segs,
     const ps_adamw_hyper *h);
 
+/* core/cpu/attn_chunk.c: one chunk of a long sequence against a key frame and the compressed cache */
+int ps_cpu_attn_chunk(ps_ctx *ctx, float *z, const float *q, const float *k, const float *v, const float *ck,
+    const float *cv, const ps_attn_frame *f);
+
 /* core/cpu/attention.c: attention in O(T) memory (flash style) */
 int ps_cpu_attn_forward(ps_ctx *ctx, float *z, float *lse, const float *q, const float *k, const float *v,
     const float *ck, const float *cv, const ps_attn_geom *g);
