@@ -76,4 +76,11 @@ void ps_task_generate(const ps_task *t, uint64_t seed, ps_batch *b);
  * [B, max_q]. */
 void ps_score_queries(const ps_batch *b, const float *logits, int64_t V, int *correct, double *logprob);
 
+/* The answer rows of sequence s (query by query, answer token by answer token): their positions into
+ * pos (may be NULL); returns their count. */
+int64_t ps_answer_rows(const ps_batch *b, int64_t s, int64_t *pos);
+/* The same scores as ps_score_queries for sequence s, from the logits of its answer rows only, in the
+ * order ps_answer_rows lists them: rows [n, V]; correct and logprob are that sequence's [max_q]. */
+void ps_score_query_rows(const ps_batch *b, int64_t s, const float *rows, int64_t V, int *correct, double *logprob);
+
 #endif

@@ -133,8 +133,46 @@ static void test_memory_model(void) {
           (fb - fa) / (1 << 16), per_pos);
 }
 
+/* Scoring from the answer rows alone (what long prompts use) equals scoring from the full logits. */
+static void test_answer_rows(void) {
+    ps_config c = tu_config(PS_ATTN_COMPRESSED);
+    c.n_layers = 2, c.window = 4, c.stride = 4, c.local_window = 4;
+    ps_model m;
+    tu_random_model(&m, &c, 5, 0.5f);
+    ps_task t = {.kind = PS_TASK_KV, .seq_len = 60, .n_keys = 8, .n_values = 8, .n_fillers = 5, .n_pairs = 3, .key_len = 1,
+                 .value_len = 2, .gap_min = 0, .gap_max = 3, .query_gap = 2, .n_queries = 3};
+    ps_batch b;
+    ps_error err;
+    CHECK_OK(ps_batch_alloc(&b, 4, t.seq_len, t.n_queries, &err), &err);
+    ps_task_generate(&t, 9, &b);
+    ps_acts a;
+    CHECK_OK(ps_acts_create(&a, m.ctx, &c, b.B, b.T, false, &err), &err);
+    CHECK_OK(ps_forward(&m, &a, b.tokens, NULL, &err), &err);
+    int ok[12], ok2[12];
+    double lp[12], lp2[12];
+    ps_score_queries(&b, a.p.logits, c.vocab_size, ok, lp);
+    ps_prefill p;
+    CHECK_OK(ps_prefill_create(&p, &m, b.T, 16, &err), &err);
+    int64_t pos[64];
+    float rows[64 * 23];
+    for (int64_t s = 0; s < b.B; s++) {
+        int64_t n = ps_answer_rows(&b, s, pos);
+        CHECK(n == 6, "sequence %lld has %lld answer rows, want 3 queries x 2", (long long)s, (long long)n);
+        CHECK_OK(ps_prefill_logits(&p, b.tokens + s * b.T, b.T, pos, n, rows, &err), &err);
+        ps_score_query_rows(&b, s, rows, c.vocab_size, ok2 + s * b.max_q, lp2 + s * b.max_q);
+    }
+    for (int i = 0; i < 12; i++)
+        CHECK(ok[i] == ok2[i] && fabs(lp[i] - lp2[i]) < 1e-4 * (1 + fabs(lp[i])), "query %d: %d %.6f vs %d %.6f", i, ok[i],
+              lp[i], ok2[i], lp2[i]);
+    ps_prefill_free(&p);
+    ps_acts_free(&a);
+    ps_batch_free(&b);
+    ps_model_free(&m);
+}
+
 int main(void) {
     test_equivalence();
+    test_answer_rows();
     test_bad_inputs();
     test_memory_model();
     CHECK_DONE();
