@@ -5,6 +5,7 @@
 
 #include "gatecycle.h"
 #include "instrument.h"
+#include "results_check.h"
 #include "stats.h"
 
 static int run(const ps_args *a, ps_error *err);
@@ -38,15 +39,6 @@ const ps_command ps_cmd_gatecycle = {
     .run = run,
 };
 
-static double mean_accuracy(const ps_residue_stats *r) {
-    int64_t n = 0, k = 0;
-    for (int64_t i = 0; i < r->P; i++) {
-        n += r->n[i];
-        k += r->k[i];
-    }
-    return n ? (double)k / (double)n : 0.0;
-}
-
 static void heads_text(char *buf, size_t n, int64_t head, int64_t nkv) {
     if (head >= 0) snprintf(buf, n, "KV head %lld", (long long)head);
     else if (nkv == 1) snprintf(buf, n, "KV head 0 (all)");
@@ -63,8 +55,9 @@ static int run(const ps_args *a, ps_error *err) {
     int64_t layer = 0, shift = 0, head = -1;
     static const char *const BRANCHES[] = {"key", "value", "both", NULL}, *const PARAMS[] = {"gate", "payload", "all", NULL};
     int bi = 2, pi = -1;
-    if (ps_args_int(a, "--layer", -1000000, 1000000, &layer, err) || ps_args_int(a, "--shift", -1000000, 1000000, &shift, err) ||
-        ps_args_int(a, "--head", 0, 1000000, &head, err) || ps_args_choice(a, "--branch", BRANCHES, &bi, err) ||
+    if (ps_args_int(a, "--layer", -PS_RESULT_MAX_SHIFT, PS_RESULT_MAX_SHIFT, &layer, err) ||
+        ps_args_int(a, "--shift", -PS_RESULT_MAX_SHIFT, PS_RESULT_MAX_SHIFT, &shift, err) ||
+        ps_args_int(a, "--head", 0, PS_RESULT_MAX_SHIFT, &head, err) || ps_args_choice(a, "--branch", BRANCHES, &bi, err) ||
         ps_args_choice(a, "--params", PARAMS, &pi, err))
         goto done;
     int branches = bi == 0 ? PS_CYCLE_KEY : bi == 1 ? PS_CYCLE_VALUE : PS_CYCLE_KEY | PS_CYCLE_VALUE;
@@ -142,6 +135,11 @@ static int run(const ps_args *a, ps_error *err) {
         aa[r] = ps_residue_accuracy(&after, r);
     }
     if (ps_cycle_analyse(ab, aa, in.P, ps_task_chance(&in.task), &an, err)) goto done;
+    json_t *jb = ps_residue_stats_json(&before, err), *ja = jb ? ps_residue_stats_json(&after, err) : NULL;
+    if (!ja) {
+        json_decref(jb);
+        goto done;
+    }
     const char *br = branches == 3 ? "both" : branches == 1 ? "key" : "value";
     const char *pa = params == 3 ? "all" : params == 1 ? "gate" : "payload";
     char hs[64];
@@ -151,7 +149,7 @@ static int run(const ps_args *a, ps_error *err) {
         snprintf(warning, sizeof warning,
                  "after cycling, accuracy is near chance (mean %.3f, chance %.3f): the cycled heads no longer work, "
                  "so the shift statistic means nothing%s",
-                 mean_accuracy(&after), an.chance,
+                 json_number_value(json_object_get(ja, "mean_accuracy")), an.chance, /* the curve's own mean */
                  params == PS_CYCLE_GATE && c->payload != PS_PAYLOAD_SHARED
                      ? " (the gates were rolled without their per-offset payloads; try --params all)"
                      : "");
@@ -167,11 +165,6 @@ static int run(const ps_args *a, ps_error *err) {
     json_object_set_new(cyc, "branch", json_string(br));
     json_object_set_new(cyc, "params", json_string(pa));
     json_object_set_new(res, "cycle", cyc);
-    json_t *jb = ps_residue_stats_json(&before, err), *ja = jb ? ps_residue_stats_json(&after, err) : NULL;
-    if (!ja) {
-        json_decref(jb);
-        goto done;
-    }
     json_object_set_new(res, "before", jb);
     json_object_set_new(res, "after", ja);
     json_object_set_new(res, "chance", json_real(an.chance));

@@ -22,7 +22,8 @@ int ps_instr_setup(ps_instr *in, const ps_args *a, int need_task, ps_error *err)
     const ps_config *c = &in->m.cfg;
     in->P = c->kind == PS_ATTN_COMPRESSED ? c->stride : 8;
     int64_t seed = 0;
-    if (ps_args_int(a, "--period", 1, 4096, &in->P, err) || ps_args_int(a, "--n", 1, 1 << 22, &in->n_prompts, err) ||
+    if (ps_args_int(a, "--period", 1, PS_RESULT_MAX_PERIOD, &in->P, err) ||
+        ps_args_int(a, "--n", 1, PS_RESULT_MAX_PROMPTS, &in->n_prompts, err) ||
         ps_args_int(a, "--seed", 0, INT64_MAX, &seed, err) || ps_args_int(a, "--batch", 1, 1 << 16, &in->batch, err))
         return -1;
     in->seed = (uint64_t)seed;
