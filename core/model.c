@@ -116,6 +116,18 @@ int ps_model_create(ps_model *m, const ps_config *cfg, ps_error *err) {
     return 0;
 }
 
+int ps_model_to_backend(ps_model *m, const char *backend, ps_error *err) {
+    if (!backend || !strcmp(backend, ps_ctx_backend_name(m->ctx))) return 0;
+    ps_ctx *ctx;
+    if (ps_ctx_create(&ctx, backend, err)) return -1;
+    if (ps_model_to(m, ctx, err)) {
+        ps_ctx_free(ctx);
+        return -1;
+    }
+    m->owns_ctx = 1;
+    return 0;
+}
+
 int ps_model_to(ps_model *m, ps_ctx *ctx, ps_error *err) {
     if (ctx == m->ctx) return 0;
     int64_t bytes = m->n_params * (int64_t)sizeof(float);

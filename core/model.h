@@ -66,6 +66,9 @@ int ps_model_create(ps_model *m, const ps_config *cfg, ps_error *err);
 /* Move the parameters to another context (the caller's; it must outlive the model). Loading,
  * initialisation and saving run on the host: move a model after loading it. */
 int ps_model_to(ps_model *m, ps_ctx *ctx, ps_error *err);
+/* The same onto a new context of the named backend, which the model then owns (no-op when the model is
+ * already on that backend). */
+int ps_model_to_backend(ps_model *m, const char *backend, ps_error *err);
 void ps_model_free(ps_model *m);
 
 /* Pointers into `base` (m->params or a buffer of the same layout). */

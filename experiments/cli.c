@@ -163,13 +163,13 @@ static int check_backend(const ps_args *a, ps_error *err) {
         if (!strcmp(spec(a->cmd, k)->name, "--backend")) v = a->value[k];
     if (!v) return 0;
     size_t n = strlen(v);
-    for (const char *p = PS_BACKENDS_TEXT; *p;) {
+    for (const char *p = ps_ctx_backends(); *p;) {
         size_t l = strcspn(p, ",");
         if (l == n && !strncmp(p, v, n)) return 0;
         p += l;
         while (*p == ',' || *p == ' ') p++;
     }
-    return ps_cli_usage(err, "--backend %s: this build has no such backend (it has: %s)", v, PS_BACKENDS_TEXT);
+    return ps_cli_usage(err, "--backend %s: this build has no such backend (it has: %s)", v, ps_ctx_backends());
 }
 
 /* A help text of several lines, each after the first indented by `indent` columns. */

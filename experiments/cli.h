@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "ctx.h"
 #include "error.h"
 
 /* ---- the command scaffold ----
@@ -33,7 +34,6 @@ typedef struct {
 /* The flag every command that runs a model takes: --backend NAME (default "cpu"). PS_BACKENDS_TEXT: the
  * backends this build has (comma-separated); --backend accepts these, anything else is a usage error. */
 #define PS_BACKEND_DEFAULT "cpu"
-#define PS_BACKENDS_TEXT "cpu"
 #define PS_BACKEND_FLAG \
     {"--backend", "NAME", "compute backend (default " PS_BACKEND_DEFAULT "; this build has: " PS_BACKENDS_TEXT ")", 0}
 

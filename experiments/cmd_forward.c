@@ -87,7 +87,9 @@ static int run(const ps_args *args, ps_error *out_err) {
     int rc = 1;
     char dir[4096];
     char *names = NULL;
-    if (ps_cli_model_dir(ps_args_get(args, "--model"), dir, sizeof dir, &err) || ps_model_load(&m, dir, &err)) goto done;
+    if (ps_cli_model_dir(ps_args_get(args, "--model"), dir, sizeof dir, &err) || ps_model_load(&m, dir, &err) ||
+        ps_model_to_backend(&m, ps_args_backend(args), &err))
+        goto done;
     if (ps_tokens_load(tokens, 0, 0, &toks, &err)) goto done;
     if (hooks_flag) {
         names = strdup(hooks_flag);

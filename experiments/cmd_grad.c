@@ -44,7 +44,7 @@ static int run(const ps_args *args, ps_error *out_err) {
     int rc = 1;
     char dir[4096];
     if (ps_cli_model_dir(ps_args_get(args, "--model"), dir, sizeof dir, &err) || ps_model_load(&m, dir, &err) ||
-        ps_tokens_load(tokens, 0, 0, &toks, &err) || ps_tokens_load(targets, 1, -1, &tgts, &err))
+        ps_model_to_backend(&m, ps_args_backend(args), &err) || ps_tokens_load(tokens, 0, 0, &toks, &err) || ps_tokens_load(targets, 1, -1, &tgts, &err))
         goto done;
     if (tgts.n != toks.n) {
         ps_fail(&err, "%s: %d sequences, but %s has %d", targets, tgts.n, tokens, toks.n);

@@ -17,7 +17,7 @@ int ps_instr_setup(ps_instr *in, const ps_args *a, int need_task, ps_error *err)
     in->batch = 32;
     in->seed = 0;
     if (ps_cli_model_dir(ps_args_get(a, "--model"), in->model_dir, sizeof in->model_dir, err) ||
-        ps_model_load(&in->m, in->model_dir, err))
+        ps_model_load(&in->m, in->model_dir, err) || ps_model_to_backend(&in->m, in->backend, err))
         return -1;
     const ps_config *c = &in->m.cfg;
     in->P = c->kind == PS_ATTN_COMPRESSED ? c->stride : 8;
