@@ -573,7 +573,55 @@ static void test_action_ops(void) {
     ps_ctx_free(ctx);
 }
 
+/* The restarts at a layer's attention fire that layer's kept-input hooks (here an action on v), and the
+ * answer-row restart refuses a hook on the last layer's later points. */
+static void test_restart_hooks(ps_attn_kind kind) {
+    ps_config c = tu_config(kind);
+    c.n_layers = 2;
+    ps_model m;
+    tu_random_model(&m, &c, 27, 0.4f);
+    int32_t tok[T];
+    tu_random_tokens(tok, T, V, 28);
+    ps_error err;
+    ps_hooks h;
+    ps_hooks_init(&h);
+    ps_hook_action zero = {.kind = PS_ACT_ZERO, .head = 1};
+    CHECK_OK(ps_hooks_add_action(&h, &c, "blocks.0.attn.hook_v", &zero, &err), &err);
+    float want[T * V], clean[T * V];
+    ps_acts a;
+    CHECK_OK(ps_acts_create(&a, m.ctx, &c, 1, T, true, &err), &err);
+    CHECK_OK(ps_forward(&m, &a, tok, NULL, &err), &err);
+    memcpy(clean, a.p.logits, sizeof clean);
+    CHECK_OK(ps_forward(&m, &a, tok, &h, &err), &err);
+    memcpy(want, a.p.logits, sizeof want);
+    CHECK(memcmp(want + 5 * V, clean + 5 * V, V * sizeof(float)) != 0 &&
+              memcmp(want + (T - 1) * V, clean + (T - 1) * V, V * sizeof(float)) != 0,
+          "zeroing a value head did not change the rows compared (vacuous)");
+    for (int rows_only = 0; rows_only < 2; rows_only++) {
+        CHECK_OK(ps_forward(&m, &a, tok, NULL, &err), &err); /* clean kept state */
+        int64_t rows[2] = {5, T - 1};
+        if (rows_only) CHECK_OK(ps_forward_from_attention_rows(&m, &a, 0, &h, rows, 2, &err), &err);
+        else CHECK_OK(ps_forward_from_attention(&m, &a, 0, &h, &err), &err);
+        double worst = 0;
+        for (int i = 0; i < 2; i++)
+            for (int e = 0; e < V; e++)
+                worst = fmax(worst, fabs(a.p.logits[rows[i] * V + e] - want[rows[i] * V + e]) / (1 + fabs(want[rows[i] * V + e])));
+        CHECK(worst < 1e-5, "%s restart at layer 0's attention did not apply the action on its kept v (%g)",
+              rows_only ? "answer-row" : "full", worst);
+    }
+    ps_hooks_free(&h);
+    ps_hooks_init(&h);
+    CHECK_OK(ps_hooks_add_action(&h, &c, "blocks.1.attn.hook_z", &zero, &err), &err);
+    int64_t row = T - 1;
+    CHECK_ERR(ps_forward_from_attention_rows(&m, &a, 0, &h, &row, 1, &err), &err, "blocks.1.attn.hook_z", "cannot fire");
+    ps_hooks_free(&h);
+    ps_acts_free(&a);
+    ps_model_free(&m);
+}
+
 int main(void) {
+    test_restart_hooks(PS_ATTN_FULL);
+    test_restart_hooks(PS_ATTN_COMPRESSED);
     test_action_ops();
     test_actions(PS_ATTN_FULL, 0);
     test_actions(PS_ATTN_COMPRESSED, 0);
