@@ -94,6 +94,10 @@ struct ps_backend {
                     int64_t hd, int64_t head, int64_t seq0, int64_t seq1);
     int (*add_vector)(ps_ctx *c, float *x, const float *vec, float scale, int64_t n_rows, int64_t width);
     int (*roll_blocks)(ps_ctx *c, float *x, int64_t W, int64_t stride, int64_t off, int64_t len, int64_t k);
+    int (*copy_blocks)(ps_ctx *c, float *dst, int64_t dst_s0, int64_t dst_s1, const float *src, int64_t src_s0,
+                       int64_t src_s1, int64_t n0, int64_t n1, int64_t width, int accumulate, float scale);
+    int (*accumulate_seqs)(ps_ctx *c, double *sum, const float *x, int64_t n_seq, int64_t n);
+    int (*sum_to_mean)(ps_ctx *c, float *mean, const double *sum, double count, int64_t n);
     /* backward */
     int (*matmul_backward)(ps_ctx *c, float *dinp, float *dw, const float *dout, const float *inp, const float *w,
                            int64_t M, int64_t K, int64_t N);

@@ -352,11 +352,32 @@ static int same_ctx(const ps_model *m, const ps_acts *a, ps_error *err) {
     return 0;
 }
 
+/* The hooks on layer l's kept attention inputs (q, k, v and, compressed, ck, cv), in forward order: what a
+ * restart at layer l's attention fires before it (the gates and resid_pre are not recomputed). */
+static int fire_attention_inputs(const ps_model *m, ps_acts *a, int l, const ps_hooks *hooks, ps_error *err) {
+    const ps_config *c = &m->cfg;
+    ps_ctx *ctx = a->ctx;
+    ps_act_ptrs p = ps_acts_layer(a, l);
+    int64_t B = a->B, T = a->T, nW = a->nW, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads;
+    if (hooks && hooks->mask && hooks->n_layers != c->n_layers)
+        return ps_fail(err, "hooks were registered for a model with %lld layers, this one has %lld",
+                       (long long)hooks->n_layers, (long long)c->n_layers);
+    FIRE(PS_HOOK_Q, p.q, 4, B, T, nh, hd);
+    FIRE(PS_HOOK_K, p.k, 4, B, T, nkv, hd);
+    FIRE(PS_HOOK_V, p.v, 4, B, T, nkv, hd);
+    if (c->kind == PS_ATTN_COMPRESSED) {
+        FIRE(PS_HOOK_CK, p.ck, 4, B, nW, nkv, hd);
+        FIRE(PS_HOOK_CV, p.cv, 4, B, nW, nkv, hd);
+    }
+    return 0;
+}
+
 int ps_forward_from_attention(const ps_model *m, ps_acts *a, int l, const ps_hooks *hooks, ps_error *err) {
     if (same_ctx(m, a, err)) return -1;
     if (!a->keep_all) return ps_fail(err, "forward from the attention of layer %d needs the activations of every layer", l);
     if (l < 0 || l >= m->cfg.n_layers)
         return ps_fail(err, "forward from layer %d: the model has %lld layers", l, (long long)m->cfg.n_layers);
+    if (fire_attention_inputs(m, a, l, hooks, err)) return -1;
     if (layer_forward_post(m, a, l, hooks, err)) return -1;
     return forward_rest(m, a, l + 1, hooks, err);
 }
@@ -388,7 +409,8 @@ static int last_layer_rows(const ps_model *m, ps_acts *a, const int64_t *rows, i
     return 0;
 }
 
-int ps_forward_from_attention_rows(const ps_model *m, ps_acts *a, int l, const int64_t *rows, int64_t n, ps_error *err) {
+int ps_forward_from_attention_rows(const ps_model *m, ps_acts *a, int l, const ps_hooks *hooks, const int64_t *rows,
+                                   int64_t n, ps_error *err) {
     const ps_config *c = &m->cfg;
     int last = (int)c->n_layers - 1;
     if (same_ctx(m, a, err)) return -1;
@@ -397,11 +419,18 @@ int ps_forward_from_attention_rows(const ps_model *m, ps_acts *a, int l, const i
     for (int64_t i = 0; i < n; i++)
         if (rows[i] < 0 || rows[i] >= a->B * a->T)
             return ps_fail(err, "answer row %lld is outside the batch's %lld rows", (long long)rows[i], (long long)(a->B * a->T));
+    for (int pt = PS_HOOK_PATTERN; pt < PS_HOOK_NPOINTS; pt++)
+        if (ps_hooks_on(hooks, last, (ps_hook_point)pt)) {
+            char name[96];
+            ps_hook_name(name, sizeof name, last, (ps_hook_point)pt);
+            return ps_fail(err, "hook \"%s\": the answer-row restart computes the last layer's attention and MLP for chosen rows only; a hook there cannot fire (use ps_forward_from_attention)", name);
+        }
+    if (fire_attention_inputs(m, a, l, hooks, err)) return -1;
     if (l < last) {
-        if (layer_forward_post(m, a, l, NULL, err)) return -1;
+        if (layer_forward_post(m, a, l, hooks, err)) return -1;
         for (int k = l + 1; k < last; k++)
-            if (layer_forward(m, a, k, NULL, err)) return -1;
-        if (layer_forward_pre(m, a, last, NULL, err)) return -1;
+            if (layer_forward(m, a, k, hooks, err)) return -1;
+        if (layer_forward_pre(m, a, last, hooks, err)) return -1;
     }
     return last_layer_rows(m, a, rows, n, err);
 }

@@ -112,13 +112,18 @@ int ps_forward(const ps_model *m, ps_acts *a, const int32_t *tokens, const ps_ho
 int ps_forward_from(const ps_model *m, ps_acts *a, int from, const ps_hooks *hooks, ps_error *err);
 
 /* Forward from the attention scores of layer l on, reusing layer l's kept q, k, v, ck, cv (which the
- * caller may have changed, e.g. a knockout) — needs keep_all activations of an earlier pass. */
+ * caller may have changed, e.g. copied from another run) — needs keep_all activations of an earlier
+ * pass. The hooks on layer l's q, k, v, ck, cv fire first, on the kept arrays (in forward order: a
+ * knockout registers its actions there, as on a full forward), then those of layer l's attention on and
+ * of the later layers; resid_pre and the gates of layer l are not recomputed and do not fire. */
 int ps_forward_from_attention(const ps_model *m, ps_acts *a, int l, const ps_hooks *hooks, ps_error *err);
 
 /* The same, but only the logits of the given rows (row = b·T + t) are computed: the last layer's
  * attention output, MLP and the logits run for those rows alone (scoring answers needs nothing else).
- * Other rows of the logits are left stale. */
-int ps_forward_from_attention_rows(const ps_model *m, ps_acts *a, int l, const int64_t *rows, int64_t n, ps_error *err);
+ * Other rows of the logits are left stale. hooks (may be NULL) fire as above up to the last layer's
+ * compressed keys and values; a hook on the last layer's pattern or later points is an error. */
+int ps_forward_from_attention_rows(const ps_model *m, ps_acts *a, int l, const ps_hooks *hooks, const int64_t *rows,
+                                   int64_t n, ps_error *err);
 
 /* The one batching loop of every instrument: the sequences of b in batches of at most `batch` (one
  * activation set for the full batches, one made once for a last partial batch), each run forward with

@@ -213,6 +213,29 @@ static inline int ps_add_vector(ps_ctx *c, float *x, const float *vec, float sca
     return PS_OP_CALL(c, add_vector, x, vec, scale, n_rows, width);
 }
 
+/* Strided blocks: for i < n0 and j < n1, the `width` floats at y = dst + i·dst_s0 + j·dst_s1 become
+ * those at s = src + i·src_s0 + j·src_s1 (accumulate 0; src NULL: zeros), or get scale · s added
+ * (accumulate 1). A stride of 0 reuses one source block (a vector broadcast over sequences or
+ * positions). Patching one head, or a range of positions, from another run's activation is this op
+ * (dst_s0 / src_s0: a sequence, dst_s1 / src_s1: a position); so is steering one head. The blocks of
+ * dst do not overlap each other or src. */
+static inline int ps_copy_blocks(ps_ctx *c, float *dst, int64_t dst_s0, int64_t dst_s1, const float *src, int64_t src_s0,
+                                 int64_t src_s1, int64_t n0, int64_t n1, int64_t width, int accumulate, float scale) {
+    return PS_OP_CALL(c, copy_blocks, dst, dst_s0, dst_s1, src, src_s0, src_s1, n0, n1, width, accumulate, scale);
+}
+
+/* sum[i] += Σ_b x[b·n + i] over sequences b = 0 … n_seq − 1, in double, added in sequence order (the
+ * same value for any thread count; a mean over prompts is this, then ps_sum_to_mean). sum: [n]
+ * doubles, x: [n_seq, n]. */
+static inline int ps_accumulate_seqs(ps_ctx *c, double *sum, const float *x, int64_t n_seq, int64_t n) {
+    return PS_OP_CALL(c, accumulate_seqs, sum, x, n_seq, n);
+}
+
+/* mean[i] = (float)(sum[i] / count), all [n]. */
+static inline int ps_sum_to_mean(ps_ctx *c, float *mean, const double *sum, double count, int64_t n) {
+    return PS_OP_CALL(c, sum_to_mean, mean, sum, count, n);
+}
+
 /* Roll blocks: x holds W blocks of `stride` floats; in every block i the `len` floats at `off` move to
  * block (i + k) mod W (gate offset cycling: u'_i = u_{(i-k) mod W}). */
 static inline int ps_roll_blocks(ps_ctx *c, float *x, int64_t W, int64_t stride, int64_t off, int64_t len, int64_t k) {
