@@ -29,10 +29,11 @@ typedef enum {
 typedef struct {
     const char *name; /* e.g. "blocks.1.attn.hook_q" */
     int layer;
-    ps_hook_point point;
+    ps_hook_point point; /* the controlled model's point (PS_HOOK_NPOINTS for another family's hook) */
     float *data;      /* the activation; a hook may overwrite it in place (same shape) */
     int ndim;
     int64_t shape[4];
+    int point_id;     /* the point's number in its family's table (= point for the controlled model) */
 } ps_hook_event;
 
 /* Return 0 to continue, -1 (with err filled) to abort the forward pass. */
@@ -40,16 +41,25 @@ typedef int (*ps_hook_fn)(const ps_hook_event *ev, void *user, ps_error *err);
 
 typedef struct {
     int layer;
-    ps_hook_point point;
+    int point;        /* ps_hook_point, or the point of the hook set's family */
     ps_hook_fn fn;
     void *user;
 } ps_hook_entry;
 
+/* A family of hook points other than the controlled model's (DeepSeek-V4: core/v4/v4_hooks.h): its
+ * names and the number of layer slots its points use (global points may take a slot of their own). At
+ * most 64 points per slot. */
+typedef struct {
+    const char *name;                                       /* "deepseek_v4" */
+    void (*point_name)(char *buf, size_t n, int layer, int point);
+} ps_hook_family;
+
 typedef struct {
     int n, cap;
     ps_hook_entry *e;
-    int64_t n_layers;
-    uint32_t *mask; /* per layer: bit p set when some hook is on point p */
+    int64_t n_layers;   /* layer slots */
+    uint64_t *mask;     /* per slot: bit p set when some hook is on point p */
+    const ps_hook_family *family; /* NULL: the controlled model's points (SPEC §4) */
 } ps_hooks;
 
 void ps_hooks_init(ps_hooks *h);
@@ -64,12 +74,24 @@ void ps_hook_name(char *buf, size_t n, int layer, ps_hook_point pt);
 const char *ps_hook_suffix(ps_hook_point pt); /* "attn.hook_q", "hook_resid_pre", ... */
 
 static inline bool ps_hooks_on(const ps_hooks *h, int layer, ps_hook_point pt) {
-    return h && h->mask && layer < h->n_layers && (h->mask[layer] >> pt) & 1u;
+    return h && h->mask && !h->family && layer < h->n_layers && (h->mask[layer] >> pt) & 1u;
+}
+
+/* Any family (the controlled model's when family is NULL): is a hook on (slot, point)? */
+static inline bool ps_hooks_on_point(const ps_hooks *h, const ps_hook_family *family, int slot, int point) {
+    return h && h->mask && h->family == family && slot >= 0 && slot < h->n_layers && (h->mask[slot] >> point) & 1u;
 }
 
 /* Fire every hook on (layer, pt); data is a buffer of ctx (a callback gets a host copy on a device). */
 int ps_hooks_fire(ps_ctx *ctx, const ps_hooks *h, int layer, ps_hook_point pt, float *data, int ndim,
                   const int64_t *shape, ps_error *err);
+
+/* The same registration and firing for another family's points (already parsed by the family: slot
+ * < n_slots, point < 64). A hook set holds the points of one family; `name` is for error messages. */
+int ps_hooks_add_point(ps_hooks *h, const ps_hook_family *family, int64_t n_slots, int slot, int point, const char *name,
+                       ps_hook_fn fn, void *user, ps_error *err);
+int ps_hooks_fire_point(ps_ctx *ctx, const ps_hooks *h, int slot, int point, float *data, int ndim, const int64_t *shape,
+                        ps_error *err);
 
 /* ---- cache helper: keeps a copy of each named activation ---- */
 typedef struct {
@@ -88,6 +110,9 @@ void ps_cache_init(ps_cache *c);
 void ps_cache_free(ps_cache *c);
 /* Register a caching hook for name (repeated runs overwrite the earlier copy). */
 int ps_cache_watch(ps_cache *c, ps_hooks *h, const ps_config *cfg, const char *name, ps_error *err);
+/* The same for another family's point (parsed by the family; see ps_hooks_add_point). */
+int ps_cache_watch_point(ps_cache *c, ps_hooks *h, const ps_hook_family *family, int64_t n_slots, int slot, int point,
+                         ps_error *err);
 /* The item for name, or NULL. The item pointer stays valid until ps_cache_free (watching more names
  * does not move it); item->data until the next run in which that activation's shape changes. */
 const ps_cache_item *ps_cache_get(const ps_cache *c, const char *name);
