@@ -61,19 +61,15 @@ void ps_hooks_free(ps_hooks *h) {
     memset(h, 0, sizeof *h);
 }
 
-/* Register (slot, point) of a family (NULL: the controlled model's) in a hook set of that family. */
-static int add_entry(ps_hooks *h, const ps_hook_family *family, int64_t n_slots, int slot, int point, const char *name,
-                     ps_hook_fn fn, void *user, ps_error *err) {
-    if (slot < 0 || slot >= n_slots || point < 0 || point >= 64)
-        return ps_fail(err, "hook \"%s\": point out of range", name);
+int ps_hooks_add(ps_hooks *h, const ps_config *cfg, const char *name, ps_hook_fn fn, void *user, ps_error *err) {
+    int layer;
+    ps_hook_point pt;
+    if (ps_hook_parse(cfg, name, &layer, &pt, err)) return -1;
     if (!h->mask) {
-        h->mask = calloc((size_t)n_slots, sizeof *h->mask);
+        h->mask = calloc((size_t)cfg->n_layers, sizeof *h->mask);
         if (!h->mask) return ps_fail(err, "out of memory");
-        h->n_layers = n_slots;
-        h->family = family;
-    } else if (h->family != family)
-        return ps_fail(err, "hook \"%s\": this hook set holds %s hooks", name, h->family ? h->family->name : "the controlled model's");
-    else if (h->n_layers != n_slots)
+        h->n_layers = cfg->n_layers;
+    } else if (h->n_layers != cfg->n_layers)
         return ps_fail(err, "hook \"%s\": hook set was built for a model with %lld layers", name, (long long)h->n_layers);
     if (h->n == h->cap) {
         int cap = h->cap ? 2 * h->cap : 8;
@@ -82,35 +78,16 @@ static int add_entry(ps_hooks *h, const ps_hook_family *family, int64_t n_slots,
         h->e = e;
         h->cap = cap;
     }
-    h->e[h->n++] = (ps_hook_entry){slot, point, fn, user};
-    h->mask[slot] |= (uint64_t)1 << point;
+    h->e[h->n++] = (ps_hook_entry){layer, pt, fn, user};
+    h->mask[layer] |= (uint64_t)1 << pt;
     return 0;
-}
-
-int ps_hooks_add(ps_hooks *h, const ps_config *cfg, const char *name, ps_hook_fn fn, void *user, ps_error *err) {
-    int layer;
-    ps_hook_point pt;
-    if (ps_hook_parse(cfg, name, &layer, &pt, err)) return -1;
-    return add_entry(h, NULL, cfg->n_layers, layer, (int)pt, name, fn, user, err);
-}
-
-int ps_hooks_add_point(ps_hooks *h, const ps_hook_family *family, int64_t n_slots, int slot, int point, const char *name,
-                       ps_hook_fn fn, void *user, ps_error *err) {
-    return add_entry(h, family, n_slots, slot, point, name, fn, user, err);
 }
 
 int ps_hooks_fire(ps_ctx *ctx, const ps_hooks *h, int layer, ps_hook_point pt, float *data, int ndim,
                   const int64_t *shape, ps_error *err) {
-    return ps_hooks_fire_point(ctx, h, layer, (int)pt, data, ndim, shape, err);
-}
-
-int ps_hooks_fire_point(ps_ctx *ctx, const ps_hooks *h, int layer, int pt, float *data, int ndim, const int64_t *shape,
-                        ps_error *err) {
     char name[96];
-    if (h->family) h->family->point_name(name, sizeof name, layer, pt);
-    else ps_hook_name(name, sizeof name, layer, (ps_hook_point)pt);
-    ps_hook_event ev = {.name = name, .layer = layer, .point = h->family ? PS_HOOK_NPOINTS : (ps_hook_point)pt,
-                        .data = data, .ndim = ndim, .point_id = pt};
+    ps_hook_name(name, sizeof name, layer, pt);
+    ps_hook_event ev = {.name = name, .layer = layer, .point = pt, .data = data, .ndim = ndim};
     int64_t n = 1;
     for (int i = 0; i < ndim; i++) n *= (ev.shape[i] = shape[i]);
     /* A host callback on a device backend gets a host copy of the hooked tensor (made only here, only
@@ -171,9 +148,10 @@ static int cache_hook(const ps_hook_event *ev, void *user, ps_error *err) {
     return 0;
 }
 
-/* Watch (slot, point), whose canonical name is `name`. */
-static int watch(ps_cache *c, ps_hooks *h, const ps_hook_family *family, int64_t n_slots, int slot, int point,
-                 const char *name, ps_error *err) {
+int ps_cache_watch(ps_cache *c, ps_hooks *h, const ps_config *cfg, const char *name, ps_error *err) {
+    int layer;
+    ps_hook_point pt;
+    if (ps_hook_parse(cfg, name, &layer, &pt, err)) return -1;
     if (ps_cache_get(c, name)) return 0;
     if (c->n == c->cap) {
         int cap = c->cap ? 2 * c->cap : 8;
@@ -186,22 +164,80 @@ static int watch(ps_cache *c, ps_hooks *h, const ps_hook_family *family, int64_t
     ps_cache_item *it = calloc(1, sizeof *it);
     if (!it) return ps_fail(err, "hook \"%s\": out of memory", name);
     c->items[c->n++] = it;
-    snprintf(it->name, sizeof it->name, "%s", name);
-    return add_entry(h, family, n_slots, slot, point, name, cache_hook, c, err);
+    ps_hook_name(it->name, sizeof it->name, layer, pt);
+    return ps_hooks_add(h, cfg, name, cache_hook, c, err);
 }
 
-int ps_cache_watch(ps_cache *c, ps_hooks *h, const ps_config *cfg, const char *name, ps_error *err) {
-    int layer;
-    ps_hook_point pt;
-    if (ps_hook_parse(cfg, name, &layer, &pt, err)) return -1;
-    char canon[96];
-    ps_hook_name(canon, sizeof canon, layer, pt);
-    return watch(c, h, NULL, cfg->n_layers, layer, (int)pt, canon, err);
+/* ---------------- hook sets of other families (DeepSeek-V4: core/v4/v4_hooks.c) ---------------- */
+
+int ps_hooks_add_point(ps_hooks *h, const ps_hook_family *family, int64_t n_slots, int slot, int point, const char *name,
+                       ps_hook_fn fn, void *user, ps_error *err) {
+    if (!family || slot < 0 || slot >= n_slots || point < 0 || point >= 64)
+        return ps_fail(err, "hook \"%s\": point out of range", name);
+    if (!h->mask) {
+        h->mask = calloc((size_t)n_slots, sizeof *h->mask);
+        if (!h->mask) return ps_fail(err, "out of memory");
+        h->n_layers = n_slots;
+        h->family = family;
+    } else if (h->family != family)
+        return ps_fail(err, "hook \"%s\": this hook set holds %s hooks", name, h->family ? h->family->name : "the controlled model's");
+    else if (h->n_layers != n_slots)
+        return ps_fail(err, "hook \"%s\": hook set was built for a model with %lld layers", name, (long long)h->n_layers - 1);
+    if (h->n == h->cap) {
+        int cap = h->cap ? 2 * h->cap : 8;
+        ps_hook_entry *e = realloc(h->e, (size_t)cap * sizeof *e);
+        if (!e) return ps_fail(err, "out of memory");
+        h->e = e;
+        h->cap = cap;
+    }
+    h->e[h->n++] = (ps_hook_entry){.layer = slot, .point = (ps_hook_point)point, .fn = fn, .user = user};
+    h->mask[slot] |= (uint64_t)1 << point;
+    return 0;
+}
+
+int ps_hooks_fire_point(ps_ctx *ctx, const ps_hooks *h, int slot, int point, float *data, int ndim, const int64_t *shape,
+                        ps_error *err) {
+    char name[96];
+    h->family->point_name(name, sizeof name, slot, point);
+    ps_hook_event ev = {.name = name, .layer = slot, .point = PS_HOOK_NPOINTS, .data = data, .ndim = ndim, .point_id = point};
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++) n *= (ev.shape[i] = shape[i]);
+    /* as ps_hooks_fire: a host callback on a device backend gets a host copy, written back after */
+    float *host = NULL;
+    int rc = 0;
+    for (int i = 0; i < h->n && !rc; i++) {
+        if (h->e[i].layer != slot || (int)h->e[i].point != point) continue;
+        if (!ps_ctx_host_visible(ctx) && !host) {
+            host = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+            if (!host) return ps_fail(err, "hook \"%s\": out of memory for a host copy of %lld floats", name, (long long)n);
+            rc = ps_buf_to_host(ctx, host, data, n * (int64_t)sizeof(float), err);
+            ev.data = host;
+        }
+        if (!rc) rc = h->e[i].fn(&ev, h->e[i].user, err);
+    }
+    if (host) {
+        if (!rc) rc = ps_buf_from_host(ctx, data, host, n * (int64_t)sizeof(float), err);
+        free(host);
+    }
+    return rc;
 }
 
 int ps_cache_watch_point(ps_cache *c, ps_hooks *h, const ps_hook_family *family, int64_t n_slots, int slot, int point,
                          ps_error *err) {
     char canon[96];
     family->point_name(canon, sizeof canon, slot, point);
-    return watch(c, h, family, n_slots, slot, point, canon, err);
+    if (ps_cache_get(c, canon)) return 0;
+    if (c->n == c->cap) {
+        int cap = c->cap ? 2 * c->cap : 8;
+        ps_cache_item **items = realloc(c->items, (size_t)cap * sizeof *items);
+        if (!items) return ps_fail(err, "hook \"%s\": out of memory growing the cache", canon);
+        c->items = items;
+        c->cap = cap;
+    }
+    ps_cache_item *it = calloc(1, sizeof *it);
+    if (!it) return ps_fail(err, "hook \"%s\": out of memory", canon);
+    c->items[c->n++] = it;
+    snprintf(it->name, sizeof it->name, "%s", canon);
+    return ps_hooks_add_point(h, family, n_slots, slot, point, canon, cache_hook, c, err);
 }
+/* ---------------- end other families ---------------- */

@@ -29,11 +29,11 @@ typedef enum {
 typedef struct {
     const char *name; /* e.g. "blocks.1.attn.hook_q" */
     int layer;
-    ps_hook_point point; /* the controlled model's point (PS_HOOK_NPOINTS for another family's hook) */
+    ps_hook_point point;
     float *data;      /* the activation; a hook may overwrite it in place (same shape) */
     int ndim;
     int64_t shape[4];
-    int point_id;     /* the point's number in its family's table (= point for the controlled model) */
+    int point_id;     /* another family's hooks (ps_hooks_fire_point): the point in that family's table */
 } ps_hook_event;
 
 /* Return 0 to continue, -1 (with err filled) to abort the forward pass. */
@@ -41,25 +41,17 @@ typedef int (*ps_hook_fn)(const ps_hook_event *ev, void *user, ps_error *err);
 
 typedef struct {
     int layer;
-    int point;        /* ps_hook_point, or the point of the hook set's family */
+    ps_hook_point point;
     ps_hook_fn fn;
     void *user;
 } ps_hook_entry;
 
-/* A family of hook points other than the controlled model's (DeepSeek-V4: core/v4/v4_hooks.h): its
- * names and the number of layer slots its points use (global points may take a slot of their own). At
- * most 64 points per slot. */
-typedef struct {
-    const char *name;                                       /* "deepseek_v4" */
-    void (*point_name)(char *buf, size_t n, int layer, int point);
-} ps_hook_family;
-
 typedef struct {
     int n, cap;
     ps_hook_entry *e;
-    int64_t n_layers;   /* layer slots */
-    uint64_t *mask;     /* per slot: bit p set when some hook is on point p */
-    const ps_hook_family *family; /* NULL: the controlled model's points (SPEC §4) */
+    int64_t n_layers;
+    uint64_t *mask; /* per layer: bit p set when some hook is on point p */
+    const struct ps_hook_family *family; /* NULL: the controlled model's points; else another family's (below) */
 } ps_hooks;
 
 void ps_hooks_init(ps_hooks *h);
@@ -77,21 +69,9 @@ static inline bool ps_hooks_on(const ps_hooks *h, int layer, ps_hook_point pt) {
     return h && h->mask && !h->family && layer < h->n_layers && (h->mask[layer] >> pt) & 1u;
 }
 
-/* Any family (the controlled model's when family is NULL): is a hook on (slot, point)? */
-static inline bool ps_hooks_on_point(const ps_hooks *h, const ps_hook_family *family, int slot, int point) {
-    return h && h->mask && h->family == family && slot >= 0 && slot < h->n_layers && (h->mask[slot] >> point) & 1u;
-}
-
 /* Fire every hook on (layer, pt); data is a buffer of ctx (a callback gets a host copy on a device). */
 int ps_hooks_fire(ps_ctx *ctx, const ps_hooks *h, int layer, ps_hook_point pt, float *data, int ndim,
                   const int64_t *shape, ps_error *err);
-
-/* The same registration and firing for another family's points (already parsed by the family: slot
- * < n_slots, point < 64). A hook set holds the points of one family; `name` is for error messages. */
-int ps_hooks_add_point(ps_hooks *h, const ps_hook_family *family, int64_t n_slots, int slot, int point, const char *name,
-                       ps_hook_fn fn, void *user, ps_error *err);
-int ps_hooks_fire_point(ps_ctx *ctx, const ps_hooks *h, int slot, int point, float *data, int ndim, const int64_t *shape,
-                        ps_error *err);
 
 /* ---- cache helper: keeps a copy of each named activation ---- */
 typedef struct {
@@ -110,11 +90,29 @@ void ps_cache_init(ps_cache *c);
 void ps_cache_free(ps_cache *c);
 /* Register a caching hook for name (repeated runs overwrite the earlier copy). */
 int ps_cache_watch(ps_cache *c, ps_hooks *h, const ps_config *cfg, const char *name, ps_error *err);
-/* The same for another family's point (parsed by the family; see ps_hooks_add_point). */
-int ps_cache_watch_point(ps_cache *c, ps_hooks *h, const ps_hook_family *family, int64_t n_slots, int slot, int point,
-                         ps_error *err);
 /* The item for name, or NULL. The item pointer stays valid until ps_cache_free (watching more names
  * does not move it); item->data until the next run in which that activation's shape changes. */
 const ps_cache_item *ps_cache_get(const ps_cache *c, const char *name);
+
+/* ---------------- hook sets of other families (DeepSeek-V4: core/v4/v4_hooks.h) ----------------
+ * Another model family names its points with its own table (at most 64 per layer slot; global points
+ * may take a slot of their own). A hook set holds the points of one family only; registration, firing
+ * (host callbacks, with a host copy on a device backend) and the cache work as above, on points the
+ * family has already parsed (slot < n_slots, point < 64). */
+typedef struct ps_hook_family {
+    const char *name;                                              /* "deepseek_v4" */
+    void (*point_name)(char *buf, size_t n, int slot, int point);  /* the canonical hook name */
+} ps_hook_family;
+
+int ps_hooks_add_point(ps_hooks *h, const ps_hook_family *family, int64_t n_slots, int slot, int point, const char *name,
+                       ps_hook_fn fn, void *user, ps_error *err);
+static inline bool ps_hooks_on_point(const ps_hooks *h, const ps_hook_family *family, int slot, int point) {
+    return h && h->mask && family && h->family == family && slot >= 0 && slot < h->n_layers && (h->mask[slot] >> point) & 1u;
+}
+int ps_hooks_fire_point(ps_ctx *ctx, const ps_hooks *h, int slot, int point, float *data, int ndim, const int64_t *shape,
+                        ps_error *err);
+int ps_cache_watch_point(ps_cache *c, ps_hooks *h, const ps_hook_family *family, int64_t n_slots, int slot, int point,
+                         ps_error *err);
+/* ---------------- end other families ---------------- */
 
 #endif

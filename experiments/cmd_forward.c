@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "cmd_v4.h"
 #include "forward.h"
 #include "hooks.h"
 #include "model.h"
@@ -64,6 +65,7 @@ static void free_list(tensor_list *l) {
 }
 
 int ps_cmd_forward(int argc, char **argv) {
+    if (ps_cli_v4_requested(argc, argv)) return ps_cmd_v4_forward(argc, argv); /* DeepSeek-V4: cmd_v4.c */
     if (ps_cli_wants_help(argc, argv)) {
         fputs(HELP, stdout);
         return 0;

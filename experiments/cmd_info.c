@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "cmd_v4.h"
 #include "cpu_env.h"
 #include "forward.h"
 #include "fileio.h"
@@ -31,6 +32,7 @@ static void human(char *buf, size_t n, double bytes) {
 }
 
 int ps_cmd_info(int argc, char **argv) {
+    if (ps_cli_v4_requested(argc, argv)) return ps_cmd_v4_info(argc, argv); /* DeepSeek-V4: cmd_v4.c */
     if (ps_cli_wants_help(argc, argv)) {
         fputs(HELP, stdout);
         return 0;

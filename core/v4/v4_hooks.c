@@ -34,19 +34,17 @@ static int needs(int p) {
 }
 
 static int invalid(const ps_v4_config *cfg, const char *name, const char *why, ps_error *err) {
-    char list[1600];
-    size_t w = 0;
-    for (int p = PS_V4H_N_LAYER_POINTS; p < PS_V4H_NPOINTS && w < sizeof list; p++)
-        w += (size_t)snprintf(list + w, sizeof list - w, "%s%s", w ? ", " : "", SUFFIX[p]);
-    for (int p = 0; p < PS_V4H_N_LAYER_POINTS && w < sizeof list; p++)
-        w += (size_t)snprintf(list + w, sizeof list - w, ", layers.{l}.%s%s", SUFFIX[p],
-                              needs(p) == 2 ? " (CSA)" : needs(p) == 1 ? " (CSA/HCA)" : "");
     char nm[120];
     size_t k = 0;
     for (; name[k] && k + 4 < sizeof nm; k++) nm[k] = (unsigned char)name[k] < 0x20 || (unsigned char)name[k] >= 0x7f ? '?' : name[k];
     nm[k] = '\0';
-    return ps_fail(err, "hook \"%s%s\": %s; valid hooks (l = 0..%lld): %s", nm, name[k] ? "..." : "", why,
-                   (long long)cfg->n_layers - 1, list);
+    return ps_fail(err,
+                   "hook \"%s%s\": %s; valid hooks (l = 0..%lld): embed, hc_head.pre, final_hidden, logits; layers.{l}. + "
+                   "attn_hc.{pre,post,comb}, attn_in, attn.{q_lora,q,kv,bias,logits,pattern,sink,out_heads,out}, "
+                   "attn.compressor.{gate,alpha,pooled,kv} (CSA/HCA layers), attn.indexer.{q,weights,scores,topk,gap} and "
+                   "attn.indexer.compressor.{gate,alpha,pooled,kv} (CSA layers), mid, ffn_hc.{pre,post,comb}, ffn_in, "
+                   "ffn.{router_logits,experts,weights,route_gap,routed,shared,out}, out",
+                   nm, name[k] ? "..." : "", why, (long long)cfg->n_layers - 1);
 }
 
 int ps_v4_hook_parse(const ps_v4_config *cfg, const char *name, int *slot, ps_v4_hook_point *pt, ps_error *err) {
