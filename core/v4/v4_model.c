@@ -307,8 +307,11 @@ static int resolve(ps_v4_model *m, const char *name, int nd, const int64_t *want
         ok = q->SR >= 1 && q->SC >= 1 && q->SR <= q->R && q->SC <= q->C;
     }
     if (ok) {
-        q->br = (q->R + q->SR - 1) / q->SR;
-        q->bc = (q->C + q->SC - 1) / q->SC;
+        /* the format's block (FP8: 128 x 128; FP4: 1 x 32) when the grid fits it, else the block the
+         * grid implies (exact when the dimensions are multiples of it) */
+        int64_t br = q->fmt == FMT_FP8 ? 128 : 1, bc = q->fmt == FMT_FP8 ? 128 : 32;
+        q->br = (q->R + br - 1) / br == q->SR ? br : (q->R + q->SR - 1) / q->SR;
+        q->bc = (q->C + bc - 1) / bc == q->SC ? bc : (q->C + q->SC - 1) / q->SC;
         ok = (q->R + q->br - 1) / q->br == q->SR && (q->C + q->bc - 1) / q->bc == q->SC;
     }
     if (!ok) {

@@ -3,8 +3,10 @@
  * model.safetensors or a shard index (core/safetensors.h ps_st_set), dtypes F32 / BF16 / F16 / I32 / I64,
  * and the quantised weights of real checkpoints: FP8 e4m3 with e8m0 block scales (128 x 128 in V4) and
  * FP4 e2m1 (two per byte, low nibble first; safetensors dtype F4, or packed in I8/U8 with half the
- * columns) with e8m0 scales per block of 32 inputs. Everything is dequantised to float32 on load; the
- * block size of a scale is read from its shape. A weight's scale is found under NAME.scale (NAME
+ * columns) with e8m0 scales per block of 32 inputs. Everything is dequantised to float32 on load. A
+ * scale grid [ceil(R/br), ceil(C/bc)] of a weight [R, C] (leading dims shared) uses the format's block
+ * (128 x 128 for FP8, 1 x 32 for FP4) when the grid fits it, else the block ceil(R/rows) x ceil(C/cols)
+ * the grid implies. A weight's scale is found under NAME.scale (NAME
  * without ".weight"), NAME.weight_scale_inv, or NAME_scale_inv / NAME.scale for stacked HF experts.
  *
  * Weights live in buffers of the model's context: one for the global tensors and one per layer, so that
