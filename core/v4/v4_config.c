@@ -483,12 +483,20 @@ int ps_v4_config_validate(const ps_v4_config *c, const char *src, ps_error *err)
     if (!(c->hc_eps >= 0)) return ps_fail(err, "%s: key \"hc_eps\" must be >= 0, got %g", src, c->hc_eps);
     if (!(c->rope_main.theta > 1) || !(c->rope_compress.theta > 1))
         return ps_fail(err, "%s: keys \"rope_theta\" / \"compress_rope_theta\" must be > 1", src);
-    /* a sane total (dequantised to float32) before anything is allocated */
-    double D = (double)c->hidden_size, per_layer = D * (double)c->q_lora_rank + (double)c->q_lora_rank * (double)(c->n_heads * c->head_dim) +
-                                                   D * (double)c->head_dim * 5 + (double)(c->n_heads * c->head_dim) * (double)c->o_lora_rank +
-                                                   (double)(c->o_groups * c->o_lora_rank) * D +
-                                                   3.0 * D * (double)c->moe_inter * (double)(c->n_routed_experts + c->n_shared_experts);
-    double total = per_layer * (double)c->n_layers + 2.0 * (double)c->vocab_size * D;
+    /* a sane total (dequantised to float32, in double so nothing overflows) before anything is sized in
+     * int64: every tensor's element count stays below it */
+    double D = (double)c->hidden_size, N = (double)c->hc_mult, H = (double)c->n_heads, Dh = (double)c->head_dim,
+           Q = (double)c->q_lora_rank, GO = (double)c->o_groups * (double)c->o_lora_rank, Di = (double)c->index_head_dim,
+           Hi = (double)c->index_n_heads, V = (double)c->vocab_size;
+    double total = 2.0 * V * D + N * N * D + 2 * N;
+    for (int64_t l = 0; l < c->n_layers; l++) {
+        double m = (double)c->compress_rate[l], cc = c->attn_type[l] == PS_V4_CSA ? 2 : 1;
+        total += 2 * (2 + N) * N * N * D + D * Q + Q * H * Dh + D * Dh + H * Dh * GO / (double)c->o_groups + GO * D +
+                 3.0 * D * (double)c->moe_inter * (double)(c->n_routed_experts + c->n_shared_experts) +
+                 D * (double)c->n_routed_experts + V * (double)c->experts_per_tok;
+        if (c->attn_type[l] != PS_V4_SLIDING) total += 2 * cc * Dh * D + m * cc * Dh;
+        if (c->attn_type[l] == PS_V4_CSA) total += Hi * Di * Q + Hi * D + 4 * Di * D + 2 * m * Di;
+    }
     if (total > 1e13) return ps_fail(err, "%s: model would have about %.3g parameters; refusing (limit 1e13)", src, total);
     return 0;
 }

@@ -133,6 +133,13 @@ int ps_v4_acts_create(ps_v4_acts *a, ps_v4_model *m, int64_t B, int64_t T, ps_er
     if (T > c->max_position_embeddings)
         return ps_fail(err, "sequence of %lld tokens exceeds max_position_embeddings %lld by %lld", (long long)T,
                        (long long)c->max_position_embeddings, (long long)(T - c->max_position_embeddings));
+    /* the widest rows in double first: the int64 sizes below cannot overflow past this check */
+    double per_tok = 2.0 * c->hc_mult * c->hidden_size + 4.0 * c->n_heads * c->head_dim + (double)c->vocab_size +
+                     2.0 * c->n_routed_experts + (double)c->index_n_heads * c->index_head_dim + 4.0 * c->moe_inter * (c->n_shared_experts + 1) +
+                     (double)T + 8.0 * c->head_dim + 16.0 * c->hidden_size;
+    if ((double)B * (double)T * per_tok > 1e12)
+        return ps_fail(err, "activations for B=%lld, T=%lld would need about %.3g GB; refusing", (long long)B, (long long)T,
+                       (double)B * (double)T * per_tok * 4 / 1e9);
     a->B = B;
     a->T = T;
     spec s[80];
