@@ -50,25 +50,9 @@ static const char INFO_HELP[] =
     "the memory of a forward pass of B sequences at a few lengths, with every layer loaded or one at a\n"
     "time (forward --lazy). Reads tensor headers only, no weights.\n";
 
-int ps_cmd_v4_info(int argc, char **argv) {
-    if (ps_cli_wants_help(argc, argv)) {
-        fputs(INFO_HELP, stdout);
-        return 0;
-    }
-    ps_flag flags[] = {PS_FLAG("--model", true), PS_FLAG("--batch", true)};
-    int npos;
-    const char *pos[1];
-    ps_error err = {0};
+int ps_v4_cmd_info(const char *dir, int64_t B, ps_error *err) {
     ps_v4_model m;
-    memset(&m, 0, sizeof m);
-    char dir[4096];
-    int64_t B = 1;
-    if (ps_cli_parse(argc, argv, flags, 2, pos, 0, &npos, &err) ||
-        (flags[1].value && ps_cli_int("--batch", flags[1].value, 1, 1 << 20, &B, &err)) ||
-        ps_cli_model_dir(flags[0].value, dir, sizeof dir, &err) || ps_v4_model_open(&m, dir, &err)) {
-        fprintf(stderr, "phasescope info: %s\n", err.msg);
-        return ps_cli_status(&err);
-    }
+    if (ps_v4_model_open(&m, dir, err)) return -1;
     const ps_v4_config *c = &m.cfg;
     printf("model       %s\n", dir);
     printf("kind        DeepSeek-V4 (%s tensor names, %s; config keys: %s)\n",
@@ -231,16 +215,9 @@ static int parse_layers(const char *v, int64_t n_layers, int *n_run, ps_error *e
     return 0;
 }
 
-int ps_cmd_v4_forward(int argc, char **argv) {
-    if (ps_cli_wants_help(argc, argv)) {
-        fputs(FWD_HELP, stdout);
-        return 0;
-    }
-    ps_flag flags[] = {PS_FLAG("--model", true), PS_FLAG("--tokens", true), PS_FLAG("--hooks", true),
-                       PS_FLAG("--out", true),   PS_FLAG("--layers", true), PS_FLAG("--lazy", false)};
-    int nf = (int)(sizeof flags / sizeof flags[0]), npos, n_run = -1;
-    const char *pos[1];
-    ps_error err = {0};
+int ps_v4_cmd_forward(const char *dir, const char *tokens, const char *hook_names, const char *out_path,
+                      const char *layers, int lazy, ps_error *err) {
+    int n_run = -1, rc = -1;
     ps_v4_model m;
     memset(&m, 0, sizeof m);
     ps_token_lists toks = {0};
@@ -249,43 +226,39 @@ int ps_cmd_v4_forward(int argc, char **argv) {
     tensor_list out = {0};
     ps_hooks_init(&hooks);
     ps_cache_init(&cache);
-    int rc = 1;
-    char dir[4096];
     char *names = NULL;
-    if (ps_cli_parse(argc, argv, flags, nf, pos, 0, &npos, &err)) goto done;
-    if (ps_cli_require(flags, nf, &err, "--tokens", "--out", NULL)) goto done;
-    if (ps_cli_model_dir(flags[0].value, dir, sizeof dir, &err) || ps_v4_model_open(&m, dir, &err)) goto done;
-    if (flags[4].value && parse_layers(flags[4].value, m.cfg.n_layers, &n_run, &err)) goto done;
-    if (flags[2].value) {
-        names = strdup(flags[2].value);
+    if (ps_v4_model_open(&m, dir, err)) goto done;
+    if (layers && parse_layers(layers, m.cfg.n_layers, &n_run, err)) goto done;
+    if (hook_names) {
+        names = strdup(hook_names);
         for (char *save = NULL, *h = strtok_r(names, ",", &save); h; h = strtok_r(NULL, ",", &save)) {
             int slot;
             ps_v4_hook_point pt;
-            if (ps_v4_hook_parse(&m.cfg, h, &slot, &pt, &err) || ps_v4_cache_watch(&cache, &hooks, &m.cfg, h, &err)) {
-                ps_fail_prefix(&err, "--hooks: ");
-                ps_cli_mark_usage(&err);
+            if (ps_v4_hook_parse(&m.cfg, h, &slot, &pt, err) || ps_v4_cache_watch(&cache, &hooks, &m.cfg, h, err)) {
+                ps_fail_prefix(err, "--hooks: ");
+                ps_cli_mark_usage(err);
                 goto done;
             }
             if (n_run >= 0 && ((slot < m.cfg.n_layers && slot >= n_run) || (slot == m.cfg.n_layers && pt != PS_V4H_EMBED))) {
-                ps_cli_usage(&err, "--hooks: hook \"%s\" is past --layers %s (layers 0..%d run)", h, flags[4].value, n_run - 1);
+                ps_cli_usage(err, "--hooks: hook \"%s\" is past --layers %s (layers 0..%d run)", h, layers, n_run - 1);
                 goto done;
             }
         }
     }
-    if (ps_tokens_load(flags[1].value, 0, 0, &toks, &err)) goto done;
+    if (ps_tokens_load(tokens, 0, 0, &toks, err)) goto done;
     for (int i = 0; i < toks.n; i++)
         if (toks.len[i] > m.cfg.max_position_embeddings) {
-            ps_fail(&err, "%s: sequence %d has %lld tokens, more than max_position_embeddings %lld by %lld", flags[1].value, i,
+            ps_fail(err, "%s: sequence %d has %lld tokens, more than max_position_embeddings %lld by %lld", tokens, i,
                     (long long)toks.len[i], (long long)m.cfg.max_position_embeddings,
                     (long long)(toks.len[i] - m.cfg.max_position_embeddings));
             goto done;
         }
-    if (ps_v4_model_load_weights(&m, flags[5].present, &err)) goto done;
+    if (ps_v4_model_load_weights(&m, lazy, err)) goto done;
     for (int i = 0; i < toks.n; i++) {
         ps_v4_acts a;
-        if (ps_v4_acts_create(&a, &m, 1, toks.len[i], &err)) goto done;
-        if (ps_v4_forward(&m, &a, toks.seq[i], &hooks, n_run, &err)) {
-            ps_fail_prefix(&err, "%s: sequence %d: ", flags[1].value, i);
+        if (ps_v4_acts_create(&a, &m, 1, toks.len[i], err)) goto done;
+        if (ps_v4_forward(&m, &a, toks.seq[i], &hooks, n_run, err)) {
+            ps_fail_prefix(err, "%s: sequence %d: ", tokens, i);
             ps_v4_acts_free(&a);
             goto done;
         }
@@ -294,25 +267,21 @@ int ps_cmd_v4_forward(int argc, char **argv) {
         if (n_run < 0) {
             snprintf(name, sizeof name, "logits.%d", i);
             int64_t shp[2] = {toks.len[i], m.cfg.vocab_size};
-            const float *lg = ps_v4_logits_host(&a, &err);
-            bad = !lg || push(&out, name, 2, shp, lg, &err);
+            const float *lg = ps_v4_logits_host(&a, err);
+            bad = !lg || push(&out, name, 2, shp, lg, err);
         }
         ps_v4_acts_free(&a);
         if (bad) goto done;
         for (int k = 0; k < cache.n; k++) {
             const ps_cache_item *it = cache.items[k];
             snprintf(name, sizeof name, "%s.%d", it->name, i);
-            if (push(&out, name, it->ndim - 1, it->shape + 1, it->data, &err)) goto done;
+            if (push(&out, name, it->ndim - 1, it->shape + 1, it->data, err)) goto done;
         }
     }
-    if (ps_st_save(flags[3].value, out.t, out.n, NULL, NULL, 0, &err)) goto done;
-    printf("wrote %d tensors for %d sequences to %s\n", out.n, toks.n, flags[3].value);
+    if (ps_st_save(out_path, out.t, out.n, NULL, NULL, 0, err)) goto done;
+    printf("wrote %d tensors for %d sequences to %s\n", out.n, toks.n, out_path);
     rc = 0;
 done:
-    if (rc) {
-        fprintf(stderr, "phasescope forward: %s\n", err.msg);
-        rc = ps_cli_status(&err);
-    }
     free(names);
     free_list(&out);
     ps_cache_free(&cache);
@@ -320,4 +289,48 @@ done:
     ps_tokens_free(&toks);
     ps_v4_model_free(&m);
     return rc;
+}
+
+/* ---- the argv entry points of the pre-scaffold commands (cmd_info.c / cmd_forward.c hand over here);
+ * on the command scaffold, the commands' run functions call ps_v4_cmd_info / ps_v4_cmd_forward
+ * instead and --layers / --lazy join forward's flag table ---- */
+
+int ps_cmd_v4_info(int argc, char **argv) {
+    if (ps_cli_wants_help(argc, argv)) {
+        fputs(INFO_HELP, stdout);
+        return 0;
+    }
+    ps_flag flags[] = {PS_FLAG("--model", true), PS_FLAG("--batch", true)};
+    int npos;
+    const char *pos[1];
+    ps_error err = {0};
+    char dir[4096];
+    int64_t B = 1;
+    if (ps_cli_parse(argc, argv, flags, 2, pos, 0, &npos, &err) ||
+        (flags[1].value && ps_cli_int("--batch", flags[1].value, 1, 1 << 20, &B, &err)) ||
+        ps_cli_model_dir(flags[0].value, dir, sizeof dir, &err) || ps_v4_cmd_info(dir, B, &err)) {
+        fprintf(stderr, "phasescope info: %s\n", err.msg);
+        return ps_cli_status(&err);
+    }
+    return 0;
+}
+
+int ps_cmd_v4_forward(int argc, char **argv) {
+    if (ps_cli_wants_help(argc, argv)) {
+        fputs(FWD_HELP, stdout);
+        return 0;
+    }
+    ps_flag flags[] = {PS_FLAG("--model", true), PS_FLAG("--tokens", true), PS_FLAG("--hooks", true),
+                       PS_FLAG("--out", true),   PS_FLAG("--layers", true), PS_FLAG("--lazy", false)};
+    int nf = (int)(sizeof flags / sizeof flags[0]), npos;
+    const char *pos[1];
+    ps_error err = {0};
+    char dir[4096];
+    if (ps_cli_parse(argc, argv, flags, nf, pos, 0, &npos, &err) || ps_cli_require(flags, nf, &err, "--tokens", "--out", NULL) ||
+        ps_cli_model_dir(flags[0].value, dir, sizeof dir, &err) ||
+        ps_v4_cmd_forward(dir, flags[1].value, flags[2].value, flags[3].value, flags[4].value, flags[5].present, &err)) {
+        fprintf(stderr, "phasescope forward: %s\n", err.msg);
+        return ps_cli_status(&err);
+    }
+    return 0;
 }

@@ -5,10 +5,21 @@
 #define PS_CMD_V4_H
 
 #include <stdbool.h>
+#include <stdint.h>
+
+#include "error.h"
 
 /* Does argv (a subcommand's) carry --model DIR with a DeepSeek-V4 DIR/config.json? */
 bool ps_cli_v4_requested(int argc, char **argv);
 
+/* The commands' work, independent of how the command line was parsed: dir is the checkpoint (resolved),
+ * the rest the flags' values (NULL when absent). They print their output and return 0, or -1 with err
+ * set (err->usage for a bad flag value). */
+int ps_v4_cmd_info(const char *dir, int64_t B, ps_error *err);
+int ps_v4_cmd_forward(const char *dir, const char *tokens, const char *hooks, const char *out, const char *layers, int lazy,
+                      ps_error *err);
+
+/* argv entry points for the pre-scaffold cmd_info.c / cmd_forward.c. */
 int ps_cmd_v4_info(int argc, char **argv);
 int ps_cmd_v4_forward(int argc, char **argv);
 
