@@ -53,6 +53,11 @@ typedef struct {
     float *logits_host;
 } ps_v4_acts;
 
+/* Bytes of the activations a forward of B x T tokens needs (one set of buffers shared by the layers:
+ * the largest layer's scratch, the streams, the logits); materialise_attention adds a bias / logits /
+ * pattern hook's [B, H, T, T + nW] matrices. */
+int64_t ps_v4_acts_bytes(const ps_v4_config *c, int64_t B, int64_t T, int materialise_attention);
+
 /* Activations for B sequences of T tokens (T <= max_position_embeddings). */
 int ps_v4_acts_create(ps_v4_acts *a, ps_v4_model *m, int64_t B, int64_t T, ps_error *err);
 void ps_v4_acts_free(ps_v4_acts *a);

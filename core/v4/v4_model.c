@@ -556,10 +556,8 @@ int ps_v4_model_open(ps_v4_model *m, const char *dir, ps_error *err) {
     int rc = -1;
     char b1[200];
     /* which scheme: the embedding's name decides */
-    const ps_st_file *f;
-    const ps_st_entry *e;
-    int nat = ps_st_set_n_names(&m->files) > 0, have_nat = 0, have_hf = 0;
-    for (int i = 0; nat && i < ps_st_set_n_names(&m->files); i++) {
+    int have_nat = 0, have_hf = 0;
+    for (int i = 0; i < ps_st_set_n_names(&m->files); i++) {
         const char *nm = ps_st_set_name(&m->files, i);
         have_nat |= !strcmp(nm, NATIVE[PS_V4_T_EMBED]);
         have_hf |= !strcmp(nm, HF[PS_V4_T_EMBED]);
@@ -633,8 +631,6 @@ int ps_v4_model_open(ps_v4_model *m, const char *dir, ps_error *err) {
             if (q.se) storage_add(&m->storage, q.se, 1);
         }
     }
-    (void)f;
-    (void)e;
     rc = 0;
 done:
     if (rc) ps_v4_model_free(m);

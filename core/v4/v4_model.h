@@ -116,11 +116,9 @@ float *ps_v4_global(const ps_v4_model *m, ps_v4_tensor_kind k); /* EMBED, HEAD (
 /* The tensor's name in a scheme (experts: `expert` selects one of the native per-expert tensors; the HF
  * scheme stacks them). */
 void ps_v4_tensor_name(char *buf, size_t n, ps_v4_names names, ps_v4_tensor_kind k, int layer, int expert);
-/* Float32 parameters of one layer / of the global tensors, and bytes of the activations a forward of
- * B x T tokens needs (the largest layer's scratch, plus the streams and the logits). */
+/* Float32 parameters of one layer / of the global tensors. */
 int64_t ps_v4_layer_params(const ps_v4_config *c, int l);
 int64_t ps_v4_global_params(const ps_v4_config *c);
-int64_t ps_v4_acts_bytes(const ps_v4_config *c, int64_t B, int64_t T, int materialise_attention);
 
 /* Element decoders of the quantised formats (FP8 e4m3 "fn": no infinities, S.1111.111 is NaN; FP4 e2m1;
  * e8m0: 2^(e-127), 0xff is NaN). */

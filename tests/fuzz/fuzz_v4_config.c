@@ -7,6 +7,7 @@
 
 #include "fuzz.h"
 #include "v4_config.h"
+#include "v4_forward.h"
 #include "v4_hooks.h"
 #include "v4_model.h"
 
