@@ -166,7 +166,7 @@ static int parse_rope(json_t *o, const char *key, const char *src, int nested, i
         if (!has_orig) return ps_fail(err, "%s: key \"%s.factor\" is required for YaRN", src, key);
         factor = (double)max_pos / orig;
     }
-    if (!(factor > 0)) return ps_fail(err, "%s: key \"%s.factor\" must be > 0, got %g", src, key, factor);
+    if (!(factor >= 1e-3 && factor <= 1e6)) return ps_fail(err, "%s: key \"%s.factor\" must be in [0.001, 1e6], got %g", src, key, factor);
     if (!(orig >= 1)) return ps_fail(err, "%s: key \"%s.original_max_position_embeddings\" must be >= 1, got %g", src, key, orig);
     if (!(r->beta_fast > 0) || !(r->beta_slow > 0))
         return ps_fail(err, "%s: keys \"%s.beta_fast\" / \"beta_slow\" must be > 0", src, key);
@@ -176,7 +176,8 @@ static int parse_rope(json_t *o, const char *key, const char *src, int nested, i
     else if (!nested) r->attention_factor = 1.0; /* transformers' setdefault("attention_factor", 1.0) */
     else if (mscale != 0 && mscale_all != 0) r->attention_factor = get_mscale(factor, mscale) / get_mscale(factor, mscale_all);
     else r->attention_factor = get_mscale(factor, 1.0);
-    if (!(r->attention_factor > 0)) return ps_fail(err, "%s: key \"%s.attention_factor\" must be > 0", src, key);
+    if (!(r->attention_factor > 0 && r->attention_factor <= 1e3))
+        return ps_fail(err, "%s: key \"%s.attention_factor\" must be in (0, 1000], got %g", src, key, r->attention_factor);
     return 0;
 }
 
@@ -378,8 +379,11 @@ static int parse_root(json_t *root, const char *src, ps_v4_config *c, ps_error *
     double prf = 64.0 / 512.0, prf_nested = 0;
     int has_prf_nested = 0;
     int64_t rope_dim = 0;
+    if (c->head_dim < 1 || c->head_dim > PS_MAX_DIM)
+        return ps_fail(err, "%s: key \"head_dim\" must be in [1, %lld], got %lld", src, (long long)PS_MAX_DIM, (long long)c->head_dim);
     if ((v = get(root, "partial_rotary_factor"))) {
         if (get_num(v, "partial_rotary_factor", src, &prf, err)) return -1;
+        if (!(prf > 0 && prf <= 1)) return ps_fail(err, "%s: key \"partial_rotary_factor\" must be in (0, 1], got %g", src, prf);
         rope_dim = (int64_t)((double)c->head_dim * prf);
     } else if ((v = get(root, "qk_rope_head_dim"))) {
         c->config_form |= 2;
@@ -404,16 +408,16 @@ static int parse_root(json_t *root, const char *src, ps_v4_config *c, ps_error *
         if (parse_rope(rm, "rope_parameters.main", src, 1, c->max_position_embeddings, &c->rope_main, &prf_nested,
                        &has_prf_nested, err))
             return -1;
-        if (has_prf_nested && (int64_t)((double)c->head_dim * prf_nested) != c->rope_dim)
-            return ps_fail(err, "%s: key \"rope_parameters.main.partial_rotary_factor\" (%g) gives %lld rotary channels, not %lld",
-                           src, prf_nested, (long long)((double)c->head_dim * prf_nested), (long long)c->rope_dim);
+        if (has_prf_nested && (!(prf_nested > 0 && prf_nested <= 1) || (int64_t)((double)c->head_dim * prf_nested) != c->rope_dim))
+            return ps_fail(err, "%s: key \"rope_parameters.main.partial_rotary_factor\" (%g) does not give the %lld rotary channels "
+                           "of the config", src, prf_nested, (long long)c->rope_dim);
         has_prf_nested = 0;
         if (parse_rope(rc, "rope_parameters.compress", src, 1, c->max_position_embeddings, &c->rope_compress,
                        &prf_nested, &has_prf_nested, err))
             return -1;
-        if (has_prf_nested && (int64_t)((double)c->head_dim * prf_nested) != c->rope_dim)
-            return ps_fail(err, "%s: key \"rope_parameters.compress.partial_rotary_factor\" (%g) gives %lld rotary channels, not %lld",
-                           src, prf_nested, (long long)((double)c->head_dim * prf_nested), (long long)c->rope_dim);
+        if (has_prf_nested && (!(prf_nested > 0 && prf_nested <= 1) || (int64_t)((double)c->head_dim * prf_nested) != c->rope_dim))
+            return ps_fail(err, "%s: key \"rope_parameters.compress.partial_rotary_factor\" (%g) does not give the %lld rotary "
+                           "channels of the config", src, prf_nested, (long long)c->rope_dim);
     } else if (rm || rc) {
         return ps_fail(err, "%s: key \"rope_parameters\" has \"%s\" but not \"%s\" (the nested form needs both)", src,
                        rm ? "main" : "compress", rm ? "compress" : "main");
