@@ -758,6 +758,61 @@ static void test_configs(void) {
     free(hub), free(mix);
 }
 
+/* ---- variants the conformance models do not cover: tied head, no shared expert, sigmoid scoring ---- */
+
+static void test_variants(void) {
+    char p1[4200], p2[4200], dir[4096];
+    ps_error err;
+    char *hub = read_text(conf("hub3", "config.json", p1, sizeof p1));
+    REQUIRE_OK(hub ? 0 : -1, &err);
+    char *t1 = edit(hub, "\"tie_word_embeddings\": false", "\"tie_word_embeddings\": true");
+    char *t2 = edit(t1, "\"n_shared_experts\": 1", "\"n_shared_experts\": 0");
+    char *t3 = edit(t2, "\"scoring_func\": \"sqrtsoftplus\"", "\"scoring_func\": \"sigmoid\"");
+    rawlist l;
+    raw_read(conf("hub3", "model.safetensors", p1, sizeof p1), &l);
+    raw_drop(&l, "head.weight");
+    for (int i = 0; i < 3; i++)
+        for (int w = 1; w <= 3; w++) {
+            char nm[96];
+            snprintf(nm, sizeof nm, "layers.%d.ffn.shared_experts.w%d.weight", i, w);
+            raw_drop(&l, nm);
+        }
+    make_dir(dir, sizeof dir, "v4var", NULL, t3);
+    snprintf(p2, sizeof p2, "%s/model.safetensors", dir);
+    raw_write(p2, &l, 0, l.n);
+    ps_v4_model m;
+    if (ps_v4_model_load(&m, dir, 0, &err) == 0) {
+        CHECK(ps_v4_global(&m, PS_V4_T_HEAD) == ps_v4_global(&m, PS_V4_T_EMBED), "tied: the head is the embedding");
+        ps_hooks h;
+        ps_cache cache;
+        ps_hooks_init(&h);
+        ps_cache_init(&cache);
+        CHECK_OK(ps_v4_cache_watch(&cache, &h, &m.cfg, "layers.1.ffn.shared", &err), &err);
+        CHECK_OK(ps_v4_cache_watch(&cache, &h, &m.cfg, "layers.1.ffn.weights", &err), &err);
+        ps_v4_acts a;
+        int32_t tok[10] = {1, 5, 9, 200, 7, 7, 3, 0, 255, 42};
+        if (ps_v4_acts_create(&a, &m, 1, 10, &err) == 0) {
+            CHECK_OK(ps_v4_forward(&m, &a, tok, &h, -1, &err), &err);
+            const ps_cache_item *sh = ps_cache_get(&cache, "layers.1.ffn.shared"), *w = ps_cache_get(&cache, "layers.1.ffn.weights");
+            int zero = sh && sh->data != NULL, finite = 1;
+            for (int64_t i = 0; zero && i < 10 * 48; i++) zero &= sh->data[i] == 0.0f;
+            for (int64_t i = 0; i < 10 * 256; i++) finite &= isfinite(a.logits[i]);
+            double worst = 0;
+            for (int64_t t = 0; w && w->data && t < 10; t++) worst = fmax(worst, fabs(w->data[t * 3] + w->data[t * 3 + 1] + w->data[t * 3 + 2] - 1.5));
+            CHECK(zero && finite && w && worst < 1e-5, "no shared expert: its output is 0; sigmoid scores renormalised (%g)", worst);
+            ps_v4_acts_free(&a);
+        } else
+            CHECK(0, "%s", err.msg);
+        ps_cache_free(&cache);
+        ps_hooks_free(&h);
+        ps_v4_model_free(&m);
+    } else
+        CHECK(0, "%s", err.msg);
+    rm_dir(dir);
+    raw_free(&l);
+    free(hub), free(t1), free(t2), free(t3);
+}
+
 /* ---- hooks: overwrite, materialised attention, batches, stopping early ---- */
 
 typedef struct {
@@ -1015,6 +1070,7 @@ int main(int argc, char **argv) {
     test_names_and_shards();
     test_quantised();
     test_hostile();
+    test_variants();
     test_hooks();
     CHECK_DONE();
 }
