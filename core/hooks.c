@@ -116,7 +116,7 @@ static int add_entry(ps_hooks *h, const ps_config *cfg, const char *name, const 
         h->cap = cap;
     }
     h->e[h->n++] = *e;
-    h->mask[e->layer] |= 1u << e->point;
+    h->mask[e->layer] |= (uint64_t)1 << e->point;
     return 0;
 }
 
@@ -353,3 +353,77 @@ int ps_cache_watch(ps_cache *c, ps_hooks *h, const ps_config *cfg, const char *n
     ps_hook_name(it->name, sizeof it->name, layer, pt);
     return ps_hooks_add(h, cfg, name, cache_hook, c, err);
 }
+
+/* ---------------- hook sets of other families (DeepSeek-V4: core/v4/v4_hooks.c) ---------------- */
+
+int ps_hooks_add_point(ps_hooks *h, const ps_hook_family *family, int64_t n_slots, int slot, int point, const char *name,
+                       ps_hook_fn fn, void *user, ps_error *err) {
+    if (!family || slot < 0 || slot >= n_slots || point < 0 || point >= 64)
+        return ps_fail(err, "hook \"%s\": point out of range", name);
+    if (!h->mask) {
+        h->mask = calloc((size_t)n_slots, sizeof *h->mask);
+        if (!h->mask) return ps_fail(err, "out of memory");
+        h->n_layers = n_slots;
+        h->family = family;
+    } else if (h->family != family)
+        return ps_fail(err, "hook \"%s\": this hook set holds %s hooks", name, h->family ? h->family->name : "the controlled model's");
+    else if (h->n_layers != n_slots)
+        return ps_fail(err, "hook \"%s\": hook set was built for a model with %lld layers", name, (long long)h->n_layers - 1);
+    if (h->n == h->cap) {
+        int cap = h->cap ? 2 * h->cap : 8;
+        ps_hook_entry *e = realloc(h->e, (size_t)cap * sizeof *e);
+        if (!e) return ps_fail(err, "out of memory");
+        h->e = e;
+        h->cap = cap;
+    }
+    h->e[h->n++] = (ps_hook_entry){.layer = slot, .point = (ps_hook_point)point, .fn = fn, .user = user};
+    h->mask[slot] |= (uint64_t)1 << point;
+    return 0;
+}
+
+int ps_hooks_fire_point(ps_ctx *ctx, const ps_hooks *h, int slot, int point, float *data, int ndim, const int64_t *shape,
+                        ps_error *err) {
+    char name[96];
+    h->family->point_name(name, sizeof name, slot, point);
+    ps_hook_event ev = {.name = name, .layer = slot, .point = PS_HOOK_NPOINTS, .data = data, .ndim = ndim, .point_id = point};
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++) n *= (ev.shape[i] = shape[i]);
+    /* as ps_hooks_fire: a host callback on a device backend gets a host copy, written back after */
+    float *host = NULL;
+    int rc = 0;
+    for (int i = 0; i < h->n && !rc; i++) {
+        if (h->e[i].layer != slot || (int)h->e[i].point != point) continue;
+        if (!ps_ctx_host_visible(ctx) && !host) {
+            host = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+            if (!host) return ps_fail(err, "hook \"%s\": out of memory for a host copy of %lld floats", name, (long long)n);
+            rc = ps_buf_to_host(ctx, host, data, n * (int64_t)sizeof(float), err);
+            ev.data = host;
+        }
+        if (!rc) rc = h->e[i].fn(&ev, h->e[i].user, err);
+    }
+    if (host) {
+        if (!rc) rc = ps_buf_from_host(ctx, data, host, n * (int64_t)sizeof(float), err);
+        free(host);
+    }
+    return rc;
+}
+
+int ps_cache_watch_point(ps_cache *c, ps_hooks *h, const ps_hook_family *family, int64_t n_slots, int slot, int point,
+                         ps_error *err) {
+    char canon[96];
+    family->point_name(canon, sizeof canon, slot, point);
+    if (ps_cache_get(c, canon)) return 0;
+    if (c->n == c->cap) {
+        int cap = c->cap ? 2 * c->cap : 8;
+        ps_cache_item **items = realloc(c->items, (size_t)cap * sizeof *items);
+        if (!items) return ps_fail(err, "hook \"%s\": out of memory growing the cache", canon);
+        c->items = items;
+        c->cap = cap;
+    }
+    ps_cache_item *it = calloc(1, sizeof *it);
+    if (!it) return ps_fail(err, "hook \"%s\": out of memory", canon);
+    c->items[c->n++] = it;
+    snprintf(it->name, sizeof it->name, "%s", canon);
+    return ps_hooks_add_point(h, family, n_slots, slot, point, canon, cache_hook, c, err);
+}
+/* ---------------- end other families ---------------- */

@@ -33,6 +33,7 @@ typedef struct {
     float *data;      /* the activation; a hook may overwrite it in place (same shape) */
     int ndim;
     int64_t shape[4];
+    int point_id;     /* another family's hooks (ps_hooks_fire_point): the point in that family's table */
 } ps_hook_event;
 
 /* Return 0 to continue, -1 (with err filled) to abort the forward pass. */
@@ -98,9 +99,10 @@ typedef struct {
     int n, cap;
     ps_hook_entry *e;
     int64_t n_layers;
-    uint32_t *mask; /* per layer: bit p set when some hook is on point p */
+    uint64_t *mask; /* per layer: bit p set when some hook is on point p */
     int n_bufs, cap_bufs;
     ps_hook_buffer *bufs; /* buffers from ps_hooks_upload, freed with the set */
+    const struct ps_hook_family *family; /* NULL: the controlled model's points; else another family's (below) */
 } ps_hooks;
 
 void ps_hooks_init(ps_hooks *h);
@@ -129,7 +131,7 @@ const char *ps_hook_suffix(ps_hook_point pt); /* "attn.hook_q", "hook_resid_pre"
 int ps_hook_shape(const ps_config *cfg, ps_hook_point pt, int64_t B, int64_t T, int64_t shape[4]);
 
 static inline bool ps_hooks_on(const ps_hooks *h, int layer, ps_hook_point pt) {
-    return h && h->mask && layer < h->n_layers && (h->mask[layer] >> pt) & 1u;
+    return h && h->mask && !h->family && layer < h->n_layers && (h->mask[layer] >> pt) & 1u;
 }
 
 /* Fire every hook on (layer, pt) in registration order; data is a buffer of ctx. Actions run as ops on
@@ -158,5 +160,26 @@ int ps_cache_watch(ps_cache *c, ps_hooks *h, const ps_config *cfg, const char *n
 /* The item for name, or NULL. The item pointer stays valid until ps_cache_free (watching more names
  * does not move it); item->data until the next run in which that activation's shape changes. */
 const ps_cache_item *ps_cache_get(const ps_cache *c, const char *name);
+
+/* ---------------- hook sets of other families (DeepSeek-V4: core/v4/v4_hooks.h) ----------------
+ * Another model family names its points with its own table (at most 64 per layer slot; global points
+ * may take a slot of their own). A hook set holds the points of one family only; registration, firing
+ * (host callbacks, with a host copy on a device backend) and the cache work as above, on points the
+ * family has already parsed (slot < n_slots, point < 64). */
+typedef struct ps_hook_family {
+    const char *name;                                              /* "deepseek_v4" */
+    void (*point_name)(char *buf, size_t n, int slot, int point);  /* the canonical hook name */
+} ps_hook_family;
+
+int ps_hooks_add_point(ps_hooks *h, const ps_hook_family *family, int64_t n_slots, int slot, int point, const char *name,
+                       ps_hook_fn fn, void *user, ps_error *err);
+static inline bool ps_hooks_on_point(const ps_hooks *h, const ps_hook_family *family, int slot, int point) {
+    return h && h->mask && family && h->family == family && slot >= 0 && slot < h->n_layers && (h->mask[slot] >> point) & 1u;
+}
+int ps_hooks_fire_point(ps_ctx *ctx, const ps_hooks *h, int slot, int point, float *data, int ndim, const int64_t *shape,
+                        ps_error *err);
+int ps_cache_watch_point(ps_cache *c, ps_hooks *h, const ps_hook_family *family, int64_t n_slots, int slot, int point,
+                         ps_error *err);
+/* ---------------- end other families ---------------- */
 
 #endif
