@@ -22,3 +22,4 @@ for name in full w8s8; do
   $PS train --config "experiments/configs/deep/$name.json" --out "data/models/deep_$name"
   rm -f data/models/deep_$name/optimizer-*.safetensors
 done
+ln -sfn deep_w8s8 data/models/default

@@ -11,4 +11,4 @@ for name in full w8s8 w4s4 w8s8_uniform w8s8_norope; do
   $PS train --config "experiments/configs/demo/$name.json" --out "data/models/$name"
   rm -f data/models/$name/optimizer-*.safetensors
 done
-ln -sfn w8s8 data/models/default
+# the default model is the deep W8/S8 (scripts/retrain_deep.sh)

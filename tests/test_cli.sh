@@ -43,6 +43,7 @@ $code
 }
 M="$CONF/compressed_w8s8"
 D="$(dirname "$0")/../data/models/default"
+W="$(dirname "$0")/../data/models/w8s8"
 echo '[[0, 1, 2, 3, 4, 5, 6, 7, 8, 9]]' > "$T/tok.json"
 echo '[[0, 1, 2], [0, 99]]' > "$T/badtok.json"
 echo '[[0, 1, 2' > "$T/broken.json"
@@ -185,10 +186,10 @@ d = load(A[0]); c = d["curve"]
 curve_ok(c, 4, 8); printed_ok(c, open(A[1]).read())   # move mode scores the first query only
 assert d["provenance"]["eval"]["mode"] == "move" and d["provenance"]["eval"]["family"] == "random"
 ' "$T/om/sweep.json" "$T/move.out"
-# the shipped default model (W8/S8): a dip at rho 7, p underflows and prints as "< 1e-300"
+# the shipped default model (the 12-layer W8/S8): a dip at rho 7, p underflows and prints as "< 1e-300"
 expect sweep-default 0 "chi-square p < 1e-300: phase sensitive, dominant period 8" -- "$PS" sweep --n 64 --out "$T/od"
 check sweep-default-json "$CURVE_CHECK"'
-c = load(A[0])["curve"]; acc = curve_ok(c, 8, 64 * 8)
+c = load(A[0])["curve"]; acc = curve_ok(c, 8, 64 * 16)  # the deep model asks 16 queries per prompt
 assert c["chi_square"]["p_value"] < 1e-300 and c["dominant_period"]["period"] == 8 and acc.index(min(acc)) == 7, acc
 ' "$T/od/sweep.json"
 # the full-attention demo model: flat, so no period in the JSON and none printed
@@ -269,9 +270,9 @@ assert d["after_near_chance"] == (d["after"]["mean_accuracy"] <= chance + 0.05) 
 expect gatecycle-layer 2 "--layer 9: out of range (the model has 2 layers, 0..1)" -- "$PS" gatecycle --model "$R" --layer 9 --shift 2
 expect gatecycle-head 2 "--head 5: out of range (the model has 2 KV heads, 0..1)" -- "$PS" gatecycle --model "$R" --layer 0 --shift 2 --head 5
 expect gatecycle-noshift 2 "--shift is required" -- "$PS" gatecycle --model "$R" --layer 0
-expect gatecycle-default-layer 2 "the default model $(cd "$D/.." && pwd)/default (-> w8s8), which has 1 layer: valid --layer 0" -- "$PS" gatecycle --layer 9 --shift 2
-# the default model: every head's gates and payloads by 2 move the dip at rho 7 to rho 1 (rho 7 stays dead)
-expect gatecycle-default 0 "dip at rho 7 (" -- "$PS" gatecycle --layer 0 --shift 2 --n 32 --out "$T/gd"
+expect gatecycle-default-layer 2 "the default model $(cd "$D/.." && pwd)/default (-> deep_w8s8), which has 12 layers: valid --layer 0..11" -- "$PS" gatecycle --layer 12 --shift 2
+# the one-layer W8/S8 demo model: every head's gates and payloads by 2 move the dip at rho 7 to rho 1 (rho 7 stays dead)
+expect gatecycle-default 0 "dip at rho 7 (" -- "$PS" gatecycle --model "$W" --layer 0 --shift 2 --n 32 --out "$T/gd"
 expect gatecycle-default-moved 0 ") -> rho 1 (" -- cat "$T/last.out"
 check gatecycle-default-json '
 d = load(A[0]); c = d["cycle"]
@@ -280,7 +281,7 @@ m = d["dips"]; assert len(m) == 1 and m[0]["before"] == 7 and m[0]["after"] == 1
 assert not d["after_near_chance"] and d["warnings"] == []
 ' "$T/gd/gatecycle.json"
 # gates alone on a per-offset-payload model break every head: warned on stderr and in the JSON
-"$PS" gatecycle --layer 0 --shift 2 --n 32 --params gate --out "$T/gg" > "$T/gg.out" 2> "$T/gg.err"
+"$PS" gatecycle --model "$W" --layer 0 --shift 2 --n 32 --params gate --out "$T/gg" > "$T/gg.out" 2> "$T/gg.err"
 expect gatecycle-gate-warn 0 "warning: after cycling, accuracy is near chance" -- cat "$T/gg.err"
 expect gatecycle-gate-hint 0 "try --params all" -- cat "$T/gg.err"
 check gatecycle-gate-json '

@@ -274,7 +274,7 @@ static void test_scratch_default_model(void) {
     ps_model m;
     ps_error err;
     char dir[4096];
-    snprintf(dir, sizeof dir, "%s/data/models/default", PS_SOURCE_DIR);
+    snprintf(dir, sizeof dir, "%s/data/models/w8s8", PS_SOURCE_DIR);
     REQUIRE_OK(ps_model_load(&m, dir, &err), &err);
     ps_task t;
     REQUIRE_OK(ps_model_task(&m, dir, &t, &err), &err);
