@@ -240,13 +240,13 @@ static void test_case(ps_ctx *c, const char *name, geo gg) {
 
 static void test_reference(ps_ctx *c) {
     /* full: several query blocks with a partial last one, GQA 4/2, hd not a multiple of 16 */
-    test_case(c, "full B2 T150 nh4/nkv2 hd20", (geo){.B = 2, .T = 150, .nh = 4, .nkv = 2, .hd = 20});
+    test_case(c, "full B2 T300 nh4/nkv2 hd20", (geo){.B = 2, .T = 300, .nh = 4, .nkv = 2, .hd = 20});
     test_case(c, "full B2 T70 nh2/nkv2 hd7", (geo){.B = 2, .T = 70, .nh = 2, .nkv = 2, .hd = 7});
-    test_case(c, "full B1 T64 nh2/nkv1 hd32 (one exact block)", (geo){.B = 1, .T = 64, .nh = 2, .nkv = 1, .hd = 32});
+    test_case(c, "full B1 T128 nh2/nkv1 hd32 (one exact block)", (geo){.B = 1, .T = 128, .nh = 2, .nkv = 1, .hd = 32});
     test_case(c, "full T1", (geo){.B = 2, .T = 1, .nh = 2, .nkv = 2, .hd = 16});
     /* compressed: W/S = 4/4 (T = nW·S and not), 8/4 and 3/2 (overlapping), windows past one block */
-    test_case(c, "compressed W4/S4 LW4 B2 T150 nh4/nkv2 hd12",
-              (geo){.B = 2, .T = 150, .nh = 4, .nkv = 2, .hd = 12, .W = 4, .S = 4, .local_window = 4, .comp = 1});
+    test_case(c, "compressed W4/S4 LW4 B2 T300 nh4/nkv2 hd12",
+              (geo){.B = 2, .T = 300, .nh = 4, .nkv = 2, .hd = 12, .W = 4, .S = 4, .local_window = 4, .comp = 1});
     test_case(c, "compressed W4/S4 LW8 B2 T64 nh2/nkv2 hd16",
               (geo){.B = 2, .T = 64, .nh = 2, .nkv = 2, .hd = 16, .W = 4, .S = 4, .local_window = 8, .comp = 1});
     test_case(c, "compressed W8/S4 LW6 B2 T133 nh2/nkv2 hd16",
@@ -317,44 +317,53 @@ static void test_fd_case(ps_ctx *c, const char *name, geo gg) {
 }
 
 static void test_finite_differences(ps_ctx *c) {
-    test_fd_case(c, "fd full B2 T80 nh4/nkv2 hd12", (geo){.B = 2, .T = 80, .nh = 4, .nkv = 2, .hd = 12});
-    test_fd_case(c, "fd compressed W8/S4 LW6 B2 T90 nh4/nkv2 hd12",
-                 (geo){.B = 2, .T = 90, .nh = 4, .nkv = 2, .hd = 12, .W = 8, .S = 4, .local_window = 6, .comp = 1});
+    test_fd_case(c, "fd full B2 T150 nh4/nkv2 hd12", (geo){.B = 2, .T = 150, .nh = 4, .nkv = 2, .hd = 12});
+    test_fd_case(c, "fd compressed W8/S4 LW6 B2 T160 nh4/nkv2 hd12",
+                 (geo){.B = 2, .T = 160, .nh = 4, .nkv = 2, .hd = 12, .W = 8, .S = 4, .local_window = 6, .comp = 1});
     test_fd_case(c, "fd compressed W3/S2 LW5 B2 T70 nh2/nkv2 hd10",
                  (geo){.B = 2, .T = 70, .nh = 2, .nkv = 2, .hd = 10, .W = 3, .S = 2, .local_window = 5, .comp = 1});
 }
 
 /* ---- thread-count independence ---- */
 
+/* Runs: 1 OpenMP thread; 2 threads; 2 threads with the context limited to 1 (ctx->threads). */
 static void test_threads_case(ps_ctx *c, const char *name, geo gg) {
-    attn_case a[2];
+    attn_case a[3];
     int saved = omp_get_max_threads();
-    for (int t = 0; t < 2; t++) {
-        ps_rng_seed(&rng_, 99); /* the same inputs for both runs */
+    for (int t = 0; t < 3; t++) {
+        ps_rng_seed(&rng_, 99); /* the same inputs for every run */
         case_init(&a[t], &gg);
-        omp_set_num_threads(t + 1);
+        omp_set_num_threads(t == 0 ? 1 : 2);
+        c->threads = t == 2 ? 1 : 0;
         CHECK(case_run(c, &a[t], a[t].dz) == 0, "%s: %s", name, c->err.msg);
         ps_ctx_check(c, NULL);
+        /* the kernels set BLAS to one thread inside their region only */
+        CHECK(omp_get_max_threads() == (t == 0 ? 1 : 2), "%s: the caller's thread count changed to %d", name,
+              omp_get_max_threads());
     }
+    c->threads = 0;
     omp_set_num_threads(saved);
-    struct {
-        const char *what;
-        const float *x0, *x1;
-        int64_t n;
-    } outs[] = {{"z", a[0].z, a[1].z, a[0].nq},       {"lse", a[0].lse, a[1].lse, a[0].nl},
-                {"dq", a[0].dq, a[1].dq, a[0].nq},    {"dk", a[0].dk, a[1].dk, a[0].nk},
-                {"dv", a[0].dv, a[1].dv, a[0].nk},    {"dck", a[0].dck, a[1].dck, a[0].nc},
-                {"dcv", a[0].dcv, a[1].dcv, a[0].nc}};
-    for (size_t i = 0; i < sizeof outs / sizeof outs[0]; i++)
-        CHECK(!memcmp(outs[i].x0, outs[i].x1, (size_t)outs[i].n * 4), "%s: %s differs between 1 and 2 threads", name,
-              outs[i].what);
-    case_free(&a[0]), case_free(&a[1]);
+    static const char *const runs[] = {"", "2 threads", "ctx->threads = 1"};
+    for (int t = 1; t < 3; t++) {
+        struct {
+            const char *what;
+            const float *x0, *x1;
+            int64_t n;
+        } outs[] = {{"z", a[0].z, a[t].z, a[0].nq},       {"lse", a[0].lse, a[t].lse, a[0].nl},
+                    {"dq", a[0].dq, a[t].dq, a[0].nq},    {"dk", a[0].dk, a[t].dk, a[0].nk},
+                    {"dv", a[0].dv, a[t].dv, a[0].nk},    {"dck", a[0].dck, a[t].dck, a[0].nc},
+                    {"dcv", a[0].dcv, a[t].dcv, a[0].nc}};
+        for (size_t i = 0; i < sizeof outs / sizeof outs[0]; i++)
+            CHECK(!memcmp(outs[i].x0, outs[i].x1, (size_t)outs[i].n * 4), "%s: %s differs between 1 thread and %s",
+                  name, outs[i].what, runs[t]);
+    }
+    for (int t = 0; t < 3; t++) case_free(&a[t]);
 }
 
 static void test_threads(ps_ctx *c) {
     test_threads_case(c, "threads full B2 T200 nh4/nkv2", (geo){.B = 2, .T = 200, .nh = 4, .nkv = 2, .hd = 24});
-    test_threads_case(c, "threads full B1 T130 nh2/nkv1 (one backward task)",
-                      (geo){.B = 1, .T = 130, .nh = 2, .nkv = 1, .hd = 16});
+    test_threads_case(c, "threads full B1 T260 nh2/nkv1 (one backward task)",
+                      (geo){.B = 1, .T = 260, .nh = 2, .nkv = 1, .hd = 16});
     test_threads_case(c, "threads compressed W8/S4 B2 T300",
                       (geo){.B = 2, .T = 300, .nh = 4, .nkv = 2, .hd = 20, .W = 8, .S = 4, .local_window = 8, .comp = 1});
 }

@@ -11,8 +11,8 @@
  *   full        columns 0..r1-1 (raw positions; one sgemm, the upper triangle masked);
  *   compressed  columns 0..nWb-1 the windows the last row has seen (one sgemm against ck), then LW
  *               columns of the local band (raw position t-LW+1+i in column nWb+i, ps_dot).
- * sgemm runs inside the OpenMP region and is then single-threaded (OpenBLAS's OpenMP build), so the
- * cores split the tasks; every sum has a fixed order: results do not depend on the thread count. */
+ * sgemm runs single-threaded inside the OpenMP region (single_threaded_blas), so the cores split the
+ * tasks; every sum has a fixed order: results do not depend on the thread count. */
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
@@ -51,11 +51,20 @@ static int check_geom(ps_ctx *c, const char *op, const ps_attn_geom *g) {
     return 0;
 }
 
-/* Threads a kernel uses: the context's setting or the runtime's, at most one per task. */
-static int kernel_threads(const ps_ctx *c, int64_t tasks) {
-    int64_t nt = c->threads > 0 ? c->threads : omp_get_max_threads();
-    if (nt > tasks) nt = tasks;
-    return nt < 1 ? 1 : (int)nt;
+/* Called first in each thread of a kernel's parallel region: sgemm runs single-threaded in there, as the
+ * cores already split the tasks. OpenBLAS's OpenMP build goes single-threaded by itself inside an
+ * active region (omp_in_parallel); a one-thread region (ctx->threads = 1, or OMP_NUM_THREADS=1) is
+ * inactive, and OpenBLAS 0.3.21 then splits each sgemm for omp_get_max_threads() threads — which gives
+ * other bits than one sgemm, so results would depend on the thread count. Setting the task's own
+ * thread count (it ends with the region) makes it one. */
+static void single_threaded_blas(void) { omp_set_num_threads(1); }
+
+/* The team of a kernel: the context's thread count, else the runtime's. The team is not cut down to the
+ * number of tasks (a team of two or more is an active region, where BLAS stays single-threaded on any
+ * OpenBLAS version); the scratch is: min(threads, tasks) slices (scratch_slot). */
+static int kernel_threads(const ps_ctx *c) {
+    int nt = c->threads > 0 ? c->threads : omp_get_max_threads();
+    return nt < 1 ? 1 : nt;
 }
 
 /* Floats of one thread's slice: `bufs` score blocks of BLK × ncols, rounded up to 64 bytes. */
@@ -64,10 +73,14 @@ static int64_t slice_floats(const ps_attn_geom *g, int bufs) {
     return (n + 15) / 16 * 16;
 }
 
+/* Slices of scratch for nt threads and `tasks` tasks: one per thread, but never more than tasks. With
+ * fewer tasks than threads the kernels schedule statically, one task per thread (thread i runs task i),
+ * so the threads that run a task are 0..tasks-1 and own slices 0..tasks-1. */
+static int64_t scratch_slices(int nt, int64_t tasks) { return tasks < nt ? tasks : nt; }
+
 int64_t ps_cpu_attn_workspace(const ps_attn_geom *g, int threads, int backward) {
-    int64_t tasks = g->B * (backward ? g->nkv : g->nh), nt = threads < 1 ? 1 : threads;
-    if (nt > tasks) nt = tasks > 0 ? tasks : 1;
-    return nt * slice_floats(g, backward ? 2 : 1);
+    int64_t tasks = g->B * (backward ? g->nkv : g->nh);
+    return scratch_slices(threads < 1 ? 1 : threads, tasks > 0 ? tasks : 1) * slice_floats(g, backward ? 2 : 1);
 }
 
 /* Σ_c (row[c] = exp(row[c] - mx)) over [lo, hi): 16 interleaved sums added in a fixed order (vectorises). */
@@ -171,21 +184,34 @@ static void forward_compressed(float *z, float *lse, const float *q, const float
     }
 }
 
+/* Forward task bn = (sequence, head). */
+static void forward_task(float *z, float *lse, const float *q, const float *k, const float *v, const float *ck,
+                         const float *cv, const ps_attn_geom *g, int64_t bn, float *S) {
+    if (g->compressed) forward_compressed(z, lse, q, k, v, ck, cv, g, bn / g->nh, bn % g->nh, S);
+    else forward_full(z, lse, q, k, v, g, bn / g->nh, bn % g->nh, S);
+}
+
 int ps_cpu_attn_forward(ps_ctx *c, float *z, float *lse, const float *q, const float *k, const float *v,
                         const float *ck, const float *cv, const ps_attn_geom *g) {
     if (c->failed) return -1;
     if (check_geom(c, "attn_forward", g)) return -1;
     int64_t tasks = g->B * g->nh;
     if (tasks == 0 || g->T == 0) return 0;
-    int nt = kernel_threads(c, tasks);
+    int nt = kernel_threads(c);
     int64_t slice = slice_floats(g, 1);
-    float *ws = ps_ctx_workspace(c, nt * slice);
+    float *ws = ps_ctx_workspace(c, scratch_slices(nt, tasks) * slice);
     if (!ws) return -1;
-#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
-    for (int64_t bn = 0; bn < tasks; bn++) {
+#pragma omp parallel num_threads(nt)
+    {
+        single_threaded_blas();
         float *S = ws + omp_get_thread_num() * slice;
-        if (g->compressed) forward_compressed(z, lse, q, k, v, ck, cv, g, bn / g->nh, bn % g->nh, S);
-        else forward_full(z, lse, q, k, v, g, bn / g->nh, bn % g->nh, S);
+        if (tasks < nt) {
+#pragma omp for schedule(static, 1)
+            for (int64_t bn = 0; bn < tasks; bn++) forward_task(z, lse, q, k, v, ck, cv, g, bn, S);
+        } else {
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t bn = 0; bn < tasks; bn++) forward_task(z, lse, q, k, v, ck, cv, g, bn, S);
+        }
     }
     return 0;
 }
@@ -278,25 +304,38 @@ static void backward_compressed(const attn_bw_args *a, const ps_attn_geom *g, in
     }
 }
 
+/* Backward task bk = (sequence, KV head): the group's query heads in order (they add into the same dK,
+ * dV, dCK, dCV slices). S, dP: the thread's two score blocks. */
+static void backward_task(const attn_bw_args *a, const ps_attn_geom *g, int64_t bk, float *S, float *dP) {
+    int64_t b = bk / g->nkv, kv = bk % g->nkv, grp = g->nh / g->nkv;
+    for (int64_t n = kv * grp; n < (kv + 1) * grp; n++) {
+        if (g->compressed) backward_compressed(a, g, b, n, S, dP);
+        else backward_full(a, g, b, n, S, dP);
+    }
+}
+
 int ps_cpu_attn_backward(ps_ctx *c, float *dq, float *dk, float *dv, float *dck, float *dcv, const float *dz,
                          const float *z, const float *lse, const float *q, const float *k, const float *v,
                          const float *ck, const float *cv, const ps_attn_geom *g) {
     if (c->failed) return -1;
     if (check_geom(c, "attn_backward", g)) return -1;
-    int64_t tasks = g->B * g->nkv, grp = g->nh / g->nkv;
+    int64_t tasks = g->B * g->nkv;
     if (tasks == 0 || g->T == 0) return 0;
-    int nt = kernel_threads(c, tasks);
-    int64_t slice = slice_floats(g, 2), half = slice / 2;
-    float *ws = ps_ctx_workspace(c, nt * slice);
+    int nt = kernel_threads(c);
+    int64_t slice = slice_floats(g, 2);
+    float *ws = ps_ctx_workspace(c, scratch_slices(nt, tasks) * slice);
     if (!ws) return -1;
     attn_bw_args a = {dq, dk, dv, dck, dcv, dz, z, lse, q, k, v, ck, cv};
-#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
-    for (int64_t bk = 0; bk < tasks; bk++) {
-        float *S = ws + omp_get_thread_num() * slice, *dP = S + half;
-        int64_t b = bk / g->nkv, kv = bk % g->nkv;
-        for (int64_t n = kv * grp; n < (kv + 1) * grp; n++) {
-            if (g->compressed) backward_compressed(&a, g, b, n, S, dP);
-            else backward_full(&a, g, b, n, S, dP);
+#pragma omp parallel num_threads(nt)
+    {
+        single_threaded_blas();
+        float *S = ws + omp_get_thread_num() * slice;
+        if (tasks < nt) {
+#pragma omp for schedule(static, 1)
+            for (int64_t bk = 0; bk < tasks; bk++) backward_task(&a, g, bk, S, S + slice / 2);
+        } else {
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t bk = 0; bk < tasks; bk++) backward_task(&a, g, bk, S, S + slice / 2);
         }
     }
     return 0;

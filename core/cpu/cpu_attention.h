@@ -15,8 +15,9 @@
 #include "backend.h"
 #include "ctx.h"
 
-/* Query rows per block (the rows of one score block). */
-#define PS_CPU_ATTN_BLOCK 64
+/* Query rows per block (the rows of one score block). 128 rather than 64: the backward's sgemms that
+ * add into dK/dV have this inner size, and measured 3-5% faster on the whole backward (T = 4096). */
+#define PS_CPU_ATTN_BLOCK 128
 
 /* z: [B, T, nh, hd] (=); lse: [B, nh, T] (=), natural-log log-sum-exp of the scaled scores q·key/sqrt(hd)
  * over the entries each query sees. q: [B, T, nh, hd]; k, v: [B, T, nkv, hd]; ck, cv: [B, nW, nkv, hd]
