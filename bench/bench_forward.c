@@ -24,7 +24,7 @@ static double time_forward(const ps_config *c, int64_t B, int64_t T, double min_
     int32_t *tok = malloc((size_t)(B * T) * sizeof(int32_t));
     for (int64_t i = 0; i < B * T; i++) tok[i] = (int32_t)ps_rng_below(&r, c->vocab_size);
     ps_acts a;
-    if (ps_acts_create(&a, c, B, T, false, &err)) {
+    if (ps_acts_create(&a, m.ctx, c, B, T, false, &err)) {
         fprintf(stderr, "%s\n", err.msg);
         exit(1);
     }

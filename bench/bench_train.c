@@ -33,7 +33,7 @@ static result time_train(const ps_config *c, int64_t B, int64_t T, double min_s)
     for (int64_t i = 0; i < B * T; i++) tgt[i] = (i + 1) % T ? tok[i + 1] : -1; /* loss on every position */
     float *g = calloc((size_t)m.n_params, 4), *m1 = calloc((size_t)m.n_params, 4), *m2 = calloc((size_t)m.n_params, 4);
     ps_acts a, ga;
-    if (ps_acts_create(&a, c, B, T, true, &err) || ps_acts_create(&ga, c, B, T, false, &err)) {
+    if (ps_acts_create(&a, m.ctx, c, B, T, true, &err) || ps_acts_create(&ga, m.ctx, c, B, T, false, &err)) {
         fprintf(stderr, "%s\n", err.msg);
         exit(1);
     }
@@ -53,8 +53,12 @@ static result time_train(const ps_config *c, int64_t B, int64_t T, double min_s)
         ps_forward(&m, &a, tok, NULL, &err);
         ps_backward(&m, &a, &ga, tok, tgt, 1.0f / (float)(B * (T - 1)), g, &lsum, &n, &err);
         double to = cpu_now();
-        double gn = ps_grad_norm(g, m.n_params);
-        ps_adamw_update(&m, g, m1, m2, it + 1, 1e-4, gn > 1 ? 1 / gn : 1, &oc);
+        double gn = 0;
+        if (ps_grad_norm(m.ctx, g, m.n_params, &gn, &err) ||
+            ps_adamw_update(&m, g, m1, m2, it + 1, 1e-4, gn > 1 ? 1 / gn : 1, &oc, &err)) {
+            fprintf(stderr, "%s\n", err.msg);
+            exit(1);
+        }
         if (it >= 1) {
             r.opt_s += cpu_now() - to;
             dt[it - 1] = now() - t0;

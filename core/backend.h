@@ -22,6 +22,19 @@ typedef struct {
     int64_t ncols;    /* columns of a probability row: T (full) or nW + LW (compressed) */
 } ps_attn_geom;
 
+/* One chunk of a long sequence (prefill, one sequence): Tq query rows against a key frame of Tk raw
+ * rows; query row i stands at key row q_off + i; key row 0 is absolute position pos0. Compressed: the
+ * first nW windows of the sequence are in the cache, and query row i sees the windows ended by its
+ * absolute position and the raw rows of its local window inside the frame. Full: every key row up to
+ * its own. */
+typedef struct {
+    int64_t nh, nkv, hd;
+    int compressed;
+    int64_t W, S, LW;     /* compressed: window, stride, local window (min(local_window, T) of the pass) */
+    int64_t nW;           /* windows in ck/cv */
+    int64_t Tq, Tk, q_off, pos0;
+} ps_attn_frame;
+
 /* Settings of one AdamW segment (a run of parameters with one learning rate and decay). */
 typedef struct {
     int64_t offset, n;    /* floats into the parameter buffer */
@@ -67,6 +80,8 @@ struct ps_backend {
                         const float *cv, const ps_attn_geom *g);
     int (*attn_probs)(ps_ctx *c, float *probs, const float *q, const float *k, const float *ck, const ps_attn_geom *g);
     int (*attn_out)(ps_ctx *c, float *z, const float *probs, const float *v, const float *cv, const ps_attn_geom *g);
+    int (*attn_chunk)(ps_ctx *c, float *z, const float *q, const float *k, const float *v, const float *ck,
+                      const float *cv, const ps_attn_frame *f);
     int (*attn_rows)(ps_ctx *c, float *z_rows, const int64_t *rows, int64_t n, const float *q, const float *k,
                      const float *v, const float *ck, const float *cv, const ps_attn_geom *g);
     int (*pattern_expand)(ps_ctx *c, float *full, const float *probs, const ps_attn_geom *g);

@@ -11,7 +11,7 @@
 static const ps_backend *const backends[] = {&ps_backend_cpu};
 #define N_BACKENDS ((int)(sizeof backends / sizeof backends[0]))
 
-const char *ps_ctx_backends(void) { return "cpu"; }
+const char *ps_ctx_backends(void) { return PS_BACKENDS_TEXT; }
 
 int ps_ctx_create(ps_ctx **out, const char *backend, ps_error *err) {
     *out = NULL;

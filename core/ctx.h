@@ -37,7 +37,13 @@ typedef struct ps_ctx {
 int ps_ctx_create(ps_ctx **out, const char *backend, ps_error *err);
 void ps_ctx_free(ps_ctx *c);
 const char *ps_ctx_backend_name(const ps_ctx *c);
-/* The backends this build has, comma-separated ("cpu" or "cpu, cuda"). */
+/* The backends this build has, comma-separated ("cpu" or "cpu, cuda"), as a compile-time string (help
+ * texts) and at run time. */
+#ifdef PS_HAVE_CUDA
+#define PS_BACKENDS_TEXT "cpu, cuda"
+#else
+#define PS_BACKENDS_TEXT "cpu"
+#endif
 const char *ps_ctx_backends(void);
 
 /* Record an op's failure (the first message is kept). Returns -1. */

@@ -2,6 +2,7 @@
 
 #include "fileio.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -14,12 +15,10 @@ typedef struct {
     bool per_layer; /* one slot per layer when keep_all */
 } act_spec;
 
-static int build_specs(act_spec *s, ps_act_ptrs *p, const ps_config *c, int64_t B, int64_t T, int64_t nW,
-                       bool pattern_hook) {
+static int build_specs(act_spec *s, ps_act_ptrs *p, const ps_config *c, int64_t B, int64_t T, int64_t nW) {
     int64_t BT = B * T, d = c->d_model, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads, L = c->n_layers;
     int comp = c->kind == PS_ATTN_COMPRESSED;
-    int64_t W = comp ? c->window : 0, LW = comp ? (c->local_window < T ? c->local_window : T) : 0;
-    int64_t ncols = comp ? nW + LW : T;
+    int64_t W = comp ? c->window : 0;
     int k = 0;
 #define SPEC(field, count, pl) s[k++] = (act_spec){&p->field, (count), (pl)}
     SPEC(resid, (L + 1) * BT * d, false);
@@ -42,7 +41,7 @@ static int build_specs(act_spec *s, ps_act_ptrs *p, const ps_config *c, int64_t 
     SPEC(ck, B * nW * nkv * hd, true);
     SPEC(ck_rstd, B * nW * nkv, true);
     SPEC(cv, B * nW * nkv * hd, true);
-    SPEC(probs, B * nh * T * ncols, true);
+    SPEC(lse, B * nh * T, true);
     SPEC(z, BT * nh * hd, true);
     SPEC(attn_out, BT * d, true);
     SPEC(resid_mid, BT * d, true);
@@ -58,22 +57,32 @@ static int build_specs(act_spec *s, ps_act_ptrs *p, const ps_config *c, int64_t 
     SPEC(rope_cos, c->rope ? T * (hd / 2) : 0, false);
     SPEC(rope_sin, c->rope ? T * (hd / 2) : 0, false);
     SPEC(payload_scratch, comp && c->payload == PS_PAYLOAD_SHARED ? BT * nkv * hd : 0, false);
-    SPEC(pattern_full, pattern_hook && comp ? B * nh * T * (nW + T) : 0, false);
 #undef SPEC
     return k;
+}
+
+/* Floats of the pattern hook's scratch: the compact rows [B, nh, T, ncols] and, compressed, the wide
+ * rows [B, nh, T, nW + T] the hook sees. Allocated on the first pattern hook only. */
+static int64_t pattern_floats(const ps_config *c, int64_t B, int64_t T) {
+    int comp = c->kind == PS_ATTN_COMPRESSED;
+    int64_t nW = ps_config_n_windows(c, T), LW = comp ? (c->local_window < T ? c->local_window : T) : 0;
+    int64_t rows = B * c->n_heads * T;
+    return comp ? rows * (nW + LW) + rows * (nW + T) : rows * T;
 }
 
 int64_t ps_acts_size(const ps_config *cfg, int64_t B, int64_t T, bool keep_all, bool pattern_hook) {
     act_spec s[40];
     ps_act_ptrs p;
-    int n = build_specs(s, &p, cfg, B, T, ps_config_n_windows(cfg, T), pattern_hook);
-    int64_t tot = 0;
+    int n = build_specs(s, &p, cfg, B, T, ps_config_n_windows(cfg, T));
+    int64_t tot = pattern_hook ? pattern_floats(cfg, B, T) : 0;
     for (int i = 0; i < n; i++) tot += s[i].n * (s[i].per_layer && keep_all ? cfg->n_layers : 1);
     return tot;
 }
 
-int ps_acts_create(ps_acts *a, const ps_config *cfg, int64_t B, int64_t T, bool keep_all, ps_error *err) {
+int ps_acts_create(ps_acts *a, ps_ctx *ctx, const ps_config *cfg, int64_t B, int64_t T, bool keep_all, ps_error *err) {
     memset(a, 0, sizeof *a);
+    a->ctx = ctx;
+    a->cfg = cfg;
     if (B < 1 || T < 1) return ps_fail(err, "batch of %lld sequences of %lld tokens: both must be >= 1", (long long)B, (long long)T);
     if (T > cfg->max_seq_len)
         return ps_fail(err, "sequence of %lld tokens exceeds max_seq_len %lld by %lld", (long long)T,
@@ -87,9 +96,8 @@ int ps_acts_create(ps_acts *a, const ps_config *cfg, int64_t B, int64_t T, bool 
                              .compressed = comp, .W = cfg->window, .S = cfg->stride,
                              .LW = comp ? (cfg->local_window < T ? cfg->local_window : T) : 0, .nW = a->nW};
     a->geom.ncols = comp ? a->nW + a->geom.LW : T;
-    /* The pattern scratch is sized for the worst case so hooks can be added after creation. */
     act_spec s[40];
-    int n = build_specs(s, &a->p, cfg, B, T, a->nW, true);
+    int n = build_specs(s, &a->p, cfg, B, T, a->nW);
     double tot = 0;
     for (int i = 0; i < n; i++) tot += (double)s[i].n * (s[i].per_layer && keep_all ? (double)cfg->n_layers : 1.0);
     if (tot * 4 > 256e9)
@@ -100,10 +108,10 @@ int ps_acts_create(ps_acts *a, const ps_config *cfg, int64_t B, int64_t T, bool 
         return ps_fail(err, "activations for B=%lld, T=%lld need %.2f GiB but only %.2f GiB of memory is available", (long long)B,
                        (long long)T, tot * 4 / 1073741824.0, (double)avail / 1073741824.0);
     a->n_floats = (int64_t)tot;
-    a->buf = malloc((size_t)(a->n_floats ? a->n_floats : 1) * sizeof(float));
-    if (!a->buf)
-        return ps_fail(err, "out of memory: activations for B=%lld, T=%lld need %.1f MB", (long long)B, (long long)T,
-                       tot * 4 / 1e6);
+    char what[96];
+    snprintf(what, sizeof what, "activations for B=%lld, T=%lld", (long long)B, (long long)T);
+    a->buf = ps_buf_alloc(ctx, a->n_floats * (int64_t)sizeof(float), what, err);
+    if (!a->buf) return -1;
     int64_t off = 0;
     for (int i = 0; i < n; i++) {
         *s[i].ptr = s[i].n ? a->buf + off : NULL;
@@ -111,13 +119,42 @@ int ps_acts_create(ps_acts *a, const ps_config *cfg, int64_t B, int64_t T, bool 
         a->layer_stride[(float **)s[i].ptr - (float **)&a->p] = s[i].per_layer && keep_all ? s[i].n : 0;
         off += s[i].n * slots;
     }
-    if (cfg->rope) ps_rope_table(a->p.rope_cos, a->p.rope_sin, T, cfg->head_dim, cfg->rope_theta);
+    if (cfg->rope && ps_rope_table(ctx, a->p.rope_cos, a->p.rope_sin, T, cfg->head_dim, cfg->rope_theta)) {
+        ps_acts_free(a);
+        return ps_ctx_check(ctx, err);
+    }
     return 0;
 }
 
 void ps_acts_free(ps_acts *a) {
-    free(a->buf);
+    if (a->ctx) {
+        ps_buf_free(a->ctx, a->buf, a->n_floats * (int64_t)sizeof(float));
+        ps_buf_free(a->ctx, a->pattern, a->pattern_n * (int64_t)sizeof(float));
+        ps_buf_free(a->ctx, a->rows_buf, a->rows_n * (int64_t)sizeof(float));
+    }
+    free(a->logits_host);
     memset(a, 0, sizeof *a);
+}
+
+/* A buffer of the acts' own that grows on demand (pattern scratch, answer-row scratch). */
+static float *acts_scratch(ps_acts *a, float **buf, int64_t *have, int64_t want, const char *what, ps_error *err) {
+    if (want <= *have) return *buf;
+    ps_buf_free(a->ctx, *buf, *have * (int64_t)sizeof(float));
+    *buf = NULL;
+    *have = 0;
+    *buf = ps_buf_alloc(a->ctx, want * (int64_t)sizeof(float), what, err);
+    if (*buf) *have = want;
+    return *buf;
+}
+
+const float *ps_acts_logits_host(ps_acts *a, ps_error *err) {
+    if (ps_ctx_host_visible(a->ctx)) return a->p.logits;
+    int64_t n = a->B * a->T * a->cfg->vocab_size;
+    if (!a->logits_host && !(a->logits_host = malloc((size_t)n * sizeof(float)))) {
+        ps_fail(err, "out of memory for a host copy of %lld logits", (long long)n);
+        return NULL;
+    }
+    return ps_buf_to_host(a->ctx, a->logits_host, a->p.logits, n * (int64_t)sizeof(float), err) ? NULL : a->logits_host;
 }
 
 ps_act_ptrs ps_acts_layer(const ps_acts *a, int l) {
@@ -143,52 +180,42 @@ double ps_prof_now(void) {
     do {                                                                                     \
         if (ps_hooks_on(hooks, l, pt)) {                                                     \
             int64_t shp_[4] = {__VA_ARGS__};                                                 \
-            if (ps_hooks_fire(hooks, l, pt, (data), (nd), shp_, err)) return -1;            \
+            if (ps_hooks_fire(ctx, hooks, l, pt, (data), (nd), shp_, err)) return -1;       \
         }                                                                                    \
     } while (0)
 
-/* The pattern hook sees [B, nh, T, nW + T]; expand the compact compressed rows, fire, copy back the
- * entries the query sees. Full attention rows already have that layout: re-zero unseen entries. */
-static int fire_pattern(const ps_hooks *hooks, int l, const ps_acts *a, float *probs, ps_error *err) {
+/* Run a sequence of ops (chained with ||) and turn a failure into err. */
+#define OPS(cat, expr)                                                                       \
+    do {                                                                                     \
+        int rc_;                                                                             \
+        PROF(0, cat, rc_ = (expr));                                                          \
+        if (rc_) return ps_ctx_check(ctx, err);                                              \
+    } while (0)
+
+/* Attention of layer l into p.z (and p.lse). With a pattern hook the probabilities are materialised
+ * (the only time they are): the hook sees [B, nh, T, nW + T] (compressed: windows first, then raw
+ * positions; full: [B, nh, T, T]), and z is computed from what it leaves. */
+static int attention(ps_acts *a, int l, const ps_act_ptrs *pp, const ps_hooks *hooks, ps_error *err) {
+    ps_ctx *ctx = a->ctx;
+    ps_profile *prof = a->prof;
     const ps_attn_geom *g = &a->geom;
-    int64_t B = g->B, nh = g->nh, T = g->T;
-    if (!g->compressed) {
-        FIRE(PS_HOOK_PATTERN, probs, 4, B, nh, T, T);
-        for (int64_t r = 0; r < B * nh * T; r++) {
-            int64_t t = r % T;
-            memset(probs + r * T + t + 1, 0, (size_t)(T - t - 1) * sizeof(float));
-        }
-        return 0;
-    }
-    int64_t nW = g->nW, LW = g->LW, wide = nW + T;
-    float *full = a->p.pattern_full;
-    for (int64_t r = 0; r < B * nh * T; r++) {
-        int64_t t = r % T;
-        const float *src = probs + r * g->ncols;
-        float *dst = full + r * wide;
-        memset(dst, 0, (size_t)wide * sizeof(float));
-        memcpy(dst, src, (size_t)nW * sizeof(float));
-        for (int64_t m = 0; m < LW; m++) {
-            int64_t tp = t - LW + 1 + m;
-            if (tp >= 0) dst[nW + tp] = src[nW + m];
-        }
-    }
-    FIRE(PS_HOOK_PATTERN, full, 4, B, nh, T, wide);
-    for (int64_t r = 0; r < B * nh * T; r++) {
-        int64_t t = r % T, nc = ps_windows_seen(t, g->W, g->S, nW);
-        float *dst = probs + r * g->ncols;
-        const float *src = full + r * wide;
-        memcpy(dst, src, (size_t)nc * sizeof(float));
-        for (int64_t m = 0; m < LW; m++) {
-            int64_t tp = t - LW + 1 + m;
-            dst[nW + m] = tp >= 0 ? src[nW + tp] : 0.0f;
-        }
-    }
+    ps_act_ptrs p = *pp;
+    OPS(PS_PROF_ATTENTION, ps_attn_forward(ctx, p.z, p.lse, p.q, p.k, p.v, p.ck, p.cv, g));
+    if (!ps_hooks_on(hooks, l, PS_HOOK_PATTERN)) return 0;
+    int64_t B = g->B, nh = g->nh, T = g->T, rows = B * nh * T;
+    int64_t compact = rows * g->ncols, wide = g->compressed ? rows * (g->nW + T) : 0;
+    float *buf = acts_scratch(a, &a->pattern, &a->pattern_n, compact + wide, "attention pattern scratch", err);
+    if (!buf) return -1;
+    float *probs = buf, *full = g->compressed ? buf + compact : buf;
+    OPS(PS_PROF_ATTENTION, ps_attn_probs(ctx, probs, p.q, p.k, p.ck, g) || ps_pattern_expand(ctx, full, probs, g));
+    FIRE(PS_HOOK_PATTERN, full, 4, B, nh, T, g->compressed ? g->nW + T : T);
+    OPS(PS_PROF_ATTENTION, ps_pattern_compact(ctx, probs, full, g) || ps_attn_out(ctx, p.z, probs, p.v, p.cv, g));
     return 0;
 }
 
 /* Layer l up to the compressed keys and values (ln1, q/k/v, norms, RoPE, compressor) with their hooks. */
 static int layer_forward_pre(const ps_model *m, ps_acts *a, int l, const ps_hooks *hooks, ps_error *err) {
+    ps_ctx *ctx = a->ctx;
     ps_profile *prof = a->prof;
     const ps_config *c = &m->cfg;
     ps_layer_params w = ps_model_layer(m, m->params, l);
@@ -200,22 +227,19 @@ static int layer_forward_pre(const ps_model *m, ps_acts *a, int l, const ps_hook
     int comp = c->kind == PS_ATTN_COMPRESSED;
 
     FIRE(PS_HOOK_RESID_PRE, h, 3, B, T, d);
-    PROF(0, PS_PROF_NORM_ROPE, ps_rmsnorm(p.ln1, p.ln1_rstd, h, w.in_norm, BT, d, eps));
+    OPS(PS_PROF_NORM_ROPE, ps_rmsnorm(ctx, p.ln1, p.ln1_rstd, h, w.in_norm, BT, d, eps));
     /* q, k, v: [B,T,nh|nkv,hd] */
-    PROF(0, PS_PROF_MATMUL, ps_matmul(p.q_pre, p.ln1, w.wq, BT, d, nh * hd, 0));
-    PROF(0, PS_PROF_MATMUL, ps_matmul(p.k_pre, p.ln1, w.wk, BT, d, nkv * hd, 0));
-    PROF(0, PS_PROF_MATMUL, ps_matmul(p.v, p.ln1, w.wv, BT, d, nkv * hd, 0));
-    if (c->qk_norm) {
-        PROF(0, PS_PROF_NORM_ROPE, ps_rmsnorm(p.q, p.q_rstd, p.q_pre, w.qnorm, BT * nh, hd, eps));
-        PROF(0, PS_PROF_NORM_ROPE, ps_rmsnorm(p.k, p.k_rstd, p.k_pre, w.knorm, BT * nkv, hd, eps));
-    } else {
-        memcpy(p.q, p.q_pre, (size_t)(BT * nh * hd) * sizeof(float));
-        memcpy(p.k, p.k_pre, (size_t)(BT * nkv * hd) * sizeof(float));
-    }
-    if (c->rope) {
-        PROF(0, PS_PROF_NORM_ROPE, ps_rope(p.q, a->p.rope_cos, a->p.rope_sin, B, T, nh, hd, 1));
-        PROF(0, PS_PROF_NORM_ROPE, ps_rope(p.k, a->p.rope_cos, a->p.rope_sin, B, T, nkv, hd, 1));
-    }
+    OPS(PS_PROF_MATMUL, ps_matmul(ctx, p.q_pre, p.ln1, w.wq, BT, d, nh * hd, 0) ||
+                            ps_matmul(ctx, p.k_pre, p.ln1, w.wk, BT, d, nkv * hd, 0) ||
+                            ps_matmul(ctx, p.v, p.ln1, w.wv, BT, d, nkv * hd, 0));
+    if (c->qk_norm)
+        OPS(PS_PROF_NORM_ROPE, ps_rmsnorm(ctx, p.q, p.q_rstd, p.q_pre, w.qnorm, BT * nh, hd, eps) ||
+                                   ps_rmsnorm(ctx, p.k, p.k_rstd, p.k_pre, w.knorm, BT * nkv, hd, eps));
+    else
+        OPS(PS_PROF_OTHER, ps_copy(ctx, p.q, p.q_pre, BT * nh * hd) || ps_copy(ctx, p.k, p.k_pre, BT * nkv * hd));
+    if (c->rope)
+        OPS(PS_PROF_NORM_ROPE, ps_rope(ctx, p.q, a->p.rope_cos, a->p.rope_sin, B, T, nh, hd, 1) ||
+                                   ps_rope(ctx, p.k, a->p.rope_cos, a->p.rope_sin, B, T, nkv, hd, 1));
     FIRE(PS_HOOK_Q, p.q, 4, B, T, nh, hd);
     FIRE(PS_HOOK_K, p.k, 4, B, T, nkv, hd);
     FIRE(PS_HOOK_V, p.v, 4, B, T, nkv, hd);
@@ -223,17 +247,20 @@ static int layer_forward_pre(const ps_model *m, ps_acts *a, int l, const ps_hook
     if (comp) {
         /* Compressor: gates and payloads read the layer input a = ln1 (SPEC §2). */
         int learned = c->gate == PS_GATE_LEARNED, shared = c->payload == PS_PAYLOAD_SHARED;
-        PROF(0, PS_PROF_COMPRESSOR, ps_gate(p.gz_k, p.ga_k, p.ln1, learned ? w.key_gate_w : NULL, w.key_gate_b, B, T, d, nW, W, S, nkv));
-        PROF(0, PS_PROF_COMPRESSOR, ps_gate(p.gz_v, p.ga_v, p.ln1, learned ? w.value_gate_w : NULL, w.value_gate_b, B, T, d, nW, W, S, nkv));
+        OPS(PS_PROF_COMPRESSOR,
+            ps_gate(ctx, p.gz_k, p.ga_k, p.ln1, learned ? w.key_gate_w : NULL, w.key_gate_b, B, T, d, nW, W, S, nkv) ||
+                ps_gate(ctx, p.gz_v, p.ga_v, p.ln1, learned ? w.value_gate_w : NULL, w.value_gate_b, B, T, d, nW, W, S, nkv));
         FIRE(PS_HOOK_GATE_K, p.ga_k, 4, B, nW, nkv, W);
         FIRE(PS_HOOK_GATE_V, p.ga_v, 4, B, nW, nkv, W);
-        PROF(0, PS_PROF_COMPRESSOR, ps_payload(p.pk, p.ln1, w.key_payload, shared, a->p.payload_scratch, B, T, d, nW, W, S, nkv * hd));
-        PROF(0, PS_PROF_COMPRESSOR, ps_payload(p.pv, p.ln1, w.value_payload, shared, a->p.payload_scratch, B, T, d, nW, W, S, nkv * hd));
-        PROF(0, PS_PROF_COMPRESSOR, ps_pool(p.ck_pre, p.ga_k, p.pk, B, nW, W, nkv, hd));
-        PROF(0, PS_PROF_COMPRESSOR, ps_pool(p.cv, p.ga_v, p.pv, B, nW, W, nkv, hd));
-        if (c->qk_norm) PROF(0, PS_PROF_NORM_ROPE, ps_rmsnorm(p.ck, p.ck_rstd, p.ck_pre, w.knorm, B * nW * nkv, hd, eps));
-        else if (nW > 0) memcpy(p.ck, p.ck_pre, (size_t)(B * nW * nkv * hd) * sizeof(float));
-        if (c->rope && nW > 0) PROF(0, PS_PROF_NORM_ROPE, ps_rope(p.ck, a->p.rope_cos, a->p.rope_sin, B, nW, nkv, hd, S));
+        OPS(PS_PROF_COMPRESSOR,
+            ps_payload(ctx, p.pk, p.ln1, w.key_payload, shared, a->p.payload_scratch, B, T, d, nW, W, S, nkv * hd) ||
+                ps_payload(ctx, p.pv, p.ln1, w.value_payload, shared, a->p.payload_scratch, B, T, d, nW, W, S, nkv * hd) ||
+                ps_pool(ctx, p.ck_pre, p.ga_k, p.pk, B, nW, W, nkv, hd) || ps_pool(ctx, p.cv, p.ga_v, p.pv, B, nW, W, nkv, hd));
+        if (c->qk_norm)
+            OPS(PS_PROF_NORM_ROPE, ps_rmsnorm(ctx, p.ck, p.ck_rstd, p.ck_pre, w.knorm, B * nW * nkv, hd, eps));
+        else
+            OPS(PS_PROF_OTHER, ps_copy(ctx, p.ck, p.ck_pre, B * nW * nkv * hd));
+        if (c->rope && nW > 0) OPS(PS_PROF_NORM_ROPE, ps_rope(ctx, p.ck, a->p.rope_cos, a->p.rope_sin, B, nW, nkv, hd, S));
         FIRE(PS_HOOK_CK, p.ck, 4, B, nW, nkv, hd);
         FIRE(PS_HOOK_CV, p.cv, 4, B, nW, nkv, hd);
     }
@@ -242,6 +269,7 @@ static int layer_forward_pre(const ps_model *m, ps_acts *a, int l, const ps_hook
 
 /* The rest of layer l from the attention scores on: reads q, k, v, ck, cv of layer l's slot. */
 static int layer_forward_post(const ps_model *m, ps_acts *a, int l, const ps_hooks *hooks, ps_error *err) {
+    ps_ctx *ctx = a->ctx;
     ps_profile *prof = a->prof;
     const ps_config *c = &m->cfg;
     ps_layer_params w = ps_model_layer(m, m->params, l);
@@ -249,22 +277,20 @@ static int layer_forward_post(const ps_model *m, ps_acts *a, int l, const ps_hoo
     int64_t B = a->B, T = a->T, BT = B * T, d = c->d_model, hd = c->head_dim, nh = c->n_heads, dff = c->d_ff;
     float eps = (float)c->rms_eps;
     float *h = a->p.resid + (int64_t)l * BT * d, *h_next = h + BT * d;
-    PROF(0, PS_PROF_ATTENTION, ps_attn_probs(p.probs, p.q, p.k, p.ck, &a->geom));
-    if (ps_hooks_on(hooks, l, PS_HOOK_PATTERN) && fire_pattern(hooks, l, a, p.probs, err)) return -1;
-    PROF(0, PS_PROF_ATTENTION, ps_attn_out(p.z, p.probs, p.v, p.cv, &a->geom));
+    if (attention(a, l, &p, hooks, err)) return -1;
     FIRE(PS_HOOK_Z, p.z, 4, B, T, nh, hd);
-    PROF(0, PS_PROF_MATMUL, ps_matmul(p.attn_out, p.z, w.wo, BT, nh * hd, d, 0));
+    OPS(PS_PROF_MATMUL, ps_matmul(ctx, p.attn_out, p.z, w.wo, BT, nh * hd, d, 0));
     FIRE(PS_HOOK_ATTN_OUT, p.attn_out, 3, B, T, d);
-    PROF(0, PS_PROF_OTHER, ps_add(p.resid_mid, h, p.attn_out, BT * d));
+    OPS(PS_PROF_OTHER, ps_add(ctx, p.resid_mid, h, p.attn_out, BT * d));
     FIRE(PS_HOOK_RESID_MID, p.resid_mid, 3, B, T, d);
 
-    PROF(0, PS_PROF_NORM_ROPE, ps_rmsnorm(p.ln2, p.ln2_rstd, p.resid_mid, w.post_norm, BT, d, eps));
-    PROF(0, PS_PROF_MATMUL, ps_matmul(p.mlp_g, p.ln2, w.mlp_gate, BT, d, dff, 0));
-    PROF(0, PS_PROF_MATMUL, ps_matmul(p.mlp_u, p.ln2, w.mlp_up, BT, d, dff, 0));
-    PROF(0, PS_PROF_OTHER, ps_swiglu(p.mlp_h, p.mlp_g, p.mlp_u, BT * dff));
-    PROF(0, PS_PROF_MATMUL, ps_matmul(p.mlp_out, p.mlp_h, w.mlp_down, BT, dff, d, 0));
+    OPS(PS_PROF_NORM_ROPE, ps_rmsnorm(ctx, p.ln2, p.ln2_rstd, p.resid_mid, w.post_norm, BT, d, eps));
+    OPS(PS_PROF_MATMUL, ps_matmul(ctx, p.mlp_g, p.ln2, w.mlp_gate, BT, d, dff, 0) ||
+                            ps_matmul(ctx, p.mlp_u, p.ln2, w.mlp_up, BT, d, dff, 0));
+    OPS(PS_PROF_OTHER, ps_swiglu(ctx, p.mlp_h, p.mlp_g, p.mlp_u, BT * dff));
+    OPS(PS_PROF_MATMUL, ps_matmul(ctx, p.mlp_out, p.mlp_h, w.mlp_down, BT, dff, d, 0));
     FIRE(PS_HOOK_MLP_OUT, p.mlp_out, 3, B, T, d);
-    PROF(0, PS_PROF_OTHER, ps_add(h_next, p.resid_mid, p.mlp_out, BT * d));
+    OPS(PS_PROF_OTHER, ps_add(ctx, h_next, p.resid_mid, p.mlp_out, BT * d));
     FIRE(PS_HOOK_RESID_POST, h_next, 3, B, T, d);
     return 0;
 }
@@ -275,7 +301,16 @@ static int layer_forward(const ps_model *m, ps_acts *a, int l, const ps_hooks *h
 
 static int forward_rest(const ps_model *m, ps_acts *a, int from, const ps_hooks *hooks, ps_error *err);
 
+/* The model and the activations must live on one context. */
+static int same_ctx(const ps_model *m, const ps_acts *a, ps_error *err) {
+    if (m->ctx != a->ctx)
+        return ps_fail(err, "the activations were made on another context (%s) than the model's (%s)",
+                       a->ctx ? ps_ctx_backend_name(a->ctx) : "none", ps_ctx_backend_name(m->ctx));
+    return 0;
+}
+
 int ps_forward_from_attention(const ps_model *m, ps_acts *a, int l, const ps_hooks *hooks, ps_error *err) {
+    if (same_ctx(m, a, err)) return -1;
     if (!a->keep_all) return ps_fail(err, "forward from the attention of layer %d needs the activations of every layer", l);
     if (l < 0 || l >= m->cfg.n_layers)
         return ps_fail(err, "forward from layer %d: the model has %lld layers", l, (long long)m->cfg.n_layers);
@@ -285,6 +320,8 @@ int ps_forward_from_attention(const ps_model *m, ps_acts *a, int l, const ps_hoo
 
 /* The last layer's post-attention part and the logits for chosen rows only (all else is left stale). */
 static int last_layer_rows(const ps_model *m, ps_acts *a, const int64_t *rows, int64_t n, ps_error *err) {
+    ps_ctx *ctx = a->ctx;
+    ps_profile *prof = NULL;
     const ps_config *c = &m->cfg;
     int l = (int)c->n_layers - 1;
     ps_layer_params w = ps_model_layer(m, m->params, l);
@@ -292,32 +329,31 @@ static int last_layer_rows(const ps_model *m, ps_acts *a, const int64_t *rows, i
     int64_t BT = a->B * a->T, d = c->d_model, qd = c->n_heads * c->head_dim, dff = c->d_ff, V = c->vocab_size;
     float eps = (float)c->rms_eps;
     const float *h = a->p.resid + (int64_t)l * BT * d;
-    float *buf = malloc((size_t)(n * (qd + 4 * d + 3 * dff + V) + 2 * n) * sizeof(float));
-    if (!buf) return ps_fail(err, "out of memory");
+    float *buf = acts_scratch(a, &a->rows_buf, &a->rows_n, n * (qd + 4 * d + 3 * dff + V) + 2 * n, "answer-row scratch", err);
+    if (!buf) return -1;
     float *z = buf, *ao = z + n * qd, *mid = ao + n * d, *ln = mid + n * d, *hh = ln + n * d, *g = hh + n * d,
           *u = g + n * dff, *mh = u + n * dff, *lg = mh + n * dff, *rs = lg + n * V;
-    ps_attn_rows(z, rows, n, p.q, p.k, p.v, p.ck, p.cv, &a->geom);
-    ps_matmul(ao, z, w.wo, n, qd, d, 0);
-    for (int64_t i = 0; i < n; i++)
-        for (int64_t e = 0; e < d; e++) mid[i * d + e] = h[rows[i] * d + e] + ao[i * d + e];
-    ps_rmsnorm(ln, rs, mid, w.post_norm, n, d, eps);
-    ps_matmul(g, ln, w.mlp_gate, n, d, dff, 0);
-    ps_matmul(u, ln, w.mlp_up, n, d, dff, 0);
-    ps_swiglu(mh, g, u, n * dff);
-    ps_matmul(hh, mh, w.mlp_down, n, dff, d, 0);
-    ps_add(hh, mid, hh, n * d);
-    ps_rmsnorm(ln, rs, hh, ps_model_final_norm(m, m->params), n, d, eps);
-    ps_matmul(lg, ln, ps_model_lm_head(m, m->params), n, d, V, 0);
-    for (int64_t i = 0; i < n; i++) memcpy(a->p.logits + rows[i] * V, lg + i * V, (size_t)V * sizeof(float));
-    free(buf);
+    OPS(PS_PROF_OTHER,
+        ps_attn_rows(ctx, z, rows, n, p.q, p.k, p.v, p.ck, p.cv, &a->geom) || ps_matmul(ctx, ao, z, w.wo, n, qd, d, 0) ||
+            ps_gather_rows(ctx, mid, h, ao, rows, n, d) || ps_rmsnorm(ctx, ln, rs, mid, w.post_norm, n, d, eps) ||
+            ps_matmul(ctx, g, ln, w.mlp_gate, n, d, dff, 0) || ps_matmul(ctx, u, ln, w.mlp_up, n, d, dff, 0) ||
+            ps_swiglu(ctx, mh, g, u, n * dff) || ps_matmul(ctx, hh, mh, w.mlp_down, n, dff, d, 0) ||
+            ps_add(ctx, hh, mid, hh, n * d) ||
+            ps_rmsnorm(ctx, ln, rs, hh, ps_model_final_norm(m, m->params), n, d, eps) ||
+            ps_matmul(ctx, lg, ln, ps_model_lm_head(m, m->params), n, d, V, 0) ||
+            ps_scatter_rows(ctx, a->p.logits, lg, rows, n, V));
     return 0;
 }
 
 int ps_forward_from_attention_rows(const ps_model *m, ps_acts *a, int l, const int64_t *rows, int64_t n, ps_error *err) {
     const ps_config *c = &m->cfg;
     int last = (int)c->n_layers - 1;
+    if (same_ctx(m, a, err)) return -1;
     if (!a->keep_all) return ps_fail(err, "forward from the attention of layer %d needs the activations of every layer", l);
     if (l < 0 || l > last) return ps_fail(err, "forward from layer %d: the model has %lld layers", l, (long long)c->n_layers);
+    for (int64_t i = 0; i < n; i++)
+        if (rows[i] < 0 || rows[i] >= a->B * a->T)
+            return ps_fail(err, "answer row %lld is outside the batch's %lld rows", (long long)rows[i], (long long)(a->B * a->T));
     if (l < last) {
         if (layer_forward_post(m, a, l, NULL, err)) return -1;
         for (int k = l + 1; k < last; k++)
@@ -329,6 +365,7 @@ int ps_forward_from_attention_rows(const ps_model *m, ps_acts *a, int l, const i
 
 int ps_forward_from(const ps_model *m, ps_acts *a, int from, const ps_hooks *hooks, ps_error *err) {
     const ps_config *c = &m->cfg;
+    if (same_ctx(m, a, err)) return -1;
     if (from < 0 || from > c->n_layers)
         return ps_fail(err, "forward from layer %d: the model has %lld layers", from, (long long)c->n_layers);
     if (hooks && hooks->mask && hooks->n_layers != c->n_layers)
@@ -342,22 +379,58 @@ static int forward_rest(const ps_model *m, ps_acts *a, int from, const ps_hooks 
     for (int l = from; l < c->n_layers; l++)
         if (layer_forward(m, a, l, hooks, err)) return -1;
     int64_t BT = a->B * a->T, d = c->d_model;
+    ps_ctx *ctx = a->ctx;
     ps_profile *prof = a->prof;
-    PROF(0, PS_PROF_NORM_ROPE,
-         ps_rmsnorm(a->p.lnf, a->p.lnf_rstd, a->p.resid + c->n_layers * BT * d, ps_model_final_norm(m, m->params), BT, d,
-                    (float)c->rms_eps));
-    PROF(0, PS_PROF_MATMUL, ps_matmul(a->p.logits, a->p.lnf, ps_model_lm_head(m, m->params), BT, d, c->vocab_size, 0));
+    OPS(PS_PROF_NORM_ROPE, ps_rmsnorm(ctx, a->p.lnf, a->p.lnf_rstd, a->p.resid + c->n_layers * BT * d,
+                                      ps_model_final_norm(m, m->params), BT, d, (float)c->rms_eps));
+    OPS(PS_PROF_MATMUL, ps_matmul(ctx, a->p.logits, a->p.lnf, ps_model_lm_head(m, m->params), BT, d, c->vocab_size, 0));
     return 0;
 }
 
 int ps_forward(const ps_model *m, ps_acts *a, const int32_t *tokens, const ps_hooks *hooks, ps_error *err) {
     const ps_config *c = &m->cfg;
+    if (same_ctx(m, a, err)) return -1;
     int64_t BT = a->B * a->T;
     for (int64_t i = 0; i < BT; i++)
         if (tokens[i] < 0 || tokens[i] >= c->vocab_size)
             return ps_fail(err, "token %d at sequence %lld, position %lld is outside the vocabulary [0, %lld)",
                            tokens[i], (long long)(i / a->T), (long long)(i % a->T), (long long)c->vocab_size);
+    ps_ctx *ctx = a->ctx;
     ps_profile *prof = a->prof;
-    PROF(0, PS_PROF_OTHER, ps_embed(a->p.resid, tokens, ps_model_embed(m, m->params), BT, c->d_model));
+    OPS(PS_PROF_OTHER, ps_embed(ctx, a->p.resid, tokens, ps_model_embed(m, m->params), BT, c->d_model));
     return ps_forward_from(m, a, 0, hooks, err);
+}
+
+int ps_acts_score(ps_acts *a, const ps_batch *view, int *correct, double *logprob, ps_error *err) {
+    if (view->B != a->B || view->T != a->T)
+        return ps_fail(err, "scoring a batch of %lldx%lld tokens with activations of %lldx%lld", (long long)view->B,
+                       (long long)view->T, (long long)a->B, (long long)a->T);
+    const float *logits = ps_acts_logits_host(a, err);
+    if (!logits) return -1;
+    ps_score_queries(view, logits, a->cfg->vocab_size, correct, logprob);
+    return 0;
+}
+
+int ps_forward_batches(const ps_model *m, const ps_batch *b, int64_t batch, bool keep_all, const ps_hooks *hooks,
+                       ps_batch_fn fn, void *user, ps_error *err) {
+    if (batch < 1) return ps_fail(err, "batch %lld must be >= 1", (long long)batch);
+    int64_t N = b->B, T = b->T, full = batch < N ? batch : N, last0 = N ? (N - 1) / full * full : 0;
+    if (N == 0) return 0;
+    ps_acts a, part;
+    int have_part = 0;
+    if (ps_acts_create(&a, m->ctx, &m->cfg, full, T, keep_all, err)) return -1;
+    int rc = 0;
+    if (N - last0 != full) {
+        rc = ps_acts_create(&part, m->ctx, &m->cfg, N - last0, T, keep_all, err);
+        have_part = !rc;
+    }
+    for (int64_t i0 = 0; i0 < N && !rc; i0 += full) {
+        ps_acts *use = i0 == last0 && have_part ? &part : &a;
+        ps_batch view = ps_batch_view(b, i0, use->B);
+        rc = ps_forward(m, use, view.tokens, hooks, err);
+        if (!rc && fn) rc = fn(&view, i0, use, user, err);
+    }
+    if (have_part) ps_acts_free(&part);
+    ps_acts_free(&a);
+    return rc;
 }

@@ -15,6 +15,7 @@
 #include "hooks.h"
 #include "model.h"
 #include "ops.h"
+#include "tasks.h"
 
 typedef struct {
     float *resid;          /* [L+1, B, T, d]   input of layer l (l = L: the final residual) */
@@ -26,7 +27,7 @@ typedef struct {
     float *gz_k, *ga_k, *gz_v, *ga_v; /* gate logits and alpha [B,nW,nkv,W] */
     float *pk, *pv;        /* payloads [B,nW,W,nkv*hd] */
     float *ck_pre, *ck, *ck_rstd, *cv; /* [B,nW,nkv,hd] pooled key before norm/RoPE, after; [B,nW,nkv]; value */
-    float *probs;          /* [B,nh,T,ncols] */
+    float *lse;            /* [B,nh,T] attention row log-sum-exp (the backward recomputes probabilities) */
     float *z;              /* [B,T,nh,hd] */
     float *attn_out, *resid_mid, *ln2, *ln2_rstd; /* [B,T,d] ([B,T] rstd) */
     float *mlp_g, *mlp_u, *mlp_h; /* [B,T,d_ff] */
@@ -37,7 +38,6 @@ typedef struct {
     /* scratch */
     float *rope_cos, *rope_sin; /* [T, hd/2] */
     float *payload_scratch;     /* [B,T,nkv*hd] (shared payload) */
-    float *pattern_full;        /* [B,nh,T,nW+T] (only when a pattern hook exists) */
 } ps_act_ptrs;
 
 /* Optional per-op timing (bench programs): process CPU seconds (all threads) by category, [0] forward,
@@ -56,6 +56,8 @@ typedef struct {
 } ps_profile;
 
 typedef struct {
+    ps_ctx *ctx;           /* the context the buffers live on (the model's) */
+    const ps_config *cfg;
     int64_t B, T, nW;
     bool keep_all;
     ps_profile *prof; /* NULL (the default): no timing */
@@ -63,18 +65,28 @@ typedef struct {
     ps_act_ptrs p;
     /* per-layer strides (floats) of each per-layer array; 0 when shared across layers */
     int64_t layer_stride[sizeof(ps_act_ptrs) / sizeof(float *)];
-    float *buf;
+    float *buf;            /* one ps_buf_alloc buffer holding every array above */
     int64_t n_floats;
+    /* grown on demand: the pattern hook's probabilities (compact + wide rows) and the answer-row pass */
+    float *pattern, *rows_buf;
+    int64_t pattern_n, rows_n;
+    float *logits_host;    /* host copy of the logits (device backends only) */
 } ps_acts;
 
-/* Floats a run needs (for memory estimates before allocating). */
+/* Floats a run needs (for memory estimates before allocating); pattern_hook adds the probability
+ * scratch a pattern hook allocates on first use. */
 int64_t ps_acts_size(const ps_config *cfg, int64_t B, int64_t T, bool keep_all, bool pattern_hook);
 
-int ps_acts_create(ps_acts *a, const ps_config *cfg, int64_t B, int64_t T, bool keep_all, ps_error *err);
+/* Activations for B sequences of T tokens on ctx (the model's context: m->ctx). */
+int ps_acts_create(ps_acts *a, ps_ctx *ctx, const ps_config *cfg, int64_t B, int64_t T, bool keep_all, ps_error *err);
 void ps_acts_free(ps_acts *a);
 
 /* Pointers to layer l's slot of the per-layer arrays. */
 ps_act_ptrs ps_acts_layer(const ps_acts *a, int l);
+
+/* The logits [B, T, V] readable on the host: the buffer itself on a host-visible backend, else a host
+ * copy made now (kept with the acts). NULL with err set when the copy cannot be made. */
+const float *ps_acts_logits_host(ps_acts *a, ps_error *err);
 
 /* Full forward: tokens [B, T] (each in [0, vocab)). Fills logits. hooks may be NULL. */
 int ps_forward(const ps_model *m, ps_acts *a, const int32_t *tokens, const ps_hooks *hooks, ps_error *err);
@@ -90,6 +102,18 @@ int ps_forward_from_attention(const ps_model *m, ps_acts *a, int l, const ps_hoo
  * attention output, MLP and the logits run for those rows alone (scoring answers needs nothing else).
  * Other rows of the logits are left stale. */
 int ps_forward_from_attention_rows(const ps_model *m, ps_acts *a, int l, const int64_t *rows, int64_t n, ps_error *err);
+
+/* The one batching loop of every instrument: the sequences of b in batches of at most `batch` (one
+ * activation set for the full batches, one made once for a last partial batch), each run forward with
+ * hooks and handed to fn with its view (b restricted to sequences [i0, i0 + n)). keep_all keeps every
+ * layer's activations (for a restart or a backward). Stops at the first failure. */
+typedef int (*ps_batch_fn)(const ps_batch *view, int64_t i0, ps_acts *a, void *user, ps_error *err);
+int ps_forward_batches(const ps_model *m, const ps_batch *b, int64_t batch, bool keep_all, const ps_hooks *hooks,
+                       ps_batch_fn fn, void *user, ps_error *err);
+
+/* Score the queries of view (the batch the acts were run on) from its logits: ps_score_queries, with the
+ * logits read on the host (see ps_acts_logits_host). */
+int ps_acts_score(ps_acts *a, const ps_batch *view, int *correct, double *logprob, ps_error *err);
 
 /* Time `stmt` into prof->seconds[dir][cat] when a profile is attached (`prof` in scope). */
 double ps_prof_now(void);

@@ -83,15 +83,32 @@ int ps_hooks_add(ps_hooks *h, const ps_config *cfg, const char *name, ps_hook_fn
     return 0;
 }
 
-int ps_hooks_fire(const ps_hooks *h, int layer, ps_hook_point pt, float *data, int ndim, const int64_t *shape,
-                  ps_error *err) {
+int ps_hooks_fire(ps_ctx *ctx, const ps_hooks *h, int layer, ps_hook_point pt, float *data, int ndim,
+                  const int64_t *shape, ps_error *err) {
     char name[96];
     ps_hook_name(name, sizeof name, layer, pt);
     ps_hook_event ev = {.name = name, .layer = layer, .point = pt, .data = data, .ndim = ndim};
-    for (int i = 0; i < ndim; i++) ev.shape[i] = shape[i];
-    for (int i = 0; i < h->n; i++)
-        if (h->e[i].layer == layer && h->e[i].point == pt && h->e[i].fn(&ev, h->e[i].user, err)) return -1;
-    return 0;
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++) n *= (ev.shape[i] = shape[i]);
+    /* A host callback on a device backend gets a host copy of the hooked tensor (made only here, only
+     * when such a callback is registered), and what it wrote goes back. */
+    float *host = NULL;
+    int rc = 0;
+    for (int i = 0; i < h->n && !rc; i++) {
+        if (h->e[i].layer != layer || h->e[i].point != pt) continue;
+        if (!ps_ctx_host_visible(ctx) && !host) {
+            host = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+            if (!host) return ps_fail(err, "hook \"%s\": out of memory for a host copy of %lld floats", name, (long long)n);
+            rc = ps_buf_to_host(ctx, host, data, n * (int64_t)sizeof(float), err);
+            ev.data = host;
+        }
+        if (!rc) rc = h->e[i].fn(&ev, h->e[i].user, err);
+    }
+    if (host) {
+        if (!rc) rc = ps_buf_from_host(ctx, data, host, n * (int64_t)sizeof(float), err);
+        free(host);
+    }
+    return rc;
 }
 
 /* ---- cache ---- */

@@ -17,6 +17,7 @@
 #include <stdint.h>
 
 #include "config.h"
+#include "ctx.h"
 #include "error.h"
 
 typedef enum {
@@ -66,9 +67,9 @@ static inline bool ps_hooks_on(const ps_hooks *h, int layer, ps_hook_point pt) {
     return h && h->mask && layer < h->n_layers && (h->mask[layer] >> pt) & 1u;
 }
 
-/* Fire every hook on (layer, pt). */
-int ps_hooks_fire(const ps_hooks *h, int layer, ps_hook_point pt, float *data, int ndim, const int64_t *shape,
-                  ps_error *err);
+/* Fire every hook on (layer, pt); data is a buffer of ctx (a callback gets a host copy on a device). */
+int ps_hooks_fire(ps_ctx *ctx, const ps_hooks *h, int layer, ps_hook_point pt, float *data, int ndim,
+                  const int64_t *shape, ps_error *err);
 
 /* ---- cache helper: keeps a copy of each named activation ---- */
 typedef struct {

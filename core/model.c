@@ -101,19 +101,60 @@ int ps_model_create(ps_model *m, const ps_config *cfg, ps_error *err) {
         return ps_fail(err, "the model's %lld parameters need %.2f GiB but only %.2f GiB of memory is available", (long long)n,
                        (double)n * 4.0 / 1073741824.0, (double)avail / 1073741824.0);
     }
-    m->params = calloc((size_t)m->n_params, sizeof(float));
-    if (!m->params) {
-        int64_t n = m->n_params;
+    if (ps_ctx_create(&m->ctx, "cpu", err)) {
         ps_model_free(m);
-        return ps_fail(err, "out of memory for %lld parameters", (long long)n);
+        return -1;
     }
+    m->owns_ctx = 1;
+    char what[64];
+    snprintf(what, sizeof what, "%lld parameters", (long long)m->n_params);
+    m->params = ps_buf_alloc(m->ctx, m->n_params * (int64_t)sizeof(float), what, err);
+    if (!m->params) {
+        ps_model_free(m);
+        return -1;
+    }
+    return 0;
+}
+
+int ps_model_to_backend(ps_model *m, const char *backend, ps_error *err) {
+    if (!backend || !strcmp(backend, ps_ctx_backend_name(m->ctx))) return 0;
+    ps_ctx *ctx;
+    if (ps_ctx_create(&ctx, backend, err)) return -1;
+    if (ps_model_to(m, ctx, err)) {
+        ps_ctx_free(ctx);
+        return -1;
+    }
+    m->owns_ctx = 1;
+    return 0;
+}
+
+int ps_model_to(ps_model *m, ps_ctx *ctx, ps_error *err) {
+    if (ctx == m->ctx) return 0;
+    int64_t bytes = m->n_params * (int64_t)sizeof(float);
+    float *dst = ps_buf_alloc(ctx, bytes, "parameters", err);
+    if (!dst) return -1;
+    if (!ps_ctx_host_visible(m->ctx)) {
+        ps_buf_free(ctx, dst, bytes);
+        return ps_fail(err, "moving parameters between two device backends is not supported (%s to %s)",
+                       ps_ctx_backend_name(m->ctx), ps_ctx_backend_name(ctx));
+    }
+    if (ps_buf_from_host(ctx, dst, m->params, bytes, err)) {
+        ps_buf_free(ctx, dst, bytes);
+        return -1;
+    }
+    ps_buf_free(m->ctx, m->params, bytes);
+    if (m->owns_ctx) ps_ctx_free(m->ctx);
+    m->ctx = ctx;
+    m->owns_ctx = 0;
+    m->params = dst;
     return 0;
 }
 
 void ps_model_free(ps_model *m) {
     if (!m) return;
     free(m->table);
-    free(m->params);
+    if (m->ctx) ps_buf_free(m->ctx, m->params, m->n_params * (int64_t)sizeof(float));
+    if (m->owns_ctx) ps_ctx_free(m->ctx);
     for (int i = 0; i < m->n_meta; i++) {
         free(m->meta_keys[i]);
         free(m->meta_vals[i]);

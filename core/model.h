@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "config.h"
+#include "ctx.h"
 #include "error.h"
 #include "safetensors.h"
 
@@ -51,15 +52,23 @@ typedef struct {
     int n_tensors;
     ps_param_info *table;
     int64_t n_params;
-    float *params;       /* n_params floats */
+    float *params;       /* n_params floats, a buffer of ctx */
+    ps_ctx *ctx;         /* the backend the parameters live on and the model runs on */
+    int owns_ctx;        /* ctx was made by create/load (a CPU context) and goes with ps_model_free */
     /* metadata carried with the checkpoint (task layout etc.), "format" excluded */
     int n_meta;
     char **meta_keys, **meta_vals;
     int n_shards;        /* weight files read by ps_model_load: 1, or the shards it opened */
 } ps_model;
 
-/* Build the table for cfg and allocate zeroed parameters. */
+/* Build the table for cfg and allocate zeroed parameters on a CPU context of the model's own. */
 int ps_model_create(ps_model *m, const ps_config *cfg, ps_error *err);
+/* Move the parameters to another context (the caller's; it must outlive the model). Loading,
+ * initialisation and saving run on the host: move a model after loading it. */
+int ps_model_to(ps_model *m, ps_ctx *ctx, ps_error *err);
+/* The same onto a new context of the named backend, which the model then owns (no-op when the model is
+ * already on that backend). */
+int ps_model_to_backend(ps_model *m, const char *backend, ps_error *err);
 void ps_model_free(ps_model *m);
 
 /* Pointers into `base` (m->params or a buffer of the same layout). */

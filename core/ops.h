@@ -161,6 +161,14 @@ static inline int ps_attn_out(ps_ctx *c, float *z, const float *probs, const flo
     return PS_OP_CALL(c, attn_out, z, probs, v, cv, g);
 }
 
+/* Attention of one chunk of a long sequence (prefill): q [Tq, nh, hd] against the key frame k, v
+ * [Tk, nkv, hd] and the compressed cache ck, cv [nW, nkv, hd] (see ps_attn_frame); z [Tq, nh, hd]. The
+ * same function as ps_attn_forward on the whole sequence, row for row. Scratch O(Tk) per thread. */
+static inline int ps_attn_chunk(ps_ctx *c, float *z, const float *q, const float *k, const float *v, const float *ck,
+                                const float *cv, const ps_attn_frame *f) {
+    return PS_OP_CALL(c, attn_chunk, z, q, k, v, ck, cv, f);
+}
+
 /* Attention output for chosen query rows only (row r = b·T + t): z_rows[n, nh·hd], the same math as
  * ps_attn_forward. */
 static inline int ps_attn_rows(ps_ctx *c, float *z_rows, const int64_t *rows, int64_t n, const float *q, const float *k,

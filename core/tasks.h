@@ -64,6 +64,8 @@ int ps_task_validate(const ps_task *t, int64_t vocab_size, int64_t max_seq_len, 
 json_t *ps_task_to_json(const ps_task *t);
 
 int ps_batch_alloc(ps_batch *b, int64_t B, int64_t T, int64_t max_q, ps_error *err);
+/* b restricted to sequences [i0, i0 + n) (pointers into b: nothing is copied). */
+ps_batch ps_batch_view(const ps_batch *b, int64_t i0, int64_t n);
 void ps_batch_free(ps_batch *b);
 
 /* Fill b (allocated for B sequences of t->seq_len tokens) deterministically from seed. */
@@ -73,5 +75,12 @@ void ps_task_generate(const ps_task *t, uint64_t seed, ps_batch *b);
  * tokens[answer_src .. + answer_len); correct[q] = every answer token is the top-1 over the full vocabulary; logprob[q] = sum of the answer tokens' log-probabilities. Arrays are
  * [B, max_q]. */
 void ps_score_queries(const ps_batch *b, const float *logits, int64_t V, int *correct, double *logprob);
+
+/* The answer rows of sequence s (query by query, answer token by answer token): their positions into
+ * pos (may be NULL); returns their count. */
+int64_t ps_answer_rows(const ps_batch *b, int64_t s, int64_t *pos);
+/* The same scores as ps_score_queries for sequence s, from the logits of its answer rows only, in the
+ * order ps_answer_rows lists them: rows [n, V]; correct and logprob are that sequence's [max_q]. */
+void ps_score_query_rows(const ps_batch *b, int64_t s, const float *rows, int64_t V, int *correct, double *logprob);
 
 #endif

@@ -24,53 +24,6 @@ int ps_cli_usage(ps_error *err, const char *fmt, ...) {
     return ps_cli_mark_usage(err);
 }
 
-ps_flag *ps_cli_get(ps_flag *flags, int n_flags, const char *name) {
-    for (int i = 0; i < n_flags; i++)
-        if (!strcmp(flags[i].name, name)) return &flags[i];
-    return NULL;
-}
-
-int ps_cli_parse(int argc, char **argv, ps_flag *flags, int n_flags, const char **pos, int max_pos, int *n_pos,
-                 ps_error *err) {
-    *n_pos = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (strncmp(a, "--", 2) != 0 || a[2] == '\0') {
-            if (*n_pos >= max_pos) return ps_cli_usage(err, "unexpected argument \"%s\"", a);
-            pos[(*n_pos)++] = a;
-            continue;
-        }
-        const char *eq = strchr(a, '=');
-        size_t nlen = eq ? (size_t)(eq - a) : strlen(a);
-        ps_flag *f = NULL;
-        for (int k = 0; k < n_flags; k++)
-            if (strlen(flags[k].name) == nlen && !strncmp(flags[k].name, a, nlen)) f = &flags[k];
-        if (!f) return ps_cli_usage(err, "unknown flag %.*s (see --help)", (int)nlen, a);
-        if (f->present) return ps_cli_usage(err, "flag %s given twice", f->name);
-        f->present = true;
-        if (f->takes_value) {
-            if (eq) f->value = eq + 1;
-            else if (i + 1 < argc) f->value = argv[++i];
-            else return ps_cli_usage(err, "flag %s needs a value", f->name);
-        } else if (eq)
-            return ps_cli_usage(err, "flag %s takes no value", f->name);
-    }
-    return 0;
-}
-
-int ps_cli_require(const ps_flag *flags, int n_flags, ps_error *err, ...) {
-    va_list ap;
-    va_start(ap, err);
-    for (const char *name; (name = va_arg(ap, const char *));)
-        for (int i = 0; i < n_flags; i++)
-            if (!strcmp(flags[i].name, name) && !flags[i].present) {
-                va_end(ap);
-                return ps_cli_usage(err, "%s is required", name);
-            }
-    va_end(ap);
-    return 0;
-}
-
 int ps_cli_int(const char *flag, const char *value, int64_t lo, int64_t hi, int64_t *out, ps_error *err) {
     char *end;
     errno = 0;
@@ -142,13 +95,7 @@ void ps_cli_default_model_note(const char *flag_value, char *out, size_t n) {
         snprintf(out, n, "the default model %s", dir);
 }
 
-bool ps_cli_wants_help(int argc, char **argv) {
-    for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return true;
-    return false;
-}
-
-char *ps_cli_command_line(int argc, char **argv) {
+static char *command_line(int argc, char **argv) {
     size_t n = 1;
     for (int i = 0; i < argc; i++) n += strlen(argv[i]) + 3;
     char *s = malloc(n);
@@ -160,3 +107,197 @@ char *ps_cli_command_line(int argc, char **argv) {
     }
     return s;
 }
+
+/* ---- the command scaffold ---- */
+
+static bool wants_help(int argc, char **argv) {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return true;
+    return false;
+}
+
+/* The k-th entry of a command's flag table (the scaffold is the only code that walks it by position). */
+static const ps_flag_spec *spec(const ps_command *cmd, int k) { return cmd->flags + k; }
+
+static int n_specs(const ps_command *cmd) {
+    int n = 0;
+    while (cmd->flags && spec(cmd, n)->name) n++;
+    return n;
+}
+
+/* Parses argv[1..] into a: "--flag value", "--flag=value", switches, positional arguments. */
+static int parse(ps_args *a, ps_error *err) {
+    const ps_command *cmd = a->cmd;
+    for (int i = 1; i < a->argc; i++) {
+        const char *s = a->argv[i];
+        if (strncmp(s, "--", 2) != 0 || s[2] == '\0') {
+            if (a->n_pos >= cmd->max_positional) return ps_cli_usage(err, "unexpected argument \"%s\"", s);
+            a->pos[a->n_pos++] = s;
+            continue;
+        }
+        const char *eq = strchr(s, '=');
+        size_t nlen = eq ? (size_t)(eq - s) : strlen(s);
+        int k = -1;
+        for (int j = 0; j < a->n_flags; j++)
+            if (strlen(spec(cmd, j)->name) == nlen && !strncmp(spec(cmd, j)->name, s, nlen)) k = j;
+        if (k < 0) return ps_cli_usage(err, "unknown flag %.*s (see --help)", (int)nlen, s);
+        const ps_flag_spec *f = spec(cmd, k);
+        if (a->present[k]) return ps_cli_usage(err, "flag %s given twice", f->name);
+        a->present[k] = 1;
+        if (f->value) {
+            if (eq) a->value[k] = eq + 1;
+            else if (i + 1 < a->argc) a->value[k] = a->argv[++i];
+            else return ps_cli_usage(err, "flag %s needs a value", f->name);
+        } else if (eq)
+            return ps_cli_usage(err, "flag %s takes no value", f->name);
+    }
+    for (int k = 0; k < a->n_flags; k++)
+        if (spec(cmd, k)->required && !a->present[k]) return ps_cli_usage(err, "%s is required", spec(cmd, k)->name);
+    return 0;
+}
+
+/* --backend must name a backend of this build (PS_BACKENDS_TEXT, comma-separated). */
+static int check_backend(const ps_args *a, ps_error *err) {
+    const char *v = NULL;
+    for (int k = 0; k < a->n_flags; k++)
+        if (!strcmp(spec(a->cmd, k)->name, "--backend")) v = a->value[k];
+    if (!v) return 0;
+    size_t n = strlen(v);
+    for (const char *p = ps_ctx_backends(); *p;) {
+        size_t l = strcspn(p, ",");
+        if (l == n && !strncmp(p, v, n)) return 0;
+        p += l;
+        while (*p == ',' || *p == ' ') p++;
+    }
+    return ps_cli_usage(err, "--backend %s: this build has no such backend (it has: %s)", v, ps_ctx_backends());
+}
+
+/* A help text of several lines, each after the first indented by `indent` columns. */
+static void put_lines(FILE *f, const char *text, int indent) {
+    for (const char *p = text; *p;) {
+        size_t l = strcspn(p, "\n");
+        fprintf(f, "%.*s\n", (int)l, p);
+        p += l;
+        if (*p == '\n' && *++p) fprintf(f, "%*s", indent, "");
+    }
+}
+
+void ps_command_help(const ps_command *cmd, FILE *f) {
+    int nf = n_specs(cmd);
+    if (cmd->synopsis) {
+        fputs("usage: ", f);
+        put_lines(f, cmd->synopsis, 7);
+    } else {
+        /* generated: positional arguments, then every flag in table order ([optional]), wrapped */
+        enum { WIDTH = 110 };
+        int col = fprintf(f, "usage: phasescope %s", cmd->name), indent = col + 1;
+        for (int k = -1; k < nf; k++) {
+            char tok[256];
+            if (k < 0) {
+                if (!cmd->positional) continue;
+                snprintf(tok, sizeof tok, "%s", cmd->positional);
+            } else {
+                const ps_flag_spec *s = spec(cmd, k);
+                snprintf(tok, sizeof tok, "%s%s%s%s%s", s->required ? "" : "[", s->name, s->value ? " " : "",
+                         s->value ? s->value : "", s->required ? "" : "]");
+            }
+            int l = (int)strlen(tok);
+            if (col + 1 + l > WIDTH && col > indent) col = fprintf(f, "\n%*s", indent - 1, "") - 1;
+            col += fprintf(f, " %s", tok);
+        }
+        fputc('\n', f);
+    }
+    if (cmd->description) {
+        fputc('\n', f);
+        fputs(cmd->description, f);
+    }
+    if (nf) {
+        /* flags: "  --name VALUE  help", the help aligned; a longer name and value get a line of their own */
+        enum { MAXW = 22 };
+        int w = 0;
+        for (int k = 0; k < nf; k++) {
+            const ps_flag_spec *s = spec(cmd, k);
+            int l = (int)strlen(s->name) + (s->value ? 1 + (int)strlen(s->value) : 0);
+            if (l <= MAXW && l > w) w = l;
+        }
+        fputc('\n', f);
+        for (int k = 0; k < nf; k++) {
+            const ps_flag_spec *s = spec(cmd, k);
+            char text[256];
+            snprintf(text, sizeof text, "%s%s%s", s->name, s->value ? " " : "", s->value ? s->value : "");
+            if ((int)strlen(text) > w) fprintf(f, "  %s\n%*s", text, w + 4, "");
+            else fprintf(f, "  %-*s  ", w, text);
+            put_lines(f, s->help ? s->help : "", w + 4);
+        }
+    }
+}
+
+int ps_command_main(const ps_command *cmd, int argc, char **argv) {
+    if (wants_help(argc, argv)) {
+        ps_command_help(cmd, stdout);
+        return 0;
+    }
+    ps_error err = {0};
+    ps_args a = {.cmd = cmd, .argc = argc, .argv = argv, .n_flags = n_specs(cmd)};
+    if (a.n_flags > PS_MAX_FLAGS) {
+        fprintf(stderr, "phasescope %s: internal error: %d flags, more than %d\n", cmd->name, a.n_flags, PS_MAX_FLAGS);
+        return 1;
+    }
+    a.pos = malloc((size_t)(argc > 0 ? argc : 1) * sizeof *a.pos);
+    int rc;
+    if (!a.pos) rc = ps_fail(&err, "out of memory");
+    else rc = parse(&a, &err) || check_backend(&a, &err) || cmd->run(&a, &err) ? -1 : 0;
+    free(a.pos);
+    if (!rc) return 0;
+    fprintf(stderr, "phasescope %s: %s\n", cmd->name, err.msg);
+    return ps_cli_status(&err);
+}
+
+static int flag_index(const ps_args *a, const char *name) {
+    for (int k = 0; k < a->n_flags; k++)
+        if (!strcmp(spec(a->cmd, k)->name, name)) return k;
+    fprintf(stderr, "phasescope %s: internal error: the command has no flag %s\n", a->cmd->name, name);
+    abort();
+}
+
+const char *ps_args_get(const ps_args *a, const char *name) { return a->value[flag_index(a, name)]; }
+
+bool ps_args_has(const ps_args *a, const char *name) { return a->present[flag_index(a, name)]; }
+
+int ps_args_int(const ps_args *a, const char *name, int64_t lo, int64_t hi, int64_t *out, ps_error *err) {
+    const char *v = ps_args_get(a, name);
+    return v ? ps_cli_int(name, v, lo, hi, out, err) : 0;
+}
+
+int ps_args_positive(const ps_args *a, const char *name, double max, double *out, ps_error *err) {
+    const char *v = ps_args_get(a, name);
+    double x;
+    if (!v) return 0;
+    if (sscanf(v, "%lf", &x) != 1 || !(x > 0) || x > max) return ps_cli_usage(err, "%s %s: expected a positive number", name, v);
+    *out = x;
+    return 0;
+}
+
+int ps_args_choice(const ps_args *a, const char *name, const char *const *choices, int *idx, ps_error *err) {
+    const char *v = ps_args_get(a, name);
+    if (!v) return 0;
+    int n = 0;
+    for (; choices[n]; n++)
+        if (!strcmp(choices[n], v)) {
+            *idx = n;
+            return 0;
+        }
+    char list[512];
+    size_t len = 0;
+    list[0] = '\0';
+    for (int i = 0; i < n && len < sizeof list; i++)
+        len += (size_t)snprintf(list + len, sizeof list - len, "%s%s", i == 0 ? "" : i == n - 1 ? " or " : ", ", choices[i]);
+    return ps_cli_usage(err, "%s %s: expected %s", name, v, list);
+}
+
+const char *ps_args_backend(const ps_args *a) {
+    const char *v = ps_args_get(a, "--backend");
+    return v ? v : PS_BACKEND_DEFAULT;
+}
+
+char *ps_args_command_line(const ps_args *a) { return command_line(a->argc, a->argv); }

@@ -1,30 +1,90 @@
-/* cli.h — command-line plumbing shared by the subcommands: flag parsing with one-line errors naming
- * the bad flag, integer flag values, and model resolution (the shipped default when --model is absent). */
+/* cli.h — command-line plumbing shared by the subcommands: the command scaffold (a command is a table
+ * and a run function; flags are read by name), integer flag values with one-line errors naming the bad
+ * flag, and model resolution (the shipped default when --model is absent). */
 #ifndef PS_CLI_H
 #define PS_CLI_H
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
+#include "ctx.h"
 #include "error.h"
 
+/* ---- the command scaffold ----
+ *
+ * A command is a table (ps_command): its name, a one-line summary, its usage text, its flags with their
+ * help and whether each takes a value or is required, its positional arguments, and a run function.
+ * ps_command_main does the rest for every command alike: --help / -h (anywhere on the line; the help is
+ * generated from the table), parsing ("--flag value" and "--flag=value"), the usage errors (unknown flag,
+ * flag given twice, missing value, value given to a switch, unexpected positional argument, missing
+ * required flag, unknown --backend), the error line "phasescope CMD: message" on stderr and the exit
+ * status (0; 2 for a usage error; 1 for any other error, see ps_cli_status). The run function reads its
+ * flags by name (ps_args_get, ps_args_int, ...) and returns 0, or nonzero with err set. docs/design.md,
+ * "Commands", shows how to add one. */
+
 typedef struct {
-    const char *name;  /* "--model" */
-    bool takes_value;
-    const char *value; /* set by the parser */
-    bool present;
-} ps_flag;
-#define PS_FLAG(n, v) {.name = (n), .takes_value = (v)}
+    const char *name;  /* "--layer" */
+    const char *value; /* the value's placeholder in the help ("L", "pad|move"); NULL for a switch */
+    const char *help;  /* one line per '\n', aligned under each other in --help */
+    int required;      /* 1: "--layer is required" (exit 2) when absent */
+} ps_flag_spec;
 
-/* Parses argv[1..] (argv[0] is the subcommand). Accepts "--flag value" and "--flag=value".
- * Positional arguments go to pos (at most max_pos). Unknown flags and missing values are errors. */
-int ps_cli_parse(int argc, char **argv, ps_flag *flags, int n_flags, const char **pos, int max_pos, int *n_pos,
-                 ps_error *err);
-ps_flag *ps_cli_get(ps_flag *flags, int n_flags, const char *name);
+/* The flag every command that runs a model takes: --backend NAME (default "cpu"). PS_BACKENDS_TEXT: the
+ * backends this build has (comma-separated); --backend accepts these, anything else is a usage error. */
+#define PS_BACKEND_DEFAULT "cpu"
+#define PS_BACKEND_FLAG \
+    {"--backend", "NAME", "compute backend (default " PS_BACKEND_DEFAULT "; this build has: " PS_BACKENDS_TEXT ")", 0}
 
-/* Fail with "--NAME is required" unless every listed flag was given (names end with NULL). */
-int ps_cli_require(const ps_flag *flags, int n_flags, ps_error *err, ...);
+typedef struct ps_args ps_args;
+
+typedef struct {
+    const char *name;        /* "gatecycle" */
+    const char *summary;     /* one line for `phasescope --help` */
+    const char *synopsis;    /* NULL: the usage line is generated from the flags; else the forms after
+                              * "usage: " (several lines for commands with alternative forms) */
+    const char *description; /* what the command does: the help between the usage line and the flags */
+    const char *positional;  /* placeholder of the positional arguments ("RESULT.json [MORE.json ...]"), or NULL */
+    int max_positional;      /* how many positional arguments are accepted (0: none) */
+    const ps_flag_spec *flags; /* the flags, in help order, ending with {0} */
+    int (*run)(const ps_args *a, ps_error *err);
+} ps_command;
+
+/* What the scaffold parsed, handed to the run function. Flags are read by name only. */
+#define PS_MAX_FLAGS 48
+struct ps_args {
+    const ps_command *cmd;
+    int argc;
+    char **argv;      /* the command's own argv (argv[0] is the command), for provenance */
+    const char **pos; /* positional arguments in order */
+    int n_pos;
+    int n_flags;
+    const char *value[PS_MAX_FLAGS]; /* parallel to cmd->flags */
+    unsigned char present[PS_MAX_FLAGS];
+};
+
+/* Runs a command: help, parsing, usage errors, the error line and the exit status (see above). */
+int ps_command_main(const ps_command *cmd, int argc, char **argv);
+/* Writes the command's --help text (generated from its table) to f. */
+void ps_command_help(const ps_command *cmd, FILE *f);
+
+/* The flag's value, or NULL when absent (or a switch). Naming a flag the command's table lacks is a
+ * programming error: the program says so and aborts. */
+const char *ps_args_get(const ps_args *a, const char *name);
+/* Whether the flag was given (a switch, or a flag with its value). */
+bool ps_args_has(const ps_args *a, const char *name);
+/* An integer flag in [lo, hi] (ps_cli_int's errors); *out is left alone when the flag is absent. */
+int ps_args_int(const ps_args *a, const char *name, int64_t lo, int64_t hi, int64_t *out, ps_error *err);
+/* A positive number no larger than max: "--lr x: expected a positive number"; *out left alone when absent. */
+int ps_args_positive(const ps_args *a, const char *name, double max, double *out, ps_error *err);
+/* One of the names in choices (ending with NULL): *idx gets its index; "--mode x: expected pad or move"
+ * otherwise. *idx is left alone when the flag is absent. */
+int ps_args_choice(const ps_args *a, const char *name, const char *const *choices, int *idx, ps_error *err);
+/* The --backend value ("cpu" when absent; the scaffold has checked it). */
+const char *ps_args_backend(const ps_args *a);
+/* The command line as one string (for provenance). Caller frees. */
+char *ps_args_command_line(const ps_args *a);
 
 /* Parse an integer flag value within [lo, hi]; the error names the flag and the allowed range. */
 int ps_cli_int(const char *flag, const char *value, int64_t lo, int64_t hi, int64_t *out, ps_error *err);
@@ -45,28 +105,23 @@ int ps_cli_usage(ps_error *err, const char *fmt, ...) __attribute__((format(prin
 /* Mark the error already in err as a usage error. Returns -1. */
 int ps_cli_mark_usage(ps_error *err);
 
-/* True when help was asked for (--help or -h anywhere). */
-bool ps_cli_wants_help(int argc, char **argv);
-
-/* The command line as one string (for provenance). Caller frees. */
-char *ps_cli_command_line(int argc, char **argv);
-
 /* When --model was not given: a description of the default model for error messages, e.g.
  * "the default model /src/data/models/default (w8s8)". Empty when a --model was given. */
 void ps_cli_default_model_note(const char *flag_value, char *out, size_t n);
 
-int ps_cmd_init(int argc, char **argv);
-int ps_cmd_train(int argc, char **argv);
-int ps_cmd_info(int argc, char **argv);
-int ps_cmd_forward(int argc, char **argv);
-int ps_cmd_grad(int argc, char **argv);
-int ps_cmd_sweep(int argc, char **argv);
-int ps_cmd_knockout(int argc, char **argv);
-int ps_cmd_gatecycle(int argc, char **argv);
-int ps_cmd_gates(int argc, char **argv);
-int ps_cmd_render(int argc, char **argv);
-int ps_cmd_table(int argc, char **argv);
-int ps_cmd_theory(int argc, char **argv);
-int ps_cmd_tokenize(int argc, char **argv);
+/* The commands (experiments/cmd_*.c). */
+extern const ps_command ps_cmd_init;
+extern const ps_command ps_cmd_train;
+extern const ps_command ps_cmd_info;
+extern const ps_command ps_cmd_forward;
+extern const ps_command ps_cmd_grad;
+extern const ps_command ps_cmd_sweep;
+extern const ps_command ps_cmd_knockout;
+extern const ps_command ps_cmd_gatecycle;
+extern const ps_command ps_cmd_gates;
+extern const ps_command ps_cmd_render;
+extern const ps_command ps_cmd_table;
+extern const ps_command ps_cmd_theory;
+extern const ps_command ps_cmd_tokenize;
 
 #endif

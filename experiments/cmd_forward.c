@@ -11,17 +11,26 @@
 #include "safetensors.h"
 #include "tokens.h"
 
-static const char HELP[] =
-    "usage: phasescope forward --model DIR --tokens T.json [--hooks NAMES] --out OUT.safetensors\n"
-    "\n"
-    "Runs every sequence of T.json (a JSON list of token-id lists) on its own and writes\n"
-    "logits.{i} [T_i, vocab] and, for each hook in NAMES (comma-separated, e.g.\n"
-    "blocks.1.attn.hook_q,blocks.0.hook_resid_post), {hook}.{i} with the batch dimension dropped.\n"
-    "\n"
-    "  --model DIR      checkpoint directory (config.json + model.safetensors); default: shipped model\n"
-    "  --tokens FILE    token sequences\n"
-    "  --hooks NAMES    hook points to export (see docs/hooks.md)\n"
-    "  --out FILE       output safetensors file (written atomically)\n";
+static int run(const ps_args *args, ps_error *out_err);
+
+static const ps_flag_spec FLAGS[] = {
+    {"--model", "DIR", "checkpoint directory (config.json + model.safetensors); default: shipped model", 0},
+    {"--tokens", "T.json", "token sequences", 1},
+    {"--hooks", "NAMES", "hook points to export (see docs/hooks.md)", 0},
+    {"--out", "OUT.safetensors", "output safetensors file (written atomically)", 1},
+    PS_BACKEND_FLAG,
+    {0},
+};
+
+const ps_command ps_cmd_forward = {
+    .name = "forward",
+    .summary = "run token sequences; write logits and chosen hooks to safetensors",
+    .description = "Runs every sequence of T.json (a JSON list of token-id lists) on its own and writes\n"
+                   "logits.{i} [T_i, vocab] and, for each hook in NAMES (comma-separated, e.g.\n"
+                   "blocks.1.attn.hook_q,blocks.0.hook_resid_post), {hook}.{i} with the batch dimension dropped.\n",
+    .flags = FLAGS,
+    .run = run,
+};
 
 typedef struct {
     int n, cap;
@@ -63,14 +72,10 @@ static void free_list(tensor_list *l) {
     free(l->t);
 }
 
-int ps_cmd_forward(int argc, char **argv) {
-    if (ps_cli_wants_help(argc, argv)) {
-        fputs(HELP, stdout);
-        return 0;
-    }
-    ps_flag flags[] = {PS_FLAG("--model", true), PS_FLAG("--tokens", true), PS_FLAG("--hooks", true), PS_FLAG("--out", true)};
-    int nf = (int)(sizeof flags / sizeof flags[0]), npos;
-    const char *pos[1];
+/* err is this function's own (copied out on failure), so the calls below read as they always have */
+static int run(const ps_args *args, ps_error *out_err) {
+    const char *tokens = ps_args_get(args, "--tokens"), *hooks_flag = ps_args_get(args, "--hooks"),
+               *out_path = ps_args_get(args, "--out");
     ps_error err = {0};
     ps_model m = {0};
     ps_token_lists toks = {0};
@@ -82,12 +87,12 @@ int ps_cmd_forward(int argc, char **argv) {
     int rc = 1;
     char dir[4096];
     char *names = NULL;
-    if (ps_cli_parse(argc, argv, flags, nf, pos, 0, &npos, &err)) goto done;
-    if (ps_cli_require(flags, nf, &err, "--tokens", "--out", NULL)) goto done;
-    if (ps_cli_model_dir(flags[0].value, dir, sizeof dir, &err) || ps_model_load(&m, dir, &err)) goto done;
-    if (ps_tokens_load(flags[1].value, 0, 0, &toks, &err)) goto done;
-    if (flags[2].value) {
-        names = strdup(flags[2].value);
+    if (ps_cli_model_dir(ps_args_get(args, "--model"), dir, sizeof dir, &err) || ps_model_load(&m, dir, &err) ||
+        ps_model_to_backend(&m, ps_args_backend(args), &err))
+        goto done;
+    if (ps_tokens_load(tokens, 0, 0, &toks, &err)) goto done;
+    if (hooks_flag) {
+        names = strdup(hooks_flag);
         for (char *save = NULL, *h = strtok_r(names, ",", &save); h; h = strtok_r(NULL, ",", &save))
             if (ps_cache_watch(&cache, &hooks, &m.cfg, h, &err)) {
                 ps_fail_prefix(&err, "--hooks: ");
@@ -98,13 +103,13 @@ int ps_cmd_forward(int argc, char **argv) {
     for (int i = 0; i < toks.n; i++) {
         ps_acts a;
         if (toks.len[i] > m.cfg.max_seq_len) {
-            ps_fail(&err, "%s: sequence %d has %lld tokens, more than max_seq_len %lld by %lld", flags[1].value, i,
+            ps_fail(&err, "%s: sequence %d has %lld tokens, more than max_seq_len %lld by %lld", tokens, i,
                     (long long)toks.len[i], (long long)m.cfg.max_seq_len, (long long)(toks.len[i] - m.cfg.max_seq_len));
             goto done;
         }
-        if (ps_acts_create(&a, &m.cfg, 1, toks.len[i], false, &err)) goto done;
+        if (ps_acts_create(&a, m.ctx, &m.cfg, 1, toks.len[i], false, &err)) goto done;
         if (ps_forward(&m, &a, toks.seq[i], &hooks, &err)) {
-            ps_fail_prefix(&err, "%s: sequence %d: ", flags[1].value, i);
+            ps_fail_prefix(&err, "%s: sequence %d: ", tokens, i);
             ps_acts_free(&a);
             goto done;
         }
@@ -120,14 +125,11 @@ int ps_cmd_forward(int argc, char **argv) {
             if (push(&out, name, it->ndim - 1, it->shape + 1, it->data, &err)) goto done;
         }
     }
-    if (ps_st_save(flags[3].value, out.t, out.n, NULL, NULL, 0, &err)) goto done;
-    printf("wrote %d tensors for %d sequences to %s\n", out.n, toks.n, flags[3].value);
+    if (ps_st_save(out_path, out.t, out.n, NULL, NULL, 0, &err)) goto done;
+    printf("wrote %d tensors for %d sequences to %s\n", out.n, toks.n, out_path);
     rc = 0;
 done:
-    if (rc) {
-        fprintf(stderr, "phasescope forward: %s\n", err.msg);
-        rc = ps_cli_status(&err);
-    }
+    if (rc) *out_err = err;
     free(names);
     free_list(&out);
     ps_cache_free(&cache);

@@ -5,28 +5,39 @@
 
 #include "gatecycle.h"
 #include "instrument.h"
+#include "results_check.h"
 #include "stats.h"
 
-static const char HELP[] =
-    "usage: phasescope gatecycle --layer L --shift K [--head G] [--branch key|value|both]\n"
-    "                            [--params gate|payload|all] [--save DIR] [--model DIR] [--period P]\n"
-    "                            [--family NAME] [--n N] [--seed S] [--batch B] [--out DIR]\n"
-    "\n"
-    "Gate offset cycling (docs/results-schema.md, `gatecycle.json`): rolls layer L's per-offset parameters by\n"
-    "K (u'_i = u_{(i-K) mod W}, c'_i likewise, and with --params payload|all the per-offset payload maps C'_i),\n"
-    "so a head that read offset r reads offset r+K; runs the prefix-padding sweep before and after and reports\n"
-    "both curves, the cycled heads, where each dip of the clean curve moved (residue before -> after), and the\n"
-    "best-aligning shift s (maximising the correlation of A_after(rho) with A_before(rho - s mod P), leaving out\n"
-    "residues near chance in both curves), also signed in (-P/2, P/2]. Warns when the cycled curve is near\n"
-    "chance (the cycled heads stopped working). Writes OUT/gatecycle.json.\n"
-    "\n" PS_INSTR_HELP
-    "  --layer L       layer to cycle (required)\n"
-    "  --shift K       offsets to roll by (required; any integer, taken mod W)\n"
-    "  --head G        one KV head (default: all)\n"
-    "  --branch B      key, value or both (default both)\n"
-    "  --params X      gate, payload or all (default: all the model has: gates and per-offset payloads move\n"
-    "                  together; rolling the gates alone of a per-offset-payload model breaks every head)\n"
-    "  --save DIR      also write the cycled checkpoint to DIR\n";
+static int run(const ps_args *a, ps_error *err);
+
+static const ps_flag_spec FLAGS[] = {
+    {"--layer", "L", "layer to cycle (required)", 1},
+    {"--shift", "K", "offsets to roll by (required; any integer, taken mod W)", 1},
+    {"--head", "G", "one KV head (default: all)", 0},
+    {"--branch", "key|value|both", "key, value or both (default both)", 0},
+    {"--params", "gate|payload|all",
+     "gate, payload or all (default: all the model has: gates and per-offset payloads move\n"
+     "together; rolling the gates alone of a per-offset-payload model breaks every head)",
+     0},
+    {"--save", "DIR", "also write the cycled checkpoint to DIR", 0},
+    PS_INSTR_FLAGS,
+    {0},
+};
+
+const ps_command ps_cmd_gatecycle = {
+    .name = "gatecycle",
+    .summary = "roll a layer's per-offset gate parameters; sweep before and after",
+    .description =
+        "Gate offset cycling (docs/results-schema.md, `gatecycle.json`): rolls layer L's per-offset parameters by\n"
+        "K (u'_i = u_{(i-K) mod W}, c'_i likewise, and with --params payload|all the per-offset payload maps C'_i),\n"
+        "so a head that read offset r reads offset r+K; runs the prefix-padding sweep before and after and reports\n"
+        "both curves, the cycled heads, where each dip of the clean curve moved (residue before -> after), and the\n"
+        "best-aligning shift s (maximising the correlation of A_after(rho) with A_before(rho - s mod P), leaving out\n"
+        "residues near chance in both curves), also signed in (-P/2, P/2]. Warns when the cycled curve is near\n"
+        "chance (the cycled heads stopped working). Writes OUT/gatecycle.json.\n",
+    .flags = FLAGS,
+    .run = run,
+};
 
 static void heads_text(char *buf, size_t n, int64_t head, int64_t nkv) {
     if (head >= 0) snprintf(buf, n, "KV head %lld", (long long)head);
@@ -34,26 +45,7 @@ static void heads_text(char *buf, size_t n, int64_t head, int64_t nkv) {
     else snprintf(buf, n, "KV heads 0-%lld (all)", (long long)nkv - 1);
 }
 
-static double mean_accuracy(const ps_residue_stats *r) {
-    int64_t n = 0, k = 0;
-    for (int64_t i = 0; i < r->P; i++) {
-        n += r->n[i];
-        k += r->k[i];
-    }
-    return n ? (double)k / (double)n : 0.0;
-}
-
-int ps_cmd_gatecycle(int argc, char **argv) {
-    if (ps_cli_wants_help(argc, argv)) {
-        fputs(HELP, stdout);
-        return 0;
-    }
-    ps_flag flags[] = {PS_INSTR_FLAGS,          PS_FLAG("--layer", true),  PS_FLAG("--shift", true),
-                       PS_FLAG("--head", true), PS_FLAG("--branch", true), PS_FLAG("--params", true),
-                       PS_FLAG("--save", true)};
-    int npos;
-    const char *pos[1];
-    ps_error err = {0};
+static int run(const ps_args *a, ps_error *err) {
     ps_instr in = {0};
     ps_residue_stats before = {0}, after = {0};
     ps_cycle_analysis an = {0};
@@ -61,54 +53,39 @@ int ps_cmd_gatecycle(int argc, char **argv) {
     double *ab = NULL, *aa = NULL;
     int rc = 1;
     int64_t layer = 0, shift = 0, head = -1;
-    int branches = PS_CYCLE_KEY | PS_CYCLE_VALUE, params = 0;
-    if (ps_cli_parse(argc, argv, flags, PS_INSTR_N_FLAGS + 6, pos, 0, &npos, &err)) goto done;
-    if (ps_cli_require(flags, PS_INSTR_N_FLAGS + 6, &err, "--layer", "--shift", NULL)) goto done;
-    if (ps_cli_int("--layer", flags[7].value, -1000000, 1000000, &layer, &err) ||
-        ps_cli_int("--shift", flags[8].value, -1000000, 1000000, &shift, &err) ||
-        (flags[9].value && ps_cli_int("--head", flags[9].value, 0, 1000000, &head, &err)))
+    static const char *const BRANCHES[] = {"key", "value", "both", NULL}, *const PARAMS[] = {"gate", "payload", "all", NULL};
+    int bi = 2, pi = -1;
+    if (ps_args_int(a, "--layer", -PS_RESULT_MAX_SHIFT, PS_RESULT_MAX_SHIFT, &layer, err) ||
+        ps_args_int(a, "--shift", -PS_RESULT_MAX_SHIFT, PS_RESULT_MAX_SHIFT, &shift, err) ||
+        ps_args_int(a, "--head", 0, PS_RESULT_MAX_SHIFT, &head, err) || ps_args_choice(a, "--branch", BRANCHES, &bi, err) ||
+        ps_args_choice(a, "--params", PARAMS, &pi, err))
         goto done;
-    if (flags[10].value) {
-        if (!strcmp(flags[10].value, "key")) branches = PS_CYCLE_KEY;
-        else if (!strcmp(flags[10].value, "value")) branches = PS_CYCLE_VALUE;
-        else if (strcmp(flags[10].value, "both")) {
-            ps_cli_usage(&err, "--branch %s: expected key, value or both", flags[10].value);
-            goto done;
-        }
-    }
-    if (flags[11].value) {
-        if (!strcmp(flags[11].value, "gate")) params = PS_CYCLE_GATE;
-        else if (!strcmp(flags[11].value, "payload")) params = PS_CYCLE_PAYLOAD;
-        else if (!strcmp(flags[11].value, "all")) params = PS_CYCLE_GATE | PS_CYCLE_PAYLOAD;
-        else {
-            ps_cli_usage(&err, "--params %s: expected gate, payload or all", flags[11].value);
-            goto done;
-        }
-    }
-    if (ps_instr_setup(&in, "gatecycle", argc, argv, flags, 1, &err)) goto done;
+    int branches = bi == 0 ? PS_CYCLE_KEY : bi == 1 ? PS_CYCLE_VALUE : PS_CYCLE_KEY | PS_CYCLE_VALUE;
+    int params = pi < 0 ? 0 : pi == 0 ? PS_CYCLE_GATE : pi == 1 ? PS_CYCLE_PAYLOAD : PS_CYCLE_GATE | PS_CYCLE_PAYLOAD;
+    if (ps_instr_setup(&in, a, 1, err)) goto done;
     const ps_config *c = &in.m.cfg;
     /* a layer or head the model does not have is a usage error; without --model, say which model that is */
     char note[4600];
-    ps_cli_default_model_note(flags[0].value, note, sizeof note);
+    ps_cli_default_model_note(ps_args_get(a, "--model"), note, sizeof note);
     if (c->kind == PS_ATTN_COMPRESSED && (layer < 0 || layer >= c->n_layers)) {
         if (note[0]) {
             char valid[64];
             if (c->n_layers == 1) snprintf(valid, sizeof valid, "--layer 0");
             else snprintf(valid, sizeof valid, "--layer 0..%lld", (long long)c->n_layers - 1);
-            ps_cli_usage(&err, "--layer %lld: out of range: no --model given, so this is %s, which has %lld layer%s: valid %s (or pass --model DIR)",
+            ps_cli_usage(err, "--layer %lld: out of range: no --model given, so this is %s, which has %lld layer%s: valid %s (or pass --model DIR)",
                          (long long)layer, note, (long long)c->n_layers, c->n_layers == 1 ? "" : "s", valid);
         }
         else
-            ps_cli_usage(&err, "--layer %lld: out of range (the model has %lld layers, 0..%lld)", (long long)layer,
+            ps_cli_usage(err, "--layer %lld: out of range (the model has %lld layers, 0..%lld)", (long long)layer,
                          (long long)c->n_layers, (long long)c->n_layers - 1);
         goto done;
     }
     if (c->kind == PS_ATTN_COMPRESSED && head >= c->n_kv_heads) {
         if (note[0])
-            ps_cli_usage(&err, "--head %lld: out of range: no --model given, so this is %s, which has %lld KV heads: valid --head 0..%lld (or pass --model DIR)",
+            ps_cli_usage(err, "--head %lld: out of range: no --model given, so this is %s, which has %lld KV heads: valid --head 0..%lld (or pass --model DIR)",
                          (long long)head, note, (long long)c->n_kv_heads, (long long)c->n_kv_heads - 1);
         else
-            ps_cli_usage(&err, "--head %lld: out of range (the model has %lld KV heads, 0..%lld)", (long long)head,
+            ps_cli_usage(err, "--head %lld: out of range (the model has %lld KV heads, 0..%lld)", (long long)head,
                          (long long)c->n_kv_heads, (long long)c->n_kv_heads - 1);
         goto done;
     }
@@ -117,7 +94,7 @@ int ps_cmd_gatecycle(int argc, char **argv) {
         if (c->gate != PS_GATE_UNIFORM) params |= PS_CYCLE_GATE;
         if (c->payload != PS_PAYLOAD_SHARED) params |= PS_CYCLE_PAYLOAD;
         if (!params) {
-            ps_fail(&err, "--model %s: the model's gate is uniform and its payload shared: it has no per-offset parameters to cycle",
+            ps_fail(err, "--model %s: the model's gate is uniform and its payload shared: it has no per-offset parameters to cycle",
                     in.model_dir);
             goto done;
         }
@@ -125,38 +102,44 @@ int ps_cmd_gatecycle(int argc, char **argv) {
     if (!params) params = PS_CYCLE_GATE;
     /* validate the cycle first (bad model fails before any sweep): cycling by 0 checks every precondition
      * and changes nothing */
-    if (ps_gate_cycle(&in.m, (int)layer, (int)head, branches, params, 0, &err)) {
-        if (strncmp(err.msg, "--", 2)) ps_fail_prefix(&err, "--model %s: ", in.model_dir);
-        else ps_cli_mark_usage(&err);
+    if (ps_gate_cycle(&in.m, (int)layer, (int)head, branches, params, 0, err)) {
+        if (strncmp(err->msg, "--", 2)) ps_fail_prefix(err, "--model %s: ", in.model_dir);
+        else ps_cli_mark_usage(err);
         goto done;
     }
     if (ps_sweep_run(&in.m, &in.base, &in.task, in.fam, PS_SWEEP_PAD, in.P, in.seed, in.batch, &before, ps_instr_progress,
-                     &in, &err))
+                     &in, err))
         goto done;
     ps_progress_end(&in.bar);
-    if (ps_gate_cycle(&in.m, (int)layer, (int)head, branches, params, shift, &err)) goto done;
+    if (ps_gate_cycle(&in.m, (int)layer, (int)head, branches, params, shift, err)) goto done;
     if (ps_sweep_run(&in.m, &in.base, &in.task, in.fam, PS_SWEEP_PAD, in.P, in.seed, in.batch, &after, ps_instr_progress,
-                     &in, &err))
+                     &in, err))
         goto done;
     ps_progress_end(&in.bar);
-    if (flags[12].value) {
+    const char *save = ps_args_get(a, "--save");
+    if (save) {
         char meta[96];
         snprintf(meta, sizeof meta, "layer %lld shift %lld", (long long)layer, (long long)shift);
-        if (ps_model_set_meta(&in.m, "phasescope.gatecycle", meta, &err) || ps_model_save(&in.m, flags[12].value, &err))
+        if (ps_model_set_meta(&in.m, "phasescope.gatecycle", meta, err) || ps_model_save(&in.m, save, err))
             goto done;
-        printf("wrote the cycled checkpoint to %s\n", flags[12].value);
+        printf("wrote the cycled checkpoint to %s\n", save);
     }
     ab = malloc((size_t)in.P * sizeof(double));
     aa = malloc((size_t)in.P * sizeof(double));
     if (!ab || !aa) {
-        ps_fail(&err, "out of memory for two curves of %lld residues", (long long)in.P);
+        ps_fail(err, "out of memory for two curves of %lld residues", (long long)in.P);
         goto done;
     }
     for (int64_t r = 0; r < in.P; r++) {
         ab[r] = ps_residue_accuracy(&before, r);
         aa[r] = ps_residue_accuracy(&after, r);
     }
-    if (ps_cycle_analyse(ab, aa, in.P, ps_task_chance(&in.task), &an, &err)) goto done;
+    if (ps_cycle_analyse(ab, aa, in.P, ps_task_chance(&in.task), &an, err)) goto done;
+    json_t *jb = ps_residue_stats_json(&before, err), *ja = jb ? ps_residue_stats_json(&after, err) : NULL;
+    if (!ja) {
+        json_decref(jb);
+        goto done;
+    }
     const char *br = branches == 3 ? "both" : branches == 1 ? "key" : "value";
     const char *pa = params == 3 ? "all" : params == 1 ? "gate" : "payload";
     char hs[64];
@@ -166,7 +149,7 @@ int ps_cmd_gatecycle(int argc, char **argv) {
         snprintf(warning, sizeof warning,
                  "after cycling, accuracy is near chance (mean %.3f, chance %.3f): the cycled heads no longer work, "
                  "so the shift statistic means nothing%s",
-                 mean_accuracy(&after), an.chance,
+                 json_number_value(json_object_get(ja, "mean_accuracy")), an.chance, /* the curve's own mean */
                  params == PS_CYCLE_GATE && c->payload != PS_PAYLOAD_SHARED
                      ? " (the gates were rolled without their per-offset payloads; try --params all)"
                      : "");
@@ -182,11 +165,6 @@ int ps_cmd_gatecycle(int argc, char **argv) {
     json_object_set_new(cyc, "branch", json_string(br));
     json_object_set_new(cyc, "params", json_string(pa));
     json_object_set_new(res, "cycle", cyc);
-    json_t *jb = ps_residue_stats_json(&before, &err), *ja = jb ? ps_residue_stats_json(&after, &err) : NULL;
-    if (!ja) {
-        json_decref(jb);
-        goto done;
-    }
     json_object_set_new(res, "before", jb);
     json_object_set_new(res, "after", ja);
     json_object_set_new(res, "chance", json_real(an.chance));
@@ -215,7 +193,7 @@ int ps_cmd_gatecycle(int argc, char **argv) {
     json_object_set_new(res, "best_shift_signed", json_integer(an.best_shift_signed));
     json_object_set_new(res, "best_shift_correlation", json_real(an.best_shift_correlation));
     json_object_set_new(res, "warnings", warns);
-    if (ps_instr_write(&in, "gatecycle.json", res, &err)) goto done;
+    if (ps_instr_write(&in, "gatecycle.json", res, err)) goto done;
     if (warning[0]) fprintf(stderr, "phasescope gatecycle: warning: %s\n", warning);
     printf("cycled layer %lld, %s, %s %s by %lld\n", (long long)layer, hs,
            branches == 3 ? "key and value" : br, params == 3 ? "gates and payloads" : params == 1 ? "gates" : "payloads",
@@ -248,10 +226,6 @@ int ps_cmd_gatecycle(int argc, char **argv) {
     printf("\n");
     rc = 0;
 done:
-    if (rc) {
-        fprintf(stderr, "phasescope gatecycle: %s\n", err.msg);
-        rc = ps_cli_status(&err);
-    }
     free(ab);
     free(aa);
     ps_cycle_analysis_free(&an);

@@ -7,15 +7,26 @@
 #include "gates.h"
 #include "instrument.h"
 
-static const char HELP[] =
-    "usage: phasescope gates [--model DIR] [--log RUN/train.jsonl] [--n N] [--seed S] [--batch B] [--out DIR]\n"
-    "\n"
-    "Gate concentration (docs/results-schema.md, `gates.json`), pooled over every window of the evaluation\n"
-    "prompts (shift 0): per layer, KV head and branch, mean_gate (a distribution over the W offsets), N_static = exp(H(mean_gate)),\n"
-    "N_input = E[exp(H(alpha))], the peak offset, and a label: static (N_static <= 2 and N_input <= 2),\n"
-    "input-dependent (N_input <= 2 < N_static) or diffuse (N_input > 2). With --log, also how these evolved\n"
-    "over the gate records of a training log. Writes OUT/gates.json.\n"
-    "\n" PS_INSTR_HELP "  --log FILE      a train.jsonl to summarise\n";
+static int run(const ps_args *a, ps_error *err);
+
+static const ps_flag_spec FLAGS[] = {
+    {"--log", "RUN/train.jsonl", "a train.jsonl to summarise", 0},
+    PS_INSTR_FLAGS,
+    {0},
+};
+
+const ps_command ps_cmd_gates = {
+    .name = "gates",
+    .summary = "gate concentration: effective offsets per layer, KV head and branch",
+    .description =
+        "Gate concentration (docs/results-schema.md, `gates.json`), pooled over every window of the evaluation\n"
+        "prompts (shift 0): per layer, KV head and branch, mean_gate (a distribution over the W offsets), N_static = exp(H(mean_gate)),\n"
+        "N_input = E[exp(H(alpha))], the peak offset, and a label: static (N_static <= 2 and N_input <= 2),\n"
+        "input-dependent (N_input <= 2 < N_static) or diffuse (N_input > 2). With --log, also how these evolved\n"
+        "over the gate records of a training log. Writes OUT/gates.json.\n",
+    .flags = FLAGS,
+    .run = run,
+};
 
 /* Summarise the gate records of a training log: per (layer, head, branch) first/last values, the first
  * step where N_static <= 2, and whether the peak stayed put over the last three records. */
@@ -87,29 +98,20 @@ static json_t *summarise_log(const char *path, ps_error *err) {
     return out;
 }
 
-int ps_cmd_gates(int argc, char **argv) {
-    if (ps_cli_wants_help(argc, argv)) {
-        fputs(HELP, stdout);
-        return 0;
-    }
-    ps_flag flags[] = {PS_INSTR_FLAGS, PS_FLAG("--log", true)};
-    int npos;
-    const char *pos[1];
-    ps_error err = {0};
+static int run(const ps_args *a, ps_error *err) {
     ps_instr in = {0};
     ps_gate_acc acc = {0};
     ps_hooks h;
     ps_hooks_init(&h);
     json_t *res = NULL;
     int rc = 1;
-    if (ps_cli_parse(argc, argv, flags, PS_INSTR_N_FLAGS + 1, pos, 0, &npos, &err)) goto done;
-    if (ps_instr_setup(&in, "gates", argc, argv, flags, 1, &err)) goto done;
-    if (ps_gate_acc_init(&acc, &in.m.cfg, &err) || ps_gate_acc_watch(&acc, &h, &in.m.cfg, &err)) goto done;
+    if (ps_instr_setup(&in, a, 1, err)) goto done;
+    if (ps_gate_acc_init(&acc, &in.m.cfg, err) || ps_gate_acc_watch(&acc, &h, &in.m.cfg, err)) goto done;
     ps_shifted s;
-    if (ps_make_shifted(&in.base, &in.task, in.fam, PS_SWEEP_PAD, 1, 0, in.seed, in.m.cfg.max_seq_len, &s, &err)) goto done;
+    if (ps_make_shifted(&in.base, &in.task, in.fam, PS_SWEEP_PAD, 1, 0, in.seed, in.m.cfg.max_seq_len, &s, err)) goto done;
     int *ok = malloc((size_t)(s.b.B * s.b.max_q) * sizeof(int));
     double *lp = malloc((size_t)(s.b.B * s.b.max_q) * sizeof(double));
-    int bad = ps_eval_shifted(&in.m, &s, in.batch, &h, ok, lp, &err);
+    int bad = ps_eval_shifted(&in.m, &s, in.batch, &h, ok, lp, err);
     free(ok);
     free(lp);
     ps_shifted_free(&s);
@@ -120,15 +122,16 @@ int ps_cmd_gates(int argc, char **argv) {
     json_t *stats = ps_gate_acc_to_json(&acc, &in.m.cfg);
     json_object_set_new(res, "thresholds", json_pack("{s:f}", "concentrated", PS_GATE_CONCENTRATED));
     json_object_set_new(res, "gates", stats);
-    if (flags[7].value) {
-        json_t *evo = summarise_log(flags[7].value, &err);
+    const char *train_log = ps_args_get(a, "--log");
+    if (train_log) {
+        json_t *evo = summarise_log(train_log, err);
         if (!evo) {
-            ps_fail_prefix(&err, "--log: ");
+            ps_fail_prefix(err, "--log: ");
             goto done;
         }
         json_object_set_new(res, "training", evo);
     }
-    if (ps_instr_write(&in, "gates.json", res, &err)) goto done;
+    if (ps_instr_write(&in, "gates.json", res, err)) goto done;
     printf("%-6s %-5s %-6s %9s %9s %5s  %s\n", "layer", "head", "branch", "N_static", "N_input", "peak", "label");
     for (int l = 0; l < in.m.cfg.n_layers; l++)
         for (int g = 0; g < in.m.cfg.n_kv_heads; g++)
@@ -140,10 +143,6 @@ int ps_cmd_gates(int argc, char **argv) {
             }
     rc = 0;
 done:
-    if (rc) {
-        fprintf(stderr, "phasescope gates: %s\n", err.msg);
-        rc = ps_cli_status(&err);
-    }
     json_decref(res);
     ps_hooks_free(&h);
     if (acc.sum_alpha) ps_gate_acc_free(&acc);

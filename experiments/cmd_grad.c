@@ -10,28 +10,32 @@
 #include "safetensors.h"
 #include "tokens.h"
 
-static const char HELP[] =
-    "usage: phasescope grad [--model DIR] --tokens T.json --targets Y.json --out GRADS.safetensors\n"
-    "\n"
-    "Runs every sequence of T.json on its own; Y.json has the same shape, with the target token id\n"
-    "of each position or -1 / null where a position has no target. Writes `loss` (shape [1]: mean\n"
-    "cross-entropy over all target positions of all sequences) and the gradient of that loss for every\n"
-    "checkpoint tensor, under the tensor's own name.\n"
-    "\n"
-    "  --model DIR     checkpoint directory (default: the shipped model)\n"
-    "  --tokens FILE   token sequences\n"
-    "  --targets FILE  targets, same shape as the tokens\n"
-    "  --out FILE      output safetensors file (written atomically)\n";
+static int run(const ps_args *args, ps_error *out_err);
 
-int ps_cmd_grad(int argc, char **argv) {
-    if (ps_cli_wants_help(argc, argv)) {
-        fputs(HELP, stdout);
-        return 0;
-    }
-    ps_flag flags[] = {PS_FLAG("--model", true), PS_FLAG("--tokens", true), PS_FLAG("--targets", true),
-                       PS_FLAG("--out", true)};
-    int npos;
-    const char *pos[1];
+static const ps_flag_spec FLAGS[] = {
+    {"--model", "DIR", "checkpoint directory (default: the shipped model)", 0},
+    {"--tokens", "T.json", "token sequences", 1},
+    {"--targets", "Y.json", "targets, same shape as the tokens", 1},
+    {"--out", "GRADS.safetensors", "output safetensors file (written atomically)", 1},
+    PS_BACKEND_FLAG,
+    {0},
+};
+
+const ps_command ps_cmd_grad = {
+    .name = "grad",
+    .summary = "mean cross-entropy and its gradient for every tensor, to safetensors",
+    .description = "Runs every sequence of T.json on its own; Y.json has the same shape, with the target token id\n"
+                   "of each position or -1 / null where a position has no target. Writes `loss` (shape [1]: mean\n"
+                   "cross-entropy over all target positions of all sequences) and the gradient of that loss for every\n"
+                   "checkpoint tensor, under the tensor's own name.\n",
+    .flags = FLAGS,
+    .run = run,
+};
+
+/* err is this function's own (copied out on failure), so the calls below read as they always have */
+static int run(const ps_args *args, ps_error *out_err) {
+    const char *tokens = ps_args_get(args, "--tokens"), *targets = ps_args_get(args, "--targets"),
+               *out_path = ps_args_get(args, "--out");
     ps_error err = {0};
     ps_model m = {0};
     ps_token_lists toks = {0}, tgts = {0};
@@ -39,31 +43,29 @@ int ps_cmd_grad(int argc, char **argv) {
     ps_st_tensor *t = NULL;
     int rc = 1;
     char dir[4096];
-    if (ps_cli_parse(argc, argv, flags, 4, pos, 0, &npos, &err)) goto done;
-    if (ps_cli_require(flags, 4, &err, "--tokens", "--targets", "--out", NULL)) goto done;
-    if (ps_cli_model_dir(flags[0].value, dir, sizeof dir, &err) || ps_model_load(&m, dir, &err) ||
-        ps_tokens_load(flags[1].value, 0, 0, &toks, &err) || ps_tokens_load(flags[2].value, 1, -1, &tgts, &err))
+    if (ps_cli_model_dir(ps_args_get(args, "--model"), dir, sizeof dir, &err) || ps_model_load(&m, dir, &err) ||
+        ps_model_to_backend(&m, ps_args_backend(args), &err) || ps_tokens_load(tokens, 0, 0, &toks, &err) || ps_tokens_load(targets, 1, -1, &tgts, &err))
         goto done;
     if (tgts.n != toks.n) {
-        ps_fail(&err, "%s: %d sequences, but %s has %d", flags[2].value, tgts.n, flags[1].value, toks.n);
+        ps_fail(&err, "%s: %d sequences, but %s has %d", targets, tgts.n, tokens, toks.n);
         goto done;
     }
     int64_t total = 0;
     for (int s = 0; s < toks.n; s++) {
         if (tgts.len[s] != toks.len[s]) {
-            ps_fail(&err, "%s: sequence %d has %lld targets for %lld tokens", flags[2].value, s, (long long)tgts.len[s],
+            ps_fail(&err, "%s: sequence %d has %lld targets for %lld tokens", targets, s, (long long)tgts.len[s],
                     (long long)toks.len[s]);
             goto done;
         }
         if (toks.len[s] > m.cfg.max_seq_len) {
-            ps_fail(&err, "%s: sequence %d has %lld tokens, more than max_seq_len %lld by %lld", flags[1].value, s,
+            ps_fail(&err, "%s: sequence %d has %lld tokens, more than max_seq_len %lld by %lld", tokens, s,
                     (long long)toks.len[s], (long long)m.cfg.max_seq_len, (long long)(toks.len[s] - m.cfg.max_seq_len));
             goto done;
         }
         for (int64_t i = 0; i < tgts.len[s]; i++) total += tgts.seq[s][i] >= 0;
     }
     if (total == 0) {
-        ps_fail(&err, "%s: no target positions (every entry is -1 or null)", flags[2].value);
+        ps_fail(&err, "%s: no target positions (every entry is -1 or null)", targets);
         goto done;
     }
     grads = calloc((size_t)m.n_params, sizeof(float));
@@ -76,8 +78,8 @@ int ps_cmd_grad(int argc, char **argv) {
     int64_t n_targets = 0;
     for (int s = 0; s < toks.n; s++) {
         ps_acts a, g;
-        if (ps_acts_create(&a, &m.cfg, 1, toks.len[s], true, &err)) goto done;
-        if (ps_acts_create(&g, &m.cfg, 1, toks.len[s], false, &err)) {
+        if (ps_acts_create(&a, m.ctx, &m.cfg, 1, toks.len[s], true, &err)) goto done;
+        if (ps_acts_create(&g, m.ctx, &m.cfg, 1, toks.len[s], false, &err)) {
             ps_acts_free(&a);
             goto done;
         }
@@ -96,15 +98,12 @@ int ps_cmd_grad(int argc, char **argv) {
         t[i + 1] = (ps_st_tensor){.name = m.table[i].name, .ndim = m.table[i].ndim, .data = grads + m.table[i].offset};
         for (int k = 0; k < 3; k++) t[i + 1].shape[k] = m.table[i].shape[k];
     }
-    if (ps_st_save(flags[3].value, t, m.n_tensors + 1, NULL, NULL, 0, &err)) goto done;
+    if (ps_st_save(out_path, t, m.n_tensors + 1, NULL, NULL, 0, &err)) goto done;
     printf("loss %.6f over %lld target positions; wrote %d gradients to %s\n", (double)loss, (long long)n_targets,
-           m.n_tensors, flags[3].value);
+           m.n_tensors, out_path);
     rc = 0;
 done:
-    if (rc) {
-        fprintf(stderr, "phasescope grad: %s\n", err.msg);
-        rc = ps_cli_status(&err);
-    }
+    if (rc) *out_err = err;
     free(t);
     free(grads);
     ps_tokens_free(&toks);

@@ -10,15 +10,24 @@
 #include "fileio.h"
 #include "model.h"
 
-static const char HELP[] =
-    "usage: phasescope info [--model DIR] [--batch B]\n"
-    "\n"
-    "Prints the model's config, parameter counts by group, the KV-cache bytes per token of the\n"
-    "compressed cache versus a full-attention cache of the same shape, and the memory a forward pass\n"
-    "and a training step at max_seq_len would need (for a batch of B sequences, default 1).\n"
-    "\n"
-    "  --model DIR   checkpoint directory (default: the shipped model)\n"
-    "  --batch B     batch size for the memory estimates\n";
+static int run(const ps_args *a, ps_error *err);
+
+static const ps_flag_spec FLAGS[] = {
+    {"--model", "DIR", "checkpoint directory (default: the shipped model)", 0},
+    {"--batch", "B", "batch size for the memory estimates", 0},
+    PS_BACKEND_FLAG,
+    {0},
+};
+
+const ps_command ps_cmd_info = {
+    .name = "info",
+    .summary = "config, parameters, KV-cache bytes per token, memory estimates",
+    .description = "Prints the model's config, parameter counts by group, the KV-cache bytes per token of the\n"
+                   "compressed cache versus a full-attention cache of the same shape, and the memory a forward pass\n"
+                   "and a training step at max_seq_len would need (for a batch of B sequences, default 1).\n",
+    .flags = FLAGS,
+    .run = run,
+};
 
 static void human(char *buf, size_t n, double bytes) {
     const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -30,24 +39,14 @@ static void human(char *buf, size_t n, double bytes) {
     snprintf(buf, n, i ? "%.2f %s" : "%.0f %s", bytes, u[i]);
 }
 
-int ps_cmd_info(int argc, char **argv) {
-    if (ps_cli_wants_help(argc, argv)) {
-        fputs(HELP, stdout);
-        return 0;
-    }
-    ps_flag flags[] = {PS_FLAG("--model", true), PS_FLAG("--batch", true)};
-    int npos;
-    const char *pos[1];
-    ps_error err = {0};
+static int run(const ps_args *a, ps_error *err) {
     ps_model m = {0};
     char dir[4096];
     int64_t B = 1;
-    if (ps_cli_parse(argc, argv, flags, 2, pos, 0, &npos, &err) ||
-        (flags[1].value && ps_cli_int("--batch", flags[1].value, 1, 1 << 20, &B, &err)) ||
-        ps_cli_model_dir(flags[0].value, dir, sizeof dir, &err) || ps_model_load(&m, dir, &err)) {
-        fprintf(stderr, "phasescope info: %s\n", err.msg);
+    if (ps_args_int(a, "--batch", 1, 1 << 20, &B, err) || ps_cli_model_dir(ps_args_get(a, "--model"), dir, sizeof dir, err) ||
+        ps_model_load(&m, dir, err)) {
         ps_model_free(&m);
-        return ps_cli_status(&err);
+        return -1;
     }
     const ps_config *c = &m.cfg;
     char hash[17];
@@ -98,9 +97,9 @@ int ps_cmd_info(int argc, char **argv) {
     /* knockout grid: one batch's activations of every layer kept, plus the per-shift means of one target */
     double grid = pbytes + (double)ps_acts_size(c, B, c->max_seq_len, true, false) * 4.0 +
                   (double)c->n_layers * (double)c->max_seq_len * (double)(c->n_kv_heads * c->head_dim) * 2.0 * 8.0;
-    char a[32], b[32], pb[32], kg[32], av[32];
+    char fw[32], b[32], pb[32], kg[32], av[32];
     human(pb, sizeof pb, pbytes);
-    human(a, sizeof a, fwd);
+    human(fw, sizeof fw, fwd);
     human(b, sizeof b, train);
     human(kg, sizeof kg, grid);
     human(av, sizeof av, (double)ps_mem_available());
@@ -108,7 +107,7 @@ int ps_cmd_info(int argc, char **argv) {
            "  forward pass          %s\n"
            "  training step         %s (weights, gradients, AdamW moments, activations and their gradients)\n"
            "  knockout grid         %s (every layer's activations of one batch, and the means)\n",
-           (long long)B, (long long)c->max_seq_len, av, pb, a, b, kg);
+           (long long)B, (long long)c->max_seq_len, av, pb, fw, b, kg);
     char compute[512];
     ps_cpu_env_describe(compute, sizeof compute);
     ps_error ce;

@@ -7,74 +7,69 @@
 #include "instrument.h"
 #include "knockout.h"
 
-static const char HELP[] =
-    "usage: phasescope knockout [--model DIR] [--layers LIST] [--heads LIST] [--target raw|compressed|both]\n"
-    "                           [--period P] [--family NAME] [--n N] [--seed S] [--batch B] [--out DIR]\n"
-    "\n"
-    "Mean-replacement KV-head knockout (docs/results-schema.md, `knockout.json`): for every chosen layer l and KV head g, that head's entries\n"
-    "are replaced by their mean over the evaluation prompts of the same shift, position by position, and the\n"
-    "prefix-padding sweep is run. Reports per (layer, head, residue) the change in accuracy (pp) and in mean\n"
-    "target NLL against the clean run, and each head's worst residue (the largest accuracy drop). Writes\n"
-    "OUT/knockout.json.\n"
-    "\n" PS_INSTR_HELP
-    "  --layers LIST   layers, e.g. 0,2-3 (default: all)\n"
-    "  --heads LIST    KV heads (default: all)\n"
-    "  --target T      compressed (default for compressed models): hook_ck and hook_cv; raw (default for\n"
-    "                  full attention): hook_k and hook_v; both\n";
+static int run(const ps_args *a, ps_error *err);
 
-int ps_cmd_knockout(int argc, char **argv) {
-    if (ps_cli_wants_help(argc, argv)) {
-        fputs(HELP, stdout);
+static const ps_flag_spec FLAGS[] = {
+    {"--layers", "LIST", "layers, e.g. 0,2-3 (default: all)", 0},
+    {"--heads", "LIST", "KV heads (default: all)", 0},
+    {"--target", "raw|compressed|both",
+     "compressed (default for compressed models): hook_ck and hook_cv; raw (default for\n"
+     "full attention): hook_k and hook_v; both",
+     0},
+    PS_INSTR_FLAGS,
+    {0},
+};
+
+const ps_command ps_cmd_knockout = {
+    .name = "knockout",
+    .summary = "mean-replacement KV-head knockout grid, per residue",
+    .description =
+        "Mean-replacement KV-head knockout (docs/results-schema.md, `knockout.json`): for every chosen layer l and KV head g, that head's entries\n"
+        "are replaced by their mean over the evaluation prompts of the same shift, position by position, and the\n"
+        "prefix-padding sweep is run. Reports per (layer, head, residue) the change in accuracy (pp) and in mean\n"
+        "target NLL against the clean run, and each head's worst residue (the largest accuracy drop). Writes\n"
+        "OUT/knockout.json.\n",
+    .flags = FLAGS,
+    .run = run,
+};
+
+/* A list flag sized to the model; the error adds how many the model has ("(the model has 2 layers)"). */
+static int model_list(const ps_args *a, const char *flag, int64_t count, const char *what, int *out, int *n, ps_error *err) {
+    const char *v = ps_args_get(a, flag);
+    if (!v) {
+        for (*n = 0; *n < count; (*n)++) out[*n] = *n;
         return 0;
     }
-    ps_flag flags[] = {PS_INSTR_FLAGS, PS_FLAG("--layers", true), PS_FLAG("--heads", true), PS_FLAG("--target", true)};
-    int npos;
-    const char *pos[1];
-    ps_error err = {0};
+    if (!ps_cli_int_list(flag, v, 0, count - 1, out, (int)count, n, err)) return 0;
+    char m[PS_ERROR_MAX];
+    snprintf(m, sizeof m, "%s", err->msg);
+    return ps_cli_usage(err, "%.900s (the model has %lld %s)", m, (long long)count, what);
+}
+
+static int run(const ps_args *a, ps_error *err) {
     ps_instr in = {0};
     ps_knockout_result r = {0};
     json_t *res = NULL;
     int rc = 1, *layers = NULL, *heads = NULL, nl = 0, nh = 0, *order = NULL;
-    if (ps_cli_parse(argc, argv, flags, PS_INSTR_N_FLAGS + 3, pos, 0, &npos, &err)) goto done;
-    if (ps_instr_setup(&in, "knockout", argc, argv, flags, 1, &err)) goto done;
+    if (ps_instr_setup(&in, a, 1, err)) goto done;
     const ps_config *c = &in.m.cfg;
     /* a config may have up to 2^24 layers or KV heads: the lists are sized to the model */
     layers = malloc((size_t)c->n_layers * sizeof(int));
     heads = malloc((size_t)c->n_kv_heads * sizeof(int));
     if (!layers || !heads) {
-        ps_fail(&err, "out of memory for the lists of %lld layers and %lld KV heads", (long long)c->n_layers, (long long)c->n_kv_heads);
+        ps_fail(err, "out of memory for the lists of %lld layers and %lld KV heads", (long long)c->n_layers, (long long)c->n_kv_heads);
         goto done;
     }
-    ps_ko_target target = c->kind == PS_ATTN_COMPRESSED ? PS_KO_COMPRESSED : PS_KO_RAW;
-    if (flags[9].value) {
-        if (!strcmp(flags[9].value, "raw")) target = PS_KO_RAW;
-        else if (!strcmp(flags[9].value, "compressed")) target = PS_KO_COMPRESSED;
-        else if (!strcmp(flags[9].value, "both")) target = PS_KO_BOTH;
-        else {
-            ps_cli_usage(&err, "--target %s: expected raw, compressed or both", flags[9].value);
-            goto done;
-        }
-    }
-    if (flags[7].value) {
-        if (ps_cli_int_list("--layers", flags[7].value, 0, c->n_layers - 1, layers, (int)c->n_layers, &nl, &err)) {
-            char m[PS_ERROR_MAX];
-            snprintf(m, sizeof m, "%s", err.msg);
-            ps_cli_usage(&err, "%.900s (the model has %lld layers)", m, (long long)c->n_layers);
-            goto done;
-        }
-    } else
-        for (nl = 0; nl < c->n_layers; nl++) layers[nl] = nl;
-    if (flags[8].value) {
-        if (ps_cli_int_list("--heads", flags[8].value, 0, c->n_kv_heads - 1, heads, (int)c->n_kv_heads, &nh, &err)) {
-            char m[PS_ERROR_MAX];
-            snprintf(m, sizeof m, "%s", err.msg);
-            ps_cli_usage(&err, "%.900s (the model has %lld KV heads)", m, (long long)c->n_kv_heads);
-            goto done;
-        }
-    } else
-        for (nh = 0; nh < c->n_kv_heads; nh++) heads[nh] = nh;
+    static const char *const TARGETS[] = {"raw", "compressed", "both", NULL};
+    static const ps_ko_target TARGET_OF[] = {PS_KO_RAW, PS_KO_COMPRESSED, PS_KO_BOTH};
+    int ti = c->kind == PS_ATTN_COMPRESSED ? 1 : 0;
+    if (ps_args_choice(a, "--target", TARGETS, &ti, err)) goto done;
+    ps_ko_target target = TARGET_OF[ti];
+    if (model_list(a, "--layers", c->n_layers, "layers", layers, &nl, err) ||
+        model_list(a, "--heads", c->n_kv_heads, "KV heads", heads, &nh, err))
+        goto done;
     if (ps_knockout_grid(&in.m, &in.base, &in.task, in.fam, in.P, in.seed, in.batch, layers, nl, heads, nh, target, 0, &r,
-                         ps_instr_progress, &in, &err)) {
+                         ps_instr_progress, &in, err)) {
         ps_progress_end(&in.bar);
         goto done;
     }
@@ -82,17 +77,17 @@ int ps_cmd_knockout(int argc, char **argv) {
     res = json_object();
     json_object_set_new(res, "kind", json_string("knockout"));
     json_object_set_new(res, "provenance", ps_instr_provenance(&in, "pad"));
-    json_t *grid = ps_knockout_json(&r, target, &err);
+    json_t *grid = ps_knockout_json(&r, target, err);
     if (!grid) goto done;
     json_object_set_new(res, "grid", grid);
-    if (ps_instr_write(&in, "knockout.json", res, &err)) goto done;
+    if (ps_instr_write(&in, "knockout.json", res, err)) goto done;
     /* every head with the residue it hurts most (a head that kills one residue can have a small mean),
      * worst first */
     json_t *cells = json_object_get(grid, "cells");
     size_t ncell = json_array_size(cells);
     order = malloc((ncell ? ncell : 1) * sizeof(int));
     if (!order) {
-        ps_fail(&err, "out of memory for the order of %zu cells", ncell);
+        ps_fail(err, "out of memory for the order of %zu cells", ncell);
         goto done;
     }
     for (size_t i = 0; i < ncell; i++) order[i] = (int)i;
@@ -123,10 +118,6 @@ int ps_cmd_knockout(int argc, char **argv) {
     if (show < ncell) printf("  ... %zu more heads in knockout.json\n", ncell - show);
     rc = 0;
 done:
-    if (rc) {
-        fprintf(stderr, "phasescope knockout: %s\n", err.msg);
-        rc = ps_cli_status(&err);
-    }
     free(order);
     free(layers);
     free(heads);

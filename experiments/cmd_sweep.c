@@ -7,44 +7,40 @@
 #include "draw.h"
 #include "stats.h"
 
-static const char HELP[] =
-    "usage: phasescope sweep [--model DIR] [--period P] [--mode pad|move] [--family NAME] [--n N] [--seed S]\n"
-    "                        [--batch B] [--out DIR]\n"
-    "\n"
-    "Phase sweep (docs/results-schema.md). pad: for each shift p = 0..P-1, p filler tokens go right after BOS; move: the\n"
-    "queried pair moves (p fillers before it, P-1-p after it), the prompt length stays fixed. Each query's\n"
-    "phase coordinate is rho = t_K mod P (t_K: position of the queried key's first token). Reports per rho:\n"
-    "n, accuracy (top-1 over the vocabulary), 95% Wilson interval, mean target log-prob; overall mean, min\n"
-    "and gap (pp); a chi-square test of accuracy against residue and the verdict: phase sensitive when\n"
-    "p < 0.01 and the gap is at least 5 pp; only then the dominant period of the curve is given (the JSON's\n"
-    "dominant_period.period is null otherwise). Writes OUT/sweep.json.\n"
-    "\n" PS_INSTR_HELP "  --mode M        pad (default) or move\n";
+static int run(const ps_args *a, ps_error *err);
 
-int ps_cmd_sweep(int argc, char **argv) {
-    if (ps_cli_wants_help(argc, argv)) {
-        fputs(HELP, stdout);
-        return 0;
-    }
-    ps_flag flags[] = {PS_INSTR_FLAGS, PS_FLAG("--mode", true)};
-    int npos;
-    const char *pos[1];
-    ps_error err = {0};
+static const ps_flag_spec FLAGS[] = {
+    {"--mode", "pad|move", "pad (default) or move", 0},
+    PS_INSTR_FLAGS,
+    {0},
+};
+
+const ps_command ps_cmd_sweep = {
+    .name = "sweep",
+    .summary = "phase sweep: accuracy per residue (prefix padding or move mode)",
+    .description =
+        "Phase sweep (docs/results-schema.md). pad: for each shift p = 0..P-1, p filler tokens go right after BOS; move: the\n"
+        "queried pair moves (p fillers before it, P-1-p after it), the prompt length stays fixed. Each query's\n"
+        "phase coordinate is rho = t_K mod P (t_K: position of the queried key's first token). Reports per rho:\n"
+        "n, accuracy (top-1 over the vocabulary), 95% Wilson interval, mean target log-prob; overall mean, min\n"
+        "and gap (pp); a chi-square test of accuracy against residue and the verdict: phase sensitive when\n"
+        "p < 0.01 and the gap is at least 5 pp; only then the dominant period of the curve is given (the JSON's\n"
+        "dominant_period.period is null otherwise). Writes OUT/sweep.json.\n",
+    .flags = FLAGS,
+    .run = run,
+};
+
+static int run(const ps_args *a, ps_error *err) {
     ps_instr in = {0};
     ps_residue_stats st = {0};
     json_t *res = NULL;
     int rc = 1;
-    ps_sweep_mode mode = PS_SWEEP_PAD;
-    if (ps_cli_parse(argc, argv, flags, PS_INSTR_N_FLAGS + 1, pos, 0, &npos, &err)) goto done;
-    if (flags[7].value) {
-        if (!strcmp(flags[7].value, "pad")) mode = PS_SWEEP_PAD;
-        else if (!strcmp(flags[7].value, "move")) mode = PS_SWEEP_MOVE;
-        else {
-            ps_cli_usage(&err, "--mode %s: expected pad or move", flags[7].value);
-            goto done;
-        }
-    }
-    if (ps_instr_setup(&in, "sweep", argc, argv, flags, 1, &err)) goto done;
-    if (ps_sweep_run(&in.m, &in.base, &in.task, in.fam, mode, in.P, in.seed, in.batch, &st, ps_instr_progress, &in, &err)) {
+    static const char *const MODES[] = {"pad", "move", NULL};
+    int mi = 0;
+    if (ps_args_choice(a, "--mode", MODES, &mi, err)) goto done;
+    ps_sweep_mode mode = mi ? PS_SWEEP_MOVE : PS_SWEEP_PAD;
+    if (ps_instr_setup(&in, a, 1, err)) goto done;
+    if (ps_sweep_run(&in.m, &in.base, &in.task, in.fam, mode, in.P, in.seed, in.batch, &st, ps_instr_progress, &in, err)) {
         ps_progress_end(&in.bar);
         goto done;
     }
@@ -52,10 +48,10 @@ int ps_cmd_sweep(int argc, char **argv) {
     res = json_object();
     json_object_set_new(res, "kind", json_string("sweep"));
     json_object_set_new(res, "provenance", ps_instr_provenance(&in, mode == PS_SWEEP_PAD ? "pad" : "move"));
-    json_t *curve = ps_residue_stats_json(&st, &err);
+    json_t *curve = ps_residue_stats_json(&st, err);
     if (!curve) goto done;
     json_object_set_new(res, "curve", curve);
-    if (ps_instr_write(&in, "sweep.json", res, &err)) goto done;
+    if (ps_instr_write(&in, "sweep.json", res, err)) goto done;
     /* the verdict and the period come from the JSON just written, so the two always agree */
     json_t *cs = json_object_get(curve, "chi_square"), *dp = json_object_get(curve, "dominant_period");
     double p = json_number_value(json_object_get(cs, "p_value"));
@@ -70,10 +66,6 @@ int ps_cmd_sweep(int argc, char **argv) {
     printf("\n");
     rc = 0;
 done:
-    if (rc) {
-        fprintf(stderr, "phasescope sweep: %s\n", err.msg);
-        rc = ps_cli_status(&err);
-    }
     json_decref(res);
     ps_residue_stats_free(&st);
     ps_instr_free(&in);

@@ -11,33 +11,39 @@
 #include "results_check.h"
 #include "draw.h"
 
-static const char HELP[] =
-    "usage: phasescope table SWEEP.json [MORE.json ...] [--out TABLE.md]\n"
-    "\n"
-    "Prints a markdown table with one row per sweep result: model, attention, period, mean accuracy, worst\n"
-    "residue, gap (pp), the detected period (dominant DFT frequency of the residue curve) and the chi-square\n"
-    "p-value of accuracy against residue. --out also writes it to a file (atomically). Each file is checked\n"
-    "against docs/results-schema.md first; a malformed one is refused, naming the field at fault.\n";
+static int run(const ps_args *a, ps_error *err);
 
-int ps_cmd_table(int argc, char **argv) {
-    if (ps_cli_wants_help(argc, argv)) {
-        fputs(HELP, stdout);
-        return 0;
-    }
-    ps_flag flags[] = {PS_FLAG("--out", true)};
-    const char *pos[256];
-    int npos;
-    ps_error err = {0};
+static const ps_flag_spec FLAGS[] = {
+    {"--out", "TABLE.md", "also write the table to this file (atomically)", 0},
+    {0},
+};
+
+const ps_command ps_cmd_table = {
+    .name = "table",
+    .summary = "summary table (markdown) of several sweep results",
+    .description =
+        "Prints a markdown table with one row per sweep result: model, attention, period, mean accuracy, worst\n"
+        "residue, gap (pp), the detected period (dominant DFT frequency of the residue curve) and the chi-square\n"
+        "p-value of accuracy against residue. --out also writes it to a file (atomically). Each file is checked\n"
+        "against docs/results-schema.md first; a malformed one is refused, naming the field at fault.\n",
+    .positional = "SWEEP.json [MORE.json ...]",
+    .max_positional = 256,
+    .flags = FLAGS,
+    .run = run,
+};
+
+static int run(const ps_args *a, ps_error *err) {
+    const char *const *pos = a->pos;
+    int npos = a->n_pos;
     size_t cap = 65536, len = 0;
     char *out = malloc(cap);
     int rc = 1;
     if (!out) {
-        ps_fail(&err, "out of memory for the table");
+        ps_fail(err, "out of memory for the table");
         goto done;
     }
-    if (ps_cli_parse(argc, argv, flags, 1, pos, 256, &npos, &err)) goto done;
     if (npos == 0) {
-        ps_cli_usage(&err, "no sweep result given (see --help)");
+        ps_cli_usage(err, "no sweep result given (see --help)");
         goto done;
     }
     len += (size_t)snprintf(out + len, cap - len,
@@ -45,7 +51,7 @@ int ps_cmd_table(int argc, char **argv) {
                             "chi-square p |\n|---|---|---|---|---|---|---|---|\n");
     for (int i = 0; i < npos; i++) {
         json_t *d;
-        if (ps_results_load(pos[i], "sweep", &d, &err)) goto done;
+        if (ps_results_load(pos[i], "sweep", &d, err)) goto done;
         json_t *prov = json_object_get(d, "provenance"), *c = json_object_get(d, "curve");
         json_t *att = json_object_get(json_object_get(prov, "config"), "attention");
         char model[1024], attn[128];
@@ -68,7 +74,7 @@ int ps_cmd_table(int argc, char **argv) {
             char *grown = realloc(out, cap);
             if (!grown) {
                 json_decref(d);
-                ps_fail(&err, "out of memory for the table");
+                ps_fail(err, "out of memory for the table");
                 goto done;
             }
             out = grown;
@@ -83,13 +89,10 @@ int ps_cmd_table(int argc, char **argv) {
         json_decref(d);
     }
     fputs(out, stdout);
-    if (flags[0].value && ps_write_file_atomic(flags[0].value, out, len, &err)) goto done;
+    const char *file = ps_args_get(a, "--out");
+    if (file && ps_write_file_atomic(file, out, len, err)) goto done;
     rc = 0;
 done:
-    if (rc) {
-        fprintf(stderr, "phasescope table: %s\n", err.msg);
-        rc = ps_cli_status(&err);
-    }
     free(out);
     return rc;
 }

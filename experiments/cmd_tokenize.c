@@ -10,25 +10,33 @@
 #include "fileio.h"
 #include "tokenizer.h"
 
-int ps_cmd_tokenize(int argc, char **argv);
+static int run(const ps_args *a, ps_error *err);
 
-static const char HELP[] =
-    "usage: phasescope tokenize --tokenizer FILE --in STRINGS.json --out IDS.json [--add-special]\n"
-    "       phasescope tokenize --tokenizer FILE --decode --in IDS.json --out STRINGS.json [--skip-special]\n"
-    "\n"
-    "Encodes every string of STRINGS.json (a JSON list of strings) with a Hugging Face tokenizer.json\n"
-    "(byte-level BPE: Qwen3, DeepSeek-V3 and their kin) and writes a JSON list of token-id lists, one\n"
-    "per string, in order: the T.json that `phasescope forward` reads. Added tokens written in the\n"
-    "text (<|im_start|>, <|endoftext|>, ...) are recognised as themselves; the post-processor's special\n"
-    "tokens (a BOS, say) are added only with --add-special. With --decode the input is a list of id\n"
-    "lists and the output a list of strings. See docs/tokenizers.md.\n"
-    "\n"
-    "  --tokenizer FILE  the model's tokenizer.json\n"
-    "  --in FILE         input: a JSON list of strings (of id lists with --decode)\n"
-    "  --out FILE        output (written atomically)\n"
-    "  --add-special     add the post-processor's special tokens around each string\n"
-    "  --decode          ids to strings\n"
-    "  --skip-special    with --decode: leave out special tokens\n";
+static const ps_flag_spec FLAGS[] = {
+    {"--tokenizer", "FILE", "the model's tokenizer.json", 1},
+    {"--in", "FILE", "input: a JSON list of strings (of id lists with --decode)", 1},
+    {"--out", "FILE", "output (written atomically)", 1},
+    {"--add-special", NULL, "add the post-processor's special tokens around each string", 0},
+    {"--decode", NULL, "ids to strings", 0},
+    {"--skip-special", NULL, "with --decode: leave out special tokens", 0},
+    {0},
+};
+
+const ps_command ps_cmd_tokenize = {
+    .name = "tokenize",
+    .summary = "text to token ids (and back) with a model's tokenizer.json",
+    .synopsis = "phasescope tokenize --tokenizer FILE --in STRINGS.json --out IDS.json [--add-special]\n"
+                "phasescope tokenize --tokenizer FILE --decode --in IDS.json --out STRINGS.json [--skip-special]\n",
+    .description =
+        "Encodes every string of STRINGS.json (a JSON list of strings) with a Hugging Face tokenizer.json\n"
+        "(byte-level BPE: Qwen3, DeepSeek-V3 and their kin) and writes a JSON list of token-id lists, one\n"
+        "per string, in order: the T.json that `phasescope forward` reads. Added tokens written in the\n"
+        "text (<|im_start|>, <|endoftext|>, ...) are recognised as themselves; the post-processor's special\n"
+        "tokens (a BOS, say) are added only with --add-special. With --decode the input is a list of id\n"
+        "lists and the output a list of strings. See docs/tokenizers.md.\n",
+    .flags = FLAGS,
+    .run = run,
+};
 
 static int encode_all(const ps_tokenizer *tok, json_t *in, const char *path, bool add_special, char **out, size_t *out_len,
                       size_t *n_tokens, ps_error *err) {
@@ -155,59 +163,45 @@ static int decode_all(const ps_tokenizer *tok, json_t *in, const char *path, boo
     return rc;
 }
 
-int ps_cmd_tokenize(int argc, char **argv) {
-    if (ps_cli_wants_help(argc, argv)) {
-        fputs(HELP, stdout);
-        return 0;
-    }
-    ps_flag flags[] = {PS_FLAG("--tokenizer", true), PS_FLAG("--in", true),     PS_FLAG("--out", true),
-                       PS_FLAG("--add-special", false), PS_FLAG("--decode", false), PS_FLAG("--skip-special", false)};
-    int nf = (int)(sizeof flags / sizeof flags[0]), npos;
-    const char *pos[1];
-    ps_error err = {0};
+static int run(const ps_args *a, ps_error *err) {
+    const char *in_path = ps_args_get(a, "--in"), *out_path = ps_args_get(a, "--out");
     ps_tokenizer *tok = NULL;
     json_t *in = NULL;
     char *out = NULL;
     size_t out_len = 0, n_tokens = 0;
     int rc = 1;
-    if (ps_cli_parse(argc, argv, flags, nf, pos, 0, &npos, &err)) goto done;
-    if (ps_cli_require(flags, nf, &err, "--tokenizer", "--in", "--out", NULL)) goto done;
-    bool decode = flags[4].present;
-    if (decode && flags[3].present) {
-        ps_cli_usage(&err, "--add-special applies to encoding, not to --decode");
+    bool decode = ps_args_has(a, "--decode");
+    if (decode && ps_args_has(a, "--add-special")) {
+        ps_cli_usage(err, "--add-special applies to encoding, not to --decode");
         goto done;
     }
-    if (!decode && flags[5].present) {
-        ps_cli_usage(&err, "--skip-special applies to --decode only");
+    if (!decode && ps_args_has(a, "--skip-special")) {
+        ps_cli_usage(err, "--skip-special applies to --decode only");
         goto done;
     }
     json_error_t je;
-    in = json_load_file(flags[1].value, JSON_ALLOW_NUL, &je);
+    in = json_load_file(in_path, JSON_ALLOW_NUL, &je);
     if (!in) {
-        ps_fail(&err, "%s: not valid JSON (line %d: %s)", flags[1].value, je.line, je.text);
+        ps_fail(err, "%s: not valid JSON (line %d: %s)", in_path, je.line, je.text);
         goto done;
     }
     if (!json_is_array(in)) {
-        ps_fail(&err, "%s: expected a JSON list of %s", flags[1].value, decode ? "id lists" : "strings");
+        ps_fail(err, "%s: expected a JSON list of %s", in_path, decode ? "id lists" : "strings");
         goto done;
     }
-    if (ps_tokenizer_load(flags[0].value, &tok, &err)) goto done;
+    if (ps_tokenizer_load(ps_args_get(a, "--tokenizer"), &tok, err)) goto done;
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    if (decode ? decode_all(tok, in, flags[1].value, flags[5].present, &out, &out_len, &n_tokens, &err)
-               : encode_all(tok, in, flags[1].value, flags[3].present, &out, &out_len, &n_tokens, &err))
+    if (decode ? decode_all(tok, in, in_path, ps_args_has(a, "--skip-special"), &out, &out_len, &n_tokens, err)
+               : encode_all(tok, in, in_path, ps_args_has(a, "--add-special"), &out, &out_len, &n_tokens, err))
         goto done;
     clock_gettime(CLOCK_MONOTONIC, &t1);
-    if (ps_write_file_atomic(flags[2].value, out, out_len, &err)) goto done;
+    if (ps_write_file_atomic(out_path, out, out_len, err)) goto done;
     double dt = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
     printf("%s %zu %s, %zu tokens (%.0f tokens/s) -> %s\n", decode ? "decoded" : "encoded", json_array_size(in),
-           decode ? "id lists" : "strings", n_tokens, dt > 0 ? (double)n_tokens / dt : 0.0, flags[2].value);
+           decode ? "id lists" : "strings", n_tokens, dt > 0 ? (double)n_tokens / dt : 0.0, out_path);
     rc = 0;
 done:
-    if (rc) {
-        fprintf(stderr, "phasescope tokenize: %s\n", err.msg);
-        rc = ps_cli_status(&err);
-    }
     free(out);
     json_decref(in);
     ps_tokenizer_free(tok);

@@ -8,20 +8,32 @@
 #include "progress.h"
 #include "train.h"
 
-static const char HELP[] =
-    "usage: phasescope train --config CFG.json --out RUN/ [--resume] [--stop-after N]\n"
-    "\n"
-    "Trains a model from one JSON config {\"model\": {...}, \"task\": {...}, \"train\": {...}} (see\n"
-    "docs/training.md). Writes RUN/config.json and RUN/model.safetensors (periodically and at the end,\n"
-    "atomically), RUN/optimizer-STEP.safetensors (AdamW state) and RUN/train.jsonl: train records (step,\n"
-    "loss, lr, grad_norm, tokens_per_s), held-out eval records (accuracy, loss) and, for compressed models,\n"
-    "gate statistics (mean_gate, N_static, N_input, peak per layer, KV head and branch).\n"
-    "\n"
-    "  --config FILE     training config\n"
-    "  --out DIR         run directory (must not hold a run unless --resume)\n"
-    "  --resume          continue the run in DIR from its last checkpoint (same config); the losses equal\n"
-    "                    those of an uninterrupted run\n"
-    "  --stop-after N    stop (with a checkpoint) after N total steps, as an interruption would\n";
+static int run(const ps_args *a, ps_error *err);
+
+static const ps_flag_spec FLAGS[] = {
+    {"--config", "CFG.json", "training config", 1},
+    {"--out", "DIR", "run directory (must not hold a run unless --resume)", 1},
+    {"--resume", NULL,
+     "continue the run in DIR from its last checkpoint (same config); the losses equal\n"
+     "those of an uninterrupted run",
+     0},
+    {"--stop-after", "N", "stop (with a checkpoint) after N total steps, as an interruption would", 0},
+    PS_BACKEND_FLAG,
+    {0},
+};
+
+const ps_command ps_cmd_train = {
+    .name = "train",
+    .summary = "train a model (resumable); logs JSONL with gate statistics",
+    .description =
+        "Trains a model from one JSON config {\"model\": {...}, \"task\": {...}, \"train\": {...}} (see\n"
+        "docs/training.md). Writes RUN/config.json and RUN/model.safetensors (periodically and at the end,\n"
+        "atomically), RUN/optimizer-STEP.safetensors (AdamW state) and RUN/train.jsonl: train records (step,\n"
+        "loss, lr, grad_norm, tokens_per_s), held-out eval records (accuracy, loss) and, for compressed models,\n"
+        "gate statistics (mean_gate, N_static, N_input, peak per layer, KV head and branch).\n",
+    .flags = FLAGS,
+    .run = run,
+};
 
 typedef struct {
     ps_progress bar;
@@ -35,41 +47,27 @@ static void on_step(const ps_train_progress *p, void *user) {
     ps_progress_update(&ui->bar, p->step, p->total, note);
 }
 
-int ps_cmd_train(int argc, char **argv) {
-    if (ps_cli_wants_help(argc, argv)) {
-        fputs(HELP, stdout);
-        return 0;
-    }
-    ps_flag flags[] = {PS_FLAG("--config", true), PS_FLAG("--out", true), PS_FLAG("--resume", false),
-                       PS_FLAG("--stop-after", true)};
-    int npos;
-    const char *pos[1];
-    ps_error err = {0};
+static int run(const ps_args *a, ps_error *err) {
+    const char *out = ps_args_get(a, "--out");
     ps_train_cfg cfg = {0};
     int64_t stop = -1;
     int rc = 1;
-    if (ps_cli_parse(argc, argv, flags, 4, pos, 0, &npos, &err)) goto done;
-    if (ps_cli_require(flags, 4, &err, "--config", "--out", NULL)) goto done;
-    if (flags[3].value && ps_cli_int("--stop-after", flags[3].value, 0, INT64_MAX, &stop, &err)) goto done;
-    if (ps_train_cfg_load(flags[0].value, &cfg, &err)) goto done;
+    if (ps_args_int(a, "--stop-after", 0, INT64_MAX, &stop, err)) goto done;
+    if (ps_train_cfg_load(ps_args_get(a, "--config"), &cfg, err)) goto done;
     train_ui ui;
     ps_progress_init(&ui.bar, cfg.log_every);
-    if (ps_train(&cfg, flags[1].value, flags[2].present, stop, on_step, &ui, &err)) {
+    if (ps_train(&cfg, out, ps_args_has(a, "--resume"), stop, on_step, &ui, err)) {
         ps_progress_end(&ui.bar);
         goto done;
     }
     ps_progress_end(&ui.bar);
     char logp[4200];
-    if (ps_path_join(logp, sizeof logp, flags[1].value, "train.jsonl", &err)) goto done;
+    if (ps_path_join(logp, sizeof logp, out, "train.jsonl", err)) goto done;
     const char *paths[1] = {logp};
-    if (ps_render(paths, 1, flags[1].value, NULL, 1, &err)) goto done;
-    printf("run in %s\n", flags[1].value);
+    if (ps_render(paths, 1, out, NULL, 1, err)) goto done;
+    printf("run in %s\n", out);
     rc = 0;
 done:
-    if (rc) {
-        fprintf(stderr, "phasescope train: %s\n", err.msg);
-        rc = ps_cli_status(&err);
-    }
     ps_train_cfg_free(&cfg);
     return rc;
 }

@@ -9,40 +9,30 @@
 #include "figures.h"
 #include "results_check.h"
 
-int ps_instr_setup(ps_instr *in, const char *command, int argc, char **argv, ps_flag *flags, int need_task,
-                   ps_error *err) {
-    in->command = command;
-    in->cmdline = ps_cli_command_line(argc, argv);
+int ps_instr_setup(ps_instr *in, const ps_args *a, int need_task, ps_error *err) {
+    in->command = a->cmd->name;
+    in->backend = ps_args_backend(a);
+    in->cmdline = ps_args_command_line(a);
     in->n_prompts = 256;
     in->batch = 32;
     in->seed = 0;
-    int64_t v;
-    if (ps_cli_model_dir(flags[0].value, in->model_dir, sizeof in->model_dir, err) ||
-        ps_model_load(&in->m, in->model_dir, err))
+    if (ps_cli_model_dir(ps_args_get(a, "--model"), in->model_dir, sizeof in->model_dir, err) ||
+        ps_model_load(&in->m, in->model_dir, err) || ps_model_to_backend(&in->m, in->backend, err))
         return -1;
     const ps_config *c = &in->m.cfg;
     in->P = c->kind == PS_ATTN_COMPRESSED ? c->stride : 8;
-    if (flags[1].value) {
-        if (ps_cli_int("--period", flags[1].value, 1, 4096, &v, err)) return -1;
-        in->P = v;
-    }
-    if (flags[3].value) {
-        if (ps_cli_int("--n", flags[3].value, 1, 1 << 22, &v, err)) return -1;
-        in->n_prompts = v;
-    }
-    if (flags[4].value) {
-        if (ps_cli_int("--seed", flags[4].value, 0, INT64_MAX, &v, err)) return -1;
-        in->seed = (uint64_t)v;
-    }
-    if (flags[5].value) {
-        if (ps_cli_int("--batch", flags[5].value, 1, 1 << 16, &v, err)) return -1;
-        in->batch = v;
-    }
-    snprintf(in->out_dir, sizeof in->out_dir, "%s", flags[6].value ? flags[6].value : "");
-    if (!flags[6].value) snprintf(in->out_dir, sizeof in->out_dir, "out/%s", command);
+    int64_t seed = 0;
+    if (ps_args_int(a, "--period", 1, PS_RESULT_MAX_PERIOD, &in->P, err) ||
+        ps_args_int(a, "--n", 1, PS_RESULT_MAX_PROMPTS, &in->n_prompts, err) ||
+        ps_args_int(a, "--seed", 0, INT64_MAX, &seed, err) || ps_args_int(a, "--batch", 1, 1 << 16, &in->batch, err))
+        return -1;
+    in->seed = (uint64_t)seed;
+    const char *out = ps_args_get(a, "--out"), *family = ps_args_get(a, "--family");
+    if (out) snprintf(in->out_dir, sizeof in->out_dir, "%s", out);
+    else snprintf(in->out_dir, sizeof in->out_dir, "out/%s", in->command);
     if (ps_fillers_load(PS_SOURCE_DIR "/data/fillers.json", &in->fams, &in->n_fams, err) ||
-        ps_fillers_find(in->fams, in->n_fams, flags[2].value, &in->fam, err))
-        return in->fams && flags[2].value ? ps_cli_mark_usage(err) : -1;
+        ps_fillers_find(in->fams, in->n_fams, family, &in->fam, err))
+        return in->fams && family ? ps_cli_mark_usage(err) : -1;
     if (!need_task) return 0;
     if (ps_model_task(&in->m, in->model_dir, &in->task, err)) return -1;
     if (ps_batch_alloc(&in->base, in->n_prompts, in->task.seq_len, in->task.n_queries, err)) return -1;
@@ -69,7 +59,7 @@ json_t *ps_instr_provenance(const ps_instr *in, const char *mode) {
     json_object_set_new(o, "version", json_string(PS_VERSION));
     char compute[512];
     ps_cpu_env_describe(compute, sizeof compute);
-    json_object_set_new(o, "backend", json_string("cpu"));
+    json_object_set_new(o, "backend", json_string(in->backend ? in->backend : PS_BACKEND_DEFAULT));
     json_object_set_new(o, "compute", json_string(compute));
     const char *ms = ps_model_get_meta(&in->m, "phasescope.step");
     if (ms) json_object_set_new(o, "model_step", json_integer(strtoll(ms, NULL, 10)));

@@ -1,5 +1,5 @@
 /* instrument.h — what sweep, knockout, gatecycle and gates share: the common flags (--model, --period,
- * --family, --n, --seed, --batch, --out), the model with its stored task, the evaluation set, the filler
+ * --family, --n, --seed, --batch, --out, --backend), the model with its stored task, the evaluation set, the filler
  * family, provenance and atomic writing of result JSON. */
 #ifndef PS_INSTRUMENT_H
 #define PS_INSTRUMENT_H
@@ -13,21 +13,19 @@
 #include "sweep.h"
 #include "tasks.h"
 
-#define PS_INSTR_FLAGS                                                                                        \
-    PS_FLAG("--model", true), PS_FLAG("--period", true), PS_FLAG("--family", true), PS_FLAG("--n", true),      \
-        PS_FLAG("--seed", true), PS_FLAG("--batch", true), PS_FLAG("--out", true)
-#define PS_INSTR_N_FLAGS 7
-#define PS_INSTR_HELP                                                                                          \
-    "  --model DIR     checkpoint trained by `phasescope train` (default: the shipped model)\n"                 \
-    "  --period P      phase period (default: the model's stride S; 8 for full attention)\n"                     \
-    "  --family NAME   filler family from data/fillers.json (default: the first, \"repeat\")\n"                 \
-    "  --n N           evaluation prompts generated from the model's task (default 256)\n"                      \
-    "  --seed S        seed of the evaluation prompts and random fillers (default 0)\n"                         \
-    "  --batch B       prompts per forward batch (default 32)\n"                                                \
-    "  --out DIR       where the result JSON goes (default out/COMMAND)\n"
+/* The flags every instrument takes, for its table (after its own flags). */
+#define PS_INSTR_FLAGS                                                                                         \
+    {"--model", "DIR", "checkpoint trained by `phasescope train` (default: the shipped model)", 0},              \
+        {"--period", "P", "phase period (default: the model's stride S; 8 for full attention)", 0},              \
+        {"--family", "NAME", "filler family from data/fillers.json (default: the first, \"repeat\")", 0},       \
+        {"--n", "N", "evaluation prompts generated from the model's task (default 256)", 0},                     \
+        {"--seed", "S", "seed of the evaluation prompts and random fillers (default 0)", 0},                      \
+        {"--batch", "B", "prompts per forward batch (default 32)", 0},                                           \
+        {"--out", "DIR", "where the result JSON goes (default out/COMMAND)", 0}, PS_BACKEND_FLAG
 
 typedef struct {
     const char *command;
+    const char *backend; /* --backend (the scaffold checked it) */
     char *cmdline;
     char model_dir[4096];
     char out_dir[4096];
@@ -42,10 +40,9 @@ typedef struct {
     ps_progress bar;
 } ps_instr;
 
-/* flags: the command's flag table, whose first PS_INSTR_N_FLAGS entries are PS_INSTR_FLAGS. need_task:
- * build the evaluation set from the stored task. */
-int ps_instr_setup(ps_instr *in, const char *command, int argc, char **argv, ps_flag *flags, int need_task,
-                   ps_error *err);
+/* Reads the PS_INSTR_FLAGS of a (whose table must hold them) and loads the model. need_task: build the
+ * evaluation set from the stored task. */
+int ps_instr_setup(ps_instr *in, const ps_args *a, int need_task, ps_error *err);
 void ps_instr_free(ps_instr *in);
 
 /* {"command", "model", "config_hash", "seed", "version", "task", "eval": {...}} */

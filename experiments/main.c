@@ -8,33 +8,27 @@
 #include "cli.h"
 #include "cpu_env.h"
 
-typedef struct {
-    const char *name;
-    int (*fn)(int, char **);
-    const char *summary;
-} subcommand;
-
-
-static const subcommand CMDS[] = {
-    {"train", ps_cmd_train, "train a model (resumable); logs JSONL with gate statistics"},
-    {"sweep", ps_cmd_sweep, "phase sweep: accuracy per residue (prefix padding or move mode)"},
-    {"knockout", ps_cmd_knockout, "mean-replacement KV-head knockout grid, per residue"},
-    {"gatecycle", ps_cmd_gatecycle, "roll a layer's per-offset gate parameters; sweep before and after"},
-    {"gates", ps_cmd_gates, "gate concentration: effective offsets per layer, KV head and branch"},
-    {"render", ps_cmd_render, "redraw the figures of result files (PNG, and PDF/SVG)"},
-    {"theory", ps_cmd_theory, "the idealised bigram-induction model: gates converge to one offset"},
-    {"table", ps_cmd_table, "summary table (markdown) of several sweep results"},
-    {"init", ps_cmd_init, "write a freshly initialised checkpoint for a config"},
-    {"info", ps_cmd_info, "config, parameters, KV-cache bytes per token, memory estimates"},
-    {"forward", ps_cmd_forward, "run token sequences; write logits and chosen hooks to safetensors"},
-    {"grad", ps_cmd_grad, "mean cross-entropy and its gradient for every tensor, to safetensors"},
-    {"tokenize", ps_cmd_tokenize, "text to token ids (and back) with a model's tokenizer.json"},
+/* in the order `phasescope --help` lists them; each command's table holds its name and summary */
+static const ps_command *const CMDS[] = {
+    &ps_cmd_train,
+    &ps_cmd_sweep,
+    &ps_cmd_knockout,
+    &ps_cmd_gatecycle,
+    &ps_cmd_gates,
+    &ps_cmd_render,
+    &ps_cmd_theory,
+    &ps_cmd_table,
+    &ps_cmd_init,
+    &ps_cmd_info,
+    &ps_cmd_forward,
+    &ps_cmd_grad,
+    &ps_cmd_tokenize,
 };
 #define N_CMDS (int)(sizeof CMDS / sizeof CMDS[0])
 
 static void usage(FILE *f) {
     fprintf(f, "phasescope %s — phase sensitivity of compressed-KV-cache transformers\n\nusage: phasescope COMMAND [FLAGS]\n\ncommands:\n", PS_VERSION);
-    for (int i = 0; i < N_CMDS; i++) fprintf(f, "  %-10s %s\n", CMDS[i].name, CMDS[i].summary);
+    for (int i = 0; i < N_CMDS; i++) fprintf(f, "  %-10s %s\n", CMDS[i]->name, CMDS[i]->summary);
     fprintf(f, "\n`phasescope COMMAND --help` describes each command.\n");
 }
 
@@ -49,7 +43,7 @@ int main(int argc, char **argv) {
     snprintf(self, sizeof self, "%s", argv[0]);
     const char *base = basename(self);
     for (int i = 0; i < N_CMDS; i++)
-        if (!strcmp(base, CMDS[i].name)) return CMDS[i].fn(argc, argv);
+        if (!strcmp(base, CMDS[i]->name)) return ps_command_main(CMDS[i], argc, argv);
     if (argc < 2) {
         usage(stderr);
         return 2;
@@ -63,7 +57,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     for (int i = 0; i < N_CMDS; i++)
-        if (!strcmp(argv[1], CMDS[i].name)) return CMDS[i].fn(argc - 1, argv + 1);
+        if (!strcmp(argv[1], CMDS[i]->name)) return ps_command_main(CMDS[i], argc - 1, argv + 1);
     fprintf(stderr, "phasescope: unknown command \"%s\" (see phasescope --help)\n", argv[1]);
     return 2;
 }

@@ -34,9 +34,11 @@ void ps_gate_acc_reset(ps_gate_acc *acc) {
     memset(acc->n_windows, 0, (size_t)(acc->n_layers * 2) * sizeof(int64_t));
 }
 
+const char *const ps_gate_labels[] = {"static", "input-dependent", "diffuse", NULL};
+
 const char *ps_gate_label(const ps_gate_stat *s) {
-    if (s->N_input <= PS_GATE_CONCENTRATED) return s->N_static <= PS_GATE_CONCENTRATED ? "static" : "input-dependent";
-    return "diffuse";
+    if (s->N_input <= PS_GATE_CONCENTRATED) return ps_gate_labels[s->N_static <= PS_GATE_CONCENTRATED ? 0 : 1];
+    return ps_gate_labels[2];
 }
 
 double ps_effective_offsets(const double *p, int64_t n) {
@@ -44,6 +46,13 @@ double ps_effective_offsets(const double *p, int64_t n) {
     for (int64_t i = 0; i < n; i++)
         if (p[i] > 0) h -= p[i] * log(p[i]);
     return exp(h);
+}
+
+int64_t ps_gate_peak(const double *p, int64_t n) {
+    int64_t k = 0;
+    for (int64_t i = 1; i < n; i++)
+        if (p[i] > p[k]) k = i;
+    return k;
 }
 
 void ps_gate_acc_add(ps_gate_acc *acc, int layer, ps_branch br, const float *alpha, int64_t n) {
@@ -84,11 +93,8 @@ void ps_gate_acc_stat(const ps_gate_acc *acc, int layer, int head, ps_branch br,
     const double *s = acc->sum_alpha + (((int64_t)layer * acc->nkv + head) * 2 + br) * W;
     out->W = W;
     out->n_windows = n;
-    out->peak = 0;
-    for (int64_t i = 0; i < W; i++) {
-        out->mean_gate[i] = n ? s[i] / (double)n : 0.0;
-        if (out->mean_gate[i] > out->mean_gate[out->peak]) out->peak = (int)i;
-    }
+    for (int64_t i = 0; i < W; i++) out->mean_gate[i] = n ? s[i] / (double)n : 0.0;
+    out->peak = (int)ps_gate_peak(out->mean_gate, W);
     out->N_static = n ? ps_effective_offsets(out->mean_gate, W) : 0.0;
     out->N_input = n ? acc->sum_neff[((int64_t)layer * acc->nkv + head) * 2 + br] / (double)n : 0.0;
 }

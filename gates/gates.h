@@ -47,9 +47,16 @@ void ps_gate_acc_stat(const ps_gate_acc *acc, int layer, int head, ps_branch br,
  * N_input <= PS_GATE_CONCENTRATED (each window picks few offsets, but not the same ones), else "diffuse". */
 #define PS_GATE_CONCENTRATED 2.0
 const char *ps_gate_label(const ps_gate_stat *s);
+/* Every label ps_gate_label gives, ending with NULL (the result validator accepts exactly these). */
+extern const char *const ps_gate_labels[];
 
-/* exp of the entropy (natural log, 0·log 0 = 0) of a distribution over n entries. */
+/* The statistics of one gate, shared by the gate accumulator, the idealised model (theory_train.c) and
+ * the figures (viz/figures.c) — one definition each:
+ * exp of the entropy (natural log, 0·log 0 = 0) of a distribution over n entries: its effective number
+ * of offsets, from 1 (one-hot) to n (uniform). */
 double ps_effective_offsets(const double *p, int64_t n);
+/* The peak offset: argmax of p[0..n), ties to the lowest offset. */
+int64_t ps_gate_peak(const double *p, int64_t n);
 
 /* {"window", "stride", "gate", "layers": [{"layer", "heads": [{"head", "key": {...}, "value": {...}}]}]}
  * with mean_gate, N_static, N_input, peak, n_windows per branch (the layout of the conformance file). */

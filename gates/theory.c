@@ -28,7 +28,8 @@ static void softmax(const double *z, double *p, int64_t n) {
 int ps_theory_init(ps_theory *t, int64_t H, int64_t S, int64_t C, int64_t N, double temperature, double init_std, uint64_t seed,
                    ps_error *err) {
     memset(t, 0, sizeof *t);
-    if (H < 1 || H > 64 || S < 2 || S > 64 || C < 1 || C > 256 || N < C * S || N > 65536)
+    if (H < 1 || H > PS_THEORY_MAX_HEADS || S < PS_THEORY_MIN_WINDOW || S > PS_THEORY_MAX_WINDOW || C < 1 ||
+        C > PS_THEORY_MAX_CHUNKS || N < C * S || N > PS_THEORY_MAX_VOCAB)
         return ps_fail(err, "theory: dimensions out of range (H %lld, S %lld, C %lld, N %lld)", (long long)H, (long long)S,
                        (long long)C, (long long)N);
     if (!(temperature > 0) || !isfinite(temperature)) return ps_fail(err, "theory: temperature must be positive");
@@ -127,7 +128,7 @@ double ps_theory_query(ps_theory *t, int64_t p, double weight, ps_theory_grad *g
     g->log_mu += weight * mu * dmu;
     for (int64_t h = 0; h < H; h++) {
         const double *ph = pi + h * C, *bh = t->beta + h * S, *ah = t->alpha + h * S;
-        double dbe[64] = {0}, dot = 0;
+        double dbe[PS_THEORY_MAX_WINDOW] = {0}, dot = 0;
         for (int64_t j = 0; j < C; j++) {
             double Gj = 0;
             for (int64_t i = 0; i < S; i++) {

@@ -1,5 +1,5 @@
-/* theory.h — the idealised bigram-induction model of SPEC §1 (docs/theory.md), its exact loss and
- * gradients, and gradient descent on it.
+/* theory.h — the idealised bigram-induction model of SPEC §1 (docs/theory.md) and its exact loss and
+ * gradients (gradient descent on it, and the check of the gradient: theory_train.h).
  *
  * One-hot token embeddings; a context of C·S distinct tokens cut into C chunks of W = S; H heads, each
  * with static gate logits a_h (key) and b_h (value) over the S offsets, alpha_h = softmax(a_h),
@@ -20,6 +20,22 @@
 
 #include "error.h"
 
+/* The model's limits (ps_theory_init refuses others; `phasescope theory` and the result validator use the
+ * same), and the settings of `phasescope theory` that are not flags. */
+#define PS_THEORY_MAX_HEADS 64
+#define PS_THEORY_MIN_WINDOW 2
+#define PS_THEORY_MAX_WINDOW 64
+#define PS_THEORY_MAX_CHUNKS 256
+#define PS_THEORY_MIN_VOCAB 2
+#define PS_THEORY_MAX_VOCAB 65536
+#define PS_THEORY_MAX_STEPS 10000000
+#define PS_THEORY_MAX_BATCH (1 << 16)
+#define PS_THEORY_MIN_RECORDS 2
+#define PS_THEORY_MAX_RECORDS 2000
+#define PS_THEORY_INIT_STD 0.01 /* gate logits start N(0, 0.01²) */
+/* A head is one-hot when both its gates have N_eff = exp(H) at most this. */
+#define PS_THEORY_ONE_HOT_N 1.05
+
 typedef struct {
     int64_t H, S, C, N;
     double *a, *b;          /* [H, S] key / value gate logits */
@@ -35,7 +51,7 @@ typedef struct {
 } ps_theory_grad;
 
 /* Allocates a model with gate logits N(0, init_std²) from seed and lambda = mu = temperature. Limits:
- * 1 <= H <= 64, 2 <= S <= 64, 1 <= C <= 256, C·S <= N <= 65536. */
+ * 1 <= H <= 64, 2 <= S <= 64, 1 <= C <= 256, C·S <= N <= 65536 (the PS_THEORY_ constants above). */
 int ps_theory_init(ps_theory *t, int64_t H, int64_t S, int64_t C, int64_t N, double temperature, double init_std, uint64_t seed,
                    ps_error *err);
 void ps_theory_free(ps_theory *t);
@@ -63,5 +79,7 @@ double ps_theory_population(ps_theory *t, ps_theory_grad *g, double *accuracy);
 /* Phases a head with key peak r and value peak r + 1 can answer: 0 .. S − 2 (the successor of phase
  * S − 1 lies in the next chunk, whose compressed key does not match the query). */
 static inline int64_t ps_theory_coverable(int64_t S) { return S - 1; }
+
+/* Training, the summary of the final gates and the gradient check: theory_train.h. */
 
 #endif

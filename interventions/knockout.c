@@ -222,12 +222,12 @@ int ps_knockout_grid_opts(const ps_model *m, const ps_batch *base, const ps_task
                              (long long)seqs, (long long)maxq, (long long)ans);
         }
         if (!rc) {
-            rc = ps_acts_create(&a, c, B, T, true, err);
+            rc = ps_acts_create(&a, m->ctx, c, B, T, true, err);
             have_a = !rc;
         }
         int64_t last0 = (N - 1) / B * B; /* the first prompt of the last batch */
         if (!rc && N - last0 != B) {
-            rc = ps_acts_create(&part, c, N - last0, T, true, err);
+            rc = ps_acts_create(&part, m->ctx, c, N - last0, T, true, err);
             have_part = !rc;
         }
         /* pass 1: the means over all prompts of this shift */
@@ -298,7 +298,7 @@ int ps_knockout_grid_opts(const ps_model *m, const ps_batch *base, const ps_task
                             have_rep = 0;
                         }
                         if (!have_rep) {
-                            if ((rc = ps_acts_create(&rep, c, Bp, T2, true, err))) break;
+                            if ((rc = ps_acts_create(&rep, m->ctx, c, Bp, T2, true, err))) break;
                             have_rep = 1;
                         }
                         for (int r = 0; r < kk; r++) copy_restart(c, use, b0, &rep, r * mm, mm, l);
@@ -306,7 +306,7 @@ int ps_knockout_grid_opts(const ps_model *m, const ps_batch *base, const ps_task
                         ps_act_ptrs rp = ps_acts_layer(&rep, l);
                         for (int k = 0; k < mn.n_arr && !rc; k++) {
                             int64_t shape[4] = {Bp, mn.pt[k] == PS_HOOK_CK || mn.pt[k] == PS_HOOK_CV ? rep.nW : T2, nkv, hd};
-                            rc = ps_hooks_fire(&hooks, l, mn.pt[k], act_array(&rp, mn.pt[k]), 4, shape, err);
+                            rc = ps_hooks_fire(m->ctx, &hooks, l, mn.pt[k], act_array(&rp, mn.pt[k]), 4, shape, err);
                         }
                         /* the rows whose logits are scored: every answer token of every query */
                         int64_t n_rows = 0;

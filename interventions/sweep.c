@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "fileio.h"
+#include "prefill.h"
 #include "rng.h"
 #include "stats.h"
 
@@ -226,34 +227,48 @@ double ps_residue_accuracy(const ps_residue_stats *r, int64_t rho) {
     return r->n[rho] ? (double)r->k[rho] / (double)r->n[rho] : 0.0;
 }
 
+typedef struct {
+    int *correct;
+    double *logprob;
+} eval_out;
+
+static int score_batch(const ps_batch *view, int64_t i0, ps_acts *a, void *user, ps_error *err) {
+    eval_out *o = user;
+    return ps_acts_score(a, view, o->correct + i0 * view->max_q, o->logprob + i0 * view->max_q, err);
+}
+
+/* Long prompts: one at a time through the chunked prefill, logits at the answer rows only. */
+static int eval_long(const ps_model *m, const ps_batch *b, int *correct, double *logprob, ps_error *err) {
+    int64_t V = m->cfg.vocab_size, most = 0;
+    for (int64_t s = 0; s < b->B; s++) {
+        int64_t n = ps_answer_rows(b, s, NULL);
+        most = n > most ? n : most;
+    }
+    ps_prefill p;
+    if (ps_prefill_create(&p, m, b->T, PS_PREFILL_CHUNK, err)) return -1;
+    int64_t *pos = malloc((size_t)(most ? most : 1) * sizeof *pos);
+    float *rows = malloc((size_t)((most ? most : 1) * V) * sizeof(float));
+    int rc = pos && rows ? 0 : ps_fail(err, "out of memory for the logits of %lld answer rows", (long long)most);
+    for (int64_t s = 0; s < b->B && !rc; s++) {
+        int64_t n = ps_answer_rows(b, s, pos);
+        rc = ps_prefill_logits(&p, b->tokens + s * b->T, b->T, pos, n, rows, err);
+        if (!rc) ps_score_query_rows(b, s, rows, V, correct + s * b->max_q, logprob + s * b->max_q);
+    }
+    free(pos);
+    free(rows);
+    ps_prefill_free(&p);
+    return rc;
+}
+
 int ps_eval_shifted(const ps_model *m, const ps_shifted *s, int64_t batch, const ps_hooks *hooks, int *correct,
                     double *logprob, ps_error *err) {
-    int64_t N = s->b.B, T = s->b.T;
-    ps_acts a;
-    if (ps_acts_create(&a, &m->cfg, batch < N ? batch : N, T, false, err)) return -1;
-    int rc = 0;
-    for (int64_t i0 = 0; i0 < N && !rc; i0 += batch) {
-        int64_t n = N - i0 < batch ? N - i0 : batch;
-        ps_acts part, *use = &a;
-        if (n != a.B) {
-            if (ps_acts_create(&part, &m->cfg, n, T, false, err)) {
-                rc = -1;
-                break;
-            }
-            use = &part;
-        }
-        ps_batch view = s->b;
-        view.B = n;
-        view.tokens = s->b.tokens + i0 * T;
-        view.targets = s->b.targets + i0 * T;
-        view.n_q = s->b.n_q + i0;
-        view.queries = s->b.queries + i0 * s->b.max_q;
-        rc = ps_forward(m, use, view.tokens, hooks, err);
-        if (!rc) ps_score_queries(&view, use->p.logits, m->cfg.vocab_size, correct + i0 * s->b.max_q, logprob + i0 * s->b.max_q);
-        if (use != &a) ps_acts_free(&part);
+    if (s->b.T > PS_LONG_CONTEXT) {
+        if (hooks) return ps_fail(err, "hooks on prompts of %lld tokens: long prompts run in chunks (prefill), which fires no hooks (at most %d tokens)",
+                                  (long long)s->b.T, PS_LONG_CONTEXT);
+        return eval_long(m, &s->b, correct, logprob, err);
     }
-    ps_acts_free(&a);
-    return rc;
+    eval_out o = {correct, logprob};
+    return ps_forward_batches(m, &s->b, batch, false, hooks, score_batch, &o, err);
 }
 
 int ps_sweep_run(const ps_model *m, const ps_batch *base, const ps_task *task, const ps_filler_family *fam,

@@ -57,6 +57,12 @@ void ps_residue_stats_free(ps_residue_stats *r);
 /* Add the outcomes of one shifted set (correct / logprob per query, [N · max_q]). */
 void ps_residue_stats_add(ps_residue_stats *r, const ps_shifted *s, const int *correct, const double *logprob);
 
+/* Prompts longer than this run one at a time through the chunked prefill (core/prefill.h) in chunks of
+ * PS_PREFILL_CHUNK tokens, with logits at the answer rows only (no [T, vocab] array); shorter ones in
+ * batches through ps_forward (where hooks fire). */
+#define PS_LONG_CONTEXT 4096
+#define PS_PREFILL_CHUNK 2048
+
 /* Run the shifted prompts through the model in batches of `batch` (hooks may be NULL); per-query
  * outcomes go to correct / logprob ([N · max_q]). */
 int ps_eval_shifted(const ps_model *m, const ps_shifted *s, int64_t batch, const ps_hooks *hooks, int *correct,

@@ -2,10 +2,11 @@
  * plain double-precision loop reference that materialises the probability matrix: forward z and lse,
  * backward dq (=) and dk, dv, dck, dcv (+=), on full and compressed geometries (GQA, overlapping and
  * gapped windows, local window shorter and longer than the sequence, no window ended, T = 1, several
- * query blocks with a partial last one, head sizes that are not a multiple of 16); the backward against
- * central finite differences of a scalar loss; bit-identical results on 1 and 2 threads; scratch read
- * only where written (NaN-filled workspace); the workspace is O(block × ncols) per thread; bad geometry
- * and a failed workspace are reported through the context. */
+ * query blocks with a partial last one, head sizes that are not a multiple of 16), and the probability
+ * rows a pattern hook materialises (attn_probs + attn_out give the forward's z bit for bit); the
+ * backward against central finite differences of a scalar loss; bit-identical results on 1 and 2
+ * threads; scratch read only where written (NaN-filled workspace); the workspace is O(block × ncols)
+ * per thread; bad geometry and a failed workspace are reported through the context. */
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -78,6 +79,7 @@ static int column(const ps_attn_geom *g, int64_t t, int64_t c, int64_t *row, int
 
 typedef struct {
     double *z, *lse, *dq, *dk, *dv, *dck, *dcv;
+    double *P; /* [B, nh, T, ncols] (may be NULL) */
 } ref_out;
 
 /* Forward: P[b, n, t, c] = softmax over seen columns of q·key/sqrt(hd), z = P·values, lse. With dz,
@@ -110,6 +112,7 @@ static void ref_attention(const ps_attn_geom *g, const float *q, const float *k,
                 double lse = mx + log(sum);
                 o->lse[(b * nh + n) * T + t] = lse;
                 for (int64_t c = 0; c < nc; c++) pr[c] = column(g, t, c, &row, &win) ? exp(pr[c] - lse) : 0.0;
+                if (o->P) memcpy(o->P + ((b * nh + n) * T + t) * nc, pr, (size_t)nc * sizeof(double));
                 double *zt = o->z + ((b * T + t) * nh + n) * hd;
                 for (int64_t e = 0; e < hd; e++) zt[e] = 0;
                 for (int64_t c = 0; c < nc; c++)
@@ -225,6 +228,25 @@ static void test_case(ps_ctx *c, const char *name, geo gg) {
     if (a.nc) {
         CHECK(rel_err(a.dck, r.dck, a.nc) < 1e-4, "%s: dck rel. error %.3g", name, rel_err(a.dck, r.dck, a.nc));
         CHECK(rel_err(a.dcv, r.dcv, a.nc) < 1e-4, "%s: dcv rel. error %.3g", name, rel_err(a.dcv, r.dcv, a.nc));
+    }
+    /* the materialised rows (pattern hooks): the reference probabilities, unseen entries exactly 0 (the
+     * matrix starts as NaN), and probs + out give the forward's z bit for bit */
+    {
+        int64_t np = a.nl * g->ncols;
+        float *probs = malloc((size_t)(np ? np : 1) * 4), *z2 = malloc((size_t)(a.nq ? a.nq : 1) * 4);
+        for (int64_t i = 0; i < np; i++) probs[i] = NAN;
+        r.P = zerod(np);
+        ref_attention(g, a.q, a.k, a.v, a.ck, a.cv, NULL, &r);
+        CHECK(ps_cpu_attn_probs(c, probs, a.q, a.k, a.ck, g) == 0 && ps_cpu_attn_out(c, z2, probs, a.v, a.cv, g) == 0,
+              "%s: %s", name, c->err.msg);
+        ps_ctx_check(c, NULL);
+        CHECK(rel_err(probs, r.P, np) < 1e-5, "%s: probs rel. error %.3g", name, rel_err(probs, r.P, np));
+        int64_t nonzero = 0;
+        for (int64_t i = 0; i < np; i++) nonzero += r.P[i] == 0.0 && probs[i] != 0.0f;
+        CHECK(nonzero == 0, "%s: %lld unseen entries of probs are not 0", name, (long long)nonzero);
+        CHECK(!memcmp(z2, a.z, (size_t)a.nq * 4), "%s: probs + out differ from the forward's z (rel. %.3g)", name,
+              rel_err(z2, r.z, a.nq));
+        free(probs), free(z2), free(r.P);
     }
     /* the gradients that start at 0 are the kernel's own (the += above could hide a wrong small term) */
     double gd = 0, gr = 0;

@@ -39,7 +39,7 @@ static int exists(const char *dir, const char *name) {
 static float *logits_of(const ps_model *m, const int32_t *tok, int64_t T) {
     ps_error err;
     ps_acts a;
-    if (ps_acts_create(&a, &m->cfg, 1, T, false, &err)) return NULL;
+    if (ps_acts_create(&a, m->ctx, &m->cfg, 1, T, false, &err)) return NULL;
     float *out = NULL;
     if (ps_forward(m, &a, tok, NULL, &err) == 0) {
         out = malloc((size_t)(T * m->cfg.vocab_size) * sizeof(float));

@@ -57,6 +57,23 @@ for c in sweep knockout gatecycle gates init forward grad train info theory; do
   expect "help-$c-no-spec" 1 "" -- grep -q "SPEC" "$T/last.out"   # help cites docs/*.md, not a spec users lack
 done
 expect help-docs 0 "docs/results-schema.md" -- "$PS" knockout --help
+# --backend: every command that runs a model lists and accepts it; this build has only cpu
+for c in sweep knockout gatecycle gates train info forward grad; do
+  expect "help-$c-backend" 0 "--backend NAME" -- "$PS" $c --help
+done
+NB="this build has no such backend (it has: cpu)"
+for c in sweep knockout gates info; do expect "backend-$c" 2 "phasescope $c: --backend cuda: $NB" -- "$PS" $c --backend cuda; done
+expect backend-forward 2 "phasescope forward: --backend cuda: $NB" -- "$PS" forward --tokens "$T/tok.json" --out "$T/o.st" --backend cuda
+expect backend-grad 2 "phasescope grad: --backend gpu: $NB" -- "$PS" grad --tokens a --targets b --out c --backend=gpu
+expect backend-gatecycle 2 "phasescope gatecycle: --backend cuda: $NB" -- "$PS" gatecycle --layer 0 --shift 1 --backend cuda
+expect backend-train 2 "phasescope train: --backend cuda: $NB" -- "$PS" train --config a --out b --backend cuda
+expect backend-cpu 0 "compute     cpu" -- "$PS" info --backend cpu
+expect backend-theory 2 "phasescope theory: unknown flag --backend" -- "$PS" theory --backend cpu
+# the scaffold's usage errors, the same for every command
+expect flag-twice 2 "phasescope info: flag --batch given twice" -- "$PS" info --batch 1 --batch=2
+expect switch-value 2 "phasescope train: flag --resume takes no value" -- "$PS" train --config a --out b --resume=yes
+expect stray-arg 2 'phasescope sweep: unexpected argument "extra"' -- "$PS" sweep extra
+expect help-anywhere 0 "usage: phasescope gatecycle --layer L --shift K" -- "$PS" gatecycle --bogus --help
 # usage errors exit 2, runtime errors 1
 expect unknown-cmd 2 'unknown command "frobnicate"' -- "$PS" frobnicate
 expect unknown-flag 2 "unknown flag --layer" -- "$PS" forward --layer 3

@@ -94,7 +94,7 @@ static void run_model(const char *name) {
     for (int pass = 0; pass < 2; pass++)
         for (int s = 0; s < toks.n; s++) {
             ps_acts a;
-            CHECK_OK(ps_acts_create(&a, &m.cfg, 1, toks.len[s], false, &err), &err);
+            CHECK_OK(ps_acts_create(&a, m.ctx, &m.cfg, 1, toks.len[s], false, &err), &err);
             if (pass == 0) {
                 CHECK_OK(ps_forward(&m, &a, toks.seq[s], &h, &err), &err);
                 char nm[128];
@@ -137,7 +137,7 @@ static void forward_all(const ps_model *m, const ps_token_lists *toks, float **o
     for (int s = 0; s < toks->n; s++) {
         ps_acts a;
         out[s] = NULL;
-        if (ps_acts_create(&a, &m->cfg, 1, toks->len[s], false, &err)) {
+        if (ps_acts_create(&a, m->ctx, &m->cfg, 1, toks->len[s], false, &err)) {
             CHECK(0, "acts: %s", err.msg);
             continue;
         }

@@ -15,7 +15,7 @@
 static int run(const ps_model *m, const int32_t *tok, int64_t B, int64_t T, const ps_hooks *h, float *logits) {
     ps_acts a;
     ps_error err;
-    if (ps_acts_create(&a, &m->cfg, B, T, false, &err) || ps_forward(m, &a, tok, h, &err)) {
+    if (ps_acts_create(&a, m->ctx, &m->cfg, B, T, false, &err) || ps_forward(m, &a, tok, h, &err)) {
         fprintf(stderr, "forward failed: %s\n", err.msg);
         return -1;
     }
@@ -261,7 +261,10 @@ static void test_gqa_mapping(ps_attn_kind kind) {
 static void test_rope_relative(void) {
     enum { hd = 8, NP = 300 };
     float *cs = malloc(NP * hd / 2 * sizeof(float)), *sn = malloc(NP * hd / 2 * sizeof(float));
-    ps_rope_table(cs, sn, NP, hd, 10000.0);
+    ps_ctx *ctx;
+    ps_error err;
+    CHECK_OK(ps_ctx_create(&ctx, "cpu", &err), &err);
+    ps_rope_table(ctx, cs, sn, NP, hd, 10000.0);
     ps_rng r;
     ps_rng_seed(&r, 3);
     float q0[hd], k0[hd];
@@ -279,7 +282,7 @@ static void test_rope_relative(void) {
                 float buf[NP * hd];
                 memset(buf, 0, sizeof buf);
                 memcpy(buf + pos[v] * hd, v % 2 ? k0 : q0, sizeof q0);
-                ps_rope(buf, cs, sn, 1, NP, 1, hd, 1);
+                ps_rope(ctx, buf, cs, sn, 1, NP, 1, hd, 1);
                 memcpy(x[v], buf + pos[v] * hd, sizeof q0);
             }
             double sa = 0, sb = 0;
@@ -290,6 +293,7 @@ static void test_rope_relative(void) {
             if (fabs(sa - sb) > worst) worst = fabs(sa - sb);
         }
     CHECK(worst < 1e-4, "RoPE scores depend on absolute position: worst diff %g", worst);
+    ps_ctx_free(ctx);
     free(cs);
     free(sn);
 }
@@ -338,7 +342,7 @@ static void test_forward_from(void) {
     ps_hooks_init(&h);
     CHECK_OK(ps_hooks_add(&h, &c, "blocks.2.attn.hook_cv", scale_hook, NULL, &err), &err);
     float full[T * 23], hooked[T * 23];
-    CHECK_OK(ps_acts_create(&a, &c, 1, T, false, &err), &err);
+    CHECK_OK(ps_acts_create(&a, m.ctx, &c, 1, T, false, &err), &err);
     CHECK_OK(ps_forward(&m, &a, tok, &h, &err), &err);
     memcpy(hooked, a.p.logits, sizeof hooked);
     CHECK_OK(ps_forward(&m, &a, tok, NULL, &err), &err);
@@ -353,7 +357,7 @@ static void test_forward_from(void) {
     CHECK_ERR(ps_forward_from(&m, &a, 4, NULL, &err), &err, "layer 4", "3 layers");
     ps_acts_free(&a);
     /* from the attention of a layer, reusing its kept q/k/v/ck/cv (keep_all), and scoring chosen rows only */
-    CHECK_OK(ps_acts_create(&a, &c, 1, T, true, &err), &err);
+    CHECK_OK(ps_acts_create(&a, m.ctx, &c, 1, T, true, &err), &err);
     CHECK_OK(ps_forward(&m, &a, tok, NULL, &err), &err);
     for (int l = 0; l < 3; l++) {
         CHECK_OK(ps_forward_from_attention(&m, &a, l, NULL, &err), &err);
@@ -366,7 +370,7 @@ static void test_forward_from(void) {
               "forward_from_attention_rows(%d): chosen rows differ", l);
     }
     ps_acts_free(&a);
-    CHECK_OK(ps_acts_create(&a, &c, 1, T, false, &err), &err);
+    CHECK_OK(ps_acts_create(&a, m.ctx, &c, 1, T, false, &err), &err);
     CHECK_ERR(ps_forward_from_attention(&m, &a, 1, NULL, &err), &err, "activations of every layer");
     ps_acts_free(&a);
     ps_hooks_free(&h);
@@ -380,10 +384,10 @@ static void test_bad_tokens(void) {
     ps_acts a;
     ps_error err;
     int32_t tok[3] = {0, 23, 1};
-    CHECK_OK(ps_acts_create(&a, &c, 1, 3, false, &err), &err);
+    CHECK_OK(ps_acts_create(&a, m.ctx, &c, 1, 3, false, &err), &err);
     CHECK_ERR(ps_forward(&m, &a, tok, NULL, &err), &err, "token 23", "position 1", "vocabulary");
     ps_acts_free(&a);
-    CHECK_ERR(ps_acts_create(&a, &c, 1, 70, false, &err), &err, "max_seq_len 64", "by 6");
+    CHECK_ERR(ps_acts_create(&a, m.ctx, &c, 1, 70, false, &err), &err, "max_seq_len 64", "by 6");
     ps_model_free(&m);
 }
 

@@ -51,7 +51,7 @@ static void test_uniform_model(void) {
     int32_t tok[2 * 40];
     tu_random_tokens(tok, 80, c.vocab_size, 4);
     ps_acts a;
-    CHECK_OK(ps_acts_create(&a, &c, 2, 40, false, &err), &err);
+    CHECK_OK(ps_acts_create(&a, m.ctx, &c, 2, 40, false, &err), &err);
     CHECK_OK(ps_forward(&m, &a, tok, &h, &err), &err);
     double worst = 0;
     for (int l = 0; l < 2; l++)
@@ -85,7 +85,7 @@ static void test_conformance(const char *name) {
     CHECK_OK(ps_gate_acc_watch(&acc, &h, &m.cfg, &err), &err);
     for (int s = 0; s < toks.n; s++) {
         ps_acts a;
-        CHECK_OK(ps_acts_create(&a, &m.cfg, 1, toks.len[s], false, &err), &err);
+        CHECK_OK(ps_acts_create(&a, m.ctx, &m.cfg, 1, toks.len[s], false, &err), &err);
         CHECK_OK(ps_forward(&m, &a, toks.seq[s], &h, &err), &err);
         ps_acts_free(&a);
     }

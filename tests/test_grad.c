@@ -42,8 +42,8 @@ static void fd_check(const char *label, ps_config c, uint64_t seed) {
     for (int t = 0; t < T; t += 3) tgt[t] = -1;
     ps_acts a, g;
     ps_error err;
-    CHECK_OK(ps_acts_create(&a, &c, 1, T, true, &err), &err);
-    CHECK_OK(ps_acts_create(&g, &c, 1, T, false, &err), &err);
+    CHECK_OK(ps_acts_create(&a, m.ctx, &c, 1, T, true, &err), &err);
+    CHECK_OK(ps_acts_create(&g, m.ctx, &c, 1, T, false, &err), &err);
     CHECK_OK(ps_forward(&m, &a, tok, NULL, &err), &err);
     int64_t nt = 0;
     for (int t = 0; t < T; t++) nt += tgt[t] >= 0;
@@ -129,8 +129,8 @@ static void test_conformance_grads(const char *name) {
     int64_t cnt = 0;
     for (int s = 0; s < toks.n; s++) {
         ps_acts a, g;
-        CHECK_OK(ps_acts_create(&a, &m.cfg, 1, toks.len[s], true, &err), &err);
-        CHECK_OK(ps_acts_create(&g, &m.cfg, 1, toks.len[s], false, &err), &err);
+        CHECK_OK(ps_acts_create(&a, m.ctx, &m.cfg, 1, toks.len[s], true, &err), &err);
+        CHECK_OK(ps_acts_create(&g, m.ctx, &m.cfg, 1, toks.len[s], false, &err), &err);
         CHECK_OK(ps_forward(&m, &a, toks.seq[s], NULL, &err), &err);
         CHECK_OK(ps_backward(&m, &a, &g, toks.seq[s], tg.seq[s], 1.0f / (float)total, grads, &loss, &cnt, &err), &err);
         ps_acts_free(&a);

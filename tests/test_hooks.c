@@ -12,7 +12,7 @@ enum { T = 24, V = 23 };
 
 static int run(const ps_model *m, const int32_t *tok, const ps_hooks *h, float *logits, ps_error *err) {
     ps_acts a;
-    if (ps_acts_create(&a, &m->cfg, 1, T, false, err)) return -1;
+    if (ps_acts_create(&a, m->ctx, &m->cfg, 1, T, false, err)) return -1;
     int rc = ps_forward(m, &a, tok, h, err);
     if (!rc) memcpy(logits, a.p.logits, sizeof(float) * T * V);
     ps_acts_free(&a);

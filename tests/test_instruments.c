@@ -445,7 +445,7 @@ static void test_knockout_independent(ps_ko_target target) {
             CHECK_OK(ps_hooks_add(&h, &m.cfg, name, indep_hook, &c, &err), &err);
         }
         ps_acts a;
-        CHECK_OK(ps_acts_create(&a, &m.cfg, N, T, false, &err), &err);
+        CHECK_OK(ps_acts_create(&a, m.ctx, &m.cfg, N, T, false, &err), &err);
         /* clean pass: cache the entries */
         CHECK_OK(ps_forward(&m, &a, s.b.tokens, &h, &err), &err);
         /* the mean of head G over the N prompts, position by position */

@@ -10,11 +10,12 @@
 
 #include "check.h"
 #include "model.h"
-#include "ops.h"
+#include "cpu.h"
 #include "optim.h"
 #include "rng.h"
 
 static ps_rng rng_;
+static ps_ctx *ctx; /* the CPU context every op of this test runs on */
 
 static float *randv(int64_t n, double sd) {
     float *x = malloc((size_t)(n ? n : 1) * sizeof(float));
@@ -148,10 +149,10 @@ static void test_attention_case(const char *name, geo g) {
     float *dck = calloc((size_t)(nc ? nc : 1), 4), *dcv = calloc((size_t)(nc ? nc : 1), 4);
     double *rz = zerod(nq), *rdq = zerod(nq), *rdk = zerod(nk), *rdv = zerod(nk), *rdck = zerod(nc), *rdcv = zerod(nc);
     ref_attention(&g, q, k, v, ck, cv, rz, dz, rdq, rdk, rdv, rdck, rdcv);
-    ps_attn_probs(probs, q, k, ck, &ag);
-    ps_attn_out(z, probs, v, cv, &ag);
+    /* the materialised path (pattern hooks): probabilities, output, backward from stored probabilities */
+    CHECK(!ps_attn_probs(ctx, probs, q, k, ck, &ag) && !ps_attn_out(ctx, z, probs, v, cv, &ag), "%s: probs path failed", name);
     CHECK(rel_err(z, rz, nq) < 1e-5, "%s: attention output rel. error %.3g", name, rel_err(z, rz, nq));
-    ps_attn_backward(dq, dk, dv, dck, dcv, dprobs, dz, probs, q, k, v, ck, cv, &ag);
+    ps_cpu_attn_backward_probs(ctx, dq, dk, dv, dck, dcv, dprobs, dz, probs, q, k, v, ck, cv, &ag);
     CHECK(rel_err(dq, rdq, nq) < 1e-4, "%s: dq rel. error %.3g", name, rel_err(dq, rdq, nq));
     CHECK(rel_err(dk, rdk, nk) < 1e-4, "%s: dk rel. error %.3g", name, rel_err(dk, rdk, nk));
     CHECK(rel_err(dv, rdv, nk) < 1e-4, "%s: dv rel. error %.3g", name, rel_err(dv, rdv, nk));
@@ -159,12 +160,27 @@ static void test_attention_case(const char *name, geo g) {
         CHECK(rel_err(dck, rdck, nc) < 1e-4, "%s: dck rel. error %.3g", name, rel_err(dck, rdck, nc));
         CHECK(rel_err(dcv, rdcv, nc) < 1e-4, "%s: dcv rel. error %.3g", name, rel_err(dcv, rdcv, nc));
     }
+    /* the O(T)-memory path the model runs: output + row log-sum-exp, backward recomputing probabilities */
+    float *lse = malloc((size_t)(g.B * g.nh * g.T) * 4);
+    memset(dk, 0, (size_t)nk * 4), memset(dv, 0, (size_t)nk * 4);
+    if (nc) memset(dck, 0, (size_t)nc * 4), memset(dcv, 0, (size_t)nc * 4);
+    CHECK(!ps_attn_forward(ctx, z, lse, q, k, v, ck, cv, &ag), "%s: attention forward failed: %s", name, ctx->err.msg);
+    CHECK(rel_err(z, rz, nq) < 1e-5, "%s: flash attention output rel. error %.3g", name, rel_err(z, rz, nq));
+    CHECK(!ps_attn_backward(ctx, dq, dk, dv, dck, dcv, dz, z, lse, q, k, v, ck, cv, &ag), "%s: attention backward failed", name);
+    CHECK(rel_err(dq, rdq, nq) < 1e-4, "%s: flash dq rel. error %.3g", name, rel_err(dq, rdq, nq));
+    CHECK(rel_err(dk, rdk, nk) < 1e-4, "%s: flash dk rel. error %.3g", name, rel_err(dk, rdk, nk));
+    CHECK(rel_err(dv, rdv, nk) < 1e-4, "%s: flash dv rel. error %.3g", name, rel_err(dv, rdv, nk));
+    if (nc) {
+        CHECK(rel_err(dck, rdck, nc) < 1e-4, "%s: flash dck rel. error %.3g", name, rel_err(dck, rdck, nc));
+        CHECK(rel_err(dcv, rdcv, nc) < 1e-4, "%s: flash dcv rel. error %.3g", name, rel_err(dcv, rdcv, nc));
+    }
+    free(lse);
     /* the rows kernel computes the same function */
     int64_t rows[3] = {0, g.T / 2, g.B * g.T - 1}, nr = 3;
     float *zr = malloc((size_t)(nr * g.nh * g.hd) * 4);
     double *want = zerod(nr * g.nh * g.hd);
     for (int64_t i = 0; i < nr; i++) memcpy(want + i * g.nh * g.hd, rz + rows[i] * g.nh * g.hd, (size_t)(g.nh * g.hd) * 8);
-    ps_attn_rows(zr, rows, nr, q, k, v, ck, cv, &ag);
+    ps_attn_rows(ctx, zr, rows, nr, q, k, v, ck, cv, &ag);
     CHECK(rel_err(zr, want, nr * g.nh * g.hd) < 1e-5, "%s: attention rows rel. error %.3g", name,
           rel_err(zr, want, nr * g.nh * g.hd));
     free(zr), free(want);
@@ -210,9 +226,9 @@ static void test_payload_case(const char *name, int64_t B, int64_t T, int64_t d,
                     rP[pr + e] = s;
                 }
             }
-    ps_payload(P, a, C, shared, scratch, B, T, d, nW, W, S, nkvhd);
+    ps_payload(ctx, P, a, C, shared, scratch, B, T, d, nW, W, S, nkvhd);
     CHECK(rel_err(P, rP, nP) < 1e-5, "%s: payload rel. error %.3g", name, rel_err(P, rP, nP));
-    ps_payload_backward(da, dC, dP, a, C, shared, scratch, B, T, d, nW, W, S, nkvhd);
+    ps_payload_backward(ctx, da, dC, dP, a, C, shared, scratch, B, T, d, nW, W, S, nkvhd);
     CHECK(rel_err(da, rda, B * T * d) < 1e-5, "%s: payload d(input) rel. error %.3g", name, rel_err(da, rda, B * T * d));
     CHECK(rel_err(dC, rdC, nC) < 1e-5, "%s: payload d(weights) rel. error %.3g", name, rel_err(dC, rdC, nC));
     free(a), free(C), free(P), free(scratch), free(dP), free(da), free(dC), free(rP), free(rda), free(rdC);
@@ -248,7 +264,7 @@ static void test_gate(void) {
                 for (int64_t i = 0; i < W; i++) sum += (ral[base + i] = exp(rz[base + i] - mx));
                 for (int64_t i = 0; i < W; i++) ral[base + i] /= sum;
             }
-    ps_gate(z, al, a, u, c, B, T, d, nW, W, S, nkv);
+    ps_gate(ctx, z, al, a, u, c, B, T, d, nW, W, S, nkv);
     CHECK(rel_err(z, rz, n) < 1e-5, "gate logits rel. error %.3g", rel_err(z, rz, n));
     CHECK(rel_err(al, ral, n) < 1e-5, "gate alpha rel. error %.3g", rel_err(al, ral, n));
     free(a), free(u), free(c), free(z), free(al), free(rz), free(ral);
@@ -262,7 +278,7 @@ static void test_rmsnorm_backward(int64_t R, int64_t C) {
     double *rdx = zerod(R * C), *rdw = zerod(C);
     for (int64_t i = 0; i < R * C; i++) rdx[i] = dx[i];
     for (int64_t i = 0; i < C; i++) rdw[i] = dw[i];
-    ps_rmsnorm(y, rstd, x, w, R, C, 1e-6f);
+    ps_rmsnorm(ctx, y, rstd, x, w, R, C, 1e-6f);
     for (int64_t r = 0; r < R; r++) {
         double ss = 0, dot = 0;
         for (int64_t i = 0; i < C; i++) ss += (double)x[r * C + i] * x[r * C + i];
@@ -273,7 +289,7 @@ static void test_rmsnorm_backward(int64_t R, int64_t C) {
             rdw[i] += (double)dy[r * C + i] * x[r * C + i] * s;
         }
     }
-    ps_rmsnorm_backward(dx, dw, dy, x, w, rstd, R, C);
+    ps_rmsnorm_backward(ctx, dx, dw, dy, x, w, rstd, R, C);
     CHECK(rel_err(dx, rdx, R * C) < 1e-5, "rmsnorm backward %lldx%lld: dx rel. error %.3g", (long long)R, (long long)C,
           rel_err(dx, rdx, R * C));
     CHECK(rel_err(dw, rdw, C) < 1e-5, "rmsnorm backward %lldx%lld: dweight rel. error %.3g", (long long)R, (long long)C,
@@ -292,8 +308,8 @@ static void test_swiglu(void) {
         rdu[i] = dh[i] * x * sg;
         rdg[i] = dh[i] * u[i] * sg * (1.0 + x * (1.0 - sg));
     }
-    ps_swiglu(h, g, u, n);
-    ps_swiglu_backward(dg, du, dh, g, u, n);
+    ps_swiglu(ctx, h, g, u, n);
+    ps_swiglu_backward(ctx, dg, du, dh, g, u, n);
     CHECK(rel_err(h, rh, n) < 1e-6, "swiglu rel. error %.3g", rel_err(h, rh, n));
     CHECK(rel_err(dg, rdg, n) < 1e-6, "swiglu dg rel. error %.3g", rel_err(dg, rdg, n));
     CHECK(rel_err(du, rdu, n) < 1e-6, "swiglu du rel. error %.3g", rel_err(du, rdu, n));
@@ -315,7 +331,8 @@ static void test_cross_entropy(void) {
         rloss += log(s) + mx - x[r * V + y[r]];
         for (int64_t i = 0; i < V; i++) rdx[r * V + i] = exp(x[r * V + i] - mx) / s * scale - (i == y[r] ? scale : 0);
     }
-    int64_t n = ps_cross_entropy(&loss, dx, x, y, R, V, scale);
+    int64_t n = 0;
+    CHECK(!ps_cross_entropy(ctx, &loss, &n, dx, x, y, R, V, scale), "cross-entropy failed");
     CHECK(n == R - 7, "cross-entropy counted %lld targets, want %lld", (long long)n, (long long)(R - 7));
     CHECK(fabs(loss - rloss) < 1e-5 * fabs(rloss), "cross-entropy loss %.9g vs %.9g", loss, rloss);
     CHECK(rel_err(dx, rdx, R * V) < 1e-5, "cross-entropy dlogits rel. error %.3g", rel_err(dx, rdx, R * V));
@@ -329,7 +346,9 @@ static void test_optim(void) {
     float *g = randv(n, 1);
     double r = 0;
     for (int64_t i = 0; i < n; i++) r += (double)g[i] * g[i];
-    double gn = ps_grad_norm(g, n);
+    double gn = 0;
+    ps_error err;
+    CHECK(!ps_grad_norm(ctx, g, n, &gn, &err), "grad norm failed");
     CHECK(fabs(gn - sqrt(r)) < 1e-12 * sqrt(r), "grad norm %.17g vs %.17g", gn, sqrt(r));
     free(g);
 
@@ -338,7 +357,6 @@ static void test_optim(void) {
     c.vocab_size = 37, c.d_model = 24, c.n_layers = 2, c.n_heads = 2, c.n_kv_heads = 1, c.head_dim = 12, c.d_ff = 40;
     c.max_seq_len = 32, c.kind = PS_ATTN_COMPRESSED, c.window = 4, c.stride = 4, c.local_window = 4;
     ps_model m;
-    ps_error err;
     if (ps_model_create(&m, &c, &err)) {
         CHECK(0, "%s", err.msg);
         return;
@@ -372,7 +390,7 @@ static void test_optim(void) {
             fw[j] = w0[j] - (float)plr * (mh / (sqrtf(vh) + (float)oc.eps) + (float)wd * w0[j]);
         }
     }
-    ps_adamw_update(&m, gr, m1, m2, (int64_t)t, lr, cs, &oc);
+    CHECK(!ps_adamw_update(&m, gr, m1, m2, (int64_t)t, lr, cs, &oc, &err), "adamw failed: %s", err.msg);
     CHECK(rel_err(m.params, rw, np) < 1e-5, "adamw weights rel. error %.3g", rel_err(m.params, rw, np));
     CHECK(rel_err(m1, rm1, np) < 1e-5, "adamw m1 rel. error %.3g", rel_err(m1, rm1, np));
     CHECK(rel_err(m2, rm2, np) < 1e-5, "adamw m2 rel. error %.3g", rel_err(m2, rm2, np));
@@ -388,7 +406,7 @@ static void test_optim(void) {
 static void test_threads(void) {
     int64_t R = 1000, C = 48, B = 3, T = 64, d = 24, W = 8, S = 8, nkvhd = 20, nW = (T - W) / S + 1;
     float *x = randv(R * C, 1), *w = randv(C, 1), *dy = randv(R * C, 1), *rstd = malloc((size_t)R * 4), *y = malloc((size_t)(R * C) * 4);
-    ps_rmsnorm(y, rstd, x, w, R, C, 1e-6f);
+    ps_rmsnorm(ctx, y, rstd, x, w, R, C, 1e-6f);
     float *a = randv(B * T * d, 1), *Cw = randv(W * nkvhd * d, 1), *dP = randv(B * nW * W * nkvhd, 1);
     float *g = randv(200003, 1);
     float *dw[2], *dx[2], *dC[2], *da[2];
@@ -398,9 +416,10 @@ static void test_threads(void) {
         omp_set_num_threads(k + 1);
         dw[k] = calloc((size_t)C, 4), dx[k] = calloc((size_t)(R * C), 4);
         dC[k] = calloc((size_t)(W * nkvhd * d), 4), da[k] = calloc((size_t)(B * T * d), 4);
-        ps_rmsnorm_backward(dx[k], dw[k], dy, x, w, rstd, R, C);
-        ps_payload_backward(da[k], dC[k], dP, a, Cw, 0, NULL, B, T, d, nW, W, S, nkvhd);
-        gn[k] = ps_grad_norm(g, 200003);
+        ps_rmsnorm_backward(ctx, dx[k], dw[k], dy, x, w, rstd, R, C);
+        ps_payload_backward(ctx, da[k], dC[k], dP, a, Cw, 0, NULL, B, T, d, nW, W, S, nkvhd);
+        ps_error err;
+        CHECK(!ps_grad_norm(ctx, g, 200003, &gn[k], &err), "grad norm failed");
     }
     omp_set_num_threads(saved);
     CHECK(!memcmp(dw[0], dw[1], (size_t)C * 4), "rmsnorm dweight differs between 1 and 2 threads");
@@ -413,6 +432,11 @@ static void test_threads(void) {
 }
 
 int main(void) {
+    ps_error cerr;
+    if (ps_ctx_create(&ctx, "cpu", &cerr)) {
+        fprintf(stderr, "%s\n", cerr.msg);
+        return 1;
+    }
     ps_rng_seed(&rng_, 7);
     test_expf();
     test_attention();
@@ -425,5 +449,6 @@ int main(void) {
     test_cross_entropy();
     test_optim();
     test_threads();
+    ps_ctx_free(ctx);
     CHECK_DONE();
 }

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "fileio.h"
+#include "gates.h" /* ps_effective_offsets: viz -> gates -> core, no cycle (docs/design.md, "Layers") */
 
 /* What a figure can show: larger inputs are refused (the renderer names the file and the field). */
 #define MAX_RESIDUES 4096    /* a phase curve's residues (sweep --period goes up to 4096) */
@@ -894,13 +895,6 @@ static void train_size(train_ctx *x, double *w, double *h) {
 
 /* ---- loading ---- */
 
-static double ps_effective_offsets_f(const double *p, int n) {
-    double h = 0;
-    for (int i = 0; i < n; i++)
-        if (p[i] > 0) h -= p[i] * log(p[i]);
-    return exp(h);
-}
-
 static json_t *load(const char *path, ps_error *err) {
     char *text;
     size_t len;
@@ -1504,7 +1498,7 @@ static int render_theory(json_t *doc, const char *path, const char *out, const p
                 json_t *g = json_array_get(json_object_get(json_array_get(heads, (size_t)h), b ? "value_gate" : "key_gate"), k);
                 size_t idx = (k * H + (size_t)h) * 2 + (size_t)b;
                 for (int i = 0; i < x.W; i++) x.mg[idx * W + (size_t)i] = json_number_value(json_array_get(g, (size_t)i));
-                x.ne[idx] = ps_effective_offsets_f(x.mg + idx * W, x.W);
+                x.ne[idx] = ps_effective_offsets(x.mg + idx * W, x.W);
             }
     }
     x.lxmax = fmax(1, x.lx[n - 1]);

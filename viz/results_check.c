@@ -11,15 +11,17 @@
 #include <string.h>
 
 #include "fileio.h"
+#include "gates.h"  /* the gate labels */
 #include "stats.h"
+#include "theory.h" /* the idealised model's limits */
 
-/* writer limits (experiments/instrument.c, the interventions, core/config.c, experiments/cmd_theory.c) */
-#define MAX_PERIOD 4096               /* --period */
-#define MAX_PROMPTS ((int64_t)1 << 22) /* --n */
+/* writer limits (results_check.h; the interventions, core/config.c, gates/theory.h) */
+#define MAX_PERIOD PS_RESULT_MAX_PERIOD   /* --period */
+#define MAX_PROMPTS PS_RESULT_MAX_PROMPTS /* --n */
 #define MAX_COUNT ((int64_t)1000000000000000) /* a count of scored queries: far above what a run scores */
 #define MAX_INDEX ((int64_t)1 << 24)  /* layers, heads (PS_MAX_DIM) */
 #define MAX_WINDOW 4096               /* attention.window */
-#define MAX_SHIFT 1000000             /* gatecycle --shift, --layer, --head */
+#define MAX_SHIFT PS_RESULT_MAX_SHIFT /* gatecycle --shift, --layer, --head */
 #define TOL 1e-6                      /* "within rounding": results are written with 10 significant digits */
 
 typedef struct {
@@ -608,8 +610,8 @@ done:
 }
 
 static int check_gates(ck *c, json_t *doc) {
-    static const char *const GATE[] = {"learned", "uniform", NULL},
-                             *const LABEL[] = {"static", "input-dependent", "diffuse", NULL};
+    static const char *const GATE[] = {"learned", "uniform", NULL};
+    const char *const *LABEL = ps_gate_labels;
     prov_info pi;
     json_t *g, *layers, *v;
     int64_t W, L, H = -1;
@@ -688,8 +690,9 @@ static int check_theory(ck *c, json_t *doc) {
     int64_t n, H, W = -1, ph, pw;
     if (check_provenance(c, doc, 0, NULL, &pi) || get_obj(c, doc, "params", &pr)) return -1;
     size_t old = key(c, "params");
-    if (get_int(c, pr, "heads", 1, 64, &ph) || get_int(c, pr, "window", 2, 64, &pw) || get_int(c, pr, "chunks", 1, 256, NULL) ||
-        get_int(c, pr, "steps", 1, 10000000, NULL) || get_int(c, pr, "batch", 0, 1 << 16, NULL))
+    if (get_int(c, pr, "heads", 1, PS_THEORY_MAX_HEADS, &ph) || get_int(c, pr, "window", PS_THEORY_MIN_WINDOW, PS_THEORY_MAX_WINDOW, &pw) ||
+        get_int(c, pr, "chunks", 1, PS_THEORY_MAX_CHUNKS, NULL) || get_int(c, pr, "steps", 1, PS_THEORY_MAX_STEPS, NULL) ||
+        get_int(c, pr, "batch", 0, PS_THEORY_MAX_BATCH, NULL))
         return -1;
     for (int i = 0; i < 2; i++) {
         const char *bk = i ? "within_chunk" : "learn_temperature";
@@ -728,14 +731,14 @@ static int check_theory(ck *c, json_t *doc) {
         }
     }
     if (get_arr(c, doc, "heads", ph, ph, &heads, &H)) return -1;
-    int64_t aligned = 0, wa, onehot = 0, cover[64] = {0};
+    int64_t aligned = 0, wa, onehot = 0, cover[PS_THEORY_MAX_WINDOW] = {0};
     double tol = 1e-3 * (double)pw;
     size_t o2 = key(c, "heads");
     for (int64_t h = 0; h < H; h++) {
         json_t *ho = json_array_get(heads, (size_t)h);
         size_t o3 = idx(c, (size_t)h);
         int64_t hi, kp, vp;
-        if (want_type(c, ho, json_is_object(ho), "an object") || get_int(c, ho, "head", 0, 63, &hi)) return -1;
+        if (want_type(c, ho, json_is_object(ho), "an object") || get_int(c, ho, "head", 0, PS_THEORY_MAX_HEADS - 1, &hi)) return -1;
         if (hi != h) {
             key(c, "head");
             return bad(c, "%lld, expected %lld (heads 0..H-1 in order)", (long long)hi, (long long)h);
@@ -782,8 +785,8 @@ static int check_theory(ck *c, json_t *doc) {
             }
         }
         aligned += vp == kp + 1;
-        if (vp == kp + 1 && kp < 64) cover[kp]++;
-        onehot += nk <= 1.05 && nv <= 1.05;
+        if (vp == kp + 1 && kp < PS_THEORY_MAX_WINDOW) cover[kp]++;
+        onehot += nk <= PS_THEORY_ONE_HOT_N && nv <= PS_THEORY_ONE_HOT_N;
         pop(c, o3);
     }
     pop(c, o2);
@@ -807,13 +810,13 @@ static int check_theory(ck *c, json_t *doc) {
     if (get_int(c, doc, "heads_one_hot", 0, H, &oh)) return -1;
     if (oh != onehot) {
         key(c, "heads_one_hot");
-        return bad(c, "%lld, but %lld heads have N_key and N_value <= 1.05", (long long)oh, (long long)onehot);
+        return bad(c, "%lld, but %lld heads have N_key and N_value <= %g", (long long)oh, (long long)onehot, PS_THEORY_ONE_HOT_N);
     }
     if (get_num(c, doc, "max_final_N", 1 - tol, (double)pw + tol, NULL) || get_int(c, doc, "coverable_phases", pw - 1, pw - 1, &cp) ||
         get_arr(c, doc, "covered_phases", 0, pw - 1, &cov, &nc) || get_arr(c, doc, "phases_covered_twice_or_more", 0, pw - 1, &shared, &ns))
         return -1;
     int64_t want = 0, want2 = 0;
-    for (int64_t i = 0; i < pw - 1 && i < 64; i++) {
+    for (int64_t i = 0; i < pw - 1 && i < PS_THEORY_MAX_WINDOW; i++) {
         want += cover[i] > 0;
         want2 += cover[i] > 1;
     }

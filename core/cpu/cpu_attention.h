@@ -31,6 +31,13 @@ int ps_cpu_attn_backward(ps_ctx *c, float *dq, float *dk, float *dv, float *dck,
                          const float *z, const float *lse, const float *q, const float *k, const float *v,
                          const float *ck, const float *cv, const ps_attn_geom *g);
 
+/* The probability rows, materialised (only for a pattern hook): probs [B, nh, T, ncols] (=), the
+ * forward's blocks with every entry a query does not see 0; and z (=) from such rows, multiplied block
+ * by block as the forward does (so attn_probs + attn_out give the forward's z bit for bit). attn_out
+ * reads only the columns a block's rows can see: unseen entries must be 0 (ps_pattern_compact). */
+int ps_cpu_attn_probs(ps_ctx *c, float *probs, const float *q, const float *k, const float *ck, const ps_attn_geom *g);
+int ps_cpu_attn_out(ps_ctx *c, float *z, const float *probs, const float *v, const float *cv, const ps_attn_geom *g);
+
 /* Floats of workspace the kernels take for this geometry with `threads` OpenMP threads (bench, tests). */
 int64_t ps_cpu_attn_workspace(const ps_attn_geom *g, int threads, int backward);
 

@@ -5,24 +5,29 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ops.h"
+#include "cpu.h"
 
-void ps_matmul(float *out, const float *inp, const float *w, int64_t M, int64_t K, int64_t N, int accumulate) {
-    if (M == 0 || N == 0) return;
+int ps_cpu_matmul(ps_ctx *ctx, float *out, const float *inp, const float *w, int64_t M, int64_t K, int64_t N, int accumulate) {
+    (void)ctx;
+    if (M == 0 || N == 0) return 0;
     if (K == 0) {
         if (!accumulate) memset(out, 0, (size_t)(M * N) * sizeof(float));
-        return;
+        return 0;
     }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)M, (blasint)N, (blasint)K, 1.0f, inp, (blasint)K, w,
                 (blasint)K, accumulate ? 1.0f : 0.0f, out, (blasint)N);
+    return 0;
 }
 
-void ps_embed(float *out, const int32_t *tok, const float *table, int64_t n_tok, int64_t C) {
+int ps_cpu_embed(ps_ctx *ctx, float *out, const int32_t *tok, const float *table, int64_t n_tok, int64_t C) {
+    (void)ctx;
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n_tok; i++) memcpy(out + i * C, table + (int64_t)tok[i] * C, (size_t)C * sizeof(float));
+    return 0;
 }
 
-void ps_rmsnorm(float *out, float *rstd, const float *inp, const float *weight, int64_t n_rows, int64_t C, float eps) {
+int ps_cpu_rmsnorm(ps_ctx *ctx, float *out, float *rstd, const float *inp, const float *weight, int64_t n_rows, int64_t C, float eps) {
+    (void)ctx;
 #pragma omp parallel for schedule(static) if (n_rows * C > 32768)
     for (int64_t r = 0; r < n_rows; r++) {
         const float *x = inp + r * C;
@@ -32,9 +37,11 @@ void ps_rmsnorm(float *out, float *rstd, const float *inp, const float *weight, 
         if (rstd) rstd[r] = s;
         for (int64_t i = 0; i < C; i++) o[i] = x[i] * s * weight[i];
     }
+    return 0;
 }
 
-void ps_rope_table(float *cos_t, float *sin_t, int64_t n_pos, int64_t hd, double theta) {
+int ps_cpu_rope_table(ps_ctx *ctx, float *cos_t, float *sin_t, int64_t n_pos, int64_t hd, double theta) {
+    (void)ctx;
     int64_t half = hd / 2;
     for (int64_t p = 0; p < n_pos; p++)
         for (int64_t i = 0; i < half; i++) {
@@ -42,6 +49,7 @@ void ps_rope_table(float *cos_t, float *sin_t, int64_t n_pos, int64_t hd, double
             cos_t[p * half + i] = (float)cos(ang);
             sin_t[p * half + i] = (float)sin(ang);
         }
+    return 0;
 }
 
 /* Rotate each (x_i, x_{i+hd/2}) pair by +angle (dir = 1, the forward) or -angle (dir = -1, which is
@@ -64,31 +72,40 @@ static void rope_rotate(float *x, const float *cos_t, const float *sin_t, int64_
     }
 }
 
-void ps_rope(float *x, const float *cos_t, const float *sin_t, int64_t n_seq, int64_t rows_per_seq, int64_t n_heads,
+int ps_cpu_rope(ps_ctx *ctx, float *x, const float *cos_t, const float *sin_t, int64_t n_seq, int64_t rows_per_seq, int64_t n_heads,
              int64_t hd, int64_t pos_step) {
+    (void)ctx;
     rope_rotate(x, cos_t, sin_t, n_seq, rows_per_seq, n_heads, hd, pos_step, 1.0f);
+    return 0;
 }
 
-void ps_rope_backward(float *dx, const float *cos_t, const float *sin_t, int64_t n_seq, int64_t rows_per_seq,
+int ps_cpu_rope_backward(ps_ctx *ctx, float *dx, const float *cos_t, const float *sin_t, int64_t n_seq, int64_t rows_per_seq,
                       int64_t n_heads, int64_t hd, int64_t pos_step) {
+    (void)ctx;
     rope_rotate(dx, cos_t, sin_t, n_seq, rows_per_seq, n_heads, hd, pos_step, -1.0f);
+    return 0;
 }
 
-void ps_swiglu(float *h, const float *g, const float *u, int64_t n) {
+int ps_cpu_swiglu(ps_ctx *ctx, float *h, const float *g, const float *u, int64_t n) {
+    (void)ctx;
 #pragma omp parallel for schedule(static) if (n > 65536)
     for (int64_t i = 0; i < n; i++) {
         float x = g[i];
         h[i] = x / (1.0f + ps_expf(-x)) * u[i];
     }
+    return 0;
 }
 
-void ps_add(float *out, const float *a, const float *b, int64_t n) {
+int ps_cpu_add(ps_ctx *ctx, float *out, const float *a, const float *b, int64_t n) {
+    (void)ctx;
 #pragma omp parallel for schedule(static) if (n > 65536)
     for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+    return 0;
 }
 
-void ps_gate(float *z, float *alpha, const float *a, const float *u, const float *c, int64_t B, int64_t T, int64_t d,
+int ps_cpu_gate(ps_ctx *ctx, float *z, float *alpha, const float *a, const float *u, const float *c, int64_t B, int64_t T, int64_t d,
              int64_t nW, int64_t W, int64_t S, int64_t nkv) {
+    (void)ctx;
     int64_t n = B * nW * nkv;
 #pragma omp parallel for schedule(static) if (n * W * d > 32768)
     for (int64_t idx = 0; idx < n; idx++) {
@@ -115,20 +132,21 @@ void ps_gate(float *z, float *alpha, const float *a, const float *u, const float
         }
         for (int64_t i = 0; i < W; i++) al[i] /= sum;
     }
+    return 0;
 }
 
-void ps_payload(float *P, const float *a, const float *C, int shared, float *scratch, int64_t B, int64_t T, int64_t d,
+int ps_cpu_payload(ps_ctx *ctx, float *P, const float *a, const float *C, int shared, float *scratch, int64_t B, int64_t T, int64_t d,
                 int64_t nW, int64_t W, int64_t S, int64_t nkvhd) {
-    if (nW == 0) return;
+    if (nW == 0) return 0;
     if (shared) {
-        ps_matmul(scratch, a, C, B * T, d, nkvhd, 0);
+        ps_cpu_matmul(ctx, scratch, a, C, B * T, d, nkvhd, 0);
 #pragma omp parallel for schedule(static)
         for (int64_t bj = 0; bj < B * nW; bj++) {
             int64_t b = bj / nW, j = bj % nW;
             for (int64_t i = 0; i < W; i++)
                 memcpy(P + (bj * W + i) * nkvhd, scratch + (b * T + j * S + i) * nkvhd, (size_t)nkvhd * sizeof(float));
         }
-        return;
+        return 0;
     }
     /* When T = nW·S, the rows a[b, jS+i] of every (sequence, window) are S·d apart across sequences too:
      * one strided sgemm per offset with M = B·nW. Otherwise one per (offset, sequence). The calls run in
@@ -142,9 +160,11 @@ void ps_payload(float *P, const float *a, const float *C, int shared, float *scr
                     a + (b * T + i) * d, (blasint)(S * d), C + i * nkvhd * d, (blasint)d, 0.0f,
                     P + (b * nW * W + i) * nkvhd, (blasint)(W * nkvhd));
     }
+    return 0;
 }
 
-void ps_pool(float *out, const float *alpha, const float *P, int64_t B, int64_t nW, int64_t W, int64_t nkv, int64_t hd) {
+int ps_cpu_pool(ps_ctx *ctx, float *out, const float *alpha, const float *P, int64_t B, int64_t nW, int64_t W, int64_t nkv, int64_t hd) {
+    (void)ctx;
     int64_t n = B * nW * nkv;
 #pragma omp parallel for schedule(static) if (n * W * hd > 32768)
     for (int64_t idx = 0; idx < n; idx++) {
@@ -157,109 +177,12 @@ void ps_pool(float *out, const float *alpha, const float *P, int64_t B, int64_t 
             for (int64_t k = 0; k < hd; k++) o[k] += al[i] * p[k];
         }
     }
+    return 0;
 }
 
-/* Raw column range of query t in a compressed row: columns nW+m for m in [m0, LW). */
-static inline int64_t local_first(int64_t t, int64_t LW) { return t - LW + 1 < 0 ? LW - 1 - t : 0; }
-
-/* Query rows are processed in blocks of PS_ATTN_BLOCK so that full (causal) attention only computes the
- * lower block triangle of QK^T and P·V. */
-#define PS_ATTN_BLOCK 64
-
-static void sgemm_nt(int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda, const float *B,
-                     int64_t ldb, float beta, float *C, int64_t ldc) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)M, (blasint)N, (blasint)K, alpha, A, (blasint)lda, B,
-                (blasint)ldb, beta, C, (blasint)ldc);
-}
-
-static void sgemm_nn(int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda, const float *B,
-                     int64_t ldb, float beta, float *C, int64_t ldc) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)M, (blasint)N, (blasint)K, alpha, A, (blasint)lda, B,
-                (blasint)ldb, beta, C, (blasint)ldc);
-}
-
-/* Softmax of one probability row over its visible columns [0, n_comp) ∪ [lo, hi); the rest set to 0. */
-static void softmax_row(float *row, int64_t nc, int64_t n_comp, int64_t lo, int64_t hi) {
-    /* plain compares instead of fmaxf (a libm call here, as fmaxf must honour NaN rules): these loops
-     * vectorise */
-    float mx = -INFINITY;
-    for (int64_t c = 0; c < n_comp; c++) mx = row[c] > mx ? row[c] : mx;
-    for (int64_t c = lo; c < hi; c++) mx = row[c] > mx ? row[c] : mx;
-    float sum = 0.0f;
-    for (int64_t c = 0; c < n_comp; c++) sum += (row[c] = ps_expf(row[c] - mx));
-    for (int64_t c = lo; c < hi; c++) sum += (row[c] = ps_expf(row[c] - mx));
-    float inv = 1.0f / sum;
-    for (int64_t c = 0; c < n_comp; c++) row[c] *= inv;
-    for (int64_t c = n_comp; c < lo; c++) row[c] = 0.0f;
-    for (int64_t c = lo; c < hi; c++) row[c] *= inv;
-    for (int64_t c = hi > lo ? hi : lo; c < nc; c++) row[c] = 0.0f;
-}
-
-/* Each (sequence, query head) is independent: one OpenMP task each. sgemm called inside the parallel
- * region runs single-threaded (OpenBLAS's OpenMP build), so the cores split the heads between them. */
-void ps_attn_probs(float *probs, const float *q, const float *k, const float *ck, const ps_attn_geom *g) {
-    int64_t B = g->B, T = g->T, nh = g->nh, nkv = g->nkv, hd = g->hd, nc = g->ncols, grp = nh / nkv, nW = g->nW;
-    float scale = 1.0f / sqrtf((float)hd);
-#pragma omp parallel for schedule(dynamic, 1)
-    for (int64_t bn = 0; bn < B * nh; bn++) {
-        int64_t b = bn / nh, n = bn % nh, kv = n / grp;
-        float *P = probs + bn * T * nc;
-        const float *Q = q + b * T * nh * hd + n * hd;
-        if (!g->compressed) {
-            const float *K = k + b * T * nkv * hd + kv * hd;
-            for (int64_t r0 = 0; r0 < T; r0 += PS_ATTN_BLOCK) {
-                int64_t r1 = r0 + PS_ATTN_BLOCK < T ? r0 + PS_ATTN_BLOCK : T;
-                sgemm_nt(r1 - r0, r1, hd, scale, Q + r0 * nh * hd, nh * hd, K, nkv * hd, 0.0f, P + r0 * nc, nc);
-                for (int64_t t = r0; t < r1; t++) softmax_row(P + t * nc, nc, 0, 0, t + 1);
-            }
-            continue;
-        }
-        if (nW > 0) sgemm_nt(T, nW, hd, scale, Q, nh * hd, ck + b * nW * nkv * hd + kv * hd, nkv * hd, 0.0f, P, nc);
-        for (int64_t t = 0; t < T; t++) {
-            float *row = P + t * nc;
-            const float *qt = Q + t * nh * hd;
-            int64_t lo = nW + local_first(t, g->LW);
-            for (int64_t c = lo; c < nc; c++) {
-                const float *kt = k + ((b * T + t - g->LW + 1 + (c - nW)) * nkv + kv) * hd;
-                row[c] = ps_dot(qt, kt, hd) * scale;
-            }
-            softmax_row(row, nc, ps_windows_seen(t, g->W, g->S, nW), lo, nc);
-        }
-    }
-}
-
-void ps_attn_out(float *z, const float *probs, const float *v, const float *cv, const ps_attn_geom *g) {
-    int64_t B = g->B, T = g->T, nh = g->nh, nkv = g->nkv, hd = g->hd, nc = g->ncols, grp = nh / nkv, nW = g->nW;
-#pragma omp parallel for schedule(dynamic, 1)
-    for (int64_t bn = 0; bn < B * nh; bn++) {
-        int64_t b = bn / nh, n = bn % nh, kv = n / grp;
-        const float *P = probs + bn * T * nc;
-        float *Z = z + b * T * nh * hd + n * hd;
-        if (!g->compressed) {
-            const float *V = v + b * T * nkv * hd + kv * hd;
-            for (int64_t r0 = 0; r0 < T; r0 += PS_ATTN_BLOCK) {
-                int64_t r1 = r0 + PS_ATTN_BLOCK < T ? r0 + PS_ATTN_BLOCK : T;
-                sgemm_nn(r1 - r0, hd, r1, 1.0f, P + r0 * nc, nc, V, nkv * hd, 0.0f, Z + r0 * nh * hd, nh * hd);
-            }
-            continue;
-        }
-        if (nW > 0) sgemm_nn(T, hd, nW, 1.0f, P, nc, cv + b * nW * nkv * hd + kv * hd, nkv * hd, 0.0f, Z, nh * hd);
-        else
-            for (int64_t t = 0; t < T; t++) memset(Z + t * nh * hd, 0, (size_t)hd * sizeof(float));
-        for (int64_t t = 0; t < T; t++) {
-            const float *row = P + t * nc;
-            float *zt = Z + t * nh * hd;
-            for (int64_t c = nW + local_first(t, g->LW); c < nc; c++) {
-                const float *vt = v + ((b * T + t - g->LW + 1 + (c - nW)) * nkv + kv) * hd;
-                float p = row[c];
-                for (int64_t i = 0; i < hd; i++) zt[i] += p * vt[i];
-            }
-        }
-    }
-}
-
-void ps_attn_rows(float *z_rows, const int64_t *rows, int64_t n, const float *q, const float *k, const float *v,
+int ps_cpu_attn_rows(ps_ctx *ctx, float *z_rows, const int64_t *rows, int64_t n, const float *q, const float *k, const float *v,
                   const float *ck, const float *cv, const ps_attn_geom *g) {
+    (void)ctx;
     int64_t T = g->T, nh = g->nh, nkv = g->nkv, hd = g->hd, grp = nh / nkv;
     float scale = 1.0f / sqrtf((float)hd);
     /* one pass per row with a running maximum (online softmax): no scratch, nothing allocated */
@@ -289,4 +212,5 @@ void ps_attn_rows(float *z_rows, const int64_t *rows, int64_t n, const float *q,
         }
         for (int64_t i = 0; i < hd; i++) zt[i] /= sum;
     }
+    return 0;
 }

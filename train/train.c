@@ -183,7 +183,7 @@ typedef struct {
     const char *dir;
     ps_model m;
     float *grads, *m1, *m2;
-    ps_acts acts, gacts, eval_acts;
+    ps_acts acts, gacts;
     ps_batch batch, eval_batch;
     FILE *log;
     int has_gates;
@@ -260,57 +260,41 @@ static void log_json(run_state *s, json_t *o) {
 }
 
 /* Held-out accuracy and mean loss over the eval set; gate statistics pooled over it when asked. */
+typedef struct {
+    int *ok;
+    double *lp;
+    int64_t correct, nq, nt;
+    double lsum;
+} eval_acc;
+
+static int eval_batch(const ps_batch *view, int64_t i0, ps_acts *a, void *user, ps_error *err) {
+    (void)i0;
+    eval_acc *e = user;
+    if (ps_acts_score(a, view, e->ok, e->lp, err)) return -1;
+    for (int64_t r = 0; r < view->B; r++)
+        for (int64_t q = 0; q < view->n_q[r]; q++) {
+            e->correct += e->ok[r * view->max_q + q];
+            e->lsum -= e->lp[r * view->max_q + q];
+            e->nt += view->queries[r * view->max_q + q].answer_len;
+            e->nq++;
+        }
+    return 0;
+}
+
 static int evaluate(run_state *s, int with_gates, double *acc, double *loss, ps_error *err) {
     const ps_batch *eb = &s->eval_batch;
-    int64_t B = s->c->batch_size, T = eb->T, V = s->m.cfg.vocab_size, done = 0, correct = 0, nq = 0, nt = 0;
-    double lsum = 0;
-    ps_batch view = *eb;
-    int *ok = malloc((size_t)(B * eb->max_q) * sizeof(int));
-    double *lp = malloc((size_t)(B * eb->max_q) * sizeof(double));
-    if (!ok || !lp) {
-        free(ok);
-        free(lp);
-        return ps_fail(err, "%s: out of memory for the evaluation of %lld queries", s->dir, (long long)(B * eb->max_q));
-    }
+    int64_t B = s->c->batch_size;
+    eval_acc e = {.ok = malloc((size_t)(B * eb->max_q) * sizeof(int)), .lp = malloc((size_t)(B * eb->max_q) * sizeof(double))};
+    int rc = e.ok && e.lp ? 0
+                          : ps_fail(err, "%s: out of memory for the evaluation of %lld queries", s->dir,
+                                    (long long)(B * eb->max_q));
     if (with_gates) ps_gate_acc_reset(&s->gacc);
-    while (done < eb->B) {
-        int64_t n = eb->B - done < B ? eb->B - done : B;
-        view.B = n;
-        view.tokens = eb->tokens + done * T;
-        view.targets = eb->targets + done * T;
-        view.n_q = eb->n_q + done;
-        view.queries = eb->queries + done * eb->max_q;
-        ps_acts part, *a = &s->eval_acts;
-        if (n < B) { /* last partial chunk */
-            if (ps_acts_create(&part, &s->m.cfg, n, T, false, err)) {
-                free(ok);
-                free(lp);
-                return -1;
-            }
-            a = &part;
-        }
-        int bad = ps_forward(&s->m, a, view.tokens, with_gates ? &s->ghooks : NULL, err);
-        if (!bad) ps_score_queries(&view, a->p.logits, V, ok, lp);
-        if (a == &part) ps_acts_free(&part);
-        if (bad) {
-            free(ok);
-            free(lp);
-            return -1;
-        }
-        for (int64_t r = 0; r < n; r++)
-            for (int64_t q = 0; q < view.n_q[r]; q++) {
-                correct += ok[r * eb->max_q + q];
-                lsum -= lp[r * eb->max_q + q];
-                nt += view.queries[r * eb->max_q + q].answer_len;
-                nq++;
-            }
-        done += n;
-    }
-    free(ok);
-    free(lp);
-    *acc = nq ? (double)correct / (double)nq : 0;
-    *loss = nt ? lsum / (double)nt : 0;
-    return 0;
+    if (!rc) rc = ps_forward_batches(&s->m, eb, B, false, with_gates ? &s->ghooks : NULL, eval_batch, &e, err);
+    free(e.ok);
+    free(e.lp);
+    *acc = e.nq ? (double)e.correct / (double)e.nq : 0;
+    *loss = e.nt ? e.lsum / (double)e.nt : 0;
+    return rc;
 }
 
 static int log_gates(run_state *s, int64_t step) {
@@ -358,6 +342,14 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* AdamW moments on the model's context, zeroed. */
+static int alloc_optimizer(run_state *s, ps_error *err) {
+    int64_t bytes = s->m.n_params * (int64_t)sizeof(float);
+    s->m1 = ps_buf_alloc(s->m.ctx, bytes, "AdamW first moments", err);
+    s->m2 = s->m1 ? ps_buf_alloc(s->m.ctx, bytes, "AdamW second moments", err) : NULL;
+    return s->m2 ? 0 : -1;
+}
+
 static int load_resume(run_state *s, int64_t *step, ps_error *err) {
     if (ps_model_load(&s->m, s->dir, err)) return -1;
     const char *st = ps_model_get_meta(&s->m, "phasescope.step"), *opt = ps_model_get_meta(&s->m, "phasescope.optimizer"),
@@ -366,9 +358,7 @@ static int load_resume(run_state *s, int64_t *step, ps_error *err) {
     if (strcmp(tr, s->c->canonical))
         return ps_fail(err, "%s: the training config differs from the one this run was started with", s->dir);
     *step = strtoll(st, NULL, 10);
-    s->m1 = calloc((size_t)s->m.n_params, sizeof(float));
-    s->m2 = calloc((size_t)s->m.n_params, sizeof(float));
-    if (!s->m1 || !s->m2) return ps_fail(err, "out of memory for optimizer state");
+    if (alloc_optimizer(s, err)) return -1;
     char path[4200];
     if (ps_path_join(path, sizeof path, s->dir, opt, err)) return -1;
     ps_st_file f;
@@ -414,16 +404,12 @@ int ps_train(const ps_train_cfg *c, const char *dir, int resume, int64_t stop_af
     } else {
         if (ps_model_create(&s.m, &c->model, err)) return -1;
         ps_model_init_std(&s.m, c->seed, c->init_std);
-        s.m1 = calloc((size_t)s.m.n_params, sizeof(float));
-        s.m2 = calloc((size_t)s.m.n_params, sizeof(float));
-        if (!s.m1 || !s.m2) {
-            ps_fail(err, "out of memory for optimizer state");
-            goto done;
-        }
+        if (alloc_optimizer(&s, err)) goto done;
     }
-    s.grads = malloc((size_t)s.m.n_params * sizeof(float));
-    if (!s.grads || ps_acts_create(&s.acts, &c->model, B, T, true, err) ||
-        ps_acts_create(&s.gacts, &c->model, B, T, false, err) || ps_acts_create(&s.eval_acts, &c->model, B, T, false, err) ||
+    int64_t pbytes = s.m.n_params * (int64_t)sizeof(float);
+    s.grads = ps_buf_alloc(s.m.ctx, pbytes, "gradients", err);
+    if (!s.grads || ps_acts_create(&s.acts, s.m.ctx, &c->model, B, T, true, err) ||
+        ps_acts_create(&s.gacts, s.m.ctx, &c->model, B, T, false, err) ||
         ps_batch_alloc(&s.batch, B, T, c->task.n_queries, err) ||
         ps_batch_alloc(&s.eval_batch, c->eval_size, T, c->task.n_queries, err))
         goto done;
@@ -454,7 +440,10 @@ int ps_train(const ps_train_cfg *c, const char *dir, int resume, int64_t stop_af
     int64_t tok_since = 0;
     for (int64_t step = start; step < end; step++) {
         ps_task_generate(&c->task, step_seed(c->seed, step), &s.batch);
-        memset(s.grads, 0, (size_t)s.m.n_params * sizeof(float));
+        if (ps_fill(s.m.ctx, s.grads, 0.0f, s.m.n_params)) {
+            ps_ctx_check(s.m.ctx, err);
+            goto done;
+        }
         int64_t n_t = 0;
         for (int64_t i = 0; i < B * T; i++) n_t += s.batch.targets[i] >= 0;
         double lsum = 0;
@@ -462,14 +451,15 @@ int ps_train(const ps_train_cfg *c, const char *dir, int resume, int64_t stop_af
         if (ps_forward(&s.m, &s.acts, s.batch.tokens, NULL, err) ||
             ps_backward(&s.m, &s.acts, &s.gacts, s.batch.tokens, s.batch.targets, 1.0f / (float)n_t, s.grads, &lsum, &cnt, err))
             goto done;
-        double loss = lsum / (double)cnt, gn = ps_grad_norm(s.grads, s.m.n_params);
+        double loss = lsum / (double)cnt, gn = 0;
+        if (ps_grad_norm(s.m.ctx, s.grads, s.m.n_params, &gn, err)) goto done;
         if (!isfinite(loss) || !isfinite(gn)) {
             ps_fail(err, "step %lld: %s is %s; stopping (the last good checkpoint is kept in %s)", (long long)step + 1,
                     isfinite(loss) ? "gradient norm" : "loss", isnan(isfinite(loss) ? gn : loss) ? "NaN" : "infinite", dir);
             goto done;
         }
         double clip = c->opt.grad_clip > 0 && gn > c->opt.grad_clip ? c->opt.grad_clip / gn : 1.0, lr = ps_lr_at(&c->opt, step);
-        ps_adamw_update(&s.m, s.grads, s.m1, s.m2, step + 1, lr, clip, &c->opt);
+        if (ps_adamw_update(&s.m, s.grads, s.m1, s.m2, step + 1, lr, clip, &c->opt, err)) goto done;
         tok_since += B * T;
         int64_t done_steps = step + 1;
         int last = done_steps == c->steps; /* logs follow the schedule of the full run, so an interrupted and
@@ -518,10 +508,11 @@ done:
     ps_batch_free(&s.eval_batch);
     ps_acts_free(&s.acts);
     ps_acts_free(&s.gacts);
-    ps_acts_free(&s.eval_acts);
-    free(s.grads);
-    free(s.m1);
-    free(s.m2);
+    if (s.m.ctx) {
+        ps_buf_free(s.m.ctx, s.grads, s.m.n_params * (int64_t)sizeof(float));
+        ps_buf_free(s.m.ctx, s.m1, s.m.n_params * (int64_t)sizeof(float));
+        ps_buf_free(s.m.ctx, s.m2, s.m.n_params * (int64_t)sizeof(float));
+    }
     ps_model_free(&s.m);
     return rc;
 }

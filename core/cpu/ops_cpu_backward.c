@@ -6,16 +6,18 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ops.h"
+#include "cpu.h"
 
-void ps_matmul_backward(float *dinp, float *dw, const float *dout, const float *inp, const float *w, int64_t M,
+int ps_cpu_matmul_backward(ps_ctx *ctx, float *dinp, float *dw, const float *dout, const float *inp, const float *w, int64_t M,
                         int64_t K, int64_t N) {
-    if (M == 0 || N == 0 || K == 0) return;
+    (void)ctx;
+    if (M == 0 || N == 0 || K == 0) return 0;
     if (dinp)
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)M, (blasint)K, (blasint)N, 1.0f, dout,
                     (blasint)N, w, (blasint)K, 1.0f, dinp, (blasint)K);
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (blasint)N, (blasint)K, (blasint)M, 1.0f, dout, (blasint)N, inp,
                 (blasint)K, 1.0f, dw, (blasint)K);
+    return 0;
 }
 
 /* Rows in blocks of RMS_BLK: each block's weight-gradient partial is summed over its rows in order, and
@@ -49,29 +51,11 @@ static void rmsnorm_backward_rows(float *dinp, float *part, const float *dout, c
     }
 }
 
-void ps_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
-                         const float *rstd, int64_t n_rows, int64_t C) {
+int ps_cpu_rmsnorm_backward(ps_ctx *ctx, float *dinp, float *dweight, const float *dout, const float *inp,
+                            const float *weight, const float *rstd, int64_t n_rows, int64_t C) {
     int64_t nb = (n_rows + RMS_BLK - 1) / RMS_BLK;
-    float *part = malloc((size_t)(nb * C > 0 ? nb * C : 1) * sizeof(float));
-    if (!part) { /* no scratch: one block at a time, serially — each block's column sums in float, added
-                  * to dweight block by block: the same sums in the same order as the parallel path */
-        for (int64_t b = 0; b < nb; b++) {
-            int64_t r0 = b * RMS_BLK, r1 = (b + 1) * RMS_BLK < n_rows ? (b + 1) * RMS_BLK : n_rows;
-            for (int64_t r = r0; r < r1; r++) {
-                const float *x = inp + r * C, *dy = dout + r * C;
-                float s = rstd[r];
-                double dot = dot3(dy, weight, x, C);
-                float coef = (float)(dot * (double)s * s * s / (double)C);
-                for (int64_t i = 0; i < C; i++) dinp[r * C + i] += s * weight[i] * dy[i] - coef * x[i];
-            }
-            for (int64_t i = 0; i < C; i++) {
-                float p = 0.0f;
-                for (int64_t r = r0; r < r1; r++) p += dout[r * C + i] * inp[r * C + i] * rstd[r];
-                dweight[i] += p;
-            }
-        }
-        return;
-    }
+    float *part = ps_ctx_workspace(ctx, nb * C); /* [nb, C] per-block partial sums of dweight */
+    if (!part) return -1;
 #pragma omp parallel for schedule(static) if (n_rows * C > 32768)
     for (int64_t b = 0; b < nb; b++) {
         int64_t r1 = (b + 1) * RMS_BLK < n_rows ? (b + 1) * RMS_BLK : n_rows;
@@ -79,20 +63,23 @@ void ps_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const f
     }
     for (int64_t b = 0; b < nb; b++)
         for (int64_t i = 0; i < C; i++) dweight[i] += part[b * C + i];
-    free(part);
+    return 0;
 }
 
-void ps_swiglu_backward(float *dg, float *du, const float *dh, const float *g, const float *u, int64_t n) {
+int ps_cpu_swiglu_backward(ps_ctx *ctx, float *dg, float *du, const float *dh, const float *g, const float *u, int64_t n) {
+    (void)ctx;
 #pragma omp parallel for schedule(static) if (n > 65536)
     for (int64_t i = 0; i < n; i++) {
         float x = g[i], sg = 1.0f / (1.0f + ps_expf(-x)), silu = x * sg;
         du[i] = dh[i] * silu;
         dg[i] = dh[i] * u[i] * sg * (1.0f + x * (1.0f - sg));
     }
+    return 0;
 }
 
-void ps_gate_backward(float *da, float *du, float *dc, float *dalpha, const float *alpha, const float *a,
+int ps_cpu_gate_backward(ps_ctx *ctx, float *da, float *du, float *dc, float *dalpha, const float *alpha, const float *a,
                       const float *u, int64_t B, int64_t T, int64_t d, int64_t nW, int64_t W, int64_t S, int64_t nkv) {
+    (void)ctx;
     int64_t n = B * nW * nkv;
     /* softmax backward, in place: dalpha becomes dz = alpha ⊙ (dalpha − Σ alpha·dalpha) */
 #pragma omp parallel for schedule(static) if (n * W > 32768)
@@ -128,12 +115,13 @@ void ps_gate_backward(float *da, float *du, float *dc, float *dalpha, const floa
                     for (int64_t e = 0; e < d; e++) dx[e] += dz * w[e];
                 }
             }
+    return 0;
 }
 
-void ps_payload_backward(float *da, float *dC, const float *dP, const float *a, const float *C, int shared,
+int ps_cpu_payload_backward(ps_ctx *ctx, float *da, float *dC, const float *dP, const float *a, const float *C, int shared,
                          float *scratch, int64_t B, int64_t T, int64_t d, int64_t nW, int64_t W, int64_t S,
                          int64_t nkvhd) {
-    if (nW == 0) return;
+    if (nW == 0) return 0;
     if (shared) {
         /* gather dP back to token rows (overlapping windows add up), then one matmul backward */
         memset(scratch, 0, (size_t)(B * T * nkvhd) * sizeof(float));
@@ -144,8 +132,8 @@ void ps_payload_backward(float *da, float *dC, const float *dP, const float *a, 
                     float *dst = scratch + (b * T + j * S + i) * nkvhd;
                     for (int64_t e = 0; e < nkvhd; e++) dst[e] += src[e];
                 }
-        ps_matmul_backward(da, dC, scratch, a, C, B * T, d, nkvhd);
-        return;
+        ps_cpu_matmul_backward(ctx, da, dC, scratch, a, C, B * T, d, nkvhd);
+        return 0;
     }
     /* When T = nW·S the (sequence, window) rows of one offset are evenly strided across sequences, so each
      * offset is one sgemm with B·nW rows (see ps_payload); otherwise one per (offset, sequence). */
@@ -167,7 +155,7 @@ void ps_payload_backward(float *da, float *dC, const float *dP, const float *a, 
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)M, (blasint)d, (blasint)nkvhd, 1.0f,
                             dP + (b * nW * W + i) * nkvhd, (blasint)(W * nkvhd), C + i * nkvhd * d, (blasint)d, 1.0f,
                             da + (b * T + i) * d, (blasint)(S * d));
-        return;
+        return 0;
     }
 #pragma omp parallel for schedule(dynamic, 1)
     for (int64_t b = 0; b < B; b++)
@@ -175,10 +163,12 @@ void ps_payload_backward(float *da, float *dC, const float *dP, const float *a, 
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)nW, (blasint)d, (blasint)nkvhd, 1.0f,
                         dP + (b * nW * W + i) * nkvhd, (blasint)(W * nkvhd), C + i * nkvhd * d, (blasint)d, 1.0f,
                         da + (b * T + i) * d, (blasint)(S * d));
+    return 0;
 }
 
-void ps_pool_backward(float *dalpha, float *dP, const float *dout, const float *alpha, const float *P, int64_t B,
+int ps_cpu_pool_backward(ps_ctx *ctx, float *dalpha, float *dP, const float *dout, const float *alpha, const float *P, int64_t B,
                       int64_t nW, int64_t W, int64_t nkv, int64_t hd) {
+    (void)ctx;
     int64_t n = B * nW * nkv;
 #pragma omp parallel for schedule(static) if (n * W * hd > 32768)
     for (int64_t idx = 0; idx < n; idx++) {
@@ -191,6 +181,7 @@ void ps_pool_backward(float *dalpha, float *dP, const float *dout, const float *
             dalpha[idx * W + i] = ps_dot(dy, p, hd);
         }
     }
+    return 0;
 }
 
 static inline int64_t local_first(int64_t t, int64_t LW) { return t - LW + 1 < 0 ? LW - 1 - t : 0; }
@@ -212,9 +203,10 @@ static void softmax_row_backward(float *dr, const float *pr, int64_t nc, float s
 
 /* Parallel over (sequence, KV head): the query heads of one group write the same dK/dV slices, so they
  * run in order inside one task. sgemm inside the region runs single-threaded. */
-void ps_attn_backward(float *dq, float *dk, float *dv, float *dck, float *dcv, float *dprobs, const float *dz,
+int ps_cpu_attn_backward_probs(ps_ctx *ctx, float *dq, float *dk, float *dv, float *dck, float *dcv, float *dprobs, const float *dz,
                       const float *probs, const float *q, const float *k, const float *v, const float *ck,
                       const float *cv, const ps_attn_geom *g) {
+    (void)ctx;
     int64_t B = g->B, T = g->T, nh = g->nh, nkv = g->nkv, hd = g->hd, nc = g->ncols, grp = nh / nkv, nW = g->nW;
     int64_t LW = g->LW, qs = nh * hd, ks = nkv * hd;
     float scale = 1.0f / sqrtf((float)hd);
@@ -275,12 +267,13 @@ void ps_attn_backward(float *dq, float *dk, float *dv, float *dck, float *dcv, f
                 }
         }
     }
+    return 0;
 }
 
-int64_t ps_cross_entropy(double *loss_sum, float *dlogits, const float *logits, const int32_t *targets, int64_t n_rows,
-                         int64_t V, float scale) {
+int ps_cpu_cross_entropy(ps_ctx *ctx, double *loss_sum, int64_t *n_targets, float *dlogits, const float *logits,
+                         const int32_t *targets, int64_t n_rows, int64_t V, float scale) {
     /* per-row losses, summed serially afterwards: bit-identical for any thread count */
-    double *row_loss = malloc((size_t)(n_rows ? n_rows : 1) * sizeof(double));
+    double *row_loss = (double *)ps_ctx_workspace(ctx, 2 * (n_rows ? n_rows : 1));
     if (!row_loss) return -1;
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < n_rows; r++) {
@@ -323,6 +316,6 @@ int64_t ps_cross_entropy(double *loss_sum, float *dlogits, const float *logits, 
             *loss_sum += row_loss[r];
             count++;
         }
-    free(row_loss);
-    return count;
+    if (n_targets) *n_targets += count;
+    return 0;
 }

@@ -25,12 +25,13 @@ void ps_optim_defaults(ps_optim_cfg *c);
 /* Learning rate for the update at 0-based step `step`. */
 double ps_lr_at(const ps_optim_cfg *c, int64_t step);
 
-/* Global L2 norm of n floats (fixed-order double sum). */
-double ps_grad_norm(const float *g, int64_t n);
+/* Global L2 norm of n floats of ctx (fixed-order double sum: the same for any thread count). */
+int ps_grad_norm(ps_ctx *ctx, const float *g, int64_t n, double *norm, ps_error *err);
 
-/* One AdamW update of m->params with grads (scaled by clip_scale first). m1, m2: first and second
- * moments, laid out like the params; t: 1-based update count (bias correction). */
-void ps_adamw_update(ps_model *m, const float *grads, float *m1, float *m2, int64_t t, double lr, double clip_scale,
-                     const ps_optim_cfg *c);
+/* One AdamW update of m->params with grads (scaled by clip_scale first), on the model's context. m1, m2:
+ * first and second moments, laid out like the params; t: 1-based update count (bias correction).
+ * Groups: gate tensors (gate_lr_mult, gate_weight_decay), matrices (weight_decay), vectors (no decay). */
+int ps_adamw_update(ps_model *m, const float *grads, float *m1, float *m2, int64_t t, double lr, double clip_scale,
+                    const ps_optim_cfg *c, ps_error *err);
 
 #endif

@@ -1,0 +1,76 @@
+/* cpu.h — the CPU backend (the reference implementation of core/ops.h): OpenBLAS sgemm for matrix
+ * products (called outside OpenMP regions, or inside them single-threaded), OpenMP loops for the rest.
+ * Each function implements the ops.h op of the same name (ps_cpu_X ↔ ps_X); the table that hands
+ * them to a context is ps_backend_cpu (backend_cpu.c). ps_cpu_attn_backward_probs is the backward
+ * from stored probabilities (the path before flash attention), kept as the naive reference the
+ * tests compare the recomputing backward with. */
+#ifndef PS_CPU_H
+#define PS_CPU_H
+
+#include "ops.h"
+
+/* core/cpu/ops_cpu.c and ops_cpu_backward.c */
+int ps_cpu_matmul(ps_ctx *ctx, float *out, const float *inp, const float *w, int64_t M, int64_t K, int64_t N, int
+    accumulate);
+int ps_cpu_embed(ps_ctx *ctx, float *out, const int32_t *tok, const float *table, int64_t n_tok, int64_t C);
+int ps_cpu_rmsnorm(ps_ctx *ctx, float *out, float *rstd, const float *inp, const float *weight, int64_t n_rows,
+    int64_t C, float eps);
+int ps_cpu_rope_table(ps_ctx *ctx, float *cos_t, float *sin_t, int64_t n_pos, int64_t hd, double theta);
+int ps_cpu_rope(ps_ctx *ctx, float *x, const float *cos_t, const float *sin_t, int64_t n_seq, int64_t rows_per_seq,
+    int64_t n_heads, int64_t hd, int64_t pos_step);
+int ps_cpu_rope_backward(ps_ctx *ctx, float *dx, const float *cos_t, const float *sin_t, int64_t n_seq, int64_t
+    rows_per_seq, int64_t n_heads, int64_t hd, int64_t pos_step);
+int ps_cpu_swiglu(ps_ctx *ctx, float *h, const float *g, const float *u, int64_t n);
+int ps_cpu_add(ps_ctx *ctx, float *out, const float *a, const float *b, int64_t n);
+int ps_cpu_gate(ps_ctx *ctx, float *z, float *alpha, const float *a, const float *u, const float *c, int64_t B,
+    int64_t T, int64_t d, int64_t nW, int64_t W, int64_t S, int64_t nkv);
+int ps_cpu_payload(ps_ctx *ctx, float *P, const float *a, const float *C, int shared, float *scratch, int64_t B,
+    int64_t T, int64_t d, int64_t nW, int64_t W, int64_t S, int64_t nkvhd);
+int ps_cpu_pool(ps_ctx *ctx, float *out, const float *alpha, const float *P, int64_t B, int64_t nW, int64_t W, int64_t
+    nkv, int64_t hd);
+int ps_cpu_attn_rows(ps_ctx *ctx, float *z_rows, const int64_t *rows, int64_t n, const float *q, const float *k, const
+    float *v, const float *ck, const float *cv, const ps_attn_geom *g);
+int ps_cpu_matmul_backward(ps_ctx *ctx, float *dinp, float *dw, const float *dout, const float *inp, const float *w,
+    int64_t M, int64_t K, int64_t N);
+int ps_cpu_rmsnorm_backward(ps_ctx *ctx, float *dinp, float *dweight, const float *dout, const float *inp, const float
+    *weight, const float *rstd, int64_t n_rows, int64_t C);
+int ps_cpu_swiglu_backward(ps_ctx *ctx, float *dg, float *du, const float *dh, const float *g, const float *u, int64_t
+    n);
+int ps_cpu_gate_backward(ps_ctx *ctx, float *da, float *du, float *dc, float *dalpha, const float *alpha, const float
+    *a, const float *u, int64_t B, int64_t T, int64_t d, int64_t nW, int64_t W, int64_t S, int64_t nkv);
+int ps_cpu_payload_backward(ps_ctx *ctx, float *da, float *dC, const float *dP, const float *a, const float *C, int
+    shared, float *scratch, int64_t B, int64_t T, int64_t d, int64_t nW, int64_t W, int64_t S, int64_t nkvhd);
+int ps_cpu_pool_backward(ps_ctx *ctx, float *dalpha, float *dP, const float *dout, const float *alpha, const float *P,
+    int64_t B, int64_t nW, int64_t W, int64_t nkv, int64_t hd);
+int ps_cpu_attn_backward_probs(ps_ctx *ctx, float *dq, float *dk, float *dv, float *dck, float *dcv, float *dprobs,
+    const float *dz, const float *probs, const float *q, const float *k, const float *v, const float *ck, const float
+    *cv, const ps_attn_geom *g);
+int ps_cpu_cross_entropy(ps_ctx *ctx, double *loss_sum, int64_t *n_targets, float *dlogits, const float *logits, const
+    int32_t *targets, int64_t n_rows, int64_t V, float scale);
+
+/* core/cpu/ops_cpu_misc.c: data movement, hook actions, embedding backward, optimizer */
+int ps_cpu_copy(ps_ctx *ctx, float *dst, const float *src, int64_t n);
+int ps_cpu_fill(ps_ctx *ctx, float *x, float value, int64_t n);
+int ps_cpu_gather_rows(ps_ctx *ctx, float *out, const float *in, const float *add, const int64_t *rows, int64_t n,
+    int64_t width);
+int ps_cpu_scatter_rows(ps_ctx *ctx, float *out, const float *in, const int64_t *rows, int64_t n, int64_t width);
+int ps_cpu_pattern_expand(ps_ctx *ctx, float *full, const float *probs, const ps_attn_geom *g);
+int ps_cpu_pattern_compact(ps_ctx *ctx, float *probs, const float *full, const ps_attn_geom *g);
+int ps_cpu_head_set(ps_ctx *ctx, float *x, const float *src, int64_t src_stride, int64_t n_seq, int64_t npos,
+    int64_t nh, int64_t hd, int64_t head, int64_t seq0, int64_t seq1);
+int ps_cpu_add_vector(ps_ctx *ctx, float *x, const float *vec, float scale, int64_t n_rows, int64_t width);
+int ps_cpu_roll_blocks(ps_ctx *ctx, float *x, int64_t W, int64_t stride, int64_t off, int64_t len, int64_t k);
+int ps_cpu_embed_backward(ps_ctx *ctx, float *dtable, const float *dout, const int32_t *tok, int64_t n_tok, int64_t C);
+int ps_cpu_sumsq(ps_ctx *ctx, double *out, const float *x, int64_t n);
+int ps_cpu_adamw(ps_ctx *ctx, float *w, float *m1, float *m2, const float *g, const ps_adamw_seg *segs, int n_segs,
+    const ps_adamw_hyper *h);
+
+/* core/cpu/attn_chunk.c: one chunk of a long sequence against a key frame and the compressed cache */
+int ps_cpu_attn_chunk(ps_ctx *ctx, float *z, const float *q, const float *k, const float *v, const float *ck,
+    const float *cv, const ps_attn_frame *f);
+
+/* core/cpu/attention.c: attention in O(T) memory (flash style), and the probability rows a pattern hook
+ * materialises (attn_probs, attn_out: the forward's blocks, so they give its z bit for bit) */
+#include "cpu_attention.h"
+
+#endif
