@@ -508,9 +508,8 @@ int main(int argc, char **argv) {
            "%d thread(s)) / old: probs + dprobs [B, nh, T, ncols]; RSS growth: the child's peak resident memory minus "
            "its size at start (forward only where the backward was not run)\n",
            omp_get_max_threads());
-    printf("- not run by default: the old path for full T >= 16384 (17+ GB; --old-full-16k runs T=16384) and "
-           "compressed T=65536 (35 GB); the new full-attention backward at T=65536 (--long); memory available "
-           "now: %.1f GB\n",
-           (double)avail / 1e9);
+    printf("- not run: the old path for full T >= 16384 (17+ GB; --old-full-16k runs T=16384) and compressed "
+           "T=65536 (35 GB)%s; memory available now: %.1f GB\n",
+           long_run ? "" : "; the new full-attention backward at T=65536 (--long runs it)", (double)avail / 1e9);
     return 0;
 }
