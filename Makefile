@@ -4,7 +4,7 @@
 JOBS ?= $(shell nproc)
 
 FUZZ_SECONDS ?= 40
-FUZZ_TARGETS = safetensors config train_config render index tokenizer
+FUZZ_TARGETS = safetensors config train_config render index tokenizer v4_config
 
 .PHONY: all setup build build-asan build-fuzz demo retrain test test-fast test-asan fuzz bench clean
 

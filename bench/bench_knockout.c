@@ -2,7 +2,7 @@
  * the grid (clean activations kept per batch, cells of one layer batched into one forward as replicas,
  * restarted from the knocked-out layer's attention, truncated after the last answer row, last layer on
  * the answer rows only), the same grid one cell per forward, and a naive loop that runs a full forward
- * with overwrite hooks for every cell, on the same prompts. Prints; asserts nothing.
+ * with the mean-replacement hook actions for every cell, on the same prompts. Prints; asserts nothing.
  *
  * The machine may be shared: besides the wall clock it prints the process CPU time (all threads), which
  * counts only this program's work, and the speed-ups by both.

@@ -47,6 +47,20 @@ typedef struct {
     float inv_bc1, inv_bc2; /* 1 / (1 - beta^t) */
 } ps_adamw_hyper;
 
+/* ---------------- DeepSeek-V4 (SPEC-v4; core/v4/) ---------------- */
+/* Attention of one V4 layer: queries [B, T, H, Dh] against the raw K=V entries kv [B, T, Dh] of the
+ * sliding window (raw j visible to t iff t - W < j <= t) and the compressed entries ckv [B, nW, Dh]
+ * (entry w visible iff w < (t + 1) / m; CSA: only those the indexer selected, topk [B, T, K]). */
+typedef struct {
+    int64_t B, T, H, Dh;
+    int64_t nW;   /* compressed entries per sequence (0: sliding layer) */
+    int64_t K;    /* CSA: selected entries per query (topk [B, T, K], -1 = empty); 0: every visible entry */
+    int64_t W;    /* sliding window */
+    int64_t m;    /* compression rate (0: sliding layer) */
+    float scale;  /* logit scale, Dh^-0.5 */
+} ps_v4_attn_geom;
+/* ---------------- end DeepSeek-V4 ---------------- */
+
 struct ps_backend {
     const char *name;
     /* memory: bytes, zero-filled; copies between host and buffers */
@@ -94,6 +108,10 @@ struct ps_backend {
                     int64_t hd, int64_t head, int64_t seq0, int64_t seq1);
     int (*add_vector)(ps_ctx *c, float *x, const float *vec, float scale, int64_t n_rows, int64_t width);
     int (*roll_blocks)(ps_ctx *c, float *x, int64_t W, int64_t stride, int64_t off, int64_t len, int64_t k);
+    int (*copy_blocks)(ps_ctx *c, float *dst, int64_t dst_s0, int64_t dst_s1, const float *src, int64_t src_s0,
+                       int64_t src_s1, int64_t n0, int64_t n1, int64_t width, int accumulate, float scale);
+    int (*accumulate_seqs)(ps_ctx *c, double *sum, const float *x, int64_t n_seq, int64_t n);
+    int (*sum_to_mean)(ps_ctx *c, float *mean, const double *sum, double count, int64_t n);
     /* backward */
     int (*matmul_backward)(ps_ctx *c, float *dinp, float *dw, const float *dout, const float *inp, const float *w,
                            int64_t M, int64_t K, int64_t N);
@@ -120,6 +138,46 @@ struct ps_backend {
     int (*sumsq)(ps_ctx *c, double *out, const float *x, int64_t n);
     int (*adamw)(ps_ctx *c, float *w, float *m1, float *m2, const float *g, const ps_adamw_seg *segs, int n_segs,
                  const ps_adamw_hyper *h);
+    /* ---------------- DeepSeek-V4 (SPEC-v4; core/v4/) ---------------- */
+    int (*v4_rope_table)(ps_ctx *c, float *cos_t, float *sin_t, int64_t n_pos, int64_t half, const double *inv_freq,
+                         float mscale);
+    int (*v4_rope)(ps_ctx *c, float *x, const float *cos_t, const float *sin_t, int64_t n_seq, int64_t rows_per_seq,
+                   int64_t n_heads, int64_t hd, int64_t rd, int64_t pos_step, int inverse);
+    int (*v4_hc_weights)(ps_ctx *c, float *pre, float *post, float *comb, const float *mix, const float *x,
+                         const float *scale, const float *base, int64_t n, int64_t N, int64_t D, int64_t iters,
+                         float hc_eps, float norm_eps);
+    int (*v4_hc_collapse)(ps_ctx *c, float *out, const float *pre, const float *h, int64_t n, int64_t N, int64_t D);
+    int (*v4_hc_expand)(ps_ctx *c, float *hout, const float *post, const float *comb, const float *blk, const float *h,
+                        int64_t n, int64_t N, int64_t D);
+    int (*v4_comp_slots)(ps_ctx *c, float *gate, const float *z, const float *ape, int64_t B, int64_t T, int64_t nW,
+                         int64_t m, int64_t d, int overlap);
+    int (*v4_slot_softmax)(ps_ctx *c, float *alpha, const float *gate, int64_t n_groups, int64_t S, int64_t d);
+    int (*v4_comp_pool)(ps_ctx *c, float *pooled, const float *alpha, const float *kv, int64_t B, int64_t T, int64_t nW,
+                        int64_t m, int64_t d, int overlap);
+    int (*v4_indexer_scores)(ps_ctx *c, float *scores, const float *iq, const float *ik, const float *w, int64_t B,
+                             int64_t T, int64_t nW, int64_t Hi, int64_t Di, float scale);
+    int (*v4_topk)(ps_ctx *c, float *idx, float *gap, const float *scores, const float *bias, int64_t n_rows,
+                   int64_t n_cols, int64_t K, int64_t rows_per_seq, int64_t m);
+    int (*v4_router_scores)(ps_ctx *c, float *scores, const float *logits, int64_t n, int scoring);
+    int (*v4_route_weights)(ps_ctx *c, float *weights, const float *scores, const float *idx, int64_t n, int64_t E,
+                            int64_t k, float scale);
+    int (*v4_swiglu_clamp)(ps_ctx *c, float *h, const float *g, const float *u, int64_t n, float limit);
+    int (*v4_scatter_add_rows)(ps_ctx *c, float *out, const float *in, const int64_t *rows, const float *w, int64_t n,
+                               int64_t width);
+    int (*v4_attn)(ps_ctx *c, float *out, float *sinkp, const float *q, const float *kv, const float *ckv,
+                   const float *topk, const float *sink, const ps_v4_attn_geom *g);
+    int (*v4_attn_bias)(ps_ctx *c, float *bias, const float *topk, const ps_v4_attn_geom *g);
+    int (*v4_attn_logits)(ps_ctx *c, float *logits, const float *q, const float *kv, const float *ckv, const float *bias,
+                          const ps_v4_attn_geom *g);
+    int (*v4_attn_softmax)(ps_ctx *c, float *pattern, float *sinkp, const float *logits, const float *sink,
+                           const ps_v4_attn_geom *g);
+    int (*v4_attn_apply)(ps_ctx *c, float *out, const float *pattern, const float *kv, const float *ckv,
+                         const ps_v4_attn_geom *g);
+    int (*v4_sink_rescale)(ps_ctx *c, float *out, const float *sink_old, const float *sink_new, const ps_v4_attn_geom *g);
+    int (*v4_grouped_linear)(ps_ctx *c, float *out, const float *inp, const float *w, int64_t M, int64_t G, int64_t Kg,
+                             int64_t Ng);
+    int (*v4_scale)(ps_ctx *c, float *x, float s, int64_t n);
+    /* ---------------- end DeepSeek-V4 ---------------- */
 };
 
 /* The CPU backend (the reference). */

@@ -1,5 +1,7 @@
 #include "backward.h"
 
+#include <stdlib.h>
+
 
 #include "ops.h"
 
@@ -96,11 +98,44 @@ int ps_backward(const ps_model *m, const ps_acts *a, ps_acts *g, const int32_t *
     ps_profile *prof = a->prof;
     float *dh = g->p.resid; /* [B, T, d], the running gradient of the residual stream */
     int rc = 0;
-    PROF(1, PS_PROF_OTHER, rc = ps_cross_entropy(ctx, loss_sum, n_targets, g->p.logits, a->p.logits, targets, BT, V, scale));
-    if (!rc) rc = ps_fill(ctx, g->p.lnf, 0.0f, BT * d);
-    if (!rc)
-        PROF(1, PS_PROF_MATMUL, rc = ps_matmul_backward(ctx, g->p.lnf, ps_model_lm_head(m, grads), g->p.logits, a->p.lnf,
-                                                         ps_model_lm_head(m, m->params), BT, d, V));
+    if (a->max_rows) {
+        /* rows mode: the loss at the logit rows only; every target elsewhere must be -1 */
+        if (g->max_rows < a->n_rows) return ps_fail(err, "backward scratch holds %lld logit rows, the pass had %lld", (long long)g->max_rows, (long long)a->n_rows);
+        int32_t *rt = malloc((size_t)(a->n_rows ? a->n_rows : 1) * sizeof *rt);
+        char *in_rows = calloc((size_t)BT, 1);
+        if (!rt || !in_rows) {
+            free(rt);
+            free(in_rows);
+            return ps_fail(err, "out of memory for the targets of %lld logit rows", (long long)a->n_rows);
+        }
+        for (int64_t i = 0; i < a->n_rows; i++) {
+            rt[i] = targets[a->rows[i]];
+            in_rows[a->rows[i]] = 1;
+        }
+        for (int64_t i = 0; i < BT && !rc; i++)
+            if (targets[i] >= 0 && !in_rows[i])
+                rc = ps_fail(err, "target at sequence %lld, position %lld has no logit row (the pass computed %lld rows)",
+                             (long long)(i / a->T), (long long)(i % a->T), (long long)a->n_rows);
+        if (!rc) {
+            PROF(1, PS_PROF_OTHER, rc = ps_cross_entropy(ctx, loss_sum, n_targets, g->p.logits, a->p.logits, rt, a->n_rows, V, scale));
+            if (!rc)
+                PROF(1, PS_PROF_MATMUL, rc = ps_fill(ctx, g->p.lnf_rows, 0.0f, a->n_rows * d) ||
+                                             ps_matmul_backward(ctx, g->p.lnf_rows, ps_model_lm_head(m, grads), g->p.logits,
+                                                                a->p.lnf_rows, ps_model_lm_head(m, m->params), a->n_rows, d, V) ||
+                                             ps_fill(ctx, g->p.lnf, 0.0f, BT * d) ||
+                                             ps_scatter_rows(ctx, g->p.lnf, g->p.lnf_rows, a->rows, a->n_rows, d));
+            if (rc && ctx->failed) ps_ctx_check(ctx, err);
+        }
+        free(rt);
+        free(in_rows);
+        if (rc) return -1;
+    } else {
+        PROF(1, PS_PROF_OTHER, rc = ps_cross_entropy(ctx, loss_sum, n_targets, g->p.logits, a->p.logits, targets, BT, V, scale));
+        if (!rc) rc = ps_fill(ctx, g->p.lnf, 0.0f, BT * d);
+        if (!rc)
+            PROF(1, PS_PROF_MATMUL, rc = ps_matmul_backward(ctx, g->p.lnf, ps_model_lm_head(m, grads), g->p.logits, a->p.lnf,
+                                                             ps_model_lm_head(m, m->params), BT, d, V));
+    }
     if (!rc) rc = ps_fill(ctx, dh, 0.0f, BT * d);
     if (!rc)
         PROF(1, PS_PROF_NORM_ROPE,

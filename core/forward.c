@@ -15,7 +15,8 @@ typedef struct {
     bool per_layer; /* one slot per layer when keep_all */
 } act_spec;
 
-static int build_specs(act_spec *s, ps_act_ptrs *p, const ps_config *c, int64_t B, int64_t T, int64_t nW) {
+static int build_specs(act_spec *s, ps_act_ptrs *p, const ps_config *c, int64_t B, int64_t T, int64_t nW,
+                       int64_t max_rows) {
     int64_t BT = B * T, d = c->d_model, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads, L = c->n_layers;
     int comp = c->kind == PS_ATTN_COMPRESSED;
     int64_t W = comp ? c->window : 0;
@@ -53,7 +54,8 @@ static int build_specs(act_spec *s, ps_act_ptrs *p, const ps_config *c, int64_t 
     SPEC(mlp_out, BT * d, true);
     SPEC(lnf, BT * d, false);
     SPEC(lnf_rstd, BT, false);
-    SPEC(logits, BT * c->vocab_size, false);
+    SPEC(logits, (max_rows ? max_rows : BT) * c->vocab_size, false);
+    SPEC(lnf_rows, max_rows * d, false);
     SPEC(rope_cos, c->rope ? T * (hd / 2) : 0, false);
     SPEC(rope_sin, c->rope ? T * (hd / 2) : 0, false);
     SPEC(payload_scratch, comp && c->payload == PS_PAYLOAD_SHARED ? BT * nkv * hd : 0, false);
@@ -73,17 +75,25 @@ static int64_t pattern_floats(const ps_config *c, int64_t B, int64_t T) {
 int64_t ps_acts_size(const ps_config *cfg, int64_t B, int64_t T, bool keep_all, bool pattern_hook) {
     act_spec s[40];
     ps_act_ptrs p;
-    int n = build_specs(s, &p, cfg, B, T, ps_config_n_windows(cfg, T));
+    int n = build_specs(s, &p, cfg, B, T, ps_config_n_windows(cfg, T), 0);
     int64_t tot = pattern_hook ? pattern_floats(cfg, B, T) : 0;
     for (int i = 0; i < n; i++) tot += s[i].n * (s[i].per_layer && keep_all ? cfg->n_layers : 1);
     return tot;
 }
 
 int ps_acts_create(ps_acts *a, ps_ctx *ctx, const ps_config *cfg, int64_t B, int64_t T, bool keep_all, ps_error *err) {
+    return ps_acts_create_rows(a, ctx, cfg, B, T, keep_all, 0, err);
+}
+
+int ps_acts_create_rows(ps_acts *a, ps_ctx *ctx, const ps_config *cfg, int64_t B, int64_t T, bool keep_all,
+                        int64_t max_rows, ps_error *err) {
     memset(a, 0, sizeof *a);
     a->ctx = ctx;
     a->cfg = cfg;
     if (B < 1 || T < 1) return ps_fail(err, "batch of %lld sequences of %lld tokens: both must be >= 1", (long long)B, (long long)T);
+    if (max_rows < 0 || max_rows > B * T)
+        return ps_fail(err, "logit rows: %lld asked for, a batch of %lld x %lld has %lld rows", (long long)max_rows, (long long)B,
+                       (long long)T, (long long)(B * T));
     if (T > cfg->max_seq_len)
         return ps_fail(err, "sequence of %lld tokens exceeds max_seq_len %lld by %lld", (long long)T,
                        (long long)cfg->max_seq_len, (long long)(T - cfg->max_seq_len));
@@ -97,7 +107,10 @@ int ps_acts_create(ps_acts *a, ps_ctx *ctx, const ps_config *cfg, int64_t B, int
                              .LW = comp ? (cfg->local_window < T ? cfg->local_window : T) : 0, .nW = a->nW};
     a->geom.ncols = comp ? a->nW + a->geom.LW : T;
     act_spec s[40];
-    int n = build_specs(s, &a->p, cfg, B, T, a->nW);
+    int n = build_specs(s, &a->p, cfg, B, T, a->nW, max_rows);
+    a->max_rows = max_rows;
+    if (max_rows && !(a->rows = malloc((size_t)max_rows * sizeof *a->rows)))
+        return ps_fail(err, "out of memory for %lld logit rows", (long long)max_rows);
     double tot = 0;
     for (int i = 0; i < n; i++) tot += (double)s[i].n * (s[i].per_layer && keep_all ? (double)cfg->n_layers : 1.0);
     if (tot * 4 > 256e9)
@@ -133,6 +146,7 @@ void ps_acts_free(ps_acts *a) {
         ps_buf_free(a->ctx, a->rows_buf, a->rows_n * (int64_t)sizeof(float));
     }
     free(a->logits_host);
+    free(a->rows);
     memset(a, 0, sizeof *a);
 }
 
@@ -147,9 +161,38 @@ static float *acts_scratch(ps_acts *a, float **buf, int64_t *have, int64_t want,
     return *buf;
 }
 
+int ps_acts_set_rows(ps_acts *a, const int64_t *rows, int64_t n, ps_error *err) {
+    if (!a->max_rows) return ps_fail(err, "these activations compute the logits of every row (made without logit rows)");
+    if (n < 0 || n > a->max_rows)
+        return ps_fail(err, "%lld logit rows asked for; the activations hold at most %lld", (long long)n, (long long)a->max_rows);
+    for (int64_t i = 0; i < n; i++) {
+        if (rows[i] < 0 || rows[i] >= a->B * a->T)
+            return ps_fail(err, "logit row %lld is outside the batch's %lld rows", (long long)rows[i], (long long)(a->B * a->T));
+        a->rows[i] = rows[i];
+    }
+    a->n_rows = n;
+    return 0;
+}
+
+int ps_acts_set_answer_rows(ps_acts *a, const ps_batch *view, ps_error *err) {
+    int64_t n = 0;
+    for (int64_t s = 0; s < view->B; s++) n += ps_answer_rows(view, s, NULL);
+    if (n > a->max_rows)
+        return ps_fail(err, "%lld answer rows in the batch; the activations hold at most %lld logit rows", (long long)n,
+                       (long long)a->max_rows);
+    n = 0;
+    for (int64_t s = 0; s < view->B; s++) {
+        int64_t k = ps_answer_rows(view, s, a->rows + n);
+        for (int64_t i = n; i < n + k; i++) a->rows[i] += s * view->T;
+        n += k;
+    }
+    a->n_rows = n;
+    return 0;
+}
+
 const float *ps_acts_logits_host(ps_acts *a, ps_error *err) {
     if (ps_ctx_host_visible(a->ctx)) return a->p.logits;
-    int64_t n = a->B * a->T * a->cfg->vocab_size;
+    int64_t n = (a->max_rows ? a->n_rows : a->B * a->T) * a->cfg->vocab_size;
     if (!a->logits_host && !(a->logits_host = malloc((size_t)n * sizeof(float)))) {
         ps_fail(err, "out of memory for a host copy of %lld logits", (long long)n);
         return NULL;
@@ -309,11 +352,32 @@ static int same_ctx(const ps_model *m, const ps_acts *a, ps_error *err) {
     return 0;
 }
 
+/* The hooks on layer l's kept attention inputs (q, k, v and, compressed, ck, cv), in forward order: what a
+ * restart at layer l's attention fires before it (the gates and resid_pre are not recomputed). */
+static int fire_attention_inputs(const ps_model *m, ps_acts *a, int l, const ps_hooks *hooks, ps_error *err) {
+    const ps_config *c = &m->cfg;
+    ps_ctx *ctx = a->ctx;
+    ps_act_ptrs p = ps_acts_layer(a, l);
+    int64_t B = a->B, T = a->T, nW = a->nW, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads;
+    if (hooks && hooks->mask && hooks->n_layers != c->n_layers)
+        return ps_fail(err, "hooks were registered for a model with %lld layers, this one has %lld",
+                       (long long)hooks->n_layers, (long long)c->n_layers);
+    FIRE(PS_HOOK_Q, p.q, 4, B, T, nh, hd);
+    FIRE(PS_HOOK_K, p.k, 4, B, T, nkv, hd);
+    FIRE(PS_HOOK_V, p.v, 4, B, T, nkv, hd);
+    if (c->kind == PS_ATTN_COMPRESSED) {
+        FIRE(PS_HOOK_CK, p.ck, 4, B, nW, nkv, hd);
+        FIRE(PS_HOOK_CV, p.cv, 4, B, nW, nkv, hd);
+    }
+    return 0;
+}
+
 int ps_forward_from_attention(const ps_model *m, ps_acts *a, int l, const ps_hooks *hooks, ps_error *err) {
     if (same_ctx(m, a, err)) return -1;
     if (!a->keep_all) return ps_fail(err, "forward from the attention of layer %d needs the activations of every layer", l);
     if (l < 0 || l >= m->cfg.n_layers)
         return ps_fail(err, "forward from layer %d: the model has %lld layers", l, (long long)m->cfg.n_layers);
+    if (fire_attention_inputs(m, a, l, hooks, err)) return -1;
     if (layer_forward_post(m, a, l, hooks, err)) return -1;
     return forward_rest(m, a, l + 1, hooks, err);
 }
@@ -345,7 +409,8 @@ static int last_layer_rows(const ps_model *m, ps_acts *a, const int64_t *rows, i
     return 0;
 }
 
-int ps_forward_from_attention_rows(const ps_model *m, ps_acts *a, int l, const int64_t *rows, int64_t n, ps_error *err) {
+int ps_forward_from_attention_rows(const ps_model *m, ps_acts *a, int l, const ps_hooks *hooks, const int64_t *rows,
+                                   int64_t n, ps_error *err) {
     const ps_config *c = &m->cfg;
     int last = (int)c->n_layers - 1;
     if (same_ctx(m, a, err)) return -1;
@@ -354,11 +419,18 @@ int ps_forward_from_attention_rows(const ps_model *m, ps_acts *a, int l, const i
     for (int64_t i = 0; i < n; i++)
         if (rows[i] < 0 || rows[i] >= a->B * a->T)
             return ps_fail(err, "answer row %lld is outside the batch's %lld rows", (long long)rows[i], (long long)(a->B * a->T));
+    for (int pt = PS_HOOK_PATTERN; pt < PS_HOOK_NPOINTS; pt++)
+        if (ps_hooks_on(hooks, last, (ps_hook_point)pt)) {
+            char name[96];
+            ps_hook_name(name, sizeof name, last, (ps_hook_point)pt);
+            return ps_fail(err, "hook \"%s\": the answer-row restart computes the last layer's attention and MLP for chosen rows only; a hook there cannot fire (use ps_forward_from_attention)", name);
+        }
+    if (fire_attention_inputs(m, a, l, hooks, err)) return -1;
     if (l < last) {
-        if (layer_forward_post(m, a, l, NULL, err)) return -1;
+        if (layer_forward_post(m, a, l, hooks, err)) return -1;
         for (int k = l + 1; k < last; k++)
-            if (layer_forward(m, a, k, NULL, err)) return -1;
-        if (layer_forward_pre(m, a, last, NULL, err)) return -1;
+            if (layer_forward(m, a, k, hooks, err)) return -1;
+        if (layer_forward_pre(m, a, last, hooks, err)) return -1;
     }
     return last_layer_rows(m, a, rows, n, err);
 }
@@ -383,7 +455,12 @@ static int forward_rest(const ps_model *m, ps_acts *a, int from, const ps_hooks 
     ps_profile *prof = a->prof;
     OPS(PS_PROF_NORM_ROPE, ps_rmsnorm(ctx, a->p.lnf, a->p.lnf_rstd, a->p.resid + c->n_layers * BT * d,
                                       ps_model_final_norm(m, m->params), BT, d, (float)c->rms_eps));
-    OPS(PS_PROF_MATMUL, ps_matmul(ctx, a->p.logits, a->p.lnf, ps_model_lm_head(m, m->params), BT, d, c->vocab_size, 0));
+    if (a->max_rows) /* logits of the chosen rows only: [n_rows, V] */
+        OPS(PS_PROF_MATMUL, ps_gather_rows(ctx, a->p.lnf_rows, a->p.lnf, NULL, a->rows, a->n_rows, d) ||
+                                ps_matmul(ctx, a->p.logits, a->p.lnf_rows, ps_model_lm_head(m, m->params), a->n_rows, d,
+                                          c->vocab_size, 0));
+    else
+        OPS(PS_PROF_MATMUL, ps_matmul(ctx, a->p.logits, a->p.lnf, ps_model_lm_head(m, m->params), BT, d, c->vocab_size, 0));
     return 0;
 }
 
@@ -407,7 +484,19 @@ int ps_acts_score(ps_acts *a, const ps_batch *view, int *correct, double *logpro
                        (long long)view->T, (long long)a->B, (long long)a->T);
     const float *logits = ps_acts_logits_host(a, err);
     if (!logits) return -1;
-    ps_score_queries(view, logits, a->cfg->vocab_size, correct, logprob);
+    int64_t V = a->cfg->vocab_size;
+    if (!a->max_rows) {
+        ps_score_queries(view, logits, V, correct, logprob);
+        return 0;
+    }
+    /* rows mode: the rows must be the view's answer rows in ps_acts_set_answer_rows order */
+    int64_t r = 0;
+    for (int64_t s = 0; s < view->B; s++) {
+        int64_t k = ps_answer_rows(view, s, NULL);
+        if (r + k > a->n_rows) return ps_fail(err, "scoring: the logit rows are not this batch's answer rows");
+        ps_score_query_rows(view, s, logits + r * V, V, correct + s * view->max_q, logprob + s * view->max_q);
+        r += k;
+    }
     return 0;
 }
 
@@ -416,18 +505,28 @@ int ps_forward_batches(const ps_model *m, const ps_batch *b, int64_t batch, bool
     if (batch < 1) return ps_fail(err, "batch %lld must be >= 1", (long long)batch);
     int64_t N = b->B, T = b->T, full = batch < N ? batch : N, last0 = N ? (N - 1) / full * full : 0;
     if (N == 0) return 0;
+    /* a large vocabulary: logits at the answer rows only (the most any batch of the set has) */
+    int64_t rows = 0;
+    if (m->cfg.vocab_size >= PS_ROWS_VOCAB)
+        for (int64_t i0 = 0; i0 < N; i0 += full) {
+            int64_t r = 0;
+            for (int64_t s = i0; s < N && s < i0 + full; s++) r += ps_answer_rows(b, s, NULL);
+            rows = r > rows ? r : rows;
+        }
     ps_acts a, part;
     int have_part = 0;
-    if (ps_acts_create(&a, m->ctx, &m->cfg, full, T, keep_all, err)) return -1;
+    if (ps_acts_create_rows(&a, m->ctx, &m->cfg, full, T, keep_all, rows < full * T ? rows : full * T, err)) return -1;
     int rc = 0;
     if (N - last0 != full) {
-        rc = ps_acts_create(&part, m->ctx, &m->cfg, N - last0, T, keep_all, err);
+        int64_t pr = rows < (N - last0) * T ? rows : (N - last0) * T;
+        rc = ps_acts_create_rows(&part, m->ctx, &m->cfg, N - last0, T, keep_all, pr, err);
         have_part = !rc;
     }
     for (int64_t i0 = 0; i0 < N && !rc; i0 += full) {
         ps_acts *use = i0 == last0 && have_part ? &part : &a;
         ps_batch view = ps_batch_view(b, i0, use->B);
-        rc = ps_forward(m, use, view.tokens, hooks, err);
+        if (use->max_rows) rc = ps_acts_set_answer_rows(use, &view, err);
+        if (!rc) rc = ps_forward(m, use, view.tokens, hooks, err);
         if (!rc && fn) rc = fn(&view, i0, use, user, err);
     }
     if (have_part) ps_acts_free(&part);

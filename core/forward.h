@@ -34,7 +34,8 @@ typedef struct {
     float *mlp_out;        /* [B,T,d] */
     /* final */
     float *lnf, *lnf_rstd; /* [B,T,d], [B,T] */
-    float *logits;         /* [B,T,V] */
+    float *logits;         /* [B,T,V]; with logit rows: [n_rows, V] (the rows set by ps_acts_set_rows) */
+    float *lnf_rows;       /* [max_rows, d] the final-norm rows the logits are computed from (rows mode) */
     /* scratch */
     float *rope_cos, *rope_sin; /* [T, hd/2] */
     float *payload_scratch;     /* [B,T,nkv*hd] (shared payload) */
@@ -71,6 +72,8 @@ typedef struct {
     float *pattern, *rows_buf;
     int64_t pattern_n, rows_n;
     float *logits_host;    /* host copy of the logits (device backends only) */
+    int64_t max_rows, n_rows; /* rows mode (max_rows > 0): logits only at rows[0..n_rows) (row = b·T + t) */
+    int64_t *rows;
 } ps_acts;
 
 /* Floats a run needs (for memory estimates before allocating); pattern_hook adds the probability
@@ -80,6 +83,20 @@ int64_t ps_acts_size(const ps_config *cfg, int64_t B, int64_t T, bool keep_all, 
 /* Activations for B sequences of T tokens on ctx (the model's context: m->ctx). */
 int ps_acts_create(ps_acts *a, ps_ctx *ctx, const ps_config *cfg, int64_t B, int64_t T, bool keep_all, ps_error *err);
 void ps_acts_free(ps_acts *a);
+
+/* The same with logits at chosen rows only (max_rows > 0: the logits buffer is [max_rows, V] instead
+ * of [B·T, V]; set the rows with ps_acts_set_rows before each forward). The backward then takes the
+ * loss at those rows only (targets elsewhere must be -1). For large vocabularies: a 151,936-token
+ * vocabulary costs B·T·V·4 bytes per batch otherwise. */
+int ps_acts_create_rows(ps_acts *a, ps_ctx *ctx, const ps_config *cfg, int64_t B, int64_t T, bool keep_all,
+                        int64_t max_rows, ps_error *err);
+int ps_acts_set_rows(ps_acts *a, const int64_t *rows, int64_t n, ps_error *err);
+/* Rows = the answer rows of the batch view (sequence by sequence, in ps_answer_rows order). */
+int ps_acts_set_answer_rows(ps_acts *a, const ps_batch *view, ps_error *err);
+
+/* Vocabularies of at least this many tokens make ps_forward_batches compute logits at the answer rows
+ * only (scores are the same up to float rounding of a matrix product of another shape). */
+#define PS_ROWS_VOCAB 4096
 
 /* Pointers to layer l's slot of the per-layer arrays. */
 ps_act_ptrs ps_acts_layer(const ps_acts *a, int l);
@@ -95,13 +112,18 @@ int ps_forward(const ps_model *m, ps_acts *a, const int32_t *tokens, const ps_ho
 int ps_forward_from(const ps_model *m, ps_acts *a, int from, const ps_hooks *hooks, ps_error *err);
 
 /* Forward from the attention scores of layer l on, reusing layer l's kept q, k, v, ck, cv (which the
- * caller may have changed, e.g. a knockout) — needs keep_all activations of an earlier pass. */
+ * caller may have changed, e.g. copied from another run) — needs keep_all activations of an earlier
+ * pass. The hooks on layer l's q, k, v, ck, cv fire first, on the kept arrays (in forward order: a
+ * knockout registers its actions there, as on a full forward), then those of layer l's attention on and
+ * of the later layers; resid_pre and the gates of layer l are not recomputed and do not fire. */
 int ps_forward_from_attention(const ps_model *m, ps_acts *a, int l, const ps_hooks *hooks, ps_error *err);
 
 /* The same, but only the logits of the given rows (row = b·T + t) are computed: the last layer's
  * attention output, MLP and the logits run for those rows alone (scoring answers needs nothing else).
- * Other rows of the logits are left stale. */
-int ps_forward_from_attention_rows(const ps_model *m, ps_acts *a, int l, const int64_t *rows, int64_t n, ps_error *err);
+ * Other rows of the logits are left stale. hooks (may be NULL) fire as above up to the last layer's
+ * compressed keys and values; a hook on the last layer's pattern or later points is an error. */
+int ps_forward_from_attention_rows(const ps_model *m, ps_acts *a, int l, const ps_hooks *hooks, const int64_t *rows,
+                                   int64_t n, ps_error *err);
 
 /* The one batching loop of every instrument: the sequences of b in batches of at most `batch` (one
  * activation set for the full batches, one made once for a last partial batch), each run forward with

@@ -1,5 +1,7 @@
 #include "hooks.h"
 
+#include "ops.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,18 +55,53 @@ int ps_hook_parse(const ps_config *cfg, const char *name, int *layer, ps_hook_po
     return invalid(cfg, name, "unknown hook name", err);
 }
 
+int ps_hook_shape(const ps_config *cfg, ps_hook_point pt, int64_t B, int64_t T, int64_t shape[4]) {
+    int64_t d = cfg->d_model, hd = cfg->head_dim, nh = cfg->n_heads, nkv = cfg->n_kv_heads;
+    int comp = cfg->kind == PS_ATTN_COMPRESSED;
+    int64_t nW = ps_config_n_windows(cfg, T), W = comp ? cfg->window : 0;
+    shape[0] = B;
+    shape[3] = 0;
+    switch (pt) {
+    case PS_HOOK_Q:
+    case PS_HOOK_Z: shape[1] = T, shape[2] = nh, shape[3] = hd; return 4;
+    case PS_HOOK_K:
+    case PS_HOOK_V: shape[1] = T, shape[2] = nkv, shape[3] = hd; return 4;
+    case PS_HOOK_GATE_K:
+    case PS_HOOK_GATE_V: shape[1] = nW, shape[2] = nkv, shape[3] = W; return 4;
+    case PS_HOOK_CK:
+    case PS_HOOK_CV: shape[1] = nW, shape[2] = nkv, shape[3] = hd; return 4;
+    case PS_HOOK_PATTERN: shape[1] = nh, shape[2] = T, shape[3] = comp ? nW + T : T; return 4;
+    default: shape[1] = T, shape[2] = d; return 3;
+    }
+}
+
+/* Heads of a point's axis 2 (0: the point has no head axis an action may pick from). */
+static int64_t point_heads(const ps_config *cfg, ps_hook_point pt) {
+    switch (pt) {
+    case PS_HOOK_Q:
+    case PS_HOOK_Z: return cfg->n_heads;
+    case PS_HOOK_K:
+    case PS_HOOK_V:
+    case PS_HOOK_GATE_K:
+    case PS_HOOK_GATE_V:
+    case PS_HOOK_CK:
+    case PS_HOOK_CV: return cfg->n_kv_heads;
+    default: return 0;
+    }
+}
+
 void ps_hooks_init(ps_hooks *h) { memset(h, 0, sizeof *h); }
 
 void ps_hooks_free(ps_hooks *h) {
+    for (int i = 0; i < h->n_bufs; i++) ps_buf_free(h->bufs[i].ctx, h->bufs[i].buf, h->bufs[i].bytes);
+    free(h->bufs);
     free(h->e);
     free(h->mask);
     memset(h, 0, sizeof *h);
 }
 
-int ps_hooks_add(ps_hooks *h, const ps_config *cfg, const char *name, ps_hook_fn fn, void *user, ps_error *err) {
-    int layer;
-    ps_hook_point pt;
-    if (ps_hook_parse(cfg, name, &layer, &pt, err)) return -1;
+/* Append an entry (a callback or an action) on a parsed point. */
+static int add_entry(ps_hooks *h, const ps_config *cfg, const char *name, const ps_hook_entry *e, ps_error *err) {
     if (!h->mask) {
         h->mask = calloc((size_t)cfg->n_layers, sizeof *h->mask);
         if (!h->mask) return ps_fail(err, "out of memory");
@@ -73,13 +110,149 @@ int ps_hooks_add(ps_hooks *h, const ps_config *cfg, const char *name, ps_hook_fn
         return ps_fail(err, "hook \"%s\": hook set was built for a model with %lld layers", name, (long long)h->n_layers);
     if (h->n == h->cap) {
         int cap = h->cap ? 2 * h->cap : 8;
-        ps_hook_entry *e = realloc(h->e, (size_t)cap * sizeof *e);
-        if (!e) return ps_fail(err, "out of memory");
-        h->e = e;
+        ps_hook_entry *ne = realloc(h->e, (size_t)cap * sizeof *ne);
+        if (!ne) return ps_fail(err, "out of memory");
+        h->e = ne;
         h->cap = cap;
     }
-    h->e[h->n++] = (ps_hook_entry){layer, pt, fn, user};
-    h->mask[layer] |= 1u << pt;
+    h->e[h->n++] = *e;
+    h->mask[e->layer] |= (uint64_t)1 << e->point;
+    return 0;
+}
+
+int ps_hooks_add(ps_hooks *h, const ps_config *cfg, const char *name, ps_hook_fn fn, void *user, ps_error *err) {
+    int layer;
+    ps_hook_point pt;
+    if (ps_hook_parse(cfg, name, &layer, &pt, err)) return -1;
+    if (!fn) return ps_fail(err, "hook \"%s\": no function (an action is registered with ps_hooks_add_action)", name);
+    ps_hook_entry e = {.layer = layer, .point = pt, .fn = fn, .user = user};
+    return add_entry(h, cfg, name, &e, err);
+}
+
+static const char *action_name(ps_hook_action_kind k) {
+    switch (k) {
+    case PS_ACT_SET: return "set";
+    case PS_ACT_ZERO: return "zero";
+    case PS_ACT_PATCH: return "patch";
+    case PS_ACT_ADD: return "add";
+    }
+    return "?";
+}
+
+int ps_hooks_add_action(ps_hooks *h, const ps_config *cfg, const char *name, const ps_hook_action *act, ps_error *err) {
+    int layer;
+    ps_hook_point pt;
+    if (ps_hook_parse(cfg, name, &layer, &pt, err)) return -1;
+    if (!act || act->kind < PS_ACT_SET || act->kind > PS_ACT_ADD)
+        return ps_fail(err, "hook \"%s\": unknown action kind %d (set, zero, patch or add)", name, act ? (int)act->kind : -1);
+    const char *k = action_name(act->kind);
+    int64_t nh = point_heads(cfg, pt);
+    if (act->head < -1 || (act->head >= 0 && act->head >= nh)) {
+        if (!nh) return ps_fail(err, "hook \"%s\": %s action on head %d, but this point has no head axis (use head -1)", name, k, act->head);
+        return ps_fail(err, "hook \"%s\": %s action on head %d: out of range (the point has %lld heads, 0..%lld; -1: whole positions)",
+                       name, k, act->head, (long long)nh, (long long)nh - 1);
+    }
+    if (pt == PS_HOOK_PATTERN && (act->head != -1 || act->pos0 != 0 || act->pos1 != 0))
+        return ps_fail(err, "hook \"%s\": a %s action on the pattern must cover the whole tensor of its sequences (head -1, every position); use a callback for parts of it", name, k);
+    if (act->seq0 < 0 || act->pos0 < 0 || act->seq1 < 0 || act->pos1 < 0 || (act->seq1 && act->seq1 <= act->seq0) ||
+        (act->pos1 && act->pos1 <= act->pos0))
+        return ps_fail(err, "hook \"%s\": %s action on sequences [%lld, %lld) and positions [%lld, %lld): empty or negative range (0 as the end: to the end)",
+                       name, k, (long long)act->seq0, (long long)act->seq1, (long long)act->pos0, (long long)act->pos1);
+    if (act->kind != PS_ACT_ZERO && !act->src) return ps_fail(err, "hook \"%s\": %s action without a source (src)", name, k);
+    if (act->kind != PS_ACT_ZERO && !(act->every_pos && act->kind != PS_ACT_PATCH) && act->src_npos < 1)
+        return ps_fail(err, "hook \"%s\": %s action: the source holds %lld positions (src_npos must be >= 1)", name, k, (long long)act->src_npos);
+    if (act->kind == PS_ACT_PATCH && (act->every_pos || act->src_nseq < 1 || act->src_seq0 < 0))
+        return ps_fail(err, "hook \"%s\": patch action: the source must hold sequences (src_nseq %lld >= 1, src_seq0 %lld >= 0) of whole positions (every_pos is for set and add)",
+                       name, (long long)act->src_nseq, (long long)act->src_seq0);
+    ps_hook_entry e = {.layer = layer, .point = pt, .act = *act};
+    return add_entry(h, cfg, name, &e, err);
+}
+
+const float *ps_hooks_upload(ps_hooks *h, ps_ctx *ctx, const float *host, int64_t n, ps_error *err) {
+    if (n < 0) {
+        ps_fail(err, "hook source of %lld floats: negative size", (long long)n);
+        return NULL;
+    }
+    if (h->n_bufs == h->cap_bufs) {
+        int cap = h->cap_bufs ? 2 * h->cap_bufs : 4;
+        ps_hook_buffer *nb = realloc(h->bufs, (size_t)cap * sizeof *nb);
+        if (!nb) {
+            ps_fail(err, "out of memory");
+            return NULL;
+        }
+        h->bufs = nb;
+        h->cap_bufs = cap;
+    }
+    int64_t bytes = n * (int64_t)sizeof(float);
+    float *buf = ps_buf_alloc(ctx, bytes, "a hook action's source", err);
+    if (!buf) return NULL;
+    if (ps_buf_from_host(ctx, buf, host, bytes, err)) {
+        ps_buf_free(ctx, buf, bytes);
+        return NULL;
+    }
+    h->bufs[h->n_bufs++] = (ps_hook_buffer){ctx, buf, bytes};
+    return buf;
+}
+
+/* One action on the activation x (a buffer of ctx, the event's shape). */
+static int run_action(ps_ctx *ctx, const ps_hook_action *a, const char *name, float *x, int ndim, const int64_t *shape,
+                      ps_error *err) {
+    int64_t B = shape[0], npos = ndim > 1 ? shape[1] : 1, inner = 1;
+    for (int i = 2; i < ndim; i++) inner *= shape[i];
+    int64_t nh = 1, unit = inner, off = 0;
+    if (a->head >= 0) {
+        if (ndim != 4 || a->head >= shape[2])
+            return ps_fail(err, "hook \"%s\": %s action on head %d of an activation without it", name, action_name(a->kind), a->head);
+        nh = shape[2];
+        unit = inner / nh;
+        off = a->head * unit;
+    }
+    int64_t s0 = a->seq0, s1 = a->seq1 ? a->seq1 : B, p0 = a->pos0, p1 = a->pos1 ? a->pos1 : npos;
+    if (s1 > B || s0 > s1 || p1 > npos || p0 > p1)
+        return ps_fail(err, "hook \"%s\": %s action on sequences [%lld, %lld) and positions [%lld, %lld) of an activation of %lld sequences x %lld positions",
+                       name, action_name(a->kind), (long long)s0, (long long)s1, (long long)p0, (long long)p1, (long long)B,
+                       (long long)npos);
+    int whole = p0 == 0 && p1 == npos, broadcast = a->every_pos && a->kind != PS_ACT_PATCH;
+    if (a->kind != PS_ACT_ZERO && !broadcast && p1 > a->src_npos)
+        return ps_fail(err, "hook \"%s\": %s action reaches position %lld, but its source holds %lld positions", name,
+                       action_name(a->kind), (long long)p1 - 1, (long long)a->src_npos);
+    if (a->kind == PS_ACT_PATCH && a->src_seq0 + (s1 - s0) > a->src_nseq)
+        return ps_fail(err, "hook \"%s\": patch action reads source sequences [%lld, %lld), but the source holds %lld", name,
+                       (long long)a->src_seq0, (long long)(a->src_seq0 + s1 - s0), (long long)a->src_nseq);
+    if (s0 == s1 || p0 == p1) return 0;
+    int64_t xs = npos * inner; /* floats per sequence */
+    float *y = x + s0 * xs + p0 * inner + off;
+    int rc;
+    switch (a->kind) {
+    case PS_ACT_SET:
+    case PS_ACT_ZERO: {
+        const float *src = a->kind == PS_ACT_ZERO ? NULL : a->src + off + (broadcast ? 0 : p0 * inner);
+        int64_t ss = broadcast ? 0 : inner;
+        if (whole) /* every position: the head-set op (a whole position is head 0 of one) */
+            rc = ps_head_set(ctx, x, src, ss, B, npos, a->head >= 0 ? nh : 1, unit, a->head >= 0 ? a->head : 0, s0, s1);
+        else
+            rc = ps_copy_blocks(ctx, y, xs, inner, src, 0, ss, s1 - s0, p1 - p0, unit, 0, 0.0f);
+        break;
+    }
+    case PS_ACT_PATCH: {
+        int64_t src_xs = a->src_npos * inner;
+        rc = ps_copy_blocks(ctx, y, xs, inner, a->src + a->src_seq0 * src_xs + p0 * inner + off, src_xs, inner, s1 - s0,
+                            p1 - p0, unit, 0, 0.0f);
+        break;
+    }
+    default: { /* PS_ACT_ADD */
+        if (whole && broadcast && a->head < 0)
+            rc = ps_add_vector(ctx, x + s0 * xs, a->src, a->scale, (s1 - s0) * npos, inner);
+        else
+            rc = ps_copy_blocks(ctx, y, xs, inner, a->src + off + (broadcast ? 0 : p0 * inner), 0, broadcast ? 0 : inner,
+                                s1 - s0, p1 - p0, unit, 1, a->scale);
+        break;
+    }
+    }
+    if (rc) {
+        ps_ctx_check(ctx, err);
+        return ps_fail_prefix(err, "hook \"%s\": %s action: ", name, action_name(a->kind));
+    }
     return 0;
 }
 
@@ -91,23 +264,36 @@ int ps_hooks_fire(ps_ctx *ctx, const ps_hooks *h, int layer, ps_hook_point pt, f
     int64_t n = 1;
     for (int i = 0; i < ndim; i++) n *= (ev.shape[i] = shape[i]);
     /* A host callback on a device backend gets a host copy of the hooked tensor (made only here, only
-     * when such a callback is registered), and what it wrote goes back. */
+     * when such a callback is registered): fetched before a callback that follows an action (or comes
+     * first), written back before an action that follows a callback and at the end. */
+    int host_side = !ps_ctx_host_visible(ctx), host_fresh = 0, host_dirty = 0;
+    int64_t bytes = n * (int64_t)sizeof(float);
     float *host = NULL;
     int rc = 0;
     for (int i = 0; i < h->n && !rc; i++) {
-        if (h->e[i].layer != layer || h->e[i].point != pt) continue;
-        if (!ps_ctx_host_visible(ctx) && !host) {
-            host = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
-            if (!host) return ps_fail(err, "hook \"%s\": out of memory for a host copy of %lld floats", name, (long long)n);
-            rc = ps_buf_to_host(ctx, host, data, n * (int64_t)sizeof(float), err);
-            ev.data = host;
+        const ps_hook_entry *e = &h->e[i];
+        if (e->layer != layer || e->point != pt) continue;
+        if (!e->fn) {
+            if (host_dirty) {
+                rc = ps_buf_from_host(ctx, data, host, bytes, err);
+                host_dirty = 0;
+            }
+            if (!rc) rc = run_action(ctx, &e->act, name, data, ndim, shape, err);
+            host_fresh = 0;
+            continue;
         }
-        if (!rc) rc = h->e[i].fn(&ev, h->e[i].user, err);
+        if (host_side && !host_fresh) {
+            if (!host && !(host = malloc((size_t)(n > 0 ? n : 1) * sizeof(float))))
+                return ps_fail(err, "hook \"%s\": out of memory for a host copy of %lld floats", name, (long long)n);
+            rc = ps_buf_to_host(ctx, host, data, bytes, err);
+            ev.data = host;
+            host_fresh = 1;
+        }
+        if (!rc) rc = e->fn(&ev, e->user, err);
+        host_dirty = host_side;
     }
-    if (host) {
-        if (!rc) rc = ps_buf_from_host(ctx, data, host, n * (int64_t)sizeof(float), err);
-        free(host);
-    }
+    if (host_dirty && !rc) rc = ps_buf_from_host(ctx, data, host, bytes, err);
+    free(host);
     return rc;
 }
 
@@ -167,3 +353,77 @@ int ps_cache_watch(ps_cache *c, ps_hooks *h, const ps_config *cfg, const char *n
     ps_hook_name(it->name, sizeof it->name, layer, pt);
     return ps_hooks_add(h, cfg, name, cache_hook, c, err);
 }
+
+/* ---------------- hook sets of other families (DeepSeek-V4: core/v4/v4_hooks.c) ---------------- */
+
+int ps_hooks_add_point(ps_hooks *h, const ps_hook_family *family, int64_t n_slots, int slot, int point, const char *name,
+                       ps_hook_fn fn, void *user, ps_error *err) {
+    if (!family || slot < 0 || slot >= n_slots || point < 0 || point >= 64)
+        return ps_fail(err, "hook \"%s\": point out of range", name);
+    if (!h->mask) {
+        h->mask = calloc((size_t)n_slots, sizeof *h->mask);
+        if (!h->mask) return ps_fail(err, "out of memory");
+        h->n_layers = n_slots;
+        h->family = family;
+    } else if (h->family != family)
+        return ps_fail(err, "hook \"%s\": this hook set holds %s hooks", name, h->family ? h->family->name : "the controlled model's");
+    else if (h->n_layers != n_slots)
+        return ps_fail(err, "hook \"%s\": hook set was built for a model with %lld layers", name, (long long)h->n_layers - 1);
+    if (h->n == h->cap) {
+        int cap = h->cap ? 2 * h->cap : 8;
+        ps_hook_entry *e = realloc(h->e, (size_t)cap * sizeof *e);
+        if (!e) return ps_fail(err, "out of memory");
+        h->e = e;
+        h->cap = cap;
+    }
+    h->e[h->n++] = (ps_hook_entry){.layer = slot, .point = (ps_hook_point)point, .fn = fn, .user = user};
+    h->mask[slot] |= (uint64_t)1 << point;
+    return 0;
+}
+
+int ps_hooks_fire_point(ps_ctx *ctx, const ps_hooks *h, int slot, int point, float *data, int ndim, const int64_t *shape,
+                        ps_error *err) {
+    char name[96];
+    h->family->point_name(name, sizeof name, slot, point);
+    ps_hook_event ev = {.name = name, .layer = slot, .point = PS_HOOK_NPOINTS, .data = data, .ndim = ndim, .point_id = point};
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++) n *= (ev.shape[i] = shape[i]);
+    /* as ps_hooks_fire: a host callback on a device backend gets a host copy, written back after */
+    float *host = NULL;
+    int rc = 0;
+    for (int i = 0; i < h->n && !rc; i++) {
+        if (h->e[i].layer != slot || (int)h->e[i].point != point) continue;
+        if (!ps_ctx_host_visible(ctx) && !host) {
+            host = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+            if (!host) return ps_fail(err, "hook \"%s\": out of memory for a host copy of %lld floats", name, (long long)n);
+            rc = ps_buf_to_host(ctx, host, data, n * (int64_t)sizeof(float), err);
+            ev.data = host;
+        }
+        if (!rc) rc = h->e[i].fn(&ev, h->e[i].user, err);
+    }
+    if (host) {
+        if (!rc) rc = ps_buf_from_host(ctx, data, host, n * (int64_t)sizeof(float), err);
+        free(host);
+    }
+    return rc;
+}
+
+int ps_cache_watch_point(ps_cache *c, ps_hooks *h, const ps_hook_family *family, int64_t n_slots, int slot, int point,
+                         ps_error *err) {
+    char canon[96];
+    family->point_name(canon, sizeof canon, slot, point);
+    if (ps_cache_get(c, canon)) return 0;
+    if (c->n == c->cap) {
+        int cap = c->cap ? 2 * c->cap : 8;
+        ps_cache_item **items = realloc(c->items, (size_t)cap * sizeof *items);
+        if (!items) return ps_fail(err, "hook \"%s\": out of memory growing the cache", canon);
+        c->items = items;
+        c->cap = cap;
+    }
+    ps_cache_item *it = calloc(1, sizeof *it);
+    if (!it) return ps_fail(err, "hook \"%s\": out of memory", canon);
+    c->items[c->n++] = it;
+    snprintf(it->name, sizeof it->name, "%s", canon);
+    return ps_hooks_add_point(h, family, n_slots, slot, point, canon, cache_hook, c, err);
+}
+/* ---------------- end other families ---------------- */

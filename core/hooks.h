@@ -33,23 +33,76 @@ typedef struct {
     float *data;      /* the activation; a hook may overwrite it in place (same shape) */
     int ndim;
     int64_t shape[4];
+    int point_id;     /* another family's hooks (ps_hooks_fire_point): the point in that family's table */
 } ps_hook_event;
 
 /* Return 0 to continue, -1 (with err filled) to abort the forward pass. */
 typedef int (*ps_hook_fn)(const ps_hook_event *ev, void *user, ps_error *err);
 
+/* ---- built-in actions: interventions that run inside the backend (no host copy) ----
+ *
+ * An action sees the activation as [B, npos, <inner>]: axis 0 the sequences, axis 1 the positions
+ * (tokens T, or compressed windows nW for gate/ck/cv), the rest one position's values. On a 4-d point
+ * ([B, npos, heads, X]: q, k, v, z, gate_k, gate_v, ck, cv) `head` >= 0 picks one head (the unit is
+ * its X floats); head = -1 (and every 3-d point) acts on the whole position. It touches sequences
+ * [seq0, seq1) and positions [pos0, pos1) only (seq1 = 0: to the end of the batch; pos1 = 0: to the
+ * last position). On attn.hook_pattern (axis 1 is the head there) only whole-tensor actions are
+ * allowed (head -1, every position).
+ *
+ *   PS_ACT_SET    x[b, t, head] = src[0, t, head]: one source sequence written into every sequence of
+ *                 the range — mean replacement (src = the mean over prompts, [src_npos, <inner>]), or
+ *                 setting a head to any vector per position. every_pos: src is one position
+ *                 ([<inner>]) written at every position.
+ *   PS_ACT_ZERO   x[b, t, head] = 0 (zero ablation). src unused.
+ *   PS_ACT_PATCH  x[b, t, head] = src[src_seq0 + b − seq0, t, head]: activation patching from another
+ *                 run's activation at the same point (src: [src_nseq, src_npos, <inner>], the point's
+ *                 layout, e.g. a cached clean run). head -1 patches whole positions (the whole tensor
+ *                 with the default ranges).
+ *   PS_ACT_ADD    x[b, t, head] += scale · src[t, head] (src: [src_npos, <inner>]), or with every_pos
+ *                 += scale · src[head] (src: [<inner>]) — a steering vector.
+ *
+ * src is a buffer of the model's context (ps_buf_alloc on m->ctx, or ps_hooks_upload); the hook set
+ * does not own it unless it came from ps_hooks_upload, and it must live while the hooks are used. The
+ * sizes (src_npos, src_nseq) are checked against the ranges each time the action fires: a position or
+ * sequence the source does not hold is an error naming the hook, not a read past the buffer. The
+ * ranges are checked against the activation's shape then too (the batch size is known only then). */
+typedef enum { PS_ACT_SET = 1, PS_ACT_ZERO, PS_ACT_PATCH, PS_ACT_ADD } ps_hook_action_kind;
+
+typedef struct {
+    ps_hook_action_kind kind;
+    int head;             /* a head of a 4-d point, or -1: whole positions */
+    int64_t seq0, seq1;   /* sequences [seq0, seq1) of the batch; seq1 = 0: to the end */
+    int64_t pos0, pos1;   /* positions [pos0, pos1) of axis 1; pos1 = 0: to the end */
+    const float *src;     /* SET, PATCH, ADD: a buffer of the model's context */
+    int64_t src_npos;     /* positions src holds (its axis 1); SET and ADD ignore it with every_pos */
+    int64_t src_nseq;     /* PATCH: sequences src holds */
+    int64_t src_seq0;     /* PATCH: the source sequence of sequence seq0 */
+    int every_pos;        /* SET, ADD: src is one position's values, used at every position */
+    float scale;          /* ADD */
+} ps_hook_action;
+
 typedef struct {
     int layer;
     ps_hook_point point;
-    ps_hook_fn fn;
+    ps_hook_fn fn;        /* a host callback, or NULL for an action */
     void *user;
+    ps_hook_action act;   /* the action when fn is NULL */
 } ps_hook_entry;
+
+typedef struct {
+    ps_ctx *ctx;
+    void *buf;
+    int64_t bytes;
+} ps_hook_buffer;
 
 typedef struct {
     int n, cap;
     ps_hook_entry *e;
     int64_t n_layers;
-    uint32_t *mask; /* per layer: bit p set when some hook is on point p */
+    uint64_t *mask; /* per layer: bit p set when some hook is on point p */
+    int n_bufs, cap_bufs;
+    ps_hook_buffer *bufs; /* buffers from ps_hooks_upload, freed with the set */
+    const struct ps_hook_family *family; /* NULL: the controlled model's points; else another family's (below) */
 } ps_hooks;
 
 void ps_hooks_init(ps_hooks *h);
@@ -58,16 +111,32 @@ void ps_hooks_free(ps_hooks *h);
 /* Register fn on a hook name (valid for cfg); hooks on one point fire in registration order. */
 int ps_hooks_add(ps_hooks *h, const ps_config *cfg, const char *name, ps_hook_fn fn, void *user, ps_error *err);
 
+/* Register a built-in action on a hook name. Callbacks and actions on one point fire in registration
+ * order, each seeing what the earlier ones wrote. The action is copied (src is not). Errors (naming the
+ * hook): an unknown kind, a head out of range for the point (n_heads for q/z, n_kv for k/v/gates/ck/cv),
+ * a head on a 3-d point, anything but a whole-tensor action on the pattern, a missing src, negative or
+ * empty ranges, a PATCH without source sequences. */
+int ps_hooks_add_action(ps_hooks *h, const ps_config *cfg, const char *name, const ps_hook_action *act, ps_error *err);
+
+/* A buffer of ctx holding a copy of n host floats, owned by the hook set (freed by ps_hooks_free): the
+ * src of an action made from host data (a mean computed on the host, a ps_cache item). NULL with err
+ * set when it cannot be made. */
+const float *ps_hooks_upload(ps_hooks *h, ps_ctx *ctx, const float *host, int64_t n, ps_error *err);
+
 /* Parse a hook name; an unknown or invalid one is an error listing the valid names. */
 int ps_hook_parse(const ps_config *cfg, const char *name, int *layer, ps_hook_point *pt, ps_error *err);
 void ps_hook_name(char *buf, size_t n, int layer, ps_hook_point pt);
 const char *ps_hook_suffix(ps_hook_point pt); /* "attn.hook_q", "hook_resid_pre", ... */
+/* The shape of a point's activation for B sequences of T tokens (the table above); returns ndim. */
+int ps_hook_shape(const ps_config *cfg, ps_hook_point pt, int64_t B, int64_t T, int64_t shape[4]);
 
 static inline bool ps_hooks_on(const ps_hooks *h, int layer, ps_hook_point pt) {
-    return h && h->mask && layer < h->n_layers && (h->mask[layer] >> pt) & 1u;
+    return h && h->mask && !h->family && layer < h->n_layers && (h->mask[layer] >> pt) & 1u;
 }
 
-/* Fire every hook on (layer, pt); data is a buffer of ctx (a callback gets a host copy on a device). */
+/* Fire every hook on (layer, pt) in registration order; data is a buffer of ctx. Actions run as ops on
+ * ctx; a callback gets a host copy on a device backend (made only when a callback is registered there,
+ * written back before the next action and at the end). */
 int ps_hooks_fire(ps_ctx *ctx, const ps_hooks *h, int layer, ps_hook_point pt, float *data, int ndim,
                   const int64_t *shape, ps_error *err);
 
@@ -91,5 +160,26 @@ int ps_cache_watch(ps_cache *c, ps_hooks *h, const ps_config *cfg, const char *n
 /* The item for name, or NULL. The item pointer stays valid until ps_cache_free (watching more names
  * does not move it); item->data until the next run in which that activation's shape changes. */
 const ps_cache_item *ps_cache_get(const ps_cache *c, const char *name);
+
+/* ---------------- hook sets of other families (DeepSeek-V4: core/v4/v4_hooks.h) ----------------
+ * Another model family names its points with its own table (at most 64 per layer slot; global points
+ * may take a slot of their own). A hook set holds the points of one family only; registration, firing
+ * (host callbacks, with a host copy on a device backend) and the cache work as above, on points the
+ * family has already parsed (slot < n_slots, point < 64). */
+typedef struct ps_hook_family {
+    const char *name;                                              /* "deepseek_v4" */
+    void (*point_name)(char *buf, size_t n, int slot, int point);  /* the canonical hook name */
+} ps_hook_family;
+
+int ps_hooks_add_point(ps_hooks *h, const ps_hook_family *family, int64_t n_slots, int slot, int point, const char *name,
+                       ps_hook_fn fn, void *user, ps_error *err);
+static inline bool ps_hooks_on_point(const ps_hooks *h, const ps_hook_family *family, int slot, int point) {
+    return h && h->mask && family && h->family == family && slot >= 0 && slot < h->n_layers && (h->mask[slot] >> point) & 1u;
+}
+int ps_hooks_fire_point(ps_ctx *ctx, const ps_hooks *h, int slot, int point, float *data, int ndim, const int64_t *shape,
+                        ps_error *err);
+int ps_cache_watch_point(ps_cache *c, ps_hooks *h, const ps_hook_family *family, int64_t n_slots, int slot, int point,
+                         ps_error *err);
+/* ---------------- end other families ---------------- */
 
 #endif

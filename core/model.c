@@ -294,119 +294,59 @@ static int tolerated_extra(const ps_model *m, const char *name) {
     return m->cfg.tie_embeddings && !strcmp(name, "lm_head.weight"); /* SPEC §3: ignored */
 }
 
-static int load_single(ps_model *m, const char *wpath, const char *cpath, ps_error *err) {
-    ps_st_file f;
-    if (ps_st_open(wpath, &f, err)) return -1;
-    int rc = -1;
-    for (int i = 0; i < m->n_tensors; i++) {
-        const ps_param_info *p = &m->table[i];
-        const ps_st_entry *e = ps_st_find(&f, p->name);
-        if (!e) {
-            ps_fail(err, "%s: tensor \"%s\" is missing (the config in %s needs it)", wpath, p->name, cpath);
-            goto done;
-        }
-        if (load_tensor(m, p, &f, e, err)) goto done;
-    }
-    for (int i = 0; i < f.n; i++) {
-        if (ps_model_find(m, f.entries[i].name) || tolerated_extra(m, f.entries[i].name)) continue;
-        char b[200];
-        ps_fail(err, "%s: unexpected tensor \"%s\" (not part of the model described by %s)", wpath,
-                ps_st_printable(f.entries[i].name, b, sizeof b), cpath);
-        goto done;
-    }
-    rc = take_meta(m, &f, err);
-done:
-    ps_st_close(&f);
-    return rc;
-}
-
-/* A sharded checkpoint: the index is checked whole first (every listed tensor belongs to the model,
- * every model tensor is listed), then the shards are opened lazily, in the order the model's tensors
- * need them; a shard holding no needed tensor is never opened. Every tensor of an opened shard must be
- * listed in weight_map under that shard. */
-static int load_sharded(ps_model *m, const char *dir, const char *ipath, const char *cpath, ps_error *err) {
-    ps_st_index ix;
-    if (ps_st_index_load(ipath, &ix, err)) return -1;
-    int rc = -1;
+/* The weights from a checkpoint's files (core/safetensors.h ps_st_set: model.safetensors, or the shards
+ * of the index, opened lazily in the order the model's tensors need them; a shard holding no needed
+ * tensor is never opened, and every tensor of an opened shard must be listed in weight_map under that
+ * shard). One file: each tensor in table order (missing ones named), then nothing unexpected. Sharded:
+ * the index is checked whole first (every listed tensor belongs to the model, every model tensor is
+ * listed), then the tensors are read. */
+static int load_from(ps_model *m, ps_st_set *set, const char *cpath, ps_error *err) {
     char b1[200], b2[200];
-    ps_st_file *sh = calloc((size_t)(ix.n_shards ? ix.n_shards : 1), sizeof *sh);
-    char *opened = calloc((size_t)(ix.n_shards ? ix.n_shards : 1), 1);
-    if (!sh || !opened) {
-        ps_fail(err, "%s: out of memory", ipath);
-        goto done;
-    }
-    for (int i = 0; i < ix.n; i++) {
-        if (ps_model_find(m, ix.names[i]) || tolerated_extra(m, ix.names[i])) continue;
-        ps_fail(err, "%s: unexpected tensor \"%s\" in weight_map (shard \"%s\"; not part of the model described by %s)",
-                ipath, ps_st_printable(ix.names[i], b1, sizeof b1), ps_st_printable(ix.shards[ix.shard[i]], b2, sizeof b2),
-                cpath);
-        goto done;
-    }
-    for (int i = 0; i < m->n_tensors; i++)
-        if (ps_st_index_find(&ix, m->table[i].name) < 0) {
-            ps_fail(err, "%s: tensor \"%s\" is missing from weight_map (the config in %s needs it)", ipath,
-                    m->table[i].name, cpath);
-            goto done;
+    if (set->sharded) {
+        const ps_st_index *ix = &set->ix;
+        for (int i = 0; i < ix->n; i++) {
+            if (ps_model_find(m, ix->names[i]) || tolerated_extra(m, ix->names[i])) continue;
+            return ps_fail(err, "%s: unexpected tensor \"%s\" in weight_map (shard \"%s\"; not part of the model described by %s)",
+                           set->path, ps_st_printable(ix->names[i], b1, sizeof b1),
+                           ps_st_printable(ix->shards[ix->shard[i]], b2, sizeof b2), cpath);
         }
+        for (int i = 0; i < m->n_tensors; i++)
+            if (ps_st_index_find(ix, m->table[i].name) < 0)
+                return ps_fail(err, "%s: tensor \"%s\" is missing from weight_map (the config in %s needs it)", set->path,
+                               m->table[i].name, cpath);
+    }
     for (int i = 0; i < m->n_tensors; i++) {
         const ps_param_info *p = &m->table[i];
-        int s = ix.shard[ps_st_index_find(&ix, p->name)];
-        if (!opened[s]) {
-            char spath[4096];
-            if (ps_st_shard_path(dir, ipath, ix.shards[s], spath, sizeof spath, err) || ps_st_open(spath, &sh[s], err))
-                goto done;
-            opened[s] = 1;
-            for (int j = 0; j < sh[s].n; j++) {
-                const char *name = sh[s].entries[j].name;
-                int k = ps_st_index_find(&ix, name);
-                if (k < 0) {
-                    ps_fail(err, "%s: tensor \"%s\" is not listed in the weight_map of %s", spath,
-                            ps_st_printable(name, b1, sizeof b1), ipath);
-                    goto done;
-                }
-                if (ix.shard[k] != s) {
-                    ps_fail(err, "%s: tensor \"%s\" is also stored here, but %s maps it to shard \"%s\" (a tensor in two shards)",
-                            spath, ps_st_printable(name, b1, sizeof b1), ipath,
-                            ps_st_printable(ix.shards[ix.shard[k]], b2, sizeof b2));
-                    goto done;
-                }
-            }
-            if (take_meta(m, &sh[s], err)) goto done;
-        }
-        const ps_st_entry *e = ps_st_find(&sh[s], p->name);
-        if (!e) {
-            ps_fail(err, "%s: tensor \"%s\" is missing (%s lists it in this shard)", sh[s].path, p->name, ipath);
-            goto done;
-        }
-        if (load_tensor(m, p, &sh[s], e, err)) goto done;
+        const ps_st_file *f;
+        const ps_st_entry *e;
+        int opened = ps_st_set_n_open(set), r = ps_st_set_find(set, p->name, &f, &e, err);
+        if (r < 0) return -1;
+        if (r == 0) return ps_fail(err, "%s: tensor \"%s\" is missing (the config in %s needs it)", set->path, p->name, cpath);
+        if (set->sharded && ps_st_set_n_open(set) > opened && take_meta(m, f, err)) return -1; /* a shard opened now */
+        if (load_tensor(m, p, f, e, err)) return -1;
     }
-    m->n_shards = 0;
-    for (int s = 0; s < ix.n_shards; s++) m->n_shards += opened[s];
-    rc = 0;
-done:
-    for (int s = 0; sh && s < ix.n_shards; s++)
-        if (opened[s]) ps_st_close(&sh[s]);
-    free(sh);
-    free(opened);
-    ps_st_index_free(&ix);
-    return rc;
+    if (!set->sharded) {
+        for (int i = 0; i < set->single.n; i++) {
+            if (ps_model_find(m, set->single.entries[i].name) || tolerated_extra(m, set->single.entries[i].name)) continue;
+            return ps_fail(err, "%s: unexpected tensor \"%s\" (not part of the model described by %s)", set->path,
+                           ps_st_printable(set->single.entries[i].name, b1, sizeof b1), cpath);
+        }
+        if (take_meta(m, &set->single, err)) return -1;
+    }
+    m->n_shards = ps_st_set_n_open(set);
+    return 0;
 }
 
 int ps_model_load(ps_model *m, const char *dir, ps_error *err) {
     memset(m, 0, sizeof *m);
-    char cpath[4096], wpath[4096], ipath[4096];
-    if (ps_path_join(cpath, sizeof cpath, dir, "config.json", err) ||
-        ps_path_join(wpath, sizeof wpath, dir, "model.safetensors", err) ||
-        ps_path_join(ipath, sizeof ipath, dir, PS_ST_INDEX_NAME, err))
-        return -1;
+    char cpath[4096];
+    if (ps_path_join(cpath, sizeof cpath, dir, "config.json", err)) return -1;
     ps_config cfg;
     if (ps_config_load(cpath, &cfg, err)) return -1;
     if (ps_model_create(m, &cfg, err)) return ps_fail_prefix(err, "%s: ", cpath);
-    /* As in transformers: model.safetensors first, else the shard index. */
-    struct stat st;
-    int sharded = lstat(wpath, &st) != 0 && errno == ENOENT && stat(ipath, &st) == 0;
-    int rc = sharded ? load_sharded(m, dir, ipath, cpath, err) : load_single(m, wpath, cpath, err);
-    if (!sharded && !rc) m->n_shards = 1;
+    ps_st_set set;
+    int rc = ps_st_set_open(&set, dir, err) || load_from(m, &set, cpath, err) ? -1 : 0;
+    ps_st_set_close(&set);
     if (rc) ps_model_free(m);
     return rc;
 }

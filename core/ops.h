@@ -213,6 +213,29 @@ static inline int ps_add_vector(ps_ctx *c, float *x, const float *vec, float sca
     return PS_OP_CALL(c, add_vector, x, vec, scale, n_rows, width);
 }
 
+/* Strided blocks: for i < n0 and j < n1, the `width` floats at y = dst + i·dst_s0 + j·dst_s1 become
+ * those at s = src + i·src_s0 + j·src_s1 (accumulate 0; src NULL: zeros), or get scale · s added
+ * (accumulate 1). A stride of 0 reuses one source block (a vector broadcast over sequences or
+ * positions). Patching one head, or a range of positions, from another run's activation is this op
+ * (dst_s0 / src_s0: a sequence, dst_s1 / src_s1: a position); so is steering one head. The blocks of
+ * dst do not overlap each other or src. */
+static inline int ps_copy_blocks(ps_ctx *c, float *dst, int64_t dst_s0, int64_t dst_s1, const float *src, int64_t src_s0,
+                                 int64_t src_s1, int64_t n0, int64_t n1, int64_t width, int accumulate, float scale) {
+    return PS_OP_CALL(c, copy_blocks, dst, dst_s0, dst_s1, src, src_s0, src_s1, n0, n1, width, accumulate, scale);
+}
+
+/* sum[i] += Σ_b x[b·n + i] over sequences b = 0 … n_seq − 1, in double, added in sequence order (the
+ * same value for any thread count; a mean over prompts is this, then ps_sum_to_mean). sum: [n]
+ * doubles, x: [n_seq, n]. */
+static inline int ps_accumulate_seqs(ps_ctx *c, double *sum, const float *x, int64_t n_seq, int64_t n) {
+    return PS_OP_CALL(c, accumulate_seqs, sum, x, n_seq, n);
+}
+
+/* mean[i] = (float)(sum[i] / count), all [n]. */
+static inline int ps_sum_to_mean(ps_ctx *c, float *mean, const double *sum, double count, int64_t n) {
+    return PS_OP_CALL(c, sum_to_mean, mean, sum, count, n);
+}
+
 /* Roll blocks: x holds W blocks of `stride` floats; in every block i the `len` floats at `off` move to
  * block (i + k) mod W (gate offset cycling: u'_i = u_{(i-k) mod W}). */
 static inline int ps_roll_blocks(ps_ctx *c, float *x, int64_t W, int64_t stride, int64_t off, int64_t len, int64_t k) {
@@ -301,5 +324,155 @@ static inline int ps_adamw(ps_ctx *c, float *w, float *m1, float *m2, const floa
                            int n_segs, const ps_adamw_hyper *h) {
     return PS_OP_CALL(c, adamw, w, m1, m2, g, segs, n_segs, h);
 }
+
+/* ---------------- DeepSeek-V4 (SPEC-v4; core/v4/) ----------------
+ * Layouts: B sequences of T tokens; H heads of Dh; N hc streams of D; nW compressed entries of a layer
+ * with rate m; index arrays (rows) and the rotary frequencies are host arrays. Selected indices (topk,
+ * experts) are floats holding small integers, -1 for an empty slot. */
+
+/* Rotary tables of the interleaved rope: cos/sin [n_pos, half] = mscale · cos/sin(p · inv_freq[i]), the
+ * angle in double (inv_freq: host array [half], plain or YaRN, see ps_v4_rope_inv_freq). */
+static inline int ps_v4_rope_table(ps_ctx *c, float *cos_t, float *sin_t, int64_t n_pos, int64_t half,
+                                   const double *inv_freq, float mscale) {
+    return PS_OP_CALL(c, v4_rope_table, cos_t, sin_t, n_pos, half, inv_freq, mscale);
+}
+
+/* In place on x [n_seq, rows_per_seq, n_heads, hd]: the trailing rd channels of every head rotated in
+ * interleaved pairs (2i, 2i+1) by the angle of position (row % rows_per_seq) · pos_step:
+ * (a, b) -> (a·cos - b·sin, b·cos + a·sin); inverse: by minus the angle (sin negated, cos kept). */
+static inline int ps_v4_rope(ps_ctx *c, float *x, const float *cos_t, const float *sin_t, int64_t n_seq,
+                             int64_t rows_per_seq, int64_t n_heads, int64_t hd, int64_t rd, int64_t pos_step,
+                             int inverse) {
+    return PS_OP_CALL(c, v4_rope, x, cos_t, sin_t, n_seq, rows_per_seq, n_heads, hd, rd, pos_step, inverse);
+}
+
+/* mHC weights of n rows: mix [n, (2+N)N] = x · fn^T (not yet normalised), x [n, N·D] the streams; the
+ * row is divided by rms(x) (eps norm_eps, over N·D). pre = σ(mix·scale[0] + base) + hc_eps, post =
+ * 2σ(mix·scale[1] + base), comb [n, N, N] = row softmax(mix·scale[2] + base) + hc_eps, then columns
+ * normalised and (iters - 1) × (rows, columns), each x / (sum + hc_eps). Head form (post = comb = NULL):
+ * mix [n, N], pre only. Internal arithmetic in double. */
+static inline int ps_v4_hc_weights(ps_ctx *c, float *pre, float *post, float *comb, const float *mix, const float *x,
+                                   const float *scale, const float *base, int64_t n, int64_t N, int64_t D, int64_t iters,
+                                   float hc_eps, float norm_eps) {
+    return PS_OP_CALL(c, v4_hc_weights, pre, post, comb, mix, x, scale, base, n, N, D, iters, hc_eps, norm_eps);
+}
+
+/* out [n, D] = Σ_j pre[n, j] · h[n, j, :]. */
+static inline int ps_v4_hc_collapse(ps_ctx *c, float *out, const float *pre, const float *h, int64_t n, int64_t N,
+                                    int64_t D) {
+    return PS_OP_CALL(c, v4_hc_collapse, out, pre, h, n, N, D);
+}
+
+/* hout [n, N, D]: hout[k] = post[k] · blk + Σ_j comb[j, k] · h[j] (hout must not alias h). */
+static inline int ps_v4_hc_expand(ps_ctx *c, float *hout, const float *post, const float *comb, const float *blk,
+                                  const float *h, int64_t n, int64_t N, int64_t D) {
+    return PS_OP_CALL(c, v4_hc_expand, hout, post, comb, blk, h, n, N, D);
+}
+
+/* Compressor gate logits in slot layout: z [B, T, c·d] (c = 2 overlapping, else 1), ape [m, c·d] ->
+ * gate [B, nW, S, d]. Overlapping (CSA, S = 2m): slot s < m is token (w-1)m + s's first half (-inf for
+ * w = 0), slot m + s token wm + s's second half, each + ape[s, half]. Else (HCA, S = m): token wm + s. */
+static inline int ps_v4_comp_slots(ps_ctx *c, float *gate, const float *z, const float *ape, int64_t B, int64_t T,
+                                   int64_t nW, int64_t m, int64_t d, int overlap) {
+    return PS_OP_CALL(c, v4_comp_slots, gate, z, ape, B, T, nW, m, d, overlap);
+}
+
+/* alpha [G, S, d] = softmax over the S slots, per group and channel, of gate [G, S, d] (all -inf: 0). */
+static inline int ps_v4_slot_softmax(ps_ctx *c, float *alpha, const float *gate, int64_t n_groups, int64_t S, int64_t d) {
+    return PS_OP_CALL(c, v4_slot_softmax, alpha, gate, n_groups, S, d);
+}
+
+/* pooled [B, nW, d] = Σ_s alpha[b, w, s, :] · (the slot's kv, laid out as for ps_v4_comp_slots from
+ * kv [B, T, c·d]; 0 in the dead slots of window 0). */
+static inline int ps_v4_comp_pool(ps_ctx *c, float *pooled, const float *alpha, const float *kv, int64_t B, int64_t T,
+                                  int64_t nW, int64_t m, int64_t d, int overlap) {
+    return PS_OP_CALL(c, v4_comp_pool, pooled, alpha, kv, B, T, nW, m, d, overlap);
+}
+
+/* Lightning-indexer scores [B, T, nW] = Σ_h w[b, t, h] · relu(iq[b, t, h, :] · ik[b, s, :]) · scale
+ * (iq [B, T, Hi, Di], ik [B, nW, Di], w [B, T, Hi]); every entry, visible or not. */
+static inline int ps_v4_indexer_scores(ps_ctx *c, float *scores, const float *iq, const float *ik, const float *w,
+                                       int64_t B, int64_t T, int64_t nW, int64_t Hi, int64_t Di, float scale) {
+    return PS_OP_CALL(c, v4_indexer_scores, scores, iq, ik, w, B, T, nW, Hi, Di, scale);
+}
+
+/* Top-K of each row of scores [n_rows, n_cols] (+ bias[n_cols] when not NULL) among its visible columns
+ * (m > 0: the first min(n_cols, ((row % rows_per_seq) + 1) / m); m = 0: all): idx [n_rows, K] in
+ * descending value, ties to the lower column, -1 after the visible ones run out; gap [n_rows] = K-th
+ * minus (K+1)-th visible value (+inf when none is left out). NaN ranks lowest. */
+static inline int ps_v4_topk(ps_ctx *c, float *idx, float *gap, const float *scores, const float *bias, int64_t n_rows,
+                             int64_t n_cols, int64_t K, int64_t rows_per_seq, int64_t m) {
+    return PS_OP_CALL(c, v4_topk, idx, gap, scores, bias, n_rows, n_cols, K, rows_per_seq, m);
+}
+
+/* Router scores [n] from logits: scoring 0 sqrt(softplus(x)) (torch softplus: x above 20 stays x),
+ * 1 sigmoid(x). */
+static inline int ps_v4_router_scores(ps_ctx *c, float *scores, const float *logits, int64_t n, int scoring) {
+    return PS_OP_CALL(c, v4_router_scores, scores, logits, n, scoring);
+}
+
+/* Routing weights [n, k] = scores[e] / (Σ + 1e-20) · scale over the row's experts idx [n, k] (scores
+ * [n, E]); an expert listed twice in a row counts once (its later copies get weight 0). An index outside
+ * [0, E) fails. */
+static inline int ps_v4_route_weights(ps_ctx *c, float *weights, const float *scores, const float *idx, int64_t n,
+                                      int64_t E, int64_t k, float scale) {
+    return PS_OP_CALL(c, v4_route_weights, weights, scores, idx, n, E, k, scale);
+}
+
+/* h = silu(min(g, L)) · clamp(u, -L, L) (no clamp when limit <= 0), all [n]. */
+static inline int ps_v4_swiglu_clamp(ps_ctx *c, float *h, const float *g, const float *u, int64_t n, float limit) {
+    return PS_OP_CALL(c, v4_swiglu_clamp, h, g, u, n, limit);
+}
+
+/* out[rows[i], :] += w[i] · in[i, :], in order of i (rows and w: host arrays). */
+static inline int ps_v4_scatter_add_rows(ps_ctx *c, float *out, const float *in, const int64_t *rows, const float *w,
+                                         int64_t n, int64_t width) {
+    return PS_OP_CALL(c, v4_scatter_add_rows, out, in, rows, w, n, width);
+}
+
+/* V4 attention in O(T) memory: out [B, T, H, Dh] = Σ p · value over the entries query t sees (geometry:
+ * core/backend.h), the softmax taken over [scaled logits | sink[h]] with the sink column dropped;
+ * sinkp [B, H, T] (may be NULL) = the probability mass on the sink. */
+static inline int ps_v4_attn(ps_ctx *c, float *out, float *sinkp, const float *q, const float *kv, const float *ckv,
+                             const float *topk, const float *sink, const ps_v4_attn_geom *g) {
+    return PS_OP_CALL(c, v4_attn, out, sinkp, q, kv, ckv, topk, sink, g);
+}
+
+/* The materialised path (only for hooks on bias, logits or pattern): bias [B, T, T + nW] (0 where query t
+ * sees the column, -inf elsewhere; raw columns first); logits [B, H, T, T + nW] = q·key·scale + bias;
+ * pattern (may alias logits) and sinkp [B, H, T] the softmax over [logits | sink] split; out = pattern ·
+ * values. */
+static inline int ps_v4_attn_bias(ps_ctx *c, float *bias, const float *topk, const ps_v4_attn_geom *g) {
+    return PS_OP_CALL(c, v4_attn_bias, bias, topk, g);
+}
+static inline int ps_v4_attn_logits(ps_ctx *c, float *logits, const float *q, const float *kv, const float *ckv,
+                                    const float *bias, const ps_v4_attn_geom *g) {
+    return PS_OP_CALL(c, v4_attn_logits, logits, q, kv, ckv, bias, g);
+}
+static inline int ps_v4_attn_softmax(ps_ctx *c, float *pattern, float *sinkp, const float *logits, const float *sink,
+                                     const ps_v4_attn_geom *g) {
+    return PS_OP_CALL(c, v4_attn_softmax, pattern, sinkp, logits, sink, g);
+}
+static inline int ps_v4_attn_apply(ps_ctx *c, float *out, const float *pattern, const float *kv, const float *ckv,
+                                   const ps_v4_attn_geom *g) {
+    return PS_OP_CALL(c, v4_attn_apply, out, pattern, kv, ckv, g);
+}
+
+/* After a hook changed the sink mass [B, H, T]: out[b, t, h, :] *= (1 - new) / (1 - old) where they differ. */
+static inline int ps_v4_sink_rescale(ps_ctx *c, float *out, const float *sink_old, const float *sink_new,
+                                     const ps_v4_attn_geom *g) {
+    return PS_OP_CALL(c, v4_sink_rescale, out, sink_old, sink_new, g);
+}
+
+/* Block-diagonal linear: out [M, G·Ng], group g = inp[:, g·Kg : (g+1)·Kg] · w[g·Ng : (g+1)·Ng, :]^T
+ * (inp [M, G·Kg], w [G·Ng, Kg]). */
+static inline int ps_v4_grouped_linear(ps_ctx *c, float *out, const float *inp, const float *w, int64_t M, int64_t G,
+                                       int64_t Kg, int64_t Ng) {
+    return PS_OP_CALL(c, v4_grouped_linear, out, inp, w, M, G, Kg, Ng);
+}
+
+/* x[n] *= s. */
+static inline int ps_v4_scale(ps_ctx *c, float *x, float s, int64_t n) { return PS_OP_CALL(c, v4_scale, x, s, n); }
+/* ---------------- end DeepSeek-V4 ---------------- */
 
 #endif

@@ -17,12 +17,13 @@
 static const struct {
     const char *name;
     ps_dtype dt;
-    int size;
+    int bits;
 } DTYPES[] = {
-    {"F32", PS_DT_F32, 4},  {"F16", PS_DT_F16, 2},   {"BF16", PS_DT_BF16, 2}, {"F64", PS_DT_F64, 8},
-    {"I64", PS_DT_I64, 8},  {"I32", PS_DT_I32, 4},   {"I16", PS_DT_I16, 2},   {"I8", PS_DT_I8, 1},
-    {"U8", PS_DT_U8, 1},    {"BOOL", PS_DT_BOOL, 1}, {"U16", PS_DT_U16, 2},   {"U32", PS_DT_U32, 4},
-    {"U64", PS_DT_U64, 8},  {"F8_E4M3", PS_DT_F8_E4M3, 1}, {"F8_E5M2", PS_DT_F8_E5M2, 1},
+    {"F32", PS_DT_F32, 32},  {"F16", PS_DT_F16, 16},   {"BF16", PS_DT_BF16, 16}, {"F64", PS_DT_F64, 64},
+    {"I64", PS_DT_I64, 64},  {"I32", PS_DT_I32, 32},   {"I16", PS_DT_I16, 16},   {"I8", PS_DT_I8, 8},
+    {"U8", PS_DT_U8, 8},     {"BOOL", PS_DT_BOOL, 8},  {"U16", PS_DT_U16, 16},   {"U32", PS_DT_U32, 32},
+    {"U64", PS_DT_U64, 64},  {"F8_E4M3", PS_DT_F8_E4M3, 8}, {"F8_E5M2", PS_DT_F8_E5M2, 8},
+    {"F8_E8M0", PS_DT_F8_E8M0, 8}, {"F4", PS_DT_F4, 4},
 };
 #define N_DTYPES (int)(sizeof DTYPES / sizeof DTYPES[0])
 
@@ -34,7 +35,13 @@ const char *ps_dtype_name(ps_dtype d) {
 
 int ps_dtype_size(ps_dtype d) {
     for (int i = 0; i < N_DTYPES; i++)
-        if (DTYPES[i].dt == d) return DTYPES[i].size;
+        if (DTYPES[i].dt == d) return DTYPES[i].bits / 8;
+    return 0;
+}
+
+int ps_dtype_bits(ps_dtype d) {
+    for (int i = 0; i < N_DTYPES; i++)
+        if (DTYPES[i].dt == d) return DTYPES[i].bits;
     return 0;
 }
 
@@ -144,15 +151,19 @@ static int parse_entry(const char *path, const char *name, json_t *v, ps_st_entr
         return ps_fail(err, "%s: tensor \"%s\": shape has %zu dimensions (at most %d supported)", path, name,
                        json_array_size(sh), PS_ST_MAX_NDIM);
     e->ndim = (int)json_array_size(sh);
-    uint64_t nbytes = (uint64_t)ps_dtype_size(e->dtype);
+    uint64_t nbits = (uint64_t)ps_dtype_bits(e->dtype), nbytes;
     for (int i = 0; i < e->ndim; i++) {
         json_t *d = json_array_get(sh, (size_t)i);
         if (!json_is_integer(d) || json_integer_value(d) < 0)
             return ps_fail(err, "%s: tensor \"%s\": shape[%d] is not a non-negative integer", path, name, i);
         e->shape[i] = (int64_t)json_integer_value(d);
-        if (__builtin_mul_overflow(nbytes, (uint64_t)e->shape[i], &nbytes))
+        if (__builtin_mul_overflow(nbits, (uint64_t)e->shape[i], &nbits))
             return ps_fail(err, "%s: tensor \"%s\": shape size overflows", path, name);
     }
+    if (nbits % 8)
+        return ps_fail(err, "%s: tensor \"%s\": dtype %s and shape give a fractional number of bytes", path, name,
+                       ps_dtype_name(e->dtype));
+    nbytes = nbits / 8;
     if (!json_is_array(off) || json_array_size(off) != 2 || !json_is_integer(json_array_get(off, 0)) ||
         !json_is_integer(json_array_get(off, 1)))
         return ps_fail(err, "%s: tensor \"%s\": data_offsets must be [begin, end] integers", path, name);
@@ -644,4 +655,88 @@ int ps_st_shard_path(const char *dir, const char *index_path, const char *shard,
     char pf[160];
     return ps_fail(err, "%s: shard \"%s\" resolves to %s, outside the checkpoint directory %s", index_path,
                    ps_st_printable(shard, ps, sizeof ps), ps_st_printable(rfile, pf, sizeof pf), rdir);
+}
+
+/* ---- a checkpoint's weight files (single file or lazily opened shards) ---- */
+
+int ps_st_set_open(ps_st_set *s, const char *dir, ps_error *err) {
+    memset(s, 0, sizeof *s);
+    char wpath[4096], ipath[4096];
+    if ((size_t)snprintf(s->dir, sizeof s->dir, "%s", dir) >= sizeof s->dir ||
+        ps_path_join(wpath, sizeof wpath, dir, "model.safetensors", err) ||
+        ps_path_join(ipath, sizeof ipath, dir, PS_ST_INDEX_NAME, err))
+        return ps_fail(err, "%s: path too long", dir);
+    /* As in transformers: model.safetensors first, else the shard index. */
+    struct stat st;
+    s->sharded = lstat(wpath, &st) != 0 && errno == ENOENT && stat(ipath, &st) == 0;
+    snprintf(s->path, sizeof s->path, "%s", s->sharded ? ipath : wpath);
+    if (!s->sharded) return ps_st_open(wpath, &s->single, err);
+    if (ps_st_index_load(ipath, &s->ix, err)) return -1;
+    s->sh = calloc((size_t)(s->ix.n_shards ? s->ix.n_shards : 1), sizeof *s->sh);
+    s->opened = calloc((size_t)(s->ix.n_shards ? s->ix.n_shards : 1), 1);
+    if (!s->sh || !s->opened) {
+        ps_st_set_close(s);
+        return ps_fail(err, "%s: out of memory", ipath);
+    }
+    return 0;
+}
+
+void ps_st_set_close(ps_st_set *s) {
+    if (!s) return;
+    if (s->sharded) {
+        for (int i = 0; s->sh && i < s->ix.n_shards; i++)
+            if (s->opened[i]) ps_st_close(&s->sh[i]);
+        free(s->sh);
+        free(s->opened);
+        ps_st_index_free(&s->ix);
+    } else
+        ps_st_close(&s->single);
+    memset(s, 0, sizeof *s);
+}
+
+int ps_st_set_find(ps_st_set *s, const char *name, const ps_st_file **f, const ps_st_entry **e, ps_error *err) {
+    char b1[200], b2[200];
+    if (!s->sharded) {
+        *f = &s->single;
+        *e = ps_st_find(&s->single, name);
+        return *e != NULL;
+    }
+    int k = ps_st_index_find(&s->ix, name);
+    if (k < 0) return 0;
+    int sh = s->ix.shard[k];
+    if (!s->opened[sh]) {
+        char spath[4096];
+        if (ps_st_shard_path(s->dir, s->path, s->ix.shards[sh], spath, sizeof spath, err) ||
+            ps_st_open(spath, &s->sh[sh], err))
+            return -1;
+        s->opened[sh] = 1;
+        for (int j = 0; j < s->sh[sh].n; j++) {
+            const char *nm = s->sh[sh].entries[j].name;
+            int i = ps_st_index_find(&s->ix, nm);
+            if (i < 0)
+                return ps_fail(err, "%s: tensor \"%s\" is not listed in the weight_map of %s", spath,
+                               ps_st_printable(nm, b1, sizeof b1), s->path);
+            if (s->ix.shard[i] != sh)
+                return ps_fail(err, "%s: tensor \"%s\" is also stored here, but %s maps it to shard \"%s\" (a tensor in two shards)",
+                               spath, ps_st_printable(nm, b1, sizeof b1), s->path,
+                               ps_st_printable(s->ix.shards[s->ix.shard[i]], b2, sizeof b2));
+        }
+    }
+    *f = &s->sh[sh];
+    *e = ps_st_find(&s->sh[sh], name);
+    if (!*e)
+        return ps_fail(err, "%s: tensor \"%s\" is missing (%s lists it in this shard)", s->sh[sh].path,
+                       ps_st_printable(name, b1, sizeof b1), s->path);
+    return 1;
+}
+
+int ps_st_set_n_names(const ps_st_set *s) { return s->sharded ? s->ix.n : s->single.n; }
+
+const char *ps_st_set_name(const ps_st_set *s, int i) { return s->sharded ? s->ix.names[i] : s->single.entries[i].name; }
+
+int ps_st_set_n_open(const ps_st_set *s) {
+    if (!s->sharded) return 1;
+    int n = 0;
+    for (int i = 0; i < s->ix.n_shards; i++) n += s->opened[i];
+    return n;
 }

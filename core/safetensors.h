@@ -18,7 +18,9 @@
 
 typedef enum {
     PS_DT_F32, PS_DT_F16, PS_DT_BF16, PS_DT_F64, PS_DT_I64, PS_DT_I32, PS_DT_I16, PS_DT_I8, PS_DT_U8, PS_DT_BOOL,
-    PS_DT_U16, PS_DT_U32, PS_DT_U64, PS_DT_F8_E4M3, PS_DT_F8_E5M2
+    PS_DT_U16, PS_DT_U32, PS_DT_U64, PS_DT_F8_E4M3, PS_DT_F8_E5M2,
+    PS_DT_F8_E8M0, /* unsigned power-of-two scales (block scales of quantised weights) */
+    PS_DT_F4       /* float4 e2m1, two per byte (element 2i in the low nibble); the shape counts elements */
 } ps_dtype;
 
 typedef struct {
@@ -72,8 +74,10 @@ int ps_st_save(const char *path, const ps_st_tensor *t, int n, const char *const
 /* The same, storing every tensor as `dtype` (PS_DT_F32, PS_DT_BF16 or PS_DT_F16; rounded to nearest even). */
 int ps_st_save_as(const char *path, const ps_st_tensor *t, int n, const char *const *meta_keys,
                   const char *const *meta_vals, int n_meta, ps_dtype dtype, ps_error *err);
-/* Bytes per element of a dtype (0 if unknown). */
+/* Bytes per element of a dtype (0 if unknown, and for F4, which has half a byte: see ps_dtype_bits). */
 int ps_dtype_size(ps_dtype d);
+/* Bits per element (4 for F4; 0 if unknown). A tensor's bytes are numel * bits / 8 (a whole number). */
+int ps_dtype_bits(ps_dtype d);
 
 /* ---- the shard index of a sharded checkpoint ---- */
 
@@ -113,6 +117,30 @@ int ps_st_shard_path(const char *dir, const char *index_path, const char *shard,
 /* Copy s into buf (size n) with control characters and non-ASCII bytes escaped as \xNN and a long
  * string cut with "...": untrusted names in one-line error messages. Returns buf. */
 const char *ps_st_printable(const char *s, char *buf, size_t n);
+
+/* ---- a checkpoint's weight files: DIR/model.safetensors, or the shards DIR/model.safetensors.index.json
+ * names (transformers' order: model.safetensors wins when both exist). Shards are opened lazily, on the
+ * first lookup of a tensor they hold; an opened shard must hold only tensors the index maps to it. ---- */
+typedef struct {
+    int sharded;
+    char dir[4096], path[4096]; /* path: model.safetensors or the index (error messages) */
+    ps_st_file single;
+    ps_st_index ix;
+    ps_st_file *sh;             /* [ix.n_shards], opened[i] when open */
+    char *opened;
+} ps_st_set;
+
+int ps_st_set_open(ps_st_set *s, const char *dir, ps_error *err);
+void ps_st_set_close(ps_st_set *s);
+/* Look a tensor up: 1 and *f, *e set when found; 0 when the checkpoint does not list it; -1 on an error
+ * (a shard that cannot be opened, a shard holding an unlisted tensor or one mapped elsewhere, or a
+ * listed tensor that its shard lacks), with the file named. */
+int ps_st_set_find(ps_st_set *s, const char *name, const ps_st_file **f, const ps_st_entry **e, ps_error *err);
+/* Every tensor name the checkpoint lists (the single file's, or the index's weight_map): i < n. */
+int ps_st_set_n_names(const ps_st_set *s);
+const char *ps_st_set_name(const ps_st_set *s, int i);
+/* Number of weight files opened so far. */
+int ps_st_set_n_open(const ps_st_set *s);
 
 /* Half-precision conversions (round-to-nearest-even on the way down). */
 float ps_f16_to_f32(uint16_t h);

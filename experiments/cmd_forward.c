@@ -5,6 +5,8 @@
 #include <string.h>
 
 #include "cli.h"
+#include "cmd_v4.h"
+#include "v4_config.h"
 #include "forward.h"
 #include "hooks.h"
 #include "model.h"
@@ -18,6 +20,8 @@ static const ps_flag_spec FLAGS[] = {
     {"--tokens", "T.json", "token sequences", 1},
     {"--hooks", "NAMES", "hook points to export (see docs/hooks.md)", 0},
     {"--out", "OUT.safetensors", "output safetensors file (written atomically)", 1},
+    {"--layers", "0..L", "DeepSeek-V4 only: run layers 0..L and stop (probes that stop early)", 0},
+    {"--lazy", NULL, "DeepSeek-V4 only: load each layer's weights when it runs (models larger than memory)", 0},
     PS_BACKEND_FLAG,
     {0},
 };
@@ -76,6 +80,17 @@ static void free_list(tensor_list *l) {
 static int run(const ps_args *args, ps_error *out_err) {
     const char *tokens = ps_args_get(args, "--tokens"), *hooks_flag = ps_args_get(args, "--hooks"),
                *out_path = ps_args_get(args, "--out");
+    {
+        /* a DeepSeek-V4 checkpoint: cmd_v4.c (SPEC-v4) */
+        char vdir[4096], cpath[4200];
+        ps_error verr = {0};
+        if (ps_cli_model_dir(ps_args_get(args, "--model"), vdir, sizeof vdir, &verr) == 0) {
+            snprintf(cpath, sizeof cpath, "%s/config.json", vdir);
+            if (ps_v4_config_detect_file(cpath) == 1)
+                return ps_v4_cmd_forward(vdir, tokens, hooks_flag, out_path, ps_args_get(args, "--layers"),
+                                         ps_args_has(args, "--lazy"), out_err);
+        }
+    }
     ps_error err = {0};
     ps_model m = {0};
     ps_token_lists toks = {0};

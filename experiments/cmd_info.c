@@ -5,6 +5,8 @@
 #include <string.h>
 
 #include "cli.h"
+#include "cmd_v4.h"
+#include "v4_config.h"
 #include "cpu_env.h"
 #include "forward.h"
 #include "fileio.h"
@@ -40,6 +42,19 @@ static void human(char *buf, size_t n, double bytes) {
 }
 
 static int run(const ps_args *a, ps_error *err) {
+    {
+        /* a DeepSeek-V4 checkpoint: cmd_v4.c (SPEC-v4) */
+        char vdir[4096], cpath[4200];
+        ps_error verr = {0};
+        int64_t vb = 1;
+        if (ps_cli_model_dir(ps_args_get(a, "--model"), vdir, sizeof vdir, &verr) == 0) {
+            snprintf(cpath, sizeof cpath, "%s/config.json", vdir);
+            if (ps_v4_config_detect_file(cpath) == 1) {
+                if (ps_args_int(a, "--batch", 1, 1 << 20, &vb, err)) return -1;
+                return ps_v4_cmd_info(vdir, vb, err);
+            }
+        }
+    }
     ps_model m = {0};
     char dir[4096];
     int64_t B = 1;

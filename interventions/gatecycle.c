@@ -1,24 +1,11 @@
 #include "gatecycle.h"
 
+#include "ops.h"
 #include "stats.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* roll rows: x holds W blocks of `stride` floats; for each block i the `len` floats at `off` move to block
- * (i + k) mod W */
-static int roll(float *x, int64_t W, int64_t stride, int64_t off, int64_t len, int64_t k) {
-    float *tmp = malloc((size_t)(W * len) * sizeof(float));
-    if (!tmp) return -1;
-    for (int64_t i = 0; i < W; i++) memcpy(tmp + i * len, x + i * stride + off, (size_t)len * sizeof(float));
-    for (int64_t i = 0; i < W; i++) {
-        int64_t src = ((i - k) % W + W) % W;
-        memcpy(x + i * stride + off, tmp + src * len, (size_t)len * sizeof(float));
-    }
-    free(tmp);
-    return 0;
-}
 
 int ps_gate_cycle(ps_model *m, int layer, int head, int branches, int params, int64_t k, ps_error *err) {
     const ps_config *c = &m->cfg;
@@ -39,16 +26,21 @@ int ps_gate_cycle(ps_model *m, int layer, int head, int branches, int params, in
     k = ((k % W) + W) % W;
     ps_layer_params p = ps_model_layer(m, m->params, layer);
     int g0 = head < 0 ? 0 : head, g1 = head < 0 ? (int)nkv : head + 1;
+    /* the parameters live on the model's context: the roll is an op there (ps_roll_blocks) */
+    ps_ctx *ctx = m->ctx;
     for (int br = 0; br < 2; br++) {
         if (!(branches & (br ? PS_CYCLE_VALUE : PS_CYCLE_KEY))) continue;
         for (int g = g0; g < g1; g++) {
             int bad = 0;
-            if (params & PS_CYCLE_GATE) {
-                bad |= roll(br ? p.value_gate_w : p.key_gate_w, W, nkv * d, g * d, d, k);
-                bad |= roll(br ? p.value_gate_b : p.key_gate_b, W, nkv, g, 1, k);
+            if (params & PS_CYCLE_GATE)
+                bad = ps_roll_blocks(ctx, br ? p.value_gate_w : p.key_gate_w, W, nkv * d, g * d, d, k) ||
+                      ps_roll_blocks(ctx, br ? p.value_gate_b : p.key_gate_b, W, nkv, g, 1, k);
+            if (!bad && (params & PS_CYCLE_PAYLOAD))
+                bad = ps_roll_blocks(ctx, br ? p.value_payload : p.key_payload, W, nkv * hd * d, g * hd * d, hd * d, k);
+            if (bad) {
+                ps_ctx_check(ctx, err);
+                return ps_fail_prefix(err, "cycling layer %d's per-offset parameters (W = %lld): ", layer, (long long)W);
             }
-            if (params & PS_CYCLE_PAYLOAD) bad |= roll(br ? p.value_payload : p.key_payload, W, nkv * hd * d, g * hd * d, hd * d, k);
-            if (bad) return ps_fail(err, "out of memory for a copy of layer %d's per-offset parameters (W = %lld)", layer, (long long)W);
         }
     }
     return 0;

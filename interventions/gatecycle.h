@@ -1,6 +1,7 @@
 /* gatecycle.h — gate offset cycling (SPEC §6): roll a layer's per-offset gate parameters (optionally
  * one KV head, one branch, and/or the per-offset payload maps) by k, so that a gate that peaked at offset
- * r peaks at r + k: u'_i = u_{(i-k) mod W}, c'_i = c_{(i-k) mod W}, C'_i = C_{(i-k) mod W}. */
+ * r peaks at r + k: u'_i = u_{(i-k) mod W}, c'_i = c_{(i-k) mod W}, C'_i = C_{(i-k) mod W}. The roll is
+ * the ps_roll_blocks op on the model's context (the parameters never leave it); see docs/hooks.md. */
 #ifndef PS_GATECYCLE_H
 #define PS_GATECYCLE_H
 

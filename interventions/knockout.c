@@ -16,12 +16,16 @@ void ps_knockout_result_free(ps_knockout_result *r) {
     memset(r, 0, sizeof *r);
 }
 
-/* Means of one shift: per selected layer, [npos, nkv, hd] for each replaced array. */
+/* Means of one shift: per selected layer and replaced array (k/v, ck/cv or all four), [npos, nkv, hd] on
+ * the model's context: summed over the prompts in double by an op, then divided into floats. */
 typedef struct {
     int n_arr;            /* 2 (k/v or ck/cv) or 4 */
     ps_hook_point pt[4];  /* which arrays, in the order the forward fires them */
     int64_t npos[4];
-    double *sum[4];       /* [n_layers][npos][nkv][hd] */
+    int64_t off[4];       /* floats into one layer's block of sums / means */
+    int64_t per_layer;    /* floats of one layer's block (all arrays) */
+    double *sum;          /* [n_layers, per_layer] */
+    float *mean;          /* [n_layers, per_layer] */
 } means;
 
 static float *act_array(const ps_act_ptrs *p, ps_hook_point pt) {
@@ -33,39 +37,18 @@ static float *act_array(const ps_act_ptrs *p, ps_hook_point pt) {
     }
 }
 
-/* The overwrite hook of both paths. Its event is [n_rep · per, npos, nkv, hd]: replica c (sequences
- * c·per … c·per + per − 1) gets the mean of its own head heads[c] written in, position by position.
- * The naive path registers it with one replica per forward; the batched path with one replica per cell
- * of the group. npos may be shorter than the means (a truncated pass): the first npos positions. */
-typedef struct {
-    const means *mn;
-    const int *layers; /* the grid's layers (index li of the means) */
-    int n_layers;
-    const int *heads;  /* [n_rep] */
-    int n_rep;
-    int64_t per, nkv, hd, count;
-} ko_hook_ctx;
-
-static int ko_hook(const ps_hook_event *ev, void *user, ps_error *err) {
-    ko_hook_ctx *c = user;
-    int li = 0, k = 0;
-    while (li < c->n_layers && c->layers[li] != ev->layer) li++;
-    while (k < c->mn->n_arr && c->mn->pt[k] != ev->point) k++;
-    if (li == c->n_layers || k == c->mn->n_arr) return ps_fail(err, "knockout hook fired on %s, which it does not replace", ev->name);
-    int64_t npos = ev->shape[1], full = c->mn->npos[k], nkv = c->nkv, hd = c->hd;
-    if (ev->shape[0] != c->n_rep * c->per || npos > full || ev->shape[2] != nkv || ev->shape[3] != hd)
-        return ps_fail(err, "knockout hook on %s: activation [%lld, %lld, %lld, %lld] is not %d replicas of %lld sequences", ev->name,
-                       (long long)ev->shape[0], (long long)ev->shape[1], (long long)ev->shape[2], (long long)ev->shape[3],
-                       c->n_rep, (long long)c->per);
-    const double *sum = c->mn->sum[k] + (int64_t)li * full * nkv * hd;
-    for (int r = 0; r < c->n_rep; r++) {
-        int64_t g = c->heads[r];
-        for (int64_t b = (int64_t)r * c->per; b < (int64_t)(r + 1) * c->per; b++)
-            for (int64_t t = 0; t < npos; t++) {
-                float *dst = ev->data + ((b * npos + t) * nkv + g) * hd;
-                const double *src = sum + (t * nkv + g) * hd;
-                for (int64_t e = 0; e < hd; e++) dst[e] = (float)(src[e] / (double)c->count);
-            }
+/* Register, for every replaced array of layer `l` (index li of the means), the mean-replacement action of
+ * KV head `head` on sequences [seq0, seq1): the same public action a user registers (PS_ACT_SET from the
+ * mean [npos, nkv, hd]). The naive path registers one per cell on the whole batch; the batched path one
+ * per replica of a group. */
+static int add_knockout(ps_hooks *h, const ps_config *c, const means *mn, int li, int l, int head, int64_t seq0, int64_t seq1,
+                        ps_error *err) {
+    for (int k = 0; k < mn->n_arr; k++) {
+        char name[96];
+        ps_hook_name(name, sizeof name, l, mn->pt[k]);
+        ps_hook_action act = {.kind = PS_ACT_SET, .head = head, .seq0 = seq0, .seq1 = seq1,
+                              .src = mn->mean + (int64_t)li * mn->per_layer + mn->off[k], .src_npos = mn->npos[k]};
+        if (ps_hooks_add_action(h, c, name, &act, err)) return -1;
     }
     return 0;
 }
@@ -81,26 +64,34 @@ double ps_knockout_default_budget(void) {
     return b;
 }
 
+/* n sequences of `width` floats from rows of src_per floats into rows of dst_per floats (the first
+ * `width` of each): one copy op when both are contiguous, one strided-block op otherwise. */
+static int copy_seqs(ps_ctx *ctx, float *dst, int64_t dst_per, const float *src, int64_t src_per, int64_t n, int64_t width) {
+    if (dst_per == width && src_per == width) return ps_copy(ctx, dst, src, n * width);
+    return ps_copy_blocks(ctx, dst, dst_per, 0, src, src_per, 0, n, 1, width, 0, 0.0f);
+}
+
 /* Copy the restart state of sequences src_b0 … src_b0 + n − 1 of the clean pass (layer l's input
  * residual, q, k, v and, compressed, ck, cv; T tokens, nW windows) into sequences dst_b0 … of the
- * replica set (T2 ≤ T tokens, nW2 ≤ nW windows: the first T2 positions, the first nW2 windows). */
-static void copy_restart(const ps_config *c, const ps_acts *src, int64_t src_b0, ps_acts *dst, int64_t dst_b0, int64_t n, int l) {
+ * replica set (T2 ≤ T tokens, nW2 ≤ nW windows: the first T2 positions, the first nW2 windows), with
+ * copy ops on the model's context. */
+static int copy_restart(const ps_config *c, const ps_acts *src, int64_t src_b0, ps_acts *dst, int64_t dst_b0, int64_t n, int l,
+                        ps_error *err) {
+    ps_ctx *ctx = dst->ctx;
     int64_t T = src->T, T2 = dst->T, nW = src->nW, nW2 = dst->nW, d = c->d_model;
     int64_t qd = c->n_heads * c->head_dim, kd = c->n_kv_heads * c->head_dim;
     ps_act_ptrs s = ps_acts_layer(src, l), t = ps_acts_layer(dst, l);
     const float *rs = src->p.resid + (int64_t)l * src->B * T * d;
     float *rd = dst->p.resid + (int64_t)l * dst->B * T2 * d;
-    for (int64_t b = 0; b < n; b++) {
-        int64_t i = src_b0 + b, o = dst_b0 + b;
-        memcpy(rd + o * T2 * d, rs + i * T * d, (size_t)(T2 * d) * sizeof(float));
-        memcpy(t.q + o * T2 * qd, s.q + i * T * qd, (size_t)(T2 * qd) * sizeof(float));
-        memcpy(t.k + o * T2 * kd, s.k + i * T * kd, (size_t)(T2 * kd) * sizeof(float));
-        memcpy(t.v + o * T2 * kd, s.v + i * T * kd, (size_t)(T2 * kd) * sizeof(float));
-        if (c->kind == PS_ATTN_COMPRESSED && nW2 > 0) {
-            memcpy(t.ck + o * nW2 * kd, s.ck + i * nW * kd, (size_t)(nW2 * kd) * sizeof(float));
-            memcpy(t.cv + o * nW2 * kd, s.cv + i * nW * kd, (size_t)(nW2 * kd) * sizeof(float));
-        }
-    }
+    int64_t i = src_b0, o = dst_b0;
+    int rc = copy_seqs(ctx, rd + o * T2 * d, T2 * d, rs + i * T * d, T * d, n, T2 * d) ||
+             copy_seqs(ctx, t.q + o * T2 * qd, T2 * qd, s.q + i * T * qd, T * qd, n, T2 * qd) ||
+             copy_seqs(ctx, t.k + o * T2 * kd, T2 * kd, s.k + i * T * kd, T * kd, n, T2 * kd) ||
+             copy_seqs(ctx, t.v + o * T2 * kd, T2 * kd, s.v + i * T * kd, T * kd, n, T2 * kd);
+    if (!rc && c->kind == PS_ATTN_COMPRESSED && nW2 > 0)
+        rc = copy_seqs(ctx, t.ck + o * nW2 * kd, nW2 * kd, s.ck + i * nW * kd, nW * kd, n, nW2 * kd) ||
+             copy_seqs(ctx, t.cv + o * nW2 * kd, nW2 * kd, s.cv + i * nW * kd, nW * kd, n, nW2 * kd);
+    return rc ? ps_ctx_check(ctx, err) : 0;
 }
 
 int ps_knockout_grid(const ps_model *m, const ps_batch *base, const ps_task *task, const ps_filler_family *fam,
@@ -118,6 +109,7 @@ int ps_knockout_grid_opts(const ps_model *m, const ps_batch *base, const ps_task
                           ps_progress_fn progress, void *user, ps_error *err) {
     memset(out, 0, sizeof *out);
     const ps_config *c = &m->cfg;
+    ps_ctx *ctx = m->ctx;
     int naive = opts && opts->naive;
     if ((target & PS_KO_COMPRESSED) && c->kind != PS_ATTN_COMPRESSED)
         return ps_fail(err, "--target %s: a full-attention model has no compressed entries (use --target raw)",
@@ -166,22 +158,14 @@ int ps_knockout_grid_opts(const ps_model *m, const ps_batch *base, const ps_task
             mn.pt[mn.n_arr] = PS_HOOK_CK, mn.npos[mn.n_arr++] = nW;
             mn.pt[mn.n_arr] = PS_HOOK_CV, mn.npos[mn.n_arr++] = nW;
         }
-        for (int k = 0; k < mn.n_arr && !rc; k++) {
-            mn.sum[k] = calloc((size_t)n_layers * (size_t)(mn.npos[k] ? mn.npos[k] : 1) * (size_t)(nkv * hd), sizeof(double));
-            if (!mn.sum[k])
-                rc = ps_fail(err, "out of memory for the means of %d layers x %lld positions x %lld KV heads", n_layers,
-                             (long long)mn.npos[k], (long long)nkv);
+        for (int k = 0; k < mn.n_arr; k++) {
+            mn.off[k] = mn.per_layer;
+            mn.per_layer += mn.npos[k] * nkv * hd;
         }
-        /* The overwrite hooks of every selected layer, one context (the group being run) for all. */
-        ko_hook_ctx hc = {.mn = &mn, .layers = out->layers, .n_layers = n_layers, .nkv = nkv, .hd = hd, .count = N};
-        ps_hooks hooks;
-        ps_hooks_init(&hooks);
-        for (int li = 0; li < n_layers && !rc; li++)
-            for (int k = 0; k < mn.n_arr && !rc; k++) {
-                char name[96];
-                ps_hook_name(name, sizeof name, out->layers[li], mn.pt[k]);
-                rc = ps_hooks_add(&hooks, c, name, ko_hook, &hc, err);
-            }
+        int64_t n_mean = (int64_t)n_layers * mn.per_layer;
+        mn.sum = ps_buf_alloc(ctx, n_mean * (int64_t)sizeof(double), "the knockout sums", err);
+        mn.mean = mn.sum ? ps_buf_alloc(ctx, n_mean * (int64_t)sizeof(float), "the knockout means", err) : NULL;
+        if (!mn.mean) rc = -1;
         /* The restarted passes stop at the last answer row (causal: nothing after it is read). */
         int64_t T2 = 1;
         for (int64_t b = 0; b < N; b++)
@@ -211,7 +195,8 @@ int ps_knockout_grid_opts(const ps_model *m, const ps_batch *base, const ps_task
         ps_acts a = {0}, part = {0}, rep = {0};
         int have_a = 0, have_part = 0, have_rep = 0;
         int64_t ans = task->kind == PS_TASK_KV ? task->value_len : 1;
-        int64_t *rows = NULL;
+        int64_t *rows = NULL, *dst_rows = NULL, n_ans_max = 0;
+        float *ans_logits = NULL;
         if (!rc) {
             /* sizes in double first: a corrupt task (absurd value_len) must fail here, not wrap around */
             int64_t seqs = naive ? B : k_cells * m_pr;
@@ -220,75 +205,65 @@ int ps_knockout_grid_opts(const ps_model *m, const ps_batch *base, const ps_task
             if (!rows)
                 rc = ps_fail(err, "out of memory for the answer rows of %lld prompts x %lld queries x %lld answer tokens",
                              (long long)seqs, (long long)maxq, (long long)ans);
+            if (!rc && !naive) {
+                n_ans_max = m_pr * maxq * ans; /* the answer rows of one replica */
+                dst_rows = malloc((size_t)n_ans_max * sizeof(int64_t));
+                ans_logits = dst_rows ? ps_buf_alloc(ctx, n_ans_max * V * (int64_t)sizeof(float), "a replica's answer logits", err) : NULL;
+                if (!dst_rows) rc = ps_fail(err, "out of memory for the answer rows of %lld prompts", (long long)m_pr);
+                else if (!ans_logits) rc = -1;
+            }
         }
         if (!rc) {
-            rc = ps_acts_create(&a, m->ctx, c, B, T, true, err);
+            rc = ps_acts_create(&a, ctx, c, B, T, true, err);
             have_a = !rc;
         }
         int64_t last0 = (N - 1) / B * B; /* the first prompt of the last batch */
         if (!rc && N - last0 != B) {
-            rc = ps_acts_create(&part, m->ctx, c, N - last0, T, true, err);
+            rc = ps_acts_create(&part, ctx, c, N - last0, T, true, err);
             have_part = !rc;
         }
-        /* pass 1: the means over all prompts of this shift */
+        /* pass 1: the means over all prompts of this shift, summed on the context */
         for (int64_t i0 = 0; i0 < N && !rc; i0 += B) {
             ps_acts *use = i0 == last0 && have_part ? &part : &a;
-            int64_t n = use->B;
             rc = ps_forward(m, use, s.b.tokens + i0 * T, NULL, err);
             for (int li = 0; li < n_layers && !rc; li++) {
                 ps_act_ptrs lp_ = ps_acts_layer(use, out->layers[li]);
-                for (int k = 0; k < mn.n_arr; k++) {
-                    const float *x = act_array(&lp_, mn.pt[k]);
-                    double *sum = mn.sum[k] + (int64_t)li * mn.npos[k] * nkv * hd;
-                    int64_t per = mn.npos[k] * nkv * hd;
-                    for (int64_t b = 0; b < n; b++)
-                        for (int64_t e = 0; e < per; e++) sum[e] += x[b * per + e];
-                }
+                for (int k = 0; k < mn.n_arr && !rc; k++)
+                    if (ps_accumulate_seqs(ctx, mn.sum + (int64_t)li * mn.per_layer + mn.off[k], act_array(&lp_, mn.pt[k]),
+                                           use->B, mn.npos[k] * nkv * hd))
+                        rc = ps_ctx_check(ctx, err);
             }
         }
+        if (!rc && ps_sum_to_mean(ctx, mn.mean, mn.sum, (double)N, n_mean)) rc = ps_ctx_check(ctx, err);
         /* pass 2: clean and knocked-out runs per batch, last batch first (pass 1 left its clean
          * activations in place) */
         for (int64_t i0 = last0; i0 >= 0 && !rc; i0 -= B) {
             ps_acts *use = i0 == last0 && have_part ? &part : &a;
             int64_t n = use->B;
-            ps_batch view = s.b;
-            view.B = n;
-            view.tokens = s.b.tokens + i0 * T;
-            view.n_q = s.b.n_q + i0;
-            view.queries = s.b.queries + i0 * maxq;
+            ps_batch view = ps_batch_view(&s.b, i0, n);
             ps_shifted sv = s;
             sv.b = view;
             sv.residue = s.residue + i0 * maxq;
             if (i0 != last0) rc = ps_forward(m, use, view.tokens, NULL, err);
-            if (!rc) {
-                ps_score_queries(&view, use->p.logits, V, ok, lp);
-                ps_residue_stats_add(&out->clean, &sv, ok, lp);
-            }
+            if (!rc && !(rc = ps_acts_score(use, &view, ok, lp, err))) ps_residue_stats_add(&out->clean, &sv, ok, lp);
             for (int li = 0; li < n_layers && !rc; li++) {
                 int l = out->layers[li];
                 if (naive) {
-                    /* one full forward with the overwrite hooks per cell */
+                    /* one full forward with the mean-replacement actions per cell */
                     for (int hi = 0; hi < n_heads && !rc; hi++) {
                         ps_hooks h;
                         ps_hooks_init(&h);
-                        ko_hook_ctx ctx = hc;
-                        ctx.heads = &heads[hi], ctx.n_rep = 1, ctx.per = n;
-                        for (int k = 0; k < mn.n_arr && !rc; k++) {
-                            char name[96];
-                            ps_hook_name(name, sizeof name, l, mn.pt[k]);
-                            rc = ps_hooks_add(&h, c, name, ko_hook, &ctx, err);
-                        }
+                        rc = add_knockout(&h, c, &mn, li, l, heads[hi], 0, 0, err);
                         if (!rc) rc = ps_forward(m, use, view.tokens, &h, err);
                         ps_hooks_free(&h);
-                        if (!rc) {
-                            ps_score_queries(&view, use->p.logits, V, ok, lp);
+                        if (!rc && !(rc = ps_acts_score(use, &view, ok, lp, err)))
                             ps_residue_stats_add(&out->cells[li * n_heads + hi], &sv, ok, lp);
-                        }
                     }
                     continue;
                 }
                 /* batched: groups of k_cells heads × m_pr prompts. Each cell's replica restarts from the
-                 * clean state at layer l's attention, its head's entries replaced by the hooks. */
+                 * clean state at layer l's attention; the restart fires the replicas' actions on layer l's
+                 * k/v/ck/cv (replica r = sequences [r·mm, (r+1)·mm) gets head heads[h0 + r]). */
                 for (int h0 = 0; h0 < n_heads && !rc; h0 += (int)k_cells) {
                     int kk = n_heads - h0 < k_cells ? n_heads - h0 : (int)k_cells;
                     for (int64_t b0 = 0; b0 < n && !rc; b0 += m_pr) {
@@ -298,47 +273,47 @@ int ps_knockout_grid_opts(const ps_model *m, const ps_batch *base, const ps_task
                             have_rep = 0;
                         }
                         if (!have_rep) {
-                            if ((rc = ps_acts_create(&rep, m->ctx, c, Bp, T2, true, err))) break;
+                            if ((rc = ps_acts_create(&rep, ctx, c, Bp, T2, true, err))) break;
                             have_rep = 1;
                         }
-                        for (int r = 0; r < kk; r++) copy_restart(c, use, b0, &rep, r * mm, mm, l);
-                        hc.heads = &heads[h0], hc.n_rep = kk, hc.per = mm;
-                        ps_act_ptrs rp = ps_acts_layer(&rep, l);
-                        for (int k = 0; k < mn.n_arr && !rc; k++) {
-                            int64_t shape[4] = {Bp, mn.pt[k] == PS_HOOK_CK || mn.pt[k] == PS_HOOK_CV ? rep.nW : T2, nkv, hd};
-                            rc = ps_hooks_fire(m->ctx, &hooks, l, mn.pt[k], act_array(&rp, mn.pt[k]), 4, shape, err);
-                        }
-                        /* the rows whose logits are scored: every answer token of every query */
-                        int64_t n_rows = 0;
+                        for (int r = 0; r < kk && !rc; r++) rc = copy_restart(c, use, b0, &rep, r * mm, mm, l, err);
+                        ps_hooks hooks;
+                        ps_hooks_init(&hooks);
+                        for (int r = 0; r < kk && !rc; r++)
+                            rc = add_knockout(&hooks, c, &mn, li, l, heads[h0 + r], r * mm, (r + 1) * mm, err);
+                        /* the rows whose logits are scored: every answer token of every query; per
+                         * replica, the same rows of the prompts' own batch (dst_rows) */
+                        ps_batch sub = ps_batch_view(&view, b0, mm);
+                        int64_t n_rows = 0, n_dst = 0;
                         for (int r = 0; r < kk; r++)
-                            for (int64_t b = 0; b < mm; b++)
-                                for (int64_t q = 0; q < view.n_q[b0 + b]; q++) {
-                                    const ps_query *qq = &view.queries[(b0 + b) * maxq + q];
-                                    for (int64_t t = 0; t < qq->answer_len; t++)
-                                        rows[n_rows++] = (r * mm + b) * T2 + qq->answer_pos + t;
-                                }
-                        if (!rc) rc = ps_forward_from_attention_rows(m, &rep, l, rows, n_rows, err);
-                        /* score each replica: its answer rows go into the clean pass's logits (already
-                         * scored) at their own positions, so the prompts' view reads them */
-                        ps_batch sub = view;
-                        sub.B = mm;
-                        sub.tokens = view.tokens + b0 * T;
-                        sub.n_q = view.n_q + b0;
-                        sub.queries = view.queries + b0 * maxq;
-                        ps_shifted ss = sv;
-                        ss.b = sub;
-                        ss.residue = sv.residue + b0 * maxq;
-                        float *lg = use->p.logits + b0 * T * V;
-                        for (int r = 0; r < kk && !rc; r++) {
                             for (int64_t b = 0; b < mm; b++)
                                 for (int64_t q = 0; q < sub.n_q[b]; q++) {
                                     const ps_query *qq = &sub.queries[b * maxq + q];
-                                    for (int64_t t = 0; t < qq->answer_len; t++)
-                                        memcpy(lg + (b * T + qq->answer_pos + t) * V,
-                                               rep.p.logits + ((r * mm + b) * T2 + qq->answer_pos + t) * V,
-                                               (size_t)V * sizeof(float));
+                                    for (int64_t t = 0; t < qq->answer_len; t++) {
+                                        rows[n_rows++] = (r * mm + b) * T2 + qq->answer_pos + t;
+                                        if (r == 0) dst_rows[n_dst++] = (b0 + b) * T + qq->answer_pos + t;
+                                    }
                                 }
-                            ps_score_queries(&sub, lg, V, ok, lp);
+                        if (!rc) rc = ps_forward_from_attention_rows(m, &rep, l, &hooks, rows, n_rows, err);
+                        ps_hooks_free(&hooks);
+                        /* score each replica: its answer rows go into the clean pass's logits (already
+                         * scored) at their own positions (a row gather and scatter on the context), so
+                         * the prompts' view reads them */
+                        ps_shifted ss = sv;
+                        ss.b = sub;
+                        ss.residue = sv.residue + b0 * maxq;
+                        for (int r = 0; r < kk && !rc; r++) {
+                            if (ps_gather_rows(ctx, ans_logits, rep.p.logits, NULL, rows + r * n_dst, n_dst, V) ||
+                                ps_scatter_rows(ctx, use->p.logits, ans_logits, dst_rows, n_dst, V)) {
+                                rc = ps_ctx_check(ctx, err);
+                                break;
+                            }
+                            const float *lg = ps_acts_logits_host(use, err);
+                            if (!lg) {
+                                rc = -1;
+                                break;
+                            }
+                            ps_score_queries(&sub, lg + b0 * T * V, V, ok, lp);
                             ps_residue_stats_add(&out->cells[li * n_heads + h0 + r], &ss, ok, lp);
                         }
                     }
@@ -348,9 +323,11 @@ int ps_knockout_grid_opts(const ps_model *m, const ps_batch *base, const ps_task
         if (have_rep) ps_acts_free(&rep);
         if (have_part) ps_acts_free(&part);
         if (have_a) ps_acts_free(&a);
-        ps_hooks_free(&hooks);
         free(rows);
-        for (int k = 0; k < mn.n_arr; k++) free(mn.sum[k]);
+        free(dst_rows);
+        if (ans_logits) ps_buf_free(ctx, ans_logits, n_ans_max * V * (int64_t)sizeof(float));
+        ps_buf_free(ctx, mn.mean, n_mean * (int64_t)sizeof(float));
+        ps_buf_free(ctx, mn.sum, n_mean * (int64_t)sizeof(double));
         ps_shifted_free(&s);
         if (progress) progress((p + 1) * (1 + (int64_t)n_layers * n_heads), total, user);
     }

@@ -4,14 +4,20 @@
  * chosen (layer, head) over the prefix-padding sweep and reports per residue the change in accuracy
  * and in mean target NLL against the clean run.
  *
- * Cost: per shift, one pass over the prompts computes the means and keeps every layer's activations of
- * a batch (the last batch is scored from it directly; earlier batches are rerun once, clean). Cells then
- * restart from the clean state at layer l's attention: the cells of one layer run in batches, k cells ×
- * m prompts as k·m sequences of one forward (each replica gets its own head's mean written by the
- * overwrite hook, the same hook a naive run registers), as many as a memory budget allows; the
- * restarted pass stops at the last answer row (causal) and its last layer computes the answer rows only.
- * Layers below l and layer l's projections and compressor are never recomputed. See docs/design.md,
- * "Knockout grid". */
+ * Both paths are built from the public hook mechanism: a cell is a mean-replacement action
+ * (PS_ACT_SET on blocks.{l}.attn.hook_k/hook_v/hook_ck/hook_cv, head g, from the mean [npos, nkv, hd]),
+ * registered with ps_hooks_add_action as a user would, and fired by the forward.
+ *
+ * Cost: per shift, one pass over the prompts sums the replaced arrays on the model's context (in double,
+ * ps_accumulate_seqs, then ps_sum_to_mean) and keeps every layer's activations of a batch (the last batch
+ * is scored from it directly; earlier batches are rerun once, clean). Cells then restart from the clean
+ * state at layer l's attention (copied with copy ops): the cells of one layer run in batches, k cells ×
+ * m prompts as k·m sequences of one forward (replica c = sequences [c·m, (c+1)·m) gets its own head's
+ * action), as many as a memory budget allows; the restart (ps_forward_from_attention_rows) fires the
+ * actions on layer l's kept k/v/ck/cv, stops at the last answer row (causal) and its last layer computes
+ * the answer rows only, which a row gather and scatter put into the clean pass's logits for scoring.
+ * Layers below l and layer l's projections and compressor are never recomputed. The naive path runs a
+ * full forward per cell with the same actions on the whole batch. See docs/design.md, "Knockout grid". */
 #ifndef PS_KNOCKOUT_H
 #define PS_KNOCKOUT_H
 
@@ -36,13 +42,13 @@ typedef struct {
 double ps_knockout_default_budget(void);
 
 typedef struct {
-    int naive;        /* 1: a full forward with overwrite hooks per cell (the reference) */
+    int naive;        /* 1: a full forward with the mean-replacement actions per cell (the reference) */
     int max_cells;    /* most cells batched into one forward; 0: as many as the budget holds (1: one at a time) */
     double mem_bytes; /* bytes for the batched cells' activations; 0: ps_knockout_default_budget() */
 } ps_knockout_opts;
 
-/* naive = 1 runs a full forward with overwrite hooks for every cell (the reference the bench and
- * tests compare with). */
+/* naive = 1 runs a full forward with the mean-replacement actions for every cell (the reference the
+ * bench and tests compare with). */
 int ps_knockout_grid(const ps_model *m, const ps_batch *base, const ps_task *task, const ps_filler_family *fam,
                      int64_t P, uint64_t seed, int64_t batch, const int *layers, int n_layers, const int *heads,
                      int n_heads, ps_ko_target target, int naive, ps_knockout_result *out, ps_progress_fn progress,

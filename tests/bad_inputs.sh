@@ -46,6 +46,11 @@ ix ix_wmarr && printf '{"weight_map": ["%s"]}' "$S2" > "$T/ix_wmarr/model.safete
 ix ix_nonstr && printf '{"weight_map": {"model.norm.weight": 2}}' > "$T/ix_nonstr/model.safetensors.index.json"
 ix ix_sliding && sed -i '0,/"full_attention",/s//"sliding_attention",/' "$T/ix_sliding/config.json"
 ix ix_yarn && sed -i 's/"rope_type": "default"/"rope_type": "yarn"/' "$T/ix_yarn/config.json"
+# ---- DeepSeek-V4 checkpoints (SPEC-v4; conformance/v4/hub3) ----
+v4() { cp -r "$CONF/v4/hub3" "$T/$1" && chmod -R u+w "$T/$1"; }
+v4 v4shape && sed -i 's/"q_lora_rank": 24/"q_lora_rank": 20/' "$T/v4shape/config.json"
+v4 v4layers && sed -i 's/"num_hidden_layers": 3/"num_hidden_layers": 4/' "$T/v4layers/config.json"
+v4 v4rope && sed -i 's/"type": "yarn"/"type": "linear"/' "$T/v4rope/config.json"
 # ---- result files for render and table (the result validator, viz/results_check.c) ----
 "$PS" sweep --model "$T/run" --n 4 --out "$T/res" > /dev/null 2>&1
 S="$T/res/sweep.json"

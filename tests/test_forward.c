@@ -364,7 +364,7 @@ static void test_forward_from(void) {
         CHECK(memcmp(a.p.logits, full, sizeof full) == 0, "forward_from_attention(%d) differs from the full pass", l);
         int64_t rows[3] = {0, 7, T - 1};
         memset(a.p.logits, 0, sizeof full);
-        CHECK_OK(ps_forward_from_attention_rows(&m, &a, l, rows, 3, &err), &err);
+        CHECK_OK(ps_forward_from_attention_rows(&m, &a, l, NULL, rows, 3, &err), &err);
         CHECK(rel_err_f(a.p.logits + 7 * 23, full + 7 * 23, 23) < 1e-5 && rel_err_f(a.p.logits, full, 23) < 1e-5 &&
                   rel_err_f(a.p.logits + (T - 1) * 23, full + (T - 1) * 23, 23) < 1e-5,
               "forward_from_attention_rows(%d): chosen rows differ", l);

@@ -157,7 +157,61 @@ static void test_conformance_grads(const char *name) {
     ps_model_free(&m);
 }
 
+/* Logits at chosen rows only (rows mode): the same logits at those rows, and the same loss and gradients
+ * as the full pass when the targets sit on those rows; a target off the rows is an error. */
+static void test_rows_mode(ps_attn_kind kind) {
+    ps_config c = tu_config(kind);
+    c.n_layers = 2;
+    if (kind == PS_ATTN_COMPRESSED) c.window = 4, c.stride = 4, c.local_window = 4;
+    enum { B = 2, T = 19 };
+    ps_model m;
+    tu_random_model(&m, &c, 4, 0.5f);
+    int32_t tok[B * T], tgt[B * T];
+    tu_random_tokens(tok, B * T, c.vocab_size, 5);
+    int64_t rows[] = {3, 7, 8, 18, T + 0, T + 11, T + 18};
+    int64_t n = sizeof rows / sizeof rows[0];
+    for (int i = 0; i < B * T; i++) tgt[i] = -1;
+    for (int64_t i = 0; i < n; i++) tgt[rows[i]] = (int32_t)((rows[i] * 5) % c.vocab_size);
+    ps_acts a, g, ar, gr;
+    ps_error err;
+    CHECK_OK(ps_acts_create(&a, m.ctx, &c, B, T, true, &err), &err);
+    CHECK_OK(ps_acts_create(&g, m.ctx, &c, B, T, false, &err), &err);
+    CHECK_OK(ps_acts_create_rows(&ar, m.ctx, &c, B, T, true, 8, &err), &err);
+    CHECK_OK(ps_acts_create_rows(&gr, m.ctx, &c, B, T, false, 8, &err), &err);
+    CHECK_OK(ps_acts_set_rows(&ar, rows, n, &err), &err);
+    CHECK_OK(ps_forward(&m, &a, tok, NULL, &err), &err);
+    CHECK_OK(ps_forward(&m, &ar, tok, NULL, &err), &err);
+    int64_t V = c.vocab_size;
+    double worst = 0;
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t v = 0; v < V; v++) worst = fmax(worst, fabs(ar.p.logits[i * V + v] - a.p.logits[rows[i] * V + v]));
+    CHECK(worst < 1e-5, "rows mode: logits differ by %.3g", worst);
+    float *g1 = calloc((size_t)m.n_params, sizeof(float)), *g2 = calloc((size_t)m.n_params, sizeof(float));
+    double l1 = 0, l2 = 0;
+    int64_t c1 = 0, c2 = 0;
+    CHECK_OK(ps_backward(&m, &a, &g, tok, tgt, 0.25f, g1, &l1, &c1, &err), &err);
+    CHECK_OK(ps_backward(&m, &ar, &gr, tok, tgt, 0.25f, g2, &l2, &c2, &err), &err);
+    double num = 0, den = 0;
+    for (int64_t j = 0; j < m.n_params; j++) {
+        num = fmax(num, fabs((double)g1[j] - g2[j]));
+        den = fmax(den, fabs((double)g1[j]));
+    }
+    CHECK(c1 == n && c2 == n && fabs(l1 - l2) < 1e-5 * fabs(l1), "rows mode: loss %.9g (%lld) vs %.9g (%lld)", l2,
+          (long long)c2, l1, (long long)c1);
+    CHECK(num / den < 1e-5, "rows mode: gradients differ (rel %.3g)", num / den);
+    tgt[5] = 1; /* a target without a logit row */
+    CHECK_ERR(ps_backward(&m, &ar, &gr, tok, tgt, 0.25f, g2, &l2, &c2, &err), &err, "position 5", "no logit row");
+    int64_t bad = B * T;
+    CHECK_ERR(ps_acts_set_rows(&ar, &bad, 1, &err), &err, "outside");
+    CHECK_ERR(ps_acts_set_rows(&ar, rows, 9, &err), &err, "at most 8");
+    free(g1), free(g2);
+    ps_acts_free(&a), ps_acts_free(&g), ps_acts_free(&ar), ps_acts_free(&gr);
+    ps_model_free(&m);
+}
+
 int main(void) {
+    test_rows_mode(PS_ATTN_FULL);
+    test_rows_mode(PS_ATTN_COMPRESSED);
     test_finite_differences();
     test_conformance_grads("full_gqa");
     test_conformance_grads("compressed_w8s8");

@@ -1,9 +1,13 @@
 /* test_hooks.c — hook points (SPEC §4): names and errors, firing order, shapes, write-back identity,
- * zeroing hooks that change exactly the positions they should, pattern overwrites, the cache. */
+ * zeroing hooks that change exactly the positions they should, pattern overwrites, the cache; the
+ * built-in actions (set, zero, patch, add on heads, whole positions, ranges of sequences and positions)
+ * against host callbacks written here in plain loops, callbacks and actions mixed on one point in
+ * registration order, and the actions' errors. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "check.h"
+#include "cpu.h"
 #include "forward.h"
 #include "hooks.h"
 #include "testutil.h"
@@ -277,7 +281,352 @@ static void test_names(void) {
     ps_hooks_free(&h);
 }
 
+/* ---- built-in actions ---- */
+
+enum { AB = 3 }; /* sequences of the action tests */
+
+static int run_b(const ps_model *m, const int32_t *tok, const ps_hooks *h, float *logits, ps_error *err) {
+    ps_acts a;
+    if (ps_acts_create(&a, m->ctx, &m->cfg, AB, T, false, err)) return -1;
+    int rc = ps_forward(m, &a, tok, h, err);
+    if (!rc) memcpy(logits, a.p.logits, sizeof(float) * AB * T * V);
+    ps_acts_free(&a);
+    return rc;
+}
+
+/* The documented semantics of an action, in plain loops on the host (the reference). */
+static int ref_action(const ps_hook_event *ev, void *u, ps_error *e) {
+    (void)e;
+    const ps_hook_action *a = u;
+    int64_t B = ev->shape[0], npos = ev->shape[1], inner = 1;
+    for (int i = 2; i < ev->ndim; i++) inner *= ev->shape[i];
+    int64_t unit = a->head >= 0 ? inner / ev->shape[2] : inner, off = a->head >= 0 ? a->head * unit : 0;
+    int64_t s1 = a->seq1 ? a->seq1 : B, p1 = a->pos1 ? a->pos1 : npos;
+    for (int64_t b = a->seq0; b < s1; b++)
+        for (int64_t t = a->pos0; t < p1; t++)
+            for (int64_t k = 0; k < unit; k++) {
+                float *x = ev->data + (b * npos + t) * inner + off + k;
+                const float *one = a->src ? a->src + (a->every_pos ? 0 : t * inner) + off + k : NULL;
+                switch (a->kind) {
+                case PS_ACT_SET: *x = *one; break;
+                case PS_ACT_ZERO: *x = 0.0f; break;
+                case PS_ACT_PATCH: *x = a->src[((a->src_seq0 + b - a->seq0) * a->src_npos + t) * inner + off + k]; break;
+                case PS_ACT_ADD: *x += a->scale * *one; break;
+                }
+            }
+    return 0;
+}
+
+static void fill_random(float *x, int64_t n, uint32_t seed) {
+    for (int64_t i = 0; i < n; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        x[i] = (float)((seed >> 8) & 0xffff) / 65536.0f * 2.0f - 1.0f;
+    }
+}
+
+typedef struct {
+    int64_t head, vals;
+    float got[64];
+    int n;
+} probe;
+
+/* record head `head` of position 0, sequence 0 of a [B, T, nkv, hd] activation */
+static int probe_hook(const ps_hook_event *ev, void *u, ps_error *e) {
+    (void)e;
+    probe *p = u;
+    int64_t hd = ev->shape[3];
+    memcpy(p->got, ev->data + p->head * hd, (size_t)hd * sizeof(float));
+    p->n = (int)hd;
+    return 0;
+}
+
+static int set_head_value(const ps_hook_event *ev, void *u, ps_error *e) {
+    (void)e;
+    probe *p = u;
+    int64_t n = ev->shape[0] * ev->shape[1], nh = ev->shape[2], hd = ev->shape[3];
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t k = 0; k < hd; k++) ev->data[(r * nh + p->head) * hd + k] = (float)p->vals;
+    return 0;
+}
+
+/* A backend that is the CPU one but says its buffers are not host memory: callbacks then get host
+ * copies (fetched and written back around the actions), as on a device. */
+static ps_backend copies_backend;
+
+static void test_actions(ps_attn_kind kind, int copies) {
+    const char *label = kind == PS_ATTN_FULL ? (copies ? "full, host copies" : "full")
+                                             : (copies ? "compressed, host copies" : "compressed");
+    ps_config c = tu_config(kind);
+    c.n_layers = 2;
+    c.window = 4; c.stride = 4; c.local_window = 3;
+    ps_model m;
+    tu_random_model(&m, &c, 23, 0.4f);
+    ps_ctx *dev = NULL;
+    ps_error err;
+    if (copies) {
+        copies_backend = ps_backend_cpu;
+        copies_backend.name = "cpu-with-host-copies";
+        copies_backend.host_visible = 0;
+        dev = calloc(1, sizeof *dev);
+        dev->be = &copies_backend;
+        REQUIRE_OK(ps_model_to(&m, dev, &err), &err);
+    }
+    int32_t tok[AB * T], tok2[AB * T];
+    tu_random_tokens(tok, AB * T, V, 24);
+    tu_random_tokens(tok2, AB * T, V, 25);
+    static float clean[AB * T * V], got[AB * T * V], want[AB * T * V];
+    CHECK_OK(run_b(&m, tok, NULL, clean, &err), &err);
+    /* sources: random per-position vectors (big enough for any point), and another run's activations */
+    static float vec[T * 64 * 4];
+    fill_random(vec, T * 64 * 4, 7);
+    ps_cache other;
+    ps_cache_init(&other);
+    ps_hooks hc;
+    ps_hooks_init(&hc);
+    const char *patched[] = {"blocks.1.attn.hook_q", "blocks.0.hook_attn_out", "blocks.1.attn.hook_pattern",
+                             "blocks.0.attn.hook_gate_k", "blocks.1.attn.hook_cv"};
+    for (int i = 0; i < (kind == PS_ATTN_COMPRESSED ? 5 : 3); i++) CHECK_OK(ps_cache_watch(&other, &hc, &c, patched[i], &err), &err);
+    CHECK_OK(run_b(&m, tok2, &hc, got, &err), &err);
+    ps_hooks_free(&hc);
+    int64_t nW = ps_config_n_windows(&c, T);
+    struct {
+        const char *name;
+        ps_hook_action a;
+        int comp_only;
+    } cases[] = {
+        {"blocks.0.attn.hook_v", {.kind = PS_ACT_SET, .head = 1, .src = vec, .src_npos = T}, 0},
+        {"blocks.1.hook_resid_pre", {.kind = PS_ACT_SET, .head = -1, .seq0 = 1, .seq1 = 3, .pos0 = 5, .pos1 = 9, .src = vec, .src_npos = 9}, 0},
+        {"blocks.0.attn.hook_z", {.kind = PS_ACT_SET, .head = 2, .seq1 = 2, .src = vec, .every_pos = 1}, 0},
+        {"blocks.0.attn.hook_z", {.kind = PS_ACT_SET, .head = 3, .seq0 = 2, .pos0 = 4, .src = vec, .every_pos = 1}, 0},
+        {"blocks.1.attn.hook_k", {.kind = PS_ACT_ZERO, .head = 0}, 0},
+        {"blocks.0.hook_mlp_out", {.kind = PS_ACT_ZERO, .head = -1, .pos0 = 3, .pos1 = 4}, 0},
+        {"blocks.1.attn.hook_q", {.kind = PS_ACT_PATCH, .head = 3, .seq0 = 1, .seq1 = 3, .pos0 = 2, .pos1 = 20,
+                                  .src_npos = T, .src_nseq = AB, .src_seq0 = 0}, 0},
+        {"blocks.0.hook_attn_out", {.kind = PS_ACT_PATCH, .head = -1, .src_npos = T, .src_nseq = AB}, 0},
+        {"blocks.1.attn.hook_pattern", {.kind = PS_ACT_PATCH, .head = -1, .seq1 = 1, .src_nseq = AB, .src_seq0 = 2}, 0},
+        {"blocks.0.hook_resid_post", {.kind = PS_ACT_ADD, .head = -1, .src = vec, .every_pos = 1, .scale = 0.5f}, 0},
+        {"blocks.1.attn.hook_z", {.kind = PS_ACT_ADD, .head = 1, .pos0 = 4, .pos1 = 10, .src = vec, .src_npos = T, .scale = -2.0f}, 0},
+        {"blocks.1.attn.hook_ck", {.kind = PS_ACT_SET, .head = 1, .src = vec, .src_npos = nW}, 1},
+        {"blocks.0.attn.hook_gate_k", {.kind = PS_ACT_PATCH, .head = 0, .seq0 = 2, .src_npos = nW, .src_nseq = AB, .src_seq0 = 1}, 1},
+        {"blocks.1.attn.hook_cv", {.kind = PS_ACT_PATCH, .head = 1, .pos0 = 1, .pos1 = 3, .src_npos = nW, .src_nseq = AB}, 1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        if (cases[i].comp_only && kind != PS_ATTN_COMPRESSED) continue;
+        ps_hook_action a = cases[i].a;
+        ps_hooks h;
+        ps_hooks_init(&h);
+        if (a.kind == PS_ACT_PATCH) {
+            const ps_cache_item *it = ps_cache_get(&other, cases[i].name);
+            int64_t n = 1;
+            for (int d = 0; it && d < it->ndim; d++) n *= it->shape[d];
+            if (it && !a.src_npos) a.src_npos = it->shape[1];
+            a.src = it ? ps_hooks_upload(&h, m.ctx, it->data, n, &err) : NULL;
+            CHECK(a.src != NULL, "%s: no source for %s", label, cases[i].name);
+            if (!a.src) continue;
+        }
+        CHECK_OK(ps_hooks_add_action(&h, &c, cases[i].name, &a, &err), &err);
+        int l;
+        ps_hook_point pt;
+        ps_hook_parse(&c, cases[i].name, &l, &pt, &err);
+        CHECK(ps_hooks_on(&h, l, pt), "%s: an action does not set the mask", label);
+        CHECK_OK(run_b(&m, tok, &h, got, &err), &err);
+        ps_hooks_free(&h);
+        /* the reference: the same semantics in a host callback (reading the host copy of the source) */
+        ps_hook_action r = a;
+        if (a.kind == PS_ACT_PATCH) r.src = ps_cache_get(&other, cases[i].name)->data;
+        ps_hooks_init(&h);
+        CHECK_OK(ps_hooks_add(&h, &c, cases[i].name, ref_action, &r, &err), &err);
+        CHECK_OK(run_b(&m, tok, &h, want, &err), &err);
+        ps_hooks_free(&h);
+        CHECK(memcmp(got, want, sizeof got) == 0, "%s: action %zu on %s differs from the plain-loop reference", label, i,
+              cases[i].name);
+        CHECK(memcmp(got, clean, sizeof got) != 0, "%s: action %zu on %s changed nothing (vacuous)", label, i, cases[i].name);
+        /* sequences outside the action's range are untouched (every action but the pattern patch of
+         * sequence 0 and those on all sequences leaves some sequence alone) */
+        int64_t s1 = a.seq1 ? a.seq1 : AB;
+        for (int64_t b = 0; b < AB; b++)
+            if (b < a.seq0 || b >= s1)
+                CHECK(memcmp(got + b * T * V, clean + b * T * V, sizeof(float) * T * V) == 0,
+                      "%s: action %zu on %s changed sequence %lld outside its range", label, i, cases[i].name, (long long)b);
+    }
+    ps_cache_free(&other);
+
+    /* callbacks and actions on one point fire in registration order, each seeing the earlier writes */
+    ps_hooks h;
+    ps_hooks_init(&h);
+    probe fill7 = {.head = 1, .vals = 7}, seen1 = {.head = 1}, seen0 = {.head = 0}, fill3 = {.head = 0, .vals = 3}, final0 = {.head = 0};
+    static float ones[64];
+    for (int i = 0; i < 64; i++) ones[i] = 1.0f;
+    ps_hook_action set1 = {.kind = PS_ACT_SET, .head = 1, .src = vec, .src_npos = T};
+    ps_hook_action zero0 = {.kind = PS_ACT_ZERO, .head = 0};
+    ps_hook_action add0 = {.kind = PS_ACT_ADD, .head = 0, .src = ones, .every_pos = 1, .scale = 1.0f};
+    const char *nm = "blocks.0.attn.hook_v";
+    CHECK_OK(ps_hooks_add(&h, &c, nm, set_head_value, &fill7, &err), &err);
+    CHECK_OK(ps_hooks_add_action(&h, &c, nm, &set1, &err), &err);
+    CHECK_OK(ps_hooks_add(&h, &c, nm, probe_hook, &seen1, &err), &err);
+    CHECK_OK(ps_hooks_add_action(&h, &c, nm, &zero0, &err), &err);
+    CHECK_OK(ps_hooks_add(&h, &c, nm, probe_hook, &seen0, &err), &err);
+    CHECK_OK(ps_hooks_add(&h, &c, nm, set_head_value, &fill3, &err), &err);
+    CHECK_OK(ps_hooks_add_action(&h, &c, nm, &add0, &err), &err);
+    CHECK_OK(ps_hooks_add(&h, &c, nm, probe_hook, &final0, &err), &err);
+    CHECK_OK(run_b(&m, tok, &h, got, &err), &err);
+    int64_t hd = c.head_dim;
+    int ok = seen1.n == hd && seen0.n == hd && final0.n == hd;
+    for (int k = 0; ok && k < hd; k++)
+        ok = seen1.got[k] == vec[1 * hd + k] && seen0.got[k] == 0.0f && final0.got[k] == 4.0f;
+    CHECK(ok, "%s: callbacks and actions did not fire in registration order", label);
+    ps_hooks_free(&h);
+
+    /* registration errors */
+    ps_hooks_init(&h);
+    ps_hook_action bad = {.kind = PS_ACT_ZERO, .head = c.n_kv_heads};
+    CHECK_ERR(ps_hooks_add_action(&h, &c, "blocks.0.attn.hook_k", &bad, &err), &err, "blocks.0.attn.hook_k", "out of range", "2 heads");
+    bad.head = c.n_heads - 1;
+    CHECK_OK(ps_hooks_add_action(&h, &c, "blocks.0.attn.hook_q", &bad, &err), &err);
+    bad.head = 0;
+    CHECK_ERR(ps_hooks_add_action(&h, &c, "blocks.0.hook_resid_pre", &bad, &err), &err, "no head axis");
+    CHECK_ERR(ps_hooks_add_action(&h, &c, "blocks.0.attn.hook_pattern", &bad, &err), &err, "no head axis");
+    bad = (ps_hook_action){.kind = PS_ACT_ZERO, .head = -1, .pos1 = 3};
+    CHECK_ERR(ps_hooks_add_action(&h, &c, "blocks.0.attn.hook_pattern", &bad, &err), &err, "whole tensor");
+    bad = (ps_hook_action){.kind = PS_ACT_SET, .head = -1, .src_npos = T};
+    CHECK_ERR(ps_hooks_add_action(&h, &c, "blocks.0.hook_resid_pre", &bad, &err), &err, "without a source");
+    bad = (ps_hook_action){.kind = PS_ACT_ZERO, .head = -1, .seq0 = 2, .seq1 = 2};
+    CHECK_ERR(ps_hooks_add_action(&h, &c, "blocks.0.hook_resid_pre", &bad, &err), &err, "empty or negative range");
+    bad = (ps_hook_action){.kind = PS_ACT_PATCH, .head = -1, .src = vec, .src_npos = T};
+    CHECK_ERR(ps_hooks_add_action(&h, &c, "blocks.0.hook_resid_pre", &bad, &err), &err, "src_nseq");
+    bad = (ps_hook_action){.kind = PS_ACT_ADD, .head = -1, .src = vec};
+    CHECK_ERR(ps_hooks_add_action(&h, &c, "blocks.0.hook_resid_pre", &bad, &err), &err, "src_npos");
+    bad = (ps_hook_action){.kind = (ps_hook_action_kind)9};
+    CHECK_ERR(ps_hooks_add_action(&h, &c, "blocks.0.hook_resid_pre", &bad, &err), &err, "unknown action kind");
+    CHECK_ERR(ps_hooks_add_action(&h, &c, "blocks.2.hook_resid_pre", &bad, &err), &err, "layer 2 out of range");
+    CHECK(h.n == 1, "%s: invalid actions were registered (%d entries)", label, h.n);
+    ps_hooks_free(&h);
+    /* errors when firing: ranges beyond the batch or the source */
+    struct { ps_hook_action a; const char *msg; } fire[] = {
+        {{.kind = PS_ACT_SET, .head = -1, .src = vec, .src_npos = 4}, "its source holds 4 positions"},
+        {{.kind = PS_ACT_ZERO, .head = 1, .seq1 = 5}, "of an activation of 3 sequences"},
+        {{.kind = PS_ACT_ZERO, .head = 1, .pos0 = 30}, "positions [30, 24)"},
+        {{.kind = PS_ACT_PATCH, .head = -1, .src = vec, .src_npos = T, .src_nseq = 1}, "the source holds 1"},
+    };
+    for (size_t i = 0; i < sizeof fire / sizeof fire[0]; i++) {
+        ps_hooks_init(&h);
+        const char *where = fire[i].a.head >= 0 ? "blocks.1.attn.hook_z" : "blocks.1.hook_resid_mid";
+        CHECK_OK(ps_hooks_add_action(&h, &c, where, &fire[i].a, &err), &err);
+        CHECK_ERR(run_b(&m, tok, &h, got, &err), &err, where, fire[i].msg);
+        ps_hooks_free(&h);
+    }
+    ps_model_free(&m);
+    ps_ctx_free(dev);
+}
+
+/* The ops behind the actions and the knockout's means against plain loops. */
+static void test_action_ops(void) {
+    ps_ctx *ctx;
+    ps_error err;
+    REQUIRE_OK(ps_ctx_create(&ctx, "cpu", &err), &err);
+    enum { N0 = 5, N1 = 7, W = 3, DS0 = 40, DS1 = 5, SS0 = 30, SS1 = 4, NX = N0 * DS0 };
+    static float dst[NX], ref[NX], src[N0 * SS0];
+    fill_random(src, N0 * SS0, 3);
+    for (int mode = 0; mode < 4; mode++) { /* copy, zero, accumulate, broadcast accumulate */
+        fill_random(dst, NX, 5);
+        memcpy(ref, dst, sizeof dst);
+        int acc = mode >= 2;
+        const float *s0 = mode == 1 ? NULL : src;
+        int64_t ss0 = mode == 3 ? 0 : SS0, ss1 = mode == 3 ? 0 : SS1;
+        CHECK_OK(ps_copy_blocks(ctx, dst, DS0, DS1, s0, ss0, ss1, N0, N1, W, acc, 0.75f) ? ps_ctx_check(ctx, &err) : 0, &err);
+        for (int i = 0; i < N0; i++)
+            for (int j = 0; j < N1; j++)
+                for (int e = 0; e < W; e++) {
+                    float *y = ref + i * DS0 + j * DS1 + e;
+                    float x = s0 ? s0[i * ss0 + j * ss1 + e] : 0.0f;
+                    *y = acc ? *y + 0.75f * x : x;
+                }
+        CHECK(memcmp(dst, ref, sizeof dst) == 0, "copy_blocks mode %d differs from the plain loop", mode);
+    }
+    CHECK(ps_copy_blocks(ctx, dst, 1, 1, NULL, 0, 0, 1, 1, 1, 1, 1.0f) != 0 && ps_ctx_check(ctx, &err) != 0 &&
+              strstr(err.msg, "copy_blocks"),
+          "accumulating from no source is not an error");
+    /* sums over sequences in double, in sequence order (big enough for the parallel loop) */
+    enum { NS = 9, NE = 20000 };
+    float *x = malloc(sizeof(float) * NS * NE);
+    double *sum = calloc(NE, sizeof(double)), *want = calloc(NE, sizeof(double));
+    float *mean = malloc(sizeof(float) * NE);
+    fill_random(x, NS * NE, 9);
+    for (int rep = 0; rep < 2; rep++) { /* two calls add up */
+        CHECK_OK(ps_accumulate_seqs(ctx, sum, x, NS, NE) ? ps_ctx_check(ctx, &err) : 0, &err);
+        for (int b = 0; b < NS; b++)
+            for (int e = 0; e < NE; e++) want[e] += x[b * NE + e];
+    }
+    int same = 1;
+    for (int e = 0; e < NE; e++) same &= sum[e] == want[e];
+    CHECK(same, "accumulate_seqs differs from the in-order double sum");
+    CHECK_OK(ps_sum_to_mean(ctx, mean, sum, 2.0 * NS, NE) ? ps_ctx_check(ctx, &err) : 0, &err);
+    same = 1;
+    for (int e = 0; e < NE; e++) same &= mean[e] == (float)(want[e] / (2.0 * NS));
+    CHECK(same, "sum_to_mean differs from (float)(sum / count)");
+    CHECK(ps_sum_to_mean(ctx, mean, sum, 0.0, NE) != 0 && ps_ctx_check(ctx, &err) != 0 && strstr(err.msg, "count"),
+          "a mean over no sequences is not an error");
+    free(x);
+    free(sum);
+    free(want);
+    free(mean);
+    ps_ctx_free(ctx);
+}
+
+/* The restarts at a layer's attention fire that layer's kept-input hooks (here an action on v), and the
+ * answer-row restart refuses a hook on the last layer's later points. */
+static void test_restart_hooks(ps_attn_kind kind) {
+    ps_config c = tu_config(kind);
+    c.n_layers = 2;
+    ps_model m;
+    tu_random_model(&m, &c, 27, 0.4f);
+    int32_t tok[T];
+    tu_random_tokens(tok, T, V, 28);
+    ps_error err;
+    ps_hooks h;
+    ps_hooks_init(&h);
+    ps_hook_action zero = {.kind = PS_ACT_ZERO, .head = 1};
+    CHECK_OK(ps_hooks_add_action(&h, &c, "blocks.0.attn.hook_v", &zero, &err), &err);
+    float want[T * V], clean[T * V];
+    ps_acts a;
+    CHECK_OK(ps_acts_create(&a, m.ctx, &c, 1, T, true, &err), &err);
+    CHECK_OK(ps_forward(&m, &a, tok, NULL, &err), &err);
+    memcpy(clean, a.p.logits, sizeof clean);
+    CHECK_OK(ps_forward(&m, &a, tok, &h, &err), &err);
+    memcpy(want, a.p.logits, sizeof want);
+    CHECK(memcmp(want + 5 * V, clean + 5 * V, V * sizeof(float)) != 0 &&
+              memcmp(want + (T - 1) * V, clean + (T - 1) * V, V * sizeof(float)) != 0,
+          "zeroing a value head did not change the rows compared (vacuous)");
+    for (int rows_only = 0; rows_only < 2; rows_only++) {
+        CHECK_OK(ps_forward(&m, &a, tok, NULL, &err), &err); /* clean kept state */
+        int64_t rows[2] = {5, T - 1};
+        if (rows_only) CHECK_OK(ps_forward_from_attention_rows(&m, &a, 0, &h, rows, 2, &err), &err);
+        else CHECK_OK(ps_forward_from_attention(&m, &a, 0, &h, &err), &err);
+        double worst = 0;
+        for (int i = 0; i < 2; i++)
+            for (int e = 0; e < V; e++)
+                worst = fmax(worst, fabs(a.p.logits[rows[i] * V + e] - want[rows[i] * V + e]) / (1 + fabs(want[rows[i] * V + e])));
+        CHECK(worst < 1e-5, "%s restart at layer 0's attention did not apply the action on its kept v (%g)",
+              rows_only ? "answer-row" : "full", worst);
+    }
+    ps_hooks_free(&h);
+    ps_hooks_init(&h);
+    CHECK_OK(ps_hooks_add_action(&h, &c, "blocks.1.attn.hook_z", &zero, &err), &err);
+    int64_t row = T - 1;
+    CHECK_ERR(ps_forward_from_attention_rows(&m, &a, 0, &h, &row, 1, &err), &err, "blocks.1.attn.hook_z", "cannot fire");
+    ps_hooks_free(&h);
+    ps_acts_free(&a);
+    ps_model_free(&m);
+}
+
 int main(void) {
+    test_restart_hooks(PS_ATTN_FULL);
+    test_restart_hooks(PS_ATTN_COMPRESSED);
+    test_action_ops();
+    test_actions(PS_ATTN_FULL, 0);
+    test_actions(PS_ATTN_COMPRESSED, 0);
+    test_actions(PS_ATTN_FULL, 1);
+    test_actions(PS_ATTN_COMPRESSED, 1);
     test_names();
     test_model(PS_ATTN_FULL);
     test_model(PS_ATTN_COMPRESSED);

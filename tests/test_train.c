@@ -269,6 +269,46 @@ static void test_deterministic(void) {
     ps_train_cfg_free(&c);
 }
 
+/* train.logits "answers": logits and loss at the target rows only. The first logged loss (before any
+ * update has had time to move apart) equals the full-logits run's to float rounding, the config keeps the
+ * key in its canonical form, and a task with loss on every position refuses it. */
+static double first_loss(const char *dir) {
+    char *r = read_records(dir, "train");
+    json_t *o = json_loads(r, JSON_DISABLE_EOF_CHECK, NULL);
+    double l = o ? json_number_value(json_object_get(o, "loss")) : -1;
+    json_decref(o);
+    free(r);
+    return l;
+}
+
+static void test_logits_answers(void) {
+    const char *attn = "{\"kind\": \"compressed\", \"window\": 4, \"stride\": 4, \"local_window\": 4}";
+    char text[2048], a[1024], b[1024];
+    ps_train_cfg c, r;
+    ps_error err;
+    snprintf(text, sizeof text, TINY, attn, 1, 3);
+    REQUIRE_OK(ps_train_cfg_parse(text, strlen(text), "tiny.json", &c, &err), &err);
+    char *p = strstr(text, "\"checkpoint_every\"");
+    CHECK(p != NULL, "template has no checkpoint_every");
+    if (!p) return;
+    char with[2100];
+    snprintf(with, sizeof with, "%.*s\"logits\": \"answers\", %s", (int)(p - text), text, p);
+    REQUIRE_OK(ps_train_cfg_parse(with, strlen(with), "rows.json", &r, &err), &err);
+    CHECK(r.logits_answers && strstr(r.canonical, "\"logits\":\"answers\"") && !strstr(c.canonical, "\"logits\""),
+          "canonical configs: %s / %s", r.canonical, c.canonical);
+    snprintf(a, sizeof a, "%s/rows_all", TMP);
+    snprintf(b, sizeof b, "%s/rows_answers", TMP);
+    c.log_every = 1, r.log_every = 1;
+    CHECK_OK(ps_train(&c, a, 0, -1, NULL, NULL, &err), &err);
+    CHECK_OK(ps_train(&r, b, 0, -1, NULL, NULL, &err), &err);
+    double la = first_loss(a), lb = first_loss(b);
+    CHECK(la > 0 && fabs(la - lb) < 1e-5 * la, "first loss with all logits %.9g, answers only %.9g", la, lb);
+    ps_train_cfg_free(&r);
+    snprintf(with, sizeof with, "%.*s\"logits\": \"everything\", %s", (int)(p - text), text, p);
+    CHECK_ERR(ps_train_cfg_parse(with, strlen(with), "bad.json", &r, &err), &err, "train.logits", "\"answers\"");
+    ps_train_cfg_free(&c);
+}
+
 static void test_resume(void) {
     const char *attn = "{\"kind\": \"compressed\", \"window\": 4, \"stride\": 2, \"local_window\": 3}";
     ps_train_cfg c;
@@ -400,6 +440,7 @@ int main(void) {
     test_learns("full", "{\"kind\": \"full\"}", 300, 0.3);
     test_learns("compressed", "{\"kind\": \"compressed\", \"window\": 4, \"stride\": 4, \"local_window\": 4}", 300, 0.4);
     test_deterministic();
+    test_logits_answers();
     test_resume();
     test_uniform_gate_log();
     test_nan_stop();

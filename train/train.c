@@ -21,11 +21,42 @@
 
 /* ---- config ---- */
 
-static const char *const TRAIN_KEYS[] = {"steps",       "batch_size",   "seed",         "lr",
-                                         "min_lr_frac", "warmup_steps", "beta1",        "beta2",
-                                         "eps",         "weight_decay", "grad_clip",    "gate_lr_mult",
-                                         "gate_weight_decay", "log_every", "eval_every", "eval_size",
-                                         "gates_every", "checkpoint_every", "init_std"};
+/* The "train" keys: one table drives parsing, range checks, the list in error messages and the
+ * canonical JSON stored in checkpoints (in this order). */
+typedef enum { TK_INT, TK_REAL, TK_SEED, TK_LOGITS } tk_kind;
+typedef struct {
+    const char *name;
+    tk_kind kind;
+    size_t off;     /* offset of the field in ps_train_cfg */
+    double lo, hi;  /* allowed range (TK_INT, TK_REAL) */
+} train_key;
+
+#define TKI(n, field, lo) {n, TK_INT, offsetof(ps_train_cfg, field), lo, (double)((int64_t)1 << 40)}
+#define TKR(n, field, lo, hi) {n, TK_REAL, offsetof(ps_train_cfg, field), lo, hi}
+static const train_key TRAIN_KEYS[] = {
+    TKI("steps", steps, 1),
+    TKI("batch_size", batch_size, 1),
+    {"seed", TK_SEED, offsetof(ps_train_cfg, seed), 0, 0},
+    TKR("lr", opt.lr, 0, 10),
+    TKR("min_lr_frac", opt.min_lr_frac, 0, 1),
+    TKI("warmup_steps", opt.warmup_steps, 0),
+    TKR("beta1", opt.beta1, 0, 0.999999),
+    TKR("beta2", opt.beta2, 0, 0.999999999),
+    TKR("eps", opt.eps, 0, 1),
+    TKR("weight_decay", opt.weight_decay, 0, 10),
+    TKR("grad_clip", opt.grad_clip, 0, 1e9),
+    TKR("gate_lr_mult", opt.gate_lr_mult, 0, 1e6),
+    TKR("gate_weight_decay", opt.gate_weight_decay, 0, 10),
+    TKI("log_every", log_every, 1),
+    TKI("eval_every", eval_every, 1),
+    TKI("eval_size", eval_size, 1),
+    TKI("gates_every", gates_every, 1),
+    TKI("checkpoint_every", checkpoint_every, 1),
+    TKR("init_std", init_std, 1e-6, 10),
+    {"logits", TK_LOGITS, offsetof(ps_train_cfg, logits_answers), 0, 0},
+};
+#undef TKI
+#undef TKR
 #define N_TRAIN_KEYS (int)(sizeof TRAIN_KEYS / sizeof TRAIN_KEYS[0])
 
 void ps_train_cfg_free(ps_train_cfg *c) {
@@ -39,49 +70,69 @@ static int parse_train(json_t *o, const char *src, ps_train_cfg *c, ps_error *er
     json_t *v;
     json_object_foreach(o, k, v) {
         int i = 0;
-        while (i < N_TRAIN_KEYS && strcmp(TRAIN_KEYS[i], k)) i++;
-        if (i == N_TRAIN_KEYS)
-            return ps_fail(err,
-                           "%s: unknown key \"train.%s\" (valid: steps, batch_size, seed, lr, min_lr_frac, warmup_steps, "
-                           "beta1, beta2, eps, weight_decay, grad_clip, gate_lr_mult, gate_weight_decay, log_every, "
-                           "eval_every, eval_size, gates_every, checkpoint_every, init_std)",
-                           src, k);
-        int64_t *ints[N_TRAIN_KEYS] = {&c->steps, &c->batch_size, NULL, NULL, NULL, &c->opt.warmup_steps, NULL, NULL, NULL,
-                                       NULL, NULL, NULL, NULL, &c->log_every, &c->eval_every, &c->eval_size,
-                                       &c->gates_every, &c->checkpoint_every, NULL};
-        double *reals[N_TRAIN_KEYS] = {NULL, NULL, NULL, &c->opt.lr, &c->opt.min_lr_frac, NULL, &c->opt.beta1,
-                                       &c->opt.beta2, &c->opt.eps, &c->opt.weight_decay, &c->opt.grad_clip,
-                                       &c->opt.gate_lr_mult, &c->opt.gate_weight_decay, NULL, NULL, NULL, NULL, NULL,
-                                       &c->init_std};
-        if (!strcmp(k, "seed")) {
+        while (i < N_TRAIN_KEYS && strcmp(TRAIN_KEYS[i].name, k)) i++;
+        if (i == N_TRAIN_KEYS) {
+            char list[512] = "";
+            for (int j = 0; j < N_TRAIN_KEYS; j++)
+                snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", j ? ", " : "", TRAIN_KEYS[j].name);
+            return ps_fail(err, "%s: unknown key \"train.%s\" (valid: %s)", src, k, list);
+        }
+        const train_key *tk = &TRAIN_KEYS[i];
+        char *field = (char *)c + tk->off;
+        switch (tk->kind) {
+        case TK_SEED:
             if (!json_is_integer(v) || json_integer_value(v) < 0)
                 return ps_fail(err, "%s: key \"train.seed\" must be a non-negative integer", src);
-            c->seed = (uint64_t)json_integer_value(v);
-        } else if (ints[i]) {
+            *(uint64_t *)field = (uint64_t)json_integer_value(v);
+            break;
+        case TK_INT:
             if (!json_is_integer(v)) return ps_fail(err, "%s: key \"train.%s\" must be a JSON integer", src, k);
-            *ints[i] = (int64_t)json_integer_value(v);
-        } else {
+            *(int64_t *)field = (int64_t)json_integer_value(v);
+            break;
+        case TK_REAL:
             if (!json_is_number(v)) return ps_fail(err, "%s: key \"train.%s\" must be a number", src, k);
-            *reals[i] = json_number_value(v);
+            *(double *)field = json_number_value(v);
+            break;
+        case TK_LOGITS:
+            if (!json_is_string(v) || (strcmp(json_string_value(v), "all") && strcmp(json_string_value(v), "answers")))
+                return ps_fail(err, "%s: key \"train.logits\" must be \"all\" or \"answers\"", src);
+            *(int *)field = !strcmp(json_string_value(v), "answers");
+            break;
         }
     }
-    struct { const char *n; int64_t v, lo; } iv[] = {{"steps", c->steps, 1},           {"batch_size", c->batch_size, 1},
-                                                    {"warmup_steps", c->opt.warmup_steps, 0}, {"log_every", c->log_every, 1},
-                                                    {"eval_every", c->eval_every, 1},   {"eval_size", c->eval_size, 1},
-                                                    {"gates_every", c->gates_every, 1}, {"checkpoint_every", c->checkpoint_every, 1}};
-    for (size_t i = 0; i < sizeof iv / sizeof iv[0]; i++)
-        if (iv[i].v < iv[i].lo || iv[i].v > ((int64_t)1 << 40))
-            return ps_fail(err, "%s: key \"train.%s\" must be >= %lld, got %lld", src, iv[i].n, (long long)iv[i].lo,
-                           (long long)iv[i].v);
-    struct { const char *n; double v, lo, hi; } rv[] = {
-        {"lr", c->opt.lr, 0, 10},          {"min_lr_frac", c->opt.min_lr_frac, 0, 1}, {"beta1", c->opt.beta1, 0, 0.999999},
-        {"beta2", c->opt.beta2, 0, 0.999999999}, {"eps", c->opt.eps, 0, 1},        {"weight_decay", c->opt.weight_decay, 0, 10},
-        {"grad_clip", c->opt.grad_clip, 0, 1e9}, {"gate_lr_mult", c->opt.gate_lr_mult, 0, 1e6},
-        {"gate_weight_decay", c->opt.gate_weight_decay, 0, 10}, {"init_std", c->init_std, 1e-6, 10}};
-    for (size_t i = 0; i < sizeof rv / sizeof rv[0]; i++)
-        if (!(rv[i].v >= rv[i].lo && rv[i].v <= rv[i].hi) || (rv[i].lo == 0 && !strcmp(rv[i].n, "lr") && rv[i].v == 0))
-            return ps_fail(err, "%s: key \"train.%s\" is %g, outside [%g, %g]", src, rv[i].n, rv[i].v, rv[i].lo, rv[i].hi);
+    for (int i = 0; i < N_TRAIN_KEYS; i++) {
+        const train_key *tk = &TRAIN_KEYS[i];
+        const char *field = (const char *)c + tk->off;
+        if (tk->kind == TK_INT) {
+            int64_t x = *(const int64_t *)field;
+            if ((double)x < tk->lo || (double)x > tk->hi)
+                return ps_fail(err, "%s: key \"train.%s\" must be >= %lld, got %lld", src, tk->name, (long long)tk->lo, (long long)x);
+        } else if (tk->kind == TK_REAL) {
+            double x = *(const double *)field;
+            if (!(x >= tk->lo && x <= tk->hi) || (!strcmp(tk->name, "lr") && x == 0))
+                return ps_fail(err, "%s: key \"train.%s\" is %g, outside [%g, %g]", src, tk->name, x, tk->lo, tk->hi);
+        }
+    }
     return 0;
+}
+
+/* The "train" object of the canonical config (the defaults made explicit; "logits" only when not "all",
+ * so checkpoints written before the key existed keep their canonical form). */
+static json_t *train_to_json(const ps_train_cfg *c) {
+    json_t *tr = json_object();
+    for (int i = 0; i < N_TRAIN_KEYS; i++) {
+        const train_key *tk = &TRAIN_KEYS[i];
+        const char *field = (const char *)c + tk->off;
+        switch (tk->kind) {
+        case TK_SEED: json_object_set_new(tr, tk->name, json_integer((json_int_t)*(const uint64_t *)field)); break;
+        case TK_INT: json_object_set_new(tr, tk->name, json_integer(*(const int64_t *)field)); break;
+        case TK_REAL: json_object_set_new(tr, tk->name, json_real(*(const double *)field)); break;
+        case TK_LOGITS:
+            if (*(const int *)field) json_object_set_new(tr, tk->name, json_string("answers"));
+            break;
+        }
+    }
+    return tr;
 }
 
 int ps_train_cfg_parse(const char *text, size_t len, const char *src, ps_train_cfg *c, ps_error *err) {
@@ -133,30 +184,11 @@ int ps_train_cfg_parse(const char *text, size_t len, const char *src, ps_train_c
     if (train && parse_train(train, src, c, err)) goto done;
     c->opt.total_steps = c->steps;
     /* canonical form: every key with its value, fixed order */
-    json_t *canon = json_object(), *tr = json_object();
+    json_t *canon = json_object(), *tr = train_to_json(c);
     char *mj = ps_config_to_json(&c->model);
     json_object_set_new(canon, "model", json_loads(mj, 0, NULL));
     free(mj);
     json_object_set_new(canon, "task", ps_task_to_json(&c->task));
-    json_object_set_new(tr, "steps", json_integer(c->steps));
-    json_object_set_new(tr, "batch_size", json_integer(c->batch_size));
-    json_object_set_new(tr, "seed", json_integer((json_int_t)c->seed));
-    json_object_set_new(tr, "lr", json_real(c->opt.lr));
-    json_object_set_new(tr, "min_lr_frac", json_real(c->opt.min_lr_frac));
-    json_object_set_new(tr, "warmup_steps", json_integer(c->opt.warmup_steps));
-    json_object_set_new(tr, "beta1", json_real(c->opt.beta1));
-    json_object_set_new(tr, "beta2", json_real(c->opt.beta2));
-    json_object_set_new(tr, "eps", json_real(c->opt.eps));
-    json_object_set_new(tr, "weight_decay", json_real(c->opt.weight_decay));
-    json_object_set_new(tr, "grad_clip", json_real(c->opt.grad_clip));
-    json_object_set_new(tr, "gate_lr_mult", json_real(c->opt.gate_lr_mult));
-    json_object_set_new(tr, "gate_weight_decay", json_real(c->opt.gate_weight_decay));
-    json_object_set_new(tr, "log_every", json_integer(c->log_every));
-    json_object_set_new(tr, "eval_every", json_integer(c->eval_every));
-    json_object_set_new(tr, "eval_size", json_integer(c->eval_size));
-    json_object_set_new(tr, "gates_every", json_integer(c->gates_every));
-    json_object_set_new(tr, "checkpoint_every", json_integer(c->checkpoint_every));
-    json_object_set_new(tr, "init_std", json_real(c->init_std));
     json_object_set_new(canon, "train", tr);
     c->canonical = json_dumps(canon, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
     json_decref(canon);
@@ -184,6 +216,7 @@ typedef struct {
     ps_model m;
     float *grads, *m1, *m2;
     ps_acts acts, gacts;
+    int64_t *rows; /* logit rows of the step (train.logits "answers") */
     ps_batch batch, eval_batch;
     FILE *log;
     int has_gates;
@@ -408,8 +441,24 @@ int ps_train(const ps_train_cfg *c, const char *dir, int resume, int64_t stop_af
     }
     int64_t pbytes = s.m.n_params * (int64_t)sizeof(float);
     s.grads = ps_buf_alloc(s.m.ctx, pbytes, "gradients", err);
-    if (!s.grads || ps_acts_create(&s.acts, s.m.ctx, &c->model, B, T, true, err) ||
-        ps_acts_create(&s.gacts, s.m.ctx, &c->model, B, T, false, err) ||
+    /* "logits": "answers": the most target rows a batch can have (each query's answer tokens) */
+    int64_t max_rows = 0;
+    if (c->logits_answers) {
+        if (c->task.loss_all) {
+            ps_fail(err, "%s: train.logits \"answers\" needs task.loss \"answers\" (the loss is taken on every position)", dir);
+            goto done;
+        }
+        max_rows = B * c->task.n_queries * (c->task.kind == PS_TASK_KV ? c->task.value_len : 1);
+        if (max_rows > B * T) max_rows = B * T;
+    }
+    int64_t *rows = max_rows ? malloc((size_t)max_rows * sizeof *rows) : NULL;
+    if (max_rows && !rows) {
+        ps_fail(err, "out of memory for %lld logit rows", (long long)max_rows);
+        goto done;
+    }
+    s.rows = rows;
+    if (!s.grads || ps_acts_create_rows(&s.acts, s.m.ctx, &c->model, B, T, true, max_rows, err) ||
+        ps_acts_create_rows(&s.gacts, s.m.ctx, &c->model, B, T, false, max_rows, err) ||
         ps_batch_alloc(&s.batch, B, T, c->task.n_queries, err) ||
         ps_batch_alloc(&s.eval_batch, c->eval_size, T, c->task.n_queries, err))
         goto done;
@@ -448,6 +497,19 @@ int ps_train(const ps_train_cfg *c, const char *dir, int resume, int64_t stop_af
         for (int64_t i = 0; i < B * T; i++) n_t += s.batch.targets[i] >= 0;
         double lsum = 0;
         int64_t cnt = 0;
+        if (max_rows) { /* logits at this batch's target rows only */
+            int64_t nr = 0;
+            for (int64_t i = 0; i < B * T; i++)
+                if (s.batch.targets[i] >= 0) {
+                    if (nr == max_rows) {
+                        ps_fail(err, "step %lld: more targets than the %lld logit rows the task allows", (long long)step + 1,
+                                (long long)max_rows);
+                        goto done;
+                    }
+                    rows[nr++] = i;
+                }
+            if (ps_acts_set_rows(&s.acts, rows, nr, err)) goto done;
+        }
         if (ps_forward(&s.m, &s.acts, s.batch.tokens, NULL, err) ||
             ps_backward(&s.m, &s.acts, &s.gacts, s.batch.tokens, s.batch.targets, 1.0f / (float)n_t, s.grads, &lsum, &cnt, err))
             goto done;
@@ -508,6 +570,7 @@ done:
     ps_batch_free(&s.eval_batch);
     ps_acts_free(&s.acts);
     ps_acts_free(&s.gacts);
+    free(s.rows);
     if (s.m.ctx) {
         ps_buf_free(s.m.ctx, s.grads, s.m.n_params * (int64_t)sizeof(float));
         ps_buf_free(s.m.ctx, s.m1, s.m.n_params * (int64_t)sizeof(float));

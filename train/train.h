@@ -23,6 +23,7 @@ typedef struct {
     int64_t batch_size, steps;
     uint64_t seed;
     double init_std; /* base standard deviation of the initial weights (docs/training.md) */
+    int logits_answers; /* "logits": "answers": logits and loss at the answer rows only (large vocabularies) */
     int64_t log_every, eval_every, eval_size, gates_every, checkpoint_every;
     char *canonical; /* the whole config as canonical JSON (stored in the checkpoint) */
 } ps_train_cfg;

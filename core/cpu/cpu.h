@@ -60,6 +60,10 @@ int ps_cpu_head_set(ps_ctx *ctx, float *x, const float *src, int64_t src_stride,
     int64_t nh, int64_t hd, int64_t head, int64_t seq0, int64_t seq1);
 int ps_cpu_add_vector(ps_ctx *ctx, float *x, const float *vec, float scale, int64_t n_rows, int64_t width);
 int ps_cpu_roll_blocks(ps_ctx *ctx, float *x, int64_t W, int64_t stride, int64_t off, int64_t len, int64_t k);
+int ps_cpu_copy_blocks(ps_ctx *ctx, float *dst, int64_t dst_s0, int64_t dst_s1, const float *src, int64_t src_s0,
+    int64_t src_s1, int64_t n0, int64_t n1, int64_t width, int accumulate, float scale);
+int ps_cpu_accumulate_seqs(ps_ctx *ctx, double *sum, const float *x, int64_t n_seq, int64_t n);
+int ps_cpu_sum_to_mean(ps_ctx *ctx, float *mean, const double *sum, double count, int64_t n);
 int ps_cpu_embed_backward(ps_ctx *ctx, float *dtable, const float *dout, const int32_t *tok, int64_t n_tok, int64_t C);
 int ps_cpu_sumsq(ps_ctx *ctx, double *out, const float *x, int64_t n);
 int ps_cpu_adamw(ps_ctx *ctx, float *w, float *m1, float *m2, const float *g, const ps_adamw_seg *segs, int n_segs,
@@ -72,5 +76,46 @@ int ps_cpu_attn_chunk(ps_ctx *ctx, float *z, const float *q, const float *k, con
 /* core/cpu/attention.c: attention in O(T) memory (flash style), and the probability rows a pattern hook
  * materialises (attn_probs, attn_out: the forward's blocks, so they give its z bit for bit) */
 #include "cpu_attention.h"
+
+/* ---------------- DeepSeek-V4 (SPEC-v4): core/cpu/ops_cpu_v4.c ---------------- */
+int ps_cpu_v4_rope_table(ps_ctx *ctx, float *cos_t, float *sin_t, int64_t n_pos, int64_t half, const double *inv_freq,
+    float mscale);
+int ps_cpu_v4_rope(ps_ctx *ctx, float *x, const float *cos_t, const float *sin_t, int64_t n_seq, int64_t rows_per_seq,
+    int64_t n_heads, int64_t hd, int64_t rd, int64_t pos_step, int inverse);
+int ps_cpu_v4_hc_weights(ps_ctx *ctx, float *pre, float *post, float *comb, const float *mix, const float *x,
+    const float *scale, const float *base, int64_t n, int64_t N, int64_t D, int64_t iters, float hc_eps, float norm_eps);
+int ps_cpu_v4_hc_collapse(ps_ctx *ctx, float *out, const float *pre, const float *h, int64_t n, int64_t N, int64_t D);
+int ps_cpu_v4_hc_expand(ps_ctx *ctx, float *hout, const float *post, const float *comb, const float *blk, const float *h,
+    int64_t n, int64_t N, int64_t D);
+int ps_cpu_v4_comp_slots(ps_ctx *ctx, float *gate, const float *z, const float *ape, int64_t B, int64_t T, int64_t nW,
+    int64_t m, int64_t d, int overlap);
+int ps_cpu_v4_slot_softmax(ps_ctx *ctx, float *alpha, const float *gate, int64_t n_groups, int64_t S, int64_t d);
+int ps_cpu_v4_comp_pool(ps_ctx *ctx, float *pooled, const float *alpha, const float *kv, int64_t B, int64_t T,
+    int64_t nW, int64_t m, int64_t d, int overlap);
+int ps_cpu_v4_indexer_scores(ps_ctx *ctx, float *scores, const float *iq, const float *ik, const float *w, int64_t B,
+    int64_t T, int64_t nW, int64_t Hi, int64_t Di, float scale);
+int ps_cpu_v4_topk(ps_ctx *ctx, float *idx, float *gap, const float *scores, const float *bias, int64_t n_rows,
+    int64_t n_cols, int64_t K, int64_t rows_per_seq, int64_t m);
+int ps_cpu_v4_router_scores(ps_ctx *ctx, float *scores, const float *logits, int64_t n, int scoring);
+int ps_cpu_v4_route_weights(ps_ctx *ctx, float *weights, const float *scores, const float *idx, int64_t n, int64_t E,
+    int64_t k, float scale);
+int ps_cpu_v4_swiglu_clamp(ps_ctx *ctx, float *h, const float *g, const float *u, int64_t n, float limit);
+int ps_cpu_v4_scatter_add_rows(ps_ctx *ctx, float *out, const float *in, const int64_t *rows, const float *w, int64_t n,
+    int64_t width);
+int ps_cpu_v4_attn(ps_ctx *ctx, float *out, float *sinkp, const float *q, const float *kv, const float *ckv,
+    const float *topk, const float *sink, const ps_v4_attn_geom *g);
+int ps_cpu_v4_attn_bias(ps_ctx *ctx, float *bias, const float *topk, const ps_v4_attn_geom *g);
+int ps_cpu_v4_attn_logits(ps_ctx *ctx, float *logits, const float *q, const float *kv, const float *ckv,
+    const float *bias, const ps_v4_attn_geom *g);
+int ps_cpu_v4_attn_softmax(ps_ctx *ctx, float *pattern, float *sinkp, const float *logits, const float *sink,
+    const ps_v4_attn_geom *g);
+int ps_cpu_v4_attn_apply(ps_ctx *ctx, float *out, const float *pattern, const float *kv, const float *ckv,
+    const ps_v4_attn_geom *g);
+int ps_cpu_v4_sink_rescale(ps_ctx *ctx, float *out, const float *sink_old, const float *sink_new,
+    const ps_v4_attn_geom *g);
+int ps_cpu_v4_grouped_linear(ps_ctx *ctx, float *out, const float *inp, const float *w, int64_t M, int64_t G,
+    int64_t Kg, int64_t Ng);
+int ps_cpu_v4_scale(ps_ctx *ctx, float *x, float s, int64_t n);
+/* ---------------- end DeepSeek-V4 ---------------- */
 
 #endif

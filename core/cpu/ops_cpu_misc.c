@@ -132,6 +132,44 @@ int ps_cpu_roll_blocks(ps_ctx *ctx, float *x, int64_t W, int64_t stride, int64_t
     return 0;
 }
 
+int ps_cpu_copy_blocks(ps_ctx *ctx, float *dst, int64_t dst_s0, int64_t dst_s1, const float *src, int64_t src_s0,
+                       int64_t src_s1, int64_t n0, int64_t n1, int64_t width, int accumulate, float scale) {
+    if (n0 < 0 || n1 < 0 || width < 0 || (accumulate && !src))
+        return ps_ctx_fail(ctx, "copy_blocks: %lld x %lld blocks of %lld floats%s: invalid", (long long)n0, (long long)n1,
+                           (long long)width, accumulate && !src ? " accumulated from no source" : "");
+#pragma omp parallel for collapse(2) schedule(static) if (n0 * n1 * width > 65536)
+    for (int64_t i = 0; i < n0; i++)
+        for (int64_t j = 0; j < n1; j++) {
+            float *y = dst + i * dst_s0 + j * dst_s1;
+            const float *s = src ? src + i * src_s0 + j * src_s1 : NULL;
+            if (accumulate)
+                for (int64_t e = 0; e < width; e++) y[e] += scale * s[e];
+            else if (s)
+                memcpy(y, s, (size_t)width * sizeof(float));
+            else
+                memset(y, 0, (size_t)width * sizeof(float));
+        }
+    return 0;
+}
+
+/* Elements in parallel, sequences in order for each element: the sum does not depend on the threads. */
+int ps_cpu_accumulate_seqs(ps_ctx *ctx, double *sum, const float *x, int64_t n_seq, int64_t n) {
+    (void)ctx;
+#pragma omp parallel for schedule(static) if (n_seq * n > 65536)
+    for (int64_t i = 0; i < n; i++) {
+        double acc = sum[i];
+        for (int64_t b = 0; b < n_seq; b++) acc += x[b * n + i];
+        sum[i] = acc;
+    }
+    return 0;
+}
+
+int ps_cpu_sum_to_mean(ps_ctx *ctx, float *mean, const double *sum, double count, int64_t n) {
+    if (!(count > 0)) return ps_ctx_fail(ctx, "sum_to_mean: count %g must be positive", count);
+    for (int64_t i = 0; i < n; i++) mean[i] = (float)(sum[i] / count);
+    return 0;
+}
+
 /* Columns in blocks: each thread owns a block of columns and adds the tokens' rows in token order, so the
  * sum does not depend on the thread count. */
 int ps_cpu_embed_backward(ps_ctx *ctx, float *dtable, const float *dout, const int32_t *tok, int64_t n_tok, int64_t C) {

@@ -1,0 +1,76 @@
+/* patching.h — TransformerLens-style helpers on the public hook mechanism (core/hooks.h): a forward
+ * that caches chosen activations (run_with_cache), and an activation-patching loop over (layer, head[,
+ * position]) of one hook point that patches the clean run's activation into the corrupted run with the
+ * built-in PS_ACT_PATCH action and reports a metric per cell.
+ *
+ * Cells batch like the knockout grid's: k cells are k replicas of the corrupted prompts in one forward
+ * (replica r = sequences [r·N, (r+1)·N) gets its own cell's patch action), as many as a memory budget
+ * holds. The cells of one layer restart from the corrupted run's residual stream at that layer
+ * (ps_forward_from): layers below are never recomputed. See docs/hooks.md. */
+#ifndef PS_PATCHING_H
+#define PS_PATCHING_H
+
+#include <stdint.h>
+
+#include "error.h"
+#include "hooks.h"
+#include "model.h"
+#include "sweep.h"
+#include "tasks.h"
+
+/* One forward of B sequences of T tokens (tokens [B, T]) with a cache watching each of names[0 .. n):
+ * afterwards ps_cache_get(cache, name) holds the activation (host memory; the values after any earlier
+ * overwrite, which here means none: only the cache's own hooks are registered). The cache may already
+ * watch other names (they are not filled by this run) and keeps what it held for names watched again. */
+int ps_run_with_cache(const ps_model *m, const int32_t *tokens, int64_t B, int64_t T, const char *const *names, int n,
+                      ps_cache *cache, ps_error *err);
+
+/* Metrics of a run, over the queries of the clean batch (answer positions and answer tokens from it):
+ *   PS_PATCH_LOGIT_DIFF   mean over queries of logit[clean answer] − logit[corrupted answer] at the row
+ *                         that predicts the first answer token (the corrupted answer: the corrupted
+ *                         batch's token at the clean query's answer_src). Higher = more like clean.
+ *   PS_PATCH_ANSWER_NLL   mean over queries of the query's summed −log p of the clean answer tokens
+ *                         (as the knockout's mean_nll). Lower = more like clean. */
+typedef enum { PS_PATCH_LOGIT_DIFF = 0, PS_PATCH_ANSWER_NLL = 1 } ps_patch_metric;
+
+typedef struct {
+    const char *point;      /* the hook point patched at each chosen layer, by its suffix: "attn.hook_z",
+                               "attn.hook_v", "hook_resid_pre", ... (not attn.hook_pattern) */
+    const int *layers;      /* NULL (or n_layers 0): every layer */
+    int n_layers;
+    const int *heads;       /* NULL (or n_heads 0): every head of the point (n_heads for q/z, n_kv for k/v,
+                               gates, ck, cv); a point without a head axis ([B, T, d]) has one "head", -1 */
+    int n_heads;
+    int per_position;       /* 1: one cell per position of the point's axis 1 (tokens, or windows for
+                               ck/cv/gates); 0: every position in one cell */
+    ps_patch_metric metric;
+    int max_cells;          /* most cells per forward; 0: as many as mem_bytes holds (at least 1) */
+    double mem_bytes;       /* bytes for the batched cells' activations; 0: ps_patch_default_budget() */
+} ps_patch_opts;
+
+typedef struct {
+    int n_layers, n_heads;
+    int64_t n_pos;           /* cells per (layer, head): the point's axis 1 with per_position, else 1 */
+    int *layers, *heads;     /* as run (heads[0] = -1 for a point without heads) */
+    double clean, corrupted; /* the metric of the clean run and of the corrupted run (nothing patched) */
+    double *cells;           /* [n_layers, n_heads, n_pos]: the metric of the corrupted run with that cell
+                                patched from the clean run */
+    int cells_per_forward;   /* the most cells one forward ran */
+} ps_patch_result;
+
+/* 1 GiB, at most a quarter of available memory. */
+double ps_patch_default_budget(void);
+
+/* clean and corrupted: the same number of prompts and tokens. Errors (naming the option): an unknown or
+ * unsupported point, a layer or head out of range, batches of different shapes, a clean batch without
+ * queries. progress (may be NULL) is called after every batched forward with (cells done, cells). */
+int ps_activation_patching(const ps_model *m, const ps_batch *clean, const ps_batch *corrupted,
+                           const ps_patch_opts *opts, ps_patch_result *out, ps_progress_fn progress, void *user,
+                           ps_error *err);
+void ps_patch_result_free(ps_patch_result *r);
+
+/* The metric of logits [B, T, V] (host) for the clean batch's queries (see ps_patch_metric). */
+double ps_patch_metric_value(ps_patch_metric metric, const ps_batch *clean, const ps_batch *corrupted,
+                             const float *logits, int64_t V);
+
+#endif
