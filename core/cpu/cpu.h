@@ -28,10 +28,6 @@ int ps_cpu_payload(ps_ctx *ctx, float *P, const float *a, const float *C, int sh
     int64_t T, int64_t d, int64_t nW, int64_t W, int64_t S, int64_t nkvhd);
 int ps_cpu_pool(ps_ctx *ctx, float *out, const float *alpha, const float *P, int64_t B, int64_t nW, int64_t W, int64_t
     nkv, int64_t hd);
-int ps_cpu_attn_probs(ps_ctx *ctx, float *probs, const float *q, const float *k, const float *ck, const ps_attn_geom
-    *g);
-int ps_cpu_attn_out(ps_ctx *ctx, float *z, const float *probs, const float *v, const float *cv, const ps_attn_geom
-    *g);
 int ps_cpu_attn_rows(ps_ctx *ctx, float *z_rows, const int64_t *rows, int64_t n, const float *q, const float *k, const
     float *v, const float *ck, const float *cv, const ps_attn_geom *g);
 int ps_cpu_matmul_backward(ps_ctx *ctx, float *dinp, float *dw, const float *dout, const float *inp, const float *w,
@@ -77,12 +73,9 @@ int ps_cpu_adamw(ps_ctx *ctx, float *w, float *m1, float *m2, const float *g, co
 int ps_cpu_attn_chunk(ps_ctx *ctx, float *z, const float *q, const float *k, const float *v, const float *ck,
     const float *cv, const ps_attn_frame *f);
 
-/* core/cpu/attention.c: attention in O(T) memory (flash style) */
-int ps_cpu_attn_forward(ps_ctx *ctx, float *z, float *lse, const float *q, const float *k, const float *v,
-    const float *ck, const float *cv, const ps_attn_geom *g);
-int ps_cpu_attn_backward(ps_ctx *ctx, float *dq, float *dk, float *dv, float *dck, float *dcv, const float *dz,
-    const float *z, const float *lse, const float *q, const float *k, const float *v, const float *ck, const float *cv,
-    const ps_attn_geom *g);
+/* core/cpu/attention.c: attention in O(T) memory (flash style), and the probability rows a pattern hook
+ * materialises (attn_probs, attn_out: the forward's blocks, so they give its z bit for bit) */
+#include "cpu_attention.h"
 
 /* ---------------- DeepSeek-V4 (SPEC-v4): core/cpu/ops_cpu_v4.c ---------------- */
 int ps_cpu_v4_rope_table(ps_ctx *ctx, float *cos_t, float *sin_t, int64_t n_pos, int64_t half, const double *inv_freq,
