@@ -96,7 +96,10 @@ static void test_families(void) {
     const char *joined = "The weather was calm. People walked.";
     REQUIRE_OK(ps_ids_text(&whole, tok, joined, strlen(joined), &err), &err);
     CHECK(ids.n == whole.n && !memcmp(ids.v, whole.v, (size_t)whole.n * 4), "family ids = tokenization of the joined text");
-    CHECK_ERR(ps_text_family_ids(&fams[0], tok, whole.n + 1, &ids, &err), &err, "family \"a\"", "fewer than", "repeat");
+    ps_ids_free(&ids);
+    char give[64];
+    snprintf(give, sizeof give, "give %lld tokens, fewer than the %lld needed", (long long)whole.n, (long long)whole.n + 1);
+    CHECK_ERR(ps_text_family_ids(&fams[0], tok, whole.n + 1, &ids, &err), &err, "family \"a\" (inline)", give, "repeat");
     ps_ids_free(&ids);
     /* repeat: rounds double until there are enough ids */
     REQUIRE_OK(ps_text_family_ids(&fams[2], tok, 300, &ids, &err), &err);

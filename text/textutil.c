@@ -309,10 +309,11 @@ int ps_text_family_ids(const ps_text_family *f, const ps_tokenizer *tok, int64_t
             return 0;
         }
         if (!f->repeat) {
+            int64_t got = ids.n;
             ps_ids_free(&ids);
             return ps_fail(err, "family \"%s\" (%s): its %lld sentences give %lld tokens, fewer than the %lld needed (add "
                                 "sentences, or set \"repeat\": true)",
-                           f->name, f->source, (long long)f->n_sentences, (long long)ids.n, (long long)need);
+                           f->name, f->source, (long long)f->n_sentences, (long long)got, (long long)need);
         }
         if (ids.n == 0) {
             ps_ids_free(&ids);

@@ -1555,19 +1555,29 @@ typedef struct {
     char title[512], headline[512], subtitle[512];
 } fl_ctx;
 
-/* A tick label with as many decimals as the tick step needs (Δ of a random model spans 1e-7). */
-static void fl_tick(char *buf, size_t n, double v, double step) {
+/* A tick label with as many digits as the tick step needs: fixed point, or scientific for ticks below 1e-3
+ * or from 1e5 (Δ of a random model spans 1e-8). big: the largest |tick| of the axis. */
+static int fl_digits(double step) {
     int dec = step > 0 ? (int)fmax(0, ceil(-log10(step) - 1e-9)) : 2;
     while (step > 0 && dec < 14 && fabs(step * pow(10, dec) - round(step * pow(10, dec))) > 1e-6) dec++; /* 2.5e-6: 7 */
-    if (dec > 12 || fabs(v) >= 1e5) snprintf(buf, n, "%.3e", v);
-    else snprintf(buf, n, "%.*f", dec, fabs(v) < step * 1e-6 ? 0.0 : v);
+    return dec;
+}
+
+static void fl_tick(char *buf, size_t n, double v, double step, double big) {
+    if (fabs(v) < step * 1e-6) v = 0;
+    if (big > 0 && (big < 1e-3 || big >= 1e5)) {
+        double ex = floor(log10(big));
+        snprintf(buf, n, "%.*e", fl_digits(step / pow(10, ex)), v);
+    } else
+        snprintf(buf, n, "%.*f", fl_digits(step), v);
 }
 
 /* axes of one panel: integer L on x, Δ on y; returns the y tick labels' width */
 static double fl_axes(cairo_t *cr, double x, double y, double w, double h, double x0, double x1, double y0, double y1, const char *yl) {
-    double t[32], tw = 0;
+    double t[32], tw = 0, big = 0;
     int n = ps_nice_ticks(y0, y1, 5, t, 32);
     double step = n > 1 ? t[1] - t[0] : 1;
+    for (int i = 0; i < n; i++) big = fmax(big, fabs(t[i]));
     cairo_set_line_width(cr, 1);
     for (int i = 0; i < n; i++) {
         if (t[i] > y1 || t[i] < y0) continue;
@@ -1577,7 +1587,7 @@ static double fl_axes(cairo_t *cr, double x, double y, double w, double h, doubl
         cairo_set_source_rgb(cr, 0, 0, 0);
         line(cr, x - 4, yy, x, yy);
         char buf[48];
-        fl_tick(buf, sizeof buf, t[i], step);
+        fl_tick(buf, sizeof buf, t[i], step, big);
         ps_text(cr, x - 6, yy, buf, 11, 1, 0.5, 0, 0);
         tw = fmax(tw, ps_text_width(cr, buf, 11, 0));
     }
@@ -1692,8 +1702,9 @@ static int render_fillers(json_t *doc, const char *path, const char *out, const 
     json_t *ln = json_object_get(ex, "lengths");
     x.Lmin = json_integer_value(json_array_get(ln, 0));
     x.nL = json_integer_value(json_array_get(ln, 1)) - x.Lmin + 1;
-    if (x.nf < 1 || x.nf > FL_MAX_FAMILIES)
-        return ps_fail(err, "%s: families: %d entries; the figure shows 1 to %d families", path, x.nf, FL_MAX_FAMILIES);
+    int all_f = x.nf;
+    if (x.nf < 1) return ps_fail(err, "%s: families: no entries; the figure shows 1 to %d families", path, FL_MAX_FAMILIES);
+    if (x.nf > FL_MAX_FAMILIES) x.nf = FL_MAX_FAMILIES; /* the first 16 are drawn; the subtitle says so */
     if (x.nL < 1 || x.nL > 4096)
         return ps_fail(err, "%s: experiment.lengths: %lld lengths; the figure shows 1 to 4096", path, (long long)x.nL);
     if (x.P < 1 || x.P > MAX_RESIDUES) return ps_fail(err, "%s: period: %lld; the figure shows 1 to %d residues", path, (long long)x.P, MAX_RESIDUES);
@@ -1728,10 +1739,11 @@ static int render_fillers(json_t *doc, const char *path, const char *out, const 
     { /* the widest y tick label sets the panels' left margin */
         double t[32];
         int nt = ps_nice_ticks(x.y0, x.y1, 5, t, 32);
-        double w = 0;
+        double w = 0, big = 0;
+        for (int i = 0; i < nt; i++) big = fmax(big, fabs(t[i]));
         for (int i = 0; i < nt; i++) {
             char buf[48];
-            fl_tick(buf, sizeof buf, t[i], nt > 1 ? t[1] - t[0] : 1);
+            fl_tick(buf, sizeof buf, t[i], nt > 1 ? t[1] - t[0] : 1, big);
             w = fmax(w, measure(buf, 11, 0));
         }
         x.left = w + 40;
@@ -1748,9 +1760,11 @@ static int render_fillers(json_t *doc, const char *path, const char *out, const 
     snprintf(x.title, sizeof x.title, "Filler experiment %s — %s", json_string_value(json_object_get(ex, "name")) ?: "", name);
     snprintf(x.headline, sizeof x.headline, "Δ = P(%s) − P(%s) against the filler length L, coloured by phase ρ = L mod %lld", c0, c1,
              (long long)x.P);
+    char shown[64] = "";
+    if (all_f > x.nf) snprintf(shown, sizeof shown, " (the first %d drawn)", x.nf);
     snprintf(x.subtitle, sizeof x.subtitle,
-             "pooled over the %d families: η² %.2f, permutation p %s (%lld permutations); dotted lines: L ≡ 0 (mod %lld)", x.nf,
-             num(pl, "eta2"), pt, (long long)json_integer_value(json_object_get(pl, "permutations")), (long long)x.P);
+             "pooled over the %d families%s: η² %.2f, permutation p %s (%lld permutations); dotted lines: L ≡ 0 (mod %lld)", all_f,
+             shown, num(pl, "eta2"), pt, (long long)json_integer_value(json_object_get(pl, "permutations")), (long long)x.P);
     chunks ch;
     make_chunks(&ch, prov, x.title);
     int rc = emit(out, "fillers", 40 + x.cols * fl_cell_w(&x), FL_TOP + x.rows * FL_CELL_H + 40, draw_fillers, &x, &ch, o, verbose, err);

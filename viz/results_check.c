@@ -895,8 +895,8 @@ static int check_phase_test(ck *c, json_t *t, const double *y, const int64_t *x,
         return bad(c, "%lld, but the points fall in %lld residues", (long long)tg, (long long)w_g);
     }
     /* the points are written with 10 significant digits: recomputed only where that rounding cannot
-     * decide the residuals (their spread above 1e-6 of the values) */
-    if (emax > 1e-6 * ymax && fabs(eta2 - w_eta2) > 1e-4) {
+     * decide the residuals (their spread above 1e-5 of the values) */
+    if (emax > 1e-5 * ymax && fabs(eta2 - w_eta2) > 1e-4) {
         key(c, "eta2");
         return bad(c, "%.10g, but the points give %.10g", eta2, w_eta2);
     }
