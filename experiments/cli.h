@@ -123,5 +123,6 @@ extern const ps_command ps_cmd_render;
 extern const ps_command ps_cmd_table;
 extern const ps_command ps_cmd_theory;
 extern const ps_command ps_cmd_tokenize;
+extern const ps_command ps_cmd_fillers;
 
 #endif

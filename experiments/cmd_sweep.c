@@ -5,12 +5,24 @@
 
 #include "instrument.h"
 #include "draw.h"
+#include "results_check.h"
 #include "stats.h"
+#include "textkv.h"
+#include "textutil.h"
+#include "tokenizer.h"
 
 static int run(const ps_args *a, ps_error *err);
 
 static const ps_flag_spec FLAGS[] = {
     {"--mode", "pad|move", "pad (default) or move", 0},
+    {"--task", "model|text-kv",
+     "model (default): the task stored in the checkpoint; text-kv: key-value pairs\n"
+     "written as text with --tokenizer (docs/text-experiments.md)",
+     0},
+    {"--tokenizer", "FILE", "text-kv: the model's tokenizer.json", 0},
+    {"--pairs", "N", "text-kv: key-value pairs per prompt (default 8)", 0},
+    {"--words", "FILE", "text-kv: key words, one per line (default data/text/kv_keys.txt)", 0},
+    {"--values", "numbers|words", "text-kv: values are 4-digit numbers (default) or words from --words", 0},
     PS_INSTR_FLAGS,
     {0},
 };
@@ -25,10 +37,32 @@ const ps_command ps_cmd_sweep = {
         "n, accuracy (top-1 over the vocabulary), 95% Wilson interval, mean target log-prob; overall mean, min\n"
         "and gap (pp); a chi-square test of accuracy against residue and the verdict: phase sensitive when\n"
         "p < 0.01 and the gap is at least 5 pp; only then the dominant period of the curve is given (the JSON's\n"
-        "dominant_period.period is null otherwise). Writes OUT/sweep.json.\n",
+        "dominant_period.period is null otherwise). Writes OUT/sweep.json.\n"
+        "--task text-kv: the prompts are text (docs/text-experiments.md): --pairs lines \"The value of KEY is\n"
+        "VALUE.\", a question for one key, the value teacher-forced as the answer (every answer token must be\n"
+        "the top-1); pad inserts p tokens of filler text (--family NAME of data/text/fillers.json, default prose)\n"
+        "before the pairs, move puts them around the queried pair; rho = t_K mod P, t_K the key's first token\n"
+        "in its pair line. Prompts longer than 4096 tokens run through the chunked prefill.\n",
     .flags = FLAGS,
     .run = run,
 };
+
+/* the verdict and the period come from the JSON just written, so the two always agree */
+static void summary(json_t *curve) {
+    json_t *cs = json_object_get(curve, "chi_square"), *dp = json_object_get(curve, "dominant_period");
+    double p = json_number_value(json_object_get(cs, "p_value"));
+    double gap = json_number_value(json_object_get(curve, "gap_pp"));
+    char ptext[32];
+    ps_format_p(ptext, sizeof ptext, p);
+    printf("mean accuracy %.3f, min %.3f, gap %.1f pp; chi-square p %s%s: %s", json_number_value(json_object_get(curve, "mean_accuracy")),
+           json_number_value(json_object_get(curve, "min_accuracy")), gap, ptext[0] == '<' ? "" : "= ", ptext,
+           json_string_value(json_object_get(curve, "verdict")));
+    if (json_is_number(json_object_get(dp, "period")))
+        printf(", dominant period %.4g", json_number_value(json_object_get(dp, "period")));
+    printf("\n");
+}
+
+static int run_textkv(const ps_args *a, ps_sweep_mode mode, ps_error *err);
 
 static int run(const ps_args *a, ps_error *err) {
     ps_instr in = {0};
@@ -39,6 +73,19 @@ static int run(const ps_args *a, ps_error *err) {
     int mi = 0;
     if (ps_args_choice(a, "--mode", MODES, &mi, err)) goto done;
     ps_sweep_mode mode = mi ? PS_SWEEP_MOVE : PS_SWEEP_PAD;
+    static const char *const TASKS[] = {"model", "text-kv", NULL};
+    int ti = 0;
+    if (ps_args_choice(a, "--task", TASKS, &ti, err)) goto done;
+    if (ti == 1) {
+        rc = run_textkv(a, mode, err) ? 1 : 0;
+        goto done;
+    }
+    static const char *const TEXT_ONLY[] = {"--tokenizer", "--pairs", "--words", "--values", NULL};
+    for (int i = 0; TEXT_ONLY[i]; i++)
+        if (ps_args_has(a, TEXT_ONLY[i])) {
+            ps_cli_usage(err, "%s: only with --task text-kv", TEXT_ONLY[i]);
+            goto done;
+        }
     if (ps_instr_setup(&in, a, 1, err)) goto done;
     if (ps_sweep_run(&in.m, &in.base, &in.task, in.fam, mode, in.P, in.seed, in.batch, &st, ps_instr_progress, &in, err)) {
         ps_progress_end(&in.bar);
@@ -52,22 +99,154 @@ static int run(const ps_args *a, ps_error *err) {
     if (!curve) goto done;
     json_object_set_new(res, "curve", curve);
     if (ps_instr_write(&in, "sweep.json", res, err)) goto done;
-    /* the verdict and the period come from the JSON just written, so the two always agree */
-    json_t *cs = json_object_get(curve, "chi_square"), *dp = json_object_get(curve, "dominant_period");
-    double p = json_number_value(json_object_get(cs, "p_value"));
-    double gap = json_number_value(json_object_get(curve, "gap_pp"));
-    char ptext[32];
-    ps_format_p(ptext, sizeof ptext, p);
-    printf("mean accuracy %.3f, min %.3f, gap %.1f pp; chi-square p %s%s: %s", json_number_value(json_object_get(curve, "mean_accuracy")),
-           json_number_value(json_object_get(curve, "min_accuracy")), gap, ptext[0] == '<' ? "" : "= ", ptext,
-           json_string_value(json_object_get(curve, "verdict")));
-    if (json_is_number(json_object_get(dp, "period")))
-        printf(", dominant period %.4g", json_number_value(json_object_get(dp, "period")));
-    printf("\n");
+    summary(curve);
     rc = 0;
 done:
     json_decref(res);
     ps_residue_stats_free(&st);
+    ps_instr_free(&in);
+    return rc;
+}
+
+/* ---- --task text-kv ---- */
+
+static void textkv_progress(int64_t done, int64_t total, void *user) {
+    ps_instr *in = user;
+    ps_progress_update(&in->bar, done, total, "shifts");
+}
+
+static int run_textkv(const ps_args *a, ps_sweep_mode mode, ps_error *err) {
+    ps_instr in = {0};
+    ps_residue_stats st = {0};
+    ps_tokenizer *tok = NULL;
+    ps_text_family *fams = NULL;
+    int n_fams = 0;
+    const ps_text_family *fam = NULL;
+    char **words = NULL;
+    int64_t n_words = 0, pairs = 8, seed = 0, tmin = INT64_MAX, tmax = 0;
+    ps_ids fill = {0};
+    ps_textkv kv;
+    ps_textkv_defaults(&kv);
+    int *ok = NULL;
+    double *lp = NULL;
+    json_t *res = NULL;
+    int rc = -1, vi = 0;
+    static const char *const VALUES[] = {"numbers", "words", NULL};
+    const char *tok_path = ps_args_get(a, "--tokenizer"), *words_path = ps_args_get(a, "--words"), *family = ps_args_get(a, "--family");
+    if (!tok_path) {
+        ps_cli_usage(err, "--task text-kv needs --tokenizer (the model's tokenizer.json)");
+        goto done;
+    }
+    in.n_prompts = 256;
+    in.batch = 32;
+    if (ps_args_choice(a, "--values", VALUES, &vi, err) || ps_args_int(a, "--pairs", 1, 100000, &pairs, err) ||
+        ps_args_int(a, "--n", 1, PS_RESULT_MAX_PROMPTS, &in.n_prompts, err) || ps_args_int(a, "--seed", 0, INT64_MAX, &seed, err) ||
+        ps_args_int(a, "--batch", 1, 1 << 16, &in.batch, err) || ps_args_int(a, "--period", 1, PS_RESULT_MAX_PERIOD, &in.P, err))
+        goto done;
+    in.seed = (uint64_t)seed;
+    in.command = a->cmd->name;
+    in.backend = ps_args_backend(a);
+    in.cmdline = ps_args_command_line(a);
+    const char *out = ps_args_get(a, "--out");
+    snprintf(in.out_dir, sizeof in.out_dir, "%s", out ? out : "out/sweep");
+    /* the text side first (cheap), then the model */
+    if (ps_text_families_load(PS_SOURCE_DIR "/data/text/fillers.json", &fams, &n_fams, err)) goto done;
+    if (ps_text_family_find(fams, n_fams, family, &fam, err)) {
+        ps_cli_mark_usage(err);
+        goto done;
+    }
+    if (!words_path) words_path = PS_SOURCE_DIR "/data/text/kv_keys.txt";
+    if (ps_text_read_lines(words_path, &words, &n_words, err) || ps_tokenizer_load(tok_path, &tok, err)) goto done;
+    if (ps_cli_model_dir(ps_args_get(a, "--model"), in.model_dir, sizeof in.model_dir, err) ||
+        ps_model_load(&in.m, in.model_dir, err) || ps_model_to_backend(&in.m, in.backend, err) ||
+        ps_text_check_vocab(tok, tok_path, in.m.cfg.vocab_size, in.model_dir, err))
+        goto done;
+    if (!in.P) in.P = in.m.cfg.kind == PS_ATTN_COMPRESSED ? in.m.cfg.stride : 8;
+    if (ps_text_family_ids(fam, tok, in.P - 1, &fill, err)) goto done;
+    kv.keys = words;
+    kv.n_keys = n_words;
+    if (vi == 1) {
+        kv.value_words = words;
+        kv.n_value_words = n_words;
+        if (n_words < 2 * pairs) {
+            ps_fail(err, "%s: %lld words for %lld pairs with --values words: keys and values must all differ (%lld words needed)",
+                    words_path, (long long)n_words, (long long)pairs, (long long)(2 * pairs));
+            goto done;
+        }
+    }
+    kv.n_pairs = pairs;
+    kv.filler = fill.v;
+    kv.n_filler = fill.n;
+    if (ps_textkv_init(&kv, tok, err)) {
+        ps_fail_prefix(err, "%s: ", words_path);
+        goto done;
+    }
+    if (ps_residue_stats_init(&st, in.P, err)) goto done;
+    ok = malloc((size_t)(in.n_prompts * kv.n_queries) * sizeof *ok);
+    lp = malloc((size_t)(in.n_prompts * kv.n_queries) * sizeof *lp);
+    if (!ok || !lp) {
+        ps_fail(err, "out of memory for the outcomes of %lld prompts", (long long)in.n_prompts);
+        goto done;
+    }
+    ps_progress_init(&in.bar, (int64_t)1 << 40);
+    for (int64_t p = 0; p < in.P; p++) {
+        ps_shifted s;
+        if (ps_textkv_shifted(&kv, mode, in.P, p, in.seed, in.n_prompts, in.m.cfg.max_seq_len, &s, err)) break;
+        int64_t T0 = 0;
+        for (int64_t i = 0; i < s.b.B; i++) { /* the prompt's own length: its last answer token + the closing ".\n" */
+            const ps_query *q = &s.b.queries[i * s.b.max_q + s.b.max_q - 1];
+            T0 = q->answer_src + q->answer_len + kv.qe_ids.n;
+            tmin = T0 < tmin ? T0 : tmin;
+            tmax = T0 > tmax ? T0 : tmax;
+        }
+        int e = ps_eval_shifted_fit(&in.m, &s, in.batch, 0, ok, lp, err);
+        if (!e) ps_residue_stats_add(&st, &s, ok, lp);
+        ps_shifted_free(&s);
+        if (e) break;
+        textkv_progress(p + 1, in.P, &in);
+        if (p + 1 == in.P) rc = 0;
+    }
+    ps_progress_end(&in.bar);
+    if (rc) goto done;
+    rc = -1;
+    res = json_object();
+    json_object_set_new(res, "kind", json_string("sweep"));
+    json_t *prov = ps_instr_provenance(&in, mode == PS_SWEEP_PAD ? "pad" : "move"), *ev = json_object_get(prov, "eval"),
+           *task = json_object(), *tl = json_object();
+    json_object_set_new(ev, "family", json_string(fam->name));
+    json_object_set_new(ev, "task", json_string("text-kv"));
+    json_object_set_new(task, "kind", json_string("text-kv"));
+    json_object_set_new(task, "tokenizer", json_string(tok_path));
+    json_object_set_new(task, "tokenizer_ids", json_integer(ps_tokenizer_vocab_size(tok)));
+    json_object_set_new(task, "pairs", json_integer(kv.n_pairs));
+    json_object_set_new(task, "queries", json_integer(kv.n_queries));
+    json_object_set_new(task, "keys", json_string(words_path));
+    json_object_set_new(task, "n_keys", json_integer(n_words));
+    json_object_set_new(task, "values", json_string(VALUES[vi]));
+    if (vi == 0) json_object_set_new(task, "value_digits", json_integer(kv.value_digits));
+    json_object_set_new(task, "filler_family", json_string(fam->name));
+    json_object_set_new(task, "filler_source", json_string(fam->source));
+    json_object_set_new(tl, "min", json_integer(tmin));
+    json_object_set_new(tl, "max", json_integer(tmax));
+    json_object_set_new(task, "prompt_tokens", tl);
+    json_object_set_new(prov, "task", task);
+    json_object_set_new(res, "provenance", prov);
+    json_t *curve = ps_residue_stats_json(&st, err);
+    if (!curve) goto done;
+    json_object_set_new(res, "curve", curve);
+    if (ps_instr_write(&in, "sweep.json", res, err)) goto done;
+    summary(curve);
+    rc = 0;
+done:
+    json_decref(res);
+    free(ok);
+    free(lp);
+    ps_residue_stats_free(&st);
+    ps_textkv_free(&kv);
+    ps_ids_free(&fill);
+    ps_text_lines_free(words, n_words);
+    ps_text_families_free(fams, n_fams);
+    ps_tokenizer_free(tok);
     ps_instr_free(&in);
     return rc;
 }

@@ -15,6 +15,7 @@ static const ps_command *const CMDS[] = {
     &ps_cmd_knockout,
     &ps_cmd_gatecycle,
     &ps_cmd_gates,
+    &ps_cmd_fillers,
     &ps_cmd_render,
     &ps_cmd_theory,
     &ps_cmd_table,

@@ -339,6 +339,57 @@ for row, p in zip(rows, A[1:]):
     assert ("| %.3f | %.3f | %.1f |" % (c["mean_accuracy"], c["min_accuracy"], c["gap_pp"])) in row, (row, c["mean_accuracy"])
 ' "$T/table.md" "$T/o/sweep.json" "$T/of/sweep.json"
 expect table-bad 1 "gates.json" -- "$PS" table "$T/o/gates.json"
+# text prompt experiments (docs/text-experiments.md) on the tiny tokenizer of tests/text/ (419 ids) and a
+# random W4/S4 model with that vocabulary
+TT="$(dirname "$0")/text/tiny_tokenizer.json"; XP="$(dirname "$0")/../experiments/configs/text/fp8_cast.json"
+expect fillers-help 0 "usage: phasescope fillers --model DIR --tokenizer FILE --experiment FILE" -- "$B/fillers" --help
+expect text-init 0 "wrote" -- "$PS" init --config "$(dirname "$0")/text/tiny_model.json" --out "$T/tm" --seed 2
+expect fillers-ok 0 "pooled" -- "$PS" fillers --model "$T/tm" --tokenizer "$TT" --experiment "$XP" --out "$T/fl"
+check fillers-json '
+d = load(A[0]); e = d["experiment"]; P = d["period"]
+assert d["kind"] == "fillers" and P == 4 and e["lengths"] == [24, 39] and [c["text"] for c in e["candidates"]] == ["8", "32"]
+assert [f["name"] for f in d["families"]] == ["eq-rules", "hash-banners", "dash-rules", "prose"]
+assert d["provenance"]["tokenizer"]["ids"] == 419 and d["provenance"]["eval"]["period"] == 4
+for f in d["families"]:
+    assert [p["L"] for p in f["points"]] == list(range(24, 40))
+    for p in f["points"]:
+        assert p["phase"] == p["L"] % P and p["prompt_tokens"] == e["prefix_tokens"] + p["L"] + e["suffix_tokens"]
+        c = p["candidates"]; assert abs(p["delta"] - (c[0]["p"] - c[1]["p"])) < 1e-9
+        assert all(abs(x["p"] - math.exp(x["logprob"])) < 1e-9 for x in c)
+    for r in f["residues"]:
+        pts = [p["delta"] for p in f["points"] if p["phase"] == r["rho"]]
+        assert r["n"] == len(pts) == 4 and abs(r["mean_delta"] - sum(pts) / 4) < 1e-9
+    assert 0 < f["test"]["p_value"] <= 1 and f["test"]["permutations"] == 9999 and f["test"]["n"] == 16
+assert d["pooled"]["n"] == 64
+assert png_size(A[1])[0] > 1000
+' "$T/fl/fillers.json" "$T/fl/fillers.png"
+expect fillers-render 0 "fillers.png" -- "$PS" render "$T/fl/fillers.json" --out "$T/flr"
+expect fillers-render-same 0 "" -- cmp "$T/fl/fillers.png" "$T/flr/fillers.png"
+expect fillers-period 0 "period 8" -- "$PS" fillers --model "$T/tm" --tokenizer "$TT" --experiment "$XP" --out "$T/fl8" --period 8
+printf '{"template": "no slot here", "families": [{"name": "a", "sentences": ["x y z"]}], "lengths": [1, 2], "candidates": ["8", "9"]}' > "$T/noslot.json"
+expect fillers-no-slot 1 "noslot.json: template: no filler slot \"{filler}\"" -- "$PS" fillers --model "$T/tm" --tokenizer "$TT" --experiment "$T/noslot.json"
+printf '{"template": "x{filler}", "families": [{"name": "short", "sentences": ["a b c"]}], "lengths": [1, 50], "candidates": ["8", "9"]}' > "$T/short.json"
+expect fillers-too-long 1 "family \"short\" (inline): its 1 sentences give" -- "$PS" fillers --model "$T/tm" --tokenizer "$TT" --experiment "$T/short.json"
+expect fillers-vocab 1 "tiny_tokenizer.json: the tokenizer has 419 ids but the model $M has vocab_size" -- "$PS" fillers --model "$M" --tokenizer "$TT" --experiment "$XP"
+expect fillers-no-tokenizer 2 "--tokenizer is required" -- "$PS" fillers --model "$T/tm" --experiment "$XP"
+expect fillers-bad-tokenizer 1 "nope.json: cannot open" -- "$PS" fillers --model "$T/tm" --tokenizer "$T/nope.json" --experiment "$XP"
+expect sweep-textkv 0 "mean accuracy" -- "$PS" sweep --task text-kv --model "$T/tm" --tokenizer "$TT" --n 16 --pairs 4 --out "$T/tk"
+expect sweep-textkv-move 0 "mean accuracy" -- "$PS" sweep --task text-kv --mode move --model "$T/tm" --tokenizer "$TT" --n 16 --values words --family eq-rules --out "$T/tkm"
+check sweep-textkv-json '
+for path, mode, fam in ((A[0], "pad", "prose"), (A[1], "move", "eq-rules")):
+    d = load(path); pv = d["provenance"]; c = d["curve"]
+    assert d["kind"] == "sweep" and pv["eval"]["task"] == "text-kv" and pv["eval"]["mode"] == mode and pv["eval"]["family"] == fam
+    assert pv["task"]["kind"] == "text-kv" and pv["task"]["tokenizer_ids"] == 419
+    assert c["period"] == 4 and [r["n"] for r in c["residues"]] == [16] * 4, c["residues"]
+assert load(A[0])["provenance"]["task"]["pairs"] == 4 and load(A[1])["provenance"]["task"]["values"] == "words"
+' "$T/tk/sweep.json" "$T/tkm/sweep.json"
+expect sweep-textkv-render 0 "phase_curve.png" -- "$PS" render "$T/tk/sweep.json" "$T/tkm/sweep.json" --out "$T/tkr"
+expect sweep-textkv-no-tokenizer 2 "--task text-kv needs --tokenizer" -- "$PS" sweep --task text-kv --model "$T/tm"
+expect sweep-tokenizer-no-task 2 "--tokenizer: only with --task text-kv" -- "$PS" sweep --model "$T/tm" --tokenizer "$TT"
+expect sweep-textkv-family 2 "--family repeat: unknown text filler family (families: prose, eq-rules" -- "$PS" sweep --task text-kv --model "$T/tm" --tokenizer "$TT" --family repeat
+expect sweep-textkv-vocab 1 "the model $M has vocab_size" -- "$PS" sweep --task text-kv --model "$M" --tokenizer "$TT"
+expect sweep-textkv-pairs 1 "243 key words for 300 pairs" -- "$PS" sweep --task text-kv --model "$T/tm" --tokenizer "$TT" --pairs 300
+expect sweep-textkv-task 2 "--task kv: expected model or text-kv" -- "$PS" sweep --task kv
 # BLAS kernels: a library that reports a kernel family below the CPU's gets the CPU's (checked against a
 # plain loop); a user's OPENBLAS_CORETYPE wins; info and every result name the kernels in use
 best=$(python3 -c "

@@ -1537,6 +1537,243 @@ static int render_theory(json_t *doc, const char *path, const char *out, const p
     return rc;
 }
 
+/* ---- text filler experiments (fillers.json): delta against L, residues marked, families side by side ---- */
+
+#define FL_MAX_FAMILIES 16
+#define FL_COLS 4
+#define FL_PW 330.0 /* plot area of one panel */
+#define FL_PH 260.0
+#define FL_CELL_H 372.0
+#define FL_TOP 84.0
+
+typedef struct {
+    int nf, cols, rows;
+    int64_t P, nL, Lmin;
+    double *d; /* [nf × nL] */
+    double y0, y1, left; /* left: room for the y tick labels and the axis label */
+    char (*name)[160], (*stats)[200];
+    char title[512], headline[512], subtitle[512];
+} fl_ctx;
+
+/* A tick label with as many digits as the tick step needs: fixed point, or scientific for ticks below 1e-3
+ * or from 1e5 (Δ of a random model spans 1e-8). big: the largest |tick| of the axis. */
+static int fl_digits(double step) {
+    int dec = step > 0 ? (int)fmax(0, ceil(-log10(step) - 1e-9)) : 2;
+    while (step > 0 && dec < 14 && fabs(step * pow(10, dec) - round(step * pow(10, dec))) > 1e-6) dec++; /* 2.5e-6: 7 */
+    return dec;
+}
+
+static void fl_tick(char *buf, size_t n, double v, double step, double big) {
+    if (fabs(v) < step * 1e-6) v = 0;
+    if (big > 0 && (big < 1e-3 || big >= 1e5)) {
+        double ex = floor(log10(big));
+        snprintf(buf, n, "%.*e", fl_digits(step / pow(10, ex)), v);
+    } else
+        snprintf(buf, n, "%.*f", fl_digits(step), v);
+}
+
+/* axes of one panel: integer L on x, Δ on y; returns the y tick labels' width */
+static double fl_axes(cairo_t *cr, double x, double y, double w, double h, double x0, double x1, double y0, double y1, const char *yl) {
+    double t[32], tw = 0, big = 0;
+    int n = ps_nice_ticks(y0, y1, 5, t, 32);
+    double step = n > 1 ? t[1] - t[0] : 1;
+    for (int i = 0; i < n; i++) big = fmax(big, fabs(t[i]));
+    cairo_set_line_width(cr, 1);
+    for (int i = 0; i < n; i++) {
+        if (t[i] > y1 || t[i] < y0) continue;
+        double yy = round(y + h * (1 - (t[i] - y0) / (y1 - y0))) + 0.5;
+        cairo_set_source_rgb(cr, 0.88, 0.88, 0.88);
+        line(cr, x, yy, x + w, yy);
+        cairo_set_source_rgb(cr, 0, 0, 0);
+        line(cr, x - 4, yy, x, yy);
+        char buf[48];
+        fl_tick(buf, sizeof buf, t[i], step, big);
+        ps_text(cr, x - 6, yy, buf, 11, 1, 0.5, 0, 0);
+        tw = fmax(tw, ps_text_width(cr, buf, 11, 0));
+    }
+    n = ps_nice_ticks(x0, x1, 6, t, 32);
+    step = n > 1 ? t[1] - t[0] : 1;
+    if (step < 1) { /* integer lengths only */
+        n = 0;
+        for (double v = ceil(x0); v <= x1 && n < 32; v++) t[n++] = v;
+    }
+    for (int i = 0; i < n; i++) {
+        if (t[i] < x0 || t[i] > x1 || t[i] != floor(t[i])) continue;
+        double xx = round(x + w * (t[i] - x0) / (x1 - x0)) + 0.5;
+        line(cr, xx, y + h, xx, y + h + 4);
+        char buf[32];
+        snprintf(buf, sizeof buf, "%.0f", t[i]);
+        ps_text(cr, xx, y + h + 6, buf, 11, 0.5, 0, 0, 0);
+    }
+    cairo_rectangle(cr, x + 0.5, y + 0.5, w, h);
+    cairo_stroke(cr);
+    ps_text(cr, x + w / 2, y + h + 24, "filler length L (tokens)", 12, 0.5, 0, 0, 0);
+    if (yl) ps_text(cr, x - tw - 16, y + h / 2, yl, 12, 0.5, 1, -M_PI / 2, 0);
+    return tw;
+}
+
+static double fl_cell_w(const fl_ctx *x) { return FL_PW + 40.0 + x->left; }
+
+static ps_rgb fl_color(int64_t rho, int64_t P) {
+    if (P <= 6) return ps_okabe_ito((int)rho); /* blue, orange, bluish green, vermillion, reddish purple, sky blue */
+    return ps_viridis(P > 1 ? 0.92 * (double)rho / (double)(P - 1) : 0);
+}
+
+static void draw_fillers(cairo_t *cr, void *vctx) {
+    fl_ctx *x = vctx;
+    double W = 40 + x->cols * fl_cell_w(x);
+    ps_text(cr, 20, 22, x->title, fit(cr, x->title, 17, W - 40, 1), 0, 0.5, 0, 1);
+    ps_text(cr, 20, 46, x->headline, fit(cr, x->headline, 14, W - 40, 1), 0, 0.5, 0, 1);
+    ps_text(cr, 20, 68, x->subtitle, fit(cr, x->subtitle, 12, W - 40, 0), 0, 0.5, 0, 0);
+    double x0 = (double)x->Lmin - 0.5, x1 = (double)(x->Lmin + x->nL - 1) + 0.5;
+    for (int f = 0; f < x->nf; f++) {
+        double px = 40 + x->left + (f % x->cols) * fl_cell_w(x), py = FL_TOP + 44 + (f / x->cols) * FL_CELL_H;
+        cairo_set_source_rgb(cr, 0, 0, 0);
+        ps_text(cr, px, py - 30, x->name[f], fit(cr, x->name[f], 14, FL_PW, 1), 0, 0.5, 0, 1);
+        ps_text(cr, px, py - 12, x->stats[f], fit(cr, x->stats[f], 12, FL_PW, 0), 0, 0.5, 0, 0);
+        /* L ≡ 0 (mod P): faint vertical lines, where a new period starts */
+        cairo_set_source_rgb(cr, 0.80, 0.80, 0.80);
+        cairo_set_line_width(cr, 1);
+        static const double dots[2] = {2, 3};
+        cairo_set_dash(cr, dots, 2, 0);
+        for (int64_t i = 0; i < x->nL; i++)
+            if ((x->Lmin + i) % x->P == 0) {
+                double xx = round(px + FL_PW * ((double)(x->Lmin + i) - x0) / (x1 - x0)) + 0.5;
+                line(cr, xx, py, xx, py + FL_PH);
+            }
+        cairo_set_dash(cr, NULL, 0, 0);
+        cairo_set_source_rgb(cr, 0, 0, 0);
+        fl_axes(cr, px, py, FL_PW, FL_PH, x0, x1, x->y0, x->y1, "Δ = P(first) − P(second)");
+        if (x->y0 < 0 && x->y1 > 0) { /* Δ = 0 */
+            double yy = round(py + FL_PH * (1 - (0 - x->y0) / (x->y1 - x->y0))) + 0.5;
+            cairo_set_source_rgb(cr, 0.45, 0.45, 0.45);
+            cairo_set_line_width(cr, 1);
+            line(cr, px, yy, px + FL_PW, yy);
+        }
+        double xs[4096];
+        int n = (int)(x->nL < 4096 ? x->nL : 4096);
+        for (int i = 0; i < n; i++) xs[i] = (double)(x->Lmin + i);
+        cairo_set_source_rgb(cr, 0.55, 0.55, 0.55);
+        cairo_set_line_width(cr, 1.2);
+        polyline(cr, xs, x->d + f * x->nL, 1, n, px, py, FL_PW, FL_PH, x0, x1, x->y0, x->y1);
+        double dx = FL_PW / (double)x->nL, r = fmax(1.5, fmin(4.5, dx / 2.5));
+        int label = dx >= 9;
+        for (int i = 0; i < n; i++) {
+            int64_t rho = (x->Lmin + i) % x->P;
+            double xx = px + FL_PW * (xs[i] - x0) / (x1 - x0), yy = py + FL_PH * (1 - (x->d[f * x->nL + i] - x->y0) / (x->y1 - x->y0));
+            ps_set_rgb(cr, fl_color(rho, x->P));
+            cairo_arc(cr, xx, yy, r, 0, 2 * M_PI);
+            cairo_fill_preserve(cr);
+            cairo_set_source_rgb(cr, 0, 0, 0);
+            cairo_set_line_width(cr, 0.6);
+            cairo_stroke(cr);
+            if (label) { /* the residue as a number too: colour is not the only cue */
+                char b[24];
+                snprintf(b, sizeof b, "%lld", (long long)rho);
+                ps_text(cr, xx, yy - r - 2, b, 9, 0.5, 1, 0, 0);
+            }
+        }
+    }
+    /* legend: the residues' colours */
+    double ly = FL_TOP + x->rows * FL_CELL_H + 10, lx = 40;
+    cairo_set_source_rgb(cr, 0, 0, 0);
+    char lab[64];
+    snprintf(lab, sizeof lab, "phase ρ = L mod %lld:", (long long)x->P);
+    ps_text(cr, lx, ly, lab, 12, 0, 0.5, 0, 1);
+    lx += ps_text_width(cr, lab, 12, 1) + 12;
+    int64_t step = x->P <= 24 ? 1 : (x->P + 23) / 24;
+    for (int64_t rho = 0; rho < x->P; rho += step) {
+        ps_set_rgb(cr, fl_color(rho, x->P));
+        cairo_arc(cr, lx + 5, ly, 5, 0, 2 * M_PI);
+        cairo_fill(cr);
+        cairo_set_source_rgb(cr, 0, 0, 0);
+        char b[24];
+        snprintf(b, sizeof b, "%lld", (long long)rho);
+        ps_text(cr, lx + 13, ly, b, 11, 0, 0.5, 0, 0);
+        lx += 13 + ps_text_width(cr, b, 11, 0) + 10;
+    }
+}
+
+static int render_fillers(json_t *doc, const char *path, const char *out, const ps_render_opts *o, int verbose, ps_error *err) {
+    json_t *prov = json_object_get(doc, "provenance"), *fams = json_object_get(doc, "families"), *ex = json_object_get(doc, "experiment");
+    fl_ctx x = {0};
+    x.nf = (int)json_array_size(fams);
+    x.P = json_integer_value(json_object_get(doc, "period"));
+    json_t *ln = json_object_get(ex, "lengths");
+    x.Lmin = json_integer_value(json_array_get(ln, 0));
+    x.nL = json_integer_value(json_array_get(ln, 1)) - x.Lmin + 1;
+    int all_f = x.nf;
+    if (x.nf < 1) return ps_fail(err, "%s: families: no entries; the figure shows 1 to %d families", path, FL_MAX_FAMILIES);
+    if (x.nf > FL_MAX_FAMILIES) x.nf = FL_MAX_FAMILIES; /* the first 16 are drawn; the subtitle says so */
+    if (x.nL < 1 || x.nL > 4096)
+        return ps_fail(err, "%s: experiment.lengths: %lld lengths; the figure shows 1 to 4096", path, (long long)x.nL);
+    if (x.P < 1 || x.P > MAX_RESIDUES) return ps_fail(err, "%s: period: %lld; the figure shows 1 to %d residues", path, (long long)x.P, MAX_RESIDUES);
+    x.cols = x.nf < FL_COLS ? x.nf : FL_COLS;
+    x.rows = (x.nf + x.cols - 1) / x.cols;
+    x.d = malloc((size_t)(x.nf * x.nL) * sizeof *x.d);
+    x.name = calloc((size_t)x.nf, sizeof *x.name);
+    x.stats = calloc((size_t)x.nf, sizeof *x.stats);
+    if (!x.d || !x.name || !x.stats) {
+        free(x.d), free(x.name), free(x.stats);
+        return ps_fail(err, "%s: out of memory", path);
+    }
+    double mn = INFINITY, mx = -INFINITY;
+    for (int f = 0; f < x.nf; f++) {
+        json_t *fo = json_array_get(fams, (size_t)f), *pts = json_object_get(fo, "points"), *t = json_object_get(fo, "test");
+        for (int64_t i = 0; i < x.nL; i++) {
+            double d = num(json_array_get(pts, (size_t)i), "delta");
+            x.d[f * x.nL + i] = d;
+            mn = fmin(mn, d);
+            mx = fmax(mx, d);
+        }
+        char pt[32];
+        ps_format_p(pt, sizeof pt, num(t, "p_value"));
+        snprintf(x.name[f], sizeof x.name[f], "%s", json_string_value(json_object_get(fo, "name")) ?: "");
+        snprintf(x.stats[f], sizeof x.stats[f], "η² %.2f across residues, permutation p %s%s", num(t, "eta2"), pt,
+                 json_is_true(json_object_get(t, "detrended")) ? " (detrended)" : "");
+    }
+    double pad = (mx - mn) * 0.08;
+    if (!(pad > 0)) pad = fmax(1e-3, fabs(mx) * 0.1);
+    x.y0 = mn - pad;
+    x.y1 = mx + pad;
+    { /* the widest y tick label sets the panels' left margin */
+        double t[32];
+        int nt = ps_nice_ticks(x.y0, x.y1, 5, t, 32);
+        double w = 0, big = 0;
+        for (int i = 0; i < nt; i++) big = fmax(big, fabs(t[i]));
+        for (int i = 0; i < nt; i++) {
+            char buf[48];
+            fl_tick(buf, sizeof buf, t[i], nt > 1 ? t[1] - t[0] : 1, big);
+            w = fmax(w, measure(buf, 11, 0));
+        }
+        x.left = w + 40;
+    }
+    char name[400], c0[64] = "first", c1[64] = "second", pt[32];
+    model_name(name, sizeof name, prov);
+    json_t *cands = json_object_get(ex, "candidates");
+    for (int k = 0; k < 2; k++) {
+        const char *t = json_string_value(json_object_get(json_array_get(cands, (size_t)k), "text"));
+        if (t) snprintf(k ? c1 : c0, sizeof c0, "\"%.56s\"", t);
+    }
+    json_t *pl = json_object_get(doc, "pooled");
+    ps_format_p(pt, sizeof pt, num(pl, "p_value"));
+    snprintf(x.title, sizeof x.title, "Filler experiment %s — %s", json_string_value(json_object_get(ex, "name")) ?: "", name);
+    snprintf(x.headline, sizeof x.headline, "Δ = P(%s) − P(%s) against the filler length L, coloured by phase ρ = L mod %lld", c0, c1,
+             (long long)x.P);
+    char shown[64] = "";
+    if (all_f > x.nf) snprintf(shown, sizeof shown, " (the first %d drawn)", x.nf);
+    snprintf(x.subtitle, sizeof x.subtitle,
+             "pooled over the %d families%s: η² %.2f, permutation p %s (%lld permutations); dotted lines: L ≡ 0 (mod %lld)", all_f,
+             shown, num(pl, "eta2"), pt, (long long)json_integer_value(json_object_get(pl, "permutations")), (long long)x.P);
+    chunks ch;
+    make_chunks(&ch, prov, x.title);
+    int rc = emit(out, "fillers", 40 + x.cols * fl_cell_w(&x), FL_TOP + x.rows * FL_CELL_H + 40, draw_fillers, &x, &ch, o, verbose, err);
+    free(x.d);
+    free(x.name);
+    free(x.stats);
+    return rc;
+}
+
 int ps_render(const char *const *paths, int n, const char *out, const ps_render_opts *o, int verbose, ps_error *err) {
     if (n < 1) return ps_fail(err, "render: no result file given");
     size_t l0 = strlen(paths[0]);
@@ -1576,6 +1813,9 @@ int ps_render_docs(json_t *const *docs, const char *const *paths, int n, const c
         } else if (!strcmp(kind, "gates")) {
             if (n > 1) rc = ps_fail(err, "render: gates results are drawn one at a time");
             else rc = render_gates(docs[0], paths[0], out, o, verbose, err);
+        } else if (!strcmp(kind, "fillers")) {
+            if (n > 1) rc = ps_fail(err, "render: filler experiments are drawn one at a time");
+            else rc = render_fillers(docs[0], paths[0], out, o, verbose, err);
         } else
             rc = ps_fail(err, "%s: unknown result kind \"%s\"", paths[0], kind);
     }

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "fileio.h"
+#include "fillers.h" /* the periodicity statistic of text filler experiments */
 #include "gates.h"  /* the gate labels */
 #include "stats.h"
 #include "theory.h" /* the idealised model's limits */
@@ -842,6 +843,243 @@ static int check_theory(ck *c, json_t *doc) {
     return 0;
 }
 
+/* ---- text filler experiments (kind "fillers", docs/results-schema.md) ---- */
+
+static int opt_null_or_num(ck *c, json_t *o, const char *k, double lo, double hi, double *out, int *is_null) {
+    json_t *v = json_object_get(o, k);
+    size_t old = key(c, k);
+    if (!v) return bad(c, "missing");
+    *is_null = json_is_null(v);
+    if (!*is_null && num_value(c, v, lo, hi, out)) return -1;
+    pop(c, old);
+    return 0;
+}
+
+/* a periodicity test: n, groups, eta2 (recomputed from the points), F, permutations, p_value */
+static int check_phase_test(ck *c, json_t *t, const double *y, const int64_t *x, const int *strat, int64_t n, int64_t P,
+                            int detrend, int64_t perms) {
+    int64_t tn, tg, tp;
+    double eta2, F = 0, pv;
+    int fnull = 0;
+    if (want_type(c, t, json_is_object(t), "an object") || get_int(c, t, "n", 0, MAX_COUNT, &tn) ||
+        get_int(c, t, "groups", 0, MAX_PERIOD, &tg) || get_num(c, t, "eta2", -TOL, 1 + TOL, &eta2) ||
+        opt_null_or_num(c, t, "F", 0, INFINITY, &F, &fnull) || get_int(c, t, "permutations", 0, PS_FILLERS_MAX_PERMUTATIONS, &tp) ||
+        get_num(c, t, "p_value", 0, 1 + TOL, &pv))
+        return -1;
+    if (tn != n) {
+        key(c, "n");
+        return bad(c, "%lld, but there are %lld points", (long long)tn, (long long)n);
+    }
+    if (tp != perms) {
+        key(c, "permutations");
+        return bad(c, "%lld, but statistic.permutations is %lld", (long long)tp, (long long)perms);
+    }
+    if (pv < 1.0 / (double)(perms + 1) - TOL) {
+        key(c, "p_value");
+        return bad(c, "%.10g is below 1/(permutations + 1), the smallest a permutation test gives", pv);
+    }
+    double *e = malloc((size_t)(n ? n : 1) * sizeof *e);
+    if (!e) return ps_fail(c->err, "out of memory");
+    int all;
+    double w_eta2, w_F, ymax = 0, emax = 0;
+    int64_t w_g;
+    ps_phase_residuals(y, x, strat, n, detrend, e, &all);
+    ps_phase_eta2(e, x, n, P, &w_eta2, &w_F, &w_g);
+    for (int64_t i = 0; i < n; i++) {
+        ymax = fmax(ymax, fabs(y[i]));
+        emax = fmax(emax, fabs(e[i]));
+    }
+    free(e);
+    if (tg != w_g) {
+        key(c, "groups");
+        return bad(c, "%lld, but the points fall in %lld residues", (long long)tg, (long long)w_g);
+    }
+    /* the points are written with 10 significant digits: recomputed only where that rounding cannot
+     * decide the residuals (their spread above 1e-5 of the values) */
+    if (emax > 1e-5 * ymax && fabs(eta2 - w_eta2) > 1e-4) {
+        key(c, "eta2");
+        return bad(c, "%.10g, but the points give %.10g", eta2, w_eta2);
+    }
+    return 0;
+}
+
+static int check_fillers(ck *c, json_t *doc) {
+    prov_info pi;
+    json_t *ex, *ln, *cands, *st, *fams, *v;
+    int64_t Lmin, Lmax, nc, P, perms, nf;
+    int rc = -1, detrend;
+    double *y = NULL;
+    int64_t *x = NULL;
+    int *strat = NULL;
+    if (check_provenance(c, doc, 1, NULL, &pi) || get_obj(c, doc, "experiment", &ex)) return -1;
+    size_t old = key(c, "experiment");
+    if (get_arr(c, ex, "lengths", 2, 2, &ln, NULL)) return -1;
+    size_t o1 = key(c, "lengths");
+    for (int i = 0; i < 2; i++) {
+        size_t o2 = idx(c, (size_t)i);
+        if (int_value(c, json_array_get(ln, (size_t)i), 0, PS_FILLERS_MAX_L, i ? &Lmax : &Lmin)) return -1;
+        pop(c, o2);
+    }
+    if (Lmin > Lmax) return bad(c, "min %lld > max %lld", (long long)Lmin, (long long)Lmax);
+    pop(c, o1);
+    if (get_arr(c, ex, "candidates", 2, PS_FILLERS_MAX_CANDIDATES, &cands, &nc)) return -1;
+    o1 = key(c, "candidates");
+    for (int64_t i = 0; i < nc; i++) {
+        json_t *co = json_array_get(cands, (size_t)i), *ids;
+        size_t o2 = idx(c, (size_t)i);
+        int64_t ni;
+        if (want_type(c, co, json_is_object(co), "an object") || get_arr(c, co, "ids", 1, 4096, &ids, &ni)) return -1;
+        size_t o3 = key(c, "ids");
+        for (int64_t j = 0; j < ni; j++) {
+            size_t o4 = idx(c, (size_t)j);
+            if (int_value(c, json_array_get(ids, (size_t)j), 0, INT32_MAX, NULL)) return -1;
+            pop(c, o4);
+        }
+        pop(c, o3);
+        if ((v = json_object_get(co, "text")) && !json_is_null(v) && !json_is_string(v)) {
+            key(c, "text");
+            return bad(c, "expected a string or null, got %s", type_name(v));
+        }
+        pop(c, o2);
+    }
+    pop(c, o1);
+    pop(c, old);
+    if (get_int(c, doc, "period", 1, MAX_PERIOD, &P)) return -1;
+    if (P != pi.period) {
+        key(c, "period");
+        return bad(c, "%lld, but provenance.eval.period is %lld", (long long)P, (long long)pi.period);
+    }
+    if (get_obj(c, doc, "statistic", &st)) return -1;
+    old = key(c, "statistic");
+    if (get_int(c, st, "permutations", 0, PS_FILLERS_MAX_PERMUTATIONS, &perms)) return -1;
+    v = json_object_get(st, "detrend");
+    key(c, "detrend");
+    if (want_type(c, v, json_is_boolean(v), "true or false")) return -1;
+    detrend = json_is_true(v);
+    pop(c, old);
+    int64_t nL = Lmax - Lmin + 1;
+    if (get_arr(c, doc, "families", 1, PS_FILLERS_MAX_POINTS / nL > 0 ? PS_FILLERS_MAX_POINTS / nL : 1, &fams, &nf)) return -1;
+    y = malloc((size_t)(nf * nL) * sizeof *y);
+    x = malloc((size_t)(nf * nL) * sizeof *x);
+    strat = malloc((size_t)(nf * nL) * sizeof *strat);
+    int64_t *cnt = calloc((size_t)P, sizeof *cnt);
+    double *sum = calloc((size_t)P, sizeof *sum);
+    if (!y || !x || !strat || !cnt || !sum) {
+        ps_fail(c->err, "out of memory");
+        goto done;
+    }
+    size_t of = key(c, "families");
+    for (int64_t f = 0; f < nf; f++) {
+        json_t *fo = json_array_get(fams, (size_t)f), *pts, *res;
+        size_t o2 = idx(c, (size_t)f);
+        if (want_type(c, fo, json_is_object(fo), "an object") || get_str(c, fo, "name", NULL) ||
+            get_arr(c, fo, "points", nL, nL, &pts, NULL))
+            goto done;
+        memset(cnt, 0, (size_t)P * sizeof *cnt);
+        memset(sum, 0, (size_t)P * sizeof *sum);
+        size_t o3 = key(c, "points");
+        for (int64_t i = 0; i < nL; i++) {
+            json_t *po = json_array_get(pts, (size_t)i), *pc, *t1;
+            size_t o4 = idx(c, (size_t)i);
+            int64_t L, ph, pt;
+            double d, pr[2] = {0, 0};
+            if (want_type(c, po, json_is_object(po), "an object") || get_int(c, po, "L", 0, PS_FILLERS_MAX_L, &L)) goto done;
+            if (L != Lmin + i) {
+                key(c, "L");
+                bad(c, "%lld, expected %lld (lengths min..max, each once, in order)", (long long)L, (long long)(Lmin + i));
+                goto done;
+            }
+            if (get_int(c, po, "phase", 0, P - 1, &ph)) goto done;
+            if (ph != L % P) {
+                key(c, "phase");
+                bad(c, "%lld, but L mod P = %lld mod %lld = %lld", (long long)ph, (long long)L, (long long)P, (long long)(L % P));
+                goto done;
+            }
+            if (get_int(c, po, "prompt_tokens", L, INT64_MAX, &pt) || get_arr(c, po, "candidates", nc, nc, &pc, NULL)) goto done;
+            size_t o5 = key(c, "candidates");
+            for (int64_t k = 0; k < nc; k++) {
+                json_t *co = json_array_get(pc, (size_t)k);
+                size_t o6 = idx(c, (size_t)k);
+                double lp, p;
+                if (want_type(c, co, json_is_object(co), "an object") || get_num(c, co, "logprob", -INFINITY, TOL, &lp) ||
+                    get_frac(c, co, "p", &p))
+                    goto done;
+                if (!close_to(p, exp(lp), 0)) {
+                    key(c, "p");
+                    bad(c, "%.10g, but exp(logprob) = %.10g", p, exp(lp));
+                    goto done;
+                }
+                v = json_object_get(co, "all_top1");
+                key(c, "all_top1");
+                if (want_type(c, v, json_is_boolean(v), "true or false")) goto done;
+                pop(c, o6);
+                if (k < 2) pr[k] = p;
+            }
+            pop(c, o5);
+            if (get_num(c, po, "delta", -1 - TOL, 1 + TOL, &d)) goto done;
+            if (!close_to(d, pr[0] - pr[1], 0)) {
+                key(c, "delta");
+                bad(c, "%.10g, but candidates[0].p - candidates[1].p = %.10g", d, pr[0] - pr[1]);
+                goto done;
+            }
+            if (get_obj(c, po, "top1", &t1)) goto done;
+            size_t o7 = key(c, "top1");
+            if (get_int(c, t1, "id", 0, INT32_MAX, NULL)) goto done;
+            pop(c, o7);
+            y[f * nL + i] = d;
+            x[f * nL + i] = L;
+            strat[f * nL + i] = (int)f;
+            cnt[ph]++;
+            sum[ph] += d;
+            pop(c, o4);
+        }
+        pop(c, o3);
+        if (get_arr(c, fo, "residues", P, P, &res, NULL)) goto done;
+        o3 = key(c, "residues");
+        for (int64_t r = 0; r < P; r++) {
+            json_t *ro = json_array_get(res, (size_t)r);
+            size_t o4 = idx(c, (size_t)r);
+            int64_t rho, n;
+            double md = 0;
+            int isnull = 0;
+            if (want_type(c, ro, json_is_object(ro), "an object") || get_int(c, ro, "rho", r, r, &rho) ||
+                get_int(c, ro, "n", 0, nL, &n) || opt_null_or_num(c, ro, "mean_delta", -1 - TOL, 1 + TOL, &md, &isnull))
+                goto done;
+            if (n != cnt[r]) {
+                key(c, "n");
+                bad(c, "%lld, but %lld points have phase %lld", (long long)n, (long long)cnt[r], (long long)r);
+                goto done;
+            }
+            if (isnull != (n == 0) || (n && !close_to(md, sum[r] / (double)n, 0))) {
+                key(c, "mean_delta");
+                if (n) bad(c, "%s, but the mean delta of its %lld points is %.10g", isnull ? "null" : "a different value", (long long)n,
+                           sum[r] / (double)n);
+                else bad(c, "a number, but no point has this phase (null expected)");
+                goto done;
+            }
+            pop(c, o4);
+        }
+        pop(c, o3);
+        json_t *t = json_object_get(fo, "test");
+        size_t o8 = key(c, "test");
+        if (check_phase_test(c, t, y + f * nL, x + f * nL, NULL, nL, P, detrend, perms)) goto done;
+        pop(c, o8);
+        pop(c, o2);
+    }
+    pop(c, of);
+    key(c, "pooled");
+    if (check_phase_test(c, json_object_get(doc, "pooled"), y, x, strat, nf * nL, P, detrend, perms)) goto done;
+    pop(c, 0);
+    rc = 0;
+done:
+    free(y);
+    free(x);
+    free(strat);
+    free(cnt);
+    free(sum);
+    return rc;
+}
+
 /* ---- entry points ---- */
 
 int ps_results_check(json_t *doc, const char *path, ps_error *err) {
@@ -857,8 +1095,9 @@ int ps_results_check(json_t *doc, const char *path, ps_error *err) {
     if (!strcmp(kind, "knockout")) return check_knockout(&c, doc);
     if (!strcmp(kind, "gates")) return check_gates(&c, doc);
     if (!strcmp(kind, "theory")) return check_theory(&c, doc);
+    if (!strcmp(kind, "fillers")) return check_fillers(&c, doc);
     key(&c, "kind");
-    return bad(&c, "\"%.100s\" is not a result kind (sweep, knockout, gatecycle, gates, theory)", kind);
+    return bad(&c, "\"%.100s\" is not a result kind (sweep, knockout, gatecycle, gates, theory, fillers)", kind);
 }
 
 int ps_results_load(const char *path, const char *want_kind, json_t **doc, ps_error *err) {
