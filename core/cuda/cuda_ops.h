@@ -5,11 +5,13 @@
 #ifndef PS_CUDA_OPS_H
 #define PS_CUDA_OPS_H
 
-#include "ops.h"
+#include <stddef.h>
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+#include "ops.h"
 
 /* memory and context (backend_cuda_mem.cu) */
 void *ps_cuda_alloc(ps_ctx *c, int64_t bytes);
@@ -27,6 +29,11 @@ void ps_cuda_describe(ps_ctx *c, char *out, size_t n);
 /* Wait until every op queued on the context's stream has run (benches time with this); -1 with the
  * context failed when one of them failed. */
 int ps_cuda_sync(ps_ctx *c);
+
+/* Benches: x[n] = std · N(0, 1) from a counter-based generator (seed, index), on the device; the free
+ * and total bytes of the context's device. */
+int ps_cuda_fill_normal(ps_ctx *c, float *x, int64_t n, uint64_t seed, float std);
+int ps_cuda_mem_info(ps_ctx *c, int64_t *free_bytes, int64_t *total_bytes);
 
 /* the ops */
 int ps_cuda_matmul(ps_ctx *ctx, float *out, const float *inp, const float *w, int64_t M, int64_t K, int64_t N, int

@@ -475,3 +475,32 @@ extern "C" int ps_cuda_sum_to_mean(ps_ctx *c, float *mean, const double *sum, do
     k_sum_to_mean<<<cu_grid(n, T256), T256, 0, STREAM(c)>>>(mean, sum, count, n);
     return CU_LAUNCHED(c, "sum_to_mean");
 }
+
+/* ---------------- benches: random fill, memory ---------------- */
+
+__device__ __forceinline__ uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+__global__ void k_fill_normal(float *x, int64_t n, uint64_t seed, float std) {
+    GS_LOOP(i, n) {
+        uint64_t h = mix64(seed * 0x9e3779b97f4a7c15ull + (uint64_t)i);
+        float u1 = ((float)(h >> 40) + 0.5f) * (1.0f / 16777216.0f), u2 = (float)((h >> 16) & 0xffffff) * (1.0f / 16777216.0f);
+        x[i] = std * sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2);
+    }
+}
+
+extern "C" int ps_cuda_fill_normal(ps_ctx *c, float *x, int64_t n, uint64_t seed, float std) {
+    if (n <= 0) return 0;
+    k_fill_normal<<<cu_grid(n, T256), T256, 0, STREAM(c)>>>(x, n, seed, std);
+    return CU_LAUNCHED(c, "fill normal");
+}
+
+extern "C" int ps_cuda_mem_info(ps_ctx *c, int64_t *free_bytes, int64_t *total_bytes) {
+    size_t f = 0, t = 0;
+    if (cu_check(c, cudaMemGetInfo(&f, &t), "cudaMemGetInfo")) return -1;
+    *free_bytes = (int64_t)f, *total_bytes = (int64_t)t;
+    return 0;
+}
