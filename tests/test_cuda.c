@@ -18,6 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
+
 #include "backward.h"
 #include "check.h"
 #include "cuda_ops.h"
@@ -29,6 +31,9 @@
 #include "tokens.h"
 
 static ps_ctx *CPU, *GPU;
+/* PS_TEST_CUDA_DRY_RUN=1: the "device" is a second cpu context (checks the test's own code on a machine
+ * without a GPU; every comparison is then cpu against cpu) */
+static const char *DEV = "cuda";
 
 /* REQUIRE_OK for main: the test cannot go on */
 #define REQUIRE_OK_MAIN(call, errp)                                                  \
@@ -135,6 +140,7 @@ static void test_linear(void) {
 }
 
 static void test_rows_ops(void) {
+    ps_error err;
     int64_t V = 50, C = 33, n = 45;
     int32_t tok[45];
     for (int i = 0; i < n; i++) tok[i] = (i * 7 + i / 3) % 11; /* repeated tokens */
@@ -175,8 +181,8 @@ static void test_rows_ops(void) {
     ps_rope_table(GPU, dcs, dsn, npos, hd, 10000.0);
     cmp_dev("rope table cos", dcs, cs, npos * hd / 2, 1e-6);
     cmp_dev("rope table sin", dsn, sn, npos * hd / 2, 1e-6);
-    ps_buf_from_host(GPU, dcs, cs, npos * hd / 2 * 4, NULL);
-    ps_buf_from_host(GPU, dsn, sn, npos * hd / 2 * 4, NULL);
+    ps_buf_from_host(GPU, dcs, cs, npos * hd / 2 * 4, &err);
+    ps_buf_from_host(GPU, dsn, sn, npos * hd / 2 * 4, &err);
     float *x = rnd(ns * rps * nh * hd, 23, 1), *dx = up(x, ns * rps * nh * hd);
     ps_rope(CPU, x, cs, sn, ns, rps, nh, hd, 2);
     ps_rope(GPU, dx, dcs, dsn, ns, rps, nh, hd, 2);
@@ -349,6 +355,7 @@ static void test_compressor_ops(int64_t B, int64_t T, int64_t d, int64_t W, int6
 
 static void test_attention(ps_attn_geom g, const char *label) {
     char what[200], w2[260];
+    ps_error err;
     snprintf(what, sizeof what, "attention %s (B%lld T%lld h%lld/%lld hd%lld%s)", label, (long long)g.B, (long long)g.T,
              (long long)g.nh, (long long)g.nkv, (long long)g.hd, g.compressed ? " compressed" : "");
     int64_t B = g.B, T = g.T, nq = B * T * g.nh * g.hd, nk = B * T * g.nkv * g.hd, nc = B * g.nW * g.nkv * g.hd;
@@ -392,12 +399,12 @@ static void test_attention(ps_attn_geom g, const char *label) {
         snprintf(w2, sizeof w2, "%s: pattern expand", what);
         cmp_dev(w2, dfull, full, wide, 1e-5);
         for (int64_t i = 0; i < wide; i += 3) full[i] += 0.25f; /* a hook's edit, seen and unseen entries */
-        ps_buf_from_host(GPU, dfull, full, wide * 4, NULL);
+        ps_buf_from_host(GPU, dfull, full, wide * 4, &err);
         ps_pattern_compact(CPU, pr, full, &g);
         ps_pattern_compact(GPU, dpr, dfull, &g);
     } else {
         for (int64_t i = 0; i < np; i += 3) pr[i] += 0.25f;
-        ps_buf_from_host(GPU, dpr, pr, np * 4, NULL);
+        ps_buf_from_host(GPU, dpr, pr, np * 4, &err);
         ps_pattern_compact(CPU, pr, pr, &g);
         ps_pattern_compact(GPU, dpr, dpr, &g);
     }
@@ -547,7 +554,7 @@ static void test_random_models(void) {
         ps_error err;
         tu_random_model(&mc, &c, 500 + i, 0.5f);
         tu_random_model(&mg, &c, 500 + i, 0.5f);
-        if (ps_model_to_backend(&mg, "cuda", &err)) {
+        if (ps_model_to_backend(&mg, DEV, &err)) {
             CHECK(0, "%s: model to cuda: %s", v[i].name, err.msg);
             ps_model_free(&mc), ps_model_free(&mg);
             continue;
@@ -572,7 +579,7 @@ static void test_conformance_models(void) {
         ps_token_lists toks, tg = {0};
         REQUIRE_OK(ps_model_load(&mc, dir, &err), &err);
         REQUIRE_OK(ps_model_load(&mg, dir, &err), &err);
-        REQUIRE_OK(ps_model_to_backend(&mg, "cuda", &err), &err);
+        REQUIRE_OK(ps_model_to_backend(&mg, DEV, &err), &err);
         snprintf(path, sizeof path, "%s/tokens.json", dir);
         REQUIRE_OK(ps_tokens_load(path, 0, 0, &toks, &err), &err);
         snprintf(path, sizeof path, "%s/targets.json", dir);
@@ -608,7 +615,7 @@ static void test_hooks(void) {
     ps_error err;
     tu_random_model(&mc, &c, 900, 0.5f);
     tu_random_model(&mg, &c, 900, 0.5f);
-    REQUIRE_OK(ps_model_to_backend(&mg, "cuda", &err), &err);
+    REQUIRE_OK(ps_model_to_backend(&mg, DEV, &err), &err);
     int64_t B = 2, T = 30;
     int32_t tok[60];
     tu_random_tokens(tok, B * T, c.vocab_size, 901);
@@ -655,7 +662,7 @@ static void test_precisions(void) {
     ps_error err;
     ps_model m32, mlow;
     tu_random_model(&m32, &c, 950, 0.3f);
-    REQUIRE_OK(ps_model_to_backend(&m32, "cuda", &err), &err);
+    REQUIRE_OK(ps_model_to_backend(&m32, DEV, &err), &err);
     int64_t B = 2, T = 40, V = c.vocab_size;
     int32_t tok[80];
     tu_random_tokens(tok, B * T, V, 951);
@@ -669,7 +676,7 @@ static void test_precisions(void) {
     for (int p = 1; p <= 2; p++) {
         ps_ctx_default_precision(p);
         tu_random_model(&mlow, &c, 950, 0.3f);
-        int ok = ps_model_to_backend(&mlow, "cuda", &err) == 0;
+        int ok = ps_model_to_backend(&mlow, DEV, &err) == 0;
         ps_ctx_default_precision(PS_PREC_FP32);
         CHECK(ok, "%s: %s", names[p - 1], err.msg);
         if (!ok) {
@@ -701,42 +708,48 @@ static void test_sweep_json(const char *build_dir) {
     const char *model = PS_SOURCE_DIR "/data/models/default";
     for (int d = 0; d < 2; d++) {
         snprintf(cmd, sizeof cmd, "%s/phasescope sweep --model %s --n 16 --out %s/%s --device %s > %s/%s.log 2>&1", build_dir,
-                 model, tmp, d ? "cuda" : "cpu", d ? "cuda" : "cpu", tmp, d ? "cuda" : "cpu");
+                 model, tmp, d ? "cuda" : "cpu", d ? DEV : "cpu", tmp, d ? "cuda" : "cpu");
         int rc = system(cmd);
         CHECK(rc == 0, "sweep on %s failed (rc %d): see %s/%s.log", d ? "cuda" : "cpu", rc, tmp, d ? "cuda" : "cpu");
     }
-    /* the curves: every number after "curve" up to "provenance" */
-    char *txt[2] = {NULL, NULL};
+    /* the curves: the same counts per residue, log-probabilities within 1e-3 (provenance differs) */
+    json_t *cv[2] = {NULL, NULL};
     for (int d = 0; d < 2; d++) {
         char path[700];
         snprintf(path, sizeof path, "%s/%s/sweep.json", tmp, d ? "cuda" : "cpu");
-        FILE *f = fopen(path, "rb");
-        if (!f) continue;
-        fseek(f, 0, SEEK_END);
-        long n = ftell(f);
-        fseek(f, 0, SEEK_SET);
-        txt[d] = calloc((size_t)n + 1, 1);
-        if (fread(txt[d], 1, (size_t)n, f) != (size_t)n) txt[d][0] = '\0';
-        fclose(f);
-    }
-    CHECK(txt[0] && txt[1], "sweep.json missing (%s)", tmp);
-    if (txt[0] && txt[1]) {
-        char *c0 = strstr(txt[0], "\"curve\""), *c1 = strstr(txt[1], "\"curve\"");
-        CHECK(c0 && c1, "sweep.json without a curve");
-        if (c0 && c1) {
-            char *e0 = strstr(c0, "\"provenance\""), *e1 = strstr(c1, "\"provenance\"");
-            if (e0) *e0 = '\0';
-            if (e1) *e1 = '\0';
-            CHECK(!strcmp(c0, c1), "the sweep curves differ between cpu and cuda (%s/cpu, %s/cuda)", tmp, tmp);
+        json_error_t je;
+        json_t *root = json_load_file(path, 0, &je);
+        CHECK(root != NULL, "%s: %s", path, je.text);
+        if (root) {
+            cv[d] = json_incref(json_object_get(root, "curve"));
+            json_decref(root);
         }
     }
-    free(txt[0]), free(txt[1]);
+    if (cv[0] && cv[1]) {
+        json_t *r0 = json_object_get(cv[0], "residues"), *r1 = json_object_get(cv[1], "residues");
+        CHECK(json_array_size(r0) > 0 && json_array_size(r0) == json_array_size(r1), "sweep: residue lists differ in length");
+        for (size_t i = 0; i < json_array_size(r0) && i < json_array_size(r1); i++) {
+            json_t *a = json_array_get(r0, i), *b = json_array_get(r1, i);
+            long long n0 = json_integer_value(json_object_get(a, "n")), n1 = json_integer_value(json_object_get(b, "n"));
+            long long c0 = json_integer_value(json_object_get(a, "correct")), c1 = json_integer_value(json_object_get(b, "correct"));
+            double l0 = json_number_value(json_object_get(a, "mean_logprob")), l1 = json_number_value(json_object_get(b, "mean_logprob"));
+            CHECK(n0 == n1 && c0 == c1, "sweep residue %zu: cpu %lld/%lld correct, cuda %lld/%lld", i, c0, n0, c1, n1);
+            CHECK(fabs(l0 - l1) <= 1e-3 * fabs(l0) + 1e-6, "sweep residue %zu: mean log-probability %.9g (cpu) vs %.9g (cuda)", i,
+                  l0, l1);
+        }
+        const char *v0 = json_string_value(json_object_get(cv[0], "verdict")), *v1 = json_string_value(json_object_get(cv[1], "verdict"));
+        CHECK(v0 && v1 && !strcmp(v0, v1), "sweep: the verdicts differ");
+    }
+    json_decref(cv[0]);
+    json_decref(cv[1]);
 }
 
 int main(int argc, char **argv) {
     ps_error err;
     const char *why = "";
     int n_dev = ps_cuda_device_count(&why);
+    const char *dry = getenv("PS_TEST_CUDA_DRY_RUN");
+    if (dry && *dry == '1') DEV = "cpu", n_dev = 1;
     CHECK(strstr(ps_ctx_backends(), "cuda") != NULL, "this build lists its backends as \"%s\"", ps_ctx_backends());
     if (n_dev <= 0) {
         /* no device: the context must fail cleanly, with one line naming the reason */
@@ -759,15 +772,15 @@ int main(int argc, char **argv) {
         CHECK_DONE();
     }
     REQUIRE_OK_MAIN(ps_ctx_create(&CPU, "cpu", &err), &err);
-    REQUIRE_OK_MAIN(ps_ctx_create(&GPU, "cuda", &err), &err);
-    char desc[512];
-    ps_cuda_describe(GPU, desc, sizeof desc);
+    REQUIRE_OK_MAIN(ps_ctx_create(&GPU, DEV, &err), &err);
+    char desc[512] = "cpu (dry run)";
+    if (!ps_ctx_host_visible(GPU)) ps_cuda_describe(GPU, desc, sizeof desc);
     printf("device: %s\n", desc);
     test_linear();
     test_rows_ops();
     test_hook_ops();
     test_loss_optim();
-    test_v4_missing();
+    if (!ps_ctx_host_visible(GPU)) test_v4_missing();
     test_compressor_ops(2, 24, 16, 4, 4, 2, 4, 0);
     test_compressor_ops(2, 26, 16, 4, 4, 2, 4, 0);  /* T != nW·S: per-sequence products */
     test_compressor_ops(2, 27, 20, 6, 3, 2, 5, 0);  /* overlapping windows */

@@ -43,11 +43,12 @@ void cu_gemm_cache_free(ps_cuda *cu) {
     cu->gemm = NULL;
 }
 
-/* the largest power of two (<= 256) that divides the address */
-static uint32_t align_of(const void *p) {
+/* the largest power of two (<= 256) that divides the address, the leading dimension's bytes and (batched)
+ * the batch stride's bytes: every row of every batch entry starts that aligned */
+static uint32_t align_of(const void *p, int64_t ld, int64_t stride, int64_t batch) {
     uintptr_t a = (uintptr_t)p;
     uint32_t al = 256;
-    while (al > 4 && a % al) al /= 2;
+    while (al > 4 && (a % al || ((uint64_t)ld * 4) % al || (batch > 1 && ((uint64_t)stride * 4) % al))) al /= 2;
     return al;
 }
 
@@ -124,7 +125,7 @@ int cu_gemm(ps_ctx *c, const char *what, int ta, int tb, int64_t M, int64_t N, i
     k.ta = tb, k.tb = ta, k.prec = c->precision, k.beta0 = beta == 0.0f;
     k.m = N, k.n = M, k.k = K, k.lda = ldb, k.ldb = lda, k.ldc = ldc;
     k.sA = sB, k.sB = sA, k.sC = sC, k.batch = batch;
-    k.alA = align_of(B), k.alB = align_of(A), k.alC = align_of(C);
+    k.alA = align_of(B, ldb, sB, batch), k.alB = align_of(A, lda, sA, batch), k.alC = align_of(C, ldc, sC, batch);
     if (!cu->gemm) cu->gemm = (struct ps_gemm_cache *)calloc(1, sizeof *cu->gemm);
     gemm_entry *e = NULL, tmp;
     if (cu->gemm) {
