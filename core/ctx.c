@@ -7,11 +7,34 @@
 
 #include "backend.h"
 
-/* The backends this build has (a CUDA build adds its table here). */
+/* The backends this build has (a CUDA build adds its table here: core/cuda/backend_cuda.c). */
+#ifdef PS_HAVE_CUDA
+extern const ps_backend ps_backend_cuda;
+static const ps_backend *const backends[] = {&ps_backend_cpu, &ps_backend_cuda};
+#else
 static const ps_backend *const backends[] = {&ps_backend_cpu};
+#endif
 #define N_BACKENDS ((int)(sizeof backends / sizeof backends[0]))
 
 const char *ps_ctx_backends(void) { return PS_BACKENDS_TEXT; }
+
+static int default_precision = PS_PREC_FP32;
+
+int ps_precision_parse(const char *name, int *out) {
+    static const char *const names[] = {"fp32", "tf32", "bf16"};
+    for (int i = 0; name && i < 3; i++)
+        if (!strcmp(name, names[i])) {
+            *out = i;
+            return 0;
+        }
+    return -1;
+}
+
+const char *ps_precision_name(int precision) {
+    return precision == PS_PREC_TF32 ? "tf32" : precision == PS_PREC_BF16 ? "bf16" : "fp32";
+}
+
+void ps_ctx_default_precision(int precision) { default_precision = precision; }
 
 int ps_ctx_create(ps_ctx **out, const char *backend, ps_error *err) {
     *out = NULL;
@@ -27,6 +50,7 @@ int ps_ctx_create(ps_ctx **out, const char *backend, ps_error *err) {
     ps_ctx *c = calloc(1, sizeof *c);
     if (!c) return ps_fail(err, "out of memory for a %s context", want);
     c->be = be;
+    c->precision = default_precision;
     if (be->init && be->init(c)) {
         ps_fail(err, "%s backend: %s", want, c->err.msg);
         free(c);

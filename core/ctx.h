@@ -30,7 +30,18 @@ typedef struct ps_ctx {
     int64_t live_bytes, peak_bytes; /* bytes of ps_buf_alloc buffers alive now / at most (bench) */
     int failed;           /* an op failed: err holds its message; later ops return -1 at once */
     ps_error err;
+    int precision;        /* PS_PREC_*: the matrix products of a device backend (the CPU: always fp32) */
 } ps_ctx;
+
+/* Precision of a device backend's matrix products (cuBLASLt compute type): fp32 (the default and the
+ * parity mode), tf32 (tensor cores, fp32 storage and accumulation), bf16 (bf16 inputs, fp32 storage and
+ * accumulation). Every other op computes in fp32. The CPU backend computes in fp32 only. */
+enum { PS_PREC_FP32 = 0, PS_PREC_TF32 = 1, PS_PREC_BF16 = 2 };
+/* "fp32" / "tf32" / "bf16" → *out; -1 for anything else. */
+int ps_precision_parse(const char *name, int *out);
+const char *ps_precision_name(int precision);
+/* The precision contexts created from now on start with (the --precision flag sets it once). */
+void ps_ctx_default_precision(int precision);
 
 /* A context on the named backend ("cpu"; NULL means "cpu"). Unknown names are an error that lists the
  * backends this build has. */

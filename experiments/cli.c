@@ -156,20 +156,37 @@ static int parse(ps_args *a, ps_error *err) {
     return 0;
 }
 
-/* --backend must name a backend of this build (PS_BACKENDS_TEXT, comma-separated). */
+/* --backend (or its alias --device) must name a backend of this build (PS_BACKENDS_TEXT, comma-separated);
+ * --precision must be fp32, tf32 or bf16, and fp32 on the cpu. Sets the precision new contexts get. */
 static int check_backend(const ps_args *a, ps_error *err) {
-    const char *v = NULL;
-    for (int k = 0; k < a->n_flags; k++)
-        if (!strcmp(spec(a->cmd, k)->name, "--backend")) v = a->value[k];
-    if (!v) return 0;
-    size_t n = strlen(v);
-    for (const char *p = ps_ctx_backends(); *p;) {
-        size_t l = strcspn(p, ",");
-        if (l == n && !strncmp(p, v, n)) return 0;
-        p += l;
-        while (*p == ',' || *p == ' ') p++;
+    const char *v = NULL, *flag = "--backend", *prec = NULL;
+    int n_given = 0;
+    for (int k = 0; k < a->n_flags; k++) {
+        const char *name = spec(a->cmd, k)->name;
+        if ((!strcmp(name, "--backend") || !strcmp(name, "--device")) && a->value[k]) {
+            v = a->value[k], flag = name;
+            n_given++;
+        }
+        if (!strcmp(name, "--precision")) prec = a->value[k];
     }
-    return ps_cli_usage(err, "--backend %s: this build has no such backend (it has: %s)", v, ps_ctx_backends());
+    if (n_given > 1) return ps_cli_usage(err, "--device and --backend name the same thing: give one");
+    int p = PS_PREC_FP32;
+    if (prec && ps_precision_parse(prec, &p)) return ps_cli_usage(err, "--precision %s: expected fp32, tf32 or bf16", prec);
+    if (v) {
+        size_t n = strlen(v);
+        int found = 0;
+        for (const char *q = ps_ctx_backends(); *q && !found;) {
+            size_t l = strcspn(q, ",");
+            found = l == n && !strncmp(q, v, n);
+            q += l;
+            while (*q == ',' || *q == ' ') q++;
+        }
+        if (!found) return ps_cli_usage(err, "%s %s: this build has no such backend (it has: %s)", flag, v, ps_ctx_backends());
+    }
+    if (p != PS_PREC_FP32 && (!v || !strcmp(v, "cpu")))
+        return ps_cli_usage(err, "--precision %s: the cpu backend computes in fp32 only", prec);
+    ps_ctx_default_precision(p);
+    return 0;
 }
 
 /* A help text of several lines, each after the first indented by `indent` columns. */
@@ -297,6 +314,7 @@ int ps_args_choice(const ps_args *a, const char *name, const char *const *choice
 
 const char *ps_args_backend(const ps_args *a) {
     const char *v = ps_args_get(a, "--backend");
+    if (!v) v = ps_args_get(a, "--device");
     return v ? v : PS_BACKEND_DEFAULT;
 }
 

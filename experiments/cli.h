@@ -31,11 +31,22 @@ typedef struct {
     int required;      /* 1: "--layer is required" (exit 2) when absent */
 } ps_flag_spec;
 
-/* The flag every command that runs a model takes: --backend NAME (default "cpu"). PS_BACKENDS_TEXT: the
- * backends this build has (comma-separated); --backend accepts these, anything else is a usage error. */
+/* The flags every command that runs a model takes (three table entries): --backend NAME (default "cpu"),
+ * its alias --device NAME (the same flag under the name a GPU user looks for; give one of the two), and
+ * --precision fp32|tf32|bf16 (the matrix products of a device backend; docs/cuda.md). PS_BACKENDS_TEXT:
+ * the backends this build has (comma-separated); anything else is a usage error, and so is a precision
+ * other than fp32 on the cpu backend. The scaffold checks them and sets the precision contexts start
+ * with (ps_ctx_default_precision). */
 #define PS_BACKEND_DEFAULT "cpu"
-#define PS_BACKEND_FLAG \
-    {"--backend", "NAME", "compute backend (default " PS_BACKEND_DEFAULT "; this build has: " PS_BACKENDS_TEXT ")", 0}
+#define PS_BACKEND_FLAG                                                                                           \
+    {"--backend", "NAME", "compute backend (default " PS_BACKEND_DEFAULT "; this build has: " PS_BACKENDS_TEXT ")", 0}, \
+    {"--device", "NAME", "the same as --backend (cpu" PS_DEVICE_CUDA_TEXT ")", 0},                                  \
+    {"--precision", "P", "matrix products on a device: fp32 (default), tf32 or bf16 (the cpu computes in fp32)", 0}
+#ifdef PS_HAVE_CUDA
+#define PS_DEVICE_CUDA_TEXT "|cuda"
+#else
+#define PS_DEVICE_CUDA_TEXT ""
+#endif
 
 typedef struct ps_args ps_args;
 
@@ -81,7 +92,7 @@ int ps_args_positive(const ps_args *a, const char *name, double max, double *out
 /* One of the names in choices (ending with NULL): *idx gets its index; "--mode x: expected pad or move"
  * otherwise. *idx is left alone when the flag is absent. */
 int ps_args_choice(const ps_args *a, const char *name, const char *const *choices, int *idx, ps_error *err);
-/* The --backend value ("cpu" when absent; the scaffold has checked it). */
+/* The --backend (or --device) value ("cpu" when absent; the scaffold has checked it). */
 const char *ps_args_backend(const ps_args *a);
 /* The command line as one string (for provenance). Caller frees. */
 char *ps_args_command_line(const ps_args *a);

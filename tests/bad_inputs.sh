@@ -74,12 +74,14 @@ awk -v P=1200 'BEGIN {   # a well-formed knockout result (P = 1200, one cell), f
   for (r = 0; r < P; r++) printf "%s{\"rho\": %d, \"n\": 1, \"accuracy\": 1.0, \"mean_nll\": 0.0, \"delta_accuracy_pp\": 0.0, \"delta_nll\": 0.0}", (r ? ", " : ""), r
   printf "]}]}}\n" }' > "$T/r_bigko.json"
 # ---- the table ----
+HAS=$("$PS" info --help | sed -n 's/.*this build has: \([a-z, ]*\)).*/\1/p' | head -n 1)
 pass=0; fail=0
 row() { # row "what" "command" "exit status" "expected"
   local what="$1" cmd="$2" want_rc="$3" want="$4" got rc
   (cd "$T" && eval "$cmd") > /dev/null 2> "$T/.row_err"; rc=$?
   got=$(head -n 1 "$T/.row_err")
   got=${got//$T/\$T}; got=${got//$CONF/\$CONF}; got=${got//$B/\$B}
+  got=${got//"(it has: $HAS)"/"(it has: \$BACKENDS)"}   # the backends of this build ("cpu" or "cpu, cuda")
   if [ "$MODE" = "--print" ]; then printf '| %s | `%s` | %s | `%s` |\n' "$what" "$cmd" "$rc" "$got"; return; fi
   if [ "$got" = "$want" ] && [ "$rc" = "$want_rc" ]; then pass=$((pass+1)); else fail=$((fail+1)); printf 'FAIL %s\n  want: %s (exit %s)\n  got:  %s (exit %s)\n' "$what" "$want" "$want_rc" "$got" "$rc" >&2; fi
 }

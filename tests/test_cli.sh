@@ -58,16 +58,26 @@ for c in sweep knockout gatecycle gates init forward grad train info theory; do
   expect "help-$c-no-spec" 1 "" -- grep -q "SPEC" "$T/last.out"   # help cites docs/*.md, not a spec users lack
 done
 expect help-docs 0 "docs/results-schema.md" -- "$PS" knockout --help
-# --backend: every command that runs a model lists and accepts it; this build has only cpu
+# --backend (alias --device): every command that runs a model lists and accepts it. The backends this
+# build has come from the help text ("cpu", or "cpu, cuda" in a CUDA build); a backend it lacks is a
+# usage error (a build without CUDA: cuda; with it: a made-up name).
 for c in sweep knockout gatecycle gates train info forward grad; do
   expect "help-$c-backend" 0 "--backend NAME" -- "$PS" $c --help
+  expect "help-$c-device" 0 "--device NAME" -- "$PS" $c --help
 done
-NB="this build has no such backend (it has: cpu)"
-for c in sweep knockout gates info; do expect "backend-$c" 2 "phasescope $c: --backend cuda: $NB" -- "$PS" $c --backend cuda; done
-expect backend-forward 2 "phasescope forward: --backend cuda: $NB" -- "$PS" forward --tokens "$T/tok.json" --out "$T/o.st" --backend cuda
+HAS=$("$PS" info --help | sed -n 's/.*this build has: \([a-z, ]*\)).*/\1/p' | head -n 1)
+case "$HAS" in *cuda*) NO=nocuda ;; *) NO=cuda ;; esac
+NB="this build has no such backend (it has: $HAS)"
+for c in sweep knockout gates info; do expect "backend-$c" 2 "phasescope $c: --backend $NO: $NB" -- "$PS" $c --backend $NO; done
+expect backend-forward 2 "phasescope forward: --backend $NO: $NB" -- "$PS" forward --tokens "$T/tok.json" --out "$T/o.st" --backend $NO
 expect backend-grad 2 "phasescope grad: --backend gpu: $NB" -- "$PS" grad --tokens a --targets b --out c --backend=gpu
-expect backend-gatecycle 2 "phasescope gatecycle: --backend cuda: $NB" -- "$PS" gatecycle --layer 0 --shift 1 --backend cuda
-expect backend-train 2 "phasescope train: --backend cuda: $NB" -- "$PS" train --config a --out b --backend cuda
+expect backend-gatecycle 2 "phasescope gatecycle: --backend $NO: $NB" -- "$PS" gatecycle --layer 0 --shift 1 --backend $NO
+expect backend-train 2 "phasescope train: --backend $NO: $NB" -- "$PS" train --config a --out b --backend $NO
+expect device-alias 2 "phasescope info: --device $NO: $NB" -- "$PS" info --device $NO
+expect device-and-backend 2 "phasescope info: --device and --backend name the same thing: give one" -- "$PS" info --device cpu --backend cpu
+expect precision-bad 2 "phasescope info: --precision fp8: expected fp32, tf32 or bf16" -- "$PS" info --precision fp8
+expect precision-cpu 2 "phasescope info: --precision tf32: the cpu backend computes in fp32 only" -- "$PS" info --precision tf32
+expect device-cpu 0 "compute     cpu" -- "$PS" info --device cpu --precision fp32
 expect backend-cpu 0 "compute     cpu" -- "$PS" info --backend cpu
 expect backend-theory 2 "phasescope theory: unknown flag --backend" -- "$PS" theory --backend cpu
 # the scaffold's usage errors, the same for every command

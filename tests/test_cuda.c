@@ -1,0 +1,805 @@
+/* test_cuda.c — the CUDA backend against the CPU reference (docs/cuda.md; ctest label `cuda`).
+ *
+ * Without a CUDA device (no driver, the stub libcuda, or 0 devices) it checks that a cuda context fails
+ * cleanly — one line naming the reason, the model staying usable on the CPU — prints "skipped: no CUDA
+ * device" and passes. With a device:
+ *   - every op of the table on random inputs, CPU vs CUDA (fp32: 1e-5 elementwise, 1e-4 where the
+ *     summation order differs: products, attention), the V4 block failing with its message;
+ *   - forward and gradients of small random models of every variant (full, compressed learned and
+ *     uniform gates, per-offset and shared payloads, overlapping windows, no RoPE / qk-norm, untied
+ *     head; B = 2) and of the conformance models: logits < 1e-4, gradients < 1e-3 relative per tensor;
+ *   - the knockout and gate instruments through hooks (mean replacement) on both devices;
+ *   - the sweep command on both devices (same result JSON apart from provenance), and tf32/bf16 runs
+ *     of a forward against fp32 at their stated tolerances.
+ * usage: test_cuda [BUILD_DIR] (the sweep check runs BUILD_DIR/phasescope). */
+#define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "backward.h"
+#include "check.h"
+#include "cuda_ops.h"
+#include "forward.h"
+#include "hooks.h"
+#include "model.h"
+#include "rng.h"
+#include "testutil.h"
+#include "tokens.h"
+
+static ps_ctx *CPU, *GPU;
+/* PS_TEST_CUDA_DRY_RUN=1: the "device" is a second cpu context (checks the test's own code on a machine
+ * without a GPU; every comparison is then cpu against cpu) */
+static const char *DEV = "cuda";
+
+/* REQUIRE_OK for main: the test cannot go on */
+#define REQUIRE_OK_MAIN(call, errp)                                                  \
+    do {                                                                             \
+        if ((call) != 0) {                                                           \
+            fprintf(stderr, "FAIL %s:%d: %s: %s\n", __FILE__, __LINE__, #call, (errp)->msg); \
+            printf("%d passed, %d failed\n", check_pass_, check_fail_ + 1);          \
+            return 1;                                                                \
+        }                                                                            \
+    } while (0)
+
+/* ---------------- helpers ---------------- */
+
+static float *rnd(int64_t n, uint64_t seed, float scale) {
+    float *x = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    ps_rng r;
+    ps_rng_seed(&r, seed);
+    for (int64_t i = 0; i < n; i++) x[i] = (float)(ps_rng_normal(&r) * scale);
+    return x;
+}
+
+static float *dup(const float *x, int64_t n) {
+    float *y = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    memcpy(y, x, (size_t)n * sizeof(float));
+    return y;
+}
+
+/* a device copy of host floats (NULL stays NULL) */
+static float *up(const float *h, int64_t n) {
+    if (!h) return NULL;
+    ps_error err;
+    float *d = ps_buf_alloc(GPU, (n > 0 ? n : 1) * (int64_t)sizeof(float), "test input", &err);
+    if (!d) {
+        fprintf(stderr, "%s\n", err.msg);
+        exit(1);
+    }
+    if (n > 0 && ps_buf_from_host(GPU, d, h, n * (int64_t)sizeof(float), &err)) {
+        fprintf(stderr, "%s\n", err.msg);
+        exit(1);
+    }
+    return d;
+}
+
+static void dfree(void *d) {
+    if (d) ps_buf_free(GPU, d, 0);
+}
+
+/* compare a device array with the CPU's result; frees nothing */
+static void cmp_dev(const char *what, const float *dev, const float *ref, int64_t n, double tol) {
+    ps_error err;
+    float *h = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    int ok = ps_buf_to_host(GPU, h, dev, n * (int64_t)sizeof(float), &err) == 0;
+    CHECK(ok, "%s: copy back failed: %s", what, err.msg);
+    if (ok) {
+        double r = rel_err_f(h, ref, n);
+        CHECK(r <= tol, "%s: relative error %.3g (tolerance %.1g)", what, r, tol);
+    }
+    free(h);
+}
+
+/* both contexts healthy after the ops */
+static void ops_ok(const char *what) {
+    ps_error err;
+    CHECK(ps_ctx_check(CPU, &err) == 0, "%s (cpu): %s", what, err.msg);
+    CHECK(ps_ctx_check(GPU, &err) == 0, "%s (cuda): %s", what, err.msg);
+}
+
+static ps_attn_geom geom(int64_t B, int64_t T, int64_t nh, int64_t nkv, int64_t hd, int compressed, int64_t W, int64_t S,
+                         int64_t LWin) {
+    ps_attn_geom g = {.B = B, .T = T, .nh = nh, .nkv = nkv, .hd = hd, .compressed = compressed};
+    if (compressed) {
+        g.W = W, g.S = S, g.LW = LWin < T ? LWin : T;
+        g.nW = T >= W ? (T - W) / S + 1 : 0;
+        g.ncols = g.nW + g.LW;
+    } else
+        g.ncols = T;
+    return g;
+}
+
+/* ---------------- ops ---------------- */
+
+static void test_linear(void) {
+    int64_t M = 37, K = 70, N = 29;
+    float *x = rnd(M * K, 1, 1), *w = rnd(N * K, 2, 1), *o = rnd(M * N, 3, 1), *o2 = dup(o, M * N);
+    float *dx = up(x, M * K), *dw = up(w, N * K), *dout = up(o, M * N);
+    for (int acc = 0; acc < 2; acc++) {
+        ps_matmul(CPU, o2, x, w, M, K, N, acc);
+        ps_matmul(GPU, dout, dx, dw, M, K, N, acc);
+        cmp_dev(acc ? "matmul (accumulate)" : "matmul", dout, o2, M * N, 1e-5);
+    }
+    /* backward: dinp and dw accumulate */
+    float *g = rnd(M * N, 4, 1), *di = rnd(M * K, 5, 1), *dwt = rnd(N * K, 6, 1);
+    float *dg = up(g, M * N), *ddi = up(di, M * K), *ddw = up(dwt, N * K);
+    ps_matmul_backward(CPU, di, dwt, g, x, w, M, K, N);
+    ps_matmul_backward(GPU, ddi, ddw, dg, dx, dw, M, K, N);
+    cmp_dev("matmul backward (input)", ddi, di, M * K, 1e-5);
+    cmp_dev("matmul backward (weight)", ddw, dwt, N * K, 1e-5);
+    ps_matmul_backward(CPU, NULL, dwt, g, x, w, M, K, N);
+    ps_matmul_backward(GPU, NULL, ddw, dg, dx, dw, M, K, N);
+    cmp_dev("matmul backward (weight only)", ddw, dwt, N * K, 1e-5);
+    ops_ok("linear");
+    free(x), free(w), free(o), free(o2), free(g), free(di), free(dwt);
+    dfree(dx), dfree(dw), dfree(dout), dfree(dg), dfree(ddi), dfree(ddw);
+}
+
+static void test_rows_ops(void) {
+    ps_error err;
+    int64_t V = 50, C = 33, n = 45;
+    int32_t tok[45];
+    for (int i = 0; i < n; i++) tok[i] = (i * 7 + i / 3) % 11; /* repeated tokens */
+    float *table = rnd(V * C, 10, 1), *out = rnd(n * C, 11, 1), *dtab = up(table, V * C), *dout = up(out, n * C);
+    ps_embed(CPU, out, tok, table, n, C);
+    ps_embed(GPU, dout, tok, dtab, n, C);
+    cmp_dev("embed", dout, out, n * C, 0);
+    float *g = rnd(n * C, 12, 1), *dt = rnd(V * C, 13, 1), *dg = up(g, n * C), *ddt = up(dt, V * C);
+    ps_embed_backward(CPU, dt, g, tok, n, C);
+    ps_embed_backward(GPU, ddt, dg, tok, n, C);
+    cmp_dev("embed backward (bit-identical)", ddt, dt, V * C, 0);
+    /* RMSNorm: C = 33 and a wide row */
+    for (int wide = 0; wide < 2; wide++) {
+        int64_t R = wide ? 9 : 70, CC = wide ? 1500 : 33;
+        float *x = rnd(R * CC, 14, 2), *w = rnd(CC, 15, 1), *y = rnd(R * CC, 16, 1), *rs = rnd(R, 17, 1);
+        float *dx = up(x, R * CC), *dw = up(w, CC), *dy = up(y, R * CC), *drs = up(rs, R);
+        ps_rmsnorm(CPU, y, rs, x, w, R, CC, 1e-6f);
+        ps_rmsnorm(GPU, dy, drs, dx, dw, R, CC, 1e-6f);
+        cmp_dev("rmsnorm", dy, y, R * CC, 1e-5);
+        cmp_dev("rmsnorm rstd", drs, rs, R, 1e-5);
+        float *go = rnd(R * CC, 18, 1), *gi = rnd(R * CC, 19, 1), *gw = rnd(CC, 20, 1);
+        float *dgo = up(go, R * CC), *dgi = up(gi, R * CC), *dgw = up(gw, CC);
+        ps_rmsnorm_backward(CPU, gi, gw, go, x, w, rs, R, CC);
+        ps_rmsnorm_backward(GPU, dgi, dgw, dgo, dx, dw, drs, R, CC);
+        cmp_dev("rmsnorm backward (input)", dgi, gi, R * CC, 1e-5);
+        cmp_dev("rmsnorm backward (weight)", dgw, gw, CC, 1e-5);
+        /* in place: out aliases inp */
+        ps_rmsnorm(CPU, x, NULL, x, w, R, CC, 1e-5f);
+        ps_rmsnorm(GPU, dx, NULL, dx, dw, R, CC, 1e-5f);
+        cmp_dev("rmsnorm in place", dx, x, R * CC, 1e-5);
+        free(x), free(w), free(y), free(rs), free(go), free(gi), free(gw);
+        dfree(dx), dfree(dw), dfree(dy), dfree(drs), dfree(dgo), dfree(dgi), dfree(dgw);
+    }
+    /* RoPE */
+    int64_t npos = 40, hd = 12, ns = 2, rps = 20, nh = 3;
+    float *cs = rnd(npos * hd / 2, 21, 1), *sn = rnd(npos * hd / 2, 22, 1), *dcs = up(cs, npos * hd / 2), *dsn = up(sn, npos * hd / 2);
+    ps_rope_table(CPU, cs, sn, npos, hd, 10000.0);
+    ps_rope_table(GPU, dcs, dsn, npos, hd, 10000.0);
+    cmp_dev("rope table cos", dcs, cs, npos * hd / 2, 1e-6);
+    cmp_dev("rope table sin", dsn, sn, npos * hd / 2, 1e-6);
+    ps_buf_from_host(GPU, dcs, cs, npos * hd / 2 * 4, &err);
+    ps_buf_from_host(GPU, dsn, sn, npos * hd / 2 * 4, &err);
+    float *x = rnd(ns * rps * nh * hd, 23, 1), *dx = up(x, ns * rps * nh * hd);
+    ps_rope(CPU, x, cs, sn, ns, rps, nh, hd, 2);
+    ps_rope(GPU, dx, dcs, dsn, ns, rps, nh, hd, 2);
+    cmp_dev("rope", dx, x, ns * rps * nh * hd, 1e-5);
+    ps_rope_backward(CPU, x, cs, sn, ns, rps, nh, hd, 1);
+    ps_rope_backward(GPU, dx, dcs, dsn, ns, rps, nh, hd, 1);
+    cmp_dev("rope backward", dx, x, ns * rps * nh * hd, 1e-5);
+    /* SwiGLU, add, copy, fill */
+    int64_t m = 1000;
+    float *a = rnd(m, 24, 3), *b = rnd(m, 25, 1), *h = rnd(m, 26, 1), *h2 = rnd(m, 27, 1);
+    float *da = up(a, m), *db = up(b, m), *dh = up(h, m), *dh2 = up(h2, m);
+    ps_swiglu(CPU, h, a, b, m);
+    ps_swiglu(GPU, dh, da, db, m);
+    cmp_dev("swiglu", dh, h, m, 1e-5);
+    ps_swiglu_backward(CPU, h2, h, b, a, b, m); /* dg -> h2, du -> h (in: dh = b) */
+    ps_swiglu_backward(GPU, dh2, dh, db, da, db, m);
+    cmp_dev("swiglu backward (g)", dh2, h2, m, 1e-5);
+    cmp_dev("swiglu backward (u)", dh, h, m, 1e-5);
+    ps_add(CPU, a, a, b, m);
+    ps_add(GPU, da, da, db, m);
+    cmp_dev("add (aliased)", da, a, m, 0);
+    ps_copy(CPU, h, a, m);
+    ps_copy(GPU, dh, da, m);
+    cmp_dev("copy", dh, h, m, 0);
+    ps_fill(CPU, h, 0.0f, m);
+    ps_fill(GPU, dh, 0.0f, m);
+    cmp_dev("fill 0", dh, h, m, 0);
+    ps_fill(CPU, h, 2.5f, m - 3);
+    ps_fill(GPU, dh, 2.5f, m - 3);
+    cmp_dev("fill", dh, h, m, 0);
+    /* gather / scatter (a row listed twice: the last one wins) */
+    int64_t rows[6] = {3, 0, 7, 3, 9, 1}, W = 17, nr = 12;
+    float *in = rnd(nr * W, 28, 1), *add = rnd(6 * W, 29, 1), *o = rnd(6 * W, 30, 1), *sc = rnd(nr * W, 31, 1);
+    float *din = up(in, nr * W), *dadd = up(add, 6 * W), *dout2 = up(o, 6 * W), *dsc = up(sc, nr * W);
+    ps_gather_rows(CPU, o, in, add, rows, 6, W);
+    ps_gather_rows(GPU, dout2, din, dadd, rows, 6, W);
+    cmp_dev("gather rows (+add)", dout2, o, 6 * W, 0);
+    ps_gather_rows(CPU, o, in, NULL, rows, 6, W);
+    ps_gather_rows(GPU, dout2, din, NULL, rows, 6, W);
+    cmp_dev("gather rows", dout2, o, 6 * W, 0);
+    ps_scatter_rows(CPU, sc, add, rows, 6, W);
+    ps_scatter_rows(GPU, dsc, dadd, rows, 6, W);
+    cmp_dev("scatter rows", dsc, sc, nr * W, 0);
+    ops_ok("rows and elementwise");
+    free(table), free(out), free(g), free(dt), free(cs), free(sn), free(x), free(a), free(b), free(h), free(h2);
+    free(in), free(add), free(o), free(sc);
+    dfree(dtab), dfree(dout), dfree(dg), dfree(ddt), dfree(dcs), dfree(dsn), dfree(dx), dfree(da), dfree(db), dfree(dh);
+    dfree(dh2), dfree(din), dfree(dadd), dfree(dout2), dfree(dsc);
+}
+
+static void test_hook_ops(void) {
+    int64_t B = 3, npos = 10, nh = 4, hd = 6, n = B * npos * nh * hd;
+    float *x = rnd(n, 40, 1), *src = rnd(npos * hd, 41, 1), *dx = up(x, n), *dsrc = up(src, npos * hd);
+    ps_head_set(CPU, x, src, hd, B, npos, nh, hd, 2, 1, 3);
+    ps_head_set(GPU, dx, dsrc, hd, B, npos, nh, hd, 2, 1, 3);
+    cmp_dev("head_set", dx, x, n, 0);
+    ps_head_set(CPU, x, src, 0, B, npos, nh, hd, 1, 0, 2);
+    ps_head_set(GPU, dx, dsrc, 0, B, npos, nh, hd, 1, 0, 2);
+    cmp_dev("head_set (broadcast)", dx, x, n, 0);
+    ps_head_set(CPU, x, NULL, 0, B, npos, nh, hd, 0, 0, 3);
+    ps_head_set(GPU, dx, NULL, 0, B, npos, nh, hd, 0, 0, 3);
+    cmp_dev("head_set (zero)", dx, x, n, 0);
+    ps_error err;
+    CHECK(ps_head_set(GPU, dx, NULL, 0, B, npos, nh, hd, 7, 0, 3) != 0 && ps_ctx_check(GPU, &err) != 0 &&
+              strstr(err.msg, "out of range"),
+          "head_set out of range must fail");
+    ps_add_vector(CPU, x, src, 0.5f, B * npos, nh * hd / 2);
+    ps_add_vector(GPU, dx, dsrc, 0.5f, B * npos, nh * hd / 2);
+    cmp_dev("add_vector", dx, x, n, 1e-6);
+    ps_roll_blocks(CPU, x, 5, 12, 3, 4, 2);
+    ps_roll_blocks(GPU, dx, 5, 12, 3, 4, 2);
+    cmp_dev("roll_blocks", dx, x, n, 0);
+    ps_copy_blocks(CPU, x + 5, 40, 8, src, 0, 6, 3, 4, 6, 0, 0.0f);
+    ps_copy_blocks(GPU, dx + 5, 40, 8, dsrc, 0, 6, 3, 4, 6, 0, 0.0f);
+    cmp_dev("copy_blocks", dx, x, n, 0);
+    ps_copy_blocks(CPU, x + 1, 50, 7, src, 6, 0, 4, 3, 5, 1, -1.5f);
+    ps_copy_blocks(GPU, dx + 1, 50, 7, dsrc, 6, 0, 4, 3, 5, 1, -1.5f);
+    cmp_dev("copy_blocks (accumulate)", dx, x, n, 1e-6);
+    ps_copy_blocks(CPU, x + 2, 60, 9, NULL, 0, 0, 2, 5, 4, 0, 0.0f);
+    ps_copy_blocks(GPU, dx + 2, 60, 9, NULL, 0, 0, 2, 5, 4, 0, 0.0f);
+    cmp_dev("copy_blocks (zero)", dx, x, n, 0);
+    /* sums over sequences, in double */
+    int64_t m = npos * nh * hd;
+    double *sum = calloc((size_t)m, sizeof(double)), *hsum = calloc((size_t)m, sizeof(double));
+    double *dsum = ps_buf_alloc(GPU, m * 8, "sums", &err);
+    float *mean = rnd(m, 42, 1), *dmean = up(mean, m);
+    for (int k = 0; k < 2; k++) {
+        ps_accumulate_seqs(CPU, sum, x, B, m);
+        ps_accumulate_seqs(GPU, dsum, dx, B, m);
+    }
+    ps_buf_to_host(GPU, hsum, dsum, m * 8, &err);
+    double worst = 0;
+    for (int64_t i = 0; i < m; i++) worst = fmax(worst, fabs(hsum[i] - sum[i]));
+    CHECK(worst == 0, "accumulate_seqs: differs by %g", worst);
+    ps_sum_to_mean(CPU, mean, sum, 6.0, m);
+    ps_sum_to_mean(GPU, dmean, dsum, 6.0, m);
+    cmp_dev("sum_to_mean", dmean, mean, m, 0);
+    CHECK(ps_sum_to_mean(GPU, dmean, dsum, 0.0, m) != 0 && ps_ctx_check(GPU, &err) != 0, "sum_to_mean with count 0 must fail");
+    ops_ok("hook actions");
+    free(x), free(src), free(sum), free(hsum), free(mean);
+    dfree(dx), dfree(dsrc), dfree(dsum), dfree(dmean);
+}
+
+static void test_compressor_ops(int64_t B, int64_t T, int64_t d, int64_t W, int64_t S, int64_t nkv, int64_t hd, int shared) {
+    char what[160];
+    int64_t nW = T >= W ? (T - W) / S + 1 : 0, n = B * nW * nkv, nk = nkv * hd;
+    snprintf(what, sizeof what, "compressor B%lld T%lld d%lld W%lld S%lld nkv%lld hd%lld%s", (long long)B, (long long)T,
+             (long long)d, (long long)W, (long long)S, (long long)nkv, (long long)hd, shared ? " shared" : "");
+    float *a = rnd(B * T * d, 50, 1), *u = rnd(W * nkv * d, 51, 0.3f), *bias = rnd(W * nkv, 52, 0.3f);
+    float *z = rnd(n * W, 53, 1), *al = rnd(n * W, 54, 1);
+    float *da_ = up(a, B * T * d), *du = up(u, W * nkv * d), *dbias = up(bias, W * nkv), *dz = up(z, n * W), *dal = up(al, n * W);
+    char w2[200];
+    for (int uni = 0; uni < 2; uni++) {
+        ps_gate(CPU, z, al, a, uni ? NULL : u, uni ? NULL : bias, B, T, d, nW, W, S, nkv);
+        ps_gate(GPU, dz, dal, da_, uni ? NULL : du, uni ? NULL : dbias, B, T, d, nW, W, S, nkv);
+        snprintf(w2, sizeof w2, "%s: gate%s logits", what, uni ? " (uniform)" : "");
+        cmp_dev(w2, dz, z, n * W, 1e-5);
+        snprintf(w2, sizeof w2, "%s: gate%s alpha", what, uni ? " (uniform)" : "");
+        cmp_dev(w2, dal, al, n * W, 1e-5);
+    }
+    ps_gate(CPU, z, al, a, u, bias, B, T, d, nW, W, S, nkv);
+    ps_gate(GPU, dz, dal, da_, du, dbias, B, T, d, nW, W, S, nkv);
+    /* gate backward */
+    float *gal = rnd(n * W, 55, 1), *ga = rnd(B * T * d, 56, 1), *gu = rnd(W * nkv * d, 57, 1), *gb = rnd(W * nkv, 58, 1);
+    float *dgal = up(gal, n * W), *dga = up(ga, B * T * d), *dgu = up(gu, W * nkv * d), *dgb = up(gb, W * nkv);
+    ps_gate_backward(CPU, ga, gu, gb, gal, al, a, u, B, T, d, nW, W, S, nkv);
+    ps_gate_backward(GPU, dga, dgu, dgb, dgal, dal, da_, du, B, T, d, nW, W, S, nkv);
+    snprintf(w2, sizeof w2, "%s: gate backward da", what);
+    cmp_dev(w2, dga, ga, B * T * d, 1e-5);
+    snprintf(w2, sizeof w2, "%s: gate backward du", what);
+    cmp_dev(w2, dgu, gu, W * nkv * d, 1e-5);
+    snprintf(w2, sizeof w2, "%s: gate backward dbias", what);
+    cmp_dev(w2, dgb, gb, W * nkv, 1e-5);
+    snprintf(w2, sizeof w2, "%s: gate backward dz", what);
+    cmp_dev(w2, dgal, gal, n * W, 1e-5);
+    /* payloads */
+    int64_t nC = shared ? nk * d : W * nk * d, nP = B * nW * W * nk;
+    float *Cw = rnd(nC, 60, 0.3f), *P = rnd(nP, 61, 1), *scr = rnd(B * T * nk, 62, 1);
+    float *dC = up(Cw, nC), *dP = up(P, nP), *dscr = up(scr, B * T * nk);
+    ps_payload(CPU, P, a, Cw, shared, scr, B, T, d, nW, W, S, nk);
+    ps_payload(GPU, dP, da_, dC, shared, dscr, B, T, d, nW, W, S, nk);
+    snprintf(w2, sizeof w2, "%s: payload", what);
+    cmp_dev(w2, dP, P, nP, 1e-5);
+    float *gP = rnd(nP, 63, 1), *gC = rnd(nC, 64, 1), *dgP = up(gP, nP), *dgC = up(gC, nC);
+    ps_payload_backward(CPU, ga, gC, gP, a, Cw, shared, scr, B, T, d, nW, W, S, nk);
+    ps_payload_backward(GPU, dga, dgC, dgP, da_, dC, shared, dscr, B, T, d, nW, W, S, nk);
+    snprintf(w2, sizeof w2, "%s: payload backward da", what);
+    cmp_dev(w2, dga, ga, B * T * d, 1e-5);
+    snprintf(w2, sizeof w2, "%s: payload backward dC", what);
+    cmp_dev(w2, dgC, gC, nC, 1e-5);
+    /* pooling */
+    float *po = rnd(n * hd, 65, 1), *dpo = up(po, n * hd);
+    ps_pool(CPU, po, al, P, B, nW, W, nkv, hd);
+    ps_pool(GPU, dpo, dal, dP, B, nW, W, nkv, hd);
+    snprintf(w2, sizeof w2, "%s: pool", what);
+    cmp_dev(w2, dpo, po, n * hd, 1e-5);
+    float *gpo = rnd(n * hd, 66, 1), *dgpo = up(gpo, n * hd);
+    ps_pool_backward(CPU, gal, gP, gpo, al, P, B, nW, W, nkv, hd);
+    ps_pool_backward(GPU, dgal, dgP, dgpo, dal, dP, B, nW, W, nkv, hd);
+    snprintf(w2, sizeof w2, "%s: pool backward dalpha", what);
+    cmp_dev(w2, dgal, gal, n * W, 1e-5);
+    snprintf(w2, sizeof w2, "%s: pool backward dP", what);
+    cmp_dev(w2, dgP, gP, nP, 1e-5);
+    ops_ok(what);
+    free(a), free(u), free(bias), free(z), free(al), free(gal), free(ga), free(gu), free(gb), free(Cw), free(P), free(scr);
+    free(gP), free(gC), free(po), free(gpo);
+    dfree(da_), dfree(du), dfree(dbias), dfree(dz), dfree(dal), dfree(dgal), dfree(dga), dfree(dgu), dfree(dgb), dfree(dC);
+    dfree(dP), dfree(dscr), dfree(dgP), dfree(dgC), dfree(dpo), dfree(dgpo);
+}
+
+static void test_attention(ps_attn_geom g, const char *label) {
+    char what[200], w2[260];
+    ps_error err;
+    snprintf(what, sizeof what, "attention %s (B%lld T%lld h%lld/%lld hd%lld%s)", label, (long long)g.B, (long long)g.T,
+             (long long)g.nh, (long long)g.nkv, (long long)g.hd, g.compressed ? " compressed" : "");
+    int64_t B = g.B, T = g.T, nq = B * T * g.nh * g.hd, nk = B * T * g.nkv * g.hd, nc = B * g.nW * g.nkv * g.hd;
+    float *q = rnd(nq, 70, 1), *k = rnd(nk, 71, 1), *v = rnd(nk, 72, 1), *ck = rnd(nc, 73, 1), *cv = rnd(nc, 74, 1);
+    float *z = rnd(nq, 75, 1), *lse = rnd(B * g.nh * T, 76, 1);
+    float *dq_ = up(q, nq), *dk_ = up(k, nk), *dv_ = up(v, nk), *dck = up(ck, nc), *dcv = up(cv, nc), *dz = up(z, nq),
+          *dlse = up(lse, B * g.nh * T);
+    ps_attn_forward(CPU, z, lse, q, k, v, ck, cv, &g);
+    ps_attn_forward(GPU, dz, dlse, dq_, dk_, dv_, dck, dcv, &g);
+    snprintf(w2, sizeof w2, "%s: forward z", what);
+    cmp_dev(w2, dz, z, nq, 1e-4);
+    snprintf(w2, sizeof w2, "%s: forward lse", what);
+    cmp_dev(w2, dlse, lse, B * g.nh * T, 1e-5);
+    /* backward: dq written, the rest accumulated */
+    float *gz = rnd(nq, 77, 1), *gq = rnd(nq, 78, 1), *gk = rnd(nk, 79, 1), *gv = rnd(nk, 80, 1), *gck = rnd(nc, 81, 1),
+          *gcv = rnd(nc, 82, 1);
+    float *dgz = up(gz, nq), *dgq = up(gq, nq), *dgk = up(gk, nk), *dgv = up(gv, nk), *dgck = up(gck, nc), *dgcv = up(gcv, nc);
+    ps_attn_backward(CPU, gq, gk, gv, gck, gcv, gz, z, lse, q, k, v, ck, cv, &g);
+    ps_attn_backward(GPU, dgq, dgk, dgv, dgck, dgcv, dgz, dz, dlse, dq_, dk_, dv_, dck, dcv, &g);
+    const char *names[5] = {"dq", "dk", "dv", "dck", "dcv"};
+    float *dev[5] = {dgq, dgk, dgv, dgck, dgcv}, *ref[5] = {gq, gk, gv, gck, gcv};
+    int64_t ns[5] = {nq, nk, nk, nc, nc};
+    for (int i = 0; i < (g.compressed && g.nW ? 5 : 3); i++) {
+        snprintf(w2, sizeof w2, "%s: backward %s", what, names[i]);
+        cmp_dev(w2, dev[i], ref[i], ns[i], 1e-4);
+    }
+    /* the materialised path and the layouts */
+    int64_t np = B * g.nh * T * g.ncols, wide = B * g.nh * T * (g.compressed ? g.nW + T : T);
+    float *pr = rnd(np, 83, 1), *full = rnd(wide, 84, 1), *dpr = up(pr, np), *dfull = up(full, wide);
+    ps_attn_probs(CPU, pr, q, k, ck, &g);
+    ps_attn_probs(GPU, dpr, dq_, dk_, dck, &g);
+    snprintf(w2, sizeof w2, "%s: probabilities", what);
+    cmp_dev(w2, dpr, pr, np, 1e-5);
+    ps_attn_out(CPU, z, pr, v, cv, &g);
+    ps_attn_out(GPU, dz, dpr, dv_, dcv, &g);
+    snprintf(w2, sizeof w2, "%s: output from probabilities", what);
+    cmp_dev(w2, dz, z, nq, 1e-4);
+    if (g.compressed) {
+        ps_pattern_expand(CPU, full, pr, &g);
+        ps_pattern_expand(GPU, dfull, dpr, &g);
+        snprintf(w2, sizeof w2, "%s: pattern expand", what);
+        cmp_dev(w2, dfull, full, wide, 1e-5);
+        for (int64_t i = 0; i < wide; i += 3) full[i] += 0.25f; /* a hook's edit, seen and unseen entries */
+        ps_buf_from_host(GPU, dfull, full, wide * 4, &err);
+        ps_pattern_compact(CPU, pr, full, &g);
+        ps_pattern_compact(GPU, dpr, dfull, &g);
+    } else {
+        for (int64_t i = 0; i < np; i += 3) pr[i] += 0.25f;
+        ps_buf_from_host(GPU, dpr, pr, np * 4, &err);
+        ps_pattern_compact(CPU, pr, pr, &g);
+        ps_pattern_compact(GPU, dpr, dpr, &g);
+    }
+    snprintf(w2, sizeof w2, "%s: pattern compact", what);
+    cmp_dev(w2, dpr, pr, np, 1e-5);
+    /* chosen rows */
+    int64_t rows[5] = {0, T - 1, T / 2, B * T - 1, B * T / 2 + 1};
+    float *zr = rnd(5 * g.nh * g.hd, 85, 1), *dzr = up(zr, 5 * g.nh * g.hd);
+    ps_attn_rows(CPU, zr, rows, 5, q, k, v, ck, cv, &g);
+    ps_attn_rows(GPU, dzr, rows, 5, dq_, dk_, dv_, dck, dcv, &g);
+    snprintf(w2, sizeof w2, "%s: rows", what);
+    cmp_dev(w2, dzr, zr, 5 * g.nh * g.hd, 1e-4);
+    /* prefill chunks of sequence 0 against the whole frame: rows [q_off, q_off + Tq) */
+    for (int64_t q_off = 0; q_off < T; q_off += T / 3 + 1) {
+        int64_t Tq = T - q_off < T / 3 + 1 ? T - q_off : T / 3 + 1;
+        ps_attn_frame f = {.nh = g.nh, .nkv = g.nkv, .hd = g.hd, .compressed = g.compressed, .W = g.W, .S = g.S, .LW = g.LW,
+                           .nW = g.nW, .Tq = Tq, .Tk = T, .q_off = q_off, .pos0 = 0};
+        int64_t nz = Tq * g.nh * g.hd;
+        float *zc = rnd(nz, 86, 1), *dzc = up(zc, nz);
+        ps_attn_chunk(CPU, zc, q + q_off * g.nh * g.hd, k, v, ck, cv, &f);
+        ps_attn_chunk(GPU, dzc, dq_ + q_off * g.nh * g.hd, dk_, dv_, dck, dcv, &f);
+        snprintf(w2, sizeof w2, "%s: prefill chunk at %lld", what, (long long)q_off);
+        cmp_dev(w2, dzc, zc, nz, 1e-4);
+        free(zc);
+        dfree(dzc);
+    }
+    ops_ok(what);
+    free(q), free(k), free(v), free(ck), free(cv), free(z), free(lse), free(gz), free(gq), free(gk), free(gv), free(gck);
+    free(gcv), free(pr), free(full), free(zr);
+    dfree(dq_), dfree(dk_), dfree(dv_), dfree(dck), dfree(dcv), dfree(dz), dfree(dlse), dfree(dgz), dfree(dgq), dfree(dgk);
+    dfree(dgv), dfree(dgck), dfree(dgcv), dfree(dpr), dfree(dfull), dfree(dzr);
+}
+
+static void test_loss_optim(void) {
+    int64_t R = 13, V = 3001;
+    float *lg = rnd(R * V, 90, 3), *dl = rnd(R * V, 91, 1), *dlg = up(lg, R * V), *ddl = up(dl, R * V);
+    int32_t tg[13];
+    for (int i = 0; i < R; i++) tg[i] = i % 4 == 1 ? -1 : (i * 997) % V;
+    double l1 = 0.5, l2 = 0.5;
+    int64_t n1 = 1, n2 = 1;
+    ps_cross_entropy(CPU, &l1, &n1, dl, lg, tg, R, V, 0.1f);
+    ps_cross_entropy(GPU, &l2, &n2, ddl, dlg, tg, R, V, 0.1f);
+    CHECK(n1 == n2 && fabs(l1 - l2) <= 1e-6 * fabs(l1), "cross entropy: loss %.9g vs %.9g, targets %lld vs %lld", l2, l1,
+          (long long)n2, (long long)n1);
+    cmp_dev("cross entropy gradient", ddl, dl, R * V, 1e-5);
+    l2 = 0;
+    ps_cross_entropy(GPU, &l2, NULL, NULL, dlg, tg, R, V, 1.0f);
+    CHECK(fabs(0.5 + l2 - l1) <= 1e-6 * fabs(l1), "cross entropy without gradient: %.9g", l2);
+    /* sum of squares: the same value on every call */
+    int64_t n = 1000003;
+    float *x = rnd(n, 92, 1), *dx = up(x, n);
+    double s1, s2, s3;
+    ps_sumsq(CPU, &s1, x, n);
+    ps_sumsq(GPU, &s2, dx, n);
+    ps_sumsq(GPU, &s3, dx, n);
+    CHECK(fabs(s1 - s2) <= 1e-12 * s1 && s2 == s3, "sumsq %.17g vs %.17g (again %.17g)", s2, s1, s3);
+    /* AdamW over three segments, bit-identical */
+    int64_t P = 70000;
+    float *w = rnd(P, 93, 1), *m1 = rnd(P, 94, 0.1f), *m2 = rnd(P, 95, 0.1f), *g = rnd(P, 96, 1);
+    for (int64_t i = 0; i < P; i++) m2[i] = fabsf(m2[i]);
+    float *dw = up(w, P), *dm1 = up(m1, P), *dm2 = up(m2, P), *dg = up(g, P);
+    ps_adamw_seg segs[3] = {{0, 1000, 1e-3f, 0.1f}, {1000, 50000, 3e-4f, 0.0f}, {51000, 19000, 1e-2f, 0.01f}};
+    ps_adamw_hyper h = {0.9f, 0.95f, 1e-8f, 0.7f, 1.0f / (1.0f - 0.9f * 0.9f), 1.0f / (1.0f - 0.95f * 0.95f)};
+    ps_adamw(CPU, w, m1, m2, g, segs, 3, &h);
+    ps_adamw(GPU, dw, dm1, dm2, dg, segs, 3, &h);
+    cmp_dev("adamw weights (bit-identical)", dw, w, P, 0);
+    cmp_dev("adamw first moment", dm1, m1, P, 0);
+    cmp_dev("adamw second moment", dm2, m2, P, 0);
+    ops_ok("loss and optimizer");
+    free(lg), free(dl), free(x), free(w), free(m1), free(m2), free(g);
+    dfree(dlg), dfree(ddl), dfree(dx), dfree(dw), dfree(dm1), dfree(dm2), dfree(dg);
+}
+
+static void test_v4_missing(void) {
+    ps_error err;
+    float *x = up((float[4]){1, 2, 3, 4}, 4);
+    CHECK(ps_v4_scale(GPU, x, 2.0f, 4) != 0, "v4_scale must fail on the cuda backend");
+    CHECK(ps_ctx_check(GPU, &err) != 0 && strstr(err.msg, "DeepSeek-V4 op v4_scale is not implemented on the cuda backend"),
+          "message: %s", err.msg);
+    dfree(x);
+}
+
+/* ---------------- models ---------------- */
+
+/* forward + backward of one model on both devices: logits < 1e-4, loss and per-tensor gradients < 1e-3 */
+static void model_parity(const char *label, ps_model *mc, ps_model *mg, const int32_t *tok, const int32_t *tgt, int64_t B,
+                         int64_t T) {
+    ps_error err;
+    ps_acts ac, gc, ag, gg;
+    REQUIRE_OK(ps_acts_create(&ac, mc->ctx, &mc->cfg, B, T, true, &err), &err);
+    REQUIRE_OK(ps_acts_create(&gc, mc->ctx, &mc->cfg, B, T, false, &err), &err);
+    REQUIRE_OK(ps_acts_create(&ag, mg->ctx, &mg->cfg, B, T, true, &err), &err);
+    REQUIRE_OK(ps_acts_create(&gg, mg->ctx, &mg->cfg, B, T, false, &err), &err);
+    CHECK_OK(ps_forward(mc, &ac, tok, NULL, &err), &err);
+    CHECK_OK(ps_forward(mg, &ag, tok, NULL, &err), &err);
+    int64_t V = mc->cfg.vocab_size;
+    const float *lc = ps_acts_logits_host(&ac, &err), *lg = ps_acts_logits_host(&ag, &err);
+    CHECK(lc && lg, "%s: logits: %s", label, err.msg);
+    if (lc && lg) {
+        double r = rel_err_f(lg, lc, B * T * V);
+        CHECK(r < 1e-4, "%s: logits relative error %.3g", label, r);
+    }
+    int64_t np = mc->n_params, nt = 0;
+    for (int64_t i = 0; i < B * T; i++) nt += tgt[i] >= 0;
+    float *grc = calloc((size_t)np, sizeof(float)), *grg_h = malloc((size_t)np * sizeof(float));
+    float *grg = ps_buf_alloc(mg->ctx, np * 4, "gradients", &err);
+    double lsc = 0, lsg = 0;
+    int64_t cc = 0, cg = 0;
+    CHECK_OK(ps_backward(mc, &ac, &gc, tok, tgt, 1.0f / (float)nt, grc, &lsc, &cc, &err), &err);
+    CHECK_OK(ps_backward(mg, &ag, &gg, tok, tgt, 1.0f / (float)nt, grg, &lsg, &cg, &err), &err);
+    CHECK(cc == cg && fabs(lsc - lsg) < 1e-4 * fabs(lsc), "%s: loss %.9g vs %.9g", label, lsg, lsc);
+    CHECK_OK(ps_buf_to_host(mg->ctx, grg_h, grg, np * 4, &err), &err);
+    for (int i = 0; i < mc->n_tensors; i++) {
+        const ps_param_info *p = &mc->table[i];
+        double r = rel_err_f(grg_h + p->offset, grc + p->offset, p->numel);
+        CHECK(r < 1e-3, "%s: gradient of %s relative error %.3g", label, p->name, r);
+    }
+    free(grc), free(grg_h);
+    ps_buf_free(mg->ctx, grg, np * 4);
+    ps_acts_free(&ac), ps_acts_free(&gc), ps_acts_free(&ag), ps_acts_free(&gg);
+}
+
+static void test_random_models(void) {
+    struct {
+        const char *name;
+        int kind, gate, payload, W, S, LW, rope, qk, tie, nh, nkv, hd;
+    } v[] = {
+        {"full attention", PS_ATTN_FULL, 0, 0, 0, 0, 0, 1, 1, 1, 4, 2, 4},
+        {"full, MHA, hd 40, no rope/qk-norm, untied", PS_ATTN_FULL, 0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 40},
+        {"compressed W4/S4 learned per-offset", PS_ATTN_COMPRESSED, PS_GATE_LEARNED, PS_PAYLOAD_PER_OFFSET, 4, 4, 4, 1, 1, 1, 4, 2, 4},
+        {"compressed W6/S3 overlapping", PS_ATTN_COMPRESSED, PS_GATE_LEARNED, PS_PAYLOAD_PER_OFFSET, 6, 3, 5, 1, 1, 1, 4, 2, 4},
+        {"compressed W4/S2 uniform gate shared payload", PS_ATTN_COMPRESSED, PS_GATE_UNIFORM, PS_PAYLOAD_SHARED, 4, 2, 3, 1, 1, 1, 4, 4, 4},
+        {"compressed W8/S8 hd 72 untied", PS_ATTN_COMPRESSED, PS_GATE_LEARNED, PS_PAYLOAD_PER_OFFSET, 8, 8, 8, 1, 0, 0, 2, 1, 72},
+        {"compressed W5/S5 shared, no rope", PS_ATTN_COMPRESSED, PS_GATE_LEARNED, PS_PAYLOAD_SHARED, 5, 5, 2, 0, 1, 1, 4, 2, 4},
+    };
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+        ps_config c = tu_config(v[i].kind);
+        c.n_layers = 2;
+        c.rope = v[i].rope, c.qk_norm = v[i].qk, c.tie_embeddings = v[i].tie;
+        c.n_heads = v[i].nh, c.n_kv_heads = v[i].nkv, c.head_dim = v[i].hd;
+        if (v[i].kind == PS_ATTN_COMPRESSED) {
+            c.window = v[i].W, c.stride = v[i].S, c.local_window = v[i].LW;
+            c.gate = v[i].gate, c.payload = v[i].payload;
+        }
+        int64_t B = 2, T = c.max_seq_len < 37 ? c.max_seq_len : 37;
+        ps_model mc, mg;
+        ps_error err;
+        tu_random_model(&mc, &c, 500 + i, 0.5f);
+        tu_random_model(&mg, &c, 500 + i, 0.5f);
+        if (ps_model_to_backend(&mg, DEV, &err)) {
+            CHECK(0, "%s: model to cuda: %s", v[i].name, err.msg);
+            ps_model_free(&mc), ps_model_free(&mg);
+            continue;
+        }
+        int32_t *tok = malloc((size_t)(B * T) * sizeof(int32_t)), *tgt = malloc((size_t)(B * T) * sizeof(int32_t));
+        tu_random_tokens(tok, B * T, c.vocab_size, 600 + i);
+        tu_random_tokens(tgt, B * T, c.vocab_size, 700 + i);
+        for (int64_t t = 0; t < B * T; t += 4) tgt[t] = -1;
+        model_parity(v[i].name, &mc, &mg, tok, tgt, B, T);
+        free(tok), free(tgt);
+        ps_model_free(&mc), ps_model_free(&mg);
+    }
+}
+
+static void test_conformance_models(void) {
+    const char *names[] = {"full_gqa", "compressed_w8s8", "compressed_w6s3_overlap", "qwen3_published"};
+    for (int i = 0; i < 4; i++) {
+        char dir[2048], path[4096];
+        snprintf(dir, sizeof dir, "%s/%s", tu_conformance_dir(), names[i]);
+        ps_error err;
+        ps_model mc, mg;
+        ps_token_lists toks, tg = {0};
+        REQUIRE_OK(ps_model_load(&mc, dir, &err), &err);
+        REQUIRE_OK(ps_model_load(&mg, dir, &err), &err);
+        REQUIRE_OK(ps_model_to_backend(&mg, DEV, &err), &err);
+        snprintf(path, sizeof path, "%s/tokens.json", dir);
+        REQUIRE_OK(ps_tokens_load(path, 0, 0, &toks, &err), &err);
+        snprintf(path, sizeof path, "%s/targets.json", dir);
+        int have_tg = ps_tokens_load(path, 1, -1, &tg, &err) == 0;
+        for (int s = 0; s < toks.n; s++) {
+            int32_t *tgt = malloc((size_t)toks.len[s] * sizeof(int32_t));
+            for (int64_t t = 0; t < toks.len[s]; t++)
+                tgt[t] = have_tg && s < tg.n && t < tg.len[s] ? tg.seq[s][t] : (t + 1 < toks.len[s] ? toks.seq[s][t + 1] : -1);
+            char label[256];
+            snprintf(label, sizeof label, "conformance %s, sequence %d", names[i], s);
+            model_parity(label, &mc, &mg, toks.seq[s], tgt, 1, toks.len[s]);
+            free(tgt);
+        }
+        ps_tokens_free(&toks);
+        if (have_tg) ps_tokens_free(&tg);
+        ps_model_free(&mc), ps_model_free(&mg);
+    }
+}
+
+/* hooks on the device: a mean-replacement action and a host callback on the same point */
+static int scale_cb(const ps_hook_event *ev, void *user, ps_error *err) {
+    (void)user, (void)err;
+    int64_t n = 1;
+    for (int i = 0; i < ev->ndim; i++) n *= ev->shape[i];
+    for (int64_t i = 0; i < n; i++) ev->data[i] *= 0.5f;
+    return 0;
+}
+
+static void test_hooks(void) {
+    ps_config c = tu_config(PS_ATTN_COMPRESSED);
+    c.n_layers = 2;
+    ps_model mc, mg;
+    ps_error err;
+    tu_random_model(&mc, &c, 900, 0.5f);
+    tu_random_model(&mg, &c, 900, 0.5f);
+    REQUIRE_OK(ps_model_to_backend(&mg, DEV, &err), &err);
+    int64_t B = 2, T = 30;
+    int32_t tok[60];
+    tu_random_tokens(tok, B * T, c.vocab_size, 901);
+    int64_t nsrc = T * c.n_kv_heads * c.head_dim; /* one sequence of hook_v: [T, nkv, hd] */
+    float *mean = rnd(nsrc, 902, 1);
+    float *dmean = up(mean, nsrc);
+    ps_acts ac, ag;
+    REQUIRE_OK(ps_acts_create(&ac, mc.ctx, &c, B, T, false, &err), &err);
+    REQUIRE_OK(ps_acts_create(&ag, mg.ctx, &c, B, T, false, &err), &err);
+    for (int pass = 0; pass < 2; pass++) {
+        ps_hooks hc, hg;
+        ps_hooks_init(&hc);
+        ps_hooks_init(&hg);
+        ps_hook_action act = {.kind = PS_ACT_SET, .head = 1, .src_npos = T};
+        act.src = mean;
+        CHECK_OK(ps_hooks_add_action(&hc, &c, "blocks.1.attn.hook_v", &act, &err), &err);
+        act.src = dmean;
+        CHECK_OK(ps_hooks_add_action(&hg, &c, "blocks.1.attn.hook_v", &act, &err), &err);
+        if (pass) {
+            CHECK_OK(ps_hooks_add(&hc, &c, "blocks.0.attn.hook_z", scale_cb, NULL, &err), &err);
+            CHECK_OK(ps_hooks_add(&hg, &c, "blocks.0.attn.hook_z", scale_cb, NULL, &err), &err);
+            CHECK_OK(ps_hooks_add(&hc, &c, "blocks.1.attn.hook_pattern", scale_cb, NULL, &err), &err);
+            CHECK_OK(ps_hooks_add(&hg, &c, "blocks.1.attn.hook_pattern", scale_cb, NULL, &err), &err);
+        }
+        CHECK_OK(ps_forward(&mc, &ac, tok, &hc, &err), &err);
+        CHECK_OK(ps_forward(&mg, &ag, tok, &hg, &err), &err);
+        const float *lc = ps_acts_logits_host(&ac, &err), *lg = ps_acts_logits_host(&ag, &err);
+        if (lc && lg) {
+            double r = rel_err_f(lg, lc, B * T * c.vocab_size);
+            CHECK(r < 1e-4, "hooks pass %d: logits relative error %.3g", pass, r);
+        }
+        ps_hooks_free(&hc), ps_hooks_free(&hg);
+    }
+    free(mean);
+    dfree(dmean);
+    ps_acts_free(&ac), ps_acts_free(&ag);
+    ps_model_free(&mc), ps_model_free(&mg);
+}
+
+/* tf32 and bf16 matrix products: the forward of a random model against fp32 at their tolerances */
+static void test_precisions(void) {
+    ps_config c = tu_config(PS_ATTN_COMPRESSED);
+    c.n_layers = 2, c.d_model = 64, c.d_ff = 96;
+    ps_error err;
+    ps_model m32, mlow;
+    tu_random_model(&m32, &c, 950, 0.3f);
+    REQUIRE_OK(ps_model_to_backend(&m32, DEV, &err), &err);
+    int64_t B = 2, T = 40, V = c.vocab_size;
+    int32_t tok[80];
+    tu_random_tokens(tok, B * T, V, 951);
+    ps_acts a32;
+    REQUIRE_OK(ps_acts_create(&a32, m32.ctx, &c, B, T, false, &err), &err);
+    CHECK_OK(ps_forward(&m32, &a32, tok, NULL, &err), &err);
+    float *ref = malloc((size_t)(B * T * V) * sizeof(float));
+    memcpy(ref, ps_acts_logits_host(&a32, &err), (size_t)(B * T * V) * sizeof(float));
+    const char *names[2] = {"tf32", "bf16"};
+    double tol[2] = {2e-2, 6e-2};
+    for (int p = 1; p <= 2; p++) {
+        ps_ctx_default_precision(p);
+        tu_random_model(&mlow, &c, 950, 0.3f);
+        int ok = ps_model_to_backend(&mlow, DEV, &err) == 0;
+        ps_ctx_default_precision(PS_PREC_FP32);
+        CHECK(ok, "%s: %s", names[p - 1], err.msg);
+        if (!ok) {
+            ps_model_free(&mlow);
+            continue;
+        }
+        CHECK(mlow.ctx->precision == p, "%s: the context's precision is %d", names[p - 1], mlow.ctx->precision);
+        ps_acts a;
+        REQUIRE_OK(ps_acts_create(&a, mlow.ctx, &c, B, T, false, &err), &err);
+        CHECK_OK(ps_forward(&mlow, &a, tok, NULL, &err), &err);
+        const float *lg = ps_acts_logits_host(&a, &err);
+        if (lg) {
+            double r = rel_err_f(lg, ref, B * T * V);
+            CHECK(r < tol[p - 1], "%s: logits differ from fp32 by %.3g (tolerance %.0e)", names[p - 1], r, tol[p - 1]);
+            printf("  %s logits vs fp32: relative error %.2e (tolerance %.0e)\n", names[p - 1], r, tol[p - 1]);
+        }
+        ps_acts_free(&a);
+        ps_model_free(&mlow);
+    }
+    free(ref);
+    ps_acts_free(&a32);
+    ps_model_free(&m32);
+}
+
+/* the sweep command on both devices: the same result JSON apart from provenance and timing */
+static void test_sweep_json(const char *build_dir) {
+    char tmp[512], cmd[4096];
+    tu_tempdir(tmp, sizeof tmp, "cuda_sweep");
+    const char *model = PS_SOURCE_DIR "/data/models/default";
+    for (int d = 0; d < 2; d++) {
+        snprintf(cmd, sizeof cmd, "%s/phasescope sweep --model %s --n 16 --out %s/%s --device %s > %s/%s.log 2>&1", build_dir,
+                 model, tmp, d ? "cuda" : "cpu", d ? DEV : "cpu", tmp, d ? "cuda" : "cpu");
+        int rc = system(cmd);
+        CHECK(rc == 0, "sweep on %s failed (rc %d): see %s/%s.log", d ? "cuda" : "cpu", rc, tmp, d ? "cuda" : "cpu");
+    }
+    /* the curves: the same counts per residue, log-probabilities within 1e-3 (provenance differs) */
+    json_t *cv[2] = {NULL, NULL};
+    for (int d = 0; d < 2; d++) {
+        char path[700];
+        snprintf(path, sizeof path, "%s/%s/sweep.json", tmp, d ? "cuda" : "cpu");
+        json_error_t je;
+        json_t *root = json_load_file(path, 0, &je);
+        CHECK(root != NULL, "%s: %s", path, je.text);
+        if (root) {
+            cv[d] = json_incref(json_object_get(root, "curve"));
+            json_decref(root);
+        }
+    }
+    if (cv[0] && cv[1]) {
+        json_t *r0 = json_object_get(cv[0], "residues"), *r1 = json_object_get(cv[1], "residues");
+        CHECK(json_array_size(r0) > 0 && json_array_size(r0) == json_array_size(r1), "sweep: residue lists differ in length");
+        for (size_t i = 0; i < json_array_size(r0) && i < json_array_size(r1); i++) {
+            json_t *a = json_array_get(r0, i), *b = json_array_get(r1, i);
+            long long n0 = json_integer_value(json_object_get(a, "n")), n1 = json_integer_value(json_object_get(b, "n"));
+            long long c0 = json_integer_value(json_object_get(a, "correct")), c1 = json_integer_value(json_object_get(b, "correct"));
+            double l0 = json_number_value(json_object_get(a, "mean_logprob")), l1 = json_number_value(json_object_get(b, "mean_logprob"));
+            CHECK(n0 == n1 && c0 == c1, "sweep residue %zu: cpu %lld/%lld correct, cuda %lld/%lld", i, c0, n0, c1, n1);
+            CHECK(fabs(l0 - l1) <= 1e-3 * fabs(l0) + 1e-6, "sweep residue %zu: mean log-probability %.9g (cpu) vs %.9g (cuda)", i,
+                  l0, l1);
+        }
+        const char *v0 = json_string_value(json_object_get(cv[0], "verdict")), *v1 = json_string_value(json_object_get(cv[1], "verdict"));
+        CHECK(v0 && v1 && !strcmp(v0, v1), "sweep: the verdicts differ");
+    }
+    json_decref(cv[0]);
+    json_decref(cv[1]);
+}
+
+int main(int argc, char **argv) {
+    ps_error err;
+    const char *why = "";
+    int n_dev = ps_cuda_device_count(&why);
+    const char *dry = getenv("PS_TEST_CUDA_DRY_RUN");
+    if (dry && *dry == '1') DEV = "cpu", n_dev = 1;
+    CHECK(strstr(ps_ctx_backends(), "cuda") != NULL, "this build lists its backends as \"%s\"", ps_ctx_backends());
+    if (n_dev <= 0) {
+        /* no device: the context must fail cleanly, with one line naming the reason */
+        ps_ctx *c = NULL;
+        err.msg[0] = '\0';
+        int rc = ps_ctx_create(&c, "cuda", &err);
+        CHECK(rc != 0 && c == NULL, "ps_ctx_create(cuda) succeeded without a device");
+        CHECK(strstr(err.msg, "cuda backend: no CUDA device") && !strchr(err.msg, '\n'), "message: \"%s\"", err.msg);
+        ps_config cfg = tu_config(PS_ATTN_COMPRESSED);
+        ps_model m;
+        tu_random_model(&m, &cfg, 7, 0.5f);
+        CHECK(ps_model_to_backend(&m, "cuda", &err) != 0 && strstr(err.msg, "no CUDA device"), "model move: %s", err.msg);
+        ps_acts a;
+        int32_t tok[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+        CHECK(ps_acts_create(&a, m.ctx, &cfg, 1, 8, false, &err) == 0 && ps_forward(&m, &a, tok, NULL, &err) == 0,
+              "the model stays usable on the cpu after a failed move: %s", err.msg);
+        ps_acts_free(&a);
+        ps_model_free(&m);
+        printf("skipped: no CUDA device (%s)\n", why);
+        CHECK_DONE();
+    }
+    REQUIRE_OK_MAIN(ps_ctx_create(&CPU, "cpu", &err), &err);
+    REQUIRE_OK_MAIN(ps_ctx_create(&GPU, DEV, &err), &err);
+    char desc[512] = "cpu (dry run)";
+    if (!ps_ctx_host_visible(GPU)) ps_cuda_describe(GPU, desc, sizeof desc);
+    printf("device: %s\n", desc);
+    test_linear();
+    test_rows_ops();
+    test_hook_ops();
+    test_loss_optim();
+    if (!ps_ctx_host_visible(GPU)) test_v4_missing();
+    test_compressor_ops(2, 24, 16, 4, 4, 2, 4, 0);
+    test_compressor_ops(2, 26, 16, 4, 4, 2, 4, 0);  /* T != nW·S: per-sequence products */
+    test_compressor_ops(2, 27, 20, 6, 3, 2, 5, 0);  /* overlapping windows */
+    test_compressor_ops(2, 27, 20, 6, 3, 2, 5, 1);  /* shared payload */
+    test_compressor_ops(1, 64, 64, 8, 8, 4, 16, 0); /* W = S = 8 */
+    test_attention(geom(2, 70, 4, 2, 4, 0, 0, 0, 0), "full");
+    test_attention(geom(2, 150, 4, 1, 48, 0, 0, 0, 0), "full, hd 48");
+    test_attention(geom(1, 130, 2, 2, 128, 0, 0, 0, 0), "full, hd 128");
+    test_attention(geom(2, 70, 4, 2, 4, 1, 4, 4, 4), "W4/S4");
+    test_attention(geom(2, 75, 4, 2, 8, 1, 6, 3, 5), "W6/S3 overlapping");
+    test_attention(geom(1, 300, 4, 2, 16, 1, 8, 8, 8), "W8/S8, two tiles of windows");
+    test_attention(geom(1, 200, 2, 1, 128, 1, 8, 4, 70), "W8/S4, local window 70, hd 128");
+    test_attention(geom(2, 5, 2, 2, 4, 1, 8, 8, 8), "T < W (no windows)");
+    test_random_models();
+    test_conformance_models();
+    test_hooks();
+    test_precisions();
+    if (argc > 1) test_sweep_json(argv[1]);
+    ps_ctx_free(GPU);
+    ps_ctx_free(CPU);
+    CHECK_DONE();
+}
