@@ -343,6 +343,24 @@ static void test_other_kinds(void) {
     json_object_set_new(json_object_get(d, "gates"), "window", json_integer(5000));
     CHECK_ERR(chk(d, &err), &err, "r.json: gates.window: 5000 is out of range [1, 4096]");
     json_decref(d);
+    /* gates.training: what gate_training.png reads */
+    d = json_deep_copy(ga);
+    json_t *tr0 = json_array_get(json_object_get(d, "training"), 0);
+    json_array_set_new(json_object_get(tr0, "N_static"), 0, json_real(9.5));
+    CHECK_ERR(chk(d, &err), &err, "r.json: training[0].N_static[0]: 9.5 is out of range");
+    json_decref(d);
+    d = json_deep_copy(ga);
+    json_array_remove(json_object_get(d, "training"), 1);
+    CHECK_ERR(chk(d, &err), &err, "r.json: training: 31 entries, expected 32");
+    json_decref(d);
+    d = json_deep_copy(ga);
+    json_object_set_new(json_array_get(json_object_get(d, "training"), 1), "branch", json_string("key"));
+    CHECK_ERR(chk(d, &err), &err, "r.json: training[1]: layer 0 head 0 key appears twice");
+    json_decref(d);
+    d = json_deep_copy(ga);
+    json_array_append_new(json_object_get(json_array_get(json_object_get(d, "training"), 2), "steps"), json_integer(99999));
+    CHECK_ERR(chk(d, &err), &err, "r.json: training[2].steps: ");
+    json_decref(d);
 
     /* theory */
     d = json_deep_copy(th);

@@ -610,6 +610,85 @@ done:
     return rc;
 }
 
+/* gates.json "training": one entry per (layer, head, branch) of the model (each exactly once), each with the
+ * same increasing steps and per step N_static, N_input in [1, W] and a peak offset (what gate_training.png
+ * and the concentration summary read). */
+#define MAX_GATE_RECORDS 100000
+static int check_gates_training(ck *c, json_t *v, int64_t W, int64_t L, int64_t H) {
+    static const char *const BR[] = {"key", "value", NULL};
+    size_t old = key(c, "training");
+    if (want_type(c, v, json_is_array(v), "an array")) return -1;
+    int64_t ne = (int64_t)json_array_size(v), S = -1;
+    if (ne != 2 * L * H) return bad(c, "%lld entries, expected %lld (every layer, KV head and branch once)", (long long)ne, (long long)(2 * L * H));
+    unsigned char *seen = calloc((size_t)ne, 1);
+    json_t *steps0 = NULL;
+    int rc = -1;
+    if (!seen) return bad(c, "out of memory");
+    for (int64_t e = 0; e < ne; e++) {
+        json_t *en = json_array_get(v, (size_t)e), *st, *ns, *ni, *pk, *cs;
+        size_t o1 = idx(c, (size_t)e);
+        int64_t l, h, n;
+        const char *br;
+        if (want_type(c, en, json_is_object(en), "an object") || get_int(c, en, "layer", 0, L - 1, &l) ||
+            get_int(c, en, "head", 0, H - 1, &h) || get_enum(c, en, "branch", BR, &br))
+            goto done;
+        size_t slot = (size_t)((l * H + h) * 2 + !strcmp(br, "value"));
+        if (seen[slot]) {
+            bad(c, "layer %lld head %lld %s appears twice", (long long)l, (long long)h, br);
+            goto done;
+        }
+        seen[slot] = 1;
+        if (get_arr(c, en, "steps", S < 0 ? 1 : S, S < 0 ? MAX_GATE_RECORDS : S, &st, &n)) goto done;
+        S = n;
+        if (get_arr(c, en, "N_static", S, S, &ns, NULL) || get_arr(c, en, "N_input", S, S, &ni, NULL) ||
+            get_arr(c, en, "peak", S, S, &pk, NULL))
+            goto done;
+        double tol = 1e-3 * (double)W;
+        for (int64_t t = 0; t < S; t++) {
+            int64_t sv, pv;
+            size_t o2 = key(c, "steps");
+            idx(c, (size_t)t);
+            if (int_value(c, json_array_get(st, (size_t)t), 0, INT64_MAX, &sv)) goto done;
+            if (t > 0 && sv <= json_integer_value(json_array_get(st, (size_t)t - 1))) {
+                bad(c, "%lld does not increase on the step before", (long long)sv);
+                goto done;
+            }
+            if (steps0 && sv != json_integer_value(json_array_get(steps0, (size_t)t))) {
+                bad(c, "%lld, but entry 0 has step %lld here (every entry has the same steps)", (long long)sv,
+                    (long long)json_integer_value(json_array_get(steps0, (size_t)t)));
+                goto done;
+            }
+            pop(c, o2);
+            key(c, "N_static");
+            idx(c, (size_t)t);
+            if (num_value(c, json_array_get(ns, (size_t)t), 1 - tol, (double)W + tol, NULL)) goto done;
+            pop(c, o2);
+            key(c, "N_input");
+            idx(c, (size_t)t);
+            if (num_value(c, json_array_get(ni, (size_t)t), 1 - tol, (double)W + tol, NULL)) goto done;
+            pop(c, o2);
+            key(c, "peak");
+            idx(c, (size_t)t);
+            if (int_value(c, json_array_get(pk, (size_t)t), 0, W - 1, &pv)) goto done;
+            pop(c, o2);
+        }
+        if (!steps0) steps0 = st;
+        cs = json_object_get(en, "concentrated_at_step");
+        if (cs && !json_is_null(cs)) {
+            size_t o2 = key(c, "concentrated_at_step");
+            if (int_value(c, cs, 0, INT64_MAX, NULL)) goto done;
+            pop(c, o2);
+        }
+        if (get_int(c, en, "final_peak", 0, W - 1, NULL)) goto done;
+        pop(c, o1);
+    }
+    pop(c, old);
+    rc = 0;
+done:
+    free(seen);
+    return rc;
+}
+
 static int check_gates(ck *c, json_t *doc) {
     static const char *const GATE[] = {"learned", "uniform", NULL};
     const char *const *LABEL = ps_gate_labels;
@@ -678,10 +757,7 @@ static int check_gates(ck *c, json_t *doc) {
     }
     pop(c, o2);
     pop(c, old);
-    if ((v = json_object_get(doc, "training")) && !json_is_array(v)) {
-        key(c, "training");
-        return bad(c, "expected an array, got %s", type_name(v));
-    }
+    if ((v = json_object_get(doc, "training"))) return check_gates_training(c, v, W, L, H);
     return 0;
 }
 
