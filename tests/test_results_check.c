@@ -59,7 +59,7 @@ static const char *const RESULTS[] = {
     "sweep/w8s8/sweep.json",  "sweep/full24/sweep.json", "sweep/move/sweep.json",  "sweep/w4s4_random/sweep.json",
     "knockout/full/knockout.json", "knockout/w8s8/knockout.json", "knockout/both/knockout.json",
     "gates/w8s8/gates.json",  "gates/nolog/gates.json",  "gatecycle/all/gatecycle.json", "gatecycle/key/gatecycle.json",
-    "theory/theory.json",
+    "gatecycle/heads/gatecycle.json", "theory/theory.json",
 };
 
 static void test_real_results(void) {
@@ -77,6 +77,7 @@ static void test_real_results(void) {
         "gates --model %s/w4s4 --n 4 --out %s/gates/nolog",
         "gatecycle --model %s/w8s8 --layer 0 --shift 2 --params all --n 4 --out %s/gatecycle/all",
         "gatecycle --model %s/w8s8 --layer 0 --shift -3 --head 1 --branch key --params gate --n 4 --out %s/gatecycle/key",
+        "gatecycle --model %s/w8s8 --layer 0 --shift 2 --measure knockout --n 8 --out %s/gatecycle/heads",
     };
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
         snprintf(a, sizeof a, cmds[i], M, TMP);
@@ -326,6 +327,38 @@ static void test_other_kinds(void) {
     json_object_set_new(d, "dip_moves", json_pack("[{s:i,s:i}]", "before", 3, "after", 5));
     CHECK_OK(chk(d, &err), &err);
     json_decref(d);
+
+    /* gatecycle --measure knockout: per_head shifts consistent with the worst residues and K, summary from the heads */
+    {
+        json_t *gh = load_ok(out("gatecycle/heads/gatecycle.json"));
+        json_t *hl = json_object_get(json_object_get(gh, "per_head"), "heads");
+        size_t mi = 0;
+        while (mi < json_array_size(hl) &&
+               strcmp(json_string_value(json_object_get(json_array_get(hl, mi), "status")) ?: "", "measured"))
+            mi++;
+        CHECK(mi < json_array_size(hl), "no head of the 1-layer W8/S8 measured by the per-head cycle");
+        if (mi < json_array_size(hl)) {
+            char want[160];
+            d = json_deep_copy(gh);
+            json_t *e = json_array_get(json_object_get(json_object_get(d, "per_head"), "heads"), mi);
+            json_object_set_new(e, "error_worst", json_integer(json_integer_value(json_object_get(e, "error_worst")) + 1));
+            snprintf(want, sizeof want, "r.json: per_head.heads[%zu].error_worst: ", mi);
+            CHECK_ERR(chk(d, &err), &err, want, "but shift_worst - cycle.shift");
+            json_decref(d);
+            d = json_deep_copy(gh);
+            e = json_array_get(json_object_get(json_object_get(d, "per_head"), "heads"), mi);
+            json_object_set_new(e, "status", json_string("lost"));
+            snprintf(want, sizeof want, "r.json: per_head.heads[%zu].shift_worst: expected null (the head's status is lost)", mi);
+            CHECK_ERR(chk(d, &err), &err, want);
+            json_decref(d);
+            d = json_deep_copy(gh);
+            json_t *sm = json_object_get(json_object_get(d, "per_head"), "summary");
+            json_object_set_new(sm, "n_measured", json_integer(json_integer_value(json_object_get(sm, "n_measured")) + 1));
+            CHECK_ERR(chk(d, &err), &err, "r.json: per_head.summary.n_measured: ", "but the heads say");
+            json_decref(d);
+        }
+        json_decref(gh);
+    }
 
     /* gates */
     d = json_deep_copy(ga);
