@@ -346,8 +346,11 @@ static void draw_curves(cairo_t *cr, void *vctx) {
 #define KO_BAR_ROOM 96.0 /* bar ticks and label */
 
 static double ko_left(double ch) { return ch >= 10 ? 110 : 80; }
-/* panels 24 px a row, at least 240 and at most 900 px tall, unless the rows need more (1 px each) */
-static double ko_panel_h(int maxrows) { return fmin(fmax(240, maxrows * 24.0), fmax(900, (double)maxrows)); }
+/* panels 24 px a row, at least 240 and at most 900 px tall, unless the rows need more (1 px each); grids of
+ * up to 100 rows (12 layers × 8 KV heads) get 12 px a row, so each head keeps its label */
+static double ko_panel_h(int maxrows) {
+    return fmin(fmax(240, maxrows * 24.0), fmax(fmax(900, (double)maxrows), fmin(1200, maxrows * 12.0)));
+}
 /* cells 10 to 36 px wide, narrower (down to 1 px) when n panels of maxcols would pass ~12000 px */
 static double ko_cell_w(int maxcols, int n) {
     double cw = fmax(10, fmin(36, 560.0 / maxcols / (n > 1 ? 1.4 : 1)));
