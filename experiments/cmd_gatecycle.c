@@ -102,6 +102,8 @@ static json_t *measure_per_head(ps_instr *in, int layer, int head, int branches,
         }
         ps_head_shift hs;
         ps_head_shift_measure(hb, ha, dead, P, k, min_hurt, &hs);
+        /* print a tiny negative hurt as 0.0, not -0.0 */
+        double shb = fabs(hs.hurt_before) < 0.05 ? 0 : hs.hurt_before, sha = fabs(hs.hurt_after) < 0.05 ? 0 : hs.hurt_after;
         json_t *e = json_object(), *pb = json_array(), *pa = json_array();
         for (int64_t r = 0; r < P; r++) {
             json_array_append_new(pb, json_real(hb[r]));
@@ -122,10 +124,9 @@ static json_t *measure_per_head(ps_instr *in, int layer, int head, int branches,
         json_array_append_new(hl, e);
         printf("  head %d: ", heads[i]);
         if (hs.status == PS_HEAD_NO_PROFILE)
-            printf("owns no residue before (largest hurt %.1f pp at rho %lld)\n", hs.hurt_before, (long long)hs.worst_before);
+            printf("owns no residue before (largest hurt %.1f pp at rho %lld)\n", shb, (long long)hs.worst_before);
         else if (hs.status == PS_HEAD_LOST)
-            printf("rho %lld (%.1f pp) -> lost after cycling (largest hurt %.1f pp)\n", (long long)hs.worst_before, hs.hurt_before,
-                   hs.hurt_after);
+            printf("rho %lld (%.1f pp) -> lost after cycling (largest hurt %.1f pp)\n", (long long)hs.worst_before, shb, sha);
         else
             printf("rho %lld (%.1f pp) -> rho %lld (%.1f pp): shift %+lld, shift - k %+lld; profile xcorr shift %+lld, - k %+lld\n",
                    (long long)hs.worst_before, hs.hurt_before, (long long)hs.worst_after, hs.hurt_after, (long long)hs.shift_worst,

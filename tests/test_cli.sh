@@ -324,6 +324,8 @@ for l, L in enumerate(g["layers"]):
 tr = d["training"]; assert len(tr) == 8 and all(len(t["steps"]) == len(t["N_static"]) > 0 and t["steps"][-1] == 20 for t in tr)
 ' "$T/o/gates.json"
 expect gates-badlog 1 "--log: $T/tok.json: no gate records" -- "$PS" gates --model "$R" --n 8 --log "$T/tok.json" --out "$T/o"
+# a log of another model (the 1-layer 16-head W8/S8) is refused by name, before anything is written
+expect gates-otherlog 1 "the log is of another model" -- "$PS" gates --model "$R" --n 8 --log "$W/train.jsonl" --out "$T/o2"
 expect theory-grad 0 "gradient check: 114 parameters" -- "$PS" theory --check-grad
 expect theory-grad6 0 "gradient check: 38 parameters" -- "$PS" theory --check-grad --heads 3 --window 6 --chunks 3 --vocab 20
 expect theory-grad-boundary 0 "phase sum vs every position" -- "$PS" theory --check-grad --boundary --heads 2 --window 4 --chunks 3 --vocab 12
