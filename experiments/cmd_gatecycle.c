@@ -1,10 +1,12 @@
 /* cmd_gatecycle.c — `phasescope gatecycle`: roll per-offset gate parameters, sweep before and after. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "gatecycle.h"
 #include "instrument.h"
+#include "knockout.h"
 #include "results_check.h"
 #include "stats.h"
 
@@ -20,6 +22,11 @@ static const ps_flag_spec FLAGS[] = {
      "together; rolling the gates alone of a per-offset-payload model breaks every head)",
      0},
     {"--save", "DIR", "also write the cycled checkpoint to DIR", 0},
+    {"--measure", "sweep|knockout",
+     "sweep (default): the curves and their dips; knockout: also each cycled head's knockout\n"
+     "profile before and after, and how far its residue moved (shift - K per head)",
+     0},
+    {"--min-hurt", "PP", "knockout measure: the smallest accuracy drop (pp) that makes a residue a head's own (default 10)", 0},
     PS_INSTR_FLAGS,
     {0},
 };
@@ -34,7 +41,10 @@ const ps_command ps_cmd_gatecycle = {
         "both curves, the cycled heads, where each dip of the clean curve moved (residue before -> after), and the\n"
         "best-aligning shift s (maximising the correlation of A_after(rho) with A_before(rho - s mod P), leaving out\n"
         "residues near chance in both curves), also signed in (-P/2, P/2]. Warns when the cycled curve is near\n"
-        "chance (the cycled heads stopped working). Writes OUT/gatecycle.json.\n",
+        "chance (the cycled heads stopped working). With --measure knockout, also knocks out each cycled head before\n"
+        "and after cycling (mean replacement of its compressed entries) and reports, per head, where the residue\n"
+        "its knockout hurts most moved (and the best circular cross-correlation shift of its profile), minus K,\n"
+        "leaving out residues near chance before and after; `per_head` in gatecycle.json. Writes OUT/gatecycle.json.\n",
     .flags = FLAGS,
     .run = run,
 };
@@ -45,11 +55,129 @@ static void heads_text(char *buf, size_t n, int64_t head, int64_t nkv) {
     else snprintf(buf, n, "KV heads 0-%lld (all)", (long long)nkv - 1);
 }
 
+/* --measure knockout: knock out each cycled head of `layer` before and after cycling by k (the model is
+ * cycled back by -k afterwards, exactly: a roll), and measure where each head's residue moved
+ * (ps_head_shift_measure). Returns the "per_head" object, or NULL with err set. */
+static json_t *measure_per_head(ps_instr *in, int layer, int head, int branches, int params, int64_t k, double min_hurt,
+                                ps_error *err) {
+    const ps_config *c = &in->m.cfg;
+    int nh = head >= 0 ? 1 : (int)c->n_kv_heads, *heads = malloc((size_t)nh * sizeof(int));
+    ps_knockout_result kb = {0}, ka = {0};
+    json_t *out = NULL;
+    int64_t P = in->P;
+    double *hb = malloc((size_t)P * sizeof(double)), *ha = malloc((size_t)P * sizeof(double));
+    unsigned char *dead = calloc((size_t)P, 1);
+    if (!heads || !hb || !ha || !dead) {
+        ps_fail(err, "out of memory for the per-head measure");
+        goto done;
+    }
+    for (int i = 0; i < nh; i++) heads[i] = head >= 0 ? head : i;
+    if (ps_knockout_grid_opts(&in->m, &in->base, &in->task, in->fam, P, in->seed, in->batch, &layer, 1, heads, nh, PS_KO_COMPRESSED,
+                              NULL, &kb, ps_instr_progress, in, err))
+        goto done;
+    ps_progress_end(&in->bar);
+    if (ps_gate_cycle(&in->m, layer, head, branches, params, k, err)) goto done;
+    int bad = ps_knockout_grid_opts(&in->m, &in->base, &in->task, in->fam, P, in->seed, in->batch, &layer, 1, heads, nh,
+                                    PS_KO_COMPRESSED, NULL, &ka, ps_instr_progress, in, err);
+    ps_progress_end(&in->bar);
+    if (ps_gate_cycle(&in->m, layer, head, branches, params, -k, err) || bad) goto done;
+    double chance = ps_task_chance(&in->task);
+    json_t *ex = json_array(), *hl = json_array();
+    for (int64_t r = 0; r < P; r++) {
+        double cb = ps_residue_accuracy(&kb.clean, r), ca = ps_residue_accuracy(&ka.clean, r);
+        int db = !(cb > chance + PS_NEAR_CHANCE_PP / 100), da = !(ca > chance + PS_NEAR_CHANCE_PP / 100);
+        dead[r] = (unsigned char)(db && da);
+        if (dead[r]) json_array_append_new(ex, json_integer(r));
+    }
+    int n_meas = 0, n_lost = 0, n_none = 0, exact_w = 0, exact_x = 0;
+    double abs_w = 0, abs_x = 0;
+    printf("per-head knockout measure (layer %d, shift %lld; hurt = accuracy drop when the head is knocked out):\n", layer,
+           (long long)k);
+    for (int i = 0; i < nh; i++) {
+        for (int64_t r = 0; r < P; r++) {
+            double v = -100 * (ps_residue_accuracy(&kb.cells[i], r) - ps_residue_accuracy(&kb.clean, r));
+            hb[r] = isfinite(v) ? v : 0;
+            v = -100 * (ps_residue_accuracy(&ka.cells[i], r) - ps_residue_accuracy(&ka.clean, r));
+            ha[r] = isfinite(v) ? v : 0;
+        }
+        ps_head_shift hs;
+        ps_head_shift_measure(hb, ha, dead, P, k, min_hurt, &hs);
+        /* print a tiny negative hurt as 0.0, not -0.0 */
+        double shb = fabs(hs.hurt_before) < 0.05 ? 0 : hs.hurt_before, sha = fabs(hs.hurt_after) < 0.05 ? 0 : hs.hurt_after;
+        json_t *e = json_object(), *pb = json_array(), *pa = json_array();
+        for (int64_t r = 0; r < P; r++) {
+            json_array_append_new(pb, json_real(hb[r]));
+            json_array_append_new(pa, json_real(ha[r]));
+        }
+        static const char *const ST[] = {"measured", "no_profile", "lost"};
+        json_object_set_new(e, "head", json_integer(heads[i]));
+        json_object_set_new(e, "status", json_string(ST[hs.status]));
+        json_object_set_new(e, "hurt_before_pp", pb);
+        json_object_set_new(e, "hurt_after_pp", pa);
+        json_object_set_new(e, "worst_before", hs.worst_before >= 0 ? json_integer(hs.worst_before) : json_null());
+        json_object_set_new(e, "worst_after", hs.worst_after >= 0 ? json_integer(hs.worst_after) : json_null());
+        int m = hs.status == PS_HEAD_MEASURED;
+        json_object_set_new(e, "shift_worst", m ? json_integer(hs.shift_worst) : json_null());
+        json_object_set_new(e, "error_worst", m ? json_integer(hs.error_worst) : json_null());
+        json_object_set_new(e, "shift_xcorr", m ? json_integer(hs.shift_xcorr) : json_null());
+        json_object_set_new(e, "error_xcorr", m ? json_integer(hs.error_xcorr) : json_null());
+        json_array_append_new(hl, e);
+        printf("  head %d: ", heads[i]);
+        if (hs.status == PS_HEAD_NO_PROFILE)
+            printf("owns no residue before (largest hurt %.1f pp at rho %lld)\n", shb, (long long)hs.worst_before);
+        else if (hs.status == PS_HEAD_LOST)
+            printf("rho %lld (%.1f pp) -> lost after cycling (largest hurt %.1f pp)\n", (long long)hs.worst_before, shb, sha);
+        else
+            printf("rho %lld (%.1f pp) -> rho %lld (%.1f pp): shift %+lld, shift - k %+lld; profile xcorr shift %+lld, - k %+lld\n",
+                   (long long)hs.worst_before, hs.hurt_before, (long long)hs.worst_after, hs.hurt_after, (long long)hs.shift_worst,
+                   (long long)hs.error_worst, (long long)hs.shift_xcorr, (long long)hs.error_xcorr);
+        if (m) {
+            n_meas++;
+            abs_w += llabs(hs.error_worst);
+            abs_x += llabs(hs.error_xcorr);
+            exact_w += hs.error_worst == 0;
+            exact_x += hs.error_xcorr == 0;
+        }
+        n_lost += hs.status == PS_HEAD_LOST;
+        n_none += hs.status == PS_HEAD_NO_PROFILE;
+    }
+    json_t *sum = json_object();
+    json_object_set_new(sum, "n_heads", json_integer(nh));
+    json_object_set_new(sum, "n_measured", json_integer(n_meas));
+    json_object_set_new(sum, "n_lost", json_integer(n_lost));
+    json_object_set_new(sum, "n_no_profile", json_integer(n_none));
+    json_object_set_new(sum, "mean_abs_error_worst", n_meas ? json_real(abs_w / n_meas) : json_null());
+    json_object_set_new(sum, "fraction_exact_worst", n_meas ? json_real((double)exact_w / n_meas) : json_null());
+    json_object_set_new(sum, "mean_abs_error_xcorr", n_meas ? json_real(abs_x / n_meas) : json_null());
+    json_object_set_new(sum, "fraction_exact_xcorr", n_meas ? json_real((double)exact_x / n_meas) : json_null());
+    if (n_meas)
+        printf("  summary: %d of %d heads measured (%d lost, %d own no residue); mean |shift - k| %.3f (worst residue), %.3f "
+               "(xcorr); exact %d/%d, %d/%d\n",
+               n_meas, nh, n_lost, n_none, abs_w / n_meas, abs_x / n_meas, exact_w, n_meas, exact_x, n_meas);
+    else
+        printf("  summary: no head measured (%d lost, %d own no residue)\n", n_lost, n_none);
+    out = json_object();
+    json_object_set_new(out, "measure", json_string("knockout"));
+    json_object_set_new(out, "target", json_string("compressed"));
+    json_object_set_new(out, "min_hurt_pp", json_real(min_hurt));
+    json_object_set_new(out, "excluded_residues", ex);
+    json_object_set_new(out, "heads", hl);
+    json_object_set_new(out, "summary", sum);
+done:
+    free(heads);
+    free(hb);
+    free(ha);
+    free(dead);
+    ps_knockout_result_free(&kb);
+    ps_knockout_result_free(&ka);
+    return out;
+}
+
 static int run(const ps_args *a, ps_error *err) {
     ps_instr in = {0};
     ps_residue_stats before = {0}, after = {0};
     ps_cycle_analysis an = {0};
-    json_t *res = NULL;
+    json_t *res = NULL, *per_head = NULL;
     double *ab = NULL, *aa = NULL;
     int rc = 1;
     int64_t layer = 0, shift = 0, head = -1;
@@ -60,6 +188,10 @@ static int run(const ps_args *a, ps_error *err) {
         ps_args_int(a, "--head", 0, PS_RESULT_MAX_SHIFT, &head, err) || ps_args_choice(a, "--branch", BRANCHES, &bi, err) ||
         ps_args_choice(a, "--params", PARAMS, &pi, err))
         goto done;
+    static const char *const MEASURES[] = {"sweep", "knockout", NULL};
+    int mi = 0;
+    double min_hurt = PS_HEAD_MIN_HURT_PP;
+    if (ps_args_choice(a, "--measure", MEASURES, &mi, err) || ps_args_positive(a, "--min-hurt", 100, &min_hurt, err)) goto done;
     int branches = bi == 0 ? PS_CYCLE_KEY : bi == 1 ? PS_CYCLE_VALUE : PS_CYCLE_KEY | PS_CYCLE_VALUE;
     int params = pi < 0 ? 0 : pi == 0 ? PS_CYCLE_GATE : pi == 1 ? PS_CYCLE_PAYLOAD : PS_CYCLE_GATE | PS_CYCLE_PAYLOAD;
     if (ps_instr_setup(&in, a, 1, err)) goto done;
@@ -106,6 +238,14 @@ static int run(const ps_args *a, ps_error *err) {
         if (strncmp(err->msg, "--", 2)) ps_fail_prefix(err, "--model %s: ", in.model_dir);
         else ps_cli_mark_usage(err);
         goto done;
+    }
+    if (mi == 1) {
+        if (c->kind != PS_ATTN_COMPRESSED) {
+            ps_cli_usage(err, "--measure knockout: the model has no compressed cache to cycle");
+            goto done;
+        }
+        per_head = measure_per_head(&in, (int)layer, (int)head, branches, params, shift, min_hurt, err);
+        if (!per_head) goto done;
     }
     if (ps_sweep_run(&in.m, &in.base, &in.task, in.fam, PS_SWEEP_PAD, in.P, in.seed, in.batch, &before, ps_instr_progress,
                      &in, err))
@@ -193,6 +333,10 @@ static int run(const ps_args *a, ps_error *err) {
     json_object_set_new(res, "best_shift_signed", json_integer(an.best_shift_signed));
     json_object_set_new(res, "best_shift_correlation", json_real(an.best_shift_correlation));
     json_object_set_new(res, "warnings", warns);
+    if (per_head) {
+        json_object_set_new(res, "per_head", per_head);
+        per_head = NULL;
+    }
     if (ps_instr_write(&in, "gatecycle.json", res, err)) goto done;
     if (warning[0]) fprintf(stderr, "phasescope gatecycle: warning: %s\n", warning);
     printf("cycled layer %lld, %s, %s %s by %lld\n", (long long)layer, hs,
@@ -226,6 +370,7 @@ static int run(const ps_args *a, ps_error *err) {
     printf("\n");
     rc = 0;
 done:
+    json_decref(per_head);
     free(ab);
     free(aa);
     ps_cycle_analysis_free(&an);

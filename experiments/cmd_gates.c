@@ -129,6 +129,14 @@ static int run(const ps_args *a, ps_error *err) {
             ps_fail_prefix(err, "--log: ");
             goto done;
         }
+        size_t want = (size_t)2 * (size_t)in.m.cfg.n_layers * (size_t)in.m.cfg.n_kv_heads;
+        if (json_array_size(evo) != want) {
+            ps_fail(err, "--log %s: its gate records have %zu (layer, KV head, branch) entries, but the model has %lld layers x %lld "
+                         "KV heads (%zu): the log is of another model",
+                    train_log, json_array_size(evo), (long long)in.m.cfg.n_layers, (long long)in.m.cfg.n_kv_heads, want);
+            json_decref(evo);
+            goto done;
+        }
         json_object_set_new(res, "training", evo);
     }
     if (ps_instr_write(&in, "gates.json", res, err)) goto done;

@@ -139,3 +139,55 @@ done:
     free(oa);
     return rc;
 }
+
+int64_t ps_signed_mod(int64_t d, int64_t P) {
+    int64_t m = ((d % P) + P) % P;
+    return m > P / 2 ? m - P : m;
+}
+
+/* the live residue with the largest hurt (ties: the smallest rho); -1 when none is live */
+static int64_t worst_live(const double *hurt, const unsigned char *dead, int64_t P) {
+    int64_t w = -1;
+    for (int64_t r = 0; r < P; r++)
+        if (!(dead && dead[r]) && (w < 0 || hurt[r] > hurt[w])) w = r;
+    return w;
+}
+
+void ps_head_shift_measure(const double *hurt_before, const double *hurt_after, const unsigned char *dead, int64_t P, int64_t k,
+                           double min_hurt, ps_head_shift *out) {
+    memset(out, 0, sizeof *out);
+    out->worst_before = worst_live(hurt_before, dead, P);
+    out->worst_after = worst_live(hurt_after, dead, P);
+    out->hurt_before = out->worst_before >= 0 ? hurt_before[out->worst_before] : 0;
+    out->hurt_after = out->worst_after >= 0 ? hurt_after[out->worst_after] : 0;
+    if (out->worst_before < 0 || !(out->hurt_before >= min_hurt)) {
+        out->status = PS_HEAD_NO_PROFILE;
+        return;
+    }
+    if (out->worst_after < 0 || !(out->hurt_after >= min_hurt)) {
+        out->status = PS_HEAD_LOST;
+        return;
+    }
+    out->status = PS_HEAD_MEASURED;
+    out->shift_worst = ps_signed_mod(out->worst_after - out->worst_before, P);
+    double best = -1;
+    int64_t bs = 0;
+    /* candidate shifts in the order 0, 1, -1, 2, -2, ...: ties go to the smallest |s|, then the positive */
+    for (int64_t i = 0; i < P; i++) {
+        int64_t s = (i + 1) / 2 * (i % 2 ? 1 : -1);
+        s = ps_signed_mod(s, P);
+        double c = 0;
+        for (int64_t r = 0; r < P; r++) {
+            int64_t q = ((r - s) % P + P) % P;
+            if (dead && (dead[r] || dead[q])) continue;
+            c += fmax(0, hurt_after[r]) * fmax(0, hurt_before[q]);
+        }
+        if (c > best + 1e-12) {
+            best = c;
+            bs = s;
+        }
+    }
+    out->shift_xcorr = bs;
+    out->error_worst = ps_signed_mod(out->shift_worst - k, P);
+    out->error_xcorr = ps_signed_mod(out->shift_xcorr - k, P);
+}

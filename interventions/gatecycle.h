@@ -54,4 +54,29 @@ int ps_cycle_analyse(const double *before, const double *after, int64_t P, doubl
                      ps_error *err);
 void ps_cycle_analysis_free(ps_cycle_analysis *a);
 
+/* Per-head measure of a cycle (issue 17, item 4). A head's knockout profile is, per residue, the accuracy
+ * its knockout costs (hurt = −Δ accuracy, pp). Given a head's profile before and after cycling by k and the
+ * residues dead (near chance in the clean curve) both before and after, which are left out:
+ * status PS_HEAD_NO_PROFILE when the head's largest hurt before is below min_hurt (it owns no residue),
+ * PS_HEAD_LOST when its largest hurt after is below min_hurt (the cycled head stopped working, e.g. its
+ * value offset wrapped past the window end), else PS_HEAD_MEASURED with
+ *   shift_worst = (worst residue after − worst residue before) mod P, signed in (−P/2, P/2]
+ *   shift_xcorr = the s maximising Σ_rho hurt_after(rho) · hurt_before((rho − s) mod P) over live pairs
+ *                 (hurts clipped at 0; ties to the smallest |s|, then the positive), signed
+ * and error_* = the shift − k, signed mod P into (−P/2, P/2] (0: the head moved exactly k residues). */
+enum { PS_HEAD_MEASURED = 0, PS_HEAD_NO_PROFILE = 1, PS_HEAD_LOST = 2 };
+typedef struct {
+    int status;
+    int64_t worst_before, worst_after;
+    double hurt_before, hurt_after; /* at the worst residues, pp */
+    int64_t shift_worst, shift_xcorr, error_worst, error_xcorr;
+} ps_head_shift;
+
+/* Default smallest hurt (pp) that makes a residue a head's own. */
+#define PS_HEAD_MIN_HURT_PP 10.0
+
+int64_t ps_signed_mod(int64_t d, int64_t P);
+void ps_head_shift_measure(const double *hurt_before, const double *hurt_after, const unsigned char *dead, int64_t P, int64_t k,
+                           double min_hurt, ps_head_shift *out);
+
 #endif

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job: the phase-sensitivity reproduction on the demo models shipped under data/models/ (no
 # training). Sweeps every model, runs the knockout grid for the full-attention baseline and W8/S8, the
-# gate statistics, and gate cycling on W8/S8; writes JSON and figures under out/demo/ and prints the
+# gate statistics, and gate cycling on W8/S8; the deep models' sweeps, gates over training and one
+# phase head's cycling measured by knockout; writes JSON and figures under out/demo/ and prints the
 # summary table (also out/demo/summary.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,6 +30,13 @@ echo "== gates"
 $PS gates --model "$M/w8s8" --n 128 --log "$M/w8s8/train.jsonl" --out "$OUT/gates/w8s8"
 echo "== gate cycling: every head of W8/S8, gates and payloads rolled by 2"
 $PS gatecycle --model "$M/w8s8" --layer 0 --shift 2 --params all --n "$N" --out "$OUT/gatecycle/w8s8"
+echo "== deep models (12 layers, 8 KV heads): sweeps, gates over training, one phase head cycled"
+# (their knockout of all 96 cells takes minutes: docs/figures/knockout_deep_full_vs_w8s8_acc.png)
+$PS sweep --model "$M/deep_full" --n "$N" --out "$OUT/sweep_deep/deep_full"
+$PS sweep --model "$M/deep_w8s8" --n "$N" --out "$OUT/sweep_deep/deep_w8s8"
+$PS render "$OUT/sweep_deep/deep_full/sweep.json" "$OUT/sweep_deep/deep_w8s8/sweep.json" --out "$OUT/sweep_deep"
+$PS gates --model "$M/deep_w8s8" --n 64 --log "$M/deep_w8s8/train.jsonl" --out "$OUT/gates/deep_w8s8"
+$PS gatecycle --model "$M/deep_w8s8" --layer 10 --head 6 --shift 2 --n 32 --measure knockout --out "$OUT/gatecycle/deep_l10h6"
 echo "== the idealised bigram-induction model"
 $PS theory --out "$OUT/theory"
 echo "== all models on the shared coordinate P = 24"
@@ -37,5 +45,8 @@ $PS render "$OUT/sweep/full/sweep.json" "$OUT/sweep/w8s8/sweep.json" --out "$OUT
 echo
 echo "Summary (each model at its own period; P = 8 for the baseline):"
 $PS table "$OUT"/sweep/{full,w8s8,w4s4,w8s8_uniform,w8s8_norope}/sweep.json --out "$OUT/summary.md"
+echo
+echo "Deep models (12 layers, 8 KV heads):"
+$PS table "$OUT"/sweep_deep/{deep_full,deep_w8s8}/sweep.json --out "$OUT/summary_deep.md"
 echo
 echo "figures and JSON under $OUT/ (summary: $OUT/summary.md)"

@@ -277,6 +277,23 @@ dead = [r for r in range(4) if d["before"]["residues"][r]["accuracy"] <= chance 
 assert d["excluded_residues"] == dead, (d["excluded_residues"], dead)
 assert d["after_near_chance"] == (d["after"]["mean_accuracy"] <= chance + 0.05) and (len(d["warnings"]) > 0) == d["after_near_chance"]
 ' "$T/o/gatecycle.json" "$T/s8/sweep.json"
+# --measure knockout: each cycled head's knockout profile before and after, shift - K per head (per_head)
+expect gatecycle-measure 0 "per-head knockout measure (layer 1, shift 1" -- "$PS" gatecycle --model "$R" --layer 1 --shift 1 --n 8 --measure knockout --out "$T/gm"
+check gatecycle-measure-json '
+d = load(A[0]); ph = d["per_head"]; P = 4
+assert ph["measure"] == "knockout" and [h["head"] for h in ph["heads"]] == [0, 1], ph
+for h in ph["heads"]:
+    assert len(h["hurt_before_pp"]) == P and len(h["hurt_after_pp"]) == P
+    if h["status"] == "measured":
+        w = (h["worst_after"] - h["worst_before"]) % P; w = w - P if w > P // 2 else w
+        e = (w - 1) % P; e = e - P if e > P // 2 else e
+        assert h["shift_worst"] == w and h["error_worst"] == e, h
+    else:
+        assert h["shift_worst"] is None and h["error_xcorr"] is None, h
+assert ph["summary"]["n_heads"] == 2 and ph["summary"]["n_measured"] + ph["summary"]["n_lost"] + ph["summary"]["n_no_profile"] == 2
+' "$T/gm/gatecycle.json"
+expect gatecycle-measure-bad 2 "--measure bogus" -- "$PS" gatecycle --model "$R" --layer 0 --shift 1 --measure bogus
+expect gatecycle-min-hurt-bad 2 "--min-hurt 0: expected a positive number" -- "$PS" gatecycle --model "$R" --layer 0 --shift 1 --min-hurt 0
 expect gatecycle-layer 2 "--layer 9: out of range (the model has 2 layers, 0..1)" -- "$PS" gatecycle --model "$R" --layer 9 --shift 2
 expect gatecycle-head 2 "--head 5: out of range (the model has 2 KV heads, 0..1)" -- "$PS" gatecycle --model "$R" --layer 0 --shift 2 --head 5
 expect gatecycle-noshift 2 "--shift is required" -- "$PS" gatecycle --model "$R" --layer 0
@@ -317,6 +334,8 @@ for l, L in enumerate(g["layers"]):
 tr = d["training"]; assert len(tr) == 8 and all(len(t["steps"]) == len(t["N_static"]) > 0 and t["steps"][-1] == 20 for t in tr)
 ' "$T/o/gates.json"
 expect gates-badlog 1 "--log: $T/tok.json: no gate records" -- "$PS" gates --model "$R" --n 8 --log "$T/tok.json" --out "$T/o"
+# a log of another model (the 1-layer 16-head W8/S8) is refused by name, before anything is written
+expect gates-otherlog 1 "the log is of another model" -- "$PS" gates --model "$R" --n 8 --log "$W/train.jsonl" --out "$T/o2"
 expect theory-grad 0 "gradient check: 114 parameters" -- "$PS" theory --check-grad
 expect theory-grad6 0 "gradient check: 38 parameters" -- "$PS" theory --check-grad --heads 3 --window 6 --chunks 3 --vocab 20
 expect theory-grad-boundary 0 "phase sum vs every position" -- "$PS" theory --check-grad --boundary --heads 2 --window 4 --chunks 3 --vocab 12

@@ -573,6 +573,43 @@ static void test_knockout_alloc_failure(void) {
     ps_model_free(&m);
 }
 
+/* The per-head cycle measure: a synthetic knockout profile rolled by k gives shift - k = 0 by both the
+ * worst residue and the cross-correlation; dead residues are left out; a head without a profile, or one
+ * lost after cycling, is not measured. */
+static void test_head_shift(void) {
+    double before[8] = {1, 0, 2, 0, 0, 0, 95, 3}, after[8];
+    for (int64_t k = -3; k <= 4; k++) {
+        for (int r = 0; r < 8; r++) after[((r + k) % 8 + 8) % 8] = before[r];
+        ps_head_shift hs;
+        ps_head_shift_measure(before, after, NULL, 8, k, PS_HEAD_MIN_HURT_PP, &hs);
+        CHECK(hs.status == PS_HEAD_MEASURED && hs.error_worst == 0 && hs.error_xcorr == 0 && hs.worst_before == 6 &&
+                  hs.shift_worst == ps_signed_mod(k, 8),
+              "rolled by %lld: status %d, errors %lld %lld", (long long)k, hs.status, (long long)hs.error_worst,
+              (long long)hs.error_xcorr);
+    }
+    /* residue 1 is dead before and after: its (spurious) hurt of 99 after is left out, so 6 -> 0 (k = 2) */
+    double after2[8] = {90, 99, 0, 0, 0, 0, 0, 0};
+    unsigned char dead[8] = {0, 1, 0, 0, 0, 0, 0, 0};
+    ps_head_shift hs;
+    ps_head_shift_measure(before, after2, dead, 8, 2, PS_HEAD_MIN_HURT_PP, &hs);
+    CHECK(hs.status == PS_HEAD_MEASURED && hs.worst_after == 0 && hs.shift_worst == 2 && hs.error_worst == 0 && hs.error_xcorr == 0,
+          "dead residue excluded (worst after %lld, errors %lld %lld)", (long long)hs.worst_after, (long long)hs.error_worst,
+          (long long)hs.error_xcorr);
+    ps_head_shift_measure(before, after2, NULL, 8, 2, PS_HEAD_MIN_HURT_PP, &hs);
+    CHECK(hs.worst_after == 1 && hs.error_worst == 1, "without the dead mask residue 1 wins");
+    /* moved by 3 when k = 2: error +1; wrapped across P/2 it stays signed */
+    double after3[8] = {0, 95, 0, 0, 0, 0, 0, 0};
+    ps_head_shift_measure(before, after3, NULL, 8, 2, PS_HEAD_MIN_HURT_PP, &hs);
+    CHECK(hs.shift_worst == 3 && hs.error_worst == 1 && hs.error_xcorr == 1, "off by one");
+    double flat[8] = {5, 0, 0, 0, 0, 0, 0, 0}, zero[8] = {0};
+    ps_head_shift_measure(flat, before, NULL, 8, 1, PS_HEAD_MIN_HURT_PP, &hs);
+    CHECK(hs.status == PS_HEAD_NO_PROFILE, "no profile before");
+    ps_head_shift_measure(before, zero, NULL, 8, 1, PS_HEAD_MIN_HURT_PP, &hs);
+    CHECK(hs.status == PS_HEAD_LOST && hs.worst_before == 6, "lost after");
+    CHECK(ps_signed_mod(4, 8) == 4 && ps_signed_mod(5, 8) == -3 && ps_signed_mod(-4, 8) == 4 && ps_signed_mod(-9, 8) == -1,
+          "signed mod");
+}
+
 int main(void) {
     test_stats();
     test_residues();
@@ -590,5 +627,6 @@ int main(void) {
     test_sweep_run();
     test_curve_verdict();
     test_cycle_analysis();
+    test_head_shift();
     CHECK_DONE();
 }

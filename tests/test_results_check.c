@@ -59,7 +59,7 @@ static const char *const RESULTS[] = {
     "sweep/w8s8/sweep.json",  "sweep/full24/sweep.json", "sweep/move/sweep.json",  "sweep/w4s4_random/sweep.json",
     "knockout/full/knockout.json", "knockout/w8s8/knockout.json", "knockout/both/knockout.json",
     "gates/w8s8/gates.json",  "gates/nolog/gates.json",  "gatecycle/all/gatecycle.json", "gatecycle/key/gatecycle.json",
-    "theory/theory.json",
+    "gatecycle/heads/gatecycle.json", "theory/theory.json",
 };
 
 static void test_real_results(void) {
@@ -77,6 +77,7 @@ static void test_real_results(void) {
         "gates --model %s/w4s4 --n 4 --out %s/gates/nolog",
         "gatecycle --model %s/w8s8 --layer 0 --shift 2 --params all --n 4 --out %s/gatecycle/all",
         "gatecycle --model %s/w8s8 --layer 0 --shift -3 --head 1 --branch key --params gate --n 4 --out %s/gatecycle/key",
+        "gatecycle --model %s/w8s8 --layer 0 --shift 2 --measure knockout --n 8 --out %s/gatecycle/heads",
     };
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
         snprintf(a, sizeof a, cmds[i], M, TMP);
@@ -327,6 +328,38 @@ static void test_other_kinds(void) {
     CHECK_OK(chk(d, &err), &err);
     json_decref(d);
 
+    /* gatecycle --measure knockout: per_head shifts consistent with the worst residues and K, summary from the heads */
+    {
+        json_t *gh = load_ok(out("gatecycle/heads/gatecycle.json"));
+        json_t *hl = json_object_get(json_object_get(gh, "per_head"), "heads");
+        size_t mi = 0;
+        while (mi < json_array_size(hl) &&
+               strcmp(json_string_value(json_object_get(json_array_get(hl, mi), "status")) ?: "", "measured"))
+            mi++;
+        CHECK(mi < json_array_size(hl), "no head of the 1-layer W8/S8 measured by the per-head cycle");
+        if (mi < json_array_size(hl)) {
+            char want[160];
+            d = json_deep_copy(gh);
+            json_t *e = json_array_get(json_object_get(json_object_get(d, "per_head"), "heads"), mi);
+            json_object_set_new(e, "error_worst", json_integer(json_integer_value(json_object_get(e, "error_worst")) + 1));
+            snprintf(want, sizeof want, "r.json: per_head.heads[%zu].error_worst: ", mi);
+            CHECK_ERR(chk(d, &err), &err, want, "but shift_worst - cycle.shift");
+            json_decref(d);
+            d = json_deep_copy(gh);
+            e = json_array_get(json_object_get(json_object_get(d, "per_head"), "heads"), mi);
+            json_object_set_new(e, "status", json_string("lost"));
+            snprintf(want, sizeof want, "r.json: per_head.heads[%zu].shift_worst: expected null (the head's status is lost)", mi);
+            CHECK_ERR(chk(d, &err), &err, want);
+            json_decref(d);
+            d = json_deep_copy(gh);
+            json_t *sm = json_object_get(json_object_get(d, "per_head"), "summary");
+            json_object_set_new(sm, "n_measured", json_integer(json_integer_value(json_object_get(sm, "n_measured")) + 1));
+            CHECK_ERR(chk(d, &err), &err, "r.json: per_head.summary.n_measured: ", "but the heads say");
+            json_decref(d);
+        }
+        json_decref(gh);
+    }
+
     /* gates */
     d = json_deep_copy(ga);
     json_t *key0 = json_object_get(json_array_get(json_object_get(json_array_get(json_object_get(json_object_get(d, "gates"), "layers"), 0), "heads"), 0), "key");
@@ -342,6 +375,24 @@ static void test_other_kinds(void) {
     d = json_deep_copy(ga);
     json_object_set_new(json_object_get(d, "gates"), "window", json_integer(5000));
     CHECK_ERR(chk(d, &err), &err, "r.json: gates.window: 5000 is out of range [1, 4096]");
+    json_decref(d);
+    /* gates.training: what gate_training.png reads */
+    d = json_deep_copy(ga);
+    json_t *tr0 = json_array_get(json_object_get(d, "training"), 0);
+    json_array_set_new(json_object_get(tr0, "N_static"), 0, json_real(9.5));
+    CHECK_ERR(chk(d, &err), &err, "r.json: training[0].N_static[0]: 9.5 is out of range");
+    json_decref(d);
+    d = json_deep_copy(ga);
+    json_array_remove(json_object_get(d, "training"), 1);
+    CHECK_ERR(chk(d, &err), &err, "r.json: training: 31 entries, expected 32");
+    json_decref(d);
+    d = json_deep_copy(ga);
+    json_object_set_new(json_array_get(json_object_get(d, "training"), 1), "branch", json_string("key"));
+    CHECK_ERR(chk(d, &err), &err, "r.json: training[1]: layer 0 head 0 key appears twice");
+    json_decref(d);
+    d = json_deep_copy(ga);
+    json_array_append_new(json_object_get(json_array_get(json_object_get(d, "training"), 2), "steps"), json_integer(99999));
+    CHECK_ERR(chk(d, &err), &err, "r.json: training[2].steps: ");
     json_decref(d);
 
     /* theory */

@@ -346,8 +346,11 @@ static void draw_curves(cairo_t *cr, void *vctx) {
 #define KO_BAR_ROOM 96.0 /* bar ticks and label */
 
 static double ko_left(double ch) { return ch >= 10 ? 110 : 80; }
-/* panels 24 px a row, at least 240 and at most 900 px tall, unless the rows need more (1 px each) */
-static double ko_panel_h(int maxrows) { return fmin(fmax(240, maxrows * 24.0), fmax(900, (double)maxrows)); }
+/* panels 24 px a row, at least 240 and at most 900 px tall, unless the rows need more (1 px each); grids of
+ * up to 100 rows (12 layers × 8 KV heads) get 12 px a row, so each head keeps its label */
+static double ko_panel_h(int maxrows) {
+    return fmin(fmax(240, maxrows * 24.0), fmax(fmax(900, (double)maxrows), fmin(1200, maxrows * 12.0)));
+}
 /* cells 10 to 36 px wide, narrower (down to 1 px) when n panels of maxcols would pass ~12000 px */
 static double ko_cell_w(int maxcols, int n) {
     double cw = fmax(10, fmin(36, 560.0 / maxcols / (n > 1 ? 1.4 : 1)));
@@ -604,6 +607,8 @@ static void free_gates(gates_ctx *x) {
     free(x->peak);
 }
 
+static int render_gate_training(json_t *doc, const char *path, const char *out, const ps_render_opts *o, int verbose,
+                                ps_error *err);
 static int render_gates(json_t *doc, const char *path, const char *out, const ps_render_opts *o, int verbose, ps_error *err) {
     json_t *gj = json_object_get(doc, "gates"), *layers = json_object_get(gj, "layers");
     size_t L = json_array_size(layers), H = json_array_size(json_object_get(json_array_get(layers, 0), "heads"));
@@ -672,6 +677,150 @@ static int render_gates(json_t *doc, const char *path, const char *out, const ps
     else
         rc = emit(out, "gate_concentration", x.fig_w, H_px, draw_gates, &x, &ch, o, verbose, err);
     free_gates(&x);
+    if (!rc && json_array_size(json_object_get(doc, "training"))) rc = render_gate_training(doc, path, out, o, verbose, err);
+    return rc;
+}
+
+/* ---- gate concentration over training (gates.json "training") ---- */
+
+#define GT_TOP 112.0
+#define GT_ROWH 26.0 /* a layer's row */
+#define GT_MAX_STEPS 4096
+
+typedef struct {
+    int L, S, W;
+    double *v; /* [stat 0 mean, 1 min][branch][L][S] */
+    int64_t *steps;
+    double cw, left, pw, ph, fig_w;
+    char title[1024], subtitle[1024], subtitle2[1024];
+} gt_ctx;
+
+/* one-hot (N = 1) bright, uniform (N = W) dark */
+static ps_rgb viridis_rev(double t) { return ps_viridis(1 - t); }
+
+static void draw_gate_training(cairo_t *cr, void *vctx) {
+    gt_ctx *x = vctx;
+    cairo_set_source_rgb(cr, 0, 0, 0);
+    ps_text(cr, 20, 22, x->title, fit(cr, x->title, 17, x->fig_w - 40, 1), 0, 0.5, 0, 1);
+    ps_text(cr, 20, 46, x->subtitle, fit(cr, x->subtitle, 12.5, x->fig_w - 40, 0), 0, 0.5, 0, 0);
+    ps_text(cr, 20, 64, x->subtitle2, fit(cr, x->subtitle2, 12.5, x->fig_w - 40, 0), 0, 0.5, 0, 0);
+    static const char *const STAT[] = {"mean over KV heads", "min over KV heads (most concentrated head)"};
+    for (int s = 0; s < 2; s++)
+        for (int b = 0; b < 2; b++) {
+            double px = x->left + b * (x->pw + x->left), py = GT_TOP + s * (x->ph + 96);
+            char buf[160];
+            snprintf(buf, sizeof buf, "%s gate — N_static, %s", b ? "value" : "key", STAT[s]);
+            cairo_set_source_rgb(cr, 0, 0, 0);
+            ps_text(cr, px + x->pw / 2, py - 16, buf, fit(cr, buf, 13, x->pw + x->left - 20, 1), 0.5, 0.5, 0, 1);
+            ps_heatmap(cr, px, py, x->pw, x->ph, x->v + ((size_t)(s * 2 + b) * (size_t)x->L) * (size_t)x->S, x->L, x->S,
+                       viridis_rev, 0, log2(x->W > 1 ? x->W : 2));
+            cairo_set_source_rgb(cr, 0, 0, 0);
+            double rh = x->ph / x->L;
+            int rstep = ps_tick_step(rh, 12);
+            for (int l = 0; l < x->L; l += rstep) {
+                snprintf(buf, sizeof buf, "layer %d", l);
+                ps_text(cr, px - 6, py + (l + 0.5) * rh, buf, fmin(12, rh), 1, 0.5, 0, 0);
+            }
+            /* the values where the cells are big enough to read */
+            if (x->cw >= 30 && rh >= 14)
+                for (int l = 0; l < x->L; l++)
+                    for (int t = 0; t < x->S; t++) {
+                        double v = x->v[((size_t)(s * 2 + b) * (size_t)x->L + (size_t)l) * (size_t)x->S + (size_t)t];
+                        double u = v / log2(x->W > 1 ? x->W : 2);
+                        if (u > 0.55) cairo_set_source_rgb(cr, 1, 1, 1);
+                        else cairo_set_source_rgb(cr, 0, 0, 0);
+                        snprintf(buf, sizeof buf, "%.1f", exp2(v));
+                        ps_text(cr, px + (t + 0.5) * x->cw, py + (l + 0.5) * rh, buf, fmin(10, rh - 3), 0.5, 0.5, 0, 0);
+                    }
+            cairo_set_source_rgb(cr, 0, 0, 0);
+            char w0[32];
+            snprintf(w0, sizeof w0, "%lld", (long long)x->steps[x->S - 1]);
+            int step = ps_tick_step(x->cw, ps_text_width(cr, w0, 11, 0) + 6);
+            for (int t = 0; t < x->S; t += step) {
+                snprintf(buf, sizeof buf, "%lld", (long long)x->steps[t]);
+                ps_text(cr, px + (t + 0.5) * x->cw, py + x->ph + 5, buf, 11, 0.5, 0, 0, 0);
+            }
+            ps_text(cr, px + x->pw / 2, py + x->ph + 24, "training step (logged gate records)", 12.5, 0.5, 0, 0, 0);
+        }
+    ps_colorbar(cr, x->left + 2 * x->pw + x->left + 10, GT_TOP, 16, x->ph * 2 + 96, viridis_rev, 0, log2(x->W > 1 ? x->W : 2),
+                "log2 N_static");
+}
+
+/* OUT/gate_training.png from gates.json's "training" entries (validated: every (layer, head, branch) once,
+ * the same steps in each). */
+static int render_gate_training(json_t *doc, const char *path, const char *out, const ps_render_opts *o, int verbose,
+                                ps_error *err) {
+    json_t *tr = json_object_get(doc, "training"), *gj = json_object_get(doc, "gates");
+    size_t ne = json_array_size(tr);
+    json_int_t W = json_integer_value(json_object_get(gj, "window"));
+    size_t L = json_array_size(json_object_get(gj, "layers"));
+    size_t S = json_array_size(json_object_get(json_array_get(tr, 0), "steps"));
+    if (!ne || !S) return 0;
+    if (S > GT_MAX_STEPS) return ps_fail(err, "%s: training has %zu gate records; a figure shows at most %d", path, S, GT_MAX_STEPS);
+    gt_ctx x = {0};
+    x.L = (int)L;
+    x.S = (int)S;
+    x.W = (int)W;
+    x.v = malloc(4 * L * S * sizeof(double));
+    x.steps = malloc(S * sizeof(int64_t));
+    int *cnt = calloc(2 * L, sizeof(int));
+    if (!x.v || !x.steps || !cnt) {
+        free(x.v);
+        free(x.steps);
+        free(cnt);
+        return ps_fail(err, "%s: out of memory", path);
+    }
+    for (size_t i = 0; i < 2 * L * S; i++) {
+        x.v[i] = 0;            /* mean */
+        x.v[2 * L * S + i] = INFINITY; /* min */
+    }
+    for (size_t t = 0; t < S; t++) x.steps[t] = json_integer_value(json_array_get(json_object_get(json_array_get(tr, 0), "steps"), t));
+    int H = 0;
+    for (size_t e = 0; e < ne; e++) {
+        json_t *en = json_array_get(tr, e), *ns = json_object_get(en, "N_static");
+        int l = (int)json_integer_value(json_object_get(en, "layer")), h = (int)json_integer_value(json_object_get(en, "head"));
+        int b = !strcmp(json_string_value(json_object_get(en, "branch")), "value");
+        H = h + 1 > H ? h + 1 : H;
+        cnt[b * L + (size_t)l]++;
+        for (size_t t = 0; t < S; t++) {
+            double v = json_number_value(json_array_get(ns, t));
+            size_t k = ((size_t)b * L + (size_t)l) * S + t;
+            x.v[k] += v;
+            x.v[2 * L * S + k] = fmin(x.v[2 * L * S + k], v);
+        }
+    }
+    for (size_t bl = 0; bl < 2 * L; bl++)
+        for (size_t t = 0; t < S; t++) x.v[bl * S + t] = cnt[bl] ? x.v[bl * S + t] / cnt[bl] : NAN;
+    free(cnt);
+    /* colour on a log scale: log2 N_static, 0 = one-hot … log2 W = uniform (concentration below 2 offsets is
+     * where the differences matter) */
+    for (size_t i = 0; i < 4 * L * S; i++) x.v[i] = isfinite(x.v[i]) ? log2(fmax(x.v[i], 1)) : NAN;
+    x.cw = fmax(4, fmin(40, 520.0 / (double)S));
+    x.pw = x.cw * (double)S;
+    x.ph = fmax(60, fmin(GT_ROWH * (double)L, 420));
+    x.left = 80;
+    char name[400];
+    model_name(name, sizeof name, json_object_get(doc, "provenance"));
+    snprintf(x.title, sizeof x.title, "Gate concentration over training — %s", name);
+    snprintf(x.subtitle, sizeof x.subtitle,
+             "N_static = exp(H(mean gate)) per layer at each logged gate record (%zu records, steps %lld–%lld), W = %lld; "
+             "%d KV heads per layer",
+             S, (long long)x.steps[0], (long long)x.steps[S - 1], (long long)W, H);
+    snprintf(x.subtitle2, sizeof x.subtitle2,
+             "colour: log2 N_static (0 = one-hot, 1 = two offsets, log2 W = uniform); top: averaged over the layer's KV heads; bottom: the minimum over them (a layer "
+             "where one head goes one-hot shows there); bright = concentrated");
+    x.fig_w = fmax(x.left + 2 * (x.pw + x.left) + 100, measure(x.subtitle, 12.5, 0) + 40);
+    double H_px = GT_TOP + 2 * x.ph + 96 + 50;
+    chunks ch;
+    make_chunks(&ch, json_object_get(doc, "provenance"), x.title);
+    int rc;
+    if (x.fig_w > PS_FIG_MAX_SIDE || H_px > PS_FIG_MAX_SIDE)
+        rc = ps_fail(err, "%s: gate training figure would be %.0f x %.0f px (at most %.0f a side)", path, x.fig_w, H_px,
+                     PS_FIG_MAX_SIDE);
+    else
+        rc = emit(out, "gate_training", x.fig_w, H_px, draw_gate_training, &x, &ch, o, verbose, err);
+    free(x.v);
+    free(x.steps);
     return rc;
 }
 

@@ -436,6 +436,131 @@ static int check_sweep(ck *c, json_t *doc) {
     return rc;
 }
 
+/* gatecycle.json "per_head" (--measure knockout): the profiles, each head's shifts and their consistency
+ * with the worst residues and K, and the summary recomputed from the heads. */
+static int64_t smod(int64_t d, int64_t P) {
+    int64_t m = ((d % P) + P) % P;
+    return m > P / 2 ? m - P : m;
+}
+
+static int check_per_head(ck *c, json_t *ph, int64_t P, int64_t K) {
+    static const char *const MEAS[] = {"knockout", NULL}, *const TG[] = {"compressed", "raw", "both", NULL},
+                             *const ST[] = {"measured", "no_profile", "lost", NULL};
+    json_t *ex, *heads, *sum;
+    int64_t nex, nh;
+    size_t old = key(c, "per_head");
+    if (want_type(c, ph, json_is_object(ph), "an object") || get_enum(c, ph, "measure", MEAS, NULL) ||
+        get_enum(c, ph, "target", TG, NULL) || get_num(c, ph, "min_hurt_pp", 0, 100, NULL) ||
+        get_arr(c, ph, "excluded_residues", 0, P, &ex, &nex) || get_arr(c, ph, "heads", 1, MAX_SHIFT, &heads, &nh) ||
+        get_obj(c, ph, "summary", &sum))
+        return -1;
+    for (int64_t i = 0; i < nex; i++) {
+        size_t o = key(c, "excluded_residues");
+        idx(c, (size_t)i);
+        if (int_value(c, json_array_get(ex, (size_t)i), 0, P - 1, NULL)) return -1;
+        pop(c, o);
+    }
+    int64_t n_meas = 0, n_lost = 0, n_none = 0, ex_w = 0, ex_x = 0;
+    double abs_w = 0, abs_x = 0;
+    for (int64_t i = 0; i < nh; i++) {
+        json_t *e = json_array_get(heads, (size_t)i), *pr;
+        size_t o1 = key(c, "heads");
+        idx(c, (size_t)i);
+        const char *st;
+        if (want_type(c, e, json_is_object(e), "an object") || get_int(c, e, "head", 0, MAX_SHIFT, NULL) ||
+            get_enum(c, e, "status", ST, &st))
+            return -1;
+        for (int b = 0; b < 2; b++) {
+            const char *pk = b ? "hurt_after_pp" : "hurt_before_pp";
+            if (get_arr(c, e, pk, P, P, &pr, NULL)) return -1;
+            for (int64_t r = 0; r < P; r++) {
+                size_t o2 = key(c, pk);
+                idx(c, (size_t)r);
+                if (num_value(c, json_array_get(pr, (size_t)r), -100 - TOL, 100 + TOL, NULL)) return -1;
+                pop(c, o2);
+            }
+        }
+        int m = !strcmp(st, "measured");
+        int64_t wb = -1, wa = -1, sw = 0, ew = 0, sx = 0, exx = 0;
+        static const char *const WK[] = {"worst_before", "worst_after"};
+        for (int b = 0; b < 2; b++) {
+            json_t *w = json_object_get(e, WK[b]);
+            size_t o2 = key(c, WK[b]);
+            if (!w) return bad(c, "missing");
+            if (!json_is_null(w) && int_value(c, w, 0, P - 1, b ? &wa : &wb)) return -1;
+            if (m && json_is_null(w)) return bad(c, "null, but the head is measured");
+            pop(c, o2);
+        }
+        static const char *const SK[] = {"shift_worst", "error_worst", "shift_xcorr", "error_xcorr"};
+        int64_t *sv[] = {&sw, &ew, &sx, &exx};
+        for (int q = 0; q < 4; q++) {
+            json_t *w = json_object_get(e, SK[q]);
+            size_t o2 = key(c, SK[q]);
+            if (!w) return bad(c, "missing");
+            if (!m) {
+                if (!json_is_null(w)) return bad(c, "expected null (the head's status is %s)", st);
+            } else if (int_value(c, w, -P, P, sv[q]))
+                return -1;
+            else if (*sv[q] != smod(*sv[q], P))
+                return bad(c, "%lld is not in (-P/2, P/2]", (long long)*sv[q]);
+            pop(c, o2);
+        }
+        if (m) {
+            if (sw != smod(wa - wb, P)) {
+                key(c, "shift_worst");
+                return bad(c, "%lld, but worst_after - worst_before = %lld (mod P)", (long long)sw, (long long)smod(wa - wb, P));
+            }
+            if (ew != smod(sw - K, P)) {
+                key(c, "error_worst");
+                return bad(c, "%lld, but shift_worst - cycle.shift = %lld (mod P)", (long long)ew, (long long)smod(sw - K, P));
+            }
+            if (exx != smod(sx - K, P)) {
+                key(c, "error_xcorr");
+                return bad(c, "%lld, but shift_xcorr - cycle.shift = %lld (mod P)", (long long)exx, (long long)smod(sx - K, P));
+            }
+            n_meas++;
+            abs_w += (double)llabs(ew);
+            abs_x += (double)llabs(exx);
+            ex_w += ew == 0;
+            ex_x += exx == 0;
+        }
+        n_lost += !strcmp(st, "lost");
+        n_none += !strcmp(st, "no_profile");
+        pop(c, o1);
+    }
+    size_t o1 = key(c, "summary");
+    int64_t v;
+    const char *const CK[] = {"n_heads", "n_measured", "n_lost", "n_no_profile"};
+    int64_t want[] = {nh, n_meas, n_lost, n_none};
+    for (int q = 0; q < 4; q++) {
+        if (get_int(c, sum, CK[q], 0, MAX_SHIFT, &v)) return -1;
+        if (v != want[q]) {
+            key(c, CK[q]);
+            return bad(c, "%lld, but the heads say %lld", (long long)v, (long long)want[q]);
+        }
+    }
+    const char *const SK2[] = {"mean_abs_error_worst", "fraction_exact_worst", "mean_abs_error_xcorr", "fraction_exact_xcorr"};
+    double w2[] = {n_meas ? abs_w / (double)n_meas : 0, n_meas ? (double)ex_w / (double)n_meas : 0,
+                   n_meas ? abs_x / (double)n_meas : 0, n_meas ? (double)ex_x / (double)n_meas : 0};
+    for (int q = 0; q < 4; q++) {
+        json_t *w = json_object_get(sum, SK2[q]);
+        size_t o2 = key(c, SK2[q]);
+        if (!w) return bad(c, "missing");
+        if (!n_meas) {
+            if (!json_is_null(w)) return bad(c, "expected null (no head measured)");
+        } else {
+            double x;
+            if (num_value(c, w, 0, (double)P, &x)) return -1;
+            if (fabs(x - w2[q]) > 1e-6 * fmax(1, fabs(w2[q])))
+                return bad(c, "%.10g, but the heads give %.10g", x, w2[q]);
+        }
+        pop(c, o2);
+    }
+    pop(c, o1);
+    pop(c, old);
+    return 0;
+}
+
 static int check_gatecycle(ck *c, json_t *doc) {
     static const char *const BR[] = {"key", "value", "both", NULL}, *const PA[] = {"gate", "payload", "all", NULL};
     prov_info pi;
@@ -444,7 +569,8 @@ static int check_gatecycle(ck *c, json_t *doc) {
     int rc = -1;
     if (check_provenance(c, doc, 1, NULL, &pi) || get_obj(c, doc, "cycle", &cy)) goto done;
     size_t old = key(c, "cycle"), in_cycle = c->len;
-    if (get_int(c, cy, "layer", 0, MAX_SHIFT, NULL) || get_int(c, cy, "shift", -MAX_SHIFT, MAX_SHIFT, NULL)) goto done;
+    int64_t K;
+    if (get_int(c, cy, "layer", 0, MAX_SHIFT, NULL) || get_int(c, cy, "shift", -MAX_SHIFT, MAX_SHIFT, &K)) goto done;
     if (field(c, cy, "head", &v)) goto done;
     if (json_is_string(v)) {
         if (strcmp(json_string_value(v), "all")) {
@@ -467,6 +593,7 @@ static int check_gatecycle(ck *c, json_t *doc) {
         goto done;
     }
     if (get_num(c, doc, "best_shift_correlation", -1 - TOL, 1 + TOL, NULL)) goto done;
+    if ((v = json_object_get(doc, "per_head")) && check_per_head(c, v, P, K)) goto done;
     rc = 0;
 done:
     curve_free(&b);
@@ -610,6 +737,85 @@ done:
     return rc;
 }
 
+/* gates.json "training": one entry per (layer, head, branch) of the model (each exactly once), each with the
+ * same increasing steps and per step N_static, N_input in [1, W] and a peak offset (what gate_training.png
+ * and the concentration summary read). */
+#define MAX_GATE_RECORDS 100000
+static int check_gates_training(ck *c, json_t *v, int64_t W, int64_t L, int64_t H) {
+    static const char *const BR[] = {"key", "value", NULL};
+    size_t old = key(c, "training");
+    if (want_type(c, v, json_is_array(v), "an array")) return -1;
+    int64_t ne = (int64_t)json_array_size(v), S = -1;
+    if (ne != 2 * L * H) return bad(c, "%lld entries, expected %lld (every layer, KV head and branch once)", (long long)ne, (long long)(2 * L * H));
+    unsigned char *seen = calloc((size_t)ne, 1);
+    json_t *steps0 = NULL;
+    int rc = -1;
+    if (!seen) return bad(c, "out of memory");
+    for (int64_t e = 0; e < ne; e++) {
+        json_t *en = json_array_get(v, (size_t)e), *st, *ns, *ni, *pk, *cs;
+        size_t o1 = idx(c, (size_t)e);
+        int64_t l, h, n;
+        const char *br;
+        if (want_type(c, en, json_is_object(en), "an object") || get_int(c, en, "layer", 0, L - 1, &l) ||
+            get_int(c, en, "head", 0, H - 1, &h) || get_enum(c, en, "branch", BR, &br))
+            goto done;
+        size_t slot = (size_t)((l * H + h) * 2 + !strcmp(br, "value"));
+        if (seen[slot]) {
+            bad(c, "layer %lld head %lld %s appears twice", (long long)l, (long long)h, br);
+            goto done;
+        }
+        seen[slot] = 1;
+        if (get_arr(c, en, "steps", S < 0 ? 1 : S, S < 0 ? MAX_GATE_RECORDS : S, &st, &n)) goto done;
+        S = n;
+        if (get_arr(c, en, "N_static", S, S, &ns, NULL) || get_arr(c, en, "N_input", S, S, &ni, NULL) ||
+            get_arr(c, en, "peak", S, S, &pk, NULL))
+            goto done;
+        double tol = 1e-3 * (double)W;
+        for (int64_t t = 0; t < S; t++) {
+            int64_t sv, pv;
+            size_t o2 = key(c, "steps");
+            idx(c, (size_t)t);
+            if (int_value(c, json_array_get(st, (size_t)t), 0, INT64_MAX, &sv)) goto done;
+            if (t > 0 && sv <= json_integer_value(json_array_get(st, (size_t)t - 1))) {
+                bad(c, "%lld does not increase on the step before", (long long)sv);
+                goto done;
+            }
+            if (steps0 && sv != json_integer_value(json_array_get(steps0, (size_t)t))) {
+                bad(c, "%lld, but entry 0 has step %lld here (every entry has the same steps)", (long long)sv,
+                    (long long)json_integer_value(json_array_get(steps0, (size_t)t)));
+                goto done;
+            }
+            pop(c, o2);
+            key(c, "N_static");
+            idx(c, (size_t)t);
+            if (num_value(c, json_array_get(ns, (size_t)t), 1 - tol, (double)W + tol, NULL)) goto done;
+            pop(c, o2);
+            key(c, "N_input");
+            idx(c, (size_t)t);
+            if (num_value(c, json_array_get(ni, (size_t)t), 1 - tol, (double)W + tol, NULL)) goto done;
+            pop(c, o2);
+            key(c, "peak");
+            idx(c, (size_t)t);
+            if (int_value(c, json_array_get(pk, (size_t)t), 0, W - 1, &pv)) goto done;
+            pop(c, o2);
+        }
+        if (!steps0) steps0 = st;
+        cs = json_object_get(en, "concentrated_at_step");
+        if (cs && !json_is_null(cs)) {
+            size_t o2 = key(c, "concentrated_at_step");
+            if (int_value(c, cs, 0, INT64_MAX, NULL)) goto done;
+            pop(c, o2);
+        }
+        if (get_int(c, en, "final_peak", 0, W - 1, NULL)) goto done;
+        pop(c, o1);
+    }
+    pop(c, old);
+    rc = 0;
+done:
+    free(seen);
+    return rc;
+}
+
 static int check_gates(ck *c, json_t *doc) {
     static const char *const GATE[] = {"learned", "uniform", NULL};
     const char *const *LABEL = ps_gate_labels;
@@ -678,10 +884,7 @@ static int check_gates(ck *c, json_t *doc) {
     }
     pop(c, o2);
     pop(c, old);
-    if ((v = json_object_get(doc, "training")) && !json_is_array(v)) {
-        key(c, "training");
-        return bad(c, "expected an array, got %s", type_name(v));
-    }
+    if ((v = json_object_get(doc, "training"))) return check_gates_training(c, v, W, L, H);
     return 0;
 }
 
