@@ -38,14 +38,17 @@ const ps_command ps_cmd_init = {
         "Writes DIR/config.json and DIR/model.safetensors with freshly initialised weights: norms 1,\n"
         "compressor gates 0 (uniform), embeddings and projections N(0, 0.02), o_proj and down_proj\n"
         "N(0, 0.02/sqrt(2·n_layers)), payloads N(0, 0.02). With --from, the weights and config of an\n"
-        "existing checkpoint instead (any layout it loads: sharded, BF16, Hugging Face config): a converter.\n",
+        "existing checkpoint instead (any layout it loads: sharded, BF16, Hugging Face config): a converter.\n"
+        "A training config's task is stored with the model (metadata phasescope.task), so the instruments\n"
+        "evaluate the fresh model on it.\n",
     .flags = FLAGS,
     .run = run,
 };
 
 /* A model config, or a training config ({"model", "task", "train"}) whose "model" part is used: a file whose
  * top level is an object with a "model" key is read as a training config (and checked as one). */
-static int load_config(const char *path, ps_config *cfg, ps_error *err) {
+static int load_config(const char *path, ps_config *cfg, char **task_json, ps_error *err) {
+    *task_json = NULL;
     char *text;
     size_t len;
     if (ps_read_file(path, 1 << 24, &text, &len, err)) return -1;
@@ -57,7 +60,15 @@ static int load_config(const char *path, ps_config *cfg, ps_error *err) {
         ps_train_cfg tc;
         memset(&tc, 0, sizeof tc);
         rc = ps_train_cfg_parse(text, len, path, &tc, err);
-        if (!rc) *cfg = tc.model;
+        if (!rc) {
+            *cfg = tc.model;
+            /* the task travels with the model, as training stores it, so the instruments can evaluate a
+             * freshly initialised model on it */
+            json_t *tj = ps_task_to_json(&tc.task);
+            *task_json = tj ? json_dumps(tj, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+            json_decref(tj);
+            if (!*task_json) rc = ps_fail(err, "out of memory for the task of %s", path);
+        }
         ps_train_cfg_free(&tc);
     } else
         rc = ps_config_parse(text, len, path, cfg, err);
@@ -99,11 +110,17 @@ static int run(const ps_args *a, ps_error *err) {
         if (ps_model_save_as(&m, out, &so, err)) goto done;
         printf("wrote %s (%lld parameters from %s)\n", out, (long long)m.n_params, from);
     } else {
-        if (load_config(config, &cfg, err) || ps_model_create(&m, &cfg, err)) goto done;
+        char *task = NULL;
+        if (load_config(config, &cfg, &task, err) || ps_model_create(&m, &cfg, err)) {
+            free(task);
+            goto done;
+        }
         ps_model_init(&m, (uint64_t)seed);
         char s[32];
         snprintf(s, sizeof s, "%lld", (long long)seed);
-        if (ps_model_set_meta(&m, "init_seed", s, err) || ps_model_save_as(&m, out, &so, err)) goto done;
+        int bad = ps_model_set_meta(&m, "init_seed", s, err) || (task && ps_model_set_meta(&m, "phasescope.task", task, err));
+        free(task);
+        if (bad || ps_model_save_as(&m, out, &so, err)) goto done;
         printf("wrote %s (%lld parameters, seed %lld)\n", out, (long long)m.n_params, (long long)seed);
     }
     rc = 0;

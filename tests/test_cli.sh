@@ -116,6 +116,15 @@ expect init-ok 0 "wrote" -- "$PS" init --config "$M/config.json" --out "$T/m" --
 NP=$(grep -o '([0-9]* parameters' "$T/last.out" | tr -dc 0-9)
 expect init-then-info 0 "parameters" -- "$PS" info --model "$T/m"
 expect init-info-count 0 "parameters  $NP total" -- cat "$T/last.out"
+# init from a training config stores its task, so an instrument evaluates the fresh model on it
+cat > "$T/tcfg.json" <<'TCFG'
+{"model": {"vocab_size": 32, "d_model": 16, "n_layers": 1, "n_heads": 2, "n_kv_heads": 1, "head_dim": 8, "d_ff": 24,
+           "max_seq_len": 40, "attention": {"kind": "compressed", "window": 4, "stride": 4, "local_window": 4}},
+ "task": {"kind": "kv-retrieval", "seq_len": 28, "n_keys": 8, "n_values": 8, "n_fillers": 4, "n_pairs": 3,
+          "gap_min": 0, "gap_max": 2, "query_gap": 1, "n_queries": 3}}
+TCFG
+expect init-train-config 0 "parameters, seed 4" -- "$PS" init --config "$T/tcfg.json" --out "$T/mt" --seed 4
+expect init-task-sweep 0 "mean accuracy" -- "$PS" sweep --model "$T/mt" --n 8 --out "$T/mts"
 check init-config-same 'a, b = load(A[0]), load(A[1]); assert all(b[k] == v for k, v in a.items() if k != "attention") and all(b["attention"][k] == v for k, v in a["attention"].items()), (a, b)' "$M/config.json" "$T/m/config.json"
 G="$CONF/compressed_w6s3_overlap"
 echo '[[0, 1, 2, 3], [0, 5]]' > "$T/tok2.json"
