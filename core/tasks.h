@@ -17,7 +17,9 @@
 
 #include "error.h"
 
-typedef enum { PS_TASK_KV = 0, PS_TASK_BIGRAM = 1 } ps_task_kind;
+/* PS_TASK_TEXT: text key-value prompts of a real tokenizer (text/textkv_task.h); core knows only its
+ * seq_len, n_queries and loss, and neither generates nor parses it. */
+typedef enum { PS_TASK_KV = 0, PS_TASK_BIGRAM = 1, PS_TASK_TEXT = 2 } ps_task_kind;
 
 typedef struct {
     ps_task_kind kind;

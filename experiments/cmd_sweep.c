@@ -8,6 +8,7 @@
 #include "results_check.h"
 #include "stats.h"
 #include "textkv.h"
+#include "textkv_task.h"
 #include "textutil.h"
 #include "tokenizer.h"
 
@@ -17,9 +18,10 @@ static const ps_flag_spec FLAGS[] = {
     {"--mode", "pad|move", "pad (default) or move", 0},
     {"--task", "model|text-kv",
      "model (default): the task stored in the checkpoint; text-kv: key-value pairs\n"
-     "written as text with --tokenizer (docs/text-experiments.md)",
+     "written as text with --tokenizer (docs/text-experiments.md). A model trained on\n"
+     "text-kv runs the text-kv sweep with either, its stored layout as the defaults",
      0},
-    {"--tokenizer", "FILE", "text-kv: the model's tokenizer.json", 0},
+    {"--tokenizer", "FILE", "text-kv: the model's tokenizer.json (default: the one a text-kv model trained with)", 0},
     {"--pairs", "N", "text-kv: key-value pairs per prompt (default 8)", 0},
     {"--words", "FILE", "text-kv: key words, one per line (default data/text/kv_keys.txt)", 0},
     {"--values", "numbers|words", "text-kv: values are 4-digit numbers (default) or words from --words", 0},
@@ -64,6 +66,36 @@ static void summary(json_t *curve) {
 
 static int run_textkv(const ps_args *a, ps_sweep_mode mode, ps_error *err);
 
+/* The text-kv task a checkpoint was trained on (text/textkv_task.h), if any: 1 and *t filled, 0 when its
+ * task is another (or none), -1 on error. */
+static int checkpoint_textkv(const ps_model *m, const char *dir, ps_textkv_task *t, ps_error *err) {
+    const char *js = ps_model_get_meta(m, "phasescope.task");
+    if (!js) return 0;
+    json_t *o = json_loads(js, 0, NULL);
+    if (!o || !ps_textkv_task_is(o)) {
+        json_decref(o);
+        return 0;
+    }
+    char src[4200];
+    snprintf(src, sizeof src, "%s/model.safetensors (phasescope.task)", dir);
+    int rc = ps_textkv_task_from_json(o, src, NULL, t, err);
+    json_decref(o);
+    return rc ? -1 : 1;
+}
+
+/* Does the model of --model carry a text-kv task? (1 yes, 0 no, -1 error) */
+static int model_is_textkv(const ps_args *a, ps_error *err) {
+    char dir[4096];
+    ps_model m;
+    memset(&m, 0, sizeof m);
+    if (ps_cli_model_dir(ps_args_get(a, "--model"), dir, sizeof dir, err) || ps_model_load(&m, dir, err)) return -1;
+    ps_textkv_task t;
+    int r = checkpoint_textkv(&m, dir, &t, err);
+    if (r == 1) ps_textkv_task_free(&t);
+    ps_model_free(&m);
+    return r;
+}
+
 static int run(const ps_args *a, ps_error *err) {
     ps_instr in = {0};
     ps_residue_stats st = {0};
@@ -76,6 +108,11 @@ static int run(const ps_args *a, ps_error *err) {
     static const char *const TASKS[] = {"model", "text-kv", NULL};
     int ti = 0;
     if (ps_args_choice(a, "--task", TASKS, &ti, err)) goto done;
+    if (ti == 0) { /* --task model on a model trained on text-kv: the text-kv sweep with its layout */
+        int r = model_is_textkv(a, err);
+        if (r < 0) goto done;
+        if (r) ti = 1;
+    }
     if (ti == 1) {
         rc = run_textkv(a, mode, err) ? 1 : 0;
         goto done;
@@ -133,9 +170,29 @@ static int run_textkv(const ps_args *a, ps_sweep_mode mode, ps_error *err) {
     int rc = -1, vi = 0;
     static const char *const VALUES[] = {"numbers", "words", NULL};
     const char *tok_path = ps_args_get(a, "--tokenizer"), *words_path = ps_args_get(a, "--words"), *family = ps_args_get(a, "--family");
-    if (!tok_path) {
-        ps_cli_usage(err, "--task text-kv needs --tokenizer (the model's tokenizer.json)");
-        goto done;
+    ps_textkv_task trained;
+    memset(&trained, 0, sizeof trained);
+    int has_trained = 0;
+    if (!tok_path) { /* a model trained on text-kv names its tokenizer */
+        char dir[4096];
+        ps_model m;
+        memset(&m, 0, sizeof m);
+        if (ps_cli_model_dir(ps_args_get(a, "--model"), dir, sizeof dir, err) || ps_model_load(&m, dir, err)) goto done;
+        has_trained = checkpoint_textkv(&m, dir, &trained, err);
+        ps_model_free(&m);
+        if (has_trained < 0) goto done;
+        if (!has_trained) {
+            ps_cli_usage(err, "--task text-kv needs --tokenizer (the model's tokenizer.json)");
+            goto done;
+        }
+        /* the trained layout: tokenizer, words, values, pairs, queries, filler family (flags override) */
+        tok_path = trained.tokenizer_path;
+        if (!words_path) words_path = trained.words_path;
+        if (!family) family = trained.filler_family;
+        pairs = trained.n_pairs;
+        vi = trained.value_words;
+        kv.value_digits = trained.value_digits;
+        kv.n_queries = trained.n_queries;
     }
     in.n_prompts = 256;
     in.batch = 32;
@@ -226,6 +283,7 @@ static int run_textkv(const ps_args *a, ps_sweep_mode mode, ps_error *err) {
     if (vi == 0) json_object_set_new(task, "value_digits", json_integer(kv.value_digits));
     json_object_set_new(task, "filler_family", json_string(fam->name));
     json_object_set_new(task, "filler_source", json_string(fam->source));
+    json_object_set_new(task, "layout", json_string(has_trained ? "checkpoint" : "flags"));
     json_object_set_new(tl, "min", json_integer(tmin));
     json_object_set_new(tl, "max", json_integer(tmax));
     json_object_set_new(task, "prompt_tokens", tl);
@@ -247,6 +305,7 @@ done:
     ps_text_lines_free(words, n_words);
     ps_text_families_free(fams, n_fams);
     ps_tokenizer_free(tok);
+    if (has_trained > 0) ps_textkv_task_free(&trained);
     ps_instr_free(&in);
     return rc;
 }

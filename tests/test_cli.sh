@@ -428,6 +428,19 @@ expect sweep-textkv-family 2 "--family repeat: unknown text filler family (famil
 expect sweep-textkv-vocab 1 "the model $M has vocab_size" -- "$PS" sweep --task text-kv --model "$M" --tokenizer "$TT"
 expect sweep-textkv-pairs 1 "243 key words for 300 pairs" -- "$PS" sweep --task text-kv --model "$T/tm" --tokenizer "$TT" --pairs 300
 expect sweep-textkv-task 2 "--task kv: expected model or text-kv" -- "$PS" sweep --task kv
+# a model trained on the "text-kv" task (tokenizer path relative to the config): the sweep reuses its layout
+cp "$TT" "$T/tok.json"
+printf '{"model": {"vocab_size": 419, "d_model": 16, "n_layers": 1, "n_heads": 2, "n_kv_heads": 2, "head_dim": 8, "d_ff": 32, "max_seq_len": 300, "attention": {"kind": "compressed", "window": 4, "stride": 4, "local_window": 4}}, "task": {"kind": "text-kv", "tokenizer": "tok.json", "values": "words", "pairs": 3, "queries": 2, "seq_len": 200}, "train": {"steps": 3, "batch_size": 2, "logits": "answers", "eval_size": 4, "eval_every": 3}}' > "$T/tkcfg.json"
+expect train-textkv 0 "run in" -- "$PS" train --config "$T/tkcfg.json" --out "$T/tkrun"
+expect sweep-textkv-trained 0 "mean accuracy" -- "$PS" sweep --model "$T/tkrun" --n 8 --out "$T/tkt"
+expect sweep-textkv-trained-flags 0 "mean accuracy" -- "$PS" sweep --task text-kv --model "$T/tkrun" --n 8 --pairs 2 --mode move --out "$T/tkt2"
+check sweep-textkv-trained-json '
+d = load(A[0]); pv = d["provenance"]
+assert pv["eval"]["task"] == "text-kv" and pv["task"]["layout"] == "checkpoint" and pv["task"]["pairs"] == 3 and pv["task"]["queries"] == 2
+assert pv["task"]["values"] == "words" and pv["task"]["tokenizer"].endswith("tok.json") and d["curve"]["period"] == 4
+assert [r["n"] for r in d["curve"]["residues"]] == [16] * 4, d["curve"]["residues"]
+assert load(A[1])["provenance"]["task"]["pairs"] == 2
+' "$T/tkt/sweep.json" "$T/tkt2/sweep.json"
 # BLAS kernels: a library that reports a kernel family below the CPU's gets the CPU's (checked against a
 # plain loop); a user's OPENBLAS_CORETYPE wins; info and every result name the kernels in use
 best=$(python3 -c "

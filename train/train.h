@@ -19,6 +19,7 @@
 typedef struct {
     ps_config model;
     ps_task task;
+    struct ps_textkv_task_s *text; /* the "text-kv" task (text/textkv_task.h), NULL for the id-level tasks */
     ps_optim_cfg opt;
     int64_t batch_size, steps;
     uint64_t seed;
