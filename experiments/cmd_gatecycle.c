@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "gatecycle.h"
+#include "cmd_v4.h"
 #include "instrument.h"
 #include "results_check.h"
 #include "stats.h"
@@ -46,6 +47,7 @@ static void heads_text(char *buf, size_t n, int64_t head, int64_t nkv) {
 }
 
 static int run(const ps_args *a, ps_error *err) {
+    if (ps_v4_instr_wanted(a)) return ps_v4_cmd_gatecycle(a, err); /* DeepSeek-V4 checkpoint: experiments/cmd_v4_instr.c */
     ps_instr in = {0};
     ps_residue_stats before = {0}, after = {0};
     ps_cycle_analysis an = {0};
@@ -67,7 +69,7 @@ static int run(const ps_args *a, ps_error *err) {
     /* a layer or head the model does not have is a usage error; without --model, say which model that is */
     char note[4600];
     ps_cli_default_model_note(ps_args_get(a, "--model"), note, sizeof note);
-    if (c->kind == PS_ATTN_COMPRESSED && (layer < 0 || layer >= c->n_layers)) {
+    if (c->kind != PS_ATTN_FULL && (layer < 0 || layer >= c->n_layers)) {
         if (note[0]) {
             char valid[64];
             if (c->n_layers == 1) snprintf(valid, sizeof valid, "--layer 0");
@@ -80,7 +82,7 @@ static int run(const ps_args *a, ps_error *err) {
                          (long long)c->n_layers, (long long)c->n_layers - 1);
         goto done;
     }
-    if (c->kind == PS_ATTN_COMPRESSED && head >= c->n_kv_heads) {
+    if (c->kind != PS_ATTN_FULL && head >= c->n_kv_heads) {
         if (note[0])
             ps_cli_usage(err, "--head %lld: out of range: no --model given, so this is %s, which has %lld KV heads: valid --head 0..%lld (or pass --model DIR)",
                          (long long)head, note, (long long)c->n_kv_heads, (long long)c->n_kv_heads - 1);
@@ -150,7 +152,7 @@ static int run(const ps_args *a, ps_error *err) {
                  "after cycling, accuracy is near chance (mean %.3f, chance %.3f): the cycled heads no longer work, "
                  "so the shift statistic means nothing%s",
                  json_number_value(json_object_get(ja, "mean_accuracy")), an.chance, /* the curve's own mean */
-                 params == PS_CYCLE_GATE && c->payload != PS_PAYLOAD_SHARED
+                 params == PS_CYCLE_GATE && c->kind == PS_ATTN_COMPRESSED && c->payload != PS_PAYLOAD_SHARED
                      ? " (the gates were rolled without their per-offset payloads; try --params all)"
                      : "");
     res = json_object();

@@ -5,6 +5,7 @@
 
 #include "fileio.h"
 #include "gates.h"
+#include "cmd_v4.h"
 #include "instrument.h"
 
 static int run(const ps_args *a, ps_error *err);
@@ -99,6 +100,7 @@ static json_t *summarise_log(const char *path, ps_error *err) {
 }
 
 static int run(const ps_args *a, ps_error *err) {
+    if (ps_v4_instr_wanted(a)) return ps_v4_cmd_gates(a, err); /* DeepSeek-V4 checkpoint: experiments/cmd_v4_instr.c */
     ps_instr in = {0};
     ps_gate_acc acc = {0};
     ps_hooks h;
@@ -106,6 +108,10 @@ static int run(const ps_args *a, ps_error *err) {
     json_t *res = NULL;
     int rc = 1;
     if (ps_instr_setup(&in, a, 1, err)) goto done;
+    if (in.m.cfg.kind == PS_ATTN_V4) { /* per-channel gates: experiments/cmd_v4_instr.c */
+        rc = ps_v4_model_gates(&in, ps_args_get(a, "--log"), err) ? 1 : 0;
+        goto done;
+    }
     if (ps_gate_acc_init(&acc, &in.m.cfg, err) || ps_gate_acc_watch(&acc, &h, &in.m.cfg, err)) goto done;
     ps_shifted s;
     if (ps_make_shifted(&in.base, &in.task, in.fam, PS_SWEEP_PAD, 1, 0, in.seed, in.m.cfg.max_seq_len, &s, err)) goto done;

@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "cmd_v4.h"
 #include "instrument.h"
 #include "draw.h"
 #include "stats.h"
@@ -31,6 +32,7 @@ const ps_command ps_cmd_sweep = {
 };
 
 static int run(const ps_args *a, ps_error *err) {
+    if (ps_v4_instr_wanted(a)) return ps_v4_cmd_sweep(a, err); /* DeepSeek-V4 checkpoint: experiments/cmd_v4_instr.c */
     ps_instr in = {0};
     ps_residue_stats st = {0};
     json_t *res = NULL;
