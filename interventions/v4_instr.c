@@ -308,8 +308,14 @@ int ps_v4_gate_cycle(ps_v4_model *m, int layer, int branches, int64_t k, ps_erro
         return ps_fail(err, "--layer %d: out of range (the model has %lld layers, 0..%lld)", layer, (long long)c->n_layers,
                        (long long)c->n_layers - 1);
     ps_v4_attn_type at = c->attn_type[layer];
-    if (at == PS_V4_SLIDING)
-        return ps_fail(err, "--layer %d: a sliding-window layer has no compressor to cycle (compressed layers:%s)", layer, "");
+    if (at == PS_V4_SLIDING) {
+        char list[256] = "";
+        size_t w = 0;
+        for (int l = 0; l < c->n_layers && w + 12 < sizeof list; l++)
+            if (c->attn_type[l] != PS_V4_SLIDING) w += (size_t)snprintf(list + w, sizeof list - w, " %d", l);
+        return ps_fail(err, "--layer %d: a sliding-window layer has no compressor to cycle (compressed layers:%s)", layer,
+                       w ? list : " none");
+    }
     if ((branches & PS_V4_CYCLE_INDEXER) && !(branches & PS_V4_CYCLE_COMPRESSOR) && at != PS_V4_CSA)
         return ps_fail(err, "--branch indexer: layer %d is %s, which has no indexer (CSA layers only)", layer, ps_v4_attn_type_name(at));
     if (m->lazy) return ps_fail(err, "gate cycling needs every layer loaded (not lazily)");
