@@ -64,8 +64,14 @@ static int setup(v4_instr *in, const ps_args *a, ps_error *err) {
     if (strcmp(ps_args_backend(a), "cpu"))
         return ps_cli_usage(err, "--backend %s: DeepSeek-V4 checkpoints run on the cpu backend", ps_args_backend(a));
     if (ps_cli_model_dir(ps_args_get(a, "--model"), in->model_dir, sizeof in->model_dir, err)) return -1;
-    if (ps_v4_model_load(&in->m, in->model_dir, 0, err)) return -1;
+    /* every layer in memory when the float32 weights take at most half of the memory available, else one
+     * layer at a time (as forward --lazy: each forward reads the layers from the files again) */
+    if (ps_v4_model_open(&in->m, in->model_dir, err)) return -1;
     in->loaded = 1;
+    double need = 4.0 * (double)in->m.n_params, avail = (double)ps_mem_available();
+    if (ps_v4_model_load_weights(&in->m, avail > 0 && need > 0.5 * avail, err)) return -1;
+    if (in->m.lazy)
+        fprintf(stderr, "phasescope %s: the weights (%.1f GB as float32) are loaded one layer at a time\n", in->command, need / 1e9);
     const ps_v4_config *c = &in->m.cfg;
     in->P = default_period(c);
     int64_t seed = 0;

@@ -318,7 +318,6 @@ int ps_v4_gate_cycle(ps_v4_model *m, int layer, int branches, int64_t k, ps_erro
     }
     if ((branches & PS_V4_CYCLE_INDEXER) && !(branches & PS_V4_CYCLE_COMPRESSOR) && at != PS_V4_CSA)
         return ps_fail(err, "--branch indexer: layer %d is %s, which has no indexer (CSA layers only)", layer, ps_v4_attn_type_name(at));
-    if (m->lazy) return ps_fail(err, "gate cycling needs every layer loaded (not lazily)");
     int64_t mr = c->compress_rate[layer], cw = (at == PS_V4_CSA ? 2 : 1) * c->head_dim, iw = 2 * c->index_head_dim;
     k = ((k % mr) + mr) % mr;
     ps_v4_layer w;
@@ -326,7 +325,9 @@ int ps_v4_gate_cycle(ps_v4_model *m, int layer, int branches, int64_t k, ps_erro
     int bad = 0;
     if (branches & PS_V4_CYCLE_COMPRESSOR) bad = ps_roll_blocks(m->ctx, w.c_ape, mr, cw, 0, cw, k);
     if (!bad && (branches & PS_V4_CYCLE_INDEXER) && at == PS_V4_CSA) bad = ps_roll_blocks(m->ctx, w.i_ape, mr, iw, 0, iw, k);
-    ps_v4_layer_release(m, layer);
+    /* a lazily loaded model keeps the cycled layer pinned (its reference is not released), so the roll is not
+     * lost when the forward drops the layer; freed with the model */
+    if (!m->lazy) ps_v4_layer_release(m, layer);
     if (bad) {
         ps_ctx_check(m->ctx, err);
         return ps_fail_prefix(err, "cycling layer %d's position bias (m = %lld): ", layer, (long long)mr);

@@ -60,7 +60,8 @@ int ps_v4_gates_run(ps_v4_model *m, const ps_v4_task *t, const ps_batch *base, c
  * compressor; its gate and kv projections are shared by the slots) by k rows, so the bias of token
  * offset r in a window moves to r + k (mod m), in both of CSA's series. branches: 1 the attention's
  * compressor, 2 the indexer's (CSA layers), 3 both (the indexer's only where the layer has one). The
- * weights must be loaded (not lazily). */
+ * weights must be loaded; on a lazily loaded model the cycled layer stays pinned in memory (until the
+ * model is freed) so that the roll survives the forward's unloading. */
 #define PS_V4_CYCLE_COMPRESSOR 1
 #define PS_V4_CYCLE_INDEXER 2
 int ps_v4_gate_cycle(ps_v4_model *m, int layer, int branches, int64_t k, ps_error *err);

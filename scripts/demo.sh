@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job: the phase-sensitivity reproduction on the demo models shipped under data/models/ (no
 # training). Sweeps every model, runs the knockout grid for the full-attention baseline and W8/S8, the
-# gate statistics, and gate cycling on W8/S8; writes JSON and figures under out/demo/ and prints the
+# gate statistics, and gate cycling on W8/S8; the V4-compressor model (v4demo): sweep, knockout, per-channel
+# gates and position-bias cycling; writes JSON and figures under out/demo/ and prints the
 # summary table (also out/demo/summary.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,6 +30,11 @@ echo "== gates"
 $PS gates --model "$M/w8s8" --n 128 --log "$M/w8s8/train.jsonl" --out "$OUT/gates/w8s8"
 echo "== gate cycling: every head of W8/S8, gates and payloads rolled by 2"
 $PS gatecycle --model "$M/w8s8" --layer 0 --shift 2 --params all --n "$N" --out "$OUT/gatecycle/w8s8"
+echo "== the V4 compressor (attention kind v4: per-channel gates, CSA rate 4, K = V, sinks; kv-retrieval)"
+$PS sweep --model "$M/v4demo" --n "$N" --out "$OUT/sweep/v4demo"
+$PS knockout --model "$M/v4demo" --n 128 --out "$OUT/knockout/v4demo"
+$PS gates --model "$M/v4demo" --n 128 --log "$M/v4demo/train.jsonl" --out "$OUT/gates/v4demo"
+$PS gatecycle --model "$M/v4demo" --layer 0 --shift 2 --n "$N" --out "$OUT/gatecycle/v4demo"
 echo "== the idealised bigram-induction model"
 $PS theory --out "$OUT/theory"
 echo "== all models on the shared coordinate P = 24"
@@ -36,6 +42,6 @@ $PS render "$OUT"/sweep24/*/sweep.json --out "$OUT/sweep24"
 $PS render "$OUT/sweep/full/sweep.json" "$OUT/sweep/w8s8/sweep.json" --out "$OUT/sweep"
 echo
 echo "Summary (each model at its own period; P = 8 for the baseline):"
-$PS table "$OUT"/sweep/{full,w8s8,w4s4,w8s8_uniform,w8s8_norope}/sweep.json --out "$OUT/summary.md"
+$PS table "$OUT"/sweep/{full,w8s8,w4s4,w8s8_uniform,w8s8_norope,v4demo}/sweep.json --out "$OUT/summary.md"
 echo
 echo "figures and JSON under $OUT/ (summary: $OUT/summary.md)"

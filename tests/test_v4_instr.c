@@ -310,6 +310,29 @@ static void test_cycle(ps_v4_model *m) {
     free(ape0), free(iape0), free(l0), free(l1), free(l2);
 }
 
+/* a lazily loaded model: the cycled layer stays pinned, so the roll survives the forward's unloading */
+static void test_cycle_lazy(ps_v4_model *eager) {
+    enum { T = 37 };
+    int32_t tok[T];
+    tu_random_tokens(tok, T, 256, 6);
+    ps_error err;
+    ps_v4_model m;
+    REQUIRE_OK(ps_v4_model_load(&m, mix4, 1, &err), &err);
+    float *l0 = logits_of(&m, tok, T);
+    CHECK_OK(ps_v4_gate_cycle(&m, 3, PS_V4_CYCLE_COMPRESSOR | PS_V4_CYCLE_INDEXER, 1, &err), &err);
+    CHECK_OK(ps_v4_gate_cycle(eager, 3, PS_V4_CYCLE_COMPRESSOR | PS_V4_CYCLE_INDEXER, 1, &err), &err);
+    float *l1 = logits_of(&m, tok, T), *l1e = logits_of(eager, tok, T), *l1b = logits_of(&m, tok, T);
+    CHECK(l0 && l1 && l1e && l1b && memcmp(l0, l1, (size_t)(T * 256) * 4) && !memcmp(l1, l1e, (size_t)(T * 256) * 4) &&
+              !memcmp(l1, l1b, (size_t)(T * 256) * 4),
+          "lazy model: the cycled layer stays cycled over forwards (= the eager model's logits)");
+    CHECK_OK(ps_v4_gate_cycle(&m, 3, PS_V4_CYCLE_COMPRESSOR | PS_V4_CYCLE_INDEXER, -1, &err), &err);
+    CHECK_OK(ps_v4_gate_cycle(eager, 3, PS_V4_CYCLE_COMPRESSOR | PS_V4_CYCLE_INDEXER, -1, &err), &err);
+    float *l2 = logits_of(&m, tok, T);
+    CHECK(l2 && !memcmp(l0, l2, (size_t)(T * 256) * 4), "lazy model: k then -k restores the logits bit for bit");
+    free(l0), free(l1), free(l1e), free(l1b), free(l2);
+    ps_v4_model_free(&m);
+}
+
 static void test_uniform_gates(ps_v4_model *m, const ps_v4_task *t) {
     ps_error err;
     const ps_v4_config *c = &m->cfg;
@@ -511,6 +534,7 @@ int main(void) {
     test_sweep_bookkeeping(&m, &t);
     test_knockout(&m, &t);
     test_cycle(&m);
+    test_cycle_lazy(&m);
     test_uniform_gates(&m, &t); /* last: it overwrites the compressors */
     ps_v4_task_free(&t);
     ps_v4_model_free(&m);
