@@ -197,9 +197,12 @@ static int run(const ps_args *a, ps_error *err) {
     json_object_set_new(res, "warnings", warns);
     if (ps_instr_write(&in, "gatecycle.json", res, err)) goto done;
     if (warning[0]) fprintf(stderr, "phasescope gatecycle: warning: %s\n", warning);
-    printf("cycled layer %lld, %s, %s %s by %lld\n", (long long)layer, hs,
-           branches == 3 ? "key and value" : br, params == 3 ? "gates and payloads" : params == 1 ? "gates" : "payloads",
-           (long long)shift);
+    if (c->kind == PS_ATTN_V4) /* the v4 attention: its position bias is the per-slot parameter */
+        printf("cycled layer %lld: the compressor's position bias (ape) rolled by %lld (mod the rate %lld)\n", (long long)layer,
+               (long long)shift, (long long)c->rate);
+    else
+        printf("cycled layer %lld, %s, %s %s by %lld\n", (long long)layer, hs, branches == 3 ? "key and value" : br,
+               params == 3 ? "gates and payloads" : params == 1 ? "gates" : "payloads", (long long)shift);
     for (int64_t i = 0; i < an.n_moves; i++) {
         const ps_dip_move *mv = &an.moves[i];
         if (mv->after >= 0)
