@@ -933,6 +933,8 @@ typedef struct {
     double *ns, *ni;  /* [n_gates][L][H][2] */
     double fig_w;
     char title[1024], subtitle[1024], section[256];
+    int perch; /* per-channel gate records (V4's compressor): branch 0 = the pooled mean gate, branch 1 = where the
+                  channels peak (the fraction of channels per slot); N: pooled / channel-mean N_static, N_input */
 } train_ctx;
 
 #define TR_TOP 84.0
@@ -1043,12 +1045,12 @@ static void draw_training(cairo_t *cr, void *vctx) {
     int ncol = train_cols(x->sel), ng = x->n_gates;
     double gmax = x->gs[ng - 1] > x->gs[0] ? x->gs[ng - 1] : x->gs[0] + 1, nmax = x->W * 1.08;
     ps_text(cr, 20, TR_GATES - 50, x->section, 15, 0, 0.5, 0, 1);
-    ps_text(cr, 20, TR_GATES - 30,
-            "per head: mean gate over offsets (rows) and logged steps (columns), key and value branch; effective offsets "
-            "N_static = exp(H(mean gate)) and N_input = E[exp(H(α))]",
-            fit(cr, "per head: mean gate over offsets (rows) and logged steps (columns), key and value branch; effective offsets "
-                    "N_static = exp(H(mean gate)) and N_input = E[exp(H(α))]", 12, x->fig_w - 40, 0),
-            0, 0.5, 0, 0);
+    const char *expl = x->perch ? "per layer: the channels' mean gate pooled over channels, and the fraction of channels peaking at each "
+                                  "slot, over slots (rows) and logged steps (columns); N_static of the pooled gate and of the "
+                                  "channels (mean), N_input"
+                                : "per head: mean gate over offsets (rows) and logged steps (columns), key and value branch; effective "
+                                  "offsets N_static = exp(H(mean gate)) and N_input = E[exp(H(α))]";
+    ps_text(cr, 20, TR_GATES - 30, expl, fit(cr, expl, 12, x->fig_w - 40, 0), 0, 0.5, 0, 0);
     double cwk = TR_HM_W / ng;
     double st_t[32];
     int nst = ng > 1 ? ps_nice_ticks(x->gs[0], x->gs[ng - 1], 3, st_t, 32) : 0;
@@ -1058,7 +1060,8 @@ static void draw_training(cairo_t *cr, void *vctx) {
         int l = s / x->H, hd = s % x->H;
         double px = 40 + (s % ncol) * TR_PW, py = TR_GATES + (s / ncol) * TR_PH, hy = py + 30;
         char buf[64];
-        snprintf(buf, sizeof buf, "layer %d, head %d", l, hd);
+        if (x->perch) snprintf(buf, sizeof buf, "layer %d (per-channel gate)", l);
+        else snprintf(buf, sizeof buf, "layer %d, head %d", l, hd);
         cairo_set_source_rgb(cr, 0, 0, 0);
         ps_text(cr, px, py + 4, buf, 13, 0, 0.5, 0, 1);
         for (int b = 0; b < 2; b++) {
@@ -1066,14 +1069,15 @@ static void draw_training(cairo_t *cr, void *vctx) {
             size_t base = (((size_t)l * (size_t)x->H + (size_t)hd) * 2 + (size_t)b) * (size_t)x->W;
             ps_heatmap_strided(cr, hx, hy, TR_HM_W, TR_HM_H, x->mg + base, x->W, ng, 1, kst, ps_viridis, 0, 1);
             cairo_set_source_rgb(cr, 0, 0, 0);
-            ps_text(cr, hx + TR_HM_W / 2, py + 20, b ? "value gate" : "key gate", 12, 0.5, 0.5, 0, 0);
+            ps_text(cr, hx + TR_HM_W / 2, py + 20, x->perch ? (b ? "channels' peaks" : "pooled gate") : b ? "value gate" : "key gate", 12,
+                    0.5, 0.5, 0, 0);
             if (b == 0) {
                 int st = ps_tick_step(TR_HM_H / x->W, 11);
                 for (int i = 0; i < x->W; i += st) {
                     snprintf(buf, sizeof buf, "%d", i);
                     ps_text(cr, hx - 4, hy + (i + 0.5) * TR_HM_H / x->W, buf, 10, 1, 0.5, 0, 0);
                 }
-                ps_text(cr, hx - 30, hy + TR_HM_H / 2, "offset", 11, 0.5, 0.5, -M_PI / 2, 0);
+                ps_text(cr, hx - 30, hy + TR_HM_H / 2, x->perch ? "slot" : "offset", 11, 0.5, 0.5, -M_PI / 2, 0);
             }
             for (int i = 0; i < nst; i++) { /* step ticks at round steps, placed between the logged columns */
                 double fi = 0;
@@ -1110,6 +1114,7 @@ static void draw_training(cairo_t *cr, void *vctx) {
     /* legend and colour bar, right of the first row */
     double lx = 40 + ncol * TR_PW + 6, ly = TR_GATES + 10;
     const char *nm[4] = {"key N_static", "key N_input", "value N_static", "value N_input"};
+    if (x->perch) nm[0] = "pooled N_static", nm[1] = "N_input", nm[2] = "channel-mean N_static", nm[3] = "N_input";
     for (int b = 0; b < 2; b++)
         for (int q = 0; q < 2; q++) {
             double yy = ly + (b * 2 + q) * 22;
@@ -1138,6 +1143,7 @@ static void train_size(train_ctx *x, double *w, double *h) {
     int ncol = train_cols(x->sel);
     *w = fmax(1290, 40 + ncol * TR_PW + 190);
     *h = x->n_gates ? TR_GATES + ((x->sel + ncol - 1) / ncol) * TR_PH + 4 : TR_TOP + TR_PLOT_H + 60;
+    if (x->n_gates && *h < TR_GATES + 10 + 110 + 180 + 40) *h = TR_GATES + 10 + 110 + 180 + 40; /* the legend and colour bar (one row of panels) */
     x->fig_w = *w;
 }
 
@@ -1438,9 +1444,13 @@ static int render_training(const char *path, const char *out, const ps_render_op
         } else if (type && !strcmp(type, "eval")) {
             x.es[x.n_eval] = step;
             x.acc[x.n_eval++] = num(r, "accuracy");
-        } else if (type && !strcmp(type, "gates") && !json_object_get(r, "gate")) { /* per-head records (per-channel: drawn by gates) */
-            x.gs[x.n_gates] = step;
-            gates[x.n_gates++] = json_incref(r);
+        } else if (type && !strcmp(type, "gates")) { /* per-head records, or per-channel ones ("gate": "per_channel") */
+            int pc = json_object_get(r, "gate") != NULL;
+            if (x.n_gates == 0) x.perch = pc;
+            if (pc == x.perch) {
+                x.gs[x.n_gates] = step;
+                gates[x.n_gates++] = json_incref(r);
+            }
         }
         json_decref(r);
     }
@@ -1451,6 +1461,10 @@ static int render_training(const char *path, const char *out, const ps_render_op
         json_t *h0 = json_array_get(json_object_get(json_array_get(layers, 0), "heads"), 0);
         size_t L = json_array_size(layers), H = json_array_size(json_object_get(json_array_get(layers, 0), "heads")),
                W = json_array_size(json_object_get(json_object_get(h0, "key"), "mean_gate"));
+        if (x.perch) { /* one panel per layer: its first branch (the attention's compressor) */
+            H = 1;
+            W = (size_t)json_integer_value(json_object_get(json_array_get(layers, 0), "slots"));
+        }
         if (L < 1 || L > MAX_LAYERS)
             rc = ps_fail(err, "%s: the first gates record's layers has %zu entries; a figure shows 1 to %d", path, L, MAX_LAYERS);
         else if (H < 1 || H > MAX_HEADS)
@@ -1471,7 +1485,27 @@ static int render_training(const char *path, const char *out, const ps_render_op
             x.ni = calloc(nb, sizeof(double));
             if (!x.mg || !x.ns || !x.ni) rc = ps_fail(err, "%s: out of memory", path);
         }
-        for (int k = 0; k < x.n_gates && !rc; k++)
+        for (int k = 0; k < x.n_gates && !rc && x.perch; k++)
+            for (int l = 0; l < x.L; l++) {
+                json_t *lo = json_array_get(json_object_get(gates[k], "layers"), (size_t)l);
+                json_t *bo = json_array_get(json_object_get(lo, "branches"), 0), *po = json_object_get(bo, "pooled");
+                json_t *pc = json_object_get(bo, "peak_counts");
+                double d = (double)json_integer_value(json_object_get(bo, "channels"));
+                if (json_integer_value(json_object_get(lo, "slots")) != x.W) {
+                    rc = ps_fail(err, "%s: gates record %d, layer %d: %lld slots, the first record's layer 0 has %d", path, k, l,
+                                 (long long)json_integer_value(json_object_get(lo, "slots")), x.W);
+                    break;
+                }
+                for (int b = 0; b < 2; b++) {
+                    size_t idx = ((size_t)k * (size_t)x.L + (size_t)l) * 2 + (size_t)b;
+                    for (int i = 0; i < x.W; i++)
+                        x.mg[idx * (size_t)x.W + (size_t)i] = b ? (d > 0 ? (double)json_integer_value(json_array_get(pc, (size_t)i)) / d : 0)
+                                                                : json_number_value(json_array_get(json_object_get(po, "mean_gate"), (size_t)i));
+                    x.ns[idx] = b ? num(json_object_get(bo, "channel_mean"), "N_static") : num(po, "N_static");
+                    x.ni[idx] = num(po, "N_input");
+                }
+            }
+        for (int k = 0; k < x.n_gates && !rc && !x.perch; k++)
             for (int l = 0; l < x.L; l++)
                 for (int h = 0; h < x.H; h++)
                     for (int b = 0; b < 2; b++) {
@@ -1496,6 +1530,7 @@ static int render_training(const char *path, const char *out, const ps_render_op
                      x.L * x.H);
         else
             snprintf(x.section, sizeof x.section, "Gate concentration during training: every KV head (%d)", x.sel);
+        if (x.perch) snprintf(x.section, sizeof x.section, "Per-channel gate concentration during training: %d layer%s", x.sel, x.sel == 1 ? "" : "s");
         chunks ch;
         snprintf(ch.command, sizeof ch.command, "phasescope train (log %s)", path);
         snprintf(ch.model, sizeof ch.model, "%s", path);
