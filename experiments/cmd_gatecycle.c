@@ -15,7 +15,8 @@ static const ps_flag_spec FLAGS[] = {
     {"--layer", "L", "layer to cycle (required)", 1},
     {"--shift", "K", "offsets to roll by (required; any integer, taken mod W)", 1},
     {"--head", "G", "one KV head (default: all)", 0},
-    {"--branch", "key|value|both", "key, value or both (default both)", 0},
+    {"--branch", "key|value|both", "key, value or both (default both); DeepSeek-V4 checkpoints: compressor, indexer\n"
+                                   "or both (their position biases)", 0},
     {"--params", "gate|payload|all",
      "gate, payload or all (default: all the model has: gates and per-offset payloads move\n"
      "together; rolling the gates alone of a per-offset-payload model breaks every head)",

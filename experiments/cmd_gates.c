@@ -24,7 +24,8 @@ const ps_command ps_cmd_gates = {
         "prompts (shift 0): per layer, KV head and branch, mean_gate (a distribution over the W offsets), N_static = exp(H(mean_gate)),\n"
         "N_input = E[exp(H(alpha))], the peak offset, and a label: static (N_static <= 2 and N_input <= 2),\n"
         "input-dependent (N_input <= 2 < N_static) or diffuse (N_input > 2). With --log, also how these evolved\n"
-        "over the gate records of a training log. Writes OUT/gates.json.\n",
+        "over the gate records of a training log. Writes OUT/gates.json. DeepSeek-V4 checkpoints and the v4 attention:\n"
+        "per-channel gates, per channel and pooled (docs/results-schema.md, \"Per-channel gates\").\n",
     .flags = FLAGS,
     .run = run,
 };

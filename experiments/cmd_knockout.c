@@ -12,10 +12,11 @@ static int run(const ps_args *a, ps_error *err);
 
 static const ps_flag_spec FLAGS[] = {
     {"--layers", "LIST", "layers, e.g. 0,2-3 (default: all)", 0},
-    {"--heads", "LIST", "KV heads (default: all)", 0},
+    {"--heads", "LIST", "KV heads (default: all); DeepSeek-V4 --target heads: query heads", 0},
     {"--target", "raw|compressed|both",
      "compressed (default for compressed models): hook_ck and hook_cv; raw (default for\n"
-     "full attention): hook_k and hook_v; both",
+     "full attention): hook_k and hook_v; both. DeepSeek-V4 checkpoints: heads, compressed\n"
+     "(default), raw, indexer or sink (docs/results-schema.md)",
      0},
     PS_INSTR_FLAGS,
     {0},
