@@ -177,6 +177,15 @@ struct ps_backend {
     int (*v4_grouped_linear)(ps_ctx *c, float *out, const float *inp, const float *w, int64_t M, int64_t G, int64_t Kg,
                              int64_t Ng);
     int (*v4_scale)(ps_ctx *c, float *x, float s, int64_t n);
+    /* the trainable V4 compressor's backward */
+    int (*v4_comp_slots_backward)(ps_ctx *c, float *dz, float *dape, const float *dgate, int64_t B, int64_t T, int64_t nW,
+                                  int64_t m, int64_t d, int overlap);
+    int (*v4_slot_softmax_backward)(ps_ctx *c, float *dgate, const float *dalpha, const float *alpha, int64_t n_groups,
+                                    int64_t S, int64_t d);
+    int (*v4_comp_pool_backward)(ps_ctx *c, float *dalpha, float *dkv, const float *dpooled, const float *alpha,
+                                 const float *kv, int64_t B, int64_t T, int64_t nW, int64_t m, int64_t d, int overlap);
+    int (*v4_attn_backward)(ps_ctx *c, float *dq, float *dkv, float *dckv, float *dsink, const float *dout, const float *out,
+                            const float *q, const float *kv, const float *ckv, const float *sink, const ps_v4_attn_geom *g);
     /* ---------------- end DeepSeek-V4 ---------------- */
 };
 

@@ -13,6 +13,52 @@
         if (rc_) return -1;                                                                  \
     } while (0)
 
+/* The attention part of a v4 layer (kind v4, docs/training.md), from dh = d resid_mid: o_proj, the
+ * inverse rope of the output, the attention with sinks, q / K=V entries (norms, rope, projections), the
+ * compressor (rope at w·m, norm, pooling, per-channel softmax, slot layout with the position bias, its
+ * projections). Accumulates d ln1 into G.ln1 (zeroed here). */
+static int v4_attention_backward(const ps_model *m, const ps_acts *a, ps_acts *g, int l, float *grads, const float *dh) {
+    ps_ctx *ctx = a->ctx;
+    ps_profile *prof = a->prof;
+    const ps_config *c = &m->cfg;
+    ps_layer_params w = ps_model_layer(m, m->params, l), dw = ps_model_layer(m, grads, l);
+    ps_act_ptrs p = ps_acts_layer(a, l), G = g->p;
+    int64_t B = a->B, T = a->T, BT = B * T, d = c->d_model, hd = c->head_dim, nh = c->n_heads, nW = a->nW, mr = c->rate;
+    int64_t cs = ps_config_v4_series(c), S = ps_config_v4_slots(c);
+    int csa = c->v4_mode == PS_V4_MODE_CSA;
+    OPB(PS_PROF_OTHER, ps_fill(ctx, G.z, 0.0f, BT * nh * hd) || ps_fill(ctx, G.k, 0.0f, BT * hd));
+    OPB(PS_PROF_MATMUL, ps_matmul_backward(ctx, G.z, dw.wo, dh, p.z, w.wo, BT, nh * hd, d));
+    /* z = R(-t) z_pre: d z_pre = R(t) dz */
+    if (c->rope) OPB(PS_PROF_NORM_ROPE, ps_rope(ctx, G.z, a->p.rope_cos, a->p.rope_sin, B, T, nh, hd, 1));
+    if (nW > 0) OPB(PS_PROF_OTHER, ps_fill(ctx, G.ck, 0.0f, B * nW * hd));
+    OPB(PS_PROF_ATTENTION, ps_v4_attn_backward(ctx, G.q, G.k, nW > 0 ? G.ck : NULL, dw.sinks, G.z, p.z_pre, p.q, p.k,
+                                               nW > 0 ? p.ck : NULL, w.sinks, &a->geom4));
+    if (c->rope)
+        OPB(PS_PROF_NORM_ROPE, ps_rope_backward(ctx, G.q, a->p.rope_cos, a->p.rope_sin, B, T, nh, hd, 1) ||
+                                   ps_rope_backward(ctx, G.k, a->p.rope_cos, a->p.rope_sin, B, T, 1, hd, 1));
+    if (c->qk_norm) {
+        OPB(PS_PROF_OTHER, ps_fill(ctx, G.q_pre, 0.0f, BT * nh * hd) || ps_fill(ctx, G.k_pre, 0.0f, BT * hd));
+        OPB(PS_PROF_NORM_ROPE, ps_rmsnorm_backward(ctx, G.q_pre, dw.qnorm, G.q, p.q_pre, w.qnorm, p.q_rstd, BT * nh, hd) ||
+                                   ps_rmsnorm_backward(ctx, G.k_pre, dw.knorm, G.k, p.k_pre, w.knorm, p.k_rstd, BT, hd));
+    } else
+        OPB(PS_PROF_OTHER, ps_copy(ctx, G.q_pre, G.q, BT * nh * hd) || ps_copy(ctx, G.k_pre, G.k, BT * hd));
+    OPB(PS_PROF_OTHER, ps_fill(ctx, G.ln1, 0.0f, BT * d));
+    OPB(PS_PROF_MATMUL, ps_matmul_backward(ctx, G.ln1, dw.wq, G.q_pre, p.ln1, w.wq, BT, d, nh * hd) ||
+                            ps_matmul_backward(ctx, G.ln1, dw.wk, G.k_pre, p.ln1, w.wk, BT, d, hd));
+    if (nW > 0) {
+        if (c->rope) OPB(PS_PROF_NORM_ROPE, ps_rope_backward(ctx, G.ck, a->p.rope_cos, a->p.rope_sin, B, nW, 1, hd, mr));
+        OPB(PS_PROF_OTHER, ps_fill(ctx, G.ck_pre, 0.0f, B * nW * hd));
+        OPB(PS_PROF_NORM_ROPE, ps_rmsnorm_backward(ctx, G.ck_pre, dw.c_norm, G.ck, p.ck_pre, w.c_norm, p.ck_rstd, B * nW, hd));
+        OPB(PS_PROF_COMPRESSOR,
+            ps_v4_comp_pool_backward(ctx, G.c_alpha, G.c_kv_raw, G.ck_pre, p.c_alpha, p.c_kv_raw, B, T, nW, mr, hd, csa) ||
+                ps_v4_slot_softmax_backward(ctx, G.c_gate, G.c_alpha, p.c_alpha, B * nW, S, hd) ||
+                ps_v4_comp_slots_backward(ctx, G.c_z, dw.c_ape, G.c_gate, B, T, nW, mr, hd, csa));
+        OPB(PS_PROF_MATMUL, ps_matmul_backward(ctx, G.ln1, dw.c_wkv, G.c_kv_raw, p.ln1, w.c_wkv, BT, d, cs * hd) ||
+                                ps_matmul_backward(ctx, G.ln1, dw.c_wgate, G.c_z, p.ln1, w.c_wgate, BT, d, cs * hd));
+    }
+    return 0;
+}
+
 static int layer_backward(const ps_model *m, const ps_acts *a, ps_acts *g, int l, float *grads, float *dh) {
     ps_ctx *ctx = a->ctx;
     ps_profile *prof = a->prof;
@@ -33,6 +79,11 @@ static int layer_backward(const ps_model *m, const ps_acts *a, ps_acts *g, int l
     /* dh = d resid_mid */
     OPB(PS_PROF_NORM_ROPE, ps_rmsnorm_backward(ctx, dh, dw.post_norm, G.ln2, p.resid_mid, w.post_norm, p.ln2_rstd, BT, d));
 
+    if (c->kind == PS_ATTN_V4) {
+        if (v4_attention_backward(m, a, g, l, grads, dh)) return -1;
+        OPB(PS_PROF_NORM_ROPE, ps_rmsnorm_backward(ctx, dh, dw.in_norm, G.ln1, h_in, w.in_norm, p.ln1_rstd, BT, d));
+        return 0;
+    }
     /* attention: resid_mid = h + W_o z */
     OPB(PS_PROF_OTHER, ps_fill(ctx, G.z, 0.0f, BT * nh * hd) || ps_fill(ctx, G.k, 0.0f, BT * nkv * hd) ||
                            ps_fill(ctx, G.v, 0.0f, BT * nkv * hd));

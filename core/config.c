@@ -21,6 +21,8 @@ void ps_config_defaults(ps_config *c) {
     c->local_window = -1; /* = W unless given */
     c->gate = PS_GATE_LEARNED;
     c->payload = PS_PAYLOAD_PER_OFFSET;
+    c->rate = 4;
+    c->v4_mode = PS_V4_MODE_CSA;
 }
 
 /* ---- typed getters: each names the key (with its JSON path) and the file ---- */
@@ -59,26 +61,54 @@ static int parse_attention(json_t *att, const char *src, ps_config *c, ps_error 
     if (!json_is_object(att)) return ps_fail(err, "%s: key \"attention\" must be an object", src);
     const char *k;
     json_t *v;
+    /* keys of one kind only: the compressed model's window/stride/gate/payload, the v4 kind's rate/mode */
+    int seen_comp = 0, seen_v4 = 0, seen_lw = 0;
+    const char *comp_key = NULL, *v4_key = NULL;
     json_object_foreach(att, k, v) {
         int e = 0, tmp = 0;
         if (!strcmp(k, "kind")) {
-            e = get_enum(v, "attention.kind", src, "full", "compressed", &tmp, err);
-            c->kind = (ps_attn_kind)tmp;
-        } else if (!strcmp(k, "window")) e = get_int(v, "attention.window", src, &c->window, err);
-        else if (!strcmp(k, "stride")) e = get_int(v, "attention.stride", src, &c->stride, err);
-        else if (!strcmp(k, "local_window")) e = get_int(v, "attention.local_window", src, &c->local_window, err);
+            if (!json_is_string(v))
+                return ps_fail(err, "%s: key \"attention.kind\" must be a string (\"full\", \"compressed\" or \"v4\")", src);
+            const char *s = json_string_value(v);
+            if (!strcmp(s, "full")) c->kind = PS_ATTN_FULL;
+            else if (!strcmp(s, "compressed")) c->kind = PS_ATTN_COMPRESSED;
+            else if (!strcmp(s, "v4")) c->kind = PS_ATTN_V4;
+            else {
+                char b[64];
+                size_t w = 0;
+                for (; s[w] && w < 40; w++) b[w] = (unsigned char)s[w] < 0x20 || (unsigned char)s[w] >= 0x7f ? '?' : s[w];
+                b[w] = '\0';
+                return ps_fail(err, "%s: key \"attention.kind\" is \"%s%s\", expected \"full\", \"compressed\" or \"v4\"", src, b,
+                               s[w] ? "..." : "");
+            }
+        } else if (!strcmp(k, "window")) e = get_int(v, "attention.window", src, &c->window, err), seen_comp = 1, comp_key = "window";
+        else if (!strcmp(k, "stride")) e = get_int(v, "attention.stride", src, &c->stride, err), seen_comp = 1, comp_key = "stride";
+        else if (!strcmp(k, "local_window")) e = get_int(v, "attention.local_window", src, &c->local_window, err), seen_lw = 1;
         else if (!strcmp(k, "gate")) {
             e = get_enum(v, "attention.gate", src, "learned", "uniform", &tmp, err);
             c->gate = (ps_gate_kind)tmp;
+            seen_comp = 1, comp_key = "gate";
         } else if (!strcmp(k, "payload")) {
             e = get_enum(v, "attention.payload", src, "per_offset", "shared", &tmp, err);
             c->payload = (ps_payload_kind)tmp;
+            seen_comp = 1, comp_key = "payload";
+        } else if (!strcmp(k, "rate")) e = get_int(v, "attention.rate", src, &c->rate, err), seen_v4 = 1, v4_key = "rate";
+        else if (!strcmp(k, "mode")) {
+            e = get_enum(v, "attention.mode", src, "csa", "hca", &tmp, err);
+            c->v4_mode = (ps_v4_mode)tmp;
+            seen_v4 = 1, v4_key = "mode";
         } else
             return ps_fail(err,
-                           "%s: unknown key \"attention.%s\" (valid: kind, window, stride, local_window, gate, payload)",
+                           "%s: unknown key \"attention.%s\" (valid: kind, window, stride, local_window, gate, payload; "
+                           "kind \"v4\": rate, mode, local_window)",
                            src, k);
         if (e) return -1;
     }
+    if (c->kind == PS_ATTN_V4 && seen_comp)
+        return ps_fail(err, "%s: key \"attention.%s\" does not apply to kind \"v4\" (its keys: rate, mode, local_window)", src, comp_key);
+    if (c->kind != PS_ATTN_V4 && seen_v4)
+        return ps_fail(err, "%s: key \"attention.%s\" applies to kind \"v4\" only", src, v4_key);
+    if (c->kind == PS_ATTN_V4 && !seen_lw) c->local_window = c->rate; /* default: one window of raw tokens */
     return 0;
 }
 
@@ -290,6 +320,18 @@ int ps_config_validate(const ps_config *c, const char *src, ps_error *err) {
                     (double)c->n_layers * ((double)c->d_model * c->head_dim * (2 * c->n_heads + 2 * c->n_kv_heads) +
                                            3.0 * c->d_model * c->d_ff);
     if (params > 1e11) return ps_fail(err, "%s: model would have about %.3g parameters; refusing (limit 1e11)", src, params);
+    if (c->kind == PS_ATTN_V4) {
+        if (c->rate < 1 || c->rate > 4096)
+            return ps_fail(err, "%s: key \"attention.rate\" must be in [1, 4096], got %lld", src, (long long)c->rate);
+        if (c->v4_mode != PS_V4_MODE_CSA && c->v4_mode != PS_V4_MODE_HCA)
+            return ps_fail(err, "%s: key \"attention.mode\" must be \"csa\" or \"hca\"", src);
+        if (c->local_window < 1 || c->local_window > PS_MAX_DIM)
+            return ps_fail(err, "%s: key \"attention.local_window\" must be in [1, %lld], got %lld", src, (long long)PS_MAX_DIM,
+                           (long long)c->local_window);
+        if (c->n_kv_heads != 1)
+            return ps_fail(err, "%s: key \"n_kv_heads\" is %lld: the v4 attention has one K=V head (DeepSeek-V4), so it must be 1", src,
+                           (long long)c->n_kv_heads);
+    }
     if (c->kind == PS_ATTN_COMPRESSED) {
         if (c->window < 1) return ps_fail(err, "%s: key \"attention.window\" must be >= 1, got %lld", src, (long long)c->window);
         if (c->window > 4096)
@@ -357,6 +399,13 @@ static int round_trip_digits(double v) {
 /* The `attention` object of the native schema (also phasescope's extension of an HF config). */
 static json_t *attention_json(const ps_config *c) {
     json_t *a = json_object();
+    if (c->kind == PS_ATTN_V4) {
+        json_object_set_new(a, "kind", json_string("v4"));
+        json_object_set_new(a, "rate", json_integer(c->rate));
+        json_object_set_new(a, "mode", json_string(c->v4_mode == PS_V4_MODE_HCA ? "hca" : "csa"));
+        json_object_set_new(a, "local_window", json_integer(c->local_window));
+        return a;
+    }
     json_object_set_new(a, "kind", json_string(c->kind == PS_ATTN_COMPRESSED ? "compressed" : "full"));
     json_object_set_new(a, "window", json_integer(c->window));
     json_object_set_new(a, "stride", json_integer(c->stride));
@@ -442,7 +491,7 @@ char *ps_config_to_hf_json(const ps_config *c, const char *dtype, ps_error *err)
     json_object_set_new(o, "use_cache", json_true());
     json_object_set_new(o, "bos_token_id", json_integer(0)); /* SPEC §5: every sequence starts with BOS = 0 */
     /* phasescope's extension: transformers ignores it (see docs/models.md) */
-    if (c->kind == PS_ATTN_COMPRESSED) json_object_set_new(o, "attention", attention_json(c));
+    if (c->kind != PS_ATTN_FULL) json_object_set_new(o, "attention", attention_json(c));
     char *s = dump_config(o, c);
     if (!s) ps_fail(err, "cannot serialise config");
     return s;
@@ -468,6 +517,7 @@ void ps_config_hash(const ps_config *c, char out[17]) {
 }
 
 int64_t ps_config_n_windows(const ps_config *c, int64_t T) {
+    if (c->kind == PS_ATTN_V4) return T / c->rate; /* complete windows of m tokens */
     if (c->kind != PS_ATTN_COMPRESSED || T < c->window) return 0;
     return (T - c->window) / c->stride + 1;
 }

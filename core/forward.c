@@ -2,6 +2,7 @@
 
 #include "fileio.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,7 +32,7 @@ static int build_specs(act_spec *s, ps_act_ptrs *p, const ps_config *c, int64_t 
     SPEC(k_pre, BT * nkv * hd, true);
     SPEC(k, BT * nkv * hd, true);
     SPEC(k_rstd, BT * nkv, true);
-    SPEC(v, BT * nkv * hd, true);
+    SPEC(v, c->kind == PS_ATTN_V4 ? 0 : BT * nkv * hd, true); /* v4: K = V */
     SPEC(gz_k, B * nW * nkv * W, true);
     SPEC(ga_k, B * nW * nkv * W, true);
     SPEC(gz_v, B * nW * nkv * W, true);
@@ -59,6 +60,14 @@ static int build_specs(act_spec *s, ps_act_ptrs *p, const ps_config *c, int64_t 
     SPEC(rope_cos, c->rope ? T * (hd / 2) : 0, false);
     SPEC(rope_sin, c->rope ? T * (hd / 2) : 0, false);
     SPEC(payload_scratch, comp && c->payload == PS_PAYLOAD_SHARED ? BT * nkv * hd : 0, false);
+    int v4 = c->kind == PS_ATTN_V4;
+    int64_t cs = v4 ? ps_config_v4_series(c) : 0, S4 = v4 ? ps_config_v4_slots(c) : 0;
+    SPEC(c_kv_raw, BT * cs * hd, true);
+    SPEC(c_z, BT * cs * hd, true);
+    SPEC(c_gate, B * nW * S4 * hd, true);
+    SPEC(c_alpha, B * nW * S4 * hd, true);
+    SPEC(z_pre, v4 ? BT * nh * hd : 0, true);
+    SPEC(sinkp, v4 ? B * nh * T : 0, true);
 #undef SPEC
     return k;
 }
@@ -73,7 +82,7 @@ static int64_t pattern_floats(const ps_config *c, int64_t B, int64_t T) {
 }
 
 int64_t ps_acts_size(const ps_config *cfg, int64_t B, int64_t T, bool keep_all, bool pattern_hook) {
-    act_spec s[40];
+    act_spec s[48];
     ps_act_ptrs p;
     int n = build_specs(s, &p, cfg, B, T, ps_config_n_windows(cfg, T), 0);
     int64_t tot = pattern_hook ? pattern_floats(cfg, B, T) : 0;
@@ -106,7 +115,10 @@ int ps_acts_create_rows(ps_acts *a, ps_ctx *ctx, const ps_config *cfg, int64_t B
                              .compressed = comp, .W = cfg->window, .S = cfg->stride,
                              .LW = comp ? (cfg->local_window < T ? cfg->local_window : T) : 0, .nW = a->nW};
     a->geom.ncols = comp ? a->nW + a->geom.LW : T;
-    act_spec s[40];
+    if (cfg->kind == PS_ATTN_V4)
+        a->geom4 = (ps_v4_attn_geom){.B = B, .T = T, .H = cfg->n_heads, .Dh = cfg->head_dim, .nW = a->nW, .K = 0,
+                                     .W = cfg->local_window, .m = cfg->rate, .scale = (float)(1.0 / sqrt((double)cfg->head_dim))};
+    act_spec s[48];
     int n = build_specs(s, &a->p, cfg, B, T, a->nW, max_rows);
     a->max_rows = max_rows;
     if (max_rows && !(a->rows = malloc((size_t)max_rows * sizeof *a->rows)))
@@ -256,6 +268,65 @@ static int attention(ps_acts *a, int l, const ps_act_ptrs *pp, const ps_hooks *h
     return 0;
 }
 
+/* ---- attention kind v4 (DeepSeek-V4's compressor in this model; docs/training.md) ---- */
+
+/* Layer l of a v4 model up to its compressed entries: q, the raw K=V entries (k), the compressor (gate
+ * logits with the position bias in slot layout, per-channel softmax, pooling, norm, rope at w·m) with
+ * the hooks q, k, gate_k (the per-channel gate [B, nW, S, hd]) and ck. */
+static int v4_layer_pre(const ps_model *m, ps_acts *a, int l, const ps_hooks *hooks, ps_error *err) {
+    ps_ctx *ctx = a->ctx;
+    ps_profile *prof = a->prof;
+    const ps_config *c = &m->cfg;
+    ps_layer_params w = ps_model_layer(m, m->params, l);
+    ps_act_ptrs p = ps_acts_layer(a, l);
+    int64_t B = a->B, T = a->T, BT = B * T, d = c->d_model, hd = c->head_dim, nh = c->n_heads, nW = a->nW, mr = c->rate;
+    int64_t cs = ps_config_v4_series(c), S = ps_config_v4_slots(c);
+    int csa = c->v4_mode == PS_V4_MODE_CSA;
+    float eps = (float)c->rms_eps;
+    float *h = a->p.resid + (int64_t)l * BT * d;
+    FIRE(PS_HOOK_RESID_PRE, h, 3, B, T, d);
+    OPS(PS_PROF_NORM_ROPE, ps_rmsnorm(ctx, p.ln1, p.ln1_rstd, h, w.in_norm, BT, d, eps));
+    OPS(PS_PROF_MATMUL, ps_matmul(ctx, p.q_pre, p.ln1, w.wq, BT, d, nh * hd, 0) || ps_matmul(ctx, p.k_pre, p.ln1, w.wk, BT, d, hd, 0));
+    if (c->qk_norm)
+        OPS(PS_PROF_NORM_ROPE, ps_rmsnorm(ctx, p.q, p.q_rstd, p.q_pre, w.qnorm, BT * nh, hd, eps) ||
+                                   ps_rmsnorm(ctx, p.k, p.k_rstd, p.k_pre, w.knorm, BT, hd, eps));
+    else
+        OPS(PS_PROF_OTHER, ps_copy(ctx, p.q, p.q_pre, BT * nh * hd) || ps_copy(ctx, p.k, p.k_pre, BT * hd));
+    if (c->rope)
+        OPS(PS_PROF_NORM_ROPE, ps_rope(ctx, p.q, a->p.rope_cos, a->p.rope_sin, B, T, nh, hd, 1) ||
+                                   ps_rope(ctx, p.k, a->p.rope_cos, a->p.rope_sin, B, T, 1, hd, 1));
+    FIRE(PS_HOOK_Q, p.q, 4, B, T, nh, hd);
+    FIRE(PS_HOOK_K, p.k, 4, B, T, 1, hd);
+    OPS(PS_PROF_MATMUL, ps_matmul(ctx, p.c_kv_raw, p.ln1, w.c_wkv, BT, d, cs * hd, 0) ||
+                            ps_matmul(ctx, p.c_z, p.ln1, w.c_wgate, BT, d, cs * hd, 0));
+    if (nW > 0) {
+        OPS(PS_PROF_COMPRESSOR, ps_v4_comp_slots(ctx, p.c_gate, p.c_z, w.c_ape, B, T, nW, mr, hd, csa) ||
+                                    ps_v4_slot_softmax(ctx, p.c_alpha, p.c_gate, B * nW, S, hd));
+        FIRE(PS_HOOK_GATE_K, p.c_alpha, 4, B, nW, S, hd);
+        OPS(PS_PROF_COMPRESSOR, ps_v4_comp_pool(ctx, p.ck_pre, p.c_alpha, p.c_kv_raw, B, T, nW, mr, hd, csa));
+        OPS(PS_PROF_NORM_ROPE, ps_rmsnorm(ctx, p.ck, p.ck_rstd, p.ck_pre, w.c_norm, B * nW, hd, eps));
+        if (c->rope) OPS(PS_PROF_NORM_ROPE, ps_rope(ctx, p.ck, a->p.rope_cos, a->p.rope_sin, B, nW, 1, hd, mr));
+        FIRE(PS_HOOK_CK, p.ck, 4, B, nW, 1, hd);
+    }
+    return 0;
+}
+
+/* The attention of a v4 layer: the raw K=V entries of the sliding window and every complete compressed
+ * entry, a softmax with the head's sink; the output is rotated back by its own position (V4's inverse
+ * rope: the values carry their keys' rotation). z_pre keeps the output before that rotation. */
+static int v4_attention(const ps_model *m, ps_acts *a, int l, const ps_act_ptrs *pp, ps_error *err) {
+    ps_ctx *ctx = a->ctx;
+    ps_profile *prof = a->prof;
+    const ps_config *c = &m->cfg;
+    ps_act_ptrs p = *pp;
+    ps_layer_params w = ps_model_layer(m, m->params, l);
+    int64_t B = a->B, T = a->T, nh = c->n_heads, hd = c->head_dim;
+    OPS(PS_PROF_ATTENTION, ps_v4_attn(ctx, p.z_pre, p.sinkp, p.q, p.k, a->nW > 0 ? p.ck : NULL, NULL, w.sinks, &a->geom4) ||
+                               ps_copy(ctx, p.z, p.z_pre, B * T * nh * hd));
+    if (c->rope) OPS(PS_PROF_NORM_ROPE, ps_rope_backward(ctx, p.z, a->p.rope_cos, a->p.rope_sin, B, T, nh, hd, 1));
+    return 0;
+}
+
 /* Layer l up to the compressed keys and values (ln1, q/k/v, norms, RoPE, compressor) with their hooks. */
 static int layer_forward_pre(const ps_model *m, ps_acts *a, int l, const ps_hooks *hooks, ps_error *err) {
     ps_ctx *ctx = a->ctx;
@@ -268,6 +339,7 @@ static int layer_forward_pre(const ps_model *m, ps_acts *a, int l, const ps_hook
     float eps = (float)c->rms_eps;
     float *h = a->p.resid + (int64_t)l * BT * d;
     int comp = c->kind == PS_ATTN_COMPRESSED;
+    if (c->kind == PS_ATTN_V4) return v4_layer_pre(m, a, l, hooks, err);
 
     FIRE(PS_HOOK_RESID_PRE, h, 3, B, T, d);
     OPS(PS_PROF_NORM_ROPE, ps_rmsnorm(ctx, p.ln1, p.ln1_rstd, h, w.in_norm, BT, d, eps));
@@ -320,7 +392,7 @@ static int layer_forward_post(const ps_model *m, ps_acts *a, int l, const ps_hoo
     int64_t B = a->B, T = a->T, BT = B * T, d = c->d_model, hd = c->head_dim, nh = c->n_heads, dff = c->d_ff;
     float eps = (float)c->rms_eps;
     float *h = a->p.resid + (int64_t)l * BT * d, *h_next = h + BT * d;
-    if (attention(a, l, &p, hooks, err)) return -1;
+    if (c->kind == PS_ATTN_V4 ? v4_attention(m, a, l, &p, err) : attention(a, l, &p, hooks, err)) return -1;
     FIRE(PS_HOOK_Z, p.z, 4, B, T, nh, hd);
     OPS(PS_PROF_MATMUL, ps_matmul(ctx, p.attn_out, p.z, w.wo, BT, nh * hd, d, 0));
     FIRE(PS_HOOK_ATTN_OUT, p.attn_out, 3, B, T, d);
@@ -364,6 +436,10 @@ static int fire_attention_inputs(const ps_model *m, ps_acts *a, int l, const ps_
                        (long long)hooks->n_layers, (long long)c->n_layers);
     FIRE(PS_HOOK_Q, p.q, 4, B, T, nh, hd);
     FIRE(PS_HOOK_K, p.k, 4, B, T, nkv, hd);
+    if (c->kind == PS_ATTN_V4) { /* K = V: no v, cv */
+        if (nW > 0) FIRE(PS_HOOK_CK, p.ck, 4, B, nW, nkv, hd);
+        return 0;
+    }
     FIRE(PS_HOOK_V, p.v, 4, B, T, nkv, hd);
     if (c->kind == PS_ATTN_COMPRESSED) {
         FIRE(PS_HOOK_CK, p.ck, 4, B, nW, nkv, hd);
@@ -416,6 +492,8 @@ int ps_forward_from_attention_rows(const ps_model *m, ps_acts *a, int l, const p
     if (same_ctx(m, a, err)) return -1;
     if (!a->keep_all) return ps_fail(err, "forward from the attention of layer %d needs the activations of every layer", l);
     if (l < 0 || l > last) return ps_fail(err, "forward from layer %d: the model has %lld layers", l, (long long)c->n_layers);
+    if (c->kind == PS_ATTN_V4)
+        return ps_fail(err, "the answer-row restart is not available for the v4 attention (use ps_forward_from_attention)");
     for (int64_t i = 0; i < n; i++)
         if (rows[i] < 0 || rows[i] >= a->B * a->T)
             return ps_fail(err, "answer row %lld is outside the batch's %lld rows", (long long)rows[i], (long long)(a->B * a->T));

@@ -39,6 +39,12 @@ typedef struct {
     /* scratch */
     float *rope_cos, *rope_sin; /* [T, hd/2] */
     float *payload_scratch;     /* [B,T,nkv*hd] (shared payload) */
+    /* attention kind v4, per layer (k is the raw K=V entry, ck_pre the pooled entry, ck the entry after
+     * its norm and rope; v, cv and the gate/payload arrays above are absent) */
+    float *c_kv_raw, *c_z;      /* [B,T,c*hd] the compressor's payload and gate logits (c = 2 CSA, 1 HCA) */
+    float *c_gate, *c_alpha;    /* [B,nW,S,hd] slot logits with the position bias; per-channel softmax */
+    float *z_pre;               /* [B,T,nh,hd] attention output before the inverse rope */
+    float *sinkp;               /* [B,nh,T] probability mass on the sink */
 } ps_act_ptrs;
 
 /* Optional per-op timing (bench programs): process CPU seconds (all threads) by category, [0] forward,
@@ -63,6 +69,7 @@ typedef struct {
     bool keep_all;
     ps_profile *prof; /* NULL (the default): no timing */
     ps_attn_geom geom;
+    ps_v4_attn_geom geom4; /* attention kind v4 */
     ps_act_ptrs p;
     /* per-layer strides (floats) of each per-layer array; 0 when shared across layers */
     int64_t layer_stride[sizeof(ps_act_ptrs) / sizeof(float *)];

@@ -20,11 +20,24 @@ static bool compressed_only(ps_hook_point pt) {
 
 void ps_hook_name(char *buf, size_t n, int layer, ps_hook_point pt) { snprintf(buf, n, "blocks.%d.%s", layer, SUFFIX[pt]); }
 
+/* Points a config does not have: the compressor's on full attention; on the v4 attention (K = V, one
+ * compressor, per-channel gate) v, gate_v, cv and, for now, the pattern. NULL: the point exists. */
+static const char *point_missing(const ps_config *cfg, ps_hook_point pt) {
+    if (cfg->kind == PS_ATTN_V4) {
+        if (pt == PS_HOOK_V || pt == PS_HOOK_CV) return "does not exist on the v4 attention (K = V: use hook_k / hook_ck)";
+        if (pt == PS_HOOK_GATE_V) return "does not exist on the v4 attention (one compressor: its per-channel gate is hook_gate_k)";
+        if (pt == PS_HOOK_PATTERN) return "is not available on the v4 attention";
+        return NULL;
+    }
+    if (compressed_only(pt) && cfg->kind != PS_ATTN_COMPRESSED) return "exists only on compressed-attention models";
+    return NULL;
+}
+
 static int invalid(const ps_config *cfg, const char *name, const char *why, ps_error *err) {
     char list[700];
     size_t w = 0;
     for (int p = 0; p < PS_HOOK_NPOINTS; p++) {
-        if (compressed_only((ps_hook_point)p) && cfg->kind != PS_ATTN_COMPRESSED) continue;
+        if (point_missing(cfg, (ps_hook_point)p)) continue;
         w += (size_t)snprintf(list + w, sizeof list - w, "%sblocks.{l}.%s", w ? ", " : "", SUFFIX[p]);
         if (w >= sizeof list) break;
     }
@@ -46,8 +59,7 @@ int ps_hook_parse(const ps_config *cfg, const char *name, int *layer, ps_hook_po
                          (long long)cfg->n_layers);
                 return invalid(cfg, name, why, err);
             }
-            if (compressed_only((ps_hook_point)k) && cfg->kind != PS_ATTN_COMPRESSED)
-                return invalid(cfg, name, "exists only on compressed-attention models", err);
+            if (point_missing(cfg, (ps_hook_point)k)) return invalid(cfg, name, point_missing(cfg, (ps_hook_point)k), err);
             *layer = (int)l;
             *pt = (ps_hook_point)k;
             return 0;
@@ -67,7 +79,13 @@ int ps_hook_shape(const ps_config *cfg, ps_hook_point pt, int64_t B, int64_t T, 
     case PS_HOOK_K:
     case PS_HOOK_V: shape[1] = T, shape[2] = nkv, shape[3] = hd; return 4;
     case PS_HOOK_GATE_K:
-    case PS_HOOK_GATE_V: shape[1] = nW, shape[2] = nkv, shape[3] = W; return 4;
+    case PS_HOOK_GATE_V:
+        if (cfg->kind == PS_ATTN_V4) { /* the per-channel gate: [B, nW, slots, hd] */
+            shape[1] = nW, shape[2] = ps_config_v4_slots(cfg), shape[3] = hd;
+            return 4;
+        }
+        shape[1] = nW, shape[2] = nkv, shape[3] = W;
+        return 4;
     case PS_HOOK_CK:
     case PS_HOOK_CV: shape[1] = nW, shape[2] = nkv, shape[3] = hd; return 4;
     case PS_HOOK_PATTERN: shape[1] = nh, shape[2] = T, shape[3] = comp ? nW + T : T; return 4;
@@ -80,10 +98,12 @@ static int64_t point_heads(const ps_config *cfg, ps_hook_point pt) {
     switch (pt) {
     case PS_HOOK_Q:
     case PS_HOOK_Z: return cfg->n_heads;
-    case PS_HOOK_K:
-    case PS_HOOK_V:
     case PS_HOOK_GATE_K:
     case PS_HOOK_GATE_V:
+        if (cfg->kind == PS_ATTN_V4) return ps_config_v4_slots(cfg); /* axis 2 is the slot */
+        return cfg->n_kv_heads;
+    case PS_HOOK_K:
+    case PS_HOOK_V:
     case PS_HOOK_CK:
     case PS_HOOK_CV: return cfg->n_kv_heads;
     default: return 0;

@@ -33,6 +33,11 @@ static const char *const LAYER_NAMES[PS_P_NKINDS] = {
     [PS_P_MLP_GATE] = "mlp.gate_proj.weight",
     [PS_P_MLP_UP] = "mlp.up_proj.weight",
     [PS_P_MLP_DOWN] = "mlp.down_proj.weight",
+    [PS_P_V4_C_WKV] = "self_attn.compressor.kv_proj.weight",
+    [PS_P_V4_C_WGATE] = "self_attn.compressor.gate_proj.weight",
+    [PS_P_V4_C_APE] = "self_attn.compressor.position_bias",
+    [PS_P_V4_C_NORM] = "self_attn.compressor.kv_norm.weight",
+    [PS_P_V4_SINKS] = "self_attn.sinks",
 };
 
 static void add(ps_model *m, ps_param_kind kind, int layer, int ndim, int64_t a, int64_t b, int64_t c) {
@@ -47,7 +52,10 @@ static void add(ps_model *m, ps_param_kind kind, int layer, int ndim, int64_t a,
     for (int i = 0; i < ndim; i++) p->numel *= p->shape[i];
     p->offset = m->n_params;
     m->n_params += p->numel;
-    if (layer >= 0) snprintf(p->name, sizeof p->name, "model.layers.%d.%s", layer, LAYER_NAMES[kind]);
+    const char *ln = LAYER_NAMES[kind];
+    if (m->cfg.kind == PS_ATTN_V4 && kind == PS_P_WK) ln = "self_attn.kv_proj.weight"; /* K = V */
+    if (m->cfg.kind == PS_ATTN_V4 && kind == PS_P_KNORM) ln = "self_attn.kv_norm.weight";
+    if (layer >= 0) snprintf(p->name, sizeof p->name, "model.layers.%d.%s", layer, ln);
     else if (kind == PS_P_EMBED) snprintf(p->name, sizeof p->name, "model.embed_tokens.weight");
     else if (kind == PS_P_FINAL_NORM) snprintf(p->name, sizeof p->name, "model.norm.weight");
     else snprintf(p->name, sizeof p->name, "lm_head.weight");
@@ -59,14 +67,14 @@ int ps_model_create(ps_model *m, const ps_config *cfg, ps_error *err) {
     m->cfg = *cfg;
     const ps_config *c = cfg;
     int64_t d = c->d_model, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads, W = c->window;
-    m->table = calloc((size_t)(c->n_layers * 17 + 3), sizeof *m->table);
+    m->table = calloc((size_t)(c->n_layers * 22 + 3), sizeof *m->table);
     if (!m->table) return ps_fail(err, "out of memory for the parameter table");
     add(m, PS_P_EMBED, -1, 2, c->vocab_size, d, 0);
     for (int l = 0; l < c->n_layers; l++) {
         add(m, PS_P_IN_NORM, l, 1, d, 0, 0);
         add(m, PS_P_WQ, l, 2, nh * hd, d, 0);
         add(m, PS_P_WK, l, 2, nkv * hd, d, 0);
-        add(m, PS_P_WV, l, 2, nkv * hd, d, 0);
+        if (c->kind != PS_ATTN_V4) add(m, PS_P_WV, l, 2, nkv * hd, d, 0); /* v4: K = V */
         add(m, PS_P_WO, l, 2, d, nh * hd, 0);
         if (c->qk_norm) {
             add(m, PS_P_QNORM, l, 1, hd, 0, 0);
@@ -86,6 +94,14 @@ int ps_model_create(ps_model *m, const ps_config *cfg, ps_error *err) {
                 add(m, PS_P_VALUE_GATE_W, l, 3, W, nkv, d);
                 add(m, PS_P_VALUE_GATE_B, l, 2, W, nkv, 0);
             }
+        }
+        if (c->kind == PS_ATTN_V4) {
+            int64_t cs = ps_config_v4_series(c);
+            add(m, PS_P_V4_C_WKV, l, 2, cs * hd, d, 0);
+            add(m, PS_P_V4_C_WGATE, l, 2, cs * hd, d, 0);
+            add(m, PS_P_V4_C_APE, l, 2, c->rate, cs * hd, 0);
+            add(m, PS_P_V4_C_NORM, l, 1, hd, 0, 0);
+            add(m, PS_P_V4_SINKS, l, 1, nh, 0, 0);
         }
         add(m, PS_P_POST_NORM, l, 1, d, 0, 0);
         add(m, PS_P_MLP_GATE, l, 2, c->d_ff, d, 0);
@@ -176,7 +192,9 @@ ps_layer_params ps_model_layer(const ps_model *m, float *base, int l) {
         [PS_P_KEY_GATE_B] = &p.key_gate_b,     [PS_P_VALUE_GATE_W] = &p.value_gate_w,
         [PS_P_VALUE_GATE_B] = &p.value_gate_b, [PS_P_POST_NORM] = &p.post_norm,
         [PS_P_MLP_GATE] = &p.mlp_gate,         [PS_P_MLP_UP] = &p.mlp_up,
-        [PS_P_MLP_DOWN] = &p.mlp_down,
+        [PS_P_MLP_DOWN] = &p.mlp_down,         [PS_P_V4_C_WKV] = &p.c_wkv,
+        [PS_P_V4_C_WGATE] = &p.c_wgate,        [PS_P_V4_C_APE] = &p.c_ape,
+        [PS_P_V4_C_NORM] = &p.c_norm,          [PS_P_V4_SINKS] = &p.sinks,
     };
     for (int i = 0; i < m->n_tensors; i++)
         if (m->table[i].layer == l && slot[m->table[i].kind]) *slot[m->table[i].kind] = base + m->table[i].offset;
@@ -212,10 +230,11 @@ void ps_model_init_std(ps_model *m, uint64_t seed, double base_std) {
         float *w = m->params + p->offset;
         double std = base_std;
         switch (p->kind) {
-        case PS_P_IN_NORM: case PS_P_POST_NORM: case PS_P_FINAL_NORM: case PS_P_QNORM: case PS_P_KNORM:
+        case PS_P_IN_NORM: case PS_P_POST_NORM: case PS_P_FINAL_NORM: case PS_P_QNORM: case PS_P_KNORM: case PS_P_V4_C_NORM:
             for (int64_t j = 0; j < p->numel; j++) w[j] = 1.0f;
             continue;
         case PS_P_KEY_GATE_W: case PS_P_KEY_GATE_B: case PS_P_VALUE_GATE_W: case PS_P_VALUE_GATE_B:
+        case PS_P_V4_C_WGATE: case PS_P_V4_C_APE: case PS_P_V4_SINKS:
             memset(w, 0, (size_t)p->numel * sizeof(float)); /* SPEC §2: gates start uniform */
             continue;
         case PS_P_WO: case PS_P_MLP_DOWN:

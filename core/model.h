@@ -18,6 +18,9 @@ typedef enum {
     PS_P_KEY_PAYLOAD, PS_P_VALUE_PAYLOAD, PS_P_KEY_GATE_W, PS_P_KEY_GATE_B, PS_P_VALUE_GATE_W, PS_P_VALUE_GATE_B,
     PS_P_POST_NORM, PS_P_MLP_GATE, PS_P_MLP_UP, PS_P_MLP_DOWN,
     PS_P_FINAL_NORM, PS_P_LM_HEAD,
+    /* attention kind v4 (SPEC-v4's transformers names): the compressor and the sinks; its raw K=V
+     * projection and norm are PS_P_WK / PS_P_KNORM, named self_attn.kv_proj / self_attn.kv_norm */
+    PS_P_V4_C_WKV, PS_P_V4_C_WGATE, PS_P_V4_C_APE, PS_P_V4_C_NORM, PS_P_V4_SINKS,
     PS_P_NKINDS
 } ps_param_kind;
 
@@ -45,6 +48,11 @@ typedef struct {
     float *post_norm;    /* [d] */
     float *mlp_gate, *mlp_up; /* [d_ff, d] */
     float *mlp_down;     /* [d, d_ff] */
+    /* attention kind v4 (wk, knorm: the raw K=V projection [hd, d] and its norm; no wv) */
+    float *c_wkv, *c_wgate; /* [c*hd, d] (c = 2 for CSA, 1 for HCA) */
+    float *c_ape;        /* [m, c*hd] the position bias */
+    float *c_norm;       /* [hd] */
+    float *sinks;        /* [nh] */
 } ps_layer_params;
 
 typedef struct {

@@ -473,6 +473,40 @@ static inline int ps_v4_grouped_linear(ps_ctx *c, float *out, const float *inp, 
 
 /* x[n] *= s. */
 static inline int ps_v4_scale(ps_ctx *c, float *x, float s, int64_t n) { return PS_OP_CALL(c, v4_scale, x, s, n); }
+/* ---- the trainable V4 compressor (attention kind "v4" of the controlled model, docs/training.md): the
+ * backward ops. Each writes (=) its input gradients unless it says += ---- */
+
+/* Backward of ps_v4_comp_slots: dz [B, T, c·d] (=; 0 for the channels of tokens no live slot reads) from
+ * dgate [B, nW, S, d] (dead slots ignored); dape [m, c·d] += the slot's sum over sequences and windows. */
+static inline int ps_v4_comp_slots_backward(ps_ctx *c, float *dz, float *dape, const float *dgate, int64_t B, int64_t T,
+                                            int64_t nW, int64_t m, int64_t d, int overlap) {
+    return PS_OP_CALL(c, v4_comp_slots_backward, dz, dape, dgate, B, T, nW, m, d, overlap);
+}
+
+/* Backward of ps_v4_slot_softmax: dgate [G, S, d] = alpha ⊙ (dalpha − Σ_s alpha·dalpha) per group and
+ * channel (0 where alpha is 0: dead slots). */
+static inline int ps_v4_slot_softmax_backward(ps_ctx *c, float *dgate, const float *dalpha, const float *alpha,
+                                              int64_t n_groups, int64_t S, int64_t d) {
+    return PS_OP_CALL(c, v4_slot_softmax_backward, dgate, dalpha, alpha, n_groups, S, d);
+}
+
+/* Backward of ps_v4_comp_pool: dalpha [B, nW, S, d] (=; 0 in dead slots) and dkv [B, T, c·d] (=; 0 where
+ * no live slot reads) from dpooled [B, nW, d]. */
+static inline int ps_v4_comp_pool_backward(ps_ctx *c, float *dalpha, float *dkv, const float *dpooled, const float *alpha,
+                                           const float *kv, int64_t B, int64_t T, int64_t nW, int64_t m, int64_t d,
+                                           int overlap) {
+    return PS_OP_CALL(c, v4_comp_pool_backward, dalpha, dkv, dpooled, alpha, kv, B, T, nW, m, d, overlap);
+}
+
+/* Backward of ps_v4_attn over every visible entry (g->K must be 0: the indexer's selection has no
+ * backward): out is the forward's output and dout its gradient [B, T, H, Dh]. Writes dq (=); dkv [B, T, Dh]
+ * += (keys and values alike: K = V), dckv [B, nW, Dh] += (may be NULL when nW = 0), dsink [H] += (may be
+ * NULL). Probabilities are recomputed row by row (O(T) scratch). */
+static inline int ps_v4_attn_backward(ps_ctx *c, float *dq, float *dkv, float *dckv, float *dsink, const float *dout,
+                                      const float *out, const float *q, const float *kv, const float *ckv,
+                                      const float *sink, const ps_v4_attn_geom *g) {
+    return PS_OP_CALL(c, v4_attn_backward, dq, dkv, dckv, dsink, dout, out, q, kv, ckv, sink, g);
+}
 /* ---------------- end DeepSeek-V4 ---------------- */
 
 #endif

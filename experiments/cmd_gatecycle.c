@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "gatecycle.h"
+#include "cmd_v4.h"
 #include "instrument.h"
 #include "knockout.h"
 #include "results_check.h"
@@ -16,7 +17,8 @@ static const ps_flag_spec FLAGS[] = {
     {"--layer", "L", "layer to cycle (required)", 1},
     {"--shift", "K", "offsets to roll by (required; any integer, taken mod W)", 1},
     {"--head", "G", "one KV head (default: all)", 0},
-    {"--branch", "key|value|both", "key, value or both (default both)", 0},
+    {"--branch", "key|value|both", "key, value or both (default both); DeepSeek-V4 checkpoints: compressor, indexer\n"
+                                   "or both (their position biases)", 0},
     {"--params", "gate|payload|all",
      "gate, payload or all (default: all the model has: gates and per-offset payloads move\n"
      "together; rolling the gates alone of a per-offset-payload model breaks every head)",
@@ -28,6 +30,7 @@ static const ps_flag_spec FLAGS[] = {
      0},
     {"--min-hurt", "PP", "knockout measure: the smallest accuracy drop (pp) that makes a residue a head's own (default 10)", 0},
     PS_INSTR_FLAGS,
+    PS_V4_TASK_FLAG,
     {0},
 };
 
@@ -174,6 +177,7 @@ done:
 }
 
 static int run(const ps_args *a, ps_error *err) {
+    if (ps_v4_instr_wanted(a)) return ps_v4_cmd_gatecycle(a, err); /* DeepSeek-V4 checkpoint: experiments/cmd_v4_instr.c */
     ps_instr in = {0};
     ps_residue_stats before = {0}, after = {0};
     ps_cycle_analysis an = {0};
@@ -199,7 +203,7 @@ static int run(const ps_args *a, ps_error *err) {
     /* a layer or head the model does not have is a usage error; without --model, say which model that is */
     char note[4600];
     ps_cli_default_model_note(ps_args_get(a, "--model"), note, sizeof note);
-    if (c->kind == PS_ATTN_COMPRESSED && (layer < 0 || layer >= c->n_layers)) {
+    if (c->kind != PS_ATTN_FULL && (layer < 0 || layer >= c->n_layers)) {
         if (note[0]) {
             char valid[64];
             if (c->n_layers == 1) snprintf(valid, sizeof valid, "--layer 0");
@@ -212,7 +216,7 @@ static int run(const ps_args *a, ps_error *err) {
                          (long long)c->n_layers, (long long)c->n_layers - 1);
         goto done;
     }
-    if (c->kind == PS_ATTN_COMPRESSED && head >= c->n_kv_heads) {
+    if (c->kind != PS_ATTN_FULL && head >= c->n_kv_heads) {
         if (note[0])
             ps_cli_usage(err, "--head %lld: out of range: no --model given, so this is %s, which has %lld KV heads: valid --head 0..%lld (or pass --model DIR)",
                          (long long)head, note, (long long)c->n_kv_heads, (long long)c->n_kv_heads - 1);
@@ -290,7 +294,7 @@ static int run(const ps_args *a, ps_error *err) {
                  "after cycling, accuracy is near chance (mean %.3f, chance %.3f): the cycled heads no longer work, "
                  "so the shift statistic means nothing%s",
                  json_number_value(json_object_get(ja, "mean_accuracy")), an.chance, /* the curve's own mean */
-                 params == PS_CYCLE_GATE && c->payload != PS_PAYLOAD_SHARED
+                 params == PS_CYCLE_GATE && c->kind == PS_ATTN_COMPRESSED && c->payload != PS_PAYLOAD_SHARED
                      ? " (the gates were rolled without their per-offset payloads; try --params all)"
                      : "");
     res = json_object();
@@ -339,9 +343,12 @@ static int run(const ps_args *a, ps_error *err) {
     }
     if (ps_instr_write(&in, "gatecycle.json", res, err)) goto done;
     if (warning[0]) fprintf(stderr, "phasescope gatecycle: warning: %s\n", warning);
-    printf("cycled layer %lld, %s, %s %s by %lld\n", (long long)layer, hs,
-           branches == 3 ? "key and value" : br, params == 3 ? "gates and payloads" : params == 1 ? "gates" : "payloads",
-           (long long)shift);
+    if (c->kind == PS_ATTN_V4) /* the v4 attention: its position bias is the per-slot parameter */
+        printf("cycled layer %lld: the compressor's position bias (ape) rolled by %lld (mod the rate %lld)\n", (long long)layer,
+               (long long)shift, (long long)c->rate);
+    else
+        printf("cycled layer %lld, %s, %s %s by %lld\n", (long long)layer, hs, branches == 3 ? "key and value" : br,
+               params == 3 ? "gates and payloads" : params == 1 ? "gates" : "payloads", (long long)shift);
     for (int64_t i = 0; i < an.n_moves; i++) {
         const ps_dip_move *mv = &an.moves[i];
         if (mv->after >= 0)

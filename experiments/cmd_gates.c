@@ -5,6 +5,7 @@
 
 #include "fileio.h"
 #include "gates.h"
+#include "cmd_v4.h"
 #include "instrument.h"
 
 static int run(const ps_args *a, ps_error *err);
@@ -12,6 +13,7 @@ static int run(const ps_args *a, ps_error *err);
 static const ps_flag_spec FLAGS[] = {
     {"--log", "RUN/train.jsonl", "a train.jsonl to summarise", 0},
     PS_INSTR_FLAGS,
+    PS_V4_TASK_FLAG,
     {0},
 };
 
@@ -23,7 +25,8 @@ const ps_command ps_cmd_gates = {
         "prompts (shift 0): per layer, KV head and branch, mean_gate (a distribution over the W offsets), N_static = exp(H(mean_gate)),\n"
         "N_input = E[exp(H(alpha))], the peak offset, and a label: static (N_static <= 2 and N_input <= 2),\n"
         "input-dependent (N_input <= 2 < N_static) or diffuse (N_input > 2). With --log, also how these evolved\n"
-        "over the gate records of a training log. Writes OUT/gates.json.\n",
+        "over the gate records of a training log. Writes OUT/gates.json. DeepSeek-V4 checkpoints and the v4 attention:\n"
+        "per-channel gates, per channel and pooled (docs/results-schema.md, \"Per-channel gates\").\n",
     .flags = FLAGS,
     .run = run,
 };
@@ -99,6 +102,7 @@ static json_t *summarise_log(const char *path, ps_error *err) {
 }
 
 static int run(const ps_args *a, ps_error *err) {
+    if (ps_v4_instr_wanted(a)) return ps_v4_cmd_gates(a, err); /* DeepSeek-V4 checkpoint: experiments/cmd_v4_instr.c */
     ps_instr in = {0};
     ps_gate_acc acc = {0};
     ps_hooks h;
@@ -106,6 +110,10 @@ static int run(const ps_args *a, ps_error *err) {
     json_t *res = NULL;
     int rc = 1;
     if (ps_instr_setup(&in, a, 1, err)) goto done;
+    if (in.m.cfg.kind == PS_ATTN_V4) { /* per-channel gates: experiments/cmd_v4_instr.c */
+        rc = ps_v4_model_gates(&in, ps_args_get(a, "--log"), err) ? 1 : 0;
+        goto done;
+    }
     if (ps_gate_acc_init(&acc, &in.m.cfg, err) || ps_gate_acc_watch(&acc, &h, &in.m.cfg, err)) goto done;
     ps_shifted s;
     if (ps_make_shifted(&in.base, &in.task, in.fam, PS_SWEEP_PAD, 1, 0, in.seed, in.m.cfg.max_seq_len, &s, err)) goto done;

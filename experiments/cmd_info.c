@@ -80,9 +80,11 @@ static int run(const ps_args *a, ps_error *err) {
         case PS_P_EMBED: g = 0; break;
         case PS_P_WQ: case PS_P_WK: case PS_P_WV: case PS_P_WO: g = 1; break;
         case PS_P_QNORM: case PS_P_KNORM: g = 2; break;
-        case PS_P_KEY_PAYLOAD: case PS_P_VALUE_PAYLOAD: g = 3; break;
-        case PS_P_KEY_GATE_W: case PS_P_KEY_GATE_B: case PS_P_VALUE_GATE_W: case PS_P_VALUE_GATE_B: g = 4; break;
-        case PS_P_IN_NORM: case PS_P_POST_NORM: case PS_P_FINAL_NORM: g = 5; break;
+        case PS_P_KEY_PAYLOAD: case PS_P_VALUE_PAYLOAD: case PS_P_V4_C_WKV: g = 3; break;
+        case PS_P_KEY_GATE_W: case PS_P_KEY_GATE_B: case PS_P_VALUE_GATE_W: case PS_P_VALUE_GATE_B:
+        case PS_P_V4_C_WGATE: case PS_P_V4_C_APE: g = 4; break;
+        case PS_P_IN_NORM: case PS_P_POST_NORM: case PS_P_FINAL_NORM: case PS_P_V4_C_NORM: g = 5; break;
+        case PS_P_V4_SINKS: g = 1; break;
         case PS_P_MLP_GATE: case PS_P_MLP_UP: case PS_P_MLP_DOWN: g = 6; break;
         default: g = 7; break;
         }
@@ -103,6 +105,14 @@ static int run(const ps_args *a, ps_error *err) {
         human(local, sizeof local, per_tok_full * (double)c->local_window);
         printf("  compressed W%lld/S%lld      %.1f bytes/token (%.1fx smaller) + %s fixed local window\n",
                (long long)c->window, (long long)c->stride, per_tok, (double)c->stride, local);
+    }
+    if (c->kind == PS_ATTN_V4) { /* K = V: one entry per token (raw) or per m tokens (compressed) */
+        double per_tok = (double)c->n_layers * (double)c->head_dim * 4.0 / (double)c->rate;
+        char local[32];
+        human(local, sizeof local, (double)c->n_layers * (double)c->head_dim * 4.0 * (double)c->local_window);
+        printf("  v4 %s, rate %lld      %.1f bytes/token (%.1fx smaller: K = V and one entry per %lld tokens) + %s sliding window\n",
+               c->v4_mode == PS_V4_MODE_HCA ? "HCA" : "CSA", (long long)c->rate, per_tok, per_tok_full / per_tok, (long long)c->rate,
+               local);
     }
     double pbytes = (double)m.n_params * 4.0;
     double fwd = (double)ps_acts_size(c, B, c->max_seq_len, false, false) * 4.0 + pbytes;

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cmd_v4.h"
 #include "instrument.h"
 #include "knockout.h"
 
@@ -11,12 +12,14 @@ static int run(const ps_args *a, ps_error *err);
 
 static const ps_flag_spec FLAGS[] = {
     {"--layers", "LIST", "layers, e.g. 0,2-3 (default: all)", 0},
-    {"--heads", "LIST", "KV heads (default: all)", 0},
+    {"--heads", "LIST", "KV heads (default: all); DeepSeek-V4 --target heads: query heads", 0},
     {"--target", "raw|compressed|both",
      "compressed (default for compressed models): hook_ck and hook_cv; raw (default for\n"
-     "full attention): hook_k and hook_v; both",
+     "full attention): hook_k and hook_v; both. DeepSeek-V4 checkpoints: heads, compressed\n"
+     "(default), raw, indexer or sink (docs/results-schema.md)",
      0},
     PS_INSTR_FLAGS,
+    PS_V4_TASK_FLAG,
     {0},
 };
 
@@ -47,6 +50,7 @@ static int model_list(const ps_args *a, const char *flag, int64_t count, const c
 }
 
 static int run(const ps_args *a, ps_error *err) {
+    if (ps_v4_instr_wanted(a)) return ps_v4_cmd_knockout(a, err); /* DeepSeek-V4 checkpoint: experiments/cmd_v4_instr.c */
     ps_instr in = {0};
     ps_knockout_result r = {0};
     json_t *res = NULL;
@@ -62,7 +66,7 @@ static int run(const ps_args *a, ps_error *err) {
     }
     static const char *const TARGETS[] = {"raw", "compressed", "both", NULL};
     static const ps_ko_target TARGET_OF[] = {PS_KO_RAW, PS_KO_COMPRESSED, PS_KO_BOTH};
-    int ti = c->kind == PS_ATTN_COMPRESSED ? 1 : 0;
+    int ti = c->kind != PS_ATTN_FULL ? 1 : 0;
     if (ps_args_choice(a, "--target", TARGETS, &ti, err)) goto done;
     ps_ko_target target = TARGET_OF[ti];
     if (model_list(a, "--layers", c->n_layers, "layers", layers, &nl, err) ||

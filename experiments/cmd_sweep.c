@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "cmd_v4.h"
 #include "instrument.h"
 #include "draw.h"
 #include "results_check.h"
@@ -16,10 +17,12 @@ static int run(const ps_args *a, ps_error *err);
 
 static const ps_flag_spec FLAGS[] = {
     {"--mode", "pad|move", "pad (default) or move", 0},
-    {"--task", "model|text-kv",
+    {"--task", "model|text-kv|FILE.json",
      "model (default): the task stored in the checkpoint; text-kv: key-value pairs\n"
      "written as text with --tokenizer (docs/text-experiments.md). A model trained on\n"
-     "text-kv runs the text-kv sweep with either, its stored layout as the defaults",
+     "text-kv runs the text-kv sweep with either, its stored layout as the defaults.\n"
+     "DeepSeek-V4 checkpoints: FILE.json, the prompts' task and token ids\n"
+     "(docs/results-schema.md, \"DeepSeek-V4\"; default DIR/phasescope_task.json)",
      0},
     {"--tokenizer", "FILE", "text-kv: the model's tokenizer.json (default: the one a text-kv model trained with)", 0},
     {"--pairs", "N", "text-kv: key-value pairs per prompt (default 8)", 0},
@@ -97,6 +100,7 @@ static int model_is_textkv(const ps_args *a, ps_error *err) {
 }
 
 static int run(const ps_args *a, ps_error *err) {
+    if (ps_v4_instr_wanted(a)) return ps_v4_cmd_sweep(a, err); /* DeepSeek-V4 checkpoint: experiments/cmd_v4_instr.c */
     ps_instr in = {0};
     ps_residue_stats st = {0};
     json_t *res = NULL;
@@ -107,6 +111,12 @@ static int run(const ps_args *a, ps_error *err) {
     ps_sweep_mode mode = mi ? PS_SWEEP_MOVE : PS_SWEEP_PAD;
     static const char *const TASKS[] = {"model", "text-kv", NULL};
     int ti = 0;
+    const char *task_flag = ps_args_get(a, "--task");
+    if (task_flag && strcmp(task_flag, "model") && strcmp(task_flag, "text-kv") && strchr(task_flag, '.')) {
+        ps_cli_usage(err, "--task %s: a task file applies to DeepSeek-V4 checkpoints (a phasescope model carries the task it was trained on)",
+                     task_flag);
+        goto done;
+    }
     if (ps_args_choice(a, "--task", TASKS, &ti, err)) goto done;
     if (ti == 0) { /* --task model on a model trained on text-kv: the text-kv sweep with its layout */
         int r = model_is_textkv(a, err);

@@ -16,11 +16,15 @@ int ps_instr_setup(ps_instr *in, const ps_args *a, int need_task, ps_error *err)
     in->n_prompts = 256;
     in->batch = 32;
     in->seed = 0;
+    const char *task_flag = ps_args_get(a, "--task");
+    if (task_flag && strcmp(task_flag, "model") && strcmp(task_flag, "text-kv"))
+        return ps_cli_usage(err, "--task %s: a task file applies to DeepSeek-V4 checkpoints (a phasescope model carries the task it was trained on)",
+                            task_flag);
     if (ps_cli_model_dir(ps_args_get(a, "--model"), in->model_dir, sizeof in->model_dir, err) ||
         ps_model_load(&in->m, in->model_dir, err) || ps_model_to_backend(&in->m, in->backend, err))
         return -1;
     const ps_config *c = &in->m.cfg;
-    in->P = c->kind == PS_ATTN_COMPRESSED ? c->stride : 8;
+    in->P = c->kind == PS_ATTN_COMPRESSED ? c->stride : c->kind == PS_ATTN_V4 ? c->rate : 8;
     int64_t seed = 0;
     if (ps_args_int(a, "--period", 1, PS_RESULT_MAX_PERIOD, &in->P, err) ||
         ps_args_int(a, "--n", 1, PS_RESULT_MAX_PROMPTS, &in->n_prompts, err) ||

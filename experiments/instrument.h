@@ -21,7 +21,15 @@
         {"--n", "N", "evaluation prompts generated from the model's task (default 256)", 0},                     \
         {"--seed", "S", "seed of the evaluation prompts and random fillers (default 0)", 0},                      \
         {"--batch", "B", "prompts per forward batch (default 32)", 0},                                           \
-        {"--out", "DIR", "where the result JSON goes (default out/COMMAND)", 0}, PS_BACKEND_FLAG
+        {"--out", "DIR", "where the result JSON goes (default out/COMMAND)", 0},                                 \
+        PS_BACKEND_FLAG
+
+/* --task of knockout, gates and gatecycle (sweep has its own --task, which also takes model|text-kv). */
+#define PS_V4_TASK_FLAG                                                                                          \
+    {"--task", "FILE.json",                                                                                      \
+     "DeepSeek-V4 checkpoints: the prompts' task and token ids (docs/results-schema.md,\n"                      \
+     "\"DeepSeek-V4\"; default DIR/phasescope_task.json)",                                                      \
+     0}
 
 typedef struct {
     const char *command;

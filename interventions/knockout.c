@@ -111,7 +111,9 @@ int ps_knockout_grid_opts(const ps_model *m, const ps_batch *base, const ps_task
     const ps_config *c = &m->cfg;
     ps_ctx *ctx = m->ctx;
     int naive = opts && opts->naive;
-    if ((target & PS_KO_COMPRESSED) && c->kind != PS_ATTN_COMPRESSED)
+    int v4 = c->kind == PS_ATTN_V4; /* K = V: hook_k / hook_ck only; one full forward per cell (no answer-row restart) */
+    if (v4) naive = 1;
+    if ((target & PS_KO_COMPRESSED) && c->kind != PS_ATTN_COMPRESSED && !v4)
         return ps_fail(err, "--target %s: a full-attention model has no compressed entries (use --target raw)",
                        target == PS_KO_BOTH ? "both" : "compressed");
     out->P = P;
@@ -152,11 +154,11 @@ int ps_knockout_grid_opts(const ps_model *m, const ps_batch *base, const ps_task
         memset(&mn, 0, sizeof mn);
         if (target & PS_KO_RAW) {
             mn.pt[mn.n_arr] = PS_HOOK_K, mn.npos[mn.n_arr++] = T;
-            mn.pt[mn.n_arr] = PS_HOOK_V, mn.npos[mn.n_arr++] = T;
+            if (!v4) mn.pt[mn.n_arr] = PS_HOOK_V, mn.npos[mn.n_arr++] = T;
         }
         if (target & PS_KO_COMPRESSED) {
             mn.pt[mn.n_arr] = PS_HOOK_CK, mn.npos[mn.n_arr++] = nW;
-            mn.pt[mn.n_arr] = PS_HOOK_CV, mn.npos[mn.n_arr++] = nW;
+            if (!v4) mn.pt[mn.n_arr] = PS_HOOK_CV, mn.npos[mn.n_arr++] = nW;
         }
         for (int k = 0; k < mn.n_arr; k++) {
             mn.off[k] = mn.per_layer;

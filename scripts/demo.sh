@@ -2,7 +2,8 @@
 # The main job: the phase-sensitivity reproduction on the demo models shipped under data/models/ (no
 # training). Sweeps every model, runs the knockout grid for the full-attention baseline and W8/S8, the
 # gate statistics, and gate cycling on W8/S8; the deep models' sweeps, gates over training and one
-# phase head's cycling measured by knockout; writes JSON and figures under out/demo/ and prints the
+# phase head's cycling measured by knockout; the V4-compressor model (v4demo): sweep, knockout,
+# per-channel gates and position-bias cycling; writes JSON and figures under out/demo/ and prints the
 # summary table (also out/demo/summary.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,6 +38,11 @@ $PS sweep --model "$M/deep_w8s8" --n "$N" --out "$OUT/sweep_deep/deep_w8s8"
 $PS render "$OUT/sweep_deep/deep_full/sweep.json" "$OUT/sweep_deep/deep_w8s8/sweep.json" --out "$OUT/sweep_deep"
 $PS gates --model "$M/deep_w8s8" --n 64 --log "$M/deep_w8s8/train.jsonl" --out "$OUT/gates/deep_w8s8"
 $PS gatecycle --model "$M/deep_w8s8" --layer 10 --head 6 --shift 2 --n 32 --measure knockout --out "$OUT/gatecycle/deep_l10h6"
+echo "== the V4 compressor (attention kind v4: per-channel gates, CSA rate 4, K = V, sinks; kv-retrieval)"
+$PS sweep --model "$M/v4demo" --n "$N" --out "$OUT/sweep/v4demo"
+$PS knockout --model "$M/v4demo" --n 128 --out "$OUT/knockout/v4demo"
+$PS gates --model "$M/v4demo" --n 128 --log "$M/v4demo/train.jsonl" --out "$OUT/gates/v4demo"
+$PS gatecycle --model "$M/v4demo" --layer 0 --shift 2 --n "$N" --out "$OUT/gatecycle/v4demo"
 echo "== the idealised bigram-induction model"
 $PS theory --out "$OUT/theory"
 echo "== all models on the shared coordinate P = 24"
@@ -59,7 +65,7 @@ else
 fi
 echo
 echo "Summary (each model at its own period; P = 8 for the baseline):"
-$PS table "$OUT"/sweep/{full,w8s8,w4s4,w8s8_uniform,w8s8_norope}/sweep.json --out "$OUT/summary.md"
+$PS table "$OUT"/sweep/{full,w8s8,w4s4,w8s8_uniform,w8s8_norope,v4demo}/sweep.json --out "$OUT/summary.md"
 echo
 echo "Deep models (12 layers, 8 KV heads):"
 $PS table "$OUT"/sweep_deep/{deep_full,deep_w8s8}/sweep.json --out "$OUT/summary_deep.md"

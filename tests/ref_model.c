@@ -29,6 +29,89 @@ static void mv(double *y, const float *W, const double *x, int rows, int cols) {
     }
 }
 
+/* The attention kind v4 (DeepSeek-V4's compressor, docs/training.md) of one layer, from the normed input
+ * a [T, d]: h += o_proj(attention). Written from the formulas: raw K=V entries of the sliding window and
+ * the complete compressed entries (per-channel softmax over the slots of z + ape, CSA's two series), a
+ * softmax with the head's sink, and the output rotated back by its position. */
+static void ref_v4_attention(const ps_model *m, const ps_layer_params *w, const double *a, int T, double *h) {
+    const ps_config *c = &m->cfg;
+    int d = (int)c->d_model, hd = (int)c->head_dim, nh = (int)c->n_heads, mr = (int)c->rate, LW = (int)c->local_window;
+    int csa = c->v4_mode == PS_V4_MODE_CSA, cs = csa ? 2 : 1, S = csa ? 2 * mr : mr, nW = T / mr;
+    double eps = c->rms_eps;
+    double *q = calloc((size_t)T * nh * hd, 8), *k = calloc((size_t)T * hd, 8), *ckv = calloc((size_t)T * cs * hd, 8);
+    double *cz = calloc((size_t)T * cs * hd, 8), *ent = calloc((size_t)(nW + 1) * hd, 8), *z = calloc((size_t)nh * hd, 8);
+    double *o = calloc((size_t)d, 8), *sc = calloc((size_t)(T + nW + 2), 8);
+    for (int t = 0; t < T; t++) {
+        mv(q + t * nh * hd, w->wq, a + t * d, nh * hd, d);
+        mv(k + t * hd, w->wk, a + t * d, hd, d);
+        mv(ckv + t * cs * hd, w->c_wkv, a + t * d, cs * hd, d);
+        mv(cz + t * cs * hd, w->c_wgate, a + t * d, cs * hd, d);
+        for (int n = 0; n < nh; n++) {
+            if (c->qk_norm) rms(q + (t * nh + n) * hd, q + (t * nh + n) * hd, w->qnorm, hd, eps);
+            if (c->rope) rope(q + (t * nh + n) * hd, hd, t, c->rope_theta);
+        }
+        if (c->qk_norm) rms(k + t * hd, k + t * hd, w->knorm, hd, eps);
+        if (c->rope) rope(k + t * hd, hd, t, c->rope_theta);
+    }
+    for (int wi = 0; wi < nW; wi++) {
+        double *e = ent + wi * hd;
+        for (int i = 0; i < hd; i++) {
+            double zl[8192], vl[8192], mx = -1e300, sum = 0;
+            int live[8192];
+            for (int s2 = 0; s2 < S; s2++) {
+                int tok, ch, sl = s2 % mr;
+                if (!csa) tok = wi * mr + s2, ch = 0;
+                else if (s2 < mr) tok = wi == 0 ? -1 : (wi - 1) * mr + s2, ch = 0;
+                else tok = wi * mr + s2 - mr, ch = hd;
+                live[s2] = tok >= 0;
+                if (!live[s2]) continue;
+                zl[s2] = cz[tok * cs * hd + ch + i] + w->c_ape[sl * cs * hd + ch + i];
+                vl[s2] = ckv[tok * cs * hd + ch + i];
+                if (zl[s2] > mx) mx = zl[s2];
+            }
+            for (int s2 = 0; s2 < S; s2++)
+                if (live[s2]) sum += exp(zl[s2] - mx);
+            e[i] = 0;
+            for (int s2 = 0; s2 < S; s2++)
+                if (live[s2]) e[i] += exp(zl[s2] - mx) / sum * vl[s2];
+        }
+        rms(e, e, w->c_norm, hd, eps);
+        if (c->rope) rope(e, hd, (double)wi * mr, c->rope_theta);
+    }
+    for (int t = 0; t < T; t++) {
+        int lo = t - LW + 1 > 0 ? t - LW + 1 : 0, nv = (t + 1) / mr < nW ? (t + 1) / mr : nW;
+        for (int n = 0; n < nh; n++) {
+            const double *qt = q + (t * nh + n) * hd;
+            int ns = 0;
+            double mx = w->sinks[n], sum = 0;
+            for (int j = lo; j <= t; j++) {
+                double s2 = 0;
+                for (int e = 0; e < hd; e++) s2 += qt[e] * k[j * hd + e];
+                sc[ns++] = s2 / sqrt(hd);
+            }
+            for (int wi = 0; wi < nv; wi++) {
+                double s2 = 0;
+                for (int e = 0; e < hd; e++) s2 += qt[e] * ent[wi * hd + e];
+                sc[ns++] = s2 / sqrt(hd);
+            }
+            for (int i = 0; i < ns; i++) mx = sc[i] > mx ? sc[i] : mx;
+            sum = exp(w->sinks[n] - mx);
+            for (int i = 0; i < ns; i++) sum += (sc[i] = exp(sc[i] - mx));
+            double *zn = z + n * hd;
+            memset(zn, 0, (size_t)hd * 8);
+            int i = 0;
+            for (int j = lo; j <= t; j++, i++)
+                for (int e = 0; e < hd; e++) zn[e] += sc[i] / sum * k[j * hd + e];
+            for (int wi = 0; wi < nv; wi++, i++)
+                for (int e = 0; e < hd; e++) zn[e] += sc[i] / sum * ent[wi * hd + e];
+            if (c->rope) rope(zn, hd, -(double)t, c->rope_theta);
+        }
+        mv(o, w->wo, z, d, nh * hd);
+        for (int i = 0; i < d; i++) h[t * d + i] += o[i];
+    }
+    free(q); free(k); free(ckv); free(cz); free(ent); free(z); free(o); free(sc);
+}
+
 void ref_forward(const ps_model *m, const int32_t *tok, int T, double *logits) {
     const ps_config *c = &m->cfg;
     int d = (int)c->d_model, hd = (int)c->head_dim, nh = (int)c->n_heads, nkv = (int)c->n_kv_heads, F = (int)c->d_ff;
@@ -47,6 +130,10 @@ void ref_forward(const ps_model *m, const int32_t *tok, int T, double *logits) {
     for (int l = 0; l < c->n_layers; l++) {
         ps_layer_params w = ps_model_layer(m, m->params, l);
         for (int t = 0; t < T; t++) rms(a + t * d, h + t * d, w.in_norm, d, eps);
+        if (c->kind == PS_ATTN_V4) {
+            ref_v4_attention(m, &w, a, T, h);
+            goto mlp;
+        }
         for (int t = 0; t < T; t++) {
             mv(q + t * nh * hd, w.wq, a + t * d, nh * hd, d);
             mv(k + t * nkv * hd, w.wk, a + t * d, nkv * hd, d);
@@ -123,6 +210,7 @@ void ref_forward(const ps_model *m, const int32_t *tok, int T, double *logits) {
             mv(tmp, w.wo, z, d, nh * hd);
             for (int i = 0; i < d; i++) h[t * d + i] += tmp[i];
         }
+    mlp:
         for (int t = 0; t < T; t++) {
             double *mm = tmp, *gg = tmp + d, *uu = tmp + d + F;
             rms(mm, h + t * d, w.post_norm, d, eps);

@@ -226,7 +226,7 @@ static void test_sweep(void) {
     d = json_deep_copy(base);
     json_object_set_new(json_object_get(json_object_get(json_object_get(d, "provenance"), "config"), "attention"), "kind",
                         json_string("sparse"));
-    CHECK_ERR(chk(d, &err), &err, "r.json: provenance.config.attention.kind: \"sparse\" is not one of full, compressed");
+    CHECK_ERR(chk(d, &err), &err, "r.json: provenance.config.attention.kind: \"sparse\" is not one of full, compressed, v4, deepseek_v4");
     json_decref(d);
     d = json_deep_copy(base);
     json_object_set_new(json_object_get(json_object_get(d, "provenance"), "eval"), "mode", json_string("slide"));
@@ -446,6 +446,61 @@ static void test_files(void) {
     if (f) fclose(f);
 }
 
+/* ---- DeepSeek-V4 checkpoints and the v4 attention: provenance configs, per-channel gates ---- */
+
+static void test_v4_results(void) {
+    char a[4096], task[512];
+    snprintf(task, sizeof task, "%s/task.json", TMP);
+    FILE *f = fopen(task, "w");
+    fprintf(f, "{\"task\": {\"kind\": \"kv-retrieval\", \"seq_len\": 40, \"n_keys\": 16, \"n_values\": 16, \"n_fillers\": 4,"
+               " \"n_pairs\": 4, \"key_len\": 1, \"value_len\": 1, \"gap_min\": 0, \"gap_max\": 3, \"query_gap\": 8, \"n_queries\": 2}}");
+    fclose(f);
+    const char *cmds[] = {
+        "gates --model tests/conformance/v4/mix4 --task %s --n 2 --out %s/v4/gates",
+        "knockout --model tests/conformance/v4/mix4 --task %s --n 2 --period 2 --target indexer --out %s/v4/ko",
+        "gatecycle --model tests/conformance/v4/mix4 --task %s --n 2 --layer 1 --shift 1 --out %s/v4/gc",
+    };
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+        snprintf(a, sizeof a, cmds[i], task, TMP);
+        CHECK(ps_run(a) == 0, "phasescope %s failed", a);
+    }
+    ps_error err = {0};
+    json_t *g = load_ok(out("v4/gates/gates.json")), *ko = load_ok(out("v4/ko/knockout.json")), *gc = load_ok(out("v4/gc/gatecycle.json")), *d;
+    if (!g || !ko || !gc) return;
+    json_decref(ko);
+    json_decref(gc);
+#define GL(doc, i) json_array_get(json_object_get(json_object_get((doc), "gates"), "layers"), (i))
+#define BR0(doc, i) json_array_get(json_object_get(GL(doc, i), "branches"), 0)
+    d = json_deep_copy(g);
+    json_array_set_new(json_object_get(json_object_get(BR0(d, 0), "pooled"), "mean_gate"), 0, json_real(0.9));
+    CHECK_ERR(chk(d, &err), &err, "r.json: gates.layers[0].branches[0].pooled.mean_gate: the weights add up to");
+    json_decref(d);
+    d = json_deep_copy(g);
+    json_array_set_new(json_object_get(json_object_get(BR0(d, 1), "per_channel"), "N_input"), 3, json_real(9.5));
+    CHECK_ERR(chk(d, &err), &err, "r.json: gates.layers[1].branches[0].per_channel.N_input[3]: 9.5");
+    json_decref(d);
+    d = json_deep_copy(g);
+    json_object_set_new(GL(d, 1), "layer", json_integer(1));
+    CHECK_ERR(chk(d, &err), &err, "r.json: gates.layers[1].layer: 1, expected more than 1");
+    json_decref(d);
+    d = json_deep_copy(g);
+    json_array_set_new(json_object_get(json_object_get(BR0(d, 2), "per_channel"), "peak"), 0, json_integer(8));
+    CHECK_ERR(chk(d, &err), &err, "r.json: gates.layers[2].branches[0].per_channel.peak[0]: 8 is out of range [0, 7]");
+    json_decref(d);
+    d = json_deep_copy(g);
+    json_array_remove(json_object_get(json_object_get(json_object_get(json_object_get(d, "provenance"), "config"), "attention"), "compress_rates"), 0);
+    CHECK_ERR(chk(d, &err), &err, "r.json: provenance.config.attention.compress_rates: 3 entries, expected 4");
+    json_decref(d);
+    d = json_deep_copy(g);
+    json_t *att = json_object_get(json_object_get(json_object_get(d, "provenance"), "config"), "attention");
+    json_object_set_new(att, "kind", json_string("v4"));
+    CHECK_ERR(chk(d, &err), &err, "r.json: provenance.config.attention.rate: missing");
+    json_decref(d);
+    json_decref(g);
+#undef GL
+#undef BR0
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: test_results_check BUILD_DIR\n");
@@ -461,6 +516,7 @@ int main(int argc, char **argv) {
     test_sweep();
     test_other_kinds();
     test_files();
+    test_v4_results();
     char cmd[512];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", TMP);
     if (system(cmd)) fprintf(stderr, "could not remove %s\n", TMP);

@@ -37,7 +37,7 @@ void tu_random_model(ps_model *m, const ps_config *cfg, uint64_t seed, float sca
     for (int i = 0; i < m->n_tensors; i++) {
         const ps_param_info *p = &m->table[i];
         int norm = p->kind == PS_P_IN_NORM || p->kind == PS_P_POST_NORM || p->kind == PS_P_FINAL_NORM ||
-                   p->kind == PS_P_QNORM || p->kind == PS_P_KNORM;
+                   p->kind == PS_P_QNORM || p->kind == PS_P_KNORM || p->kind == PS_P_V4_C_NORM;
         for (int64_t j = 0; j < p->numel; j++)
             m->params[p->offset + j] = norm ? 1.0f + 0.2f * (float)ps_rng_normal(&r) : scale * (float)ps_rng_normal(&r);
     }

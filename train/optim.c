@@ -47,7 +47,7 @@ int ps_adamw_update(ps_model *m, const float *grads, float *m1, float *m2, int64
     for (int i = 0; i < m->n_tensors; i++) {
         const ps_param_info *p = &m->table[i];
         int gate = p->kind == PS_P_KEY_GATE_W || p->kind == PS_P_KEY_GATE_B || p->kind == PS_P_VALUE_GATE_W ||
-                   p->kind == PS_P_VALUE_GATE_B;
+                   p->kind == PS_P_VALUE_GATE_B || p->kind == PS_P_V4_C_WGATE || p->kind == PS_P_V4_C_APE;
         segs[i] = (ps_adamw_seg){.offset = p->offset, .n = p->numel, .lr = (float)(gate ? lr * c->gate_lr_mult : lr),
                                  .weight_decay = (float)(gate ? c->gate_weight_decay : p->ndim >= 2 ? c->weight_decay : 0.0)};
     }

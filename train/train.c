@@ -15,6 +15,7 @@
 #include "backward.h"
 #include "fileio.h"
 #include "forward.h"
+#include "chgates.h"
 #include "gates.h"
 #include "model.h"
 #include "safetensors.h"
@@ -251,6 +252,8 @@ typedef struct {
     int has_gates;
     ps_gate_acc gacc;
     ps_hooks ghooks;
+    int has_chgates;      /* attention kind v4: per-channel gate statistics (gates/chgates.h) */
+    ps_chgate_acc chacc;
 } run_state;
 
 static uint64_t step_seed(uint64_t seed, int64_t step) {
@@ -350,7 +353,8 @@ static int evaluate(run_state *s, int with_gates, double *acc, double *loss, ps_
     int rc = e.ok && e.lp ? 0
                           : ps_fail(err, "%s: out of memory for the evaluation of %lld queries", s->dir,
                                     (long long)(B * eb->max_q));
-    if (with_gates) ps_gate_acc_reset(&s->gacc);
+    if (with_gates && s->has_chgates) ps_chgate_acc_reset(&s->chacc);
+    else if (with_gates) ps_gate_acc_reset(&s->gacc);
     if (!rc) rc = ps_forward_batches(&s->m, eb, B, false, with_gates ? &s->ghooks : NULL, eval_batch, &e, err);
     free(e.ok);
     free(e.lp);
@@ -360,6 +364,16 @@ static int evaluate(run_state *s, int with_gates, double *acc, double *loss, ps_
 }
 
 static int log_gates(run_state *s, int64_t step) {
+    if (s->has_chgates) { /* v4: {"type": "gates", "step", "gate": "per_channel", "layers": [...]} (gates/chgates.h) */
+        json_t *g = ps_chgate_acc_to_json(&s->chacc), *o = json_object();
+        json_object_set_new(o, "type", json_string("gates"));
+        json_object_set_new(o, "step", json_integer(step));
+        json_object_set_new(o, "gate", json_string("per_channel"));
+        json_object_set(o, "layers", json_object_get(g, "layers"));
+        json_decref(g);
+        log_json(s, o);
+        return 0;
+    }
     json_t *g = ps_gate_acc_to_json(&s->gacc, &s->m.cfg), *o = json_object();
     json_object_set_new(o, "type", json_string("gates"));
     json_object_set_new(o, "step", json_integer(step));
@@ -495,6 +509,11 @@ int ps_train(const ps_train_cfg *c, const char *dir, int resume, int64_t stop_af
     s.has_gates = c->model.kind == PS_ATTN_COMPRESSED;
     if (s.has_gates && (ps_gate_acc_init(&s.gacc, &c->model, err) || ps_gate_acc_watch(&s.gacc, &s.ghooks, &c->model, err)))
         goto done;
+    if (c->model.kind == PS_ATTN_V4) {
+        if (ps_chgate_init_model(&s.chacc, &c->model, err)) goto done;
+        s.has_gates = s.has_chgates = 1;
+        if (ps_chgate_watch_model(&s.chacc, &s.ghooks, &c->model, err)) goto done;
+    }
     s.log = fopen(logpath, resume ? "a" : "w");
     if (!s.log) {
         ps_fail(err, "%s: cannot open for writing", logpath);
@@ -594,7 +613,8 @@ int ps_train(const ps_train_cfg *c, const char *dir, int resume, int64_t stop_af
 done:
     if (s.log) fclose(s.log);
     ps_hooks_free(&s.ghooks);
-    if (s.has_gates) ps_gate_acc_free(&s.gacc);
+    if (s.has_chgates) ps_chgate_acc_free(&s.chacc);
+    else if (s.has_gates) ps_gate_acc_free(&s.gacc);
     ps_batch_free(&s.batch);
     ps_batch_free(&s.eval_batch);
     ps_acts_free(&s.acts);

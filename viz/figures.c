@@ -21,6 +21,7 @@
 #define MAX_GATE_ROWS 1024   /* gates: layers × heads */
 #define MAX_WINDOW 4096      /* gates, training logs, theory: offsets in a window */
 #define MAX_TRAIN_PANELS 64  /* training: (layer, head) panels drawn (the first 64 when there are more) */
+#define PS_GATE_CONCENTRATED_FIG 2.0 /* gates.h PS_GATE_CONCENTRATED */
 #define MAX_GATE_VALUES ((int64_t)1 << 26) /* training / theory: records × layers × heads × 2 × window */
 
 /* ---- helpers ---- */
@@ -89,6 +90,19 @@ static void model_name(char *buf, size_t n, json_t *prov) {
                  (long long)json_integer_value(json_object_get(att, "stride")),
                  gate && !strcmp(gate, "uniform") ? ", uniform gate" : "",
                  json_is_false(json_object_get(cfg, "rope")) ? ", no RoPE" : "");
+    } else if (kind && !strcmp(kind, "v4")) {
+        const char *mode = json_string_value(json_object_get(att, "mode"));
+        snprintf(buf, n, "%s (V4 compressor: %s, rate %lld, window %lld%s)", b, mode && !strcmp(mode, "hca") ? "HCA" : "CSA",
+                 (long long)json_integer_value(json_object_get(att, "rate")),
+                 (long long)json_integer_value(json_object_get(att, "local_window")),
+                 json_is_false(json_object_get(cfg, "rope")) ? ", no RoPE" : "");
+    } else if (kind && !strcmp(kind, "deepseek_v4")) {
+        json_t *cr = json_object_get(att, "compress_rates");
+        char rates[200] = "";
+        size_t w = 0;
+        for (size_t i = 0; i < json_array_size(cr) && w + 16 < sizeof rates; i++)
+            w += (size_t)snprintf(rates + w, sizeof rates - w, "%s%lld", i ? "," : "", (long long)json_integer_value(json_array_get(cr, i)));
+        snprintf(buf, n, "%s (DeepSeek-V4, compress rates %s)", b, rates);
     } else if (kind)
         snprintf(buf, n, "%s (full attention)", b);
     else
@@ -460,6 +474,9 @@ static const char *target_text(const char *t) {
     if (!strcmp(t, "raw")) return "knocked out: raw keys and values (hook_k, hook_v)";
     if (!strcmp(t, "compressed")) return "knocked out: compressed keys and values (hook_ck, hook_cv)";
     if (!strcmp(t, "both")) return "knocked out: raw and compressed keys and values";
+    if (!strcmp(t, "heads")) return "knocked out: query heads (layers.L.attn.q, one head per cell)";
+    if (!strcmp(t, "indexer")) return "knocked out: the indexer's selection, replaced by the mean-pattern top-k";
+    if (!strcmp(t, "sink")) return "knocked out: every head's sink mass (layers.L.attn.sink)";
     return NULL;
 }
 
@@ -490,6 +507,14 @@ static int render_knockout(json_t *const *docs, const char *const *paths, int n,
         grid *g = &x.g[k];
         model_name(g->name, sizeof g->name, json_object_get(docs[k], "provenance"));
         const char *tg = json_string_value(json_object_get(grid_j, "target")), *tt = target_text(tg);
+        const char *akind = json_string_value(
+            json_object_get(json_object_get(json_object_get(json_object_get(docs[k], "provenance"), "config"), "attention"), "kind"));
+        if (akind && tg && (!strcmp(akind, "v4") || !strcmp(akind, "deepseek_v4"))) { /* K = V */
+            int rt = !strcmp(akind, "deepseek_v4");
+            if (!strcmp(tg, "raw")) tt = rt ? "knocked out: the raw K=V window (layers.L.attn.kv)" : "knocked out: the raw K=V entries (hook_k)";
+            else if (!strcmp(tg, "compressed"))
+                tt = rt ? "knocked out: the compressed entries (layers.L.attn.compressor.kv)" : "knocked out: the compressed K=V entries (hook_ck)";
+        }
         if (tt) snprintf(g->target, sizeof g->target, "%s", tt);
         else snprintf(g->target, sizeof g->target, "knocked out: %s", tg);
         size_t nrows = json_array_size(cells);
@@ -824,6 +849,229 @@ static int render_gate_training(json_t *doc, const char *path, const char *out, 
     return rc;
 }
 
+/* ---- per-channel gates (gates.gate "per_channel": DeepSeek-V4's compressor, gates/chgates.h) ---- */
+
+typedef struct {
+    int layer, S, d, rate;
+    char attention[16], branch[16];
+    double *mg;       /* [d][S] */
+    double *ns, *ni;  /* [d] */
+    double *pooled;   /* [S] */
+    double p_ns, p_ni, cm_ns, cm_ni;
+    int p_peak, nl[3];
+    char p_label[32];
+    long long n_windows;
+} chg_panel;
+
+typedef struct {
+    int n, cols;
+    chg_panel *p;
+    int *row, *col;   /* grid position of each panel */
+    double cw, ch, heat_w, heat_h, panel_w, panel_h, top, fig_w;
+    char title[1024], subtitle[1024];
+} chg_ctx;
+
+#define CHG_NPLOT_W 190.0
+#define CHG_BARS_H 56.0
+#define CHG_HEAD_H 46.0
+
+static void draw_chgates(cairo_t *cr, void *vctx) {
+    chg_ctx *x = vctx;
+    ps_text(cr, 20, 24, x->title, fit(cr, x->title, 18, x->fig_w - 40, 1), 0, 0.5, 0, 1);
+    ps_text(cr, 20, 50, x->subtitle, fit(cr, x->subtitle, 13, x->fig_w - 40, 0), 0, 0.5, 0, 0);
+    char buf[400];
+    for (int k = 0; k < x->n; k++) {
+        const chg_panel *p = &x->p[k];
+        double px = 20 + x->col[k] * x->panel_w + 56, py = x->top + x->row[k] * x->panel_h;
+        double hw = p->S * x->cw, hh = p->d * x->ch;
+        snprintf(buf, sizeof buf, "layer %d · %s (%s, rate %d, %d slots, %d channels)", p->layer, p->branch,
+                 !strcmp(p->attention, "csa") ? "CSA" : "HCA", p->rate, p->S, p->d);
+        cairo_set_source_rgb(cr, 0, 0, 0);
+        ps_text(cr, px - 50, py, buf, 14, 0, 0, 0, 1);
+        snprintf(buf, sizeof buf, "pooled: N_s %.2f, N_i %.2f, peak slot %d (%s); per channel: mean N_s %.2f, N_i %.2f; %d static, %d input-dep., %d diffuse",
+                 p->p_ns, p->p_ni, p->p_peak, p->p_label, p->cm_ns, p->cm_ni, p->nl[0], p->nl[1], p->nl[2]);
+        ps_text(cr, px - 50, py + 20, buf, fit(cr, buf, 12, x->panel_w - 30, 0), 0, 0, 0, 0);
+        double y0 = py + CHG_HEAD_H;
+        ps_heatmap_strided(cr, px, y0, hw, hh, p->mg, p->d, p->S, p->S, 1, ps_viridis, 0, 1);
+        cairo_set_source_rgb(cr, 0, 0, 0);
+        ps_text(cr, px - 30, y0 + hh / 2, "channel", 12, 0.5, 1, -M_PI / 2, 0);
+        int cstep = ps_tick_step(x->ch, 12);
+        for (int c = 0; c < p->d; c += cstep) {
+            snprintf(buf, sizeof buf, "%d", c);
+            if (x->ch >= 4 || c == 0) ps_text(cr, px - 2, y0 + (c + 0.5) * x->ch, buf, fmin(11, fmax(7, x->ch)), 1, 0.5, 0, 0);
+        }
+        /* the pooled mean gate under the heatmap, on the same slot axis */
+        double by = y0 + hh + 8, mx = 0;
+        for (int i = 0; i < p->S; i++) mx = fmax(mx, p->pooled[i]);
+        if (!(mx > 0)) mx = 1;
+        cairo_set_source_rgb(cr, 0.93, 0.93, 0.93);
+        cairo_rectangle(cr, px, by, hw, CHG_BARS_H);
+        cairo_fill(cr);
+        ps_set_rgb(cr, ps_okabe_ito(0));
+        for (int i = 0; i < p->S; i++) {
+            double bh = CHG_BARS_H * p->pooled[i] / mx;
+            cairo_rectangle(cr, px + i * x->cw + (x->cw > 3 ? 1 : 0), by + CHG_BARS_H - bh, fmax(0.5, x->cw - (x->cw > 3 ? 2 : 0)), bh);
+            cairo_fill(cr);
+        }
+        cairo_set_source_rgb(cr, 0, 0, 0);
+        snprintf(buf, sizeof buf, "pooled (max %.2f)", mx);
+        ps_text(cr, px + hw + 4, by + CHG_BARS_H / 2, buf, 10, 0, 0.5, 0, 0);
+        int sstep = ps_tick_step(x->cw, ps_text_width(cr, "000", 11, 0) + 3);
+        for (int i = 0; i < p->S; i += sstep) {
+            snprintf(buf, sizeof buf, "%d", i);
+            ps_text(cr, px + (i + 0.5) * x->cw, by + CHG_BARS_H + 3, buf, 11, 0.5, 0, 0, 0);
+        }
+        ps_text(cr, px + hw / 2, by + CHG_BARS_H + 18,
+                !strcmp(p->attention, "csa") ? "slot (0..m−1: the previous window's series; m..2m−1: this window's)"
+                                             : "slot = token offset in the window",
+                11, 0.5, 0, 0, 0);
+        /* per-channel N_static (dot) and N_input (cross) on 1..S */
+        double nx = px + hw + 24, nw = CHG_NPLOT_W - 30;
+        cairo_set_source_rgb(cr, 0.5, 0.5, 0.5);
+        cairo_set_line_width(cr, 1);
+        cairo_rectangle(cr, nx + 0.5, y0 + 0.5, nw, hh);
+        cairo_stroke(cr);
+        double lo = 1, hi = p->S > 1 ? p->S : 2;
+#define CHG_X(v) (nx + nw * ((v) - lo) / (hi - lo))
+        double dash[2] = {3, 3};
+        cairo_set_dash(cr, dash, 2, 0);
+        line(cr, CHG_X(PS_GATE_CONCENTRATED_FIG), y0, CHG_X(PS_GATE_CONCENTRATED_FIG), y0 + hh);
+        cairo_stroke(cr);
+        cairo_set_dash(cr, NULL, 0, 0);
+        double r = fmax(1.2, fmin(3, x->ch / 2.5));
+        for (int c = 0; c < p->d; c++) {
+            double yy = y0 + (c + 0.5) * x->ch;
+            ps_set_rgb(cr, ps_okabe_ito(0));
+            cairo_arc(cr, CHG_X(fmin(hi, fmax(lo, p->ns[c]))), yy, r, 0, 2 * M_PI);
+            cairo_fill(cr);
+            ps_set_rgb(cr, ps_okabe_ito(1));
+            double cx = CHG_X(fmin(hi, fmax(lo, p->ni[c])));
+            line(cr, cx - r, yy - r, cx + r, yy + r);
+            line(cr, cx - r, yy + r, cx + r, yy - r);
+            cairo_stroke(cr);
+        }
+#undef CHG_X
+        cairo_set_source_rgb(cr, 0, 0, 0);
+        snprintf(buf, sizeof buf, "%d", (int)lo);
+        ps_text(cr, nx, y0 + hh + 3, buf, 11, 0.5, 0, 0, 0);
+        snprintf(buf, sizeof buf, "%d", (int)hi);
+        ps_text(cr, nx + nw, y0 + hh + 3, buf, 11, 0.5, 0, 0, 0);
+        ps_text(cr, nx + nw / 2, y0 + hh + 18, "effective slots per channel", 11, 0.5, 0, 0, 0);
+        ps_set_rgb(cr, ps_okabe_ito(0));
+        ps_text(cr, nx + nw / 2 - 4, y0 - 4, "● N_static", 11, 1, 1, 0, 0);
+        ps_set_rgb(cr, ps_okabe_ito(1));
+        ps_text(cr, nx + nw / 2 + 4, y0 - 4, "× N_input", 11, 0, 1, 0, 0);
+    }
+    double cbx = 20 + x->cols * x->panel_w;
+    ps_colorbar(cr, cbx, x->top + CHG_HEAD_H, 18, fmin(fmax(x->heat_h, 120), 600), ps_viridis, 0, 1, "mean gate weight E[α]");
+}
+
+static void free_chg(chg_ctx *x) {
+    if (x->p)
+        for (int k = 0; k < x->n; k++) {
+            free(x->p[k].mg);
+            free(x->p[k].ns);
+            free(x->p[k].ni);
+            free(x->p[k].pooled);
+        }
+    free(x->p);
+    free(x->row);
+    free(x->col);
+}
+
+static int render_chgates(json_t *doc, const char *path, const char *out, const ps_render_opts *o, int verbose, ps_error *err) {
+    json_t *gj = json_object_get(doc, "gates"), *layers = json_object_get(gj, "layers");
+    size_t L = json_array_size(layers);
+    if (L < 1 || L > MAX_LAYERS)
+        return ps_fail(err, "%s: gates.layers has %zu entries; a figure shows 1 to %d layers", path, L, MAX_LAYERS);
+    chg_ctx x = {0};
+    int cap = (int)L * 2, rc = 0;
+    x.p = calloc((size_t)cap, sizeof *x.p);
+    x.row = calloc((size_t)cap, sizeof(int));
+    x.col = calloc((size_t)cap, sizeof(int));
+    if (!x.p || !x.row || !x.col) {
+        free_chg(&x);
+        return ps_fail(err, "%s: out of memory", path);
+    }
+    int maxS = 1, maxd = 1;
+    for (size_t l = 0; l < L && !rc; l++) {
+        json_t *lo = json_array_get(layers, l), *brs = json_object_get(lo, "branches");
+        for (size_t b = 0; b < json_array_size(brs) && b < 2 && !rc; b++) {
+            json_t *bo = json_array_get(brs, b), *po = json_object_get(bo, "pooled"), *per = json_object_get(bo, "per_channel");
+            chg_panel *p = &x.p[x.n];
+            p->layer = (int)json_integer_value(json_object_get(lo, "layer"));
+            p->S = (int)json_integer_value(json_object_get(lo, "slots"));
+            p->d = (int)json_integer_value(json_object_get(bo, "channels"));
+            p->rate = (int)json_integer_value(json_object_get(lo, "rate"));
+            snprintf(p->attention, sizeof p->attention, "%s", json_string_value(json_object_get(lo, "attention")) ?: "");
+            snprintf(p->branch, sizeof p->branch, "%s", json_string_value(json_object_get(bo, "branch")) ?: "");
+            if (p->S < 1 || p->S > MAX_WINDOW || p->d < 1 || p->d > 8192) {
+                rc = ps_fail(err, "%s: layer %d has %d slots x %d channels; a figure shows up to %d x 8192", path, p->layer, p->S, p->d, MAX_WINDOW);
+                break;
+            }
+            p->mg = calloc((size_t)p->S * (size_t)p->d, sizeof(double));
+            p->ns = calloc((size_t)p->d, sizeof(double));
+            p->ni = calloc((size_t)p->d, sizeof(double));
+            p->pooled = calloc((size_t)p->S, sizeof(double));
+            x.row[x.n] = (int)l;
+            x.col[x.n] = (int)b;
+            x.n++;
+            if (!p->mg || !p->ns || !p->ni || !p->pooled) {
+                rc = ps_fail(err, "%s: out of memory", path);
+                break;
+            }
+            json_t *mg = json_object_get(per, "mean_gate");
+            for (int c = 0; c < p->d; c++) {
+                for (int i = 0; i < p->S; i++)
+                    p->mg[(size_t)c * p->S + i] = json_number_value(json_array_get(json_array_get(mg, (size_t)c), (size_t)i));
+                p->ns[c] = json_number_value(json_array_get(json_object_get(per, "N_static"), (size_t)c));
+                p->ni[c] = json_number_value(json_array_get(json_object_get(per, "N_input"), (size_t)c));
+            }
+            for (int i = 0; i < p->S; i++) p->pooled[i] = json_number_value(json_array_get(json_object_get(po, "mean_gate"), (size_t)i));
+            p->p_ns = num(po, "N_static");
+            p->p_ni = num(po, "N_input");
+            p->p_peak = (int)json_integer_value(json_object_get(po, "peak"));
+            snprintf(p->p_label, sizeof p->p_label, "%s", json_string_value(json_object_get(po, "label")) ?: "");
+            json_t *cm = json_object_get(bo, "channel_mean"), *lab = json_object_get(bo, "labels");
+            p->cm_ns = num(cm, "N_static");
+            p->cm_ni = num(cm, "N_input");
+            for (int k2 = 0; k2 < 3; k2++) p->nl[k2] = (int)json_integer_value(json_object_get(lab, ps_gate_labels[k2]));
+            p->n_windows = json_integer_value(json_object_get(bo, "n_windows"));
+            if (p->S > maxS) maxS = p->S;
+            if (p->d > maxd) maxd = p->d;
+            if ((int)b + 1 > x.cols) x.cols = (int)b + 1;
+        }
+    }
+    if (!rc && x.n == 0) rc = ps_fail(err, "%s: no gates to draw", path);
+    if (!rc) {
+        x.cw = maxS <= 32 ? fmax(10, fmin(40, 320.0 / maxS)) : fmax(1, 320.0 / maxS);
+        x.ch = fmax(1, fmin(14, 320.0 / maxd));
+        x.heat_w = maxS * x.cw;
+        x.heat_h = maxd * x.ch;
+        x.panel_w = fmax(56 + x.heat_w + 24 + CHG_NPLOT_W + 110, 720);
+        x.panel_h = CHG_HEAD_H + x.heat_h + 8 + CHG_BARS_H + 44;
+        x.top = 84;
+        char name[400];
+        model_name(name, sizeof name, json_object_get(doc, "provenance"));
+        snprintf(x.title, sizeof x.title, "Per-channel gate concentration — %s", name);
+        snprintf(x.subtitle, sizeof x.subtitle,
+                 "each channel's mean gate weight over the slots of its window (pooled over %lld windows); N_s = exp(H(mean gate)), "
+                 "N_i = E[exp(H(α))]; dashed: N = 2 (concentrated)",
+                 x.p[0].n_windows);
+        x.fig_w = fmax(20 + x.cols * x.panel_w + 90, measure(x.subtitle, 13, 0) + 40);
+        double H_px = x.top + (double)L * x.panel_h + 10;
+        chunks ch;
+        make_chunks(&ch, json_object_get(doc, "provenance"), x.title);
+        if (x.fig_w > PS_FIG_MAX_SIDE || H_px > PS_FIG_MAX_SIDE)
+            rc = ps_fail(err, "%s: %zu layers of per-channel gates need a %.0f x %.0f px figure (at most %.0f a side)", path, L, x.fig_w,
+                         H_px, PS_FIG_MAX_SIDE);
+        else
+            rc = emit(out, "gate_concentration", x.fig_w, H_px, draw_chgates, &x, &ch, o, verbose, err);
+    }
+    free_chg(&x);
+    return rc;
+}
+
 /* ---- training ---- */
 
 typedef struct {
@@ -834,6 +1082,8 @@ typedef struct {
     double *ns, *ni;  /* [n_gates][L][H][2] */
     double fig_w;
     char title[1024], subtitle[1024], section[256];
+    int perch; /* per-channel gate records (V4's compressor): branch 0 = the pooled mean gate, branch 1 = where the
+                  channels peak (the fraction of channels per slot); N: pooled / channel-mean N_static, N_input */
 } train_ctx;
 
 #define TR_TOP 84.0
@@ -944,12 +1194,12 @@ static void draw_training(cairo_t *cr, void *vctx) {
     int ncol = train_cols(x->sel), ng = x->n_gates;
     double gmax = x->gs[ng - 1] > x->gs[0] ? x->gs[ng - 1] : x->gs[0] + 1, nmax = x->W * 1.08;
     ps_text(cr, 20, TR_GATES - 50, x->section, 15, 0, 0.5, 0, 1);
-    ps_text(cr, 20, TR_GATES - 30,
-            "per head: mean gate over offsets (rows) and logged steps (columns), key and value branch; effective offsets "
-            "N_static = exp(H(mean gate)) and N_input = E[exp(H(α))]",
-            fit(cr, "per head: mean gate over offsets (rows) and logged steps (columns), key and value branch; effective offsets "
-                    "N_static = exp(H(mean gate)) and N_input = E[exp(H(α))]", 12, x->fig_w - 40, 0),
-            0, 0.5, 0, 0);
+    const char *expl = x->perch ? "per layer: the channels' mean gate pooled over channels, and the fraction of channels peaking at each "
+                                  "slot, over slots (rows) and logged steps (columns); N_static of the pooled gate and of the "
+                                  "channels (mean), N_input"
+                                : "per head: mean gate over offsets (rows) and logged steps (columns), key and value branch; effective "
+                                  "offsets N_static = exp(H(mean gate)) and N_input = E[exp(H(α))]";
+    ps_text(cr, 20, TR_GATES - 30, expl, fit(cr, expl, 12, x->fig_w - 40, 0), 0, 0.5, 0, 0);
     double cwk = TR_HM_W / ng;
     double st_t[32];
     int nst = ng > 1 ? ps_nice_ticks(x->gs[0], x->gs[ng - 1], 3, st_t, 32) : 0;
@@ -959,7 +1209,8 @@ static void draw_training(cairo_t *cr, void *vctx) {
         int l = s / x->H, hd = s % x->H;
         double px = 40 + (s % ncol) * TR_PW, py = TR_GATES + (s / ncol) * TR_PH, hy = py + 30;
         char buf[64];
-        snprintf(buf, sizeof buf, "layer %d, head %d", l, hd);
+        if (x->perch) snprintf(buf, sizeof buf, "layer %d (per-channel gate)", l);
+        else snprintf(buf, sizeof buf, "layer %d, head %d", l, hd);
         cairo_set_source_rgb(cr, 0, 0, 0);
         ps_text(cr, px, py + 4, buf, 13, 0, 0.5, 0, 1);
         for (int b = 0; b < 2; b++) {
@@ -967,14 +1218,15 @@ static void draw_training(cairo_t *cr, void *vctx) {
             size_t base = (((size_t)l * (size_t)x->H + (size_t)hd) * 2 + (size_t)b) * (size_t)x->W;
             ps_heatmap_strided(cr, hx, hy, TR_HM_W, TR_HM_H, x->mg + base, x->W, ng, 1, kst, ps_viridis, 0, 1);
             cairo_set_source_rgb(cr, 0, 0, 0);
-            ps_text(cr, hx + TR_HM_W / 2, py + 20, b ? "value gate" : "key gate", 12, 0.5, 0.5, 0, 0);
+            ps_text(cr, hx + TR_HM_W / 2, py + 20, x->perch ? (b ? "channels' peaks" : "pooled gate") : b ? "value gate" : "key gate", 12,
+                    0.5, 0.5, 0, 0);
             if (b == 0) {
                 int st = ps_tick_step(TR_HM_H / x->W, 11);
                 for (int i = 0; i < x->W; i += st) {
                     snprintf(buf, sizeof buf, "%d", i);
                     ps_text(cr, hx - 4, hy + (i + 0.5) * TR_HM_H / x->W, buf, 10, 1, 0.5, 0, 0);
                 }
-                ps_text(cr, hx - 30, hy + TR_HM_H / 2, "offset", 11, 0.5, 0.5, -M_PI / 2, 0);
+                ps_text(cr, hx - 30, hy + TR_HM_H / 2, x->perch ? "slot" : "offset", 11, 0.5, 0.5, -M_PI / 2, 0);
             }
             for (int i = 0; i < nst; i++) { /* step ticks at round steps, placed between the logged columns */
                 double fi = 0;
@@ -1011,6 +1263,7 @@ static void draw_training(cairo_t *cr, void *vctx) {
     /* legend and colour bar, right of the first row */
     double lx = 40 + ncol * TR_PW + 6, ly = TR_GATES + 10;
     const char *nm[4] = {"key N_static", "key N_input", "value N_static", "value N_input"};
+    if (x->perch) nm[0] = "pooled N_static", nm[1] = "N_input", nm[2] = "channel-mean N_static", nm[3] = "N_input";
     for (int b = 0; b < 2; b++)
         for (int q = 0; q < 2; q++) {
             double yy = ly + (b * 2 + q) * 22;
@@ -1039,6 +1292,7 @@ static void train_size(train_ctx *x, double *w, double *h) {
     int ncol = train_cols(x->sel);
     *w = fmax(1290, 40 + ncol * TR_PW + 190);
     *h = x->n_gates ? TR_GATES + ((x->sel + ncol - 1) / ncol) * TR_PH + 4 : TR_TOP + TR_PLOT_H + 60;
+    if (x->n_gates && *h < TR_GATES + 10 + 110 + 180 + 40) *h = TR_GATES + 10 + 110 + 180 + 40; /* the legend and colour bar (one row of panels) */
     x->fig_w = *w;
 }
 
@@ -1136,7 +1390,12 @@ static void gatecycle_text(json_t *doc, int64_t P, char *title, size_t tn, char 
     const char *br = json_string_value(json_object_get(cy, "branch")), *pa = json_string_value(json_object_get(cy, "params"));
     const char *what = pa && !strcmp(pa, "gate") ? "gates" : pa && !strcmp(pa, "payload") ? "payloads" : "gates and payloads";
     const char *bw = br && !strcmp(br, "key") ? "key " : br && !strcmp(br, "value") ? "value " : "";
-    snprintf(title, tn, "Gate cycling — %s: layer %lld, %s; %s%s rolled by k = %+lld", name, layer, hs, bw, what, k);
+    const char *ak = json_string_value(json_object_get(json_object_get(json_object_get(prov, "config"), "attention"), "kind"));
+    if (ak && (!strcmp(ak, "v4") || !strcmp(ak, "deepseek_v4"))) /* V4's compressor: its position bias is the per-slot parameter */
+        snprintf(title, tn, "Gate cycling — %s: layer %lld; %sposition bias (ape) rolled by k = %+lld", name, layer,
+                 br && !strcmp(br, "indexer") ? "the indexer's " : br && !strcmp(br, "both") && !strcmp(ak, "deepseek_v4") ? "compressor and indexer " : "", k);
+    else
+        snprintf(title, tn, "Gate cycling — %s: layer %lld, %s; %s%s rolled by k = %+lld", name, layer, hs, bw, what, k);
     static const char *const dk[] = {"dips", "dip_moves", "dip_movement", "dip_shifts", NULL};
     static const char *const fk[] = {"from", "before", "rho_before", "from_rho", NULL};
     static const char *const tk[] = {"to", "after", "rho_after", "to_rho", NULL};
@@ -1334,9 +1593,13 @@ static int render_training(const char *path, const char *out, const ps_render_op
         } else if (type && !strcmp(type, "eval")) {
             x.es[x.n_eval] = step;
             x.acc[x.n_eval++] = num(r, "accuracy");
-        } else if (type && !strcmp(type, "gates")) {
-            x.gs[x.n_gates] = step;
-            gates[x.n_gates++] = json_incref(r);
+        } else if (type && !strcmp(type, "gates")) { /* per-head records, or per-channel ones ("gate": "per_channel") */
+            int pc = json_object_get(r, "gate") != NULL;
+            if (x.n_gates == 0) x.perch = pc;
+            if (pc == x.perch) {
+                x.gs[x.n_gates] = step;
+                gates[x.n_gates++] = json_incref(r);
+            }
         }
         json_decref(r);
     }
@@ -1347,6 +1610,10 @@ static int render_training(const char *path, const char *out, const ps_render_op
         json_t *h0 = json_array_get(json_object_get(json_array_get(layers, 0), "heads"), 0);
         size_t L = json_array_size(layers), H = json_array_size(json_object_get(json_array_get(layers, 0), "heads")),
                W = json_array_size(json_object_get(json_object_get(h0, "key"), "mean_gate"));
+        if (x.perch) { /* one panel per layer: its first branch (the attention's compressor) */
+            H = 1;
+            W = (size_t)json_integer_value(json_object_get(json_array_get(layers, 0), "slots"));
+        }
         if (L < 1 || L > MAX_LAYERS)
             rc = ps_fail(err, "%s: the first gates record's layers has %zu entries; a figure shows 1 to %d", path, L, MAX_LAYERS);
         else if (H < 1 || H > MAX_HEADS)
@@ -1367,7 +1634,27 @@ static int render_training(const char *path, const char *out, const ps_render_op
             x.ni = calloc(nb, sizeof(double));
             if (!x.mg || !x.ns || !x.ni) rc = ps_fail(err, "%s: out of memory", path);
         }
-        for (int k = 0; k < x.n_gates && !rc; k++)
+        for (int k = 0; k < x.n_gates && !rc && x.perch; k++)
+            for (int l = 0; l < x.L; l++) {
+                json_t *lo = json_array_get(json_object_get(gates[k], "layers"), (size_t)l);
+                json_t *bo = json_array_get(json_object_get(lo, "branches"), 0), *po = json_object_get(bo, "pooled");
+                json_t *pc = json_object_get(bo, "peak_counts");
+                double d = (double)json_integer_value(json_object_get(bo, "channels"));
+                if (json_integer_value(json_object_get(lo, "slots")) != x.W) {
+                    rc = ps_fail(err, "%s: gates record %d, layer %d: %lld slots, the first record's layer 0 has %d", path, k, l,
+                                 (long long)json_integer_value(json_object_get(lo, "slots")), x.W);
+                    break;
+                }
+                for (int b = 0; b < 2; b++) {
+                    size_t idx = ((size_t)k * (size_t)x.L + (size_t)l) * 2 + (size_t)b;
+                    for (int i = 0; i < x.W; i++)
+                        x.mg[idx * (size_t)x.W + (size_t)i] = b ? (d > 0 ? (double)json_integer_value(json_array_get(pc, (size_t)i)) / d : 0)
+                                                                : json_number_value(json_array_get(json_object_get(po, "mean_gate"), (size_t)i));
+                    x.ns[idx] = b ? num(json_object_get(bo, "channel_mean"), "N_static") : num(po, "N_static");
+                    x.ni[idx] = num(po, "N_input");
+                }
+            }
+        for (int k = 0; k < x.n_gates && !rc && !x.perch; k++)
             for (int l = 0; l < x.L; l++)
                 for (int h = 0; h < x.H; h++)
                     for (int b = 0; b < 2; b++) {
@@ -1392,6 +1679,7 @@ static int render_training(const char *path, const char *out, const ps_render_op
                      x.L * x.H);
         else
             snprintf(x.section, sizeof x.section, "Gate concentration during training: every KV head (%d)", x.sel);
+        if (x.perch) snprintf(x.section, sizeof x.section, "Per-channel gate concentration during training: %d layer%s", x.sel, x.sel == 1 ? "" : "s");
         chunks ch;
         snprintf(ch.command, sizeof ch.command, "phasescope train (log %s)", path);
         snprintf(ch.model, sizeof ch.model, "%s", path);
@@ -1961,7 +2249,11 @@ int ps_render_docs(json_t *const *docs, const char *const *paths, int n, const c
             else rc = render_theory(docs[0], paths[0], out, o, verbose, err);
         } else if (!strcmp(kind, "gates")) {
             if (n > 1) rc = ps_fail(err, "render: gates results are drawn one at a time");
-            else rc = render_gates(docs[0], paths[0], out, o, verbose, err);
+            else {
+                const char *gk = json_string_value(json_object_get(json_object_get(docs[0], "gates"), "gate"));
+                rc = gk && !strcmp(gk, "per_channel") ? render_chgates(docs[0], paths[0], out, o, verbose, err)
+                                                      : render_gates(docs[0], paths[0], out, o, verbose, err);
+            }
         } else if (!strcmp(kind, "fillers")) {
             if (n > 1) rc = ps_fail(err, "render: filler experiments are drawn one at a time");
             else rc = render_fillers(docs[0], paths[0], out, o, verbose, err);

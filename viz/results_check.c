@@ -208,7 +208,8 @@ typedef struct {
 } prov_info;
 
 static int check_provenance(ck *c, json_t *doc, int instrument, const char *mode_kind, prov_info *pi) {
-    static const char *const ATTN[] = {"full", "compressed", NULL}, *const MODES[] = {"pad", "move", NULL};
+    static const char *const ATTN[] = {"full", "compressed", "v4", "deepseek_v4", NULL}, *const MODES[] = {"pad", "move", NULL};
+    static const char *const V4MODE[] = {"csa", "hca", NULL};
     json_t *p, *v;
     memset(pi, 0, sizeof *pi);
     if (get_obj(c, doc, "provenance", &p)) return -1;
@@ -228,6 +229,21 @@ static int check_provenance(ck *c, json_t *doc, int instrument, const char *mode
             int64_t w;
             if (get_int(c, att, "window", 1, MAX_WINDOW, &w) || get_int(c, att, "stride", 1, w, NULL) || opt_str(c, att, "gate"))
                 return -1;
+        } else if (!strcmp(kind, "v4")) {
+            if (get_int(c, att, "rate", 1, MAX_WINDOW, NULL) || get_enum(c, att, "mode", V4MODE, NULL) ||
+                get_int(c, att, "local_window", 1, MAX_INDEX, NULL))
+                return -1;
+        } else if (!strcmp(kind, "deepseek_v4")) {
+            json_t *lt, *cr;
+            int64_t nl;
+            if (get_arr(c, att, "layer_types", 1, MAX_INDEX, &lt, &nl) || get_arr(c, att, "compress_rates", nl, nl, &cr, NULL)) return -1;
+            size_t o4 = key(c, "compress_rates");
+            for (int64_t i = 0; i < nl; i++) {
+                size_t o5 = idx(c, (size_t)i);
+                if (int_value(c, json_array_get(cr, (size_t)i), 0, MAX_INDEX, NULL)) return -1;
+                pop(c, o5);
+            }
+            pop(c, o4);
         }
         pop(c, o3);
         if ((v = json_object_get(cfg, "rope")) && !json_is_boolean(v)) {
@@ -562,7 +578,8 @@ static int check_per_head(ck *c, json_t *ph, int64_t P, int64_t K) {
 }
 
 static int check_gatecycle(ck *c, json_t *doc) {
-    static const char *const BR[] = {"key", "value", "both", NULL}, *const PA[] = {"gate", "payload", "all", NULL};
+    static const char *const BR[] = {"key", "value", "both", "compressor", "indexer", NULL},
+                             *const PA[] = {"gate", "payload", "all", NULL};
     prov_info pi;
     curve_info b = {0}, a = {0};
     json_t *cy, *v;
@@ -607,7 +624,7 @@ static int cmp_i64(const void *x, const void *y) {
 }
 
 static int check_knockout(ck *c, json_t *doc) {
-    static const char *const TGT[] = {"raw", "compressed", "both", NULL};
+    static const char *const TGT[] = {"raw", "compressed", "both", "heads", "indexer", "sink", NULL};
     prov_info pi;
     curve_info cl = {0};
     json_t *g, *cells;
@@ -816,6 +833,103 @@ done:
     return rc;
 }
 
+/* one gate distribution over S slots: weights in [0, 1] adding up to 1 */
+static int check_dist(ck *c, json_t *o, const char *k, int64_t S) {
+    json_t *mg;
+    if (get_arr(c, o, k, S, S, &mg, NULL)) return -1;
+    size_t o1 = key(c, k);
+    double sum = 0, x = 0;
+    for (int64_t i = 0; i < S; i++) {
+        size_t o2 = idx(c, (size_t)i);
+        if (num_value(c, json_array_get(mg, (size_t)i), -TOL, 1 + TOL, &x)) return -1;
+        sum += x;
+        pop(c, o2);
+    }
+    if (fabs(sum - 1) > 1e-3) return bad(c, "the weights add up to %.10g, not 1", sum);
+    pop(c, o1);
+    return 0;
+}
+
+/* gates.gate "per_channel" (DeepSeek-V4's compressor; gates/chgates.h) */
+static int check_chgates(ck *c, json_t *g) {
+    static const char *const ATT[] = {"csa", "hca", NULL}, *const BR[] = {"compressor", "indexer", NULL};
+    const char *const *LABEL = ps_gate_labels;
+    json_t *layers;
+    int64_t L, prev = -1;
+    if (get_arr(c, g, "layers", 1, MAX_INDEX, &layers, &L)) return -1;
+    size_t o1 = key(c, "layers");
+    for (int64_t l = 0; l < L; l++) {
+        json_t *lo = json_array_get(layers, (size_t)l), *brs;
+        size_t o2 = idx(c, (size_t)l);
+        int64_t li, S, nb;
+        if (want_type(c, lo, json_is_object(lo), "an object") || get_int(c, lo, "layer", 0, MAX_INDEX, &li)) return -1;
+        if (li <= prev) {
+            key(c, "layer");
+            return bad(c, "%lld, expected more than %lld (layers in increasing order, each once)", (long long)li, (long long)prev);
+        }
+        prev = li;
+        if (get_enum(c, lo, "attention", ATT, NULL) || get_int(c, lo, "rate", 1, MAX_WINDOW, NULL) ||
+            get_int(c, lo, "slots", 1, 2 * MAX_WINDOW, &S) || get_arr(c, lo, "branches", 1, 2, &brs, &nb))
+            return -1;
+        size_t o3 = key(c, "branches");
+        for (int64_t b = 0; b < nb; b++) {
+            json_t *bo = json_array_get(brs, (size_t)b), *po, *per, *arr;
+            size_t o4 = idx(c, (size_t)b);
+            int64_t d;
+            double tol = 1e-3 * (double)S;
+            if (want_type(c, bo, json_is_object(bo), "an object") || get_enum(c, bo, "branch", BR, NULL) ||
+                get_int(c, bo, "channels", 1, MAX_INDEX, &d) || get_int(c, bo, "n_windows", 0, MAX_COUNT, NULL) ||
+                get_obj(c, bo, "pooled", &po))
+                return -1;
+            size_t o5 = key(c, "pooled");
+            if (check_dist(c, po, "mean_gate", S) || get_num(c, po, "N_static", 1 - tol, (double)S + tol, NULL) ||
+                get_num(c, po, "N_input", 1 - tol, (double)S + tol, NULL) || get_int(c, po, "peak", 0, S - 1, NULL) ||
+                get_enum(c, po, "label", LABEL, NULL))
+                return -1;
+            pop(c, o5);
+            if (get_obj(c, bo, "per_channel", &per)) return -1;
+            size_t o6 = key(c, "per_channel");
+            if (get_arr(c, per, "mean_gate", d, d, &arr, NULL)) return -1;
+            size_t o7 = key(c, "mean_gate");
+            for (int64_t i = 0; i < d; i++) {
+                json_t *wrap = json_object();
+                json_object_set(wrap, "x", json_array_get(arr, (size_t)i));
+                size_t o8 = idx(c, (size_t)i);
+                int r = check_dist(c, wrap, "x", S);
+                json_decref(wrap);
+                if (r) return -1;
+                pop(c, o8);
+            }
+            pop(c, o7);
+            const char *nk[2] = {"N_static", "N_input"};
+            for (int k = 0; k < 2; k++) {
+                if (get_arr(c, per, nk[k], d, d, &arr, NULL)) return -1;
+                size_t o9 = key(c, nk[k]);
+                for (int64_t i = 0; i < d; i++) {
+                    size_t o10 = idx(c, (size_t)i);
+                    if (num_value(c, json_array_get(arr, (size_t)i), 1 - tol, (double)S + tol, NULL)) return -1;
+                    pop(c, o10);
+                }
+                pop(c, o9);
+            }
+            if (get_arr(c, per, "peak", d, d, &arr, NULL)) return -1;
+            size_t o11 = key(c, "peak");
+            for (int64_t i = 0; i < d; i++) {
+                size_t o12 = idx(c, (size_t)i);
+                if (int_value(c, json_array_get(arr, (size_t)i), 0, S - 1, NULL)) return -1;
+                pop(c, o12);
+            }
+            pop(c, o11);
+            pop(c, o6);
+            pop(c, o4);
+        }
+        pop(c, o3);
+        pop(c, o2);
+    }
+    pop(c, o1);
+    return 0;
+}
+
 static int check_gates(ck *c, json_t *doc) {
     static const char *const GATE[] = {"learned", "uniform", NULL};
     const char *const *LABEL = ps_gate_labels;
@@ -829,6 +943,15 @@ static int check_gates(ck *c, json_t *doc) {
     }
     if (get_obj(c, doc, "gates", &g)) return -1;
     size_t old = key(c, "gates");
+    if ((v = json_object_get(g, "gate")) && json_is_string(v) && !strcmp(json_string_value(v), "per_channel")) {
+        if (check_chgates(c, g)) return -1;
+        pop(c, old);
+        if ((v = json_object_get(doc, "training")) && !json_is_array(v)) {
+            key(c, "training");
+            return bad(c, "expected an array, got %s", type_name(v));
+        }
+        return 0;
+    }
     if (get_int(c, g, "window", 1, MAX_WINDOW, &W) || get_int(c, g, "stride", 1, W, NULL) || get_enum(c, g, "gate", GATE, NULL) ||
         get_arr(c, g, "layers", 1, MAX_INDEX, &layers, &L))
         return -1;

@@ -91,5 +91,9 @@ const ps_backend ps_backend_cpu = {
     .v4_sink_rescale = ps_cpu_v4_sink_rescale,
     .v4_grouped_linear = ps_cpu_v4_grouped_linear,
     .v4_scale = ps_cpu_v4_scale,
+    .v4_comp_slots_backward = ps_cpu_v4_comp_slots_backward,
+    .v4_slot_softmax_backward = ps_cpu_v4_slot_softmax_backward,
+    .v4_comp_pool_backward = ps_cpu_v4_comp_pool_backward,
+    .v4_attn_backward = ps_cpu_v4_attn_backward,
     /* ---------------- end DeepSeek-V4 ---------------- */
 };

@@ -116,6 +116,15 @@ int ps_cpu_v4_sink_rescale(ps_ctx *ctx, float *out, const float *sink_old, const
 int ps_cpu_v4_grouped_linear(ps_ctx *ctx, float *out, const float *inp, const float *w, int64_t M, int64_t G,
     int64_t Kg, int64_t Ng);
 int ps_cpu_v4_scale(ps_ctx *ctx, float *x, float s, int64_t n);
+/* core/cpu/ops_cpu_v4_train.c: the trainable V4 compressor's backward */
+int ps_cpu_v4_comp_slots_backward(ps_ctx *ctx, float *dz, float *dape, const float *dgate, int64_t B, int64_t T,
+    int64_t nW, int64_t m, int64_t d, int overlap);
+int ps_cpu_v4_slot_softmax_backward(ps_ctx *ctx, float *dgate, const float *dalpha, const float *alpha, int64_t n_groups,
+    int64_t S, int64_t d);
+int ps_cpu_v4_comp_pool_backward(ps_ctx *ctx, float *dalpha, float *dkv, const float *dpooled, const float *alpha,
+    const float *kv, int64_t B, int64_t T, int64_t nW, int64_t m, int64_t d, int overlap);
+int ps_cpu_v4_attn_backward(ps_ctx *ctx, float *dq, float *dkv, float *dckv, float *dsink, const float *dout,
+    const float *out, const float *q, const float *kv, const float *ckv, const float *sink, const ps_v4_attn_geom *g);
 /* ---------------- end DeepSeek-V4 ---------------- */
 
 #endif

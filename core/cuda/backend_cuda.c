@@ -140,6 +140,31 @@ static int ps_cuda_v4_scale(ps_ctx *c, float *x, float s, int64_t n) {
     V4_MISSING("v4_scale");
 }
 
+static int ps_cuda_v4_comp_slots_backward(ps_ctx *c, float *dz, float *dape, const float *dgate, int64_t B, int64_t T,
+    int64_t nW, int64_t m, int64_t d, int overlap) {
+    (void)dz; (void)dape; (void)dgate; (void)B; (void)T; (void)nW; (void)m; (void)d; (void)overlap;
+    V4_MISSING("v4_comp_slots_backward");
+}
+
+static int ps_cuda_v4_slot_softmax_backward(ps_ctx *c, float *dgate, const float *dalpha, const float *alpha,
+    int64_t n_groups, int64_t S, int64_t d) {
+    (void)dgate; (void)dalpha; (void)alpha; (void)n_groups; (void)S; (void)d;
+    V4_MISSING("v4_slot_softmax_backward");
+}
+
+static int ps_cuda_v4_comp_pool_backward(ps_ctx *c, float *dalpha, float *dkv, const float *dpooled, const float *alpha,
+    const float *kv, int64_t B, int64_t T, int64_t nW, int64_t m, int64_t d, int overlap) {
+    (void)dalpha; (void)dkv; (void)dpooled; (void)alpha; (void)kv; (void)B; (void)T; (void)nW; (void)m; (void)d;
+    (void)overlap;
+    V4_MISSING("v4_comp_pool_backward");
+}
+
+static int ps_cuda_v4_attn_backward(ps_ctx *c, float *dq, float *dkv, float *dckv, float *dsink, const float *dout,
+    const float *out, const float *q, const float *kv, const float *ckv, const float *sink, const ps_v4_attn_geom *g) {
+    (void)dq; (void)dkv; (void)dckv; (void)dsink; (void)dout; (void)out; (void)q; (void)kv; (void)ckv; (void)sink; (void)g;
+    V4_MISSING("v4_attn_backward");
+}
+
 const ps_backend ps_backend_cuda = {
     .name = "cuda",
     .alloc = ps_cuda_alloc,
@@ -211,5 +236,9 @@ const ps_backend ps_backend_cuda = {
     .v4_sink_rescale = ps_cuda_v4_sink_rescale,
     .v4_grouped_linear = ps_cuda_v4_grouped_linear,
     .v4_scale = ps_cuda_v4_scale,
+    .v4_comp_slots_backward = ps_cuda_v4_comp_slots_backward,
+    .v4_slot_softmax_backward = ps_cuda_v4_slot_softmax_backward,
+    .v4_comp_pool_backward = ps_cuda_v4_comp_pool_backward,
+    .v4_attn_backward = ps_cuda_v4_attn_backward,
     /* ---------------- end DeepSeek-V4 ---------------- */
 };

@@ -1,0 +1,92 @@
+/* v4_instr.h — the instruments on DeepSeek-V4 checkpoints (core/v4/, SPEC-v4.md), over the V4 runtime's
+ * hooks: the phase sweep, per-channel gate statistics (gates/chgates.h), gate cycling (the position bias
+ * rolled by k) and mean-replacement knockout of query heads, compressed entries, the raw window, the
+ * indexer's selection and the sink. The prompts, their shifted copies and the per-residue statistics are
+ * sweep.h's; the knockout result and its JSON are knockout.h's (docs/results-schema.md, "DeepSeek-V4").
+ *
+ * Prompts: a V4 checkpoint carries no phasescope task, so the task comes from a file (--task FILE.json,
+ * or DIR/phasescope_task.json when the checkpoint directory has one):
+ *
+ *   {"task": {...a training task, docs/training.md...},
+ *    "ids": {"bos": 0, "marker": 1, "keys": [...], "values": [...], "fillers": [...]}}
+ *
+ * The prompts are generated in the task's own layout (0 BOS, 1 marker, keys, values, fillers) and every
+ * token is mapped through "ids" to a V4 token id before the forward (the answers too: a query is correct
+ * when each mapped answer token is the top-1 over the whole V4 vocabulary). Without "ids" the task's
+ * ids are used as they are (they must lie inside the vocabulary). A bare task object is accepted too. */
+#ifndef PS_V4_INSTR_H
+#define PS_V4_INSTR_H
+
+#include <jansson.h>
+#include <stdint.h>
+
+#include "chgates.h"
+#include "knockout.h"
+#include "sweep.h"
+#include "tasks.h"
+#include "v4_model.h"
+
+typedef struct {
+    ps_task task;
+    int32_t *ids;       /* [ps_task_vocab_needed]: the V4 token of each task token */
+    int64_t n_ids;
+    int mapped;         /* the file gave "ids" */
+    char source[4200];  /* the task file */
+} ps_v4_task;
+
+/* The task for a V4 checkpoint: task_path (--task) if given, else MODEL_DIR/phasescope_task.json; an error
+ * says how to give one when neither exists. vocab / max_pos: the model's. */
+int ps_v4_task_load(ps_v4_task *t, const char *task_path, const char *model_dir, int64_t vocab, int64_t max_pos, ps_error *err);
+void ps_v4_task_free(ps_v4_task *t);
+/* {"file", "ids": {...} or "identity"} for provenance. */
+json_t *ps_v4_task_source_json(const ps_v4_task *t);
+
+/* Prompts (in the task's layout) through the V4 forward in batches of `batch`, every token mapped to
+ * the model's ids; hooks (a V4 hook set, or NULL) fire on every batch. correct / logprob per query. */
+int ps_v4_eval(ps_v4_model *m, const ps_v4_task *t, const ps_batch *b, int64_t batch, const ps_hooks *hooks, int *correct,
+               double *logprob, ps_error *err);
+
+/* The phase sweep over shifts 0..P-1 (sweep.h's prompts and statistics). */
+int ps_v4_sweep_run(ps_v4_model *m, const ps_v4_task *t, const ps_batch *base, const ps_filler_family *fam,
+                    ps_sweep_mode mode, int64_t P, uint64_t seed, int64_t batch, ps_residue_stats *stats,
+                    ps_progress_fn progress, void *user, ps_error *err);
+
+/* Per-channel gate statistics of every compressed layer (branches "compressor" and, on CSA layers,
+ * "indexer"), pooled over the windows of the shift-0 prompts. acc is initialised here. */
+int ps_v4_gates_run(ps_v4_model *m, const ps_v4_task *t, const ps_batch *base, const ps_filler_family *fam, uint64_t seed,
+                    int64_t batch, ps_chgate_acc *acc, ps_error *err);
+
+/* Gate cycling: roll layer's position bias (ape [m, c·d]: the only per-slot parameter of a V4
+ * compressor; its gate and kv projections are shared by the slots) by k rows, so the bias of token
+ * offset r in a window moves to r + k (mod m), in both of CSA's series. branches: 1 the attention's
+ * compressor, 2 the indexer's (CSA layers), 3 both (the indexer's only where the layer has one). The
+ * weights must be loaded; on a lazily loaded model the cycled layer stays pinned in memory (until the
+ * model is freed) so that the roll survives the forward's unloading. */
+#define PS_V4_CYCLE_COMPRESSOR 1
+#define PS_V4_CYCLE_INDEXER 2
+int ps_v4_gate_cycle(ps_v4_model *m, int layer, int branches, int64_t k, ps_error *err);
+
+/* Knockout targets (mean replacement over the prompts of the same shift, position by position):
+ *   heads       layers.L.attn.q, one query head at a time (cells: layer x head)
+ *   compressed  layers.L.attn.compressor.kv, the layer's compressed entries (CSA / HCA layers)
+ *   raw         layers.L.attn.kv, the layer's raw K=V entries
+ *   indexer     layers.L.attn.indexer.topk replaced by the mean-pattern choice: the top-k of the
+ *               indexer's scores averaged over the prompts (visible entries, ties to the lower index)
+ *   sink        layers.L.attn.sink, every head's sink mass */
+typedef enum { PS_V4KO_HEADS = 0, PS_V4KO_COMPRESSED, PS_V4KO_RAW, PS_V4KO_INDEXER, PS_V4KO_SINK } ps_v4_ko_target;
+extern const char *const ps_v4_ko_targets[]; /* names, NULL-terminated */
+/* Whether layer l has what the target replaces. */
+int ps_v4_ko_layer_ok(const ps_v4_config *c, int l, ps_v4_ko_target target);
+
+/* The grid: layers × units (query heads for `heads`; one unit, 0, for the per-layer targets), every
+ * cell one forward per batch with its replacement (callbacks on the V4 hooks), per residue against
+ * the clean run. out: knockout.h's result (heads = the units). */
+int ps_v4_knockout_grid(ps_v4_model *m, const ps_v4_task *t, const ps_batch *base, const ps_filler_family *fam, int64_t P,
+                        uint64_t seed, int64_t batch, const int *layers, int n_layers, const int *heads, int n_heads,
+                        ps_v4_ko_target target, ps_knockout_result *out, ps_progress_fn progress, void *user, ps_error *err);
+
+/* The mean-pattern choice of the indexer: for every query row t of mean scores [T, nW], the top K of its
+ * visible entries (w < (t + 1) / m) by score, ties to the lower index, -1 past the visible ones. */
+void ps_v4_mean_topk(const double *mean_scores, int64_t T, int64_t nW, int64_t K, int64_t m, float *topk);
+
+#endif
