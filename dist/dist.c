@@ -21,7 +21,7 @@ static char g_label[128] = "phasescope", g_note[1024];
 static char g_stop_msg[2048]; /* what SIGTERM prints: composed beforehand, the handler only writes it */
 static size_t g_stop_len;
 static int64_t g_ar_calls, g_ar_bytes;
-static double g_ar_seconds;
+static double g_ar_seconds, g_ar_wait;
 static char g_dev_backend[32];
 static ps_dist_device_allreduce_fn g_dev_fn;
 static void *g_dev_user;
@@ -137,14 +137,38 @@ static int mpi_fail(int code, const char *what, ps_error *err) {
     if (MPI_Error_string(code, s, &len) != MPI_SUCCESS) snprintf(s, sizeof s, "MPI error %d", code);
     return ps_fail(err, "%s (rank %d of %d): %s", what, g_rank, g_size, s);
 }
-#define MPI_CALL(what, expr)                                \
-    do {                                                    \
-        wait_begin(what);                                   \
-        int rc_ = (expr);                                   \
-        wait_end();                                         \
-        if (rc_ != MPI_SUCCESS) return mpi_fail(rc_, what, err); \
-    } while (0)
 #define CHUNK ((int64_t)1 << 30) /* bytes or elements per MPI call: counts are int */
+
+/* Waiting for a request without burning a core: Open MPI's blocking calls poll at full speed, which on a
+ * machine shared with other work (or with more ranks than cores) takes the time slices of the ranks that
+ * still compute; like OMP_WAIT_POLICY=PASSIVE for the threads, a waiting rank polls, then sleeps between
+ * polls (up to 1 ms; PS_DIST_WAIT=active polls without sleeping). */
+static int wait_req(MPI_Request *req) {
+    static int active = -1;
+    if (active < 0) {
+        const char *e = getenv("PS_DIST_WAIT");
+        active = e && !strcmp(e, "active");
+    }
+    int done = 0, rc;
+    long ns = 1000;
+    for (int spins = 0;; spins++) {
+        if ((rc = MPI_Test(req, &done, MPI_STATUS_IGNORE)) != MPI_SUCCESS || done) return rc;
+        if (active || spins < 200) continue;
+        struct timespec ts = {0, ns};
+        nanosleep(&ts, NULL);
+        if (ns < 1000000) ns += ns / 4;
+    }
+}
+/* a nonblocking call, then wait_req */
+#define MPI_WAIT_CALL(what, icall)                                  \
+    do {                                                            \
+        MPI_Request req_;                                           \
+        wait_begin(what);                                           \
+        int rc_ = (icall);                                          \
+        if (rc_ == MPI_SUCCESS) rc_ = wait_req(&req_);              \
+        wait_end();                                                 \
+        if (rc_ != MPI_SUCCESS) return mpi_fail(rc_, what, err);    \
+    } while (0)
 #endif
 
 void ps_dist_set_stall_limit(double seconds) {
@@ -240,7 +264,7 @@ void ps_dist_describe(char *out, size_t n) {
 
 int ps_dist_barrier(ps_error *err) {
 #ifdef PS_HAVE_MPI
-    if (g_mpi && g_size > 1) MPI_CALL("MPI_Barrier", MPI_Barrier(g_comm));
+    if (g_mpi && g_size > 1) MPI_WAIT_CALL("MPI_Barrier", MPI_Ibarrier(g_comm, &req_));
 #else
     (void)err;
 #endif
@@ -252,7 +276,7 @@ int ps_dist_bcast(void *buf, int64_t bytes, int root, ps_error *err) {
     if (!g_mpi || g_size == 1) return 0;
     for (int64_t o = 0; o < bytes; o += CHUNK) {
         int64_t c = bytes - o < CHUNK ? bytes - o : CHUNK;
-        MPI_CALL("MPI_Bcast", MPI_Bcast((char *)buf + o, (int)c, MPI_BYTE, root, g_comm));
+        MPI_WAIT_CALL("MPI_Bcast", MPI_Ibcast((char *)buf + o, (int)c, MPI_BYTE, root, g_comm, &req_));
     }
 #else
     (void)buf, (void)bytes, (void)root, (void)err;
@@ -267,13 +291,15 @@ int ps_dist_allreduce_f64(double *x, int64_t n, ps_error *err) {
     if (n > INT_MAX) return ps_fail(err, "all-reduce of %lld doubles: too many for one call", (long long)n);
     double *tmp = malloc((size_t)n * sizeof *tmp);
     if (!tmp) return ps_fail(err, "out of memory for an all-reduce of %lld doubles", (long long)n);
+    MPI_Request req;
     wait_begin("MPI_Reduce (doubles)");
-    int rc = MPI_Reduce(x, tmp, (int)n, MPI_DOUBLE, MPI_SUM, 0, g_comm);
+    int rc = MPI_Ireduce(x, tmp, (int)n, MPI_DOUBLE, MPI_SUM, 0, g_comm, &req);
+    if (rc == MPI_SUCCESS) rc = wait_req(&req);
     wait_end();
     if (rc == MPI_SUCCESS && g_rank == 0) memcpy(x, tmp, (size_t)n * sizeof *tmp);
     free(tmp);
     if (rc != MPI_SUCCESS) return mpi_fail(rc, "MPI_Reduce (doubles)", err);
-    MPI_CALL("MPI_Bcast (doubles)", MPI_Bcast(x, (int)n, MPI_DOUBLE, 0, g_comm));
+    MPI_WAIT_CALL("MPI_Bcast (doubles)", MPI_Ibcast(x, (int)n, MPI_DOUBLE, 0, g_comm, &req_));
 #else
     (void)x, (void)n, (void)err;
 #endif
@@ -284,7 +310,7 @@ int ps_dist_allreduce_i64(int64_t *x, int64_t n, ps_error *err) {
 #ifdef PS_HAVE_MPI
     if (!g_mpi || g_size == 1 || n == 0) return 0;
     if (n > INT_MAX) return ps_fail(err, "all-reduce of %lld integers: too many for one call", (long long)n);
-    MPI_CALL("MPI_Allreduce (integers)", MPI_Allreduce(MPI_IN_PLACE, x, (int)n, MPI_INT64_T, MPI_SUM, g_comm));
+    MPI_WAIT_CALL("MPI_Allreduce (integers)", MPI_Iallreduce(MPI_IN_PLACE, x, (int)n, MPI_INT64_T, MPI_SUM, g_comm, &req_));
 #else
     (void)x, (void)n, (void)err;
 #endif
@@ -297,10 +323,11 @@ void ps_dist_set_device_allreduce(const char *backend, ps_dist_device_allreduce_
     g_dev_user = user;
 }
 
-void ps_dist_allreduce_stats(int64_t *calls, int64_t *bytes, double *seconds) {
+void ps_dist_allreduce_stats(int64_t *calls, int64_t *bytes, double *seconds, double *wait_seconds) {
     if (calls) *calls = g_ar_calls;
     if (bytes) *bytes = g_ar_bytes;
     if (seconds) *seconds = g_ar_seconds;
+    if (wait_seconds) *wait_seconds = g_ar_wait;
 }
 
 #ifdef PS_HAVE_MPI
@@ -318,15 +345,18 @@ static int sum_host_floats(float *x, int64_t n, ps_error *err) {
             displs[r] = d;
             d += counts[r];
         }
+        MPI_Request req;
         wait_begin("the gradient all-reduce (MPI_Reduce_scatter)");
-        int m = MPI_Reduce_scatter(x + o, mine, counts, MPI_FLOAT, MPI_SUM, g_comm);
+        int m = MPI_Ireduce_scatter(x + o, mine, counts, MPI_FLOAT, MPI_SUM, g_comm, &req);
+        if (m == MPI_SUCCESS) m = wait_req(&req);
         wait_end();
         if (m != MPI_SUCCESS) {
             rc = mpi_fail(m, "the gradient all-reduce (MPI_Reduce_scatter)", err);
             break;
         }
         wait_begin("the gradient all-reduce (MPI_Allgatherv)");
-        m = MPI_Allgatherv(mine, counts[g_rank], MPI_FLOAT, x + o, counts, displs, MPI_FLOAT, g_comm);
+        m = MPI_Iallgatherv(mine, counts[g_rank], MPI_FLOAT, x + o, counts, displs, MPI_FLOAT, g_comm, &req);
+        if (m == MPI_SUCCESS) m = wait_req(&req);
         wait_end();
         if (m != MPI_SUCCESS) rc = mpi_fail(m, "the gradient all-reduce (MPI_Allgatherv)", err);
     }
@@ -339,7 +369,12 @@ static int sum_host_floats(float *x, int64_t n, ps_error *err) {
 
 int ps_dist_allreduce_buf(ps_ctx *ctx, float *buf, int64_t n, ps_error *err) {
     if (g_size == 1 || n <= 0) return 0;
+    /* a barrier first: the time until the last rank arrives (load imbalance, a busy machine) is counted
+     * apart from the reduction itself */
+    double tw = now_s();
+    if (ps_dist_barrier(err)) return -1;
     double t0 = now_s();
+    g_ar_wait += t0 - tw;
     int rc = 0;
     if (g_dev_fn && ctx && !strcmp(ps_ctx_backend_name(ctx), g_dev_backend)) rc = g_dev_fn(ctx, buf, n, g_dev_user, err);
 #ifdef PS_HAVE_MPI
@@ -370,10 +405,11 @@ int ps_dist_gather_ranges(void *buf, int64_t elem_bytes, const int64_t *off, con
         for (int64_t o = 0; o < bytes; o += CHUNK) {
             int64_t c = bytes - o < CHUNK ? bytes - o : CHUNK;
             if (g_rank == 0)
-                MPI_CALL("gathering the partial results (MPI_Recv)",
-                         MPI_Recv(b + base + o, (int)c, MPI_BYTE, r, 7, g_comm, MPI_STATUS_IGNORE));
+                MPI_WAIT_CALL("gathering the partial results (MPI_Recv)",
+                              MPI_Irecv(b + base + o, (int)c, MPI_BYTE, r, 7, g_comm, &req_));
             else if (g_rank == r)
-                MPI_CALL("sending the partial results to rank 0 (MPI_Send)", MPI_Send(b + base + o, (int)c, MPI_BYTE, 0, 7, g_comm));
+                MPI_WAIT_CALL("sending the partial results to rank 0 (MPI_Send)",
+                              MPI_Isend(b + base + o, (int)c, MPI_BYTE, 0, 7, g_comm, &req_));
         }
     }
 #else
@@ -387,12 +423,10 @@ int ps_dist_agree(int rc, ps_error *err) {
     if (!g_mpi || g_size == 1) return rc ? -1 : 0;
     int mine = rc ? g_rank : g_size, first = g_size;
     ps_error tmp = {0};
-    int m = MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, g_comm);
-    if (m != MPI_SUCCESS) return mpi_fail(m, "agreeing on errors (MPI_Allreduce)", err);
+    MPI_WAIT_CALL("agreeing on errors (MPI_Allreduce)", MPI_Iallreduce(&mine, &first, 1, MPI_INT, MPI_MIN, g_comm, &req_));
     if (first == g_size) return 0;
     if (g_rank == first) tmp = *err;
-    if ((m = MPI_Bcast(&tmp, (int)sizeof tmp, MPI_BYTE, first, g_comm)) != MPI_SUCCESS)
-        return mpi_fail(m, "agreeing on errors (MPI_Bcast)", err);
+    MPI_WAIT_CALL("agreeing on errors (MPI_Bcast)", MPI_Ibcast(&tmp, (int)sizeof tmp, MPI_BYTE, first, g_comm, &req_));
     tmp.msg[PS_ERROR_MAX - 1] = '\0';
     if (first == 0) *err = tmp;
     else {

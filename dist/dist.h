@@ -56,7 +56,9 @@ typedef int (*ps_dist_device_allreduce_fn)(ps_ctx *ctx, float *buf, int64_t n, v
  * backend bootstraps its communicator over MPI first (NCCL: ncclGetUniqueId on rank 0, ps_dist_bcast of
  * the id, ncclCommInitRank(size, id, rank) on the GPU of the local rank): docs/scale-out.md. */
 void ps_dist_set_device_allreduce(const char *backend, ps_dist_device_allreduce_fn fn, void *user);
-void ps_dist_allreduce_stats(int64_t *calls, int64_t *bytes, double *seconds);
+/* Calls and bytes so far; seconds in the reduction itself and seconds waiting (in a barrier just before
+ * it) for the slowest rank to arrive. */
+void ps_dist_allreduce_stats(int64_t *calls, int64_t *bytes, double *seconds, double *wait_seconds);
 
 /* Gather of partial results: every rank holds elements [off[r], off[r] + n[r]) of an array of elem_bytes
  * bytes per element (off, n: one entry per rank, the same on every rank); afterwards rank 0's buf holds

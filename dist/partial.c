@@ -271,10 +271,15 @@ done:
     return rc;
 }
 
-/* meta without provenance.compute (which may differ between the machines that ran the shards) */
+/* meta without provenance.compute (which may differ between the machines that ran the shards) and
+ * provenance.command (the shards may write to different --out directories; every parameter that shapes the
+ * numbers is in the rest of the meta, or in the arrays' layout) */
 static json_t *comparable(json_t *meta) {
     json_t *m = json_deep_copy(meta), *prov = json_object_get(m, "provenance");
-    if (json_is_object(prov)) json_object_del(prov, "compute");
+    if (json_is_object(prov)) {
+        json_object_del(prov, "compute");
+        json_object_del(prov, "command");
+    }
     return m;
 }
 

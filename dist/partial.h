@@ -14,7 +14,8 @@
  * starts in the whole array), and __metadata__ "phasescope.partial": {"version", "command", "n_units",
  * "units": [u0, u1], "shard": [i, n], "arrays": [...], "meta": {...}}, meta being what the command needs
  * to finish its result (provenance, its parameters); every part of one run must have the same meta (its
- * provenance.compute aside). */
+ * provenance.compute and provenance.command aside: the merged result records part 0's command line, which
+ * is the one-process command line but for the --shard flag). */
 #ifndef PS_PARTIAL_H
 #define PS_PARTIAL_H
 
