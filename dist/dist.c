@@ -462,7 +462,7 @@ void ps_dist_split(const int64_t *w, const unsigned char *snap, int64_t n, int64
         if (b < n && DIST(b + 1) < DIST(b)) b++;
         if (snap) { /* the nearest group start on either side */
             int64_t best = -1;
-            for (int64_t s = b; s > prev; s--)
+            for (int64_t s = b; s >= prev; s--)
                 if (snap[s]) {
                     best = s;
                     break;
