@@ -16,7 +16,10 @@
 #include <pthread.h>
 #endif
 
-static int g_rank = 0, g_size = 1, g_local = 1, g_mpi = 0, g_shared = 0;
+static int g_rank = 0, g_size = 1, g_local = 1, g_shared = 0;
+#ifdef PS_HAVE_MPI
+static int g_mpi = 0; /* MPI_Init was called */
+#endif
 static char g_label[128] = "phasescope", g_note[1024];
 static char g_stop_msg[2048]; /* what SIGTERM prints: composed beforehand, the handler only writes it */
 static size_t g_stop_len;
@@ -64,7 +67,7 @@ void ps_dist_set_note(const char *note) {
     compose_stop();
 }
 
-static void on_term(int sig) {
+__attribute__((unused)) static void on_term(int sig) {
     (void)sig;
     if (g_stop_len) {
         ssize_t w = write(2, g_stop_msg, g_stop_len);
