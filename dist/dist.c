@@ -3,6 +3,7 @@
 #include "dist.h"
 
 #include <limits.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -142,11 +143,16 @@ static int mpi_fail(int code, const char *what, ps_error *err) {
 }
 #define CHUNK ((int64_t)1 << 30) /* bytes or elements per MPI call: counts are int */
 
-/* Waiting for a request without burning a core: Open MPI's blocking calls poll at full speed, which on a
- * machine shared with other work (or with more ranks than cores) takes the time slices of the ranks that
- * still compute; like OMP_WAIT_POLICY=PASSIVE for the threads, a waiting rank polls, then sleeps between
- * polls (up to 1 ms; PS_DIST_WAIT=active polls without sleeping). */
-static int wait_req(MPI_Request *req) {
+/* Waiting without burning a core. Open MPI's blocking calls poll at full speed, which on a machine shared
+ * with other work (or with more ranks than cores) takes the time slices of the ranks that still compute.
+ * Two ways to wait, chosen by what is waited for:
+ *   PASSIVE for the other ranks to arrive (a barrier, an agreement: possibly long, while they compute):
+ *     poll, then sleep between polls, up to 1 ms (like OMP_WAIT_POLICY=PASSIVE for the threads);
+ *   TRANSFER for data once every rank is there (a large message moves in many fragments, each needing
+ *     both sides to poll): poll, yielding the core between polls to whoever needs it.
+ * Transfers therefore follow a barrier. PS_DIST_WAIT=active polls at full speed in both cases. */
+enum { PASSIVE = 0, TRANSFER = 1 };
+static int wait_req(MPI_Request *req, int how) {
     static int active = -1;
     if (active < 0) {
         const char *e = getenv("PS_DIST_WAIT");
@@ -157,18 +163,22 @@ static int wait_req(MPI_Request *req) {
     for (int spins = 0;; spins++) {
         if ((rc = MPI_Test(req, &done, MPI_STATUS_IGNORE)) != MPI_SUCCESS || done) return rc;
         if (active || spins < 200) continue;
+        if (how == TRANSFER) {
+            sched_yield();
+            continue;
+        }
         struct timespec ts = {0, ns};
         nanosleep(&ts, NULL);
         if (ns < 1000000) ns += ns / 4;
     }
 }
 /* a nonblocking call, then wait_req */
-#define MPI_WAIT_CALL(what, icall)                                  \
+#define MPI_WAIT_CALL(what, how, icall)                             \
     do {                                                            \
         MPI_Request req_;                                           \
         wait_begin(what);                                           \
         int rc_ = (icall);                                          \
-        if (rc_ == MPI_SUCCESS) rc_ = wait_req(&req_);              \
+        if (rc_ == MPI_SUCCESS) rc_ = wait_req(&req_, how);         \
         wait_end();                                                 \
         if (rc_ != MPI_SUCCESS) return mpi_fail(rc_, what, err);    \
     } while (0)
@@ -267,7 +277,7 @@ void ps_dist_describe(char *out, size_t n) {
 
 int ps_dist_barrier(ps_error *err) {
 #ifdef PS_HAVE_MPI
-    if (g_mpi && g_size > 1) MPI_WAIT_CALL("MPI_Barrier", MPI_Ibarrier(g_comm, &req_));
+    if (g_mpi && g_size > 1) MPI_WAIT_CALL("MPI_Barrier", PASSIVE, MPI_Ibarrier(g_comm, &req_));
 #else
     (void)err;
 #endif
@@ -277,9 +287,10 @@ int ps_dist_barrier(ps_error *err) {
 int ps_dist_bcast(void *buf, int64_t bytes, int root, ps_error *err) {
 #ifdef PS_HAVE_MPI
     if (!g_mpi || g_size == 1) return 0;
+    if (bytes > 4096 && ps_dist_barrier(err)) return -1; /* the root may still be loading: wait passively */
     for (int64_t o = 0; o < bytes; o += CHUNK) {
         int64_t c = bytes - o < CHUNK ? bytes - o : CHUNK;
-        MPI_WAIT_CALL("MPI_Bcast", MPI_Ibcast((char *)buf + o, (int)c, MPI_BYTE, root, g_comm, &req_));
+        MPI_WAIT_CALL("MPI_Bcast", bytes > 4096 ? TRANSFER : PASSIVE, MPI_Ibcast((char *)buf + o, (int)c, MPI_BYTE, root, g_comm, &req_));
     }
 #else
     (void)buf, (void)bytes, (void)root, (void)err;
@@ -297,12 +308,12 @@ int ps_dist_allreduce_f64(double *x, int64_t n, ps_error *err) {
     MPI_Request req;
     wait_begin("MPI_Reduce (doubles)");
     int rc = MPI_Ireduce(x, tmp, (int)n, MPI_DOUBLE, MPI_SUM, 0, g_comm, &req);
-    if (rc == MPI_SUCCESS) rc = wait_req(&req);
+    if (rc == MPI_SUCCESS) rc = wait_req(&req, PASSIVE);
     wait_end();
     if (rc == MPI_SUCCESS && g_rank == 0) memcpy(x, tmp, (size_t)n * sizeof *tmp);
     free(tmp);
     if (rc != MPI_SUCCESS) return mpi_fail(rc, "MPI_Reduce (doubles)", err);
-    MPI_WAIT_CALL("MPI_Bcast (doubles)", MPI_Ibcast(x, (int)n, MPI_DOUBLE, 0, g_comm, &req_));
+    MPI_WAIT_CALL("MPI_Bcast (doubles)", PASSIVE, MPI_Ibcast(x, (int)n, MPI_DOUBLE, 0, g_comm, &req_));
 #else
     (void)x, (void)n, (void)err;
 #endif
@@ -313,7 +324,7 @@ int ps_dist_allreduce_i64(int64_t *x, int64_t n, ps_error *err) {
 #ifdef PS_HAVE_MPI
     if (!g_mpi || g_size == 1 || n == 0) return 0;
     if (n > INT_MAX) return ps_fail(err, "all-reduce of %lld integers: too many for one call", (long long)n);
-    MPI_WAIT_CALL("MPI_Allreduce (integers)", MPI_Iallreduce(MPI_IN_PLACE, x, (int)n, MPI_INT64_T, MPI_SUM, g_comm, &req_));
+    MPI_WAIT_CALL("MPI_Allreduce (integers)", PASSIVE, MPI_Iallreduce(MPI_IN_PLACE, x, (int)n, MPI_INT64_T, MPI_SUM, g_comm, &req_));
 #else
     (void)x, (void)n, (void)err;
 #endif
@@ -351,7 +362,7 @@ static int sum_host_floats(float *x, int64_t n, ps_error *err) {
         MPI_Request req;
         wait_begin("the gradient all-reduce (MPI_Reduce_scatter)");
         int m = MPI_Ireduce_scatter(x + o, mine, counts, MPI_FLOAT, MPI_SUM, g_comm, &req);
-        if (m == MPI_SUCCESS) m = wait_req(&req);
+        if (m == MPI_SUCCESS) m = wait_req(&req, TRANSFER);
         wait_end();
         if (m != MPI_SUCCESS) {
             rc = mpi_fail(m, "the gradient all-reduce (MPI_Reduce_scatter)", err);
@@ -359,7 +370,7 @@ static int sum_host_floats(float *x, int64_t n, ps_error *err) {
         }
         wait_begin("the gradient all-reduce (MPI_Allgatherv)");
         m = MPI_Iallgatherv(mine, counts[g_rank], MPI_FLOAT, x + o, counts, displs, MPI_FLOAT, g_comm, &req);
-        if (m == MPI_SUCCESS) m = wait_req(&req);
+        if (m == MPI_SUCCESS) m = wait_req(&req, TRANSFER);
         wait_end();
         if (m != MPI_SUCCESS) rc = mpi_fail(m, "the gradient all-reduce (MPI_Allgatherv)", err);
     }
@@ -401,6 +412,7 @@ int ps_dist_allreduce_buf(ps_ctx *ctx, float *buf, int64_t n, ps_error *err) {
 int ps_dist_gather_ranges(void *buf, int64_t elem_bytes, const int64_t *off, const int64_t *n, ps_error *err) {
 #ifdef PS_HAVE_MPI
     if (!g_mpi || g_size == 1) return 0;
+    if (ps_dist_barrier(err)) return -1; /* every rank has finished its units: wait for that passively */
     char *b = buf;
     /* point to point, in chunks: no int limit on the sizes or offsets */
     for (int r = 1; r < g_size; r++) {
@@ -408,10 +420,10 @@ int ps_dist_gather_ranges(void *buf, int64_t elem_bytes, const int64_t *off, con
         for (int64_t o = 0; o < bytes; o += CHUNK) {
             int64_t c = bytes - o < CHUNK ? bytes - o : CHUNK;
             if (g_rank == 0)
-                MPI_WAIT_CALL("gathering the partial results (MPI_Recv)",
+                MPI_WAIT_CALL("gathering the partial results (MPI_Recv)", TRANSFER,
                               MPI_Irecv(b + base + o, (int)c, MPI_BYTE, r, 7, g_comm, &req_));
             else if (g_rank == r)
-                MPI_WAIT_CALL("sending the partial results to rank 0 (MPI_Send)",
+                MPI_WAIT_CALL("sending the partial results to rank 0 (MPI_Send)", TRANSFER,
                               MPI_Isend(b + base + o, (int)c, MPI_BYTE, 0, 7, g_comm, &req_));
         }
     }
@@ -426,10 +438,10 @@ int ps_dist_agree(int rc, ps_error *err) {
     if (!g_mpi || g_size == 1) return rc ? -1 : 0;
     int mine = rc ? g_rank : g_size, first = g_size;
     ps_error tmp = {0};
-    MPI_WAIT_CALL("agreeing on errors (MPI_Allreduce)", MPI_Iallreduce(&mine, &first, 1, MPI_INT, MPI_MIN, g_comm, &req_));
+    MPI_WAIT_CALL("agreeing on errors (MPI_Allreduce)", PASSIVE, MPI_Iallreduce(&mine, &first, 1, MPI_INT, MPI_MIN, g_comm, &req_));
     if (first == g_size) return 0;
     if (g_rank == first) tmp = *err;
-    MPI_WAIT_CALL("agreeing on errors (MPI_Bcast)", MPI_Ibcast(&tmp, (int)sizeof tmp, MPI_BYTE, first, g_comm, &req_));
+    MPI_WAIT_CALL("agreeing on errors (MPI_Bcast)", PASSIVE, MPI_Ibcast(&tmp, (int)sizeof tmp, MPI_BYTE, first, g_comm, &req_));
     tmp.msg[PS_ERROR_MAX - 1] = '\0';
     if (first == 0) *err = tmp;
     else {
