@@ -226,6 +226,7 @@ int ps_train_cfg_parse(const char *text, size_t len, const char *src, ps_train_c
 done:
     free(model_text);
     json_decref(root);
+    if (rc) ps_train_cfg_free(c); /* a config that failed holds nothing (its text-kv task included) */
     return rc;
 }
 
