@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "tensor_list.h"
 #include "cmd_v4.h"
 #include "v4_config.h"
 #include "forward.h"
@@ -36,46 +37,6 @@ const ps_command ps_cmd_forward = {
     .run = run,
 };
 
-typedef struct {
-    int n, cap;
-    ps_st_tensor *t;
-} tensor_list;
-
-static int push(tensor_list *l, const char *name, int ndim, const int64_t *shape, const float *src, ps_error *err) {
-    if (l->n == l->cap) {
-        int cap = l->cap ? 2 * l->cap : 16;
-        ps_st_tensor *t = realloc(l->t, (size_t)cap * sizeof *t);
-        if (!t) return ps_fail(err, "out of memory");
-        l->t = t;
-        l->cap = cap;
-    }
-    int64_t n = 1;
-    ps_st_tensor *t = &l->t[l->n];
-    memset(t, 0, sizeof *t);
-    t->ndim = ndim;
-    for (int i = 0; i < ndim; i++) n *= (t->shape[i] = shape[i]);
-    float *d = malloc((size_t)(n ? n : 1) * sizeof(float));
-    char *nm = strdup(name);
-    if (!d || !nm) {
-        free(d);
-        free(nm);
-        return ps_fail(err, "out of memory");
-    }
-    memcpy(d, src, (size_t)n * sizeof(float));
-    t->data = d;
-    t->name = nm;
-    l->n++;
-    return 0;
-}
-
-static void free_list(tensor_list *l) {
-    for (int i = 0; i < l->n; i++) {
-        free((void *)l->t[i].data);
-        free((void *)l->t[i].name);
-    }
-    free(l->t);
-}
-
 /* err is this function's own (copied out on failure), so the calls below read as they always have */
 static int run(const ps_args *args, ps_error *out_err) {
     const char *tokens = ps_args_get(args, "--tokens"), *hooks_flag = ps_args_get(args, "--hooks"),
@@ -96,7 +57,7 @@ static int run(const ps_args *args, ps_error *out_err) {
     ps_token_lists toks = {0};
     ps_hooks hooks;
     ps_cache cache;
-    tensor_list out = {0};
+    ps_tensor_list out = {0};
     ps_hooks_init(&hooks);
     ps_cache_init(&cache);
     int rc = 1;
@@ -131,13 +92,13 @@ static int run(const ps_args *args, ps_error *out_err) {
         char name[160];
         snprintf(name, sizeof name, "logits.%d", i);
         int64_t shp[2] = {toks.len[i], m.cfg.vocab_size};
-        int bad = push(&out, name, 2, shp, a.p.logits, &err);
+        int bad = ps_tensor_list_push(&out, name, 2, shp, a.p.logits, &err);
         ps_acts_free(&a);
         if (bad) goto done;
         for (int k = 0; k < cache.n; k++) {
             const ps_cache_item *it = cache.items[k];
             snprintf(name, sizeof name, "%s.%d", it->name, i);
-            if (push(&out, name, it->ndim - 1, it->shape + 1, it->data, &err)) goto done;
+            if (ps_tensor_list_push(&out, name, it->ndim - 1, it->shape + 1, it->data, &err)) goto done;
         }
     }
     if (ps_st_save(out_path, out.t, out.n, NULL, NULL, 0, &err)) goto done;
@@ -146,7 +107,7 @@ static int run(const ps_args *args, ps_error *out_err) {
 done:
     if (rc) *out_err = err;
     free(names);
-    free_list(&out);
+    ps_tensor_list_free(&out);
     ps_cache_free(&cache);
     ps_hooks_free(&hooks);
     ps_tokens_free(&toks);

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "tensor_list.h"
 #include "fileio.h"
 #include "hooks.h"
 #include "safetensors.h"
@@ -145,46 +146,6 @@ int ps_v4_cmd_info(const char *dir, int64_t B, ps_error *err) {
  *   --layers 0..L   run layers 0 to L only (no logits then; hooks past L are refused)
  *   --lazy          load each layer when it runs and drop it after (memory: one layer's weights) */
 
-typedef struct {
-    int n, cap;
-    ps_st_tensor *t;
-} tensor_list;
-
-static int push(tensor_list *l, const char *name, int ndim, const int64_t *shape, const float *src, ps_error *err) {
-    if (l->n == l->cap) {
-        int cap = l->cap ? 2 * l->cap : 16;
-        ps_st_tensor *t = realloc(l->t, (size_t)cap * sizeof *t);
-        if (!t) return ps_fail(err, "out of memory");
-        l->t = t;
-        l->cap = cap;
-    }
-    int64_t n = 1;
-    ps_st_tensor *t = &l->t[l->n];
-    memset(t, 0, sizeof *t);
-    t->ndim = ndim;
-    for (int i = 0; i < ndim; i++) n *= (t->shape[i] = shape[i]);
-    float *d = malloc((size_t)(n ? n : 1) * sizeof(float));
-    char *nm = strdup(name);
-    if (!d || !nm) {
-        free(d);
-        free(nm);
-        return ps_fail(err, "out of memory");
-    }
-    if (n) memcpy(d, src, (size_t)n * sizeof(float));
-    t->data = d;
-    t->name = nm;
-    l->n++;
-    return 0;
-}
-
-static void free_list(tensor_list *l) {
-    for (int i = 0; i < l->n; i++) {
-        free((void *)l->t[i].data);
-        free((void *)l->t[i].name);
-    }
-    free(l->t);
-}
-
 /* "0..L" (or "L"): the number of layers to run. */
 static int parse_layers(const char *v, int64_t n_layers, int *n_run, ps_error *err) {
     const char *p = v;
@@ -208,7 +169,7 @@ int ps_v4_cmd_forward(const char *dir, const char *tokens, const char *hook_name
     ps_token_lists toks = {0};
     ps_hooks hooks;
     ps_cache cache;
-    tensor_list out = {0};
+    ps_tensor_list out = {0};
     ps_hooks_init(&hooks);
     ps_cache_init(&cache);
     char *names = NULL;
@@ -253,14 +214,14 @@ int ps_v4_cmd_forward(const char *dir, const char *tokens, const char *hook_name
             snprintf(name, sizeof name, "logits.%d", i);
             int64_t shp[2] = {toks.len[i], m.cfg.vocab_size};
             const float *lg = ps_v4_logits_host(&a, err);
-            bad = !lg || push(&out, name, 2, shp, lg, err);
+            bad = !lg || ps_tensor_list_push(&out, name, 2, shp, lg, err);
         }
         ps_v4_acts_free(&a);
         if (bad) goto done;
         for (int k = 0; k < cache.n; k++) {
             const ps_cache_item *it = cache.items[k];
             snprintf(name, sizeof name, "%s.%d", it->name, i);
-            if (push(&out, name, it->ndim - 1, it->shape + 1, it->data, err)) goto done;
+            if (ps_tensor_list_push(&out, name, it->ndim - 1, it->shape + 1, it->data, err)) goto done;
         }
     }
     if (ps_st_save(out_path, out.t, out.n, NULL, NULL, 0, err)) goto done;
@@ -268,7 +229,7 @@ int ps_v4_cmd_forward(const char *dir, const char *tokens, const char *hook_name
     rc = 0;
 done:
     free(names);
-    free_list(&out);
+    ps_tensor_list_free(&out);
     ps_cache_free(&cache);
     ps_hooks_free(&hooks);
     ps_tokens_free(&toks);
