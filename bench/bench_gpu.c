@@ -261,7 +261,7 @@ static int knockout_section(const opts *o, ps_model *m, double *secs, double *se
     ps_filler_family fam = {.name = "repeat", .n_pattern = 1, .pattern = {0}};
     ps_batch base;
     if (ps_batch_alloc(&base, o->ko_prompts, t.seq_len, t.n_queries, err)) return -1;
-    ps_task_generate(&t, 1, &base);
+    if (ps_task_generate(&t, 1, &base, err)) return -1;
     int layers[64], heads[64];
     for (int i = 0; i < c->n_layers; i++) layers[i] = i;
     for (int i = 0; i < c->n_kv_heads; i++) heads[i] = i;

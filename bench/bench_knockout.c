@@ -56,7 +56,7 @@ int main(int argc, char **argv) {
         bench_model(&m, &c);
         ps_batch base;
         ps_batch_alloc(&base, n_prompts, t.seq_len, t.n_queries, &err);
-        ps_task_generate(&t, 1, &base);
+        if (ps_task_generate(&t, 1, &base, &err)) return 1;
         int layers[8] = {0, 1, 2, 3, 4, 5, 6, 7}, heads[4] = {0, 1, 2, 3};
         ps_ko_target target = cfgs[i].comp ? PS_KO_COMPRESSED : PS_KO_RAW;
         ps_knockout_opts opts[3] = {{.mem_bytes = budget}, {.mem_bytes = budget, .max_cells = 1}, {.naive = 1}};

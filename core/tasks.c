@@ -147,10 +147,16 @@ static void sample_distinct(ps_rng *r, int64_t *perm, int64_t n, int64_t k) {
     }
 }
 
-static void gen_kv(const ps_task *t, ps_rng *r, int32_t *tok, int32_t *tgt, ps_query *q, int64_t *nq) {
+/* scratch: the generators' working arrays, sized by scratch_count (int64 elements) */
+static int64_t scratch_count(const ps_task *t) {
+    if (t->kind == PS_TASK_KV) return t->n_pairs * (t->key_len + t->value_len) + 2 * t->n_pairs; /* keys, vals, kpos, perm */
+    return t->n_keys > t->n_context ? t->n_keys : t->n_context;                                  /* perm */
+}
+
+static void gen_kv(const ps_task *t, ps_rng *r, int64_t *scratch, int32_t *tok, int32_t *tgt, ps_query *q, int64_t *nq) {
     int64_t T = t->seq_len, kl = t->key_len, vl = t->value_len, P = t->n_pairs, pos = 0;
-    int32_t *keys = malloc((size_t)(P * kl) * sizeof(int32_t)), *vals = malloc((size_t)(P * vl) * sizeof(int32_t));
-    int64_t *kpos = malloc((size_t)P * sizeof(int64_t)), *perm = malloc((size_t)P * sizeof(int64_t));
+    int64_t *kpos = scratch, *perm = scratch + P;
+    int32_t *keys = (int32_t *)(scratch + 2 * P), *vals = keys + P * kl;
     for (int64_t p = 0; p < P; p++) {
         int dup;
         do { /* distinct keys within the sequence */
@@ -186,15 +192,10 @@ static void gen_kv(const ps_task *t, ps_rng *r, int32_t *tok, int32_t *tgt, ps_q
         pos += vl;
     }
     *nq = t->n_queries;
-    free(keys);
-    free(vals);
-    free(kpos);
-    free(perm);
 }
 
-static void gen_bigram(const ps_task *t, ps_rng *r, int32_t *tok, int32_t *tgt, ps_query *q, int64_t *nq) {
+static void gen_bigram(const ps_task *t, ps_rng *r, int64_t *perm, int32_t *tok, int32_t *tgt, ps_query *q, int64_t *nq) {
     int64_t T = t->seq_len, C = t->n_context, pos = 0;
-    int64_t *perm = malloc((size_t)(t->n_keys > C ? t->n_keys : C) * sizeof(int64_t));
     tok[pos++] = PS_BOS;
     int64_t g = t->gap_min + ps_rng_below(r, t->gap_max - t->gap_min + 1);
     fill(t, r, tok + pos, g);
@@ -214,18 +215,19 @@ static void gen_bigram(const ps_task *t, ps_rng *r, int32_t *tok, int32_t *tgt, 
         pos++;
     }
     *nq = t->n_queries;
-    free(perm);
 }
 
-void ps_task_generate(const ps_task *t, uint64_t seed, ps_batch *b) {
+int ps_task_generate(const ps_task *t, uint64_t seed, ps_batch *b, ps_error *err) {
+    int64_t *scratch = malloc((size_t)(scratch_count(t) + 1) * sizeof(int64_t));
+    if (!scratch) return ps_fail(err, "out of memory generating a batch of the task (%lld scratch entries)", (long long)scratch_count(t));
     for (int64_t s = 0; s < b->B; s++) {
         /* one stream per sequence: sequence s of a batch does not depend on B */
         ps_rng r;
         ps_rng_seed(&r, seed * 0x9e3779b97f4a7c15ULL + (uint64_t)s);
         int32_t *tok = b->tokens + s * b->T, *tgt = b->targets + s * b->T;
         for (int64_t i = 0; i < b->T; i++) tgt[i] = -1;
-        if (t->kind == PS_TASK_KV) gen_kv(t, &r, tok, tgt, b->queries + s * b->max_q, &b->n_q[s]);
-        else gen_bigram(t, &r, tok, tgt, b->queries + s * b->max_q, &b->n_q[s]);
+        if (t->kind == PS_TASK_KV) gen_kv(t, &r, scratch, tok, tgt, b->queries + s * b->max_q, &b->n_q[s]);
+        else gen_bigram(t, &r, scratch, tok, tgt, b->queries + s * b->max_q, &b->n_q[s]);
         if (t->loss_all) { /* next-token targets everywhere, answers where a query asks */
             for (int64_t i = 0; i + 1 < b->T; i++) tgt[i] = tok[i + 1];
             for (int64_t qi = 0; qi < b->n_q[s]; qi++) {
@@ -234,6 +236,8 @@ void ps_task_generate(const ps_task *t, uint64_t seed, ps_batch *b) {
             }
         }
     }
+    free(scratch);
+    return 0;
 }
 
 ps_batch ps_batch_view(const ps_batch *b, int64_t i0, int64_t n) {

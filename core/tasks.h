@@ -70,8 +70,9 @@ int ps_batch_alloc(ps_batch *b, int64_t B, int64_t T, int64_t max_q, ps_error *e
 ps_batch ps_batch_view(const ps_batch *b, int64_t i0, int64_t n);
 void ps_batch_free(ps_batch *b);
 
-/* Fill b (allocated for B sequences of t->seq_len tokens) deterministically from seed. */
-void ps_task_generate(const ps_task *t, uint64_t seed, ps_batch *b);
+/* Fill b (allocated for B sequences of t->seq_len tokens) deterministically from seed. Returns 0, or -1
+ * with err set when its scratch cannot be allocated (b is then unspecified). */
+int ps_task_generate(const ps_task *t, uint64_t seed, ps_batch *b, ps_error *err);
 
 /* Score queries against logits [B, T, V] (teacher-forced): the answer of a query is
  * tokens[answer_src .. + answer_len); correct[q] = every answer token is the top-1 over the full vocabulary; logprob[q] = sum of the answer tokens' log-probabilities. Arrays are

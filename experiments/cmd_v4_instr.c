@@ -91,7 +91,7 @@ static int setup(v4_instr *in, const ps_args *a, ps_error *err) {
         return -1;
     }
     if (ps_batch_alloc(&in->base, in->n_prompts, in->task.task.seq_len, in->task.task.n_queries, err)) return -1;
-    ps_task_generate(&in->task.task, in->seed ^ 0xe7a1ULL, &in->base);
+    if (ps_task_generate(&in->task.task, in->seed ^ 0xe7a1ULL, &in->base, err)) return -1;
     /* provenance: FNV-1a 64 of config.json as stored */
     char *text;
     size_t len;

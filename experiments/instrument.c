@@ -40,7 +40,7 @@ int ps_instr_setup(ps_instr *in, const ps_args *a, int need_task, ps_error *err)
     if (!need_task) return 0;
     if (ps_model_task(&in->m, in->model_dir, &in->task, err)) return -1;
     if (ps_batch_alloc(&in->base, in->n_prompts, in->task.seq_len, in->task.n_queries, err)) return -1;
-    ps_task_generate(&in->task, in->seed ^ 0xe7a1ULL, &in->base);
+    if (ps_task_generate(&in->task, in->seed ^ 0xe7a1ULL, &in->base, err)) return -1;
     ps_progress_init(&in->bar, (int64_t)1 << 40); /* plain mode: only the final line */
     return 0;
 }

@@ -185,7 +185,7 @@ static void test_knockout(ps_attn_kind kind, ps_ko_target target) {
     ps_batch base;
     ps_error err;
     ps_batch_alloc(&base, 10, t.seq_len, t.n_queries, &err);
-    ps_task_generate(&t, 3, &base);
+    CHECK(ps_task_generate(&t, 3, &base, NULL) == 0, "task generation");
     ps_filler_family fam = repeat_family();
     int layers[3] = {0, 1, 2}, heads[2] = {0, 1};
     ps_knockout_result fast, naive;
@@ -328,7 +328,7 @@ static void test_sweep_run(void) {
     ps_task t = small_task();
     ps_batch base;
     ps_batch_alloc(&base, 12, t.seq_len, t.n_queries, &err);
-    ps_task_generate(&t, 5, &base);
+    CHECK(ps_task_generate(&t, 5, &base, NULL) == 0, "task generation");
     ps_filler_family fam = repeat_family();
     ps_residue_stats st;
     CHECK_OK(ps_sweep_run(&m, &base, &t, &fam, PS_SWEEP_PAD, 4, 0, 5, &st, NULL, NULL, &err), &err);
@@ -418,7 +418,7 @@ static void test_knockout_independent(ps_ko_target target) {
     const int64_t N = 7, P = 4;
     const int L = 1, G = 1;
     ps_batch_alloc(&base, N, t.seq_len, t.n_queries, &err);
-    ps_task_generate(&t, 9, &base);
+    CHECK(ps_task_generate(&t, 9, &base, NULL) == 0, "task generation");
     ps_filler_family fam = repeat_family();
     ps_knockout_result grid;
     /* two heads: the batched grid runs both cells in one forward, head G as the second replica */
@@ -510,7 +510,7 @@ static void test_knockout_batched(ps_attn_kind kind, ps_ko_target target) {
     ps_batch base;
     ps_error err;
     ps_batch_alloc(&base, 10, t.seq_len, t.n_queries, &err);
-    ps_task_generate(&t, 5, &base);
+    CHECK(ps_task_generate(&t, 5, &base, NULL) == 0, "task generation");
     ps_filler_family fam = repeat_family();
     int layers[3] = {1, 0, 2}, heads[3] = {2, 0, 3};
     const char *tname = target == PS_KO_RAW ? "raw" : target == PS_KO_COMPRESSED ? "compressed" : "both";
@@ -561,7 +561,7 @@ static void test_knockout_alloc_failure(void) {
     ps_batch base;
     ps_error err;
     ps_batch_alloc(&base, 4, t.seq_len, t.n_queries, &err);
-    ps_task_generate(&t, 3, &base);
+    CHECK(ps_task_generate(&t, 3, &base, NULL) == 0, "task generation");
     t.value_len = (int64_t)1 << 58; /* the rows buffer would need 2^64 bytes */
     ps_filler_family fam = repeat_family();
     ps_knockout_result r;

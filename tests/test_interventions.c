@@ -52,7 +52,7 @@ static void test_user_action(ps_ko_target target) {
     const int64_t N = 10, P = 4, batch = 4;
     const int L = 1, G = 1;
     ps_batch_alloc(&base, N, t.seq_len, t.n_queries, &err);
-    ps_task_generate(&t, 13, &base);
+    CHECK(ps_task_generate(&t, 13, &base, NULL) == 0, "task generation");
     ps_filler_family fam = repeat_family();
     int layers[1] = {L}, heads[1] = {G};
     ps_knockout_result naive, fast;
@@ -280,7 +280,7 @@ static void test_scratch_default_model(void) {
     REQUIRE_OK(ps_model_task(&m, dir, &t, &err), &err);
     ps_batch base;
     ps_batch_alloc(&base, 12, t.seq_len, t.n_queries, &err);
-    ps_task_generate(&t, 11, &base);
+    CHECK(ps_task_generate(&t, 11, &base, NULL) == 0, "task generation");
     ps_filler_family fam = repeat_family();
     int heads[2] = {2, 13};
     scratch_vs_grid("default model, compressed", &m, &t, &base, &fam, 4, 0, heads, 2, PS_KO_COMPRESSED, 8);
@@ -296,7 +296,7 @@ static void test_scratch_random_model(void) {
     ps_batch base;
     ps_error err;
     ps_batch_alloc(&base, 9, t.seq_len, t.n_queries, &err);
-    ps_task_generate(&t, 17, &base);
+    CHECK(ps_task_generate(&t, 17, &base, NULL) == 0, "task generation");
     ps_filler_family fam = repeat_family();
     int heads[2] = {1, 0};
     scratch_vs_grid("random full-attention model, raw", &m, &t, &base, &fam, 4, 1, heads, 2, PS_KO_RAW, 4);
@@ -312,8 +312,8 @@ static void make_pair(const ps_task *t, int64_t N, uint64_t seed, ps_batch *clea
     ps_error err;
     ps_batch_alloc(clean, N, t->seq_len, t->n_queries, &err);
     ps_batch_alloc(corr, N, t->seq_len, t->n_queries, &err);
-    ps_task_generate(t, seed, clean);
-    ps_task_generate(t, seed, corr);
+    CHECK(ps_task_generate(t, seed, clean, NULL) == 0, "task generation");
+    CHECK(ps_task_generate(t, seed, corr, NULL) == 0, "task generation");
     int64_t v0 = ps_task_val0(t), T = t->seq_len;
     for (int64_t b = 0; b < N; b++)
         for (int64_t qi = 0; qi < clean->n_q[b]; qi++) {

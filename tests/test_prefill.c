@@ -144,7 +144,7 @@ static void test_answer_rows(void) {
     ps_batch b;
     ps_error err;
     CHECK_OK(ps_batch_alloc(&b, 4, t.seq_len, t.n_queries, &err), &err);
-    ps_task_generate(&t, 9, &b);
+    CHECK(ps_task_generate(&t, 9, &b, NULL) == 0, "task generation");
     ps_acts a;
     CHECK_OK(ps_acts_create(&a, m.ctx, &c, b.B, b.T, false, &err), &err);
     CHECK_OK(ps_forward(&m, &a, b.tokens, NULL, &err), &err);

@@ -31,10 +31,10 @@ static void test_kv_generator(void) {
     ps_batch a, b;
     ps_batch_alloc(&a, 20, t.seq_len, t.n_queries, &err);
     ps_batch_alloc(&b, 20, t.seq_len, t.n_queries, &err);
-    ps_task_generate(&t, 7, &a);
-    ps_task_generate(&t, 7, &b);
+    CHECK(ps_task_generate(&t, 7, &a, NULL) == 0, "task generation");
+    CHECK(ps_task_generate(&t, 7, &b, NULL) == 0, "task generation");
     CHECK(!memcmp(a.tokens, b.tokens, 20 * 56 * 4) && !memcmp(a.targets, b.targets, 20 * 56 * 4), "not deterministic");
-    ps_task_generate(&t, 8, &b);
+    CHECK(ps_task_generate(&t, 8, &b, NULL) == 0, "task generation");
     CHECK(memcmp(a.tokens, b.tokens, 20 * 56 * 4) != 0, "seed ignored");
     int bad = 0;
     for (int s = 0; s < 20; s++) {
@@ -62,10 +62,10 @@ static void test_kv_generator(void) {
     /* a sequence does not depend on the batch size */
     ps_batch c;
     ps_batch_alloc(&c, 3, t.seq_len, t.n_queries, &err);
-    ps_task_generate(&t, 7, &c);
+    CHECK(ps_task_generate(&t, 7, &c, NULL) == 0, "task generation");
     CHECK(!memcmp(c.tokens, a.tokens, 3 * 56 * 4), "sequence depends on B");
     t.loss_all = 1;
-    ps_task_generate(&t, 7, &c);
+    CHECK(ps_task_generate(&t, 7, &c, NULL) == 0, "task generation");
     int all = 1;
     for (int i = 0; i < 55; i++) all &= c.targets[i] == c.tokens[i + 1];
     CHECK(all && c.targets[55] == -1, "loss on all positions");
@@ -96,7 +96,7 @@ static void test_bigram_generator(void) {
     CHECK_OK(ps_task_validate(&t, 24, 64, "t", &err), &err);
     ps_batch a;
     ps_batch_alloc(&a, 10, 48, 6, &err);
-    ps_task_generate(&t, 3, &a);
+    CHECK(ps_task_generate(&t, 3, &a, NULL) == 0, "task generation");
     int bad = 0;
     for (int s = 0; s < 10; s++) {
         const int32_t *tok = a.tokens + s * 48, *tg = a.targets + s * 48;

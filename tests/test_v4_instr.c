@@ -99,7 +99,7 @@ static void test_mapped_eval(ps_v4_model *m, const char *tmp) {
     REQUIRE_OK(ps_v4_task_load(&t, p, mix4, 256, 4096, &err), &err);
     ps_batch b;
     REQUIRE_OK(ps_batch_alloc(&b, 5, t.task.seq_len, t.task.n_queries, &err), &err);
-    ps_task_generate(&t.task, 3, &b);
+    CHECK(ps_task_generate(&t.task, 3, &b, NULL) == 0, "task generation");
     int ok[10], ok2[10];
     double lp[10], lp2[10];
     CHECK_OK(ps_v4_eval(m, &t, &b, 2, NULL, ok, lp, &err), &err);
@@ -136,7 +136,7 @@ static void test_sweep_bookkeeping(ps_v4_model *m, const ps_v4_task *t) {
     ps_batch base;
     ps_error err;
     REQUIRE_OK(ps_batch_alloc(&base, N, t->task.seq_len, t->task.n_queries, &err), &err);
-    ps_task_generate(&t->task, 1, &base);
+    CHECK(ps_task_generate(&t->task, 1, &base, NULL) == 0, "task generation");
     ps_residue_stats st;
     CHECK_OK(ps_v4_sweep_run(m, t, &base, &fam, PS_SWEEP_PAD, P, 0, 4, &st, NULL, NULL, &err), &err);
     int64_t tot = 0;
@@ -185,7 +185,7 @@ static void test_knockout(ps_v4_model *m, const ps_v4_task *t) {
     ps_batch base;
     ps_error err;
     REQUIRE_OK(ps_batch_alloc(&base, N, t->task.seq_len, t->task.n_queries, &err), &err);
-    ps_task_generate(&t->task, 2, &base);
+    CHECK(ps_task_generate(&t->task, 2, &base, NULL) == 0, "task generation");
     int layers[] = {1, 3}, heads[] = {2, 0};
     ps_knockout_result r;
     CHECK_OK(ps_v4_knockout_grid(m, t, &base, &fam, P, 0, N, layers, 2, heads, 2, PS_V4KO_HEADS, &r, NULL, NULL, &err), &err);
@@ -351,7 +351,7 @@ static void test_uniform_gates(ps_v4_model *m, const ps_v4_task *t) {
     }
     ps_batch base;
     REQUIRE_OK(ps_batch_alloc(&base, 3, t->task.seq_len, t->task.n_queries, &err), &err);
-    ps_task_generate(&t->task, 5, &base);
+    CHECK(ps_task_generate(&t->task, 5, &base, NULL) == 0, "task generation");
     ps_chgate_acc acc;
     REQUIRE_OK(ps_v4_gates_run(m, t, &base, &fam, 0, 2, &acc, &err), &err);
     /* layer 1 CSA m 4 (8 slots), layer 2 HCA m 8 (8 slots = the rate), layer 3 CSA m 4 */
@@ -470,7 +470,7 @@ static void test_controlled_knockout(void) {
     ps_error err;
     ps_batch base;
     REQUIRE_OK(ps_batch_alloc(&base, 5, t.seq_len, t.n_queries, &err), &err);
-    ps_task_generate(&t, 8, &base);
+    CHECK(ps_task_generate(&t, 8, &base, NULL) == 0, "task generation");
     int layers[1] = {0}, heads[1] = {0};
     ps_knockout_result r;
     CHECK_OK(ps_knockout_grid(&m, &base, &t, &fam, 4, 0, 5, layers, 1, heads, 1, PS_KO_COMPRESSED, 0, &r, NULL, NULL, &err), &err);

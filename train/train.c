@@ -75,8 +75,7 @@ static json_t *task_json(const ps_train_cfg *c) { return c->text ? ps_textkv_tas
 /* a batch (allocated for b->B sequences) from seed */
 static int generate(const ps_train_cfg *c, uint64_t seed, ps_batch *b, ps_error *err) {
     if (c->text) return ps_textkv_task_generate(c->text, seed, b->B, b, err);
-    ps_task_generate(&c->task, seed, b);
-    return 0;
+    return ps_task_generate(&c->task, seed, b, err);
 }
 
 
