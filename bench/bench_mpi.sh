@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # bench_mpi.sh — scale-out on this machine (docs/scale-out.md, "Cost model"): a knockout grid and a phase
-# sweep of the shipped default model as one process with 1 thread, as 2 MPI ranks with 1 thread each, and as
+# sweep of the shipped one-layer W8/S8 (data/models/w8s8) as one process with 1 thread, as 2 MPI ranks with 1 thread each, and as
 # one process with 2 threads (wall and CPU seconds, the median of REPS runs; speed-up of 2 ranks over 1);
-# then data-parallel training of the default model's config (demo/w8s8) at 1 and 2 ranks: the step time
+# then data-parallel training of that model's config (demo/w8s8) at 1 and 2 ranks: the step time
 # and the share of the step the gradient all-reduce takes (and the time spent waiting for the slower rank).
 # On a machine shared with other work the wall times carry that load: compare the CPU seconds and the
 # ratios of one run. Usage: bench_mpi.sh BUILD_DIR SRC_DIR [REPS]
@@ -57,8 +57,9 @@ echo "(1r1t: one process, 1 thread; 2r1t: mpirun -np 2, 1 thread per rank; 1r2t:
 echo " wall, cpu = user + sys of all processes, crit = cpu of the busiest rank. Speed-ups: wall 1r1t / wall 2r1t,"
 echo " wall 1r1t / wall 1r2t, and cpu 1r1t / crit 2r1t: the 2-rank speed-up on cores nobody else uses)"
 printf "%-30s %13s | %20s | %13s | %13s | %6s\n" "" "1r1t wall cpu" "2r1t wall cpu crit" "1r2t wall cpu" "wall: 2r 2t" "quiet"
-row "knockout, default model, 256 x 8" knockout
-row "sweep, default model, 2048 x 8" sweep --n 2048
+W="$SRC/data/models/w8s8" # the one-layer W8/S8 (the default model is the 12-layer deep_w8s8)
+row "knockout, w8s8, 256 x 8" knockout --model "$W"
+row "sweep, w8s8, 2048 x 8" sweep --model "$W" --n 2048
 
 # ---- training ----
 echo
@@ -76,7 +77,7 @@ t = sorted(1e3 * bt / x['tokens_per_s'] for x in r if x['type'] == 'train' and x
 print('%.2f' % t[len(t) // 2])
 EOF
 }
-echo "training: demo/w8s8 (the default model: d 64, 1 layer, 16 heads, W8/S8), global batch 64 x 64 tokens, 60 steps, 1 thread per rank"
+echo "training: demo/w8s8 (the one-layer W8/S8: d 64, 1 layer, 16 heads), global batch 64 x 64 tokens, 60 steps, 1 thread per rank"
 cpu1=0
 for n in 1 2; do
   rm -rf "$T/run" "$T"/rank*

@@ -38,12 +38,13 @@ EOF
 }
 # the instruments pin one thread per process, as the bench does (the numbers do not depend on it)
 export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE
-D="$SRC/data/models/default"
+D="$SRC/data/models/default"  # the deep W8/S8 (12 layers, 8 KV heads)
+W="$SRC/data/models/w8s8"     # the one-layer W8/S8: knockout grids that take seconds
 
 # ---- --shard I/N and phasescope merge: no MPI needed ----
 section "--shard and merge"
-"$PS" knockout --n 64 --batch 16 --out "$T/ko1" > "$T/ko1.txt" 2>&1
-for i in 0 1 2; do "$PS" knockout --n 64 --batch 16 --shard $i/3 --out "$T/kop" > /dev/null 2>&1; done
+"$PS" knockout --model "$W" --n 64 --batch 16 --out "$T/ko1" > "$T/ko1.txt" 2>&1
+for i in 0 1 2; do "$PS" knockout --model "$W" --n 64 --batch 16 --shard $i/3 --out "$T/kop" > /dev/null 2>&1; done
 "$PS" merge "$T"/kop/knockout.part-*-of-3.safetensors --out "$T/kom" > "$T/kom.txt" 2>&1
 check "knockout: 3 shards merged = one process" 'same_json "$T/ko1/knockout.json" "$T/kom/knockout.json" command'
 check "knockout: merged summary = one process" 'cmp -s <(tail -n +2 "$T/ko1.txt" | sed "s#$T/ko1#X#") <(sed "s#$T/kom#X#" "$T/kom.txt")'
@@ -64,11 +65,24 @@ out=$("$PS" merge "$T/kop/knockout.part-0-of-3.safetensors" "$T/kop/knockout.par
 check "merge: a missing shard is named" '[ $rc -eq 1 ] && grep -q "missing: 1" <<<"$out"'
 out=$("$PS" merge "$T/kop/knockout.part-0-of-3.safetensors" "$T/swp/sweep.part-1-of-2.safetensors" --out "$T/x" 2>&1); rc=$?
 check "merge: parts of different runs are refused" '[ $rc -eq 1 ] && grep -q "parts of different runs" <<<"$out"'
-"$PS" knockout --n 64 --batch 16 --seed 1 --shard 1/3 --out "$T/kos" > /dev/null 2>&1
+"$PS" knockout --model "$W" --n 64 --batch 16 --seed 1 --shard 1/3 --out "$T/kos" > /dev/null 2>&1
 out=$("$PS" merge "$T/kop/knockout.part-0-of-3.safetensors" "$T/kos/knockout.part-1-of-3.safetensors" "$T/kop/knockout.part-2-of-3.safetensors" --out "$T/x" 2>&1); rc=$?
 check "merge: a shard of another seed is refused" '[ $rc -eq 1 ] && grep -q "provenance or parameters differ" <<<"$out"'
 out=$("$PS" sweep --shard 2/2 2>&1); rc=$?
 check "--shard out of range is a usage error" '[ $rc -eq 2 ] && grep -q "need 0 <= I < N" <<<"$out"'
+# the paths that are not split into units refuse --shard (a usage error that names the path)
+CONF="$SRC/tests/conformance"; TT="$SRC/tests/text/tiny_tokenizer.json"
+out=$("$PS" gatecycle --layer 0 --shift 3 --n 8 --measure knockout --shard 0/2 --out "$T/x" 2>&1); rc=$?
+check "--shard with gatecycle --measure knockout is refused" '[ $rc -eq 2 ] && grep -q "gatecycle --measure knockout is not split into work units" <<<"$out" && [ ! -e "$T/x" ]'
+"$PS" init --config "$SRC/tests/text/tiny_model.json" --out "$T/tm" --seed 2 > /dev/null 2>&1
+out=$("$PS" sweep --task text-kv --model "$T/tm" --tokenizer "$TT" --n 8 --pairs 4 --shard 1/2 --out "$T/x" 2>&1); rc=$?
+check "--shard with sweep --task text-kv is refused" '[ $rc -eq 2 ] && grep -q "the text-kv sweep is not split" <<<"$out"'
+cat > "$T/v4task.json" <<'EOF2'
+{"task": {"kind": "kv-retrieval", "seq_len": 40, "n_keys": 16, "n_values": 16, "n_fillers": 4, "n_pairs": 4,
+          "key_len": 1, "value_len": 1, "gap_min": 0, "gap_max": 3, "query_gap": 8, "n_queries": 2}}
+EOF2
+out=$("$PS" knockout --model "$CONF/v4/mix4" --task "$T/v4task.json" --n 4 --shard 0/2 --out "$T/x" 2>&1); rc=$?
+check "--shard on a DeepSeek-V4 checkpoint is refused" '[ $rc -eq 2 ] && grep -q "DeepSeek-V4 checkpoint is not split" <<<"$out"'
 
 # ---- MPI ----
 skip_mpi=""
@@ -102,23 +116,23 @@ check "sweep: -np 2 = -np 1 (JSON, figure)" 'same_run sw_np1 sw_np2 sweep.json'
 check "sweep: -np 2 provenance names the ranks" 'grep -q "2 MPI ranks" "$T/sw_np2/sweep.json"'
 rm -rf "$T/run"; "$PS" sweep --n 64 --batch 16 --out "$T/run" > /dev/null 2>&1; mv "$T/run" "$T/sw_plain"
 check "sweep: -np 2 = a plain process" 'same_run sw_plain sw_np2 sweep.json'
-# the shipped default model (the default flags but half the prompts, to keep the test short)
-section "knockout of the default model"
-np 1 ko_np1 knockout --n 128 && np 2 ko_np2 knockout --n 128
-check "knockout (default model): -np 2 = -np 1" 'same_run ko_np1 ko_np2 knockout.json'
+# the one-layer W8/S8 (the default flags but half the prompts, to keep the test short)
+section "knockout of w8s8"
+np 1 ko_np1 knockout --model "$W" --n 128 && np 2 ko_np2 knockout --model "$W" --n 128
+check "knockout (w8s8): -np 2 = -np 1" 'same_run ko_np1 ko_np2 knockout.json'
 summary() { tr '\r' '\n' < "$1" | grep -E "^(clean mean|  layer|  \.\.\.)"; }
-check "knockout (default model): the same summary" 'cmp -s <(summary "$T/ko_np1.txt") <(summary "$T/ko_np2.txt") && [ -n "$(summary "$T/ko_np1.txt")" ]'
+check "knockout (w8s8): the same summary" 'cmp -s <(summary "$T/ko_np1.txt") <(summary "$T/ko_np2.txt") && [ -n "$(summary "$T/ko_np1.txt")" ]'
 section "knockout of deep_w8s8"
 np 1 kd_np1 knockout --model "$SRC/data/models/deep_w8s8" --layers 4,10-11 --heads 0,5 --n 12 --batch 4 --target both &&
   np 2 kd_np2 knockout --model "$SRC/data/models/deep_w8s8" --layers 4,10-11 --heads 0,5 --n 12 --batch 4 --target both
 check "knockout (12 layers, 3 chosen): -np 2 = -np 1" 'same_run kd_np1 kd_np2 knockout.json'
-np 1 gc_np1 gatecycle --layer 0 --shift 3 --n 32 --save "$T/cyc" && mv "$T/cyc" "$T/cyc1" &&
-  np 2 gc_np2 gatecycle --layer 0 --shift 3 --n 32 --save "$T/cyc" && mv "$T/cyc" "$T/cyc2"
+np 1 gc_np1 gatecycle --layer 9 --shift 2 --n 32 --save "$T/cyc" && mv "$T/cyc" "$T/cyc1" &&
+  np 2 gc_np2 gatecycle --layer 9 --shift 2 --n 32 --save "$T/cyc" && mv "$T/cyc" "$T/cyc2"
 check "gatecycle: -np 2 = -np 1" 'same_run gc_np1 gc_np2 gatecycle.json'
 check "gatecycle: one cycled checkpoint, the same" 'cmp -s "$T/cyc1/model.safetensors" "$T/cyc2/model.safetensors" && [ "$(grep -c "wrote the cycled" "$T/gc_np2.txt")" -eq 1 ]'
 np 1 ga_np1 gates --n 48 --batch 16 && np 2 ga_np2 gates --n 48 --batch 16
 check "gates: -np 2 = -np 1" 'same_run ga_np1 ga_np2 gates.json'
-np 2 sh_np2 knockout --n 64 --batch 16 --shard 1/3
+np 2 sh_np2 knockout --model "$W" --n 64 --batch 16 --shard 1/3
 cp "$T/kop/knockout.part-0-of-3.safetensors" "$T/kop/knockout.part-2-of-3.safetensors" "$T/sh_np2/"
 "$PS" merge "$T"/sh_np2/knockout.part-*-of-3.safetensors --out "$T/shm" > /dev/null 2>&1
 check "a shard run by 2 ranks merges like one run by one process" 'same_json "$T/ko1/knockout.json" "$T/shm/knockout.json" command'
@@ -126,6 +140,17 @@ out=$($MPI -np 2 "$PS" sweep --n x 2>&1); rc=$?
 check "a usage error under mpirun: said once, exit 2" '[ $rc -eq 2 ] && [ "$(grep -c "phasescope sweep: --n x" <<<"$out")" -eq 1 ]'
 out=$($MPI -np 2 "$PS" info 2>&1); rc=$?
 check "a one-process command under mpirun is refused" '[ $rc -eq 2 ] && grep -q "runs as one process" <<<"$out"'
+# the paths that are not split run whole on rank 0 (said on stderr): the same result as one rank
+section "paths run whole on rank 0"
+np 1 gk_np1 gatecycle --layer 9 --shift 2 --n 32 --measure knockout && np 2 gk_np2 gatecycle --layer 9 --shift 2 --n 32 --measure knockout
+check "gatecycle --measure knockout: -np 2 = -np 1 (rank 0 runs it)" 'same_run gk_np1 gk_np2 gatecycle.json && grep -q "per_head" "$T/gk_np2/gatecycle.json"'
+check "gatecycle --measure knockout: -np 2 says rank 0 runs it whole" 'grep -q "rank 0 runs it whole" "$T/gk_np2.txt" && [ "$(grep -c "^  head 0:" "$T/gk_np2.txt")" -eq 1 ]'
+np 1 tk_np1 sweep --task text-kv --model "$T/tm" --tokenizer "$TT" --n 8 --pairs 4 && np 2 tk_np2 sweep --task text-kv --model "$T/tm" --tokenizer "$TT" --n 8 --pairs 4
+check "sweep --task text-kv: -np 2 = -np 1 (rank 0 runs it)" 'same_run tk_np1 tk_np2 sweep.json'
+np 1 v4_np1 sweep --model "$CONF/v4/mix4" --task "$T/v4task.json" --n 4 && np 2 v4_np2 sweep --model "$CONF/v4/mix4" --task "$T/v4task.json" --n 4
+check "sweep of a DeepSeek-V4 checkpoint: -np 2 = -np 1 (rank 0 runs it)" 'same_run v4_np1 v4_np2 sweep.json && grep -q "rank 0 runs it whole" "$T/v4_np2.txt"'
+out=$($MPI -np 2 "$PS" knockout --model "$CONF/v4/mix4" --task "$T/v4task.json" --target both --out "$T/x" 2>&1); rc=$?
+check "a DeepSeek-V4 usage error under mpirun: said once, exit 2" '[ $rc -eq 2 ] && [ "$(grep -c "expected heads, compressed" <<<"$out")" -eq 1 ]'
 
 # ---- data-parallel training ----
 section "data-parallel training"
