@@ -600,10 +600,10 @@ int ps_train(const ps_train_cfg *c, const char *dir, int resume, int64_t stop_af
     int64_t end = stop_after >= 0 && stop_after < c->steps ? stop_after : c->steps;
     double t_last = now_s();
     int64_t tok_since = 0;
-    /* this rank's rows of the batch */
-    const int32_t *my_tokens = s.batch.tokens + b0 * T, *my_targets = s.batch.targets + b0 * T;
     for (int64_t step = start; step < end; step++) {
         if (generate(c, step_seed(c->seed, step), &s.batch, err)) goto done;
+        /* this rank's rows of the batch (after generate: the text-kv task reallocates the batch) */
+        const int32_t *my_tokens = s.batch.tokens + b0 * T, *my_targets = s.batch.targets + b0 * T;
         if (ps_fill(s.m.ctx, s.grads, 0.0f, s.m.n_params)) {
             ps_ctx_check(s.m.ctx, err);
             goto done;
