@@ -73,6 +73,7 @@ bench: build
 	fi
 	@./build/bench/bench_knockout
 	@bash bench/bench_contention.sh build .
+	@bash bench/bench_mpi.sh build .
 
 clean:
 	rm -rf build build-asan build-fuzz

@@ -124,6 +124,20 @@ static int free_cores(void) {
     return free_n < 1 ? 1 : free_n > n ? n : free_n;
 }
 
+/* Ranks an MPI launcher started on this machine (1 when not launched, or PS_MPI=0): Open MPI's mpirun,
+ * MPICH's hydra, Slurm's srun with an MPI plugin. Read from the environment: the decision is made before
+ * MPI starts (and before the re-execution). */
+static int launcher_local_ranks(void) {
+    const char *off = getenv("PS_MPI"), *s;
+    if (off && !strcmp(off, "0")) return 1;
+    if ((s = getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) && atoi(s) > 0) return atoi(s);
+    if ((s = getenv("MPI_LOCALNRANKS")) && atoi(s) > 0) return atoi(s);
+    if ((s = getenv("PMI_LOCAL_SIZE")) && atoi(s) > 0) return atoi(s);
+    if ((getenv("PMIX_RANK") || getenv("PMI_RANK")) && (s = getenv("SLURM_STEP_TASKS_PER_NODE")) && atoi(s) > 0)
+        return atoi(s); /* "2(x3)": the first node's count */
+    return 1;
+}
+
 static void reexec(char **argv) {
     fflush(NULL);
     execv("/proc/self/exe", argv);
@@ -159,7 +173,25 @@ void ps_cpu_env_prepare(char **argv, char *warning, size_t n) {
         change = 1;
     }
     const char *nt = getenv("OMP_NUM_THREADS");
-    if (!nt || !*nt) {
+    int local = launcher_local_ranks();
+    if ((!nt || !*nt) && local > 1) {
+        /* one of `local` MPI ranks on this machine: an equal share of the cores that tasks other than ours
+         * leave free (the sibling ranks, starting now, count as ours); a rank bound to its own cores
+         * (mpirun --bind-to core) shares only those */
+        int ncpu = (int)sysconf(_SC_NPROCESSORS_ONLN), f = free_cores(), aff = ncpu;
+        cpu_set_t set;
+        if (sched_getaffinity(0, sizeof set, &set) == 0) aff = CPU_COUNT(&set);
+        if (aff >= ncpu) {
+            int avail = f + local - 1 < ncpu ? f + local - 1 : ncpu;
+            f = avail / local;
+        }
+        if (f < 1) f = 1;
+        char buf[16];
+        snprintf(buf, sizeof buf, "%d", f);
+        setenv("OMP_NUM_THREADS", buf, 1);
+        setenv("PS_CPU_ENV_THREADS", "rank", 1);
+        change = 1;
+    } else if (!nt || !*nt) {
         int ncpu = (int)sysconf(_SC_NPROCESSORS_ONLN), f = free_cores();
         if (f < ncpu) {
             char buf[16];
@@ -206,6 +238,9 @@ void ps_cpu_env_describe(char *out, size_t n) {
     if (vnum) sscanf(vnum + 1, "%31s", num);
     const char *tauto = getenv("PS_CPU_ENV_THREADS");
     snprintf(out, n, "%s %s %s (%s), %d thread%s%s, OMP_WAIT_POLICY=%s", ver, num, ps_blas_corename(), how,
-             openblas_get_num_threads(), openblas_get_num_threads() == 1 ? "" : "s", tauto && !strcmp(tauto, "auto") ? " (cores free at start)" : "",
+             openblas_get_num_threads(), openblas_get_num_threads() == 1 ? "" : "s",
+             tauto && !strcmp(tauto, "auto")   ? " (cores free at start)"
+             : tauto && !strcmp(tauto, "rank") ? " (a share of the cores free at start per MPI rank on this machine)"
+                                               : "",
              wp && *wp ? wp : "default");
 }

@@ -14,7 +14,9 @@
  *     Unless the user set OMP_WAIT_POLICY (or GOMP_SPINCOUNT), it is set to PASSIVE.
  *   - Threads. Unless the user set OMP_NUM_THREADS, the thread count is the number of cores that no
  *     other runnable task occupies at start-up (the kernel's count of runnable tasks), at least 1.
- *     A quiet machine gets every core; a machine busy with other sweeps gets its fair share.
+ *     A quiet machine gets every core; a machine busy with other sweeps gets its fair share. A rank of
+ *     an MPI job (OMPI_COMM_WORLD_LOCAL_SIZE, MPI_LOCALNRANKS, ... > 1) gets those cores divided by the
+ *     ranks on its machine (the sibling ranks count as ours), at least 1.
  *
  * PS_CPU_ENV_TEST_REPORTED=NAME pretends the library reported kernel family NAME (for tests).
  * PS_NO_REEXEC=1 turns the re-execution off (nothing is changed then). Library code never calls

@@ -9,6 +9,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "dist.h"
+
 int ps_cli_status(const ps_error *err) { return err && err->usage ? 2 : 1; }
 
 int ps_cli_mark_usage(ps_error *err) {
@@ -251,7 +253,7 @@ void ps_command_help(const ps_command *cmd, FILE *f) {
 
 int ps_command_main(const ps_command *cmd, int argc, char **argv) {
     if (wants_help(argc, argv)) {
-        ps_command_help(cmd, stdout);
+        if (ps_dist_rank() == 0) ps_command_help(cmd, stdout); /* under MPI, once */
         return 0;
     }
     ps_error err = {0};
@@ -266,7 +268,11 @@ int ps_command_main(const ps_command *cmd, int argc, char **argv) {
     else rc = parse(&a, &err) || check_backend(&a, &err) || cmd->run(&a, &err) ? -1 : 0;
     free(a.pos);
     if (!rc) return 0;
-    fprintf(stderr, "phasescope %s: %s\n", cmd->name, err.msg);
+    /* under MPI: an error every rank has (a usage error, or one the ranks agreed on) is printed by rank 0;
+     * one only this rank saw names the rank */
+    if (ps_dist_rank() == 0) fprintf(stderr, "phasescope %s: %s\n", cmd->name, err.msg);
+    else if (!err.usage && !ps_dist_error_shared())
+        fprintf(stderr, "phasescope %s: rank %d of %d: %s\n", cmd->name, ps_dist_rank(), ps_dist_size(), err.msg);
     return ps_cli_status(&err);
 }
 

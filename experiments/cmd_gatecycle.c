@@ -4,12 +4,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gatecycle.h"
 #include "cmd_v4.h"
+#include "dist.h"
+#include "gatecycle.h"
 #include "instrument.h"
 #include "knockout.h"
 #include "results_check.h"
 #include "stats.h"
+#include "units.h"
 
 static int run(const ps_args *a, ps_error *err);
 
@@ -176,30 +178,25 @@ done:
     return out;
 }
 
-static int run(const ps_args *a, ps_error *err) {
-    if (ps_v4_instr_wanted(a)) return ps_v4_cmd_gatecycle(a, err); /* DeepSeek-V4 checkpoint: experiments/cmd_v4_instr.c */
-    ps_instr in = {0};
-    ps_residue_stats before = {0}, after = {0};
-    ps_cycle_analysis an = {0};
-    json_t *res = NULL, *per_head = NULL;
-    double *ab = NULL, *aa = NULL;
-    int rc = 1;
+/* The flags, the model and the cycle's preconditions (every rank checks them alike). */
+static int validate(const ps_args *a, ps_instr *inp, int64_t *layer_, int64_t *shift_, int64_t *head_, int *bi_, int *pi_,
+                    int *branches_, int *params_, const char *const *BRANCHES, const char *const *PARAMS, int *measure_,
+                    double *min_hurt_, ps_error *err) {
     int64_t layer = 0, shift = 0, head = -1;
-    static const char *const BRANCHES[] = {"key", "value", "both", NULL}, *const PARAMS[] = {"gate", "payload", "all", NULL};
     int bi = 2, pi = -1;
     if (ps_args_int(a, "--layer", -PS_RESULT_MAX_SHIFT, PS_RESULT_MAX_SHIFT, &layer, err) ||
         ps_args_int(a, "--shift", -PS_RESULT_MAX_SHIFT, PS_RESULT_MAX_SHIFT, &shift, err) ||
         ps_args_int(a, "--head", 0, PS_RESULT_MAX_SHIFT, &head, err) || ps_args_choice(a, "--branch", BRANCHES, &bi, err) ||
         ps_args_choice(a, "--params", PARAMS, &pi, err))
-        goto done;
+        return -1;
     static const char *const MEASURES[] = {"sweep", "knockout", NULL};
-    int mi = 0;
-    double min_hurt = PS_HEAD_MIN_HURT_PP;
-    if (ps_args_choice(a, "--measure", MEASURES, &mi, err) || ps_args_positive(a, "--min-hurt", 100, &min_hurt, err)) goto done;
+    if (ps_args_choice(a, "--measure", MEASURES, measure_, err) || ps_args_positive(a, "--min-hurt", 100, min_hurt_, err))
+        return -1;
+    *layer_ = layer, *shift_ = shift, *head_ = head, *bi_ = bi, *pi_ = pi;
     int branches = bi == 0 ? PS_CYCLE_KEY : bi == 1 ? PS_CYCLE_VALUE : PS_CYCLE_KEY | PS_CYCLE_VALUE;
     int params = pi < 0 ? 0 : pi == 0 ? PS_CYCLE_GATE : pi == 1 ? PS_CYCLE_PAYLOAD : PS_CYCLE_GATE | PS_CYCLE_PAYLOAD;
-    if (ps_instr_setup(&in, a, 1, err)) goto done;
-    const ps_config *c = &in.m.cfg;
+    if (ps_instr_setup(inp, a, 1, err)) return -1;
+    const ps_config *c = &inp->m.cfg;
     /* a layer or head the model does not have is a usage error; without --model, say which model that is */
     char note[4600];
     ps_cli_default_model_note(ps_args_get(a, "--model"), note, sizeof note);
@@ -214,7 +211,7 @@ static int run(const ps_args *a, ps_error *err) {
         else
             ps_cli_usage(err, "--layer %lld: out of range (the model has %lld layers, 0..%lld)", (long long)layer,
                          (long long)c->n_layers, (long long)c->n_layers - 1);
-        goto done;
+        return -1;
     }
     if (c->kind != PS_ATTN_FULL && head >= c->n_kv_heads) {
         if (note[0])
@@ -223,7 +220,7 @@ static int run(const ps_args *a, ps_error *err) {
         else
             ps_cli_usage(err, "--head %lld: out of range (the model has %lld KV heads, 0..%lld)", (long long)head,
                          (long long)c->n_kv_heads, (long long)c->n_kv_heads - 1);
-        goto done;
+        return -1;
     }
     /* default: every per-offset parameter the model has (gates and payloads move together) */
     if (!params && c->kind == PS_ATTN_COMPRESSED) {
@@ -231,84 +228,182 @@ static int run(const ps_args *a, ps_error *err) {
         if (c->payload != PS_PAYLOAD_SHARED) params |= PS_CYCLE_PAYLOAD;
         if (!params) {
             ps_fail(err, "--model %s: the model's gate is uniform and its payload shared: it has no per-offset parameters to cycle",
-                    in.model_dir);
-            goto done;
+                    inp->model_dir);
+            return -1;
         }
     }
     if (!params) params = PS_CYCLE_GATE;
     /* validate the cycle first (bad model fails before any sweep): cycling by 0 checks every precondition
      * and changes nothing */
-    if (ps_gate_cycle(&in.m, (int)layer, (int)head, branches, params, 0, err)) {
-        if (strncmp(err->msg, "--", 2)) ps_fail_prefix(err, "--model %s: ", in.model_dir);
+    if (ps_gate_cycle(&inp->m, (int)layer, (int)head, branches, params, 0, err)) {
+        if (strncmp(err->msg, "--", 2)) ps_fail_prefix(err, "--model %s: ", inp->model_dir);
         else ps_cli_mark_usage(err);
+        return -1;
+    }
+    if (*measure_ == 1 && c->kind != PS_ATTN_COMPRESSED)
+        return ps_cli_usage(err, "--measure knockout: the model has no compressed cache to cycle");
+    *branches_ = branches;
+    *params_ = params;
+    return 0;
+}
+
+/* Gate cycling's work: the two sweeps' units (before, then after; interventions/units.h). A process whose
+ * range reaches into the second sweep cycles its copy of the model first; a split run gathers the
+ * outcomes and ps_gatecycle_finish adds them up in the one-process order. --measure knockout (the per-head
+ * knockout grids before and after) is not split into units: rank 0 runs the whole command (the other ranks
+ * wait) and --shard is refused. DeepSeek-V4 checkpoints run whole on rank 0 too. */
+static int run(const ps_args *a, ps_error *err) {
+    if (ps_v4_instr_wanted(a)) { /* DeepSeek-V4 checkpoint: experiments/cmd_v4_instr.c, whole on rank 0 */
+        int r = ps_instr_whole_begin(a, "gate cycling of a DeepSeek-V4 checkpoint", err);
+        return ps_instr_whole_end(r == 1 ? ps_v4_cmd_gatecycle(a, err) : r, err) ? 1 : 0;
+    }
+    ps_instr in = {0};
+    ps_partial part = {0};
+    ps_instr_work wk = {0};
+    int64_t *w = NULL;
+    int rc = 1;
+    int64_t layer = 0, shift = 0, head = -1;
+    static const char *const BRANCHES[] = {"key", "value", "both", NULL}, *const PARAMS[] = {"gate", "payload", "all", NULL};
+    int bi = 2, pi = -1, branches = 0, params = 0, measure = 0;
+    double min_hurt = PS_HEAD_MIN_HURT_PP;
+    int bad = validate(a, &in, &layer, &shift, &head, &bi, &pi, &branches, &params, BRANCHES, PARAMS, &measure, &min_hurt, err);
+    if (ps_dist_agree(bad, err)) goto done;
+    /* --measure knockout: whole on rank 0 (whole = 1 there, -1 on an error, 0 on the waiting ranks) */
+    int whole = measure == 1 ? ps_instr_whole_begin(a, "gatecycle --measure knockout", err) : 1;
+    if (whole <= 0) {
+        rc = ps_instr_whole_end(whole, err) ? 1 : 0;
         goto done;
     }
-    if (mi == 1) {
-        if (c->kind != PS_ATTN_COMPRESSED) {
-            ps_cli_usage(err, "--measure knockout: the model has no compressed cache to cycle");
-            goto done;
-        }
-        per_head = measure_per_head(&in, (int)layer, (int)head, branches, params, shift, min_hurt, err);
-        if (!per_head) goto done;
+    int r = 0;
+    json_t *per_head = NULL;
+    if (measure == 1 && !(per_head = measure_per_head(&in, (int)layer, (int)head, branches, params, shift, min_hurt, err))) r = -1;
+    const ps_config *c = &in.m.cfg;
+    int64_t N = in.base.B, maxq = in.base.max_q, nb = ps_sweep_n_batches(N, in.batch), half = in.P * nb, nu = 2 * half;
+    json_t *hl = json_array();
+    for (int64_t g = head < 0 ? 0 : head; g < (head < 0 ? c->n_kv_heads : head + 1); g++) json_array_append_new(hl, json_integer(g));
+    const char *br = branches == 3 ? "both" : branches == 1 ? "key" : "value";
+    const char *pa = params == 3 ? "all" : params == 1 ? "gate" : "payload";
+    json_t *meta = json_pack("{s:o, s:I, s:{s:I, s:I, s:o, s:o, s:s, s:s}, s:f, s:I, s:b, s:I}", "provenance",
+                             ps_instr_provenance(&in, "pad"), "period", (json_int_t)in.P, "cycle", "layer", (json_int_t)layer,
+                             "shift", (json_int_t)shift, "head", head < 0 ? json_string("all") : json_integer(head), "heads", hl,
+                             "branch", br, "params", pa, "chance", ps_task_chance(&in.task), "n_kv_heads",
+                             (json_int_t)c->n_kv_heads, "gates_without_payloads",
+                             params == PS_CYCLE_GATE && c->kind == PS_ATTN_COMPRESSED && c->payload != PS_PAYLOAD_SHARED,
+                             "v4_rate", (json_int_t)(c->kind == PS_ATTN_V4 ? c->rate : 0));
+    if (per_head) json_object_set_new(meta, "per_head", per_head); /* only a run that is not split has it */
+    w = malloc((size_t)(nu ? nu : 1) * sizeof *w);
+    if (!w && !r) r = ps_fail(err, "out of memory for %lld work units", (long long)nu);
+    if (r) {
+        json_decref(meta);
+        goto finish;
     }
-    if (ps_sweep_run(&in.m, &in.base, &in.task, in.fam, PS_SWEEP_PAD, in.P, in.seed, in.batch, &before, ps_instr_progress,
-                     &in, err))
+    for (int64_t u = 0; u < nu; u++) {
+        int64_t j = u % nb;
+        w[u] = (N - j * in.batch < in.batch ? N - j * in.batch : in.batch) * maxq;
+    }
+    if (ps_instr_partial_init(&in, &part, nu, meta, err) || ps_partial_add(&part, "ok", PS_PART_I32, w, err) < 0 ||
+        ps_partial_add(&part, "logprob", PS_PART_F64, w, err) < 0 || ps_partial_add(&part, "rho", PS_PART_I32, w, err) < 0) {
+        r = -1;
+        goto finish;
+    }
+    ps_sweep_unit_weights(N, in.batch, in.P, in.base.T, PS_SWEEP_PAD, w);
+    memcpy(w + half, w, (size_t)half * sizeof *w);
+    if (measure == 1) { /* this process runs every unit */
+        wk.u0 = 0;
+        wk.u1 = nu;
+    } else if (ps_instr_split(&in, w, NULL, nu, 0, &wk, err))
         goto done;
-    ps_progress_end(&in.bar);
-    if (ps_gate_cycle(&in.m, (int)layer, (int)head, branches, params, shift, err)) goto done;
-    if (ps_sweep_run(&in.m, &in.base, &in.task, in.fam, PS_SWEEP_PAD, in.P, in.seed, in.batch, &after, ps_instr_progress,
-                     &in, err))
-        goto done;
-    ps_progress_end(&in.bar);
     const char *save = ps_args_get(a, "--save");
-    if (save) {
-        char meta[96];
-        snprintf(meta, sizeof meta, "layer %lld shift %lld", (long long)layer, (long long)shift);
-        if (ps_model_set_meta(&in.m, "phasescope.gatecycle", meta, err) || ps_model_save(&in.m, save, err))
-            goto done;
-        printf("wrote the cycled checkpoint to %s\n", save);
+    int saver = save && ps_dist_rank() == 0 && in.shard == 0; /* one process writes the cycled checkpoint */
+    int64_t stride = part.arr[0].off[half];                  /* elements of one sweep's outcomes */
+    int32_t *ok = part.arr[0].data, *rho = part.arr[2].data;
+    double *lp = part.arr[1].data;
+    if (wk.u0 < half) {
+        r = ps_sweep_units(&in.m, &in.base, &in.task, in.fam, PS_SWEEP_PAD, in.P, in.seed, in.batch, wk.u0,
+                           wk.u1 < half ? wk.u1 : half, ok, lp, rho, ps_instr_progress, &in, err);
+        ps_progress_end(&in.bar);
     }
-    ab = malloc((size_t)in.P * sizeof(double));
-    aa = malloc((size_t)in.P * sizeof(double));
-    if (!ab || !aa) {
-        ps_fail(err, "out of memory for two curves of %lld residues", (long long)in.P);
+    if (!r && (wk.u1 > half || saver)) r = ps_gate_cycle(&in.m, (int)layer, (int)head, branches, params, shift, err);
+    if (!r && wk.u1 > half) {
+        r = ps_sweep_units(&in.m, &in.base, &in.task, in.fam, PS_SWEEP_PAD, in.P, in.seed, in.batch,
+                           (wk.u0 > half ? wk.u0 : half) - half, wk.u1 - half, ok + stride, lp + stride, rho + stride,
+                           ps_instr_progress, &in, err);
+        ps_progress_end(&in.bar);
+    }
+    if (!r && saver) {
+        char note[96];
+        snprintf(note, sizeof note, "layer %lld shift %lld", (long long)layer, (long long)shift);
+        r = ps_model_set_meta(&in.m, "phasescope.gatecycle", note, err) || ps_model_save(&in.m, save, err) ? -1 : 0;
+        if (!r) printf("wrote the cycled checkpoint to %s\n", save);
+    }
+finish:
+    if (measure == 1) { /* rank 0 alone: finish here, then tell the waiting ranks */
+        if (!r) r = ps_gatecycle_finish(&part, in.out_dir, err);
+        rc = ps_instr_whole_end(r, err) ? 1 : 0;
         goto done;
     }
-    for (int64_t r = 0; r < in.P; r++) {
+    int fin = ps_instr_collect(&in, &part, &wk, r, err);
+    if (fin < 0 || (fin == 1 && ps_gatecycle_finish(&part, in.out_dir, err))) goto done;
+    rc = 0;
+done:
+    free(w);
+    ps_instr_work_free(&wk);
+    ps_partial_free(&part);
+    ps_instr_free(&in);
+    return rc;
+}
+
+int ps_gatecycle_finish(const ps_partial *p, const char *out_dir, ps_error *err) {
+    ps_residue_stats before = {0}, after = {0};
+    ps_cycle_analysis an = {0};
+    json_t *res = NULL, *meta = p->meta, *cy = json_object_get(meta, "cycle");
+    double *ab = NULL, *aa = NULL;
+    int rc = -1;
+    int64_t P = json_integer_value(json_object_get(meta, "period"));
+    int64_t layer = json_integer_value(json_object_get(cy, "layer")), shift = json_integer_value(json_object_get(cy, "shift"));
+    int64_t head = json_is_integer(json_object_get(cy, "head")) ? json_integer_value(json_object_get(cy, "head")) : -1;
+    int64_t nkv = json_integer_value(json_object_get(meta, "n_kv_heads"));
+    const char *br = json_string_value(json_object_get(cy, "branch")), *pa = json_string_value(json_object_get(cy, "params"));
+    if (P < 1 || !br || !pa || p->n_arr != 3 || p->n_units % 2)
+        return ps_fail(err, "a gate cycle's partial result lacks its cycle, period or outcomes");
+    int branches = !strcmp(br, "both") ? 3 : !strcmp(br, "key") ? 1 : 2, params = !strcmp(pa, "all") ? 3 : !strcmp(pa, "gate") ? 1 : 2;
+    int64_t half = p->arr[0].off[p->n_units / 2], all = p->arr[0].off[p->n_units];
+    const int32_t *ok = p->arr[0].data, *rho = p->arr[2].data;
+    const double *lp = p->arr[1].data;
+    if (ps_residue_stats_init(&before, P, err) || ps_residue_stats_init(&after, P, err)) goto done;
+    ps_residue_stats_add_items(&before, ok, lp, rho, half);
+    ps_residue_stats_add_items(&after, ok + half, lp + half, rho + half, all - half);
+    ab = malloc((size_t)P * sizeof(double));
+    aa = malloc((size_t)P * sizeof(double));
+    if (!ab || !aa) {
+        ps_fail(err, "out of memory for two curves of %lld residues", (long long)P);
+        goto done;
+    }
+    for (int64_t r = 0; r < P; r++) {
         ab[r] = ps_residue_accuracy(&before, r);
         aa[r] = ps_residue_accuracy(&after, r);
     }
-    if (ps_cycle_analyse(ab, aa, in.P, ps_task_chance(&in.task), &an, err)) goto done;
+    if (ps_cycle_analyse(ab, aa, P, json_number_value(json_object_get(meta, "chance")), &an, err)) goto done;
     json_t *jb = ps_residue_stats_json(&before, err), *ja = jb ? ps_residue_stats_json(&after, err) : NULL;
     if (!ja) {
         json_decref(jb);
         goto done;
     }
-    const char *br = branches == 3 ? "both" : branches == 1 ? "key" : "value";
-    const char *pa = params == 3 ? "all" : params == 1 ? "gate" : "payload";
     char hs[64];
-    heads_text(hs, sizeof hs, head, c->n_kv_heads);
+    heads_text(hs, sizeof hs, head, nkv);
     char warning[600] = "";
     if (an.after_near_chance)
         snprintf(warning, sizeof warning,
                  "after cycling, accuracy is near chance (mean %.3f, chance %.3f): the cycled heads no longer work, "
                  "so the shift statistic means nothing%s",
                  json_number_value(json_object_get(ja, "mean_accuracy")), an.chance, /* the curve's own mean */
-                 params == PS_CYCLE_GATE && c->kind == PS_ATTN_COMPRESSED && c->payload != PS_PAYLOAD_SHARED
+                 json_is_true(json_object_get(meta, "gates_without_payloads"))
                      ? " (the gates were rolled without their per-offset payloads; try --params all)"
                      : "");
     res = json_object();
     json_object_set_new(res, "kind", json_string("gatecycle"));
-    json_object_set_new(res, "provenance", ps_instr_provenance(&in, "pad"));
-    json_t *cyc = json_object(), *hl = json_array();
-    json_object_set_new(cyc, "layer", json_integer(layer));
-    json_object_set_new(cyc, "shift", json_integer(shift));
-    json_object_set_new(cyc, "head", head < 0 ? json_string("all") : json_integer(head));
-    for (int64_t g = head < 0 ? 0 : head; g < (head < 0 ? c->n_kv_heads : head + 1); g++) json_array_append_new(hl, json_integer(g));
-    json_object_set_new(cyc, "heads", hl);
-    json_object_set_new(cyc, "branch", json_string(br));
-    json_object_set_new(cyc, "params", json_string(pa));
-    json_object_set_new(res, "cycle", cyc);
+    json_object_set(res, "provenance", json_object_get(meta, "provenance"));
+    json_object_set(res, "cycle", cy);
     json_object_set_new(res, "before", jb);
     json_object_set_new(res, "after", ja);
     json_object_set_new(res, "chance", json_real(an.chance));
@@ -319,8 +414,8 @@ static int run(const ps_args *a, ps_error *err) {
         json_t *d = json_object();
         json_object_set_new(d, "before", json_integer(mv->before));
         json_object_set_new(d, "after", mv->after >= 0 ? json_integer(mv->after) : json_null());
-        int64_t mb = mv->after >= 0 ? ((mv->after - mv->before) % in.P + in.P) % in.P : 0;
-        if (mb > in.P / 2) mb -= in.P;
+        int64_t mb = mv->after >= 0 ? ((mv->after - mv->before) % P + P) % P : 0;
+        if (mb > P / 2) mb -= P;
         json_object_set_new(d, "moved_by", mv->after >= 0 ? json_integer(mb) : json_null());
         json_object_set_new(d, "accuracy_before", json_real(mv->acc_before));
         json_object_set_new(d, "accuracy_after", json_real(mv->acc_after));
@@ -337,15 +432,14 @@ static int run(const ps_args *a, ps_error *err) {
     json_object_set_new(res, "best_shift_signed", json_integer(an.best_shift_signed));
     json_object_set_new(res, "best_shift_correlation", json_real(an.best_shift_correlation));
     json_object_set_new(res, "warnings", warns);
-    if (per_head) {
-        json_object_set_new(res, "per_head", per_head);
-        per_head = NULL;
-    }
-    if (ps_instr_write(&in, "gatecycle.json", res, err)) goto done;
+    json_t *per_head = json_object_get(meta, "per_head"); /* --measure knockout */
+    if (per_head) json_object_set(res, "per_head", per_head);
+    if (ps_result_write(out_dir, "gatecycle.json", res, err)) goto done;
     if (warning[0]) fprintf(stderr, "phasescope gatecycle: warning: %s\n", warning);
-    if (c->kind == PS_ATTN_V4) /* the v4 attention: its position bias is the per-slot parameter */
+    int64_t v4_rate = json_integer_value(json_object_get(meta, "v4_rate"));
+    if (v4_rate > 0) /* the v4 attention: its position bias is the per-slot parameter */
         printf("cycled layer %lld: the compressor's position bias (ape) rolled by %lld (mod the rate %lld)\n", (long long)layer,
-               (long long)shift, (long long)c->rate);
+               (long long)shift, (long long)v4_rate);
     else
         printf("cycled layer %lld, %s, %s %s by %lld\n", (long long)layer, hs, branches == 3 ? "key and value" : br,
                params == 3 ? "gates and payloads" : params == 1 ? "gates" : "payloads", (long long)shift);
@@ -377,13 +471,11 @@ static int run(const ps_args *a, ps_error *err) {
     printf("\n");
     rc = 0;
 done:
-    json_decref(per_head);
     free(ab);
     free(aa);
     ps_cycle_analysis_free(&an);
     json_decref(res);
     ps_residue_stats_free(&before);
     ps_residue_stats_free(&after);
-    ps_instr_free(&in);
     return rc;
 }

@@ -3,10 +3,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dist.h"
 #include "fileio.h"
 #include "gates.h"
 #include "cmd_v4.h"
 #include "instrument.h"
+#include "units.h"
 
 static int run(const ps_args *a, ps_error *err);
 
@@ -101,56 +103,116 @@ static json_t *summarise_log(const char *path, ps_error *err) {
     return out;
 }
 
+/* The gate statistics' work: the batches of the shift-0 prompts, each unit keeping the gate distributions
+ * its hooks saw (interventions/units.h); a split run gathers them and ps_gates_finish pools them in the
+ * one-process order. */
 static int run(const ps_args *a, ps_error *err) {
-    if (ps_v4_instr_wanted(a)) return ps_v4_cmd_gates(a, err); /* DeepSeek-V4 checkpoint: experiments/cmd_v4_instr.c */
+    if (ps_v4_instr_wanted(a)) { /* DeepSeek-V4 checkpoint: experiments/cmd_v4_instr.c, whole on rank 0 */
+        int r = ps_instr_whole_begin(a, "the gate statistics of a DeepSeek-V4 checkpoint", err);
+        return ps_instr_whole_end(r == 1 ? ps_v4_cmd_gates(a, err) : r, err) ? 1 : 0;
+    }
     ps_instr in = {0};
-    ps_gate_acc acc = {0};
-    ps_hooks h;
-    ps_hooks_init(&h);
-    json_t *res = NULL;
+    ps_partial part = {0};
+    ps_instr_work wk = {0};
+    ps_shifted s = {0};
+    int have_s = 0;
+    int64_t *w = NULL;
+    json_t *evo = NULL;
     int rc = 1;
-    if (ps_instr_setup(&in, a, 1, err)) goto done;
-    if (in.m.cfg.kind == PS_ATTN_V4) { /* per-channel gates: experiments/cmd_v4_instr.c */
-        rc = ps_v4_model_gates(&in, ps_args_get(a, "--log"), err) ? 1 : 0;
+    int bad = ps_instr_setup(&in, a, 1, err);
+    if (ps_dist_agree(bad, err)) goto done;
+    if (in.m.cfg.kind == PS_ATTN_V4) { /* per-channel gates (experiments/cmd_v4_instr.c): whole on rank 0 */
+        int r = ps_instr_whole_begin(a, "the per-channel gate statistics of the v4 attention", err);
+        rc = ps_instr_whole_end(r == 1 ? ps_v4_model_gates(&in, ps_args_get(a, "--log"), err) : r, err) ? 1 : 0;
         goto done;
     }
-    if (ps_gate_acc_init(&acc, &in.m.cfg, err) || ps_gate_acc_watch(&acc, &h, &in.m.cfg, err)) goto done;
-    ps_shifted s;
-    if (ps_make_shifted(&in.base, &in.task, in.fam, PS_SWEEP_PAD, 1, 0, in.seed, in.m.cfg.max_seq_len, &s, err)) goto done;
-    int *ok = malloc((size_t)(s.b.B * s.b.max_q) * sizeof(int));
-    double *lp = malloc((size_t)(s.b.B * s.b.max_q) * sizeof(double));
-    int bad = ps_eval_shifted(&in.m, &s, in.batch, &h, ok, lp, err);
-    free(ok);
-    free(lp);
-    ps_shifted_free(&s);
-    if (bad) goto done;
+    if (in.m.cfg.kind != PS_ATTN_COMPRESSED)
+        bad = ps_fail(err, "gate statistics need a compressed-attention model (this one has full attention)");
+    if (!bad) {
+        bad = ps_make_shifted(&in.base, &in.task, in.fam, PS_SWEEP_PAD, 1, 0, in.seed, in.m.cfg.max_seq_len, &s, err);
+        have_s = !bad;
+    }
+    const char *train_log = ps_args_get(a, "--log");
+    if (!bad && train_log && !(evo = summarise_log(train_log, err))) bad = ps_fail_prefix(err, "--log: ");
+    size_t want = (size_t)2 * (size_t)in.m.cfg.n_layers * (size_t)in.m.cfg.n_kv_heads;
+    if (!bad && evo && json_array_size(evo) != want)
+        bad = ps_fail(err, "--log %s: its gate records have %zu (layer, KV head, branch) entries, but the model has %lld layers x %lld "
+                           "KV heads (%zu): the log is of another model",
+                      train_log, json_array_size(evo), (long long)in.m.cfg.n_layers, (long long)in.m.cfg.n_kv_heads, want);
+    if (ps_dist_agree(bad, err)) goto done;
+    int64_t N = s.b.B, nu = ps_sweep_n_batches(N, in.batch), B = in.batch < N ? in.batch : N;
+    json_t *meta = json_pack("{s:o, s:o}", "provenance", ps_instr_provenance(&in, NULL), "training", evo ? evo : json_null());
+    evo = NULL;
+    w = malloc((size_t)(nu ? nu : 1) * sizeof *w);
+    int64_t *wf = malloc((size_t)(nu ? nu : 1) * sizeof *wf);
+    if (!w || !wf) {
+        free(wf);
+        json_decref(meta);
+        ps_fail(err, "out of memory for %lld work units", (long long)nu);
+        goto done;
+    }
+    for (int64_t u = 0; u < nu; u++) {
+        int64_t n = N - u * B < B ? N - u * B : B, ne, nf;
+        ps_gates_unit_size(&in.m.cfg, n, s.b.T, &ne, &nf);
+        w[u] = ne * PS_GATES_EVENT_INTS;
+        wf[u] = nf;
+    }
+    int e = ps_instr_partial_init(&in, &part, nu, meta, err) || ps_partial_add(&part, "events", PS_PART_I32, w, err) < 0 ||
+            ps_partial_add(&part, "alpha", PS_PART_F32, wf, err) < 0;
+    free(wf);
+    if (e) goto done;
+    for (int64_t u = 0; u < nu; u++) w[u] = N - u * B < B ? N - u * B : B;
+    if (ps_instr_split(&in, w, NULL, nu, 0, &wk, err)) goto done;
+    /* event offsets in events (each event is PS_GATES_EVENT_INTS ints) */
+    int64_t *ev_off = malloc((size_t)(nu + 1) * sizeof *ev_off);
+    if (!ev_off) {
+        ps_fail(err, "out of memory");
+        goto done;
+    }
+    for (int64_t u = 0; u <= nu; u++) ev_off[u] = part.arr[0].off[u] / PS_GATES_EVENT_INTS;
+    int r = ps_gates_units(&in.m, &s, in.batch, wk.u0, wk.u1, ev_off, part.arr[1].off, part.arr[0].data, part.arr[1].data, err);
+    free(ev_off);
+    int fin = ps_instr_collect(&in, &part, &wk, r, err);
+    if (fin < 0 || (fin == 1 && ps_gates_finish(&part, in.out_dir, err))) goto done;
+    rc = 0;
+done:
+    json_decref(evo);
+    free(w);
+    if (have_s) ps_shifted_free(&s);
+    ps_instr_work_free(&wk);
+    ps_partial_free(&part);
+    ps_instr_free(&in);
+    return rc;
+}
+
+int ps_gates_finish(const ps_partial *p, const char *out_dir, ps_error *err) {
+    ps_gate_acc acc = {0};
+    ps_config cfg;
+    json_t *res = NULL, *prov = json_object_get(p->meta, "provenance");
+    int rc = -1;
+    char *cj = json_dumps(json_object_get(prov, "config"), JSON_COMPACT);
+    if (!cj || p->n_arr != 2) {
+        free(cj);
+        return ps_fail(err, "a gate-statistics partial result lacks its model config or records");
+    }
+    int bad = ps_config_parse(cj, strlen(cj), "the partial result's provenance.config", &cfg, err);
+    free(cj);
+    if (bad || ps_gate_acc_init(&acc, &cfg, err)) return -1;
+    if (ps_gate_acc_replay(&acc, p->arr[0].data, p->arr[0].off[p->n_units] / PS_GATES_EVENT_INTS, p->arr[1].data,
+                           p->arr[1].off[p->n_units], err))
+        goto done;
     res = json_object();
     json_object_set_new(res, "kind", json_string("gates"));
-    json_object_set_new(res, "provenance", ps_instr_provenance(&in, NULL));
-    json_t *stats = ps_gate_acc_to_json(&acc, &in.m.cfg);
+    json_object_set(res, "provenance", prov);
+    json_t *stats = ps_gate_acc_to_json(&acc, &cfg);
     json_object_set_new(res, "thresholds", json_pack("{s:f}", "concentrated", PS_GATE_CONCENTRATED));
     json_object_set_new(res, "gates", stats);
-    const char *train_log = ps_args_get(a, "--log");
-    if (train_log) {
-        json_t *evo = summarise_log(train_log, err);
-        if (!evo) {
-            ps_fail_prefix(err, "--log: ");
-            goto done;
-        }
-        size_t want = (size_t)2 * (size_t)in.m.cfg.n_layers * (size_t)in.m.cfg.n_kv_heads;
-        if (json_array_size(evo) != want) {
-            ps_fail(err, "--log %s: its gate records have %zu (layer, KV head, branch) entries, but the model has %lld layers x %lld "
-                         "KV heads (%zu): the log is of another model",
-                    train_log, json_array_size(evo), (long long)in.m.cfg.n_layers, (long long)in.m.cfg.n_kv_heads, want);
-            json_decref(evo);
-            goto done;
-        }
-        json_object_set_new(res, "training", evo);
-    }
-    if (ps_instr_write(&in, "gates.json", res, err)) goto done;
+    json_t *evo = json_object_get(p->meta, "training");
+    if (json_is_array(evo)) json_object_set(res, "training", evo);
+    if (ps_result_write(out_dir, "gates.json", res, err)) goto done;
     printf("%-6s %-5s %-6s %9s %9s %5s  %s\n", "layer", "head", "branch", "N_static", "N_input", "peak", "label");
-    for (int l = 0; l < in.m.cfg.n_layers; l++)
-        for (int g = 0; g < in.m.cfg.n_kv_heads; g++)
+    for (int l = 0; l < cfg.n_layers; l++)
+        for (int g = 0; g < cfg.n_kv_heads; g++)
             for (int b = 0; b < 2; b++) {
                 ps_gate_stat st;
                 ps_gate_acc_stat(&acc, l, g, (ps_branch)b, &st);
@@ -160,8 +222,6 @@ static int run(const ps_args *a, ps_error *err) {
     rc = 0;
 done:
     json_decref(res);
-    ps_hooks_free(&h);
-    if (acc.sum_alpha) ps_gate_acc_free(&acc);
-    ps_instr_free(&in);
+    ps_gate_acc_free(&acc);
     return rc;
 }

@@ -1,10 +1,12 @@
 /* cmd_sweep.c — `phasescope sweep`: accuracy per phase residue under prefix padding or move mode. */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cmd_v4.h"
 #include "instrument.h"
+#include "dist.h"
 #include "draw.h"
 #include "results_check.h"
 #include "stats.h"
@@ -12,6 +14,7 @@
 #include "textkv_task.h"
 #include "textutil.h"
 #include "tokenizer.h"
+#include "units.h"
 
 static int run(const ps_args *a, ps_error *err);
 
@@ -99,15 +102,17 @@ static int model_is_textkv(const ps_args *a, ps_error *err) {
     return r;
 }
 
+static int run_model(const ps_args *a, ps_sweep_mode mode, ps_error *err);
+
 static int run(const ps_args *a, ps_error *err) {
-    if (ps_v4_instr_wanted(a)) return ps_v4_cmd_sweep(a, err); /* DeepSeek-V4 checkpoint: experiments/cmd_v4_instr.c */
-    ps_instr in = {0};
-    ps_residue_stats st = {0};
-    json_t *res = NULL;
+    if (ps_v4_instr_wanted(a)) { /* DeepSeek-V4 checkpoint: experiments/cmd_v4_instr.c, whole on rank 0 */
+        int r = ps_instr_whole_begin(a, "the sweep of a DeepSeek-V4 checkpoint", err);
+        return ps_instr_whole_end(r == 1 ? ps_v4_cmd_sweep(a, err) : r, err) ? 1 : 0;
+    }
     int rc = 1;
     static const char *const MODES[] = {"pad", "move", NULL};
     int mi = 0;
-    if (ps_args_choice(a, "--mode", MODES, &mi, err)) goto done;
+    if (ps_args_choice(a, "--mode", MODES, &mi, err)) return 1;
     ps_sweep_mode mode = mi ? PS_SWEEP_MOVE : PS_SWEEP_PAD;
     static const char *const TASKS[] = {"model", "text-kv", NULL};
     int ti = 0;
@@ -115,43 +120,87 @@ static int run(const ps_args *a, ps_error *err) {
     if (task_flag && strcmp(task_flag, "model") && strcmp(task_flag, "text-kv") && strchr(task_flag, '.')) {
         ps_cli_usage(err, "--task %s: a task file applies to DeepSeek-V4 checkpoints (a phasescope model carries the task it was trained on)",
                      task_flag);
-        goto done;
+        return 1;
     }
-    if (ps_args_choice(a, "--task", TASKS, &ti, err)) goto done;
+    if (ps_args_choice(a, "--task", TASKS, &ti, err)) return 1;
     if (ti == 0) { /* --task model on a model trained on text-kv: the text-kv sweep with its layout */
         int r = model_is_textkv(a, err);
-        if (r < 0) goto done;
+        if (ps_dist_agree(r < 0, err)) return 1;
         if (r) ti = 1;
     }
-    if (ti == 1) {
-        rc = run_textkv(a, mode, err) ? 1 : 0;
-        goto done;
+    if (ti == 1) { /* text prompts: whole on rank 0 */
+        int r = ps_instr_whole_begin(a, "the text-kv sweep", err);
+        return ps_instr_whole_end(r == 1 ? run_textkv(a, mode, err) : r, err) ? 1 : 0;
     }
     static const char *const TEXT_ONLY[] = {"--tokenizer", "--pairs", "--words", "--values", NULL};
     for (int i = 0; TEXT_ONLY[i]; i++)
         if (ps_args_has(a, TEXT_ONLY[i])) {
             ps_cli_usage(err, "%s: only with --task text-kv", TEXT_ONLY[i]);
-            goto done;
+            return 1;
         }
-    if (ps_instr_setup(&in, a, 1, err)) goto done;
-    if (ps_sweep_run(&in.m, &in.base, &in.task, in.fam, mode, in.P, in.seed, in.batch, &st, ps_instr_progress, &in, err)) {
-        ps_progress_end(&in.bar);
+    rc = run_model(a, mode, err);
+    return rc;
+}
+
+/* The sweep of the model's own task: units (shift, batch) with per-query outcomes (interventions/units.h);
+ * a split run (MPI ranks, --shard) gathers them and ps_sweep_finish adds them up in the one-process order. */
+static int run_model(const ps_args *a, ps_sweep_mode mode, ps_error *err) {
+    ps_instr in = {0};
+    ps_partial part = {0};
+    ps_instr_work wk = {0};
+    int64_t *w = NULL;
+    int rc = 1;
+    if (ps_dist_agree(ps_instr_setup(&in, a, 1, err), err)) goto done;
+    int64_t N = in.base.B, maxq = in.base.max_q, nb = ps_sweep_n_batches(N, in.batch), nu = in.P * nb;
+    w = malloc((size_t)(nu ? nu : 1) * sizeof *w);
+    json_t *meta = json_pack("{s:o, s:I}", "provenance", ps_instr_provenance(&in, mode == PS_SWEEP_PAD ? "pad" : "move"),
+                             "period", (json_int_t)in.P);
+    if (!w) {
+        json_decref(meta);
+        ps_fail(err, "out of memory for %lld work units", (long long)nu);
         goto done;
     }
+    for (int64_t u = 0; u < nu; u++) w[u] = (N - u % nb * in.batch < in.batch ? N - u % nb * in.batch : in.batch) * maxq;
+    if (ps_instr_partial_init(&in, &part, nu, meta, err) || ps_partial_add(&part, "ok", PS_PART_I32, w, err) < 0 ||
+        ps_partial_add(&part, "logprob", PS_PART_F64, w, err) < 0 || ps_partial_add(&part, "rho", PS_PART_I32, w, err) < 0)
+        goto done;
+    ps_sweep_unit_weights(N, in.batch, in.P, in.base.T, mode, w);
+    if (ps_instr_split(&in, w, NULL, nu, 0, &wk, err)) goto done;
+    int r = ps_sweep_units(&in.m, &in.base, &in.task, in.fam, mode, in.P, in.seed, in.batch, wk.u0, wk.u1, part.arr[0].data,
+                           part.arr[1].data, part.arr[2].data, ps_instr_progress, &in, err);
     ps_progress_end(&in.bar);
+    int fin = ps_instr_collect(&in, &part, &wk, r, err);
+    if (fin < 0 || (fin == 1 && ps_sweep_finish(&part, in.out_dir, err))) goto done;
+    rc = 0;
+done:
+    free(w);
+    ps_instr_work_free(&wk);
+    ps_partial_free(&part);
+    ps_instr_free(&in);
+    return rc;
+}
+
+int ps_sweep_finish(const ps_partial *p, const char *out_dir, ps_error *err) {
+    ps_residue_stats st = {0};
+    json_t *res = NULL;
+    int rc = -1;
+    int64_t P = json_integer_value(json_object_get(p->meta, "period"));
+    int iok = ps_partial_find(p, "ok"), ilp = ps_partial_find(p, "logprob"), irho = ps_partial_find(p, "rho");
+    if (iok < 0 || ilp < 0 || irho < 0 || P < 1) return ps_fail(err, "a sweep's partial result lacks its outcomes or period");
+    if (ps_residue_stats_init(&st, P, err)) return -1;
+    ps_residue_stats_add_items(&st, p->arr[iok].data, p->arr[ilp].data, p->arr[irho].data, p->arr[iok].off[p->n_units]);
     res = json_object();
     json_object_set_new(res, "kind", json_string("sweep"));
-    json_object_set_new(res, "provenance", ps_instr_provenance(&in, mode == PS_SWEEP_PAD ? "pad" : "move"));
+    json_object_set(res, "provenance", json_object_get(p->meta, "provenance"));
     json_t *curve = ps_residue_stats_json(&st, err);
     if (!curve) goto done;
     json_object_set_new(res, "curve", curve);
-    if (ps_instr_write(&in, "sweep.json", res, err)) goto done;
+    if (ps_result_write(out_dir, "sweep.json", res, err)) goto done;
     summary(curve);
     rc = 0;
 done:
     json_decref(res);
     ps_residue_stats_free(&st);
-    ps_instr_free(&in);
     return rc;
 }
 

@@ -5,14 +5,53 @@
 #include <string.h>
 
 #include "cpu_env.h"
+#include "dist.h"
 #include "fileio.h"
 #include "figures.h"
 #include "results_check.h"
 
+/* --shard I/N: 0 <= I < N */
+static int parse_shard(const char *v, int *i, int *n, ps_error *err) {
+    char *end;
+    long a = strtol(v, &end, 10), b;
+    if (end == v || *end != '/') return ps_cli_usage(err, "--shard %s: expected I/N, e.g. 0/4", v);
+    const char *q = end + 1;
+    b = strtol(q, &end, 10);
+    if (end == q || *end) return ps_cli_usage(err, "--shard %s: expected I/N, e.g. 0/4", v);
+    if (b < 1 || b > 1000000 || a < 0 || a >= b)
+        return ps_cli_usage(err, "--shard %s: need 0 <= I < N <= 1000000 (shards are numbered from 0)", v);
+    *i = (int)a;
+    *n = (int)b;
+    return 0;
+}
+
+/* The command line without --shard I/N: every shard of a run records the line one process would have. */
+static char *command_line_unsharded(const ps_args *a) {
+    size_t n = 1;
+    for (int i = 0; i < a->argc; i++) n += strlen(a->argv[i]) + 1;
+    char *s = malloc(n);
+    if (!s) return NULL;
+    s[0] = '\0';
+    for (int i = 0; i < a->argc; i++) {
+        if (i > 0 && !strcmp(a->argv[i], "--shard") && i + 1 < a->argc) {
+            i++;
+            continue;
+        }
+        if (i > 0 && !strncmp(a->argv[i], "--shard=", 8)) continue;
+        if (s[0]) strcat(s, " ");
+        strcat(s, a->argv[i]);
+    }
+    return s;
+}
+
 int ps_instr_setup(ps_instr *in, const ps_args *a, int need_task, ps_error *err) {
     in->command = a->cmd->name;
     in->backend = ps_args_backend(a);
-    in->cmdline = ps_args_command_line(a);
+    in->cmdline = command_line_unsharded(a);
+    in->shard = 0;
+    in->n_shards = 1;
+    const char *sh = ps_args_get(a, "--shard");
+    if (sh && parse_shard(sh, &in->shard, &in->n_shards, err)) return -1;
     in->n_prompts = 256;
     in->batch = 32;
     in->seed = 0;
@@ -64,6 +103,10 @@ json_t *ps_instr_provenance(const ps_instr *in, const char *mode) {
     char compute[512];
     ps_cpu_env_describe(compute, sizeof compute);
     json_object_set_new(o, "backend", json_string(in->backend ? in->backend : PS_BACKEND_DEFAULT));
+    if (ps_dist_size() > 1) { /* the numbers do not depend on the ranks; the provenance says how they ran */
+        size_t l = strlen(compute);
+        snprintf(compute + l, sizeof compute - l, "; %d MPI ranks", ps_dist_size());
+    }
     json_object_set_new(o, "compute", json_string(compute));
     const char *ms = ps_model_get_meta(&in->m, "phasescope.step");
     if (ms) json_object_set_new(o, "model_step", json_integer(strtoll(ms, NULL, 10)));
@@ -79,17 +122,26 @@ json_t *ps_instr_provenance(const ps_instr *in, const char *mode) {
     return o;
 }
 
-int ps_instr_write(const ps_instr *in, const char *name, json_t *result, ps_error *err) {
-    /* create out/COMMAND and its parent */
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s", in->out_dir);
+/* mkdir -p */
+static int make_dirs(const char *out_dir, char *dir, size_t n, ps_error *err) {
+    snprintf(dir, n, "%s", out_dir);
     for (char *s = dir + 1; *s; s++)
         if (*s == '/') {
             *s = '\0';
             if (ps_mkdir(dir, err)) return -1;
             *s = '/';
         }
-    if (ps_mkdir(dir, err)) return -1;
+    return ps_mkdir(dir, err);
+}
+
+int ps_instr_write(const ps_instr *in, const char *name, json_t *result, ps_error *err) {
+    return ps_result_write(in->out_dir, name, result, err);
+}
+
+int ps_result_write(const char *out_dir, const char *name, json_t *result, ps_error *err) {
+    /* create out/COMMAND and its parent */
+    char dir[4096];
+    if (make_dirs(out_dir, dir, sizeof dir, err)) return -1;
     char path[4200];
     if (ps_path_join(path, sizeof path, dir, name, err)) return -1;
     /* what a command writes must pass the reader's validator (writers and validator kept in step) */
@@ -107,5 +159,69 @@ int ps_instr_write(const ps_instr *in, const char *name, json_t *result, ps_erro
 
 void ps_instr_progress(int64_t done, int64_t total, void *user) {
     ps_instr *in = user;
-    ps_progress_update(&in->bar, done, total, in->command);
+    if (ps_dist_rank() == 0) ps_progress_update(&in->bar, done, total, in->command);
 }
+
+/* ---- splitting the work ---- */
+
+int ps_instr_split(const ps_instr *in, const int64_t *w, const unsigned char *snap, int64_t n_units, int64_t penalty,
+                   ps_instr_work *wk, ps_error *err) {
+    int R = ps_dist_size();
+    memset(wk, 0, sizeof *wk);
+    wk->r0 = malloc((size_t)R * sizeof(int64_t));
+    wk->r1 = malloc((size_t)R * sizeof(int64_t));
+    if (!wk->r0 || !wk->r1) return ps_fail(err, "out of memory for the work split of %d ranks", R);
+    int64_t s0, s1;
+    ps_dist_split(w, snap, n_units, penalty, in->shard, in->n_shards, &s0, &s1);
+    for (int r = 0; r < R; r++) {
+        int64_t a, b;
+        ps_dist_split(w + s0, snap ? snap + s0 : NULL, s1 - s0, penalty, r, R, &a, &b);
+        wk->r0[r] = s0 + a;
+        wk->r1[r] = s0 + b;
+    }
+    wk->u0 = wk->r0[ps_dist_rank()];
+    wk->u1 = wk->r1[ps_dist_rank()];
+    return 0;
+}
+
+void ps_instr_work_free(ps_instr_work *wk) {
+    free(wk->r0);
+    free(wk->r1);
+    memset(wk, 0, sizeof *wk);
+}
+
+int ps_instr_partial_init(const ps_instr *in, ps_partial *p, int64_t n_units, json_t *meta, ps_error *err) {
+    if (ps_partial_init(p, in->command, n_units, meta, err)) return -1;
+    p->shard = in->shard;
+    p->n_shards = in->n_shards;
+    return 0;
+}
+
+int ps_instr_collect(const ps_instr *in, ps_partial *p, const ps_instr_work *wk, int rc_run, ps_error *err) {
+    if (ps_dist_agree(rc_run, err) || ps_partial_gather(p, wk->r0, wk->r1, err)) return -1;
+    if (ps_dist_rank() != 0) return 0;
+    if (in->n_shards == 1) return 1;
+    /* rank 0 of a shard: the part file */
+    char dir[4096], name[128], path[4300];
+    if (make_dirs(in->out_dir, dir, sizeof dir, err)) return -1;
+    ps_partial_file_name(name, sizeof name, in->command, in->shard, in->n_shards);
+    if (ps_path_join(path, sizeof path, dir, name, err) || ps_partial_write(p, path, err)) return -1;
+    printf("wrote %s (shard %d of %d: work units %lld-%lld of %lld; combine the %d parts with phasescope merge)\n", path,
+           in->shard, in->n_shards, (long long)p->u0, (long long)p->u1 - 1, (long long)p->n_units, in->n_shards);
+    return 0;
+}
+
+/* ---- paths that run whole ---- */
+
+int ps_instr_whole_begin(const ps_args *a, const char *what, ps_error *err) {
+    if (ps_args_has(a, "--shard"))
+        return ps_cli_usage(err, "--shard %s: %s is not split into work units; run it without --shard (under mpirun rank 0 runs it whole)",
+                            ps_args_get(a, "--shard"), what);
+    if (ps_dist_rank() != 0) return 0;
+    if (ps_dist_size() > 1)
+        fprintf(stderr, "phasescope %s: %s is not split into work units: rank 0 runs it whole, the other %d ranks wait\n",
+                a->cmd->name, what, ps_dist_size() - 1);
+    return 1;
+}
+
+int ps_instr_whole_end(int rc, ps_error *err) { return ps_dist_agree(rc, err); }

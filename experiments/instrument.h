@@ -9,11 +9,13 @@
 
 #include "cli.h"
 #include "model.h"
+#include "partial.h"
 #include "progress.h"
 #include "sweep.h"
 #include "tasks.h"
 
-/* The flags every instrument takes, for its table (after its own flags). */
+/* The flags every instrument takes, for its table (after its own flags). --shard I/N and MPI ranks split
+ * the work (docs/scale-out.md). */
 #define PS_INSTR_FLAGS                                                                                         \
     {"--model", "DIR", "checkpoint trained by `phasescope train` (default: the shipped model)", 0},              \
         {"--period", "P", "phase period (default: the model's stride S; 8 for full attention)", 0},              \
@@ -21,7 +23,12 @@
         {"--n", "N", "evaluation prompts generated from the model's task (default 256)", 0},                     \
         {"--seed", "S", "seed of the evaluation prompts and random fillers (default 0)", 0},                      \
         {"--batch", "B", "prompts per forward batch (default 32)", 0},                                           \
-        {"--out", "DIR", "where the result JSON goes (default out/COMMAND)", 0},                                 \
+        {"--out", "DIR", "where the result JSON goes (default out/COMMAND)", 0},                                \
+        {"--shard", "I/N",                                                                                     \
+         "run only shard I of N (0 <= I < N) of the work and write a partial result,\n"                         \
+         "OUT/COMMAND.part-I-of-N.safetensors; `phasescope merge` combines the N parts into the\n"             \
+         "result one process writes (docs/scale-out.md)",                                                      \
+         0},                                                                                                   \
         PS_BACKEND_FLAG
 
 /* --task of knockout, gates and gatecycle (sweep has its own --task, which also takes model|text-kv). */
@@ -46,6 +53,7 @@ typedef struct {
     int64_t P, n_prompts, batch;
     uint64_t seed;
     ps_progress bar;
+    int shard, n_shards; /* --shard I/N (0/1 without it) */
 } ps_instr;
 
 /* Reads the PS_INSTR_FLAGS of a (whose table must hold them) and loads the model. need_task: build the
@@ -58,6 +66,44 @@ json_t *ps_instr_provenance(const ps_instr *in, const char *mode);
 
 /* Write OUT_DIR/name atomically (pretty JSON). */
 int ps_instr_write(const ps_instr *in, const char *name, json_t *result, ps_error *err);
+/* The same for a result that no ps_instr describes (phasescope merge): the validator, the file, "wrote
+ * PATH" and the figures drawn from it. */
+int ps_result_write(const char *out_dir, const char *name, json_t *result, ps_error *err);
+
+/* ---- splitting the work (docs/scale-out.md) ----
+ * An instrument's work is a list of units in the one-process order (interventions/units.h). This process
+ * runs a contiguous range of them: the shard's range of the whole list (--shard I/N; the whole list
+ * without it), then this MPI rank's range of the shard's (ps_dist_split with the units' weights, snapped to
+ * group starts when that costs less than `penalty`). */
+typedef struct {
+    int64_t u0, u1;   /* this process's units */
+    int64_t *r0, *r1; /* every rank's range ([ps_dist_size()]) */
+} ps_instr_work;
+int ps_instr_split(const ps_instr *in, const int64_t *w, const unsigned char *snap, int64_t n_units, int64_t penalty,
+                   ps_instr_work *wk, ps_error *err);
+void ps_instr_work_free(ps_instr_work *wk);
+/* After the units ran (rc_run: this process's status): the ranks agree on errors, the partial results
+ * are gathered onto rank 0, and with --shard rank 0 writes OUT/COMMAND.part-I-of-N.safetensors. Returns 1
+ * when this process finishes the result (rank 0 of a run without --shard), 0 when it has nothing more to
+ * do, -1 on an error (every rank's). */
+int ps_instr_collect(const ps_instr *in, ps_partial *p, const ps_instr_work *wk, int rc_run, ps_error *err);
+/* An empty partial result of this run (its command and shard); takes the reference to meta. */
+int ps_instr_partial_init(const ps_instr *in, ps_partial *p, int64_t n_units, json_t *meta, ps_error *err);
+
+/* Paths whose work is not split into units (DeepSeek-V4 checkpoints, sweep --task text-kv, gatecycle
+ * --measure knockout; `what` names the path): --shard is refused with a usage error; under several MPI
+ * ranks rank 0 runs the path whole (it says so on stderr) and the other ranks wait for it. Begin returns
+ * 1 when this process runs the path, 0 when it only waits, -1 on an error; end(rc) is collective: every
+ * rank returns 0, or -1 with rank 0's error. */
+int ps_instr_whole_begin(const ps_args *a, const char *what, ps_error *err);
+int ps_instr_whole_end(int rc, ps_error *err);
+
+/* How each instrument finishes its result from complete partial results (rank 0, or phasescope merge):
+ * the statistics in the one-process order, the JSON, its figures and the summary on stdout. */
+int ps_sweep_finish(const ps_partial *p, const char *out_dir, ps_error *err);
+int ps_knockout_finish(const ps_partial *p, const char *out_dir, ps_error *err);
+int ps_gatecycle_finish(const ps_partial *p, const char *out_dir, ps_error *err);
+int ps_gates_finish(const ps_partial *p, const char *out_dir, ps_error *err);
 
 /* progress callback for ps_progress_fn */
 void ps_instr_progress(int64_t done, int64_t total, void *user);

@@ -94,6 +94,19 @@ static int copy_restart(const ps_config *c, const ps_acts *src, int64_t src_b0, 
     return rc ? ps_ctx_check(ctx, err) : 0;
 }
 
+int64_t ps_knockout_n_units(int64_t N, int64_t batch, int64_t P, int n_layers) {
+    int64_t B = batch < N ? batch : N;
+    return B < 1 ? 0 : P * ((N + B - 1) / B) * n_layers;
+}
+
+void ps_knockout_unit(int64_t N, int64_t batch, int n_layers, int64_t u, int64_t *p, int64_t *i0, int64_t *n, int *li) {
+    int64_t B = batch < N ? batch : N, nb = (N + B - 1) / B, last0 = (N - 1) / B * B;
+    *li = (int)(u % n_layers);
+    *p = u / n_layers / nb;
+    *i0 = last0 - (u / n_layers % nb) * B;
+    *n = N - *i0 < B ? N - *i0 : B;
+}
+
 int ps_knockout_grid(const ps_model *m, const ps_batch *base, const ps_task *task, const ps_filler_family *fam,
                      int64_t P, uint64_t seed, int64_t batch, const int *layers, int n_layers, const int *heads,
                      int n_heads, ps_ko_target target, int naive, ps_knockout_result *out, ps_progress_fn progress,
@@ -146,7 +159,15 @@ int ps_knockout_grid_opts(const ps_model *m, const ps_batch *base, const ps_task
     if (!ok || !lp)
         rc = ps_fail(err, "out of memory for the outcomes of %lld prompts x %lld queries", (long long)N, (long long)maxq);
     int64_t total = P * (1 + (int64_t)n_layers * n_heads);
+    /* the work slice (all by default): unit (p, b, li) = (p · nb + b) · n_layers + li */
+    int64_t nb = (N + (batch < N ? batch : N) - 1) / (batch < N ? batch : N);
+    int64_t u_lo = opts ? opts->unit0 : 0, u_hi = opts && opts->unit1 > 0 ? opts->unit1 : P * nb * n_layers;
+#define KO_UNIT(p_, b_, li_) (((p_) * nb + (b_)) * n_layers + (li_))
+#define KO_IN(u_) ((u_) >= u_lo && (u_) < u_hi)
+    ps_ko_record_fn record = opts ? opts->record : NULL;
+    void *ruser = opts ? opts->record_user : NULL;
     for (int64_t p = 0; p < P && !rc; p++) {
+        if (KO_UNIT(p + 1, 0, 0) <= u_lo || KO_UNIT(p, 0, 0) >= u_hi) continue; /* no unit of this shift here */
         ps_shifted s;
         if ((rc = ps_make_shifted(base, task, fam, PS_SWEEP_PAD, P, p, seed, c->max_seq_len, &s, err))) break;
         int64_t T = s.b.T, nW = ps_config_n_windows(c, T);
@@ -240,6 +261,8 @@ int ps_knockout_grid_opts(const ps_model *m, const ps_batch *base, const ps_task
         /* pass 2: clean and knocked-out runs per batch, last batch first (pass 1 left its clean
          * activations in place) */
         for (int64_t i0 = last0; i0 >= 0 && !rc; i0 -= B) {
+            int64_t bi = (last0 - i0) / B;
+            if (KO_UNIT(p, bi + 1, 0) <= u_lo || KO_UNIT(p, bi, 0) >= u_hi) continue; /* no unit of this batch here */
             ps_acts *use = i0 == last0 && have_part ? &part : &a;
             int64_t n = use->B;
             ps_batch view = ps_batch_view(&s.b, i0, n);
@@ -247,8 +270,12 @@ int ps_knockout_grid_opts(const ps_model *m, const ps_batch *base, const ps_task
             sv.b = view;
             sv.residue = s.residue + i0 * maxq;
             if (i0 != last0) rc = ps_forward(m, use, view.tokens, NULL, err);
-            if (!rc && !(rc = ps_acts_score(use, &view, ok, lp, err))) ps_residue_stats_add(&out->clean, &sv, ok, lp);
+            if (!rc && KO_IN(KO_UNIT(p, bi, 0)) && !(rc = ps_acts_score(use, &view, ok, lp, err))) {
+                ps_residue_stats_add(&out->clean, &sv, ok, lp);
+                if (record) record(ruser, KO_UNIT(p, bi, 0), -1, 0, &sv, ok, lp);
+            }
             for (int li = 0; li < n_layers && !rc; li++) {
+                if (!KO_IN(KO_UNIT(p, bi, li))) continue;
                 int l = out->layers[li];
                 if (naive) {
                     /* one full forward with the mean-replacement actions per cell */
@@ -258,8 +285,10 @@ int ps_knockout_grid_opts(const ps_model *m, const ps_batch *base, const ps_task
                         rc = add_knockout(&h, c, &mn, li, l, heads[hi], 0, 0, err);
                         if (!rc) rc = ps_forward(m, use, view.tokens, &h, err);
                         ps_hooks_free(&h);
-                        if (!rc && !(rc = ps_acts_score(use, &view, ok, lp, err)))
+                        if (!rc && !(rc = ps_acts_score(use, &view, ok, lp, err))) {
                             ps_residue_stats_add(&out->cells[li * n_heads + hi], &sv, ok, lp);
+                            if (record) record(ruser, KO_UNIT(p, bi, li), li * n_heads + hi, 0, &sv, ok, lp);
+                        }
                     }
                     continue;
                 }
@@ -317,6 +346,8 @@ int ps_knockout_grid_opts(const ps_model *m, const ps_batch *base, const ps_task
                             }
                             ps_score_queries(&sub, lg + b0 * T * V, V, ok, lp);
                             ps_residue_stats_add(&out->cells[li * n_heads + h0 + r], &ss, ok, lp);
+                            if (record)
+                                record(ruser, KO_UNIT(p, bi, li), li * n_heads + h0 + r, b0, &ss, ok, lp);
                         }
                     }
                 }
@@ -333,6 +364,8 @@ int ps_knockout_grid_opts(const ps_model *m, const ps_batch *base, const ps_task
         ps_shifted_free(&s);
         if (progress) progress((p + 1) * (1 + (int64_t)n_layers * n_heads), total, user);
     }
+#undef KO_UNIT
+#undef KO_IN
     free(ok);
     free(lp);
     return rc;

@@ -41,11 +41,33 @@ typedef struct {
 #define PS_KO_DEFAULT_BUDGET (1024.0 * 1024.0 * 1024.0)
 double ps_knockout_default_budget(void);
 
+/* The outcomes of one scored set of prompts (for split runs, docs/scale-out.md): `unit` is the work unit
+ * it belongs to, cell -1 the clean run, else li · n_heads + hi (li: index in the result's top-down layer
+ * order); the set (its prompts, their queries and residues) is prompts [first, first + set->b.B) of the
+ * unit's batch; ok, lp: [set->b.B · max_q], as ps_residue_stats_add reads them. */
+typedef void (*ps_ko_record_fn)(void *user, int64_t unit, int cell, int64_t first, const ps_shifted *set, const int *ok,
+                                const double *lp);
+
 typedef struct {
     int naive;        /* 1: a full forward with the mean-replacement actions per cell (the reference) */
     int max_cells;    /* most cells batched into one forward; 0: as many as the budget holds (1: one at a time) */
     double mem_bytes; /* bytes for the batched cells' activations; 0: ps_knockout_default_budget() */
+    /* Work slice: only the units [unit0, unit1) of the grid's work list run (unit1 = 0: all). Unit
+     * (p, b, li) is one selected layer's cells on one batch of one shift, numbered in visiting order
+     * (ps_knockout_unit): shifts ascending, batches from the last to the first, layers top-down. A shift
+     * with a unit in the slice runs its whole mean pass, a batch its clean forward; the clean outcomes of a
+     * batch belong to its unit with li = 0. `out` then holds only the slice's statistics; record (when
+     * set) receives every scored set's outcomes. */
+    int64_t unit0, unit1;
+    ps_ko_record_fn record;
+    void *record_user;
 } ps_knockout_opts;
+
+/* The work list of a grid over N prompts in batches of `batch`, P shifts and n_layers selected layers:
+ * its unit count, and what unit u is: shift *p, batch starting at prompt *i0 with *n prompts, layer index
+ * *li (into the top-down order). */
+int64_t ps_knockout_n_units(int64_t N, int64_t batch, int64_t P, int n_layers);
+void ps_knockout_unit(int64_t N, int64_t batch, int n_layers, int64_t u, int64_t *p, int64_t *i0, int64_t *n, int *li);
 
 /* naive = 1 runs a full forward with the mean-replacement actions for every cell (the reference the
  * bench and tests compare with). */

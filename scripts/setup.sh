@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Installs the Debian packages phasescope needs (or, when not root, prints the exact apt-get line).
 set -euo pipefail
+# libopenmpi-dev and openmpi-bin: Open MPI for the sharded instruments and data-parallel training under mpirun
+# (docs/scale-out.md); the build uses it when found (PS_MPI=AUTO) and runs as one process without it.
 PKGS=(gcc make cmake pkg-config libopenblas-openmp-dev libjansson-dev libpng-dev libcairo2-dev fonts-dejavu-core clang libclang-rt-14-dev libomp-dev
-      libpcre2-dev libutf8proc-dev)
+      libpcre2-dev libutf8proc-dev libopenmpi-dev openmpi-bin)
 missing=()
 for p in "${PKGS[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then missing+=("$p"); fi

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "backward.h"
+#include "dist.h"
 #include "fileio.h"
 #include "forward.h"
 #include "chgates.h"
@@ -300,8 +301,12 @@ static int save_checkpoint(run_state *s, int64_t step, ps_error *err) {
               ps_model_set_meta(&s->m, "phasescope.task", task, err) ||
               ps_model_set_meta(&s->m, "phasescope.train", s->c->canonical, err) ||
               ps_model_set_meta(&s->m, "phasescope.version", PS_VERSION, err);
-    char compute[512];
+    char compute[640];
     ps_cpu_env_describe(compute, sizeof compute);
+    if (ps_dist_size() > 1) { /* data parallel: how the global batch was split */
+        size_t l = strlen(compute);
+        snprintf(compute + l, sizeof compute - l, "; %d MPI ranks, global batch %lld", ps_dist_size(), (long long)s->c->batch_size);
+    }
     bad = bad || ps_model_set_meta(&s->m, "phasescope.compute", compute, err);
     free(task);
     if (bad || ps_model_save(&s->m, s->dir, err)) return -1;
@@ -456,6 +461,41 @@ static int load_resume(run_state *s, int64_t *step, ps_error *err) {
     return rc;
 }
 
+/* ---- data parallelism (docs/scale-out.md) ----
+ * Every rank holds the whole model and optimizer; the global batch of a step (generated alike on every rank
+ * from the step's seed) is split into contiguous row ranges, one per rank; the gradients (already scaled
+ * by 1 / the global batch's target count) and the loss sums are summed over the ranks, so every rank takes
+ * the same AdamW step on the same bits. Rank 0 alone reads and writes the run directory (checkpoints, log,
+ * evaluation) and sends the starting state to the others. */
+
+/* FNV-1a over the parameters' bytes: the ranks compare it at every checkpoint. */
+static uint64_t params_hash(const ps_model *m) {
+    const unsigned char *b = (const unsigned char *)m->params;
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (int64_t i = 0; i < m->n_params * (int64_t)sizeof(float); i++) h = (h ^ b[i]) * 0x100000001b3ULL;
+    return h;
+}
+
+/* After a checkpoint (rank 0's status rc): the ranks agree, check they hold the same weights, and learn
+ * what to say if the launcher stops them. */
+static int dist_checkpoint(run_state *s, int64_t step, int rc, ps_error *err) {
+    if (ps_dist_size() == 1) return rc;
+    uint64_t h = ps_ctx_host_visible(s->m.ctx) ? params_hash(&s->m) : 0, h0 = h;
+    if (!rc && ps_dist_bcast(&h0, sizeof h0, 0, err)) rc = -1;
+    if (!rc && h0 != h)
+        rc = ps_fail(err, "after step %lld the weights of rank %d differ from rank 0's (the gradient all-reduce must give "
+                          "every rank the same bits)",
+                     (long long)step, ps_dist_rank());
+    if (ps_dist_agree(rc, err)) return -1;
+    char note[4400];
+    snprintf(note, sizeof note,
+             "the last checkpoint (step %lld) is in %s: continue with `phasescope train --config CFG --out %s --resume`, "
+             "under mpirun with any number of ranks (the same global batch)",
+             (long long)step, s->dir, s->dir);
+    ps_dist_set_note(note);
+    return 0;
+}
+
 int ps_train(const ps_train_cfg *c, const char *dir, int resume, int64_t stop_after, ps_train_progress_fn fn,
              void *user, ps_error *err) {
     run_state s;
@@ -464,24 +504,45 @@ int ps_train(const ps_train_cfg *c, const char *dir, int resume, int64_t stop_af
     s.dir = dir;
     ps_hooks_init(&s.ghooks);
     int rc = -1;
-    int64_t start = 0, B = c->batch_size, T = c->task.seq_len;
+    int R = ps_dist_size(), me = ps_dist_rank(), root = me == 0;
+    /* this rank's rows of the global batch: [b0, b0 + B) */
+    int64_t start = 0, Bg = c->batch_size, b0 = Bg * me / R, B = Bg * (me + 1) / R - b0, T = c->task.seq_len;
     char logpath[4200], mpath[4200];
-    if (ps_mkdir(dir, err) || ps_path_join(logpath, sizeof logpath, dir, "train.jsonl", err) ||
-        ps_path_join(mpath, sizeof mpath, dir, "model.safetensors", err))
+    if (R > Bg) {
+        ps_fail(err, "a global batch of %lld sequences (train.batch_size) cannot be split over %d ranks: use at most %lld ranks",
+                (long long)Bg, R, (long long)Bg);
+        ps_dist_mark_shared();
         return -1;
-    ps_clean_temp_files(dir); /* what a killed checkpoint write left behind */
-    if (resume) {
-        if (access(mpath, F_OK) != 0) return ps_fail(err, "--resume: %s holds no checkpoint to resume", dir);
-    } else if (access(mpath, F_OK) == 0)
-        return ps_fail(err, "%s already holds a run; use --resume to continue it or choose another --out", dir);
-    if (resume) {
-        if (load_resume(&s, &start, err)) goto done;
-        if (truncate_log(logpath, start, err)) goto done;
-    } else {
-        if (ps_model_create(&s.m, &c->model, err)) return -1;
-        ps_model_init_std(&s.m, c->seed, c->init_std);
-        if (alloc_optimizer(&s, err)) goto done;
     }
+    int bad = 0;
+    if (root) { /* the run directory is rank 0's */
+        bad = ps_mkdir(dir, err) || ps_path_join(logpath, sizeof logpath, dir, "train.jsonl", err) ||
+              ps_path_join(mpath, sizeof mpath, dir, "model.safetensors", err);
+        if (!bad) ps_clean_temp_files(dir); /* what a killed checkpoint write left behind */
+        if (!bad && resume && access(mpath, F_OK) != 0) bad = ps_fail(err, "--resume: %s holds no checkpoint to resume", dir);
+        else if (!bad && !resume && access(mpath, F_OK) == 0)
+            bad = ps_fail(err, "%s already holds a run; use --resume to continue it or choose another --out", dir);
+        if (!bad && resume) bad = load_resume(&s, &start, err) || truncate_log(logpath, start, err);
+        else if (!bad) {
+            bad = ps_model_create(&s.m, &c->model, err);
+            if (!bad) ps_model_init_std(&s.m, c->seed, c->init_std);
+            bad = bad || alloc_optimizer(&s, err);
+        }
+    } else
+        bad = ps_model_create(&s.m, &c->model, err) || alloc_optimizer(&s, err);
+    if (R > 1) {
+        /* every rank starts from rank 0's weights, moments and step */
+        int64_t nb = s.m.n_params * (int64_t)sizeof(float);
+        if (ps_dist_agree(bad, err)) goto done;
+        if (!ps_ctx_host_visible(s.m.ctx)) {
+            ps_fail(err, "data-parallel training on a device backend needs its broadcast (not written yet)");
+            goto done;
+        }
+        if (ps_dist_bcast(&start, sizeof start, 0, err) || ps_dist_bcast(s.m.params, nb, 0, err) ||
+            ps_dist_bcast(s.m1, nb, 0, err) || ps_dist_bcast(s.m2, nb, 0, err))
+            goto done;
+    } else if (bad)
+        goto done;
     int64_t pbytes = s.m.n_params * (int64_t)sizeof(float);
     s.grads = ps_buf_alloc(s.m.ctx, pbytes, "gradients", err);
     /* "logits": "answers": the most target rows a batch can have (each query's answer tokens) */
@@ -489,6 +550,7 @@ int ps_train(const ps_train_cfg *c, const char *dir, int resume, int64_t stop_af
     if (c->logits_answers) {
         if (c->task.loss_all) {
             ps_fail(err, "%s: train.logits \"answers\" needs task.loss \"answers\" (the loss is taken on every position)", dir);
+            ps_dist_mark_shared();
             goto done;
         }
         max_rows = B * c->task.n_queries * (c->task.kind == PS_TASK_KV || c->task.kind == PS_TASK_TEXT ? c->task.value_len : 1);
@@ -502,24 +564,24 @@ int ps_train(const ps_train_cfg *c, const char *dir, int resume, int64_t stop_af
     s.rows = rows;
     if (!s.grads || ps_acts_create_rows(&s.acts, s.m.ctx, &c->model, B, T, true, max_rows, err) ||
         ps_acts_create_rows(&s.gacts, s.m.ctx, &c->model, B, T, false, max_rows, err) ||
-        ps_batch_alloc(&s.batch, B, T, c->task.n_queries, err) ||
-        ps_batch_alloc(&s.eval_batch, c->eval_size, T, c->task.n_queries, err))
+        ps_batch_alloc(&s.batch, Bg, T, c->task.n_queries, err) ||
+        (root && ps_batch_alloc(&s.eval_batch, c->eval_size, T, c->task.n_queries, err)))
         goto done;
-    if (generate(c, step_seed(c->seed ^ 0x5eed0e7a1ULL, -1), &s.eval_batch, err)) goto done; /* held out: never a train seed */
+    if (root && generate(c, step_seed(c->seed ^ 0x5eed0e7a1ULL, -1), &s.eval_batch, err)) goto done; /* held out: never a train seed */
     s.has_gates = c->model.kind == PS_ATTN_COMPRESSED;
-    if (s.has_gates && (ps_gate_acc_init(&s.gacc, &c->model, err) || ps_gate_acc_watch(&s.gacc, &s.ghooks, &c->model, err)))
+    if (root && s.has_gates && (ps_gate_acc_init(&s.gacc, &c->model, err) || ps_gate_acc_watch(&s.gacc, &s.ghooks, &c->model, err)))
         goto done;
-    if (c->model.kind == PS_ATTN_V4) {
+    if (root && c->model.kind == PS_ATTN_V4) { /* gate statistics are rank 0's, like the evaluation they come from */
         if (ps_chgate_init_model(&s.chacc, &c->model, err)) goto done;
         s.has_gates = s.has_chgates = 1;
         if (ps_chgate_watch_model(&s.chacc, &s.ghooks, &c->model, err)) goto done;
     }
-    s.log = fopen(logpath, resume ? "a" : "w");
-    if (!s.log) {
+    if (root) s.log = fopen(logpath, resume ? "a" : "w");
+    if (root && !s.log) {
         ps_fail(err, "%s: cannot open for writing", logpath);
         goto done;
     }
-    if (!resume) {
+    if (!resume && root) {
         /* step-0 statistics: where the gates start (uniform) */
         double acc, el;
         if (evaluate(&s, s.has_gates, &acc, &el, err)) goto done;
@@ -532,23 +594,27 @@ int ps_train(const ps_train_cfg *c, const char *dir, int resume, int64_t stop_af
         if (s.has_gates) log_gates(&s, 0);
         if (save_checkpoint(&s, 0, err)) goto done;
     }
+    if (R > 1 && dist_checkpoint(&s, start, 0, err)) goto done;
+    if (R > 1) ps_dist_set_stall_limit(300); /* a rank gone or stuck ends the job (PS_DIST_TIMEOUT overrides) */
     int64_t end = stop_after >= 0 && stop_after < c->steps ? stop_after : c->steps;
     double t_last = now_s();
     int64_t tok_since = 0;
     for (int64_t step = start; step < end; step++) {
         if (generate(c, step_seed(c->seed, step), &s.batch, err)) goto done;
+        /* this rank's rows of the batch (after generate: the text-kv task reallocates the batch) */
+        const int32_t *my_tokens = s.batch.tokens + b0 * T, *my_targets = s.batch.targets + b0 * T;
         if (ps_fill(s.m.ctx, s.grads, 0.0f, s.m.n_params)) {
             ps_ctx_check(s.m.ctx, err);
             goto done;
         }
-        int64_t n_t = 0;
-        for (int64_t i = 0; i < B * T; i++) n_t += s.batch.targets[i] >= 0;
+        int64_t n_t = 0; /* targets of the global batch: every rank scales its gradients by the same 1 / n_t */
+        for (int64_t i = 0; i < Bg * T; i++) n_t += s.batch.targets[i] >= 0;
         double lsum = 0;
         int64_t cnt = 0;
         if (max_rows) { /* logits at this batch's target rows only */
             int64_t nr = 0;
             for (int64_t i = 0; i < B * T; i++)
-                if (s.batch.targets[i] >= 0) {
+                if (my_targets[i] >= 0) {
                     if (nr == max_rows) {
                         ps_fail(err, "step %lld: more targets than the %lld logit rows the task allows", (long long)step + 1,
                                 (long long)max_rows);
@@ -558,25 +624,32 @@ int ps_train(const ps_train_cfg *c, const char *dir, int resume, int64_t stop_af
                 }
             if (ps_acts_set_rows(&s.acts, rows, nr, err)) goto done;
         }
-        if (ps_forward(&s.m, &s.acts, s.batch.tokens, NULL, err) ||
-            ps_backward(&s.m, &s.acts, &s.gacts, s.batch.tokens, s.batch.targets, 1.0f / (float)n_t, s.grads, &lsum, &cnt, err))
+        if (ps_forward(&s.m, &s.acts, my_tokens, NULL, err) ||
+            ps_backward(&s.m, &s.acts, &s.gacts, my_tokens, my_targets, 1.0f / (float)n_t, s.grads, &lsum, &cnt, err))
             goto done;
+        if (R > 1) { /* the gradient seam (NCCL on a device backend) and the loss over the global batch */
+            double sums[2] = {lsum, (double)cnt};
+            if (ps_dist_allreduce_buf(s.m.ctx, s.grads, s.m.n_params, err) || ps_dist_allreduce_f64(sums, 2, err)) goto done;
+            lsum = sums[0];
+            cnt = (int64_t)sums[1];
+        }
         double loss = lsum / (double)cnt, gn = 0;
         if (ps_grad_norm(s.m.ctx, s.grads, s.m.n_params, &gn, err)) goto done;
         if (!isfinite(loss) || !isfinite(gn)) {
+            ps_dist_mark_shared(); /* every rank sees the same loss and norm */
             ps_fail(err, "step %lld: %s is %s; stopping (the last good checkpoint is kept in %s)", (long long)step + 1,
                     isfinite(loss) ? "gradient norm" : "loss", isnan(isfinite(loss) ? gn : loss) ? "NaN" : "infinite", dir);
             goto done;
         }
         double clip = c->opt.grad_clip > 0 && gn > c->opt.grad_clip ? c->opt.grad_clip / gn : 1.0, lr = ps_lr_at(&c->opt, step);
         if (ps_adamw_update(&s.m, s.grads, s.m1, s.m2, step + 1, lr, clip, &c->opt, err)) goto done;
-        tok_since += B * T;
+        tok_since += Bg * T;
         int64_t done_steps = step + 1;
         int last = done_steps == c->steps; /* logs follow the schedule of the full run, so an interrupted and
                                               resumed run logs exactly what an uninterrupted one does */
         ps_train_progress pr = {.step = done_steps, .total = c->steps, .loss = loss, .lr = lr, .grad_norm = gn,
                                 .tokens_per_s = 0, .eval_accuracy = -1};
-        if (done_steps % c->log_every == 0 || last) {
+        if (root && (done_steps % c->log_every == 0 || last)) {
             double t = now_s();
             pr.tokens_per_s = (double)tok_since / (t - t_last > 1e-9 ? t - t_last : 1e-9);
             t_last = t;
@@ -591,7 +664,7 @@ int ps_train(const ps_train_cfg *c, const char *dir, int resume, int64_t stop_af
             log_json(&s, o);
         }
         int do_gates = s.has_gates && (done_steps % c->gates_every == 0 || last);
-        if (done_steps % c->eval_every == 0 || last || do_gates) {
+        if (root && (done_steps % c->eval_every == 0 || last || do_gates)) {
             double acc, el;
             if (evaluate(&s, do_gates, &acc, &el, err)) goto done;
             if (done_steps % c->eval_every == 0 || last) {
@@ -605,10 +678,13 @@ int ps_train(const ps_train_cfg *c, const char *dir, int resume, int64_t stop_af
             }
             if (do_gates) log_gates(&s, done_steps);
         }
-        if (done_steps % c->checkpoint_every == 0 || done_steps == end)
-            if (save_checkpoint(&s, done_steps, err)) goto done;
-        if (fn) fn(&pr, user);
+        if (done_steps % c->checkpoint_every == 0 || done_steps == end) {
+            int sv = root ? save_checkpoint(&s, done_steps, err) : 0;
+            if (R > 1 ? dist_checkpoint(&s, done_steps, sv, err) : sv) goto done;
+        }
+        if (fn && root) fn(&pr, user);
     }
+    ps_dist_set_stall_limit(0);
     rc = 0;
 done:
     if (s.log) fclose(s.log);

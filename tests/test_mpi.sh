@@ -1,0 +1,247 @@
+#!/usr/bin/env bash
+# test_mpi.sh — scale-out (docs/scale-out.md): the instruments split over MPI ranks (`mpirun -np 2` against
+# `-np 1` and against one plain process: the same JSON, provenance.compute aside, and the same figures), the
+# same split without MPI (--shard I/N and phasescope merge), data-parallel training (the loss curve of
+# -np 2 against -np 1, --resume across rank counts), a rank killed during training (the others stop within
+# seconds with a message naming the last checkpoint, which resumes) and a stuck rank (the stall limit).
+# Without mpirun, or in a build without MPI, the MPI parts are skipped (said on a "skipped" line).
+# Usage: test_mpi.sh BUILD_DIR SRC_DIR HAVE_MPI(ON|OFF)
+set -u
+B="$1"; SRC="$2"; HAVE_MPI="${3:-ON}"; PS="$B/phasescope"
+T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
+pass=0; fail=0
+t_start=$SECONDS
+section() { echo "[$((SECONDS - t_start)) s] $*"; }
+ok() { pass=$((pass+1)); }
+bad() { fail=$((fail+1)); echo "FAIL $*" >&2; return 1; }
+check() { if eval "$2"; then ok; else bad "$1"; fi; }
+# same_json A B [IGNORE...]: equal but for provenance.compute (how it ran: threads, ranks, shards) and the
+# provenance keys named (e.g. command, when the --out directories differ)
+same_json() {
+  python3 - "$@" compute <<'EOF'
+import json, sys
+def load(p):
+    d = json.load(open(p))
+    for k in sys.argv[3:]: d.get('provenance', {}).pop(k, None)
+    return d
+a, b = load(sys.argv[1]), load(sys.argv[2])
+def walk(x, y, path):
+    if isinstance(x, dict) and isinstance(y, dict):
+        return any(walk(x.get(k), y.get(k), path + '.' + k) for k in sorted(set(x) | set(y)))
+    if isinstance(x, list) and isinstance(y, list) and len(x) == len(y):
+        return any(walk(u, v, '%s[%d]' % (path, i)) for i, (u, v) in enumerate(zip(x, y)))
+    if type(x) != type(y) or x != y:
+        print('differs at %s: %.200s / %.200s' % (path, x, y)); return True
+    return False
+sys.exit(1 if walk(a, b, '') else 0)
+EOF
+}
+# the instruments pin one thread per process, as the bench does (the numbers do not depend on it)
+export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE
+D="$SRC/data/models/default"  # the deep W8/S8 (12 layers, 8 KV heads)
+W="$SRC/data/models/w8s8"     # the one-layer W8/S8: knockout grids that take seconds
+
+# ---- --shard I/N and phasescope merge: no MPI needed ----
+section "--shard and merge"
+"$PS" knockout --model "$W" --n 64 --batch 16 --out "$T/ko1" > "$T/ko1.txt" 2>&1
+for i in 0 1 2; do "$PS" knockout --model "$W" --n 64 --batch 16 --shard $i/3 --out "$T/kop" > /dev/null 2>&1; done
+"$PS" merge "$T"/kop/knockout.part-*-of-3.safetensors --out "$T/kom" > "$T/kom.txt" 2>&1
+check "knockout: 3 shards merged = one process" 'same_json "$T/ko1/knockout.json" "$T/kom/knockout.json" command'
+check "knockout: merged summary = one process" 'cmp -s <(tail -n +2 "$T/ko1.txt" | sed "s#$T/ko1#X#") <(sed "s#$T/kom#X#" "$T/kom.txt")'
+check "merged provenance says so" 'grep -q "merged from 3 shards" "$T/kom/knockout.json"'
+"$PS" sweep --n 48 --batch 16 --mode move --out "$T/sw1" > /dev/null 2>&1
+for i in 1 0; do "$PS" sweep --n 48 --batch 16 --mode move --shard=$i/2 --out "$T/swp" > /dev/null 2>&1; done
+"$PS" merge "$T/swp/sweep.part-0-of-2.safetensors" "$T/swp/sweep.part-1-of-2.safetensors" --out "$T/swm" > /dev/null 2>&1
+check "sweep (move): 2 shards merged = one process" 'same_json "$T/sw1/sweep.json" "$T/swm/sweep.json" command'
+"$PS" gatecycle --layer 0 --shift 3 --n 32 --out "$T/gc1" > /dev/null 2>&1
+for i in 0 1 2; do "$PS" gatecycle --layer 0 --shift 3 --n 32 --shard $i/3 --out "$T/gcp" > /dev/null 2>&1; done
+"$PS" merge "$T"/gcp/gatecycle.part-*-of-3.safetensors --out "$T/gcm" > /dev/null 2>&1
+check "gatecycle: 3 shards merged = one process" 'same_json "$T/gc1/gatecycle.json" "$T/gcm/gatecycle.json" command'
+"$PS" gates --n 48 --batch 16 --out "$T/ga1" > /dev/null 2>&1
+for i in 0 1; do "$PS" gates --n 48 --batch 16 --shard $i/2 --out "$T/gap" > /dev/null 2>&1; done
+"$PS" merge "$T"/gap/gates.part-*-of-2.safetensors --out "$T/gam" > /dev/null 2>&1
+check "gates: 2 shards merged = one process" 'same_json "$T/ga1/gates.json" "$T/gam/gates.json" command'
+out=$("$PS" merge "$T/kop/knockout.part-0-of-3.safetensors" "$T/kop/knockout.part-2-of-3.safetensors" --out "$T/x" 2>&1); rc=$?
+check "merge: a missing shard is named" '[ $rc -eq 1 ] && grep -q "missing: 1" <<<"$out"'
+out=$("$PS" merge "$T/kop/knockout.part-0-of-3.safetensors" "$T/swp/sweep.part-1-of-2.safetensors" --out "$T/x" 2>&1); rc=$?
+check "merge: parts of different runs are refused" '[ $rc -eq 1 ] && grep -q "parts of different runs" <<<"$out"'
+"$PS" knockout --model "$W" --n 64 --batch 16 --seed 1 --shard 1/3 --out "$T/kos" > /dev/null 2>&1
+out=$("$PS" merge "$T/kop/knockout.part-0-of-3.safetensors" "$T/kos/knockout.part-1-of-3.safetensors" "$T/kop/knockout.part-2-of-3.safetensors" --out "$T/x" 2>&1); rc=$?
+check "merge: a shard of another seed is refused" '[ $rc -eq 1 ] && grep -q "provenance or parameters differ" <<<"$out"'
+out=$("$PS" sweep --shard 2/2 2>&1); rc=$?
+check "--shard out of range is a usage error" '[ $rc -eq 2 ] && grep -q "need 0 <= I < N" <<<"$out"'
+# the paths that are not split into units refuse --shard (a usage error that names the path)
+CONF="$SRC/tests/conformance"; TT="$SRC/tests/text/tiny_tokenizer.json"
+out=$("$PS" gatecycle --layer 0 --shift 3 --n 8 --measure knockout --shard 0/2 --out "$T/x" 2>&1); rc=$?
+check "--shard with gatecycle --measure knockout is refused" '[ $rc -eq 2 ] && grep -q "gatecycle --measure knockout is not split into work units" <<<"$out" && [ ! -e "$T/x" ]'
+"$PS" init --config "$SRC/tests/text/tiny_model.json" --out "$T/tm" --seed 2 > /dev/null 2>&1
+out=$("$PS" sweep --task text-kv --model "$T/tm" --tokenizer "$TT" --n 8 --pairs 4 --shard 1/2 --out "$T/x" 2>&1); rc=$?
+check "--shard with sweep --task text-kv is refused" '[ $rc -eq 2 ] && grep -q "the text-kv sweep is not split" <<<"$out"'
+cat > "$T/v4task.json" <<'EOF2'
+{"task": {"kind": "kv-retrieval", "seq_len": 40, "n_keys": 16, "n_values": 16, "n_fillers": 4, "n_pairs": 4,
+          "key_len": 1, "value_len": 1, "gap_min": 0, "gap_max": 3, "query_gap": 8, "n_queries": 2}}
+EOF2
+out=$("$PS" knockout --model "$CONF/v4/mix4" --task "$T/v4task.json" --n 4 --shard 0/2 --out "$T/x" 2>&1); rc=$?
+check "--shard on a DeepSeek-V4 checkpoint is refused" '[ $rc -eq 2 ] && grep -q "DeepSeek-V4 checkpoint is not split" <<<"$out"'
+
+# ---- MPI ----
+skip_mpi=""
+if ! command -v mpirun > /dev/null 2>&1; then skip_mpi="mpirun not found (scripts/setup.sh installs openmpi-bin)"
+elif [ "$HAVE_MPI" != "ON" ]; then skip_mpi="this build has no MPI (PS_MPI=OFF or Open MPI not found)"; fi
+if [ -n "$skip_mpi" ]; then
+  if command -v mpirun > /dev/null 2>&1; then # a build without MPI refuses to run as one of several ranks
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none
+    out=$(mpirun -np 2 --oversubscribe "$PS" sweep --n 8 --out "$T/nompi" 2>&1)
+    check "no-MPI build under mpirun says so" 'grep -q "this build has no MPI" <<<"$out" && [ ! -e "$T/nompi/sweep.json" ]'
+  fi
+  echo "skipped: the MPI tests ($skip_mpi)"
+  echo "$pass passed, $fail failed"
+  [ "$fail" -eq 0 ]; exit
+fi
+# Open MPI as root (CI), in a container without a network: shared memory only, no ptrace-based copies
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+export OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_hwloc_base_binding_policy=none
+# Under the sanitizer build, the ranks run with AddressSanitizer and UBSan but without the leak check: Open
+# MPI's runtime keeps allocations of plugins it has unloaded by exit (unnamed frames, no suppression can
+# name them); the same code runs leak-checked as one process above (--shard, merge) and below (--resume).
+MPI="env ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0 mpirun --oversubscribe"
+# np N NAME ARGS...: run the instrument with N ranks into $T/NAME (same --out path for the figures' metadata)
+np() { local n="$1" name="$2"; shift 2; rm -rf "$T/run"; $MPI -np "$n" "$PS" "$@" --out "$T/run" > "$T/$name.txt" 2>&1; local rc=$?; mv "$T/run" "$T/$name"; return $rc; }
+same_run() { # same_run A B FILE.json: the same JSON and figures
+  same_json "$T/$1/$3" "$T/$2/$3" && for f in "$T/$1"/*.png; do cmp -s "$f" "$T/$2/$(basename "$f")" || { echo "$(basename "$f") differs"; return 1; }; done
+}
+section "instruments under mpirun"
+np 1 sw_np1 sweep --n 64 --batch 16 && np 2 sw_np2 sweep --n 64 --batch 16
+check "sweep: -np 2 = -np 1 (JSON, figure)" 'same_run sw_np1 sw_np2 sweep.json'
+check "sweep: -np 2 provenance names the ranks" 'grep -q "2 MPI ranks" "$T/sw_np2/sweep.json"'
+rm -rf "$T/run"; "$PS" sweep --n 64 --batch 16 --out "$T/run" > /dev/null 2>&1; mv "$T/run" "$T/sw_plain"
+check "sweep: -np 2 = a plain process" 'same_run sw_plain sw_np2 sweep.json'
+# the one-layer W8/S8 (the default flags but half the prompts, to keep the test short)
+section "knockout of w8s8"
+np 1 ko_np1 knockout --model "$W" --n 128 && np 2 ko_np2 knockout --model "$W" --n 128
+check "knockout (w8s8): -np 2 = -np 1" 'same_run ko_np1 ko_np2 knockout.json'
+summary() { tr '\r' '\n' < "$1" | grep -E "^(clean mean|  layer|  \.\.\.)"; }
+check "knockout (w8s8): the same summary" 'cmp -s <(summary "$T/ko_np1.txt") <(summary "$T/ko_np2.txt") && [ -n "$(summary "$T/ko_np1.txt")" ]'
+section "knockout of deep_w8s8"
+np 1 kd_np1 knockout --model "$SRC/data/models/deep_w8s8" --layers 4,10-11 --heads 0,5 --n 12 --batch 4 --target both &&
+  np 2 kd_np2 knockout --model "$SRC/data/models/deep_w8s8" --layers 4,10-11 --heads 0,5 --n 12 --batch 4 --target both
+check "knockout (12 layers, 3 chosen): -np 2 = -np 1" 'same_run kd_np1 kd_np2 knockout.json'
+np 1 gc_np1 gatecycle --layer 9 --shift 2 --n 32 --save "$T/cyc" && mv "$T/cyc" "$T/cyc1" &&
+  np 2 gc_np2 gatecycle --layer 9 --shift 2 --n 32 --save "$T/cyc" && mv "$T/cyc" "$T/cyc2"
+check "gatecycle: -np 2 = -np 1" 'same_run gc_np1 gc_np2 gatecycle.json'
+check "gatecycle: one cycled checkpoint, the same" 'cmp -s "$T/cyc1/model.safetensors" "$T/cyc2/model.safetensors" && [ "$(grep -c "wrote the cycled" "$T/gc_np2.txt")" -eq 1 ]'
+np 1 ga_np1 gates --n 48 --batch 16 && np 2 ga_np2 gates --n 48 --batch 16
+check "gates: -np 2 = -np 1" 'same_run ga_np1 ga_np2 gates.json'
+np 2 sh_np2 knockout --model "$W" --n 64 --batch 16 --shard 1/3
+cp "$T/kop/knockout.part-0-of-3.safetensors" "$T/kop/knockout.part-2-of-3.safetensors" "$T/sh_np2/"
+"$PS" merge "$T"/sh_np2/knockout.part-*-of-3.safetensors --out "$T/shm" > /dev/null 2>&1
+check "a shard run by 2 ranks merges like one run by one process" 'same_json "$T/ko1/knockout.json" "$T/shm/knockout.json" command'
+out=$($MPI -np 2 "$PS" sweep --n x 2>&1); rc=$?
+check "a usage error under mpirun: said once, exit 2" '[ $rc -eq 2 ] && [ "$(grep -c "phasescope sweep: --n x" <<<"$out")" -eq 1 ]'
+out=$($MPI -np 2 "$PS" info 2>&1); rc=$?
+check "a one-process command under mpirun is refused" '[ $rc -eq 2 ] && grep -q "runs as one process" <<<"$out"'
+# the paths that are not split run whole on rank 0 (said on stderr): the same result as one rank
+section "paths run whole on rank 0"
+np 1 gk_np1 gatecycle --layer 9 --shift 2 --n 32 --measure knockout && np 2 gk_np2 gatecycle --layer 9 --shift 2 --n 32 --measure knockout
+check "gatecycle --measure knockout: -np 2 = -np 1 (rank 0 runs it)" 'same_run gk_np1 gk_np2 gatecycle.json && grep -q "per_head" "$T/gk_np2/gatecycle.json"'
+check "gatecycle --measure knockout: -np 2 says rank 0 runs it whole" 'grep -q "rank 0 runs it whole" "$T/gk_np2.txt" && [ "$(grep -c "^  head 0:" "$T/gk_np2.txt")" -eq 1 ]'
+np 1 tk_np1 sweep --task text-kv --model "$T/tm" --tokenizer "$TT" --n 8 --pairs 4 && np 2 tk_np2 sweep --task text-kv --model "$T/tm" --tokenizer "$TT" --n 8 --pairs 4
+check "sweep --task text-kv: -np 2 = -np 1 (rank 0 runs it)" 'same_run tk_np1 tk_np2 sweep.json'
+np 1 v4_np1 sweep --model "$CONF/v4/mix4" --task "$T/v4task.json" --n 4 && np 2 v4_np2 sweep --model "$CONF/v4/mix4" --task "$T/v4task.json" --n 4
+check "sweep of a DeepSeek-V4 checkpoint: -np 2 = -np 1 (rank 0 runs it)" 'same_run v4_np1 v4_np2 sweep.json && grep -q "rank 0 runs it whole" "$T/v4_np2.txt"'
+out=$($MPI -np 2 "$PS" knockout --model "$CONF/v4/mix4" --task "$T/v4task.json" --target both --out "$T/x" 2>&1); rc=$?
+check "a DeepSeek-V4 usage error under mpirun: said once, exit 2" '[ $rc -eq 2 ] && [ "$(grep -c "expected heads, compressed" <<<"$out")" -eq 1 ]'
+
+# ---- data-parallel training ----
+section "data-parallel training"
+sed 's/"steps": 400/"steps": 20/; s/"checkpoint_every": 200/"checkpoint_every": 10/; s/"log_every": 50/"log_every": 2/; s/"eval_every": 100/"eval_every": 10/; s/"gates_every": 100/"gates_every": 10/' \
+  "$SRC/experiments/configs/tiny_kv_w4s4.json" > "$T/cfg.json"
+$MPI -np 1 "$PS" train --config "$T/cfg.json" --out "$T/t1" > /dev/null 2>&1
+$MPI -np 2 "$PS" train --config "$T/cfg.json" --out "$T/t2" > "$T/t2.txt" 2>&1
+check "train -np 2 finishes and reports the all-reduce" '[ -s "$T/t2/model.safetensors" ] && grep -q "gradient all-reduce" "$T/t2.txt"'
+# the loss curve of -np 2 against -np 1: the same global batch, the sums in another order (docs/scale-out.md)
+curve() {
+  python3 - "$1" "$2" "$3" <<'EOF'
+import json, sys
+def recs(p): return [json.loads(l) for l in open(p)]
+a, b, tol = recs(sys.argv[1]), recs(sys.argv[2]), float(sys.argv[3])
+assert [r['type'] for r in a] == [r['type'] for r in b], 'different records'
+worst = 0
+for x, y in zip(a, b):
+    if x['type'] in ('train', 'eval'):
+        worst = max(worst, abs(x['loss'] - y['loss']) / abs(x['loss']))
+print('largest relative loss difference %.2e' % worst)
+sys.exit(0 if worst <= tol else 1)
+EOF
+}
+check "train: -np 2 loss curve within 1e-5 of -np 1 (20 steps)" 'curve "$T/t1/train.jsonl" "$T/t2/train.jsonl" 1e-5'
+# --resume with another number of ranks: 2 ranks to step 10, then 1 rank to the end (and the other way)
+$MPI -np 2 "$PS" train --config "$T/cfg.json" --out "$T/r21" --stop-after 10 > /dev/null 2>&1
+"$PS" train --config "$T/cfg.json" --out "$T/r21" --resume > /dev/null 2>&1
+check "train: 2 ranks, then --resume with 1: the same curve" 'curve "$T/t1/train.jsonl" "$T/r21/train.jsonl" 1e-5'
+"$PS" train --config "$T/cfg.json" --out "$T/r12" --stop-after 10 > /dev/null 2>&1
+$MPI -np 2 "$PS" train --config "$T/cfg.json" --out "$T/r12" --resume > /dev/null 2>&1
+check "train: 1 rank, then --resume with 2: the same curve" 'curve "$T/t1/train.jsonl" "$T/r12/train.jsonl" 1e-5'
+out=$($MPI -np 2 "$PS" train --config "$T/cfg.json" --out "$T/t2" 2>&1); rc=$?
+check "train: an error every rank shares is said once" '[ $rc -eq 1 ] && [ "$(grep -c "already holds a run" <<<"$out")" -eq 1 ]'
+# main's other training paths: the text-kv task (a batch reallocated every step) and the v4 attention
+# (per-channel gate records, rank 0's)
+cp "$TT" "$T/tok.json"
+printf '{"model": {"vocab_size": 419, "d_model": 16, "n_layers": 1, "n_heads": 2, "n_kv_heads": 2, "head_dim": 8, "d_ff": 32, "max_seq_len": 300, "attention": {"kind": "compressed", "window": 4, "stride": 4, "local_window": 4}}, "task": {"kind": "text-kv", "tokenizer": "tok.json", "values": "words", "pairs": 3, "queries": 2, "seq_len": 200}, "train": {"steps": 6, "batch_size": 4, "log_every": 1, "logits": "answers", "eval_size": 4, "eval_every": 3}}' > "$T/tkcfg.json"
+$MPI -np 1 "$PS" train --config "$T/tkcfg.json" --out "$T/tk1" > /dev/null 2>&1
+$MPI -np 2 "$PS" train --config "$T/tkcfg.json" --out "$T/tk2" > /dev/null 2>&1
+check "train text-kv: -np 2 loss curve within 1e-5 of -np 1" 'curve "$T/tk1/train.jsonl" "$T/tk2/train.jsonl" 1e-5'
+python3 -c 'import json, sys; c = json.load(open(sys.argv[1])); c["train"].update(steps=6, batch_size=8, log_every=1, eval_every=3, checkpoint_every=3, gates_every=3, eval_size=32); json.dump(c, open(sys.argv[2], "w"))' \
+  "$SRC/experiments/configs/v4/v4demo.json" "$T/v4cfg.json"
+$MPI -np 1 "$PS" train --config "$T/v4cfg.json" --out "$T/v41" > /dev/null 2>&1
+$MPI -np 2 "$PS" train --config "$T/v4cfg.json" --out "$T/v42" > /dev/null 2>&1
+check "train v4 attention: -np 2 loss curve and gate records like -np 1" 'curve "$T/v41/train.jsonl" "$T/v42/train.jsonl" 1e-5 && grep -q "per_channel" "$T/v42/train.jsonl"'
+
+# ---- a rank that dies, a rank that hangs ----
+section "a killed rank, a stuck rank"
+sed 's/"steps": 20/"steps": 100000/; s/"checkpoint_every": 10/"checkpoint_every": 3/; s/"eval_every": 10/"eval_every": 100000/; s/"gates_every": 10/"gates_every": 100000/' \
+  "$T/cfg.json" > "$T/long.json"
+rank_pid() { # rank_pid MPIRUN_PID RANK: the pid of that rank (a child of mpirun)
+  local c
+  for c in $(pgrep -P "$1"); do tr '\0' '\n' < "/proc/$c/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2" && { echo "$c"; return; }; done
+}
+wait_ckpt() { # wait until the run in $1 has a checkpoint after step 0 (at most 60 s)
+  for _ in $(seq 600); do grep -q '"step":[1-9]' "$1/train.jsonl" 2>/dev/null && return 0; sleep 0.1; done; return 1
+}
+wait_end() { # wait_end PID SECONDS: wait for mpirun; kill it (and fail) if it outlives SECONDS
+  local i
+  for i in $(seq $(($2 * 10))); do kill -0 "$1" 2>/dev/null || { wait "$1"; return; }; sleep 0.1; done
+  echo "mpirun $1 still running after $2 s: killing it" >&2
+  for i in $(pgrep -P "$1"); do kill -9 "$i"; done; kill -9 "$1"; wait "$1"; return 99
+}
+$MPI -np 2 "$PS" train --config "$T/long.json" --out "$T/kill" > /dev/null 2> "$T/kill.err" &
+mp=$!
+if wait_ckpt "$T/kill"; then
+  sleep 1; r1=$(rank_pid $mp 1)
+  [ -n "$r1" ] || bad "killed rank: no rank 1 among mpirun's children"
+  t0=$(date +%s.%N); kill -9 "$r1"; wait_end $mp 60; rc=$?; t1=$(date +%s.%N)
+  secs=$(python3 -c "print('%.1f' % ($t1 - $t0))")
+  echo "killed rank 1: mpirun ended in $secs s with status $rc"
+  check "killed rank: the job ends within 10 s, with an error status" '[ $rc -ne 0 ] && [ $rc -ne 99 ] && python3 -c "import sys; sys.exit(not $secs < 10)"' || cat "$T/kill.err" >&2
+  check "killed rank: rank 0 says why and where the last checkpoint is" 'grep -q "rank 0 of 2: stopped by the MPI launcher" "$T/kill.err" && grep -q "the last checkpoint (step [0-9]*) is in" "$T/kill.err"'
+  step=$(grep -o 'the last checkpoint (step [0-9]*)' "$T/kill.err" | grep -o '[0-9]*' | head -1)
+  "$PS" train --config "$T/long.json" --out "$T/kill" --resume --stop-after $((${step:-0} + 3)) > "$T/resume.txt" 2>&1
+  check "killed rank: the last checkpoint resumes (step $step, one process)" '[ $? -eq 0 ] && [ -s "$T/kill/model.safetensors" ]'
+else
+  kill $mp 2>/dev/null; wait $mp; bad "killed rank: no checkpoint within 60 s"
+fi
+PS_DIST_TIMEOUT=5 $MPI -np 2 "$PS" train --config "$T/long.json" --out "$T/stall" > /dev/null 2> "$T/stall.err" &
+mp=$!
+if wait_ckpt "$T/stall"; then
+  r1=$(rank_pid $mp 1)
+  [ -n "$r1" ] || bad "stuck rank: no rank 1 among mpirun's children"
+  t0=$(date +%s.%N); kill -STOP "$r1"; wait_end $mp 60; rc=$?; t1=$(date +%s.%N)
+  secs=$(python3 -c "print('%.1f' % ($t1 - $t0))")
+  echo "stopped rank 1 (SIGSTOP): mpirun ended in $secs s with status $rc (stall limit 5 s)"
+  check "stuck rank: the stall limit ends the job" '[ $rc -ne 0 ] && [ $rc -ne 99 ] && grep -q "has waited" "$T/stall.err" && python3 -c "import sys; sys.exit(not $secs < 20)"' || cat "$T/stall.err" >&2
+else
+  kill $mp 2>/dev/null; wait $mp; bad "stuck rank: no checkpoint within 60 s"
+fi
+section "done"
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
