@@ -96,7 +96,7 @@ static void test_sweep_units(ps_sweep_mode mode) {
     ps_batch base;
     ps_error err;
     ps_batch_alloc(&base, 11, t.seq_len, t.n_queries, &err);
-    ps_task_generate(&t, 5, &base);
+    CHECK(ps_task_generate(&t, 5, &base, NULL) == 0, "task generation");
     ps_filler_family fam = {.name = "repeat", .n_pattern = 1, .pattern = {0}};
     int64_t P = 4, batch = 4, N = base.B, maxq = base.max_q, nb = ps_sweep_n_batches(N, batch), nu = P * nb;
     ps_residue_stats ref, st;
@@ -156,7 +156,7 @@ static void test_knockout_units(int naive, int max_cells) {
     ps_batch base;
     ps_error err;
     ps_batch_alloc(&base, 10, t.seq_len, t.n_queries, &err);
-    ps_task_generate(&t, 3, &base);
+    CHECK(ps_task_generate(&t, 3, &base, NULL) == 0, "task generation");
     ps_filler_family fam = {.name = "repeat", .n_pattern = 1, .pattern = {0}};
     int layers[2] = {0, 2}, heads[2] = {1, 0}, top[2] = {2, 0};
     int64_t P = 3, batch = 4, N = base.B, maxq = base.max_q;
@@ -239,7 +239,7 @@ static void test_gates_units(void) {
     ps_batch base;
     ps_error err;
     ps_batch_alloc(&base, 9, t.seq_len, t.n_queries, &err);
-    ps_task_generate(&t, 2, &base);
+    CHECK(ps_task_generate(&t, 2, &base, NULL) == 0, "task generation");
     ps_filler_family fam = {.name = "repeat", .n_pattern = 1, .pattern = {0}};
     ps_shifted s;
     REQUIRE_OK(ps_make_shifted(&base, &t, &fam, PS_SWEEP_PAD, 1, 0, 0, m.cfg.max_seq_len, &s, &err), &err);
