@@ -44,8 +44,10 @@ const ps_command ps_cmd_sweep = {
         "phase coordinate is rho = t_K mod P (t_K: position of the queried key's first token). Reports per rho:\n"
         "n, accuracy (top-1 over the vocabulary), 95% Wilson interval, mean target log-prob; overall mean, min\n"
         "and gap (pp); a chi-square test of accuracy against residue and the verdict: phase sensitive when\n"
-        "p < 0.01 and the gap is at least 5 pp; only then the dominant period of the curve is given (the JSON's\n"
-        "dominant_period.period is null otherwise). Writes OUT/sweep.json.\n"
+        "p < 0.01 and the gap is at least 5 pp; only then the curve's periods are given: the repeat period (the\n"
+        "smallest divisor d of P whose folding, the curve averaged over residues congruent mod d, explains 75% of\n"
+        "its variance) and the DFT's dominant period (the JSON's repeat_period.period and dominant_period.period\n"
+        "are null otherwise). Writes OUT/sweep.json.\n"
         "--task text-kv: the prompts are text (docs/text-experiments.md): --pairs lines \"The value of KEY is\n"
         "VALUE.\", a question for one key, the value teacher-forced as the answer (every answer token must be\n"
         "the top-1); pad inserts p tokens of filler text (--family NAME of data/text/fillers.json, default prose)\n"
@@ -55,9 +57,10 @@ const ps_command ps_cmd_sweep = {
     .run = run,
 };
 
-/* the verdict and the period come from the JSON just written, so the two always agree */
-static void summary(json_t *curve) {
+/* the verdict and the periods come from the JSON just written, so the printed line and the file always agree */
+void ps_sweep_summary_line(json_t *curve) {
     json_t *cs = json_object_get(curve, "chi_square"), *dp = json_object_get(curve, "dominant_period");
+    json_t *rp = json_object_get(curve, "repeat_period");
     double p = json_number_value(json_object_get(cs, "p_value"));
     double gap = json_number_value(json_object_get(curve, "gap_pp"));
     char ptext[32];
@@ -65,6 +68,9 @@ static void summary(json_t *curve) {
     printf("mean accuracy %.3f, min %.3f, gap %.1f pp; chi-square p %s%s: %s", json_number_value(json_object_get(curve, "mean_accuracy")),
            json_number_value(json_object_get(curve, "min_accuracy")), gap, ptext[0] == '<' ? "" : "= ", ptext,
            json_string_value(json_object_get(curve, "verdict")));
+    if (json_is_integer(json_object_get(rp, "period")))
+        printf(", repeats every %lld (folding R^2 %.2f)", (long long)json_integer_value(json_object_get(rp, "period")),
+               json_number_value(json_object_get(rp, "r2")));
     if (json_is_number(json_object_get(dp, "period")))
         printf(", dominant period %.4g", json_number_value(json_object_get(dp, "period")));
     printf("\n");
@@ -196,7 +202,7 @@ int ps_sweep_finish(const ps_partial *p, const char *out_dir, ps_error *err) {
     if (!curve) goto done;
     json_object_set_new(res, "curve", curve);
     if (ps_result_write(out_dir, "sweep.json", res, err)) goto done;
-    summary(curve);
+    ps_sweep_summary_line(curve);
     rc = 0;
 done:
     json_decref(res);
@@ -352,7 +358,7 @@ static int run_textkv(const ps_args *a, ps_sweep_mode mode, ps_error *err) {
     if (!curve) goto done;
     json_object_set_new(res, "curve", curve);
     if (ps_instr_write(&in, "sweep.json", res, err)) goto done;
-    summary(curve);
+    ps_sweep_summary_line(curve);
     rc = 0;
 done:
     json_decref(res);

@@ -47,8 +47,8 @@ static int run(const ps_args *a, ps_error *err) {
         goto done;
     }
     len += (size_t)snprintf(out + len, cap - len,
-                            "| model | attention | period P | mean accuracy | min over residues | gap (pp) | detected period | "
-                            "chi-square p |\n|---|---|---|---|---|---|---|---|\n");
+                            "| model | attention | period P | mean accuracy | min over residues | gap (pp) | repeats every | "
+                            "dominant period | chi-square p |\n|---|---|---|---|---|---|---|---|---|\n");
     for (int i = 0; i < npos; i++) {
         json_t *d;
         if (ps_results_load(pos[i], "sweep", &d, err)) goto done;
@@ -70,9 +70,12 @@ static int run(const ps_args *a, ps_error *err) {
         else if (!strcmp(kind, "deepseek_v4")) snprintf(attn, sizeof attn, "DeepSeek-V4");
         else snprintf(attn, sizeof attn, "full");
         json_t *dp = json_object_get(json_object_get(c, "dominant_period"), "period");
-        char per[32];
+        json_t *rp = json_object_get(json_object_get(c, "repeat_period"), "period");
+        char per[32], rep[32];
         if (json_is_number(dp)) snprintf(per, sizeof per, "%.3g", json_number_value(dp));
         else snprintf(per, sizeof per, "none");
+        if (json_is_integer(rp)) snprintf(rep, sizeof rep, "%lld", (long long)json_integer_value(rp));
+        else snprintf(rep, sizeof rep, json_object_get(c, "repeat_period") ? "none" : "-");
         if (cap - len < 4096) {
             cap *= 2;
             char *grown = realloc(out, cap);
@@ -85,11 +88,11 @@ static int run(const ps_args *a, ps_error *err) {
         }
         char ptext[32];
         ps_format_p(ptext, sizeof ptext, json_number_value(json_object_get(json_object_get(c, "chi_square"), "p_value")));
-        len += (size_t)snprintf(out + len, cap - len, "| %s | %s | %lld | %.3f | %.3f | %.1f | %s | %s |\n", basename(model), attn,
+        len += (size_t)snprintf(out + len, cap - len, "| %s | %s | %lld | %.3f | %.3f | %.1f | %s | %s | %s |\n", basename(model), attn,
                                 (long long)json_array_size(json_object_get(c, "residues")),
                                 json_number_value(json_object_get(c, "mean_accuracy")),
                                 json_number_value(json_object_get(c, "min_accuracy")), json_number_value(json_object_get(c, "gap_pp")),
-                                per, ptext);
+                                rep, per, ptext);
         json_decref(d);
     }
     fputs(out, stdout);

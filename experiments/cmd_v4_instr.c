@@ -197,14 +197,7 @@ int ps_v4_cmd_sweep(const ps_args *a, ps_error *err) {
     if (!curve) goto done;
     json_object_set_new(res, "curve", curve);
     if (write_result(&in, "sweep.json", res, err)) goto done;
-    json_t *cs = json_object_get(curve, "chi_square"), *dp = json_object_get(curve, "dominant_period");
-    char ptext[32];
-    ps_format_p(ptext, sizeof ptext, json_number_value(json_object_get(cs, "p_value")));
-    printf("mean accuracy %.3f, min %.3f, gap %.1f pp; chi-square p %s%s: %s", json_number_value(json_object_get(curve, "mean_accuracy")),
-           json_number_value(json_object_get(curve, "min_accuracy")), json_number_value(json_object_get(curve, "gap_pp")),
-           ptext[0] == '<' ? "" : "= ", ptext, json_string_value(json_object_get(curve, "verdict")));
-    if (json_is_number(json_object_get(dp, "period"))) printf(", dominant period %.4g", json_number_value(json_object_get(dp, "period")));
-    printf("\n");
+    ps_sweep_summary_line(curve);
     rc = 0;
 done:
     json_decref(res);

@@ -61,6 +61,10 @@ typedef struct {
 int ps_instr_setup(ps_instr *in, const ps_args *a, int need_task, ps_error *err);
 void ps_instr_free(ps_instr *in);
 
+/* The sweep's one-line summary on stdout (mean, min, gap, chi-square, verdict, periods), read from the curve
+ * object of sweep.json (cmd_sweep.c; also the DeepSeek-V4 sweep). */
+void ps_sweep_summary_line(json_t *curve);
+
 /* {"command", "model", "config_hash", "seed", "version", "task", "eval": {...}} */
 json_t *ps_instr_provenance(const ps_instr *in, const char *mode);
 

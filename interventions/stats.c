@@ -99,6 +99,35 @@ double ps_dominant_period(const double *y, int64_t P, int64_t *k_out, double *po
     return 0;
 }
 
+double ps_fold_r2(const double *y, int64_t P, int64_t d) {
+    if (P < 1 || d < 1 || P % d) return 0;
+    double mean = 0, tot = 0, res = 0;
+    for (int64_t i = 0; i < P; i++) mean += y[i] / (double)P;
+    for (int64_t i = 0; i < P; i++) tot += (y[i] - mean) * (y[i] - mean);
+    if (tot <= 1e-24) return 0;
+    int64_t m = P / d; /* members of each class */
+    for (int64_t j = 0; j < d; j++) {
+        double f = 0;
+        for (int64_t i = j; i < P; i += d) f += y[i] / (double)m;
+        for (int64_t i = j; i < P; i += d) res += (y[i] - f) * (y[i] - f);
+    }
+    return 1.0 - res / tot;
+}
+
+int64_t ps_fold_period(const double *y, int64_t P, double *r2) {
+    *r2 = 0;
+    for (int64_t d = 1; d <= P; d++) {
+        if (P % d) continue;
+        double q = ps_fold_r2(y, P, d);
+        if (d == P && q == 0) return 0; /* flat */
+        if (q >= PS_FOLD_R2_MIN) {
+            *r2 = q;
+            return d;
+        }
+    }
+    return 0;
+}
+
 int64_t ps_best_shift(const double *before, const double *after, int64_t P, double *corr) {
     double mb = 0, ma = 0, sb = 0, sa = 0;
     for (int64_t i = 0; i < P; i++) {

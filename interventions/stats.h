@@ -23,6 +23,18 @@ void ps_chi_square(const int64_t *k, const int64_t *n, int64_t R, double *chi2, 
  * undefined) for a flat curve. *power_frac: that frequency's share of the total power. */
 double ps_dominant_period(const double *y, int64_t P, int64_t *k_out, double *power_frac);
 
+/* Share of a curve's variance that folding it at d explains: the curve y[0..P) replaced by its means over
+ * the residues congruent mod d (d divides P), R²_d = 1 − SS(y − folded) / SS(y − mean). 1 for d = P;
+ * 0 for a flat curve. */
+double ps_fold_r2(const double *y, int64_t P, int64_t d);
+
+/* Repeat period by folding: the smallest divisor d of P with R²_d >= PS_FOLD_R2_MIN — the shortest
+ * length after which the curve repeats, to within what it explains. Unlike the DFT's pick it does not
+ * take a harmonic for the period when a dip is sharp (one dead residue per stride has its power spread
+ * over every multiple of the fundamental). Returns 0 for a flat curve; *r2 = R²_d of the answer. */
+#define PS_FOLD_R2_MIN 0.75
+int64_t ps_fold_period(const double *y, int64_t P, double *r2);
+
 /* Best-aligning shift s in [0, P): maximises the correlation of the mean-centred curves after(rho) and
  * before((rho - s) mod P). Ties go to the smallest s. *corr: that correlation (0 if a curve is flat). */
 int64_t ps_best_shift(const double *before, const double *after, int64_t P, double *corr);

@@ -358,6 +358,21 @@ json_t *ps_residue_stats_json(const ps_residue_stats *r, ps_error *err) {
     SET(dp, "frequency", json_integer(k));
     SET(dp, "power_fraction", json_real(frac));
     SET(o, "dominant_period", dp);
+    /* the repeat period by folding: reported like the DFT's, only for a phase-sensitive curve */
+    double r2;
+    int64_t fp = ps_fold_period(acc, P, &r2);
+    json_t *rp = json_object(), *by = json_object();
+    SET(rp, "period", sens && fp > 0 ? json_integer(fp) : json_null());
+    SET(rp, "r2", json_real(r2));
+    SET(rp, "threshold", json_real(PS_FOLD_R2_MIN));
+    for (int64_t d = 1; d <= P; d++)
+        if (P % d == 0) {
+            char name[32];
+            snprintf(name, sizeof name, "%lld", (long long)d);
+            SET(by, name, json_real(ps_fold_r2(acc, P, d)));
+        }
+    SET(rp, "r2_by_divisor", by);
+    SET(o, "repeat_period", rp);
     free(acc);
     if (bad) {
         json_decref(o);

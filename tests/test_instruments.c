@@ -63,6 +63,28 @@ static void test_stats(void) {
     CHECK(ps_dominant_period(y, 8, &kk, &frac) == 4, "square wave of period 4 over 8");
     for (int i = 0; i < 8; i++) y[i] = 0.5;
     CHECK(ps_dominant_period(y, 8, &kk, &frac) == 0 && kk == 0, "flat curve has no period");
+    /* repeat period by folding */
+    double r2;
+    {
+        double h[6] = {1, 0, 1, 0, 1, 1}; /* by hand: folded at 2 the means are 1 and 1/3; SS_res 6/9 of SS_tot 12/9 */
+        CHECK(fabs(ps_fold_r2(h, 6, 2) - 0.5) < 1e-12 && fabs(ps_fold_r2(h, 6, 6) - 1) < 1e-12 && ps_fold_r2(h, 6, 4) == 0,
+              "fold R2 %g %g", ps_fold_r2(h, 6, 2), ps_fold_r2(h, 6, 6));
+    }
+    CHECK(ps_fold_period(y, 8, &r2) == 0 && r2 == 0, "flat curve: no repeat period");
+    for (int i = 0; i < 8; i++) y[i] = i % 4 < 2 ? 1 : 0;
+    CHECK(ps_fold_period(y, 8, &r2) == 4 && fabs(r2 - 1) < 1e-12, "square wave of period 4 over 8 repeats every 4");
+    for (int i = 0; i < 8; i++) y[i] = i == 7 ? 0.2 : 1.0;
+    CHECK(ps_fold_period(y, 8, &r2) == 8, "a lone dip repeats every P");
+    for (int i = 0; i < 24; i++) y[i] = cos(2 * M_PI * i / 6.0) + 0.3 * cos(2 * M_PI * i / 24.0);
+    CHECK(ps_fold_period(y, 24, &r2) == 6, "cosine of period 6 (plus a weaker one of 24) repeats every 6");
+    {
+        /* a W12/S12 model measured on P = 24 (deep_w12s12 at step 6400, 96 prompts per shift): one dead residue per
+         * stride (11, 23) and uneven others; the DFT picks the harmonic 6, folding finds 12 */
+        double w[24] = {0.71, 0.99, 0.96, 0.82, 0.91, 0.83, 0.76, 0.98, 0.87, 0.98, 0.99, 0.16,
+                        0.89, 1.00, 0.99, 0.96, 0.98, 0.83, 0.73, 0.98, 0.80, 0.96, 0.99, 0.12};
+        CHECK(ps_dominant_period(w, 24, &kk, &frac) == 6, "the DFT takes the harmonic here (%lld)", (long long)kk);
+        CHECK(ps_fold_period(w, 24, &r2) == 12 && r2 > 0.9, "W12/S12 repeats every 12 (R2 %g)", r2);
+    }
     double before[8] = {0}, after[8] = {0}, corr;
     before[2] = 1;
     after[5] = 1;

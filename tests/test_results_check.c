@@ -202,6 +202,12 @@ static void test_sweep(void) {
     json_object_set_new(json_object_get(json_object_get(d, "curve"), "dominant_period"), "period", json_real(3));
     CHECK_ERR(chk(d, &err), &err, "r.json: curve.dominant_period.period: 3, but P / frequency");
     json_decref(d);
+    d = json_deep_copy(base);
+    json_object_set_new(json_object_get(d, "curve"), "repeat_period", json_pack("{s:i}", "period", 3));
+    CHECK_ERR(chk(d, &err), &err, "r.json: curve.repeat_period.period: 3, but folding the residues' accuracies gives");
+    json_object_del(json_object_get(d, "curve"), "repeat_period"); /* files written before the field */
+    CHECK_OK(chk(d, &err), &err);
+    json_decref(d);
     /* wrong types: an integer written as a fraction, a string count */
     d = json_deep_copy(base);
     json_object_set_new(RES(d, "curve", 4), "n", json_real(2.5));

@@ -437,6 +437,26 @@ static int check_curve(ck *c, json_t *parent, const char *name, int64_t want_P, 
         }
         pop(c, o5);
     }
+    /* repeat period by folding (written since the deep-stride models; absent in older files): null or the
+     * smallest divisor of P whose folding explains PS_FOLD_R2_MIN of the curve, recomputed here */
+    v = json_object_get(cv, "repeat_period");
+    if (v && !json_is_null(v)) {
+        size_t o6 = key(c, "repeat_period");
+        if (want_type(c, v, json_is_object(v), "an object or null")) return -1;
+        json_t *rp = json_object_get(v, "period");
+        if (rp && !json_is_null(rp)) {
+            key(c, "period");
+            int64_t d;
+            if (want_type(c, rp, json_is_integer(rp), "an integer or null")) return -1;
+            d = json_integer_value(rp);
+            double r2;
+            int64_t want = ps_fold_period(ci->acc, P, &r2);
+            if (d != want)
+                return bad(c, "%lld, but folding the residues' accuracies gives %lld (the smallest divisor of P = %lld explaining %.2f of the curve)",
+                           (long long)d, (long long)want, (long long)P, PS_FOLD_R2_MIN);
+        }
+        pop(c, o6);
+    }
     pop(c, old);
     return 0;
 }
