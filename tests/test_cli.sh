@@ -182,6 +182,8 @@ def curve_ok(c, P, n_per):
 def printed_ok(c, out):
     assert ("mean accuracy %.3f" % c["mean_accuracy"]) in out and c["verdict"] in out, out
     assert ("dominant period" in out) == (c["dominant_period"]["period"] is not None), out
+    rp = c["repeat_period"]["period"]
+    assert ("repeats every" in out) == (rp is not None) and (rp is None or ("repeats every %d (folding R^2 %.2f)" % (rp, c["repeat_period"]["r2"])) in out), out
 '
 check sweep-json "$CURVE_CHECK"'
 d = load(A[0]); c = d["curve"]; out = open(A[1]).read(); info = open(A[2]).read(); pr = d["provenance"]
@@ -206,10 +208,11 @@ curve_ok(c, 4, 8); printed_ok(c, open(A[1]).read())   # move mode scores the fir
 assert d["provenance"]["eval"]["mode"] == "move" and d["provenance"]["eval"]["family"] == "random"
 ' "$T/om/sweep.json" "$T/move.out"
 # the shipped default model (the 12-layer W8/S8): a dip at rho 7, p underflows and prints as "< 1e-300"
-expect sweep-default 0 "chi-square p < 1e-300: phase sensitive, dominant period 8" -- "$PS" sweep --n 64 --out "$T/od"
+expect sweep-default 0 "chi-square p < 1e-300: phase sensitive, repeats every 8 (folding R^2 1.00), dominant period 8" -- "$PS" sweep --n 64 --out "$T/od"
 check sweep-default-json "$CURVE_CHECK"'
 c = load(A[0])["curve"]; acc = curve_ok(c, 8, 64 * 16)  # the deep model asks 16 queries per prompt
 assert c["chi_square"]["p_value"] < 1e-300 and c["dominant_period"]["period"] == 8 and acc.index(min(acc)) == 7, acc
+assert c["repeat_period"]["period"] == 8 and c["repeat_period"]["threshold"] == 0.75, c["repeat_period"]
 ' "$T/od/sweep.json"
 # the full-attention demo model: flat, so no period in the JSON and none printed
 expect sweep-flat 0 "no phase dependence detected" -- "$PS" sweep --model "$D/../full" --n 16 --out "$T/of"

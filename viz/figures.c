@@ -215,8 +215,15 @@ static int fill_curve(curve *c, json_t *cj, const char *label, const char *path,
     c->mean = num(cj, "mean_accuracy");
     json_t *dp = json_object_get(cj, "dominant_period"), *cs = json_object_get(cj, "chi_square");
     snprintf(c->stats, sizeof c->stats, "mean %.3f, min %.3f, gap %.1f pp", c->mean, num(cj, "min_accuracy"), num(cj, "gap_pp"));
-    ps_period_text(c->stats2, sizeof c->stats2, has_period(cj), num(dp, "period"),
-                   json_is_number(json_object_get(cs, "p_value")) ? num(cs, "p_value") : NAN);
+    double p = json_is_number(json_object_get(cs, "p_value")) ? num(cs, "p_value") : NAN;
+    json_t *rp = json_object_get(json_object_get(cj, "repeat_period"), "period");
+    if (json_is_integer(rp) && has_period(cj)) { /* the folding period when the file has one (docs/results-schema.md) */
+        char pb[32];
+        ps_format_p(pb, sizeof pb, p);
+        snprintf(c->stats2, sizeof c->stats2, "repeats every %lld, χ² p %s%s", (long long)json_integer_value(rp),
+                 pb[0] == '<' ? "" : "= ", pb);
+    } else
+        ps_period_text(c->stats2, sizeof c->stats2, has_period(cj), num(dp, "period"), p);
     return 0;
 }
 
