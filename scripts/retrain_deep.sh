@@ -28,7 +28,7 @@ done
 # transition happens depends on rounding (a build that sums attention in another order moves it by
 # hundreds of steps), so the run is continued 50 steps at a time (--resume, bit-identical to one
 # uninterrupted run) until the rule holds. With the build that trained the shipped models: W8/S4 at step
-# STEP_W8S4, W8/S6 at 6300 (0.615), W12/S12 at 5000 (0.651). Trained on, the models close their weak
+# 2900 (0.677), W8/S6 at 6300 (0.615), W12/S12 at 5000 (0.651). Trained on, the models close their weak
 # phases (docs/results.md "Every stride").
 first_at() { # first_at NAME ACC: train experiments/configs/deep/NAME.json until held-out accuracy >= ACC
   local name=$1 want=$2 dir="data/models/deep_$1" step=0
@@ -48,4 +48,8 @@ first_at() { # first_at NAME ACC: train experiments/configs/deep/NAME.json until
   $PS render "$dir/train.jsonl" --out "$dir"
 }
 for name in w8s4 w8s6 w12s12; do first_at "$name" 0.6; done
+# The uniform-gate variant at the deep shape, by the same rule (step 4450, held-out 0.626, with the shipping build).
+first_at w8s8_uniform 0.6
+# Not shipped: experiments/configs/deep/w8s8_norope.json (the no-RoPE variant) was still near its loss
+# plateau at step 3350 (held-out 0.066) when this session's time ran out.
 ln -sfn deep_w8s8 data/models/default
