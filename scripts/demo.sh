@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job: the phase-sensitivity reproduction on the demo models shipped under data/models/ (no
 # training). Sweeps every model, runs the knockout grid for the full-attention baseline and W8/S8, the
-# gate statistics, and gate cycling on W8/S8; the deep models' sweeps (every stride and the uniform gate; each at its own stride, and on P = 24), gates over
+# gate statistics, and gate cycling on W8/S8; the deep models' sweeps (every stride, uniform gate, no RoPE; each at its own stride, and on P = 24), gates over
 # training and one phase head's cycling measured by knockout; the text models (real Qwen3 tokenizer); the V4-compressor model (v4demo): sweep, knockout,
 # per-channel gates and position-bias cycling; writes JSON and figures under out/demo/ and prints the
 # summary table (also out/demo/summary.md).
@@ -38,9 +38,9 @@ $PS sweep --model "$M/deep_w8s8" --n "$N" --out "$OUT/sweep_deep/deep_w8s8"
 $PS render "$OUT/sweep_deep/deep_full/sweep.json" "$OUT/sweep_deep/deep_w8s8/sweep.json" --out "$OUT/sweep_deep"
 $PS gates --model "$M/deep_w8s8" --n 64 --log "$M/deep_w8s8/train.jsonl" --out "$OUT/gates/deep_w8s8"
 $PS gatecycle --model "$M/deep_w8s8" --layer 10 --head 6 --shift 2 --n 32 --measure knockout --out "$OUT/gatecycle/deep_l10h6"
-echo "== deep models at every stride (W8/S4, W8/S6, W8/S8, W12/S12) and the uniform-gate variant"
+echo "== deep models at every stride (W8/S4, W8/S6, W8/S8, W12/S12) and the uniform-gate and no-RoPE variants"
 # each at its own stride, and all on the shared coordinate P = 24 (fewer prompts: 3x the shifts)
-for name in deep_w8s4 deep_w8s6 deep_w12s12 deep_w8s8_uniform; do
+for name in deep_w8s4 deep_w8s6 deep_w12s12 deep_w8s8_uniform deep_w8s8_norope; do
   $PS sweep --model "$M/$name" --n "$N" --out "$OUT/sweep_deep/$name"
 done
 for name in deep_full deep_w8s4 deep_w8s6 deep_w8s8 deep_w12s12; do
@@ -77,7 +77,7 @@ echo "Summary (each model at its own period; P = 8 for the baseline):"
 $PS table "$OUT"/sweep/{full,w8s8,w4s4,w8s8_uniform,w8s8_norope,v4demo}/sweep.json --out "$OUT/summary.md"
 echo
 echo "Deep models (12 layers, 8 KV heads):"
-$PS table "$OUT"/sweep_deep/{deep_full,deep_w8s8,deep_w8s4,deep_w8s6,deep_w12s12,deep_w8s8_uniform}/sweep.json \
+$PS table "$OUT"/sweep_deep/{deep_full,deep_w8s8,deep_w8s4,deep_w8s6,deep_w12s12,deep_w8s8_uniform,deep_w8s8_norope}/sweep.json \
   --out "$OUT/summary_deep.md"
 echo
 echo "Deep models on P = 24 (the detected period should equal each model's stride):"
