@@ -20,6 +20,11 @@ typedef struct {
     int64_t W, S, LW; /* compressed only: window, stride, effective local window min(local_window, T) */
     int64_t nW;       /* compressed windows (0 for full attention) */
     int64_t ncols;    /* columns of a probability row: T (full) or nW + LW (compressed) */
+    /* compressed only: window start offsets [B, nkv] (host array; NULL = all 0, the base model). Window j of
+     * KV head g in sequence b covers positions j*S + woff[b*nkv + g] + i, 0 <= woff < S; it exists when it
+     * fits in T, and query t sees it when j*S + woff + W - 1 <= t (staggered grids, phase augmentation:
+     * docs/mitigations.md). A backend whose grid_offsets flag is 0 refuses a non-NULL woff. */
+    const int64_t *woff;
 } ps_attn_geom;
 
 /* One chunk of a long sequence (prefill, one sequence): Tq query rows against a key frame of Tk raw
@@ -69,6 +74,7 @@ struct ps_backend {
     int (*to_host)(ps_ctx *c, void *host, const void *buf, int64_t bytes);
     int (*from_host)(ps_ctx *c, void *buf, const void *host, int64_t bytes);
     int host_visible; /* buffers are host pointers */
+    int grid_offsets; /* the attention ops honour ps_attn_geom.woff and the *_grid ops are implemented */
     int (*init)(ps_ctx *c);   /* backend state into c->impl (may be NULL) */
     void (*fini)(ps_ctx *c);  /* (may be NULL) */
 
@@ -103,6 +109,14 @@ struct ps_backend {
     int (*gather_rows)(ps_ctx *c, float *out, const float *in, const float *add, const int64_t *rows, int64_t n,
                        int64_t width);
     int (*scatter_rows)(ps_ctx *c, float *out, const float *in, const int64_t *rows, int64_t n, int64_t width);
+    /* window grids with start offsets (docs/mitigations.md): the compressor ops with woff [B, nkv] */
+    int (*gate_grid)(ps_ctx *c, float *z, float *alpha, const float *a, const float *u, const float *bias, int64_t B,
+                     int64_t T, int64_t d, int64_t nW, int64_t W, int64_t S, int64_t nkv, const int64_t *woff);
+    int (*payload_grid)(ps_ctx *c, float *P, const float *a, const float *C, int shared, float *scratch, int64_t B,
+                        int64_t T, int64_t d, int64_t nW, int64_t W, int64_t S, int64_t nkv, int64_t hd,
+                        const int64_t *woff);
+    int (*rope_grid)(ps_ctx *c, float *x, const float *cos_t, const float *sin_t, int64_t B, int64_t T, int64_t nW,
+                     int64_t nkv, int64_t hd, int64_t S, const int64_t *woff, int inverse);
     /* hook actions */
     int (*head_set)(ps_ctx *c, float *x, const float *src, int64_t src_stride, int64_t n_seq, int64_t npos, int64_t nh,
                     int64_t hd, int64_t head, int64_t seq0, int64_t seq1);
@@ -127,6 +141,14 @@ struct ps_backend {
     int (*payload_backward)(ps_ctx *c, float *da, float *dC, const float *dP, const float *a, const float *C, int shared,
                             float *scratch, int64_t B, int64_t T, int64_t d, int64_t nW, int64_t W, int64_t S,
                             int64_t nkvhd);
+    int (*gate_grid_backward)(ps_ctx *c, float *da, float *du, float *dbias, float *dalpha, const float *alpha,
+                              const float *a, const float *u, int64_t B, int64_t T, int64_t d, int64_t nW, int64_t W,
+                              int64_t S, int64_t nkv, const int64_t *woff);
+    int (*payload_grid_backward)(ps_ctx *c, float *da, float *dC, const float *dP, const float *a, const float *C,
+                                 int shared, float *scratch, int64_t B, int64_t T, int64_t d, int64_t nW, int64_t W,
+                                 int64_t S, int64_t nkv, int64_t hd, const int64_t *woff);
+    int (*gate_entropy)(ps_ctx *c, double *value, float *dalpha, const float *alpha, int64_t B, int64_t nW, int64_t nkv,
+                        int64_t W, double weight);
     int (*pool_backward)(ps_ctx *c, float *dalpha, float *dP, const float *dout, const float *alpha, const float *P,
                          int64_t B, int64_t nW, int64_t W, int64_t nkv, int64_t hd);
     int (*attn_backward)(ps_ctx *c, float *dq, float *dk, float *dv, float *dck, float *dcv, const float *dz,

@@ -57,6 +57,34 @@ static int get_enum(json_t *v, const char *key, const char *src, const char *a, 
     return 0;
 }
 
+/* attention.head_offsets: a JSON array of one integer per KV head, or "staggered" (o_g = floor(g*S/n_kv),
+ * resolved in ps_config_validate once S and n_kv are known: marked here by -1 in slot 0). The values are
+ * range-checked in ps_config_validate. */
+static int get_head_offsets(json_t *v, const char *src, ps_config *c, ps_error *err) {
+    if (json_is_string(v)) {
+        if (strcmp(json_string_value(v), "staggered"))
+            return ps_fail(err, "%s: key \"attention.head_offsets\" is \"%s\": expected \"staggered\" or an array of integers", src,
+                           json_string_value(v));
+        c->n_grid_offsets = -1; /* resolved in ps_config_parse once S and n_kv_heads are known */
+        return 0;
+    }
+    if (!json_is_array(v))
+        return ps_fail(err, "%s: key \"attention.head_offsets\" must be an array of integers (one per KV head) or \"staggered\"", src);
+    size_t n = json_array_size(v);
+    if (n > PS_MAX_GRID_HEADS)
+        return ps_fail(err, "%s: key \"attention.head_offsets\" has %zu entries, more than the supported %d KV heads", src, n,
+                       PS_MAX_GRID_HEADS);
+    c->n_grid_offsets = (int64_t)n;
+    for (size_t i = 0; i < n; i++) {
+        json_t *e = json_array_get(v, i);
+        if (!json_is_integer(e))
+            return ps_fail(err, "%s: key \"attention.head_offsets\": entry %zu must be a JSON integer", src, i);
+        c->head_offsets[i] = (int64_t)json_integer_value(e);
+        if (c->head_offsets[i] != 0) c->any_head_offset = true;
+    }
+    return 0;
+}
+
 static int parse_attention(json_t *att, const char *src, ps_config *c, ps_error *err) {
     if (!json_is_object(att)) return ps_fail(err, "%s: key \"attention\" must be an object", src);
     const char *k;
@@ -92,6 +120,9 @@ static int parse_attention(json_t *att, const char *src, ps_config *c, ps_error 
             e = get_enum(v, "attention.payload", src, "per_offset", "shared", &tmp, err);
             c->payload = (ps_payload_kind)tmp;
             seen_comp = 1, comp_key = "payload";
+        } else if (!strcmp(k, "head_offsets")) {
+            e = get_head_offsets(v, src, c, err);
+            seen_comp = 1, comp_key = "head_offsets";
         } else if (!strcmp(k, "rate")) e = get_int(v, "attention.rate", src, &c->rate, err), seen_v4 = 1, v4_key = "rate";
         else if (!strcmp(k, "mode")) {
             e = get_enum(v, "attention.mode", src, "csa", "hca", &tmp, err);
@@ -99,7 +130,7 @@ static int parse_attention(json_t *att, const char *src, ps_config *c, ps_error 
             seen_v4 = 1, v4_key = "mode";
         } else
             return ps_fail(err,
-                           "%s: unknown key \"attention.%s\" (valid: kind, window, stride, local_window, gate, payload; "
+                           "%s: unknown key \"attention.%s\" (valid: kind, window, stride, local_window, gate, payload, head_offsets; "
                            "kind \"v4\": rate, mode, local_window)",
                            src, k);
         if (e) return -1;
@@ -332,6 +363,15 @@ int ps_config_validate(const ps_config *c, const char *src, ps_error *err) {
             return ps_fail(err, "%s: key \"n_kv_heads\" is %lld: the v4 attention has one K=V head (DeepSeek-V4), so it must be 1", src,
                            (long long)c->n_kv_heads);
     }
+    if (c->kind == PS_ATTN_COMPRESSED && c->n_grid_offsets != 0) {
+        if (c->n_grid_offsets != c->n_kv_heads)
+            return ps_fail(err, "%s: key \"attention.head_offsets\" has %lld entries, n_kv_heads is %lld (one offset per KV head)", src,
+                           (long long)c->n_grid_offsets, (long long)c->n_kv_heads);
+        for (int64_t g = 0; g < c->n_grid_offsets; g++)
+            if (c->head_offsets[g] < 0 || c->head_offsets[g] >= (c->stride > 0 ? c->stride : 1))
+                return ps_fail(err, "%s: key \"attention.head_offsets\": entry %lld is %lld, must be in [0, attention.stride = %lld)", src,
+                               (long long)g, (long long)c->head_offsets[g], (long long)c->stride);
+    }
     if (c->kind == PS_ATTN_COMPRESSED) {
         if (c->window < 1) return ps_fail(err, "%s: key \"attention.window\" must be >= 1, got %lld", src, (long long)c->window);
         if (c->window > 4096)
@@ -371,6 +411,19 @@ int ps_config_parse(const char *text, size_t len, const char *src, ps_config *c,
         goto done;
     if (c->stride == -1) c->stride = c->window;
     if (c->local_window == -1) c->local_window = c->window;
+    if (c->n_grid_offsets == -1) { /* "staggered": o_g = floor(g*S/n_kv) */
+        if (c->n_kv_heads < 1 || c->n_kv_heads > PS_MAX_GRID_HEADS) {
+            ps_fail(err, "%s: key \"attention.head_offsets\" \"staggered\" needs 1..%d KV heads, n_kv_heads is %lld", src,
+                    PS_MAX_GRID_HEADS, (long long)c->n_kv_heads);
+            goto done;
+        }
+        c->n_grid_offsets = c->n_kv_heads;
+        c->any_head_offset = false;
+        for (int64_t g = 0; g < c->n_kv_heads; g++) {
+            c->head_offsets[g] = g * c->stride / c->n_kv_heads;
+            if (c->head_offsets[g]) c->any_head_offset = true;
+        }
+    }
     rc = ps_config_validate(c, src, err);
 done:
     json_decref(root);
@@ -412,6 +465,11 @@ static json_t *attention_json(const ps_config *c) {
     json_object_set_new(a, "local_window", json_integer(c->local_window));
     json_object_set_new(a, "gate", json_string(c->gate == PS_GATE_UNIFORM ? "uniform" : "learned"));
     json_object_set_new(a, "payload", json_string(c->payload == PS_PAYLOAD_SHARED ? "shared" : "per_offset"));
+    if (c->any_head_offset) { /* only when non-zero: every base-model config (and its hash) stays as it was */
+        json_t *arr = json_array();
+        for (int64_t g = 0; g < c->n_kv_heads && g < PS_MAX_GRID_HEADS; g++) json_array_append_new(arr, json_integer(c->head_offsets[g]));
+        json_object_set_new(a, "head_offsets", arr);
+    }
     return a;
 }
 

@@ -19,6 +19,9 @@ typedef enum { PS_V4_MODE_CSA = 0, PS_V4_MODE_HCA = 1 } ps_v4_mode;
 typedef enum { PS_GATE_LEARNED = 0, PS_GATE_UNIFORM = 1 } ps_gate_kind;
 typedef enum { PS_PAYLOAD_PER_OFFSET = 0, PS_PAYLOAD_SHARED = 1 } ps_payload_kind;
 
+/* Most KV heads whose window grids may be offset (attention.head_offsets). */
+#define PS_MAX_GRID_HEADS 256
+
 /* Upper bound on every integer dimension; keeps all size products far from int64 overflow. */
 #define PS_MAX_DIM ((int64_t)1 << 24)
 
@@ -35,6 +38,12 @@ typedef struct {
     int64_t local_window; /* raw tokens each query sees, >= 1 */
     ps_gate_kind gate;
     ps_payload_kind payload;
+    /* Staggered grids (docs/mitigations.md): window j of KV head g covers positions j*S + head_offsets[g] + i,
+     * 0 <= head_offsets[g] < S. All 0 (the default, and the base model of SPEC §2) unless
+     * attention.head_offsets is given; any_head_offset says whether one is non-zero. */
+    int64_t head_offsets[PS_MAX_GRID_HEADS];
+    int64_t n_grid_offsets; /* entries given (must be n_kv_heads); -1 while "staggered" is unresolved */
+    bool any_head_offset;
     /* kind v4 (local_window above is its sliding raw window) */
     int64_t rate;         /* compression rate m: one compressed entry per m tokens */
     ps_v4_mode v4_mode;   /* csa: entries pool 2m slots (two overlapping half-window series), hca: m slots */
@@ -71,6 +80,11 @@ int ps_config_save_hf(const ps_config *c, const char *dtype, const char *path, p
 
 /* 16 hex digits: FNV-1a 64 over the canonical JSON of the config. */
 void ps_config_hash(const ps_config *c, char out[17]);
+
+/* Start offset of KV head g's window grid (0 unless attention.head_offsets is given). */
+static inline int64_t ps_config_head_offset(const ps_config *c, int64_t g) {
+    return c->any_head_offset && g < PS_MAX_GRID_HEADS ? c->head_offsets[g] : 0;
+}
 
 /* Number of compressed windows wholly inside a sequence of T tokens (0 for full attention). */
 int64_t ps_config_n_windows(const ps_config *c, int64_t T);

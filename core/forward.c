@@ -144,6 +144,12 @@ int ps_acts_create_rows(ps_acts *a, ps_ctx *ctx, const ps_config *cfg, int64_t B
         a->layer_stride[(float **)s[i].ptr - (float **)&a->p] = s[i].per_layer && keep_all ? s[i].n : 0;
         off += s[i].n * slots;
     }
+    if (comp && cfg->any_head_offset) {
+        if (ps_acts_set_phase(a, NULL, err)) {
+            ps_acts_free(a);
+            return -1;
+        }
+    }
     if (cfg->rope && ps_rope_table(ctx, a->p.rope_cos, a->p.rope_sin, T, cfg->head_dim, cfg->rope_theta)) {
         ps_acts_free(a);
         return ps_ctx_check(ctx, err);
@@ -159,7 +165,31 @@ void ps_acts_free(ps_acts *a) {
     }
     free(a->logits_host);
     free(a->rows);
+    free(a->woff);
     memset(a, 0, sizeof *a);
+}
+
+int ps_acts_set_phase(ps_acts *a, const int64_t *shift, ps_error *err) {
+    const ps_config *c = a->cfg;
+    if (c->kind != PS_ATTN_COMPRESSED)
+        return ps_fail(err, "phase shifts of the window grid need a compressed-attention model (attention.kind \"compressed\")");
+    int64_t B = a->B, nkv = c->n_kv_heads, S = c->stride;
+    for (int64_t b = 0; shift && b < B; b++)
+        if (shift[b] < 0 || shift[b] >= S)
+            return ps_fail(err, "phase shift %lld of sequence %lld is outside [0, attention.stride = %lld)", (long long)shift[b],
+                           (long long)b, (long long)S);
+    if (!shift && !c->any_head_offset) { /* the base grid */
+        free(a->woff);
+        a->woff = NULL;
+        a->geom.woff = NULL;
+        return 0;
+    }
+    if (!a->woff && !(a->woff = malloc((size_t)(B * nkv) * sizeof *a->woff)))
+        return ps_fail(err, "out of memory for the window offsets of %lld sequences", (long long)B);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t g = 0; g < nkv; g++) a->woff[b * nkv + g] = (ps_config_head_offset(c, g) + (shift ? shift[b] : 0)) % S;
+    a->geom.woff = a->woff;
+    return 0;
 }
 
 /* A buffer of the acts' own that grows on demand (pattern scratch, answer-row scratch). */
@@ -362,20 +392,36 @@ static int layer_forward_pre(const ps_model *m, ps_acts *a, int l, const ps_hook
     if (comp) {
         /* Compressor: gates and payloads read the layer input a = ln1 (SPEC §2). */
         int learned = c->gate == PS_GATE_LEARNED, shared = c->payload == PS_PAYLOAD_SHARED;
+        const int64_t *wo = a->woff; /* window grid offsets (NULL: the base grid, SPEC §2) */
+        if (wo)
+            OPS(PS_PROF_COMPRESSOR,
+                ps_gate_grid(ctx, p.gz_k, p.ga_k, p.ln1, learned ? w.key_gate_w : NULL, w.key_gate_b, B, T, d, nW, W, S, nkv, wo) ||
+                    ps_gate_grid(ctx, p.gz_v, p.ga_v, p.ln1, learned ? w.value_gate_w : NULL, w.value_gate_b, B, T, d, nW, W, S,
+                                 nkv, wo));
+        else
         OPS(PS_PROF_COMPRESSOR,
             ps_gate(ctx, p.gz_k, p.ga_k, p.ln1, learned ? w.key_gate_w : NULL, w.key_gate_b, B, T, d, nW, W, S, nkv) ||
                 ps_gate(ctx, p.gz_v, p.ga_v, p.ln1, learned ? w.value_gate_w : NULL, w.value_gate_b, B, T, d, nW, W, S, nkv));
         FIRE(PS_HOOK_GATE_K, p.ga_k, 4, B, nW, nkv, W);
         FIRE(PS_HOOK_GATE_V, p.ga_v, 4, B, nW, nkv, W);
+        if (wo)
+            OPS(PS_PROF_COMPRESSOR,
+                ps_payload_grid(ctx, p.pk, p.ln1, w.key_payload, shared, a->p.payload_scratch, B, T, d, nW, W, S, nkv, hd, wo) ||
+                    ps_payload_grid(ctx, p.pv, p.ln1, w.value_payload, shared, a->p.payload_scratch, B, T, d, nW, W, S, nkv, hd,
+                                    wo));
+        else
+            OPS(PS_PROF_COMPRESSOR,
+                ps_payload(ctx, p.pk, p.ln1, w.key_payload, shared, a->p.payload_scratch, B, T, d, nW, W, S, nkv * hd) ||
+                    ps_payload(ctx, p.pv, p.ln1, w.value_payload, shared, a->p.payload_scratch, B, T, d, nW, W, S, nkv * hd));
         OPS(PS_PROF_COMPRESSOR,
-            ps_payload(ctx, p.pk, p.ln1, w.key_payload, shared, a->p.payload_scratch, B, T, d, nW, W, S, nkv * hd) ||
-                ps_payload(ctx, p.pv, p.ln1, w.value_payload, shared, a->p.payload_scratch, B, T, d, nW, W, S, nkv * hd) ||
                 ps_pool(ctx, p.ck_pre, p.ga_k, p.pk, B, nW, W, nkv, hd) || ps_pool(ctx, p.cv, p.ga_v, p.pv, B, nW, W, nkv, hd));
         if (c->qk_norm)
             OPS(PS_PROF_NORM_ROPE, ps_rmsnorm(ctx, p.ck, p.ck_rstd, p.ck_pre, w.knorm, B * nW * nkv, hd, eps));
         else
             OPS(PS_PROF_OTHER, ps_copy(ctx, p.ck, p.ck_pre, B * nW * nkv * hd));
-        if (c->rope && nW > 0) OPS(PS_PROF_NORM_ROPE, ps_rope(ctx, p.ck, a->p.rope_cos, a->p.rope_sin, B, nW, nkv, hd, S));
+        if (c->rope && nW > 0 && wo)
+            OPS(PS_PROF_NORM_ROPE, ps_rope_grid(ctx, p.ck, a->p.rope_cos, a->p.rope_sin, B, T, nW, nkv, hd, S, wo, 0));
+        else if (c->rope && nW > 0) OPS(PS_PROF_NORM_ROPE, ps_rope(ctx, p.ck, a->p.rope_cos, a->p.rope_sin, B, nW, nkv, hd, S));
         FIRE(PS_HOOK_CK, p.ck, 4, B, nW, nkv, hd);
         FIRE(PS_HOOK_CV, p.cv, 4, B, nW, nkv, hd);
     }

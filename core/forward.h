@@ -81,6 +81,13 @@ typedef struct {
     float *logits_host;    /* host copy of the logits (device backends only) */
     int64_t max_rows, n_rows; /* rows mode (max_rows > 0): logits only at rows[0..n_rows) (row = b·T + t) */
     int64_t *rows;
+    /* Window grid offsets [B, nkv] (host; compressed models only): NULL for the base grid, else
+     * (attention.head_offsets[g] + shift[b]) mod S, shift from ps_acts_set_phase (0 unless set). geom.woff
+     * points here. */
+    int64_t *woff;
+    /* Gate regulariser (docs/mitigations.md), read by ps_backward on its scratch acts: weight (0: off) and
+     * the value it added, summed over layers (not part of the cross-entropy loss_sum). */
+    double gate_reg_weight, gate_reg_value;
 } ps_acts;
 
 /* Floats a run needs (for memory estimates before allocating); pattern_hook adds the probability
@@ -100,6 +107,11 @@ int ps_acts_create_rows(ps_acts *a, ps_ctx *ctx, const ps_config *cfg, int64_t B
 int ps_acts_set_rows(ps_acts *a, const int64_t *rows, int64_t n, ps_error *err);
 /* Rows = the answer rows of the batch view (sequence by sequence, in ps_answer_rows order). */
 int ps_acts_set_answer_rows(ps_acts *a, const ps_batch *view, ps_error *err);
+
+/* Phase augmentation (docs/mitigations.md): shift[b] in [0, S) moves sequence b's window grid by shift[b]
+ * (window j of KV head g at jS + (head_offsets[g] + shift[b]) mod S + i) for the next passes; shift NULL
+ * restores the config's grid. Compressed models only; an error on any other, or for a shift outside [0, S). */
+int ps_acts_set_phase(ps_acts *a, const int64_t *shift, ps_error *err);
 
 /* Vocabularies of at least this many tokens make ps_forward_batches compute logits at the answer rows
  * only (scores are the same up to float rounding of a matrix product of another shape). */

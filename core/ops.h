@@ -69,7 +69,25 @@ static inline int64_t ps_windows_seen(int64_t t, int64_t W, int64_t S, int64_t n
     return n < nW ? n : nW;
 }
 
+/* Windows ended by position t on a grid that starts at offset `off` (windows cover jS + off + i). */
+static inline int64_t ps_windows_seen_at(int64_t t, int64_t off, int64_t W, int64_t S, int64_t nW) {
+    return ps_windows_seen(t - off, W, S, nW);
+}
+
+/* Window start offset of (sequence b, KV head g) under woff [B, nkv] (NULL: 0). */
+static inline int64_t ps_woff(const int64_t *woff, int64_t b, int64_t nkv, int64_t g) { return woff ? woff[b * nkv + g] : 0; }
+
 #define PS_OP_CALL(c, op, ...) ((c)->failed ? -1 : (c)->be->op((c), __VA_ARGS__))
+
+/* Attention ops with window offsets need a backend that honours them (ps_backend.grid_offsets). */
+static inline int ps_grid_check(ps_ctx *c, const ps_attn_geom *g, const char *op) {
+    if (c->failed) return -1;
+    if (g->woff && !c->be->grid_offsets)
+        return ps_ctx_fail(c, "%s: window grids with offsets (staggered grids, phase augmentation) are not implemented on the %s backend",
+                           op, c->be->name);
+    return 0;
+}
+#define PS_ATTN_CALL(c, g, op, ...) (ps_grid_check((c), (g), #op) ? -1 : (c)->be->op((c), __VA_ARGS__))
 
 /* ---------------- forward ---------------- */
 
@@ -132,6 +150,28 @@ static inline int ps_payload(ps_ctx *c, float *P, const float *a, const float *C
     return PS_OP_CALL(c, payload, P, a, C, shared, scratch, B, T, d, nW, W, S, nkvhd);
 }
 
+/* Window grids with start offsets woff [B, nkv] (host array, each in [0, S); docs/mitigations.md): the
+ * same math as ps_gate / ps_payload / ps_rope with window j of KV head g in sequence b at positions
+ * jS + woff[b, g] + i. A window that does not fit in T (jS + woff + W > T) gets z = alpha = 0 and P = 0
+ * for that head (its entries are then 0 and no query sees them). woff NULL is the base grid. */
+static inline int ps_gate_grid(ps_ctx *c, float *z, float *alpha, const float *a, const float *u, const float *bias,
+                               int64_t B, int64_t T, int64_t d, int64_t nW, int64_t W, int64_t S, int64_t nkv,
+                               const int64_t *woff) {
+    return PS_OP_CALL(c, gate_grid, z, alpha, a, u, bias, B, T, d, nW, W, S, nkv, woff);
+}
+static inline int ps_payload_grid(ps_ctx *c, float *P, const float *a, const float *C, int shared, float *scratch,
+                                  int64_t B, int64_t T, int64_t d, int64_t nW, int64_t W, int64_t S, int64_t nkv,
+                                  int64_t hd, const int64_t *woff) {
+    return PS_OP_CALL(c, payload_grid, P, a, C, shared, scratch, B, T, d, nW, W, S, nkv, hd, woff);
+}
+/* In-place RoPE of compressed keys x [B, nW, nkv, hd]: entry (b, j, g) rotated by R(jS + woff[b, g])
+ * (inverse: by R(-(jS + woff)), the backward); entries of windows that do not fit in T are left alone
+ * (cos/sin tables: [T, hd/2]). */
+static inline int ps_rope_grid(ps_ctx *c, float *x, const float *cos_t, const float *sin_t, int64_t B, int64_t T,
+                               int64_t nW, int64_t nkv, int64_t hd, int64_t S, const int64_t *woff, int inverse) {
+    return PS_OP_CALL(c, rope_grid, x, cos_t, sin_t, B, T, nW, nkv, hd, S, woff, inverse);
+}
+
 /* Pooling: out[b, j, g, :] = sum_i alpha[b, j, g, i] P[b, j, i, g*hd : (g+1)*hd]. out: [B, nW, nkv, hd]. */
 static inline int ps_pool(ps_ctx *c, float *out, const float *alpha, const float *P, int64_t B, int64_t nW, int64_t W,
                           int64_t nkv, int64_t hd) {
@@ -144,7 +184,7 @@ static inline int ps_pool(ps_ctx *c, float *out, const float *alpha, const float
  * probability matrix is stored. */
 static inline int ps_attn_forward(ps_ctx *c, float *z, float *lse, const float *q, const float *k, const float *v,
                                   const float *ck, const float *cv, const ps_attn_geom *g) {
-    return PS_OP_CALL(c, attn_forward, z, lse, q, k, v, ck, cv, g);
+    return PS_ATTN_CALL(c, g, attn_forward, z, lse, q, k, v, ck, cv, g);
 }
 
 /* Probability rows, materialised (only for a registered pattern hook). probs: [B, nh, T, ncols].
@@ -152,13 +192,13 @@ static inline int ps_attn_forward(ps_ctx *c, float *z, float *lse, const float *
  * position t-LW+1+m. Entries a query does not see are 0. */
 static inline int ps_attn_probs(ps_ctx *c, float *probs, const float *q, const float *k, const float *ck,
                                 const ps_attn_geom *g) {
-    return PS_OP_CALL(c, attn_probs, probs, q, k, ck, g);
+    return PS_ATTN_CALL(c, g, attn_probs, probs, q, k, ck, g);
 }
 
 /* z[b, t, n, :] = sum over columns of probs · value (raw v: [B, T, nkv, hd], compressed cv: [B, nW, nkv, hd]). */
 static inline int ps_attn_out(ps_ctx *c, float *z, const float *probs, const float *v, const float *cv,
                               const ps_attn_geom *g) {
-    return PS_OP_CALL(c, attn_out, z, probs, v, cv, g);
+    return PS_ATTN_CALL(c, g, attn_out, z, probs, v, cv, g);
 }
 
 /* Attention of one chunk of a long sequence (prefill): q [Tq, nh, hd] against the key frame k, v
@@ -173,7 +213,7 @@ static inline int ps_attn_chunk(ps_ctx *c, float *z, const float *q, const float
  * ps_attn_forward. */
 static inline int ps_attn_rows(ps_ctx *c, float *z_rows, const int64_t *rows, int64_t n, const float *q, const float *k,
                                const float *v, const float *ck, const float *cv, const ps_attn_geom *g) {
-    return PS_OP_CALL(c, attn_rows, z_rows, rows, n, q, k, v, ck, cv, g);
+    return PS_ATTN_CALL(c, g, attn_rows, z_rows, rows, n, q, k, v, ck, cv, g);
 }
 
 /* Pattern hook layout: expand compact probability rows [B, nh, T, ncols] into [B, nh, T, nW + T]
@@ -181,10 +221,10 @@ static inline int ps_attn_rows(ps_ctx *c, float *z_rows, const int64_t *rows, in
  * are dropped). Full attention rows already have the wide layout: compact re-zeroes the unseen entries
  * in place (full = probs). */
 static inline int ps_pattern_expand(ps_ctx *c, float *full, const float *probs, const ps_attn_geom *g) {
-    return PS_OP_CALL(c, pattern_expand, full, probs, g);
+    return PS_ATTN_CALL(c, g, pattern_expand, full, probs, g);
 }
 static inline int ps_pattern_compact(ps_ctx *c, float *probs, const float *full, const ps_attn_geom *g) {
-    return PS_OP_CALL(c, pattern_compact, probs, full, g);
+    return PS_ATTN_CALL(c, g, pattern_compact, probs, full, g);
 }
 
 /* out[i, :] = in[rows[i], :] (+ add[i, :] when add is not NULL); width floats per row. */
@@ -244,6 +284,29 @@ static inline int ps_roll_blocks(ps_ctx *c, float *x, int64_t W, int64_t stride,
 
 /* ---------------- backward ---------------- */
 
+/* Backward of ps_gate_grid / ps_payload_grid (as ps_gate_backward / ps_payload_backward; windows that do
+ * not fit in T contribute nothing). */
+static inline int ps_gate_grid_backward(ps_ctx *c, float *da, float *du, float *dbias, float *dalpha, const float *alpha,
+                                        const float *a, const float *u, int64_t B, int64_t T, int64_t d, int64_t nW,
+                                        int64_t W, int64_t S, int64_t nkv, const int64_t *woff) {
+    return PS_OP_CALL(c, gate_grid_backward, da, du, dbias, dalpha, alpha, a, u, B, T, d, nW, W, S, nkv, woff);
+}
+static inline int ps_payload_grid_backward(ps_ctx *c, float *da, float *dC, const float *dP, const float *a,
+                                           const float *C, int shared, float *scratch, int64_t B, int64_t T, int64_t d,
+                                           int64_t nW, int64_t W, int64_t S, int64_t nkv, int64_t hd,
+                                           const int64_t *woff) {
+    return PS_OP_CALL(c, payload_grid_backward, da, dC, dP, a, C, shared, scratch, B, T, d, nW, W, S, nkv, hd, woff);
+}
+
+/* Gate regulariser (docs/mitigations.md): for alpha [B, nW, nkv, W] (windows whose alpha sums to 0 — those
+ * that do not fit — are skipped), per KV head g the pooled gate m_g = mean of alpha over the windows,
+ * value[0] += weight · Σ_g (log W − H(m_g)) (host double; natural log, 0·log 0 = 0), and dalpha +=
+ * its gradient weight · (−∂H/∂alpha) = weight · (log m_g,i + 1) / n_g (m_g,i clamped at 1e-30). */
+static inline int ps_gate_entropy(ps_ctx *c, double *value, float *dalpha, const float *alpha, int64_t B, int64_t nW,
+                                  int64_t nkv, int64_t W, double weight) {
+    return PS_OP_CALL(c, gate_entropy, value, dalpha, alpha, B, nW, nkv, W, weight);
+}
+
 /* out = inp · w^T: dinp[M, K] += dout · w (skipped when dinp is NULL); dw[N, K] += dout^T · inp. */
 static inline int ps_matmul_backward(ps_ctx *c, float *dinp, float *dw, const float *dout, const float *inp,
                                      const float *w, int64_t M, int64_t K, int64_t N) {
@@ -302,7 +365,7 @@ static inline int ps_pool_backward(ps_ctx *c, float *dalpha, float *dP, const fl
 static inline int ps_attn_backward(ps_ctx *c, float *dq, float *dk, float *dv, float *dck, float *dcv, const float *dz,
                                    const float *z, const float *lse, const float *q, const float *k, const float *v,
                                    const float *ck, const float *cv, const ps_attn_geom *g) {
-    return PS_OP_CALL(c, attn_backward, dq, dk, dv, dck, dcv, dz, z, lse, q, k, v, ck, cv, g);
+    return PS_ATTN_CALL(c, g, attn_backward, dq, dk, dv, dck, dcv, dz, z, lse, q, k, v, ck, cv, g);
 }
 
 /* Softmax cross-entropy over rows of V logits. For rows with target >= 0: adds -log p[target] to

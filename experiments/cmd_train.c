@@ -21,6 +21,10 @@ static const ps_flag_spec FLAGS[] = {
      "those of an uninterrupted run",
      0},
     {"--stop-after", "N", "stop (with a checkpoint) after N total steps, as an interruption would", 0},
+    {"--init-from", "DIR",
+     "start from this checkpoint's weights (same tensor shapes; e.g. a base model fine-tuned with\n"
+     "staggered grids) instead of a random init: fresh optimizer, step 0; ignored with --resume",
+     0},
     PS_BACKEND_FLAG,
     {0},
 };
@@ -74,6 +78,7 @@ static int run(const ps_args *a, ps_error *err) {
     int rc = 1;
     if (ps_args_int(a, "--stop-after", 0, INT64_MAX, &stop, err)) goto done;
     if (ps_train_cfg_load(ps_args_get(a, "--config"), &cfg, err)) goto done;
+    cfg.init_from = ps_args_get(a, "--init-from");
     train_ui ui = {0};
     ps_progress_init(&ui.bar, cfg.log_every);
     int64_t calls0, bytes0;

@@ -13,7 +13,7 @@ int ps_gate_acc_init(ps_gate_acc *acc, const ps_config *cfg, ps_error *err) {
     acc->W = cfg->window;
     acc->sum_alpha = calloc((size_t)(acc->n_layers * acc->nkv * 2 * acc->W), sizeof(double));
     acc->sum_neff = calloc((size_t)(acc->n_layers * acc->nkv * 2), sizeof(double));
-    acc->n_windows = calloc((size_t)(acc->n_layers * 2), sizeof(int64_t));
+    acc->n_windows = calloc((size_t)(acc->n_layers * acc->nkv * 2), sizeof(int64_t));
     if (!acc->sum_alpha || !acc->sum_neff || !acc->n_windows) {
         ps_gate_acc_free(acc);
         return ps_fail(err, "out of memory for gate statistics");
@@ -31,7 +31,7 @@ void ps_gate_acc_free(ps_gate_acc *acc) {
 void ps_gate_acc_reset(ps_gate_acc *acc) {
     memset(acc->sum_alpha, 0, (size_t)(acc->n_layers * acc->nkv * 2 * acc->W) * sizeof(double));
     memset(acc->sum_neff, 0, (size_t)(acc->n_layers * acc->nkv * 2) * sizeof(double));
-    memset(acc->n_windows, 0, (size_t)(acc->n_layers * 2) * sizeof(int64_t));
+    memset(acc->n_windows, 0, (size_t)(acc->n_layers * acc->nkv * 2) * sizeof(int64_t));
 }
 
 const char *const ps_gate_labels[] = {"static", "input-dependent", "diffuse", NULL};
@@ -61,14 +61,16 @@ void ps_gate_acc_add(ps_gate_acc *acc, int layer, ps_branch br, const float *alp
     for (int64_t w = 0; w < n; w++)
         for (int64_t g = 0; g < nkv; g++) {
             const float *a = alpha + (w * nkv + g) * W;
-            double *s = acc->sum_alpha + (((int64_t)layer * nkv + g) * 2 + br) * W;
+            double *s = acc->sum_alpha + (((int64_t)layer * nkv + g) * 2 + br) * W, tot = 0;
+            for (int64_t i = 0; i < W; i++) tot += a[i];
+            if (tot <= 0) continue; /* a window this head's grid does not have (offset grids: alpha = 0) */
             for (int64_t i = 0; i < W; i++) {
                 s[i] += a[i];
                 tmp[i] = a[i];
             }
             acc->sum_neff[((int64_t)layer * nkv + g) * 2 + br] += ps_effective_offsets(tmp, W);
+            acc->n_windows[((int64_t)layer * nkv + g) * 2 + br]++;
         }
-    acc->n_windows[layer * 2 + br] += n;
 }
 
 static int gate_hook(const ps_hook_event *ev, void *user, ps_error *err) {
@@ -89,7 +91,7 @@ int ps_gate_acc_watch(ps_gate_acc *acc, ps_hooks *hooks, const ps_config *cfg, p
 }
 
 void ps_gate_acc_stat(const ps_gate_acc *acc, int layer, int head, ps_branch br, ps_gate_stat *out) {
-    int64_t W = acc->W, n = acc->n_windows[layer * 2 + br];
+    int64_t W = acc->W, n = acc->n_windows[((int64_t)layer * acc->nkv + head) * 2 + br];
     const double *s = acc->sum_alpha + (((int64_t)layer * acc->nkv + head) * 2 + br) * W;
     out->W = W;
     out->n_windows = n;

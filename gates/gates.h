@@ -18,7 +18,7 @@ typedef struct {
     int64_t n_layers, nkv, W;
     double *sum_alpha;  /* [L, nkv, 2, W] */
     double *sum_neff;   /* [L, nkv, 2] */
-    int64_t *n_windows; /* [L, 2] windows pooled (per head) */
+    int64_t *n_windows; /* [L, nkv, 2] windows pooled (a head's grid may lack a window: offset grids) */
 } ps_gate_acc;
 
 typedef struct {

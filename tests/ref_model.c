@@ -112,7 +112,12 @@ static void ref_v4_attention(const ps_model *m, const ps_layer_params *w, const 
     free(q); free(k); free(ckv); free(cz); free(ent); free(z); free(o); free(sc);
 }
 
-void ref_forward(const ps_model *m, const int32_t *tok, int T, double *logits) {
+void ref_forward(const ps_model *m, const int32_t *tok, int T, double *logits) { ref_forward_grid(m, tok, T, 0, logits); }
+
+/* Window grids with offsets (docs/mitigations.md): window j of KV head g covers j*S + o_g + i with
+ * o_g = (head_offsets[g] + shift) mod S; it exists when j*S + o_g + W <= T; query t sees it when
+ * j*S + o_g + W - 1 <= t; its compressed key is rotated by R(j*S + o_g). */
+void ref_forward_grid(const ps_model *m, const int32_t *tok, int T, int shift, double *logits) {
     const ps_config *c = &m->cfg;
     int d = (int)c->d_model, hd = (int)c->head_dim, nh = (int)c->n_heads, nkv = (int)c->n_kv_heads, F = (int)c->d_ff;
     int W = (int)c->window, S = (int)c->stride, LW = (int)c->local_window, V = (int)c->vocab_size;
@@ -147,18 +152,22 @@ void ref_forward(const ps_model *m, const int32_t *tok, int T, double *logits) {
                 if (c->rope) rope(k + (t * nkv + g) * hd, hd, t, c->rope_theta);
             }
         }
+        memset(ck, 0, (size_t)(nW + 1) * nkv * hd * 8);
+        memset(cv, 0, (size_t)(nW + 1) * nkv * hd * 8);
         for (int j = 0; j < nW; j++)
             for (int br = 0; br < 2; br++) {
                 const float *U = br ? w.value_gate_w : w.key_gate_w, *Cb = br ? w.value_gate_b : w.key_gate_b;
                 const float *P = br ? w.value_payload : w.key_payload;
                 double *out = br ? cv : ck;
                 for (int g = 0; g < nkv; g++) {
+                    int og = (int)((c->any_head_offset ? c->head_offsets[g] : 0) + shift) % S, p0 = j * S + og;
+                    if (p0 + W > T) continue; /* this head's grid has no window j */
                     double zl[4096], al[4096], mx = -1e300, sum = 0;
                     for (int i = 0; i < W; i++) {
                         zl[i] = 0;
                         if (c->gate == PS_GATE_LEARNED) {
                             zl[i] = Cb[i * nkv + g];
-                            for (int e = 0; e < d; e++) zl[i] += (double)U[((int64_t)i * nkv + g) * d + e] * a[(j * S + i) * d + e];
+                            for (int e = 0; e < d; e++) zl[i] += (double)U[((int64_t)i * nkv + g) * d + e] * a[(p0 + i) * d + e];
                         }
                         if (zl[i] > mx) mx = zl[i];
                     }
@@ -167,12 +176,12 @@ void ref_forward(const ps_model *m, const int32_t *tok, int T, double *logits) {
                     memset(o, 0, (size_t)hd * 8);
                     for (int i = 0; i < W; i++) {
                         const float *Ci = c->payload == PS_PAYLOAD_SHARED ? P : P + (int64_t)i * nkv * hd * d;
-                        mv(tmp, Ci + (int64_t)g * hd * d, a + (j * S + i) * d, hd, d);
+                        mv(tmp, Ci + (int64_t)g * hd * d, a + (p0 + i) * d, hd, d);
                         for (int e = 0; e < hd; e++) o[e] += al[i] / sum * tmp[e];
                     }
                     if (!br) {
                         if (c->qk_norm) rms(o, o, w.knorm, hd, eps);
-                        if (c->rope) rope(o, hd, (double)j * S, c->rope_theta);
+                        if (c->rope) rope(o, hd, (double)p0, c->rope_theta);
                     }
                 }
             }
@@ -182,9 +191,9 @@ void ref_forward(const ps_model *m, const int32_t *tok, int T, double *logits) {
                 const double *qt = q + (t * nh + n) * hd;
                 double mx = -1e300;
                 /* entries: compressed windows that ended, then raw keys of the local window (or all, full) */
-                int jmax = 0;
+                int jmax = 0, og = comp ? (int)((c->any_head_offset ? c->head_offsets[g] : 0) + shift) % S : 0;
                 for (int j = 0; j < nW; j++)
-                    if (j * S + W - 1 <= t) jmax = j + 1;
+                    if (j * S + og + W - 1 <= t) jmax = j + 1;
                 int lo = comp ? (t - LW + 1 > 0 ? t - LW + 1 : 0) : 0;
                 for (int j = 0; j < jmax; j++) {
                     double s = 0;

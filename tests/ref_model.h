@@ -10,4 +10,8 @@
 /* logits: [T, vocab] */
 void ref_forward(const ps_model *m, const int32_t *tok, int T, double *logits);
 
+/* The same on a window grid moved by `shift` (phase augmentation) on top of the config's per-head
+ * offsets (staggered grids): docs/mitigations.md. shift 0 is ref_forward. */
+void ref_forward_grid(const ps_model *m, const int32_t *tok, int T, int shift, double *logits);
+
 #endif

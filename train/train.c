@@ -19,6 +19,7 @@
 #include "chgates.h"
 #include "gates.h"
 #include "model.h"
+#include "rng.h"
 #include "safetensors.h"
 #include "textkv_task.h"
 
@@ -32,14 +33,15 @@ typedef struct {
     tk_kind kind;
     size_t off;     /* offset of the field in ps_train_cfg */
     double lo, hi;  /* allowed range (TK_INT, TK_REAL) */
+    int omit_default; /* left out of the canonical JSON when 0, so checkpoints from before the key keep their form */
 } train_key;
 
-#define TKI(n, field, lo) {n, TK_INT, offsetof(ps_train_cfg, field), lo, (double)((int64_t)1 << 40)}
-#define TKR(n, field, lo, hi) {n, TK_REAL, offsetof(ps_train_cfg, field), lo, hi}
+#define TKI(n, field, lo) {n, TK_INT, offsetof(ps_train_cfg, field), lo, (double)((int64_t)1 << 40), 0}
+#define TKR(n, field, lo, hi) {n, TK_REAL, offsetof(ps_train_cfg, field), lo, hi, 0}
 static const train_key TRAIN_KEYS[] = {
     TKI("steps", steps, 1),
     TKI("batch_size", batch_size, 1),
-    {"seed", TK_SEED, offsetof(ps_train_cfg, seed), 0, 0},
+    {"seed", TK_SEED, offsetof(ps_train_cfg, seed), 0, 0, 0},
     TKR("lr", opt.lr, 0, 10),
     TKR("min_lr_frac", opt.min_lr_frac, 0, 1),
     TKI("warmup_steps", opt.warmup_steps, 0),
@@ -56,7 +58,10 @@ static const train_key TRAIN_KEYS[] = {
     TKI("gates_every", gates_every, 1),
     TKI("checkpoint_every", checkpoint_every, 1),
     TKR("init_std", init_std, 1e-6, 10),
-    {"logits", TK_LOGITS, offsetof(ps_train_cfg, logits_answers), 0, 0},
+    {"logits", TK_LOGITS, offsetof(ps_train_cfg, logits_answers), 0, 0, 0},
+    /* mitigations of the weak phase (docs/mitigations.md) */
+    {"gate_reg", TK_REAL, offsetof(ps_train_cfg, gate_reg), 0, 1e6, 1},
+    {"phase_augment", TK_INT, offsetof(ps_train_cfg, phase_augment), 0, 1, 1},
 };
 #undef TKI
 #undef TKR
@@ -122,7 +127,8 @@ static int parse_train(json_t *o, const char *src, ps_train_cfg *c, ps_error *er
         if (tk->kind == TK_INT) {
             int64_t x = *(const int64_t *)field;
             if ((double)x < tk->lo || (double)x > tk->hi)
-                return ps_fail(err, "%s: key \"train.%s\" must be >= %lld, got %lld", src, tk->name, (long long)tk->lo, (long long)x);
+                return ps_fail(err, "%s: key \"train.%s\" must be in [%lld, %lld], got %lld", src, tk->name, (long long)tk->lo,
+                               (long long)tk->hi, (long long)x);
         } else if (tk->kind == TK_REAL) {
             double x = *(const double *)field;
             if (!(x >= tk->lo && x <= tk->hi) || (!strcmp(tk->name, "lr") && x == 0))
@@ -141,8 +147,12 @@ static json_t *train_to_json(const ps_train_cfg *c) {
         const char *field = (const char *)c + tk->off;
         switch (tk->kind) {
         case TK_SEED: json_object_set_new(tr, tk->name, json_integer((json_int_t)*(const uint64_t *)field)); break;
-        case TK_INT: json_object_set_new(tr, tk->name, json_integer(*(const int64_t *)field)); break;
-        case TK_REAL: json_object_set_new(tr, tk->name, json_real(*(const double *)field)); break;
+        case TK_INT:
+            if (!tk->omit_default || *(const int64_t *)field) json_object_set_new(tr, tk->name, json_integer(*(const int64_t *)field));
+            break;
+        case TK_REAL:
+            if (!tk->omit_default || *(const double *)field) json_object_set_new(tr, tk->name, json_real(*(const double *)field));
+            break;
         case TK_LOGITS:
             if (*(const int *)field) json_object_set_new(tr, tk->name, json_string("answers"));
             break;
@@ -248,6 +258,7 @@ typedef struct {
     float *grads, *m1, *m2;
     ps_acts acts, gacts;
     int64_t *rows; /* logit rows of the step (train.logits "answers") */
+    int64_t *shift; /* train.phase_augment: this rank's grid phase per sequence of the step */
     ps_batch batch, eval_batch;
     FILE *log;
     int has_gates;
@@ -431,6 +442,27 @@ static int alloc_optimizer(run_state *s, ps_error *err) {
     return s->m2 ? 0 : -1;
 }
 
+/* train --init-from: the weights of checkpoint dir (every tensor of m, by name, with the same number of
+ * elements; its config may differ in what changes no shape, e.g. attention.head_offsets). */
+static int init_from_checkpoint(ps_model *m, const char *dir, ps_error *err) {
+    ps_model src;
+    if (ps_model_load(&src, dir, err)) return ps_fail_prefix(err, "--init-from: ");
+    int rc = 0;
+    if (src.n_tensors != m->n_tensors)
+        rc = ps_fail(err, "--init-from %s: %d tensors, the training config's model has %d", dir, src.n_tensors, m->n_tensors);
+    for (int i = 0; !rc && i < m->n_tensors; i++) {
+        const ps_param_info *p = &m->table[i], *q = NULL;
+        for (int k = 0; k < src.n_tensors && !q; k++)
+            if (!strcmp(src.table[k].name, p->name)) q = &src.table[k];
+        if (!q || q->numel != p->numel)
+            rc = ps_fail(err, "--init-from %s: tensor \"%s\" %s", dir, p->name, q ? "has another shape" : "is missing");
+        else
+            memcpy(m->params + p->offset, src.params + q->offset, (size_t)p->numel * sizeof(float));
+    }
+    ps_model_free(&src);
+    return rc;
+}
+
 static int load_resume(run_state *s, int64_t *step, ps_error *err) {
     if (ps_model_load(&s->m, s->dir, err)) return -1;
     const char *st = ps_model_get_meta(&s->m, "phasescope.step"), *opt = ps_model_get_meta(&s->m, "phasescope.optimizer"),
@@ -526,6 +558,7 @@ int ps_train(const ps_train_cfg *c, const char *dir, int resume, int64_t stop_af
         else if (!bad) {
             bad = ps_model_create(&s.m, &c->model, err);
             if (!bad) ps_model_init_std(&s.m, c->seed, c->init_std);
+            if (!bad && c->init_from) bad = init_from_checkpoint(&s.m, c->init_from, err);
             bad = bad || alloc_optimizer(&s, err);
         }
     } else
@@ -562,6 +595,31 @@ int ps_train(const ps_train_cfg *c, const char *dir, int resume, int64_t stop_af
         goto done;
     }
     s.rows = rows;
+    /* mitigations (docs/mitigations.md): the gate regulariser's weight per (layer, KV head, branch) term, so the
+     * loss term is gate_reg · the mean over them of (log W - H(pooled gate)) / log W */
+    double gate_reg_w = 0;
+    if ((c->gate_reg > 0 || c->phase_augment) && c->model.kind != PS_ATTN_COMPRESSED) {
+        ps_fail(err, "%s: train.%s needs a compressed-attention model", dir, c->gate_reg > 0 ? "gate_reg" : "phase_augment");
+        ps_dist_mark_shared();
+        goto done;
+    }
+    if (c->gate_reg > 0 && R > 1) {
+        ps_fail(err, "%s: train.gate_reg is single-process only (each rank would add the whole term)", dir);
+        ps_dist_mark_shared();
+        goto done;
+    }
+    if (c->gate_reg > 0) {
+        if (c->model.gate != PS_GATE_LEARNED) {
+            ps_fail(err, "%s: train.gate_reg needs learned gates (attention.gate \"learned\")", dir);
+            ps_dist_mark_shared();
+            goto done;
+        }
+        gate_reg_w = c->gate_reg / (log((double)c->model.window) * (double)c->model.n_layers * (double)c->model.n_kv_heads * 2.0);
+    }
+    if (c->phase_augment && !(s.shift = calloc((size_t)B, sizeof *s.shift))) {
+        ps_fail(err, "out of memory for %lld phase shifts", (long long)B);
+        goto done;
+    }
     if (!s.grads || ps_acts_create_rows(&s.acts, s.m.ctx, &c->model, B, T, true, max_rows, err) ||
         ps_acts_create_rows(&s.gacts, s.m.ctx, &c->model, B, T, false, max_rows, err) ||
         ps_batch_alloc(&s.batch, Bg, T, c->task.n_queries, err) ||
@@ -582,7 +640,14 @@ int ps_train(const ps_train_cfg *c, const char *dir, int resume, int64_t stop_af
         goto done;
     }
     if (!resume && root) {
-        /* step-0 statistics: where the gates start (uniform) */
+        if (c->init_from) {
+            json_t *o = json_object();
+            json_object_set_new(o, "type", json_string("init"));
+            json_object_set_new(o, "step", json_integer(0));
+            json_object_set_new(o, "from", json_string(c->init_from));
+            log_json(&s, o);
+        }
+        /* step-0 statistics: where the gates start (uniform, or the --init-from checkpoint's) */
         double acc, el;
         if (evaluate(&s, s.has_gates, &acc, &el, err)) goto done;
         json_t *o = json_object();
@@ -624,6 +689,17 @@ int ps_train(const ps_train_cfg *c, const char *dir, int resume, int64_t stop_af
                 }
             if (ps_acts_set_rows(&s.acts, rows, nr, err)) goto done;
         }
+        if (c->phase_augment) { /* a random grid phase per sequence, from the step's seed (docs/mitigations.md) */
+            ps_rng pr;
+            ps_rng_seed(&pr, step_seed(c->seed ^ 0x9a5e0ffULL, step));
+            for (int64_t b = 0; b < Bg; b++) {
+                int64_t sh = ps_rng_below(&pr, c->model.stride);
+                if (b >= b0 && b < b0 + B) s.shift[b - b0] = sh;
+            }
+            if (ps_acts_set_phase(&s.acts, s.shift, err)) goto done;
+        }
+        s.gacts.gate_reg_weight = gate_reg_w;
+        s.gacts.gate_reg_value = 0;
         if (ps_forward(&s.m, &s.acts, my_tokens, NULL, err) ||
             ps_backward(&s.m, &s.acts, &s.gacts, my_tokens, my_targets, 1.0f / (float)n_t, s.grads, &lsum, &cnt, err))
             goto done;
@@ -661,6 +737,7 @@ int ps_train(const ps_train_cfg *c, const char *dir, int resume, int64_t stop_af
             json_object_set_new(o, "lr", json_real(lr));
             json_object_set_new(o, "grad_norm", json_real(gn));
             json_object_set_new(o, "tokens_per_s", json_real(round(pr.tokens_per_s)));
+            if (c->gate_reg > 0) json_object_set_new(o, "gate_reg", json_real(s.gacts.gate_reg_value)); /* rank 0's batch */
             log_json(&s, o);
         }
         int do_gates = s.has_gates && (done_steps % c->gates_every == 0 || last);
@@ -696,6 +773,7 @@ done:
     ps_acts_free(&s.acts);
     ps_acts_free(&s.gacts);
     free(s.rows);
+    free(s.shift);
     if (s.m.ctx) {
         ps_buf_free(s.m.ctx, s.grads, s.m.n_params * (int64_t)sizeof(float));
         ps_buf_free(s.m.ctx, s.m1, s.m.n_params * (int64_t)sizeof(float));

@@ -25,8 +25,13 @@ typedef struct {
     uint64_t seed;
     double init_std; /* base standard deviation of the initial weights (docs/training.md) */
     int logits_answers; /* "logits": "answers": logits and loss at the answer rows only (large vocabularies) */
+    double gate_reg;    /* weight of the gate regulariser (docs/mitigations.md), 0: off */
+    int64_t phase_augment; /* 1: a random window grid phase per training sequence (docs/mitigations.md) */
     int64_t log_every, eval_every, eval_size, gates_every, checkpoint_every;
     char *canonical; /* the whole config as canonical JSON (stored in the checkpoint) */
+    const char *init_from; /* not owned, not part of the config: start from this checkpoint's weights (same
+                              tensor names and shapes) instead of a random init; fresh AdamW state, step 0
+                              (`train --init-from`, docs/training.md). Ignored on --resume. */
 } ps_train_cfg;
 
 int ps_train_cfg_parse(const char *text, size_t len, const char *source, ps_train_cfg *c, ps_error *err);

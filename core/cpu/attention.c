@@ -127,6 +127,7 @@ typedef struct {
     const float *q, *k, *v, *ck, *cv, *dz, *z;
     float *zo, *dq, *dk, *dv, *dck, *dcv;
     int64_t qs, ks;
+    int64_t off; /* window grid offset of this (sequence, KV head): ps_attn_geom.woff */
 } head;
 
 static head head_of(const attn_args *a, int64_t b, int64_t n) {
@@ -134,7 +135,7 @@ static head head_of(const attn_args *a, int64_t b, int64_t n) {
     int64_t T = g->T, nW = g->nW, kv = n / (g->nh / g->nkv), qs = g->nh * g->hd, ks = g->nkv * g->hd;
     int64_t qo = b * T * qs + n * g->hd, ko = b * T * ks + kv * g->hd, co = b * nW * ks + kv * g->hd;
     int win = g->compressed && nW > 0;
-    head h = {.qs = qs, .ks = ks};
+    head h = {.qs = qs, .ks = ks, .off = ps_woff(g->woff, b, g->nkv, kv)};
     h.q = a->q ? a->q + qo : NULL, h.k = a->k ? a->k + ko : NULL, h.v = a->v ? a->v + ko : NULL;
     h.ck = win && a->ck ? a->ck + co : NULL, h.cv = win && a->cv ? a->cv + co : NULL;
     h.dz = a->dz ? a->dz + qo : NULL, h.z = a->zin ? a->zin + qo : NULL;
@@ -145,8 +146,8 @@ static head head_of(const attn_args *a, int64_t b, int64_t n) {
 }
 
 /* Windows the block's rows read: those its last row r1-1 has seen (0 for full attention). */
-static int64_t block_windows(const ps_attn_geom *g, int64_t r1) {
-    return g->compressed ? ps_windows_seen(r1 - 1, g->W, g->S, g->nW) : 0;
+static int64_t block_windows(const ps_attn_geom *g, const head *h, int64_t r1) {
+    return g->compressed ? ps_windows_seen_at(r1 - 1, h->off, g->W, g->S, g->nW) : 0;
 }
 
 /* Scaled scores of rows r0..r1 into S (row t at S + (t-r0)·nc): full — columns [0, r1); compressed —
@@ -160,7 +161,7 @@ static void scores_block(float *S, float *dP, const head *h, const ps_attn_geom 
         if (dP) gemm(0, 1, m, r1, hd, 1.0f, h->dz + r0 * qs, qs, h->v, ks, 0.0f, dP, nc);
         return;
     }
-    int64_t nW = g->nW, LW = g->LW, nWb = block_windows(g, r1);
+    int64_t nW = g->nW, LW = g->LW, nWb = block_windows(g, h, r1);
     if (nWb > 0) {
         gemm(0, 1, m, nWb, hd, scale, h->q + r0 * qs, qs, h->ck, ks, 0.0f, S, nc);
         if (dP) gemm(0, 1, m, nWb, hd, 1.0f, h->dz + r0 * qs, qs, h->cv, ks, 0.0f, dP, nc);
@@ -205,21 +206,21 @@ static float softmax_lse(float *row, int64_t n0, int64_t nz, int64_t lo, int64_t
 
 /* The entries row t sees as [0, *n0) ∪ [*lo, *hi), and *nz: the end of the masked columns the block's
  * sgemms read, [n0, nz). */
-static void row_columns(const ps_attn_geom *g, int64_t t, int64_t r1, int64_t *n0, int64_t *nz, int64_t *lo,
+static void row_columns(const ps_attn_geom *g, const head *h, int64_t t, int64_t r1, int64_t *n0, int64_t *nz, int64_t *lo,
                         int64_t *hi) {
     if (!g->compressed) {
         *n0 = t + 1, *nz = r1, *lo = *hi = r1;
         return;
     }
-    *n0 = ps_windows_seen(t, g->W, g->S, g->nW), *nz = block_windows(g, r1);
+    *n0 = ps_windows_seen_at(t, h->off, g->W, g->S, g->nW), *nz = block_windows(g, h, r1);
     *lo = g->nW + local_first(t, g->LW), *hi = g->ncols;
 }
 
 /* Scores of rows r0..r1 (scores_block) into probabilities in place; each row's lse into L[t] (L may be NULL). */
-static void softmax_block(float *P, float *L, const ps_attn_geom *g, int64_t r0, int64_t r1) {
+static void softmax_block(float *P, float *L, const head *h, const ps_attn_geom *g, int64_t r0, int64_t r1) {
     for (int64_t t = r0; t < r1; t++) {
         int64_t n0, nz, lo, hi;
-        row_columns(g, t, r1, &n0, &nz, &lo, &hi);
+        row_columns(g, h, t, r1, &n0, &nz, &lo, &hi);
         float l = softmax_lse(P + (t - r0) * g->ncols, n0, nz, lo, hi);
         if (L) L[t] = l;
     }
@@ -233,7 +234,7 @@ static void out_block(float *Z, const float *P, const head *h, const ps_attn_geo
         gemm(0, 0, m, hd, r1, 1.0f, P, nc, h->v, ks, 0.0f, Z + r0 * qs, qs);
         return;
     }
-    int64_t nW = g->nW, LW = g->LW, nWb = block_windows(g, r1);
+    int64_t nW = g->nW, LW = g->LW, nWb = block_windows(g, h, r1);
     if (nWb > 0) gemm(0, 0, m, hd, nWb, 1.0f, P, nc, h->cv, ks, 0.0f, Z + r0 * qs, qs);
     else
         for (int64_t t = r0; t < r1; t++) memset(Z + t * qs, 0, (size_t)hd * sizeof(float));
@@ -259,7 +260,7 @@ static void forward_task(const attn_args *a, int64_t bn, float *S) {
     for (int64_t r0 = 0; r0 < T; r0 += BLK) {
         int64_t r1 = r0 + BLK < T ? r0 + BLK : T;
         scores_block(S, NULL, &h, g, r0, r1);
-        softmax_block(S, L, g, r0, r1);
+        softmax_block(S, L, &h, g, r0, r1);
         out_block(h.zo, S, &h, g, r0, r1);
     }
 }
@@ -291,14 +292,14 @@ static void probs_task(const attn_args *a, int64_t bn, float *unused) {
         int64_t r1 = r0 + BLK < T ? r0 + BLK : T;
         float *P = a->probs + (bn * T + r0) * nc;
         scores_block(P, NULL, &h, g, r0, r1);
-        softmax_block(P, NULL, g, r0, r1);
+        softmax_block(P, NULL, &h, g, r0, r1);
         for (int64_t t = r0; t < r1; t++) {
             float *row = P + (t - r0) * nc;
             if (!g->compressed) {
                 memset(row + r1, 0, (size_t)(nc - r1) * sizeof(float));
                 continue;
             }
-            int64_t nWb = block_windows(g, r1), lf = local_first(t, g->LW);
+            int64_t nWb = block_windows(g, &h, r1), lf = local_first(t, g->LW);
             memset(row + nWb, 0, (size_t)(g->nW - nWb + lf) * sizeof(float)); /* [nWb, nW + lf) */
         }
     }
@@ -372,7 +373,7 @@ static void backward_head(const attn_args *a, int64_t b, int64_t n, float *S, fl
         scores_block(S, dP, &h, g, r0, r1);
         for (int64_t t = r0; t < r1; t++) {
             int64_t n0, nz, lo, hi;
-            row_columns(g, t, r1, &n0, &nz, &lo, &hi);
+            row_columns(g, &h, t, r1, &n0, &nz, &lo, &hi);
             float D = (float)ps_dot_d(h.dz + t * qs, h.z + t * qs, hd); /* Σ_c P·dP = dz·z */
             softmax_backward_row(S + (t - r0) * nc, dP + (t - r0) * nc, n0, nz, lo, hi, L[t], D, scale);
         }
@@ -382,7 +383,7 @@ static void backward_head(const attn_args *a, int64_t b, int64_t n, float *S, fl
             gemm(1, 0, r1, hd, m, 1.0f, dP, nc, h.q + r0 * qs, qs, 1.0f, h.dk, ks);
             continue;
         }
-        int64_t nWb = block_windows(g, r1);
+        int64_t nWb = block_windows(g, &h, r1);
         if (nWb > 0) {
             gemm(1, 0, nWb, hd, m, 1.0f, S, nc, h.dz + r0 * qs, qs, 1.0f, h.dcv, ks);
             gemm(0, 0, m, hd, nWb, 1.0f, dP, nc, h.ck, ks, 0.0f, h.dq + r0 * qs, qs);

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Retrains the weak-phase mitigation models (issue 28, docs/mitigations.md, docs/results.md "Closing the weak
+# phase"). Usage:
+#   scripts/retrain_phasefix.sh deep NAME [OUT]   experiments/configs/deep/NAME.json by the held-out-0.6 rule
+#   scripts/retrain_phasefix.sh demo NAME SEED [OUT]   experiments/configs/demo/NAME.json with train.seed SEED
+#   scripts/retrain_phasefix.sh all                  the shipped models (data/models/deep_phasefix, w8s8_staggered)
+# The deep recipe is retrain_deep.sh's: train 50 steps at a time (--resume is bit-identical to one run) until
+# the first evaluation with held-out accuracy >= 0.6, at most 8000 steps. One thread (OMP_NUM_THREADS=1).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PS=build/phasescope
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
+last_step() { grep '"type":"eval"' "$1/train.jsonl" | tail -1 | sed 's/.*"step":\([0-9]*\).*/\1/'; }
+first_at() { # first_at CFG DIR ACC [INIT_FROM]: until held-out accuracy >= ACC (from INIT_FROM's weights if given)
+  local cfg=$1 dir=$2 want=$3 init=${4:-} step=0 last acc
+  rm -rf "$dir"
+  $PS train --config "$cfg" --out "$dir" --stop-after 50 ${init:+--init-from "$init"} > /dev/null
+  while :; do
+    last=$(grep '"type":"eval"' "$dir/train.jsonl" | tail -1)
+    step=$(sed 's/.*"step":\([0-9]*\).*/\1/' <<<"$last")
+    acc=$(sed 's/.*"accuracy":\([0-9.eE+-]*\).*/\1/' <<<"$last")
+    awk -v a="$acc" -v w="$want" 'BEGIN { exit !(a >= w) }' && break
+    [ "$step" -ge 8000 ] && { echo "$dir: held-out accuracy $acc < $want after 8000 steps" >&2; return 1; }
+    $PS train --config "$cfg" --out "$dir" --resume --stop-after $((step + 50)) > /dev/null
+  done
+  echo "$dir: stopped at step $step (held-out accuracy $acc)"
+  echo "$step" > "$dir/stopped_at"
+  rm -f "$dir"/optimizer-*.safetensors
+  $PS render "$dir/train.jsonl" --out "$dir" > /dev/null
+}
+follow() { # follow CFG DIR LEADER INIT_FROM: the control of a fine-tune, trained in lockstep with the run in
+  # LEADER (never past its step) and stopped at the step LEADER stopped at (LEADER/stopped_at)
+  local cfg=$1 dir=$2 lead=$3 init=$4 step=0 ls
+  rm -rf "$dir"
+  $PS train --config "$cfg" --out "$dir" --stop-after 50 --init-from "$init" > /dev/null
+  while :; do
+    step=$(last_step "$dir")
+    if [ -f "$lead/stopped_at" ] && [ "$step" -ge "$(cat "$lead/stopped_at")" ]; then break; fi
+    ls=$(last_step "$lead" 2>/dev/null || echo 0)
+    if [ "$step" -ge "${ls:-0}" ] && [ ! -f "$lead/stopped_at" ]; then sleep 15; continue; fi
+    $PS train --config "$cfg" --out "$dir" --resume --stop-after $((step + 50)) > /dev/null
+  done
+  echo "$dir: stopped at step $step with its leader $lead"
+  echo "$step" > "$dir/stopped_at"
+  rm -f "$dir"/optimizer-*.safetensors
+  $PS render "$dir/train.jsonl" --out "$dir" > /dev/null
+}
+demo_seed() { # demo_seed NAME SEED DIR: the 1-layer recipe with another seed
+  local name=$1 seed=$2 dir=$3 cfg
+  cfg=$(mktemp --suffix=.json)
+  sed "s/\"seed\": *[0-9]*/\"seed\": $seed/" "experiments/configs/demo/$name.json" > "$cfg"
+  rm -rf "$dir"
+  $PS train --config "$cfg" --out "$dir" > /dev/null
+  rm -f "$cfg" "$dir"/optimizer-*.safetensors
+  echo "$dir: trained (seed $seed)"
+}
+case "${1:-all}" in
+  deep) first_at "experiments/configs/deep/$2.json" "${3:-out/phasefix/deep_$2}" 0.6 ;;
+  finetune) # finetune NAME FROM OUT: NAME's config from FROM's weights, by the held-out-0.6 rule
+    first_at "experiments/configs/deep/$2.json" "$4" 0.6 "$3" ;;
+  follow) # follow NAME FROM OUT LEADER
+    follow "experiments/configs/deep/$2.json" "$4" "$5" "$3" ;;
+  demo) demo_seed "$2" "$3" "${4:-out/phasefix/$2_s$3}" ;;
+  all)
+    first_at experiments/configs/deep/w8s8_staggered.json data/models/deep_phasefix 0.6
+    $PS train --config experiments/configs/demo/w8s8_staggered.json --out data/models/w8s8_staggered
+    rm -f data/models/w8s8_staggered/optimizer-*.safetensors ;;
+  *) echo "usage: $0 deep NAME [OUT] | demo NAME SEED [OUT] | all" >&2; exit 2 ;;
+esac

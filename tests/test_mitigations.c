@@ -1,0 +1,418 @@
+/* test_mitigations.c — the weak-phase mitigations (docs/mitigations.md) against numbers computed another
+ * way: the config key attention.head_offsets (parsing, "staggered", every bad value, round trip, base
+ * configs unchanged), the forward on staggered and phase-shifted grids against the plain-loop double
+ * reference (tests/ref_model.c, ref_forward_grid), the grid ops with no offsets against the base ops,
+ * the backward against central finite differences of the reference, hooks and gate statistics on a grid
+ * whose heads lack a window, and the gate regulariser op against a plain-loop value and its finite
+ * differences. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "backward.h"
+#include "check.h"
+#include "config.h"
+#include "forward.h"
+#include "gates.h"
+#include "hooks.h"
+#include "model.h"
+#include "ops.h"
+#include "ref_model.h"
+#include "rng.h"
+#include "testutil.h"
+
+static ps_config small_cfg(int64_t W, int64_t S, int64_t nh, int64_t nkv) {
+    ps_config c = tu_config(PS_ATTN_COMPRESSED);
+    c.n_layers = 2;
+    c.d_model = 8;
+    c.head_dim = 4;
+    c.d_ff = 12;
+    c.vocab_size = 11;
+    c.window = W;
+    c.stride = S;
+    c.local_window = W;
+    c.n_heads = nh;
+    c.n_kv_heads = nkv;
+    return c;
+}
+
+static void set_offsets(ps_config *c, const int64_t *o) {
+    c->n_grid_offsets = c->n_kv_heads;
+    c->any_head_offset = false;
+    for (int64_t g = 0; g < c->n_kv_heads; g++) {
+        c->head_offsets[g] = o[g];
+        if (o[g]) c->any_head_offset = true;
+    }
+}
+
+/* ---- config ---- */
+
+static void test_config_key(void) {
+    const char *base = "{\"vocab_size\": 16, \"d_model\": 8, \"n_layers\": 1, \"n_heads\": 4, \"n_kv_heads\": 4, "
+                       "\"head_dim\": 4, \"d_ff\": 8, \"max_seq_len\": 32, \"attention\": {\"kind\": \"compressed\", "
+                       "\"window\": 8, \"stride\": 8%s}}";
+    char buf[1024];
+    ps_config c;
+    ps_error err;
+    snprintf(buf, sizeof buf, base, ", \"head_offsets\": [0, 3, 5, 7]");
+    CHECK_OK(ps_config_parse(buf, strlen(buf), "x.json", &c, &err), &err);
+    CHECK(c.any_head_offset && c.head_offsets[1] == 3 && c.head_offsets[3] == 7 && ps_config_head_offset(&c, 2) == 5,
+          "offsets parsed");
+    char *js = ps_config_to_json(&c);
+    ps_config c2;
+    CHECK_OK(ps_config_parse(js, strlen(js), "round trip", &c2, &err), &err);
+    CHECK(c2.any_head_offset && c2.head_offsets[2] == 5 && c2.n_grid_offsets == 4, "offsets round trip");
+    char h1[17], h2[17];
+    ps_config_hash(&c, h1);
+    ps_config_hash(&c2, h2);
+    CHECK(!strcmp(h1, h2), "hash of the round trip");
+    free(js);
+    snprintf(buf, sizeof buf, base, ", \"head_offsets\": \"staggered\"");
+    CHECK_OK(ps_config_parse(buf, strlen(buf), "x.json", &c, &err), &err);
+    CHECK(c.head_offsets[0] == 0 && c.head_offsets[1] == 2 && c.head_offsets[2] == 4 && c.head_offsets[3] == 6,
+          "staggered: o_g = g*S/n_kv, got %lld %lld %lld %lld", (long long)c.head_offsets[0], (long long)c.head_offsets[1],
+          (long long)c.head_offsets[2], (long long)c.head_offsets[3]);
+    /* all-zero offsets and no key: the base model, whose canonical JSON (and hash) has no new key */
+    snprintf(buf, sizeof buf, base, ", \"head_offsets\": [0, 0, 0, 0]");
+    CHECK_OK(ps_config_parse(buf, strlen(buf), "x.json", &c, &err), &err);
+    snprintf(buf, sizeof buf, base, "");
+    CHECK_OK(ps_config_parse(buf, strlen(buf), "x.json", &c2, &err), &err);
+    ps_config_hash(&c, h1);
+    ps_config_hash(&c2, h2);
+    js = ps_config_to_json(&c2);
+    CHECK(!c.any_head_offset && !strcmp(h1, h2) && !strstr(js, "head_offsets"), "zero offsets are the base config");
+    free(js);
+    /* every bad value names the key and the file */
+    const char *bad[] = {", \"head_offsets\": [0, 1, 2]", ", \"head_offsets\": [0, 1, 2, 8]", ", \"head_offsets\": [0, -1, 2, 3]",
+                         ", \"head_offsets\": [0, 1.5, 2, 3]", ", \"head_offsets\": \"diagonal\"", ", \"head_offsets\": 3"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(buf, sizeof buf, base, bad[i]);
+        CHECK_ERR(ps_config_parse(buf, strlen(buf), "bad.json", &c, &err), &err, "bad.json", "head_offsets");
+    }
+}
+
+/* ---- forward against the reference ---- */
+
+/* B sequences of T tokens, sequence b on a grid shifted by shift[b] (NULL: none), against ref_forward_grid. */
+static void compare_grid(const char *label, ps_config c, int T, int B, const int64_t *shift, uint64_t seed) {
+    ps_model m;
+    tu_random_model(&m, &c, seed, 0.5f);
+    int64_t V = c.vocab_size;
+    int32_t *tok = malloc((size_t)(B * T) * sizeof *tok);
+    tu_random_tokens(tok, B * T, V, seed + 1);
+    ps_acts a;
+    ps_error err;
+    REQUIRE_OK(ps_acts_create(&a, m.ctx, &c, B, T, false, &err), &err);
+    if (shift) CHECK_OK(ps_acts_set_phase(&a, shift, &err), &err);
+    CHECK_OK(ps_forward(&m, &a, tok, NULL, &err), &err);
+    double *ref = malloc((size_t)(T * V) * sizeof(double));
+    float *reff = malloc((size_t)(T * V) * sizeof(float));
+    for (int b = 0; b < B; b++) {
+        ref_forward_grid(&m, tok + b * T, T, shift ? (int)shift[b] : 0, ref);
+        for (int64_t i = 0; i < T * V; i++) reff[i] = (float)ref[i];
+        double e = rel_err_f(a.p.logits + (int64_t)b * T * V, reff, T * V);
+        CHECK(e < 1e-5, "%s: sequence %d (shift %lld): logits rel err %.3g vs the plain-loop reference", label, b,
+              shift ? (long long)shift[b] : 0LL, e);
+    }
+    free(ref);
+    free(reff);
+    free(tok);
+    ps_acts_free(&a);
+    ps_model_free(&m);
+}
+
+static void test_forward_reference(void) {
+    int64_t o2[] = {0, 2}, o4[] = {1, 3, 0, 2}, sh[] = {0, 1, 3};
+    ps_config c = small_cfg(4, 4, 4, 2);
+    set_offsets(&c, o2);
+    compare_grid("staggered W4/S4 [0,2]", c, 17, 1, NULL, 11);
+    compare_grid("staggered W4/S4 [0,2] T=16 (last window absent for head 1)", c, 16, 1, NULL, 12);
+    compare_grid("staggered + shifts", c, 18, 3, sh, 13);
+    c = small_cfg(4, 4, 4, 4);
+    set_offsets(&c, o4);
+    c.payload = PS_PAYLOAD_SHARED;
+    compare_grid("staggered MHA shared payload", c, 19, 2, NULL, 14);
+    c = small_cfg(4, 2, 4, 2);
+    int64_t oo[] = {1, 0};
+    set_offsets(&c, oo);
+    c.local_window = 3;
+    compare_grid("overlap W4/S2 offsets LW3", c, 15, 1, NULL, 15);
+    c = small_cfg(4, 4, 4, 2);
+    c.rope = false;
+    c.qk_norm = false;
+    c.gate = PS_GATE_UNIFORM;
+    compare_grid("phase shifts only, uniform gate, no rope/qk-norm", c, 17, 3, sh, 16);
+    c = small_cfg(8, 8, 4, 2);
+    compare_grid("base W8/S8 shift 0 = ref_forward", c, 24, 1, (int64_t[]){0}, 17);
+    /* a shift outside [0, S) and a full-attention model are errors */
+    ps_model m;
+    tu_random_model(&m, &c, 18, 0.5f);
+    ps_acts a;
+    ps_error err;
+    REQUIRE_OK(ps_acts_create(&a, m.ctx, &c, 1, 16, false, &err), &err);
+    CHECK_ERR(ps_acts_set_phase(&a, (int64_t[]){8}, &err), &err, "phase shift 8", "stride");
+    ps_acts_free(&a);
+    ps_model_free(&m);
+    ps_config f = tu_config(PS_ATTN_FULL);
+    tu_random_model(&m, &f, 19, 0.5f);
+    REQUIRE_OK(ps_acts_create(&a, m.ctx, &f, 1, 8, false, &err), &err);
+    CHECK_ERR(ps_acts_set_phase(&a, (int64_t[]){0}, &err), &err, "compressed");
+    ps_acts_free(&a);
+    ps_model_free(&m);
+}
+
+/* The grid ops with woff NULL give the base ops' numbers; with all-zero offsets too. */
+static void test_grid_ops_match_base(void) {
+    ps_ctx *ctx;
+    ps_error err;
+    REQUIRE_OK(ps_ctx_create(&ctx, "cpu", &err), &err);
+    enum { B = 2, T = 21, d = 6, W = 4, S = 3, nkv = 2, hd = 4, nkvhd = nkv * hd };
+    int64_t nW = (T - W) / S + 1;
+    ps_rng r;
+    ps_rng_seed(&r, 5);
+    static float in[B * T * d], u[W * nkv * d], bias[W * nkv], C[W * nkvhd * d], Cs[nkvhd * d], scratch[B * T * nkvhd];
+    for (size_t i = 0; i < sizeof in / sizeof *in; i++) in[i] = (float)ps_rng_normal(&r);
+    for (size_t i = 0; i < sizeof u / sizeof *u; i++) u[i] = (float)ps_rng_normal(&r);
+    for (size_t i = 0; i < sizeof bias / sizeof *bias; i++) bias[i] = (float)ps_rng_normal(&r);
+    for (size_t i = 0; i < sizeof C / sizeof *C; i++) C[i] = (float)ps_rng_normal(&r);
+    for (size_t i = 0; i < sizeof Cs / sizeof *Cs; i++) Cs[i] = (float)ps_rng_normal(&r);
+    int64_t zeros[B * nkv] = {0};
+    int64_t ng = B * nW * nkv * W, np = B * nW * W * nkvhd;
+    float *z1 = malloc(ng * 4), *a1 = malloc(ng * 4), *z2 = malloc(ng * 4), *a2 = malloc(ng * 4);
+    float *p1 = malloc(np * 4), *p2 = malloc(np * 4);
+    CHECK(ps_gate(ctx, z1, a1, in, u, bias, B, T, d, nW, W, S, nkv) == 0, "gate");
+    CHECK(ps_gate_grid(ctx, z2, a2, in, u, bias, B, T, d, nW, W, S, nkv, zeros) == 0, "gate_grid");
+    CHECK(rel_err_f(a1, a2, ng) < 1e-6 && rel_err_f(z1, z2, ng) < 1e-6, "gate_grid(0) = gate");
+    for (int sh = 0; sh < 2; sh++) {
+        const float *Cx = sh ? Cs : C;
+        CHECK(ps_payload(ctx, p1, in, Cx, sh, scratch, B, T, d, nW, W, S, nkvhd) == 0, "payload");
+        CHECK(ps_payload_grid(ctx, p2, in, Cx, sh, scratch, B, T, d, nW, W, S, nkv, hd, NULL) == 0, "payload_grid");
+        CHECK(rel_err_f(p1, p2, np) < 1e-6, "payload_grid(NULL) = payload (shared %d): %.3g", sh, rel_err_f(p1, p2, np));
+    }
+    /* rope_grid(0) = rope with pos_step S; inverse undoes it */
+    int64_t nc = B * nW * nkv * hd;
+    float *cos_t = malloc(T * (hd / 2) * 4), *sin_t = malloc(T * (hd / 2) * 4), *x1 = malloc(nc * 4), *x2 = malloc(nc * 4),
+          *x0 = malloc(nc * 4);
+    CHECK(ps_rope_table(ctx, cos_t, sin_t, T, hd, 10000.0) == 0, "rope table");
+    for (int64_t i = 0; i < nc; i++) x0[i] = x1[i] = x2[i] = (float)ps_rng_normal(&r);
+    ps_rope(ctx, x1, cos_t, sin_t, B, nW, nkv, hd, S);
+    ps_rope_grid(ctx, x2, cos_t, sin_t, B, T, nW, nkv, hd, S, zeros, 0);
+    CHECK(rel_err_f(x1, x2, nc) < 1e-7, "rope_grid(0) = rope");
+    int64_t off[B * nkv] = {1, 2, 0, 1};
+    ps_rope_grid(ctx, x2, cos_t, sin_t, B, T, nW, nkv, hd, S, off, 0);
+    ps_rope_grid(ctx, x2, cos_t, sin_t, B, T, nW, nkv, hd, S, off, 1);
+    ps_rope_grid(ctx, x2, cos_t, sin_t, B, T, nW, nkv, hd, S, zeros, 1);
+    CHECK(rel_err_f(x2, x0, nc) < 1e-5, "rope_grid inverse undoes the forward");
+    /* an offset outside [0, S) fails, naming the op */
+    int64_t badoff[B * nkv] = {0, 3, 0, 0};
+    CHECK(ps_gate_grid(ctx, z2, a2, in, u, bias, B, T, d, nW, W, S, nkv, badoff) != 0, "offset S rejected");
+    CHECK(strstr(ctx->err.msg, "gate_grid") != NULL, "message names the op: %s", ctx->err.msg);
+    free(z1); free(a1); free(z2); free(a2); free(p1); free(p2); free(cos_t); free(sin_t); free(x0); free(x1); free(x2);
+    ps_ctx_free(ctx);
+}
+
+/* ---- gradients: central finite differences of the reference ---- */
+
+static double ref_loss_grid(const ps_model *m, const int32_t *tok, const int32_t *tgt, int T, int shift) {
+    int64_t V = m->cfg.vocab_size;
+    double *lg = malloc((size_t)(T * V) * sizeof(double)), loss = 0;
+    int n = 0;
+    ref_forward_grid(m, tok, T, shift, lg);
+    for (int t = 0; t < T; t++) {
+        if (tgt[t] < 0) continue;
+        double mx = -1e300, s = 0;
+        for (int64_t i = 0; i < V; i++) mx = lg[t * V + i] > mx ? lg[t * V + i] : mx;
+        for (int64_t i = 0; i < V; i++) s += exp(lg[t * V + i] - mx);
+        loss += log(s) + mx - lg[t * V + tgt[t]];
+        n++;
+    }
+    free(lg);
+    return loss / n;
+}
+
+static void fd_grid(const char *label, ps_config c, int shift, uint64_t seed) {
+    enum { T = 17 };
+    ps_model m;
+    tu_random_model(&m, &c, seed, 0.5f);
+    int32_t tok[T], tgt[T];
+    tu_random_tokens(tok, T, c.vocab_size, seed + 1);
+    tu_random_tokens(tgt, T, c.vocab_size, seed + 2);
+    for (int t = 0; t < T; t += 3) tgt[t] = -1;
+    ps_acts a, g;
+    ps_error err;
+    REQUIRE_OK(ps_acts_create(&a, m.ctx, &c, 1, T, true, &err), &err);
+    REQUIRE_OK(ps_acts_create(&g, m.ctx, &c, 1, T, false, &err), &err);
+    int64_t sh = shift;
+    CHECK_OK(ps_acts_set_phase(&a, &sh, &err), &err);
+    CHECK_OK(ps_forward(&m, &a, tok, NULL, &err), &err);
+    int64_t nt = 0;
+    for (int t = 0; t < T; t++) nt += tgt[t] >= 0;
+    float *grads = calloc((size_t)m.n_params, sizeof(float));
+    double loss = 0;
+    int64_t cnt = 0;
+    CHECK_OK(ps_backward(&m, &a, &g, tok, tgt, 1.0f / (float)nt, grads, &loss, &cnt, &err), &err);
+    double rl = ref_loss_grid(&m, tok, tgt, T, shift);
+    CHECK(fabs(loss / (double)cnt - rl) < 1e-5 * fabs(rl), "%s: loss %g vs reference %g", label, loss / cnt, rl);
+    ps_rng r;
+    ps_rng_seed(&r, seed + 3);
+    for (int i = 0; i < m.n_tensors; i++) {
+        const ps_param_info *p = &m.table[i];
+        double num = 0, den = 1e-4;
+        for (int k = 0; k < 6; k++) {
+            int64_t j = p->offset + ps_rng_below(&r, p->numel);
+            float keep = m.params[j];
+            m.params[j] = keep + 1e-3f;
+            float up = m.params[j];
+            double lp = ref_loss_grid(&m, tok, tgt, T, shift);
+            m.params[j] = keep - 1e-3f;
+            float dn = m.params[j];
+            double lm = ref_loss_grid(&m, tok, tgt, T, shift);
+            m.params[j] = keep;
+            double fd = (lp - lm) / ((double)up - (double)dn);
+            num = fmax(num, fabs(fd - grads[j]));
+            den = fmax(den, fmax(fabs(fd), fabs(grads[j])));
+        }
+        CHECK(num / den < 1e-3, "%s: %s gradient rel err %.3g (scale %.3g)", label, p->name, num / den, den);
+    }
+    free(grads);
+    ps_acts_free(&a);
+    ps_acts_free(&g);
+    ps_model_free(&m);
+}
+
+static void test_gradients(void) {
+    ps_config c = small_cfg(4, 4, 4, 2);
+    int64_t o2[] = {0, 3}, o1[] = {1, 0};
+    set_offsets(&c, o2);
+    fd_grid("staggered W4/S4 [0,3]", c, 0, 100);
+    fd_grid("staggered W4/S4 [0,3] + shift 2", c, 2, 110);
+    c.payload = PS_PAYLOAD_SHARED;
+    fd_grid("staggered shared payload + shift 1", c, 1, 120);
+    c = small_cfg(4, 2, 4, 2);
+    set_offsets(&c, o1);
+    c.local_window = 3;
+    fd_grid("overlap W4/S2 offsets [1,0]", c, 1, 130);
+    c = small_cfg(4, 4, 2, 1);
+    c.rope = false;
+    c.qk_norm = false;
+    c.tie_embeddings = false;
+    fd_grid("phase shift 3, no rope/qk-norm, untied", c, 3, 140);
+}
+
+/* ---- hooks and gate statistics on a grid whose heads lack a window ---- */
+
+static void test_hooks_and_gates(void) {
+    ps_config c = small_cfg(4, 4, 4, 2);
+    int64_t o2[] = {0, 2};
+    set_offsets(&c, o2);
+    ps_model m;
+    tu_random_model(&m, &c, 200, 0.5f);
+    enum { T = 16 };
+    int32_t tok[T];
+    tu_random_tokens(tok, T, c.vocab_size, 201);
+    ps_gate_acc acc;
+    ps_hooks h;
+    ps_error err;
+    ps_hooks_init(&h);
+    REQUIRE_OK(ps_gate_acc_init(&acc, &c, &err), &err);
+    REQUIRE_OK(ps_gate_acc_watch(&acc, &h, &c, &err), &err);
+    ps_acts a;
+    REQUIRE_OK(ps_acts_create(&a, m.ctx, &c, 1, T, true, &err), &err);
+    CHECK_OK(ps_forward(&m, &a, tok, &h, &err), &err);
+    /* T = 16, W = S = 4: head 0 has windows 0..3, head 1 (offset 2) windows 0..2 only */
+    ps_gate_stat st0, st1;
+    ps_gate_acc_stat(&acc, 0, 0, PS_BRANCH_KEY, &st0);
+    ps_gate_acc_stat(&acc, 0, 1, PS_BRANCH_KEY, &st1);
+    CHECK(st0.n_windows == 4 && st1.n_windows == 3, "windows pooled per head: %lld, %lld", (long long)st0.n_windows,
+          (long long)st1.n_windows);
+    double s = 0;
+    for (int i = 0; i < 4; i++) s += st1.mean_gate[i];
+    CHECK(fabs(s - 1) < 1e-6, "mean gate of the offset head sums to 1 (%g)", s);
+    ps_act_ptrs p = ps_acts_layer(&a, 0);
+    int64_t nW = a.nW, hd = c.head_dim, nkv = 2;
+    double ab = 0, pr = 0;
+    for (int64_t e = 0; e < hd; e++) {
+        ab += fabs(p.ck[((nW - 1) * nkv + 1) * hd + e]) + fabs(p.cv[((nW - 1) * nkv + 1) * hd + e]);
+        pr += fabs(p.ck[((nW - 1) * nkv + 0) * hd + e]);
+    }
+    CHECK(nW == 4 && ab == 0 && pr > 0, "the absent window's entries are 0 (%g), the present one's not (%g)", ab, pr);
+    ps_acts_free(&a);
+    ps_hooks_free(&h);
+    ps_gate_acc_free(&acc);
+    ps_model_free(&m);
+}
+
+/* ---- the gate regulariser op ---- */
+
+static double reg_value(const float *alpha, int64_t B, int64_t nW, int64_t nkv, int64_t W, double weight) {
+    double v = 0;
+    for (int64_t g = 0; g < nkv; g++) {
+        double m[16] = {0};
+        int64_t n = 0;
+        for (int64_t bj = 0; bj < B * nW; bj++) {
+            const float *al = alpha + (bj * nkv + g) * W;
+            double s = 0;
+            for (int64_t i = 0; i < W; i++) s += al[i];
+            if (s <= 0) continue;
+            for (int64_t i = 0; i < W; i++) m[i] += al[i];
+            n++;
+        }
+        double H = 0;
+        for (int64_t i = 0; i < W; i++)
+            if (m[i] > 0) H -= m[i] / n * log(m[i] / n);
+        v += weight * (log((double)W) - H);
+    }
+    return v;
+}
+
+static void test_gate_regulariser(void) {
+    ps_ctx *ctx;
+    ps_error err;
+    REQUIRE_OK(ps_ctx_create(&ctx, "cpu", &err), &err);
+    enum { B = 2, nW = 3, nkv = 2, W = 4 };
+    float alpha[B * nW * nkv * W], dal[B * nW * nkv * W];
+    ps_rng r;
+    ps_rng_seed(&r, 7);
+    for (int64_t k = 0; k < B * nW * nkv; k++) {
+        double s = 0, e[W];
+        for (int i = 0; i < W; i++) s += (e[i] = exp(2 * ps_rng_normal(&r)));
+        for (int i = 0; i < W; i++) alpha[k * W + i] = (float)(e[i] / s);
+    }
+    for (int i = 0; i < W; i++) alpha[(5 * nkv + 1) * W + i] = 0; /* an absent window (b 1, j 2, head 1) */
+    memset(dal, 0, sizeof dal);
+    double v = 0, w = 0.3;
+    CHECK(ps_gate_entropy(ctx, &v, dal, alpha, B, nW, nkv, W, w) == 0, "gate_entropy");
+    double ref = reg_value(alpha, B, nW, nkv, W, w);
+    CHECK(fabs(v - ref) < 1e-9, "value %.10g vs plain loop %.10g", v, ref);
+    CHECK(v > 0, "concentrated gates have a positive deficit");
+    double worst = 0;
+    for (int64_t k = 0; k < B * nW * nkv * W; k++) {
+        if (k / W == 5 * nkv + 1) {
+            CHECK(dal[k] == 0, "no gradient into an absent window");
+            continue;
+        }
+        float keep = alpha[k];
+        alpha[k] = keep + 1e-3f;
+        double up = reg_value(alpha, B, nW, nkv, W, w);
+        alpha[k] = keep - 1e-3f;
+        double dn = reg_value(alpha, B, nW, nkv, W, w);
+        alpha[k] = keep;
+        double fd = (up - dn) / 2e-3;
+        worst = fmax(worst, fabs(fd - dal[k]) / fmax(1e-3, fabs(fd)));
+    }
+    CHECK(worst < 1e-3, "gradient vs finite differences: rel err %.3g", worst);
+    /* a uniform pooled gate has no deficit */
+    for (int64_t k = 0; k < B * nW * nkv * W; k++) alpha[k] = 0.25f;
+    v = 0;
+    CHECK(ps_gate_entropy(ctx, &v, NULL, alpha, B, nW, nkv, W, w) == 0 && fabs(v) < 1e-9, "uniform: %g", v);
+    ps_ctx_free(ctx);
+}
+
+int main(void) {
+    test_config_key();
+    test_forward_reference();
+    test_grid_ops_match_base();
+    test_gradients();
+    test_hooks_and_gates();
+    test_gate_regulariser();
+    CHECK_DONE();
+}
