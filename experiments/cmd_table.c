@@ -10,11 +10,16 @@
 #include "fileio.h"
 #include "results_check.h"
 #include "draw.h"
+#include "tradeoff.h"
 
 static int run(const ps_args *a, ps_error *err);
 
 static const ps_flag_spec FLAGS[] = {
     {"--out", "TABLE.md", "also write the table to this file (atomically)", 0},
+    {"--figure", "PLOT.png",
+     "also draw gap against mean accuracy, one point per file, marker area = KV bytes per token, colour =\n"
+     "the model name without a trailing _sN seed suffix (docs/results.md \"Closing the weak phase\")",
+     0},
     {0},
 };
 
@@ -25,7 +30,9 @@ const ps_command ps_cmd_table = {
         "Prints a markdown table with one row per sweep result: model, attention, period, mean accuracy, worst\n"
         "residue, gap (pp), the detected period (dominant DFT frequency of the residue curve) and the chi-square\n"
         "p-value of accuracy against residue. --out also writes it to a file (atomically). Each file is checked\n"
-        "against docs/results-schema.md first; a malformed one is refused, naming the field at fault.\n",
+        "against docs/results-schema.md first; a malformed one is refused, naming the field at fault.\n"
+        "The attention column names staggered grids (attention.head_offsets); the KV column is the KV-cache bytes\n"
+        "per token of the compressed entries (float32; full attention: every token's K and V).\n",
     .positional = "SWEEP.json [MORE.json ...]",
     .max_positional = 256,
     .flags = FLAGS,
@@ -49,6 +56,13 @@ static int run(const ps_args *a, ps_error *err) {
     len += (size_t)snprintf(out + len, cap - len,
                             "| model | attention | period P | mean accuracy | min over residues | gap (pp) | repeats every | "
                             "dominant period | chi-square p |\n|---|---|---|---|---|---|---|---|---|\n");
+    const char *fig = ps_args_get(a, "--figure");
+    if (fig && npos > 64) {
+        ps_cli_usage(err, "--figure: at most 64 sweep results");
+        goto done;
+    }
+    static ps_tradeoff_point pts[64];
+    static char groups[64][256];
     for (int i = 0; i < npos; i++) {
         json_t *d;
         if (ps_results_load(pos[i], "sweep", &d, err)) goto done;
@@ -69,6 +83,21 @@ static int run(const ps_args *a, ps_error *err) {
                      (long long)json_integer_value(json_object_get(att, "rate")));
         else if (!strcmp(kind, "deepseek_v4")) snprintf(attn, sizeof attn, "DeepSeek-V4");
         else snprintf(attn, sizeof attn, "full");
+        if (!strcmp(kind, "compressed") && json_is_array(json_object_get(att, "head_offsets")))
+            snprintf(attn + strlen(attn), sizeof attn - strlen(attn), ", staggered grids");
+        if (fig) { /* the trade-off point: KV bytes per token from the model config of the provenance */
+            json_t *cf = json_object_get(prov, "config");
+            double per = 2.0 * 4.0 * (double)json_integer_value(json_object_get(cf, "n_layers")) *
+                         (double)json_integer_value(json_object_get(cf, "n_kv_heads")) *
+                         (double)json_integer_value(json_object_get(cf, "head_dim"));
+            if (!strcmp(kind, "compressed")) per /= (double)json_integer_value(json_object_get(att, "stride"));
+            snprintf(groups[i], sizeof groups[i], "%s", basename(model));
+            size_t gl = strlen(groups[i]), k = gl;
+            while (k > 0 && groups[i][k - 1] >= '0' && groups[i][k - 1] <= '9') k--;
+            if (k < gl && k >= 2 && groups[i][k - 1] == 's' && groups[i][k - 2] == '_') groups[i][k - 2] = '\0';
+            pts[i] = (ps_tradeoff_point){.group = groups[i], .mean = json_number_value(json_object_get(c, "mean_accuracy")),
+                                         .gap_pp = json_number_value(json_object_get(c, "gap_pp")), .kv_bytes = per};
+        }
         json_t *dp = json_object_get(json_object_get(c, "dominant_period"), "period");
         json_t *rp = json_object_get(json_object_get(c, "repeat_period"), "period");
         char per[32], rep[32];
@@ -96,6 +125,8 @@ static int run(const ps_args *a, ps_error *err) {
         json_decref(d);
     }
     fputs(out, stdout);
+    if (fig && ps_fig_tradeoff(fig, "Weak-phase mitigations: gap against mean accuracy", "phasescope table --figure", pts, npos, err))
+        goto done;
     const char *file = ps_args_get(a, "--out");
     if (file && ps_write_file_atomic(file, out, len, err)) goto done;
     rc = 0;

@@ -45,10 +45,11 @@ follow() { # follow CFG DIR LEADER INIT_FROM: the control of a fine-tune, traine
   rm -f "$dir"/optimizer-*.safetensors
   $PS render "$dir/train.jsonl" --out "$dir" > /dev/null
 }
-demo_seed() { # demo_seed NAME SEED DIR: the 1-layer recipe with another seed
-  local name=$1 seed=$2 dir=$3 cfg
+demo_seed() { # demo_seed NAME SEED DIR [STEPS]: the 1-layer recipe with another seed (and step budget)
+  local name=$1 seed=$2 dir=$3 steps=${4:-} cfg
   cfg=$(mktemp --suffix=.json)
-  sed "s/\"seed\": *[0-9]*/\"seed\": $seed/" "experiments/configs/demo/$name.json" > "$cfg"
+  sed -e "s/\"seed\": *[0-9]*/\"seed\": $seed/" ${steps:+-e "s/\"steps\": *[0-9]*/\"steps\": $steps/"} \
+    "experiments/configs/demo/$name.json" > "$cfg"
   rm -rf "$dir"
   $PS train --config "$cfg" --out "$dir" > /dev/null
   rm -f "$cfg" "$dir"/optimizer-*.safetensors
@@ -61,6 +62,8 @@ case "${1:-all}" in
   follow) # follow NAME FROM OUT LEADER
     follow "experiments/configs/deep/$2.json" "$4" "$5" "$3" ;;
   demo) demo_seed "$2" "$3" "${4:-out/phasefix/$2_s$3}" ;;
+  short) # short NAME SEED [OUT]: the 1-layer recipe cut to 500 steps (what this machine allowed; docs/results.md)
+    demo_seed "$2" "$3" "${4:-out/phasefix/short_$2_s$3}" 500 ;;
   all)
     first_at experiments/configs/deep/w8s8_staggered.json data/models/deep_phasefix 0.6
     $PS train --config experiments/configs/demo/w8s8_staggered.json --out data/models/w8s8_staggered
