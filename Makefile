@@ -27,6 +27,7 @@ demo: build
 retrain: build
 	@bash scripts/retrain_demo.sh
 	@bash scripts/retrain_deep.sh
+	@bash scripts/retrain_phasefix.sh all
 	@bash scripts/retrain_text.sh
 
 test-fast: build

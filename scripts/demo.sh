@@ -31,6 +31,10 @@ echo "== gates"
 $PS gates --model "$M/w8s8" --n 128 --log "$M/w8s8/train.jsonl" --out "$OUT/gates/w8s8"
 echo "== gate cycling: every head of W8/S8, gates and payloads rolled by 2"
 $PS gatecycle --model "$M/w8s8" --layer 0 --shift 2 --params all --n "$N" --out "$OUT/gatecycle/w8s8"
+echo "== weak-phase mitigation: staggered grids (issue 28; docs/mitigations.md), sweep, knockout, gates"
+$PS sweep --model "$M/w8s8_staggered" --n "$N" --out "$OUT/phasefix/sweep/w8s8_staggered"
+$PS knockout --model "$M/w8s8_staggered" --n 128 --out "$OUT/phasefix/knockout/w8s8_staggered"
+$PS gates --model "$M/w8s8_staggered" --n 128 --out "$OUT/phasefix/gates/w8s8_staggered"
 echo "== deep models (12 layers, 8 KV heads): sweeps, gates over training, one phase head cycled"
 # (their knockout of all 96 cells takes minutes: docs/figures/knockout_deep_full_vs_w8s8_acc.png)
 $PS sweep --model "$M/deep_full" --n "$N" --out "$OUT/sweep_deep/deep_full"
@@ -82,6 +86,9 @@ $PS table "$OUT"/sweep_deep/{deep_full,deep_w8s8,deep_w8s4,deep_w8s6,deep_w12s12
 echo
 echo "Deep models on P = 24 (the detected period should equal each model's stride):"
 $PS table "$OUT"/sweep_deep24/{deep_full,deep_w8s4,deep_w8s6,deep_w8s8,deep_w12s12}/sweep.json --out "$OUT/summary_deep24.md"
+echo
+echo "Weak-phase mitigation (1 layer, W8/S8; docs/results.md \"Closing the weak phase\"): base vs staggered grids"
+$PS table "$OUT"/sweep/w8s8/sweep.json "$OUT"/phasefix/sweep/w8s8_staggered/sweep.json --out "$OUT/summary_phasefix.md"
 if [ -d "$OUT/text/sweep" ]; then
   echo
   echo "Text models (real Qwen3 tokenizer, pad mode):"

@@ -3,7 +3,10 @@
 # phase"). Usage:
 #   scripts/retrain_phasefix.sh deep NAME [OUT]   experiments/configs/deep/NAME.json by the held-out-0.6 rule
 #   scripts/retrain_phasefix.sh demo NAME SEED [OUT]   experiments/configs/demo/NAME.json with train.seed SEED
-#   scripts/retrain_phasefix.sh all                  the shipped models (data/models/deep_phasefix, w8s8_staggered)
+#   scripts/retrain_phasefix.sh short NAME SEED [OUT]  the same cut to 500 steps (the budget of docs/results.md)
+#   scripts/retrain_phasefix.sh finetune NAME FROM OUT  NAME's deep config from FROM's weights, by the rule
+#   scripts/retrain_phasefix.sh follow NAME FROM OUT LEADER  its control, in lockstep with LEADER
+#   scripts/retrain_phasefix.sh all                  the shipped model data/models/w8s8_staggered
 # The deep recipe is retrain_deep.sh's: train 50 steps at a time (--resume is bit-identical to one run) until
 # the first evaluation with held-out accuracy >= 0.6, at most 8000 steps. One thread (OMP_NUM_THREADS=1).
 set -euo pipefail
@@ -31,8 +34,10 @@ first_at() { # first_at CFG DIR ACC [INIT_FROM]: until held-out accuracy >= ACC 
 follow() { # follow CFG DIR LEADER INIT_FROM: the control of a fine-tune, trained in lockstep with the run in
   # LEADER (never past its step) and stopped at the step LEADER stopped at (LEADER/stopped_at)
   local cfg=$1 dir=$2 lead=$3 init=$4 step=0 ls
-  rm -rf "$dir"
-  $PS train --config "$cfg" --out "$dir" --stop-after 50 --init-from "$init" > /dev/null
+  if [ "${FOLLOW_RESUME:-0}" != 1 ]; then # FOLLOW_RESUME=1: continue a follower that was interrupted
+    rm -rf "$dir"
+    $PS train --config "$cfg" --out "$dir" --stop-after 50 --init-from "$init" > /dev/null
+  fi
   while :; do
     step=$(last_step "$dir")
     if [ -f "$lead/stopped_at" ] && [ "$step" -ge "$(cat "$lead/stopped_at")" ]; then break; fi
@@ -64,9 +69,8 @@ case "${1:-all}" in
   demo) demo_seed "$2" "$3" "${4:-out/phasefix/$2_s$3}" ;;
   short) # short NAME SEED [OUT]: the 1-layer recipe cut to 500 steps (what this machine allowed; docs/results.md)
     demo_seed "$2" "$3" "${4:-out/phasefix/short_$2_s$3}" 500 ;;
-  all)
-    first_at experiments/configs/deep/w8s8_staggered.json data/models/deep_phasefix 0.6
-    $PS train --config experiments/configs/demo/w8s8_staggered.json --out data/models/w8s8_staggered
-    rm -f data/models/w8s8_staggered/optimizer-*.safetensors ;;
-  *) echo "usage: $0 deep NAME [OUT] | demo NAME SEED [OUT] | all" >&2; exit 2 ;;
+  all) # the 1-layer staggered model as shipped: the demo recipe cut to 500 steps, seed 1 (one thread)
+    demo_seed w8s8_staggered 1 data/models/w8s8_staggered 500
+    $PS render data/models/w8s8_staggered/train.jsonl --out data/models/w8s8_staggered > /dev/null ;;
+  *) echo "usage: $0 deep NAME [OUT] | demo NAME SEED [OUT] | short NAME SEED [OUT] | finetune NAME FROM OUT | follow NAME FROM OUT LEADER | all" >&2; exit 2 ;;
 esac
