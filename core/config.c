@@ -425,6 +425,13 @@ int ps_config_parse(const char *text, size_t len, const char *src, ps_config *c,
         }
     }
     rc = ps_config_validate(c, src, err);
+    /* one form for one grid (a round trip gives the same struct): no offsets unless a compressed model has a
+     * non-zero one (SPEC §2: attention keys are ignored for full attention) */
+    if (!rc && (c->kind != PS_ATTN_COMPRESSED || !c->any_head_offset)) {
+        memset(c->head_offsets, 0, sizeof c->head_offsets);
+        c->n_grid_offsets = 0;
+        c->any_head_offset = false;
+    }
 done:
     json_decref(root);
     return rc;

@@ -61,8 +61,8 @@ static int run(const ps_args *a, ps_error *err) {
         ps_cli_usage(err, "--figure: at most 64 sweep results");
         goto done;
     }
-    static ps_tradeoff_point pts[64];
-    static char groups[64][256];
+    ps_tradeoff_point pts[64];
+    char groups[64][256]; /* 16 KiB on the stack: the points name their group here */
     for (int i = 0; i < npos; i++) {
         json_t *d;
         if (ps_results_load(pos[i], "sweep", &d, err)) goto done;

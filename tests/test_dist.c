@@ -266,7 +266,7 @@ static void test_gates_units(void) {
     CHECK_OK(ps_gate_acc_replay(&acc, events, ev[nu], alpha, fl[nu], &err), &err);
     int64_t na = m.cfg.n_layers * m.cfg.n_kv_heads * 2 * m.cfg.window, ne = m.cfg.n_layers * m.cfg.n_kv_heads * 2;
     CHECK(!memcmp(ref.sum_alpha, acc.sum_alpha, (size_t)na * 8) && !memcmp(ref.sum_neff, acc.sum_neff, (size_t)ne * 8) &&
-              !memcmp(ref.n_windows, acc.n_windows, (size_t)m.cfg.n_layers * 2 * 8),
+              !memcmp(ref.n_windows, acc.n_windows, (size_t)(m.cfg.n_layers * m.cfg.n_kv_heads * 2) * 8),
           "gates: batches recorded out of order, replayed = the hooks' accumulator, bit for bit");
     events[1] = 7; /* a corrupt record is refused */
     ps_gate_acc_reset(&acc);

@@ -83,7 +83,14 @@ static void test_config_key(void) {
     ps_config_hash(&c2, h2);
     js = ps_config_to_json(&c2);
     CHECK(!c.any_head_offset && !strcmp(h1, h2) && !strstr(js, "head_offsets"), "zero offsets are the base config");
+    CHECK(memcmp(&c, &c2, sizeof c) == 0, "zero offsets parse to the same struct as no key");
     free(js);
+    /* a full-attention model ignores the key (SPEC §2), in one normal form */
+    const char *full = "{\"vocab_size\": 16, \"d_model\": 8, \"n_layers\": 1, \"n_heads\": 4, \"n_kv_heads\": 4, "
+                       "\"head_dim\": 4, \"d_ff\": 8, \"max_seq_len\": 32, \"attention\": {\"kind\": \"full\", "
+                       "\"head_offsets\": [3]}}";
+    CHECK_OK(ps_config_parse(full, strlen(full), "full.json", &c, &err), &err);
+    CHECK(!c.any_head_offset && c.n_grid_offsets == 0, "full attention: offsets ignored");
     /* every bad value names the key and the file */
     const char *bad[] = {", \"head_offsets\": [0, 1, 2]", ", \"head_offsets\": [0, 1, 2, 8]", ", \"head_offsets\": [0, -1, 2, 3]",
                          ", \"head_offsets\": [0, 1.5, 2, 3]", ", \"head_offsets\": \"diagonal\"", ", \"head_offsets\": 3"};
