@@ -6,11 +6,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
-#include "fileio.h"
-#include "results_check.h"
-#include "draw.h"
-#include "tradeoff.h"
+#include "experiments/cli.h"
+#include "core/fileio.h"
+#include "viz/results_check.h"
+#include "viz/draw.h"
+#include "viz/tradeoff.h"
 
 static int run(const ps_args *a, ps_error *err);
 

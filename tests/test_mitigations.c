@@ -8,19 +8,19 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backward.h"
+#include "core/backward.h"
 #include "check.h"
-#include "config.h"
-#include "forward.h"
-#include "gates.h"
-#include "hooks.h"
-#include "knockout.h"
-#include "sweep.h"
-#include "tasks.h"
-#include "model.h"
-#include "ops.h"
+#include "core/config.h"
+#include "core/forward.h"
+#include "gates/gates.h"
+#include "core/hooks.h"
+#include "interventions/knockout.h"
+#include "interventions/sweep.h"
+#include "tasks/tasks.h"
+#include "core/model.h"
+#include "core/ops.h"
 #include "ref_model.h"
-#include "rng.h"
+#include "core/rng.h"
 #include "testutil.h"
 
 static ps_config small_cfg(int64_t W, int64_t S, int64_t nh, int64_t nkv) {

@@ -1,10 +1,10 @@
-#include "tradeoff.h"
+#include "viz/tradeoff.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 
-#include "draw.h"
+#include "viz/draw.h"
 
 #define TW 980.0
 #define TH 620.0

@@ -5,7 +5,7 @@
 #ifndef PS_TRADEOFF_H
 #define PS_TRADEOFF_H
 
-#include "error.h"
+#include "core/error.h"
 
 typedef struct {
     const char *group;   /* legend entry (colour) */

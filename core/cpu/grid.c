@@ -12,7 +12,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "cpu.h"
+#include "core/cpu/cpu.h"
 
 /* Does window j of a grid at offset o fit in T? */
 static inline int win_fits(int64_t j, int64_t o, int64_t W, int64_t S, int64_t T) { return j * S + o + W <= T; }

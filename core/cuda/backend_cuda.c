@@ -4,7 +4,7 @@
  *
  * The DeepSeek-V4 block of ops is not implemented on the device yet (the V4 runtime is CPU-only): each of
  * those entries fails with "DeepSeek-V4 op X is not implemented on the cuda backend". */
-#include "cuda_ops.h"
+#include "core/cuda/cuda_ops.h"
 
 /* Window grids with start offsets (staggered grids, phase augmentation) and the gate regulariser are CPU-only
  * for now: grid_offsets is 0 (the attention ops refuse a geometry with offsets before reaching the device) and
