@@ -355,41 +355,21 @@ static ps_v4_hook_point target_point(ps_v4_ko_target t, int sum_pass) {
     }
 }
 
-/* The summed / mean array of one layer: [n] values per sequence (positions × inner). */
+/* The summed / mean array of one layer, on the model's context: [n] values per sequence (positions ×
+ * inner). The sums are a sum action on the clean pass, the replacement a set action: both run in the
+ * backend, no host copy of a hooked tensor (the indexer's mean-pattern choice reads the mean scores once
+ * per shift). */
 typedef struct {
     double *sum;      /* [n] */
-    float *mean;      /* [n] (indexer: the mean-pattern top-k [T, K]) */
-    int64_t n;
-    int64_t count;    /* sequences summed */
-    /* replacement */
-    int head;         /* heads: the query head replaced (layout [npos, H, Dh]); -1: the whole array */
-    int64_t npos, H, Dh;
+    float *mean;      /* [n_mean] (indexer: the mean-pattern top-k [T, K]) */
+    int64_t n, n_mean;
+    int64_t npos;     /* positions of the replaced array (its axis 1) */
 } layer_mean;
 
-static int sum_hook(const ps_hook_event *ev, void *user, ps_error *err) {
-    layer_mean *lm = user;
-    int64_t B = ev->shape[0], n = 1;
-    for (int i = 1; i < ev->ndim; i++) n *= ev->shape[i];
-    if (n != lm->n) return ps_fail(err, "hook \"%s\": %lld values per sequence, the knockout expected %lld", ev->name, (long long)n, (long long)lm->n);
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t i = 0; i < n; i++) lm->sum[i] += ev->data[b * n + i];
-    lm->count += B;
-    return 0;
-}
-
-static int replace_hook(const ps_hook_event *ev, void *user, ps_error *err) {
-    const layer_mean *lm = user;
-    int64_t B = ev->shape[0], n = 1;
-    for (int i = 1; i < ev->ndim; i++) n *= ev->shape[i];
-    if (n != lm->n) return ps_fail(err, "hook \"%s\": %lld values per sequence, the knockout expected %lld", ev->name, (long long)n, (long long)lm->n);
-    for (int64_t b = 0; b < B; b++) {
-        float *x = ev->data + b * n;
-        if (lm->head < 0) memcpy(x, lm->mean, (size_t)n * sizeof(float));
-        else
-            for (int64_t t = 0; t < lm->npos; t++)
-                memcpy(x + (t * lm->H + lm->head) * lm->Dh, lm->mean + (t * lm->H + lm->head) * lm->Dh, (size_t)lm->Dh * sizeof(float));
-    }
-    return 0;
+static void layer_mean_free(ps_ctx *ctx, layer_mean *x) {
+    if (x->sum) ps_buf_free(ctx, x->sum, x->n * (int64_t)sizeof(double));
+    if (x->mean) ps_buf_free(ctx, x->mean, x->n_mean * (int64_t)sizeof(float));
+    memset(x, 0, sizeof *x);
 }
 
 void ps_v4_mean_topk(const double *ms, int64_t T, int64_t nW, int64_t K, int64_t m, float *topk) {
@@ -447,66 +427,80 @@ int ps_v4_knockout_grid(ps_v4_model *m, const ps_v4_task *t, const ps_batch *bas
     if (outcome_arrays(base, &ok, &lp, err)) return -1;
     layer_mean *lm = calloc((size_t)n_layers, sizeof *lm);
     if (!lm) rc = ps_fail(err, "out of memory");
+    ps_ctx *ctx = m->ctx;
+    double *host_sum = NULL;
     int64_t total = P * (1 + (int64_t)n_layers * n_heads), H = c->n_heads, Dh = c->head_dim;
     for (int64_t p = 0; p < P && !rc; p++) {
         ps_shifted s;
         if ((rc = ps_make_shifted(base, &t->task, fam, PS_SWEEP_PAD, P, p, seed, c->max_position_embeddings, &s, err))) break;
-        int64_t T = s.b.T;
-        /* pass 1: the sums over the prompts of this shift, and the clean outcomes */
+        int64_t T = s.b.T, N = s.b.B;
+        /* pass 1: the sums over the prompts of this shift (a sum action per layer), and the clean outcomes */
         ps_hooks h;
         ps_hooks_init(&h);
         for (int li = 0; li < n_layers && !rc; li++) {
             int l = layers[li];
             int64_t nW = ps_v4_n_windows(c, l, T), K = c->index_topk < nW ? c->index_topk : nW;
             layer_mean *x = &lm[li];
-            free(x->sum), free(x->mean);
-            memset(x, 0, sizeof *x);
-            x->head = -1;
+            layer_mean_free(ctx, x);
             switch (target) {
-            case PS_V4KO_HEADS: x->n = T * H * Dh, x->npos = T, x->H = H, x->Dh = Dh; break;
-            case PS_V4KO_COMPRESSED: x->n = nW * Dh; break;
-            case PS_V4KO_RAW: x->n = T * Dh; break;
-            case PS_V4KO_INDEXER: x->n = T * nW; break;
-            default: x->n = H * T; break;
+            case PS_V4KO_HEADS: x->n = T * H * Dh, x->npos = T; break;
+            case PS_V4KO_COMPRESSED: x->n = nW * Dh, x->npos = nW; break;
+            case PS_V4KO_RAW: x->n = T * Dh, x->npos = T; break;
+            case PS_V4KO_INDEXER: x->n = T * nW, x->npos = T; break;
+            default: x->n = H * T, x->npos = H; break; /* the sink [B, H, T]: axis 1 is the head */
             }
-            int64_t nmean = target == PS_V4KO_INDEXER ? T * K : x->n;
-            x->sum = calloc((size_t)(x->n ? x->n : 1), sizeof(double));
-            x->mean = malloc((size_t)(nmean ? nmean : 1) * sizeof(float));
-            if (!x->sum || !x->mean) {
-                rc = ps_fail(err, "out of memory for the knockout means of layer %d", l);
+            x->n_mean = target == PS_V4KO_INDEXER ? T * K : x->n;
+            if (x->n < 1 || x->n_mean < 1) {
+                rc = ps_fail(err, "layer %d: nothing to replace for --target %s at %lld tokens", l, ps_v4_ko_targets[target], (long long)T);
+                break;
+            }
+            x->sum = ps_buf_alloc(ctx, x->n * (int64_t)sizeof(double), "the knockout sums", err);
+            x->mean = x->sum ? ps_buf_alloc(ctx, x->n_mean * (int64_t)sizeof(float), "the knockout means", err) : NULL;
+            if (!x->mean) { /* zero-filled */
+                rc = -1;
                 break;
             }
             char name[96];
             ps_v4_hook_name(name, sizeof name, l, target_point(target, 1));
-            rc = ps_v4_hooks_add(&h, c, name, sum_hook, x, err);
+            ps_hook_action act = {.kind = PS_ACT_SUM, .head = -1, .acc = x->sum, .acc_n = x->n};
+            rc = ps_v4_hooks_add_action(&h, c, name, &act, err);
         }
         if (!rc && !(rc = ps_v4_eval(m, t, &s.b, batch, &h, ok, lp, err))) ps_residue_stats_add(&out->clean, &s, ok, lp);
         ps_hooks_free(&h);
         for (int li = 0; li < n_layers && !rc; li++) {
             layer_mean *x = &lm[li];
             int l = layers[li];
-            if (x->count != s.b.B) {
-                rc = ps_fail(err, "layer %d: the knockout's sums saw %lld prompts of %lld", l, (long long)x->count, (long long)s.b.B);
-                break;
-            }
             if (target == PS_V4KO_INDEXER) {
                 int64_t nW = ps_v4_n_windows(c, l, T), K = c->index_topk < nW ? c->index_topk : nW;
-                for (int64_t i = 0; i < x->n; i++) x->sum[i] /= (double)x->count;
-                ps_v4_mean_topk(x->sum, T, nW, K, c->compress_rate[l], x->mean);
-                x->n = T * K; /* the replacement array */
-            } else
-                for (int64_t i = 0; i < x->n; i++) x->mean[i] = (float)(x->sum[i] / (double)x->count);
+                double *hs = realloc(host_sum, (size_t)x->n * sizeof(double));
+                float *tk = malloc((size_t)x->n_mean * sizeof(float));
+                if (hs) host_sum = hs;
+                if (!hs || !tk) {
+                    free(tk);
+                    rc = ps_fail(err, "out of memory for the indexer's mean scores of layer %d", l);
+                    break;
+                }
+                rc = ps_buf_to_host(ctx, host_sum, x->sum, x->n * (int64_t)sizeof(double), err);
+                if (!rc) {
+                    for (int64_t i = 0; i < x->n; i++) host_sum[i] /= (double)N;
+                    ps_v4_mean_topk(host_sum, T, nW, K, c->compress_rate[l], tk);
+                    rc = ps_buf_from_host(ctx, x->mean, tk, x->n_mean * (int64_t)sizeof(float), err);
+                }
+                free(tk);
+                x->npos = T;
+            } else if (ps_sum_to_mean(ctx, x->mean, x->sum, (double)N, x->n))
+                rc = ps_ctx_check(ctx, err);
         }
         if (progress) progress(p * (1 + (int64_t)n_layers * n_heads) + 1, total, user);
-        /* pass 2: one forward per cell with its replacement */
+        /* pass 2: one forward per cell with its replacement (a set action from the mean) */
         for (int li = 0; li < n_layers && !rc; li++)
             for (int hi = 0; hi < n_heads && !rc; hi++) {
-                layer_mean x = lm[li];
-                x.head = per_head ? heads[hi] : -1;
+                const layer_mean *x = &lm[li];
                 ps_hooks_init(&h);
                 char name[96];
                 ps_v4_hook_name(name, sizeof name, layers[li], target_point(target, 0));
-                rc = ps_v4_hooks_add(&h, c, name, replace_hook, &x, err);
+                ps_hook_action act = {.kind = PS_ACT_SET, .head = per_head ? heads[hi] : -1, .src = x->mean, .src_npos = x->npos};
+                rc = ps_v4_hooks_add_action(&h, c, name, &act, err);
                 if (!rc && !(rc = ps_v4_eval(m, t, &s.b, batch, &h, ok, lp, err)))
                     ps_residue_stats_add(&out->cells[li * n_heads + hi], &s, ok, lp);
                 ps_hooks_free(&h);
@@ -514,8 +508,9 @@ int ps_v4_knockout_grid(ps_v4_model *m, const ps_v4_task *t, const ps_batch *bas
             }
         ps_shifted_free(&s);
     }
+    free(host_sum);
     if (lm)
-        for (int li = 0; li < n_layers; li++) free(lm[li].sum), free(lm[li].mean);
+        for (int li = 0; li < n_layers; li++) layer_mean_free(ctx, &lm[li]);
     free(lm);
     free(ok);
     free(lp);
