@@ -4,7 +4,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cmd_v4.h"
 #include "dist.h"
 #include "gatecycle.h"
 #include "instrument.h"
@@ -77,13 +76,13 @@ static json_t *measure_per_head(ps_instr *in, int layer, int head, int branches,
         goto done;
     }
     for (int i = 0; i < nh; i++) heads[i] = head >= 0 ? head : i;
-    if (ps_knockout_grid_opts(&in->m, &in->base, &in->task, in->fam, P, in->seed, in->batch, &layer, 1, heads, nh, PS_KO_COMPRESSED,
-                              NULL, &kb, ps_instr_progress, in, err))
+    if (ps_knockout_grid(&in->m, &in->base, &in->task, in->fam, P, in->seed, in->batch, &layer, 1, heads, nh, PS_KO_COMPRESSED, 0,
+                         &kb, ps_instr_progress, in, err))
         goto done;
     ps_progress_end(&in->bar);
     if (ps_gate_cycle(&in->m, layer, head, branches, params, k, err)) goto done;
-    int bad = ps_knockout_grid_opts(&in->m, &in->base, &in->task, in->fam, P, in->seed, in->batch, &layer, 1, heads, nh,
-                                    PS_KO_COMPRESSED, NULL, &ka, ps_instr_progress, in, err);
+    int bad = ps_knockout_grid(&in->m, &in->base, &in->task, in->fam, P, in->seed, in->batch, &layer, 1, heads, nh,
+                               PS_KO_COMPRESSED, 0, &ka, ps_instr_progress, in, err);
     ps_progress_end(&in->bar);
     if (ps_gate_cycle(&in->m, layer, head, branches, params, -k, err) || bad) goto done;
     double chance = ps_task_chance(&in->task);
@@ -247,16 +246,58 @@ static int validate(const ps_args *a, ps_instr *inp, int64_t *layer_, int64_t *s
     return 0;
 }
 
+/* A DeepSeek-V4 checkpoint: its flags (--branch compressor|indexer|both; no --head, --save, --params
+ * but gate) and the cycle's preconditions (interventions/v4_instr.h, ps_v4_gate_cycle). */
+static int validate_v4(const ps_args *a, ps_instr *in, int64_t *layer_, int64_t *shift_, int *branches_, int *measure_,
+                       ps_error *err) {
+    if (ps_args_get(a, "--head"))
+        return ps_cli_usage(err, "--head: a DeepSeek-V4 compressor has one K=V head; its position bias is rolled for every channel");
+    if (ps_args_get(a, "--save")) return ps_cli_usage(err, "--save: writing DeepSeek-V4 checkpoints is not supported");
+    const char *pv = ps_args_get(a, "--params");
+    if (pv && strcmp(pv, "gate"))
+        return ps_cli_usage(err, "--params %s: a DeepSeek-V4 compressor's only per-slot parameter is its position bias (ape): "
+                                 "use --params gate (the default)", pv);
+    static const char *const BR[] = {"compressor", "indexer", "both", NULL}, *const MEASURES[] = {"sweep", "knockout", NULL};
+    int bi = 2;
+    if (ps_args_int(a, "--layer", 0, PS_RESULT_MAX_SHIFT, layer_, err) ||
+        ps_args_int(a, "--shift", -PS_RESULT_MAX_SHIFT, PS_RESULT_MAX_SHIFT, shift_, err) ||
+        ps_args_choice(a, "--measure", MEASURES, measure_, err))
+        return -1;
+    if (*measure_ == 1)
+        return ps_cli_usage(err, "--measure knockout: the per-head measure cycles one KV head of a phasescope compressed model (a DeepSeek-V4 compressor has one K=V head)");
+    if (ps_args_get(a, "--branch") && ps_args_choice(a, "--branch", BR, &bi, err)) return ps_fail_prefix(err, "DeepSeek-V4: ");
+    *branches_ = bi == 0 ? PS_V4_CYCLE_COMPRESSOR : bi == 1 ? PS_V4_CYCLE_INDEXER : PS_V4_CYCLE_COMPRESSOR | PS_V4_CYCLE_INDEXER;
+    if (ps_instr_setup(in, a, 1, err)) return -1;
+    const ps_v4_config *c = &in->v4.cfg;
+    if (*layer_ >= c->n_layers)
+        return ps_cli_usage(err, "--layer %lld: out of range (the model has %lld layers, 0..%lld)", (long long)*layer_,
+                            (long long)c->n_layers, (long long)c->n_layers - 1);
+    if (ps_v4_gate_cycle(&in->v4, (int)*layer_, *branches_, 0, err)) /* preconditions first: cycling by 0 changes nothing */
+        return ps_cli_mark_usage(err);
+    return 0;
+}
+
+/* The cycle block of a DeepSeek-V4 run, and what its result says (docs/results-schema.md, "DeepSeek-V4"). */
+static json_t *v4_meta(const ps_instr *in, int64_t layer, int64_t shift, int branches) {
+    const ps_v4_config *c = &in->v4.cfg;
+    int has_ix = c->attn_type[layer] == PS_V4_CSA && (branches & PS_V4_CYCLE_INDEXER);
+    const char *br = (branches & PS_V4_CYCLE_COMPRESSOR) && has_ix ? "both" : has_ix ? "indexer" : "compressor";
+    return json_pack("{s:o, s:I, s:{s:I, s:I, s:s, s:[i], s:s, s:s, s:s, s:I}, s:f, s:I, s:b, s:I, s:s, s:{s:s, s:I}}",
+                     "provenance", ps_instr_provenance(in, "pad"), "period", (json_int_t)in->P, "cycle", "layer",
+                     (json_int_t)layer, "shift", (json_int_t)shift, "head", "all", "heads", 0, "branch", br, "params", "gate",
+                     "rolled", "position bias (ape) rows, by shift mod the layer's rate", "rate",
+                     (json_int_t)c->compress_rate[layer], "chance", ps_task_chance(&in->task), "n_kv_heads", (json_int_t)1,
+                     "gates_without_payloads", 0, "v4_rate", (json_int_t)0, "near_chance_warning",
+                     "after cycling, accuracy is near chance: the shift statistic means nothing", "deepseek_v4", "layer_type",
+                     ps_v4_attn_type_name(c->attn_type[layer]), "rate", (json_int_t)c->compress_rate[layer]);
+}
+
 /* Gate cycling's work: the two sweeps' units (before, then after; interventions/units.h). A process whose
  * range reaches into the second sweep cycles its copy of the model first; a split run gathers the
  * outcomes and ps_gatecycle_finish adds them up in the one-process order. --measure knockout (the per-head
  * knockout grids before and after) is not split into units: rank 0 runs the whole command (the other ranks
  * wait) and --shard is refused. DeepSeek-V4 checkpoints run whole on rank 0 too. */
 static int run(const ps_args *a, ps_error *err) {
-    if (ps_v4_instr_wanted(a)) { /* DeepSeek-V4 checkpoint: experiments/cmd_v4_instr.c, whole on rank 0 */
-        int r = ps_instr_whole_begin(a, "gate cycling of a DeepSeek-V4 checkpoint", err);
-        return ps_instr_whole_end(r == 1 ? ps_v4_cmd_gatecycle(a, err) : r, err) ? 1 : 0;
-    }
     ps_instr in = {0};
     ps_partial part = {0};
     ps_instr_work wk = {0};
@@ -266,7 +307,9 @@ static int run(const ps_args *a, ps_error *err) {
     static const char *const BRANCHES[] = {"key", "value", "both", NULL}, *const PARAMS[] = {"gate", "payload", "all", NULL};
     int bi = 2, pi = -1, branches = 0, params = 0, measure = 0;
     double min_hurt = PS_HEAD_MIN_HURT_PP;
-    int bad = validate(a, &in, &layer, &shift, &head, &bi, &pi, &branches, &params, BRANCHES, PARAMS, &measure, &min_hurt, err);
+    int v4 = ps_instr_is_v4(a);
+    int bad = v4 ? validate_v4(a, &in, &layer, &shift, &branches, &measure, err)
+                 : validate(a, &in, &layer, &shift, &head, &bi, &pi, &branches, &params, BRANCHES, PARAMS, &measure, &min_hurt, err);
     if (ps_dist_agree(bad, err)) goto done;
     /* --measure knockout: whole on rank 0 (whole = 1 there, -1 on an error, 0 on the waiting ranks) */
     int whole = measure == 1 ? ps_instr_whole_begin(a, "gatecycle --measure knockout", err) : 1;
@@ -277,19 +320,24 @@ static int run(const ps_args *a, ps_error *err) {
     int r = 0;
     json_t *per_head = NULL;
     if (measure == 1 && !(per_head = measure_per_head(&in, (int)layer, (int)head, branches, params, shift, min_hurt, err))) r = -1;
-    const ps_config *c = &in.m.cfg;
     int64_t N = in.base.B, maxq = in.base.max_q, nb = ps_sweep_n_batches(N, in.batch), half = in.P * nb, nu = 2 * half;
+    json_t *meta;
+    if (v4)
+        meta = v4_meta(&in, layer, shift, branches);
+    else {
+    const ps_config *c = &in.m.cfg;
     json_t *hl = json_array();
     for (int64_t g = head < 0 ? 0 : head; g < (head < 0 ? c->n_kv_heads : head + 1); g++) json_array_append_new(hl, json_integer(g));
     const char *br = branches == 3 ? "both" : branches == 1 ? "key" : "value";
     const char *pa = params == 3 ? "all" : params == 1 ? "gate" : "payload";
-    json_t *meta = json_pack("{s:o, s:I, s:{s:I, s:I, s:o, s:o, s:s, s:s}, s:f, s:I, s:b, s:I}", "provenance",
+    meta = json_pack("{s:o, s:I, s:{s:I, s:I, s:o, s:o, s:s, s:s}, s:f, s:I, s:b, s:I}", "provenance",
                              ps_instr_provenance(&in, "pad"), "period", (json_int_t)in.P, "cycle", "layer", (json_int_t)layer,
                              "shift", (json_int_t)shift, "head", head < 0 ? json_string("all") : json_integer(head), "heads", hl,
                              "branch", br, "params", pa, "chance", ps_task_chance(&in.task), "n_kv_heads",
                              (json_int_t)c->n_kv_heads, "gates_without_payloads",
                              params == PS_CYCLE_GATE && c->kind == PS_ATTN_COMPRESSED && c->payload != PS_PAYLOAD_SHARED,
                              "v4_rate", (json_int_t)(c->kind == PS_ATTN_V4 ? c->rate : 0));
+    }
     if (per_head) json_object_set_new(meta, "per_head", per_head); /* only a run that is not split has it */
     w = malloc((size_t)(nu ? nu : 1) * sizeof *w);
     if (!w && !r) r = ps_fail(err, "out of memory for %lld work units", (long long)nu);
@@ -319,13 +367,15 @@ static int run(const ps_args *a, ps_error *err) {
     int32_t *ok = part.arr[0].data, *rho = part.arr[2].data;
     double *lp = part.arr[1].data;
     if (wk.u0 < half) {
-        r = ps_sweep_units(&in.m, &in.base, &in.task, in.fam, PS_SWEEP_PAD, in.P, in.seed, in.batch, wk.u0,
+        r = ps_sweep_units(&in.rt, &in.base, &in.task, in.fam, PS_SWEEP_PAD, in.P, in.seed, in.batch, wk.u0,
                            wk.u1 < half ? wk.u1 : half, ok, lp, rho, ps_instr_progress, &in, err);
         ps_progress_end(&in.bar);
     }
-    if (!r && (wk.u1 > half || saver)) r = ps_gate_cycle(&in.m, (int)layer, (int)head, branches, params, shift, err);
+    if (!r && (wk.u1 > half || saver))
+        r = v4 ? ps_v4_gate_cycle(&in.v4, (int)layer, branches, shift, err)
+               : ps_gate_cycle(&in.m, (int)layer, (int)head, branches, params, shift, err);
     if (!r && wk.u1 > half) {
-        r = ps_sweep_units(&in.m, &in.base, &in.task, in.fam, PS_SWEEP_PAD, in.P, in.seed, in.batch,
+        r = ps_sweep_units(&in.rt, &in.base, &in.task, in.fam, PS_SWEEP_PAD, in.P, in.seed, in.batch,
                            (wk.u0 > half ? wk.u0 : half) - half, wk.u1 - half, ok + stride, lp + stride, rho + stride,
                            ps_instr_progress, &in, err);
         ps_progress_end(&in.bar);
@@ -392,7 +442,11 @@ int ps_gatecycle_finish(const ps_partial *p, const char *out_dir, ps_error *err)
     char hs[64];
     heads_text(hs, sizeof hs, head, nkv);
     char warning[600] = "";
-    if (an.after_near_chance)
+    const char *nc_warning = json_string_value(json_object_get(meta, "near_chance_warning"));
+    json_t *dsv4 = json_object_get(meta, "deepseek_v4");
+    if (an.after_near_chance && nc_warning)
+        snprintf(warning, sizeof warning, "%s", nc_warning);
+    else if (an.after_near_chance)
         snprintf(warning, sizeof warning,
                  "after cycling, accuracy is near chance (mean %.3f, chance %.3f): the cycled heads no longer work, "
                  "so the shift statistic means nothing%s",
@@ -437,7 +491,12 @@ int ps_gatecycle_finish(const ps_partial *p, const char *out_dir, ps_error *err)
     if (ps_result_write(out_dir, "gatecycle.json", res, err)) goto done;
     if (warning[0]) fprintf(stderr, "phasescope gatecycle: warning: %s\n", warning);
     int64_t v4_rate = json_integer_value(json_object_get(meta, "v4_rate"));
-    if (v4_rate > 0) /* the v4 attention: its position bias is the per-slot parameter */
+    if (dsv4) /* a DeepSeek-V4 checkpoint */
+        printf("cycled layer %lld (%s, rate %lld): %s position bias rolled by %lld; mean accuracy %.3f -> %.3f\n", (long long)layer,
+               json_string_value(json_object_get(dsv4, "layer_type")), (long long)json_integer_value(json_object_get(dsv4, "rate")),
+               br, (long long)shift, json_number_value(json_object_get(jb, "mean_accuracy")),
+               json_number_value(json_object_get(ja, "mean_accuracy")));
+    else if (v4_rate > 0) /* the v4 attention: its position bias is the per-slot parameter */
         printf("cycled layer %lld: the compressor's position bias (ape) rolled by %lld (mod the rate %lld)\n", (long long)layer,
                (long long)shift, (long long)v4_rate);
     else

@@ -4,7 +4,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cmd_v4.h"
 #include "dist.h"
 #include "instrument.h"
 #include "knockout.h"
@@ -89,45 +88,67 @@ static void ko_record(void *user, int64_t unit, int cell, int64_t first, const p
         }
 }
 
-/* The grid's work: units (shift, batch, layer) of ps_knockout_grid_opts; a split run gathers the outcomes
- * and ps_knockout_finish adds them up in the one-process order. */
+/* The grid's work: units (shift, batch, layer) of the grid engine (interventions/grid.h), on whatever
+ * family the checkpoint is; a split run gathers the outcomes and ps_knockout_finish adds them up in the
+ * one-process order. */
 static int run(const ps_args *a, ps_error *err) {
-    if (ps_v4_instr_wanted(a)) { /* DeepSeek-V4 checkpoint: experiments/cmd_v4_instr.c, whole on rank 0 */
-        int r = ps_instr_whole_begin(a, "the knockout grid of a DeepSeek-V4 checkpoint", err);
-        return ps_instr_whole_end(r == 1 ? ps_v4_cmd_knockout(a, err) : r, err) ? 1 : 0;
-    }
     ps_instr in = {0};
     ps_partial part = {0};
     ps_instr_work wk = {0};
     ps_knockout_result r = {0};
-    int rc = 1, *layers = NULL, *heads = NULL, nl = 0, nh = 0;
+    int rc = 1, *layers = NULL, *heads = NULL, nl = 0, nh = 0, target = 0;
     int64_t *w = NULL;
     unsigned char *snap = NULL;
     int bad = ps_instr_setup(&in, a, 1, err);
-    const ps_config *c = &in.m.cfg;
-    ps_ko_target target = PS_KO_COMPRESSED;
+    const ps_runtime *rt = &in.rt;
+    int64_t L = 0, nh_max = 0;
+    char why[256];
     if (!bad) {
-        /* a config may have up to 2^24 layers or KV heads: the lists are sized to the model */
-        layers = malloc((size_t)c->n_layers * sizeof(int));
-        heads = malloc((size_t)c->n_kv_heads * sizeof(int));
-        if (!layers || !heads)
-            bad = ps_fail(err, "out of memory for the lists of %lld layers and %lld KV heads", (long long)c->n_layers,
-                          (long long)c->n_kv_heads);
+        L = rt->n_layers;
+        target = ps_knockout_default_target(rt);
+        const char *tv = ps_args_get(a, "--target");
+        if (tv && ps_args_choice(a, "--target", ps_knockout_targets(rt), &target, err)) bad = -1;
     }
     if (!bad) {
-        static const char *const TARGETS[] = {"raw", "compressed", "both", NULL};
-        static const ps_ko_target TARGET_OF[] = {PS_KO_RAW, PS_KO_COMPRESSED, PS_KO_BOTH};
-        int ti = c->kind != PS_ATTN_FULL ? 1 : 0;
-        bad = ps_args_choice(a, "--target", TARGETS, &ti, err) ||
-              model_list(a, "--layers", c->n_layers, "layers", layers, &nl, err) ||
-              model_list(a, "--heads", c->n_kv_heads, "KV heads", heads, &nh, err);
-        target = TARGET_OF[ti];
-        if (!bad && (target & PS_KO_COMPRESSED) && c->kind == PS_ATTN_FULL)
-            bad = ps_fail(err, "--target %s: a full-attention model has no compressed entries (use --target raw)",
-                          target == PS_KO_BOTH ? "both" : "compressed");
+        nh_max = ps_knockout_target_heads(rt, target);
+        /* a config may have up to 2^24 layers or heads: the lists are sized to the model */
+        layers = malloc((size_t)L * sizeof(int));
+        heads = malloc((size_t)(nh_max > 0 ? nh_max : 1) * sizeof(int));
+        if (!layers || !heads)
+            bad = ps_fail(err, "out of memory for the lists of %lld layers and %lld heads", (long long)L, (long long)nh_max);
+    }
+    const char *tname = bad ? "" : ps_knockout_targets(rt)[target];
+    if (!bad && ps_knockout_layer_missing(rt, target, -1, why, sizeof why)) bad = ps_fail(err, "%s", why); /* the model has none */
+    if (!bad && ps_args_get(a, "--layers")) {
+        bad = model_list(a, "--layers", L, "layers", layers, &nl, err);
+        for (int i = 0; i < nl && !bad; i++) {
+            const char *m = ps_knockout_layer_missing(rt, target, layers[i], why, sizeof why);
+            if (m) bad = ps_cli_usage(err, "--layers: %s", m);
+        }
+    } else if (!bad) { /* every layer that has what the target replaces */
+        const char *first = NULL;
+        for (int l = 0; l < L; l++) {
+            const char *m = ps_knockout_layer_missing(rt, target, l, why, sizeof why);
+            if (!m) layers[nl++] = l;
+            else if (!first) first = m;
+        }
+        if (!nl) bad = ps_cli_usage(err, "%s", first ? why : "no layer has what the target replaces");
+    }
+    if (!bad && nh_max > 0)
+        bad = model_list(a, "--heads", nh_max, rt->ops->ko_heads_what, heads, &nh, err);
+    else if (!bad) {
+        if (ps_args_get(a, "--heads"))
+            bad = ps_cli_usage(err, "--heads: --target %s replaces whole layers (--heads goes with --target heads)", tname);
+        heads[0] = 0, nh = 1;
     }
     if (ps_dist_agree(bad, err)) goto done;
-    /* layers top-down, the order the grid visits them */
+    /* every rank groups its cells as rank 0 would alone: rank 0's memory budget */
+    ps_knockout_opts opts = {.mem_bytes = ps_knockout_default_budget()};
+    if (ps_dist_bcast(&opts.mem_bytes, sizeof opts.mem_bytes, 0, err)) goto done;
+    int64_t N = in.base.B, maxq = in.base.max_q;
+    int64_t nu = ps_knockout_n_units(N, in.batch, in.P, nl);
+    int last_first = ps_grid_last_first(rt);
+    /* the layers as the grid visits them: top-down */
     for (int i = 0; i < nl; i++)
         for (int j = i + 1; j < nl; j++)
             if (layers[j] > layers[i]) {
@@ -135,18 +156,14 @@ static int run(const ps_args *a, ps_error *err) {
                 layers[i] = layers[j];
                 layers[j] = t;
             }
-    /* every rank groups its cells as rank 0 would alone: rank 0's memory budget */
-    ps_knockout_opts opts = {.mem_bytes = ps_knockout_default_budget()};
-    if (ps_dist_bcast(&opts.mem_bytes, sizeof opts.mem_bytes, 0, err)) goto done;
-    int64_t N = in.base.B, maxq = in.base.max_q, B = in.batch < N ? in.batch : N;
-    int64_t nu = ps_knockout_n_units(N, in.batch, in.P, nl), L = c->n_layers;
     json_t *jl = json_array(), *jh = json_array();
     for (int i = 0; i < nl; i++) json_array_append_new(jl, json_integer(layers[i]));
     for (int i = 0; i < nh; i++) json_array_append_new(jh, json_integer(heads[i]));
-    json_t *meta = json_pack("{s:o, s:I, s:s, s:o, s:o, s:I}", "provenance", ps_instr_provenance(&in, "pad"), "period",
-                             (json_int_t)in.P, "target",
-                             target == PS_KO_RAW ? "raw" : target == PS_KO_COMPRESSED ? "compressed" : "both", "layers", jl,
-                             "heads", jh, "max_q", (json_int_t)maxq);
+    const char *unit = rt->ops->ko_unit(rt, target);
+    json_t *meta = json_pack("{s:o, s:I, s:s, s:o, s:o, s:I, s:b}", "provenance", ps_instr_provenance(&in, "pad"), "period",
+                             (json_int_t)in.P, "target", tname, "layers", jl, "heads", jh, "max_q", (json_int_t)maxq,
+                             "last_first", last_first);
+    if (meta && unit) json_object_set_new(meta, "unit", json_string(unit));
     w = malloc((size_t)(nu ? nu : 1) * sizeof *w);
     snap = calloc((size_t)(nu ? nu : 1), 1);
     if (!w || !snap) {
@@ -158,31 +175,19 @@ static int run(const ps_args *a, ps_error *err) {
     int64_t p_, i0, n;
     int li;
     for (int64_t u = 0; u < nu; u++) {
-        ps_knockout_unit(N, in.batch, nl, u, &p_, &i0, &n, &li);
+        ps_grid_unit(N, in.batch, nl, last_first, u, &p_, &i0, &n, &li);
         w[u] = li == 0 ? n * maxq : 0;
     }
     if (ps_partial_add(&part, "rho", PS_PART_I32, w, err) < 0 || ps_partial_add(&part, "clean_ok", PS_PART_I32, w, err) < 0 ||
         ps_partial_add(&part, "clean_logprob", PS_PART_F64, w, err) < 0)
         goto done;
     for (int64_t u = 0; u < nu; u++) {
-        ps_knockout_unit(N, in.batch, nl, u, &p_, &i0, &n, &li);
+        ps_grid_unit(N, in.batch, nl, last_first, u, &p_, &i0, &n, &li);
         w[u] = nh * n * maxq;
     }
     if (ps_partial_add(&part, "cell_ok", PS_PART_I32, w, err) < 0 || ps_partial_add(&part, "cell_logprob", PS_PART_F64, w, err) < 0)
         goto done;
-    /* weights in 1/64 of a prompt's forward: a shift's mean pass (its first unit: every prompt), a batch's
-     * clean forward (its li = 0 unit), a cell restarted at layer l about (L - 1 - l) / L of a forward plus
-     * its answer rows; a range that begins inside a shift pays its mean pass again: boundaries move to a
-     * shift start when that costs less */
-    for (int64_t u = 0; u < nu; u++) {
-        ps_knockout_unit(N, in.batch, nl, u, &p_, &i0, &n, &li);
-        int64_t cell = 64 * (L - 1 - layers[li]) / L + 8;
-        w[u] = n * nh * cell + (li == 0 ? 64 * n : 0);
-        if (li == 0 && i0 == (N - 1) / B * B) {
-            w[u] += 64 * N;
-            snap[u] = 1;
-        }
-    }
+    ps_grid_unit_weights(rt, N, in.batch, in.P, layers, nl, nh, L, w, snap);
     if (ps_instr_split(&in, w, snap, nu, 64 * N, &wk, err)) goto done;
     ko_rec rec = {.p = &part, .nh = nh};
     opts.unit0 = wk.u0;
@@ -191,8 +196,10 @@ static int run(const ps_args *a, ps_error *err) {
     opts.record_user = &rec;
     int rr = 0;
     if (wk.u1 > wk.u0) { /* an empty range runs nothing (unit1 = 0 would mean every unit) */
-        rr = ps_knockout_grid_opts(&in.m, &in.base, &in.task, in.fam, in.P, in.seed, in.batch, layers, nl, heads, nh, target,
-                                   &opts, &r, ps_instr_progress, &in, err);
+        ps_knockout_spec ks = {.rt = rt, .base = &in.base, .task = &in.task, .fam = in.fam, .P = in.P, .seed = in.seed,
+                               .batch = in.batch, .layers = layers, .n_layers = nl, .heads = heads, .n_heads = nh,
+                               .target = target, .opts = opts, .progress = ps_instr_progress, .progress_user = &in};
+        rr = ps_knockout_run(&ks, &r, err);
         ps_progress_end(&in.bar);
     }
     int fin = ps_instr_collect(&in, &part, &wk, rr, err);
@@ -216,8 +223,7 @@ int ps_knockout_finish(const ps_partial *p, const char *out_dir, ps_error *err) 
     int rc = -1, *layers = NULL, *heads = NULL, *order = NULL;
     int nl = (int)json_array_size(jl), nh = (int)json_array_size(jh);
     int64_t P = json_integer_value(json_object_get(p->meta, "period")), maxq = json_integer_value(json_object_get(p->meta, "max_q"));
-    const char *tg = json_string_value(json_object_get(p->meta, "target"));
-    ps_ko_target target = tg && !strcmp(tg, "raw") ? PS_KO_RAW : tg && !strcmp(tg, "both") ? PS_KO_BOTH : PS_KO_COMPRESSED;
+    const char *tg = json_string_value(json_object_get(p->meta, "target")), *unit = json_string_value(json_object_get(p->meta, "unit"));
     if (nl < 1 || nh < 1 || P < 1 || maxq < 1 || !tg || p->n_arr != 5 || p->n_units % nl)
         return ps_fail(err, "a knockout grid's partial result lacks its layers, heads, period or outcomes");
     layers = malloc((size_t)nl * sizeof(int));
@@ -228,7 +234,7 @@ int ps_knockout_finish(const ps_partial *p, const char *out_dir, ps_error *err) 
     }
     for (int i = 0; i < nl; i++) layers[i] = (int)json_integer_value(json_array_get(jl, (size_t)i));
     for (int i = 0; i < nh; i++) heads[i] = (int)json_integer_value(json_array_get(jh, (size_t)i));
-    if (ps_knockout_result_init(&r, P, layers, nl, heads, nh, err)) goto done;
+    if (ps_grid_result_init(&r, P, layers, nl, heads, nh, err)) goto done;
     /* the one-process order: shifts, batches from the last, the clean run, then each layer's cells */
     const int32_t *rho = NULL;
     int64_t n_items = 0;
@@ -251,7 +257,7 @@ int ps_knockout_finish(const ps_partial *p, const char *out_dir, ps_error *err) 
     res = json_object();
     json_object_set_new(res, "kind", json_string("knockout"));
     json_object_set(res, "provenance", json_object_get(p->meta, "provenance"));
-    json_t *grid = ps_knockout_json(&r, target, err);
+    json_t *grid = ps_knockout_json(&r, tg, unit, err);
     if (!grid) goto done;
     json_object_set_new(res, "grid", grid);
     if (ps_result_write(out_dir, "knockout.json", res, err)) goto done;

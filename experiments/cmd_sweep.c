@@ -4,7 +4,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cmd_v4.h"
 #include "instrument.h"
 #include "dist.h"
 #include "draw.h"
@@ -111,15 +110,12 @@ static int model_is_textkv(const ps_args *a, ps_error *err) {
 static int run_model(const ps_args *a, ps_sweep_mode mode, ps_error *err);
 
 static int run(const ps_args *a, ps_error *err) {
-    if (ps_v4_instr_wanted(a)) { /* DeepSeek-V4 checkpoint: experiments/cmd_v4_instr.c, whole on rank 0 */
-        int r = ps_instr_whole_begin(a, "the sweep of a DeepSeek-V4 checkpoint", err);
-        return ps_instr_whole_end(r == 1 ? ps_v4_cmd_sweep(a, err) : r, err) ? 1 : 0;
-    }
     int rc = 1;
     static const char *const MODES[] = {"pad", "move", NULL};
     int mi = 0;
     if (ps_args_choice(a, "--mode", MODES, &mi, err)) return 1;
     ps_sweep_mode mode = mi ? PS_SWEEP_MOVE : PS_SWEEP_PAD;
+    if (ps_instr_is_v4(a)) return run_model(a, mode, err); /* a DeepSeek-V4 checkpoint: its --task file's prompts */
     static const char *const TASKS[] = {"model", "text-kv", NULL};
     int ti = 0;
     const char *task_flag = ps_args_get(a, "--task");
@@ -172,7 +168,7 @@ static int run_model(const ps_args *a, ps_sweep_mode mode, ps_error *err) {
         goto done;
     ps_sweep_unit_weights(N, in.batch, in.P, in.base.T, mode, w);
     if (ps_instr_split(&in, w, NULL, nu, 0, &wk, err)) goto done;
-    int r = ps_sweep_units(&in.m, &in.base, &in.task, in.fam, mode, in.P, in.seed, in.batch, wk.u0, wk.u1, part.arr[0].data,
+    int r = ps_sweep_units(&in.rt, &in.base, &in.task, in.fam, mode, in.P, in.seed, in.batch, wk.u0, wk.u1, part.arr[0].data,
                            part.arr[1].data, part.arr[2].data, ps_instr_progress, &in, err);
     ps_progress_end(&in.bar);
     int fin = ps_instr_collect(&in, &part, &wk, r, err);

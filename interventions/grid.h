@@ -23,8 +23,9 @@
  * batch (cell: the hooks of one cell on a sequence range; restart_attention: whether the restart path
  * applies), and how to reduce (the engine's per-residue statistics, or `record` for a split run). An
  * estimate that needs no forward per cell (attribution patching: one backward pass, cell effects from
- * gradients × (source − clean)) fits as a spec whose `cells` callback fills the outcomes of a whole
- * layer's cells from the reference pass's state instead of registering hooks. */
+ * gradients × (source − clean)) fits the same three parts: its sources are the clean and corrupted
+ * activations and the gradients from the reference pass, its per-batch step scores every cell of a
+ * layer from them, its reduction the same per-residue statistics. */
 #ifndef PS_GRID_H
 #define PS_GRID_H
 
@@ -34,31 +35,6 @@
 #include "tasks.h"
 
 typedef struct ps_runtime ps_runtime;
-
-/* What the engine needs of a model family (the controlled model: ps_runtime_model below; DeepSeek-V4:
- * ps_v4_runtime in v4_instr.h). */
-typedef struct {
-    const char *name;               /* the family: "phasescope", "deepseek_v4" */
-    const ps_hook_family *hooks;    /* its hook points */
-    /* One forward of the n prompts of `view` (task token ids) with hooks, scored per query: ok and lp
-     * [view->B · max_q] (as ps_score_queries fills them). */
-    int (*eval)(const ps_runtime *rt, const ps_batch *view, const ps_hooks *h, int *ok, double *lp, ps_error *err);
-    /* Register an action / a callback by hook name (the family's names). */
-    int (*add_action)(const ps_runtime *rt, ps_hooks *h, const char *name, const ps_hook_action *act, ps_error *err);
-    int (*add_hook)(const ps_runtime *rt, ps_hooks *h, const char *name, ps_hook_fn fn, void *user, ps_error *err);
-} ps_runtime_ops;
-
-struct ps_runtime {
-    const ps_runtime_ops *ops;
-    ps_ctx *ctx;           /* the model's context (sources live there) */
-    int64_t max_pos;       /* longest prompt the model takes */
-    const ps_model *m;     /* the controlled model: kept clean state and restart (NULL for other families) */
-    void *model;           /* the family's model */
-    const void *aux;       /* the family's prompt mapping (DeepSeek-V4: its ps_v4_task), or NULL */
-};
-
-/* The controlled model's runtime. */
-void ps_runtime_model(ps_runtime *rt, const ps_model *m);
 
 /* The prompts of one shift, as the spec sees them. */
 typedef struct {
@@ -84,6 +60,46 @@ typedef struct {
     /* after a shift: free its sources (may be NULL) */
     void (*shift_end)(void *self, const ps_runtime *rt);
 } ps_grid_spec;
+
+/* What the engine needs of a model family (the controlled model: ps_runtime_model below; DeepSeek-V4:
+ * ps_v4_runtime in v4_instr.h). */
+typedef struct {
+    const char *name;               /* the family: "phasescope", "deepseek_v4" */
+    const ps_hook_family *hooks;    /* its hook points */
+    /* One forward of the n prompts of `view` (task token ids) with hooks, scored per query: ok and lp
+     * [view->B · max_q] (as ps_score_queries fills them). */
+    int (*eval)(const ps_runtime *rt, const ps_batch *view, const ps_hooks *h, int *ok, double *lp, ps_error *err);
+    /* Register an action / a callback by hook name (the family's names). */
+    int (*add_action)(const ps_runtime *rt, ps_hooks *h, const char *name, const ps_hook_action *act, ps_error *err);
+    int (*add_hook)(const ps_runtime *rt, ps_hooks *h, const char *name, ps_hook_fn fn, void *user, ps_error *err);
+    /* the family's knockout (knockout.h): its targets (names, NULL-terminated), the default, the heads a
+     * target's cells choose from (0: one cell per layer), what a cell is (NULL: not recorded), whether a
+     * layer (-1: the model as a whole) has what a target replaces (NULL, or why not in buf), and the target's grid spec over the
+     * chosen heads (spec->self owned by the spec until ko_spec_free) */
+    const char *const *ko_targets;
+    const char *ko_heads_what;      /* what --heads counts ("KV heads", "query heads") */
+    int (*ko_default_target)(const ps_runtime *rt);
+    int64_t (*ko_target_heads)(const ps_runtime *rt, int target);
+    const char *(*ko_unit)(const ps_runtime *rt, int target);
+    const char *(*ko_layer_missing)(const ps_runtime *rt, int target, int layer, char *buf, size_t n);
+    int (*ko_spec)(const ps_runtime *rt, int target, const int *heads, int n_heads, ps_grid_spec *spec, ps_error *err);
+    void (*ko_spec_free)(ps_grid_spec *spec);
+} ps_runtime_ops;
+
+struct ps_runtime {
+    const ps_runtime_ops *ops;
+    ps_ctx *ctx;           /* the model's context (sources live there) */
+    int64_t max_pos;       /* longest prompt the model takes */
+    int64_t n_layers;      /* the model's layers */
+    const ps_model *m;     /* the controlled model: kept clean state and restart (NULL for other families) */
+    void *model;           /* the family's model */
+    const void *aux;       /* the family's prompt mapping (DeepSeek-V4: its ps_v4_task), or NULL */
+};
+
+/* The controlled model's runtime. */
+void ps_runtime_model(ps_runtime *rt, const ps_model *m);
+
+
 
 /* The outcomes of one scored set of prompts: `unit` the work unit, cell -1 the clean run, else
  * li · n_cells + ci; the set is prompts [first, first + set->b.B) of the unit's batch; ok, lp:
@@ -137,6 +153,14 @@ int ps_grid_last_first(const ps_runtime *rt);
 int64_t ps_grid_n_units(int64_t N, int64_t batch, int64_t P, int n_layers);
 void ps_grid_unit(int64_t N, int64_t batch, int n_layers, int last_first, int64_t u, int64_t *p, int64_t *i0, int64_t *n,
                   int *li);
+
+/* Work weights of the units for the split (docs/scale-out.md), in 1/64 of a prompt's forward: a shift's
+ * reference pass (on its first unit, which is a snap point: a range beginning inside a shift pays the
+ * pass again), a batch's clean run (its li = 0 unit), a cell a full forward, or restarted at layer l
+ * about (L − 1 − l) / L of one plus its answer rows. layers: top-down; nc cells per layer; L the model's
+ * layers. w, snap: [ps_grid_n_units]. */
+void ps_grid_unit_weights(const ps_runtime *rt, int64_t N, int64_t batch, int64_t P, const int *layers, int n_layers, int nc,
+                          int64_t L, int64_t *w, unsigned char *snap);
 
 int ps_grid_run(const ps_grid *g, ps_grid_result *out, ps_error *err);
 void ps_grid_result_free(ps_grid_result *r);
