@@ -50,44 +50,6 @@ static int model_list(const ps_args *a, const char *flag, int64_t count, const c
     return ps_cli_usage(err, "%.900s (the model has %lld %s)", m, (long long)count, what);
 }
 
-/* Outcomes into the partial result: a batch's clean run (with the residues) in its unit with li = 0, a
- * cell's in its (shift, batch, layer) unit, head after head. */
-typedef struct {
-    ps_partial *p;
-    int nh;
-} ko_rec;
-
-enum { KO_RHO, KO_CLEAN_OK, KO_CLEAN_LP, KO_CELL_OK, KO_CELL_LP };
-
-static void ko_record(void *user, int64_t unit, int cell, int64_t first, const ps_shifted *set, const int *ok,
-                      const double *lp) {
-    ko_rec *r = user;
-    int64_t maxq = set->b.max_q;
-    if (cell < 0) {
-        int32_t *rho = ps_partial_at(r->p, KO_RHO, unit), *cok = ps_partial_at(r->p, KO_CLEAN_OK, unit);
-        double *clp = ps_partial_at(r->p, KO_CLEAN_LP, unit);
-        for (int64_t i = 0; i < set->b.B; i++)
-            for (int64_t q = 0; q < maxq; q++) {
-                int64_t k = i * maxq + q, o = first * maxq + k;
-                int scored = q < set->b.n_q[i] && set->residue[k] >= 0;
-                rho[o] = scored ? (int32_t)set->residue[k] : -1;
-                cok[o] = scored ? ok[k] : 0;
-                clp[o] = scored ? lp[k] : 0.0;
-            }
-        return;
-    }
-    int64_t n_unit = ps_partial_count(r->p, KO_CELL_OK, unit) / (r->nh * maxq), hi = cell % r->nh;
-    int32_t *cok = (int32_t *)ps_partial_at(r->p, KO_CELL_OK, unit) + (hi * n_unit + first) * maxq;
-    double *clp = (double *)ps_partial_at(r->p, KO_CELL_LP, unit) + (hi * n_unit + first) * maxq;
-    for (int64_t i = 0; i < set->b.B; i++)
-        for (int64_t q = 0; q < maxq; q++) {
-            int64_t k = i * maxq + q;
-            int scored = q < set->b.n_q[i] && set->residue[k] >= 0;
-            cok[k] = scored ? ok[k] : 0;
-            clp[k] = scored ? lp[k] : 0.0;
-        }
-}
-
 /* The grid's work: units (shift, batch, layer) of the grid engine (interventions/grid.h), on whatever
  * family the checkpoint is; a split run gathers the outcomes and ps_knockout_finish adds them up in the
  * one-process order. */
@@ -172,27 +134,13 @@ static int run(const ps_args *a, ps_error *err) {
         goto done;
     }
     if (ps_instr_partial_init(&in, &part, nu, meta, err)) goto done;
-    int64_t p_, i0, n;
-    int li;
-    for (int64_t u = 0; u < nu; u++) {
-        ps_grid_unit(N, in.batch, nl, last_first, u, &p_, &i0, &n, &li);
-        w[u] = li == 0 ? n * maxq : 0;
-    }
-    if (ps_partial_add(&part, "rho", PS_PART_I32, w, err) < 0 || ps_partial_add(&part, "clean_ok", PS_PART_I32, w, err) < 0 ||
-        ps_partial_add(&part, "clean_logprob", PS_PART_F64, w, err) < 0)
-        goto done;
-    for (int64_t u = 0; u < nu; u++) {
-        ps_grid_unit(N, in.batch, nl, last_first, u, &p_, &i0, &n, &li);
-        w[u] = nh * n * maxq;
-    }
-    if (ps_partial_add(&part, "cell_ok", PS_PART_I32, w, err) < 0 || ps_partial_add(&part, "cell_logprob", PS_PART_F64, w, err) < 0)
-        goto done;
+    if (ps_knockout_partial_layout(&part, N, in.batch, in.P, nl, nh, maxq, last_first, err)) goto done;
     ps_grid_unit_weights(rt, N, in.batch, in.P, layers, nl, nh, L, w, snap);
     if (ps_instr_split(&in, w, snap, nu, 64 * N, &wk, err)) goto done;
-    ko_rec rec = {.p = &part, .nh = nh};
+    ps_knockout_recorder rec = {.p = &part, .nh = nh};
     opts.unit0 = wk.u0;
     opts.unit1 = wk.u1;
-    opts.record = ko_record;
+    opts.record = ps_knockout_record;
     opts.record_user = &rec;
     int rr = 0;
     if (wk.u1 > wk.u0) { /* an empty range runs nothing (unit1 = 0 would mean every unit) */
@@ -219,41 +167,10 @@ done:
 
 int ps_knockout_finish(const ps_partial *p, const char *out_dir, ps_error *err) {
     ps_knockout_result r = {0};
-    json_t *res = NULL, *jl = json_object_get(p->meta, "layers"), *jh = json_object_get(p->meta, "heads");
-    int rc = -1, *layers = NULL, *heads = NULL, *order = NULL;
-    int nl = (int)json_array_size(jl), nh = (int)json_array_size(jh);
-    int64_t P = json_integer_value(json_object_get(p->meta, "period")), maxq = json_integer_value(json_object_get(p->meta, "max_q"));
+    json_t *res = NULL;
+    int rc = -1, *order = NULL;
     const char *tg = json_string_value(json_object_get(p->meta, "target")), *unit = json_string_value(json_object_get(p->meta, "unit"));
-    if (nl < 1 || nh < 1 || P < 1 || maxq < 1 || !tg || p->n_arr != 5 || p->n_units % nl)
-        return ps_fail(err, "a knockout grid's partial result lacks its layers, heads, period or outcomes");
-    layers = malloc((size_t)nl * sizeof(int));
-    heads = malloc((size_t)nh * sizeof(int));
-    if (!layers || !heads) {
-        ps_fail(err, "out of memory");
-        goto done;
-    }
-    for (int i = 0; i < nl; i++) layers[i] = (int)json_integer_value(json_array_get(jl, (size_t)i));
-    for (int i = 0; i < nh; i++) heads[i] = (int)json_integer_value(json_array_get(jh, (size_t)i));
-    if (ps_grid_result_init(&r, P, layers, nl, heads, nh, err)) goto done;
-    /* the one-process order: shifts, batches from the last, the clean run, then each layer's cells */
-    const int32_t *rho = NULL;
-    int64_t n_items = 0;
-    for (int64_t u = 0; u < p->n_units; u++) {
-        int li = (int)(u % nl);
-        if (li == 0) {
-            rho = ps_partial_at(p, KO_RHO, u);
-            n_items = ps_partial_count(p, KO_RHO, u);
-            ps_residue_stats_add_items(&r.clean, ps_partial_at(p, KO_CLEAN_OK, u), ps_partial_at(p, KO_CLEAN_LP, u), rho, n_items);
-        }
-        if (ps_partial_count(p, KO_CELL_OK, u) != nh * n_items) {
-            ps_fail(err, "a knockout grid's partial result: unit %lld has %lld cell outcomes, expected %lld", (long long)u,
-                    (long long)ps_partial_count(p, KO_CELL_OK, u), (long long)(nh * n_items));
-            goto done;
-        }
-        for (int hi = 0; hi < nh; hi++)
-            ps_residue_stats_add_items(&r.cells[li * nh + hi], (const int32_t *)ps_partial_at(p, KO_CELL_OK, u) + hi * n_items,
-                                       (const double *)ps_partial_at(p, KO_CELL_LP, u) + hi * n_items, rho, n_items);
-    }
+    if (ps_knockout_from_partial(p, &r, err)) return -1;
     res = json_object();
     json_object_set_new(res, "kind", json_string("knockout"));
     json_object_set(res, "provenance", json_object_get(p->meta, "provenance"));
@@ -299,8 +216,6 @@ int ps_knockout_finish(const ps_partial *p, const char *out_dir, ps_error *err) 
     rc = 0;
 done:
     free(order);
-    free(layers);
-    free(heads);
     json_decref(res);
     ps_knockout_result_free(&r);
     return rc;

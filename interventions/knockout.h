@@ -30,6 +30,7 @@
 #include <jansson.h>
 
 #include "grid.h"
+#include "partial.h"
 #include "sweep.h"
 
 /* The controlled model's targets (bit 1: raw k/v, bit 2: compressed ck/cv). */
@@ -103,6 +104,21 @@ void ps_model_ko_spec_free(ps_grid_spec *spec);
 
 /* The work list (grid.h): units (shift, batch, layer). */
 int64_t ps_knockout_n_units(int64_t N, int64_t batch, int64_t P, int n_layers);
+
+/* A split run's partial result (dist/partial.h, docs/scale-out.md): per unit the clean outcomes of its
+ * batch (its li = 0 unit: rho, clean_ok, clean_logprob) and its cells' (cell_ok, cell_logprob, head
+ * after head); ps_knockout_record (opts.record, user a recorder) fills them as the grid scores, and
+ * ps_knockout_from_partial adds complete parts up in the one-process order (the meta holds "layers"
+ * top-down, "heads", "period", "max_q", "target"). */
+typedef struct {
+    ps_partial *p;
+    int nh;
+} ps_knockout_recorder;
+int ps_knockout_partial_layout(ps_partial *p, int64_t N, int64_t batch, int64_t P, int n_layers, int n_cells, int64_t maxq,
+                               int last_first, ps_error *err);
+void ps_knockout_record(void *user, int64_t unit, int cell, int64_t first, const ps_shifted *set, const int *ok,
+                        const double *lp);
+int ps_knockout_from_partial(const ps_partial *p, ps_knockout_result *out, ps_error *err);
 
 /* {"period", "target", ["unit",] "clean": {...curve...}, "cells": [{"layer", "head", "residues": [{"rho",
  * "delta_accuracy_pp", "delta_nll", "accuracy", "mean_nll"}], "mean_delta_accuracy_pp",
