@@ -59,121 +59,53 @@ static void heads_text(char *buf, size_t n, int64_t head, int64_t nkv) {
     else snprintf(buf, n, "KV heads 0-%lld (all)", (long long)nkv - 1);
 }
 
-/* --measure knockout: knock out each cycled head of `layer` before and after cycling by k (the model is
- * cycled back by -k afterwards, exactly: a roll), and measure where each head's residue moved
- * (ps_head_shift_measure). Returns the "per_head" object, or NULL with err set. */
+/* --measure knockout (interventions/gatecycle.h, ps_gatecycle_per_head): the per-head measure, and its
+ * summary on stdout from the "per_head" object. */
 static json_t *measure_per_head(ps_instr *in, int layer, int head, int branches, int params, int64_t k, double min_hurt,
                                 ps_error *err) {
-    const ps_config *c = &in->m.cfg;
-    int nh = head >= 0 ? 1 : (int)c->n_kv_heads, *heads = malloc((size_t)nh * sizeof(int));
-    ps_knockout_result kb = {0}, ka = {0};
     json_t *out = NULL;
-    int64_t P = in->P;
-    double *hb = malloc((size_t)P * sizeof(double)), *ha = malloc((size_t)P * sizeof(double));
-    unsigned char *dead = calloc((size_t)P, 1);
-    if (!heads || !hb || !ha || !dead) {
-        ps_fail(err, "out of memory for the per-head measure");
-        goto done;
-    }
-    for (int i = 0; i < nh; i++) heads[i] = head >= 0 ? head : i;
-    if (ps_knockout_grid(&in->m, &in->base, &in->task, in->fam, P, in->seed, in->batch, &layer, 1, heads, nh, PS_KO_COMPRESSED, 0,
-                         &kb, ps_instr_progress, in, err))
-        goto done;
+    ps_gatecycle_per_head_spec g = {.rt = &in->rt, .m = &in->m, .base = &in->base, .task = &in->task, .fam = in->fam,
+                                    .P = in->P, .seed = in->seed, .batch = in->batch, .layer = layer, .head = head,
+                                    .branches = branches, .params = params, .k = k, .min_hurt = min_hurt,
+                                    .progress = ps_instr_progress, .progress_user = in};
+    int rc = ps_gatecycle_per_head(&g, &out, err);
     ps_progress_end(&in->bar);
-    if (ps_gate_cycle(&in->m, layer, head, branches, params, k, err)) goto done;
-    int bad = ps_knockout_grid(&in->m, &in->base, &in->task, in->fam, P, in->seed, in->batch, &layer, 1, heads, nh,
-                               PS_KO_COMPRESSED, 0, &ka, ps_instr_progress, in, err);
-    ps_progress_end(&in->bar);
-    if (ps_gate_cycle(&in->m, layer, head, branches, params, -k, err) || bad) goto done;
-    double chance = ps_task_chance(&in->task);
-    json_t *ex = json_array(), *hl = json_array();
-    for (int64_t r = 0; r < P; r++) {
-        double cb = ps_residue_accuracy(&kb.clean, r), ca = ps_residue_accuracy(&ka.clean, r);
-        int db = !(cb > chance + PS_NEAR_CHANCE_PP / 100), da = !(ca > chance + PS_NEAR_CHANCE_PP / 100);
-        dead[r] = (unsigned char)(db && da);
-        if (dead[r]) json_array_append_new(ex, json_integer(r));
-    }
-    int n_meas = 0, n_lost = 0, n_none = 0, exact_w = 0, exact_x = 0;
-    double abs_w = 0, abs_x = 0;
+    if (rc) return NULL;
     printf("per-head knockout measure (layer %d, shift %lld; hurt = accuracy drop when the head is knocked out):\n", layer,
            (long long)k);
-    for (int i = 0; i < nh; i++) {
-        for (int64_t r = 0; r < P; r++) {
-            double v = -100 * (ps_residue_accuracy(&kb.cells[i], r) - ps_residue_accuracy(&kb.clean, r));
-            hb[r] = isfinite(v) ? v : 0;
-            v = -100 * (ps_residue_accuracy(&ka.cells[i], r) - ps_residue_accuracy(&ka.clean, r));
-            ha[r] = isfinite(v) ? v : 0;
-        }
-        ps_head_shift hs;
-        ps_head_shift_measure(hb, ha, dead, P, k, min_hurt, &hs);
+    json_t *hl = json_object_get(out, "heads"), *e;
+    size_t i;
+    json_array_foreach(hl, i, e) {
+        const char *st = json_string_value(json_object_get(e, "status"));
+        json_int_t wb = json_integer_value(json_object_get(e, "worst_before")), wa = json_integer_value(json_object_get(e, "worst_after"));
+        double hb = json_is_integer(json_object_get(e, "worst_before"))
+                        ? json_number_value(json_array_get(json_object_get(e, "hurt_before_pp"), (size_t)wb)) : 0;
+        double ha = json_is_integer(json_object_get(e, "worst_after"))
+                        ? json_number_value(json_array_get(json_object_get(e, "hurt_after_pp"), (size_t)wa)) : 0;
         /* print a tiny negative hurt as 0.0, not -0.0 */
-        double shb = fabs(hs.hurt_before) < 0.05 ? 0 : hs.hurt_before, sha = fabs(hs.hurt_after) < 0.05 ? 0 : hs.hurt_after;
-        json_t *e = json_object(), *pb = json_array(), *pa = json_array();
-        for (int64_t r = 0; r < P; r++) {
-            json_array_append_new(pb, json_real(hb[r]));
-            json_array_append_new(pa, json_real(ha[r]));
-        }
-        static const char *const ST[] = {"measured", "no_profile", "lost"};
-        json_object_set_new(e, "head", json_integer(heads[i]));
-        json_object_set_new(e, "status", json_string(ST[hs.status]));
-        json_object_set_new(e, "hurt_before_pp", pb);
-        json_object_set_new(e, "hurt_after_pp", pa);
-        json_object_set_new(e, "worst_before", hs.worst_before >= 0 ? json_integer(hs.worst_before) : json_null());
-        json_object_set_new(e, "worst_after", hs.worst_after >= 0 ? json_integer(hs.worst_after) : json_null());
-        int m = hs.status == PS_HEAD_MEASURED;
-        json_object_set_new(e, "shift_worst", m ? json_integer(hs.shift_worst) : json_null());
-        json_object_set_new(e, "error_worst", m ? json_integer(hs.error_worst) : json_null());
-        json_object_set_new(e, "shift_xcorr", m ? json_integer(hs.shift_xcorr) : json_null());
-        json_object_set_new(e, "error_xcorr", m ? json_integer(hs.error_xcorr) : json_null());
-        json_array_append_new(hl, e);
-        printf("  head %d: ", heads[i]);
-        if (hs.status == PS_HEAD_NO_PROFILE)
-            printf("owns no residue before (largest hurt %.1f pp at rho %lld)\n", shb, (long long)hs.worst_before);
-        else if (hs.status == PS_HEAD_LOST)
-            printf("rho %lld (%.1f pp) -> lost after cycling (largest hurt %.1f pp)\n", (long long)hs.worst_before, shb, sha);
+        double shb = fabs(hb) < 0.05 ? 0 : hb, sha = fabs(ha) < 0.05 ? 0 : ha;
+        printf("  head %lld: ", (long long)json_integer_value(json_object_get(e, "head")));
+        if (!strcmp(st, "no_profile")) printf("owns no residue before (largest hurt %.1f pp at rho %lld)\n", shb, (long long)wb);
+        else if (!strcmp(st, "lost")) printf("rho %lld (%.1f pp) -> lost after cycling (largest hurt %.1f pp)\n", (long long)wb, shb, sha);
         else
             printf("rho %lld (%.1f pp) -> rho %lld (%.1f pp): shift %+lld, shift - k %+lld; profile xcorr shift %+lld, - k %+lld\n",
-                   (long long)hs.worst_before, hs.hurt_before, (long long)hs.worst_after, hs.hurt_after, (long long)hs.shift_worst,
-                   (long long)hs.error_worst, (long long)hs.shift_xcorr, (long long)hs.error_xcorr);
-        if (m) {
-            n_meas++;
-            abs_w += llabs(hs.error_worst);
-            abs_x += llabs(hs.error_xcorr);
-            exact_w += hs.error_worst == 0;
-            exact_x += hs.error_xcorr == 0;
-        }
-        n_lost += hs.status == PS_HEAD_LOST;
-        n_none += hs.status == PS_HEAD_NO_PROFILE;
+                   (long long)wb, hb, (long long)wa, ha, (long long)json_integer_value(json_object_get(e, "shift_worst")),
+                   (long long)json_integer_value(json_object_get(e, "error_worst")),
+                   (long long)json_integer_value(json_object_get(e, "shift_xcorr")),
+                   (long long)json_integer_value(json_object_get(e, "error_xcorr")));
     }
-    json_t *sum = json_object();
-    json_object_set_new(sum, "n_heads", json_integer(nh));
-    json_object_set_new(sum, "n_measured", json_integer(n_meas));
-    json_object_set_new(sum, "n_lost", json_integer(n_lost));
-    json_object_set_new(sum, "n_no_profile", json_integer(n_none));
-    json_object_set_new(sum, "mean_abs_error_worst", n_meas ? json_real(abs_w / n_meas) : json_null());
-    json_object_set_new(sum, "fraction_exact_worst", n_meas ? json_real((double)exact_w / n_meas) : json_null());
-    json_object_set_new(sum, "mean_abs_error_xcorr", n_meas ? json_real(abs_x / n_meas) : json_null());
-    json_object_set_new(sum, "fraction_exact_xcorr", n_meas ? json_real((double)exact_x / n_meas) : json_null());
+    json_t *sum = json_object_get(out, "summary");
+    int n_meas = (int)json_integer_value(json_object_get(sum, "n_measured")), nh = (int)json_integer_value(json_object_get(sum, "n_heads"));
+    int n_lost = (int)json_integer_value(json_object_get(sum, "n_lost")), n_none = (int)json_integer_value(json_object_get(sum, "n_no_profile"));
     if (n_meas)
         printf("  summary: %d of %d heads measured (%d lost, %d own no residue); mean |shift - k| %.3f (worst residue), %.3f "
                "(xcorr); exact %d/%d, %d/%d\n",
-               n_meas, nh, n_lost, n_none, abs_w / n_meas, abs_x / n_meas, exact_w, n_meas, exact_x, n_meas);
+               n_meas, nh, n_lost, n_none, json_number_value(json_object_get(sum, "mean_abs_error_worst")),
+               json_number_value(json_object_get(sum, "mean_abs_error_xcorr")),
+               (int)lround(json_number_value(json_object_get(sum, "fraction_exact_worst")) * n_meas), n_meas,
+               (int)lround(json_number_value(json_object_get(sum, "fraction_exact_xcorr")) * n_meas), n_meas);
     else
         printf("  summary: no head measured (%d lost, %d own no residue)\n", n_lost, n_none);
-    out = json_object();
-    json_object_set_new(out, "measure", json_string("knockout"));
-    json_object_set_new(out, "target", json_string("compressed"));
-    json_object_set_new(out, "min_hurt_pp", json_real(min_hurt));
-    json_object_set_new(out, "excluded_residues", ex);
-    json_object_set_new(out, "heads", hl);
-    json_object_set_new(out, "summary", sum);
-done:
-    free(heads);
-    free(hb);
-    free(ha);
-    free(dead);
-    ps_knockout_result_free(&kb);
-    ps_knockout_result_free(&ka);
     return out;
 }
 
