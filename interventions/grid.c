@@ -24,13 +24,17 @@ static int model_add_action(const ps_runtime *rt, ps_hooks *h, const char *name,
     return ps_hooks_add_action(h, &rt->m->cfg, name, act, err);
 }
 
-static int model_add_hook(const ps_runtime *rt, ps_hooks *h, const char *name, ps_hook_fn fn, void *user, ps_error *err) {
-    return ps_hooks_add(h, &rt->m->cfg, name, fn, user, err);
-}
-
-static const ps_runtime_ops MODEL_OPS = {"phasescope", &ps_model_hook_family, model_eval, model_add_action, model_add_hook, ps_model_ko_target_names, "KV heads",
-                                   ps_model_ko_default_target, ps_model_ko_target_heads, ps_model_ko_unit,
-                                   ps_model_ko_layer_missing, ps_model_ko_spec, ps_model_ko_spec_free};
+static const ps_runtime_ops MODEL_OPS = {.name = "phasescope",
+                                         .eval = model_eval,
+                                         .add_action = model_add_action,
+                                         .ko_targets = ps_model_ko_target_names,
+                                         .ko_heads_what = "KV heads",
+                                         .ko_default_target = ps_model_ko_default_target,
+                                         .ko_target_heads = ps_model_ko_target_heads,
+                                         .ko_unit = ps_model_ko_unit,
+                                         .ko_layer_missing = ps_model_ko_layer_missing,
+                                         .ko_spec = ps_model_ko_spec,
+                                         .ko_spec_free = ps_model_ko_spec_free};
 
 void ps_runtime_model(ps_runtime *rt, const ps_model *m) {
     memset(rt, 0, sizeof *rt);

@@ -65,13 +65,11 @@ typedef struct {
  * ps_v4_runtime in v4_instr.h). */
 typedef struct {
     const char *name;               /* the family: "phasescope", "deepseek_v4" */
-    const ps_hook_family *hooks;    /* its hook points */
     /* One forward of the n prompts of `view` (task token ids) with hooks, scored per query: ok and lp
      * [view->B · max_q] (as ps_score_queries fills them). */
     int (*eval)(const ps_runtime *rt, const ps_batch *view, const ps_hooks *h, int *ok, double *lp, ps_error *err);
-    /* Register an action / a callback by hook name (the family's names). */
+    /* Register a backend-side action by hook name (the family's names; what the specs' cells call). */
     int (*add_action)(const ps_runtime *rt, ps_hooks *h, const char *name, const ps_hook_action *act, ps_error *err);
-    int (*add_hook)(const ps_runtime *rt, ps_hooks *h, const char *name, ps_hook_fn fn, void *user, ps_error *err);
     /* the family's knockout (knockout.h): its targets (names, NULL-terminated), the default, the heads a
      * target's cells choose from (0: one cell per layer), what a cell is (NULL: not recorded), whether a
      * layer (-1: the model as a whole) has what a target replaces (NULL, or why not in buf), and the target's grid spec over the

@@ -551,7 +551,7 @@ static int v4_ko_sources(void *self, const ps_runtime *rt, const ps_grid_shift *
         char name[96];
         ps_v4_hook_name(name, sizeof name, l, target_point(k->target, 1));
         ps_hook_action act = {.kind = PS_ACT_SUM, .head = -1, .acc = x->sum, .acc_n = x->n};
-        if (ps_v4_hooks_add_action(ref, c, name, &act, err)) return -1;
+        if (rt->ops->add_action(rt, ref, name, &act, err)) return -1;
     }
     return 0;
 }
@@ -592,7 +592,7 @@ static int v4_ko_cell(void *self, const ps_runtime *rt, const ps_grid_shift *sh,
     ps_v4_hook_name(name, sizeof name, sh->layers[li], target_point(k->target, 0));
     ps_hook_action act = {.kind = PS_ACT_SET, .head = k->target == PS_V4KO_HEADS ? k->heads[ci] : -1, .seq0 = seq0,
                           .seq1 = seq1, .src = x->mean, .src_npos = x->npos};
-    return ps_v4_hooks_add_action(h, &((const ps_v4_model *)rt->model)->cfg, name, &act, err);
+    return rt->ops->add_action(rt, h, name, &act, err);
 }
 
 /* ---- the DeepSeek-V4 runtime ---- */
@@ -603,10 +603,6 @@ static int v4_rt_eval(const ps_runtime *rt, const ps_batch *view, const ps_hooks
 
 static int v4_rt_add_action(const ps_runtime *rt, ps_hooks *h, const char *name, const ps_hook_action *act, ps_error *err) {
     return ps_v4_hooks_add_action(h, &((const ps_v4_model *)rt->model)->cfg, name, act, err);
-}
-
-static int v4_rt_add_hook(const ps_runtime *rt, ps_hooks *h, const char *name, ps_hook_fn fn, void *user, ps_error *err) {
-    return ps_v4_hooks_add(h, &((const ps_v4_model *)rt->model)->cfg, name, fn, user, err);
 }
 
 static int v4_rt_ko_default(const ps_runtime *rt) {
@@ -655,9 +651,17 @@ static void v4_rt_ko_spec_free(ps_grid_spec *spec) {
     spec->self = NULL;
 }
 
-static const ps_runtime_ops V4_OPS = {"deepseek_v4",    &ps_v4_hook_family, v4_rt_eval,       v4_rt_add_action, v4_rt_add_hook,
-                                      ps_v4_ko_targets, "query heads", v4_rt_ko_default,   v4_rt_ko_heads,   v4_rt_ko_unit,    v4_rt_ko_missing,
-                                      v4_rt_ko_spec,    v4_rt_ko_spec_free};
+static const ps_runtime_ops V4_OPS = {.name = "deepseek_v4",
+                                      .eval = v4_rt_eval,
+                                      .add_action = v4_rt_add_action,
+                                      .ko_targets = ps_v4_ko_targets,
+                                      .ko_heads_what = "query heads",
+                                      .ko_default_target = v4_rt_ko_default,
+                                      .ko_target_heads = v4_rt_ko_heads,
+                                      .ko_unit = v4_rt_ko_unit,
+                                      .ko_layer_missing = v4_rt_ko_missing,
+                                      .ko_spec = v4_rt_ko_spec,
+                                      .ko_spec_free = v4_rt_ko_spec_free};
 
 void ps_v4_runtime(ps_runtime *rt, ps_v4_model *m, const ps_v4_task *t) {
     memset(rt, 0, sizeof *rt);
