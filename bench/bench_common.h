@@ -9,11 +9,11 @@
 
 #include <stdio.h>
 
-#include "config.h"
-#include "knockout.h"
-#include "model.h"
-#include "rng.h"
-#include "ops.h"
+#include "core/config.h"
+#include "interventions/knockout.h"
+#include "core/model.h"
+#include "core/rng.h"
+#include "core/ops.h"
 
 static inline double now(void) {
     struct timespec ts;

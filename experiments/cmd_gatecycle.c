@@ -4,13 +4,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dist.h"
-#include "gatecycle.h"
-#include "instrument.h"
-#include "knockout.h"
-#include "results_check.h"
-#include "stats.h"
-#include "units.h"
+#include "dist/dist.h"
+#include "interventions/gatecycle.h"
+#include "experiments/instrument.h"
+#include "interventions/knockout.h"
+#include "viz/results_check.h"
+#include "interventions/stats.h"
+#include "interventions/units.h"
 
 static int run(const ps_args *a, ps_error *err);
 
@@ -268,7 +268,7 @@ static int run(const ps_args *a, ps_error *err) {
                              "branch", br, "params", pa, "chance", ps_task_chance(&in.task), "n_kv_heads",
                              (json_int_t)c->n_kv_heads, "gates_without_payloads",
                              params == PS_CYCLE_GATE && c->kind == PS_ATTN_COMPRESSED && c->payload != PS_PAYLOAD_SHARED,
-                             "v4_rate", (json_int_t)(c->kind == PS_ATTN_V4 ? c->rate : 0));
+                             "v4_rate", (json_int_t)(c->kind == PS_ATTN_CHANNEL ? c->rate : 0));
     }
     if (per_head) json_object_set_new(meta, "per_head", per_head); /* only a run that is not split has it */
     w = malloc((size_t)(nu ? nu : 1) * sizeof *w);
@@ -428,7 +428,7 @@ int ps_gatecycle_finish(const ps_partial *p, const char *out_dir, ps_error *err)
                json_string_value(json_object_get(dsv4, "layer_type")), (long long)json_integer_value(json_object_get(dsv4, "rate")),
                br, (long long)shift, json_number_value(json_object_get(jb, "mean_accuracy")),
                json_number_value(json_object_get(ja, "mean_accuracy")));
-    else if (v4_rate > 0) /* the v4 attention: its position bias is the per-slot parameter */
+    else if (v4_rate > 0) /* the channel attention: its position bias is the per-slot parameter */
         printf("cycled layer %lld: the compressor's position bias (ape) rolled by %lld (mod the rate %lld)\n", (long long)layer,
                (long long)shift, (long long)v4_rate);
     else

@@ -4,10 +4,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dist.h"
-#include "instrument.h"
-#include "knockout.h"
-#include "units.h"
+#include "dist/dist.h"
+#include "experiments/instrument.h"
+#include "interventions/knockout.h"
+#include "interventions/units.h"
 
 static int run(const ps_args *a, ps_error *err);
 

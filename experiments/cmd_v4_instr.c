@@ -1,4 +1,4 @@
-/* cmd_v4_instr.c — `phasescope gates` on a phasescope model with the v4 attention (per-channel gates,
+/* cmd_v4_instr.c — `phasescope gates` on a phasescope model with the channel attention (per-channel gates,
  * gates/chgates.h) and the summary of its training log's per-channel gate records. (The instruments on
  * DeepSeek-V4 checkpoints run on the common path: experiments/instrument.c opens the checkpoint and
  * its runtime, interventions/v4_instr.h.) */
@@ -6,14 +6,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
-#include "cmd_v4.h"
-#include "fileio.h"
-#include "gates.h"
-#include "instrument.h"
-#include "results_check.h"
+#include "experiments/cli.h"
+#include "experiments/cmd_v4.h"
+#include "core/fileio.h"
+#include "gates/gates.h"
+#include "experiments/instrument.h"
+#include "viz/results_check.h"
 
-/* ---- gates of a phasescope model with the v4 attention ---- */
+/* ---- gates of a phasescope model with the channel attention ---- */
 
 /* The per-channel gate records of a train.jsonl ("gate": "per_channel"): per layer, the pooled
  * statistics over the logged steps, the step where the pooled N_input first reached the concentration

@@ -7,14 +7,14 @@
 #include <jansson.h>
 #include <stdint.h>
 
-#include "cli.h"
-#include "grid.h"
-#include "model.h"
-#include "v4_instr.h"
-#include "partial.h"
-#include "progress.h"
-#include "sweep.h"
-#include "tasks.h"
+#include "experiments/cli.h"
+#include "interventions/grid.h"
+#include "core/model.h"
+#include "interventions/v4_instr.h"
+#include "dist/partial.h"
+#include "experiments/progress.h"
+#include "interventions/sweep.h"
+#include "tasks/tasks.h"
 
 /* The flags every instrument takes, for its table (after its own flags). --shard I/N and MPI ranks split
  * the work (docs/scale-out.md). */

@@ -1,14 +1,14 @@
 /* grid.c — the cell-grid engine (grid.h). */
-#include "grid.h"
+#include "interventions/grid.h"
 
-#include "knockout.h"
+#include "interventions/knockout.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "fileio.h"
-#include "ops.h"
+#include "core/fileio.h"
+#include "core/ops.h"
 
 /* ---- the controlled model's runtime ---- */
 

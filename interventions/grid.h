@@ -29,10 +29,10 @@
 #ifndef PS_GRID_H
 #define PS_GRID_H
 
-#include "hooks.h"
-#include "model.h"
-#include "sweep.h"
-#include "tasks.h"
+#include "core/hooks.h"
+#include "core/model.h"
+#include "interventions/sweep.h"
+#include "tasks/tasks.h"
 
 typedef struct ps_runtime ps_runtime;
 

@@ -1,13 +1,13 @@
-#include "knockout.h"
+#include "interventions/knockout.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "fileio.h"
-#include "units.h"
-#include "ops.h"
+#include "core/fileio.h"
+#include "interventions/units.h"
+#include "core/ops.h"
 
 void ps_knockout_result_free(ps_knockout_result *r) { ps_grid_result_free(r); }
 
@@ -49,7 +49,7 @@ static void model_ko_shift_end(void *self, const ps_runtime *rt) {
 static int model_ko_sources(void *self, const ps_runtime *rt, const ps_grid_shift *sh, ps_hooks *ref, ps_error *err) {
     model_ko *k = self;
     const ps_config *c = &rt->m->cfg;
-    int v4 = c->kind == PS_ATTN_V4; /* K = V: hook_k / hook_ck only */
+    int v4 = c->kind == PS_ATTN_CHANNEL; /* K = V: hook_k / hook_ck only */
     int64_t nW = ps_config_n_windows(c, sh->T), nkv = c->n_kv_heads, hd = c->head_dim;
     k->n_arr = 0;
     k->per_layer = 0;
@@ -130,7 +130,7 @@ int ps_model_ko_spec(const ps_runtime *rt, int target, const int *heads, int n_h
     if (!k) return ps_fail(err, "out of memory");
     k->target = (ps_ko_target)(target + 1);
     k->heads = heads;
-    *spec = (ps_grid_spec){.self = k, .restart_attention = rt->m->cfg.kind != PS_ATTN_V4, .sources = model_ko_sources,
+    *spec = (ps_grid_spec){.self = k, .restart_attention = rt->m->cfg.kind != PS_ATTN_CHANNEL, .sources = model_ko_sources,
                            .sources_done = model_ko_sources_done, .cell = model_ko_cell, .shift_end = model_ko_shift_end};
     return 0;
 }
