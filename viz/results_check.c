@@ -217,7 +217,8 @@ static int check_provenance(ck *c, json_t *doc, int instrument, const char *mode
     if (get_str(c, p, "command", NULL) || get_str(c, p, "model", NULL) || get_str(c, p, "version", NULL) ||
         get_int(c, p, "seed", 0, INT64_MAX, NULL) || opt_str(c, p, "config_hash") || opt_int(c, p, "model_step", 0, INT64_MAX))
         return -1;
-    if (instrument || json_object_get(p, "config")) {
+    /* a served model (`phasescope probe`: provenance.endpoint) has no config phasescope could read */
+    if ((instrument && !json_object_get(p, "endpoint")) || json_object_get(p, "config")) {
         json_t *cfg, *att;
         const char *kind;
         if (get_obj(c, p, "config", &cfg)) return -1;
@@ -348,7 +349,9 @@ static int check_curve(ck *c, json_t *parent, const char *name, int64_t want_P, 
             return bad(c, "[%.10g, %.10g] is not the 95%% Wilson interval of %lld/%lld, [%.10g, %.10g]", lo, hi, (long long)k,
                        (long long)n, wlo, whi);
         }
-        if (get_num(c, e, "mean_logprob", -INFINITY, TOL, &ci->lp[r])) return -1;
+        /* null: not measured (a served model scored by greedy answers: docs/served-models.md) */
+        if (json_is_null(json_object_get(e, "mean_logprob"))) ci->lp[r] = NAN;
+        else if (get_num(c, e, "mean_logprob", -INFINITY, TOL, &ci->lp[r])) return -1;
         ci->n[r] = n;
         ci->k[r] = k;
         ci->acc[r] = want;
