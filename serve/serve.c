@@ -540,9 +540,10 @@ static enum MHD_Result completions(ps_server *sv, struct MHD_Connection *conn, c
     json_t *v;
     const char *mname = json_string_value(json_object_get(root, "model"));
     if (json_object_get(root, "model") && !json_is_null(json_object_get(root, "model")) && (!mname || strcmp(mname, sv->name))) {
+        char got[300];
+        snprintf(got, sizeof got, "%s", mname ? mname : "(not a string)");
         json_decref(root);
-        return respond_error(conn, 404, "model", "model %s is not served here (this server serves \"%s\")", mname ? mname : "(not a string)",
-                             sv->name);
+        return respond_error(conn, 404, "model", "model %s is not served here (this server serves \"%s\")", got, sv->name);
     }
     if (!st) st = get_count(root, "max_tokens", 0, sv->o.max_tokens, "--max-tokens", &q.max_tokens, msg, sizeof msg);
     if (!st) st = get_count(root, "logprobs", 0, sv->o.max_logprobs, "--max-logprobs", &q.logprobs, msg, sizeof msg);
