@@ -25,6 +25,8 @@
 #include "serve.h"
 #include "testutil.h"
 #include "tokenizer.h"
+#include "v4_forward.h"
+#include "v4_model.h"
 
 typedef struct {
     char *b;
@@ -126,6 +128,77 @@ static void *client_main(void *u) {
     c->ok = st == 200 && tk && !strcmp(tk, want);
     json_decref(o);
     return NULL;
+}
+
+
+/* Another family behind the same adapter: serve dir and compare prompt_logprobs with the log-softmax of
+ * that family's own forward (ps_forward, or the DeepSeek-V4 forward), computed here. */
+static void check_family(const char *dir, int v4) {
+    ps_error err = {0};
+    ps_serve_opts o;
+    ps_serve_defaults(&o);
+    o.model_dir = dir;
+    o.port = 0;
+    ps_server *sv;
+    if (ps_serve_start(&o, &sv, &err)) {
+        OK(0);
+        fprintf(stderr, "%s: %s\n", dir, err.msg);
+        return;
+    }
+    int64_t V, T = 24;
+    int32_t ids[24];
+    float *lg = NULL;
+    if (v4) {
+        ps_v4_model m;
+        memset(&m, 0, sizeof m);
+        OK(!ps_v4_model_load(&m, dir, 0, &err));
+        V = m.cfg.vocab_size;
+        tu_random_tokens(ids, T, V, 5);
+        ps_v4_acts a;
+        OK(!ps_v4_acts_create(&a, &m, 1, T, &err) && !ps_v4_forward(&m, &a, ids, NULL, -1, &err));
+        const float *h = ps_v4_logits_host(&a, &err);
+        lg = malloc((size_t)(T * V) * sizeof *lg);
+        memcpy(lg, h, (size_t)(T * V) * sizeof *lg);
+        ps_v4_acts_free(&a);
+        ps_v4_model_free(&m);
+    } else {
+        ps_model m;
+        memset(&m, 0, sizeof m);
+        OK(!ps_model_load(&m, dir, &err));
+        V = m.cfg.vocab_size;
+        tu_random_tokens(ids, T, V, 5);
+        ps_acts a;
+        OK(!ps_acts_create(&a, m.ctx, &m.cfg, 1, T, false, &err) && !ps_forward(&m, &a, ids, NULL, &err));
+        const float *h = ps_acts_logits_host(&a, &err);
+        lg = malloc((size_t)(T * V) * sizeof *lg);
+        memcpy(lg, h, (size_t)(T * V) * sizeof *lg);
+        ps_acts_free(&a);
+        ps_model_free(&m);
+    }
+    char *ij = ids_json(ids, T), body[4096];
+    snprintf(body, sizeof body, "{\"prompt\": %s, \"max_tokens\": 1, \"temperature\": 0, \"prompt_logprobs\": 1}", ij);
+    free(ij);
+    json_t *r;
+    OK(http(ps_serve_port(sv), "POST", "/v1/completions", body, &r) == 200);
+    json_t *pl = json_object_get(json_array_get(json_object_get(r, "choices"), 0), "prompt_logprobs");
+    OK(json_array_size(pl) == (size_t)T);
+    double worst = 0;
+    for (int64_t t = 1; t < T; t++) {
+        const float *x = lg + (t - 1) * V;
+        double mx = -INFINITY, sum = 0;
+        for (int64_t v = 0; v < V; v++) mx = fmax(mx, x[v]);
+        for (int64_t v = 0; v < V; v++) sum += exp(x[v] - mx);
+        char key[16];
+        snprintf(key, sizeof key, "%d", (int)ids[t]);
+        json_t *e = json_object_get(json_array_get(pl, (size_t)t), key);
+        OK(e != NULL);
+        worst = fmax(worst, fabs(json_number_value(json_object_get(e, "logprob")) - (x[ids[t]] - mx - log(sum))));
+    }
+    printf("%s (%s): prompt_logprobs vs its forward's log-softmax: max |diff| %.3g\n", dir, v4 ? "DeepSeek-V4" : "Qwen3 layout", worst);
+    OK(worst < 1e-4);
+    json_decref(r);
+    free(lg);
+    ps_serve_stop(sv);
 }
 
 int main(void) {
@@ -363,6 +436,13 @@ int main(void) {
 
     ps_serve_stop(sv);
     ps_model_free(&m);
+
+    /* the other families: a Hugging Face Qwen3 checkpoint and a DeepSeek-V4 checkpoint (conformance vectors) */
+    char fd[4200];
+    snprintf(fd, sizeof fd, "%s/qwen3_published", tu_conformance_dir());
+    check_family(fd, 0);
+    snprintf(fd, sizeof fd, "%s/v4/hub3", tu_conformance_dir());
+    check_family(fd, 1);
     curl_global_cleanup();
     CHECK_DONE();
 }
