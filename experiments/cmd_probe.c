@@ -30,6 +30,7 @@ static const ps_flag_spec FLAGS[] = {
     {"--pairs", "N", "text-kv: key-value pairs per prompt (default 8)", 0},
     {"--words", "FILE", "text-kv: key words, one per line (default data/text/kv_keys.txt)", 0},
     {"--values", "numbers|words", "text-kv: values are 4-digit numbers (default) or words from --words", 0},
+    {"--value-digits", "D", "text-kv: digits of a number value (default 4; 1-9): 5 gives 90,000 distinct values", 0},
     {"--family", "NAME", "text-kv: the filler text family of data/text/fillers.json (default prose)", 0},
     {"--period", "P", "phase period (default: --like's stride, the experiment's period, else 8)", 0},
     {"--n", "N", "text-kv: prompts per shift (default 256)", 0},
@@ -108,7 +109,7 @@ static int run(const ps_args *a, ps_error *err) {
         ps_args_positive(a, "--backoff", 3600, &backoff, err))
         return -1;
     if (ti == 1) {
-        static const char *const KV_ONLY[] = {"--mode", "--pairs", "--words", "--values", "--family", "--n", "--seed", "--like", NULL};
+        static const char *const KV_ONLY[] = {"--mode", "--pairs", "--words", "--values", "--value-digits", "--family", "--n", "--seed", "--like", NULL};
         for (int i = 0; KV_ONLY[i]; i++)
             if (ps_args_has(a, KV_ONLY[i])) return ps_cli_usage(err, "%s: only with --task text-kv", KV_ONLY[i]);
         if (!ps_args_has(a, "--experiment")) return ps_cli_usage(err, "--task fillers needs --experiment FILE");
@@ -166,7 +167,8 @@ static int run(const ps_args *a, ps_error *err) {
     p.progress = on_progress;
     p.user = &bar;
     if (ti == 0) { /* ---- text-kv ---- */
-        ps_textkv_layout lay = {ps_args_get(a, "--tokenizer"), ps_args_get(a, "--words"), ps_args_get(a, "--family"), pairs, vi, NULL};
+        ps_textkv_layout lay = {ps_args_get(a, "--tokenizer"), ps_args_get(a, "--words"), ps_args_get(a, "--family"), pairs, vi, NULL, 0};
+        if (ps_args_int(a, "--value-digits", 1, 9, &lay.value_digits, err)) goto done;
         const char *like_dir = ps_args_get(a, "--like");
         if (like_dir) {
             if (ps_model_load(&like, like_dir, err)) goto done;

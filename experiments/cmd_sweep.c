@@ -31,6 +31,7 @@ static const ps_flag_spec FLAGS[] = {
     {"--pairs", "N", "text-kv: key-value pairs per prompt (default 8)", 0},
     {"--words", "FILE", "text-kv: key words, one per line (default data/text/kv_keys.txt)", 0},
     {"--values", "numbers|words", "text-kv: values are 4-digit numbers (default) or words from --words", 0},
+    {"--value-digits", "D", "text-kv: digits of a number value (default 4; 1-9): 5 gives 90,000 distinct values", 0},
     PS_INSTR_FLAGS,
     {0},
 };
@@ -121,7 +122,7 @@ static int run(const ps_args *a, ps_error *err) {
         int r = ps_instr_whole_begin(a, "the text-kv sweep", err);
         return ps_instr_whole_end(r == 1 ? run_textkv(a, mode, err) : r, err) ? 1 : 0;
     }
-    static const char *const TEXT_ONLY[] = {"--tokenizer", "--pairs", "--words", "--values", NULL};
+    static const char *const TEXT_ONLY[] = {"--tokenizer", "--pairs", "--words", "--values", "--value-digits", NULL};
     for (int i = 0; TEXT_ONLY[i]; i++)
         if (ps_args_has(a, TEXT_ONLY[i])) {
             ps_cli_usage(err, "%s: only with --task text-kv", TEXT_ONLY[i]);
@@ -212,7 +213,7 @@ static int run_textkv(const ps_args *a, ps_sweep_mode mode, ps_error *err) {
     json_t *res = NULL;
     int rc = -1, vi = -1;
     static const char *const VALUES[] = {"numbers", "words", NULL};
-    ps_textkv_layout lay = {ps_args_get(a, "--tokenizer"), ps_args_get(a, "--words"), ps_args_get(a, "--family"), -1, -1, NULL};
+    ps_textkv_layout lay = {ps_args_get(a, "--tokenizer"), ps_args_get(a, "--words"), ps_args_get(a, "--family"), -1, -1, NULL, 0};
     ps_textkv_task trained;
     memset(&trained, 0, sizeof trained);
     int has_trained = 0;
@@ -224,6 +225,7 @@ static int run_textkv(const ps_args *a, ps_sweep_mode mode, ps_error *err) {
         goto done;
     lay.pairs = pairs;
     lay.values = vi;
+    if (ps_args_int(a, "--value-digits", 1, 9, &lay.value_digits, err)) goto done;
     in.seed = (uint64_t)seed;
     in.command = a->cmd->name;
     in.backend = ps_args_backend(a);

@@ -84,7 +84,10 @@ typedef struct {
     int64_t done;
     ps_ids ids;          /* the current request's ids (make and done run on one thread, one at a time each) */
     ps_probe_span *spans;
-    char **sent;         /* [n_req]: kept while in flight? no: rebuilt in done (see req_ids) */
+    /* optional, from the caller's own pass over the prompts: every job's length and spans ([n_jobs],
+     * [n_jobs × n_spans]), so the cost needs no second build of every prompt */
+    const int64_t *job_len;
+    const ps_probe_span *job_spans;
 } engine;
 
 static void req_what(int64_t r, void *user, char *out, size_t n) {
@@ -599,7 +602,13 @@ static int engine_run(engine *e, const char *journal, json_t *plan, ps_probe_cos
     /* the plan's cost (the same for a resumed run: it is what the whole run sends) */
     for (int64_t r = 0; r < e->n_req && !rc; r++) {
         int64_t first, count, n_send;
-        if ((rc = req_build(e, r, &first, &count, &n_send, err))) break;
+        if (e->job_len) {
+            int64_t j = r / e->rs;
+            first = e->scoring == PS_PROBE_GREEDY ? r % e->rs : 0;
+            n_send = e->scoring == PS_PROBE_GREEDY ? e->job_spans[j * e->n_spans + first].src : e->job_len[j];
+            e->spans[first] = e->job_spans[j * e->n_spans + first];
+        } else if ((rc = req_build(e, r, &first, &count, &n_send, err)))
+            break;
         cost->requests++;
         cost->prompt_tokens += n_send;
         cost->max_prompt_tokens = n_send > cost->max_prompt_tokens ? n_send : cost->max_prompt_tokens;
@@ -664,9 +673,12 @@ int ps_probe_textkv(ps_probe *p, const ps_textkv_set *set, ps_sweep_mode mode, i
     e.outs = malloc((size_t)(nj * nq) * sizeof *e.outs);
     int32_t *ok = malloc((size_t)(nj * nq) * sizeof *ok), *rho = malloc((size_t)(nj * nq) * sizeof *rho);
     double *lp = malloc((size_t)(nj * nq) * sizeof *lp);
-    int64_t *r64 = malloc((size_t)nq * sizeof *r64);
+    int64_t *r64 = malloc((size_t)nq * sizeof *r64), *jl = malloc((size_t)nj * sizeof *jl);
+    ps_probe_span *js = malloc((size_t)(nj * nq) * sizeof *js);
     ps_ids ids = {0};
-    int rc = c.q && e.outs && ok && rho && lp && r64 ? 0 : ps_fail(err, "out of memory for %lld prompts", (long long)nj);
+    int rc = c.q && e.outs && ok && rho && lp && r64 && jl && js ? 0 : ps_fail(err, "out of memory for %lld prompts", (long long)nj);
+    e.job_len = jl;
+    e.job_spans = js;
     memset(st, 0, sizeof *st);
     *tmin = INT64_MAX;
     *tmax = 0;
@@ -677,7 +689,12 @@ int ps_probe_textkv(ps_probe *p, const ps_textkv_set *set, ps_sweep_mode mode, i
         int64_t T0 = ps_textkv_set_prompt_len(set, c.q);
         *tmin = T0 < *tmin ? T0 : *tmin;
         *tmax = T0 > *tmax ? T0 : *tmax;
-        for (int64_t k = 0; k < nq; k++) rho[j * nq + k] = (int32_t)r64[k];
+        for (int64_t k = 0; k < nq; k++) {
+            rho[j * nq + k] = (int32_t)r64[k];
+            js[j * nq + k] = (ps_probe_span){c.q[k].answer_src, c.q[k].answer_len};
+        }
+        jl[j] = T0 < ids.n ? T0 : ids.n;
+        if (p->progress && p->dry_run) p->progress(j + 1, nj, p->user);
     }
     ps_ids_free(&ids);
     if (!rc) rc = engine_run(&e, journal, plan, cost, err);
@@ -696,6 +713,8 @@ int ps_probe_textkv(ps_probe *p, const ps_textkv_set *set, ps_sweep_mode mode, i
     free(rho);
     free(lp);
     free(r64);
+    free(jl);
+    free(js);
     return rc;
 }
 

@@ -102,6 +102,7 @@ int ps_textkv_set_open(ps_textkv_set *s, const ps_textkv_layout *lay, int64_t P,
     }
     if (lay->pairs > 0) pairs = lay->pairs;
     if (lay->values >= 0) s->value_words = lay->values;
+    if (lay->value_digits > 0) s->kv.value_digits = lay->value_digits;
     if (P < 1) return ps_fail(err, "text-kv: period %lld must be >= 1", (long long)P);
     if (!words_path) words_path = PS_SOURCE_DIR "/data/text/kv_keys.txt";
     if (!(s->tok_path = dup_str(tok_path)) || !(s->words_path = dup_str(words_path))) {

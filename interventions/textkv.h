@@ -38,6 +38,7 @@ typedef struct {
     int64_t pairs;  /* -1: default (8, or the checkpoint's) */
     int values;     /* -1: default (numbers, or the checkpoint's); 0 numbers, 1 words */
     const ps_textkv_task *trained;
+    int64_t value_digits; /* 0: default (4, or the checkpoint's): digits of a number value */
 } ps_textkv_layout;
 
 typedef struct {
