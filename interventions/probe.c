@@ -206,6 +206,7 @@ static int32_t string_id(const ps_probe *p, const char *s) {
     int32_t id;
     if (token_id_form(s, &id)) return id;
     if (!p->tok || !s) return -1;
+    if ((id = ps_tokenizer_token_to_id(p->tok, s, strlen(s))) >= 0) return id; /* the stored form ("Ġthe") */
     int32_t *ids = NULL;
     size_t n = 0;
     ps_error e = {0};
@@ -216,11 +217,15 @@ static int32_t string_id(const ps_probe *p, const char *s) {
 }
 
 /* Does the echoed token string stand for id? 1 yes, 0 no, -1 cannot tell (no ids, and the id's text is
- * not a whole character) */
+ * not a whole character). Servers write a token as "token_id:N" (vLLM's return_tokens_as_token_ids), as
+ * its decoded text, or as the string the tokenizer stores (older vLLM: "Ġthe"); each is accepted. */
 static int token_matches(const ps_probe *p, const char *s, int32_t id) {
     int32_t got;
     if (token_id_form(s, &got)) return got == id;
     if (!p->tok) return -1;
+    size_t sl = 0;
+    const char *stored = ps_tokenizer_id_to_token(p->tok, id, &sl);
+    if (stored && sl == strlen(s) && !memcmp(stored, s, sl)) return 1;
     char *txt = NULL;
     size_t n = 0;
     ps_error e = {0};
@@ -793,7 +798,7 @@ json_t *ps_probe_json(const ps_probe *p, const ps_probe_cost *c) {
     json_object_set_new(o, "endpoint", json_string(p->endpoint));
     json_object_set_new(o, "api_model", json_string(p->model));
     json_object_set_new(o, "scoring", json_string(ps_probe_scoring_name(c->scoring)));
-    json_object_set_new(o, "max_tokens", json_integer(c->scoring == PS_PROBE_GREEDY ? -1 : p->max_tokens));
+    json_object_set_new(o, "max_tokens", json_integer(c->scoring == PS_PROBE_GREEDY ? -1 : p->max_tokens)); /* greedy: each answer's length */
     json_object_set_new(o, "prompt_as", json_string("token ids"));
     json_object_set_new(o, "requests", json_integer(c->requests));
     json_object_set_new(o, "prompt_tokens", json_integer(c->prompt_tokens));
