@@ -84,6 +84,13 @@ static json_t *provenance(const ps_args *a, const ps_probe *p, const char *cmdli
     return o;
 }
 
+/* the API model (GET /v1/models unless --api-model), after the cheap local checks */
+static int resolve(ps_probe *p, ps_error *err) {
+    if (!p->dry_run && ps_probe_resolve_model(p, err)) return -1;
+    if (!p->model[0]) snprintf(p->model, sizeof p->model, "(the first model the server lists)");
+    return 0;
+}
+
 static void print_cost(const ps_probe *p, const ps_probe_cost *c) {
     printf("plan: %lld requests to %s, %lld prompt tokens (longest %lld), at most %lld generated tokens; scoring %s%s\n",
            (long long)c->requests, p->endpoint, (long long)c->prompt_tokens, (long long)c->max_prompt_tokens,
@@ -153,8 +160,6 @@ static int run(const ps_args *a, ps_error *err) {
     ps_probe_cost cost;
     char jpath[4200], dir[4096];
     curl_global_init(CURL_GLOBAL_DEFAULT);
-    if (!p.dry_run && ps_probe_resolve_model(&p, err)) goto done;
-    if (!p.model[0]) snprintf(p.model, sizeof p.model, "(the first model the server lists)");
     snprintf(dir, sizeof dir, "%s", out);
     for (char *s = dir + 1; *s; s++)
         if (*s == '/') {
@@ -191,6 +196,7 @@ static int run(const ps_args *a, ps_error *err) {
         }
         if (ps_textkv_set_open(&set, &lay, P, err)) goto done;
         have_set = 1;
+        if (resolve(&p, err)) goto done;
         p.tok = set.tok;
         plan = json_pack("{s:s, s:s, s:s, s:s, s:I, s:I, s:I, s:o, s:i}", "endpoint", p.endpoint, "api_model", p.model, "task", "text-kv",
                          "mode", MODES[mi], "period", (json_int_t)P, "n", (json_int_t)N, "seed", (json_int_t)seed, "layout",
@@ -235,6 +241,7 @@ static int run(const ps_args *a, ps_error *err) {
         const char *tok_path = ps_args_get(a, "--tokenizer"), *exp_path = ps_args_get(a, "--experiment");
         if (ps_fillexp_load(exp_path, &ex, err) || ps_tokenizer_load(tok_path, &tok, err) || ps_fillexp_prepare(&ex, tok, err)) goto done;
         if (!P) P = ex.period ? ex.period : 8;
+        if (resolve(&p, err)) goto done;
         p.tok = tok;
         plan = json_pack("{s:s, s:s, s:s, s:s, s:I, s:I, s:i}", "endpoint", p.endpoint, "api_model", p.model, "task", "fillers", "experiment",
                          exp_path, "period", (json_int_t)P, "tokenizer_ids", (json_int_t)ps_tokenizer_vocab_size(tok), "max_tokens", (int)mt);

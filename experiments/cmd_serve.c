@@ -1,5 +1,6 @@
 /* cmd_serve.c — `phasescope serve`: an OpenAI-compatible server in front of a model (serve/serve.h,
  * docs/served-models.md). */
+#include <arpa/inet.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -59,5 +60,8 @@ static int run(const ps_args *a, ps_error *err) {
     o.tokenizer = ps_args_get(a, "--tokenizer");
     o.name = ps_args_get(a, "--name");
     if (ps_args_get(a, "--host")) o.host = ps_args_get(a, "--host");
+    struct in_addr ia;
+    if (strcmp(o.host, "localhost") && inet_pton(AF_INET, o.host, &ia) != 1)
+        return ps_cli_usage(err, "--host %s: expected an IPv4 address (127.0.0.1, 0.0.0.0, ...)", o.host);
     return ps_serve_run(&o, ps_args_get(a, "--port-file"), err);
 }
