@@ -96,7 +96,10 @@ static int slot_setup(slot *s, const ps_http_opts *o, const char *url, const cha
     s->retry_after = -1;
     s->oom = 0;
     if (!s->hdr) {
-        struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/json");
+        /* no "Expect: 100-continue" (curl adds it to large POSTs and then waits a second for servers that
+         * never answer it) */
+        struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/json"), *h0 = h ? curl_slist_append(h, "Expect:") : NULL;
+        h = h0;
         if (h && o->api_key && o->api_key[0]) {
             size_t n = strlen(o->api_key) + 32;
             char *line = malloc(n);

@@ -21,7 +21,7 @@ cleanup() {
 }
 trap cleanup EXIT
 fail=0
-ok() { echo "ok: $*"; }
+ok() { echo "ok (${SECONDS}s): $*"; }
 bad() { echo "FAIL: $*"; fail=1; }
 
 wait_port() { # FILE: the port once the file appears (30 s at most)
