@@ -582,6 +582,8 @@ static int engine_run(engine *e, const char *journal, json_t *plan, ps_probe_cos
     int rc = 0, fresh = 1;
     memset(cost, 0, sizeof *cost);
     e->scoring = p->scoring;
+    e->rs = e->scoring == PS_PROBE_GREEDY ? e->n_spans : 1; /* (the journal or the detection may change it) */
+    e->n_req = e->n_jobs * e->rs;
     e->spans = malloc((size_t)e->n_spans * sizeof *e->spans);
     if (!e->spans) return ps_fail(err, "out of memory");
     for (int64_t k = 0; k < e->n_jobs * e->n_spans; k++) e->outs[k] = (ps_probe_out){0, NAN, -1};

@@ -149,6 +149,36 @@ run_pair move "--n 1 --seed 4 --mode move" ""
 run_pair echo "--n 1 --seed 5" "--scoring echo"
 run_pair greedy "--n 1 --seed 5" "--scoring greedy --concurrency 4"
 
+# the fillers experiment: the same points (top-1 ids, all_top1, delta) and test as the local fillers
+FX="$S/tests/serve/fillers_small.json"
+cmp_fillers() {
+  python3 - "$1" "$2" <<'PY'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+worst = 0
+for fa, fb in zip(a["families"], b["families"]):
+    assert len(fa["points"]) == len(fb["points"])
+    for pa, pb in zip(fa["points"], fb["points"]):
+        assert pa["top1"]["id"] == pb["top1"]["id"], (pa["L"], pa["top1"], pb["top1"])
+        for ca, cb in zip(pa["candidates"], pb["candidates"]):
+            assert ca["all_top1"] == cb["all_top1"], pa["L"]
+        worst = max(worst, abs(pa["delta"] - pb["delta"]))
+assert worst < 1e-5, worst
+assert abs(a["pooled"]["eta2"] - b["pooled"]["eta2"]) < 1e-4
+print("%d points, max |delta diff| %.2g" % (sum(len(f["points"]) for f in a["families"]), worst))
+PY
+}
+if $PS fillers --model "$M" --tokenizer "$TOK" --experiment "$FX" --period 8 --out "$T/fl_local" >"$T/fl_local.log" 2>&1 &&
+  $PS probe --endpoint "$EP" --task fillers --tokenizer "$TOK" --experiment "$FX" --period 8 --out "$T/fl_remote" >"$T/fl_remote.log" 2>&1; then
+  if r=$(cmp_fillers "$T/fl_local/fillers.json" "$T/fl_remote/fillers.json" 2>&1); then
+    ok "probe --task fillers = local fillers: $r"
+  else
+    bad "fillers differ: $r"
+  fi
+else
+  bad "fillers: $(tail -1 "$T/fl_local.log") $(tail -1 "$T/fl_remote.log")"
+fi
+
 NPM="$S/third_party/npm"
 if ! command -v node >/dev/null 2>&1; then
   echo "skipped: the openai npm client test needs node (scripts/setup.sh installs nodejs and npm)"
