@@ -161,7 +161,7 @@ static int run(const ps_args *a, ps_error *err) {
     char jpath[4200], dir[4096];
     curl_global_init(CURL_GLOBAL_DEFAULT);
     snprintf(dir, sizeof dir, "%s", out);
-    for (char *s = dir + 1; *s; s++)
+    for (char *s = dir + 1; *s && !p.dry_run; s++)
         if (*s == '/') {
             *s = '\0';
             if (ps_mkdir(dir, err)) goto done;
