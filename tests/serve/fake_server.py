@@ -12,6 +12,7 @@ probe's result depends only on the prompts. MODE:
   count     token_logprobs one entry short
   token     the echoed token at position 2 is another id than the one sent
   slow      ok, after DELAY_S seconds per request (a run to kill midway)
+  auth      ok, but every request must carry "Authorization: Bearer sekrit-key-42" (else 401)
 It listens on 127.0.0.1 port 0 and writes the port to PORT_FILE.
 """
 import json
@@ -44,7 +45,15 @@ class H(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def authorised(self):
+        if MODE != "auth" or self.headers.get("Authorization") == "Bearer sekrit-key-42":
+            return True
+        self.send(401, {"error": {"message": "bad key"}})
+        return False
+
     def do_GET(self):
+        if not self.authorised():
+            return
         if self.path == "/v1/models":
             self.send(200, {"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
         else:
@@ -52,6 +61,8 @@ class H(BaseHTTPRequestHandler):
 
     def do_POST(self):
         req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if not self.authorised():
+            return
         with lock:
             state["n"] += 1
             n = state["n"]

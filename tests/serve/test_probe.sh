@@ -4,7 +4,7 @@
 #     `sweep --task text-kv` with the same seed (pad and move modes; prompt-logprobs, echo and greedy scoring);
 #  2. the `openai` npm client calls serve's completions with echo and logprobs and gets a well-formed answer
 #     (skipped with a message when node or the package is missing: scripts/setup.sh installs it);
-#  3. against a stand-in server (tests/serve/fake_server.py): a run killed midway and resumed writes the same
+#  3. against a stand-in server (tests/serve/fake_server.py): the API key sent and written nowhere; a run killed midway and resumed writes the same
 #     JSON as an unbroken run; 503s are retried; answers with a missing field, a wrong number of
 #     log-probabilities or a token that was not sent are errors naming the request; a journal of another
 #     plan is refused; --dry-run prints the cost without a server.
@@ -95,6 +95,16 @@ if fake flaky; then
   else
     bad "retries: $(tail -2 "$T/flaky.log")"
   fi
+  kill $FPID; wait $FPID 2>/dev/null
+fi
+if fake auth; then # the key from --api-key-env reaches the server and appears in nothing probe writes
+  if PS_TEST_KEY=sekrit-key-42 $PS probe --endpoint "http://127.0.0.1:$FP" "${KV[@]}" --api-key-env PS_TEST_KEY --out "$T/auth" >"$T/auth.log" 2>&1; then
+    if grep -rq "sekrit" "$T/auth" "$T/auth.log"; then bad "the API key was written"; else ok "API key sent (the server checks it), written nowhere"; fi
+  else
+    bad "--api-key-env: $(tail -1 "$T/auth.log")"
+  fi
+  if $PS probe --endpoint "http://127.0.0.1:$FP" "${KV[@]}" --out "$T/noauth" >"$T/noauth.log" 2>&1; then bad "no key, yet accepted"
+  else grep -q "HTTP 401" "$T/noauth.log" && ok "without the key: $(tail -1 "$T/noauth.log" | cut -c1-90)" || bad "no key: $(tail -1 "$T/noauth.log")"; fi
   kill $FPID; wait $FPID 2>/dev/null
 fi
 for mode in missing count token; do
