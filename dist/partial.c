@@ -1,13 +1,13 @@
 /* partial.c — partial results: per-unit arrays, MPI gather, part files and their merge (see partial.h). */
-#include "partial.h"
+#include "dist/partial.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "dist.h"
-#include "fileio.h"
-#include "safetensors.h"
+#include "dist/dist.h"
+#include "core/fileio.h"
+#include "core/safetensors.h"
 
 #define PARTIAL_VERSION 1
 #define META_KEY "phasescope.partial"

@@ -22,7 +22,7 @@
 #include <jansson.h>
 #include <stdint.h>
 
-#include "error.h"
+#include "core/error.h"
 
 enum { PS_PART_I32 = 0, PS_PART_F32 = 1, PS_PART_F64 = 2 };
 #define PS_PART_MAX_ARRAYS 8

@@ -2,8 +2,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "instrument.h"
-#include "partial.h"
+#include "experiments/instrument.h"
+#include "dist/partial.h"
 
 static int run(const ps_args *a, ps_error *err);
 

@@ -6,15 +6,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cpu_env.h"
-#include "draw.h"
-#include "fileio.h"
-#include "fillers.h"
-#include "instrument.h"
-#include "probe.h"
-#include "results_check.h"
-#include "textkv.h"
-#include "tokenizer.h"
+#include "core/cpu_env.h"
+#include "viz/draw.h"
+#include "core/fileio.h"
+#include "interventions/fillers.h"
+#include "experiments/instrument.h"
+#include "interventions/probe.h"
+#include "viz/results_check.h"
+#include "interventions/textkv.h"
+#include "text/tokenizer.h"
 
 static int run(const ps_args *a, ps_error *err);
 
@@ -178,7 +178,7 @@ static int run(const ps_args *a, ps_error *err) {
         if (like_dir) {
             if (ps_model_load(&like, like_dir, err)) goto done;
             have_like = 1;
-            if (!P) P = like.cfg.kind == PS_ATTN_COMPRESSED ? like.cfg.stride : like.cfg.kind == PS_ATTN_V4 ? like.cfg.rate : 8;
+            if (!P) P = like.cfg.kind == PS_ATTN_COMPRESSED ? like.cfg.stride : like.cfg.kind == PS_ATTN_CHANNEL ? like.cfg.rate : 8;
             if (!lay.tokenizer) {
                 have_trained = ps_textkv_checkpoint_task(&like, like_dir, &trained, err);
                 if (have_trained < 0) goto done;

@@ -4,8 +4,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "cli.h"
-#include "serve.h"
+#include "experiments/cli.h"
+#include "serve/serve.h"
 
 static int run(const ps_args *a, ps_error *err);
 

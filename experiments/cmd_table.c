@@ -6,10 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
-#include "fileio.h"
-#include "results_check.h"
-#include "draw.h"
+#include "experiments/cli.h"
+#include "core/fileio.h"
+#include "viz/results_check.h"
+#include "viz/draw.h"
 
 static int run(const ps_args *a, ps_error *err);
 

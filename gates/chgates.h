@@ -20,9 +20,9 @@
 #include <jansson.h>
 #include <stdint.h>
 
-#include "config.h"
-#include "error.h"
-#include "hooks.h"
+#include "core/config.h"
+#include "core/error.h"
+#include "core/hooks.h"
 
 #define PS_CHGATE_MAX_BRANCHES 2
 

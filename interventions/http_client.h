@@ -12,7 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "error.h"
+#include "core/error.h"
 
 typedef struct {
     const char *base;    /* "http://host:port" or with a path prefix ("http://host/v1" is the same as "http://host") */

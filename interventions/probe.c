@@ -1,6 +1,6 @@
 /* probe.c — phase sweeps of a served model over the OpenAI completions API (probe.h). */
 #define _POSIX_C_SOURCE 200809L
-#include "probe.h"
+#include "interventions/probe.h"
 
 #include <errno.h>
 #include <math.h>
@@ -9,7 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "units.h"
+#include "interventions/units.h"
 
 const char *ps_probe_scoring_name(ps_probe_scoring s) {
     static const char *const N[] = {"auto", "prompt-logprobs", "echo", "greedy"};

@@ -1,6 +1,6 @@
 /* serve.c — the OpenAI-compatible server (serve.h). */
 #define _POSIX_C_SOURCE 200809L
-#include "serve.h"
+#include "serve/serve.h"
 
 #include <arpa/inet.h>
 #include <jansson.h>
@@ -17,11 +17,11 @@
 #include <sys/stat.h>
 #include <time.h>
 
-#include "fileio.h"
-#include "rng.h"
-#include "textkv.h"
-#include "v4_config.h"
-#include "v4_forward.h"
+#include "core/fileio.h"
+#include "core/rng.h"
+#include "interventions/textkv.h"
+#include "core/v4/v4_config.h"
+#include "core/v4/v4_forward.h"
 
 /* ==== the model adapter (the one family branch: ps_serve_model_open) ==== */
 

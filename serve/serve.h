@@ -25,12 +25,12 @@
 
 #include <stdint.h>
 
-#include "error.h"
-#include "model.h"
-#include "sweep.h"
-#include "tasks.h"
-#include "tokenizer.h"
-#include "v4_model.h"
+#include "core/error.h"
+#include "core/model.h"
+#include "interventions/sweep.h"
+#include "tasks/tasks.h"
+#include "text/tokenizer.h"
+#include "core/v4/v4_model.h"
 
 /* ---- the model adapter: the one place that knows the model families ---- */
 typedef struct ps_serve_model ps_serve_model;

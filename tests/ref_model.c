@@ -130,7 +130,7 @@ void ref_forward(const ps_model *m, const int32_t *tok, int T, double *logits) {
     for (int l = 0; l < c->n_layers; l++) {
         ps_layer_params w = ps_model_layer(m, m->params, l);
         for (int t = 0; t < T; t++) rms(a + t * d, h + t * d, w.in_norm, d, eps);
-        if (c->kind == PS_ATTN_V4) {
+        if (c->kind == PS_ATTN_CHANNEL) {
             ref_v4_attention(m, &w, a, T, h);
             goto mlp;
         }

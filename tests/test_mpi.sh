@@ -184,7 +184,7 @@ $MPI -np 2 "$PS" train --config "$T/cfg.json" --out "$T/r12" --resume > /dev/nul
 check "train: 1 rank, then --resume with 2: the same curve" 'curve "$T/t1/train.jsonl" "$T/r12/train.jsonl" 1e-5'
 out=$($MPI -np 2 "$PS" train --config "$T/cfg.json" --out "$T/t2" 2>&1); rc=$?
 check "train: an error every rank shares is said once" '[ $rc -eq 1 ] && [ "$(grep -c "already holds a run" <<<"$out")" -eq 1 ]'
-# main's other training paths: the text-kv task (a batch reallocated every step) and the v4 attention
+# main's other training paths: the text-kv task (a batch reallocated every step) and the channel attention
 # (per-channel gate records, rank 0's)
 cp "$TT" "$T/tok.json"
 printf '{"model": {"vocab_size": 419, "d_model": 16, "n_layers": 1, "n_heads": 2, "n_kv_heads": 2, "head_dim": 8, "d_ff": 32, "max_seq_len": 300, "attention": {"kind": "compressed", "window": 4, "stride": 4, "local_window": 4}}, "task": {"kind": "text-kv", "tokenizer": "tok.json", "values": "words", "pairs": 3, "queries": 2, "seq_len": 200}, "train": {"steps": 6, "batch_size": 4, "log_every": 1, "logits": "answers", "eval_size": 4, "eval_every": 3}}' > "$T/tkcfg.json"
@@ -195,7 +195,7 @@ python3 -c 'import json, sys; c = json.load(open(sys.argv[1])); c["train"].updat
   "$SRC/experiments/configs/v4/v4demo.json" "$T/v4cfg.json"
 $MPI -np 1 "$PS" train --config "$T/v4cfg.json" --out "$T/v41" > /dev/null 2>&1
 $MPI -np 2 "$PS" train --config "$T/v4cfg.json" --out "$T/v42" > /dev/null 2>&1
-check "train v4 attention: -np 2 loss curve and gate records like -np 1" 'curve "$T/v41/train.jsonl" "$T/v42/train.jsonl" 1e-5 && grep -q "per_channel" "$T/v42/train.jsonl"'
+check "train channel attention: -np 2 loss curve and gate records like -np 1" 'curve "$T/v41/train.jsonl" "$T/v42/train.jsonl" 1e-5 && grep -q "per_channel" "$T/v42/train.jsonl"'
 
 # ---- a rank that dies, a rank that hangs ----
 section "a killed rank, a stuck rank"

@@ -11,8 +11,8 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "results_check.h"
-#include "stats.h"
+#include "viz/results_check.h"
+#include "interventions/stats.h"
 
 static char PS[4096], TMP[256];
 
@@ -452,7 +452,7 @@ static void test_files(void) {
     if (f) fclose(f);
 }
 
-/* ---- DeepSeek-V4 checkpoints and the v4 attention: provenance configs, per-channel gates ---- */
+/* ---- DeepSeek-V4 checkpoints and the channel attention: provenance configs, per-channel gates ---- */
 
 static void test_v4_results(void) {
     char a[4096], task[512];

@@ -19,14 +19,14 @@
 
 #include "check.h"
 #define OK(c) CHECK(c, "%s", "")
-#include "config.h"
-#include "forward.h"
-#include "model.h"
-#include "serve.h"
+#include "core/config.h"
+#include "core/forward.h"
+#include "core/model.h"
+#include "serve/serve.h"
 #include "testutil.h"
-#include "tokenizer.h"
-#include "v4_forward.h"
-#include "v4_model.h"
+#include "text/tokenizer.h"
+#include "core/v4/v4_forward.h"
+#include "core/v4/v4_model.h"
 
 typedef struct {
     char *b;

@@ -1,5 +1,5 @@
 #define _POSIX_C_SOURCE 200809L
-#include "figures.h"
+#include "viz/figures.h"
 
 #include <jansson.h>
 #include <libgen.h>
@@ -8,8 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fileio.h"
-#include "gates.h" /* ps_effective_offsets: viz -> gates -> core, no cycle (docs/design.md, "Layers") */
+#include "core/fileio.h"
+#include "gates/gates.h" /* ps_effective_offsets: viz -> gates -> core, no cycle (docs/design.md, "Layers") */
 
 /* What a figure can show: larger inputs are refused (the renderer names the file and the field). */
 #define MAX_RESIDUES 4096    /* a phase curve's residues (sweep --period goes up to 4096) */

@@ -1,7 +1,7 @@
 /* results_check.c — the validator for result JSON; the rules are written out in docs/results-schema.md
  * ("Validation"). Each check names the path of the field at fault (curve.residues[3].correct) and stops at
  * the first fault, in the order the fields appear in the schema. */
-#include "results_check.h"
+#include "viz/results_check.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -10,11 +10,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fileio.h"
-#include "fillers.h" /* the periodicity statistic of text filler experiments */
-#include "gates.h"  /* the gate labels */
-#include "stats.h"
-#include "theory.h" /* the idealised model's limits */
+#include "core/fileio.h"
+#include "interventions/fillers.h" /* the periodicity statistic of text filler experiments */
+#include "gates/gates.h"  /* the gate labels */
+#include "interventions/stats.h"
+#include "gates/theory.h" /* the idealised model's limits */
 
 /* writer limits (results_check.h; the interventions, core/config.c, gates/theory.h) */
 #define MAX_PERIOD PS_RESULT_MAX_PERIOD   /* --period */

@@ -1,10 +1,10 @@
-#include "tasks.h"
+#include "tasks/tasks.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "rng.h"
+#include "core/rng.h"
 
 static const char *const KEYS[] = {"kind",  "seq_len",   "n_keys",  "n_values",  "n_fillers", "n_pairs",   "key_len",
                                    "value_len", "n_context", "gap_min", "gap_max", "query_gap", "n_queries", "loss"};

@@ -15,7 +15,7 @@
 #include <jansson.h>
 #include <stdint.h>
 
-#include "error.h"
+#include "core/error.h"
 
 /* PS_TASK_TEXT: text key-value prompts of a real tokenizer (text/textkv_task.h); core knows only its
  * seq_len, n_queries and loss, and neither generates nor parses it. */
