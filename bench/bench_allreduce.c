@@ -9,8 +9,8 @@
 #include <string.h>
 
 #include "bench_common.h"
-#include "cpu_env.h"
-#include "dist.h"
+#include "core/cpu_env.h"
+#include "dist/dist.h"
 
 static int cmp(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;

@@ -31,10 +31,10 @@
 #include <unistd.h>
 
 #include "bench_common.h"
-#include "cpu_attention.h"
-#include "cpu_env.h"
-#include "ops.h"
-#include "rng.h"
+#include "core/cpu/cpu_attention.h"
+#include "core/cpu_env.h"
+#include "core/ops.h"
+#include "core/rng.h"
 
 /* ================= old path, for comparison =================
  * Copied from core/ops_cpu.c (ps_attn_probs, ps_attn_out) and core/ops_cpu_backward.c (ps_attn_backward)

@@ -9,10 +9,10 @@
 
 #include <stdio.h>
 
-#include "config.h"
-#include "model.h"
-#include "rng.h"
-#include "ops.h"
+#include "core/config.h"
+#include "core/model.h"
+#include "core/rng.h"
+#include "core/ops.h"
 
 static inline double now(void) {
     struct timespec ts;

@@ -8,11 +8,11 @@
 #include <string.h>
 #include <time.h>
 
-#include "forward.h"
-#include "model.h"
-#include "rng.h"
+#include "core/forward.h"
+#include "core/model.h"
+#include "core/rng.h"
 #include "bench_common.h"
-#include "cpu_env.h"
+#include "core/cpu_env.h"
 
 /* Seconds per forward: the median over repetitions (wall clock) and the mean CPU seconds (all threads). */
 static double time_forward(const ps_config *c, int64_t B, int64_t T, double min_s, double *cpu_s) {

@@ -22,14 +22,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backward.h"
+#include "core/backward.h"
 #include "bench_common.h"
-#include "cuda_ops.h"
-#include "forward.h"
-#include "knockout.h"
-#include "model.h"
-#include "optim.h"
-#include "sweep.h"
+#include "core/cuda/cuda_ops.h"
+#include "core/forward.h"
+#include "interventions/knockout.h"
+#include "core/model.h"
+#include "train/optim.h"
+#include "interventions/sweep.h"
+#include "tasks/tasks.h"
 
 static int failures = 0;
 static FILE *json;

@@ -13,10 +13,11 @@
 #include <stdlib.h>
 
 #include "bench_common.h"
-#include "cpu_env.h"
-#include "knockout.h"
-#include "model.h"
-#include "sweep.h"
+#include "core/cpu_env.h"
+#include "interventions/knockout.h"
+#include "core/model.h"
+#include "interventions/sweep.h"
+#include "tasks/tasks.h"
 
 /* CPU seconds of the whole process, all threads */
 static double ko_cpu_now(void) {

@@ -15,9 +15,9 @@
 #include <unistd.h>
 
 #include "bench_common.h"
-#include "cpu_env.h"
-#include "fileio.h"
-#include "prefill.h"
+#include "core/cpu_env.h"
+#include "core/fileio.h"
+#include "core/prefill.h"
 
 typedef struct {
     double wall, cpu, rss_mb, state_mb;

@@ -6,13 +6,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backward.h"
+#include "core/backward.h"
 #include "bench_common.h"
-#include "cpu_env.h"
-#include "forward.h"
-#include "model.h"
-#include "optim.h"
-#include "rng.h"
+#include "core/cpu_env.h"
+#include "core/forward.h"
+#include "core/model.h"
+#include "train/optim.h"
+#include "core/rng.h"
 
 typedef struct {
     double step_s, opt_s, cpu_s; /* median wall seconds per step, optimizer, CPU seconds per step (mean) */

@@ -11,7 +11,7 @@
 
 #include <stdint.h>
 
-#include "ctx.h"
+#include "core/ctx.h"
 
 /* Attention geometry shared by the attention ops. */
 typedef struct {

@@ -1,9 +1,9 @@
-#include "backward.h"
+#include "core/backward.h"
 
 #include <stdlib.h>
 
 
-#include "ops.h"
+#include "core/ops.h"
 
 /* Run ops (chained with ||); a failure returns -1 with the context failed. */
 #define OPB(cat, expr)                                                                       \
@@ -79,7 +79,7 @@ static int layer_backward(const ps_model *m, const ps_acts *a, ps_acts *g, int l
     /* dh = d resid_mid */
     OPB(PS_PROF_NORM_ROPE, ps_rmsnorm_backward(ctx, dh, dw.post_norm, G.ln2, p.resid_mid, w.post_norm, p.ln2_rstd, BT, d));
 
-    if (c->kind == PS_ATTN_V4) {
+    if (c->kind == PS_ATTN_CHANNEL) {
         if (v4_attention_backward(m, a, g, l, grads, dh)) return -1;
         OPB(PS_PROF_NORM_ROPE, ps_rmsnorm_backward(ctx, dh, dw.in_norm, G.ln1, h_in, w.in_norm, p.ln1_rstd, BT, d));
         return 0;

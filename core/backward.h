@@ -5,9 +5,9 @@
 
 #include <stdint.h>
 
-#include "error.h"
-#include "forward.h"
-#include "model.h"
+#include "core/error.h"
+#include "core/forward.h"
+#include "core/model.h"
 
 /* Cross-entropy of a->p.logits against targets [B, T] (-1 = no target), times `scale` (1 / number of
  * targets for a mean), back-propagated: grads (laid out like m->params) +=. `g` is gradient scratch:

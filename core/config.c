@@ -1,4 +1,4 @@
-#include "config.h"
+#include "core/config.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fileio.h"
+#include "core/fileio.h"
 
 void ps_config_defaults(ps_config *c) {
     memset(c, 0, sizeof *c);
@@ -68,17 +68,17 @@ static int parse_attention(json_t *att, const char *src, ps_config *c, ps_error 
         int e = 0, tmp = 0;
         if (!strcmp(k, "kind")) {
             if (!json_is_string(v))
-                return ps_fail(err, "%s: key \"attention.kind\" must be a string (\"full\", \"compressed\" or \"v4\")", src);
+                return ps_fail(err, "%s: key \"attention.kind\" must be a string (\"full\", \"compressed\" or \"channel\")", src);
             const char *s = json_string_value(v);
             if (!strcmp(s, "full")) c->kind = PS_ATTN_FULL;
             else if (!strcmp(s, "compressed")) c->kind = PS_ATTN_COMPRESSED;
-            else if (!strcmp(s, "v4")) c->kind = PS_ATTN_V4;
+            else if (!strcmp(s, "channel") || !strcmp(s, "v4")) c->kind = PS_ATTN_CHANNEL; /* "v4": the deprecated name (docs/training.md) */
             else {
                 char b[64];
                 size_t w = 0;
                 for (; s[w] && w < 40; w++) b[w] = (unsigned char)s[w] < 0x20 || (unsigned char)s[w] >= 0x7f ? '?' : s[w];
                 b[w] = '\0';
-                return ps_fail(err, "%s: key \"attention.kind\" is \"%s%s\", expected \"full\", \"compressed\" or \"v4\"", src, b,
+                return ps_fail(err, "%s: key \"attention.kind\" is \"%s%s\", expected \"full\", \"compressed\" or \"channel\"", src, b,
                                s[w] ? "..." : "");
             }
         } else if (!strcmp(k, "window")) e = get_int(v, "attention.window", src, &c->window, err), seen_comp = 1, comp_key = "window";
@@ -100,15 +100,15 @@ static int parse_attention(json_t *att, const char *src, ps_config *c, ps_error 
         } else
             return ps_fail(err,
                            "%s: unknown key \"attention.%s\" (valid: kind, window, stride, local_window, gate, payload; "
-                           "kind \"v4\": rate, mode, local_window)",
+                           "kind \"channel\": rate, mode, local_window)",
                            src, k);
         if (e) return -1;
     }
-    if (c->kind == PS_ATTN_V4 && seen_comp)
-        return ps_fail(err, "%s: key \"attention.%s\" does not apply to kind \"v4\" (its keys: rate, mode, local_window)", src, comp_key);
-    if (c->kind != PS_ATTN_V4 && seen_v4)
-        return ps_fail(err, "%s: key \"attention.%s\" applies to kind \"v4\" only", src, v4_key);
-    if (c->kind == PS_ATTN_V4 && !seen_lw) c->local_window = c->rate; /* default: one window of raw tokens */
+    if (c->kind == PS_ATTN_CHANNEL && seen_comp)
+        return ps_fail(err, "%s: key \"attention.%s\" does not apply to kind \"channel\" (its keys: rate, mode, local_window)", src, comp_key);
+    if (c->kind != PS_ATTN_CHANNEL && seen_v4)
+        return ps_fail(err, "%s: key \"attention.%s\" applies to kind \"channel\" only", src, v4_key);
+    if (c->kind == PS_ATTN_CHANNEL && !seen_lw) c->local_window = c->rate; /* default: one window of raw tokens */
     return 0;
 }
 
@@ -320,7 +320,7 @@ int ps_config_validate(const ps_config *c, const char *src, ps_error *err) {
                     (double)c->n_layers * ((double)c->d_model * c->head_dim * (2 * c->n_heads + 2 * c->n_kv_heads) +
                                            3.0 * c->d_model * c->d_ff);
     if (params > 1e11) return ps_fail(err, "%s: model would have about %.3g parameters; refusing (limit 1e11)", src, params);
-    if (c->kind == PS_ATTN_V4) {
+    if (c->kind == PS_ATTN_CHANNEL) {
         if (c->rate < 1 || c->rate > 4096)
             return ps_fail(err, "%s: key \"attention.rate\" must be in [1, 4096], got %lld", src, (long long)c->rate);
         if (c->v4_mode != PS_V4_MODE_CSA && c->v4_mode != PS_V4_MODE_HCA)
@@ -329,7 +329,7 @@ int ps_config_validate(const ps_config *c, const char *src, ps_error *err) {
             return ps_fail(err, "%s: key \"attention.local_window\" must be in [1, %lld], got %lld", src, (long long)PS_MAX_DIM,
                            (long long)c->local_window);
         if (c->n_kv_heads != 1)
-            return ps_fail(err, "%s: key \"n_kv_heads\" is %lld: the v4 attention has one K=V head (DeepSeek-V4), so it must be 1", src,
+            return ps_fail(err, "%s: key \"n_kv_heads\" is %lld: the channel attention has one K=V head (DeepSeek-V4), so it must be 1", src,
                            (long long)c->n_kv_heads);
     }
     if (c->kind == PS_ATTN_COMPRESSED) {
@@ -399,8 +399,8 @@ static int round_trip_digits(double v) {
 /* The `attention` object of the native schema (also phasescope's extension of an HF config). */
 static json_t *attention_json(const ps_config *c) {
     json_t *a = json_object();
-    if (c->kind == PS_ATTN_V4) {
-        json_object_set_new(a, "kind", json_string("v4"));
+    if (c->kind == PS_ATTN_CHANNEL) {
+        json_object_set_new(a, "kind", json_string("channel"));
         json_object_set_new(a, "rate", json_integer(c->rate));
         json_object_set_new(a, "mode", json_string(c->v4_mode == PS_V4_MODE_HCA ? "hca" : "csa"));
         json_object_set_new(a, "local_window", json_integer(c->local_window));
@@ -517,7 +517,7 @@ void ps_config_hash(const ps_config *c, char out[17]) {
 }
 
 int64_t ps_config_n_windows(const ps_config *c, int64_t T) {
-    if (c->kind == PS_ATTN_V4) return T / c->rate; /* complete windows of m tokens */
+    if (c->kind == PS_ATTN_CHANNEL) return T / c->rate; /* complete windows of m tokens */
     if (c->kind != PS_ATTN_COMPRESSED || T < c->window) return 0;
     return (T - c->window) / c->stride + 1;
 }

@@ -8,13 +8,13 @@
 #include <stdint.h>
 #include <stdbool.h>
 
-#include "error.h"
+#include "core/error.h"
 
-/* PS_ATTN_V4: DeepSeek-V4's compressor as an attention variant of this model (docs/training.md, "The v4
+/* PS_ATTN_CHANNEL: DeepSeek-V4's compressor as an attention variant of this model (docs/training.md, "The v4
  * attention"): one K=V head, a per-channel gate softmax over window slots with a learned position bias,
  * CSA's two overlapping half-window series or HCA's plain windows, a sliding raw window and a per-head
  * attention sink. */
-typedef enum { PS_ATTN_FULL = 0, PS_ATTN_COMPRESSED = 1, PS_ATTN_V4 = 2 } ps_attn_kind;
+typedef enum { PS_ATTN_FULL = 0, PS_ATTN_COMPRESSED = 1, PS_ATTN_CHANNEL = 2 } ps_attn_kind;
 typedef enum { PS_V4_MODE_CSA = 0, PS_V4_MODE_HCA = 1 } ps_v4_mode;
 typedef enum { PS_GATE_LEARNED = 0, PS_GATE_UNIFORM = 1 } ps_gate_kind;
 typedef enum { PS_PAYLOAD_PER_OFFSET = 0, PS_PAYLOAD_SHARED = 1 } ps_payload_kind;
@@ -40,7 +40,7 @@ typedef struct {
     ps_v4_mode v4_mode;   /* csa: entries pool 2m slots (two overlapping half-window series), hca: m slots */
 } ps_config;
 
-/* v4 attention: slots per compressed entry (CSA 2m, HCA m) and the compressor's projection width factor
+/* channel attention: slots per compressed entry (CSA 2m, HCA m) and the compressor's projection width factor
  * (CSA 2: the two series, HCA 1). */
 static inline int64_t ps_config_v4_slots(const ps_config *c) { return c->v4_mode == PS_V4_MODE_CSA ? 2 * c->rate : c->rate; }
 static inline int64_t ps_config_v4_series(const ps_config *c) { return c->v4_mode == PS_V4_MODE_CSA ? 2 : 1; }

@@ -1,6 +1,6 @@
 /* cpu_env.c — BLAS kernel selection and OpenMP wait policy at start-up (see cpu_env.h). */
 #define _GNU_SOURCE
-#include "cpu_env.h"
+#include "core/cpu_env.h"
 
 #include <sched.h>
 #include <cblas.h>
@@ -10,7 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "rng.h"
+#include "core/rng.h"
 
 /* Environment variables this module uses to talk to the re-executed copy of the program. */
 #define ENV_STATE "PS_CPU_ENV_STATE"   /* "auto" once the start-up decisions are made */

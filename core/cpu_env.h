@@ -26,7 +26,7 @@
 
 #include <stddef.h>
 
-#include "error.h"
+#include "core/error.h"
 
 /* Called first in main(). May replace the process image (execv of /proc/self/exe with the same
  * argv); returns normally when nothing needs to change, when re-execution is off or fails, or in

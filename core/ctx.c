@@ -1,11 +1,11 @@
-#include "ctx.h"
+#include "core/ctx.h"
 
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend.h"
+#include "core/backend.h"
 
 /* The backends this build has (a CUDA build adds its table here: core/cuda/backend_cuda.c). */
 #ifdef PS_HAVE_CUDA

@@ -16,7 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "error.h"
+#include "core/error.h"
 
 typedef struct ps_backend ps_backend; /* the op table: core/backend.h */
 

@@ -1,5 +1,5 @@
 #define _POSIX_C_SOURCE 200809L
-#include "fileio.h"
+#include "core/fileio.h"
 
 #include <errno.h>
 #include <fcntl.h>

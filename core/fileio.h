@@ -9,7 +9,7 @@
 
 #include <jansson.h>
 
-#include "error.h"
+#include "core/error.h"
 
 /* Read a regular file into a malloc'd buffer (NUL-terminated, *len excludes the NUL). Refuses
  * directories and files larger than max_bytes. */

@@ -1,6 +1,6 @@
-#include "forward.h"
+#include "core/forward.h"
 
-#include "fileio.h"
+#include "core/fileio.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -32,7 +32,7 @@ static int build_specs(act_spec *s, ps_act_ptrs *p, const ps_config *c, int64_t 
     SPEC(k_pre, BT * nkv * hd, true);
     SPEC(k, BT * nkv * hd, true);
     SPEC(k_rstd, BT * nkv, true);
-    SPEC(v, c->kind == PS_ATTN_V4 ? 0 : BT * nkv * hd, true); /* v4: K = V */
+    SPEC(v, c->kind == PS_ATTN_CHANNEL ? 0 : BT * nkv * hd, true); /* v4: K = V */
     SPEC(gz_k, B * nW * nkv * W, true);
     SPEC(ga_k, B * nW * nkv * W, true);
     SPEC(gz_v, B * nW * nkv * W, true);
@@ -60,7 +60,7 @@ static int build_specs(act_spec *s, ps_act_ptrs *p, const ps_config *c, int64_t 
     SPEC(rope_cos, c->rope ? T * (hd / 2) : 0, false);
     SPEC(rope_sin, c->rope ? T * (hd / 2) : 0, false);
     SPEC(payload_scratch, comp && c->payload == PS_PAYLOAD_SHARED ? BT * nkv * hd : 0, false);
-    int v4 = c->kind == PS_ATTN_V4;
+    int v4 = c->kind == PS_ATTN_CHANNEL;
     int64_t cs = v4 ? ps_config_v4_series(c) : 0, S4 = v4 ? ps_config_v4_slots(c) : 0;
     SPEC(c_kv_raw, BT * cs * hd, true);
     SPEC(c_z, BT * cs * hd, true);
@@ -115,7 +115,7 @@ int ps_acts_create_rows(ps_acts *a, ps_ctx *ctx, const ps_config *cfg, int64_t B
                              .compressed = comp, .W = cfg->window, .S = cfg->stride,
                              .LW = comp ? (cfg->local_window < T ? cfg->local_window : T) : 0, .nW = a->nW};
     a->geom.ncols = comp ? a->nW + a->geom.LW : T;
-    if (cfg->kind == PS_ATTN_V4)
+    if (cfg->kind == PS_ATTN_CHANNEL)
         a->geom4 = (ps_v4_attn_geom){.B = B, .T = T, .H = cfg->n_heads, .Dh = cfg->head_dim, .nW = a->nW, .K = 0,
                                      .W = cfg->local_window, .m = cfg->rate, .scale = (float)(1.0 / sqrt((double)cfg->head_dim))};
     act_spec s[48];
@@ -339,7 +339,7 @@ static int layer_forward_pre(const ps_model *m, ps_acts *a, int l, const ps_hook
     float eps = (float)c->rms_eps;
     float *h = a->p.resid + (int64_t)l * BT * d;
     int comp = c->kind == PS_ATTN_COMPRESSED;
-    if (c->kind == PS_ATTN_V4) return v4_layer_pre(m, a, l, hooks, err);
+    if (c->kind == PS_ATTN_CHANNEL) return v4_layer_pre(m, a, l, hooks, err);
 
     FIRE(PS_HOOK_RESID_PRE, h, 3, B, T, d);
     OPS(PS_PROF_NORM_ROPE, ps_rmsnorm(ctx, p.ln1, p.ln1_rstd, h, w.in_norm, BT, d, eps));
@@ -392,7 +392,7 @@ static int layer_forward_post(const ps_model *m, ps_acts *a, int l, const ps_hoo
     int64_t B = a->B, T = a->T, BT = B * T, d = c->d_model, hd = c->head_dim, nh = c->n_heads, dff = c->d_ff;
     float eps = (float)c->rms_eps;
     float *h = a->p.resid + (int64_t)l * BT * d, *h_next = h + BT * d;
-    if (c->kind == PS_ATTN_V4 ? v4_attention(m, a, l, &p, err) : attention(a, l, &p, hooks, err)) return -1;
+    if (c->kind == PS_ATTN_CHANNEL ? v4_attention(m, a, l, &p, err) : attention(a, l, &p, hooks, err)) return -1;
     FIRE(PS_HOOK_Z, p.z, 4, B, T, nh, hd);
     OPS(PS_PROF_MATMUL, ps_matmul(ctx, p.attn_out, p.z, w.wo, BT, nh * hd, d, 0));
     FIRE(PS_HOOK_ATTN_OUT, p.attn_out, 3, B, T, d);
@@ -436,7 +436,7 @@ static int fire_attention_inputs(const ps_model *m, ps_acts *a, int l, const ps_
                        (long long)hooks->n_layers, (long long)c->n_layers);
     FIRE(PS_HOOK_Q, p.q, 4, B, T, nh, hd);
     FIRE(PS_HOOK_K, p.k, 4, B, T, nkv, hd);
-    if (c->kind == PS_ATTN_V4) { /* K = V: no v, cv */
+    if (c->kind == PS_ATTN_CHANNEL) { /* K = V: no v, cv */
         if (nW > 0) FIRE(PS_HOOK_CK, p.ck, 4, B, nW, nkv, hd);
         return 0;
     }
@@ -492,8 +492,8 @@ int ps_forward_from_attention_rows(const ps_model *m, ps_acts *a, int l, const p
     if (same_ctx(m, a, err)) return -1;
     if (!a->keep_all) return ps_fail(err, "forward from the attention of layer %d needs the activations of every layer", l);
     if (l < 0 || l > last) return ps_fail(err, "forward from layer %d: the model has %lld layers", l, (long long)c->n_layers);
-    if (c->kind == PS_ATTN_V4)
-        return ps_fail(err, "the answer-row restart is not available for the v4 attention (use ps_forward_from_attention)");
+    if (c->kind == PS_ATTN_CHANNEL)
+        return ps_fail(err, "the answer-row restart is not available for the channel attention (use ps_forward_from_attention)");
     for (int64_t i = 0; i < n; i++)
         if (rows[i] < 0 || rows[i] >= a->B * a->T)
             return ps_fail(err, "answer row %lld is outside the batch's %lld rows", (long long)rows[i], (long long)(a->B * a->T));

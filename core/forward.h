@@ -11,11 +11,11 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "error.h"
-#include "hooks.h"
-#include "model.h"
-#include "ops.h"
-#include "tasks.h"
+#include "core/error.h"
+#include "core/hooks.h"
+#include "core/model.h"
+#include "core/ops.h"
+#include "core/batch.h"
 
 typedef struct {
     float *resid;          /* [L+1, B, T, d]   input of layer l (l = L: the final residual) */

@@ -1,6 +1,6 @@
-#include "hooks.h"
+#include "core/hooks.h"
 
-#include "ops.h"
+#include "core/ops.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,13 +20,13 @@ static bool compressed_only(ps_hook_point pt) {
 
 void ps_hook_name(char *buf, size_t n, int layer, ps_hook_point pt) { snprintf(buf, n, "blocks.%d.%s", layer, SUFFIX[pt]); }
 
-/* Points a config does not have: the compressor's on full attention; on the v4 attention (K = V, one
+/* Points a config does not have: the compressor's on full attention; on the channel attention (K = V, one
  * compressor, per-channel gate) v, gate_v, cv and, for now, the pattern. NULL: the point exists. */
 static const char *point_missing(const ps_config *cfg, ps_hook_point pt) {
-    if (cfg->kind == PS_ATTN_V4) {
-        if (pt == PS_HOOK_V || pt == PS_HOOK_CV) return "does not exist on the v4 attention (K = V: use hook_k / hook_ck)";
-        if (pt == PS_HOOK_GATE_V) return "does not exist on the v4 attention (one compressor: its per-channel gate is hook_gate_k)";
-        if (pt == PS_HOOK_PATTERN) return "is not available on the v4 attention";
+    if (cfg->kind == PS_ATTN_CHANNEL) {
+        if (pt == PS_HOOK_V || pt == PS_HOOK_CV) return "does not exist on the channel attention (K = V: use hook_k / hook_ck)";
+        if (pt == PS_HOOK_GATE_V) return "does not exist on the channel attention (one compressor: its per-channel gate is hook_gate_k)";
+        if (pt == PS_HOOK_PATTERN) return "is not available on the channel attention";
         return NULL;
     }
     if (compressed_only(pt) && cfg->kind != PS_ATTN_COMPRESSED) return "exists only on compressed-attention models";
@@ -80,7 +80,7 @@ int ps_hook_shape(const ps_config *cfg, ps_hook_point pt, int64_t B, int64_t T, 
     case PS_HOOK_V: shape[1] = T, shape[2] = nkv, shape[3] = hd; return 4;
     case PS_HOOK_GATE_K:
     case PS_HOOK_GATE_V:
-        if (cfg->kind == PS_ATTN_V4) { /* the per-channel gate: [B, nW, slots, hd] */
+        if (cfg->kind == PS_ATTN_CHANNEL) { /* the per-channel gate: [B, nW, slots, hd] */
             shape[1] = nW, shape[2] = ps_config_v4_slots(cfg), shape[3] = hd;
             return 4;
         }
@@ -100,7 +100,7 @@ static int64_t point_heads(const ps_config *cfg, ps_hook_point pt) {
     case PS_HOOK_Z: return cfg->n_heads;
     case PS_HOOK_GATE_K:
     case PS_HOOK_GATE_V:
-        if (cfg->kind == PS_ATTN_V4) return ps_config_v4_slots(cfg); /* axis 2 is the slot */
+        if (cfg->kind == PS_ATTN_CHANNEL) return ps_config_v4_slots(cfg); /* axis 2 is the slot */
         return cfg->n_kv_heads;
     case PS_HOOK_K:
     case PS_HOOK_V:

@@ -16,9 +16,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "config.h"
-#include "ctx.h"
-#include "error.h"
+#include "core/config.h"
+#include "core/ctx.h"
+#include "core/error.h"
 
 typedef enum {
     PS_HOOK_RESID_PRE = 0, PS_HOOK_Q, PS_HOOK_K, PS_HOOK_V, PS_HOOK_GATE_K, PS_HOOK_GATE_V, PS_HOOK_CK, PS_HOOK_CV,

@@ -1,5 +1,5 @@
 #define _POSIX_C_SOURCE 200809L
-#include "model.h"
+#include "core/model.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -11,9 +11,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "fileio.h"
-#include "rng.h"
-#include "safetensors.h"
+#include "core/fileio.h"
+#include "core/rng.h"
+#include "core/safetensors.h"
 
 static const char *const LAYER_NAMES[PS_P_NKINDS] = {
     [PS_P_IN_NORM] = "input_layernorm.weight",
@@ -53,8 +53,8 @@ static void add(ps_model *m, ps_param_kind kind, int layer, int ndim, int64_t a,
     p->offset = m->n_params;
     m->n_params += p->numel;
     const char *ln = LAYER_NAMES[kind];
-    if (m->cfg.kind == PS_ATTN_V4 && kind == PS_P_WK) ln = "self_attn.kv_proj.weight"; /* K = V */
-    if (m->cfg.kind == PS_ATTN_V4 && kind == PS_P_KNORM) ln = "self_attn.kv_norm.weight";
+    if (m->cfg.kind == PS_ATTN_CHANNEL && kind == PS_P_WK) ln = "self_attn.kv_proj.weight"; /* K = V */
+    if (m->cfg.kind == PS_ATTN_CHANNEL && kind == PS_P_KNORM) ln = "self_attn.kv_norm.weight";
     if (layer >= 0) snprintf(p->name, sizeof p->name, "model.layers.%d.%s", layer, ln);
     else if (kind == PS_P_EMBED) snprintf(p->name, sizeof p->name, "model.embed_tokens.weight");
     else if (kind == PS_P_FINAL_NORM) snprintf(p->name, sizeof p->name, "model.norm.weight");
@@ -74,7 +74,7 @@ int ps_model_create(ps_model *m, const ps_config *cfg, ps_error *err) {
         add(m, PS_P_IN_NORM, l, 1, d, 0, 0);
         add(m, PS_P_WQ, l, 2, nh * hd, d, 0);
         add(m, PS_P_WK, l, 2, nkv * hd, d, 0);
-        if (c->kind != PS_ATTN_V4) add(m, PS_P_WV, l, 2, nkv * hd, d, 0); /* v4: K = V */
+        if (c->kind != PS_ATTN_CHANNEL) add(m, PS_P_WV, l, 2, nkv * hd, d, 0); /* v4: K = V */
         add(m, PS_P_WO, l, 2, d, nh * hd, 0);
         if (c->qk_norm) {
             add(m, PS_P_QNORM, l, 1, hd, 0, 0);
@@ -95,7 +95,7 @@ int ps_model_create(ps_model *m, const ps_config *cfg, ps_error *err) {
                 add(m, PS_P_VALUE_GATE_B, l, 2, W, nkv, 0);
             }
         }
-        if (c->kind == PS_ATTN_V4) {
+        if (c->kind == PS_ATTN_CHANNEL) {
             int64_t cs = ps_config_v4_series(c);
             add(m, PS_P_V4_C_WKV, l, 2, cs * hd, d, 0);
             add(m, PS_P_V4_C_WGATE, l, 2, cs * hd, d, 0);

@@ -6,10 +6,10 @@
 
 #include <stdint.h>
 
-#include "config.h"
-#include "ctx.h"
-#include "error.h"
-#include "safetensors.h"
+#include "core/config.h"
+#include "core/ctx.h"
+#include "core/error.h"
+#include "core/safetensors.h"
 
 /* Parameter kinds; per-layer kinds repeat for every layer. */
 typedef enum {

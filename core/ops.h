@@ -13,8 +13,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "backend.h"
-#include "ctx.h"
+#include "core/backend.h"
+#include "core/ctx.h"
 
 /* expf for the kernels' inner loops: Cephes' range reduction and degree-6 polynomial, written so that
  * gcc vectorises the loops that call it (libm's expf is a call, which stops vectorisation). Relative

@@ -1,11 +1,11 @@
-#include "prefill.h"
+#include "core/prefill.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "fileio.h"
-#include "ops.h"
+#include "core/fileio.h"
+#include "core/ops.h"
 
 /* ---- size table: per layer the carried state, then one chunk's working set ---- */
 
@@ -105,7 +105,7 @@ int ps_prefill_create(ps_prefill *p, const ps_model *m, int64_t T_max, int64_t c
         return ps_fail(err, "prefill of %lld tokens in chunks of %lld: both must be >= 1", (long long)T_max, (long long)chunk);
     if (T_max > c->max_seq_len)
         return ps_fail(err, "sequence of %lld tokens exceeds max_seq_len %lld", (long long)T_max, (long long)c->max_seq_len);
-    if (c->kind == PS_ATTN_V4) return ps_fail(err, "the chunked prefill does not support the v4 attention (run prompts whole)");
+    if (c->kind == PS_ATTN_CHANNEL) return ps_fail(err, "the chunked prefill does not support the channel attention (run prompts whole)");
     if (chunk > T_max) chunk = T_max;
     p->m = m;
     p->ctx = m->ctx;

@@ -18,8 +18,8 @@
 
 #include <stdint.h>
 
-#include "error.h"
-#include "model.h"
+#include "core/error.h"
+#include "core/model.h"
 
 /* Logits are computed for at most this many asked-for positions at a time. */
 #define PS_PREFILL_ROWS 64

@@ -1,5 +1,5 @@
 #define _POSIX_C_SOURCE 200809L
-#include "safetensors.h"
+#include "core/safetensors.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -12,7 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "fileio.h"
+#include "core/fileio.h"
 
 static const struct {
     const char *name;

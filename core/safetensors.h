@@ -10,7 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "error.h"
+#include "core/error.h"
 
 #define PS_ST_MAX_HEADER (100u * 1000u * 1000u) /* 100 MB, as in the reference library */
 #define PS_ST_MAX_TENSORS 1000000

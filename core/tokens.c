@@ -1,10 +1,10 @@
-#include "tokens.h"
+#include "core/tokens.h"
 
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "fileio.h"
+#include "core/fileio.h"
 
 void ps_tokens_free(ps_token_lists *t) {
     for (int i = 0; i < t->n; i++) free(t->seq[i]);

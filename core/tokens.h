@@ -5,7 +5,7 @@
 
 #include <stdint.h>
 
-#include "error.h"
+#include "core/error.h"
 
 typedef struct {
     int n;          /* sequences */

@@ -15,8 +15,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "ctx.h"
-#include "error.h"
+#include "core/ctx.h"
+#include "core/error.h"
 
 /* Start: MPI_Init when an MPI launcher started this process and the build has MPI. PS_MPI=0 in the
  * environment keeps a launched process out of MPI (it runs alone). Fails (usage: exit 2) when launched as

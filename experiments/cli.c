@@ -1,5 +1,5 @@
 #define _POSIX_C_SOURCE 200809L
-#include "cli.h"
+#include "experiments/cli.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -9,7 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "dist.h"
+#include "dist/dist.h"
 
 int ps_cli_status(const ps_error *err) { return err && err->usage ? 2 : 1; }
 

@@ -9,8 +9,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "ctx.h"
-#include "error.h"
+#include "core/ctx.h"
+#include "core/error.h"
 
 /* ---- the command scaffold ----
  *

@@ -6,11 +6,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "draw.h"
-#include "fillers.h"
-#include "instrument.h"
-#include "results_check.h"
-#include "tokenizer.h"
+#include "viz/draw.h"
+#include "interventions/fillers.h"
+#include "experiments/instrument.h"
+#include "viz/results_check.h"
+#include "text/tokenizer.h"
 
 static int run(const ps_args *a, ps_error *err);
 

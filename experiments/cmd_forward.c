@@ -4,15 +4,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
-#include "tensor_list.h"
-#include "cmd_v4.h"
-#include "v4_config.h"
-#include "forward.h"
-#include "hooks.h"
-#include "model.h"
-#include "safetensors.h"
-#include "tokens.h"
+#include "experiments/cli.h"
+#include "experiments/tensor_list.h"
+#include "experiments/cmd_v4.h"
+#include "core/v4/v4_config.h"
+#include "core/forward.h"
+#include "core/hooks.h"
+#include "core/model.h"
+#include "core/safetensors.h"
+#include "core/tokens.h"
 
 static int run(const ps_args *args, ps_error *out_err);
 

@@ -4,14 +4,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cmd_v4.h"
-#include "dist.h"
-#include "gatecycle.h"
-#include "instrument.h"
-#include "knockout.h"
-#include "results_check.h"
-#include "stats.h"
-#include "units.h"
+#include "experiments/cmd_v4.h"
+#include "dist/dist.h"
+#include "interventions/gatecycle.h"
+#include "experiments/instrument.h"
+#include "interventions/knockout.h"
+#include "viz/results_check.h"
+#include "interventions/stats.h"
+#include "interventions/units.h"
+#include "tasks/tasks.h"
 
 static int run(const ps_args *a, ps_error *err);
 
@@ -289,7 +290,7 @@ static int run(const ps_args *a, ps_error *err) {
                              "branch", br, "params", pa, "chance", ps_task_chance(&in.task), "n_kv_heads",
                              (json_int_t)c->n_kv_heads, "gates_without_payloads",
                              params == PS_CYCLE_GATE && c->kind == PS_ATTN_COMPRESSED && c->payload != PS_PAYLOAD_SHARED,
-                             "v4_rate", (json_int_t)(c->kind == PS_ATTN_V4 ? c->rate : 0));
+                             "v4_rate", (json_int_t)(c->kind == PS_ATTN_CHANNEL ? c->rate : 0));
     if (per_head) json_object_set_new(meta, "per_head", per_head); /* only a run that is not split has it */
     w = malloc((size_t)(nu ? nu : 1) * sizeof *w);
     if (!w && !r) r = ps_fail(err, "out of memory for %lld work units", (long long)nu);
@@ -437,7 +438,7 @@ int ps_gatecycle_finish(const ps_partial *p, const char *out_dir, ps_error *err)
     if (ps_result_write(out_dir, "gatecycle.json", res, err)) goto done;
     if (warning[0]) fprintf(stderr, "phasescope gatecycle: warning: %s\n", warning);
     int64_t v4_rate = json_integer_value(json_object_get(meta, "v4_rate"));
-    if (v4_rate > 0) /* the v4 attention: its position bias is the per-slot parameter */
+    if (v4_rate > 0) /* the channel attention: its position bias is the per-slot parameter */
         printf("cycled layer %lld: the compressor's position bias (ape) rolled by %lld (mod the rate %lld)\n", (long long)layer,
                (long long)shift, (long long)v4_rate);
     else

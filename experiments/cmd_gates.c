@@ -3,12 +3,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dist.h"
-#include "fileio.h"
-#include "gates.h"
-#include "cmd_v4.h"
-#include "instrument.h"
-#include "units.h"
+#include "dist/dist.h"
+#include "core/fileio.h"
+#include "gates/gates.h"
+#include "experiments/cmd_v4.h"
+#include "experiments/instrument.h"
+#include "interventions/units.h"
 
 static int run(const ps_args *a, ps_error *err);
 
@@ -27,7 +27,7 @@ const ps_command ps_cmd_gates = {
         "prompts (shift 0): per layer, KV head and branch, mean_gate (a distribution over the W offsets), N_static = exp(H(mean_gate)),\n"
         "N_input = E[exp(H(alpha))], the peak offset, and a label: static (N_static <= 2 and N_input <= 2),\n"
         "input-dependent (N_input <= 2 < N_static) or diffuse (N_input > 2). With --log, also how these evolved\n"
-        "over the gate records of a training log. Writes OUT/gates.json. DeepSeek-V4 checkpoints and the v4 attention:\n"
+        "over the gate records of a training log. Writes OUT/gates.json. DeepSeek-V4 checkpoints and the channel attention:\n"
         "per-channel gates, per channel and pooled (docs/results-schema.md, \"Per-channel gates\").\n",
     .flags = FLAGS,
     .run = run,
@@ -121,8 +121,8 @@ static int run(const ps_args *a, ps_error *err) {
     int rc = 1;
     int bad = ps_instr_setup(&in, a, 1, err);
     if (ps_dist_agree(bad, err)) goto done;
-    if (in.m.cfg.kind == PS_ATTN_V4) { /* per-channel gates (experiments/cmd_v4_instr.c): whole on rank 0 */
-        int r = ps_instr_whole_begin(a, "the per-channel gate statistics of the v4 attention", err);
+    if (in.m.cfg.kind == PS_ATTN_CHANNEL) { /* per-channel gates (experiments/cmd_v4_instr.c): whole on rank 0 */
+        int r = ps_instr_whole_begin(a, "the per-channel gate statistics of the channel attention", err);
         rc = ps_instr_whole_end(r == 1 ? ps_v4_model_gates(&in, ps_args_get(a, "--log"), err) : r, err) ? 1 : 0;
         goto done;
     }

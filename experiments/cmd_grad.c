@@ -3,12 +3,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "backward.h"
-#include "cli.h"
-#include "forward.h"
-#include "model.h"
-#include "safetensors.h"
-#include "tokens.h"
+#include "core/backward.h"
+#include "experiments/cli.h"
+#include "core/forward.h"
+#include "core/model.h"
+#include "core/safetensors.h"
+#include "core/tokens.h"
 
 static int run(const ps_args *args, ps_error *out_err);
 

@@ -4,13 +4,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
-#include "cmd_v4.h"
-#include "v4_config.h"
-#include "cpu_env.h"
-#include "forward.h"
-#include "fileio.h"
-#include "model.h"
+#include "experiments/cli.h"
+#include "experiments/cmd_v4.h"
+#include "core/v4/v4_config.h"
+#include "core/cpu_env.h"
+#include "core/forward.h"
+#include "core/fileio.h"
+#include "core/model.h"
 
 static int run(const ps_args *a, ps_error *err);
 
@@ -106,7 +106,7 @@ static int run(const ps_args *a, ps_error *err) {
         printf("  compressed W%lld/S%lld      %.1f bytes/token (%.1fx smaller) + %s fixed local window\n",
                (long long)c->window, (long long)c->stride, per_tok, (double)c->stride, local);
     }
-    if (c->kind == PS_ATTN_V4) { /* K = V: one entry per token (raw) or per m tokens (compressed) */
+    if (c->kind == PS_ATTN_CHANNEL) { /* K = V: one entry per token (raw) or per m tokens (compressed) */
         double per_tok = (double)c->n_layers * (double)c->head_dim * 4.0 / (double)c->rate;
         char local[32];
         human(local, sizeof local, (double)c->n_layers * (double)c->head_dim * 4.0 * (double)c->local_window);

@@ -5,10 +5,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
-#include "fileio.h"
-#include "model.h"
-#include "train.h"
+#include "experiments/cli.h"
+#include "core/fileio.h"
+#include "core/model.h"
+#include "train/train.h"
 
 static int run(const ps_args *a, ps_error *err);
 

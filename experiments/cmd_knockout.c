@@ -4,11 +4,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cmd_v4.h"
-#include "dist.h"
-#include "instrument.h"
-#include "knockout.h"
-#include "units.h"
+#include "experiments/cmd_v4.h"
+#include "dist/dist.h"
+#include "experiments/instrument.h"
+#include "interventions/knockout.h"
+#include "interventions/units.h"
 
 static int run(const ps_args *a, ps_error *err);
 

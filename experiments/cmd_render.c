@@ -5,9 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
-#include "figures.h"
-#include "results_check.h"
+#include "experiments/cli.h"
+#include "viz/figures.h"
+#include "viz/results_check.h"
 
 static int run(const ps_args *a, ps_error *err);
 

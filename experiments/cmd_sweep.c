@@ -4,17 +4,17 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cmd_v4.h"
-#include "instrument.h"
-#include "dist.h"
-#include "draw.h"
-#include "results_check.h"
-#include "stats.h"
-#include "textkv.h"
-#include "textkv_task.h"
-#include "textutil.h"
-#include "tokenizer.h"
-#include "units.h"
+#include "experiments/cmd_v4.h"
+#include "experiments/instrument.h"
+#include "dist/dist.h"
+#include "viz/draw.h"
+#include "viz/results_check.h"
+#include "interventions/stats.h"
+#include "interventions/textkv.h"
+#include "tasks/textkv_task.h"
+#include "text/textutil.h"
+#include "text/tokenizer.h"
+#include "interventions/units.h"
 
 static int run(const ps_args *a, ps_error *err);
 

@@ -9,12 +9,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
-#include "figures.h"
-#include "fileio.h"
-#include "gates.h"
-#include "progress.h"
-#include "theory_train.h"
+#include "experiments/cli.h"
+#include "viz/figures.h"
+#include "core/fileio.h"
+#include "gates/gates.h"
+#include "experiments/progress.h"
+#include "gates/theory_train.h"
 
 static int run(const ps_args *a, ps_error *err);
 

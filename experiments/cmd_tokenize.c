@@ -6,9 +6,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "cli.h"
-#include "fileio.h"
-#include "tokenizer.h"
+#include "experiments/cli.h"
+#include "core/fileio.h"
+#include "text/tokenizer.h"
 
 static int run(const ps_args *a, ps_error *err);
 

@@ -4,12 +4,12 @@
 #include <string.h>
 #include <time.h>
 
-#include "cli.h"
-#include "dist.h"
-#include "fileio.h"
-#include "figures.h"
-#include "progress.h"
-#include "train.h"
+#include "experiments/cli.h"
+#include "dist/dist.h"
+#include "core/fileio.h"
+#include "viz/figures.h"
+#include "experiments/progress.h"
+#include "train/train.h"
 
 static int run(const ps_args *a, ps_error *err);
 

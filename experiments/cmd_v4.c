@@ -3,22 +3,22 @@
  * runs each sequence on its own and writes logits.{i} and {hook}.{i} (batch axis dropped), with the V4
  * hook names of docs/hooks.md. */
 #define _POSIX_C_SOURCE 200809L
-#include "cmd_v4.h"
+#include "experiments/cmd_v4.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
-#include "tensor_list.h"
-#include "fileio.h"
-#include "hooks.h"
-#include "safetensors.h"
-#include "tokens.h"
-#include "v4_config.h"
-#include "v4_forward.h"
-#include "v4_hooks.h"
-#include "v4_model.h"
+#include "experiments/cli.h"
+#include "experiments/tensor_list.h"
+#include "core/fileio.h"
+#include "core/hooks.h"
+#include "core/safetensors.h"
+#include "core/tokens.h"
+#include "core/v4/v4_config.h"
+#include "core/v4/v4_forward.h"
+#include "core/v4/v4_hooks.h"
+#include "core/v4/v4_model.h"
 
 static void human(char *buf, size_t n, double bytes) {
     const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};

@@ -7,9 +7,9 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "cli.h"
-#include "error.h"
-#include "instrument.h"
+#include "experiments/cli.h"
+#include "core/error.h"
+#include "experiments/instrument.h"
 
 /* The commands' work, independent of how the command line was parsed: dir is the checkpoint (resolved),
  * the rest the flags' values (NULL when absent). They print their output and return 0, or -1 with err
@@ -27,7 +27,7 @@ int ps_v4_cmd_knockout(const ps_args *a, ps_error *err);
 int ps_v4_cmd_gates(const ps_args *a, ps_error *err);
 int ps_v4_cmd_gatecycle(const ps_args *a, ps_error *err);
 
-/* `phasescope gates` on a phasescope model with the v4 attention (per-channel gates, gates/chgates.h):
+/* `phasescope gates` on a phasescope model with the channel attention (per-channel gates, gates/chgates.h):
  * in is the set-up instrument; log (may be NULL) a train.jsonl whose per-channel gate records are
  * summarised. */
 int ps_v4_model_gates(ps_instr *in, const char *log, ps_error *err);

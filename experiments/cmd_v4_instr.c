@@ -7,19 +7,20 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
-#include "cmd_v4.h"
-#include "cpu_env.h"
-#include "draw.h"
-#include "fileio.h"
-#include "gatecycle.h"
-#include "gates.h"
-#include "instrument.h"
-#include "results_check.h"
-#include "stats.h"
-#include "v4_config.h"
-#include "v4_instr.h"
-#include "v4_model.h"
+#include "experiments/cli.h"
+#include "experiments/cmd_v4.h"
+#include "core/cpu_env.h"
+#include "viz/draw.h"
+#include "core/fileio.h"
+#include "interventions/gatecycle.h"
+#include "gates/gates.h"
+#include "experiments/instrument.h"
+#include "viz/results_check.h"
+#include "interventions/stats.h"
+#include "core/v4/v4_config.h"
+#include "interventions/v4_instr.h"
+#include "core/v4/v4_model.h"
+#include "tasks/tasks.h"
 
 int ps_v4_instr_wanted(const ps_args *a) {
     char dir[4096], cpath[4200];
@@ -456,7 +457,7 @@ done:
     return rc;
 }
 
-/* ---- gates of a phasescope model with the v4 attention ---- */
+/* ---- gates of a phasescope model with the channel attention ---- */
 
 /* The per-channel gate records of a train.jsonl ("gate": "per_channel"): per layer, the pooled
  * statistics over the logged steps, the step where the pooled N_input first reached the concentration

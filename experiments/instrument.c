@@ -1,14 +1,15 @@
-#include "instrument.h"
+#include "experiments/instrument.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "cpu_env.h"
-#include "dist.h"
-#include "fileio.h"
-#include "figures.h"
-#include "results_check.h"
+#include "core/cpu_env.h"
+#include "dist/dist.h"
+#include "core/fileio.h"
+#include "viz/figures.h"
+#include "viz/results_check.h"
+#include "tasks/tasks.h"
 
 /* --shard I/N: 0 <= I < N */
 static int parse_shard(const char *v, int *i, int *n, ps_error *err) {
@@ -63,7 +64,7 @@ int ps_instr_setup(ps_instr *in, const ps_args *a, int need_task, ps_error *err)
         ps_model_load(&in->m, in->model_dir, err) || ps_model_to_backend(&in->m, in->backend, err))
         return -1;
     const ps_config *c = &in->m.cfg;
-    in->P = c->kind == PS_ATTN_COMPRESSED ? c->stride : c->kind == PS_ATTN_V4 ? c->rate : 8;
+    in->P = c->kind == PS_ATTN_COMPRESSED ? c->stride : c->kind == PS_ATTN_CHANNEL ? c->rate : 8;
     int64_t seed = 0;
     if (ps_args_int(a, "--period", 1, PS_RESULT_MAX_PERIOD, &in->P, err) ||
         ps_args_int(a, "--n", 1, PS_RESULT_MAX_PROMPTS, &in->n_prompts, err) ||

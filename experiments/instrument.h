@@ -7,12 +7,12 @@
 #include <jansson.h>
 #include <stdint.h>
 
-#include "cli.h"
-#include "model.h"
-#include "partial.h"
-#include "progress.h"
-#include "sweep.h"
-#include "tasks.h"
+#include "experiments/cli.h"
+#include "core/model.h"
+#include "dist/partial.h"
+#include "experiments/progress.h"
+#include "interventions/sweep.h"
+#include "tasks/tasks.h"
 
 /* The flags every instrument takes, for its table (after its own flags). --shard I/N and MPI ranks split
  * the work (docs/scale-out.md). */

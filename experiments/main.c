@@ -5,9 +5,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "cli.h"
-#include "cpu_env.h"
-#include "dist.h"
+#include "experiments/cli.h"
+#include "core/cpu_env.h"
+#include "dist/dist.h"
 
 /* in the order `phasescope --help` lists them; each command's table holds its name and summary */
 static const ps_command *const CMDS[] = {

@@ -1,5 +1,5 @@
 #define _POSIX_C_SOURCE 200809L
-#include "progress.h"
+#include "experiments/progress.h"
 
 #include <stdio.h>
 #include <time.h>

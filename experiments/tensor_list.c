@@ -1,4 +1,4 @@
-#include "tensor_list.h"
+#include "experiments/tensor_list.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -5,8 +5,8 @@
 
 #include <stdint.h>
 
-#include "error.h"
-#include "safetensors.h"
+#include "core/error.h"
+#include "core/safetensors.h"
 
 typedef struct {
     int n, cap;

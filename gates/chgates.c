@@ -1,11 +1,11 @@
-#include "chgates.h"
+#include "gates/chgates.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "gates.h"
+#include "gates/gates.h"
 
 int ps_chgate_acc_init(ps_chgate_acc *acc, int n_layers, int n_branches, const char *const *branch_names, ps_error *err) {
     memset(acc, 0, sizeof *acc);
@@ -234,7 +234,7 @@ static const char *const MODEL_BRANCH[] = {"compressor"};
 
 int ps_chgate_init_model(ps_chgate_acc *acc, const ps_config *cfg, ps_error *err) {
     memset(acc, 0, sizeof *acc);
-    if (cfg->kind != PS_ATTN_V4) return ps_fail(err, "per-channel gate statistics need the v4 attention");
+    if (cfg->kind != PS_ATTN_CHANNEL) return ps_fail(err, "per-channel gate statistics need the channel attention");
     if (ps_chgate_acc_init(acc, (int)cfg->n_layers, 1, MODEL_BRANCH, err)) return -1;
     int csa = cfg->v4_mode == PS_V4_MODE_CSA;
     for (int l = 0; l < cfg->n_layers; l++)

@@ -1,5 +1,5 @@
 /* chgates.h — effective offsets of per-channel gates: DeepSeek-V4's compressor (V4 checkpoints: the
- * attention's compressor and the lightning indexer's; the controlled model's attention kind "v4": its
+ * attention's compressor and the lightning indexer's; the controlled model's attention kind "channel": its
  * one compressor). There every channel of a compressed entry has its own softmax over the S slots of
  * its window (HCA: the m tokens; CSA: 2m slots, the previous window's first-half series then the
  * window's own second-half series), so the statistics of gates.h are taken per channel, then pooled:
@@ -20,9 +20,9 @@
 #include <jansson.h>
 #include <stdint.h>
 
-#include "config.h"
-#include "error.h"
-#include "hooks.h"
+#include "core/config.h"
+#include "core/error.h"
+#include "core/hooks.h"
 
 #define PS_CHGATE_MAX_BRANCHES 2
 

@@ -1,4 +1,4 @@
-#include "gates.h"
+#include "gates/gates.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -8,9 +8,9 @@
 #include <jansson.h>
 #include <stdint.h>
 
-#include "config.h"
-#include "error.h"
-#include "hooks.h"
+#include "core/config.h"
+#include "core/error.h"
+#include "core/hooks.h"
 
 typedef enum { PS_BRANCH_KEY = 0, PS_BRANCH_VALUE = 1 } ps_branch;
 

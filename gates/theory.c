@@ -10,13 +10,13 @@
  *   dL/ds_hc = pi_hc (G_hc − sum_j pi_hj G_hj)         (s_hj = lambda·alpha_hr·[j = c], the only score that moves)
  *   dL/dalpha_hr = lambda · dL/ds_hc;  dL/dlambda = sum_h alpha_hr dL/ds_hc -> dL/dlog_lam = lambda · dL/dlambda
  *   through the gate softmaxes: dL/da_hi = alpha_hi (dL/dalpha_hi − sum_k alpha_hk dL/dalpha_hk), the same for b. */
-#include "theory.h"
+#include "gates/theory.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "rng.h"
+#include "core/rng.h"
 
 static void softmax(const double *z, double *p, int64_t n) {
     double mx = z[0], s = 0;

@@ -18,7 +18,7 @@
 
 #include <stdint.h>
 
-#include "error.h"
+#include "core/error.h"
 
 /* The model's limits (ps_theory_init refuses others; `phasescope theory` and the result validator use the
  * same), and the settings of `phasescope theory` that are not flags. */

@@ -1,12 +1,12 @@
 /* theory_train.c — gradient descent on the idealised bigram-induction model, the summary of its gates
  * and the check of its exact gradient (theory_train.h). */
-#include "theory_train.h"
+#include "gates/theory_train.h"
 
 #include <math.h>
 #include <stdlib.h>
 
-#include "gates.h"
-#include "rng.h"
+#include "gates/gates.h"
+#include "core/rng.h"
 
 void ps_theory_opts_default(ps_theory_opts *o) {
     *o = (ps_theory_opts){.H = 7,

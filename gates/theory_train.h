@@ -7,8 +7,8 @@
 
 #include <stdint.h>
 
-#include "error.h"
-#include "theory.h"
+#include "core/error.h"
+#include "gates/theory.h"
 
 typedef struct {
     int64_t H, S, C, N;    /* heads, window W = S, chunks, vocabulary */

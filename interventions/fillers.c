@@ -1,16 +1,16 @@
 /* fillers.c — text filler experiments: the experiment file, prompts, candidate scoring, the periodicity
  * test and the result JSON (fillers.h, docs/text-experiments.md). */
-#include "fillers.h"
+#include "interventions/fillers.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "fileio.h"
-#include "rng.h"
-#include "sweep.h"
-#include "tasks.h"
+#include "core/fileio.h"
+#include "core/rng.h"
+#include "interventions/sweep.h"
+#include "tasks/tasks.h"
 
 /* ---- the experiment file ---- */
 

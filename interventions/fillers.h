@@ -13,10 +13,10 @@
 #include <jansson.h>
 #include <stdint.h>
 
-#include "error.h"
-#include "model.h"
-#include "textutil.h"
-#include "tokenizer.h"
+#include "core/error.h"
+#include "core/model.h"
+#include "text/textutil.h"
+#include "text/tokenizer.h"
 
 /* Limits of an experiment file (the validator enforces the same) */
 #define PS_FILLERS_MAX_L ((int64_t)1 << 20)     /* the largest filler length in tokens */

@@ -1,13 +1,14 @@
-#include "gatecycle.h"
+#include "interventions/gatecycle.h"
 
-#include "ops.h"
-#include "stats.h"
+#include "core/ops.h"
+#include "interventions/stats.h"
+#include "tasks/tasks.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* The v4 attention: the compressor's only per-slot parameter is its position bias ape [m, c·hd] (the
+/* The channel attention: the compressor's only per-slot parameter is its position bias ape [m, c·hd] (the
  * gate and payload projections are shared by the slots); rolling its rows by k moves the bias of token
  * offset r in a window to offset r + k (mod m), in both of CSA's series. */
 static int v4_cycle(ps_model *m, int layer, int head, int branches, int params, int64_t k, ps_error *err) {
@@ -19,7 +20,7 @@ static int v4_cycle(ps_model *m, int layer, int head, int branches, int params, 
         return ps_fail(err, "--head %d: out of range (the model has %lld KV heads, 0..%lld)", head, (long long)c->n_kv_heads,
                        (long long)c->n_kv_heads - 1);
     if (!(branches & PS_CYCLE_KEY))
-        return ps_fail(err, "--branch value: the v4 attention has one compressor (K = V); use --branch key or both");
+        return ps_fail(err, "--branch value: the channel attention has one compressor (K = V); use --branch key or both");
     if (params & PS_CYCLE_PAYLOAD)
         return ps_fail(err, "--params %s: the v4 compressor's payload projection is shared by the slots; only its position bias "
                             "(gate) is per slot",
@@ -36,7 +37,7 @@ static int v4_cycle(ps_model *m, int layer, int head, int branches, int params, 
 
 int ps_gate_cycle(ps_model *m, int layer, int head, int branches, int params, int64_t k, ps_error *err) {
     const ps_config *c = &m->cfg;
-    if (c->kind == PS_ATTN_V4) return v4_cycle(m, layer, head, branches, params, k, err);
+    if (c->kind == PS_ATTN_CHANNEL) return v4_cycle(m, layer, head, branches, params, k, err);
     if (c->kind != PS_ATTN_COMPRESSED) return ps_fail(err, "the model has full attention: there is no gate to cycle");
     if (layer < 0 || layer >= c->n_layers)
         return ps_fail(err, "--layer %d: out of range (the model has %lld layers, 0..%lld)", layer, (long long)c->n_layers,

@@ -7,9 +7,9 @@
 
 #include <stdint.h>
 
-#include "error.h"
-#include "model.h"
-#include "tasks.h"
+#include "core/error.h"
+#include "core/model.h"
+#include "tasks/tasks.h"
 
 enum { PS_CYCLE_KEY = 1, PS_CYCLE_VALUE = 2 };          /* branch mask */
 enum { PS_CYCLE_GATE = 1, PS_CYCLE_PAYLOAD = 2 };       /* parameter mask */

@@ -1,10 +1,11 @@
-#include "knockout.h"
+#include "interventions/knockout.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "fileio.h"
+#include "core/fileio.h"
+#include "tasks/tasks.h"
 
 void ps_knockout_result_free(ps_knockout_result *r) {
     ps_residue_stats_free(&r->clean);
@@ -124,7 +125,7 @@ int ps_knockout_grid_opts(const ps_model *m, const ps_batch *base, const ps_task
     const ps_config *c = &m->cfg;
     ps_ctx *ctx = m->ctx;
     int naive = opts && opts->naive;
-    int v4 = c->kind == PS_ATTN_V4; /* K = V: hook_k / hook_ck only; one full forward per cell (no answer-row restart) */
+    int v4 = c->kind == PS_ATTN_CHANNEL; /* K = V: hook_k / hook_ck only; one full forward per cell (no answer-row restart) */
     if (v4) naive = 1;
     if ((target & PS_KO_COMPRESSED) && c->kind != PS_ATTN_COMPRESSED && !v4)
         return ps_fail(err, "--target %s: a full-attention model has no compressed entries (use --target raw)",

@@ -1,12 +1,12 @@
-#include "patching.h"
+#include "interventions/patching.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "fileio.h"
-#include "forward.h"
+#include "core/fileio.h"
+#include "core/forward.h"
 
 /* A forward of acts `a` with a cache watching names (the hooks are the cache's only). */
 static int forward_cached(const ps_model *m, ps_acts *a, const int32_t *tokens, const char *const *names, int n,

@@ -12,11 +12,11 @@
 
 #include <stdint.h>
 
-#include "error.h"
-#include "hooks.h"
-#include "model.h"
-#include "sweep.h"
-#include "tasks.h"
+#include "core/error.h"
+#include "core/hooks.h"
+#include "core/model.h"
+#include "interventions/sweep.h"
+#include "tasks/tasks.h"
 
 /* One forward of B sequences of T tokens (tokens [B, T]) with a cache watching each of names[0 .. n):
  * afterwards ps_cache_get(cache, name) holds the activation (host memory; the values after any earlier

@@ -1,4 +1,4 @@
-#include "stats.h"
+#include "interventions/stats.h"
 
 #include <math.h>
 #include <stdio.h>

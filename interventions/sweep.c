@@ -1,13 +1,14 @@
-#include "sweep.h"
+#include "interventions/sweep.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "fileio.h"
-#include "prefill.h"
-#include "rng.h"
-#include "stats.h"
+#include "core/fileio.h"
+#include "core/prefill.h"
+#include "core/rng.h"
+#include "interventions/stats.h"
+#include "tasks/tasks.h"
 
 int ps_fillers_load(const char *path, ps_filler_family **out, int *n, ps_error *err) {
     *out = NULL;

@@ -7,11 +7,11 @@
 #include <jansson.h>
 #include <stdint.h>
 
-#include "error.h"
-#include "forward.h"
-#include "hooks.h"
-#include "model.h"
-#include "tasks.h"
+#include "core/error.h"
+#include "core/forward.h"
+#include "core/hooks.h"
+#include "core/model.h"
+#include "tasks/tasks.h"
 
 typedef enum { PS_SWEEP_PAD = 0, PS_SWEEP_MOVE = 1 } ps_sweep_mode;
 

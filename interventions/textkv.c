@@ -1,5 +1,5 @@
 /* textkv.c — the phase sweep's text key-value prompts (textkv.h). */
-#include "textkv.h"
+#include "interventions/textkv.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -6,8 +6,8 @@
 
 #include <stdint.h>
 
-#include "sweep.h"
-#include "textkv_prompt.h"
+#include "interventions/sweep.h"
+#include "text/textkv_prompt.h"
 
 /* The prompts of shift p of a phase sweep with period P: N prompts (prompt i from seed and i), pad mode
  * pre = p, move mode before = p, after = P − 1 − p (the length is the same for every p). Prompts are

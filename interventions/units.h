@@ -17,9 +17,10 @@
 
 #include <stdint.h>
 
-#include "gates.h"
-#include "knockout.h"
-#include "sweep.h"
+#include "gates/gates.h"
+#include "interventions/knockout.h"
+#include "interventions/sweep.h"
+#include "tasks/tasks.h"
 
 int64_t ps_sweep_n_batches(int64_t N, int64_t batch);
 

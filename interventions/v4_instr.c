@@ -1,4 +1,4 @@
-#include "v4_instr.h"
+#include "interventions/v4_instr.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -6,10 +6,11 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "fileio.h"
-#include "ops.h"
-#include "v4_forward.h"
-#include "v4_hooks.h"
+#include "core/fileio.h"
+#include "core/ops.h"
+#include "core/v4/v4_forward.h"
+#include "core/v4/v4_hooks.h"
+#include "tasks/tasks.h"
 
 /* ---- the task ---- */
 

@@ -20,11 +20,11 @@
 #include <jansson.h>
 #include <stdint.h>
 
-#include "chgates.h"
-#include "knockout.h"
-#include "sweep.h"
-#include "tasks.h"
-#include "v4_model.h"
+#include "gates/chgates.h"
+#include "interventions/knockout.h"
+#include "interventions/sweep.h"
+#include "tasks/tasks.h"
+#include "core/v4/v4_model.h"
 
 typedef struct {
     ps_task task;

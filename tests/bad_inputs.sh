@@ -51,7 +51,7 @@ v4() { cp -r "$CONF/v4/hub3" "$T/$1" && chmod -R u+w "$T/$1"; }
 v4 v4shape && sed -i 's/"q_lora_rank": 24/"q_lora_rank": 20/' "$T/v4shape/config.json"
 v4 v4layers && sed -i 's/"num_hidden_layers": 3/"num_hidden_layers": 4/' "$T/v4layers/config.json"
 v4 v4rope && sed -i 's/"type": "yarn"/"type": "linear"/' "$T/v4rope/config.json"
-# ---- the instruments on DeepSeek-V4 checkpoints and the v4 attention ----
+# ---- the instruments on DeepSeek-V4 checkpoints and the channel attention ----
 cp "$SRC/experiments/configs/v4/task_kv_small.json" "$T/v4task.json"
 printf '{"task": {"kind": "kv-retrieval", "seq_len": 40, "n_keys": 4, "n_values": 2, "n_fillers": 1, "n_pairs": 2, "query_gap": 4, "n_queries": 1}, "ids": {"bos": 0, "marker": 1, "keys": [2, 3, 4, 5], "values": [6, 3], "fillers": [9]}}' > "$T/v4dup.json"
 mkdir -p "$T/v4gqa" && sed 's/"n_kv_heads": 1/"n_kv_heads": 2/' "$SRC/data/models/v4demo/config.json" > "$T/v4gqa/config.json"

@@ -29,7 +29,7 @@ static void mv(double *y, const float *W, const double *x, int rows, int cols) {
     }
 }
 
-/* The attention kind v4 (DeepSeek-V4's compressor, docs/training.md) of one layer, from the normed input
+/* The attention kind channel (DeepSeek-V4's compressor, docs/training.md) of one layer, from the normed input
  * a [T, d]: h += o_proj(attention). Written from the formulas: raw K=V entries of the sliding window and
  * the complete compressed entries (per-channel softmax over the slots of z + ape, CSA's two series), a
  * softmax with the head's sink, and the output rotated back by its position. */
@@ -130,7 +130,7 @@ void ref_forward(const ps_model *m, const int32_t *tok, int T, double *logits) {
     for (int l = 0; l < c->n_layers; l++) {
         ps_layer_params w = ps_model_layer(m, m->params, l);
         for (int t = 0; t < T; t++) rms(a + t * d, h + t * d, w.in_norm, d, eps);
-        if (c->kind == PS_ATTN_V4) {
+        if (c->kind == PS_ATTN_CHANNEL) {
             ref_v4_attention(m, &w, a, T, h);
             goto mlp;
         }

@@ -5,7 +5,7 @@
 
 #include <stdint.h>
 
-#include "model.h"
+#include "core/model.h"
 
 /* logits: [T, vocab] */
 void ref_forward(const ps_model *m, const int32_t *tok, int T, double *logits);

@@ -13,9 +13,9 @@
 #include <string.h>
 
 #include "check.h"
-#include "cpu_attention.h"
-#include "ops.h"
-#include "rng.h"
+#include "core/cpu/cpu_attention.h"
+#include "core/ops.h"
+#include "core/rng.h"
 
 static ps_rng rng_;
 

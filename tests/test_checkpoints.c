@@ -14,10 +14,10 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "fileio.h"
-#include "forward.h"
-#include "model.h"
-#include "safetensors.h"
+#include "core/fileio.h"
+#include "core/forward.h"
+#include "core/model.h"
+#include "core/safetensors.h"
 #include "testutil.h"
 
 static char TMP[512];

@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "check.h"
-#include "config.h"
+#include "core/config.h"
 
 #define BASE "\"vocab_size\": 512, \"d_model\": 128, \"n_layers\": 4, \"n_heads\": 8, \"n_kv_heads\": 4, " \
              "\"head_dim\": 32, \"d_ff\": 384, \"max_seq_len\": 512"

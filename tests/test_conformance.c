@@ -5,13 +5,13 @@
 #include <string.h>
 
 #include "check.h"
-#include "fileio.h"
-#include "forward.h"
-#include "hooks.h"
-#include "model.h"
-#include "safetensors.h"
+#include "core/fileio.h"
+#include "core/forward.h"
+#include "core/hooks.h"
+#include "core/model.h"
+#include "core/safetensors.h"
 #include "testutil.h"
-#include "tokens.h"
+#include "core/tokens.h"
 
 static void compare(const ps_st_file *ref, const char *name, const float *got, int ndim, const int64_t *shape,
                     const char *model) {

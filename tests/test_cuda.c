@@ -20,15 +20,15 @@
 
 #include <jansson.h>
 
-#include "backward.h"
+#include "core/backward.h"
 #include "check.h"
-#include "cuda_ops.h"
-#include "forward.h"
-#include "hooks.h"
-#include "model.h"
-#include "rng.h"
+#include "core/cuda/cuda_ops.h"
+#include "core/forward.h"
+#include "core/hooks.h"
+#include "core/model.h"
+#include "core/rng.h"
 #include "testutil.h"
-#include "tokens.h"
+#include "core/tokens.h"
 
 static ps_ctx *CPU, *GPU;
 /* PS_TEST_CUDA_DRY_RUN=1: the "device" is a second cpu context (checks the test's own code on a machine

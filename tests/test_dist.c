@@ -11,13 +11,14 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "dist.h"
-#include "gates.h"
-#include "knockout.h"
-#include "partial.h"
-#include "sweep.h"
+#include "dist/dist.h"
+#include "gates/gates.h"
+#include "interventions/knockout.h"
+#include "dist/partial.h"
+#include "interventions/sweep.h"
 #include "testutil.h"
-#include "units.h"
+#include "interventions/units.h"
+#include "tasks/tasks.h"
 
 static ps_task small_task(void) {
     ps_task t = {.kind = PS_TASK_KV, .seq_len = 30, .n_keys = 6, .n_values = 6, .n_fillers = 3, .n_pairs = 3,

@@ -5,11 +5,11 @@
 #include <string.h>
 
 #include "check.h"
-#include "forward.h"
-#include "hooks.h"
-#include "ops.h"
+#include "core/forward.h"
+#include "core/hooks.h"
+#include "core/ops.h"
 #include "ref_model.h"
-#include "rng.h"
+#include "core/rng.h"
 #include "testutil.h"
 
 static int run(const ps_model *m, const int32_t *tok, int64_t B, int64_t T, const ps_hooks *h, float *logits) {

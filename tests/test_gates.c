@@ -5,11 +5,11 @@
 #include <string.h>
 
 #include "check.h"
-#include "forward.h"
-#include "gates.h"
-#include "model.h"
+#include "core/forward.h"
+#include "gates/gates.h"
+#include "core/model.h"
 #include "testutil.h"
-#include "tokens.h"
+#include "core/tokens.h"
 
 static void test_hand(void) {
     double u[4] = {0.25, 0.25, 0.25, 0.25}, one[4] = {0, 0, 1, 0}, half[4] = {0.5, 0.5, 0, 0};

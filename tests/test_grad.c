@@ -4,15 +4,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backward.h"
+#include "core/backward.h"
 #include "check.h"
-#include "forward.h"
-#include "model.h"
+#include "core/forward.h"
+#include "core/model.h"
 #include "ref_model.h"
-#include "rng.h"
-#include "safetensors.h"
+#include "core/rng.h"
+#include "core/safetensors.h"
 #include "testutil.h"
-#include "tokens.h"
+#include "core/tokens.h"
 
 /* mean cross-entropy of the reference forward */
 static double ref_loss(const ps_model *m, const int32_t *tok, const int32_t *tgt, int T) {

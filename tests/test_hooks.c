@@ -7,9 +7,9 @@
 #include <string.h>
 
 #include "check.h"
-#include "cpu.h"
-#include "forward.h"
-#include "hooks.h"
+#include "core/cpu/cpu.h"
+#include "core/forward.h"
+#include "core/hooks.h"
 #include "testutil.h"
 
 enum { T = 24, V = 23 };

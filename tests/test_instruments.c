@@ -12,11 +12,12 @@
 #include <string.h>
 
 #include "check.h"
-#include "gatecycle.h"
-#include "knockout.h"
-#include "draw.h"
-#include "stats.h"
-#include "sweep.h"
+#include "interventions/gatecycle.h"
+#include "interventions/knockout.h"
+#include "viz/draw.h"
+#include "interventions/stats.h"
+#include "interventions/sweep.h"
+#include "tasks/tasks.h"
 #include "testutil.h"
 
 /* the allocation-failure test asks for more memory than exists: under ASan that must return NULL, as

@@ -15,10 +15,11 @@
 #include <string.h>
 
 #include "check.h"
-#include "forward.h"
-#include "knockout.h"
-#include "patching.h"
-#include "sweep.h"
+#include "core/forward.h"
+#include "interventions/knockout.h"
+#include "interventions/patching.h"
+#include "interventions/sweep.h"
+#include "tasks/tasks.h"
 #include "testutil.h"
 
 static ps_filler_family repeat_family(void) {

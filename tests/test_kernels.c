@@ -9,10 +9,10 @@
 #include <string.h>
 
 #include "check.h"
-#include "model.h"
-#include "cpu.h"
-#include "optim.h"
-#include "rng.h"
+#include "core/model.h"
+#include "core/cpu/cpu.h"
+#include "train/optim.h"
+#include "core/rng.h"
 
 static ps_rng rng_;
 static ps_ctx *ctx; /* the CPU context every op of this test runs on */

@@ -49,6 +49,11 @@ for i in 0 1 2; do "$PS" knockout --model "$W" --n 64 --batch 16 --shard $i/3 --
 check "knockout: 3 shards merged = one process" 'same_json "$T/ko1/knockout.json" "$T/kom/knockout.json" command'
 check "knockout: merged summary = one process" 'cmp -s <(tail -n +2 "$T/ko1.txt" | sed "s#$T/ko1#X#") <(sed "s#$T/kom#X#" "$T/kom.txt")'
 check "merged provenance says so" 'grep -q "merged from 3 shards" "$T/kom/knockout.json"'
+"$PS" merge "$T/kop" --out "$T/komd" > /dev/null 2>&1
+check "merge DIR: the shards' --out directory = its part files" 'same_json "$T/kom/knockout.json" "$T/komd/knockout.json" command'
+mkdir -p "$T/empty"
+out=$("$PS" merge "$T/empty" --out "$T/x" 2>&1); rc=$?
+check "merge: a directory without part files is named" '[ $rc -eq 1 ] && grep -q "empty: a directory with no part files" <<<"$out"'
 "$PS" sweep --n 48 --batch 16 --mode move --out "$T/sw1" > /dev/null 2>&1
 for i in 1 0; do "$PS" sweep --n 48 --batch 16 --mode move --shard=$i/2 --out "$T/swp" > /dev/null 2>&1; done
 "$PS" merge "$T/swp/sweep.part-0-of-2.safetensors" "$T/swp/sweep.part-1-of-2.safetensors" --out "$T/swm" > /dev/null 2>&1
@@ -61,6 +66,9 @@ check "gatecycle: 3 shards merged = one process" 'same_json "$T/gc1/gatecycle.js
 for i in 0 1; do "$PS" gates --n 48 --batch 16 --shard $i/2 --out "$T/gap" > /dev/null 2>&1; done
 "$PS" merge "$T"/gap/gates.part-*-of-2.safetensors --out "$T/gam" > /dev/null 2>&1
 check "gates: 2 shards merged = one process" 'same_json "$T/ga1/gates.json" "$T/gam/gates.json" command'
+for i in 0 1; do "$PS" gates --n 48 --batch 16 --shard $i/2 --out "$T/gad$i" > /dev/null 2>&1; done
+"$PS" merge "$T/gad0" "$T/gad1" --out "$T/gadm" > /dev/null 2>&1
+check "merge a b: two --out directories (one shard each)" 'same_json "$T/ga1/gates.json" "$T/gadm/gates.json" command'
 out=$("$PS" merge "$T/kop/knockout.part-0-of-3.safetensors" "$T/kop/knockout.part-2-of-3.safetensors" --out "$T/x" 2>&1); rc=$?
 check "merge: a missing shard is named" '[ $rc -eq 1 ] && grep -q "missing: 1" <<<"$out"'
 out=$("$PS" merge "$T/kop/knockout.part-0-of-3.safetensors" "$T/swp/sweep.part-1-of-2.safetensors" --out "$T/x" 2>&1); rc=$?
@@ -184,7 +192,7 @@ $MPI -np 2 "$PS" train --config "$T/cfg.json" --out "$T/r12" --resume > /dev/nul
 check "train: 1 rank, then --resume with 2: the same curve" 'curve "$T/t1/train.jsonl" "$T/r12/train.jsonl" 1e-5'
 out=$($MPI -np 2 "$PS" train --config "$T/cfg.json" --out "$T/t2" 2>&1); rc=$?
 check "train: an error every rank shares is said once" '[ $rc -eq 1 ] && [ "$(grep -c "already holds a run" <<<"$out")" -eq 1 ]'
-# main's other training paths: the text-kv task (a batch reallocated every step) and the v4 attention
+# main's other training paths: the text-kv task (a batch reallocated every step) and the channel attention
 # (per-channel gate records, rank 0's)
 cp "$TT" "$T/tok.json"
 printf '{"model": {"vocab_size": 419, "d_model": 16, "n_layers": 1, "n_heads": 2, "n_kv_heads": 2, "head_dim": 8, "d_ff": 32, "max_seq_len": 300, "attention": {"kind": "compressed", "window": 4, "stride": 4, "local_window": 4}}, "task": {"kind": "text-kv", "tokenizer": "tok.json", "values": "words", "pairs": 3, "queries": 2, "seq_len": 200}, "train": {"steps": 6, "batch_size": 4, "log_every": 1, "logits": "answers", "eval_size": 4, "eval_every": 3}}' > "$T/tkcfg.json"
@@ -195,7 +203,7 @@ python3 -c 'import json, sys; c = json.load(open(sys.argv[1])); c["train"].updat
   "$SRC/experiments/configs/v4/v4demo.json" "$T/v4cfg.json"
 $MPI -np 1 "$PS" train --config "$T/v4cfg.json" --out "$T/v41" > /dev/null 2>&1
 $MPI -np 2 "$PS" train --config "$T/v4cfg.json" --out "$T/v42" > /dev/null 2>&1
-check "train v4 attention: -np 2 loss curve and gate records like -np 1" 'curve "$T/v41/train.jsonl" "$T/v42/train.jsonl" 1e-5 && grep -q "per_channel" "$T/v42/train.jsonl"'
+check "train channel attention: -np 2 loss curve and gate records like -np 1" 'curve "$T/v41/train.jsonl" "$T/v42/train.jsonl" 1e-5 && grep -q "per_channel" "$T/v42/train.jsonl"'
 
 # ---- a rank that dies, a rank that hangs ----
 section "a killed rank, a stuck rank"

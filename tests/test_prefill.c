@@ -8,8 +8,9 @@
 #include <string.h>
 
 #include "check.h"
-#include "forward.h"
-#include "prefill.h"
+#include "core/forward.h"
+#include "core/prefill.h"
+#include "tasks/tasks.h"
 #include "testutil.h"
 
 static double max_rel(const float *a, const float *b, int64_t n) {

@@ -11,8 +11,8 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "results_check.h"
-#include "stats.h"
+#include "viz/results_check.h"
+#include "interventions/stats.h"
 
 static char PS[4096], TMP[256];
 
@@ -232,7 +232,7 @@ static void test_sweep(void) {
     d = json_deep_copy(base);
     json_object_set_new(json_object_get(json_object_get(json_object_get(d, "provenance"), "config"), "attention"), "kind",
                         json_string("sparse"));
-    CHECK_ERR(chk(d, &err), &err, "r.json: provenance.config.attention.kind: \"sparse\" is not one of full, compressed, v4, deepseek_v4");
+    CHECK_ERR(chk(d, &err), &err, "r.json: provenance.config.attention.kind: \"sparse\" is not one of full, compressed, channel, v4, deepseek_v4");
     json_decref(d);
     d = json_deep_copy(base);
     json_object_set_new(json_object_get(json_object_get(d, "provenance"), "eval"), "mode", json_string("slide"));
@@ -452,7 +452,7 @@ static void test_files(void) {
     if (f) fclose(f);
 }
 
-/* ---- DeepSeek-V4 checkpoints and the v4 attention: provenance configs, per-channel gates ---- */
+/* ---- DeepSeek-V4 checkpoints and the channel attention: provenance configs, per-channel gates ---- */
 
 static void test_v4_results(void) {
     char a[4096], task[512];

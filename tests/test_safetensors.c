@@ -9,9 +9,9 @@
 #include <sys/stat.h>
 
 #include "check.h"
-#include "fileio.h"
-#include "model.h"
-#include "safetensors.h"
+#include "core/fileio.h"
+#include "core/model.h"
+#include "core/safetensors.h"
 #include "testutil.h"
 
 static char TMP[512];

@@ -14,17 +14,18 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "fillers.h"
-#include "forward.h"
-#include "results_check.h"
-#include "rng.h"
-#include "sweep.h"
+#include "interventions/fillers.h"
+#include "core/forward.h"
+#include "viz/results_check.h"
+#include "core/rng.h"
+#include "interventions/sweep.h"
 #include "testutil.h"
-#include "textkv.h"
-#include "textkv_task.h"
-#include "train.h"
-#include "textutil.h"
-#include "tokenizer.h"
+#include "interventions/textkv.h"
+#include "tasks/textkv_task.h"
+#include "train/train.h"
+#include "text/textutil.h"
+#include "text/tokenizer.h"
+#include "tasks/tasks.h"
 
 #define TINY PS_SOURCE_DIR "/tests/text/tiny_tokenizer.json"
 #define TINY_IDS 419

@@ -13,7 +13,7 @@
 #include <utf8proc.h>
 
 #include "check.h"
-#include "tokenizer.h"
+#include "text/tokenizer.h"
 
 #ifndef PS_SOURCE_DIR
 #define PS_SOURCE_DIR "."

@@ -8,13 +8,13 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "fileio.h"
-#include "model.h"
-#include "optim.h"
-#include "safetensors.h"
-#include "tasks.h"
+#include "core/fileio.h"
+#include "core/model.h"
+#include "train/optim.h"
+#include "core/safetensors.h"
+#include "tasks/tasks.h"
 #include "testutil.h"
-#include "train.h"
+#include "train/train.h"
 
 static char TMP[512];
 

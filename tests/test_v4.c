@@ -14,15 +14,15 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "fileio.h"
-#include "hooks.h"
-#include "safetensors.h"
+#include "core/fileio.h"
+#include "core/hooks.h"
+#include "core/safetensors.h"
 #include "testutil.h"
-#include "tokens.h"
-#include "v4_config.h"
-#include "v4_forward.h"
-#include "v4_hooks.h"
-#include "v4_model.h"
+#include "core/tokens.h"
+#include "core/v4/v4_config.h"
+#include "core/v4/v4_forward.h"
+#include "core/v4/v4_hooks.h"
+#include "core/v4/v4_model.h"
 
 static int verbose = 0;
 

@@ -1,5 +1,5 @@
 /* test_v4_instr.c — the instruments on DeepSeek-V4 checkpoints (interventions/v4_instr.h) and on the
- * controlled model's v4 attention, on the tiny random conformance models (the accuracies are meaningless;
+ * controlled model's channel attention, on the tiny random conformance models (the accuracies are meaningless;
  * the machinery, shapes and bookkeeping are what is checked):
  *   - task files: identity and mapped token ids, their errors; a mapped evaluation scores the mapped
  *     prompts exactly as a hand-run forward does;
@@ -10,7 +10,7 @@
  *   - gate cycling by k then -k restores the model bit for bit (ape and logits), k = rate is the identity;
  *   - gates: a hand-built uniform gate (gate projection 0, constant ape) gives N_static = N_input = the
  *     slot count (HCA: the rate; CSA: twice the rate), per channel and pooled;
- *   - the v4 attention of the controlled model: gate cycling k / -k, a uniform gate's N = 2m, and the
+ *   - the channel attention of the controlled model: gate cycling k / -k, a uniform gate's N = 2m, and the
  *     knockout grid of its compressed entries against a hand-computed mean. */
 #include <math.h>
 #include <stdio.h>
@@ -19,16 +19,17 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "chgates.h"
-#include "forward.h"
-#include "gatecycle.h"
-#include "knockout.h"
-#include "rng.h"
-#include "sweep.h"
+#include "gates/chgates.h"
+#include "core/forward.h"
+#include "interventions/gatecycle.h"
+#include "interventions/knockout.h"
+#include "core/rng.h"
+#include "interventions/sweep.h"
 #include "testutil.h"
-#include "v4_forward.h"
-#include "v4_hooks.h"
-#include "v4_instr.h"
+#include "core/v4/v4_forward.h"
+#include "core/v4/v4_hooks.h"
+#include "interventions/v4_instr.h"
+#include "tasks/tasks.h"
 
 static char mix4[4096];
 static ps_filler_family fam = {.name = "repeat", .n_pattern = 1, .pattern = {0}};
@@ -384,10 +385,10 @@ static void test_uniform_gates(ps_v4_model *m, const ps_v4_task *t) {
     ps_batch_free(&base);
 }
 
-/* ---- the controlled model's v4 attention ---- */
+/* ---- the controlled model's channel attention ---- */
 
 static void test_controlled_v4(void) {
-    ps_config c = tu_config(PS_ATTN_V4);
+    ps_config c = tu_config(PS_ATTN_CHANNEL);
     c.n_layers = 2, c.n_kv_heads = 1, c.rate = 4, c.v4_mode = PS_V4_MODE_CSA, c.local_window = 3;
     ps_model m;
     tu_random_model(&m, &c, 21, 0.5f);
@@ -429,7 +430,7 @@ static void test_controlled_v4(void) {
             ps_chgate_stat_of(&acc, l, 0, ch, mg, &st);
             worst = fmax(worst, fmax(fabs(st.N_static - 8), fabs(st.N_input - 8)));
         }
-    CHECK(worst < 1e-4 && acc.g[0].n_windows == T / 4 - 1, "v4 attention, uniform gate: N = 2m = 8 (worst %.3g), %lld windows", worst,
+    CHECK(worst < 1e-4 && acc.g[0].n_windows == T / 4 - 1, "channel attention, uniform gate: N = 2m = 8 (worst %.3g), %lld windows", worst,
           (long long)acc.g[0].n_windows);
     ps_hooks_free(&h);
     ps_chgate_acc_free(&acc);
@@ -438,7 +439,7 @@ static void test_controlled_v4(void) {
     ps_model_free(&m);
 }
 
-/* the knockout grid on the v4 attention: its compressed entries replaced by a hand-computed mean */
+/* the knockout grid on the channel attention: its compressed entries replaced by a hand-computed mean */
 typedef struct {
     double *sum;
     float *mean;
@@ -461,7 +462,7 @@ static int cm_set(const ps_hook_event *ev, void *user, ps_error *err) {
 }
 
 static void test_controlled_knockout(void) {
-    ps_config c = tu_config(PS_ATTN_V4);
+    ps_config c = tu_config(PS_ATTN_CHANNEL);
     c.n_layers = 2, c.n_kv_heads = 1, c.rate = 4, c.v4_mode = PS_V4_MODE_HCA, c.local_window = 4, c.vocab_size = 40;
     ps_model m;
     tu_random_model(&m, &c, 31, 0.5f);
@@ -503,7 +504,7 @@ static void test_controlled_knockout(void) {
         same &= r.cells[0].n[rr] == want.n[rr] && r.cells[0].k[rr] == want.k[rr];
         worst = fmax(worst, fabs(r.cells[0].lp[rr] - want.lp[rr]) / fmax(1, fabs(want.lp[rr])));
     }
-    CHECK(same && worst < 1e-5, "v4 attention: compressed-entry knockout = hand mean replacement (%.3g)", worst);
+    CHECK(same && worst < 1e-5, "channel attention: compressed-entry knockout = hand mean replacement (%.3g)", worst);
     ps_residue_stats_free(&want);
     ps_knockout_result_free(&r);
     ps_batch_free(&base);

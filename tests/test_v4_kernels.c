@@ -11,9 +11,9 @@
 #include <string.h>
 
 #include "check.h"
-#include "cpu.h"
-#include "rng.h"
-#include "v4_config.h"
+#include "core/cpu/cpu.h"
+#include "core/rng.h"
+#include "core/v4/v4_config.h"
 
 static ps_rng rng_;
 static ps_ctx *ctx;

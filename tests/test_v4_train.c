@@ -1,4 +1,4 @@
-/* test_v4_train.c — the trainable V4 compressor (attention kind "v4", docs/training.md):
+/* test_v4_train.c — the trainable V4 compressor (attention kind "channel", docs/training.md):
  *   - each backward op (slot layout, per-channel slot softmax, pooling, attention with sinks) against a
  *     plain double-precision loop written here from its definition, and the composed compressor and
  *     the attention against central finite differences of plain double forwards; the ops give the same
@@ -13,16 +13,16 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backward.h"
+#include "core/backward.h"
 #include "check.h"
-#include "config.h"
-#include "cpu.h"
-#include "forward.h"
-#include "hooks.h"
-#include "model.h"
-#include "ops.h"
+#include "core/config.h"
+#include "core/cpu/cpu.h"
+#include "core/forward.h"
+#include "core/hooks.h"
+#include "core/model.h"
+#include "core/ops.h"
 #include "ref_model.h"
-#include "rng.h"
+#include "core/rng.h"
 #include "testutil.h"
 
 static ps_rng rng_;
@@ -263,7 +263,7 @@ static void test_attention(int64_t B, int64_t T, int64_t H, int64_t Dh, int64_t 
 /* ---- the model ---- */
 
 static ps_config v4_config(int csa, int64_t rate, int64_t lw) {
-    ps_config c = tu_config(PS_ATTN_V4);
+    ps_config c = tu_config(PS_ATTN_CHANNEL);
     c.n_layers = 2;
     c.d_model = 8;
     c.head_dim = 4;
@@ -366,20 +366,20 @@ static void test_config_and_names(void) {
     const char *txt = "{\"vocab_size\": 20, \"d_model\": 16, \"n_layers\": 1, \"n_heads\": 2, \"n_kv_heads\": 1, \"head_dim\": 8,"
                       " \"d_ff\": 32, \"max_seq_len\": 64, \"attention\": {\"kind\": \"v4\", \"rate\": 4, \"mode\": \"hca\"}}";
     CHECK_OK(ps_config_parse(txt, strlen(txt), "c.json", &c, &err), &err);
-    CHECK(c.kind == PS_ATTN_V4 && c.rate == 4 && c.v4_mode == PS_V4_MODE_HCA && c.local_window == 4, "parsed v4 config");
+    CHECK(c.kind == PS_ATTN_CHANNEL && c.rate == 4 && c.v4_mode == PS_V4_MODE_HCA && c.local_window == 4, "parsed v4 config");
     CHECK(ps_config_n_windows(&c, 17) == 4 && ps_config_v4_slots(&c) == 4, "windows / slots");
     char *js = ps_config_to_json(&c);
-    CHECK(js && strstr(js, "\"kind\": \"v4\"") && strstr(js, "\"rate\": 4") && strstr(js, "\"mode\": \"hca\"") && !strstr(js, "stride"),
+    CHECK(js && strstr(js, "\"kind\": \"channel\"") && strstr(js, "\"rate\": 4") && strstr(js, "\"mode\": \"hca\"") && !strstr(js, "stride"),
           "canonical JSON: %s", js);
     CHECK_OK(ps_config_parse(js, strlen(js), "rt", &c2, &err), &err);
     CHECK(!memcmp(&c, &c2, sizeof c), "round trip changed the v4 config");
     free(js);
     struct { const char *att; const char *want; } bad[] = {
-        {"{\"kind\": \"v4\", \"rate\": 4, \"window\": 8}", "does not apply to kind \"v4\""},
-        {"{\"kind\": \"compressed\", \"rate\": 4}", "applies to kind \"v4\" only"},
+        {"{\"kind\": \"v4\", \"rate\": 4, \"window\": 8}", "does not apply to kind \"channel\""},
+        {"{\"kind\": \"compressed\", \"rate\": 4}", "applies to kind \"channel\" only"},
         {"{\"kind\": \"v4\", \"rate\": 0}", "attention.rate"},
         {"{\"kind\": \"v4\", \"mode\": \"nsa\"}", "attention.mode"},
-        {"{\"kind\": \"sparse\"}", "\"full\", \"compressed\" or \"v4\""},
+        {"{\"kind\": \"sparse\"}", "\"full\", \"compressed\" or \"channel\""},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char t[512];

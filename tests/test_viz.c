@@ -13,9 +13,9 @@
 #include <string.h>
 
 #include "check.h"
-#include "draw.h"
-#include "figures.h"
-#include "fileio.h"
+#include "viz/draw.h"
+#include "viz/figures.h"
+#include "core/fileio.h"
 #include "testutil.h"
 
 static char TMP[512];

@@ -6,7 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "rng.h"
+#include "core/rng.h"
 
 ps_config tu_config(ps_attn_kind kind) {
     ps_config c;

@@ -5,8 +5,8 @@
 
 #include <stdint.h>
 
-#include "config.h"
-#include "model.h"
+#include "core/config.h"
+#include "core/model.h"
 
 /* A small config: 1 layer unless changed, vocab 23, d 16, 4 heads / 2 KV heads, hd 4, d_ff 24, T <= 64. */
 ps_config tu_config(ps_attn_kind kind);

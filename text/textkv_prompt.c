@@ -1,11 +1,11 @@
 /* textkv_prompt.c — key-value retrieval as text (textkv_prompt.h). */
-#include "textkv_prompt.h"
+#include "text/textkv_prompt.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "rng.h"
+#include "core/rng.h"
 
 #define MAX_PAIRS 100000
 

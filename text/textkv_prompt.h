@@ -26,10 +26,10 @@
 
 #include <stdint.h>
 
-#include "error.h"
-#include "tasks.h"
-#include "textutil.h"
-#include "tokenizer.h"
+#include "core/error.h"
+#include "core/batch.h"
+#include "text/textutil.h"
+#include "text/tokenizer.h"
 
 typedef struct {
     /* what the caller sets (ps_textkv_defaults fills the texts and the sizes) */

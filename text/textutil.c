@@ -1,11 +1,11 @@
 /* textutil.c — id arrays, the vocabulary check, line files and text filler families (textutil.h). */
-#include "textutil.h"
+#include "text/textutil.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "fileio.h"
+#include "core/fileio.h"
 
 #define MAX_TEXT_FILE ((size_t)64 << 20) /* a word list or sentence file */
 #define MAX_FAMILY_TEXT ((size_t)64 << 20) /* the text a repeating family may grow to */

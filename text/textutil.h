@@ -11,8 +11,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "error.h"
-#include "tokenizer.h"
+#include "core/error.h"
+#include "text/tokenizer.h"
 
 /* ---- id arrays ---- */
 

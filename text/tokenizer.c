@@ -2,7 +2,7 @@
  * Semantics follow the Rust `tokenizers` library (added_vocabulary.rs, normalizer.rs split behaviours,
  * models/bpe word merging); docs/tokenizers.md lists what is supported and the known differences. */
 #define PCRE2_CODE_UNIT_WIDTH 8
-#include "tokenizer.h"
+#include "text/tokenizer.h"
 
 #include <errno.h>
 #include <jansson.h>

@@ -1,9 +1,9 @@
-#include "optim.h"
+#include "train/optim.h"
 
 #include <math.h>
 #include <stdlib.h>
 
-#include "ops.h"
+#include "core/ops.h"
 
 void ps_optim_defaults(ps_optim_cfg *c) {
     c->lr = 3e-3;

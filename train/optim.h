@@ -7,7 +7,7 @@
 
 #include <stdint.h>
 
-#include "model.h"
+#include "core/model.h"
 
 typedef struct {
     double lr;            /* peak learning rate */

@@ -1,7 +1,7 @@
 #define _POSIX_C_SOURCE 200809L
-#include "train.h"
+#include "train/train.h"
 
-#include "cpu_env.h"
+#include "core/cpu_env.h"
 
 #include <dirent.h>
 #include <jansson.h>
@@ -12,15 +12,16 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "backward.h"
-#include "dist.h"
-#include "fileio.h"
-#include "forward.h"
-#include "chgates.h"
-#include "gates.h"
-#include "model.h"
-#include "safetensors.h"
-#include "textkv_task.h"
+#include "core/backward.h"
+#include "dist/dist.h"
+#include "core/fileio.h"
+#include "core/forward.h"
+#include "gates/chgates.h"
+#include "gates/gates.h"
+#include "core/model.h"
+#include "core/safetensors.h"
+#include "tasks/tasks.h"
+#include "tasks/textkv_task.h"
 
 /* ---- config ---- */
 
@@ -571,7 +572,7 @@ int ps_train(const ps_train_cfg *c, const char *dir, int resume, int64_t stop_af
     s.has_gates = c->model.kind == PS_ATTN_COMPRESSED;
     if (root && s.has_gates && (ps_gate_acc_init(&s.gacc, &c->model, err) || ps_gate_acc_watch(&s.gacc, &s.ghooks, &c->model, err)))
         goto done;
-    if (root && c->model.kind == PS_ATTN_V4) { /* gate statistics are rank 0's, like the evaluation they come from */
+    if (root && c->model.kind == PS_ATTN_CHANNEL) { /* gate statistics are rank 0's, like the evaluation they come from */
         if (ps_chgate_init_model(&s.chacc, &c->model, err)) goto done;
         s.has_gates = s.has_chgates = 1;
         if (ps_chgate_watch_model(&s.chacc, &s.ghooks, &c->model, err)) goto done;

@@ -11,10 +11,10 @@
 
 #include <stdint.h>
 
-#include "config.h"
-#include "error.h"
-#include "optim.h"
-#include "tasks.h"
+#include "core/config.h"
+#include "core/error.h"
+#include "train/optim.h"
+#include "tasks/tasks.h"
 
 typedef struct {
     ps_config model;

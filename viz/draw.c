@@ -1,5 +1,5 @@
 #define _POSIX_C_SOURCE 200809L
-#include "draw.h"
+#include "viz/draw.h"
 
 #include <cairo-pdf.h>
 #include <cairo-svg.h>
@@ -11,7 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "fileio.h"
+#include "core/fileio.h"
 
 int ps_fig_begin(ps_fig *f, double w, double h, ps_fig_format fmt, const char *path, ps_error *err) {
     memset(f, 0, sizeof *f);

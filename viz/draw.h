@@ -10,7 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "error.h"
+#include "core/error.h"
 
 typedef enum { PS_FMT_PNG = 0, PS_FMT_PDF, PS_FMT_SVG } ps_fig_format;
 

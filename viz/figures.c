@@ -1,5 +1,5 @@
 #define _POSIX_C_SOURCE 200809L
-#include "figures.h"
+#include "viz/figures.h"
 
 #include <jansson.h>
 #include <libgen.h>
@@ -8,8 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fileio.h"
-#include "gates.h" /* ps_effective_offsets: viz -> gates -> core, no cycle (docs/design.md, "Layers") */
+#include "core/fileio.h"
+#include "gates/gates.h" /* ps_effective_offsets: viz -> gates -> core, no cycle (docs/design.md, "Layers") */
 
 /* What a figure can show: larger inputs are refused (the renderer names the file and the field). */
 #define MAX_RESIDUES 4096    /* a phase curve's residues (sweep --period goes up to 4096) */
@@ -90,7 +90,7 @@ static void model_name(char *buf, size_t n, json_t *prov) {
                  (long long)json_integer_value(json_object_get(att, "stride")),
                  gate && !strcmp(gate, "uniform") ? ", uniform gate" : "",
                  json_is_false(json_object_get(cfg, "rope")) ? ", no RoPE" : "");
-    } else if (kind && !strcmp(kind, "v4")) {
+    } else if (kind && (!strcmp(kind, "channel") || !strcmp(kind, "v4"))) {
         const char *mode = json_string_value(json_object_get(att, "mode"));
         snprintf(buf, n, "%s (V4 compressor: %s, rate %lld, window %lld%s)", b, mode && !strcmp(mode, "hca") ? "HCA" : "CSA",
                  (long long)json_integer_value(json_object_get(att, "rate")),
@@ -516,7 +516,7 @@ static int render_knockout(json_t *const *docs, const char *const *paths, int n,
         const char *tg = json_string_value(json_object_get(grid_j, "target")), *tt = target_text(tg);
         const char *akind = json_string_value(
             json_object_get(json_object_get(json_object_get(json_object_get(docs[k], "provenance"), "config"), "attention"), "kind"));
-        if (akind && tg && (!strcmp(akind, "v4") || !strcmp(akind, "deepseek_v4"))) { /* K = V */
+        if (akind && tg && (!strcmp(akind, "channel") || !strcmp(akind, "v4") || !strcmp(akind, "deepseek_v4"))) { /* K = V */
             int rt = !strcmp(akind, "deepseek_v4");
             if (!strcmp(tg, "raw")) tt = rt ? "knocked out: the raw K=V window (layers.L.attn.kv)" : "knocked out: the raw K=V entries (hook_k)";
             else if (!strcmp(tg, "compressed"))
@@ -1398,7 +1398,7 @@ static void gatecycle_text(json_t *doc, int64_t P, char *title, size_t tn, char 
     const char *what = pa && !strcmp(pa, "gate") ? "gates" : pa && !strcmp(pa, "payload") ? "payloads" : "gates and payloads";
     const char *bw = br && !strcmp(br, "key") ? "key " : br && !strcmp(br, "value") ? "value " : "";
     const char *ak = json_string_value(json_object_get(json_object_get(json_object_get(prov, "config"), "attention"), "kind"));
-    if (ak && (!strcmp(ak, "v4") || !strcmp(ak, "deepseek_v4"))) /* V4's compressor: its position bias is the per-slot parameter */
+    if (ak && (!strcmp(ak, "channel") || !strcmp(ak, "v4") || !strcmp(ak, "deepseek_v4"))) /* V4's compressor: its position bias is the per-slot parameter */
         snprintf(title, tn, "Gate cycling — %s: layer %lld; %sposition bias (ape) rolled by k = %+lld", name, layer,
                  br && !strcmp(br, "indexer") ? "the indexer's " : br && !strcmp(br, "both") && !strcmp(ak, "deepseek_v4") ? "compressor and indexer " : "", k);
     else

@@ -9,8 +9,8 @@
 #include <jansson.h>
 #include <stdint.h>
 
-#include "draw.h"
-#include "error.h"
+#include "viz/draw.h"
+#include "core/error.h"
 
 typedef struct {
     ps_fig_format format; /* PNG always; PDF or SVG in addition when set */

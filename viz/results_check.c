@@ -1,7 +1,7 @@
 /* results_check.c — the validator for result JSON; the rules are written out in docs/results-schema.md
  * ("Validation"). Each check names the path of the field at fault (curve.residues[3].correct) and stops at
  * the first fault, in the order the fields appear in the schema. */
-#include "results_check.h"
+#include "viz/results_check.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -10,11 +10,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fileio.h"
-#include "fillers.h" /* the periodicity statistic of text filler experiments */
-#include "gates.h"  /* the gate labels */
-#include "stats.h"
-#include "theory.h" /* the idealised model's limits */
+#include "core/fileio.h"
+#include "interventions/fillers.h" /* the periodicity statistic of text filler experiments */
+#include "gates/gates.h"  /* the gate labels */
+#include "interventions/stats.h"
+#include "gates/theory.h" /* the idealised model's limits */
 
 /* writer limits (results_check.h; the interventions, core/config.c, gates/theory.h) */
 #define MAX_PERIOD PS_RESULT_MAX_PERIOD   /* --period */
@@ -208,7 +208,7 @@ typedef struct {
 } prov_info;
 
 static int check_provenance(ck *c, json_t *doc, int instrument, const char *mode_kind, prov_info *pi) {
-    static const char *const ATTN[] = {"full", "compressed", "v4", "deepseek_v4", NULL}, *const MODES[] = {"pad", "move", NULL};
+    static const char *const ATTN[] = {"full", "compressed", "channel", "v4", "deepseek_v4", NULL}, *const MODES[] = {"pad", "move", NULL};
     static const char *const V4MODE[] = {"csa", "hca", NULL};
     json_t *p, *v;
     memset(pi, 0, sizeof *pi);
@@ -229,7 +229,7 @@ static int check_provenance(ck *c, json_t *doc, int instrument, const char *mode
             int64_t w;
             if (get_int(c, att, "window", 1, MAX_WINDOW, &w) || get_int(c, att, "stride", 1, w, NULL) || opt_str(c, att, "gate"))
                 return -1;
-        } else if (!strcmp(kind, "v4")) {
+        } else if (!strcmp(kind, "channel") || !strcmp(kind, "v4")) {
             if (get_int(c, att, "rate", 1, MAX_WINDOW, NULL) || get_enum(c, att, "mode", V4MODE, NULL) ||
                 get_int(c, att, "local_window", 1, MAX_INDEX, NULL))
                 return -1;

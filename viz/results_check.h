@@ -12,7 +12,7 @@
 
 #include <jansson.h>
 
-#include "error.h"
+#include "core/error.h"
 
 /* The writers' limits that the validator enforces, one definition for both: --period and --n of the
  * instruments (experiments/instrument.c), gatecycle's --layer, --shift and --head (|value| at most

@@ -25,8 +25,8 @@
 #include <omp.h>
 #include <string.h>
 
-#include "cpu.h"
-#include "cpu_attention.h"
+#include "core/cpu/cpu.h"
+#include "core/cpu/cpu_attention.h"
 
 #define BLK PS_CPU_ATTN_BLOCK
 

@@ -8,7 +8,7 @@
 #include <omp.h>
 #include <string.h>
 
-#include "cpu.h"
+#include "core/cpu/cpu.h"
 
 #define CHUNK_BLK 64
 

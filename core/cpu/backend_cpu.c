@@ -2,7 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cpu.h"
+#include "core/cpu/cpu.h"
 
 static void *cpu_alloc(ps_ctx *c, int64_t bytes) {
     (void)c;

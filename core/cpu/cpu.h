@@ -7,7 +7,7 @@
 #ifndef PS_CPU_H
 #define PS_CPU_H
 
-#include "ops.h"
+#include "core/ops.h"
 
 /* core/cpu/ops_cpu.c and ops_cpu_backward.c */
 int ps_cpu_matmul(ps_ctx *ctx, float *out, const float *inp, const float *w, int64_t M, int64_t K, int64_t N, int
@@ -75,7 +75,7 @@ int ps_cpu_attn_chunk(ps_ctx *ctx, float *z, const float *q, const float *k, con
 
 /* core/cpu/attention.c: attention in O(T) memory (flash style), and the probability rows a pattern hook
  * materialises (attn_probs, attn_out: the forward's blocks, so they give its z bit for bit) */
-#include "cpu_attention.h"
+#include "core/cpu/cpu_attention.h"
 
 /* ---------------- DeepSeek-V4 (SPEC-v4): core/cpu/ops_cpu_v4.c ---------------- */
 int ps_cpu_v4_rope_table(ps_ctx *ctx, float *cos_t, float *sin_t, int64_t n_pos, int64_t half, const double *inv_freq,

@@ -12,8 +12,8 @@
 
 #include <stdint.h>
 
-#include "backend.h"
-#include "ctx.h"
+#include "core/backend.h"
+#include "core/ctx.h"
 
 /* Query rows per block (the rows of one score block). 128 rather than 64: the backward's sgemms that
  * add into dK/dV have this inner size, and measured 3-5% faster on the whole backward (T = 4096). */

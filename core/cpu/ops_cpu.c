@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cpu.h"
+#include "core/cpu/cpu.h"
 
 int ps_cpu_matmul(ps_ctx *ctx, float *out, const float *inp, const float *w, int64_t M, int64_t K, int64_t N, int accumulate) {
     (void)ctx;

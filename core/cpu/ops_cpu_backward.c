@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cpu.h"
+#include "core/cpu/cpu.h"
 
 int ps_cpu_matmul_backward(ps_ctx *ctx, float *dinp, float *dw, const float *dout, const float *inp, const float *w, int64_t M,
                         int64_t K, int64_t N) {

@@ -6,7 +6,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "cpu.h"
+#include "core/cpu/cpu.h"
 
 int ps_cpu_copy(ps_ctx *ctx, float *dst, const float *src, int64_t n) {
     (void)ctx;

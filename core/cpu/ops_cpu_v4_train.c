@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cpu.h"
+#include "core/cpu/cpu.h"
 
 /* The token row and channel offset that slot s of window w reads (CSA: slot s < m is token (w-1)m + s's
  * first half, slot m + s token wm + s's second half; HCA: token wm + s); -1: a dead slot of window 0. */

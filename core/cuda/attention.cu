@@ -17,7 +17,7 @@
  * an online softmax; attn_probs / attn_out materialise the probability rows for pattern hooks. */
 #include <string.h>
 
-#include "cuda_internal.cuh"
+#include "core/cuda/cuda_internal.cuh"
 
 #define BQ 64
 #define BK 64

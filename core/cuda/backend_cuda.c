@@ -4,7 +4,7 @@
  *
  * The DeepSeek-V4 block of ops is not implemented on the device yet (the V4 runtime is CPU-only): each of
  * those entries fails with "DeepSeek-V4 op X is not implemented on the cuda backend". */
-#include "cuda_ops.h"
+#include "core/cuda/cuda_ops.h"
 
 #define V4_MISSING(op) return ps_ctx_fail(c, "DeepSeek-V4 op %s is not implemented on the cuda backend", op)
 

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda_internal.cuh"
+#include "core/cuda/cuda_internal.cuh"
 #ifdef PS_HAVE_CUDNN
 #include <cudnn.h>
 #endif

@@ -2,7 +2,7 @@
  * (one warp per logit) and their softmax over the window, payloads as strided-batched GEMMs (one batch
  * entry per window offset; the shared payload is one GEMM and a gather), pooling, and the backward of
  * each. Sums into shared gradients run in a fixed order (the CPU's order), never with atomics. */
-#include "cuda_internal.cuh"
+#include "core/cuda/cuda_internal.cuh"
 
 #define T256 256
 

@@ -9,7 +9,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include "cuda_ops.h"
+#include "core/cuda/cuda_ops.h"
 
 struct ps_gemm_cache; /* gemm.cu */
 

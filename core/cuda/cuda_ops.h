@@ -11,7 +11,7 @@
 extern "C" {
 #endif
 
-#include "ops.h"
+#include "core/ops.h"
 
 /* memory and context (backend_cuda_mem.cu) */
 void *ps_cuda_alloc(ps_ctx *c, int64_t bytes);

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda_internal.cuh"
+#include "core/cuda/cuda_internal.cuh"
 
 typedef struct {
     int ta, tb, prec, beta0;

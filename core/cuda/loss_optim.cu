@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda_internal.cuh"
+#include "core/cuda/cuda_internal.cuh"
 
 __global__ void k_cross_entropy(double *row_loss, float *dlogits, const float *logits, const int32_t *tg, int64_t n_rows,
                                 int64_t V, float scale) {

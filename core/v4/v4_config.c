@@ -1,4 +1,4 @@
-#include "v4_config.h"
+#include "core/v4/v4_config.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "config.h"
-#include "fileio.h"
+#include "core/config.h"
+#include "core/fileio.h"
 
 /* ---- typed getters: each names the key (with its JSON path) and the file; null reads as absent ---- */
 

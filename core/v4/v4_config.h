@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "error.h"
+#include "core/error.h"
 
 #define PS_V4_MAX_LAYERS 512
 #define PS_V4_MAX_HALF_ROPE 1024 /* rope_dim / 2 */

@@ -1,13 +1,13 @@
-#include "v4_forward.h"
+#include "core/v4/v4_forward.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "fileio.h"
-#include "ops.h"
-#include "v4_hooks.h"
+#include "core/fileio.h"
+#include "core/ops.h"
+#include "core/v4/v4_hooks.h"
 
 /* ---- sizes ---- */
 

@@ -11,9 +11,9 @@
 
 #include <stdint.h>
 
-#include "error.h"
-#include "hooks.h"
-#include "v4_model.h"
+#include "core/error.h"
+#include "core/hooks.h"
+#include "core/v4/v4_model.h"
 
 typedef struct {
     ps_ctx *ctx;

@@ -1,4 +1,4 @@
-#include "v4_hooks.h"
+#include "core/v4/v4_hooks.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -12,8 +12,8 @@
 
 #include <stddef.h>
 
-#include "hooks.h"
-#include "v4_config.h"
+#include "core/hooks.h"
+#include "core/v4/v4_config.h"
 
 typedef enum {
     /* per layer */

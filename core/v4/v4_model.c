@@ -1,12 +1,12 @@
 #define _POSIX_C_SOURCE 200809L
-#include "v4_model.h"
+#include "core/v4/v4_model.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "fileio.h"
+#include "core/fileio.h"
 
 /* ---- names ---- */
 

@@ -17,10 +17,10 @@
 
 #include <stdint.h>
 
-#include "ctx.h"
-#include "error.h"
-#include "safetensors.h"
-#include "v4_config.h"
+#include "core/ctx.h"
+#include "core/error.h"
+#include "core/safetensors.h"
+#include "core/v4/v4_config.h"
 
 typedef enum {
     /* global */

@@ -6,8 +6,8 @@
 #include <string.h>
 
 #include "fuzz.h"
-#include "model.h"
-#include "safetensors.h"
+#include "core/model.h"
+#include "core/safetensors.h"
 
 static char CK[600];
 

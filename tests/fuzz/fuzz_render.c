@@ -7,9 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "figures.h"
+#include "viz/figures.h"
 #include "fuzz.h"
-#include "results_check.h"
+#include "viz/results_check.h"
 
 /* libFuzzer calls this before it parses its flags: add the schema dictionary unless -dict= was given. */
 int LLVMFuzzerInitialize(int *argc, char ***argv) {

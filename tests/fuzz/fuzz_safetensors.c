@@ -2,7 +2,7 @@
 #include <stdlib.h>
 
 #include "fuzz.h"
-#include "safetensors.h"
+#include "core/safetensors.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const char *p = fuzz_temp_file("in.safetensors", data, size);

@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "fuzz.h"
-#include "tokenizer.h"
+#include "text/tokenizer.h"
 
 static const char HEAD[] = "{\"model\": {\"type\": \"BPE\", \"vocab\": {";
 static const char MERGES[] = "\"Ġt\": 256, \"he\": 257, \"Ġthe\": 258, \"ĠĠ\": 259, \"in\": 260, \"Ġin\": 261, \"12\": 262}, "

@@ -1,6 +1,6 @@
 /* fuzz_train_config.c — the training-config parser (model, task, train) on arbitrary bytes. */
 #include "fuzz.h"
-#include "train.h"
+#include "train/train.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     ps_train_cfg c;

@@ -6,10 +6,10 @@
 #include <string.h>
 
 #include "fuzz.h"
-#include "v4_config.h"
-#include "v4_forward.h"
-#include "v4_hooks.h"
-#include "v4_model.h"
+#include "core/v4/v4_config.h"
+#include "core/v4/v4_forward.h"
+#include "core/v4/v4_hooks.h"
+#include "core/v4/v4_model.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     ps_v4_config c;

@@ -1,5 +1,5 @@
 /* textkv_task.c — the "text-kv" training task (textkv_task.h). */
-#include "textkv_task.h"
+#include "tasks/textkv_task.h"
 
 #include <stdio.h>
 #include <stdlib.h>

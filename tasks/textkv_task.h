@@ -26,11 +26,11 @@
 #include <jansson.h>
 #include <stdint.h>
 
-#include "error.h"
-#include "tasks.h"
-#include "textkv_prompt.h"
-#include "textutil.h"
-#include "tokenizer.h"
+#include "core/error.h"
+#include "tasks/tasks.h"
+#include "text/textkv_prompt.h"
+#include "text/textutil.h"
+#include "text/tokenizer.h"
 
 typedef struct ps_textkv_task_s {
     /* the description */
