@@ -12,9 +12,7 @@
 #include "viz/check_common.h"
 #include "viz/fig_common.h"
 
-/* ---- validation ---- */
-
-/* ---- text filler experiments (kind "fillers", docs/results-schema.md) ---- */
+/* ---- validation (kind "fillers", docs/results-schema.md) ---- */
 
 static int opt_null_or_num(ps_ck *c, json_t *o, const char *k, double lo, double hi, double *out, int *is_null) {
     json_t *v = json_object_get(o, k);
@@ -251,9 +249,7 @@ done:
     return rc;
 }
 
-/* ---- figure ---- */
-
-/* ---- text filler experiments (fillers.json): delta against L, residues marked, families side by side ---- */
+/* ---- figure (fillers.png): delta against L, residues marked, families side by side ---- */
 
 #define FL_MAX_FAMILIES 16
 #define FL_COLS 4

@@ -271,9 +271,7 @@ int ps_check_gates(ps_ck *c, json_t *doc) {
     return 0;
 }
 
-/* ---- figures ---- */
-
-/* ---- gate concentration ---- */
+/* ---- figure: gate concentration ---- */
 
 typedef struct {
     int L, H, W;

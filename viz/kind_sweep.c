@@ -189,7 +189,7 @@ done:
     return rc;
 }
 
-/* ---- figures: phase curves ---- */
+/* ---- figures ---- */
 
 /* "0–3, 5, 7–15" from a sorted list of ints */
 static void fmt_ranges(char *buf, size_t n, const int64_t *v, int k) {

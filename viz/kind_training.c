@@ -13,7 +13,7 @@
 #include "core/fileio.h"
 #include "viz/fig_common.h"
 
-/* ---- training ---- */
+/* ---- the training figure ---- */
 
 typedef struct {
     int n_train, n_eval, n_gates;
