@@ -1,6 +1,6 @@
 /* kind_gates.c — result kind "gates": gate concentration per (layer, head) (N_static, N_input, the gate
  * over the offsets of a window), the per-channel gates of DeepSeek-V4's compressor, and the gates' evolution
- * over training (gates.json "training"). Their validation and their figures: gates.png, gate_training.png. */
+ * over training (gates.json "training"). Their validation and their figures: gate_concentration.png, gate_training.png. */
 #include "viz/kinds.h"
 
 #include <math.h>
@@ -771,8 +771,8 @@ static int render_chgates(json_t *doc, const char *path, const char *out, const 
     return rc;
 }
 
-/* gates.json: per-channel gates (DeepSeek-V4's compressor) or the slot gates, and gate_training.png when
- * the result has a "training" record */
+/* gates.json: gate_concentration.png of the per-channel gates (gates.gate "per_channel") or of the slot
+ * gates, with gate_training.png when a slot-gates result has "training" entries */
 int ps_render_gates(json_t *const *docs, const char *const *paths, int n, const char *out, const ps_render_opts *o, int verbose,
                     ps_error *err) {
     (void)n; /* one at a time (viz/kinds.c) */

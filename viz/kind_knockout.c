@@ -1,6 +1,6 @@
 /* kind_knockout.c — result kind "knockout": the change in answer NLL and accuracy when each (layer, head)
- * cell is knocked out at each phase residue. Its validation and its figure, knockout.png (several grids side
- * by side, each panel on its own colour scale). */
+ * cell is knocked out at each phase residue. Its validation and its figure, knockout_heatmap.png (several grids
+ * side by side, each panel on its own colour scale). */
 #include "viz/kinds.h"
 
 #include <math.h>

@@ -1,5 +1,5 @@
-/* kind_training.c — the training log figure: training.png from a run's train.jsonl (loss, held-out accuracy,
- * and each (layer, head)'s gates over the steps). A training log is not a result kind (it has no "kind"
+/* kind_training.c — the training log figure: training.png from a run's train.jsonl (loss and accuracy
+ * curves, and gate concentration during training). A training log is not a result kind (it has no "kind"
  * and no validator): ps_render draws a .jsonl file with it. */
 #define _POSIX_C_SOURCE 200809L
 #include "viz/kinds.h"
