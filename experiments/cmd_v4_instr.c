@@ -20,6 +20,7 @@
 #include "core/v4/v4_config.h"
 #include "interventions/v4_instr.h"
 #include "core/v4/v4_model.h"
+#include "tasks/tasks.h"
 
 int ps_v4_instr_wanted(const ps_args *a) {
     char dir[4096], cpath[4200];

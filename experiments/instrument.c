@@ -9,6 +9,7 @@
 #include "core/fileio.h"
 #include "viz/figures.h"
 #include "viz/results_check.h"
+#include "tasks/tasks.h"
 
 /* --shard I/N: 0 <= I < N */
 static int parse_shard(const char *v, int *i, int *n, ps_error *err) {

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "core/fileio.h"
+#include "tasks/tasks.h"
 
 void ps_knockout_result_free(ps_knockout_result *r) {
     ps_residue_stats_free(&r->clean);

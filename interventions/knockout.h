@@ -24,6 +24,7 @@
 #include <jansson.h>
 
 #include "interventions/sweep.h"
+#include "tasks/tasks.h"
 
 typedef enum { PS_KO_RAW = 1, PS_KO_COMPRESSED = 2, PS_KO_BOTH = 3 } ps_ko_target;
 
