@@ -30,6 +30,7 @@
 #include "core/model.h"
 #include "train/optim.h"
 #include "interventions/sweep.h"
+#include "tasks/tasks.h"
 
 static int failures = 0;
 static FILE *json;

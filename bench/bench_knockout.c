@@ -17,6 +17,7 @@
 #include "interventions/knockout.h"
 #include "core/model.h"
 #include "interventions/sweep.h"
+#include "tasks/tasks.h"
 
 /* CPU seconds of the whole process, all threads */
 static double ko_cpu_now(void) {

@@ -11,6 +11,7 @@
 #include "viz/results_check.h"
 #include "interventions/stats.h"
 #include "interventions/units.h"
+#include "tasks/tasks.h"
 
 static int run(const ps_args *a, ps_error *err);
 

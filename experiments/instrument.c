@@ -10,6 +10,7 @@
 #include "viz/figures.h"
 #include "viz/results_check.h"
 #include "core/v4/v4_config.h"
+#include "tasks/tasks.h"
 
 /* --shard I/N: 0 <= I < N */
 static int parse_shard(const char *v, int *i, int *n, ps_error *err) {

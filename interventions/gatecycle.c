@@ -4,6 +4,7 @@
 
 #include "core/ops.h"
 #include "interventions/stats.h"
+#include "tasks/tasks.h"
 
 #include <math.h>
 #include <stdlib.h>

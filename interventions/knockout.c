@@ -8,6 +8,7 @@
 #include "core/fileio.h"
 #include "interventions/units.h"
 #include "core/ops.h"
+#include "tasks/tasks.h"
 
 void ps_knockout_result_free(ps_knockout_result *r) { ps_grid_result_free(r); }
 

@@ -32,6 +32,7 @@
 #include "interventions/grid.h"
 #include "dist/partial.h"
 #include "interventions/sweep.h"
+#include "tasks/tasks.h"
 
 /* The controlled model's targets (bit 1: raw k/v, bit 2: compressed ck/cv). */
 typedef enum { PS_KO_RAW = 1, PS_KO_COMPRESSED = 2, PS_KO_BOTH = 3 } ps_ko_target;

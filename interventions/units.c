@@ -1,5 +1,6 @@
 /* units.c — the instruments' work units (see units.h). */
 #include "interventions/units.h"
+#include "tasks/tasks.h"
 
 #include <stdlib.h>
 #include <string.h>

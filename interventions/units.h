@@ -21,6 +21,7 @@
 #include "interventions/grid.h"
 #include "interventions/knockout.h"
 #include "interventions/sweep.h"
+#include "tasks/tasks.h"
 
 int64_t ps_sweep_n_batches(int64_t N, int64_t batch);
 

@@ -10,6 +10,7 @@
 #include "core/ops.h"
 #include "core/v4/v4_forward.h"
 #include "core/v4/v4_hooks.h"
+#include "tasks/tasks.h"
 
 /* ---- the task ---- */
 

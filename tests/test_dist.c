@@ -18,6 +18,7 @@
 #include "interventions/sweep.h"
 #include "testutil.h"
 #include "interventions/units.h"
+#include "tasks/tasks.h"
 
 static ps_task small_task(void) {
     ps_task t = {.kind = PS_TASK_KV, .seq_len = 30, .n_keys = 6, .n_values = 6, .n_fillers = 3, .n_pairs = 3,

@@ -17,6 +17,7 @@
 #include "viz/draw.h"
 #include "interventions/stats.h"
 #include "interventions/sweep.h"
+#include "tasks/tasks.h"
 #include "testutil.h"
 
 /* the allocation-failure test asks for more memory than exists: under ASan that must return NULL, as

@@ -19,6 +19,7 @@
 #include "interventions/knockout.h"
 #include "interventions/patching.h"
 #include "interventions/sweep.h"
+#include "tasks/tasks.h"
 #include "testutil.h"
 
 static ps_filler_family repeat_family(void) {

@@ -49,6 +49,11 @@ for i in 0 1 2; do "$PS" knockout --model "$W" --n 64 --batch 16 --shard $i/3 --
 check "knockout: 3 shards merged = one process" 'same_json "$T/ko1/knockout.json" "$T/kom/knockout.json" command'
 check "knockout: merged summary = one process" 'cmp -s <(tail -n +2 "$T/ko1.txt" | sed "s#$T/ko1#X#") <(sed "s#$T/kom#X#" "$T/kom.txt")'
 check "merged provenance says so" 'grep -q "merged from 3 shards" "$T/kom/knockout.json"'
+"$PS" merge "$T/kop" --out "$T/komd" > /dev/null 2>&1
+check "merge DIR: the shards' --out directory = its part files" 'same_json "$T/kom/knockout.json" "$T/komd/knockout.json" command'
+mkdir -p "$T/empty"
+out=$("$PS" merge "$T/empty" --out "$T/x" 2>&1); rc=$?
+check "merge: a directory without part files is named" '[ $rc -eq 1 ] && grep -q "empty: a directory with no part files" <<<"$out"'
 "$PS" sweep --n 48 --batch 16 --mode move --out "$T/sw1" > /dev/null 2>&1
 for i in 1 0; do "$PS" sweep --n 48 --batch 16 --mode move --shard=$i/2 --out "$T/swp" > /dev/null 2>&1; done
 "$PS" merge "$T/swp/sweep.part-0-of-2.safetensors" "$T/swp/sweep.part-1-of-2.safetensors" --out "$T/swm" > /dev/null 2>&1
@@ -61,6 +66,9 @@ check "gatecycle: 3 shards merged = one process" 'same_json "$T/gc1/gatecycle.js
 for i in 0 1; do "$PS" gates --n 48 --batch 16 --shard $i/2 --out "$T/gap" > /dev/null 2>&1; done
 "$PS" merge "$T"/gap/gates.part-*-of-2.safetensors --out "$T/gam" > /dev/null 2>&1
 check "gates: 2 shards merged = one process" 'same_json "$T/ga1/gates.json" "$T/gam/gates.json" command'
+for i in 0 1; do "$PS" gates --n 48 --batch 16 --shard $i/2 --out "$T/gad$i" > /dev/null 2>&1; done
+"$PS" merge "$T/gad0" "$T/gad1" --out "$T/gadm" > /dev/null 2>&1
+check "merge a b: two --out directories (one shard each)" 'same_json "$T/ga1/gates.json" "$T/gadm/gates.json" command'
 out=$("$PS" merge "$T/kop/knockout.part-0-of-3.safetensors" "$T/kop/knockout.part-2-of-3.safetensors" --out "$T/x" 2>&1); rc=$?
 check "merge: a missing shard is named" '[ $rc -eq 1 ] && grep -q "missing: 1" <<<"$out"'
 out=$("$PS" merge "$T/kop/knockout.part-0-of-3.safetensors" "$T/swp/sweep.part-1-of-2.safetensors" --out "$T/x" 2>&1); rc=$?

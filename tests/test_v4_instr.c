@@ -30,6 +30,7 @@
 #include "core/v4/v4_hooks.h"
 #include "interventions/units.h"
 #include "interventions/v4_instr.h"
+#include "tasks/tasks.h"
 
 static char mix4[4096];
 static ps_filler_family fam = {.name = "repeat", .n_pattern = 1, .pattern = {0}};

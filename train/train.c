@@ -20,6 +20,7 @@
 #include "gates/gates.h"
 #include "core/model.h"
 #include "core/safetensors.h"
+#include "tasks/tasks.h"
 #include "tasks/textkv_task.h"
 
 /* ---- config ---- */
