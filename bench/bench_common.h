@@ -10,6 +10,7 @@
 #include <stdio.h>
 
 #include "core/config.h"
+#include "interventions/knockout.h"
 #include "core/model.h"
 #include "core/rng.h"
 #include "core/ops.h"
@@ -120,6 +121,20 @@ static inline void bench_model(ps_model *m, const ps_config *c) {
     for (int i = 0; i < m->n_tensors; i++)
         if (m->table[i].kind == PS_P_KEY_GATE_W || m->table[i].kind == PS_P_VALUE_GATE_W)
             for (int64_t j = 0; j < m->table[i].numel; j++) m->params[m->table[i].offset + j] = 0.05f * (float)ps_rng_normal(&r);
+}
+
+
+/* The controlled model's knockout grid with options (ps_knockout_run with the model's runtime). */
+static inline int bench_knockout_opts(const ps_model *m, const ps_batch *base, const ps_task *task, const ps_filler_family *fam,
+                                      int64_t P, uint64_t seed, int64_t batch, const int *layers, int n_layers, const int *heads,
+                                      int n_heads, ps_ko_target target, const ps_knockout_opts *o, ps_knockout_result *out,
+                                      ps_error *err) {
+    ps_runtime rt;
+    ps_runtime_model(&rt, m);
+    ps_knockout_spec k = {.rt = &rt, .base = base, .task = task, .fam = fam, .P = P, .seed = seed, .batch = batch,
+                          .layers = layers, .n_layers = n_layers, .heads = heads, .n_heads = n_heads,
+                          .target = (int)target - 1, .opts = *o};
+    return ps_knockout_run(&k, out, err);
 }
 
 #endif

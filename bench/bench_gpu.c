@@ -30,6 +30,7 @@
 #include "core/model.h"
 #include "train/optim.h"
 #include "interventions/sweep.h"
+#include "tasks/tasks.h"
 
 static int failures = 0;
 static FILE *json;
@@ -273,8 +274,8 @@ static int knockout_section(const opts *o, ps_model *m, double *secs, double *se
     }
     ps_knockout_result r;
     double t0 = now();
-    int rc = ps_knockout_grid_opts(m, &base, &t, &fam, 8, 0, o->ko_prompts, layers, (int)c->n_layers, heads,
-                                   (int)c->n_kv_heads, PS_KO_COMPRESSED, &ko, &r, NULL, NULL, err);
+    int rc = bench_knockout_opts(m, &base, &t, &fam, 8, 0, o->ko_prompts, layers, (int)c->n_layers, heads,
+                                   (int)c->n_kv_heads, PS_KO_COMPRESSED, &ko, &r, err);
     *secs = now() - t0;
     if (!rc) {
         *secs64 = *secs * 64.0 / (double)o->ko_prompts;

@@ -17,6 +17,7 @@
 #include "interventions/knockout.h"
 #include "core/model.h"
 #include "interventions/sweep.h"
+#include "tasks/tasks.h"
 
 /* CPU seconds of the whole process, all threads */
 static double ko_cpu_now(void) {
@@ -66,8 +67,7 @@ int main(int argc, char **argv) {
         for (int k = 0; k < 3; k++) {
             ps_knockout_result r;
             double t0 = now(), c0 = ko_cpu_now();
-            if (ps_knockout_grid_opts(&m, &base, &t, &fam, 8, 0, 32, layers, 8, heads, 4, target, &opts[k], &r, NULL, NULL,
-                                      &err)) {
+            if (bench_knockout_opts(&m, &base, &t, &fam, 8, 0, 32, layers, 8, heads, 4, target, &opts[k], &r, &err)) {
                 fprintf(stderr, "%s\n", err.msg);
                 return 1;
             }

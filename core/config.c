@@ -96,17 +96,17 @@ static int parse_attention(json_t *att, const char *src, ps_config *c, ps_error 
         int e = 0, tmp = 0;
         if (!strcmp(k, "kind")) {
             if (!json_is_string(v))
-                return ps_fail(err, "%s: key \"attention.kind\" must be a string (\"full\", \"compressed\" or \"v4\")", src);
+                return ps_fail(err, "%s: key \"attention.kind\" must be a string (\"full\", \"compressed\" or \"channel\")", src);
             const char *s = json_string_value(v);
             if (!strcmp(s, "full")) c->kind = PS_ATTN_FULL;
             else if (!strcmp(s, "compressed")) c->kind = PS_ATTN_COMPRESSED;
-            else if (!strcmp(s, "v4")) c->kind = PS_ATTN_CHANNEL;
+            else if (!strcmp(s, "channel") || !strcmp(s, "v4")) c->kind = PS_ATTN_CHANNEL; /* "v4": the deprecated name (docs/training.md) */
             else {
                 char b[64];
                 size_t w = 0;
                 for (; s[w] && w < 40; w++) b[w] = (unsigned char)s[w] < 0x20 || (unsigned char)s[w] >= 0x7f ? '?' : s[w];
                 b[w] = '\0';
-                return ps_fail(err, "%s: key \"attention.kind\" is \"%s%s\", expected \"full\", \"compressed\" or \"v4\"", src, b,
+                return ps_fail(err, "%s: key \"attention.kind\" is \"%s%s\", expected \"full\", \"compressed\" or \"channel\"", src, b,
                                s[w] ? "..." : "");
             }
         } else if (!strcmp(k, "window")) e = get_int(v, "attention.window", src, &c->window, err), seen_comp = 1, comp_key = "window";
@@ -131,14 +131,14 @@ static int parse_attention(json_t *att, const char *src, ps_config *c, ps_error 
         } else
             return ps_fail(err,
                            "%s: unknown key \"attention.%s\" (valid: kind, window, stride, local_window, gate, payload, head_offsets; "
-                           "kind \"v4\": rate, mode, local_window)",
+                           "kind \"channel\": rate, mode, local_window)",
                            src, k);
         if (e) return -1;
     }
     if (c->kind == PS_ATTN_CHANNEL && seen_comp)
-        return ps_fail(err, "%s: key \"attention.%s\" does not apply to kind \"v4\" (its keys: rate, mode, local_window)", src, comp_key);
+        return ps_fail(err, "%s: key \"attention.%s\" does not apply to kind \"channel\" (its keys: rate, mode, local_window)", src, comp_key);
     if (c->kind != PS_ATTN_CHANNEL && seen_v4)
-        return ps_fail(err, "%s: key \"attention.%s\" applies to kind \"v4\" only", src, v4_key);
+        return ps_fail(err, "%s: key \"attention.%s\" applies to kind \"channel\" only", src, v4_key);
     if (c->kind == PS_ATTN_CHANNEL && !seen_lw) c->local_window = c->rate; /* default: one window of raw tokens */
     return 0;
 }
@@ -460,7 +460,7 @@ static int round_trip_digits(double v) {
 static json_t *attention_json(const ps_config *c) {
     json_t *a = json_object();
     if (c->kind == PS_ATTN_CHANNEL) {
-        json_object_set_new(a, "kind", json_string("v4"));
+        json_object_set_new(a, "kind", json_string("channel"));
         json_object_set_new(a, "rate", json_integer(c->rate));
         json_object_set_new(a, "mode", json_string(c->v4_mode == PS_V4_MODE_HCA ? "hca" : "csa"));
         json_object_set_new(a, "local_window", json_integer(c->local_window));

@@ -477,6 +477,8 @@ static int fire_attention_inputs(const ps_model *m, ps_acts *a, int l, const ps_
     ps_ctx *ctx = a->ctx;
     ps_act_ptrs p = ps_acts_layer(a, l);
     int64_t B = a->B, T = a->T, nW = a->nW, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads;
+    if (hooks && hooks->mask && hooks->family != &ps_model_hook_family)
+        return ps_fail(err, "the hooks were registered for a %s model, not this phasescope model", hooks->family->name);
     if (hooks && hooks->mask && hooks->n_layers != c->n_layers)
         return ps_fail(err, "hooks were registered for a model with %lld layers, this one has %lld",
                        (long long)hooks->n_layers, (long long)c->n_layers);
@@ -564,6 +566,8 @@ int ps_forward_from(const ps_model *m, ps_acts *a, int from, const ps_hooks *hoo
     if (same_ctx(m, a, err)) return -1;
     if (from < 0 || from > c->n_layers)
         return ps_fail(err, "forward from layer %d: the model has %lld layers", from, (long long)c->n_layers);
+    if (hooks && hooks->mask && hooks->family != &ps_model_hook_family)
+        return ps_fail(err, "the hooks were registered for a %s model, not this phasescope model", hooks->family->name);
     if (hooks && hooks->mask && hooks->n_layers != c->n_layers)
         return ps_fail(err, "hooks were registered for a model with %lld layers, this one has %lld",
                        (long long)hooks->n_layers, (long long)c->n_layers);

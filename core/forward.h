@@ -15,7 +15,7 @@
 #include "core/hooks.h"
 #include "core/model.h"
 #include "core/ops.h"
-#include "tasks/tasks.h"
+#include "core/batch.h"
 
 typedef struct {
     float *resid;          /* [L+1, B, T, d]   input of layer l (l = L: the final residual) */

@@ -120,13 +120,70 @@ void ps_hooks_free(ps_hooks *h) {
     memset(h, 0, sizeof *h);
 }
 
-/* Append an entry (a callback or an action) on a parsed point. */
-static int add_entry(ps_hooks *h, const ps_config *cfg, const char *name, const ps_hook_entry *e, ps_error *err) {
+static void model_point_name(char *buf, size_t n, int slot, int point) { ps_hook_name(buf, n, slot, (ps_hook_point)point); }
+
+const ps_hook_family ps_model_hook_family = {"phasescope", model_point_name};
+
+static const char *action_name(ps_hook_action_kind k) {
+    switch (k) {
+    case PS_ACT_SET: return "set";
+    case PS_ACT_ZERO: return "zero";
+    case PS_ACT_PATCH: return "patch";
+    case PS_ACT_ADD: return "add";
+    case PS_ACT_ROLL: return "roll";
+    case PS_ACT_SUM: return "sum";
+    }
+    return "?";
+}
+
+/* The registration checks of an action on a point with `nh` heads on axis 2 (0: none; -1: whole-tensor
+ * actions only). */
+static int check_action(const char *name, const ps_hook_action *act, int64_t nh, ps_error *err) {
+    if (!act || act->kind < PS_ACT_SET || act->kind > PS_ACT_SUM)
+        return ps_fail(err, "hook \"%s\": unknown action kind %d (set, zero, patch, add, roll or sum)", name, act ? (int)act->kind : -1);
+    const char *k = action_name(act->kind);
+    int64_t heads = nh < 0 ? 0 : nh;
+    if (act->head < -1 || (act->head >= 0 && act->head >= heads)) {
+        if (!heads) return ps_fail(err, "hook \"%s\": %s action on head %d, but this point has no head axis (use head -1)", name, k, act->head);
+        return ps_fail(err, "hook \"%s\": %s action on head %d: out of range (the point has %lld heads, 0..%lld; -1: whole positions)",
+                       name, k, act->head, (long long)heads, (long long)heads - 1);
+    }
+    if (nh < 0 && (act->head != -1 || act->pos0 != 0 || act->pos1 != 0))
+        return ps_fail(err, "hook \"%s\": a %s action on the pattern must cover the whole tensor of its sequences (head -1, every position); use a callback for parts of it", name, k);
+    if (act->seq0 < 0 || act->pos0 < 0 || act->seq1 < 0 || act->pos1 < 0 || (act->seq1 && act->seq1 <= act->seq0) ||
+        (act->pos1 && act->pos1 <= act->pos0))
+        return ps_fail(err, "hook \"%s\": %s action on sequences [%lld, %lld) and positions [%lld, %lld): empty or negative range (0 as the end: to the end)",
+                       name, k, (long long)act->seq0, (long long)act->seq1, (long long)act->pos0, (long long)act->pos1);
+    if (act->kind == PS_ACT_SUM) {
+        if (!act->acc || act->acc_n < 1)
+            return ps_fail(err, "hook \"%s\": sum action without an accumulator (acc of acc_n >= 1 doubles)", name);
+        if (act->head != -1 || act->pos0 != 0 || act->pos1 != 0)
+            return ps_fail(err, "hook \"%s\": a sum action adds whole sequences (head -1, every position)", name);
+        return 0;
+    }
+    if (act->kind == PS_ACT_ZERO || act->kind == PS_ACT_ROLL) return 0;
+    if (!act->src) return ps_fail(err, "hook \"%s\": %s action without a source (src)", name, k);
+    if (!(act->every_pos && act->kind != PS_ACT_PATCH) && act->src_npos < 1)
+        return ps_fail(err, "hook \"%s\": %s action: the source holds %lld positions (src_npos must be >= 1)", name, k, (long long)act->src_npos);
+    if (act->kind == PS_ACT_PATCH && (act->every_pos || act->src_nseq < 1 || act->src_seq0 < 0))
+        return ps_fail(err, "hook \"%s\": patch action: the source must hold sequences (src_nseq %lld >= 1, src_seq0 %lld >= 0) of whole positions (every_pos is for set and add)",
+                       name, (long long)act->src_nseq, (long long)act->src_seq0);
+    return 0;
+}
+
+int ps_hooks_add_at(ps_hooks *h, const ps_hook_family *family, int64_t n_slots, int slot, int point, const char *name,
+                    ps_hook_fn fn, void *user, const ps_hook_action *act, int64_t heads, ps_error *err) {
+    if (!family || slot < 0 || slot >= n_slots || point < 0 || point >= 64)
+        return ps_fail(err, "hook \"%s\": point out of range", name);
+    if (!fn && check_action(name, act, heads, err)) return -1;
     if (!h->mask) {
-        h->mask = calloc((size_t)cfg->n_layers, sizeof *h->mask);
+        h->mask = calloc((size_t)n_slots, sizeof *h->mask);
         if (!h->mask) return ps_fail(err, "out of memory");
-        h->n_layers = cfg->n_layers;
-    } else if (h->n_layers != cfg->n_layers)
+        h->n_layers = n_slots;
+        h->family = family;
+    } else if (h->family != family)
+        return ps_fail(err, "hook \"%s\": this hook set holds %s hooks, not %s ones", name, h->family->name, family->name);
+    else if (h->n_layers != n_slots)
         return ps_fail(err, "hook \"%s\": hook set was built for a model with %lld layers", name, (long long)h->n_layers);
     if (h->n == h->cap) {
         int cap = h->cap ? 2 * h->cap : 8;
@@ -135,8 +192,10 @@ static int add_entry(ps_hooks *h, const ps_config *cfg, const char *name, const 
         h->e = ne;
         h->cap = cap;
     }
-    h->e[h->n++] = *e;
-    h->mask[e->layer] |= (uint64_t)1 << e->point;
+    ps_hook_entry e = {.layer = slot, .point = point, .fn = fn, .user = user};
+    if (!fn) e.act = *act;
+    h->e[h->n++] = e;
+    h->mask[slot] |= (uint64_t)1 << point;
     return 0;
 }
 
@@ -145,47 +204,16 @@ int ps_hooks_add(ps_hooks *h, const ps_config *cfg, const char *name, ps_hook_fn
     ps_hook_point pt;
     if (ps_hook_parse(cfg, name, &layer, &pt, err)) return -1;
     if (!fn) return ps_fail(err, "hook \"%s\": no function (an action is registered with ps_hooks_add_action)", name);
-    ps_hook_entry e = {.layer = layer, .point = pt, .fn = fn, .user = user};
-    return add_entry(h, cfg, name, &e, err);
-}
-
-static const char *action_name(ps_hook_action_kind k) {
-    switch (k) {
-    case PS_ACT_SET: return "set";
-    case PS_ACT_ZERO: return "zero";
-    case PS_ACT_PATCH: return "patch";
-    case PS_ACT_ADD: return "add";
-    }
-    return "?";
+    return ps_hooks_add_at(h, &ps_model_hook_family, cfg->n_layers, layer, (int)pt, name, fn, user, NULL, 0, err);
 }
 
 int ps_hooks_add_action(ps_hooks *h, const ps_config *cfg, const char *name, const ps_hook_action *act, ps_error *err) {
     int layer;
     ps_hook_point pt;
     if (ps_hook_parse(cfg, name, &layer, &pt, err)) return -1;
-    if (!act || act->kind < PS_ACT_SET || act->kind > PS_ACT_ADD)
-        return ps_fail(err, "hook \"%s\": unknown action kind %d (set, zero, patch or add)", name, act ? (int)act->kind : -1);
-    const char *k = action_name(act->kind);
-    int64_t nh = point_heads(cfg, pt);
-    if (act->head < -1 || (act->head >= 0 && act->head >= nh)) {
-        if (!nh) return ps_fail(err, "hook \"%s\": %s action on head %d, but this point has no head axis (use head -1)", name, k, act->head);
-        return ps_fail(err, "hook \"%s\": %s action on head %d: out of range (the point has %lld heads, 0..%lld; -1: whole positions)",
-                       name, k, act->head, (long long)nh, (long long)nh - 1);
-    }
-    if (pt == PS_HOOK_PATTERN && (act->head != -1 || act->pos0 != 0 || act->pos1 != 0))
-        return ps_fail(err, "hook \"%s\": a %s action on the pattern must cover the whole tensor of its sequences (head -1, every position); use a callback for parts of it", name, k);
-    if (act->seq0 < 0 || act->pos0 < 0 || act->seq1 < 0 || act->pos1 < 0 || (act->seq1 && act->seq1 <= act->seq0) ||
-        (act->pos1 && act->pos1 <= act->pos0))
-        return ps_fail(err, "hook \"%s\": %s action on sequences [%lld, %lld) and positions [%lld, %lld): empty or negative range (0 as the end: to the end)",
-                       name, k, (long long)act->seq0, (long long)act->seq1, (long long)act->pos0, (long long)act->pos1);
-    if (act->kind != PS_ACT_ZERO && !act->src) return ps_fail(err, "hook \"%s\": %s action without a source (src)", name, k);
-    if (act->kind != PS_ACT_ZERO && !(act->every_pos && act->kind != PS_ACT_PATCH) && act->src_npos < 1)
-        return ps_fail(err, "hook \"%s\": %s action: the source holds %lld positions (src_npos must be >= 1)", name, k, (long long)act->src_npos);
-    if (act->kind == PS_ACT_PATCH && (act->every_pos || act->src_nseq < 1 || act->src_seq0 < 0))
-        return ps_fail(err, "hook \"%s\": patch action: the source must hold sequences (src_nseq %lld >= 1, src_seq0 %lld >= 0) of whole positions (every_pos is for set and add)",
-                       name, (long long)act->src_nseq, (long long)act->src_seq0);
-    ps_hook_entry e = {.layer = layer, .point = pt, .act = *act};
-    return add_entry(h, cfg, name, &e, err);
+    if (!act) return ps_fail(err, "hook \"%s\": no action", name);
+    int64_t nh = pt == PS_HOOK_PATTERN ? -1 : point_heads(cfg, pt);
+    return ps_hooks_add_at(h, &ps_model_hook_family, cfg->n_layers, layer, (int)pt, name, NULL, NULL, act, nh, err);
 }
 
 const float *ps_hooks_upload(ps_hooks *h, ps_ctx *ctx, const float *host, int64_t n, ps_error *err) {
@@ -233,6 +261,25 @@ static int run_action(ps_ctx *ctx, const ps_hook_action *a, const char *name, fl
                        name, action_name(a->kind), (long long)s0, (long long)s1, (long long)p0, (long long)p1, (long long)B,
                        (long long)npos);
     int whole = p0 == 0 && p1 == npos, broadcast = a->every_pos && a->kind != PS_ACT_PATCH;
+    if (a->kind == PS_ACT_SUM) {
+        if (a->acc_n != npos * inner)
+            return ps_fail(err, "hook \"%s\": sum action: the accumulator holds %lld values, a sequence of the activation %lld", name,
+                           (long long)a->acc_n, (long long)(npos * inner));
+        if (s0 < s1 && ps_accumulate_seqs(ctx, a->acc, x + s0 * npos * inner, s1 - s0, npos * inner)) {
+            ps_ctx_check(ctx, err);
+            return ps_fail_prefix(err, "hook \"%s\": sum action: ", name);
+        }
+        return 0;
+    }
+    if (a->kind == PS_ACT_ROLL) {
+        int64_t n = p1 - p0, k = n > 0 ? ((a->shift % n) + n) % n : 0;
+        for (int64_t b = s0; b < s1 && k; b++)
+            if (ps_roll_blocks(ctx, x + b * npos * inner + p0 * inner, n, inner, off, unit, k)) {
+                ps_ctx_check(ctx, err);
+                return ps_fail_prefix(err, "hook \"%s\": roll action: ", name);
+            }
+        return 0;
+    }
     if (a->kind != PS_ACT_ZERO && !broadcast && p1 > a->src_npos)
         return ps_fail(err, "hook \"%s\": %s action reaches position %lld, but its source holds %lld positions", name,
                        action_name(a->kind), (long long)p1 - 1, (long long)a->src_npos);
@@ -276,11 +323,13 @@ static int run_action(ps_ctx *ctx, const ps_hook_action *a, const char *name, fl
     return 0;
 }
 
-int ps_hooks_fire(ps_ctx *ctx, const ps_hooks *h, int layer, ps_hook_point pt, float *data, int ndim,
-                  const int64_t *shape, ps_error *err) {
+int ps_hooks_fire_point(ps_ctx *ctx, const ps_hooks *h, int layer, int pt, float *data, int ndim, const int64_t *shape,
+                        ps_error *err) {
     char name[96];
-    ps_hook_name(name, sizeof name, layer, pt);
-    ps_hook_event ev = {.name = name, .layer = layer, .point = pt, .data = data, .ndim = ndim};
+    h->family->point_name(name, sizeof name, layer, pt);
+    int own = h->family == &ps_model_hook_family;
+    ps_hook_event ev = {.name = name, .layer = layer, .point = own ? (ps_hook_point)pt : PS_HOOK_NPOINTS, .data = data,
+                        .ndim = ndim, .point_id = pt};
     int64_t n = 1;
     for (int i = 0; i < ndim; i++) n *= (ev.shape[i] = shape[i]);
     /* A host callback on a device backend gets a host copy of the hooked tensor (made only here, only
@@ -354,82 +403,8 @@ static int cache_hook(const ps_hook_event *ev, void *user, ps_error *err) {
     return 0;
 }
 
-int ps_cache_watch(ps_cache *c, ps_hooks *h, const ps_config *cfg, const char *name, ps_error *err) {
-    int layer;
-    ps_hook_point pt;
-    if (ps_hook_parse(cfg, name, &layer, &pt, err)) return -1;
-    if (ps_cache_get(c, name)) return 0;
-    if (c->n == c->cap) {
-        int cap = c->cap ? 2 * c->cap : 8;
-        ps_cache_item **items = realloc(c->items, (size_t)cap * sizeof *items);
-        if (!items) return ps_fail(err, "hook \"%s\": out of memory growing the cache", name);
-        c->items = items;
-        c->cap = cap;
-    }
-    /* each item is its own allocation, so pointers from ps_cache_get survive the cache growing */
-    ps_cache_item *it = calloc(1, sizeof *it);
-    if (!it) return ps_fail(err, "hook \"%s\": out of memory", name);
-    c->items[c->n++] = it;
-    ps_hook_name(it->name, sizeof it->name, layer, pt);
-    return ps_hooks_add(h, cfg, name, cache_hook, c, err);
-}
-
-/* ---------------- hook sets of other families (DeepSeek-V4: core/v4/v4_hooks.c) ---------------- */
-
-int ps_hooks_add_point(ps_hooks *h, const ps_hook_family *family, int64_t n_slots, int slot, int point, const char *name,
-                       ps_hook_fn fn, void *user, ps_error *err) {
-    if (!family || slot < 0 || slot >= n_slots || point < 0 || point >= 64)
-        return ps_fail(err, "hook \"%s\": point out of range", name);
-    if (!h->mask) {
-        h->mask = calloc((size_t)n_slots, sizeof *h->mask);
-        if (!h->mask) return ps_fail(err, "out of memory");
-        h->n_layers = n_slots;
-        h->family = family;
-    } else if (h->family != family)
-        return ps_fail(err, "hook \"%s\": this hook set holds %s hooks", name, h->family ? h->family->name : "the controlled model's");
-    else if (h->n_layers != n_slots)
-        return ps_fail(err, "hook \"%s\": hook set was built for a model with %lld layers", name, (long long)h->n_layers - 1);
-    if (h->n == h->cap) {
-        int cap = h->cap ? 2 * h->cap : 8;
-        ps_hook_entry *e = realloc(h->e, (size_t)cap * sizeof *e);
-        if (!e) return ps_fail(err, "out of memory");
-        h->e = e;
-        h->cap = cap;
-    }
-    h->e[h->n++] = (ps_hook_entry){.layer = slot, .point = (ps_hook_point)point, .fn = fn, .user = user};
-    h->mask[slot] |= (uint64_t)1 << point;
-    return 0;
-}
-
-int ps_hooks_fire_point(ps_ctx *ctx, const ps_hooks *h, int slot, int point, float *data, int ndim, const int64_t *shape,
-                        ps_error *err) {
-    char name[96];
-    h->family->point_name(name, sizeof name, slot, point);
-    ps_hook_event ev = {.name = name, .layer = slot, .point = PS_HOOK_NPOINTS, .data = data, .ndim = ndim, .point_id = point};
-    int64_t n = 1;
-    for (int i = 0; i < ndim; i++) n *= (ev.shape[i] = shape[i]);
-    /* as ps_hooks_fire: a host callback on a device backend gets a host copy, written back after */
-    float *host = NULL;
-    int rc = 0;
-    for (int i = 0; i < h->n && !rc; i++) {
-        if (h->e[i].layer != slot || (int)h->e[i].point != point) continue;
-        if (!ps_ctx_host_visible(ctx) && !host) {
-            host = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
-            if (!host) return ps_fail(err, "hook \"%s\": out of memory for a host copy of %lld floats", name, (long long)n);
-            rc = ps_buf_to_host(ctx, host, data, n * (int64_t)sizeof(float), err);
-            ev.data = host;
-        }
-        if (!rc) rc = h->e[i].fn(&ev, h->e[i].user, err);
-    }
-    if (host) {
-        if (!rc) rc = ps_buf_from_host(ctx, data, host, n * (int64_t)sizeof(float), err);
-        free(host);
-    }
-    return rc;
-}
-
-int ps_cache_watch_point(ps_cache *c, ps_hooks *h, const ps_hook_family *family, int64_t n_slots, int slot, int point,
-                         ps_error *err) {
+int ps_cache_watch_at(ps_cache *c, ps_hooks *h, const ps_hook_family *family, int64_t n_slots, int slot, int point,
+                      ps_error *err) {
     char canon[96];
     family->point_name(canon, sizeof canon, slot, point);
     if (ps_cache_get(c, canon)) return 0;
@@ -440,10 +415,17 @@ int ps_cache_watch_point(ps_cache *c, ps_hooks *h, const ps_hook_family *family,
         c->items = items;
         c->cap = cap;
     }
+    /* each item is its own allocation, so pointers from ps_cache_get survive the cache growing */
     ps_cache_item *it = calloc(1, sizeof *it);
     if (!it) return ps_fail(err, "hook \"%s\": out of memory", canon);
     c->items[c->n++] = it;
     snprintf(it->name, sizeof it->name, "%s", canon);
-    return ps_hooks_add_point(h, family, n_slots, slot, point, canon, cache_hook, c, err);
+    return ps_hooks_add_at(h, family, n_slots, slot, point, canon, cache_hook, c, NULL, 0, err);
 }
-/* ---------------- end other families ---------------- */
+
+int ps_cache_watch(ps_cache *c, ps_hooks *h, const ps_config *cfg, const char *name, ps_error *err) {
+    int layer;
+    ps_hook_point pt;
+    if (ps_hook_parse(cfg, name, &layer, &pt, err)) return -1;
+    return ps_cache_watch_at(c, h, &ps_model_hook_family, cfg->n_layers, layer, (int)pt, err);
+}

@@ -60,13 +60,24 @@ typedef int (*ps_hook_fn)(const ps_hook_event *ev, void *user, ps_error *err);
  *                 with the default ranges).
  *   PS_ACT_ADD    x[b, t, head] += scale · src[t, head] (src: [src_npos, <inner>]), or with every_pos
  *                 += scale · src[head] (src: [<inner>]) — a steering vector.
+ *   (ROLL and SUM: below.)
  *
  * src is a buffer of the model's context (ps_buf_alloc on m->ctx, or ps_hooks_upload); the hook set
  * does not own it unless it came from ps_hooks_upload, and it must live while the hooks are used. The
  * sizes (src_npos, src_nseq) are checked against the ranges each time the action fires: a position or
  * sequence the source does not hold is an error naming the hook, not a read past the buffer. The
- * ranges are checked against the activation's shape then too (the batch size is known only then). */
-typedef enum { PS_ACT_SET = 1, PS_ACT_ZERO, PS_ACT_PATCH, PS_ACT_ADD } ps_hook_action_kind;
+ * ranges are checked against the activation's shape then too (the batch size is known only then).
+ *
+ *   PS_ACT_ROLL   positions [pos0, pos1) of every sequence in the range rolled by `shift`:
+ *                 x'[b, pos0 + (i + shift) mod n, head] = x[b, pos0 + i, head] (n = pos1 − pos0). src unused.
+ *   PS_ACT_SUM    acc[t, head...] += Σ_b x[b, t, ...] over the sequences of the range, in double, added in
+ *                 sequence order (ps_accumulate_seqs): the clean run's sum a mean replacement divides
+ *                 (acc: acc_n doubles of the model's context, one sequence's values; whole positions of
+ *                 every position, head -1). The activation is not changed.
+ *
+ * Every family's points take every action (ps_hooks_add_at): the family says which axis-2 heads a
+ * point has. */
+typedef enum { PS_ACT_SET = 1, PS_ACT_ZERO, PS_ACT_PATCH, PS_ACT_ADD, PS_ACT_ROLL, PS_ACT_SUM } ps_hook_action_kind;
 
 typedef struct {
     ps_hook_action_kind kind;
@@ -79,11 +90,14 @@ typedef struct {
     int64_t src_seq0;     /* PATCH: the source sequence of sequence seq0 */
     int every_pos;        /* SET, ADD: src is one position's values, used at every position */
     float scale;          /* ADD */
+    int64_t shift;        /* ROLL */
+    double *acc;          /* SUM: acc_n doubles of the context */
+    int64_t acc_n;
 } ps_hook_action;
 
 typedef struct {
-    int layer;
-    ps_hook_point point;
+    int layer;            /* the slot: a layer, or a family's slot of global points */
+    int point;            /* the point in the family's table (ps_hook_point for the controlled model) */
     ps_hook_fn fn;        /* a host callback, or NULL for an action */
     void *user;
     ps_hook_action act;   /* the action when fn is NULL */
@@ -102,8 +116,17 @@ typedef struct {
     uint64_t *mask; /* per layer: bit p set when some hook is on point p */
     int n_bufs, cap_bufs;
     ps_hook_buffer *bufs; /* buffers from ps_hooks_upload, freed with the set */
-    const struct ps_hook_family *family; /* NULL: the controlled model's points; else another family's (below) */
+    const struct ps_hook_family *family; /* whose points (set by the first registration) */
 } ps_hooks;
+
+/* A model family's hook points (the controlled model's: ps_model_hook_family, below; DeepSeek-V4's:
+ * core/v4/v4_hooks.h). Points are numbered per slot (at most 64 per slot; a family's global points
+ * take a slot of their own); a hook set holds the points of one family. */
+typedef struct ps_hook_family {
+    const char *name;                                              /* "phasescope", "deepseek_v4" */
+    void (*point_name)(char *buf, size_t n, int slot, int point);  /* the canonical hook name */
+} ps_hook_family;
+extern const ps_hook_family ps_model_hook_family;
 
 void ps_hooks_init(ps_hooks *h);
 void ps_hooks_free(ps_hooks *h);
@@ -130,15 +153,32 @@ const char *ps_hook_suffix(ps_hook_point pt); /* "attn.hook_q", "hook_resid_pre"
 /* The shape of a point's activation for B sequences of T tokens (the table above); returns ndim. */
 int ps_hook_shape(const ps_config *cfg, ps_hook_point pt, int64_t B, int64_t T, int64_t shape[4]);
 
+/* Whether some hook of family's is on (slot, point). */
+static inline bool ps_hooks_on_point(const ps_hooks *h, const ps_hook_family *family, int slot, int point) {
+    return h && h->mask && h->family == family && slot >= 0 && slot < h->n_layers && (h->mask[slot] >> point) & 1u;
+}
 static inline bool ps_hooks_on(const ps_hooks *h, int layer, ps_hook_point pt) {
-    return h && h->mask && !h->family && layer < h->n_layers && (h->mask[layer] >> pt) & 1u;
+    return ps_hooks_on_point(h, &ps_model_hook_family, layer, (int)pt);
 }
 
-/* Fire every hook on (layer, pt) in registration order; data is a buffer of ctx. Actions run as ops on
- * ctx; a callback gets a host copy on a device backend (made only when a callback is registered there,
- * written back before the next action and at the end). */
-int ps_hooks_fire(ps_ctx *ctx, const ps_hooks *h, int layer, ps_hook_point pt, float *data, int ndim,
-                  const int64_t *shape, ps_error *err);
+/* Fire every hook on (slot, point) of the set's family in registration order; data is a buffer of ctx.
+ * Actions run as ops on ctx (no host copy); a callback gets a host copy on a device backend (made only
+ * when a callback is registered there, written back before the next action and at the end). The one
+ * firing path of every family. */
+int ps_hooks_fire_point(ps_ctx *ctx, const ps_hooks *h, int slot, int point, float *data, int ndim, const int64_t *shape,
+                        ps_error *err);
+static inline int ps_hooks_fire(ps_ctx *ctx, const ps_hooks *h, int layer, ps_hook_point pt, float *data, int ndim,
+                                const int64_t *shape, ps_error *err) {
+    return ps_hooks_fire_point(ctx, h, layer, (int)pt, data, ndim, shape, err);
+}
+
+/* Register a callback (fn) or an action (act, copied; fn NULL) on point `point` of slot `slot` of a
+ * family with n_slots slots — what ps_hooks_add / ps_hooks_add_action do for the controlled model and
+ * ps_v4_hooks_add / ps_v4_hooks_add_action for DeepSeek-V4, after parsing the name. heads: the heads
+ * of the point's axis 2 an action may pick (0: no head axis; -1: whole-tensor actions only, e.g. an
+ * attention pattern whose axis 1 is the head). The action checks of ps_hooks_add_action apply. */
+int ps_hooks_add_at(ps_hooks *h, const ps_hook_family *family, int64_t n_slots, int slot, int point, const char *name,
+                    ps_hook_fn fn, void *user, const ps_hook_action *act, int64_t heads, ps_error *err);
 
 /* ---- cache helper: keeps a copy of each named activation ---- */
 typedef struct {
@@ -161,25 +201,9 @@ int ps_cache_watch(ps_cache *c, ps_hooks *h, const ps_config *cfg, const char *n
  * does not move it); item->data until the next run in which that activation's shape changes. */
 const ps_cache_item *ps_cache_get(const ps_cache *c, const char *name);
 
-/* ---------------- hook sets of other families (DeepSeek-V4: core/v4/v4_hooks.h) ----------------
- * Another model family names its points with its own table (at most 64 per layer slot; global points
- * may take a slot of their own). A hook set holds the points of one family only; registration, firing
- * (host callbacks, with a host copy on a device backend) and the cache work as above, on points the
- * family has already parsed (slot < n_slots, point < 64). */
-typedef struct ps_hook_family {
-    const char *name;                                              /* "deepseek_v4" */
-    void (*point_name)(char *buf, size_t n, int slot, int point);  /* the canonical hook name */
-} ps_hook_family;
+/* The cache helper on any family's point (ps_cache_watch and ps_v4_cache_watch, after parsing). */
+int ps_cache_watch_at(ps_cache *c, ps_hooks *h, const ps_hook_family *family, int64_t n_slots, int slot, int point,
+                      ps_error *err);
 
-int ps_hooks_add_point(ps_hooks *h, const ps_hook_family *family, int64_t n_slots, int slot, int point, const char *name,
-                       ps_hook_fn fn, void *user, ps_error *err);
-static inline bool ps_hooks_on_point(const ps_hooks *h, const ps_hook_family *family, int slot, int point) {
-    return h && h->mask && family && h->family == family && slot >= 0 && slot < h->n_layers && (h->mask[slot] >> point) & 1u;
-}
-int ps_hooks_fire_point(ps_ctx *ctx, const ps_hooks *h, int slot, int point, float *data, int ndim, const int64_t *shape,
-                        ps_error *err);
-int ps_cache_watch_point(ps_cache *c, ps_hooks *h, const ps_hook_family *family, int64_t n_slots, int slot, int point,
-                         ps_error *err);
-/* ---------------- end other families ---------------- */
 
 #endif

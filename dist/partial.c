@@ -1,9 +1,11 @@
 /* partial.c — partial results: per-unit arrays, MPI gather, part files and their merge (see partial.h). */
 #include "dist/partial.h"
 
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "dist/dist.h"
 #include "core/fileio.h"
@@ -376,4 +378,83 @@ done:
     for (int i = 0; i < got; i++) ps_partial_free(&parts[i]);
     free(parts);
     return rc;
+}
+
+/* Is name a part file's name: COMMAND.part-I-of-N.safetensors? */
+static int is_part_name(const char *name) {
+    const char *p = strstr(name, ".part-");
+    if (!p || p == name) return 0;
+    int i, of, used = 0;
+    if (sscanf(p, ".part-%d-of-%d.safetensors%n", &i, &of, &used) != 2) return 0;
+    return p[used] == '\0' && i >= 0 && of >= 1;
+}
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
+
+int ps_partial_expand_paths(const char *const *paths, int n, char ***out, int *n_out, ps_error *err) {
+    *out = NULL;
+    *n_out = 0;
+    int cap = 0, m = 0;
+    char **list = NULL;
+    for (int i = 0; i < n; i++) {
+        struct stat st;
+        if (stat(paths[i], &st) != 0) {
+            ps_free_paths(list, m);
+            return ps_fail(err, "%s: no such file or directory", paths[i]);
+        }
+        int n_here = 0, first = m;
+        DIR *d = S_ISDIR(st.st_mode) ? opendir(paths[i]) : NULL;
+        if (S_ISDIR(st.st_mode) && !d) {
+            ps_free_paths(list, m);
+            return ps_fail(err, "%s: cannot read the directory", paths[i]);
+        }
+        for (;;) {
+            const char *name = NULL;
+            struct dirent *e = NULL;
+            if (d) {
+                e = readdir(d);
+                if (!e) break;
+                if (!is_part_name(e->d_name)) continue;
+                name = e->d_name;
+            } else if (n_here) break;
+            if (m == cap) {
+                cap = cap ? 2 * cap : 16;
+                char **nl = realloc(list, (size_t)cap * sizeof *nl);
+                if (!nl) {
+                    if (d) closedir(d);
+                    ps_free_paths(list, m);
+                    return ps_fail(err, "out of memory for the list of part files");
+                }
+                list = nl;
+            }
+            size_t len = strlen(paths[i]) + (name ? strlen(name) + 2 : 1);
+            list[m] = malloc(len);
+            if (!list[m]) {
+                if (d) closedir(d);
+                ps_free_paths(list, m);
+                return ps_fail(err, "out of memory for the list of part files");
+            }
+            if (name) snprintf(list[m], len, "%s/%s", paths[i], name);
+            else snprintf(list[m], len, "%s", paths[i]);
+            m++;
+            n_here++;
+        }
+        if (d) {
+            closedir(d);
+            if (!n_here) {
+                ps_free_paths(list, m);
+                return ps_fail(err, "%s: a directory with no part files (COMMAND.part-I-of-N.safetensors, written by --shard I/N)",
+                               paths[i]);
+            }
+            qsort(list + first, (size_t)n_here, sizeof *list, cmp_str); /* the same order on any file system */
+        }
+    }
+    *out = list;
+    *n_out = m;
+    return 0;
+}
+
+void ps_free_paths(char **paths, int n) {
+    for (int i = 0; i < n; i++) free(paths[i]);
+    free(paths);
 }

@@ -66,6 +66,12 @@ int ps_partial_write(const ps_partial *p, const char *path, ps_error *err);
  * their units tiling [0, n_units). out holds every unit afterwards; out->meta is part 0's, with
  * provenance.compute noting the merge. */
 int ps_partial_merge_files(const char *const *paths, int n, ps_partial *out, ps_error *err);
+/* The part files named by paths: a file stands for itself, a directory for the part files in it
+ * (COMMAND.part-I-of-N.safetensors, by name; a directory without one is an error naming it). out is a new
+ * list (free with ps_free_paths). So `merge a b` takes the --out directories of `--shard 0/2 --out a` and
+ * `--shard 1/2 --out b`. */
+int ps_partial_expand_paths(const char *const *paths, int n, char ***out, int *n_out, ps_error *err);
+void ps_free_paths(char **paths, int n);
 
 /* The part file name of shard i of n for a result NAME ("sweep"): "NAME.part-I-of-N.safetensors". */
 void ps_partial_file_name(char *out, size_t n, const char *name, int i, int of);

@@ -136,5 +136,7 @@ extern const ps_command ps_cmd_table;
 extern const ps_command ps_cmd_theory;
 extern const ps_command ps_cmd_tokenize;
 extern const ps_command ps_cmd_fillers;
+extern const ps_command ps_cmd_probe;
+extern const ps_command ps_cmd_serve;
 
 #endif

@@ -4,7 +4,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "experiments/cmd_v4.h"
 #include "dist/dist.h"
 #include "interventions/gatecycle.h"
 #include "experiments/instrument.h"
@@ -12,6 +11,7 @@
 #include "viz/results_check.h"
 #include "interventions/stats.h"
 #include "interventions/units.h"
+#include "tasks/tasks.h"
 
 static int run(const ps_args *a, ps_error *err);
 
@@ -60,121 +60,53 @@ static void heads_text(char *buf, size_t n, int64_t head, int64_t nkv) {
     else snprintf(buf, n, "KV heads 0-%lld (all)", (long long)nkv - 1);
 }
 
-/* --measure knockout: knock out each cycled head of `layer` before and after cycling by k (the model is
- * cycled back by -k afterwards, exactly: a roll), and measure where each head's residue moved
- * (ps_head_shift_measure). Returns the "per_head" object, or NULL with err set. */
+/* --measure knockout (interventions/gatecycle.h, ps_gatecycle_per_head): the per-head measure, and its
+ * summary on stdout from the "per_head" object. */
 static json_t *measure_per_head(ps_instr *in, int layer, int head, int branches, int params, int64_t k, double min_hurt,
                                 ps_error *err) {
-    const ps_config *c = &in->m.cfg;
-    int nh = head >= 0 ? 1 : (int)c->n_kv_heads, *heads = malloc((size_t)nh * sizeof(int));
-    ps_knockout_result kb = {0}, ka = {0};
     json_t *out = NULL;
-    int64_t P = in->P;
-    double *hb = malloc((size_t)P * sizeof(double)), *ha = malloc((size_t)P * sizeof(double));
-    unsigned char *dead = calloc((size_t)P, 1);
-    if (!heads || !hb || !ha || !dead) {
-        ps_fail(err, "out of memory for the per-head measure");
-        goto done;
-    }
-    for (int i = 0; i < nh; i++) heads[i] = head >= 0 ? head : i;
-    if (ps_knockout_grid_opts(&in->m, &in->base, &in->task, in->fam, P, in->seed, in->batch, &layer, 1, heads, nh, PS_KO_COMPRESSED,
-                              NULL, &kb, ps_instr_progress, in, err))
-        goto done;
+    ps_gatecycle_per_head_spec g = {.rt = &in->rt, .m = &in->m, .base = &in->base, .task = &in->task, .fam = in->fam,
+                                    .P = in->P, .seed = in->seed, .batch = in->batch, .layer = layer, .head = head,
+                                    .branches = branches, .params = params, .k = k, .min_hurt = min_hurt,
+                                    .progress = ps_instr_progress, .progress_user = in};
+    int rc = ps_gatecycle_per_head(&g, &out, err);
     ps_progress_end(&in->bar);
-    if (ps_gate_cycle(&in->m, layer, head, branches, params, k, err)) goto done;
-    int bad = ps_knockout_grid_opts(&in->m, &in->base, &in->task, in->fam, P, in->seed, in->batch, &layer, 1, heads, nh,
-                                    PS_KO_COMPRESSED, NULL, &ka, ps_instr_progress, in, err);
-    ps_progress_end(&in->bar);
-    if (ps_gate_cycle(&in->m, layer, head, branches, params, -k, err) || bad) goto done;
-    double chance = ps_task_chance(&in->task);
-    json_t *ex = json_array(), *hl = json_array();
-    for (int64_t r = 0; r < P; r++) {
-        double cb = ps_residue_accuracy(&kb.clean, r), ca = ps_residue_accuracy(&ka.clean, r);
-        int db = !(cb > chance + PS_NEAR_CHANCE_PP / 100), da = !(ca > chance + PS_NEAR_CHANCE_PP / 100);
-        dead[r] = (unsigned char)(db && da);
-        if (dead[r]) json_array_append_new(ex, json_integer(r));
-    }
-    int n_meas = 0, n_lost = 0, n_none = 0, exact_w = 0, exact_x = 0;
-    double abs_w = 0, abs_x = 0;
+    if (rc) return NULL;
     printf("per-head knockout measure (layer %d, shift %lld; hurt = accuracy drop when the head is knocked out):\n", layer,
            (long long)k);
-    for (int i = 0; i < nh; i++) {
-        for (int64_t r = 0; r < P; r++) {
-            double v = -100 * (ps_residue_accuracy(&kb.cells[i], r) - ps_residue_accuracy(&kb.clean, r));
-            hb[r] = isfinite(v) ? v : 0;
-            v = -100 * (ps_residue_accuracy(&ka.cells[i], r) - ps_residue_accuracy(&ka.clean, r));
-            ha[r] = isfinite(v) ? v : 0;
-        }
-        ps_head_shift hs;
-        ps_head_shift_measure(hb, ha, dead, P, k, min_hurt, &hs);
+    json_t *hl = json_object_get(out, "heads"), *e;
+    size_t i;
+    json_array_foreach(hl, i, e) {
+        const char *st = json_string_value(json_object_get(e, "status"));
+        json_int_t wb = json_integer_value(json_object_get(e, "worst_before")), wa = json_integer_value(json_object_get(e, "worst_after"));
+        double hb = json_is_integer(json_object_get(e, "worst_before"))
+                        ? json_number_value(json_array_get(json_object_get(e, "hurt_before_pp"), (size_t)wb)) : 0;
+        double ha = json_is_integer(json_object_get(e, "worst_after"))
+                        ? json_number_value(json_array_get(json_object_get(e, "hurt_after_pp"), (size_t)wa)) : 0;
         /* print a tiny negative hurt as 0.0, not -0.0 */
-        double shb = fabs(hs.hurt_before) < 0.05 ? 0 : hs.hurt_before, sha = fabs(hs.hurt_after) < 0.05 ? 0 : hs.hurt_after;
-        json_t *e = json_object(), *pb = json_array(), *pa = json_array();
-        for (int64_t r = 0; r < P; r++) {
-            json_array_append_new(pb, json_real(hb[r]));
-            json_array_append_new(pa, json_real(ha[r]));
-        }
-        static const char *const ST[] = {"measured", "no_profile", "lost"};
-        json_object_set_new(e, "head", json_integer(heads[i]));
-        json_object_set_new(e, "status", json_string(ST[hs.status]));
-        json_object_set_new(e, "hurt_before_pp", pb);
-        json_object_set_new(e, "hurt_after_pp", pa);
-        json_object_set_new(e, "worst_before", hs.worst_before >= 0 ? json_integer(hs.worst_before) : json_null());
-        json_object_set_new(e, "worst_after", hs.worst_after >= 0 ? json_integer(hs.worst_after) : json_null());
-        int m = hs.status == PS_HEAD_MEASURED;
-        json_object_set_new(e, "shift_worst", m ? json_integer(hs.shift_worst) : json_null());
-        json_object_set_new(e, "error_worst", m ? json_integer(hs.error_worst) : json_null());
-        json_object_set_new(e, "shift_xcorr", m ? json_integer(hs.shift_xcorr) : json_null());
-        json_object_set_new(e, "error_xcorr", m ? json_integer(hs.error_xcorr) : json_null());
-        json_array_append_new(hl, e);
-        printf("  head %d: ", heads[i]);
-        if (hs.status == PS_HEAD_NO_PROFILE)
-            printf("owns no residue before (largest hurt %.1f pp at rho %lld)\n", shb, (long long)hs.worst_before);
-        else if (hs.status == PS_HEAD_LOST)
-            printf("rho %lld (%.1f pp) -> lost after cycling (largest hurt %.1f pp)\n", (long long)hs.worst_before, shb, sha);
+        double shb = fabs(hb) < 0.05 ? 0 : hb, sha = fabs(ha) < 0.05 ? 0 : ha;
+        printf("  head %lld: ", (long long)json_integer_value(json_object_get(e, "head")));
+        if (!strcmp(st, "no_profile")) printf("owns no residue before (largest hurt %.1f pp at rho %lld)\n", shb, (long long)wb);
+        else if (!strcmp(st, "lost")) printf("rho %lld (%.1f pp) -> lost after cycling (largest hurt %.1f pp)\n", (long long)wb, shb, sha);
         else
             printf("rho %lld (%.1f pp) -> rho %lld (%.1f pp): shift %+lld, shift - k %+lld; profile xcorr shift %+lld, - k %+lld\n",
-                   (long long)hs.worst_before, hs.hurt_before, (long long)hs.worst_after, hs.hurt_after, (long long)hs.shift_worst,
-                   (long long)hs.error_worst, (long long)hs.shift_xcorr, (long long)hs.error_xcorr);
-        if (m) {
-            n_meas++;
-            abs_w += llabs(hs.error_worst);
-            abs_x += llabs(hs.error_xcorr);
-            exact_w += hs.error_worst == 0;
-            exact_x += hs.error_xcorr == 0;
-        }
-        n_lost += hs.status == PS_HEAD_LOST;
-        n_none += hs.status == PS_HEAD_NO_PROFILE;
+                   (long long)wb, hb, (long long)wa, ha, (long long)json_integer_value(json_object_get(e, "shift_worst")),
+                   (long long)json_integer_value(json_object_get(e, "error_worst")),
+                   (long long)json_integer_value(json_object_get(e, "shift_xcorr")),
+                   (long long)json_integer_value(json_object_get(e, "error_xcorr")));
     }
-    json_t *sum = json_object();
-    json_object_set_new(sum, "n_heads", json_integer(nh));
-    json_object_set_new(sum, "n_measured", json_integer(n_meas));
-    json_object_set_new(sum, "n_lost", json_integer(n_lost));
-    json_object_set_new(sum, "n_no_profile", json_integer(n_none));
-    json_object_set_new(sum, "mean_abs_error_worst", n_meas ? json_real(abs_w / n_meas) : json_null());
-    json_object_set_new(sum, "fraction_exact_worst", n_meas ? json_real((double)exact_w / n_meas) : json_null());
-    json_object_set_new(sum, "mean_abs_error_xcorr", n_meas ? json_real(abs_x / n_meas) : json_null());
-    json_object_set_new(sum, "fraction_exact_xcorr", n_meas ? json_real((double)exact_x / n_meas) : json_null());
+    json_t *sum = json_object_get(out, "summary");
+    int n_meas = (int)json_integer_value(json_object_get(sum, "n_measured")), nh = (int)json_integer_value(json_object_get(sum, "n_heads"));
+    int n_lost = (int)json_integer_value(json_object_get(sum, "n_lost")), n_none = (int)json_integer_value(json_object_get(sum, "n_no_profile"));
     if (n_meas)
         printf("  summary: %d of %d heads measured (%d lost, %d own no residue); mean |shift - k| %.3f (worst residue), %.3f "
                "(xcorr); exact %d/%d, %d/%d\n",
-               n_meas, nh, n_lost, n_none, abs_w / n_meas, abs_x / n_meas, exact_w, n_meas, exact_x, n_meas);
+               n_meas, nh, n_lost, n_none, json_number_value(json_object_get(sum, "mean_abs_error_worst")),
+               json_number_value(json_object_get(sum, "mean_abs_error_xcorr")),
+               (int)lround(json_number_value(json_object_get(sum, "fraction_exact_worst")) * n_meas), n_meas,
+               (int)lround(json_number_value(json_object_get(sum, "fraction_exact_xcorr")) * n_meas), n_meas);
     else
         printf("  summary: no head measured (%d lost, %d own no residue)\n", n_lost, n_none);
-    out = json_object();
-    json_object_set_new(out, "measure", json_string("knockout"));
-    json_object_set_new(out, "target", json_string("compressed"));
-    json_object_set_new(out, "min_hurt_pp", json_real(min_hurt));
-    json_object_set_new(out, "excluded_residues", ex);
-    json_object_set_new(out, "heads", hl);
-    json_object_set_new(out, "summary", sum);
-done:
-    free(heads);
-    free(hb);
-    free(ha);
-    free(dead);
-    ps_knockout_result_free(&kb);
-    ps_knockout_result_free(&ka);
     return out;
 }
 
@@ -247,16 +179,58 @@ static int validate(const ps_args *a, ps_instr *inp, int64_t *layer_, int64_t *s
     return 0;
 }
 
+/* A DeepSeek-V4 checkpoint: its flags (--branch compressor|indexer|both; no --head, --save, --params
+ * but gate) and the cycle's preconditions (interventions/v4_instr.h, ps_v4_gate_cycle). */
+static int validate_v4(const ps_args *a, ps_instr *in, int64_t *layer_, int64_t *shift_, int *branches_, int *measure_,
+                       ps_error *err) {
+    if (ps_args_get(a, "--head"))
+        return ps_cli_usage(err, "--head: a DeepSeek-V4 compressor has one K=V head; its position bias is rolled for every channel");
+    if (ps_args_get(a, "--save")) return ps_cli_usage(err, "--save: writing DeepSeek-V4 checkpoints is not supported");
+    const char *pv = ps_args_get(a, "--params");
+    if (pv && strcmp(pv, "gate"))
+        return ps_cli_usage(err, "--params %s: a DeepSeek-V4 compressor's only per-slot parameter is its position bias (ape): "
+                                 "use --params gate (the default)", pv);
+    static const char *const BR[] = {"compressor", "indexer", "both", NULL}, *const MEASURES[] = {"sweep", "knockout", NULL};
+    int bi = 2;
+    if (ps_args_int(a, "--layer", 0, PS_RESULT_MAX_SHIFT, layer_, err) ||
+        ps_args_int(a, "--shift", -PS_RESULT_MAX_SHIFT, PS_RESULT_MAX_SHIFT, shift_, err) ||
+        ps_args_choice(a, "--measure", MEASURES, measure_, err))
+        return -1;
+    if (*measure_ == 1)
+        return ps_cli_usage(err, "--measure knockout: the per-head measure cycles one KV head of a phasescope compressed model (a DeepSeek-V4 compressor has one K=V head)");
+    if (ps_args_get(a, "--branch") && ps_args_choice(a, "--branch", BR, &bi, err)) return ps_fail_prefix(err, "DeepSeek-V4: ");
+    *branches_ = bi == 0 ? PS_V4_CYCLE_COMPRESSOR : bi == 1 ? PS_V4_CYCLE_INDEXER : PS_V4_CYCLE_COMPRESSOR | PS_V4_CYCLE_INDEXER;
+    if (ps_instr_setup(in, a, 1, err)) return -1;
+    const ps_v4_config *c = &in->v4.cfg;
+    if (*layer_ >= c->n_layers)
+        return ps_cli_usage(err, "--layer %lld: out of range (the model has %lld layers, 0..%lld)", (long long)*layer_,
+                            (long long)c->n_layers, (long long)c->n_layers - 1);
+    if (ps_v4_gate_cycle(&in->v4, (int)*layer_, *branches_, 0, err)) /* preconditions first: cycling by 0 changes nothing */
+        return ps_cli_mark_usage(err);
+    return 0;
+}
+
+/* The cycle block of a DeepSeek-V4 run, and what its result says (docs/results-schema.md, "DeepSeek-V4"). */
+static json_t *v4_meta(const ps_instr *in, int64_t layer, int64_t shift, int branches) {
+    const ps_v4_config *c = &in->v4.cfg;
+    int has_ix = c->attn_type[layer] == PS_V4_CSA && (branches & PS_V4_CYCLE_INDEXER);
+    const char *br = (branches & PS_V4_CYCLE_COMPRESSOR) && has_ix ? "both" : has_ix ? "indexer" : "compressor";
+    return json_pack("{s:o, s:I, s:{s:I, s:I, s:s, s:[i], s:s, s:s, s:s, s:I}, s:f, s:I, s:b, s:I, s:s, s:{s:s, s:I}}",
+                     "provenance", ps_instr_provenance(in, "pad"), "period", (json_int_t)in->P, "cycle", "layer",
+                     (json_int_t)layer, "shift", (json_int_t)shift, "head", "all", "heads", 0, "branch", br, "params", "gate",
+                     "rolled", "position bias (ape) rows, by shift mod the layer's rate", "rate",
+                     (json_int_t)c->compress_rate[layer], "chance", ps_task_chance(&in->task), "n_kv_heads", (json_int_t)1,
+                     "gates_without_payloads", 0, "v4_rate", (json_int_t)0, "near_chance_warning",
+                     "after cycling, accuracy is near chance: the shift statistic means nothing", "deepseek_v4", "layer_type",
+                     ps_v4_attn_type_name(c->attn_type[layer]), "rate", (json_int_t)c->compress_rate[layer]);
+}
+
 /* Gate cycling's work: the two sweeps' units (before, then after; interventions/units.h). A process whose
  * range reaches into the second sweep cycles its copy of the model first; a split run gathers the
  * outcomes and ps_gatecycle_finish adds them up in the one-process order. --measure knockout (the per-head
  * knockout grids before and after) is not split into units: rank 0 runs the whole command (the other ranks
  * wait) and --shard is refused. DeepSeek-V4 checkpoints run whole on rank 0 too. */
 static int run(const ps_args *a, ps_error *err) {
-    if (ps_v4_instr_wanted(a)) { /* DeepSeek-V4 checkpoint: experiments/cmd_v4_instr.c, whole on rank 0 */
-        int r = ps_instr_whole_begin(a, "gate cycling of a DeepSeek-V4 checkpoint", err);
-        return ps_instr_whole_end(r == 1 ? ps_v4_cmd_gatecycle(a, err) : r, err) ? 1 : 0;
-    }
     ps_instr in = {0};
     ps_partial part = {0};
     ps_instr_work wk = {0};
@@ -266,7 +240,9 @@ static int run(const ps_args *a, ps_error *err) {
     static const char *const BRANCHES[] = {"key", "value", "both", NULL}, *const PARAMS[] = {"gate", "payload", "all", NULL};
     int bi = 2, pi = -1, branches = 0, params = 0, measure = 0;
     double min_hurt = PS_HEAD_MIN_HURT_PP;
-    int bad = validate(a, &in, &layer, &shift, &head, &bi, &pi, &branches, &params, BRANCHES, PARAMS, &measure, &min_hurt, err);
+    int v4 = ps_instr_is_v4(a);
+    int bad = v4 ? validate_v4(a, &in, &layer, &shift, &branches, &measure, err)
+                 : validate(a, &in, &layer, &shift, &head, &bi, &pi, &branches, &params, BRANCHES, PARAMS, &measure, &min_hurt, err);
     if (ps_dist_agree(bad, err)) goto done;
     /* --measure knockout: whole on rank 0 (whole = 1 there, -1 on an error, 0 on the waiting ranks) */
     int whole = measure == 1 ? ps_instr_whole_begin(a, "gatecycle --measure knockout", err) : 1;
@@ -277,19 +253,24 @@ static int run(const ps_args *a, ps_error *err) {
     int r = 0;
     json_t *per_head = NULL;
     if (measure == 1 && !(per_head = measure_per_head(&in, (int)layer, (int)head, branches, params, shift, min_hurt, err))) r = -1;
-    const ps_config *c = &in.m.cfg;
     int64_t N = in.base.B, maxq = in.base.max_q, nb = ps_sweep_n_batches(N, in.batch), half = in.P * nb, nu = 2 * half;
+    json_t *meta;
+    if (v4)
+        meta = v4_meta(&in, layer, shift, branches);
+    else {
+    const ps_config *c = &in.m.cfg;
     json_t *hl = json_array();
     for (int64_t g = head < 0 ? 0 : head; g < (head < 0 ? c->n_kv_heads : head + 1); g++) json_array_append_new(hl, json_integer(g));
     const char *br = branches == 3 ? "both" : branches == 1 ? "key" : "value";
     const char *pa = params == 3 ? "all" : params == 1 ? "gate" : "payload";
-    json_t *meta = json_pack("{s:o, s:I, s:{s:I, s:I, s:o, s:o, s:s, s:s}, s:f, s:I, s:b, s:I}", "provenance",
+    meta = json_pack("{s:o, s:I, s:{s:I, s:I, s:o, s:o, s:s, s:s}, s:f, s:I, s:b, s:I}", "provenance",
                              ps_instr_provenance(&in, "pad"), "period", (json_int_t)in.P, "cycle", "layer", (json_int_t)layer,
                              "shift", (json_int_t)shift, "head", head < 0 ? json_string("all") : json_integer(head), "heads", hl,
                              "branch", br, "params", pa, "chance", ps_task_chance(&in.task), "n_kv_heads",
                              (json_int_t)c->n_kv_heads, "gates_without_payloads",
                              params == PS_CYCLE_GATE && c->kind == PS_ATTN_COMPRESSED && c->payload != PS_PAYLOAD_SHARED,
                              "v4_rate", (json_int_t)(c->kind == PS_ATTN_CHANNEL ? c->rate : 0));
+    }
     if (per_head) json_object_set_new(meta, "per_head", per_head); /* only a run that is not split has it */
     w = malloc((size_t)(nu ? nu : 1) * sizeof *w);
     if (!w && !r) r = ps_fail(err, "out of memory for %lld work units", (long long)nu);
@@ -319,13 +300,15 @@ static int run(const ps_args *a, ps_error *err) {
     int32_t *ok = part.arr[0].data, *rho = part.arr[2].data;
     double *lp = part.arr[1].data;
     if (wk.u0 < half) {
-        r = ps_sweep_units(&in.m, &in.base, &in.task, in.fam, PS_SWEEP_PAD, in.P, in.seed, in.batch, wk.u0,
+        r = ps_sweep_units(&in.rt, &in.base, &in.task, in.fam, PS_SWEEP_PAD, in.P, in.seed, in.batch, wk.u0,
                            wk.u1 < half ? wk.u1 : half, ok, lp, rho, ps_instr_progress, &in, err);
         ps_progress_end(&in.bar);
     }
-    if (!r && (wk.u1 > half || saver)) r = ps_gate_cycle(&in.m, (int)layer, (int)head, branches, params, shift, err);
+    if (!r && (wk.u1 > half || saver))
+        r = v4 ? ps_v4_gate_cycle(&in.v4, (int)layer, branches, shift, err)
+               : ps_gate_cycle(&in.m, (int)layer, (int)head, branches, params, shift, err);
     if (!r && wk.u1 > half) {
-        r = ps_sweep_units(&in.m, &in.base, &in.task, in.fam, PS_SWEEP_PAD, in.P, in.seed, in.batch,
+        r = ps_sweep_units(&in.rt, &in.base, &in.task, in.fam, PS_SWEEP_PAD, in.P, in.seed, in.batch,
                            (wk.u0 > half ? wk.u0 : half) - half, wk.u1 - half, ok + stride, lp + stride, rho + stride,
                            ps_instr_progress, &in, err);
         ps_progress_end(&in.bar);
@@ -392,7 +375,11 @@ int ps_gatecycle_finish(const ps_partial *p, const char *out_dir, ps_error *err)
     char hs[64];
     heads_text(hs, sizeof hs, head, nkv);
     char warning[600] = "";
-    if (an.after_near_chance)
+    const char *nc_warning = json_string_value(json_object_get(meta, "near_chance_warning"));
+    json_t *dsv4 = json_object_get(meta, "deepseek_v4");
+    if (an.after_near_chance && nc_warning)
+        snprintf(warning, sizeof warning, "%s", nc_warning);
+    else if (an.after_near_chance)
         snprintf(warning, sizeof warning,
                  "after cycling, accuracy is near chance (mean %.3f, chance %.3f): the cycled heads no longer work, "
                  "so the shift statistic means nothing%s",
@@ -437,7 +424,12 @@ int ps_gatecycle_finish(const ps_partial *p, const char *out_dir, ps_error *err)
     if (ps_result_write(out_dir, "gatecycle.json", res, err)) goto done;
     if (warning[0]) fprintf(stderr, "phasescope gatecycle: warning: %s\n", warning);
     int64_t v4_rate = json_integer_value(json_object_get(meta, "v4_rate"));
-    if (v4_rate > 0) /* the channel attention: its position bias is the per-slot parameter */
+    if (dsv4) /* a DeepSeek-V4 checkpoint */
+        printf("cycled layer %lld (%s, rate %lld): %s position bias rolled by %lld; mean accuracy %.3f -> %.3f\n", (long long)layer,
+               json_string_value(json_object_get(dsv4, "layer_type")), (long long)json_integer_value(json_object_get(dsv4, "rate")),
+               br, (long long)shift, json_number_value(json_object_get(jb, "mean_accuracy")),
+               json_number_value(json_object_get(ja, "mean_accuracy")));
+    else if (v4_rate > 0) /* the channel attention: its position bias is the per-slot parameter */
         printf("cycled layer %lld: the compressor's position bias (ape) rolled by %lld (mod the rate %lld)\n", (long long)layer,
                (long long)shift, (long long)v4_rate);
     else

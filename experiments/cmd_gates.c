@@ -103,14 +103,111 @@ static json_t *summarise_log(const char *path, ps_error *err) {
     return out;
 }
 
+/* A DeepSeek-V4 checkpoint's gates: units = batches of the shift-0 prompts, each keeping its compressors'
+ * gate distributions as they fired (interventions/v4_instr.h); ps_gates_finish pools them in order. */
+static int run_v4(ps_instr *in, ps_error *err) {
+    ps_partial part = {0};
+    ps_instr_work wk = {0};
+    ps_shifted s = {0};
+    int64_t *w = NULL, *wf = NULL, *ev_off = NULL;
+    int rc = 1, have_s = 0, any = 0;
+    const ps_v4_config *c = &in->v4.cfg;
+    for (int l = 0; l < c->n_layers; l++) any |= c->attn_type[l] != PS_V4_SLIDING;
+    int bad = any ? 0 : ps_fail(err, "%s: no CSA or HCA layer (every layer is sliding-window attention): there are no gates", in->model_dir);
+    if (!bad) {
+        bad = ps_make_shifted(&in->base, &in->task, in->fam, PS_SWEEP_PAD, 1, 0, in->seed, in->rt.max_pos, &s, err);
+        have_s = !bad;
+    }
+    if (ps_dist_agree(bad, err)) goto done;
+    int64_t N = s.b.B, nu = ps_sweep_n_batches(N, in->batch), B = in->batch < N ? in->batch : N;
+    json_t *meta = json_pack("{s:o}", "provenance", ps_instr_provenance(in, NULL));
+    w = malloc((size_t)(nu ? nu : 1) * sizeof *w);
+    wf = malloc((size_t)(nu ? nu : 1) * sizeof *wf);
+    ev_off = malloc((size_t)(nu + 1) * sizeof *ev_off);
+    if (!w || !wf || !ev_off) {
+        json_decref(meta);
+        ps_fail(err, "out of memory for %lld work units", (long long)nu);
+        goto done;
+    }
+    for (int64_t u = 0; u < nu; u++) {
+        int64_t n = N - u * B < B ? N - u * B : B, ne, nf;
+        ps_v4_gates_unit_size(c, n, s.b.T, &ne, &nf);
+        w[u] = ne * PS_V4_GATES_EVENT_INTS;
+        wf[u] = nf;
+    }
+    if (ps_instr_partial_init(in, &part, nu, meta, err) || ps_partial_add(&part, "v4_events", PS_PART_I32, w, err) < 0 ||
+        ps_partial_add(&part, "alpha", PS_PART_F32, wf, err) < 0)
+        goto done;
+    for (int64_t u = 0; u < nu; u++) w[u] = N - u * B < B ? N - u * B : B;
+    if (ps_instr_split(in, w, NULL, nu, 0, &wk, err)) goto done;
+    for (int64_t u = 0; u <= nu; u++) ev_off[u] = part.arr[0].off[u] / PS_V4_GATES_EVENT_INTS;
+    int r = ps_v4_gates_units(&in->v4, &in->v4_task, &s, in->batch, wk.u0, wk.u1, ev_off, part.arr[1].off, part.arr[0].data,
+                              part.arr[1].data, err);
+    int fin = ps_instr_collect(in, &part, &wk, r, err);
+    if (fin < 0 || (fin == 1 && ps_gates_finish(&part, in->out_dir, err))) goto done;
+    rc = 0;
+done:
+    free(w);
+    free(wf);
+    free(ev_off);
+    if (have_s) ps_shifted_free(&s);
+    ps_instr_work_free(&wk);
+    ps_partial_free(&part);
+    return rc;
+}
+
+/* A DeepSeek-V4 run's finish: the accumulator from provenance.config's schedule, the records replayed. */
+static int finish_v4(const ps_partial *p, const char *out_dir, ps_error *err) {
+    json_t *prov = json_object_get(p->meta, "provenance"), *cfg = json_object_get(prov, "config"), *att = json_object_get(cfg, "attention");
+    json_t *lt = json_object_get(att, "layer_types"), *cr = json_object_get(att, "compress_rates");
+    int L = (int)json_integer_value(json_object_get(cfg, "n_layers"));
+    if (L < 1 || L > PS_V4_MAX_LAYERS || (int)json_array_size(lt) != L || (int)json_array_size(cr) != L || p->n_arr != 2)
+        return ps_fail(err, "a DeepSeek-V4 gate-statistics partial result lacks its attention schedule or records");
+    ps_v4_attn_type types[PS_V4_MAX_LAYERS];
+    int64_t rates[PS_V4_MAX_LAYERS];
+    for (int l = 0; l < L; l++) {
+        const char *nm = json_string_value(json_array_get(lt, (size_t)l));
+        int k = 0;
+        while (k < 3 && (!nm || strcmp(nm, ps_v4_attn_type_name((ps_v4_attn_type)k)))) k++;
+        if (k == 3) return ps_fail(err, "a DeepSeek-V4 gate-statistics partial result: layer %d has an unknown type", l);
+        types[l] = (ps_v4_attn_type)k;
+        rates[l] = json_integer_value(json_array_get(cr, (size_t)l));
+    }
+    ps_chgate_acc acc = {0};
+    json_t *res = NULL;
+    int rc = -1;
+    if (ps_v4_gates_acc_init(&acc, L, types, rates, json_integer_value(json_object_get(cfg, "head_dim")),
+                             json_integer_value(json_object_get(cfg, "index_head_dim")), err))
+        return -1;
+    if (ps_v4_gates_replay(&acc, p->arr[0].data, p->arr[0].off[p->n_units] / PS_V4_GATES_EVENT_INTS, p->arr[1].data,
+                           p->arr[1].off[p->n_units], err))
+        goto done;
+    res = json_object();
+    json_object_set_new(res, "kind", json_string("gates"));
+    json_object_set(res, "provenance", prov);
+    json_object_set_new(res, "thresholds", json_pack("{s:f}", "concentrated", PS_GATE_CONCENTRATED));
+    json_t *g = ps_chgate_acc_to_json(&acc);
+    if (!g) {
+        ps_fail(err, "out of memory for the gate statistics");
+        goto done;
+    }
+    json_object_set_new(g, "model", json_string("deepseek_v4"));
+    json_object_set_new(res, "gates", g);
+    if (ps_result_write(out_dir, "gates.json", res, err)) goto done;
+    ps_chgate_print(&acc);
+    rc = 0;
+done:
+    json_decref(res);
+    ps_chgate_acc_free(&acc);
+    return rc;
+}
+
 /* The gate statistics' work: the batches of the shift-0 prompts, each unit keeping the gate distributions
  * its hooks saw (interventions/units.h); a split run gathers them and ps_gates_finish pools them in the
  * one-process order. */
 static int run(const ps_args *a, ps_error *err) {
-    if (ps_v4_instr_wanted(a)) { /* DeepSeek-V4 checkpoint: experiments/cmd_v4_instr.c, whole on rank 0 */
-        int r = ps_instr_whole_begin(a, "the gate statistics of a DeepSeek-V4 checkpoint", err);
-        return ps_instr_whole_end(r == 1 ? ps_v4_cmd_gates(a, err) : r, err) ? 1 : 0;
-    }
+    if (ps_instr_is_v4(a) && ps_args_get(a, "--log"))
+        return ps_cli_usage(err, "--log: a DeepSeek-V4 checkpoint has no phasescope training log"), 1;
     ps_instr in = {0};
     ps_partial part = {0};
     ps_instr_work wk = {0};
@@ -121,6 +218,10 @@ static int run(const ps_args *a, ps_error *err) {
     int rc = 1;
     int bad = ps_instr_setup(&in, a, 1, err);
     if (ps_dist_agree(bad, err)) goto done;
+    if (in.is_v4) { /* a DeepSeek-V4 checkpoint: its compressors' per-channel gates, split the same way */
+        rc = run_v4(&in, err);
+        goto done;
+    }
     if (in.m.cfg.kind == PS_ATTN_CHANNEL) { /* per-channel gates (experiments/cmd_v4_instr.c): whole on rank 0 */
         int r = ps_instr_whole_begin(a, "the per-channel gate statistics of the channel attention", err);
         rc = ps_instr_whole_end(r == 1 ? ps_v4_model_gates(&in, ps_args_get(a, "--log"), err) : r, err) ? 1 : 0;
@@ -186,6 +287,7 @@ done:
 }
 
 int ps_gates_finish(const ps_partial *p, const char *out_dir, ps_error *err) {
+    if (ps_partial_find(p, "v4_events") >= 0) return finish_v4(p, out_dir, err);
     ps_gate_acc acc = {0};
     ps_config cfg;
     json_t *res = NULL, *prov = json_object_get(p->meta, "provenance");

@@ -4,7 +4,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "experiments/cmd_v4.h"
 #include "dist/dist.h"
 #include "experiments/instrument.h"
 #include "interventions/knockout.h"
@@ -51,83 +50,67 @@ static int model_list(const ps_args *a, const char *flag, int64_t count, const c
     return ps_cli_usage(err, "%.900s (the model has %lld %s)", m, (long long)count, what);
 }
 
-/* Outcomes into the partial result: a batch's clean run (with the residues) in its unit with li = 0, a
- * cell's in its (shift, batch, layer) unit, head after head. */
-typedef struct {
-    ps_partial *p;
-    int nh;
-} ko_rec;
-
-enum { KO_RHO, KO_CLEAN_OK, KO_CLEAN_LP, KO_CELL_OK, KO_CELL_LP };
-
-static void ko_record(void *user, int64_t unit, int cell, int64_t first, const ps_shifted *set, const int *ok,
-                      const double *lp) {
-    ko_rec *r = user;
-    int64_t maxq = set->b.max_q;
-    if (cell < 0) {
-        int32_t *rho = ps_partial_at(r->p, KO_RHO, unit), *cok = ps_partial_at(r->p, KO_CLEAN_OK, unit);
-        double *clp = ps_partial_at(r->p, KO_CLEAN_LP, unit);
-        for (int64_t i = 0; i < set->b.B; i++)
-            for (int64_t q = 0; q < maxq; q++) {
-                int64_t k = i * maxq + q, o = first * maxq + k;
-                int scored = q < set->b.n_q[i] && set->residue[k] >= 0;
-                rho[o] = scored ? (int32_t)set->residue[k] : -1;
-                cok[o] = scored ? ok[k] : 0;
-                clp[o] = scored ? lp[k] : 0.0;
-            }
-        return;
-    }
-    int64_t n_unit = ps_partial_count(r->p, KO_CELL_OK, unit) / (r->nh * maxq), hi = cell % r->nh;
-    int32_t *cok = (int32_t *)ps_partial_at(r->p, KO_CELL_OK, unit) + (hi * n_unit + first) * maxq;
-    double *clp = (double *)ps_partial_at(r->p, KO_CELL_LP, unit) + (hi * n_unit + first) * maxq;
-    for (int64_t i = 0; i < set->b.B; i++)
-        for (int64_t q = 0; q < maxq; q++) {
-            int64_t k = i * maxq + q;
-            int scored = q < set->b.n_q[i] && set->residue[k] >= 0;
-            cok[k] = scored ? ok[k] : 0;
-            clp[k] = scored ? lp[k] : 0.0;
-        }
-}
-
-/* The grid's work: units (shift, batch, layer) of ps_knockout_grid_opts; a split run gathers the outcomes
- * and ps_knockout_finish adds them up in the one-process order. */
+/* The grid's work: units (shift, batch, layer) of the grid engine (interventions/grid.h), on whatever
+ * family the checkpoint is; a split run gathers the outcomes and ps_knockout_finish adds them up in the
+ * one-process order. */
 static int run(const ps_args *a, ps_error *err) {
-    if (ps_v4_instr_wanted(a)) { /* DeepSeek-V4 checkpoint: experiments/cmd_v4_instr.c, whole on rank 0 */
-        int r = ps_instr_whole_begin(a, "the knockout grid of a DeepSeek-V4 checkpoint", err);
-        return ps_instr_whole_end(r == 1 ? ps_v4_cmd_knockout(a, err) : r, err) ? 1 : 0;
-    }
     ps_instr in = {0};
     ps_partial part = {0};
     ps_instr_work wk = {0};
     ps_knockout_result r = {0};
-    int rc = 1, *layers = NULL, *heads = NULL, nl = 0, nh = 0;
+    int rc = 1, *layers = NULL, *heads = NULL, nl = 0, nh = 0, target = 0;
     int64_t *w = NULL;
     unsigned char *snap = NULL;
     int bad = ps_instr_setup(&in, a, 1, err);
-    const ps_config *c = &in.m.cfg;
-    ps_ko_target target = PS_KO_COMPRESSED;
+    const ps_runtime *rt = &in.rt;
+    int64_t L = 0, nh_max = 0;
+    char why[256];
     if (!bad) {
-        /* a config may have up to 2^24 layers or KV heads: the lists are sized to the model */
-        layers = malloc((size_t)c->n_layers * sizeof(int));
-        heads = malloc((size_t)c->n_kv_heads * sizeof(int));
-        if (!layers || !heads)
-            bad = ps_fail(err, "out of memory for the lists of %lld layers and %lld KV heads", (long long)c->n_layers,
-                          (long long)c->n_kv_heads);
+        L = rt->n_layers;
+        target = ps_knockout_default_target(rt);
+        const char *tv = ps_args_get(a, "--target");
+        if (tv && ps_args_choice(a, "--target", ps_knockout_targets(rt), &target, err)) bad = -1;
     }
     if (!bad) {
-        static const char *const TARGETS[] = {"raw", "compressed", "both", NULL};
-        static const ps_ko_target TARGET_OF[] = {PS_KO_RAW, PS_KO_COMPRESSED, PS_KO_BOTH};
-        int ti = c->kind != PS_ATTN_FULL ? 1 : 0;
-        bad = ps_args_choice(a, "--target", TARGETS, &ti, err) ||
-              model_list(a, "--layers", c->n_layers, "layers", layers, &nl, err) ||
-              model_list(a, "--heads", c->n_kv_heads, "KV heads", heads, &nh, err);
-        target = TARGET_OF[ti];
-        if (!bad && (target & PS_KO_COMPRESSED) && c->kind == PS_ATTN_FULL)
-            bad = ps_fail(err, "--target %s: a full-attention model has no compressed entries (use --target raw)",
-                          target == PS_KO_BOTH ? "both" : "compressed");
+        nh_max = ps_knockout_target_heads(rt, target);
+        /* a config may have up to 2^24 layers or heads: the lists are sized to the model */
+        layers = malloc((size_t)L * sizeof(int));
+        heads = malloc((size_t)(nh_max > 0 ? nh_max : 1) * sizeof(int));
+        if (!layers || !heads)
+            bad = ps_fail(err, "out of memory for the lists of %lld layers and %lld heads", (long long)L, (long long)nh_max);
+    }
+    const char *tname = bad ? "" : ps_knockout_targets(rt)[target];
+    if (!bad && ps_knockout_layer_missing(rt, target, -1, why, sizeof why)) bad = ps_fail(err, "%s", why); /* the model has none */
+    if (!bad && ps_args_get(a, "--layers")) {
+        bad = model_list(a, "--layers", L, "layers", layers, &nl, err);
+        for (int i = 0; i < nl && !bad; i++) {
+            const char *m = ps_knockout_layer_missing(rt, target, layers[i], why, sizeof why);
+            if (m) bad = ps_cli_usage(err, "--layers: %s", m);
+        }
+    } else if (!bad) { /* every layer that has what the target replaces */
+        const char *first = NULL;
+        for (int l = 0; l < L; l++) {
+            const char *m = ps_knockout_layer_missing(rt, target, l, why, sizeof why);
+            if (!m) layers[nl++] = l;
+            else if (!first) first = m;
+        }
+        if (!nl) bad = ps_cli_usage(err, "%s", first ? why : "no layer has what the target replaces");
+    }
+    if (!bad && nh_max > 0)
+        bad = model_list(a, "--heads", nh_max, rt->ops->ko_heads_what, heads, &nh, err);
+    else if (!bad) {
+        if (ps_args_get(a, "--heads"))
+            bad = ps_cli_usage(err, "--heads: --target %s replaces whole layers (--heads goes with --target heads)", tname);
+        heads[0] = 0, nh = 1;
     }
     if (ps_dist_agree(bad, err)) goto done;
-    /* layers top-down, the order the grid visits them */
+    /* every rank groups its cells as rank 0 would alone: rank 0's memory budget */
+    ps_knockout_opts opts = {.mem_bytes = ps_knockout_default_budget()};
+    if (ps_dist_bcast(&opts.mem_bytes, sizeof opts.mem_bytes, 0, err)) goto done;
+    int64_t N = in.base.B, maxq = in.base.max_q;
+    int64_t nu = ps_knockout_n_units(N, in.batch, in.P, nl);
+    int last_first = ps_grid_last_first(rt);
+    /* the layers as the grid visits them: top-down */
     for (int i = 0; i < nl; i++)
         for (int j = i + 1; j < nl; j++)
             if (layers[j] > layers[i]) {
@@ -135,18 +118,14 @@ static int run(const ps_args *a, ps_error *err) {
                 layers[i] = layers[j];
                 layers[j] = t;
             }
-    /* every rank groups its cells as rank 0 would alone: rank 0's memory budget */
-    ps_knockout_opts opts = {.mem_bytes = ps_knockout_default_budget()};
-    if (ps_dist_bcast(&opts.mem_bytes, sizeof opts.mem_bytes, 0, err)) goto done;
-    int64_t N = in.base.B, maxq = in.base.max_q, B = in.batch < N ? in.batch : N;
-    int64_t nu = ps_knockout_n_units(N, in.batch, in.P, nl), L = c->n_layers;
     json_t *jl = json_array(), *jh = json_array();
     for (int i = 0; i < nl; i++) json_array_append_new(jl, json_integer(layers[i]));
     for (int i = 0; i < nh; i++) json_array_append_new(jh, json_integer(heads[i]));
-    json_t *meta = json_pack("{s:o, s:I, s:s, s:o, s:o, s:I}", "provenance", ps_instr_provenance(&in, "pad"), "period",
-                             (json_int_t)in.P, "target",
-                             target == PS_KO_RAW ? "raw" : target == PS_KO_COMPRESSED ? "compressed" : "both", "layers", jl,
-                             "heads", jh, "max_q", (json_int_t)maxq);
+    const char *unit = rt->ops->ko_unit(rt, target);
+    json_t *meta = json_pack("{s:o, s:I, s:s, s:o, s:o, s:I, s:b}", "provenance", ps_instr_provenance(&in, "pad"), "period",
+                             (json_int_t)in.P, "target", tname, "layers", jl, "heads", jh, "max_q", (json_int_t)maxq,
+                             "last_first", last_first);
+    if (meta && unit) json_object_set_new(meta, "unit", json_string(unit));
     w = malloc((size_t)(nu ? nu : 1) * sizeof *w);
     snap = calloc((size_t)(nu ? nu : 1), 1);
     if (!w || !snap) {
@@ -155,44 +134,20 @@ static int run(const ps_args *a, ps_error *err) {
         goto done;
     }
     if (ps_instr_partial_init(&in, &part, nu, meta, err)) goto done;
-    int64_t p_, i0, n;
-    int li;
-    for (int64_t u = 0; u < nu; u++) {
-        ps_knockout_unit(N, in.batch, nl, u, &p_, &i0, &n, &li);
-        w[u] = li == 0 ? n * maxq : 0;
-    }
-    if (ps_partial_add(&part, "rho", PS_PART_I32, w, err) < 0 || ps_partial_add(&part, "clean_ok", PS_PART_I32, w, err) < 0 ||
-        ps_partial_add(&part, "clean_logprob", PS_PART_F64, w, err) < 0)
-        goto done;
-    for (int64_t u = 0; u < nu; u++) {
-        ps_knockout_unit(N, in.batch, nl, u, &p_, &i0, &n, &li);
-        w[u] = nh * n * maxq;
-    }
-    if (ps_partial_add(&part, "cell_ok", PS_PART_I32, w, err) < 0 || ps_partial_add(&part, "cell_logprob", PS_PART_F64, w, err) < 0)
-        goto done;
-    /* weights in 1/64 of a prompt's forward: a shift's mean pass (its first unit: every prompt), a batch's
-     * clean forward (its li = 0 unit), a cell restarted at layer l about (L - 1 - l) / L of a forward plus
-     * its answer rows; a range that begins inside a shift pays its mean pass again: boundaries move to a
-     * shift start when that costs less */
-    for (int64_t u = 0; u < nu; u++) {
-        ps_knockout_unit(N, in.batch, nl, u, &p_, &i0, &n, &li);
-        int64_t cell = 64 * (L - 1 - layers[li]) / L + 8;
-        w[u] = n * nh * cell + (li == 0 ? 64 * n : 0);
-        if (li == 0 && i0 == (N - 1) / B * B) {
-            w[u] += 64 * N;
-            snap[u] = 1;
-        }
-    }
+    if (ps_knockout_partial_layout(&part, N, in.batch, in.P, nl, nh, maxq, last_first, err)) goto done;
+    ps_grid_unit_weights(rt, N, in.batch, in.P, layers, nl, nh, L, w, snap);
     if (ps_instr_split(&in, w, snap, nu, 64 * N, &wk, err)) goto done;
-    ko_rec rec = {.p = &part, .nh = nh};
+    ps_knockout_recorder rec = {.p = &part, .nh = nh};
     opts.unit0 = wk.u0;
     opts.unit1 = wk.u1;
-    opts.record = ko_record;
+    opts.record = ps_knockout_record;
     opts.record_user = &rec;
     int rr = 0;
     if (wk.u1 > wk.u0) { /* an empty range runs nothing (unit1 = 0 would mean every unit) */
-        rr = ps_knockout_grid_opts(&in.m, &in.base, &in.task, in.fam, in.P, in.seed, in.batch, layers, nl, heads, nh, target,
-                                   &opts, &r, ps_instr_progress, &in, err);
+        ps_knockout_spec ks = {.rt = rt, .base = &in.base, .task = &in.task, .fam = in.fam, .P = in.P, .seed = in.seed,
+                               .batch = in.batch, .layers = layers, .n_layers = nl, .heads = heads, .n_heads = nh,
+                               .target = target, .opts = opts, .progress = ps_instr_progress, .progress_user = &in};
+        rr = ps_knockout_run(&ks, &r, err);
         ps_progress_end(&in.bar);
     }
     int fin = ps_instr_collect(&in, &part, &wk, rr, err);
@@ -212,46 +167,14 @@ done:
 
 int ps_knockout_finish(const ps_partial *p, const char *out_dir, ps_error *err) {
     ps_knockout_result r = {0};
-    json_t *res = NULL, *jl = json_object_get(p->meta, "layers"), *jh = json_object_get(p->meta, "heads");
-    int rc = -1, *layers = NULL, *heads = NULL, *order = NULL;
-    int nl = (int)json_array_size(jl), nh = (int)json_array_size(jh);
-    int64_t P = json_integer_value(json_object_get(p->meta, "period")), maxq = json_integer_value(json_object_get(p->meta, "max_q"));
-    const char *tg = json_string_value(json_object_get(p->meta, "target"));
-    ps_ko_target target = tg && !strcmp(tg, "raw") ? PS_KO_RAW : tg && !strcmp(tg, "both") ? PS_KO_BOTH : PS_KO_COMPRESSED;
-    if (nl < 1 || nh < 1 || P < 1 || maxq < 1 || !tg || p->n_arr != 5 || p->n_units % nl)
-        return ps_fail(err, "a knockout grid's partial result lacks its layers, heads, period or outcomes");
-    layers = malloc((size_t)nl * sizeof(int));
-    heads = malloc((size_t)nh * sizeof(int));
-    if (!layers || !heads) {
-        ps_fail(err, "out of memory");
-        goto done;
-    }
-    for (int i = 0; i < nl; i++) layers[i] = (int)json_integer_value(json_array_get(jl, (size_t)i));
-    for (int i = 0; i < nh; i++) heads[i] = (int)json_integer_value(json_array_get(jh, (size_t)i));
-    if (ps_knockout_result_init(&r, P, layers, nl, heads, nh, err)) goto done;
-    /* the one-process order: shifts, batches from the last, the clean run, then each layer's cells */
-    const int32_t *rho = NULL;
-    int64_t n_items = 0;
-    for (int64_t u = 0; u < p->n_units; u++) {
-        int li = (int)(u % nl);
-        if (li == 0) {
-            rho = ps_partial_at(p, KO_RHO, u);
-            n_items = ps_partial_count(p, KO_RHO, u);
-            ps_residue_stats_add_items(&r.clean, ps_partial_at(p, KO_CLEAN_OK, u), ps_partial_at(p, KO_CLEAN_LP, u), rho, n_items);
-        }
-        if (ps_partial_count(p, KO_CELL_OK, u) != nh * n_items) {
-            ps_fail(err, "a knockout grid's partial result: unit %lld has %lld cell outcomes, expected %lld", (long long)u,
-                    (long long)ps_partial_count(p, KO_CELL_OK, u), (long long)(nh * n_items));
-            goto done;
-        }
-        for (int hi = 0; hi < nh; hi++)
-            ps_residue_stats_add_items(&r.cells[li * nh + hi], (const int32_t *)ps_partial_at(p, KO_CELL_OK, u) + hi * n_items,
-                                       (const double *)ps_partial_at(p, KO_CELL_LP, u) + hi * n_items, rho, n_items);
-    }
+    json_t *res = NULL;
+    int rc = -1, *order = NULL;
+    const char *tg = json_string_value(json_object_get(p->meta, "target")), *unit = json_string_value(json_object_get(p->meta, "unit"));
+    if (ps_knockout_from_partial(p, &r, err)) return -1;
     res = json_object();
     json_object_set_new(res, "kind", json_string("knockout"));
     json_object_set(res, "provenance", json_object_get(p->meta, "provenance"));
-    json_t *grid = ps_knockout_json(&r, target, err);
+    json_t *grid = ps_knockout_json(&r, tg, unit, err);
     if (!grid) goto done;
     json_object_set_new(res, "grid", grid);
     if (ps_result_write(out_dir, "knockout.json", res, err)) goto done;
@@ -293,8 +216,6 @@ int ps_knockout_finish(const ps_partial *p, const char *out_dir, ps_error *err) 
     rc = 0;
 done:
     free(order);
-    free(layers);
-    free(heads);
     json_decref(res);
     ps_knockout_result_free(&r);
     return rc;

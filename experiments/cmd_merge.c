@@ -16,12 +16,12 @@ const ps_command ps_cmd_merge = {
     .name = "merge",
     .summary = "combine the partial results of a run split with --shard I/N",
     .description =
-        "Combines the part files that `phasescope sweep|knockout|gatecycle|gates ... --shard I/N` wrote (one per shard,\n"
+        "Combines the part files (or the --out directories holding them) that `phasescope sweep|knockout|gatecycle|gates ... --shard I/N` wrote (one per shard,\n"
         "COMMAND.part-I-of-N.safetensors, each from any machine) into the result one process writes: the same JSON\n"
         "numbers (the per-item outcomes are added up in the one-process order) and figures, in OUT/. Refuses parts of\n"
         "different runs (model, flags, prompts), a missing or repeated shard, and parts that split the work\n"
         "differently. docs/scale-out.md.\n",
-    .positional = "PART [PART ...]",
+    .positional = "PART|DIR [PART|DIR ...]",
     .max_positional = 1 << 20,
     .flags = FLAGS,
     .run = run,
@@ -30,7 +30,12 @@ const ps_command ps_cmd_merge = {
 static int run(const ps_args *a, ps_error *err) {
     if (a->n_pos < 1) return ps_cli_usage(err, "no part files given (PART [PART ...]: the OUT/COMMAND.part-I-of-N.safetensors files)");
     ps_partial p;
-    if (ps_partial_merge_files(a->pos, a->n_pos, &p, err)) return -1;
+    char **parts;
+    int n_parts;
+    if (ps_partial_expand_paths(a->pos, a->n_pos, &parts, &n_parts, err)) return -1;
+    int mrc = ps_partial_merge_files((const char *const *)parts, n_parts, &p, err);
+    ps_free_paths(parts, n_parts);
+    if (mrc) return -1;
     const char *out = ps_args_get(a, "--out");
     int rc;
     if (!strcmp(p.command, "sweep")) rc = ps_sweep_finish(&p, out, err);

@@ -4,7 +4,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "experiments/cmd_v4.h"
 #include "experiments/instrument.h"
 #include "dist/dist.h"
 #include "viz/draw.h"
@@ -31,6 +30,7 @@ static const ps_flag_spec FLAGS[] = {
     {"--pairs", "N", "text-kv: key-value pairs per prompt (default 8)", 0},
     {"--words", "FILE", "text-kv: key words, one per line (default data/text/kv_keys.txt)", 0},
     {"--values", "numbers|words", "text-kv: values are 4-digit numbers (default) or words from --words", 0},
+    {"--value-digits", "D", "text-kv: digits of a number value (default 4; 1-9): 5 gives 90,000 distinct values", 0},
     PS_INSTR_FLAGS,
     {0},
 };
@@ -78,23 +78,6 @@ void ps_sweep_summary_line(json_t *curve) {
 
 static int run_textkv(const ps_args *a, ps_sweep_mode mode, ps_error *err);
 
-/* The text-kv task a checkpoint was trained on (text/textkv_task.h), if any: 1 and *t filled, 0 when its
- * task is another (or none), -1 on error. */
-static int checkpoint_textkv(const ps_model *m, const char *dir, ps_textkv_task *t, ps_error *err) {
-    const char *js = ps_model_get_meta(m, "phasescope.task");
-    if (!js) return 0;
-    json_t *o = json_loads(js, 0, NULL);
-    if (!o || !ps_textkv_task_is(o)) {
-        json_decref(o);
-        return 0;
-    }
-    char src[4200];
-    snprintf(src, sizeof src, "%s/model.safetensors (phasescope.task)", dir);
-    int rc = ps_textkv_task_from_json(o, src, NULL, t, err);
-    json_decref(o);
-    return rc ? -1 : 1;
-}
-
 /* Does the model of --model carry a text-kv task? (1 yes, 0 no, -1 error) */
 static int model_is_textkv(const ps_args *a, ps_error *err) {
     char dir[4096];
@@ -102,7 +85,7 @@ static int model_is_textkv(const ps_args *a, ps_error *err) {
     memset(&m, 0, sizeof m);
     if (ps_cli_model_dir(ps_args_get(a, "--model"), dir, sizeof dir, err) || ps_model_load(&m, dir, err)) return -1;
     ps_textkv_task t;
-    int r = checkpoint_textkv(&m, dir, &t, err);
+    int r = ps_textkv_checkpoint_task(&m, dir, &t, err);
     if (r == 1) ps_textkv_task_free(&t);
     ps_model_free(&m);
     return r;
@@ -111,15 +94,12 @@ static int model_is_textkv(const ps_args *a, ps_error *err) {
 static int run_model(const ps_args *a, ps_sweep_mode mode, ps_error *err);
 
 static int run(const ps_args *a, ps_error *err) {
-    if (ps_v4_instr_wanted(a)) { /* DeepSeek-V4 checkpoint: experiments/cmd_v4_instr.c, whole on rank 0 */
-        int r = ps_instr_whole_begin(a, "the sweep of a DeepSeek-V4 checkpoint", err);
-        return ps_instr_whole_end(r == 1 ? ps_v4_cmd_sweep(a, err) : r, err) ? 1 : 0;
-    }
     int rc = 1;
     static const char *const MODES[] = {"pad", "move", NULL};
     int mi = 0;
     if (ps_args_choice(a, "--mode", MODES, &mi, err)) return 1;
     ps_sweep_mode mode = mi ? PS_SWEEP_MOVE : PS_SWEEP_PAD;
+    if (ps_instr_is_v4(a)) return run_model(a, mode, err); /* a DeepSeek-V4 checkpoint: its --task file's prompts */
     static const char *const TASKS[] = {"model", "text-kv", NULL};
     int ti = 0;
     const char *task_flag = ps_args_get(a, "--task");
@@ -138,7 +118,7 @@ static int run(const ps_args *a, ps_error *err) {
         int r = ps_instr_whole_begin(a, "the text-kv sweep", err);
         return ps_instr_whole_end(r == 1 ? run_textkv(a, mode, err) : r, err) ? 1 : 0;
     }
-    static const char *const TEXT_ONLY[] = {"--tokenizer", "--pairs", "--words", "--values", NULL};
+    static const char *const TEXT_ONLY[] = {"--tokenizer", "--pairs", "--words", "--values", "--value-digits", NULL};
     for (int i = 0; TEXT_ONLY[i]; i++)
         if (ps_args_has(a, TEXT_ONLY[i])) {
             ps_cli_usage(err, "%s: only with --task text-kv", TEXT_ONLY[i]);
@@ -172,7 +152,7 @@ static int run_model(const ps_args *a, ps_sweep_mode mode, ps_error *err) {
         goto done;
     ps_sweep_unit_weights(N, in.batch, in.P, in.base.T, mode, w);
     if (ps_instr_split(&in, w, NULL, nu, 0, &wk, err)) goto done;
-    int r = ps_sweep_units(&in.m, &in.base, &in.task, in.fam, mode, in.P, in.seed, in.batch, wk.u0, wk.u1, part.arr[0].data,
+    int r = ps_sweep_units(&in.rt, &in.base, &in.task, in.fam, mode, in.P, in.seed, in.batch, wk.u0, wk.u1, part.arr[0].data,
                            part.arr[1].data, part.arr[2].data, ps_instr_progress, &in, err);
     ps_progress_end(&in.bar);
     int fin = ps_instr_collect(&in, &part, &wk, r, err);
@@ -220,92 +200,49 @@ static void textkv_progress(int64_t done, int64_t total, void *user) {
 static int run_textkv(const ps_args *a, ps_sweep_mode mode, ps_error *err) {
     ps_instr in = {0};
     ps_residue_stats st = {0};
-    ps_tokenizer *tok = NULL;
-    ps_text_family *fams = NULL;
-    int n_fams = 0;
-    const ps_text_family *fam = NULL;
-    char **words = NULL;
-    int64_t n_words = 0, pairs = 8, seed = 0, tmin = INT64_MAX, tmax = 0;
-    ps_ids fill = {0};
-    ps_textkv kv;
-    ps_textkv_defaults(&kv);
+    ps_textkv_set set;
+    memset(&set, 0, sizeof set);
+    int have_set = 0;
+    int64_t pairs = -1, seed = 0, tmin = INT64_MAX, tmax = 0;
     int *ok = NULL;
     double *lp = NULL;
     json_t *res = NULL;
-    int rc = -1, vi = 0;
+    int rc = -1, vi = -1;
     static const char *const VALUES[] = {"numbers", "words", NULL};
-    const char *tok_path = ps_args_get(a, "--tokenizer"), *words_path = ps_args_get(a, "--words"), *family = ps_args_get(a, "--family");
+    ps_textkv_layout lay = {ps_args_get(a, "--tokenizer"), ps_args_get(a, "--words"), ps_args_get(a, "--family"), -1, -1, NULL, 0};
     ps_textkv_task trained;
     memset(&trained, 0, sizeof trained);
     int has_trained = 0;
-    if (!tok_path) { /* a model trained on text-kv names its tokenizer */
-        char dir[4096];
-        ps_model m;
-        memset(&m, 0, sizeof m);
-        if (ps_cli_model_dir(ps_args_get(a, "--model"), dir, sizeof dir, err) || ps_model_load(&m, dir, err)) goto done;
-        has_trained = checkpoint_textkv(&m, dir, &trained, err);
-        ps_model_free(&m);
-        if (has_trained < 0) goto done;
-        if (!has_trained) {
-            ps_cli_usage(err, "--task text-kv needs --tokenizer (the model's tokenizer.json)");
-            goto done;
-        }
-        /* the trained layout: tokenizer, words, values, pairs, queries, filler family (flags override) */
-        tok_path = trained.tokenizer_path;
-        if (!words_path) words_path = trained.words_path;
-        if (!family) family = trained.filler_family;
-        pairs = trained.n_pairs;
-        vi = trained.value_words;
-        kv.value_digits = trained.value_digits;
-        kv.n_queries = trained.n_queries;
-    }
     in.n_prompts = 256;
     in.batch = 32;
     if (ps_args_choice(a, "--values", VALUES, &vi, err) || ps_args_int(a, "--pairs", 1, 100000, &pairs, err) ||
         ps_args_int(a, "--n", 1, PS_RESULT_MAX_PROMPTS, &in.n_prompts, err) || ps_args_int(a, "--seed", 0, INT64_MAX, &seed, err) ||
         ps_args_int(a, "--batch", 1, 1 << 16, &in.batch, err) || ps_args_int(a, "--period", 1, PS_RESULT_MAX_PERIOD, &in.P, err))
         goto done;
+    lay.pairs = pairs;
+    lay.values = vi;
+    if (ps_args_int(a, "--value-digits", 1, 9, &lay.value_digits, err)) goto done;
     in.seed = (uint64_t)seed;
     in.command = a->cmd->name;
     in.backend = ps_args_backend(a);
     in.cmdline = ps_args_command_line(a);
     const char *out = ps_args_get(a, "--out");
     snprintf(in.out_dir, sizeof in.out_dir, "%s", out ? out : "out/sweep");
-    /* the text side first (cheap), then the model */
-    if (ps_text_families_load(PS_SOURCE_DIR "/data/text/fillers.json", &fams, &n_fams, err)) goto done;
-    if (ps_text_family_find(fams, n_fams, family, &fam, err)) {
-        ps_cli_mark_usage(err);
+    if (ps_cli_model_dir(ps_args_get(a, "--model"), in.model_dir, sizeof in.model_dir, err) || ps_model_load(&in.m, in.model_dir, err))
         goto done;
+    if (!lay.tokenizer) { /* a model trained on text-kv names its tokenizer and its layout */
+        has_trained = ps_textkv_checkpoint_task(&in.m, in.model_dir, &trained, err);
+        if (has_trained < 0) goto done;
+        if (has_trained) lay.trained = &trained;
     }
-    if (!words_path) words_path = PS_SOURCE_DIR "/data/text/kv_keys.txt";
-    if (ps_text_read_lines(words_path, &words, &n_words, err) || ps_tokenizer_load(tok_path, &tok, err)) goto done;
-    if (ps_cli_model_dir(ps_args_get(a, "--model"), in.model_dir, sizeof in.model_dir, err) ||
-        ps_model_load(&in.m, in.model_dir, err) || ps_model_to_backend(&in.m, in.backend, err) ||
-        ps_text_check_vocab(tok, tok_path, in.m.cfg.vocab_size, in.model_dir, err))
-        goto done;
     if (!in.P) in.P = in.m.cfg.kind == PS_ATTN_COMPRESSED ? in.m.cfg.stride : 8;
-    if (ps_text_family_ids(fam, tok, in.P - 1, &fill, err)) goto done;
-    kv.keys = words;
-    kv.n_keys = n_words;
-    if (vi == 1) {
-        kv.value_words = words;
-        kv.n_value_words = n_words;
-        if (n_words < 2 * pairs) {
-            ps_fail(err, "%s: %lld words for %lld pairs with --values words: keys and values must all differ (%lld words needed)",
-                    words_path, (long long)n_words, (long long)pairs, (long long)(2 * pairs));
-            goto done;
-        }
-    }
-    kv.n_pairs = pairs;
-    kv.filler = fill.v;
-    kv.n_filler = fill.n;
-    if (ps_textkv_init(&kv, tok, err)) {
-        ps_fail_prefix(err, "%s: ", words_path);
+    if (ps_textkv_set_open(&set, &lay, in.P, err)) goto done;
+    have_set = 1;
+    if (ps_model_to_backend(&in.m, in.backend, err) || ps_text_check_vocab(set.tok, set.tok_path, in.m.cfg.vocab_size, in.model_dir, err))
         goto done;
-    }
     if (ps_residue_stats_init(&st, in.P, err)) goto done;
-    ok = malloc((size_t)(in.n_prompts * kv.n_queries) * sizeof *ok);
-    lp = malloc((size_t)(in.n_prompts * kv.n_queries) * sizeof *lp);
+    ok = malloc((size_t)(in.n_prompts * set.kv.n_queries) * sizeof *ok);
+    lp = malloc((size_t)(in.n_prompts * set.kv.n_queries) * sizeof *lp);
     if (!ok || !lp) {
         ps_fail(err, "out of memory for the outcomes of %lld prompts", (long long)in.n_prompts);
         goto done;
@@ -313,11 +250,9 @@ static int run_textkv(const ps_args *a, ps_sweep_mode mode, ps_error *err) {
     ps_progress_init(&in.bar, (int64_t)1 << 40);
     for (int64_t p = 0; p < in.P; p++) {
         ps_shifted s;
-        if (ps_textkv_shifted(&kv, mode, in.P, p, in.seed, in.n_prompts, in.m.cfg.max_seq_len, &s, err)) break;
-        int64_t T0 = 0;
-        for (int64_t i = 0; i < s.b.B; i++) { /* the prompt's own length: its last answer token + the closing ".\n" */
-            const ps_query *q = &s.b.queries[i * s.b.max_q + s.b.max_q - 1];
-            T0 = q->answer_src + q->answer_len + kv.qe_ids.n;
+        if (ps_textkv_shifted(&set.kv, mode, in.P, p, in.seed, in.n_prompts, in.m.cfg.max_seq_len, &s, err)) break;
+        for (int64_t i = 0; i < s.b.B; i++) {
+            int64_t T0 = ps_textkv_set_prompt_len(&set, &s.b.queries[i * s.b.max_q]);
             tmin = T0 < tmin ? T0 : tmin;
             tmax = T0 > tmax ? T0 : tmax;
         }
@@ -333,26 +268,10 @@ static int run_textkv(const ps_args *a, ps_sweep_mode mode, ps_error *err) {
     rc = -1;
     res = json_object();
     json_object_set_new(res, "kind", json_string("sweep"));
-    json_t *prov = ps_instr_provenance(&in, mode == PS_SWEEP_PAD ? "pad" : "move"), *ev = json_object_get(prov, "eval"),
-           *task = json_object(), *tl = json_object();
-    json_object_set_new(ev, "family", json_string(fam->name));
+    json_t *prov = ps_instr_provenance(&in, mode == PS_SWEEP_PAD ? "pad" : "move"), *ev = json_object_get(prov, "eval");
+    json_object_set_new(ev, "family", json_string(set.fam->name));
     json_object_set_new(ev, "task", json_string("text-kv"));
-    json_object_set_new(task, "kind", json_string("text-kv"));
-    json_object_set_new(task, "tokenizer", json_string(tok_path));
-    json_object_set_new(task, "tokenizer_ids", json_integer(ps_tokenizer_vocab_size(tok)));
-    json_object_set_new(task, "pairs", json_integer(kv.n_pairs));
-    json_object_set_new(task, "queries", json_integer(kv.n_queries));
-    json_object_set_new(task, "keys", json_string(words_path));
-    json_object_set_new(task, "n_keys", json_integer(n_words));
-    json_object_set_new(task, "values", json_string(VALUES[vi]));
-    if (vi == 0) json_object_set_new(task, "value_digits", json_integer(kv.value_digits));
-    json_object_set_new(task, "filler_family", json_string(fam->name));
-    json_object_set_new(task, "filler_source", json_string(fam->source));
-    json_object_set_new(task, "layout", json_string(has_trained ? "checkpoint" : "flags"));
-    json_object_set_new(tl, "min", json_integer(tmin));
-    json_object_set_new(tl, "max", json_integer(tmax));
-    json_object_set_new(task, "prompt_tokens", tl);
-    json_object_set_new(prov, "task", task);
+    json_object_set_new(prov, "task", ps_textkv_set_task_json(&set, tmin, tmax));
     json_object_set_new(res, "provenance", prov);
     json_t *curve = ps_residue_stats_json(&st, err);
     if (!curve) goto done;
@@ -365,11 +284,7 @@ done:
     free(ok);
     free(lp);
     ps_residue_stats_free(&st);
-    ps_textkv_free(&kv);
-    ps_ids_free(&fill);
-    ps_text_lines_free(words, n_words);
-    ps_text_families_free(fams, n_fams);
-    ps_tokenizer_free(tok);
+    if (have_set) ps_textkv_set_free(&set);
     if (has_trained > 0) ps_textkv_task_free(&trained);
     ps_instr_free(&in);
     return rc;

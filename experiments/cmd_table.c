@@ -78,10 +78,11 @@ static int run(const ps_args *a, ps_error *err) {
                      (long long)json_integer_value(json_object_get(att, "stride")),
                      !strcmp(json_string_value(json_object_get(att, "gate")) ?: "", "uniform") ? ", uniform gate" : "",
                      json_is_false(json_object_get(json_object_get(prov, "config"), "rope")) ? ", no RoPE" : "");
-        else if (!strcmp(kind, "v4"))
+        else if (!strcmp(kind, "channel") || !strcmp(kind, "v4"))
             snprintf(attn, sizeof attn, "V4 compressor %s, rate %lld", !strcmp(json_string_value(json_object_get(att, "mode")) ?: "", "hca") ? "HCA" : "CSA",
                      (long long)json_integer_value(json_object_get(att, "rate")));
         else if (!strcmp(kind, "deepseek_v4")) snprintf(attn, sizeof attn, "DeepSeek-V4");
+        else if (!att && json_object_get(prov, "endpoint")) snprintf(attn, sizeof attn, "served (probe)"); /* docs/served-models.md */
         else snprintf(attn, sizeof attn, "full");
         if (!strcmp(kind, "compressed") && json_is_array(json_object_get(att, "head_offsets")))
             snprintf(attn + strlen(attn), sizeof attn - strlen(attn), ", staggered grids");

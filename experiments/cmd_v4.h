@@ -18,15 +18,6 @@ int ps_v4_cmd_info(const char *dir, int64_t B, ps_error *err);
 int ps_v4_cmd_forward(const char *dir, const char *tokens, const char *hooks, const char *out, const char *layers, int lazy,
                       ps_error *err);
 
-/* `phasescope sweep | knockout | gates | gatecycle` on a DeepSeek-V4 checkpoint (experiments/cmd_v4_instr.c,
- * interventions/v4_instr.h): the commands' run functions call these first when ps_v4_instr_wanted(a)
- * (--model names a DeepSeek-V4 checkpoint). They return 0, or nonzero with err set. */
-int ps_v4_instr_wanted(const ps_args *a);
-int ps_v4_cmd_sweep(const ps_args *a, ps_error *err);
-int ps_v4_cmd_knockout(const ps_args *a, ps_error *err);
-int ps_v4_cmd_gates(const ps_args *a, ps_error *err);
-int ps_v4_cmd_gatecycle(const ps_args *a, ps_error *err);
-
 /* `phasescope gates` on a phasescope model with the channel attention (per-channel gates, gates/chgates.h):
  * in is the set-up instrument; log (may be NULL) a train.jsonl whose per-channel gate records are
  * summarised. */

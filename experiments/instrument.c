@@ -9,6 +9,8 @@
 #include "core/fileio.h"
 #include "viz/figures.h"
 #include "viz/results_check.h"
+#include "core/v4/v4_config.h"
+#include "tasks/tasks.h"
 
 /* --shard I/N: 0 <= I < N */
 static int parse_shard(const char *v, int *i, int *n, ps_error *err) {
@@ -44,6 +46,46 @@ static char *command_line_unsharded(const ps_args *a) {
     return s;
 }
 
+int ps_instr_is_v4(const ps_args *a) {
+    char dir[4096], cpath[4200];
+    ps_error e = {0};
+    if (ps_cli_model_dir(ps_args_get(a, "--model"), dir, sizeof dir, &e)) return 0;
+    snprintf(cpath, sizeof cpath, "%s/config.json", dir);
+    return ps_v4_config_detect_file(cpath) == 1;
+}
+
+/* The default period of a DeepSeek-V4 checkpoint: the smallest compression rate of its compressed layers
+ * (CSA's 4 in V4-Flash / V4-Pro). */
+static int64_t v4_default_period(const ps_v4_config *c) {
+    int64_t p = 0;
+    for (int l = 0; l < c->n_layers; l++)
+        if (c->attn_type[l] != PS_V4_SLIDING && (!p || c->compress_rate[l] < p)) p = c->compress_rate[l];
+    return p ? p : 4;
+}
+
+/* A DeepSeek-V4 checkpoint: every layer in memory when the float32 weights take at most half of the memory
+ * available, else one layer at a time (as forward --lazy); the task from --task or the directory. */
+static int setup_v4(ps_instr *in, ps_error *err) {
+    in->is_v4 = 1;
+    if (strcmp(in->backend, "cpu"))
+        return ps_cli_usage(err, "--backend %s: DeepSeek-V4 checkpoints run on the cpu backend", in->backend);
+    if (ps_v4_model_open(&in->v4, in->model_dir, err)) return -1;
+    in->v4_loaded = 1;
+    double need = 4.0 * (double)in->v4.n_params, avail = (double)ps_mem_available();
+    if (ps_v4_model_load_weights(&in->v4, avail > 0 && need > 0.5 * avail, err)) return -1;
+    if (in->v4.lazy)
+        fprintf(stderr, "phasescope %s: the weights (%.1f GB as float32) are loaded one layer at a time\n", in->command, need / 1e9);
+    in->P = v4_default_period(&in->v4.cfg);
+    char *text;
+    size_t len;
+    uint64_t h = 1469598103934665603ULL; /* provenance: FNV-1a 64 of config.json as stored */
+    if (ps_read_file(in->v4.cpath, (size_t)16 << 20, &text, &len, err)) return -1;
+    for (size_t i = 0; i < len; i++) h = (h ^ (unsigned char)text[i]) * 1099511628211ULL;
+    free(text);
+    snprintf(in->v4_hash, sizeof in->v4_hash, "%016llx", (unsigned long long)h);
+    return 0;
+}
+
 int ps_instr_setup(ps_instr *in, const ps_args *a, int need_task, ps_error *err) {
     in->command = a->cmd->name;
     in->backend = ps_args_backend(a);
@@ -56,14 +98,19 @@ int ps_instr_setup(ps_instr *in, const ps_args *a, int need_task, ps_error *err)
     in->batch = 32;
     in->seed = 0;
     const char *task_flag = ps_args_get(a, "--task");
-    if (task_flag && strcmp(task_flag, "model") && strcmp(task_flag, "text-kv"))
+    int v4 = ps_instr_is_v4(a);
+    if (!v4 && task_flag && strcmp(task_flag, "model") && strcmp(task_flag, "text-kv"))
         return ps_cli_usage(err, "--task %s: a task file applies to DeepSeek-V4 checkpoints (a phasescope model carries the task it was trained on)",
                             task_flag);
-    if (ps_cli_model_dir(ps_args_get(a, "--model"), in->model_dir, sizeof in->model_dir, err) ||
-        ps_model_load(&in->m, in->model_dir, err) || ps_model_to_backend(&in->m, in->backend, err))
-        return -1;
-    const ps_config *c = &in->m.cfg;
-    in->P = c->kind == PS_ATTN_COMPRESSED ? c->stride : c->kind == PS_ATTN_CHANNEL ? c->rate : 8;
+    if (ps_cli_model_dir(ps_args_get(a, "--model"), in->model_dir, sizeof in->model_dir, err)) return -1;
+    if (v4) {
+        if (setup_v4(in, err)) return -1;
+    } else {
+        if (ps_model_load(&in->m, in->model_dir, err) || ps_model_to_backend(&in->m, in->backend, err)) return -1;
+        const ps_config *c = &in->m.cfg;
+        in->P = c->kind == PS_ATTN_COMPRESSED ? c->stride : c->kind == PS_ATTN_CHANNEL ? c->rate : 8;
+        ps_runtime_model(&in->rt, &in->m);
+    }
     int64_t seed = 0;
     if (ps_args_int(a, "--period", 1, PS_RESULT_MAX_PERIOD, &in->P, err) ||
         ps_args_int(a, "--n", 1, PS_RESULT_MAX_PROMPTS, &in->n_prompts, err) ||
@@ -76,8 +123,18 @@ int ps_instr_setup(ps_instr *in, const ps_args *a, int need_task, ps_error *err)
     if (ps_fillers_load(PS_SOURCE_DIR "/data/fillers.json", &in->fams, &in->n_fams, err) ||
         ps_fillers_find(in->fams, in->n_fams, family, &in->fam, err))
         return in->fams && family ? ps_cli_mark_usage(err) : -1;
-    if (!need_task) return 0;
-    if (ps_model_task(&in->m, in->model_dir, &in->task, err)) return -1;
+    if (v4) {
+        const ps_v4_config *c = &in->v4.cfg;
+        if (ps_v4_task_load(&in->v4_task, task_flag, in->model_dir, c->vocab_size, c->max_position_embeddings, err)) {
+            if (task_flag) ps_fail_prefix(err, "--task: ");
+            return -1;
+        }
+        in->task = in->v4_task.task;
+        ps_v4_runtime(&in->rt, &in->v4, &in->v4_task);
+    } else if (!need_task)
+        return 0;
+    else if (ps_model_task(&in->m, in->model_dir, &in->task, err))
+        return -1;
     if (ps_batch_alloc(&in->base, in->n_prompts, in->task.seq_len, in->task.n_queries, err)) return -1;
     if (ps_task_generate(&in->task, in->seed ^ 0xe7a1ULL, &in->base, err)) return -1;
     ps_progress_init(&in->bar, (int64_t)1 << 40); /* plain mode: only the final line */
@@ -88,13 +145,40 @@ void ps_instr_free(ps_instr *in) {
     free(in->cmdline);
     free(in->fams);
     ps_batch_free(&in->base);
-    ps_model_free(&in->m);
+    if (in->is_v4) {
+        ps_v4_task_free(&in->v4_task);
+        if (in->v4_loaded) ps_v4_model_free(&in->v4);
+    } else
+        ps_model_free(&in->m);
+}
+
+/* provenance.config of a V4 checkpoint: the attention schedule the figures and the validator read */
+static json_t *v4_config_json(const ps_v4_config *c) {
+    json_t *o = json_object(), *att = json_object(), *lt = json_array(), *cr = json_array();
+    for (int l = 0; l < c->n_layers; l++) {
+        json_array_append_new(lt, json_string(ps_v4_attn_type_name(c->attn_type[l])));
+        json_array_append_new(cr, json_integer(c->compress_rate[l]));
+    }
+    json_object_set_new(att, "kind", json_string("deepseek_v4"));
+    json_object_set_new(att, "layer_types", lt);
+    json_object_set_new(att, "compress_rates", cr);
+    json_object_set_new(att, "sliding_window", json_integer(c->sliding_window));
+    json_object_set_new(att, "index_topk", json_integer(c->index_topk));
+    json_object_set_new(o, "model_type", json_string("deepseek_v4"));
+    json_object_set_new(o, "vocab_size", json_integer(c->vocab_size));
+    json_object_set_new(o, "hidden_size", json_integer(c->hidden_size));
+    json_object_set_new(o, "n_layers", json_integer(c->n_layers));
+    json_object_set_new(o, "n_heads", json_integer(c->n_heads));
+    json_object_set_new(o, "head_dim", json_integer(c->head_dim));
+    json_object_set_new(o, "index_head_dim", json_integer(c->index_head_dim));
+    json_object_set_new(o, "attention", att);
+    return o;
 }
 
 json_t *ps_instr_provenance(const ps_instr *in, const char *mode) {
     json_t *o = json_object(), *ev = json_object();
-    char hash[17];
-    ps_config_hash(&in->m.cfg, hash);
+    char hash[17] = "";
+    if (!in->is_v4) ps_config_hash(&in->m.cfg, hash);
     json_object_set_new(o, "command", json_string(in->cmdline ? in->cmdline : in->command));
     json_object_set_new(o, "model", json_string(in->model_dir));
     json_object_set_new(o, "config_hash", json_string(hash));
@@ -108,12 +192,19 @@ json_t *ps_instr_provenance(const ps_instr *in, const char *mode) {
         snprintf(compute + l, sizeof compute - l, "; %d MPI ranks", ps_dist_size());
     }
     json_object_set_new(o, "compute", json_string(compute));
-    const char *ms = ps_model_get_meta(&in->m, "phasescope.step");
-    if (ms) json_object_set_new(o, "model_step", json_integer(strtoll(ms, NULL, 10)));
-    char *cj = ps_config_to_json(&in->m.cfg);
-    json_object_set_new(o, "config", json_loads(cj, 0, NULL));
-    free(cj);
-    if (in->base.B) json_object_set_new(o, "task", ps_task_to_json(&in->task));
+    if (in->is_v4) {
+        json_object_set_new(o, "config_hash", json_string(in->v4_hash));
+        json_object_set_new(o, "config", v4_config_json(&in->v4.cfg));
+        json_object_set_new(o, "task", ps_task_to_json(&in->task));
+        json_object_set_new(o, "task_source", ps_v4_task_source_json(&in->v4_task));
+    } else {
+        const char *ms = ps_model_get_meta(&in->m, "phasescope.step");
+        if (ms) json_object_set_new(o, "model_step", json_integer(strtoll(ms, NULL, 10)));
+        char *cj = ps_config_to_json(&in->m.cfg);
+        json_object_set_new(o, "config", json_loads(cj, 0, NULL));
+        free(cj);
+        if (in->base.B) json_object_set_new(o, "task", ps_task_to_json(&in->task));
+    }
     json_object_set_new(ev, "n_prompts", json_integer(in->n_prompts));
     json_object_set_new(ev, "period", json_integer(in->P));
     json_object_set_new(ev, "family", json_string(in->fam ? in->fam->name : ""));

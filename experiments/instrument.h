@@ -8,7 +8,9 @@
 #include <stdint.h>
 
 #include "experiments/cli.h"
+#include "interventions/grid.h"
 #include "core/model.h"
+#include "interventions/v4_instr.h"
 #include "dist/partial.h"
 #include "experiments/progress.h"
 #include "interventions/sweep.h"
@@ -54,10 +56,22 @@ typedef struct {
     uint64_t seed;
     ps_progress bar;
     int shard, n_shards; /* --shard I/N (0/1 without it) */
+    /* the checkpoint's family: the runtime every instrument calls (the controlled model `m`, or a
+     * DeepSeek-V4 checkpoint `v4` with its task file `v4_task`, whose task is also `task`) */
+    ps_runtime rt;
+    int is_v4, v4_loaded;
+    ps_v4_model v4;
+    ps_v4_task v4_task;
+    char v4_hash[17];
 } ps_instr;
 
-/* Reads the PS_INSTR_FLAGS of a (whose table must hold them) and loads the model. need_task: build the
- * evaluation set from the stored task. */
+/* Whether --model names a DeepSeek-V4 checkpoint (its config.json is a DeepSeek-V4 config). */
+int ps_instr_is_v4(const ps_args *a);
+
+/* Reads the PS_INSTR_FLAGS of a (whose table must hold them) and opens the checkpoint, which picks the
+ * family (a phasescope model, or a DeepSeek-V4 checkpoint with --task FILE or DIR/phasescope_task.json:
+ * interventions/v4_instr.h); in->rt is its runtime. need_task: build the evaluation set from the
+ * stored task (always, for a DeepSeek-V4 checkpoint). */
 int ps_instr_setup(ps_instr *in, const ps_args *a, int need_task, ps_error *err);
 void ps_instr_free(ps_instr *in);
 

@@ -26,6 +26,8 @@ static const ps_command *const CMDS[] = {
     &ps_cmd_forward,
     &ps_cmd_grad,
     &ps_cmd_tokenize,
+    &ps_cmd_probe,
+    &ps_cmd_serve,
 };
 #define N_CMDS (int)(sizeof CMDS / sizeof CMDS[0])
 

@@ -1,5 +1,5 @@
 /* chgates.h — effective offsets of per-channel gates: DeepSeek-V4's compressor (V4 checkpoints: the
- * attention's compressor and the lightning indexer's; the controlled model's attention kind "v4": its
+ * attention's compressor and the lightning indexer's; the controlled model's attention kind "channel": its
  * one compressor). There every channel of a compressed entry has its own softmax over the S slots of
  * its window (HCA: the m tokens; CSA: 2m slots, the previous window's first-half series then the
  * window's own second-half series), so the statistics of gates.h are taken per channel, then pooled:

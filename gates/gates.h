@@ -51,7 +51,7 @@ const char *ps_gate_label(const ps_gate_stat *s);
 extern const char *const ps_gate_labels[];
 
 /* The statistics of one gate, shared by the gate accumulator, the idealised model (theory_train.c) and
- * the figures (viz/figures.c) — one definition each:
+ * the figures (viz/kind_gates.c, viz/kind_theory.c) — one definition each:
  * exp of the entropy (natural log, 0·log 0 = 0) of a distribution over n entries: its effective number
  * of offsets, from 1 (one-hot) to n (uniform). */
 double ps_effective_offsets(const double *p, int64_t n);

@@ -1,7 +1,10 @@
 #include "interventions/gatecycle.h"
 
+#include "interventions/knockout.h"
+
 #include "core/ops.h"
 #include "interventions/stats.h"
+#include "tasks/tasks.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -219,3 +222,106 @@ void ps_head_shift_measure(const double *hurt_before, const double *hurt_after, 
     out->error_worst = ps_signed_mod(out->shift_worst - k, P);
     out->error_xcorr = ps_signed_mod(out->shift_xcorr - k, P);
 }
+
+/* ---- the per-head measure (--measure knockout) ---- */
+
+int ps_gatecycle_per_head(const ps_gatecycle_per_head_spec *g, json_t **result, ps_error *err) {
+    *result = NULL;
+    ps_model *model = g->m;
+    const ps_config *c = &model->cfg;
+    int layer = g->layer, head = g->head, branches = g->branches, params = g->params;
+    int64_t k = g->k;
+    double min_hurt = g->min_hurt;
+    int nh = head >= 0 ? 1 : (int)c->n_kv_heads, *heads = malloc((size_t)nh * sizeof(int));
+    ps_knockout_result kb = {0}, ka = {0};
+    json_t *out = NULL;
+    int64_t P = g->P;
+    double *hb = malloc((size_t)P * sizeof(double)), *ha = malloc((size_t)P * sizeof(double));
+    unsigned char *dead = calloc((size_t)P, 1);
+    if (!heads || !hb || !ha || !dead) {
+        ps_fail(err, "out of memory for the per-head measure");
+        goto done;
+    }
+    for (int i = 0; i < nh; i++) heads[i] = head >= 0 ? head : i;
+    /* two knockout grids (the engine's spec of the compressed target) around the cycle */
+    ps_knockout_spec ks = {.rt = g->rt, .base = g->base, .task = g->task, .fam = g->fam, .P = P, .seed = g->seed,
+                           .batch = g->batch, .layers = &layer, .n_layers = 1, .heads = heads, .n_heads = nh,
+                           .target = PS_KO_COMPRESSED - 1, .progress = g->progress, .progress_user = g->progress_user};
+    if (ps_knockout_run(&ks, &kb, err)) goto done;
+    if (ps_gate_cycle(model, layer, head, branches, params, k, err)) goto done;
+    int bad = ps_knockout_run(&ks, &ka, err);
+    if (ps_gate_cycle(model, layer, head, branches, params, -k, err) || bad) goto done;
+    double chance = ps_task_chance(g->task);
+    json_t *ex = json_array(), *hl = json_array();
+    for (int64_t r = 0; r < P; r++) {
+        double cb = ps_residue_accuracy(&kb.clean, r), ca = ps_residue_accuracy(&ka.clean, r);
+        int db = !(cb > chance + PS_NEAR_CHANCE_PP / 100), da = !(ca > chance + PS_NEAR_CHANCE_PP / 100);
+        dead[r] = (unsigned char)(db && da);
+        if (dead[r]) json_array_append_new(ex, json_integer(r));
+    }
+    int n_meas = 0, n_lost = 0, n_none = 0, exact_w = 0, exact_x = 0;
+    double abs_w = 0, abs_x = 0;
+    for (int i = 0; i < nh; i++) {
+        for (int64_t r = 0; r < P; r++) {
+            double v = -100 * (ps_residue_accuracy(&kb.cells[i], r) - ps_residue_accuracy(&kb.clean, r));
+            hb[r] = isfinite(v) ? v : 0;
+            v = -100 * (ps_residue_accuracy(&ka.cells[i], r) - ps_residue_accuracy(&ka.clean, r));
+            ha[r] = isfinite(v) ? v : 0;
+        }
+        ps_head_shift hs;
+        ps_head_shift_measure(hb, ha, dead, P, k, min_hurt, &hs);
+        json_t *e = json_object(), *pb = json_array(), *pa = json_array();
+        for (int64_t r = 0; r < P; r++) {
+            json_array_append_new(pb, json_real(hb[r]));
+            json_array_append_new(pa, json_real(ha[r]));
+        }
+        static const char *const ST[] = {"measured", "no_profile", "lost"};
+        json_object_set_new(e, "head", json_integer(heads[i]));
+        json_object_set_new(e, "status", json_string(ST[hs.status]));
+        json_object_set_new(e, "hurt_before_pp", pb);
+        json_object_set_new(e, "hurt_after_pp", pa);
+        json_object_set_new(e, "worst_before", hs.worst_before >= 0 ? json_integer(hs.worst_before) : json_null());
+        json_object_set_new(e, "worst_after", hs.worst_after >= 0 ? json_integer(hs.worst_after) : json_null());
+        int m = hs.status == PS_HEAD_MEASURED;
+        json_object_set_new(e, "shift_worst", m ? json_integer(hs.shift_worst) : json_null());
+        json_object_set_new(e, "error_worst", m ? json_integer(hs.error_worst) : json_null());
+        json_object_set_new(e, "shift_xcorr", m ? json_integer(hs.shift_xcorr) : json_null());
+        json_object_set_new(e, "error_xcorr", m ? json_integer(hs.error_xcorr) : json_null());
+        json_array_append_new(hl, e);
+        if (m) {
+            n_meas++;
+            abs_w += llabs(hs.error_worst);
+            abs_x += llabs(hs.error_xcorr);
+            exact_w += hs.error_worst == 0;
+            exact_x += hs.error_xcorr == 0;
+        }
+        n_lost += hs.status == PS_HEAD_LOST;
+        n_none += hs.status == PS_HEAD_NO_PROFILE;
+    }
+    json_t *sum = json_object();
+    json_object_set_new(sum, "n_heads", json_integer(nh));
+    json_object_set_new(sum, "n_measured", json_integer(n_meas));
+    json_object_set_new(sum, "n_lost", json_integer(n_lost));
+    json_object_set_new(sum, "n_no_profile", json_integer(n_none));
+    json_object_set_new(sum, "mean_abs_error_worst", n_meas ? json_real(abs_w / n_meas) : json_null());
+    json_object_set_new(sum, "fraction_exact_worst", n_meas ? json_real((double)exact_w / n_meas) : json_null());
+    json_object_set_new(sum, "mean_abs_error_xcorr", n_meas ? json_real(abs_x / n_meas) : json_null());
+    json_object_set_new(sum, "fraction_exact_xcorr", n_meas ? json_real((double)exact_x / n_meas) : json_null());
+    out = json_object();
+    json_object_set_new(out, "measure", json_string("knockout"));
+    json_object_set_new(out, "target", json_string("compressed"));
+    json_object_set_new(out, "min_hurt_pp", json_real(min_hurt));
+    json_object_set_new(out, "excluded_residues", ex);
+    json_object_set_new(out, "heads", hl);
+    json_object_set_new(out, "summary", sum);
+done:
+    free(heads);
+    free(hb);
+    free(ha);
+    free(dead);
+    ps_knockout_result_free(&kb);
+    ps_knockout_result_free(&ka);
+    *result = out;
+    return out ? 0 : -1;
+}
+

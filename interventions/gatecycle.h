@@ -5,9 +5,11 @@
 #ifndef PS_GATECYCLE_H
 #define PS_GATECYCLE_H
 
+#include <jansson.h>
 #include <stdint.h>
 
 #include "core/error.h"
+#include "interventions/grid.h"
 #include "core/model.h"
 #include "tasks/tasks.h"
 
@@ -78,5 +80,28 @@ typedef struct {
 int64_t ps_signed_mod(int64_t d, int64_t P);
 void ps_head_shift_measure(const double *hurt_before, const double *hurt_after, const unsigned char *dead, int64_t P, int64_t k,
                            double min_hurt, ps_head_shift *out);
+
+/* The per-head measure of a cycle (gatecycle --measure knockout): each cycled KV head of `layer` knocked
+ * out (the compressed target: two knockout grids over the grid engine, interventions/grid.h) before and
+ * after cycling by k (cycled back by −k afterwards, exactly: a roll), and where each head's residue moved
+ * (ps_head_shift_measure). *result: the "per_head" object of gatecycle.json ({"measure", "target",
+ * "min_hurt_pp", "excluded_residues", "heads": [{"head", "status", "hurt_before_pp", "hurt_after_pp",
+ * "worst_before", "worst_after", "shift_worst", "error_worst", "shift_xcorr", "error_xcorr"}], "summary"}). */
+typedef struct {
+    const ps_runtime *rt;          /* the model's runtime (grid.h) */
+    ps_model *m;                   /* the same model, whose gates are cycled */
+    const ps_batch *base;
+    const ps_task *task;
+    const ps_filler_family *fam;
+    int64_t P;
+    uint64_t seed;
+    int64_t batch;
+    int layer, head, branches, params; /* head -1: every KV head */
+    int64_t k;
+    double min_hurt;
+    ps_progress_fn progress;
+    void *progress_user;
+} ps_gatecycle_per_head_spec;
+int ps_gatecycle_per_head(const ps_gatecycle_per_head_spec *g, json_t **result, ps_error *err);
 
 #endif

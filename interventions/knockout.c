@@ -1,379 +1,302 @@
 #include "interventions/knockout.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/fileio.h"
+#include "interventions/units.h"
+#include "core/ops.h"
+#include "tasks/tasks.h"
 
-void ps_knockout_result_free(ps_knockout_result *r) {
-    ps_residue_stats_free(&r->clean);
-    if (r->cells)
-        for (int64_t i = 0; i < (int64_t)r->n_layers * r->n_heads; i++) ps_residue_stats_free(&r->cells[i]);
-    free(r->cells);
-    free(r->layers);
-    free(r->heads);
-    memset(r, 0, sizeof *r);
-}
+void ps_knockout_result_free(ps_knockout_result *r) { ps_grid_result_free(r); }
+
+double ps_knockout_default_budget(void) { return ps_grid_default_budget(); }
+
+int64_t ps_knockout_n_units(int64_t N, int64_t batch, int64_t P, int n_layers) { return ps_grid_n_units(N, batch, P, n_layers); }
+
+const char *ps_ko_target_name(ps_ko_target t) { return t == PS_KO_RAW ? "raw" : t == PS_KO_COMPRESSED ? "compressed" : "both"; }
+
+/* ---- the controlled model's spec: mean replacement of a KV head's k/v, ck/cv or all four ---- */
+
+const char *const ps_model_ko_target_names[] = {"raw", "compressed", "both", NULL}; /* index i: ps_ko_target i + 1 */
+#define MODEL_TARGETS ps_model_ko_target_names
 
 /* Means of one shift: per selected layer and replaced array (k/v, ck/cv or all four), [npos, nkv, hd] on
- * the model's context: summed over the prompts in double by an op, then divided into floats. */
+ * the model's context: summed over the prompts in double by sum actions on the reference pass, then
+ * divided into floats. */
 typedef struct {
+    ps_ko_target target;
+    const int *heads;
     int n_arr;            /* 2 (k/v or ck/cv) or 4 */
     ps_hook_point pt[4];  /* which arrays, in the order the forward fires them */
     int64_t npos[4];
     int64_t off[4];       /* floats into one layer's block of sums / means */
     int64_t per_layer;    /* floats of one layer's block (all arrays) */
+    int64_t n_mean;
     double *sum;          /* [n_layers, per_layer] */
     float *mean;          /* [n_layers, per_layer] */
-} means;
+} model_ko;
 
-static float *act_array(const ps_act_ptrs *p, ps_hook_point pt) {
-    switch (pt) {
-    case PS_HOOK_K: return p->k;
-    case PS_HOOK_V: return p->v;
-    case PS_HOOK_CK: return p->ck;
-    default: return p->cv;
-    }
+static void model_ko_shift_end(void *self, const ps_runtime *rt) {
+    model_ko *k = self;
+    if (k->mean) ps_buf_free(rt->ctx, k->mean, k->n_mean * (int64_t)sizeof(float));
+    if (k->sum) ps_buf_free(rt->ctx, k->sum, k->n_mean * (int64_t)sizeof(double));
+    k->mean = NULL;
+    k->sum = NULL;
 }
 
-/* Register, for every replaced array of layer `l` (index li of the means), the mean-replacement action of
- * KV head `head` on sequences [seq0, seq1): the same public action a user registers (PS_ACT_SET from the
- * mean [npos, nkv, hd]). The naive path registers one per cell on the whole batch; the batched path one
- * per replica of a group. */
-static int add_knockout(ps_hooks *h, const ps_config *c, const means *mn, int li, int l, int head, int64_t seq0, int64_t seq1,
-                        ps_error *err) {
-    for (int k = 0; k < mn->n_arr; k++) {
+static int model_ko_sources(void *self, const ps_runtime *rt, const ps_grid_shift *sh, ps_hooks *ref, ps_error *err) {
+    model_ko *k = self;
+    const ps_config *c = &rt->m->cfg;
+    int v4 = c->kind == PS_ATTN_CHANNEL; /* K = V: hook_k / hook_ck only */
+    int64_t nW = ps_config_n_windows(c, sh->T), nkv = c->n_kv_heads, hd = c->head_dim;
+    k->n_arr = 0;
+    k->per_layer = 0;
+    if (k->target & PS_KO_RAW) {
+        k->pt[k->n_arr] = PS_HOOK_K, k->npos[k->n_arr++] = sh->T;
+        if (!v4) k->pt[k->n_arr] = PS_HOOK_V, k->npos[k->n_arr++] = sh->T;
+    }
+    if (k->target & PS_KO_COMPRESSED) {
+        k->pt[k->n_arr] = PS_HOOK_CK, k->npos[k->n_arr++] = nW;
+        if (!v4) k->pt[k->n_arr] = PS_HOOK_CV, k->npos[k->n_arr++] = nW;
+    }
+    for (int a = 0; a < k->n_arr; a++) {
+        k->off[a] = k->per_layer;
+        k->per_layer += k->npos[a] * nkv * hd;
+    }
+    k->n_mean = (int64_t)sh->n_layers * k->per_layer;
+    k->sum = ps_buf_alloc(rt->ctx, k->n_mean * (int64_t)sizeof(double), "the knockout sums", err);
+    k->mean = k->sum ? ps_buf_alloc(rt->ctx, k->n_mean * (int64_t)sizeof(float), "the knockout means", err) : NULL;
+    if (!k->mean) return -1;
+    /* the clean run's sums, added by sum actions as each layer fires (the arrays the restart keeps) */
+    for (int li = 0; li < sh->n_layers; li++)
+        for (int a = 0; a < k->n_arr; a++) {
+            if (k->npos[a] < 1) continue;
+            char name[96];
+            ps_hook_name(name, sizeof name, sh->layers[li], k->pt[a]);
+            ps_hook_action act = {.kind = PS_ACT_SUM, .head = -1, .acc = k->sum + (int64_t)li * k->per_layer + k->off[a],
+                                  .acc_n = k->npos[a] * nkv * hd};
+            if (rt->ops->add_action(rt, ref, name, &act, err)) return -1;
+        }
+    return 0;
+}
+
+static int model_ko_sources_done(void *self, const ps_runtime *rt, const ps_grid_shift *sh, ps_error *err) {
+    model_ko *k = self;
+    if (ps_sum_to_mean(rt->ctx, k->mean, k->sum, (double)sh->N, k->n_mean)) return ps_ctx_check(rt->ctx, err);
+    return 0;
+}
+
+/* The mean-replacement action of KV head heads[ci] on sequences [seq0, seq1) for every replaced array of
+ * layer index li: the same public action a user registers (PS_ACT_SET from the mean [npos, nkv, hd]). */
+static int model_ko_cell(void *self, const ps_runtime *rt, const ps_grid_shift *sh, int li, int ci, int64_t seq0,
+                         int64_t seq1, ps_hooks *h, ps_error *err) {
+    model_ko *k = self;
+    for (int a = 0; a < k->n_arr; a++) {
         char name[96];
-        ps_hook_name(name, sizeof name, l, mn->pt[k]);
-        ps_hook_action act = {.kind = PS_ACT_SET, .head = head, .seq0 = seq0, .seq1 = seq1,
-                              .src = mn->mean + (int64_t)li * mn->per_layer + mn->off[k], .src_npos = mn->npos[k]};
-        if (ps_hooks_add_action(h, c, name, &act, err)) return -1;
+        ps_hook_name(name, sizeof name, sh->layers[li], k->pt[a]);
+        ps_hook_action act = {.kind = PS_ACT_SET, .head = k->heads[ci], .seq0 = seq0, .seq1 = seq1,
+                              .src = k->mean + (int64_t)li * k->per_layer + k->off[a], .src_npos = k->npos[a]};
+        if (rt->ops->add_action(rt, h, name, &act, err)) return -1;
     }
     return 0;
 }
 
-/* Bytes of a keep_all activation set of B sequences of T tokens (as ps_acts_create allocates it). */
-static double acts_bytes(const ps_config *c, int64_t B, int64_t T) {
-    return 4.0 * (double)ps_acts_size(c, B, T, true, true);
+int ps_model_ko_default_target(const ps_runtime *rt) { return rt->m->cfg.kind != PS_ATTN_FULL ? 1 : 0; }
+
+int64_t ps_model_ko_target_heads(const ps_runtime *rt, int target) {
+    (void)target;
+    return rt->m->cfg.n_kv_heads;
 }
 
-double ps_knockout_default_budget(void) {
-    double b = PS_KO_DEFAULT_BUDGET, avail = (double)ps_mem_available();
-    if (avail > 0 && avail / 4 < b) b = avail / 4;
-    return b;
+const char *ps_model_ko_unit(const ps_runtime *rt, int target) {
+    (void)rt, (void)target;
+    return NULL;
 }
 
-/* n sequences of `width` floats from rows of src_per floats into rows of dst_per floats (the first
- * `width` of each): one copy op when both are contiguous, one strided-block op otherwise. */
-static int copy_seqs(ps_ctx *ctx, float *dst, int64_t dst_per, const float *src, int64_t src_per, int64_t n, int64_t width) {
-    if (dst_per == width && src_per == width) return ps_copy(ctx, dst, src, n * width);
-    return ps_copy_blocks(ctx, dst, dst_per, 0, src, src_per, 0, n, 1, width, 0, 0.0f);
+const char *ps_model_ko_layer_missing(const ps_runtime *rt, int target, int layer, char *buf, size_t n) {
+    (void)layer;
+    if (((target + 1) & PS_KO_COMPRESSED) && rt->m->cfg.kind == PS_ATTN_FULL) {
+        snprintf(buf, n, "--target %s: a full-attention model has no compressed entries (use --target raw)", MODEL_TARGETS[target]);
+        return buf;
+    }
+    return NULL;
 }
 
-/* Copy the restart state of sequences src_b0 … src_b0 + n − 1 of the clean pass (layer l's input
- * residual, q, k, v and, compressed, ck, cv; T tokens, nW windows) into sequences dst_b0 … of the
- * replica set (T2 ≤ T tokens, nW2 ≤ nW windows: the first T2 positions, the first nW2 windows), with
- * copy ops on the model's context. */
-static int copy_restart(const ps_config *c, const ps_acts *src, int64_t src_b0, ps_acts *dst, int64_t dst_b0, int64_t n, int l,
-                        ps_error *err) {
-    ps_ctx *ctx = dst->ctx;
-    int64_t T = src->T, T2 = dst->T, nW = src->nW, nW2 = dst->nW, d = c->d_model;
-    int64_t qd = c->n_heads * c->head_dim, kd = c->n_kv_heads * c->head_dim;
-    ps_act_ptrs s = ps_acts_layer(src, l), t = ps_acts_layer(dst, l);
-    const float *rs = src->p.resid + (int64_t)l * src->B * T * d;
-    float *rd = dst->p.resid + (int64_t)l * dst->B * T2 * d;
-    int64_t i = src_b0, o = dst_b0;
-    int rc = copy_seqs(ctx, rd + o * T2 * d, T2 * d, rs + i * T * d, T * d, n, T2 * d) ||
-             copy_seqs(ctx, t.q + o * T2 * qd, T2 * qd, s.q + i * T * qd, T * qd, n, T2 * qd) ||
-             copy_seqs(ctx, t.k + o * T2 * kd, T2 * kd, s.k + i * T * kd, T * kd, n, T2 * kd) ||
-             copy_seqs(ctx, t.v + o * T2 * kd, T2 * kd, s.v + i * T * kd, T * kd, n, T2 * kd);
-    if (!rc && c->kind == PS_ATTN_COMPRESSED && nW2 > 0)
-        rc = copy_seqs(ctx, t.ck + o * nW2 * kd, nW2 * kd, s.ck + i * nW * kd, nW * kd, n, nW2 * kd) ||
-             copy_seqs(ctx, t.cv + o * nW2 * kd, nW2 * kd, s.cv + i * nW * kd, nW * kd, n, nW2 * kd);
-    return rc ? ps_ctx_check(ctx, err) : 0;
+int ps_model_ko_spec(const ps_runtime *rt, int target, const int *heads, int n_heads, ps_grid_spec *spec, ps_error *err) {
+    (void)n_heads;
+    model_ko *k = calloc(1, sizeof *k);
+    if (!k) return ps_fail(err, "out of memory");
+    k->target = (ps_ko_target)(target + 1);
+    k->heads = heads;
+    *spec = (ps_grid_spec){.self = k, .restart_attention = rt->m->cfg.kind != PS_ATTN_CHANNEL, .sources = model_ko_sources,
+                           .sources_done = model_ko_sources_done, .cell = model_ko_cell, .shift_end = model_ko_shift_end};
+    return 0;
 }
 
-int64_t ps_knockout_n_units(int64_t N, int64_t batch, int64_t P, int n_layers) {
-    int64_t B = batch < N ? batch : N;
-    return B < 1 ? 0 : P * ((N + B - 1) / B) * n_layers;
+void ps_model_ko_spec_free(ps_grid_spec *spec) {
+    free(spec->self);
+    spec->self = NULL;
 }
 
-void ps_knockout_unit(int64_t N, int64_t batch, int n_layers, int64_t u, int64_t *p, int64_t *i0, int64_t *n, int *li) {
-    int64_t B = batch < N ? batch : N, nb = (N + B - 1) / B, last0 = (N - 1) / B * B;
-    *li = (int)(u % n_layers);
-    *p = u / n_layers / nb;
-    *i0 = last0 - (u / n_layers % nb) * B;
-    *n = N - *i0 < B ? N - *i0 : B;
+
+/* ---- any family ---- */
+
+const char *const *ps_knockout_targets(const ps_runtime *rt) { return rt->ops->ko_targets; }
+int ps_knockout_default_target(const ps_runtime *rt) { return rt->ops->ko_default_target(rt); }
+int64_t ps_knockout_target_heads(const ps_runtime *rt, int target) { return rt->ops->ko_target_heads(rt, target); }
+const char *ps_knockout_layer_missing(const ps_runtime *rt, int target, int layer, char *buf, size_t n) {
+    return rt->ops->ko_layer_missing(rt, target, layer, buf, n);
+}
+
+int ps_knockout_run(const ps_knockout_spec *k, ps_knockout_result *out, ps_error *err) {
+    memset(out, 0, sizeof *out);
+    const ps_runtime *rt = k->rt;
+    int nt = 0;
+    while (rt->ops->ko_targets[nt]) nt++;
+    if (k->target < 0 || k->target >= nt) return ps_fail(err, "knockout: target %d out of range", k->target);
+    char why[256];
+    for (int i = 0; i < k->n_layers; i++) {
+        const char *m = rt->ops->ko_layer_missing(rt, k->target, k->layers[i], why, sizeof why);
+        if (m) return ps_fail(err, "%s", m);
+    }
+    int64_t nh_max = rt->ops->ko_target_heads(rt, k->target);
+    static const int ONE[1] = {0};
+    const int *heads = k->heads;
+    int n_heads = k->n_heads;
+    if (!nh_max) heads = ONE, n_heads = 1; /* a per-layer target: one cell per layer */
+    for (int i = 0; nh_max && i < n_heads; i++)
+        if (heads[i] < 0 || heads[i] >= nh_max) return ps_fail(err, "knockout grid: head %d out of range", heads[i]);
+    ps_grid_spec spec;
+    if (rt->ops->ko_spec(rt, k->target, heads, n_heads, &spec, err)) return -1;
+    ps_grid g = {.rt = rt, .base = k->base, .task = k->task, .fam = k->fam, .P = k->P, .seed = k->seed, .batch = k->batch,
+                 .layers = k->layers, .n_layers = k->n_layers, .cells = heads, .n_cells = n_heads, .spec = &spec,
+                 .naive = k->opts.naive, .max_cells = k->opts.max_cells, .mem_bytes = k->opts.mem_bytes,
+                 .unit0 = k->opts.unit0, .unit1 = k->opts.unit1, .record = k->opts.record, .record_user = k->opts.record_user,
+                 .progress = k->progress, .progress_user = k->progress_user};
+    int rc = ps_grid_run(&g, out, err);
+    rt->ops->ko_spec_free(&spec);
+    return rc;
 }
 
 int ps_knockout_grid(const ps_model *m, const ps_batch *base, const ps_task *task, const ps_filler_family *fam,
                      int64_t P, uint64_t seed, int64_t batch, const int *layers, int n_layers, const int *heads,
                      int n_heads, ps_ko_target target, int naive, ps_knockout_result *out, ps_progress_fn progress,
                      void *user, ps_error *err) {
-    ps_knockout_opts o = {.naive = naive};
-    return ps_knockout_grid_opts(m, base, task, fam, P, seed, batch, layers, n_layers, heads, n_heads, target, &o, out,
-                                 progress, user, err);
+    ps_runtime rt;
+    ps_runtime_model(&rt, m);
+    ps_knockout_spec k = {.rt = &rt, .base = base, .task = task, .fam = fam, .P = P, .seed = seed, .batch = batch,
+                          .layers = layers, .n_layers = n_layers, .heads = heads, .n_heads = n_heads,
+                          .target = (int)target - 1, .opts = {.naive = naive}, .progress = progress, .progress_user = user};
+    return ps_knockout_run(&k, out, err);
 }
 
-int ps_knockout_grid_opts(const ps_model *m, const ps_batch *base, const ps_task *task, const ps_filler_family *fam,
-                          int64_t P, uint64_t seed, int64_t batch, const int *layers, int n_layers, const int *heads,
-                          int n_heads, ps_ko_target target, const ps_knockout_opts *opts, ps_knockout_result *out,
-                          ps_progress_fn progress, void *user, ps_error *err) {
-    memset(out, 0, sizeof *out);
-    const ps_config *c = &m->cfg;
-    ps_ctx *ctx = m->ctx;
-    int naive = opts && opts->naive;
-    int v4 = c->kind == PS_ATTN_CHANNEL; /* K = V: hook_k / hook_ck only; one full forward per cell (no answer-row restart) */
-    if (v4) naive = 1;
-    if ((target & PS_KO_COMPRESSED) && c->kind != PS_ATTN_COMPRESSED && !v4)
-        return ps_fail(err, "--target %s: a full-attention model has no compressed entries (use --target raw)",
-                       target == PS_KO_BOTH ? "both" : "compressed");
-    out->P = P;
-    out->n_layers = n_layers;
-    out->n_heads = n_heads;
-    if (n_layers < 1 || n_heads < 1) return ps_fail(err, "knockout grid: no layers or no heads selected");
-    if (batch < 1) return ps_fail(err, "knockout grid: batch %lld must be >= 1", (long long)batch);
-    out->layers = malloc((size_t)n_layers * sizeof(int));
-    out->heads = malloc((size_t)n_heads * sizeof(int));
-    out->cells = calloc((size_t)n_layers * (size_t)n_heads, sizeof *out->cells);
-    if (!out->layers || !out->heads || !out->cells)
-        return ps_fail(err, "out of memory for a knockout grid of %d layers x %d heads", n_layers, n_heads);
-    /* visit layers top-down */
-    memcpy(out->layers, layers, (size_t)n_layers * sizeof(int));
-    memcpy(out->heads, heads, (size_t)n_heads * sizeof(int));
-    for (int i = 0; i < n_layers; i++)
-        for (int j = i + 1; j < n_layers; j++)
-            if (out->layers[j] > out->layers[i]) {
-                int t = out->layers[i];
-                out->layers[i] = out->layers[j];
-                out->layers[j] = t;
+/* ---- split runs: the partial result's layout, the recording, the aggregation ---- */
+
+/* Outcomes into the partial result: a batch's clean run (with the residues) in its unit with li = 0, a
+ * cell's in its (shift, batch, layer) unit, head after head. */
+enum { KO_RHO, KO_CLEAN_OK, KO_CLEAN_LP, KO_CELL_OK, KO_CELL_LP };
+
+void ps_knockout_record(void *user, int64_t unit, int cell, int64_t first, const ps_shifted *set, const int *ok,
+                      const double *lp) {
+    ps_knockout_recorder *r = user;
+    int64_t maxq = set->b.max_q;
+    if (cell < 0) {
+        int32_t *rho = ps_partial_at(r->p, KO_RHO, unit), *cok = ps_partial_at(r->p, KO_CLEAN_OK, unit);
+        double *clp = ps_partial_at(r->p, KO_CLEAN_LP, unit);
+        for (int64_t i = 0; i < set->b.B; i++)
+            for (int64_t q = 0; q < maxq; q++) {
+                int64_t k = i * maxq + q, o = first * maxq + k;
+                int scored = q < set->b.n_q[i] && set->residue[k] >= 0;
+                rho[o] = scored ? (int32_t)set->residue[k] : -1;
+                cok[o] = scored ? ok[k] : 0;
+                clp[o] = scored ? lp[k] : 0.0;
             }
-    int rc = ps_residue_stats_init(&out->clean, P, err);
-    for (int64_t i = 0; i < (int64_t)n_layers * n_heads && !rc; i++) rc = ps_residue_stats_init(&out->cells[i], P, err);
-    if (rc) return -1;
-    double budget = opts && opts->mem_bytes > 0 ? opts->mem_bytes : ps_knockout_default_budget();
-    int64_t N = base->B, nkv = c->n_kv_heads, hd = c->head_dim, maxq = base->max_q, V = c->vocab_size;
-    int *ok = malloc((size_t)(N * maxq) * sizeof(int));
-    double *lp = malloc((size_t)(N * maxq) * sizeof(double));
-    if (!ok || !lp)
-        rc = ps_fail(err, "out of memory for the outcomes of %lld prompts x %lld queries", (long long)N, (long long)maxq);
-    int64_t total = P * (1 + (int64_t)n_layers * n_heads);
-    /* the work slice (all by default): unit (p, b, li) = (p · nb + b) · n_layers + li */
-    int64_t nb = (N + (batch < N ? batch : N) - 1) / (batch < N ? batch : N);
-    int64_t u_lo = opts ? opts->unit0 : 0, u_hi = opts && opts->unit1 > 0 ? opts->unit1 : P * nb * n_layers;
-#define KO_UNIT(p_, b_, li_) (((p_) * nb + (b_)) * n_layers + (li_))
-#define KO_IN(u_) ((u_) >= u_lo && (u_) < u_hi)
-    ps_ko_record_fn record = opts ? opts->record : NULL;
-    void *ruser = opts ? opts->record_user : NULL;
-    for (int64_t p = 0; p < P && !rc; p++) {
-        if (KO_UNIT(p + 1, 0, 0) <= u_lo || KO_UNIT(p, 0, 0) >= u_hi) continue; /* no unit of this shift here */
-        ps_shifted s;
-        if ((rc = ps_make_shifted(base, task, fam, PS_SWEEP_PAD, P, p, seed, c->max_seq_len, &s, err))) break;
-        int64_t T = s.b.T, nW = ps_config_n_windows(c, T);
-        means mn;
-        memset(&mn, 0, sizeof mn);
-        if (target & PS_KO_RAW) {
-            mn.pt[mn.n_arr] = PS_HOOK_K, mn.npos[mn.n_arr++] = T;
-            if (!v4) mn.pt[mn.n_arr] = PS_HOOK_V, mn.npos[mn.n_arr++] = T;
-        }
-        if (target & PS_KO_COMPRESSED) {
-            mn.pt[mn.n_arr] = PS_HOOK_CK, mn.npos[mn.n_arr++] = nW;
-            if (!v4) mn.pt[mn.n_arr] = PS_HOOK_CV, mn.npos[mn.n_arr++] = nW;
-        }
-        for (int k = 0; k < mn.n_arr; k++) {
-            mn.off[k] = mn.per_layer;
-            mn.per_layer += mn.npos[k] * nkv * hd;
-        }
-        int64_t n_mean = (int64_t)n_layers * mn.per_layer;
-        mn.sum = ps_buf_alloc(ctx, n_mean * (int64_t)sizeof(double), "the knockout sums", err);
-        mn.mean = mn.sum ? ps_buf_alloc(ctx, n_mean * (int64_t)sizeof(float), "the knockout means", err) : NULL;
-        if (!mn.mean) rc = -1;
-        /* The restarted passes stop at the last answer row (causal: nothing after it is read). */
-        int64_t T2 = 1;
-        for (int64_t b = 0; b < N; b++)
-            for (int64_t q = 0; q < s.b.n_q[b]; q++) {
-                const ps_query *qq = &s.b.queries[b * maxq + q];
-                if (qq->answer_pos + qq->answer_len > T2) T2 = qq->answer_pos + qq->answer_len;
-            }
-        if (T2 > T) T2 = T;
-        int64_t B = batch < N ? batch : N;
-        /* Cells per forward: k cells of one layer, each a replica of m prompts, k·m sequences in all, as
-         * many as the memory budget holds (at least one cell of one prompt). */
-        int64_t k_cells = 1, m_pr = B;
-        if (!naive) {
-            double one = acts_bytes(c, 2, T2) - acts_bytes(c, 1, T2), fixed = acts_bytes(c, 1, T2) - one;
-            double fit = floor((budget - fixed) / one);
-            if (fit < 1) fit = 1;
-            if (fit >= (double)B) {
-                k_cells = fit / (double)B >= n_heads ? n_heads : (int64_t)(fit / (double)B);
-                if (opts && opts->max_cells > 0 && k_cells > opts->max_cells) k_cells = opts->max_cells;
-            } else
-                m_pr = (int64_t)fit;
-            if (k_cells > out->cells_per_forward) out->cells_per_forward = (int)k_cells;
-            if (m_pr > out->prompts_per_forward) out->prompts_per_forward = m_pr;
-        }
-        /* everything below is created only when what precedes it succeeded; cleanup frees only what was
-         * created (a zeroed ps_acts / NULL pointer is never freed as if it were live) */
-        ps_acts a = {0}, part = {0}, rep = {0};
-        int have_a = 0, have_part = 0, have_rep = 0;
-        int64_t ans = task->kind == PS_TASK_KV ? task->value_len : 1;
-        int64_t *rows = NULL, *dst_rows = NULL, n_ans_max = 0;
-        float *ans_logits = NULL;
-        if (!rc) {
-            /* sizes in double first: a corrupt task (absurd value_len) must fail here, not wrap around */
-            int64_t seqs = naive ? B : k_cells * m_pr;
-            if ((double)seqs * (double)maxq * (double)ans * 8.0 > 9e18) rows = NULL;
-            else rows = malloc((size_t)(seqs * maxq * ans) * sizeof(int64_t));
-            if (!rows)
-                rc = ps_fail(err, "out of memory for the answer rows of %lld prompts x %lld queries x %lld answer tokens",
-                             (long long)seqs, (long long)maxq, (long long)ans);
-            if (!rc && !naive) {
-                n_ans_max = m_pr * maxq * ans; /* the answer rows of one replica */
-                dst_rows = malloc((size_t)n_ans_max * sizeof(int64_t));
-                ans_logits = dst_rows ? ps_buf_alloc(ctx, n_ans_max * V * (int64_t)sizeof(float), "a replica's answer logits", err) : NULL;
-                if (!dst_rows) rc = ps_fail(err, "out of memory for the answer rows of %lld prompts", (long long)m_pr);
-                else if (!ans_logits) rc = -1;
-            }
-        }
-        if (!rc) {
-            rc = ps_acts_create(&a, ctx, c, B, T, true, err);
-            have_a = !rc;
-        }
-        int64_t last0 = (N - 1) / B * B; /* the first prompt of the last batch */
-        if (!rc && N - last0 != B) {
-            rc = ps_acts_create(&part, ctx, c, N - last0, T, true, err);
-            have_part = !rc;
-        }
-        /* pass 1: the means over all prompts of this shift, summed on the context */
-        for (int64_t i0 = 0; i0 < N && !rc; i0 += B) {
-            ps_acts *use = i0 == last0 && have_part ? &part : &a;
-            rc = ps_forward(m, use, s.b.tokens + i0 * T, NULL, err);
-            for (int li = 0; li < n_layers && !rc; li++) {
-                ps_act_ptrs lp_ = ps_acts_layer(use, out->layers[li]);
-                for (int k = 0; k < mn.n_arr && !rc; k++)
-                    if (ps_accumulate_seqs(ctx, mn.sum + (int64_t)li * mn.per_layer + mn.off[k], act_array(&lp_, mn.pt[k]),
-                                           use->B, mn.npos[k] * nkv * hd))
-                        rc = ps_ctx_check(ctx, err);
-            }
-        }
-        if (!rc && ps_sum_to_mean(ctx, mn.mean, mn.sum, (double)N, n_mean)) rc = ps_ctx_check(ctx, err);
-        /* pass 2: clean and knocked-out runs per batch, last batch first (pass 1 left its clean
-         * activations in place) */
-        for (int64_t i0 = last0; i0 >= 0 && !rc; i0 -= B) {
-            int64_t bi = (last0 - i0) / B;
-            if (KO_UNIT(p, bi + 1, 0) <= u_lo || KO_UNIT(p, bi, 0) >= u_hi) continue; /* no unit of this batch here */
-            ps_acts *use = i0 == last0 && have_part ? &part : &a;
-            int64_t n = use->B;
-            ps_batch view = ps_batch_view(&s.b, i0, n);
-            ps_shifted sv = s;
-            sv.b = view;
-            sv.residue = s.residue + i0 * maxq;
-            if (i0 != last0) rc = ps_forward(m, use, view.tokens, NULL, err);
-            if (!rc && KO_IN(KO_UNIT(p, bi, 0)) && !(rc = ps_acts_score(use, &view, ok, lp, err))) {
-                ps_residue_stats_add(&out->clean, &sv, ok, lp);
-                if (record) record(ruser, KO_UNIT(p, bi, 0), -1, 0, &sv, ok, lp);
-            }
-            for (int li = 0; li < n_layers && !rc; li++) {
-                if (!KO_IN(KO_UNIT(p, bi, li))) continue;
-                int l = out->layers[li];
-                if (naive) {
-                    /* one full forward with the mean-replacement actions per cell */
-                    for (int hi = 0; hi < n_heads && !rc; hi++) {
-                        ps_hooks h;
-                        ps_hooks_init(&h);
-                        rc = add_knockout(&h, c, &mn, li, l, heads[hi], 0, 0, err);
-                        if (!rc) rc = ps_forward(m, use, view.tokens, &h, err);
-                        ps_hooks_free(&h);
-                        if (!rc && !(rc = ps_acts_score(use, &view, ok, lp, err))) {
-                            ps_residue_stats_add(&out->cells[li * n_heads + hi], &sv, ok, lp);
-                            if (record) record(ruser, KO_UNIT(p, bi, li), li * n_heads + hi, 0, &sv, ok, lp);
-                        }
-                    }
-                    continue;
-                }
-                /* batched: groups of k_cells heads × m_pr prompts. Each cell's replica restarts from the
-                 * clean state at layer l's attention; the restart fires the replicas' actions on layer l's
-                 * k/v/ck/cv (replica r = sequences [r·mm, (r+1)·mm) gets head heads[h0 + r]). */
-                for (int h0 = 0; h0 < n_heads && !rc; h0 += (int)k_cells) {
-                    int kk = n_heads - h0 < k_cells ? n_heads - h0 : (int)k_cells;
-                    for (int64_t b0 = 0; b0 < n && !rc; b0 += m_pr) {
-                        int64_t mm = n - b0 < m_pr ? n - b0 : m_pr, Bp = kk * mm;
-                        if (have_rep && rep.B != Bp) {
-                            ps_acts_free(&rep);
-                            have_rep = 0;
-                        }
-                        if (!have_rep) {
-                            if ((rc = ps_acts_create(&rep, ctx, c, Bp, T2, true, err))) break;
-                            have_rep = 1;
-                        }
-                        for (int r = 0; r < kk && !rc; r++) rc = copy_restart(c, use, b0, &rep, r * mm, mm, l, err);
-                        ps_hooks hooks;
-                        ps_hooks_init(&hooks);
-                        for (int r = 0; r < kk && !rc; r++)
-                            rc = add_knockout(&hooks, c, &mn, li, l, heads[h0 + r], r * mm, (r + 1) * mm, err);
-                        /* the rows whose logits are scored: every answer token of every query; per
-                         * replica, the same rows of the prompts' own batch (dst_rows) */
-                        ps_batch sub = ps_batch_view(&view, b0, mm);
-                        int64_t n_rows = 0, n_dst = 0;
-                        for (int r = 0; r < kk; r++)
-                            for (int64_t b = 0; b < mm; b++)
-                                for (int64_t q = 0; q < sub.n_q[b]; q++) {
-                                    const ps_query *qq = &sub.queries[b * maxq + q];
-                                    for (int64_t t = 0; t < qq->answer_len; t++) {
-                                        rows[n_rows++] = (r * mm + b) * T2 + qq->answer_pos + t;
-                                        if (r == 0) dst_rows[n_dst++] = (b0 + b) * T + qq->answer_pos + t;
-                                    }
-                                }
-                        if (!rc) rc = ps_forward_from_attention_rows(m, &rep, l, &hooks, rows, n_rows, err);
-                        ps_hooks_free(&hooks);
-                        /* score each replica: its answer rows go into the clean pass's logits (already
-                         * scored) at their own positions (a row gather and scatter on the context), so
-                         * the prompts' view reads them */
-                        ps_shifted ss = sv;
-                        ss.b = sub;
-                        ss.residue = sv.residue + b0 * maxq;
-                        for (int r = 0; r < kk && !rc; r++) {
-                            if (ps_gather_rows(ctx, ans_logits, rep.p.logits, NULL, rows + r * n_dst, n_dst, V) ||
-                                ps_scatter_rows(ctx, use->p.logits, ans_logits, dst_rows, n_dst, V)) {
-                                rc = ps_ctx_check(ctx, err);
-                                break;
-                            }
-                            const float *lg = ps_acts_logits_host(use, err);
-                            if (!lg) {
-                                rc = -1;
-                                break;
-                            }
-                            ps_score_queries(&sub, lg + b0 * T * V, V, ok, lp);
-                            ps_residue_stats_add(&out->cells[li * n_heads + h0 + r], &ss, ok, lp);
-                            if (record)
-                                record(ruser, KO_UNIT(p, bi, li), li * n_heads + h0 + r, b0, &ss, ok, lp);
-                        }
-                    }
-                }
-            }
-        }
-        if (have_rep) ps_acts_free(&rep);
-        if (have_part) ps_acts_free(&part);
-        if (have_a) ps_acts_free(&a);
-        free(rows);
-        free(dst_rows);
-        if (ans_logits) ps_buf_free(ctx, ans_logits, n_ans_max * V * (int64_t)sizeof(float));
-        ps_buf_free(ctx, mn.mean, n_mean * (int64_t)sizeof(float));
-        ps_buf_free(ctx, mn.sum, n_mean * (int64_t)sizeof(double));
-        ps_shifted_free(&s);
-        if (progress) progress((p + 1) * (1 + (int64_t)n_layers * n_heads), total, user);
+        return;
     }
-#undef KO_UNIT
-#undef KO_IN
-    free(ok);
-    free(lp);
+    int64_t n_unit = ps_partial_count(r->p, KO_CELL_OK, unit) / (r->nh * maxq), hi = cell % r->nh;
+    int32_t *cok = (int32_t *)ps_partial_at(r->p, KO_CELL_OK, unit) + (hi * n_unit + first) * maxq;
+    double *clp = (double *)ps_partial_at(r->p, KO_CELL_LP, unit) + (hi * n_unit + first) * maxq;
+    for (int64_t i = 0; i < set->b.B; i++)
+        for (int64_t q = 0; q < maxq; q++) {
+            int64_t k = i * maxq + q;
+            int scored = q < set->b.n_q[i] && set->residue[k] >= 0;
+            cok[k] = scored ? ok[k] : 0;
+            clp[k] = scored ? lp[k] : 0.0;
+        }
+}
+
+int ps_knockout_partial_layout(ps_partial *p, int64_t N, int64_t batch, int64_t P, int n_layers, int n_cells, int64_t maxq,
+                               int last_first, ps_error *err) {
+    int64_t nu = ps_grid_n_units(N, batch, P, n_layers), *w = malloc((size_t)(nu ? nu : 1) * sizeof *w);
+    if (!w) return ps_fail(err, "out of memory for %lld work units", (long long)nu);
+    int64_t p_, i0, n;
+    int li, rc = 0;
+    for (int64_t u = 0; u < nu; u++) {
+        ps_grid_unit(N, batch, n_layers, last_first, u, &p_, &i0, &n, &li);
+        w[u] = li == 0 ? n * maxq : 0;
+    }
+    if (ps_partial_add(p, "rho", PS_PART_I32, w, err) < 0 || ps_partial_add(p, "clean_ok", PS_PART_I32, w, err) < 0 ||
+        ps_partial_add(p, "clean_logprob", PS_PART_F64, w, err) < 0)
+        rc = -1;
+    for (int64_t u = 0; u < nu && !rc; u++) {
+        ps_grid_unit(N, batch, n_layers, last_first, u, &p_, &i0, &n, &li);
+        w[u] = n_cells * n * maxq;
+    }
+    if (!rc && (ps_partial_add(p, "cell_ok", PS_PART_I32, w, err) < 0 || ps_partial_add(p, "cell_logprob", PS_PART_F64, w, err) < 0))
+        rc = -1;
+    free(w);
+    return rc;
+}
+
+int ps_knockout_from_partial(const ps_partial *p, ps_knockout_result *r, ps_error *err) {
+    memset(r, 0, sizeof *r);
+    json_t *jl = json_object_get(p->meta, "layers"), *jh = json_object_get(p->meta, "heads");
+    int nl = (int)json_array_size(jl), nh = (int)json_array_size(jh), rc = -1;
+    int64_t P = json_integer_value(json_object_get(p->meta, "period")), maxq = json_integer_value(json_object_get(p->meta, "max_q"));
+    const char *tg = json_string_value(json_object_get(p->meta, "target"));
+    if (nl < 1 || nh < 1 || P < 1 || maxq < 1 || !tg || p->n_arr != 5 || p->n_units % nl)
+        return ps_fail(err, "a knockout grid's partial result lacks its layers, heads, period or outcomes");
+    int *layers = malloc((size_t)nl * sizeof(int)), *heads = malloc((size_t)nh * sizeof(int));
+    if (!layers || !heads) {
+        ps_fail(err, "out of memory");
+        goto done;
+    }
+    for (int i = 0; i < nl; i++) layers[i] = (int)json_integer_value(json_array_get(jl, (size_t)i));
+    for (int i = 0; i < nh; i++) heads[i] = (int)json_integer_value(json_array_get(jh, (size_t)i));
+    if (ps_grid_result_init(r, P, layers, nl, heads, nh, err)) goto done;
+    /* the one-process order: shifts, batches in the grid's order, the clean run, then each layer's cells */
+    const int32_t *rho = NULL;
+    int64_t n_items = 0;
+    for (int64_t u = 0; u < p->n_units; u++) {
+        int li = (int)(u % nl);
+        if (li == 0) {
+            rho = ps_partial_at(p, KO_RHO, u);
+            n_items = ps_partial_count(p, KO_RHO, u);
+            ps_residue_stats_add_items(&r->clean, ps_partial_at(p, KO_CLEAN_OK, u), ps_partial_at(p, KO_CLEAN_LP, u), rho, n_items);
+        }
+        if (ps_partial_count(p, KO_CELL_OK, u) != nh * n_items) {
+            ps_fail(err, "a knockout grid's partial result: unit %lld has %lld cell outcomes, expected %lld", (long long)u,
+                    (long long)ps_partial_count(p, KO_CELL_OK, u), (long long)(nh * n_items));
+            goto done;
+        }
+        for (int hi = 0; hi < nh; hi++)
+            ps_residue_stats_add_items(&r->cells[li * nh + hi], (const int32_t *)ps_partial_at(p, KO_CELL_OK, u) + hi * n_items,
+                                       (const double *)ps_partial_at(p, KO_CELL_LP, u) + hi * n_items, rho, n_items);
+    }
+    rc = 0;
+done:
+    free(layers);
+    free(heads);
+    if (rc) ps_grid_result_free(r);
     return rc;
 }
 
 #define SET(o, key, v) (bad |= json_object_set_new((o), (key), (v)) != 0)
 
-json_t *ps_knockout_json(const ps_knockout_result *r, ps_ko_target target, ps_error *err) {
+json_t *ps_knockout_json(const ps_knockout_result *r, const char *target, const char *unit, ps_error *err) {
     int bad = 0;
     json_t *o = json_object(), *cells = json_array(), *clean = ps_residue_stats_json(&r->clean, err);
     if (!o || !cells || !clean) {
@@ -385,7 +308,8 @@ json_t *ps_knockout_json(const ps_knockout_result *r, ps_ko_target target, ps_er
         return NULL;
     }
     SET(o, "period", json_integer(r->P));
-    SET(o, "target", json_string(target == PS_KO_RAW ? "raw" : target == PS_KO_COMPRESSED ? "compressed" : "both"));
+    SET(o, "target", json_string(target));
+    if (unit) SET(o, "unit", json_string(unit));
     SET(o, "clean", clean);
     /* cells in ascending layer order */
     for (int want = -1;;) {

@@ -17,75 +17,116 @@
  * actions on layer l's kept k/v/ck/cv, stops at the last answer row (causal) and its last layer computes
  * the answer rows only, which a row gather and scatter put into the clean pass's logits for scoring.
  * Layers below l and layer l's projections and compressor are never recomputed. The naive path runs a
- * full forward per cell with the same actions on the whole batch. See docs/design.md, "Knockout grid". */
+ * full forward per cell with the same actions on the whole batch. See docs/design.md, "Knockout grid".
+ *
+ * The knockout is a spec over the grid engine (grid.h): its sources are sum actions on the reference
+ * pass (the clean run) divided into means, its cells set actions from the means; every family supplies
+ * its targets and their spec through its runtime (ps_runtime_ops: the controlled model's here,
+ * DeepSeek-V4's in v4_instr.c), so one call (ps_knockout_run) runs any family's knockout, whole or as
+ * a work slice. */
 #ifndef PS_KNOCKOUT_H
 #define PS_KNOCKOUT_H
 
 #include <jansson.h>
 
+#include "interventions/grid.h"
+#include "dist/partial.h"
 #include "interventions/sweep.h"
+#include "tasks/tasks.h"
 
+/* The controlled model's targets (bit 1: raw k/v, bit 2: compressed ck/cv). */
 typedef enum { PS_KO_RAW = 1, PS_KO_COMPRESSED = 2, PS_KO_BOTH = 3 } ps_ko_target;
 
-typedef struct {
-    int64_t P;
-    int n_layers, n_heads; /* selected */
-    int *layers, *heads;
-    ps_residue_stats clean;
-    ps_residue_stats *cells; /* [n_layers · n_heads], layer-major */
-    int cells_per_forward;   /* batched path: the most cells one forward ran (0 for the naive path) */
-    int64_t prompts_per_forward; /* batched path: prompts per cell in one forward (the batch unless the budget is smaller) */
-} ps_knockout_result;
+typedef ps_grid_result ps_knockout_result;
+typedef ps_grid_record_fn ps_ko_record_fn;
 
 /* Default memory for the batched cells' activations: 1 GiB, at most a quarter of available memory. */
-#define PS_KO_DEFAULT_BUDGET (1024.0 * 1024.0 * 1024.0)
+#define PS_KO_DEFAULT_BUDGET PS_GRID_DEFAULT_BUDGET
 double ps_knockout_default_budget(void);
 
-/* The outcomes of one scored set of prompts (for split runs, docs/scale-out.md): `unit` is the work unit
- * it belongs to, cell -1 the clean run, else li · n_heads + hi (li: index in the result's top-down layer
- * order); the set (its prompts, their queries and residues) is prompts [first, first + set->b.B) of the
- * unit's batch; ok, lp: [set->b.B · max_q], as ps_residue_stats_add reads them. */
-typedef void (*ps_ko_record_fn)(void *user, int64_t unit, int cell, int64_t first, const ps_shifted *set, const int *ok,
-                                const double *lp);
-
+/* How the cells run (grid.h: ps_grid's fields of the same names). */
 typedef struct {
     int naive;        /* 1: a full forward with the mean-replacement actions per cell (the reference) */
     int max_cells;    /* most cells batched into one forward; 0: as many as the budget holds (1: one at a time) */
     double mem_bytes; /* bytes for the batched cells' activations; 0: ps_knockout_default_budget() */
-    /* Work slice: only the units [unit0, unit1) of the grid's work list run (unit1 = 0: all). Unit
-     * (p, b, li) is one selected layer's cells on one batch of one shift, numbered in visiting order
-     * (ps_knockout_unit): shifts ascending, batches from the last to the first, layers top-down. A shift
-     * with a unit in the slice runs its whole mean pass, a batch its clean forward; the clean outcomes of a
-     * batch belong to its unit with li = 0. `out` then holds only the slice's statistics; record (when
-     * set) receives every scored set's outcomes. */
+    /* Work slice: only the units [unit0, unit1) of the grid's work list run (unit1 = 0: all); see grid.h.
+     * `out` then holds only the slice's statistics; record (when set) receives every scored set's
+     * outcomes. */
     int64_t unit0, unit1;
     ps_ko_record_fn record;
     void *record_user;
 } ps_knockout_opts;
 
-/* The work list of a grid over N prompts in batches of `batch`, P shifts and n_layers selected layers:
- * its unit count, and what unit u is: shift *p, batch starting at prompt *i0 with *n prompts, layer index
- * *li (into the top-down order). */
-int64_t ps_knockout_n_units(int64_t N, int64_t batch, int64_t P, int n_layers);
-void ps_knockout_unit(int64_t N, int64_t batch, int n_layers, int64_t u, int64_t *p, int64_t *i0, int64_t *n, int *li);
+/* A knockout of any family: the prompts, the cells (layers × heads; a per-layer target has the one
+ * cell 0), the family's target by index into ps_knockout_targets(rt). */
+typedef struct {
+    const ps_runtime *rt;
+    const ps_batch *base;
+    const ps_task *task;
+    const ps_filler_family *fam;
+    int64_t P;
+    uint64_t seed;
+    int64_t batch;
+    const int *layers;
+    int n_layers;
+    const int *heads; /* NULL for a per-layer target */
+    int n_heads;
+    int target;
+    ps_knockout_opts opts;
+    ps_progress_fn progress;
+    void *progress_user;
+} ps_knockout_spec;
 
-/* naive = 1 runs a full forward with the mean-replacement actions for every cell (the reference the
- * bench and tests compare with). */
+int ps_knockout_run(const ps_knockout_spec *k, ps_knockout_result *out, ps_error *err);
+
+/* The family's knockout targets (names, NULL-terminated), its default for this model, what a cell is
+ * ("head" / "query head" / "layer"), how many heads a target's cells choose from (0: one cell per
+ * layer), and whether layer l has what target t replaces (NULL, or an error message naming why not). */
+const char *const *ps_knockout_targets(const ps_runtime *rt);
+int ps_knockout_default_target(const ps_runtime *rt);
+int64_t ps_knockout_target_heads(const ps_runtime *rt, int target);
+const char *ps_knockout_layer_missing(const ps_runtime *rt, int target, int layer, char *buf, size_t n);
+
+/* The controlled model's grid (tests and bench: ps_knockout_run with the model's runtime). */
 int ps_knockout_grid(const ps_model *m, const ps_batch *base, const ps_task *task, const ps_filler_family *fam,
                      int64_t P, uint64_t seed, int64_t batch, const int *layers, int n_layers, const int *heads,
                      int n_heads, ps_ko_target target, int naive, ps_knockout_result *out, ps_progress_fn progress,
                      void *user, ps_error *err);
-/* The same with options (opts may be NULL: the defaults, batched). */
-int ps_knockout_grid_opts(const ps_model *m, const ps_batch *base, const ps_task *task, const ps_filler_family *fam,
-                          int64_t P, uint64_t seed, int64_t batch, const int *layers, int n_layers, const int *heads,
-                          int n_heads, ps_ko_target target, const ps_knockout_opts *opts, ps_knockout_result *out,
-                          ps_progress_fn progress, void *user, ps_error *err);
 void ps_knockout_result_free(ps_knockout_result *r);
 
-/* {"period", "target", "clean": {...curve...}, "cells": [{"layer", "head", "residues": [{"rho",
+/* The controlled model's knockout, as its runtime's ops (grid.c) give it. */
+extern const char *const ps_model_ko_target_names[];
+int ps_model_ko_default_target(const ps_runtime *rt);
+int64_t ps_model_ko_target_heads(const ps_runtime *rt, int target);
+const char *ps_model_ko_unit(const ps_runtime *rt, int target);
+const char *ps_model_ko_layer_missing(const ps_runtime *rt, int target, int layer, char *buf, size_t n);
+int ps_model_ko_spec(const ps_runtime *rt, int target, const int *heads, int n_heads, ps_grid_spec *spec, ps_error *err);
+void ps_model_ko_spec_free(ps_grid_spec *spec);
+
+/* The work list (grid.h): units (shift, batch, layer). */
+int64_t ps_knockout_n_units(int64_t N, int64_t batch, int64_t P, int n_layers);
+
+/* A split run's partial result (dist/partial.h, docs/scale-out.md): per unit the clean outcomes of its
+ * batch (its li = 0 unit: rho, clean_ok, clean_logprob) and its cells' (cell_ok, cell_logprob, head
+ * after head); ps_knockout_record (opts.record, user a recorder) fills them as the grid scores, and
+ * ps_knockout_from_partial adds complete parts up in the one-process order (the meta holds "layers"
+ * top-down, "heads", "period", "max_q", "target"). */
+typedef struct {
+    ps_partial *p;
+    int nh;
+} ps_knockout_recorder;
+int ps_knockout_partial_layout(ps_partial *p, int64_t N, int64_t batch, int64_t P, int n_layers, int n_cells, int64_t maxq,
+                               int last_first, ps_error *err);
+void ps_knockout_record(void *user, int64_t unit, int cell, int64_t first, const ps_shifted *set, const int *ok,
+                        const double *lp);
+int ps_knockout_from_partial(const ps_partial *p, ps_knockout_result *out, ps_error *err);
+
+/* {"period", "target", ["unit",] "clean": {...curve...}, "cells": [{"layer", "head", "residues": [{"rho",
  * "delta_accuracy_pp", "delta_nll", "accuracy", "mean_nll"}], "mean_delta_accuracy_pp",
  * "mean_delta_nll", "worst_residue": {"rho", "clean_accuracy", "accuracy", "delta_accuracy_pp",
- * "delta_nll"}}]}. NULL with err set when memory runs out. */
-json_t *ps_knockout_json(const ps_knockout_result *r, ps_ko_target target, ps_error *err);
+ * "delta_nll"}}]}; target: the target's name, unit (NULL: none) what a cell is. NULL with err set when
+ * memory runs out. */
+json_t *ps_knockout_json(const ps_knockout_result *r, const char *target, const char *unit, ps_error *err);
+const char *ps_ko_target_name(ps_ko_target t);
 
 #endif

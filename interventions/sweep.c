@@ -8,6 +8,7 @@
 #include "core/prefill.h"
 #include "core/rng.h"
 #include "interventions/stats.h"
+#include "tasks/tasks.h"
 
 int ps_fillers_load(const char *path, ps_filler_family **out, int *n, ps_error *err) {
     *out = NULL;

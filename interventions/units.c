@@ -1,5 +1,6 @@
 /* units.c — the instruments' work units (see units.h). */
 #include "interventions/units.h"
+#include "tasks/tasks.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -18,7 +19,7 @@ void ps_sweep_unit_weights(int64_t N, int64_t batch, int64_t P, int64_t T, ps_sw
         }
 }
 
-int ps_sweep_units(const ps_model *m, const ps_batch *base, const ps_task *task, const ps_filler_family *fam,
+int ps_sweep_units(const ps_runtime *rt, const ps_batch *base, const ps_task *task, const ps_filler_family *fam,
                    ps_sweep_mode mode, int64_t P, uint64_t seed, int64_t batch, int64_t u0, int64_t u1, int32_t *ok,
                    double *lp, int32_t *rho, ps_progress_fn progress, void *user, ps_error *err) {
     int64_t N = base->B, maxq = base->max_q, nb = ps_sweep_n_batches(N, batch), B = batch < N ? batch : N;
@@ -33,14 +34,14 @@ int ps_sweep_units(const ps_model *m, const ps_batch *base, const ps_task *task,
         if (p != have_p) {
             if (have_p >= 0) ps_shifted_free(&s);
             have_p = -1;
-            if ((rc = ps_make_shifted(base, task, fam, mode, P, p, seed, m->cfg.max_seq_len, &s, err))) break;
+            if ((rc = ps_make_shifted(base, task, fam, mode, P, p, seed, rt->max_pos, &s, err))) break;
             have_p = p;
         }
         /* the batch one process runs: prompts [i0, i0 + n) of shift p, as one forward of n sequences */
         ps_shifted v = s;
         v.b = ps_batch_view(&s.b, i0, n);
         v.residue = s.residue + i0 * maxq;
-        if ((rc = ps_eval_shifted(m, &v, n, NULL, okb, lpb, err))) break;
+        if ((rc = rt->ops->eval(rt, &v.b, NULL, okb, lpb, err))) break;
         int64_t at = (p * N + i0) * maxq;
         for (int64_t i = 0; i < n; i++)
             for (int64_t q = 0; q < maxq; q++) {
@@ -154,27 +155,4 @@ int ps_gate_acc_replay(ps_gate_acc *acc, const int32_t *events, int64_t n_events
     }
     if (at != n_floats) return ps_fail(err, "gate records: %lld floats left over", (long long)(n_floats - at));
     return 0;
-}
-
-/* ---- knockout ---- */
-
-int ps_knockout_result_init(ps_knockout_result *r, int64_t P, const int *layers_topdown, int n_layers, const int *heads,
-                            int n_heads, ps_error *err) {
-    memset(r, 0, sizeof *r);
-    r->P = P;
-    r->n_layers = n_layers;
-    r->n_heads = n_heads;
-    r->layers = malloc((size_t)(n_layers > 0 ? n_layers : 1) * sizeof(int));
-    r->heads = malloc((size_t)(n_heads > 0 ? n_heads : 1) * sizeof(int));
-    r->cells = calloc((size_t)(n_layers > 0 ? n_layers : 1) * (size_t)(n_heads > 0 ? n_heads : 1), sizeof *r->cells);
-    if (!r->layers || !r->heads || !r->cells) {
-        ps_knockout_result_free(r);
-        return ps_fail(err, "out of memory for a knockout grid of %d layers x %d heads", n_layers, n_heads);
-    }
-    memcpy(r->layers, layers_topdown, (size_t)n_layers * sizeof(int));
-    memcpy(r->heads, heads, (size_t)n_heads * sizeof(int));
-    int rc = ps_residue_stats_init(&r->clean, P, err);
-    for (int64_t i = 0; i < (int64_t)n_layers * n_heads && !rc; i++) rc = ps_residue_stats_init(&r->cells[i], P, err);
-    if (rc) ps_knockout_result_free(r);
-    return rc;
 }

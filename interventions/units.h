@@ -11,22 +11,24 @@
  *     [j · batch, min(N, (j + 1) · batch)). Outcome arrays [P, N, max_q] (unit after unit).
  *   - gates: unit j = batch j of shift 0; per unit the gate distributions of every window, as the hooks
  *     fired them (ps_gates_units).
- *   - knockout: units (shift, batch, layer) of ps_knockout_grid_opts (knockout.h). */
+ *   - knockout (every family): units (shift, batch, layer) of the grid engine (grid.h, ps_grid_unit). */
 #ifndef PS_UNITS_H
 #define PS_UNITS_H
 
 #include <stdint.h>
 
 #include "gates/gates.h"
+#include "interventions/grid.h"
 #include "interventions/knockout.h"
 #include "interventions/sweep.h"
+#include "tasks/tasks.h"
 
 int64_t ps_sweep_n_batches(int64_t N, int64_t batch);
 
-/* Sweep units [u0, u1) of a sweep over P shifts: query q of prompt i of shift p goes to index
+/* Sweep units [u0, u1) of a sweep over P shifts on any family's runtime (grid.h): query q of prompt i of shift p goes to index
  * (p · N + i) · max_q + q of ok, lp and rho (rho: its residue, −1 when not scored). progress(units done
  * of this range, units in it) may be NULL. */
-int ps_sweep_units(const ps_model *m, const ps_batch *base, const ps_task *task, const ps_filler_family *fam,
+int ps_sweep_units(const ps_runtime *rt, const ps_batch *base, const ps_task *task, const ps_filler_family *fam,
                    ps_sweep_mode mode, int64_t P, uint64_t seed, int64_t batch, int64_t u0, int64_t u1, int32_t *ok,
                    double *lp, int32_t *rho, ps_progress_fn progress, void *user, ps_error *err);
 
@@ -49,8 +51,5 @@ int ps_gates_units(const ps_model *m, const ps_shifted *s, int64_t batch, int64_
 int ps_gate_acc_replay(ps_gate_acc *acc, const int32_t *events, int64_t n_events, const float *alpha, int64_t n_floats,
                        ps_error *err);
 
-/* An empty knockout result (zero statistics) of P residues, layers in top-down order, heads. */
-int ps_knockout_result_init(ps_knockout_result *r, int64_t P, const int *layers_topdown, int n_layers, const int *heads,
-                            int n_heads, ps_error *err);
 
 #endif

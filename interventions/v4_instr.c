@@ -10,6 +10,7 @@
 #include "core/ops.h"
 #include "core/v4/v4_forward.h"
 #include "core/v4/v4_hooks.h"
+#include "tasks/tasks.h"
 
 /* ---- the task ---- */
 
@@ -300,6 +301,121 @@ done:
     return rc;
 }
 
+/* ---- gates as work units (units.h's layout: per event three ints and its alpha floats) ---- */
+
+int ps_v4_gates_acc_init(ps_chgate_acc *acc, int n_layers, const ps_v4_attn_type *types, const int64_t *rates, int64_t head_dim,
+                         int64_t index_head_dim, ps_error *err) {
+    if (ps_chgate_acc_init(acc, n_layers, 2, BRANCHES, err)) return -1;
+    for (int l = 0; l < n_layers; l++) {
+        if (types[l] == PS_V4_SLIDING) continue;
+        int csa = types[l] == PS_V4_CSA;
+        int64_t mr = rates[l];
+        const char *an = csa ? "csa" : "hca";
+        if (ps_chgate_acc_set(acc, l, 0, csa ? 2 * mr : mr, head_dim, csa, mr, an, err) ||
+            (csa && ps_chgate_acc_set(acc, l, 1, 2 * mr, index_head_dim, 1, mr, an, err))) {
+            ps_chgate_acc_free(acc);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+void ps_v4_gates_unit_size(const ps_v4_config *c, int64_t n, int64_t T, int64_t *n_events, int64_t *n_floats) {
+    *n_events = 0, *n_floats = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        if (c->attn_type[l] == PS_V4_SLIDING) continue;
+        int csa = c->attn_type[l] == PS_V4_CSA;
+        int64_t mr = c->compress_rate[l], nW = ps_v4_n_windows(c, l, T);
+        *n_events += csa ? 2 : 1;
+        *n_floats += n * nW * (csa ? 2 * mr : mr) * c->head_dim + (csa ? n * nW * 2 * mr * c->index_head_dim : 0);
+    }
+}
+
+typedef struct {
+    int32_t *events;
+    float *alpha;
+    int64_t ev, at, ev_end, at_end;
+} v4_rec;
+
+typedef struct {
+    v4_rec *rec;
+    int layer, branch;
+} v4_rec_tap;
+
+static int v4_rec_hook(const ps_hook_event *ev, void *user, ps_error *err) {
+    const v4_rec_tap *t = user;
+    v4_rec *r = t->rec;
+    int64_t n = 1;
+    for (int i = 0; i < ev->ndim; i++) n *= ev->shape[i];
+    if (r->ev >= r->ev_end || r->at + n > r->at_end)
+        return ps_fail(err, "hook \"%s\": more gate records than the unit holds", ev->name);
+    int32_t *e = r->events + r->ev * PS_V4_GATES_EVENT_INTS;
+    e[0] = t->layer, e[1] = t->branch, e[2] = (int32_t)ev->shape[0], e[3] = (int32_t)ev->shape[1];
+    memcpy(r->alpha + r->at, ev->data, (size_t)n * sizeof(float));
+    r->ev++;
+    r->at += n;
+    return 0;
+}
+
+int ps_v4_gates_units(ps_v4_model *m, const ps_v4_task *t, const ps_shifted *s, int64_t batch, int64_t u0, int64_t u1,
+                      const int64_t *ev_off, const int64_t *al_off, int32_t *events, float *alpha, ps_error *err) {
+    const ps_v4_config *c = &m->cfg;
+    int L = (int)c->n_layers, rc = 0;
+    int64_t N = s->b.B, B = batch < N ? batch : N, maxq = s->b.max_q;
+    v4_rec rec = {.events = events, .alpha = alpha};
+    v4_rec_tap *taps = calloc((size_t)(2 * L > 0 ? 2 * L : 1), sizeof *taps);
+    int *ok = malloc((size_t)(B * maxq > 0 ? B * maxq : 1) * sizeof(int));
+    double *lp = malloc((size_t)(B * maxq > 0 ? B * maxq : 1) * sizeof(double));
+    ps_hooks h;
+    ps_hooks_init(&h);
+    if (!taps || !ok || !lp) rc = ps_fail(err, "out of memory");
+    for (int l = 0; l < L && !rc; l++) {
+        if (c->attn_type[l] == PS_V4_SLIDING) continue;
+        char name[96];
+        taps[2 * l] = (v4_rec_tap){&rec, l, 0};
+        ps_v4_hook_name(name, sizeof name, l, PS_V4H_C_ALPHA);
+        rc = ps_v4_hooks_add(&h, c, name, v4_rec_hook, &taps[2 * l], err);
+        if (!rc && c->attn_type[l] == PS_V4_CSA) {
+            taps[2 * l + 1] = (v4_rec_tap){&rec, l, 1};
+            ps_v4_hook_name(name, sizeof name, l, PS_V4H_I_C_ALPHA);
+            rc = ps_v4_hooks_add(&h, c, name, v4_rec_hook, &taps[2 * l + 1], err);
+        }
+    }
+    for (int64_t u = u0; u < u1 && !rc; u++) {
+        int64_t i0 = u * B, n = N - i0 < B ? N - i0 : B;
+        rec.ev = ev_off[u], rec.ev_end = ev_off[u + 1], rec.at = al_off[u], rec.at_end = al_off[u + 1];
+        ps_batch view = ps_batch_view(&s->b, i0, n);
+        rc = ps_v4_eval(m, t, &view, n, &h, ok, lp, err);
+        if (!rc && (rec.ev != rec.ev_end || rec.at != rec.at_end))
+            rc = ps_fail(err, "gate records of batch %lld: %lld events, expected %lld", (long long)u, (long long)(rec.ev - ev_off[u]),
+                         (long long)(ev_off[u + 1] - ev_off[u]));
+    }
+    ps_hooks_free(&h);
+    free(taps);
+    free(ok);
+    free(lp);
+    return rc;
+}
+
+int ps_v4_gates_replay(ps_chgate_acc *acc, const int32_t *events, int64_t n_events, const float *alpha, int64_t n_floats,
+                       ps_error *err) {
+    int64_t at = 0;
+    for (int64_t i = 0; i < n_events; i++) {
+        const int32_t *e = events + i * PS_V4_GATES_EVENT_INTS;
+        if (e[0] < 0 || e[0] >= acc->n_layers || e[1] < 0 || e[1] >= acc->n_branches || e[2] < 0 || e[3] < 0)
+            return ps_fail(err, "gate record %lld (layer %d, branch %d) does not fit the model", (long long)i, e[0], e[1]);
+        const ps_chgate_slot *g = &acc->g[e[0] * acc->n_branches + e[1]];
+        int64_t nf = (int64_t)e[2] * e[3] * g->S * g->d;
+        if (g->S <= 0 || at + nf > n_floats)
+            return ps_fail(err, "gate record %lld (layer %d, branch %d, %d x %d windows) does not fit the model or the data",
+                           (long long)i, e[0], e[1], e[2], e[3]);
+        ps_chgate_acc_add(acc, e[0], e[1], alpha + at, e[2], e[3]);
+        at += nf;
+    }
+    if (at != n_floats) return ps_fail(err, "gate records: %lld floats left over", (long long)(n_floats - at));
+    return 0;
+}
+
 /* ---- gate cycling ---- */
 
 int ps_v4_gate_cycle(ps_v4_model *m, int layer, int branches, int64_t k, ps_error *err) {
@@ -355,41 +471,21 @@ static ps_v4_hook_point target_point(ps_v4_ko_target t, int sum_pass) {
     }
 }
 
-/* The summed / mean array of one layer: [n] values per sequence (positions × inner). */
+/* The summed / mean array of one layer, on the model's context: [n] values per sequence (positions ×
+ * inner). The sums are a sum action on the clean pass, the replacement a set action: both run in the
+ * backend, no host copy of a hooked tensor (the indexer's mean-pattern choice reads the mean scores once
+ * per shift). */
 typedef struct {
     double *sum;      /* [n] */
-    float *mean;      /* [n] (indexer: the mean-pattern top-k [T, K]) */
-    int64_t n;
-    int64_t count;    /* sequences summed */
-    /* replacement */
-    int head;         /* heads: the query head replaced (layout [npos, H, Dh]); -1: the whole array */
-    int64_t npos, H, Dh;
+    float *mean;      /* [n_mean] (indexer: the mean-pattern top-k [T, K]) */
+    int64_t n, n_mean;
+    int64_t npos;     /* positions of the replaced array (its axis 1) */
 } layer_mean;
 
-static int sum_hook(const ps_hook_event *ev, void *user, ps_error *err) {
-    layer_mean *lm = user;
-    int64_t B = ev->shape[0], n = 1;
-    for (int i = 1; i < ev->ndim; i++) n *= ev->shape[i];
-    if (n != lm->n) return ps_fail(err, "hook \"%s\": %lld values per sequence, the knockout expected %lld", ev->name, (long long)n, (long long)lm->n);
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t i = 0; i < n; i++) lm->sum[i] += ev->data[b * n + i];
-    lm->count += B;
-    return 0;
-}
-
-static int replace_hook(const ps_hook_event *ev, void *user, ps_error *err) {
-    const layer_mean *lm = user;
-    int64_t B = ev->shape[0], n = 1;
-    for (int i = 1; i < ev->ndim; i++) n *= ev->shape[i];
-    if (n != lm->n) return ps_fail(err, "hook \"%s\": %lld values per sequence, the knockout expected %lld", ev->name, (long long)n, (long long)lm->n);
-    for (int64_t b = 0; b < B; b++) {
-        float *x = ev->data + b * n;
-        if (lm->head < 0) memcpy(x, lm->mean, (size_t)n * sizeof(float));
-        else
-            for (int64_t t = 0; t < lm->npos; t++)
-                memcpy(x + (t * lm->H + lm->head) * lm->Dh, lm->mean + (t * lm->H + lm->head) * lm->Dh, (size_t)lm->Dh * sizeof(float));
-    }
-    return 0;
+static void layer_mean_free(ps_ctx *ctx, layer_mean *x) {
+    if (x->sum) ps_buf_free(ctx, x->sum, x->n * (int64_t)sizeof(double));
+    if (x->mean) ps_buf_free(ctx, x->mean, x->n_mean * (int64_t)sizeof(float));
+    memset(x, 0, sizeof *x);
 }
 
 void ps_v4_mean_topk(const double *ms, int64_t T, int64_t nW, int64_t K, int64_t m, float *topk) {
@@ -411,113 +507,180 @@ void ps_v4_mean_topk(const double *ms, int64_t T, int64_t nW, int64_t K, int64_t
     }
 }
 
+/* ---- the knockout spec (grid.h): sum actions on the reference pass, set actions per cell ---- */
+
+typedef struct {
+    ps_v4_ko_target target;
+    const int *heads;
+    int n_layers;
+    layer_mean *lm; /* [n_layers] */
+} v4_ko;
+
+static void v4_ko_shift_end(void *self, const ps_runtime *rt) {
+    v4_ko *k = self;
+    for (int li = 0; li < k->n_layers; li++) layer_mean_free(rt->ctx, &k->lm[li]);
+}
+
+static int v4_ko_sources(void *self, const ps_runtime *rt, const ps_grid_shift *sh, ps_hooks *ref, ps_error *err) {
+    v4_ko *k = self;
+    const ps_v4_model *m = rt->model;
+    const ps_v4_config *c = &m->cfg;
+    int64_t T = sh->T, H = c->n_heads, Dh = c->head_dim;
+    if (!k->lm) {
+        k->lm = calloc((size_t)sh->n_layers, sizeof *k->lm);
+        if (!k->lm) return ps_fail(err, "out of memory");
+        k->n_layers = sh->n_layers;
+    }
+    for (int li = 0; li < sh->n_layers; li++) {
+        int l = sh->layers[li];
+        int64_t nW = ps_v4_n_windows(c, l, T), K = c->index_topk < nW ? c->index_topk : nW;
+        layer_mean *x = &k->lm[li];
+        layer_mean_free(rt->ctx, x);
+        switch (k->target) {
+        case PS_V4KO_HEADS: x->n = T * H * Dh, x->npos = T; break;
+        case PS_V4KO_COMPRESSED: x->n = nW * Dh, x->npos = nW; break;
+        case PS_V4KO_RAW: x->n = T * Dh, x->npos = T; break;
+        case PS_V4KO_INDEXER: x->n = T * nW, x->npos = T; break;
+        default: x->n = H * T, x->npos = H; break; /* the sink [B, H, T]: axis 1 is the head */
+        }
+        x->n_mean = k->target == PS_V4KO_INDEXER ? T * K : x->n;
+        if (x->n < 1 || x->n_mean < 1)
+            return ps_fail(err, "layer %d: nothing to replace for --target %s at %lld tokens", l, ps_v4_ko_targets[k->target], (long long)T);
+        x->sum = ps_buf_alloc(rt->ctx, x->n * (int64_t)sizeof(double), "the knockout sums", err); /* zero-filled */
+        x->mean = x->sum ? ps_buf_alloc(rt->ctx, x->n_mean * (int64_t)sizeof(float), "the knockout means", err) : NULL;
+        if (!x->mean) return -1;
+        char name[96];
+        ps_v4_hook_name(name, sizeof name, l, target_point(k->target, 1));
+        ps_hook_action act = {.kind = PS_ACT_SUM, .head = -1, .acc = x->sum, .acc_n = x->n};
+        if (rt->ops->add_action(rt, ref, name, &act, err)) return -1;
+    }
+    return 0;
+}
+
+static int v4_ko_sources_done(void *self, const ps_runtime *rt, const ps_grid_shift *sh, ps_error *err) {
+    v4_ko *k = self;
+    const ps_v4_config *c = &((const ps_v4_model *)rt->model)->cfg;
+    for (int li = 0; li < sh->n_layers; li++) {
+        layer_mean *x = &k->lm[li];
+        int l = sh->layers[li];
+        if (k->target != PS_V4KO_INDEXER) {
+            if (ps_sum_to_mean(rt->ctx, x->mean, x->sum, (double)sh->N, x->n)) return ps_ctx_check(rt->ctx, err);
+            continue;
+        }
+        /* the indexer: the mean pattern's choice, from the mean scores (one host copy per shift) */
+        int64_t nW = ps_v4_n_windows(c, l, sh->T), K = c->index_topk < nW ? c->index_topk : nW;
+        double *hs = malloc((size_t)x->n * sizeof(double));
+        float *tk = malloc((size_t)x->n_mean * sizeof(float));
+        int rc = hs && tk ? 0 : ps_fail(err, "out of memory for the indexer's mean scores of layer %d", l);
+        if (!rc) rc = ps_buf_to_host(rt->ctx, hs, x->sum, x->n * (int64_t)sizeof(double), err);
+        if (!rc) {
+            for (int64_t i = 0; i < x->n; i++) hs[i] /= (double)sh->N;
+            ps_v4_mean_topk(hs, sh->T, nW, K, c->compress_rate[l], tk);
+            rc = ps_buf_from_host(rt->ctx, x->mean, tk, x->n_mean * (int64_t)sizeof(float), err);
+        }
+        free(hs);
+        free(tk);
+        if (rc) return -1;
+    }
+    return 0;
+}
+
+static int v4_ko_cell(void *self, const ps_runtime *rt, const ps_grid_shift *sh, int li, int ci, int64_t seq0, int64_t seq1,
+                      ps_hooks *h, ps_error *err) {
+    v4_ko *k = self;
+    const layer_mean *x = &k->lm[li];
+    char name[96];
+    ps_v4_hook_name(name, sizeof name, sh->layers[li], target_point(k->target, 0));
+    ps_hook_action act = {.kind = PS_ACT_SET, .head = k->target == PS_V4KO_HEADS ? k->heads[ci] : -1, .seq0 = seq0,
+                          .seq1 = seq1, .src = x->mean, .src_npos = x->npos};
+    return rt->ops->add_action(rt, h, name, &act, err);
+}
+
+/* ---- the DeepSeek-V4 runtime ---- */
+
+static int v4_rt_eval(const ps_runtime *rt, const ps_batch *view, const ps_hooks *h, int *ok, double *lp, ps_error *err) {
+    return ps_v4_eval(rt->model, rt->aux, view, view->B > 0 ? view->B : 1, h, ok, lp, err);
+}
+
+static int v4_rt_add_action(const ps_runtime *rt, ps_hooks *h, const char *name, const ps_hook_action *act, ps_error *err) {
+    return ps_v4_hooks_add_action(h, &((const ps_v4_model *)rt->model)->cfg, name, act, err);
+}
+
+static int v4_rt_ko_default(const ps_runtime *rt) {
+    (void)rt;
+    return PS_V4KO_COMPRESSED;
+}
+
+static int64_t v4_rt_ko_heads(const ps_runtime *rt, int target) {
+    return target == PS_V4KO_HEADS ? ((const ps_v4_model *)rt->model)->cfg.n_heads : 0;
+}
+
+static const char *v4_rt_ko_unit(const ps_runtime *rt, int target) {
+    (void)rt;
+    return target == PS_V4KO_HEADS ? "query head" : "layer";
+}
+
+static const char *v4_rt_ko_missing(const ps_runtime *rt, int target, int l, char *buf, size_t n) {
+    const ps_v4_config *c = &((const ps_v4_model *)rt->model)->cfg;
+    if (l == -1) return NULL; /* the model as a whole: every target exists on some layer type */
+    if (l < 0 || l >= c->n_layers) {
+        snprintf(buf, n, "knockout grid: layer %d out of range", l);
+        return buf;
+    }
+    if (ps_v4_ko_layer_ok(c, l, (ps_v4_ko_target)target)) return NULL;
+    snprintf(buf, n, "--target %s: layer %d is %s, which has no %s", ps_v4_ko_targets[target], l, ps_v4_attn_type_name(c->attn_type[l]),
+             target == PS_V4KO_INDEXER ? "indexer (CSA layers only)" : "compressed entries (CSA and HCA layers only)");
+    return buf;
+}
+
+static int v4_rt_ko_spec(const ps_runtime *rt, int target, const int *heads, int n_heads, ps_grid_spec *spec, ps_error *err) {
+    (void)rt, (void)n_heads;
+    v4_ko *k = calloc(1, sizeof *k);
+    if (!k) return ps_fail(err, "out of memory");
+    k->target = (ps_v4_ko_target)target;
+    k->heads = heads;
+    /* the V4 forward has no restart: a full forward per cell (the engine's naive path) */
+    *spec = (ps_grid_spec){.self = k, .restart_attention = 0, .sources = v4_ko_sources, .sources_done = v4_ko_sources_done,
+                           .cell = v4_ko_cell, .shift_end = v4_ko_shift_end};
+    return 0;
+}
+
+static void v4_rt_ko_spec_free(ps_grid_spec *spec) {
+    v4_ko *k = spec->self;
+    if (k) free(k->lm);
+    free(k);
+    spec->self = NULL;
+}
+
+static const ps_runtime_ops V4_OPS = {.name = "deepseek_v4",
+                                      .eval = v4_rt_eval,
+                                      .add_action = v4_rt_add_action,
+                                      .ko_targets = ps_v4_ko_targets,
+                                      .ko_heads_what = "query heads",
+                                      .ko_default_target = v4_rt_ko_default,
+                                      .ko_target_heads = v4_rt_ko_heads,
+                                      .ko_unit = v4_rt_ko_unit,
+                                      .ko_layer_missing = v4_rt_ko_missing,
+                                      .ko_spec = v4_rt_ko_spec,
+                                      .ko_spec_free = v4_rt_ko_spec_free};
+
+void ps_v4_runtime(ps_runtime *rt, ps_v4_model *m, const ps_v4_task *t) {
+    memset(rt, 0, sizeof *rt);
+    rt->ops = &V4_OPS;
+    rt->ctx = m->ctx;
+    rt->max_pos = m->cfg.max_position_embeddings;
+    rt->n_layers = m->cfg.n_layers;
+    rt->model = m;
+    rt->aux = t;
+}
+
 int ps_v4_knockout_grid(ps_v4_model *m, const ps_v4_task *t, const ps_batch *base, const ps_filler_family *fam, int64_t P,
                         uint64_t seed, int64_t batch, const int *layers, int n_layers, const int *heads, int n_heads,
                         ps_v4_ko_target target, ps_knockout_result *out, ps_progress_fn progress, void *user, ps_error *err) {
-    memset(out, 0, sizeof *out);
-    const ps_v4_config *c = &m->cfg;
-    int per_head = target == PS_V4KO_HEADS;
-    static const int ONE[1] = {0};
-    if (!per_head) heads = ONE, n_heads = 1;
-    if (n_layers < 1 || n_heads < 1) return ps_fail(err, "knockout grid: no layers or no heads selected");
-    for (int i = 0; i < n_layers; i++) {
-        if (layers[i] < 0 || layers[i] >= c->n_layers) return ps_fail(err, "knockout grid: layer %d out of range", layers[i]);
-        if (!ps_v4_ko_layer_ok(c, layers[i], target))
-            return ps_fail(err, "--target %s: layer %d is %s, which has no %s", ps_v4_ko_targets[target], layers[i],
-                           ps_v4_attn_type_name(c->attn_type[layers[i]]),
-                           target == PS_V4KO_INDEXER ? "indexer (CSA layers only)" : "compressed entries (CSA and HCA layers only)");
-    }
-    for (int i = 0; i < n_heads; i++)
-        if (heads[i] < 0 || heads[i] >= c->n_heads) return ps_fail(err, "knockout grid: head %d out of range", heads[i]);
-    out->P = P;
-    out->n_layers = n_layers;
-    out->n_heads = n_heads;
-    out->layers = malloc((size_t)n_layers * sizeof(int));
-    out->heads = malloc((size_t)n_heads * sizeof(int));
-    out->cells = calloc((size_t)n_layers * (size_t)n_heads, sizeof *out->cells);
-    if (!out->layers || !out->heads || !out->cells)
-        return ps_fail(err, "out of memory for a knockout grid of %d layers x %d units", n_layers, n_heads);
-    memcpy(out->layers, layers, (size_t)n_layers * sizeof(int));
-    memcpy(out->heads, heads, (size_t)n_heads * sizeof(int));
-    int rc = ps_residue_stats_init(&out->clean, P, err);
-    for (int64_t i = 0; i < (int64_t)n_layers * n_heads && !rc; i++) rc = ps_residue_stats_init(&out->cells[i], P, err);
-    if (rc) return -1;
-    int *ok;
-    double *lp;
-    if (outcome_arrays(base, &ok, &lp, err)) return -1;
-    layer_mean *lm = calloc((size_t)n_layers, sizeof *lm);
-    if (!lm) rc = ps_fail(err, "out of memory");
-    int64_t total = P * (1 + (int64_t)n_layers * n_heads), H = c->n_heads, Dh = c->head_dim;
-    for (int64_t p = 0; p < P && !rc; p++) {
-        ps_shifted s;
-        if ((rc = ps_make_shifted(base, &t->task, fam, PS_SWEEP_PAD, P, p, seed, c->max_position_embeddings, &s, err))) break;
-        int64_t T = s.b.T;
-        /* pass 1: the sums over the prompts of this shift, and the clean outcomes */
-        ps_hooks h;
-        ps_hooks_init(&h);
-        for (int li = 0; li < n_layers && !rc; li++) {
-            int l = layers[li];
-            int64_t nW = ps_v4_n_windows(c, l, T), K = c->index_topk < nW ? c->index_topk : nW;
-            layer_mean *x = &lm[li];
-            free(x->sum), free(x->mean);
-            memset(x, 0, sizeof *x);
-            x->head = -1;
-            switch (target) {
-            case PS_V4KO_HEADS: x->n = T * H * Dh, x->npos = T, x->H = H, x->Dh = Dh; break;
-            case PS_V4KO_COMPRESSED: x->n = nW * Dh; break;
-            case PS_V4KO_RAW: x->n = T * Dh; break;
-            case PS_V4KO_INDEXER: x->n = T * nW; break;
-            default: x->n = H * T; break;
-            }
-            int64_t nmean = target == PS_V4KO_INDEXER ? T * K : x->n;
-            x->sum = calloc((size_t)(x->n ? x->n : 1), sizeof(double));
-            x->mean = malloc((size_t)(nmean ? nmean : 1) * sizeof(float));
-            if (!x->sum || !x->mean) {
-                rc = ps_fail(err, "out of memory for the knockout means of layer %d", l);
-                break;
-            }
-            char name[96];
-            ps_v4_hook_name(name, sizeof name, l, target_point(target, 1));
-            rc = ps_v4_hooks_add(&h, c, name, sum_hook, x, err);
-        }
-        if (!rc && !(rc = ps_v4_eval(m, t, &s.b, batch, &h, ok, lp, err))) ps_residue_stats_add(&out->clean, &s, ok, lp);
-        ps_hooks_free(&h);
-        for (int li = 0; li < n_layers && !rc; li++) {
-            layer_mean *x = &lm[li];
-            int l = layers[li];
-            if (x->count != s.b.B) {
-                rc = ps_fail(err, "layer %d: the knockout's sums saw %lld prompts of %lld", l, (long long)x->count, (long long)s.b.B);
-                break;
-            }
-            if (target == PS_V4KO_INDEXER) {
-                int64_t nW = ps_v4_n_windows(c, l, T), K = c->index_topk < nW ? c->index_topk : nW;
-                for (int64_t i = 0; i < x->n; i++) x->sum[i] /= (double)x->count;
-                ps_v4_mean_topk(x->sum, T, nW, K, c->compress_rate[l], x->mean);
-                x->n = T * K; /* the replacement array */
-            } else
-                for (int64_t i = 0; i < x->n; i++) x->mean[i] = (float)(x->sum[i] / (double)x->count);
-        }
-        if (progress) progress(p * (1 + (int64_t)n_layers * n_heads) + 1, total, user);
-        /* pass 2: one forward per cell with its replacement */
-        for (int li = 0; li < n_layers && !rc; li++)
-            for (int hi = 0; hi < n_heads && !rc; hi++) {
-                layer_mean x = lm[li];
-                x.head = per_head ? heads[hi] : -1;
-                ps_hooks_init(&h);
-                char name[96];
-                ps_v4_hook_name(name, sizeof name, layers[li], target_point(target, 0));
-                rc = ps_v4_hooks_add(&h, c, name, replace_hook, &x, err);
-                if (!rc && !(rc = ps_v4_eval(m, t, &s.b, batch, &h, ok, lp, err)))
-                    ps_residue_stats_add(&out->cells[li * n_heads + hi], &s, ok, lp);
-                ps_hooks_free(&h);
-                if (progress) progress(p * (1 + (int64_t)n_layers * n_heads) + 2 + li * n_heads + hi, total, user);
-            }
-        ps_shifted_free(&s);
-    }
-    if (lm)
-        for (int li = 0; li < n_layers; li++) free(lm[li].sum), free(lm[li].mean);
-    free(lm);
-    free(ok);
-    free(lp);
-    return rc;
+    ps_runtime rt;
+    ps_v4_runtime(&rt, m, t);
+    ps_knockout_spec k = {.rt = &rt, .base = base, .task = &t->task, .fam = fam, .P = P, .seed = seed, .batch = batch,
+                          .layers = layers, .n_layers = n_layers, .heads = heads, .n_heads = n_heads, .target = (int)target,
+                          .progress = progress, .progress_user = user};
+    return ps_knockout_run(&k, out, err);
 }

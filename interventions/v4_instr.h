@@ -21,6 +21,7 @@
 #include <stdint.h>
 
 #include "gates/chgates.h"
+#include "interventions/grid.h"
 #include "interventions/knockout.h"
 #include "interventions/sweep.h"
 #include "tasks/tasks.h"
@@ -56,6 +57,21 @@ int ps_v4_sweep_run(ps_v4_model *m, const ps_v4_task *t, const ps_batch *base, c
 int ps_v4_gates_run(ps_v4_model *m, const ps_v4_task *t, const ps_batch *base, const ps_filler_family *fam, uint64_t seed,
                     int64_t batch, ps_chgate_acc *acc, ps_error *err);
 
+/* The gate statistics as work units (units.h, docs/scale-out.md): unit j = batch j of the shift-0 prompts
+ * s; per unit, every event (a compressed layer's compressor or indexer gates as they fire) is four ints
+ * (layer, branch, sequences, windows) in events + ev_off[u] · PS_V4_GATES_EVENT_INTS and its alpha
+ * [B, nW, S, d] in alpha + al_off[u]. Replaying them in order pools what ps_v4_gates_run pools. */
+#define PS_V4_GATES_EVENT_INTS 4
+void ps_v4_gates_unit_size(const ps_v4_config *c, int64_t n, int64_t T, int64_t *n_events, int64_t *n_floats);
+int ps_v4_gates_units(ps_v4_model *m, const ps_v4_task *t, const ps_shifted *s, int64_t batch, int64_t u0, int64_t u1,
+                      const int64_t *ev_off, const int64_t *al_off, int32_t *events, float *alpha, ps_error *err);
+/* The accumulator of a V4 schedule (layer types, compression rates, head dims; as provenance.config records
+ * them), and the replay of recorded events into it. */
+int ps_v4_gates_acc_init(ps_chgate_acc *acc, int n_layers, const ps_v4_attn_type *types, const int64_t *rates, int64_t head_dim,
+                         int64_t index_head_dim, ps_error *err);
+int ps_v4_gates_replay(ps_chgate_acc *acc, const int32_t *events, int64_t n_events, const float *alpha, int64_t n_floats,
+                       ps_error *err);
+
 /* Gate cycling: roll layer's position bias (ape [m, c·d]: the only per-slot parameter of a V4
  * compressor; its gate and kv projections are shared by the slots) by k rows, so the bias of token
  * offset r in a window moves to r + k (mod m), in both of CSA's series. branches: 1 the attention's
@@ -77,6 +93,10 @@ typedef enum { PS_V4KO_HEADS = 0, PS_V4KO_COMPRESSED, PS_V4KO_RAW, PS_V4KO_INDEX
 extern const char *const ps_v4_ko_targets[]; /* names, NULL-terminated */
 /* Whether layer l has what the target replaces. */
 int ps_v4_ko_layer_ok(const ps_v4_config *c, int l, ps_v4_ko_target target);
+
+/* The DeepSeek-V4 runtime (grid.h): what the grid engine and the instruments call on a V4 checkpoint
+ * (its forward with hooks on the task's prompts mapped through t, its hook names, its knockout targets). */
+void ps_v4_runtime(ps_runtime *rt, ps_v4_model *m, const ps_v4_task *t);
 
 /* The grid: layers × units (query heads for `heads`; one unit, 0, for the per-layer targets), every
  * cell one forward per batch with its replacement (callbacks on the V4 hooks), per residue against

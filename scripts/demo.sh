@@ -51,7 +51,7 @@ for name in deep_full deep_w8s4 deep_w8s6 deep_w8s8 deep_w12s12; do
   $PS sweep --model "$M/$name" --n "${DEMO_P24_PROMPTS:-96}" --period 24 --out "$OUT/sweep_deep24/$name"
 done
 $PS render "$OUT"/sweep_deep24/*/sweep.json --out "$OUT/sweep_deep24"
-echo "== the V4 compressor (attention kind v4: per-channel gates, CSA rate 4, K = V, sinks; kv-retrieval)"
+echo "== the V4 compressor (attention kind channel: per-channel gates, CSA rate 4, K = V, sinks; kv-retrieval)"
 $PS sweep --model "$M/v4demo" --n "$N" --out "$OUT/sweep/v4demo"
 $PS knockout --model "$M/v4demo" --n 128 --out "$OUT/knockout/v4demo"
 $PS gates --model "$M/v4demo" --n 128 --log "$M/v4demo/train.jsonl" --out "$OUT/gates/v4demo"

@@ -11,7 +11,7 @@ for name in full w8s8 w4s4 w8s8_uniform w8s8_norope; do
   $PS train --config "experiments/configs/demo/$name.json" --out "data/models/$name"
   rm -f data/models/$name/optimizer-*.safetensors
 done
-# the V4-compressor model (attention kind v4; experiments/configs/v4/v4demo.json), trained on one thread: its
+# the V4-compressor model (attention kind channel; experiments/configs/v4/v4demo.json), trained on one thread: its
 # numbers in docs/results.md are from a one-thread run (about 5 CPU minutes)
 rm -rf data/models/v4demo
 OMP_NUM_THREADS=1 $PS train --config experiments/configs/v4/v4demo.json --out data/models/v4demo

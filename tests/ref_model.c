@@ -29,7 +29,7 @@ static void mv(double *y, const float *W, const double *x, int rows, int cols) {
     }
 }
 
-/* The attention kind v4 (DeepSeek-V4's compressor, docs/training.md) of one layer, from the normed input
+/* The attention kind channel (DeepSeek-V4's compressor, docs/training.md) of one layer, from the normed input
  * a [T, d]: h += o_proj(attention). Written from the formulas: raw K=V entries of the sliding window and
  * the complete compressed entries (per-channel softmax over the slots of z + ape, CSA's two series), a
  * softmax with the head's sink, and the output rotated back by its position. */

@@ -18,6 +18,7 @@
 #include "interventions/sweep.h"
 #include "testutil.h"
 #include "interventions/units.h"
+#include "tasks/tasks.h"
 
 static ps_task small_task(void) {
     ps_task t = {.kind = PS_TASK_KV, .seq_len = 30, .n_keys = 6, .n_values = 6, .n_fillers = 3, .n_pairs = 3,
@@ -105,8 +106,10 @@ static void test_sweep_units(ps_sweep_mode mode) {
     int32_t *ok = calloc((size_t)n, 4), *rho = calloc((size_t)n, 4);
     double *lp = calloc((size_t)n, 8);
     int64_t cuts[][2] = {{0, nu}, {0, 5}, {5, 6}, {6, nu}};
+    ps_runtime rt_;
+    ps_runtime_model(&rt_, &m);
     for (int c = 0; c < 4; c++)
-        CHECK_OK(ps_sweep_units(&m, &base, &t, &fam, mode, P, 7, batch, cuts[c][0], cuts[c][1], ok, lp, rho, NULL, NULL, &err), &err);
+        CHECK_OK(ps_sweep_units(&rt_, &base, &t, &fam, mode, P, 7, batch, cuts[c][0], cuts[c][1], ok, lp, rho, NULL, NULL, &err), &err);
     ps_residue_stats_init(&st, P, &err);
     ps_residue_stats_add_items(&st, ok, lp, rho, n);
     CHECK(same_stats(&ref, &st), "sweep (%s): units in slices, added up = ps_sweep_run, bit for bit", mode ? "move" : "pad");
@@ -162,7 +165,7 @@ static void test_knockout_units(int naive, int max_cells) {
     int64_t P = 3, batch = 4, N = base.B, maxq = base.max_q;
     ps_knockout_opts o = {.naive = naive, .max_cells = max_cells};
     ps_knockout_result ref;
-    REQUIRE_OK(ps_knockout_grid_opts(&m, &base, &t, &fam, P, 0, batch, layers, 2, heads, 2, PS_KO_BOTH, &o, &ref, NULL, NULL, &err),
+    REQUIRE_OK(tu_knockout_opts(&m, &base, &t, &fam, P, 0, batch, layers, 2, heads, 2, PS_KO_BOTH, &o, &ref, NULL, NULL, &err),
                &err);
     ko_items it = {.nu = ps_knockout_n_units(N, batch, P, 2), .maxq = maxq, .N = N, .batch = batch, .nl = 2, .nh = 2};
     it.clean_off = calloc((size_t)it.nu + 1, 8);
@@ -170,7 +173,7 @@ static void test_knockout_units(int naive, int max_cells) {
     for (int64_t u = 0; u < it.nu; u++) {
         int64_t p, i0, n;
         int li;
-        ps_knockout_unit(N, batch, 2, u, &p, &i0, &n, &li);
+        ps_grid_unit(N, batch, 2, 1, u, &p, &i0, &n, &li);
         it.clean_off[u + 1] = it.clean_off[u] + (li == 0 ? n * maxq : 0);
         it.cell_off[u + 1] = it.cell_off[u] + 2 * n * maxq;
     }
@@ -190,17 +193,17 @@ static void test_knockout_units(int naive, int max_cells) {
                 ps_knockout_opts os = o;
                 os.unit0 = cut[s], os.unit1 = cut[s + 1], os.record = ko_record, os.record_user = &it;
                 ps_knockout_result part;
-                int rc = ps_knockout_grid_opts(&m, &base, &t, &fam, P, 0, batch, layers, 2, heads, 2, PS_KO_BOTH, &os, &part, NULL,
+                int rc = tu_knockout_opts(&m, &base, &t, &fam, P, 0, batch, layers, 2, heads, 2, PS_KO_BOTH, &os, &part, NULL,
                                                NULL, &err);
                 CHECK_OK(rc, &err);
                 ps_knockout_result_free(&part);
             }
             ps_knockout_result r;
-            ps_knockout_result_init(&r, P, top, 2, heads, 2, &err);
+            ps_grid_result_init(&r, P, top, 2, heads, 2, &err);
             for (int64_t u = 0; u < it.nu; u++) {
                 int64_t p, i0, n;
                 int li;
-                ps_knockout_unit(N, batch, 2, u, &p, &i0, &n, &li);
+                ps_grid_unit(N, batch, 2, 1, u, &p, &i0, &n, &li);
                 int64_t co = it.clean_off[u], ni = n * maxq;
                 static int64_t rho_at;
                 if (li == 0) {

@@ -302,6 +302,19 @@ static int ref_action(const ps_hook_event *ev, void *u, ps_error *e) {
     for (int i = 2; i < ev->ndim; i++) inner *= ev->shape[i];
     int64_t unit = a->head >= 0 ? inner / ev->shape[2] : inner, off = a->head >= 0 ? a->head * unit : 0;
     int64_t s1 = a->seq1 ? a->seq1 : B, p1 = a->pos1 ? a->pos1 : npos;
+    if (a->kind == PS_ACT_ROLL) { /* x'[pos0 + (i + shift) mod n] = x[pos0 + i] */
+        int64_t n = p1 - a->pos0;
+        float tmp[64 * 64];
+        for (int64_t b = a->seq0; b < s1; b++) {
+            for (int64_t i = 0; i < n; i++)
+                memcpy(tmp + i * unit, ev->data + (b * npos + a->pos0 + i) * inner + off, (size_t)unit * sizeof(float));
+            for (int64_t i = 0; i < n; i++) {
+                int64_t j = ((i + a->shift) % n + n) % n;
+                memcpy(ev->data + (b * npos + a->pos0 + j) * inner + off, tmp + i * unit, (size_t)unit * sizeof(float));
+            }
+        }
+        return 0;
+    }
     for (int64_t b = a->seq0; b < s1; b++)
         for (int64_t t = a->pos0; t < p1; t++)
             for (int64_t k = 0; k < unit; k++) {
@@ -312,6 +325,7 @@ static int ref_action(const ps_hook_event *ev, void *u, ps_error *e) {
                 case PS_ACT_ZERO: *x = 0.0f; break;
                 case PS_ACT_PATCH: *x = a->src[((a->src_seq0 + b - a->seq0) * a->src_npos + t) * inner + off + k]; break;
                 case PS_ACT_ADD: *x += a->scale * *one; break;
+                default: break; /* ROLL above; SUM changes nothing */
                 }
             }
     return 0;
@@ -406,7 +420,10 @@ static void test_actions(ps_attn_kind kind, int copies) {
         {"blocks.1.attn.hook_pattern", {.kind = PS_ACT_PATCH, .head = -1, .seq1 = 1, .src_nseq = AB, .src_seq0 = 2}, 0},
         {"blocks.0.hook_resid_post", {.kind = PS_ACT_ADD, .head = -1, .src = vec, .every_pos = 1, .scale = 0.5f}, 0},
         {"blocks.1.attn.hook_z", {.kind = PS_ACT_ADD, .head = 1, .pos0 = 4, .pos1 = 10, .src = vec, .src_npos = T, .scale = -2.0f}, 0},
+        {"blocks.0.attn.hook_k", {.kind = PS_ACT_ROLL, .head = 1, .pos0 = 2, .pos1 = 9, .shift = 3}, 0},
+        {"blocks.1.hook_resid_mid", {.kind = PS_ACT_ROLL, .head = -1, .seq0 = 1, .shift = -2}, 0},
         {"blocks.1.attn.hook_ck", {.kind = PS_ACT_SET, .head = 1, .src = vec, .src_npos = nW}, 1},
+        {"blocks.0.attn.hook_gate_k", {.kind = PS_ACT_ROLL, .head = 1, .seq1 = 2, .shift = 1}, 1},
         {"blocks.0.attn.hook_gate_k", {.kind = PS_ACT_PATCH, .head = 0, .seq0 = 2, .src_npos = nW, .src_nseq = AB, .src_seq0 = 1}, 1},
         {"blocks.1.attn.hook_cv", {.kind = PS_ACT_PATCH, .head = 1, .pos0 = 1, .pos1 = 3, .src_npos = nW, .src_nseq = AB}, 1},
     };
@@ -450,6 +467,43 @@ static void test_actions(ps_attn_kind kind, int copies) {
                       "%s: action %zu on %s changed sequence %lld outside its range", label, i, cases[i].name, (long long)b);
     }
     ps_cache_free(&other);
+
+    /* the sum action: the clean run's sequences added in double in the backend, as a host loop over a
+     * cached copy adds them (same order: the same bits); the activation itself is unchanged */
+    {
+        const char *sn = "blocks.1.attn.hook_v";
+        int64_t per = T * c.n_kv_heads * c.head_dim;
+        double *acc = ps_buf_alloc(m.ctx, per * (int64_t)sizeof(double), "sums", &err), *host = calloc((size_t)per, sizeof(double));
+        double *want_sum = calloc((size_t)per, sizeof(double));
+        ps_hooks hs;
+        ps_hooks_init(&hs);
+        ps_cache cc;
+        ps_cache_init(&cc);
+        ps_hook_action sum = {.kind = PS_ACT_SUM, .head = -1, .seq0 = 1, .acc = acc, .acc_n = per};
+        CHECK_OK(ps_hooks_add_action(&hs, &c, sn, &sum, &err), &err);
+        CHECK_OK(ps_cache_watch(&cc, &hs, &c, sn, &err), &err);
+        CHECK_OK(run_b(&m, tok, &hs, got, &err), &err); /* twice: the sums add up */
+        CHECK_OK(run_b(&m, tok, &hs, got, &err), &err);
+        CHECK(memcmp(got, clean, sizeof got) == 0, "%s: a sum action changed the forward", label);
+        const ps_cache_item *it = ps_cache_get(&cc, sn);
+        for (int r = 0; r < 2 && it; r++)
+            for (int64_t b = 1; b < AB; b++)
+                for (int64_t i = 0; i < per; i++) want_sum[i] += it->data[b * per + i];
+        CHECK_OK(ps_buf_to_host(m.ctx, host, acc, per * (int64_t)sizeof(double), &err), &err);
+        CHECK(it && memcmp(host, want_sum, (size_t)per * sizeof(double)) == 0, "%s: the sum action differs from the host loop", label);
+        ps_hook_action bad_sum = {.kind = PS_ACT_SUM, .head = -1, .acc = acc, .acc_n = per + 1};
+        ps_hooks_free(&hs);
+        ps_hooks_init(&hs);
+        CHECK_OK(ps_hooks_add_action(&hs, &c, sn, &bad_sum, &err), &err);
+        CHECK_ERR(run_b(&m, tok, &hs, got, &err), &err, "the accumulator holds");
+        bad_sum.head = 0;
+        CHECK_ERR(ps_hooks_add_action(&hs, &c, sn, &bad_sum, &err), &err, "adds whole sequences");
+        ps_hooks_free(&hs);
+        ps_cache_free(&cc);
+        ps_buf_free(m.ctx, acc, per * (int64_t)sizeof(double));
+        free(host);
+        free(want_sum);
+    }
 
     /* callbacks and actions on one point fire in registration order, each seeing the earlier writes */
     ps_hooks h;

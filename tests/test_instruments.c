@@ -17,6 +17,7 @@
 #include "viz/draw.h"
 #include "interventions/stats.h"
 #include "interventions/sweep.h"
+#include "tasks/tasks.h"
 #include "testutil.h"
 
 /* the allocation-failure test asks for more memory than exists: under ASan that must return NULL, as
@@ -223,7 +224,7 @@ static void test_knockout(ps_attn_kind kind, ps_ko_target target) {
         }
     CHECK(same_k && worst < 1e-5, "grid cells differ from full forwards with overwrite hooks (%g)", worst);
     CHECK(changed, "no knockout changed anything");
-    json_t *j = ps_knockout_json(&fast, target, &err);
+    json_t *j = ps_knockout_json(&fast, ps_ko_target_name(target), NULL, &err);
     CHECK(json_array_size(json_object_get(j, "cells")) == 6 &&
               json_integer_value(json_object_get(json_array_get(json_object_get(j, "cells"), 0), "layer")) == 0,
           "knockout json layout");
@@ -538,8 +539,8 @@ static void test_knockout_batched(ps_attn_kind kind, ps_ko_target target) {
     const char *tname = target == PS_KO_RAW ? "raw" : target == PS_KO_COMPRESSED ? "compressed" : "both";
     ps_knockout_opts o_one = {.max_cells = 1}, o_naive = {.naive = 1};
     ps_knockout_result one, naive;
-    CHECK_OK(ps_knockout_grid_opts(&m, &base, &t, &fam, 4, 0, 4, layers, 3, heads, 3, target, &o_one, &one, NULL, NULL, &err), &err);
-    CHECK_OK(ps_knockout_grid_opts(&m, &base, &t, &fam, 4, 0, 4, layers, 3, heads, 3, target, &o_naive, &naive, NULL, NULL, &err), &err);
+    CHECK_OK(tu_knockout_opts(&m, &base, &t, &fam, 4, 0, 4, layers, 3, heads, 3, target, &o_one, &one, NULL, NULL, &err), &err);
+    CHECK_OK(tu_knockout_opts(&m, &base, &t, &fam, 4, 0, 4, layers, 3, heads, 3, target, &o_naive, &naive, NULL, NULL, &err), &err);
     CHECK(one.cells_per_forward == 1 && one.prompts_per_forward == 4, "%s: one cell per forward ran %d cells x %lld prompts",
           tname, one.cells_per_forward, (long long)one.prompts_per_forward);
     ps_knockout_opts runs[3] = {{0}, {.max_cells = 2}, {.mem_bytes = 1}};
@@ -548,7 +549,7 @@ static void test_knockout_batched(ps_attn_kind kind, ps_ko_target target) {
     int changed = 0;
     for (int ri = 0; ri < 3; ri++) {
         ps_knockout_result b;
-        CHECK_OK(ps_knockout_grid_opts(&m, &base, &t, &fam, 4, 0, 4, layers, 3, heads, 3, target, &runs[ri], &b, NULL, NULL, &err), &err);
+        CHECK_OK(tu_knockout_opts(&m, &base, &t, &fam, 4, 0, 4, layers, 3, heads, 3, target, &runs[ri], &b, NULL, NULL, &err), &err);
         CHECK(b.cells_per_forward == want_cells[ri] && b.prompts_per_forward == want_prompts[ri],
               "%s run %d: %d cells x %lld prompts per forward, expected %d x %lld", tname, ri, b.cells_per_forward,
               (long long)b.prompts_per_forward, want_cells[ri], (long long)want_prompts[ri]);

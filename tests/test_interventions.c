@@ -19,6 +19,7 @@
 #include "interventions/knockout.h"
 #include "interventions/patching.h"
 #include "interventions/sweep.h"
+#include "tasks/tasks.h"
 #include "testutil.h"
 
 static ps_filler_family repeat_family(void) {
@@ -57,7 +58,7 @@ static void test_user_action(ps_ko_target target) {
     int layers[1] = {L}, heads[1] = {G};
     ps_knockout_result naive, fast;
     ps_knockout_opts on = {.naive = 1};
-    REQUIRE_OK(ps_knockout_grid_opts(&m, &base, &t, &fam, P, 0, batch, layers, 1, heads, 1, target, &on, &naive, NULL, NULL, &err), &err);
+    REQUIRE_OK(tu_knockout_opts(&m, &base, &t, &fam, P, 0, batch, layers, 1, heads, 1, target, &on, &naive, NULL, NULL, &err), &err);
     REQUIRE_OK(ps_knockout_grid(&m, &base, &t, &fam, P, 0, batch, layers, 1, heads, 1, target, 0, &fast, NULL, NULL, &err), &err);
     ps_residue_stats mine, clean;
     ps_residue_stats_init(&mine, P, &err);
@@ -173,7 +174,7 @@ static void scratch_vs_grid(const char *label, ps_model *m, const ps_task *t, co
     ps_error err;
     ps_knockout_result grid;
     REQUIRE_OK(ps_knockout_grid(m, base, t, fam, P, 0, batch, &layer, 1, heads, n_heads, target, 0, &grid, NULL, NULL, &err), &err);
-    json_t *j = ps_knockout_json(&grid, target, &err);
+    json_t *j = ps_knockout_json(&grid, ps_ko_target_name(target), NULL, &err);
     const int64_t N = base->B, nkv = m->cfg.n_kv_heads, hd = m->cfg.head_dim, V = m->cfg.vocab_size;
     int64_t *nn = calloc((size_t)P, sizeof(int64_t)), *kc = calloc((size_t)P, sizeof(int64_t));
     int64_t *kk = calloc((size_t)(n_heads * P), sizeof(int64_t));

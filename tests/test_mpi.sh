@@ -49,6 +49,11 @@ for i in 0 1 2; do "$PS" knockout --model "$W" --n 64 --batch 16 --shard $i/3 --
 check "knockout: 3 shards merged = one process" 'same_json "$T/ko1/knockout.json" "$T/kom/knockout.json" command'
 check "knockout: merged summary = one process" 'cmp -s <(tail -n +2 "$T/ko1.txt" | sed "s#$T/ko1#X#") <(sed "s#$T/kom#X#" "$T/kom.txt")'
 check "merged provenance says so" 'grep -q "merged from 3 shards" "$T/kom/knockout.json"'
+"$PS" merge "$T/kop" --out "$T/komd" > /dev/null 2>&1
+check "merge DIR: the shards' --out directory = its part files" 'same_json "$T/kom/knockout.json" "$T/komd/knockout.json" command'
+mkdir -p "$T/empty"
+out=$("$PS" merge "$T/empty" --out "$T/x" 2>&1); rc=$?
+check "merge: a directory without part files is named" '[ $rc -eq 1 ] && grep -q "empty: a directory with no part files" <<<"$out"'
 "$PS" sweep --n 48 --batch 16 --mode move --out "$T/sw1" > /dev/null 2>&1
 for i in 1 0; do "$PS" sweep --n 48 --batch 16 --mode move --shard=$i/2 --out "$T/swp" > /dev/null 2>&1; done
 "$PS" merge "$T/swp/sweep.part-0-of-2.safetensors" "$T/swp/sweep.part-1-of-2.safetensors" --out "$T/swm" > /dev/null 2>&1
@@ -61,6 +66,9 @@ check "gatecycle: 3 shards merged = one process" 'same_json "$T/gc1/gatecycle.js
 for i in 0 1; do "$PS" gates --n 48 --batch 16 --shard $i/2 --out "$T/gap" > /dev/null 2>&1; done
 "$PS" merge "$T"/gap/gates.part-*-of-2.safetensors --out "$T/gam" > /dev/null 2>&1
 check "gates: 2 shards merged = one process" 'same_json "$T/ga1/gates.json" "$T/gam/gates.json" command'
+for i in 0 1; do "$PS" gates --n 48 --batch 16 --shard $i/2 --out "$T/gad$i" > /dev/null 2>&1; done
+"$PS" merge "$T/gad0" "$T/gad1" --out "$T/gadm" > /dev/null 2>&1
+check "merge a b: two --out directories (one shard each)" 'same_json "$T/ga1/gates.json" "$T/gadm/gates.json" command'
 out=$("$PS" merge "$T/kop/knockout.part-0-of-3.safetensors" "$T/kop/knockout.part-2-of-3.safetensors" --out "$T/x" 2>&1); rc=$?
 check "merge: a missing shard is named" '[ $rc -eq 1 ] && grep -q "missing: 1" <<<"$out"'
 out=$("$PS" merge "$T/kop/knockout.part-0-of-3.safetensors" "$T/swp/sweep.part-1-of-2.safetensors" --out "$T/x" 2>&1); rc=$?
@@ -81,8 +89,20 @@ cat > "$T/v4task.json" <<'EOF2'
 {"task": {"kind": "kv-retrieval", "seq_len": 40, "n_keys": 16, "n_values": 16, "n_fillers": 4, "n_pairs": 4,
           "key_len": 1, "value_len": 1, "gap_min": 0, "gap_max": 3, "query_gap": 8, "n_queries": 2}}
 EOF2
-out=$("$PS" knockout --model "$CONF/v4/mix4" --task "$T/v4task.json" --n 4 --shard 0/2 --out "$T/x" 2>&1); rc=$?
-check "--shard on a DeepSeek-V4 checkpoint is refused" '[ $rc -eq 2 ] && grep -q "DeepSeek-V4 checkpoint is not split" <<<"$out"'
+# DeepSeek-V4 checkpoints split like the controlled models: every instrument, shards merged = one process
+V4M="$CONF/v4/mix4"; V4A=(--model "$V4M" --task "$T/v4task.json" --n 7 --batch 3)
+v4_shards() { # v4_shards NAME FILE ARGS...: the whole run, 2 shards, merged
+  local name="$1" file="$2"; shift 2
+  "$PS" "$@" --out "$T/${name}1" > /dev/null 2>&1
+  for i in 1 0; do "$PS" "$@" --shard $i/2 --out "$T/${name}p" > /dev/null 2>&1; done
+  "$PS" merge "$T/${name}p/${file%.json}.part-0-of-2.safetensors" "$T/${name}p/${file%.json}.part-1-of-2.safetensors" --out "$T/${name}m" > /dev/null 2>&1
+  [ -s "$T/${name}1/$file" ] && same_json "$T/${name}1/$file" "$T/${name}m/$file" command
+}
+check "DeepSeek-V4 knockout --target heads: 2 shards merged = one process" 'v4_shards v4kh knockout.json knockout "${V4A[@]}" --period 2 --target heads --layers 1,3 --heads 0,2'
+check "DeepSeek-V4 knockout --target indexer: 2 shards merged = one process" 'v4_shards v4ki knockout.json knockout "${V4A[@]}" --period 2 --target indexer'
+check "DeepSeek-V4 sweep: 2 shards merged = one process" 'v4_shards v4sw sweep.json sweep "${V4A[@]}"'
+check "DeepSeek-V4 gates: 2 shards merged = one process" 'v4_shards v4ga gates.json gates "${V4A[@]}"'
+check "DeepSeek-V4 gatecycle: 2 shards merged = one process" 'v4_shards v4gc gatecycle.json gatecycle "${V4A[@]}" --layer 2 --shift 3'
 
 # ---- MPI ----
 skip_mpi=""
@@ -147,8 +167,12 @@ check "gatecycle --measure knockout: -np 2 = -np 1 (rank 0 runs it)" 'same_run g
 check "gatecycle --measure knockout: -np 2 says rank 0 runs it whole" 'grep -q "rank 0 runs it whole" "$T/gk_np2.txt" && [ "$(grep -c "^  head 0:" "$T/gk_np2.txt")" -eq 1 ]'
 np 1 tk_np1 sweep --task text-kv --model "$T/tm" --tokenizer "$TT" --n 8 --pairs 4 && np 2 tk_np2 sweep --task text-kv --model "$T/tm" --tokenizer "$TT" --n 8 --pairs 4
 check "sweep --task text-kv: -np 2 = -np 1 (rank 0 runs it)" 'same_run tk_np1 tk_np2 sweep.json'
-np 1 v4_np1 sweep --model "$CONF/v4/mix4" --task "$T/v4task.json" --n 4 && np 2 v4_np2 sweep --model "$CONF/v4/mix4" --task "$T/v4task.json" --n 4
-check "sweep of a DeepSeek-V4 checkpoint: -np 2 = -np 1 (rank 0 runs it)" 'same_run v4_np1 v4_np2 sweep.json && grep -q "rank 0 runs it whole" "$T/v4_np2.txt"'
+section "DeepSeek-V4 under mpirun"
+for inst in "sweep sweep.json" "knockout knockout.json --period 2 --target heads --layers 1,3" "gates gates.json" "gatecycle gatecycle.json --layer 1 --shift 1"; do
+  set -- $inst; cmd=$1 file=$2; shift 2
+  np 1 v4${cmd}_np1 $cmd "${V4A[@]}" "$@" && np 2 v4${cmd}_np2 $cmd "${V4A[@]}" "$@"
+  check "DeepSeek-V4 $cmd: -np 2 = -np 1 = one process's shards (split over the ranks)" 'same_run v4${cmd}_np1 v4${cmd}_np2 $file && ! grep -q "rank 0 runs it whole" "$T/v4${cmd}_np2.txt"'
+done
 out=$($MPI -np 2 "$PS" knockout --model "$CONF/v4/mix4" --task "$T/v4task.json" --target both --out "$T/x" 2>&1); rc=$?
 check "a DeepSeek-V4 usage error under mpirun: said once, exit 2" '[ $rc -eq 2 ] && [ "$(grep -c "expected heads, compressed" <<<"$out")" -eq 1 ]'
 

@@ -10,6 +10,7 @@
 #include "check.h"
 #include "core/forward.h"
 #include "core/prefill.h"
+#include "tasks/tasks.h"
 #include "testutil.h"
 
 static double max_rel(const float *a, const float *b, int64_t n) {

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "viz/kinds.h"
 #include "viz/results_check.h"
 #include "interventions/stats.h"
 
@@ -232,7 +233,7 @@ static void test_sweep(void) {
     d = json_deep_copy(base);
     json_object_set_new(json_object_get(json_object_get(json_object_get(d, "provenance"), "config"), "attention"), "kind",
                         json_string("sparse"));
-    CHECK_ERR(chk(d, &err), &err, "r.json: provenance.config.attention.kind: \"sparse\" is not one of full, compressed, v4, deepseek_v4");
+    CHECK_ERR(chk(d, &err), &err, "r.json: provenance.config.attention.kind: \"sparse\" is not one of full, compressed, channel, v4, deepseek_v4");
     json_decref(d);
     d = json_deep_copy(base);
     json_object_set_new(json_object_get(json_object_get(d, "provenance"), "eval"), "mode", json_string("slide"));
@@ -507,6 +508,42 @@ static void test_v4_results(void) {
 #undef BR0
 }
 
+/* ---- the registry of result kinds (viz/kinds.h) ---- */
+
+static void test_registry(void) {
+    static const char *const NAMES[] = {"sweep", "knockout", "gatecycle", "gates", "theory", "fillers"};
+    char names[256];
+    ps_kind_names(names, sizeof names);
+    CHECK(!strcmp(names, "sweep, knockout, gatecycle, gates, theory, fillers"), "the registry's names: %s", names);
+    ps_error err = {0};
+    for (size_t i = 0; i < sizeof NAMES / sizeof NAMES[0]; i++) {
+        const ps_kind *k = ps_kind_find(NAMES[i]);
+        CHECK(k && !strcmp(k->name, NAMES[i]) && k->check && k->render, "%s: not in the registry", NAMES[i]);
+        if (!k) continue;
+        CHECK(!k->multi == (k->several != NULL), "%s: a kind drawn one at a time names its results in the refusal", NAMES[i]);
+        CHECK(!ps_kind_shares(k, NAMES[i]) && !ps_kind_shares(k, "") && !ps_kind_shares(k, NULL), "%s shares with itself or nothing", NAMES[i]);
+        /* a document of that kind reaches the kind's own check: each checks its provenance first */
+        json_t *d = json_pack("{s:s}", "kind", NAMES[i]);
+        CHECK_ERR(chk(d, &err), &err, "r.json: provenance: missing");
+        json_decref(d);
+    }
+    CHECK(!ps_kind_find("swee") && !ps_kind_find("sweeps") && !ps_kind_find("Sweep") && !ps_kind_find("") && !ps_kind_find(NULL),
+          "ps_kind_find matches only whole names");
+    const ps_kind *gc = ps_kind_find("gatecycle"), *sw = ps_kind_find("sweep");
+    CHECK(ps_kind_shares(gc, "sweep") && !ps_kind_shares(gc, "swee") && !ps_kind_shares(gc, "sweep gatecycle") &&
+              !ps_kind_shares(sw, "gatecycle") && !ps_kind_shares(NULL, "sweep"),
+          "sharing: a sweep may follow a gatecycle result's file, nothing else shares");
+    char small[12];
+    ps_kind_names(small, sizeof small);
+    CHECK(!strcmp(small, "sweep, knoc"), "ps_kind_names truncates: %s", small);
+    json_t *d = json_pack("{s:s}", "kind", "banana");
+    CHECK_ERR(chk(d, &err), &err, "r.json: kind: \"banana\" is not a result kind (sweep, knockout, gatecycle, gates, theory, fillers)");
+    json_decref(d);
+    d = json_pack("{s:i}", "kind", 3);
+    CHECK_ERR(chk(d, &err), &err, "r.json: kind: expected a string, got an integer");
+    json_decref(d);
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: test_results_check BUILD_DIR\n");
@@ -523,6 +560,7 @@ int main(int argc, char **argv) {
     test_other_kinds();
     test_files();
     test_v4_results();
+    test_registry();
     char cmd[512];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", TMP);
     if (system(cmd)) fprintf(stderr, "could not remove %s\n", TMP);

@@ -25,6 +25,7 @@
 #include "train/train.h"
 #include "text/textutil.h"
 #include "text/tokenizer.h"
+#include "tasks/tasks.h"
 
 #define TINY PS_SOURCE_DIR "/tests/text/tiny_tokenizer.json"
 #define TINY_IDS 419

@@ -861,6 +861,80 @@ static int hook_sink_zero(const ps_hook_event *ev, void *user, ps_error *err) {
     return 0;
 }
 
+/* head 2 of a [B, T, H, Dh] activation set to src[t, 2, :] at every position (what a set action does) */
+static int hook_set_head2(const ps_hook_event *ev, void *user, ps_error *err) {
+    (void)err;
+    const float *src = user;
+    int64_t B = ev->shape[0], T = ev->shape[1], H = ev->shape[2], Dh = ev->shape[3];
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t t = 0; t < T; t++) memcpy(ev->data + ((b * T + t) * H + 2) * Dh, src + (t * H + 2) * Dh, (size_t)Dh * sizeof(float));
+    return 0;
+}
+
+static void run(ps_v4_model *m, const int32_t *tok, int64_t B, int64_t T, const ps_hooks *h, int n_run, float **logits);
+
+/* The backend-side actions on V4 points (the one hook path): each equals the same edit in a host
+ * callback, bit for bit; a sum action adds what a cache holds. */
+static void test_v4_actions(ps_v4_model *m, const int32_t *tok, int64_t T, const float *ref) {
+    ps_error err;
+    int64_t V = m->cfg.vocab_size, H = m->cfg.n_heads, Dh = m->cfg.head_dim;
+    float *got = NULL, *want = NULL;
+    float *vec = ps_buf_alloc(m->ctx, T * H * Dh * (int64_t)sizeof(float), "a source", &err);
+    float *hv = malloc((size_t)(T * H * Dh) * sizeof(float));
+    for (int64_t i = 0; vec && i < T * H * Dh; i++) hv[i] = (float)((i * 37) % 101) / 50.0f - 1.0f;
+    if (vec) ps_buf_from_host(m->ctx, vec, hv, T * H * Dh * (int64_t)sizeof(float), &err);
+    float *old = calloc((size_t)(H * T), sizeof(float));
+    struct { const char *name; ps_hook_action act; ps_hook_fn fn; void *user; } cases[] = {
+        {"layers.1.attn.q", {.kind = PS_ACT_SET, .head = 2, .src = vec, .src_npos = T}, hook_set_head2, hv},
+        {"layers.2.attn.sink", {.kind = PS_ACT_ZERO, .head = -1}, hook_sink_zero, old},
+    };
+    for (int i = 0; i < 2; i++) {
+        ps_hooks h;
+        ps_hooks_init(&h);
+        CHECK_OK(ps_v4_hooks_add_action(&h, &m->cfg, cases[i].name, &cases[i].act, &err), &err);
+        run(m, tok, 1, T, &h, -1, &got);
+        ps_hooks_free(&h);
+        ps_hooks_init(&h);
+        CHECK_OK(ps_v4_hooks_add(&h, &m->cfg, cases[i].name, cases[i].fn, cases[i].user, &err), &err);
+        run(m, tok, 1, T, &h, -1, &want);
+        ps_hooks_free(&h);
+        CHECK(got && want && !memcmp(got, want, (size_t)(T * V) * sizeof(float)) && memcmp(got, ref, (size_t)(T * V) * sizeof(float)),
+              "V4 action on %s = the same edit in a callback, and it changes the logits", cases[i].name);
+        free(got), free(want);
+        got = want = NULL;
+    }
+    /* sum: the accumulator gets the activation's values, in double; a head on it is refused */
+    {
+        int64_t n = T * Dh;
+        double *acc = ps_buf_alloc(m->ctx, n * (int64_t)sizeof(double), "sums", &err), *host = malloc((size_t)n * sizeof(double));
+        ps_hooks h;
+        ps_cache c;
+        ps_hooks_init(&h);
+        ps_cache_init(&c);
+        ps_hook_action sum = {.kind = PS_ACT_SUM, .head = -1, .acc = acc, .acc_n = n};
+        CHECK_OK(ps_v4_hooks_add_action(&h, &m->cfg, "layers.1.attn.kv", &sum, &err), &err);
+        CHECK_OK(ps_v4_cache_watch(&c, &h, &m->cfg, "layers.1.attn.kv", &err), &err);
+        run(m, tok, 1, T, &h, -1, &got);
+        const ps_cache_item *it = ps_cache_get(&c, "layers.1.attn.kv");
+        int ok = it && got && !ps_buf_to_host(m->ctx, host, acc, n * (int64_t)sizeof(double), &err);
+        for (int64_t i = 0; ok && i < n; i++) ok = host[i] == (double)it->data[i];
+        CHECK(ok, "V4 sum action = the cached activation");
+        free(got);
+        got = NULL;
+        ps_hook_action bad = {.kind = PS_ACT_SET, .head = 5, .src = vec, .src_npos = T};
+        CHECK_ERR(ps_v4_hooks_add_action(&h, &m->cfg, "layers.1.attn.q", &bad, &err), &err, "out of range (the point has 4 heads");
+        bad.head = 0;
+        CHECK_ERR(ps_v4_hooks_add_action(&h, &m->cfg, "layers.1.attn.kv", &bad, &err), &err, "has no head axis");
+        ps_hooks_free(&h);
+        ps_cache_free(&c);
+        ps_buf_free(m->ctx, acc, n * (int64_t)sizeof(double));
+        free(host);
+    }
+    if (vec) ps_buf_free(m->ctx, vec, T * H * Dh * (int64_t)sizeof(float));
+    free(hv);
+    free(old);
+}
+
 static void run(ps_v4_model *m, const int32_t *tok, int64_t B, int64_t T, const ps_hooks *h, int n_run, float **logits) {
     ps_v4_acts a;
     ps_error err;
@@ -886,6 +960,7 @@ static void test_hooks(void) {
     float *ref, *got;
     run(&m, toks.seq[1], 1, T, NULL, -1, &ref);
     if (!ref) goto out;
+    test_v4_actions(&m, toks.seq[1], T, ref);
     /* every point of every layer overwritten with itself: the same bits */
     {
         ps_hooks h;

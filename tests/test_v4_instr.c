@@ -28,7 +28,9 @@
 #include "testutil.h"
 #include "core/v4/v4_forward.h"
 #include "core/v4/v4_hooks.h"
+#include "interventions/units.h"
 #include "interventions/v4_instr.h"
+#include "tasks/tasks.h"
 
 static char mix4[4096];
 static ps_filler_family fam = {.name = "repeat", .n_pattern = 1, .pattern = {0}};
@@ -150,6 +152,96 @@ static void test_sweep_bookkeeping(ps_v4_model *m, const ps_v4_task *t) {
     ps_batch_free(&base);
 }
 
+/* ---- the work units of a split run against the whole runs (the same bits for any split) ---- */
+
+static int same_stats_v4(const ps_residue_stats *a, const ps_residue_stats *b) {
+    int same = a->P == b->P;
+    for (int64_t r = 0; same && r < a->P; r++) same = a->n[r] == b->n[r] && a->k[r] == b->k[r] && a->lp[r] == b->lp[r];
+    return same;
+}
+
+static void test_units(ps_v4_model *m, const ps_v4_task *t) {
+    enum { N = 7, P = 3, BATCH = 3 };
+    ps_batch base;
+    ps_error err;
+    REQUIRE_OK(ps_batch_alloc(&base, N, t->task.seq_len, t->task.n_queries, &err), &err);
+    CHECK(ps_task_generate(&t->task, 4, &base, NULL) == 0, "task generation");
+    ps_runtime rt;
+    ps_v4_runtime(&rt, m, t);
+    /* the sweep: units in slices, added in order = the whole run */
+    ps_residue_stats ref, st;
+    REQUIRE_OK(ps_v4_sweep_run(m, t, &base, &fam, PS_SWEEP_PAD, P, 0, BATCH, &ref, NULL, NULL, &err), &err);
+    int64_t nb = ps_sweep_n_batches(N, BATCH), nu = P * nb, n = P * N * base.max_q;
+    int32_t *ok = calloc((size_t)n, 4), *rho = calloc((size_t)n, 4);
+    double *lp = calloc((size_t)n, 8);
+    int64_t cuts[][2] = {{0, 2}, {2, 3}, {3, nu}};
+    for (int c = 0; c < 3; c++)
+        CHECK_OK(ps_sweep_units(&rt, &base, &t->task, &fam, PS_SWEEP_PAD, P, 0, BATCH, cuts[c][0], cuts[c][1], ok, lp, rho, NULL, NULL, &err), &err);
+    ps_residue_stats_init(&st, P, &err);
+    ps_residue_stats_add_items(&st, ok, lp, rho, n);
+    CHECK(same_stats_v4(&ref, &st), "V4 sweep: units in slices, added up = ps_v4_sweep_run, bit for bit");
+    ps_residue_stats_free(&st);
+    ps_residue_stats_free(&ref);
+    free(ok), free(rho), free(lp);
+    /* the knockout: slices of the unit list, recorded and added in order = the whole grid */
+    int layers[] = {3, 1};
+    ps_knockout_result whole, part;
+    ps_knockout_spec k = {.rt = &rt, .base = &base, .task = &t->task, .fam = &fam, .P = 2, .batch = BATCH, .layers = layers,
+                          .n_layers = 2, .target = PS_V4KO_RAW};
+    REQUIRE_OK(ps_knockout_run(&k, &whole, &err), &err);
+    int64_t ku = ps_knockout_n_units(N, BATCH, 2, 2), at[] = {0, 3, 4, ku};
+    ps_knockout_result sum;
+    int td[] = {3, 1}, one[] = {0};
+    REQUIRE_OK(ps_grid_result_init(&sum, 2, td, 2, one, 1, &err), &err);
+    for (int c = 0; c < 3; c++) {
+        k.opts.unit0 = at[c], k.opts.unit1 = at[c + 1];
+        CHECK_OK(ps_knockout_run(&k, &part, &err), &err);
+        /* each unit's statistics belong to the slice that ran it: the slices' sums in order are the whole's */
+        for (int64_t r = 0; r < 2; r++) {
+            sum.clean.n[r] += part.clean.n[r], sum.clean.k[r] += part.clean.k[r];
+            for (int li = 0; li < 2; li++) sum.cells[li].n[r] += part.cells[li].n[r], sum.cells[li].k[r] += part.cells[li].k[r];
+        }
+        ps_knockout_result_free(&part);
+    }
+    int same = 1;
+    for (int64_t r = 0; r < 2; r++) {
+        same &= sum.clean.n[r] == whole.clean.n[r] && sum.clean.k[r] == whole.clean.k[r];
+        for (int li = 0; li < 2; li++) same &= sum.cells[li].n[r] == whole.cells[li].n[r] && sum.cells[li].k[r] == whole.cells[li].k[r];
+    }
+    CHECK(same && whole.layers[0] == 3 && whole.clean.n[0] > 0, "V4 knockout: slices of the unit list cover the grid once");
+    ps_knockout_result_free(&sum);
+    ps_knockout_result_free(&whole);
+    /* the gates: units recorded and replayed = the whole run's accumulator */
+    ps_chgate_acc acc_ref, acc;
+    REQUIRE_OK(ps_v4_gates_run(m, t, &base, &fam, 0, BATCH, &acc_ref, &err), &err);
+    ps_shifted s;
+    REQUIRE_OK(ps_make_shifted(&base, &t->task, &fam, PS_SWEEP_PAD, 1, 0, 0, m->cfg.max_position_embeddings, &s, &err), &err);
+    int64_t ev_off[8] = {0}, al_off[8] = {0};
+    for (int64_t u = 0; u < nb; u++) {
+        int64_t nn = N - u * BATCH < BATCH ? N - u * BATCH : BATCH, ne, nf;
+        ps_v4_gates_unit_size(&m->cfg, nn, s.b.T, &ne, &nf);
+        ev_off[u + 1] = ev_off[u] + ne, al_off[u + 1] = al_off[u] + nf;
+    }
+    int32_t *ev = calloc((size_t)(ev_off[nb] * PS_V4_GATES_EVENT_INTS), 4);
+    float *al = calloc((size_t)al_off[nb], 4);
+    CHECK_OK(ps_v4_gates_units(m, t, &s, BATCH, 1, nb, ev_off, al_off, ev, al, &err), &err);
+    CHECK_OK(ps_v4_gates_units(m, t, &s, BATCH, 0, 1, ev_off, al_off, ev, al, &err), &err);
+    const ps_v4_config *c = &m->cfg;
+    int64_t rates[PS_V4_MAX_LAYERS];
+    for (int l = 0; l < c->n_layers; l++) rates[l] = c->compress_rate[l];
+    REQUIRE_OK(ps_v4_gates_acc_init(&acc, (int)c->n_layers, c->attn_type, rates, c->head_dim, c->index_head_dim, &err), &err);
+    CHECK_OK(ps_v4_gates_replay(&acc, ev, ev_off[nb], al, al_off[nb], &err), &err);
+    json_t *a = ps_chgate_acc_to_json(&acc_ref), *b = ps_chgate_acc_to_json(&acc);
+    CHECK(a && b && json_equal(a, b), "V4 gates: units recorded out of order and replayed = ps_v4_gates_run");
+    CHECK_ERR(ps_v4_gates_replay(&acc, ev, ev_off[nb], al, al_off[nb] - 1, &err), &err, "does not fit");
+    json_decref(a), json_decref(b);
+    ps_chgate_acc_free(&acc);
+    ps_chgate_acc_free(&acc_ref);
+    free(ev), free(al);
+    ps_shifted_free(&s);
+    ps_batch_free(&base);
+}
+
 /* ---- knockout of a query head against a hand-computed mean ---- */
 
 typedef struct {
@@ -217,7 +309,8 @@ static void test_knockout(ps_v4_model *m, const ps_v4_task *t) {
         free(mean);
         ps_shifted_free(&s);
     }
-    const ps_residue_stats *got = &r.cells[1 * 2 + 1]; /* layer index 1 (= 3), head index 1 (= 0) */
+    int li3 = r.layers[0] == 3 ? 0 : 1; /* the grid's layer order (top-down) */
+    const ps_residue_stats *got = &r.cells[li3 * 2 + 1]; /* layer 3, head index 1 (= 0) */
     double worst = 0;
     int same = 1;
     for (int rr = 0; rr < P; rr++) {
@@ -229,7 +322,7 @@ static void test_knockout(ps_v4_model *m, const ps_v4_task *t) {
     double dl = 0;
     for (int rr = 0; rr < P; rr++) dl += fabs(got->lp[rr] - r.clean.lp[rr]);
     CHECK(dl > 1e-6, "knocking out a head changes the log-probabilities");
-    json_t *j = ps_knockout_json(&r, PS_KO_COMPRESSED, &err);
+    json_t *j = ps_knockout_json(&r, "compressed", NULL, &err);
     CHECK(j && json_array_size(json_object_get(j, "cells")) == 4, "4 cells");
     json_decref(j);
     ps_residue_stats_free(&want);
@@ -533,6 +626,7 @@ int main(void) {
     test_mapped_eval(&m, tmp);
     test_sweep_bookkeeping(&m, &t);
     test_knockout(&m, &t);
+    test_units(&m, &t);
     test_cycle(&m);
     test_cycle_lazy(&m);
     test_uniform_gates(&m, &t); /* last: it overwrites the compressors */

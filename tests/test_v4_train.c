@@ -1,4 +1,4 @@
-/* test_v4_train.c — the trainable V4 compressor (attention kind "v4", docs/training.md):
+/* test_v4_train.c — the trainable V4 compressor (attention kind "channel", docs/training.md):
  *   - each backward op (slot layout, per-channel slot softmax, pooling, attention with sinks) against a
  *     plain double-precision loop written here from its definition, and the composed compressor and
  *     the attention against central finite differences of plain double forwards; the ops give the same
@@ -369,17 +369,17 @@ static void test_config_and_names(void) {
     CHECK(c.kind == PS_ATTN_CHANNEL && c.rate == 4 && c.v4_mode == PS_V4_MODE_HCA && c.local_window == 4, "parsed v4 config");
     CHECK(ps_config_n_windows(&c, 17) == 4 && ps_config_v4_slots(&c) == 4, "windows / slots");
     char *js = ps_config_to_json(&c);
-    CHECK(js && strstr(js, "\"kind\": \"v4\"") && strstr(js, "\"rate\": 4") && strstr(js, "\"mode\": \"hca\"") && !strstr(js, "stride"),
+    CHECK(js && strstr(js, "\"kind\": \"channel\"") && strstr(js, "\"rate\": 4") && strstr(js, "\"mode\": \"hca\"") && !strstr(js, "stride"),
           "canonical JSON: %s", js);
     CHECK_OK(ps_config_parse(js, strlen(js), "rt", &c2, &err), &err);
     CHECK(!memcmp(&c, &c2, sizeof c), "round trip changed the v4 config");
     free(js);
     struct { const char *att; const char *want; } bad[] = {
-        {"{\"kind\": \"v4\", \"rate\": 4, \"window\": 8}", "does not apply to kind \"v4\""},
-        {"{\"kind\": \"compressed\", \"rate\": 4}", "applies to kind \"v4\" only"},
+        {"{\"kind\": \"v4\", \"rate\": 4, \"window\": 8}", "does not apply to kind \"channel\""},
+        {"{\"kind\": \"compressed\", \"rate\": 4}", "applies to kind \"channel\" only"},
         {"{\"kind\": \"v4\", \"rate\": 0}", "attention.rate"},
         {"{\"kind\": \"v4\", \"mode\": \"nsa\"}", "attention.mode"},
-        {"{\"kind\": \"sparse\"}", "\"full\", \"compressed\" or \"v4\""},
+        {"{\"kind\": \"sparse\"}", "\"full\", \"compressed\" or \"channel\""},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char t[512];

@@ -198,6 +198,28 @@ static void test_render(void) {
     CHECK_ERR(ps_render(bp, 1, d1, NULL, 0, &err), &err, "bad.json", "not valid JSON");
     write_text(bad, "{\"kind\": \"banana\"}");
     CHECK_ERR(ps_render(bp, 1, d1, NULL, 0, &err), &err, "unknown result kind \"banana\"");
+    /* which kinds share a figure, and which are drawn one at a time (the registry, viz/kinds.c): refused
+     * before anything is drawn */
+    static const struct {
+        const char *first, *second, *want;
+    } SHARE[] = {
+        {"gatecycle", "sweep", "render: gate-cycling results are drawn one at a time"},
+        {"gatecycle", "gatecycle", "render: gate-cycling results are drawn one at a time"},
+        {"sweep", "gatecycle", "b.json: a gatecycle result cannot share a figure with a sweep result"},
+        {"knockout", "sweep", "b.json: a sweep result cannot share a figure with a knockout result"},
+        {"theory", "theory", "render: theory results are drawn one at a time"},
+        {"gates", "gates", "render: gates results are drawn one at a time"},
+        {"fillers", "fillers", "render: filler experiments are drawn one at a time"},
+        {"banana", "banana", "a.json: unknown result kind \"banana\""},
+        {"banana", "sweep", "b.json: a sweep result cannot share a figure with a banana result"},
+    };
+    const char *ab[2] = {"a.json", "b.json"};
+    for (size_t i = 0; i < sizeof SHARE / sizeof SHARE[0]; i++) {
+        json_t *docs[2] = {json_pack("{s:s}", "kind", SHARE[i].first), json_pack("{s:s}", "kind", SHARE[i].second)};
+        CHECK_ERR(ps_render_docs(docs, ab, 2, d1, NULL, 0, &err), &err, SHARE[i].want);
+        json_decref(docs[0]);
+        json_decref(docs[1]);
+    }
 }
 
 

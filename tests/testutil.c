@@ -62,3 +62,16 @@ const char *tu_conformance_dir(void) {
     const char *e = getenv("PS_CONFORMANCE_DIR");
     return e && *e ? e : PS_SOURCE_DIR "/tests/conformance";
 }
+
+int tu_knockout_opts(const ps_model *m, const ps_batch *base, const ps_task *task, const ps_filler_family *fam, int64_t P,
+                     uint64_t seed, int64_t batch, const int *layers, int n_layers, const int *heads, int n_heads,
+                     ps_ko_target target, const ps_knockout_opts *o, ps_knockout_result *out, ps_progress_fn progress,
+                     void *user, ps_error *err) {
+    ps_runtime rt;
+    ps_runtime_model(&rt, m);
+    ps_knockout_spec k = {.rt = &rt, .base = base, .task = task, .fam = fam, .P = P, .seed = seed, .batch = batch,
+                          .layers = layers, .n_layers = n_layers, .heads = heads, .n_heads = n_heads,
+                          .target = (int)target - 1, .progress = progress, .progress_user = user};
+    if (o) k.opts = *o;
+    return ps_knockout_run(&k, out, err);
+}

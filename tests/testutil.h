@@ -7,6 +7,7 @@
 
 #include "core/config.h"
 #include "core/model.h"
+#include "interventions/knockout.h"
 
 /* A small config: 1 layer unless changed, vocab 23, d 16, 4 heads / 2 KV heads, hd 4, d_ff 24, T <= 64. */
 ps_config tu_config(ps_attn_kind kind);
@@ -17,5 +18,11 @@ void tu_random_tokens(int32_t *tok, int64_t n, int64_t vocab, uint64_t seed);
 void tu_tempdir(char *out, size_t n, const char *tag);
 /* The shared conformance folder (tests/conformance in the repository; PS_CONFORMANCE_DIR overrides). */
 const char *tu_conformance_dir(void);
+
+/* The controlled model's knockout grid with options (ps_knockout_run with the model's runtime). */
+int tu_knockout_opts(const ps_model *m, const ps_batch *base, const ps_task *task, const ps_filler_family *fam, int64_t P,
+                     uint64_t seed, int64_t batch, const int *layers, int n_layers, const int *heads, int n_heads,
+                     ps_ko_target target, const ps_knockout_opts *o, ps_knockout_result *out, ps_progress_fn progress,
+                     void *user, ps_error *err);
 
 #endif

@@ -27,7 +27,7 @@
 #include <stdint.h>
 
 #include "core/error.h"
-#include "tasks/tasks.h"
+#include "core/batch.h"
 #include "text/textutil.h"
 #include "text/tokenizer.h"
 

@@ -21,6 +21,7 @@
 #include "core/model.h"
 #include "core/rng.h"
 #include "core/safetensors.h"
+#include "tasks/tasks.h"
 #include "tasks/textkv_task.h"
 
 /* ---- config ---- */

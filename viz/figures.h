@@ -2,7 +2,8 @@
  * same pixels a command drew): phase curves (sweep, gatecycle; several files = several lines), knockout
  * heatmaps (several files = side by side, each panel on its own colour scale), gate concentration, and
  * training curves and gate evolution from a train.jsonl. Inputs whose dimensions a figure cannot show
- * are refused with an error naming the file and the field. */
+ * are refused with an error naming the file and the field. Each kind's figures are its module's
+ * (viz/kind_*.c), found through the registry of result kinds (viz/kinds.h). */
 #ifndef PS_FIGURES_H
 #define PS_FIGURES_H
 

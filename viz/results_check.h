@@ -5,8 +5,8 @@
  *
  * Strict on the fields the figures and tables read (present, typed, in range, consistent with each other
  * and within the limits the writers can produce); lenient on additions (unknown keys are ignored). What
- * one figure can show (how many residues, cells, panels) is the figures' own check (viz/figures.c), made
- * when `render` draws a valid result. */
+ * one figure can show (how many residues, cells, panels) is the figures' own check (each kind's module,
+ * viz/kind_*.c), made when `render` draws a valid result. */
 #ifndef PS_RESULTS_CHECK_H
 #define PS_RESULTS_CHECK_H
 
@@ -24,7 +24,8 @@
 /* The largest result file read (the same limit the figures use). */
 #define PS_RESULT_MAX_BYTES ((size_t)1 << 30)
 
-/* Check a parsed document against the schema of its "kind" (sweep, knockout, gatecycle, gates, theory).
+/* Check a parsed document against the schema of its "kind" (the registry, viz/kinds.h: sweep, knockout,
+ * gatecycle, gates, theory, fillers).
  * path names the file in the message. Returns 0 when valid, -1 with err set otherwise. */
 int ps_results_check(json_t *doc, const char *path, ps_error *err);
 

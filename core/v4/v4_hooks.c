@@ -78,16 +78,48 @@ int ps_v4_hook_parse(const ps_v4_config *cfg, const char *name, int *slot, ps_v4
     return invalid(cfg, name, "unknown hook name", err);
 }
 
+/* The heads of a point's axis 2 an action may pick (ps_hooks_add_at): query and indexer heads, a
+ * compressor's slots, the mHC streams; the attention's bias, logits and pattern ([B, H, T, C]: axis 1 is
+ * the head) take whole-tensor actions only. */
+static int64_t point_heads(const ps_v4_config *c, int slot, int p) {
+    switch (p) {
+    case PS_V4H_Q:
+    case PS_V4H_OUT_HEADS: return c->n_heads;
+    case PS_V4H_I_Q: return c->index_n_heads;
+    case PS_V4H_ATTN_HC_COMB:
+    case PS_V4H_FFN_HC_COMB:
+    case PS_V4H_MID:
+    case PS_V4H_OUT: return c->hc_mult;
+    case PS_V4H_C_GATE:
+    case PS_V4H_C_ALPHA: return (c->attn_type[slot] == PS_V4_CSA ? 2 : 1) * c->compress_rate[slot];
+    case PS_V4H_I_C_GATE:
+    case PS_V4H_I_C_ALPHA: return 2 * c->compress_rate[slot];
+    case PS_V4H_LOGITS:
+    case PS_V4H_PATTERN: return -1;
+    default: return 0;
+    }
+}
+
 int ps_v4_hooks_add(ps_hooks *h, const ps_v4_config *cfg, const char *name, ps_hook_fn fn, void *user, ps_error *err) {
     int slot;
     ps_v4_hook_point pt;
     if (ps_v4_hook_parse(cfg, name, &slot, &pt, err)) return -1;
-    return ps_hooks_add_point(h, &ps_v4_hook_family, cfg->n_layers + 1, slot, (int)pt, name, fn, user, err);
+    if (!fn) return ps_fail(err, "hook \"%s\": no function (an action is registered with ps_v4_hooks_add_action)", name);
+    return ps_hooks_add_at(h, &ps_v4_hook_family, cfg->n_layers + 1, slot, (int)pt, name, fn, user, NULL, 0, err);
+}
+
+int ps_v4_hooks_add_action(ps_hooks *h, const ps_v4_config *cfg, const char *name, const ps_hook_action *act, ps_error *err) {
+    int slot;
+    ps_v4_hook_point pt;
+    if (ps_v4_hook_parse(cfg, name, &slot, &pt, err)) return -1;
+    if (!act) return ps_fail(err, "hook \"%s\": no action", name);
+    return ps_hooks_add_at(h, &ps_v4_hook_family, cfg->n_layers + 1, slot, (int)pt, name, NULL, NULL, act,
+                           point_heads(cfg, slot, (int)pt), err);
 }
 
 int ps_v4_cache_watch(ps_cache *c, ps_hooks *h, const ps_v4_config *cfg, const char *name, ps_error *err) {
     int slot;
     ps_v4_hook_point pt;
     if (ps_v4_hook_parse(cfg, name, &slot, &pt, err)) return -1;
-    return ps_cache_watch_point(c, h, &ps_v4_hook_family, cfg->n_layers + 1, slot, (int)pt, err);
+    return ps_cache_watch_at(c, h, &ps_v4_hook_family, cfg->n_layers + 1, slot, (int)pt, err);
 }

@@ -1,6 +1,7 @@
 /* v4_hooks.h — the DeepSeek-V4 hook points (SPEC-v4.md "Hooks"): a point table of their own, registered
- * in an ordinary ps_hooks set (ps_hooks_add_point, family ps_v4_hook_family) so that callbacks, caching
- * (ps_v4_cache_watch) and overwriting work as for the controlled model. Per-layer points use slot l;
+ * in an ordinary ps_hooks set (ps_hooks_add_at, family ps_v4_hook_family) so that callbacks, the
+ * backend-side actions (ps_v4_hooks_add_action: set, zero, patch, add, roll, sum; no host copy), caching
+ * (ps_v4_cache_watch) and overwriting work as for the controlled model, through the one firing path. Per-layer points use slot l;
  * the global ones (embed, hc_head.pre, final_hidden, logits) slot n_layers.
  *
  * Shapes (batch axis first): see the table in docs/hooks.md. Integer hooks (indexer.topk, ffn.experts)
@@ -41,6 +42,10 @@ void ps_v4_hook_name(char *buf, size_t n, int slot, int point);
  * CSA layers); an unknown or invalid one is an error listing the valid names. */
 int ps_v4_hook_parse(const ps_v4_config *cfg, const char *name, int *slot, ps_v4_hook_point *pt, ps_error *err);
 int ps_v4_hooks_add(ps_hooks *h, const ps_v4_config *cfg, const char *name, ps_hook_fn fn, void *user, ps_error *err);
+/* A backend-side action (hooks.h, ps_hook_action) on a V4 point: `head` picks a query / indexer head,
+ * a compressor slot or an mHC stream on the 4-d points; the attention's logits and pattern take
+ * whole-tensor actions only. */
+int ps_v4_hooks_add_action(ps_hooks *h, const ps_v4_config *cfg, const char *name, const ps_hook_action *act, ps_error *err);
 int ps_v4_cache_watch(ps_cache *c, ps_hooks *h, const ps_v4_config *cfg, const char *name, ps_error *err);
 
 #endif

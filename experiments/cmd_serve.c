@@ -1,0 +1,67 @@
+/* cmd_serve.c — `phasescope serve`: an OpenAI-compatible server in front of a model (serve/serve.h,
+ * docs/served-models.md). */
+#include <arpa/inet.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "experiments/cli.h"
+#include "serve/serve.h"
+
+static int run(const ps_args *a, ps_error *err);
+
+static const ps_flag_spec FLAGS[] = {
+    {"--model", "DIR", "the checkpoint: a phasescope model, a Hugging Face Qwen3 checkpoint or a DeepSeek-V4\ncheckpoint (default: the shipped model)", 0},
+    {"--host", "ADDR", "IPv4 address to listen on (default 127.0.0.1: this machine only)", 0},
+    {"--port", "N", "port (default 8000; 0: any free port, printed and written to --port-file)", 0},
+    {"--port-file", "FILE", "write the port to FILE once listening (for scripts)", 0},
+    {"--tokenizer", "FILE", "tokenizer.json for text prompts and token texts (default: the one a text-kv model\n"
+                            "trained with, else DIR/tokenizer.json, else none: token-id prompts only)", 0},
+    {"--name", "NAME", "the model's name in the API (default: the directory's name)", 0},
+    {"--max-body", "BYTES", "largest request body (default 67108864): larger is refused with 413", 0},
+    {"--max-prompt-tokens", "N", "longest prompt (default: the model's context)", 0},
+    {"--max-logprobs", "N", "largest logprobs / prompt_logprobs N (default 20)", 0},
+    {"--max-tokens", "N", "largest max_tokens (default 1024)", 0},
+    {"--max-prompts", "N", "prompts in one request (default 256)", 0},
+    {"--max-connections", "N", "open connections at once (default 64): more are refused with 429", 0},
+    {"--max-batch", "N", "sequences per forward pass (default 32): concurrent requests are batched up to it", 0},
+    PS_BACKEND_FLAG,
+    {0},
+};
+
+const ps_command ps_cmd_serve = {
+    .name = "serve",
+    .summary = "OpenAI-compatible server (/v1/completions with echo, logprobs, prompt_logprobs) in front of a model",
+    .description =
+        "Serves a model over the OpenAI completions API (docs/served-models.md): POST /v1/completions (prompt as\n"
+        "a string, a token-id list or a list of either; max_tokens, temperature 0 = greedy, echo, logprobs N,\n"
+        "vLLM's prompt_logprobs and return_tokens_as_token_ids), GET /v1/models, GET /health. Concurrent requests\n"
+        "are batched into one forward pass. Every refusal is a 4xx JSON error naming the limit or the field.\n"
+        "Listens on 127.0.0.1 unless --host says otherwise; SIGINT or SIGTERM stops it.\n",
+    .flags = FLAGS,
+    .run = run,
+};
+
+static int run(const ps_args *a, ps_error *err) {
+    ps_serve_opts o;
+    ps_serve_defaults(&o);
+    char dir[4096];
+    int64_t port = 8000, conns = o.max_connections;
+    if (ps_args_int(a, "--port", 0, 65535, &port, err) || ps_args_int(a, "--max-body", 1, (int64_t)1 << 34, &o.max_body, err) ||
+        ps_args_int(a, "--max-prompt-tokens", 1, (int64_t)1 << 31, &o.max_prompt_tokens, err) ||
+        ps_args_int(a, "--max-logprobs", 0, 1 << 20, &o.max_logprobs, err) || ps_args_int(a, "--max-tokens", 0, 1 << 24, &o.max_tokens, err) ||
+        ps_args_int(a, "--max-prompts", 1, 1 << 20, &o.max_prompts, err) || ps_args_int(a, "--max-connections", 1, 100000, &conns, err) ||
+        ps_args_int(a, "--max-batch", 1, 1 << 16, &o.max_batch, err))
+        return -1;
+    if (ps_cli_model_dir(ps_args_get(a, "--model"), dir, sizeof dir, err)) return -1;
+    o.model_dir = dir;
+    o.port = (int)port;
+    o.max_connections = (int)conns;
+    o.backend = ps_args_backend(a);
+    o.tokenizer = ps_args_get(a, "--tokenizer");
+    o.name = ps_args_get(a, "--name");
+    if (ps_args_get(a, "--host")) o.host = ps_args_get(a, "--host");
+    struct in_addr ia;
+    if (strcmp(o.host, "localhost") && inet_pton(AF_INET, o.host, &ia) != 1)
+        return ps_cli_usage(err, "--host %s: expected an IPv4 address (127.0.0.1, 0.0.0.0, ...)", o.host);
+    return ps_serve_run(&o, ps_args_get(a, "--port-file"), err);
+}

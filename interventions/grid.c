@@ -1,0 +1,439 @@
+/* grid.c — the cell-grid engine (grid.h). */
+#include "interventions/grid.h"
+
+#include "interventions/knockout.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/fileio.h"
+#include "core/ops.h"
+
+/* ---- the controlled model's runtime ---- */
+
+/* one batch as a sweep evaluates it (ps_eval_shifted: long prompts in chunks) */
+static int model_eval(const ps_runtime *rt, const ps_batch *view, const ps_hooks *h, int *ok, double *lp, ps_error *err) {
+    ps_shifted one;
+    memset(&one, 0, sizeof one);
+    one.b = *view;
+    return ps_eval_shifted(rt->m, &one, view->B > 0 ? view->B : 1, h, ok, lp, err);
+}
+
+static int model_add_action(const ps_runtime *rt, ps_hooks *h, const char *name, const ps_hook_action *act, ps_error *err) {
+    return ps_hooks_add_action(h, &rt->m->cfg, name, act, err);
+}
+
+static const ps_runtime_ops MODEL_OPS = {.name = "phasescope",
+                                         .eval = model_eval,
+                                         .add_action = model_add_action,
+                                         .ko_targets = ps_model_ko_target_names,
+                                         .ko_heads_what = "KV heads",
+                                         .ko_default_target = ps_model_ko_default_target,
+                                         .ko_target_heads = ps_model_ko_target_heads,
+                                         .ko_unit = ps_model_ko_unit,
+                                         .ko_layer_missing = ps_model_ko_layer_missing,
+                                         .ko_spec = ps_model_ko_spec,
+                                         .ko_spec_free = ps_model_ko_spec_free};
+
+void ps_runtime_model(ps_runtime *rt, const ps_model *m) {
+    memset(rt, 0, sizeof *rt);
+    rt->ops = &MODEL_OPS;
+    rt->ctx = m->ctx;
+    rt->max_pos = m->cfg.max_seq_len;
+    rt->n_layers = m->cfg.n_layers;
+    rt->m = m;
+    rt->model = (void *)m;
+}
+
+/* ---- results and units ---- */
+
+void ps_grid_result_free(ps_grid_result *r) {
+    ps_residue_stats_free(&r->clean);
+    if (r->cells)
+        for (int64_t i = 0; i < (int64_t)r->n_layers * r->n_heads; i++) ps_residue_stats_free(&r->cells[i]);
+    free(r->cells);
+    free(r->layers);
+    free(r->heads);
+    memset(r, 0, sizeof *r);
+}
+
+int ps_grid_result_init(ps_grid_result *r, int64_t P, const int *layers_topdown, int n_layers, const int *cells, int n_cells,
+                        ps_error *err) {
+    memset(r, 0, sizeof *r);
+    if (n_layers < 1 || n_cells < 1) return ps_fail(err, "a grid needs layers and cells (%d layers, %d cells)", n_layers, n_cells);
+    r->P = P;
+    r->n_layers = n_layers;
+    r->n_heads = n_cells;
+    r->layers = malloc((size_t)n_layers * sizeof(int));
+    r->heads = malloc((size_t)n_cells * sizeof(int));
+    r->cells = calloc((size_t)n_layers * (size_t)n_cells, sizeof *r->cells);
+    if (!r->layers || !r->heads || !r->cells) {
+        ps_grid_result_free(r);
+        return ps_fail(err, "out of memory for a grid of %d layers x %d cells", n_layers, n_cells);
+    }
+    memcpy(r->layers, layers_topdown, (size_t)n_layers * sizeof(int));
+    memcpy(r->heads, cells, (size_t)n_cells * sizeof(int));
+    int rc = ps_residue_stats_init(&r->clean, P, err);
+    for (int64_t i = 0; i < (int64_t)n_layers * n_cells && !rc; i++) rc = ps_residue_stats_init(&r->cells[i], P, err);
+    if (rc) ps_grid_result_free(r);
+    return rc;
+}
+
+double ps_grid_default_budget(void) {
+    double b = PS_GRID_DEFAULT_BUDGET, avail = (double)ps_mem_available();
+    if (avail > 0 && avail / 4 < b) b = avail / 4;
+    return b;
+}
+
+int ps_grid_last_first(const ps_runtime *rt) { return rt->m != NULL; }
+
+int64_t ps_grid_n_units(int64_t N, int64_t batch, int64_t P, int n_layers) {
+    int64_t B = batch < N ? batch : N;
+    return B < 1 ? 0 : P * ((N + B - 1) / B) * n_layers;
+}
+
+void ps_grid_unit(int64_t N, int64_t batch, int n_layers, int last_first, int64_t u, int64_t *p, int64_t *i0, int64_t *n,
+                  int *li) {
+    int64_t B = batch < N ? batch : N, nb = (N + B - 1) / B, last0 = (N - 1) / B * B, bi = u / n_layers % nb;
+    *li = (int)(u % n_layers);
+    *p = u / n_layers / nb;
+    *i0 = last_first ? last0 - bi * B : bi * B;
+    *n = N - *i0 < B ? N - *i0 : B;
+}
+
+void ps_grid_unit_weights(const ps_runtime *rt, int64_t N, int64_t batch, int64_t P, const int *layers, int n_layers, int nc,
+                          int64_t L, int64_t *w, unsigned char *snap) {
+    int64_t nu = ps_grid_n_units(N, batch, P, n_layers), B = batch < N ? batch : N, nb = B > 0 ? (N + B - 1) / B : 0;
+    int lf = ps_grid_last_first(rt);
+    for (int64_t u = 0; u < nu; u++) {
+        int64_t p, i0, n;
+        int li;
+        ps_grid_unit(N, batch, n_layers, lf, u, &p, &i0, &n, &li);
+        int64_t cell = rt->m ? 64 * (L - 1 - layers[li]) / L + 8 : 64;
+        w[u] = n * nc * cell + (li == 0 ? 64 * n : 0);
+        snap[u] = 0;
+        if (li == 0 && u / n_layers % nb == 0) { /* the shift's first unit: its reference pass */
+            w[u] += 64 * N;
+            snap[u] = 1;
+        }
+    }
+}
+
+/* ---- the restart path's pieces (the controlled model) ---- */
+
+/* Bytes of a keep_all activation set of B sequences of T tokens (as ps_acts_create allocates it). */
+static double acts_bytes(const ps_config *c, int64_t B, int64_t T) { return 4.0 * (double)ps_acts_size(c, B, T, true, true); }
+
+/* n sequences of `width` floats from rows of src_per floats into rows of dst_per floats (the first
+ * `width` of each): one copy op when both are contiguous, one strided-block op otherwise. */
+static int copy_seqs(ps_ctx *ctx, float *dst, int64_t dst_per, const float *src, int64_t src_per, int64_t n, int64_t width) {
+    if (dst_per == width && src_per == width) return ps_copy(ctx, dst, src, n * width);
+    return ps_copy_blocks(ctx, dst, dst_per, 0, src, src_per, 0, n, 1, width, 0, 0.0f);
+}
+
+/* Copy the restart state of sequences src_b0 … src_b0 + n − 1 of the clean pass (layer l's input
+ * residual, q, k, v and, compressed, ck, cv; T tokens, nW windows) into sequences dst_b0 … of the
+ * replica set (T2 ≤ T tokens, nW2 ≤ nW windows: the first T2 positions, the first nW2 windows), with
+ * copy ops on the model's context. */
+static int copy_restart(const ps_config *c, const ps_acts *src, int64_t src_b0, ps_acts *dst, int64_t dst_b0, int64_t n, int l,
+                        ps_error *err) {
+    ps_ctx *ctx = dst->ctx;
+    int64_t T = src->T, T2 = dst->T, nW = src->nW, nW2 = dst->nW, d = c->d_model;
+    int64_t qd = c->n_heads * c->head_dim, kd = c->n_kv_heads * c->head_dim;
+    ps_act_ptrs s = ps_acts_layer(src, l), t = ps_acts_layer(dst, l);
+    const float *rs = src->p.resid + (int64_t)l * src->B * T * d;
+    float *rd = dst->p.resid + (int64_t)l * dst->B * T2 * d;
+    int64_t i = src_b0, o = dst_b0;
+    int rc = copy_seqs(ctx, rd + o * T2 * d, T2 * d, rs + i * T * d, T * d, n, T2 * d) ||
+             copy_seqs(ctx, t.q + o * T2 * qd, T2 * qd, s.q + i * T * qd, T * qd, n, T2 * qd) ||
+             copy_seqs(ctx, t.k + o * T2 * kd, T2 * kd, s.k + i * T * kd, T * kd, n, T2 * kd) ||
+             copy_seqs(ctx, t.v + o * T2 * kd, T2 * kd, s.v + i * T * kd, T * kd, n, T2 * kd);
+    if (!rc && c->kind == PS_ATTN_COMPRESSED && nW2 > 0)
+        rc = copy_seqs(ctx, t.ck + o * nW2 * kd, nW2 * kd, s.ck + i * nW * kd, nW * kd, n, nW2 * kd) ||
+             copy_seqs(ctx, t.cv + o * nW2 * kd, nW2 * kd, s.cv + i * nW * kd, nW * kd, n, nW2 * kd);
+    return rc ? ps_ctx_check(ctx, err) : 0;
+}
+
+/* The state of one shift's run. */
+typedef struct {
+    const ps_grid *g;
+    ps_grid_result *out;
+    ps_grid_shift sh;
+    ps_shifted s;
+    int *ok;
+    double *lp;
+    int64_t N, B, maxq, nb, u_lo, u_hi;
+    int last_first;
+    /* restart path */
+    int restart;
+    int64_t T2, k_cells, m_pr;
+    ps_acts a, part, rep;
+    int have_a, have_part, have_rep;
+    int64_t *rows, *dst_rows, n_ans_max;
+    float *ans_logits;
+} run_state;
+
+#define UNIT(st, p, bi, li) ((((p) * (st)->nb + (bi)) * (st)->g->n_layers) + (li))
+#define IN(st, u) ((u) >= (st)->u_lo && (u) < (st)->u_hi)
+
+static void record_set(run_state *st, ps_residue_stats *rs, int64_t unit, int cell, int64_t first, const ps_shifted *set) {
+    ps_residue_stats_add(rs, set, st->ok, st->lp);
+    if (st->g->record) st->g->record(st->g->record_user, unit, cell, first, set, st->ok, st->lp);
+}
+
+/* The view of prompts [i0, i0 + n) of the shift. */
+static ps_shifted view_of(const run_state *st, int64_t i0, int64_t n) {
+    ps_shifted v = st->s;
+    v.b = ps_batch_view(&st->s.b, i0, n);
+    v.residue = st->s.residue + i0 * st->maxq;
+    return v;
+}
+
+/* One full forward per cell (any family): the cells of layer index li on the batch view. */
+static int cells_full(run_state *st, int64_t unit, int li, const ps_shifted *sv, ps_acts *use, ps_error *err) {
+    const ps_grid *g = st->g;
+    int rc = 0;
+    for (int ci = 0; ci < g->n_cells && !rc; ci++) {
+        ps_hooks h;
+        ps_hooks_init(&h);
+        rc = g->spec->cell(g->spec->self, g->rt, &st->sh, li, ci, 0, 0, &h, err);
+        if (!rc) {
+            if (use) { /* the controlled model: the batch's own activation set */
+                rc = ps_forward(g->rt->m, use, sv->b.tokens, &h, err);
+                if (!rc) rc = ps_acts_score(use, &sv->b, st->ok, st->lp, err);
+            } else
+                rc = g->rt->ops->eval(g->rt, &sv->b, &h, st->ok, st->lp, err);
+        }
+        ps_hooks_free(&h);
+        if (!rc) record_set(st, &st->out->cells[li * g->n_cells + ci], unit, li * g->n_cells + ci, 0, sv);
+    }
+    return rc;
+}
+
+/* The restart path: groups of k_cells cells × m_pr prompts restarted at layer l's attention from the
+ * clean state of `use` (the batch view sv). Each replica r = sequences [r·mm, (r+1)·mm) gets cell
+ * ci0 + r's hooks; its answer rows go into the clean pass's logits at their own positions for scoring. */
+static int cells_restart(run_state *st, int64_t unit, int li, const ps_shifted *sv, ps_acts *use, ps_error *err) {
+    const ps_grid *g = st->g;
+    const ps_model *m = g->rt->m;
+    const ps_config *c = &m->cfg;
+    ps_ctx *ctx = m->ctx;
+    int l = st->out->layers[li], rc = 0;
+    int64_t n = use->B, T = use->T, T2 = st->T2, maxq = st->maxq, V = c->vocab_size;
+    for (int h0 = 0; h0 < g->n_cells && !rc; h0 += (int)st->k_cells) {
+        int kk = g->n_cells - h0 < st->k_cells ? g->n_cells - h0 : (int)st->k_cells;
+        for (int64_t b0 = 0; b0 < n && !rc; b0 += st->m_pr) {
+            int64_t mm = n - b0 < st->m_pr ? n - b0 : st->m_pr, Bp = kk * mm;
+            if (st->have_rep && st->rep.B != Bp) {
+                ps_acts_free(&st->rep);
+                st->have_rep = 0;
+            }
+            if (!st->have_rep) {
+                if ((rc = ps_acts_create(&st->rep, ctx, c, Bp, T2, true, err))) break;
+                st->have_rep = 1;
+            }
+            for (int r = 0; r < kk && !rc; r++) rc = copy_restart(c, use, b0, &st->rep, r * mm, mm, l, err);
+            ps_hooks hooks;
+            ps_hooks_init(&hooks);
+            for (int r = 0; r < kk && !rc; r++)
+                rc = g->spec->cell(g->spec->self, g->rt, &st->sh, li, h0 + r, r * mm, (r + 1) * mm, &hooks, err);
+            /* the rows whose logits are scored: every answer token of every query; per replica, the
+             * same rows of the prompts' own batch (dst_rows) */
+            ps_batch sub = ps_batch_view(&sv->b, b0, mm);
+            int64_t n_rows = 0, n_dst = 0;
+            for (int r = 0; r < kk; r++)
+                for (int64_t b = 0; b < mm; b++)
+                    for (int64_t q = 0; q < sub.n_q[b]; q++) {
+                        const ps_query *qq = &sub.queries[b * maxq + q];
+                        for (int64_t t = 0; t < qq->answer_len; t++) {
+                            st->rows[n_rows++] = (r * mm + b) * T2 + qq->answer_pos + t;
+                            if (r == 0) st->dst_rows[n_dst++] = (b0 + b) * T + qq->answer_pos + t;
+                        }
+                    }
+            if (!rc) rc = ps_forward_from_attention_rows(m, &st->rep, l, &hooks, st->rows, n_rows, err);
+            ps_hooks_free(&hooks);
+            ps_shifted ss = *sv;
+            ss.b = sub;
+            ss.residue = sv->residue + b0 * maxq;
+            for (int r = 0; r < kk && !rc; r++) {
+                if (ps_gather_rows(ctx, st->ans_logits, st->rep.p.logits, NULL, st->rows + r * n_dst, n_dst, V) ||
+                    ps_scatter_rows(ctx, use->p.logits, st->ans_logits, st->dst_rows, n_dst, V)) {
+                    rc = ps_ctx_check(ctx, err);
+                    break;
+                }
+                const float *lg = ps_acts_logits_host(use, err);
+                if (!lg) {
+                    rc = -1;
+                    break;
+                }
+                ps_score_queries(&sub, lg + b0 * T * V, V, st->ok, st->lp);
+                record_set(st, &st->out->cells[li * g->n_cells + h0 + r], unit, li * g->n_cells + h0 + r, b0, &ss);
+            }
+        }
+    }
+    return rc;
+}
+
+/* Sizes and buffers of the restart path for this shift (T tokens). */
+static int restart_prepare(run_state *st, double budget, ps_error *err) {
+    const ps_grid *g = st->g;
+    const ps_config *c = &g->rt->m->cfg;
+    int64_t N = st->N, B = st->B, maxq = st->maxq, T = st->sh.T, V = c->vocab_size;
+    /* the restarted passes stop at the last answer row (causal: nothing after it is read) */
+    int64_t T2 = 1;
+    for (int64_t b = 0; b < N; b++)
+        for (int64_t q = 0; q < st->s.b.n_q[b]; q++) {
+            const ps_query *qq = &st->s.b.queries[b * maxq + q];
+            if (qq->answer_pos + qq->answer_len > T2) T2 = qq->answer_pos + qq->answer_len;
+        }
+    st->T2 = T2 > T ? T : T2;
+    /* cells per forward: k cells of one layer, each a replica of m prompts, k·m sequences in all, as many
+     * as the memory budget holds (at least one cell of one prompt) */
+    st->k_cells = 1, st->m_pr = B;
+    double one = acts_bytes(c, 2, st->T2) - acts_bytes(c, 1, st->T2), fixed = acts_bytes(c, 1, st->T2) - one;
+    double fit = floor((budget - fixed) / one);
+    if (fit < 1) fit = 1;
+    if (fit >= (double)B) {
+        st->k_cells = fit / (double)B >= g->n_cells ? g->n_cells : (int64_t)(fit / (double)B);
+        if (g->max_cells > 0 && st->k_cells > g->max_cells) st->k_cells = g->max_cells;
+    } else
+        st->m_pr = (int64_t)fit;
+    if (st->k_cells > st->out->cells_per_forward) st->out->cells_per_forward = (int)st->k_cells;
+    if (st->m_pr > st->out->prompts_per_forward) st->out->prompts_per_forward = st->m_pr;
+    int64_t ans = g->task->kind == PS_TASK_KV ? g->task->value_len : 1, seqs = st->k_cells * st->m_pr;
+    /* sizes in double first: a corrupt task (absurd value_len) must fail here, not wrap around */
+    if ((double)seqs * (double)maxq * (double)ans * 8.0 > 9e18) st->rows = NULL;
+    else st->rows = malloc((size_t)(seqs * maxq * ans) * sizeof(int64_t));
+    if (!st->rows)
+        return ps_fail(err, "out of memory for the answer rows of %lld prompts x %lld queries x %lld answer tokens",
+                       (long long)seqs, (long long)maxq, (long long)ans);
+    st->n_ans_max = st->m_pr * maxq * ans; /* the answer rows of one replica */
+    st->dst_rows = malloc((size_t)st->n_ans_max * sizeof(int64_t));
+    if (!st->dst_rows) return ps_fail(err, "out of memory for the answer rows of %lld prompts", (long long)st->m_pr);
+    st->ans_logits = ps_buf_alloc(g->rt->ctx, st->n_ans_max * V * (int64_t)sizeof(float), "a replica's answer logits", err);
+    return st->ans_logits ? 0 : -1;
+}
+
+static void shift_free(run_state *st) {
+    const ps_grid *g = st->g;
+    if (st->have_rep) ps_acts_free(&st->rep);
+    if (st->have_part) ps_acts_free(&st->part);
+    if (st->have_a) ps_acts_free(&st->a);
+    st->have_rep = st->have_part = st->have_a = 0;
+    free(st->rows);
+    free(st->dst_rows);
+    if (st->ans_logits) ps_buf_free(g->rt->ctx, st->ans_logits, st->n_ans_max * g->rt->m->cfg.vocab_size * (int64_t)sizeof(float));
+    st->rows = st->dst_rows = NULL;
+    st->ans_logits = NULL;
+    if (g->spec->shift_end) g->spec->shift_end(g->spec->self, g->rt);
+    ps_shifted_free(&st->s);
+}
+
+/* One shift: the reference pass, the sources, then per batch its clean run and its units' cells. */
+static int run_shift(run_state *st, int64_t p, double budget, ps_error *err) {
+    const ps_grid *g = st->g;
+    const ps_runtime *rt = g->rt;
+    int nl = g->n_layers, rc = 0;
+    int64_t N = st->N, B = st->B, nb = st->nb, last0 = (N - 1) / B * B;
+    if (UNIT(st, p + 1, 0, 0) <= st->u_lo || UNIT(st, p, 0, 0) >= st->u_hi) return 0; /* no unit of this shift here */
+    memset(&st->s, 0, sizeof st->s);
+    if (ps_make_shifted(g->base, g->task, g->fam, PS_SWEEP_PAD, g->P, p, g->seed, rt->max_pos, &st->s, err)) return -1;
+    st->sh = (ps_grid_shift){.p = p, .s = &st->s, .N = N, .T = st->s.b.T, .layers = st->out->layers, .n_layers = nl};
+    int64_t T = st->sh.T;
+    /* the controlled model keeps every batch's clean state (the restart reads it; the reference pass's
+     * last batch is not run again) */
+    int keep = rt->m != NULL;
+    if (keep && st->restart) rc = restart_prepare(st, budget, err);
+    if (!rc && keep) {
+        rc = ps_acts_create(&st->a, rt->ctx, &rt->m->cfg, B, T, true, err);
+        st->have_a = !rc;
+        if (!rc && N - last0 != B) {
+            rc = ps_acts_create(&st->part, rt->ctx, &rt->m->cfg, N - last0, T, true, err);
+            st->have_part = !rc;
+        }
+    }
+    /* pass 1: the reference pass over every prompt of the shift, collecting the sources */
+    ps_hooks ref;
+    ps_hooks_init(&ref);
+    if (!rc) rc = g->spec->sources(g->spec->self, rt, &st->sh, &ref, err);
+    for (int64_t i0 = 0; i0 < N && !rc; i0 += B) {
+        int64_t n = N - i0 < B ? N - i0 : B;
+        if (keep) {
+            ps_acts *use = i0 == last0 && st->have_part ? &st->part : &st->a;
+            rc = ps_forward(rt->m, use, st->s.b.tokens + i0 * T, &ref, err);
+        } else {
+            /* a runtime without kept state scores the clean run here, batches in order */
+            ps_shifted sv = view_of(st, i0, n);
+            int64_t bi = i0 / B;
+            rc = rt->ops->eval(rt, &sv.b, &ref, st->ok, st->lp, err);
+            if (!rc && IN(st, UNIT(st, p, bi, 0))) record_set(st, &st->out->clean, UNIT(st, p, bi, 0), -1, 0, &sv);
+        }
+    }
+    ps_hooks_free(&ref);
+    if (!rc) rc = g->spec->sources_done(g->spec->self, rt, &st->sh, err);
+    /* pass 2: per batch, its clean outcomes and the cells of its units; the controlled model from the
+     * last batch (pass 1 left its clean activations in place) */
+    for (int64_t bi = 0; bi < nb && !rc; bi++) {
+        if (UNIT(st, p, bi + 1, 0) <= st->u_lo || UNIT(st, p, bi, 0) >= st->u_hi) continue; /* no unit of this batch here */
+        int64_t i0 = st->last_first ? last0 - bi * B : bi * B, n = N - i0 < B ? N - i0 : B;
+        ps_shifted sv = view_of(st, i0, n);
+        ps_acts *use = NULL;
+        if (keep) {
+            use = i0 == last0 && st->have_part ? &st->part : &st->a;
+            if (i0 != last0) rc = ps_forward(rt->m, use, sv.b.tokens, NULL, err);
+            if (!rc && IN(st, UNIT(st, p, bi, 0)) && !(rc = ps_acts_score(use, &sv.b, st->ok, st->lp, err)))
+                record_set(st, &st->out->clean, UNIT(st, p, bi, 0), -1, 0, &sv);
+        }
+        for (int li = 0; li < nl && !rc; li++) {
+            if (!IN(st, UNIT(st, p, bi, li))) continue;
+            rc = st->restart ? cells_restart(st, UNIT(st, p, bi, li), li, &sv, use, err)
+                             : cells_full(st, UNIT(st, p, bi, li), li, &sv, use, err);
+        }
+    }
+    shift_free(st);
+    return rc;
+}
+
+int ps_grid_run(const ps_grid *g, ps_grid_result *out, ps_error *err) {
+    memset(out, 0, sizeof *out);
+    if (g->n_layers < 1 || g->n_cells < 1) return ps_fail(err, "knockout grid: no layers or no heads selected");
+    if (g->batch < 1) return ps_fail(err, "knockout grid: batch %lld must be >= 1", (long long)g->batch);
+    if (!g->spec || !g->spec->sources || !g->spec->sources_done || !g->spec->cell)
+        return ps_fail(err, "a grid needs a spec with its sources and cells");
+    /* visit layers top-down */
+    int *td = malloc((size_t)g->n_layers * sizeof(int));
+    if (!td) return ps_fail(err, "out of memory");
+    memcpy(td, g->layers, (size_t)g->n_layers * sizeof(int));
+    for (int i = 0; i < g->n_layers; i++)
+        for (int j = i + 1; j < g->n_layers; j++)
+            if (td[j] > td[i]) {
+                int t = td[i];
+                td[i] = td[j];
+                td[j] = t;
+            }
+    int rc = ps_grid_result_init(out, g->P, td, g->n_layers, g->cells, g->n_cells, err);
+    free(td);
+    if (rc) return -1;
+    run_state st = {.g = g, .out = out, .N = g->base->B, .maxq = g->base->max_q};
+    st.B = g->batch < st.N ? g->batch : st.N;
+    st.nb = st.B > 0 ? (st.N + st.B - 1) / st.B : 0;
+    st.last_first = ps_grid_last_first(g->rt);
+    st.restart = !g->naive && g->spec->restart_attention && g->rt->m != NULL;
+    st.u_lo = g->unit0;
+    st.u_hi = g->unit1 > 0 ? g->unit1 : g->P * st.nb * g->n_layers;
+    double budget = g->mem_bytes > 0 ? g->mem_bytes : ps_grid_default_budget();
+    int64_t nq = st.N * st.maxq > 0 ? st.N * st.maxq : 1;
+    st.ok = malloc((size_t)nq * sizeof(int));
+    st.lp = malloc((size_t)nq * sizeof(double));
+    if (!st.ok || !st.lp)
+        rc = ps_fail(err, "out of memory for the outcomes of %lld prompts x %lld queries", (long long)st.N, (long long)st.maxq);
+    int64_t per = 1 + (int64_t)g->n_layers * g->n_cells, total = g->P * per;
+    for (int64_t p = 0; p < g->P && !rc; p++) {
+        rc = run_shift(&st, p, budget, err);
+        if (g->progress) g->progress((p + 1) * per, total, g->progress_user);
+    }
+    free(st.ok);
+    free(st.lp);
+    return rc;
+}

@@ -1,0 +1,169 @@
+/* grid.h — the one cell-grid engine of the instruments: mean-replacement knockout of every family and
+ * target (knockout.h, v4_instr.h) and gatecycle's per-head measure run as specs over it.
+ *
+ * A grid is cells (layer, cell) over the prefix-padding sweep: for every shift p the engine
+ *   1. runs the reference pass over every prompt of the shift, in its batches, with the spec's source
+ *      hooks (sum actions into buffers of the model's context: the clean run's sums; or caches), and
+ *      then lets the spec turn them into sources (sums into means, a mean pattern's choice, ...);
+ *   2. per batch: the clean outcomes, then per selected layer (top-down) its cells: each cell's
+ *      intervention is the spec's hooks on sequences [seq0, seq1) of a forward (backend-side actions:
+ *      no host copy), scored per query and added per residue, against the clean run.
+ * Cells run in one of two ways: a full forward per cell (the naive path: any family, the reference), or,
+ * when the spec's interventions all lie on the layer's attention inputs and the runtime can restart
+ * there (the controlled model: ps_forward_from_attention_rows), k cells × m prompts as k·m sequences of
+ * one restarted forward from the kept clean state, as many as the memory budget holds (ps_acts_size is
+ * the one source of the sizes), its last layer on the answer rows only.
+ *
+ * Work units: unit (p, b, li) = (p · n_batches + b) · n_layers + li is one selected layer's cells on
+ * batch b of shift p, in the one-process order (ps_grid_unit). A slice [unit0, unit1) runs only those
+ * units (a shift with a unit in the slice runs its whole reference pass); `record` receives every scored
+ * set's outcomes, so a split run's parts merge into what one process computes (docs/scale-out.md).
+ *
+ * A spec is: how to build the cells' sources (sources, sources_done, shift_end), what to run per cell
+ * batch (cell: the hooks of one cell on a sequence range; restart_attention: whether the restart path
+ * applies), and how to reduce (the engine's per-residue statistics, or `record` for a split run). An
+ * estimate that needs no forward per cell (attribution patching: one backward pass, cell effects from
+ * gradients × (source − clean)) fits the same three parts: its sources are the clean and corrupted
+ * activations and the gradients from the reference pass, its per-batch step scores every cell of a
+ * layer from them, its reduction the same per-residue statistics. */
+#ifndef PS_GRID_H
+#define PS_GRID_H
+
+#include "core/hooks.h"
+#include "core/model.h"
+#include "interventions/sweep.h"
+#include "tasks/tasks.h"
+
+typedef struct ps_runtime ps_runtime;
+
+/* The prompts of one shift, as the spec sees them. */
+typedef struct {
+    int64_t p;             /* the shift */
+    const ps_shifted *s;   /* its prompts (all N) */
+    int64_t N, T;
+    const int *layers;     /* the grid's layers, top-down (li indexes this) */
+    int n_layers;
+} ps_grid_shift;
+
+typedef struct {
+    void *self;
+    /* 1: every cell's hooks lie on its layer's attention inputs (q, k, v, ck, cv), so cells may restart
+     * there from the kept clean state (when the runtime can); 0: a full forward per cell */
+    int restart_attention;
+    /* before the reference pass of a shift: register on `ref` what collects the sources */
+    int (*sources)(void *self, const ps_runtime *rt, const ps_grid_shift *sh, ps_hooks *ref, ps_error *err);
+    /* after it (every prompt of the shift seen): turn what was collected into the sources */
+    int (*sources_done)(void *self, const ps_runtime *rt, const ps_grid_shift *sh, ps_error *err);
+    /* cell ci of layer index li on sequences [seq0, seq1) of a forward (seq1 = 0: every sequence) */
+    int (*cell)(void *self, const ps_runtime *rt, const ps_grid_shift *sh, int li, int ci, int64_t seq0, int64_t seq1,
+                ps_hooks *h, ps_error *err);
+    /* after a shift: free its sources (may be NULL) */
+    void (*shift_end)(void *self, const ps_runtime *rt);
+} ps_grid_spec;
+
+/* What the engine needs of a model family (the controlled model: ps_runtime_model below; DeepSeek-V4:
+ * ps_v4_runtime in v4_instr.h). */
+typedef struct {
+    const char *name;               /* the family: "phasescope", "deepseek_v4" */
+    /* One forward of the n prompts of `view` (task token ids) with hooks, scored per query: ok and lp
+     * [view->B · max_q] (as ps_score_queries fills them). */
+    int (*eval)(const ps_runtime *rt, const ps_batch *view, const ps_hooks *h, int *ok, double *lp, ps_error *err);
+    /* Register a backend-side action by hook name (the family's names; what the specs' cells call). */
+    int (*add_action)(const ps_runtime *rt, ps_hooks *h, const char *name, const ps_hook_action *act, ps_error *err);
+    /* the family's knockout (knockout.h): its targets (names, NULL-terminated), the default, the heads a
+     * target's cells choose from (0: one cell per layer), what a cell is (NULL: not recorded), whether a
+     * layer (-1: the model as a whole) has what a target replaces (NULL, or why not in buf), and the target's grid spec over the
+     * chosen heads (spec->self owned by the spec until ko_spec_free) */
+    const char *const *ko_targets;
+    const char *ko_heads_what;      /* what --heads counts ("KV heads", "query heads") */
+    int (*ko_default_target)(const ps_runtime *rt);
+    int64_t (*ko_target_heads)(const ps_runtime *rt, int target);
+    const char *(*ko_unit)(const ps_runtime *rt, int target);
+    const char *(*ko_layer_missing)(const ps_runtime *rt, int target, int layer, char *buf, size_t n);
+    int (*ko_spec)(const ps_runtime *rt, int target, const int *heads, int n_heads, ps_grid_spec *spec, ps_error *err);
+    void (*ko_spec_free)(ps_grid_spec *spec);
+} ps_runtime_ops;
+
+struct ps_runtime {
+    const ps_runtime_ops *ops;
+    ps_ctx *ctx;           /* the model's context (sources live there) */
+    int64_t max_pos;       /* longest prompt the model takes */
+    int64_t n_layers;      /* the model's layers */
+    const ps_model *m;     /* the controlled model: kept clean state and restart (NULL for other families) */
+    void *model;           /* the family's model */
+    const void *aux;       /* the family's prompt mapping (DeepSeek-V4: its ps_v4_task), or NULL */
+};
+
+/* The controlled model's runtime. */
+void ps_runtime_model(ps_runtime *rt, const ps_model *m);
+
+
+
+/* The outcomes of one scored set of prompts: `unit` the work unit, cell -1 the clean run, else
+ * li · n_cells + ci; the set is prompts [first, first + set->b.B) of the unit's batch; ok, lp:
+ * [set->b.B · max_q]. */
+typedef void (*ps_grid_record_fn)(void *user, int64_t unit, int cell, int64_t first, const ps_shifted *set, const int *ok,
+                                  const double *lp);
+
+/* A grid's result: per residue, the clean run and every cell. */
+typedef struct {
+    int64_t P;
+    int n_layers, n_heads;   /* selected layers; cells per layer (heads, or 1 for a per-layer target) */
+    int *layers, *heads;     /* layers top-down; the cells' labels */
+    ps_residue_stats clean;
+    ps_residue_stats *cells; /* [n_layers · n_heads], layer-major */
+    int cells_per_forward;   /* restart path: the most cells one forward ran (0: a forward per cell) */
+    int64_t prompts_per_forward; /* restart path: prompts per cell in one forward */
+} ps_grid_result;
+
+typedef struct {
+    const ps_runtime *rt;
+    const ps_batch *base;          /* the evaluation prompts (shift 0) */
+    const ps_task *task;
+    const ps_filler_family *fam;
+    int64_t P;
+    uint64_t seed;
+    int64_t batch;                 /* prompts per forward batch */
+    const int *layers;             /* any order (the engine visits them top-down) */
+    int n_layers;
+    const int *cells;              /* the cells' labels (heads), n_cells of them */
+    int n_cells;
+    const ps_grid_spec *spec;
+    int naive;                     /* 1: a full forward per cell even where the restart applies */
+    int max_cells;                 /* restart path: most cells per forward; 0: as the budget holds */
+    double mem_bytes;              /* restart path: bytes for the cells' activations; 0: ps_grid_default_budget() */
+    int64_t unit0, unit1;          /* the work slice (unit1 = 0: every unit) */
+    ps_grid_record_fn record;      /* may be NULL */
+    void *record_user;
+    ps_progress_fn progress;       /* may be NULL */
+    void *progress_user;
+} ps_grid;
+
+/* Default memory for the restarted cells' activations: 1 GiB, at most a quarter of available memory. */
+#define PS_GRID_DEFAULT_BUDGET (1024.0 * 1024.0 * 1024.0)
+double ps_grid_default_budget(void);
+
+/* Whether the grid visits a shift's batches from the last one (the runtime keeps the clean state of the
+ * reference pass's last batch: the controlled model) or from the first. */
+int ps_grid_last_first(const ps_runtime *rt);
+/* The work list of a grid over N prompts in batches of `batch`, P shifts and n_layers layers: its unit
+ * count, and what unit u is: shift *p, batch of prompts [*i0, *i0 + *n), layer index *li (top-down). */
+int64_t ps_grid_n_units(int64_t N, int64_t batch, int64_t P, int n_layers);
+void ps_grid_unit(int64_t N, int64_t batch, int n_layers, int last_first, int64_t u, int64_t *p, int64_t *i0, int64_t *n,
+                  int *li);
+
+/* Work weights of the units for the split (docs/scale-out.md), in 1/64 of a prompt's forward: a shift's
+ * reference pass (on its first unit, which is a snap point: a range beginning inside a shift pays the
+ * pass again), a batch's clean run (its li = 0 unit), a cell a full forward, or restarted at layer l
+ * about (L − 1 − l) / L of one plus its answer rows. layers: top-down; nc cells per layer; L the model's
+ * layers. w, snap: [ps_grid_n_units]. */
+void ps_grid_unit_weights(const ps_runtime *rt, int64_t N, int64_t batch, int64_t P, const int *layers, int n_layers, int nc,
+                          int64_t L, int64_t *w, unsigned char *snap);
+
+int ps_grid_run(const ps_grid *g, ps_grid_result *out, ps_error *err);
+void ps_grid_result_free(ps_grid_result *r);
+/* An empty result (zero statistics) of P residues, layers in top-down order, cells. */
+int ps_grid_result_init(ps_grid_result *r, int64_t P, const int *layers_topdown, int n_layers, const int *cells, int n_cells,
+                        ps_error *err);
+
+#endif

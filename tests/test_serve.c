@@ -1,0 +1,456 @@
+/* test_serve.c — `phasescope serve` (serve/serve.h) in process, over loopback: the prompt log-probabilities of
+ * echo + logprobs and of prompt_logprobs against a plain log-softmax of ps_forward's logits (and their ranks
+ * and top lists), greedy continuations against the argmax of a forward of the extended sequence, string
+ * prompts through the tokenizer, malformed and oversized requests (4xx JSON naming the limit, and the server
+ * keeps serving), the connection limit (429), and 32 concurrent clients that all get their own right answers
+ * (the worker batches them). Every server is shut down by the test itself. */
+#define _POSIX_C_SOURCE 200809L
+#include <arpa/inet.h>
+#include <curl/curl.h>
+#include <jansson.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "check.h"
+#define OK(c) CHECK(c, "%s", "")
+#include "core/config.h"
+#include "core/forward.h"
+#include "core/model.h"
+#include "serve/serve.h"
+#include "testutil.h"
+#include "text/tokenizer.h"
+#include "core/v4/v4_forward.h"
+#include "core/v4/v4_model.h"
+
+typedef struct {
+    char *b;
+    size_t n;
+} buf;
+
+static size_t on_data(char *p, size_t sz, size_t nm, void *u) {
+    buf *b = u;
+    size_t n = sz * nm;
+    char *r = realloc(b->b, b->n + n + 1);
+    if (!r) return 0;
+    b->b = r;
+    memcpy(b->b + b->n, p, n);
+    b->n += n;
+    b->b[b->n] = '\0';
+    return n;
+}
+
+/* one request; returns the status, *out the parsed body (NULL when not JSON) */
+static long http(int port, const char *method, const char *path, const char *body, json_t **out) {
+    char url[256];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d%s", port, path);
+    CURL *h = curl_easy_init();
+    buf b = {0};
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_data);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, &b);
+    curl_easy_setopt(h, CURLOPT_TIMEOUT, 60L);
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    struct curl_slist *hd = curl_slist_append(NULL, "Content-Type: application/json");
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, hd);
+    if (!strcmp(method, "POST")) curl_easy_setopt(h, CURLOPT_POSTFIELDS, body ? body : "");
+    else if (strcmp(method, "GET")) curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, method);
+    long st = 0;
+    if (curl_easy_perform(h) == CURLE_OK) curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &st);
+    curl_slist_free_all(hd);
+    curl_easy_cleanup(h);
+    if (out) *out = b.b ? json_loads(b.b, 0, NULL) : NULL;
+    free(b.b);
+    return st;
+}
+
+/* log-softmax of the forward's logits for ids (double, plain loops): lsm[t * V + v] for the row at t */
+static double *reference_lsm(const ps_model *m, const int32_t *ids, int64_t T) {
+    ps_acts a;
+    ps_error err = {0};
+    int64_t V = m->cfg.vocab_size;
+    OK(!ps_acts_create(&a, m->ctx, &m->cfg, 1, T, false, &err));
+    OK(!ps_forward(m, &a, ids, NULL, &err));
+    const float *lg = ps_acts_logits_host(&a, &err);
+    double *out = malloc((size_t)(T * V) * sizeof *out);
+    for (int64_t t = 0; t < T; t++) {
+        double mx = -INFINITY, s = 0;
+        for (int64_t v = 0; v < V; v++) mx = fmax(mx, lg[t * V + v]);
+        for (int64_t v = 0; v < V; v++) s += exp(lg[t * V + v] - mx);
+        for (int64_t v = 0; v < V; v++) out[t * V + v] = lg[t * V + v] - mx - log(s);
+    }
+    ps_acts_free(&a);
+    return out;
+}
+
+static char *ids_json(const int32_t *ids, int64_t n) {
+    json_t *a = json_array();
+    for (int64_t i = 0; i < n; i++) json_array_append_new(a, json_integer(ids[i]));
+    char *s = json_dumps(a, JSON_COMPACT);
+    json_decref(a);
+    return s;
+}
+
+static int is_error(json_t *o, const char *needle) {
+    const char *m = json_string_value(json_object_get(json_object_get(o, "error"), "message"));
+    if (!m) return 0;
+    if (needle && !strstr(m, needle)) {
+        fprintf(stderr, "error message \"%s\" lacks \"%s\"\n", m, needle);
+        return 0;
+    }
+    return 1;
+}
+
+typedef struct {
+    int port;
+    const int32_t *ids;
+    int64_t T;
+    int32_t want; /* the greedy next token */
+    int ok;
+} client;
+
+static void *client_main(void *u) {
+    client *c = u;
+    char *ij = ids_json(c->ids, c->T), body[4096];
+    snprintf(body, sizeof body, "{\"prompt\": %s, \"max_tokens\": 1, \"temperature\": 0, \"logprobs\": 1, \"return_tokens_as_token_ids\": true}", ij);
+    free(ij);
+    json_t *o;
+    long st = http(c->port, "POST", "/v1/completions", body, &o);
+    const char *tk = json_string_value(json_array_get(
+        json_object_get(json_object_get(json_array_get(json_object_get(o, "choices"), 0), "logprobs"), "tokens"), 0));
+    char want[32];
+    snprintf(want, sizeof want, "token_id:%d", (int)c->want);
+    c->ok = st == 200 && tk && !strcmp(tk, want);
+    json_decref(o);
+    return NULL;
+}
+
+
+/* Another family behind the same adapter: serve dir and compare prompt_logprobs with the log-softmax of
+ * that family's own forward (ps_forward, or the DeepSeek-V4 forward), computed here. */
+static void check_family(const char *dir, int v4) {
+    ps_error err = {0};
+    ps_serve_opts o;
+    ps_serve_defaults(&o);
+    o.model_dir = dir;
+    o.port = 0;
+    ps_server *sv;
+    if (ps_serve_start(&o, &sv, &err)) {
+        OK(0);
+        fprintf(stderr, "%s: %s\n", dir, err.msg);
+        return;
+    }
+    int64_t V, T = 24;
+    int32_t ids[24];
+    float *lg = NULL;
+    if (v4) {
+        ps_v4_model m;
+        memset(&m, 0, sizeof m);
+        OK(!ps_v4_model_load(&m, dir, 0, &err));
+        V = m.cfg.vocab_size;
+        tu_random_tokens(ids, T, V, 5);
+        ps_v4_acts a;
+        OK(!ps_v4_acts_create(&a, &m, 1, T, &err) && !ps_v4_forward(&m, &a, ids, NULL, -1, &err));
+        const float *h = ps_v4_logits_host(&a, &err);
+        lg = malloc((size_t)(T * V) * sizeof *lg);
+        memcpy(lg, h, (size_t)(T * V) * sizeof *lg);
+        ps_v4_acts_free(&a);
+        ps_v4_model_free(&m);
+    } else {
+        ps_model m;
+        memset(&m, 0, sizeof m);
+        OK(!ps_model_load(&m, dir, &err));
+        V = m.cfg.vocab_size;
+        tu_random_tokens(ids, T, V, 5);
+        ps_acts a;
+        OK(!ps_acts_create(&a, m.ctx, &m.cfg, 1, T, false, &err) && !ps_forward(&m, &a, ids, NULL, &err));
+        const float *h = ps_acts_logits_host(&a, &err);
+        lg = malloc((size_t)(T * V) * sizeof *lg);
+        memcpy(lg, h, (size_t)(T * V) * sizeof *lg);
+        ps_acts_free(&a);
+        ps_model_free(&m);
+    }
+    char *ij = ids_json(ids, T), body[4096];
+    snprintf(body, sizeof body, "{\"prompt\": %s, \"max_tokens\": 1, \"temperature\": 0, \"prompt_logprobs\": 1}", ij);
+    free(ij);
+    json_t *r;
+    OK(http(ps_serve_port(sv), "POST", "/v1/completions", body, &r) == 200);
+    json_t *pl = json_object_get(json_array_get(json_object_get(r, "choices"), 0), "prompt_logprobs");
+    OK(json_array_size(pl) == (size_t)T);
+    double worst = 0;
+    for (int64_t t = 1; t < T; t++) {
+        const float *x = lg + (t - 1) * V;
+        double mx = -INFINITY, sum = 0;
+        for (int64_t v = 0; v < V; v++) mx = fmax(mx, x[v]);
+        for (int64_t v = 0; v < V; v++) sum += exp(x[v] - mx);
+        char key[16];
+        snprintf(key, sizeof key, "%d", (int)ids[t]);
+        json_t *e = json_object_get(json_array_get(pl, (size_t)t), key);
+        OK(e != NULL);
+        worst = fmax(worst, fabs(json_number_value(json_object_get(e, "logprob")) - (x[ids[t]] - mx - log(sum))));
+    }
+    printf("%s (%s): prompt_logprobs vs its forward's log-softmax: max |diff| %.3g\n", dir, v4 ? "DeepSeek-V4" : "Qwen3 layout", worst);
+    OK(worst < 1e-4);
+    json_decref(r);
+    free(lg);
+    ps_serve_stop(sv);
+}
+
+int main(void) {
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    ps_error err = {0};
+    char dir[512];
+    tu_tempdir(dir, sizeof dir, "serve");
+    ps_config cfg;
+    OK(!ps_config_load(PS_SOURCE_DIR "/tests/text/tiny_model.json", &cfg, &err));
+    cfg.max_seq_len = 256;
+    ps_model m;
+    tu_random_model(&m, &cfg, 7, 0.5f);
+    OK(!ps_model_save(&m, dir, &err));
+    const int64_t V = cfg.vocab_size;
+
+    ps_serve_opts o;
+    ps_serve_defaults(&o);
+    o.model_dir = dir;
+    o.tokenizer = PS_SOURCE_DIR "/tests/text/tiny_tokenizer.json";
+    o.port = 0;
+    o.max_body = 4096;
+    o.max_logprobs = 5;
+    o.max_prompt_tokens = 100;
+    o.max_connections = 40;
+    ps_server *sv;
+    if (ps_serve_start(&o, &sv, &err)) {
+        fprintf(stderr, "%s\n", err.msg);
+        return 1;
+    }
+    int port = ps_serve_port(sv);
+    OK(port > 0);
+    json_t *r;
+    OK(http(port, "GET", "/health", NULL, &r) == 200 && !strcmp(json_string_value(json_object_get(r, "status")), "ok"));
+    json_decref(r);
+    OK(http(port, "GET", "/v1/models", NULL, &r) == 200);
+    const char *nm = json_string_value(json_object_get(json_array_get(json_object_get(r, "data"), 0), "id"));
+    OK(nm && !strcmp(nm, ps_serve_name(sv)));
+    char name[512];
+    snprintf(name, sizeof name, "%s", nm ? nm : "");
+    json_decref(r);
+
+    /* ---- echo + logprobs and prompt_logprobs against the forward's log-softmax ---- */
+    int64_t T = 40;
+    int32_t ids[64];
+    tu_random_tokens(ids, T, V, 11);
+    double *lsm = reference_lsm(&m, ids, T);
+    char *ij = ids_json(ids, T), body[8192];
+    snprintf(body, sizeof body, "{\"model\": \"%s\", \"prompt\": %s, \"max_tokens\": 2, \"temperature\": 0, \"echo\": true, \"logprobs\": 3, \"prompt_logprobs\": 2}", name, ij);
+    long st0 = http(port, "POST", "/v1/completions", body, &r);
+    if (st0 != 200) {
+        char *t = r ? json_dumps(r, 0) : NULL;
+        fprintf(stderr, "status %ld: %s\n", st0, t ? t : "(no JSON)");
+        free(t);
+    }
+    OK(st0 == 200);
+    json_t *c0 = json_array_get(json_object_get(r, "choices"), 0), *lo = json_object_get(c0, "logprobs");
+    json_t *tk = json_object_get(lo, "tokens"), *tl = json_object_get(lo, "token_logprobs"), *tp = json_object_get(lo, "top_logprobs"),
+           *off = json_object_get(lo, "text_offset"), *pl = json_object_get(c0, "prompt_logprobs");
+    OK(json_array_size(tk) == (size_t)T + 2 && json_array_size(tl) == (size_t)T + 2 && json_array_size(tp) == (size_t)T + 2);
+    OK(json_array_size(off) == (size_t)T + 2 && json_array_size(pl) == (size_t)T);
+    OK(json_is_null(json_array_get(tl, 0)) && json_is_null(json_array_get(pl, 0)));
+    double worst = 0;
+    for (int64_t t = 1; t < T; t++) {
+        const double *row = lsm + (t - 1) * V;
+        double lp = json_number_value(json_array_get(tl, (size_t)t));
+        worst = fmax(worst, fabs(lp - row[ids[t]]));
+        /* rank and top-2 (prompt_logprobs: keyed by id) */
+        int64_t rank = 1;
+        int best = 0;
+        for (int64_t v = 0; v < V; v++) {
+            rank += row[v] > row[ids[t]];
+            if (row[v] > row[best]) best = (int)v;
+        }
+        json_t *d = json_array_get(pl, (size_t)t);
+        char key[16];
+        snprintf(key, sizeof key, "%d", (int)ids[t]);
+        json_t *e = json_object_get(d, key);
+        OK(e && json_integer_value(json_object_get(e, "rank")) == rank);
+        OK(fabs(json_number_value(json_object_get(e, "logprob")) - row[ids[t]]) < 1e-4);
+        snprintf(key, sizeof key, "%d", best);
+        OK(json_object_get(d, key) && fabs(json_number_value(json_object_get(json_object_get(d, key), "logprob")) - row[best]) < 1e-4);
+        OK(json_object_size(d) == (rank <= 2 ? 2u : 3u));
+        /* top_logprobs: 3 best + the token itself when it is not among them */
+        size_t want_n = rank <= 3 ? 3 : 4;
+        OK(json_object_size(json_array_get(tp, (size_t)t)) <= want_n);
+        /* text_offset: the running length of the token texts */
+        int64_t o0 = json_integer_value(json_array_get(off, (size_t)t - 1)), o1 = json_integer_value(json_array_get(off, (size_t)t));
+        const char *prev = json_string_value(json_array_get(tk, (size_t)t - 1));
+        int64_t chars = 0;
+        for (const char *s = prev; *s; s++) chars += ((unsigned char)*s & 0xC0) != 0x80;
+        OK(o1 - o0 == chars);
+    }
+    printf("echo logprobs vs forward log-softmax: max |diff| %.3g over %lld positions\n", worst, (long long)T - 1);
+    OK(worst < 1e-4);
+    /* the two generated tokens: greedy = argmax of a forward of the extended sequence */
+    json_t *text = json_object_get(c0, "text");
+    OK(json_is_string(text));
+    int32_t ext[66];
+    memcpy(ext, ids, (size_t)T * sizeof *ext);
+    for (int k = 0; k < 2; k++) {
+        double *l2 = reference_lsm(&m, ext, T + k);
+        int best = 0;
+        for (int64_t v = 1; v < V; v++)
+            if (l2[(T + k - 1) * V + v] > l2[(T + k - 1) * V + best]) best = (int)v;
+        ext[T + k] = best;
+        double lp = json_number_value(json_array_get(tl, (size_t)(T + k)));
+        OK(fabs(lp - l2[(T + k - 1) * V + best]) < 1e-4);
+        free(l2);
+    }
+    json_decref(r);
+    /* the same prompt with return_tokens_as_token_ids: the generated ids */
+    snprintf(body, sizeof body, "{\"prompt\": %s, \"max_tokens\": 2, \"temperature\": 0, \"logprobs\": 0, \"return_tokens_as_token_ids\": true}", ij);
+    OK(http(port, "POST", "/v1/completions", body, &r) == 200);
+    tk = json_object_get(json_object_get(json_array_get(json_object_get(r, "choices"), 0), "logprobs"), "tokens");
+    char w0[32], w1[32];
+    snprintf(w0, sizeof w0, "token_id:%d", (int)ext[T]);
+    snprintf(w1, sizeof w1, "token_id:%d", (int)ext[T + 1]);
+    OK(json_array_size(tk) == 2 && !strcmp(json_string_value(json_array_get(tk, 0)), w0) &&
+          !strcmp(json_string_value(json_array_get(tk, 1)), w1));
+    OK(json_integer_value(json_object_get(json_object_get(r, "usage"), "completion_tokens")) == 2);
+    json_decref(r);
+    free(ij);
+    free(lsm);
+
+    /* ---- a string prompt and a list of prompts: the tokenizer's ids, one choice each ---- */
+    ps_tokenizer *tok;
+    OK(!ps_tokenizer_load(PS_SOURCE_DIR "/tests/text/tiny_tokenizer.json", &tok, &err));
+    int32_t *sid;
+    size_t sn;
+    OK(!ps_tokenize(tok, "def f(x):\n    return x", 22, false, &sid, &sn, &err));
+    OK(http(port, "POST", "/v1/completions", "{\"prompt\": [\"def f(x):\\n    return x\", [5, 6, 7]], \"max_tokens\": 0, \"echo\": true, \"logprobs\": 1}", &r) == 200);
+    json_t *ch = json_object_get(r, "choices");
+    OK(json_array_size(ch) == 2);
+    OK(!strcmp(json_string_value(json_object_get(json_array_get(ch, 0), "text")), "def f(x):\n    return x"));
+    OK(json_array_size(json_object_get(json_object_get(json_array_get(ch, 0), "logprobs"), "tokens")) == sn);
+    OK(json_integer_value(json_object_get(json_array_get(ch, 1), "index")) == 1);
+    OK(json_integer_value(json_object_get(json_object_get(r, "usage"), "prompt_tokens")) == (json_int_t)sn + 3);
+    json_decref(r);
+    free(sid);
+    ps_tokenizer_free(tok);
+
+    /* ---- bad requests: 4xx JSON naming the field or limit, and the server keeps serving ---- */
+    struct {
+        const char *method, *path, *body, *needle;
+        long status;
+    } bad[] = {
+        {"POST", "/v1/completions", "{\"prompt\": [1, 2", "not JSON", 400},
+        {"POST", "/v1/completions", "[1, 2]", "not a JSON object", 400},
+        {"POST", "/v1/completions", "{\"max_tokens\": 1}", "prompt", 400},
+        {"POST", "/v1/completions", "{\"prompt\": []}", "prompt", 400},
+        {"POST", "/v1/completions", "{\"prompt\": [1, 99999]}", "prompt[1]", 400},
+        {"POST", "/v1/completions", "{\"prompt\": [1, -1]}", "prompt[1]", 400},
+        {"POST", "/v1/completions", "{\"prompt\": [1, 2], \"logprobs\": 6}", "--max-logprobs", 400},
+        {"POST", "/v1/completions", "{\"prompt\": [1, 2], \"prompt_logprobs\": 99}", "--max-logprobs", 400},
+        {"POST", "/v1/completions", "{\"prompt\": [1, 2], \"max_tokens\": -1}", "max_tokens", 400},
+        {"POST", "/v1/completions", "{\"prompt\": [1, 2], \"max_tokens\": 255}", "context", 400},
+        {"POST", "/v1/completions", "{\"prompt\": [1, 2], \"echo\": 3}", "echo", 400},
+        {"POST", "/v1/completions", "{\"prompt\": [1, 2], \"n\": 2}", "n:", 400},
+        {"POST", "/v1/completions", "{\"prompt\": [1, 2], \"stream\": true}", "stream", 400},
+        {"POST", "/v1/completions", "{\"prompt\": [1, 2], \"model\": \"other\"}", "not served", 404},
+        {"POST", "/v1/completions", "{\"prompt\": [1, 2], \"temperature\": \"hot\"}", "temperature", 400},
+        {"GET", "/v1/completions", NULL, "use POST", 405},
+        {"POST", "/v1/models", "{}", "use GET", 405},
+        {"GET", "/v2/nothing", NULL, "no such endpoint", 404},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        long st = http(port, bad[i].method, bad[i].path, bad[i].body, &r);
+        if (st != bad[i].status || !is_error(r, bad[i].needle)) fprintf(stderr, "bad request %zu: status %ld\n", i, st);
+        OK(st == bad[i].status && is_error(r, bad[i].needle));
+        json_decref(r);
+    }
+    /* too many prompt tokens (limit 100) and an oversized body (limit 4096 bytes) */
+    int32_t many[120];
+    for (int i = 0; i < 120; i++) many[i] = i % 300;
+    ij = ids_json(many, 101);
+    snprintf(body, sizeof body, "{\"prompt\": %s, \"max_tokens\": 0}", ij);
+    free(ij);
+    OK(http(port, "POST", "/v1/completions", body, &r) == 400 && is_error(r, "--max-prompt-tokens"));
+    json_decref(r);
+    char *huge = malloc(10000);
+    memset(huge, ' ', 9999);
+    memcpy(huge, "{\"prompt\": [1]", 14);
+    huge[9998] = '}';
+    huge[9999] = '\0';
+    OK(http(port, "POST", "/v1/completions", huge, &r) == 413 && is_error(r, "--max-body"));
+    json_decref(r);
+    free(huge);
+    OK(http(port, "GET", "/health", NULL, &r) == 200);
+    json_decref(r);
+    OK(http(port, "POST", "/v1/completions", "{\"prompt\": [1, 2, 3], \"max_tokens\": 1, \"temperature\": 0}", &r) == 200);
+    json_decref(r);
+
+    /* ---- 32 concurrent clients, each its own prompt: every answer is its own greedy token ---- */
+    enum { NC = 32 };
+    client cl[NC];
+    int32_t pr[NC][24];
+    pthread_t th[NC];
+    for (int i = 0; i < NC; i++) {
+        int64_t L = 8 + i % 16;
+        tu_random_tokens(pr[i], L, V, 100 + (uint64_t)i);
+        double *l = reference_lsm(&m, pr[i], L);
+        int best = 0;
+        for (int64_t v = 1; v < V; v++)
+            if (l[(L - 1) * V + v] > l[(L - 1) * V + best]) best = (int)v;
+        free(l);
+        cl[i] = (client){port, pr[i], L, best, 0};
+    }
+    for (int i = 0; i < NC; i++) pthread_create(&th[i], NULL, client_main, &cl[i]);
+    int good = 0;
+    for (int i = 0; i < NC; i++) {
+        pthread_join(th[i], NULL);
+        good += cl[i].ok;
+    }
+    printf("32 concurrent clients: %d right answers\n", good);
+    OK(good == NC);
+
+    /* ---- the connection limit: 40 idle connections open, the next request is refused with 429 ---- */
+    int socks[41];
+    for (int i = 0; i < 41; i++) {
+        socks[i] = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in sa = {0};
+        sa.sin_family = AF_INET;
+        sa.sin_port = htons((uint16_t)port);
+        sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        OK(connect(socks[i], (struct sockaddr *)&sa, sizeof sa) == 0);
+    }
+    long st = 0;
+    r = NULL;
+    for (int tries = 0; tries < 50 && st != 429; tries++) { /* the server counts a connection once it accepted it */
+        usleep(100000);
+        json_decref(r);
+        st = http(port, "GET", "/health", NULL, &r);
+    }
+    OK(st == 429 && is_error(r, "--max-connections"));
+    json_decref(r);
+    for (int i = 0; i < 41; i++) close(socks[i]);
+    st = 0;
+    for (int tries = 0; tries < 50 && st != 200; tries++) {
+        usleep(100000);
+        st = http(port, "GET", "/health", NULL, NULL);
+    }
+    OK(st == 200);
+
+    ps_serve_stop(sv);
+    ps_model_free(&m);
+
+    /* the other families: a Hugging Face Qwen3 checkpoint and a DeepSeek-V4 checkpoint (conformance vectors) */
+    char fd[4200];
+    snprintf(fd, sizeof fd, "%s/qwen3_published", tu_conformance_dir());
+    check_family(fd, 0);
+    snprintf(fd, sizeof fd, "%s/v4/hub3", tu_conformance_dir());
+    check_family(fd, 1);
+    curl_global_cleanup();
+    CHECK_DONE();
+}

@@ -1,0 +1,110 @@
+/* fig_common.c — the figure modules' shared pieces (viz/fig_common.h). */
+#define _POSIX_C_SOURCE 200809L
+#include "viz/fig_common.h"
+
+#include <libgen.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/fileio.h"
+
+double ps_fig_num(json_t *o, const char *k) { return json_number_value(json_object_get(o, k)); }
+
+
+void ps_fig_make_chunks(ps_fig_chunks *c, json_t *prov, const char *title) {
+    snprintf(c->command, sizeof c->command, "%s", json_string_value(json_object_get(prov, "command")) ?: "");
+    snprintf(c->model, sizeof c->model, "%s", json_string_value(json_object_get(prov, "model")) ?: "");
+    snprintf(c->title, sizeof c->title, "%s", title);
+}
+
+/* Draw into OUT/name.png (and .pdf/.svg when asked). */
+int ps_fig_emit(const char *out_dir, const char *name, double w, double h, ps_fig_draw_fn fn, void *ctx, const ps_fig_chunks *ch,
+                const ps_render_opts *o, int verbose, ps_error *err) {
+    if (ps_mkdir(out_dir, err)) return -1;
+    for (int pass = 0; pass < (o && o->vector ? 2 : 1); pass++) {
+        ps_fig_format fmt = pass ? o->format : PS_FMT_PNG;
+        char file[600], path[4800];
+        snprintf(file, sizeof file, "%s.%s", name, fmt == PS_FMT_PNG ? "png" : fmt == PS_FMT_PDF ? "pdf" : "svg");
+        if (ps_path_join(path, sizeof path, out_dir, file, err)) return -1;
+        ps_fig f;
+        if (ps_fig_begin(&f, w, h, fmt, path, err)) return -1;
+        fn(f.cr, ctx);
+        const char *keys[] = {"Title", "Software", "Command", "Model"};
+        const char *vals[] = {ch->title, "phasescope " PS_VERSION, ch->command, ch->model};
+        if (ps_fig_end(&f, keys, vals, 4, err)) return -1;
+        if (verbose) printf("wrote %s\n", path);
+    }
+    return 0;
+}
+
+/* Text width before a figure exists (for sizing the canvas). */
+double ps_fig_measure(const char *s, double size, int bold) {
+    cairo_surface_t *sf = cairo_image_surface_create(CAIRO_FORMAT_ARGB32, 1, 1);
+    cairo_t *cr = cairo_create(sf);
+    double w = cairo_status(cr) == CAIRO_STATUS_SUCCESS ? ps_text_width(cr, s, size, bold) : 0.6 * size * (double)strlen(s);
+    cairo_destroy(cr);
+    cairo_surface_destroy(sf);
+    return w;
+}
+
+/* The largest font size <= size (down to 8) at which s fits in maxw. */
+double ps_fig_fit(cairo_t *cr, const char *s, double size, double maxw, int bold) {
+    while (size > 8 && ps_text_width(cr, s, size, bold) > maxw) size -= 0.5;
+    return size;
+}
+
+void ps_fig_model_name(char *buf, size_t n, json_t *prov) {
+    char tmp[2048];
+    snprintf(tmp, sizeof tmp, "%s", json_string_value(json_object_get(prov, "model")) ?: "model");
+    size_t l = strlen(tmp);
+    while (l > 1 && tmp[l - 1] == '/') tmp[--l] = '\0';
+    const char *b = basename(tmp);
+    json_t *cfg = json_object_get(prov, "config"), *att = json_object_get(cfg, "attention");
+    const char *kind = json_string_value(json_object_get(att, "kind"));
+    if (kind && !strcmp(kind, "compressed")) {
+        const char *gate = json_string_value(json_object_get(att, "gate"));
+        snprintf(buf, n, "%s (W%lld/S%lld%s%s)", b, (long long)json_integer_value(json_object_get(att, "window")),
+                 (long long)json_integer_value(json_object_get(att, "stride")),
+                 gate && !strcmp(gate, "uniform") ? ", uniform gate" : "",
+                 json_is_false(json_object_get(cfg, "rope")) ? ", no RoPE" : "");
+    } else if (kind && (!strcmp(kind, "channel") || !strcmp(kind, "v4"))) {
+        const char *mode = json_string_value(json_object_get(att, "mode"));
+        snprintf(buf, n, "%s (V4 compressor: %s, rate %lld, window %lld%s)", b, mode && !strcmp(mode, "hca") ? "HCA" : "CSA",
+                 (long long)json_integer_value(json_object_get(att, "rate")),
+                 (long long)json_integer_value(json_object_get(att, "local_window")),
+                 json_is_false(json_object_get(cfg, "rope")) ? ", no RoPE" : "");
+    } else if (kind && !strcmp(kind, "deepseek_v4")) {
+        json_t *cr = json_object_get(att, "compress_rates");
+        char rates[200] = "";
+        size_t w = 0;
+        for (size_t i = 0; i < json_array_size(cr) && w + 16 < sizeof rates; i++)
+            w += (size_t)snprintf(rates + w, sizeof rates - w, "%s%lld", i ? "," : "", (long long)json_integer_value(json_array_get(cr, i)));
+        snprintf(buf, n, "%s (DeepSeek-V4, compress rates %s)", b, rates);
+    } else if (kind)
+        snprintf(buf, n, "%s (full attention)", b);
+    else
+        snprintf(buf, n, "%s", b);
+}
+
+void ps_fig_line(cairo_t *cr, double x0, double y0, double x1, double y1) {
+    cairo_move_to(cr, x0, y0);
+    cairo_line_to(cr, x1, y1);
+    cairo_stroke(cr);
+}
+
+
+/* A polyline in data coordinates, clipped a few pixels outside the plot area (so values on its edge
+ * stay visible on top of the frame). xs, ys: n values with strides. */
+void ps_fig_polyline(cairo_t *cr, const double *xs, const double *ys, ptrdiff_t ystride, int n, double x, double y, double w,
+                     double h, double x0, double x1, double y0, double y1) {
+    cairo_save(cr);
+    cairo_rectangle(cr, x - 4, y - 4, w + 8, h + 8);
+    cairo_clip(cr);
+    for (int i = 0; i < n; i++) {
+        double xx = x + w * (xs[i] - x0) / (x1 - x0), yy = y + h * (1 - (ys[i * ystride] - y0) / (y1 - y0));
+        if (i == 0) cairo_move_to(cr, xx, yy);
+        else cairo_line_to(cr, xx, yy);
+    }
+    cairo_stroke(cr);
+    cairo_restore(cr);
+}

@@ -1,0 +1,370 @@
+/* kind_knockout.c — result kind "knockout": the change in answer NLL and accuracy when each (layer, head)
+ * cell is knocked out at each phase residue. Its validation and its figure, knockout_heatmap.png (several grids
+ * side by side, each panel on its own colour scale). */
+#include "viz/kinds.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "viz/check_common.h"
+#include "viz/fig_common.h"
+
+/* ---- validation ---- */
+
+static int cmp_i64(const void *x, const void *y) {
+    int64_t a = *(const int64_t *)x, b = *(const int64_t *)y;
+    return a < b ? -1 : a > b;
+}
+
+int ps_check_knockout(ps_ck *c, json_t *doc) {
+    static const char *const TGT[] = {"raw", "compressed", "both", "heads", "indexer", "sink", NULL};
+    ps_prov_info pi;
+    ps_curve_info cl = {0};
+    json_t *g, *cells;
+    int64_t P, nc, *pairs = NULL;
+    int rc = -1;
+    if (ps_ck_provenance(c, doc, 1, NULL, &pi) || ps_ck_get_obj(c, doc, "grid", &g)) goto done;
+    size_t old = ps_ck_key(c, "grid");
+    if (ps_ck_get_int(c, g, "period", 1, MAX_PERIOD, &P)) goto done;
+    if (P != pi.period) {
+        ps_ck_key(c, "period");
+        ps_ck_bad(c, "%lld, but provenance.eval.period is %lld", (long long)P, (long long)pi.period);
+        goto done;
+    }
+    if (ps_ck_get_enum(c, g, "target", TGT, NULL) || ps_ck_curve(c, g, "clean", P, &cl)) goto done;
+    if (ps_ck_get_arr(c, g, "cells", 1, MAX_WINDOW * (int64_t)MAX_WINDOW, &cells, &nc)) goto done;
+    pairs = malloc((size_t)nc * sizeof *pairs);
+    if (!pairs) {
+        ps_fail(c->err, "out of memory");
+        goto done;
+    }
+    size_t o2 = ps_ck_key(c, "cells");
+    for (int64_t i = 0; i < nc; i++) {
+        json_t *cell = json_array_get(cells, (size_t)i), *res;
+        size_t o3 = ps_ck_idx(c, (size_t)i);
+        int64_t layer, head;
+        if (ps_ck_want_type(c, cell, json_is_object(cell), "an object") || ps_ck_get_int(c, cell, "layer", 0, MAX_INDEX - 1, &layer) ||
+            ps_ck_get_int(c, cell, "head", 0, MAX_INDEX - 1, &head) || ps_ck_get_arr(c, cell, "residues", P, P, &res, NULL))
+            goto done;
+        pairs[i] = layer << 32 | head;
+        size_t o4 = ps_ck_key(c, "residues");
+        double sum_da = 0, sum_dn = 0, m;
+        int64_t used = 0;
+        for (int64_t r = 0; r < P; r++) {
+            json_t *e = json_array_get(res, (size_t)r);
+            size_t o5 = ps_ck_idx(c, (size_t)r);
+            int64_t rho, n;
+            double a, nll, da, dn;
+            if (ps_ck_want_type(c, e, json_is_object(e), "an object") || ps_ck_get_int(c, e, "rho", INT64_MIN, INT64_MAX, &rho)) goto done;
+            if (rho != r) {
+                ps_ck_key(c, "rho");
+                ps_ck_bad(c, "%lld, expected %lld (the residues 0..P-1 = 0..%lld, each once, in order)", (long long)rho, (long long)r,
+                    (long long)(P - 1));
+                goto done;
+            }
+            if (ps_ck_get_int(c, e, "n", 0, MAX_COUNT, &n)) goto done;
+            if (n != cl.n[r]) {
+                ps_ck_key(c, "n");
+                ps_ck_bad(c, "%lld, but grid.clean has n = %lld at residue %lld (a knocked-out cell scores the same queries)", (long long)n,
+                    (long long)cl.n[r], (long long)r);
+                goto done;
+            }
+            if (ps_ck_get_frac(c, e, "accuracy", &a)) goto done;
+            double k = n ? round(a * (double)n) : 0, want = n ? k / (double)n : 0;
+            if (!ps_ck_close_to(a, want, 0)) {
+                ps_ck_key(c, "accuracy");
+                ps_ck_bad(c, "%.10g is not a count of correct answers out of n = %lld", a, (long long)n);
+                goto done;
+            }
+            if (ps_ck_get_num(c, e, "mean_nll", -TOL, INFINITY, &nll) || ps_ck_get_num(c, e, "delta_accuracy_pp", -100 - TOL, 100 + TOL, &da) ||
+                ps_ck_get_num(c, e, "delta_nll", -INFINITY, INFINITY, &dn))
+                goto done;
+            if (!ps_ck_close_to(da, 100 * (a - cl.acc[r]), 100)) {
+                ps_ck_key(c, "delta_accuracy_pp");
+                ps_ck_bad(c, "%.10g, but accuracy - clean accuracy = %.10g pp", da, 100 * (a - cl.acc[r]));
+                goto done;
+            }
+            double cn = -cl.lp[r];
+            if (!ps_ck_close_to(dn, nll - cn, fmax(nll, cn))) {
+                ps_ck_key(c, "delta_nll");
+                ps_ck_bad(c, "%.10g, but mean_nll - clean mean NLL = %.10g", dn, nll - cn);
+                goto done;
+            }
+            if (n) {
+                sum_da += da;
+                sum_dn += dn;
+                used++;
+            }
+            ps_ck_pop(c, o5);
+        }
+        ps_ck_pop(c, o4);
+        double wda = used ? sum_da / (double)used : 0, wdn = used ? sum_dn / (double)used : 0;
+        if (ps_ck_get_num(c, cell, "mean_delta_accuracy_pp", -100 - TOL, 100 + TOL, &m)) goto done;
+        if (!ps_ck_close_to(m, wda, 100)) {
+            ps_ck_key(c, "mean_delta_accuracy_pp");
+            ps_ck_bad(c, "%.10g, but the residues' mean is %.10g", m, wda);
+            goto done;
+        }
+        if (ps_ck_get_num(c, cell, "mean_delta_nll", -INFINITY, INFINITY, &m)) goto done;
+        if (!ps_ck_close_to(m, wdn, fabs(wdn))) {
+            ps_ck_key(c, "mean_delta_nll");
+            ps_ck_bad(c, "%.10g, but the residues' mean is %.10g", m, wdn);
+            goto done;
+        }
+        ps_ck_pop(c, o3);
+    }
+    ps_ck_pop(c, o2);
+    int64_t *sorted = malloc((size_t)nc * sizeof *sorted);
+    if (!sorted) {
+        ps_fail(c->err, "out of memory");
+        goto done;
+    }
+    memcpy(sorted, pairs, (size_t)nc * sizeof *sorted);
+    qsort(sorted, (size_t)nc, sizeof *sorted, cmp_i64);
+    for (int64_t i = 1; i < nc; i++)
+        if (sorted[i] == sorted[i - 1]) {
+            int64_t dup = sorted[i], first = -1;
+            for (int64_t j = 0; j < nc; j++)
+                if (pairs[j] == dup) {
+                    if (first < 0) first = j;
+                    else {
+                        ps_ck_key(c, "cells");
+                        ps_ck_idx(c, (size_t)j);
+                        ps_ck_bad(c, "layer %lld head %lld again (first at cells[%lld]); each cell once", (long long)(dup >> 32),
+                            (long long)(dup & 0xffffffff), (long long)first);
+                        break;
+                    }
+                }
+            free(sorted);
+            goto done;
+        }
+    free(sorted);
+    ps_ck_pop(c, old);
+    rc = 0;
+done:
+    free(pairs);
+    ps_ck_curve_free(&cl);
+    return rc;
+}
+
+/* ---- figure: knockout heatmaps ---- */
+
+#define KO_TOP 124.0 /* heatmaps start here: title, subtitle (2 lines), panel name and target above */
+#define KO_BAR_GAP 16.0
+#define KO_BAR_W 16.0
+#define KO_BAR_ROOM 96.0 /* bar ticks and label */
+
+static double ko_left(double ch) { return ch >= 10 ? 110 : 80; }
+/* panels 24 px a row, at least 240 and at most 900 px tall, unless the rows need more (1 px each); grids of
+ * up to 100 rows (12 layers × 8 KV heads) get 12 px a row, so each head keeps its label */
+static double ko_panel_h(int maxrows) {
+    return fmin(fmax(240, maxrows * 24.0), fmax(fmax(900, (double)maxrows), fmin(1200, maxrows * 12.0)));
+}
+/* cells 10 to 36 px wide, narrower (down to 1 px) when n panels of maxcols would pass ~12000 px */
+static double ko_cell_w(int maxcols, int n) {
+    double cw = fmax(10, fmin(36, 560.0 / maxcols / (n > 1 ? 1.4 : 1)));
+    if (cw * maxcols * n > 12000) cw = fmax(1, 12000.0 / ((double)maxcols * n));
+    return cw;
+}
+
+int ps_knockout_layout(int n, const int *rows, const int *cols, ps_rect *heat, double *fig_w, double *fig_h,
+                       ps_error *err) {
+    int maxrows = 1, maxcols = 1;
+    if (n < 1 || n > MAX_KO_PANELS) return ps_fail(err, "knockout: %d grids side by side; a figure shows 1 to %d", n, MAX_KO_PANELS);
+    for (int k = 0; k < n; k++) {
+        if (rows[k] < 1 || rows[k] > MAX_KO_ROWS || cols[k] < 1 || cols[k] > MAX_KO_PERIOD)
+            return ps_fail(err, "knockout: a %d x %d grid is beyond a figure (1 to %d rows, 1 to %d residues)", rows[k], cols[k],
+                           MAX_KO_ROWS, MAX_KO_PERIOD);
+        maxrows = rows[k] > maxrows ? rows[k] : maxrows;
+        maxcols = cols[k] > maxcols ? cols[k] : maxcols;
+    }
+    double hp = ko_panel_h(maxrows), cw = ko_cell_w(maxcols, n), x = 20;
+    for (int k = 0; k < n; k++) {
+        double ch = hp / rows[k];
+        x += ko_left(ch);
+        heat[k] = (ps_rect){x, KO_TOP, cols[k] * cw, hp};
+        x += cols[k] * cw + KO_BAR_GAP + KO_BAR_W + KO_BAR_ROOM + 24;
+    }
+    *fig_w = fmax(x, 900);
+    *fig_h = KO_TOP + hp + 62;
+    if (*fig_w > PS_FIG_MAX_SIDE || *fig_h > PS_FIG_MAX_SIDE)
+        return ps_fail(err, "knockout: %d grids would need a %.0f x %.0f px figure (at most %.0f a side)", n, *fig_w, *fig_h,
+                       PS_FIG_MAX_SIDE);
+    return 0;
+}
+
+ps_rgb ps_knockout_color(double v, double vmax, int acc) {
+    double t = vmax > 0 ? (v + vmax) / (2 * vmax) : 0.5;
+    return acc ? ps_diverging_rev(t) : ps_diverging(t);
+}
+
+typedef struct {
+    char name[512], target[256];
+    int rows, cols;
+    int *layer, *head;
+    double *v, vmax;
+} grid;
+
+typedef struct {
+    int n;
+    grid *g;
+    ps_rect *heat;
+    int acc;
+    double fig_w;
+    char title[1024], subtitle[1024], subtitle2[1024];
+} ko_ctx;
+
+static void draw_knockout(cairo_t *cr, void *vctx) {
+    ko_ctx *x = vctx;
+    ps_text(cr, 20, 22, x->title, ps_fig_fit(cr, x->title, 17, x->fig_w - 40, 1), 0, 0.5, 0, 1);
+    ps_text(cr, 20, 46, x->subtitle, ps_fig_fit(cr, x->subtitle, 12.5, x->fig_w - 40, 0), 0, 0.5, 0, 0);
+    ps_text(cr, 20, 64, x->subtitle2, ps_fig_fit(cr, x->subtitle2, 12.5, x->fig_w - 40, 0), 0, 0.5, 0, 0);
+    ps_rgb (*cmap)(double) = x->acc ? ps_diverging_rev : ps_diverging;
+    for (int k = 0; k < x->n; k++) {
+        grid *g = &x->g[k];
+        ps_rect hr = x->heat[k];
+        double px = hr.x, T = hr.y, w = hr.w, h = hr.h, ch = h / g->rows, cw = w / g->cols;
+        double room = w + KO_BAR_GAP + KO_BAR_W + KO_BAR_ROOM; /* the panel's width right of its labels */
+        double cx = px + (w + KO_BAR_GAP + KO_BAR_W) / 2;
+        cairo_set_source_rgb(cr, 0, 0, 0);
+        ps_text(cr, cx, T - 34, g->name, ps_fig_fit(cr, g->name, 13, room + 60, 1), 0.5, 0.5, 0, 1);
+        ps_text(cr, cx, T - 16, g->target, ps_fig_fit(cr, g->target, 12, room + 60, 0), 0.5, 0.5, 0, 0);
+        ps_heatmap(cr, px, T, w, h, g->v, g->rows, g->cols, cmap, -g->vmax, g->vmax);
+        /* layer groups: separators and labels; head labels when they fit */
+        cairo_set_source_rgb(cr, 0, 0, 0);
+        int r0 = 0;
+        for (int r = 1; r <= g->rows; r++)
+            if (r == g->rows || g->layer[r] != g->layer[r0]) {
+                double yc = T + (r0 + r) / 2.0 * ch;
+                char buf[32];
+                snprintf(buf, sizeof buf, "layer %d", g->layer[r0]);
+                if ((r - r0) * ch >= 9 || r0 == 0 || g->rows <= 64)
+                    ps_text(cr, px - (ch >= 10 ? 34 : 6), yc, buf, ch >= 10 ? 12 : 10, 1, 0.5, 0, 1);
+                if (r < g->rows) {
+                    cairo_set_line_width(cr, 2);
+                    ps_fig_line(cr, px - 4, round(T + r * ch), px + w, round(T + r * ch));
+                }
+                r0 = r;
+            }
+        if (ch >= 10)
+            for (int r = 0; r < g->rows; r++) {
+                char buf[16];
+                snprintf(buf, sizeof buf, "h%d", g->head[r]);
+                ps_text(cr, px - 4, T + (r + 0.5) * ch, buf, fmin(12, ch - 1), 1, 0.5, 0, 0);
+            }
+        int step = ps_tick_step(cw, ps_text_width(cr, "000", 12, 0) + 4);
+        for (int c = 0; c < g->cols; c += step) {
+            char buf[16];
+            snprintf(buf, sizeof buf, "%d", c);
+            ps_text(cr, px + (c + 0.5) * cw, T + h + 6, buf, 12, 0.5, 0, 0, 0);
+        }
+        ps_text(cr, px + w / 2, T + h + 28, "phase residue ρ", 13, 0.5, 0, 0, 0);
+        ps_colorbar(cr, px + w + KO_BAR_GAP, T, KO_BAR_W, h, cmap, -g->vmax, g->vmax,
+                    x->acc ? "Δ accuracy (pp)" : "Δ mean target NLL (nats)");
+    }
+}
+
+static const char *target_text(const char *t) {
+    if (!t) return "knocked out: (target not recorded)";
+    if (!strcmp(t, "raw")) return "knocked out: raw keys and values (hook_k, hook_v)";
+    if (!strcmp(t, "compressed")) return "knocked out: compressed keys and values (hook_ck, hook_cv)";
+    if (!strcmp(t, "both")) return "knocked out: raw and compressed keys and values";
+    if (!strcmp(t, "heads")) return "knocked out: query heads (layers.L.attn.q, one head per cell)";
+    if (!strcmp(t, "indexer")) return "knocked out: the indexer's selection, replaced by the mean-pattern top-k";
+    if (!strcmp(t, "sink")) return "knocked out: every head's sink mass (layers.L.attn.sink)";
+    return NULL;
+}
+
+static void free_grids(ko_ctx *x) {
+    if (x->g)
+        for (int k = 0; k < x->n; k++) {
+            free(x->g[k].layer);
+            free(x->g[k].head);
+            free(x->g[k].v);
+        }
+    free(x->g);
+    free(x->heat);
+}
+
+int ps_render_knockout(json_t *const *docs, const char *const *paths, int n, const char *out, const ps_render_opts *o,
+                       int verbose, ps_error *err) {
+    if (n > MAX_KO_PANELS) return ps_fail(err, "%s: %d knockout grids side by side; a figure shows at most %d", paths[0], n, MAX_KO_PANELS);
+    ko_ctx x = {0};
+    x.n = n;
+    x.acc = o && o->measure && !strcmp(o->measure, "acc");
+    x.g = calloc((size_t)n, sizeof *x.g);
+    x.heat = calloc((size_t)n, sizeof *x.heat);
+    int *rows = calloc((size_t)n, sizeof(int)), *cols = calloc((size_t)n, sizeof(int));
+    int rc = 0;
+    if (!x.g || !x.heat || !rows || !cols) rc = ps_fail(err, "%s: out of memory", paths[0]);
+    for (int k = 0; k < n && !rc; k++) {
+        json_t *grid_j = json_object_get(docs[k], "grid"), *cells = json_object_get(grid_j, "cells");
+        grid *g = &x.g[k];
+        ps_fig_model_name(g->name, sizeof g->name, json_object_get(docs[k], "provenance"));
+        const char *tg = json_string_value(json_object_get(grid_j, "target")), *tt = target_text(tg);
+        const char *akind = json_string_value(
+            json_object_get(json_object_get(json_object_get(json_object_get(docs[k], "provenance"), "config"), "attention"), "kind"));
+        if (akind && tg && (!strcmp(akind, "channel") || !strcmp(akind, "v4") || !strcmp(akind, "deepseek_v4"))) { /* K = V */
+            int rt = !strcmp(akind, "deepseek_v4");
+            if (!strcmp(tg, "raw")) tt = rt ? "knocked out: the raw K=V window (layers.L.attn.kv)" : "knocked out: the raw K=V entries (hook_k)";
+            else if (!strcmp(tg, "compressed"))
+                tt = rt ? "knocked out: the compressed entries (layers.L.attn.compressor.kv)" : "knocked out: the compressed K=V entries (hook_ck)";
+        }
+        if (tt) snprintf(g->target, sizeof g->target, "%s", tt);
+        else snprintf(g->target, sizeof g->target, "knocked out: %s", tg);
+        size_t nrows = json_array_size(cells);
+        json_int_t period = json_integer_value(json_object_get(grid_j, "period"));
+        if (nrows < 1 || nrows > MAX_KO_ROWS) {
+            rc = ps_fail(err, "%s: grid.cells has %zu rows; a figure shows 1 to %d", paths[k], nrows, MAX_KO_ROWS);
+            break;
+        }
+        if (period < 1 || period > MAX_KO_PERIOD) {
+            rc = ps_fail(err, "%s: grid.period = %lld; a figure shows 1 to %d residues", paths[k], (long long)period, MAX_KO_PERIOD);
+            break;
+        }
+        g->rows = rows[k] = (int)nrows;
+        g->cols = cols[k] = (int)period;
+        g->layer = calloc((size_t)g->rows, sizeof(int));
+        g->head = calloc((size_t)g->rows, sizeof(int));
+        g->v = calloc((size_t)g->rows * (size_t)g->cols, sizeof(double));
+        if (!g->layer || !g->head || !g->v) {
+            rc = ps_fail(err, "%s: out of memory", paths[k]);
+            break;
+        }
+        for (int r = 0; r < g->rows; r++) {
+            json_t *cell = json_array_get(cells, (size_t)r), *res = json_object_get(cell, "residues");
+            g->layer[r] = (int)json_integer_value(json_object_get(cell, "layer"));
+            g->head[r] = (int)json_integer_value(json_object_get(cell, "head"));
+            for (int c = 0; c < g->cols; c++) {
+                json_t *e = json_array_get(res, (size_t)c);
+                double v = json_integer_value(json_object_get(e, "n")) > 0 ? ps_fig_num(e, x.acc ? "delta_accuracy_pp" : "delta_nll") : NAN;
+                if (!isfinite(v)) v = NAN;
+                g->v[(size_t)r * (size_t)g->cols + (size_t)c] = v;
+                if (!isnan(v)) g->vmax = fmax(g->vmax, fabs(v));
+            }
+        }
+        if (!(g->vmax > 0)) g->vmax = 1; /* all zero: a scale of ±1 shows them white */
+    }
+    double W = 0, H = 0;
+    if (!rc) rc = ps_knockout_layout(n, rows, cols, x.heat, &W, &H, err);
+    if (!rc) {
+        x.fig_w = W;
+        snprintf(x.title, sizeof x.title, "KV-head knockout (mean replacement): change in %s per layer × KV head and phase residue",
+                 x.acc ? "accuracy" : "mean target NLL");
+        snprintf(x.subtitle, sizeof x.subtitle,
+                 "each KV head's entries (named over each panel) replaced by their mean over the prompts of the same shift; "
+                 "%s",
+                 x.acc ? "change = knocked out − clean accuracy, in percentage points" : "change = knocked out − clean NLL, in nats");
+        snprintf(x.subtitle2, sizeof x.subtitle2, "orange = knockout hurts (%s), blue = knockout helps, white = no change, grey = no prompts%s",
+                 x.acc ? "accuracy falls" : "NLL rises", n > 1 ? "; each panel has its own colour scale" : "");
+        ps_fig_chunks ch;
+        ps_fig_make_chunks(&ch, json_object_get(docs[0], "provenance"), x.title);
+        rc = ps_fig_emit(out, x.acc ? "knockout_heatmap_acc" : "knockout_heatmap", W, H, draw_knockout, &x, &ch, o, verbose, err);
+    }
+    free_grids(&x);
+    free(rows);
+    free(cols);
+    return rc;
+}
