@@ -376,7 +376,7 @@ static void test_knockout_staggered(void) {
     int layers[2] = {0, 1}, heads[2] = {0, 1};
     ps_knockout_result naive, fast;
     ps_knockout_opts on = {.naive = 1};
-    REQUIRE_OK(ps_knockout_grid_opts(&m, &base, &t, &fam, P, 0, batch, layers, 2, heads, 2, PS_KO_COMPRESSED, &on, &naive, NULL,
+    REQUIRE_OK(tu_knockout_opts(&m, &base, &t, &fam, P, 0, batch, layers, 2, heads, 2, PS_KO_COMPRESSED, &on, &naive, NULL,
                                      NULL, &err), &err);
     REQUIRE_OK(ps_knockout_grid(&m, &base, &t, &fam, P, 0, batch, layers, 2, heads, 2, PS_KO_COMPRESSED, 0, &fast, NULL, NULL, &err),
                &err);
