@@ -126,6 +126,8 @@ struct ps_backend {
                        int64_t src_s1, int64_t n0, int64_t n1, int64_t width, int accumulate, float scale);
     int (*accumulate_seqs)(ps_ctx *c, double *sum, const float *x, int64_t n_seq, int64_t n);
     int (*sum_to_mean)(ps_ctx *c, float *mean, const double *sum, double count, int64_t n);
+    int (*delta_dot)(ps_ctx *c, double *out, const float *g, const float *x, const float *src, int64_t src_nseq, int64_t B,
+                     int64_t npos, int64_t nh, int64_t X);
     /* backward */
     int (*matmul_backward)(ps_ctx *c, float *dinp, float *dw, const float *dout, const float *inp, const float *w,
                            int64_t M, int64_t K, int64_t N);

@@ -5,6 +5,24 @@
 
 #include "core/ops.h"
 
+/* The options of this backward (ps_backward_opts; all zero for a training step). */
+typedef struct {
+    const ps_backward_opts *o;
+    ps_error *err;
+} bw_opts;
+
+/* A linear layer's weight gradient, or NULL when the backward skips them (attribution). */
+#define DW(x) (bo->o->no_weight_grads ? NULL : (x))
+
+/* Fire the gradient hooks on (layer l, point pt) with the gradient `data` of the given shape. */
+#define GRAD_FIRE(pt, data, nd, ...)                                                                          \
+    do {                                                                                                      \
+        if (ps_hooks_on(bo->o->grad_hooks, l, pt)) {                                                           \
+            int64_t shp_[4] = {__VA_ARGS__};                                                                  \
+            if (ps_hooks_fire(ctx, bo->o->grad_hooks, l, pt, (data), (nd), shp_, bo->err)) return -2;          \
+        }                                                                                                     \
+    } while (0)
+
 /* Run ops (chained with ||); a failure returns -1 with the context failed. */
 #define OPB(cat, expr)                                                                       \
     do {                                                                                     \
@@ -17,7 +35,8 @@
  * inverse rope of the output, the attention with sinks, q / K=V entries (norms, rope, projections), the
  * compressor (rope at w·m, norm, pooling, per-channel softmax, slot layout with the position bias, its
  * projections). Accumulates d ln1 into G.ln1 (zeroed here). */
-static int v4_attention_backward(const ps_model *m, const ps_acts *a, ps_acts *g, int l, float *grads, const float *dh) {
+static int v4_attention_backward(const ps_model *m, const ps_acts *a, ps_acts *g, int l, float *grads, const float *dh,
+                                 const bw_opts *bo) {
     ps_ctx *ctx = a->ctx;
     ps_profile *prof = a->prof;
     const ps_config *c = &m->cfg;
@@ -27,12 +46,15 @@ static int v4_attention_backward(const ps_model *m, const ps_acts *a, ps_acts *g
     int64_t cs = ps_config_v4_series(c), S = ps_config_v4_slots(c);
     int csa = c->v4_mode == PS_V4_MODE_CSA;
     OPB(PS_PROF_OTHER, ps_fill(ctx, G.z, 0.0f, BT * nh * hd) || ps_fill(ctx, G.k, 0.0f, BT * hd));
-    OPB(PS_PROF_MATMUL, ps_matmul_backward(ctx, G.z, dw.wo, dh, p.z, w.wo, BT, nh * hd, d));
+    OPB(PS_PROF_MATMUL, ps_matmul_backward(ctx, G.z, DW(dw.wo), dh, p.z, w.wo, BT, nh * hd, d));
+    GRAD_FIRE(PS_HOOK_Z, G.z, 4, B, T, nh, hd);
     /* z = R(-t) z_pre: d z_pre = R(t) dz */
     if (c->rope) OPB(PS_PROF_NORM_ROPE, ps_rope(ctx, G.z, a->p.rope_cos, a->p.rope_sin, B, T, nh, hd, 1));
     if (nW > 0) OPB(PS_PROF_OTHER, ps_fill(ctx, G.ck, 0.0f, B * nW * hd));
     OPB(PS_PROF_ATTENTION, ps_v4_attn_backward(ctx, G.q, G.k, nW > 0 ? G.ck : NULL, dw.sinks, G.z, p.z_pre, p.q, p.k,
                                                nW > 0 ? p.ck : NULL, w.sinks, &a->geom4));
+    GRAD_FIRE(PS_HOOK_K, G.k, 4, B, T, 1, hd);
+    if (nW > 0) GRAD_FIRE(PS_HOOK_CK, G.ck, 4, B, nW, 1, hd);
     if (c->rope)
         OPB(PS_PROF_NORM_ROPE, ps_rope_backward(ctx, G.q, a->p.rope_cos, a->p.rope_sin, B, T, nh, hd, 1) ||
                                    ps_rope_backward(ctx, G.k, a->p.rope_cos, a->p.rope_sin, B, T, 1, hd, 1));
@@ -43,8 +65,8 @@ static int v4_attention_backward(const ps_model *m, const ps_acts *a, ps_acts *g
     } else
         OPB(PS_PROF_OTHER, ps_copy(ctx, G.q_pre, G.q, BT * nh * hd) || ps_copy(ctx, G.k_pre, G.k, BT * hd));
     OPB(PS_PROF_OTHER, ps_fill(ctx, G.ln1, 0.0f, BT * d));
-    OPB(PS_PROF_MATMUL, ps_matmul_backward(ctx, G.ln1, dw.wq, G.q_pre, p.ln1, w.wq, BT, d, nh * hd) ||
-                            ps_matmul_backward(ctx, G.ln1, dw.wk, G.k_pre, p.ln1, w.wk, BT, d, hd));
+    OPB(PS_PROF_MATMUL, ps_matmul_backward(ctx, G.ln1, DW(dw.wq), G.q_pre, p.ln1, w.wq, BT, d, nh * hd) ||
+                            ps_matmul_backward(ctx, G.ln1, DW(dw.wk), G.k_pre, p.ln1, w.wk, BT, d, hd));
     if (nW > 0) {
         if (c->rope) OPB(PS_PROF_NORM_ROPE, ps_rope_backward(ctx, G.ck, a->p.rope_cos, a->p.rope_sin, B, nW, 1, hd, mr));
         OPB(PS_PROF_OTHER, ps_fill(ctx, G.ck_pre, 0.0f, B * nW * hd));
@@ -53,13 +75,13 @@ static int v4_attention_backward(const ps_model *m, const ps_acts *a, ps_acts *g
             ps_v4_comp_pool_backward(ctx, G.c_alpha, G.c_kv_raw, G.ck_pre, p.c_alpha, p.c_kv_raw, B, T, nW, mr, hd, csa) ||
                 ps_v4_slot_softmax_backward(ctx, G.c_gate, G.c_alpha, p.c_alpha, B * nW, S, hd) ||
                 ps_v4_comp_slots_backward(ctx, G.c_z, dw.c_ape, G.c_gate, B, T, nW, mr, hd, csa));
-        OPB(PS_PROF_MATMUL, ps_matmul_backward(ctx, G.ln1, dw.c_wkv, G.c_kv_raw, p.ln1, w.c_wkv, BT, d, cs * hd) ||
-                                ps_matmul_backward(ctx, G.ln1, dw.c_wgate, G.c_z, p.ln1, w.c_wgate, BT, d, cs * hd));
+        OPB(PS_PROF_MATMUL, ps_matmul_backward(ctx, G.ln1, DW(dw.c_wkv), G.c_kv_raw, p.ln1, w.c_wkv, BT, d, cs * hd) ||
+                                ps_matmul_backward(ctx, G.ln1, DW(dw.c_wgate), G.c_z, p.ln1, w.c_wgate, BT, d, cs * hd));
     }
     return 0;
 }
 
-static int layer_backward(const ps_model *m, const ps_acts *a, ps_acts *g, int l, float *grads, float *dh) {
+static int layer_backward(const ps_model *m, const ps_acts *a, ps_acts *g, int l, float *grads, float *dh, const bw_opts *bo) {
     ps_ctx *ctx = a->ctx;
     ps_profile *prof = a->prof;
     const ps_config *c = &m->cfg;
@@ -71,26 +93,38 @@ static int layer_backward(const ps_model *m, const ps_acts *a, ps_acts *g, int l
 
     /* MLP: resid_post = resid_mid + down(silu(gate m) ⊙ up m), m = rmsnorm(resid_mid) */
     OPB(PS_PROF_OTHER, ps_fill(ctx, G.mlp_h, 0.0f, BT * dff));
-    OPB(PS_PROF_MATMUL, ps_matmul_backward(ctx, G.mlp_h, dw.mlp_down, dh, p.mlp_h, w.mlp_down, BT, dff, d));
+    OPB(PS_PROF_MATMUL, ps_matmul_backward(ctx, G.mlp_h, DW(dw.mlp_down), dh, p.mlp_h, w.mlp_down, BT, dff, d));
     OPB(PS_PROF_OTHER, ps_swiglu_backward(ctx, G.mlp_g, G.mlp_u, G.mlp_h, p.mlp_g, p.mlp_u, BT * dff));
     OPB(PS_PROF_OTHER, ps_fill(ctx, G.ln2, 0.0f, BT * d));
-    OPB(PS_PROF_MATMUL, ps_matmul_backward(ctx, G.ln2, dw.mlp_gate, G.mlp_g, p.ln2, w.mlp_gate, BT, d, dff) ||
-                            ps_matmul_backward(ctx, G.ln2, dw.mlp_up, G.mlp_u, p.ln2, w.mlp_up, BT, d, dff));
+    OPB(PS_PROF_MATMUL, ps_matmul_backward(ctx, G.ln2, DW(dw.mlp_gate), G.mlp_g, p.ln2, w.mlp_gate, BT, d, dff) ||
+                            ps_matmul_backward(ctx, G.ln2, DW(dw.mlp_up), G.mlp_u, p.ln2, w.mlp_up, BT, d, dff));
     /* dh = d resid_mid */
     OPB(PS_PROF_NORM_ROPE, ps_rmsnorm_backward(ctx, dh, dw.post_norm, G.ln2, p.resid_mid, w.post_norm, p.ln2_rstd, BT, d));
 
     if (c->kind == PS_ATTN_CHANNEL) {
-        if (v4_attention_backward(m, a, g, l, grads, dh)) return -1;
+        int r4 = v4_attention_backward(m, a, g, l, grads, dh, bo);
+        if (r4) return r4;
+        if (l == bo->o->stop_layer && l > 0) return 0;
         OPB(PS_PROF_NORM_ROPE, ps_rmsnorm_backward(ctx, dh, dw.in_norm, G.ln1, h_in, w.in_norm, p.ln1_rstd, BT, d));
         return 0;
     }
     /* attention: resid_mid = h + W_o z */
     OPB(PS_PROF_OTHER, ps_fill(ctx, G.z, 0.0f, BT * nh * hd) || ps_fill(ctx, G.k, 0.0f, BT * nkv * hd) ||
                            ps_fill(ctx, G.v, 0.0f, BT * nkv * hd));
-    OPB(PS_PROF_MATMUL, ps_matmul_backward(ctx, G.z, dw.wo, dh, p.z, w.wo, BT, nh * hd, d));
+    OPB(PS_PROF_MATMUL, ps_matmul_backward(ctx, G.z, DW(dw.wo), dh, p.z, w.wo, BT, nh * hd, d));
+    GRAD_FIRE(PS_HOOK_Z, G.z, 4, B, T, nh, hd);
     if (nW > 0) OPB(PS_PROF_OTHER, ps_fill(ctx, G.ck, 0.0f, B * nW * nkv * hd) || ps_fill(ctx, G.cv, 0.0f, B * nW * nkv * hd));
     OPB(PS_PROF_ATTENTION,
         ps_attn_backward(ctx, G.q, G.k, G.v, G.ck, G.cv, G.z, p.z, p.lse, p.q, p.k, p.v, p.ck, p.cv, &a->geom));
+    /* the gradients at the hook points k, v, ck, cv (before the rope backward rotates k and ck in place) */
+    GRAD_FIRE(PS_HOOK_K, G.k, 4, B, T, nkv, hd);
+    GRAD_FIRE(PS_HOOK_V, G.v, 4, B, T, nkv, hd);
+    if (nW > 0) {
+        GRAD_FIRE(PS_HOOK_CK, G.ck, 4, B, nW, nkv, hd);
+        GRAD_FIRE(PS_HOOK_CV, G.cv, 4, B, nW, nkv, hd);
+    }
+    /* below the stop layer nothing is wanted: its input gradient is not computed */
+    if (l == bo->o->stop_layer && l > 0) return 0;
     if (c->rope)
         OPB(PS_PROF_NORM_ROPE, ps_rope_backward(ctx, G.q, a->p.rope_cos, a->p.rope_sin, B, T, nh, hd, 1) ||
                                    ps_rope_backward(ctx, G.k, a->p.rope_cos, a->p.rope_sin, B, T, nkv, hd, 1));
@@ -102,9 +136,9 @@ static int layer_backward(const ps_model *m, const ps_acts *a, ps_acts *g, int l
     } else
         OPB(PS_PROF_OTHER, ps_copy(ctx, G.q_pre, G.q, BT * nh * hd) || ps_copy(ctx, G.k_pre, G.k, BT * nkv * hd));
     OPB(PS_PROF_OTHER, ps_fill(ctx, G.ln1, 0.0f, BT * d));
-    OPB(PS_PROF_MATMUL, ps_matmul_backward(ctx, G.ln1, dw.wq, G.q_pre, p.ln1, w.wq, BT, d, nh * hd) ||
-                            ps_matmul_backward(ctx, G.ln1, dw.wk, G.k_pre, p.ln1, w.wk, BT, d, nkv * hd) ||
-                            ps_matmul_backward(ctx, G.ln1, dw.wv, G.v, p.ln1, w.wv, BT, d, nkv * hd));
+    OPB(PS_PROF_MATMUL, ps_matmul_backward(ctx, G.ln1, DW(dw.wq), G.q_pre, p.ln1, w.wq, BT, d, nh * hd) ||
+                            ps_matmul_backward(ctx, G.ln1, DW(dw.wk), G.k_pre, p.ln1, w.wk, BT, d, nkv * hd) ||
+                            ps_matmul_backward(ctx, G.ln1, DW(dw.wv), G.v, p.ln1, w.wv, BT, d, nkv * hd));
 
     if (c->kind == PS_ATTN_COMPRESSED && nW > 0) {
         int shared = c->payload == PS_PAYLOAD_SHARED;
@@ -157,7 +191,17 @@ static int layer_backward(const ps_model *m, const ps_acts *a, ps_acts *g, int l
 
 int ps_backward(const ps_model *m, const ps_acts *a, ps_acts *g, const int32_t *tokens, const int32_t *targets,
                 float scale, float *grads, double *loss_sum, int64_t *n_targets, ps_error *err) {
+    ps_backward_opts o = {0};
+    return ps_backward_ex(m, a, g, tokens, targets, scale, grads, loss_sum, n_targets, &o, err);
+}
+
+int ps_backward_ex(const ps_model *m, const ps_acts *a, ps_acts *g, const int32_t *tokens, const int32_t *targets,
+                   float scale, float *grads, double *loss_sum, int64_t *n_targets, const ps_backward_opts *o,
+                   ps_error *err) {
     const ps_config *c = &m->cfg;
+    if (o->stop_layer < 0 || o->stop_layer >= c->n_layers)
+        return ps_fail(err, "backward: stop layer %d outside the model's layers [0, %lld)", o->stop_layer, (long long)c->n_layers);
+    bw_opts bo = {.o = o, .err = err};
     if (!a->keep_all) return ps_fail(err, "backward needs the activations of every layer (ps_acts with keep_all)");
     if (g->B != a->B || g->T != a->T) return ps_fail(err, "backward scratch was made for another batch shape");
     if (a->ctx != m->ctx || g->ctx != m->ctx) return ps_fail(err, "backward: the activations live on another context than the model");
@@ -192,7 +236,7 @@ int ps_backward(const ps_model *m, const ps_acts *a, ps_acts *g, const int32_t *
             PROF(1, PS_PROF_OTHER, rc = ps_cross_entropy(ctx, loss_sum, n_targets, g->p.logits, a->p.logits, rt, a->n_rows, V, scale));
             if (!rc)
                 PROF(1, PS_PROF_MATMUL, rc = ps_fill(ctx, g->p.lnf_rows, 0.0f, a->n_rows * d) ||
-                                             ps_matmul_backward(ctx, g->p.lnf_rows, ps_model_lm_head(m, grads), g->p.logits,
+                                             ps_matmul_backward(ctx, g->p.lnf_rows, o->no_weight_grads ? NULL : ps_model_lm_head(m, grads), g->p.logits,
                                                                 a->p.lnf_rows, ps_model_lm_head(m, m->params), a->n_rows, d, V) ||
                                              ps_fill(ctx, g->p.lnf, 0.0f, BT * d) ||
                                              ps_scatter_rows(ctx, g->p.lnf, g->p.lnf_rows, a->rows, a->n_rows, d));
@@ -205,7 +249,7 @@ int ps_backward(const ps_model *m, const ps_acts *a, ps_acts *g, const int32_t *
         PROF(1, PS_PROF_OTHER, rc = ps_cross_entropy(ctx, loss_sum, n_targets, g->p.logits, a->p.logits, targets, BT, V, scale));
         if (!rc) rc = ps_fill(ctx, g->p.lnf, 0.0f, BT * d);
         if (!rc)
-            PROF(1, PS_PROF_MATMUL, rc = ps_matmul_backward(ctx, g->p.lnf, ps_model_lm_head(m, grads), g->p.logits, a->p.lnf,
+            PROF(1, PS_PROF_MATMUL, rc = ps_matmul_backward(ctx, g->p.lnf, o->no_weight_grads ? NULL : ps_model_lm_head(m, grads), g->p.logits, a->p.lnf,
                                                              ps_model_lm_head(m, m->params), BT, d, V));
     }
     if (!rc) rc = ps_fill(ctx, dh, 0.0f, BT * d);
@@ -213,7 +257,9 @@ int ps_backward(const ps_model *m, const ps_acts *a, ps_acts *g, const int32_t *
         PROF(1, PS_PROF_NORM_ROPE,
              rc = ps_rmsnorm_backward(ctx, dh, ps_model_final_norm(m, grads), g->p.lnf, a->p.resid + c->n_layers * BT * d,
                                       ps_model_final_norm(m, m->params), a->p.lnf_rstd, BT, d));
-    for (int l = (int)c->n_layers - 1; l >= 0 && !rc; l--) rc = layer_backward(m, a, g, l, grads, dh);
-    if (!rc) PROF(1, PS_PROF_OTHER, rc = ps_embed_backward(ctx, ps_model_embed(m, grads), dh, tokens, BT, d));
+    for (int l = (int)c->n_layers - 1; l >= o->stop_layer && !rc; l--) rc = layer_backward(m, a, g, l, grads, dh, &bo);
+    if (rc == -2) return -1; /* a gradient hook failed: err already says why */
+    if (!rc && o->stop_layer == 0)
+        PROF(1, PS_PROF_OTHER, rc = ps_embed_backward(ctx, ps_model_embed(m, grads), dh, tokens, BT, d));
     return rc ? ps_ctx_check(ctx, err) : 0;
 }

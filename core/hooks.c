@@ -132,6 +132,7 @@ static const char *action_name(ps_hook_action_kind k) {
     case PS_ACT_ADD: return "add";
     case PS_ACT_ROLL: return "roll";
     case PS_ACT_SUM: return "sum";
+    case PS_ACT_DOT: return "dot";
     }
     return "?";
 }
@@ -139,8 +140,8 @@ static const char *action_name(ps_hook_action_kind k) {
 /* The registration checks of an action on a point with `nh` heads on axis 2 (0: none; -1: whole-tensor
  * actions only). */
 static int check_action(const char *name, const ps_hook_action *act, int64_t nh, ps_error *err) {
-    if (!act || act->kind < PS_ACT_SET || act->kind > PS_ACT_SUM)
-        return ps_fail(err, "hook \"%s\": unknown action kind %d (set, zero, patch, add, roll or sum)", name, act ? (int)act->kind : -1);
+    if (!act || act->kind < PS_ACT_SET || act->kind > PS_ACT_DOT)
+        return ps_fail(err, "hook \"%s\": unknown action kind %d (set, zero, patch, add, roll, sum or dot)", name, act ? (int)act->kind : -1);
     const char *k = action_name(act->kind);
     int64_t heads = nh < 0 ? 0 : nh;
     if (act->head < -1 || (act->head >= 0 && act->head >= heads)) {
@@ -159,6 +160,16 @@ static int check_action(const char *name, const ps_hook_action *act, int64_t nh,
             return ps_fail(err, "hook \"%s\": sum action without an accumulator (acc of acc_n >= 1 doubles)", name);
         if (act->head != -1 || act->pos0 != 0 || act->pos1 != 0)
             return ps_fail(err, "hook \"%s\": a sum action adds whole sequences (head -1, every position)", name);
+        return 0;
+    }
+    if (act->kind == PS_ACT_DOT) {
+        if (!act->acc || act->acc_n < 1 || !act->src)
+            return ps_fail(err, "hook \"%s\": dot action without an accumulator (acc of acc_n >= 1 doubles) or a source (src)", name);
+        if (act->head != -1 || act->pos0 != 0 || act->pos1 != 0 || nh < 0)
+            return ps_fail(err, "hook \"%s\": a dot action covers every head and position of its sequences (head -1, not on the pattern)", name);
+        if (act->src_nseq < 0 || act->src_seq0 < 0)
+            return ps_fail(err, "hook \"%s\": dot action: src_nseq %lld and src_seq0 %lld must be >= 0", name,
+                           (long long)act->src_nseq, (long long)act->src_seq0);
         return 0;
     }
     if (act->kind == PS_ACT_ZERO || act->kind == PS_ACT_ROLL) return 0;
@@ -268,6 +279,22 @@ static int run_action(ps_ctx *ctx, const ps_hook_action *a, const char *name, fl
         if (s0 < s1 && ps_accumulate_seqs(ctx, a->acc, x + s0 * npos * inner, s1 - s0, npos * inner)) {
             ps_ctx_check(ctx, err);
             return ps_fail_prefix(err, "hook \"%s\": sum action: ", name);
+        }
+        return 0;
+    }
+    if (a->kind == PS_ACT_DOT) {
+        int64_t H = ndim == 4 ? shape[2] : 1, X = inner / H, xs = npos * inner;
+        if (a->acc_n != (s1 - s0) * H)
+            return ps_fail(err, "hook \"%s\": dot action: the accumulator holds %lld values, the range %lld sequences x %lld heads", name,
+                           (long long)a->acc_n, (long long)(s1 - s0), (long long)H);
+        if (a->src_nseq > 0 && a->src_seq0 + (s1 - s0) > a->src_nseq)
+            return ps_fail(err, "hook \"%s\": dot action reads source sequences [%lld, %lld), but the source holds %lld", name,
+                           (long long)a->src_seq0, (long long)(a->src_seq0 + s1 - s0), (long long)a->src_nseq);
+        if (s0 < s1 && ps_delta_dot(ctx, a->acc, x + s0 * xs, a->ref ? a->ref + s0 * xs : NULL,
+                                    a->src + (a->src_nseq > 0 ? a->src_seq0 * xs : 0), a->src_nseq > 0 ? s1 - s0 : 1, s1 - s0,
+                                    npos, H, X)) {
+            ps_ctx_check(ctx, err);
+            return ps_fail_prefix(err, "hook \"%s\": dot action: ", name);
         }
         return 0;
     }

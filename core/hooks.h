@@ -75,9 +75,18 @@ typedef int (*ps_hook_fn)(const ps_hook_event *ev, void *user, ps_error *err);
  *                 (acc: acc_n doubles of the model's context, one sequence's values; whole positions of
  *                 every position, head -1). The activation is not changed.
  *
+ *   PS_ACT_DOT    acc[(b − seq0)·H + h] += Σ_{t, i} x[b, t, h, i] · (src[sb, t, h, i] − ref[b, t, h, i]) for every
+ *                 sequence b of the range and every head h (H the point's axis-2 heads; 1 on a 3-d point), over
+ *                 every position, in double (ps_delta_dot): sb = src_seq0 + b − seq0 when src_nseq > 0 (a
+ *                 source of sequences, [src_nseq, npos, <inner>]) else 0 (one sequence, [npos, <inner>]); ref:
+ *                 a buffer of the activation's own layout (the batch's sequences), or NULL for 0. acc: acc_n =
+ *                 (seq1 − seq0)·H doubles of the context. The activation is not changed. Attribution patching
+ *                 reads gradients this way (backward.h, ps_backward_opts.grad_hooks: x the gradient, src the
+ *                 replacement, ref the clean activation); head -1 and every position only.
+ *
  * Every family's points take every action (ps_hooks_add_at): the family says which axis-2 heads a
  * point has. */
-typedef enum { PS_ACT_SET = 1, PS_ACT_ZERO, PS_ACT_PATCH, PS_ACT_ADD, PS_ACT_ROLL, PS_ACT_SUM } ps_hook_action_kind;
+typedef enum { PS_ACT_SET = 1, PS_ACT_ZERO, PS_ACT_PATCH, PS_ACT_ADD, PS_ACT_ROLL, PS_ACT_SUM, PS_ACT_DOT } ps_hook_action_kind;
 
 typedef struct {
     ps_hook_action_kind kind;
@@ -91,7 +100,8 @@ typedef struct {
     int every_pos;        /* SET, ADD: src is one position's values, used at every position */
     float scale;          /* ADD */
     int64_t shift;        /* ROLL */
-    double *acc;          /* SUM: acc_n doubles of the context */
+    double *acc;          /* SUM, DOT: acc_n doubles of the context */
+    const float *ref;     /* DOT: the clean activation (the point's layout), or NULL */
     int64_t acc_n;
 } ps_hook_action;
 

@@ -271,6 +271,16 @@ static inline int ps_accumulate_seqs(ps_ctx *c, double *sum, const float *x, int
     return PS_OP_CALL(c, accumulate_seqs, sum, x, n_seq, n);
 }
 
+/* Attribution patching's first-order term per (sequence, head): out[b·nh + h] += Σ_{t < npos} Σ_{i < X}
+ * g[b, t, h, i] · (src[sb, t, h, i] − x[b, t, h, i]) with sb = b when src_nseq > 1 (src: [B, npos, nh, X],
+ * e.g. an exactly recomputed attention output) else 0 (src: [npos, nh, X], e.g. a mean over prompts); g
+ * (a gradient) and x: [B, npos, nh, X] (x NULL: 0). out: B·nh doubles of the context; each term a double sum over
+ * t then i in order (the same bits on any thread count). */
+static inline int ps_delta_dot(ps_ctx *c, double *out, const float *g, const float *x, const float *src, int64_t src_nseq,
+                               int64_t B, int64_t npos, int64_t nh, int64_t X) {
+    return PS_OP_CALL(c, delta_dot, out, g, x, src, src_nseq, B, npos, nh, X);
+}
+
 /* mean[i] = (float)(sum[i] / count), all [n]. */
 static inline int ps_sum_to_mean(ps_ctx *c, float *mean, const double *sum, double count, int64_t n) {
     return PS_OP_CALL(c, sum_to_mean, mean, sum, count, n);
@@ -307,7 +317,8 @@ static inline int ps_gate_entropy(ps_ctx *c, double *value, float *dalpha, const
     return PS_OP_CALL(c, gate_entropy, value, dalpha, alpha, B, nW, nkv, W, weight);
 }
 
-/* out = inp · w^T: dinp[M, K] += dout · w (skipped when dinp is NULL); dw[N, K] += dout^T · inp. */
+/* out = inp · w^T: dinp[M, K] += dout · w (skipped when dinp is NULL); dw[N, K] += dout^T · inp (skipped
+ * when dw is NULL: activation gradients only). */
 static inline int ps_matmul_backward(ps_ctx *c, float *dinp, float *dw, const float *dout, const float *inp,
                                      const float *w, int64_t M, int64_t K, int64_t N) {
     return PS_OP_CALL(c, matmul_backward, dinp, dw, dout, inp, w, M, K, N);

@@ -1,6 +1,7 @@
 /* grid.c — the cell-grid engine (grid.h). */
 #include "interventions/grid.h"
 
+#include "interventions/atp.h"
 #include "interventions/knockout.h"
 
 #include <math.h>
@@ -34,7 +35,9 @@ static const ps_runtime_ops MODEL_OPS = {.name = "phasescope",
                                          .ko_unit = ps_model_ko_unit,
                                          .ko_layer_missing = ps_model_ko_layer_missing,
                                          .ko_spec = ps_model_ko_spec,
-                                         .ko_spec_free = ps_model_ko_spec_free};
+                                         .ko_spec_free = ps_model_ko_spec_free,
+                                         .atp_spec = ps_model_atp_spec,
+                                         .atp_spec_free = ps_model_atp_spec_free};
 
 void ps_runtime_model(ps_runtime *rt, const ps_model *m) {
     memset(rt, 0, sizeof *rt);
@@ -120,6 +123,21 @@ void ps_grid_unit_weights(const ps_runtime *rt, int64_t N, int64_t batch, int64_
     }
 }
 
+void ps_grid_unit_weights_estimate(int64_t N, int64_t batch, int64_t P, int n_layers, int64_t *w, unsigned char *snap) {
+    int64_t nu = ps_grid_n_units(N, batch, P, n_layers), B = batch < N ? batch : N, nb = B > 0 ? (N + B - 1) / B : 0;
+    for (int64_t u = 0; u < nu; u++) {
+        int64_t p, i0, n;
+        int li;
+        ps_grid_unit(N, batch, n_layers, 1, u, &p, &i0, &n, &li);
+        w[u] = li == 0 ? 3 * 64 * n : 1; /* the batch's clean run and backward; its cells read the result */
+        snap[u] = 0;
+        if (li == 0 && u / n_layers % nb == 0) {
+            w[u] += 64 * N;
+            snap[u] = 1;
+        }
+    }
+}
+
 /* ---- the restart path's pieces (the controlled model) ---- */
 
 /* Bytes of a keep_all activation set of B sequences of T tokens (as ps_acts_create allocates it). */
@@ -172,7 +190,15 @@ typedef struct {
     int have_a, have_part, have_rep;
     int64_t *rows, *dst_rows, n_ans_max;
     float *ans_logits;
+    /* the cells that run, [n_layers · n_cells] top-down (NULL: all); a layer's masked cells in order */
+    unsigned char *mask;
+    int *sel;
+    /* an estimate: the cells' log-probs of one batch, the clean outcomes kept beside them */
+    double *cell_lp, *clean_lp;
+    int *clean_ok;
 } run_state;
+
+#define CELL_ON(st, li, ci) (!(st)->mask || (st)->mask[(int64_t)(li) * (st)->g->n_cells + (ci)])
 
 #define UNIT(st, p, bi, li) ((((p) * (st)->nb + (bi)) * (st)->g->n_layers) + (li))
 #define IN(st, u) ((u) >= (st)->u_lo && (u) < (st)->u_hi)
@@ -195,6 +221,7 @@ static int cells_full(run_state *st, int64_t unit, int li, const ps_shifted *sv,
     const ps_grid *g = st->g;
     int rc = 0;
     for (int ci = 0; ci < g->n_cells && !rc; ci++) {
+        if (!CELL_ON(st, li, ci)) continue;
         ps_hooks h;
         ps_hooks_init(&h);
         rc = g->spec->cell(g->spec->self, g->rt, &st->sh, li, ci, 0, 0, &h, err);
@@ -221,8 +248,12 @@ static int cells_restart(run_state *st, int64_t unit, int li, const ps_shifted *
     ps_ctx *ctx = m->ctx;
     int l = st->out->layers[li], rc = 0;
     int64_t n = use->B, T = use->T, T2 = st->T2, maxq = st->maxq, V = c->vocab_size;
-    for (int h0 = 0; h0 < g->n_cells && !rc; h0 += (int)st->k_cells) {
-        int kk = g->n_cells - h0 < st->k_cells ? g->n_cells - h0 : (int)st->k_cells;
+    /* the layer's cells that run, in order: cell sel[h0 + r] is replica r of a group */
+    int ns = 0;
+    for (int ci = 0; ci < g->n_cells; ci++)
+        if (CELL_ON(st, li, ci)) st->sel[ns++] = ci;
+    for (int h0 = 0; h0 < ns && !rc; h0 += (int)st->k_cells) {
+        int kk = ns - h0 < st->k_cells ? ns - h0 : (int)st->k_cells;
         for (int64_t b0 = 0; b0 < n && !rc; b0 += st->m_pr) {
             int64_t mm = n - b0 < st->m_pr ? n - b0 : st->m_pr, Bp = kk * mm;
             if (st->have_rep && st->rep.B != Bp) {
@@ -237,7 +268,7 @@ static int cells_restart(run_state *st, int64_t unit, int li, const ps_shifted *
             ps_hooks hooks;
             ps_hooks_init(&hooks);
             for (int r = 0; r < kk && !rc; r++)
-                rc = g->spec->cell(g->spec->self, g->rt, &st->sh, li, h0 + r, r * mm, (r + 1) * mm, &hooks, err);
+                rc = g->spec->cell(g->spec->self, g->rt, &st->sh, li, st->sel[h0 + r], r * mm, (r + 1) * mm, &hooks, err);
             /* the rows whose logits are scored: every answer token of every query; per replica, the
              * same rows of the prompts' own batch (dst_rows) */
             ps_batch sub = ps_batch_view(&sv->b, b0, mm);
@@ -268,7 +299,8 @@ static int cells_restart(run_state *st, int64_t unit, int li, const ps_shifted *
                     break;
                 }
                 ps_score_queries(&sub, lg + b0 * T * V, V, st->ok, st->lp);
-                record_set(st, &st->out->cells[li * g->n_cells + h0 + r], unit, li * g->n_cells + h0 + r, b0, &ss);
+                int ci = st->sel[h0 + r];
+                record_set(st, &st->out->cells[li * g->n_cells + ci], unit, li * g->n_cells + ci, b0, &ss);
             }
         }
     }
@@ -330,6 +362,27 @@ static void shift_free(run_state *st) {
     ps_shifted_free(&st->s);
 }
 
+/* An estimate's batch: every cell of every layer from one call of the spec, recorded per unit of the
+ * slice as if each cell had been run (ok: the clean outcome; an estimate has no accuracy). */
+static int estimate_batch(run_state *st, int64_t p, int64_t bi, const ps_shifted *sv, ps_acts *use, ps_error *err) {
+    const ps_grid *g = st->g;
+    int nl = g->n_layers, nc = g->n_cells;
+    int64_t nq = sv->b.B * st->maxq;
+    memcpy(st->clean_lp, st->lp, (size_t)nq * sizeof(double));
+    memcpy(st->clean_ok, st->ok, (size_t)nq * sizeof(int));
+    if (g->spec->estimate(g->spec->self, g->rt, &st->sh, sv, use, st->clean_lp, st->cell_lp, err)) return -1;
+    for (int li = 0; li < nl; li++) {
+        if (!IN(st, UNIT(st, p, bi, li))) continue;
+        for (int ci = 0; ci < nc; ci++) {
+            if (!CELL_ON(st, li, ci)) continue;
+            memcpy(st->ok, st->clean_ok, (size_t)nq * sizeof(int));
+            memcpy(st->lp, st->cell_lp + ((int64_t)li * nc + ci) * nq, (size_t)nq * sizeof(double));
+            record_set(st, &st->out->cells[li * nc + ci], UNIT(st, p, bi, li), li * nc + ci, 0, sv);
+        }
+    }
+    return 0;
+}
+
 /* One shift: the reference pass, the sources, then per batch its clean run and its units' cells. */
 static int run_shift(run_state *st, int64_t p, double budget, ps_error *err) {
     const ps_grid *g = st->g;
@@ -382,8 +435,14 @@ static int run_shift(run_state *st, int64_t p, double budget, ps_error *err) {
         if (keep) {
             use = i0 == last0 && st->have_part ? &st->part : &st->a;
             if (i0 != last0) rc = ps_forward(rt->m, use, sv.b.tokens, NULL, err);
-            if (!rc && IN(st, UNIT(st, p, bi, 0)) && !(rc = ps_acts_score(use, &sv.b, st->ok, st->lp, err)))
+            /* an estimate needs the clean scores of every batch it visits */
+            if (!rc && (IN(st, UNIT(st, p, bi, 0)) || g->spec->estimate) && !(rc = ps_acts_score(use, &sv.b, st->ok, st->lp, err)) &&
+                IN(st, UNIT(st, p, bi, 0)))
                 record_set(st, &st->out->clean, UNIT(st, p, bi, 0), -1, 0, &sv);
+        }
+        if (!rc && g->spec->estimate) {
+            rc = estimate_batch(st, p, bi, &sv, use, err);
+            continue;
         }
         for (int li = 0; li < nl && !rc; li++) {
             if (!IN(st, UNIT(st, p, bi, li))) continue;
@@ -399,7 +458,7 @@ int ps_grid_run(const ps_grid *g, ps_grid_result *out, ps_error *err) {
     memset(out, 0, sizeof *out);
     if (g->n_layers < 1 || g->n_cells < 1) return ps_fail(err, "knockout grid: no layers or no heads selected");
     if (g->batch < 1) return ps_fail(err, "knockout grid: batch %lld must be >= 1", (long long)g->batch);
-    if (!g->spec || !g->spec->sources || !g->spec->sources_done || !g->spec->cell)
+    if (!g->spec || !g->spec->sources || !g->spec->sources_done || !(g->spec->cell || g->spec->estimate))
         return ps_fail(err, "a grid needs a spec with its sources and cells");
     /* visit layers top-down */
     int *td = malloc((size_t)g->n_layers * sizeof(int));
@@ -419,15 +478,37 @@ int ps_grid_run(const ps_grid *g, ps_grid_result *out, ps_error *err) {
     st.B = g->batch < st.N ? g->batch : st.N;
     st.nb = st.B > 0 ? (st.N + st.B - 1) / st.B : 0;
     st.last_first = ps_grid_last_first(g->rt);
-    st.restart = !g->naive && g->spec->restart_attention && g->rt->m != NULL;
+    st.restart = !g->naive && g->spec->restart_attention && g->rt->m != NULL && !g->spec->estimate;
+    if (g->spec->estimate && !g->rt->m) {
+        ps_grid_result_free(out);
+        return ps_fail(err, "an estimated grid needs the %s runtime's kept activations (this family has none)", g->rt->ops->name);
+    }
     st.u_lo = g->unit0;
     st.u_hi = g->unit1 > 0 ? g->unit1 : g->P * st.nb * g->n_layers;
     double budget = g->mem_bytes > 0 ? g->mem_bytes : ps_grid_default_budget();
     int64_t nq = st.N * st.maxq > 0 ? st.N * st.maxq : 1;
     st.ok = malloc((size_t)nq * sizeof(int));
     st.lp = malloc((size_t)nq * sizeof(double));
-    if (!st.ok || !st.lp)
+    st.sel = malloc((size_t)g->n_cells * sizeof(int));
+    if (!st.ok || !st.lp || !st.sel)
         rc = ps_fail(err, "out of memory for the outcomes of %lld prompts x %lld queries", (long long)st.N, (long long)st.maxq);
+    if (!rc && g->cell_mask) { /* the caller's layer order into the engine's (top-down) */
+        st.mask = calloc((size_t)g->n_layers * (size_t)g->n_cells, 1);
+        if (!st.mask) rc = ps_fail(err, "out of memory for the cell mask");
+        for (int i = 0; i < g->n_layers && !rc; i++) {
+            int li = 0;
+            while (out->layers[li] != g->layers[i]) li++;
+            memcpy(st.mask + (int64_t)li * g->n_cells, g->cell_mask + (int64_t)i * g->n_cells, (size_t)g->n_cells);
+        }
+    }
+    if (!rc && g->spec->estimate) {
+        int64_t bq = st.B * st.maxq > 0 ? st.B * st.maxq : 1;
+        st.cell_lp = malloc((size_t)g->n_layers * (size_t)g->n_cells * (size_t)bq * sizeof(double));
+        st.clean_lp = malloc((size_t)bq * sizeof(double));
+        st.clean_ok = malloc((size_t)bq * sizeof(int));
+        if (!st.cell_lp || !st.clean_lp || !st.clean_ok)
+            rc = ps_fail(err, "out of memory for the estimates of %d x %d cells on %lld queries", g->n_layers, g->n_cells, (long long)bq);
+    }
     int64_t per = 1 + (int64_t)g->n_layers * g->n_cells, total = g->P * per;
     for (int64_t p = 0; p < g->P && !rc; p++) {
         rc = run_shift(&st, p, budget, err);
@@ -435,5 +516,10 @@ int ps_grid_run(const ps_grid *g, ps_grid_result *out, ps_error *err) {
     }
     free(st.ok);
     free(st.lp);
+    free(st.sel);
+    free(st.mask);
+    free(st.cell_lp);
+    free(st.clean_lp);
+    free(st.clean_ok);
     return rc;
 }

@@ -59,6 +59,13 @@ typedef struct {
                 ps_hooks *h, ps_error *err);
     /* after a shift: free its sources (may be NULL) */
     void (*shift_end)(void *self, const ps_runtime *rt);
+    /* An estimate instead of a forward per cell (attribution patching; NULL for an exact grid): once per
+     * batch, from its clean state `state` (what the runtime's backward takes: the controlled model's kept
+     * activations), the estimated log-prob of every query under every cell of every selected layer:
+     * cell_lp [n_layers · n_cells, sv->b.B · max_q] (layer index major, as the result's cells), given the
+     * clean run's clean_lp [sv->b.B · max_q]. `cell` is not used then. */
+    int (*estimate)(void *self, const ps_runtime *rt, const ps_grid_shift *sh, const ps_shifted *sv, void *state,
+                    const double *clean_lp, double *cell_lp, ps_error *err);
 } ps_grid_spec;
 
 /* What the engine needs of a model family (the controlled model: ps_runtime_model below; DeepSeek-V4:
@@ -82,6 +89,10 @@ typedef struct {
     const char *(*ko_layer_missing)(const ps_runtime *rt, int target, int layer, char *buf, size_t n);
     int (*ko_spec)(const ps_runtime *rt, int target, const int *heads, int n_heads, ps_grid_spec *spec, ps_error *err);
     void (*ko_spec_free)(ps_grid_spec *spec);
+    /* The family's attribution-patching knockout (atp.h; NULL: the family has no backward pass, so no
+     * estimate): the target's estimate spec over the chosen heads, `fix` as ps_atp_fix. */
+    int (*atp_spec)(const ps_runtime *rt, int target, const int *heads, int n_heads, int fix, ps_grid_spec *spec, ps_error *err);
+    void (*atp_spec_free)(const ps_runtime *rt, ps_grid_spec *spec);
 } ps_runtime_ops;
 
 struct ps_runtime {
@@ -132,6 +143,8 @@ typedef struct {
     int naive;                     /* 1: a full forward per cell even where the restart applies */
     int max_cells;                 /* restart path: most cells per forward; 0: as the budget holds */
     double mem_bytes;              /* restart path: bytes for the cells' activations; 0: ps_grid_default_budget() */
+    const unsigned char *cell_mask; /* [n_layers · n_cells] in the caller's layer order (layers[i]); NULL: every
+                                     * cell. Only the masked cells run (the others keep empty statistics). */
     int64_t unit0, unit1;          /* the work slice (unit1 = 0: every unit) */
     ps_grid_record_fn record;      /* may be NULL */
     void *record_user;
@@ -159,6 +172,9 @@ void ps_grid_unit(int64_t N, int64_t batch, int n_layers, int last_first, int64_
  * layers. w, snap: [ps_grid_n_units]. */
 void ps_grid_unit_weights(const ps_runtime *rt, int64_t N, int64_t batch, int64_t P, const int *layers, int n_layers, int nc,
                           int64_t L, int64_t *w, unsigned char *snap);
+/* The same for an estimate (spec->estimate): per batch one backward pass (about two forwards) on its
+ * li = 0 unit and nothing per cell. */
+void ps_grid_unit_weights_estimate(int64_t N, int64_t batch, int64_t P, int n_layers, int64_t *w, unsigned char *snap);
 
 int ps_grid_run(const ps_grid *g, ps_grid_result *out, ps_error *err);
 void ps_grid_result_free(ps_grid_result *r);

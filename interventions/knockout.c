@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "core/fileio.h"
+#include "interventions/atp.h"
 #include "interventions/units.h"
 #include "core/ops.h"
 #include "tasks/tasks.h"
@@ -136,6 +137,13 @@ int ps_model_ko_spec(const ps_runtime *rt, int target, const int *heads, int n_h
     return 0;
 }
 
+const float *ps_model_ko_mean(const ps_grid_spec *spec, int li, ps_hook_point pt) {
+    const model_ko *k = spec->self;
+    for (int a = 0; a < k->n_arr; a++)
+        if (k->pt[a] == pt && k->mean && k->npos[a] > 0) return k->mean + (int64_t)li * k->per_layer + k->off[a];
+    return NULL;
+}
+
 void ps_model_ko_spec_free(ps_grid_spec *spec) {
     free(spec->self);
     spec->self = NULL;
@@ -170,14 +178,21 @@ int ps_knockout_run(const ps_knockout_spec *k, ps_knockout_result *out, ps_error
     for (int i = 0; nh_max && i < n_heads; i++)
         if (heads[i] < 0 || heads[i] >= nh_max) return ps_fail(err, "knockout grid: head %d out of range", heads[i]);
     ps_grid_spec spec;
-    if (rt->ops->ko_spec(rt, k->target, heads, n_heads, &spec, err)) return -1;
+    if (k->opts.atp && !rt->ops->atp_spec) {
+        char why[256];
+        return ps_fail(err, "%s", ps_atp_fix_missing(rt, k->opts.atp_fix, why, sizeof why));
+    }
+    if (k->opts.atp ? rt->ops->atp_spec(rt, k->target, heads, n_heads, k->opts.atp_fix, &spec, err)
+                    : rt->ops->ko_spec(rt, k->target, heads, n_heads, &spec, err))
+        return -1;
     ps_grid g = {.rt = rt, .base = k->base, .task = k->task, .fam = k->fam, .P = k->P, .seed = k->seed, .batch = k->batch,
                  .layers = k->layers, .n_layers = k->n_layers, .cells = heads, .n_cells = n_heads, .spec = &spec,
                  .naive = k->opts.naive, .max_cells = k->opts.max_cells, .mem_bytes = k->opts.mem_bytes,
-                 .unit0 = k->opts.unit0, .unit1 = k->opts.unit1, .record = k->opts.record, .record_user = k->opts.record_user,
-                 .progress = k->progress, .progress_user = k->progress_user};
+                 .cell_mask = k->opts.cell_mask, .unit0 = k->opts.unit0, .unit1 = k->opts.unit1, .record = k->opts.record,
+                 .record_user = k->opts.record_user, .progress = k->progress, .progress_user = k->progress_user};
     int rc = ps_grid_run(&g, out, err);
-    rt->ops->ko_spec_free(&spec);
+    if (k->opts.atp) rt->ops->atp_spec_free(rt, &spec);
+    else rt->ops->ko_spec_free(&spec);
     return rc;
 }
 

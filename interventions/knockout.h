@@ -55,6 +55,10 @@ typedef struct {
     int64_t unit0, unit1;
     ps_ko_record_fn record;
     void *record_user;
+    /* method: 0 the exact grid, 1 attribution patching (atp.h: one backward per batch, every cell
+     * estimated; atp_fix a ps_atp_fix); cell_mask (grid.h; NULL: every cell): only these cells run */
+    int atp, atp_fix;
+    const unsigned char *cell_mask;
 } ps_knockout_opts;
 
 /* A knockout of any family: the prompts, the cells (layers × heads; a per-layer target has the one
@@ -102,6 +106,9 @@ const char *ps_model_ko_unit(const ps_runtime *rt, int target);
 const char *ps_model_ko_layer_missing(const ps_runtime *rt, int target, int layer, char *buf, size_t n);
 int ps_model_ko_spec(const ps_runtime *rt, int target, const int *heads, int n_heads, ps_grid_spec *spec, ps_error *err);
 void ps_model_ko_spec_free(ps_grid_spec *spec);
+/* After its sources_done: the mean the spec replaces layer index li's array `pt` with ([npos, nkv, hd] on the
+ * model's context), or NULL when its target does not replace that array. */
+const float *ps_model_ko_mean(const ps_grid_spec *spec, int li, ps_hook_point pt);
 
 /* The work list (grid.h): units (shift, batch, layer). */
 int64_t ps_knockout_n_units(int64_t N, int64_t batch, int64_t P, int n_layers);

@@ -38,10 +38,15 @@ static ps_config small_cfg(int64_t W, int64_t S, int64_t nh, int64_t nkv) {
     return c;
 }
 
-static void set_offsets(ps_config *c, const int64_t *o) {
+/* one offset per KV head: n must be the config's n_kv_heads (the count keeps the compiler from
+ * guessing at the array's length) */
+#define set_offsets(c, o) set_offsets_n((c), (o), (int64_t)(sizeof(o) / sizeof((o)[0])))
+static void set_offsets_n(ps_config *c, const int64_t *o, int64_t n) {
+    CHECK(n == c->n_kv_heads, "set_offsets: %lld offsets for %lld KV heads", (long long)n, (long long)c->n_kv_heads);
+    if (n > c->n_kv_heads) n = c->n_kv_heads;
     c->n_grid_offsets = c->n_kv_heads;
     c->any_head_offset = false;
-    for (int64_t g = 0; g < c->n_kv_heads; g++) {
+    for (int64_t g = 0; g < n; g++) {
         c->head_offsets[g] = o[g];
         if (o[g]) c->any_head_offset = true;
     }
@@ -361,7 +366,7 @@ static void test_knockout_staggered(void) {
     c.window = 4; c.stride = 4; c.local_window = 4;
     int64_t o[16] = {0};
     for (int64_t g = 0; g < c.n_kv_heads; g++) o[g] = (g * 4 / c.n_kv_heads);
-    set_offsets(&c, o);
+    set_offsets_n(&c, o, c.n_kv_heads);
     CHECK(c.any_head_offset, "the test grid is offset");
     ps_model m;
     tu_random_model(&m, &c, 300, 0.5f);

@@ -62,6 +62,7 @@ const ps_backend ps_backend_cpu = {
     .roll_blocks = ps_cpu_roll_blocks,
     .copy_blocks = ps_cpu_copy_blocks,
     .accumulate_seqs = ps_cpu_accumulate_seqs,
+    .delta_dot = ps_cpu_delta_dot,
     .sum_to_mean = ps_cpu_sum_to_mean,
     .matmul_backward = ps_cpu_matmul_backward,
     .embed_backward = ps_cpu_embed_backward,

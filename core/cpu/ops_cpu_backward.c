@@ -15,8 +15,9 @@ int ps_cpu_matmul_backward(ps_ctx *ctx, float *dinp, float *dw, const float *dou
     if (dinp)
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)M, (blasint)K, (blasint)N, 1.0f, dout,
                     (blasint)N, w, (blasint)K, 1.0f, dinp, (blasint)K);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (blasint)N, (blasint)K, (blasint)M, 1.0f, dout, (blasint)N, inp,
-                (blasint)K, 1.0f, dw, (blasint)K);
+    if (dw)
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (blasint)N, (blasint)K, (blasint)M, 1.0f, dout, (blasint)N, inp,
+                    (blasint)K, 1.0f, dw, (blasint)K);
     return 0;
 }
 

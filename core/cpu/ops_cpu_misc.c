@@ -165,6 +165,22 @@ int ps_cpu_accumulate_seqs(ps_ctx *ctx, double *sum, const float *x, int64_t n_s
     return 0;
 }
 
+int ps_cpu_delta_dot(ps_ctx *ctx, double *out, const float *g, const float *x, const float *src, int64_t src_nseq, int64_t B,
+                     int64_t npos, int64_t nh, int64_t X) {
+    (void)ctx;
+#pragma omp parallel for schedule(static) if (B * npos * nh * X > 65536)
+    for (int64_t bh = 0; bh < B * nh; bh++) {
+        int64_t b = bh / nh, h = bh % nh, sb = src_nseq > 1 ? b : 0;
+        double acc = 0;
+        for (int64_t t = 0; t < npos; t++) {
+            int64_t o = ((b * npos + t) * nh + h) * X, os = ((sb * npos + t) * nh + h) * X;
+            for (int64_t i = 0; i < X; i++) acc += (double)g[o + i] * ((double)src[os + i] - (x ? (double)x[o + i] : 0.0));
+        }
+        out[bh] += acc;
+    }
+    return 0;
+}
+
 int ps_cpu_sum_to_mean(ps_ctx *ctx, float *mean, const double *sum, double count, int64_t n) {
     if (!(count > 0)) return ps_ctx_fail(ctx, "sum_to_mean: count %g must be positive", count);
     for (int64_t i = 0; i < n; i++) mean[i] = (float)(sum[i] / count);

@@ -260,6 +260,7 @@ const ps_backend ps_backend_cuda = {
     .roll_blocks = ps_cuda_roll_blocks,
     .copy_blocks = ps_cuda_copy_blocks,
     .accumulate_seqs = ps_cuda_accumulate_seqs,
+    .delta_dot = ps_cuda_delta_dot,
     .sum_to_mean = ps_cuda_sum_to_mean,
     .embed_backward = ps_cuda_embed_backward,
     .sumsq = ps_cuda_sumsq,

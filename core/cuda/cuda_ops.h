@@ -88,6 +88,8 @@ int ps_cuda_roll_blocks(ps_ctx *ctx, float *x, int64_t W, int64_t stride, int64_
 int ps_cuda_copy_blocks(ps_ctx *ctx, float *dst, int64_t dst_s0, int64_t dst_s1, const float *src, int64_t src_s0,
     int64_t src_s1, int64_t n0, int64_t n1, int64_t width, int accumulate, float scale);
 int ps_cuda_accumulate_seqs(ps_ctx *ctx, double *sum, const float *x, int64_t n_seq, int64_t n);
+int ps_cuda_delta_dot(ps_ctx *ctx, double *out, const float *g, const float *x, const float *src, int64_t src_nseq,
+                      int64_t B, int64_t npos, int64_t nh, int64_t X);
 int ps_cuda_sum_to_mean(ps_ctx *ctx, float *mean, const double *sum, double count, int64_t n);
 int ps_cuda_embed_backward(ps_ctx *ctx, float *dtable, const float *dout, const int32_t *tok, int64_t n_tok, int64_t
     C);

@@ -465,6 +465,30 @@ extern "C" int ps_cuda_accumulate_seqs(ps_ctx *c, double *sum, const float *x, i
     return CU_LAUNCHED(c, "accumulate_seqs");
 }
 
+/* one block per (sequence, head): its threads stride over the head's npos·X values, then a block sum */
+__global__ void k_delta_dot(double *out, const float *g, const float *x, const float *src, int64_t src_nseq, int64_t B,
+                            int64_t npos, int64_t nh, int64_t X) {
+    __shared__ double sh[32];
+    for (int64_t bh = blockIdx.x; bh < B * nh; bh += gridDim.x) {
+        int64_t b = bh / nh, h = bh % nh, sb = src_nseq > 1 ? b : 0;
+        double acc = 0;
+        for (int64_t j = threadIdx.x; j < npos * X; j += blockDim.x) {
+            int64_t t = j / X, i = j % X, o = ((b * npos + t) * nh + h) * X + i, os = ((sb * npos + t) * nh + h) * X + i;
+            acc += (double)g[o] * ((double)src[os] - (x ? (double)x[o] : 0.0));
+        }
+        acc = block_sum(acc, sh);
+        if (threadIdx.x == 0) out[bh] += acc;
+        __syncthreads();
+    }
+}
+
+extern "C" int ps_cuda_delta_dot(ps_ctx *c, double *out, const float *g, const float *x, const float *src, int64_t src_nseq,
+                                 int64_t B, int64_t npos, int64_t nh, int64_t X) {
+    if (B * nh <= 0) return 0;
+    k_delta_dot<<<cu_grid(B * nh, 1), T256, 0, STREAM(c)>>>(out, g, x, src, src_nseq, B, npos, nh, X);
+    return CU_LAUNCHED(c, "delta_dot");
+}
+
 __global__ void k_sum_to_mean(float *mean, const double *sum, double count, int64_t n) {
     GS_LOOP(i, n) mean[i] = (float)(sum[i] / count);
 }

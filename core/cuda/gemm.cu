@@ -183,5 +183,6 @@ extern "C" int ps_cuda_matmul_backward(ps_ctx *c, float *dinp, float *dw, const 
     /* dinp[M, K] += dout[M, N] · w[N, K];  dw[N, K] += dout^T · inp[M, K] */
     if (dinp && cu_gemm(c, "matmul backward (input)", 0, 0, M, K, N, 1.0f, dout, N, 0, w, K, 0, 1.0f, dinp, K, 0, 1))
         return -1;
+    if (!dw) return 0;
     return cu_gemm(c, "matmul backward (weight)", 1, 0, N, K, M, 1.0f, dout, N, 0, inp, K, 0, 1.0f, dw, K, 0, 1);
 }

@@ -1,0 +1,263 @@
+/* atp.c — attribution patching as a grid spec (atp.h). */
+#include "interventions/atp.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/backward.h"
+#include "core/forward.h"
+#include "core/ops.h"
+#include "interventions/knockout.h"
+
+const char *const ps_atp_fix_names[] = {"none", "qk", NULL};
+
+int ps_atp_default_fix(const ps_runtime *rt) {
+    return rt->m && rt->m->cfg.kind != PS_ATTN_CHANNEL ? PS_ATP_FIX_QK : PS_ATP_FIX_NONE;
+}
+
+const char *ps_atp_fix_missing(const ps_runtime *rt, int fix, char *buf, size_t n) {
+    if (!rt->ops->atp_spec) {
+        snprintf(buf, n, "--method atp: %s checkpoints have no backward pass in phasescope, so there are no gradients to "
+                         "attribute with (use --method exact)", rt->ops->name);
+        return buf;
+    }
+    if (fix == PS_ATP_FIX_QK && rt->m && rt->m->cfg.kind == PS_ATTN_CHANNEL) {
+        snprintf(buf, n, "--atp-fix qk: the per-channel compressor attention (attention.kind channel) is not recomputed per "
+                         "head; use --atp-fix none");
+        return buf;
+    }
+    return NULL;
+}
+
+/* The points a cell of the target replaces, in the forward's order. */
+static const ps_hook_point POINTS[4] = {PS_HOOK_K, PS_HOOK_V, PS_HOOK_CK, PS_HOOK_CV};
+
+typedef struct {
+    ps_grid_spec ko; /* the knockout's spec: its sources are the means */
+    int fix;
+    const int *heads;
+    int n_heads;
+    /* scratch of one batch shape (B, T): the backward's gradients (and, fix qk, the recomputed attention) */
+    ps_acts g;
+    int have_g;
+    float *grads;           /* the parameters' gradients the backward still writes (norms, gates); never read */
+    int64_t n_grads;
+    double *dots, *hdots;   /* [n_layers, B, H] on the context, and its host copy */
+    int64_t n_dots;
+    float *dz;              /* fix qk: [n_layers, B, T, nh, hd] the cells' z' − z, head group g holding cell g's */
+    int64_t n_dz;
+    int32_t *targets;       /* [B, T] host */
+    int64_t n_targets;
+} model_atp;
+
+static int atp_sources(void *self, const ps_runtime *rt, const ps_grid_shift *sh, ps_hooks *ref, ps_error *err) {
+    model_atp *A = self;
+    return A->ko.sources(A->ko.self, rt, sh, ref, err);
+}
+
+static int atp_sources_done(void *self, const ps_runtime *rt, const ps_grid_shift *sh, ps_error *err) {
+    model_atp *A = self;
+    return A->ko.sources_done(A->ko.self, rt, sh, err);
+}
+
+static void atp_shift_end(void *self, const ps_runtime *rt) {
+    model_atp *A = self;
+    if (A->ko.shift_end) A->ko.shift_end(A->ko.self, rt);
+}
+
+/* Free the batch-shape scratch. */
+static void scratch_free(model_atp *A, ps_ctx *ctx) {
+    if (A->have_g) ps_acts_free(&A->g);
+    A->have_g = 0;
+    if (A->grads) ps_buf_free(ctx, A->grads, A->n_grads * (int64_t)sizeof(float));
+    if (A->dots) ps_buf_free(ctx, A->dots, A->n_dots * (int64_t)sizeof(double));
+    if (A->dz) ps_buf_free(ctx, A->dz, A->n_dz * (int64_t)sizeof(float));
+    free(A->hdots);
+    free(A->targets);
+    A->grads = NULL, A->dots = NULL, A->dz = NULL, A->hdots = NULL, A->targets = NULL;
+    A->n_grads = A->n_dots = A->n_dz = A->n_targets = 0;
+}
+
+/* Scratch for a batch of B sequences of T tokens and nl layers. */
+static int scratch_for(model_atp *A, const ps_model *m, int64_t B, int64_t T, int nl, ps_error *err) {
+    const ps_config *c = &m->cfg;
+    if (A->have_g && A->g.B == B && A->g.T == T) return 0;
+    scratch_free(A, m->ctx);
+    if (ps_acts_create(&A->g, m->ctx, c, B, T, false, err)) return -1;
+    A->have_g = 1;
+    int64_t H = A->fix == PS_ATP_FIX_QK ? c->n_heads : c->n_kv_heads;
+    A->n_grads = m->n_params;
+    A->n_dots = (int64_t)nl * B * H;
+    A->n_targets = B * T;
+    A->grads = ps_buf_alloc(m->ctx, A->n_grads * (int64_t)sizeof(float), "attribution: the backward's parameter gradients", err);
+    A->dots = A->grads ? ps_buf_alloc(m->ctx, A->n_dots * (int64_t)sizeof(double), "attribution: the cells' dot products", err) : NULL;
+    if (!A->dots) return -1;
+    if (A->fix == PS_ATP_FIX_QK) {
+        A->n_dz = (int64_t)nl * B * T * c->n_heads * c->head_dim;
+        A->dz = ps_buf_alloc(m->ctx, A->n_dz * (int64_t)sizeof(float), "attribution: the recomputed attention outputs", err);
+        if (!A->dz) return -1;
+    }
+    A->hdots = malloc((size_t)A->n_dots * sizeof(double));
+    A->targets = malloc((size_t)A->n_targets * sizeof(int32_t));
+    if (!A->hdots || !A->targets) return ps_fail(err, "out of memory for the attribution of %lld sequences", (long long)B);
+    return 0;
+}
+
+/* The clean activation of layer l's point pt in the acts, and its positions. */
+static float *point_of(const ps_act_ptrs *P, ps_hook_point pt) {
+    return pt == PS_HOOK_K ? P->k : pt == PS_HOOK_V ? P->v : pt == PS_HOOK_CK ? P->ck : P->cv;
+}
+
+/* fix qk: for every selected layer and cell, layer l's attention recomputed with the cell's entries set
+ * to their means, z'; dz[li] at head group g = z'_g − z. */
+static int recompute_attention(model_atp *A, const ps_runtime *rt, const ps_grid_shift *sh, ps_acts *a, ps_error *err) {
+    const ps_config *c = &rt->m->cfg;
+    ps_ctx *ctx = rt->ctx;
+    int64_t B = a->B, T = a->T, nW = a->nW, nkv = c->n_kv_heads, nh = c->n_heads, hd = c->head_dim, grp = nh / nkv;
+    int64_t kd = nkv * hd, qd = nh * hd;
+    ps_act_ptrs G = A->g.p;
+    for (int li = 0; li < sh->n_layers; li++) {
+        ps_act_ptrs P = ps_acts_layer(a, sh->layers[li]);
+        float *dz = A->dz + (int64_t)li * B * T * qd;
+        for (int ci = 0; ci < A->n_heads; ci++) {
+            int64_t gk = A->heads[ci];
+            int rc = ps_copy(ctx, G.k, P.k, B * T * kd) || ps_copy(ctx, G.v, P.v, B * T * kd);
+            if (!rc && nW > 0) rc = ps_copy(ctx, G.ck, P.ck, B * nW * kd) || ps_copy(ctx, G.cv, P.cv, B * nW * kd);
+            for (int i = 0; i < 4 && !rc; i++) {
+                const float *mean = ps_model_ko_mean(&A->ko, li, POINTS[i]);
+                if (mean)
+                    rc = ps_head_set(ctx, point_of(&G, POINTS[i]), mean + gk * hd, kd, B, i < 2 ? T : nW, nkv, hd, gk, 0, B);
+            }
+            if (!rc) rc = ps_attn_forward(ctx, G.z, G.lse, P.q, G.k, G.v, G.ck, G.cv, &a->geom);
+            /* the cell's heads: z'_g − z (group g's query heads read KV head g) */
+            if (!rc)
+                rc = ps_copy_blocks(ctx, dz + gk * grp * hd, qd, 0, G.z + gk * grp * hd, qd, 0, B * T, 1, grp * hd, 0, 0.0f) ||
+                     ps_copy_blocks(ctx, dz + gk * grp * hd, qd, 0, P.z + gk * grp * hd, qd, 0, B * T, 1, grp * hd, 1, -1.0f);
+            if (rc) {
+                ps_ctx_check(ctx, err);
+                return ps_fail_prefix(err, "attribution (layer %d, KV head %lld, recomputing its attention): ", sh->layers[li], (long long)gk);
+            }
+        }
+    }
+    return 0;
+}
+
+/* The dot actions on the gradients: fix none, Σ ∂NLL/∂x · (mean − x) per (sequence, KV head) at each
+ * replaced array; fix qk, Σ ∂NLL/∂z · dz per (sequence, query head) at hook_z. */
+static int grad_hooks(model_atp *A, const ps_runtime *rt, const ps_grid_shift *sh, ps_acts *a, ps_hooks *gh, ps_error *err) {
+    const ps_config *c = &rt->m->cfg;
+    int64_t B = a->B, T = a->T, H = A->fix == PS_ATP_FIX_QK ? c->n_heads : c->n_kv_heads;
+    for (int li = 0; li < sh->n_layers; li++) {
+        int l = sh->layers[li];
+        ps_act_ptrs P = ps_acts_layer(a, l);
+        char name[96];
+        ps_hook_action act = {.kind = PS_ACT_DOT, .head = -1, .acc = A->dots + (int64_t)li * B * H, .acc_n = B * H};
+        if (A->fix == PS_ATP_FIX_QK) {
+            ps_hook_name(name, sizeof name, l, PS_HOOK_Z);
+            act.src = A->dz + (int64_t)li * B * T * c->n_heads * c->head_dim;
+            act.src_nseq = B;
+            if (ps_hooks_add_action(gh, c, name, &act, err)) return -1;
+            continue;
+        }
+        for (int i = 0; i < 4; i++) {
+            const float *mean = ps_model_ko_mean(&A->ko, li, POINTS[i]);
+            if (!mean) continue;
+            ps_hook_name(name, sizeof name, l, POINTS[i]);
+            act.src = mean;
+            act.src_nseq = 0;
+            act.ref = point_of(&P, POINTS[i]);
+            if (ps_hooks_add_action(gh, c, name, &act, err)) return -1;
+        }
+    }
+    return 0;
+}
+
+/* The estimate of one batch (grid.h, spec->estimate): one backward per query index. */
+static int atp_estimate(void *self, const ps_runtime *rt, const ps_grid_shift *sh, const ps_shifted *sv, void *state,
+                        const double *clean_lp, double *cell_lp, ps_error *err) {
+    model_atp *A = self;
+    const ps_model *m = rt->m;
+    const ps_config *c = &m->cfg;
+    ps_acts *a = state;
+    const ps_batch *b = &sv->b;
+    int nl = sh->n_layers, nc = A->n_heads, qk = A->fix == PS_ATP_FIX_QK;
+    int64_t B = a->B, T = a->T, maxq = b->max_q, nq = B * maxq, H = qk ? c->n_heads : c->n_kv_heads, grp = c->n_heads / c->n_kv_heads;
+    if (scratch_for(A, m, B, T, nl, err)) return -1;
+    for (int64_t i = 0; i < (int64_t)nl * nc; i++) memcpy(cell_lp + i * nq, clean_lp, (size_t)nq * sizeof(double));
+    int stop = sh->layers[0];
+    for (int li = 1; li < nl; li++)
+        if (sh->layers[li] < stop) stop = sh->layers[li];
+    if (qk && recompute_attention(A, rt, sh, a, err)) return -1;
+    for (int64_t q = 0; q < maxq; q++) {
+        /* the loss: the NLL of every sequence's query q (its answer tokens) */
+        int any = 0;
+        double want = 0;
+        for (int64_t i = 0; i < B * T; i++) A->targets[i] = -1;
+        for (int64_t s = 0; s < B; s++) {
+            if (q >= b->n_q[s]) continue;
+            const ps_query *qq = &b->queries[s * maxq + q];
+            for (int64_t k = 0; k < qq->answer_len; k++) A->targets[s * T + qq->answer_pos + k] = b->tokens[s * T + qq->answer_src + k];
+            want -= clean_lp[s * maxq + q];
+            any = 1;
+        }
+        if (!any) continue;
+        memset(A->hdots, 0, (size_t)A->n_dots * sizeof(double));
+        if (ps_buf_from_host(rt->ctx, A->dots, A->hdots, A->n_dots * (int64_t)sizeof(double), err)) return -1;
+        ps_hooks gh;
+        ps_hooks_init(&gh);
+        int rc = grad_hooks(A, rt, sh, a, &gh, err);
+        double loss = 0;
+        int64_t n_t = 0;
+        ps_backward_opts o = {.grad_hooks = &gh, .no_weight_grads = 1, .stop_layer = stop};
+        if (!rc) rc = ps_backward_ex(m, a, &A->g, b->tokens, A->targets, 1.0f, A->grads, &loss, &n_t, &o, err);
+        ps_hooks_free(&gh);
+        if (rc) return ps_fail_prefix(err, "attribution backward (query %lld): ", (long long)q);
+        /* the backward's loss is the clean run's NLL of these answers: the targets are the scored tokens */
+        if (fabs(loss - want) > 1e-3 * (1.0 + fabs(want)))
+            return ps_fail(err, "attribution: the backward's loss %.9g differs from the clean NLL %.9g of query %lld", loss, want,
+                           (long long)q);
+        if (ps_buf_to_host(rt->ctx, A->hdots, A->dots, A->n_dots * (int64_t)sizeof(double), err)) return -1;
+        for (int li = 0; li < nl; li++)
+            for (int ci = 0; ci < nc; ci++)
+                for (int64_t s = 0; s < B; s++) {
+                    if (q >= b->n_q[s]) continue;
+                    const double *d = A->hdots + ((int64_t)li * B + s) * H;
+                    double est = 0;
+                    if (qk)
+                        for (int64_t h = A->heads[ci] * grp; h < (A->heads[ci] + 1) * grp; h++) est += d[h];
+                    else
+                        est = d[A->heads[ci]];
+                    cell_lp[((int64_t)li * nc + ci) * nq + s * maxq + q] = clean_lp[s * maxq + q] - est;
+                }
+    }
+    return 0;
+}
+
+int ps_model_atp_spec(const ps_runtime *rt, int target, const int *heads, int n_heads, int fix, ps_grid_spec *spec,
+                      ps_error *err) {
+    char why[256];
+    if (ps_atp_fix_missing(rt, fix, why, sizeof why)) return ps_fail(err, "%s", why);
+    model_atp *A = calloc(1, sizeof *A);
+    if (!A) return ps_fail(err, "out of memory");
+    if (ps_model_ko_spec(rt, target, heads, n_heads, &A->ko, err)) {
+        free(A);
+        return -1;
+    }
+    A->fix = fix;
+    A->heads = heads;
+    A->n_heads = n_heads;
+    *spec = (ps_grid_spec){.self = A, .sources = atp_sources, .sources_done = atp_sources_done, .shift_end = atp_shift_end,
+                           .estimate = atp_estimate};
+    return 0;
+}
+
+void ps_model_atp_spec_free(const ps_runtime *rt, ps_grid_spec *spec) {
+    model_atp *A = spec->self;
+    if (!A) return;
+    scratch_free(A, rt->ctx);
+    ps_model_ko_spec_free(&A->ko);
+    free(A);
+    spec->self = NULL;
+}

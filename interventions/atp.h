@@ -1,0 +1,44 @@
+/* atp.h — attribution patching: a whole mean-replacement knockout grid estimated from one clean forward
+ * and one backward per batch (Nanda 2023; Kramár et al., "AtP*", 2024), as a spec over the grid engine
+ * (grid.h: spec->estimate). docs/attribution.md states the math; docs/results.md measures it.
+ *
+ * For a cell c (layer l, KV head g, the target's arrays: raw k/v, compressed ck/cv or both) and a query q,
+ * the exact knockout changes the query's answer NLL by Δ_c(q) = NLL_q(a with c's entries set to their
+ * means) − NLL_q(a). The estimate:
+ *   fix none (AtP):    Δ̂_c(q) = Σ_{e ∈ c} ∂NLL_q/∂a_e · (mean_e − a_e), the sum over the cell's entries
+ *                      (every position, the head's hd values, each replaced array), the gradients of one
+ *                      backward of NLL_q read at the hook points (ps_backward_opts.grad_hooks, PS_ACT_DOT).
+ *   fix qk (AtP*'s QK fix, here for the whole attention of the patched head): layer l's attention is
+ *                      recomputed exactly with c's entries replaced (softmax over the compressed and raw
+ *                      keys, and the value sums), z'_c, and only what follows is linear:
+ *                      Δ̂_c(q) = Σ_{t, h ∈ group g} ∂NLL_q/∂z[t, h] · (z'_c[t, h] − z[t, h]).
+ *                      Exact where the cell's effect runs through the attention it patches (a single-layer
+ *                      model's softmax saturation); linear in the later layers' response to it.
+ * The means are the knockout's (the same sources: sum actions on the reference pass, per shift). A query
+ * index q (queries sharing a prompt) is one backward: max_q backwards per batch. Each cell's estimated
+ * log-prob lp − Δ̂ goes through the grid's statistics and records like an exact cell's, so shards and
+ * ranks split and merge an estimate as they do a grid; an estimate has no accuracy (the JSON says null).
+ *
+ * Families: the controlled model (full, compressed, staggered, per-channel compressor; fix qk for full
+ * and compressed attention). DeepSeek-V4 checkpoints have no backward pass here: no estimate (an error
+ * that says so). */
+#ifndef PS_ATP_H
+#define PS_ATP_H
+
+#include "interventions/grid.h"
+
+typedef enum { PS_ATP_FIX_NONE = 0, PS_ATP_FIX_QK = 1 } ps_atp_fix;
+extern const char *const ps_atp_fix_names[]; /* "none", "qk", NULL */
+
+/* The fix a model takes by default: qk where the attention is recomputed per head (full and compressed
+ * attention), none otherwise. */
+int ps_atp_default_fix(const ps_runtime *rt);
+/* NULL, or why the model cannot take `fix` (an error message in buf). */
+const char *ps_atp_fix_missing(const ps_runtime *rt, int fix, char *buf, size_t n);
+
+/* The controlled model's estimate spec (its runtime's ops.atp_spec): target as ps_model_ko_spec. */
+int ps_model_atp_spec(const ps_runtime *rt, int target, const int *heads, int n_heads, int fix, ps_grid_spec *spec,
+                      ps_error *err);
+void ps_model_atp_spec_free(const ps_runtime *rt, ps_grid_spec *spec);
+
+#endif
