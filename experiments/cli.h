@@ -131,6 +131,7 @@ extern const ps_command ps_cmd_knockout;
 extern const ps_command ps_cmd_gatecycle;
 extern const ps_command ps_cmd_gates;
 extern const ps_command ps_cmd_merge;
+extern const ps_command ps_cmd_atp_compare;
 extern const ps_command ps_cmd_render;
 extern const ps_command ps_cmd_table;
 extern const ps_command ps_cmd_theory;

@@ -18,6 +18,7 @@ static const ps_command *const CMDS[] = {
     &ps_cmd_gates,
     &ps_cmd_fillers,
     &ps_cmd_merge,
+    &ps_cmd_atp_compare,
     &ps_cmd_render,
     &ps_cmd_theory,
     &ps_cmd_table,

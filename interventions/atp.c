@@ -190,18 +190,22 @@ static int atp_estimate(void *self, const ps_runtime *rt, const ps_grid_shift *s
     for (int li = 1; li < nl; li++)
         if (sh->layers[li] < stop) stop = sh->layers[li];
     if (qk && recompute_attention(A, rt, sh, a, err)) return -1;
-    for (int64_t q = 0; q < maxq; q++) {
-        /* the loss: the NLL of every sequence's query q (its answer tokens) */
+    /* One backward per residue present: the loss is the NLL of every scored query of that residue (its
+     * answer tokens). The statistics add estimates by residue, so a sequence's estimate for residue rho
+     * goes to its first query of that residue (its others keep the clean log-prob). */
+    for (int64_t rho = 0; rho < sh->s->P; rho++) {
         int any = 0;
         double want = 0;
         for (int64_t i = 0; i < B * T; i++) A->targets[i] = -1;
-        for (int64_t s = 0; s < B; s++) {
-            if (q >= b->n_q[s]) continue;
-            const ps_query *qq = &b->queries[s * maxq + q];
-            for (int64_t k = 0; k < qq->answer_len; k++) A->targets[s * T + qq->answer_pos + k] = b->tokens[s * T + qq->answer_src + k];
-            want -= clean_lp[s * maxq + q];
-            any = 1;
-        }
+        for (int64_t s = 0; s < B; s++)
+            for (int64_t q = 0; q < b->n_q[s]; q++) {
+                if (sv->residue[s * maxq + q] != rho) continue;
+                const ps_query *qq = &b->queries[s * maxq + q];
+                for (int64_t k = 0; k < qq->answer_len; k++)
+                    A->targets[s * T + qq->answer_pos + k] = b->tokens[s * T + qq->answer_src + k];
+                want -= clean_lp[s * maxq + q];
+                any = 1;
+            }
         if (!any) continue;
         memset(A->hdots, 0, (size_t)A->n_dots * sizeof(double));
         if (ps_buf_from_host(rt->ctx, A->dots, A->hdots, A->n_dots * (int64_t)sizeof(double), err)) return -1;
@@ -213,16 +217,18 @@ static int atp_estimate(void *self, const ps_runtime *rt, const ps_grid_shift *s
         ps_backward_opts o = {.grad_hooks = &gh, .no_weight_grads = 1, .stop_layer = stop};
         if (!rc) rc = ps_backward_ex(m, a, &A->g, b->tokens, A->targets, 1.0f, A->grads, &loss, &n_t, &o, err);
         ps_hooks_free(&gh);
-        if (rc) return ps_fail_prefix(err, "attribution backward (query %lld): ", (long long)q);
+        if (rc) return ps_fail_prefix(err, "attribution backward (residue %lld): ", (long long)rho);
         /* the backward's loss is the clean run's NLL of these answers: the targets are the scored tokens */
         if (fabs(loss - want) > 1e-3 * (1.0 + fabs(want)))
-            return ps_fail(err, "attribution: the backward's loss %.9g differs from the clean NLL %.9g of query %lld", loss, want,
-                           (long long)q);
+            return ps_fail(err, "attribution: the backward's loss %.9g differs from the clean NLL %.9g of residue %lld", loss, want,
+                           (long long)rho);
         if (ps_buf_to_host(rt->ctx, A->hdots, A->dots, A->n_dots * (int64_t)sizeof(double), err)) return -1;
-        for (int li = 0; li < nl; li++)
-            for (int ci = 0; ci < nc; ci++)
-                for (int64_t s = 0; s < B; s++) {
-                    if (q >= b->n_q[s]) continue;
+        for (int64_t s = 0; s < B; s++) {
+            int64_t q = 0;
+            while (q < b->n_q[s] && sv->residue[s * maxq + q] != rho) q++;
+            if (q == b->n_q[s]) continue;
+            for (int li = 0; li < nl; li++)
+                for (int ci = 0; ci < nc; ci++) {
                     const double *d = A->hdots + ((int64_t)li * B + s) * H;
                     double est = 0;
                     if (qk)
@@ -231,6 +237,7 @@ static int atp_estimate(void *self, const ps_runtime *rt, const ps_grid_shift *s
                         est = d[A->heads[ci]];
                     cell_lp[((int64_t)li * nc + ci) * nq + s * maxq + q] = clean_lp[s * maxq + q] - est;
                 }
+        }
     }
     return 0;
 }
@@ -260,4 +267,208 @@ void ps_model_atp_spec_free(const ps_runtime *rt, ps_grid_spec *spec) {
     ps_model_ko_spec_free(&A->ko);
     free(A);
     spec->self = NULL;
+}
+
+/* ---- the estimate against the exact grid ---- */
+
+/* Pearson correlation of n pairs (NAN when either side is constant). */
+static double pearson(const double *x, const double *y, int64_t n) {
+    double mx = 0, my = 0, sxx = 0, syy = 0, sxy = 0;
+    for (int64_t i = 0; i < n; i++) mx += x[i], my += y[i];
+    if (n < 2) return NAN;
+    mx /= (double)n, my /= (double)n;
+    for (int64_t i = 0; i < n; i++) {
+        sxx += (x[i] - mx) * (x[i] - mx);
+        syy += (y[i] - my) * (y[i] - my);
+        sxy += (x[i] - mx) * (y[i] - my);
+    }
+    return sxx > 0 && syy > 0 ? sxy / sqrt(sxx * syy) : NAN;
+}
+
+/* Sort the indices o[0..n) by key x (stable merge sort; tmp: n scratch). */
+static void sort_by(int64_t *o, int64_t *tmp, int64_t n, const double *x) {
+    if (n < 2) return;
+    int64_t h = n / 2;
+    sort_by(o, tmp, h, x);
+    sort_by(o + h, tmp, n - h, x);
+    int64_t i = 0, j = h, k = 0;
+    while (i < h || j < n) tmp[k++] = j >= n || (i < h && x[o[i]] <= x[o[j]]) ? o[i++] : o[j++];
+    memcpy(o, tmp, (size_t)n * sizeof *o);
+}
+
+/* Ranks 1..n, ties averaged. */
+static int ranks(const double *x, int64_t n, double *r) {
+    int64_t *o = malloc((size_t)(n ? n : 1) * sizeof *o), *tmp = malloc((size_t)(n ? n : 1) * sizeof *tmp);
+    if (!o || !tmp) {
+        free(o);
+        free(tmp);
+        return -1;
+    }
+    for (int64_t i = 0; i < n; i++) o[i] = i;
+    sort_by(o, tmp, n, x);
+    free(tmp);
+    for (int64_t i = 0; i < n;) {
+        int64_t j = i;
+        while (j + 1 < n && x[o[j + 1]] == x[o[i]]) j++;
+        for (int64_t k = i; k <= j; k++) r[o[k]] = 0.5 * (double)(i + j) + 1.0;
+        i = j + 1;
+    }
+    free(o);
+    return 0;
+}
+
+static double spearman(const double *x, const double *y, int64_t n) {
+    double *rx = malloc((size_t)(n ? n : 1) * sizeof *rx), *ry = malloc((size_t)(n ? n : 1) * sizeof *ry), v = NAN;
+    if (rx && ry && !ranks(x, n, rx) && !ranks(y, n, ry)) v = pearson(rx, ry, n);
+    free(rx);
+    free(ry);
+    return v;
+}
+
+static json_t *num_or_null(double v) { return isfinite(v) ? json_real(v) : json_null(); }
+
+json_t *ps_atp_compare(json_t *exact, json_t *estimate, json_t *t_exact, json_t *t_estimate, const char *command,
+                       ps_error *err) {
+    json_t *ge = json_object_get(exact, "grid"), *ga = json_object_get(estimate, "grid");
+    const char *me = json_string_value(json_object_get(ge, "method")), *ma = json_string_value(json_object_get(ga, "method"));
+    if (!ge || !ga) return ps_fail(err, "atp-compare: both files must be knockout results (a \"grid\")"), NULL;
+    if (me && strcmp(me, "exact")) return ps_fail(err, "atp-compare: the first file is a %s grid; it must be the exact one", me), NULL;
+    if (!ma || strcmp(ma, "atp")) return ps_fail(err, "atp-compare: the second file must be an attribution estimate (grid.method \"atp\")"), NULL;
+    json_t *ce = json_object_get(ge, "cells"), *ca = json_object_get(ga, "cells");
+    int64_t P = json_integer_value(json_object_get(ge, "period")), nc = (int64_t)json_array_size(ce);
+    const char *te = json_string_value(json_object_get(ge, "target")), *ta = json_string_value(json_object_get(ga, "target"));
+    if (P != json_integer_value(json_object_get(ga, "period")) || !te || !ta || strcmp(te, ta) || nc < 1 ||
+        nc != (int64_t)json_array_size(ca))
+        return ps_fail(err, "atp-compare: the grids differ (period %lld vs %lld, target %s vs %s, %lld vs %zu cells)", (long long)P,
+                       (long long)json_integer_value(json_object_get(ga, "period")), te ? te : "?", ta ? ta : "?", (long long)nc,
+                       json_array_size(ca)),
+               NULL;
+    const char *he = json_string_value(json_object_get(json_object_get(exact, "provenance"), "config_hash")),
+               *ha = json_string_value(json_object_get(json_object_get(estimate, "provenance"), "config_hash"));
+    if (he && ha && strcmp(he, ha)) return ps_fail(err, "atp-compare: the files come from different models (config_hash %s vs %s)", he, ha), NULL;
+    double *x = malloc((size_t)(nc * P) * sizeof(double)), *y = malloc((size_t)(nc * P) * sizeof(double));
+    double *cx = malloc((size_t)nc * sizeof(double)), *cy = malloc((size_t)nc * sizeof(double)), *cacc = malloc((size_t)nc * sizeof(double));
+    int64_t *rank = malloc((size_t)nc * sizeof(int64_t)), np = 0;
+    json_t *out = NULL, *gx = json_array(), *gy = json_array(), *gacc = json_array(), *gl = json_array(), *gh = json_array();
+    if (!x || !y || !cx || !cy || !cacc || !rank || !gx || !gy || !gacc || !gl || !gh) {
+        ps_fail(err, "out of memory for a comparison of %lld cells", (long long)nc);
+        goto done;
+    }
+    for (int64_t i = 0; i < nc; i++) {
+        json_t *e = json_array_get(ce, (size_t)i), *a = json_array_get(ca, (size_t)i);
+        if (json_integer_value(json_object_get(e, "layer")) != json_integer_value(json_object_get(a, "layer")) ||
+            json_integer_value(json_object_get(e, "head")) != json_integer_value(json_object_get(a, "head"))) {
+            ps_fail(err, "atp-compare: cells[%lld] is layer %lld head %lld in the exact grid but layer %lld head %lld in the estimate",
+                    (long long)i, (long long)json_integer_value(json_object_get(e, "layer")), (long long)json_integer_value(json_object_get(e, "head")),
+                    (long long)json_integer_value(json_object_get(a, "layer")), (long long)json_integer_value(json_object_get(a, "head")));
+            goto done;
+        }
+        json_array_append_new(gl, json_integer(json_integer_value(json_object_get(e, "layer"))));
+        json_array_append_new(gh, json_integer(json_integer_value(json_object_get(e, "head"))));
+        json_t *re = json_object_get(e, "residues"), *ra = json_object_get(a, "residues"), *rowx = json_array(), *rowy = json_array();
+        cx[i] = cy[i] = -INFINITY;
+        for (int64_t r = 0; r < P; r++) {
+            json_t *ee = json_array_get(re, (size_t)r), *aa = json_array_get(ra, (size_t)r);
+            int used = json_integer_value(json_object_get(ee, "n")) > 0;
+            double dx = json_number_value(json_object_get(ee, "delta_nll")), dy = json_number_value(json_object_get(aa, "delta_nll"));
+            json_array_append_new(rowx, used ? json_real(dx) : json_null());
+            json_array_append_new(rowy, used ? json_real(dy) : json_null());
+            if (!used) continue;
+            x[np] = dx, y[np] = dy, np++;
+            if (dx > cx[i]) cx[i] = dx;
+            if (dy > cy[i]) cy[i] = dy;
+        }
+        json_array_append_new(gx, rowx);
+        json_array_append_new(gy, rowy);
+        cacc[i] = json_number_value(json_object_get(json_object_get(e, "worst_residue"), "delta_accuracy_pp"));
+        json_array_append_new(gacc, json_real(cacc[i]));
+        if (!isfinite(cx[i])) cx[i] = 0;
+        if (!isfinite(cy[i])) cy[i] = 0;
+    }
+    /* the estimate's rank of every cell: 1 + the cells with a larger estimated worst-residue Δ NLL (ties by order) */
+    for (int64_t i = 0; i < nc; i++) {
+        rank[i] = 1;
+        for (int64_t j = 0; j < nc; j++)
+            if (cy[j] > cy[i] || (cy[j] == cy[i] && j < i)) rank[i]++;
+    }
+    int64_t n_strong = 0, hit = 0, max_rank = 0;
+    for (int64_t i = 0; i < nc; i++) n_strong += cacc[i] <= -30.0;
+    int64_t top_k = n_strong ? 2 * n_strong : 1;
+    json_t *strong = json_array(), *fneg = json_array(), *misses = json_array();
+    /* strong cells and false negatives, worst exact drop first */
+    int64_t *ord = malloc((size_t)nc * sizeof *ord);
+    if (!ord) {
+        ps_fail(err, "out of memory");
+        goto done;
+    }
+    for (int64_t i = 0; i < nc; i++) ord[i] = i;
+    for (int64_t i = 1; i < nc; i++)
+        for (int64_t j = i; j > 0 && cacc[ord[j]] < cacc[ord[j - 1]]; j--) {
+            int64_t t = ord[j];
+            ord[j] = ord[j - 1], ord[j - 1] = t;
+        }
+    for (int64_t k = 0; k < nc; k++) {
+        int64_t i = ord[k];
+        if (cacc[i] > -30.0) continue;
+        json_t *c = json_pack("{s:I, s:I, s:f, s:f, s:f, s:I}", "layer", json_integer_value(json_array_get(gl, (size_t)i)), "head",
+                              json_integer_value(json_array_get(gh, (size_t)i)), "exact_worst_delta_accuracy_pp", cacc[i],
+                              "exact_worst_delta_nll", cx[i], "estimated_worst_delta_nll", cy[i], "estimate_rank", (json_int_t)rank[i]);
+        json_array_append(strong, c);
+        if (rank[i] <= top_k) hit++;
+        else json_array_append(fneg, c);
+        json_decref(c);
+        if (rank[i] > max_rank) max_rank = rank[i];
+    }
+    /* the largest misses of the worst-residue Δ NLL */
+    for (int m = 0; m < 5 && m < nc; m++) {
+        int64_t best = -1;
+        for (int64_t i = 0; i < nc; i++) {
+            int taken = 0;
+            for (size_t q = 0; q < json_array_size(misses); q++)
+                if (json_integer_value(json_object_get(json_array_get(misses, q), "index")) == i) taken = 1;
+            if (!taken && (best < 0 || fabs(cy[i] - cx[i]) > fabs(cy[best] - cx[best]))) best = i;
+        }
+        json_array_append_new(misses, json_pack("{s:I, s:I, s:I, s:f, s:f, s:f}", "index", (json_int_t)best, "layer",
+                                                json_integer_value(json_array_get(gl, (size_t)best)), "head",
+                                                json_integer_value(json_array_get(gh, (size_t)best)), "exact_worst_delta_nll", cx[best],
+                                                "estimated_worst_delta_nll", cy[best], "exact_worst_delta_accuracy_pp", cacc[best]));
+    }
+    free(ord);
+    json_t *prov = json_deep_copy(json_object_get(estimate, "provenance"));
+    if (prov && command) json_object_set_new(prov, "command", json_string(command));
+    json_t *times = json_object();
+    if (t_exact && t_estimate) {
+        double we = json_number_value(json_object_get(t_exact, "wall_s")), wa = json_number_value(json_object_get(t_estimate, "wall_s"));
+        double ue = json_number_value(json_object_get(t_exact, "user_s")) + json_number_value(json_object_get(t_exact, "sys_s"));
+        double ua = json_number_value(json_object_get(t_estimate, "user_s")) + json_number_value(json_object_get(t_estimate, "sys_s"));
+        json_object_set(times, "exact", t_exact);
+        json_object_set(times, "estimate", t_estimate);
+        json_object_set_new(times, "wall_ratio", num_or_null(wa > 0 ? we / wa : NAN));
+        json_object_set_new(times, "cpu_ratio", num_or_null(ua > 0 ? ue / ua : NAN));
+    }
+    out = json_object();
+    json_object_set_new(out, "kind", json_string("atp_compare"));
+    json_object_set_new(out, "provenance", prov ? prov : json_object());
+    json_object_set_new(out, "target", json_string(te));
+    json_object_set_new(out, "fix", json_string(json_string_value(json_object_get(json_object_get(ga, "atp"), "fix"))
+                                                    ? json_string_value(json_object_get(json_object_get(ga, "atp"), "fix")) : "none"));
+    json_object_set_new(out, "n_pairs", json_integer(np));
+    json_object_set_new(out, "pearson", num_or_null(pearson(x, y, np)));
+    json_object_set_new(out, "spearman", num_or_null(spearman(x, y, np)));
+    json_object_set_new(out, "cell_pearson", num_or_null(pearson(cx, cy, nc)));
+    json_object_set_new(out, "cell_spearman", num_or_null(spearman(cx, cy, nc)));
+    json_object_set_new(out, "strong_pp", json_real(-30.0));
+    json_object_set_new(out, "strong", strong);
+    json_object_set_new(out, "top_k", json_integer(top_k));
+    json_object_set_new(out, "recall", json_real(n_strong ? (double)hit / (double)n_strong : 1.0));
+    json_object_set_new(out, "max_strong_rank", json_integer(max_rank));
+    json_object_set_new(out, "false_negatives", fneg);
+    json_object_set_new(out, "misses", misses);
+    json_object_set_new(out, "times", times);
+    json_object_set_new(out, "grid", json_pack("{s:I, s:O, s:O, s:O, s:O, s:O}", "period", (json_int_t)P, "layers", gl, "heads", gh,
+                                               "exact", gx, "estimate", gy, "exact_acc", gacc));
+done:
+    json_decref(gx), json_decref(gy), json_decref(gacc), json_decref(gl), json_decref(gh);
+    free(x), free(y), free(cx), free(cy), free(cacc), free(rank);
+    return out;
 }

@@ -25,6 +25,8 @@
 #ifndef PS_ATP_H
 #define PS_ATP_H
 
+#include <jansson.h>
+
 #include "interventions/grid.h"
 
 typedef enum { PS_ATP_FIX_NONE = 0, PS_ATP_FIX_QK = 1 } ps_atp_fix;
@@ -40,5 +42,20 @@ const char *ps_atp_fix_missing(const ps_runtime *rt, int fix, char *buf, size_t 
 int ps_model_atp_spec(const ps_runtime *rt, int target, const int *heads, int n_heads, int fix, ps_grid_spec *spec,
                       ps_error *err);
 void ps_model_atp_spec_free(const ps_runtime *rt, ps_grid_spec *spec);
+
+/* An estimate measured against the exact grid: the two knockout.json documents of the same grid (same
+ * model, prompts, period, target and cells; errors name what differs), optionally their times
+ * ({"wall_s", "user_s", "sys_s", "max_rss_kb"} each, or NULL). The "atp_compare" result:
+ *   n_pairs, pearson, spearman: over cells × residues (with prompts) of exact vs estimated Δ NLL;
+ *   cell_pearson, cell_spearman: over cells of the worst-residue Δ NLL (each method's own worst);
+ *   strong_pp (−30), strong: the exact grid's cells whose worst residue loses ≤ −30 pp, each with its
+ *   estimate rank (1 = the largest estimated worst-residue Δ NLL); top_k = 2 × |strong| (at least 1),
+ *   recall = |strong ∩ estimated top_k| / |strong| (1 when no cell is strong), max_strong_rank;
+ *   false_negatives: the strong cells outside the top_k, worst exact drop first; misses: the 5 cells with
+ *   the largest |estimated − exact| worst-residue Δ NLL; times {exact, estimate, wall_ratio, cpu_ratio};
+ *   grid {layers, heads, period, exact [cell][rho], estimate [cell][rho] (Δ NLL; null without prompts),
+ *   exact_acc [cell] worst Δ pp} for the figure; provenance: the estimate's, command replaced. */
+json_t *ps_atp_compare(json_t *exact, json_t *estimate, json_t *t_exact, json_t *t_estimate, const char *command,
+                       ps_error *err);
 
 #endif

@@ -311,7 +311,77 @@ done:
 
 #define SET(o, key, v) (bad |= json_object_set_new((o), (key), (v)) != 0)
 
+/* One cell's object: {"layer", "head", "residues", "mean_delta_accuracy_pp", "mean_delta_nll",
+ * "worst_residue"}. est: the statistics are an estimate (no accuracy: nulls; the worst residue is the largest
+ * estimated NLL increase). NULL when memory runs out. */
+static json_t *cell_json(const ps_residue_stats *clean, const ps_residue_stats *cs, int64_t P, int layer, int head, int est) {
+    int bad = 0;
+    json_t *cell = json_object(), *res = json_array();
+    if (!cell || !res) {
+        json_decref(cell);
+        json_decref(res);
+        return NULL;
+    }
+    SET(cell, "layer", json_integer(layer));
+    SET(cell, "head", json_integer(head));
+    double sum_da = 0, sum_dn = 0, worst_da = INFINITY, worst_dn = 0, worst_ac = 0, worst_ak = 0;
+    int64_t used = 0, worst = -1;
+    for (int64_t rho = 0; rho < P; rho++) {
+        json_t *e = json_object();
+        double ac = ps_residue_accuracy(clean, rho), ak = ps_residue_accuracy(cs, rho);
+        double nc = clean->n[rho] ? -clean->lp[rho] / (double)clean->n[rho] : 0;
+        double nk = cs->n[rho] ? -cs->lp[rho] / (double)cs->n[rho] : 0;
+        SET(e, "rho", json_integer(rho));
+        SET(e, "n", json_integer(cs->n[rho]));
+        SET(e, "accuracy", est ? json_null() : json_real(ak));
+        SET(e, "mean_nll", json_real(nk));
+        SET(e, "delta_accuracy_pp", est ? json_null() : json_real(100.0 * (ak - ac)));
+        SET(e, "delta_nll", json_real(nk - nc));
+        bad |= json_array_append_new(res, e) != 0;
+        if (cs->n[rho]) {
+            double da = 100.0 * (ak - ac), dn = nk - nc;
+            sum_da += da;
+            sum_dn += dn;
+            used++;
+            /* the residue the head hurts most: largest accuracy drop, ties by the larger NLL increase (an
+             * estimate: the largest NLL increase) */
+            int better = est ? worst < 0 || dn > worst_dn + 1e-12
+                             : worst < 0 || da < worst_da - 1e-9 || (fabs(da - worst_da) <= 1e-9 && dn > worst_dn);
+            if (better) {
+                worst = rho;
+                worst_da = da;
+                worst_dn = dn;
+                worst_ac = ac;
+                worst_ak = ak;
+            }
+        }
+    }
+    SET(cell, "residues", res);
+    SET(cell, "mean_delta_accuracy_pp", est ? json_null() : json_real(used ? sum_da / (double)used : 0));
+    SET(cell, "mean_delta_nll", json_real(used ? sum_dn / (double)used : 0));
+    if (worst >= 0) {
+        json_t *w = json_object();
+        SET(w, "rho", json_integer(worst));
+        SET(w, "clean_accuracy", json_real(worst_ac));
+        SET(w, "accuracy", est ? json_null() : json_real(worst_ak));
+        SET(w, "delta_accuracy_pp", est ? json_null() : json_real(worst_da));
+        SET(w, "delta_nll", json_real(worst_dn));
+        SET(cell, "worst_residue", w);
+    } else
+        SET(cell, "worst_residue", json_null());
+    if (bad) {
+        json_decref(cell);
+        return NULL;
+    }
+    return cell;
+}
+
 json_t *ps_knockout_json(const ps_knockout_result *r, const char *target, const char *unit, ps_error *err) {
+    return ps_knockout_json_ex(r, target, unit, NULL, err);
+}
+
+json_t *ps_knockout_json_ex(const ps_knockout_result *r, const char *target, const char *unit, const ps_knockout_atp_json *atp,
+                            ps_error *err) {
     int bad = 0;
     json_t *o = json_object(), *cells = json_array(), *clean = ps_residue_stats_json(&r->clean, err);
     if (!o || !cells || !clean) {
@@ -325,6 +395,12 @@ json_t *ps_knockout_json(const ps_knockout_result *r, const char *target, const 
     SET(o, "period", json_integer(r->P));
     SET(o, "target", json_string(target));
     if (unit) SET(o, "unit", json_string(unit));
+    SET(o, "method", json_string(atp ? "atp" : "exact"));
+    if (atp) {
+        int nv = 0;
+        for (int64_t i = 0; atp->verified && i < (int64_t)r->n_layers * r->n_heads; i++) nv += atp->verified[i] != 0;
+        SET(o, "atp", json_pack("{s:s, s:i, s:s}", "fix", atp->fix, "verified", nv, "rank", "worst_residue.delta_nll"));
+    }
     SET(o, "clean", clean);
     /* cells in ascending layer order */
     for (int want = -1;;) {
@@ -336,52 +412,22 @@ json_t *ps_knockout_json(const ps_knockout_result *r, const char *target, const 
         int li = 0;
         while (r->layers[li] != want) li++;
         for (int hi = 0; hi < r->n_heads; hi++) {
-            const ps_residue_stats *cs = &r->cells[(int64_t)li * r->n_heads + hi];
-            json_t *cell = json_object(), *res = json_array();
-            SET(cell, "layer", json_integer(want));
-            SET(cell, "head", json_integer(r->heads[hi]));
-            double sum_da = 0, sum_dn = 0, worst_da = INFINITY, worst_dn = 0, worst_ac = 0, worst_ak = 0;
-            int64_t used = 0, worst = -1;
-            for (int64_t rho = 0; rho < r->P; rho++) {
-                json_t *e = json_object();
-                double ac = ps_residue_accuracy(&r->clean, rho), ak = ps_residue_accuracy(cs, rho);
-                double nc = r->clean.n[rho] ? -r->clean.lp[rho] / (double)r->clean.n[rho] : 0;
-                double nk = cs->n[rho] ? -cs->lp[rho] / (double)cs->n[rho] : 0;
-                SET(e, "rho", json_integer(rho));
-                SET(e, "n", json_integer(cs->n[rho]));
-                SET(e, "accuracy", json_real(ak));
-                SET(e, "mean_nll", json_real(nk));
-                SET(e, "delta_accuracy_pp", json_real(100.0 * (ak - ac)));
-                SET(e, "delta_nll", json_real(nk - nc));
-                bad |= json_array_append_new(res, e) != 0;
-                if (cs->n[rho]) {
-                    double da = 100.0 * (ak - ac), dn = nk - nc;
-                    sum_da += da;
-                    sum_dn += dn;
-                    used++;
-                    /* the residue the head hurts most: largest accuracy drop, ties by the larger NLL increase */
-                    if (worst < 0 || da < worst_da - 1e-9 || (fabs(da - worst_da) <= 1e-9 && dn > worst_dn)) {
-                        worst = rho;
-                        worst_da = da;
-                        worst_dn = dn;
-                        worst_ac = ac;
-                        worst_ak = ak;
-                    }
-                }
+            int64_t ci = (int64_t)li * r->n_heads + hi;
+            json_t *cell = cell_json(&r->clean, &r->cells[ci], r->P, want, r->heads[hi], atp != NULL);
+            if (!cell) {
+                bad = 1;
+                break;
             }
-            SET(cell, "residues", res);
-            SET(cell, "mean_delta_accuracy_pp", json_real(used ? sum_da / (double)used : 0));
-            SET(cell, "mean_delta_nll", json_real(used ? sum_dn / (double)used : 0));
-            if (worst >= 0) {
-                json_t *w = json_object();
-                SET(w, "rho", json_integer(worst));
-                SET(w, "clean_accuracy", json_real(worst_ac));
-                SET(w, "accuracy", json_real(worst_ak));
-                SET(w, "delta_accuracy_pp", json_real(worst_da));
-                SET(w, "delta_nll", json_real(worst_dn));
-                SET(cell, "worst_residue", w);
-            } else
-                SET(cell, "worst_residue", json_null());
+            if (atp) { /* the cell's exact knockout when it was verified */
+                json_t *ex = atp->verified && atp->verified[ci] ? cell_json(&r->clean, &atp->exact->cells[ci], r->P, want, r->heads[hi], 0)
+                                                                 : json_null();
+                if (ex && json_is_object(ex)) {
+                    json_object_del(ex, "layer");
+                    json_object_del(ex, "head");
+                }
+                if (!ex) bad = 1;
+                else SET(cell, "exact", ex);
+            }
             bad |= json_array_append_new(cells, cell) != 0;
         }
     }

@@ -134,6 +134,17 @@ int ps_knockout_from_partial(const ps_partial *p, ps_knockout_result *out, ps_er
  * "delta_nll"}}]}; target: the target's name, unit (NULL: none) what a cell is. NULL with err set when
  * memory runs out. */
 json_t *ps_knockout_json(const ps_knockout_result *r, const char *target, const char *unit, ps_error *err);
+/* The same with the method: "method" "exact" (atp NULL) or "atp" (an estimate: "atp": {"fix", "verified",
+ * "rank"}; per cell the estimated statistics, accuracies null, and "exact": null or the cell's exact
+ * knockout — residues, means and worst residue — when verified[cell] (cells as r's, layer index major)
+ * with its statistics in exact->cells). */
+typedef struct {
+    const char *fix;
+    const unsigned char *verified;   /* [n_layers · n_heads] of r's order, or NULL */
+    const ps_knockout_result *exact; /* the verification grid (same layers and heads), or NULL */
+} ps_knockout_atp_json;
+json_t *ps_knockout_json_ex(const ps_knockout_result *r, const char *target, const char *unit, const ps_knockout_atp_json *atp,
+                            ps_error *err);
 const char *ps_ko_target_name(ps_ko_target t);
 
 #endif

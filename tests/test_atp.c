@@ -1,7 +1,8 @@
 /* test_atp.c — attribution patching (interventions/atp.h) against numbers computed another way:
  *   - the gradients the backward hands its grad hooks equal central finite differences of the NLL along
  *     a random direction added at the same hook point (hook_k, hook_v, hook_ck, hook_cv, hook_z);
- *   - every cell's estimate equals, query by query, the directional derivative of that query's NLL
+ *   - every cell's estimate equals, prompt by prompt and residue by residue (its unit: a backward per
+ *     residue), the directional derivative of the NLL of the prompt's queries of that residue
  *     along the cell's replacement, by central differences of hooked forwards written here (host
  *     callbacks, the means averaged here from cached clean runs): fix none along (mean − a) at the
  *     replaced arrays; fix qk along (z'_c − z) at hook_z, z'_c cached from a forward with the cell's
@@ -323,11 +324,17 @@ static void test_estimate(ps_attn_kind kind, int staggered, ps_ko_target target,
                     nll_of(&m, &s.b, &h, f[sgn]);
                     ps_hooks_free(&h);
                 }
+                /* per prompt and residue (the estimate's unit: one backward per residue) */
                 for (int64_t b = 0; b < N; b++)
-                    for (int64_t q = 0; q < s.b.n_q[b]; q++) {
-                        int64_t k = b * MAXQ + q, o = ((p * 2 + li) * nc + ci) * N * MAXQ + k;
-                        double fd = (f[0][k] - f[1][k]) / 2e-2, est = r.clean[p][k] - r.cell[o];
-                        CHECK(r.seen[o], "%s: the cell (layer %d, head %d) was recorded", what, l, ci);
+                    for (int64_t rho = 0; rho < P; rho++) {
+                        double fd = 0, est = 0;
+                        for (int64_t q = 0; q < s.b.n_q[b]; q++) {
+                            int64_t k = b * MAXQ + q, o = ((p * 2 + li) * nc + ci) * N * MAXQ + k;
+                            CHECK(r.seen[o], "%s: the cell (layer %d, head %d) was recorded", what, l, ci);
+                            if (s.residue[k] != rho) continue;
+                            fd += (f[0][k] - f[1][k]) / 2e-2;
+                            est += r.clean[p][k] - r.cell[o];
+                        }
                         worst = fmax(worst, fabs(fd - est));
                         scale = fmax(scale, fabs(fd));
                     }
@@ -341,7 +348,7 @@ static void test_estimate(ps_attn_kind kind, int staggered, ps_ko_target target,
     CHECK(scale > 1e-3, "%s: the cells change the NLL (largest derivative %.3g)", what, scale);
     CHECK(worst <= 1e-2 * scale + 1e-4, "%s: estimate vs directional derivative: worst difference %.3g (largest %.3g)", what, worst,
           scale);
-    printf("  %s: %d x %d cells x %d queries, largest |d NLL| %.4f, worst difference %.2g\n", what, 2, nc, N * MAXQ, scale, worst);
+    printf("  %s: %d x %d cells x %d prompts x %d residues, largest |d NLL| %.4f, worst difference %.2g\n", what, 2, nc, N, P, scale, worst);
     rec_free(&r);
     /* one prompt: the mean is the prompt itself, every estimate exactly 0 */
     if (!est_run(&m, &base, &t, &fam, 1, target, fix, NULL, &r, &err)) {
