@@ -331,21 +331,21 @@ json_t *ps_atp_compare(json_t *exact, json_t *estimate, json_t *t_exact, json_t 
                        ps_error *err) {
     json_t *ge = json_object_get(exact, "grid"), *ga = json_object_get(estimate, "grid");
     const char *me = json_string_value(json_object_get(ge, "method")), *ma = json_string_value(json_object_get(ga, "method"));
-    if (!ge || !ga) return ps_fail(err, "atp-compare: both files must be knockout results (a \"grid\")"), NULL;
-    if (me && strcmp(me, "exact")) return ps_fail(err, "atp-compare: the first file is a %s grid; it must be the exact one", me), NULL;
-    if (!ma || strcmp(ma, "atp")) return ps_fail(err, "atp-compare: the second file must be an attribution estimate (grid.method \"atp\")"), NULL;
+    if (!ge || !ga) return ps_fail(err, "both files must be knockout results (a \"grid\")"), NULL;
+    if (!ma || strcmp(ma, "atp")) return ps_fail(err, "the second file must be an attribution estimate (grid.method \"atp\")"), NULL;
+    if (me && strcmp(me, "exact")) return ps_fail(err, "the first file is an estimate (grid.method \"%s\"); it must be the exact grid", me), NULL;
     json_t *ce = json_object_get(ge, "cells"), *ca = json_object_get(ga, "cells");
     int64_t P = json_integer_value(json_object_get(ge, "period")), nc = (int64_t)json_array_size(ce);
     const char *te = json_string_value(json_object_get(ge, "target")), *ta = json_string_value(json_object_get(ga, "target"));
     if (P != json_integer_value(json_object_get(ga, "period")) || !te || !ta || strcmp(te, ta) || nc < 1 ||
         nc != (int64_t)json_array_size(ca))
-        return ps_fail(err, "atp-compare: the grids differ (period %lld vs %lld, target %s vs %s, %lld vs %zu cells)", (long long)P,
+        return ps_fail(err, "the grids differ (period %lld vs %lld, target %s vs %s, %lld vs %zu cells)", (long long)P,
                        (long long)json_integer_value(json_object_get(ga, "period")), te ? te : "?", ta ? ta : "?", (long long)nc,
                        json_array_size(ca)),
                NULL;
     const char *he = json_string_value(json_object_get(json_object_get(exact, "provenance"), "config_hash")),
                *ha = json_string_value(json_object_get(json_object_get(estimate, "provenance"), "config_hash"));
-    if (he && ha && strcmp(he, ha)) return ps_fail(err, "atp-compare: the files come from different models (config_hash %s vs %s)", he, ha), NULL;
+    if (he && ha && strcmp(he, ha)) return ps_fail(err, "the files come from different models (config_hash %s vs %s)", he, ha), NULL;
     double *x = malloc((size_t)(nc * P) * sizeof(double)), *y = malloc((size_t)(nc * P) * sizeof(double));
     double *cx = malloc((size_t)nc * sizeof(double)), *cy = malloc((size_t)nc * sizeof(double)), *cacc = malloc((size_t)nc * sizeof(double));
     int64_t *rank = malloc((size_t)nc * sizeof(int64_t)), np = 0;
@@ -358,7 +358,7 @@ json_t *ps_atp_compare(json_t *exact, json_t *estimate, json_t *t_exact, json_t 
         json_t *e = json_array_get(ce, (size_t)i), *a = json_array_get(ca, (size_t)i);
         if (json_integer_value(json_object_get(e, "layer")) != json_integer_value(json_object_get(a, "layer")) ||
             json_integer_value(json_object_get(e, "head")) != json_integer_value(json_object_get(a, "head"))) {
-            ps_fail(err, "atp-compare: cells[%lld] is layer %lld head %lld in the exact grid but layer %lld head %lld in the estimate",
+            ps_fail(err, "cells[%lld] is layer %lld head %lld in the exact grid but layer %lld head %lld in the estimate",
                     (long long)i, (long long)json_integer_value(json_object_get(e, "layer")), (long long)json_integer_value(json_object_get(e, "head")),
                     (long long)json_integer_value(json_object_get(a, "layer")), (long long)json_integer_value(json_object_get(a, "head")));
             goto done;

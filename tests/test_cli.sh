@@ -252,6 +252,38 @@ for c in g["cells"]:
 ' "$T/o/knockout.json" "$T/s8/sweep.json" "$T/ko.out"
 expect knockout-layer 2 "--layers 9: 9 is out of range [0, 1]" -- "$PS" knockout --model "$R" --layers 9
 expect knockout-target 2 "--target kv: expected raw, compressed or both" -- "$PS" knockout --model "$R" --target kv
+# attribution patching: the same schema with the estimate (accuracies null), the verified cells' exact
+# knockout equal to the exact grid's cells, and the comparison with its figure
+expect atp-ok 0 "attribution patching: estimated NLL changes" -- "$PS" knockout --model "$R" --n 8 --layers 0-1 --method atp --verify 2 --out "$T/atp"
+expect atp-exact 0 "the residue it hurts most" -- "$PS" knockout --model "$R" --n 8 --layers 0-1 --out "$T/atpx"
+check atp-json '
+d = load(A[0]); g = d["grid"]; x = load(A[1])["grid"]
+assert g["method"] == "atp" and g["atp"]["fix"] == "qk" and g["atp"]["verified"] == 2 and x["method"] == "exact"
+assert g["clean"] == x["clean"]
+ver = [c for c in g["cells"] if c["exact"] is not None]
+assert len(ver) == 2
+for c in g["cells"]:
+    assert c["mean_delta_accuracy_pp"] is None and all(r["accuracy"] is None and r["delta_accuracy_pp"] is None for r in c["residues"])
+    e = [y for y in x["cells"] if (y["layer"], y["head"]) == (c["layer"], c["head"])][0]
+    if c["exact"] is not None:   # the verified cells: the numbers of the exact grid
+        assert c["exact"]["residues"] == e["residues"] and c["exact"]["worst_residue"] == e["worst_residue"], (c["exact"], e)
+# the verified cells are the top two of the estimate by worst-residue estimated dNLL
+top = sorted(g["cells"], key=lambda c: -c["worst_residue"]["delta_nll"])[:2]
+assert sorted((c["layer"], c["head"]) for c in top) == sorted((c["layer"], c["head"]) for c in ver)
+' "$T/atp/knockout.json" "$T/atpx/knockout.json"
+check atp-png 'w, h = png_size(A[0]); assert w >= 200 and h >= 100, (w, h)' "$T/atp/knockout_heatmap.png"
+expect atp-acc 1 "an attribution-patching estimate has no accuracy" -- "$PS" render "$T/atp/knockout.json" --measure acc --out "$T/re"
+expect atp-compare 0 "recall in the estimate's top" -- "$PS" atp-compare "$T/atpx/knockout.json" "$T/atp/knockout.json" --out "$T/atpc"
+check atp-compare-json '
+d = load(A[0]); assert d["kind"] == "atp_compare" and d["n_pairs"] > 0 and -1 <= d["pearson"] <= 1, d
+w, h = png_size(A[1]); assert w >= 900 and h >= 300, (w, h)
+' "$T/atpc/atp_compare.json" "$T/atpc/atp_compare.png"
+expect atp-compare-order 1 "the second file must be an attribution estimate" -- "$PS" atp-compare "$T/atp/knockout.json" "$T/atpx/knockout.json" --out "$T/x"
+expect atp-verify-exact 2 "--verify goes with --method atp" -- "$PS" knockout --model "$R" --verify 3
+expect atp-fix-exact 2 "--atp-fix goes with --method atp" -- "$PS" knockout --model "$R" --atp-fix none
+expect atp-method 2 "--method fast: expected exact or atp" -- "$PS" knockout --model "$R" --method fast
+expect atp-verify-shard 2 "--verify needs the whole estimate" -- "$PS" knockout --model "$R" --method atp --verify 2 --shard 0/2
+expect atp-channel 2 "--atp-fix qk: the per-channel compressor attention" -- "$PS" knockout --model "$(dirname "$0")/../data/models/v4demo" --method atp --atp-fix qk --n 2
 # a model with more KV heads than the old 4096-entry lists (regression: stack overflow when --heads is absent)
 cat > "$T/many.json" <<'JSON'
 {"model": {"vocab_size": 32, "d_model": 4, "n_layers": 1, "n_heads": 4097, "n_kv_heads": 4097, "head_dim": 2,

@@ -51,6 +51,12 @@ check "knockout: merged summary = one process" 'cmp -s <(tail -n +2 "$T/ko1.txt"
 check "merged provenance says so" 'grep -q "merged from 3 shards" "$T/kom/knockout.json"'
 "$PS" merge "$T/kop" --out "$T/komd" > /dev/null 2>&1
 check "merge DIR: the shards' --out directory = its part files" 'same_json "$T/kom/knockout.json" "$T/komd/knockout.json" command'
+# attribution patching splits and merges like the exact grid (every shard runs the backwards of its batches)
+"$PS" knockout --model "$W" --n 64 --batch 16 --method atp --out "$T/atp1" > "$T/atp1.txt" 2>&1
+for i in 0 1 2; do "$PS" knockout --model "$W" --n 64 --batch 16 --method atp --shard $i/3 --out "$T/atpp" > /dev/null 2>&1; done
+"$PS" merge "$T/atpp" --out "$T/atpm" > "$T/atpm.txt" 2>&1
+check "knockout --method atp: 3 shards merged = one process" 'same_json "$T/atp1/knockout.json" "$T/atpm/knockout.json" command'
+check "knockout --method atp: the merged result is an estimate" 'grep -q "\"method\": \"atp\"" "$T/atpm/knockout.json"'
 mkdir -p "$T/empty"
 out=$("$PS" merge "$T/empty" --out "$T/x" 2>&1); rc=$?
 check "merge: a directory without part files is named" '[ $rc -eq 1 ] && grep -q "empty: a directory with no part files" <<<"$out"'
@@ -142,6 +148,8 @@ np 1 ko_np1 knockout --model "$W" --n 128 && np 2 ko_np2 knockout --model "$W" -
 check "knockout (w8s8): -np 2 = -np 1" 'same_run ko_np1 ko_np2 knockout.json'
 summary() { tr '\r' '\n' < "$1" | grep -E "^(clean mean|  layer|  \.\.\.)"; }
 check "knockout (w8s8): the same summary" 'cmp -s <(summary "$T/ko_np1.txt") <(summary "$T/ko_np2.txt") && [ -n "$(summary "$T/ko_np1.txt")" ]'
+np 1 atp_np1 knockout --model "$W" --n 64 --method atp --verify 3 && np 2 atp_np2 knockout --model "$W" --n 64 --method atp --verify 3
+check "knockout --method atp --verify 3 (w8s8): -np 2 = -np 1" 'same_run atp_np1 atp_np2 knockout.json'
 section "knockout of deep_w8s8"
 np 1 kd_np1 knockout --model "$SRC/data/models/deep_w8s8" --layers 4,10-11 --heads 0,5 --n 12 --batch 4 --target both &&
   np 2 kd_np2 knockout --model "$SRC/data/models/deep_w8s8" --layers 4,10-11 --heads 0,5 --n 12 --batch 4 --target both
