@@ -111,37 +111,50 @@ static float *point_of(const ps_act_ptrs *P, ps_hook_point pt) {
 }
 
 /* fix qk: for every selected layer and cell, layer l's attention recomputed with the cell's entries set
- * to their means, z'; dz[li] at head group g = z'_g − z. */
+ * to their means, z'; dz[li] at head group g = z'_g − z. Only the cell's group runs: its query heads and
+ * its KV head gathered into contiguous buffers (the scratch acts' arrays), attended as a model with one
+ * KV head (its own window offsets), the output scattered back. */
 static int recompute_attention(model_atp *A, const ps_runtime *rt, const ps_grid_shift *sh, ps_acts *a, ps_error *err) {
     const ps_config *c = &rt->m->cfg;
     ps_ctx *ctx = rt->ctx;
     int64_t B = a->B, T = a->T, nW = a->nW, nkv = c->n_kv_heads, nh = c->n_heads, hd = c->head_dim, grp = nh / nkv;
-    int64_t kd = nkv * hd, qd = nh * hd;
+    int64_t kd = nkv * hd, qd = nh * hd, gd = grp * hd;
     ps_act_ptrs G = A->g.p;
-    for (int li = 0; li < sh->n_layers; li++) {
+    int64_t *woff1 = a->woff ? malloc((size_t)B * sizeof(int64_t)) : NULL;
+    if (a->woff && !woff1) return ps_fail(err, "out of memory for %lld window offsets", (long long)B);
+    ps_attn_geom g1 = a->geom; /* one KV head and its group's query heads */
+    g1.nh = grp, g1.nkv = 1, g1.woff = woff1;
+    int rc = 0;
+    for (int li = 0; li < sh->n_layers && !rc; li++) {
         ps_act_ptrs P = ps_acts_layer(a, sh->layers[li]);
         float *dz = A->dz + (int64_t)li * B * T * qd;
-        for (int ci = 0; ci < A->n_heads; ci++) {
+        for (int ci = 0; ci < A->n_heads && !rc; ci++) {
             int64_t gk = A->heads[ci];
-            int rc = ps_copy(ctx, G.k, P.k, B * T * kd) || ps_copy(ctx, G.v, P.v, B * T * kd);
-            if (!rc && nW > 0) rc = ps_copy(ctx, G.ck, P.ck, B * nW * kd) || ps_copy(ctx, G.cv, P.cv, B * nW * kd);
+            for (int64_t b = 0; woff1 && b < B; b++) woff1[b] = a->woff[b * nkv + gk];
+            /* gather: q of the group [B, T, grp, hd], the head's k, v [B, T, 1, hd] and ck, cv [B, nW, 1, hd] */
+            rc = ps_copy_blocks(ctx, G.q, gd, 0, P.q + gk * gd, qd, 0, B * T, 1, gd, 0, 0.0f) ||
+                 ps_copy_blocks(ctx, G.k, hd, 0, P.k + gk * hd, kd, 0, B * T, 1, hd, 0, 0.0f) ||
+                 ps_copy_blocks(ctx, G.v, hd, 0, P.v + gk * hd, kd, 0, B * T, 1, hd, 0, 0.0f);
+            if (!rc && nW > 0)
+                rc = ps_copy_blocks(ctx, G.ck, hd, 0, P.ck + gk * hd, kd, 0, B * nW, 1, hd, 0, 0.0f) ||
+                     ps_copy_blocks(ctx, G.cv, hd, 0, P.cv + gk * hd, kd, 0, B * nW, 1, hd, 0, 0.0f);
             for (int i = 0; i < 4 && !rc; i++) {
                 const float *mean = ps_model_ko_mean(&A->ko, li, POINTS[i]);
-                if (mean)
-                    rc = ps_head_set(ctx, point_of(&G, POINTS[i]), mean + gk * hd, kd, B, i < 2 ? T : nW, nkv, hd, gk, 0, B);
+                if (mean) rc = ps_head_set(ctx, point_of(&G, POINTS[i]), mean + gk * hd, kd, B, i < 2 ? T : nW, 1, hd, 0, 0, B);
             }
-            if (!rc) rc = ps_attn_forward(ctx, G.z, G.lse, P.q, G.k, G.v, G.ck, G.cv, &a->geom);
-            /* the cell's heads: z'_g − z (group g's query heads read KV head g) */
+            if (!rc) rc = ps_attn_forward(ctx, G.z, G.lse, G.q, G.k, G.v, G.ck, G.cv, &g1);
+            /* the cell's heads: z'_g − z */
             if (!rc)
-                rc = ps_copy_blocks(ctx, dz + gk * grp * hd, qd, 0, G.z + gk * grp * hd, qd, 0, B * T, 1, grp * hd, 0, 0.0f) ||
-                     ps_copy_blocks(ctx, dz + gk * grp * hd, qd, 0, P.z + gk * grp * hd, qd, 0, B * T, 1, grp * hd, 1, -1.0f);
+                rc = ps_copy_blocks(ctx, dz + gk * gd, qd, 0, G.z, gd, 0, B * T, 1, gd, 0, 0.0f) ||
+                     ps_copy_blocks(ctx, dz + gk * gd, qd, 0, P.z + gk * gd, qd, 0, B * T, 1, gd, 1, -1.0f);
             if (rc) {
                 ps_ctx_check(ctx, err);
-                return ps_fail_prefix(err, "attribution (layer %d, KV head %lld, recomputing its attention): ", sh->layers[li], (long long)gk);
+                rc = ps_fail_prefix(err, "attribution (layer %d, KV head %lld, recomputing its attention): ", sh->layers[li], (long long)gk);
             }
         }
     }
-    return 0;
+    free(woff1);
+    return rc;
 }
 
 /* The dot actions on the gradients: fix none, Σ ∂NLL/∂x · (mean − x) per (sequence, KV head) at each
