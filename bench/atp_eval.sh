@@ -44,3 +44,24 @@ for m in "${MODELS[@]}"; do
         done
     fi
 done
+# the summary table (docs/results.md, "Attribution patching")
+if [[ $STAGE == all || $STAGE == compare ]]; then
+    python3 - "$OUT" "${MODELS[@]}" > "$OUT/summary.md" <<'PY'
+import json, os, sys
+out, models = sys.argv[1], sys.argv[2:]
+print("| model | fix | cells | strong | recall (top 2k) | worst strong rank | Pearson | Spearman | cell Spearman | exact wall / CPU s | AtP wall / CPU s | speed-up wall / CPU |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+for m in models:
+    for f in ("qk", "none"):
+        p = os.path.join(out, m, "compare_" + f, "atp_compare.json")
+        if not os.path.exists(p): continue
+        d = json.load(open(p)); t = d.get("times", {})
+        te, ta = t.get("exact", {}), t.get("estimate", {})
+        cpu = lambda x: x.get("user_s", 0) + x.get("sys_s", 0)
+        r = lambda v: "n/a" if v is None else "%.3f" % v
+        print("| %s | %s | %d | %d | %.2f | %d | %s | %s | %s | %.0f / %.0f | %.0f / %.0f | %.1f× / %.1f× |" % (
+            m, f, len(d["grid"]["layers"]), len(d["strong"]), d["recall"], d["max_strong_rank"], r(d["pearson"]), r(d["spearman"]),
+            r(d["cell_spearman"]), te.get("wall_s", 0), cpu(te), ta.get("wall_s", 0), cpu(ta), t.get("wall_ratio") or 0, t.get("cpu_ratio") or 0))
+PY
+    cat "$OUT/summary.md"
+fi

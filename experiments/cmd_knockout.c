@@ -240,30 +240,11 @@ done:
     return ret;
 }
 
-/* A cell's estimated effect: its worst residue's NLL increase. */
-static double cell_effect(const ps_knockout_result *r, int64_t ci) {
-    double best = -INFINITY;
-    for (int64_t rho = 0; rho < r->P; rho++) {
-        const ps_residue_stats *cs = &r->cells[ci];
-        if (!cs->n[rho] || !r->clean.n[rho]) continue;
-        double d = -cs->lp[rho] / (double)cs->n[rho] + r->clean.lp[rho] / (double)r->clean.n[rho];
-        if (d > best) best = d;
-    }
-    return best;
-}
-
 /* mask: the K cells (of the partial's order, layer index major) with the largest estimated effect. */
 static int knockout_top_cells(const ps_partial *p, int64_t K, unsigned char *mask, ps_error *err) {
     ps_knockout_result r;
     if (ps_knockout_from_partial(p, &r, err)) return -1;
-    int64_t nc = (int64_t)r.n_layers * r.n_heads;
-    for (int64_t k = 0; k < K && k < nc; k++) {
-        int64_t best = -1;
-        double bv = -INFINITY;
-        for (int64_t ci = 0; ci < nc; ci++)
-            if (!mask[ci] && (best < 0 || cell_effect(&r, ci) > bv)) best = ci, bv = cell_effect(&r, ci);
-        if (best >= 0) mask[best] = 1;
-    }
+    ps_knockout_top_cells(&r, K, mask);
     ps_knockout_result_free(&r);
     return 0;
 }

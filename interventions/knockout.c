@@ -208,6 +208,33 @@ int ps_knockout_grid(const ps_model *m, const ps_batch *base, const ps_task *tas
     return ps_knockout_run(&k, out, err);
 }
 
+/* A cell's effect by its worst residue: the largest increase of mean target NLL over the residues with
+ * prompts (-inf when none has any). */
+static double cell_effect(const ps_knockout_result *r, int64_t ci) {
+    double best = -INFINITY;
+    for (int64_t rho = 0; rho < r->P; rho++) {
+        const ps_residue_stats *cs = &r->cells[ci];
+        if (!cs->n[rho] || !r->clean.n[rho]) continue;
+        double d = -cs->lp[rho] / (double)cs->n[rho] + r->clean.lp[rho] / (double)r->clean.n[rho];
+        if (d > best) best = d;
+    }
+    return best;
+}
+
+void ps_knockout_top_cells(const ps_knockout_result *r, int64_t K, unsigned char *mask) {
+    int64_t nc = (int64_t)r->n_layers * r->n_heads;
+    memset(mask, 0, (size_t)nc);
+    for (int64_t k = 0; k < K && k < nc; k++) {
+        int64_t best = -1;
+        double bv = -INFINITY;
+        for (int64_t ci = 0; ci < nc; ci++) {
+            double e = cell_effect(r, ci);
+            if (!mask[ci] && (best < 0 || e > bv)) best = ci, bv = e;
+        }
+        if (best >= 0) mask[best] = 1;
+    }
+}
+
 /* ---- split runs: the partial result's layout, the recording, the aggregation ---- */
 
 /* Outcomes into the partial result: a batch's clean run (with the residues) in its unit with li = 0, a

@@ -110,6 +110,10 @@ void ps_model_ko_spec_free(ps_grid_spec *spec);
  * model's context), or NULL when its target does not replace that array. */
 const float *ps_model_ko_mean(const ps_grid_spec *spec, int li, ps_hook_point pt);
 
+/* mask [n_layers · n_heads] (r's order): 1 for the K cells with the largest worst-residue increase of
+ * mean target NLL (ties: the earlier cell), 0 elsewhere — what `--verify K` checks of an estimate. */
+void ps_knockout_top_cells(const ps_knockout_result *r, int64_t K, unsigned char *mask);
+
 /* The work list (grid.h): units (shift, batch, layer). */
 int64_t ps_knockout_n_units(int64_t N, int64_t batch, int64_t P, int n_layers);
 
