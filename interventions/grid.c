@@ -255,13 +255,18 @@ static int cells_restart(run_state *st, int64_t unit, int li, const ps_shifted *
     for (int h0 = 0; h0 < ns && !rc; h0 += (int)st->k_cells) {
         int kk = ns - h0 < st->k_cells ? ns - h0 : (int)st->k_cells;
         for (int64_t b0 = 0; b0 < n && !rc; b0 += st->m_pr) {
-            int64_t mm = n - b0 < st->m_pr ? n - b0 : st->m_pr, Bp = kk * mm;
-            if (st->have_rep && st->rep.B != Bp) {
+            int64_t mm = n - b0 < st->m_pr ? n - b0 : st->m_pr;
+            /* one replica set per shift, of k_cells × m_pr sequences (re-made only if a group needs more:
+             * making it again per group would fault its pages in again, once per group); a group of fewer
+             * sequences uses its first kk·mm, the rest is computed and not read (what an earlier group
+             * left there, or the set's initial contents) */
+            if (st->have_rep && st->rep.B < kk * mm) {
                 ps_acts_free(&st->rep);
                 st->have_rep = 0;
             }
             if (!st->have_rep) {
-                if ((rc = ps_acts_create(&st->rep, ctx, c, Bp, T2, true, err))) break;
+                int64_t nb = st->k_cells * st->m_pr > kk * mm ? st->k_cells * st->m_pr : kk * mm;
+                if ((rc = ps_acts_create(&st->rep, ctx, c, nb, T2, true, err))) break;
                 st->have_rep = 1;
             }
             for (int r = 0; r < kk && !rc; r++) rc = copy_restart(c, use, b0, &st->rep, r * mm, mm, l, err);
@@ -329,6 +334,10 @@ static int restart_prepare(run_state *st, double budget, ps_error *err) {
     if (fit >= (double)B) {
         st->k_cells = fit / (double)B >= g->n_cells ? g->n_cells : (int64_t)(fit / (double)B);
         if (g->max_cells > 0 && st->k_cells > g->max_cells) st->k_cells = g->max_cells;
+        /* groups of equal size where they can be (8 cells by 5 → 4 + 4): the replica set is made once per
+         * shift, and a smaller last group runs in it (its spare replicas computed, not read) */
+        int64_t ng = (g->n_cells + st->k_cells - 1) / st->k_cells;
+        st->k_cells = (g->n_cells + ng - 1) / ng;
     } else
         st->m_pr = (int64_t)fit;
     if (st->k_cells > st->out->cells_per_forward) st->out->cells_per_forward = (int)st->k_cells;
