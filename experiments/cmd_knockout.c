@@ -36,8 +36,8 @@ static const ps_flag_spec FLAGS[] = {
      "backward per batch (docs/attribution.md; the controlled model)",
      0},
     {"--atp-fix", "none|qk",
-     "atp: none (gradient x difference at the replaced entries) or qk (the patched head's attention\n"
-     "recomputed exactly, the rest linear; default where the model has it)",
+     "atp: none (default: gradient x difference at the replaced entries) or qk (the patched head's\n"
+     "attention recomputed exactly, the rest linear; full and compressed attention)",
      0},
     {"--verify", "K", "atp: then the exact knockout of the K cells with the largest estimated effect", 0},
     PS_INSTR_FLAGS,

@@ -32,8 +32,8 @@
 typedef enum { PS_ATP_FIX_NONE = 0, PS_ATP_FIX_QK = 1 } ps_atp_fix;
 extern const char *const ps_atp_fix_names[]; /* "none", "qk", NULL */
 
-/* The fix a model takes by default: qk where the attention is recomputed per head (full and compressed
- * attention), none otherwise. */
+/* The fix a model takes by default: none (docs/results.md: on the shipped models fix qk recalled no
+ * strong cell that fix none missed, missed one it found, and costs more). */
 int ps_atp_default_fix(const ps_runtime *rt);
 /* NULL, or why the model cannot take `fix` (an error message in buf). */
 const char *ps_atp_fix_missing(const ps_runtime *rt, int fix, char *buf, size_t n);

@@ -255,10 +255,12 @@ expect knockout-target 2 "--target kv: expected raw, compressed or both" -- "$PS
 # attribution patching: the same schema with the estimate (accuracies null), the verified cells' exact
 # knockout equal to the exact grid's cells, and the comparison with its figure
 expect atp-ok 0 "attribution patching: estimated NLL changes" -- "$PS" knockout --model "$R" --n 8 --layers 0-1 --method atp --verify 2 --out "$T/atp"
+expect atp-qk 0 "attribution patching: estimated NLL changes" -- "$PS" knockout --model "$R" --n 8 --layers 1 --method atp --atp-fix qk --out "$T/atpq"
+check atp-qk-json 'g = load(A[0])["grid"]; assert g["atp"]["fix"] == "qk" and g["atp"]["verified"] == 0' "$T/atpq/knockout.json"
 expect atp-exact 0 "the residue it hurts most" -- "$PS" knockout --model "$R" --n 8 --layers 0-1 --out "$T/atpx"
 check atp-json '
 d = load(A[0]); g = d["grid"]; x = load(A[1])["grid"]
-assert g["method"] == "atp" and g["atp"]["fix"] == "qk" and g["atp"]["verified"] == 2 and x["method"] == "exact"
+assert g["method"] == "atp" and g["atp"]["fix"] == "none" and g["atp"]["verified"] == 2 and x["method"] == "exact"
 assert g["clean"] == x["clean"]
 ver = [c for c in g["cells"] if c["exact"] is not None]
 assert len(ver) == 2
