@@ -37,12 +37,16 @@ static int run(const ps_args *a, ps_error *err) {
     ps_free_paths(parts, n_parts);
     if (mrc) return -1;
     const char *out = ps_args_get(a, "--out");
-    int rc;
-    if (!strcmp(p.command, "sweep")) rc = ps_sweep_finish(&p, out, err);
-    else if (!strcmp(p.command, "knockout")) rc = ps_knockout_finish(&p, out, err);
-    else if (!strcmp(p.command, "gatecycle")) rc = ps_gatecycle_finish(&p, out, err);
-    else if (!strcmp(p.command, "gates")) rc = ps_gates_finish(&p, out, err);
-    else rc = ps_fail(err, "%s: parts of a \"%s\" run; merge combines sweep, knockout, gatecycle and gates", a->pos[0], p.command);
+    /* the instruments whose work splits into units, each with the finish that adds its parts up */
+    static const struct {
+        const char *command;
+        int (*finish)(const ps_partial *p, const char *out_dir, ps_error *err);
+    } FINISH[] = {{"sweep", ps_sweep_finish}, {"knockout", ps_knockout_finish}, {"gatecycle", ps_gatecycle_finish},
+                  {"gates", ps_gates_finish}};
+    int rc = 1, found = 0;
+    for (size_t i = 0; i < sizeof FINISH / sizeof FINISH[0] && !found; i++)
+        if (!strcmp(p.command, FINISH[i].command)) found = 1, rc = FINISH[i].finish(&p, out, err);
+    if (!found) rc = ps_fail(err, "%s: parts of a \"%s\" run; merge combines sweep, knockout, gatecycle and gates", a->pos[0], p.command);
     ps_partial_free(&p);
     return rc;
 }
