@@ -60,7 +60,7 @@ static const char *const RESULTS[] = {
     "sweep/w8s8/sweep.json",  "sweep/full24/sweep.json", "sweep/move/sweep.json",  "sweep/w4s4_random/sweep.json",
     "knockout/full/knockout.json", "knockout/w8s8/knockout.json", "knockout/both/knockout.json",
     "gates/w8s8/gates.json",  "gates/nolog/gates.json",  "gatecycle/all/gatecycle.json", "gatecycle/key/gatecycle.json",
-    "gatecycle/heads/gatecycle.json", "theory/theory.json",
+    "gatecycle/heads/gatecycle.json", "theory/theory.json", "knockout/atp/knockout.json", "atp_compare/atp_compare.json",
 };
 
 static void test_real_results(void) {
@@ -79,11 +79,14 @@ static void test_real_results(void) {
         "gatecycle --model %s/w8s8 --layer 0 --shift 2 --params all --n 4 --out %s/gatecycle/all",
         "gatecycle --model %s/w8s8 --layer 0 --shift -3 --head 1 --branch key --params gate --n 4 --out %s/gatecycle/key",
         "gatecycle --model %s/w8s8 --layer 0 --shift 2 --measure knockout --n 8 --out %s/gatecycle/heads",
+        "knockout --model %s/w8s8 --n 4 --method atp --verify 2 --out %s/knockout/atp",
     };
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
         snprintf(a, sizeof a, cmds[i], M, TMP);
         CHECK(ps_run(a) == 0, "phasescope %s failed", a);
     }
+    snprintf(a, sizeof a, "atp-compare %s %s --out %s/atp_compare", out("knockout/w8s8/knockout.json"), out("knockout/atp/knockout.json"), TMP);
+    CHECK(ps_run(a) == 0, "phasescope %s failed", a);
     snprintf(a, sizeof a, "theory --steps 200 --heads 2 --window 4 --chunks 4 --vocab 32 --batch 32 --out %s/theory", TMP);
     CHECK(ps_run(a) == 0, "phasescope %s failed", a);
     for (size_t i = 0; i < sizeof RESULTS / sizeof RESULTS[0]; i++) {
@@ -291,6 +294,57 @@ static void test_other_kinds(void) {
     json_object_set_new(CELLRES(d, 1, 0), "delta_nll", json_real(7));
     CHECK_ERR(chk(d, &err), &err, "r.json: grid.cells[1].residues[0].delta_nll: 7, but mean_nll - clean mean NLL = ");
     json_decref(d);
+    /* an attribution estimate: accuracies null, the verified count matching the cells' exact blocks */
+    json_t *at = load_ok(out("knockout/atp/knockout.json")), *ac = load_ok(out("atp_compare/atp_compare.json"));
+    if (at && ac) {
+        d = json_deep_copy(at);
+        json_object_set_new(CELLRES(d, 0, 1), "accuracy", json_real(0.5));
+        CHECK_ERR(chk(d, &err), &err, "r.json: grid.cells[0].residues[1].accuracy: must be null in an attribution estimate");
+        json_decref(d);
+        d = json_deep_copy(at);
+        json_object_set_new(json_object_get(json_object_get(d, "grid"), "atp"), "verified", json_integer(5));
+        CHECK_ERR(chk(d, &err), &err, "r.json: grid.atp.verified: 5, but 2 cells carry an exact knockout");
+        json_decref(d);
+        d = json_deep_copy(at);
+        json_object_set_new(json_object_get(json_object_get(d, "grid"), "atp"), "fix", json_string("grad"));
+        CHECK_ERR(chk(d, &err), &err, "r.json: grid.atp.fix:");
+        json_decref(d);
+        d = json_deep_copy(at);
+        json_object_set_new(json_object_get(d, "grid"), "method", json_string("fast"));
+        CHECK_ERR(chk(d, &err), &err, "r.json: grid.method:");
+        json_decref(d);
+        d = json_deep_copy(at);
+        json_object_set_new(CELLRES(d, 0, 0), "n", json_integer(0));
+        CHECK_ERR(chk(d, &err), &err, "r.json: grid.cells[0].residues[0].n: 0, but grid.clean has n = ");
+        json_decref(d);
+        /* a verified cell's exact block is checked as an exact cell (accuracies required) */
+        d = json_deep_copy(at);
+        json_t *cs = json_object_get(json_object_get(d, "grid"), "cells");
+        for (size_t i = 0; i < json_array_size(cs); i++) {
+            json_t *ex = json_object_get(json_array_get(cs, i), "exact");
+            if (!json_is_object(ex)) continue;
+            json_object_set_new(json_array_get(json_object_get(ex, "residues"), 0), "accuracy", json_null());
+            char want[128];
+            snprintf(want, sizeof want, "r.json: grid.cells[%zu].exact.residues[0].accuracy: expected", i);
+            CHECK_ERR(chk(d, &err), &err, want);
+            break;
+        }
+        json_decref(d);
+        d = json_deep_copy(ac);
+        json_object_set_new(d, "pearson", json_real(1.5));
+        CHECK_ERR(chk(d, &err), &err, "r.json: pearson: 1.5 is out of range");
+        json_decref(d);
+        d = json_deep_copy(ac);
+        json_object_set_new(d, "top_k", json_integer(999));
+        if (json_array_size(json_object_get(d, "strong"))) CHECK_ERR(chk(d, &err), &err, "r.json: top_k: 999, but twice the");
+        json_decref(d);
+        d = json_deep_copy(ac);
+        json_array_append_new(json_object_get(json_object_get(d, "grid"), "exact"), json_array());
+        CHECK_ERR(chk(d, &err), &err, "r.json: grid.exact:");
+        json_decref(d);
+    }
+    json_decref(at);
+    json_decref(ac);
     d = json_deep_copy(ko);
     json_object_set_new(CELL(d, 0), "mean_delta_nll", json_real(12.5));
     CHECK_ERR(chk(d, &err), &err, "r.json: grid.cells[0].mean_delta_nll: 12.5, but the residues' mean is");
@@ -511,10 +565,10 @@ static void test_v4_results(void) {
 /* ---- the registry of result kinds (viz/kinds.h) ---- */
 
 static void test_registry(void) {
-    static const char *const NAMES[] = {"sweep", "knockout", "gatecycle", "gates", "theory", "fillers"};
+    static const char *const NAMES[] = {"sweep", "knockout", "gatecycle", "gates", "theory", "fillers", "atp_compare"};
     char names[256];
     ps_kind_names(names, sizeof names);
-    CHECK(!strcmp(names, "sweep, knockout, gatecycle, gates, theory, fillers"), "the registry's names: %s", names);
+    CHECK(!strcmp(names, "sweep, knockout, gatecycle, gates, theory, fillers, atp_compare"), "the registry's names: %s", names);
     ps_error err = {0};
     for (size_t i = 0; i < sizeof NAMES / sizeof NAMES[0]; i++) {
         const ps_kind *k = ps_kind_find(NAMES[i]);
@@ -537,7 +591,7 @@ static void test_registry(void) {
     ps_kind_names(small, sizeof small);
     CHECK(!strcmp(small, "sweep, knoc"), "ps_kind_names truncates: %s", small);
     json_t *d = json_pack("{s:s}", "kind", "banana");
-    CHECK_ERR(chk(d, &err), &err, "r.json: kind: \"banana\" is not a result kind (sweep, knockout, gatecycle, gates, theory, fillers)");
+    CHECK_ERR(chk(d, &err), &err, "r.json: kind: \"banana\" is not a result kind (sweep, knockout, gatecycle, gates, theory, fillers, atp_compare)");
     json_decref(d);
     d = json_pack("{s:i}", "kind", 3);
     CHECK_ERR(chk(d, &err), &err, "r.json: kind: expected a string, got an integer");

@@ -22,13 +22,10 @@ static int cmp_i64(const void *x, const void *y) {
 static int ck_num_or_null(ps_ck *c, json_t *o, const char *k, int est, double lo, double hi, double *out) {
     json_t *v;
     if (est) {
+        size_t old = c->len;
         if (ps_ck_field(c, o, k, &v)) return -1;
-        if (!json_is_null(v)) {
-            size_t old = ps_ck_key(c, k);
-            ps_ck_bad(c, "must be null in an attribution estimate (it estimates NLL changes only)");
-            ps_ck_pop(c, old);
-            return -1;
-        }
+        if (!json_is_null(v)) return ps_ck_bad(c, "must be null in an attribution estimate (it estimates NLL changes only)");
+        ps_ck_pop(c, old);
         *out = NAN;
         return 0;
     }
@@ -154,13 +151,13 @@ int ps_check_knockout(ps_ck *c, json_t *doc) {
         if (check_cell_stats(c, cell, P, &cl, est)) goto done;
         if (est) { /* the verified cells carry their exact knockout */
             json_t *ex;
+            size_t oe = c->len;
             if (ps_ck_field(c, cell, "exact", &ex)) goto done;
             if (!json_is_null(ex)) {
-                size_t oe = ps_ck_key(c, "exact");
                 if (ps_ck_want_type(c, ex, json_is_object(ex), "an object or null") || check_cell_stats(c, ex, P, &cl, 0)) goto done;
-                ps_ck_pop(c, oe);
                 n_exact++;
             }
+            ps_ck_pop(c, oe);
         }
         ps_ck_pop(c, o3);
     }
@@ -452,10 +449,9 @@ int ps_render_knockout(json_t *const *docs, const char *const *paths, int n, con
 
 static int ck_corr(ps_ck *c, json_t *o, const char *k) {
     json_t *v;
+    size_t old = c->len;
     if (ps_ck_field(c, o, k, &v)) return -1;
-    if (json_is_null(v)) return 0;
-    size_t old = ps_ck_key(c, k);
-    if (ps_ck_num_value(c, v, -1 - 1e-9, 1 + 1e-9, NULL)) return -1;
+    if (!json_is_null(v) && ps_ck_num_value(c, v, -1 - 1e-9, 1 + 1e-9, NULL)) return -1;
     ps_ck_pop(c, old);
     return 0;
 }

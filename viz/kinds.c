@@ -11,11 +11,11 @@ static const ps_kind KINDS[] = {
     /* name        check               render               shares   multi  several (multi = 0)  [finish: reserved] */
     {"sweep",      ps_check_sweep,     ps_render_curves,    "",      1,     NULL},
     {"knockout",   ps_check_knockout,  ps_render_knockout,  "",      1,     NULL},
-    {"atp_compare", ps_check_atp_compare, ps_render_atp_compare, "",  0,     "attribution comparisons"},
     {"gatecycle",  ps_check_gatecycle, ps_render_curves,    "sweep", 0,     "gate-cycling results"},
     {"gates",      ps_check_gates,     ps_render_gates,     "",      0,     "gates results"},
     {"theory",     ps_check_theory,    ps_render_theory,    "",      0,     "theory results"},
     {"fillers",    ps_check_fillers,   ps_render_fillers,   "",      0,     "filler experiments"},
+    {"atp_compare", ps_check_atp_compare, ps_render_atp_compare, "",  0,     "attribution comparisons"},
 };
 #define N_KINDS (sizeof KINDS / sizeof KINDS[0])
 
