@@ -51,6 +51,7 @@ err() { "$PS" "$@" > "$T/e.out" 2>&1; echo $?; }
 ok "no --task: says how to give one" '[ "$(err sweep --model "$M" --out "$T/x")" = 1 ] && grep -q "carries no phasescope task" "$T/e.out"'
 ok "--task on a phasescope model is a usage error" '[ "$(err sweep --task "$T/task.json" --out "$T/x")" = 2 ] && grep -q "applies to DeepSeek-V4" "$T/e.out"'
 ok "knockout --target both: not a V4 target" '[ "$(err knockout --model "$M" --task "$T/task.json" --target both --out "$T/x")" = 2 ] && grep -q "heads, compressed, raw, indexer or sink" "$T/e.out"'
+ok "knockout --method atp: V4 checkpoints have no backward pass" '[ "$(err knockout --model "$M" --task "$T/task.json" --method atp --n 2 --period 2 --out "$T/x")" = 1 ] && grep -q "deepseek_v4 checkpoints have no backward pass" "$T/e.out" && [ ! -e "$T/x/knockout.json" ]'
 ok "knockout --target indexer --layers 2: HCA has none" '[ "$(err knockout --model "$M" --task "$T/task.json" --target indexer --layers 2 --out "$T/x")" = 2 ] && grep -q "layer 2 is heavily_compressed_attention" "$T/e.out"'
 ok "gatecycle on a sliding layer" '[ "$(err gatecycle --model "$M" --task "$T/task.json" --layer 0 --shift 1 --out "$T/x")" = 2 ] && grep -q "sliding" "$T/e.out"'
 ok "gatecycle --params payload on V4" '[ "$(err gatecycle --model "$M" --task "$T/task.json" --layer 1 --shift 1 --params payload --out "$T/x")" = 2 ]'
