@@ -116,6 +116,18 @@ int ps_instr_partial_init(const ps_instr *in, ps_partial *p, int64_t n_units, js
 int ps_instr_whole_begin(const ps_args *a, const char *what, ps_error *err);
 int ps_instr_whole_end(int rc, ps_error *err);
 
+/* The knockout instrument (instr_knockout.c): the grid over the given layers (any order) and heads of
+ * the family's target (by index; target_name its name), exact or estimated (atp, atp_fix as
+ * interventions/atp.h), then, verify > 0, the exact knockout of the estimate's top `verify` cells; split
+ * over shards and ranks, rank 0 (or the shard's part file) writing the result. */
+typedef struct {
+    const int *layers, *heads;
+    int n_layers, n_heads, target, atp, atp_fix;
+    int64_t verify;
+    const char *target_name;
+} ps_knockout_request;
+int ps_knockout_command(ps_instr *in, const ps_knockout_request *rq, ps_error *err);
+
 /* How each instrument finishes its result from complete partial results (rank 0, or phasescope merge):
  * the statistics in the one-process order, the JSON, its figures and the summary on stdout. */
 int ps_sweep_finish(const ps_partial *p, const char *out_dir, ps_error *err);
