@@ -259,7 +259,7 @@ int ps_backward_ex(const ps_model *m, const ps_acts *a, ps_acts *g, const int32_
                                       ps_model_final_norm(m, m->params), a->p.lnf_rstd, BT, d));
     for (int l = (int)c->n_layers - 1; l >= o->stop_layer && !rc; l--) rc = layer_backward(m, a, g, l, grads, dh, &bo);
     if (rc == -2) return -1; /* a gradient hook failed: err already says why */
-    if (!rc && o->stop_layer == 0)
+    if (!rc && o->stop_layer == 0 && !o->no_weight_grads) /* the embedding's gradient is a weight gradient */
         PROF(1, PS_PROF_OTHER, rc = ps_embed_backward(ctx, ps_model_embed(m, grads), dh, tokens, BT, d));
     return rc ? ps_ctx_check(ctx, err) : 0;
 }

@@ -23,8 +23,9 @@ int ps_backward(const ps_model *m, const ps_acts *a, ps_acts *g, const int32_t *
  *               TransformerLens's backward hooks): blocks.{l}.attn.hook_z, hook_k, hook_v, hook_ck and
  *               hook_cv (per-channel compressor attention: hook_z, hook_k and hook_ck). A callback or an
  *               action may read the gradient; what it writes is not propagated further. NULL: none.
- *   no_weight_grads  1: the linear layers' weight gradients are skipped (activation gradients only, for
- *               attribution; the small norm / gate / bias gradients still go into grads, which must exist).
+ *   no_weight_grads  1: the linear layers' and the embedding's weight gradients are skipped (activation
+ *               gradients only, for attribution; the small norm / gate / bias gradients still go into grads,
+ *               which must exist).
  *   stop_layer  the backward ends after layer stop_layer (layers below it and the embedding get no
  *               gradient); 0: down to the embedding. */
 typedef struct {
