@@ -22,7 +22,8 @@ int ps_backward(const ps_model *m, const ps_acts *a, ps_acts *g, const int32_t *
  *               hook point's activation as the event's data (same name and shape as the forward's event;
  *               TransformerLens's backward hooks): blocks.{l}.attn.hook_z, hook_k, hook_v, hook_ck and
  *               hook_cv (per-channel compressor attention: hook_z, hook_k and hook_ck). A callback or an
- *               action may read the gradient; what it writes is not propagated further. NULL: none.
+ *               action may read the gradient or change it (the change flows on into the rest of the
+ *               backward, as in TransformerLens). NULL: none.
  *   no_weight_grads  1: the linear layers' and the embedding's weight gradients are skipped (activation
  *               gradients only, for attribution; the small norm / gate / bias gradients still go into grads,
  *               which must exist).

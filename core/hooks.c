@@ -287,6 +287,9 @@ static int run_action(ps_ctx *ctx, const ps_hook_action *a, const char *name, fl
         if (a->acc_n != (s1 - s0) * H)
             return ps_fail(err, "hook \"%s\": dot action: the accumulator holds %lld values, the range %lld sequences x %lld heads", name,
                            (long long)a->acc_n, (long long)(s1 - s0), (long long)H);
+        if (a->src_npos < npos)
+            return ps_fail(err, "hook \"%s\": dot action reaches position %lld, but its source holds %lld positions", name,
+                           (long long)npos - 1, (long long)a->src_npos);
         if (a->src_nseq > 0 && a->src_seq0 + (s1 - s0) > a->src_nseq)
             return ps_fail(err, "hook \"%s\": dot action reads source sequences [%lld, %lld), but the source holds %lld", name,
                            (long long)a->src_seq0, (long long)(a->src_seq0 + s1 - s0), (long long)a->src_nseq);

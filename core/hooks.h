@@ -79,7 +79,8 @@ typedef int (*ps_hook_fn)(const ps_hook_event *ev, void *user, ps_error *err);
  *                 sequence b of the range and every head h (H the point's axis-2 heads; 1 on a 3-d point), over
  *                 every position, in double (ps_delta_dot): sb = src_seq0 + b − seq0 when src_nseq > 0 (a
  *                 source of sequences, [src_nseq, npos, <inner>]) else 0 (one sequence, [npos, <inner>]); ref:
- *                 a buffer of the activation's own layout (the batch's sequences), or NULL for 0. acc: acc_n =
+ *                 a buffer of the activation's own layout (the batch's sequences), or NULL for 0; src_npos:
+ *                 the positions src holds (at least the activation's). acc: acc_n =
  *                 (seq1 − seq0)·H doubles of the context. The activation is not changed. Attribution patching
  *                 reads gradients this way (backward.h, ps_backward_opts.grad_hooks: x the gradient, src the
  *                 replacement, ref the clean activation); head -1 and every position only.

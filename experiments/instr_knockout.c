@@ -34,14 +34,7 @@ int ps_knockout_command(ps_instr *inp, const ps_knockout_request *rq, ps_error *
     const int *heads = rq->heads;
     if (!layers) return ps_fail(err, "out of memory for %d layers", nl);
     memcpy(layers, rq->layers, (size_t)nl * sizeof(int));
-    /* the layers as the grid visits them: top-down */
-    for (int i = 0; i < nl; i++)
-        for (int j = i + 1; j < nl; j++)
-            if (layers[j] > layers[i]) {
-                int t = layers[i];
-                layers[i] = layers[j];
-                layers[j] = t;
-            }
+    ps_grid_sort_topdown(layers, nl); /* the partial result lists them as the grid visits them */
     ko_pass ps = {.in = inp, .layers = layers, .nl = nl, .heads = heads, .nh = nh, .target = target, .tname = tname, .atp = atp,
                   .fix = fix};
     int fin = grid_pass(&ps, &part, NULL, err);

@@ -106,7 +106,7 @@ static int scratch_for(model_atp *A, const ps_model *m, int64_t B, int64_t T, in
     return 0;
 }
 
-/* The clean activation of layer l's point pt in the acts, and its positions. */
+/* The clean activation at point pt of a layer's slot of the acts. */
 static float *point_of(const ps_act_ptrs *P, ps_hook_point pt) {
     return pt == PS_HOOK_K ? P->k : pt == PS_HOOK_V ? P->v : pt == PS_HOOK_CK ? P->ck : P->cv;
 }
@@ -172,6 +172,7 @@ static int grad_hooks(model_atp *A, const ps_runtime *rt, const ps_grid_shift *s
             ps_hook_name(name, sizeof name, l, PS_HOOK_Z);
             act.src = A->dz + (int64_t)li * B * T * c->n_heads * c->head_dim;
             act.src_nseq = B;
+            act.src_npos = T;
             if (ps_hooks_add_action(gh, c, name, &act, err)) return -1;
             continue;
         }
@@ -181,6 +182,7 @@ static int grad_hooks(model_atp *A, const ps_runtime *rt, const ps_grid_shift *s
             ps_hook_name(name, sizeof name, l, POINTS[i]);
             act.src = mean;
             act.src_nseq = 0;
+            act.src_npos = POINTS[i] == PS_HOOK_K || POINTS[i] == PS_HOOK_V ? T : a->nW;
             act.ref = point_of(&P, POINTS[i]);
             if (ps_hooks_add_action(gh, c, name, &act, err)) return -1;
         }
@@ -188,7 +190,7 @@ static int grad_hooks(model_atp *A, const ps_runtime *rt, const ps_grid_shift *s
     return 0;
 }
 
-/* The estimate of one batch (grid.h, spec->estimate): one backward per query index. */
+/* The estimate of one batch (grid.h, spec->estimate): one backward per residue. */
 static int atp_estimate(void *self, const ps_runtime *rt, const ps_grid_shift *sh, const ps_shifted *sv, void *state,
                         const double *clean_lp, double *cell_lp, ps_error *err) {
     model_atp *A = self;
@@ -204,10 +206,13 @@ static int atp_estimate(void *self, const ps_runtime *rt, const ps_grid_shift *s
     for (int li = 1; li < nl; li++)
         if (sh->layers[li] < stop) stop = sh->layers[li];
     if (qk && recompute_attention(A, rt, sh, a, err)) return -1;
+    ps_hooks gh; /* the same dot actions for every residue's backward (they add into A->dots) */
+    ps_hooks_init(&gh);
+    int rc = grad_hooks(A, rt, sh, a, &gh, err);
     /* One backward per residue present: the loss is the NLL of every scored query of that residue (its
      * answer tokens). The statistics add estimates by residue, so a sequence's estimate for residue rho
      * goes to its first query of that residue (its others keep the clean log-prob). */
-    for (int64_t rho = 0; rho < sh->s->P; rho++) {
+    for (int64_t rho = 0; rho < sh->s->P && !rc; rho++) {
         int any = 0;
         double want = 0;
         for (int64_t i = 0; i < B * T; i++) A->targets[i] = -1;
@@ -222,21 +227,27 @@ static int atp_estimate(void *self, const ps_runtime *rt, const ps_grid_shift *s
             }
         if (!any) continue;
         memset(A->hdots, 0, (size_t)A->n_dots * sizeof(double));
-        if (ps_buf_from_host(rt->ctx, A->dots, A->hdots, A->n_dots * (int64_t)sizeof(double), err)) return -1;
-        ps_hooks gh;
-        ps_hooks_init(&gh);
-        int rc = grad_hooks(A, rt, sh, a, &gh, err);
+        if (ps_buf_from_host(rt->ctx, A->dots, A->hdots, A->n_dots * (int64_t)sizeof(double), err)) {
+            rc = -1;
+            break;
+        }
         double loss = 0;
         int64_t n_t = 0;
         ps_backward_opts o = {.grad_hooks = &gh, .no_weight_grads = 1, .stop_layer = stop};
-        if (!rc) rc = ps_backward_ex(m, a, &A->g, b->tokens, A->targets, 1.0f, A->grads, &loss, &n_t, &o, err);
-        ps_hooks_free(&gh);
-        if (rc) return ps_fail_prefix(err, "attribution backward (residue %lld): ", (long long)rho);
+        if (ps_backward_ex(m, a, &A->g, b->tokens, A->targets, 1.0f, A->grads, &loss, &n_t, &o, err)) {
+            rc = ps_fail_prefix(err, "attribution backward (residue %lld): ", (long long)rho);
+            break;
+        }
         /* the backward's loss is the clean run's NLL of these answers: the targets are the scored tokens */
-        if (fabs(loss - want) > 1e-3 * (1.0 + fabs(want)))
-            return ps_fail(err, "attribution: the backward's loss %.9g differs from the clean NLL %.9g of residue %lld", loss, want,
-                           (long long)rho);
-        if (ps_buf_to_host(rt->ctx, A->hdots, A->dots, A->n_dots * (int64_t)sizeof(double), err)) return -1;
+        if (fabs(loss - want) > 1e-3 * (1.0 + fabs(want))) {
+            rc = ps_fail(err, "attribution: the backward's loss %.9g differs from the clean NLL %.9g of residue %lld", loss, want,
+                         (long long)rho);
+            break;
+        }
+        if (ps_buf_to_host(rt->ctx, A->hdots, A->dots, A->n_dots * (int64_t)sizeof(double), err)) {
+            rc = -1;
+            break;
+        }
         for (int64_t s = 0; s < B; s++) {
             int64_t q = 0;
             while (q < b->n_q[s] && sv->residue[s * maxq + q] != rho) q++;
@@ -253,7 +264,8 @@ static int atp_estimate(void *self, const ps_runtime *rt, const ps_grid_shift *s
                 }
         }
     }
-    return 0;
+    ps_hooks_free(&gh);
+    return rc;
 }
 
 int ps_model_atp_spec(const ps_runtime *rt, int target, const int *heads, int n_heads, int fix, ps_grid_spec *spec,

@@ -463,6 +463,15 @@ static int run_shift(run_state *st, int64_t p, double budget, ps_error *err) {
     return rc;
 }
 
+void ps_grid_sort_topdown(int *layers, int n) {
+    for (int i = 1; i < n; i++) /* insertion sort, largest first */
+        for (int j = i; j > 0 && layers[j] > layers[j - 1]; j--) {
+            int t = layers[j];
+            layers[j] = layers[j - 1];
+            layers[j - 1] = t;
+        }
+}
+
 int ps_grid_run(const ps_grid *g, ps_grid_result *out, ps_error *err) {
     memset(out, 0, sizeof *out);
     if (g->n_layers < 1 || g->n_cells < 1) return ps_fail(err, "knockout grid: no layers or no heads selected");
@@ -473,13 +482,7 @@ int ps_grid_run(const ps_grid *g, ps_grid_result *out, ps_error *err) {
     int *td = malloc((size_t)g->n_layers * sizeof(int));
     if (!td) return ps_fail(err, "out of memory");
     memcpy(td, g->layers, (size_t)g->n_layers * sizeof(int));
-    for (int i = 0; i < g->n_layers; i++)
-        for (int j = i + 1; j < g->n_layers; j++)
-            if (td[j] > td[i]) {
-                int t = td[i];
-                td[i] = td[j];
-                td[j] = t;
-            }
+    ps_grid_sort_topdown(td, g->n_layers);
     int rc = ps_grid_result_init(out, g->P, td, g->n_layers, g->cells, g->n_cells, err);
     free(td);
     if (rc) return -1;

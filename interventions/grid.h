@@ -176,6 +176,9 @@ void ps_grid_unit_weights(const ps_runtime *rt, int64_t N, int64_t batch, int64_
  * li = 0 unit and nothing per cell. */
 void ps_grid_unit_weights_estimate(int64_t N, int64_t batch, int64_t P, int n_layers, int64_t *w, unsigned char *snap);
 
+/* layers[0..n) into the order the engine visits them (top-down), as its result and work units list them. */
+void ps_grid_sort_topdown(int *layers, int n);
+
 int ps_grid_run(const ps_grid *g, ps_grid_result *out, ps_error *err);
 void ps_grid_result_free(ps_grid_result *r);
 /* An empty result (zero statistics) of P residues, layers in top-down order, cells. */

@@ -137,7 +137,7 @@ static void test_grad_hooks(ps_attn_kind kind, const char *what) {
             CHECK(gb.g != NULL, "%s %s: the grad hook fired", what, name);
             if (!gb.g) continue;
             /* the loss along a random direction d added at the point: (L(+e) − L(−e)) / 2e vs Σ g·d */
-            float *d = malloc((size_t)gb.n * sizeof(float)), *zero = calloc((size_t)gb.n, sizeof(float));
+            float *d = malloc((size_t)gb.n * sizeof(float));
             ps_rng r;
             ps_rng_seed(&r, 73 + (uint64_t)(l * 5 + pi));
             double gd = 0;
@@ -169,7 +169,7 @@ static void test_grad_hooks(ps_attn_kind kind, const char *what) {
             }
             double fd = (Lpm[0] - Lpm[1]) / 4e-3;
             CHECK(fabs(fd - gd) <= 2e-2 * fabs(gd) + 2e-3, "%s %s: gradient . d = %.6g, finite differences %.6g", what, name, gd, fd);
-            free(d), free(zero), free(gb.g), free(grads);
+            free(d), free(gb.g), free(grads);
             ps_acts_free(&a);
             ps_acts_free(&g);
         }
@@ -227,6 +227,12 @@ static int est_run(const ps_model *m, const ps_batch *base, const ps_task *t, co
     return rc;
 }
 
+/* The N evaluation prompts of the small task. */
+static int prompts(ps_task *t, ps_batch *base, ps_error *err) {
+    if (ps_batch_alloc(base, N, t->seq_len, t->n_queries, err)) return -1;
+    return ps_task_generate(t, 17, base, err);
+}
+
 static void rec_free(rec_t *r) {
     free(r->cell);
     free(r->seen);
@@ -239,9 +245,8 @@ static void test_estimate(ps_attn_kind kind, int staggered, ps_ko_target target,
     ps_error err;
     ps_task t = small_task();
     ps_batch base;
-    REQUIRE_OK(ps_batch_alloc(&base, N, t.seq_len, t.n_queries, &err), &err);
-    CHECK(ps_task_generate(&t, 17, &base, NULL) == 0, "task generation");
     ps_filler_family fam = {.name = "repeat", .n_pattern = 1, .pattern = {0}};
+    REQUIRE_OK(prompts(&t, &base, &err), &err);
     rec_t r;
     if (est_run(&m, &base, &t, &fam, N, target, fix, NULL, &r, &err)) {
         CHECK(0, "%s: the estimate runs: %s", what, err.msg);
@@ -374,9 +379,8 @@ static void test_mask_and_errors(void) {
     ps_error err;
     ps_task t = small_task();
     ps_batch base;
-    REQUIRE_OK(ps_batch_alloc(&base, N, t.seq_len, t.n_queries, &err), &err);
-    CHECK(ps_task_generate(&t, 17, &base, NULL) == 0, "task generation");
     ps_filler_family fam = {.name = "repeat", .n_pattern = 1, .pattern = {0}};
+    REQUIRE_OK(prompts(&t, &base, &err), &err);
     rec_t r;
     /* caller's layer order {0, 1}: only layer 1 head 0 and layer 0 head 1 */
     unsigned char mask[4] = {0, 1, 1, 0};
@@ -388,6 +392,33 @@ static void test_mask_and_errors(void) {
     CHECK(!memcmp(want, got, sizeof want), "the mask runs cells %d%d%d%d (want 1001)", got[0], got[1], got[2], got[3]);
     rec_free(&r);
     ps_batch_free(&base);
+    /* a dot action whose source holds fewer positions than the activation is refused when it fires */
+    {
+        enum { B1 = 1, T1 = 12 };
+        int32_t tok[B1 * T1];
+        tu_random_tokens(tok, B1 * T1, c.vocab_size, 93);
+        float *src = ps_buf_alloc(m.ctx, 4 * c.n_kv_heads * c.head_dim * (int64_t)sizeof(float), "src", &err);
+        double *acc = ps_buf_alloc(m.ctx, B1 * c.n_kv_heads * (int64_t)sizeof(double), "acc", &err);
+        ps_hooks h;
+        ps_hooks_init(&h);
+        ps_hook_action act = {.kind = PS_ACT_DOT, .head = -1, .src = src, .src_npos = 4, .acc = acc, .acc_n = B1 * c.n_kv_heads};
+        CHECK_OK(ps_hooks_add_action(&h, &c, "blocks.0.attn.hook_k", &act, &err), &err);
+        ps_acts a;
+        REQUIRE_OK(ps_acts_create(&a, m.ctx, &c, B1, T1, false, &err), &err);
+        CHECK_ERR(ps_forward(&m, &a, tok, &h, &err), &err, "hook \"blocks.0.attn.hook_k\": dot action reaches position 11, but its source holds 4 positions");
+        act.src_npos = T1;
+        act.acc_n = 3;
+        ps_hooks_free(&h);
+        ps_hooks_init(&h);
+        CHECK_OK(ps_hooks_add_action(&h, &c, "blocks.0.attn.hook_k", &act, &err), &err);
+        CHECK_ERR(ps_forward(&m, &a, tok, &h, &err), &err, "dot action: the accumulator holds 3 values, the range 1 sequences x 2 heads");
+        act.head = 0;
+        CHECK_ERR(ps_hooks_add_action(&h, &c, "blocks.0.attn.hook_k", &act, &err), &err, "a dot action covers every head and position");
+        ps_hooks_free(&h);
+        ps_acts_free(&a);
+        ps_buf_free(m.ctx, src, 4 * c.n_kv_heads * c.head_dim * (int64_t)sizeof(float));
+        ps_buf_free(m.ctx, acc, B1 * c.n_kv_heads * (int64_t)sizeof(double));
+    }
     ps_model_free(&m);
     /* fix qk is not offered for the per-channel compressor */
     ps_config cc = cfg_of(PS_ATTN_CHANNEL, 0);

@@ -433,7 +433,7 @@ int ps_render_knockout(json_t *const *docs, const char *const *paths, int n, con
                  "each KV head's entries (named over each panel) replaced by their mean over the prompts of the same shift; "
                  "%s",
                  x.acc ? "change = knocked out − clean accuracy, in percentage points"
-                 : n_est ? "change = knocked out − clean NLL, in nats (an AtP panel: its first-order estimate, docs/attribution.md)"
+                 : n_est ? "change = knocked out − clean NLL, in nats (AtP panels: to first order)"
                          : "change = knocked out − clean NLL, in nats");
         snprintf(x.subtitle2, sizeof x.subtitle2, "orange = knockout hurts (%s), blue = knockout helps, white = no change, grey = no prompts%s",
                  x.acc ? "accuracy falls" : "NLL rises", n > 1 ? "; each panel has its own colour scale" : "");
