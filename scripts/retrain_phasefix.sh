@@ -11,13 +11,15 @@
 # the first evaluation with held-out accuracy >= 0.6, at most 8000 steps. One thread (OMP_NUM_THREADS=1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PS=build/phasescope
+PS=${PS:-build/phasescope}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 last_step() { grep '"type":"eval"' "$1/train.jsonl" | tail -1 | sed 's/.*"step":\([0-9]*\).*/\1/'; }
 first_at() { # first_at CFG DIR ACC [INIT_FROM]: until held-out accuracy >= ACC (from INIT_FROM's weights if given)
   local cfg=$1 dir=$2 want=$3 init=${4:-} step=0 last acc
-  rm -rf "$dir"
-  $PS train --config "$cfg" --out "$dir" --stop-after 50 ${init:+--init-from "$init"} > /dev/null
+  if [ "${RESUME:-0}" != 1 ]; then # RESUME=1: continue a run that was interrupted (from its last checkpoint)
+    rm -rf "$dir"
+    $PS train --config "$cfg" --out "$dir" --stop-after 50 ${init:+--init-from "$init"} > /dev/null
+  fi
   while :; do
     last=$(grep '"type":"eval"' "$dir/train.jsonl" | tail -1)
     step=$(sed 's/.*"step":\([0-9]*\).*/\1/' <<<"$last")
