@@ -29,8 +29,6 @@
 #ifndef PS_GRID_H
 #define PS_GRID_H
 
-#include <jansson.h>
-
 #include "core/hooks.h"
 #include "core/model.h"
 #include "interventions/sweep.h"
