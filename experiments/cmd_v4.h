@@ -9,7 +9,6 @@
 
 #include "experiments/cli.h"
 #include "core/error.h"
-#include "experiments/instrument.h"
 
 /* The commands' work, independent of how the command line was parsed: dir is the checkpoint (resolved),
  * the rest the flags' values (NULL when absent). They print their output and return 0, or -1 with err
@@ -17,10 +16,5 @@
 int ps_v4_cmd_info(const char *dir, int64_t B, ps_error *err);
 int ps_v4_cmd_forward(const char *dir, const char *tokens, const char *hooks, const char *out, const char *layers, int lazy,
                       ps_error *err);
-
-/* `phasescope gates` on a phasescope model with the channel attention (per-channel gates, gates/chgates.h):
- * in is the set-up instrument; log (may be NULL) a train.jsonl whose per-channel gate records are
- * summarised. */
-int ps_v4_model_gates(ps_instr *in, const char *log, ps_error *err);
 
 #endif

@@ -76,7 +76,7 @@ int ps_instr_setup(ps_instr *in, const ps_args *a, int need_task, ps_error *err)
 void ps_instr_free(ps_instr *in);
 
 /* The sweep's one-line summary on stdout (mean, min, gap, chi-square, verdict, periods), read from the curve
- * object of sweep.json (cmd_sweep.c; also the DeepSeek-V4 sweep). */
+ * object of sweep.json (instr_sweep.c: every sweep, the merged one too). */
 void ps_sweep_summary_line(json_t *curve);
 
 /* {"command", "model", "config_hash", "seed", "version", "task", "eval": {...}} */
@@ -127,6 +127,31 @@ typedef struct {
     const char *target_name;
 } ps_knockout_request;
 int ps_knockout_command(ps_instr *in, const ps_knockout_request *rq, ps_error *err);
+
+/* The sweep instrument (instr_sweep.c): the prefix-padding or move-mode sweep of the checkpoint's task
+ * (any family: units (shift, batch), interventions/units.h), or of text-kv prompts (--task text-kv, or a
+ * model trained on text-kv; units of the batches one process runs, ps_textkv_units); split over shards
+ * and ranks, rank 0 (or the shard's part file) writing the result. The module sets up the instrument
+ * (ps_instr_setup) from the flags of a. */
+typedef struct {
+    ps_sweep_mode mode;
+    const char *task;          /* --task: NULL or "model" (the checkpoint's own), "text-kv", or a task file */
+    /* text-kv (NULL / -1 / 0 when not given): --tokenizer, --words, --values (0 numbers, 1 words), --pairs,
+     * --value-digits; text_only_flag: the first of them given (refused unless the sweep is text-kv) */
+    const char *tokenizer, *words, *text_only_flag;
+    int values;
+    int64_t pairs, value_digits;
+} ps_sweep_request;
+int ps_sweep_command(const ps_args *a, const ps_sweep_request *rq, ps_error *err);
+
+/* The gates instrument (instr_gates.c): the gate statistics of the checkpoint's gates (its runtime's
+ * gates entries, grid.h: a compressed model's per-head gates, the per-channel gates of the channel
+ * attention and of DeepSeek-V4 checkpoints) pooled over the shift-0 prompts in units (batches), with
+ * log (may be NULL) a training log whose gate records are summarised; split over shards and ranks. */
+typedef struct {
+    const char *log;
+} ps_gates_request;
+int ps_gates_command(const ps_args *a, const ps_gates_request *rq, ps_error *err);
 
 /* How each instrument finishes its result from complete partial results (rank 0, or phasescope merge):
  * the statistics in the one-process order, the JSON, its figures and the summary on stdout. */

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/fileio.h"
 #include "gates/gates.h"
 
 int ps_chgate_acc_init(ps_chgate_acc *acc, int n_layers, int n_branches, const char *const *branch_names, ps_error *err) {
@@ -258,4 +259,68 @@ int ps_chgate_watch_model(ps_chgate_acc *acc, ps_hooks *hooks, const ps_config *
         if (ps_hooks_add(hooks, cfg, name, model_gate_hook, acc, err)) return -1;
     }
     return 0;
+}
+
+/* ---- a training log's per-channel gate records ---- */
+
+/* The per-channel gate records of a train.jsonl ("gate": "per_channel"): per layer, the pooled
+ * statistics over the logged steps, the step where the pooled N_input first reached the concentration
+ * threshold, and the channel label counts of the last record. */
+json_t *ps_chgate_log_summary(const char *path, ps_error *err) {
+    char *text;
+    size_t len;
+    if (ps_read_file(path, (size_t)1 << 32, &text, &len, err)) return NULL;
+    json_t *recs = json_array();
+    int line_no = 0;
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+        line_no++;
+        json_error_t je;
+        json_t *o = json_loads(line, 0, &je);
+        if (!o) {
+            ps_fail(err, "%s: line %d is not valid JSON (%s)", path, line_no, je.text);
+            json_decref(recs);
+            free(text);
+            return NULL;
+        }
+        const char *ty = json_string_value(json_object_get(o, "type")), *g = json_string_value(json_object_get(o, "gate"));
+        if (ty && !strcmp(ty, "gates") && g && !strcmp(g, "per_channel")) json_array_append(recs, o);
+        json_decref(o);
+    }
+    free(text);
+    size_t nr = json_array_size(recs);
+    if (!nr) {
+        json_decref(recs);
+        ps_fail(err, "%s: no per-channel gate records (a v4 model's training log has \"type\": \"gates\", \"gate\": \"per_channel\" lines)", path);
+        return NULL;
+    }
+    json_t *out = json_array(), *layers0 = json_object_get(json_array_get(recs, 0), "layers");
+    for (size_t li = 0; li < json_array_size(layers0); li++) {
+        json_t *steps = json_array(), *ns = json_array(), *ni = json_array(), *pk = json_array(), *cms = json_array(), *conc = json_null();
+        json_t *last = NULL;
+        for (size_t r = 0; r < nr; r++) {
+            json_t *rec = json_array_get(recs, r), *lo = json_array_get(json_object_get(rec, "layers"), li);
+            json_t *bo = json_array_get(json_object_get(lo, "branches"), 0), *po = json_object_get(bo, "pooled");
+            json_array_append_new(steps, json_integer(json_integer_value(json_object_get(rec, "step"))));
+            json_array_append_new(ns, json_real(json_number_value(json_object_get(po, "N_static"))));
+            json_array_append_new(ni, json_real(json_number_value(json_object_get(po, "N_input"))));
+            json_array_append_new(pk, json_integer(json_integer_value(json_object_get(po, "peak"))));
+            json_array_append_new(cms, json_real(json_number_value(json_object_get(json_object_get(bo, "channel_mean"), "N_static"))));
+            if (json_is_null(conc) && json_number_value(json_object_get(po, "N_input")) <= PS_GATE_CONCENTRATED)
+                conc = json_integer(json_integer_value(json_object_get(rec, "step")));
+            last = bo;
+        }
+        json_t *e = json_object();
+        json_object_set_new(e, "layer", json_integer(json_integer_value(json_object_get(json_array_get(layers0, li), "layer"))));
+        json_object_set_new(e, "branch", json_string("compressor"));
+        json_object_set_new(e, "steps", steps);
+        json_object_set_new(e, "N_static", ns);
+        json_object_set_new(e, "N_input", ni);
+        json_object_set_new(e, "peak", pk);
+        json_object_set_new(e, "channel_mean_N_static", cms);
+        json_object_set_new(e, "input_concentrated_at_step", conc);
+        json_object_set(e, "final_labels", json_object_get(last, "labels"));
+        json_array_append_new(out, e);
+    }
+    json_decref(recs);
+    return out;
 }

@@ -74,4 +74,10 @@ int ps_chgate_watch_model(ps_chgate_acc *acc, ps_hooks *hooks, const ps_config *
 /* A one-line summary per (layer, branch) for the commands' stdout. */
 void ps_chgate_print(const ps_chgate_acc *acc);
 
+/* The per-channel gate records of a training log (train.jsonl lines with "type": "gates", "gate":
+ * "per_channel": a model with the channel attention), per layer: {"layer", "branch", "steps", "N_static",
+ * "N_input", "peak" (pooled), "channel_mean_N_static", "input_concentrated_at_step", "final_labels"}.
+ * NULL with err naming the file and line when it is not JSON lines or has no such records. */
+json_t *ps_chgate_log_summary(const char *path, ps_error *err);
+
 #endif

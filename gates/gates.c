@@ -1,6 +1,9 @@
 #include "gates/gates.h"
 
+#include "core/fileio.h"
+
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -140,4 +143,76 @@ json_t *ps_gate_acc_to_json(const ps_gate_acc *acc, const ps_config *cfg) {
     free(st);
     json_object_set_new(root, "layers", layers);
     return root;
+}
+
+/* ---- a training log's gate records ---- */
+
+/* Summarise the gate records of a training log: per (layer, head, branch) first/last values, the first
+ * step where N_static <= 2, and whether the peak stayed put over the last three records. */
+json_t *ps_gates_log_summary(const char *path, ps_error *err) {
+    char *text;
+    size_t len;
+    if (ps_read_file(path, (size_t)1 << 32, &text, &len, err)) return NULL;
+    json_t *recs = json_array();
+    int line_no = 0;
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+        line_no++;
+        json_error_t je;
+        json_t *o = json_loads(line, 0, &je);
+        if (!o) {
+            ps_fail(err, "%s: line %d is not valid JSON (%s)", path, line_no, je.text);
+            json_decref(recs);
+            free(text);
+            return NULL;
+        }
+        if (json_is_string(json_object_get(o, "type")) && !strcmp(json_string_value(json_object_get(o, "type")), "gates"))
+            json_array_append(recs, o);
+        json_decref(o);
+    }
+    free(text);
+    size_t nr = json_array_size(recs);
+    if (nr == 0) {
+        json_decref(recs);
+        ps_fail(err, "%s: no gate records (a compressed model's training log has \"type\": \"gates\" lines)", path);
+        return NULL;
+    }
+    json_t *out = json_array(), *first = json_array_get(recs, 0);
+    json_t *layers = json_object_get(first, "layers");
+    for (size_t li = 0; li < json_array_size(layers); li++) {
+        json_t *heads = json_object_get(json_array_get(layers, li), "heads");
+        for (size_t hi = 0; hi < json_array_size(heads); hi++)
+            for (int b = 0; b < 2; b++) {
+                const char *br = b ? "value" : "key";
+                json_t *e = json_object(), *steps = json_array(), *ns = json_array(), *ni = json_array(), *pk = json_array();
+                json_t *conc = json_null();
+                for (size_t r = 0; r < nr; r++) {
+                    json_t *rec = json_array_get(recs, r);
+                    json_t *bo = json_object_get(
+                        json_array_get(json_object_get(json_array_get(json_object_get(rec, "layers"), li), "heads"), hi), br);
+                    double s = json_number_value(json_object_get(bo, "N_static"));
+                    json_array_append_new(steps, json_integer(json_integer_value(json_object_get(rec, "step"))));
+                    json_array_append_new(ns, json_real(s));
+                    json_array_append_new(ni, json_real(json_number_value(json_object_get(bo, "N_input"))));
+                    json_array_append_new(pk, json_integer(json_integer_value(json_object_get(bo, "peak"))));
+                    if (json_is_null(conc) && s <= PS_GATE_CONCENTRATED)
+                        conc = json_integer(json_integer_value(json_object_get(rec, "step")));
+                }
+                int stable = 1;
+                json_int_t last_peak = json_integer_value(json_array_get(pk, nr - 1));
+                for (size_t r = nr >= 3 ? nr - 3 : 0; r < nr; r++) stable &= json_integer_value(json_array_get(pk, r)) == last_peak;
+                json_object_set_new(e, "layer", json_integer((json_int_t)li));
+                json_object_set_new(e, "head", json_integer((json_int_t)hi));
+                json_object_set_new(e, "branch", json_string(br));
+                json_object_set_new(e, "steps", steps);
+                json_object_set_new(e, "N_static", ns);
+                json_object_set_new(e, "N_input", ni);
+                json_object_set_new(e, "peak", pk);
+                json_object_set_new(e, "concentrated_at_step", conc);
+                json_object_set_new(e, "final_peak", json_integer(last_peak));
+                json_object_set_new(e, "peak_stable_last_3", json_boolean(stable));
+                json_array_append_new(out, e);
+            }
+    }
+    json_decref(recs);
+    return out;
 }

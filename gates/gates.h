@@ -62,4 +62,11 @@ int64_t ps_gate_peak(const double *p, int64_t n);
  * with mean_gate, N_static, N_input, peak, n_windows per branch (the layout of the conformance file). */
 json_t *ps_gate_acc_to_json(const ps_gate_acc *acc, const ps_config *cfg);
 
+/* The gate records of a training log (train.jsonl lines with "type": "gates"), per (layer, KV head, branch)
+ * in the records' order: {"layer", "head", "branch", "steps", "N_static", "N_input", "peak",
+ * "concentrated_at_step" (the first step with N_static <= PS_GATE_CONCENTRATED, or null), "final_peak",
+ * "peak_stable_last_3"} (gates.json's "training", docs/results-schema.md). NULL with err naming the file
+ * and line when it is not JSON lines or has no gate records. */
+json_t *ps_gates_log_summary(const char *path, ps_error *err);
+
 #endif

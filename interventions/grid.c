@@ -3,6 +3,7 @@
 
 #include "interventions/atp.h"
 #include "interventions/knockout.h"
+#include "interventions/units.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -37,7 +38,13 @@ static const ps_runtime_ops MODEL_OPS = {.name = "phasescope",
                                          .ko_spec = ps_model_ko_spec,
                                          .ko_spec_free = ps_model_ko_spec_free,
                                          .atp_spec = ps_model_atp_spec,
-                                         .atp_spec_free = ps_model_atp_spec_free};
+                                         .atp_spec_free = ps_model_atp_spec_free,
+                                         /* gates (instr_gates.c) */
+                                         .gates_missing = ps_model_gates_missing,
+                                         .gates_records = ps_model_gates_records,
+                                         .gates_unit_size = ps_model_gates_unit_size,
+                                         .gates_units = ps_model_gates_units,
+                                         .gates_log = ps_model_gates_log};
 
 void ps_runtime_model(ps_runtime *rt, const ps_model *m) {
     memset(rt, 0, sizeof *rt);

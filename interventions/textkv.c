@@ -180,3 +180,20 @@ json_t *ps_textkv_set_task_json(const ps_textkv_set *s, int64_t tmin, int64_t tm
     json_object_set_new(task, "prompt_tokens", tl);
     return task;
 }
+
+int ps_textkv_sweep_lengths(const ps_textkv_set *s, ps_sweep_mode mode, uint64_t seed, int64_t N, int64_t max_seq_len, int64_t *T,
+                            int64_t *tmin, int64_t *tmax, ps_error *err) {
+    *tmin = INT64_MAX, *tmax = 0;
+    for (int64_t p = 0; p < s->P; p++) {
+        ps_shifted sh;
+        if (ps_textkv_shifted(&s->kv, mode, s->P, p, seed, N, max_seq_len, &sh, err)) return -1;
+        T[p] = sh.b.T;
+        for (int64_t i = 0; i < sh.b.B; i++) {
+            int64_t n = ps_textkv_set_prompt_len(s, &sh.b.queries[i * sh.b.max_q]);
+            *tmin = n < *tmin ? n : *tmin;
+            *tmax = n > *tmax ? n : *tmax;
+        }
+        ps_shifted_free(&sh);
+    }
+    return 0;
+}

@@ -70,4 +70,10 @@ int64_t ps_textkv_set_prompt_len(const ps_textkv_set *s, const ps_query *q);
 /* provenance.task of a text-kv sweep (docs/results-schema.md): the layout and the prompt lengths seen. */
 json_t *ps_textkv_set_task_json(const ps_textkv_set *s, int64_t tmin, int64_t tmax);
 
+/* The plan of a text-kv sweep of N prompts per shift over shifts 0..P-1 (the set's P): every shift's
+ * padded length T[p] (what ps_textkv_shifted pads to, with its max_seq_len error) and the shortest and
+ * longest prompt (ps_textkv_set_prompt_len) over every shift, for provenance. */
+int ps_textkv_sweep_lengths(const ps_textkv_set *s, ps_sweep_mode mode, uint64_t seed, int64_t N, int64_t max_seq_len, int64_t *T,
+                            int64_t *tmin, int64_t *tmax, ps_error *err);
+
 #endif

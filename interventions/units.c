@@ -1,7 +1,9 @@
 /* units.c — the instruments' work units (see units.h). */
 #include "interventions/units.h"
+#include "gates/chgates.h"
 #include "tasks/tasks.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -155,4 +157,206 @@ int ps_gate_acc_replay(ps_gate_acc *acc, const int32_t *events, int64_t n_events
     }
     if (at != n_floats) return ps_fail(err, "gate records: %lld floats left over", (long long)(n_floats - at));
     return 0;
+}
+
+/* ---- the channel attention's per-channel gates ---- */
+
+void ps_chgates_unit_size(const ps_config *c, int64_t n, int64_t T, int64_t *n_records, int64_t *n_floats) {
+    int64_t nW = ps_config_n_windows(c, T);
+    *n_records = nW > 0 ? c->n_layers : 0;
+    *n_floats = nW > 0 ? c->n_layers * n * nW * ps_config_v4_slots(c) * c->head_dim : 0;
+}
+
+typedef struct {
+    int32_t *rec;
+    float *alpha;
+    int64_t ev, at, ev_end, at_end;
+} ch_recorder;
+
+static int record_chgate(const ps_hook_event *ev, void *user, ps_error *err) {
+    ch_recorder *r = user;
+    int64_t n = 1;
+    for (int i = 0; i < ev->ndim; i++) n *= ev->shape[i];
+    if (r->ev >= r->ev_end || r->at + n > r->at_end)
+        return ps_fail(err, "hook \"%s\": more gate records than the unit holds", ev->name);
+    int32_t *e = r->rec + r->ev * PS_CHGATES_RECORD_INTS;
+    e[0] = ev->layer, e[1] = 0, e[2] = (int32_t)ev->shape[0], e[3] = (int32_t)ev->shape[1];
+    memcpy(r->alpha + r->at, ev->data, (size_t)n * sizeof(float));
+    r->ev++;
+    r->at += n;
+    return 0;
+}
+
+int ps_chgates_units(const ps_model *m, const ps_shifted *s, int64_t batch, int64_t u0, int64_t u1, const int64_t *ev_off,
+                     const int64_t *al_off, int32_t *records, float *alpha, ps_error *err) {
+    const ps_config *c = &m->cfg;
+    int64_t N = s->b.B, maxq = s->b.max_q, B = batch < N ? batch : N;
+    if (u0 >= u1) return 0;
+    ch_recorder rec = {.rec = records, .alpha = alpha};
+    ps_hooks h;
+    ps_hooks_init(&h);
+    int rc = 0;
+    for (int l = 0; l < c->n_layers && !rc; l++) {
+        char name[96];
+        ps_hook_name(name, sizeof name, l, PS_HOOK_GATE_K);
+        rc = ps_hooks_add(&h, c, name, record_chgate, &rec, err);
+    }
+    int *okb = malloc((size_t)(B * maxq > 0 ? B * maxq : 1) * sizeof(int));
+    double *lpb = malloc((size_t)(B * maxq > 0 ? B * maxq : 1) * sizeof(double));
+    if (!rc && (!okb || !lpb)) rc = ps_fail(err, "out of memory for the outcomes of %lld prompts", (long long)B);
+    for (int64_t u = u0; u < u1 && !rc; u++) {
+        int64_t i0 = u * B, n = N - i0 < B ? N - i0 : B;
+        rec.ev = ev_off[u], rec.ev_end = ev_off[u + 1], rec.at = al_off[u], rec.at_end = al_off[u + 1];
+        ps_shifted v = *s;
+        v.b = ps_batch_view(&s->b, i0, n);
+        v.residue = s->residue + i0 * maxq;
+        /* the batch one process runs (ps_eval_shifted in batches of `batch`): prompts [i0, i0 + n) */
+        rc = ps_eval_shifted(m, &v, n, &h, okb, lpb, err);
+        if (!rc && (rec.ev != rec.ev_end || rec.at != rec.at_end))
+            rc = ps_fail(err, "internal error: batch %lld fired %lld gate records of %lld floats, expected %lld of %lld", (long long)u,
+                         (long long)(rec.ev - ev_off[u]), (long long)(rec.at - al_off[u]), (long long)(ev_off[u + 1] - ev_off[u]),
+                         (long long)(al_off[u + 1] - al_off[u]));
+    }
+    free(okb);
+    free(lpb);
+    ps_hooks_free(&h);
+    return rc;
+}
+
+/* ---- the controlled model's gates entries (grid.h) ---- */
+
+const char *ps_model_gates_missing(const ps_runtime *rt, char *buf, size_t n) {
+    if (rt->m->cfg.kind == PS_ATTN_COMPRESSED || rt->m->cfg.kind == PS_ATTN_CHANNEL) return NULL;
+    snprintf(buf, n, "gate statistics need a compressed-attention model (this one has full attention)");
+    return buf;
+}
+
+const char *ps_model_gates_records(const ps_runtime *rt, int *ints_per_record) {
+    int ch = rt->m->cfg.kind == PS_ATTN_CHANNEL;
+    *ints_per_record = ch ? PS_CHGATES_RECORD_INTS : PS_GATES_EVENT_INTS;
+    return ch ? "ch_events" : "events";
+}
+
+void ps_model_gates_unit_size(const ps_runtime *rt, int64_t n, int64_t T, int64_t *n_records, int64_t *n_floats) {
+    if (rt->m->cfg.kind == PS_ATTN_CHANNEL) ps_chgates_unit_size(&rt->m->cfg, n, T, n_records, n_floats);
+    else ps_gates_unit_size(&rt->m->cfg, n, T, n_records, n_floats);
+}
+
+int ps_model_gates_units(const ps_runtime *rt, const ps_shifted *s, int64_t batch, int64_t u0, int64_t u1, const int64_t *ev_off,
+                         const int64_t *al_off, int32_t *events, float *alpha, ps_error *err) {
+    if (rt->m->cfg.kind == PS_ATTN_CHANNEL) return ps_chgates_units(rt->m, s, batch, u0, u1, ev_off, al_off, events, alpha, err);
+    return ps_gates_units(rt->m, s, batch, u0, u1, ev_off, al_off, events, alpha, err);
+}
+
+json_t *ps_model_gates_log(const ps_runtime *rt, const char *path, ps_error *err) {
+    const ps_config *c = &rt->m->cfg;
+    if (c->kind == PS_ATTN_CHANNEL) return ps_chgate_log_summary(path, err);
+    json_t *evo = ps_gates_log_summary(path, err);
+    size_t want = (size_t)2 * (size_t)c->n_layers * (size_t)c->n_kv_heads;
+    if (evo && json_array_size(evo) != want) {
+        ps_fail(err, "%s: its gate records have %zu (layer, KV head, branch) entries, but the model has %lld layers x %lld KV heads (%zu): "
+                     "the log is of another model",
+                path, json_array_size(evo), (long long)c->n_layers, (long long)c->n_kv_heads, want);
+        json_decref(evo);
+        return NULL;
+    }
+    return evo;
+}
+
+/* ---- sweep --task text-kv ---- */
+
+int ps_textkv_units_init(ps_textkv_units *u, const ps_config *c, const int64_t *T, int64_t P, int64_t N, int64_t batch,
+                         ps_error *err) {
+    memset(u, 0, sizeof *u);
+    u->P = P, u->N = N;
+    u->first = malloc((size_t)(P + 1) * sizeof *u->first);
+    u->size = malloc((size_t)(P > 0 ? P : 1) * sizeof *u->size);
+    u->T = malloc((size_t)(P > 0 ? P : 1) * sizeof *u->T);
+    if (!u->first || !u->size || !u->T) {
+        ps_textkv_units_free(u);
+        return ps_fail(err, "out of memory for the work units of %lld shifts", (long long)P);
+    }
+    u->first[0] = 0;
+    for (int64_t p = 0; p < P; p++) {
+        int64_t fit = ps_eval_batch_fit(c, T[p], batch, 0), b = fit > 0 ? fit : batch;
+        u->size[p] = b < N ? b : N;
+        u->T[p] = T[p];
+        u->first[p + 1] = u->first[p] + (N + u->size[p] - 1) / u->size[p];
+    }
+    u->n_units = u->first[P];
+    return 0;
+}
+
+void ps_textkv_units_free(ps_textkv_units *u) {
+    free(u->first);
+    free(u->size);
+    free(u->T);
+    memset(u, 0, sizeof *u);
+}
+
+void ps_textkv_unit(const ps_textkv_units *u, int64_t k, int64_t *p, int64_t *i0, int64_t *n) {
+    int64_t lo = 0, hi = u->P - 1; /* the shift whose units hold k */
+    while (lo < hi) {
+        int64_t mid = (lo + hi + 1) / 2;
+        if (u->first[mid] <= k) lo = mid;
+        else hi = mid - 1;
+    }
+    *p = lo;
+    *i0 = (k - u->first[lo]) * u->size[lo];
+    *n = u->N - *i0 < u->size[lo] ? u->N - *i0 : u->size[lo];
+}
+
+void ps_textkv_unit_weights(const ps_textkv_units *u, int64_t *w) {
+    for (int64_t k = 0; k < u->n_units; k++) {
+        int64_t p, i0, n;
+        ps_textkv_unit(u, k, &p, &i0, &n);
+        w[k] = n * u->T[p];
+    }
+}
+
+int ps_textkv_sweep_units(const ps_model *m, const ps_textkv_set *set, ps_sweep_mode mode, uint64_t seed, const ps_textkv_units *u,
+                          int64_t k0, int64_t k1, int32_t *ok, double *lp, int32_t *rho, ps_progress_fn progress, void *user,
+                          ps_error *err) {
+    int64_t N = u->N, maxq = set->kv.n_queries, most = 0;
+    if (k0 >= k1) return 0;
+    for (int64_t p = 0; p < u->P; p++) most = u->size[p] > most ? u->size[p] : most;
+    int *okb = malloc((size_t)(most * maxq > 0 ? most * maxq : 1) * sizeof(int));
+    double *lpb = malloc((size_t)(most * maxq > 0 ? most * maxq : 1) * sizeof(double));
+    int rc = okb && lpb ? 0 : ps_fail(err, "out of memory for the outcomes of %lld prompts x %lld queries", (long long)most, (long long)maxq);
+    ps_shifted s;
+    int64_t have_p = -1;
+    for (int64_t k = k0; k < k1 && !rc; k++) {
+        int64_t p, i0, n;
+        ps_textkv_unit(u, k, &p, &i0, &n);
+        if (p != have_p) {
+            if (have_p >= 0) ps_shifted_free(&s);
+            have_p = -1;
+            if ((rc = ps_textkv_shifted(&set->kv, mode, u->P, p, seed, N, m->cfg.max_seq_len, &s, err))) break;
+            have_p = p;
+            if (s.b.T != u->T[p]) {
+                rc = ps_fail(err, "internal error: text-kv shift %lld has %lld tokens, planned %lld", (long long)p, (long long)s.b.T,
+                             (long long)u->T[p]);
+                break;
+            }
+        }
+        /* the batch one process runs: prompts [i0, i0 + n) of shift p, padded to the shift's length */
+        ps_shifted v = s;
+        v.b = ps_batch_view(&s.b, i0, n);
+        v.residue = s.residue + i0 * maxq;
+        if ((rc = ps_eval_shifted_fit(m, &v, u->size[p], 0, okb, lpb, err))) break;
+        int64_t at = (p * N + i0) * maxq;
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t q = 0; q < maxq; q++) {
+                int64_t j = i * maxq + q;
+                int scored = q < v.b.n_q[i] && v.residue[j] >= 0;
+                ok[at + j] = scored ? okb[j] : 0;
+                lp[at + j] = scored ? lpb[j] : 0.0;
+                rho[at + j] = scored ? (int32_t)v.residue[j] : -1;
+            }
+        if (progress) progress(k + 1 - k0, k1 - k0, user);
+    }
+    if (have_p >= 0) ps_shifted_free(&s);
+    free(okb);
+    free(lpb);
+    return rc;
 }

@@ -9,8 +9,12 @@
  *
  *   - sweep (and each of gatecycle's two sweeps): unit (p, j) = p · n_batches + j: shift p, prompts
  *     [j · batch, min(N, (j + 1) · batch)). Outcome arrays [P, N, max_q] (unit after unit).
- *   - gates: unit j = batch j of shift 0; per unit the gate distributions of every window, as the hooks
- *     fired them (ps_gates_units).
+ *   - sweep --task text-kv: shift p's prompts in the batches one process runs them in (ps_textkv_units:
+ *     as many per forward as the memory budget holds at the shift's padded length); outcome arrays as
+ *     the sweep's.
+ *   - gates (every family: grid.h's gates entries): unit j = batch j of shift 0; per unit the gate
+ *     distributions of every window, as the hooks fired them (ps_gates_units; the channel attention's
+ *     per-channel gates as ps_chgates_units records them).
  *   - knockout (every family): units (shift, batch, layer) of the grid engine (grid.h, ps_grid_unit). */
 #ifndef PS_UNITS_H
 #define PS_UNITS_H
@@ -21,6 +25,7 @@
 #include "interventions/grid.h"
 #include "interventions/knockout.h"
 #include "interventions/sweep.h"
+#include "interventions/textkv.h"
 #include "tasks/tasks.h"
 
 int64_t ps_sweep_n_batches(int64_t N, int64_t batch);
@@ -51,5 +56,50 @@ int ps_gates_units(const ps_model *m, const ps_shifted *s, int64_t batch, int64_
 int ps_gate_acc_replay(ps_gate_acc *acc, const int32_t *events, int64_t n_events, const float *alpha, int64_t n_floats,
                        ps_error *err);
 
+/* The controlled model's per-channel gates (the channel attention, gates/chgates.h): per record (a layer's
+ * blocks.L.attn.hook_gate_k as it fired) PS_CHGATES_RECORD_INTS ints (layer, branch 0, sequences,
+ * windows) and its alpha [B, nW, S, hd]; the layout of v4_instr.h's records, so ps_v4_gates_replay pools
+ * them into ps_chgate_init_model's accumulator. */
+#define PS_CHGATES_RECORD_INTS 4
+void ps_chgates_unit_size(const ps_config *c, int64_t n, int64_t T, int64_t *n_records, int64_t *n_floats);
+int ps_chgates_units(const ps_model *m, const ps_shifted *s, int64_t batch, int64_t u0, int64_t u1, const int64_t *ev_off,
+                     const int64_t *al_off, int32_t *records, float *alpha, ps_error *err);
+
+/* The controlled model's gates entries of its runtime (grid.h): the compressed attention's per-head
+ * gates (ps_gates_units, "events") or the channel attention's per-channel gates (ps_chgates_units,
+ * "ch_events"); full attention has none. Its training log: ps_gates_log_summary (checked against the
+ * model's layers and KV heads) or ps_chgate_log_summary. */
+const char *ps_model_gates_missing(const ps_runtime *rt, char *buf, size_t n);
+const char *ps_model_gates_records(const ps_runtime *rt, int *ints_per_record);
+void ps_model_gates_unit_size(const ps_runtime *rt, int64_t n, int64_t T, int64_t *n_records, int64_t *n_floats);
+int ps_model_gates_units(const ps_runtime *rt, const ps_shifted *s, int64_t batch, int64_t u0, int64_t u1, const int64_t *ev_off,
+                         const int64_t *al_off, int32_t *events, float *alpha, ps_error *err);
+json_t *ps_model_gates_log(const ps_runtime *rt, const char *path, ps_error *err);
+
+/* ---- sweep --task text-kv ----
+ * Shift p's prompts are padded to their longest, T[p] tokens; one process runs them in batches of
+ * ps_eval_batch_fit(c, T[p], batch, 0) (ps_eval_shifted_fit), or, when that is 0, one at a time through
+ * the chunked prefill. Unit = one such batch (prefill: `batch` prompts), shift after shift, so a unit is
+ * the very forward one process runs and the outcomes do not depend on the split. */
+typedef struct {
+    int64_t P, N, n_units;
+    int64_t *first; /* [P + 1]: shift p's units are [first[p], first[p + 1]) */
+    int64_t *size;  /* [P]: prompts per unit of shift p */
+    int64_t *T;     /* [P]: shift p's padded length */
+} ps_textkv_units;
+/* The unit list of N prompts per shift from the shifts' padded lengths T[P] (copied). */
+int ps_textkv_units_init(ps_textkv_units *u, const ps_config *c, const int64_t *T, int64_t P, int64_t N, int64_t batch,
+                         ps_error *err);
+void ps_textkv_units_free(ps_textkv_units *u);
+/* Unit k: shift *p, prompts [*i0, *i0 + *n). */
+void ps_textkv_unit(const ps_textkv_units *u, int64_t k, int64_t *p, int64_t *i0, int64_t *n);
+/* Split weights (prompts × tokens): w[n_units]. */
+void ps_textkv_unit_weights(const ps_textkv_units *u, int64_t *w);
+/* Run units [k0, k1) of the text-kv sweep of `set` (interventions/textkv.h) on m: outcomes of query q of
+ * prompt i of shift p at (p · N + i) · n_queries + q of ok, lp and rho (as ps_sweep_units).
+ * progress(units done of this range, units in it) may be NULL. */
+int ps_textkv_sweep_units(const ps_model *m, const ps_textkv_set *set, ps_sweep_mode mode, uint64_t seed, const ps_textkv_units *u,
+                          int64_t k0, int64_t k1, int32_t *ok, double *lp, int32_t *rho, ps_progress_fn progress, void *user,
+                          ps_error *err);
 
 #endif

@@ -652,6 +652,37 @@ static void v4_rt_ko_spec_free(ps_grid_spec *spec) {
     spec->self = NULL;
 }
 
+/* gates (instr_gates.c): the compressors' per-channel gates as units (ps_v4_gates_units) */
+static const char *v4_rt_gates_missing(const ps_runtime *rt, char *buf, size_t n) {
+    const ps_v4_model *m = rt->model;
+    for (int l = 0; l < m->cfg.n_layers; l++)
+        if (m->cfg.attn_type[l] != PS_V4_SLIDING) return NULL;
+    snprintf(buf, n, "%s: no CSA or HCA layer (every layer is sliding-window attention): there are no gates", m->dir);
+    return buf;
+}
+
+static const char *v4_rt_gates_records(const ps_runtime *rt, int *ints_per_record) {
+    (void)rt;
+    *ints_per_record = PS_V4_GATES_EVENT_INTS;
+    return "v4_events";
+}
+
+static void v4_rt_gates_unit_size(const ps_runtime *rt, int64_t n, int64_t T, int64_t *n_records, int64_t *n_floats) {
+    ps_v4_gates_unit_size(&((const ps_v4_model *)rt->model)->cfg, n, T, n_records, n_floats);
+}
+
+static int v4_rt_gates_units(const ps_runtime *rt, const ps_shifted *s, int64_t batch, int64_t u0, int64_t u1, const int64_t *ev_off,
+                             const int64_t *al_off, int32_t *events, float *alpha, ps_error *err) {
+    return ps_v4_gates_units(rt->model, rt->aux, s, batch, u0, u1, ev_off, al_off, events, alpha, err);
+}
+
+static json_t *v4_rt_gates_log(const ps_runtime *rt, const char *path, ps_error *err) {
+    (void)rt, (void)path;
+    ps_fail(err, "a DeepSeek-V4 checkpoint has no phasescope training log");
+    if (err) err->usage = 1;
+    return NULL;
+}
+
 static const ps_runtime_ops V4_OPS = {.name = "deepseek_v4",
                                       .eval = v4_rt_eval,
                                       .add_action = v4_rt_add_action,
@@ -662,7 +693,13 @@ static const ps_runtime_ops V4_OPS = {.name = "deepseek_v4",
                                       .ko_unit = v4_rt_ko_unit,
                                       .ko_layer_missing = v4_rt_ko_missing,
                                       .ko_spec = v4_rt_ko_spec,
-                                      .ko_spec_free = v4_rt_ko_spec_free};
+                                      .ko_spec_free = v4_rt_ko_spec_free,
+                                      /* gates (instr_gates.c) */
+                                      .gates_missing = v4_rt_gates_missing,
+                                      .gates_records = v4_rt_gates_records,
+                                      .gates_unit_size = v4_rt_gates_unit_size,
+                                      .gates_units = v4_rt_gates_units,
+                                      .gates_log = v4_rt_gates_log};
 
 void ps_v4_runtime(ps_runtime *rt, ps_v4_model *m, const ps_v4_task *t) {
     memset(rt, 0, sizeof *rt);

@@ -88,9 +88,23 @@ check "--shard out of range is a usage error" '[ $rc -eq 2 ] && grep -q "need 0 
 CONF="$SRC/tests/conformance"; TT="$SRC/tests/text/tiny_tokenizer.json"
 out=$("$PS" gatecycle --layer 0 --shift 3 --n 8 --measure knockout --shard 0/2 --out "$T/x" 2>&1); rc=$?
 check "--shard with gatecycle --measure knockout is refused" '[ $rc -eq 2 ] && grep -q "gatecycle --measure knockout is not split into work units" <<<"$out" && [ ! -e "$T/x" ]'
+# sweep --task text-kv: units of the batches one process runs (shift after shift), merged = one process
 "$PS" init --config "$SRC/tests/text/tiny_model.json" --out "$T/tm" --seed 2 > /dev/null 2>&1
-out=$("$PS" sweep --task text-kv --model "$T/tm" --tokenizer "$TT" --n 8 --pairs 4 --shard 1/2 --out "$T/x" 2>&1); rc=$?
-check "--shard with sweep --task text-kv is refused" '[ $rc -eq 2 ] && grep -q "the text-kv sweep is not split" <<<"$out"'
+TK=(sweep --task text-kv --model "$T/tm" --tokenizer "$TT" --n 10 --pairs 4 --batch 4)
+"$PS" "${TK[@]}" --out "$T/tk1" > "$T/tk1.txt" 2>&1
+for i in 2 0 1; do "$PS" "${TK[@]}" --shard $i/3 --out "$T/tkp" > /dev/null 2>&1; done
+"$PS" merge "$T"/tkp/sweep.part-*-of-3.safetensors --out "$T/tkm" > "$T/tkm.txt" 2>&1
+check "sweep --task text-kv: 3 shards merged = one process" '[ -s "$T/tk1/sweep.json" ] && same_json "$T/tk1/sweep.json" "$T/tkm/sweep.json" command && grep -q "\"text-kv\"" "$T/tkm/sweep.json"'
+check "sweep --task text-kv: merged summary = one process" 'cmp -s <(grep "^mean accuracy" "$T/tk1.txt") <(grep "^mean accuracy" "$T/tkm.txt")'
+"$PS" "${TK[@]}" --mode move --out "$T/tkv1" > /dev/null 2>&1
+for i in 1 0; do "$PS" "${TK[@]}" --mode move --shard $i/2 --out "$T/tkvp" > /dev/null 2>&1; done
+"$PS" merge "$T/tkvp" --out "$T/tkvm" > /dev/null 2>&1
+check "sweep --task text-kv --mode move: 2 shards merged = one process" '[ -s "$T/tkv1/sweep.json" ] && same_json "$T/tkv1/sweep.json" "$T/tkvm/sweep.json" command'
+# the channel attention's per-channel gates: units of batches like the compressed model's
+"$PS" gates --model "$SRC/data/models/v4demo" --n 20 --batch 8 --out "$T/gch1" > /dev/null 2>&1
+for i in 0 1 2; do "$PS" gates --model "$SRC/data/models/v4demo" --n 20 --batch 8 --shard $i/3 --out "$T/gchp" > /dev/null 2>&1; done
+"$PS" merge "$T/gchp" --out "$T/gchm" > /dev/null 2>&1
+check "gates (channel attention): 3 shards merged = one process" '[ -s "$T/gch1/gates.json" ] && same_json "$T/gch1/gates.json" "$T/gchm/gates.json" command && grep -q "per_channel" "$T/gchm/gates.json"'
 cat > "$T/v4task.json" <<'EOF2'
 {"task": {"kind": "kv-retrieval", "seq_len": 40, "n_keys": 16, "n_values": 16, "n_fillers": 4, "n_pairs": 4,
           "key_len": 1, "value_len": 1, "gap_min": 0, "gap_max": 3, "query_gap": 8, "n_queries": 2}}
@@ -173,8 +187,12 @@ section "paths run whole on rank 0"
 np 1 gk_np1 gatecycle --layer 9 --shift 2 --n 32 --measure knockout && np 2 gk_np2 gatecycle --layer 9 --shift 2 --n 32 --measure knockout
 check "gatecycle --measure knockout: -np 2 = -np 1 (rank 0 runs it)" 'same_run gk_np1 gk_np2 gatecycle.json && grep -q "per_head" "$T/gk_np2/gatecycle.json"'
 check "gatecycle --measure knockout: -np 2 says rank 0 runs it whole" 'grep -q "rank 0 runs it whole" "$T/gk_np2.txt" && [ "$(grep -c "^  head 0:" "$T/gk_np2.txt")" -eq 1 ]'
-np 1 tk_np1 sweep --task text-kv --model "$T/tm" --tokenizer "$TT" --n 8 --pairs 4 && np 2 tk_np2 sweep --task text-kv --model "$T/tm" --tokenizer "$TT" --n 8 --pairs 4
-check "sweep --task text-kv: -np 2 = -np 1 (rank 0 runs it)" 'same_run tk_np1 tk_np2 sweep.json'
+section "text-kv and per-channel gates under mpirun"
+np 1 tk_np1 "${TK[@]}" && np 2 tk_np2 "${TK[@]}"
+check "sweep --task text-kv: -np 2 = -np 1 (split over the ranks)" 'same_run tk_np1 tk_np2 sweep.json && ! grep -q "rank 0 runs it whole" "$T/tk_np2.txt"'
+check "sweep --task text-kv: -np 2 = one process" 'same_json "$T/tk1/sweep.json" "$T/tk_np2/sweep.json" command'
+np 1 gch_np1 gates --model "$SRC/data/models/v4demo" --n 20 --batch 8 && np 2 gch_np2 gates --model "$SRC/data/models/v4demo" --n 20 --batch 8
+check "gates (channel attention): -np 2 = -np 1 (split over the ranks)" 'same_run gch_np1 gch_np2 gates.json && ! grep -q "rank 0 runs it whole" "$T/gch_np2.txt"'
 section "DeepSeek-V4 under mpirun"
 for inst in "sweep sweep.json" "knockout knockout.json --period 2 --target heads --layers 1,3" "gates gates.json" "gatecycle gatecycle.json --layer 1 --shift 1"; do
   set -- $inst; cmd=$1 file=$2; shift 2

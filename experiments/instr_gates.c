@@ -1,0 +1,197 @@
+/* instr_gates.c — the gates instrument (instrument.h, ps_gates_command): the gate statistics of any
+ * family (its runtime's gates entries, interventions/grid.h) as work units split over shards and MPI
+ * ranks (interventions/units.h), a training log's summary, and the finish (ps_gates_finish: rank 0, or
+ * `phasescope merge`), which pools the recorded gate distributions in the one-process order. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dist/dist.h"
+#include "experiments/instrument.h"
+#include "gates/chgates.h"
+#include "gates/gates.h"
+#include "interventions/units.h"
+#include "interventions/v4_instr.h"
+
+/* The gate statistics' work: the batches of the shift-0 prompts, each unit keeping the gate distributions
+ * its hooks saw (the family's records, grid.h); a split run gathers them and ps_gates_finish pools them in
+ * the one-process order. */
+int ps_gates_command(const ps_args *a, const ps_gates_request *rq, ps_error *err) {
+    ps_instr in = {0};
+    ps_partial part = {0};
+    ps_instr_work wk = {0};
+    ps_shifted s = {0};
+    int have_s = 0, rc = -1, ints = 1;
+    int64_t *w = NULL, *wf = NULL, *ev_off = NULL;
+    json_t *evo = NULL;
+    char why[512];
+    int bad = ps_instr_setup(&in, a, 1, err);
+    const ps_runtime *rt = &in.rt;
+    const ps_runtime_ops *ops = rt->ops;
+    if (!bad && ops->gates_missing(rt, why, sizeof why)) bad = ps_fail(err, "%s", why);
+    if (!bad) {
+        bad = ps_make_shifted(&in.base, &in.task, in.fam, PS_SWEEP_PAD, 1, 0, in.seed, rt->max_pos, &s, err);
+        have_s = !bad;
+    }
+    if (!bad && rq->log && !(evo = ops->gates_log(rt, rq->log, err))) bad = ps_fail_prefix(err, "--log: ");
+    if (ps_dist_agree(bad, err)) goto done;
+    const char *records = ops->gates_records(rt, &ints);
+    int64_t N = s.b.B, nu = ps_sweep_n_batches(N, in.batch), B = in.batch < N ? in.batch : N;
+    json_t *meta = json_pack("{s:o, s:o}", "provenance", ps_instr_provenance(&in, NULL), "training", evo ? evo : json_null());
+    evo = NULL;
+    w = malloc((size_t)(nu ? nu : 1) * sizeof *w);
+    wf = malloc((size_t)(nu ? nu : 1) * sizeof *wf);
+    ev_off = malloc((size_t)(nu + 1) * sizeof *ev_off);
+    if (!w || !wf || !ev_off) {
+        json_decref(meta);
+        ps_fail(err, "out of memory for %lld work units", (long long)nu);
+        goto done;
+    }
+    for (int64_t u = 0; u < nu; u++) {
+        int64_t n = N - u * B < B ? N - u * B : B, ne, nf;
+        ops->gates_unit_size(rt, n, s.b.T, &ne, &nf);
+        w[u] = ne * ints;
+        wf[u] = nf;
+    }
+    if (ps_instr_partial_init(&in, &part, nu, meta, err) || ps_partial_add(&part, records, PS_PART_I32, w, err) < 0 ||
+        ps_partial_add(&part, "alpha", PS_PART_F32, wf, err) < 0)
+        goto done;
+    for (int64_t u = 0; u < nu; u++) w[u] = N - u * B < B ? N - u * B : B;
+    if (ps_instr_split(&in, w, NULL, nu, 0, &wk, err)) goto done;
+    for (int64_t u = 0; u <= nu; u++) ev_off[u] = part.arr[0].off[u] / ints; /* records, not ints */
+    int r = ops->gates_units(rt, &s, in.batch, wk.u0, wk.u1, ev_off, part.arr[1].off, part.arr[0].data, part.arr[1].data, err);
+    int fin = ps_instr_collect(&in, &part, &wk, r, err);
+    if (fin < 0 || (fin == 1 && ps_gates_finish(&part, in.out_dir, err))) goto done;
+    rc = 0;
+done:
+    json_decref(evo);
+    free(w);
+    free(wf);
+    free(ev_off);
+    if (have_s) ps_shifted_free(&s);
+    ps_instr_work_free(&wk);
+    ps_partial_free(&part);
+    ps_instr_free(&in);
+    return rc;
+}
+
+/* ---- the finish ---- */
+
+/* The per-channel statistics' result (the channel attention's, "model": "v4"; DeepSeek-V4's,
+ * "model": "deepseek_v4"), from the accumulator the records were replayed into. */
+static int finish_chgates(const ps_partial *p, ps_chgate_acc *acc, const char *model, const char *out_dir, ps_error *err) {
+    json_t *prov = json_object_get(p->meta, "provenance"), *res = NULL;
+    int rc = -1;
+    if (ps_v4_gates_replay(acc, p->arr[0].data, p->arr[0].off[p->n_units] / PS_V4_GATES_EVENT_INTS, p->arr[1].data,
+                           p->arr[1].off[p->n_units], err))
+        return -1;
+    res = json_object();
+    json_object_set_new(res, "kind", json_string("gates"));
+    json_object_set(res, "provenance", prov);
+    json_object_set_new(res, "thresholds", json_pack("{s:f}", "concentrated", PS_GATE_CONCENTRATED));
+    json_t *g = ps_chgate_acc_to_json(acc);
+    if (!g) {
+        ps_fail(err, "out of memory for the gate statistics");
+        goto done;
+    }
+    json_object_set_new(g, "model", json_string(model));
+    json_object_set_new(res, "gates", g);
+    json_t *evo = json_object_get(p->meta, "training");
+    if (json_is_array(evo)) json_object_set(res, "training", evo);
+    if (ps_result_write(out_dir, "gates.json", res, err)) goto done;
+    ps_chgate_print(acc);
+    rc = 0;
+done:
+    json_decref(res);
+    return rc;
+}
+
+/* provenance.config of the partial result, parsed */
+static int partial_config(const ps_partial *p, ps_config *cfg, ps_error *err) {
+    char *cj = json_dumps(json_object_get(json_object_get(p->meta, "provenance"), "config"), JSON_COMPACT);
+    if (!cj) return ps_fail(err, "a gate-statistics partial result lacks its model config");
+    int bad = ps_config_parse(cj, strlen(cj), "the partial result's provenance.config", cfg, err);
+    free(cj);
+    return bad ? -1 : 0;
+}
+
+/* The channel attention's run: the accumulator of the model's config, the records replayed. */
+static int finish_channel(const ps_partial *p, const char *out_dir, ps_error *err) {
+    ps_config cfg;
+    ps_chgate_acc acc = {0};
+    if (partial_config(p, &cfg, err) || ps_chgate_init_model(&acc, &cfg, err)) return -1;
+    int rc = finish_chgates(p, &acc, "v4", out_dir, err);
+    ps_chgate_acc_free(&acc);
+    return rc;
+}
+
+/* A DeepSeek-V4 run: the accumulator from provenance.config's schedule, the records replayed. */
+static int finish_v4(const ps_partial *p, const char *out_dir, ps_error *err) {
+    json_t *prov = json_object_get(p->meta, "provenance"), *cfg = json_object_get(prov, "config"), *att = json_object_get(cfg, "attention");
+    json_t *lt = json_object_get(att, "layer_types"), *cr = json_object_get(att, "compress_rates");
+    int L = (int)json_integer_value(json_object_get(cfg, "n_layers"));
+    if (L < 1 || L > PS_V4_MAX_LAYERS || (int)json_array_size(lt) != L || (int)json_array_size(cr) != L)
+        return ps_fail(err, "a DeepSeek-V4 gate-statistics partial result lacks its attention schedule or records");
+    ps_v4_attn_type types[PS_V4_MAX_LAYERS];
+    int64_t rates[PS_V4_MAX_LAYERS];
+    for (int l = 0; l < L; l++) {
+        const char *nm = json_string_value(json_array_get(lt, (size_t)l));
+        int k = 0;
+        while (k < 3 && (!nm || strcmp(nm, ps_v4_attn_type_name((ps_v4_attn_type)k)))) k++;
+        if (k == 3) return ps_fail(err, "a DeepSeek-V4 gate-statistics partial result: layer %d has an unknown type", l);
+        types[l] = (ps_v4_attn_type)k;
+        rates[l] = json_integer_value(json_array_get(cr, (size_t)l));
+    }
+    ps_chgate_acc acc = {0};
+    if (ps_v4_gates_acc_init(&acc, L, types, rates, json_integer_value(json_object_get(cfg, "head_dim")),
+                             json_integer_value(json_object_get(cfg, "index_head_dim")), err))
+        return -1;
+    int rc = finish_chgates(p, &acc, "deepseek_v4", out_dir, err);
+    ps_chgate_acc_free(&acc);
+    return rc;
+}
+
+/* A compressed model's per-head gates. */
+static int finish_heads(const ps_partial *p, const char *out_dir, ps_error *err) {
+    ps_gate_acc acc = {0};
+    ps_config cfg;
+    json_t *res = NULL, *prov = json_object_get(p->meta, "provenance");
+    int rc = -1;
+    if (partial_config(p, &cfg, err) || ps_gate_acc_init(&acc, &cfg, err)) return -1;
+    if (ps_gate_acc_replay(&acc, p->arr[0].data, p->arr[0].off[p->n_units] / PS_GATES_EVENT_INTS, p->arr[1].data,
+                           p->arr[1].off[p->n_units], err))
+        goto done;
+    res = json_object();
+    json_object_set_new(res, "kind", json_string("gates"));
+    json_object_set(res, "provenance", prov);
+    json_t *stats = ps_gate_acc_to_json(&acc, &cfg);
+    json_object_set_new(res, "thresholds", json_pack("{s:f}", "concentrated", PS_GATE_CONCENTRATED));
+    json_object_set_new(res, "gates", stats);
+    json_t *evo = json_object_get(p->meta, "training");
+    if (json_is_array(evo)) json_object_set(res, "training", evo);
+    if (ps_result_write(out_dir, "gates.json", res, err)) goto done;
+    printf("%-6s %-5s %-6s %9s %9s %5s  %s\n", "layer", "head", "branch", "N_static", "N_input", "peak", "label");
+    for (int l = 0; l < cfg.n_layers; l++)
+        for (int g = 0; g < cfg.n_kv_heads; g++)
+            for (int b = 0; b < 2; b++) {
+                ps_gate_stat st;
+                ps_gate_acc_stat(&acc, l, g, (ps_branch)b, &st);
+                printf("%-6d %-5d %-6s %9.3f %9.3f %5d  %s\n", l, g, b ? "value" : "key", st.N_static, st.N_input, st.peak,
+                       ps_gate_label(&st));
+            }
+    rc = 0;
+done:
+    json_decref(res);
+    ps_gate_acc_free(&acc);
+    return rc;
+}
+
+/* The records say whose gates they are (grid.h, gates_records). */
+int ps_gates_finish(const ps_partial *p, const char *out_dir, ps_error *err) {
+    if (p->n_arr != 2 || ps_partial_find(p, "alpha") != 1)
+        return ps_fail(err, "a gate-statistics partial result lacks its records");
+    if (ps_partial_find(p, "v4_events") == 0) return finish_v4(p, out_dir, err);
+    if (ps_partial_find(p, "ch_events") == 0) return finish_channel(p, out_dir, err);
+    if (ps_partial_find(p, "events") == 0) return finish_heads(p, out_dir, err);
+    return ps_fail(err, "a gate-statistics partial result lacks its records");
+}
