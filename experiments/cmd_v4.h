@@ -1,6 +1,6 @@
-/* cmd_v4.h — `phasescope info` and `phasescope forward` for DeepSeek-V4 checkpoints (SPEC-v4.md). The
- * commands hand over to these when --model names a directory whose config.json is a DeepSeek-V4 config
- * (ps_v4_config_detect); everything else about them is unchanged. */
+/* cmd_v4.h — the per-channel gates of `phasescope gates` on a phasescope model with the channel attention
+ * (experiments/cmd_v4_instr.c). `info` and `forward` on DeepSeek-V4 checkpoints go through the family
+ * interface (core/runtime.h) like every other checkpoint. */
 #ifndef PS_CMD_V4_H
 #define PS_CMD_V4_H
 
@@ -10,13 +10,6 @@
 #include "experiments/cli.h"
 #include "core/error.h"
 #include "experiments/instrument.h"
-
-/* The commands' work, independent of how the command line was parsed: dir is the checkpoint (resolved),
- * the rest the flags' values (NULL when absent). They print their output and return 0, or -1 with err
- * set (err->usage for a bad flag value). */
-int ps_v4_cmd_info(const char *dir, int64_t B, ps_error *err);
-int ps_v4_cmd_forward(const char *dir, const char *tokens, const char *hooks, const char *out, const char *layers, int lazy,
-                      ps_error *err);
 
 /* `phasescope gates` on a phasescope model with the channel attention (per-channel gates, gates/chgates.h):
  * in is the set-up instrument; log (may be NULL) a train.jsonl whose per-channel gate records are
