@@ -784,12 +784,9 @@ int ps_runtime_open_into(ps_runtime *rt, const char *dir, const ps_runtime_opts 
     if (!allocated) memset(model, 0, f->model_size);
     rt->family = f;
     rt->model = model;
-    rt->owns_model = 1;
+    rt->owns_model = 1; /* a failed open leaves what ps_runtime_free needs */
     rt->model_allocated = allocated;
-    int rc = f->open(rt, model, dir, o, err);
-    rt->family = f; /* the open may have cleared nothing, but keep what ps_runtime_free needs */
-    rt->model = model;
-    return rc;
+    return f->open(rt, model, dir, o, err);
 }
 
 int ps_runtime_open(ps_runtime *rt, const char *dir, const ps_runtime_opts *o, ps_error *err) {

@@ -68,8 +68,8 @@ typedef struct {
     const char *backend;   /* NULL: "cpu" */
     int weights;           /* 0: the config and the weight files' headers only (info); 1: the weights too */
     int lazy;              /* -1: the family decides (DeepSeek-V4: one layer at a time when the float32 weights
-                            * take more than half of the memory available); 0: every layer; 1: one at a time */
-    const char *command;   /* for messages on stderr ("phasescope CMD: ..."), may be NULL */
+                            * take more than half of the memory available); 0: every layer; 1: one at a time.
+                            * rt->lazy says what was chosen (the caller may say so: core prints nothing) */
 } ps_runtime_opts;
 
 struct ps_family {
@@ -136,7 +136,8 @@ extern const ps_family ps_family_v4;    /* DeepSeek-V4 checkpoints */
 /* The family whose detector recognises DIR (the controlled model when none does: its loader says what is
  * wrong with the directory). */
 const ps_family *ps_runtime_detect(const char *dir);
-/* Open DIR with its family; the runtime owns the model (ps_runtime_free). */
+/* Open DIR with its family; the runtime owns the model. ps_runtime_free releases it, after a failed open
+ * too. */
 int ps_runtime_open(ps_runtime *rt, const char *dir, const ps_runtime_opts *o, ps_error *err);
 /* The same into caller storage: storage(f, user) returns where family f's model goes (f->model_size
  * bytes), or NULL to allocate it. ps_runtime_free frees the model but not caller storage. */

@@ -79,7 +79,7 @@ static int run(const ps_args *args, ps_error *err) {
     ps_cache_init(&cache);
     char dir[4096], *names = NULL;
     /* the checkpoint through its family; weights after the flags, hooks and tokens are checked */
-    ps_runtime_opts o = {.backend = ps_args_backend(args), .weights = 0, .lazy = lazy, .command = "forward"};
+    ps_runtime_opts o = {.backend = ps_args_backend(args), .weights = 0, .lazy = lazy};
     if (ps_cli_model_dir(ps_args_get(args, "--model"), dir, sizeof dir, err) || ps_runtime_open(&rt, dir, &o, err)) goto done;
     const ps_family *f = rt.family;
     if (layers) {

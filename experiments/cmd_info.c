@@ -37,7 +37,7 @@ static int run(const ps_args *a, ps_error *err) {
     /* the family that recognises the checkpoint describes it; the weights only where the family's account
      * needs them (a DeepSeek-V4 checkpoint: tensor headers only) */
     ps_runtime rt;
-    ps_runtime_opts o = {.backend = ps_args_backend(a), .weights = 0, .lazy = -1, .command = "info"};
+    ps_runtime_opts o = {.backend = ps_args_backend(a), .weights = 0, .lazy = -1};
     if (ps_runtime_open(&rt, dir, &o, err)) {
         ps_runtime_free(&rt);
         return -1;

@@ -66,9 +66,7 @@ static void take_ops(ps_runtime *rt, const ps_runtime *made) {
 }
 
 static int model_bind(ps_instr *in, const char *task_flag, int need_task, ps_error *err) {
-    if (task_flag && strcmp(task_flag, "model") && strcmp(task_flag, "text-kv"))
-        return ps_cli_usage(err, "--task %s: a task file applies to DeepSeek-V4 checkpoints (a phasescope model carries the task it was trained on)",
-                            task_flag);
+    (void)task_flag; /* sweep's --task model|text-kv (any other value was refused before the open) */
     ps_runtime made;
     ps_runtime_model(&made, &in->m);
     take_ops(&in->rt, &made);
@@ -137,12 +135,14 @@ int ps_instr_setup(ps_instr *in, const ps_args *a, int need_task, ps_error *err)
     const instr_binding *bd = binding(fam);
     if (!bd) return ps_fail(err, "%s: the instruments do not run on %s checkpoints", in->model_dir, fam->name);
     /* the cheap refusal first: a task file for a family that carries its task */
-    if (!bd->task_file && task_flag && bd->bind(in, task_flag, 0, err)) return -1;
+    if (!bd->task_file && task_flag && strcmp(task_flag, "model") && strcmp(task_flag, "text-kv"))
+        return ps_cli_usage(err, "--task %s: a task file applies to DeepSeek-V4 checkpoints (a phasescope model carries the task it was trained on)",
+                            task_flag);
     if (bad_dir) {
         *err = dir_err;
         return -1;
     }
-    ps_runtime_opts ro = {.backend = in->backend, .weights = 1, .lazy = -1, .command = in->command};
+    ps_runtime_opts ro = {.backend = in->backend, .weights = 1, .lazy = -1};
     in->is_v4 = bd->is_v4;
     if (ps_runtime_open_into(&in->rt, in->model_dir, &ro, model_storage, in, err)) return -1;
     if (in->rt.lazy)
