@@ -1,5 +1,6 @@
 #include "experiments/instrument.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,7 +10,7 @@
 #include "core/fileio.h"
 #include "viz/figures.h"
 #include "viz/results_check.h"
-#include "core/v4/v4_config.h"
+#include "core/runtime.h"
 #include "tasks/tasks.h"
 
 /* --shard I/N: 0 <= I < N */
@@ -47,43 +48,73 @@ static char *command_line_unsharded(const ps_args *a) {
 }
 
 int ps_instr_is_v4(const ps_args *a) {
-    char dir[4096], cpath[4200];
+    char dir[4096];
     ps_error e = {0};
     if (ps_cli_model_dir(ps_args_get(a, "--model"), dir, sizeof dir, &e)) return 0;
-    snprintf(cpath, sizeof cpath, "%s/config.json", dir);
-    return ps_v4_config_detect_file(cpath) == 1;
+    return ps_runtime_detect(dir) == &ps_family_v4;
 }
 
-/* The default period of a DeepSeek-V4 checkpoint: the smallest compression rate of its compressed layers
- * (CSA's 4 in V4-Flash / V4-Pro). */
-static int64_t v4_default_period(const ps_v4_config *c) {
-    int64_t p = 0;
-    for (int l = 0; l < c->n_layers; l++)
-        if (c->attn_type[l] != PS_V4_SLIDING && (!p || c->compress_rate[l] < p)) p = c->compress_rate[l];
-    return p ? p : 4;
+/* ---- what the instruments add to each family (its core runtime: core/runtime.h) ----
+ * Where its model lives in ps_instr (the field the commands read for it), the instruments' table and the
+ * prompts' task: the controlled model's stored task, a DeepSeek-V4 checkpoint's task file (--task FILE or
+ * DIR/phasescope_task.json) with its token mapping, recorded in provenance as "task_source". */
+
+/* the instruments' table and mapping, from the interventions/ constructor of the family's runtime */
+static void take_ops(ps_runtime *rt, const ps_runtime *made) {
+    rt->ops = made->ops;
+    rt->aux = made->aux;
 }
 
-/* A DeepSeek-V4 checkpoint: every layer in memory when the float32 weights take at most half of the memory
- * available, else one layer at a time (as forward --lazy); the task from --task or the directory. */
-static int setup_v4(ps_instr *in, ps_error *err) {
-    in->is_v4 = 1;
-    if (strcmp(in->backend, "cpu"))
-        return ps_cli_usage(err, "--backend %s: DeepSeek-V4 checkpoints run on the cpu backend", in->backend);
-    if (ps_v4_model_open(&in->v4, in->model_dir, err)) return -1;
-    in->v4_loaded = 1;
-    double need = 4.0 * (double)in->v4.n_params, avail = (double)ps_mem_available();
-    if (ps_v4_model_load_weights(&in->v4, avail > 0 && need > 0.5 * avail, err)) return -1;
-    if (in->v4.lazy)
-        fprintf(stderr, "phasescope %s: the weights (%.1f GB as float32) are loaded one layer at a time\n", in->command, need / 1e9);
-    in->P = v4_default_period(&in->v4.cfg);
-    char *text;
-    size_t len;
-    uint64_t h = 1469598103934665603ULL; /* provenance: FNV-1a 64 of config.json as stored */
-    if (ps_read_file(in->v4.cpath, (size_t)16 << 20, &text, &len, err)) return -1;
-    for (size_t i = 0; i < len; i++) h = (h ^ (unsigned char)text[i]) * 1099511628211ULL;
-    free(text);
-    snprintf(in->v4_hash, sizeof in->v4_hash, "%016llx", (unsigned long long)h);
+static int model_bind(ps_instr *in, const char *task_flag, int need_task, ps_error *err) {
+    (void)task_flag; /* sweep's --task model|text-kv (any other value was refused before the open) */
+    ps_runtime made;
+    ps_runtime_model(&made, &in->m);
+    take_ops(&in->rt, &made);
+    return need_task ? ps_model_task(&in->m, in->model_dir, &in->task, err) : 0;
+}
+
+static int v4_bind(ps_instr *in, const char *task_flag, int need_task, ps_error *err) {
+    (void)need_task; /* the prompts always come from the task file */
+    const ps_v4_config *c = &in->v4.cfg;
+    if (ps_v4_task_load(&in->v4_task, task_flag, in->model_dir, c->vocab_size, c->max_position_embeddings, err)) {
+        if (task_flag) ps_fail_prefix(err, "--task: ");
+        return -1;
+    }
+    in->task = in->v4_task.task;
+    ps_runtime made;
+    ps_v4_runtime(&made, &in->v4, &in->v4_task);
+    take_ops(&in->rt, &made);
     return 0;
+}
+
+static void v4_unbind(ps_instr *in) { ps_v4_task_free(&in->v4_task); }
+
+static json_t *v4_task_source(const ps_instr *in) { return ps_v4_task_source_json(&in->v4_task); }
+
+typedef struct {
+    const ps_family *family;
+    size_t model_at;     /* offsetof(ps_instr, the family's model field) */
+    int task_file;       /* the prompts come from a task file: the evaluation set is always built */
+    int is_v4;           /* ps_instr.is_v4, which the commands still read */
+    int (*bind)(ps_instr *in, const char *task_flag, int need_task, ps_error *err);
+    void (*unbind)(ps_instr *in);
+    json_t *(*task_source)(const ps_instr *in);
+} instr_binding;
+
+static const instr_binding BINDINGS[] = {
+    {&ps_family_model, offsetof(ps_instr, m), 0, 0, model_bind, NULL, NULL},
+    {&ps_family_v4, offsetof(ps_instr, v4), 1, 1, v4_bind, v4_unbind, v4_task_source},
+};
+
+static const instr_binding *binding(const ps_family *f) {
+    for (size_t i = 0; i < sizeof BINDINGS / sizeof BINDINGS[0]; i++)
+        if (BINDINGS[i].family == f) return &BINDINGS[i];
+    return NULL;
+}
+
+static void *model_storage(const ps_family *f, void *user) {
+    const instr_binding *b = binding(f);
+    return b ? (char *)user + b->model_at : NULL;
 }
 
 int ps_instr_setup(ps_instr *in, const ps_args *a, int need_task, ps_error *err) {
@@ -98,19 +129,26 @@ int ps_instr_setup(ps_instr *in, const ps_args *a, int need_task, ps_error *err)
     in->batch = 32;
     in->seed = 0;
     const char *task_flag = ps_args_get(a, "--task");
-    int v4 = ps_instr_is_v4(a);
-    if (!v4 && task_flag && strcmp(task_flag, "model") && strcmp(task_flag, "text-kv"))
+    ps_error dir_err = {0};
+    int bad_dir = ps_cli_model_dir(ps_args_get(a, "--model"), in->model_dir, sizeof in->model_dir, &dir_err);
+    const ps_family *fam = ps_runtime_detect(bad_dir ? "" : in->model_dir);
+    const instr_binding *bd = binding(fam);
+    if (!bd) return ps_fail(err, "%s: the instruments do not run on %s checkpoints", in->model_dir, fam->name);
+    /* the cheap refusal first: a task file for a family that carries its task */
+    if (!bd->task_file && task_flag && strcmp(task_flag, "model") && strcmp(task_flag, "text-kv"))
         return ps_cli_usage(err, "--task %s: a task file applies to DeepSeek-V4 checkpoints (a phasescope model carries the task it was trained on)",
                             task_flag);
-    if (ps_cli_model_dir(ps_args_get(a, "--model"), in->model_dir, sizeof in->model_dir, err)) return -1;
-    if (v4) {
-        if (setup_v4(in, err)) return -1;
-    } else {
-        if (ps_model_load(&in->m, in->model_dir, err) || ps_model_to_backend(&in->m, in->backend, err)) return -1;
-        const ps_config *c = &in->m.cfg;
-        in->P = c->kind == PS_ATTN_COMPRESSED ? c->stride : c->kind == PS_ATTN_CHANNEL ? c->rate : 8;
-        ps_runtime_model(&in->rt, &in->m);
+    if (bad_dir) {
+        *err = dir_err;
+        return -1;
     }
+    ps_runtime_opts ro = {.backend = in->backend, .weights = 1, .lazy = -1};
+    in->is_v4 = bd->is_v4;
+    if (ps_runtime_open_into(&in->rt, in->model_dir, &ro, model_storage, in, err)) return -1;
+    if (in->rt.lazy)
+        fprintf(stderr, "phasescope %s: the weights (%.1f GB as float32) are loaded one layer at a time\n", in->command,
+                in->rt.weight_bytes / 1e9);
+    in->P = in->rt.family->default_period(&in->rt);
     int64_t seed = 0;
     if (ps_args_int(a, "--period", 1, PS_RESULT_MAX_PERIOD, &in->P, err) ||
         ps_args_int(a, "--n", 1, PS_RESULT_MAX_PROMPTS, &in->n_prompts, err) ||
@@ -123,18 +161,9 @@ int ps_instr_setup(ps_instr *in, const ps_args *a, int need_task, ps_error *err)
     if (ps_fillers_load(PS_SOURCE_DIR "/data/fillers.json", &in->fams, &in->n_fams, err) ||
         ps_fillers_find(in->fams, in->n_fams, family, &in->fam, err))
         return in->fams && family ? ps_cli_mark_usage(err) : -1;
-    if (v4) {
-        const ps_v4_config *c = &in->v4.cfg;
-        if (ps_v4_task_load(&in->v4_task, task_flag, in->model_dir, c->vocab_size, c->max_position_embeddings, err)) {
-            if (task_flag) ps_fail_prefix(err, "--task: ");
-            return -1;
-        }
-        in->task = in->v4_task.task;
-        ps_v4_runtime(&in->rt, &in->v4, &in->v4_task);
-    } else if (!need_task)
-        return 0;
-    else if (ps_model_task(&in->m, in->model_dir, &in->task, err))
-        return -1;
+    need_task = need_task || bd->task_file;
+    if (bd->bind(in, task_flag, need_task, err)) return -1;
+    if (!need_task) return 0;
     if (ps_batch_alloc(&in->base, in->n_prompts, in->task.seq_len, in->task.n_queries, err)) return -1;
     if (ps_task_generate(&in->task, in->seed ^ 0xe7a1ULL, &in->base, err)) return -1;
     ps_progress_init(&in->bar, (int64_t)1 << 40); /* plain mode: only the final line */
@@ -145,40 +174,26 @@ void ps_instr_free(ps_instr *in) {
     free(in->cmdline);
     free(in->fams);
     ps_batch_free(&in->base);
-    if (in->is_v4) {
-        ps_v4_task_free(&in->v4_task);
-        if (in->v4_loaded) ps_v4_model_free(&in->v4);
-    } else
+    if (in->rt.family) {
+        const instr_binding *bd = binding(in->rt.family);
+        if (bd && bd->unbind) bd->unbind(in);
+        ps_runtime_free(&in->rt);
+    } else /* a command that loaded `m` itself (fillers, sweep --task text-kv) */
         ps_model_free(&in->m);
-}
-
-/* provenance.config of a V4 checkpoint: the attention schedule the figures and the validator read */
-static json_t *v4_config_json(const ps_v4_config *c) {
-    json_t *o = json_object(), *att = json_object(), *lt = json_array(), *cr = json_array();
-    for (int l = 0; l < c->n_layers; l++) {
-        json_array_append_new(lt, json_string(ps_v4_attn_type_name(c->attn_type[l])));
-        json_array_append_new(cr, json_integer(c->compress_rate[l]));
-    }
-    json_object_set_new(att, "kind", json_string("deepseek_v4"));
-    json_object_set_new(att, "layer_types", lt);
-    json_object_set_new(att, "compress_rates", cr);
-    json_object_set_new(att, "sliding_window", json_integer(c->sliding_window));
-    json_object_set_new(att, "index_topk", json_integer(c->index_topk));
-    json_object_set_new(o, "model_type", json_string("deepseek_v4"));
-    json_object_set_new(o, "vocab_size", json_integer(c->vocab_size));
-    json_object_set_new(o, "hidden_size", json_integer(c->hidden_size));
-    json_object_set_new(o, "n_layers", json_integer(c->n_layers));
-    json_object_set_new(o, "n_heads", json_integer(c->n_heads));
-    json_object_set_new(o, "head_dim", json_integer(c->head_dim));
-    json_object_set_new(o, "index_head_dim", json_integer(c->index_head_dim));
-    json_object_set_new(o, "attention", att);
-    return o;
 }
 
 json_t *ps_instr_provenance(const ps_instr *in, const char *mode) {
     json_t *o = json_object(), *ev = json_object();
+    /* the runtime of the opened checkpoint, or of the model a command loaded itself */
+    ps_runtime own;
+    const ps_runtime *rt = &in->rt;
+    if (!rt->family) {
+        ps_runtime_wrap_model(&own, &in->m);
+        rt = &own;
+    }
+    const instr_binding *bd = binding(rt->family);
     char hash[17] = "";
-    if (!in->is_v4) ps_config_hash(&in->m.cfg, hash);
+    rt->family->config_hash(rt, hash);
     json_object_set_new(o, "command", json_string(in->cmdline ? in->cmdline : in->command));
     json_object_set_new(o, "model", json_string(in->model_dir));
     json_object_set_new(o, "config_hash", json_string(hash));
@@ -192,19 +207,11 @@ json_t *ps_instr_provenance(const ps_instr *in, const char *mode) {
         snprintf(compute + l, sizeof compute - l, "; %d MPI ranks", ps_dist_size());
     }
     json_object_set_new(o, "compute", json_string(compute));
-    if (in->is_v4) {
-        json_object_set_new(o, "config_hash", json_string(in->v4_hash));
-        json_object_set_new(o, "config", v4_config_json(&in->v4.cfg));
-        json_object_set_new(o, "task", ps_task_to_json(&in->task));
-        json_object_set_new(o, "task_source", ps_v4_task_source_json(&in->v4_task));
-    } else {
-        const char *ms = ps_model_get_meta(&in->m, "phasescope.step");
-        if (ms) json_object_set_new(o, "model_step", json_integer(strtoll(ms, NULL, 10)));
-        char *cj = ps_config_to_json(&in->m.cfg);
-        json_object_set_new(o, "config", json_loads(cj, 0, NULL));
-        free(cj);
-        if (in->base.B) json_object_set_new(o, "task", ps_task_to_json(&in->task));
-    }
+    int64_t step = rt->family->step(rt);
+    if (step >= 0) json_object_set_new(o, "model_step", json_integer(step));
+    json_object_set_new(o, "config", rt->family->config_json(rt));
+    if (in->base.B) json_object_set_new(o, "task", ps_task_to_json(&in->task));
+    if (bd && bd->task_source) json_object_set_new(o, "task_source", bd->task_source(in));
     json_object_set_new(ev, "n_prompts", json_integer(in->n_prompts));
     json_object_set_new(ev, "period", json_integer(in->P));
     json_object_set_new(ev, "family", json_string(in->fam ? in->fam->name : ""));

@@ -56,22 +56,24 @@ typedef struct {
     uint64_t seed;
     ps_progress bar;
     int shard, n_shards; /* --shard I/N (0/1 without it) */
-    /* the checkpoint's family: the runtime every instrument calls (the controlled model `m`, or a
-     * DeepSeek-V4 checkpoint `v4` with its task file `v4_task`, whose task is also `task`) */
+    /* the checkpoint, opened through its family (core/runtime.h: ps_runtime_open): the runtime every
+     * instrument calls. The family's model lives in the field the commands read for it (`m` for the
+     * controlled model, `v4` for a DeepSeek-V4 checkpoint, whose task file `v4_task` gives `task`); is_v4
+     * says which of the two it is. */
     ps_runtime rt;
-    int is_v4, v4_loaded;
+    int is_v4;
     ps_v4_model v4;
     ps_v4_task v4_task;
-    char v4_hash[17];
 } ps_instr;
 
-/* Whether --model names a DeepSeek-V4 checkpoint (its config.json is a DeepSeek-V4 config). */
+/* Whether --model names a DeepSeek-V4 checkpoint (the family that recognises it, ps_runtime_detect). */
 int ps_instr_is_v4(const ps_args *a);
 
-/* Reads the PS_INSTR_FLAGS of a (whose table must hold them) and opens the checkpoint, which picks the
- * family (a phasescope model, or a DeepSeek-V4 checkpoint with --task FILE or DIR/phasescope_task.json:
- * interventions/v4_instr.h); in->rt is its runtime. need_task: build the evaluation set from the
- * stored task (always, for a DeepSeek-V4 checkpoint). */
+/* Reads the PS_INSTR_FLAGS of a (whose table must hold them) and opens the checkpoint with
+ * ps_runtime_open, which picks the family (a phasescope model, or a DeepSeek-V4 checkpoint with --task
+ * FILE or DIR/phasescope_task.json: interventions/v4_instr.h); in->rt is its runtime, with the
+ * instruments' table (rt.ops) and the prompts' mapping (rt.aux) of the family. need_task: build the
+ * evaluation set from the stored task (always, for a family whose prompts come from a task file). */
 int ps_instr_setup(ps_instr *in, const ps_args *a, int need_task, ps_error *err);
 void ps_instr_free(ps_instr *in);
 
@@ -79,7 +81,9 @@ void ps_instr_free(ps_instr *in);
  * object of sweep.json (instr_sweep.c: every sweep, the merged one too). */
 void ps_sweep_summary_line(json_t *curve);
 
-/* {"command", "model", "config_hash", "seed", "version", "task", "eval": {...}} */
+/* {"command", "model", "config_hash", "seed", "version", "backend", "compute", ["model_step"], "config",
+ * ["task", "task_source"], "eval": {...}}: the config, its hash and the step from the family's runtime (a
+ * command that loaded `m` itself without ps_instr_setup: that model's). */
 json_t *ps_instr_provenance(const ps_instr *in, const char *mode);
 
 /* Write OUT_DIR/name atomically (pretty JSON). */

@@ -54,6 +54,7 @@ void ps_runtime_model(ps_runtime *rt, const ps_model *m) {
     rt->n_layers = m->cfg.n_layers;
     rt->m = m;
     rt->model = (void *)m;
+    rt->family = &ps_family_model;
 }
 
 /* ---- results and units ---- */

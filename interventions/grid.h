@@ -31,6 +31,7 @@
 
 #include "core/hooks.h"
 #include "core/model.h"
+#include "core/runtime.h"
 #include "interventions/sweep.h"
 #include "tasks/tasks.h"
 
@@ -69,8 +70,9 @@ typedef struct {
 } ps_grid_spec;
 
 /* What the engine needs of a model family (the controlled model: ps_runtime_model below; DeepSeek-V4:
- * ps_v4_runtime in v4_instr.h). */
-typedef struct {
+ * ps_v4_runtime in v4_instr.h); rt->ops of the runtime (struct ps_runtime, core/runtime.h: the family's
+ * core table is rt->family). */
+typedef struct ps_runtime_ops {
     const char *name;               /* the family: "phasescope", "deepseek_v4" */
     /* One forward of the n prompts of `view` (task token ids) with hooks, scored per query: ok and lp
      * [view->B · max_q] (as ps_score_queries fills them). */
@@ -110,15 +112,7 @@ typedef struct {
     json_t *(*gates_log)(const ps_runtime *rt, const char *path, ps_error *err);
 } ps_runtime_ops;
 
-struct ps_runtime {
-    const ps_runtime_ops *ops;
-    ps_ctx *ctx;           /* the model's context (sources live there) */
-    int64_t max_pos;       /* longest prompt the model takes */
-    int64_t n_layers;      /* the model's layers */
-    const ps_model *m;     /* the controlled model: kept clean state and restart (NULL for other families) */
-    void *model;           /* the family's model */
-    const void *aux;       /* the family's prompt mapping (DeepSeek-V4: its ps_v4_task), or NULL */
-};
+/* struct ps_runtime (ops, ctx, max_pos, n_layers, m, model, aux, family): core/runtime.h. */
 
 /* The controlled model's runtime. */
 void ps_runtime_model(ps_runtime *rt, const ps_model *m);

@@ -709,6 +709,7 @@ void ps_v4_runtime(ps_runtime *rt, ps_v4_model *m, const ps_v4_task *t) {
     rt->n_layers = m->cfg.n_layers;
     rt->model = m;
     rt->aux = t;
+    rt->family = &ps_family_v4;
 }
 
 int ps_v4_knockout_grid(ps_v4_model *m, const ps_v4_task *t, const ps_batch *base, const ps_filler_family *fam, int64_t P,

@@ -1,0 +1,157 @@
+/* runtime.h — the one interface every model family implements (the controlled model: core/model.h,
+ * forward.h, hooks.h; DeepSeek-V4: core/v4/), and opening a checkpoint, which picks the family.
+ *
+ * A family is a table (ps_family): its name; a detector of its checkpoint directories; open / free; an
+ * activation set and a forward over a batch of token sequences with hooks (and, where the family has
+ * one, a restart from a layer); the scoring of answer rows (core/batch.h); its hook points as a table
+ * (name pattern, shape for B sequences of T tokens, head axis, the layers that have it); its config as
+ * JSON and the config hash for provenance; its default phase period. An opened checkpoint is a
+ * ps_runtime: the family, its context, its layers and longest prompt, its model. The instruments add
+ * their own table of what they run on a family (rt->ops, interventions/grid.h) and the prompts' mapping
+ * (rt->aux); core never reads those two.
+ *
+ * ps_runtime_open(rt, dir, opts, err) asks every registered family (ps_families) whether it recognises
+ * DIR/config.json and opens it with the one that does. Adding a family: docs/design.md, "Adding a model
+ * family". */
+#ifndef PS_RUNTIME_H
+#define PS_RUNTIME_H
+
+#include <jansson.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "core/batch.h"
+#include "core/ctx.h"
+#include "core/error.h"
+#include "core/hooks.h"
+#include "core/model.h"
+
+typedef struct ps_family ps_family;
+typedef struct ps_runtime ps_runtime;
+struct ps_runtime_ops; /* the instruments' table of a family (interventions/grid.h) */
+
+/* An opened checkpoint. The first seven fields are what the instruments have always read (their
+ * spellings are kept); `family` is the core table. */
+struct ps_runtime {
+    const struct ps_runtime_ops *ops; /* the instruments' table (set above core; NULL after ps_runtime_open) */
+    ps_ctx *ctx;           /* the model's context (activations and action sources live there) */
+    int64_t max_pos;       /* longest prompt the model takes */
+    int64_t n_layers;      /* the model's layers */
+    const ps_model *m;     /* the controlled model (its kept clean state and restarts), NULL for other families */
+    void *model;           /* the family's model (ps_model, ps_v4_model, ...) */
+    const void *aux;       /* the instruments' prompt mapping (DeepSeek-V4: its ps_v4_task), or NULL */
+    const ps_family *family; /* the family's table */
+    int owns_model;        /* ps_runtime_free frees `model` (and its storage when the family allocated it) */
+    int model_allocated;   /* `model` was allocated by the open (no caller storage) */
+    int lazy;              /* the weights are loaded one layer at a time (as forward --lazy) */
+    double weight_bytes;   /* the float32 parameters' bytes */
+    char config_hash[17];  /* provenance: the family's config hash (filled by the open) */
+};
+
+/* ---- hook points as a table ---- */
+
+/* One hook point of a family. Its name pattern has "{L}" where the layer goes; a pattern without it is a
+ * point of the model as a whole (it fires once per forward). The shape for B sequences of T tokens is
+ * `shape` in words (what `phasescope info` prints) and, exactly, the family's point_shape. */
+typedef struct {
+    const char *pattern;   /* "blocks.{L}.attn.hook_k", "embed" */
+    const char *shape;     /* "[B, T, n_kv, hd]" */
+    int head_axis;         /* the axis an action's `head` picks (heads, compressor slots, streams), -1: none */
+    const char *layers;    /* which layers have it, in words ("every layer", "CSA/HCA layers", "once") */
+    int point;             /* the point's number in the family's hook enumeration (ps_hook_point, ps_v4_hook_point) */
+    const char *what;      /* one line */
+} ps_point_info;
+
+/* Options of an open. */
+typedef struct {
+    const char *backend;   /* NULL: "cpu" */
+    int weights;           /* 0: the config and the weight files' headers only (info); 1: the weights too */
+    int lazy;              /* -1: the family decides (DeepSeek-V4: one layer at a time when the float32 weights
+                            * take more than half of the memory available); 0: every layer; 1: one at a time.
+                            * rt->lazy says what was chosen (the caller may say so: core prints nothing) */
+} ps_runtime_opts;
+
+struct ps_family {
+    const char *name;                    /* "phasescope", "deepseek_v4" (provenance, messages) */
+    size_t model_size;                   /* bytes of the family's model (caller storage for ps_runtime_open_into) */
+    /* 1 when DIR/config.json is this family's checkpoint, 0 otherwise (an unreadable file is 0) */
+    int (*detect)(const char *dir);
+    /* open DIR into `model` (model_size bytes, zeroed) and fill rt (ctx, max_pos, n_layers, m, model) */
+    int (*open)(ps_runtime *rt, void *model, const char *dir, const ps_runtime_opts *o, ps_error *err);
+    void (*free_model)(void *model);
+
+    /* activation sets and the forward */
+    int64_t (*acts_bytes)(const ps_runtime *rt, int64_t B, int64_t T, int keep_all); /* ps_acts_size for the family */
+    void *(*acts_create)(const ps_runtime *rt, int64_t B, int64_t T, int keep_all, ps_error *err);
+    void (*acts_free)(void *acts);
+    /* tokens [B, T] (the model's ids); n_run layers (-1: all, and the logits) */
+    int (*forward)(const ps_runtime *rt, void *acts, const int32_t *tokens, const ps_hooks *h, int n_run, ps_error *err);
+    const float *(*logits)(void *acts, ps_error *err); /* [B, T, V] readable on the host */
+    /* restart at layer l from the kept residual of a keep_all pass (NULL: the family has none) */
+    int (*restart)(const ps_runtime *rt, void *acts, int layer, const ps_hooks *h, ps_error *err);
+    /* scoring of answer rows: the sequences of b (model ids) in batches of `batch`, forward with hooks,
+     * every query's correct / summed log-prob (ps_score_queries) */
+    int (*score)(const ps_runtime *rt, const ps_batch *b, int64_t batch, const ps_hooks *h, int *ok, double *lp,
+                 ps_error *err);
+
+    /* hook points */
+    const ps_point_info *points;
+    int n_points;
+    const ps_hook_family *hook_family;   /* whose point numbers these are (core/hooks.h) */
+    /* the shape of point i (an index of `points`) at `layer` (ignored for a global point) for B sequences of
+     * T tokens: its rank, or 0 when that layer (or this model) does not have the point */
+    int (*point_shape)(const ps_runtime *rt, int i, int layer, int64_t B, int64_t T, int64_t dims[4]);
+    /* register by name: a host callback, a backend-side action, a cache watch (the family's parsers: an
+     * invalid name is an error listing the valid ones) */
+    int (*hook_add)(const ps_runtime *rt, ps_hooks *h, const char *name, ps_hook_fn fn, void *user, ps_error *err);
+    int (*hook_add_action)(const ps_runtime *rt, ps_hooks *h, const char *name, const ps_hook_action *act, ps_error *err);
+    int (*cache_watch)(const ps_runtime *rt, ps_cache *c, ps_hooks *h, const char *name, ps_error *err);
+    /* the slot (layer, or the global slot) and point number of a name */
+    int (*hook_parse)(const ps_runtime *rt, const char *name, int *slot, int *point, ps_error *err);
+
+    /* provenance */
+    json_t *(*config_json)(const ps_runtime *rt);        /* provenance.config */
+    void (*config_hash)(const ps_runtime *rt, char out[17]);
+    int64_t (*step)(const ps_runtime *rt);               /* the training step the checkpoint records, -1: none */
+    int64_t (*default_period)(const ps_runtime *rt);     /* the instruments' default --period */
+    int64_t (*vocab)(const ps_runtime *rt);
+
+    /* what bounds a prompt's length, as the config names it ("max_seq_len", "max_position_embeddings") */
+    const char *max_pos_name;
+    /* the weights after an open with weights = 0 (lazy as ps_runtime_opts); NULL: the open always loads them */
+    int (*load_weights)(ps_runtime *rt, int lazy, ps_error *err);
+    /* `phasescope info`'s account of the model for a batch of B sequences (config, parameters by group, cache
+     * and memory estimates), written to out */
+    int (*describe)(const ps_runtime *rt, int64_t B, FILE *out, ps_error *err);
+    /* 1: forward's n_run may stop after the first n_run layers (no logits then); 0: every layer runs */
+    int early_stop;
+};
+
+/* The registered families, in the order a checkpoint is tried; NULL-terminated. */
+extern const ps_family *const ps_families[];
+extern const ps_family ps_family_model; /* the controlled model (phasescope checkpoints, Hugging Face Qwen3) */
+extern const ps_family ps_family_v4;    /* DeepSeek-V4 checkpoints */
+
+/* The family whose detector recognises DIR (the controlled model when none does: its loader says what is
+ * wrong with the directory). */
+const ps_family *ps_runtime_detect(const char *dir);
+/* Open DIR with its family; the runtime owns the model. ps_runtime_free releases it, after a failed open
+ * too. */
+int ps_runtime_open(ps_runtime *rt, const char *dir, const ps_runtime_opts *o, ps_error *err);
+/* The same into caller storage: storage(f, user) returns where family f's model goes (f->model_size
+ * bytes), or NULL to allocate it. ps_runtime_free frees the model but not caller storage. */
+int ps_runtime_open_into(ps_runtime *rt, const char *dir, const ps_runtime_opts *o,
+                         void *(*storage)(const ps_family *f, void *user), void *user, ps_error *err);
+void ps_runtime_free(ps_runtime *rt);
+/* A runtime over a controlled model opened elsewhere (not owned). */
+void ps_runtime_wrap_model(ps_runtime *rt, const ps_model *m);
+
+/* The layers of point i, as "0-3", "1, 3", "none" or "once" (global points). */
+void ps_runtime_point_layers(const ps_runtime *rt, int i, char *buf, size_t n);
+/* The hook name of point i at layer l (the pattern with {L} replaced). */
+void ps_runtime_point_name(const ps_runtime *rt, int i, int layer, char *buf, size_t n);
+/* Whether a point's pattern has a layer. */
+int ps_point_is_global(const ps_point_info *p);
+
+#endif
