@@ -12,6 +12,8 @@
 #include "core/forward.h"
 #include "core/fileio.h"
 #include "core/model.h"
+#include "interventions/sweep.h"
+#include "tasks/tasks.h"
 
 static int run(const ps_args *a, ps_error *err);
 
@@ -40,6 +42,38 @@ static void human(char *buf, size_t n, double bytes) {
         i++;
     }
     snprintf(buf, n, i ? "%.2f %s" : "%.0f %s", bytes, u[i]);
+}
+
+/* Content chunk boundaries: the entries per token measured on 1024 sequences of the model's task (seed 0),
+ * when the checkpoint stores one: chunks (those that end inside a sequence) / tokens. */
+static void measure_chunks(const ps_model *m, const char *dir, double per_tok_full) {
+    ps_task t;
+    ps_batch b = {0};
+    ps_error e = {0};
+    const int64_t N = 1024;
+    if (ps_model_task(m, dir, &t, &e) || t.kind == PS_TASK_TEXT || t.seq_len < 1 || ps_batch_alloc(&b, N, t.seq_len, t.n_queries > 0 ? t.n_queries : 1, &e) ||
+        ps_task_generate(&t, 0, &b, &e)) {
+        ps_batch_free(&b);
+        return;
+    }
+    int64_t T = b.T, nC = ps_config_n_windows(&m->cfg, T), chunks = 0;
+    int64_t *cs = malloc((size_t)(nC > 0 ? nC : 1) * sizeof *cs), *cl = malloc((size_t)(nC > 0 ? nC : 1) * sizeof *cl);
+    if (cs && cl) {
+        int64_t covered = 0;
+        for (int64_t s = 0; s < N; s++) {
+            int64_t n = ps_content_chunks(&m->cfg, b.tokens + s * T, T, nC, cs, cl);
+            chunks += n;
+            for (int64_t j = 0; j < n; j++) covered += cl[j];
+        }
+        double ept = (double)chunks / (double)(N * T), len = chunks ? (double)covered / (double)chunks : 0;
+        printf("                        measured on %lld sequences of the model's task (T = %lld, seed 0): %.5f entries/token\n"
+               "                        (%.1f bytes/token; the tokens after a sequence's last boundary are in no chunk yet);\n"
+               "                        mean chunk length %.3f (%.5f entries per token inside chunks)\n",
+               (long long)N, (long long)T, ept, ept * per_tok_full, len, len > 0 ? 1.0 / len : 0.0);
+    }
+    free(cs);
+    free(cl);
+    ps_batch_free(&b);
 }
 
 static int run(const ps_args *a, ps_error *err) {
@@ -110,6 +144,7 @@ static int run(const ps_args *a, ps_error *err) {
                "                        %.1f bytes/token expected (%.3fx smaller: E[chunk length] = %.4f from the boundary\n"
                "                        threshold, hash values taken as uniform) + %s fixed local window\n",
                (long long)c->chunk_min, (long long)c->window, (long long)c->stride, per_tok, EL, EL, local);
+        measure_chunks(&m, dir, per_tok_full);
     } else if (c->kind == PS_ATTN_COMPRESSED) {
         double per_tok = per_tok_full / (double)c->stride;
         char local[32];
