@@ -621,6 +621,53 @@ static void test_hooks_rows_errors(void) {
     ps_model_free(&m);
 }
 
+/* ---- a restart on copied activations: ps_acts_copy_chunks, also into a shorter sequence ---- */
+
+static void test_copy_chunks(void) {
+    ps_config c = chunk_cfg(6, 4, 2, 4, 2);
+    ps_model m;
+    tu_random_model(&m, &c, 400, 0.5f);
+    enum { B = 2, T = 23, T2 = 17 };
+    int32_t tok[B * T];
+    tu_random_tokens(tok, B * T, c.vocab_size, 401);
+    ps_error err;
+    ps_acts a, r1, r2;
+    int64_t d = c.d_model, V = c.vocab_size;
+    REQUIRE_OK(ps_acts_create(&a, m.ctx, &c, B, T, false, &err), &err);
+    REQUIRE_OK(ps_acts_create(&r1, m.ctx, &c, 2 * B, T, false, &err), &err);
+    REQUIRE_OK(ps_acts_create(&r2, m.ctx, &c, B, T2, false, &err), &err);
+    CHECK_OK(ps_forward(&m, &a, tok, NULL, &err), &err);
+    /* replicas 0..1 and 2..3 of the batch from layer 1's input: the same logits */
+    for (int r = 0; r < 2; r++) {
+        memcpy(r1.p.resid + 1 * 2 * B * T * d + r * B * T * d, a.p.resid + 1 * B * T * d, (size_t)(B * T * d) * sizeof(float));
+        CHECK_OK(ps_acts_copy_chunks(&r1, r * B, &a, 0, B, &err), &err);
+    }
+    CHECK_OK(ps_forward_from(&m, &r1, 1, NULL, &err), &err);
+    double e = fmax(rel_err_f(r1.p.logits, a.p.logits, B * T * V), rel_err_f(r1.p.logits + B * T * V, a.p.logits, B * T * V));
+    CHECK(e < 1e-6, "replicas from copied chunk tables: logits differ by %g", e);
+    /* the first T2 tokens from layer 0's input: the chunks that end inside T2 kept, the logits of the prefix */
+    for (int b = 0; b < B; b++)
+        memcpy(r2.p.resid + b * T2 * d, a.p.resid + b * T * d, (size_t)(T2 * d) * sizeof(float));
+    CHECK_OK(ps_acts_copy_chunks(&r2, 0, &a, 0, B, &err), &err);
+    CHECK_OK(ps_forward_from(&m, &r2, 0, NULL, &err), &err);
+    double worst = 0;
+    for (int b = 0; b < B; b++) worst = fmax(worst, rel_err_f(r2.p.logits + b * T2 * V, a.p.logits + b * T * V, T2 * V));
+    CHECK(worst < 1e-6, "a shorter restart: prefix logits differ by %g", worst);
+    int kept_ok = 1;
+    for (int b = 0; b < B; b++)
+        for (int64_t j = 0; j < r2.nW; j++) {
+            int64_t di = b * r2.nW + j, si = b * a.nW + j;
+            int inside = a.cl[si] > 0 && a.cs[si] + a.cl[si] <= T2;
+            kept_ok &= inside ? r2.cl[di] == a.cl[si] && r2.cend[di] == a.cend[si] : r2.cl[di] == 0 && r2.cend[di] == INT64_MAX;
+        }
+    CHECK(kept_ok, "the shorter table keeps exactly the chunks that end inside T2");
+    CHECK_ERR(ps_acts_copy_chunks(&r2, 1, &a, 0, B, &err), &err, "chunk tables");
+    ps_acts_free(&a);
+    ps_acts_free(&r1);
+    ps_acts_free(&r2);
+    ps_model_free(&m);
+}
+
 /* ---- the knockout grid: batched path against the naive one ---- */
 
 static void test_knockout(void) {
@@ -670,6 +717,7 @@ int main(void) {
     test_forward_reference();
     test_gradients();
     test_hooks_rows_errors();
+    test_copy_chunks();
     test_knockout();
     CHECK_DONE();
 }
