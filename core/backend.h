@@ -25,6 +25,11 @@ typedef struct {
      * fits in T, and query t sees it when j*S + woff + W - 1 <= t (staggered grids, phase augmentation:
      * docs/mitigations.md). A backend whose grid_offsets flag is 0 refuses a non-NULL woff. */
     const int64_t *woff;
+    /* compressed only: content-defined chunks (attention.boundaries "content", docs/mitigations.md §4):
+     * cend [B, nW] (host array; NULL = windows on the grid) holds the last position of chunk j of sequence b,
+     * increasing in j, INT64_MAX for a chunk the sequence does not have; query t sees chunk j when
+     * cend[b*nW + j] <= t (every KV head alike). A backend whose grid_offsets flag is 0 refuses it. */
+    const int64_t *cend;
 } ps_attn_geom;
 
 /* One chunk of a long sequence (prefill, one sequence): Tq query rows against a key frame of Tk raw
@@ -74,7 +79,7 @@ struct ps_backend {
     int (*to_host)(ps_ctx *c, void *host, const void *buf, int64_t bytes);
     int (*from_host)(ps_ctx *c, void *buf, const void *host, int64_t bytes);
     int host_visible; /* buffers are host pointers */
-    int grid_offsets; /* the attention ops honour ps_attn_geom.woff and the *_grid ops are implemented */
+    int grid_offsets; /* the attention ops honour ps_attn_geom.woff and .cend, the *_grid and *_chunks ops are implemented */
     int (*init)(ps_ctx *c);   /* backend state into c->impl (may be NULL) */
     void (*fini)(ps_ctx *c);  /* (may be NULL) */
 
@@ -117,6 +122,14 @@ struct ps_backend {
                         const int64_t *woff);
     int (*rope_grid)(ps_ctx *c, float *x, const float *cos_t, const float *sin_t, int64_t B, int64_t T, int64_t nW,
                      int64_t nkv, int64_t hd, int64_t S, const int64_t *woff, int inverse);
+    /* content-defined chunks (docs/mitigations.md §4): the compressor ops with chunk starts cs and lengths cl [B, nC] */
+    int (*gate_chunks)(ps_ctx *c, float *z, float *alpha, const float *a, const float *u, const float *bias, int64_t B,
+                       int64_t T, int64_t d, int64_t nC, int64_t W, int64_t nkv, const int64_t *cs, const int64_t *cl);
+    int (*payload_chunks)(ps_ctx *c, float *P, const float *a, const float *C, int shared, float *scratch, int64_t B,
+                          int64_t T, int64_t d, int64_t nC, int64_t W, int64_t nkv, int64_t hd, const int64_t *cs,
+                          const int64_t *cl);
+    int (*rope_chunks)(ps_ctx *c, float *x, const float *cos_t, const float *sin_t, int64_t B, int64_t T, int64_t nC,
+                       int64_t nkv, int64_t hd, const int64_t *cs, const int64_t *cl, int inverse);
     /* hook actions */
     int (*head_set)(ps_ctx *c, float *x, const float *src, int64_t src_stride, int64_t n_seq, int64_t npos, int64_t nh,
                     int64_t hd, int64_t head, int64_t seq0, int64_t seq1);
@@ -149,6 +162,12 @@ struct ps_backend {
     int (*payload_grid_backward)(ps_ctx *c, float *da, float *dC, const float *dP, const float *a, const float *C,
                                  int shared, float *scratch, int64_t B, int64_t T, int64_t d, int64_t nW, int64_t W,
                                  int64_t S, int64_t nkv, int64_t hd, const int64_t *woff);
+    int (*gate_chunks_backward)(ps_ctx *c, float *da, float *du, float *dbias, float *dalpha, const float *alpha,
+                                const float *a, const float *u, int64_t B, int64_t T, int64_t d, int64_t nC, int64_t W,
+                                int64_t nkv, const int64_t *cs, const int64_t *cl);
+    int (*payload_chunks_backward)(ps_ctx *c, float *da, float *dC, const float *dP, const float *a, const float *C,
+                                   int shared, float *scratch, int64_t B, int64_t T, int64_t d, int64_t nC, int64_t W,
+                                   int64_t nkv, int64_t hd, const int64_t *cs, const int64_t *cl);
     int (*gate_entropy)(ps_ctx *c, double *value, float *dalpha, const float *alpha, int64_t B, int64_t nW, int64_t nkv,
                         int64_t W, double weight);
     int (*pool_backward)(ps_ctx *c, float *dalpha, float *dP, const float *dout, const float *alpha, const float *P,

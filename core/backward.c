@@ -143,7 +143,10 @@ static int layer_backward(const ps_model *m, const ps_acts *a, ps_acts *g, int l
     if (c->kind == PS_ATTN_COMPRESSED && nW > 0) {
         int shared = c->payload == PS_PAYLOAD_SHARED;
         const int64_t *wo = a->woff; /* window grid offsets (NULL: the base grid) */
-        if (c->rope && wo)
+        const int64_t *cs = a->cs, *cl = a->cl; /* content chunks (NULL: windows on the grid) */
+        if (c->rope && cs)
+            OPB(PS_PROF_NORM_ROPE, ps_rope_chunks(ctx, G.ck, a->p.rope_cos, a->p.rope_sin, B, T, nW, nkv, hd, cs, cl, 1));
+        else if (c->rope && wo)
             OPB(PS_PROF_NORM_ROPE, ps_rope_grid(ctx, G.ck, a->p.rope_cos, a->p.rope_sin, B, T, nW, nkv, hd, S, wo, 1));
         else if (c->rope) OPB(PS_PROF_NORM_ROPE, ps_rope_backward(ctx, G.ck, a->p.rope_cos, a->p.rope_sin, B, nW, nkv, hd, S));
         if (c->qk_norm) {
@@ -155,7 +158,13 @@ static int layer_backward(const ps_model *m, const ps_acts *a, ps_acts *g, int l
         OPB(PS_PROF_COMPRESSOR,
             ps_pool_backward(ctx, G.ga_k, G.pk, G.ck_pre, p.ga_k, p.pk, B, nW, W, nkv, hd) ||
                 ps_pool_backward(ctx, G.ga_v, G.pv, G.cv, p.ga_v, p.pv, B, nW, W, nkv, hd));
-        if (wo)
+        if (cs)
+            OPB(PS_PROF_COMPRESSOR,
+                ps_payload_chunks_backward(ctx, G.ln1, dw.key_payload, G.pk, p.ln1, w.key_payload, shared, G.payload_scratch, B,
+                                           T, d, nW, W, nkv, hd, cs, cl) ||
+                    ps_payload_chunks_backward(ctx, G.ln1, dw.value_payload, G.pv, p.ln1, w.value_payload, shared,
+                                               G.payload_scratch, B, T, d, nW, W, nkv, hd, cs, cl));
+        else if (wo)
             OPB(PS_PROF_COMPRESSOR,
                 ps_payload_grid_backward(ctx, G.ln1, dw.key_payload, G.pk, p.ln1, w.key_payload, shared, G.payload_scratch, B,
                                          T, d, nW, W, S, nkv, hd, wo) ||
@@ -171,7 +180,13 @@ static int layer_backward(const ps_model *m, const ps_acts *a, ps_acts *g, int l
         if (g->gate_reg_weight > 0 && c->gate == PS_GATE_LEARNED)
             OPB(PS_PROF_COMPRESSOR, ps_gate_entropy(ctx, &g->gate_reg_value, G.ga_k, p.ga_k, B, nW, nkv, W, g->gate_reg_weight) ||
                                         ps_gate_entropy(ctx, &g->gate_reg_value, G.ga_v, p.ga_v, B, nW, nkv, W, g->gate_reg_weight));
-        if (c->gate == PS_GATE_LEARNED && wo)
+        if (c->gate == PS_GATE_LEARNED && cs)
+            OPB(PS_PROF_COMPRESSOR,
+                ps_gate_chunks_backward(ctx, G.ln1, dw.key_gate_w, dw.key_gate_b, G.ga_k, p.ga_k, p.ln1, w.key_gate_w, B, T, d,
+                                        nW, W, nkv, cs, cl) ||
+                    ps_gate_chunks_backward(ctx, G.ln1, dw.value_gate_w, dw.value_gate_b, G.ga_v, p.ga_v, p.ln1,
+                                            w.value_gate_w, B, T, d, nW, W, nkv, cs, cl));
+        else if (c->gate == PS_GATE_LEARNED && wo)
             OPB(PS_PROF_COMPRESSOR,
                 ps_gate_grid_backward(ctx, G.ln1, dw.key_gate_w, dw.key_gate_b, G.ga_k, p.ga_k, p.ln1, w.key_gate_w, B, T, d,
                                       nW, W, S, nkv, wo) ||

@@ -90,7 +90,7 @@ static int parse_attention(json_t *att, const char *src, ps_config *c, ps_error 
     const char *k;
     json_t *v;
     /* keys of one kind only: the compressed model's window/stride/gate/payload, the v4 kind's rate/mode */
-    int seen_comp = 0, seen_v4 = 0, seen_lw = 0;
+    int seen_comp = 0, seen_v4 = 0, seen_lw = 0, seen_cmin = 0;
     const char *comp_key = NULL, *v4_key = NULL;
     json_object_foreach(att, k, v) {
         int e = 0, tmp = 0;
@@ -123,6 +123,13 @@ static int parse_attention(json_t *att, const char *src, ps_config *c, ps_error 
         } else if (!strcmp(k, "head_offsets")) {
             e = get_head_offsets(v, src, c, err);
             seen_comp = 1, comp_key = "head_offsets";
+        } else if (!strcmp(k, "boundaries")) {
+            e = get_enum(v, "attention.boundaries", src, "grid", "content", &tmp, err);
+            c->boundaries = (ps_boundaries)tmp;
+            seen_comp = 1, comp_key = "boundaries";
+        } else if (!strcmp(k, "chunk_min")) {
+            e = get_int(v, "attention.chunk_min", src, &c->chunk_min, err), seen_comp = 1, comp_key = "chunk_min";
+            seen_cmin = 1;
         } else if (!strcmp(k, "rate")) e = get_int(v, "attention.rate", src, &c->rate, err), seen_v4 = 1, v4_key = "rate";
         else if (!strcmp(k, "mode")) {
             e = get_enum(v, "attention.mode", src, "csa", "hca", &tmp, err);
@@ -130,7 +137,8 @@ static int parse_attention(json_t *att, const char *src, ps_config *c, ps_error 
             seen_v4 = 1, v4_key = "mode";
         } else
             return ps_fail(err,
-                           "%s: unknown key \"attention.%s\" (valid: kind, window, stride, local_window, gate, payload, head_offsets; "
+                           "%s: unknown key \"attention.%s\" (valid: kind, window, stride, local_window, gate, payload, head_offsets, "
+                           "boundaries, chunk_min; "
                            "kind \"channel\": rate, mode, local_window)",
                            src, k);
         if (e) return -1;
@@ -140,6 +148,10 @@ static int parse_attention(json_t *att, const char *src, ps_config *c, ps_error 
     if (c->kind != PS_ATTN_CHANNEL && seen_v4)
         return ps_fail(err, "%s: key \"attention.%s\" applies to kind \"channel\" only", src, v4_key);
     if (c->kind == PS_ATTN_CHANNEL && !seen_lw) c->local_window = c->rate; /* default: one window of raw tokens */
+    if (seen_cmin && c->boundaries != PS_BOUNDARIES_CONTENT)
+        return ps_fail(err, "%s: key \"attention.chunk_min\" applies to \"boundaries\": \"content\" only", src);
+    if (seen_cmin && c->chunk_min < 1)
+        return ps_fail(err, "%s: key \"attention.chunk_min\" must be >= 1, got %lld", src, (long long)c->chunk_min);
     return 0;
 }
 
@@ -372,6 +384,18 @@ int ps_config_validate(const ps_config *c, const char *src, ps_error *err) {
                 return ps_fail(err, "%s: key \"attention.head_offsets\": entry %lld is %lld, must be in [0, attention.stride = %lld)", src,
                                (long long)g, (long long)c->head_offsets[g], (long long)c->stride);
     }
+    if (c->kind == PS_ATTN_COMPRESSED && c->boundaries == PS_BOUNDARIES_CONTENT) {
+        /* chunks of chunk_min .. W tokens with mean S (docs/mitigations.md §4): needs chunk_min < S < W */
+        if (c->chunk_min < 1 || c->chunk_min >= c->stride || c->stride >= c->window)
+            return ps_fail(err,
+                           "%s: key \"attention.boundaries\" \"content\" needs 1 <= attention.chunk_min < attention.stride < "
+                           "attention.window (the shortest chunk, the mean chunk length, the longest chunk); got chunk_min %lld, "
+                           "stride %lld, window %lld",
+                           src, (long long)c->chunk_min, (long long)c->stride, (long long)c->window);
+        if (c->any_head_offset)
+            return ps_fail(err, "%s: key \"attention.boundaries\" \"content\" cannot be combined with attention.head_offsets", src);
+    } else if (c->kind == PS_ATTN_COMPRESSED && c->chunk_min != 0)
+        return ps_fail(err, "%s: key \"attention.chunk_min\" applies to \"boundaries\": \"content\" only", src);
     if (c->kind == PS_ATTN_COMPRESSED) {
         if (c->window < 1) return ps_fail(err, "%s: key \"attention.window\" must be >= 1, got %lld", src, (long long)c->window);
         if (c->window > 4096)
@@ -411,6 +435,8 @@ int ps_config_parse(const char *text, size_t len, const char *src, ps_config *c,
         goto done;
     if (c->stride == -1) c->stride = c->window;
     if (c->local_window == -1) c->local_window = c->window;
+    if (c->boundaries == PS_BOUNDARIES_CONTENT && c->chunk_min == 0) c->chunk_min = c->stride / 2 > 1 ? c->stride / 2 : 1;
+    if (c->kind != PS_ATTN_COMPRESSED) c->boundaries = PS_BOUNDARIES_GRID, c->chunk_min = 0; /* ignored (SPEC §2) */
     if (c->n_grid_offsets == -1) { /* "staggered": o_g = floor(g*S/n_kv) */
         if (c->n_kv_heads < 1 || c->n_kv_heads > PS_MAX_GRID_HEADS) {
             ps_fail(err, "%s: key \"attention.head_offsets\" \"staggered\" needs 1..%d KV heads, n_kv_heads is %lld", src,
@@ -476,6 +502,10 @@ static json_t *attention_json(const ps_config *c) {
         json_t *arr = json_array();
         for (int64_t g = 0; g < c->n_kv_heads && g < PS_MAX_GRID_HEADS; g++) json_array_append_new(arr, json_integer(c->head_offsets[g]));
         json_object_set_new(a, "head_offsets", arr);
+    }
+    if (c->kind == PS_ATTN_COMPRESSED && c->boundaries == PS_BOUNDARIES_CONTENT) { /* only then: base hashes unchanged */
+        json_object_set_new(a, "boundaries", json_string("content"));
+        json_object_set_new(a, "chunk_min", json_integer(c->chunk_min));
     }
     return a;
 }
@@ -583,6 +613,8 @@ void ps_config_hash(const ps_config *c, char out[17]) {
 
 int64_t ps_config_n_windows(const ps_config *c, int64_t T) {
     if (c->kind == PS_ATTN_CHANNEL) return T / c->rate; /* complete windows of m tokens */
-    if (c->kind != PS_ATTN_COMPRESSED || T < c->window) return 0;
+    if (c->kind != PS_ATTN_COMPRESSED) return 0;
+    if (c->boundaries == PS_BOUNDARIES_CONTENT) return c->chunk_min > 0 ? T / c->chunk_min : 0;
+    if (T < c->window) return 0;
     return (T - c->window) / c->stride + 1;
 }

@@ -18,6 +18,9 @@ typedef enum { PS_ATTN_FULL = 0, PS_ATTN_COMPRESSED = 1, PS_ATTN_CHANNEL = 2 } p
 typedef enum { PS_V4_MODE_CSA = 0, PS_V4_MODE_HCA = 1 } ps_v4_mode;
 typedef enum { PS_GATE_LEARNED = 0, PS_GATE_UNIFORM = 1 } ps_gate_kind;
 typedef enum { PS_PAYLOAD_PER_OFFSET = 0, PS_PAYLOAD_SHARED = 1 } ps_payload_kind;
+/* Where compressed windows start (docs/mitigations.md §4): the fixed grid of SPEC §2, or content-defined
+ * chunks (core/chunks.h). */
+typedef enum { PS_BOUNDARIES_GRID = 0, PS_BOUNDARIES_CONTENT = 1 } ps_boundaries;
 
 /* Most KV heads whose window grids may be offset (attention.head_offsets). */
 #define PS_MAX_GRID_HEADS 256
@@ -44,6 +47,11 @@ typedef struct {
     int64_t head_offsets[PS_MAX_GRID_HEADS];
     int64_t n_grid_offsets; /* entries given (must be n_kv_heads); -1 while "staggered" is unresolved */
     bool any_head_offset;
+    /* Content-defined chunk boundaries (docs/mitigations.md §4; attention.boundaries "content"): chunks of
+     * chunk_min .. W tokens whose ends depend on the token ids, mean length S (core/chunks.h). GRID (the
+     * default) is SPEC §2; chunk_min is 0 then. */
+    ps_boundaries boundaries;
+    int64_t chunk_min;
     /* kind v4 (local_window above is its sliding raw window) */
     int64_t rate;         /* compression rate m: one compressed entry per m tokens */
     ps_v4_mode v4_mode;   /* csa: entries pool 2m slots (two overlapping half-window series), hca: m slots */
@@ -86,7 +94,8 @@ static inline int64_t ps_config_head_offset(const ps_config *c, int64_t g) {
     return c->any_head_offset && g < PS_MAX_GRID_HEADS ? c->head_offsets[g] : 0;
 }
 
-/* Number of compressed windows wholly inside a sequence of T tokens (0 for full attention). */
+/* Number of compressed windows wholly inside a sequence of T tokens (0 for full attention). With content
+ * boundaries: the most chunks a sequence of T tokens can have, floor(T / chunk_min) (the padded chunk axis). */
 int64_t ps_config_n_windows(const ps_config *c, int64_t T);
 
 #endif

@@ -1,5 +1,6 @@
 #include "core/forward.h"
 
+#include "core/chunks.h"
 #include "core/fileio.h"
 
 #include <math.h>
@@ -144,6 +145,17 @@ int ps_acts_create_rows(ps_acts *a, ps_ctx *ctx, const ps_config *cfg, int64_t B
         a->layer_stride[(float **)s[i].ptr - (float **)&a->p] = s[i].per_layer && keep_all ? s[i].n : 0;
         off += s[i].n * slots;
     }
+    if (comp && cfg->boundaries == PS_BOUNDARIES_CONTENT) { /* the chunk tables, filled by ps_acts_set_chunks */
+        int64_t n = B * a->nW > 0 ? B * a->nW : 1;
+        a->cs = calloc((size_t)n, sizeof *a->cs), a->cl = calloc((size_t)n, sizeof *a->cl);
+        a->cend = malloc((size_t)n * sizeof *a->cend);
+        if (!a->cs || !a->cl || !a->cend) {
+            ps_acts_free(a);
+            return ps_fail(err, "out of memory for the chunk tables of %lld sequences", (long long)B);
+        }
+        for (int64_t i = 0; i < n; i++) a->cend[i] = INT64_MAX; /* every chunk absent until set */
+        a->geom.cend = a->cend;
+    }
     if (comp && cfg->any_head_offset) {
         if (ps_acts_set_phase(a, NULL, err)) {
             ps_acts_free(a);
@@ -166,6 +178,9 @@ void ps_acts_free(ps_acts *a) {
     free(a->logits_host);
     free(a->rows);
     free(a->woff);
+    free(a->cs);
+    free(a->cl);
+    free(a->cend);
     memset(a, 0, sizeof *a);
 }
 
@@ -173,6 +188,8 @@ int ps_acts_set_phase(ps_acts *a, const int64_t *shift, ps_error *err) {
     const ps_config *c = a->cfg;
     if (c->kind != PS_ATTN_COMPRESSED)
         return ps_fail(err, "phase shifts of the window grid need a compressed-attention model (attention.kind \"compressed\")");
+    if (c->boundaries == PS_BOUNDARIES_CONTENT)
+        return ps_fail(err, "phase shifts of the window grid do not apply to content chunk boundaries (attention.boundaries \"content\")");
     int64_t B = a->B, nkv = c->n_kv_heads, S = c->stride;
     for (int64_t b = 0; shift && b < B; b++)
         if (shift[b] < 0 || shift[b] >= S)
@@ -189,6 +206,40 @@ int ps_acts_set_phase(ps_acts *a, const int64_t *shift, ps_error *err) {
     for (int64_t b = 0; b < B; b++)
         for (int64_t g = 0; g < nkv; g++) a->woff[b * nkv + g] = (ps_config_head_offset(c, g) + (shift ? shift[b] : 0)) % S;
     a->geom.woff = a->woff;
+    return 0;
+}
+
+int ps_acts_set_chunks(ps_acts *a, const int32_t *tokens, ps_error *err) {
+    const ps_config *c = a->cfg;
+    if (c->kind != PS_ATTN_COMPRESSED || c->boundaries != PS_BOUNDARIES_CONTENT) return 0;
+    int64_t B = a->B, T = a->T, nC = a->nW;
+    for (int64_t b = 0; b < B; b++) {
+        int64_t n = ps_content_chunks(c, tokens + b * T, T, nC, a->cs + b * nC, a->cl + b * nC);
+        for (int64_t j = 0; j < nC; j++)
+            a->cend[b * nC + j] = j < n ? a->cs[b * nC + j] + a->cl[b * nC + j] - 1 : INT64_MAX;
+    }
+    a->chunks_set = true;
+    (void)err;
+    return 0;
+}
+
+int ps_acts_copy_chunks(ps_acts *dst, int64_t dst_b0, const ps_acts *src, int64_t src_b0, int64_t n, ps_error *err) {
+    const ps_config *c = dst->cfg;
+    if (c->kind != PS_ATTN_COMPRESSED || c->boundaries != PS_BOUNDARIES_CONTENT) return 0;
+    if (!src->chunks_set) return ps_fail(err, "copying chunk tables from activations that have not run ps_forward");
+    if (src_b0 < 0 || dst_b0 < 0 || n < 0 || src_b0 + n > src->B || dst_b0 + n > dst->B)
+        return ps_fail(err, "copying the chunk tables of %lld sequences from %lld (of %lld) to %lld (of %lld)", (long long)n,
+                       (long long)src_b0, (long long)src->B, (long long)dst_b0, (long long)dst->B);
+    int64_t nS = src->nW, nD = dst->nW, T2 = dst->T;
+    for (int64_t b = 0; b < n; b++)
+        for (int64_t j = 0; j < nD; j++) {
+            int64_t si = (src_b0 + b) * nS + j, di = (dst_b0 + b) * nD + j;
+            int keep = j < nS && src->cl[si] > 0 && src->cs[si] + src->cl[si] <= T2; /* the chunk ends inside dst's T */
+            dst->cs[di] = keep ? src->cs[si] : 0;
+            dst->cl[di] = keep ? src->cl[si] : 0;
+            dst->cend[di] = keep ? src->cend[si] : INT64_MAX;
+        }
+    dst->chunks_set = true;
     return 0;
 }
 
@@ -393,7 +444,15 @@ static int layer_forward_pre(const ps_model *m, ps_acts *a, int l, const ps_hook
         /* Compressor: gates and payloads read the layer input a = ln1 (SPEC §2). */
         int learned = c->gate == PS_GATE_LEARNED, shared = c->payload == PS_PAYLOAD_SHARED;
         const int64_t *wo = a->woff; /* window grid offsets (NULL: the base grid, SPEC §2) */
-        if (wo)
+        const int64_t *cs = a->cs, *cl = a->cl; /* content chunks (NULL: windows on the grid) */
+        if (c->boundaries == PS_BOUNDARIES_CONTENT && !a->chunks_set)
+            return ps_fail(err, "content chunk boundaries (attention.boundaries \"content\") need the batch's tokens: run ps_forward on these activations first");
+        if (cs)
+            OPS(PS_PROF_COMPRESSOR,
+                ps_gate_chunks(ctx, p.gz_k, p.ga_k, p.ln1, learned ? w.key_gate_w : NULL, w.key_gate_b, B, T, d, nW, W, nkv, cs, cl) ||
+                    ps_gate_chunks(ctx, p.gz_v, p.ga_v, p.ln1, learned ? w.value_gate_w : NULL, w.value_gate_b, B, T, d, nW, W,
+                                   nkv, cs, cl));
+        else if (wo)
             OPS(PS_PROF_COMPRESSOR,
                 ps_gate_grid(ctx, p.gz_k, p.ga_k, p.ln1, learned ? w.key_gate_w : NULL, w.key_gate_b, B, T, d, nW, W, S, nkv, wo) ||
                     ps_gate_grid(ctx, p.gz_v, p.ga_v, p.ln1, learned ? w.value_gate_w : NULL, w.value_gate_b, B, T, d, nW, W, S,
@@ -404,7 +463,12 @@ static int layer_forward_pre(const ps_model *m, ps_acts *a, int l, const ps_hook
                 ps_gate(ctx, p.gz_v, p.ga_v, p.ln1, learned ? w.value_gate_w : NULL, w.value_gate_b, B, T, d, nW, W, S, nkv));
         FIRE(PS_HOOK_GATE_K, p.ga_k, 4, B, nW, nkv, W);
         FIRE(PS_HOOK_GATE_V, p.ga_v, 4, B, nW, nkv, W);
-        if (wo)
+        if (cs)
+            OPS(PS_PROF_COMPRESSOR,
+                ps_payload_chunks(ctx, p.pk, p.ln1, w.key_payload, shared, a->p.payload_scratch, B, T, d, nW, W, nkv, hd, cs, cl) ||
+                    ps_payload_chunks(ctx, p.pv, p.ln1, w.value_payload, shared, a->p.payload_scratch, B, T, d, nW, W, nkv, hd,
+                                      cs, cl));
+        else if (wo)
             OPS(PS_PROF_COMPRESSOR,
                 ps_payload_grid(ctx, p.pk, p.ln1, w.key_payload, shared, a->p.payload_scratch, B, T, d, nW, W, S, nkv, hd, wo) ||
                     ps_payload_grid(ctx, p.pv, p.ln1, w.value_payload, shared, a->p.payload_scratch, B, T, d, nW, W, S, nkv, hd,
@@ -419,7 +483,9 @@ static int layer_forward_pre(const ps_model *m, ps_acts *a, int l, const ps_hook
             OPS(PS_PROF_NORM_ROPE, ps_rmsnorm(ctx, p.ck, p.ck_rstd, p.ck_pre, w.knorm, B * nW * nkv, hd, eps));
         else
             OPS(PS_PROF_OTHER, ps_copy(ctx, p.ck, p.ck_pre, B * nW * nkv * hd));
-        if (c->rope && nW > 0 && wo)
+        if (c->rope && nW > 0 && cs)
+            OPS(PS_PROF_NORM_ROPE, ps_rope_chunks(ctx, p.ck, a->p.rope_cos, a->p.rope_sin, B, T, nW, nkv, hd, cs, cl, 0));
+        else if (c->rope && nW > 0 && wo)
             OPS(PS_PROF_NORM_ROPE, ps_rope_grid(ctx, p.ck, a->p.rope_cos, a->p.rope_sin, B, T, nW, nkv, hd, S, wo, 0));
         else if (c->rope && nW > 0) OPS(PS_PROF_NORM_ROPE, ps_rope(ctx, p.ck, a->p.rope_cos, a->p.rope_sin, B, nW, nkv, hd, S));
         FIRE(PS_HOOK_CK, p.ck, 4, B, nW, nkv, hd);
@@ -600,6 +666,7 @@ int ps_forward(const ps_model *m, ps_acts *a, const int32_t *tokens, const ps_ho
         if (tokens[i] < 0 || tokens[i] >= c->vocab_size)
             return ps_fail(err, "token %d at sequence %lld, position %lld is outside the vocabulary [0, %lld)",
                            tokens[i], (long long)(i / a->T), (long long)(i % a->T), (long long)c->vocab_size);
+    if (ps_acts_set_chunks(a, tokens, err)) return -1;
     ps_ctx *ctx = a->ctx;
     ps_profile *prof = a->prof;
     OPS(PS_PROF_OTHER, ps_embed(ctx, a->p.resid, tokens, ps_model_embed(m, m->params), BT, c->d_model));

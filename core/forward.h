@@ -85,6 +85,11 @@ typedef struct {
      * (attention.head_offsets[g] + shift[b]) mod S, shift from ps_acts_set_phase (0 unless set). geom.woff
      * points here. */
     int64_t *woff;
+    /* Content chunk boundaries (attention.boundaries "content", docs/mitigations.md §4; host, else NULL):
+     * chunk starts cs, lengths cl (0: absent) and last positions cend (INT64_MAX: absent) [B, nW], set from
+     * the tokens by ps_forward (ps_acts_set_chunks); geom.cend points at cend. chunks_set: they are. */
+    int64_t *cs, *cl, *cend;
+    bool chunks_set;
     /* Gate regulariser (docs/mitigations.md), read by ps_backward on its scratch acts: weight (0: off) and
      * the value it added, summed over layers (not part of the cross-entropy loss_sum). */
     double gate_reg_weight, gate_reg_value;
@@ -112,6 +117,16 @@ int ps_acts_set_answer_rows(ps_acts *a, const ps_batch *view, ps_error *err);
  * (window j of KV head g at jS + (head_offsets[g] + shift[b]) mod S + i) for the next passes; shift NULL
  * restores the config's grid. Compressed models only; an error on any other, or for a shift outside [0, S). */
 int ps_acts_set_phase(ps_acts *a, const int64_t *shift, ps_error *err);
+
+/* Content chunk boundaries (docs/mitigations.md §4): the chunk tables of tokens [B, T] (ps_forward calls it;
+ * a pass that starts from a kept residual, ps_forward_from, uses the tables of the last ps_forward). A no-op
+ * for any other model. */
+int ps_acts_set_chunks(ps_acts *a, const int32_t *tokens, ps_error *err);
+
+/* The chunk tables of src's sequences [src_b0, src_b0 + n) into dst's [dst_b0, dst_b0 + n), for a pass on
+ * dst that starts from copied activations (a restart: ps_forward_from, ps_forward_from_attention*); dst
+ * may be shorter (T' <= T: the chunks that end inside T' are kept). A no-op for any other model. */
+int ps_acts_copy_chunks(ps_acts *dst, int64_t dst_b0, const ps_acts *src, int64_t src_b0, int64_t n, ps_error *err);
 
 /* Vocabularies of at least this many tokens make ps_forward_batches compute logits at the answer rows
  * only (scores are the same up to float rounding of a matrix product of another shape). */

@@ -77,6 +77,22 @@ static inline int64_t ps_windows_seen_at(int64_t t, int64_t off, int64_t W, int6
 /* Window start offset of (sequence b, KV head g) under woff [B, nkv] (NULL: 0). */
 static inline int64_t ps_woff(const int64_t *woff, int64_t b, int64_t nkv, int64_t g) { return woff ? woff[b * nkv + g] : 0; }
 
+/* Compressed entries query t of sequence b (KV head kv) sees under geometry g: the chunks that have ended
+ * (g->cend), else the windows of the (offset) grid that have ended. */
+static inline int64_t ps_geom_seen(const ps_attn_geom *g, int64_t b, int64_t kv, int64_t t) {
+    if (g->cend) { /* cend increasing: the count of entries <= t */
+        const int64_t *e = g->cend + b * g->nW;
+        int64_t lo = 0, hi = g->nW;
+        while (lo < hi) {
+            int64_t mid = (lo + hi) / 2;
+            if (e[mid] <= t) lo = mid + 1;
+            else hi = mid;
+        }
+        return lo;
+    }
+    return ps_windows_seen_at(t, ps_woff(g->woff, b, g->nkv, kv), g->W, g->S, g->nW);
+}
+
 #define PS_OP_CALL(c, op, ...) ((c)->failed ? -1 : (c)->be->op((c), __VA_ARGS__))
 
 /* Attention ops with window offsets need a backend that honours them (ps_backend.grid_offsets). */
@@ -84,6 +100,9 @@ static inline int ps_grid_check(ps_ctx *c, const ps_attn_geom *g, const char *op
     if (c->failed) return -1;
     if (g->woff && !c->be->grid_offsets)
         return ps_ctx_fail(c, "%s: window grids with offsets (staggered grids, phase augmentation) are not implemented on the %s backend",
+                           op, c->be->name);
+    if (g->cend && !c->be->grid_offsets)
+        return ps_ctx_fail(c, "%s: content chunk boundaries (attention.boundaries \"content\") are not implemented on the %s backend",
                            op, c->be->name);
     return 0;
 }
@@ -170,6 +189,27 @@ static inline int ps_payload_grid(ps_ctx *c, float *P, const float *a, const flo
 static inline int ps_rope_grid(ps_ctx *c, float *x, const float *cos_t, const float *sin_t, int64_t B, int64_t T,
                                int64_t nW, int64_t nkv, int64_t hd, int64_t S, const int64_t *woff, int inverse) {
     return PS_OP_CALL(c, rope_grid, x, cos_t, sin_t, B, T, nW, nkv, hd, S, woff, inverse);
+}
+
+/* Content-defined chunks (docs/mitigations.md §4): chunk j of sequence b covers positions cs[b, j] + i,
+ * i < L = cl[b, j] (host arrays [B, nC]; L = 0: the sequence has no chunk j; L <= W). The gate softmax runs
+ * over offsets 0..L-1 (uniform gate: 1/L); z = alpha = 0 and P = 0 at offsets i >= L and for absent
+ * chunks, so ps_pool and its backward apply unchanged. Every KV head shares the chunks. */
+static inline int ps_gate_chunks(ps_ctx *c, float *z, float *alpha, const float *a, const float *u, const float *bias,
+                                 int64_t B, int64_t T, int64_t d, int64_t nC, int64_t W, int64_t nkv, const int64_t *cs,
+                                 const int64_t *cl) {
+    return PS_OP_CALL(c, gate_chunks, z, alpha, a, u, bias, B, T, d, nC, W, nkv, cs, cl);
+}
+static inline int ps_payload_chunks(ps_ctx *c, float *P, const float *a, const float *C, int shared, float *scratch,
+                                    int64_t B, int64_t T, int64_t d, int64_t nC, int64_t W, int64_t nkv, int64_t hd,
+                                    const int64_t *cs, const int64_t *cl) {
+    return PS_OP_CALL(c, payload_chunks, P, a, C, shared, scratch, B, T, d, nC, W, nkv, hd, cs, cl);
+}
+/* In-place RoPE of compressed keys x [B, nC, nkv, hd]: chunk (b, j) rotated by R(cs[b, j]) (inverse: the
+ * backward); absent chunks are left alone. */
+static inline int ps_rope_chunks(ps_ctx *c, float *x, const float *cos_t, const float *sin_t, int64_t B, int64_t T,
+                                 int64_t nC, int64_t nkv, int64_t hd, const int64_t *cs, const int64_t *cl, int inverse) {
+    return PS_OP_CALL(c, rope_chunks, x, cos_t, sin_t, B, T, nC, nkv, hd, cs, cl, inverse);
 }
 
 /* Pooling: out[b, j, g, :] = sum_i alpha[b, j, g, i] P[b, j, i, g*hd : (g+1)*hd]. out: [B, nW, nkv, hd]. */
@@ -306,6 +346,19 @@ static inline int ps_payload_grid_backward(ps_ctx *c, float *da, float *dC, cons
                                            int64_t nW, int64_t W, int64_t S, int64_t nkv, int64_t hd,
                                            const int64_t *woff) {
     return PS_OP_CALL(c, payload_grid_backward, da, dC, dP, a, C, shared, scratch, B, T, d, nW, W, S, nkv, hd, woff);
+}
+
+/* Backward of ps_gate_chunks / ps_payload_chunks (offsets i >= L and absent chunks contribute nothing). */
+static inline int ps_gate_chunks_backward(ps_ctx *c, float *da, float *du, float *dbias, float *dalpha, const float *alpha,
+                                          const float *a, const float *u, int64_t B, int64_t T, int64_t d, int64_t nC,
+                                          int64_t W, int64_t nkv, const int64_t *cs, const int64_t *cl) {
+    return PS_OP_CALL(c, gate_chunks_backward, da, du, dbias, dalpha, alpha, a, u, B, T, d, nC, W, nkv, cs, cl);
+}
+static inline int ps_payload_chunks_backward(ps_ctx *c, float *da, float *dC, const float *dP, const float *a,
+                                             const float *C, int shared, float *scratch, int64_t B, int64_t T, int64_t d,
+                                             int64_t nC, int64_t W, int64_t nkv, int64_t hd, const int64_t *cs,
+                                             const int64_t *cl) {
+    return PS_OP_CALL(c, payload_chunks_backward, da, dC, dP, a, C, shared, scratch, B, T, d, nC, W, nkv, hd, cs, cl);
 }
 
 /* Gate regulariser (docs/mitigations.md): for alpha [B, nW, nkv, W] (windows whose alpha sums to 0 — those

@@ -108,6 +108,8 @@ int ps_prefill_create(ps_prefill *p, const ps_model *m, int64_t T_max, int64_t c
     if (c->kind == PS_ATTN_CHANNEL) return ps_fail(err, "the chunked prefill does not support the channel attention (run prompts whole)");
     if (c->kind == PS_ATTN_COMPRESSED && c->any_head_offset)
         return ps_fail(err, "the chunked prefill does not support window grids with offsets (attention.head_offsets; run prompts whole)");
+    if (c->kind == PS_ATTN_COMPRESSED && c->boundaries == PS_BOUNDARIES_CONTENT)
+        return ps_fail(err, "the chunked prefill does not support content chunk boundaries (attention.boundaries \"content\"; run prompts whole)");
     if (chunk > T_max) chunk = T_max;
     p->m = m;
     p->ctx = m->ctx;

@@ -1,6 +1,7 @@
 /* runtime.c — the family interface (runtime.h): the controlled model's and DeepSeek-V4's tables, and
  * opening a checkpoint through them. */
 #include "core/runtime.h"
+#include "core/chunks.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -247,7 +248,18 @@ static int model_describe(const ps_runtime *rt, int64_t B, FILE *out, ps_error *
      * entries, constant in the sequence length. */
     double per_tok_full = (double)c->n_layers * 2.0 * (double)(c->n_kv_heads * c->head_dim) * 4.0;
     fprintf(out, "\nKV cache (float32)\n  full attention        %.1f bytes/token\n", per_tok_full);
-    if (c->kind == PS_ATTN_COMPRESSED) {
+    if (c->kind == PS_ATTN_COMPRESSED && c->boundaries == PS_BOUNDARIES_CONTENT) {
+        /* content chunks: one entry per chunk, the expected chunk length E[L] from the boundary threshold
+         * (core/chunks.h; about S by construction); `info` adds the value measured on the model's task */
+        double EL = ps_chunk_expected_len(c), per_tok = per_tok_full / EL;
+        char local[32];
+        human(local, sizeof local, per_tok_full * (double)c->local_window);
+        fprintf(out,
+                "  compressed, content chunks of %lld..%lld tokens (mean S = %lld)\n"
+                "                        %.1f bytes/token expected (%.3fx smaller: E[chunk length] = %.4f from the boundary\n"
+                "                        threshold, hash values taken as uniform) + %s fixed local window\n",
+                (long long)c->chunk_min, (long long)c->window, (long long)c->stride, per_tok, EL, EL, local);
+    } else if (c->kind == PS_ATTN_COMPRESSED) {
         double per_tok = per_tok_full / (double)c->stride;
         char local[32];
         human(local, sizeof local, per_tok_full * (double)c->local_window);

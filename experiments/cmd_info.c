@@ -8,6 +8,10 @@
 #include "experiments/cli.h"
 #include "core/cpu_env.h"
 #include "core/runtime.h"
+#include "core/chunks.h"
+#include "core/model.h"
+#include "interventions/sweep.h"
+#include "tasks/tasks.h"
 
 static int run(const ps_args *a, ps_error *err);
 
@@ -29,6 +33,38 @@ const ps_command ps_cmd_info = {
     .run = run,
 };
 
+/* Content chunk boundaries: the entries per token measured on 1024 sequences of the model's task (seed 0),
+ * when the checkpoint stores one: chunks (those that end inside a sequence) / tokens. */
+static void measure_chunks(const ps_model *m, const char *dir, double per_tok_full) {
+    ps_task t;
+    ps_batch b = {0};
+    ps_error e = {0};
+    const int64_t N = 1024;
+    if (ps_model_task(m, dir, &t, &e) || t.kind == PS_TASK_TEXT || t.seq_len < 1 || ps_batch_alloc(&b, N, t.seq_len, t.n_queries > 0 ? t.n_queries : 1, &e) ||
+        ps_task_generate(&t, 0, &b, &e)) {
+        ps_batch_free(&b);
+        return;
+    }
+    int64_t T = b.T, nC = ps_config_n_windows(&m->cfg, T), chunks = 0;
+    int64_t *cs = malloc((size_t)(nC > 0 ? nC : 1) * sizeof *cs), *cl = malloc((size_t)(nC > 0 ? nC : 1) * sizeof *cl);
+    if (cs && cl) {
+        int64_t covered = 0;
+        for (int64_t s = 0; s < N; s++) {
+            int64_t n = ps_content_chunks(&m->cfg, b.tokens + s * T, T, nC, cs, cl);
+            chunks += n;
+            for (int64_t j = 0; j < n; j++) covered += cl[j];
+        }
+        double ept = (double)chunks / (double)(N * T), len = chunks ? (double)covered / (double)chunks : 0;
+        printf("  measured on %lld sequences of the model's task (T = %lld, seed 0): %.5f entries/token\n"
+               "  (%.1f bytes/token; the tokens after a sequence's last boundary are in no chunk yet);\n"
+               "  mean chunk length %.3f (%.5f entries per token inside chunks)\n",
+               (long long)N, (long long)T, ept, ept * per_tok_full, len, len > 0 ? 1.0 / len : 0.0);
+    }
+    free(cs);
+    free(cl);
+    ps_batch_free(&b);
+}
+
 static int run(const ps_args *a, ps_error *err) {
     char dir[4096];
     int64_t B = 1;
@@ -45,6 +81,12 @@ static int run(const ps_args *a, ps_error *err) {
     const ps_family *f = rt.family;
     printf("model       %s\n", dir);
     int rc = f->describe(&rt, B, stdout, err);
+    if (!rc && rt.m && rt.m->cfg.kind == PS_ATTN_COMPRESSED && rt.m->cfg.boundaries == PS_BOUNDARIES_CONTENT) {
+        /* content chunk boundaries: the entries per token depend on the tokens, so measure them on the task */
+        const ps_config *c = &rt.m->cfg;
+        printf("\nKV entries of the content chunks, measured\n");
+        measure_chunks(rt.m, dir, (double)c->n_layers * 2.0 * (double)(c->n_kv_heads * c->head_dim) * 4.0);
+    }
     if (!rc) {
         /* the hook points, from the family's table */
         printf("\nhook points (%s; B sequences of T tokens; head: the axis that counts heads, slots or streams)\n", f->name);

@@ -178,7 +178,8 @@ static int copy_restart(const ps_config *c, const ps_acts *src, int64_t src_b0, 
     if (!rc && c->kind == PS_ATTN_COMPRESSED && nW2 > 0)
         rc = copy_seqs(ctx, t.ck + o * nW2 * kd, nW2 * kd, s.ck + i * nW * kd, nW * kd, n, nW2 * kd) ||
              copy_seqs(ctx, t.cv + o * nW2 * kd, nW2 * kd, s.cv + i * nW * kd, nW * kd, n, nW2 * kd);
-    return rc ? ps_ctx_check(ctx, err) : 0;
+    if (rc) return ps_ctx_check(ctx, err);
+    return ps_acts_copy_chunks(dst, o, src, i, n, err); /* content chunk boundaries: the sequences' chunks */
 }
 
 /* The state of one shift's run. */

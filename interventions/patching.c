@@ -191,6 +191,7 @@ int ps_activation_patching(const ps_model *m, const ps_batch *clean, const ps_ba
                 if (ps_copy(ctx, rep.p.resid + (int64_t)l * Bp * T * c->d_model + r * N * T * c->d_model,
                             corr.p.resid + (int64_t)l * N * T * c->d_model, N * T * c->d_model))
                     rc = ps_ctx_check(ctx, err);
+                else rc = ps_acts_copy_chunks(&rep, r * N, &corr, 0, N, err); /* content chunk boundaries */
             ps_hooks h;
             ps_hooks_init(&h);
             for (int64_t r = 0; r < k && !rc; r++) {

@@ -604,6 +604,11 @@ int ps_train(const ps_train_cfg *c, const char *dir, int resume, int64_t stop_af
         ps_dist_mark_shared();
         goto done;
     }
+    if (c->phase_augment && c->model.boundaries == PS_BOUNDARIES_CONTENT) {
+        ps_fail(err, "%s: train.phase_augment shifts a window grid; content chunk boundaries (attention.boundaries \"content\") have none", dir);
+        ps_dist_mark_shared();
+        goto done;
+    }
     if (c->gate_reg > 0 && R > 1) {
         ps_fail(err, "%s: train.gate_reg is single-process only (each rank would add the whole term)", dir);
         ps_dist_mark_shared();

@@ -127,7 +127,7 @@ typedef struct {
     const float *q, *k, *v, *ck, *cv, *dz, *z;
     float *zo, *dq, *dk, *dv, *dck, *dcv;
     int64_t qs, ks;
-    int64_t off; /* window grid offset of this (sequence, KV head): ps_attn_geom.woff */
+    int64_t b, kv; /* the sequence and KV head (their window grid or chunks: ps_geom_seen) */
 } head;
 
 static head head_of(const attn_args *a, int64_t b, int64_t n) {
@@ -135,7 +135,7 @@ static head head_of(const attn_args *a, int64_t b, int64_t n) {
     int64_t T = g->T, nW = g->nW, kv = n / (g->nh / g->nkv), qs = g->nh * g->hd, ks = g->nkv * g->hd;
     int64_t qo = b * T * qs + n * g->hd, ko = b * T * ks + kv * g->hd, co = b * nW * ks + kv * g->hd;
     int win = g->compressed && nW > 0;
-    head h = {.qs = qs, .ks = ks, .off = ps_woff(g->woff, b, g->nkv, kv)};
+    head h = {.qs = qs, .ks = ks, .b = b, .kv = kv};
     h.q = a->q ? a->q + qo : NULL, h.k = a->k ? a->k + ko : NULL, h.v = a->v ? a->v + ko : NULL;
     h.ck = win && a->ck ? a->ck + co : NULL, h.cv = win && a->cv ? a->cv + co : NULL;
     h.dz = a->dz ? a->dz + qo : NULL, h.z = a->zin ? a->zin + qo : NULL;
@@ -147,7 +147,7 @@ static head head_of(const attn_args *a, int64_t b, int64_t n) {
 
 /* Windows the block's rows read: those its last row r1-1 has seen (0 for full attention). */
 static int64_t block_windows(const ps_attn_geom *g, const head *h, int64_t r1) {
-    return g->compressed ? ps_windows_seen_at(r1 - 1, h->off, g->W, g->S, g->nW) : 0;
+    return g->compressed ? ps_geom_seen(g, h->b, h->kv, r1 - 1) : 0;
 }
 
 /* Scaled scores of rows r0..r1 into S (row t at S + (t-r0)·nc): full — columns [0, r1); compressed —
@@ -212,7 +212,7 @@ static void row_columns(const ps_attn_geom *g, const head *h, int64_t t, int64_t
         *n0 = t + 1, *nz = r1, *lo = *hi = r1;
         return;
     }
-    *n0 = ps_windows_seen_at(t, h->off, g->W, g->S, g->nW), *nz = block_windows(g, h, r1);
+    *n0 = ps_geom_seen(g, h->b, h->kv, t), *nz = block_windows(g, h, r1);
     *lo = g->nW + local_first(t, g->LW), *hi = g->ncols;
 }
 

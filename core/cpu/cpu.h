@@ -26,6 +26,20 @@ int ps_cpu_gate(ps_ctx *ctx, float *z, float *alpha, const float *a, const float
     int64_t T, int64_t d, int64_t nW, int64_t W, int64_t S, int64_t nkv);
 int ps_cpu_payload(ps_ctx *ctx, float *P, const float *a, const float *C, int shared, float *scratch, int64_t B,
     int64_t T, int64_t d, int64_t nW, int64_t W, int64_t S, int64_t nkvhd);
+/* core/cpu/chunks.c: content-defined chunks (docs/mitigations.md §4) */
+int ps_cpu_gate_chunks(ps_ctx *ctx, float *z, float *alpha, const float *a, const float *u, const float *c, int64_t B,
+                       int64_t T, int64_t d, int64_t nC, int64_t W, int64_t nkv, const int64_t *cs, const int64_t *cl);
+int ps_cpu_payload_chunks(ps_ctx *ctx, float *P, const float *a, const float *C, int shared, float *scratch, int64_t B,
+                          int64_t T, int64_t d, int64_t nC, int64_t W, int64_t nkv, int64_t hd, const int64_t *cs,
+                          const int64_t *cl);
+int ps_cpu_rope_chunks(ps_ctx *ctx, float *x, const float *cos_t, const float *sin_t, int64_t B, int64_t T, int64_t nC,
+                       int64_t nkv, int64_t hd, const int64_t *cs, const int64_t *cl, int inverse);
+int ps_cpu_gate_chunks_backward(ps_ctx *ctx, float *da, float *du, float *dc, float *dalpha, const float *alpha,
+                                const float *a, const float *u, int64_t B, int64_t T, int64_t d, int64_t nC, int64_t W,
+                                int64_t nkv, const int64_t *cs, const int64_t *cl);
+int ps_cpu_payload_chunks_backward(ps_ctx *ctx, float *da, float *dC, const float *dP, const float *a, const float *C,
+                                   int shared, float *scratch, int64_t B, int64_t T, int64_t d, int64_t nC, int64_t W,
+                                   int64_t nkv, int64_t hd, const int64_t *cs, const int64_t *cl);
 /* core/cpu/grid.c: window grids with start offsets, the gate regulariser */
 int ps_cpu_gate_grid(ps_ctx *ctx, float *z, float *alpha, const float *a, const float *u, const float *c, int64_t B,
                      int64_t T, int64_t d, int64_t nW, int64_t W, int64_t S, int64_t nkv, const int64_t *woff);

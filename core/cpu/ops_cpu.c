@@ -192,7 +192,7 @@ int ps_cpu_attn_rows(ps_ctx *ctx, float *z_rows, const int64_t *rows, int64_t n,
         const float *qt = q + (r * nh + hn) * hd;
         float *zt = z_rows + (rn / nh) * nh * hd + hn * hd;
         /* entries: compressed windows ended by t, then raw positions [lo, t] */
-        int64_t nc = g->compressed ? ps_windows_seen_at(t, ps_woff(g->woff, b, nkv, kv), g->W, g->S, g->nW) : 0;
+        int64_t nc = g->compressed ? ps_geom_seen(g, b, kv, t) : 0;
         int64_t lo = g->compressed ? (t - g->LW + 1 > 0 ? t - g->LW + 1 : 0) : 0, ne = nc + (t - lo + 1);
         float mx = -INFINITY, sum = 0;
         memset(zt, 0, (size_t)hd * sizeof(float));

@@ -84,7 +84,7 @@ int ps_cpu_pattern_compact(ps_ctx *ctx, float *probs, const float *full, const p
 #pragma omp parallel for schedule(static) if (rows * wide > 65536)
     for (int64_t r = 0; r < rows; r++) {
         int64_t t = r % T, b = r / (T * g->nh), kv = (r / T) % g->nh / (g->nh / g->nkv);
-        int64_t nc = ps_windows_seen_at(t, ps_woff(g->woff, b, g->nkv, kv), g->W, g->S, nW);
+        int64_t nc = ps_geom_seen(g, b, kv, t);
         float *dst = probs + r * g->ncols;
         const float *src = full + r * wide;
         memcpy(dst, src, (size_t)nc * sizeof(float));
