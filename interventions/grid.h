@@ -45,18 +45,30 @@ typedef struct {
     int n_layers;
 } ps_grid_shift;
 
+/* Where a batch of cells restarts from the kept state of its batch's run (the controlled model only;
+ * anything else, or the naive path: a full forward per cell). */
+typedef enum {
+    PS_GRID_RESTART_NONE = 0,
+    /* every cell's hooks lie on its layer's attention inputs (q, k, v, ck, cv): restart at that layer's
+     * attention (ps_forward_from_attention_rows: the layer's projections are not recomputed, the last
+     * layer runs on the answer rows only) */
+    PS_GRID_RESTART_ATTENTION = 1,
+    /* every cell's hooks lie on its layer or later: restart from the layer's input residual
+     * (ps_forward_from: every point of the layer fires) */
+    PS_GRID_RESTART_LAYER = 2
+} ps_grid_restart;
+
 typedef struct {
     void *self;
-    /* 1: every cell's hooks lie on its layer's attention inputs (q, k, v, ck, cv), so cells may restart
-     * there from the kept clean state (when the runtime can); 0: a full forward per cell */
-    int restart_attention;
+    ps_grid_restart restart; /* whether and where the cells may restart (when the runtime can) */
     /* before the reference pass of a shift: register on `ref` what collects the sources */
     int (*sources)(void *self, const ps_runtime *rt, const ps_grid_shift *sh, ps_hooks *ref, ps_error *err);
     /* after it (every prompt of the shift seen): turn what was collected into the sources */
     int (*sources_done)(void *self, const ps_runtime *rt, const ps_grid_shift *sh, ps_error *err);
-    /* cell ci of layer index li on sequences [seq0, seq1) of a forward (seq1 = 0: every sequence) */
+    /* cell ci of layer index li on sequences [seq0, seq1) of a forward (seq1 = 0: every sequence), which
+     * hold the shift's prompts from prompt0 on */
     int (*cell)(void *self, const ps_runtime *rt, const ps_grid_shift *sh, int li, int ci, int64_t seq0, int64_t seq1,
-                ps_hooks *h, ps_error *err);
+                int64_t prompt0, ps_hooks *h, ps_error *err);
     /* after a shift: free its sources (may be NULL) */
     void (*shift_end)(void *self, const ps_runtime *rt);
     /* An estimate instead of a forward per cell (attribution patching; NULL for an exact grid): once per
@@ -66,6 +78,13 @@ typedef struct {
      * clean run's clean_lp [sv->b.B · max_q]. `cell` is not used then. */
     int (*estimate)(void *self, const ps_runtime *rt, const ps_grid_shift *sh, const ps_shifted *sv, void *state,
                     const double *clean_lp, double *cell_lp, ps_error *err);
+    /* The per-query outcome (NULL: ps_score_queries, ok = the answer is the top-1, lp its log-prob; the
+     * controlled model only otherwise): the queries of the prompts [prompt0, prompt0 + set->b.B) of the
+     * shift (set: their view) from their logits [set->b.B, T, V] (host) into ok and lp [set->b.B ·
+     * max_q]. The engine's statistics add them per residue as they add accuracies and log-probs (a mean
+     * of lp over queries: the spec's metric, e.g. activation patching's logit difference). */
+    void (*score)(void *self, const ps_grid_shift *sh, const ps_shifted *set, int64_t prompt0, const float *logits, int64_t V,
+                  int *ok, double *lp);
 } ps_grid_spec;
 
 /* What the engine needs of a model family (the controlled model: ps_runtime_model below; DeepSeek-V4:
@@ -122,6 +141,7 @@ typedef struct {
     int n_layers, n_heads;   /* selected layers; cells per layer (heads, or 1 for a per-layer target) */
     int *layers, *heads;     /* layers top-down; the cells' labels */
     ps_residue_stats clean;
+    ps_residue_stats ref;    /* a reference run of other prompts (ps_grid.ref_tokens): its outcomes; else empty */
     ps_residue_stats *cells; /* [n_layers · n_heads], layer-major */
     int cells_per_forward;   /* restart path: the most cells one forward ran (0: a forward per cell) */
     int64_t prompts_per_forward; /* restart path: prompts per cell in one forward */
@@ -130,6 +150,15 @@ typedef struct {
 typedef struct {
     const ps_runtime *rt;
     const ps_batch *base;          /* the evaluation prompts (shift 0) */
+    /* A prompt set without shifts (NULL: the sweep of base over P shifts, from task, fam and seed): its
+     * prompts as they are, one "shift" 0 whose queries count in residues [0, P) by prompts->residue
+     * (base, task, fam and seed unused). */
+    const ps_shifted *prompts;
+    /* The reference pass's tokens [N, T] when they are not the prompts' own (NULL: the prompts'; the
+     * controlled model only): the sources come from a run of other prompts (activation patching: the
+     * clean run, the cells on the corrupted prompts); its outcomes, scored as the cells', go to the
+     * result's `ref` (not to `record`). */
+    const int32_t *ref_tokens;
     const ps_task *task;
     const ps_filler_family *fam;
     int64_t P;
