@@ -1,18 +1,23 @@
 /* grid.h — the one cell-grid engine of the instruments: mean-replacement knockout of every family and
- * target (knockout.h, v4_instr.h) and gatecycle's per-head measure run as specs over it.
+ * target (knockout.h, ko_model.h, v4_instr.h), gatecycle's per-head measure, attribution patching
+ * (atp.h) and activation patching (patching.h) run as specs over it.
  *
- * A grid is cells (layer, cell) over the prefix-padding sweep: for every shift p the engine
- *   1. runs the reference pass over every prompt of the shift, in its batches, with the spec's source
- *      hooks (sum actions into buffers of the model's context: the clean run's sums; or caches), and
- *      then lets the spec turn them into sources (sums into means, a mean pattern's choice, ...);
+ * A grid is cells (layer, cell) over the prefix-padding sweep (or one given prompt set: ps_grid.prompts):
+ * for every shift p the engine
+ *   1. runs the reference pass over every prompt of the shift (or over other tokens: ps_grid.ref_tokens,
+ *      e.g. patching's clean run), in its batches, with the spec's source hooks (sum actions into
+ *      buffers of the model's context: the clean run's sums; or caches), and then lets the spec turn
+ *      them into sources (sums into means, a mean pattern's choice, a cache on the context, ...);
  *   2. per batch: the clean outcomes, then per selected layer (top-down) its cells: each cell's
  *      intervention is the spec's hooks on sequences [seq0, seq1) of a forward (backend-side actions:
- *      no host copy), scored per query and added per residue, against the clean run.
+ *      no host copy), scored per query (the answer, or the spec's score) and added per residue, against
+ *      the clean run.
  * Cells run in one of two ways: a full forward per cell (the naive path: any family, the reference), or,
- * when the spec's interventions all lie on the layer's attention inputs and the runtime can restart
- * there (the controlled model: ps_forward_from_attention_rows), k cells × m prompts as k·m sequences of
- * one restarted forward from the kept clean state, as many as the memory budget holds (ps_acts_size is
- * the one source of the sizes), its last layer on the answer rows only.
+ * when the runtime can restart where the spec's interventions lie (the controlled model), k cells × m
+ * prompts as k·m sequences of one restarted forward from the kept state of the batch's run, as many as
+ * the memory budget holds (ps_acts_size is the one source of the sizes): at the layer's attention
+ * (PS_GRID_RESTART_ATTENTION: ps_forward_from_attention_rows, the last layer on the answer rows only)
+ * or from the layer's input residual (PS_GRID_RESTART_LAYER: ps_forward_from, every row).
  *
  * Work units: unit (p, b, li) = (p · n_batches + b) · n_layers + li is one selected layer's cells on
  * batch b of shift p, in the one-process order (ps_grid_unit). A slice [unit0, unit1) runs only those
@@ -20,8 +25,9 @@
  * set's outcomes, so a split run's parts merge into what one process computes (docs/scale-out.md).
  *
  * A spec is: how to build the cells' sources (sources, sources_done, shift_end), what to run per cell
- * batch (cell: the hooks of one cell on a sequence range; restart_attention: whether the restart path
- * applies), and how to reduce (the engine's per-residue statistics, or `record` for a split run). An
+ * batch (cell: the hooks of one cell on a sequence range; restart: whether and where the restart path
+ * applies), and how to score and reduce (score: a per-query outcome, NULL for the answer's; the engine's
+ * per-residue statistics, or `record` for a split run). An
  * estimate that needs no forward per cell (attribution patching: one backward pass, cell effects from
  * gradients × (source − clean)) fits the same three parts: its sources are the clean and corrupted
  * activations and the gradients from the reference pass, its per-batch step scores every cell of a

@@ -21,9 +21,10 @@
  *
  * The knockout is a spec over the grid engine (grid.h): its sources are sum actions on the reference
  * pass (the clean run) divided into means, its cells set actions from the means; every family supplies
- * its targets and their spec through its runtime (ps_runtime_ops: the controlled model's here,
- * DeepSeek-V4's in v4_instr.c), so one call (ps_knockout_run) runs any family's knockout, whole or as
- * a work slice. */
+ * its targets and their spec through its runtime (ps_runtime_ops: the controlled model's in
+ * ko_model.c, DeepSeek-V4's in v4_instr.c), so one call (ps_knockout_run) runs any family's knockout,
+ * whole or as a work slice; the tests and benches call it too (the controlled model's target index is
+ * ps_ko_target − 1). */
 #ifndef PS_KNOCKOUT_H
 #define PS_KNOCKOUT_H
 
