@@ -78,12 +78,11 @@ typedef struct {
 } patch_layer;
 
 struct patch_spec {
-    const ps_config *c;
     ps_hook_point pt;
     const ps_batch *clean, *corrupted;
     ps_patch_metric metric;
     const int *heads;       /* [nh] the result's heads (-1: the point has none) */
-    int nl, nh;
+    int nl;
     int64_t n_pos;          /* cells per head: the point's positions with per_position, else 1 */
     int per_position;
     int64_t N, npos, per_seq; /* prompts; the point's positions and floats of one sequence */
@@ -244,8 +243,8 @@ int ps_activation_patching(const ps_model *m, const ps_batch *clean, const ps_ba
 
     /* the grid: the corrupted prompts (the clean batch's queries) as one prompt set of one residue,
      * the clean tokens as the reference pass */
-    patch_spec P = {.c = c, .pt = pt, .clean = clean, .corrupted = corrupted, .metric = opts->metric, .heads = out->heads,
-                    .nl = nl, .nh = nh, .n_pos = out->n_pos, .per_position = opts->per_position, .N = N, .npos = npos,
+    patch_spec P = {.pt = pt, .clean = clean, .corrupted = corrupted, .metric = opts->metric, .heads = out->heads,
+                    .nl = nl, .n_pos = out->n_pos, .per_position = opts->per_position, .N = N, .npos = npos,
                     .per_seq = npos * inner};
     ps_shifted run = {.b = *clean, .p = 0, .P = 1};
     run.b.tokens = corrupted->tokens;
@@ -260,7 +259,7 @@ int ps_activation_patching(const ps_model *m, const ps_batch *clean, const ps_ba
     if (!run.residue || !cell_ids || !P.host || !P.seen || !P.src || !P.pl)
         rc = ps_fail(err, "out of memory for the patching of %d layers x %lld cells", nl, (long long)per_layer);
     for (int li = 0; li < nl && !rc; li++)
-        if (!(P.host[li] = malloc((size_t)(N * P.per_seq) * sizeof(float))))
+        if (!(P.host[li] = malloc((size_t)(N * P.per_seq > 0 ? N * P.per_seq : 1) * sizeof(float))))
             rc = ps_fail(err, "out of memory for a layer's clean activation (%lld floats)", (long long)(N * P.per_seq));
     for (int64_t i = 0; !rc && i < N * clean->max_q; i++) run.residue[i] = i % clean->max_q < clean->n_q[i / clean->max_q] ? 0 : -1;
     for (int64_t i = 0; !rc && i < per_layer; i++) cell_ids[i] = (int)i;
