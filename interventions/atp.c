@@ -9,7 +9,7 @@
 #include "core/backward.h"
 #include "core/forward.h"
 #include "core/ops.h"
-#include "interventions/knockout.h"
+#include "interventions/ko_model.h"
 
 const char *const ps_atp_fix_names[] = {"none", "qk", NULL};
 

@@ -2,7 +2,7 @@
 #include "interventions/grid.h"
 
 #include "interventions/atp.h"
-#include "interventions/knockout.h"
+#include "interventions/ko_model.h"
 #include "interventions/units.h"
 
 #include <math.h>
@@ -61,6 +61,7 @@ void ps_runtime_model(ps_runtime *rt, const ps_model *m) {
 
 void ps_grid_result_free(ps_grid_result *r) {
     ps_residue_stats_free(&r->clean);
+    ps_residue_stats_free(&r->ref);
     if (r->cells)
         for (int64_t i = 0; i < (int64_t)r->n_layers * r->n_heads; i++) ps_residue_stats_free(&r->cells[i]);
     free(r->cells);
@@ -86,6 +87,7 @@ int ps_grid_result_init(ps_grid_result *r, int64_t P, const int *layers_topdown,
     memcpy(r->layers, layers_topdown, (size_t)n_layers * sizeof(int));
     memcpy(r->heads, cells, (size_t)n_cells * sizeof(int));
     int rc = ps_residue_stats_init(&r->clean, P, err);
+    if (!rc) rc = ps_residue_stats_init(&r->ref, P, err);
     for (int64_t i = 0; i < (int64_t)n_layers * n_cells && !rc; i++) rc = ps_residue_stats_init(&r->cells[i], P, err);
     if (rc) ps_grid_result_free(r);
     return rc;
@@ -148,8 +150,11 @@ void ps_grid_unit_weights_estimate(int64_t N, int64_t batch, int64_t P, int n_la
 
 /* ---- the restart path's pieces (the controlled model) ---- */
 
-/* Bytes of a keep_all activation set of B sequences of T tokens (as ps_acts_create allocates it). */
-static double acts_bytes(const ps_config *c, int64_t B, int64_t T) { return 4.0 * (double)ps_acts_size(c, B, T, true, true); }
+/* Bytes of an activation set of B sequences of T tokens (as ps_acts_create allocates it): keep_all with
+ * the pattern scratch (the attention restart), or without either (the layer restart). */
+static double acts_bytes(const ps_config *c, int64_t B, int64_t T, bool keep_all) {
+    return 4.0 * (double)ps_acts_size(c, B, T, keep_all, keep_all);
+}
 
 /* n sequences of `width` floats from rows of src_per floats into rows of dst_per floats (the first
  * `width` of each): one copy op when both are contiguous, one strided-block op otherwise. */
@@ -193,7 +198,7 @@ typedef struct {
     int64_t N, B, maxq, nb, u_lo, u_hi;
     int last_first;
     /* restart path */
-    int restart;
+    ps_grid_restart restart;
     int64_t T2, k_cells, m_pr;
     ps_acts a, part, rep;
     int have_a, have_part, have_rep;
@@ -225,19 +230,37 @@ static ps_shifted view_of(const run_state *st, int64_t i0, int64_t n) {
     return v;
 }
 
-/* One full forward per cell (any family): the cells of layer index li on the batch view. */
-static int cells_full(run_state *st, int64_t unit, int li, const ps_shifted *sv, ps_acts *use, ps_error *err) {
+/* The outcomes of the set (prompts [prompt0, prompt0 + set->b.B) of the shift) from their logits
+ * [set->b.B, T, V] (host) into st->ok, st->lp: the spec's scoring, or the answers' (ps_score_queries). */
+static void score_logits(run_state *st, const ps_shifted *set, int64_t prompt0, const float *logits) {
+    const ps_grid_spec *sp = st->g->spec;
+    int64_t V = st->g->rt->m->cfg.vocab_size;
+    if (sp->score) sp->score(sp->self, &st->sh, set, prompt0, logits, V, st->ok, st->lp);
+    else ps_score_queries(&set->b, logits, V, st->ok, st->lp);
+}
+
+/* The same from the logits of an activation set run on exactly those prompts. */
+static int score_acts(run_state *st, ps_acts *a, const ps_shifted *set, int64_t prompt0, ps_error *err) {
+    if (!st->g->spec->score) return ps_acts_score(a, &set->b, st->ok, st->lp, err);
+    const float *lg = ps_acts_logits_host(a, err);
+    if (!lg) return -1;
+    score_logits(st, set, prompt0, lg);
+    return 0;
+}
+
+/* One full forward per cell (any family): the cells of layer index li on the batch view (prompts from i0). */
+static int cells_full(run_state *st, int64_t unit, int li, const ps_shifted *sv, int64_t i0, ps_acts *use, ps_error *err) {
     const ps_grid *g = st->g;
     int rc = 0;
     for (int ci = 0; ci < g->n_cells && !rc; ci++) {
         if (!CELL_ON(st, li, ci)) continue;
         ps_hooks h;
         ps_hooks_init(&h);
-        rc = g->spec->cell(g->spec->self, g->rt, &st->sh, li, ci, 0, 0, &h, err);
+        rc = g->spec->cell(g->spec->self, g->rt, &st->sh, li, ci, 0, 0, i0, &h, err);
         if (!rc) {
             if (use) { /* the controlled model: the batch's own activation set */
                 rc = ps_forward(g->rt->m, use, sv->b.tokens, &h, err);
-                if (!rc) rc = ps_acts_score(use, &sv->b, st->ok, st->lp, err);
+                if (!rc) rc = score_acts(st, use, sv, i0, err);
             } else
                 rc = g->rt->ops->eval(g->rt, &sv->b, &h, st->ok, st->lp, err);
         }
@@ -247,16 +270,18 @@ static int cells_full(run_state *st, int64_t unit, int li, const ps_shifted *sv,
     return rc;
 }
 
-/* The restart path: groups of k_cells cells × m_pr prompts restarted at layer l's attention from the
- * clean state of `use` (the batch view sv). Each replica r = sequences [r·mm, (r+1)·mm) gets cell
- * ci0 + r's hooks; its answer rows go into the clean pass's logits at their own positions for scoring. */
-static int cells_restart(run_state *st, int64_t unit, int li, const ps_shifted *sv, ps_acts *use, ps_error *err) {
+/* The restart path: groups of k_cells cells × m_pr prompts restarted at layer l from the kept state of
+ * `use` (the batch view sv, prompts from i0): at its attention (PS_GRID_RESTART_ATTENTION: the kept
+ * residual, q, k, v, ck, cv; the answer rows only, which go into the batch's own logits at their own
+ * positions for scoring) or at its input residual (PS_GRID_RESTART_LAYER: every row's logits, scored
+ * per replica). Each replica r = sequences [r·mm, (r+1)·mm) gets cell sel[h0 + r]'s hooks. */
+static int cells_restart(run_state *st, int64_t unit, int li, const ps_shifted *sv, int64_t i0, ps_acts *use, ps_error *err) {
     const ps_grid *g = st->g;
     const ps_model *m = g->rt->m;
     const ps_config *c = &m->cfg;
     ps_ctx *ctx = m->ctx;
-    int l = st->out->layers[li], rc = 0;
-    int64_t n = use->B, T = use->T, T2 = st->T2, maxq = st->maxq, V = c->vocab_size;
+    int l = st->out->layers[li], rc = 0, at_attn = st->restart == PS_GRID_RESTART_ATTENTION;
+    int64_t n = use->B, T = use->T, T2 = st->T2, maxq = st->maxq, V = c->vocab_size, d = c->d_model;
     /* the layer's cells that run, in order: cell sel[h0 + r] is replica r of a group */
     int ns = 0;
     for (int ci = 0; ci < g->n_cells; ci++)
@@ -275,17 +300,38 @@ static int cells_restart(run_state *st, int64_t unit, int li, const ps_shifted *
             }
             if (!st->have_rep) {
                 int64_t nb = st->k_cells * st->m_pr > kk * mm ? st->k_cells * st->m_pr : kk * mm;
-                if ((rc = ps_acts_create(&st->rep, ctx, c, nb, T2, true, err))) break;
+                if ((rc = ps_acts_create(&st->rep, ctx, c, nb, T2, at_attn, err))) break;
                 st->have_rep = 1;
             }
-            for (int r = 0; r < kk && !rc; r++) rc = copy_restart(c, use, b0, &st->rep, r * mm, mm, l, err);
+            for (int r = 0; r < kk && !rc; r++) {
+                if (at_attn) rc = copy_restart(c, use, b0, &st->rep, r * mm, mm, l, err);
+                else if (ps_copy(ctx, st->rep.p.resid + (int64_t)l * st->rep.B * T * d + r * mm * T * d,
+                                 use->p.resid + (int64_t)l * n * T * d + b0 * T * d, mm * T * d))
+                    rc = ps_ctx_check(ctx, err);
+                else rc = ps_acts_copy_chunks(&st->rep, r * mm, use, b0, mm, err); /* content chunk boundaries */
+            }
             ps_hooks hooks;
             ps_hooks_init(&hooks);
             for (int r = 0; r < kk && !rc; r++)
-                rc = g->spec->cell(g->spec->self, g->rt, &st->sh, li, st->sel[h0 + r], r * mm, (r + 1) * mm, &hooks, err);
+                rc = g->spec->cell(g->spec->self, g->rt, &st->sh, li, st->sel[h0 + r], r * mm, (r + 1) * mm, i0 + b0, &hooks, err);
+            ps_batch sub = ps_batch_view(&sv->b, b0, mm);
+            ps_shifted ss = *sv;
+            ss.b = sub;
+            ss.residue = sv->residue + b0 * maxq;
+            if (!at_attn) { /* every row's logits, replica by replica */
+                const float *lg = NULL;
+                if (!rc) rc = ps_forward_from(m, &st->rep, l, &hooks, err);
+                ps_hooks_free(&hooks);
+                if (!rc && !(lg = ps_acts_logits_host(&st->rep, err))) rc = -1;
+                for (int r = 0; r < kk && !rc; r++) {
+                    score_logits(st, &ss, i0 + b0, lg + r * mm * T * V);
+                    int ci = st->sel[h0 + r];
+                    record_set(st, &st->out->cells[li * g->n_cells + ci], unit, li * g->n_cells + ci, b0, &ss);
+                }
+                continue;
+            }
             /* the rows whose logits are scored: every answer token of every query; per replica, the
              * same rows of the prompts' own batch (dst_rows) */
-            ps_batch sub = ps_batch_view(&sv->b, b0, mm);
             int64_t n_rows = 0, n_dst = 0;
             for (int r = 0; r < kk; r++)
                 for (int64_t b = 0; b < mm; b++)
@@ -298,9 +344,6 @@ static int cells_restart(run_state *st, int64_t unit, int li, const ps_shifted *
                     }
             if (!rc) rc = ps_forward_from_attention_rows(m, &st->rep, l, &hooks, st->rows, n_rows, err);
             ps_hooks_free(&hooks);
-            ps_shifted ss = *sv;
-            ss.b = sub;
-            ss.residue = sv->residue + b0 * maxq;
             for (int r = 0; r < kk && !rc; r++) {
                 if (ps_gather_rows(ctx, st->ans_logits, st->rep.p.logits, NULL, st->rows + r * n_dst, n_dst, V) ||
                     ps_scatter_rows(ctx, use->p.logits, st->ans_logits, st->dst_rows, n_dst, V)) {
@@ -312,7 +355,7 @@ static int cells_restart(run_state *st, int64_t unit, int li, const ps_shifted *
                     rc = -1;
                     break;
                 }
-                ps_score_queries(&sub, lg + b0 * T * V, V, st->ok, st->lp);
+                score_logits(st, &ss, i0 + b0, lg + b0 * T * V);
                 int ci = st->sel[h0 + r];
                 record_set(st, &st->out->cells[li * g->n_cells + ci], unit, li * g->n_cells + ci, b0, &ss);
             }
@@ -326,18 +369,21 @@ static int restart_prepare(run_state *st, double budget, ps_error *err) {
     const ps_grid *g = st->g;
     const ps_config *c = &g->rt->m->cfg;
     int64_t N = st->N, B = st->B, maxq = st->maxq, T = st->sh.T, V = c->vocab_size;
-    /* the restarted passes stop at the last answer row (causal: nothing after it is read) */
+    int at_attn = st->restart == PS_GRID_RESTART_ATTENTION;
+    /* the restarted passes stop at the last answer row (causal: nothing after it is read); from the
+     * layer's input every position runs (a cell may act on any of them) */
     int64_t T2 = 1;
-    for (int64_t b = 0; b < N; b++)
+    for (int64_t b = 0; b < N && at_attn; b++)
         for (int64_t q = 0; q < st->s.b.n_q[b]; q++) {
             const ps_query *qq = &st->s.b.queries[b * maxq + q];
             if (qq->answer_pos + qq->answer_len > T2) T2 = qq->answer_pos + qq->answer_len;
         }
-    st->T2 = T2 > T ? T : T2;
+    st->T2 = T2 > T || !at_attn ? T : T2;
     /* cells per forward: k cells of one layer, each a replica of m prompts, k·m sequences in all, as many
      * as the memory budget holds (at least one cell of one prompt) */
     st->k_cells = 1, st->m_pr = B;
-    double one = acts_bytes(c, 2, st->T2) - acts_bytes(c, 1, st->T2), fixed = acts_bytes(c, 1, st->T2) - one;
+    double one = acts_bytes(c, 2, st->T2, at_attn) - acts_bytes(c, 1, st->T2, at_attn);
+    double fixed = acts_bytes(c, 1, st->T2, at_attn) - one;
     double fit = floor((budget - fixed) / one);
     if (fit < 1) fit = 1;
     if (fit >= (double)B) {
@@ -351,7 +397,12 @@ static int restart_prepare(run_state *st, double budget, ps_error *err) {
         st->m_pr = (int64_t)fit;
     if (st->k_cells > st->out->cells_per_forward) st->out->cells_per_forward = (int)st->k_cells;
     if (st->m_pr > st->out->prompts_per_forward) st->out->prompts_per_forward = st->m_pr;
-    int64_t ans = g->task->kind == PS_TASK_KV ? g->task->value_len : 1, seqs = st->k_cells * st->m_pr;
+    if (!at_attn) return 0; /* every row's logits: no answer rows to gather */
+    int64_t ans = 1, seqs = st->k_cells * st->m_pr;
+    if (g->task && !g->prompts) ans = g->task->kind == PS_TASK_KV ? g->task->value_len : 1;
+    else /* a prompt set without a task: its longest answer */
+        for (int64_t i = 0; i < N * maxq; i++)
+            if (i % maxq < st->s.b.n_q[i / maxq] && st->s.b.queries[i].answer_len > ans) ans = st->s.b.queries[i].answer_len;
     /* sizes in double first: a corrupt task (absurd value_len) must fail here, not wrap around */
     if ((double)seqs * (double)maxq * (double)ans * 8.0 > 9e18) st->rows = NULL;
     else st->rows = malloc((size_t)(seqs * maxq * ans) * sizeof(int64_t));
@@ -377,7 +428,7 @@ static void shift_free(run_state *st) {
     st->rows = st->dst_rows = NULL;
     st->ans_logits = NULL;
     if (g->spec->shift_end) g->spec->shift_end(g->spec->self, g->rt);
-    ps_shifted_free(&st->s);
+    if (!g->prompts) ps_shifted_free(&st->s); /* a given prompt set is the caller's */
 }
 
 /* An estimate's batch: every cell of every layer from one call of the spec, recorded per unit of the
@@ -409,22 +460,24 @@ static int run_shift(run_state *st, int64_t p, double budget, ps_error *err) {
     int64_t N = st->N, B = st->B, nb = st->nb, last0 = (N - 1) / B * B;
     if (UNIT(st, p + 1, 0, 0) <= st->u_lo || UNIT(st, p, 0, 0) >= st->u_hi) return 0; /* no unit of this shift here */
     memset(&st->s, 0, sizeof st->s);
-    if (ps_make_shifted(g->base, g->task, g->fam, PS_SWEEP_PAD, g->P, p, g->seed, rt->max_pos, &st->s, err)) return -1;
+    if (g->prompts) st->s = *g->prompts;
+    else if (ps_make_shifted(g->base, g->task, g->fam, PS_SWEEP_PAD, g->P, p, g->seed, rt->max_pos, &st->s, err)) return -1;
     st->sh = (ps_grid_shift){.p = p, .s = &st->s, .N = N, .T = st->s.b.T, .layers = st->out->layers, .n_layers = nl};
     int64_t T = st->sh.T;
     /* the controlled model keeps every batch's clean state (the restart reads it; the reference pass's
      * last batch is not run again) */
-    int keep = rt->m != NULL;
+    int keep = rt->m != NULL, keep_all = g->spec->restart != PS_GRID_RESTART_LAYER; /* the layer restart reads the residual only */
     if (keep && st->restart) rc = restart_prepare(st, budget, err);
     if (!rc && keep) {
-        rc = ps_acts_create(&st->a, rt->ctx, &rt->m->cfg, B, T, true, err);
+        rc = ps_acts_create(&st->a, rt->ctx, &rt->m->cfg, B, T, keep_all, err);
         st->have_a = !rc;
         if (!rc && N - last0 != B) {
-            rc = ps_acts_create(&st->part, rt->ctx, &rt->m->cfg, N - last0, T, true, err);
+            rc = ps_acts_create(&st->part, rt->ctx, &rt->m->cfg, N - last0, T, keep_all, err);
             st->have_part = !rc;
         }
     }
-    /* pass 1: the reference pass over every prompt of the shift, collecting the sources */
+    /* pass 1: the reference pass over every prompt of the shift (or the reference tokens), collecting
+     * the sources */
     ps_hooks ref;
     ps_hooks_init(&ref);
     if (!rc) rc = g->spec->sources(g->spec->self, rt, &st->sh, &ref, err);
@@ -432,7 +485,12 @@ static int run_shift(run_state *st, int64_t p, double budget, ps_error *err) {
         int64_t n = N - i0 < B ? N - i0 : B;
         if (keep) {
             ps_acts *use = i0 == last0 && st->have_part ? &st->part : &st->a;
-            rc = ps_forward(rt->m, use, st->s.b.tokens + i0 * T, &ref, err);
+            rc = ps_forward(rt->m, use, (g->ref_tokens ? g->ref_tokens : st->s.b.tokens) + i0 * T, &ref, err);
+            int64_t u0 = UNIT(st, p, st->last_first ? (last0 - i0) / B : i0 / B, 0);
+            if (!rc && g->ref_tokens && IN(st, u0)) { /* the reference run's outcomes */
+                ps_shifted sv = view_of(st, i0, n);
+                if (!(rc = score_acts(st, use, &sv, i0, err))) ps_residue_stats_add(&st->out->ref, &sv, st->ok, st->lp);
+            }
         } else {
             /* a runtime without kept state scores the clean run here, batches in order */
             ps_shifted sv = view_of(st, i0, n);
@@ -444,7 +502,7 @@ static int run_shift(run_state *st, int64_t p, double budget, ps_error *err) {
     ps_hooks_free(&ref);
     if (!rc) rc = g->spec->sources_done(g->spec->self, rt, &st->sh, err);
     /* pass 2: per batch, its clean outcomes and the cells of its units; the controlled model from the
-     * last batch (pass 1 left its clean activations in place) */
+     * last batch (pass 1 left its clean activations in place, unless it ran other tokens) */
     for (int64_t bi = 0; bi < nb && !rc; bi++) {
         if (UNIT(st, p, bi + 1, 0) <= st->u_lo || UNIT(st, p, bi, 0) >= st->u_hi) continue; /* no unit of this batch here */
         int64_t i0 = st->last_first ? last0 - bi * B : bi * B, n = N - i0 < B ? N - i0 : B;
@@ -452,9 +510,9 @@ static int run_shift(run_state *st, int64_t p, double budget, ps_error *err) {
         ps_acts *use = NULL;
         if (keep) {
             use = i0 == last0 && st->have_part ? &st->part : &st->a;
-            if (i0 != last0) rc = ps_forward(rt->m, use, sv.b.tokens, NULL, err);
+            if (i0 != last0 || g->ref_tokens) rc = ps_forward(rt->m, use, sv.b.tokens, NULL, err);
             /* an estimate needs the clean scores of every batch it visits */
-            if (!rc && (IN(st, UNIT(st, p, bi, 0)) || g->spec->estimate) && !(rc = ps_acts_score(use, &sv.b, st->ok, st->lp, err)) &&
+            if (!rc && (IN(st, UNIT(st, p, bi, 0)) || g->spec->estimate) && !(rc = score_acts(st, use, &sv, i0, err)) &&
                 IN(st, UNIT(st, p, bi, 0)))
                 record_set(st, &st->out->clean, UNIT(st, p, bi, 0), -1, 0, &sv);
         }
@@ -464,8 +522,8 @@ static int run_shift(run_state *st, int64_t p, double budget, ps_error *err) {
         }
         for (int li = 0; li < nl && !rc; li++) {
             if (!IN(st, UNIT(st, p, bi, li))) continue;
-            rc = st->restart ? cells_restart(st, UNIT(st, p, bi, li), li, &sv, use, err)
-                             : cells_full(st, UNIT(st, p, bi, li), li, &sv, use, err);
+            rc = st->restart ? cells_restart(st, UNIT(st, p, bi, li), li, &sv, i0, use, err)
+                             : cells_full(st, UNIT(st, p, bi, li), li, &sv, i0, use, err);
         }
     }
     shift_free(st);
@@ -495,17 +553,28 @@ int ps_grid_run(const ps_grid *g, ps_grid_result *out, ps_error *err) {
     int rc = ps_grid_result_init(out, g->P, td, g->n_layers, g->cells, g->n_cells, err);
     free(td);
     if (rc) return -1;
-    run_state st = {.g = g, .out = out, .N = g->base->B, .maxq = g->base->max_q};
+    const ps_batch *pr = g->prompts ? &g->prompts->b : g->base;
+    run_state st = {.g = g, .out = out, .N = pr->B, .maxq = pr->max_q};
     st.B = g->batch < st.N ? g->batch : st.N;
     st.nb = st.B > 0 ? (st.N + st.B - 1) / st.B : 0;
     st.last_first = ps_grid_last_first(g->rt);
-    st.restart = !g->naive && g->spec->restart_attention && g->rt->m != NULL && !g->spec->estimate;
+    st.restart = !g->naive && g->rt->m != NULL && !g->spec->estimate ? g->spec->restart : PS_GRID_RESTART_NONE;
     if (g->spec->estimate && !g->rt->m) {
         ps_grid_result_free(out);
         return ps_fail(err, "an estimated grid needs the %s runtime's kept activations (this family has none)", g->rt->ops->name);
     }
+    if ((g->spec->score || g->ref_tokens) && !g->rt->m) {
+        ps_grid_result_free(out);
+        return ps_fail(err, "a grid with its own scoring or a reference run of other prompts needs the controlled model's logits "
+                            "(the %s runtime scores its answers only)", g->rt->ops->name);
+    }
+    if (g->ref_tokens && g->spec->estimate) {
+        ps_grid_result_free(out);
+        return ps_fail(err, "an estimated grid takes its sources from its own prompts (no reference tokens)");
+    }
+    int64_t n_shift = g->prompts ? 1 : g->P; /* a prompt set without shifts is one */
     st.u_lo = g->unit0;
-    st.u_hi = g->unit1 > 0 ? g->unit1 : g->P * st.nb * g->n_layers;
+    st.u_hi = g->unit1 > 0 ? g->unit1 : n_shift * st.nb * g->n_layers;
     double budget = g->mem_bytes > 0 ? g->mem_bytes : ps_grid_default_budget();
     int64_t nq = st.N * st.maxq > 0 ? st.N * st.maxq : 1;
     st.ok = malloc((size_t)nq * sizeof(int));
@@ -530,8 +599,8 @@ int ps_grid_run(const ps_grid *g, ps_grid_result *out, ps_error *err) {
         if (!st.cell_lp || !st.clean_lp || !st.clean_ok)
             rc = ps_fail(err, "out of memory for the estimates of %d x %d cells on %lld queries", g->n_layers, g->n_cells, (long long)bq);
     }
-    int64_t per = 1 + (int64_t)g->n_layers * g->n_cells, total = g->P * per;
-    for (int64_t p = 0; p < g->P && !rc; p++) {
+    int64_t per = 1 + (int64_t)g->n_layers * g->n_cells, total = n_shift * per;
+    for (int64_t p = 0; p < n_shift && !rc; p++) {
         rc = run_shift(&st, p, budget, err);
         if (g->progress) g->progress((p + 1) * per, total, g->progress_user);
     }

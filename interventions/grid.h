@@ -1,18 +1,23 @@
 /* grid.h — the one cell-grid engine of the instruments: mean-replacement knockout of every family and
- * target (knockout.h, v4_instr.h) and gatecycle's per-head measure run as specs over it.
+ * target (knockout.h, ko_model.h, v4_instr.h), gatecycle's per-head measure, attribution patching
+ * (atp.h) and activation patching (patching.h) run as specs over it.
  *
- * A grid is cells (layer, cell) over the prefix-padding sweep: for every shift p the engine
- *   1. runs the reference pass over every prompt of the shift, in its batches, with the spec's source
- *      hooks (sum actions into buffers of the model's context: the clean run's sums; or caches), and
- *      then lets the spec turn them into sources (sums into means, a mean pattern's choice, ...);
+ * A grid is cells (layer, cell) over the prefix-padding sweep (or one given prompt set: ps_grid.prompts):
+ * for every shift p the engine
+ *   1. runs the reference pass over every prompt of the shift (or over other tokens: ps_grid.ref_tokens,
+ *      e.g. patching's clean run), in its batches, with the spec's source hooks (sum actions into
+ *      buffers of the model's context: the clean run's sums; or caches), and then lets the spec turn
+ *      them into sources (sums into means, a mean pattern's choice, a cache on the context, ...);
  *   2. per batch: the clean outcomes, then per selected layer (top-down) its cells: each cell's
  *      intervention is the spec's hooks on sequences [seq0, seq1) of a forward (backend-side actions:
- *      no host copy), scored per query and added per residue, against the clean run.
+ *      no host copy), scored per query (the answer, or the spec's score) and added per residue, against
+ *      the clean run.
  * Cells run in one of two ways: a full forward per cell (the naive path: any family, the reference), or,
- * when the spec's interventions all lie on the layer's attention inputs and the runtime can restart
- * there (the controlled model: ps_forward_from_attention_rows), k cells × m prompts as k·m sequences of
- * one restarted forward from the kept clean state, as many as the memory budget holds (ps_acts_size is
- * the one source of the sizes), its last layer on the answer rows only.
+ * when the runtime can restart where the spec's interventions lie (the controlled model), k cells × m
+ * prompts as k·m sequences of one restarted forward from the kept state of the batch's run, as many as
+ * the memory budget holds (ps_acts_size is the one source of the sizes): at the layer's attention
+ * (PS_GRID_RESTART_ATTENTION: ps_forward_from_attention_rows, the last layer on the answer rows only)
+ * or from the layer's input residual (PS_GRID_RESTART_LAYER: ps_forward_from, every row).
  *
  * Work units: unit (p, b, li) = (p · n_batches + b) · n_layers + li is one selected layer's cells on
  * batch b of shift p, in the one-process order (ps_grid_unit). A slice [unit0, unit1) runs only those
@@ -20,8 +25,9 @@
  * set's outcomes, so a split run's parts merge into what one process computes (docs/scale-out.md).
  *
  * A spec is: how to build the cells' sources (sources, sources_done, shift_end), what to run per cell
- * batch (cell: the hooks of one cell on a sequence range; restart_attention: whether the restart path
- * applies), and how to reduce (the engine's per-residue statistics, or `record` for a split run). An
+ * batch (cell: the hooks of one cell on a sequence range; restart: whether and where the restart path
+ * applies), and how to score and reduce (score: a per-query outcome, NULL for the answer's; the engine's
+ * per-residue statistics, or `record` for a split run). An
  * estimate that needs no forward per cell (attribution patching: one backward pass, cell effects from
  * gradients × (source − clean)) fits the same three parts: its sources are the clean and corrupted
  * activations and the gradients from the reference pass, its per-batch step scores every cell of a
@@ -46,18 +52,30 @@ typedef struct {
     int n_layers;
 } ps_grid_shift;
 
+/* Where a batch of cells restarts from the kept state of its batch's run (the controlled model only;
+ * anything else, or the naive path: a full forward per cell). */
+typedef enum {
+    PS_GRID_RESTART_NONE = 0,
+    /* every cell's hooks lie on its layer's attention inputs (q, k, v, ck, cv): restart at that layer's
+     * attention (ps_forward_from_attention_rows: the layer's projections are not recomputed, the last
+     * layer runs on the answer rows only) */
+    PS_GRID_RESTART_ATTENTION = 1,
+    /* every cell's hooks lie on its layer or later: restart from the layer's input residual
+     * (ps_forward_from: every point of the layer fires) */
+    PS_GRID_RESTART_LAYER = 2
+} ps_grid_restart;
+
 typedef struct {
     void *self;
-    /* 1: every cell's hooks lie on its layer's attention inputs (q, k, v, ck, cv), so cells may restart
-     * there from the kept clean state (when the runtime can); 0: a full forward per cell */
-    int restart_attention;
+    ps_grid_restart restart; /* whether and where the cells may restart (when the runtime can) */
     /* before the reference pass of a shift: register on `ref` what collects the sources */
     int (*sources)(void *self, const ps_runtime *rt, const ps_grid_shift *sh, ps_hooks *ref, ps_error *err);
     /* after it (every prompt of the shift seen): turn what was collected into the sources */
     int (*sources_done)(void *self, const ps_runtime *rt, const ps_grid_shift *sh, ps_error *err);
-    /* cell ci of layer index li on sequences [seq0, seq1) of a forward (seq1 = 0: every sequence) */
+    /* cell ci of layer index li on sequences [seq0, seq1) of a forward (seq1 = 0: every sequence), which
+     * hold the shift's prompts from prompt0 on */
     int (*cell)(void *self, const ps_runtime *rt, const ps_grid_shift *sh, int li, int ci, int64_t seq0, int64_t seq1,
-                ps_hooks *h, ps_error *err);
+                int64_t prompt0, ps_hooks *h, ps_error *err);
     /* after a shift: free its sources (may be NULL) */
     void (*shift_end)(void *self, const ps_runtime *rt);
     /* An estimate instead of a forward per cell (attribution patching; NULL for an exact grid): once per
@@ -67,6 +85,13 @@ typedef struct {
      * clean run's clean_lp [sv->b.B · max_q]. `cell` is not used then. */
     int (*estimate)(void *self, const ps_runtime *rt, const ps_grid_shift *sh, const ps_shifted *sv, void *state,
                     const double *clean_lp, double *cell_lp, ps_error *err);
+    /* The per-query outcome (NULL: ps_score_queries, ok = the answer is the top-1, lp its log-prob; the
+     * controlled model only otherwise): the queries of the prompts [prompt0, prompt0 + set->b.B) of the
+     * shift (set: their view) from their logits [set->b.B, T, V] (host) into ok and lp [set->b.B ·
+     * max_q]. The engine's statistics add them per residue as they add accuracies and log-probs (a mean
+     * of lp over queries: the spec's metric, e.g. activation patching's logit difference). */
+    void (*score)(void *self, const ps_grid_shift *sh, const ps_shifted *set, int64_t prompt0, const float *logits, int64_t V,
+                  int *ok, double *lp);
 } ps_grid_spec;
 
 /* What the engine needs of a model family (the controlled model: ps_runtime_model below; DeepSeek-V4:
@@ -131,6 +156,7 @@ typedef struct {
     int n_layers, n_heads;   /* selected layers; cells per layer (heads, or 1 for a per-layer target) */
     int *layers, *heads;     /* layers top-down; the cells' labels */
     ps_residue_stats clean;
+    ps_residue_stats ref;    /* a reference run of other prompts (ps_grid.ref_tokens): its outcomes; else empty */
     ps_residue_stats *cells; /* [n_layers · n_heads], layer-major */
     int cells_per_forward;   /* restart path: the most cells one forward ran (0: a forward per cell) */
     int64_t prompts_per_forward; /* restart path: prompts per cell in one forward */
@@ -139,6 +165,15 @@ typedef struct {
 typedef struct {
     const ps_runtime *rt;
     const ps_batch *base;          /* the evaluation prompts (shift 0) */
+    /* A prompt set without shifts (NULL: the sweep of base over P shifts, from task, fam and seed): its
+     * prompts as they are, one "shift" 0 whose queries count in residues [0, P) by prompts->residue
+     * (base, task, fam and seed unused). */
+    const ps_shifted *prompts;
+    /* The reference pass's tokens [N, T] when they are not the prompts' own (NULL: the prompts'; the
+     * controlled model only): the sources come from a run of other prompts (activation patching: the
+     * clean run, the cells on the corrupted prompts); its outcomes, scored as the cells', go to the
+     * result's `ref` (not to `record`). */
+    const int32_t *ref_tokens;
     const ps_task *task;
     const ps_filler_family *fam;
     int64_t P;

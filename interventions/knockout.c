@@ -6,9 +6,9 @@
 #include <string.h>
 
 #include "core/fileio.h"
+#include "core/ops.h"
 #include "interventions/atp.h"
 #include "interventions/units.h"
-#include "core/ops.h"
 #include "tasks/tasks.h"
 
 void ps_knockout_result_free(ps_knockout_result *r) { ps_grid_result_free(r); }
@@ -16,139 +16,6 @@ void ps_knockout_result_free(ps_knockout_result *r) { ps_grid_result_free(r); }
 double ps_knockout_default_budget(void) { return ps_grid_default_budget(); }
 
 int64_t ps_knockout_n_units(int64_t N, int64_t batch, int64_t P, int n_layers) { return ps_grid_n_units(N, batch, P, n_layers); }
-
-const char *ps_ko_target_name(ps_ko_target t) { return t == PS_KO_RAW ? "raw" : t == PS_KO_COMPRESSED ? "compressed" : "both"; }
-
-/* ---- the controlled model's spec: mean replacement of a KV head's k/v, ck/cv or all four ---- */
-
-const char *const ps_model_ko_target_names[] = {"raw", "compressed", "both", NULL}; /* index i: ps_ko_target i + 1 */
-#define MODEL_TARGETS ps_model_ko_target_names
-
-/* Means of one shift: per selected layer and replaced array (k/v, ck/cv or all four), [npos, nkv, hd] on
- * the model's context: summed over the prompts in double by sum actions on the reference pass, then
- * divided into floats. */
-typedef struct {
-    ps_ko_target target;
-    const int *heads;
-    int n_arr;            /* 2 (k/v or ck/cv) or 4 */
-    ps_hook_point pt[4];  /* which arrays, in the order the forward fires them */
-    int64_t npos[4];
-    int64_t off[4];       /* floats into one layer's block of sums / means */
-    int64_t per_layer;    /* floats of one layer's block (all arrays) */
-    int64_t n_mean;
-    double *sum;          /* [n_layers, per_layer] */
-    float *mean;          /* [n_layers, per_layer] */
-} model_ko;
-
-static void model_ko_shift_end(void *self, const ps_runtime *rt) {
-    model_ko *k = self;
-    if (k->mean) ps_buf_free(rt->ctx, k->mean, k->n_mean * (int64_t)sizeof(float));
-    if (k->sum) ps_buf_free(rt->ctx, k->sum, k->n_mean * (int64_t)sizeof(double));
-    k->mean = NULL;
-    k->sum = NULL;
-}
-
-static int model_ko_sources(void *self, const ps_runtime *rt, const ps_grid_shift *sh, ps_hooks *ref, ps_error *err) {
-    model_ko *k = self;
-    const ps_config *c = &rt->m->cfg;
-    int v4 = c->kind == PS_ATTN_CHANNEL; /* K = V: hook_k / hook_ck only */
-    int64_t nW = ps_config_n_windows(c, sh->T), nkv = c->n_kv_heads, hd = c->head_dim;
-    k->n_arr = 0;
-    k->per_layer = 0;
-    if (k->target & PS_KO_RAW) {
-        k->pt[k->n_arr] = PS_HOOK_K, k->npos[k->n_arr++] = sh->T;
-        if (!v4) k->pt[k->n_arr] = PS_HOOK_V, k->npos[k->n_arr++] = sh->T;
-    }
-    if (k->target & PS_KO_COMPRESSED) {
-        k->pt[k->n_arr] = PS_HOOK_CK, k->npos[k->n_arr++] = nW;
-        if (!v4) k->pt[k->n_arr] = PS_HOOK_CV, k->npos[k->n_arr++] = nW;
-    }
-    for (int a = 0; a < k->n_arr; a++) {
-        k->off[a] = k->per_layer;
-        k->per_layer += k->npos[a] * nkv * hd;
-    }
-    k->n_mean = (int64_t)sh->n_layers * k->per_layer;
-    k->sum = ps_buf_alloc(rt->ctx, k->n_mean * (int64_t)sizeof(double), "the knockout sums", err);
-    k->mean = k->sum ? ps_buf_alloc(rt->ctx, k->n_mean * (int64_t)sizeof(float), "the knockout means", err) : NULL;
-    if (!k->mean) return -1;
-    /* the clean run's sums, added by sum actions as each layer fires (the arrays the restart keeps) */
-    for (int li = 0; li < sh->n_layers; li++)
-        for (int a = 0; a < k->n_arr; a++) {
-            if (k->npos[a] < 1) continue;
-            char name[96];
-            ps_hook_name(name, sizeof name, sh->layers[li], k->pt[a]);
-            ps_hook_action act = {.kind = PS_ACT_SUM, .head = -1, .acc = k->sum + (int64_t)li * k->per_layer + k->off[a],
-                                  .acc_n = k->npos[a] * nkv * hd};
-            if (rt->ops->add_action(rt, ref, name, &act, err)) return -1;
-        }
-    return 0;
-}
-
-static int model_ko_sources_done(void *self, const ps_runtime *rt, const ps_grid_shift *sh, ps_error *err) {
-    model_ko *k = self;
-    if (ps_sum_to_mean(rt->ctx, k->mean, k->sum, (double)sh->N, k->n_mean)) return ps_ctx_check(rt->ctx, err);
-    return 0;
-}
-
-/* The mean-replacement action of KV head heads[ci] on sequences [seq0, seq1) for every replaced array of
- * layer index li: the same public action a user registers (PS_ACT_SET from the mean [npos, nkv, hd]). */
-static int model_ko_cell(void *self, const ps_runtime *rt, const ps_grid_shift *sh, int li, int ci, int64_t seq0,
-                         int64_t seq1, ps_hooks *h, ps_error *err) {
-    model_ko *k = self;
-    for (int a = 0; a < k->n_arr; a++) {
-        char name[96];
-        ps_hook_name(name, sizeof name, sh->layers[li], k->pt[a]);
-        ps_hook_action act = {.kind = PS_ACT_SET, .head = k->heads[ci], .seq0 = seq0, .seq1 = seq1,
-                              .src = k->mean + (int64_t)li * k->per_layer + k->off[a], .src_npos = k->npos[a]};
-        if (rt->ops->add_action(rt, h, name, &act, err)) return -1;
-    }
-    return 0;
-}
-
-int ps_model_ko_default_target(const ps_runtime *rt) { return rt->m->cfg.kind != PS_ATTN_FULL ? 1 : 0; }
-
-int64_t ps_model_ko_target_heads(const ps_runtime *rt, int target) {
-    (void)target;
-    return rt->m->cfg.n_kv_heads;
-}
-
-const char *ps_model_ko_unit(const ps_runtime *rt, int target) {
-    (void)rt, (void)target;
-    return NULL;
-}
-
-const char *ps_model_ko_layer_missing(const ps_runtime *rt, int target, int layer, char *buf, size_t n) {
-    (void)layer;
-    if (((target + 1) & PS_KO_COMPRESSED) && rt->m->cfg.kind == PS_ATTN_FULL) {
-        snprintf(buf, n, "--target %s: a full-attention model has no compressed entries (use --target raw)", MODEL_TARGETS[target]);
-        return buf;
-    }
-    return NULL;
-}
-
-int ps_model_ko_spec(const ps_runtime *rt, int target, const int *heads, int n_heads, ps_grid_spec *spec, ps_error *err) {
-    (void)n_heads;
-    model_ko *k = calloc(1, sizeof *k);
-    if (!k) return ps_fail(err, "out of memory");
-    k->target = (ps_ko_target)(target + 1);
-    k->heads = heads;
-    *spec = (ps_grid_spec){.self = k, .restart_attention = rt->m->cfg.kind != PS_ATTN_CHANNEL, .sources = model_ko_sources,
-                           .sources_done = model_ko_sources_done, .cell = model_ko_cell, .shift_end = model_ko_shift_end};
-    return 0;
-}
-
-const float *ps_model_ko_mean(const ps_grid_spec *spec, int li, ps_hook_point pt) {
-    const model_ko *k = spec->self;
-    for (int a = 0; a < k->n_arr; a++)
-        if (k->pt[a] == pt && k->mean && k->npos[a] > 0) return k->mean + (int64_t)li * k->per_layer + k->off[a];
-    return NULL;
-}
-
-void ps_model_ko_spec_free(ps_grid_spec *spec) {
-    free(spec->self);
-    spec->self = NULL;
-}
-
 
 /* ---- any family ---- */
 
@@ -194,18 +61,6 @@ int ps_knockout_run(const ps_knockout_spec *k, ps_knockout_result *out, ps_error
     if (k->opts.atp) rt->ops->atp_spec_free(rt, &spec);
     else rt->ops->ko_spec_free(&spec);
     return rc;
-}
-
-int ps_knockout_grid(const ps_model *m, const ps_batch *base, const ps_task *task, const ps_filler_family *fam,
-                     int64_t P, uint64_t seed, int64_t batch, const int *layers, int n_layers, const int *heads,
-                     int n_heads, ps_ko_target target, int naive, ps_knockout_result *out, ps_progress_fn progress,
-                     void *user, ps_error *err) {
-    ps_runtime rt;
-    ps_runtime_model(&rt, m);
-    ps_knockout_spec k = {.rt = &rt, .base = base, .task = task, .fam = fam, .P = P, .seed = seed, .batch = batch,
-                          .layers = layers, .n_layers = n_layers, .heads = heads, .n_heads = n_heads,
-                          .target = (int)target - 1, .opts = {.naive = naive}, .progress = progress, .progress_user = user};
-    return ps_knockout_run(&k, out, err);
 }
 
 /* A cell's effect by its worst residue: the largest increase of mean target NLL over the residues with

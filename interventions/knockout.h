@@ -21,21 +21,20 @@
  *
  * The knockout is a spec over the grid engine (grid.h): its sources are sum actions on the reference
  * pass (the clean run) divided into means, its cells set actions from the means; every family supplies
- * its targets and their spec through its runtime (ps_runtime_ops: the controlled model's here,
- * DeepSeek-V4's in v4_instr.c), so one call (ps_knockout_run) runs any family's knockout, whole or as
- * a work slice. */
+ * its targets and their spec through its runtime (ps_runtime_ops: the controlled model's in
+ * ko_model.c, DeepSeek-V4's in v4_instr.c), so one call (ps_knockout_run) runs any family's knockout,
+ * whole or as a work slice; the tests and benches call it too (the controlled model's target index is
+ * ps_ko_target − 1). */
 #ifndef PS_KNOCKOUT_H
 #define PS_KNOCKOUT_H
 
 #include <jansson.h>
 
-#include "interventions/grid.h"
 #include "dist/partial.h"
+#include "interventions/grid.h"
+#include "interventions/ko_model.h"
 #include "interventions/sweep.h"
 #include "tasks/tasks.h"
-
-/* The controlled model's targets (bit 1: raw k/v, bit 2: compressed ck/cv). */
-typedef enum { PS_KO_RAW = 1, PS_KO_COMPRESSED = 2, PS_KO_BOTH = 3 } ps_ko_target;
 
 typedef ps_grid_result ps_knockout_result;
 typedef ps_grid_record_fn ps_ko_record_fn;
@@ -91,24 +90,7 @@ int ps_knockout_default_target(const ps_runtime *rt);
 int64_t ps_knockout_target_heads(const ps_runtime *rt, int target);
 const char *ps_knockout_layer_missing(const ps_runtime *rt, int target, int layer, char *buf, size_t n);
 
-/* The controlled model's grid (tests and bench: ps_knockout_run with the model's runtime). */
-int ps_knockout_grid(const ps_model *m, const ps_batch *base, const ps_task *task, const ps_filler_family *fam,
-                     int64_t P, uint64_t seed, int64_t batch, const int *layers, int n_layers, const int *heads,
-                     int n_heads, ps_ko_target target, int naive, ps_knockout_result *out, ps_progress_fn progress,
-                     void *user, ps_error *err);
 void ps_knockout_result_free(ps_knockout_result *r);
-
-/* The controlled model's knockout, as its runtime's ops (grid.c) give it. */
-extern const char *const ps_model_ko_target_names[];
-int ps_model_ko_default_target(const ps_runtime *rt);
-int64_t ps_model_ko_target_heads(const ps_runtime *rt, int target);
-const char *ps_model_ko_unit(const ps_runtime *rt, int target);
-const char *ps_model_ko_layer_missing(const ps_runtime *rt, int target, int layer, char *buf, size_t n);
-int ps_model_ko_spec(const ps_runtime *rt, int target, const int *heads, int n_heads, ps_grid_spec *spec, ps_error *err);
-void ps_model_ko_spec_free(ps_grid_spec *spec);
-/* After its sources_done: the mean the spec replaces layer index li's array `pt` with ([npos, nkv, hd] on the
- * model's context), or NULL when its target does not replace that array. */
-const float *ps_model_ko_mean(const ps_grid_spec *spec, int li, ps_hook_point pt);
 
 /* mask [n_layers · n_heads] (r's order): 1 for the K cells with the largest worst-residue increase of
  * mean target NLL (ties: the earlier cell), 0 elsewhere — what `--verify K` checks of an estimate. */
@@ -149,6 +131,5 @@ typedef struct {
 } ps_knockout_atp_json;
 json_t *ps_knockout_json_ex(const ps_knockout_result *r, const char *target, const char *unit, const ps_knockout_atp_json *atp,
                             ps_error *err);
-const char *ps_ko_target_name(ps_ko_target t);
 
 #endif

@@ -1,3 +1,4 @@
+/* patching.c — run_with_cache and activation patching as a spec over the grid engine (patching.h). */
 #include "interventions/patching.h"
 
 #include <math.h>
@@ -5,36 +6,25 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/fileio.h"
 #include "core/forward.h"
-
-/* A forward of acts `a` with a cache watching names (the hooks are the cache's only). */
-static int forward_cached(const ps_model *m, ps_acts *a, const int32_t *tokens, const char *const *names, int n,
-                          ps_cache *cache, ps_error *err) {
-    ps_hooks h;
-    ps_hooks_init(&h);
-    int rc = 0;
-    for (int i = 0; i < n && !rc; i++) rc = ps_cache_watch(cache, &h, &m->cfg, names[i], err);
-    if (!rc) rc = ps_forward(m, a, tokens, &h, err);
-    ps_hooks_free(&h);
-    return rc;
-}
+#include "interventions/grid.h"
 
 int ps_run_with_cache(const ps_model *m, const int32_t *tokens, int64_t B, int64_t T, const char *const *names, int n,
                       ps_cache *cache, ps_error *err) {
     if (n < 0 || (n > 0 && !names)) return ps_fail(err, "run_with_cache: %d hook names", n);
     ps_acts a;
     if (ps_acts_create(&a, m->ctx, &m->cfg, B, T, false, err)) return -1;
-    int rc = forward_cached(m, &a, tokens, names, n, cache, err);
+    ps_hooks h;
+    ps_hooks_init(&h);
+    int rc = 0;
+    for (int i = 0; i < n && !rc; i++) rc = ps_cache_watch(cache, &h, &m->cfg, names[i], err);
+    if (!rc) rc = ps_forward(m, &a, tokens, &h, err);
+    ps_hooks_free(&h);
     ps_acts_free(&a);
     return rc;
 }
 
-double ps_patch_default_budget(void) {
-    double b = 1024.0 * 1024.0 * 1024.0, avail = (double)ps_mem_available();
-    if (avail > 0 && avail / 4 < b) b = avail / 4;
-    return b;
-}
+double ps_patch_default_budget(void) { return ps_grid_default_budget(); }
 
 void ps_patch_result_free(ps_patch_result *r) {
     free(r->layers);
@@ -53,34 +43,155 @@ static double log_prob(const float *x, int64_t V, int32_t y) {
     return (double)(x[y] - mx) - log(sum);
 }
 
+/* The metric's value for query qi of prompt b (clean's queries and answers), from that prompt's logits
+ * lg [T, V]. */
+static double query_value(ps_patch_metric metric, const ps_batch *clean, const ps_batch *corrupted, int64_t b, int64_t qi,
+                          const float *lg, int64_t V) {
+    int64_t T = clean->T;
+    const ps_query *q = &clean->queries[b * clean->max_q + qi];
+    if (metric == PS_PATCH_LOGIT_DIFF) {
+        const float *x = lg + q->answer_pos * V;
+        return (double)x[clean->tokens[b * T + q->answer_src]] - (double)x[corrupted->tokens[b * T + q->answer_src]];
+    }
+    double nll = 0;
+    for (int64_t k = 0; k < q->answer_len; k++) nll -= log_prob(lg + (q->answer_pos + k) * V, V, clean->tokens[b * T + q->answer_src + k]);
+    return nll;
+}
+
 double ps_patch_metric_value(ps_patch_metric metric, const ps_batch *clean, const ps_batch *corrupted,
                              const float *logits, int64_t V) {
     double acc = 0;
     int64_t nq = 0, T = clean->T;
     for (int64_t b = 0; b < clean->B; b++)
-        for (int64_t qi = 0; qi < clean->n_q[b]; qi++) {
-            const ps_query *q = &clean->queries[b * clean->max_q + qi];
-            nq++;
-            if (metric == PS_PATCH_LOGIT_DIFF) {
-                const float *x = logits + (b * T + q->answer_pos) * V;
-                acc += (double)x[clean->tokens[b * T + q->answer_src]] - (double)x[corrupted->tokens[b * T + q->answer_src]];
-            } else {
-                double nll = 0;
-                for (int64_t k = 0; k < q->answer_len; k++)
-                    nll -= log_prob(logits + (b * T + q->answer_pos + k) * V, V, clean->tokens[b * T + q->answer_src + k]);
-                acc += nll;
-            }
-        }
+        for (int64_t qi = 0; qi < clean->n_q[b]; qi++, nq++) acc += query_value(metric, clean, corrupted, b, qi, logits + b * T * V, V);
     return nq ? acc / (double)nq : 0.0;
 }
+
+/* ---- the spec: sources the clean run's activation at the point of every selected layer, cells
+ * PS_ACT_PATCH actions from it on the corrupted prompts, scoring the metric per query ---- */
+
+typedef struct patch_spec patch_spec;
+
+typedef struct {
+    patch_spec *P;
+    int li;           /* the engine's layer index (top-down) */
+} patch_layer;
+
+struct patch_spec {
+    ps_hook_point pt;
+    const ps_batch *clean, *corrupted;
+    ps_patch_metric metric;
+    const int *heads;       /* [nh] the result's heads (-1: the point has none) */
+    int nl;
+    int64_t n_pos;          /* cells per head: the point's positions with per_position, else 1 */
+    int per_position;
+    int64_t N, npos, per_seq; /* prompts; the point's positions and floats of one sequence */
+    float **host;           /* [nl] the clean activation [N, npos, inner], collected batch by batch */
+    int64_t *seen;          /* [nl] sequences collected */
+    float **src;            /* [nl] the same on the model's context: the patch actions' sources */
+    patch_layer *pl;        /* [nl] the collecting hooks' user data */
+};
+
+/* The reference pass (the clean prompts, in order, batch by batch): a copy of each batch's activation. */
+static int patch_collect(const ps_hook_event *ev, void *user, ps_error *err) {
+    patch_layer *x = user;
+    patch_spec *P = x->P;
+    int64_t B = ev->shape[0];
+    if (P->seen[x->li] + B > P->N)
+        return ps_fail(err, "activation patching: %s fired for more than the %lld clean prompts", ev->name, (long long)P->N);
+    memcpy(P->host[x->li] + P->seen[x->li] * P->per_seq, ev->data, (size_t)(B * P->per_seq) * sizeof(float));
+    P->seen[x->li] += B;
+    return 0;
+}
+
+static int patch_sources(void *self, const ps_runtime *rt, const ps_grid_shift *sh, ps_hooks *ref, ps_error *err) {
+    patch_spec *P = self;
+    for (int li = 0; li < sh->n_layers; li++) {
+        char name[96];
+        ps_hook_name(name, sizeof name, sh->layers[li], P->pt);
+        P->seen[li] = 0;
+        P->pl[li] = (patch_layer){.P = P, .li = li};
+        if (ps_hooks_add(ref, &rt->m->cfg, name, patch_collect, &P->pl[li], err)) return -1;
+    }
+    return 0;
+}
+
+static int patch_sources_done(void *self, const ps_runtime *rt, const ps_grid_shift *sh, ps_error *err) {
+    patch_spec *P = self;
+    int64_t bytes = P->N * P->per_seq * (int64_t)sizeof(float);
+    for (int li = 0; li < sh->n_layers; li++) {
+        if (P->seen[li] != P->N)
+            return ps_fail(err, "activation patching: the clean run gave %lld of %lld prompts at layer %d", (long long)P->seen[li],
+                           (long long)P->N, sh->layers[li]);
+        if (!(P->src[li] = ps_buf_alloc(rt->ctx, bytes, "a layer's clean activation", err))) return -1;
+        if (ps_buf_from_host(rt->ctx, P->src[li], P->host[li], bytes, err)) return -1;
+    }
+    return 0;
+}
+
+static void patch_shift_end(void *self, const ps_runtime *rt) {
+    patch_spec *P = self;
+    for (int li = 0; li < P->nl; li++) {
+        if (P->src[li]) ps_buf_free(rt->ctx, P->src[li], P->N * P->per_seq * (int64_t)sizeof(float));
+        P->src[li] = NULL;
+    }
+}
+
+/* Cell ci = head index ci / n_pos, position ci % n_pos: the clean activation of the prompts the
+ * sequences hold, patched into them at that head (and position). */
+static int patch_cell(void *self, const ps_runtime *rt, const ps_grid_shift *sh, int li, int ci, int64_t seq0, int64_t seq1,
+                      int64_t prompt0, ps_hooks *h, ps_error *err) {
+    patch_spec *P = self;
+    int64_t hi = ci / P->n_pos, t = ci % P->n_pos;
+    char name[96];
+    ps_hook_name(name, sizeof name, sh->layers[li], P->pt);
+    ps_hook_action act = {.kind = PS_ACT_PATCH, .head = P->heads[hi], .seq0 = seq0, .seq1 = seq1,
+                          .pos0 = P->per_position ? t : 0, .pos1 = P->per_position ? t + 1 : 0, .src = P->src[li],
+                          .src_npos = P->npos, .src_nseq = P->N, .src_seq0 = prompt0};
+    return rt->ops->add_action(rt, h, name, &act, err);
+}
+
+/* Per query its metric value (the engine's mean over queries is the metric); no accuracy. */
+static void patch_score(void *self, const ps_grid_shift *sh, const ps_shifted *set, int64_t prompt0, const float *logits,
+                        int64_t V, int *ok, double *lp) {
+    (void)sh;
+    patch_spec *P = self;
+    int64_t T = set->b.T, maxq = set->b.max_q;
+    for (int64_t b = 0; b < set->b.B; b++)
+        for (int64_t qi = 0; qi < set->b.n_q[b]; qi++) {
+            ok[b * maxq + qi] = 0;
+            lp[b * maxq + qi] = query_value(P->metric, P->clean, P->corrupted, prompt0 + b, qi, logits + b * T * V, V);
+        }
+}
+
+static void patch_spec_free(patch_spec *P) {
+    for (int li = 0; P->host && li < P->nl; li++) free(P->host[li]);
+    free(P->host);
+    free(P->seen);
+    free(P->src);
+    free(P->pl);
+}
+
+/* the engine's progress (cells done of 1 + n_layers · n_cells per shift) as patching cells */
+typedef struct {
+    ps_progress_fn fn;
+    void *user;
+    int64_t n_cells;
+} patch_progress;
+
+static void patch_progress_fn(int64_t done, int64_t total, void *user) {
+    patch_progress *p = user;
+    p->fn(done >= total ? p->n_cells : done * p->n_cells / total, p->n_cells, p->user);
+}
+
+static double mean_of(const ps_residue_stats *r) { return r->n[0] ? r->lp[0] / (double)r->n[0] : 0.0; }
 
 int ps_activation_patching(const ps_model *m, const ps_batch *clean, const ps_batch *corrupted,
                            const ps_patch_opts *opts, ps_patch_result *out, ps_progress_fn progress, void *user,
                            ps_error *err) {
     memset(out, 0, sizeof *out);
     const ps_config *c = &m->cfg;
-    ps_ctx *ctx = m->ctx;
-    int64_t N = clean->B, T = clean->T, V = c->vocab_size;
+    int64_t N = clean->B, T = clean->T;
     if (!opts || !opts->point) return ps_fail(err, "activation patching: no hook point given (e.g. \"attn.hook_z\")");
     if (corrupted->B != N || corrupted->T != T)
         return ps_fail(err, "activation patching: the clean batch is %lldx%lld tokens, the corrupted one %lldx%lld; they must match",
@@ -127,95 +238,56 @@ int ps_activation_patching(const ps_model *m, const ps_batch *clean, const ps_ba
         out->heads[i] = h;
     }
     if (n_cells == 0) return 0; /* e.g. per position on a point with no windows */
-    /* cells per forward: replicas of N sequences of T tokens within the budget (at least one) */
-    double budget = opts->mem_bytes > 0 ? opts->mem_bytes : ps_patch_default_budget();
-    double one = 4.0 * (double)(ps_acts_size(c, 2 * N, T, false, false) - ps_acts_size(c, N, T, false, false));
-    double fixed = 4.0 * (double)ps_acts_size(c, N, T, false, false) - one;
-    double fit = floor((budget - fixed) / one);
     int64_t per_layer = (int64_t)nh * out->n_pos;
-    int64_t k_max = fit < 1 ? 1 : fit > (double)per_layer ? per_layer : (int64_t)fit;
-    if (opts->max_cells > 0 && k_max > opts->max_cells) k_max = opts->max_cells;
+    if (per_layer > 1 << 30) return ps_fail(err, "activation patching: %lld cells per layer are too many", (long long)per_layer);
 
-    /* the clean run: its activation at the point of every chosen layer (cached, then a buffer of the
-     * context: the patch actions' source) and its metric; then the corrupted run, whose residual stream
-     * every cell restarts from */
-    ps_acts corr = {0}, rep = {0};
-    int have_corr = 0, have_rep = 0, rc = 0;
-    float **src = calloc((size_t)nl, sizeof(float *));
-    char **names = calloc((size_t)nl, sizeof(char *));
-    char *name_buf = malloc((size_t)nl * 96);
-    int64_t src_floats = N * npos * inner;
-    ps_cache cache;
-    ps_cache_init(&cache);
-    if (!src || !names || !name_buf) rc = ps_fail(err, "out of memory for %d layers' patch sources", nl);
-    for (int i = 0; i < nl && !rc; i++) {
-        names[i] = name_buf + (size_t)i * 96;
-        ps_hook_name(names[i], 96, out->layers[i], pt);
-    }
+    /* the grid: the corrupted prompts (the clean batch's queries) as one prompt set of one residue,
+     * the clean tokens as the reference pass */
+    patch_spec P = {.pt = pt, .clean = clean, .corrupted = corrupted, .metric = opts->metric, .heads = out->heads,
+                    .nl = nl, .n_pos = out->n_pos, .per_position = opts->per_position, .N = N, .npos = npos,
+                    .per_seq = npos * inner};
+    ps_shifted run = {.b = *clean, .p = 0, .P = 1};
+    run.b.tokens = corrupted->tokens;
+    run.b.targets = corrupted->targets;
+    run.residue = malloc((size_t)(N * clean->max_q) * sizeof(int64_t));
+    int *cell_ids = malloc((size_t)per_layer * sizeof(int));
+    P.host = calloc((size_t)nl, sizeof(float *));
+    P.seen = calloc((size_t)nl, sizeof(int64_t));
+    P.src = calloc((size_t)nl, sizeof(float *));
+    P.pl = calloc((size_t)nl, sizeof(patch_layer));
+    int rc = 0;
+    if (!run.residue || !cell_ids || !P.host || !P.seen || !P.src || !P.pl)
+        rc = ps_fail(err, "out of memory for the patching of %d layers x %lld cells", nl, (long long)per_layer);
+    for (int li = 0; li < nl && !rc; li++)
+        if (!(P.host[li] = malloc((size_t)(N * P.per_seq > 0 ? N * P.per_seq : 1) * sizeof(float))))
+            rc = ps_fail(err, "out of memory for a layer's clean activation (%lld floats)", (long long)(N * P.per_seq));
+    for (int64_t i = 0; !rc && i < N * clean->max_q; i++) run.residue[i] = i % clean->max_q < clean->n_q[i / clean->max_q] ? 0 : -1;
+    for (int64_t i = 0; !rc && i < per_layer; i++) cell_ids[i] = (int)i;
+    ps_grid_spec spec = {.self = &P, .restart = PS_GRID_RESTART_LAYER, .sources = patch_sources, .sources_done = patch_sources_done,
+                         .cell = patch_cell, .shift_end = patch_shift_end, .score = patch_score};
+    ps_runtime rt;
+    ps_runtime_model(&rt, m);
+    patch_progress pp = {.fn = progress, .user = user, .n_cells = n_cells};
+    ps_grid g = {.rt = &rt, .prompts = &run, .ref_tokens = clean->tokens, .P = 1, .batch = N, .layers = out->layers,
+                 .n_layers = nl, .cells = cell_ids, .n_cells = (int)per_layer, .spec = &spec, .naive = opts->naive,
+                 .max_cells = opts->max_cells, .mem_bytes = opts->mem_bytes, .progress = progress ? patch_progress_fn : NULL,
+                 .progress_user = &pp};
+    ps_grid_result r;
+    memset(&r, 0, sizeof r);
+    if (!rc) rc = ps_grid_run(&g, &r, err);
     if (!rc) {
-        rc = ps_acts_create(&corr, ctx, c, N, T, false, err);
-        have_corr = !rc;
-    }
-    const float *lg;
-    if (!rc && !(rc = forward_cached(m, &corr, clean->tokens, (const char *const *)names, nl, &cache, err))) {
-        if (!(lg = ps_acts_logits_host(&corr, err))) rc = -1;
-        else out->clean = ps_patch_metric_value(opts->metric, clean, corrupted, lg, V);
-    }
-    for (int i = 0; i < nl && !rc; i++) {
-        const ps_cache_item *it = ps_cache_get(&cache, names[i]);
-        if (!(src[i] = ps_buf_alloc(ctx, src_floats * (int64_t)sizeof(float), "a layer's clean activation", err))) rc = -1;
-        else rc = ps_buf_from_host(ctx, src[i], it->data, src_floats * (int64_t)sizeof(float), err);
-    }
-    ps_cache_free(&cache);
-    if (!rc && !(rc = ps_forward(m, &corr, corrupted->tokens, NULL, err))) {
-        if (!(lg = ps_acts_logits_host(&corr, err))) rc = -1;
-        else out->corrupted = ps_patch_metric_value(opts->metric, clean, corrupted, lg, V);
-    }
-    /* the cells, layer by layer, in groups of at most k_max */
-    int64_t done = 0;
-    for (int li = 0; li < nl && !rc; li++) {
-        int l = out->layers[li];
-        for (int64_t g0 = 0; g0 < per_layer && !rc; g0 += k_max) {
-            int64_t k = per_layer - g0 < k_max ? per_layer - g0 : k_max, Bp = k * N;
-            if (have_rep && rep.B != Bp) {
-                ps_acts_free(&rep);
-                have_rep = 0;
-            }
-            if (!have_rep) {
-                if ((rc = ps_acts_create(&rep, ctx, c, Bp, T, false, err))) break;
-                have_rep = 1;
-            }
-            if ((int)k > out->cells_per_forward) out->cells_per_forward = (int)k;
-            /* every replica starts as the corrupted run at layer l's input */
-            for (int64_t r = 0; r < k && !rc; r++)
-                if (ps_copy(ctx, rep.p.resid + (int64_t)l * Bp * T * c->d_model + r * N * T * c->d_model,
-                            corr.p.resid + (int64_t)l * N * T * c->d_model, N * T * c->d_model))
-                    rc = ps_ctx_check(ctx, err);
-                else rc = ps_acts_copy_chunks(&rep, r * N, &corr, 0, N, err); /* content chunk boundaries */
-            ps_hooks h;
-            ps_hooks_init(&h);
-            for (int64_t r = 0; r < k && !rc; r++) {
-                int64_t cell = g0 + r, hi = cell / out->n_pos, t = cell % out->n_pos;
-                ps_hook_action act = {.kind = PS_ACT_PATCH, .head = out->heads[hi], .seq0 = r * N, .seq1 = (r + 1) * N,
-                                      .pos0 = opts->per_position ? t : 0, .pos1 = opts->per_position ? t + 1 : 0,
-                                      .src = src[li], .src_npos = npos, .src_nseq = N, .src_seq0 = 0};
-                rc = ps_hooks_add_action(&h, c, names[li], &act, err);
-            }
-            if (!rc) rc = ps_forward_from(m, &rep, l, &h, err);
-            ps_hooks_free(&h);
-            if (!rc && !(lg = ps_acts_logits_host(&rep, err))) rc = -1;
-            for (int64_t r = 0; r < k && !rc; r++)
-                out->cells[(int64_t)li * per_layer + g0 + r] =
-                    ps_patch_metric_value(opts->metric, clean, corrupted, lg + r * N * T * V, V);
-            done += k;
-            if (!rc && progress) progress(done, n_cells, user);
+        out->clean = mean_of(&r.ref);
+        out->corrupted = mean_of(&r.clean);
+        out->cells_per_forward = r.cells_per_forward > 0 ? r.cells_per_forward : 1;
+        for (int i = 0; i < nl; i++) { /* the engine's layers run top-down; the result keeps the caller's order */
+            int li = 0;
+            while (r.layers[li] != out->layers[i]) li++;
+            for (int64_t k = 0; k < per_layer; k++) out->cells[(int64_t)i * per_layer + k] = mean_of(&r.cells[(int64_t)li * per_layer + k]);
         }
     }
-    if (have_rep) ps_acts_free(&rep);
-    if (have_corr) ps_acts_free(&corr);
-    for (int i = 0; src && i < nl; i++) ps_buf_free(ctx, src[i], src_floats * (int64_t)sizeof(float));
-    free(src);
-    free(names);
-    free(name_buf);
+    ps_grid_result_free(&r);
+    patch_spec_free(&P);
+    free(run.residue);
+    free(cell_ids);
     return rc;
 }

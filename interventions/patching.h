@@ -1,12 +1,17 @@
 /* patching.h — TransformerLens-style helpers on the public hook mechanism (core/hooks.h): a forward
- * that caches chosen activations (run_with_cache), and an activation-patching loop over (layer, head[,
- * position]) of one hook point that patches the clean run's activation into the corrupted run with the
+ * that caches chosen activations (run_with_cache), and activation patching over (layer, head[,
+ * position]) of one hook point, which patches the clean run's activation into the corrupted run with the
  * built-in PS_ACT_PATCH action and reports a metric per cell.
  *
- * Cells batch like the knockout grid's: k cells are k replicas of the corrupted prompts in one forward
- * (replica r = sequences [r·N, (r+1)·N) gets its own cell's patch action), as many as a memory budget
- * holds. The cells of one layer restart from the corrupted run's residual stream at that layer
- * (ps_forward_from): layers below are never recomputed. See docs/hooks.md. */
+ * Activation patching is a spec over the grid engine (grid.h), like the knockout: the engine's prompt
+ * set is the corrupted prompts (one set, no shifts), its reference pass runs the clean prompts and the
+ * spec's sources keep the clean activation at the point of every chosen layer; a cell is a patch action
+ * on the corrupted run; the spec scores each query by the metric, which the engine's statistics average.
+ * Cells batch as the engine batches them: k cells are k replicas of the corrupted prompts in one forward
+ * (replica r = sequences [r·m, (r+1)·m) gets its own cell's patch action), as many as the memory budget
+ * holds (ps_acts_size); the cells of one layer restart from the corrupted run's residual stream at that
+ * layer (ps_forward_from, PS_GRID_RESTART_LAYER): layers below are never recomputed. The naive path (a
+ * full forward per cell) is the reference. See docs/hooks.md. */
 #ifndef PS_PATCHING_H
 #define PS_PATCHING_H
 
@@ -46,6 +51,7 @@ typedef struct {
     ps_patch_metric metric;
     int max_cells;          /* most cells per forward; 0: as many as mem_bytes holds (at least 1) */
     double mem_bytes;       /* bytes for the batched cells' activations; 0: ps_patch_default_budget() */
+    int naive;              /* 1: a full forward of the corrupted prompts per cell (the reference path) */
 } ps_patch_opts;
 
 typedef struct {
@@ -55,15 +61,15 @@ typedef struct {
     double clean, corrupted; /* the metric of the clean run and of the corrupted run (nothing patched) */
     double *cells;           /* [n_layers, n_heads, n_pos]: the metric of the corrupted run with that cell
                                 patched from the clean run */
-    int cells_per_forward;   /* the most cells one forward ran */
+    int cells_per_forward;   /* the most cells one forward ran (1 on the naive path) */
 } ps_patch_result;
 
-/* 1 GiB, at most a quarter of available memory. */
+/* The grid engine's default: 1 GiB, at most a quarter of available memory. */
 double ps_patch_default_budget(void);
 
 /* clean and corrupted: the same number of prompts and tokens. Errors (naming the option): an unknown or
  * unsupported point, a layer or head out of range, batches of different shapes, a clean batch without
- * queries. progress (may be NULL) is called after every batched forward with (cells done, cells). */
+ * queries. progress (may be NULL) is called as the engine reports, with (cells done, cells). */
 int ps_activation_patching(const ps_model *m, const ps_batch *clean, const ps_batch *corrupted,
                            const ps_patch_opts *opts, ps_patch_result *out, ps_progress_fn progress, void *user,
                            ps_error *err);

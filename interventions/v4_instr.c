@@ -586,7 +586,8 @@ static int v4_ko_sources_done(void *self, const ps_runtime *rt, const ps_grid_sh
 }
 
 static int v4_ko_cell(void *self, const ps_runtime *rt, const ps_grid_shift *sh, int li, int ci, int64_t seq0, int64_t seq1,
-                      ps_hooks *h, ps_error *err) {
+                      int64_t prompt0, ps_hooks *h, ps_error *err) {
+    (void)prompt0; /* one mean for every prompt */
     v4_ko *k = self;
     const layer_mean *x = &k->lm[li];
     char name[96];
@@ -640,7 +641,7 @@ static int v4_rt_ko_spec(const ps_runtime *rt, int target, const int *heads, int
     k->target = (ps_v4_ko_target)target;
     k->heads = heads;
     /* the V4 forward has no restart: a full forward per cell (the engine's naive path) */
-    *spec = (ps_grid_spec){.self = k, .restart_attention = 0, .sources = v4_ko_sources, .sources_done = v4_ko_sources_done,
+    *spec = (ps_grid_spec){.self = k, .restart = PS_GRID_RESTART_NONE, .sources = v4_ko_sources, .sources_done = v4_ko_sources_done,
                            .cell = v4_ko_cell, .shift_end = v4_ko_shift_end};
     return 0;
 }
@@ -710,15 +711,4 @@ void ps_v4_runtime(ps_runtime *rt, ps_v4_model *m, const ps_v4_task *t) {
     rt->model = m;
     rt->aux = t;
     rt->family = &ps_family_v4;
-}
-
-int ps_v4_knockout_grid(ps_v4_model *m, const ps_v4_task *t, const ps_batch *base, const ps_filler_family *fam, int64_t P,
-                        uint64_t seed, int64_t batch, const int *layers, int n_layers, const int *heads, int n_heads,
-                        ps_v4_ko_target target, ps_knockout_result *out, ps_progress_fn progress, void *user, ps_error *err) {
-    ps_runtime rt;
-    ps_v4_runtime(&rt, m, t);
-    ps_knockout_spec k = {.rt = &rt, .base = base, .task = &t->task, .fam = fam, .P = P, .seed = seed, .batch = batch,
-                          .layers = layers, .n_layers = n_layers, .heads = heads, .n_heads = n_heads, .target = (int)target,
-                          .progress = progress, .progress_user = user};
-    return ps_knockout_run(&k, out, err);
 }

@@ -97,13 +97,9 @@ int ps_v4_ko_layer_ok(const ps_v4_config *c, int l, ps_v4_ko_target target);
 /* The DeepSeek-V4 runtime (grid.h): what the grid engine and the instruments call on a V4 checkpoint
  * (its forward with hooks on the task's prompts mapped through t, its hook names, its knockout targets). */
 void ps_v4_runtime(ps_runtime *rt, ps_v4_model *m, const ps_v4_task *t);
-
-/* The grid: layers × units (query heads for `heads`; one unit, 0, for the per-layer targets), every
- * cell one forward per batch with its replacement (callbacks on the V4 hooks), per residue against
- * the clean run. out: knockout.h's result (heads = the units). */
-int ps_v4_knockout_grid(ps_v4_model *m, const ps_v4_task *t, const ps_batch *base, const ps_filler_family *fam, int64_t P,
-                        uint64_t seed, int64_t batch, const int *layers, int n_layers, const int *heads, int n_heads,
-                        ps_v4_ko_target target, ps_knockout_result *out, ps_progress_fn progress, void *user, ps_error *err);
+/* The knockout of a V4 checkpoint: ps_knockout_run (knockout.h) with this runtime, target a
+ * ps_v4_ko_target (cells: query heads for `heads`, the one unit 0 for the per-layer targets; a full
+ * forward per cell, callbacks and actions on the V4 hooks). */
 
 /* The mean-pattern choice of the indexer: for every query row t of mean scores [T, nW], the top K of its
  * visible entries (w < (t + 1) / m) by score, ties to the lower index, -1 past the visible ones. */

@@ -692,8 +692,9 @@ static void test_knockout(void) {
     ps_knockout_opts on = {.naive = 1};
     REQUIRE_OK(tu_knockout_opts(&m, &base, &t, &fam, P, 0, batch, layers, 2, heads, 2, PS_KO_COMPRESSED, &on, &naive, NULL,
                                 NULL, &err), &err);
-    REQUIRE_OK(ps_knockout_grid(&m, &base, &t, &fam, P, 0, batch, layers, 2, heads, 2, PS_KO_COMPRESSED, 0, &fast, NULL, NULL, &err),
-               &err);
+    ps_knockout_opts off = {.naive = 0};
+    REQUIRE_OK(tu_knockout_opts(&m, &base, &t, &fam, P, 0, batch, layers, 2, heads, 2, PS_KO_COMPRESSED, &off, &fast, NULL,
+                                NULL, &err), &err);
     int same = 1, changed = 0;
     double worst = 0;
     for (int cell = 0; cell < 4; cell++)

@@ -212,8 +212,9 @@ static void test_knockout(ps_attn_kind kind, ps_ko_target target) {
     ps_filler_family fam = repeat_family();
     int layers[3] = {0, 1, 2}, heads[2] = {0, 1};
     ps_knockout_result fast, naive;
-    CHECK_OK(ps_knockout_grid(&m, &base, &t, &fam, 4, 0, 4, layers, 3, heads, 2, target, 0, &fast, NULL, NULL, &err), &err);
-    CHECK_OK(ps_knockout_grid(&m, &base, &t, &fam, 4, 0, 4, layers, 3, heads, 2, target, 1, &naive, NULL, NULL, &err), &err);
+    CHECK_OK(tu_knockout_opts(&m, &base, &t, &fam, 4, 0, 4, layers, 3, heads, 2, target, NULL, &fast, NULL, NULL, &err), &err);
+    ps_knockout_opts o_naive = {.naive = 1};
+    CHECK_OK(tu_knockout_opts(&m, &base, &t, &fam, 4, 0, 4, layers, 3, heads, 2, target, &o_naive, &naive, NULL, NULL, &err), &err);
     double worst = 0;
     int same_k = 1, changed = 0;
     for (int c = 0; c < 6; c++)
@@ -249,7 +250,7 @@ static void test_knockout(ps_attn_kind kind, ps_ko_target target) {
         base.n_q[i] = base.n_q[0];
         memcpy(base.queries + i * base.max_q, base.queries, (size_t)base.max_q * sizeof(ps_query));
     }
-    CHECK_OK(ps_knockout_grid(&m, &base, &t, &fam, 4, 0, 4, layers, 3, heads, 2, target, 0, &fast, NULL, NULL, &err), &err);
+    CHECK_OK(tu_knockout_opts(&m, &base, &t, &fam, 4, 0, 4, layers, 3, heads, 2, target, NULL, &fast, NULL, NULL, &err), &err);
     /* (cells score only the answer rows with row-wise kernels, so the log-probs agree to rounding) */
     int all_same = 1;
     double dmax = 0;
@@ -261,7 +262,7 @@ static void test_knockout(ps_attn_kind kind, ps_ko_target target) {
     CHECK(all_same && dmax < 1e-6, "knocking out heads with constant activations changed the result (%g)", dmax);
     ps_knockout_result_free(&fast);
     if (kind == PS_ATTN_FULL)
-        CHECK_ERR(ps_knockout_grid(&m, &base, &t, &fam, 4, 0, 4, layers, 3, heads, 2, PS_KO_COMPRESSED, 0, &fast, NULL, NULL, &err),
+        CHECK_ERR(tu_knockout_opts(&m, &base, &t, &fam, 4, 0, 4, layers, 3, heads, 2, PS_KO_COMPRESSED, NULL, &fast, NULL, NULL, &err),
                   &err, "--target compressed", "full-attention");
     ps_knockout_result_free(&fast);
     ps_batch_free(&base);
@@ -446,7 +447,7 @@ static void test_knockout_independent(ps_ko_target target) {
     ps_knockout_result grid;
     /* two heads: the batched grid runs both cells in one forward, head G as the second replica */
     int layers[1] = {L}, heads[2] = {0, G};
-    CHECK_OK(ps_knockout_grid(&m, &base, &t, &fam, P, 0, 3, layers, 1, heads, 2, target, 0, &grid, NULL, NULL, &err), &err);
+    CHECK_OK(tu_knockout_opts(&m, &base, &t, &fam, P, 0, 3, layers, 1, heads, 2, target, NULL, &grid, NULL, NULL, &err), &err);
     CHECK(grid.cells_per_forward == 2, "the grid ran %d cells per forward, expected 2", grid.cells_per_forward);
     int64_t kk[4] = {0}, nn[4] = {0};
     double lp[4] = {0};
@@ -589,7 +590,7 @@ static void test_knockout_alloc_failure(void) {
     ps_filler_family fam = repeat_family();
     ps_knockout_result r;
     int layers[1] = {0}, heads[1] = {0};
-    CHECK_ERR(ps_knockout_grid(&m, &base, &t, &fam, 4, 0, 4, layers, 1, heads, 1, PS_KO_COMPRESSED, 0, &r, NULL, NULL, &err),
+    CHECK_ERR(tu_knockout_opts(&m, &base, &t, &fam, 4, 0, 4, layers, 1, heads, 1, PS_KO_COMPRESSED, NULL, &r, NULL, NULL, &err),
               &err, "out of memory", "answer rows");
     ps_knockout_result_free(&r);
     ps_batch_free(&base);

@@ -9,7 +9,10 @@
  *   - activation patching: patching a whole residual stream from clean gives the clean metric, a patch
  *     after the last answer row gives the corrupted metric, one (layer, head, position) cell equals a
  *     hand-written patch through a host callback, batched cells equal one cell per forward, and the
- *     errors. */
+ *     errors;
+ *   - activation patching run by the grid engine against a plain loop written here (one full forward
+ *     per cell, the clean activation written in by a host callback): the naive path bit for bit, the
+ *     batched path (restarted from the layer, cells as replicas) to float rounding. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,7 +62,7 @@ static void test_user_action(ps_ko_target target) {
     ps_knockout_result naive, fast;
     ps_knockout_opts on = {.naive = 1};
     REQUIRE_OK(tu_knockout_opts(&m, &base, &t, &fam, P, 0, batch, layers, 1, heads, 1, target, &on, &naive, NULL, NULL, &err), &err);
-    REQUIRE_OK(ps_knockout_grid(&m, &base, &t, &fam, P, 0, batch, layers, 1, heads, 1, target, 0, &fast, NULL, NULL, &err), &err);
+    REQUIRE_OK(tu_knockout_opts(&m, &base, &t, &fam, P, 0, batch, layers, 1, heads, 1, target, NULL, &fast, NULL, NULL, &err), &err);
     ps_residue_stats mine, clean;
     ps_residue_stats_init(&mine, P, &err);
     ps_residue_stats_init(&clean, P, &err);
@@ -173,7 +176,7 @@ static void scratch_vs_grid(const char *label, ps_model *m, const ps_task *t, co
                             int64_t P, int layer, const int *heads, int n_heads, ps_ko_target target, int64_t batch) {
     ps_error err;
     ps_knockout_result grid;
-    REQUIRE_OK(ps_knockout_grid(m, base, t, fam, P, 0, batch, &layer, 1, heads, n_heads, target, 0, &grid, NULL, NULL, &err), &err);
+    REQUIRE_OK(tu_knockout_opts(m, base, t, fam, P, 0, batch, &layer, 1, heads, n_heads, target, NULL, &grid, NULL, NULL, &err), &err);
     json_t *j = ps_knockout_json(&grid, ps_ko_target_name(target), NULL, &err);
     const int64_t N = base->B, nkv = m->cfg.n_kv_heads, hd = m->cfg.head_dim, V = m->cfg.vocab_size;
     int64_t *nn = calloc((size_t)P, sizeof(int64_t)), *kc = calloc((size_t)P, sizeof(int64_t));
@@ -507,6 +510,107 @@ static void test_patching(ps_attn_kind kind) {
     ps_model_free(&m);
 }
 
+/* The engine-run patching against a plain loop written here: per cell one full forward of the
+ * corrupted prompts whose activation at the point is overwritten from the clean run's cache by a host
+ * callback (head `head` or every head, position `pos` or every position). The naive path equals it bit
+ * for bit (same forward, same metric sum); the batched path (restarted from the layer, cells as
+ * replicas) to float rounding; and the loop's metric is the one written again here. */
+typedef struct {
+    const float *clean; /* the point's clean activation [N, npos, <inner>] */
+    int head;           /* -1: every head */
+    int64_t pos;        /* -1: every position */
+} loop_patch;
+
+static int loop_patch_hook(const ps_hook_event *ev, void *u, ps_error *e) {
+    (void)e;
+    loop_patch *p = u;
+    int64_t B = ev->shape[0], npos = ev->shape[1], nh = ev->ndim == 4 ? ev->shape[2] : 1, x = ev->ndim == 4 ? ev->shape[3] : ev->shape[2];
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t t = 0; t < npos; t++)
+            for (int64_t h = 0; h < nh; h++) {
+                if ((p->pos >= 0 && t != p->pos) || (p->head >= 0 && h != p->head)) continue;
+                int64_t i = ((b * npos + t) * nh + h) * x;
+                memcpy(ev->data + i, p->clean + i, (size_t)x * sizeof(float));
+            }
+    return 0;
+}
+
+static void patching_vs_loop(const ps_model *m, const ps_batch *clean, const ps_batch *corr, ps_patch_opts o, const char *what) {
+    ps_error err;
+    int64_t N = clean->B, T = clean->T, V = m->cfg.vocab_size;
+    ps_patch_result fast, naive;
+    ps_patch_opts on = o;
+    on.naive = 1;
+    REQUIRE_OK(ps_activation_patching(m, clean, corr, &o, &fast, NULL, NULL, &err), &err);
+    REQUIRE_OK(ps_activation_patching(m, clean, corr, &on, &naive, NULL, NULL, &err), &err);
+    CHECK(fast.cells_per_forward > 1 && naive.cells_per_forward == 1, "%s: %d cells per forward batched, %d naive", what,
+          fast.cells_per_forward, naive.cells_per_forward);
+    ps_acts a;
+    REQUIRE_OK(ps_acts_create(&a, m->ctx, &m->cfg, N, T, false, &err), &err);
+    int bit = 1, close = 1, mine = 1, moved = 0;
+    double worst = 0;
+    for (int li = 0; li < fast.n_layers; li++) {
+        char name[96];
+        snprintf(name, sizeof name, "blocks.%d.%s", fast.layers[li], o.point);
+        ps_cache cache;
+        ps_cache_init(&cache);
+        const char *nm[1] = {name};
+        CHECK_OK(ps_run_with_cache(m, clean->tokens, N, T, nm, 1, &cache, &err), &err);
+        for (int hi = 0; hi < fast.n_heads; hi++)
+            for (int64_t t = 0; t < fast.n_pos; t++) {
+                loop_patch lp = {.clean = ps_cache_get(&cache, name)->data, .head = fast.heads[hi], .pos = o.per_position ? t : -1};
+                ps_hooks h;
+                ps_hooks_init(&h);
+                CHECK_OK(ps_hooks_add(&h, &m->cfg, name, loop_patch_hook, &lp, &err), &err);
+                CHECK_OK(ps_forward(m, &a, corr->tokens, &h, &err), &err);
+                ps_hooks_free(&h);
+                double want = ps_patch_metric_value(o.metric, clean, corr, a.p.logits, V);
+                int64_t ci = ((int64_t)li * fast.n_heads + hi) * fast.n_pos + t;
+                bit &= naive.cells[ci] == want;
+                close &= close_to(fast.cells[ci], want);
+                mine &= close_to(my_metric(o.metric, clean, corr, a.p.logits, V), want);
+                moved |= !close_to(want, fast.corrupted);
+                worst = fmax(worst, fabs(fast.cells[ci] - want));
+            }
+        ps_cache_free(&cache);
+    }
+    CHECK(bit, "%s: the naive path differs from the plain loop (bit for bit)", what);
+    CHECK(close, "%s: the batched path differs from the plain loop (worst %.3g)", what, worst);
+    CHECK(mine, "%s: the library's metric differs from the one written here", what);
+    CHECK(moved, "%s: no cell's patch changed the metric (vacuous)", what);
+    CHECK(fast.clean == naive.clean && fast.corrupted == naive.corrupted, "%s: the clean and corrupted metrics depend on the path", what);
+    ps_acts_free(&a);
+    ps_patch_result_free(&fast);
+    ps_patch_result_free(&naive);
+}
+
+static void test_patching_loop(ps_attn_kind kind) {
+    const char *label = kind == PS_ATTN_FULL ? "full" : "compressed";
+    ps_model m;
+    make_model(&m, kind, 97);
+    ps_task t = small_task();
+    ps_batch clean, corr;
+    make_pair(&t, 4, 23, &clean, &corr);
+    char what[96];
+    int layers[2] = {0, 2}, heads[1] = {1};
+    snprintf(what, sizeof what, "%s, attn.hook_v per position, logit diff", label);
+    patching_vs_loop(&m, &clean, &corr,
+                     (ps_patch_opts){.point = "attn.hook_v", .layers = layers, .n_layers = 2, .heads = heads, .n_heads = 1, .per_position = 1},
+                     what);
+    snprintf(what, sizeof what, "%s, hook_mlp_out per position, answer NLL", label);
+    patching_vs_loop(&m, &clean, &corr, (ps_patch_opts){.point = "hook_mlp_out", .per_position = 1, .metric = PS_PATCH_ANSWER_NLL},
+                     what);
+    snprintf(what, sizeof what, "%s, attn.hook_q per head, a small budget", label);
+    patching_vs_loop(&m, &clean, &corr, (ps_patch_opts){.point = "attn.hook_q", .max_cells = 3}, what);
+    if (kind == PS_ATTN_COMPRESSED) {
+        snprintf(what, sizeof what, "%s, attn.hook_ck per window", label);
+        patching_vs_loop(&m, &clean, &corr, (ps_patch_opts){.point = "attn.hook_ck", .per_position = 1}, what);
+    }
+    ps_batch_free(&clean);
+    ps_batch_free(&corr);
+    ps_model_free(&m);
+}
+
 int main(void) {
     test_user_action(PS_KO_COMPRESSED);
     test_user_action(PS_KO_RAW);
@@ -514,5 +618,7 @@ int main(void) {
     test_scratch_random_model();
     test_patching(PS_ATTN_FULL);
     test_patching(PS_ATTN_COMPRESSED);
+    test_patching_loop(PS_ATTN_FULL);
+    test_patching_loop(PS_ATTN_COMPRESSED);
     CHECK_DONE();
 }

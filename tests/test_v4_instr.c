@@ -280,7 +280,11 @@ static void test_knockout(ps_v4_model *m, const ps_v4_task *t) {
     CHECK(ps_task_generate(&t->task, 2, &base, NULL) == 0, "task generation");
     int layers[] = {1, 3}, heads[] = {2, 0};
     ps_knockout_result r;
-    CHECK_OK(ps_v4_knockout_grid(m, t, &base, &fam, P, 0, N, layers, 2, heads, 2, PS_V4KO_HEADS, &r, NULL, NULL, &err), &err);
+    ps_runtime rt; /* the knockout of a V4 checkpoint: its runtime's spec, as the instrument runs it */
+    ps_v4_runtime(&rt, m, t);
+    ps_knockout_spec k = {.rt = &rt, .base = &base, .task = &t->task, .fam = &fam, .P = P, .batch = N, .layers = layers,
+                          .n_layers = 2, .heads = heads, .n_heads = 2, .target = PS_V4KO_HEADS};
+    CHECK_OK(ps_knockout_run(&k, &r, &err), &err);
     /* cell (layer 3, head 0) by hand */
     ps_residue_stats want;
     REQUIRE_OK(ps_residue_stats_init(&want, P, &err), &err);
@@ -330,7 +334,9 @@ static void test_knockout(ps_v4_model *m, const ps_v4_task *t) {
     /* the per-layer targets run; layers without the target are refused */
     for (int tg = PS_V4KO_COMPRESSED; tg <= PS_V4KO_SINK; tg++) {
         int ly[1] = {tg == PS_V4KO_RAW || tg == PS_V4KO_SINK ? 0 : 1};
-        CHECK_OK(ps_v4_knockout_grid(m, t, &base, &fam, P, 0, 4, ly, 1, NULL, 0, (ps_v4_ko_target)tg, &r, NULL, NULL, &err), &err);
+        k = (ps_knockout_spec){.rt = &rt, .base = &base, .task = &t->task, .fam = &fam, .P = P, .batch = 4, .layers = ly, .n_layers = 1,
+                               .target = tg};
+        CHECK_OK(ps_knockout_run(&k, &r, &err), &err);
         double d = 0;
         for (int rr = 0; rr < P; rr++) d += fabs(r.cells[0].lp[rr] - r.clean.lp[rr]);
         CHECK(r.n_heads == 1 && r.cells[0].n[0] == r.clean.n[0] && d > 0, "target %s: one unit per layer, changes the outcome (%g)",
@@ -338,11 +344,11 @@ static void test_knockout(ps_v4_model *m, const ps_v4_task *t) {
         ps_knockout_result_free(&r);
     }
     int sliding[1] = {0}, hca[1] = {2};
-    CHECK_ERR(ps_v4_knockout_grid(m, t, &base, &fam, P, 0, 4, sliding, 1, NULL, 0, PS_V4KO_COMPRESSED, &r, NULL, NULL, &err), &err,
-              "layer 0", "sliding");
+    k.layers = sliding, k.target = PS_V4KO_COMPRESSED;
+    CHECK_ERR(ps_knockout_run(&k, &r, &err), &err, "layer 0", "sliding");
     ps_knockout_result_free(&r);
-    CHECK_ERR(ps_v4_knockout_grid(m, t, &base, &fam, P, 0, 4, hca, 1, NULL, 0, PS_V4KO_INDEXER, &r, NULL, NULL, &err), &err,
-              "layer 2", "indexer");
+    k.layers = hca, k.target = PS_V4KO_INDEXER;
+    CHECK_ERR(ps_knockout_run(&k, &r, &err), &err, "layer 2", "indexer");
     ps_knockout_result_free(&r);
     ps_batch_free(&base);
 }
@@ -566,7 +572,7 @@ static void test_controlled_knockout(void) {
     CHECK(ps_task_generate(&t, 8, &base, NULL) == 0, "task generation");
     int layers[1] = {0}, heads[1] = {0};
     ps_knockout_result r;
-    CHECK_OK(ps_knockout_grid(&m, &base, &t, &fam, 4, 0, 5, layers, 1, heads, 1, PS_KO_COMPRESSED, 0, &r, NULL, NULL, &err), &err);
+    CHECK_OK(tu_knockout_opts(&m, &base, &t, &fam, 4, 0, 5, layers, 1, heads, 1, PS_KO_COMPRESSED, NULL, &r, NULL, NULL, &err), &err);
     ps_residue_stats want;
     REQUIRE_OK(ps_residue_stats_init(&want, 4, &err), &err);
     for (int p = 0; p < 4; p++) {
