@@ -128,6 +128,19 @@ typedef struct {
 } ps_knockout_request;
 int ps_knockout_command(ps_instr *in, const ps_knockout_request *rq, ps_error *err);
 
+/* The gatecycle instrument (instr_gatecycle.c): its flags as cmd_gatecycle.c parsed them (the family
+ * checks --branch, --params and the rest against the model: ps_runtime_ops.gc_check); sets up the model
+ * from a's common flags, then runs its work units (the --measure knockout grid before the cycle and the
+ * sweep before it, then the same after it) split over shards and ranks, rank 0 (or the shard's part file)
+ * writing the result. */
+typedef struct {
+    int64_t layer, shift, head;         /* head -1: not given */
+    const char *branch, *params, *save; /* as given, or NULL */
+    int measure_knockout;               /* --measure knockout: the per-head measure */
+    double min_hurt;                    /* --min-hurt (pp) */
+} ps_gatecycle_request;
+int ps_gatecycle_command(const ps_args *a, const ps_gatecycle_request *rq, ps_error *err);
+
 /* How each instrument finishes its result from complete partial results (rank 0, or phasescope merge):
  * the statistics in the one-process order, the JSON, its figures and the summary on stdout. */
 int ps_sweep_finish(const ps_partial *p, const char *out_dir, ps_error *err);

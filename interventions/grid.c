@@ -2,6 +2,7 @@
 #include "interventions/grid.h"
 
 #include "interventions/atp.h"
+#include "interventions/gatecycle.h"
 #include "interventions/knockout.h"
 
 #include <math.h>
@@ -37,7 +38,11 @@ static const ps_runtime_ops MODEL_OPS = {.name = "phasescope",
                                          .ko_spec = ps_model_ko_spec,
                                          .ko_spec_free = ps_model_ko_spec_free,
                                          .atp_spec = ps_model_atp_spec,
-                                         .atp_spec_free = ps_model_atp_spec_free};
+                                         .atp_spec_free = ps_model_atp_spec_free,
+                                         /* gate cycling (gatecycle.c) */
+                                         .gc_check = ps_model_gc_check,
+                                         .gc_cycle = ps_model_gc_cycle,
+                                         .gc_meta = ps_model_gc_meta};
 
 void ps_runtime_model(ps_runtime *rt, const ps_model *m) {
     memset(rt, 0, sizeof *rt);

@@ -35,6 +35,7 @@
 #include "tasks/tasks.h"
 
 typedef struct ps_runtime ps_runtime;
+typedef struct ps_cycle_req ps_cycle_req; /* gatecycle.h */
 
 /* The prompts of one shift, as the spec sees them. */
 typedef struct {
@@ -93,6 +94,12 @@ typedef struct {
      * estimate): the target's estimate spec over the chosen heads, `fix` as ps_atp_fix. */
     int (*atp_spec)(const ps_runtime *rt, int target, const int *heads, int n_heads, int fix, ps_grid_spec *spec, ps_error *err);
     void (*atp_spec_free)(const ps_runtime *rt, ps_grid_spec *spec);
+    /* gate cycling (instr_gatecycle.c) */
+    /* gatecycle's flags checked against the model (fills q's masks), the cycle by k, and the family's
+     * keys of the instrument's meta: the "cycle" block, the summary line (gatecycle.h, ps_cycle_req) */
+    int (*gc_check)(const ps_runtime *rt, ps_cycle_req *q, ps_error *err);
+    int (*gc_cycle)(const ps_runtime *rt, const ps_cycle_req *q, int64_t k, ps_error *err);
+    int (*gc_meta)(const ps_runtime *rt, const ps_cycle_req *q, json_t *meta, ps_error *err);
 } ps_runtime_ops;
 
 struct ps_runtime {
