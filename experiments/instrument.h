@@ -108,8 +108,8 @@ int ps_instr_collect(const ps_instr *in, ps_partial *p, const ps_instr_work *wk,
 /* An empty partial result of this run (its command and shard); takes the reference to meta. */
 int ps_instr_partial_init(const ps_instr *in, ps_partial *p, int64_t n_units, json_t *meta, ps_error *err);
 
-/* Paths whose work is not split into units (DeepSeek-V4 checkpoints, sweep --task text-kv, gatecycle
- * --measure knockout; `what` names the path): --shard is refused with a usage error; under several MPI
+/* Paths whose work is not split into units (DeepSeek-V4 checkpoints, sweep --task text-kv; `what`
+ * names the path): --shard is refused with a usage error; under several MPI
  * ranks rank 0 runs the path whole (it says so on stderr) and the other ranks wait for it. Begin returns
  * 1 when this process runs the path, 0 when it only waits, -1 on an error; end(rc) is collective: every
  * rank returns 0, or -1 with rank 0's error. */
