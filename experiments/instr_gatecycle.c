@@ -22,7 +22,6 @@
 #include "interventions/stats.h"
 #include "interventions/units.h"
 #include "tasks/tasks.h"
-#include "viz/results_check.h"
 
 /* the partial result's arrays: the sweeps', then the grids' (knockout.h's five, in its order) */
 enum { GC_OK, GC_LP, GC_RHO, GC_KO, GC_N_ARR = GC_KO + 5 };

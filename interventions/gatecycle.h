@@ -1,7 +1,10 @@
 /* gatecycle.h — gate offset cycling (SPEC §6): roll a layer's per-offset gate parameters (optionally
  * one KV head, one branch, and/or the per-offset payload maps) by k, so that a gate that peaked at offset
  * r peaks at r + k: u'_i = u_{(i-k) mod W}, c'_i = c_{(i-k) mod W}, C'_i = C_{(i-k) mod W}. The roll is
- * the ps_roll_blocks op on the model's context (the parameters never leave it); see docs/hooks.md. */
+ * the ps_roll_blocks op on the model's context (the parameters never leave it); see docs/hooks.md.
+ * Also the comparison of the curves before and after (ps_cycle_analyse), the per-head measure's analysis
+ * (ps_gatecycle_per_head_json) and the controlled model's gate-cycling runtime ops (ps_model_gc_*); the
+ * instrument's run and finish are experiments/instr_gatecycle.c's. */
 #ifndef PS_GATECYCLE_H
 #define PS_GATECYCLE_H
 
