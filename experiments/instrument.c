@@ -309,17 +309,3 @@ int ps_instr_collect(const ps_instr *in, ps_partial *p, const ps_instr_work *wk,
     return 0;
 }
 
-/* ---- paths that run whole ---- */
-
-int ps_instr_whole_begin(const ps_args *a, const char *what, ps_error *err) {
-    if (ps_args_has(a, "--shard"))
-        return ps_cli_usage(err, "--shard %s: %s is not split into work units; run it without --shard (under mpirun rank 0 runs it whole)",
-                            ps_args_get(a, "--shard"), what);
-    if (ps_dist_rank() != 0) return 0;
-    if (ps_dist_size() > 1)
-        fprintf(stderr, "phasescope %s: %s is not split into work units: rank 0 runs it whole, the other %d ranks wait\n",
-                a->cmd->name, what, ps_dist_size() - 1);
-    return 1;
-}
-
-int ps_instr_whole_end(int rc, ps_error *err) { return ps_dist_agree(rc, err); }

@@ -112,13 +112,6 @@ int ps_instr_collect(const ps_instr *in, ps_partial *p, const ps_instr_work *wk,
 /* An empty partial result of this run (its command and shard); takes the reference to meta. */
 int ps_instr_partial_init(const ps_instr *in, ps_partial *p, int64_t n_units, json_t *meta, ps_error *err);
 
-/* Paths whose work is not split into units (DeepSeek-V4 checkpoints, sweep --task text-kv, gatecycle
- * --measure knockout; `what` names the path): --shard is refused with a usage error; under several MPI
- * ranks rank 0 runs the path whole (it says so on stderr) and the other ranks wait for it. Begin returns
- * 1 when this process runs the path, 0 when it only waits, -1 on an error; end(rc) is collective: every
- * rank returns 0, or -1 with rank 0's error. */
-int ps_instr_whole_begin(const ps_args *a, const char *what, ps_error *err);
-int ps_instr_whole_end(int rc, ps_error *err);
 
 /* The knockout instrument (instr_knockout.c): the grid over the given layers (any order) and heads of
  * the family's target (by index; target_name its name), exact or estimated (atp, atp_fix as
@@ -156,6 +149,19 @@ typedef struct {
     const char *log;
 } ps_gates_request;
 int ps_gates_command(const ps_args *a, const ps_gates_request *rq, ps_error *err);
+
+/* The gatecycle instrument (instr_gatecycle.c): its flags as cmd_gatecycle.c parsed them (the family
+ * checks --branch, --params and the rest against the model: ps_runtime_ops.gc_check); sets up the model
+ * from a's common flags, then runs its work units (the --measure knockout grid before the cycle and the
+ * sweep before it, then the same after it) split over shards and ranks, rank 0 (or the shard's part file)
+ * writing the result. */
+typedef struct {
+    int64_t layer, shift, head;         /* head -1: not given */
+    const char *branch, *params, *save; /* as given, or NULL */
+    int measure_knockout;               /* --measure knockout: the per-head measure */
+    double min_hurt;                    /* --min-hurt (pp) */
+} ps_gatecycle_request;
+int ps_gatecycle_command(const ps_args *a, const ps_gatecycle_request *rq, ps_error *err);
 
 /* How each instrument finishes its result from complete partial results (rank 0, or phasescope merge):
  * the statistics in the one-process order, the JSON, its figures and the summary on stdout. */

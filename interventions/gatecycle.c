@@ -1,12 +1,11 @@
 #include "interventions/gatecycle.h"
 
-#include "interventions/knockout.h"
-
 #include "core/ops.h"
 #include "interventions/stats.h"
 #include "tasks/tasks.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -225,36 +224,25 @@ void ps_head_shift_measure(const double *hurt_before, const double *hurt_after, 
 
 /* ---- the per-head measure (--measure knockout) ---- */
 
-int ps_gatecycle_per_head(const ps_gatecycle_per_head_spec *g, json_t **result, ps_error *err) {
-    *result = NULL;
-    ps_model *model = g->m;
-    const ps_config *c = &model->cfg;
-    int layer = g->layer, head = g->head, branches = g->branches, params = g->params;
-    int64_t k = g->k;
-    double min_hurt = g->min_hurt;
-    int nh = head >= 0 ? 1 : (int)c->n_kv_heads, *heads = malloc((size_t)nh * sizeof(int));
-    ps_knockout_result kb = {0}, ka = {0};
+json_t *ps_gatecycle_per_head_json(const ps_grid_result *kb, const ps_grid_result *ka, int64_t k, double chance,
+                                   double min_hurt, ps_error *err) {
+    int nh = kb->n_heads;
+    const int *heads = kb->heads;
     json_t *out = NULL;
-    int64_t P = g->P;
+    int64_t P = kb->P;
+    if (ka->n_heads != nh || ka->P != P || kb->n_layers != 1 || ka->n_layers != 1) {
+        ps_fail(err, "the per-head measure's two knockout grids differ in their heads or period");
+        return NULL;
+    }
     double *hb = malloc((size_t)P * sizeof(double)), *ha = malloc((size_t)P * sizeof(double));
     unsigned char *dead = calloc((size_t)P, 1);
-    if (!heads || !hb || !ha || !dead) {
+    if (!hb || !ha || !dead) {
         ps_fail(err, "out of memory for the per-head measure");
         goto done;
     }
-    for (int i = 0; i < nh; i++) heads[i] = head >= 0 ? head : i;
-    /* two knockout grids (the engine's spec of the compressed target) around the cycle */
-    ps_knockout_spec ks = {.rt = g->rt, .base = g->base, .task = g->task, .fam = g->fam, .P = P, .seed = g->seed,
-                           .batch = g->batch, .layers = &layer, .n_layers = 1, .heads = heads, .n_heads = nh,
-                           .target = PS_KO_COMPRESSED - 1, .progress = g->progress, .progress_user = g->progress_user};
-    if (ps_knockout_run(&ks, &kb, err)) goto done;
-    if (ps_gate_cycle(model, layer, head, branches, params, k, err)) goto done;
-    int bad = ps_knockout_run(&ks, &ka, err);
-    if (ps_gate_cycle(model, layer, head, branches, params, -k, err) || bad) goto done;
-    double chance = ps_task_chance(g->task);
     json_t *ex = json_array(), *hl = json_array();
     for (int64_t r = 0; r < P; r++) {
-        double cb = ps_residue_accuracy(&kb.clean, r), ca = ps_residue_accuracy(&ka.clean, r);
+        double cb = ps_residue_accuracy(&kb->clean, r), ca = ps_residue_accuracy(&ka->clean, r);
         int db = !(cb > chance + PS_NEAR_CHANCE_PP / 100), da = !(ca > chance + PS_NEAR_CHANCE_PP / 100);
         dead[r] = (unsigned char)(db && da);
         if (dead[r]) json_array_append_new(ex, json_integer(r));
@@ -263,9 +251,9 @@ int ps_gatecycle_per_head(const ps_gatecycle_per_head_spec *g, json_t **result, 
     double abs_w = 0, abs_x = 0;
     for (int i = 0; i < nh; i++) {
         for (int64_t r = 0; r < P; r++) {
-            double v = -100 * (ps_residue_accuracy(&kb.cells[i], r) - ps_residue_accuracy(&kb.clean, r));
+            double v = -100 * (ps_residue_accuracy(&kb->cells[i], r) - ps_residue_accuracy(&kb->clean, r));
             hb[r] = isfinite(v) ? v : 0;
-            v = -100 * (ps_residue_accuracy(&ka.cells[i], r) - ps_residue_accuracy(&ka.clean, r));
+            v = -100 * (ps_residue_accuracy(&ka->cells[i], r) - ps_residue_accuracy(&ka->clean, r));
             ha[r] = isfinite(v) ? v : 0;
         }
         ps_head_shift hs;
@@ -315,13 +303,120 @@ int ps_gatecycle_per_head(const ps_gatecycle_per_head_spec *g, json_t **result, 
     json_object_set_new(out, "heads", hl);
     json_object_set_new(out, "summary", sum);
 done:
-    free(heads);
     free(hb);
     free(ha);
     free(dead);
-    ps_knockout_result_free(&kb);
-    ps_knockout_result_free(&ka);
-    *result = out;
-    return out ? 0 : -1;
+    return out;
 }
 
+/* ---- the controlled model's gate cycling ops (grid.c's table) ---- */
+
+static int usage(ps_error *err) {
+    if (err) err->usage = 1;
+    return -1;
+}
+
+int ps_cycle_choice(const char *flag, const char *v, const char *const *choices, int *idx, ps_error *err) {
+    int n = 0;
+    for (; choices[n]; n++)
+        if (!strcmp(choices[n], v)) {
+            *idx = n;
+            return 0;
+        }
+    char list[512];
+    size_t len = 0;
+    list[0] = '\0';
+    for (int i = 0; i < n && len < sizeof list; i++)
+        len += (size_t)snprintf(list + len, sizeof list - len, "%s%s", i == 0 ? "" : i == n - 1 ? " or " : ", ", choices[i]);
+    ps_fail(err, "%s %s: expected %s", flag, v, list);
+    return usage(err);
+}
+
+int ps_model_gc_check(const ps_runtime *rt, ps_cycle_req *q, ps_error *err) {
+    static const char *const BRANCHES[] = {"key", "value", "both", NULL}, *const PARAMS[] = {"gate", "payload", "all", NULL};
+    ps_model *m = rt->model;
+    const ps_config *c = &m->cfg;
+    int bi = 2, pi = -1;
+    if ((q->branch && ps_cycle_choice("--branch", q->branch, BRANCHES, &bi, err)) || (q->params && ps_cycle_choice("--params", q->params, PARAMS, &pi, err)))
+        return -1;
+    int64_t layer = q->layer, head = q->head;
+    int branches = bi == 0 ? PS_CYCLE_KEY : bi == 1 ? PS_CYCLE_VALUE : PS_CYCLE_KEY | PS_CYCLE_VALUE;
+    int params = pi < 0 ? 0 : pi == 0 ? PS_CYCLE_GATE : pi == 1 ? PS_CYCLE_PAYLOAD : PS_CYCLE_GATE | PS_CYCLE_PAYLOAD;
+    /* a layer or head the model does not have is a usage error; without --model, say which model that is */
+    const char *note = q->note ? q->note : "";
+    if (c->kind != PS_ATTN_FULL && (layer < 0 || layer >= c->n_layers)) {
+        if (note[0]) {
+            char valid[64];
+            if (c->n_layers == 1) snprintf(valid, sizeof valid, "--layer 0");
+            else snprintf(valid, sizeof valid, "--layer 0..%lld", (long long)c->n_layers - 1);
+            ps_fail(err, "--layer %lld: out of range: no --model given, so this is %s, which has %lld layer%s: valid %s (or pass --model DIR)",
+                    (long long)layer, note, (long long)c->n_layers, c->n_layers == 1 ? "" : "s", valid);
+        } else
+            ps_fail(err, "--layer %lld: out of range (the model has %lld layers, 0..%lld)", (long long)layer, (long long)c->n_layers,
+                    (long long)c->n_layers - 1);
+        return usage(err);
+    }
+    if (c->kind != PS_ATTN_FULL && head >= c->n_kv_heads) {
+        if (note[0])
+            ps_fail(err, "--head %lld: out of range: no --model given, so this is %s, which has %lld KV heads: valid --head 0..%lld (or pass --model DIR)",
+                    (long long)head, note, (long long)c->n_kv_heads, (long long)c->n_kv_heads - 1);
+        else
+            ps_fail(err, "--head %lld: out of range (the model has %lld KV heads, 0..%lld)", (long long)head, (long long)c->n_kv_heads,
+                    (long long)c->n_kv_heads - 1);
+        return usage(err);
+    }
+    /* default: every per-offset parameter the model has (gates and payloads move together) */
+    if (!params && c->kind == PS_ATTN_COMPRESSED) {
+        if (c->gate != PS_GATE_UNIFORM) params |= PS_CYCLE_GATE;
+        if (c->payload != PS_PAYLOAD_SHARED) params |= PS_CYCLE_PAYLOAD;
+        if (!params)
+            return ps_fail(err, "--model %s: the model's gate is uniform and its payload shared: it has no per-offset parameters to cycle",
+                           q->model_dir);
+    }
+    if (!params) params = PS_CYCLE_GATE;
+    /* the cycle's preconditions (a bad model fails before any sweep): cycling by 0 checks them and changes nothing */
+    if (ps_gate_cycle(m, (int)layer, (int)head, branches, params, 0, err)) {
+        if (strncmp(err->msg, "--", 2)) return ps_fail_prefix(err, "--model %s: ", q->model_dir);
+        return usage(err);
+    }
+    if (q->per_head && c->kind != PS_ATTN_COMPRESSED) {
+        ps_fail(err, "--measure knockout: the model has no compressed cache to cycle");
+        return usage(err);
+    }
+    q->branches = branches;
+    q->params_mask = params;
+    return 0;
+}
+
+int ps_model_gc_cycle(const ps_runtime *rt, const ps_cycle_req *q, int64_t k, ps_error *err) {
+    return ps_gate_cycle(rt->model, (int)q->layer, (int)q->head, q->branches, q->params_mask, k, err);
+}
+
+int ps_model_gc_meta(const ps_runtime *rt, const ps_cycle_req *q, json_t *meta, ps_error *err) {
+    const ps_config *c = &rt->m->cfg;
+    int64_t layer = q->layer, head = q->head, nkv = c->n_kv_heads;
+    int branches = q->branches, params = q->params_mask;
+    json_t *hl = json_array();
+    for (int64_t g = head < 0 ? 0 : head; g < (head < 0 ? nkv : head + 1); g++) json_array_append_new(hl, json_integer(g));
+    const char *br = branches == 3 ? "both" : branches == 1 ? "key" : "value";
+    const char *pa = params == 3 ? "all" : params == 1 ? "gate" : "payload";
+    json_t *cy = json_pack("{s:I, s:I, s:o, s:o, s:s, s:s}", "layer", (json_int_t)layer, "shift", (json_int_t)q->shift, "head",
+                           head < 0 ? json_string("all") : json_integer(head), "heads", hl, "branch", br, "params", pa);
+    /* the summary line: what was cycled */
+    char line[512], hs[64];
+    if (head >= 0) snprintf(hs, sizeof hs, "KV head %lld", (long long)head);
+    else if (nkv == 1) snprintf(hs, sizeof hs, "KV head 0 (all)");
+    else snprintf(hs, sizeof hs, "KV heads 0-%lld (all)", (long long)nkv - 1);
+    if (c->kind == PS_ATTN_CHANNEL) /* the channel attention: its position bias is the per-slot parameter */
+        snprintf(line, sizeof line, "cycled layer %lld: the compressor's position bias (ape) rolled by %lld (mod the rate %lld)",
+                 (long long)layer, (long long)q->shift, (long long)c->rate);
+    else
+        snprintf(line, sizeof line, "cycled layer %lld, %s, %s %s by %lld", (long long)layer, hs, branches == 3 ? "key and value" : br,
+                 params == 3 ? "gates and payloads" : params == 1 ? "gates" : "payloads", (long long)q->shift);
+    if (!cy || json_object_set_new(meta, "cycle", cy) || json_object_set_new(meta, "summary", json_string(line)) ||
+        json_object_set_new(meta, "summary_means", json_false()) ||
+        json_object_set_new(meta, "gates_without_payloads",
+                            json_boolean(params == PS_CYCLE_GATE && c->kind == PS_ATTN_COMPRESSED && c->payload != PS_PAYLOAD_SHARED)))
+        return ps_fail(err, "out of memory for the cycle's description");
+    return 0;
+}

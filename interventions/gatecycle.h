@@ -1,7 +1,10 @@
 /* gatecycle.h — gate offset cycling (SPEC §6): roll a layer's per-offset gate parameters (optionally
  * one KV head, one branch, and/or the per-offset payload maps) by k, so that a gate that peaked at offset
  * r peaks at r + k: u'_i = u_{(i-k) mod W}, c'_i = c_{(i-k) mod W}, C'_i = C_{(i-k) mod W}. The roll is
- * the ps_roll_blocks op on the model's context (the parameters never leave it); see docs/hooks.md. */
+ * the ps_roll_blocks op on the model's context (the parameters never leave it); see docs/hooks.md.
+ * Also the comparison of the curves before and after (ps_cycle_analyse), the per-head measure's analysis
+ * (ps_gatecycle_per_head_json) and the controlled model's gate-cycling runtime ops (ps_model_gc_*); the
+ * instrument's run and finish are experiments/instr_gatecycle.c's. */
 #ifndef PS_GATECYCLE_H
 #define PS_GATECYCLE_H
 
@@ -81,27 +84,44 @@ int64_t ps_signed_mod(int64_t d, int64_t P);
 void ps_head_shift_measure(const double *hurt_before, const double *hurt_after, const unsigned char *dead, int64_t P, int64_t k,
                            double min_hurt, ps_head_shift *out);
 
-/* The per-head measure of a cycle (gatecycle --measure knockout): each cycled KV head of `layer` knocked
- * out (the compressed target: two knockout grids over the grid engine, interventions/grid.h) before and
- * after cycling by k (cycled back by −k afterwards, exactly: a roll), and where each head's residue moved
- * (ps_head_shift_measure). *result: the "per_head" object of gatecycle.json ({"measure", "target",
- * "min_hurt_pp", "excluded_residues", "heads": [{"head", "status", "hurt_before_pp", "hurt_after_pp",
- * "worst_before", "worst_after", "shift_worst", "error_worst", "shift_xcorr", "error_xcorr"}], "summary"}). */
-typedef struct {
-    const ps_runtime *rt;          /* the model's runtime (grid.h) */
-    ps_model *m;                   /* the same model, whose gates are cycled */
-    const ps_batch *base;
-    const ps_task *task;
-    const ps_filler_family *fam;
-    int64_t P;
-    uint64_t seed;
-    int64_t batch;
-    int layer, head, branches, params; /* head -1: every KV head */
-    int64_t k;
-    double min_hurt;
-    ps_progress_fn progress;
-    void *progress_user;
-} ps_gatecycle_per_head_spec;
-int ps_gatecycle_per_head(const ps_gatecycle_per_head_spec *g, json_t **result, ps_error *err);
+/* The per-head measure of a cycle (gatecycle --measure knockout): each cycled KV head of the layer knocked
+ * out (the family's "compressed" knockout target: a grid over the grid engine, grid.h) before and after
+ * cycling by k, and where each head's residue moved (ps_head_shift_measure). The grids run as work units
+ * of the gatecycle instrument (experiments/instr_gatecycle.c: the knockout grid before the cycle, then
+ * the one after it, each beside its sweep); given the two grids' results (same heads, P residues), this is
+ * the "per_head" object of gatecycle.json ({"measure", "target", "min_hurt_pp", "excluded_residues",
+ * "heads": [{"head", "status", "hurt_before_pp", "hurt_after_pp", "worst_before", "worst_after",
+ * "shift_worst", "error_worst", "shift_xcorr", "error_xcorr"}], "summary"}); residues near chance in both
+ * grids' clean curves are left out. NULL with err set when memory runs out. */
+json_t *ps_gatecycle_per_head_json(const ps_grid_result *before, const ps_grid_result *after, int64_t k, double chance,
+                                   double min_hurt, ps_error *err);
+
+/* ---- gate cycling as a family's runtime ops (ps_runtime_ops, grid.h: gc_check, gc_cycle, gc_meta) ----
+ * What gatecycle asked (its flags), checked by the family against its model (gc_check: the family's
+ * --branch and --params, its layer and head ranges, the cycle's preconditions, whether it has the per-head
+ * measure; a usage error for a bad flag), which fills the masks; the cycle by k (gc_cycle; by 0 it checks
+ * and changes nothing); the family's keys of the instrument's meta (gc_meta: the "cycle" block of
+ * gatecycle.json, "summary": the line that says what was cycled, "summary_means": whether the line adds
+ * the two curves' mean accuracies, and the warning's hints: "gates_without_payloads" and optionally
+ * "near_chance_warning"). */
+struct ps_cycle_req {
+    int64_t layer, shift, head;  /* head -1: not given (every KV head) */
+    const char *branch, *params; /* --branch, --params as given, or NULL (the family's defaults) */
+    int save;                    /* --save was given */
+    int per_head;                /* --measure knockout */
+    const char *model_dir;       /* the checkpoint, for messages */
+    const char *note;            /* without --model: what the default model is (messages; "" otherwise) */
+    int branches, params_mask;   /* filled by gc_check (the family's masks) */
+};
+
+/* A flag's value v among choices (NULL-terminated): *idx its index, else a usage error "FLAG V: expected
+ * A, B or C" (as the CLI's). */
+int ps_cycle_choice(const char *flag, const char *v, const char *const *choices, int *idx, ps_error *err);
+
+/* The controlled model's (grid.c's table): branches key|value|both (PS_CYCLE_*), params gate|payload|all
+ * (default: every per-offset parameter the model has), the per-head measure on compressed models. */
+int ps_model_gc_check(const ps_runtime *rt, ps_cycle_req *q, ps_error *err);
+int ps_model_gc_cycle(const ps_runtime *rt, const ps_cycle_req *q, int64_t k, ps_error *err);
+int ps_model_gc_meta(const ps_runtime *rt, const ps_cycle_req *q, json_t *meta, ps_error *err);
 
 #endif

@@ -4,6 +4,7 @@
 #include "interventions/atp.h"
 #include "interventions/ko_model.h"
 #include "interventions/units.h"
+#include "interventions/gatecycle.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -44,7 +45,11 @@ static const ps_runtime_ops MODEL_OPS = {.name = "phasescope",
                                          .gates_records = ps_model_gates_records,
                                          .gates_unit_size = ps_model_gates_unit_size,
                                          .gates_units = ps_model_gates_units,
-                                         .gates_log = ps_model_gates_log};
+                                         .gates_log = ps_model_gates_log,
+                                         /* gate cycling (gatecycle.c) */
+                                         .gc_check = ps_model_gc_check,
+                                         .gc_cycle = ps_model_gc_cycle,
+                                         .gc_meta = ps_model_gc_meta};
 
 void ps_runtime_model(ps_runtime *rt, const ps_model *m) {
     memset(rt, 0, sizeof *rt);

@@ -42,6 +42,7 @@
 #include "tasks/tasks.h"
 
 typedef struct ps_runtime ps_runtime;
+typedef struct ps_cycle_req ps_cycle_req; /* gatecycle.h */
 
 /* The prompts of one shift, as the spec sees them. */
 typedef struct {
@@ -135,6 +136,12 @@ typedef struct ps_runtime_ops {
     int (*gates_units)(const ps_runtime *rt, const ps_shifted *s, int64_t batch, int64_t u0, int64_t u1, const int64_t *ev_off,
                        const int64_t *al_off, int32_t *events, float *alpha, ps_error *err);
     json_t *(*gates_log)(const ps_runtime *rt, const char *path, ps_error *err);
+    /* gate cycling (instr_gatecycle.c) */
+    /* gatecycle's flags checked against the model (fills q's masks), the cycle by k, and the family's
+     * keys of the instrument's meta: the "cycle" block, the summary line (gatecycle.h, ps_cycle_req) */
+    int (*gc_check)(const ps_runtime *rt, ps_cycle_req *q, ps_error *err);
+    int (*gc_cycle)(const ps_runtime *rt, const ps_cycle_req *q, int64_t k, ps_error *err);
+    int (*gc_meta)(const ps_runtime *rt, const ps_cycle_req *q, json_t *meta, ps_error *err);
 } ps_runtime_ops;
 
 /* struct ps_runtime (ops, ctx, max_pos, n_layers, m, model, aux, family): core/runtime.h. */

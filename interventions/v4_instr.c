@@ -1,6 +1,7 @@
 #include "interventions/v4_instr.h"
 
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +11,7 @@
 #include "core/ops.h"
 #include "core/v4/v4_forward.h"
 #include "core/v4/v4_hooks.h"
+#include "interventions/gatecycle.h"
 #include "tasks/tasks.h"
 
 /* ---- the task ---- */
@@ -684,6 +686,74 @@ static json_t *v4_rt_gates_log(const ps_runtime *rt, const char *path, ps_error 
     return NULL;
 }
 
+/* ---- gate cycling as the runtime's ops (gatecycle.h, ps_cycle_req): a compressor's position bias ---- */
+
+/* a usage error (a flag the checkpoint cannot take) */
+static int v4_gc_usage(ps_error *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int v4_gc_usage(ps_error *err, const char *fmt, ...) {
+    if (!err) return -1;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+    va_end(ap);
+    err->usage = 1;
+    return -1;
+}
+
+/* --branch compressor|indexer|both; no --head, --save, --params but gate, no per-head measure */
+static int v4_gc_check(const ps_runtime *rt, ps_cycle_req *q, ps_error *err) {
+    ps_v4_model *m = rt->model;
+    const ps_v4_config *c = &m->cfg;
+    if (q->head >= 0)
+        return v4_gc_usage(err, "--head: a DeepSeek-V4 compressor has one K=V head; its position bias is rolled for every channel");
+    if (q->save) return v4_gc_usage(err, "--save: writing DeepSeek-V4 checkpoints is not supported");
+    if (q->params && strcmp(q->params, "gate"))
+        return v4_gc_usage(err, "--params %s: a DeepSeek-V4 compressor's only per-slot parameter is its position bias (ape): "
+                                "use --params gate (the default)",
+                           q->params);
+    if (q->per_head)
+        return v4_gc_usage(err, "--measure knockout: the per-head measure cycles one KV head of a phasescope compressed model (a "
+                                "DeepSeek-V4 compressor has one K=V head)");
+    static const char *const BR[] = {"compressor", "indexer", "both", NULL};
+    int bi = 2;
+    if (q->branch && ps_cycle_choice("--branch", q->branch, BR, &bi, err)) return ps_fail_prefix(err, "DeepSeek-V4: ");
+    int branches = bi == 0 ? PS_V4_CYCLE_COMPRESSOR : bi == 1 ? PS_V4_CYCLE_INDEXER : PS_V4_CYCLE_COMPRESSOR | PS_V4_CYCLE_INDEXER;
+    if (q->layer < 0 || q->layer >= c->n_layers)
+        return v4_gc_usage(err, "--layer %lld: out of range (the model has %lld layers, 0..%lld)", (long long)q->layer,
+                           (long long)c->n_layers, (long long)c->n_layers - 1);
+    if (ps_v4_gate_cycle(m, (int)q->layer, branches, 0, err)) { /* the preconditions: cycling by 0 changes nothing */
+        err->usage = 1;
+        return -1;
+    }
+    q->branches = branches;
+    q->params_mask = 1; /* the position bias: the gate's per-slot parameter */
+    return 0;
+}
+
+static int v4_gc_cycle(const ps_runtime *rt, const ps_cycle_req *q, int64_t k, ps_error *err) {
+    return ps_v4_gate_cycle(rt->model, (int)q->layer, q->branches, k, err);
+}
+
+/* the cycle block and what the result says (docs/results-schema.md, "DeepSeek-V4") */
+static int v4_gc_meta(const ps_runtime *rt, const ps_cycle_req *q, json_t *meta, ps_error *err) {
+    const ps_v4_config *c = &((const ps_v4_model *)rt->model)->cfg;
+    int64_t layer = q->layer, rate = c->compress_rate[layer];
+    int has_ix = c->attn_type[layer] == PS_V4_CSA && (q->branches & PS_V4_CYCLE_INDEXER);
+    const char *br = (q->branches & PS_V4_CYCLE_COMPRESSOR) && has_ix ? "both" : has_ix ? "indexer" : "compressor";
+    json_t *cy = json_pack("{s:I, s:I, s:s, s:[i], s:s, s:s, s:s, s:I}", "layer", (json_int_t)layer, "shift", (json_int_t)q->shift,
+                           "head", "all", "heads", 0, "branch", br, "params", "gate", "rolled",
+                           "position bias (ape) rows, by shift mod the layer's rate", "rate", (json_int_t)rate);
+    char line[512];
+    snprintf(line, sizeof line, "cycled layer %lld (%s, rate %lld): %s position bias rolled by %lld", (long long)layer,
+             ps_v4_attn_type_name(c->attn_type[layer]), (long long)rate, br, (long long)q->shift);
+    if (!cy || json_object_set_new(meta, "cycle", cy) || json_object_set_new(meta, "summary", json_string(line)) ||
+        json_object_set_new(meta, "summary_means", json_true()) || json_object_set_new(meta, "gates_without_payloads", json_false()) ||
+        json_object_set_new(meta, "near_chance_warning",
+                            json_string("after cycling, accuracy is near chance: the shift statistic means nothing")))
+        return ps_fail(err, "out of memory for the cycle's description");
+    return 0;
+}
+
 static const ps_runtime_ops V4_OPS = {.name = "deepseek_v4",
                                       .eval = v4_rt_eval,
                                       .add_action = v4_rt_add_action,
@@ -700,7 +770,11 @@ static const ps_runtime_ops V4_OPS = {.name = "deepseek_v4",
                                       .gates_records = v4_rt_gates_records,
                                       .gates_unit_size = v4_rt_gates_unit_size,
                                       .gates_units = v4_rt_gates_units,
-                                      .gates_log = v4_rt_gates_log};
+                                      .gates_log = v4_rt_gates_log,
+                                      /* gate cycling */
+                                      .gc_check = v4_gc_check,
+                                      .gc_cycle = v4_gc_cycle,
+                                      .gc_meta = v4_gc_meta};
 
 void ps_v4_runtime(ps_runtime *rt, ps_v4_model *m, const ps_v4_task *t) {
     memset(rt, 0, sizeof *rt);

@@ -68,6 +68,14 @@ check "sweep (move): 2 shards merged = one process" 'same_json "$T/sw1/sweep.jso
 for i in 0 1 2; do "$PS" gatecycle --layer 0 --shift 3 --n 32 --shard $i/3 --out "$T/gcp" > /dev/null 2>&1; done
 "$PS" merge "$T"/gcp/gatecycle.part-*-of-3.safetensors --out "$T/gcm" > /dev/null 2>&1
 check "gatecycle: 3 shards merged = one process" 'same_json "$T/gc1/gatecycle.json" "$T/gcm/gatecycle.json" command'
+# --measure knockout: the knockout grids before and after the cycle are work units too (shards that begin
+# inside a shift of a grid, one that holds the cycle)
+GK=(gatecycle --model "$W" --layer 0 --shift 2 --n 20 --batch 8 --measure knockout)
+"$PS" "${GK[@]}" --out "$T/gk1" > "$T/gk1.txt" 2>&1
+for i in 0 1 2; do "$PS" "${GK[@]}" --shard $i/3 --out "$T/gkp" > /dev/null 2>&1; done
+"$PS" merge "$T"/gkp/gatecycle.part-*-of-3.safetensors --out "$T/gkm" > "$T/gkm.txt" 2>&1
+check "gatecycle --measure knockout: 3 shards merged = one process" 'grep -q "per_head" "$T/gk1/gatecycle.json" && same_json "$T/gk1/gatecycle.json" "$T/gkm/gatecycle.json" command'
+check "gatecycle --measure knockout: merged summary = one process" 'cmp -s <(tr "\r" "\n" < "$T/gk1.txt" | grep -v " gatecycle$" | sed "s#$T/gk1#X#") <(sed "s#$T/gkm#X#" "$T/gkm.txt") && grep -q "^per-head knockout measure" "$T/gkm.txt"'
 "$PS" gates --n 48 --batch 16 --out "$T/ga1" > /dev/null 2>&1
 for i in 0 1; do "$PS" gates --n 48 --batch 16 --shard $i/2 --out "$T/gap" > /dev/null 2>&1; done
 "$PS" merge "$T"/gap/gates.part-*-of-2.safetensors --out "$T/gam" > /dev/null 2>&1
@@ -84,10 +92,7 @@ out=$("$PS" merge "$T/kop/knockout.part-0-of-3.safetensors" "$T/kos/knockout.par
 check "merge: a shard of another seed is refused" '[ $rc -eq 1 ] && grep -q "provenance or parameters differ" <<<"$out"'
 out=$("$PS" sweep --shard 2/2 2>&1); rc=$?
 check "--shard out of range is a usage error" '[ $rc -eq 2 ] && grep -q "need 0 <= I < N" <<<"$out"'
-# the paths that are not split into units refuse --shard (a usage error that names the path)
 CONF="$SRC/tests/conformance"; TT="$SRC/tests/text/tiny_tokenizer.json"
-out=$("$PS" gatecycle --layer 0 --shift 3 --n 8 --measure knockout --shard 0/2 --out "$T/x" 2>&1); rc=$?
-check "--shard with gatecycle --measure knockout is refused" '[ $rc -eq 2 ] && grep -q "gatecycle --measure knockout is not split into work units" <<<"$out" && [ ! -e "$T/x" ]'
 # sweep --task text-kv: units of the batches one process runs (shift after shift), merged = one process
 "$PS" init --config "$SRC/tests/text/tiny_model.json" --out "$T/tm" --seed 2 > /dev/null 2>&1
 TK=(sweep --task text-kv --model "$T/tm" --tokenizer "$TT" --n 10 --pairs 4 --batch 4)
@@ -172,6 +177,9 @@ np 1 gc_np1 gatecycle --layer 9 --shift 2 --n 32 --save "$T/cyc" && mv "$T/cyc" 
   np 2 gc_np2 gatecycle --layer 9 --shift 2 --n 32 --save "$T/cyc" && mv "$T/cyc" "$T/cyc2"
 check "gatecycle: -np 2 = -np 1" 'same_run gc_np1 gc_np2 gatecycle.json'
 check "gatecycle: one cycled checkpoint, the same" 'cmp -s "$T/cyc1/model.safetensors" "$T/cyc2/model.safetensors" && [ "$(grep -c "wrote the cycled" "$T/gc_np2.txt")" -eq 1 ]'
+np 1 gk_np1 gatecycle --layer 9 --shift 2 --n 32 --measure knockout && np 2 gk_np2 gatecycle --layer 9 --shift 2 --n 32 --measure knockout
+check "gatecycle --measure knockout: -np 2 = -np 1" 'same_run gk_np1 gk_np2 gatecycle.json && grep -q "per_head" "$T/gk_np2/gatecycle.json"'
+check "gatecycle --measure knockout: -np 2 splits it, rank 0 finishes" '! grep -q "rank 0 runs it whole" "$T/gk_np2.txt" && [ "$(grep -c "^  head 0:" "$T/gk_np2.txt")" -eq 1 ]'
 np 1 ga_np1 gates --n 48 --batch 16 && np 2 ga_np2 gates --n 48 --batch 16
 check "gates: -np 2 = -np 1" 'same_run ga_np1 ga_np2 gates.json'
 np 2 sh_np2 knockout --model "$W" --n 64 --batch 16 --shard 1/3
@@ -182,11 +190,7 @@ out=$($MPI -np 2 "$PS" sweep --n x 2>&1); rc=$?
 check "a usage error under mpirun: said once, exit 2" '[ $rc -eq 2 ] && [ "$(grep -c "phasescope sweep: --n x" <<<"$out")" -eq 1 ]'
 out=$($MPI -np 2 "$PS" info 2>&1); rc=$?
 check "a one-process command under mpirun is refused" '[ $rc -eq 2 ] && grep -q "runs as one process" <<<"$out"'
-# the paths that are not split run whole on rank 0 (said on stderr): the same result as one rank
-section "paths run whole on rank 0"
-np 1 gk_np1 gatecycle --layer 9 --shift 2 --n 32 --measure knockout && np 2 gk_np2 gatecycle --layer 9 --shift 2 --n 32 --measure knockout
-check "gatecycle --measure knockout: -np 2 = -np 1 (rank 0 runs it)" 'same_run gk_np1 gk_np2 gatecycle.json && grep -q "per_head" "$T/gk_np2/gatecycle.json"'
-check "gatecycle --measure knockout: -np 2 says rank 0 runs it whole" 'grep -q "rank 0 runs it whole" "$T/gk_np2.txt" && [ "$(grep -c "^  head 0:" "$T/gk_np2.txt")" -eq 1 ]'
+# the text-kv sweep and the per-channel gates split over ranks like every other path
 section "text-kv and per-channel gates under mpirun"
 np 1 tk_np1 "${TK[@]}" && np 2 tk_np2 "${TK[@]}"
 check "sweep --task text-kv: -np 2 = -np 1 (split over the ranks)" 'same_run tk_np1 tk_np2 sweep.json && ! grep -q "rank 0 runs it whole" "$T/tk_np2.txt"'
