@@ -89,8 +89,15 @@ static int run(const ps_args *args, ps_error *err) {
         }
         if (parse_layers(layers, rt.n_layers, &n_run, err)) goto done;
     }
+    if (lazy && !f->load_weights) {
+        ps_cli_usage(err, "--lazy: %s checkpoints load every layer at once (--lazy is for DeepSeek-V4 checkpoints)", f->name);
+        goto done;
+    }
     if (hooks_flag) { /* names against the family's table (its parser lists the valid ones) */
-        names = strdup(hooks_flag);
+        if (!(names = strdup(hooks_flag))) {
+            ps_fail(err, "out of memory for the --hooks list");
+            goto done;
+        }
         for (char *save = NULL, *h = strtok_r(names, ",", &save); h; h = strtok_r(NULL, ",", &save)) {
             int slot, point;
             if (f->hook_parse(&rt, h, &slot, &point, err) || f->cache_watch(&rt, &cache, &hooks, h, err)) {

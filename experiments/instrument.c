@@ -47,13 +47,6 @@ static char *command_line_unsharded(const ps_args *a) {
     return s;
 }
 
-int ps_instr_is_v4(const ps_args *a) {
-    char dir[4096];
-    ps_error e = {0};
-    if (ps_cli_model_dir(ps_args_get(a, "--model"), dir, sizeof dir, &e)) return 0;
-    return ps_runtime_detect(dir) == &ps_family_v4;
-}
-
 /* ---- what the instruments add to each family (its core runtime: core/runtime.h) ----
  * Where its model lives in ps_instr (the field the commands read for it), the instruments' table and the
  * prompts' task: the controlled model's stored task, a DeepSeek-V4 checkpoint's task file (--task FILE or
@@ -95,15 +88,14 @@ typedef struct {
     const ps_family *family;
     size_t model_at;     /* offsetof(ps_instr, the family's model field) */
     int task_file;       /* the prompts come from a task file: the evaluation set is always built */
-    int is_v4;           /* ps_instr.is_v4, which the commands still read */
     int (*bind)(ps_instr *in, const char *task_flag, int need_task, ps_error *err);
     void (*unbind)(ps_instr *in);
     json_t *(*task_source)(const ps_instr *in);
 } instr_binding;
 
 static const instr_binding BINDINGS[] = {
-    {&ps_family_model, offsetof(ps_instr, m), 0, 0, model_bind, NULL, NULL},
-    {&ps_family_v4, offsetof(ps_instr, v4), 1, 1, v4_bind, v4_unbind, v4_task_source},
+    {&ps_family_model, offsetof(ps_instr, m), 0, model_bind, NULL, NULL},
+    {&ps_family_v4, offsetof(ps_instr, v4), 1, v4_bind, v4_unbind, v4_task_source},
 };
 
 static const instr_binding *binding(const ps_family *f) {
@@ -138,12 +130,15 @@ int ps_instr_setup(ps_instr *in, const ps_args *a, int need_task, ps_error *err)
     if (!bd->task_file && task_flag && strcmp(task_flag, "model") && strcmp(task_flag, "text-kv"))
         return ps_cli_usage(err, "--task %s: a task file applies to DeepSeek-V4 checkpoints (a phasescope model carries the task it was trained on)",
                             task_flag);
+    if (bd->task_file && task_flag && (!strcmp(task_flag, "model") || !strcmp(task_flag, "text-kv")))
+        return ps_cli_usage(err, "--task %s: a %s checkpoint takes its prompts from a task file (--task FILE.json); %s needs a "
+                                 "phasescope model",
+                            task_flag, fam->name, !strcmp(task_flag, "text-kv") ? "the text-kv sweep" : "a stored task");
     if (bad_dir) {
         *err = dir_err;
         return -1;
     }
     ps_runtime_opts ro = {.backend = in->backend, .weights = 1, .lazy = -1};
-    in->is_v4 = bd->is_v4;
     if (ps_runtime_open_into(&in->rt, in->model_dir, &ro, model_storage, in, err)) return -1;
     if (in->rt.lazy)
         fprintf(stderr, "phasescope %s: the weights (%.1f GB as float32) are loaded one layer at a time\n", in->command,

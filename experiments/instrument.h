@@ -58,16 +58,11 @@ typedef struct {
     int shard, n_shards; /* --shard I/N (0/1 without it) */
     /* the checkpoint, opened through its family (core/runtime.h: ps_runtime_open): the runtime every
      * instrument calls. The family's model lives in the field the commands read for it (`m` for the
-     * controlled model, `v4` for a DeepSeek-V4 checkpoint, whose task file `v4_task` gives `task`); is_v4
-     * says which of the two it is. */
+     * controlled model, `v4` for a DeepSeek-V4 checkpoint, whose task file `v4_task` gives `task`). */
     ps_runtime rt;
-    int is_v4;
     ps_v4_model v4;
     ps_v4_task v4_task;
 } ps_instr;
-
-/* Whether --model names a DeepSeek-V4 checkpoint (the family that recognises it, ps_runtime_detect). */
-int ps_instr_is_v4(const ps_args *a);
 
 /* Reads the PS_INSTR_FLAGS of a (whose table must hold them) and opens the checkpoint with
  * ps_runtime_open, which picks the family (a phasescope model, or a DeepSeek-V4 checkpoint with --task

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/chunks.h"
 #include "core/ops.h"
 
 const char *ps_ko_target_name(ps_ko_target t) { return t == PS_KO_RAW ? "raw" : t == PS_KO_COMPRESSED ? "compressed" : "both"; }
@@ -74,9 +75,44 @@ static int model_ko_sources(void *self, const ps_runtime *rt, const ps_grid_shif
     return 0;
 }
 
+/* Content chunk boundaries: chunk entry j of the compressed arrays is present in only the prompts that have
+ * a (j+1)-th chunk (the others hold zeros there), so its mean is over those prompts: the means over all N
+ * are rescaled by N / count_j on the host (entries no prompt has stay 0). */
+static int content_means(const ps_runtime *rt, model_ko *k, const ps_grid_shift *sh, ps_error *err) {
+    const ps_config *c = &rt->m->cfg;
+    int64_t T = sh->T, N = sh->N, nC = ps_config_n_windows(c, T), nkv = c->n_kv_heads, hd = c->head_dim;
+    int64_t *cnt = calloc((size_t)(nC > 0 ? nC : 1), sizeof *cnt), *cs = malloc((size_t)(nC > 0 ? nC : 1) * sizeof *cs),
+            *cl = malloc((size_t)(nC > 0 ? nC : 1) * sizeof *cl);
+    float *host = malloc((size_t)(k->n_mean > 0 ? k->n_mean : 1) * sizeof *host);
+    int rc = 0;
+    if (!cnt || !cs || !cl || !host) rc = ps_fail(err, "out of memory for the knockout's chunk counts (%lld entries)", (long long)nC);
+    for (int64_t i = 0; !rc && i < N; i++) {
+        int64_t n = ps_content_chunks(c, sh->s->b.tokens + i * T, T, nC, cs, cl);
+        for (int64_t j = 0; j < n; j++) cnt[j]++;
+    }
+    if (!rc) rc = ps_buf_to_host(rt->ctx, host, k->mean, k->n_mean * (int64_t)sizeof(float), err);
+    for (int li = 0; !rc && li < sh->n_layers; li++)
+        for (int a = 0; a < k->n_arr; a++) {
+            if (k->pt[a] != PS_HOOK_CK && k->pt[a] != PS_HOOK_CV) continue;
+            float *m = host + (int64_t)li * k->per_layer + k->off[a];
+            for (int64_t j = 0; j < k->npos[a]; j++) {
+                double f = cnt[j] > 0 ? (double)N / (double)cnt[j] : 0.0;
+                for (int64_t e = 0; e < nkv * hd; e++) m[j * nkv * hd + e] = (float)((double)m[j * nkv * hd + e] * f);
+            }
+        }
+    if (!rc) rc = ps_buf_from_host(rt->ctx, k->mean, host, k->n_mean * (int64_t)sizeof(float), err);
+    free(cnt);
+    free(cs);
+    free(cl);
+    free(host);
+    return rc;
+}
+
 static int model_ko_sources_done(void *self, const ps_runtime *rt, const ps_grid_shift *sh, ps_error *err) {
     model_ko *k = self;
     if (ps_sum_to_mean(rt->ctx, k->mean, k->sum, (double)sh->N, k->n_mean)) return ps_ctx_check(rt->ctx, err);
+    if (rt->m->cfg.kind == PS_ATTN_COMPRESSED && rt->m->cfg.boundaries == PS_BOUNDARIES_CONTENT && (k->target & PS_KO_COMPRESSED))
+        return content_means(rt, k, sh, err);
     return 0;
 }
 
