@@ -84,6 +84,11 @@ static int run(const ps_args *a, ps_error *err) {
         else if (!strcmp(kind, "deepseek_v4")) snprintf(attn, sizeof attn, "DeepSeek-V4");
         else if (!att && json_object_get(prov, "endpoint")) snprintf(attn, sizeof attn, "served (probe)"); /* docs/served-models.md */
         else snprintf(attn, sizeof attn, "full");
+        if (!strcmp(kind, "compressed") && !strcmp(json_string_value(json_object_get(att, "boundaries")) ?: "", "content"))
+            snprintf(attn, sizeof attn, "compressed, content chunks %lld-%lld (mean %lld)",
+                     (long long)json_integer_value(json_object_get(att, "chunk_min")),
+                     (long long)json_integer_value(json_object_get(att, "window")),
+                     (long long)json_integer_value(json_object_get(att, "stride")));
         if (!strcmp(kind, "compressed") && json_is_array(json_object_get(att, "head_offsets")))
             snprintf(attn + strlen(attn), sizeof attn - strlen(attn), ", staggered grids");
         if (fig) { /* the trade-off point: KV bytes per token from the model config of the provenance */

@@ -35,6 +35,12 @@ echo "== weak-phase mitigation: staggered grids (issue 28; docs/mitigations.md),
 $PS sweep --model "$M/w8s8_staggered" --n "$N" --out "$OUT/phasefix/sweep/w8s8_staggered"
 $PS knockout --model "$M/w8s8_staggered" --n 128 --out "$OUT/phasefix/knockout/w8s8_staggered"
 $PS gates --model "$M/w8s8_staggered" --n 128 --out "$OUT/phasefix/gates/w8s8_staggered"
+echo "== weak-phase mitigation: content-defined chunk boundaries (1 layer) and staggered grids at depth (deep_phasefix)"
+$PS sweep --model "$M/w8s8_content" --n "$N" --out "$OUT/phasefix/sweep/w8s8_content"
+$PS knockout --model "$M/w8s8_content" --n 128 --out "$OUT/phasefix/knockout/w8s8_content"
+$PS gates --model "$M/w8s8_content" --n 128 --out "$OUT/phasefix/gates/w8s8_content"
+$PS sweep --model "$M/deep_phasefix" --n "$N" --out "$OUT/phasefix/sweep/deep_phasefix"
+$PS sweep --model "$M/deep_w8s4" --n "$N" --period 8 --out "$OUT/phasefix/sweep/deep_w8s4_p8"
 echo "== deep models (12 layers, 8 KV heads): sweeps, gates over training, one phase head cycled"
 # (their knockout of all 96 cells takes minutes: docs/figures/knockout_deep_full_vs_w8s8_acc.png)
 $PS sweep --model "$M/deep_full" --n "$N" --out "$OUT/sweep_deep/deep_full"
@@ -87,8 +93,11 @@ echo
 echo "Deep models on P = 24 (the detected period should equal each model's stride):"
 $PS table "$OUT"/sweep_deep24/{deep_full,deep_w8s4,deep_w8s6,deep_w8s8,deep_w12s12}/sweep.json --out "$OUT/summary_deep24.md"
 echo
-echo "Weak-phase mitigation (1 layer, W8/S8; docs/results.md \"Closing the weak phase\"): base vs staggered grids"
-$PS table "$OUT"/sweep/w8s8/sweep.json "$OUT"/phasefix/sweep/w8s8_staggered/sweep.json --out "$OUT/summary_phasefix.md"
+echo "Weak-phase mitigations (docs/results.md \"Closing the weak phase\"): 1 layer base, staggered grids, content chunks;"
+echo "12 layers: deep_w8s8 beside deep_phasefix (staggered grids, the same KV bytes per token) and deep_w8s4 (overlap, twice them)"
+$PS table "$OUT"/sweep/w8s8/sweep.json "$OUT"/phasefix/sweep/{w8s8_staggered,w8s8_content}/sweep.json \
+  "$OUT"/sweep_deep/deep_w8s8/sweep.json "$OUT"/phasefix/sweep/{deep_phasefix,deep_w8s4_p8}/sweep.json \
+  --out "$OUT/summary_phasefix.md" --figure "$OUT/phasefix/tradeoff.png"
 if [ -d "$OUT/text/sweep" ]; then
   echo
   echo "Text models (real Qwen3 tokenizer, pad mode):"

@@ -61,7 +61,12 @@ void ps_fig_model_name(char *buf, size_t n, json_t *prov) {
     const char *b = basename(tmp);
     json_t *cfg = json_object_get(prov, "config"), *att = json_object_get(cfg, "attention");
     const char *kind = json_string_value(json_object_get(att, "kind"));
-    if (kind && !strcmp(kind, "compressed")) {
+    const char *bnd = json_string_value(json_object_get(att, "boundaries"));
+    if (kind && !strcmp(kind, "compressed") && bnd && !strcmp(bnd, "content")) {
+        snprintf(buf, n, "%s (content chunks %lld-%lld, mean %lld)", b, (long long)json_integer_value(json_object_get(att, "chunk_min")),
+                 (long long)json_integer_value(json_object_get(att, "window")),
+                 (long long)json_integer_value(json_object_get(att, "stride")));
+    } else if (kind && !strcmp(kind, "compressed")) {
         const char *gate = json_string_value(json_object_get(att, "gate"));
         snprintf(buf, n, "%s (W%lld/S%lld%s%s)", b, (long long)json_integer_value(json_object_get(att, "window")),
                  (long long)json_integer_value(json_object_get(att, "stride")),
