@@ -21,6 +21,20 @@ void ps_sweep_unit_weights(int64_t N, int64_t batch, int64_t P, int64_t T, ps_sw
         }
 }
 
+/* One evaluated batch's outcomes into the unit arrays (at the batch's first item): a query that is not
+ * scored (past the prompt's queries, or no residue) records ok 0, log-prob 0, residue -1. */
+static void record_outcomes(const ps_shifted *v, const int *okb, const double *lpb, int64_t maxq, int32_t *ok, double *lp,
+                            int32_t *rho) {
+    for (int64_t i = 0; i < v->b.B; i++)
+        for (int64_t q = 0; q < maxq; q++) {
+            int64_t k = i * maxq + q;
+            int scored = q < v->b.n_q[i] && v->residue[k] >= 0;
+            ok[k] = scored ? okb[k] : 0;
+            lp[k] = scored ? lpb[k] : 0.0;
+            rho[k] = scored ? (int32_t)v->residue[k] : -1;
+        }
+}
+
 int ps_sweep_units(const ps_runtime *rt, const ps_batch *base, const ps_task *task, const ps_filler_family *fam,
                    ps_sweep_mode mode, int64_t P, uint64_t seed, int64_t batch, int64_t u0, int64_t u1, int32_t *ok,
                    double *lp, int32_t *rho, ps_progress_fn progress, void *user, ps_error *err) {
@@ -45,14 +59,7 @@ int ps_sweep_units(const ps_runtime *rt, const ps_batch *base, const ps_task *ta
         v.residue = s.residue + i0 * maxq;
         if ((rc = rt->ops->eval(rt, &v.b, NULL, okb, lpb, err))) break;
         int64_t at = (p * N + i0) * maxq;
-        for (int64_t i = 0; i < n; i++)
-            for (int64_t q = 0; q < maxq; q++) {
-                int64_t k = i * maxq + q;
-                int scored = q < v.b.n_q[i] && v.residue[k] >= 0;
-                ok[at + k] = scored ? okb[k] : 0;
-                lp[at + k] = scored ? lpb[k] : 0.0;
-                rho[at + k] = scored ? (int32_t)v.residue[k] : -1;
-            }
+        record_outcomes(&v, okb, lpb, maxq, ok + at, lp + at, rho + at);
         if (progress) progress(u + 1 - u0, u1 - u0, user);
     }
     if (have_p >= 0) ps_shifted_free(&s);
@@ -345,14 +352,7 @@ int ps_textkv_sweep_units(const ps_model *m, const ps_textkv_set *set, ps_sweep_
         v.residue = s.residue + i0 * maxq;
         if ((rc = ps_eval_shifted_fit(m, &v, u->size[p], 0, okb, lpb, err))) break;
         int64_t at = (p * N + i0) * maxq;
-        for (int64_t i = 0; i < n; i++)
-            for (int64_t q = 0; q < maxq; q++) {
-                int64_t j = i * maxq + q;
-                int scored = q < v.b.n_q[i] && v.residue[j] >= 0;
-                ok[at + j] = scored ? okb[j] : 0;
-                lp[at + j] = scored ? lpb[j] : 0.0;
-                rho[at + j] = scored ? (int32_t)v.residue[j] : -1;
-            }
+        record_outcomes(&v, okb, lpb, maxq, ok + at, lp + at, rho + at);
         if (progress) progress(k + 1 - k0, k1 - k0, user);
     }
     if (have_p >= 0) ps_shifted_free(&s);

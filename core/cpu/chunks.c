@@ -113,13 +113,7 @@ int ps_cpu_gate_chunks_backward(ps_ctx *ctx, float *da, float *du, float *dc, fl
     if (check_chunks(ctx, "gate_chunks_backward", cs, cl, B, T, nC, W)) return -1;
     int64_t n = B * nC * nkv;
     /* softmax backward in place (offsets i >= L and absent chunks: alpha = 0, so dz = 0) */
-    for (int64_t idx = 0; idx < n; idx++) {
-        const float *al = alpha + idx * W;
-        float *dal = dalpha + idx * W;
-        double dot = 0;
-        for (int64_t i = 0; i < W; i++) dot += (double)al[i] * dal[i];
-        for (int64_t i = 0; i < W; i++) dal[i] = al[i] * (dal[i] - (float)dot);
-    }
+    ps_cpu_softmax_rows_backward(dalpha, alpha, n, W);
 #pragma omp parallel for schedule(static)
     for (int64_t ig = 0; ig < W * nkv; ig++) {
         int64_t i = ig / nkv, g = ig % nkv;

@@ -159,4 +159,17 @@ int ps_cpu_v4_attn_backward(ps_ctx *ctx, float *dq, float *dkv, float *dckv, flo
     const float *out, const float *q, const float *kv, const float *ckv, const float *sink, const ps_v4_attn_geom *g);
 /* ---------------- end DeepSeek-V4 ---------------- */
 
+/* The gates' softmax backward in place, row by row (n rows of W; a row whose alpha is 0 gets dz = 0):
+ * dz_i = alpha_i (d alpha_i - sum_j alpha_j d alpha_j), the sum in double. The offset-grid and
+ * content-chunk gate backwards share it. */
+static inline void ps_cpu_softmax_rows_backward(float *dalpha, const float *alpha, int64_t n, int64_t W) {
+    for (int64_t idx = 0; idx < n; idx++) {
+        const float *al = alpha + idx * W;
+        float *dal = dalpha + idx * W;
+        double dot = 0;
+        for (int64_t i = 0; i < W; i++) dot += (double)al[i] * dal[i];
+        for (int64_t i = 0; i < W; i++) dal[i] = al[i] * (dal[i] - (float)dot);
+    }
+}
+
 #endif
