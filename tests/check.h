@@ -48,6 +48,14 @@ static int check_pass_ = 0, check_fail_ = 0;
         CHECK(ok_, "rc=%d, message \"%s\"", rc_, (errp)->msg);                                   \
     } while (0)
 
+/* Add a helper's tally (testutil.h tu_tally: checks made, failed) to this program's counters. */
+#define CHECK_TALLY(t)                                                        \
+    do {                                                                      \
+        tu_tally t_ = (t);                                                    \
+        check_pass_ += t_.checks - t_.failed;                                 \
+        check_fail_ += t_.failed;                                             \
+    } while (0)
+
 #define CHECK_DONE()                                                          \
     do {                                                                      \
         printf("%d passed, %d failed\n", check_pass_, check_fail_);           \

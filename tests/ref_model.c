@@ -114,6 +114,10 @@ static void ref_v4_attention(const ps_model *m, const ps_layer_params *w, const 
 
 void ref_forward(const ps_model *m, const int32_t *tok, int T, double *logits) { ref_forward_grid(m, tok, T, 0, logits); }
 
+void ref_forward_user(const ps_model *m, const int32_t *tok, int T, const void *shift, double *logits) {
+    ref_forward_grid(m, tok, T, shift ? *(const int *)shift : 0, logits);
+}
+
 /* Window grids with offsets (docs/mitigations.md): window j of KV head g covers j*S + o_g + i with
  * o_g = (head_offsets[g] + shift) mod S; it exists when j*S + o_g + W <= T; query t sees it when
  * j*S + o_g + W - 1 <= t; its compressed key is rotated by R(j*S + o_g). */

@@ -14,4 +14,7 @@ void ref_forward(const ps_model *m, const int32_t *tok, int T, double *logits);
  * offsets (staggered grids): docs/mitigations.md. shift 0 is ref_forward. */
 void ref_forward_grid(const ps_model *m, const int32_t *tok, int T, int shift, double *logits);
 
+/* ref_forward_grid in the form tu_fd_model takes (testutil.h): shift points to an int, or NULL for 0. */
+void ref_forward_user(const ps_model *m, const int32_t *tok, int T, const void *shift, double *logits);
+
 #endif

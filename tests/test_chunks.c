@@ -443,69 +443,13 @@ static void test_forward_reference(void) {
 
 /* ---- gradients: central finite differences of the reference ---- */
 
-static double ref_loss(const ps_model *m, const int32_t *tok, const int32_t *tgt, int T) {
-    int64_t V = m->cfg.vocab_size;
-    double *lg = malloc((size_t)(T * V) * sizeof(double)), loss = 0;
-    int n = 0;
-    ref_forward_content(m, tok, T, lg);
-    for (int t = 0; t < T; t++) {
-        if (tgt[t] < 0) continue;
-        double mx = -1e300, s = 0;
-        for (int64_t i = 0; i < V; i++) mx = lg[t * V + i] > mx ? lg[t * V + i] : mx;
-        for (int64_t i = 0; i < V; i++) s += exp(lg[t * V + i] - mx);
-        loss += log(s) + mx - lg[t * V + tgt[t]];
-        n++;
-    }
-    free(lg);
-    return loss / n;
+static void ref_content_user(const ps_model *m, const int32_t *tok, int T, const void *user, double *logits) {
+    (void)user;
+    ref_forward_content(m, tok, T, logits);
 }
 
 static void fd_check(const char *label, ps_config c, uint64_t seed) {
-    enum { T = 19 };
-    ps_model m;
-    tu_random_model(&m, &c, seed, 0.5f);
-    int32_t tok[T], tgt[T];
-    tu_random_tokens(tok, T, c.vocab_size, seed + 1);
-    tu_random_tokens(tgt, T, c.vocab_size, seed + 2);
-    for (int t = 0; t < T; t += 3) tgt[t] = -1;
-    ps_acts a, g;
-    ps_error err;
-    REQUIRE_OK(ps_acts_create(&a, m.ctx, &c, 1, T, true, &err), &err);
-    REQUIRE_OK(ps_acts_create(&g, m.ctx, &c, 1, T, false, &err), &err);
-    CHECK_OK(ps_forward(&m, &a, tok, NULL, &err), &err);
-    int64_t nt = 0;
-    for (int t = 0; t < T; t++) nt += tgt[t] >= 0;
-    float *grads = calloc((size_t)m.n_params, sizeof(float));
-    double loss = 0;
-    int64_t cnt = 0;
-    CHECK_OK(ps_backward(&m, &a, &g, tok, tgt, 1.0f / (float)nt, grads, &loss, &cnt, &err), &err);
-    double rl = ref_loss(&m, tok, tgt, T);
-    CHECK(fabs(loss / (double)cnt - rl) < 1e-5 * fabs(rl), "%s: loss %g vs reference %g", label, loss / cnt, rl);
-    ps_rng r;
-    ps_rng_seed(&r, seed + 3);
-    for (int i = 0; i < m.n_tensors; i++) {
-        const ps_param_info *p = &m.table[i];
-        double num = 0, den = 1e-4;
-        for (int k = 0; k < 6; k++) {
-            int64_t j = p->offset + ps_rng_below(&r, p->numel);
-            float keep = m.params[j];
-            m.params[j] = keep + 1e-3f;
-            float up = m.params[j];
-            double lp = ref_loss(&m, tok, tgt, T);
-            m.params[j] = keep - 1e-3f;
-            float dn = m.params[j];
-            double lm = ref_loss(&m, tok, tgt, T);
-            m.params[j] = keep;
-            double fd = (lp - lm) / ((double)up - (double)dn);
-            num = fmax(num, fabs(fd - grads[j]));
-            den = fmax(den, fmax(fabs(fd), fabs(grads[j])));
-        }
-        CHECK(num / den < 1e-3, "%s: %s gradient rel err %.3g (scale %.3g)", label, p->name, num / den, den);
-    }
-    free(grads);
-    ps_acts_free(&a);
-    ps_acts_free(&g);
-    ps_model_free(&m);
+    CHECK_TALLY(tu_fd_model(label, c, seed, 19, NULL, ref_content_user, NULL));
 }
 
 static void test_gradients(void) {

@@ -1,11 +1,14 @@
 #define _POSIX_C_SOURCE 200809L
 #include "testutil.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "core/backward.h"
+#include "core/forward.h"
 #include "core/rng.h"
 
 ps_config tu_config(ps_attn_kind kind) {
@@ -74,4 +77,115 @@ int tu_knockout_opts(const ps_model *m, const ps_batch *base, const ps_task *tas
                           .target = (int)target - 1, .progress = progress, .progress_user = user};
     if (o) k.opts = *o;
     return ps_knockout_run(&k, out, err);
+}
+
+/* ---- gradients against a plain-loop reference ---- */
+
+double tu_ref_loss(const ps_model *m, const int32_t *tok, const int32_t *tgt, int T, tu_ref_forward_fn ref, const void *user) {
+    int64_t V = m->cfg.vocab_size;
+    double *lg = malloc((size_t)(T * V) * sizeof(double)), loss = 0;
+    int n = 0;
+    ref(m, tok, T, user, lg);
+    for (int t = 0; t < T; t++) {
+        if (tgt[t] < 0) continue;
+        double mx = -1e300, s = 0;
+        for (int64_t i = 0; i < V; i++) mx = lg[t * V + i] > mx ? lg[t * V + i] : mx;
+        for (int64_t i = 0; i < V; i++) s += exp(lg[t * V + i] - mx);
+        loss += log(s) + mx - lg[t * V + tgt[t]];
+        n++;
+    }
+    free(lg);
+    return n ? loss / n : 0.0;
+}
+
+/* one check into the tally: a FAIL line (label: what) when it does not hold */
+#define TALLY(tl, cond, ...)                                 \
+    do {                                                     \
+        (tl).checks++;                                       \
+        if (!(cond)) {                                       \
+            (tl).failed++;                                   \
+            fprintf(stderr, "FAIL %s: ", label);             \
+            fprintf(stderr, __VA_ARGS__);                    \
+            fprintf(stderr, "\n");                           \
+        }                                                    \
+    } while (0)
+
+tu_tally tu_fd_model(const char *label, ps_config c, uint64_t seed, int T, const int64_t *shift, tu_ref_forward_fn ref,
+                     const void *user) {
+    tu_tally tl = {0, 0};
+    ps_model m;
+    tu_random_model(&m, &c, seed, 0.5f);
+    int64_t V = c.vocab_size;
+    int32_t *tok = malloc((size_t)T * sizeof *tok), *tgt = malloc((size_t)T * sizeof *tgt);
+    tu_random_tokens(tok, T, V, seed + 1);
+    tu_random_tokens(tgt, T, V, seed + 2);
+    for (int t = 0; t < T; t += 3) tgt[t] = -1;
+    int64_t nt = 0;
+    for (int t = 0; t < T; t++) nt += tgt[t] >= 0;
+    ps_acts a, g;
+    ps_error err;
+    float *grads = calloc((size_t)m.n_params, sizeof(float));
+    double *lg = malloc((size_t)(T * V) * sizeof(double));
+    int ok_a = ps_acts_create(&a, m.ctx, &c, 1, T, true, &err) == 0;
+    TALLY(tl, ok_a, "activations: %s", err.msg);
+    int ok_g = ok_a && ps_acts_create(&g, m.ctx, &c, 1, T, false, &err) == 0;
+    if (ok_a) TALLY(tl, ok_g, "gradient activations: %s", err.msg);
+    int ok = ok_g;
+    if (ok && shift) {
+        ok = ps_acts_set_phase(&a, shift, &err) == 0;
+        TALLY(tl, ok, "phase shift: %s", err.msg);
+    }
+    if (ok) {
+        ok = ps_forward(&m, &a, tok, NULL, &err) == 0;
+        TALLY(tl, ok, "forward: %s", err.msg);
+    }
+    if (ok) { /* the logits against the reference: max |a - b| / max |b| */
+        ref(&m, tok, T, user, lg);
+        double num = 0, den = 0;
+        for (int64_t i = 0; i < T * V; i++) {
+            num = fmax(num, fabs((double)a.p.logits[i] - lg[i]));
+            den = fmax(den, fabs(lg[i]));
+        }
+        TALLY(tl, num <= 1e-5 * den, "logits vs reference: rel err %.3g", den > 0 ? num / den : num);
+        double loss = 0;
+        int64_t cnt = 0;
+        ok = ps_backward(&m, &a, &g, tok, tgt, 1.0f / (float)nt, grads, &loss, &cnt, &err) == 0;
+        TALLY(tl, ok, "backward: %s", err.msg);
+        if (ok) {
+            double rl = tu_ref_loss(&m, tok, tgt, T, ref, user);
+            TALLY(tl, cnt == nt && fabs(loss / (double)cnt - rl) < 1e-5 * fabs(rl), "loss %g over %lld targets vs reference %g over %lld",
+                  cnt ? loss / (double)cnt : 0.0, (long long)cnt, rl, (long long)nt);
+        }
+    }
+    if (ok) {
+        ps_rng r;
+        ps_rng_seed(&r, seed + 3);
+        for (int i = 0; i < m.n_tensors; i++) {
+            const ps_param_info *p = &m.table[i];
+            double num = 0, den = 1e-4;
+            for (int k = 0; k < 6; k++) {
+                int64_t j = p->offset + ps_rng_below(&r, p->numel);
+                float keep = m.params[j];
+                m.params[j] = keep + 1e-3f;
+                float up = m.params[j];
+                double lp = tu_ref_loss(&m, tok, tgt, T, ref, user);
+                m.params[j] = keep - 1e-3f;
+                float dn = m.params[j];
+                double lm = tu_ref_loss(&m, tok, tgt, T, ref, user);
+                m.params[j] = keep;
+                double fd = (lp - lm) / ((double)up - (double)dn);
+                num = fmax(num, fabs(fd - grads[j]));
+                den = fmax(den, fmax(fabs(fd), fabs(grads[j])));
+            }
+            TALLY(tl, num / den < 1e-3, "%s gradient rel err %.3g (scale %.3g)", p->name, num / den, den);
+        }
+    }
+    if (ok_g) ps_acts_free(&g);
+    if (ok_a) ps_acts_free(&a);
+    free(lg);
+    free(grads);
+    free(tok);
+    free(tgt);
+    ps_model_free(&m);
+    return tl;
 }

@@ -25,4 +25,25 @@ int tu_knockout_opts(const ps_model *m, const ps_batch *base, const ps_task *tas
                      ps_ko_target target, const ps_knockout_opts *o, ps_knockout_result *out, ps_progress_fn progress,
                      void *user, ps_error *err);
 
+/* ---- gradients against a plain-loop reference, by central finite differences ---- */
+
+/* The test's reference forward: double logits [T, V] of m on tok; user: what else it needs (a phase shift). */
+typedef void (*tu_ref_forward_fn)(const ps_model *m, const int32_t *tok, int T, const void *user, double *logits);
+
+/* Checks made and failed by a helper (added to the calling test's counters by CHECK_TALLY, check.h). */
+typedef struct {
+    int checks, failed;
+} tu_tally;
+
+/* Mean cross-entropy of the reference logits over the targets >= 0. */
+double tu_ref_loss(const ps_model *m, const int32_t *tok, const int32_t *tgt, int T, tu_ref_forward_fn ref, const void *user);
+
+/* A random model of c (tu_random_model, seed, scale 0.5), random tokens and targets (every third target ignored),
+ * ps_forward (with the phase shift *shift when shift is not NULL) and ps_backward, against the reference: the
+ * logits (1e-5 relative), the loss (1e-5 relative), the target count, and every parameter tensor's gradient at 6
+ * sampled elements by central differences of the reference loss (step 1e-3; max error / tensor scale < 1e-3).
+ * Each failed check prints a FAIL line naming label and tensor. */
+tu_tally tu_fd_model(const char *label, ps_config c, uint64_t seed, int T, const int64_t *shift, tu_ref_forward_fn ref,
+                     const void *user);
+
 #endif
