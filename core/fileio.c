@@ -197,3 +197,28 @@ const char *ps_json_type_name(const json_t *v) {
     default: return "null";
     }
 }
+
+json_t *ps_read_jsonl(const char *path, ps_error *err) {
+    char *text;
+    size_t len;
+    if (ps_read_file(path, (size_t)1 << 32, &text, &len, err)) return NULL;
+    json_t *recs = json_array();
+    long line_no = 0;
+    for (char *line = text, *next; line && *line; line = next) {
+        line_no++;
+        next = strchr(line, '\n');
+        if (next) *next++ = '\0';
+        if (strspn(line, " \t\r") == strlen(line)) continue;
+        json_error_t je;
+        json_t *o = json_loads(line, 0, &je);
+        if (!o) {
+            ps_fail(err, "%s: line %ld is not valid JSON (%s)", path, line_no, je.text);
+            json_decref(recs);
+            free(text);
+            return NULL;
+        }
+        json_array_append_new(recs, o);
+    }
+    free(text);
+    return recs;
+}

@@ -49,4 +49,8 @@ int ps_write_text_atomic(const char *path, const char *s, ps_error *err);
  * NULL, a missing value): for error messages that name what a JSON key held. */
 const char *ps_json_type_name(const json_t *v);
 
+/* The records of a JSON-lines file (a training log): a new array of its lines' values, in file order
+ * (blank lines skipped); NULL with the file and line named when a line is not valid JSON. */
+json_t *ps_read_jsonl(const char *path, ps_error *err);
+
 #endif

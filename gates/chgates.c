@@ -267,26 +267,15 @@ int ps_chgate_watch_model(ps_chgate_acc *acc, ps_hooks *hooks, const ps_config *
  * statistics over the logged steps, the step where the pooled N_input first reached the concentration
  * threshold, and the channel label counts of the last record. */
 json_t *ps_chgate_log_summary(const char *path, ps_error *err) {
-    char *text;
-    size_t len;
-    if (ps_read_file(path, (size_t)1 << 32, &text, &len, err)) return NULL;
-    json_t *recs = json_array();
-    int line_no = 0;
-    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
-        line_no++;
-        json_error_t je;
-        json_t *o = json_loads(line, 0, &je);
-        if (!o) {
-            ps_fail(err, "%s: line %d is not valid JSON (%s)", path, line_no, je.text);
-            json_decref(recs);
-            free(text);
-            return NULL;
-        }
+    json_t *all = ps_read_jsonl(path, err);
+    if (!all) return NULL;
+    json_t *recs = json_array(), *o;
+    size_t i;
+    json_array_foreach(all, i, o) {
         const char *ty = json_string_value(json_object_get(o, "type")), *g = json_string_value(json_object_get(o, "gate"));
         if (ty && !strcmp(ty, "gates") && g && !strcmp(g, "per_channel")) json_array_append(recs, o);
-        json_decref(o);
     }
-    free(text);
+    json_decref(all);
     size_t nr = json_array_size(recs);
     if (!nr) {
         json_decref(recs);

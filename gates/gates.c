@@ -150,26 +150,15 @@ json_t *ps_gate_acc_to_json(const ps_gate_acc *acc, const ps_config *cfg) {
 /* Summarise the gate records of a training log: per (layer, head, branch) first/last values, the first
  * step where N_static <= 2, and whether the peak stayed put over the last three records. */
 json_t *ps_gates_log_summary(const char *path, ps_error *err) {
-    char *text;
-    size_t len;
-    if (ps_read_file(path, (size_t)1 << 32, &text, &len, err)) return NULL;
-    json_t *recs = json_array();
-    int line_no = 0;
-    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
-        line_no++;
-        json_error_t je;
-        json_t *o = json_loads(line, 0, &je);
-        if (!o) {
-            ps_fail(err, "%s: line %d is not valid JSON (%s)", path, line_no, je.text);
-            json_decref(recs);
-            free(text);
-            return NULL;
-        }
+    json_t *all = ps_read_jsonl(path, err);
+    if (!all) return NULL;
+    json_t *recs = json_array(), *o;
+    size_t i;
+    json_array_foreach(all, i, o) {
         if (json_is_string(json_object_get(o, "type")) && !strcmp(json_string_value(json_object_get(o, "type")), "gates"))
             json_array_append(recs, o);
-        json_decref(o);
     }
-    free(text);
+    json_decref(all);
     size_t nr = json_array_size(recs);
     if (nr == 0) {
         json_decref(recs);

@@ -1,12 +1,15 @@
 /* test_gates.c — effective offsets (SPEC §6): hand-computed cases, uniform gates have exactly W
  * effective offsets, one-hot gates 1, and the shared conformance statistics (expected_gates.json). */
 #include <jansson.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "check.h"
 #include "core/forward.h"
+#include "gates/chgates.h"
 #include "gates/gates.h"
+#include "core/fileio.h"
 #include "core/model.h"
 #include "testutil.h"
 #include "core/tokens.h"
@@ -137,7 +140,32 @@ static void test_conformance(const char *name) {
     ps_model_free(&m);
 }
 
+/* a training log read line by line: blank lines skipped, a broken line named by number, no records named */
+static void test_log_reader(void) {
+    char dir[512], path[1024];
+    tu_tempdir(dir, sizeof dir, "gates_log");
+    snprintf(path, sizeof path, "%s/train.jsonl", dir);
+    ps_error err;
+    const char *good = "{\"type\": \"train\", \"step\": 1, \"loss\": 2.5}\n\n  \n{\"type\": \"eval\", \"step\": 1}";
+    CHECK_OK(ps_write_file_atomic(path, good, strlen(good), &err), &err);
+    json_t *recs = ps_read_jsonl(path, &err);
+    CHECK(recs && json_array_size(recs) == 2 && json_integer_value(json_object_get(json_array_get(recs, 1), "step")) == 1,
+          "two records (blank lines skipped, no final newline): %zu", recs ? json_array_size(recs) : (size_t)0);
+    json_decref(recs);
+    CHECK(ps_gates_log_summary(path, &err) == NULL && strstr(err.msg, "no gate records") && strstr(err.msg, path),
+          "a log without gate records: %s", err.msg);
+    CHECK(ps_chgate_log_summary(path, &err) == NULL && strstr(err.msg, "no per-channel gate records"), "%s", err.msg);
+    const char *bad = "{\"type\": \"train\"}\n\n{\"type\": \"gates\"\n";
+    CHECK_OK(ps_write_file_atomic(path, bad, strlen(bad), &err), &err);
+    CHECK(ps_read_jsonl(path, &err) == NULL && strstr(err.msg, "line 3 is not valid JSON") && strstr(err.msg, path), "%s", err.msg);
+    CHECK(ps_gates_log_summary(path, &err) == NULL && strstr(err.msg, "line 3 is not valid JSON"), "%s", err.msg);
+    CHECK(ps_chgate_log_summary(path, &err) == NULL && strstr(err.msg, "line 3 is not valid JSON"), "%s", err.msg);
+    snprintf(path, sizeof path, "%s/absent.jsonl", dir);
+    CHECK(ps_read_jsonl(path, &err) == NULL && strstr(err.msg, "absent.jsonl"), "%s", err.msg);
+}
+
 int main(void) {
+    test_log_reader();
     test_hand();
     test_uniform_model();
     test_conformance("compressed_w8s8");

@@ -264,28 +264,22 @@ static void run_name(char *buf, size_t n, const char *log_path) {
 }
 
 int ps_render_training(const char *path, const char *out, const ps_render_opts *o, int verbose, ps_error *err) {
-    char *text;
-    size_t len;
-    if (ps_read_file(path, (size_t)1 << 32, &text, &len, err)) return -1;
+    json_t *all = ps_read_jsonl(path, err);
+    if (!all) return -1;
     train_ctx x = {0};
-    size_t lines = 1;
-    for (size_t i = 0; i < len; i++) lines += text[i] == '\n';
+    size_t lines = json_array_size(all) + 1;
     x.ts = calloc(lines, sizeof(double));
     x.loss = calloc(lines, sizeof(double));
     x.es = calloc(lines, sizeof(double));
     x.acc = calloc(lines, sizeof(double));
     x.gs = calloc(lines, sizeof(double));
     json_t **gates = calloc(lines, sizeof(json_t *));
-    int line_no = 0, rc = 0;
+    int rc = 0;
     if (!x.ts || !x.loss || !x.es || !x.acc || !x.gs || !gates) rc = ps_fail(err, "%s: out of memory", path);
-    for (char *ln = rc ? NULL : strtok(text, "\n"); ln; ln = strtok(NULL, "\n")) {
-        line_no++;
-        json_error_t je;
-        json_t *r = json_loads(ln, 0, &je);
-        if (!r) {
-            rc = ps_fail(err, "%s: line %d is not valid JSON (%s)", path, line_no, je.text);
-            break;
-        }
+    size_t ri;
+    json_t *r;
+    json_array_foreach(all, ri, r) {
+        if (rc) break;
         const char *type = json_string_value(json_object_get(r, "type"));
         double step = (double)json_integer_value(json_object_get(r, "step"));
         if (type && !strcmp(type, "train")) {
@@ -302,9 +296,8 @@ int ps_render_training(const char *path, const char *out, const ps_render_opts *
                 gates[x.n_gates++] = json_incref(r);
             }
         }
-        json_decref(r);
     }
-    free(text);
+    json_decref(all);
     if (!rc && x.n_train + x.n_eval == 0) rc = ps_fail(err, "%s: no train or eval records", path);
     if (!rc && x.n_gates) {
         json_t *layers = json_object_get(gates[0], "layers");
