@@ -21,6 +21,7 @@
 #include <jansson.h>
 
 #include "core/backward.h"
+#include "core/chunks.h"
 #include "check.h"
 #include "core/cuda/cuda_ops.h"
 #include "core/forward.h"
@@ -372,6 +373,135 @@ static void test_compressor_ops(int64_t B, int64_t T, int64_t d, int64_t W, int6
     free(gP), free(gC), free(po), free(gpo);
     dfree(da_), dfree(du), dfree(dbias), dfree(dz), dfree(dal), dfree(dgal), dfree(dga), dfree(dgu), dfree(dgb), dfree(dC);
     dfree(dP), dfree(dscr), dfree(dgP), dfree(dgC), dfree(dpo), dfree(dgpo);
+}
+
+/* Window grids with offsets (woff, may be NULL) or content chunks (cs/cl [B, nC], when cs is given) and the
+ * gate regulariser (grid.cu): every op against the CPU's (1e-5 where the device sums in the CPU's order,
+ * 1e-4 for the per-offset payload products, which the CPU hands to sgemm). */
+static void test_grid_ops(const char *label, int64_t B, int64_t T, int64_t d, int64_t W, int64_t S, int64_t nkv, int64_t hd,
+                          const int64_t *woff, const int64_t *cs, const int64_t *cl, int64_t nC) {
+    const int chunks = cs != NULL;
+    const int64_t nW = chunks ? nC : (T >= W ? (T - W) / S + 1 : 0), n = B * nW * nkv, nk = nkv * hd;
+#define GATE(ctx, z, al, a, u, b)                                                                               \
+    (chunks ? ps_gate_chunks(ctx, z, al, a, u, b, B, T, d, nW, W, nkv, cs, cl)                                  \
+            : ps_gate_grid(ctx, z, al, a, u, b, B, T, d, nW, W, S, nkv, woff))
+#define GATE_BWD(ctx, da, du, db, dal, al, a, u)                                                                \
+    (chunks ? ps_gate_chunks_backward(ctx, da, du, db, dal, al, a, u, B, T, d, nW, W, nkv, cs, cl)              \
+            : ps_gate_grid_backward(ctx, da, du, db, dal, al, a, u, B, T, d, nW, W, S, nkv, woff))
+#define PAYLOAD(ctx, P, a, C, sh, scr)                                                                          \
+    (chunks ? ps_payload_chunks(ctx, P, a, C, sh, scr, B, T, d, nW, W, nkv, hd, cs, cl)                         \
+            : ps_payload_grid(ctx, P, a, C, sh, scr, B, T, d, nW, W, S, nkv, hd, woff))
+#define PAYLOAD_BWD(ctx, da, dC, dP, a, C, sh, scr)                                                             \
+    (chunks ? ps_payload_chunks_backward(ctx, da, dC, dP, a, C, sh, scr, B, T, d, nW, W, nkv, hd, cs, cl)       \
+            : ps_payload_grid_backward(ctx, da, dC, dP, a, C, sh, scr, B, T, d, nW, W, S, nkv, hd, woff))
+#define ROPE(ctx, x, ct, st, inv)                                                                               \
+    (chunks ? ps_rope_chunks(ctx, x, ct, st, B, T, nW, nkv, hd, cs, cl, inv)                                   \
+            : ps_rope_grid(ctx, x, ct, st, B, T, nW, nkv, hd, S, woff, inv))
+    char w2[240];
+    float *a = rnd(B * T * d, 150, 1), *u = rnd(W * nkv * d, 151, 0.3f), *bias = rnd(W * nkv, 152, 0.3f);
+    float *z = rnd(n * W, 153, 1), *al = rnd(n * W, 154, 1);
+    float *da_ = up(a, B * T * d), *du = up(u, W * nkv * d), *dbias = up(bias, W * nkv), *dz = up(z, n * W), *dal = up(al, n * W);
+    for (int uni = 0; uni < 2; uni++) {
+        GATE(CPU, z, al, a, uni ? NULL : u, uni ? NULL : bias);
+        GATE(GPU, dz, dal, da_, uni ? NULL : du, uni ? NULL : dbias);
+        snprintf(w2, sizeof w2, "%s: gate%s logits", label, uni ? " (uniform)" : "");
+        cmp_dev(w2, dz, z, n * W, 1e-5);
+        snprintf(w2, sizeof w2, "%s: gate%s alpha", label, uni ? " (uniform)" : "");
+        cmp_dev(w2, dal, al, n * W, 1e-5);
+    }
+    GATE(CPU, z, al, a, u, bias);
+    GATE(GPU, dz, dal, da_, du, dbias);
+    /* gate backward */
+    float *gal = rnd(n * W, 155, 1), *ga = rnd(B * T * d, 156, 1), *gu = rnd(W * nkv * d, 157, 1), *gb = rnd(W * nkv, 158, 1);
+    float *dgal = up(gal, n * W), *dga = up(ga, B * T * d), *dgu = up(gu, W * nkv * d), *dgb = up(gb, W * nkv);
+    GATE_BWD(CPU, ga, gu, gb, gal, al, a, u);
+    GATE_BWD(GPU, dga, dgu, dgb, dgal, dal, da_, du);
+    snprintf(w2, sizeof w2, "%s: gate backward da", label);
+    cmp_dev(w2, dga, ga, B * T * d, 1e-5);
+    snprintf(w2, sizeof w2, "%s: gate backward du", label);
+    cmp_dev(w2, dgu, gu, W * nkv * d, 1e-5);
+    snprintf(w2, sizeof w2, "%s: gate backward dbias", label);
+    cmp_dev(w2, dgb, gb, W * nkv, 1e-5);
+    snprintf(w2, sizeof w2, "%s: gate backward dz", label);
+    cmp_dev(w2, dgal, gal, n * W, 1e-5);
+    /* the gate regulariser: value (host double) and dalpha */
+    double v_cpu = 0.5, v_gpu = 0.5;
+    ps_gate_entropy(CPU, &v_cpu, gal, al, B, nW, nkv, W, 0.3);
+    ps_gate_entropy(GPU, &v_gpu, dgal, dal, B, nW, nkv, W, 0.3);
+    CHECK(fabs(v_gpu - v_cpu) <= 1e-9 * fabs(v_cpu), "%s: gate_entropy value %.12g, cpu %.12g", label, v_gpu, v_cpu);
+    snprintf(w2, sizeof w2, "%s: gate_entropy dalpha", label);
+    cmp_dev(w2, dgal, gal, n * W, 1e-5);
+    /* payloads, per offset and shared, and their backward */
+    for (int shared = 0; shared < 2; shared++) {
+        int64_t nCw = shared ? nk * d : W * nk * d, nP = B * nW * W * nk;
+        double tol = shared ? 1e-5 : 1e-4;
+        float *Cw = rnd(nCw, 160 + (uint64_t)shared, 0.3f), *P = rnd(nP, 162, 1), *scr = rnd(B * T * nk, 163, 1);
+        float *dC = up(Cw, nCw), *dP = up(P, nP), *dscr = up(scr, B * T * nk);
+        PAYLOAD(CPU, P, a, Cw, shared, scr);
+        PAYLOAD(GPU, dP, da_, dC, shared, dscr);
+        snprintf(w2, sizeof w2, "%s: payload%s", label, shared ? " (shared)" : "");
+        cmp_dev(w2, dP, P, nP, tol);
+        float *gP = rnd(nP, 164, 1), *gC = rnd(nCw, 165, 1), *dgP = up(gP, nP), *dgC = up(gC, nCw);
+        PAYLOAD_BWD(CPU, ga, gC, gP, a, Cw, shared, scr);
+        PAYLOAD_BWD(GPU, dga, dgC, dgP, da_, dC, shared, dscr);
+        snprintf(w2, sizeof w2, "%s: payload%s backward da", label, shared ? " (shared)" : "");
+        cmp_dev(w2, dga, ga, B * T * d, tol);
+        snprintf(w2, sizeof w2, "%s: payload%s backward dC", label, shared ? " (shared)" : "");
+        cmp_dev(w2, dgC, gC, nCw, tol);
+        free(Cw), free(P), free(scr), free(gP), free(gC);
+        dfree(dC), dfree(dP), dfree(dscr), dfree(dgP), dfree(dgC);
+    }
+    /* RoPE of the compressed keys, forward and inverse (each device's own table) */
+    int64_t half = hd / 2;
+    float *ct = rnd(T * half, 170, 1), *st = rnd(T * half, 171, 1), *dct = up(ct, T * half), *dst = up(st, T * half);
+    ps_rope_table(CPU, ct, st, T, hd, 10000.0);
+    ps_rope_table(GPU, dct, dst, T, hd, 10000.0);
+    for (int inv = 0; inv < 2; inv++) {
+        float *x = rnd(n * hd, 172 + (uint64_t)inv, 1), *dx = up(x, n * hd);
+        ROPE(CPU, x, ct, st, inv);
+        ROPE(GPU, dx, dct, dst, inv);
+        snprintf(w2, sizeof w2, "%s: rope%s", label, inv ? " (inverse)" : "");
+        cmp_dev(w2, dx, x, n * hd, 1e-5);
+        free(x);
+        dfree(dx);
+    }
+#undef GATE
+#undef GATE_BWD
+#undef PAYLOAD
+#undef PAYLOAD_BWD
+#undef ROPE
+    ops_ok(label);
+    free(a), free(u), free(bias), free(z), free(al), free(gal), free(ga), free(gu), free(gb), free(ct), free(st);
+    dfree(da_), dfree(du), dfree(dbias), dfree(dz), dfree(dal), dfree(dgal), dfree(dga), dfree(dgu), dfree(dgb), dfree(dct);
+    dfree(dst);
+}
+
+/* content chunks of B random sequences from the real chunker (chunk_min < W: short and absent chunks) */
+static void test_chunk_ops(const char *label, int64_t B, int64_t T, int64_t d, int64_t W, int64_t S, int64_t m, int64_t nkv,
+                           int64_t hd) {
+    ps_config c = tu_config(PS_ATTN_COMPRESSED);
+    c.window = W, c.stride = S, c.local_window = W, c.boundaries = PS_BOUNDARIES_CONTENT, c.chunk_min = m;
+    int64_t nC = ps_config_n_windows(&c, T);
+    int64_t *cs = calloc((size_t)(B * nC + 1), sizeof(int64_t)), *cl = calloc((size_t)(B * nC + 1), sizeof(int64_t));
+    int32_t *tok = malloc((size_t)T * sizeof(int32_t));
+    for (int64_t b = 0; b < B; b++) {
+        tu_random_tokens(tok, T, 11, 180 + (uint64_t)b);
+        ps_content_chunks(&c, tok, T, nC, cs + b * nC, cl + b * nC);
+    }
+    test_grid_ops(label, B, T, d, W, S, nkv, hd, NULL, cs, cl, nC);
+    free(cs), free(cl), free(tok);
+}
+
+/* the cuda backend refuses a geometry with offsets or chunks in the attention ops (grid_offsets 0) */
+static void test_grid_attention_refused(void) {
+    ps_error err;
+    int64_t woff[2] = {0, 1};
+    ps_attn_geom g = geom(1, 12, 2, 2, 4, 1, 4, 4, 4);
+    g.woff = woff;
+    float *q = up(NULL, 0);
+    CHECK(ps_attn_forward(GPU, NULL, NULL, q, q, q, q, q, &g) != 0, "attn_forward with offsets must fail on the cuda backend");
+    CHECK(ps_ctx_check(GPU, &err) != 0 && strstr(err.msg, "window grids with offsets") && strstr(err.msg, "cuda backend"),
+          "message: %s", err.msg);
 }
 
 static void test_attention(ps_attn_geom g, const char *label) {
@@ -807,6 +937,16 @@ int main(int argc, char **argv) {
     test_compressor_ops(2, 27, 20, 6, 3, 2, 5, 0);  /* overlapping windows */
     test_compressor_ops(2, 27, 20, 6, 3, 2, 5, 1);  /* shared payload */
     test_compressor_ops(1, 64, 64, 8, 8, 4, 16, 0); /* W = S = 8 */
+    int64_t wo1[4] = {0, 1, 2, 0}, wo2[4] = {0, 2, 4, 6}, wo3[6] = {1, 0, 1, 0, 0, 1};
+    test_grid_ops("grid W6/S3 overlapping, staggered", 2, 27, 20, 6, 3, 2, 4, wo1, NULL, NULL, 0);
+    test_grid_ops("grid W6/S3 overlapping, base (woff NULL)", 2, 27, 20, 6, 3, 2, 4, NULL, NULL, NULL, 0);
+    test_grid_ops("grid W8/S8, 4 staggered heads, d 33", 1, 40, 33, 8, 8, 4, 6, wo2, NULL, NULL, 0);
+    test_grid_ops("grid W5/S2, 2 sequences x 3 heads", 2, 23, 12, 5, 2, 3, 4, wo3, NULL, NULL, 0);
+    test_grid_ops("grid W8/S8, T 300, hd 16", 1, 300, 64, 8, 8, 4, 16, wo2, NULL, NULL, 0);
+    test_chunk_ops("chunks W8/S4/min2", 3, 40, 20, 8, 4, 2, 2, 4);
+    test_chunk_ops("chunks W6/S3/min1, d 33", 2, 31, 33, 6, 3, 1, 3, 6);
+    test_chunk_ops("chunks W8/S5/min3, T 200", 2, 200, 48, 8, 5, 3, 2, 16);
+    if (!ps_ctx_host_visible(GPU)) test_grid_attention_refused();
     test_attention(geom(2, 70, 4, 2, 4, 0, 0, 0, 0), "full");
     test_attention(geom(2, 150, 4, 1, 48, 0, 0, 0, 0), "full, hd 48");
     test_attention(geom(1, 130, 2, 2, 128, 0, 0, 0, 0), "full, hd 128");
