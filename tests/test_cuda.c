@@ -492,18 +492,6 @@ static void test_chunk_ops(const char *label, int64_t B, int64_t T, int64_t d, i
     free(cs), free(cl), free(tok);
 }
 
-/* the cuda backend refuses a geometry with offsets or chunks in the attention ops (grid_offsets 0) */
-static void test_grid_attention_refused(void) {
-    ps_error err;
-    int64_t woff[2] = {0, 1};
-    ps_attn_geom g = geom(1, 12, 2, 2, 4, 1, 4, 4, 4);
-    g.woff = woff;
-    float *q = up(NULL, 0);
-    CHECK(ps_attn_forward(GPU, NULL, NULL, q, q, q, q, q, &g) != 0, "attn_forward with offsets must fail on the cuda backend");
-    CHECK(ps_ctx_check(GPU, &err) != 0 && strstr(err.msg, "window grids with offsets") && strstr(err.msg, "cuda backend"),
-          "message: %s", err.msg);
-}
-
 static void test_attention(ps_attn_geom g, const char *label) {
     char what[200], w2[260];
     ps_error err;
@@ -587,6 +575,33 @@ static void test_attention(ps_attn_geom g, const char *label) {
     free(gcv), free(pr), free(full), free(zr);
     dfree(dq_), dfree(dk_), dfree(dv_), dfree(dck), dfree(dcv), dfree(dz), dfree(dlse), dfree(dgz), dfree(dgq), dfree(dgk);
     dfree(dgv), dfree(dgck), dfree(dgcv), dfree(dpr), dfree(dfull), dfree(dzr);
+}
+
+/* attention on window grids with offsets (woff [B, nkv]) and on content chunks (cend [B, nC] from the real
+ * chunker): every attention op through test_attention */
+static void test_grid_attention(void) {
+    int64_t wo1[4] = {0, 1, 2, 0}, wo2[2] = {3, 5};
+    ps_attn_geom g = geom(2, 75, 4, 2, 8, 1, 6, 3, 5);
+    g.woff = wo1;
+    test_attention(g, "W6/S3 overlapping, staggered offsets");
+    g = geom(1, 600, 2, 2, 16, 1, 8, 8, 8);
+    g.woff = wo2;
+    test_attention(g, "W8/S8 staggered, two tiles of windows");
+    ps_config c = tu_config(PS_ATTN_COMPRESSED);
+    c.window = 8, c.stride = 4, c.local_window = 6, c.boundaries = PS_BOUNDARIES_CONTENT, c.chunk_min = 2;
+    int64_t B = 2, T = 150, nC = ps_config_n_windows(&c, T);
+    int64_t *cs = calloc((size_t)(B * nC), sizeof(int64_t)), *cl = calloc((size_t)(B * nC), sizeof(int64_t));
+    int64_t *cend = malloc((size_t)(B * nC) * sizeof(int64_t));
+    int32_t *tok = malloc((size_t)T * sizeof(int32_t));
+    for (int64_t b = 0; b < B; b++) {
+        tu_random_tokens(tok, T, 11, 190 + (uint64_t)b);
+        int64_t k = ps_content_chunks(&c, tok, T, nC, cs + b * nC, cl + b * nC);
+        for (int64_t j = 0; j < nC; j++) cend[b * nC + j] = j < k ? cs[b * nC + j] + cl[b * nC + j] - 1 : INT64_MAX;
+    }
+    g = geom(B, T, 4, 2, 8, 1, 8, 4, 6);
+    g.nW = nC, g.ncols = nC + g.LW, g.cend = cend;
+    test_attention(g, "content chunks W8/S4/min2, two tiles of chunks");
+    free(cs), free(cl), free(cend), free(tok);
 }
 
 static void test_loss_optim(void) {
@@ -715,6 +730,49 @@ static void test_random_models(void) {
         tu_random_tokens(tgt, B * T, c.vocab_size, 700 + i);
         for (int64_t t = 0; t < B * T; t += 4) tgt[t] = -1;
         model_parity(v[i].name, &mc, &mg, tok, tgt, B, T);
+        free(tok), free(tgt);
+        ps_model_free(&mc), ps_model_free(&mg);
+    }
+}
+
+/* staggered grids and content chunks end to end: forward and gradients of 2-layer models */
+static void test_grid_models(void) {
+    for (int i = 0; i < 3; i++) {
+        ps_config c = tu_config(PS_ATTN_COMPRESSED);
+        c.n_layers = 2;
+        const char *name;
+        if (i == 0) {
+            name = "staggered W6/S3 learned per-offset";
+            c.window = 6, c.stride = 3, c.local_window = 5, c.n_heads = 4, c.n_kv_heads = 2;
+            c.gate = PS_GATE_LEARNED, c.payload = PS_PAYLOAD_PER_OFFSET;
+            c.n_grid_offsets = 2, c.head_offsets[0] = 0, c.head_offsets[1] = 2, c.any_head_offset = true;
+        } else if (i == 1) {
+            name = "staggered W4/S4 shared payload, 4 KV heads";
+            c.window = 4, c.stride = 4, c.local_window = 4, c.n_heads = 4, c.n_kv_heads = 4;
+            c.gate = PS_GATE_LEARNED, c.payload = PS_PAYLOAD_SHARED;
+            c.n_grid_offsets = 4, c.any_head_offset = true;
+            for (int g = 0; g < 4; g++) c.head_offsets[g] = g;
+        } else {
+            name = "content chunks W8/S4/min2 learned per-offset";
+            c.window = 8, c.stride = 4, c.local_window = 6, c.n_heads = 4, c.n_kv_heads = 2;
+            c.gate = PS_GATE_LEARNED, c.payload = PS_PAYLOAD_PER_OFFSET;
+            c.boundaries = PS_BOUNDARIES_CONTENT, c.chunk_min = 2;
+        }
+        int64_t B = 2, T = c.max_seq_len < 37 ? c.max_seq_len : 37;
+        ps_model mc, mg;
+        ps_error err;
+        tu_random_model(&mc, &c, 800 + (uint64_t)i, 0.5f);
+        tu_random_model(&mg, &c, 800 + (uint64_t)i, 0.5f);
+        if (ps_model_to_backend(&mg, DEV, &err)) {
+            CHECK(0, "%s: model to cuda: %s", name, err.msg);
+            ps_model_free(&mc), ps_model_free(&mg);
+            continue;
+        }
+        int32_t *tok = malloc((size_t)(B * T) * sizeof(int32_t)), *tgt = malloc((size_t)(B * T) * sizeof(int32_t));
+        tu_random_tokens(tok, B * T, c.vocab_size, 810 + (uint64_t)i);
+        tu_random_tokens(tgt, B * T, c.vocab_size, 820 + (uint64_t)i);
+        for (int64_t t = 0; t < B * T; t += 4) tgt[t] = -1;
+        model_parity(name, &mc, &mg, tok, tgt, B, T);
         free(tok), free(tgt);
         ps_model_free(&mc), ps_model_free(&mg);
     }
@@ -946,7 +1004,7 @@ int main(int argc, char **argv) {
     test_chunk_ops("chunks W8/S4/min2", 3, 40, 20, 8, 4, 2, 2, 4);
     test_chunk_ops("chunks W6/S3/min1, d 33", 2, 31, 33, 6, 3, 1, 3, 6);
     test_chunk_ops("chunks W8/S5/min3, T 200", 2, 200, 48, 8, 5, 3, 2, 16);
-    if (!ps_ctx_host_visible(GPU)) test_grid_attention_refused();
+    test_grid_attention();
     test_attention(geom(2, 70, 4, 2, 4, 0, 0, 0, 0), "full");
     test_attention(geom(2, 150, 4, 1, 48, 0, 0, 0, 0), "full, hd 48");
     test_attention(geom(1, 130, 2, 2, 128, 0, 0, 0, 0), "full, hd 128");
@@ -956,6 +1014,7 @@ int main(int argc, char **argv) {
     test_attention(geom(1, 200, 2, 1, 128, 1, 8, 4, 70), "W8/S4, local window 70, hd 128");
     test_attention(geom(2, 5, 2, 2, 4, 1, 8, 8, 8), "T < W (no windows)");
     test_random_models();
+    test_grid_models();
     test_conformance_models();
     test_hooks();
     test_precisions();
