@@ -12,7 +12,9 @@
  * payloads). Geometries: staggered offsets per head and per sequence (windows that do not fit are absent),
  * base grids (woff NULL), overlapping windows, d not a multiple of 16, shared and per-offset payloads,
  * learned and uniform gates, inverse RoPE, two entropy weights; chunk tables from the real chunker
- * (core/chunks.h, chunk_min < W, absent chunks at the end) and a hand-made table with overlapping chunks. */
+ * (core/chunks.h, chunk_min < W, absent chunks at the end) and a hand-made table with overlapping chunks.
+ * The attention kernels' visibility (ps_gb_seen, ps_gb_first_seen) is checked against ops.h ps_geom_seen on
+ * the same grids and chunk tables. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -279,6 +281,33 @@ static void test_chunks(const char *label, int64_t B, int64_t T, int64_t d, int6
     free(dalr), free(dar), free(dur), free(dbr), free(dal), free(da), free(du), free(db), free(cs_t), free(sn_t);
 }
 
+/* ---------------- attention visibility ---------------- */
+
+/* ps_gb_seen against ops.h ps_geom_seen at every (sequence, KV head, position), and ps_gb_first_seen as the
+ * first position that sees entry j (the dck/dcv kernel starts a tile of entries there); woff or cend. */
+static void test_visibility(const char *label, int64_t B, int64_t T, int64_t W, int64_t S, int64_t nW, int64_t nkv,
+                            const int64_t *woff, const int64_t *cend) {
+    ps_attn_geom g = {.B = B, .T = T, .nh = nkv, .nkv = nkv, .hd = 4, .compressed = 1, .W = W, .S = S, .LW = W, .nW = nW};
+    g.ncols = nW + W, g.woff = woff, g.cend = cend;
+    int64_t bad_seen = 0, bad_first = 0, checked = 0;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t kv = 0; kv < nkv; kv++) {
+            const int64_t *e = cend ? cend + b * nW : NULL;
+            int64_t o = ps_gb_woff(woff, b, nkv, kv);
+            for (int64_t t = -2; t < T + 3; t++, checked++)
+                bad_seen += ps_gb_seen(e, o, W, S, nW, t) != ps_geom_seen(&g, b, kv, t);
+            for (int64_t j = 0; j < nW; j++) {
+                int64_t f = ps_gb_first_seen(e, o, W, S, j);
+                if (f == INT64_MAX) bad_first += ps_geom_seen(&g, b, kv, T - 1) > j; /* an absent chunk: never seen */
+                else bad_first += !(ps_geom_seen(&g, b, kv, f) > j && ps_geom_seen(&g, b, kv, f - 1) <= j);
+            }
+        }
+    CHECK(bad_seen == 0, "%s: ps_gb_seen differs from ps_geom_seen at %lld of %lld positions", label, (long long)bad_seen,
+          (long long)checked);
+    CHECK(bad_first == 0, "%s: ps_gb_first_seen is not the first position that sees the entry for %lld entries", label,
+          (long long)bad_first);
+}
+
 /* chunk tables of B random sequences from the real chunker */
 static void chunker_case(const char *label, int64_t B, int64_t T, int64_t d, int64_t W, int64_t S, int64_t m, int64_t nkv,
                          int64_t hd, uint64_t seed) {
@@ -298,7 +327,10 @@ static void chunker_case(const char *label, int64_t B, int64_t T, int64_t d, int
           "%s: the table should have present, absent and short chunks (%lld of %lld present, %lld shorter than W)", label,
           (long long)present, (long long)(B * nC), (long long)shorter);
     test_chunks(label, B, T, d, nC, W, nkv, hd, cs, cl, seed);
-    free(cs), free(cl), free(tok);
+    int64_t *cend = malloc((size_t)(B * nC + 1) * sizeof(int64_t)); /* as core/forward.c builds it */
+    for (int64_t i = 0; i < B * nC; i++) cend[i] = cl[i] > 0 ? cs[i] + cl[i] - 1 : INT64_MAX;
+    test_visibility(label, B, T, W, S, nC, nkv, NULL, cend);
+    free(cs), free(cl), free(tok), free(cend);
 }
 
 int main(void) {
@@ -310,11 +342,15 @@ int main(void) {
     /* staggered offsets per head (floor(g*S/nkv)) shifted per sequence: phase augmentation */
     int64_t wo1[2 * 2] = {0, 1, 2, 0}; /* S = 3 */
     test_grid("grid W6/S3 overlapping, staggered", 2, 27, 20, 6, 3, 2, 4, wo1, 100);
+    test_visibility("grid W6/S3 staggered", 2, 27, 6, 3, 8, 2, wo1, NULL);
+    test_visibility("grid W6/S3 base", 2, 27, 6, 3, 8, 2, NULL, NULL);
     test_grid("grid W6/S3 overlapping, base", 2, 27, 20, 6, 3, 2, 4, NULL, 200);
     int64_t wo2[1 * 4] = {0, 2, 4, 6}; /* S = 8 */
     test_grid("grid W8/S8, 4 staggered heads, d 33", 1, 40, 33, 8, 8, 4, 6, wo2, 300);
+    test_visibility("grid W8/S8 staggered", 1, 40, 8, 8, 5, 4, wo2, NULL);
     int64_t wo3[3 * 3] = {1, 0, 1, 0, 0, 0, 1, 1, 1}; /* S = 2 */
     test_grid("grid W5/S2 overlapping, 3 sequences", 3, 23, 12, 5, 2, 3, 4, wo3, 400);
+    test_visibility("grid W5/S2 staggered", 3, 23, 5, 2, 10, 3, wo3, NULL);
     int64_t wo4[2 * 2] = {3, 1}; /* S = 4, B = 1 */
     test_grid("grid W4/S4, T = nW*S", 1, 24, 16, 4, 4, 2, 4, wo4, 500);
     int64_t wo5[2 * 2] = {7, 0, 3, 5}; /* S = 8 */

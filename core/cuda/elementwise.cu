@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "core/cuda/cuda_internal.cuh"
+#include "core/cuda/grid_bodies.h"
 
 #define T256 256
 
@@ -359,19 +360,8 @@ __global__ void k_pattern_compact(float *probs, const float *full, int64_t rows,
         int64_t r = i / nc, col = i % nc, t = r % T, b = r / (nh * T), kvh = (r / T) % nh / (nh / nkv);
         float v = 0.0f;
         if (col < nW) {
-            int64_t seen;
-            if (cend) {
-                const int64_t *e = cend + b * nW;
-                int64_t lo = 0, hi = nW;
-                while (lo < hi) {
-                    int64_t mid = (lo + hi) / 2;
-                    if (e[mid] <= t) lo = mid + 1;
-                    else hi = mid;
-                }
-                seen = lo;
-            } else
-                seen = d_windows_seen(t - (woff ? woff[b * nkv + kvh] : 0), W, S, nW);
-            if (col < seen) v = full[r * wide + col];
+            if (col < ps_gb_seen(cend ? cend + b * nW : NULL, woff ? woff[b * nkv + kvh] : 0, W, S, nW, t))
+                v = full[r * wide + col];
         } else {
             int64_t tp = t - LW + 1 + (col - nW);
             if (tp >= 0) v = full[r * wide + nW + tp];

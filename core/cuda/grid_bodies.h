@@ -426,4 +426,31 @@ static inline PS_HD void ps_gb_entropy_grad(float *dalpha, const float *alpha, c
     dalpha[idx] += (float)(weight * (log(mi > 1e-30 ? mi : 1e-30) + 1.0) / cnt[g]);
 }
 
+/* ---------------- attention visibility (attention.cu, elementwise.cu pattern_compact) ---------------- */
+
+/* Compressed entries position t sees (ops.h ps_geom_seen): with a chunk-end row e = cend + b*nW (increasing;
+ * INT64_MAX for an absent chunk) the count of entries e[j] <= t, else the windows j < nW of a grid at offset
+ * o with jS + o + W − 1 <= t. The entries a position sees are always a prefix [0, seen). */
+static inline PS_HD int64_t ps_gb_seen(const int64_t *e, int64_t o, int64_t W, int64_t S, int64_t nW, int64_t t) {
+    if (e) {
+        int64_t lo = 0, hi = nW;
+        while (lo < hi) {
+            int64_t mid = (lo + hi) / 2;
+            if (e[mid] <= t) lo = mid + 1;
+            else hi = mid;
+        }
+        return lo;
+    }
+    t -= o;
+    if (t < W - 1) return 0;
+    int64_t n = (t - W + 1) / S + 1;
+    return n < nW ? n : nW;
+}
+
+/* The first position that sees entry j (chunk end e[j], or jS + o + W − 1): the dck/dcv kernel's first
+ * query of a tile of entries starting at j. */
+static inline PS_HD int64_t ps_gb_first_seen(const int64_t *e, int64_t o, int64_t W, int64_t S, int64_t j) {
+    return e ? e[j] : j * S + o + W - 1;
+}
+
 #endif
