@@ -21,6 +21,7 @@
 #include <jansson.h>
 
 #include "core/backward.h"
+#include "core/chunks.h"
 #include "check.h"
 #include "core/cuda/cuda_ops.h"
 #include "core/forward.h"
@@ -374,6 +375,123 @@ static void test_compressor_ops(int64_t B, int64_t T, int64_t d, int64_t W, int6
     dfree(dP), dfree(dscr), dfree(dgP), dfree(dgC), dfree(dpo), dfree(dgpo);
 }
 
+/* Window grids with offsets (woff, may be NULL) or content chunks (cs/cl [B, nC], when cs is given) and the
+ * gate regulariser (grid.cu): every op against the CPU's (1e-5 where the device sums in the CPU's order,
+ * 1e-4 for the per-offset payload products, which the CPU hands to sgemm). */
+static void test_grid_ops(const char *label, int64_t B, int64_t T, int64_t d, int64_t W, int64_t S, int64_t nkv, int64_t hd,
+                          const int64_t *woff, const int64_t *cs, const int64_t *cl, int64_t nC) {
+    const int chunks = cs != NULL;
+    const int64_t nW = chunks ? nC : (T >= W ? (T - W) / S + 1 : 0), n = B * nW * nkv, nk = nkv * hd;
+#define GATE(ctx, z, al, a, u, b)                                                                               \
+    (chunks ? ps_gate_chunks(ctx, z, al, a, u, b, B, T, d, nW, W, nkv, cs, cl)                                  \
+            : ps_gate_grid(ctx, z, al, a, u, b, B, T, d, nW, W, S, nkv, woff))
+#define GATE_BWD(ctx, da, du, db, dal, al, a, u)                                                                \
+    (chunks ? ps_gate_chunks_backward(ctx, da, du, db, dal, al, a, u, B, T, d, nW, W, nkv, cs, cl)              \
+            : ps_gate_grid_backward(ctx, da, du, db, dal, al, a, u, B, T, d, nW, W, S, nkv, woff))
+#define PAYLOAD(ctx, P, a, C, sh, scr)                                                                          \
+    (chunks ? ps_payload_chunks(ctx, P, a, C, sh, scr, B, T, d, nW, W, nkv, hd, cs, cl)                         \
+            : ps_payload_grid(ctx, P, a, C, sh, scr, B, T, d, nW, W, S, nkv, hd, woff))
+#define PAYLOAD_BWD(ctx, da, dC, dP, a, C, sh, scr)                                                             \
+    (chunks ? ps_payload_chunks_backward(ctx, da, dC, dP, a, C, sh, scr, B, T, d, nW, W, nkv, hd, cs, cl)       \
+            : ps_payload_grid_backward(ctx, da, dC, dP, a, C, sh, scr, B, T, d, nW, W, S, nkv, hd, woff))
+#define ROPE(ctx, x, ct, st, inv)                                                                               \
+    (chunks ? ps_rope_chunks(ctx, x, ct, st, B, T, nW, nkv, hd, cs, cl, inv)                                   \
+            : ps_rope_grid(ctx, x, ct, st, B, T, nW, nkv, hd, S, woff, inv))
+    char w2[240];
+    float *a = rnd(B * T * d, 150, 1), *u = rnd(W * nkv * d, 151, 0.3f), *bias = rnd(W * nkv, 152, 0.3f);
+    float *z = rnd(n * W, 153, 1), *al = rnd(n * W, 154, 1);
+    float *da_ = up(a, B * T * d), *du = up(u, W * nkv * d), *dbias = up(bias, W * nkv), *dz = up(z, n * W), *dal = up(al, n * W);
+    for (int uni = 0; uni < 2; uni++) {
+        GATE(CPU, z, al, a, uni ? NULL : u, uni ? NULL : bias);
+        GATE(GPU, dz, dal, da_, uni ? NULL : du, uni ? NULL : dbias);
+        snprintf(w2, sizeof w2, "%s: gate%s logits", label, uni ? " (uniform)" : "");
+        cmp_dev(w2, dz, z, n * W, 1e-5);
+        snprintf(w2, sizeof w2, "%s: gate%s alpha", label, uni ? " (uniform)" : "");
+        cmp_dev(w2, dal, al, n * W, 1e-5);
+    }
+    GATE(CPU, z, al, a, u, bias);
+    GATE(GPU, dz, dal, da_, du, dbias);
+    /* gate backward */
+    float *gal = rnd(n * W, 155, 1), *ga = rnd(B * T * d, 156, 1), *gu = rnd(W * nkv * d, 157, 1), *gb = rnd(W * nkv, 158, 1);
+    float *dgal = up(gal, n * W), *dga = up(ga, B * T * d), *dgu = up(gu, W * nkv * d), *dgb = up(gb, W * nkv);
+    GATE_BWD(CPU, ga, gu, gb, gal, al, a, u);
+    GATE_BWD(GPU, dga, dgu, dgb, dgal, dal, da_, du);
+    snprintf(w2, sizeof w2, "%s: gate backward da", label);
+    cmp_dev(w2, dga, ga, B * T * d, 1e-5);
+    snprintf(w2, sizeof w2, "%s: gate backward du", label);
+    cmp_dev(w2, dgu, gu, W * nkv * d, 1e-5);
+    snprintf(w2, sizeof w2, "%s: gate backward dbias", label);
+    cmp_dev(w2, dgb, gb, W * nkv, 1e-5);
+    snprintf(w2, sizeof w2, "%s: gate backward dz", label);
+    cmp_dev(w2, dgal, gal, n * W, 1e-5);
+    /* the gate regulariser: value (host double) and dalpha */
+    double v_cpu = 0.5, v_gpu = 0.5;
+    ps_gate_entropy(CPU, &v_cpu, gal, al, B, nW, nkv, W, 0.3);
+    ps_gate_entropy(GPU, &v_gpu, dgal, dal, B, nW, nkv, W, 0.3);
+    CHECK(fabs(v_gpu - v_cpu) <= 1e-9 * fabs(v_cpu), "%s: gate_entropy value %.12g, cpu %.12g", label, v_gpu, v_cpu);
+    snprintf(w2, sizeof w2, "%s: gate_entropy dalpha", label);
+    cmp_dev(w2, dgal, gal, n * W, 1e-5);
+    /* payloads, per offset and shared, and their backward */
+    for (int shared = 0; shared < 2; shared++) {
+        int64_t nCw = shared ? nk * d : W * nk * d, nP = B * nW * W * nk;
+        double tol = shared ? 1e-5 : 1e-4;
+        float *Cw = rnd(nCw, 160 + (uint64_t)shared, 0.3f), *P = rnd(nP, 162, 1), *scr = rnd(B * T * nk, 163, 1);
+        float *dC = up(Cw, nCw), *dP = up(P, nP), *dscr = up(scr, B * T * nk);
+        PAYLOAD(CPU, P, a, Cw, shared, scr);
+        PAYLOAD(GPU, dP, da_, dC, shared, dscr);
+        snprintf(w2, sizeof w2, "%s: payload%s", label, shared ? " (shared)" : "");
+        cmp_dev(w2, dP, P, nP, tol);
+        float *gP = rnd(nP, 164, 1), *gC = rnd(nCw, 165, 1), *dgP = up(gP, nP), *dgC = up(gC, nCw);
+        PAYLOAD_BWD(CPU, ga, gC, gP, a, Cw, shared, scr);
+        PAYLOAD_BWD(GPU, dga, dgC, dgP, da_, dC, shared, dscr);
+        snprintf(w2, sizeof w2, "%s: payload%s backward da", label, shared ? " (shared)" : "");
+        cmp_dev(w2, dga, ga, B * T * d, tol);
+        snprintf(w2, sizeof w2, "%s: payload%s backward dC", label, shared ? " (shared)" : "");
+        cmp_dev(w2, dgC, gC, nCw, tol);
+        free(Cw), free(P), free(scr), free(gP), free(gC);
+        dfree(dC), dfree(dP), dfree(dscr), dfree(dgP), dfree(dgC);
+    }
+    /* RoPE of the compressed keys, forward and inverse (each device's own table) */
+    int64_t half = hd / 2;
+    float *ct = rnd(T * half, 170, 1), *st = rnd(T * half, 171, 1), *dct = up(ct, T * half), *dst = up(st, T * half);
+    ps_rope_table(CPU, ct, st, T, hd, 10000.0);
+    ps_rope_table(GPU, dct, dst, T, hd, 10000.0);
+    for (int inv = 0; inv < 2; inv++) {
+        float *x = rnd(n * hd, 172 + (uint64_t)inv, 1), *dx = up(x, n * hd);
+        ROPE(CPU, x, ct, st, inv);
+        ROPE(GPU, dx, dct, dst, inv);
+        snprintf(w2, sizeof w2, "%s: rope%s", label, inv ? " (inverse)" : "");
+        cmp_dev(w2, dx, x, n * hd, 1e-5);
+        free(x);
+        dfree(dx);
+    }
+#undef GATE
+#undef GATE_BWD
+#undef PAYLOAD
+#undef PAYLOAD_BWD
+#undef ROPE
+    ops_ok(label);
+    free(a), free(u), free(bias), free(z), free(al), free(gal), free(ga), free(gu), free(gb), free(ct), free(st);
+    dfree(da_), dfree(du), dfree(dbias), dfree(dz), dfree(dal), dfree(dgal), dfree(dga), dfree(dgu), dfree(dgb), dfree(dct);
+    dfree(dst);
+}
+
+/* content chunks of B random sequences from the real chunker (chunk_min < W: short and absent chunks) */
+static void test_chunk_ops(const char *label, int64_t B, int64_t T, int64_t d, int64_t W, int64_t S, int64_t m, int64_t nkv,
+                           int64_t hd) {
+    ps_config c = tu_config(PS_ATTN_COMPRESSED);
+    c.window = W, c.stride = S, c.local_window = W, c.boundaries = PS_BOUNDARIES_CONTENT, c.chunk_min = m;
+    int64_t nC = ps_config_n_windows(&c, T);
+    int64_t *cs = calloc((size_t)(B * nC + 1), sizeof(int64_t)), *cl = calloc((size_t)(B * nC + 1), sizeof(int64_t));
+    int32_t *tok = malloc((size_t)T * sizeof(int32_t));
+    for (int64_t b = 0; b < B; b++) {
+        tu_random_tokens(tok, T, 11, 180 + (uint64_t)b);
+        ps_content_chunks(&c, tok, T, nC, cs + b * nC, cl + b * nC);
+    }
+    test_grid_ops(label, B, T, d, W, S, nkv, hd, NULL, cs, cl, nC);
+    free(cs), free(cl), free(tok);
+}
+
 static void test_attention(ps_attn_geom g, const char *label) {
     char what[200], w2[260];
     ps_error err;
@@ -457,6 +575,33 @@ static void test_attention(ps_attn_geom g, const char *label) {
     free(gcv), free(pr), free(full), free(zr);
     dfree(dq_), dfree(dk_), dfree(dv_), dfree(dck), dfree(dcv), dfree(dz), dfree(dlse), dfree(dgz), dfree(dgq), dfree(dgk);
     dfree(dgv), dfree(dgck), dfree(dgcv), dfree(dpr), dfree(dfull), dfree(dzr);
+}
+
+/* attention on window grids with offsets (woff [B, nkv]) and on content chunks (cend [B, nC] from the real
+ * chunker): every attention op through test_attention */
+static void test_grid_attention(void) {
+    int64_t wo1[4] = {0, 1, 2, 0}, wo2[2] = {3, 5};
+    ps_attn_geom g = geom(2, 75, 4, 2, 8, 1, 6, 3, 5);
+    g.woff = wo1;
+    test_attention(g, "W6/S3 overlapping, staggered offsets");
+    g = geom(1, 600, 2, 2, 16, 1, 8, 8, 8);
+    g.woff = wo2;
+    test_attention(g, "W8/S8 staggered, two tiles of windows");
+    ps_config c = tu_config(PS_ATTN_COMPRESSED);
+    c.window = 8, c.stride = 4, c.local_window = 6, c.boundaries = PS_BOUNDARIES_CONTENT, c.chunk_min = 2;
+    int64_t B = 2, T = 150, nC = ps_config_n_windows(&c, T);
+    int64_t *cs = calloc((size_t)(B * nC), sizeof(int64_t)), *cl = calloc((size_t)(B * nC), sizeof(int64_t));
+    int64_t *cend = malloc((size_t)(B * nC) * sizeof(int64_t));
+    int32_t *tok = malloc((size_t)T * sizeof(int32_t));
+    for (int64_t b = 0; b < B; b++) {
+        tu_random_tokens(tok, T, 11, 190 + (uint64_t)b);
+        int64_t k = ps_content_chunks(&c, tok, T, nC, cs + b * nC, cl + b * nC);
+        for (int64_t j = 0; j < nC; j++) cend[b * nC + j] = j < k ? cs[b * nC + j] + cl[b * nC + j] - 1 : INT64_MAX;
+    }
+    g = geom(B, T, 4, 2, 8, 1, 8, 4, 6);
+    g.nW = nC, g.ncols = nC + g.LW, g.cend = cend;
+    test_attention(g, "content chunks W8/S4/min2, two tiles of chunks");
+    free(cs), free(cl), free(cend), free(tok);
 }
 
 static void test_loss_optim(void) {
@@ -585,6 +730,49 @@ static void test_random_models(void) {
         tu_random_tokens(tgt, B * T, c.vocab_size, 700 + i);
         for (int64_t t = 0; t < B * T; t += 4) tgt[t] = -1;
         model_parity(v[i].name, &mc, &mg, tok, tgt, B, T);
+        free(tok), free(tgt);
+        ps_model_free(&mc), ps_model_free(&mg);
+    }
+}
+
+/* staggered grids and content chunks end to end: forward and gradients of 2-layer models */
+static void test_grid_models(void) {
+    for (int i = 0; i < 3; i++) {
+        ps_config c = tu_config(PS_ATTN_COMPRESSED);
+        c.n_layers = 2;
+        const char *name;
+        if (i == 0) {
+            name = "staggered W6/S3 learned per-offset";
+            c.window = 6, c.stride = 3, c.local_window = 5, c.n_heads = 4, c.n_kv_heads = 2;
+            c.gate = PS_GATE_LEARNED, c.payload = PS_PAYLOAD_PER_OFFSET;
+            c.n_grid_offsets = 2, c.head_offsets[0] = 0, c.head_offsets[1] = 2, c.any_head_offset = true;
+        } else if (i == 1) {
+            name = "staggered W4/S4 shared payload, 4 KV heads";
+            c.window = 4, c.stride = 4, c.local_window = 4, c.n_heads = 4, c.n_kv_heads = 4;
+            c.gate = PS_GATE_LEARNED, c.payload = PS_PAYLOAD_SHARED;
+            c.n_grid_offsets = 4, c.any_head_offset = true;
+            for (int g = 0; g < 4; g++) c.head_offsets[g] = g;
+        } else {
+            name = "content chunks W8/S4/min2 learned per-offset";
+            c.window = 8, c.stride = 4, c.local_window = 6, c.n_heads = 4, c.n_kv_heads = 2;
+            c.gate = PS_GATE_LEARNED, c.payload = PS_PAYLOAD_PER_OFFSET;
+            c.boundaries = PS_BOUNDARIES_CONTENT, c.chunk_min = 2;
+        }
+        int64_t B = 2, T = c.max_seq_len < 37 ? c.max_seq_len : 37;
+        ps_model mc, mg;
+        ps_error err;
+        tu_random_model(&mc, &c, 800 + (uint64_t)i, 0.5f);
+        tu_random_model(&mg, &c, 800 + (uint64_t)i, 0.5f);
+        if (ps_model_to_backend(&mg, DEV, &err)) {
+            CHECK(0, "%s: model to cuda: %s", name, err.msg);
+            ps_model_free(&mc), ps_model_free(&mg);
+            continue;
+        }
+        int32_t *tok = malloc((size_t)(B * T) * sizeof(int32_t)), *tgt = malloc((size_t)(B * T) * sizeof(int32_t));
+        tu_random_tokens(tok, B * T, c.vocab_size, 810 + (uint64_t)i);
+        tu_random_tokens(tgt, B * T, c.vocab_size, 820 + (uint64_t)i);
+        for (int64_t t = 0; t < B * T; t += 4) tgt[t] = -1;
+        model_parity(name, &mc, &mg, tok, tgt, B, T);
         free(tok), free(tgt);
         ps_model_free(&mc), ps_model_free(&mg);
     }
@@ -807,6 +995,16 @@ int main(int argc, char **argv) {
     test_compressor_ops(2, 27, 20, 6, 3, 2, 5, 0);  /* overlapping windows */
     test_compressor_ops(2, 27, 20, 6, 3, 2, 5, 1);  /* shared payload */
     test_compressor_ops(1, 64, 64, 8, 8, 4, 16, 0); /* W = S = 8 */
+    int64_t wo1[4] = {0, 1, 2, 0}, wo2[4] = {0, 2, 4, 6}, wo3[6] = {1, 0, 1, 0, 0, 1};
+    test_grid_ops("grid W6/S3 overlapping, staggered", 2, 27, 20, 6, 3, 2, 4, wo1, NULL, NULL, 0);
+    test_grid_ops("grid W6/S3 overlapping, base (woff NULL)", 2, 27, 20, 6, 3, 2, 4, NULL, NULL, NULL, 0);
+    test_grid_ops("grid W8/S8, 4 staggered heads, d 33", 1, 40, 33, 8, 8, 4, 6, wo2, NULL, NULL, 0);
+    test_grid_ops("grid W5/S2, 2 sequences x 3 heads", 2, 23, 12, 5, 2, 3, 4, wo3, NULL, NULL, 0);
+    test_grid_ops("grid W8/S8, T 300, hd 16", 1, 300, 64, 8, 8, 4, 16, wo2, NULL, NULL, 0);
+    test_chunk_ops("chunks W8/S4/min2", 3, 40, 20, 8, 4, 2, 2, 4);
+    test_chunk_ops("chunks W6/S3/min1, d 33", 2, 31, 33, 6, 3, 1, 3, 6);
+    test_chunk_ops("chunks W8/S5/min3, T 200", 2, 200, 48, 8, 5, 3, 2, 16);
+    test_grid_attention();
     test_attention(geom(2, 70, 4, 2, 4, 0, 0, 0, 0), "full");
     test_attention(geom(2, 150, 4, 1, 48, 0, 0, 0, 0), "full, hd 48");
     test_attention(geom(1, 130, 2, 2, 128, 0, 0, 0, 0), "full, hd 128");
@@ -816,6 +1014,7 @@ int main(int argc, char **argv) {
     test_attention(geom(1, 200, 2, 1, 128, 1, 8, 4, 70), "W8/S4, local window 70, hd 128");
     test_attention(geom(2, 5, 2, 2, 4, 1, 8, 8, 8), "T < W (no windows)");
     test_random_models();
+    test_grid_models();
     test_conformance_models();
     test_hooks();
     test_precisions();

@@ -13,11 +13,15 @@
  * query heads of its KV group and the query tiles that can see the tile). Head dims up to 128 (templates
  * for <= 32, <= 64, <= 128; larger heads fail with a message).
  *
+ * Window grids with offsets (ps_attn_geom.woff) and content chunks (.cend): the compressed entries a row
+ * sees are still a prefix, of the length d_geom_seen gives per (sequence, KV head, position).
+ *
  * attn_chunk (prefill) is the forward kernel on a key frame; attn_rows is one warp per (row, head) with
  * an online softmax; attn_probs / attn_out materialise the probability rows for pattern hooks. */
 #include <string.h>
 
 #include "core/cuda/cuda_internal.cuh"
+#include "core/cuda/grid_bodies.h"
 
 #define BQ 64
 #define BK 64
@@ -33,12 +37,21 @@ typedef struct {
     int64_t q_off, pos0, W, S, LW;
     int compressed;
     float scale;
+    const int64_t *woff, *cend; /* device copies of ps_attn_geom.woff [B, nkv] / .cend [B, nW] (NULL: the base grid) */
 } attn_p;
 
-/* What query row i sees: windows [0, nc), raw rows [lo, kr]. */
-__device__ __forceinline__ void row_range(const attn_p &p, int64_t i, int64_t &nc, int64_t &lo, int64_t &kr) {
+/* Compressed entries position t of sequence b sees through KV head kvh (ops.h ps_geom_seen): the chunks
+ * that have ended (cend increasing: the count of entries <= t), else the windows of the head's grid
+ * (offset woff[b, kvh]) that have ended. */
+__device__ __forceinline__ int64_t d_geom_seen(const attn_p &p, int64_t b, int64_t kvh, int64_t t) {
+    return ps_gb_seen(p.cend ? p.cend + b * p.nW : NULL, p.woff ? p.woff[b * p.nkv + kvh] : 0, p.W, p.S, p.nW, t);
+}
+
+/* What query row i of sequence b (KV head kvh) sees: windows [0, nc), raw rows [lo, kr]. */
+__device__ __forceinline__ void row_range(const attn_p &p, int64_t b, int64_t kvh, int64_t i, int64_t &nc, int64_t &lo,
+                                          int64_t &kr) {
     kr = p.q_off + i;
-    nc = p.compressed ? d_windows_seen(p.pos0 + kr, p.W, p.S, p.nW) : 0;
+    nc = p.compressed ? d_geom_seen(p, b, kvh, p.pos0 + kr) : 0;
     lo = p.compressed ? (kr - p.LW + 1 > 0 ? kr - p.LW + 1 : 0) : 0;
 }
 
@@ -73,14 +86,14 @@ template <int NC> __global__ void __launch_bounds__(NT) k_attn_fwd(attn_p p) {
     for (int ii = 0; ii < 4; ii++) {
         int64_t i = i0 + ty * 4 + ii;
         rv[ii] = i < i1;
-        row_range(p, i, rnc[ii], rlo[ii], rkr[ii]);
+        row_range(p, b, kvh, i, rnc[ii], rlo[ii], rkr[ii]);
         m[ii] = -INFINITY, l[ii] = 0.0f;
 #pragma unroll
         for (int kk = 0; kk < NC; kk++) o[ii][kk] = 0.0f;
     }
     int64_t nc_blk, lo_blk, hi_blk, dummy;
-    row_range(p, i1 - 1, nc_blk, dummy, hi_blk);
-    row_range(p, i0, dummy, lo_blk, dummy);
+    row_range(p, b, kvh, i1 - 1, nc_blk, dummy, hi_blk);
+    row_range(p, b, kvh, i0, dummy, lo_blk, dummy);
     for (int phase = 0; phase < 2; phase++) {
         const int64_t s0 = phase == 0 ? 0 : lo_blk, s1 = phase == 0 ? nc_blk : hi_blk + 1;
         if (s0 >= s1) continue;
@@ -201,15 +214,15 @@ template <int NC> __global__ void __launch_bounds__(NT) k_attn_dq(attn_p p) {
     for (int ii = 0; ii < 4; ii++) {
         int64_t i = i0 + ty * 4 + ii;
         rv[ii] = i < i1;
-        row_range(p, i, rnc[ii], rlo[ii], rkr[ii]);
+        row_range(p, b, kvh, i, rnc[ii], rlo[ii], rkr[ii]);
         rl[ii] = rv[ii] ? p.lse[bn * p.Tq + i] : 0.0f;
         rD[ii] = rv[ii] ? p.D[bn * p.Tq + i] : 0.0f;
 #pragma unroll
         for (int kk = 0; kk < NC; kk++) acc[ii][kk] = 0.0f;
     }
     int64_t nc_blk, lo_blk, hi_blk, dummy;
-    row_range(p, i1 - 1, nc_blk, dummy, hi_blk);
-    row_range(p, i0, dummy, lo_blk, dummy);
+    row_range(p, b, kvh, i1 - 1, nc_blk, dummy, hi_blk);
+    row_range(p, b, kvh, i0, dummy, lo_blk, dummy);
     for (int phase = 0; phase < 2; phase++) {
         const int64_t s0 = phase == 0 ? 0 : lo_blk, s1 = phase == 0 ? nc_blk : hi_blk + 1;
         if (s0 >= s1) continue;
@@ -297,7 +310,9 @@ template <int NC> __global__ void __launch_bounds__(NT) k_attn_dkv(attn_p p, int
     load_tile<HD>(Vs, Vb, ks, j0, j1, p.hd, BK);
     /* the query rows that can see some key of the tile */
     int64_t iq0, iq1 = p.Tq;
-    if (comp) iq0 = j0 * p.S + p.W - 1 - p.pos0 - p.q_off;
+    if (comp) /* the first position that sees entry j0 (the entries are seen in order) */
+        iq0 = ps_gb_first_seen(p.cend ? p.cend + b * p.nW : NULL, p.woff ? p.woff[b * p.nkv + kvh] : 0, p.W, p.S, j0) - p.pos0 -
+              p.q_off;
     else {
         iq0 = j0 - p.q_off;
         if (p.compressed) {
@@ -323,7 +338,7 @@ template <int NC> __global__ void __launch_bounds__(NT) k_attn_dkv(attn_p p, int
                 lse_s[r] = i < q1 ? p.lse[bn * p.Tq + i] : 0.0f;
                 D_s[r] = i < q1 ? p.D[bn * p.Tq + i] : 0.0f;
                 int64_t nc, lo, kr;
-                row_range(p, i, nc, lo, kr);
+                row_range(p, b, kvh, i, nc, lo, kr);
                 if (i >= q1) nc = 0, lo = 1, kr = 0; /* sees nothing */
                 rng[3 * r] = nc, rng[3 * r + 1] = lo, rng[3 * r + 2] = kr;
             }
@@ -455,9 +470,30 @@ static attn_p geom_params(const ps_attn_geom *g) {
     return p;
 }
 
+/* Stage the geometry's host arrays woff [B, nkv] and cend [B, nW] (compressed only; and, for attn_rows, the
+ * n_rows row indices) in one cu_stage call (the staging area holds one op's arrays); p gets the device
+ * copies. */
+static int stage_geom(ps_ctx *c, const ps_attn_geom *g, attn_p *p, const int64_t *rows, int64_t n_rows,
+                      const int64_t **drows) {
+    const void *h[3];
+    int64_t by[3];
+    void *d[3];
+    int n = 0, iw = -1, ic = -1, ir = -1;
+    if (g->compressed && g->woff) iw = n, h[n] = g->woff, by[n++] = g->B * g->nkv * (int64_t)sizeof(int64_t);
+    if (g->compressed && g->cend) ic = n, h[n] = g->cend, by[n++] = g->B * g->nW * (int64_t)sizeof(int64_t);
+    if (rows) ir = n, h[n] = rows, by[n++] = n_rows * (int64_t)sizeof(int64_t);
+    if (n == 0) return 0;
+    if (cu_stage(c, n, h, by, d)) return -1;
+    if (iw >= 0) p->woff = (const int64_t *)d[iw];
+    if (ic >= 0) p->cend = (const int64_t *)d[ic];
+    if (ir >= 0) *drows = (const int64_t *)d[ir];
+    return 0;
+}
+
 extern "C" int ps_cuda_attn_forward(ps_ctx *c, float *z, float *lse, const float *q, const float *k, const float *v,
                                     const float *ck, const float *cv, const ps_attn_geom *g) {
     attn_p p = geom_params(g);
+    if (stage_geom(c, g, &p, NULL, 0, NULL)) return -1;
     p.q = q, p.k = k, p.v = v, p.ck = ck, p.cv = cv, p.z = z, p.lse = lse;
     return fwd(c, p, "attention forward");
 }
@@ -487,6 +523,7 @@ extern "C" int ps_cuda_attn_backward(ps_ctx *c, float *dq, float *dk, float *dv,
     int64_t rows = p.B * p.nh * p.Tq;
     if (rows <= 0) return 0;
     if (p.B * p.nh > 65535) return ps_ctx_fail(c, "cuda %s: %lld sequence-heads (at most 65535)", what, (long long)(p.B * p.nh));
+    if (stage_geom(c, g, &p, NULL, 0, NULL)) return -1;
     float *D = ps_ctx_workspace(c, rows);
     if (!D) return -1;
     k_attn_D<<<cu_grid(rows * 32, 256), 256, 0, STREAM(c)>>>(D, dz, z, p.B, p.Tq, p.nh, p.hd);
@@ -531,7 +568,7 @@ __global__ void k_attn_rows(float *zr, const int64_t *rows, int64_t nrows, attn_
             acc[u] = 0.0f;
         }
         int64_t nc, lo, kr;
-        row_range(p, t, nc, lo, kr);
+        row_range(p, b, kvh, t, nc, lo, kr);
         int64_t ne = nc + (kr - lo + 1);
         float mx = -INFINITY, sum = 0.0f;
         for (int64_t en = 0; en < ne; en++) {
@@ -575,13 +612,11 @@ extern "C" int ps_cuda_attn_rows(ps_ctx *c, float *z_rows, const int64_t *rows, 
     if (n <= 0) return 0;
     if (g->hd > 32 * ROWS_MAXU)
         return ps_ctx_fail(c, "cuda attention rows: head_dim %lld (at most %d)", (long long)g->hd, 32 * ROWS_MAXU);
-    const void *h[1] = {rows};
-    int64_t by[1] = {n * 8};
-    void *d[1];
-    if (cu_stage(c, 1, h, by, d)) return -1;
     attn_p p = geom_params(g);
+    const int64_t *drows = NULL;
+    if (stage_geom(c, g, &p, rows, n, &drows)) return -1;
     p.q = q, p.k = k, p.v = v, p.ck = ck, p.cv = cv;
-    k_attn_rows<<<cu_grid(n * g->nh * 32, 256), 256, 0, STREAM(c)>>>(z_rows, (const int64_t *)d[0], n, p);
+    k_attn_rows<<<cu_grid(n * g->nh * 32, 256), 256, 0, STREAM(c)>>>(z_rows, drows, n, p);
     return CU_LAUNCHED(c, "attention rows");
 }
 
@@ -603,7 +638,7 @@ __global__ void k_attn_probs(float *probs, attn_p p, int64_t nc) {
         int64_t b = row / (p.nh * p.Tq), n = (row / p.Tq) % p.nh, t = row % p.Tq, kvh = n / p.grp;
         const float *qt = p.q + b * p.q_bs + (t * p.nh + n) * p.hd;
         const float *kb = p.k + b * p.k_bs, *ckb = p.compressed && p.nW ? p.ck + b * p.c_bs : NULL;
-        int64_t nwin = p.compressed ? d_windows_seen(t, p.W, p.S, p.nW) : 0;
+        int64_t nwin = p.compressed ? d_geom_seen(p, b, kvh, t) : 0;
         __syncthreads();
         for (int64_t e = threadIdx.x; e < p.hd; e += blockDim.x) qsh[e] = qt[e];
         __syncthreads();
@@ -637,6 +672,7 @@ extern "C" int ps_cuda_attn_probs(ps_ctx *c, float *probs, const float *q, const
     attn_p p = geom_params(g);
     int64_t rows = p.B * p.nh * p.Tq;
     if (rows <= 0) return 0;
+    if (stage_geom(c, g, &p, NULL, 0, NULL)) return -1;
     p.q = q, p.k = k, p.ck = ck;
     k_attn_probs<<<cu_grid(rows, 1), 128, (size_t)g->hd * sizeof(float), STREAM(c)>>>(probs, p, g->ncols);
     return CU_LAUNCHED(c, "attention probabilities");

@@ -6,92 +6,6 @@
  * those entries fails with "DeepSeek-V4 op X is not implemented on the cuda backend". */
 #include "core/cuda/cuda_ops.h"
 
-/* Window grids with start offsets (staggered grids, phase augmentation) and the gate regulariser are CPU-only
- * for now: grid_offsets is 0 (the attention ops refuse a geometry with offsets before reaching the device) and
- * these entries fail with "op X is not implemented on the cuda backend". */
-#define GRID_MISSING(op) return ps_ctx_fail(c, "op %s (window grids with offsets, gate regulariser) is not implemented on the cuda backend", op)
-
-static int ps_cuda_gate_grid(ps_ctx *c, float *z, float *alpha, const float *a, const float *u, const float *bias, int64_t B,
-    int64_t T, int64_t d, int64_t nW, int64_t W, int64_t S, int64_t nkv, const int64_t *woff) {
-    (void)z; (void)alpha; (void)a; (void)u; (void)bias; (void)B; (void)T; (void)d; (void)nW; (void)W; (void)S; (void)nkv;
-    (void)woff;
-    GRID_MISSING("gate_grid");
-}
-
-static int ps_cuda_payload_grid(ps_ctx *c, float *P, const float *a, const float *C, int shared, float *scratch, int64_t B,
-    int64_t T, int64_t d, int64_t nW, int64_t W, int64_t S, int64_t nkv, int64_t hd, const int64_t *woff) {
-    (void)P; (void)a; (void)C; (void)shared; (void)scratch; (void)B; (void)T; (void)d; (void)nW; (void)W; (void)S;
-    (void)nkv; (void)hd; (void)woff;
-    GRID_MISSING("payload_grid");
-}
-
-static int ps_cuda_rope_grid(ps_ctx *c, float *x, const float *cos_t, const float *sin_t, int64_t B, int64_t T, int64_t nW,
-    int64_t nkv, int64_t hd, int64_t S, const int64_t *woff, int inverse) {
-    (void)x; (void)cos_t; (void)sin_t; (void)B; (void)T; (void)nW; (void)nkv; (void)hd; (void)S; (void)woff; (void)inverse;
-    GRID_MISSING("rope_grid");
-}
-
-static int ps_cuda_gate_grid_backward(ps_ctx *c, float *da, float *du, float *dbias, float *dalpha, const float *alpha,
-    const float *a, const float *u, int64_t B, int64_t T, int64_t d, int64_t nW, int64_t W, int64_t S, int64_t nkv,
-    const int64_t *woff) {
-    (void)da; (void)du; (void)dbias; (void)dalpha; (void)alpha; (void)a; (void)u; (void)B; (void)T; (void)d; (void)nW;
-    (void)W; (void)S; (void)nkv; (void)woff;
-    GRID_MISSING("gate_grid_backward");
-}
-
-static int ps_cuda_payload_grid_backward(ps_ctx *c, float *da, float *dC, const float *dP, const float *a, const float *C,
-    int shared, float *scratch, int64_t B, int64_t T, int64_t d, int64_t nW, int64_t W, int64_t S, int64_t nkv, int64_t hd,
-    const int64_t *woff) {
-    (void)da; (void)dC; (void)dP; (void)a; (void)C; (void)shared; (void)scratch; (void)B; (void)T; (void)d; (void)nW;
-    (void)W; (void)S; (void)nkv; (void)hd; (void)woff;
-    GRID_MISSING("payload_grid_backward");
-}
-
-static int ps_cuda_gate_entropy(ps_ctx *c, double *value, float *dalpha, const float *alpha, int64_t B, int64_t nW,
-    int64_t nkv, int64_t W, double weight) {
-    (void)value; (void)dalpha; (void)alpha; (void)B; (void)nW; (void)nkv; (void)W; (void)weight;
-    GRID_MISSING("gate_entropy");
-}
-
-/* Content-defined chunk boundaries (attention.boundaries "content", docs/mitigations.md §4): CPU-only too. */
-#define CHUNKS_MISSING(op) return ps_ctx_fail(c, "op %s (content chunk boundaries, attention.boundaries \"content\") is not implemented on the cuda backend", op)
-
-static int ps_cuda_gate_chunks(ps_ctx *c, float *z, float *alpha, const float *a, const float *u, const float *bias, int64_t B,
-    int64_t T, int64_t d, int64_t nC, int64_t W, int64_t nkv, const int64_t *cs, const int64_t *cl) {
-    (void)z; (void)alpha; (void)a; (void)u; (void)bias; (void)B; (void)T; (void)d; (void)nC; (void)W; (void)nkv; (void)cs;
-    (void)cl;
-    CHUNKS_MISSING("gate_chunks");
-}
-
-static int ps_cuda_payload_chunks(ps_ctx *c, float *P, const float *a, const float *C, int shared, float *scratch, int64_t B,
-    int64_t T, int64_t d, int64_t nC, int64_t W, int64_t nkv, int64_t hd, const int64_t *cs, const int64_t *cl) {
-    (void)P; (void)a; (void)C; (void)shared; (void)scratch; (void)B; (void)T; (void)d; (void)nC; (void)W; (void)nkv;
-    (void)hd; (void)cs; (void)cl;
-    CHUNKS_MISSING("payload_chunks");
-}
-
-static int ps_cuda_rope_chunks(ps_ctx *c, float *x, const float *cos_t, const float *sin_t, int64_t B, int64_t T, int64_t nC,
-    int64_t nkv, int64_t hd, const int64_t *cs, const int64_t *cl, int inverse) {
-    (void)x; (void)cos_t; (void)sin_t; (void)B; (void)T; (void)nC; (void)nkv; (void)hd; (void)cs; (void)cl; (void)inverse;
-    CHUNKS_MISSING("rope_chunks");
-}
-
-static int ps_cuda_gate_chunks_backward(ps_ctx *c, float *da, float *du, float *dbias, float *dalpha, const float *alpha,
-    const float *a, const float *u, int64_t B, int64_t T, int64_t d, int64_t nC, int64_t W, int64_t nkv, const int64_t *cs,
-    const int64_t *cl) {
-    (void)da; (void)du; (void)dbias; (void)dalpha; (void)alpha; (void)a; (void)u; (void)B; (void)T; (void)d; (void)nC;
-    (void)W; (void)nkv; (void)cs; (void)cl;
-    CHUNKS_MISSING("gate_chunks_backward");
-}
-
-static int ps_cuda_payload_chunks_backward(ps_ctx *c, float *da, float *dC, const float *dP, const float *a, const float *C,
-    int shared, float *scratch, int64_t B, int64_t T, int64_t d, int64_t nC, int64_t W, int64_t nkv, int64_t hd,
-    const int64_t *cs, const int64_t *cl) {
-    (void)da; (void)dC; (void)dP; (void)a; (void)C; (void)shared; (void)scratch; (void)B; (void)T; (void)d; (void)nC;
-    (void)W; (void)nkv; (void)hd; (void)cs; (void)cl;
-    CHUNKS_MISSING("payload_chunks_backward");
-}
-
 #define V4_MISSING(op) return ps_ctx_fail(c, "DeepSeek-V4 op %s is not implemented on the cuda backend", op)
 
 static int ps_cuda_v4_rope_table(ps_ctx *c, float *cos_t, float *sin_t, int64_t n_pos, int64_t half, const double
@@ -268,7 +182,7 @@ const ps_backend ps_backend_cuda = {
     .rope_backward = ps_cuda_rope_backward,
     .swiglu = ps_cuda_swiglu,
     .add = ps_cuda_add,
-    .grid_offsets = 0,
+    .grid_offsets = 1, /* attention.cu honours woff / cend; the *_grid and *_chunks ops are in grid.cu */
     .gate_grid = ps_cuda_gate_grid,
     .payload_grid = ps_cuda_payload_grid,
     .rope_grid = ps_cuda_rope_grid,

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "core/cuda/cuda_internal.cuh"
+#include "core/cuda/grid_bodies.h"
 
 #define T256 256
 
@@ -349,14 +350,18 @@ __global__ void k_pattern_compact_full(float *probs, const float *full, int64_t 
     }
 }
 
+/* rows (b, n, t); the windows t sees through KV head n / grp of sequence b: ops.h ps_geom_seen (woff [B, nkv],
+ * cend [B, nW]: device copies, NULL for the base grid) */
 __global__ void k_pattern_compact(float *probs, const float *full, int64_t rows, int64_t T, int64_t nW, int64_t W,
-                                  int64_t S, int64_t LW, int64_t nc) {
+                                  int64_t S, int64_t LW, int64_t nc, int64_t nh, int64_t nkv, const int64_t *woff,
+                                  const int64_t *cend) {
     int64_t wide = nW + T;
     GS_LOOP(i, rows * nc) {
-        int64_t r = i / nc, col = i % nc, t = r % T;
+        int64_t r = i / nc, col = i % nc, t = r % T, b = r / (nh * T), kvh = (r / T) % nh / (nh / nkv);
         float v = 0.0f;
         if (col < nW) {
-            if (col < d_windows_seen(t, W, S, nW)) v = full[r * wide + col];
+            if (col < ps_gb_seen(cend ? cend + b * nW : NULL, woff ? woff[b * nkv + kvh] : 0, W, S, nW, t))
+                v = full[r * wide + col];
         } else {
             int64_t tp = t - LW + 1 + (col - nW);
             if (tp >= 0) v = full[r * wide + nW + tp];
@@ -370,9 +375,18 @@ extern "C" int ps_cuda_pattern_compact(ps_ctx *c, float *probs, const float *ful
     if (rows <= 0) return 0;
     if (!g->compressed)
         k_pattern_compact_full<<<cu_grid(rows * T, T256), T256, 0, STREAM(c)>>>(probs, full, rows, T);
-    else
-        k_pattern_compact<<<cu_grid(rows * g->ncols, T256), T256, 0, STREAM(c)>>>(probs, full, rows, T, g->nW, g->W, g->S,
-                                                                                 g->LW, g->ncols);
+    else {
+        const void *h[2];
+        int64_t by[2];
+        void *d[2] = {NULL, NULL};
+        int n = 0, iw = -1, ic = -1;
+        if (g->woff) iw = n, h[n] = g->woff, by[n++] = g->B * g->nkv * (int64_t)sizeof(int64_t);
+        if (g->cend) ic = n, h[n] = g->cend, by[n++] = g->B * g->nW * (int64_t)sizeof(int64_t);
+        if (n && cu_stage(c, n, h, by, d)) return -1;
+        k_pattern_compact<<<cu_grid(rows * g->ncols, T256), T256, 0, STREAM(c)>>>(
+            probs, full, rows, T, g->nW, g->W, g->S, g->LW, g->ncols, g->nh, g->nkv,
+            iw >= 0 ? (const int64_t *)d[iw] : NULL, ic >= 0 ? (const int64_t *)d[ic] : NULL);
+    }
     return CU_LAUNCHED(c, "pattern compact");
 }
 
