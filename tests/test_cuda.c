@@ -285,21 +285,23 @@ static void test_hook_ops(void) {
     /* attribution patching's dot products: a shared source (a mean) and a per-sequence one, accumulated */
     {
         float *gg = rnd(n, 43, 1), *dgg = up(gg, n), *xs = rnd(n, 44, 1), *dxs = up(xs, n);
-        double dd[2][24] = {{0}}, hd2[2][24];
+        /* [2, B*nh] in one block, as the device buffer is laid out */
+        int64_t nd = B * nh;
+        double *dd = calloc((size_t)(2 * nd), sizeof(double)), *hd2 = calloc((size_t)(2 * nd), sizeof(double));
         double *ddd = ps_buf_alloc(GPU, 2 * B * nh * 8, "dots", &err);
         ps_buf_from_host(GPU, ddd, dd, 2 * B * nh * 8, &err);
         for (int k = 0; k < 2; k++) {
-            ps_delta_dot(CPU, dd[0], gg, x, mean, 1, B, npos, nh, hd);
+            ps_delta_dot(CPU, dd, gg, x, mean, 1, B, npos, nh, hd);
             ps_delta_dot(GPU, ddd, dgg, dx, dmean, 1, B, npos, nh, hd);
         }
-        ps_delta_dot(CPU, dd[1], gg, x, xs, B, B, npos, nh, hd);
+        ps_delta_dot(CPU, dd + nd, gg, x, xs, B, B, npos, nh, hd);
         ps_delta_dot(GPU, ddd + B * nh, dgg, dx, dxs, B, B, npos, nh, hd);
         ps_buf_to_host(GPU, hd2, ddd, 2 * B * nh * 8, &err);
         double w2 = 0;
         for (int j = 0; j < 2; j++)
-            for (int64_t i = 0; i < B * nh; i++) w2 = fmax(w2, fabs(hd2[j][i] - dd[j][i]) / (1 + fabs(dd[j][i])));
+            for (int64_t i = 0; i < nd; i++) w2 = fmax(w2, fabs(hd2[j * nd + i] - dd[j * nd + i]) / (1 + fabs(dd[j * nd + i])));
         CHECK(w2 < 1e-9, "delta_dot: differs by %g (relative)", w2);
-        free(gg), free(xs);
+        free(gg), free(xs), free(dd), free(hd2);
         dfree(dgg), dfree(dxs);
         ps_buf_free(GPU, ddd, 2 * B * nh * 8);
     }
