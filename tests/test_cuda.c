@@ -1179,6 +1179,20 @@ int main(int argc, char **argv) {
               "the model stays usable on the cpu after a failed move: %s", err.msg);
         ps_acts_free(&a);
         ps_model_free(&m);
+        /* the same for a DeepSeek-V4 model */
+        char dir[2048];
+        snprintf(dir, sizeof dir, "%s/v4/hub3", tu_conformance_dir());
+        ps_v4_model vm;
+        if (ps_v4_model_load(&vm, dir, 0, &err) == 0) {
+            CHECK(ps_v4_model_to_backend(&vm, "cuda", &err) != 0 && strstr(err.msg, "no CUDA device"), "V4 model move: %s",
+                  err.msg);
+            ps_v4_acts va;
+            CHECK(ps_v4_acts_create(&va, &vm, 1, 8, &err) == 0 && ps_v4_forward(&vm, &va, tok, NULL, -1, &err) == 0,
+                  "the V4 model stays usable on the cpu after a failed move: %s", err.msg);
+            ps_v4_acts_free(&va);
+            ps_v4_model_free(&vm);
+        } else
+            CHECK(0, "%s", err.msg);
         printf("skipped: no CUDA device (%s)\n", why);
         CHECK_DONE();
     }

@@ -92,6 +92,7 @@ typedef struct {
     int *layer_refs;           /* [L] */
     ps_v4_storage storage;     /* what the checkpoint stores (filled by ps_v4_model_open) */
     int64_t n_params;          /* float32 parameters of the whole model */
+    char backend[32];          /* the runtime's: where ps_runtime's load moves the weights ("" = cpu) */
 } ps_v4_model;
 
 /* Open DIR: config.json (ps_v4_config_load), the weight files, and check every tensor's name, shape and
