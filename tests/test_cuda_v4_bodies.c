@@ -279,12 +279,16 @@ static void test_routing(void) {
         for (int64_t i = 0; i < ns; i++) rows[i] = ps_rng_below(&rng_, no);
         float *in = randv(ns * wd, 1.0), *w = randv(ns, 1.0), *o0 = randv(no * wd, 1.0), *o1 = dup(o0, no * wd);
         OK(ps_v4_scatter_add_rows(ctx, o0, in, rows, w, ns, wd));
-        int64_t ng = ps_v4b_group_rows(rows, ns, ord, ord + ns, ord + 2 * ns);
+        int64_t ng = ps_v4b_group_rows(rows, ns, ord); /* the launcher's buffer: order [ns], off [ng + 1] */
         int grouped = ng >= 1 && ng <= ns;
         for (int64_t q = 0; q + 1 < ns; q++)
             grouped &= rows[ord[q]] < rows[ord[q + 1]] || (rows[ord[q]] == rows[ord[q + 1]] && ord[q] < ord[q + 1]);
         CHECK(grouped, "scatter-add grouping sorted by (row, i), case %zu", ci);
-        for (int64_t e = 0; e < ng * wd; e++) ps_v4b_scatter_add(o1, in, rows, w, ord, ord + 2 * ns, wd, e);
+        /* what the launcher stages: the first ns + ng + 1 entries */
+        int64_t *staged = malloc((size_t)(ns + ng + 1) * sizeof(int64_t));
+        memcpy(staged, ord, (size_t)(ns + ng + 1) * sizeof(int64_t));
+        for (int64_t e = 0; e < ng * wd; e++) ps_v4b_scatter_add(o1, in, rows, w, staged, staged + ns, wd, e);
+        free(staged);
         char nm[32];
         snprintf(nm, sizeof nm, "case %zu", ci);
         cmp("v4_scatter_add_rows", nm, o1, o0, no * wd, 1e-5);

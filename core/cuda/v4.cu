@@ -218,9 +218,7 @@ extern "C" int ps_cuda_v4_scatter_add_rows(ps_ctx *c, float *out, const float *i
      * in the order of i: no atomics, the CPU's order) */
     int64_t *o = (int64_t *)malloc((size_t)(3 * n + 1) * sizeof(int64_t));
     if (!o) return ps_ctx_fail(c, "v4_scatter_add_rows: out of host memory for %lld rows", (long long)n);
-    int64_t ng = ps_v4b_group_rows(rows, n, o, o + n, o + 2 * n);
-    /* order [n], then off [ng + 1] moved next to it */
-    for (int64_t g = 0; g <= ng; g++) o[n + g] = o[2 * n + g];
+    int64_t ng = ps_v4b_group_rows(rows, n, o); /* order [n], off [ng + 1] */
     const void *h[3] = {rows, w, o};
     int64_t by[3] = {n * 8, n * (int64_t)sizeof(float), (n + ng + 1) * 8};
     void *d[3];

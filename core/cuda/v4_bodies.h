@@ -309,10 +309,11 @@ static inline PS_HD void ps_v4b_scatter_add(float *out, const float *in, const i
     }
 }
 
-/* Host only: group the n sources by destination row (order [n]: the sources sorted by (row, i); off
- * [n + 1]: group starts); the number of groups. Insertion into a sorted list would be O(n²): a merge sort
- * over (row, i) keys instead, tmp [n] scratch. */
-static inline int64_t ps_v4b_group_rows(const int64_t *rows, int64_t n, int64_t *order, int64_t *tmp, int64_t *off) {
+/* Host only: group the n sources by destination row in one buffer of 3n + 1 int64 (the launcher stages
+ * its first n + ng + 1): order [n] the sources sorted by (row, i), then off [ng + 1] the group starts,
+ * then n of scratch (a merge sort over (row, i) keys: insertion would be O(n²)). Returns ng. */
+static inline int64_t ps_v4b_group_rows(const int64_t *rows, int64_t n, int64_t *buf) {
+    int64_t *order = buf, *off = buf + n, *tmp = buf + 2 * n + 1;
     for (int64_t i = 0; i < n; i++) order[i] = i;
     for (int64_t wd = 1; wd < n; wd *= 2) {
         for (int64_t lo = 0; lo < n; lo += 2 * wd) {
