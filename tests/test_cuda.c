@@ -12,7 +12,7 @@
  *     uniform gates, per-offset and shared payloads, overlapping windows, no RoPE / qk-norm, untied
  *     head; B = 2) and of the conformance models: logits < 1e-4, gradients < 1e-3 relative per tensor;
  *   - the DeepSeek-V4 conformance models (hub3, mix4) moved to the device (ps_v4_model_to_backend):
- *     logits < 1e-4 relative;
+ *     logits < 1e-4 relative, plain and through the materialised attention with host hooks;
  *   - the knockout and gate instruments through hooks (mean replacement) on both devices;
  *   - the sweep command on both devices (same result JSON apart from provenance), and tf32/bf16 runs
  *     of a forward against fp32 at their stated tolerances.
@@ -35,6 +35,7 @@
 #include "testutil.h"
 #include "core/tokens.h"
 #include "core/v4/v4_forward.h"
+#include "core/v4/v4_hooks.h"
 #include "core/v4/v4_model.h"
 
 static ps_ctx *CPU, *GPU;
@@ -959,8 +960,48 @@ static void test_conformance_models(void) {
     }
 }
 
+/* a V4 host hook: the pattern as it is (its host copy goes back), the sink mass halved (the output rescaled) */
+static int v4_hook_cb(const ps_hook_event *ev, void *user, ps_error *err) {
+    (void)err;
+    int64_t n = 1;
+    for (int i = 0; i < ev->ndim; i++) n *= ev->shape[i];
+    if (strstr(ev->name, "sink"))
+        for (int64_t i = 0; i < n; i += 2) ev->data[i] *= 0.5f;
+    (*(int *)user)++;
+    return 0;
+}
+
+/* logits [T, V] of one sequence through the materialised attention (pattern hooks on every layer, the sink
+ * hook on the odd ones), as a malloc'd host copy */
+static float *v4_hooked_logits(ps_v4_model *m, const int32_t *tok, int64_t T, int *calls) {
+    ps_error err;
+    ps_hooks h;
+    ps_hooks_init(&h);
+    float *out = NULL;
+    int ok = 1;
+    for (int l = 0; ok && l < m->cfg.n_layers; l++) {
+        char nm[96];
+        ps_v4_hook_name(nm, sizeof nm, l, PS_V4H_PATTERN);
+        ok = ps_v4_hooks_add(&h, &m->cfg, nm, v4_hook_cb, calls, &err) == 0;
+        if (ok && l % 2) {
+            ps_v4_hook_name(nm, sizeof nm, l, PS_V4H_SINK);
+            ok = ps_v4_hooks_add(&h, &m->cfg, nm, v4_hook_cb, calls, &err) == 0;
+        }
+    }
+    ps_v4_acts a;
+    if (ok && ps_v4_acts_create(&a, m, 1, T, &err) == 0) {
+        const float *lg = ps_v4_forward(m, &a, tok, &h, -1, &err) == 0 ? ps_v4_logits_host(&a, &err) : NULL;
+        if (lg && (out = malloc((size_t)(T * m->cfg.vocab_size) * sizeof(float))))
+            memcpy(out, lg, (size_t)(T * m->cfg.vocab_size) * sizeof(float));
+        ps_v4_acts_free(&a);
+    }
+    CHECK(out != NULL, "V4 hooked forward on %s: %s", ps_ctx_backend_name(m->ctx), err.msg);
+    ps_hooks_free(&h);
+    return out;
+}
+
 /* the DeepSeek-V4 conformance models (tests/conformance/v4): the forward on the device against the CPU,
- * logits < 1e-4 relative, every sequence of tokens.json */
+ * logits < 1e-4 relative, every sequence of tokens.json; and the materialised attention with host hooks */
 static void test_v4_models(void) {
     const char *names[] = {"hub3", "mix4"};
     for (int i = 0; i < 2; i++) {
@@ -994,6 +1035,16 @@ static void test_v4_models(void) {
                 CHECK(0, "V4 %s sequence %d: no logits: %s", names[i], sq, err.msg);
             ps_v4_acts_free(&ac);
             ps_v4_acts_free(&ag);
+            if (sq == 0) { /* the materialised path: bias, logits, softmax, apply, sink rescale on the device */
+                int cc = 0, cg = 0;
+                float *hc = v4_hooked_logits(&mc, toks.seq[sq], T, &cc), *hg = v4_hooked_logits(&mg, toks.seq[sq], T, &cg);
+                if (hc && hg) {
+                    double r = rel_err_f(hg, hc, T * V);
+                    CHECK(r < 1e-4 && cc == cg && cc > 0, "V4 %s hooked forward: logits differ by %.3g, %d and %d hook calls",
+                          names[i], r, cc, cg);
+                }
+                free(hc), free(hg);
+            }
         }
         ps_tokens_free(&toks);
         ps_v4_model_free(&mc);
