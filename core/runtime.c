@@ -409,12 +409,19 @@ static int v4_hash_file(const char *path, char out[17], ps_error *err) {
 static int v4_open(ps_runtime *rt, void *model, const char *dir, const ps_runtime_opts *o, ps_error *err) {
     ps_v4_model *m = model;
     const char *backend = o && o->backend ? o->backend : "cpu";
-    if (strcmp(backend, "cpu")) {
-        ps_fail(err, "--backend %s: DeepSeek-V4 checkpoints run on the cpu backend", backend);
+    if (o && o->lazy == 1 && strcmp(backend, "cpu")) {
+        ps_fail(err, "--lazy: layers loaded one at a time run on the cpu backend (--backend %s needs every layer in memory)",
+                backend);
+        err->usage = 1;
+        return -1;
+    }
+    if (strlen(backend) >= sizeof m->backend) {
+        ps_fail(err, "--backend %s: no such backend", backend);
         err->usage = 1;
         return -1;
     }
     if (ps_v4_model_open(m, dir, err)) return -1;
+    snprintf(m->backend, sizeof m->backend, "%s", backend); /* the weights are read on the host, then moved (v4_load_weights) */
     rt->model = m;
     rt->family = &ps_family_v4;
     rt->max_pos = m->cfg.max_position_embeddings;
@@ -733,11 +740,18 @@ static int v4_describe(const ps_runtime *rt, int64_t B, FILE *out, ps_error *err
 
 static int v4_load_weights(ps_runtime *rt, int lazy, ps_error *err) {
     ps_v4_model *m = v4_of(rt);
+    int device = m->backend[0] && strcmp(m->backend, "cpu");
+    if (device && lazy > 0) {
+        ps_fail(err, "--lazy: layers loaded one at a time run on the cpu backend (--backend %s needs every layer in memory)",
+                m->backend);
+        err->usage = 1;
+        return -1;
+    }
     if (lazy < 0) {
         double avail = (double)ps_mem_available();
-        lazy = avail > 0 && rt->weight_bytes > 0.5 * avail;
+        lazy = !device && avail > 0 && rt->weight_bytes > 0.5 * avail;
     }
-    if (ps_v4_model_load_weights(m, lazy, err)) return -1;
+    if (ps_v4_model_load_weights(m, lazy, err) || (device && ps_v4_model_to_backend(m, m->backend, err))) return -1;
     rt->lazy = m->lazy;
     rt->ctx = m->ctx;
     return 0;

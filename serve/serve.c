@@ -71,9 +71,11 @@ int ps_serve_model_open(ps_serve_model *sm, const char *dir, const char *backend
     char cfg[4200];
     if (ps_path_join(cfg, sizeof cfg, dir, "config.json", err)) return -1;
     if (ps_v4_config_detect_file(cfg) == 1) {
-        if (backend && strcmp(backend, "cpu"))
-            return ps_fail(err, "%s: DeepSeek-V4 checkpoints are served on the cpu backend (not %s)", dir, backend);
         if (ps_v4_model_load(&sm->v4, dir, 0, err)) return -1;
+        if (ps_v4_model_to_backend(&sm->v4, backend ? backend : "cpu", err)) {
+            ps_v4_model_free(&sm->v4);
+            return -1;
+        }
         sm->family = 1;
         sm->vocab = sm->v4.cfg.vocab_size;
         sm->max_seq = sm->v4.cfg.max_position_embeddings;

@@ -24,6 +24,13 @@ ok "forward runs" '[ $rc -eq 0 ] && grep -q "wrote 12 tensors for 2 sequences" "
 ok "--lazy writes the same bytes" 'cmp -s "$T/a.st" "$T/b.st"'
 "$PS" forward --model="$CONF/v4/mix4" --tokens "$CONF/v4/mix4/tokens.json" --hooks layers.0.out,embed --layers 0..0 --out "$T/c.st" > "$T/out2" 2>&1; rc=$?
 ok "--layers 0..0: hooks only" '[ $rc -eq 0 ] && grep -q "wrote 4 tensors for 2 sequences" "$T/out2" && ! grep -q "logits" "$T/c.st"'
+# a device (in a CUDA build): --lazy stays on the cpu (usage error); without a GPU the move fails in one line
+if "$PS" forward --help 2>&1 | grep -q "this build has: cpu, cuda"; then
+  "$PS" forward --model "$CONF/v4/hub3" --tokens "$CONF/v4/hub3/tokens.json" --lazy --device cuda --out "$T/d.st" > "$T/dl" 2>&1; rc=$?
+  ok "--lazy --device cuda: usage error" '[ $rc -eq 2 ] && grep -q -- "--lazy: layers loaded one at a time run on the cpu backend (--backend cuda needs every layer in memory)" "$T/dl"'
+  "$PS" forward --model "$CONF/v4/hub3" --tokens "$CONF/v4/hub3/tokens.json" --device cuda --out "$T/d.st" > "$T/dd" 2>&1; rc=$?
+  ok "--device cuda: runs, or fails in one line without a device" '{ [ $rc -eq 0 ] && grep -q "wrote 2 tensors for 2 sequences" "$T/dd"; } || { [ $rc -eq 1 ] && [ $(wc -l < "$T/dd") -eq 1 ] && grep -q "cuda backend: no CUDA device" "$T/dd"; }'
+fi
 "$PS" forward --model "$CONF/v4/hub3" --help > "$T/help" 2>&1
 ok "forward --help on a V4 model describes --layers" 'grep -q -- "--layers 0..L" "$T/help"'
 # ---- the instruments ----

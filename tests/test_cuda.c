@@ -4,10 +4,15 @@
  * cleanly — one line naming the reason, the model staying usable on the CPU — prints "skipped: no CUDA
  * device" and passes. With a device:
  *   - every op of the table on random inputs, CPU vs CUDA (fp32: 1e-5 elementwise, 1e-4 where the
- *     summation order differs: products, attention), the V4 block failing with its message;
+ *     summation order differs: products, attention); the DeepSeek-V4 block op by op (core/cuda/v4.cu:
+ *     rope, mHC, CSA/HCA compressors and their backward, indexer, top-k, routing, experts, attention
+ *     flash and materialised with its backward; 1e-5, 1e-4 for the grouped linear and the attention
+ *     backward, indices exactly);
  *   - forward and gradients of small random models of every variant (full, compressed learned and
  *     uniform gates, per-offset and shared payloads, overlapping windows, no RoPE / qk-norm, untied
  *     head; B = 2) and of the conformance models: logits < 1e-4, gradients < 1e-3 relative per tensor;
+ *   - the DeepSeek-V4 conformance models (hub3, mix4) moved to the device (ps_v4_model_to_backend):
+ *     logits < 1e-4 relative, plain and through the materialised attention with host hooks;
  *   - the knockout and gate instruments through hooks (mean replacement) on both devices;
  *   - the sweep command on both devices (same result JSON apart from provenance), and tf32/bf16 runs
  *     of a forward against fp32 at their stated tolerances.
@@ -30,6 +35,9 @@
 #include "core/rng.h"
 #include "testutil.h"
 #include "core/tokens.h"
+#include "core/v4/v4_forward.h"
+#include "core/v4/v4_hooks.h"
+#include "core/v4/v4_model.h"
 
 static ps_ctx *CPU, *GPU;
 /* PS_TEST_CUDA_DRY_RUN=1: the "device" is a second cpu context (checks the test's own code on a machine
@@ -646,13 +654,345 @@ static void test_loss_optim(void) {
     dfree(dlg), dfree(ddl), dfree(dx), dfree(dw), dfree(dm1), dfree(dm2), dfree(dg);
 }
 
-static void test_v4_missing(void) {
+/* ---------------- DeepSeek-V4 ops (core/cuda/v4.cu) ---------------- */
+
+#define V4_DEV(name, n) float *name##_d = up(name, (n))
+/* allocate a zeroed device buffer of n floats */
+static float *dzero(int64_t n) {
+    float *z = calloc((size_t)(n > 0 ? n : 1), sizeof(float));
+    float *d = up(z, n);
+    free(z);
+    return d;
+}
+
+/* a device array equal to the CPU's elementwise (infinities included, NaN where the CPU has NaN): indices,
+ * masks, selections */
+static void cmp_dev_exact(const char *what, const float *dev, const float *ref, int64_t n) {
     ps_error err;
-    float *x = up((float[4]){1, 2, 3, 4}, 4);
-    CHECK(ps_v4_scale(GPU, x, 2.0f, 4) != 0, "v4_scale must fail on the cuda backend");
-    CHECK(ps_ctx_check(GPU, &err) != 0 && strstr(err.msg, "DeepSeek-V4 op v4_scale is not implemented on the cuda backend"),
-          "message: %s", err.msg);
-    dfree(x);
+    float *h = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    int ok = ps_buf_to_host(GPU, h, dev, n * (int64_t)sizeof(float), &err) == 0;
+    CHECK(ok, "%s: copy back failed: %s", what, err.msg);
+    int64_t bad = -1;
+    for (int64_t i = 0; ok && i < n && bad < 0; i++)
+        if (!(h[i] == ref[i] || (isnan(h[i]) && isnan(ref[i])))) bad = i;
+    CHECK(!ok || bad < 0, "%s: element %lld: %g, cpu %g", what, (long long)bad, bad >= 0 ? (double)h[bad] : 0.0,
+          bad >= 0 ? (double)ref[bad] : 0.0);
+    free(h);
+}
+
+static void test_v4_rope_hc(void) {
+    ps_error err;
+    /* rope tables and the rope (rows_per_seq, pos_step, inverse) */
+    int64_t n_seq = 2, rps = 5, nh = 3, hd = 16, rd = 8, half = 4;
+    for (int v = 0; v < 2; v++) {
+        int64_t ps = v ? 3 : 1, n_pos = rps * ps, nx = n_seq * rps * nh * hd;
+        double inv[4] = {1.0, 0.3, 0.05, 0.001};
+        float *c0 = calloc((size_t)(n_pos * half), 4), *s0 = calloc((size_t)(n_pos * half), 4);
+        float *c1 = dzero(n_pos * half), *s1 = dzero(n_pos * half);
+        ps_v4_rope_table(CPU, c0, s0, n_pos, half, inv, 1.25f);
+        ps_v4_rope_table(GPU, c1, s1, n_pos, half, inv, 1.25f);
+        cmp_dev("v4_rope_table cos", c1, c0, n_pos * half, 1e-6);
+        cmp_dev("v4_rope_table sin", s1, s0, n_pos * half, 1e-6);
+        float *x = rnd(nx, 501 + v, 1.0f);
+        V4_DEV(x, nx);
+        ps_v4_rope(CPU, x, c0, s0, n_seq, rps, nh, hd, rd, ps, v);
+        ps_v4_rope(GPU, x_d, c1, s1, n_seq, rps, nh, hd, rd, ps, v);
+        cmp_dev(v ? "v4_rope (pos_step 3, inverse)" : "v4_rope", x_d, x, nx, 1e-5);
+        free(c0), free(s0), free(x);
+        dfree(c1), dfree(s1), dfree(x_d);
+    }
+    /* mHC weights (full and head form), collapse, expand */
+    int64_t n = 7, N = 4, D = 24;
+    for (int head = 0; head < 2; head++) {
+        int64_t width = head ? N : (2 + N) * N;
+        float *mix = rnd(n * width, 511 + head, 3.0f), *x = rnd(n * N * D, 512, 1.0f), *sc = rnd(3, 513, 1.0f),
+              *base = rnd(width, 514, 1.0f);
+        float *pre = calloc((size_t)(n * N), 4), *post = calloc((size_t)(n * N), 4), *comb = calloc((size_t)(n * N * N), 4);
+        V4_DEV(mix, n * width);
+        V4_DEV(x, n * N * D);
+        V4_DEV(sc, 3);
+        V4_DEV(base, width);
+        float *pre_d = dzero(n * N), *post_d = dzero(n * N), *comb_d = dzero(n * N * N);
+        ps_v4_hc_weights(CPU, pre, head ? NULL : post, head ? NULL : comb, mix, x, sc, base, n, N, D, head ? 0 : 20, 1e-6f,
+                         1e-6f);
+        ps_v4_hc_weights(GPU, pre_d, head ? NULL : post_d, head ? NULL : comb_d, mix_d, x_d, sc_d, base_d, n, N, D,
+                         head ? 0 : 20, 1e-6f, 1e-6f);
+        cmp_dev("v4_hc_weights pre", pre_d, pre, n * N, 1e-5);
+        cmp_dev("v4_hc_weights post", post_d, post, n * N, 1e-5);
+        cmp_dev("v4_hc_weights comb", comb_d, comb, n * N * N, 1e-5);
+        float *out = calloc((size_t)(n * D), 4), *out_d = dzero(n * D), *blk = rnd(n * D, 515, 1.0f),
+              *hout = calloc((size_t)(n * N * D), 4), *hout_d = dzero(n * N * D);
+        V4_DEV(blk, n * D);
+        ps_v4_hc_collapse(CPU, out, pre, x, n, N, D);
+        ps_v4_hc_collapse(GPU, out_d, pre_d, x_d, n, N, D);
+        cmp_dev("v4_hc_collapse", out_d, out, n * D, 1e-5);
+        if (!head) {
+            ps_v4_hc_expand(CPU, hout, post, comb, blk, x, n, N, D);
+            ps_v4_hc_expand(GPU, hout_d, post_d, comb_d, blk_d, x_d, n, N, D);
+            cmp_dev("v4_hc_expand", hout_d, hout, n * N * D, 1e-5);
+        }
+        free(mix), free(x), free(sc), free(base), free(pre), free(post), free(comb), free(out), free(blk), free(hout);
+        dfree(mix_d), dfree(x_d), dfree(sc_d), dfree(base_d), dfree(pre_d), dfree(post_d), dfree(comb_d), dfree(out_d),
+            dfree(blk_d), dfree(hout_d);
+    }
+    (void)err;
+    ops_ok("v4 rope and mHC");
+}
+
+static void test_v4_compressor(int64_t B, int64_t T, int64_t m, int64_t d, int ov) {
+    char nm[160];
+    int64_t nW = T / m, S = ov ? 2 * m : m, c = ov ? 2 : 1, ng = B * nW * S * d, nz = B * T * c * d, np = B * nW * d;
+    float *z = rnd(nz, 521, 2.0f), *ape = rnd(m * c * d, 522, 1.0f), *kv = rnd(nz, 523, 1.0f);
+    V4_DEV(z, nz);
+    V4_DEV(ape, m * c * d);
+    V4_DEV(kv, nz);
+    float *gate = calloc((size_t)ng + 1, 4), *alpha = calloc((size_t)ng + 1, 4), *pool = calloc((size_t)np + 1, 4);
+    float *gate_d = dzero(ng), *alpha_d = dzero(ng), *pool_d = dzero(np);
+    ps_v4_comp_slots(CPU, gate, z, ape, B, T, nW, m, d, ov);
+    ps_v4_comp_slots(GPU, gate_d, z_d, ape_d, B, T, nW, m, d, ov);
+    snprintf(nm, sizeof nm, "v4_comp_slots (B %lld T %lld m %lld d %lld %s)", (long long)B, (long long)T, (long long)m,
+             (long long)d, ov ? "CSA" : "HCA");
+    cmp_dev_exact(nm, gate_d, gate, ng);
+    ps_v4_slot_softmax(CPU, alpha, gate, B * nW, S, d);
+    ps_v4_slot_softmax(GPU, alpha_d, gate_d, B * nW, S, d);
+    cmp_dev("v4_slot_softmax", alpha_d, alpha, ng, 1e-5);
+    ps_v4_comp_pool(CPU, pool, alpha, kv, B, T, nW, m, d, ov);
+    ps_v4_comp_pool(GPU, pool_d, alpha_d, kv_d, B, T, nW, m, d, ov);
+    cmp_dev("v4_comp_pool", pool_d, pool, np, 1e-5);
+    /* backward */
+    float *dg = rnd(ng, 524, 1.0f), *dz = rnd(nz, 525, 1.0f), *dape = rnd(m * c * d, 526, 1.0f);
+    V4_DEV(dg, ng);
+    V4_DEV(dz, nz);
+    V4_DEV(dape, m * c * d);
+    ps_v4_comp_slots_backward(CPU, dz, dape, dg, B, T, nW, m, d, ov);
+    ps_v4_comp_slots_backward(GPU, dz_d, dape_d, dg_d, B, T, nW, m, d, ov);
+    cmp_dev_exact("v4_comp_slots_backward dz", dz_d, dz, nz);
+    cmp_dev("v4_comp_slots_backward dape", dape_d, dape, m * c * d, 1e-6);
+    float *dal = rnd(ng, 527, 1.0f), *dgt = calloc((size_t)ng + 1, 4), *dgt_d = dzero(ng);
+    V4_DEV(dal, ng);
+    ps_v4_slot_softmax_backward(CPU, dgt, dal, alpha, B * nW, S, d);
+    ps_v4_slot_softmax_backward(GPU, dgt_d, dal_d, alpha_d, B * nW, S, d);
+    cmp_dev("v4_slot_softmax_backward", dgt_d, dgt, ng, 1e-5);
+    float *dp = rnd(np, 528, 1.0f), *da = rnd(ng, 529, 1.0f), *dk = rnd(nz, 530, 1.0f);
+    V4_DEV(dp, np);
+    V4_DEV(da, ng);
+    V4_DEV(dk, nz);
+    ps_v4_comp_pool_backward(CPU, da, dk, dp, alpha, kv, B, T, nW, m, d, ov);
+    ps_v4_comp_pool_backward(GPU, da_d, dk_d, dp_d, alpha_d, kv_d, B, T, nW, m, d, ov);
+    cmp_dev("v4_comp_pool_backward dalpha", da_d, da, ng, 1e-5);
+    cmp_dev("v4_comp_pool_backward dkv", dk_d, dk, nz, 1e-5);
+    ops_ok(nm);
+    free(z), free(ape), free(kv), free(gate), free(alpha), free(pool), free(dg), free(dz), free(dape), free(dal), free(dgt),
+        free(dp), free(da), free(dk);
+    dfree(z_d), dfree(ape_d), dfree(kv_d), dfree(gate_d), dfree(alpha_d), dfree(pool_d), dfree(dg_d), dfree(dz_d),
+        dfree(dape_d), dfree(dal_d), dfree(dgt_d), dfree(dp_d), dfree(da_d), dfree(dk_d);
+}
+
+static void test_v4_select_route(void) {
+    ps_error err;
+    /* indexer scores, then top-k of them with visibility (rows_per_seq, m), ties and a bias */
+    int64_t B = 2, T = 12, nW = 6, Hi = 3, Di = 20, m = 2;
+    float *iq = rnd(B * T * Hi * Di, 541, 1.0f), *ik = rnd(B * nW * Di, 542, 1.0f), *w = rnd(B * T * Hi, 543, 1.0f);
+    float *sc = calloc((size_t)(B * T * nW), 4), *sc_d = dzero(B * T * nW);
+    V4_DEV(iq, B * T * Hi * Di);
+    V4_DEV(ik, B * nW * Di);
+    V4_DEV(w, B * T * Hi);
+    ps_v4_indexer_scores(CPU, sc, iq, ik, w, B, T, nW, Hi, Di, 0.25f);
+    ps_v4_indexer_scores(GPU, sc_d, iq_d, ik_d, w_d, B, T, nW, Hi, Di, 0.25f);
+    cmp_dev("v4_indexer_scores", sc_d, sc, B * T * nW, 1e-5);
+    /* top-k on the same (host) scores on both sides, so the selection must agree exactly */
+    for (int v = 0; v < 4; v++) {
+        int64_t K = v == 0 ? 3 : v == 1 ? nW : v == 2 ? 2 : 0, mm = v == 1 ? 0 : m;
+        float *s = dup(sc, B * T * nW), *bias = v == 2 ? rnd(nW, 544, 1.0f) : NULL;
+        if (v == 2)
+            for (int64_t i = 0; i < B * T * nW; i++) s[i] = roundf(s[i]), bias[i % nW] = roundf(bias[i % nW]);
+        V4_DEV(s, B * T * nW);
+        V4_DEV(bias, nW);
+        float *idx = calloc((size_t)(B * T * K) + 1, 4), *gap = calloc((size_t)(B * T), 4), *idx_d = dzero(B * T * K),
+              *gap_d = dzero(B * T);
+        ps_v4_topk(CPU, idx, gap, s, bias, B * T, nW, K, T, mm);
+        ps_v4_topk(GPU, idx_d, gap_d, s_d, bias_d, B * T, nW, K, T, mm);
+        char nm[64];
+        snprintf(nm, sizeof nm, "v4_topk idx (variant %d)", v);
+        cmp_dev_exact(nm, idx_d, idx, B * T * K);
+        snprintf(nm, sizeof nm, "v4_topk gap (variant %d)", v);
+        cmp_dev_exact(nm, gap_d, gap, B * T);
+        free(s), free(bias), free(idx), free(gap);
+        dfree(s_d), dfree(bias_d), dfree(idx_d), dfree(gap_d);
+    }
+    /* router scores (both scorings), route weights (learned and hash rows with a repeat), bad index */
+    int64_t n = 9, E = 8, k = 3;
+    float *lg = rnd(n * E, 545, 8.0f);
+    V4_DEV(lg, n * E);
+    for (int scoring = 0; scoring < 2; scoring++) {
+        float *rs = calloc((size_t)(n * E), 4), *rs_d = dzero(n * E);
+        ps_v4_router_scores(CPU, rs, lg, n * E, scoring);
+        ps_v4_router_scores(GPU, rs_d, lg_d, n * E, scoring);
+        cmp_dev(scoring ? "v4_router_scores sigmoid" : "v4_router_scores sqrtsoftplus", rs_d, rs, n * E, 1e-5);
+        float *ix = calloc((size_t)(n * k), 4), *wt = calloc((size_t)(n * k), 4), *wt_d = dzero(n * k);
+        for (int64_t i = 0; i < n * k; i++) ix[i] = (float)((i * 5 + scoring) % (i % 4 ? E : 2));
+        V4_DEV(ix, n * k);
+        ps_v4_route_weights(CPU, wt, rs, ix, n, E, k, 1.5f);
+        ps_v4_route_weights(GPU, wt_d, rs_d, ix_d, n, E, k, 1.5f);
+        cmp_dev("v4_route_weights", wt_d, wt, n * k, 1e-5);
+        ops_ok("v4 routing");
+        float bad[3] = {0, 9, 1};
+        float *bad_d = up(bad, 3);
+        CHECK(ps_v4_route_weights(GPU, wt_d, rs_d, bad_d, 1, E, 3, 1.0f) != 0 && ps_ctx_check(GPU, &err) != 0 &&
+                  strstr(err.msg, "v4_route_weights: expert index 9 at row 0"),
+              "bad expert index: %s", err.msg);
+        free(rs), free(ix), free(wt);
+        dfree(rs_d), dfree(ix_d), dfree(wt_d), dfree(bad_d);
+    }
+    /* clamped SwiGLU, scatter-add (host rows and weights, a repeated row), grouped linear, scale */
+    int64_t ne = 1000;
+    float *g = rnd(ne, 546, 6.0f), *u = rnd(ne, 547, 6.0f), *h = calloc((size_t)ne, 4), *h_d = dzero(ne);
+    V4_DEV(g, ne);
+    V4_DEV(u, ne);
+    ps_v4_swiglu_clamp(CPU, h, g, u, ne, 3.0f);
+    ps_v4_swiglu_clamp(GPU, h_d, g_d, u_d, ne, 3.0f);
+    cmp_dev("v4_swiglu_clamp", h_d, h, ne, 1e-5);
+    int64_t rows[7] = {4, 1, 4, 0, 2, 1, 4}, ns = 7, width = 33;
+    float *in = rnd(ns * width, 548, 1.0f), *rw = rnd(ns, 549, 1.0f), *out = rnd(5 * width, 550, 1.0f);
+    V4_DEV(in, ns * width);
+    V4_DEV(out, 5 * width);
+    ps_v4_scatter_add_rows(CPU, out, in, rows, rw, ns, width);
+    ps_v4_scatter_add_rows(GPU, out_d, in_d, rows, rw, ns, width);
+    cmp_dev("v4_scatter_add_rows", out_d, out, 5 * width, 1e-6);
+    int64_t M = 6, G = 4, Kg = 40, Ng = 5;
+    float *gi = rnd(M * G * Kg, 551, 1.0f), *gw = rnd(G * Ng * Kg, 552, 1.0f), *go = calloc((size_t)(M * G * Ng), 4),
+          *go_d = dzero(M * G * Ng);
+    V4_DEV(gi, M * G * Kg);
+    V4_DEV(gw, G * Ng * Kg);
+    ps_v4_grouped_linear(CPU, go, gi, gw, M, G, Kg, Ng);
+    ps_v4_grouped_linear(GPU, go_d, gi_d, gw_d, M, G, Kg, Ng);
+    cmp_dev("v4_grouped_linear", go_d, go, M * G * Ng, 1e-4);
+    ps_v4_scale(CPU, gi, 0.37f, M * G * Kg);
+    ps_v4_scale(GPU, gi_d, 0.37f, M * G * Kg);
+    cmp_dev_exact("v4_scale", gi_d, gi, M * G * Kg);
+    ops_ok("v4 selection, routing, experts");
+    free(iq), free(ik), free(w), free(sc), free(lg), free(g), free(u), free(h), free(in), free(rw), free(out), free(gi),
+        free(gw), free(go);
+    dfree(iq_d), dfree(ik_d), dfree(w_d), dfree(sc_d), dfree(lg_d), dfree(g_d), dfree(u_d), dfree(h_d), dfree(in_d),
+        dfree(out_d), dfree(gi_d), dfree(gw_d), dfree(go_d);
+}
+
+/* type 0 sliding, 1 HCA (every visible entry), 2 CSA (top-k with an empty and an out-of-range slot) */
+static void test_v4_attention(int type) {
+    ps_error err;
+    int64_t B = 2, T = 37, H = 4, Dh = 40, W = 8, m = type == 0 ? 0 : type == 1 ? 4 : 2, nW = m ? T / m : 0,
+            K = type == 2 ? 5 : 0, C = T + nW;
+    ps_v4_attn_geom g = {.B = B, .T = T, .H = H, .Dh = Dh, .nW = nW, .K = K, .W = W, .m = m, .scale = 0.16f};
+    const char *nm = type == 0 ? "sliding" : type == 1 ? "HCA" : "CSA";
+    int64_t no = B * T * H * Dh, ns = B * H * T, nl = B * H * T * C;
+    float *q = rnd(no, 561 + type, 1.0f), *kv = rnd(B * T * Dh, 564, 1.0f), *ckv = rnd(B * nW * Dh, 565, 1.0f),
+          *sink = rnd(H, 566, 1.0f), *topk = NULL;
+    if (K) {
+        float *s = rnd(B * T * nW, 567, 1.0f);
+        topk = calloc((size_t)(B * T * K), 4);
+        ps_v4_topk(CPU, topk, NULL, s, NULL, B * T, nW, K, T, m);
+        topk[K * 20 + 1] = (float)nW, topk[K * 30] = -1.0f;
+        free(s);
+    }
+    V4_DEV(q, no);
+    V4_DEV(kv, B * T * Dh);
+    V4_DEV(ckv, B * nW * Dh);
+    V4_DEV(sink, H);
+    V4_DEV(topk, B * T * K);
+    char what[96];
+    float *out = calloc((size_t)no, 4), *sp = calloc((size_t)ns, 4), *out_d = dzero(no), *sp_d = dzero(ns);
+    ps_v4_attn(CPU, out, sp, q, kv, ckv, topk, sink, &g);
+    ps_v4_attn(GPU, out_d, sp_d, q_d, kv_d, nW ? ckv_d : NULL, topk_d, sink_d, &g);
+    snprintf(what, sizeof what, "v4_attn out (%s)", nm);
+    cmp_dev(what, out_d, out, no, 1e-5);
+    snprintf(what, sizeof what, "v4_attn sinkp (%s)", nm);
+    cmp_dev(what, sp_d, sp, ns, 1e-5);
+    /* materialised path; softmax in place as the runtime calls it */
+    float *bias = calloc((size_t)(B * T * C), 4), *lg = calloc((size_t)nl, 4), *sp2 = calloc((size_t)ns, 4),
+          *o2 = calloc((size_t)no, 4);
+    float *bias_d = dzero(B * T * C), *lg_d = dzero(nl), *sp2_d = dzero(ns), *o2_d = dzero(no);
+    ps_v4_attn_bias(CPU, bias, topk, &g);
+    ps_v4_attn_bias(GPU, bias_d, topk_d, &g);
+    snprintf(what, sizeof what, "v4_attn_bias (%s)", nm);
+    cmp_dev_exact(what, bias_d, bias, B * T * C);
+    ps_v4_attn_logits(CPU, lg, q, kv, ckv, bias, &g);
+    ps_v4_attn_logits(GPU, lg_d, q_d, kv_d, ckv_d, bias_d, &g);
+    {
+        /* -inf entries compare equal; the rest within 1e-5 */
+        float *hl = malloc((size_t)nl * 4);
+        int okc = ps_buf_to_host(GPU, hl, lg_d, nl * 4, &err) == 0;
+        int64_t bad = -1;
+        double big = 0;
+        for (int64_t i = 0; i < nl; i++)
+            if (isfinite(lg[i])) big = fmax(big, fabs(lg[i]));
+        for (int64_t i = 0; okc && i < nl && bad < 0; i++)
+            if (!(hl[i] == lg[i] || fabs((double)hl[i] - lg[i]) <= 1e-5 * big)) bad = i;
+        CHECK(okc && bad < 0, "v4_attn_logits (%s): element %lld", nm, (long long)bad);
+        free(hl);
+    }
+    ps_v4_attn_softmax(CPU, lg, sp2, lg, sink, &g);
+    ps_v4_attn_softmax(GPU, lg_d, sp2_d, lg_d, sink_d, &g);
+    snprintf(what, sizeof what, "v4_attn_softmax pattern (%s)", nm);
+    cmp_dev(what, lg_d, lg, nl, 1e-5);
+    snprintf(what, sizeof what, "v4_attn_softmax sinkp (%s)", nm);
+    cmp_dev(what, sp2_d, sp2, ns, 1e-5);
+    ps_v4_attn_apply(CPU, o2, lg, kv, ckv, &g);
+    ps_v4_attn_apply(GPU, o2_d, lg_d, kv_d, ckv_d, &g);
+    snprintf(what, sizeof what, "v4_attn_apply (%s)", nm);
+    cmp_dev(what, o2_d, o2, no, 1e-5);
+    float *snew = dup(sp, ns);
+    for (int64_t i = 0; i < ns; i += 3) snew[i] = 0.5f * sp[i];
+    V4_DEV(snew, ns);
+    ps_v4_sink_rescale(CPU, out, sp, snew, &g);
+    ps_v4_sink_rescale(GPU, out_d, sp_d, snew_d, &g);
+    snprintf(what, sizeof what, "v4_sink_rescale (%s)", nm);
+    cmp_dev(what, out_d, out, no, 1e-5);
+    ops_ok(what);
+    /* backward (every visible entry: K = 0) */
+    if (K == 0) {
+        ps_v4_attn(CPU, out, NULL, q, kv, ckv, NULL, sink, &g);
+        ps_v4_attn(GPU, out_d, NULL, q_d, kv_d, ckv_d, NULL, sink_d, &g);
+        float *dout = rnd(no, 568, 1.0f), *dq = calloc((size_t)no, 4), *dkv = rnd(B * T * Dh, 569, 1.0f),
+              *dckv = rnd(B * nW * Dh, 570, 1.0f), *dsink = rnd(H, 571, 1.0f);
+        V4_DEV(dout, no);
+        V4_DEV(dkv, B * T * Dh);
+        V4_DEV(dckv, B * nW * Dh);
+        V4_DEV(dsink, H);
+        float *dq_d = dzero(no);
+        ps_v4_attn_backward(CPU, dq, dkv, nW ? dckv : NULL, dsink, dout, out, q, kv, ckv, sink, &g);
+        ps_v4_attn_backward(GPU, dq_d, dkv_d, nW ? dckv_d : NULL, dsink_d, dout_d, out_d, q_d, kv_d, ckv_d, sink_d, &g);
+        snprintf(what, sizeof what, "v4_attn_backward dq (%s)", nm);
+        cmp_dev(what, dq_d, dq, no, 1e-4);
+        snprintf(what, sizeof what, "v4_attn_backward dkv (%s)", nm);
+        cmp_dev(what, dkv_d, dkv, B * T * Dh, 1e-4);
+        snprintf(what, sizeof what, "v4_attn_backward dckv (%s)", nm);
+        cmp_dev(what, dckv_d, dckv, B * nW * Dh, 1e-4);
+        snprintf(what, sizeof what, "v4_attn_backward dsink (%s)", nm);
+        cmp_dev(what, dsink_d, dsink, H, 1e-4);
+        ops_ok(what);
+        free(dout), free(dq), free(dkv), free(dckv), free(dsink);
+        dfree(dout_d), dfree(dq_d), dfree(dkv_d), dfree(dckv_d), dfree(dsink_d);
+    } else {
+        float *x_d = dzero(no);
+        CHECK(ps_v4_attn_backward(GPU, x_d, x_d, x_d, NULL, x_d, x_d, q_d, kv_d, ckv_d, sink_d, &g) != 0 &&
+                  ps_ctx_check(GPU, &err) != 0 && strstr(err.msg, "v4_attn_backward: the indexer's selection"),
+              "attention backward with a selection: %s", err.msg);
+        dfree(x_d);
+    }
+    free(q), free(kv), free(ckv), free(sink), free(topk), free(out), free(sp), free(bias), free(lg), free(sp2), free(o2),
+        free(snew);
+    dfree(q_d), dfree(kv_d), dfree(ckv_d), dfree(sink_d), dfree(topk_d), dfree(out_d), dfree(sp_d), dfree(bias_d),
+        dfree(lg_d), dfree(sp2_d), dfree(o2_d), dfree(snew_d);
+}
+
+static void test_v4_ops(void) {
+    test_v4_rope_hc();
+    test_v4_compressor(2, 16, 4, 8, 0);
+    test_v4_compressor(2, 16, 4, 8, 1);
+    test_v4_compressor(1, 27, 4, 20, 1); /* a partial last window */
+    test_v4_compressor(2, 3, 4, 5, 1);   /* no window */
+    test_v4_select_route();
+    for (int t = 0; t < 3; t++) test_v4_attention(t);
 }
 
 /* ---------------- models ---------------- */
@@ -807,6 +1147,107 @@ static void test_conformance_models(void) {
         ps_tokens_free(&toks);
         if (have_tg) ps_tokens_free(&tg);
         ps_model_free(&mc), ps_model_free(&mg);
+    }
+}
+
+/* a V4 host hook: the pattern as it is (its host copy goes back), the sink mass halved (the output rescaled) */
+static int v4_hook_cb(const ps_hook_event *ev, void *user, ps_error *err) {
+    (void)err;
+    int64_t n = 1;
+    for (int i = 0; i < ev->ndim; i++) n *= ev->shape[i];
+    if (strstr(ev->name, "sink"))
+        for (int64_t i = 0; i < n; i += 2) ev->data[i] *= 0.5f;
+    (*(int *)user)++;
+    return 0;
+}
+
+/* logits [T, V] of one sequence through the materialised attention (pattern hooks on every layer, the sink
+ * hook on the odd ones), as a malloc'd host copy */
+static float *v4_hooked_logits(ps_v4_model *m, const int32_t *tok, int64_t T, int *calls) {
+    ps_error err;
+    ps_hooks h;
+    ps_hooks_init(&h);
+    float *out = NULL;
+    int ok = 1;
+    for (int l = 0; ok && l < m->cfg.n_layers; l++) {
+        char nm[96];
+        ps_v4_hook_name(nm, sizeof nm, l, PS_V4H_PATTERN);
+        ok = ps_v4_hooks_add(&h, &m->cfg, nm, v4_hook_cb, calls, &err) == 0;
+        if (ok && l % 2) {
+            ps_v4_hook_name(nm, sizeof nm, l, PS_V4H_SINK);
+            ok = ps_v4_hooks_add(&h, &m->cfg, nm, v4_hook_cb, calls, &err) == 0;
+        }
+    }
+    ps_v4_acts a;
+    if (ok && ps_v4_acts_create(&a, m, 1, T, &err) == 0) {
+        const float *lg = ps_v4_forward(m, &a, tok, &h, -1, &err) == 0 ? ps_v4_logits_host(&a, &err) : NULL;
+        if (lg && (out = malloc((size_t)(T * m->cfg.vocab_size) * sizeof(float))))
+            memcpy(out, lg, (size_t)(T * m->cfg.vocab_size) * sizeof(float));
+        ps_v4_acts_free(&a);
+    }
+    CHECK(out != NULL, "V4 hooked forward on %s: %s", ps_ctx_backend_name(m->ctx), err.msg);
+    ps_hooks_free(&h);
+    return out;
+}
+
+/* the DeepSeek-V4 conformance models (tests/conformance/v4): the forward on the device against the CPU,
+ * logits < 1e-4 relative, every sequence of tokens.json; and the materialised attention with host hooks */
+static void test_v4_models(void) {
+    const char *names[] = {"hub3", "mix4"};
+    for (int i = 0; i < 2; i++) {
+        char dir[2048], path[4096];
+        snprintf(dir, sizeof dir, "%s/v4/%s", tu_conformance_dir(), names[i]);
+        ps_error err;
+        ps_v4_model mc, mg;
+        ps_token_lists toks;
+        REQUIRE_OK(ps_v4_model_load(&mc, dir, 0, &err), &err);
+        REQUIRE_OK(ps_v4_model_load(&mg, dir, 0, &err), &err);
+        REQUIRE_OK(ps_v4_model_to_backend(&mg, DEV, &err), &err);
+        CHECK(!strcmp(ps_ctx_backend_name(mg.ctx), DEV), "V4 model on %s", ps_ctx_backend_name(mg.ctx));
+        snprintf(path, sizeof path, "%s/tokens.json", dir);
+        REQUIRE_OK(ps_tokens_load(path, 0, 0, &toks, &err), &err);
+        for (int sq = 0; sq < toks.n; sq++) {
+            int64_t T = toks.len[sq], V = mc.cfg.vocab_size;
+            ps_v4_acts ac, ag;
+            if (ps_v4_acts_create(&ac, &mc, 1, T, &err) || ps_v4_acts_create(&ag, &mg, 1, T, &err)) {
+                CHECK(0, "V4 %s activations: %s", names[i], err.msg);
+                break;
+            }
+            int okc = ps_v4_forward(&mc, &ac, toks.seq[sq], NULL, -1, &err) == 0;
+            CHECK(okc, "V4 %s forward (cpu): %s", names[i], err.msg);
+            int okg = ps_v4_forward(&mg, &ag, toks.seq[sq], NULL, -1, &err) == 0;
+            CHECK(okg, "V4 %s forward (%s): %s", names[i], DEV, err.msg);
+            const float *lc = okc ? ps_v4_logits_host(&ac, &err) : NULL, *lg = okg ? ps_v4_logits_host(&ag, &err) : NULL;
+            if (lc && lg) {
+                double r = rel_err_f(lg, lc, T * V);
+                CHECK(r < 1e-4, "V4 %s sequence %d: logits differ by %.3g (relative)", names[i], sq, r);
+            } else
+                CHECK(0, "V4 %s sequence %d: no logits: %s", names[i], sq, err.msg);
+            ps_v4_acts_free(&ac);
+            ps_v4_acts_free(&ag);
+            if (sq == 0) { /* the materialised path: bias, logits, softmax, apply, sink rescale on the device */
+                int cc = 0, cg = 0;
+                float *hc = v4_hooked_logits(&mc, toks.seq[sq], T, &cc), *hg = v4_hooked_logits(&mg, toks.seq[sq], T, &cg);
+                if (hc && hg) {
+                    double r = rel_err_f(hg, hc, T * V);
+                    CHECK(r < 1e-4 && cc == cg && cc > 0, "V4 %s hooked forward: logits differ by %.3g, %d and %d hook calls",
+                          names[i], r, cc, cg);
+                }
+                free(hc), free(hg);
+            }
+        }
+        ps_tokens_free(&toks);
+        ps_v4_model_free(&mc);
+        ps_v4_model_free(&mg);
+    }
+    if (strcmp(DEV, "cpu")) { /* a lazy model stays on the cpu */
+        char dir[2048];
+        snprintf(dir, sizeof dir, "%s/v4/hub3", tu_conformance_dir());
+        ps_error err;
+        ps_v4_model m;
+        REQUIRE_OK(ps_v4_model_load(&m, dir, 1, &err), &err);
+        CHECK_ERR(ps_v4_model_to_backend(&m, DEV, &err), &err, "--lazy", "stay on the cpu backend");
+        ps_v4_model_free(&m);
     }
 }
 
@@ -979,6 +1420,20 @@ int main(int argc, char **argv) {
               "the model stays usable on the cpu after a failed move: %s", err.msg);
         ps_acts_free(&a);
         ps_model_free(&m);
+        /* the same for a DeepSeek-V4 model */
+        char dir[2048];
+        snprintf(dir, sizeof dir, "%s/v4/hub3", tu_conformance_dir());
+        ps_v4_model vm;
+        if (ps_v4_model_load(&vm, dir, 0, &err) == 0) {
+            CHECK(ps_v4_model_to_backend(&vm, "cuda", &err) != 0 && strstr(err.msg, "no CUDA device"), "V4 model move: %s",
+                  err.msg);
+            ps_v4_acts va;
+            CHECK(ps_v4_acts_create(&va, &vm, 1, 8, &err) == 0 && ps_v4_forward(&vm, &va, tok, NULL, -1, &err) == 0,
+                  "the V4 model stays usable on the cpu after a failed move: %s", err.msg);
+            ps_v4_acts_free(&va);
+            ps_v4_model_free(&vm);
+        } else
+            CHECK(0, "%s", err.msg);
         printf("skipped: no CUDA device (%s)\n", why);
         CHECK_DONE();
     }
@@ -991,7 +1446,7 @@ int main(int argc, char **argv) {
     test_rows_ops();
     test_hook_ops();
     test_loss_optim();
-    if (!ps_ctx_host_visible(GPU)) test_v4_missing();
+    test_v4_ops();
     test_compressor_ops(2, 24, 16, 4, 4, 2, 4, 0);
     test_compressor_ops(2, 26, 16, 4, 4, 2, 4, 0);  /* T != nW·S: per-sequence products */
     test_compressor_ops(2, 27, 20, 6, 3, 2, 5, 0);  /* overlapping windows */
@@ -1018,6 +1473,7 @@ int main(int argc, char **argv) {
     test_random_models();
     test_grid_models();
     test_conformance_models();
+    test_v4_models();
     test_hooks();
     test_precisions();
     if (argc > 1) test_sweep_json(argv[1]);

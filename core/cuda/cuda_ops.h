@@ -131,6 +131,54 @@ int ps_cuda_attn_backward(ps_ctx *ctx, float *dq, float *dk, float *dv, float *d
     float *z, const float *lse, const float *q, const float *k, const float *v, const float *ck, const float *cv,
     const ps_attn_geom *g);
 
+/* DeepSeek-V4 (v4.cu; the arithmetic in v4_bodies.h) */
+int ps_cuda_v4_rope_table(ps_ctx *c, float *cos_t, float *sin_t, int64_t n_pos, int64_t half, const double *inv_freq,
+    float mscale);
+int ps_cuda_v4_rope(ps_ctx *c, float *x, const float *cos_t, const float *sin_t, int64_t n_seq, int64_t rows_per_seq,
+    int64_t n_heads, int64_t hd, int64_t rd, int64_t pos_step, int inverse);
+int ps_cuda_v4_hc_weights(ps_ctx *c, float *pre, float *post, float *comb, const float *mix, const float *x,
+    const float *scale, const float *base, int64_t n, int64_t N, int64_t D, int64_t iters, float hc_eps, float norm_eps);
+int ps_cuda_v4_hc_collapse(ps_ctx *c, float *out, const float *pre, const float *h, int64_t n, int64_t N, int64_t D);
+int ps_cuda_v4_hc_expand(ps_ctx *c, float *hout, const float *post, const float *comb, const float *blk, const float *h,
+    int64_t n, int64_t N, int64_t D);
+int ps_cuda_v4_comp_slots(ps_ctx *c, float *gate, const float *z, const float *ape, int64_t B, int64_t T, int64_t nW,
+    int64_t m, int64_t d, int overlap);
+int ps_cuda_v4_slot_softmax(ps_ctx *c, float *alpha, const float *gate, int64_t n_groups, int64_t S, int64_t d);
+int ps_cuda_v4_comp_pool(ps_ctx *c, float *pooled, const float *alpha, const float *kv, int64_t B, int64_t T,
+    int64_t nW, int64_t m, int64_t d, int overlap);
+int ps_cuda_v4_indexer_scores(ps_ctx *c, float *scores, const float *iq, const float *ik, const float *w, int64_t B,
+    int64_t T, int64_t nW, int64_t Hi, int64_t Di, float scale);
+int ps_cuda_v4_topk(ps_ctx *c, float *idx, float *gap, const float *scores, const float *bias, int64_t n_rows,
+    int64_t n_cols, int64_t K, int64_t rows_per_seq, int64_t m);
+int ps_cuda_v4_router_scores(ps_ctx *c, float *scores, const float *logits, int64_t n, int scoring);
+int ps_cuda_v4_route_weights(ps_ctx *c, float *weights, const float *scores, const float *idx, int64_t n, int64_t E,
+    int64_t k, float scale);
+int ps_cuda_v4_swiglu_clamp(ps_ctx *c, float *h, const float *g, const float *u, int64_t n, float limit);
+int ps_cuda_v4_scatter_add_rows(ps_ctx *c, float *out, const float *in, const int64_t *rows, const float *w, int64_t n,
+    int64_t width);
+int ps_cuda_v4_attn(ps_ctx *c, float *out, float *sinkp, const float *q, const float *kv, const float *ckv,
+    const float *topk, const float *sink, const ps_v4_attn_geom *g);
+int ps_cuda_v4_attn_bias(ps_ctx *c, float *bias, const float *topk, const ps_v4_attn_geom *g);
+int ps_cuda_v4_attn_logits(ps_ctx *c, float *logits, const float *q, const float *kv, const float *ckv,
+    const float *bias, const ps_v4_attn_geom *g);
+int ps_cuda_v4_attn_softmax(ps_ctx *c, float *pattern, float *sinkp, const float *logits, const float *sink,
+    const ps_v4_attn_geom *g);
+int ps_cuda_v4_attn_apply(ps_ctx *c, float *out, const float *pattern, const float *kv, const float *ckv,
+    const ps_v4_attn_geom *g);
+int ps_cuda_v4_sink_rescale(ps_ctx *c, float *out, const float *sink_old, const float *sink_new,
+    const ps_v4_attn_geom *g);
+int ps_cuda_v4_grouped_linear(ps_ctx *c, float *out, const float *inp, const float *w, int64_t M, int64_t G,
+    int64_t Kg, int64_t Ng);
+int ps_cuda_v4_scale(ps_ctx *c, float *x, float s, int64_t n);
+int ps_cuda_v4_comp_slots_backward(ps_ctx *c, float *dz, float *dape, const float *dgate, int64_t B, int64_t T,
+    int64_t nW, int64_t m, int64_t d, int overlap);
+int ps_cuda_v4_slot_softmax_backward(ps_ctx *c, float *dgate, const float *dalpha, const float *alpha,
+    int64_t n_groups, int64_t S, int64_t d);
+int ps_cuda_v4_comp_pool_backward(ps_ctx *c, float *dalpha, float *dkv, const float *dpooled, const float *alpha,
+    const float *kv, int64_t B, int64_t T, int64_t nW, int64_t m, int64_t d, int overlap);
+int ps_cuda_v4_attn_backward(ps_ctx *c, float *dq, float *dkv, float *dckv, float *dsink, const float *dout,
+    const float *out, const float *q, const float *kv, const float *ckv, const float *sink, const ps_v4_attn_geom *g);
+
 #ifdef __cplusplus
 }
 #endif

@@ -716,6 +716,57 @@ int ps_v4_model_load(ps_v4_model *m, const char *dir, int lazy, ps_error *err) {
     return 0;
 }
 
+/* One buffer of n floats copied from the model's (host) context to ctx; NULL with err set. */
+static float *copy_to(ps_ctx *ctx, const float *src, int64_t n, const char *what, ps_error *err) {
+    float *dst = ps_buf_alloc(ctx, n * (int64_t)sizeof(float), what, err);
+    if (dst && n > 0 && ps_buf_from_host(ctx, dst, src, n * (int64_t)sizeof(float), err)) {
+        ps_buf_free(ctx, dst, n * (int64_t)sizeof(float));
+        return NULL;
+    }
+    return dst;
+}
+
+int ps_v4_model_to_backend(ps_v4_model *m, const char *backend, ps_error *err) {
+    if (!backend || !strcmp(backend, ps_ctx_backend_name(m->ctx))) return 0;
+    if (m->lazy)
+        return ps_fail(err, "%s: layers loaded one at a time (--lazy) stay on the cpu backend; %s needs every layer in memory",
+                       m->dir, backend);
+    if (!ps_ctx_host_visible(m->ctx))
+        return ps_fail(err, "%s: moving a DeepSeek-V4 model between two device backends is not supported (%s to %s)", m->dir,
+                       ps_ctx_backend_name(m->ctx), backend);
+    ps_ctx *ctx;
+    if (ps_ctx_create(&ctx, backend, err)) return -1;
+    int L = (int)m->cfg.n_layers;
+    float **lb = calloc((size_t)(L > 0 ? L : 1), sizeof *lb);
+    float *g = lb ? copy_to(ctx, m->global, m->global_floats, "global weights", err) : NULL;
+    if (!lb) ps_fail(err, "%s: out of memory", m->dir);
+    int ok = g != NULL;
+    for (int l = 0; ok && l < L; l++) {
+        char what[64];
+        snprintf(what, sizeof what, "layer %d weights", l);
+        ok = (lb[l] = copy_to(ctx, m->layer_buf[l], m->layer_floats[l], what, err)) != NULL;
+    }
+    if (!ok) { /* the model stays on its context, usable */
+        for (int l = 0; lb && l < L; l++)
+            if (lb[l]) ps_buf_free(ctx, lb[l], m->layer_floats[l] * (int64_t)sizeof(float));
+        if (g) ps_buf_free(ctx, g, m->global_floats * (int64_t)sizeof(float));
+        free(lb);
+        ps_ctx_free(ctx);
+        return -1;
+    }
+    for (int l = 0; l < L; l++) {
+        ps_buf_free(m->ctx, m->layer_buf[l], m->layer_floats[l] * (int64_t)sizeof(float));
+        m->layer_buf[l] = lb[l];
+    }
+    ps_buf_free(m->ctx, m->global, m->global_floats * (int64_t)sizeof(float));
+    m->global = g;
+    free(lb);
+    if (m->owns_ctx) ps_ctx_free(m->ctx);
+    m->ctx = ctx;
+    m->owns_ctx = 1;
+    return 0;
+}
+
 void ps_v4_model_free(ps_v4_model *m) {
     if (!m) return;
     for (int l = 0; m->layer_buf && l < m->cfg.n_layers; l++)

@@ -92,6 +92,7 @@ typedef struct {
     int *layer_refs;           /* [L] */
     ps_v4_storage storage;     /* what the checkpoint stores (filled by ps_v4_model_open) */
     int64_t n_params;          /* float32 parameters of the whole model */
+    char backend[32];          /* the runtime's: where ps_runtime's load moves the weights ("" = cpu) */
 } ps_v4_model;
 
 /* Open DIR: config.json (ps_v4_config_load), the weight files, and check every tensor's name, shape and
@@ -105,6 +106,10 @@ int ps_v4_model_load_weights(ps_v4_model *m, int lazy, ps_error *err);
 /* Both. */
 int ps_v4_model_load(ps_v4_model *m, const char *dir, int lazy, ps_error *err);
 void ps_v4_model_free(ps_v4_model *m);
+/* Move the loaded weights to a context of `backend` of the model's own (NULL or the current backend:
+ * nothing to do): every layer must be in memory (not lazy); the hash routing tables stay on the host. On
+ * failure the model stays where it was, usable. */
+int ps_v4_model_to_backend(ps_v4_model *m, const char *backend, ps_error *err);
 
 /* Layer l's weights (loading them first when lazy and absent). Pair with ps_v4_layer_release, which
  * frees a lazy layer once nobody holds it. */
