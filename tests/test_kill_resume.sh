@@ -6,7 +6,7 @@ set -u
 B="$1"; SRC="$2"; PS="$B/phasescope"
 T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
 RANDOM=12345
-sed 's/"steps": 400/"steps": 300/; s/"checkpoint_every": 200/"checkpoint_every": 7/; s/"log_every": 50/"log_every": 10/' \
+sed 's/"steps": 400/"steps": 150/; s/"checkpoint_every": 200/"checkpoint_every": 7/; s/"log_every": 50/"log_every": 10/' \
   "$SRC/experiments/configs/tiny_kv_w4s4.json" > "$T/cfg.json"
 pass=0; fail=0
 check() { if eval "$2"; then pass=$((pass+1)); else fail=$((fail+1)); echo "FAIL $1" >&2; fi; }

@@ -52,20 +52,20 @@ check "merged provenance says so" 'grep -q "merged from 3 shards" "$T/kom/knocko
 "$PS" merge "$T/kop" --out "$T/komd" > /dev/null 2>&1
 check "merge DIR: the shards' --out directory = its part files" 'same_json "$T/kom/knockout.json" "$T/komd/knockout.json" command'
 # attribution patching splits and merges like the exact grid (every shard runs the backwards of its batches)
-"$PS" knockout --model "$W" --n 64 --batch 16 --method atp --out "$T/atp1" > "$T/atp1.txt" 2>&1
-for i in 0 1 2; do "$PS" knockout --model "$W" --n 64 --batch 16 --method atp --shard $i/3 --out "$T/atpp" > /dev/null 2>&1; done
+"$PS" knockout --model "$W" --n 32 --batch 8 --method atp --out "$T/atp1" > "$T/atp1.txt" 2>&1
+for i in 0 1 2; do "$PS" knockout --model "$W" --n 32 --batch 8 --method atp --shard $i/3 --out "$T/atpp" > /dev/null 2>&1; done
 "$PS" merge "$T/atpp" --out "$T/atpm" > "$T/atpm.txt" 2>&1
 check "knockout --method atp: 3 shards merged = one process" 'same_json "$T/atp1/knockout.json" "$T/atpm/knockout.json" command'
 check "knockout --method atp: the merged result is an estimate" 'grep -q "\"method\": \"atp\"" "$T/atpm/knockout.json"'
 mkdir -p "$T/empty"
 out=$("$PS" merge "$T/empty" --out "$T/x" 2>&1); rc=$?
 check "merge: a directory without part files is named" '[ $rc -eq 1 ] && grep -q "empty: a directory with no part files" <<<"$out"'
-"$PS" sweep --n 48 --batch 16 --mode move --out "$T/sw1" > /dev/null 2>&1
-for i in 1 0; do "$PS" sweep --n 48 --batch 16 --mode move --shard=$i/2 --out "$T/swp" > /dev/null 2>&1; done
+"$PS" sweep --n 24 --batch 8 --mode move --out "$T/sw1" > /dev/null 2>&1
+for i in 1 0; do "$PS" sweep --n 24 --batch 8 --mode move --shard=$i/2 --out "$T/swp" > /dev/null 2>&1; done
 "$PS" merge "$T/swp/sweep.part-0-of-2.safetensors" "$T/swp/sweep.part-1-of-2.safetensors" --out "$T/swm" > /dev/null 2>&1
 check "sweep (move): 2 shards merged = one process" 'same_json "$T/sw1/sweep.json" "$T/swm/sweep.json" command'
-"$PS" gatecycle --layer 0 --shift 3 --n 32 --out "$T/gc1" > /dev/null 2>&1
-for i in 0 1 2; do "$PS" gatecycle --layer 0 --shift 3 --n 32 --shard $i/3 --out "$T/gcp" > /dev/null 2>&1; done
+"$PS" gatecycle --layer 0 --shift 3 --n 16 --batch 8 --out "$T/gc1" > /dev/null 2>&1
+for i in 0 1 2; do "$PS" gatecycle --layer 0 --shift 3 --n 16 --batch 8 --shard $i/3 --out "$T/gcp" > /dev/null 2>&1; done
 "$PS" merge "$T"/gcp/gatecycle.part-*-of-3.safetensors --out "$T/gcm" > /dev/null 2>&1
 check "gatecycle: 3 shards merged = one process" 'same_json "$T/gc1/gatecycle.json" "$T/gcm/gatecycle.json" command'
 # --measure knockout: the knockout grids before and after the cycle are work units too (shards that begin
@@ -161,9 +161,9 @@ check "sweep: -np 2 = -np 1 (JSON, figure)" 'same_run sw_np1 sw_np2 sweep.json'
 check "sweep: -np 2 provenance names the ranks" 'grep -q "2 MPI ranks" "$T/sw_np2/sweep.json"'
 rm -rf "$T/run"; "$PS" sweep --n 64 --batch 16 --out "$T/run" > /dev/null 2>&1; mv "$T/run" "$T/sw_plain"
 check "sweep: -np 2 = a plain process" 'same_run sw_plain sw_np2 sweep.json'
-# the one-layer W8/S8 (the default flags but half the prompts, to keep the test short)
+# the one-layer W8/S8 (a quarter of the default prompts in 4 batches, to keep the test short)
 section "knockout of w8s8"
-np 1 ko_np1 knockout --model "$W" --n 128 && np 2 ko_np2 knockout --model "$W" --n 128
+np 1 ko_np1 knockout --model "$W" --n 64 --batch 16 && np 2 ko_np2 knockout --model "$W" --n 64 --batch 16
 check "knockout (w8s8): -np 2 = -np 1" 'same_run ko_np1 ko_np2 knockout.json'
 summary() { tr '\r' '\n' < "$1" | grep -E "^(clean mean|  layer|  \.\.\.)"; }
 check "knockout (w8s8): the same summary" 'cmp -s <(summary "$T/ko_np1.txt") <(summary "$T/ko_np2.txt") && [ -n "$(summary "$T/ko_np1.txt")" ]'
@@ -173,11 +173,11 @@ section "knockout of deep_w8s8"
 np 1 kd_np1 knockout --model "$SRC/data/models/deep_w8s8" --layers 4,10-11 --heads 0,5 --n 12 --batch 4 --target both &&
   np 2 kd_np2 knockout --model "$SRC/data/models/deep_w8s8" --layers 4,10-11 --heads 0,5 --n 12 --batch 4 --target both
 check "knockout (12 layers, 3 chosen): -np 2 = -np 1" 'same_run kd_np1 kd_np2 knockout.json'
-np 1 gc_np1 gatecycle --layer 9 --shift 2 --n 32 --save "$T/cyc" && mv "$T/cyc" "$T/cyc1" &&
-  np 2 gc_np2 gatecycle --layer 9 --shift 2 --n 32 --save "$T/cyc" && mv "$T/cyc" "$T/cyc2"
+np 1 gc_np1 gatecycle --layer 9 --shift 2 --n 16 --batch 8 --save "$T/cyc" && mv "$T/cyc" "$T/cyc1" &&
+  np 2 gc_np2 gatecycle --layer 9 --shift 2 --n 16 --batch 8 --save "$T/cyc" && mv "$T/cyc" "$T/cyc2"
 check "gatecycle: -np 2 = -np 1" 'same_run gc_np1 gc_np2 gatecycle.json'
 check "gatecycle: one cycled checkpoint, the same" 'cmp -s "$T/cyc1/model.safetensors" "$T/cyc2/model.safetensors" && [ "$(grep -c "wrote the cycled" "$T/gc_np2.txt")" -eq 1 ]'
-np 1 gk_np1 gatecycle --layer 9 --shift 2 --n 32 --measure knockout && np 2 gk_np2 gatecycle --layer 9 --shift 2 --n 32 --measure knockout
+np 1 gk_np1 gatecycle --layer 9 --shift 2 --n 16 --batch 8 --measure knockout && np 2 gk_np2 gatecycle --layer 9 --shift 2 --n 16 --batch 8 --measure knockout
 check "gatecycle --measure knockout: -np 2 = -np 1" 'same_run gk_np1 gk_np2 gatecycle.json && grep -q "per_head" "$T/gk_np2/gatecycle.json"'
 check "gatecycle --measure knockout: -np 2 splits it, rank 0 finishes" '[ "$(grep -c "^  head 0:" "$T/gk_np2.txt")" -eq 1 ]'
 np 1 ga_np1 gates --n 48 --batch 16 && np 2 ga_np2 gates --n 48 --batch 16
