@@ -15,6 +15,7 @@
 
 #include "core/backend.h"
 #include "core/ctx.h"
+#include "core/hd_math.h"
 
 /* expf for the kernels' inner loops: Cephes' range reduction and degree-6 polynomial, written so that
  * gcc vectorises the loops that call it (libm's expf is a call, which stops vectorisation). Relative
@@ -38,59 +39,10 @@ static inline float ps_expf(float x) {
     return x == x ? p * scale : x; /* …and NaN in, NaN out */
 }
 
-/* Dot product of a[n] and b[n] in float with 16 interleaved partial sums added in a fixed order: the same
- * result on every call and thread count, and the loop vectorises (an in-order float sum does not). */
-static inline float ps_dot(const float *a, const float *b, int64_t n) {
-    float acc[16] = {0};
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16)
-        for (int l = 0; l < 16; l++) acc[l] += a[i + l] * b[i + l];
-    for (int l = 0; i < n; i++, l++) acc[l] += a[i] * b[i];
-    for (int w = 8; w >= 1; w /= 2)
-        for (int l = 0; l < w; l++) acc[l] += acc[l + w];
-    return acc[0];
-}
-
-/* Σ a[i]·b[i] in double with 8 interleaved accumulators added in a fixed order (vectorises; the same
- * result on every call). */
-static inline double ps_dot_d(const float *a, const float *b, int64_t n) {
-    double acc[8] = {0};
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int l = 0; l < 8; l++) acc[l] += (double)a[i + l] * b[i + l];
-    for (int l = 0; i < n; i++, l++) acc[l] += (double)a[i] * b[i];
-    return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
-}
-
-/* Number of compressed windows ended by position t: windows j with jS + W - 1 <= t, capped at nW. */
-static inline int64_t ps_windows_seen(int64_t t, int64_t W, int64_t S, int64_t nW) {
-    if (t < W - 1) return 0;
-    int64_t n = (t - W + 1) / S + 1;
-    return n < nW ? n : nW;
-}
-
-/* Windows ended by position t on a grid that starts at offset `off` (windows cover jS + off + i). */
-static inline int64_t ps_windows_seen_at(int64_t t, int64_t off, int64_t W, int64_t S, int64_t nW) {
-    return ps_windows_seen(t - off, W, S, nW);
-}
-
-/* Window start offset of (sequence b, KV head g) under woff [B, nkv] (NULL: 0). */
-static inline int64_t ps_woff(const int64_t *woff, int64_t b, int64_t nkv, int64_t g) { return woff ? woff[b * nkv + g] : 0; }
-
 /* Compressed entries query t of sequence b (KV head kv) sees under geometry g: the chunks that have ended
  * (g->cend), else the windows of the (offset) grid that have ended. */
 static inline int64_t ps_geom_seen(const ps_attn_geom *g, int64_t b, int64_t kv, int64_t t) {
-    if (g->cend) { /* cend increasing: the count of entries <= t */
-        const int64_t *e = g->cend + b * g->nW;
-        int64_t lo = 0, hi = g->nW;
-        while (lo < hi) {
-            int64_t mid = (lo + hi) / 2;
-            if (e[mid] <= t) lo = mid + 1;
-            else hi = mid;
-        }
-        return lo;
-    }
-    return ps_windows_seen_at(t, ps_woff(g->woff, b, g->nkv, kv), g->W, g->S, g->nW);
+    return ps_entries_seen(g->cend ? g->cend + b * g->nW : NULL, ps_woff(g->woff, b, g->nkv, kv), g->W, g->S, g->nW, t);
 }
 
 #define PS_OP_CALL(c, op, ...) ((c)->failed ? -1 : (c)->be->op((c), __VA_ARGS__))

@@ -67,7 +67,7 @@ static void test_grid(const char *label, int64_t B, int64_t T, int64_t d, int64_
     int64_t absent = 0;
     for (int64_t b = 0; b < B; b++)
         for (int64_t j = 0; j < nW; j++)
-            for (int64_t g = 0; g < nkv; g++) absent += !ps_gb_fits(j, ps_gb_woff(woff, b, nkv, g), W, S, T);
+            for (int64_t g = 0; g < nkv; g++) absent += !ps_gb_fits(j, ps_woff(woff, b, nkv, g), W, S, T);
     CHECK(!woff || absent > 0 || nW == 0, "%s: the geometry should have absent windows", label);
 
     /* gate (learned, then uniform) */
@@ -121,7 +121,7 @@ static void test_grid(const char *label, int64_t B, int64_t T, int64_t d, int64_
         float *dP = rnd(nP, seed + 16, 1);
         for (int64_t idx = 0; idx < nP; idx++) {
             int64_t i_nk = idx % (W * nk), bj = idx / (W * nk), n_ = i_nk % nk;
-            if (!ps_gb_fits(bj % nW, ps_gb_woff(woff, bj / nW, nkv, n_ / hd), W, S, T)) dP[idx] = 0.0f;
+            if (!ps_gb_fits(bj % nW, ps_woff(woff, bj / nW, nkv, n_ / hd), W, S, T)) dP[idx] = 0.0f;
         }
         float *gda0 = rnd(B * T * d, seed + 17, 1), *gdC0 = rnd(nCw, seed + 18, 1);
         float *gdar = dup(gda0, B * T * d), *gdCr = dup(gdC0, nCw), *gda = dup(gda0, B * T * d), *gdC = dup(gdC0, nCw);
@@ -293,11 +293,11 @@ static void test_visibility(const char *label, int64_t B, int64_t T, int64_t W, 
     for (int64_t b = 0; b < B; b++)
         for (int64_t kv = 0; kv < nkv; kv++) {
             const int64_t *e = cend ? cend + b * nW : NULL;
-            int64_t o = ps_gb_woff(woff, b, nkv, kv);
+            int64_t o = ps_woff(woff, b, nkv, kv);
             for (int64_t t = -2; t < T + 3; t++, checked++)
-                bad_seen += ps_gb_seen(e, o, W, S, nW, t) != ps_geom_seen(&g, b, kv, t);
+                bad_seen += ps_entries_seen(e, o, W, S, nW, t) != ps_geom_seen(&g, b, kv, t);
             for (int64_t j = 0; j < nW; j++) {
-                int64_t f = ps_gb_first_seen(e, o, W, S, j);
+                int64_t f = ps_entry_first_seen(e, o, W, S, j);
                 if (f == INT64_MAX) bad_first += ps_geom_seen(&g, b, kv, T - 1) > j; /* an absent chunk: never seen */
                 else bad_first += !(ps_geom_seen(&g, b, kv, f) > j && ps_geom_seen(&g, b, kv, f - 1) <= j);
             }

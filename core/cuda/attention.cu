@@ -44,7 +44,7 @@ typedef struct {
  * that have ended (cend increasing: the count of entries <= t), else the windows of the head's grid
  * (offset woff[b, kvh]) that have ended. */
 __device__ __forceinline__ int64_t d_geom_seen(const attn_p &p, int64_t b, int64_t kvh, int64_t t) {
-    return ps_gb_seen(p.cend ? p.cend + b * p.nW : NULL, p.woff ? p.woff[b * p.nkv + kvh] : 0, p.W, p.S, p.nW, t);
+    return ps_entries_seen(p.cend ? p.cend + b * p.nW : NULL, p.woff ? p.woff[b * p.nkv + kvh] : 0, p.W, p.S, p.nW, t);
 }
 
 /* What query row i of sequence b (KV head kvh) sees: windows [0, nc), raw rows [lo, kr]. */
@@ -311,7 +311,7 @@ template <int NC> __global__ void __launch_bounds__(NT) k_attn_dkv(attn_p p, int
     /* the query rows that can see some key of the tile */
     int64_t iq0, iq1 = p.Tq;
     if (comp) /* the first position that sees entry j0 (the entries are seen in order) */
-        iq0 = ps_gb_first_seen(p.cend ? p.cend + b * p.nW : NULL, p.woff ? p.woff[b * p.nkv + kvh] : 0, p.W, p.S, j0) - p.pos0 -
+        iq0 = ps_entry_first_seen(p.cend ? p.cend + b * p.nW : NULL, p.woff ? p.woff[b * p.nkv + kvh] : 0, p.W, p.S, j0) - p.pos0 -
               p.q_off;
     else {
         iq0 = j0 - p.q_off;

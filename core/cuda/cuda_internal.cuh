@@ -105,13 +105,6 @@ __device__ __forceinline__ float block_max(float v, float *sh) {
     return sh[0];
 }
 
-/* Number of compressed windows ended by position t (ops.h ps_windows_seen). */
-__device__ __forceinline__ int64_t d_windows_seen(int64_t t, int64_t W, int64_t S, int64_t nW) {
-    if (t < W - 1) return 0;
-    int64_t n = (t - W + 1) / S + 1;
-    return n < nW ? n : nW;
-}
-
 /* Threads per block for a row of C elements (a multiple of 32, at most 256). */
 static inline int cu_row_threads(int64_t C) {
     int t = 32;

@@ -360,7 +360,7 @@ __global__ void k_pattern_compact(float *probs, const float *full, int64_t rows,
         int64_t r = i / nc, col = i % nc, t = r % T, b = r / (nh * T), kvh = (r / T) % nh / (nh / nkv);
         float v = 0.0f;
         if (col < nW) {
-            if (col < ps_gb_seen(cend ? cend + b * nW : NULL, woff ? woff[b * nkv + kvh] : 0, W, S, nW, t))
+            if (col < ps_entries_seen(cend ? cend + b * nW : NULL, woff ? woff[b * nkv + kvh] : 0, W, S, nW, t))
                 v = full[r * wide + col];
         } else {
             int64_t tp = t - LW + 1 + (col - nW);

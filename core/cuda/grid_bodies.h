@@ -21,36 +21,12 @@
 #include <math.h>
 #include <stdint.h>
 
-#ifndef PS_HD
-#ifdef __CUDACC__
-#define PS_HD __host__ __device__
-#else
-#define PS_HD
-#endif
-#endif
+#include "core/hd_math.h"
 
 /* ---------------- shared helpers ---------------- */
 
-/* window start offset of (b, g) (ops.h ps_woff) */
-static inline PS_HD int64_t ps_gb_woff(const int64_t *woff, int64_t b, int64_t nkv, int64_t g) {
-    return woff ? woff[b * nkv + g] : 0;
-}
-
 /* does window j of a grid at offset o fit in T? */
 static inline PS_HD int ps_gb_fits(int64_t j, int64_t o, int64_t W, int64_t S, int64_t T) { return j * S + o + W <= T; }
-
-/* ps_dot of ops.h, term for term: 16 interleaved float partial sums added in a fixed tree */
-static inline PS_HD float ps_gb_dot(const float *a, const float *b, int64_t n) {
-    float acc[16];
-    for (int l = 0; l < 16; l++) acc[l] = 0.0f;
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16)
-        for (int l = 0; l < 16; l++) acc[l] += a[i + l] * b[i + l];
-    for (int l = 0; i < n; i++, l++) acc[l] += a[i] * b[i];
-    for (int w = 8; w >= 1; w /= 2)
-        for (int l = 0; l < w; l++) acc[l] += acc[l + w];
-    return acc[0];
-}
 
 /* ---------------- gate (forward) ---------------- */
 
@@ -60,12 +36,12 @@ static inline PS_HD void ps_gb_gate_grid_logit(float *z, const float *a, const f
                                                int64_t d, int64_t nW, int64_t W, int64_t S, int64_t nkv,
                                                const int64_t *woff, int64_t wi) {
     int64_t row = wi / W, i = wi % W, b = row / (nW * nkv), j = (row / nkv) % nW, g = row % nkv;
-    int64_t o = ps_gb_woff(woff, b, nkv, g);
+    int64_t o = ps_woff(woff, b, nkv, g);
     if (!ps_gb_fits(j, o, W, S, T)) {
         z[wi] = 0.0f;
         return;
     }
-    z[wi] = bias[i * nkv + g] + ps_gb_dot(u + (i * nkv + g) * d, a + (b * T + j * S + o + i) * d, d);
+    z[wi] = bias[i * nkv + g] + ps_dot(u + (i * nkv + g) * d, a + (b * T + j * S + o + i) * d, d);
 }
 
 /* Gate logit wi = (b, j, g, i) of the chunks, wi < B*nC*nkv*W (0 at i >= L and for absent chunks). */
@@ -77,7 +53,7 @@ static inline PS_HD void ps_gb_gate_chunks_logit(float *z, const float *a, const
         z[wi] = 0.0f;
         return;
     }
-    z[wi] = bias[i * nkv + g] + ps_gb_dot(u + (i * nkv + g) * d, a + (b * T + cs[bj] + i) * d, d);
+    z[wi] = bias[i * nkv + g] + ps_dot(u + (i * nkv + g) * d, a + (b * T + cs[bj] + i) * d, d);
 }
 
 /* The softmax of one gate row over its first L offsets (L = 0: absent, all 0; uniform: z = 0, alpha = 1/L);
@@ -101,7 +77,7 @@ static inline PS_HD void ps_gb_gate_softmax_row(float *zz, float *al, int64_t W,
 static inline PS_HD void ps_gb_gate_grid_row(float *z, float *alpha, int64_t T, int64_t nW, int64_t W, int64_t S,
                                              int64_t nkv, const int64_t *woff, int uniform, int64_t row) {
     int64_t b = row / (nW * nkv), j = (row / nkv) % nW, g = row % nkv;
-    int64_t L = ps_gb_fits(j, ps_gb_woff(woff, b, nkv, g), W, S, T) ? W : 0;
+    int64_t L = ps_gb_fits(j, ps_woff(woff, b, nkv, g), W, S, T) ? W : 0;
     ps_gb_gate_softmax_row(z + row * W, alpha + row * W, W, L, uniform);
 }
 
@@ -130,7 +106,7 @@ static inline PS_HD void ps_gb_gate_grid_du(float *du, const float *dz, const fl
     int64_t ig = idx / d, e = idx % d, i = ig / nkv, g = ig % nkv;
     float acc = du[idx];
     for (int64_t b = 0; b < B; b++) {
-        int64_t o = ps_gb_woff(woff, b, nkv, g);
+        int64_t o = ps_woff(woff, b, nkv, g);
         for (int64_t j = 0; j < nW; j++) {
             if (!ps_gb_fits(j, o, W, S, T)) continue;
             acc += dz[((b * nW + j) * nkv + g) * W + i] * a[(b * T + j * S + o + i) * d + e];
@@ -145,7 +121,7 @@ static inline PS_HD void ps_gb_gate_grid_dbias(float *dc, const float *dz, int64
     int64_t i = ig / nkv, g = ig % nkv;
     float acc = dc[ig];
     for (int64_t b = 0; b < B; b++) {
-        int64_t o = ps_gb_woff(woff, b, nkv, g);
+        int64_t o = ps_woff(woff, b, nkv, g);
         for (int64_t j = 0; j < nW; j++)
             if (ps_gb_fits(j, o, W, S, T)) acc += dz[((b * nW + j) * nkv + g) * W + i];
     }
@@ -165,7 +141,7 @@ static inline PS_HD void ps_gb_gate_grid_da(float *da, const float *dz, const fl
         int64_t i0 = base - (S - 1) > 0 ? base - (S - 1) : 0, i1 = base < W - 1 ? base : W - 1;
         for (int64_t i = i0; i <= i1; i++)
             for (int64_t g = 0; g < nkv; g++) {
-                int64_t o = ps_gb_woff(woff, b, nkv, g);
+                int64_t o = ps_woff(woff, b, nkv, g);
                 if (o != base - i || !ps_gb_fits(j, o, W, S, T)) continue;
                 acc += dz[((b * nW + j) * nkv + g) * W + i] * u[(i * nkv + g) * d + e];
             }
@@ -217,7 +193,7 @@ static inline PS_HD void ps_gb_gate_chunks_da(float *da, const float *dz, const 
 static inline PS_HD void ps_gb_payload_grid_gather(float *P, const float *scratch, int64_t T, int64_t nW, int64_t W,
                                                    int64_t S, int64_t nkv, int64_t hd, const int64_t *woff, int64_t idx) {
     int64_t nk = nkv * hd, n = idx % nk, i = (idx / nk) % W, bj = idx / (nk * W), b = bj / nW, j = bj % nW;
-    int64_t o = ps_gb_woff(woff, b, nkv, n / hd);
+    int64_t o = ps_woff(woff, b, nkv, n / hd);
     P[idx] = ps_gb_fits(j, o, W, S, T) ? scratch[(b * T + j * S + o + i) * nk + n] : 0.0f;
 }
 
@@ -234,8 +210,8 @@ static inline PS_HD void ps_gb_payload_grid_elem(float *P, const float *a, const
                                                  int64_t W, int64_t S, int64_t nkv, int64_t hd, const int64_t *woff,
                                                  int64_t idx) {
     int64_t nk = nkv * hd, n = idx % nk, i = (idx / nk) % W, bj = idx / (nk * W), b = bj / nW, j = bj % nW;
-    int64_t o = ps_gb_woff(woff, b, nkv, n / hd);
-    P[idx] = ps_gb_fits(j, o, W, S, T) ? ps_gb_dot(C + (i * nk + n) * d, a + (b * T + j * S + o + i) * d, d) : 0.0f;
+    int64_t o = ps_woff(woff, b, nkv, n / hd);
+    P[idx] = ps_gb_fits(j, o, W, S, T) ? ps_dot(C + (i * nk + n) * d, a + (b * T + j * S + o + i) * d, d) : 0.0f;
 }
 
 /* Per-offset payload, chunks: P[b, j, i, n] = C[i, n, :] · a[b, cs + i, :] (0 at i >= L);
@@ -243,7 +219,7 @@ static inline PS_HD void ps_gb_payload_grid_elem(float *P, const float *a, const
 static inline PS_HD void ps_gb_payload_chunks_elem(float *P, const float *a, const float *C, int64_t T, int64_t d, int64_t nC,
                                                    int64_t W, int64_t nk, const int64_t *cs, const int64_t *cl, int64_t idx) {
     int64_t n = idx % nk, i = (idx / nk) % W, bj = idx / (nk * W);
-    P[idx] = i < cl[bj] ? ps_gb_dot(C + (i * nk + n) * d, a + ((bj / nC) * T + cs[bj] + i) * d, d) : 0.0f;
+    P[idx] = i < cl[bj] ? ps_dot(C + (i * nk + n) * d, a + ((bj / nC) * T + cs[bj] + i) * d, d) : 0.0f;
 }
 
 /* ---------------- payloads (backward) ---------------- */
@@ -253,7 +229,7 @@ static inline PS_HD void ps_gb_payload_chunks_elem(float *P, const float *a, con
 static inline PS_HD void ps_gb_payload_grid_scatter(float *scratch, const float *dP, int64_t T, int64_t nW, int64_t W,
                                                     int64_t S, int64_t nkv, int64_t hd, const int64_t *woff, int64_t idx) {
     int64_t nk = nkv * hd, n = idx % nk, t = (idx / nk) % T, b = idx / (nk * T);
-    int64_t r = t - ps_gb_woff(woff, b, nkv, n / hd); /* = jS + i */
+    int64_t r = t - ps_woff(woff, b, nkv, n / hd); /* = jS + i */
     float acc = 0.0f;
     if (r >= 0) {
         int64_t lo = r - W + 1, j0 = lo > 0 ? (lo + S - 1) / S : 0, j1 = r / S < nW - 1 ? r / S : nW - 1;
@@ -284,7 +260,7 @@ static inline PS_HD void ps_gb_payload_grid_dC(float *dC, const float *dP, const
     int64_t nk = nkv * hd, k = idx % d, n = (idx / d) % nk, i = idx / (d * nk), g = n / hd;
     float acc = dC[idx];
     for (int64_t b = 0; b < B; b++) {
-        int64_t o = ps_gb_woff(woff, b, nkv, g);
+        int64_t o = ps_woff(woff, b, nkv, g);
         for (int64_t j = 0; j < nW; j++)
             if (ps_gb_fits(j, o, W, S, T)) acc += dP[((b * nW + j) * W + i) * nk + n] * a[(b * T + j * S + o + i) * d + k];
     }
@@ -301,7 +277,7 @@ static inline PS_HD void ps_gb_payload_grid_da(float *da, const float *dP, const
     float acc = da[idx];
     for (int64_t i = 0; i < W; i++)
         for (int64_t g = 0; g < nkv; g++) {
-            int64_t o = ps_gb_woff(woff, b, nkv, g), r = t - o - i;
+            int64_t o = ps_woff(woff, b, nkv, g), r = t - o - i;
             if (r < 0 || r % S != 0) continue;
             int64_t j = r / S;
             if (j >= nW || !ps_gb_fits(j, o, W, S, T)) continue;
@@ -360,7 +336,7 @@ static inline PS_HD void ps_gb_rotate(float *v, const float *cos_t, const float 
 static inline PS_HD void ps_gb_rope_grid_pair(float *x, const float *cos_t, const float *sin_t, int64_t T, int64_t nW,
                                               int64_t nkv, int64_t hd, int64_t S, const int64_t *woff, float dir, int64_t idx) {
     int64_t half = hd / 2, i = idx % half, row = idx / half, b = row / (nW * nkv), j = (row / nkv) % nW, g = row % nkv;
-    int64_t pos = j * S + ps_gb_woff(woff, b, nkv, g);
+    int64_t pos = j * S + ps_woff(woff, b, nkv, g);
     if (pos >= T) return;
     ps_gb_rotate(x + row * hd, cos_t, sin_t, pos, half, i, dir);
 }
@@ -426,31 +402,7 @@ static inline PS_HD void ps_gb_entropy_grad(float *dalpha, const float *alpha, c
     dalpha[idx] += (float)(weight * (log(mi > 1e-30 ? mi : 1e-30) + 1.0) / cnt[g]);
 }
 
-/* ---------------- attention visibility (attention.cu, elementwise.cu pattern_compact) ---------------- */
-
-/* Compressed entries position t sees (ops.h ps_geom_seen): with a chunk-end row e = cend + b*nW (increasing;
- * INT64_MAX for an absent chunk) the count of entries e[j] <= t, else the windows j < nW of a grid at offset
- * o with jS + o + W − 1 <= t. The entries a position sees are always a prefix [0, seen). */
-static inline PS_HD int64_t ps_gb_seen(const int64_t *e, int64_t o, int64_t W, int64_t S, int64_t nW, int64_t t) {
-    if (e) {
-        int64_t lo = 0, hi = nW;
-        while (lo < hi) {
-            int64_t mid = (lo + hi) / 2;
-            if (e[mid] <= t) lo = mid + 1;
-            else hi = mid;
-        }
-        return lo;
-    }
-    t -= o;
-    if (t < W - 1) return 0;
-    int64_t n = (t - W + 1) / S + 1;
-    return n < nW ? n : nW;
-}
-
-/* The first position that sees entry j (chunk end e[j], or jS + o + W − 1): the dck/dcv kernel's first
- * query of a tile of entries starting at j. */
-static inline PS_HD int64_t ps_gb_first_seen(const int64_t *e, int64_t o, int64_t W, int64_t S, int64_t j) {
-    return e ? e[j] : j * S + o + W - 1;
-}
+/* The attention kernels' visibility (attention.cu, elementwise.cu pattern_compact) is hd_math.h's
+ * ps_entries_seen / ps_entry_first_seen, the functions ops.h's ps_geom_seen calls. */
 
 #endif

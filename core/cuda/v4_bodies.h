@@ -17,35 +17,7 @@
 
 #include "core/backend.h"
 
-#ifdef __CUDACC__
-#define PS_HD __host__ __device__
-#else
-#define PS_HD
-#endif
-
-/* ps_dot (core/ops.h): 16 interleaved float partial sums added in a fixed tree */
-static inline PS_HD float ps_v4b_dot(const float *a, const float *b, int64_t n) {
-    float acc[16];
-    for (int l = 0; l < 16; l++) acc[l] = 0.0f;
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16)
-        for (int l = 0; l < 16; l++) acc[l] += a[i + l] * b[i + l];
-    for (int l = 0; i < n; i++, l++) acc[l] += a[i] * b[i];
-    for (int w = 8; w >= 1; w /= 2)
-        for (int l = 0; l < w; l++) acc[l] += acc[l + w];
-    return acc[0];
-}
-
-/* ps_dot_d (core/ops.h): 8 interleaved double partial sums */
-static inline PS_HD double ps_v4b_dot_d(const float *a, const float *b, int64_t n) {
-    double acc[8];
-    for (int l = 0; l < 8; l++) acc[l] = 0.0;
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int l = 0; l < 8; l++) acc[l] += (double)a[i + l] * b[i + l];
-    for (int l = 0; i < n; i++, l++) acc[l] += (double)a[i] * b[i];
-    return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
-}
+#include "core/hd_math.h"
 
 /* ---------------- rope ---------------- */
 
@@ -80,7 +52,7 @@ static inline PS_HD void ps_v4b_hc_weights_row(float *pre, float *post, float *c
                                                int64_t iters, float hc_eps, float norm_eps, double *cm, int64_t r) {
     int head = post == NULL;
     int64_t width = head ? N : (2 + N) * N;
-    double rs = 1.0 / sqrt(ps_v4b_dot_d(x + r * N * D, x + r * N * D, N * D) / (double)(N * D) + (double)norm_eps);
+    double rs = 1.0 / sqrt(ps_dot_d(x + r * N * D, x + r * N * D, N * D) / (double)(N * D) + (double)norm_eps);
     const float *mx = mix + r * width;
     double eps = hc_eps;
     for (int64_t j = 0; j < N; j++) pre[r * N + j] = (float)(ps_v4b_sigmoid_d((double)mx[j] * rs * scale[0] + base[j]) + eps);
@@ -219,7 +191,7 @@ static inline PS_HD void ps_v4b_indexer_scores(float *scores, const float *iq, c
     const float *k = ik + (b * nW + s) * Di;
     float acc = 0.0f;
     for (int64_t h = 0; h < Hi; h++) {
-        float dot = ps_v4b_dot(iq + (bt * Hi + h) * Di, k, Di);
+        float dot = ps_dot(iq + (bt * Hi + h) * Di, k, Di);
         if (dot > 0.0f) acc += w[bt * Hi + h] * (dot * scale);
     }
     scores[e] = acc;
@@ -367,14 +339,14 @@ static inline PS_HD void ps_v4b_attn_row(float *out, float *sinkp, const float *
     for (int64_t i = 0; i < nk; i++) {
         const float *k = ps_v4b_attn_key(g, kv, ckv, topk, b, bt, j0, n_raw, i);
         if (!k) continue;
-        float s = ps_v4b_dot(qh, k, Dh) * g->scale;
+        float s = ps_dot(qh, k, Dh) * g->scale;
         if (s > mx) mx = s;
     }
     double sum = exp((double)sink[h] - mx);
     for (int64_t i = 0; i < nk; i++) {
         const float *k = ps_v4b_attn_key(g, kv, ckv, topk, b, bt, j0, n_raw, i);
         if (!k) continue;
-        sum += expf(ps_v4b_dot(qh, k, Dh) * g->scale - mx);
+        sum += expf(ps_dot(qh, k, Dh) * g->scale - mx);
     }
     float inv = (float)(1.0 / sum);
     float *o = out + e * Dh;
@@ -382,7 +354,7 @@ static inline PS_HD void ps_v4b_attn_row(float *out, float *sinkp, const float *
     for (int64_t i = 0; i < nk; i++) {
         const float *k = ps_v4b_attn_key(g, kv, ckv, topk, b, bt, j0, n_raw, i);
         if (!k) continue;
-        float p = expf(ps_v4b_dot(qh, k, Dh) * g->scale - mx) * inv;
+        float p = expf(ps_dot(qh, k, Dh) * g->scale - mx) * inv;
         for (int64_t d = 0; d < Dh; d++) o[d] += p * k[d];
     }
     if (sinkp) sinkp[(b * H + h) * T + t] = (float)(exp((double)sink[h] - mx) / sum);
@@ -419,7 +391,7 @@ static inline PS_HD void ps_v4b_attn_logits(float *logits, const float *q, const
     int64_t H = g->H, T = g->T, C = T + g->nW, r = e / C, c = e % C, b = r / (H * T), h = (r / T) % H, t = r % T;
     float bi = bias[(b * T + t) * C + c];
     logits[e] = bi == -INFINITY ? -INFINITY
-                                : ps_v4b_dot(q + ((b * T + t) * H + h) * g->Dh, ps_v4b_col_key(g, kv, ckv, b, c), g->Dh) *
+                                : ps_dot(q + ((b * T + t) * H + h) * g->Dh, ps_v4b_col_key(g, kv, ckv, b, c), g->Dh) *
                                           g->scale +
                                       bi;
 }
@@ -471,7 +443,7 @@ static inline PS_HD void ps_v4b_sink_rescale(float *out, const float *sink_old, 
 static inline PS_HD void ps_v4b_grouped_linear(float *out, const float *inp, const float *w, int64_t G, int64_t Kg,
                                                int64_t Ng, int64_t e) {
     int64_t row = e / (G * Ng), col = e % (G * Ng), gi = col / Ng;
-    out[e] = ps_v4b_dot(inp + row * G * Kg + gi * Kg, w + col * Kg, Kg);
+    out[e] = ps_dot(inp + row * G * Kg + gi * Kg, w + col * Kg, Kg);
 }
 
 /* element e of x [n] (in place) */
@@ -542,16 +514,16 @@ static inline PS_HD void ps_v4b_attn_bwd_row(float *dq, float *lse, float *Dr, f
     const float *qh = q + e * Dh, *dh = dout + e * Dh;
     float mx = sink[h];
     for (int64_t i = 0; i < nk; i++) {
-        float s = ps_v4b_dot(qh, ps_v4b_attn_key(g, kv, ckv, (const float *)0, b, bt, j0, n_raw, i), Dh) * g->scale;
+        float s = ps_dot(qh, ps_v4b_attn_key(g, kv, ckv, (const float *)0, b, bt, j0, n_raw, i), Dh) * g->scale;
         if (s > mx) mx = s;
     }
     double sum = exp((double)sink[h] - mx);
     for (int64_t i = 0; i < nk; i++) {
-        float s = ps_v4b_dot(qh, ps_v4b_attn_key(g, kv, ckv, (const float *)0, b, bt, j0, n_raw, i), Dh) * g->scale;
+        float s = ps_dot(qh, ps_v4b_attn_key(g, kv, ckv, (const float *)0, b, bt, j0, n_raw, i), Dh) * g->scale;
         sum += exp((double)s - mx);
     }
     float L = (float)((double)mx + log(sum));
-    float D = ps_v4b_dot(dh, out + e * Dh, Dh);
+    float D = ps_dot(dh, out + e * Dh, Dh);
     lse[e] = L;
     Dr[e] = D;
     es[e] = -(float)(exp((double)sink[h] - L)) * D;
@@ -559,8 +531,8 @@ static inline PS_HD void ps_v4b_attn_bwd_row(float *dq, float *lse, float *Dr, f
     for (int64_t x = 0; x < Dh; x++) o[x] = 0.0f;
     for (int64_t i = 0; i < nk; i++) {
         const float *k = ps_v4b_attn_key(g, kv, ckv, (const float *)0, b, bt, j0, n_raw, i);
-        float s = ps_v4b_dot(qh, k, Dh) * g->scale;
-        float p = expf(s - L), ds = p * (ps_v4b_dot(dh, k, Dh) - D) * g->scale;
+        float s = ps_dot(qh, k, Dh) * g->scale;
+        float p = expf(s - L), ds = p * (ps_dot(dh, k, Dh) - D) * g->scale;
         for (int64_t x = 0; x < Dh; x++) o[x] += ds * k[x];
     }
 }
@@ -575,8 +547,8 @@ static inline PS_HD void ps_v4b_attn_bwd_dkv_row(float *dkv, const float *lse, c
         for (int64_t h = 0; h < H; h++) {
             int64_t r = (b * T + t) * H + h;
             const float *qh = q + r * Dh, *dh = dout + r * Dh;
-            float p = expf(ps_v4b_dot(qh, k, Dh) * g->scale - lse[r]);
-            float ds = p * (ps_v4b_dot(dh, k, Dh) - Dr[r]) * g->scale;
+            float p = expf(ps_dot(qh, k, Dh) * g->scale - lse[r]);
+            float ds = p * (ps_dot(dh, k, Dh) - Dr[r]) * g->scale;
             for (int64_t x = 0; x < Dh; x++) o[x] += ds * qh[x] + p * dh[x];
         }
 }
@@ -592,8 +564,8 @@ static inline PS_HD void ps_v4b_attn_bwd_dckv_row(float *dckv, const float *lse,
         for (int64_t h = 0; h < H; h++) {
             int64_t r = (b * T + t) * H + h;
             const float *qh = q + r * Dh, *dh = dout + r * Dh;
-            float p = expf(ps_v4b_dot(qh, k, Dh) * g->scale - lse[r]);
-            float ds = p * (ps_v4b_dot(dh, k, Dh) - Dr[r]) * g->scale;
+            float p = expf(ps_dot(qh, k, Dh) * g->scale - lse[r]);
+            float ds = p * (ps_dot(dh, k, Dh) - Dr[r]) * g->scale;
             for (int64_t x = 0; x < Dh; x++) o[x] += ds * qh[x] + p * dh[x];
         }
     }
