@@ -3,7 +3,7 @@
 #   make test   — set up, build, run the test suite (plain build, then ASan + UBSan), then the fuzzers
 JOBS ?= $(shell nproc)
 
-FUZZ_SECONDS ?= 25
+FUZZ_SECONDS ?= 15
 FUZZ_TARGETS = safetensors config train_config render index tokenizer v4_config
 
 .PHONY: all setup build build-asan build-fuzz demo retrain test test-fast test-asan fuzz bench clean
