@@ -80,6 +80,8 @@ struct ps_backend {
     int (*from_host)(ps_ctx *c, void *buf, const void *host, int64_t bytes);
     int host_visible; /* buffers are host pointers */
     int grid_offsets; /* the attention ops honour ps_attn_geom.woff and .cend, the *_grid and *_chunks ops are implemented */
+    /* free and total bytes of the backend's memory (NULL: host memory, /proc/meminfo's MemAvailable) */
+    int (*mem_info)(ps_ctx *c, int64_t *free_bytes, int64_t *total_bytes);
     int (*init)(ps_ctx *c);   /* backend state into c->impl (may be NULL) */
     void (*fini)(ps_ctx *c);  /* (may be NULL) */
 

@@ -1,11 +1,14 @@
+#define _POSIX_C_SOURCE 200809L
 #include "core/ctx.h"
 
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/backend.h"
+#include "core/fileio.h"
 
 /* The backends this build has (a CUDA build adds its table here: core/cuda/backend_cuda.c). */
 #ifdef PS_HAVE_CUDA
@@ -140,3 +143,26 @@ int ps_buf_from_host(ps_ctx *c, void *buf, const void *host, int64_t bytes, ps_e
 }
 
 int ps_ctx_host_visible(const ps_ctx *c) { return c->be->host_visible; }
+
+int ps_ctx_mem_info(ps_ctx *c, int64_t *free_bytes, int64_t *total_bytes, ps_error *err) {
+    if (c->be->mem_info) {
+        if (c->be->mem_info(c, free_bytes, total_bytes)) return ps_ctx_check(c, err);
+        return 0;
+    }
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    *free_bytes = (int64_t)ps_mem_available();
+    *total_bytes = pages > 0 && page > 0 ? (int64_t)pages * (int64_t)page : 0;
+    return 0;
+}
+
+uint64_t ps_ctx_mem_free(ps_ctx *c) {
+    if (!c || !c->be->mem_info) return ps_mem_available();
+    if (c->failed) return 0; /* a failed context answers nothing (its message stays for ps_ctx_check) */
+    int64_t fb = 0, tb = 0;
+    if (c->be->mem_info(c, &fb, &tb)) {
+        ps_error e;
+        ps_ctx_check(c, &e); /* a query that failed is not a failed op: clear it, and skip the size check */
+        return 0;
+    }
+    return fb > 0 ? (uint64_t)fb : 0;
+}

@@ -77,5 +77,10 @@ int ps_buf_to_host(ps_ctx *c, void *host, const void *buf, int64_t bytes, ps_err
 int ps_buf_from_host(ps_ctx *c, void *buf, const void *host, int64_t bytes, ps_error *err);
 /* 1 when a buffer of this context is a host pointer (CPU backend): host code may read it in place. */
 int ps_ctx_host_visible(const ps_ctx *c);
+/* Free and total bytes of the memory the context's buffers live in: the device's (cudaMemGetInfo) or, for the
+ * cpu, the host's (MemAvailable; total from sysconf). 0, or -1 with the reason in err. */
+int ps_ctx_mem_info(ps_ctx *c, int64_t *free_bytes, int64_t *total_bytes, ps_error *err);
+/* The free bytes of that memory, or 0 when they cannot be told (for size checks before an allocation). */
+uint64_t ps_ctx_mem_free(ps_ctx *c);
 
 #endif

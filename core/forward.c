@@ -129,10 +129,10 @@ int ps_acts_create_rows(ps_acts *a, ps_ctx *ctx, const ps_config *cfg, int64_t B
     if (tot * 4 > 256e9)
         return ps_fail(err, "activations for B=%lld, T=%lld would need %.1f GB; refusing", (long long)B, (long long)T,
                        tot * 4 / 1e9);
-    uint64_t avail = ps_mem_available();
+    uint64_t avail = ps_ctx_mem_free(ctx);
     if (avail && tot * 4 > (double)avail)
-        return ps_fail(err, "activations for B=%lld, T=%lld need %.2f GiB but only %.2f GiB of memory is available", (long long)B,
-                       (long long)T, tot * 4 / 1073741824.0, (double)avail / 1073741824.0);
+        return ps_fail(err, "activations for B=%lld, T=%lld need %.2f GiB but only %.2f GiB of memory is available (%s)",
+                       (long long)B, (long long)T, tot * 4 / 1073741824.0, (double)avail / 1073741824.0, ps_ctx_backend_name(ctx));
     a->n_floats = (int64_t)tot;
     char what[96];
     snprintf(what, sizeof what, "activations for B=%lld, T=%lld", (long long)B, (long long)T);

@@ -126,7 +126,7 @@ int ps_prefill_create(ps_prefill *p, const ps_model *m, int64_t T_max, int64_t c
     int n = prefill_specs(s, p, c, T_max, chunk, p->nW_max, p->hist_k, p->hist_a);
     double tot = 0;
     for (int i = 0; i < n; i++) tot += (double)s[i].n;
-    uint64_t avail = ps_mem_available();
+    uint64_t avail = ps_ctx_mem_free(m->ctx);
     if (avail && tot * 4 > (double)avail) {
         free(s);
         ps_prefill_free(p);

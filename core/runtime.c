@@ -56,6 +56,22 @@ static void human(char *buf, size_t n, double bytes) {
     snprintf(buf, n, i ? "%.2f %s" : "%.0f %s", bytes, u[i]);
 }
 
+/* "X available now on cpu" / "X free of Y on cuda": the memory of the context the model runs on */
+static void mem_now(char *buf, size_t n, ps_ctx *ctx) {
+    int64_t fb = 0, tb = 0;
+    ps_error e;
+    char f[32], t[32];
+    if (!ctx || ps_ctx_mem_info(ctx, &fb, &tb, &e)) {
+        human(f, sizeof f, (double)ps_mem_available());
+        snprintf(buf, n, "%s available now", f);
+        return;
+    }
+    human(f, sizeof f, (double)fb);
+    human(t, sizeof t, (double)tb);
+    if (ps_ctx_host_visible(ctx)) snprintf(buf, n, "%s available now on %s", f, ps_ctx_backend_name(ctx));
+    else snprintf(buf, n, "%s free of %s on %s", f, t, ps_ctx_backend_name(ctx));
+}
+
 /* ---- the controlled model ---- */
 
 static const ps_point_info MODEL_POINTS[] = {
@@ -282,13 +298,13 @@ static int model_describe(const ps_runtime *rt, int64_t B, FILE *out, ps_error *
     /* knockout grid: one batch's activations of every layer kept, plus the per-shift means of one target */
     double grid = pbytes + (double)ps_acts_size(c, B, c->max_seq_len, true, false) * 4.0 +
                   (double)c->n_layers * (double)c->max_seq_len * (double)(c->n_kv_heads * c->head_dim) * 2.0 * 8.0;
-    char fw[32], b[32], pb[32], kg[32], av[32];
+    char fw[32], b[32], pb[32], kg[32], av[96];
     human(pb, sizeof pb, pbytes);
     human(fw, sizeof fw, fwd);
     human(b, sizeof b, train);
     human(kg, sizeof kg, grid);
-    human(av, sizeof av, (double)ps_mem_available());
-    fprintf(out, "\nmemory (batch %lld, T = max_seq_len = %lld; %s available now)\n  weights               %s\n"
+    mem_now(av, sizeof av, rt->ctx);
+    fprintf(out, "\nmemory (batch %lld, T = max_seq_len = %lld; %s)\n  weights               %s\n"
            "  forward pass          %s\n"
            "  training step         %s (weights, gradients, AdamW moments, activations and their gradients)\n"
            "  knockout grid         %s (every layer's activations of one batch, and the means)\n",
@@ -716,11 +732,11 @@ static int v4_describe(const ps_runtime *rt, int64_t B, FILE *out, ps_error *err
     for (int l = 0; l < c->n_layers; l++)
         if (m->layer_floats[l] > big) big = m->layer_floats[l];
     double all = (double)m->n_params * 4, lazy = ((double)m->global_floats + (double)big) * 4;
-    char a1[32], a2[32], av[32];
+    char a1[32], a2[32], av[96];
     human(a1, sizeof a1, all);
     human(a2, sizeof a2, lazy);
-    human(av, sizeof av, (double)ps_mem_available());
-    fprintf(out, "\nmemory (batch %lld; %s available now)\n  weights (float32)      %s every layer loaded, %s one layer at a time (--lazy)\n",
+    mem_now(av, sizeof av, rt->ctx);
+    fprintf(out, "\nmemory (batch %lld; %s)\n  weights (float32)      %s every layer loaded, %s one layer at a time (--lazy)\n",
            (long long)B, av, a1, a2);
     int64_t Ts[] = {256, 4096, 32768, 131072};
     for (int i = 0; i < 4; i++) {

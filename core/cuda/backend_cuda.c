@@ -12,6 +12,7 @@ const ps_backend ps_backend_cuda = {
     .free = ps_cuda_free,
     .to_host = ps_cuda_to_host,
     .from_host = ps_cuda_from_host,
+    .mem_info = ps_cuda_mem_info,
     .host_visible = 0,
     .init = ps_cuda_init,
     .fini = ps_cuda_fini,

@@ -146,7 +146,7 @@ int ps_v4_acts_create(ps_v4_acts *a, ps_v4_model *m, int64_t B, int64_t T, ps_er
     int n = build_specs(s, a, c, B, T);
     double tot = 0;
     for (int i = 0; i < n; i++) tot += (double)s[i].n;
-    uint64_t avail = ps_mem_available();
+    uint64_t avail = ps_ctx_mem_free(a->ctx);
     if (tot * 4 > 256e9 || (avail && tot * 4 > (double)avail))
         return ps_fail(err, "activations for B=%lld, T=%lld need %.2f GiB%s", (long long)B, (long long)T, tot * 4 / 1073741824.0,
                        avail ? " (more than the memory available)" : "; refusing");
