@@ -232,7 +232,21 @@ static void check_channel(void) {
     check_family_table(dir, &ps_family_model, 2, 17);
 }
 
+/* the memory a context's buffers live in: the host's for the cpu (free <= total, both > 0) */
+static void check_mem_info(void) {
+    ps_ctx *c;
+    ps_error err;
+    REQUIRE_OK(ps_ctx_create(&c, "cpu", &err), &err);
+    int64_t fb = -1, tb = -1;
+    CHECK_OK(ps_ctx_mem_info(c, &fb, &tb, &err), &err);
+    CHECK(fb > 0 && tb > 0 && fb <= tb, "cpu memory: %lld free of %lld", (long long)fb, (long long)tb);
+    uint64_t f2 = ps_ctx_mem_free(c);
+    CHECK(f2 > 0 && f2 <= (uint64_t)tb, "ps_ctx_mem_free %llu of %lld", (unsigned long long)f2, (long long)tb);
+    ps_ctx_free(c);
+}
+
 int main(void) {
+    check_mem_info();
     const char *models[] = {"compressed_w8s8", "compressed_w6s3_overlap", "full_gqa", "qwen3_published"};
     char dir[4200];
     for (int i = 0; i < 4; i++) {
