@@ -14,6 +14,7 @@
 
 #include "check.h"
 #include "viz/draw.h"
+#include "viz/fig_common.h"
 #include "viz/figures.h"
 #include "core/fileio.h"
 #include "testutil.h"
@@ -435,8 +436,31 @@ static void test_gatecycle_title(void) {
     }
 }
 
+/* the model's name in titles and legends: its attention named, staggered grids with their offsets */
+static void test_model_names(void) {
+    struct { const char *att; const char *want; } v[] = {
+        {"{\"kind\": \"compressed\", \"window\": 8, \"stride\": 8}", "m (W8/S8)"},
+        {"{\"kind\": \"compressed\", \"window\": 8, \"stride\": 8, \"head_offsets\": [0, 0]}", "m (W8/S8)"},
+        {"{\"kind\": \"compressed\", \"window\": 8, \"stride\": 8, \"head_offsets\": [0, 1, 2, 3]}", "m (W8/S8, staggered 0–3)"},
+        {"{\"kind\": \"compressed\", \"window\": 4, \"stride\": 4, \"head_offsets\": [0, 3], \"gate\": \"uniform\"}",
+         "m (W4/S4, offsets 0,3, uniform gate)"},
+        {"{\"kind\": \"full\"}", "m (full attention)"},
+    };
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+        char js[512], name[400];
+        snprintf(js, sizeof js, "{\"model\": \"data/models/m/\", \"config\": {\"attention\": %s}}", v[i].att);
+        json_error_t je;
+        json_t *prov = json_loads(js, 0, &je);
+        CHECK(prov != NULL, "%s: %s", js, je.text);
+        ps_fig_model_name(name, sizeof name, prov);
+        CHECK(!strcmp(name, v[i].want), "model name \"%s\", want \"%s\"", name, v[i].want);
+        json_decref(prov);
+    }
+}
+
 int main(void) {
     tu_tempdir(TMP, sizeof TMP, "viz");
+    test_model_names();
     test_colormaps();
     test_heatmap_pixels();
     test_render();

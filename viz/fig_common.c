@@ -68,8 +68,22 @@ void ps_fig_model_name(char *buf, size_t n, json_t *prov) {
                  (long long)json_integer_value(json_object_get(att, "stride")));
     } else if (kind && !strcmp(kind, "compressed")) {
         const char *gate = json_string_value(json_object_get(att, "gate"));
-        snprintf(buf, n, "%s (W%lld/S%lld%s%s)", b, (long long)json_integer_value(json_object_get(att, "window")),
-                 (long long)json_integer_value(json_object_get(att, "stride")),
+        /* staggered grids (attention.head_offsets, docs/mitigations.md): the offsets, when any is not 0 */
+        json_t *ho = json_object_get(att, "head_offsets");
+        char stag[160] = "";
+        int any = 0;
+        for (size_t i = 0; i < json_array_size(ho); i++) any |= json_integer_value(json_array_get(ho, i)) != 0;
+        int run = 1; /* offsets 0, 1, 2, ... by KV head: "staggered 0–7" */
+        for (size_t i = 0; i < json_array_size(ho); i++) run &= json_integer_value(json_array_get(ho, i)) == (json_int_t)i;
+        if (any && run)
+            snprintf(stag, sizeof stag, ", staggered 0–%zu", json_array_size(ho) - 1);
+        else if (any) {
+            size_t w = (size_t)snprintf(stag, sizeof stag, ", offsets ");
+            for (size_t i = 0; i < json_array_size(ho) && w + 24 < sizeof stag; i++)
+                w += (size_t)snprintf(stag + w, sizeof stag - w, "%s%lld", i ? "," : "", (long long)json_integer_value(json_array_get(ho, i)));
+        }
+        snprintf(buf, n, "%s (W%lld/S%lld%s%s%s)", b, (long long)json_integer_value(json_object_get(att, "window")),
+                 (long long)json_integer_value(json_object_get(att, "stride")), stag,
                  gate && !strcmp(gate, "uniform") ? ", uniform gate" : "",
                  json_is_false(json_object_get(cfg, "rope")) ? ", no RoPE" : "");
     } else if (kind && (!strcmp(kind, "channel") || !strcmp(kind, "v4"))) {

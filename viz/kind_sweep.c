@@ -598,10 +598,33 @@ int ps_render_curves(json_t *const *docs, const char *const *paths, int n, const
     if (!x.c) return ps_fail(err, "%s: out of memory", paths[0]);
     int rc = 0;
     int64_t P = -1;
+    /* several sweeps that differ in how they were run (mode, filler, prompts): each curve's label says its own,
+     * and the headline names only what they share */
+    int diff_mode = 0, diff_fam = 0, diff_n = 0;
+    json_t *ev0 = json_object_get(json_object_get(docs[0], "provenance"), "eval");
+    const char *mode0 = json_string_value(json_object_get(ev0, "mode")) ?: "pad", *fam0 = json_string_value(json_object_get(ev0, "family")) ?: "";
+    json_int_t n0 = json_integer_value(json_object_get(ev0, "n_prompts"));
+    for (int i = 1; i < n && !gc; i++) {
+        json_t *ev = json_object_get(json_object_get(docs[i], "provenance"), "eval");
+        diff_mode |= strcmp(json_string_value(json_object_get(ev, "mode")) ?: "pad", mode0) != 0;
+        diff_fam |= strcmp(json_string_value(json_object_get(ev, "family")) ?: "", fam0) != 0;
+        diff_n |= json_integer_value(json_object_get(ev, "n_prompts")) != n0;
+    }
     for (int i = 0; i < n && !rc; i++) {
         json_t *prov = json_object_get(docs[i], "provenance");
         char name[400];
         ps_fig_model_name(name, sizeof name, prov);
+        char run[160] = ""; /* what differs from the other sweeps, in front of the curve's statistics */
+        if (!gc && (diff_mode || diff_fam || diff_n)) {
+            json_t *ev = json_object_get(prov, "eval");
+            size_t w = 0;
+            if (diff_mode)
+                w += (size_t)snprintf(run + w, sizeof run - w, "%s mode", json_string_value(json_object_get(ev, "mode")) ?: "pad");
+            if (diff_fam && w < sizeof run)
+                w += (size_t)snprintf(run + w, sizeof run - w, "%s%s filler", w ? ", " : "", json_string_value(json_object_get(ev, "family")) ?: "");
+            if (diff_n && w < sizeof run)
+                snprintf(run + w, sizeof run - w, "%s%lld prompts", w ? ", " : "", (long long)json_integer_value(json_object_get(ev, "n_prompts")));
+        }
         if (gc) {
             char lb[256];
             x.n++;
@@ -619,12 +642,24 @@ int ps_render_curves(json_t *const *docs, const char *const *paths, int n, const
             x.n++;
             rc = fill_curve(&x.c[i], json_object_get(docs[i], "curve"), name, paths[i], "curve", err);
             if (rc) break;
+            if (run[0]) {
+                char st[sizeof x.c[i].stats + sizeof run + 2];
+                snprintf(st, sizeof st, "%s: %s", run, x.c[i].stats);
+                snprintf(x.c[i].stats, sizeof x.c[i].stats, "%.*s", (int)(sizeof x.c[i].stats - 1), st);
+            }
             json_t *ev = json_object_get(prov, "eval");
             if (n == 1) snprintf(x.title, sizeof x.title, "Phase sweep — %s", name);
             else snprintf(x.title, sizeof x.title, "Phase sweep — %d models", n);
-            snprintf(x.headline, sizeof x.headline, "Accuracy per phase residue ρ (%s mode, %s filler, %lld prompts per shift)",
-                     json_string_value(json_object_get(ev, "mode")) ?: "pad", json_string_value(json_object_get(ev, "family")) ?: "",
-                     (long long)json_integer_value(json_object_get(ev, "n_prompts")));
+            char hm[48] = "", hf[80] = "", hn[64] = "";
+            if (!diff_mode) snprintf(hm, sizeof hm, "%s mode", json_string_value(json_object_get(ev, "mode")) ?: "pad");
+            if (!diff_fam) snprintf(hf, sizeof hf, "%s%s filler", hm[0] ? ", " : "", json_string_value(json_object_get(ev, "family")) ?: "");
+            if (!diff_n)
+                snprintf(hn, sizeof hn, "%s%lld prompts per shift", hm[0] || hf[0] ? ", " : "",
+                         (long long)json_integer_value(json_object_get(ev, "n_prompts")));
+            if (hm[0] || hf[0] || hn[0])
+                snprintf(x.headline, sizeof x.headline, "Accuracy per phase residue ρ (%s%s%s)", hm, hf, hn);
+            else
+                snprintf(x.headline, sizeof x.headline, "Accuracy per phase residue ρ (mode, filler and prompts: per curve)");
             snprintf(x.subtitle, sizeof x.subtitle,
                      "dots: accuracy at each residue with its 95%% Wilson interval; dashed: the mean; ring: the worst residue");
         }
