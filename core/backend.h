@@ -236,5 +236,8 @@ struct ps_backend {
 
 /* The CPU backend (the reference). */
 extern const ps_backend ps_backend_cpu;
+/* "cpu-staged": the CPU backend declaring its buffers not host-visible (a test backend: ps_ctx_create
+ * knows it, ps_ctx_backends() and the CLI do not; docs/backends.md). */
+extern const ps_backend ps_backend_cpu_staged;
 
 #endif

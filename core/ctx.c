@@ -10,12 +10,13 @@
 #include "core/backend.h"
 #include "core/fileio.h"
 
-/* The backends this build has (a CUDA build adds its table here: core/cuda/backend_cuda.c). */
+/* The backends this build has (a CUDA build adds its table here: core/cuda/backend_cuda.c), and last the
+ * test backend "cpu-staged", which PS_BACKENDS_TEXT does not list (docs/backends.md). */
 #ifdef PS_HAVE_CUDA
 extern const ps_backend ps_backend_cuda;
-static const ps_backend *const backends[] = {&ps_backend_cpu, &ps_backend_cuda};
+static const ps_backend *const backends[] = {&ps_backend_cpu, &ps_backend_cuda, &ps_backend_cpu_staged};
 #else
-static const ps_backend *const backends[] = {&ps_backend_cpu};
+static const ps_backend *const backends[] = {&ps_backend_cpu, &ps_backend_cpu_staged};
 #endif
 #define N_BACKENDS ((int)(sizeof backends / sizeof backends[0]))
 

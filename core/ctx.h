@@ -44,7 +44,8 @@ const char *ps_precision_name(int precision);
 void ps_ctx_default_precision(int precision);
 
 /* A context on the named backend ("cpu"; NULL means "cpu"). Unknown names are an error that lists the
- * backends this build has. */
+ * backends this build has. It also knows the test backend "cpu-staged" (the cpu's ops on buffers it
+ * declares not host-visible, so the device paths run on the CPU; docs/backends.md), which is not listed. */
 int ps_ctx_create(ps_ctx **out, const char *backend, ps_error *err);
 void ps_ctx_free(ps_ctx *c);
 const char *ps_ctx_backend_name(const ps_ctx *c);

@@ -40,7 +40,9 @@ const ps_command ps_cmd_train = {
         "gate statistics (mean_gate, N_static, N_input, peak per layer, KV head and branch).\n"
         "Under mpirun with N ranks the global batch (train.batch_size) is split over the ranks, the gradients are\n"
         "summed with MPI (every rank takes the same step), rank 0 writes the run; --resume works with any N\n"
-        "(docs/scale-out.md).\n",
+        "(docs/scale-out.md).\n"
+        "--device cuda trains on the GPU: the model is built (or loaded) on the host and moved there with its\n"
+        "gradients, activations and AdamW moments; checkpoints copy weights and moments back (docs/cuda.md).\n",
     .flags = FLAGS,
     .run = run,
 };
@@ -79,6 +81,8 @@ static int run(const ps_args *a, ps_error *err) {
     if (ps_args_int(a, "--stop-after", 0, INT64_MAX, &stop, err)) goto done;
     if (ps_train_cfg_load(ps_args_get(a, "--config"), &cfg, err)) goto done;
     cfg.init_from = ps_args_get(a, "--init-from");
+    cfg.backend = ps_args_backend(a); /* --backend / --device and --precision (checked by the scaffold) */
+    if (ps_args_get(a, "--precision")) ps_precision_parse(ps_args_get(a, "--precision"), &cfg.precision);
     train_ui ui = {0};
     ps_progress_init(&ui.bar, cfg.log_every);
     int64_t calls0, bytes0;

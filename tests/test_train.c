@@ -1,6 +1,7 @@
 /* test_train.c — tasks, optimizer and training runs: generator layout and determinism, the learning-rate
  * schedule and one AdamW step by hand, tiny full and compressed models that learn kv-retrieval well above
- * chance, bit-exact resume, W effective offsets for a uniform gate, the stop on a non-finite loss. */
+ * chance, bit-exact resume, W effective offsets for a uniform gate, the stop on a non-finite loss, and a run
+ * on the test backend "cpu-staged" (the device paths: model moved, moments copied) equal to the cpu run. */
 #define _POSIX_C_SOURCE 200809L
 #include <jansson.h>
 #include <stdlib.h>
@@ -182,14 +183,21 @@ static char *read_records(const char *dir, const char *type) {
     ps_error err;
     snprintf(path, sizeof path, "%s/train.jsonl", dir);
     if (ps_read_file(path, 1 << 26, &text, &len, &err)) return strdup("");
-    char *out = calloc(len + 1, 1);
+    size_t cap = len + 1, used = 0; /* grows: 17 significant digits can be longer than the log's 9 */
+    char *out = calloc(cap, 1);
     for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
         json_t *o = json_loads(line, 0, NULL);
         if (o && !strcmp(json_string_value(json_object_get(o, "type")), type)) {
             json_object_del(o, "tokens_per_s");
             char *s = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
-            strcat(out, s);
-            strcat(out, "\n");
+            size_t l = strlen(s);
+            if (used + l + 2 > cap) {
+                cap = 2 * (used + l + 2);
+                out = realloc(out, cap);
+            }
+            memcpy(out + used, s, l);
+            out[used + l] = '\n';
+            out[used += l + 1] = '\0';
             free(s);
         }
         json_decref(o);
@@ -407,6 +415,108 @@ static void test_nan_stop(void) {
     ps_train_cfg_free(&c);
 }
 
+/* ---- training on a device backend, checked on the CPU ----
+ * "cpu-staged" (docs/backends.md) is the cpu's ops on buffers it declares not host-visible: a run on it
+ * takes every device path of train/train.c (the model moved after its init or load, the moments uploaded
+ * on --resume, parameters and moments copied to the host for each checkpoint) and must equal the cpu run
+ * bit for bit. */
+static int same_bytes(const char *a, const char *b) {
+    char *ta = NULL, *tb = NULL;
+    size_t la = 0, lb = 0;
+    ps_error err;
+    int ok = ps_read_file(a, 1 << 26, &ta, &la, &err) == 0 && ps_read_file(b, 1 << 26, &tb, &lb, &err) == 0 && la == lb &&
+             la > 0 && !memcmp(ta, tb, la);
+    free(ta);
+    free(tb);
+    return ok;
+}
+
+/* run b equals run a: train, eval and gate records, final weights, the optimizer file of step `step` */
+static void check_same_run(const char *label, const char *a, const char *b, int step) {
+    const char *types[] = {"train", "eval", "gates", "init"};
+    for (int i = 0; i < 4; i++) {
+        char *ra = read_records(a, types[i]), *rb = read_records(b, types[i]);
+        CHECK((i == 3 || strlen(ra) > 0) && !strcmp(ra, rb), "%s: %s records differ", label, types[i]);
+        free(ra);
+        free(rb);
+    }
+    ps_model ma, mb;
+    ps_error err;
+    CHECK_OK(ps_model_load(&ma, a, &err), &err);
+    CHECK_OK(ps_model_load(&mb, b, &err), &err);
+    CHECK(ma.n_params == mb.n_params && !memcmp(ma.params, mb.params, (size_t)ma.n_params * 4), "%s: final weights differ", label);
+    ps_model_free(&ma);
+    ps_model_free(&mb);
+    char oa[1100], ob[1100];
+    snprintf(oa, sizeof oa, "%s/optimizer-%d.safetensors", a, step);
+    snprintf(ob, sizeof ob, "%s/optimizer-%d.safetensors", b, step);
+    CHECK(same_bytes(oa, ob), "%s: optimizer-%d.safetensors differ", label, step);
+}
+
+static void test_staged_backend(void) {
+    ps_error err;
+    /* the test backend: created by name, not listed; a model moves onto it from the cpu (and back only by copy) */
+    CHECK(!strstr(ps_ctx_backends(), "staged"), "cpu-staged listed among the backends: %s", ps_ctx_backends());
+    ps_config mc = tu_config(PS_ATTN_COMPRESSED);
+    ps_model m;
+    tu_random_model(&m, &mc, 3, 0.5f);
+    float *want = malloc((size_t)m.n_params * 4), *got = malloc((size_t)m.n_params * 4);
+    memcpy(want, m.params, (size_t)m.n_params * 4);
+    CHECK_OK(ps_model_to_backend(&m, "cpu-staged", &err), &err);
+    CHECK(!ps_ctx_host_visible(m.ctx) && !strcmp(ps_ctx_backend_name(m.ctx), "cpu-staged"), "model not on cpu-staged");
+    CHECK_OK(ps_buf_to_host(m.ctx, got, m.params, m.n_params * 4, &err), &err);
+    CHECK(!memcmp(want, got, (size_t)m.n_params * 4), "cpu -> cpu-staged changed the parameters");
+    ps_ctx *other;
+    REQUIRE_OK(ps_ctx_create(&other, "cpu-staged", &err), &err);
+    CHECK_ERR(ps_model_to(&m, other, &err), &err, "between two device backends", "cpu-staged to cpu-staged");
+    ps_ctx_free(other);
+    free(want);
+    free(got);
+    ps_model_free(&m);
+
+    /* the gate regulariser and phase augmentation on, so their paths run too */
+    const char *attn = "{\"kind\": \"compressed\", \"window\": 4, \"stride\": 2, \"local_window\": 3}";
+    ps_train_cfg c;
+    REQUIRE_OK(make_cfg(&c, attn, 60, 11, &err), &err);
+    c.gate_reg = 0.05;
+    c.phase_augment = 1;
+    char a[1024], b[1024], r[1024], ia[1024], ib[1024];
+    snprintf(a, sizeof a, "%s/dev_cpu", TMP);
+    snprintf(b, sizeof b, "%s/dev_staged", TMP);
+    snprintf(r, sizeof r, "%s/dev_resumed", TMP);
+    CHECK_OK(ps_train(&c, a, 0, -1, NULL, NULL, &err), &err);
+    c.backend = "cpu-staged";
+    CHECK_OK(ps_train(&c, b, 0, -1, NULL, NULL, &err), &err);
+    check_same_run("cpu-staged", a, b, 60);
+    ps_model mb;
+    CHECK_OK(ps_model_load(&mb, b, &err), &err);
+    const char *compute = ps_model_get_meta(&mb, "phasescope.compute");
+    CHECK(compute && strstr(compute, "; backend cpu-staged, precision fp32"), "phasescope.compute: %s", compute ? compute : "(none)");
+    ps_model_free(&mb);
+    /* stopped at step 25 on the cpu, resumed on cpu-staged (moments uploaded), stopped again at 45 (its
+     * checkpoint copied back), resumed to the end: the uninterrupted cpu run */
+    c.backend = NULL;
+    CHECK_OK(ps_train(&c, r, 0, 25, NULL, NULL, &err), &err);
+    c.backend = "cpu-staged";
+    CHECK_OK(ps_train(&c, r, 1, 45, NULL, NULL, &err), &err);
+    CHECK_OK(ps_train(&c, r, 1, -1, NULL, NULL, &err), &err);
+    check_same_run("resumed on cpu-staged", a, r, 60);
+    ps_train_cfg_free(&c);
+    /* --init-from the cpu run's weights: the same on both backends */
+    REQUIRE_OK(make_cfg(&c, attn, 20, 12, &err), &err);
+    c.init_from = a;
+    snprintf(ia, sizeof ia, "%s/dev_init_cpu", TMP);
+    snprintf(ib, sizeof ib, "%s/dev_init_staged", TMP);
+    CHECK_OK(ps_train(&c, ia, 0, -1, NULL, NULL, &err), &err);
+    c.backend = "cpu-staged";
+    CHECK_OK(ps_train(&c, ib, 0, -1, NULL, NULL, &err), &err);
+    check_same_run("--init-from on cpu-staged", ia, ib, 20);
+    char *init = read_records(ib, "init");
+    CHECK(strstr(init, "\"from\"") != NULL, "no init record: %s", init);
+    free(init);
+    ps_train_cfg_free(&c);
+}
+
 static void test_train_config_errors(void) {
     ps_train_cfg c;
     ps_error err;
@@ -444,5 +554,6 @@ int main(void) {
     test_resume();
     test_uniform_gate_log();
     test_nan_stop();
+    test_staged_backend();
     CHECK_DONE();
 }

@@ -267,7 +267,17 @@ typedef struct {
     ps_hooks ghooks;
     int has_chgates;      /* attention kind v4: per-channel gate statistics (gates/chgates.h) */
     ps_chgate_acc chacc;
+    float *stage; /* a device backend (not host-visible): 2 · n_params host floats that parameters and moments
+                     pass through on their way to and from the checkpoint files; NULL until needed */
 } run_state;
+
+/* The host staging buffer of a run on a device backend (allocated once, on first use). */
+static float *host_stage(run_state *s, ps_error *err) {
+    if (!s->stage && !(s->stage = malloc((size_t)(2 * s->m.n_params) * sizeof(float))))
+        ps_fail(err, "out of memory for the %.1f MB host copy of the parameters and AdamW moments",
+                2.0 * (double)s->m.n_params * 4e-6);
+    return s->stage;
+}
 
 static uint64_t step_seed(uint64_t seed, int64_t step) {
     uint64_t x = seed * 0xd1b54a32d192ed03ULL ^ ((uint64_t)step + 0x632be59bd9b4e019ULL);
@@ -276,10 +286,21 @@ static uint64_t step_seed(uint64_t seed, int64_t step) {
     return x ^ (x >> 29);
 }
 
+/* The checkpoint of step: optimizer-STEP.safetensors, then model.safetensors (+ config.json). On a device
+ * backend the moments, then the parameters, are copied to the host staging buffer and written from there. */
 static int save_checkpoint(run_state *s, int64_t step, ps_error *err) {
     char name[64], path[4200], buf[32];
     snprintf(name, sizeof name, "optimizer-%lld.safetensors", (long long)step);
     if (ps_path_join(path, sizeof path, s->dir, name, err)) return -1;
+    int dev = !ps_ctx_host_visible(s->m.ctx);
+    int64_t n = s->m.n_params, bytes = n * (int64_t)sizeof(float);
+    const float *mom[2] = {s->m1, s->m2};
+    if (dev) {
+        float *st = host_stage(s, err);
+        if (!st || ps_buf_to_host(s->m.ctx, st, s->m1, bytes, err) || ps_buf_to_host(s->m.ctx, st + n, s->m2, bytes, err))
+            return ps_fail_prefix(err, "checkpoint of step %lld: ", (long long)step);
+        mom[0] = st, mom[1] = st + n;
+    }
     ps_st_tensor *t = calloc((size_t)(2 * s->m.n_tensors), sizeof *t);
     char (*names)[140] = calloc((size_t)(2 * s->m.n_tensors), sizeof *names);
     if (!t || !names) {
@@ -295,7 +316,7 @@ static int save_checkpoint(run_state *s, int64_t step, ps_error *err) {
             x->name = names[2 * i + k];
             x->ndim = p->ndim;
             for (int d = 0; d < 3; d++) x->shape[d] = p->shape[d];
-            x->data = (k ? s->m2 : s->m1) + p->offset;
+            x->data = mom[k] + p->offset;
         }
     snprintf(buf, sizeof buf, "%lld", (long long)step);
     const char *mk[] = {"phasescope.step"}, *mv[] = {buf};
@@ -315,13 +336,25 @@ static int save_checkpoint(run_state *s, int64_t step, ps_error *err) {
               ps_model_set_meta(&s->m, "phasescope.version", PS_VERSION, err);
     char compute[640];
     ps_cpu_env_describe(compute, sizeof compute);
+    if (strcmp(ps_ctx_backend_name(s->m.ctx), "cpu")) { /* the run computes on another backend (train --device) */
+        size_t l = strlen(compute);
+        snprintf(compute + l, sizeof compute - l, "; backend %s, precision %s", ps_ctx_backend_name(s->m.ctx),
+                 ps_precision_name(s->m.ctx->precision));
+    }
     if (ps_dist_size() > 1) { /* data parallel: how the global batch was split */
         size_t l = strlen(compute);
         snprintf(compute + l, sizeof compute - l, "; %d MPI ranks, global batch %lld", ps_dist_size(), (long long)s->c->batch_size);
     }
     bad = bad || ps_model_set_meta(&s->m, "phasescope.compute", compute, err);
     free(task);
-    if (bad || ps_model_save(&s->m, s->dir, err)) return -1;
+    if (bad) return -1;
+    ps_model snap = s->m; /* the parameters as the file gets them: in place, or their host copy */
+    if (dev) {
+        if (ps_buf_to_host(s->m.ctx, s->stage, s->m.params, bytes, err))
+            return ps_fail_prefix(err, "checkpoint of step %lld: ", (long long)step);
+        snap.params = s->stage;
+    }
+    if (ps_model_save(&snap, s->dir, err)) return -1;
     DIR *d = opendir(s->dir);
     if (d) {
         for (struct dirent *e; (e = readdir(d));)
@@ -435,6 +468,15 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* The model (on the host) onto the run's backend (train --device), with the run's precision. */
+static int to_backend(run_state *s, ps_error *err) {
+    const char *be = s->c->backend;
+    if (!be || !*be || !strcmp(be, ps_ctx_backend_name(s->m.ctx))) return 0;
+    if (ps_model_to_backend(&s->m, be, err)) return ps_fail_prefix(err, "--device %s: ", be);
+    s->m.ctx->precision = s->c->precision;
+    return 0;
+}
+
 /* AdamW moments on the model's context, zeroed. */
 static int alloc_optimizer(run_state *s, ps_error *err) {
     int64_t bytes = s->m.n_params * (int64_t)sizeof(float);
@@ -464,6 +506,7 @@ static int init_from_checkpoint(ps_model *m, const char *dir, ps_error *err) {
     return rc;
 }
 
+/* --resume, first half: the checkpoint's model (on the host) and its step. */
 static int load_resume(run_state *s, int64_t *step, ps_error *err) {
     if (ps_model_load(&s->m, s->dir, err)) return -1;
     const char *st = ps_model_get_meta(&s->m, "phasescope.step"), *opt = ps_model_get_meta(&s->m, "phasescope.optimizer"),
@@ -472,15 +515,28 @@ static int load_resume(run_state *s, int64_t *step, ps_error *err) {
     if (strcmp(tr, s->c->canonical))
         return ps_fail(err, "%s: the training config differs from the one this run was started with", s->dir);
     *step = strtoll(st, NULL, 10);
-    if (alloc_optimizer(s, err)) return -1;
+    return 0;
+}
+
+/* --resume, second half (the model on its backend, the moments allocated there): the AdamW moments of
+ * the checkpoint's optimizer file, read in place on the host, or through the staging buffer to a device. */
+static int load_moments(run_state *s, int64_t step, ps_error *err) {
+    const char *opt = ps_model_get_meta(&s->m, "phasescope.optimizer");
+    int dev = !ps_ctx_host_visible(s->m.ctx);
+    int64_t n = s->m.n_params;
+    float *dst[2] = {s->m1, s->m2};
+    if (dev) {
+        if (!host_stage(s, err)) return -1;
+        dst[0] = s->stage, dst[1] = s->stage + n;
+    }
     char path[4200];
     if (ps_path_join(path, sizeof path, s->dir, opt, err)) return -1;
     ps_st_file f;
     if (ps_st_open(path, &f, err)) return -1;
     const char *ost = ps_st_meta(&f, "phasescope.step");
     int rc = 0;
-    if (!ost || strtoll(ost, NULL, 10) != *step)
-        rc = ps_fail(err, "%s: optimizer state is for another step than the model (%s)", path, st);
+    if (!ost || strtoll(ost, NULL, 10) != step)
+        rc = ps_fail(err, "%s: optimizer state is for another step than the model (%lld)", path, (long long)step);
     for (int i = 0; !rc && i < s->m.n_tensors; i++)
         for (int k = 0; k < 2 && !rc; k++) {
             char nm[140];
@@ -488,9 +544,12 @@ static int load_resume(run_state *s, int64_t *step, ps_error *err) {
             const ps_st_entry *e = ps_st_find(&f, nm);
             if (!e || ps_st_numel(e) != s->m.table[i].numel)
                 rc = ps_fail(err, "%s: tensor \"%s\" missing or of the wrong size", path, nm);
-            else rc = ps_st_read_f32(&f, e, (k ? s->m2 : s->m1) + s->m.table[i].offset, err);
+            else rc = ps_st_read_f32(&f, e, dst[k] + s->m.table[i].offset, err);
         }
     ps_st_close(&f);
+    if (!rc && dev)
+        for (int k = 0; k < 2 && !rc; k++)
+            rc = ps_buf_from_host(s->m.ctx, k ? s->m2 : s->m1, dst[k], n * (int64_t)sizeof(float), err);
     return rc;
 }
 
@@ -501,19 +560,29 @@ static int load_resume(run_state *s, int64_t *step, ps_error *err) {
  * the same AdamW step on the same bits. Rank 0 alone reads and writes the run directory (checkpoints, log,
  * evaluation) and sends the starting state to the others. */
 
-/* FNV-1a over the parameters' bytes: the ranks compare it at every checkpoint. */
-static uint64_t params_hash(const ps_model *m) {
+/* FNV-1a over the parameters' bytes (read in place, or from their host copy on a device backend): the
+ * ranks compare it at every checkpoint. */
+static int params_hash(run_state *s, uint64_t *out, ps_error *err) {
+    const ps_model *m = &s->m;
+    int64_t bytes = m->n_params * (int64_t)sizeof(float);
     const unsigned char *b = (const unsigned char *)m->params;
+    if (!ps_ctx_host_visible(m->ctx)) {
+        if (!host_stage(s, err) || ps_buf_to_host(m->ctx, s->stage, m->params, bytes, err)) return -1;
+        b = (const unsigned char *)s->stage;
+    }
     uint64_t h = 0xcbf29ce484222325ULL;
-    for (int64_t i = 0; i < m->n_params * (int64_t)sizeof(float); i++) h = (h ^ b[i]) * 0x100000001b3ULL;
-    return h;
+    for (int64_t i = 0; i < bytes; i++) h = (h ^ b[i]) * 0x100000001b3ULL;
+    *out = h;
+    return 0;
 }
 
 /* After a checkpoint (rank 0's status rc): the ranks agree, check they hold the same weights, and learn
  * what to say if the launcher stops them. */
 static int dist_checkpoint(run_state *s, int64_t step, int rc, ps_error *err) {
     if (ps_dist_size() == 1) return rc;
-    uint64_t h = ps_ctx_host_visible(s->m.ctx) ? params_hash(&s->m) : 0, h0 = h;
+    uint64_t h = 0, h0;
+    if (!rc && params_hash(s, &h, err)) rc = -1;
+    h0 = h;
     if (!rc && ps_dist_bcast(&h0, sizeof h0, 0, err)) rc = -1;
     if (!rc && h0 != h)
         rc = ps_fail(err, "after step %lld the weights of rank %d differ from rank 0's (the gradient all-reduce must give "
@@ -555,15 +624,18 @@ int ps_train(const ps_train_cfg *c, const char *dir, int resume, int64_t stop_af
         if (!bad && resume && access(mpath, F_OK) != 0) bad = ps_fail(err, "--resume: %s holds no checkpoint to resume", dir);
         else if (!bad && !resume && access(mpath, F_OK) == 0)
             bad = ps_fail(err, "%s already holds a run; use --resume to continue it or choose another --out", dir);
-        if (!bad && resume) bad = load_resume(&s, &start, err) || truncate_log(logpath, start, err);
+        if (!bad && resume) bad = load_resume(&s, &start, err);
         else if (!bad) {
             bad = ps_model_create(&s.m, &c->model, err);
             if (!bad) ps_model_init_std(&s.m, c->seed, c->init_std);
             if (!bad && c->init_from) bad = init_from_checkpoint(&s.m, c->init_from, err);
-            bad = bad || alloc_optimizer(&s, err);
         }
     } else
-        bad = ps_model_create(&s.m, &c->model, err) || alloc_optimizer(&s, err);
+        bad = ps_model_create(&s.m, &c->model, err);
+    /* created, initialised or loaded on the host; then onto the run's backend, where the moments (and below,
+     * the gradients and activations) are allocated; a resumed run's moments follow them there */
+    bad = bad || to_backend(&s, err) || alloc_optimizer(&s, err) ||
+          (root && resume && (load_moments(&s, start, err) || truncate_log(logpath, start, err)));
     if (R > 1) {
         /* every rank starts from rank 0's weights, moments and step */
         int64_t nb = s.m.n_params * (int64_t)sizeof(float);
@@ -780,6 +852,7 @@ done:
     ps_acts_free(&s.gacts);
     free(s.rows);
     free(s.shift);
+    free(s.stage);
     if (s.m.ctx) {
         ps_buf_free(s.m.ctx, s.grads, s.m.n_params * (int64_t)sizeof(float));
         ps_buf_free(s.m.ctx, s.m1, s.m.n_params * (int64_t)sizeof(float));

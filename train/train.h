@@ -32,6 +32,12 @@ typedef struct {
     const char *init_from; /* not owned, not part of the config: start from this checkpoint's weights (same
                               tensor names and shapes) instead of a random init; fresh AdamW state, step 0
                               (`train --init-from`, docs/training.md). Ignored on --resume. */
+    const char *backend; /* not owned, not part of the config: the backend the run computes on (`train --device`;
+                            NULL or "cpu": the CPU). The model is created, initialised and loaded on the host,
+                            then moved there; gradients, activations and AdamW moments live on it, and the
+                            checkpoints copy parameters and moments back to the host (docs/cuda.md). */
+    int precision;       /* PS_PREC_* (core/ctx.h) of a device backend's matrix products (`--precision`); the CPU
+                            computes in fp32 whatever it says. 0 (fp32) after ps_train_cfg_parse. */
 } ps_train_cfg;
 
 int ps_train_cfg_parse(const char *text, size_t len, const char *source, ps_train_cfg *c, ps_error *err);
