@@ -149,12 +149,18 @@ int ps_model_to(ps_model *m, ps_ctx *ctx, ps_error *err) {
     int64_t bytes = m->n_params * (int64_t)sizeof(float);
     float *dst = ps_buf_alloc(ctx, bytes, "parameters", err);
     if (!dst) return -1;
-    if (!ps_ctx_host_visible(m->ctx)) {
-        ps_buf_free(ctx, dst, bytes);
-        return ps_fail(err, "moving parameters between two device backends is not supported (%s to %s)",
-                       ps_ctx_backend_name(m->ctx), ps_ctx_backend_name(ctx));
+    /* host -> any: one upload; device -> host: one download; device -> device: through a host copy */
+    int rc;
+    if (ps_ctx_host_visible(m->ctx)) rc = ps_buf_from_host(ctx, dst, m->params, bytes, err);
+    else if (ps_ctx_host_visible(ctx)) rc = ps_buf_to_host(m->ctx, dst, m->params, bytes, err);
+    else {
+        void *tmp = malloc((size_t)bytes);
+        rc = tmp ? ps_buf_to_host(m->ctx, tmp, m->params, bytes, err) || ps_buf_from_host(ctx, dst, tmp, bytes, err)
+                 : ps_fail(err, "out of memory for a host copy of %lld parameters (%s to %s)", (long long)m->n_params,
+                           ps_ctx_backend_name(m->ctx), ps_ctx_backend_name(ctx));
+        free(tmp);
     }
-    if (ps_buf_from_host(ctx, dst, m->params, bytes, err)) {
+    if (rc) {
         ps_buf_free(ctx, dst, bytes);
         return -1;
     }

@@ -466,13 +466,23 @@ static void test_staged_backend(void) {
     CHECK(!ps_ctx_host_visible(m.ctx) && !strcmp(ps_ctx_backend_name(m.ctx), "cpu-staged"), "model not on cpu-staged");
     CHECK_OK(ps_buf_to_host(m.ctx, got, m.params, m.n_params * 4, &err), &err);
     CHECK(!memcmp(want, got, (size_t)m.n_params * 4), "cpu -> cpu-staged changed the parameters");
-    ps_ctx *other;
+    /* device -> device (through a host copy) and device -> host (one download) keep the parameters */
+    ps_ctx *other, *host;
     REQUIRE_OK(ps_ctx_create(&other, "cpu-staged", &err), &err);
-    CHECK_ERR(ps_model_to(&m, other, &err), &err, "between two device backends", "cpu-staged to cpu-staged");
-    ps_ctx_free(other);
+    REQUIRE_OK(ps_ctx_create(&host, "cpu", &err), &err);
+    CHECK_OK(ps_model_to(&m, other, &err), &err);
+    memset(got, 0, (size_t)m.n_params * 4);
+    CHECK(m.ctx == other && ps_buf_to_host(m.ctx, got, m.params, m.n_params * 4, &err) == 0 &&
+              !memcmp(want, got, (size_t)m.n_params * 4),
+          "cpu-staged -> cpu-staged changed the parameters");
+    CHECK_OK(ps_model_to(&m, host, &err), &err);
+    CHECK(m.ctx == host && ps_ctx_host_visible(m.ctx) && !memcmp(want, m.params, (size_t)m.n_params * 4),
+          "cpu-staged -> cpu changed the parameters");
     free(want);
     free(got);
     ps_model_free(&m);
+    ps_ctx_free(other);
+    ps_ctx_free(host);
 
     /* the gate regulariser and phase augmentation on, so their paths run too */
     const char *attn = "{\"kind\": \"compressed\", \"window\": 4, \"stride\": 2, \"local_window\": 3}";
