@@ -634,7 +634,70 @@ static void test_head_shift(void) {
           "signed mod");
 }
 
+/* the same residue statistics (counts exactly; log-probabilities to 1e-9 relative) */
+static double stats_diff(const ps_residue_stats *a, const ps_residue_stats *b, int *same_k) {
+    double w = 0;
+    for (int64_t r = 0; r < a->P; r++) {
+        *same_k &= a->n[r] == b->n[r] && a->k[r] == b->k[r];
+        w = fmax(w, fabs(a->lp[r] - b->lp[r]) / (1 + fabs(a->lp[r])));
+    }
+    return w;
+}
+
+/* The instruments on a device's code path: the model moved to the test backend cpu-staged (the cpu's ops,
+ * buffers that are not host pointers: every host read is a copy) gives the cpu's knockout grids (restart
+ * and naive paths, every target) and sweeps (pad and move). */
+static void test_device_paths(ps_attn_kind kind) {
+    ps_model m, d;
+    make_model(&m, kind, 77);
+    make_model(&d, kind, 77);
+    ps_error err;
+    REQUIRE_OK(ps_model_to_backend(&d, "cpu-staged", &err), &err);
+    CHECK(!ps_ctx_host_visible(d.ctx), "the moved model is not on a device-like context");
+    ps_task t = small_task();
+    ps_batch base;
+    ps_batch_alloc(&base, 9, t.seq_len, t.n_queries, &err);
+    CHECK(ps_task_generate(&t, 7, &base, NULL) == 0, "task generation");
+    ps_filler_family fam = repeat_family();
+    int layers[3] = {0, 1, 2}, heads[2] = {0, 1};
+    ps_ko_target targets[3] = {PS_KO_COMPRESSED, PS_KO_RAW, PS_KO_BOTH};
+    for (int ti = kind == PS_ATTN_FULL ? 1 : 0; ti < (kind == PS_ATTN_FULL ? 2 : 3); ti++)
+        for (int naive = 0; naive < 2; naive++) {
+            ps_knockout_opts o = {.naive = naive};
+            ps_knockout_result a = {0}, b = {0};
+            int ok = tu_knockout_opts(&m, &base, &t, &fam, 4, 0, 4, layers, 3, heads, 2, targets[ti], &o, &a, NULL, NULL, &err) == 0;
+            CHECK(ok, "cpu knockout: %s", err.msg);
+            ok = ok && tu_knockout_opts(&d, &base, &t, &fam, 4, 0, 4, layers, 3, heads, 2, targets[ti], &o, &b, NULL, NULL, &err) == 0;
+            CHECK(ok, "cpu-staged knockout (%s, naive %d): %s", ps_ko_target_name(targets[ti]), naive, err.msg);
+            if (ok) {
+                int same_k = 1;
+                double w = stats_diff(&a.clean, &b.clean, &same_k);
+                for (int c = 0; c < 6; c++) w = fmax(w, stats_diff(&a.cells[c], &b.cells[c], &same_k));
+                CHECK(same_k && w < 1e-9, "knockout %s naive %d: cpu-staged differs from cpu (%g)", ps_ko_target_name(targets[ti]),
+                      naive, w);
+            }
+            ps_knockout_result_free(&a);
+            ps_knockout_result_free(&b);
+        }
+    for (int mode = 0; mode < 2; mode++) {
+        ps_residue_stats a = {0}, b = {0};
+        ps_sweep_mode sm = mode ? PS_SWEEP_MOVE : PS_SWEEP_PAD;
+        CHECK_OK(ps_sweep_run(&m, &base, &t, &fam, sm, 4, 0, 5, &a, NULL, NULL, &err), &err);
+        CHECK_OK(ps_sweep_run(&d, &base, &t, &fam, sm, 4, 0, 5, &b, NULL, NULL, &err), &err);
+        int same_k = 1;
+        double w = a.n && b.n ? stats_diff(&a, &b, &same_k) : 1;
+        CHECK(same_k && w < 1e-9, "sweep mode %d: cpu-staged differs from cpu (%g)", mode, w);
+        ps_residue_stats_free(&a);
+        ps_residue_stats_free(&b);
+    }
+    ps_batch_free(&base);
+    ps_model_free(&m);
+    ps_model_free(&d);
+}
+
 int main(void) {
+    test_device_paths(PS_ATTN_COMPRESSED);
+    test_device_paths(PS_ATTN_FULL);
     test_stats();
     test_residues();
     test_knockout(PS_ATTN_COMPRESSED, PS_KO_COMPRESSED);
