@@ -150,6 +150,28 @@ static int64_t block_windows(const ps_attn_geom *g, const head *h, int64_t r1) {
     return g->compressed ? ps_geom_seen(g, h->b, h->kv, r1 - 1) : 0;
 }
 
+/* ps_dot(a, b, n), the same sums in the same order — 16 lanes, lane l adds the products of elements
+ * i ≡ l (mod 16) in order, the tail from lane 0; then the lanes folded 8, 4, 2, 1 — so the same float, bit
+ * for bit. Written with fixed-count lane loops (a tail of 8 as one, the fold unrolled) so that gcc keeps the
+ * lanes in vector registers for the short rows of a band (hd 8..64), where ps_dot's variable tail loop and
+ * fold loop cost more than the products. */
+static inline float band_dot(const float *restrict a, const float *restrict b, int64_t n) {
+    float acc[16] = {0};
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int l = 0; l < 16; l++) acc[l] += a[i + l] * b[i + l];
+    int l0 = 0;
+    if (i + 8 <= n) {
+        for (int l = 0; l < 8; l++) acc[l] += a[i + l] * b[i + l];
+        i += 8, l0 = 8;
+    }
+    for (int l = l0; i < n; i++, l++) acc[l] += a[i] * b[i];
+    for (int l = 0; l < 8; l++) acc[l] += acc[l + 8];
+    for (int l = 0; l < 4; l++) acc[l] += acc[l + 4];
+    acc[0] += acc[2], acc[1] += acc[3];
+    return acc[0] + acc[1];
+}
+
 /* Scaled scores of rows r0..r1 into S (row t at S + (t-r0)·nc): full — columns [0, r1); compressed —
  * windows [0, nWb) and the band [nW + local_first(t), nc). Other columns are not written. With
  * dz (backward), also dP = dz·value over the same columns into dP. */
@@ -170,8 +192,8 @@ static void scores_block(float *S, float *dP, const head *h, const ps_attn_geom 
         const float *qt = h->q + t * qs;
         for (int64_t i = local_first(t, LW); i < LW; i++) {
             int64_t tp = t - LW + 1 + i;
-            S[(t - r0) * nc + nW + i] = ps_dot(qt, h->k + tp * ks, hd) * scale;
-            if (dP) dP[(t - r0) * nc + nW + i] = ps_dot(h->dz + t * qs, h->v + tp * ks, hd);
+            S[(t - r0) * nc + nW + i] = band_dot(qt, h->k + tp * ks, hd) * scale;
+            if (dP) dP[(t - r0) * nc + nW + i] = band_dot(h->dz + t * qs, h->v + tp * ks, hd);
         }
     }
 }
@@ -341,7 +363,7 @@ int ps_cpu_attn_out(ps_ctx *c, float *z, const float *probs, const float *v, con
 
 /* Softmax backward of one row from its scores: s becomes P = exp(s - lse), dp becomes
  * dS = P ⊙ (dP − D) · scale over [0, n0) ∪ [lo, hi); both 0 over [n0, nz). */
-static void softmax_backward_row(float *s, float *dp, int64_t n0, int64_t nz, int64_t lo, int64_t hi, float lse, float D,
+static void softmax_backward_row(float *restrict s, float *restrict dp, int64_t n0, int64_t nz, int64_t lo, int64_t hi, float lse, float D,
                                  float scale) {
     for (int64_t c = 0; c < n0; c++) {
         float p = ps_expf(s[c] - lse);
@@ -353,6 +375,17 @@ static void softmax_backward_row(float *s, float *dp, int64_t n0, int64_t nz, in
         float p = ps_expf(s[c] - lse);
         s[c] = p;
         dp[c] = p * (dp[c] - D) * scale;
+    }
+}
+
+/* One band entry (query row t, key row tp) of the backward: dv[tp] += p·dz[t]; dq[t] += ds·k[tp];
+ * dk[tp] += ds·q[t], element by element (the rows are of different arrays: restrict lets gcc vectorise). */
+static inline void band_update(float *restrict dvt, float *restrict dqt, float *restrict dkt, const float *restrict dzt,
+                               const float *restrict kt, const float *restrict qt, float p, float ds, int64_t hd) {
+    for (int64_t e = 0; e < hd; e++) {
+        dvt[e] += p * dzt[e];
+        dqt[e] += ds * kt[e];
+        dkt[e] += ds * qt[e];
     }
 }
 
@@ -393,18 +426,10 @@ static void backward_head(const attn_args *a, int64_t b, int64_t n, float *S, fl
         /* the band, rows in order: dV += P·dz ; dQ += dS·k ; dK += dS·q */
         for (int64_t t = r0; t < r1; t++) {
             const float *srow = S + (t - r0) * nc, *dsrow = dP + (t - r0) * nc;
-            const float *qt = h.q + t * qs, *dzt = h.dz + t * qs;
-            float *dqt = h.dq + t * qs;
             for (int64_t i = local_first(t, LW); i < LW; i++) {
                 int64_t tp = t - LW + 1 + i;
-                float p = srow[nW + i], ds = dsrow[nW + i];
-                const float *kt = h.k + tp * ks;
-                float *dkt = h.dk + tp * ks, *dvt = h.dv + tp * ks;
-                for (int64_t e = 0; e < hd; e++) {
-                    dvt[e] += p * dzt[e];
-                    dqt[e] += ds * kt[e];
-                    dkt[e] += ds * qt[e];
-                }
+                band_update(h.dv + tp * ks, h.dq + t * qs, h.dk + tp * ks, h.dz + t * qs, h.k + tp * ks, h.q + t * qs,
+                            srow[nW + i], dsrow[nW + i], hd);
             }
         }
     }
