@@ -363,19 +363,15 @@ int ps_cpu_attn_out(ps_ctx *c, float *z, const float *probs, const float *v, con
 
 /* Softmax backward of one row from its scores: s becomes P = exp(s - lse), dp becomes
  * dS = P ⊙ (dP − D) · scale over [0, n0) ∪ [lo, hi); both 0 over [n0, nz). */
-static void softmax_backward_row(float *restrict s, float *restrict dp, int64_t n0, int64_t nz, int64_t lo, int64_t hi, float lse, float D,
-                                 float scale) {
-    for (int64_t c = 0; c < n0; c++) {
-        float p = ps_expf(s[c] - lse);
-        s[c] = p;
-        dp[c] = p * (dp[c] - D) * scale;
-    }
+static void softmax_backward_row(float *restrict s, float *restrict dp, int64_t n0, int64_t nz, int64_t lo, int64_t hi,
+                                 float lse, float D, float scale) {
+    /* the exponentials first, then dS: the dS loops vectorise (ps_expf's clamps keep gcc 12 from if-converting
+     * its loops under -ftrapping-math, so the exponentials stay scalar) */
+    for (int64_t c = 0; c < n0; c++) s[c] = ps_expf(s[c] - lse);
+    for (int64_t c = lo; c < hi; c++) s[c] = ps_expf(s[c] - lse);
+    for (int64_t c = 0; c < n0; c++) dp[c] = s[c] * (dp[c] - D) * scale;
     for (int64_t c = n0; c < nz; c++) s[c] = dp[c] = 0.0f;
-    for (int64_t c = lo; c < hi; c++) {
-        float p = ps_expf(s[c] - lse);
-        s[c] = p;
-        dp[c] = p * (dp[c] - D) * scale;
-    }
+    for (int64_t c = lo; c < hi; c++) dp[c] = s[c] * (dp[c] - D) * scale;
 }
 
 /* One band entry (query row t, key row tp) of the backward: dv[tp] += p·dz[t]; dq[t] += ds·k[tp];
