@@ -29,6 +29,9 @@
 #include "core/cpu/cpu_attention.h"
 
 #define BLK PS_CPU_ATTN_BLOCK
+#ifndef BBLK
+#define BBLK BLK
+#endif
 
 /* First local-band column (0..LW) that query t sees: the band starts before position 0 for t < LW-1. */
 static inline int64_t local_first(int64_t t, int64_t LW) { return t - LW + 1 < 0 ? LW - 1 - t : 0; }
@@ -151,25 +154,24 @@ static int64_t block_windows(const ps_attn_geom *g, const head *h, int64_t r1) {
 }
 
 /* ps_dot(a, b, n), the same sums in the same order — 16 lanes, lane l adds the products of elements
- * i ≡ l (mod 16) in order, the tail from lane 0; then the lanes folded 8, 4, 2, 1 — so the same float, bit
- * for bit. Written with fixed-count lane loops (a tail of 8 as one, the fold unrolled) so that gcc keeps the
- * lanes in vector registers for the short rows of a band (hd 8..64), where ps_dot's variable tail loop and
- * fold loop cost more than the products. */
+ * i ≡ l (mod 16) in order, a tail of 8 into lanes 0..7; then the lanes folded 8, 4, 2, 1 — so the same
+ * float, bit for bit. For n a multiple of 8 (head dims 8, 16, 32, 64) the lanes are two fixed arrays of 8,
+ * which gcc keeps in vector registers; ps_dot's variable tail loop and fold loop keep them in memory and
+ * cost more than the products for the short rows of a band. Other n: ps_dot itself. */
 static inline float band_dot(const float *restrict a, const float *restrict b, int64_t n) {
-    float acc[16] = {0};
+    if (n % 8) return ps_dot(a, b, n);
+    float lo[8] = {0}, hi[8] = {0};
     int64_t i = 0;
-    for (; i + 16 <= n; i += 16)
-        for (int l = 0; l < 16; l++) acc[l] += a[i + l] * b[i + l];
-    int l0 = 0;
-    if (i + 8 <= n) {
-        for (int l = 0; l < 8; l++) acc[l] += a[i + l] * b[i + l];
-        i += 8, l0 = 8;
+    for (; i + 16 <= n; i += 16) {
+        for (int l = 0; l < 8; l++) lo[l] += a[i + l] * b[i + l];
+        for (int l = 0; l < 8; l++) hi[l] += a[i + 8 + l] * b[i + 8 + l];
     }
-    for (int l = l0; i < n; i++, l++) acc[l] += a[i] * b[i];
-    for (int l = 0; l < 8; l++) acc[l] += acc[l + 8];
-    for (int l = 0; l < 4; l++) acc[l] += acc[l + 4];
-    acc[0] += acc[2], acc[1] += acc[3];
-    return acc[0] + acc[1];
+    if (i < n) /* 8 left */
+        for (int l = 0; l < 8; l++) lo[l] += a[i + l] * b[i + l];
+    for (int l = 0; l < 8; l++) lo[l] += hi[l];
+    for (int l = 0; l < 4; l++) lo[l] += lo[l + 4];
+    lo[0] += lo[2], lo[1] += lo[3];
+    return lo[0] + lo[1];
 }
 
 /* Scaled scores of rows r0..r1 into S (row t at S + (t-r0)·nc): full — columns [0, r1); compressed —
@@ -397,8 +399,8 @@ static void backward_head(const attn_args *a, int64_t b, int64_t n, float *S, fl
     head h = head_of(a, b, n);
     int64_t qs = h.qs, ks = h.ks;
     const float *L = a->lse_in + (b * g->nh + n) * T;
-    for (int64_t r0 = 0; r0 < T; r0 += BLK) {
-        int64_t r1 = r0 + BLK < T ? r0 + BLK : T, m = r1 - r0;
+    for (int64_t r0 = 0; r0 < T; r0 += BBLK) {
+        int64_t r1 = r0 + BBLK < T ? r0 + BBLK : T, m = r1 - r0;
         scores_block(S, dP, &h, g, r0, r1);
         for (int64_t t = r0; t < r1; t++) {
             int64_t n0, nz, lo, hi;
