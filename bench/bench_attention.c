@@ -451,11 +451,13 @@ static int train_shapes(int reps, const char *only) {
         {"W8/S8 T=96 h=8 hd=16", 8, 96, 8, 8, 16, 1},          {"full T=96 h=8 hd=16", 8, 96, 8, 8, 16, 0},
         {"W8/S8 T=128 h=16/8 hd=32", 4, 128, 16, 8, 32, 1},    {"full T=128 h=16/8 hd=32", 4, 128, 16, 8, 32, 0},
         {"W8/S8 T=160 h=8 hd=64", 4, 160, 8, 8, 64, 1},        {"full T=160 h=8 hd=64", 4, 160, 8, 8, 64, 0},
+        /* only by name (SHAPE "long"): the default table's T = 4096 shape, for the block size at long T */
+        {"long W8/S8 T=4096 h=8/4 hd=64", 1, 4096, 8, 4, 64, 1}, {"long full T=4096 h=8/4 hd=64", 1, 4096, 8, 4, 64, 0},
     };
     printf("| shape | B | fwd CPU ms | fwd wall ms | bwd CPU ms | bwd wall ms | bits of z lse dq dk dv dck dcv |\n"
            "|---|---:|---:|---:|---:|---:|---|\n");
     for (size_t i = 0; i < sizeof sh / sizeof sh[0]; i++) {
-        if (only && strncmp(sh[i].name, only, strlen(only))) continue;
+        if (only ? strncmp(sh[i].name, only, strlen(only)) != 0 : !strncmp(sh[i].name, "long", 4)) continue;
         ps_attn_geom g = geometry(sh[i].comp, sh[i].T);
         g.B = sh[i].B, g.nh = sh[i].nh, g.nkv = sh[i].nkv, g.hd = sh[i].hd;
         arrays a;

@@ -8,9 +8,9 @@
  *
  * A task is one (sequence, head) in the forward and one (sequence, KV head) in the backward (the query
  * heads of a group add into the same dK/dV slices, so they run in order inside one task). A task walks
- * its query rows in blocks of PS_CPU_ATTN_BLOCK. A block's scores S [m, nc] (row stride nc = ncols,
- * the column layout of a probability row) live in the thread's scratch; only the columns the block's
- * rows can see are computed:
+ * its query rows in blocks of PS_CPU_ATTN_BLOCK (the backward: bwd_rows). A block's scores
+ * S [m, nc] (row stride nc = ncols, the column layout of a probability row) live in the thread's scratch;
+ * only the columns the block's rows can see are computed:
  *   full        columns 0..r1-1 (raw positions; one sgemm, the upper triangle masked);
  *   compressed  columns 0..nWb-1: the windows the block's last row has seen (one sgemm against ck), and
  *               nW..nc-1: the local band, raw position t-LW+1+i in column nW+i (ps_dot).
@@ -29,9 +29,16 @@
 #include "core/cpu/cpu_attention.h"
 
 #define BLK PS_CPU_ATTN_BLOCK
-#ifndef BBLK
-#define BBLK BLK
-#endif
+/* Query rows per block of the backward. Full attention at training lengths (T <= 4·BLK): BBLK_SHORT,
+ * fewer than the forward's. The three products per block (dV, dQ, dK) run over every column the
+ * block's last row sees, the masked upper triangle of the diagonal block included, and at T 72..160 BLK
+ * rows would be the whole sequence: 32 rows do 35-40% fewer products there, and fewer exponentials and
+ * zeros (16 gains no more). At long T the masked part is small and BLK rows are faster (T = 4096: 32 rows
+ * cost 8-10% more), and compressed attention has no triangle to save (its blocks only read the windows
+ * the last row has seen; 32 rows cost 0-5% more at T 72..160): BLK there. Depends on the geometry
+ * alone: the sums' order does not depend on the thread count. */
+#define BBLK_SHORT 32
+static int64_t bwd_rows(const ps_attn_geom *g) { return !g->compressed && g->T <= 4 * BLK ? BBLK_SHORT : BLK; }
 
 /* First local-band column (0..LW) that query t sees: the band starts before position 0 for t < LW-1. */
 static inline int64_t local_first(int64_t t, int64_t LW) { return t - LW + 1 < 0 ? LW - 1 - t : 0; }
@@ -79,9 +86,10 @@ static int kernel_threads(const ps_ctx *c) {
     return nt < 1 ? 1 : nt;
 }
 
-/* Floats of one thread's slice: `bufs` score blocks of BLK × ncols, rounded up to 64 bytes. */
-static int64_t slice_floats(const ps_attn_geom *g, int bufs) {
-    int64_t n = (int64_t)bufs * BLK * (g->ncols > 0 ? g->ncols : 1);
+/* Floats of one thread's slice: the forward one score block of BLK × ncols, the backward two of
+ * bwd_rows × ncols (S and dP), rounded up to 64 bytes. */
+static int64_t slice_floats(const ps_attn_geom *g, int backward) {
+    int64_t n = (backward ? 2 * bwd_rows(g) : BLK) * (g->ncols > 0 ? g->ncols : 1);
     return (n + 15) / 16 * 16;
 }
 
@@ -92,7 +100,7 @@ static int64_t scratch_slices(int nt, int64_t tasks) { return tasks < nt ? tasks
 
 int64_t ps_cpu_attn_workspace(const ps_attn_geom *g, int threads, int backward) {
     int64_t tasks = g->B * (backward ? g->nkv : g->nh);
-    return scratch_slices(threads < 1 ? 1 : threads, tasks > 0 ? tasks : 1) * slice_floats(g, backward ? 2 : 1);
+    return scratch_slices(threads < 1 ? 1 : threads, tasks > 0 ? tasks : 1) * slice_floats(g, backward);
 }
 
 /* Everything a task reads or writes (the op's arguments). */
@@ -296,7 +304,7 @@ int ps_cpu_attn_forward(ps_ctx *c, float *z, float *lse, const float *q, const f
     int64_t tasks = g->B * g->nh;
     if (tasks == 0 || g->T == 0) return 0;
     int nt = kernel_threads(c);
-    attn_args a = {.g = g, .z = z, .lse = lse, .q = q, .k = k, .v = v, .ck = ck, .cv = cv, .slice = slice_floats(g, 1)};
+    attn_args a = {.g = g, .z = z, .lse = lse, .q = q, .k = k, .v = v, .ck = ck, .cv = cv, .slice = slice_floats(g, 0)};
     float *ws = ps_ctx_workspace(c, scratch_slices(nt, tasks) * a.slice);
     if (!ws) return -1;
     run_tasks(nt, tasks, ws, forward_task, &a);
@@ -387,11 +395,11 @@ static inline void band_update(float *restrict dvt, float *restrict dqt, float *
     }
 }
 
-/* One (sequence, query head), block by block: S and dP (scores_block, the forward's scores), P and dS
+/* One (sequence, query head), block by block (bwd_rows rows): S and dP (scores_block, the forward's scores), P and dS
  * from lse and D = dz·z, then
  *   full        dV[0:r1] += P^T·dZ_blk ; dQ_blk = dS·K[0:r1] ; dK[0:r1] += dS^T·Q_blk
  *   compressed  the same against the windows [0, nWb) (dCV, dCK), then the band row by row.
- * S, dP: BLK × nc scratch each. */
+ * S, dP: bwd_rows × nc scratch each. */
 static void backward_head(const attn_args *a, int64_t b, int64_t n, float *S, float *dP) {
     const ps_attn_geom *g = a->g;
     int64_t T = g->T, nc = g->ncols, hd = g->hd, nW = g->nW, LW = g->LW;
@@ -399,8 +407,9 @@ static void backward_head(const attn_args *a, int64_t b, int64_t n, float *S, fl
     head h = head_of(a, b, n);
     int64_t qs = h.qs, ks = h.ks;
     const float *L = a->lse_in + (b * g->nh + n) * T;
-    for (int64_t r0 = 0; r0 < T; r0 += BBLK) {
-        int64_t r1 = r0 + BBLK < T ? r0 + BBLK : T, m = r1 - r0;
+    int64_t rows = bwd_rows(g);
+    for (int64_t r0 = 0; r0 < T; r0 += rows) {
+        int64_t r1 = r0 + rows < T ? r0 + rows : T, m = r1 - r0;
         scores_block(S, dP, &h, g, r0, r1);
         for (int64_t t = r0; t < r1; t++) {
             int64_t n0, nz, lo, hi;
@@ -434,7 +443,7 @@ static void backward_head(const attn_args *a, int64_t b, int64_t n, float *S, fl
 }
 
 /* Task (sequence, KV head): the group's query heads in order (they add into the same dK, dV, dCK, dCV
- * slices). Scratch: S and dP, BLK × nc each. */
+ * slices). Scratch: S and dP, bwd_rows × nc each (the two halves of the slice). */
 static void backward_task(const attn_args *a, int64_t bk, float *scratch) {
     const ps_attn_geom *g = a->g;
     int64_t b = bk / g->nkv, kv = bk % g->nkv, grp = g->nh / g->nkv;
@@ -450,7 +459,7 @@ int ps_cpu_attn_backward(ps_ctx *c, float *dq, float *dk, float *dv, float *dck,
     if (tasks == 0 || g->T == 0) return 0;
     int nt = kernel_threads(c);
     attn_args a = {.g = g, .dq = dq, .dk = dk, .dv = dv, .dck = dck, .dcv = dcv, .dz = dz, .zin = z,
-                   .lse_in = lse, .q = q, .k = k, .v = v, .ck = ck, .cv = cv, .slice = slice_floats(g, 2)};
+                   .lse_in = lse, .q = q, .k = k, .v = v, .ck = ck, .cv = cv, .slice = slice_floats(g, 1)};
     float *ws = ps_ctx_workspace(c, scratch_slices(nt, tasks) * a.slice);
     if (!ws) return -1;
     run_tasks(nt, tasks, ws, backward_task, &a);
