@@ -167,6 +167,11 @@ static int64_t block_windows(const ps_attn_geom *g, const head *h, int64_t r1) {
  * which gcc keeps in vector registers; ps_dot's variable tail loop and fold loop keep them in memory and
  * cost more than the products for the short rows of a band. Other n: ps_dot itself. */
 static inline float band_dot(const float *restrict a, const float *restrict b, int64_t n) {
+    if (n == 8) { /* lanes 8..15 stay 0 and 0 + x is never -0: the fold adds nothing there */
+        float p[8];
+        for (int l = 0; l < 8; l++) p[l] = 0.0f + a[l] * b[l];
+        return ((p[0] + p[4]) + (p[2] + p[6])) + ((p[1] + p[5]) + (p[3] + p[7]));
+    }
     if (n % 8) return ps_dot(a, b, n);
     float lo[8] = {0}, hi[8] = {0};
     int64_t i = 0;
