@@ -213,49 +213,14 @@ static void scores_block(float *S, float *dP, const head *h, const ps_attn_geom 
     }
 }
 
-/* ps_expf(x), the same float for every x (NaN, ±inf and the clamps included), written so that gcc 12
- * vectorises its loops: ps_expf's float compares (the clamps to [-87, 88], the NaN test) keep gcc from
- * if-converting a loop under -ftrapping-math, so its loops stay scalar. Here the clamps compare the bit
- * patterns as integers (mapped so that integer order is float order; NaNs land outside the range and
- * are clamped like ps_expf clamps them) and NaN is passed through with an integer mask. */
-static inline float exp_v(float x) {
-    int32_t xi;
-    memcpy(&xi, &x, sizeof xi);
-    int32_t key = xi >= 0 ? xi : xi ^ 0x7fffffff;                        /* float order as integer order */
-    const int32_t lo = (int32_t)(0xc2ae0000u ^ 0x7fffffffu), hi = 0x42b00000; /* keys of -87.0f and 88.0f */
-    key = key > lo ? key : lo;
-    key = key < hi ? key : hi;
-    int32_t ci = key >= 0 ? key : key ^ 0x7fffffff;
-    float xc;
-    memcpy(&xc, &ci, sizeof xc);
-    /* from here ps_expf's arithmetic, term for term */
-    float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-    float r = xc - n * 0.693359375f + n * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    uint32_t e = (uint32_t)((int32_t)n + 127) << 23;
-    float scale, y = 0.0f;
-    memcpy(&scale, &e, sizeof scale);
-    y = p * scale;
-    int32_t yi, nan = -(int32_t)((xi & 0x7fffffff) > 0x7f800000); /* all ones for NaN */
-    memcpy(&yi, &y, sizeof yi);
-    yi = (xi & nan) | (yi & ~nan);
-    memcpy(&y, &yi, sizeof y);
-    return y;
-}
-
-/* Σ_c (row[c] = exp(row[c] - mx)) over [lo, hi) (exp_v): 16 interleaved sums added in a fixed order (vectorises). */
+/* Σ_c (row[c] = exp(row[c] - mx)) over [lo, hi) (ps_expf_v): 16 interleaved sums added in a fixed order
+ * (vectorises). */
 static float exp_sum(float *row, int64_t lo, int64_t hi, float mx) {
     float acc[16] = {0};
     int64_t c = lo;
     for (; c + 16 <= hi; c += 16)
-        for (int l = 0; l < 16; l++) acc[l] += (row[c + l] = exp_v(row[c + l] - mx));
-    for (int l = 0; c < hi; c++, l++) acc[l] += (row[c] = exp_v(row[c] - mx));
+        for (int l = 0; l < 16; l++) acc[l] += (row[c + l] = ps_expf_v(row[c + l] - mx));
+    for (int l = 0; c < hi; c++, l++) acc[l] += (row[c] = ps_expf_v(row[c] - mx));
     for (int w = 8; w >= 1; w /= 2)
         for (int l = 0; l < w; l++) acc[l] += acc[l + w];
     return acc[0];
@@ -416,9 +381,9 @@ int ps_cpu_attn_out(ps_ctx *c, float *z, const float *probs, const float *v, con
  * dS = P ⊙ (dP − D) · scale over [0, n0) ∪ [lo, hi); both 0 over [n0, nz). */
 static void softmax_backward_row(float *restrict s, float *restrict dp, int64_t n0, int64_t nz, int64_t lo, int64_t hi,
                                  float lse, float D, float scale) {
-    /* the exponentials first (exp_v: ps_expf's floats), then dS: each loop vectorises */
-    for (int64_t c = 0; c < n0; c++) s[c] = exp_v(s[c] - lse);
-    for (int64_t c = lo; c < hi; c++) s[c] = exp_v(s[c] - lse);
+    /* the exponentials first (ps_expf_v: ps_expf's floats), then dS: each loop vectorises */
+    for (int64_t c = 0; c < n0; c++) s[c] = ps_expf_v(s[c] - lse);
+    for (int64_t c = lo; c < hi; c++) s[c] = ps_expf_v(s[c] - lse);
     for (int64_t c = 0; c < n0; c++) dp[c] = s[c] * (dp[c] - D) * scale;
     for (int64_t c = n0; c < nz; c++) s[c] = dp[c] = 0.0f;
     for (int64_t c = lo; c < hi; c++) dp[c] = s[c] * (dp[c] - D) * scale;
