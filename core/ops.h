@@ -70,9 +70,9 @@ static inline float ps_expf_v(float x) {
     float scale, y = 0.0f;
     memcpy(&scale, &e, sizeof scale);
     y = p * scale;
-    int32_t yi, nan = -(int32_t)((xi & 0x7fffffff) > 0x7f800000); /* all ones for NaN */
+    int32_t yi, nan_mask = -(int32_t)((xi & 0x7fffffff) > 0x7f800000); /* all ones for NaN */
     memcpy(&yi, &y, sizeof yi);
-    yi = (xi & nan) | (yi & ~nan);
+    yi = (xi & nan_mask) | (yi & ~nan_mask);
     memcpy(&y, &yi, sizeof y);
     return y;
 }
