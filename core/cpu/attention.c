@@ -400,8 +400,8 @@ static inline void band_update(float *restrict dvt, float *restrict dqt, float *
     }
 }
 
-/* One (sequence, query head), block by block (bwd_rows rows): S and dP (scores_block, the forward's scores), P and dS
- * from lse and D = dz·z, then
+/* One (sequence, query head), block by block (bwd_rows rows): S and dP (scores_block, the forward's
+ * scores), P and dS from lse and D = dz·z, then
  *   full        dV[0:r1] += P^T·dZ_blk ; dQ_blk = dS·K[0:r1] ; dK[0:r1] += dS^T·Q_blk
  *   compressed  the same against the windows [0, nWb) (dCV, dCK), then the band row by row.
  * S, dP: bwd_rows × nc scratch each. */
