@@ -13,6 +13,8 @@
  * machine; wall time is printed next to it.
  *
  *   bench_attention [--quick] [--long] [--old-full-16k]
+ *   bench_attention --train-shapes REPS [SHAPE]   the training shapes instead (T = 72..160, B·nh = 32..256
+ *                    tasks), in-process, best of REPS calls (train_shapes); SHAPE: the rows whose name starts so
  *     --quick          T = 4096 and 16384 only
  *     --long           also the new full-attention backward at T = 65536 (about 140 CPU-seconds; by
  *                      default that row is forward only)
@@ -432,19 +434,90 @@ static void print_row(const char *kind, int64_t T, const char *path, const resul
            bc, bw, mem, rss);
 }
 
+/* --train-shapes: the training shapes (short sequences, many (sequence, head) tasks), in this process: one
+ * untimed forward + backward, then `reps` of each; the best (minimum) CPU and wall time of each call.
+ * Fixed work, so an instruction count (valgrind --tool=callgrind --toggle-collect=ps_cpu_attn_backward)
+ * compares builds; the hash of the first call's outputs shows whether two builds give the same bits. */
+/* FNV-1a over the bytes of x[n]: compares the outputs of two builds bit for bit. */
+static uint64_t fnv(uint64_t h, const float *x, int64_t n) {
+    const unsigned char *b = (const unsigned char *)x;
+    for (int64_t i = 0; i < n * 4; i++) h = (h ^ b[i]) * 1099511628211ull;
+    return h;
+}
+
+static int train_shapes(int reps, const char *only) {
+    struct { const char *name; int64_t B, T, nh, nkv, hd; int comp; } sh[] = {
+        {"deep_w8s8 (d=64 h=8 hd=8)", 32, 72, 8, 8, 8, 1},   {"deep full (d=64 h=8 hd=8)", 32, 72, 8, 8, 8, 0},
+        {"W8/S8 T=96 h=8 hd=16", 8, 96, 8, 8, 16, 1},          {"full T=96 h=8 hd=16", 8, 96, 8, 8, 16, 0},
+        {"W8/S8 T=128 h=16/8 hd=32", 4, 128, 16, 8, 32, 1},    {"full T=128 h=16/8 hd=32", 4, 128, 16, 8, 32, 0},
+        {"W8/S8 T=160 h=8 hd=64", 4, 160, 8, 8, 64, 1},        {"full T=160 h=8 hd=64", 4, 160, 8, 8, 64, 0},
+        /* only by name (SHAPE "long"): the default table's T = 4096 shape, for the block size at long T */
+        {"long W8/S8 T=4096 h=8/4 hd=64", 1, 4096, 8, 4, 64, 1}, {"long full T=4096 h=8/4 hd=64", 1, 4096, 8, 4, 64, 0},
+    };
+    printf("| shape | B | fwd CPU ms | fwd wall ms | bwd CPU ms | bwd wall ms | bits of z lse dq dk dv dck dcv |\n"
+           "|---|---:|---:|---:|---:|---:|---|\n");
+    for (size_t i = 0; i < sizeof sh / sizeof sh[0]; i++) {
+        if (only ? strncmp(sh[i].name, only, strlen(only)) != 0 : !strncmp(sh[i].name, "long", 4)) continue;
+        ps_attn_geom g = geometry(sh[i].comp, sh[i].T);
+        g.B = sh[i].B, g.nh = sh[i].nh, g.nkv = sh[i].nkv, g.hd = sh[i].hd;
+        arrays a;
+        ps_error err;
+        ps_ctx *c = NULL;
+        if (arrays_alloc(&a, &g) || ps_ctx_create(&c, "cpu", &err)) return 1;
+        step_state st = {.c = c, .a = &a, .g = &g};
+        double best[4] = {INFINITY, INFINITY, INFINITY, INFINITY};
+        uint64_t hash = 14695981039346656037ull;
+        for (int r = -1; r < reps; r++)
+            for (int bw = 0; bw < 2; bw++) {
+                double w0 = now(), c0 = cpu_now();
+                if (new_step(&st, bw)) {
+                    fprintf(stderr, "%s\n", c->err.msg);
+                    return 1;
+                }
+                double dw = now() - w0, dc = cpu_now() - c0;
+                if (r < 0 && bw) { /* the outputs of the first forward + backward (gradients from zero) */
+                    int64_t nq = g.B * g.T * g.nh * g.hd, nk = g.B * g.T * g.nkv * g.hd, nc = g.B * g.nW * g.nkv * g.hd;
+                    hash = fnv(fnv(fnv(fnv(fnv(fnv(fnv(hash, a.z, nq), a.lse, g.B * g.nh * g.T), a.dq, nq), a.dk, nk), a.dv, nk),
+                                   a.dck, nc), a.dcv, nc);
+                }
+                if (r < 0) continue;
+                if (dc < best[2 * bw]) best[2 * bw] = dc;
+                if (dw < best[2 * bw + 1]) best[2 * bw + 1] = dw;
+            }
+        printf("| %s | %lld | %.3f | %.3f | %.3f | %.3f | %016llx |\n", sh[i].name, (long long)g.B, best[0] * 1e3,
+               best[1] * 1e3, best[2] * 1e3, best[3] * 1e3, (unsigned long long)hash);
+        fflush(stdout);
+        ps_ctx_free(c);
+        free(a.q), free(a.k), free(a.v), free(a.ck), free(a.cv), free(a.dz), free(a.z), free(a.lse);
+        free(a.dq), free(a.dk), free(a.dv), free(a.dck), free(a.dcv);
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
     char warning[256], blas[320];
     ps_cpu_env_prepare(argv, warning, sizeof warning); /* first: may re-exec with the right BLAS kernels */
     if (warning[0]) fprintf(stderr, "%s\n", warning);
-    int quick = 0, old_full_16k = 0, long_run = 0;
+    int quick = 0, old_full_16k = 0, long_run = 0, shapes_reps = 0;
+    const char *shapes_only = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = 1;
         else if (!strcmp(argv[i], "--long")) long_run = 1;
         else if (!strcmp(argv[i], "--old-full-16k")) old_full_16k = 1;
+        else if (!strcmp(argv[i], "--train-shapes") && i + 1 < argc) {
+            shapes_reps = atoi(argv[++i]);
+            if (i + 1 < argc) shapes_only = argv[++i];
+        }
         else {
-            fprintf(stderr, "usage: %s [--quick] [--long] [--old-full-16k]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--long] [--old-full-16k] | --train-shapes REPS [SHAPE]\n", argv[0]);
             return 2;
         }
+    }
+    if (shapes_reps > 0) {
+        ps_cpu_env_describe(blas, sizeof blas);
+        printf("bench_attention --train-shapes: best of %d calls after one untimed; %d thread(s)\nBLAS: %s\n\n",
+               shapes_reps, omp_get_max_threads(), blas);
+        return train_shapes(shapes_reps, shapes_only);
     }
     ps_cpu_env_describe(blas, sizeof blas);
     printf("phasescope bench_attention (attention forward + backward, float32, CPU)\nBLAS: %s\n", blas);

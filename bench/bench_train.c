@@ -1,6 +1,7 @@
-/* bench_train.c — training-step throughput: forward + backward + AdamW for a small and a medium config,
- * full attention vs compressed W8/S8, as tokens/s and achieved GFLOP/s next to the machine's own
- * cblas_sgemm rate measured in the same run, with a per-op time breakdown. Prints; asserts nothing. */
+/* bench_train.c — training-step throughput: forward + backward + AdamW for a small, a medium and a deep
+ * config (12 layers of d 64, the shape of experiments/configs/deep), full attention vs compressed W8/S8,
+ * as tokens/s and achieved GFLOP/s next to the machine's own cblas_sgemm rate measured in the same run,
+ * with a per-op time breakdown. Prints; asserts nothing. `bench_train SECONDS deep`: that config alone. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
 #include <stdlib.h>
@@ -83,7 +84,7 @@ int main(int argc, char **argv) {
     ps_cpu_env_prepare(argv, warning, sizeof warning); /* first: may re-exec with the right BLAS kernels */
     if (warning[0]) fprintf(stderr, "%s\n", warning);
     double min_s = argc > 1 ? atof(argv[1]) : 2.0;
-    const char *only = argc > 2 ? argv[2] : NULL; /* "small" or "medium": that config alone */
+    const char *only = argc > 2 ? argv[2] : NULL; /* "small", "medium" or "deep": that config alone */
     ps_cpu_env_describe(blas, sizeof blas);
     printf("phasescope bench_train (forward + backward + AdamW, float32, CPU)\nBLAS: %s\n\n", blas);
     printf("FLOPs per training step = 3 × forward FLOPs (the backward of every product is two products of the\n"
@@ -94,8 +95,10 @@ int main(int argc, char **argv) {
     struct { const char *name; int64_t d, L, nh, nkv, dff, B, T; } cfgs[] = {
         {"small  d=256 L=4 h=4/4 V=512 B=4 T=256", 256, 4, 4, 4, 768, 4, 256},
         {"medium d=512 L=8 h=8/8 V=512 B=4 T=512", 512, 8, 8, 8, 1536, 4, 512},
+        /* the shape of experiments/configs/deep (d_model 64, 12 layers, 8 heads of 8, batch 32 of 72) */
+        {"deep   d=64 L=12 h=8/8 V=512 B=32 T=72", 64, 12, 8, 8, 128, 32, 72},
     };
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < (int)(sizeof cfgs / sizeof cfgs[0]); i++) {
         if (only && strncmp(cfgs[i].name, only, strlen(only))) continue;
         printf("%s   (same-run sgemm: [B·T x d] x [d x d_ff] = [%lld x %lld] x [%lld x %lld], measured next to each row)\n",
                cfgs[i].name, (long long)(cfgs[i].B * cfgs[i].T), (long long)cfgs[i].d, (long long)cfgs[i].d,

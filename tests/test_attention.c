@@ -285,6 +285,13 @@ static void test_reference(ps_ctx *c) {
               (geo){.B = 2, .T = 9, .nh = 4, .nkv = 2, .hd = 8, .W = 16, .S = 16, .local_window = 4, .comp = 1});
     test_case(c, "compressed W4/S4 LW8 T1",
               (geo){.B = 2, .T = 1, .nh = 2, .nkv = 2, .hd = 5, .W = 4, .S = 4, .local_window = 8, .comp = 1});
+    /* the training shape of deep_w8s8 (hd 8: the band's two-array dot), and T > 4·block, where the backward
+     * takes the forward's block of rows instead of its short one */
+    test_case(c, "compressed W8/S8 LW8 B2 T72 nh8/nkv8 hd8 (deep_w8s8)",
+              (geo){.B = 2, .T = 72, .nh = 8, .nkv = 8, .hd = 8, .W = 8, .S = 8, .local_window = 8, .comp = 1});
+    test_case(c, "full B1 T600 nh2/nkv1 hd8 (long blocks)", (geo){.B = 1, .T = 600, .nh = 2, .nkv = 1, .hd = 8});
+    test_case(c, "compressed W8/S8 LW8 B1 T700 nh2/nkv2 hd24 (long blocks)",
+              (geo){.B = 1, .T = 700, .nh = 2, .nkv = 2, .hd = 24, .W = 8, .S = 8, .local_window = 8, .comp = 1});
 }
 
 /* ---- backward against central finite differences of L = Σ z·R ---- */

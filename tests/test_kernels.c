@@ -49,6 +49,25 @@ static void test_expf(void) {
     CHECK(ps_expf(0.0f) == 1.0f, "ps_expf(0) = %.9g", ps_expf(0.0f));
     CHECK(ps_expf(-1000.0f) >= 0.0f && ps_expf(-1000.0f) < 2e-38f, "ps_expf(-1000) = %g", ps_expf(-1000.0f));
     CHECK(isnan(ps_expf(NAN)), "ps_expf(NaN) = %g", ps_expf(NAN));
+    /* ps_expf_v: ps_expf's float, bit for bit, on every 4999th bit pattern (all signs and exponents: NaNs,
+     * ±inf, denormals, both clamps) and the edges; a loop, as the kernels call it */
+    enum { NS = 860 * 1024 + 16 };
+    static float xs[NS], ys[NS];
+    int64_t n = 0;
+    for (uint64_t u = 0; u < (1ull << 32) && n < NS - 16; u += 4999, n++) {
+        uint32_t b = (uint32_t)u;
+        memcpy(&xs[n], &b, 4);
+    }
+    const float edge[] = {-87.0f, nextafterf(-87.0f, 0), nextafterf(-87.0f, -100), 88.0f, nextafterf(88.0f, 0),
+                          nextafterf(88.0f, 100), 0.0f, -0.0f, INFINITY, -INFINITY, NAN, -NAN};
+    for (size_t i = 0; i < sizeof edge / sizeof edge[0]; i++) xs[n++] = edge[i];
+    for (int64_t i = 0; i < n; i++) ys[i] = ps_expf_v(xs[i]);
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; i++) {
+        float r = ps_expf(xs[i]);
+        if (memcmp(&r, &ys[i], 4)) bad++;
+    }
+    CHECK(bad == 0, "ps_expf_v differs from ps_expf on %lld of %lld inputs", (long long)bad, (long long)n);
 }
 
 /* ---- attention: reference forward and backward over explicit entry lists ---- */

@@ -8,9 +8,9 @@
  *
  * A task is one (sequence, head) in the forward and one (sequence, KV head) in the backward (the query
  * heads of a group add into the same dK/dV slices, so they run in order inside one task). A task walks
- * its query rows in blocks of PS_CPU_ATTN_BLOCK. A block's scores S [m, nc] (row stride nc = ncols,
- * the column layout of a probability row) live in the thread's scratch; only the columns the block's
- * rows can see are computed:
+ * its query rows in blocks of PS_CPU_ATTN_BLOCK (the backward: bwd_rows). A block's scores
+ * S [m, nc] (row stride nc = ncols, the column layout of a probability row) live in the thread's scratch;
+ * only the columns the block's rows can see are computed:
  *   full        columns 0..r1-1 (raw positions; one sgemm, the upper triangle masked);
  *   compressed  columns 0..nWb-1: the windows the block's last row has seen (one sgemm against ck), and
  *               nW..nc-1: the local band, raw position t-LW+1+i in column nW+i (ps_dot).
@@ -29,6 +29,16 @@
 #include "core/cpu/cpu_attention.h"
 
 #define BLK PS_CPU_ATTN_BLOCK
+/* Query rows per block of the backward. Full attention at training lengths (T <= 4·BLK): BBLK_SHORT,
+ * fewer than the forward's. The three products per block (dV, dQ, dK) run over every column the
+ * block's last row sees, the masked upper triangle of the diagonal block included, and at T 72..160 BLK
+ * rows would be the whole sequence: 32 rows do 35-40% fewer products there, and fewer exponentials and
+ * zeros (16 gains no more). At long T the masked part is small and BLK rows are faster (T = 4096: 32 rows
+ * cost 8-10% more), and compressed attention has no triangle to save (its blocks only read the windows
+ * the last row has seen; 32 rows cost 0-5% more at T 72..160): BLK there. Depends on the geometry
+ * alone: the sums' order does not depend on the thread count. */
+#define BBLK_SHORT 32
+static int64_t bwd_rows(const ps_attn_geom *g) { return !g->compressed && g->T <= 4 * BLK ? BBLK_SHORT : BLK; }
 
 /* First local-band column (0..LW) that query t sees: the band starts before position 0 for t < LW-1. */
 static inline int64_t local_first(int64_t t, int64_t LW) { return t - LW + 1 < 0 ? LW - 1 - t : 0; }
@@ -76,9 +86,10 @@ static int kernel_threads(const ps_ctx *c) {
     return nt < 1 ? 1 : nt;
 }
 
-/* Floats of one thread's slice: `bufs` score blocks of BLK × ncols, rounded up to 64 bytes. */
-static int64_t slice_floats(const ps_attn_geom *g, int bufs) {
-    int64_t n = (int64_t)bufs * BLK * (g->ncols > 0 ? g->ncols : 1);
+/* Floats of one thread's slice: the forward one score block of BLK × ncols, the backward two of
+ * bwd_rows × ncols (S and dP), rounded up to 64 bytes. */
+static int64_t slice_floats(const ps_attn_geom *g, int backward) {
+    int64_t n = (backward ? 2 * bwd_rows(g) : BLK) * (g->ncols > 0 ? g->ncols : 1);
     return (n + 15) / 16 * 16;
 }
 
@@ -89,7 +100,7 @@ static int64_t scratch_slices(int nt, int64_t tasks) { return tasks < nt ? tasks
 
 int64_t ps_cpu_attn_workspace(const ps_attn_geom *g, int threads, int backward) {
     int64_t tasks = g->B * (backward ? g->nkv : g->nh);
-    return scratch_slices(threads < 1 ? 1 : threads, tasks > 0 ? tasks : 1) * slice_floats(g, backward ? 2 : 1);
+    return scratch_slices(threads < 1 ? 1 : threads, tasks > 0 ? tasks : 1) * slice_floats(g, backward);
 }
 
 /* Everything a task reads or writes (the op's arguments). */
@@ -150,6 +161,32 @@ static int64_t block_windows(const ps_attn_geom *g, const head *h, int64_t r1) {
     return g->compressed ? ps_geom_seen(g, h->b, h->kv, r1 - 1) : 0;
 }
 
+/* ps_dot(a, b, n), the same sums in the same order — 16 lanes, lane l adds the products of elements
+ * i ≡ l (mod 16) in order, a tail of 8 into lanes 0..7; then the lanes folded 8, 4, 2, 1 — so the same
+ * float, bit for bit. For n a multiple of 8 (head dims 8, 16, 32, 64) the lanes are two fixed arrays of 8,
+ * which gcc keeps in vector registers; ps_dot's variable tail loop and fold loop keep them in memory and
+ * cost more than the products for the short rows of a band. Other n: ps_dot itself. */
+static inline float band_dot(const float *restrict a, const float *restrict b, int64_t n) {
+    if (n == 8) { /* lanes 8..15 stay 0 and 0 + x is never -0: the fold adds nothing there */
+        float p[8];
+        for (int l = 0; l < 8; l++) p[l] = 0.0f + a[l] * b[l];
+        return ((p[0] + p[4]) + (p[2] + p[6])) + ((p[1] + p[5]) + (p[3] + p[7]));
+    }
+    if (n % 8) return ps_dot(a, b, n);
+    float lo[8] = {0}, hi[8] = {0};
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        for (int l = 0; l < 8; l++) lo[l] += a[i + l] * b[i + l];
+        for (int l = 0; l < 8; l++) hi[l] += a[i + 8 + l] * b[i + 8 + l];
+    }
+    if (i < n) /* 8 left */
+        for (int l = 0; l < 8; l++) lo[l] += a[i + l] * b[i + l];
+    for (int l = 0; l < 8; l++) lo[l] += hi[l];
+    for (int l = 0; l < 4; l++) lo[l] += lo[l + 4];
+    lo[0] += lo[2], lo[1] += lo[3];
+    return lo[0] + lo[1];
+}
+
 /* Scaled scores of rows r0..r1 into S (row t at S + (t-r0)·nc): full — columns [0, r1); compressed —
  * windows [0, nWb) and the band [nW + local_first(t), nc). Other columns are not written. With
  * dz (backward), also dP = dz·value over the same columns into dP. */
@@ -170,19 +207,20 @@ static void scores_block(float *S, float *dP, const head *h, const ps_attn_geom 
         const float *qt = h->q + t * qs;
         for (int64_t i = local_first(t, LW); i < LW; i++) {
             int64_t tp = t - LW + 1 + i;
-            S[(t - r0) * nc + nW + i] = ps_dot(qt, h->k + tp * ks, hd) * scale;
-            if (dP) dP[(t - r0) * nc + nW + i] = ps_dot(h->dz + t * qs, h->v + tp * ks, hd);
+            S[(t - r0) * nc + nW + i] = band_dot(qt, h->k + tp * ks, hd) * scale;
+            if (dP) dP[(t - r0) * nc + nW + i] = band_dot(h->dz + t * qs, h->v + tp * ks, hd);
         }
     }
 }
 
-/* Σ_c (row[c] = exp(row[c] - mx)) over [lo, hi): 16 interleaved sums added in a fixed order (vectorises). */
+/* Σ_c (row[c] = exp(row[c] - mx)) over [lo, hi) (ps_expf_v): 16 interleaved sums added in a fixed order
+ * (vectorises). */
 static float exp_sum(float *row, int64_t lo, int64_t hi, float mx) {
     float acc[16] = {0};
     int64_t c = lo;
     for (; c + 16 <= hi; c += 16)
-        for (int l = 0; l < 16; l++) acc[l] += (row[c + l] = ps_expf(row[c + l] - mx));
-    for (int l = 0; c < hi; c++, l++) acc[l] += (row[c] = ps_expf(row[c] - mx));
+        for (int l = 0; l < 16; l++) acc[l] += (row[c + l] = ps_expf_v(row[c + l] - mx));
+    for (int l = 0; c < hi; c++, l++) acc[l] += (row[c] = ps_expf_v(row[c] - mx));
     for (int w = 8; w >= 1; w /= 2)
         for (int l = 0; l < w; l++) acc[l] += acc[l + w];
     return acc[0];
@@ -272,7 +310,7 @@ int ps_cpu_attn_forward(ps_ctx *c, float *z, float *lse, const float *q, const f
     int64_t tasks = g->B * g->nh;
     if (tasks == 0 || g->T == 0) return 0;
     int nt = kernel_threads(c);
-    attn_args a = {.g = g, .z = z, .lse = lse, .q = q, .k = k, .v = v, .ck = ck, .cv = cv, .slice = slice_floats(g, 1)};
+    attn_args a = {.g = g, .z = z, .lse = lse, .q = q, .k = k, .v = v, .ck = ck, .cv = cv, .slice = slice_floats(g, 0)};
     float *ws = ps_ctx_workspace(c, scratch_slices(nt, tasks) * a.slice);
     if (!ws) return -1;
     run_tasks(nt, tasks, ws, forward_task, &a);
@@ -341,26 +379,32 @@ int ps_cpu_attn_out(ps_ctx *c, float *z, const float *probs, const float *v, con
 
 /* Softmax backward of one row from its scores: s becomes P = exp(s - lse), dp becomes
  * dS = P ⊙ (dP − D) · scale over [0, n0) ∪ [lo, hi); both 0 over [n0, nz). */
-static void softmax_backward_row(float *s, float *dp, int64_t n0, int64_t nz, int64_t lo, int64_t hi, float lse, float D,
-                                 float scale) {
-    for (int64_t c = 0; c < n0; c++) {
-        float p = ps_expf(s[c] - lse);
-        s[c] = p;
-        dp[c] = p * (dp[c] - D) * scale;
-    }
+static void softmax_backward_row(float *restrict s, float *restrict dp, int64_t n0, int64_t nz, int64_t lo, int64_t hi,
+                                 float lse, float D, float scale) {
+    /* the exponentials first (ps_expf_v: ps_expf's floats), then dS: each loop vectorises */
+    for (int64_t c = 0; c < n0; c++) s[c] = ps_expf_v(s[c] - lse);
+    for (int64_t c = lo; c < hi; c++) s[c] = ps_expf_v(s[c] - lse);
+    for (int64_t c = 0; c < n0; c++) dp[c] = s[c] * (dp[c] - D) * scale;
     for (int64_t c = n0; c < nz; c++) s[c] = dp[c] = 0.0f;
-    for (int64_t c = lo; c < hi; c++) {
-        float p = ps_expf(s[c] - lse);
-        s[c] = p;
-        dp[c] = p * (dp[c] - D) * scale;
+    for (int64_t c = lo; c < hi; c++) dp[c] = s[c] * (dp[c] - D) * scale;
+}
+
+/* One band entry (query row t, key row tp) of the backward: dv[tp] += p·dz[t]; dq[t] += ds·k[tp];
+ * dk[tp] += ds·q[t], element by element (the rows are of different arrays: restrict lets gcc vectorise). */
+static inline void band_update(float *restrict dvt, float *restrict dqt, float *restrict dkt, const float *restrict dzt,
+                               const float *restrict kt, const float *restrict qt, float p, float ds, int64_t hd) {
+    for (int64_t e = 0; e < hd; e++) {
+        dvt[e] += p * dzt[e];
+        dqt[e] += ds * kt[e];
+        dkt[e] += ds * qt[e];
     }
 }
 
-/* One (sequence, query head), block by block: S and dP (scores_block, the forward's scores), P and dS
- * from lse and D = dz·z, then
+/* One (sequence, query head), block by block (bwd_rows rows): S and dP (scores_block, the forward's
+ * scores), P and dS from lse and D = dz·z, then
  *   full        dV[0:r1] += P^T·dZ_blk ; dQ_blk = dS·K[0:r1] ; dK[0:r1] += dS^T·Q_blk
  *   compressed  the same against the windows [0, nWb) (dCV, dCK), then the band row by row.
- * S, dP: BLK × nc scratch each. */
+ * S, dP: bwd_rows × nc scratch each. */
 static void backward_head(const attn_args *a, int64_t b, int64_t n, float *S, float *dP) {
     const ps_attn_geom *g = a->g;
     int64_t T = g->T, nc = g->ncols, hd = g->hd, nW = g->nW, LW = g->LW;
@@ -368,8 +412,9 @@ static void backward_head(const attn_args *a, int64_t b, int64_t n, float *S, fl
     head h = head_of(a, b, n);
     int64_t qs = h.qs, ks = h.ks;
     const float *L = a->lse_in + (b * g->nh + n) * T;
-    for (int64_t r0 = 0; r0 < T; r0 += BLK) {
-        int64_t r1 = r0 + BLK < T ? r0 + BLK : T, m = r1 - r0;
+    int64_t rows = bwd_rows(g);
+    for (int64_t r0 = 0; r0 < T; r0 += rows) {
+        int64_t r1 = r0 + rows < T ? r0 + rows : T, m = r1 - r0;
         scores_block(S, dP, &h, g, r0, r1);
         for (int64_t t = r0; t < r1; t++) {
             int64_t n0, nz, lo, hi;
@@ -393,25 +438,17 @@ static void backward_head(const attn_args *a, int64_t b, int64_t n, float *S, fl
         /* the band, rows in order: dV += P·dz ; dQ += dS·k ; dK += dS·q */
         for (int64_t t = r0; t < r1; t++) {
             const float *srow = S + (t - r0) * nc, *dsrow = dP + (t - r0) * nc;
-            const float *qt = h.q + t * qs, *dzt = h.dz + t * qs;
-            float *dqt = h.dq + t * qs;
             for (int64_t i = local_first(t, LW); i < LW; i++) {
                 int64_t tp = t - LW + 1 + i;
-                float p = srow[nW + i], ds = dsrow[nW + i];
-                const float *kt = h.k + tp * ks;
-                float *dkt = h.dk + tp * ks, *dvt = h.dv + tp * ks;
-                for (int64_t e = 0; e < hd; e++) {
-                    dvt[e] += p * dzt[e];
-                    dqt[e] += ds * kt[e];
-                    dkt[e] += ds * qt[e];
-                }
+                band_update(h.dv + tp * ks, h.dq + t * qs, h.dk + tp * ks, h.dz + t * qs, h.k + tp * ks, h.q + t * qs,
+                            srow[nW + i], dsrow[nW + i], hd);
             }
         }
     }
 }
 
 /* Task (sequence, KV head): the group's query heads in order (they add into the same dK, dV, dCK, dCV
- * slices). Scratch: S and dP, BLK × nc each. */
+ * slices). Scratch: S and dP, bwd_rows × nc each (the two halves of the slice). */
 static void backward_task(const attn_args *a, int64_t bk, float *scratch) {
     const ps_attn_geom *g = a->g;
     int64_t b = bk / g->nkv, kv = bk % g->nkv, grp = g->nh / g->nkv;
@@ -427,7 +464,7 @@ int ps_cpu_attn_backward(ps_ctx *c, float *dq, float *dk, float *dv, float *dck,
     if (tasks == 0 || g->T == 0) return 0;
     int nt = kernel_threads(c);
     attn_args a = {.g = g, .dq = dq, .dk = dk, .dv = dv, .dck = dck, .dcv = dcv, .dz = dz, .zin = z,
-                   .lse_in = lse, .q = q, .k = k, .v = v, .ck = ck, .cv = cv, .slice = slice_floats(g, 2)};
+                   .lse_in = lse, .q = q, .k = k, .v = v, .ck = ck, .cv = cv, .slice = slice_floats(g, 1)};
     float *ws = ps_ctx_workspace(c, scratch_slices(nt, tasks) * a.slice);
     if (!ws) return -1;
     run_tasks(nt, tasks, ws, backward_task, &a);
