@@ -44,8 +44,8 @@ static inline float ps_expf(float x) {
  * ps_expf's float compares (the clamps to [-87, 88], the NaN test) keep gcc from if-converting a loop
  * under the default -ftrapping-math, so loops calling ps_expf stay scalar. Here the clamps compare the
  * bit patterns as integers (mapped so that integer order is float order; NaNs land outside the range and
- * are clamped like ps_expf clamps them) and NaN is passed through with an integer mask. Used by the CPU
- * attention kernels (core/cpu/attention.c). */
+ * are clamped like ps_expf clamps them) and NaN is passed through with an integer mask. Every CPU kernel
+ * calls this one; ps_expf stays as its readable reference (test_kernels compares the two). */
 static inline float ps_expf_v(float x) {
     int32_t xi;
     memcpy(&xi, &x, sizeof xi);

@@ -65,8 +65,8 @@ int ps_cpu_attn_chunk(ps_ctx *ctx, float *z, const float *q, const float *k, con
             for (int64_t c = 0; c < seen; c++) mx = row[c] > mx ? row[c] : mx;
             for (int64_t c = c_lo; c < c_hi; c++) mx = row[c] > mx ? row[c] : mx;
             float sum = 0.0f;
-            for (int64_t c = 0; c < seen; c++) sum += (row[c] = ps_expf(row[c] - mx));
-            for (int64_t c = c_lo; c < c_hi; c++) sum += (row[c] = ps_expf(row[c] - mx));
+            for (int64_t c = 0; c < seen; c++) sum += (row[c] = ps_expf_v(row[c] - mx));
+            for (int64_t c = c_lo; c < c_hi; c++) sum += (row[c] = ps_expf_v(row[c] - mx));
             float inv = 1.0f / sum;
             for (int64_t c = 0; c < seen; c++) row[c] *= inv;
             for (int64_t c = seen; c < c_lo; c++) row[c] = 0.0f;

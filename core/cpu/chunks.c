@@ -44,7 +44,7 @@ int ps_cpu_gate_chunks(ps_ctx *ctx, float *z, float *alpha, const float *a, cons
             if (s > mx) mx = s;
         }
         float sum = 0.0f;
-        for (int64_t i = 0; i < L; i++) sum += (al[i] = ps_expf(zz[i] - mx));
+        for (int64_t i = 0; i < L; i++) sum += (al[i] = ps_expf_v(zz[i] - mx));
         for (int64_t i = 0; i < L; i++) al[i] /= sum;
     }
     return 0;

@@ -50,7 +50,7 @@ int ps_cpu_gate_grid(ps_ctx *ctx, float *z, float *alpha, const float *a, const 
             if (s > mx) mx = s;
         }
         float sum = 0.0f;
-        for (int64_t i = 0; i < W; i++) sum += (al[i] = ps_expf(zz[i] - mx));
+        for (int64_t i = 0; i < W; i++) sum += (al[i] = ps_expf_v(zz[i] - mx));
         for (int64_t i = 0; i < W; i++) al[i] /= sum;
     }
     return 0;

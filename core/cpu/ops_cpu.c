@@ -91,7 +91,7 @@ int ps_cpu_swiglu(ps_ctx *ctx, float *h, const float *g, const float *u, int64_t
 #pragma omp parallel for schedule(static) if (n > 65536)
     for (int64_t i = 0; i < n; i++) {
         float x = g[i];
-        h[i] = x / (1.0f + ps_expf(-x)) * u[i];
+        h[i] = x / (1.0f + ps_expf_v(-x)) * u[i];
     }
     return 0;
 }
@@ -127,7 +127,7 @@ int ps_cpu_gate(ps_ctx *ctx, float *z, float *alpha, const float *a, const float
         }
         float sum = 0.0f;
         for (int64_t i = 0; i < W; i++) {
-            al[i] = ps_expf(zz[i] - mx);
+            al[i] = ps_expf_v(zz[i] - mx);
             sum += al[i];
         }
         for (int64_t i = 0; i < W; i++) al[i] /= sum;
@@ -201,12 +201,12 @@ int ps_cpu_attn_rows(ps_ctx *ctx, float *z_rows, const int64_t *rows, int64_t n,
             const float *val = e < nc ? cv + ((b * g->nW + e) * nkv + kv) * hd : v + ((b * T + lo + e - nc) * nkv + kv) * hd;
             float sc = ps_dot(qt, key, hd) * scale; /* the same dot and exp as ps_attn_probs */
             if (sc > mx) { /* rescale what was accumulated under the old maximum */
-                float f = ps_expf(mx - sc);
+                float f = ps_expf_v(mx - sc);
                 sum *= f;
                 for (int64_t i = 0; i < hd; i++) zt[i] *= f;
                 mx = sc;
             }
-            float p = ps_expf(sc - mx);
+            float p = ps_expf_v(sc - mx);
             sum += p;
             for (int64_t i = 0; i < hd; i++) zt[i] += p * val[i];
         }

@@ -71,7 +71,7 @@ int ps_cpu_swiglu_backward(ps_ctx *ctx, float *dg, float *du, const float *dh, c
     (void)ctx;
 #pragma omp parallel for schedule(static) if (n > 65536)
     for (int64_t i = 0; i < n; i++) {
-        float x = g[i], sg = 1.0f / (1.0f + ps_expf(-x)), silu = x * sg;
+        float x = g[i], sg = 1.0f / (1.0f + ps_expf_v(-x)), silu = x * sg;
         du[i] = dh[i] * silu;
         dg[i] = dh[i] * u[i] * sg * (1.0f + x * (1.0f - sg));
     }
@@ -293,14 +293,14 @@ int ps_cpu_cross_entropy(ps_ctx *ctx, double *loss_sum, int64_t *n_targets, floa
         double acc[8] = {0};
         int64_t k = 0;
         if (dx) {
-            for (int64_t i = 0; i < V; i++) dx[i] = ps_expf(x[i] - mx);
+            for (int64_t i = 0; i < V; i++) dx[i] = ps_expf_v(x[i] - mx);
             for (; k + 8 <= V; k += 8)
                 for (int l = 0; l < 8; l++) acc[l] += (double)dx[k + l];
             for (int l = 0; k < V; k++, l++) acc[l] += (double)dx[k];
         } else {
             for (; k + 8 <= V; k += 8)
-                for (int l = 0; l < 8; l++) acc[l] += (double)ps_expf(x[k + l] - mx);
-            for (int l = 0; k < V; k++, l++) acc[l] += (double)ps_expf(x[k] - mx);
+                for (int l = 0; l < 8; l++) acc[l] += (double)ps_expf_v(x[k + l] - mx);
+            for (int l = 0; k < V; k++, l++) acc[l] += (double)ps_expf_v(x[k] - mx);
         }
         double sum = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
         double lse = log(sum) + mx;
