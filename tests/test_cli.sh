@@ -161,7 +161,8 @@ if [ "$NO" = cuda ]; then
 else
   out=$("$PS" train --config "$T/tc.json" --out "$T/rcu" --device cuda 2>&1); rc=$?
   if { [ $rc -eq 0 ] && grep -q "run in" <<<"$out"; } ||
-     { [ $rc -eq 1 ] && [ "$(wc -l <<<"$out")" -eq 1 ] && grep -qF "phasescope train: --device cuda: cuda backend: no CUDA device" <<<"$out"; }; then
+     { [ $rc -eq 1 ] && [ "$(wc -l <<<"$out")" -eq 1 ] && grep -qF "phasescope train: --device cuda: cuda backend: no CUDA device" <<<"$out" &&
+       [ ! -e "$T/rcu" ]; }; then # (the failed run leaves no empty run directory behind)
     pass=$((pass+1))
   else
     fail=$((fail+1)); echo "FAIL train-device-cuda: rc=$rc, output: $out" >&2

@@ -617,6 +617,9 @@ int ps_train(const ps_train_cfg *c, const char *dir, int resume, int64_t stop_af
         return -1;
     }
     int bad = 0;
+    /* a run directory this call creates is removed again if the run fails before writing anything into it
+     * (e.g. --device cuda without a device): rmdir removes only an empty directory */
+    int made_dir = root && access(dir, F_OK) != 0;
     if (root) { /* the run directory is rank 0's */
         bad = ps_mkdir(dir, err) || ps_path_join(logpath, sizeof logpath, dir, "train.jsonl", err) ||
               ps_path_join(mpath, sizeof mpath, dir, "model.safetensors", err);
@@ -859,5 +862,6 @@ done:
         ps_buf_free(s.m.ctx, s.m2, s.m.n_params * (int64_t)sizeof(float));
     }
     ps_model_free(&s.m);
+    if (rc && made_dir) rmdir(dir);
     return rc;
 }
