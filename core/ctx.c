@@ -146,10 +146,10 @@ int ps_buf_from_host(ps_ctx *c, void *buf, const void *host, int64_t bytes, ps_e
 int ps_ctx_host_visible(const ps_ctx *c) { return c->be->host_visible; }
 
 int ps_ctx_mem_info(ps_ctx *c, int64_t *free_bytes, int64_t *total_bytes, ps_error *err) {
-    if (c->be->mem_info) {
-        if (c->be->mem_info(c, free_bytes, total_bytes)) return ps_ctx_check(c, err);
-        return 0;
-    }
+    if (c->failed) /* an earlier op's failure stays for ps_ctx_check; nothing is queried */
+        return ps_fail(err, "memory of the %s context: an earlier op failed (%s)", c->be->name, c->err.msg);
+    if (c->be->mem_info) /* a failed query clears its own failure: it is not a failed op */
+        return c->be->mem_info(c, free_bytes, total_bytes) ? ps_ctx_check(c, err) : 0;
     long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
     *free_bytes = (int64_t)ps_mem_available();
     *total_bytes = pages > 0 && page > 0 ? (int64_t)pages * (int64_t)page : 0;
@@ -157,13 +157,8 @@ int ps_ctx_mem_info(ps_ctx *c, int64_t *free_bytes, int64_t *total_bytes, ps_err
 }
 
 uint64_t ps_ctx_mem_free(ps_ctx *c) {
-    if (!c || !c->be->mem_info) return ps_mem_available();
-    if (c->failed) return 0; /* a failed context answers nothing (its message stays for ps_ctx_check) */
+    if (!c) return ps_mem_available();
     int64_t fb = 0, tb = 0;
-    if (c->be->mem_info(c, &fb, &tb)) {
-        ps_error e;
-        ps_ctx_check(c, &e); /* a query that failed is not a failed op: clear it, and skip the size check */
-        return 0;
-    }
-    return fb > 0 ? (uint64_t)fb : 0;
+    ps_error e;
+    return ps_ctx_mem_info(c, &fb, &tb, &e) || fb <= 0 ? 0 : (uint64_t)fb; /* 0: the size check is skipped */
 }

@@ -242,6 +242,11 @@ static void check_mem_info(void) {
     CHECK(fb > 0 && tb > 0 && fb <= tb, "cpu memory: %lld free of %lld", (long long)fb, (long long)tb);
     uint64_t f2 = ps_ctx_mem_free(c);
     CHECK(f2 > 0 && f2 <= (uint64_t)tb, "ps_ctx_mem_free %llu of %lld", (unsigned long long)f2, (long long)tb);
+    /* a context with a failed op answers nothing and keeps the op's message for ps_ctx_check */
+    ps_ctx_fail(c, "op X broke");
+    CHECK_ERR(ps_ctx_mem_info(c, &fb, &tb, &err), &err, "earlier op failed", "op X broke");
+    CHECK(ps_ctx_mem_free(c) == 0, "ps_ctx_mem_free of a failed context");
+    CHECK(ps_ctx_check(c, &err) != 0 && strstr(err.msg, "op X broke"), "the op's failure was lost: %s", err.msg);
     ps_ctx_free(c);
 }
 
