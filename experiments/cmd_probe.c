@@ -302,7 +302,7 @@ done:
 #else
 static int run(const ps_args *a, ps_error *err) {
     (void)a;
-    return ps_fail(err, "probe: built without libcurl: `phasescope probe` needs it (Debian libcurl4-openssl-dev); "
+    return ps_fail(err, "built without libcurl: `phasescope probe` needs it (Debian libcurl4-openssl-dev); "
                         "install it and configure again (cmake -S . -B build)");
 }
 #endif

@@ -71,7 +71,7 @@ static int run(const ps_args *a, ps_error *err) {
 #else
 static int run(const ps_args *a, ps_error *err) {
     (void)a;
-    return ps_fail(err, "serve: built without libmicrohttpd: `phasescope serve` needs it (Debian libmicrohttpd-dev); "
+    return ps_fail(err, "built without libmicrohttpd: `phasescope serve` needs it (Debian libmicrohttpd-dev); "
                         "install it and configure again (cmake -S . -B build)");
 }
 #endif

@@ -37,6 +37,8 @@
 #   torch_peer  the same model and step in PyTorch (bench/torch_gpu_peer.py), when 100 s are left
 # Logs and JSON go to $OUT (the device tool's folder), else build-gpu/out/: summary.txt, configure.log,
 # build.log, test_cuda.log, test_cuda_blocking.log, bench_gpu.log/.json, torch_peer.log/.json.
+# The whole script is one block, read before it runs: editing the file during a run cannot change that run.
+{
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -170,7 +172,7 @@ fi
 command -v nvcc >/dev/null || finish FAIL "no nvcc on PATH (/usr/local/cuda/bin)"
 command -v cmake >/dev/null || finish FAIL "no cmake"
 command -v g++ >/dev/null || command -v c++ >/dev/null || finish FAIL "no C++ host compiler for nvcc"
-say "toolchain: nvcc $(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p'); $(cmake --version | head -n 1); gcc $(gcc -dumpversion 2>/dev/null); $(nproc) cores; pkg-config: $(command -v pkg-config || echo none); python3: $(command -v python3 || echo none)"
+say "toolchain: nvcc $(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p'); $(cmake --version | head -n 1); gcc $(gcc -dumpversion 2>/dev/null); $(nproc) cores; dpkg: $(command -v dpkg || echo NONE); pkg-config: $(command -v pkg-config || echo none); python3: $(command -v python3 || echo none)"
 say "toolchain: cuBLASLt $(ls /usr/local/cuda/lib64/libcublasLt.so.* 2>/dev/null | head -n 1 | sed 's/.*\.so\.//') ($(ls /usr/local/cuda/include/cublasLt.h >/dev/null 2>&1 && echo header found || echo NO header))"
 
 # 1. the carried libraries, unpacked into the prefix (only when the machine lacks them), and configure
@@ -181,6 +183,7 @@ done
 [ -e /usr/include/$ARCH/openblas-openmp/cblas.h ] || [ -e /usr/include/cblas.h ] || need_prefix=1
 CMAKE_EXTRA=()
 if [ "$need_prefix" = 1 ]; then
+  command -v dpkg >/dev/null || finish FAIL "configure: no dpkg to unpack the carried .debs"
   ls "$DEBS"/*.deb >/dev/null 2>&1 || finish FAIL "configure: the machine lacks the build's libraries and no .gpu_debs/ came along (bash scripts/gpu_check.sh --pack here, then carry .gpu_debs)"
   if [ ! -e "$PREFIX/.unpacked" ]; then
     rm -rf "$PREFIX"; mkdir -p "$PREFIX"
@@ -217,7 +220,7 @@ if [ $rc != 0 ]; then
   tail -n 15 "$O/configure.log" | tee -a "$S"
   finish FAIL "configure rc $rc$([ $rc = 124 ] && echo ' (timed out)') (configure.log)"
 fi
-say "configure: ok in $(($(date +%s) - TC)) s (prefix: $([ "$need_prefix" = 1 ] && echo carried .debs || echo the machine\'s)); $(grep -E 'CUDA backend:|probe:|serve:' "$O/configure.log" | sed 's/^-- //; s/^CMake Warning.*//' | grep -v '^$' | cut -c1-110 | tr '\n' ';')"
+say "configure: ok in $(($(date +%s) - TC)) s (prefix: $([ "$need_prefix" = 1 ] && echo carried .debs || echo the machine\'s)); $(grep -E 'CUDA backend:|probe:|serve:' "$O/configure.log" | sed 's/^-- //; s/^CMake Warning.*//' | grep -v '^$' | cut -c1-160 | tr '\n' ';')"
 [ $CONFIGURE_ONLY = 1 ] && finish PASS "configured (--configure-only)"
 
 # 2. build
@@ -306,3 +309,5 @@ EOF
 [ $BG_RC = 0 ] || STATUS=FAIL
 [ $PEER_RC = 0 ] || SUMMARY="$SUMMARY; torch peer failed (rc $PEER_RC)"
 finish $STATUS "build $BUILD_S s; test_cuda $CT_LINE; bench rc $BG_RC; ${SUMMARY:-no bench numbers}"
+exit
+}
