@@ -153,7 +153,7 @@ fi
 el() { echo $(($(date +%s) - T0)); }
 say() { echo "[$(el)s] $*" | tee -a "$S"; }
 # seconds left before the deadline, at most $1
-left() { local l=$((DEADLINE - $(el))); [ $l -lt "$1" ] && echo $l || echo "$1"; }
+left() { local l=$((DEADLINE - $(el))); [ $l -lt 1 ] && l=1; [ $l -lt "$1" ] && echo $l || echo "$1"; }
 STATUS=PASS
 finish() { # finish PASS|FAIL TEXT: the last line, then exit
   [ "$1" = FAIL ] && STATUS=FAIL
