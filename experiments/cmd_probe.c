@@ -1,6 +1,5 @@
 /* cmd_probe.c — `phasescope probe`: the text-kv sweep and the fillers experiment against a served model's
- * /v1/completions (interventions/probe.h, docs/served-models.md). */
-#include <curl/curl.h>
+ * /v1/completions (probe/probe.h, docs/served-models.md). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,7 +10,11 @@
 #include "core/fileio.h"
 #include "interventions/fillers.h"
 #include "experiments/instrument.h"
-#include "interventions/probe.h"
+#ifdef PS_HAVE_PROBE /* the probe layer: built when libcurl is found (CMakeLists.txt) */
+#include <curl/curl.h>
+
+#include "probe/probe.h"
+#endif
 #include "viz/results_check.h"
 #include "interventions/textkv.h"
 #include "text/tokenizer.h"
@@ -60,6 +63,7 @@ const ps_command ps_cmd_probe = {
     .run = run,
 };
 
+#ifdef PS_HAVE_PROBE
 static void on_progress(int64_t done, int64_t total, void *user) { ps_progress_update(user, done, total, "requests"); }
 
 static json_t *provenance(const ps_args *a, const ps_probe *p, const char *cmdline, int64_t seed, int64_t P, int64_t n_prompts,
@@ -295,3 +299,10 @@ done:
     curl_global_cleanup();
     return rc;
 }
+#else
+static int run(const ps_args *a, ps_error *err) {
+    (void)a;
+    return ps_fail(err, "built without libcurl: `phasescope probe` needs it (Debian libcurl4-openssl-dev); "
+                        "install it and configure again (cmake -S . -B build)");
+}
+#endif

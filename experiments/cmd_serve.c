@@ -5,7 +5,9 @@
 #include <string.h>
 
 #include "experiments/cli.h"
+#ifdef PS_HAVE_SERVE /* the serve layer: built when libmicrohttpd is found (CMakeLists.txt) */
 #include "serve/serve.h"
+#endif
 
 static int run(const ps_args *a, ps_error *err);
 
@@ -41,6 +43,7 @@ const ps_command ps_cmd_serve = {
     .run = run,
 };
 
+#ifdef PS_HAVE_SERVE
 static int run(const ps_args *a, ps_error *err) {
     ps_serve_opts o;
     ps_serve_defaults(&o);
@@ -65,3 +68,10 @@ static int run(const ps_args *a, ps_error *err) {
         return ps_cli_usage(err, "--host %s: expected an IPv4 address (127.0.0.1, 0.0.0.0, ...)", o.host);
     return ps_serve_run(&o, ps_args_get(a, "--port-file"), err);
 }
+#else
+static int run(const ps_args *a, ps_error *err) {
+    (void)a;
+    return ps_fail(err, "built without libmicrohttpd: `phasescope serve` needs it (Debian libmicrohttpd-dev); "
+                        "install it and configure again (cmake -S . -B build)");
+}
+#endif

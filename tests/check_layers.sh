@@ -18,10 +18,11 @@ declare -A may=(
   [interventions]="interventions tasks text gates dist core"
   [train]="train tasks text gates dist core"
   [viz]="viz interventions tasks text gates dist core"
+  [probe]="probe interventions tasks text gates dist core"
   [serve]="serve viz interventions train tasks text gates dist core"
-  [experiments]="experiments serve viz interventions train tasks text gates dist core"
+  [experiments]="experiments serve probe viz interventions train tasks text gates dist core"
 )
-layers="core text gates dist tasks interventions train viz serve experiments"
+layers="core text gates dist tasks interventions train viz probe serve experiments"
 # the layer headers by file name (a bare include of one of them is an error)
 declare -A headers=()
 for layer in $layers; do

@@ -2,7 +2,8 @@
  *
  * Without a CUDA device (no driver, the stub libcuda, or 0 devices) it checks that a cuda context fails
  * cleanly — one line naming the reason, the model staying usable on the CPU — prints "skipped: no CUDA
- * device" and passes. With a device:
+ * device" and passes (CI). As a device check (PS_REQUIRE_DEVICE=1 or --require-device; scripts/gpu_check.sh
+ * sets it) seeing no device is a failure: it prints "FAIL: no CUDA device ..." and exits 1. With a device:
  *   - every op of the table on random inputs, CPU vs CUDA (fp32: 1e-5 elementwise, 1e-4 where the
  *     summation order differs: products, attention); the DeepSeek-V4 block op by op (core/cuda/v4.cu:
  *     rope, mHC, CSA/HCA compressors and their backward, indexer, top-k, routing, experts, attention
@@ -1471,10 +1472,20 @@ int main(int argc, char **argv) {
     ps_error err;
     const char *why = "";
     int n_dev = ps_cuda_device_count(&why);
-    const char *dry = getenv("PS_TEST_CUDA_DRY_RUN");
+    const char *dry = getenv("PS_TEST_CUDA_DRY_RUN"), *req = getenv("PS_REQUIRE_DEVICE");
+    /* a device check (the GPU run): no device is a FAIL there, never a pass */
+    int require_device = req && *req == '1';
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--require-device")) require_device = 1;
     /* the dry run's "device": the test backend cpu-staged (the cpu's ops behind buffers that are not host
      * pointers, so every device-side path is taken; the CLI refuses it, so the sweep command runs on the cpu) */
-    if (dry && *dry == '1') DEV = "cpu-staged", n_dev = 1;
+    if (dry && *dry == '1') {
+        if (require_device) {
+            printf("FAIL: PS_TEST_CUDA_DRY_RUN=1 in a device check: the dry run compares the cpu with itself\n");
+            return 1;
+        }
+        DEV = "cpu-staged", n_dev = 1;
+    }
     CHECK(strstr(ps_ctx_backends(), "cuda") != NULL, "this build lists its backends as \"%s\"", ps_ctx_backends());
     if (n_dev <= 0) {
         /* no device: the context must fail cleanly, with one line naming the reason */
@@ -1507,6 +1518,12 @@ int main(int argc, char **argv) {
             ps_v4_model_free(&vm);
         } else
             CHECK(0, "%s", err.msg);
+        if (require_device) {
+            fprintf(stderr, "FAIL: no CUDA device (%s), and this run is a device check (%s): nothing was compared on a GPU\n",
+                    why, req && *req == '1' ? "PS_REQUIRE_DEVICE=1" : "--require-device");
+            printf("FAIL: no CUDA device (%s); %d passed, %d failed\n", why, check_pass_, check_fail_ + 1);
+            return 1;
+        }
         printf("skipped: no CUDA device (%s)\n", why);
         CHECK_DONE();
     }
@@ -1550,7 +1567,10 @@ int main(int argc, char **argv) {
     test_hooks();
     test_precisions();
     test_train_device();
-    if (argc > 1) test_sweep_json(argv[1]);
+    const char *build_dir = NULL; /* the first argument that is not a flag */
+    for (int i = 1; i < argc && !build_dir; i++)
+        if (strncmp(argv[i], "--", 2)) build_dir = argv[i];
+    if (build_dir) test_sweep_json(build_dir);
     ps_ctx_free(GPU);
     ps_ctx_free(CPU);
     CHECK_DONE();

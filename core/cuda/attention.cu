@@ -492,6 +492,7 @@ static int stage_geom(ps_ctx *c, const ps_attn_geom *g, attn_p *p, const int64_t
 
 extern "C" int ps_cuda_attn_forward(ps_ctx *c, float *z, float *lse, const float *q, const float *k, const float *v,
                                     const float *ck, const float *cv, const ps_attn_geom *g) {
+    if (cu_geom_check(c, "attention forward", g)) return -1;
     attn_p p = geom_params(g);
     if (stage_geom(c, g, &p, NULL, 0, NULL)) return -1;
     p.q = q, p.k = k, p.v = v, p.ck = ck, p.cv = cv, p.z = z, p.lse = lse;
@@ -501,6 +502,12 @@ extern "C" int ps_cuda_attn_forward(ps_ctx *c, float *z, float *lse, const float
 extern "C" int ps_cuda_attn_chunk(ps_ctx *c, float *z, const float *q, const float *k, const float *v, const float *ck,
                                   const float *cv, const ps_attn_frame *f) {
     if (f->Tq <= 0) return 0;
+    if (f->nh < 1 || f->nkv < 1 || f->hd < 1 || f->nh % f->nkv || f->Tk < 0 ||
+        (f->compressed && (f->W < 1 || f->S < 1 || f->LW < 1 || f->nW < 0)))
+        return ps_ctx_fail(c, "cuda attention chunk: invalid frame nh=%lld nkv=%lld hd=%lld Tk=%lld compressed=%d W=%lld S=%lld LW=%lld "
+                              "nW=%lld (want nh %% nkv == 0)",
+                           (long long)f->nh, (long long)f->nkv, (long long)f->hd, (long long)f->Tk, f->compressed, (long long)f->W,
+                           (long long)f->S, (long long)f->LW, (long long)f->nW);
     if (f->q_off < 0 || f->q_off + f->Tq > f->Tk)
         return ps_ctx_fail(c, "attention chunk: query rows [%lld, %lld) outside the key frame of %lld rows", (long long)f->q_off,
                            (long long)(f->q_off + f->Tq), (long long)f->Tk);
@@ -518,7 +525,7 @@ extern "C" int ps_cuda_attn_backward(ps_ctx *c, float *dq, float *dk, float *dv,
                                      const float *z, const float *lse, const float *q, const float *k, const float *v,
                                      const float *ck, const float *cv, const ps_attn_geom *g) {
     const char *what = "attention backward";
-    if (check_hd(c, g->hd, what)) return -1;
+    if (cu_geom_check(c, what, g) || check_hd(c, g->hd, what)) return -1;
     attn_p p = geom_params(g);
     int64_t rows = p.B * p.nh * p.Tq;
     if (rows <= 0) return 0;
@@ -610,6 +617,7 @@ __global__ void k_attn_rows(float *zr, const int64_t *rows, int64_t nrows, attn_
 extern "C" int ps_cuda_attn_rows(ps_ctx *c, float *z_rows, const int64_t *rows, int64_t n, const float *q, const float *k,
                                  const float *v, const float *ck, const float *cv, const ps_attn_geom *g) {
     if (n <= 0) return 0;
+    if (cu_geom_check(c, "attention rows", g)) return -1;
     if (g->hd > 32 * ROWS_MAXU)
         return ps_ctx_fail(c, "cuda attention rows: head_dim %lld (at most %d)", (long long)g->hd, 32 * ROWS_MAXU);
     attn_p p = geom_params(g);
@@ -669,6 +677,8 @@ __global__ void k_attn_probs(float *probs, attn_p p, int64_t nc) {
 
 extern "C" int ps_cuda_attn_probs(ps_ctx *c, float *probs, const float *q, const float *k, const float *ck,
                                   const ps_attn_geom *g) {
+    /* probs [B, nh, T, ncols]: ncols is the row stride, checked against the geometry before the launch */
+    if (cu_geom_check(c, "attention probabilities", g)) return -1;
     attn_p p = geom_params(g);
     int64_t rows = p.B * p.nh * p.Tq;
     if (rows <= 0) return 0;
@@ -700,6 +710,7 @@ __global__ void k_attn_out(float *z, const float *probs, attn_p p, int64_t nc) {
 
 extern "C" int ps_cuda_attn_out(ps_ctx *c, float *z, const float *probs, const float *v, const float *cv,
                                 const ps_attn_geom *g) {
+    if (cu_geom_check(c, "attention output", g)) return -1; /* ncols: the row stride of probs */
     attn_p p = geom_params(g);
     int64_t rows = p.B * p.nh * p.Tq;
     if (rows <= 0) return 0;

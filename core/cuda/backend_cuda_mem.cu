@@ -61,14 +61,24 @@ extern "C" int ps_cuda_init(ps_ctx *c) {
         ps_cuda_fini(c);
         return -1;
     }
-    cublasSetStream(cu->blas, cu->stream);
+    cublasStatus_t s3 = cublasSetStream(cu->blas, cu->stream);
+    if (s3 != CUBLAS_STATUS_SUCCESS) {
+        ps_ctx_fail(c, "cublasSetStream: %s (%d)", cublasGetStatusString(s3), (int)s3);
+        ps_cuda_fini(c);
+        return -1;
+    }
     cu->lt_ws_bytes = (size_t)64 << 20;
     if (cu_check(c, cudaMalloc(&cu->lt_ws, cu->lt_ws_bytes), "cudaMalloc (cuBLASLt workspace)") ||
         cu_check(c, cudaMalloc((void **)&cu->dscal, 64 * sizeof(double)), "cudaMalloc (scalars)")) {
         ps_cuda_fini(c);
         return -1;
     }
-    cublasSetWorkspace(cu->blas, cu->lt_ws, cu->lt_ws_bytes);
+    cublasStatus_t s4 = cublasSetWorkspace(cu->blas, cu->lt_ws, cu->lt_ws_bytes);
+    if (s4 != CUBLAS_STATUS_SUCCESS) {
+        ps_ctx_fail(c, "cublasSetWorkspace (%zu bytes): %s (%d)", cu->lt_ws_bytes, cublasGetStatusString(s4), (int)s4);
+        ps_cuda_fini(c);
+        return -1;
+    }
     return 0;
 }
 
@@ -90,12 +100,20 @@ extern "C" void ps_cuda_fini(ps_ctx *c) {
 extern "C" void *ps_cuda_alloc(ps_ctx *c, int64_t bytes) {
     void *p = NULL;
     size_t n = (size_t)(bytes > 0 ? bytes : 1);
-    if (cudaMalloc(&p, n) != cudaSuccess) {
-        cudaGetLastError(); /* an out-of-memory is reported by the caller (ps_buf_alloc), not sticky */
+    cudaError_t e = cudaMalloc(&p, n);
+    if (e != cudaSuccess) {
+        cudaGetLastError(); /* clear it: an out-of-memory is reported by the caller (ps_buf_alloc), not sticky */
+        /* anything else (an earlier kernel's fault, a lost device) is not an out-of-memory: say what it was */
+        if (e != cudaErrorMemoryAllocation) cu_check(c, e, "cudaMalloc of a buffer");
         return NULL;
     }
-    if (cudaMemsetAsync(p, 0, n, STREAM(c)) != cudaSuccess) {
+    e = cudaMemsetAsync(p, 0, n, STREAM(c));
+    if (e != cudaSuccess) {
+        /* the zero-fill of a new buffer failed (an earlier op's fault shows up here first): clear the error,
+         * which would otherwise be reported by the next unrelated call, and fail the context with its name */
+        cudaGetLastError();
         cudaFree(p);
+        cu_check(c, e, "cudaMemsetAsync (zero-fill of a new buffer)");
         return NULL;
     }
     return p;

@@ -40,6 +40,25 @@ static inline int cu_check(ps_ctx *c, cudaError_t e, const char *what) {
 }
 #define CU_LAUNCHED(c, what) cu_check((c), cudaGetLastError(), (what))
 
+/* The attention geometry a device attention op trusts (the CPU's check_geom in core/cpu/attention.c):
+ * nh a multiple of nkv (the kernels divide by nkv and by nh / nkv), and ncols, the row stride of the
+ * probability rows, nW + LW (compressed) or T (full). An op refuses anything else before it divides or
+ * launches. */
+static inline int cu_geom_check(ps_ctx *c, const char *op, const ps_attn_geom *g) {
+    int ok = g->B >= 0 && g->T >= 0 && g->nh >= 1 && g->nkv >= 1 && g->hd >= 1 && g->nh % g->nkv == 0;
+    if (ok && g->compressed)
+        ok = g->W >= 1 && g->S >= 1 && g->LW >= 1 && g->nW >= 0 && g->ncols == g->nW + g->LW;
+    else if (ok)
+        ok = g->ncols == g->T;
+    if (ok) return 0;
+    return ps_ctx_fail(c,
+                       "cuda %s: invalid geometry B=%lld T=%lld nh=%lld nkv=%lld hd=%lld compressed=%d W=%lld S=%lld LW=%lld "
+                       "nW=%lld ncols=%lld (want nh %% nkv == 0 and ncols == %s)",
+                       op, (long long)g->B, (long long)g->T, (long long)g->nh, (long long)g->nkv, (long long)g->hd, g->compressed,
+                       (long long)g->W, (long long)g->S, (long long)g->LW, (long long)g->nW, (long long)g->ncols,
+                       g->compressed ? "nW + LW" : "T");
+}
+
 /* A 1-D grid for n items in blocks of `threads` (grid-stride loops cover the rest). */
 static inline unsigned cu_grid(int64_t n, int threads) {
     int64_t b = (n + threads - 1) / threads;

@@ -336,6 +336,7 @@ __global__ void k_pattern_expand(float *full, const float *probs, int64_t rows, 
 }
 
 extern "C" int ps_cuda_pattern_expand(ps_ctx *c, float *full, const float *probs, const ps_attn_geom *g) {
+    if (cu_geom_check(c, "pattern expand", g)) return -1; /* ncols: the row stride of probs */
     int64_t rows = g->B * g->nh * g->T, T = g->T;
     if (rows <= 0) return 0;
     if (!g->compressed) return full == probs ? 0 : ps_cuda_copy(c, full, probs, rows * T);
@@ -371,6 +372,7 @@ __global__ void k_pattern_compact(float *probs, const float *full, int64_t rows,
 }
 
 extern "C" int ps_cuda_pattern_compact(ps_ctx *c, float *probs, const float *full, const ps_attn_geom *g) {
+    if (cu_geom_check(c, "pattern compact", g)) return -1; /* the kernel divides by nh / nkv; ncols: probs' row stride */
     int64_t rows = g->B * g->nh * g->T, T = g->T;
     if (rows <= 0) return 0;
     if (!g->compressed)

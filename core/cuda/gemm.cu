@@ -3,6 +3,7 @@
  * descriptors and the heuristic's algorithm cached by shape, and cuBLAS's strided-batched GEMM as the
  * fallback when cuBLASLt offers no algorithm. The context's precision picks the compute type: fp32
  * (CUBLAS_COMPUTE_32F), tf32 (..._FAST_TF32) or bf16 (..._FAST_16BF); storage is fp32 throughout. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -56,41 +57,75 @@ static cublasComputeType_t compute_type(int prec) {
     return prec == PS_PREC_TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : prec == PS_PREC_BF16 ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F;
 }
 
-static cublasLtMatrixLayout_t layout(int64_t rows, int64_t cols, int64_t ld, int64_t batch, int64_t stride) {
+/* A cuBLAS(Lt) call's status: 0, or -1 with why = "CALL: STATUS (n)" (the first failure kept). */
+static int lt_ok(cublasStatus_t st, const char *call, char *why, size_t nwhy) {
+    if (st == CUBLAS_STATUS_SUCCESS) return 0;
+    if (!why[0]) snprintf(why, nwhy, "%s: %s (%d)", call, cublasGetStatusString(st), (int)st);
+    return -1;
+}
+
+/* A matrix layout (NULL with why filled when a call fails). */
+static cublasLtMatrixLayout_t layout(const char *which, int64_t rows, int64_t cols, int64_t ld, int64_t batch, int64_t stride,
+                                     char *why, size_t nwhy) {
     cublasLtMatrixLayout_t l = NULL;
-    if (cublasLtMatrixLayoutCreate(&l, CUDA_R_32F, (uint64_t)rows, (uint64_t)cols, ld) != CUBLAS_STATUS_SUCCESS) return NULL;
+    char call[96];
+    snprintf(call, sizeof call, "cublasLtMatrixLayoutCreate (%s)", which);
+    if (lt_ok(cublasLtMatrixLayoutCreate(&l, CUDA_R_32F, (uint64_t)rows, (uint64_t)cols, ld), call, why, nwhy)) return NULL;
     if (batch > 1) {
         int32_t bc = (int32_t)batch;
-        cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc);
-        cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride);
+        snprintf(call, sizeof call, "cublasLtMatrixLayoutSetAttribute (%s: BATCH_COUNT %d)", which, (int)bc);
+        int bad = lt_ok(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc), call, why, nwhy);
+        snprintf(call, sizeof call, "cublasLtMatrixLayoutSetAttribute (%s: STRIDED_BATCH_OFFSET %lld)", which, (long long)stride);
+        bad = bad || lt_ok(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride),
+                           call, why, nwhy);
+        if (bad) {
+            cublasLtMatrixLayoutDestroy(l);
+            return NULL;
+        }
     }
     return l;
 }
 
 /* Descriptors and algorithm for a column-major problem (filled entry; have_algo 0 when the heuristic had
- * none). */
-static int entry_make(ps_cuda *cu, gemm_entry *e, const gemm_key *k) {
+ * none). -1 with why naming the cuBLASLt call and its status when one fails. */
+static int entry_make(ps_cuda *cu, gemm_entry *e, const gemm_key *k, char *why, size_t nwhy) {
     memset(e, 0, sizeof *e);
+    why[0] = 0;
     e->key = *k;
     cublasOperation_t opA = k->ta ? CUBLAS_OP_T : CUBLAS_OP_N, opB = k->tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-    if (cublasLtMatmulDescCreate(&e->desc, compute_type(k->prec), CUDA_R_32F) != CUBLAS_STATUS_SUCCESS) return -1;
-    cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opA, sizeof opA);
-    cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opB, sizeof opB);
+    if (lt_ok(cublasLtMatmulDescCreate(&e->desc, compute_type(k->prec), CUDA_R_32F), "cublasLtMatmulDescCreate", why, nwhy) ||
+        lt_ok(cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opA, sizeof opA),
+              "cublasLtMatmulDescSetAttribute (TRANSA)", why, nwhy) ||
+        lt_ok(cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opB, sizeof opB),
+              "cublasLtMatmulDescSetAttribute (TRANSB)", why, nwhy))
+        return -1;
     /* stored shapes (column-major): A is m x k (k x m when transposed), B is k x n (n x k), C is m x n */
-    e->a = layout(k->ta ? k->k : k->m, k->ta ? k->m : k->k, k->lda, k->batch, k->sA);
-    e->b = layout(k->tb ? k->n : k->k, k->tb ? k->k : k->n, k->ldb, k->batch, k->sB);
-    e->cc = layout(k->m, k->n, k->ldc, k->batch, k->sC);
-    if (!e->a || !e->b || !e->cc) return -1;
+    e->a = layout("A", k->ta ? k->k : k->m, k->ta ? k->m : k->k, k->lda, k->batch, k->sA, why, nwhy);
+    if (!e->a) return -1;
+    e->b = layout("B", k->tb ? k->n : k->k, k->tb ? k->k : k->n, k->ldb, k->batch, k->sB, why, nwhy);
+    if (!e->b) return -1;
+    e->cc = layout("C", k->m, k->n, k->ldc, k->batch, k->sC, why, nwhy);
+    if (!e->cc) return -1;
     cublasLtMatmulPreference_t pref = NULL;
-    if (cublasLtMatmulPreferenceCreate(&pref) != CUBLAS_STATUS_SUCCESS) return -1;
+    if (lt_ok(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate", why, nwhy)) return -1;
     uint64_t ws = cu->lt_ws_bytes;
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &k->alA, sizeof k->alA);
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &k->alB, sizeof k->alB);
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &k->alC, sizeof k->alC);
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &k->alC, sizeof k->alC);
+    int bad = lt_ok(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws),
+                    "cublasLtMatmulPreferenceSetAttribute (MAX_WORKSPACE_BYTES)", why, nwhy) ||
+              lt_ok(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &k->alA, sizeof k->alA),
+                    "cublasLtMatmulPreferenceSetAttribute (MIN_ALIGNMENT_A_BYTES)", why, nwhy) ||
+              lt_ok(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &k->alB, sizeof k->alB),
+                    "cublasLtMatmulPreferenceSetAttribute (MIN_ALIGNMENT_B_BYTES)", why, nwhy) ||
+              lt_ok(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &k->alC, sizeof k->alC),
+                    "cublasLtMatmulPreferenceSetAttribute (MIN_ALIGNMENT_C_BYTES)", why, nwhy) ||
+              lt_ok(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &k->alC, sizeof k->alC),
+                    "cublasLtMatmulPreferenceSetAttribute (MIN_ALIGNMENT_D_BYTES)", why, nwhy);
+    if (bad) {
+        cublasLtMatmulPreferenceDestroy(pref);
+        return -1;
+    }
     cublasLtMatmulHeuristicResult_t res;
     int nres = 0;
+    /* no algorithm (a status other than success, or none returned) is not an error: cuBLAS is the fallback */
     if (cublasLtMatmulAlgoGetHeuristic(cu->lt, e->desc, e->a, e->b, e->cc, e->cc, pref, 1, &res, &nres) ==
             CUBLAS_STATUS_SUCCESS &&
         nres > 0 && res.state == CUBLAS_STATUS_SUCCESS) {
@@ -128,15 +163,16 @@ int cu_gemm(ps_ctx *c, const char *what, int ta, int tb, int64_t M, int64_t N, i
     k.alA = align_of(B, ldb, sB, batch), k.alB = align_of(A, lda, sA, batch), k.alC = align_of(C, ldc, sC, batch);
     if (!cu->gemm) cu->gemm = (struct ps_gemm_cache *)calloc(1, sizeof *cu->gemm);
     gemm_entry *e = NULL, tmp;
+    char why[256] = "";
     if (cu->gemm) {
         for (int i = 0; i < cu->gemm->n && !e; i++)
             if (!memcmp(&cu->gemm->e[i].key, &k, sizeof k)) e = &cu->gemm->e[i];
         if (!e && cu->gemm->n < GEMM_CACHE) {
             e = &cu->gemm->e[cu->gemm->n];
-            if (entry_make(cu, e, &k)) {
+            if (entry_make(cu, e, &k, why, sizeof why)) {
                 entry_destroy(e);
-                return ps_ctx_fail(c, "cuda %s: cuBLASLt descriptors for a %lld x %lld x %lld product could not be made", what,
-                                   (long long)M, (long long)N, (long long)K);
+                return ps_ctx_fail(c, "cuda %s: cuBLASLt descriptors for a %lld x %lld x %lld product (batch %lld) could not be made: %s",
+                                   what, (long long)M, (long long)N, (long long)K, (long long)batch, why);
             }
             cu->gemm->n++;
         }
@@ -145,28 +181,33 @@ int cu_gemm(ps_ctx *c, const char *what, int ta, int tb, int64_t M, int64_t N, i
     if (!e) { /* the cache is full: descriptors for this call only */
         e = &tmp;
         own = 1;
-        if (entry_make(cu, e, &k)) {
+        if (entry_make(cu, e, &k, why, sizeof why)) {
             entry_destroy(e);
-            return ps_ctx_fail(c, "cuda %s: cuBLASLt descriptors could not be made", what);
+            return ps_ctx_fail(c, "cuda %s: cuBLASLt descriptors for a %lld x %lld x %lld product (batch %lld) could not be made: %s",
+                               what, (long long)M, (long long)N, (long long)K, (long long)batch, why);
         }
     }
     cublasStatus_t st = CUBLAS_STATUS_NOT_SUPPORTED;
+    const int e_had_algo = e->have_algo;
     if (e->have_algo)
         st = cublasLtMatmul(cu->lt, e->desc, &alpha, B, e->a, A, e->b, &beta, C, e->cc, C, e->cc, &e->algo, cu->lt_ws,
                             cu->lt_ws_bytes, cu->stream);
     if (own) entry_destroy(e);
+    const cublasStatus_t lt_st = st; /* NOT_SUPPORTED: the heuristic had no algorithm for this shape */
     if (st != CUBLAS_STATUS_SUCCESS) {
         /* cuBLAS (int sizes) */
         if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX || lda > INT32_MAX || ldb > INT32_MAX || ldc > INT32_MAX ||
             batch > INT32_MAX)
-            return ps_ctx_fail(c, "cuda %s: cuBLASLt failed (status %d) and the product is too large for cuBLAS", what, (int)st);
+            return ps_ctx_fail(c, "cuda %s: cuBLASLt failed (%s) and the product is too large for cuBLAS", what,
+                               cublasGetStatusString(st));
         st = cublasGemmStridedBatchedEx(cu->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, (int)N,
                                         (int)M, (int)K, &alpha, B, CUDA_R_32F, (int)ldb, sB, A, CUDA_R_32F, (int)lda, sA,
                                         &beta, C, CUDA_R_32F, (int)ldc, sC, (int)batch, compute_type(c->precision),
                                         CUBLAS_GEMM_DEFAULT);
         if (st != CUBLAS_STATUS_SUCCESS)
-            return ps_ctx_fail(c, "cuda %s: GEMM %lld x %lld x %lld (batch %lld) failed: %s", what, (long long)M, (long long)N,
-                               (long long)K, (long long)batch, cublasGetStatusString(st));
+            return ps_ctx_fail(c, "cuda %s: GEMM %lld x %lld x %lld (batch %lld) failed: cublasGemmStridedBatchedEx %s (cuBLASLt: %s)",
+                               what, (long long)M, (long long)N, (long long)K, (long long)batch, cublasGetStatusString(st),
+                               e_had_algo ? cublasGetStatusString(lt_st) : "no algorithm for this shape and alignment");
     }
     return CU_LAUNCHED(c, what);
 }

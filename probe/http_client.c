@@ -1,6 +1,6 @@
 /* http_client.c — HTTP requests over libcurl with retries and N in flight (http_client.h). */
 #define _POSIX_C_SOURCE 200809L
-#include "interventions/http_client.h"
+#include "probe/http_client.h"
 
 #include <curl/curl.h>
 #include <math.h>

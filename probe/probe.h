@@ -27,9 +27,9 @@
 
 #include "core/error.h"
 #include "interventions/fillers.h"
-#include "interventions/http_client.h"
 #include "interventions/sweep.h"
 #include "interventions/textkv.h"
+#include "probe/http_client.h"
 #include "text/tokenizer.h"
 
 typedef enum { PS_PROBE_AUTO = 0, PS_PROBE_PROMPT_LOGPROBS = 1, PS_PROBE_ECHO = 2, PS_PROBE_GREEDY = 3 } ps_probe_scoring;

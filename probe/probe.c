@@ -1,6 +1,6 @@
 /* probe.c — phase sweeps of a served model over the OpenAI completions API (probe.h). */
 #define _POSIX_C_SOURCE 200809L
-#include "interventions/probe.h"
+#include "probe/probe.h"
 
 #include <errno.h>
 #include <math.h>

@@ -1,4 +1,4 @@
-/* http_client.h — the HTTP side of `phasescope probe` (interventions/probe.h), over libcurl: one request
+/* http_client.h — the HTTP side of `phasescope probe` (probe/probe.h), over libcurl: one request
  * with retries, and many POSTs to one path with N in flight at once (curl's multi interface, one thread).
  *
  * Retries: a transport failure (connection refused or reset, a timeout) and the statuses 429, 500, 502,
