@@ -69,13 +69,16 @@ static void test_grid(const char *label, int64_t B, int64_t T, int64_t d, int64_
         for (int64_t j = 0; j < nW; j++)
             for (int64_t g = 0; g < nkv; g++) absent += !ps_gb_fits(j, ps_woff(woff, b, nkv, g), W, S, T);
     CHECK(!woff || absent > 0 || nW == 0, "%s: the geometry should have absent windows", label);
+    /* the CPU reference runs the grid as a window table (per head with woff, else the base grid) */
+    int64_t *wtab = malloc((size_t)(2 * B * nW * nkv + 1) * sizeof *wtab);
+    ps_windows wt = ps_windows_grid(wtab, wtab + B * nW * (woff ? nkv : 1), B, T, nW, W, S, nkv, woff);
 
     /* gate (learned, then uniform) */
     float *z = rnd(n * W, seed + 4, 9), *al = rnd(n * W, seed + 5, 9);
     for (int learned = 0; learned < 2; learned++) {
         const float *uu = learned ? u : NULL, *bb = learned ? bias : NULL;
         float *zr = dup(z, n * W), *alr = dup(al, n * W);
-        ps_gate_grid(CPU, zr, alr, a, uu, bb, B, T, d, nW, W, S, nkv, woff);
+        ps_gate(CPU, zr, alr, a, uu, bb, d, &wt);
         if (uu)
             for (int64_t wi = 0; wi < n * W; wi++) ps_gb_gate_grid_logit(z, a, uu, bb, T, d, nW, W, S, nkv, woff, wi);
         for (int64_t row = 0; row < n; row++) ps_gb_gate_grid_row(z, al, T, nW, W, S, nkv, woff, !uu, row);
@@ -87,13 +90,13 @@ static void test_grid(const char *label, int64_t B, int64_t T, int64_t d, int64_
     }
     /* al now holds the learned gate of the CPU's numbers to 1e-5; use the CPU's own below */
     float *zc = rnd(n * W, 6, 1), *alc = rnd(n * W, 7, 1);
-    ps_gate_grid(CPU, zc, alc, a, u, bias, B, T, d, nW, W, S, nkv, woff);
+    ps_gate(CPU, zc, alc, a, u, bias, d, &wt);
 
     /* gate backward */
     float *dal0 = rnd(n * W, seed + 8, 1), *da0 = rnd(B * T * d, seed + 9, 1), *du0 = rnd(W * nkv * d, seed + 10, 1);
     float *db0 = rnd(W * nkv, seed + 11, 1);
     float *dalr = dup(dal0, n * W), *dar = dup(da0, B * T * d), *dur = dup(du0, W * nkv * d), *dbr = dup(db0, W * nkv);
-    ps_gate_grid_backward(CPU, dar, dur, dbr, dalr, alc, a, u, B, T, d, nW, W, S, nkv, woff);
+    ps_gate_backward(CPU, dar, dur, dbr, dalr, alc, a, u, d, &wt);
     float *dal = dup(dal0, n * W), *da = dup(da0, B * T * d), *du = dup(du0, W * nkv * d), *db = dup(db0, W * nkv);
     for (int64_t row = 0; row < n; row++) ps_gb_softmax_backward_row(dal, alc, W, row);
     for (int64_t idx = 0; idx < W * nkv * d; idx++) ps_gb_gate_grid_du(du, dal, a, B, T, d, nW, W, S, nkv, woff, idx);
@@ -109,7 +112,7 @@ static void test_grid(const char *label, int64_t B, int64_t T, int64_t d, int64_
         int64_t nCw = shared ? nk * d : W * nk * d, nP = B * nW * W * nk;
         float *C = rnd(nCw, seed + 12 + (uint64_t)shared, 0.3f), *P = rnd(nP, seed + 14, 9), *Pr = dup(P, nP);
         float *scr = rnd(B * T * nk, seed + 15, 9), *scrr = dup(scr, B * T * nk);
-        ps_payload_grid(CPU, Pr, a, C, shared, scrr, B, T, d, nW, W, S, nkv, hd, woff);
+        ps_payload(CPU, Pr, a, C, shared, scrr, d, hd, &wt);
         if (shared) {
             ps_matmul(CPU, scr, a, C, B * T, d, nk, 0);
             for (int64_t idx = 0; idx < nP; idx++) ps_gb_payload_grid_gather(P, scr, T, nW, W, S, nkv, hd, woff, idx);
@@ -125,7 +128,7 @@ static void test_grid(const char *label, int64_t B, int64_t T, int64_t d, int64_
         }
         float *gda0 = rnd(B * T * d, seed + 17, 1), *gdC0 = rnd(nCw, seed + 18, 1);
         float *gdar = dup(gda0, B * T * d), *gdCr = dup(gdC0, nCw), *gda = dup(gda0, B * T * d), *gdC = dup(gdC0, nCw);
-        ps_payload_grid_backward(CPU, gdar, gdCr, dP, a, C, shared, scrr, B, T, d, nW, W, S, nkv, hd, woff);
+        ps_payload_backward(CPU, gdar, gdCr, dP, a, C, shared, scrr, d, hd, &wt);
         if (nW == 0) {
             /* grid.cu launches nothing (as the CPU returns at once) */
         } else if (shared) {
@@ -149,7 +152,7 @@ static void test_grid(const char *label, int64_t B, int64_t T, int64_t d, int64_
     ps_rope_table(CPU, cs_t, sn_t, T, hd, 10000.0);
     for (int inverse = 0; inverse < 2; inverse++) {
         float *x = rnd(n * hd, seed + 20 + (uint64_t)inverse, 1), *xr = dup(x, n * hd);
-        ps_rope_grid(CPU, xr, cs_t, sn_t, B, T, nW, nkv, hd, S, woff, inverse);
+        ps_rope_windows(CPU, xr, cs_t, sn_t, hd, &wt, inverse);
         for (int64_t idx = 0; idx < n * half; idx++)
             ps_gb_rope_grid_pair(x, cs_t, sn_t, T, nW, nkv, hd, S, woff, inverse ? -1.0f : 1.0f, idx);
         cmp(label, inverse ? "rope_grid (inverse)" : "rope_grid", x, xr, n * hd, TOL_ORDER);
@@ -174,7 +177,7 @@ static void test_grid(const char *label, int64_t B, int64_t T, int64_t d, int64_
         free(m), free(gr), free(gg);
     }
     ctx_ok(label);
-    free(a), free(u), free(bias), free(z), free(al), free(zc), free(alc), free(dal0), free(da0), free(du0), free(db0);
+    free(wtab), free(a), free(u), free(bias), free(z), free(al), free(zc), free(alc), free(dal0), free(da0), free(du0), free(db0);
     free(dalr), free(dar), free(dur), free(dbr), free(dal), free(da), free(du), free(db), free(cs_t), free(sn_t);
 }
 
@@ -183,6 +186,8 @@ static void test_grid(const char *label, int64_t B, int64_t T, int64_t d, int64_
 static void test_chunks(const char *label, int64_t B, int64_t T, int64_t d, int64_t nC, int64_t W, int64_t nkv, int64_t hd,
                         const int64_t *cs, const int64_t *cl, uint64_t seed) {
     int64_t n = B * nC * nkv, nk = nkv * hd, half = hd / 2;
+    int64_t *wtab = malloc((size_t)(2 * B * nC + 1) * sizeof *wtab);
+    ps_windows wt = ps_windows_chunks(wtab, wtab + B * nC, cs, cl, B, T, nC, W, nkv); /* the CPU reference's window table */
     float *a = rnd(B * T * d, seed + 1, 1.0f), *u = rnd(W * nkv * d, seed + 2, 0.3f), *bias = rnd(W * nkv, seed + 3, 0.3f);
     char what[200];
 
@@ -190,7 +195,7 @@ static void test_chunks(const char *label, int64_t B, int64_t T, int64_t d, int6
     for (int learned = 0; learned < 2; learned++) {
         const float *uu = learned ? u : NULL, *bb = learned ? bias : NULL;
         float *zr = dup(z, n * W), *alr = dup(al, n * W);
-        ps_gate_chunks(CPU, zr, alr, a, uu, bb, B, T, d, nC, W, nkv, cs, cl);
+        ps_gate(CPU, zr, alr, a, uu, bb, d, &wt);
         if (uu)
             for (int64_t wi = 0; wi < n * W; wi++) ps_gb_gate_chunks_logit(z, a, uu, bb, T, d, nC, W, nkv, cs, cl, wi);
         for (int64_t row = 0; row < n; row++) ps_gb_gate_chunks_row(z, al, W, nkv, cl, !uu, row);
@@ -201,12 +206,12 @@ static void test_chunks(const char *label, int64_t B, int64_t T, int64_t d, int6
         free(zr), free(alr);
     }
     float *zc = rnd(n * W, 6, 1), *alc = rnd(n * W, 7, 1);
-    ps_gate_chunks(CPU, zc, alc, a, u, bias, B, T, d, nC, W, nkv, cs, cl);
+    ps_gate(CPU, zc, alc, a, u, bias, d, &wt);
 
     float *dal0 = rnd(n * W, seed + 8, 1), *da0 = rnd(B * T * d, seed + 9, 1), *du0 = rnd(W * nkv * d, seed + 10, 1);
     float *db0 = rnd(W * nkv, seed + 11, 1);
     float *dalr = dup(dal0, n * W), *dar = dup(da0, B * T * d), *dur = dup(du0, W * nkv * d), *dbr = dup(db0, W * nkv);
-    ps_gate_chunks_backward(CPU, dar, dur, dbr, dalr, alc, a, u, B, T, d, nC, W, nkv, cs, cl);
+    ps_gate_backward(CPU, dar, dur, dbr, dalr, alc, a, u, d, &wt);
     float *dal = dup(dal0, n * W), *da = dup(da0, B * T * d), *du = dup(du0, W * nkv * d), *db = dup(db0, W * nkv);
     for (int64_t row = 0; row < n; row++) ps_gb_softmax_backward_row(dal, alc, W, row);
     for (int64_t idx = 0; idx < W * nkv * d; idx++) ps_gb_gate_chunks_du(du, dal, a, B, T, d, nC, W, nkv, cs, cl, idx);
@@ -221,7 +226,7 @@ static void test_chunks(const char *label, int64_t B, int64_t T, int64_t d, int6
         int64_t nCw = shared ? nk * d : W * nk * d, nP = B * nC * W * nk;
         float *C = rnd(nCw, seed + 12 + (uint64_t)shared, 0.3f), *P = rnd(nP, seed + 14, 9), *Pr = dup(P, nP);
         float *scr = rnd(B * T * nk, seed + 15, 9), *scrr = dup(scr, B * T * nk);
-        ps_payload_chunks(CPU, Pr, a, C, shared, scrr, B, T, d, nC, W, nkv, hd, cs, cl);
+        ps_payload(CPU, Pr, a, C, shared, scrr, d, hd, &wt);
         if (shared) {
             ps_matmul(CPU, scr, a, C, B * T, d, nk, 0);
             for (int64_t idx = 0; idx < nP; idx++) ps_gb_payload_chunks_gather(P, scr, T, nC, W, nk, cs, cl, idx);
@@ -234,7 +239,7 @@ static void test_chunks(const char *label, int64_t B, int64_t T, int64_t d, int6
             if ((idx / nk) % W >= cl[idx / (W * nk)]) dP[idx] = 0.0f;
         float *gda0 = rnd(B * T * d, seed + 17, 1), *gdC0 = rnd(nCw, seed + 18, 1);
         float *gdar = dup(gda0, B * T * d), *gdCr = dup(gdC0, nCw), *gda = dup(gda0, B * T * d), *gdC = dup(gdC0, nCw);
-        ps_payload_chunks_backward(CPU, gdar, gdCr, dP, a, C, shared, scrr, B, T, d, nC, W, nkv, hd, cs, cl);
+        ps_payload_backward(CPU, gdar, gdCr, dP, a, C, shared, scrr, d, hd, &wt);
         if (shared) {
             for (int64_t idx = 0; idx < B * T * nk; idx++) ps_gb_payload_chunks_scatter(scr, dP, T, nC, W, nk, cs, cl, idx);
             cmp(label, "payload_chunks_backward (shared) scatter", scr, scrr, B * T * nk, TOL_ORDER);
@@ -255,7 +260,7 @@ static void test_chunks(const char *label, int64_t B, int64_t T, int64_t d, int6
     ps_rope_table(CPU, cs_t, sn_t, T, hd, 10000.0);
     for (int inverse = 0; inverse < 2; inverse++) {
         float *x = rnd(n * hd, seed + 20 + (uint64_t)inverse, 1), *xr = dup(x, n * hd);
-        ps_rope_chunks(CPU, xr, cs_t, sn_t, B, T, nC, nkv, hd, cs, cl, inverse);
+        ps_rope_windows(CPU, xr, cs_t, sn_t, hd, &wt, inverse);
         for (int64_t idx = 0; idx < n * half; idx++)
             ps_gb_rope_chunks_pair(x, cs_t, sn_t, nkv, hd, cs, cl, inverse ? -1.0f : 1.0f, idx);
         cmp(label, inverse ? "rope_chunks (inverse)" : "rope_chunks", x, xr, n * hd, TOL_ORDER);
@@ -277,7 +282,7 @@ static void test_chunks(const char *label, int64_t B, int64_t T, int64_t d, int6
     free(m), free(gr), free(gg);
 
     ctx_ok(label);
-    free(a), free(u), free(bias), free(z), free(al), free(zc), free(alc), free(dal0), free(da0), free(du0), free(db0);
+    free(wtab), free(a), free(u), free(bias), free(z), free(al), free(zc), free(alc), free(dal0), free(da0), free(du0), free(db0);
     free(dalr), free(dar), free(dur), free(dbr), free(dal), free(da), free(du), free(db), free(cs_t), free(sn_t);
 }
 

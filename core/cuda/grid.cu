@@ -7,7 +7,13 @@
  * element or row, in the index space the test walks. The host arrays woff [B, nkv], cs/cl [B, nC] are
  * validated as on the CPU (same messages) and staged with cu_stage. Parameter gradients are one body per
  * parameter element looping over the rows in the CPU's order (no atomics: deterministic). The shared
- * payload is one GEMM (ps_cuda_matmul) and a gather, its backward a scatter and ps_cuda_matmul_backward. */
+ * payload is one GEMM (ps_cuda_matmul) and a gather, its backward a scatter and ps_cuda_matmul_backward.
+ *
+ * The op table's compressor ops (ps_cuda_gate, _payload, _rope_windows and the backward; core/backend.h
+ * ps_windows) are at the end: a window table that is the base grid runs compressor.cu's kernels, a table the
+ * heads share (content chunks, any starts and lengths) the chunk kernels over the table itself, and a table
+ * per head that is an offset grid the grid kernels with the offsets read off the table; backend_cuda.c's
+ * supports() declines any other per-head table. */
 #include <stdlib.h>
 
 #include "core/cuda/cuda_internal.cuh"
@@ -359,4 +365,87 @@ extern "C" int ps_cuda_payload_chunks_backward(ps_ctx *c, float *da, float *dC, 
     if (CU_LAUNCHED(c, "payload_chunks_backward (weight)")) return -1;
     k_payload_chunks_da LAUNCH(B * T * d)(da, dP, C, B * T * d, T, d, nC, W, nk, dcs, dcl);
     return CU_LAUNCHED(c, "payload_chunks_backward (input)");
+}
+
+/* ---------------- the op table's compressor ops over a window table ---------------- */
+
+/* Which kernels run the table: 0 the base grid, 1 a table the heads share, 2 a per-head offset grid (woff, a
+ * host array of B*nkv, gets the offsets; the caller frees it), -1 none (supports() declined it already). */
+static int win_kind(ps_ctx *c, const ps_windows *w, int64_t **woff) {
+    *woff = NULL;
+    if (ps_windows_is_base_grid(w)) return 0;
+    if (w->H == 1) return 1;
+    int64_t n = w->B * w->nkv > 0 ? w->B * w->nkv : 1;
+    if (!(*woff = (int64_t *)malloc((size_t)n * sizeof(int64_t))))
+        return ps_ctx_fail(c, "cuda window table: out of host memory for %lld offsets", (long long)n), -1;
+    if (ps_windows_grid_offsets(w, *woff)) return 2;
+    free(*woff);
+    *woff = NULL;
+    return ps_ctx_fail(c, "cuda: a window table per KV head that is not an offset grid is not supported"), -1;
+}
+
+extern "C" int ps_cuda_gate(ps_ctx *c, float *z, float *alpha, const float *a, const float *u, const float *bias, int64_t d,
+                            const ps_windows *w) {
+    int64_t *wo;
+    int k = win_kind(c, w, &wo), rc = -1;
+    if (k == 0) rc = ps_cuda_gate_base(c, z, alpha, a, u, bias, w->B, w->T, d, w->nW, w->W, w->S, w->nkv);
+    if (k == 1) rc = ps_cuda_gate_chunks(c, z, alpha, a, u, bias, w->B, w->T, d, w->nW, w->W, w->nkv, w->start, w->len);
+    if (k == 2) rc = ps_cuda_gate_grid(c, z, alpha, a, u, bias, w->B, w->T, d, w->nW, w->W, w->S, w->nkv, wo);
+    free(wo);
+    return rc;
+}
+
+extern "C" int ps_cuda_payload(ps_ctx *c, float *P, const float *a, const float *C, int shared, float *scratch, int64_t d,
+                               int64_t hd, const ps_windows *w) {
+    int64_t *wo;
+    int k = win_kind(c, w, &wo), rc = -1;
+    if (k == 0) rc = ps_cuda_payload_base(c, P, a, C, shared, scratch, w->B, w->T, d, w->nW, w->W, w->S, w->nkv * hd);
+    if (k == 1)
+        rc = ps_cuda_payload_chunks(c, P, a, C, shared, scratch, w->B, w->T, d, w->nW, w->W, w->nkv, hd, w->start, w->len);
+    if (k == 2) rc = ps_cuda_payload_grid(c, P, a, C, shared, scratch, w->B, w->T, d, w->nW, w->W, w->S, w->nkv, hd, wo);
+    free(wo);
+    return rc;
+}
+
+extern "C" int ps_cuda_rope_windows(ps_ctx *c, float *x, const float *cos_t, const float *sin_t, int64_t hd, const ps_windows *w,
+                                    int inverse) {
+    int64_t *wo;
+    int k = win_kind(c, w, &wo), rc = -1;
+    if (k == 0)
+        rc = inverse ? ps_cuda_rope_backward(c, x, cos_t, sin_t, w->B, w->nW, w->nkv, hd, w->S)
+                     : ps_cuda_rope(c, x, cos_t, sin_t, w->B, w->nW, w->nkv, hd, w->S);
+    if (k == 1) rc = ps_cuda_rope_chunks(c, x, cos_t, sin_t, w->B, w->T, w->nW, w->nkv, hd, w->start, w->len, inverse);
+    if (k == 2) rc = ps_cuda_rope_grid(c, x, cos_t, sin_t, w->B, w->T, w->nW, w->nkv, hd, w->S, wo, inverse);
+    free(wo);
+    return rc;
+}
+
+extern "C" int ps_cuda_gate_backward(ps_ctx *c, float *da, float *du, float *dbias, float *dalpha, const float *alpha,
+                                     const float *a, const float *u, int64_t d, const ps_windows *w) {
+    int64_t *wo;
+    int k = win_kind(c, w, &wo), rc = -1;
+    if (k == 0) rc = ps_cuda_gate_base_backward(c, da, du, dbias, dalpha, alpha, a, u, w->B, w->T, d, w->nW, w->W, w->S, w->nkv);
+    if (k == 1)
+        rc = ps_cuda_gate_chunks_backward(c, da, du, dbias, dalpha, alpha, a, u, w->B, w->T, d, w->nW, w->W, w->nkv, w->start,
+                                          w->len);
+    if (k == 2)
+        rc = ps_cuda_gate_grid_backward(c, da, du, dbias, dalpha, alpha, a, u, w->B, w->T, d, w->nW, w->W, w->S, w->nkv, wo);
+    free(wo);
+    return rc;
+}
+
+extern "C" int ps_cuda_payload_backward(ps_ctx *c, float *da, float *dC, const float *dP, const float *a, const float *C,
+                                        int shared, float *scratch, int64_t d, int64_t hd, const ps_windows *w) {
+    int64_t *wo;
+    int k = win_kind(c, w, &wo), rc = -1;
+    if (k == 0)
+        rc = ps_cuda_payload_base_backward(c, da, dC, dP, a, C, shared, scratch, w->B, w->T, d, w->nW, w->W, w->S, w->nkv * hd);
+    if (k == 1)
+        rc = ps_cuda_payload_chunks_backward(c, da, dC, dP, a, C, shared, scratch, w->B, w->T, d, w->nW, w->W, w->nkv, hd,
+                                             w->start, w->len);
+    if (k == 2)
+        rc = ps_cuda_payload_grid_backward(c, da, dC, dP, a, C, shared, scratch, w->B, w->T, d, w->nW, w->W, w->S, w->nkv, hd,
+                                           wo);
+    free(wo);
+    return rc;
 }
