@@ -1,6 +1,6 @@
 /* test_cuda_grid_bodies.c — the arithmetic of the CUDA backend's offset-grid, content-chunk and
  * gate-regulariser ops (core/cuda/grid_bodies.h, launched by core/cuda/grid.cu) on the host, against the CPU
- * backend's ops (core/cpu/grid.c, core/cpu/chunks.c) through a "cpu" context. Built in every build (the
+ * backend's compressor ops over window tables (core/cpu/windows.c, core/cpu/grid.c) through a "cpu" context. Built in every build (the
  * bodies are plain C; no CUDA needed), so the device code's arithmetic is checked where there is no GPU.
  *
  * Each body runs over the whole index space of its kernel in a plain loop, partitioned as grid.cu launches

@@ -1,6 +1,6 @@
 /* grid.cu — the compressor ops on window grids with start offsets (staggered grids, phase augmentation), on
  * content-defined chunks (attention.boundaries "content") and the gate regulariser, on the device
- * (docs/cuda.md, docs/mitigations.md; semantics core/ops.h; reference core/cpu/grid.c, core/cpu/chunks.c).
+ * (docs/cuda.md, docs/mitigations.md; semantics core/ops.h; reference core/cpu/windows.c, core/cpu/grid.c).
  *
  * The arithmetic lives in core/cuda/grid_bodies.h (valid C and CUDA, checked on the host against the CPU
  * backend by tests/test_cuda_grid_bodies.c); each kernel here is a grid-stride loop calling one body per

@@ -2,7 +2,7 @@
  * (core/cuda/grid.cu; docs/cuda.md), as per-element and per-row "bodies" that are valid C11 and CUDA C++.
  * The kernels in grid.cu are grid-stride loops that call one body per index; tests/test_cuda_grid_bodies.c
  * runs the same bodies over the same index spaces in plain host loops and compares them with the CPU
- * backend (core/cpu/grid.c, core/cpu/chunks.c), so the arithmetic is checked on machines without a GPU.
+ * backend (core/cpu/windows.c, core/cpu/grid.c), so the arithmetic is checked on machines without a GPU.
  *
  * Geometry (core/ops.h): window j of KV head g in sequence b covers positions jS + o + i, o = woff[b*nkv + g]
  * (woff NULL: 0), and exists when jS + o + W <= T; content chunk j of sequence b covers cs[bj] + i,
