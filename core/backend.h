@@ -84,8 +84,8 @@ typedef struct {
  * does every present window's); otherwise 1 <= len <= W and [start, start + len) lies in [0, T). Offsets i >= len of a window are 0 like an absent
  * one. The caller builds the table (core/windows.h: ps_windows_grid, ps_windows_chunks); host arrays.
  * S > 0 says the table is a window grid of stride S: start = j*S + o with 0 <= o < S per (sequence, head),
- * len = W where the window fits in T and 0 where it does not — a hint backends verify before using it
- * (the CPU's batched sgemm path for the base grid; the CUDA backend's offset-grid kernels). */
+ * len = W where the window fits in T and 0 where it does not — a hint the backends verify before using it
+ * (ps_windows_is_base_grid: the base grid's fast paths, the CPU's strided sgemm and compressor.cu). */
 typedef struct {
     int64_t B, T;      /* sequences, positions per sequence */
     int64_t nW;        /* windows per sequence (entries of the compressed cache) */

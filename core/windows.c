@@ -54,18 +54,3 @@ int ps_windows_is_base_grid(const ps_windows *w) {
         }
     return 1;
 }
-
-int ps_windows_grid_offsets(const ps_windows *w, int64_t *woff) {
-    if (w->S <= 0) return 0;
-    for (int64_t b = 0; b < w->B; b++)
-        for (int64_t g = 0; g < w->nkv; g++) {
-            int64_t h = w->H == 1 ? 0 : g, o = w->nW > 0 ? w->start[b * w->nW * w->H + h] : 0;
-            if (o < 0 || o >= w->S) return 0;
-            for (int64_t j = 0; j < w->nW; j++) {
-                int64_t e = (b * w->nW + j) * w->H + h, s = j * w->S + o;
-                if (w->start[e] != s || w->len[e] != (s + w->W <= w->T ? w->W : 0)) return 0;
-            }
-            if (woff) woff[b * w->nkv + g] = o;
-        }
-    return 1;
-}

@@ -27,8 +27,4 @@ int ps_windows_check(ps_ctx *c, const char *op, const ps_windows *w);
 /* Is the table the base grid (H = 1, S > 0, window j at j*S with W positions, every window present)? */
 int ps_windows_is_base_grid(const ps_windows *w);
 
-/* Is the table a grid of stride S > 0 with one start offset per (sequence, head) (windows at j*S + o,
- * present with W positions exactly where they fit in T)? Then woff [B*nkv] (may be NULL) gets the offsets. */
-int ps_windows_grid_offsets(const ps_windows *w, int64_t *woff);
-
 #endif

@@ -6,16 +6,11 @@
  * ops over window tables, the gate regulariser in grid.cu (over the bodies of grid_bodies.h). */
 #include "core/cuda/cuda_ops.h"
 
-/* What the device kernels cannot run: head_dim above 128 in the attention kernels (attention.cu), and a
- * window table with a window per KV head that is not an offset grid (grid.cu). */
+/* What the device kernels cannot run: head_dim above 128 in the attention kernels (attention.cu). */
 static int cuda_supports(ps_op op, const ps_op_params *p, const char **why) {
     int64_t hd = p->attn ? p->attn->hd : p->frame ? p->frame->hd : 0;
     if (hd > 128) {
         *why = "head_dim above 128 (the device attention kernels take at most 128)";
-        return 0;
-    }
-    if (p->win && p->win->H != 1 && !ps_windows_is_base_grid(p->win) && !ps_windows_grid_offsets(p->win, NULL)) {
-        *why = "a window table per KV head that is not a grid with per-head offsets";
         return 0;
     }
     (void)op;
