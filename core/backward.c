@@ -31,11 +31,11 @@ typedef struct {
         if (rc_) return -1;                                                                  \
     } while (0)
 
-/* The attention part of a v4 layer (kind v4, docs/training.md), from dh = d resid_mid: o_proj, the
+/* The attention part of a channel-attention layer (attention.kind "channel", docs/training.md), from dh = d resid_mid: o_proj, the
  * inverse rope of the output, the attention with sinks, q / K=V entries (norms, rope, projections), the
  * compressor (rope at w·m, norm, pooling, per-channel softmax, slot layout with the position bias, its
  * projections). Accumulates d ln1 into G.ln1 (zeroed here). */
-static int v4_attention_backward(const ps_model *m, const ps_acts *a, ps_acts *g, int l, float *grads, const float *dh,
+static int channel_attention_backward(const ps_model *m, const ps_acts *a, ps_acts *g, int l, float *grads, const float *dh,
                                  const bw_opts *bo) {
     ps_ctx *ctx = a->ctx;
     ps_profile *prof = a->prof;
@@ -102,7 +102,7 @@ static int layer_backward(const ps_model *m, const ps_acts *a, ps_acts *g, int l
     OPB(PS_PROF_NORM_ROPE, ps_rmsnorm_backward(ctx, dh, dw.post_norm, G.ln2, p.resid_mid, w.post_norm, p.ln2_rstd, BT, d));
 
     if (c->kind == PS_ATTN_CHANNEL) {
-        int r4 = v4_attention_backward(m, a, g, l, grads, dh, bo);
+        int r4 = channel_attention_backward(m, a, g, l, grads, dh, bo);
         if (r4) return r4;
         if (l == bo->o->stop_layer && l > 0) return 0;
         OPB(PS_PROF_NORM_ROPE, ps_rmsnorm_backward(ctx, dh, dw.in_norm, G.ln1, h_in, w.in_norm, p.ln1_rstd, BT, d));

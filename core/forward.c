@@ -34,7 +34,7 @@ static int build_specs(act_spec *s, ps_act_ptrs *p, const ps_config *c, int64_t 
     SPEC(k_pre, BT * nkv * hd, true);
     SPEC(k, BT * nkv * hd, true);
     SPEC(k_rstd, BT * nkv, true);
-    SPEC(v, c->kind == PS_ATTN_CHANNEL ? 0 : BT * nkv * hd, true); /* v4: K = V */
+    SPEC(v, c->kind == PS_ATTN_CHANNEL ? 0 : BT * nkv * hd, true); /* channel attention: K = V */
     SPEC(gz_k, B * nW * nkv * W, true);
     SPEC(ga_k, B * nW * nkv * W, true);
     SPEC(gz_v, B * nW * nkv * W, true);
@@ -62,14 +62,14 @@ static int build_specs(act_spec *s, ps_act_ptrs *p, const ps_config *c, int64_t 
     SPEC(rope_cos, c->rope ? T * (hd / 2) : 0, false);
     SPEC(rope_sin, c->rope ? T * (hd / 2) : 0, false);
     SPEC(payload_scratch, comp && c->payload == PS_PAYLOAD_SHARED ? BT * nkv * hd : 0, false);
-    int v4 = c->kind == PS_ATTN_CHANNEL;
-    int64_t cs = v4 ? ps_config_v4_series(c) : 0, S4 = v4 ? ps_config_v4_slots(c) : 0;
+    int channel = c->kind == PS_ATTN_CHANNEL;
+    int64_t cs = channel ? ps_config_v4_series(c) : 0, S4 = channel ? ps_config_v4_slots(c) : 0;
     SPEC(c_kv_raw, BT * cs * hd, true);
     SPEC(c_z, BT * cs * hd, true);
     SPEC(c_gate, B * nW * S4 * hd, true);
     SPEC(c_alpha, B * nW * S4 * hd, true);
-    SPEC(z_pre, v4 ? BT * nh * hd : 0, true);
-    SPEC(sinkp, v4 ? B * nh * T : 0, true);
+    SPEC(z_pre, channel ? BT * nh * hd : 0, true);
+    SPEC(sinkp, channel ? B * nh * T : 0, true);
 #undef SPEC
     return k;
 }
@@ -367,12 +367,13 @@ static int attention(ps_acts *a, int l, const ps_act_ptrs *pp, const ps_hooks *h
     return 0;
 }
 
-/* ---- attention kind v4 (DeepSeek-V4's compressor in this model; docs/training.md) ---- */
+/* ---- the channel attention (DeepSeek-V4's compressor in this model, through the V4 extension ops;
+ * docs/training.md) ---- */
 
-/* Layer l of a v4 model up to its compressed entries: q, the raw K=V entries (k), the compressor (gate
+/* Layer l of a channel-attention model up to its compressed entries: q, the raw K=V entries (k), the compressor (gate
  * logits with the position bias in slot layout, per-channel softmax, pooling, norm, rope at w·m) with
  * the hooks q, k, gate_k (the per-channel gate [B, nW, S, hd]) and ck. */
-static int v4_layer_pre(const ps_model *m, ps_acts *a, int l, const ps_hooks *hooks, ps_error *err) {
+static int channel_layer_pre(const ps_model *m, ps_acts *a, int l, const ps_hooks *hooks, ps_error *err) {
     ps_ctx *ctx = a->ctx;
     ps_profile *prof = a->prof;
     const ps_config *c = &m->cfg;
@@ -410,10 +411,10 @@ static int v4_layer_pre(const ps_model *m, ps_acts *a, int l, const ps_hooks *ho
     return 0;
 }
 
-/* The attention of a v4 layer: the raw K=V entries of the sliding window and every complete compressed
+/* The attention of a channel-attention layer: the raw K=V entries of the sliding window and every complete compressed
  * entry, a softmax with the head's sink; the output is rotated back by its own position (V4's inverse
  * rope: the values carry their keys' rotation). z_pre keeps the output before that rotation. */
-static int v4_attention(const ps_model *m, ps_acts *a, int l, const ps_act_ptrs *pp, ps_error *err) {
+static int channel_attention(const ps_model *m, ps_acts *a, int l, const ps_act_ptrs *pp, ps_error *err) {
     ps_ctx *ctx = a->ctx;
     ps_profile *prof = a->prof;
     const ps_config *c = &m->cfg;
@@ -438,7 +439,7 @@ static int layer_forward_pre(const ps_model *m, ps_acts *a, int l, const ps_hook
     float eps = (float)c->rms_eps;
     float *h = a->p.resid + (int64_t)l * BT * d;
     int comp = c->kind == PS_ATTN_COMPRESSED;
-    if (c->kind == PS_ATTN_CHANNEL) return v4_layer_pre(m, a, l, hooks, err);
+    if (c->kind == PS_ATTN_CHANNEL) return channel_layer_pre(m, a, l, hooks, err);
 
     FIRE(PS_HOOK_RESID_PRE, h, 3, B, T, d);
     OPS(PS_PROF_NORM_ROPE, ps_rmsnorm(ctx, p.ln1, p.ln1_rstd, h, w.in_norm, BT, d, eps));
@@ -495,7 +496,7 @@ static int layer_forward_post(const ps_model *m, ps_acts *a, int l, const ps_hoo
     int64_t B = a->B, T = a->T, BT = B * T, d = c->d_model, hd = c->head_dim, nh = c->n_heads, dff = c->d_ff;
     float eps = (float)c->rms_eps;
     float *h = a->p.resid + (int64_t)l * BT * d, *h_next = h + BT * d;
-    if (c->kind == PS_ATTN_CHANNEL ? v4_attention(m, a, l, &p, err) : attention(a, l, &p, hooks, err)) return -1;
+    if (c->kind == PS_ATTN_CHANNEL ? channel_attention(m, a, l, &p, err) : attention(a, l, &p, hooks, err)) return -1;
     FIRE(PS_HOOK_Z, p.z, 4, B, T, nh, hd);
     OPS(PS_PROF_MATMUL, ps_matmul(ctx, p.attn_out, p.z, w.wo, BT, nh * hd, d, 0));
     FIRE(PS_HOOK_ATTN_OUT, p.attn_out, 3, B, T, d);
