@@ -33,8 +33,8 @@ typedef struct {
 
 /* The attention part of a channel-attention layer (attention.kind "channel", docs/training.md), from
  * dh = d resid_mid: o_proj, the inverse rope of the output, the attention with sinks, q / K=V entries
- * (norms, rope, projections), the compressor (rope at w·m, norm, pooling, per-channel softmax, slot layout with the position bias, its
- * projections). Accumulates d ln1 into G.ln1 (zeroed here). */
+ * (norms, rope, projections), the compressor (rope at w·m, norm, pooling, per-channel softmax, slot
+ * layout with the position bias, its projections). Accumulates d ln1 into G.ln1 (zeroed here). */
 static int channel_attention_backward(const ps_model *m, const ps_acts *a, ps_acts *g, int l, float *grads, const float *dh,
                                  const bw_opts *bo) {
     ps_ctx *ctx = a->ctx;
