@@ -1,7 +1,10 @@
-/* backend.h — what a backend provides: memory and the op table behind ops.h.
+/* backend.h — what a backend provides: memory, the op table behind ops.h, the DeepSeek-V4 extension table
+ * and supports(op, params); the ops named in an enum (ps_op, ps_v4_op) with a name table.
  *
  * A backend fills one ps_backend (the CPU backend: core/cpu/backend_cpu.c) and registers it in
- * core/ctx.c. Every entry is required. Each op gets the context first, returns 0, or fails through
+ * core/ctx.c. Every entry of its op table (ps_backend_ops, one per ps_op) is required, and so is every
+ * entry of its extension table when it has one (ps_ctx_create refuses a backend with a NULL entry, naming
+ * the op); the ops a backend cannot run for some parameters it declines in supports(). Each op gets the context first, returns 0, or fails through
  * ps_ctx_fail (message naming the op and the size that failed) and returns -1. Ops may take scratch
  * from ps_ctx_workspace and must not allocate otherwise; arrays are the backend's buffers; index arrays
  * (tokens, targets, rows, AdamW segments) are host arrays. The semantics of every op are stated in
@@ -13,6 +16,7 @@
 
 #include "core/ctx.h"
 
+
 /* Attention geometry shared by the attention ops. */
 typedef struct {
     int64_t B, T, nh, nkv, hd;
@@ -23,12 +27,12 @@ typedef struct {
     /* compressed only: window start offsets [B, nkv] (host array; NULL = all 0, the base model). Window j of
      * KV head g in sequence b covers positions j*S + woff[b*nkv + g] + i, 0 <= woff < S; it exists when it
      * fits in T, and query t sees it when j*S + woff + W - 1 <= t (staggered grids, phase augmentation:
-     * docs/mitigations.md). A backend whose grid_offsets flag is 0 refuses a non-NULL woff. */
+     * docs/mitigations.md). A backend's supports() may refuse a non-NULL woff. */
     const int64_t *woff;
     /* compressed only: content-defined chunks (attention.boundaries "content", docs/mitigations.md §4):
      * cend [B, nW] (host array; NULL = windows on the grid) holds the last position of chunk j of sequence b,
      * increasing in j, INT64_MAX for a chunk the sequence does not have; query t sees chunk j when
-     * cend[b*nW + j] <= t (every KV head alike). A backend whose grid_offsets flag is 0 refuses it. */
+     * cend[b*nW + j] <= t (every KV head alike). A backend's supports() may refuse it. */
     const int64_t *cend;
 } ps_attn_geom;
 
@@ -71,20 +75,82 @@ typedef struct {
 } ps_v4_attn_geom;
 /* ---------------- end DeepSeek-V4 ---------------- */
 
-struct ps_backend {
-    const char *name;
-    /* memory: bytes, zero-filled; copies between host and buffers */
-    void *(*alloc)(ps_ctx *c, int64_t bytes);
-    void (*free)(ps_ctx *c, void *p);
-    int (*to_host)(ps_ctx *c, void *host, const void *buf, int64_t bytes);
-    int (*from_host)(ps_ctx *c, void *buf, const void *host, int64_t bytes);
-    int host_visible; /* buffers are host pointers */
-    int grid_offsets; /* the attention ops honour ps_attn_geom.woff and .cend, the *_grid and *_chunks ops are implemented */
-    /* free and total bytes of the backend's memory (NULL: host memory, /proc/meminfo's MemAvailable) */
-    int (*mem_info)(ps_ctx *c, int64_t *free_bytes, int64_t *total_bytes);
-    int (*init)(ps_ctx *c);   /* backend state into c->impl (may be NULL) */
-    void (*fini)(ps_ctx *c);  /* (may be NULL) */
+/* The compressor's windows as data (SPEC §2, docs/mitigations.md): a table of starts and lengths. Window j of
+ * KV head g in sequence b covers positions start[e] + i, 0 <= i < len[e], of its sequence, with
+ * e = (b*nW + j)*H + (H == 1 ? 0 : g): H = 1 when every KV head has the same windows (the base grid, content
+ * chunks), H = nkv when each head has its own (staggered grids, phase augmentation). len[e] = 0: the window
+ * is absent (its gate, payload and pooled entry are 0, no gradient flows through it; its start may lie
+ * anywhere, and the RoPE of the compressed keys rotates its zero entry when the start lies in [0, T), as it
+ * does every present window's); otherwise 1 <= len <= W and [start, start + len) lies in [0, T). Offsets i >= len of a window are 0 like an absent
+ * one. The caller builds the table (core/windows.h: ps_windows_grid, ps_windows_chunks); host arrays.
+ * S > 0 says the table is a window grid of stride S: start = j*S + o with 0 <= o < S per (sequence, head),
+ * len = W where the window fits in T and 0 where it does not — a hint the backends verify before using it
+ * (ps_windows_is_base_grid: the base grid's fast paths, the CPU's strided sgemm and compressor.cu). */
+typedef struct {
+    int64_t B, T;      /* sequences, positions per sequence */
+    int64_t nW;        /* windows per sequence (entries of the compressed cache) */
+    int64_t nkv, W;    /* KV heads; slots per window (the gate and payload's offsets) */
+    int64_t H;         /* 1 (heads share the windows) or nkv */
+    int64_t S;         /* > 0: the table is a grid of stride S (see above); 0: no such claim */
+    const int64_t *start, *len; /* [B, nW, H] */
+} ps_windows;
 
+/* Parameters supports() sees: the geometry of the op (NULL where the op has none of that kind). */
+typedef struct {
+    const ps_attn_geom *attn;   /* attention ops over a whole batch */
+    const ps_attn_frame *frame; /* attn_chunk */
+    const ps_windows *win;      /* the compressor ops over a window table */
+} ps_op_params;
+
+/* The core ops, in the op table's order: X(ENUM_NAME, field). ps_op's values are PS_OP_<ENUM_NAME>;
+ * ps_op_name() gives the field's name. */
+#define PS_CORE_OPS(X)                                                                                       \
+    X(MATMUL, matmul) X(EMBED, embed) X(RMSNORM, rmsnorm) X(ROPE_TABLE, rope_table) X(ROPE, rope)             \
+    X(SWIGLU, swiglu) X(ADD, add) X(COPY, copy) X(FILL, fill)                                                 \
+    X(GATE, gate) X(PAYLOAD, payload) X(ROPE_WINDOWS, rope_windows) X(POOL, pool)                             \
+    X(ATTN_FORWARD, attn_forward) X(ATTN_PROBS, attn_probs) X(ATTN_OUT, attn_out) X(ATTN_CHUNK, attn_chunk)    \
+    X(ATTN_ROWS, attn_rows) X(PATTERN_EXPAND, pattern_expand) X(PATTERN_COMPACT, pattern_compact)             \
+    X(GATHER_ROWS, gather_rows) X(SCATTER_ROWS, scatter_rows)                                                 \
+    X(HEAD_SET, head_set) X(ADD_VECTOR, add_vector) X(ROLL_BLOCKS, roll_blocks) X(COPY_BLOCKS, copy_blocks)   \
+    X(ACCUMULATE_SEQS, accumulate_seqs) X(SUM_TO_MEAN, sum_to_mean) X(DELTA_DOT, delta_dot)                   \
+    X(MATMUL_BACKWARD, matmul_backward) X(EMBED_BACKWARD, embed_backward)                                     \
+    X(RMSNORM_BACKWARD, rmsnorm_backward) X(ROPE_BACKWARD, rope_backward) X(SWIGLU_BACKWARD, swiglu_backward) \
+    X(GATE_BACKWARD, gate_backward) X(PAYLOAD_BACKWARD, payload_backward) X(GATE_ENTROPY, gate_entropy)       \
+    X(POOL_BACKWARD, pool_backward) X(ATTN_BACKWARD, attn_backward) X(CROSS_ENTROPY, cross_entropy)           \
+    X(SUMSQ, sumsq) X(ADAMW, adamw)
+
+/* The DeepSeek-V4 extension ops, in the extension table's order: PS_V4_OP_<ENUM_NAME>. */
+#define PS_V4_OPS(X)                                                                                          \
+    X(ROPE_TABLE, v4_rope_table) X(ROPE, v4_rope) X(HC_WEIGHTS, v4_hc_weights) X(HC_COLLAPSE, v4_hc_collapse)  \
+    X(HC_EXPAND, v4_hc_expand) X(COMP_SLOTS, v4_comp_slots) X(SLOT_SOFTMAX, v4_slot_softmax)                  \
+    X(COMP_POOL, v4_comp_pool) X(INDEXER_SCORES, v4_indexer_scores) X(TOPK, v4_topk)                          \
+    X(ROUTER_SCORES, v4_router_scores) X(ROUTE_WEIGHTS, v4_route_weights) X(SWIGLU_CLAMP, v4_swiglu_clamp)     \
+    X(SCATTER_ADD_ROWS, v4_scatter_add_rows) X(ATTN, v4_attn) X(ATTN_BIAS, v4_attn_bias)                       \
+    X(ATTN_LOGITS, v4_attn_logits) X(ATTN_SOFTMAX, v4_attn_softmax) X(ATTN_APPLY, v4_attn_apply)               \
+    X(SINK_RESCALE, v4_sink_rescale) X(GROUPED_LINEAR, v4_grouped_linear) X(SCALE, v4_scale)                   \
+    X(COMP_SLOTS_BACKWARD, v4_comp_slots_backward) X(SLOT_SOFTMAX_BACKWARD, v4_slot_softmax_backward)          \
+    X(COMP_POOL_BACKWARD, v4_comp_pool_backward) X(ATTN_BACKWARD, v4_attn_backward)
+
+#define PS_OP_ENUM_(E, f) PS_OP_##E,
+typedef enum { PS_CORE_OPS(PS_OP_ENUM_) PS_OP_COUNT } ps_op;
+#undef PS_OP_ENUM_
+#define PS_V4_OP_ENUM_(E, f) PS_V4_OP_##E,
+typedef enum { PS_V4_OPS(PS_V4_OP_ENUM_) PS_V4_OP_COUNT } ps_v4_op;
+#undef PS_V4_OP_ENUM_
+
+/* "matmul", "gate", …; "v4_rope_table", …; NULL outside the enum (core/backend.c). */
+const char *ps_op_name(ps_op op);
+const char *ps_v4_op_name(ps_v4_op op);
+/* The backend's entry for op / V4 op is not NULL (a V4 op: the backend has the extension table and the entry). */
+int ps_backend_has_op(const ps_backend *be, ps_op op);
+int ps_backend_has_v4_op(const ps_backend *be, ps_v4_op op);
+/* 1 when the backend runs op with these parameters (a NULL supports() runs every op); *why (may be NULL)
+ * gets the reason when it does not. */
+int ps_backend_supports(const ps_backend *be, ps_op op, const ps_op_params *p, const char **why);
+
+/* The op table every backend fills: one entry per ps_op, in PS_CORE_OPS's order (checked at compile time
+ * in core/backend.c). */
+typedef struct {
     /* forward */
     int (*matmul)(ps_ctx *c, float *out, const float *inp, const float *w, int64_t M, int64_t K, int64_t N, int accumulate);
     int (*embed)(ps_ctx *c, float *out, const int32_t *tok, const float *table, int64_t n_tok, int64_t C);
@@ -97,10 +163,13 @@ struct ps_backend {
     int (*add)(ps_ctx *c, float *out, const float *a, const float *b, int64_t n);
     int (*copy)(ps_ctx *c, float *dst, const float *src, int64_t n);
     int (*fill)(ps_ctx *c, float *x, float value, int64_t n);
-    int (*gate)(ps_ctx *c, float *z, float *alpha, const float *a, const float *u, const float *bias, int64_t B,
-                int64_t T, int64_t d, int64_t nW, int64_t W, int64_t S, int64_t nkv);
-    int (*payload)(ps_ctx *c, float *P, const float *a, const float *C, int shared, float *scratch, int64_t B, int64_t T,
-                   int64_t d, int64_t nW, int64_t W, int64_t S, int64_t nkvhd);
+    /* the compressor over a window table (fixed grid, staggered grids, content chunks alike) */
+    int (*gate)(ps_ctx *c, float *z, float *alpha, const float *a, const float *u, const float *bias, int64_t d,
+                const ps_windows *win);
+    int (*payload)(ps_ctx *c, float *P, const float *a, const float *C, int shared, float *scratch, int64_t d, int64_t hd,
+                   const ps_windows *win);
+    int (*rope_windows)(ps_ctx *c, float *x, const float *cos_t, const float *sin_t, int64_t hd, const ps_windows *win,
+                        int inverse);
     int (*pool)(ps_ctx *c, float *out, const float *alpha, const float *P, int64_t B, int64_t nW, int64_t W, int64_t nkv,
                 int64_t hd);
     int (*attn_forward)(ps_ctx *c, float *z, float *lse, const float *q, const float *k, const float *v, const float *ck,
@@ -116,22 +185,6 @@ struct ps_backend {
     int (*gather_rows)(ps_ctx *c, float *out, const float *in, const float *add, const int64_t *rows, int64_t n,
                        int64_t width);
     int (*scatter_rows)(ps_ctx *c, float *out, const float *in, const int64_t *rows, int64_t n, int64_t width);
-    /* window grids with start offsets (docs/mitigations.md): the compressor ops with woff [B, nkv] */
-    int (*gate_grid)(ps_ctx *c, float *z, float *alpha, const float *a, const float *u, const float *bias, int64_t B,
-                     int64_t T, int64_t d, int64_t nW, int64_t W, int64_t S, int64_t nkv, const int64_t *woff);
-    int (*payload_grid)(ps_ctx *c, float *P, const float *a, const float *C, int shared, float *scratch, int64_t B,
-                        int64_t T, int64_t d, int64_t nW, int64_t W, int64_t S, int64_t nkv, int64_t hd,
-                        const int64_t *woff);
-    int (*rope_grid)(ps_ctx *c, float *x, const float *cos_t, const float *sin_t, int64_t B, int64_t T, int64_t nW,
-                     int64_t nkv, int64_t hd, int64_t S, const int64_t *woff, int inverse);
-    /* content-defined chunks (docs/mitigations.md §4): the compressor ops with chunk starts cs and lengths cl [B, nC] */
-    int (*gate_chunks)(ps_ctx *c, float *z, float *alpha, const float *a, const float *u, const float *bias, int64_t B,
-                       int64_t T, int64_t d, int64_t nC, int64_t W, int64_t nkv, const int64_t *cs, const int64_t *cl);
-    int (*payload_chunks)(ps_ctx *c, float *P, const float *a, const float *C, int shared, float *scratch, int64_t B,
-                          int64_t T, int64_t d, int64_t nC, int64_t W, int64_t nkv, int64_t hd, const int64_t *cs,
-                          const int64_t *cl);
-    int (*rope_chunks)(ps_ctx *c, float *x, const float *cos_t, const float *sin_t, int64_t B, int64_t T, int64_t nC,
-                       int64_t nkv, int64_t hd, const int64_t *cs, const int64_t *cl, int inverse);
     /* hook actions */
     int (*head_set)(ps_ctx *c, float *x, const float *src, int64_t src_stride, int64_t n_seq, int64_t npos, int64_t nh,
                     int64_t hd, int64_t head, int64_t seq0, int64_t seq1);
@@ -152,24 +205,10 @@ struct ps_backend {
     int (*rope_backward)(ps_ctx *c, float *dx, const float *cos_t, const float *sin_t, int64_t n_seq,
                          int64_t rows_per_seq, int64_t n_heads, int64_t hd, int64_t pos_step);
     int (*swiglu_backward)(ps_ctx *c, float *dg, float *du, const float *dh, const float *g, const float *u, int64_t n);
-    int (*gate_backward)(ps_ctx *c, float *da, float *du, float *dbias, float *dalpha, const float *alpha,
-                         const float *a, const float *u, int64_t B, int64_t T, int64_t d, int64_t nW, int64_t W,
-                         int64_t S, int64_t nkv);
+    int (*gate_backward)(ps_ctx *c, float *da, float *du, float *dbias, float *dalpha, const float *alpha, const float *a,
+                         const float *u, int64_t d, const ps_windows *win);
     int (*payload_backward)(ps_ctx *c, float *da, float *dC, const float *dP, const float *a, const float *C, int shared,
-                            float *scratch, int64_t B, int64_t T, int64_t d, int64_t nW, int64_t W, int64_t S,
-                            int64_t nkvhd);
-    int (*gate_grid_backward)(ps_ctx *c, float *da, float *du, float *dbias, float *dalpha, const float *alpha,
-                              const float *a, const float *u, int64_t B, int64_t T, int64_t d, int64_t nW, int64_t W,
-                              int64_t S, int64_t nkv, const int64_t *woff);
-    int (*payload_grid_backward)(ps_ctx *c, float *da, float *dC, const float *dP, const float *a, const float *C,
-                                 int shared, float *scratch, int64_t B, int64_t T, int64_t d, int64_t nW, int64_t W,
-                                 int64_t S, int64_t nkv, int64_t hd, const int64_t *woff);
-    int (*gate_chunks_backward)(ps_ctx *c, float *da, float *du, float *dbias, float *dalpha, const float *alpha,
-                                const float *a, const float *u, int64_t B, int64_t T, int64_t d, int64_t nC, int64_t W,
-                                int64_t nkv, const int64_t *cs, const int64_t *cl);
-    int (*payload_chunks_backward)(ps_ctx *c, float *da, float *dC, const float *dP, const float *a, const float *C,
-                                   int shared, float *scratch, int64_t B, int64_t T, int64_t d, int64_t nC, int64_t W,
-                                   int64_t nkv, int64_t hd, const int64_t *cs, const int64_t *cl);
+                            float *scratch, int64_t d, int64_t hd, const ps_windows *win);
     int (*gate_entropy)(ps_ctx *c, double *value, float *dalpha, const float *alpha, int64_t B, int64_t nW, int64_t nkv,
                         int64_t W, double weight);
     int (*pool_backward)(ps_ctx *c, float *dalpha, float *dP, const float *dout, const float *alpha, const float *P,
@@ -183,7 +222,11 @@ struct ps_backend {
     int (*sumsq)(ps_ctx *c, double *out, const float *x, int64_t n);
     int (*adamw)(ps_ctx *c, float *w, float *m1, float *m2, const float *g, const ps_adamw_seg *segs, int n_segs,
                  const ps_adamw_hyper *h);
-    /* ---------------- DeepSeek-V4 (SPEC-v4; core/v4/) ---------------- */
+} ps_backend_ops;
+
+/* The DeepSeek-V4 extension table (SPEC-v4; core/v4/): one entry per ps_v4_op, in PS_V4_OPS's order. A
+ * backend without it leaves ps_backend.v4 NULL and the V4 ops fail naming the backend. */
+typedef struct {
     int (*v4_rope_table)(ps_ctx *c, float *cos_t, float *sin_t, int64_t n_pos, int64_t half, const double *inv_freq,
                          float mscale);
     int (*v4_rope)(ps_ctx *c, float *x, const float *cos_t, const float *sin_t, int64_t n_seq, int64_t rows_per_seq,
@@ -231,7 +274,26 @@ struct ps_backend {
                                  const float *kv, int64_t B, int64_t T, int64_t nW, int64_t m, int64_t d, int overlap);
     int (*v4_attn_backward)(ps_ctx *c, float *dq, float *dkv, float *dckv, float *dsink, const float *dout, const float *out,
                             const float *q, const float *kv, const float *ckv, const float *sink, const ps_v4_attn_geom *g);
-    /* ---------------- end DeepSeek-V4 ---------------- */
+} ps_backend_v4_ops;
+
+struct ps_backend {
+    const char *name;
+    /* memory: bytes, zero-filled; copies between host and buffers */
+    void *(*alloc)(ps_ctx *c, int64_t bytes);
+    void (*free)(ps_ctx *c, void *p);
+    int (*to_host)(ps_ctx *c, void *host, const void *buf, int64_t bytes);
+    int (*from_host)(ps_ctx *c, void *buf, const void *host, int64_t bytes);
+    int host_visible; /* buffers are host pointers */
+    /* free and total bytes of the backend's memory (NULL: host memory, /proc/meminfo's MemAvailable) */
+    int (*mem_info)(ps_ctx *c, int64_t *free_bytes, int64_t *total_bytes);
+    int (*init)(ps_ctx *c);   /* backend state into c->impl (may be NULL) */
+    void (*fini)(ps_ctx *c);  /* (may be NULL) */
+    /* Can this backend run op with these parameters? (NULL: every op with any parameters.) ops.h asks
+     * before each op that has parameters (p->attn, p->frame, p->win) and fails naming the op, the backend
+     * and why (*why, a static string) when the answer is 0. */
+    int (*supports)(ps_op op, const ps_op_params *p, const char **why);
+    ps_backend_ops ops;           /* every entry required */
+    const ps_backend_v4_ops *v4;  /* DeepSeek-V4 extension (NULL: this backend has none) */
 };
 
 /* The CPU backend (the reference). */

@@ -31,11 +31,11 @@ typedef struct {
         if (rc_) return -1;                                                                  \
     } while (0)
 
-/* The attention part of a v4 layer (kind v4, docs/training.md), from dh = d resid_mid: o_proj, the
- * inverse rope of the output, the attention with sinks, q / K=V entries (norms, rope, projections), the
- * compressor (rope at w·m, norm, pooling, per-channel softmax, slot layout with the position bias, its
- * projections). Accumulates d ln1 into G.ln1 (zeroed here). */
-static int v4_attention_backward(const ps_model *m, const ps_acts *a, ps_acts *g, int l, float *grads, const float *dh,
+/* The attention part of a channel-attention layer (attention.kind "channel", docs/training.md), from
+ * dh = d resid_mid: o_proj, the inverse rope of the output, the attention with sinks, q / K=V entries
+ * (norms, rope, projections), the compressor (rope at w·m, norm, pooling, per-channel softmax, slot
+ * layout with the position bias, its projections). Accumulates d ln1 into G.ln1 (zeroed here). */
+static int channel_attention_backward(const ps_model *m, const ps_acts *a, ps_acts *g, int l, float *grads, const float *dh,
                                  const bw_opts *bo) {
     ps_ctx *ctx = a->ctx;
     ps_profile *prof = a->prof;
@@ -88,7 +88,7 @@ static int layer_backward(const ps_model *m, const ps_acts *a, ps_acts *g, int l
     ps_layer_params w = ps_model_layer(m, m->params, l), dw = ps_model_layer(m, grads, l);
     ps_act_ptrs p = ps_acts_layer(a, l), G = g->p;
     int64_t B = a->B, T = a->T, BT = B * T, d = c->d_model, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads;
-    int64_t nW = a->nW, W = c->window, S = c->stride, dff = c->d_ff;
+    int64_t nW = a->nW, W = c->window, dff = c->d_ff;
     const float *h_in = a->p.resid + (int64_t)l * BT * d;
 
     /* MLP: resid_post = resid_mid + down(silu(gate m) ⊙ up m), m = rmsnorm(resid_mid) */
@@ -102,7 +102,7 @@ static int layer_backward(const ps_model *m, const ps_acts *a, ps_acts *g, int l
     OPB(PS_PROF_NORM_ROPE, ps_rmsnorm_backward(ctx, dh, dw.post_norm, G.ln2, p.resid_mid, w.post_norm, p.ln2_rstd, BT, d));
 
     if (c->kind == PS_ATTN_CHANNEL) {
-        int r4 = v4_attention_backward(m, a, g, l, grads, dh, bo);
+        int r4 = channel_attention_backward(m, a, g, l, grads, dh, bo);
         if (r4) return r4;
         if (l == bo->o->stop_layer && l > 0) return 0;
         OPB(PS_PROF_NORM_ROPE, ps_rmsnorm_backward(ctx, dh, dw.in_norm, G.ln1, h_in, w.in_norm, p.ln1_rstd, BT, d));
@@ -142,13 +142,8 @@ static int layer_backward(const ps_model *m, const ps_acts *a, ps_acts *g, int l
 
     if (c->kind == PS_ATTN_COMPRESSED && nW > 0) {
         int shared = c->payload == PS_PAYLOAD_SHARED;
-        const int64_t *wo = a->woff; /* window grid offsets (NULL: the base grid) */
-        const int64_t *cs = a->cs, *cl = a->cl; /* content chunks (NULL: windows on the grid) */
-        if (c->rope && cs)
-            OPB(PS_PROF_NORM_ROPE, ps_rope_chunks(ctx, G.ck, a->p.rope_cos, a->p.rope_sin, B, T, nW, nkv, hd, cs, cl, 1));
-        else if (c->rope && wo)
-            OPB(PS_PROF_NORM_ROPE, ps_rope_grid(ctx, G.ck, a->p.rope_cos, a->p.rope_sin, B, T, nW, nkv, hd, S, wo, 1));
-        else if (c->rope) OPB(PS_PROF_NORM_ROPE, ps_rope_backward(ctx, G.ck, a->p.rope_cos, a->p.rope_sin, B, nW, nkv, hd, S));
+        const ps_windows wt = ps_acts_windows(a), *win = &wt; /* the forward's windows */
+        if (c->rope) OPB(PS_PROF_NORM_ROPE, ps_rope_windows(ctx, G.ck, a->p.rope_cos, a->p.rope_sin, hd, win, 1));
         if (c->qk_norm) {
             OPB(PS_PROF_OTHER, ps_fill(ctx, G.ck_pre, 0.0f, B * nW * nkv * hd));
             OPB(PS_PROF_NORM_ROPE,
@@ -158,46 +153,19 @@ static int layer_backward(const ps_model *m, const ps_acts *a, ps_acts *g, int l
         OPB(PS_PROF_COMPRESSOR,
             ps_pool_backward(ctx, G.ga_k, G.pk, G.ck_pre, p.ga_k, p.pk, B, nW, W, nkv, hd) ||
                 ps_pool_backward(ctx, G.ga_v, G.pv, G.cv, p.ga_v, p.pv, B, nW, W, nkv, hd));
-        if (cs)
-            OPB(PS_PROF_COMPRESSOR,
-                ps_payload_chunks_backward(ctx, G.ln1, dw.key_payload, G.pk, p.ln1, w.key_payload, shared, G.payload_scratch, B,
-                                           T, d, nW, W, nkv, hd, cs, cl) ||
-                    ps_payload_chunks_backward(ctx, G.ln1, dw.value_payload, G.pv, p.ln1, w.value_payload, shared,
-                                               G.payload_scratch, B, T, d, nW, W, nkv, hd, cs, cl));
-        else if (wo)
-            OPB(PS_PROF_COMPRESSOR,
-                ps_payload_grid_backward(ctx, G.ln1, dw.key_payload, G.pk, p.ln1, w.key_payload, shared, G.payload_scratch, B,
-                                         T, d, nW, W, S, nkv, hd, wo) ||
-                    ps_payload_grid_backward(ctx, G.ln1, dw.value_payload, G.pv, p.ln1, w.value_payload, shared,
-                                             G.payload_scratch, B, T, d, nW, W, S, nkv, hd, wo));
-        else
-            OPB(PS_PROF_COMPRESSOR,
-                ps_payload_backward(ctx, G.ln1, dw.key_payload, G.pk, p.ln1, w.key_payload, shared, G.payload_scratch, B,
-                                    T, d, nW, W, S, nkv * hd) ||
-                    ps_payload_backward(ctx, G.ln1, dw.value_payload, G.pv, p.ln1, w.value_payload, shared,
-                                        G.payload_scratch, B, T, d, nW, W, S, nkv * hd));
+        OPB(PS_PROF_COMPRESSOR,
+            ps_payload_backward(ctx, G.ln1, dw.key_payload, G.pk, p.ln1, w.key_payload, shared, G.payload_scratch, d, hd, win) ||
+                ps_payload_backward(ctx, G.ln1, dw.value_payload, G.pv, p.ln1, w.value_payload, shared, G.payload_scratch, d,
+                                    hd, win));
         /* the gate regulariser adds its gradient to d alpha (both branches) before the softmax backward */
         if (g->gate_reg_weight > 0 && c->gate == PS_GATE_LEARNED)
             OPB(PS_PROF_COMPRESSOR, ps_gate_entropy(ctx, &g->gate_reg_value, G.ga_k, p.ga_k, B, nW, nkv, W, g->gate_reg_weight) ||
                                         ps_gate_entropy(ctx, &g->gate_reg_value, G.ga_v, p.ga_v, B, nW, nkv, W, g->gate_reg_weight));
-        if (c->gate == PS_GATE_LEARNED && cs)
+        if (c->gate == PS_GATE_LEARNED)
             OPB(PS_PROF_COMPRESSOR,
-                ps_gate_chunks_backward(ctx, G.ln1, dw.key_gate_w, dw.key_gate_b, G.ga_k, p.ga_k, p.ln1, w.key_gate_w, B, T, d,
-                                        nW, W, nkv, cs, cl) ||
-                    ps_gate_chunks_backward(ctx, G.ln1, dw.value_gate_w, dw.value_gate_b, G.ga_v, p.ga_v, p.ln1,
-                                            w.value_gate_w, B, T, d, nW, W, nkv, cs, cl));
-        else if (c->gate == PS_GATE_LEARNED && wo)
-            OPB(PS_PROF_COMPRESSOR,
-                ps_gate_grid_backward(ctx, G.ln1, dw.key_gate_w, dw.key_gate_b, G.ga_k, p.ga_k, p.ln1, w.key_gate_w, B, T, d,
-                                      nW, W, S, nkv, wo) ||
-                    ps_gate_grid_backward(ctx, G.ln1, dw.value_gate_w, dw.value_gate_b, G.ga_v, p.ga_v, p.ln1,
-                                          w.value_gate_w, B, T, d, nW, W, S, nkv, wo));
-        else if (c->gate == PS_GATE_LEARNED)
-            OPB(PS_PROF_COMPRESSOR,
-                ps_gate_backward(ctx, G.ln1, dw.key_gate_w, dw.key_gate_b, G.ga_k, p.ga_k, p.ln1, w.key_gate_w, B, T, d,
-                                 nW, W, S, nkv) ||
-                    ps_gate_backward(ctx, G.ln1, dw.value_gate_w, dw.value_gate_b, G.ga_v, p.ga_v, p.ln1,
-                                     w.value_gate_w, B, T, d, nW, W, S, nkv));
+                ps_gate_backward(ctx, G.ln1, dw.key_gate_w, dw.key_gate_b, G.ga_k, p.ga_k, p.ln1, w.key_gate_w, d, win) ||
+                    ps_gate_backward(ctx, G.ln1, dw.value_gate_w, dw.value_gate_b, G.ga_v, p.ga_v, p.ln1, w.value_gate_w, d,
+                                     win));
     }
     /* dh = d resid_pre */
     OPB(PS_PROF_NORM_ROPE, ps_rmsnorm_backward(ctx, dh, dw.in_norm, G.ln1, h_in, w.in_norm, p.ln1_rstd, BT, d));

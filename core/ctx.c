@@ -51,6 +51,12 @@ int ps_ctx_create(ps_ctx **out, const char *backend, ps_error *err) {
         if (err) err->usage = 1;
         return -1;
     }
+    for (int op = 0; op < PS_OP_COUNT; op++) /* every entry of the op table is required (core/backend.h) */
+        if (!ps_backend_has_op(be, (ps_op)op))
+            return ps_fail(err, "%s backend: its op table has no entry for op \"%s\"", want, ps_op_name((ps_op)op));
+    for (int op = 0; be->v4 && op < PS_V4_OP_COUNT; op++)
+        if (!ps_backend_has_v4_op(be, (ps_v4_op)op))
+            return ps_fail(err, "%s backend: its DeepSeek-V4 table has no entry for op \"%s\"", want, ps_v4_op_name((ps_v4_op)op));
     ps_ctx *c = calloc(1, sizeof *c);
     if (!c) return ps_fail(err, "out of memory for a %s context", want);
     c->be = be;

@@ -1,6 +1,7 @@
 #include "core/forward.h"
 
 #include "core/chunks.h"
+#include "core/windows.h"
 #include "core/fileio.h"
 
 #include <math.h>
@@ -33,7 +34,7 @@ static int build_specs(act_spec *s, ps_act_ptrs *p, const ps_config *c, int64_t 
     SPEC(k_pre, BT * nkv * hd, true);
     SPEC(k, BT * nkv * hd, true);
     SPEC(k_rstd, BT * nkv, true);
-    SPEC(v, c->kind == PS_ATTN_CHANNEL ? 0 : BT * nkv * hd, true); /* v4: K = V */
+    SPEC(v, c->kind == PS_ATTN_CHANNEL ? 0 : BT * nkv * hd, true); /* channel attention: K = V */
     SPEC(gz_k, B * nW * nkv * W, true);
     SPEC(ga_k, B * nW * nkv * W, true);
     SPEC(gz_v, B * nW * nkv * W, true);
@@ -61,14 +62,14 @@ static int build_specs(act_spec *s, ps_act_ptrs *p, const ps_config *c, int64_t 
     SPEC(rope_cos, c->rope ? T * (hd / 2) : 0, false);
     SPEC(rope_sin, c->rope ? T * (hd / 2) : 0, false);
     SPEC(payload_scratch, comp && c->payload == PS_PAYLOAD_SHARED ? BT * nkv * hd : 0, false);
-    int v4 = c->kind == PS_ATTN_CHANNEL;
-    int64_t cs = v4 ? ps_config_v4_series(c) : 0, S4 = v4 ? ps_config_v4_slots(c) : 0;
+    int channel = c->kind == PS_ATTN_CHANNEL;
+    int64_t cs = channel ? ps_config_v4_series(c) : 0, S4 = channel ? ps_config_v4_slots(c) : 0;
     SPEC(c_kv_raw, BT * cs * hd, true);
     SPEC(c_z, BT * cs * hd, true);
     SPEC(c_gate, B * nW * S4 * hd, true);
     SPEC(c_alpha, B * nW * S4 * hd, true);
-    SPEC(z_pre, v4 ? BT * nh * hd : 0, true);
-    SPEC(sinkp, v4 ? B * nh * T : 0, true);
+    SPEC(z_pre, channel ? BT * nh * hd : 0, true);
+    SPEC(sinkp, channel ? B * nh * T : 0, true);
 #undef SPEC
     return k;
 }
@@ -145,6 +146,14 @@ int ps_acts_create_rows(ps_acts *a, ps_ctx *ctx, const ps_config *cfg, int64_t B
         a->layer_stride[(float **)s[i].ptr - (float **)&a->p] = s[i].per_layer && keep_all ? s[i].n : 0;
         off += s[i].n * slots;
     }
+    if (comp) { /* the window table (ps_acts_windows) */
+        int64_t n = B * a->nW * cfg->n_kv_heads > 0 ? B * a->nW * cfg->n_kv_heads : 1;
+        a->win_start = calloc((size_t)n, sizeof *a->win_start), a->win_len = calloc((size_t)n, sizeof *a->win_len);
+        if (!a->win_start || !a->win_len) {
+            ps_acts_free(a);
+            return ps_fail(err, "out of memory for the window tables of %lld sequences", (long long)B);
+        }
+    }
     if (comp && cfg->boundaries == PS_BOUNDARIES_CONTENT) { /* the chunk tables, filled by ps_acts_set_chunks */
         int64_t n = B * a->nW > 0 ? B * a->nW : 1;
         a->cs = calloc((size_t)n, sizeof *a->cs), a->cl = calloc((size_t)n, sizeof *a->cl);
@@ -181,6 +190,8 @@ void ps_acts_free(ps_acts *a) {
     free(a->cs);
     free(a->cl);
     free(a->cend);
+    free(a->win_start);
+    free(a->win_len);
     memset(a, 0, sizeof *a);
 }
 
@@ -207,6 +218,13 @@ int ps_acts_set_phase(ps_acts *a, const int64_t *shift, ps_error *err) {
         for (int64_t g = 0; g < nkv; g++) a->woff[b * nkv + g] = (ps_config_head_offset(c, g) + (shift ? shift[b] : 0)) % S;
     a->geom.woff = a->woff;
     return 0;
+}
+
+ps_windows ps_acts_windows(const ps_acts *a) {
+    const ps_config *c = a->cfg;
+    if (c->boundaries == PS_BOUNDARIES_CONTENT)
+        return ps_windows_chunks(a->win_start, a->win_len, a->cs, a->cl, a->B, a->T, a->nW, c->window, c->n_kv_heads);
+    return ps_windows_grid(a->win_start, a->win_len, a->B, a->T, a->nW, c->window, c->stride, c->n_kv_heads, a->woff);
 }
 
 int ps_acts_set_chunks(ps_acts *a, const int32_t *tokens, ps_error *err) {
@@ -349,12 +367,13 @@ static int attention(ps_acts *a, int l, const ps_act_ptrs *pp, const ps_hooks *h
     return 0;
 }
 
-/* ---- attention kind v4 (DeepSeek-V4's compressor in this model; docs/training.md) ---- */
+/* ---- the channel attention (DeepSeek-V4's compressor in this model, through the V4 extension ops;
+ * docs/training.md) ---- */
 
-/* Layer l of a v4 model up to its compressed entries: q, the raw K=V entries (k), the compressor (gate
+/* Layer l of a channel-attention model up to its compressed entries: q, the raw K=V entries (k), the compressor (gate
  * logits with the position bias in slot layout, per-channel softmax, pooling, norm, rope at w·m) with
  * the hooks q, k, gate_k (the per-channel gate [B, nW, S, hd]) and ck. */
-static int v4_layer_pre(const ps_model *m, ps_acts *a, int l, const ps_hooks *hooks, ps_error *err) {
+static int channel_layer_pre(const ps_model *m, ps_acts *a, int l, const ps_hooks *hooks, ps_error *err) {
     ps_ctx *ctx = a->ctx;
     ps_profile *prof = a->prof;
     const ps_config *c = &m->cfg;
@@ -392,10 +411,10 @@ static int v4_layer_pre(const ps_model *m, ps_acts *a, int l, const ps_hooks *ho
     return 0;
 }
 
-/* The attention of a v4 layer: the raw K=V entries of the sliding window and every complete compressed
+/* The attention of a channel-attention layer: the raw K=V entries of the sliding window and every complete compressed
  * entry, a softmax with the head's sink; the output is rotated back by its own position (V4's inverse
  * rope: the values carry their keys' rotation). z_pre keeps the output before that rotation. */
-static int v4_attention(const ps_model *m, ps_acts *a, int l, const ps_act_ptrs *pp, ps_error *err) {
+static int channel_attention(const ps_model *m, ps_acts *a, int l, const ps_act_ptrs *pp, ps_error *err) {
     ps_ctx *ctx = a->ctx;
     ps_profile *prof = a->prof;
     const ps_config *c = &m->cfg;
@@ -416,11 +435,11 @@ static int layer_forward_pre(const ps_model *m, ps_acts *a, int l, const ps_hook
     ps_layer_params w = ps_model_layer(m, m->params, l);
     ps_act_ptrs p = ps_acts_layer(a, l);
     int64_t B = a->B, T = a->T, BT = B * T, d = c->d_model, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads;
-    int64_t nW = a->nW, W = c->window, S = c->stride;
+    int64_t nW = a->nW, W = c->window;
     float eps = (float)c->rms_eps;
     float *h = a->p.resid + (int64_t)l * BT * d;
     int comp = c->kind == PS_ATTN_COMPRESSED;
-    if (c->kind == PS_ATTN_CHANNEL) return v4_layer_pre(m, a, l, hooks, err);
+    if (c->kind == PS_ATTN_CHANNEL) return channel_layer_pre(m, a, l, hooks, err);
 
     FIRE(PS_HOOK_RESID_PRE, h, 3, B, T, d);
     OPS(PS_PROF_NORM_ROPE, ps_rmsnorm(ctx, p.ln1, p.ln1_rstd, h, w.in_norm, BT, d, eps));
@@ -443,51 +462,24 @@ static int layer_forward_pre(const ps_model *m, ps_acts *a, int l, const ps_hook
     if (comp) {
         /* Compressor: gates and payloads read the layer input a = ln1 (SPEC §2). */
         int learned = c->gate == PS_GATE_LEARNED, shared = c->payload == PS_PAYLOAD_SHARED;
-        const int64_t *wo = a->woff; /* window grid offsets (NULL: the base grid, SPEC §2) */
-        const int64_t *cs = a->cs, *cl = a->cl; /* content chunks (NULL: windows on the grid) */
         if (c->boundaries == PS_BOUNDARIES_CONTENT && !a->chunks_set)
             return ps_fail(err, "content chunk boundaries (attention.boundaries \"content\") need the batch's tokens: run ps_forward on these activations first");
-        if (cs)
-            OPS(PS_PROF_COMPRESSOR,
-                ps_gate_chunks(ctx, p.gz_k, p.ga_k, p.ln1, learned ? w.key_gate_w : NULL, w.key_gate_b, B, T, d, nW, W, nkv, cs, cl) ||
-                    ps_gate_chunks(ctx, p.gz_v, p.ga_v, p.ln1, learned ? w.value_gate_w : NULL, w.value_gate_b, B, T, d, nW, W,
-                                   nkv, cs, cl));
-        else if (wo)
-            OPS(PS_PROF_COMPRESSOR,
-                ps_gate_grid(ctx, p.gz_k, p.ga_k, p.ln1, learned ? w.key_gate_w : NULL, w.key_gate_b, B, T, d, nW, W, S, nkv, wo) ||
-                    ps_gate_grid(ctx, p.gz_v, p.ga_v, p.ln1, learned ? w.value_gate_w : NULL, w.value_gate_b, B, T, d, nW, W, S,
-                                 nkv, wo));
-        else
+        const ps_windows wt = ps_acts_windows(a), *win = &wt; /* the base grid, a staggered grid or content chunks */
         OPS(PS_PROF_COMPRESSOR,
-            ps_gate(ctx, p.gz_k, p.ga_k, p.ln1, learned ? w.key_gate_w : NULL, w.key_gate_b, B, T, d, nW, W, S, nkv) ||
-                ps_gate(ctx, p.gz_v, p.ga_v, p.ln1, learned ? w.value_gate_w : NULL, w.value_gate_b, B, T, d, nW, W, S, nkv));
+            ps_gate(ctx, p.gz_k, p.ga_k, p.ln1, learned ? w.key_gate_w : NULL, w.key_gate_b, d, win) ||
+                ps_gate(ctx, p.gz_v, p.ga_v, p.ln1, learned ? w.value_gate_w : NULL, w.value_gate_b, d, win));
         FIRE(PS_HOOK_GATE_K, p.ga_k, 4, B, nW, nkv, W);
         FIRE(PS_HOOK_GATE_V, p.ga_v, 4, B, nW, nkv, W);
-        if (cs)
-            OPS(PS_PROF_COMPRESSOR,
-                ps_payload_chunks(ctx, p.pk, p.ln1, w.key_payload, shared, a->p.payload_scratch, B, T, d, nW, W, nkv, hd, cs, cl) ||
-                    ps_payload_chunks(ctx, p.pv, p.ln1, w.value_payload, shared, a->p.payload_scratch, B, T, d, nW, W, nkv, hd,
-                                      cs, cl));
-        else if (wo)
-            OPS(PS_PROF_COMPRESSOR,
-                ps_payload_grid(ctx, p.pk, p.ln1, w.key_payload, shared, a->p.payload_scratch, B, T, d, nW, W, S, nkv, hd, wo) ||
-                    ps_payload_grid(ctx, p.pv, p.ln1, w.value_payload, shared, a->p.payload_scratch, B, T, d, nW, W, S, nkv, hd,
-                                    wo));
-        else
-            OPS(PS_PROF_COMPRESSOR,
-                ps_payload(ctx, p.pk, p.ln1, w.key_payload, shared, a->p.payload_scratch, B, T, d, nW, W, S, nkv * hd) ||
-                    ps_payload(ctx, p.pv, p.ln1, w.value_payload, shared, a->p.payload_scratch, B, T, d, nW, W, S, nkv * hd));
+        OPS(PS_PROF_COMPRESSOR,
+            ps_payload(ctx, p.pk, p.ln1, w.key_payload, shared, a->p.payload_scratch, d, hd, win) ||
+                ps_payload(ctx, p.pv, p.ln1, w.value_payload, shared, a->p.payload_scratch, d, hd, win));
         OPS(PS_PROF_COMPRESSOR,
                 ps_pool(ctx, p.ck_pre, p.ga_k, p.pk, B, nW, W, nkv, hd) || ps_pool(ctx, p.cv, p.ga_v, p.pv, B, nW, W, nkv, hd));
         if (c->qk_norm)
             OPS(PS_PROF_NORM_ROPE, ps_rmsnorm(ctx, p.ck, p.ck_rstd, p.ck_pre, w.knorm, B * nW * nkv, hd, eps));
         else
             OPS(PS_PROF_OTHER, ps_copy(ctx, p.ck, p.ck_pre, B * nW * nkv * hd));
-        if (c->rope && nW > 0 && cs)
-            OPS(PS_PROF_NORM_ROPE, ps_rope_chunks(ctx, p.ck, a->p.rope_cos, a->p.rope_sin, B, T, nW, nkv, hd, cs, cl, 0));
-        else if (c->rope && nW > 0 && wo)
-            OPS(PS_PROF_NORM_ROPE, ps_rope_grid(ctx, p.ck, a->p.rope_cos, a->p.rope_sin, B, T, nW, nkv, hd, S, wo, 0));
-        else if (c->rope && nW > 0) OPS(PS_PROF_NORM_ROPE, ps_rope(ctx, p.ck, a->p.rope_cos, a->p.rope_sin, B, nW, nkv, hd, S));
+        if (c->rope && nW > 0) OPS(PS_PROF_NORM_ROPE, ps_rope_windows(ctx, p.ck, a->p.rope_cos, a->p.rope_sin, hd, win, 0));
         FIRE(PS_HOOK_CK, p.ck, 4, B, nW, nkv, hd);
         FIRE(PS_HOOK_CV, p.cv, 4, B, nW, nkv, hd);
     }
@@ -504,7 +496,7 @@ static int layer_forward_post(const ps_model *m, ps_acts *a, int l, const ps_hoo
     int64_t B = a->B, T = a->T, BT = B * T, d = c->d_model, hd = c->head_dim, nh = c->n_heads, dff = c->d_ff;
     float eps = (float)c->rms_eps;
     float *h = a->p.resid + (int64_t)l * BT * d, *h_next = h + BT * d;
-    if (c->kind == PS_ATTN_CHANNEL ? v4_attention(m, a, l, &p, err) : attention(a, l, &p, hooks, err)) return -1;
+    if (c->kind == PS_ATTN_CHANNEL ? channel_attention(m, a, l, &p, err) : attention(a, l, &p, hooks, err)) return -1;
     FIRE(PS_HOOK_Z, p.z, 4, B, T, nh, hd);
     OPS(PS_PROF_MATMUL, ps_matmul(ctx, p.attn_out, p.z, w.wo, BT, nh * hd, d, 0));
     FIRE(PS_HOOK_ATTN_OUT, p.attn_out, 3, B, T, d);

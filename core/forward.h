@@ -90,6 +90,9 @@ typedef struct {
      * the tokens by ps_forward (ps_acts_set_chunks); geom.cend points at cend. chunks_set: they are. */
     int64_t *cs, *cl, *cend;
     bool chunks_set;
+    /* The compressor's window table (core/backend.h ps_windows; compressed models only), built from woff or
+     * the chunk tables by ps_acts_windows before each use: win_start / win_len [B, nW, nkv] (host). */
+    int64_t *win_start, *win_len;
     /* Gate regulariser (docs/mitigations.md), read by ps_backward on its scratch acts: weight (0: off) and
      * the value it added, summed over layers (not part of the cross-entropy loss_sum). */
     double gate_reg_weight, gate_reg_value;
@@ -117,6 +120,11 @@ int ps_acts_set_answer_rows(ps_acts *a, const ps_batch *view, ps_error *err);
  * (window j of KV head g at jS + (head_offsets[g] + shift[b]) mod S + i) for the next passes; shift NULL
  * restores the config's grid. Compressed models only; an error on any other, or for a shift outside [0, S). */
 int ps_acts_set_phase(ps_acts *a, const int64_t *shift, ps_error *err);
+
+/* The window table of the compressor as the activations stand (the base grid, woff's staggered grid, or
+ * the content chunks of ps_acts_set_chunks), for the compressor ops; a grid is written into win_start /
+ * win_len (the table points there, or at cs / cl). */
+ps_windows ps_acts_windows(const ps_acts *a);
 
 /* Content chunk boundaries (docs/mitigations.md §4): the chunk tables of tokens [B, T] (ps_forward calls it;
  * a pass that starts from a kept residual, ps_forward_from, uses the tables of the last ps_forward). A no-op

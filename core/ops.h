@@ -16,6 +16,7 @@
 #include "core/backend.h"
 #include "core/ctx.h"
 #include "core/hd_math.h"
+#include "core/windows.h"
 
 /* expf for the kernels' inner loops: Cephes' range reduction and degree-6 polynomial, written so that
  * gcc vectorises the loops that call it (libm's expf is a call, which stops vectorisation). Relative
@@ -83,20 +84,42 @@ static inline int64_t ps_geom_seen(const ps_attn_geom *g, int64_t b, int64_t kv,
     return ps_entries_seen(g->cend ? g->cend + b * g->nW : NULL, ps_woff(g->woff, b, g->nkv, kv), g->W, g->S, g->nW, t);
 }
 
-#define PS_OP_CALL(c, op, ...) ((c)->failed ? -1 : (c)->be->op((c), __VA_ARGS__))
+/* Dispatch through the backend's op table (core/backend.h): a failed context fails at once. */
+#define PS_OP_CALL(c, op, ...) ((c)->failed ? -1 : (c)->be->ops.op((c), __VA_ARGS__))
 
-/* Attention ops with window offsets need a backend that honours them (ps_backend.grid_offsets). */
-static inline int ps_grid_check(ps_ctx *c, const ps_attn_geom *g, const char *op) {
+/* Ops with parameters ask the backend first (supports(op, params)) and fail naming the op, the backend and
+ * why when it declines. */
+static inline int ps_op_check(ps_ctx *c, ps_op op, const ps_op_params *p) {
     if (c->failed) return -1;
-    if (g->woff && !c->be->grid_offsets)
-        return ps_ctx_fail(c, "%s: window grids with offsets (staggered grids, phase augmentation) are not implemented on the %s backend",
-                           op, c->be->name);
-    if (g->cend && !c->be->grid_offsets)
-        return ps_ctx_fail(c, "%s: content chunk boundaries (attention.boundaries \"content\") are not implemented on the %s backend",
-                           op, c->be->name);
+    const char *why = NULL;
+    if (!ps_backend_supports(c->be, op, p, &why))
+        return ps_ctx_fail(c, "%s: not supported on the %s backend: %s", ps_op_name(op), c->be->name, why);
     return 0;
 }
-#define PS_ATTN_CALL(c, g, op, ...) (ps_grid_check((c), (g), #op) ? -1 : (c)->be->op((c), __VA_ARGS__))
+static inline int ps_op_check_attn(ps_ctx *c, ps_op op, const ps_attn_geom *g) {
+    ps_op_params p = {NULL, NULL, NULL};
+    p.attn = g;
+    return ps_op_check(c, op, &p);
+}
+static inline int ps_op_check_win(ps_ctx *c, ps_op op, const ps_windows *w) {
+    if (c->failed || ps_windows_check(c, ps_op_name(op), w)) return -1;
+    ps_op_params p = {NULL, NULL, NULL};
+    p.win = w;
+    return ps_op_check(c, op, &p);
+}
+static inline int ps_op_check_frame(ps_ctx *c, const ps_attn_frame *f) {
+    ps_op_params p = {NULL, NULL, NULL};
+    p.frame = f;
+    return ps_op_check(c, PS_OP_ATTN_CHUNK, &p);
+}
+#define PS_ATTN_CALL(c, g, op, E, ...) (ps_op_check_attn((c), PS_OP_##E, (g)) ? -1 : (c)->be->ops.op((c), __VA_ARGS__))
+/* The compressor ops: the window table is checked (core/windows.h) before the backend sees it. */
+#define PS_WIN_CALL(c, w, op, E, ...) (ps_op_check_win((c), PS_OP_##E, (w)) ? -1 : (c)->be->ops.op((c), __VA_ARGS__))
+/* The DeepSeek-V4 extension ops: the backend must have the extension table. */
+#define PS_V4_CALL(c, op, ...)                                                                                 \
+    ((c)->failed ? -1                                                                                          \
+     : !(c)->be->v4 ? ps_ctx_fail((c), "%s: the %s backend has no DeepSeek-V4 ops", #op, (c)->be->name)         \
+                    : (c)->be->v4->op((c), __VA_ARGS__))
 
 /* ---------------- forward ---------------- */
 
@@ -145,61 +168,34 @@ static inline int ps_copy(ps_ctx *c, float *dst, const float *src, int64_t n) { 
 /* x[n] = value. */
 static inline int ps_fill(ps_ctx *c, float *x, float value, int64_t n) { return PS_OP_CALL(c, fill, x, value, n); }
 
+/* ---- the compressor over a window table (core/backend.h ps_windows: fixed grid, staggered grids and content
+ * chunks are tables the caller builds, core/windows.h). Window w = (b, j, g) covers a[b, start + i, :],
+ * i < L = len (L = 0: absent). Arrays: z, alpha [B, nW, nkv, W]; P [B, nW, W, nkv*hd]; compressed keys
+ * [B, nW, nkv, hd]. Offsets i >= L and absent windows get z = alpha = 0 and P = 0, so ps_pool and its
+ * backward apply unchanged. ---- */
+
 /* Compressor gate for one branch (SPEC §2). a: [B, T, d]; u: [W, nkv, d] and bias: [W, nkv], or u = NULL
- * for the uniform gate. Writes logits z and alpha = softmax_i(z): both [B, nW, nkv, W]. */
-static inline int ps_gate(ps_ctx *c, float *z, float *alpha, const float *a, const float *u, const float *bias,
-                          int64_t B, int64_t T, int64_t d, int64_t nW, int64_t W, int64_t S, int64_t nkv) {
-    return PS_OP_CALL(c, gate, z, alpha, a, u, bias, B, T, d, nW, W, S, nkv);
+ * for the uniform gate. Writes logits z = bias[i, g] + u[i, g, :]·a[b, start + i, :] and alpha =
+ * softmax_i(z) over the window's L offsets (uniform: z = 0, alpha = 1/L). */
+static inline int ps_gate(ps_ctx *c, float *z, float *alpha, const float *a, const float *u, const float *bias, int64_t d,
+                          const ps_windows *win) {
+    return PS_WIN_CALL(c, win, gate, GATE, z, alpha, a, u, bias, d, win);
 }
 
-/* Compressor payloads for one branch: P[b, j, i, :] = C_i a[b, jS+i, :]. per_offset: C is [W, nkvhd, d];
- * shared: C is [nkvhd, d] (scratch: [B, T, nkvhd], only for shared). P: [B, nW, W, nkvhd]. */
-static inline int ps_payload(ps_ctx *c, float *P, const float *a, const float *C, int shared, float *scratch,
-                             int64_t B, int64_t T, int64_t d, int64_t nW, int64_t W, int64_t S, int64_t nkvhd) {
-    return PS_OP_CALL(c, payload, P, a, C, shared, scratch, B, T, d, nW, W, S, nkvhd);
+/* Compressor payloads for one branch: P[b, j, i, g*hd : (g+1)*hd] = C_i[g*hd : (g+1)*hd] a[b, start + i, :].
+ * per offset: C is [W, nkv*hd, d]; shared: C is [nkv*hd, d] (scratch: [B, T, nkv*hd], only for shared). */
+static inline int ps_payload(ps_ctx *c, float *P, const float *a, const float *C, int shared, float *scratch, int64_t d,
+                             int64_t hd, const ps_windows *win) {
+    return PS_WIN_CALL(c, win, payload, PAYLOAD, P, a, C, shared, scratch, d, hd, win);
 }
 
-/* Window grids with start offsets woff [B, nkv] (host array, each in [0, S); docs/mitigations.md): the
- * same math as ps_gate / ps_payload / ps_rope with window j of KV head g in sequence b at positions
- * jS + woff[b, g] + i. A window that does not fit in T (jS + woff + W > T) gets z = alpha = 0 and P = 0
- * for that head (its entries are then 0 and no query sees them). woff NULL is the base grid. */
-static inline int ps_gate_grid(ps_ctx *c, float *z, float *alpha, const float *a, const float *u, const float *bias,
-                               int64_t B, int64_t T, int64_t d, int64_t nW, int64_t W, int64_t S, int64_t nkv,
-                               const int64_t *woff) {
-    return PS_OP_CALL(c, gate_grid, z, alpha, a, u, bias, B, T, d, nW, W, S, nkv, woff);
-}
-static inline int ps_payload_grid(ps_ctx *c, float *P, const float *a, const float *C, int shared, float *scratch,
-                                  int64_t B, int64_t T, int64_t d, int64_t nW, int64_t W, int64_t S, int64_t nkv,
-                                  int64_t hd, const int64_t *woff) {
-    return PS_OP_CALL(c, payload_grid, P, a, C, shared, scratch, B, T, d, nW, W, S, nkv, hd, woff);
-}
-/* In-place RoPE of compressed keys x [B, nW, nkv, hd]: entry (b, j, g) rotated by R(jS + woff[b, g])
- * (inverse: by R(-(jS + woff)), the backward); entries of windows that do not fit in T are left alone
- * (cos/sin tables: [T, hd/2]). */
-static inline int ps_rope_grid(ps_ctx *c, float *x, const float *cos_t, const float *sin_t, int64_t B, int64_t T,
-                               int64_t nW, int64_t nkv, int64_t hd, int64_t S, const int64_t *woff, int inverse) {
-    return PS_OP_CALL(c, rope_grid, x, cos_t, sin_t, B, T, nW, nkv, hd, S, woff, inverse);
-}
-
-/* Content-defined chunks (docs/mitigations.md §4): chunk j of sequence b covers positions cs[b, j] + i,
- * i < L = cl[b, j] (host arrays [B, nC]; L = 0: the sequence has no chunk j; L <= W). The gate softmax runs
- * over offsets 0..L-1 (uniform gate: 1/L); z = alpha = 0 and P = 0 at offsets i >= L and for absent
- * chunks, so ps_pool and its backward apply unchanged. Every KV head shares the chunks. */
-static inline int ps_gate_chunks(ps_ctx *c, float *z, float *alpha, const float *a, const float *u, const float *bias,
-                                 int64_t B, int64_t T, int64_t d, int64_t nC, int64_t W, int64_t nkv, const int64_t *cs,
-                                 const int64_t *cl) {
-    return PS_OP_CALL(c, gate_chunks, z, alpha, a, u, bias, B, T, d, nC, W, nkv, cs, cl);
-}
-static inline int ps_payload_chunks(ps_ctx *c, float *P, const float *a, const float *C, int shared, float *scratch,
-                                    int64_t B, int64_t T, int64_t d, int64_t nC, int64_t W, int64_t nkv, int64_t hd,
-                                    const int64_t *cs, const int64_t *cl) {
-    return PS_OP_CALL(c, payload_chunks, P, a, C, shared, scratch, B, T, d, nC, W, nkv, hd, cs, cl);
-}
-/* In-place RoPE of compressed keys x [B, nC, nkv, hd]: chunk (b, j) rotated by R(cs[b, j]) (inverse: the
- * backward); absent chunks are left alone. */
-static inline int ps_rope_chunks(ps_ctx *c, float *x, const float *cos_t, const float *sin_t, int64_t B, int64_t T,
-                                 int64_t nC, int64_t nkv, int64_t hd, const int64_t *cs, const int64_t *cl, int inverse) {
-    return PS_OP_CALL(c, rope_chunks, x, cos_t, sin_t, B, T, nC, nkv, hd, cs, cl, inverse);
+/* In-place RoPE of compressed keys x [B, nW, nkv, hd]: entry (b, j, g) rotated by R(start) (inverse: by
+ * R(-start), the backward) when start lies in [0, T) — present windows, and absent ones whose start lies in
+ * the sequence (a grid's windows that do not fit; ps_windows_chunks gives absent chunks start -1); other
+ * entries are left alone (cos/sin tables: [T, hd/2]). */
+static inline int ps_rope_windows(ps_ctx *c, float *x, const float *cos_t, const float *sin_t, int64_t hd,
+                                  const ps_windows *win, int inverse) {
+    return PS_WIN_CALL(c, win, rope_windows, ROPE_WINDOWS, x, cos_t, sin_t, hd, win, inverse);
 }
 
 /* Pooling: out[b, j, g, :] = sum_i alpha[b, j, g, i] P[b, j, i, g*hd : (g+1)*hd]. out: [B, nW, nkv, hd]. */
@@ -214,7 +210,7 @@ static inline int ps_pool(ps_ctx *c, float *out, const float *alpha, const float
  * probability matrix is stored. */
 static inline int ps_attn_forward(ps_ctx *c, float *z, float *lse, const float *q, const float *k, const float *v,
                                   const float *ck, const float *cv, const ps_attn_geom *g) {
-    return PS_ATTN_CALL(c, g, attn_forward, z, lse, q, k, v, ck, cv, g);
+    return PS_ATTN_CALL(c, g, attn_forward, ATTN_FORWARD, z, lse, q, k, v, ck, cv, g);
 }
 
 /* Probability rows, materialised (only for a registered pattern hook). probs: [B, nh, T, ncols].
@@ -222,13 +218,13 @@ static inline int ps_attn_forward(ps_ctx *c, float *z, float *lse, const float *
  * position t-LW+1+m. Entries a query does not see are 0. */
 static inline int ps_attn_probs(ps_ctx *c, float *probs, const float *q, const float *k, const float *ck,
                                 const ps_attn_geom *g) {
-    return PS_ATTN_CALL(c, g, attn_probs, probs, q, k, ck, g);
+    return PS_ATTN_CALL(c, g, attn_probs, ATTN_PROBS, probs, q, k, ck, g);
 }
 
 /* z[b, t, n, :] = sum over columns of probs · value (raw v: [B, T, nkv, hd], compressed cv: [B, nW, nkv, hd]). */
 static inline int ps_attn_out(ps_ctx *c, float *z, const float *probs, const float *v, const float *cv,
                               const ps_attn_geom *g) {
-    return PS_ATTN_CALL(c, g, attn_out, z, probs, v, cv, g);
+    return PS_ATTN_CALL(c, g, attn_out, ATTN_OUT, z, probs, v, cv, g);
 }
 
 /* Attention of one chunk of a long sequence (prefill): q [Tq, nh, hd] against the key frame k, v
@@ -236,14 +232,14 @@ static inline int ps_attn_out(ps_ctx *c, float *z, const float *probs, const flo
  * same function as ps_attn_forward on the whole sequence, row for row. Scratch O(Tk) per thread. */
 static inline int ps_attn_chunk(ps_ctx *c, float *z, const float *q, const float *k, const float *v, const float *ck,
                                 const float *cv, const ps_attn_frame *f) {
-    return PS_OP_CALL(c, attn_chunk, z, q, k, v, ck, cv, f);
+    return ps_op_check_frame(c, f) ? -1 : c->be->ops.attn_chunk(c, z, q, k, v, ck, cv, f);
 }
 
 /* Attention output for chosen query rows only (row r = b·T + t): z_rows[n, nh·hd], the same math as
  * ps_attn_forward. */
 static inline int ps_attn_rows(ps_ctx *c, float *z_rows, const int64_t *rows, int64_t n, const float *q, const float *k,
                                const float *v, const float *ck, const float *cv, const ps_attn_geom *g) {
-    return PS_ATTN_CALL(c, g, attn_rows, z_rows, rows, n, q, k, v, ck, cv, g);
+    return PS_ATTN_CALL(c, g, attn_rows, ATTN_ROWS, z_rows, rows, n, q, k, v, ck, cv, g);
 }
 
 /* Pattern hook layout: expand compact probability rows [B, nh, T, ncols] into [B, nh, T, nW + T]
@@ -251,10 +247,10 @@ static inline int ps_attn_rows(ps_ctx *c, float *z_rows, const int64_t *rows, in
  * are dropped). Full attention rows already have the wide layout: compact re-zeroes the unseen entries
  * in place (full = probs). */
 static inline int ps_pattern_expand(ps_ctx *c, float *full, const float *probs, const ps_attn_geom *g) {
-    return PS_ATTN_CALL(c, g, pattern_expand, full, probs, g);
+    return PS_ATTN_CALL(c, g, pattern_expand, PATTERN_EXPAND, full, probs, g);
 }
 static inline int ps_pattern_compact(ps_ctx *c, float *probs, const float *full, const ps_attn_geom *g) {
-    return PS_ATTN_CALL(c, g, pattern_compact, probs, full, g);
+    return PS_ATTN_CALL(c, g, pattern_compact, PATTERN_COMPACT, probs, full, g);
 }
 
 /* out[i, :] = in[rows[i], :] (+ add[i, :] when add is not NULL); width floats per row. */
@@ -324,33 +320,6 @@ static inline int ps_roll_blocks(ps_ctx *c, float *x, int64_t W, int64_t stride,
 
 /* ---------------- backward ---------------- */
 
-/* Backward of ps_gate_grid / ps_payload_grid (as ps_gate_backward / ps_payload_backward; windows that do
- * not fit in T contribute nothing). */
-static inline int ps_gate_grid_backward(ps_ctx *c, float *da, float *du, float *dbias, float *dalpha, const float *alpha,
-                                        const float *a, const float *u, int64_t B, int64_t T, int64_t d, int64_t nW,
-                                        int64_t W, int64_t S, int64_t nkv, const int64_t *woff) {
-    return PS_OP_CALL(c, gate_grid_backward, da, du, dbias, dalpha, alpha, a, u, B, T, d, nW, W, S, nkv, woff);
-}
-static inline int ps_payload_grid_backward(ps_ctx *c, float *da, float *dC, const float *dP, const float *a,
-                                           const float *C, int shared, float *scratch, int64_t B, int64_t T, int64_t d,
-                                           int64_t nW, int64_t W, int64_t S, int64_t nkv, int64_t hd,
-                                           const int64_t *woff) {
-    return PS_OP_CALL(c, payload_grid_backward, da, dC, dP, a, C, shared, scratch, B, T, d, nW, W, S, nkv, hd, woff);
-}
-
-/* Backward of ps_gate_chunks / ps_payload_chunks (offsets i >= L and absent chunks contribute nothing). */
-static inline int ps_gate_chunks_backward(ps_ctx *c, float *da, float *du, float *dbias, float *dalpha, const float *alpha,
-                                          const float *a, const float *u, int64_t B, int64_t T, int64_t d, int64_t nC,
-                                          int64_t W, int64_t nkv, const int64_t *cs, const int64_t *cl) {
-    return PS_OP_CALL(c, gate_chunks_backward, da, du, dbias, dalpha, alpha, a, u, B, T, d, nC, W, nkv, cs, cl);
-}
-static inline int ps_payload_chunks_backward(ps_ctx *c, float *da, float *dC, const float *dP, const float *a,
-                                             const float *C, int shared, float *scratch, int64_t B, int64_t T, int64_t d,
-                                             int64_t nC, int64_t W, int64_t nkv, int64_t hd, const int64_t *cs,
-                                             const int64_t *cl) {
-    return PS_OP_CALL(c, payload_chunks_backward, da, dC, dP, a, C, shared, scratch, B, T, d, nC, W, nkv, hd, cs, cl);
-}
-
 /* Gate regulariser (docs/mitigations.md): for alpha [B, nW, nkv, W] (windows whose alpha sums to 0 — those
  * that do not fit — are skipped), per KV head g the pooled gate m_g = mean of alpha over the windows,
  * value[0] += weight · Σ_g (log W − H(m_g)) (host double; natural log, 0·log 0 = 0), and dalpha +=
@@ -391,20 +360,18 @@ static inline int ps_swiglu_backward(ps_ctx *c, float *dg, float *du, const floa
     return PS_OP_CALL(c, swiglu_backward, dg, du, dh, g, u, n);
 }
 
-/* Gate backward for one branch. dalpha, alpha: [B, nW, nkv, W] (dalpha is overwritten with the logit
- * gradient). da [B, T, d] +=, du [W, nkv, d] +=, dbias [W, nkv] +=. (Uniform gates have no parameters
- * and pass no gradient to a: not called.) */
+/* Gate backward for one branch over the window table of the forward. dalpha, alpha: [B, nW, nkv, W]
+ * (dalpha is overwritten with the logit gradient). da [B, T, d] +=, du [W, nkv, d] +=, dbias [W, nkv] +=.
+ * (Uniform gates have no parameters and pass no gradient to a: not called.) */
 static inline int ps_gate_backward(ps_ctx *c, float *da, float *du, float *dbias, float *dalpha, const float *alpha,
-                                   const float *a, const float *u, int64_t B, int64_t T, int64_t d, int64_t nW,
-                                   int64_t W, int64_t S, int64_t nkv) {
-    return PS_OP_CALL(c, gate_backward, da, du, dbias, dalpha, alpha, a, u, B, T, d, nW, W, S, nkv);
+                                   const float *a, const float *u, int64_t d, const ps_windows *win) {
+    return PS_WIN_CALL(c, win, gate_backward, GATE_BACKWARD, da, du, dbias, dalpha, alpha, a, u, d, win);
 }
 
-/* Payload backward: dP [B, nW, W, nkvhd] → da [B, T, d] +=, dC +=. scratch: [B, T, nkvhd] (shared only). */
+/* Payload backward: dP [B, nW, W, nkv*hd] → da [B, T, d] +=, dC +=. scratch: [B, T, nkv*hd] (shared only). */
 static inline int ps_payload_backward(ps_ctx *c, float *da, float *dC, const float *dP, const float *a, const float *C,
-                                      int shared, float *scratch, int64_t B, int64_t T, int64_t d, int64_t nW,
-                                      int64_t W, int64_t S, int64_t nkvhd) {
-    return PS_OP_CALL(c, payload_backward, da, dC, dP, a, C, shared, scratch, B, T, d, nW, W, S, nkvhd);
+                                      int shared, float *scratch, int64_t d, int64_t hd, const ps_windows *win) {
+    return PS_WIN_CALL(c, win, payload_backward, PAYLOAD_BACKWARD, da, dC, dP, a, C, shared, scratch, d, hd, win);
 }
 
 /* Pooling backward: writes dalpha [B, nW, nkv, W] and dP [B, nW, W, nkv*hd] (=). */
@@ -419,7 +386,7 @@ static inline int ps_pool_backward(ps_ctx *c, float *dalpha, float *dP, const fl
 static inline int ps_attn_backward(ps_ctx *c, float *dq, float *dk, float *dv, float *dck, float *dcv, const float *dz,
                                    const float *z, const float *lse, const float *q, const float *k, const float *v,
                                    const float *ck, const float *cv, const ps_attn_geom *g) {
-    return PS_ATTN_CALL(c, g, attn_backward, dq, dk, dv, dck, dcv, dz, z, lse, q, k, v, ck, cv, g);
+    return PS_ATTN_CALL(c, g, attn_backward, ATTN_BACKWARD, dq, dk, dv, dck, dcv, dz, z, lse, q, k, v, ck, cv, g);
 }
 
 /* Softmax cross-entropy over rows of V logits. For rows with target >= 0: adds -log p[target] to
@@ -451,7 +418,7 @@ static inline int ps_adamw(ps_ctx *c, float *w, float *m1, float *m2, const floa
  * angle in double (inv_freq: host array [half], plain or YaRN, see ps_v4_rope_inv_freq). */
 static inline int ps_v4_rope_table(ps_ctx *c, float *cos_t, float *sin_t, int64_t n_pos, int64_t half,
                                    const double *inv_freq, float mscale) {
-    return PS_OP_CALL(c, v4_rope_table, cos_t, sin_t, n_pos, half, inv_freq, mscale);
+    return PS_V4_CALL(c, v4_rope_table, cos_t, sin_t, n_pos, half, inv_freq, mscale);
 }
 
 /* In place on x [n_seq, rows_per_seq, n_heads, hd]: the trailing rd channels of every head rotated in
@@ -460,7 +427,7 @@ static inline int ps_v4_rope_table(ps_ctx *c, float *cos_t, float *sin_t, int64_
 static inline int ps_v4_rope(ps_ctx *c, float *x, const float *cos_t, const float *sin_t, int64_t n_seq,
                              int64_t rows_per_seq, int64_t n_heads, int64_t hd, int64_t rd, int64_t pos_step,
                              int inverse) {
-    return PS_OP_CALL(c, v4_rope, x, cos_t, sin_t, n_seq, rows_per_seq, n_heads, hd, rd, pos_step, inverse);
+    return PS_V4_CALL(c, v4_rope, x, cos_t, sin_t, n_seq, rows_per_seq, n_heads, hd, rd, pos_step, inverse);
 }
 
 /* mHC weights of n rows: mix [n, (2+N)N] = x · fn^T (not yet normalised), x [n, N·D] the streams; the
@@ -471,19 +438,19 @@ static inline int ps_v4_rope(ps_ctx *c, float *x, const float *cos_t, const floa
 static inline int ps_v4_hc_weights(ps_ctx *c, float *pre, float *post, float *comb, const float *mix, const float *x,
                                    const float *scale, const float *base, int64_t n, int64_t N, int64_t D, int64_t iters,
                                    float hc_eps, float norm_eps) {
-    return PS_OP_CALL(c, v4_hc_weights, pre, post, comb, mix, x, scale, base, n, N, D, iters, hc_eps, norm_eps);
+    return PS_V4_CALL(c, v4_hc_weights, pre, post, comb, mix, x, scale, base, n, N, D, iters, hc_eps, norm_eps);
 }
 
 /* out [n, D] = Σ_j pre[n, j] · h[n, j, :]. */
 static inline int ps_v4_hc_collapse(ps_ctx *c, float *out, const float *pre, const float *h, int64_t n, int64_t N,
                                     int64_t D) {
-    return PS_OP_CALL(c, v4_hc_collapse, out, pre, h, n, N, D);
+    return PS_V4_CALL(c, v4_hc_collapse, out, pre, h, n, N, D);
 }
 
 /* hout [n, N, D]: hout[k] = post[k] · blk + Σ_j comb[j, k] · h[j] (hout must not alias h). */
 static inline int ps_v4_hc_expand(ps_ctx *c, float *hout, const float *post, const float *comb, const float *blk,
                                   const float *h, int64_t n, int64_t N, int64_t D) {
-    return PS_OP_CALL(c, v4_hc_expand, hout, post, comb, blk, h, n, N, D);
+    return PS_V4_CALL(c, v4_hc_expand, hout, post, comb, blk, h, n, N, D);
 }
 
 /* Compressor gate logits in slot layout: z [B, T, c·d] (c = 2 overlapping, else 1), ape [m, c·d] ->
@@ -491,26 +458,26 @@ static inline int ps_v4_hc_expand(ps_ctx *c, float *hout, const float *post, con
  * w = 0), slot m + s token wm + s's second half, each + ape[s, half]. Else (HCA, S = m): token wm + s. */
 static inline int ps_v4_comp_slots(ps_ctx *c, float *gate, const float *z, const float *ape, int64_t B, int64_t T,
                                    int64_t nW, int64_t m, int64_t d, int overlap) {
-    return PS_OP_CALL(c, v4_comp_slots, gate, z, ape, B, T, nW, m, d, overlap);
+    return PS_V4_CALL(c, v4_comp_slots, gate, z, ape, B, T, nW, m, d, overlap);
 }
 
 /* alpha [G, S, d] = softmax over the S slots, per group and channel, of gate [G, S, d] (all -inf: 0). */
 static inline int ps_v4_slot_softmax(ps_ctx *c, float *alpha, const float *gate, int64_t n_groups, int64_t S, int64_t d) {
-    return PS_OP_CALL(c, v4_slot_softmax, alpha, gate, n_groups, S, d);
+    return PS_V4_CALL(c, v4_slot_softmax, alpha, gate, n_groups, S, d);
 }
 
 /* pooled [B, nW, d] = Σ_s alpha[b, w, s, :] · (the slot's kv, laid out as for ps_v4_comp_slots from
  * kv [B, T, c·d]; 0 in the dead slots of window 0). */
 static inline int ps_v4_comp_pool(ps_ctx *c, float *pooled, const float *alpha, const float *kv, int64_t B, int64_t T,
                                   int64_t nW, int64_t m, int64_t d, int overlap) {
-    return PS_OP_CALL(c, v4_comp_pool, pooled, alpha, kv, B, T, nW, m, d, overlap);
+    return PS_V4_CALL(c, v4_comp_pool, pooled, alpha, kv, B, T, nW, m, d, overlap);
 }
 
 /* Lightning-indexer scores [B, T, nW] = Σ_h w[b, t, h] · relu(iq[b, t, h, :] · ik[b, s, :]) · scale
  * (iq [B, T, Hi, Di], ik [B, nW, Di], w [B, T, Hi]); every entry, visible or not. */
 static inline int ps_v4_indexer_scores(ps_ctx *c, float *scores, const float *iq, const float *ik, const float *w,
                                        int64_t B, int64_t T, int64_t nW, int64_t Hi, int64_t Di, float scale) {
-    return PS_OP_CALL(c, v4_indexer_scores, scores, iq, ik, w, B, T, nW, Hi, Di, scale);
+    return PS_V4_CALL(c, v4_indexer_scores, scores, iq, ik, w, B, T, nW, Hi, Di, scale);
 }
 
 /* Top-K of each row of scores [n_rows, n_cols] (+ bias[n_cols] when not NULL) among its visible columns
@@ -519,13 +486,13 @@ static inline int ps_v4_indexer_scores(ps_ctx *c, float *scores, const float *iq
  * minus (K+1)-th visible value (+inf when none is left out). NaN ranks lowest. */
 static inline int ps_v4_topk(ps_ctx *c, float *idx, float *gap, const float *scores, const float *bias, int64_t n_rows,
                              int64_t n_cols, int64_t K, int64_t rows_per_seq, int64_t m) {
-    return PS_OP_CALL(c, v4_topk, idx, gap, scores, bias, n_rows, n_cols, K, rows_per_seq, m);
+    return PS_V4_CALL(c, v4_topk, idx, gap, scores, bias, n_rows, n_cols, K, rows_per_seq, m);
 }
 
 /* Router scores [n] from logits: scoring 0 sqrt(softplus(x)) (torch softplus: x above 20 stays x),
  * 1 sigmoid(x). */
 static inline int ps_v4_router_scores(ps_ctx *c, float *scores, const float *logits, int64_t n, int scoring) {
-    return PS_OP_CALL(c, v4_router_scores, scores, logits, n, scoring);
+    return PS_V4_CALL(c, v4_router_scores, scores, logits, n, scoring);
 }
 
 /* Routing weights [n, k] = scores[e] / (Σ + 1e-20) · scale over the row's experts idx [n, k] (scores
@@ -533,18 +500,18 @@ static inline int ps_v4_router_scores(ps_ctx *c, float *scores, const float *log
  * [0, E) fails. */
 static inline int ps_v4_route_weights(ps_ctx *c, float *weights, const float *scores, const float *idx, int64_t n,
                                       int64_t E, int64_t k, float scale) {
-    return PS_OP_CALL(c, v4_route_weights, weights, scores, idx, n, E, k, scale);
+    return PS_V4_CALL(c, v4_route_weights, weights, scores, idx, n, E, k, scale);
 }
 
 /* h = silu(min(g, L)) · clamp(u, -L, L) (no clamp when limit <= 0), all [n]. */
 static inline int ps_v4_swiglu_clamp(ps_ctx *c, float *h, const float *g, const float *u, int64_t n, float limit) {
-    return PS_OP_CALL(c, v4_swiglu_clamp, h, g, u, n, limit);
+    return PS_V4_CALL(c, v4_swiglu_clamp, h, g, u, n, limit);
 }
 
 /* out[rows[i], :] += w[i] · in[i, :], in order of i (rows and w: host arrays). */
 static inline int ps_v4_scatter_add_rows(ps_ctx *c, float *out, const float *in, const int64_t *rows, const float *w,
                                          int64_t n, int64_t width) {
-    return PS_OP_CALL(c, v4_scatter_add_rows, out, in, rows, w, n, width);
+    return PS_V4_CALL(c, v4_scatter_add_rows, out, in, rows, w, n, width);
 }
 
 /* V4 attention in O(T) memory: out [B, T, H, Dh] = Σ p · value over the entries query t sees (geometry:
@@ -552,7 +519,7 @@ static inline int ps_v4_scatter_add_rows(ps_ctx *c, float *out, const float *in,
  * sinkp [B, H, T] (may be NULL) = the probability mass on the sink. */
 static inline int ps_v4_attn(ps_ctx *c, float *out, float *sinkp, const float *q, const float *kv, const float *ckv,
                              const float *topk, const float *sink, const ps_v4_attn_geom *g) {
-    return PS_OP_CALL(c, v4_attn, out, sinkp, q, kv, ckv, topk, sink, g);
+    return PS_V4_CALL(c, v4_attn, out, sinkp, q, kv, ckv, topk, sink, g);
 }
 
 /* The materialised path (only for hooks on bias, logits or pattern): bias [B, T, T + nW] (0 where query t
@@ -560,36 +527,36 @@ static inline int ps_v4_attn(ps_ctx *c, float *out, float *sinkp, const float *q
  * pattern (may alias logits) and sinkp [B, H, T] the softmax over [logits | sink] split; out = pattern ·
  * values. */
 static inline int ps_v4_attn_bias(ps_ctx *c, float *bias, const float *topk, const ps_v4_attn_geom *g) {
-    return PS_OP_CALL(c, v4_attn_bias, bias, topk, g);
+    return PS_V4_CALL(c, v4_attn_bias, bias, topk, g);
 }
 static inline int ps_v4_attn_logits(ps_ctx *c, float *logits, const float *q, const float *kv, const float *ckv,
                                     const float *bias, const ps_v4_attn_geom *g) {
-    return PS_OP_CALL(c, v4_attn_logits, logits, q, kv, ckv, bias, g);
+    return PS_V4_CALL(c, v4_attn_logits, logits, q, kv, ckv, bias, g);
 }
 static inline int ps_v4_attn_softmax(ps_ctx *c, float *pattern, float *sinkp, const float *logits, const float *sink,
                                      const ps_v4_attn_geom *g) {
-    return PS_OP_CALL(c, v4_attn_softmax, pattern, sinkp, logits, sink, g);
+    return PS_V4_CALL(c, v4_attn_softmax, pattern, sinkp, logits, sink, g);
 }
 static inline int ps_v4_attn_apply(ps_ctx *c, float *out, const float *pattern, const float *kv, const float *ckv,
                                    const ps_v4_attn_geom *g) {
-    return PS_OP_CALL(c, v4_attn_apply, out, pattern, kv, ckv, g);
+    return PS_V4_CALL(c, v4_attn_apply, out, pattern, kv, ckv, g);
 }
 
 /* After a hook changed the sink mass [B, H, T]: out[b, t, h, :] *= (1 - new) / (1 - old) where they differ. */
 static inline int ps_v4_sink_rescale(ps_ctx *c, float *out, const float *sink_old, const float *sink_new,
                                      const ps_v4_attn_geom *g) {
-    return PS_OP_CALL(c, v4_sink_rescale, out, sink_old, sink_new, g);
+    return PS_V4_CALL(c, v4_sink_rescale, out, sink_old, sink_new, g);
 }
 
 /* Block-diagonal linear: out [M, G·Ng], group g = inp[:, g·Kg : (g+1)·Kg] · w[g·Ng : (g+1)·Ng, :]^T
  * (inp [M, G·Kg], w [G·Ng, Kg]). */
 static inline int ps_v4_grouped_linear(ps_ctx *c, float *out, const float *inp, const float *w, int64_t M, int64_t G,
                                        int64_t Kg, int64_t Ng) {
-    return PS_OP_CALL(c, v4_grouped_linear, out, inp, w, M, G, Kg, Ng);
+    return PS_V4_CALL(c, v4_grouped_linear, out, inp, w, M, G, Kg, Ng);
 }
 
 /* x[n] *= s. */
-static inline int ps_v4_scale(ps_ctx *c, float *x, float s, int64_t n) { return PS_OP_CALL(c, v4_scale, x, s, n); }
+static inline int ps_v4_scale(ps_ctx *c, float *x, float s, int64_t n) { return PS_V4_CALL(c, v4_scale, x, s, n); }
 /* ---- the trainable V4 compressor (attention kind "v4" of the controlled model, docs/training.md): the
  * backward ops. Each writes (=) its input gradients unless it says += ---- */
 
@@ -597,14 +564,14 @@ static inline int ps_v4_scale(ps_ctx *c, float *x, float s, int64_t n) { return 
  * dgate [B, nW, S, d] (dead slots ignored); dape [m, c·d] += the slot's sum over sequences and windows. */
 static inline int ps_v4_comp_slots_backward(ps_ctx *c, float *dz, float *dape, const float *dgate, int64_t B, int64_t T,
                                             int64_t nW, int64_t m, int64_t d, int overlap) {
-    return PS_OP_CALL(c, v4_comp_slots_backward, dz, dape, dgate, B, T, nW, m, d, overlap);
+    return PS_V4_CALL(c, v4_comp_slots_backward, dz, dape, dgate, B, T, nW, m, d, overlap);
 }
 
 /* Backward of ps_v4_slot_softmax: dgate [G, S, d] = alpha ⊙ (dalpha − Σ_s alpha·dalpha) per group and
  * channel (0 where alpha is 0: dead slots). */
 static inline int ps_v4_slot_softmax_backward(ps_ctx *c, float *dgate, const float *dalpha, const float *alpha,
                                               int64_t n_groups, int64_t S, int64_t d) {
-    return PS_OP_CALL(c, v4_slot_softmax_backward, dgate, dalpha, alpha, n_groups, S, d);
+    return PS_V4_CALL(c, v4_slot_softmax_backward, dgate, dalpha, alpha, n_groups, S, d);
 }
 
 /* Backward of ps_v4_comp_pool: dalpha [B, nW, S, d] (=; 0 in dead slots) and dkv [B, T, c·d] (=; 0 where
@@ -612,7 +579,7 @@ static inline int ps_v4_slot_softmax_backward(ps_ctx *c, float *dgate, const flo
 static inline int ps_v4_comp_pool_backward(ps_ctx *c, float *dalpha, float *dkv, const float *dpooled, const float *alpha,
                                            const float *kv, int64_t B, int64_t T, int64_t nW, int64_t m, int64_t d,
                                            int overlap) {
-    return PS_OP_CALL(c, v4_comp_pool_backward, dalpha, dkv, dpooled, alpha, kv, B, T, nW, m, d, overlap);
+    return PS_V4_CALL(c, v4_comp_pool_backward, dalpha, dkv, dpooled, alpha, kv, B, T, nW, m, d, overlap);
 }
 
 /* Backward of ps_v4_attn over every visible entry (g->K must be 0: the indexer's selection has no
@@ -622,7 +589,7 @@ static inline int ps_v4_comp_pool_backward(ps_ctx *c, float *dalpha, float *dkv,
 static inline int ps_v4_attn_backward(ps_ctx *c, float *dq, float *dkv, float *dckv, float *dsink, const float *dout,
                                       const float *out, const float *q, const float *kv, const float *ckv,
                                       const float *sink, const ps_v4_attn_geom *g) {
-    return PS_OP_CALL(c, v4_attn_backward, dq, dkv, dckv, dsink, dout, out, q, kv, ckv, sink, g);
+    return PS_V4_CALL(c, v4_attn_backward, dq, dkv, dckv, dsink, dout, out, q, kv, ckv, sink, g);
 }
 /* ---------------- end DeepSeek-V4 ---------------- */
 

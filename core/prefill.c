@@ -6,6 +6,7 @@
 
 #include "core/fileio.h"
 #include "core/ops.h"
+#include "core/windows.h"
 
 /* ---- size table: per layer the carried state, then one chunk's working set ---- */
 
@@ -211,11 +212,16 @@ static int layer_chunk(ps_prefill *p, int l, int64_t t0, int64_t t1, int64_t *nw
             const float *aw = L->a + r0 * d;
             int64_t Tw = ha + C - r0;        /* frame rows from there on */
             float *ckd = L->ck + j0 * ks, *cvd = L->cv + j0 * ks;
-            if (ps_gate(ctx, p->gz_k, p->ga_k, aw, learned ? w.key_gate_w : NULL, w.key_gate_b, 1, Tw, d, nn, W, S, nkv) ||
-                ps_gate(ctx, p->gz_v, p->ga_v, aw, learned ? w.value_gate_w : NULL, w.value_gate_b, 1, Tw, d, nn, W, S, nkv) ||
-                ps_payload(ctx, p->pk, aw, w.key_payload, shared, p->pscratch, 1, Tw, d, nn, W, S, ks) ||
-                ps_payload(ctx, p->pv, aw, w.value_payload, shared, p->pscratch, 1, Tw, d, nn, W, S, ks) ||
-                ps_pool(ctx, p->ck_pre, p->ga_k, p->pk, 1, nn, W, nkv, hd) || ps_pool(ctx, cvd, p->ga_v, p->pv, 1, nn, W, nkv, hd))
+            /* the nn windows as a table over the frame rows from r0 (the base grid: window j at j*S) */
+            int64_t *wtab = malloc((size_t)(2 * nn) * sizeof *wtab);
+            if (!wtab) return ps_ctx_fail(ctx, "prefill: out of memory for the window table of %lld windows", (long long)nn);
+            ps_windows wt = ps_windows_grid(wtab, wtab + nn, 1, Tw, nn, W, S, nkv, NULL);
+            int rc = ps_gate(ctx, p->gz_k, p->ga_k, aw, learned ? w.key_gate_w : NULL, w.key_gate_b, d, &wt) ||
+                     ps_gate(ctx, p->gz_v, p->ga_v, aw, learned ? w.value_gate_w : NULL, w.value_gate_b, d, &wt) ||
+                     ps_payload(ctx, p->pk, aw, w.key_payload, shared, p->pscratch, d, hd, &wt) ||
+                     ps_payload(ctx, p->pv, aw, w.value_payload, shared, p->pscratch, d, hd, &wt);
+            free(wtab);
+            if (rc || ps_pool(ctx, p->ck_pre, p->ga_k, p->pk, 1, nn, W, nkv, hd) || ps_pool(ctx, cvd, p->ga_v, p->pv, 1, nn, W, nkv, hd))
                 return -1;
             if (c->qk_norm ? ps_rmsnorm(ctx, ckd, p->rstd, p->ck_pre, w.knorm, nn * nkv, hd, eps)
                            : ps_copy(ctx, ckd, p->ck_pre, nn * ks))

@@ -336,8 +336,11 @@ static void test_ops_match_grid(void) {
         for (int j = 0; j < nC; j++) cs[b * nC + j] = j < nW ? j * W : 0, cl[b * nC + j] = j < nW ? W : 0;
     static float z1[B * nW * nkv * W], a1[B * nW * nkv * W], z2[B * nC * nkv * W], a2[B * nC * nkv * W];
     static float p1[B * nW * W * nkvhd], p2[B * nC * W * nkvhd];
-    CHECK(ps_gate(ctx, z1, a1, in, u, bias, B, T, d, nW, W, W, nkv) == 0, "gate");
-    CHECK(ps_gate_chunks(ctx, z2, a2, in, u, bias, B, T, d, nC, W, nkv, cs, cl) == 0, "gate_chunks");
+    int64_t gtab[2 * B * nW], ctab[2 * B * nC];
+#define CHUNK_TABLE() ps_windows_chunks(ctab, ctab + B * nC, cs, cl, B, T, nC, W, nkv)
+    ps_windows gw = ps_windows_grid(gtab, gtab + B * nW, B, T, nW, W, W, nkv, NULL), cw = CHUNK_TABLE();
+    CHECK(ps_gate(ctx, z1, a1, in, u, bias, d, &gw) == 0, "gate");
+    CHECK(ps_gate(ctx, z2, a2, in, u, bias, d, &cw) == 0, "gate over chunks");
     double worst = 0, absent = 0;
     for (int b = 0; b < B; b++)
         for (int j = 0; j < nC; j++)
@@ -349,8 +352,8 @@ static void test_ops_match_grid(void) {
     CHECK(worst < 1e-6 && absent == 0, "gate_chunks = gate on equal chunks (%g), absent 0 (%g)", worst, absent);
     for (int sh = 0; sh < 2; sh++) {
         const float *Cx = sh ? Cs : C;
-        CHECK(ps_payload(ctx, p1, in, Cx, sh, scratch, B, T, d, nW, W, W, nkvhd) == 0, "payload");
-        CHECK(ps_payload_chunks(ctx, p2, in, Cx, sh, scratch, B, T, d, nC, W, nkv, hd, cs, cl) == 0, "payload_chunks");
+        CHECK(ps_payload(ctx, p1, in, Cx, sh, scratch, d, hd, &gw) == 0, "payload");
+        CHECK(ps_payload(ctx, p2, in, Cx, sh, scratch, d, hd, &cw) == 0, "payload over chunks");
         worst = 0, absent = 0;
         for (int b = 0; b < B; b++)
             for (int j = 0; j < nC; j++)
@@ -363,7 +366,8 @@ static void test_ops_match_grid(void) {
     }
     /* a short chunk: the gate softmax runs over its L offsets, the rest 0 */
     cl[1] = 3;
-    CHECK(ps_gate_chunks(ctx, z2, a2, in, u, bias, B, T, d, nC, W, nkv, cs, cl) == 0, "gate_chunks short");
+    cw = CHUNK_TABLE();
+    CHECK(ps_gate(ctx, z2, a2, in, u, bias, d, &cw) == 0, "gate over chunks, short");
     double s = 0, tail = 0;
     for (int i = 0; i < W; i++) *(i < 3 ? &s : &tail) += a2[(1 * nkv + 1) * W + i];
     CHECK(fabs(s - 1) < 1e-6 && tail == 0, "short chunk: alpha sums to 1 over its 3 offsets (%g), 0 beyond (%g)", s, tail);
@@ -371,25 +375,28 @@ static void test_ops_match_grid(void) {
     int64_t nc1 = B * nW * nkv * hd;
     static float cos_t[T * hd / 2], sin_t[T * hd / 2], x1[B * nW * nkv * hd], x2[B * nC * nkv * hd], x0[B * nC * nkv * hd];
     cl[1] = W;
+    cw = CHUNK_TABLE();
     CHECK(ps_rope_table(ctx, cos_t, sin_t, T, hd, 10000.0) == 0, "rope table");
     for (int64_t i = 0; i < B * nC * nkv * hd; i++) x0[i] = x2[i] = (float)ps_rng_normal(&r);
     for (int b = 0; b < B; b++) memcpy(x1 + b * nW * nkv * hd, x0 + b * nC * nkv * hd, (size_t)nW * nkv * hd * 4);
     ps_rope(ctx, x1, cos_t, sin_t, B, nW, nkv, hd, W);
-    ps_rope_chunks(ctx, x2, cos_t, sin_t, B, T, nC, nkv, hd, cs, cl, 0);
+    ps_rope_windows(ctx, x2, cos_t, sin_t, hd, &cw, 0);
     worst = 0;
     for (int64_t i = 0; i < nc1; i++) {
         int64_t b = i / (nW * nkv * hd), rest = i % (nW * nkv * hd);
         worst = fmax(worst, fabs(x1[i] - x2[b * nC * nkv * hd + rest]));
     }
-    CHECK(worst < 1e-6, "rope_chunks = rope on equal chunks: %g", worst);
-    ps_rope_chunks(ctx, x2, cos_t, sin_t, B, T, nC, nkv, hd, cs, cl, 1);
+    CHECK(worst < 1e-6, "rope_windows over chunks = rope on equal chunks: %g", worst);
+    ps_rope_windows(ctx, x2, cos_t, sin_t, hd, &cw, 1);
     worst = 0;
     for (int64_t i = 0; i < B * nC * nkv * hd; i++) worst = fmax(worst, fabs(x2[i] - x0[i]));
-    CHECK(worst < 1e-5, "rope_chunks inverse undoes the forward: %g", worst);
+    CHECK(worst < 1e-5, "rope_windows inverse undoes the forward: %g", worst);
     /* a chunk past T or longer than W fails, naming the op */
     cl[2] = W + 1;
-    CHECK(ps_gate_chunks(ctx, z2, a2, in, u, bias, B, T, d, nC, W, nkv, cs, cl) != 0, "a chunk longer than W rejected");
-    CHECK(strstr(ctx->err.msg, "gate_chunks") != NULL, "message names the op: %s", ctx->err.msg);
+    cw = CHUNK_TABLE();
+#undef CHUNK_TABLE
+    CHECK(ps_gate(ctx, z2, a2, in, u, bias, d, &cw) != 0, "a chunk longer than W rejected");
+    CHECK(strstr(ctx->err.msg, "gate:") != NULL, "message names the op: %s", ctx->err.msg);
     ps_ctx_free(ctx);
 }
 

@@ -331,21 +331,23 @@ static void test_compressor_ops(int64_t B, int64_t T, int64_t d, int64_t W, int6
     float *z = rnd(n * W, 53, 1), *al = rnd(n * W, 54, 1);
     float *da_ = up(a, B * T * d), *du = up(u, W * nkv * d), *dbias = up(bias, W * nkv), *dz = up(z, n * W), *dal = up(al, n * W);
     char w2[200];
+    int64_t *wtab = malloc((size_t)(2 * B * nW + 1) * sizeof *wtab); /* the base grid's window table */
+    ps_windows wt = ps_windows_grid(wtab, wtab + B * nW, B, T, nW, W, S, nkv, NULL);
     for (int uni = 0; uni < 2; uni++) {
-        ps_gate(CPU, z, al, a, uni ? NULL : u, uni ? NULL : bias, B, T, d, nW, W, S, nkv);
-        ps_gate(GPU, dz, dal, da_, uni ? NULL : du, uni ? NULL : dbias, B, T, d, nW, W, S, nkv);
+        ps_gate(CPU, z, al, a, uni ? NULL : u, uni ? NULL : bias, d, &wt);
+        ps_gate(GPU, dz, dal, da_, uni ? NULL : du, uni ? NULL : dbias, d, &wt);
         snprintf(w2, sizeof w2, "%s: gate%s logits", what, uni ? " (uniform)" : "");
         cmp_dev(w2, dz, z, n * W, 1e-5);
         snprintf(w2, sizeof w2, "%s: gate%s alpha", what, uni ? " (uniform)" : "");
         cmp_dev(w2, dal, al, n * W, 1e-5);
     }
-    ps_gate(CPU, z, al, a, u, bias, B, T, d, nW, W, S, nkv);
-    ps_gate(GPU, dz, dal, da_, du, dbias, B, T, d, nW, W, S, nkv);
+    ps_gate(CPU, z, al, a, u, bias, d, &wt);
+    ps_gate(GPU, dz, dal, da_, du, dbias, d, &wt);
     /* gate backward */
     float *gal = rnd(n * W, 55, 1), *ga = rnd(B * T * d, 56, 1), *gu = rnd(W * nkv * d, 57, 1), *gb = rnd(W * nkv, 58, 1);
     float *dgal = up(gal, n * W), *dga = up(ga, B * T * d), *dgu = up(gu, W * nkv * d), *dgb = up(gb, W * nkv);
-    ps_gate_backward(CPU, ga, gu, gb, gal, al, a, u, B, T, d, nW, W, S, nkv);
-    ps_gate_backward(GPU, dga, dgu, dgb, dgal, dal, da_, du, B, T, d, nW, W, S, nkv);
+    ps_gate_backward(CPU, ga, gu, gb, gal, al, a, u, d, &wt);
+    ps_gate_backward(GPU, dga, dgu, dgb, dgal, dal, da_, du, d, &wt);
     snprintf(w2, sizeof w2, "%s: gate backward da", what);
     cmp_dev(w2, dga, ga, B * T * d, 1e-5);
     snprintf(w2, sizeof w2, "%s: gate backward du", what);
@@ -358,13 +360,13 @@ static void test_compressor_ops(int64_t B, int64_t T, int64_t d, int64_t W, int6
     int64_t nC = shared ? nk * d : W * nk * d, nP = B * nW * W * nk;
     float *Cw = rnd(nC, 60, 0.3f), *P = rnd(nP, 61, 1), *scr = rnd(B * T * nk, 62, 1);
     float *dC = up(Cw, nC), *dP = up(P, nP), *dscr = up(scr, B * T * nk);
-    ps_payload(CPU, P, a, Cw, shared, scr, B, T, d, nW, W, S, nk);
-    ps_payload(GPU, dP, da_, dC, shared, dscr, B, T, d, nW, W, S, nk);
+    ps_payload(CPU, P, a, Cw, shared, scr, d, hd, &wt);
+    ps_payload(GPU, dP, da_, dC, shared, dscr, d, hd, &wt);
     snprintf(w2, sizeof w2, "%s: payload", what);
     cmp_dev(w2, dP, P, nP, 1e-5);
     float *gP = rnd(nP, 63, 1), *gC = rnd(nC, 64, 1), *dgP = up(gP, nP), *dgC = up(gC, nC);
-    ps_payload_backward(CPU, ga, gC, gP, a, Cw, shared, scr, B, T, d, nW, W, S, nk);
-    ps_payload_backward(GPU, dga, dgC, dgP, da_, dC, shared, dscr, B, T, d, nW, W, S, nk);
+    ps_payload_backward(CPU, ga, gC, gP, a, Cw, shared, scr, d, hd, &wt);
+    ps_payload_backward(GPU, dga, dgC, dgP, da_, dC, shared, dscr, d, hd, &wt);
     snprintf(w2, sizeof w2, "%s: payload backward da", what);
     cmp_dev(w2, dga, ga, B * T * d, 1e-5);
     snprintf(w2, sizeof w2, "%s: payload backward dC", what);
@@ -384,7 +386,7 @@ static void test_compressor_ops(int64_t B, int64_t T, int64_t d, int64_t W, int6
     cmp_dev(w2, dgP, gP, nP, 1e-5);
     ops_ok(what);
     free(a), free(u), free(bias), free(z), free(al), free(gal), free(ga), free(gu), free(gb), free(Cw), free(P), free(scr);
-    free(gP), free(gC), free(po), free(gpo);
+    free(gP), free(gC), free(po), free(gpo), free(wtab);
     dfree(da_), dfree(du), dfree(dbias), dfree(dz), dfree(dal), dfree(dgal), dfree(dga), dfree(dgu), dfree(dgb), dfree(dC);
     dfree(dP), dfree(dscr), dfree(dgP), dfree(dgC), dfree(dpo), dfree(dgpo);
 }
@@ -396,21 +398,15 @@ static void test_grid_ops(const char *label, int64_t B, int64_t T, int64_t d, in
                           const int64_t *woff, const int64_t *cs, const int64_t *cl, int64_t nC) {
     const int chunks = cs != NULL;
     const int64_t nW = chunks ? nC : (T >= W ? (T - W) / S + 1 : 0), n = B * nW * nkv, nk = nkv * hd;
-#define GATE(ctx, z, al, a, u, b)                                                                               \
-    (chunks ? ps_gate_chunks(ctx, z, al, a, u, b, B, T, d, nW, W, nkv, cs, cl)                                  \
-            : ps_gate_grid(ctx, z, al, a, u, b, B, T, d, nW, W, S, nkv, woff))
-#define GATE_BWD(ctx, da, du, db, dal, al, a, u)                                                                \
-    (chunks ? ps_gate_chunks_backward(ctx, da, du, db, dal, al, a, u, B, T, d, nW, W, nkv, cs, cl)              \
-            : ps_gate_grid_backward(ctx, da, du, db, dal, al, a, u, B, T, d, nW, W, S, nkv, woff))
-#define PAYLOAD(ctx, P, a, C, sh, scr)                                                                          \
-    (chunks ? ps_payload_chunks(ctx, P, a, C, sh, scr, B, T, d, nW, W, nkv, hd, cs, cl)                         \
-            : ps_payload_grid(ctx, P, a, C, sh, scr, B, T, d, nW, W, S, nkv, hd, woff))
-#define PAYLOAD_BWD(ctx, da, dC, dP, a, C, sh, scr)                                                             \
-    (chunks ? ps_payload_chunks_backward(ctx, da, dC, dP, a, C, sh, scr, B, T, d, nW, W, nkv, hd, cs, cl)       \
-            : ps_payload_grid_backward(ctx, da, dC, dP, a, C, sh, scr, B, T, d, nW, W, S, nkv, hd, woff))
-#define ROPE(ctx, x, ct, st, inv)                                                                               \
-    (chunks ? ps_rope_chunks(ctx, x, ct, st, B, T, nW, nkv, hd, cs, cl, inv)                                   \
-            : ps_rope_grid(ctx, x, ct, st, B, T, nW, nkv, hd, S, woff, inv))
+    /* the window table: the chunks, or the grid (per head with woff, else the base grid) */
+    int64_t *wtab = malloc((size_t)(2 * B * nW * nkv + 1) * sizeof *wtab);
+    const ps_windows wt = chunks ? ps_windows_chunks(wtab, wtab + B * nW, cs, cl, B, T, nW, W, nkv)
+                                 : ps_windows_grid(wtab, wtab + B * nW * (woff ? nkv : 1), B, T, nW, W, S, nkv, woff);
+#define GATE(ctx, z, al, a, u, b) ps_gate(ctx, z, al, a, u, b, d, &wt)
+#define GATE_BWD(ctx, da, du, db, dal, al, a, u) ps_gate_backward(ctx, da, du, db, dal, al, a, u, d, &wt)
+#define PAYLOAD(ctx, P, a, C, sh, scr) ps_payload(ctx, P, a, C, sh, scr, d, hd, &wt)
+#define PAYLOAD_BWD(ctx, da, dC, dP, a, C, sh, scr) ps_payload_backward(ctx, da, dC, dP, a, C, sh, scr, d, hd, &wt)
+#define ROPE(ctx, x, ct, st, inv) ps_rope_windows(ctx, x, ct, st, hd, &wt, inv)
     char w2[240];
     float *a = rnd(B * T * d, 150, 1), *u = rnd(W * nkv * d, 151, 0.3f), *bias = rnd(W * nkv, 152, 0.3f);
     float *z = rnd(n * W, 153, 1), *al = rnd(n * W, 154, 1);
@@ -485,7 +481,7 @@ static void test_grid_ops(const char *label, int64_t B, int64_t T, int64_t d, in
 #undef PAYLOAD_BWD
 #undef ROPE
     ops_ok(label);
-    free(a), free(u), free(bias), free(z), free(al), free(gal), free(ga), free(gu), free(gb), free(ct), free(st);
+    free(a), free(u), free(bias), free(z), free(al), free(gal), free(ga), free(gu), free(gb), free(ct), free(st), free(wtab);
     dfree(da_), dfree(du), dfree(dbias), dfree(dz), dfree(dal), dfree(dgal), dfree(dga), dfree(dgu), dfree(dgb), dfree(dct);
     dfree(dst);
 }
@@ -603,7 +599,7 @@ static void test_grid_attention(void) {
     test_attention(g, "W8/S8 staggered, two tiles of windows");
     ps_config c = tu_config(PS_ATTN_COMPRESSED);
     c.window = 8, c.stride = 4, c.local_window = 6, c.boundaries = PS_BOUNDARIES_CONTENT, c.chunk_min = 2;
-    int64_t B = 2, T = 150, nC = ps_config_n_windows(&c, T);
+    int64_t B = 2, T = 400, nC = ps_config_n_windows(&c, T), real = 0; /* T 400: about 115 real chunks, two 64-wide tiles */
     int64_t *cs = calloc((size_t)(B * nC), sizeof(int64_t)), *cl = calloc((size_t)(B * nC), sizeof(int64_t));
     int64_t *cend = malloc((size_t)(B * nC) * sizeof(int64_t));
     int32_t *tok = malloc((size_t)T * sizeof(int32_t));
@@ -611,7 +607,9 @@ static void test_grid_attention(void) {
         tu_random_tokens(tok, T, 11, 190 + (uint64_t)b);
         int64_t k = ps_content_chunks(&c, tok, T, nC, cs + b * nC, cl + b * nC);
         for (int64_t j = 0; j < nC; j++) cend[b * nC + j] = j < k ? cs[b * nC + j] + cl[b * nC + j] - 1 : INT64_MAX;
+        real = k > real ? k : real;
     }
+    CHECK(real > 64, "content chunks W8/S4/min2 at T %lld: %lld real chunks, not two 64-wide tiles", (long long)T, (long long)real);
     g = geom(B, T, 4, 2, 8, 1, 8, 4, 6);
     g.nW = nC, g.ncols = nC + g.LW, g.cend = cend;
     test_attention(g, "content chunks W8/S4/min2, two tiles of chunks");
@@ -1557,7 +1555,7 @@ int main(int argc, char **argv) {
     test_attention(geom(1, 130, 2, 2, 128, 0, 0, 0, 0), "full, hd 128");
     test_attention(geom(2, 70, 4, 2, 4, 1, 4, 4, 4), "W4/S4");
     test_attention(geom(2, 75, 4, 2, 8, 1, 6, 3, 5), "W6/S3 overlapping");
-    test_attention(geom(1, 300, 4, 2, 16, 1, 8, 8, 8), "W8/S8, two tiles of windows");
+    test_attention(geom(1, 600, 4, 2, 16, 1, 8, 8, 8), "W8/S8 T 600 (75 windows), two tiles of windows");
     test_attention(geom(1, 200, 2, 1, 128, 1, 8, 4, 70), "W8/S4, local window 70, hd 128");
     test_attention(geom(2, 5, 2, 2, 4, 1, 8, 8, 8), "T < W (no windows)");
     test_random_models();

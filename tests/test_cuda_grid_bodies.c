@@ -1,6 +1,6 @@
-/* test_cuda_grid_bodies.c — the arithmetic of the CUDA backend's offset-grid, content-chunk and
- * gate-regulariser ops (core/cuda/grid_bodies.h, launched by core/cuda/grid.cu) on the host, against the CPU
- * backend's ops (core/cpu/grid.c, core/cpu/chunks.c) through a "cpu" context. Built in every build (the
+/* test_cuda_grid_bodies.c — the arithmetic of the CUDA backend's compressor ops over window tables (offset
+ * grids, base grids, content chunks) and the gate-regulariser ops (core/cuda/grid_bodies.h, launched by core/cuda/grid.cu) on the host, against the CPU
+ * backend's compressor ops over window tables (core/cpu/windows.c, core/cpu/grid.c) through a "cpu" context. Built in every build (the
  * bodies are plain C; no CUDA needed), so the device code's arithmetic is checked where there is no GPU.
  *
  * Each body runs over the whole index space of its kernel in a plain loop, partitioned as grid.cu launches
@@ -59,86 +59,85 @@ static void ctx_ok(const char *label) {
 
 /* ---------------- window grids with offsets ---------------- */
 
-static void test_grid(const char *label, int64_t B, int64_t T, int64_t d, int64_t W, int64_t S, int64_t nkv, int64_t hd,
-                      const int64_t *woff, uint64_t seed) {
-    int64_t nW = T >= W ? (T - W) / S + 1 : 0, n = B * nW * nkv, nk = nkv * hd, half = hd / 2;
+/* Every body over window table w against the CPU's op (core/cpu/windows.c) with the same table. */
+static void test_table(const char *label, const ps_windows *w, int64_t d, int64_t hd, uint64_t seed) {
+    const int64_t B = w->B, T = w->T, nW = w->nW, W = w->W, nkv = w->nkv, H = w->H, n = B * nW * nkv, nk = nkv * hd,
+                  half = hd / 2;
+    const int64_t *st = w->start, *ln = w->len;
     float *a = rnd(B * T * d, seed + 1, 1.0f), *u = rnd(W * nkv * d, seed + 2, 0.3f), *bias = rnd(W * nkv, seed + 3, 0.3f);
+    int64_t *jr = malloc((size_t)(2 * B * T + 1) * sizeof *jr);
+    ps_gb_win_ranges(jr, B, T, nW, H, st, ln);
     char what[200];
-    int64_t absent = 0;
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t j = 0; j < nW; j++)
-            for (int64_t g = 0; g < nkv; g++) absent += !ps_gb_fits(j, ps_woff(woff, b, nkv, g), W, S, T);
-    CHECK(!woff || absent > 0 || nW == 0, "%s: the geometry should have absent windows", label);
 
     /* gate (learned, then uniform) */
     float *z = rnd(n * W, seed + 4, 9), *al = rnd(n * W, seed + 5, 9);
     for (int learned = 0; learned < 2; learned++) {
         const float *uu = learned ? u : NULL, *bb = learned ? bias : NULL;
         float *zr = dup(z, n * W), *alr = dup(al, n * W);
-        ps_gate_grid(CPU, zr, alr, a, uu, bb, B, T, d, nW, W, S, nkv, woff);
+        ps_gate(CPU, zr, alr, a, uu, bb, d, w);
         if (uu)
-            for (int64_t wi = 0; wi < n * W; wi++) ps_gb_gate_grid_logit(z, a, uu, bb, T, d, nW, W, S, nkv, woff, wi);
-        for (int64_t row = 0; row < n; row++) ps_gb_gate_grid_row(z, al, T, nW, W, S, nkv, woff, !uu, row);
-        snprintf(what, sizeof what, "gate_grid%s logits", learned ? "" : " (uniform)");
+            for (int64_t wi = 0; wi < n * W; wi++) ps_gb_win_gate_logit(z, a, uu, bb, T, d, nW, W, nkv, H, st, ln, wi);
+        for (int64_t row = 0; row < n; row++) ps_gb_win_gate_row(z, al, nW, W, nkv, H, ln, !uu, row);
+        snprintf(what, sizeof what, "gate%s logits", learned ? "" : " (uniform)");
         cmp(label, what, z, zr, n * W, TOL_ORDER);
-        snprintf(what, sizeof what, "gate_grid%s alpha", learned ? "" : " (uniform)");
+        snprintf(what, sizeof what, "gate%s alpha", learned ? "" : " (uniform)");
         cmp(label, what, al, alr, n * W, TOL_ORDER);
         free(zr), free(alr);
     }
     /* al now holds the learned gate of the CPU's numbers to 1e-5; use the CPU's own below */
     float *zc = rnd(n * W, 6, 1), *alc = rnd(n * W, 7, 1);
-    ps_gate_grid(CPU, zc, alc, a, u, bias, B, T, d, nW, W, S, nkv, woff);
+    ps_gate(CPU, zc, alc, a, u, bias, d, w);
 
     /* gate backward */
     float *dal0 = rnd(n * W, seed + 8, 1), *da0 = rnd(B * T * d, seed + 9, 1), *du0 = rnd(W * nkv * d, seed + 10, 1);
     float *db0 = rnd(W * nkv, seed + 11, 1);
     float *dalr = dup(dal0, n * W), *dar = dup(da0, B * T * d), *dur = dup(du0, W * nkv * d), *dbr = dup(db0, W * nkv);
-    ps_gate_grid_backward(CPU, dar, dur, dbr, dalr, alc, a, u, B, T, d, nW, W, S, nkv, woff);
+    ps_gate_backward(CPU, dar, dur, dbr, dalr, alc, a, u, d, w);
     float *dal = dup(dal0, n * W), *da = dup(da0, B * T * d), *du = dup(du0, W * nkv * d), *db = dup(db0, W * nkv);
     for (int64_t row = 0; row < n; row++) ps_gb_softmax_backward_row(dal, alc, W, row);
-    for (int64_t idx = 0; idx < W * nkv * d; idx++) ps_gb_gate_grid_du(du, dal, a, B, T, d, nW, W, S, nkv, woff, idx);
-    for (int64_t ig = 0; ig < W * nkv; ig++) ps_gb_gate_grid_dbias(db, dal, B, T, nW, W, S, nkv, woff, ig);
-    for (int64_t idx = 0; idx < B * T * d; idx++) ps_gb_gate_grid_da(da, dal, u, T, d, nW, W, S, nkv, woff, idx);
-    cmp(label, "gate_grid_backward dz", dal, dalr, n * W, TOL_ORDER);
-    cmp(label, "gate_grid_backward du", du, dur, W * nkv * d, TOL_ORDER);
-    cmp(label, "gate_grid_backward dbias", db, dbr, W * nkv, TOL_ORDER);
-    cmp(label, "gate_grid_backward da", da, dar, B * T * d, TOL_ORDER);
+    for (int64_t idx = 0; idx < W * nkv * d; idx++) ps_gb_win_gate_du(du, dal, a, B, T, d, nW, W, nkv, H, st, ln, idx);
+    for (int64_t ig = 0; ig < W * nkv; ig++) ps_gb_win_gate_dbias(db, dal, B, nW, W, nkv, H, ln, ig);
+    for (int64_t idx = 0; idx < B * T * d; idx++) ps_gb_win_gate_da(da, dal, u, T, d, nW, W, nkv, H, st, ln, jr, idx);
+    cmp(label, "gate_backward dz", dal, dalr, n * W, TOL_ORDER);
+    cmp(label, "gate_backward du", du, dur, W * nkv * d, TOL_ORDER);
+    cmp(label, "gate_backward dbias", db, dbr, W * nkv, TOL_ORDER);
+    cmp(label, "gate_backward da", da, dar, B * T * d, TOL_ORDER);
 
     /* payloads, per offset and shared */
     for (int shared = 0; shared < 2; shared++) {
         int64_t nCw = shared ? nk * d : W * nk * d, nP = B * nW * W * nk;
         float *C = rnd(nCw, seed + 12 + (uint64_t)shared, 0.3f), *P = rnd(nP, seed + 14, 9), *Pr = dup(P, nP);
         float *scr = rnd(B * T * nk, seed + 15, 9), *scrr = dup(scr, B * T * nk);
-        ps_payload_grid(CPU, Pr, a, C, shared, scrr, B, T, d, nW, W, S, nkv, hd, woff);
+        ps_payload(CPU, Pr, a, C, shared, scrr, d, hd, w);
         if (shared) {
             ps_matmul(CPU, scr, a, C, B * T, d, nk, 0);
-            for (int64_t idx = 0; idx < nP; idx++) ps_gb_payload_grid_gather(P, scr, T, nW, W, S, nkv, hd, woff, idx);
+            for (int64_t idx = 0; idx < nP; idx++) ps_gb_win_payload_gather(P, scr, T, nW, W, nkv, hd, H, st, ln, idx);
         } else
-            for (int64_t idx = 0; idx < nP; idx++) ps_gb_payload_grid_elem(P, a, C, T, d, nW, W, S, nkv, hd, woff, idx);
-        snprintf(what, sizeof what, "payload_grid%s", shared ? " (shared)" : "");
+            for (int64_t idx = 0; idx < nP; idx++) ps_gb_win_payload_elem(P, a, C, T, d, nW, W, nkv, hd, H, st, ln, idx);
+        snprintf(what, sizeof what, "payload%s", shared ? " (shared)" : "");
         cmp(label, what, P, Pr, nP, shared ? TOL_ORDER : TOL_GEMM);
-        /* backward: dP zero on absent windows, as the pool backward leaves it (alpha = 0 there) */
+        /* backward: dP zero at offsets past a window's length, as the pool backward leaves it (alpha = 0 there) */
         float *dP = rnd(nP, seed + 16, 1);
         for (int64_t idx = 0; idx < nP; idx++) {
-            int64_t i_nk = idx % (W * nk), bj = idx / (W * nk), n_ = i_nk % nk;
-            if (!ps_gb_fits(bj % nW, ps_woff(woff, bj / nW, nkv, n_ / hd), W, S, T)) dP[idx] = 0.0f;
+            int64_t i = (idx / nk) % W, bj = idx / (nk * W), n_ = idx % nk;
+            if (i >= ln[ps_gb_e(nW, H, bj / nW, bj % nW, n_ / hd)]) dP[idx] = 0.0f;
         }
         float *gda0 = rnd(B * T * d, seed + 17, 1), *gdC0 = rnd(nCw, seed + 18, 1);
         float *gdar = dup(gda0, B * T * d), *gdCr = dup(gdC0, nCw), *gda = dup(gda0, B * T * d), *gdC = dup(gdC0, nCw);
-        ps_payload_grid_backward(CPU, gdar, gdCr, dP, a, C, shared, scrr, B, T, d, nW, W, S, nkv, hd, woff);
+        ps_payload_backward(CPU, gdar, gdCr, dP, a, C, shared, scrr, d, hd, w);
         if (nW == 0) {
             /* grid.cu launches nothing (as the CPU returns at once) */
         } else if (shared) {
-            for (int64_t idx = 0; idx < B * T * nk; idx++) ps_gb_payload_grid_scatter(scr, dP, T, nW, W, S, nkv, hd, woff, idx);
-            cmp(label, "payload_grid_backward (shared) scatter", scr, scrr, B * T * nk, TOL_ORDER);
+            for (int64_t idx = 0; idx < B * T * nk; idx++) ps_gb_win_payload_scatter(scr, dP, T, nW, W, nkv, hd, H, st, ln, jr, idx);
+            cmp(label, "payload_backward (shared) scatter", scr, scrr, B * T * nk, TOL_ORDER);
             ps_matmul_backward(CPU, gda, gdC, scr, a, C, B * T, d, nk);
         } else {
-            for (int64_t idx = 0; idx < W * nk * d; idx++) ps_gb_payload_grid_dC(gdC, dP, a, B, T, d, nW, W, S, nkv, hd, woff, idx);
-            for (int64_t idx = 0; idx < B * T * d; idx++) ps_gb_payload_grid_da(gda, dP, C, T, d, nW, W, S, nkv, hd, woff, idx);
+            for (int64_t idx = 0; idx < W * nk * d; idx++) ps_gb_win_payload_dC(gdC, dP, a, B, T, d, nW, W, nkv, hd, H, st, ln, idx);
+            for (int64_t idx = 0; idx < B * T * d; idx++) ps_gb_win_payload_da(gda, dP, C, T, d, nW, W, nkv, hd, H, st, ln, jr, idx);
         }
-        snprintf(what, sizeof what, "payload_grid_backward%s da", shared ? " (shared)" : "");
+        snprintf(what, sizeof what, "payload_backward%s da", shared ? " (shared)" : "");
         cmp(label, what, gda, gdar, B * T * d, shared ? TOL_ORDER : TOL_GEMM);
-        snprintf(what, sizeof what, "payload_grid_backward%s dC", shared ? " (shared)" : "");
+        snprintf(what, sizeof what, "payload_backward%s dC", shared ? " (shared)" : "");
         cmp(label, what, gdC, gdCr, nCw, shared ? TOL_ORDER : TOL_GEMM);
         free(C), free(P), free(Pr), free(scr), free(scrr), free(dP), free(gda0), free(gdC0), free(gdar), free(gdCr), free(gda);
         free(gdC);
@@ -149,10 +148,9 @@ static void test_grid(const char *label, int64_t B, int64_t T, int64_t d, int64_
     ps_rope_table(CPU, cs_t, sn_t, T, hd, 10000.0);
     for (int inverse = 0; inverse < 2; inverse++) {
         float *x = rnd(n * hd, seed + 20 + (uint64_t)inverse, 1), *xr = dup(x, n * hd);
-        ps_rope_grid(CPU, xr, cs_t, sn_t, B, T, nW, nkv, hd, S, woff, inverse);
-        for (int64_t idx = 0; idx < n * half; idx++)
-            ps_gb_rope_grid_pair(x, cs_t, sn_t, T, nW, nkv, hd, S, woff, inverse ? -1.0f : 1.0f, idx);
-        cmp(label, inverse ? "rope_grid (inverse)" : "rope_grid", x, xr, n * hd, TOL_ORDER);
+        ps_rope_windows(CPU, xr, cs_t, sn_t, hd, w, inverse);
+        for (int64_t idx = 0; idx < n * half; idx++) ps_gb_win_rope_pair(x, cs_t, sn_t, T, nW, nkv, hd, H, st, inverse ? -1.0f : 1.0f, idx);
+        cmp(label, inverse ? "rope_windows (inverse)" : "rope_windows", x, xr, n * hd, TOL_ORDER);
         free(x), free(xr);
     }
 
@@ -168,117 +166,39 @@ static void test_grid(const char *label, int64_t B, int64_t T, int64_t d, int64_
         for (int64_t g = 0; g < nkv; g++)
             if (cnt[g] > 0) v += val[g];
         CHECK(fabs(v - vr) <= 1e-9 * fabs(vr), "%s: gate_entropy (weight %g) value %.12g, cpu %.12g", label, weight, v, vr);
-        CHECK(nW == 0 ? vr == 0.25 : vr > 0.25, "%s: gate_entropy (weight %g) adds a positive value when there are windows (%.12g)", label, weight, vr);
+        int64_t present = 0;
+        for (int64_t e = 0; e < B * nW * H; e++) present += ln[e] > 0;
+        CHECK(present == 0 ? vr == 0.25 : vr > 0.25, "%s: gate_entropy (weight %g) adds a positive value when there are windows (%.12g)", label, weight, vr);
         snprintf(what, sizeof what, "gate_entropy (weight %g) dalpha", weight);
         cmp(label, what, gg, gr, n * W, TOL_ORDER);
         free(m), free(gr), free(gg);
     }
     ctx_ok(label);
-    free(a), free(u), free(bias), free(z), free(al), free(zc), free(alc), free(dal0), free(da0), free(du0), free(db0);
+    free(jr), free(a), free(u), free(bias), free(z), free(al), free(zc), free(alc), free(dal0), free(da0), free(du0), free(db0);
     free(dalr), free(dar), free(dur), free(dbr), free(dal), free(da), free(du), free(db), free(cs_t), free(sn_t);
 }
 
-/* ---------------- content-defined chunks ---------------- */
+/* a grid of stride S: per head with offsets woff [B, nkv] (windows that do not fit are absent), else the base grid */
+static void test_grid(const char *label, int64_t B, int64_t T, int64_t d, int64_t W, int64_t S, int64_t nkv, int64_t hd,
+                      const int64_t *woff, uint64_t seed) {
+    int64_t nW = T >= W ? (T - W) / S + 1 : 0, absent = 0;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t j = 0; j < nW; j++)
+            for (int64_t g = 0; g < nkv; g++) absent += j * S + ps_woff(woff, b, nkv, g) + W > T;
+    CHECK(!woff || absent > 0 || nW == 0, "%s: the geometry should have absent windows", label);
+    int64_t *tab = malloc((size_t)(2 * B * nW * nkv + 1) * sizeof *tab);
+    ps_windows w = ps_windows_grid(tab, tab + B * nW * (woff ? nkv : 1), B, T, nW, W, S, nkv, woff);
+    test_table(label, &w, d, hd, seed);
+    free(tab);
+}
 
+/* a chunk table cs/cl [B, nC] */
 static void test_chunks(const char *label, int64_t B, int64_t T, int64_t d, int64_t nC, int64_t W, int64_t nkv, int64_t hd,
                         const int64_t *cs, const int64_t *cl, uint64_t seed) {
-    int64_t n = B * nC * nkv, nk = nkv * hd, half = hd / 2;
-    float *a = rnd(B * T * d, seed + 1, 1.0f), *u = rnd(W * nkv * d, seed + 2, 0.3f), *bias = rnd(W * nkv, seed + 3, 0.3f);
-    char what[200];
-
-    float *z = rnd(n * W, seed + 4, 9), *al = rnd(n * W, seed + 5, 9);
-    for (int learned = 0; learned < 2; learned++) {
-        const float *uu = learned ? u : NULL, *bb = learned ? bias : NULL;
-        float *zr = dup(z, n * W), *alr = dup(al, n * W);
-        ps_gate_chunks(CPU, zr, alr, a, uu, bb, B, T, d, nC, W, nkv, cs, cl);
-        if (uu)
-            for (int64_t wi = 0; wi < n * W; wi++) ps_gb_gate_chunks_logit(z, a, uu, bb, T, d, nC, W, nkv, cs, cl, wi);
-        for (int64_t row = 0; row < n; row++) ps_gb_gate_chunks_row(z, al, W, nkv, cl, !uu, row);
-        snprintf(what, sizeof what, "gate_chunks%s logits", learned ? "" : " (uniform)");
-        cmp(label, what, z, zr, n * W, TOL_ORDER);
-        snprintf(what, sizeof what, "gate_chunks%s alpha", learned ? "" : " (uniform)");
-        cmp(label, what, al, alr, n * W, TOL_ORDER);
-        free(zr), free(alr);
-    }
-    float *zc = rnd(n * W, 6, 1), *alc = rnd(n * W, 7, 1);
-    ps_gate_chunks(CPU, zc, alc, a, u, bias, B, T, d, nC, W, nkv, cs, cl);
-
-    float *dal0 = rnd(n * W, seed + 8, 1), *da0 = rnd(B * T * d, seed + 9, 1), *du0 = rnd(W * nkv * d, seed + 10, 1);
-    float *db0 = rnd(W * nkv, seed + 11, 1);
-    float *dalr = dup(dal0, n * W), *dar = dup(da0, B * T * d), *dur = dup(du0, W * nkv * d), *dbr = dup(db0, W * nkv);
-    ps_gate_chunks_backward(CPU, dar, dur, dbr, dalr, alc, a, u, B, T, d, nC, W, nkv, cs, cl);
-    float *dal = dup(dal0, n * W), *da = dup(da0, B * T * d), *du = dup(du0, W * nkv * d), *db = dup(db0, W * nkv);
-    for (int64_t row = 0; row < n; row++) ps_gb_softmax_backward_row(dal, alc, W, row);
-    for (int64_t idx = 0; idx < W * nkv * d; idx++) ps_gb_gate_chunks_du(du, dal, a, B, T, d, nC, W, nkv, cs, cl, idx);
-    for (int64_t ig = 0; ig < W * nkv; ig++) ps_gb_gate_chunks_dbias(db, dal, B, nC, W, nkv, cl, ig);
-    for (int64_t idx = 0; idx < B * T * d; idx++) ps_gb_gate_chunks_da(da, dal, u, T, d, nC, W, nkv, cs, cl, idx);
-    cmp(label, "gate_chunks_backward dz", dal, dalr, n * W, TOL_ORDER);
-    cmp(label, "gate_chunks_backward du", du, dur, W * nkv * d, TOL_ORDER);
-    cmp(label, "gate_chunks_backward dbias", db, dbr, W * nkv, TOL_ORDER);
-    cmp(label, "gate_chunks_backward da", da, dar, B * T * d, TOL_ORDER);
-
-    for (int shared = 0; shared < 2; shared++) {
-        int64_t nCw = shared ? nk * d : W * nk * d, nP = B * nC * W * nk;
-        float *C = rnd(nCw, seed + 12 + (uint64_t)shared, 0.3f), *P = rnd(nP, seed + 14, 9), *Pr = dup(P, nP);
-        float *scr = rnd(B * T * nk, seed + 15, 9), *scrr = dup(scr, B * T * nk);
-        ps_payload_chunks(CPU, Pr, a, C, shared, scrr, B, T, d, nC, W, nkv, hd, cs, cl);
-        if (shared) {
-            ps_matmul(CPU, scr, a, C, B * T, d, nk, 0);
-            for (int64_t idx = 0; idx < nP; idx++) ps_gb_payload_chunks_gather(P, scr, T, nC, W, nk, cs, cl, idx);
-        } else
-            for (int64_t idx = 0; idx < nP; idx++) ps_gb_payload_chunks_elem(P, a, C, T, d, nC, W, nk, cs, cl, idx);
-        snprintf(what, sizeof what, "payload_chunks%s", shared ? " (shared)" : "");
-        cmp(label, what, P, Pr, nP, shared ? TOL_ORDER : TOL_GEMM);
-        float *dP = rnd(nP, seed + 16, 1); /* zero at i >= L, as the pool backward leaves it */
-        for (int64_t idx = 0; idx < nP; idx++)
-            if ((idx / nk) % W >= cl[idx / (W * nk)]) dP[idx] = 0.0f;
-        float *gda0 = rnd(B * T * d, seed + 17, 1), *gdC0 = rnd(nCw, seed + 18, 1);
-        float *gdar = dup(gda0, B * T * d), *gdCr = dup(gdC0, nCw), *gda = dup(gda0, B * T * d), *gdC = dup(gdC0, nCw);
-        ps_payload_chunks_backward(CPU, gdar, gdCr, dP, a, C, shared, scrr, B, T, d, nC, W, nkv, hd, cs, cl);
-        if (shared) {
-            for (int64_t idx = 0; idx < B * T * nk; idx++) ps_gb_payload_chunks_scatter(scr, dP, T, nC, W, nk, cs, cl, idx);
-            cmp(label, "payload_chunks_backward (shared) scatter", scr, scrr, B * T * nk, TOL_ORDER);
-            ps_matmul_backward(CPU, gda, gdC, scr, a, C, B * T, d, nk);
-        } else {
-            for (int64_t idx = 0; idx < W * nk * d; idx++) ps_gb_payload_chunks_dC(gdC, dP, a, B, T, d, nC, W, nk, cs, cl, idx);
-            for (int64_t idx = 0; idx < B * T * d; idx++) ps_gb_payload_chunks_da(gda, dP, C, T, d, nC, W, nk, cs, cl, idx);
-        }
-        snprintf(what, sizeof what, "payload_chunks_backward%s da", shared ? " (shared)" : "");
-        cmp(label, what, gda, gdar, B * T * d, shared ? TOL_ORDER : TOL_GEMM);
-        snprintf(what, sizeof what, "payload_chunks_backward%s dC", shared ? " (shared)" : "");
-        cmp(label, what, gdC, gdCr, nCw, shared ? TOL_ORDER : TOL_GEMM);
-        free(C), free(P), free(Pr), free(scr), free(scrr), free(dP), free(gda0), free(gdC0), free(gdar), free(gdCr), free(gda);
-        free(gdC);
-    }
-
-    float *cs_t = malloc((size_t)(T * half + 1) * sizeof(float)), *sn_t = malloc((size_t)(T * half + 1) * sizeof(float));
-    ps_rope_table(CPU, cs_t, sn_t, T, hd, 10000.0);
-    for (int inverse = 0; inverse < 2; inverse++) {
-        float *x = rnd(n * hd, seed + 20 + (uint64_t)inverse, 1), *xr = dup(x, n * hd);
-        ps_rope_chunks(CPU, xr, cs_t, sn_t, B, T, nC, nkv, hd, cs, cl, inverse);
-        for (int64_t idx = 0; idx < n * half; idx++)
-            ps_gb_rope_chunks_pair(x, cs_t, sn_t, nkv, hd, cs, cl, inverse ? -1.0f : 1.0f, idx);
-        cmp(label, inverse ? "rope_chunks (inverse)" : "rope_chunks", x, xr, n * hd, TOL_ORDER);
-        free(x), free(xr);
-    }
-
-    /* the regulariser on a chunk gate (absent chunks: alpha rows of 0) */
-    double vr = 0, v = 0, weight = 0.4;
-    float *gr = rnd(n * W, seed + 30, 1), *gg = dup(gr, n * W);
-    ps_gate_entropy(CPU, &vr, gr, alc, B, nC, nkv, W, weight);
-    double *m = malloc((size_t)(nkv * W + 2 * nkv) * sizeof(double)), *cnt = m + nkv * W, *val = cnt + nkv;
-    for (int64_t idx = 0; idx < nkv * W; idx++) ps_gb_entropy_mean(m, cnt, alc, B * nC, nkv, W, idx);
-    for (int64_t g = 0; g < nkv; g++) ps_gb_entropy_value(val, m, cnt, W, weight, g);
-    for (int64_t idx = 0; idx < n * W; idx++) ps_gb_entropy_grad(gg, alc, m, cnt, nkv, W, weight, idx);
-    for (int64_t g = 0; g < nkv; g++)
-        if (cnt[g] > 0) v += val[g];
-    CHECK(fabs(v - vr) <= 1e-9 * fabs(vr), "%s: gate_entropy value %.12g, cpu %.12g", label, v, vr);
-    cmp(label, "gate_entropy dalpha", gg, gr, n * W, TOL_ORDER);
-    free(m), free(gr), free(gg);
-
-    ctx_ok(label);
-    free(a), free(u), free(bias), free(z), free(al), free(zc), free(alc), free(dal0), free(da0), free(du0), free(db0);
-    free(dalr), free(dar), free(dur), free(dbr), free(dal), free(da), free(du), free(db), free(cs_t), free(sn_t);
+    int64_t *tab = malloc((size_t)(2 * B * nC + 1) * sizeof *tab);
+    ps_windows w = ps_windows_chunks(tab, tab + B * nC, cs, cl, B, T, nC, W, nkv);
+    test_table(label, &w, d, hd, seed);
+    free(tab);
 }
 
 /* ---------------- attention visibility ---------------- */

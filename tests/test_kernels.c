@@ -245,9 +245,12 @@ static void test_payload_case(const char *name, int64_t B, int64_t T, int64_t d,
                     rP[pr + e] = s;
                 }
             }
-    ps_payload(ctx, P, a, C, shared, scratch, B, T, d, nW, W, S, nkvhd);
+    int64_t *wtab = malloc((size_t)(2 * B * nW + 1) * sizeof *wtab); /* the base grid's window table, one KV head of nkvhd */
+    ps_windows win = ps_windows_grid(wtab, wtab + B * nW, B, T, nW, W, S, 1, NULL);
+    ps_payload(ctx, P, a, C, shared, scratch, d, nkvhd, &win);
     CHECK(rel_err(P, rP, nP) < 1e-5, "%s: payload rel. error %.3g", name, rel_err(P, rP, nP));
-    ps_payload_backward(ctx, da, dC, dP, a, C, shared, scratch, B, T, d, nW, W, S, nkvhd);
+    ps_payload_backward(ctx, da, dC, dP, a, C, shared, scratch, d, nkvhd, &win);
+    free(wtab);
     CHECK(rel_err(da, rda, B * T * d) < 1e-5, "%s: payload d(input) rel. error %.3g", name, rel_err(da, rda, B * T * d));
     CHECK(rel_err(dC, rdC, nC) < 1e-5, "%s: payload d(weights) rel. error %.3g", name, rel_err(dC, rdC, nC));
     free(a), free(C), free(P), free(scratch), free(dP), free(da), free(dC), free(rP), free(rda), free(rdC);
@@ -283,7 +286,9 @@ static void test_gate(void) {
                 for (int64_t i = 0; i < W; i++) sum += (ral[base + i] = exp(rz[base + i] - mx));
                 for (int64_t i = 0; i < W; i++) ral[base + i] /= sum;
             }
-    ps_gate(ctx, z, al, a, u, c, B, T, d, nW, W, S, nkv);
+    int64_t wtab[2 * 2 * 11];
+    ps_windows win = ps_windows_grid(wtab, wtab + B * nW, B, T, nW, W, S, nkv, NULL);
+    ps_gate(ctx, z, al, a, u, c, d, &win);
     CHECK(rel_err(z, rz, n) < 1e-5, "gate logits rel. error %.3g", rel_err(z, rz, n));
     CHECK(rel_err(al, ral, n) < 1e-5, "gate alpha rel. error %.3g", rel_err(al, ral, n));
     free(a), free(u), free(c), free(z), free(al), free(rz), free(ral);
@@ -436,7 +441,9 @@ static void test_threads(void) {
         dw[k] = calloc((size_t)C, 4), dx[k] = calloc((size_t)(R * C), 4);
         dC[k] = calloc((size_t)(W * nkvhd * d), 4), da[k] = calloc((size_t)(B * T * d), 4);
         ps_rmsnorm_backward(ctx, dx[k], dw[k], dy, x, w, rstd, R, C);
-        ps_payload_backward(ctx, da[k], dC[k], dP, a, Cw, 0, NULL, B, T, d, nW, W, S, nkvhd);
+        int64_t wtab[2 * 3 * 8];
+        ps_windows win = ps_windows_grid(wtab, wtab + B * nW, B, T, nW, W, S, 1, NULL);
+        ps_payload_backward(ctx, da[k], dC[k], dP, a, Cw, 0, NULL, d, nkvhd, &win);
         ps_error err;
         CHECK(!ps_grad_norm(ctx, g, 200003, &gn[k], &err), "grad norm failed");
     }

@@ -194,33 +194,40 @@ static void test_grid_ops_match_base(void) {
     int64_t ng = B * nW * nkv * W, np = B * nW * W * nkvhd;
     float *z1 = malloc(ng * 4), *a1 = malloc(ng * 4), *z2 = malloc(ng * 4), *a2 = malloc(ng * 4);
     float *p1 = malloc(np * 4), *p2 = malloc(np * 4);
-    CHECK(ps_gate(ctx, z1, a1, in, u, bias, B, T, d, nW, W, S, nkv) == 0, "gate");
-    CHECK(ps_gate_grid(ctx, z2, a2, in, u, bias, B, T, d, nW, W, S, nkv, zeros) == 0, "gate_grid");
-    CHECK(rel_err_f(a1, a2, ng) < 1e-6 && rel_err_f(z1, z2, ng) < 1e-6, "gate_grid(0) = gate");
+    /* the base grid (heads share the table) and the same grid as a per-head table of zero offsets */
+    int64_t gtab[2 * B * 6], ztab[2 * B * 6 * nkv], otab[2 * B * 6 * nkv];
+    ps_windows gw = ps_windows_grid(gtab, gtab + B * nW, B, T, nW, W, S, nkv, NULL);
+    ps_windows zw = ps_windows_grid(ztab, ztab + B * nW * nkv, B, T, nW, W, S, nkv, zeros);
+    CHECK(ps_gate(ctx, z1, a1, in, u, bias, d, &gw) == 0, "gate");
+    CHECK(ps_gate(ctx, z2, a2, in, u, bias, d, &zw) == 0, "gate, per-head table");
+    CHECK(rel_err_f(a1, a2, ng) < 1e-6 && rel_err_f(z1, z2, ng) < 1e-6, "per-head table of offsets 0 = base grid (gate)");
     for (int sh = 0; sh < 2; sh++) {
         const float *Cx = sh ? Cs : C;
-        CHECK(ps_payload(ctx, p1, in, Cx, sh, scratch, B, T, d, nW, W, S, nkvhd) == 0, "payload");
-        CHECK(ps_payload_grid(ctx, p2, in, Cx, sh, scratch, B, T, d, nW, W, S, nkv, hd, NULL) == 0, "payload_grid");
-        CHECK(rel_err_f(p1, p2, np) < 1e-6, "payload_grid(NULL) = payload (shared %d): %.3g", sh, rel_err_f(p1, p2, np));
+        CHECK(ps_payload(ctx, p1, in, Cx, sh, scratch, d, hd, &gw) == 0, "payload");
+        CHECK(ps_payload(ctx, p2, in, Cx, sh, scratch, d, hd, &zw) == 0, "payload, per-head table");
+        CHECK(rel_err_f(p1, p2, np) < 1e-6, "per-head table of offsets 0 = base grid (payload, shared %d): %.3g", sh,
+              rel_err_f(p1, p2, np));
     }
-    /* rope_grid(0) = rope with pos_step S; inverse undoes it */
+    /* rope_windows on the base grid = rope with pos_step S; inverse undoes an offset grid's */
     int64_t nc = B * nW * nkv * hd;
     float *cos_t = malloc(T * (hd / 2) * 4), *sin_t = malloc(T * (hd / 2) * 4), *x1 = malloc(nc * 4), *x2 = malloc(nc * 4),
           *x0 = malloc(nc * 4);
     CHECK(ps_rope_table(ctx, cos_t, sin_t, T, hd, 10000.0) == 0, "rope table");
     for (int64_t i = 0; i < nc; i++) x0[i] = x1[i] = x2[i] = (float)ps_rng_normal(&r);
     ps_rope(ctx, x1, cos_t, sin_t, B, nW, nkv, hd, S);
-    ps_rope_grid(ctx, x2, cos_t, sin_t, B, T, nW, nkv, hd, S, zeros, 0);
-    CHECK(rel_err_f(x1, x2, nc) < 1e-7, "rope_grid(0) = rope");
+    ps_rope_windows(ctx, x2, cos_t, sin_t, hd, &zw, 0);
+    CHECK(rel_err_f(x1, x2, nc) < 1e-7, "rope_windows(offsets 0) = rope");
     int64_t off[B * nkv] = {1, 2, 0, 1};
-    ps_rope_grid(ctx, x2, cos_t, sin_t, B, T, nW, nkv, hd, S, off, 0);
-    ps_rope_grid(ctx, x2, cos_t, sin_t, B, T, nW, nkv, hd, S, off, 1);
-    ps_rope_grid(ctx, x2, cos_t, sin_t, B, T, nW, nkv, hd, S, zeros, 1);
-    CHECK(rel_err_f(x2, x0, nc) < 1e-5, "rope_grid inverse undoes the forward");
-    /* an offset outside [0, S) fails, naming the op */
-    int64_t badoff[B * nkv] = {0, 3, 0, 0};
-    CHECK(ps_gate_grid(ctx, z2, a2, in, u, bias, B, T, d, nW, W, S, nkv, badoff) != 0, "offset S rejected");
-    CHECK(strstr(ctx->err.msg, "gate_grid") != NULL, "message names the op: %s", ctx->err.msg);
+    ps_windows ow = ps_windows_grid(otab, otab + B * nW * nkv, B, T, nW, W, S, nkv, off);
+    ps_rope_windows(ctx, x2, cos_t, sin_t, hd, &ow, 0);
+    ps_rope_windows(ctx, x2, cos_t, sin_t, hd, &ow, 1);
+    ps_rope_windows(ctx, x2, cos_t, sin_t, hd, &zw, 1);
+    CHECK(rel_err_f(x2, x0, nc) < 1e-5, "rope_windows inverse undoes the forward");
+    /* a window outside [0, T) fails, naming the op */
+    otab[B * nW * nkv + 1] = W, otab[1] = T - 2; /* window 0 of head 1 starts 2 before T */
+    CHECK(ps_gate(ctx, z2, a2, in, u, bias, d, &ow) != 0, "a window past T rejected");
+    CHECK(strstr(ctx->err.msg, "gate:") != NULL && strstr(ctx->err.msg, "KV head 1") != NULL, "message names the op and head: %s",
+          ctx->err.msg);
     free(z1); free(a1); free(z2); free(a2); free(p1); free(p2); free(cos_t); free(sin_t); free(x0); free(x1); free(x2);
     ps_ctx_free(ctx);
 }

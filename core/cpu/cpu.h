@@ -22,38 +22,18 @@ int ps_cpu_rope_backward(ps_ctx *ctx, float *dx, const float *cos_t, const float
     rows_per_seq, int64_t n_heads, int64_t hd, int64_t pos_step);
 int ps_cpu_swiglu(ps_ctx *ctx, float *h, const float *g, const float *u, int64_t n);
 int ps_cpu_add(ps_ctx *ctx, float *out, const float *a, const float *b, int64_t n);
-int ps_cpu_gate(ps_ctx *ctx, float *z, float *alpha, const float *a, const float *u, const float *c, int64_t B,
-    int64_t T, int64_t d, int64_t nW, int64_t W, int64_t S, int64_t nkv);
-int ps_cpu_payload(ps_ctx *ctx, float *P, const float *a, const float *C, int shared, float *scratch, int64_t B,
-    int64_t T, int64_t d, int64_t nW, int64_t W, int64_t S, int64_t nkvhd);
-/* core/cpu/chunks.c: content-defined chunks (docs/mitigations.md §4) */
-int ps_cpu_gate_chunks(ps_ctx *ctx, float *z, float *alpha, const float *a, const float *u, const float *c, int64_t B,
-                       int64_t T, int64_t d, int64_t nC, int64_t W, int64_t nkv, const int64_t *cs, const int64_t *cl);
-int ps_cpu_payload_chunks(ps_ctx *ctx, float *P, const float *a, const float *C, int shared, float *scratch, int64_t B,
-                          int64_t T, int64_t d, int64_t nC, int64_t W, int64_t nkv, int64_t hd, const int64_t *cs,
-                          const int64_t *cl);
-int ps_cpu_rope_chunks(ps_ctx *ctx, float *x, const float *cos_t, const float *sin_t, int64_t B, int64_t T, int64_t nC,
-                       int64_t nkv, int64_t hd, const int64_t *cs, const int64_t *cl, int inverse);
-int ps_cpu_gate_chunks_backward(ps_ctx *ctx, float *da, float *du, float *dc, float *dalpha, const float *alpha,
-                                const float *a, const float *u, int64_t B, int64_t T, int64_t d, int64_t nC, int64_t W,
-                                int64_t nkv, const int64_t *cs, const int64_t *cl);
-int ps_cpu_payload_chunks_backward(ps_ctx *ctx, float *da, float *dC, const float *dP, const float *a, const float *C,
-                                   int shared, float *scratch, int64_t B, int64_t T, int64_t d, int64_t nC, int64_t W,
-                                   int64_t nkv, int64_t hd, const int64_t *cs, const int64_t *cl);
-/* core/cpu/grid.c: window grids with start offsets, the gate regulariser */
-int ps_cpu_gate_grid(ps_ctx *ctx, float *z, float *alpha, const float *a, const float *u, const float *c, int64_t B,
-                     int64_t T, int64_t d, int64_t nW, int64_t W, int64_t S, int64_t nkv, const int64_t *woff);
-int ps_cpu_payload_grid(ps_ctx *ctx, float *P, const float *a, const float *C, int shared, float *scratch, int64_t B,
-                        int64_t T, int64_t d, int64_t nW, int64_t W, int64_t S, int64_t nkv, int64_t hd,
-                        const int64_t *woff);
-int ps_cpu_rope_grid(ps_ctx *ctx, float *x, const float *cos_t, const float *sin_t, int64_t B, int64_t T, int64_t nW,
-                     int64_t nkv, int64_t hd, int64_t S, const int64_t *woff, int inverse);
-int ps_cpu_gate_grid_backward(ps_ctx *ctx, float *da, float *du, float *dc, float *dalpha, const float *alpha,
-                              const float *a, const float *u, int64_t B, int64_t T, int64_t d, int64_t nW, int64_t W,
-                              int64_t S, int64_t nkv, const int64_t *woff);
-int ps_cpu_payload_grid_backward(ps_ctx *ctx, float *da, float *dC, const float *dP, const float *a, const float *C,
-                                 int shared, float *scratch, int64_t B, int64_t T, int64_t d, int64_t nW, int64_t W,
-                                 int64_t S, int64_t nkv, int64_t hd, const int64_t *woff);
+/* core/cpu/windows.c: the compressor over a window table (base grid, staggered grids, content chunks) */
+int ps_cpu_gate(ps_ctx *ctx, float *z, float *alpha, const float *a, const float *u, const float *c, int64_t d,
+                const ps_windows *win);
+int ps_cpu_payload(ps_ctx *ctx, float *P, const float *a, const float *C, int shared, float *scratch, int64_t d, int64_t hd,
+                   const ps_windows *win);
+int ps_cpu_rope_windows(ps_ctx *ctx, float *x, const float *cos_t, const float *sin_t, int64_t hd, const ps_windows *win,
+                        int inverse);
+int ps_cpu_gate_backward(ps_ctx *ctx, float *da, float *du, float *dc, float *dalpha, const float *alpha, const float *a,
+                         const float *u, int64_t d, const ps_windows *win);
+int ps_cpu_payload_backward(ps_ctx *ctx, float *da, float *dC, const float *dP, const float *a, const float *C, int shared,
+                            float *scratch, int64_t d, int64_t hd, const ps_windows *win);
+/* core/cpu/grid.c: the gate regulariser */
 int ps_cpu_gate_entropy(ps_ctx *ctx, double *value, float *dalpha, const float *alpha, int64_t B, int64_t nW, int64_t nkv,
                         int64_t W, double weight);
 int ps_cpu_pool(ps_ctx *ctx, float *out, const float *alpha, const float *P, int64_t B, int64_t nW, int64_t W, int64_t
@@ -66,10 +46,6 @@ int ps_cpu_rmsnorm_backward(ps_ctx *ctx, float *dinp, float *dweight, const floa
     *weight, const float *rstd, int64_t n_rows, int64_t C);
 int ps_cpu_swiglu_backward(ps_ctx *ctx, float *dg, float *du, const float *dh, const float *g, const float *u, int64_t
     n);
-int ps_cpu_gate_backward(ps_ctx *ctx, float *da, float *du, float *dc, float *dalpha, const float *alpha, const float
-    *a, const float *u, int64_t B, int64_t T, int64_t d, int64_t nW, int64_t W, int64_t S, int64_t nkv);
-int ps_cpu_payload_backward(ps_ctx *ctx, float *da, float *dC, const float *dP, const float *a, const float *C, int
-    shared, float *scratch, int64_t B, int64_t T, int64_t d, int64_t nW, int64_t W, int64_t S, int64_t nkvhd);
 int ps_cpu_pool_backward(ps_ctx *ctx, float *dalpha, float *dP, const float *dout, const float *alpha, const float *P,
     int64_t B, int64_t nW, int64_t W, int64_t nkv, int64_t hd);
 int ps_cpu_attn_backward_probs(ps_ctx *ctx, float *dq, float *dk, float *dv, float *dck, float *dcv, float *dprobs,

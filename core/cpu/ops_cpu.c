@@ -103,66 +103,6 @@ int ps_cpu_add(ps_ctx *ctx, float *out, const float *a, const float *b, int64_t 
     return 0;
 }
 
-int ps_cpu_gate(ps_ctx *ctx, float *z, float *alpha, const float *a, const float *u, const float *c, int64_t B, int64_t T, int64_t d,
-             int64_t nW, int64_t W, int64_t S, int64_t nkv) {
-    (void)ctx;
-    int64_t n = B * nW * nkv;
-#pragma omp parallel for schedule(static) if (n * W * d > 32768)
-    for (int64_t idx = 0; idx < n; idx++) {
-        int64_t b = idx / (nW * nkv), j = (idx / nkv) % nW, g = idx % nkv;
-        float *zz = z + idx * W, *al = alpha + idx * W;
-        if (!u) {
-            for (int64_t i = 0; i < W; i++) {
-                zz[i] = 0.0f;
-                al[i] = 1.0f / (float)W;
-            }
-            continue;
-        }
-        float mx = -INFINITY;
-        for (int64_t i = 0; i < W; i++) {
-            const float *x = a + (b * T + j * S + i) * d, *w = u + (i * nkv + g) * d;
-            float s = c[i * nkv + g] + ps_dot(w, x, d);
-            zz[i] = s;
-            if (s > mx) mx = s;
-        }
-        float sum = 0.0f;
-        for (int64_t i = 0; i < W; i++) {
-            al[i] = ps_expf_v(zz[i] - mx);
-            sum += al[i];
-        }
-        for (int64_t i = 0; i < W; i++) al[i] /= sum;
-    }
-    return 0;
-}
-
-int ps_cpu_payload(ps_ctx *ctx, float *P, const float *a, const float *C, int shared, float *scratch, int64_t B, int64_t T, int64_t d,
-                int64_t nW, int64_t W, int64_t S, int64_t nkvhd) {
-    if (nW == 0) return 0;
-    if (shared) {
-        ps_cpu_matmul(ctx, scratch, a, C, B * T, d, nkvhd, 0);
-#pragma omp parallel for schedule(static)
-        for (int64_t bj = 0; bj < B * nW; bj++) {
-            int64_t b = bj / nW, j = bj % nW;
-            for (int64_t i = 0; i < W; i++)
-                memcpy(P + (bj * W + i) * nkvhd, scratch + (b * T + j * S + i) * nkvhd, (size_t)nkvhd * sizeof(float));
-        }
-        return 0;
-    }
-    /* When T = nW·S, the rows a[b, jS+i] of every (sequence, window) are S·d apart across sequences too:
-     * one strided sgemm per offset with M = B·nW. Otherwise one per (offset, sequence). The calls run in
-     * parallel, each single-threaded. */
-    int batched = T == nW * S;
-    int64_t n_calls = batched ? W : W * B, M = batched ? B * nW : nW;
-#pragma omp parallel for schedule(dynamic, 1)
-    for (int64_t ib = 0; ib < n_calls; ib++) {
-        int64_t i = batched ? ib : ib / B, b = batched ? 0 : ib % B;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)M, (blasint)nkvhd, (blasint)d, 1.0f,
-                    a + (b * T + i) * d, (blasint)(S * d), C + i * nkvhd * d, (blasint)d, 0.0f,
-                    P + (b * nW * W + i) * nkvhd, (blasint)(W * nkvhd));
-    }
-    return 0;
-}
-
 int ps_cpu_pool(ps_ctx *ctx, float *out, const float *alpha, const float *P, int64_t B, int64_t nW, int64_t W, int64_t nkv, int64_t hd) {
     (void)ctx;
     int64_t n = B * nW * nkv;

@@ -2,9 +2,24 @@
  * zero-filled on the context's stream); every op is queued on the context's stream, and host copies
  * (ps_buf_to_host / ps_buf_from_host) wait for it. The kernels are in the .cu files beside this one.
  *
- * The DeepSeek-V4 block of ops is in v4.cu (naive kernels over the bodies of v4_bodies.h); window grids with
- * offsets, the gate regulariser and content chunks in grid.cu (over the bodies of grid_bodies.h). */
+ * The DeepSeek-V4 extension table is in v4.cu (naive kernels over the bodies of v4_bodies.h); the compressor
+ * ops over window tables, the gate regulariser in grid.cu (over the bodies of grid_bodies.h). */
 #include "core/cuda/cuda_ops.h"
+
+/* What the device kernels cannot run: head_dim above 128 in the attention kernels (attention.cu). */
+static int cuda_supports(ps_op op, const ps_op_params *p, const char **why) {
+    int64_t hd = p->attn ? p->attn->hd : p->frame ? p->frame->hd : 0;
+    if (hd > 128) {
+        *why = "head_dim above 128 (the device attention kernels take at most 128)";
+        return 0;
+    }
+    (void)op;
+    return 1;
+}
+
+/* The op tables, one entry per op of the enums (core/backend.h): op f is ps_cuda_<f>. */
+#define PS_CUDA_OP_(E, f) .f = ps_cuda_##f,
+static const ps_backend_v4_ops cuda_v4_ops = {PS_V4_OPS(PS_CUDA_OP_)};
 
 const ps_backend ps_backend_cuda = {
     .name = "cuda",
@@ -16,84 +31,7 @@ const ps_backend ps_backend_cuda = {
     .host_visible = 0,
     .init = ps_cuda_init,
     .fini = ps_cuda_fini,
-    .matmul = ps_cuda_matmul,
-    .embed = ps_cuda_embed,
-    .rmsnorm = ps_cuda_rmsnorm,
-    .rope_table = ps_cuda_rope_table,
-    .rope = ps_cuda_rope,
-    .rope_backward = ps_cuda_rope_backward,
-    .swiglu = ps_cuda_swiglu,
-    .add = ps_cuda_add,
-    .grid_offsets = 1, /* attention.cu honours woff / cend; the *_grid and *_chunks ops are in grid.cu */
-    .gate_grid = ps_cuda_gate_grid,
-    .payload_grid = ps_cuda_payload_grid,
-    .rope_grid = ps_cuda_rope_grid,
-    .gate_grid_backward = ps_cuda_gate_grid_backward,
-    .payload_grid_backward = ps_cuda_payload_grid_backward,
-    .gate_entropy = ps_cuda_gate_entropy,
-    .gate_chunks = ps_cuda_gate_chunks,
-    .payload_chunks = ps_cuda_payload_chunks,
-    .rope_chunks = ps_cuda_rope_chunks,
-    .gate_chunks_backward = ps_cuda_gate_chunks_backward,
-    .payload_chunks_backward = ps_cuda_payload_chunks_backward,
-    .gate = ps_cuda_gate,
-    .payload = ps_cuda_payload,
-    .pool = ps_cuda_pool,
-    .attn_probs = ps_cuda_attn_probs,
-    .attn_out = ps_cuda_attn_out,
-    .attn_rows = ps_cuda_attn_rows,
-    .matmul_backward = ps_cuda_matmul_backward,
-    .rmsnorm_backward = ps_cuda_rmsnorm_backward,
-    .swiglu_backward = ps_cuda_swiglu_backward,
-    .gate_backward = ps_cuda_gate_backward,
-    .payload_backward = ps_cuda_payload_backward,
-    .pool_backward = ps_cuda_pool_backward,
-    .cross_entropy = ps_cuda_cross_entropy,
-    .copy = ps_cuda_copy,
-    .fill = ps_cuda_fill,
-    .gather_rows = ps_cuda_gather_rows,
-    .scatter_rows = ps_cuda_scatter_rows,
-    .pattern_expand = ps_cuda_pattern_expand,
-    .pattern_compact = ps_cuda_pattern_compact,
-    .head_set = ps_cuda_head_set,
-    .add_vector = ps_cuda_add_vector,
-    .roll_blocks = ps_cuda_roll_blocks,
-    .copy_blocks = ps_cuda_copy_blocks,
-    .accumulate_seqs = ps_cuda_accumulate_seqs,
-    .delta_dot = ps_cuda_delta_dot,
-    .sum_to_mean = ps_cuda_sum_to_mean,
-    .embed_backward = ps_cuda_embed_backward,
-    .sumsq = ps_cuda_sumsq,
-    .adamw = ps_cuda_adamw,
-    .attn_chunk = ps_cuda_attn_chunk,
-    .attn_forward = ps_cuda_attn_forward,
-    .attn_backward = ps_cuda_attn_backward,
-    /* ---------------- DeepSeek-V4 (SPEC-v4): v4.cu ---------------- */
-    .v4_rope_table = ps_cuda_v4_rope_table,
-    .v4_rope = ps_cuda_v4_rope,
-    .v4_hc_weights = ps_cuda_v4_hc_weights,
-    .v4_hc_collapse = ps_cuda_v4_hc_collapse,
-    .v4_hc_expand = ps_cuda_v4_hc_expand,
-    .v4_comp_slots = ps_cuda_v4_comp_slots,
-    .v4_slot_softmax = ps_cuda_v4_slot_softmax,
-    .v4_comp_pool = ps_cuda_v4_comp_pool,
-    .v4_indexer_scores = ps_cuda_v4_indexer_scores,
-    .v4_topk = ps_cuda_v4_topk,
-    .v4_router_scores = ps_cuda_v4_router_scores,
-    .v4_route_weights = ps_cuda_v4_route_weights,
-    .v4_swiglu_clamp = ps_cuda_v4_swiglu_clamp,
-    .v4_scatter_add_rows = ps_cuda_v4_scatter_add_rows,
-    .v4_attn = ps_cuda_v4_attn,
-    .v4_attn_bias = ps_cuda_v4_attn_bias,
-    .v4_attn_logits = ps_cuda_v4_attn_logits,
-    .v4_attn_softmax = ps_cuda_v4_attn_softmax,
-    .v4_attn_apply = ps_cuda_v4_attn_apply,
-    .v4_sink_rescale = ps_cuda_v4_sink_rescale,
-    .v4_grouped_linear = ps_cuda_v4_grouped_linear,
-    .v4_scale = ps_cuda_v4_scale,
-    .v4_comp_slots_backward = ps_cuda_v4_comp_slots_backward,
-    .v4_slot_softmax_backward = ps_cuda_v4_slot_softmax_backward,
-    .v4_comp_pool_backward = ps_cuda_v4_comp_pool_backward,
-    .v4_attn_backward = ps_cuda_v4_attn_backward,
-    /* ---------------- end DeepSeek-V4 ---------------- */
+    .supports = cuda_supports,
+    .ops = {PS_CORE_OPS(PS_CUDA_OP_)},
+    .v4 = &cuda_v4_ops, /* v4.cu: naive kernels over the bodies of v4_bodies.h */
 };

@@ -36,7 +36,7 @@ __global__ void k_gate_softmax(float *z, float *alpha, int64_t n, int64_t W, int
     }
 }
 
-extern "C" int ps_cuda_gate(ps_ctx *c, float *z, float *alpha, const float *a, const float *u, const float *bias, int64_t B,
+extern "C" int ps_cuda_gate_base(ps_ctx *c, float *z, float *alpha, const float *a, const float *u, const float *bias, int64_t B,
                             int64_t T, int64_t d, int64_t nW, int64_t W, int64_t S, int64_t nkv) {
     int64_t n = B * nW * nkv;
     if (n <= 0 || W <= 0) return 0;
@@ -97,7 +97,7 @@ __global__ void k_gate_da(float *da, const float *dz, const float *u, int64_t B,
     }
 }
 
-extern "C" int ps_cuda_gate_backward(ps_ctx *c, float *da, float *du, float *dc, float *dalpha, const float *alpha,
+extern "C" int ps_cuda_gate_base_backward(ps_ctx *c, float *da, float *du, float *dc, float *dalpha, const float *alpha,
                                      const float *a, const float *u, int64_t B, int64_t T, int64_t d, int64_t nW, int64_t W,
                                      int64_t S, int64_t nkv) {
     int64_t n = B * nW * nkv;
@@ -132,7 +132,7 @@ __global__ void k_payload_scatter(float *scratch, const float *dP, int64_t B, in
     }
 }
 
-extern "C" int ps_cuda_payload(ps_ctx *c, float *P, const float *a, const float *C, int shared, float *scratch, int64_t B,
+extern "C" int ps_cuda_payload_base(ps_ctx *c, float *P, const float *a, const float *C, int shared, float *scratch, int64_t B,
                                int64_t T, int64_t d, int64_t nW, int64_t W, int64_t S, int64_t nkvhd) {
     if (nW <= 0 || B <= 0) return 0;
     if (shared) {
@@ -151,7 +151,7 @@ extern "C" int ps_cuda_payload(ps_ctx *c, float *P, const float *a, const float 
     return 0;
 }
 
-extern "C" int ps_cuda_payload_backward(ps_ctx *c, float *da, float *dC, const float *dP, const float *a, const float *C,
+extern "C" int ps_cuda_payload_base_backward(ps_ctx *c, float *da, float *dC, const float *dP, const float *a, const float *C,
                                         int shared, float *scratch, int64_t B, int64_t T, int64_t d, int64_t nW, int64_t W,
                                         int64_t S, int64_t nkvhd) {
     if (nW <= 0 || B <= 0) return 0;

@@ -48,37 +48,25 @@ int ps_cuda_rope_backward(ps_ctx *ctx, float *dx, const float *cos_t, const floa
     rows_per_seq, int64_t n_heads, int64_t hd, int64_t pos_step);
 int ps_cuda_swiglu(ps_ctx *ctx, float *h, const float *g, const float *u, int64_t n);
 int ps_cuda_add(ps_ctx *ctx, float *out, const float *a, const float *b, int64_t n);
-int ps_cuda_gate(ps_ctx *ctx, float *z, float *alpha, const float *a, const float *u, const float *c, int64_t B,
+int ps_cuda_gate_base(ps_ctx *ctx, float *z, float *alpha, const float *a, const float *u, const float *c, int64_t B,
     int64_t T, int64_t d, int64_t nW, int64_t W, int64_t S, int64_t nkv);
-int ps_cuda_payload(ps_ctx *ctx, float *P, const float *a, const float *C, int shared, float *scratch, int64_t B,
+int ps_cuda_payload_base(ps_ctx *ctx, float *P, const float *a, const float *C, int shared, float *scratch, int64_t B,
     int64_t T, int64_t d, int64_t nW, int64_t W, int64_t S, int64_t nkvhd);
-/* window grids with offsets, content chunks, the gate regulariser (grid.cu; bodies in grid_bodies.h) */
-int ps_cuda_gate_grid(ps_ctx *c, float *z, float *alpha, const float *a, const float *u, const float *bias, int64_t B,
-    int64_t T, int64_t d, int64_t nW, int64_t W, int64_t S, int64_t nkv, const int64_t *woff);
-int ps_cuda_payload_grid(ps_ctx *c, float *P, const float *a, const float *C, int shared, float *scratch, int64_t B,
-    int64_t T, int64_t d, int64_t nW, int64_t W, int64_t S, int64_t nkv, int64_t hd, const int64_t *woff);
-int ps_cuda_rope_grid(ps_ctx *c, float *x, const float *cos_t, const float *sin_t, int64_t B, int64_t T, int64_t nW,
-    int64_t nkv, int64_t hd, int64_t S, const int64_t *woff, int inverse);
-int ps_cuda_gate_grid_backward(ps_ctx *c, float *da, float *du, float *dbias, float *dalpha, const float *alpha,
-    const float *a, const float *u, int64_t B, int64_t T, int64_t d, int64_t nW, int64_t W, int64_t S, int64_t nkv,
-    const int64_t *woff);
-int ps_cuda_payload_grid_backward(ps_ctx *c, float *da, float *dC, const float *dP, const float *a, const float *C,
-    int shared, float *scratch, int64_t B, int64_t T, int64_t d, int64_t nW, int64_t W, int64_t S, int64_t nkv, int64_t hd,
-    const int64_t *woff);
+/* The op table's compressor ops over a window table (grid.cu): a base grid runs compressor.cu's *_base
+ * kernels, any other table one kernel family over the table (grid_bodies.h). */
+int ps_cuda_gate(ps_ctx *c, float *z, float *alpha, const float *a, const float *u, const float *bias, int64_t d,
+    const ps_windows *w);
+int ps_cuda_payload(ps_ctx *c, float *P, const float *a, const float *C, int shared, float *scratch, int64_t d, int64_t hd,
+    const ps_windows *w);
+int ps_cuda_rope_windows(ps_ctx *c, float *x, const float *cos_t, const float *sin_t, int64_t hd, const ps_windows *w,
+    int inverse);
+int ps_cuda_gate_backward(ps_ctx *c, float *da, float *du, float *dbias, float *dalpha, const float *alpha, const float *a,
+    const float *u, int64_t d, const ps_windows *w);
+int ps_cuda_payload_backward(ps_ctx *c, float *da, float *dC, const float *dP, const float *a, const float *C, int shared,
+    float *scratch, int64_t d, int64_t hd, const ps_windows *w);
+/* the gate regulariser (grid.cu) */
 int ps_cuda_gate_entropy(ps_ctx *c, double *value, float *dalpha, const float *alpha, int64_t B, int64_t nW,
     int64_t nkv, int64_t W, double weight);
-int ps_cuda_gate_chunks(ps_ctx *c, float *z, float *alpha, const float *a, const float *u, const float *bias, int64_t B,
-    int64_t T, int64_t d, int64_t nC, int64_t W, int64_t nkv, const int64_t *cs, const int64_t *cl);
-int ps_cuda_payload_chunks(ps_ctx *c, float *P, const float *a, const float *C, int shared, float *scratch, int64_t B,
-    int64_t T, int64_t d, int64_t nC, int64_t W, int64_t nkv, int64_t hd, const int64_t *cs, const int64_t *cl);
-int ps_cuda_rope_chunks(ps_ctx *c, float *x, const float *cos_t, const float *sin_t, int64_t B, int64_t T, int64_t nC,
-    int64_t nkv, int64_t hd, const int64_t *cs, const int64_t *cl, int inverse);
-int ps_cuda_gate_chunks_backward(ps_ctx *c, float *da, float *du, float *dbias, float *dalpha, const float *alpha,
-    const float *a, const float *u, int64_t B, int64_t T, int64_t d, int64_t nC, int64_t W, int64_t nkv, const int64_t *cs,
-    const int64_t *cl);
-int ps_cuda_payload_chunks_backward(ps_ctx *c, float *da, float *dC, const float *dP, const float *a, const float *C,
-    int shared, float *scratch, int64_t B, int64_t T, int64_t d, int64_t nC, int64_t W, int64_t nkv, int64_t hd,
-    const int64_t *cs, const int64_t *cl);
 int ps_cuda_pool(ps_ctx *ctx, float *out, const float *alpha, const float *P, int64_t B, int64_t nW, int64_t W,
     int64_t nkv, int64_t hd);
 int ps_cuda_attn_probs(ps_ctx *ctx, float *probs, const float *q, const float *k, const float *ck, const ps_attn_geom
@@ -93,9 +81,9 @@ int ps_cuda_rmsnorm_backward(ps_ctx *ctx, float *dinp, float *dweight, const flo
     float *weight, const float *rstd, int64_t n_rows, int64_t C);
 int ps_cuda_swiglu_backward(ps_ctx *ctx, float *dg, float *du, const float *dh, const float *g, const float *u,
     int64_t n);
-int ps_cuda_gate_backward(ps_ctx *ctx, float *da, float *du, float *dc, float *dalpha, const float *alpha, const float
+int ps_cuda_gate_base_backward(ps_ctx *ctx, float *da, float *du, float *dc, float *dalpha, const float *alpha, const float
     *a, const float *u, int64_t B, int64_t T, int64_t d, int64_t nW, int64_t W, int64_t S, int64_t nkv);
-int ps_cuda_payload_backward(ps_ctx *ctx, float *da, float *dC, const float *dP, const float *a, const float *C, int
+int ps_cuda_payload_base_backward(ps_ctx *ctx, float *da, float *dC, const float *dP, const float *a, const float *C, int
     shared, float *scratch, int64_t B, int64_t T, int64_t d, int64_t nW, int64_t W, int64_t S, int64_t nkvhd);
 int ps_cuda_pool_backward(ps_ctx *ctx, float *dalpha, float *dP, const float *dout, const float *alpha, const float
     *P, int64_t B, int64_t nW, int64_t W, int64_t nkv, int64_t hd);

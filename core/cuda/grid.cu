@@ -1,13 +1,16 @@
-/* grid.cu — the compressor ops on window grids with start offsets (staggered grids, phase augmentation), on
- * content-defined chunks (attention.boundaries "content") and the gate regulariser, on the device
- * (docs/cuda.md, docs/mitigations.md; semantics core/ops.h; reference core/cpu/grid.c, core/cpu/chunks.c).
+/* grid.cu — the op table's compressor ops over a window table (core/backend.h ps_windows: the base grid,
+ * staggered grids and content chunks alike) and the gate regulariser, on the device (docs/cuda.md,
+ * docs/mitigations.md; semantics core/ops.h; reference core/cpu/windows.c, core/cpu/grid.c).
  *
- * The arithmetic lives in core/cuda/grid_bodies.h (valid C and CUDA, checked on the host against the CPU
- * backend by tests/test_cuda_grid_bodies.c); each kernel here is a grid-stride loop calling one body per
- * element or row, in the index space the test walks. The host arrays woff [B, nkv], cs/cl [B, nC] are
- * validated as on the CPU (same messages) and staged with cu_stage. Parameter gradients are one body per
- * parameter element looping over the rows in the CPU's order (no atomics: deterministic). The shared
- * payload is one GEMM (ps_cuda_matmul) and a gather, its backward a scatter and ps_cuda_matmul_backward. */
+ * A table that is the base grid (ps_windows_is_base_grid) runs compressor.cu's kernels (the fast path, as the
+ * CPU keeps its batched sgemm for it); every other table runs one kernel family over the table itself. The
+ * arithmetic lives in core/cuda/grid_bodies.h (valid C and CUDA, checked on the host against the CPU backend
+ * by tests/test_cuda_grid_bodies.c); each kernel here is a grid-stride loop calling one body per element or
+ * row, in the index space the test walks. The host tables start/len [B, nW, H] (checked by the ops.h
+ * wrapper) and, for the input gradients, the windows holding each position (jr [B, T, 2],
+ * ps_gb_win_ranges) are staged with cu_stage. Parameter gradients are one body per parameter element
+ * looping over the rows in the CPU's order (no atomics: deterministic). The shared payload is one GEMM
+ * (ps_cuda_matmul) and a gather, its backward a scatter and ps_cuda_matmul_backward. */
 #include <stdlib.h>
 
 #include "core/cuda/cuda_internal.cuh"
@@ -15,151 +18,85 @@
 
 #define T256 256
 
-/* ---------------- checks and staging (host) ---------------- */
+/* ---------------- staging (host) ---------------- */
 
-static int check_woff(ps_ctx *c, const char *op, const int64_t *woff, int64_t B, int64_t nkv, int64_t S) {
-    if (!woff) return 0;
-    for (int64_t i = 0; i < B * nkv; i++)
-        if (woff[i] < 0 || woff[i] >= S)
-            return ps_ctx_fail(c, "%s: window offset %lld of sequence %lld, KV head %lld is outside [0, S = %lld)", op,
-                               (long long)woff[i], (long long)(i / nkv), (long long)(i % nkv), (long long)S);
-    return 0;
-}
+/* the device copies of the table (and with ranges, of jr) */
+typedef struct {
+    const int64_t *start, *len, *jr;
+} win_dev;
 
-static int check_chunks(ps_ctx *c, const char *op, const int64_t *cs, const int64_t *cl, int64_t B, int64_t T, int64_t nC,
-                        int64_t W) {
-    if (!cs || !cl) return ps_ctx_fail(c, "%s: no chunk table (content boundaries need the tokens of the batch)", op);
-    for (int64_t i = 0; i < B * nC; i++)
-        if (cl[i] < 0 || cl[i] > W || (cl[i] > 0 && (cs[i] < 0 || cs[i] + cl[i] > T)))
-            return ps_ctx_fail(c, "%s: chunk %lld of sequence %lld (start %lld, length %lld) is outside [0, T = %lld) or longer than W = %lld",
-                               op, (long long)(i % nC), (long long)(i / nC), (long long)cs[i], (long long)cl[i], (long long)T,
-                               (long long)W);
-    return 0;
-}
-
-/* validate woff and stage it (NULL stays NULL) */
-static int grid_prep(ps_ctx *c, const char *op, const int64_t *woff, int64_t B, int64_t nkv, int64_t S, const int64_t **dw) {
-    *dw = NULL;
+static int win_prep(ps_ctx *c, const ps_windows *w, int ranges, win_dev *dv) {
+    dv->start = dv->len = dv->jr = NULL;
     if (c->failed) return -1;
-    if (check_woff(c, op, woff, B, nkv, S)) return -1;
-    if (!woff || B * nkv <= 0) return 0;
-    const void *h[1] = {woff};
-    int64_t by[1] = {B * nkv * (int64_t)sizeof(int64_t)};
-    void *d[1];
-    if (cu_stage(c, 1, h, by, d)) return -1;
-    *dw = (const int64_t *)d[0];
-    return 0;
-}
-
-/* validate the chunk table and stage it */
-static int chunks_prep(ps_ctx *c, const char *op, const int64_t *cs, const int64_t *cl, int64_t B, int64_t T, int64_t nC,
-                       int64_t W, const int64_t **dcs, const int64_t **dcl) {
-    *dcs = *dcl = NULL;
-    if (c->failed) return -1;
-    if (check_chunks(c, op, cs, cl, B, T, nC, W)) return -1;
-    if (B * nC <= 0) return 0;
-    const void *h[2] = {cs, cl};
-    int64_t by[2] = {B * nC * (int64_t)sizeof(int64_t), B * nC * (int64_t)sizeof(int64_t)};
-    void *d[2];
-    if (cu_stage(c, 2, h, by, d)) return -1;
-    *dcs = (const int64_t *)d[0];
-    *dcl = (const int64_t *)d[1];
+    int64_t ne = w->B * w->nW * w->H, nr = ranges ? 2 * w->B * w->T : 0;
+    if (ne <= 0) return 0;
+    int64_t *jr = NULL;
+    if (nr > 0) {
+        if (!(jr = (int64_t *)malloc((size_t)nr * sizeof(int64_t))))
+            return ps_ctx_fail(c, "cuda window table: out of host memory for %lld position ranges", (long long)(nr / 2));
+        ps_gb_win_ranges(jr, w->B, w->T, w->nW, w->H, w->start, w->len);
+    }
+    const void *h[3] = {w->start, w->len, jr};
+    int64_t by[3] = {ne * (int64_t)sizeof(int64_t), ne * (int64_t)sizeof(int64_t), nr * (int64_t)sizeof(int64_t)};
+    void *d[3];
+    int rc = cu_stage(c, nr > 0 ? 3 : 2, h, by, d); /* pageable host memory: copied before cudaMemcpyAsync returns */
+    free(jr);
+    if (rc) return -1;
+    dv->start = (const int64_t *)d[0], dv->len = (const int64_t *)d[1], dv->jr = nr > 0 ? (const int64_t *)d[2] : NULL;
     return 0;
 }
 
 #define LAUNCH(n) <<<cu_grid((n), T256), T256, 0, STREAM(c)>>>
+#define TAB w->nW, w->W, w->nkv, w->H /* the table's sizes, in the bodies' order */
 
 /* ---------------- kernels: one body per index ---------------- */
 
-__global__ void k_gate_grid_logit(float *z, const float *a, const float *u, const float *bias, int64_t n, int64_t T, int64_t d,
-                                  int64_t nW, int64_t W, int64_t S, int64_t nkv, const int64_t *woff) {
-    GS_LOOP(wi, n) ps_gb_gate_grid_logit(z, a, u, bias, T, d, nW, W, S, nkv, woff, wi);
+__global__ void k_gate_logit(float *z, const float *a, const float *u, const float *bias, int64_t n, int64_t T, int64_t d,
+                             int64_t nW, int64_t W, int64_t nkv, int64_t H, const int64_t *st, const int64_t *ln) {
+    GS_LOOP(wi, n) ps_gb_win_gate_logit(z, a, u, bias, T, d, nW, W, nkv, H, st, ln, wi);
 }
-__global__ void k_gate_grid_row(float *z, float *alpha, int64_t n, int64_t T, int64_t nW, int64_t W, int64_t S, int64_t nkv,
-                                const int64_t *woff, int uniform) {
-    GS_LOOP(row, n) ps_gb_gate_grid_row(z, alpha, T, nW, W, S, nkv, woff, uniform, row);
-}
-__global__ void k_gate_chunks_logit(float *z, const float *a, const float *u, const float *bias, int64_t n, int64_t T,
-                                    int64_t d, int64_t nC, int64_t W, int64_t nkv, const int64_t *cs, const int64_t *cl) {
-    GS_LOOP(wi, n) ps_gb_gate_chunks_logit(z, a, u, bias, T, d, nC, W, nkv, cs, cl, wi);
-}
-__global__ void k_gate_chunks_row(float *z, float *alpha, int64_t n, int64_t W, int64_t nkv, const int64_t *cl, int uniform) {
-    GS_LOOP(row, n) ps_gb_gate_chunks_row(z, alpha, W, nkv, cl, uniform, row);
+__global__ void k_gate_row(float *z, float *alpha, int64_t n, int64_t nW, int64_t W, int64_t nkv, int64_t H, const int64_t *ln,
+                           int uniform) {
+    GS_LOOP(row, n) ps_gb_win_gate_row(z, alpha, nW, W, nkv, H, ln, uniform, row);
 }
 __global__ void k_softmax_backward(float *dalpha, const float *alpha, int64_t n, int64_t W) {
     GS_LOOP(row, n) ps_gb_softmax_backward_row(dalpha, alpha, W, row);
 }
-__global__ void k_gate_grid_du(float *du, const float *dz, const float *a, int64_t n, int64_t B, int64_t T, int64_t d,
-                               int64_t nW, int64_t W, int64_t S, int64_t nkv, const int64_t *woff) {
-    GS_LOOP(idx, n) ps_gb_gate_grid_du(du, dz, a, B, T, d, nW, W, S, nkv, woff, idx);
+__global__ void k_gate_du(float *du, const float *dz, const float *a, int64_t n, int64_t B, int64_t T, int64_t d, int64_t nW,
+                          int64_t W, int64_t nkv, int64_t H, const int64_t *st, const int64_t *ln) {
+    GS_LOOP(idx, n) ps_gb_win_gate_du(du, dz, a, B, T, d, nW, W, nkv, H, st, ln, idx);
 }
-__global__ void k_gate_grid_dbias(float *dc, const float *dz, int64_t n, int64_t B, int64_t T, int64_t nW, int64_t W, int64_t S,
-                                  int64_t nkv, const int64_t *woff) {
-    GS_LOOP(ig, n) ps_gb_gate_grid_dbias(dc, dz, B, T, nW, W, S, nkv, woff, ig);
+__global__ void k_gate_dbias(float *dc, const float *dz, int64_t n, int64_t B, int64_t nW, int64_t W, int64_t nkv, int64_t H,
+                             const int64_t *ln) {
+    GS_LOOP(ig, n) ps_gb_win_gate_dbias(dc, dz, B, nW, W, nkv, H, ln, ig);
 }
-__global__ void k_gate_grid_da(float *da, const float *dz, const float *u, int64_t n, int64_t T, int64_t d, int64_t nW,
-                               int64_t W, int64_t S, int64_t nkv, const int64_t *woff) {
-    GS_LOOP(idx, n) ps_gb_gate_grid_da(da, dz, u, T, d, nW, W, S, nkv, woff, idx);
+__global__ void k_gate_da(float *da, const float *dz, const float *u, int64_t n, int64_t T, int64_t d, int64_t nW, int64_t W,
+                          int64_t nkv, int64_t H, const int64_t *st, const int64_t *ln, const int64_t *jr) {
+    GS_LOOP(idx, n) ps_gb_win_gate_da(da, dz, u, T, d, nW, W, nkv, H, st, ln, jr, idx);
 }
-__global__ void k_gate_chunks_du(float *du, const float *dz, const float *a, int64_t n, int64_t B, int64_t T, int64_t d,
-                                 int64_t nC, int64_t W, int64_t nkv, const int64_t *cs, const int64_t *cl) {
-    GS_LOOP(idx, n) ps_gb_gate_chunks_du(du, dz, a, B, T, d, nC, W, nkv, cs, cl, idx);
+__global__ void k_payload_gather(float *P, const float *scratch, int64_t n, int64_t T, int64_t nW, int64_t W, int64_t nkv,
+                                 int64_t hd, int64_t H, const int64_t *st, const int64_t *ln) {
+    GS_LOOP(idx, n) ps_gb_win_payload_gather(P, scratch, T, nW, W, nkv, hd, H, st, ln, idx);
 }
-__global__ void k_gate_chunks_dbias(float *dc, const float *dz, int64_t n, int64_t B, int64_t nC, int64_t W, int64_t nkv,
-                                    const int64_t *cl) {
-    GS_LOOP(ig, n) ps_gb_gate_chunks_dbias(dc, dz, B, nC, W, nkv, cl, ig);
+__global__ void k_payload_elem(float *P, const float *a, const float *C, int64_t n, int64_t T, int64_t d, int64_t nW, int64_t W,
+                               int64_t nkv, int64_t hd, int64_t H, const int64_t *st, const int64_t *ln) {
+    GS_LOOP(idx, n) ps_gb_win_payload_elem(P, a, C, T, d, nW, W, nkv, hd, H, st, ln, idx);
 }
-__global__ void k_gate_chunks_da(float *da, const float *dz, const float *u, int64_t n, int64_t T, int64_t d, int64_t nC,
-                                 int64_t W, int64_t nkv, const int64_t *cs, const int64_t *cl) {
-    GS_LOOP(idx, n) ps_gb_gate_chunks_da(da, dz, u, T, d, nC, W, nkv, cs, cl, idx);
+__global__ void k_payload_scatter(float *scratch, const float *dP, int64_t n, int64_t T, int64_t nW, int64_t W, int64_t nkv,
+                                  int64_t hd, int64_t H, const int64_t *st, const int64_t *ln, const int64_t *jr) {
+    GS_LOOP(idx, n) ps_gb_win_payload_scatter(scratch, dP, T, nW, W, nkv, hd, H, st, ln, jr, idx);
 }
-__global__ void k_payload_grid_gather(float *P, const float *scratch, int64_t n, int64_t T, int64_t nW, int64_t W, int64_t S,
-                                      int64_t nkv, int64_t hd, const int64_t *woff) {
-    GS_LOOP(idx, n) ps_gb_payload_grid_gather(P, scratch, T, nW, W, S, nkv, hd, woff, idx);
+__global__ void k_payload_dC(float *dC, const float *dP, const float *a, int64_t n, int64_t B, int64_t T, int64_t d, int64_t nW,
+                             int64_t W, int64_t nkv, int64_t hd, int64_t H, const int64_t *st, const int64_t *ln) {
+    GS_LOOP(idx, n) ps_gb_win_payload_dC(dC, dP, a, B, T, d, nW, W, nkv, hd, H, st, ln, idx);
 }
-__global__ void k_payload_grid_elem(float *P, const float *a, const float *C, int64_t n, int64_t T, int64_t d, int64_t nW,
-                                    int64_t W, int64_t S, int64_t nkv, int64_t hd, const int64_t *woff) {
-    GS_LOOP(idx, n) ps_gb_payload_grid_elem(P, a, C, T, d, nW, W, S, nkv, hd, woff, idx);
+__global__ void k_payload_da(float *da, const float *dP, const float *C, int64_t n, int64_t T, int64_t d, int64_t nW, int64_t W,
+                             int64_t nkv, int64_t hd, int64_t H, const int64_t *st, const int64_t *ln, const int64_t *jr) {
+    GS_LOOP(idx, n) ps_gb_win_payload_da(da, dP, C, T, d, nW, W, nkv, hd, H, st, ln, jr, idx);
 }
-__global__ void k_payload_chunks_gather(float *P, const float *scratch, int64_t n, int64_t T, int64_t nC, int64_t W, int64_t nk,
-                                        const int64_t *cs, const int64_t *cl) {
-    GS_LOOP(idx, n) ps_gb_payload_chunks_gather(P, scratch, T, nC, W, nk, cs, cl, idx);
-}
-__global__ void k_payload_chunks_elem(float *P, const float *a, const float *C, int64_t n, int64_t T, int64_t d, int64_t nC,
-                                      int64_t W, int64_t nk, const int64_t *cs, const int64_t *cl) {
-    GS_LOOP(idx, n) ps_gb_payload_chunks_elem(P, a, C, T, d, nC, W, nk, cs, cl, idx);
-}
-__global__ void k_payload_grid_scatter(float *scratch, const float *dP, int64_t n, int64_t T, int64_t nW, int64_t W, int64_t S,
-                                       int64_t nkv, int64_t hd, const int64_t *woff) {
-    GS_LOOP(idx, n) ps_gb_payload_grid_scatter(scratch, dP, T, nW, W, S, nkv, hd, woff, idx);
-}
-__global__ void k_payload_grid_dC(float *dC, const float *dP, const float *a, int64_t n, int64_t B, int64_t T, int64_t d,
-                                  int64_t nW, int64_t W, int64_t S, int64_t nkv, int64_t hd, const int64_t *woff) {
-    GS_LOOP(idx, n) ps_gb_payload_grid_dC(dC, dP, a, B, T, d, nW, W, S, nkv, hd, woff, idx);
-}
-__global__ void k_payload_grid_da(float *da, const float *dP, const float *C, int64_t n, int64_t T, int64_t d, int64_t nW,
-                                  int64_t W, int64_t S, int64_t nkv, int64_t hd, const int64_t *woff) {
-    GS_LOOP(idx, n) ps_gb_payload_grid_da(da, dP, C, T, d, nW, W, S, nkv, hd, woff, idx);
-}
-__global__ void k_payload_chunks_scatter(float *scratch, const float *dP, int64_t n, int64_t T, int64_t nC, int64_t W,
-                                         int64_t nk, const int64_t *cs, const int64_t *cl) {
-    GS_LOOP(idx, n) ps_gb_payload_chunks_scatter(scratch, dP, T, nC, W, nk, cs, cl, idx);
-}
-__global__ void k_payload_chunks_dC(float *dC, const float *dP, const float *a, int64_t n, int64_t B, int64_t T, int64_t d,
-                                    int64_t nC, int64_t W, int64_t nk, const int64_t *cs, const int64_t *cl) {
-    GS_LOOP(idx, n) ps_gb_payload_chunks_dC(dC, dP, a, B, T, d, nC, W, nk, cs, cl, idx);
-}
-__global__ void k_payload_chunks_da(float *da, const float *dP, const float *C, int64_t n, int64_t T, int64_t d, int64_t nC,
-                                    int64_t W, int64_t nk, const int64_t *cs, const int64_t *cl) {
-    GS_LOOP(idx, n) ps_gb_payload_chunks_da(da, dP, C, T, d, nC, W, nk, cs, cl, idx);
-}
-__global__ void k_rope_grid(float *x, const float *cos_t, const float *sin_t, int64_t n, int64_t T, int64_t nW, int64_t nkv,
-                            int64_t hd, int64_t S, const int64_t *woff, float dir) {
-    GS_LOOP(idx, n) ps_gb_rope_grid_pair(x, cos_t, sin_t, T, nW, nkv, hd, S, woff, dir, idx);
-}
-__global__ void k_rope_chunks(float *x, const float *cos_t, const float *sin_t, int64_t n, int64_t nkv, int64_t hd,
-                              const int64_t *cs, const int64_t *cl, float dir) {
-    GS_LOOP(idx, n) ps_gb_rope_chunks_pair(x, cos_t, sin_t, nkv, hd, cs, cl, dir, idx);
+__global__ void k_rope(float *x, const float *cos_t, const float *sin_t, int64_t n, int64_t T, int64_t nW, int64_t nkv,
+                       int64_t hd, int64_t H, const int64_t *st, float dir) {
+    GS_LOOP(idx, n) ps_gb_win_rope_pair(x, cos_t, sin_t, T, nW, nkv, hd, H, st, dir, idx);
 }
 __global__ void k_entropy_mean(double *m, double *cnt, const float *alpha, int64_t n, int64_t nbj, int64_t nkv, int64_t W) {
     GS_LOOP(idx, n) ps_gb_entropy_mean(m, cnt, alpha, nbj, nkv, W, idx);
@@ -172,83 +109,90 @@ __global__ void k_entropy_grad(float *dalpha, const float *alpha, const double *
     GS_LOOP(idx, n) ps_gb_entropy_grad(dalpha, alpha, m, cnt, nkv, W, weight, idx);
 }
 
-/* ---------------- window grids with offsets ---------------- */
+/* ---------------- the op table's compressor ops ---------------- */
 
-extern "C" int ps_cuda_gate_grid(ps_ctx *c, float *z, float *alpha, const float *a, const float *u, const float *bias,
-                                 int64_t B, int64_t T, int64_t d, int64_t nW, int64_t W, int64_t S, int64_t nkv,
-                                 const int64_t *woff) {
-    const int64_t *dw;
-    if (grid_prep(c, "gate_grid", woff, B, nkv, S, &dw)) return -1;
-    int64_t n = B * nW * nkv;
-    if (n <= 0 || W <= 0) return 0;
+extern "C" int ps_cuda_gate(ps_ctx *c, float *z, float *alpha, const float *a, const float *u, const float *bias, int64_t d,
+                            const ps_windows *w) {
+    if (ps_windows_is_base_grid(w)) return ps_cuda_gate_base(c, z, alpha, a, u, bias, w->B, w->T, d, w->nW, w->W, w->S, w->nkv);
+    win_dev t;
+    if (win_prep(c, w, 0, &t)) return -1;
+    int64_t n = w->B * w->nW * w->nkv;
+    if (n <= 0) return 0;
     if (u) {
-        k_gate_grid_logit LAUNCH(n * W)(z, a, u, bias, n * W, T, d, nW, W, S, nkv, dw);
-        if (CU_LAUNCHED(c, "gate_grid")) return -1;
+        k_gate_logit LAUNCH(n * w->W)(z, a, u, bias, n * w->W, w->T, d, TAB, t.start, t.len);
+        if (CU_LAUNCHED(c, "gate")) return -1;
     }
-    k_gate_grid_row LAUNCH(n)(z, alpha, n, T, nW, W, S, nkv, dw, !u);
-    return CU_LAUNCHED(c, "gate_grid softmax");
+    k_gate_row LAUNCH(n)(z, alpha, n, TAB, t.len, !u);
+    return CU_LAUNCHED(c, "gate softmax");
 }
 
-extern "C" int ps_cuda_payload_grid(ps_ctx *c, float *P, const float *a, const float *C, int shared, float *scratch, int64_t B,
-                                    int64_t T, int64_t d, int64_t nW, int64_t W, int64_t S, int64_t nkv, int64_t hd,
-                                    const int64_t *woff) {
-    const int64_t *dw;
-    if (grid_prep(c, "payload_grid", woff, B, nkv, S, &dw)) return -1;
-    int64_t nk = nkv * hd, n = B * nW * W * nk;
+extern "C" int ps_cuda_gate_backward(ps_ctx *c, float *da, float *du, float *dbias, float *dalpha, const float *alpha,
+                                     const float *a, const float *u, int64_t d, const ps_windows *w) {
+    if (ps_windows_is_base_grid(w))
+        return ps_cuda_gate_base_backward(c, da, du, dbias, dalpha, alpha, a, u, w->B, w->T, d, w->nW, w->W, w->S, w->nkv);
+    win_dev t;
+    if (win_prep(c, w, 1, &t)) return -1;
+    int64_t n = w->B * w->nW * w->nkv, W = w->W, nkv = w->nkv;
     if (n <= 0) return 0;
-    if (shared) {
-        if (ps_cuda_matmul(c, scratch, a, C, B * T, d, nk, 0)) return -1;
-        k_payload_grid_gather LAUNCH(n)(P, scratch, n, T, nW, W, S, nkv, hd, dw);
-        return CU_LAUNCHED(c, "payload_grid (shared)");
-    }
-    k_payload_grid_elem LAUNCH(n)(P, a, C, n, T, d, nW, W, S, nkv, hd, dw);
-    return CU_LAUNCHED(c, "payload_grid");
-}
-
-extern "C" int ps_cuda_rope_grid(ps_ctx *c, float *x, const float *cos_t, const float *sin_t, int64_t B, int64_t T, int64_t nW,
-                                 int64_t nkv, int64_t hd, int64_t S, const int64_t *woff, int inverse) {
-    const int64_t *dw;
-    if (grid_prep(c, "rope_grid", woff, B, nkv, S, &dw)) return -1;
-    int64_t n = B * nW * nkv * (hd / 2);
-    if (n <= 0) return 0;
-    k_rope_grid LAUNCH(n)(x, cos_t, sin_t, n, T, nW, nkv, hd, S, dw, inverse ? -1.0f : 1.0f);
-    return CU_LAUNCHED(c, "rope_grid");
-}
-
-extern "C" int ps_cuda_gate_grid_backward(ps_ctx *c, float *da, float *du, float *dbias, float *dalpha, const float *alpha,
-                                          const float *a, const float *u, int64_t B, int64_t T, int64_t d, int64_t nW,
-                                          int64_t W, int64_t S, int64_t nkv, const int64_t *woff) {
-    const int64_t *dw;
-    if (grid_prep(c, "gate_grid_backward", woff, B, nkv, S, &dw)) return -1;
-    int64_t n = B * nW * nkv;
-    if (n <= 0 || W <= 0) return 0;
-    /* softmax backward in place (absent windows: alpha = 0, so dz = 0), then the three sums */
+    /* softmax backward in place (offsets i >= len and absent windows: alpha = 0, so dz = 0), then the three sums */
     k_softmax_backward LAUNCH(n)(dalpha, alpha, n, W);
-    if (CU_LAUNCHED(c, "gate_grid_backward (softmax)")) return -1;
-    k_gate_grid_du LAUNCH(W * nkv * d)(du, dalpha, a, W * nkv * d, B, T, d, nW, W, S, nkv, dw);
-    if (CU_LAUNCHED(c, "gate_grid_backward (weight)")) return -1;
-    k_gate_grid_dbias LAUNCH(W * nkv)(dbias, dalpha, W * nkv, B, T, nW, W, S, nkv, dw);
-    if (CU_LAUNCHED(c, "gate_grid_backward (bias)")) return -1;
-    k_gate_grid_da LAUNCH(B * T * d)(da, dalpha, u, B * T * d, T, d, nW, W, S, nkv, dw);
-    return CU_LAUNCHED(c, "gate_grid_backward (input)");
+    if (CU_LAUNCHED(c, "gate_backward (softmax)")) return -1;
+    k_gate_du LAUNCH(W * nkv * d)(du, dalpha, a, W * nkv * d, w->B, w->T, d, TAB, t.start, t.len);
+    if (CU_LAUNCHED(c, "gate_backward (weight)")) return -1;
+    k_gate_dbias LAUNCH(W * nkv)(dbias, dalpha, W * nkv, w->B, TAB, t.len);
+    if (CU_LAUNCHED(c, "gate_backward (bias)")) return -1;
+    k_gate_da LAUNCH(w->B * w->T * d)(da, dalpha, u, w->B * w->T * d, w->T, d, TAB, t.start, t.len, t.jr);
+    return CU_LAUNCHED(c, "gate_backward (input)");
 }
 
-extern "C" int ps_cuda_payload_grid_backward(ps_ctx *c, float *da, float *dC, const float *dP, const float *a, const float *C,
-                                             int shared, float *scratch, int64_t B, int64_t T, int64_t d, int64_t nW,
-                                             int64_t W, int64_t S, int64_t nkv, int64_t hd, const int64_t *woff) {
-    const int64_t *dw;
-    if (grid_prep(c, "payload_grid_backward", woff, B, nkv, S, &dw)) return -1;
-    int64_t nk = nkv * hd;
-    if (nW <= 0 || B <= 0 || W <= 0 || nk <= 0) return 0;
+extern "C" int ps_cuda_payload(ps_ctx *c, float *P, const float *a, const float *C, int shared, float *scratch, int64_t d,
+                               int64_t hd, const ps_windows *w) {
+    if (ps_windows_is_base_grid(w))
+        return ps_cuda_payload_base(c, P, a, C, shared, scratch, w->B, w->T, d, w->nW, w->W, w->S, w->nkv * hd);
+    win_dev t;
+    if (win_prep(c, w, 0, &t)) return -1;
+    int64_t nk = w->nkv * hd, n = w->B * w->nW * w->W * nk;
+    if (n <= 0) return 0;
     if (shared) {
-        k_payload_grid_scatter LAUNCH(B * T * nk)(scratch, dP, B * T * nk, T, nW, W, S, nkv, hd, dw);
-        if (CU_LAUNCHED(c, "payload_grid_backward (shared)")) return -1;
+        if (ps_cuda_matmul(c, scratch, a, C, w->B * w->T, d, nk, 0)) return -1;
+        k_payload_gather LAUNCH(n)(P, scratch, n, w->T, w->nW, w->W, w->nkv, hd, w->H, t.start, t.len);
+        return CU_LAUNCHED(c, "payload (shared)");
+    }
+    k_payload_elem LAUNCH(n)(P, a, C, n, w->T, d, w->nW, w->W, w->nkv, hd, w->H, t.start, t.len);
+    return CU_LAUNCHED(c, "payload");
+}
+
+extern "C" int ps_cuda_payload_backward(ps_ctx *c, float *da, float *dC, const float *dP, const float *a, const float *C,
+                                        int shared, float *scratch, int64_t d, int64_t hd, const ps_windows *w) {
+    if (ps_windows_is_base_grid(w))
+        return ps_cuda_payload_base_backward(c, da, dC, dP, a, C, shared, scratch, w->B, w->T, d, w->nW, w->W, w->S,
+                                             w->nkv * hd);
+    win_dev t;
+    if (win_prep(c, w, 1, &t)) return -1;
+    int64_t nk = w->nkv * hd, B = w->B, T = w->T;
+    if (w->nW <= 0 || B <= 0 || nk <= 0) return 0;
+    if (shared) {
+        k_payload_scatter LAUNCH(B * T * nk)(scratch, dP, B * T * nk, T, w->nW, w->W, w->nkv, hd, w->H, t.start, t.len, t.jr);
+        if (CU_LAUNCHED(c, "payload_backward (shared)")) return -1;
         return ps_cuda_matmul_backward(c, da, dC, scratch, a, C, B * T, d, nk);
     }
-    k_payload_grid_dC LAUNCH(W * nk * d)(dC, dP, a, W * nk * d, B, T, d, nW, W, S, nkv, hd, dw);
-    if (CU_LAUNCHED(c, "payload_grid_backward (weight)")) return -1;
-    k_payload_grid_da LAUNCH(B * T * d)(da, dP, C, B * T * d, T, d, nW, W, S, nkv, hd, dw);
-    return CU_LAUNCHED(c, "payload_grid_backward (input)");
+    k_payload_dC LAUNCH(w->W * nk * d)(dC, dP, a, w->W * nk * d, B, T, d, w->nW, w->W, w->nkv, hd, w->H, t.start, t.len);
+    if (CU_LAUNCHED(c, "payload_backward (weight)")) return -1;
+    k_payload_da LAUNCH(B * T * d)(da, dP, C, B * T * d, T, d, w->nW, w->W, w->nkv, hd, w->H, t.start, t.len, t.jr);
+    return CU_LAUNCHED(c, "payload_backward (input)");
+}
+
+extern "C" int ps_cuda_rope_windows(ps_ctx *c, float *x, const float *cos_t, const float *sin_t, int64_t hd, const ps_windows *w,
+                                    int inverse) {
+    if (ps_windows_is_base_grid(w))
+        return inverse ? ps_cuda_rope_backward(c, x, cos_t, sin_t, w->B, w->nW, w->nkv, hd, w->S)
+                       : ps_cuda_rope(c, x, cos_t, sin_t, w->B, w->nW, w->nkv, hd, w->S);
+    win_dev t;
+    if (win_prep(c, w, 0, &t)) return -1;
+    int64_t n = w->B * w->nW * w->nkv * (hd / 2);
+    if (n <= 0) return 0;
+    k_rope LAUNCH(n)(x, cos_t, sin_t, n, w->T, w->nW, w->nkv, hd, w->H, t.start, inverse ? -1.0f : 1.0f);
+    return CU_LAUNCHED(c, "rope_windows");
 }
 
 /* ---------------- the gate regulariser ---------------- */
@@ -282,81 +226,3 @@ extern "C" int ps_cuda_gate_entropy(ps_ctx *c, double *value, float *dalpha, con
     return 0;
 }
 
-/* ---------------- content-defined chunks ---------------- */
-
-extern "C" int ps_cuda_gate_chunks(ps_ctx *c, float *z, float *alpha, const float *a, const float *u, const float *bias,
-                                   int64_t B, int64_t T, int64_t d, int64_t nC, int64_t W, int64_t nkv, const int64_t *cs,
-                                   const int64_t *cl) {
-    const int64_t *dcs, *dcl;
-    if (chunks_prep(c, "gate_chunks", cs, cl, B, T, nC, W, &dcs, &dcl)) return -1;
-    int64_t n = B * nC * nkv;
-    if (n <= 0 || W <= 0) return 0;
-    if (u) {
-        k_gate_chunks_logit LAUNCH(n * W)(z, a, u, bias, n * W, T, d, nC, W, nkv, dcs, dcl);
-        if (CU_LAUNCHED(c, "gate_chunks")) return -1;
-    }
-    k_gate_chunks_row LAUNCH(n)(z, alpha, n, W, nkv, dcl, !u);
-    return CU_LAUNCHED(c, "gate_chunks softmax");
-}
-
-extern "C" int ps_cuda_payload_chunks(ps_ctx *c, float *P, const float *a, const float *C, int shared, float *scratch,
-                                      int64_t B, int64_t T, int64_t d, int64_t nC, int64_t W, int64_t nkv, int64_t hd,
-                                      const int64_t *cs, const int64_t *cl) {
-    const int64_t *dcs, *dcl;
-    if (chunks_prep(c, "payload_chunks", cs, cl, B, T, nC, W, &dcs, &dcl)) return -1;
-    int64_t nk = nkv * hd, n = B * nC * W * nk;
-    if (n <= 0) return 0;
-    if (shared) {
-        if (ps_cuda_matmul(c, scratch, a, C, B * T, d, nk, 0)) return -1;
-        k_payload_chunks_gather LAUNCH(n)(P, scratch, n, T, nC, W, nk, dcs, dcl);
-        return CU_LAUNCHED(c, "payload_chunks (shared)");
-    }
-    k_payload_chunks_elem LAUNCH(n)(P, a, C, n, T, d, nC, W, nk, dcs, dcl);
-    return CU_LAUNCHED(c, "payload_chunks");
-}
-
-extern "C" int ps_cuda_rope_chunks(ps_ctx *c, float *x, const float *cos_t, const float *sin_t, int64_t B, int64_t T,
-                                   int64_t nC, int64_t nkv, int64_t hd, const int64_t *cs, const int64_t *cl, int inverse) {
-    const int64_t *dcs, *dcl;
-    if (chunks_prep(c, "rope_chunks", cs, cl, B, T, nC, INT64_MAX, &dcs, &dcl)) return -1;
-    int64_t n = B * nC * nkv * (hd / 2);
-    if (n <= 0) return 0;
-    k_rope_chunks LAUNCH(n)(x, cos_t, sin_t, n, nkv, hd, dcs, dcl, inverse ? -1.0f : 1.0f);
-    return CU_LAUNCHED(c, "rope_chunks");
-}
-
-extern "C" int ps_cuda_gate_chunks_backward(ps_ctx *c, float *da, float *du, float *dbias, float *dalpha, const float *alpha,
-                                            const float *a, const float *u, int64_t B, int64_t T, int64_t d, int64_t nC,
-                                            int64_t W, int64_t nkv, const int64_t *cs, const int64_t *cl) {
-    const int64_t *dcs, *dcl;
-    if (chunks_prep(c, "gate_chunks_backward", cs, cl, B, T, nC, W, &dcs, &dcl)) return -1;
-    int64_t n = B * nC * nkv;
-    if (n <= 0 || W <= 0) return 0;
-    k_softmax_backward LAUNCH(n)(dalpha, alpha, n, W);
-    if (CU_LAUNCHED(c, "gate_chunks_backward (softmax)")) return -1;
-    k_gate_chunks_du LAUNCH(W * nkv * d)(du, dalpha, a, W * nkv * d, B, T, d, nC, W, nkv, dcs, dcl);
-    if (CU_LAUNCHED(c, "gate_chunks_backward (weight)")) return -1;
-    k_gate_chunks_dbias LAUNCH(W * nkv)(dbias, dalpha, W * nkv, B, nC, W, nkv, dcl);
-    if (CU_LAUNCHED(c, "gate_chunks_backward (bias)")) return -1;
-    k_gate_chunks_da LAUNCH(B * T * d)(da, dalpha, u, B * T * d, T, d, nC, W, nkv, dcs, dcl);
-    return CU_LAUNCHED(c, "gate_chunks_backward (input)");
-}
-
-extern "C" int ps_cuda_payload_chunks_backward(ps_ctx *c, float *da, float *dC, const float *dP, const float *a,
-                                               const float *C, int shared, float *scratch, int64_t B, int64_t T, int64_t d,
-                                               int64_t nC, int64_t W, int64_t nkv, int64_t hd, const int64_t *cs,
-                                               const int64_t *cl) {
-    const int64_t *dcs, *dcl;
-    if (chunks_prep(c, "payload_chunks_backward", cs, cl, B, T, nC, W, &dcs, &dcl)) return -1;
-    int64_t nk = nkv * hd;
-    if (nC <= 0 || B <= 0 || W <= 0 || nk <= 0) return 0;
-    if (shared) {
-        k_payload_chunks_scatter LAUNCH(B * T * nk)(scratch, dP, B * T * nk, T, nC, W, nk, dcs, dcl);
-        if (CU_LAUNCHED(c, "payload_chunks_backward (shared)")) return -1;
-        return ps_cuda_matmul_backward(c, da, dC, scratch, a, C, B * T, d, nk);
-    }
-    k_payload_chunks_dC LAUNCH(W * nk * d)(dC, dP, a, W * nk * d, B, T, d, nC, W, nk, dcs, dcl);
-    if (CU_LAUNCHED(c, "payload_chunks_backward (weight)")) return -1;
-    k_payload_chunks_da LAUNCH(B * T * d)(da, dP, C, B * T * d, T, d, nC, W, nk, dcs, dcl);
-    return CU_LAUNCHED(c, "payload_chunks_backward (input)");
-}

@@ -1,13 +1,15 @@
-/* grid_bodies.h — the arithmetic of the CUDA backend's offset-grid, content-chunk and gate-regulariser ops
- * (core/cuda/grid.cu; docs/cuda.md), as per-element and per-row "bodies" that are valid C11 and CUDA C++.
- * The kernels in grid.cu are grid-stride loops that call one body per index; tests/test_cuda_grid_bodies.c
+/* grid_bodies.h — the arithmetic of the CUDA backend's compressor ops over a window table and the gate
+ * regulariser (core/cuda/grid.cu; docs/cuda.md), as per-element and per-row "bodies" that are valid C11 and
+ * CUDA C++. The kernels in grid.cu are grid-stride loops that call one body per index; tests/test_cuda_grid_bodies.c
  * runs the same bodies over the same index spaces in plain host loops and compares them with the CPU
- * backend (core/cpu/grid.c, core/cpu/chunks.c), so the arithmetic is checked on machines without a GPU.
+ * backend (core/cpu/windows.c, core/cpu/grid.c), so the arithmetic is checked on machines without a GPU.
  *
- * Geometry (core/ops.h): window j of KV head g in sequence b covers positions jS + o + i, o = woff[b*nkv + g]
- * (woff NULL: 0), and exists when jS + o + W <= T; content chunk j of sequence b covers cs[bj] + i,
- * i < L = cl[bj] (bj = b*nC + j; L = 0: absent). Arrays are row-major as in ops.h; woff/cs/cl are device
- * copies on the device and host arrays in the host test.
+ * Windows (core/backend.h ps_windows): window j of KV head g in sequence b covers positions start[e] + i,
+ * i < len[e], e = (b*nW + j)*H + (H == 1 ? 0 : g) (len 0: absent) — the base grid, staggered grids and
+ * content chunks alike. The input gradients find the windows holding a position t through jr [B, T, 2]
+ * (ps_gb_win_ranges, on the host): the first and last window j of any head that holds t (j1 < j0: none).
+ * Arrays are row-major as in ops.h; start/len/jr are device copies on the device and host arrays in the
+ * host test.
  *
  * Every body writes only its own output element (or row), reads nothing another body of the same launch
  * writes, and sums in a fixed sequential order — the CPU's order wherever the CPU sums in a loop of its own
@@ -23,37 +25,42 @@
 
 #include "core/hd_math.h"
 
-/* ---------------- shared helpers ---------------- */
+/* ---------------- the window table ---------------- */
 
-/* does window j of a grid at offset o fit in T? */
-static inline PS_HD int ps_gb_fits(int64_t j, int64_t o, int64_t W, int64_t S, int64_t T) { return j * S + o + W <= T; }
+/* the table entry of window j of KV head g in sequence b */
+static inline PS_HD int64_t ps_gb_e(int64_t nW, int64_t H, int64_t b, int64_t j, int64_t g) {
+    return (b * nW + j) * H + (H == 1 ? 0 : g);
+}
+
+/* Host: jr [B, T, 2] = the first and last window j (of any head) holding each position (j1 < j0: none). */
+static inline void ps_gb_win_ranges(int64_t *jr, int64_t B, int64_t T, int64_t nW, int64_t H, const int64_t *start,
+                                    const int64_t *len) {
+    for (int64_t r = 0; r < B * T; r++) jr[2 * r] = nW, jr[2 * r + 1] = -1;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t j = 0; j < nW; j++)
+            for (int64_t h = 0; h < H; h++) {
+                int64_t e = (b * nW + j) * H + h;
+                for (int64_t i = 0; i < len[e]; i++) {
+                    int64_t *r = jr + 2 * (b * T + start[e] + i);
+                    if (j < r[0]) r[0] = j;
+                    if (j > r[1]) r[1] = j;
+                }
+            }
+}
 
 /* ---------------- gate (forward) ---------------- */
 
-/* Gate logit wi = (b, j, g, i) of a grid, wi < B*nW*nkv*W: z = bias[i, g] + u[i, g, :] · a[b, jS + o + i, :]
- * (0 for an absent window). Only with a learned gate (u, bias not NULL). */
-static inline PS_HD void ps_gb_gate_grid_logit(float *z, const float *a, const float *u, const float *bias, int64_t T,
-                                               int64_t d, int64_t nW, int64_t W, int64_t S, int64_t nkv,
-                                               const int64_t *woff, int64_t wi) {
-    int64_t row = wi / W, i = wi % W, b = row / (nW * nkv), j = (row / nkv) % nW, g = row % nkv;
-    int64_t o = ps_woff(woff, b, nkv, g);
-    if (!ps_gb_fits(j, o, W, S, T)) {
+/* Gate logit wi = (b, j, g, i), wi < B*nW*nkv*W: z = bias[i, g] + u[i, g, :] · a[b, start + i, :] (0 at
+ * i >= len). Only with a learned gate (u, bias not NULL). */
+static inline PS_HD void ps_gb_win_gate_logit(float *z, const float *a, const float *u, const float *bias, int64_t T,
+                                              int64_t d, int64_t nW, int64_t W, int64_t nkv, int64_t H, const int64_t *start,
+                                              const int64_t *len, int64_t wi) {
+    int64_t row = wi / W, i = wi % W, b = row / (nW * nkv), j = (row / nkv) % nW, g = row % nkv, e = ps_gb_e(nW, H, b, j, g);
+    if (i >= len[e]) {
         z[wi] = 0.0f;
         return;
     }
-    z[wi] = bias[i * nkv + g] + ps_dot(u + (i * nkv + g) * d, a + (b * T + j * S + o + i) * d, d);
-}
-
-/* Gate logit wi = (b, j, g, i) of the chunks, wi < B*nC*nkv*W (0 at i >= L and for absent chunks). */
-static inline PS_HD void ps_gb_gate_chunks_logit(float *z, const float *a, const float *u, const float *bias, int64_t T,
-                                                 int64_t d, int64_t nC, int64_t W, int64_t nkv, const int64_t *cs,
-                                                 const int64_t *cl, int64_t wi) {
-    int64_t row = wi / W, i = wi % W, bj = row / nkv, g = row % nkv, b = bj / nC;
-    if (i >= cl[bj]) {
-        z[wi] = 0.0f;
-        return;
-    }
-    z[wi] = bias[i * nkv + g] + ps_dot(u + (i * nkv + g) * d, a + (b * T + cs[bj] + i) * d, d);
+    z[wi] = bias[i * nkv + g] + ps_dot(u + (i * nkv + g) * d, a + (b * T + start[e] + i) * d, d);
 }
 
 /* The softmax of one gate row over its first L offsets (L = 0: absent, all 0; uniform: z = 0, alpha = 1/L);
@@ -73,18 +80,11 @@ static inline PS_HD void ps_gb_gate_softmax_row(float *zz, float *al, int64_t W,
     for (int64_t i = 0; i < L; i++) al[i] /= sum;
 }
 
-/* Row (b, j, g) of a grid, row < B*nW*nkv. */
-static inline PS_HD void ps_gb_gate_grid_row(float *z, float *alpha, int64_t T, int64_t nW, int64_t W, int64_t S,
-                                             int64_t nkv, const int64_t *woff, int uniform, int64_t row) {
+/* Row (b, j, g), row < B*nW*nkv: the softmax over the window's len offsets. */
+static inline PS_HD void ps_gb_win_gate_row(float *z, float *alpha, int64_t nW, int64_t W, int64_t nkv, int64_t H,
+                                            const int64_t *len, int uniform, int64_t row) {
     int64_t b = row / (nW * nkv), j = (row / nkv) % nW, g = row % nkv;
-    int64_t L = ps_gb_fits(j, ps_woff(woff, b, nkv, g), W, S, T) ? W : 0;
-    ps_gb_gate_softmax_row(z + row * W, alpha + row * W, W, L, uniform);
-}
-
-/* Row (b, j, g) of the chunks, row < B*nC*nkv. */
-static inline PS_HD void ps_gb_gate_chunks_row(float *z, float *alpha, int64_t W, int64_t nkv, const int64_t *cl, int uniform,
-                                               int64_t row) {
-    ps_gb_gate_softmax_row(z + row * W, alpha + row * W, W, cl[row / nkv], uniform);
+    ps_gb_gate_softmax_row(z + row * W, alpha + row * W, W, len[ps_gb_e(nW, H, b, j, g)], uniform);
 }
 
 /* ---------------- gate (backward) ---------------- */
@@ -99,223 +99,118 @@ static inline PS_HD void ps_gb_softmax_backward_row(float *dalpha, const float *
     for (int64_t i = 0; i < W; i++) dal[i] = al[i] * (dal[i] - (float)dot);
 }
 
-/* du[i, g, e] += Σ_{b, j present} dz[b, j, g, i] · a[b, jS + o + i, e] (b, then j: the CPU's order);
+/* du[i, g, k] += Σ_{b, j: i < len} dz[b, j, g, i] · a[b, start + i, k] (b, then j: the CPU's order);
  * idx < W*nkv*d. dz is dalpha after the softmax backward. */
-static inline PS_HD void ps_gb_gate_grid_du(float *du, const float *dz, const float *a, int64_t B, int64_t T, int64_t d,
-                                            int64_t nW, int64_t W, int64_t S, int64_t nkv, const int64_t *woff, int64_t idx) {
-    int64_t ig = idx / d, e = idx % d, i = ig / nkv, g = ig % nkv;
+static inline PS_HD void ps_gb_win_gate_du(float *du, const float *dz, const float *a, int64_t B, int64_t T, int64_t d,
+                                           int64_t nW, int64_t W, int64_t nkv, int64_t H, const int64_t *start,
+                                           const int64_t *len, int64_t idx) {
+    int64_t ig = idx / d, k = idx % d, i = ig / nkv, g = ig % nkv;
     float acc = du[idx];
-    for (int64_t b = 0; b < B; b++) {
-        int64_t o = ps_woff(woff, b, nkv, g);
+    for (int64_t b = 0; b < B; b++)
         for (int64_t j = 0; j < nW; j++) {
-            if (!ps_gb_fits(j, o, W, S, T)) continue;
-            acc += dz[((b * nW + j) * nkv + g) * W + i] * a[(b * T + j * S + o + i) * d + e];
+            int64_t e = ps_gb_e(nW, H, b, j, g);
+            if (i < len[e]) acc += dz[((b * nW + j) * nkv + g) * W + i] * a[(b * T + start[e] + i) * d + k];
         }
-    }
     du[idx] = acc;
 }
 
-/* dbias[i, g] += Σ_{b, j present} dz[b, j, g, i]; ig < W*nkv. */
-static inline PS_HD void ps_gb_gate_grid_dbias(float *dc, const float *dz, int64_t B, int64_t T, int64_t nW, int64_t W,
-                                               int64_t S, int64_t nkv, const int64_t *woff, int64_t ig) {
+/* dbias[i, g] += Σ_{b, j: i < len} dz[b, j, g, i]; ig < W*nkv. */
+static inline PS_HD void ps_gb_win_gate_dbias(float *dc, const float *dz, int64_t B, int64_t nW, int64_t W, int64_t nkv,
+                                              int64_t H, const int64_t *len, int64_t ig) {
     int64_t i = ig / nkv, g = ig % nkv;
     float acc = dc[ig];
-    for (int64_t b = 0; b < B; b++) {
-        int64_t o = ps_woff(woff, b, nkv, g);
+    for (int64_t b = 0; b < B; b++)
         for (int64_t j = 0; j < nW; j++)
-            if (ps_gb_fits(j, o, W, S, T)) acc += dz[((b * nW + j) * nkv + g) * W + i];
-    }
+            if (i < len[ps_gb_e(nW, H, b, j, g)]) acc += dz[((b * nW + j) * nkv + g) * W + i];
     dc[ig] = acc;
 }
 
-/* da[b, t, e] += Σ dz[b, j, g, i] · u[i, g, e] over the present windows (j, g) holding t at offset
- * i = t − jS − o_g, in the CPU's order (j, then i, then g); idx < B*T*d. The windows that can hold t for
- * some o in [0, S) are j in [ceil((t − W − S + 2) / S), t / S]. */
-static inline PS_HD void ps_gb_gate_grid_da(float *da, const float *dz, const float *u, int64_t T, int64_t d, int64_t nW,
-                                            int64_t W, int64_t S, int64_t nkv, const int64_t *woff, int64_t idx) {
-    int64_t e = idx % d, t = (idx / d) % T, b = idx / (d * T);
-    int64_t lo = t - W - S + 2, j0 = lo > 0 ? (lo + S - 1) / S : 0, j1 = t / S < nW - 1 ? t / S : nW - 1;
+/* da[b, t, k] += Σ dz[b, j, g, i] · u[i, g, k] over the windows (j, g) holding t at offset i = t − start, in
+ * the CPU's order (j, then i, then g; j from jr); idx < B*T*d. */
+static inline PS_HD void ps_gb_win_gate_da(float *da, const float *dz, const float *u, int64_t T, int64_t d, int64_t nW,
+                                           int64_t W, int64_t nkv, int64_t H, const int64_t *start, const int64_t *len,
+                                           const int64_t *jr, int64_t idx) {
+    int64_t k = idx % d, t = (idx / d) % T, b = idx / (d * T), j0 = jr[2 * (b * T + t)], j1 = jr[2 * (b * T + t) + 1];
     float acc = da[idx];
-    for (int64_t j = j0; j <= j1; j++) {
-        int64_t base = t - j * S; /* i + o */
-        int64_t i0 = base - (S - 1) > 0 ? base - (S - 1) : 0, i1 = base < W - 1 ? base : W - 1;
-        for (int64_t i = i0; i <= i1; i++)
+    for (int64_t j = j0; j <= j1; j++)
+        for (int64_t i = 0; i < W; i++)
             for (int64_t g = 0; g < nkv; g++) {
-                int64_t o = ps_woff(woff, b, nkv, g);
-                if (o != base - i || !ps_gb_fits(j, o, W, S, T)) continue;
-                acc += dz[((b * nW + j) * nkv + g) * W + i] * u[(i * nkv + g) * d + e];
+                int64_t e = ps_gb_e(nW, H, b, j, g);
+                if (i < len[e] && start[e] + i == t) acc += dz[((b * nW + j) * nkv + g) * W + i] * u[(i * nkv + g) * d + k];
             }
-    }
-    da[idx] = acc;
-}
-
-/* Content chunks: du[i, g, e] += Σ_{bj: i < L} dz[bj, g, i] · a[b, cs + i, e] (bj in order); idx < W*nkv*d. */
-static inline PS_HD void ps_gb_gate_chunks_du(float *du, const float *dz, const float *a, int64_t B, int64_t T, int64_t d,
-                                              int64_t nC, int64_t W, int64_t nkv, const int64_t *cs, const int64_t *cl,
-                                              int64_t idx) {
-    int64_t ig = idx / d, e = idx % d, i = ig / nkv, g = ig % nkv;
-    float acc = du[idx];
-    for (int64_t bj = 0; bj < B * nC; bj++) {
-        if (i >= cl[bj]) continue;
-        acc += dz[(bj * nkv + g) * W + i] * a[((bj / nC) * T + cs[bj] + i) * d + e];
-    }
-    du[idx] = acc;
-}
-
-/* Content chunks: dbias[i, g] += Σ_{bj: i < L} dz[bj, g, i]; ig < W*nkv. */
-static inline PS_HD void ps_gb_gate_chunks_dbias(float *dc, const float *dz, int64_t B, int64_t nC, int64_t W, int64_t nkv,
-                                                 const int64_t *cl, int64_t ig) {
-    int64_t i = ig / nkv, g = ig % nkv;
-    float acc = dc[ig];
-    for (int64_t bj = 0; bj < B * nC; bj++)
-        if (i < cl[bj]) acc += dz[(bj * nkv + g) * W + i];
-    dc[ig] = acc;
-}
-
-/* Content chunks: da[b, t, e] += Σ over the chunks j holding t (i = t − cs, i < L), then heads g:
- * dz · u[i, g, e] (the CPU's order); idx < B*T*d. */
-static inline PS_HD void ps_gb_gate_chunks_da(float *da, const float *dz, const float *u, int64_t T, int64_t d, int64_t nC,
-                                              int64_t W, int64_t nkv, const int64_t *cs, const int64_t *cl, int64_t idx) {
-    int64_t e = idx % d, t = (idx / d) % T, b = idx / (d * T);
-    float acc = da[idx];
-    for (int64_t j = 0; j < nC; j++) {
-        int64_t bj = b * nC + j, i = t - cs[bj];
-        if (i < 0 || i >= cl[bj]) continue;
-        for (int64_t g = 0; g < nkv; g++) acc += dz[(bj * nkv + g) * W + i] * u[(i * nkv + g) * d + e];
-    }
     da[idx] = acc;
 }
 
 /* ---------------- payloads (forward) ---------------- */
 
-/* Shared payload, grid: P[b, j, i, n] = scratch[b, jS + o_g + i, n] (g = n / hd; 0 for an absent window),
+/* Shared payload: P[b, j, i, n] = scratch[b, start + i, n] (the window of head g = n / hd; 0 at i >= len),
  * scratch = a · C^T [B, T, nkv*hd]; idx < B*nW*W*nkv*hd. */
-static inline PS_HD void ps_gb_payload_grid_gather(float *P, const float *scratch, int64_t T, int64_t nW, int64_t W,
-                                                   int64_t S, int64_t nkv, int64_t hd, const int64_t *woff, int64_t idx) {
-    int64_t nk = nkv * hd, n = idx % nk, i = (idx / nk) % W, bj = idx / (nk * W), b = bj / nW, j = bj % nW;
-    int64_t o = ps_woff(woff, b, nkv, n / hd);
-    P[idx] = ps_gb_fits(j, o, W, S, T) ? scratch[(b * T + j * S + o + i) * nk + n] : 0.0f;
+static inline PS_HD void ps_gb_win_payload_gather(float *P, const float *scratch, int64_t T, int64_t nW, int64_t W,
+                                                  int64_t nkv, int64_t hd, int64_t H, const int64_t *start, const int64_t *len,
+                                                  int64_t idx) {
+    int64_t nk = nkv * hd, n = idx % nk, i = (idx / nk) % W, bj = idx / (nk * W), e = ps_gb_e(nW, H, bj / nW, bj % nW, n / hd);
+    P[idx] = i < len[e] ? scratch[((bj / nW) * T + start[e] + i) * nk + n] : 0.0f;
 }
 
-/* Shared payload, chunks: P[b, j, i, n] = scratch[b, cs + i, n] (0 at i >= L); idx < B*nC*W*nkv*hd. */
-static inline PS_HD void ps_gb_payload_chunks_gather(float *P, const float *scratch, int64_t T, int64_t nC, int64_t W,
-                                                     int64_t nk, const int64_t *cs, const int64_t *cl, int64_t idx) {
-    int64_t n = idx % nk, i = (idx / nk) % W, bj = idx / (nk * W);
-    P[idx] = i < cl[bj] ? scratch[((bj / nC) * T + cs[bj] + i) * nk + n] : 0.0f;
-}
-
-/* Per-offset payload, grid: P[b, j, i, n] = C[i, n, :] · a[b, jS + o_g + i, :] (0 for an absent window);
- * idx < B*nW*W*nkv*hd. */
-static inline PS_HD void ps_gb_payload_grid_elem(float *P, const float *a, const float *C, int64_t T, int64_t d, int64_t nW,
-                                                 int64_t W, int64_t S, int64_t nkv, int64_t hd, const int64_t *woff,
-                                                 int64_t idx) {
-    int64_t nk = nkv * hd, n = idx % nk, i = (idx / nk) % W, bj = idx / (nk * W), b = bj / nW, j = bj % nW;
-    int64_t o = ps_woff(woff, b, nkv, n / hd);
-    P[idx] = ps_gb_fits(j, o, W, S, T) ? ps_dot(C + (i * nk + n) * d, a + (b * T + j * S + o + i) * d, d) : 0.0f;
-}
-
-/* Per-offset payload, chunks: P[b, j, i, n] = C[i, n, :] · a[b, cs + i, :] (0 at i >= L);
- * idx < B*nC*W*nkv*hd. */
-static inline PS_HD void ps_gb_payload_chunks_elem(float *P, const float *a, const float *C, int64_t T, int64_t d, int64_t nC,
-                                                   int64_t W, int64_t nk, const int64_t *cs, const int64_t *cl, int64_t idx) {
-    int64_t n = idx % nk, i = (idx / nk) % W, bj = idx / (nk * W);
-    P[idx] = i < cl[bj] ? ps_dot(C + (i * nk + n) * d, a + ((bj / nC) * T + cs[bj] + i) * d, d) : 0.0f;
+/* Per-offset payload: P[b, j, i, n] = C[i, n, :] · a[b, start + i, :] (0 at i >= len); idx < B*nW*W*nkv*hd. */
+static inline PS_HD void ps_gb_win_payload_elem(float *P, const float *a, const float *C, int64_t T, int64_t d, int64_t nW,
+                                                int64_t W, int64_t nkv, int64_t hd, int64_t H, const int64_t *start,
+                                                const int64_t *len, int64_t idx) {
+    int64_t nk = nkv * hd, n = idx % nk, i = (idx / nk) % W, bj = idx / (nk * W), e = ps_gb_e(nW, H, bj / nW, bj % nW, n / hd);
+    P[idx] = i < len[e] ? ps_dot(C + (i * nk + n) * d, a + ((bj / nW) * T + start[e] + i) * d, d) : 0.0f;
 }
 
 /* ---------------- payloads (backward) ---------------- */
 
-/* Shared payload, grid: scratch[b, t, n] = Σ over the present windows j of head g = n / hd holding t
- * (j in order): dP[b, j, t − jS − o_g, n]; idx < B*T*nkv*hd. Then da, dC come from matmul_backward. */
-static inline PS_HD void ps_gb_payload_grid_scatter(float *scratch, const float *dP, int64_t T, int64_t nW, int64_t W,
-                                                    int64_t S, int64_t nkv, int64_t hd, const int64_t *woff, int64_t idx) {
+/* Shared payload: scratch[b, t, n] = Σ over the windows j of head g = n / hd holding t (j in order):
+ * dP[b, j, t − start, n]; idx < B*T*nkv*hd. Then da, dC come from matmul_backward. */
+static inline PS_HD void ps_gb_win_payload_scatter(float *scratch, const float *dP, int64_t T, int64_t nW, int64_t W,
+                                                   int64_t nkv, int64_t hd, int64_t H, const int64_t *start, const int64_t *len,
+                                                   const int64_t *jr, int64_t idx) {
     int64_t nk = nkv * hd, n = idx % nk, t = (idx / nk) % T, b = idx / (nk * T);
-    int64_t r = t - ps_woff(woff, b, nkv, n / hd); /* = jS + i */
     float acc = 0.0f;
-    if (r >= 0) {
-        int64_t lo = r - W + 1, j0 = lo > 0 ? (lo + S - 1) / S : 0, j1 = r / S < nW - 1 ? r / S : nW - 1;
-        for (int64_t j = j0; j <= j1; j++)
-            if (ps_gb_fits(j, t - r, W, S, T)) acc += dP[((b * nW + j) * W + (r - j * S)) * nk + n];
+    for (int64_t j = jr[2 * (b * T + t)]; j <= jr[2 * (b * T + t) + 1]; j++) {
+        int64_t e = ps_gb_e(nW, H, b, j, n / hd), i = t - start[e];
+        if (i >= 0 && i < len[e]) acc += dP[((b * nW + j) * W + i) * nk + n];
     }
     scratch[idx] = acc;
 }
 
-/* Shared payload, chunks: scratch[b, t, n] = Σ over the chunks j holding t (j in order): dP[b, j, t − cs, n];
- * idx < B*T*nk. */
-static inline PS_HD void ps_gb_payload_chunks_scatter(float *scratch, const float *dP, int64_t T, int64_t nC, int64_t W,
-                                                      int64_t nk, const int64_t *cs, const int64_t *cl, int64_t idx) {
-    int64_t n = idx % nk, t = (idx / nk) % T, b = idx / (nk * T);
-    float acc = 0.0f;
-    for (int64_t j = 0; j < nC; j++) {
-        int64_t bj = b * nC + j, i = t - cs[bj];
-        if (i >= 0 && i < cl[bj]) acc += dP[(bj * W + i) * nk + n];
-    }
-    scratch[idx] = acc;
-}
-
-/* Per-offset payload, grid: dC[i, n, k] += Σ_{b, j present} dP[b, j, i, n] · a[b, jS + o_g + i, k] (b, then j);
+/* Per-offset payload: dC[i, n, k] += Σ_{b, j: i < len} dP[b, j, i, n] · a[b, start + i, k] (b, then j);
  * idx < W*nkv*hd*d. */
-static inline PS_HD void ps_gb_payload_grid_dC(float *dC, const float *dP, const float *a, int64_t B, int64_t T, int64_t d,
-                                               int64_t nW, int64_t W, int64_t S, int64_t nkv, int64_t hd,
-                                               const int64_t *woff, int64_t idx) {
-    int64_t nk = nkv * hd, k = idx % d, n = (idx / d) % nk, i = idx / (d * nk), g = n / hd;
+static inline PS_HD void ps_gb_win_payload_dC(float *dC, const float *dP, const float *a, int64_t B, int64_t T, int64_t d,
+                                              int64_t nW, int64_t W, int64_t nkv, int64_t hd, int64_t H, const int64_t *start,
+                                              const int64_t *len, int64_t idx) {
+    int64_t nk = nkv * hd, k = idx % d, n = (idx / d) % nk, i = idx / (d * nk);
     float acc = dC[idx];
-    for (int64_t b = 0; b < B; b++) {
-        int64_t o = ps_woff(woff, b, nkv, g);
-        for (int64_t j = 0; j < nW; j++)
-            if (ps_gb_fits(j, o, W, S, T)) acc += dP[((b * nW + j) * W + i) * nk + n] * a[(b * T + j * S + o + i) * d + k];
-    }
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t j = 0; j < nW; j++) {
+            int64_t e = ps_gb_e(nW, H, b, j, n / hd);
+            if (i < len[e]) acc += dP[((b * nW + j) * W + i) * nk + n] * a[(b * T + start[e] + i) * d + k];
+        }
     dC[idx] = acc;
 }
 
-/* Per-offset payload, grid: da[b, t, k] += Σ over offsets i, then heads g whose present window j holds t at
- * offset i (t = jS + o_g + i): Σ_e dP[b, j, i, g*hd + e] · C[i, g*hd + e, k] (the CPU's (i, g) order; the
- * inner sum over e is its own partial, as the CPU's per-(i, g) product); idx < B*T*d. */
-static inline PS_HD void ps_gb_payload_grid_da(float *da, const float *dP, const float *C, int64_t T, int64_t d, int64_t nW,
-                                               int64_t W, int64_t S, int64_t nkv, int64_t hd, const int64_t *woff,
-                                               int64_t idx) {
-    int64_t nk = nkv * hd, k = idx % d, t = (idx / d) % T, b = idx / (d * T);
+/* Per-offset payload: da[b, t, k] += Σ over offsets i, then table columns h (a head, or all heads when H = 1),
+ * then windows j holding t at offset i (t = start + i): Σ_c dP[b, j, i, h·cols + c] · C[i, h·cols + c, k]
+ * (cols = nkv·hd / H; the CPU's (i, h) order, each inner sum its own partial as the CPU's per-(i, h)
+ * product); idx < B*T*d. */
+static inline PS_HD void ps_gb_win_payload_da(float *da, const float *dP, const float *C, int64_t T, int64_t d, int64_t nW,
+                                              int64_t W, int64_t nkv, int64_t hd, int64_t H, const int64_t *start,
+                                              const int64_t *len, const int64_t *jr, int64_t idx) {
+    int64_t nk = nkv * hd, cols = nk / H, k = idx % d, t = (idx / d) % T, b = idx / (d * T);
+    int64_t j0 = jr[2 * (b * T + t)], j1 = jr[2 * (b * T + t) + 1];
     float acc = da[idx];
     for (int64_t i = 0; i < W; i++)
-        for (int64_t g = 0; g < nkv; g++) {
-            int64_t o = ps_woff(woff, b, nkv, g), r = t - o - i;
-            if (r < 0 || r % S != 0) continue;
-            int64_t j = r / S;
-            if (j >= nW || !ps_gb_fits(j, o, W, S, T)) continue;
-            const float *dp = dP + ((b * nW + j) * W + i) * nk + g * hd, *cc = C + (i * nk + g * hd) * d + k;
-            float s = 0.0f;
-            for (int64_t e = 0; e < hd; e++) s += dp[e] * cc[e * d];
-            acc += s;
-        }
-    da[idx] = acc;
-}
-
-/* Per-offset payload, chunks: dC[i, n, k] += Σ_{bj: i < L} dP[bj, i, n] · a[b, cs + i, k] (bj in order);
- * idx < W*nk*d. */
-static inline PS_HD void ps_gb_payload_chunks_dC(float *dC, const float *dP, const float *a, int64_t B, int64_t T, int64_t d,
-                                                 int64_t nC, int64_t W, int64_t nk, const int64_t *cs, const int64_t *cl,
-                                                 int64_t idx) {
-    int64_t k = idx % d, n = (idx / d) % nk, i = idx / (d * nk);
-    float acc = dC[idx];
-    for (int64_t bj = 0; bj < B * nC; bj++)
-        if (i < cl[bj]) acc += dP[(bj * W + i) * nk + n] * a[((bj / nC) * T + cs[bj] + i) * d + k];
-    dC[idx] = acc;
-}
-
-/* Per-offset payload, chunks: da[b, t, k] += Σ over offsets i, then chunks j with t = cs + i, i < L:
- * Σ_n dP[bj, i, n] · C[i, n, k] (the CPU's (i, bj) order); idx < B*T*d. */
-static inline PS_HD void ps_gb_payload_chunks_da(float *da, const float *dP, const float *C, int64_t T, int64_t d, int64_t nC,
-                                                 int64_t W, int64_t nk, const int64_t *cs, const int64_t *cl, int64_t idx) {
-    int64_t k = idx % d, t = (idx / d) % T, b = idx / (d * T);
-    float acc = da[idx];
-    for (int64_t i = 0; i < W; i++)
-        for (int64_t j = 0; j < nC; j++) {
-            int64_t bj = b * nC + j;
-            if (i >= cl[bj] || cs[bj] + i != t) continue;
-            const float *dp = dP + (bj * W + i) * nk, *cc = C + i * nk * d + k;
-            float s = 0.0f;
-            for (int64_t n = 0; n < nk; n++) s += dp[n] * cc[n * d];
-            acc += s;
-        }
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t j = j0; j <= j1; j++) {
+                int64_t e = (b * nW + j) * H + h;
+                if (i >= len[e] || start[e] + i != t) continue;
+                const float *dp = dP + ((b * nW + j) * W + i) * nk + h * cols, *cc = C + (i * nk + h * cols) * d + k;
+                float s = 0.0f;
+                for (int64_t c = 0; c < cols; c++) s += dp[c] * cc[c * d];
+                acc += s;
+            }
     da[idx] = acc;
 }
 
@@ -331,23 +226,13 @@ static inline PS_HD void ps_gb_rotate(float *v, const float *cos_t, const float 
     v[i + half] = q * c + p * sn;
 }
 
-/* Grid: pair i of entry (b, j, g) of x [B, nW, nkv, hd] by R(jS + o_g) (left alone when jS + o_g >= T);
- * idx < B*nW*nkv*(hd/2). */
-static inline PS_HD void ps_gb_rope_grid_pair(float *x, const float *cos_t, const float *sin_t, int64_t T, int64_t nW,
-                                              int64_t nkv, int64_t hd, int64_t S, const int64_t *woff, float dir, int64_t idx) {
-    int64_t half = hd / 2, i = idx % half, row = idx / half, b = row / (nW * nkv), j = (row / nkv) % nW, g = row % nkv;
-    int64_t pos = j * S + ps_woff(woff, b, nkv, g);
-    if (pos >= T) return;
+/* Pair i of entry (b, j, g) of x [B, nW, nkv, hd] by R(start) (left alone when start is outside [0, T):
+ * ops.h ps_rope_windows); idx < B*nW*nkv*(hd/2). */
+static inline PS_HD void ps_gb_win_rope_pair(float *x, const float *cos_t, const float *sin_t, int64_t T, int64_t nW,
+                                             int64_t nkv, int64_t hd, int64_t H, const int64_t *start, float dir, int64_t idx) {
+    int64_t half = hd / 2, i = idx % half, row = idx / half, pos = start[ps_gb_e(nW, H, row / (nkv * nW), (row / nkv) % nW, row % nkv)];
+    if (pos < 0 || pos >= T) return;
     ps_gb_rotate(x + row * hd, cos_t, sin_t, pos, half, i, dir);
-}
-
-/* Chunks: pair i of entry (b, j, g) of x [B, nC, nkv, hd] by R(cs[b, j]) (absent chunks left alone);
- * idx < B*nC*nkv*(hd/2). */
-static inline PS_HD void ps_gb_rope_chunks_pair(float *x, const float *cos_t, const float *sin_t, int64_t nkv, int64_t hd,
-                                                const int64_t *cs, const int64_t *cl, float dir, int64_t idx) {
-    int64_t half = hd / 2, i = idx % half, row = idx / half, bj = row / nkv;
-    if (cl[bj] == 0) return;
-    ps_gb_rotate(x + row * hd, cos_t, sin_t, cs[bj], half, i, dir);
 }
 
 /* ---------------- gate regulariser ---------------- */
