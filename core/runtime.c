@@ -15,6 +15,11 @@
 #include "core/v4/v4_hooks.h"
 #include "core/v4/v4_model.h"
 
+/* the families' descriptions of their configs (describe.c) */
+extern const char *const ps_model_attention_kinds[], *const ps_v4_attention_kinds[];
+int ps_model_describe_config(const json_t *cfg, ps_model_desc *d, ps_error *err);
+int ps_v4_describe_config(const json_t *cfg, ps_model_desc *d, ps_error *err);
+
 /* ---- shared ---- */
 
 int ps_point_is_global(const ps_point_info *p) { return strstr(p->pattern, "{L}") == NULL; }
@@ -342,6 +347,8 @@ const ps_family ps_family_model = {
     .load_weights = NULL,
     .describe = model_describe,
     .early_stop = 0,
+    .describe_config = ps_model_describe_config,
+    .kinds = ps_model_attention_kinds,
 };
 
 void ps_runtime_wrap_model(ps_runtime *rt, const ps_model *m) {
@@ -803,6 +810,8 @@ const ps_family ps_family_v4 = {
     .load_weights = v4_load_weights,
     .describe = v4_describe,
     .early_stop = 1,
+    .describe_config = ps_v4_describe_config,
+    .kinds = ps_v4_attention_kinds,
 };
 
 /* ---- opening ---- */

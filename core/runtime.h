@@ -5,7 +5,8 @@
  * activation set and a forward over a batch of token sequences with hooks (and, where the family has
  * one, a restart from a layer); the scoring of answer rows (core/batch.h); its hook points as a table
  * (name pattern, shape for B sequences of T tokens, head axis, the layers that have it); its config as
- * JSON and the config hash for provenance; its default phase period. An opened checkpoint is a
+ * JSON and the config hash for provenance; its default phase period; the description of a config it
+ * wrote (display label, attention kind, what readers of its results need: ps_model_desc). An opened checkpoint is a
  * ps_runtime: the family, its context, its layers and longest prompt, its model. The instruments add
  * their own table of what they run on a family (rt->ops, interventions/grid.h) and the prompts' mapping
  * (rt->aux); core never reads those two.
@@ -29,6 +30,18 @@
 
 typedef struct ps_family ps_family;
 typedef struct ps_runtime ps_runtime;
+
+/* What a result's reader (viz, the validator, tables) needs to know of the model that produced it, decided
+ * by the family whose config it is: nothing above core compares family or attention-kind names. */
+typedef struct {
+    char label[224];       /* display label: "W8/S8, staggered 0–7", "full attention", "DeepSeek-V4, compress rates 0,4" */
+    char kind[32];         /* the attention kind as the config names it ("full", "compressed", "channel", "deepseek_v4") */
+    int kv_shared;         /* keys are the values (one K=V entry per position: no separate key and value branches) */
+    int slot_bias;         /* the compressor's position bias is a per-slot parameter (ape; gate cycling rolls it) */
+    int indexer;           /* the model has a lightning indexer with a compressor of its own */
+    const char *raw_what;  /* a knockout of the raw entries, in words (NULL: the usual "raw keys and values" wording) */
+    const char *comp_what; /* a knockout of the compressed entries, in words (NULL: the usual wording) */
+} ps_model_desc;
 struct ps_runtime_ops; /* the instruments' table of a family (interventions/grid.h) */
 
 /* An opened checkpoint. The first seven fields are what the instruments have always read (their
@@ -126,6 +139,12 @@ struct ps_family {
     int (*describe)(const ps_runtime *rt, int64_t B, FILE *out, ps_error *err);
     /* 1: forward's n_run may stop after the first n_run layers (no logits then); 0: every layer runs */
     int early_stop;
+
+    /* results: what a reader needs of the model whose config (provenance.config, as config_json writes it)
+     * this is — 1: this family's (d filled), 0: another family's, -1: this family's with a bad field (err:
+     * "KEY: what is wrong", KEY the path within the config, e.g. "attention.rate: missing") */
+    int (*describe_config)(const json_t *config, ps_model_desc *d, ps_error *err);
+    const char *const *kinds;            /* the attention kinds (config.attention.kind) describe_config knows */
 };
 
 /* The registered families, in the order a checkpoint is tried; NULL-terminated. */
@@ -146,6 +165,25 @@ int ps_runtime_open_into(ps_runtime *rt, const char *dir, const ps_runtime_opts 
 void ps_runtime_free(ps_runtime *rt);
 /* A runtime over a controlled model opened elsewhere (not owned). */
 void ps_runtime_wrap_model(ps_runtime *rt, const ps_model *m);
+
+/* The instruments' default --period of the model (the family's default_period): the one place it is
+ * computed (the controlled model: a compressed model's stride, the channel attention's rate, else 8;
+ * DeepSeek-V4: the smallest compression rate). */
+int64_t ps_runtime_default_period(const ps_runtime *rt);
+/* The model's description (its family's describe_config of its config_json); -1 with err when the family
+ * cannot describe it. */
+int ps_runtime_desc(const ps_runtime *rt, ps_model_desc *d, ps_error *err);
+/* The model's display label into buf (n bytes), returned ("" when the family cannot describe it). */
+const char *ps_runtime_label(const ps_runtime *rt, char *buf, size_t n);
+
+/* A result's model description from its provenance: the families decide from provenance.config (so a
+ * result written before labels existed is labelled as a new one), and a provenance "label" / "kind" the
+ * writer stored wins for those two. -1 with err when there is no config or no family knows it (err:
+ * "KEY: what is wrong", KEY the path within provenance.config). */
+int ps_model_desc_from_config(const json_t *config, ps_model_desc *d, ps_error *err);
+int ps_model_desc_from_provenance(const json_t *prov, ps_model_desc *d, ps_error *err);
+/* The label and kind alone (either pointer may be NULL); 0, or -1 when the provenance has none. */
+int ps_label_from_provenance(const json_t *prov, char *label, size_t ln, char *kind, size_t kn);
 
 /* The layers of point i, as "0-3", "1, 3", "none" or "once" (global points). */
 void ps_runtime_point_layers(const ps_runtime *rt, int i, char *buf, size_t n);

@@ -89,8 +89,7 @@ static int run_textkv(ps_instr *in, const ps_args *a, const ps_sweep_request *rq
     int64_t *T = NULL, *w = NULL, tmin = 0, tmax = 0;
     ps_textkv_layout lay = {rq->tokenizer, rq->words, ps_args_get(a, "--family"), rq->pairs, rq->values, trained, rq->value_digits};
     const ps_model *m = in->rt.m;
-    /* the text-kv sweep's own default period: the stride of a compressed model, else 8 */
-    if (!ps_args_has(a, "--period")) in->P = m->cfg.kind == PS_ATTN_COMPRESSED ? m->cfg.stride : 8;
+    /* in->P: --period, or the model's one default period (ps_instr_setup: ps_runtime_default_period) */
     int bad = ps_textkv_set_open(&set, &lay, in->P, err);
     have_set = !bad;
     if (!bad) bad = ps_text_check_vocab(set.tok, set.tok_path, m->cfg.vocab_size, in->model_dir, err);

@@ -143,7 +143,7 @@ int ps_instr_setup(ps_instr *in, const ps_args *a, int need_task, ps_error *err)
     if (in->rt.lazy)
         fprintf(stderr, "phasescope %s: the weights (%.1f GB as float32) are loaded one layer at a time\n", in->command,
                 in->rt.weight_bytes / 1e9);
-    in->P = in->rt.family->default_period(&in->rt);
+    in->P = ps_runtime_default_period(&in->rt);
     int64_t seed = 0;
     if (ps_args_int(a, "--period", 1, PS_RESULT_MAX_PERIOD, &in->P, err) ||
         ps_args_int(a, "--n", 1, PS_RESULT_MAX_PROMPTS, &in->n_prompts, err) ||
@@ -205,6 +205,12 @@ json_t *ps_instr_provenance(const ps_instr *in, const char *mode) {
     int64_t step = rt->family->step(rt);
     if (step >= 0) json_object_set_new(o, "model_step", json_integer(step));
     json_object_set_new(o, "config", rt->family->config_json(rt));
+    ps_model_desc md; /* the display label and attention kind, as core's family words them */
+    ps_error de;
+    if (!ps_runtime_desc(rt, &md, &de)) {
+        json_object_set_new(o, "label", json_string(md.label));
+        json_object_set_new(o, "kind", json_string(md.kind));
+    }
     if (in->base.B) json_object_set_new(o, "task", ps_task_to_json(&in->task));
     if (bd && bd->task_source) json_object_set_new(o, "task_source", bd->task_source(in));
     json_object_set_new(ev, "n_prompts", json_integer(in->n_prompts));

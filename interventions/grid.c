@@ -46,6 +46,7 @@ static const ps_runtime_ops MODEL_OPS = {.name = "phasescope",
                                          .gates_unit_size = ps_model_gates_unit_size,
                                          .gates_units = ps_model_gates_units,
                                          .gates_log = ps_model_gates_log,
+                                         .gates_chacc = ps_model_gates_chacc,
                                          /* gate cycling (gatecycle.c) */
                                          .gc_check = ps_model_gc_check,
                                          .gc_cycle = ps_model_gc_cycle,

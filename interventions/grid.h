@@ -38,6 +38,7 @@
 #include "core/hooks.h"
 #include "core/model.h"
 #include "core/runtime.h"
+#include "gates/chgates.h"
 #include "interventions/sweep.h"
 #include "tasks/tasks.h"
 
@@ -136,6 +137,10 @@ typedef struct ps_runtime_ops {
     int (*gates_units)(const ps_runtime *rt, const ps_shifted *s, int64_t batch, int64_t u0, int64_t u1, const int64_t *ev_off,
                        const int64_t *al_off, int32_t *events, float *alpha, ps_error *err);
     json_t *(*gates_log)(const ps_runtime *rt, const char *path, ps_error *err);
+    /* Per-channel gates: 1 with the accumulator the records are replayed into and the name of the result's
+     * "gates.model" (the finish rebuilds it from ps_chgate_layout_json, units.h, so it reads no family's
+     * config); 0: per-head gates (gates.h, whose accumulator the finish makes from the config). */
+    int (*gates_chacc)(const ps_runtime *rt, ps_chgate_acc *acc, const char **model, ps_error *err);
     /* gate cycling (instr_gatecycle.c) */
     /* gatecycle's flags checked against the model (fills q's masks), the cycle by k, and the family's
      * keys of the instrument's meta: the "cycle" block, the summary line (gatecycle.h, ps_cycle_req) */

@@ -270,6 +270,54 @@ json_t *ps_model_gates_log(const ps_runtime *rt, const char *path, ps_error *err
     return evo;
 }
 
+int ps_model_gates_chacc(const ps_runtime *rt, ps_chgate_acc *acc, const char **model, ps_error *err) {
+    if (rt->m->cfg.kind != PS_ATTN_CHANNEL) return 0; /* per-head gates */
+    *model = "v4"; /* the channel attention's result name, as the results have always said */
+    return ps_chgate_init_model(acc, &rt->m->cfg, err) ? -1 : 1;
+}
+
+json_t *ps_chgate_layout_json(const ps_chgate_acc *acc, const char *model) {
+    json_t *br = json_array(), *gs = json_array();
+    for (int b = 0; b < acc->n_branches; b++) json_array_append_new(br, json_string(acc->branch[b]));
+    for (int l = 0; l < acc->n_layers; l++)
+        for (int b = 0; b < acc->n_branches; b++) {
+            const ps_chgate_slot *g = &acc->g[l * acc->n_branches + b];
+            if (!g->S) continue;
+            json_array_append_new(gs, json_pack("[i, i, I, I, i, I, s]", l, b, (json_int_t)g->S, (json_int_t)g->d, g->skip_first,
+                                                (json_int_t)g->rate, g->attention));
+        }
+    return json_pack("{s:s, s:o, s:i, s:o}", "model", model, "branches", br, "n_layers", acc->n_layers, "gates", gs);
+}
+
+int ps_chgate_layout_acc(const json_t *layout, ps_chgate_acc *acc, const char **model, ps_error *err) {
+    memset(acc, 0, sizeof *acc);
+    const json_t *br = json_object_get(layout, "branches"), *gs = json_object_get(layout, "gates");
+    const char *names[PS_CHGATE_MAX_BRANCHES] = {NULL};
+    int nb = (int)json_array_size(br), L = (int)json_integer_value(json_object_get(layout, "n_layers"));
+    *model = json_string_value(json_object_get(layout, "model"));
+    if (!*model || nb < 1 || nb > PS_CHGATE_MAX_BRANCHES || L < 1 || !json_is_array(gs))
+        return ps_fail(err, "a per-channel gate-statistics partial result: its gate_layout lacks model, branches, n_layers or gates");
+    for (int b = 0; b < nb; b++)
+        if (!(names[b] = json_string_value(json_array_get(br, (size_t)b))))
+            return ps_fail(err, "a per-channel gate-statistics partial result: gate_layout.branches[%d] is not a name", b);
+    if (ps_chgate_acc_init(acc, L, nb, names, err)) return -1;
+    for (size_t i = 0; i < json_array_size(gs); i++) {
+        json_int_t l, b, S, d, skip, rate;
+        const char *att;
+        if (json_unpack(json_array_get(gs, i), "[I, I, I, I, I, I, s]", &l, &b, &S, &d, &skip, &rate, &att) || l < 0 || l >= L ||
+            b < 0 || b >= nb || S < 1 || d < 1) {
+            ps_chgate_acc_free(acc);
+            return ps_fail(err, "a per-channel gate-statistics partial result: gate_layout.gates[%zu] is not [layer, branch, S, d, "
+                                "skip_first, rate, attention] of its layers", i);
+        }
+        if (ps_chgate_acc_set(acc, (int)l, (int)b, S, d, (int)skip, rate, att, err)) {
+            ps_chgate_acc_free(acc);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* ---- sweep --task text-kv ---- */
 
 int ps_textkv_units_init(ps_textkv_units *u, const ps_config *c, const int64_t *T, int64_t P, int64_t N, int64_t batch,

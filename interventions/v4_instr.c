@@ -679,6 +679,12 @@ static int v4_rt_gates_units(const ps_runtime *rt, const ps_shifted *s, int64_t 
     return ps_v4_gates_units(rt->model, rt->aux, s, batch, u0, u1, ev_off, al_off, events, alpha, err);
 }
 
+static int v4_rt_gates_chacc(const ps_runtime *rt, ps_chgate_acc *acc, const char **model, ps_error *err) {
+    const ps_v4_config *c = &((const ps_v4_model *)rt->model)->cfg;
+    *model = "deepseek_v4"; /* the result's "gates.model", as the results have always said */
+    return ps_v4_gates_acc_init(acc, (int)c->n_layers, c->attn_type, c->compress_rate, c->head_dim, c->index_head_dim, err) ? -1 : 1;
+}
+
 static json_t *v4_rt_gates_log(const ps_runtime *rt, const char *path, ps_error *err) {
     (void)rt, (void)path;
     ps_fail(err, "a DeepSeek-V4 checkpoint has no phasescope training log");
@@ -771,6 +777,7 @@ static const ps_runtime_ops V4_OPS = {.name = "deepseek_v4",
                                       .gates_unit_size = v4_rt_gates_unit_size,
                                       .gates_units = v4_rt_gates_units,
                                       .gates_log = v4_rt_gates_log,
+                                      .gates_chacc = v4_rt_gates_chacc,
                                       /* gate cycling */
                                       .gc_check = v4_gc_check,
                                       .gc_cycle = v4_gc_cycle,
