@@ -230,6 +230,13 @@ static int64_t model_period(const ps_runtime *rt) {
 
 static int64_t model_vocab(const ps_runtime *rt) { return model_of(rt)->cfg.vocab_size; }
 
+static const char *model_meta(const ps_runtime *rt, const char *key) { return ps_model_get_meta(model_of(rt), key); }
+
+static int model_rows(const ps_runtime *rt, const ps_batch *b, int64_t batch, double mem_bytes, ps_rows_fn fn, void *user,
+                      ps_error *err) {
+    return ps_eval_rows(model_of(rt), b, batch, mem_bytes, fn, user, err);
+}
+
 static int model_describe(const ps_runtime *rt, int64_t B, FILE *out, ps_error *err) {
     (void)err;
     const ps_model *m = model_of(rt);
@@ -330,6 +337,7 @@ const ps_family ps_family_model = {
     .logits = model_logits,
     .restart = model_restart,
     .score = model_score,
+    .rows = model_rows,
     .points = MODEL_POINTS,
     .n_points = (int)(sizeof MODEL_POINTS / sizeof MODEL_POINTS[0]),
     .hook_family = &ps_model_hook_family,
@@ -343,6 +351,7 @@ const ps_family ps_family_model = {
     .step = model_step,
     .default_period = model_period,
     .vocab = model_vocab,
+    .meta = model_meta,
     .max_pos_name = "max_seq_len",
     .load_weights = NULL,
     .describe = model_describe,
@@ -518,6 +527,44 @@ static int v4_score(const ps_runtime *rt, const ps_batch *b, int64_t batch, cons
     if (have_part) ps_v4_acts_free(&part);
     ps_v4_acts_free(&a);
     return rc;
+}
+
+/* one sequence at a time through the V4 forward, each cut to its last asked-for row (no memory budget:
+ * a V4 sequence's activations are the unit) */
+static int v4_rows(const ps_runtime *rt, const ps_batch *b, int64_t batch, double mem_bytes, ps_rows_fn fn, void *user,
+                   ps_error *err) {
+    (void)batch;
+    (void)mem_bytes;
+    ps_v4_model *m = v4_of(rt);
+    int64_t V = m->cfg.vocab_size, most = 0;
+    for (int64_t s = 0; s < b->B; s++) {
+        int64_t n = ps_answer_rows(b, s, NULL);
+        most = n > most ? n : most;
+    }
+    int64_t *pos = malloc((size_t)(most ? most : 1) * sizeof *pos);
+    float *rows = malloc((size_t)((most ? most : 1) * V) * sizeof(float));
+    int rc = pos && rows ? 0 : ps_fail(err, "out of memory for the logits of %lld rows", (long long)most);
+    for (int64_t s = 0; s < b->B && !rc; s++) {
+        int64_t n = ps_answer_rows(b, s, pos), T = 0;
+        for (int64_t k = 0; k < n; k++) T = pos[k] + 1 > T ? pos[k] + 1 : T;
+        if (!n) continue;
+        ps_v4_acts a;
+        if ((rc = ps_v4_acts_create(&a, m, 1, T, err))) break;
+        rc = ps_v4_forward(m, &a, b->tokens + s * b->T, NULL, -1, err);
+        const float *lg = rc ? NULL : ps_v4_logits_host(&a, err);
+        if (!rc && !lg) rc = -1;
+        for (int64_t k = 0; k < n && !rc; k++) memcpy(rows + k * V, lg + pos[k] * V, (size_t)V * sizeof(float));
+        ps_v4_acts_free(&a);
+        if (!rc) rc = fn(b, s, rows, n, user, err);
+    }
+    free(pos);
+    free(rows);
+    return rc;
+}
+
+static const char *v4_meta(const ps_runtime *rt, const char *key) {
+    (void)rt, (void)key;
+    return NULL; /* a DeepSeek-V4 checkpoint stores no phasescope metadata */
 }
 
 static int v4_point_shape(const ps_runtime *rt, int i, int layer, int64_t B, int64_t T, int64_t d[4]) {
@@ -793,6 +840,7 @@ const ps_family ps_family_v4 = {
     .logits = v4_logits,
     .restart = NULL,
     .score = v4_score,
+    .rows = v4_rows,
     .points = V4_POINTS,
     .n_points = (int)(sizeof V4_POINTS / sizeof V4_POINTS[0]),
     .hook_family = &ps_v4_hook_family,
@@ -806,6 +854,7 @@ const ps_family ps_family_v4 = {
     .step = v4_step,
     .default_period = v4_period,
     .vocab = v4_vocab,
+    .meta = v4_meta,
     .max_pos_name = "max_position_embeddings",
     .load_weights = v4_load_weights,
     .describe = v4_describe,

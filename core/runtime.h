@@ -27,6 +27,7 @@
 #include "core/error.h"
 #include "core/hooks.h"
 #include "core/model.h"
+#include "core/rows.h"
 
 typedef struct ps_family ps_family;
 typedef struct ps_runtime ps_runtime;
@@ -108,6 +109,12 @@ struct ps_family {
     int (*score)(const ps_runtime *rt, const ps_batch *b, int64_t batch, const ps_hooks *h, int *ok, double *lp,
                  ps_error *err);
 
+    /* the logits at the answer rows of every sequence of b (model ids; ps_answer_rows order), handed to fn
+     * one sequence at a time as rows [n, vocab] (core/rows.h): in forward batches of at most `batch` whose
+     * activations fit mem_bytes (0: the default), or one sequence at a time where they do not */
+    int (*rows)(const ps_runtime *rt, const ps_batch *b, int64_t batch, double mem_bytes, ps_rows_fn fn, void *user,
+                ps_error *err);
+
     /* hook points */
     const ps_point_info *points;
     int n_points;
@@ -129,6 +136,9 @@ struct ps_family {
     int64_t (*step)(const ps_runtime *rt);               /* the training step the checkpoint records, -1: none */
     int64_t (*default_period)(const ps_runtime *rt);     /* the instruments' default --period */
     int64_t (*vocab)(const ps_runtime *rt);
+    /* a value the checkpoint stores in its metadata ("phasescope.task": the task it was trained on), NULL:
+     * none (or a family whose checkpoints store none) */
+    const char *(*meta)(const ps_runtime *rt, const char *key);
 
     /* what bounds a prompt's length, as the config names it ("max_seq_len", "max_position_embeddings") */
     const char *max_pos_name;
