@@ -232,6 +232,11 @@ static int64_t model_vocab(const ps_runtime *rt) { return model_of(rt)->cfg.voca
 
 static const char *model_meta(const ps_runtime *rt, const char *key) { return ps_model_get_meta(model_of(rt), key); }
 
+static int model_save(const ps_runtime *rt, const char *dir, const char *key, const char *value, ps_error *err) {
+    ps_model *m = rt->model;
+    return ps_model_set_meta(m, key, value, err) || ps_model_save(m, dir, err) ? -1 : 0;
+}
+
 static int model_rows(const ps_runtime *rt, const ps_batch *b, int64_t batch, double mem_bytes, ps_rows_fn fn, void *user,
                       ps_error *err) {
     return ps_eval_rows(model_of(rt), b, batch, mem_bytes, fn, user, err);
@@ -352,6 +357,7 @@ const ps_family ps_family_model = {
     .default_period = model_period,
     .vocab = model_vocab,
     .meta = model_meta,
+    .save = model_save,
     .max_pos_name = "max_seq_len",
     .load_weights = NULL,
     .describe = model_describe,
@@ -855,6 +861,7 @@ const ps_family ps_family_v4 = {
     .default_period = v4_period,
     .vocab = v4_vocab,
     .meta = v4_meta,
+    .save = NULL,
     .max_pos_name = "max_position_embeddings",
     .load_weights = v4_load_weights,
     .describe = v4_describe,

@@ -136,6 +136,9 @@ struct ps_family {
     int64_t (*step)(const ps_runtime *rt);               /* the training step the checkpoint records, -1: none */
     int64_t (*default_period)(const ps_runtime *rt);     /* the instruments' default --period */
     int64_t (*vocab)(const ps_runtime *rt);
+    /* write the (possibly modified: gate cycling) model as a checkpoint in dir, with key = value added to its
+     * metadata; NULL: the family does not write checkpoints */
+    int (*save)(const ps_runtime *rt, const char *dir, const char *key, const char *value, ps_error *err);
     /* a value the checkpoint stores in its metadata ("phasescope.task": the task it was trained on), NULL:
      * none (or a family whose checkpoints store none) */
     const char *(*meta)(const ps_runtime *rt, const char *key);

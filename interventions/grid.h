@@ -104,8 +104,6 @@ typedef struct ps_runtime_ops {
     /* One forward of the n prompts of `view` (task token ids) with hooks, scored per query: ok and lp
      * [view->B · max_q] (as ps_score_queries fills them). */
     int (*eval)(const ps_runtime *rt, const ps_batch *view, const ps_hooks *h, int *ok, double *lp, ps_error *err);
-    /* Register a backend-side action by hook name (the family's names; what the specs' cells call). */
-    int (*add_action)(const ps_runtime *rt, ps_hooks *h, const char *name, const ps_hook_action *act, ps_error *err);
     /* the family's knockout (knockout.h): its targets (names, NULL-terminated), the default, the heads a
      * target's cells choose from (0: one cell per layer), what a cell is (NULL: not recorded), whether a
      * layer (-1: the model as a whole) has what a target replaces (NULL, or why not in buf), and the target's grid spec over the

@@ -70,7 +70,7 @@ static int model_ko_sources(void *self, const ps_runtime *rt, const ps_grid_shif
             ps_hook_name(name, sizeof name, sh->layers[li], k->pt[a]);
             ps_hook_action act = {.kind = PS_ACT_SUM, .head = -1, .acc = k->sum + (int64_t)li * k->per_layer + k->off[a],
                                   .acc_n = k->npos[a] * nkv * hd};
-            if (rt->ops->add_action(rt, ref, name, &act, err)) return -1;
+            if (rt->family->hook_add_action(rt, ref, name, &act, err)) return -1;
         }
     return 0;
 }
@@ -127,7 +127,7 @@ static int model_ko_cell(void *self, const ps_runtime *rt, const ps_grid_shift *
         ps_hook_name(name, sizeof name, sh->layers[li], k->pt[a]);
         ps_hook_action act = {.kind = PS_ACT_SET, .head = k->heads[ci], .seq0 = seq0, .seq1 = seq1,
                               .src = k->mean + (int64_t)li * k->per_layer + k->off[a], .src_npos = k->npos[a]};
-        if (rt->ops->add_action(rt, h, name, &act, err)) return -1;
+        if (rt->family->hook_add_action(rt, h, name, &act, err)) return -1;
     }
     return 0;
 }

@@ -441,7 +441,7 @@ static int v4_ko_sources(void *self, const ps_runtime *rt, const ps_grid_shift *
         char name[96];
         ps_v4_hook_name(name, sizeof name, l, target_point(k->target, 1));
         ps_hook_action act = {.kind = PS_ACT_SUM, .head = -1, .acc = x->sum, .acc_n = x->n};
-        if (rt->ops->add_action(rt, ref, name, &act, err)) return -1;
+        if (rt->family->hook_add_action(rt, ref, name, &act, err)) return -1;
     }
     return 0;
 }
@@ -483,17 +483,13 @@ static int v4_ko_cell(void *self, const ps_runtime *rt, const ps_grid_shift *sh,
     ps_v4_hook_name(name, sizeof name, sh->layers[li], target_point(k->target, 0));
     ps_hook_action act = {.kind = PS_ACT_SET, .head = k->target == PS_V4KO_HEADS ? k->heads[ci] : -1, .seq0 = seq0,
                           .seq1 = seq1, .src = x->mean, .src_npos = x->npos};
-    return rt->ops->add_action(rt, h, name, &act, err);
+    return rt->family->hook_add_action(rt, h, name, &act, err);
 }
 
 /* ---- the DeepSeek-V4 runtime ---- */
 
 static int v4_rt_eval(const ps_runtime *rt, const ps_batch *view, const ps_hooks *h, int *ok, double *lp, ps_error *err) {
     return ps_v4_eval(rt->model, rt->aux, view, view->B > 0 ? view->B : 1, h, ok, lp, err);
-}
-
-static int v4_rt_add_action(const ps_runtime *rt, ps_hooks *h, const char *name, const ps_hook_action *act, ps_error *err) {
-    return ps_v4_hooks_add_action(h, &((const ps_v4_model *)rt->model)->cfg, name, act, err);
 }
 
 static int v4_rt_ko_default(const ps_runtime *rt) {
@@ -649,7 +645,6 @@ static int v4_gc_meta(const ps_runtime *rt, const ps_cycle_req *q, json_t *meta,
 
 static const ps_runtime_ops V4_OPS = {.name = "deepseek_v4",
                                       .eval = v4_rt_eval,
-                                      .add_action = v4_rt_add_action,
                                       .ko_targets = ps_v4_ko_targets,
                                       .ko_heads_what = "query heads",
                                       .ko_default_target = v4_rt_ko_default,
