@@ -111,7 +111,6 @@ static void model_fill(ps_runtime *rt, const ps_model *m) {
     rt->ctx = m->ctx;
     rt->max_pos = m->cfg.max_seq_len;
     rt->n_layers = m->cfg.n_layers;
-    rt->m = m;
     rt->model = (void *)m;
     rt->family = &ps_family_model;
     rt->weight_bytes = 4.0 * (double)m->n_params;
@@ -365,6 +364,8 @@ const ps_family ps_family_model = {
     .describe_config = ps_model_describe_config,
     .kinds = ps_model_attention_kinds,
 };
+
+const ps_model *ps_runtime_controlled(const ps_runtime *rt) { return rt->family == &ps_family_model ? rt->model : NULL; }
 
 void ps_runtime_wrap_model(ps_runtime *rt, const ps_model *m) {
     memset(rt, 0, sizeof *rt);

@@ -45,14 +45,13 @@ typedef struct {
 } ps_model_desc;
 struct ps_runtime_ops; /* the instruments' table of a family (interventions/grid.h) */
 
-/* An opened checkpoint. The first seven fields are what the instruments have always read (their
- * spellings are kept); `family` is the core table. */
+/* An opened checkpoint: `family` is the core table every caller reaches the model through; `model` is the
+ * family's own (only its family's code reads it: ps_runtime_controlled for the controlled model's). */
 struct ps_runtime {
     const struct ps_runtime_ops *ops; /* the instruments' table (set above core; NULL after ps_runtime_open) */
     ps_ctx *ctx;           /* the model's context (activations and action sources live there) */
     int64_t max_pos;       /* longest prompt the model takes */
     int64_t n_layers;      /* the model's layers */
-    const ps_model *m;     /* the controlled model (its kept clean state and restarts), NULL for other families */
     void *model;           /* the family's model (ps_model, ps_v4_model, ...) */
     const void *aux;       /* the instruments' prompt mapping (DeepSeek-V4: its ps_v4_task), or NULL */
     const ps_family *family; /* the family's table */
@@ -176,6 +175,9 @@ int ps_runtime_open(ps_runtime *rt, const char *dir, const ps_runtime_opts *o, p
 int ps_runtime_open_into(ps_runtime *rt, const char *dir, const ps_runtime_opts *o,
                          void *(*storage)(const ps_family *f, void *user), void *user, ps_error *err);
 void ps_runtime_free(ps_runtime *rt);
+/* The controlled model of a runtime of that family (its instruments' own code: knockout specs, gates,
+ * the restart path), NULL for any other family. */
+const ps_model *ps_runtime_controlled(const ps_runtime *rt);
 /* A runtime over a controlled model opened elsewhere (not owned). */
 void ps_runtime_wrap_model(ps_runtime *rt, const ps_model *m);
 

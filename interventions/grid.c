@@ -20,7 +20,7 @@ static int model_eval(const ps_runtime *rt, const ps_batch *view, const ps_hooks
     ps_shifted one;
     memset(&one, 0, sizeof one);
     one.b = *view;
-    return ps_eval_shifted(rt->m, &one, view->B > 0 ? view->B : 1, h, ok, lp, err);
+    return ps_eval_shifted(ps_runtime_controlled(rt), &one, view->B > 0 ? view->B : 1, h, ok, lp, err);
 }
 
 static const ps_runtime_ops MODEL_OPS = {.name = "phasescope",
@@ -53,7 +53,6 @@ void ps_runtime_model(ps_runtime *rt, const ps_model *m) {
     rt->ctx = m->ctx;
     rt->max_pos = m->cfg.max_seq_len;
     rt->n_layers = m->cfg.n_layers;
-    rt->m = m;
     rt->model = (void *)m;
     rt->family = &ps_family_model;
 }
@@ -278,7 +277,7 @@ static int cells_full(run_state *st, int64_t unit, int li, const ps_shifted *sv,
  * per replica). Each replica r = sequences [r·mm, (r+1)·mm) gets cell sel[h0 + r]'s hooks. */
 static int cells_restart(run_state *st, int64_t unit, int li, const ps_shifted *sv, int64_t i0, ps_acts *use, ps_error *err) {
     const ps_grid *g = st->g;
-    const ps_model *m = g->rt->m;
+    const ps_model *m = ps_runtime_controlled(g->rt);
     const ps_config *c = &m->cfg;
     ps_ctx *ctx = m->ctx;
     int l = st->out->layers[li], rc = 0, at_attn = st->restart == PS_GRID_RESTART_ATTENTION;
@@ -368,7 +367,7 @@ static int cells_restart(run_state *st, int64_t unit, int li, const ps_shifted *
 /* Sizes and buffers of the restart path for this shift (T tokens). */
 static int restart_prepare(run_state *st, double budget, ps_error *err) {
     const ps_grid *g = st->g;
-    const ps_config *c = &g->rt->m->cfg;
+    const ps_config *c = &ps_runtime_controlled(g->rt)->cfg;
     int64_t N = st->N, B = st->B, maxq = st->maxq, T = st->sh.T, V = c->vocab_size;
     int at_attn = st->restart == PS_GRID_RESTART_ATTENTION;
     /* the restarted passes stop at the last answer row (causal: nothing after it is read); from the
@@ -425,7 +424,7 @@ static void shift_free(run_state *st) {
     st->have_rep = st->have_part = st->have_a = 0;
     free(st->rows);
     free(st->dst_rows);
-    if (st->ans_logits) ps_buf_free(g->rt->ctx, st->ans_logits, st->n_ans_max * g->rt->m->cfg.vocab_size * (int64_t)sizeof(float));
+    if (st->ans_logits) ps_buf_free(g->rt->ctx, st->ans_logits, st->n_ans_max * ps_runtime_controlled(g->rt)->cfg.vocab_size * (int64_t)sizeof(float));
     st->rows = st->dst_rows = NULL;
     st->ans_logits = NULL;
     if (g->spec->shift_end) g->spec->shift_end(g->spec->self, g->rt);
@@ -470,10 +469,10 @@ static int run_shift(run_state *st, int64_t p, double budget, ps_error *err) {
     int keep = rt->family->restart != NULL, keep_all = g->spec->restart != PS_GRID_RESTART_LAYER; /* the layer restart reads the residual only */
     if (keep && st->restart) rc = restart_prepare(st, budget, err);
     if (!rc && keep) {
-        rc = ps_acts_create(&st->a, rt->ctx, &rt->m->cfg, B, T, keep_all, err);
+        rc = ps_acts_create(&st->a, rt->ctx, &ps_runtime_controlled(rt)->cfg, B, T, keep_all, err);
         st->have_a = !rc;
         if (!rc && N - last0 != B) {
-            rc = ps_acts_create(&st->part, rt->ctx, &rt->m->cfg, N - last0, T, keep_all, err);
+            rc = ps_acts_create(&st->part, rt->ctx, &ps_runtime_controlled(rt)->cfg, N - last0, T, keep_all, err);
             st->have_part = !rc;
         }
     }

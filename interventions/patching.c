@@ -111,7 +111,7 @@ static int patch_sources(void *self, const ps_runtime *rt, const ps_grid_shift *
         ps_hook_name(name, sizeof name, sh->layers[li], P->pt);
         P->seen[li] = 0;
         P->pl[li] = (patch_layer){.P = P, .li = li};
-        if (ps_hooks_add(ref, &rt->m->cfg, name, patch_collect, &P->pl[li], err)) return -1;
+        if (ps_hooks_add(ref, &ps_runtime_controlled(rt)->cfg, name, patch_collect, &P->pl[li], err)) return -1;
     }
     return 0;
 }

@@ -233,30 +233,30 @@ int ps_chgates_units(const ps_model *m, const ps_shifted *s, int64_t batch, int6
 /* ---- the controlled model's gates entries (grid.h) ---- */
 
 const char *ps_model_gates_missing(const ps_runtime *rt, char *buf, size_t n) {
-    if (rt->m->cfg.kind == PS_ATTN_COMPRESSED || rt->m->cfg.kind == PS_ATTN_CHANNEL) return NULL;
+    if (ps_runtime_controlled(rt)->cfg.kind == PS_ATTN_COMPRESSED || ps_runtime_controlled(rt)->cfg.kind == PS_ATTN_CHANNEL) return NULL;
     snprintf(buf, n, "gate statistics need a compressed-attention model (this one has full attention)");
     return buf;
 }
 
 const char *ps_model_gates_records(const ps_runtime *rt, int *ints_per_record) {
-    int ch = rt->m->cfg.kind == PS_ATTN_CHANNEL;
+    int ch = ps_runtime_controlled(rt)->cfg.kind == PS_ATTN_CHANNEL;
     *ints_per_record = ch ? PS_CHGATES_RECORD_INTS : PS_GATES_EVENT_INTS;
     return ch ? "ch_events" : "events";
 }
 
 void ps_model_gates_unit_size(const ps_runtime *rt, int64_t n, int64_t T, int64_t *n_records, int64_t *n_floats) {
-    if (rt->m->cfg.kind == PS_ATTN_CHANNEL) ps_chgates_unit_size(&rt->m->cfg, n, T, n_records, n_floats);
-    else ps_gates_unit_size(&rt->m->cfg, n, T, n_records, n_floats);
+    if (ps_runtime_controlled(rt)->cfg.kind == PS_ATTN_CHANNEL) ps_chgates_unit_size(&ps_runtime_controlled(rt)->cfg, n, T, n_records, n_floats);
+    else ps_gates_unit_size(&ps_runtime_controlled(rt)->cfg, n, T, n_records, n_floats);
 }
 
 int ps_model_gates_units(const ps_runtime *rt, const ps_shifted *s, int64_t batch, int64_t u0, int64_t u1, const int64_t *ev_off,
                          const int64_t *al_off, int32_t *events, float *alpha, ps_error *err) {
-    if (rt->m->cfg.kind == PS_ATTN_CHANNEL) return ps_chgates_units(rt->m, s, batch, u0, u1, ev_off, al_off, events, alpha, err);
-    return ps_gates_units(rt->m, s, batch, u0, u1, ev_off, al_off, events, alpha, err);
+    if (ps_runtime_controlled(rt)->cfg.kind == PS_ATTN_CHANNEL) return ps_chgates_units(ps_runtime_controlled(rt), s, batch, u0, u1, ev_off, al_off, events, alpha, err);
+    return ps_gates_units(ps_runtime_controlled(rt), s, batch, u0, u1, ev_off, al_off, events, alpha, err);
 }
 
 json_t *ps_model_gates_log(const ps_runtime *rt, const char *path, ps_error *err) {
-    const ps_config *c = &rt->m->cfg;
+    const ps_config *c = &ps_runtime_controlled(rt)->cfg;
     if (c->kind == PS_ATTN_CHANNEL) return ps_chgate_log_summary(path, err);
     json_t *evo = ps_gates_log_summary(path, err);
     size_t want = (size_t)2 * (size_t)c->n_layers * (size_t)c->n_kv_heads;
@@ -271,9 +271,9 @@ json_t *ps_model_gates_log(const ps_runtime *rt, const char *path, ps_error *err
 }
 
 int ps_model_gates_chacc(const ps_runtime *rt, ps_chgate_acc *acc, const char **model, ps_error *err) {
-    if (rt->m->cfg.kind != PS_ATTN_CHANNEL) return 0; /* per-head gates */
+    if (ps_runtime_controlled(rt)->cfg.kind != PS_ATTN_CHANNEL) return 0; /* per-head gates */
     *model = "v4"; /* the channel attention's result name, as the results have always said */
-    return ps_chgate_init_model(acc, &rt->m->cfg, err) ? -1 : 1;
+    return ps_chgate_init_model(acc, &ps_runtime_controlled(rt)->cfg, err) ? -1 : 1;
 }
 
 json_t *ps_chgate_layout_json(const ps_chgate_acc *acc, const char *model) {

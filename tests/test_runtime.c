@@ -171,7 +171,7 @@ static void check_family_table(const char *dir, const ps_family *want, int64_t B
     /* the config hash provenance records */
     char hash[17] = "", want_hash[17] = "";
     f->config_hash(&rt, hash);
-    if (f == &ps_family_model) ps_config_hash(&rt.m->cfg, want_hash);
+    if (f == &ps_family_model) ps_config_hash(&ps_runtime_controlled(&rt)->cfg, want_hash);
     else {
         char path[4200], *text;
         size_t len;
