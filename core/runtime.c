@@ -882,10 +882,9 @@ const ps_family *ps_runtime_detect(const char *dir) {
     return &ps_family_model;
 }
 
-int ps_runtime_open_into(ps_runtime *rt, const char *dir, const ps_runtime_opts *o,
-                         void *(*storage)(const ps_family *f, void *user), void *user, ps_error *err) {
+static int open_with(ps_runtime *rt, const ps_family *f, const char *dir, const ps_runtime_opts *o,
+                     void *(*storage)(const ps_family *f, void *user), void *user, ps_error *err) {
     memset(rt, 0, sizeof *rt);
-    const ps_family *f = ps_runtime_detect(dir);
     void *model = storage ? storage(f, user) : NULL;
     int allocated = !model;
     if (allocated && !(model = calloc(1, f->model_size))) return ps_fail(err, "out of memory");
@@ -895,6 +894,15 @@ int ps_runtime_open_into(ps_runtime *rt, const char *dir, const ps_runtime_opts 
     rt->owns_model = 1; /* a failed open leaves what ps_runtime_free needs */
     rt->model_allocated = allocated;
     return f->open(rt, model, dir, o, err);
+}
+
+int ps_runtime_open_into(ps_runtime *rt, const char *dir, const ps_runtime_opts *o,
+                         void *(*storage)(const ps_family *f, void *user), void *user, ps_error *err) {
+    return open_with(rt, ps_runtime_detect(dir), dir, o, storage, user, err);
+}
+
+int ps_runtime_open_family(ps_runtime *rt, const ps_family *f, const char *dir, const ps_runtime_opts *o, ps_error *err) {
+    return open_with(rt, f, dir, o, NULL, NULL, err);
 }
 
 int ps_runtime_open(ps_runtime *rt, const char *dir, const ps_runtime_opts *o, ps_error *err) {

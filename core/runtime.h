@@ -174,6 +174,9 @@ int ps_runtime_open(ps_runtime *rt, const char *dir, const ps_runtime_opts *o, p
  * bytes), or NULL to allocate it. ps_runtime_free frees the model but not caller storage. */
 int ps_runtime_open_into(ps_runtime *rt, const char *dir, const ps_runtime_opts *o,
                          void *(*storage)(const ps_family *f, void *user), void *user, ps_error *err);
+/* Open DIR with the given family table (one that ps_families does not list: a family defined by its
+ * user, e.g. the toy family of tests/test_toy_family.c). */
+int ps_runtime_open_family(ps_runtime *rt, const ps_family *f, const char *dir, const ps_runtime_opts *o, ps_error *err);
 void ps_runtime_free(ps_runtime *rt);
 /* The controlled model of a runtime of that family (its instruments' own code: knockout specs, gates,
  * the restart path), NULL for any other family. */

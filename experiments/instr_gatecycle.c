@@ -161,7 +161,7 @@ int ps_gatecycle_command(const ps_args *a, const ps_gatecycle_request *rq, ps_er
         int64_t n_all = target >= 0 ? ps_knockout_target_heads(rt, target) : 0;
         nh = q.head >= 0 ? 1 : (int)n_all;
         if (target < 0 || nh < 1 || q.head >= n_all)
-            bad = ps_fail(err, "--measure knockout: the %s runtime has no per-head compressed knockout", rt->ops->name);
+            bad = ps_fail(err, "--measure knockout: the %s runtime has no per-head compressed knockout", rt->family->name);
         else if (!(heads = malloc((size_t)nh * sizeof(int))))
             bad = ps_fail(err, "out of memory for %d heads", nh);
         for (int i = 0; !bad && i < nh; i++) heads[i] = q.head >= 0 ? (int)q.head : i;

@@ -170,7 +170,7 @@ int ps_sweep_command(const ps_args *a, const ps_sweep_request *rq, ps_error *err
     /* a phasescope model trained on text-kv names its tokenizer and layout: its text-kv sweep is the
      * default, and its layout gives --task text-kv's defaults */
     if (!bad && ps_runtime_controlled(&in.rt) && (textkv || !rq->task || !strcmp(rq->task, "model")) && !(textkv && rq->tokenizer)) {
-        has_trained = ps_textkv_checkpoint_task(ps_runtime_controlled(&in.rt), in.model_dir, &trained, err);
+        has_trained = ps_textkv_runtime_task(&in.rt, in.model_dir, &trained, err);
         if (has_trained < 0) bad = -1;
         else if (has_trained) textkv = 1;
     }

@@ -21,7 +21,7 @@ int ps_atp_default_fix(const ps_runtime *rt) {
 const char *ps_atp_fix_missing(const ps_runtime *rt, int fix, char *buf, size_t n) {
     if (!rt->ops->atp_spec) {
         snprintf(buf, n, "--method atp: %s checkpoints have no backward pass in phasescope, so there are no gradients to "
-                         "attribute with (use --method exact)", rt->ops->name);
+                         "attribute with (use --method exact)", rt->family->name);
         return buf;
     }
     if (fix == PS_ATP_FIX_QK && ps_runtime_controlled(rt) && ps_runtime_controlled(rt)->cfg.kind == PS_ATTN_CHANNEL) {

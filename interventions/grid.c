@@ -23,7 +23,7 @@ static int model_eval(const ps_runtime *rt, const ps_batch *view, const ps_hooks
     return ps_eval_shifted(ps_runtime_controlled(rt), &one, view->B > 0 ? view->B : 1, h, ok, lp, err);
 }
 
-static const ps_runtime_ops MODEL_OPS = {.name = "phasescope",
+static const ps_runtime_ops MODEL_OPS = {
                                          .eval = model_eval,
                                          .ko_targets = ps_model_ko_target_names,
                                          .ko_heads_what = "KV heads",

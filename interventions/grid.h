@@ -100,7 +100,6 @@ typedef struct {
  * ps_v4_runtime in v4_instr.h); rt->ops of the runtime (struct ps_runtime, core/runtime.h: the family's
  * core table is rt->family). */
 typedef struct ps_runtime_ops {
-    const char *name;               /* the family: "phasescope", "deepseek_v4" */
     /* One forward of the n prompts of `view` (task token ids) with hooks, scored per query: ok and lp
      * [view->B · max_q] (as ps_score_queries fills them). */
     int (*eval)(const ps_runtime *rt, const ps_batch *view, const ps_hooks *h, int *ok, double *lp, ps_error *err);

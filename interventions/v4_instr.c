@@ -643,7 +643,7 @@ static int v4_gc_meta(const ps_runtime *rt, const ps_cycle_req *q, json_t *meta,
     return 0;
 }
 
-static const ps_runtime_ops V4_OPS = {.name = "deepseek_v4",
+static const ps_runtime_ops V4_OPS = {
                                       .eval = v4_rt_eval,
                                       .ko_targets = ps_v4_ko_targets,
                                       .ko_heads_what = "query heads",
