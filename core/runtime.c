@@ -15,6 +15,11 @@
 #include "core/v4/v4_hooks.h"
 #include "core/v4/v4_model.h"
 
+/* the families' descriptions of their configs (describe.c) */
+extern const char *const ps_model_attention_kinds[], *const ps_v4_attention_kinds[];
+int ps_model_describe_config(const json_t *cfg, ps_model_desc *d, ps_error *err);
+int ps_v4_describe_config(const json_t *cfg, ps_model_desc *d, ps_error *err);
+
 /* ---- shared ---- */
 
 int ps_point_is_global(const ps_point_info *p) { return strstr(p->pattern, "{L}") == NULL; }
@@ -106,7 +111,6 @@ static void model_fill(ps_runtime *rt, const ps_model *m) {
     rt->ctx = m->ctx;
     rt->max_pos = m->cfg.max_seq_len;
     rt->n_layers = m->cfg.n_layers;
-    rt->m = m;
     rt->model = (void *)m;
     rt->family = &ps_family_model;
     rt->weight_bytes = 4.0 * (double)m->n_params;
@@ -225,6 +229,18 @@ static int64_t model_period(const ps_runtime *rt) {
 
 static int64_t model_vocab(const ps_runtime *rt) { return model_of(rt)->cfg.vocab_size; }
 
+static const char *model_meta(const ps_runtime *rt, const char *key) { return ps_model_get_meta(model_of(rt), key); }
+
+static int model_save(const ps_runtime *rt, const char *dir, const char *key, const char *value, ps_error *err) {
+    ps_model *m = rt->model;
+    return ps_model_set_meta(m, key, value, err) || ps_model_save(m, dir, err) ? -1 : 0;
+}
+
+static int model_rows(const ps_runtime *rt, const ps_batch *b, int64_t batch, double mem_bytes, ps_rows_fn fn, void *user,
+                      ps_error *err) {
+    return ps_eval_rows(model_of(rt), b, batch, mem_bytes, fn, user, err);
+}
+
 static int model_describe(const ps_runtime *rt, int64_t B, FILE *out, ps_error *err) {
     (void)err;
     const ps_model *m = model_of(rt);
@@ -325,6 +341,7 @@ const ps_family ps_family_model = {
     .logits = model_logits,
     .restart = model_restart,
     .score = model_score,
+    .rows = model_rows,
     .points = MODEL_POINTS,
     .n_points = (int)(sizeof MODEL_POINTS / sizeof MODEL_POINTS[0]),
     .hook_family = &ps_model_hook_family,
@@ -338,11 +355,17 @@ const ps_family ps_family_model = {
     .step = model_step,
     .default_period = model_period,
     .vocab = model_vocab,
+    .meta = model_meta,
+    .save = model_save,
     .max_pos_name = "max_seq_len",
     .load_weights = NULL,
     .describe = model_describe,
     .early_stop = 0,
+    .describe_config = ps_model_describe_config,
+    .kinds = ps_model_attention_kinds,
 };
+
+const ps_model *ps_runtime_controlled(const ps_runtime *rt) { return rt->family == &ps_family_model ? rt->model : NULL; }
 
 void ps_runtime_wrap_model(ps_runtime *rt, const ps_model *m) {
     memset(rt, 0, sizeof *rt);
@@ -511,6 +534,44 @@ static int v4_score(const ps_runtime *rt, const ps_batch *b, int64_t batch, cons
     if (have_part) ps_v4_acts_free(&part);
     ps_v4_acts_free(&a);
     return rc;
+}
+
+/* one sequence at a time through the V4 forward, each cut to its last asked-for row (no memory budget:
+ * a V4 sequence's activations are the unit) */
+static int v4_rows(const ps_runtime *rt, const ps_batch *b, int64_t batch, double mem_bytes, ps_rows_fn fn, void *user,
+                   ps_error *err) {
+    (void)batch;
+    (void)mem_bytes;
+    ps_v4_model *m = v4_of(rt);
+    int64_t V = m->cfg.vocab_size, most = 0;
+    for (int64_t s = 0; s < b->B; s++) {
+        int64_t n = ps_answer_rows(b, s, NULL);
+        most = n > most ? n : most;
+    }
+    int64_t *pos = malloc((size_t)(most ? most : 1) * sizeof *pos);
+    float *rows = malloc((size_t)((most ? most : 1) * V) * sizeof(float));
+    int rc = pos && rows ? 0 : ps_fail(err, "out of memory for the logits of %lld rows", (long long)most);
+    for (int64_t s = 0; s < b->B && !rc; s++) {
+        int64_t n = ps_answer_rows(b, s, pos), T = 0;
+        for (int64_t k = 0; k < n; k++) T = pos[k] + 1 > T ? pos[k] + 1 : T;
+        if (!n) continue;
+        ps_v4_acts a;
+        if ((rc = ps_v4_acts_create(&a, m, 1, T, err))) break;
+        rc = ps_v4_forward(m, &a, b->tokens + s * b->T, NULL, -1, err);
+        const float *lg = rc ? NULL : ps_v4_logits_host(&a, err);
+        if (!rc && !lg) rc = -1;
+        for (int64_t k = 0; k < n && !rc; k++) memcpy(rows + k * V, lg + pos[k] * V, (size_t)V * sizeof(float));
+        ps_v4_acts_free(&a);
+        if (!rc) rc = fn(b, s, rows, n, user, err);
+    }
+    free(pos);
+    free(rows);
+    return rc;
+}
+
+static const char *v4_meta(const ps_runtime *rt, const char *key) {
+    (void)rt, (void)key;
+    return NULL; /* a DeepSeek-V4 checkpoint stores no phasescope metadata */
 }
 
 static int v4_point_shape(const ps_runtime *rt, int i, int layer, int64_t B, int64_t T, int64_t d[4]) {
@@ -786,6 +847,7 @@ const ps_family ps_family_v4 = {
     .logits = v4_logits,
     .restart = NULL,
     .score = v4_score,
+    .rows = v4_rows,
     .points = V4_POINTS,
     .n_points = (int)(sizeof V4_POINTS / sizeof V4_POINTS[0]),
     .hook_family = &ps_v4_hook_family,
@@ -799,10 +861,14 @@ const ps_family ps_family_v4 = {
     .step = v4_step,
     .default_period = v4_period,
     .vocab = v4_vocab,
+    .meta = v4_meta,
+    .save = NULL,
     .max_pos_name = "max_position_embeddings",
     .load_weights = v4_load_weights,
     .describe = v4_describe,
     .early_stop = 1,
+    .describe_config = ps_v4_describe_config,
+    .kinds = ps_v4_attention_kinds,
 };
 
 /* ---- opening ---- */
@@ -816,10 +882,9 @@ const ps_family *ps_runtime_detect(const char *dir) {
     return &ps_family_model;
 }
 
-int ps_runtime_open_into(ps_runtime *rt, const char *dir, const ps_runtime_opts *o,
-                         void *(*storage)(const ps_family *f, void *user), void *user, ps_error *err) {
+static int open_with(ps_runtime *rt, const ps_family *f, const char *dir, const ps_runtime_opts *o,
+                     void *(*storage)(const ps_family *f, void *user), void *user, ps_error *err) {
     memset(rt, 0, sizeof *rt);
-    const ps_family *f = ps_runtime_detect(dir);
     void *model = storage ? storage(f, user) : NULL;
     int allocated = !model;
     if (allocated && !(model = calloc(1, f->model_size))) return ps_fail(err, "out of memory");
@@ -829,6 +894,15 @@ int ps_runtime_open_into(ps_runtime *rt, const char *dir, const ps_runtime_opts 
     rt->owns_model = 1; /* a failed open leaves what ps_runtime_free needs */
     rt->model_allocated = allocated;
     return f->open(rt, model, dir, o, err);
+}
+
+int ps_runtime_open_into(ps_runtime *rt, const char *dir, const ps_runtime_opts *o,
+                         void *(*storage)(const ps_family *f, void *user), void *user, ps_error *err) {
+    return open_with(rt, ps_runtime_detect(dir), dir, o, storage, user, err);
+}
+
+int ps_runtime_open_family(ps_runtime *rt, const ps_family *f, const char *dir, const ps_runtime_opts *o, ps_error *err) {
+    return open_with(rt, f, dir, o, NULL, NULL, err);
 }
 
 int ps_runtime_open(ps_runtime *rt, const char *dir, const ps_runtime_opts *o, ps_error *err) {

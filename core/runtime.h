@@ -5,7 +5,8 @@
  * activation set and a forward over a batch of token sequences with hooks (and, where the family has
  * one, a restart from a layer); the scoring of answer rows (core/batch.h); its hook points as a table
  * (name pattern, shape for B sequences of T tokens, head axis, the layers that have it); its config as
- * JSON and the config hash for provenance; its default phase period. An opened checkpoint is a
+ * JSON and the config hash for provenance; its default phase period; the description of a config it
+ * wrote (display label, attention kind, what readers of its results need: ps_model_desc). An opened checkpoint is a
  * ps_runtime: the family, its context, its layers and longest prompt, its model. The instruments add
  * their own table of what they run on a family (rt->ops, interventions/grid.h) and the prompts' mapping
  * (rt->aux); core never reads those two.
@@ -26,19 +27,31 @@
 #include "core/error.h"
 #include "core/hooks.h"
 #include "core/model.h"
+#include "core/rows.h"
 
 typedef struct ps_family ps_family;
 typedef struct ps_runtime ps_runtime;
+
+/* What a result's reader (viz, the validator, tables) needs to know of the model that produced it, decided
+ * by the family whose config it is: nothing above core compares family or attention-kind names. */
+typedef struct {
+    char label[224];       /* display label: "W8/S8, staggered 0–7", "full attention", "DeepSeek-V4, compress rates 0,4" */
+    char kind[32];         /* the attention kind as the config names it ("full", "compressed", "channel", "deepseek_v4") */
+    int kv_shared;         /* keys are the values (one K=V entry per position: no separate key and value branches) */
+    int slot_bias;         /* the compressor's position bias is a per-slot parameter (ape; gate cycling rolls it) */
+    int indexer;           /* the model has a lightning indexer with a compressor of its own */
+    const char *raw_what;  /* a knockout of the raw entries, in words (NULL: the usual "raw keys and values" wording) */
+    const char *comp_what; /* a knockout of the compressed entries, in words (NULL: the usual wording) */
+} ps_model_desc;
 struct ps_runtime_ops; /* the instruments' table of a family (interventions/grid.h) */
 
-/* An opened checkpoint. The first seven fields are what the instruments have always read (their
- * spellings are kept); `family` is the core table. */
+/* An opened checkpoint: `family` is the core table every caller reaches the model through; `model` is the
+ * family's own (only its family's code reads it: ps_runtime_controlled for the controlled model's). */
 struct ps_runtime {
     const struct ps_runtime_ops *ops; /* the instruments' table (set above core; NULL after ps_runtime_open) */
     ps_ctx *ctx;           /* the model's context (activations and action sources live there) */
     int64_t max_pos;       /* longest prompt the model takes */
     int64_t n_layers;      /* the model's layers */
-    const ps_model *m;     /* the controlled model (its kept clean state and restarts), NULL for other families */
     void *model;           /* the family's model (ps_model, ps_v4_model, ...) */
     const void *aux;       /* the instruments' prompt mapping (DeepSeek-V4: its ps_v4_task), or NULL */
     const ps_family *family; /* the family's table */
@@ -95,6 +108,12 @@ struct ps_family {
     int (*score)(const ps_runtime *rt, const ps_batch *b, int64_t batch, const ps_hooks *h, int *ok, double *lp,
                  ps_error *err);
 
+    /* the logits at the answer rows of every sequence of b (model ids; ps_answer_rows order), handed to fn
+     * one sequence at a time as rows [n, vocab] (core/rows.h): in forward batches of at most `batch` whose
+     * activations fit mem_bytes (0: the default), or one sequence at a time where they do not */
+    int (*rows)(const ps_runtime *rt, const ps_batch *b, int64_t batch, double mem_bytes, ps_rows_fn fn, void *user,
+                ps_error *err);
+
     /* hook points */
     const ps_point_info *points;
     int n_points;
@@ -116,6 +135,12 @@ struct ps_family {
     int64_t (*step)(const ps_runtime *rt);               /* the training step the checkpoint records, -1: none */
     int64_t (*default_period)(const ps_runtime *rt);     /* the instruments' default --period */
     int64_t (*vocab)(const ps_runtime *rt);
+    /* write the (possibly modified: gate cycling) model as a checkpoint in dir, with key = value added to its
+     * metadata; NULL: the family does not write checkpoints */
+    int (*save)(const ps_runtime *rt, const char *dir, const char *key, const char *value, ps_error *err);
+    /* a value the checkpoint stores in its metadata ("phasescope.task": the task it was trained on), NULL:
+     * none (or a family whose checkpoints store none) */
+    const char *(*meta)(const ps_runtime *rt, const char *key);
 
     /* what bounds a prompt's length, as the config names it ("max_seq_len", "max_position_embeddings") */
     const char *max_pos_name;
@@ -126,6 +151,12 @@ struct ps_family {
     int (*describe)(const ps_runtime *rt, int64_t B, FILE *out, ps_error *err);
     /* 1: forward's n_run may stop after the first n_run layers (no logits then); 0: every layer runs */
     int early_stop;
+
+    /* results: what a reader needs of the model whose config (provenance.config, as config_json writes it)
+     * this is — 1: this family's (d filled), 0: another family's, -1: this family's with a bad field (err:
+     * "KEY: what is wrong", KEY the path within the config, e.g. "attention.rate: missing") */
+    int (*describe_config)(const json_t *config, ps_model_desc *d, ps_error *err);
+    const char *const *kinds;            /* the attention kinds (config.attention.kind) describe_config knows */
 };
 
 /* The registered families, in the order a checkpoint is tried; NULL-terminated. */
@@ -143,9 +174,34 @@ int ps_runtime_open(ps_runtime *rt, const char *dir, const ps_runtime_opts *o, p
  * bytes), or NULL to allocate it. ps_runtime_free frees the model but not caller storage. */
 int ps_runtime_open_into(ps_runtime *rt, const char *dir, const ps_runtime_opts *o,
                          void *(*storage)(const ps_family *f, void *user), void *user, ps_error *err);
+/* Open DIR with the given family table (one that ps_families does not list: a family defined by its
+ * user, e.g. the toy family of tests/test_toy_family.c). */
+int ps_runtime_open_family(ps_runtime *rt, const ps_family *f, const char *dir, const ps_runtime_opts *o, ps_error *err);
 void ps_runtime_free(ps_runtime *rt);
+/* The controlled model of a runtime of that family (its instruments' own code: knockout specs, gates,
+ * the restart path), NULL for any other family. */
+const ps_model *ps_runtime_controlled(const ps_runtime *rt);
 /* A runtime over a controlled model opened elsewhere (not owned). */
 void ps_runtime_wrap_model(ps_runtime *rt, const ps_model *m);
+
+/* The instruments' default --period of the model (the family's default_period): the one place it is
+ * computed (the controlled model: a compressed model's stride, the channel attention's rate, else 8;
+ * DeepSeek-V4: the smallest compression rate). */
+int64_t ps_runtime_default_period(const ps_runtime *rt);
+/* The model's description (its family's describe_config of its config_json); -1 with err when the family
+ * cannot describe it. */
+int ps_runtime_desc(const ps_runtime *rt, ps_model_desc *d, ps_error *err);
+/* The model's display label into buf (n bytes), returned ("" when the family cannot describe it). */
+const char *ps_runtime_label(const ps_runtime *rt, char *buf, size_t n);
+
+/* A result's model description from its provenance: the families decide from provenance.config (so a
+ * result written before labels existed is labelled as a new one), and a provenance "label" / "kind" the
+ * writer stored wins for those two. -1 with err when there is no config or no family knows it (err:
+ * "KEY: what is wrong", KEY the path within provenance.config). */
+int ps_model_desc_from_config(const json_t *config, ps_model_desc *d, ps_error *err);
+int ps_model_desc_from_provenance(const json_t *prov, ps_model_desc *d, ps_error *err);
+/* The label and kind alone (either pointer may be NULL); 0, or -1 when the provenance has none. */
+int ps_label_from_provenance(const json_t *prov, char *label, size_t ln, char *kind, size_t kn);
 
 /* The layers of point i, as "0-3", "1, 3", "none" or "once" (global points). */
 void ps_runtime_point_layers(const ps_runtime *rt, int i, char *buf, size_t n);

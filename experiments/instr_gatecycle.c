@@ -161,7 +161,7 @@ int ps_gatecycle_command(const ps_args *a, const ps_gatecycle_request *rq, ps_er
         int64_t n_all = target >= 0 ? ps_knockout_target_heads(rt, target) : 0;
         nh = q.head >= 0 ? 1 : (int)n_all;
         if (target < 0 || nh < 1 || q.head >= n_all)
-            bad = ps_fail(err, "--measure knockout: the %s runtime has no per-head compressed knockout", rt->ops->name);
+            bad = ps_fail(err, "--measure knockout: the %s runtime has no per-head compressed knockout", rt->family->name);
         else if (!(heads = malloc((size_t)nh * sizeof(int))))
             bad = ps_fail(err, "out of memory for %d heads", nh);
         for (int i = 0; !bad && i < nh; i++) heads[i] = q.head >= 0 ? (int)q.head : i;
@@ -221,10 +221,10 @@ int ps_gatecycle_command(const ps_args *a, const ps_gatecycle_request *rq, ps_er
     if (!r && saver) {
         char what[96];
         snprintf(what, sizeof what, "layer %lld shift %lld", (long long)q.layer, (long long)q.shift);
-        if (!rt->m) /* the family's gc_check refuses --save where it cannot write a checkpoint */
-            r = ps_fail(err, "--save: writing %s checkpoints is not supported", rt->ops->name);
+        if (!rt->family->save) /* the family's gc_check refuses --save where it cannot write a checkpoint */
+            r = ps_fail(err, "--save: writing %s checkpoints is not supported", rt->family->name);
         else
-            r = ps_model_set_meta(&in.m, "phasescope.gatecycle", what, err) || ps_model_save(&in.m, save, err) ? -1 : 0;
+            r = rt->family->save(rt, save, "phasescope.gatecycle", what, err);
         if (!r) printf("wrote the cycled checkpoint to %s\n", save);
     }
 run_done:;

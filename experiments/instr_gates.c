@@ -39,6 +39,18 @@ int ps_gates_command(const ps_args *a, const ps_gates_request *rq, ps_error *err
     int64_t N = s.b.B, nu = ps_sweep_n_batches(N, in.batch), B = in.batch < N ? in.batch : N;
     json_t *meta = json_pack("{s:o, s:o}", "provenance", ps_instr_provenance(&in, NULL), "training", evo ? evo : json_null());
     evo = NULL;
+    /* per-channel gates: the accumulator's layout goes with the records (the finish reads no config) */
+    ps_chgate_acc chacc;
+    const char *chmodel = NULL;
+    int per_channel = ops->gates_chacc(rt, &chacc, &chmodel, err);
+    if (per_channel < 0) {
+        json_decref(meta);
+        goto done;
+    }
+    if (per_channel) {
+        json_object_set_new(meta, "gate_layout", ps_chgate_layout_json(&chacc, chmodel));
+        ps_chgate_acc_free(&chacc);
+    }
     w = malloc((size_t)(nu ? nu : 1) * sizeof *w);
     wf = malloc((size_t)(nu ? nu : 1) * sizeof *wf);
     ev_off = malloc((size_t)(nu + 1) * sizeof *ev_off);
@@ -77,19 +89,22 @@ done:
 
 /* ---- the finish ---- */
 
-/* The per-channel statistics' result (the channel attention's, "model": "v4"; DeepSeek-V4's,
- * "model": "deepseek_v4"), from the accumulator the records were replayed into. */
-static int finish_chgates(const ps_partial *p, ps_chgate_acc *acc, const char *model, const char *out_dir, ps_error *err) {
+/* The per-channel statistics' result: the accumulator from the partial's gate_layout (the family's,
+ * written by the run: grid.h gates_chacc), the records replayed, "gates.model" as the family named it. */
+static int finish_chgates(const ps_partial *p, const char *out_dir, ps_error *err) {
     json_t *prov = json_object_get(p->meta, "provenance"), *res = NULL;
+    ps_chgate_acc acc = {0};
+    const char *model = NULL;
     int rc = -1;
-    if (ps_v4_gates_replay(acc, p->arr[0].data, p->arr[0].off[p->n_units] / PS_V4_GATES_EVENT_INTS, p->arr[1].data,
+    if (ps_chgate_layout_acc(json_object_get(p->meta, "gate_layout"), &acc, &model, err)) return -1;
+    if (ps_v4_gates_replay(&acc, p->arr[0].data, p->arr[0].off[p->n_units] / PS_V4_GATES_EVENT_INTS, p->arr[1].data,
                            p->arr[1].off[p->n_units], err))
-        return -1;
+        goto done;
     res = json_object();
     json_object_set_new(res, "kind", json_string("gates"));
     json_object_set(res, "provenance", prov);
     json_object_set_new(res, "thresholds", json_pack("{s:f}", "concentrated", PS_GATE_CONCENTRATED));
-    json_t *g = ps_chgate_acc_to_json(acc);
+    json_t *g = ps_chgate_acc_to_json(&acc);
     if (!g) {
         ps_fail(err, "out of memory for the gate statistics");
         goto done;
@@ -99,10 +114,11 @@ static int finish_chgates(const ps_partial *p, ps_chgate_acc *acc, const char *m
     json_t *evo = json_object_get(p->meta, "training");
     if (json_is_array(evo)) json_object_set(res, "training", evo);
     if (ps_result_write(out_dir, "gates.json", res, err)) goto done;
-    ps_chgate_print(acc);
+    ps_chgate_print(&acc);
     rc = 0;
 done:
     json_decref(res);
+    ps_chgate_acc_free(&acc);
     return rc;
 }
 
@@ -113,42 +129,6 @@ static int partial_config(const ps_partial *p, ps_config *cfg, ps_error *err) {
     int bad = ps_config_parse(cj, strlen(cj), "the partial result's provenance.config", cfg, err);
     free(cj);
     return bad ? -1 : 0;
-}
-
-/* The channel attention's run: the accumulator of the model's config, the records replayed. */
-static int finish_channel(const ps_partial *p, const char *out_dir, ps_error *err) {
-    ps_config cfg;
-    ps_chgate_acc acc = {0};
-    if (partial_config(p, &cfg, err) || ps_chgate_init_model(&acc, &cfg, err)) return -1;
-    int rc = finish_chgates(p, &acc, "v4", out_dir, err);
-    ps_chgate_acc_free(&acc);
-    return rc;
-}
-
-/* A DeepSeek-V4 run: the accumulator from provenance.config's schedule, the records replayed. */
-static int finish_v4(const ps_partial *p, const char *out_dir, ps_error *err) {
-    json_t *prov = json_object_get(p->meta, "provenance"), *cfg = json_object_get(prov, "config"), *att = json_object_get(cfg, "attention");
-    json_t *lt = json_object_get(att, "layer_types"), *cr = json_object_get(att, "compress_rates");
-    int L = (int)json_integer_value(json_object_get(cfg, "n_layers"));
-    if (L < 1 || L > PS_V4_MAX_LAYERS || (int)json_array_size(lt) != L || (int)json_array_size(cr) != L)
-        return ps_fail(err, "a DeepSeek-V4 gate-statistics partial result lacks its attention schedule or records");
-    ps_v4_attn_type types[PS_V4_MAX_LAYERS];
-    int64_t rates[PS_V4_MAX_LAYERS];
-    for (int l = 0; l < L; l++) {
-        const char *nm = json_string_value(json_array_get(lt, (size_t)l));
-        int k = 0;
-        while (k < 3 && (!nm || strcmp(nm, ps_v4_attn_type_name((ps_v4_attn_type)k)))) k++;
-        if (k == 3) return ps_fail(err, "a DeepSeek-V4 gate-statistics partial result: layer %d has an unknown type", l);
-        types[l] = (ps_v4_attn_type)k;
-        rates[l] = json_integer_value(json_array_get(cr, (size_t)l));
-    }
-    ps_chgate_acc acc = {0};
-    if (ps_v4_gates_acc_init(&acc, L, types, rates, json_integer_value(json_object_get(cfg, "head_dim")),
-                             json_integer_value(json_object_get(cfg, "index_head_dim")), err))
-        return -1;
-    int rc = finish_chgates(p, &acc, "deepseek_v4", out_dir, err);
-    ps_chgate_acc_free(&acc);
-    return rc;
 }
 
 /* A compressed model's per-head gates. */
@@ -186,12 +166,12 @@ done:
     return rc;
 }
 
-/* The records say whose gates they are (grid.h, gates_records). */
+/* Per-channel records carry their accumulator's layout (gate_layout); per-head ones are the compressed
+ * attention's "events" (grid.h, gates_records). */
 int ps_gates_finish(const ps_partial *p, const char *out_dir, ps_error *err) {
     if (p->n_arr != 2 || ps_partial_find(p, "alpha") != 1)
         return ps_fail(err, "a gate-statistics partial result lacks its records");
-    if (ps_partial_find(p, "v4_events") == 0) return finish_v4(p, out_dir, err);
-    if (ps_partial_find(p, "ch_events") == 0) return finish_channel(p, out_dir, err);
+    if (json_object_get(p->meta, "gate_layout")) return finish_chgates(p, out_dir, err);
     if (ps_partial_find(p, "events") == 0) return finish_heads(p, out_dir, err);
     return ps_fail(err, "a gate-statistics partial result lacks its records");
 }

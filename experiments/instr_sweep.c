@@ -88,9 +88,8 @@ static int run_textkv(ps_instr *in, const ps_args *a, const ps_sweep_request *rq
     int have_set = 0, rc = 1;
     int64_t *T = NULL, *w = NULL, tmin = 0, tmax = 0;
     ps_textkv_layout lay = {rq->tokenizer, rq->words, ps_args_get(a, "--family"), rq->pairs, rq->values, trained, rq->value_digits};
-    const ps_model *m = in->rt.m;
-    /* the text-kv sweep's own default period: the stride of a compressed model, else 8 */
-    if (!ps_args_has(a, "--period")) in->P = m->cfg.kind == PS_ATTN_COMPRESSED ? m->cfg.stride : 8;
+    const ps_model *m = ps_runtime_controlled(&in->rt);
+    /* in->P: --period, or the model's one default period (ps_instr_setup: ps_runtime_default_period) */
     int bad = ps_textkv_set_open(&set, &lay, in->P, err);
     have_set = !bad;
     if (!bad) bad = ps_text_check_vocab(set.tok, set.tok_path, m->cfg.vocab_size, in->model_dir, err);
@@ -153,7 +152,7 @@ static int model_task(ps_instr *in, const ps_args *a, ps_error *err) {
     const char *family = ps_args_get(a, "--family");
     if (ps_fillers_find(in->fams, in->n_fams, family, &in->fam, err)) return ps_cli_mark_usage(err);
     if (in->base.B) return 0;
-    if (ps_model_task(in->rt.m, in->model_dir, &in->task, err) || ps_batch_alloc(&in->base, in->n_prompts, in->task.seq_len, in->task.n_queries, err) ||
+    if (ps_model_task(ps_runtime_controlled(&in->rt), in->model_dir, &in->task, err) || ps_batch_alloc(&in->base, in->n_prompts, in->task.seq_len, in->task.n_queries, err) ||
         ps_task_generate(&in->task, in->seed ^ 0xe7a1ULL, &in->base, err))
         return -1;
     ps_progress_init(&in->bar, (int64_t)1 << 40);
@@ -170,12 +169,12 @@ int ps_sweep_command(const ps_args *a, const ps_sweep_request *rq, ps_error *err
     int bad = ps_instr_setup(&in, &b, 0, err);
     /* a phasescope model trained on text-kv names its tokenizer and layout: its text-kv sweep is the
      * default, and its layout gives --task text-kv's defaults */
-    if (!bad && in.rt.m && (textkv || !rq->task || !strcmp(rq->task, "model")) && !(textkv && rq->tokenizer)) {
-        has_trained = ps_textkv_checkpoint_task(in.rt.m, in.model_dir, &trained, err);
+    if (!bad && ps_runtime_controlled(&in.rt) && (textkv || !rq->task || !strcmp(rq->task, "model")) && !(textkv && rq->tokenizer)) {
+        has_trained = ps_textkv_runtime_task(&in.rt, in.model_dir, &trained, err);
         if (has_trained < 0) bad = -1;
         else if (has_trained) textkv = 1;
     }
-    if (!bad && textkv && !in.rt.m) bad = ps_cli_usage(err, "--task text-kv: text prompts need a phasescope model");
+    if (!bad && textkv && !ps_runtime_controlled(&in.rt)) bad = ps_cli_usage(err, "--task text-kv: text prompts need a phasescope model");
     if (!bad && !textkv && rq->text_only_flag) bad = ps_cli_usage(err, "%s: only with --task text-kv", rq->text_only_flag);
     if (!bad && !textkv) bad = model_task(&in, a, err);
     if (ps_dist_agree(bad, err)) goto done;

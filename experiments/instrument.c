@@ -48,7 +48,7 @@ static char *command_line_unsharded(const ps_args *a) {
 }
 
 /* ---- what the instruments add to each family (its core runtime: core/runtime.h) ----
- * Where its model lives in ps_instr (the field the commands read for it), the instruments' table and the
+ * The runtime owns the model (ps_runtime_open); each family adds here only the instruments' table and the
  * prompts' task: the controlled model's stored task, a DeepSeek-V4 checkpoint's task file (--task FILE or
  * DIR/phasescope_task.json) with its token mapping, recorded in provenance as "task_source". */
 
@@ -60,22 +60,24 @@ static void take_ops(ps_runtime *rt, const ps_runtime *made) {
 
 static int model_bind(ps_instr *in, const char *task_flag, int need_task, ps_error *err) {
     (void)task_flag; /* sweep's --task model|text-kv (any other value was refused before the open) */
+    const ps_model *m = in->rt.model;
     ps_runtime made;
-    ps_runtime_model(&made, &in->m);
+    ps_runtime_model(&made, m);
     take_ops(&in->rt, &made);
-    return need_task ? ps_model_task(&in->m, in->model_dir, &in->task, err) : 0;
+    return need_task ? ps_model_task(m, in->model_dir, &in->task, err) : 0;
 }
 
 static int v4_bind(ps_instr *in, const char *task_flag, int need_task, ps_error *err) {
     (void)need_task; /* the prompts always come from the task file */
-    const ps_v4_config *c = &in->v4.cfg;
+    ps_v4_model *m = in->rt.model;
+    const ps_v4_config *c = &m->cfg;
     if (ps_v4_task_load(&in->v4_task, task_flag, in->model_dir, c->vocab_size, c->max_position_embeddings, err)) {
         if (task_flag) ps_fail_prefix(err, "--task: ");
         return -1;
     }
     in->task = in->v4_task.task;
     ps_runtime made;
-    ps_v4_runtime(&made, &in->v4, &in->v4_task);
+    ps_v4_runtime(&made, m, &in->v4_task);
     take_ops(&in->rt, &made);
     return 0;
 }
@@ -86,7 +88,6 @@ static json_t *v4_task_source(const ps_instr *in) { return ps_v4_task_source_jso
 
 typedef struct {
     const ps_family *family;
-    size_t model_at;     /* offsetof(ps_instr, the family's model field) */
     int task_file;       /* the prompts come from a task file: the evaluation set is always built */
     int (*bind)(ps_instr *in, const char *task_flag, int need_task, ps_error *err);
     void (*unbind)(ps_instr *in);
@@ -94,19 +95,14 @@ typedef struct {
 } instr_binding;
 
 static const instr_binding BINDINGS[] = {
-    {&ps_family_model, offsetof(ps_instr, m), 0, model_bind, NULL, NULL},
-    {&ps_family_v4, offsetof(ps_instr, v4), 1, v4_bind, v4_unbind, v4_task_source},
+    {&ps_family_model, 0, model_bind, NULL, NULL},
+    {&ps_family_v4, 1, v4_bind, v4_unbind, v4_task_source},
 };
 
 static const instr_binding *binding(const ps_family *f) {
     for (size_t i = 0; i < sizeof BINDINGS / sizeof BINDINGS[0]; i++)
         if (BINDINGS[i].family == f) return &BINDINGS[i];
     return NULL;
-}
-
-static void *model_storage(const ps_family *f, void *user) {
-    const instr_binding *b = binding(f);
-    return b ? (char *)user + b->model_at : NULL;
 }
 
 int ps_instr_setup(ps_instr *in, const ps_args *a, int need_task, ps_error *err) {
@@ -139,11 +135,11 @@ int ps_instr_setup(ps_instr *in, const ps_args *a, int need_task, ps_error *err)
         return -1;
     }
     ps_runtime_opts ro = {.backend = in->backend, .weights = 1, .lazy = -1};
-    if (ps_runtime_open_into(&in->rt, in->model_dir, &ro, model_storage, in, err)) return -1;
+    if (ps_runtime_open(&in->rt, in->model_dir, &ro, err)) return -1;
     if (in->rt.lazy)
         fprintf(stderr, "phasescope %s: the weights (%.1f GB as float32) are loaded one layer at a time\n", in->command,
                 in->rt.weight_bytes / 1e9);
-    in->P = in->rt.family->default_period(&in->rt);
+    in->P = ps_runtime_default_period(&in->rt);
     int64_t seed = 0;
     if (ps_args_int(a, "--period", 1, PS_RESULT_MAX_PERIOD, &in->P, err) ||
         ps_args_int(a, "--n", 1, PS_RESULT_MAX_PROMPTS, &in->n_prompts, err) ||
@@ -205,6 +201,12 @@ json_t *ps_instr_provenance(const ps_instr *in, const char *mode) {
     int64_t step = rt->family->step(rt);
     if (step >= 0) json_object_set_new(o, "model_step", json_integer(step));
     json_object_set_new(o, "config", rt->family->config_json(rt));
+    ps_model_desc md; /* the display label and attention kind, as core's family words them */
+    ps_error de;
+    if (!ps_runtime_desc(rt, &md, &de)) {
+        json_object_set_new(o, "label", json_string(md.label));
+        json_object_set_new(o, "kind", json_string(md.kind));
+    }
     if (in->base.B) json_object_set_new(o, "task", ps_task_to_json(&in->task));
     if (bd && bd->task_source) json_object_set_new(o, "task_source", bd->task_source(in));
     json_object_set_new(ev, "n_prompts", json_integer(in->n_prompts));

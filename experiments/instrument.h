@@ -57,10 +57,9 @@ typedef struct {
     ps_progress bar;
     int shard, n_shards; /* --shard I/N (0/1 without it) */
     /* the checkpoint, opened through its family (core/runtime.h: ps_runtime_open): the runtime every
-     * instrument calls. The family's model lives in the field the commands read for it (`m` for the
-     * controlled model, `v4` for a DeepSeek-V4 checkpoint, whose task file `v4_task` gives `task`). */
+     * instrument calls; it owns the model (`m` above is only a model a command loads itself). A DeepSeek-V4
+     * checkpoint's task file `v4_task` gives `task`. */
     ps_runtime rt;
-    ps_v4_model v4;
     ps_v4_task v4_task;
 } ps_instr;
 

@@ -21,10 +21,10 @@ int ps_atp_default_fix(const ps_runtime *rt) {
 const char *ps_atp_fix_missing(const ps_runtime *rt, int fix, char *buf, size_t n) {
     if (!rt->ops->atp_spec) {
         snprintf(buf, n, "--method atp: %s checkpoints have no backward pass in phasescope, so there are no gradients to "
-                         "attribute with (use --method exact)", rt->ops->name);
+                         "attribute with (use --method exact)", rt->family->name);
         return buf;
     }
-    if (fix == PS_ATP_FIX_QK && rt->m && rt->m->cfg.kind == PS_ATTN_CHANNEL) {
+    if (fix == PS_ATP_FIX_QK && ps_runtime_controlled(rt) && ps_runtime_controlled(rt)->cfg.kind == PS_ATTN_CHANNEL) {
         snprintf(buf, n, "--atp-fix qk: the per-channel compressor attention (attention.kind channel) is not recomputed per "
                          "head; use --atp-fix none");
         return buf;
@@ -116,7 +116,7 @@ static float *point_of(const ps_act_ptrs *P, ps_hook_point pt) {
  * its KV head gathered into contiguous buffers (the scratch acts' arrays), attended as a model with one
  * KV head (its own window offsets), the output scattered back. */
 static int recompute_attention(model_atp *A, const ps_runtime *rt, const ps_grid_shift *sh, ps_acts *a, ps_error *err) {
-    const ps_config *c = &rt->m->cfg;
+    const ps_config *c = &ps_runtime_controlled(rt)->cfg;
     ps_ctx *ctx = rt->ctx;
     int64_t B = a->B, T = a->T, nW = a->nW, nkv = c->n_kv_heads, nh = c->n_heads, hd = c->head_dim, grp = nh / nkv;
     int64_t kd = nkv * hd, qd = nh * hd, gd = grp * hd;
@@ -161,7 +161,7 @@ static int recompute_attention(model_atp *A, const ps_runtime *rt, const ps_grid
 /* The dot actions on the gradients: fix none, Σ ∂NLL/∂x · (mean − x) per (sequence, KV head) at each
  * replaced array; fix qk, Σ ∂NLL/∂z · dz per (sequence, query head) at hook_z. */
 static int grad_hooks(model_atp *A, const ps_runtime *rt, const ps_grid_shift *sh, ps_acts *a, ps_hooks *gh, ps_error *err) {
-    const ps_config *c = &rt->m->cfg;
+    const ps_config *c = &ps_runtime_controlled(rt)->cfg;
     int64_t B = a->B, T = a->T, H = A->fix == PS_ATP_FIX_QK ? c->n_heads : c->n_kv_heads;
     for (int li = 0; li < sh->n_layers; li++) {
         int l = sh->layers[li];
@@ -194,7 +194,7 @@ static int grad_hooks(model_atp *A, const ps_runtime *rt, const ps_grid_shift *s
 static int atp_estimate(void *self, const ps_runtime *rt, const ps_grid_shift *sh, const ps_shifted *sv, void *state,
                         const double *clean_lp, double *cell_lp, ps_error *err) {
     model_atp *A = self;
-    const ps_model *m = rt->m;
+    const ps_model *m = ps_runtime_controlled(rt);
     const ps_config *c = &m->cfg;
     ps_acts *a = state;
     const ps_batch *b = &sv->b;

@@ -393,7 +393,7 @@ int ps_model_gc_cycle(const ps_runtime *rt, const ps_cycle_req *q, int64_t k, ps
 }
 
 int ps_model_gc_meta(const ps_runtime *rt, const ps_cycle_req *q, json_t *meta, ps_error *err) {
-    const ps_config *c = &rt->m->cfg;
+    const ps_config *c = &ps_runtime_controlled(rt)->cfg;
     int64_t layer = q->layer, head = q->head, nkv = c->n_kv_heads;
     int branches = q->branches, params = q->params_mask;
     json_t *hl = json_array();

@@ -20,16 +20,11 @@ static int model_eval(const ps_runtime *rt, const ps_batch *view, const ps_hooks
     ps_shifted one;
     memset(&one, 0, sizeof one);
     one.b = *view;
-    return ps_eval_shifted(rt->m, &one, view->B > 0 ? view->B : 1, h, ok, lp, err);
+    return ps_eval_shifted(ps_runtime_controlled(rt), &one, view->B > 0 ? view->B : 1, h, ok, lp, err);
 }
 
-static int model_add_action(const ps_runtime *rt, ps_hooks *h, const char *name, const ps_hook_action *act, ps_error *err) {
-    return ps_hooks_add_action(h, &rt->m->cfg, name, act, err);
-}
-
-static const ps_runtime_ops MODEL_OPS = {.name = "phasescope",
+static const ps_runtime_ops MODEL_OPS = {
                                          .eval = model_eval,
-                                         .add_action = model_add_action,
                                          .ko_targets = ps_model_ko_target_names,
                                          .ko_heads_what = "KV heads",
                                          .ko_default_target = ps_model_ko_default_target,
@@ -46,6 +41,7 @@ static const ps_runtime_ops MODEL_OPS = {.name = "phasescope",
                                          .gates_unit_size = ps_model_gates_unit_size,
                                          .gates_units = ps_model_gates_units,
                                          .gates_log = ps_model_gates_log,
+                                         .gates_chacc = ps_model_gates_chacc,
                                          /* gate cycling (gatecycle.c) */
                                          .gc_check = ps_model_gc_check,
                                          .gc_cycle = ps_model_gc_cycle,
@@ -57,7 +53,6 @@ void ps_runtime_model(ps_runtime *rt, const ps_model *m) {
     rt->ctx = m->ctx;
     rt->max_pos = m->cfg.max_seq_len;
     rt->n_layers = m->cfg.n_layers;
-    rt->m = m;
     rt->model = (void *)m;
     rt->family = &ps_family_model;
 }
@@ -104,7 +99,7 @@ double ps_grid_default_budget(void) {
     return b;
 }
 
-int ps_grid_last_first(const ps_runtime *rt) { return rt->m != NULL; }
+int ps_grid_last_first(const ps_runtime *rt) { return rt->family->restart != NULL; }
 
 int64_t ps_grid_n_units(int64_t N, int64_t batch, int64_t P, int n_layers) {
     int64_t B = batch < N ? batch : N;
@@ -128,7 +123,7 @@ void ps_grid_unit_weights(const ps_runtime *rt, int64_t N, int64_t batch, int64_
         int64_t p, i0, n;
         int li;
         ps_grid_unit(N, batch, n_layers, lf, u, &p, &i0, &n, &li);
-        int64_t cell = rt->m ? 64 * (L - 1 - layers[li]) / L + 8 : 64;
+        int64_t cell = rt->family->restart ? 64 * (L - 1 - layers[li]) / L + 8 : 64; /* restarted cells: from their layer up */
         w[u] = n * nc * cell + (li == 0 ? 64 * n : 0);
         snap[u] = 0;
         if (li == 0 && u / n_layers % nb == 0) { /* the shift's first unit: its reference pass */
@@ -239,7 +234,7 @@ static ps_shifted view_of(const run_state *st, int64_t i0, int64_t n) {
  * [set->b.B, T, V] (host) into st->ok, st->lp: the spec's scoring, or the answers' (ps_score_queries). */
 static void score_logits(run_state *st, const ps_shifted *set, int64_t prompt0, const float *logits) {
     const ps_grid_spec *sp = st->g->spec;
-    int64_t V = st->g->rt->m->cfg.vocab_size;
+    int64_t V = st->g->rt->family->vocab(st->g->rt);
     if (sp->score) sp->score(sp->self, &st->sh, set, prompt0, logits, V, st->ok, st->lp);
     else ps_score_queries(&set->b, logits, V, st->ok, st->lp);
 }
@@ -264,7 +259,7 @@ static int cells_full(run_state *st, int64_t unit, int li, const ps_shifted *sv,
         rc = g->spec->cell(g->spec->self, g->rt, &st->sh, li, ci, 0, 0, i0, &h, err);
         if (!rc) {
             if (use) { /* the controlled model: the batch's own activation set */
-                rc = ps_forward(g->rt->m, use, sv->b.tokens, &h, err);
+                rc = g->rt->family->forward(g->rt, use, sv->b.tokens, &h, -1, err);
                 if (!rc) rc = score_acts(st, use, sv, i0, err);
             } else
                 rc = g->rt->ops->eval(g->rt, &sv->b, &h, st->ok, st->lp, err);
@@ -282,7 +277,7 @@ static int cells_full(run_state *st, int64_t unit, int li, const ps_shifted *sv,
  * per replica). Each replica r = sequences [r·mm, (r+1)·mm) gets cell sel[h0 + r]'s hooks. */
 static int cells_restart(run_state *st, int64_t unit, int li, const ps_shifted *sv, int64_t i0, ps_acts *use, ps_error *err) {
     const ps_grid *g = st->g;
-    const ps_model *m = g->rt->m;
+    const ps_model *m = ps_runtime_controlled(g->rt);
     const ps_config *c = &m->cfg;
     ps_ctx *ctx = m->ctx;
     int l = st->out->layers[li], rc = 0, at_attn = st->restart == PS_GRID_RESTART_ATTENTION;
@@ -372,7 +367,7 @@ static int cells_restart(run_state *st, int64_t unit, int li, const ps_shifted *
 /* Sizes and buffers of the restart path for this shift (T tokens). */
 static int restart_prepare(run_state *st, double budget, ps_error *err) {
     const ps_grid *g = st->g;
-    const ps_config *c = &g->rt->m->cfg;
+    const ps_config *c = &ps_runtime_controlled(g->rt)->cfg;
     int64_t N = st->N, B = st->B, maxq = st->maxq, T = st->sh.T, V = c->vocab_size;
     int at_attn = st->restart == PS_GRID_RESTART_ATTENTION;
     /* the restarted passes stop at the last answer row (causal: nothing after it is read); from the
@@ -429,7 +424,7 @@ static void shift_free(run_state *st) {
     st->have_rep = st->have_part = st->have_a = 0;
     free(st->rows);
     free(st->dst_rows);
-    if (st->ans_logits) ps_buf_free(g->rt->ctx, st->ans_logits, st->n_ans_max * g->rt->m->cfg.vocab_size * (int64_t)sizeof(float));
+    if (st->ans_logits) ps_buf_free(g->rt->ctx, st->ans_logits, st->n_ans_max * ps_runtime_controlled(g->rt)->cfg.vocab_size * (int64_t)sizeof(float));
     st->rows = st->dst_rows = NULL;
     st->ans_logits = NULL;
     if (g->spec->shift_end) g->spec->shift_end(g->spec->self, g->rt);
@@ -471,13 +466,13 @@ static int run_shift(run_state *st, int64_t p, double budget, ps_error *err) {
     int64_t T = st->sh.T;
     /* the controlled model keeps every batch's clean state (the restart reads it; the reference pass's
      * last batch is not run again) */
-    int keep = rt->m != NULL, keep_all = g->spec->restart != PS_GRID_RESTART_LAYER; /* the layer restart reads the residual only */
+    int keep = rt->family->restart != NULL, keep_all = g->spec->restart != PS_GRID_RESTART_LAYER; /* the layer restart reads the residual only */
     if (keep && st->restart) rc = restart_prepare(st, budget, err);
     if (!rc && keep) {
-        rc = ps_acts_create(&st->a, rt->ctx, &rt->m->cfg, B, T, keep_all, err);
+        rc = ps_acts_create(&st->a, rt->ctx, &ps_runtime_controlled(rt)->cfg, B, T, keep_all, err);
         st->have_a = !rc;
         if (!rc && N - last0 != B) {
-            rc = ps_acts_create(&st->part, rt->ctx, &rt->m->cfg, N - last0, T, keep_all, err);
+            rc = ps_acts_create(&st->part, rt->ctx, &ps_runtime_controlled(rt)->cfg, N - last0, T, keep_all, err);
             st->have_part = !rc;
         }
     }
@@ -490,7 +485,7 @@ static int run_shift(run_state *st, int64_t p, double budget, ps_error *err) {
         int64_t n = N - i0 < B ? N - i0 : B;
         if (keep) {
             ps_acts *use = i0 == last0 && st->have_part ? &st->part : &st->a;
-            rc = ps_forward(rt->m, use, (g->ref_tokens ? g->ref_tokens : st->s.b.tokens) + i0 * T, &ref, err);
+            rc = rt->family->forward(rt, use, (g->ref_tokens ? g->ref_tokens : st->s.b.tokens) + i0 * T, &ref, -1, err);
             int64_t u0 = UNIT(st, p, st->last_first ? (last0 - i0) / B : i0 / B, 0);
             if (!rc && g->ref_tokens && IN(st, u0)) { /* the reference run's outcomes */
                 ps_shifted sv = view_of(st, i0, n);
@@ -515,7 +510,7 @@ static int run_shift(run_state *st, int64_t p, double budget, ps_error *err) {
         ps_acts *use = NULL;
         if (keep) {
             use = i0 == last0 && st->have_part ? &st->part : &st->a;
-            if (i0 != last0 || g->ref_tokens) rc = ps_forward(rt->m, use, sv.b.tokens, NULL, err);
+            if (i0 != last0 || g->ref_tokens) rc = rt->family->forward(rt, use, sv.b.tokens, NULL, -1, err);
             /* an estimate needs the clean scores of every batch it visits */
             if (!rc && (IN(st, UNIT(st, p, bi, 0)) || g->spec->estimate) && !(rc = score_acts(st, use, &sv, i0, err)) &&
                 IN(st, UNIT(st, p, bi, 0)))
@@ -563,15 +558,15 @@ int ps_grid_run(const ps_grid *g, ps_grid_result *out, ps_error *err) {
     st.B = g->batch < st.N ? g->batch : st.N;
     st.nb = st.B > 0 ? (st.N + st.B - 1) / st.B : 0;
     st.last_first = ps_grid_last_first(g->rt);
-    st.restart = !g->naive && g->rt->m != NULL && !g->spec->estimate ? g->spec->restart : PS_GRID_RESTART_NONE;
-    if (g->spec->estimate && !g->rt->m) {
+    st.restart = !g->naive && g->rt->family->restart && !g->spec->estimate ? g->spec->restart : PS_GRID_RESTART_NONE;
+    if (g->spec->estimate && !g->rt->family->restart) {
         ps_grid_result_free(out);
-        return ps_fail(err, "an estimated grid needs the %s runtime's kept activations (this family has none)", g->rt->ops->name);
+        return ps_fail(err, "an estimated grid needs the %s runtime's kept activations (this family has none)", g->rt->family->name);
     }
-    if ((g->spec->score || g->ref_tokens) && !g->rt->m) {
+    if ((g->spec->score || g->ref_tokens) && !g->rt->family->restart) {
         ps_grid_result_free(out);
         return ps_fail(err, "a grid with its own scoring or a reference run of other prompts needs the controlled model's logits "
-                            "(the %s runtime scores its answers only)", g->rt->ops->name);
+                            "(the %s runtime scores its answers only)", g->rt->family->name);
     }
     if (g->ref_tokens && g->spec->estimate) {
         ps_grid_result_free(out);

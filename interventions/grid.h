@@ -38,6 +38,7 @@
 #include "core/hooks.h"
 #include "core/model.h"
 #include "core/runtime.h"
+#include "gates/chgates.h"
 #include "interventions/sweep.h"
 #include "tasks/tasks.h"
 
@@ -99,12 +100,9 @@ typedef struct {
  * ps_v4_runtime in v4_instr.h); rt->ops of the runtime (struct ps_runtime, core/runtime.h: the family's
  * core table is rt->family). */
 typedef struct ps_runtime_ops {
-    const char *name;               /* the family: "phasescope", "deepseek_v4" */
     /* One forward of the n prompts of `view` (task token ids) with hooks, scored per query: ok and lp
      * [view->B · max_q] (as ps_score_queries fills them). */
     int (*eval)(const ps_runtime *rt, const ps_batch *view, const ps_hooks *h, int *ok, double *lp, ps_error *err);
-    /* Register a backend-side action by hook name (the family's names; what the specs' cells call). */
-    int (*add_action)(const ps_runtime *rt, ps_hooks *h, const char *name, const ps_hook_action *act, ps_error *err);
     /* the family's knockout (knockout.h): its targets (names, NULL-terminated), the default, the heads a
      * target's cells choose from (0: one cell per layer), what a cell is (NULL: not recorded), whether a
      * layer (-1: the model as a whole) has what a target replaces (NULL, or why not in buf), and the target's grid spec over the
@@ -136,6 +134,10 @@ typedef struct ps_runtime_ops {
     int (*gates_units)(const ps_runtime *rt, const ps_shifted *s, int64_t batch, int64_t u0, int64_t u1, const int64_t *ev_off,
                        const int64_t *al_off, int32_t *events, float *alpha, ps_error *err);
     json_t *(*gates_log)(const ps_runtime *rt, const char *path, ps_error *err);
+    /* Per-channel gates: 1 with the accumulator the records are replayed into and the name of the result's
+     * "gates.model" (the finish rebuilds it from ps_chgate_layout_json, units.h, so it reads no family's
+     * config); 0: per-head gates (gates.h, whose accumulator the finish makes from the config). */
+    int (*gates_chacc)(const ps_runtime *rt, ps_chgate_acc *acc, const char **model, ps_error *err);
     /* gate cycling (instr_gatecycle.c) */
     /* gatecycle's flags checked against the model (fills q's masks), the cycle by k, and the family's
      * keys of the instrument's meta: the "cycle" block, the summary line (gatecycle.h, ps_cycle_req) */

@@ -41,7 +41,7 @@ static void model_ko_shift_end(void *self, const ps_runtime *rt) {
 
 static int model_ko_sources(void *self, const ps_runtime *rt, const ps_grid_shift *sh, ps_hooks *ref, ps_error *err) {
     model_ko *k = self;
-    const ps_config *c = &rt->m->cfg;
+    const ps_config *c = &ps_runtime_controlled(rt)->cfg;
     int v4 = c->kind == PS_ATTN_CHANNEL; /* K = V: hook_k / hook_ck only */
     int64_t nW = ps_config_n_windows(c, sh->T), nkv = c->n_kv_heads, hd = c->head_dim;
     k->n_arr = 0;
@@ -70,7 +70,7 @@ static int model_ko_sources(void *self, const ps_runtime *rt, const ps_grid_shif
             ps_hook_name(name, sizeof name, sh->layers[li], k->pt[a]);
             ps_hook_action act = {.kind = PS_ACT_SUM, .head = -1, .acc = k->sum + (int64_t)li * k->per_layer + k->off[a],
                                   .acc_n = k->npos[a] * nkv * hd};
-            if (rt->ops->add_action(rt, ref, name, &act, err)) return -1;
+            if (rt->family->hook_add_action(rt, ref, name, &act, err)) return -1;
         }
     return 0;
 }
@@ -79,7 +79,7 @@ static int model_ko_sources(void *self, const ps_runtime *rt, const ps_grid_shif
  * a (j+1)-th chunk (the others hold zeros there), so its mean is over those prompts: the means over all N
  * are rescaled by N / count_j on the host (entries no prompt has stay 0). */
 static int content_means(const ps_runtime *rt, model_ko *k, const ps_grid_shift *sh, ps_error *err) {
-    const ps_config *c = &rt->m->cfg;
+    const ps_config *c = &ps_runtime_controlled(rt)->cfg;
     int64_t T = sh->T, N = sh->N, nC = ps_config_n_windows(c, T), nkv = c->n_kv_heads, hd = c->head_dim;
     int64_t *cnt = calloc((size_t)(nC > 0 ? nC : 1), sizeof *cnt), *cs = malloc((size_t)(nC > 0 ? nC : 1) * sizeof *cs),
             *cl = malloc((size_t)(nC > 0 ? nC : 1) * sizeof *cl);
@@ -111,7 +111,7 @@ static int content_means(const ps_runtime *rt, model_ko *k, const ps_grid_shift 
 static int model_ko_sources_done(void *self, const ps_runtime *rt, const ps_grid_shift *sh, ps_error *err) {
     model_ko *k = self;
     if (ps_sum_to_mean(rt->ctx, k->mean, k->sum, (double)sh->N, k->n_mean)) return ps_ctx_check(rt->ctx, err);
-    if (rt->m->cfg.kind == PS_ATTN_COMPRESSED && rt->m->cfg.boundaries == PS_BOUNDARIES_CONTENT && (k->target & PS_KO_COMPRESSED))
+    if (ps_runtime_controlled(rt)->cfg.kind == PS_ATTN_COMPRESSED && ps_runtime_controlled(rt)->cfg.boundaries == PS_BOUNDARIES_CONTENT && (k->target & PS_KO_COMPRESSED))
         return content_means(rt, k, sh, err);
     return 0;
 }
@@ -127,16 +127,16 @@ static int model_ko_cell(void *self, const ps_runtime *rt, const ps_grid_shift *
         ps_hook_name(name, sizeof name, sh->layers[li], k->pt[a]);
         ps_hook_action act = {.kind = PS_ACT_SET, .head = k->heads[ci], .seq0 = seq0, .seq1 = seq1,
                               .src = k->mean + (int64_t)li * k->per_layer + k->off[a], .src_npos = k->npos[a]};
-        if (rt->ops->add_action(rt, h, name, &act, err)) return -1;
+        if (rt->family->hook_add_action(rt, h, name, &act, err)) return -1;
     }
     return 0;
 }
 
-int ps_model_ko_default_target(const ps_runtime *rt) { return rt->m->cfg.kind != PS_ATTN_FULL ? 1 : 0; }
+int ps_model_ko_default_target(const ps_runtime *rt) { return ps_runtime_controlled(rt)->cfg.kind != PS_ATTN_FULL ? 1 : 0; }
 
 int64_t ps_model_ko_target_heads(const ps_runtime *rt, int target) {
     (void)target;
-    return rt->m->cfg.n_kv_heads;
+    return ps_runtime_controlled(rt)->cfg.n_kv_heads;
 }
 
 const char *ps_model_ko_unit(const ps_runtime *rt, int target) {
@@ -146,7 +146,7 @@ const char *ps_model_ko_unit(const ps_runtime *rt, int target) {
 
 const char *ps_model_ko_layer_missing(const ps_runtime *rt, int target, int layer, char *buf, size_t n) {
     (void)layer;
-    if (((target + 1) & PS_KO_COMPRESSED) && rt->m->cfg.kind == PS_ATTN_FULL) {
+    if (((target + 1) & PS_KO_COMPRESSED) && ps_runtime_controlled(rt)->cfg.kind == PS_ATTN_FULL) {
         snprintf(buf, n, "--target %s: a full-attention model has no compressed entries (use --target raw)", MODEL_TARGETS[target]);
         return buf;
     }
@@ -159,7 +159,7 @@ int ps_model_ko_spec(const ps_runtime *rt, int target, const int *heads, int n_h
     if (!k) return ps_fail(err, "out of memory");
     k->target = (ps_ko_target)(target + 1);
     k->heads = heads;
-    *spec = (ps_grid_spec){.self = k, .restart = rt->m->cfg.kind != PS_ATTN_CHANNEL ? PS_GRID_RESTART_ATTENTION : PS_GRID_RESTART_NONE, .sources = model_ko_sources,
+    *spec = (ps_grid_spec){.self = k, .restart = ps_runtime_controlled(rt)->cfg.kind != PS_ATTN_CHANNEL ? PS_GRID_RESTART_ATTENTION : PS_GRID_RESTART_NONE, .sources = model_ko_sources,
                            .sources_done = model_ko_sources_done, .cell = model_ko_cell, .shift_end = model_ko_shift_end};
     return 0;
 }

@@ -111,7 +111,7 @@ static int patch_sources(void *self, const ps_runtime *rt, const ps_grid_shift *
         ps_hook_name(name, sizeof name, sh->layers[li], P->pt);
         P->seen[li] = 0;
         P->pl[li] = (patch_layer){.P = P, .li = li};
-        if (ps_hooks_add(ref, &rt->m->cfg, name, patch_collect, &P->pl[li], err)) return -1;
+        if (ps_hooks_add(ref, &ps_runtime_controlled(rt)->cfg, name, patch_collect, &P->pl[li], err)) return -1;
     }
     return 0;
 }
@@ -148,7 +148,7 @@ static int patch_cell(void *self, const ps_runtime *rt, const ps_grid_shift *sh,
     ps_hook_action act = {.kind = PS_ACT_PATCH, .head = P->heads[hi], .seq0 = seq0, .seq1 = seq1,
                           .pos0 = P->per_position ? t : 0, .pos1 = P->per_position ? t + 1 : 0, .src = P->src[li],
                           .src_npos = P->npos, .src_nseq = P->N, .src_seq0 = prompt0};
-    return rt->ops->add_action(rt, h, name, &act, err);
+    return rt->family->hook_add_action(rt, h, name, &act, err);
 }
 
 /* Per query its metric value (the engine's mean over queries is the metric); no accuracy. */

@@ -2,6 +2,8 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 void ps_wilson(int64_t k, int64_t n, double z, double *lo, double *hi) {
     if (n <= 0) {
@@ -196,5 +198,129 @@ int ps_phase_verdict(double p_value, double gap_pp, const char **text) {
                 : sens                    ? "phase sensitive"
                                           : "a statistically detectable but small phase dependence (gap < 5 pp)";
     return sens;
+}
+
+/* ---- per-residue accumulators ---- */
+
+int ps_residue_stats_init(ps_residue_stats *r, int64_t P, ps_error *err) {
+    r->P = P;
+    r->n = calloc((size_t)P, sizeof(int64_t));
+    r->k = calloc((size_t)P, sizeof(int64_t));
+    r->lp = calloc((size_t)P, sizeof(double));
+    if (!r->n || !r->k || !r->lp) {
+        ps_residue_stats_free(r);
+        return ps_fail(err, "out of memory for the statistics of %lld residues", (long long)P);
+    }
+    return 0;
+}
+
+void ps_residue_stats_free(ps_residue_stats *r) {
+    free(r->n);
+    free(r->k);
+    free(r->lp);
+    memset(r, 0, sizeof *r);
+}
+
+void ps_residue_stats_add(ps_residue_stats *r, const ps_shifted *s, const int *correct, const double *logprob) {
+    for (int64_t i = 0; i < s->b.B; i++)
+        for (int64_t q = 0; q < s->b.n_q[i]; q++) {
+            int64_t rho = s->residue[i * s->b.max_q + q];
+            if (rho < 0) continue;
+            r->n[rho]++;
+            r->k[rho] += correct[i * s->b.max_q + q];
+            r->lp[rho] += logprob[i * s->b.max_q + q];
+        }
+}
+
+double ps_residue_accuracy(const ps_residue_stats *r, int64_t rho) {
+    return r->n[rho] ? (double)r->k[rho] / (double)r->n[rho] : 0.0;
+}
+
+/* every jansson call can fail on memory: `bad` collects the failures */
+#define SET(o, key, v) (bad |= json_object_set_new((o), (key), (v)) != 0)
+
+json_t *ps_residue_stats_json(const ps_residue_stats *r, ps_error *err) {
+    int64_t P = r->P, N = 0, K = 0;
+    int bad = 0;
+    double mn = INFINITY, mx = -INFINITY, *acc = calloc((size_t)(P > 0 ? P : 1), sizeof(double));
+    json_t *o = json_object(), *res = json_array();
+    if (!acc || !o || !res) {
+        free(acc);
+        json_decref(o);
+        json_decref(res);
+        ps_fail(err, "out of memory for the curve summary (%lld residues)", (long long)P);
+        return NULL;
+    }
+    for (int64_t rho = 0; rho < P; rho++) {
+        double lo, hi, a = ps_residue_accuracy(r, rho);
+        acc[rho] = a;
+        ps_wilson(r->k[rho], r->n[rho], 1.96, &lo, &hi);
+        json_t *e = json_object();
+        SET(e, "rho", json_integer(rho));
+        SET(e, "n", json_integer(r->n[rho]));
+        SET(e, "correct", json_integer(r->k[rho]));
+        SET(e, "accuracy", json_real(a));
+        SET(e, "wilson_lo", json_real(lo));
+        SET(e, "wilson_hi", json_real(hi));
+        SET(e, "mean_logprob", json_real(r->n[rho] ? r->lp[rho] / (double)r->n[rho] : 0.0));
+        bad |= json_array_append_new(res, e) != 0;
+        N += r->n[rho];
+        K += r->k[rho];
+        if (r->n[rho]) {
+            mn = fmin(mn, a);
+            mx = fmax(mx, a);
+        }
+    }
+    double chi2, p, frac;
+    int64_t df, k;
+    ps_chi_square(r->k, r->n, P, &chi2, &df, &p);
+    double period = ps_dominant_period(acc, P, &k, &frac);
+    double gap = N ? 100.0 * (mx - mn) : 0.0;
+    const char *verdict;
+    int sens = ps_phase_verdict(p, gap, &verdict);
+    SET(o, "period", json_integer(P));
+    SET(o, "residues", res);
+    SET(o, "n", json_integer(N));
+    SET(o, "mean_accuracy", json_real(N ? (double)K / (double)N : 0.0));
+    SET(o, "min_accuracy", json_real(N ? mn : 0.0));
+    SET(o, "max_accuracy", json_real(N ? mx : 0.0));
+    SET(o, "gap_pp", json_real(gap));
+    json_t *cs = json_object();
+    SET(cs, "statistic", json_real(chi2));
+    SET(cs, "df", json_integer(df));
+    SET(cs, "p_value", json_real(p));
+    SET(o, "chi_square", cs);
+    SET(o, "phase_sensitive", json_boolean(sens));
+    SET(o, "verdict", json_string(verdict));
+    /* a period is reported only for a curve the verdict calls phase sensitive; the DFT's pick is kept as
+     * candidate_period either way */
+    json_t *dp = json_object();
+    SET(dp, "period", sens && period > 0 ? json_real(period) : json_null());
+    SET(dp, "candidate_period", period > 0 ? json_real(period) : json_null());
+    SET(dp, "frequency", json_integer(k));
+    SET(dp, "power_fraction", json_real(frac));
+    SET(o, "dominant_period", dp);
+    /* the repeat period by folding: reported like the DFT's, only for a phase-sensitive curve */
+    double r2;
+    int64_t fp = ps_fold_period(acc, P, &r2);
+    json_t *rp = json_object(), *by = json_object();
+    SET(rp, "period", sens && fp > 0 ? json_integer(fp) : json_null());
+    SET(rp, "r2", json_real(r2));
+    SET(rp, "threshold", json_real(PS_FOLD_R2_MIN));
+    for (int64_t d = 1; d <= P; d++)
+        if (P % d == 0) {
+            char name[32];
+            snprintf(name, sizeof name, "%lld", (long long)d);
+            SET(by, name, json_real(ps_fold_r2(acc, P, d)));
+        }
+    SET(rp, "r2_by_divisor", by);
+    SET(o, "repeat_period", rp);
+    free(acc);
+    if (bad) {
+        json_decref(o);
+        ps_fail(err, "out of memory while building the curve summary");
+        return NULL;
+    }
+    return o;
 }
 

@@ -1,11 +1,35 @@
-/* stats.h — the statistics of a phase curve: Wilson score intervals, the chi-square test of
- * independence of accuracy and residue (with its p-value), and the dominant period of a residue curve
- * from its discrete Fourier transform. */
+/* stats.h — the statistics of a phase curve, all of them: the per-residue accumulators (evaluations,
+ * correct, log-probs per residue) and a curve's summary JSON; Wilson score intervals, the chi-square test
+ * of independence of accuracy and residue (with its p-value), the dominant period of a residue curve
+ * from its discrete Fourier transform and by folding, the best-aligning shift, the verdict. */
 #ifndef PS_STATS_H
 #define PS_STATS_H
 
+#include <jansson.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "core/error.h"
+#include "interventions/shifted.h"
+
+/* Per-residue accumulators. */
+typedef struct {
+    int64_t P;
+    int64_t *n, *k;  /* [P] evaluations, correct */
+    double *lp;      /* [P] summed target log-probabilities */
+} ps_residue_stats;
+
+int ps_residue_stats_init(ps_residue_stats *r, int64_t P, ps_error *err);
+void ps_residue_stats_free(ps_residue_stats *r);
+/* Add the outcomes of one shifted set (correct / logprob per query, [N · max_q]). */
+void ps_residue_stats_add(ps_residue_stats *r, const ps_shifted *s, const int *correct, const double *logprob);
+
+/* The summary of a curve: per residue n, accuracy, Wilson 95% interval, mean log-prob; overall mean,
+ * min, max, gap (pp), chi-square test, the verdict (phase_sensitive: p < 0.01 and gap >= 5 pp) and the
+ * dominant period (null unless phase sensitive). NULL with err set when memory runs out. */
+json_t *ps_residue_stats_json(const ps_residue_stats *r, ps_error *err);
+double ps_residue_accuracy(const ps_residue_stats *r, int64_t rho);
+
 
 /* 95% (z = 1.96) or any-z Wilson score interval for k successes in n trials. n = 0 gives [0, 1]. */
 void ps_wilson(int64_t k, int64_t n, double z, double *lo, double *hi);

@@ -56,8 +56,7 @@ int ps_textkv_shifted(const ps_textkv *kv, ps_sweep_mode mode, int64_t P, int64_
 }
 
 
-int ps_textkv_checkpoint_task(const ps_model *m, const char *dir, ps_textkv_task *t, ps_error *err) {
-    const char *js = ps_model_get_meta(m, "phasescope.task");
+static int task_from_meta(const char *js, const char *dir, ps_textkv_task *t, ps_error *err) {
     if (!js) return 0;
     json_t *o = json_loads(js, 0, NULL);
     if (!o || !ps_textkv_task_is(o)) {
@@ -69,6 +68,14 @@ int ps_textkv_checkpoint_task(const ps_model *m, const char *dir, ps_textkv_task
     int rc = ps_textkv_task_from_json(o, src, NULL, t, err);
     json_decref(o);
     return rc ? -1 : 1;
+}
+
+int ps_textkv_checkpoint_task(const ps_model *m, const char *dir, ps_textkv_task *t, ps_error *err) {
+    return task_from_meta(ps_model_get_meta(m, "phasescope.task"), dir, t, err);
+}
+
+int ps_textkv_runtime_task(const ps_runtime *rt, const char *dir, ps_textkv_task *t, ps_error *err) {
+    return task_from_meta(rt->family->meta(rt, "phasescope.task"), dir, t, err);
 }
 
 static char *dup_str(const char *s) {

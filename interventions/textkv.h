@@ -9,6 +9,7 @@
 #include <jansson.h>
 
 #include "core/model.h"
+#include "core/runtime.h"
 #include "interventions/sweep.h"
 #include "text/textkv_prompt.h"
 #include "tasks/textkv_task.h"
@@ -27,6 +28,8 @@ void ps_textkv_shift_fill(ps_sweep_mode mode, int64_t P, int64_t p, int64_t *pre
 /* The text-kv task a checkpoint was trained on ("phasescope.task" of text/textkv_task.h): 1 and *t filled, 0
  * when its task is another (or none), -1 on error. dir names the checkpoint in errors. */
 int ps_textkv_checkpoint_task(const ps_model *m, const char *dir, ps_textkv_task *t, ps_error *err);
+/* The same from an opened checkpoint of any family (its stored "phasescope.task", core/runtime.h meta). */
+int ps_textkv_runtime_task(const ps_runtime *rt, const char *dir, ps_textkv_task *t, ps_error *err);
 
 /* ---- the text-kv sweep's prompt set (`sweep --task text-kv` and `probe --task text-kv` build it alike) ----
  * What the flags say (NULL / -1: not given) and the checkpoint's stored layout (trained, may be NULL). As

@@ -233,30 +233,30 @@ int ps_chgates_units(const ps_model *m, const ps_shifted *s, int64_t batch, int6
 /* ---- the controlled model's gates entries (grid.h) ---- */
 
 const char *ps_model_gates_missing(const ps_runtime *rt, char *buf, size_t n) {
-    if (rt->m->cfg.kind == PS_ATTN_COMPRESSED || rt->m->cfg.kind == PS_ATTN_CHANNEL) return NULL;
+    if (ps_runtime_controlled(rt)->cfg.kind == PS_ATTN_COMPRESSED || ps_runtime_controlled(rt)->cfg.kind == PS_ATTN_CHANNEL) return NULL;
     snprintf(buf, n, "gate statistics need a compressed-attention model (this one has full attention)");
     return buf;
 }
 
 const char *ps_model_gates_records(const ps_runtime *rt, int *ints_per_record) {
-    int ch = rt->m->cfg.kind == PS_ATTN_CHANNEL;
+    int ch = ps_runtime_controlled(rt)->cfg.kind == PS_ATTN_CHANNEL;
     *ints_per_record = ch ? PS_CHGATES_RECORD_INTS : PS_GATES_EVENT_INTS;
     return ch ? "ch_events" : "events";
 }
 
 void ps_model_gates_unit_size(const ps_runtime *rt, int64_t n, int64_t T, int64_t *n_records, int64_t *n_floats) {
-    if (rt->m->cfg.kind == PS_ATTN_CHANNEL) ps_chgates_unit_size(&rt->m->cfg, n, T, n_records, n_floats);
-    else ps_gates_unit_size(&rt->m->cfg, n, T, n_records, n_floats);
+    if (ps_runtime_controlled(rt)->cfg.kind == PS_ATTN_CHANNEL) ps_chgates_unit_size(&ps_runtime_controlled(rt)->cfg, n, T, n_records, n_floats);
+    else ps_gates_unit_size(&ps_runtime_controlled(rt)->cfg, n, T, n_records, n_floats);
 }
 
 int ps_model_gates_units(const ps_runtime *rt, const ps_shifted *s, int64_t batch, int64_t u0, int64_t u1, const int64_t *ev_off,
                          const int64_t *al_off, int32_t *events, float *alpha, ps_error *err) {
-    if (rt->m->cfg.kind == PS_ATTN_CHANNEL) return ps_chgates_units(rt->m, s, batch, u0, u1, ev_off, al_off, events, alpha, err);
-    return ps_gates_units(rt->m, s, batch, u0, u1, ev_off, al_off, events, alpha, err);
+    if (ps_runtime_controlled(rt)->cfg.kind == PS_ATTN_CHANNEL) return ps_chgates_units(ps_runtime_controlled(rt), s, batch, u0, u1, ev_off, al_off, events, alpha, err);
+    return ps_gates_units(ps_runtime_controlled(rt), s, batch, u0, u1, ev_off, al_off, events, alpha, err);
 }
 
 json_t *ps_model_gates_log(const ps_runtime *rt, const char *path, ps_error *err) {
-    const ps_config *c = &rt->m->cfg;
+    const ps_config *c = &ps_runtime_controlled(rt)->cfg;
     if (c->kind == PS_ATTN_CHANNEL) return ps_chgate_log_summary(path, err);
     json_t *evo = ps_gates_log_summary(path, err);
     size_t want = (size_t)2 * (size_t)c->n_layers * (size_t)c->n_kv_heads;
@@ -268,6 +268,54 @@ json_t *ps_model_gates_log(const ps_runtime *rt, const char *path, ps_error *err
         return NULL;
     }
     return evo;
+}
+
+int ps_model_gates_chacc(const ps_runtime *rt, ps_chgate_acc *acc, const char **model, ps_error *err) {
+    if (ps_runtime_controlled(rt)->cfg.kind != PS_ATTN_CHANNEL) return 0; /* per-head gates */
+    *model = "v4"; /* the channel attention's result name, as the results have always said */
+    return ps_chgate_init_model(acc, &ps_runtime_controlled(rt)->cfg, err) ? -1 : 1;
+}
+
+json_t *ps_chgate_layout_json(const ps_chgate_acc *acc, const char *model) {
+    json_t *br = json_array(), *gs = json_array();
+    for (int b = 0; b < acc->n_branches; b++) json_array_append_new(br, json_string(acc->branch[b]));
+    for (int l = 0; l < acc->n_layers; l++)
+        for (int b = 0; b < acc->n_branches; b++) {
+            const ps_chgate_slot *g = &acc->g[l * acc->n_branches + b];
+            if (!g->S) continue;
+            json_array_append_new(gs, json_pack("[i, i, I, I, i, I, s]", l, b, (json_int_t)g->S, (json_int_t)g->d, g->skip_first,
+                                                (json_int_t)g->rate, g->attention));
+        }
+    return json_pack("{s:s, s:o, s:i, s:o}", "model", model, "branches", br, "n_layers", acc->n_layers, "gates", gs);
+}
+
+int ps_chgate_layout_acc(const json_t *layout, ps_chgate_acc *acc, const char **model, ps_error *err) {
+    memset(acc, 0, sizeof *acc);
+    const json_t *br = json_object_get(layout, "branches"), *gs = json_object_get(layout, "gates");
+    const char *names[PS_CHGATE_MAX_BRANCHES] = {NULL};
+    int nb = (int)json_array_size(br), L = (int)json_integer_value(json_object_get(layout, "n_layers"));
+    *model = json_string_value(json_object_get(layout, "model"));
+    if (!*model || nb < 1 || nb > PS_CHGATE_MAX_BRANCHES || L < 1 || !json_is_array(gs))
+        return ps_fail(err, "a per-channel gate-statistics partial result: its gate_layout lacks model, branches, n_layers or gates");
+    for (int b = 0; b < nb; b++)
+        if (!(names[b] = json_string_value(json_array_get(br, (size_t)b))))
+            return ps_fail(err, "a per-channel gate-statistics partial result: gate_layout.branches[%d] is not a name", b);
+    if (ps_chgate_acc_init(acc, L, nb, names, err)) return -1;
+    for (size_t i = 0; i < json_array_size(gs); i++) {
+        json_int_t l, b, S, d, skip, rate;
+        const char *att;
+        if (json_unpack(json_array_get(gs, i), "[I, I, I, I, I, I, s]", &l, &b, &S, &d, &skip, &rate, &att) || l < 0 || l >= L ||
+            b < 0 || b >= nb || S < 1 || d < 1) {
+            ps_chgate_acc_free(acc);
+            return ps_fail(err, "a per-channel gate-statistics partial result: gate_layout.gates[%zu] is not [layer, branch, S, d, "
+                                "skip_first, rate, attention] of its layers", i);
+        }
+        if (ps_chgate_acc_set(acc, (int)l, (int)b, S, d, (int)skip, rate, att, err)) {
+            ps_chgate_acc_free(acc);
+            return -1;
+        }
+    }
+    return 0;
 }
 
 /* ---- sweep --task text-kv ---- */

@@ -75,6 +75,16 @@ void ps_model_gates_unit_size(const ps_runtime *rt, int64_t n, int64_t T, int64_
 int ps_model_gates_units(const ps_runtime *rt, const ps_shifted *s, int64_t batch, int64_t u0, int64_t u1, const int64_t *ev_off,
                          const int64_t *al_off, int32_t *events, float *alpha, ps_error *err);
 json_t *ps_model_gates_log(const ps_runtime *rt, const char *path, ps_error *err);
+/* The channel attention's accumulator (ps_chgate_init_model) and its result's "gates.model" ("v4"): 1;
+ * 0 for the compressed attention's per-head gates. */
+int ps_model_gates_chacc(const ps_runtime *rt, ps_chgate_acc *acc, const char **model, ps_error *err);
+
+/* A per-channel accumulator's layout as plain data, for a finish that has no model (gates_chacc, grid.h):
+ * {"model", "branches": [names], "n_layers", "gates": [[layer, branch, S, d, skip_first, rate, attention], ...]}
+ * (the gates that exist); and an empty accumulator from it (its branch names point into `layout`, which
+ * must outlive it), *model its "model". -1 with err naming the bad field. */
+json_t *ps_chgate_layout_json(const ps_chgate_acc *acc, const char *model);
+int ps_chgate_layout_acc(const json_t *layout, ps_chgate_acc *acc, const char **model, ps_error *err);
 
 /* ---- sweep --task text-kv ----
  * Shift p's prompts are padded to their longest, T[p] tokens; one process runs them in batches of

@@ -163,7 +163,7 @@ json_t *ps_v4_task_source_json(const ps_v4_task *t) {
 
 int ps_v4_eval(ps_v4_model *m, const ps_v4_task *t, const ps_batch *b, int64_t batch, const ps_hooks *hooks, int *correct,
                double *logprob, ps_error *err) {
-    int64_t N = b->B, T = b->T, V = m->cfg.vocab_size, full = batch < N ? batch : N;
+    int64_t N = b->B, T = b->T;
     if (batch < 1) return ps_fail(err, "batch %lld must be >= 1", (long long)batch);
     if (N == 0) return 0;
     /* the mapped copy: tokens (and the answer tokens scoring reads from them) in the model's ids */
@@ -180,128 +180,15 @@ int ps_v4_eval(ps_v4_model *m, const ps_v4_task *t, const ps_batch *b, int64_t b
     }
     memcpy(mb.n_q, b->n_q, (size_t)N * sizeof *b->n_q);
     memcpy(mb.queries, b->queries, (size_t)(N * b->max_q) * sizeof *b->queries);
-    ps_v4_acts a, part;
-    int have_a = 0, have_part = 0, rc = 0;
-    int64_t last0 = (N - 1) / full * full;
-    rc = ps_v4_acts_create(&a, m, full, T, err);
-    have_a = !rc;
-    if (!rc && N - last0 != full) {
-        rc = ps_v4_acts_create(&part, m, N - last0, T, err);
-        have_part = !rc;
-    }
-    for (int64_t i0 = 0; i0 < N && !rc; i0 += full) {
-        ps_v4_acts *use = i0 == last0 && have_part ? &part : &a;
-        ps_batch view = ps_batch_view(&mb, i0, use->B);
-        rc = ps_v4_forward(m, use, view.tokens, hooks, -1, err);
-        const float *lg = rc ? NULL : ps_v4_logits_host(use, err);
-        if (!rc && !lg) rc = -1;
-        if (!rc) ps_score_queries(&view, lg, V, correct + i0 * b->max_q, logprob + i0 * b->max_q);
-    }
-    if (have_part) ps_v4_acts_free(&part);
-    if (have_a) ps_v4_acts_free(&a);
+    /* the family's one batching loop (core/runtime.c: its score) */
+    ps_runtime rt;
+    ps_v4_runtime(&rt, m, t);
+    int rc = rt.family->score(&rt, &mb, batch, hooks, correct, logprob, err);
     ps_batch_free(&mb);
     return rc;
 }
 
-static int outcome_arrays(const ps_batch *b, int **ok, double **lp, ps_error *err) {
-    *ok = malloc((size_t)(b->B * b->max_q > 0 ? b->B * b->max_q : 1) * sizeof(int));
-    *lp = malloc((size_t)(b->B * b->max_q > 0 ? b->B * b->max_q : 1) * sizeof(double));
-    if (*ok && *lp) return 0;
-    free(*ok), free(*lp);
-    *ok = NULL, *lp = NULL;
-    return ps_fail(err, "out of memory for the outcomes of %lld prompts x %lld queries", (long long)b->B, (long long)b->max_q);
-}
-
-int ps_v4_sweep_run(ps_v4_model *m, const ps_v4_task *t, const ps_batch *base, const ps_filler_family *fam,
-                    ps_sweep_mode mode, int64_t P, uint64_t seed, int64_t batch, ps_residue_stats *stats,
-                    ps_progress_fn progress, void *user, ps_error *err) {
-    if (ps_residue_stats_init(stats, P, err)) return -1;
-    int *ok;
-    double *lp;
-    if (outcome_arrays(base, &ok, &lp, err)) return -1;
-    int rc = 0;
-    for (int64_t p = 0; p < P && !rc; p++) {
-        ps_shifted s;
-        rc = ps_make_shifted(base, &t->task, fam, mode, P, p, seed, m->cfg.max_position_embeddings, &s, err);
-        if (rc) break;
-        rc = ps_v4_eval(m, t, &s.b, batch, NULL, ok, lp, err);
-        if (!rc) ps_residue_stats_add(stats, &s, ok, lp);
-        ps_shifted_free(&s);
-        if (progress) progress(p + 1, P, user);
-    }
-    free(ok);
-    free(lp);
-    return rc;
-}
-
-/* ---- gates ---- */
-
-typedef struct {
-    ps_chgate_acc *acc;
-    int layer, branch;
-} gate_tap;
-
-static int gate_hook(const ps_hook_event *ev, void *user, ps_error *err) {
-    (void)err;
-    const gate_tap *g = user;
-    ps_chgate_acc_add(g->acc, g->layer, g->branch, ev->data, ev->shape[0], ev->shape[1]);
-    return 0;
-}
-
 static const char *const BRANCHES[] = {"compressor", "indexer"};
-
-int ps_v4_gates_run(ps_v4_model *m, const ps_v4_task *t, const ps_batch *base, const ps_filler_family *fam, uint64_t seed,
-                    int64_t batch, ps_chgate_acc *acc, ps_error *err) {
-    const ps_v4_config *c = &m->cfg;
-    int L = (int)c->n_layers, rc = -1;
-    if (ps_chgate_acc_init(acc, L, 2, BRANCHES, err)) return -1;
-    gate_tap *taps = calloc((size_t)L * 2, sizeof *taps);
-    ps_hooks h;
-    ps_hooks_init(&h);
-    ps_shifted s = {0};
-    int *ok = NULL;
-    double *lp = NULL;
-    int any = 0;
-    if (!taps) {
-        ps_fail(err, "out of memory");
-        goto done;
-    }
-    for (int l = 0; l < L; l++) {
-        ps_v4_attn_type at = c->attn_type[l];
-        if (at == PS_V4_SLIDING) continue;
-        int csa = at == PS_V4_CSA;
-        int64_t mr = c->compress_rate[l];
-        const char *an = csa ? "csa" : "hca";
-        char name[96];
-        if (ps_chgate_acc_set(acc, l, 0, csa ? 2 * mr : mr, c->head_dim, csa, mr, an, err)) goto done;
-        taps[2 * l] = (gate_tap){acc, l, 0};
-        ps_v4_hook_name(name, sizeof name, l, PS_V4H_C_ALPHA);
-        if (ps_v4_hooks_add(&h, c, name, gate_hook, &taps[2 * l], err)) goto done;
-        if (csa) {
-            if (ps_chgate_acc_set(acc, l, 1, 2 * mr, c->index_head_dim, 1, mr, an, err)) goto done;
-            taps[2 * l + 1] = (gate_tap){acc, l, 1};
-            ps_v4_hook_name(name, sizeof name, l, PS_V4H_I_C_ALPHA);
-            if (ps_v4_hooks_add(&h, c, name, gate_hook, &taps[2 * l + 1], err)) goto done;
-        }
-        any = 1;
-    }
-    if (!any) {
-        ps_fail(err, "%s: no CSA or HCA layer (every layer is sliding-window attention): there are no gates", m->dir);
-        goto done;
-    }
-    if (ps_make_shifted(base, &t->task, fam, PS_SWEEP_PAD, 1, 0, seed, c->max_position_embeddings, &s, err) ||
-        outcome_arrays(&s.b, &ok, &lp, err) || ps_v4_eval(m, t, &s.b, batch, &h, ok, lp, err))
-        goto done;
-    rc = 0;
-done:
-    free(ok);
-    free(lp);
-    ps_shifted_free(&s);
-    ps_hooks_free(&h);
-    free(taps);
-    if (rc) ps_chgate_acc_free(acc);
-    return rc;
-}
 
 /* ---- gates as work units (units.h's layout: per event three ints and its alpha floats) ---- */
 
@@ -554,7 +441,7 @@ static int v4_ko_sources(void *self, const ps_runtime *rt, const ps_grid_shift *
         char name[96];
         ps_v4_hook_name(name, sizeof name, l, target_point(k->target, 1));
         ps_hook_action act = {.kind = PS_ACT_SUM, .head = -1, .acc = x->sum, .acc_n = x->n};
-        if (rt->ops->add_action(rt, ref, name, &act, err)) return -1;
+        if (rt->family->hook_add_action(rt, ref, name, &act, err)) return -1;
     }
     return 0;
 }
@@ -596,17 +483,13 @@ static int v4_ko_cell(void *self, const ps_runtime *rt, const ps_grid_shift *sh,
     ps_v4_hook_name(name, sizeof name, sh->layers[li], target_point(k->target, 0));
     ps_hook_action act = {.kind = PS_ACT_SET, .head = k->target == PS_V4KO_HEADS ? k->heads[ci] : -1, .seq0 = seq0,
                           .seq1 = seq1, .src = x->mean, .src_npos = x->npos};
-    return rt->ops->add_action(rt, h, name, &act, err);
+    return rt->family->hook_add_action(rt, h, name, &act, err);
 }
 
 /* ---- the DeepSeek-V4 runtime ---- */
 
 static int v4_rt_eval(const ps_runtime *rt, const ps_batch *view, const ps_hooks *h, int *ok, double *lp, ps_error *err) {
     return ps_v4_eval(rt->model, rt->aux, view, view->B > 0 ? view->B : 1, h, ok, lp, err);
-}
-
-static int v4_rt_add_action(const ps_runtime *rt, ps_hooks *h, const char *name, const ps_hook_action *act, ps_error *err) {
-    return ps_v4_hooks_add_action(h, &((const ps_v4_model *)rt->model)->cfg, name, act, err);
 }
 
 static int v4_rt_ko_default(const ps_runtime *rt) {
@@ -677,6 +560,12 @@ static void v4_rt_gates_unit_size(const ps_runtime *rt, int64_t n, int64_t T, in
 static int v4_rt_gates_units(const ps_runtime *rt, const ps_shifted *s, int64_t batch, int64_t u0, int64_t u1, const int64_t *ev_off,
                              const int64_t *al_off, int32_t *events, float *alpha, ps_error *err) {
     return ps_v4_gates_units(rt->model, rt->aux, s, batch, u0, u1, ev_off, al_off, events, alpha, err);
+}
+
+static int v4_rt_gates_chacc(const ps_runtime *rt, ps_chgate_acc *acc, const char **model, ps_error *err) {
+    const ps_v4_config *c = &((const ps_v4_model *)rt->model)->cfg;
+    *model = "deepseek_v4"; /* the result's "gates.model", as the results have always said */
+    return ps_v4_gates_acc_init(acc, (int)c->n_layers, c->attn_type, c->compress_rate, c->head_dim, c->index_head_dim, err) ? -1 : 1;
 }
 
 static json_t *v4_rt_gates_log(const ps_runtime *rt, const char *path, ps_error *err) {
@@ -754,9 +643,8 @@ static int v4_gc_meta(const ps_runtime *rt, const ps_cycle_req *q, json_t *meta,
     return 0;
 }
 
-static const ps_runtime_ops V4_OPS = {.name = "deepseek_v4",
+static const ps_runtime_ops V4_OPS = {
                                       .eval = v4_rt_eval,
-                                      .add_action = v4_rt_add_action,
                                       .ko_targets = ps_v4_ko_targets,
                                       .ko_heads_what = "query heads",
                                       .ko_default_target = v4_rt_ko_default,
@@ -771,6 +659,7 @@ static const ps_runtime_ops V4_OPS = {.name = "deepseek_v4",
                                       .gates_unit_size = v4_rt_gates_unit_size,
                                       .gates_units = v4_rt_gates_units,
                                       .gates_log = v4_rt_gates_log,
+                                      .gates_chacc = v4_rt_gates_chacc,
                                       /* gate cycling */
                                       .gc_check = v4_gc_check,
                                       .gc_cycle = v4_gc_cycle,

@@ -43,24 +43,16 @@ void ps_v4_task_free(ps_v4_task *t);
 json_t *ps_v4_task_source_json(const ps_v4_task *t);
 
 /* Prompts (in the task's layout) through the V4 forward in batches of `batch`, every token mapped to
- * the model's ids; hooks (a V4 hook set, or NULL) fire on every batch. correct / logprob per query. */
+ * the model's ids; hooks (a V4 hook set, or NULL) fire on every batch. correct / logprob per query. The
+ * batches are the family's score (core/runtime.c), its one batching loop. The sweep and the gate
+ * statistics run as work units (ps_sweep_units, units.h; ps_v4_gates_units below). */
 int ps_v4_eval(ps_v4_model *m, const ps_v4_task *t, const ps_batch *b, int64_t batch, const ps_hooks *hooks, int *correct,
                double *logprob, ps_error *err);
-
-/* The phase sweep over shifts 0..P-1 (sweep.h's prompts and statistics). */
-int ps_v4_sweep_run(ps_v4_model *m, const ps_v4_task *t, const ps_batch *base, const ps_filler_family *fam,
-                    ps_sweep_mode mode, int64_t P, uint64_t seed, int64_t batch, ps_residue_stats *stats,
-                    ps_progress_fn progress, void *user, ps_error *err);
-
-/* Per-channel gate statistics of every compressed layer (branches "compressor" and, on CSA layers,
- * "indexer"), pooled over the windows of the shift-0 prompts. acc is initialised here. */
-int ps_v4_gates_run(ps_v4_model *m, const ps_v4_task *t, const ps_batch *base, const ps_filler_family *fam, uint64_t seed,
-                    int64_t batch, ps_chgate_acc *acc, ps_error *err);
 
 /* The gate statistics as work units (units.h, docs/scale-out.md): unit j = batch j of the shift-0 prompts
  * s; per unit, every event (a compressed layer's compressor or indexer gates as they fire) is four ints
  * (layer, branch, sequences, windows) in events + ev_off[u] · PS_V4_GATES_EVENT_INTS and its alpha
- * [B, nW, S, d] in alpha + al_off[u]. Replaying them in order pools what ps_v4_gates_run pools. */
+ * [B, nW, S, d] in alpha + al_off[u]. Replaying them in order pools the gates of the whole shift. */
 #define PS_V4_GATES_EVENT_INTS 4
 void ps_v4_gates_unit_size(const ps_v4_config *c, int64_t n, int64_t T, int64_t *n_events, int64_t *n_floats);
 int ps_v4_gates_units(ps_v4_model *m, const ps_v4_task *t, const ps_shifted *s, int64_t batch, int64_t u0, int64_t u1,

@@ -20,85 +20,6 @@
 #include "core/fileio.h"
 #include "core/rng.h"
 #include "interventions/textkv.h"
-#include "core/v4/v4_config.h"
-#include "core/v4/v4_forward.h"
-
-/* ==== the model adapter (the one family branch: ps_serve_model_open) ==== */
-
-static int rows_phasescope(ps_serve_model *sm, const ps_batch *b, int64_t batch, double mem, ps_rows_fn fn, void *user,
-                           ps_error *err) {
-    return ps_eval_rows(&sm->m, b, batch, mem, fn, user, err);
-}
-
-static void close_phasescope(ps_serve_model *sm) { ps_model_free(&sm->m); }
-
-/* DeepSeek-V4: one sequence at a time through the V4 prefill forward (core/v4/v4_forward.h), each cut to
- * its last asked-for row */
-static int rows_v4(ps_serve_model *sm, const ps_batch *b, int64_t batch, double mem, ps_rows_fn fn, void *user, ps_error *err) {
-    (void)batch;
-    (void)mem;
-    int64_t V = sm->vocab, most = 0;
-    for (int64_t s = 0; s < b->B; s++) {
-        int64_t n = ps_answer_rows(b, s, NULL);
-        most = n > most ? n : most;
-    }
-    int64_t *pos = malloc((size_t)(most ? most : 1) * sizeof *pos);
-    float *rows = malloc((size_t)((most ? most : 1) * V) * sizeof(float));
-    int rc = pos && rows ? 0 : ps_fail(err, "out of memory for the logits of %lld rows", (long long)most);
-    for (int64_t s = 0; s < b->B && !rc; s++) {
-        int64_t n = ps_answer_rows(b, s, pos), T = 0;
-        for (int64_t k = 0; k < n; k++) T = pos[k] + 1 > T ? pos[k] + 1 : T;
-        if (!n) continue;
-        ps_v4_acts a;
-        if ((rc = ps_v4_acts_create(&a, &sm->v4, 1, T, err))) break;
-        rc = ps_v4_forward(&sm->v4, &a, b->tokens + s * b->T, NULL, -1, err);
-        const float *lg = rc ? NULL : ps_v4_logits_host(&a, err);
-        if (!rc && !lg) rc = -1;
-        for (int64_t k = 0; k < n && !rc; k++) memcpy(rows + k * V, lg + pos[k] * V, (size_t)V * sizeof(float));
-        ps_v4_acts_free(&a);
-        if (!rc) rc = fn(b, s, rows, n, user, err);
-    }
-    free(pos);
-    free(rows);
-    return rc;
-}
-
-static void close_v4(ps_serve_model *sm) { ps_v4_model_free(&sm->v4); }
-
-int ps_serve_model_open(ps_serve_model *sm, const char *dir, const char *backend, ps_error *err) {
-    memset(sm, 0, sizeof *sm);
-    snprintf(sm->dir, sizeof sm->dir, "%s", dir);
-    char cfg[4200];
-    if (ps_path_join(cfg, sizeof cfg, dir, "config.json", err)) return -1;
-    if (ps_v4_config_detect_file(cfg) == 1) {
-        if (ps_v4_model_load(&sm->v4, dir, 0, err)) return -1;
-        if (ps_v4_model_to_backend(&sm->v4, backend ? backend : "cpu", err)) {
-            ps_v4_model_free(&sm->v4);
-            return -1;
-        }
-        sm->family = 1;
-        sm->vocab = sm->v4.cfg.vocab_size;
-        sm->max_seq = sm->v4.cfg.max_position_embeddings;
-        sm->rows = rows_v4;
-        sm->close = close_v4;
-        return 0;
-    }
-    if (ps_model_load(&sm->m, dir, err) || ps_model_to_backend(&sm->m, backend ? backend : "cpu", err)) {
-        ps_model_free(&sm->m);
-        return -1;
-    }
-    sm->family = 0;
-    sm->vocab = sm->m.cfg.vocab_size;
-    sm->max_seq = sm->m.cfg.max_seq_len;
-    sm->rows = rows_phasescope;
-    sm->close = close_phasescope;
-    return 0;
-}
-
-void ps_serve_model_close(ps_serve_model *sm) {
-    if (sm->close) sm->close(sm);
-    memset(sm, 0, sizeof *sm);
-}
 
 /* ==== requests ==== */
 
@@ -133,7 +54,8 @@ typedef struct job {
 
 struct ps_server {
     ps_serve_opts o;
-    ps_serve_model sm;
+    ps_runtime rt;          /* the model, opened through core's family table */
+    int64_t vocab;          /* its vocabulary */
     ps_tokenizer *tok;
     char name[512];
     struct MHD_Daemon *d;
@@ -272,8 +194,8 @@ static int run_group(ps_server *sv, job **jobs, int nj, ps_error *err) {
             b.n_q[i] = 1;
             b.queries[i] = (ps_query){.key_pos = 0, .answer_pos = r0, .answer_len = r1 - r0, .answer_src = r0 + 1};
         }
-        fwd_ctx c = {act, sv->sm.vocab};
-        rc = sv->sm.rows(&sv->sm, &b, sv->o.max_batch, 0, on_rows, &c, err);
+        fwd_ctx c = {act, sv->vocab};
+        rc = sv->rt.family->rows(&sv->rt, &b, sv->o.max_batch, 0, on_rows, &c, err);
         ps_batch_free(&b);
     }
     free(act);
@@ -424,8 +346,8 @@ static int prompt_ids(const ps_server *sv, json_t *v, const char *param, int32_t
     for (size_t i = 0; i < L; i++) {
         json_t *x = json_array_get(v, i);
         json_int_t id = json_integer_value(x);
-        if (!json_is_integer(x) || id < 0 || id >= sv->sm.vocab) {
-            snprintf(msg, mn, "%s[%zu]: expected a token id in [0, %lld)", param, i, (long long)sv->sm.vocab);
+        if (!json_is_integer(x) || id < 0 || id >= sv->vocab) {
+            snprintf(msg, mn, "%s[%zu]: expected a token id in [0, %lld)", param, i, (long long)sv->vocab);
             free(*ids);
             *ids = NULL;
             return 400;
@@ -629,14 +551,14 @@ static enum MHD_Result completions(ps_server *sv, struct MHD_Connection *conn, c
                                (long long)sv->o.max_prompt_tokens);
             break;
         }
-        if (L + q.max_tokens > sv->sm.max_seq) {
+        if (L + q.max_tokens > sv->rt.max_pos) {
             free(ids);
             st = 400, snprintf(msg, sizeof msg, "%s: %lld prompt tokens + max_tokens %lld exceed the model's context of %lld tokens", param,
-                               (long long)L, (long long)q.max_tokens, (long long)sv->sm.max_seq);
+                               (long long)L, (long long)q.max_tokens, (long long)sv->rt.max_pos);
             break;
         }
         s->all_rows = (q.echo && q.logprobs >= 0) || q.prompt_logprobs >= 0;
-        double need = (double)(s->all_rows ? L + 1 : 1) * (double)sv->sm.vocab * 4.0;
+        double need = (double)(s->all_rows ? L + 1 : 1) * (double)sv->vocab * 4.0;
         if (need > sv->o.max_logit_bytes) {
             free(ids);
             st = 400, snprintf(msg, sizeof msg, "%s: log-probabilities at %lld positions need %.2f GiB of logits, more than the limit %.2f GiB (--max-logit-bytes)",
@@ -766,7 +688,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
     if (!strcmp(url, "/v1/models")) {
         if (!get) return respond_error(conn, 405, NULL, "%s /v1/models: use GET", method);
         json_t *o = json_pack("{s:s, s:[{s:s, s:s, s:i, s:s, s:I, s:s}]}", "object", "list", "data", "id", sv->name, "object", "model",
-                              "created", 0, "owned_by", "phasescope", "max_model_len", (json_int_t)sv->sm.max_seq, "root", sv->sm.dir);
+                              "created", 0, "owned_by", "phasescope", "max_model_len", (json_int_t)sv->rt.max_pos, "root", sv->o.model_dir);
         char *t = o ? json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
         json_decref(o);
         return respond(conn, 200, t);
@@ -820,19 +742,19 @@ static int open_tokenizer(ps_server *sv, ps_error *err) {
     memset(&t, 0, sizeof t);
     int has = 0;
     char local[4200];
-    if (!path && sv->sm.family == 0) {
-        has = ps_textkv_checkpoint_task(&sv->sm.m, sv->sm.dir, &t, err);
+    if (!path) { /* a checkpoint trained on text-kv names its tokenizer */
+        has = ps_textkv_runtime_task(&sv->rt, sv->o.model_dir, &t, err);
         if (has < 0) return -1;
         if (has) path = t.tokenizer_path;
     }
     struct stat stt;
-    if (!path && !ps_path_join(local, sizeof local, sv->sm.dir, "tokenizer.json", NULL) && !stat(local, &stt)) path = local;
+    if (!path && !ps_path_join(local, sizeof local, sv->o.model_dir, "tokenizer.json", NULL) && !stat(local, &stt)) path = local;
     int rc = 0;
     if (path) {
         rc = ps_tokenizer_load(path, &sv->tok, err);
-        if (!rc && ps_tokenizer_vocab_size(sv->tok) > sv->sm.vocab)
+        if (!rc && ps_tokenizer_vocab_size(sv->tok) > sv->vocab)
             rc = ps_fail(err, "%s: the tokenizer has %d ids but the model %s has vocab_size %lld: they do not belong together", path,
-                         (int)ps_tokenizer_vocab_size(sv->tok), sv->sm.dir, (long long)sv->sm.vocab);
+                         (int)ps_tokenizer_vocab_size(sv->tok), sv->o.model_dir, (long long)sv->vocab);
     }
     if (has) ps_textkv_task_free(&t);
     return rc;
@@ -847,11 +769,14 @@ int ps_serve_start(const ps_serve_opts *o, ps_server **out, ps_error *err) {
     pthread_mutex_init(&sv->mu, NULL);
     pthread_cond_init(&sv->cv_work, NULL);
     pthread_cond_init(&sv->cv_done, NULL);
-    if (ps_serve_model_open(&sv->sm, o->model_dir, o->backend, err) || open_tokenizer(sv, err)) {
+    ps_runtime_opts ro = {.backend = o->backend, .weights = 1, .lazy = 0};
+    int opened = !ps_runtime_open(&sv->rt, o->model_dir, &ro, err);
+    if (opened) sv->vocab = sv->rt.family->vocab(&sv->rt);
+    if (!opened || open_tokenizer(sv, err)) {
         ps_serve_stop(sv);
         return -1;
     }
-    if (!sv->o.max_prompt_tokens || sv->o.max_prompt_tokens > sv->sm.max_seq) sv->o.max_prompt_tokens = sv->sm.max_seq;
+    if (!sv->o.max_prompt_tokens || sv->o.max_prompt_tokens > sv->rt.max_pos) sv->o.max_prompt_tokens = sv->rt.max_pos;
     if (o->name) snprintf(sv->name, sizeof sv->name, "%s", o->name);
     else {
         size_t L = strlen(o->model_dir);
@@ -899,7 +824,7 @@ void ps_serve_stop(ps_server *sv) {
     if (sv->worker_up) pthread_join(sv->worker, NULL);
     if (sv->d) MHD_stop_daemon(sv->d);
     ps_tokenizer_free(sv->tok);
-    ps_serve_model_close(&sv->sm);
+    ps_runtime_free(&sv->rt);
     pthread_mutex_destroy(&sv->mu);
     pthread_cond_destroy(&sv->cv_work);
     pthread_cond_destroy(&sv->cv_done);
@@ -919,7 +844,7 @@ int ps_serve_run(const ps_serve_opts *o, const char *port_file, ps_error *err) {
         return -1;
     }
     printf("serving %s (%s) on http://%s:%d/v1 (POST /v1/completions, GET /v1/models, GET /health); Ctrl-C stops\n", sv->name,
-           sv->sm.dir, sv->o.host, sv->port);
+           sv->o.model_dir, sv->o.host, sv->port);
     fflush(stdout);
     int rc = 0;
     if (port_file) {

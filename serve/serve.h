@@ -2,7 +2,8 @@
  * phasescope runs, so that `phasescope probe`, lm-evaluation-harness's local-completions and the OpenAI
  * client libraries evaluate phasescope's models. It owns the HTTP side (libmicrohttpd: one thread per
  * connection), request parsing (jansson), the limits, and the batching of concurrent requests into one
- * forward pass; the model is reached through one adapter (ps_serve_model: open, logits at chosen rows).
+ * forward pass; the model is reached through core's family table (core/runtime.h: ps_runtime_open, the
+ * family's `rows`: logits at chosen rows; its `meta`: a text-kv model's tokenizer), as every instrument.
  *
  * Endpoints:
  *   POST /v1/completions  prompt: a string, a token-id list, or a list of either (one choice each);
@@ -18,7 +19,7 @@
  *
  * Batching: requests that arrive while a forward runs wait in a queue; the next forward takes every
  * queued sequence (up to max_batch), padded at the end to the longest (never read: attention is causal),
- * in batches that fit the activation budget (interventions/sweep.h, ps_eval_rows). Generation runs one
+ * in batches that fit the activation budget (the family's rows; the controlled model's: ps_eval_rows, core/rows.h). Generation runs one
  * forward per new token (no KV cache: fine for the 1-token and answer-length continuations of scoring). */
 #ifndef PS_SERVE_H
 #define PS_SERVE_H
@@ -26,28 +27,9 @@
 #include <stdint.h>
 
 #include "core/error.h"
-#include "core/model.h"
-#include "interventions/sweep.h"
+#include "core/runtime.h"
 #include "tasks/tasks.h"
 #include "text/tokenizer.h"
-#include "core/v4/v4_model.h"
-
-/* ---- the model adapter: the one place that knows the model families ---- */
-typedef struct ps_serve_model ps_serve_model;
-struct ps_serve_model {
-    int family;             /* 0: phasescope / Qwen3 layout (core/model.h); 1: DeepSeek-V4 (core/v4/) */
-    ps_model m;
-    ps_v4_model v4;
-    int64_t vocab, max_seq;
-    char dir[4096];
-    /* the logits at the answer rows of every sequence of b (ps_answer_rows order), handed to fn one
-     * sequence at a time (as ps_eval_rows does) */
-    int (*rows)(ps_serve_model *sm, const ps_batch *b, int64_t batch, double mem_bytes, ps_rows_fn fn, void *user, ps_error *err);
-    void (*close)(ps_serve_model *sm);
-};
-/* Open the checkpoint in dir (the family from its config.json) on backend (NULL: cpu). */
-int ps_serve_model_open(ps_serve_model *sm, const char *dir, const char *backend, ps_error *err);
-void ps_serve_model_close(ps_serve_model *sm);
 
 /* ---- the server ---- */
 typedef struct {

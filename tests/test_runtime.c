@@ -171,7 +171,7 @@ static void check_family_table(const char *dir, const ps_family *want, int64_t B
     /* the config hash provenance records */
     char hash[17] = "", want_hash[17] = "";
     f->config_hash(&rt, hash);
-    if (f == &ps_family_model) ps_config_hash(&rt.m->cfg, want_hash);
+    if (f == &ps_family_model) ps_config_hash(&ps_runtime_controlled(&rt)->cfg, want_hash);
     else {
         char path[4200], *text;
         size_t len;
@@ -250,6 +250,92 @@ static void check_mem_info(void) {
     ps_ctx_free(c);
 }
 
+/* ---- descriptions: labels, kinds and the default period from core's families ---- */
+
+/* the description of a config given as JSON text; "" for want_err: it must describe */
+static void check_desc_json(const char *cfg_text, const char *want_label, const char *want_kind, int kv_shared, const char *want_err) {
+    json_error_t je;
+    json_t *cfg = json_loads(cfg_text, 0, &je);
+    CHECK(cfg != NULL, "bad test JSON %s: %s", cfg_text, je.text);
+    if (!cfg) return;
+    ps_model_desc d;
+    ps_error err = {0};
+    if (want_err) CHECK_ERR(ps_model_desc_from_config(cfg, &d, &err), &err, want_err);
+    else {
+        CHECK_OK(ps_model_desc_from_config(cfg, &d, &err), &err);
+        CHECK(!strcmp(d.label, want_label), "%s: label \"%s\", expected \"%s\"", cfg_text, d.label, want_label);
+        CHECK(!strcmp(d.kind, want_kind), "%s: kind \"%s\", expected \"%s\"", cfg_text, d.kind, want_kind);
+        CHECK(d.kv_shared == kv_shared, "%s: kv_shared %d", cfg_text, d.kv_shared);
+        /* a provenance holding only this config gets the same label (a result written before labels) */
+        json_t *prov = json_pack("{s:O}", "config", cfg);
+        char lab[256], kind[32];
+        CHECK(!ps_label_from_provenance(prov, lab, sizeof lab, kind, sizeof kind) && !strcmp(lab, want_label) && !strcmp(kind, want_kind),
+              "%s: from provenance \"%s\" / \"%s\"", cfg_text, lab, kind);
+        /* a label the writer stored wins */
+        json_object_set_new(prov, "label", json_string("stored"));
+        CHECK(!ps_label_from_provenance(prov, lab, sizeof lab, NULL, 0) && !strcmp(lab, "stored"), "stored label: \"%s\"", lab);
+        json_decref(prov);
+    }
+    json_decref(cfg);
+}
+
+/* an opened checkpoint: its label and kind (as its config describes them) and its default period, computed
+ * here from the config the other way */
+static void check_runtime_desc(const char *dir, const char *want_label, const char *want_kind, int64_t want_period) {
+    ps_runtime rt;
+    ps_error err = {0};
+    ps_runtime_opts o = {.backend = "cpu", .weights = 0, .lazy = 0};
+    REQUIRE_OK(ps_runtime_open(&rt, dir, &o, &err), &err);
+    char lab[256];
+    ps_model_desc d;
+    CHECK(!strcmp(ps_runtime_label(&rt, lab, sizeof lab), want_label), "%s: label \"%s\", expected \"%s\"", dir, lab, want_label);
+    CHECK_OK(ps_runtime_desc(&rt, &d, &err), &err);
+    CHECK(!strcmp(d.kind, want_kind), "%s: kind %s, expected %s", dir, d.kind, want_kind);
+    CHECK(ps_runtime_default_period(&rt) == want_period, "%s: default period %lld, expected %lld", dir,
+          (long long)ps_runtime_default_period(&rt), (long long)want_period);
+    ps_runtime_free(&rt);
+}
+
+static void check_descriptions(void) {
+    check_desc_json("{\"attention\": {\"kind\": \"full\"}}", "full attention", "full", 0, NULL);
+    check_desc_json("{\"attention\": {\"kind\": \"compressed\", \"window\": 8, \"stride\": 8, \"head_offsets\": [0, 1, 2, 3]}}",
+                    "W8/S8, staggered 0–3", "compressed", 0, NULL);
+    check_desc_json("{\"attention\": {\"kind\": \"compressed\", \"window\": 8, \"stride\": 4, \"gate\": \"uniform\", "
+                    "\"head_offsets\": [0, 2]}, \"rope\": false}",
+                    "W8/S4, offsets 0,2, uniform gate, no RoPE", "compressed", 0, NULL);
+    check_desc_json("{\"attention\": {\"kind\": \"compressed\", \"window\": 16, \"stride\": 8, \"boundaries\": \"content\", "
+                    "\"chunk_min\": 4}}", "content chunks 4-16, mean 8", "compressed", 0, NULL);
+    check_desc_json("{\"attention\": {\"kind\": \"channel\", \"rate\": 4, \"mode\": \"hca\", \"local_window\": 3}}",
+                    "V4 compressor: HCA, rate 4, window 3", "channel", 1, NULL);
+    check_desc_json("{\"attention\": {\"kind\": \"deepseek_v4\", \"layer_types\": [\"sliding\", \"csa\"], \"compress_rates\": [0, 4]}}",
+                    "DeepSeek-V4, compress rates 0,4", "deepseek_v4", 1, NULL);
+    /* a bad field is named under the config, as the results validator reports it */
+    check_desc_json("{\"attention\": {\"kind\": \"v4\", \"mode\": \"csa\", \"local_window\": 3}}", NULL, NULL, 0, "attention.rate: missing");
+    check_desc_json("{\"attention\": {\"kind\": \"compressed\", \"window\": 8, \"stride\": 9}}", NULL, NULL, 0,
+                    "attention.stride: 9 is out of range [1, 8]");
+    check_desc_json("{\"attention\": {\"kind\": \"deepseek_v4\", \"layer_types\": [\"csa\"], \"compress_rates\": [-1]}}", NULL, NULL, 0,
+                    "attention.compress_rates[0]: -1 is negative");
+    check_desc_json("{\"attention\": {\"kind\": \"sparse\"}}", NULL, NULL, 0,
+                    "attention.kind: \"sparse\" is not one of deepseek_v4, full, compressed, channel, v4");
+    char dir[4200];
+    snprintf(dir, sizeof dir, "%s/compressed_w6s3_overlap", tu_conformance_dir());
+    check_runtime_desc(dir, "W6/S3", "compressed", 3);
+    snprintf(dir, sizeof dir, "%s/full_gqa", tu_conformance_dir());
+    check_runtime_desc(dir, "full attention", "full", 8);
+    snprintf(dir, sizeof dir, "%s/v4/mix4", tu_conformance_dir()); /* layers: sliding, CSA 4, HCA 8, CSA 4 */
+    check_runtime_desc(dir, "DeepSeek-V4, compress rates 0,4,8,4", "deepseek_v4", 4);
+    /* the channel attention: its rate (the one default period the instruments share) */
+    ps_config c = tu_config(PS_ATTN_CHANNEL);
+    c.n_layers = 1, c.max_seq_len = 24, c.n_kv_heads = 1, c.rate = 3, c.v4_mode = PS_V4_MODE_CSA, c.local_window = 3;
+    ps_model m;
+    ps_error err = {0};
+    tu_random_model(&m, &c, 6, 0.3f);
+    tu_tempdir(dir, sizeof dir, "runtime_desc_channel");
+    REQUIRE_OK(ps_model_save(&m, dir, &err), &err);
+    ps_model_free(&m);
+    check_runtime_desc(dir, "V4 compressor: CSA, rate 3, window 3", "channel", 3);
+}
+
 int main(void) {
     check_mem_info();
     const char *models[] = {"compressed_w8s8", "compressed_w6s3_overlap", "full_gqa", "qwen3_published"};
@@ -265,5 +351,6 @@ int main(void) {
         check_family_table(dir, &ps_family_v4, 2, 19);
     }
     check_layers_text();
+    check_descriptions();
     CHECK_DONE();
 }

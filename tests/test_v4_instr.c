@@ -133,14 +133,70 @@ static int load_task(ps_v4_task *t, const char *tmp) {
     return ps_v4_task_load(t, p, mix4, 256, 4096, &err);
 }
 
+/* The sweep the naive way (the reference of the unit path): every shift's prompts through ps_v4_eval, added
+ * per residue. */
+static int sweep_naive(ps_v4_model *m, const ps_v4_task *t, const ps_batch *base, int64_t P, int64_t batch, ps_residue_stats *st,
+                       ps_error *err) {
+    if (ps_residue_stats_init(st, P, err)) return -1;
+    int64_t nq = base->B * base->max_q;
+    int *ok = calloc((size_t)nq, sizeof(int));
+    double *lp = calloc((size_t)nq, sizeof(double));
+    int rc = ok && lp ? 0 : ps_fail(err, "out of memory");
+    for (int64_t p = 0; p < P && !rc; p++) {
+        ps_shifted s;
+        rc = ps_make_shifted(base, &t->task, &fam, PS_SWEEP_PAD, P, p, 0, m->cfg.max_position_embeddings, &s, err);
+        if (rc) break;
+        rc = ps_v4_eval(m, t, &s.b, batch, NULL, ok, lp, err);
+        if (!rc) ps_residue_stats_add(st, &s, ok, lp);
+        ps_shifted_free(&s);
+    }
+    free(ok), free(lp);
+    return rc;
+}
+
+/* The gate statistics of the shift-0 prompts the way the instrument takes them: every unit in order
+ * (ps_v4_gates_units), replayed into the schedule's accumulator. */
+static int gates_whole(ps_v4_model *m, const ps_v4_task *t, const ps_batch *base, int64_t batch, ps_chgate_acc *acc, ps_error *err) {
+    ps_shifted s;
+    if (ps_make_shifted(base, &t->task, &fam, PS_SWEEP_PAD, 1, 0, 0, m->cfg.max_position_embeddings, &s, err)) return -1;
+    int64_t N = s.b.B, nb = ps_sweep_n_batches(N, batch), B = batch < N ? batch : N;
+    int64_t *ev_off = calloc((size_t)nb + 1, sizeof(int64_t)), *al_off = calloc((size_t)nb + 1, sizeof(int64_t));
+    for (int64_t u = 0; u < nb; u++) {
+        int64_t nn = N - u * B < B ? N - u * B : B, ne, nf;
+        ps_v4_gates_unit_size(&m->cfg, nn, s.b.T, &ne, &nf);
+        ev_off[u + 1] = ev_off[u] + ne, al_off[u + 1] = al_off[u] + nf;
+    }
+    int32_t *ev = calloc((size_t)(ev_off[nb] * PS_V4_GATES_EVENT_INTS) + 1, 4);
+    float *al = calloc((size_t)al_off[nb] + 1, 4);
+    const ps_v4_config *c = &m->cfg;
+    int rc = ps_v4_gates_units(m, t, &s, batch, 0, nb, ev_off, al_off, ev, al, err) ||
+             ps_v4_gates_acc_init(acc, (int)c->n_layers, c->attn_type, c->compress_rate, c->head_dim, c->index_head_dim, err);
+    if (!rc && ps_v4_gates_replay(acc, ev, ev_off[nb], al, al_off[nb], err)) {
+        ps_chgate_acc_free(acc);
+        rc = -1;
+    }
+    free(ev), free(al), free(ev_off), free(al_off);
+    ps_shifted_free(&s);
+    return rc ? -1 : 0;
+}
+
 static void test_sweep_bookkeeping(ps_v4_model *m, const ps_v4_task *t) {
     enum { N = 6, P = 4 };
     ps_batch base;
     ps_error err;
     REQUIRE_OK(ps_batch_alloc(&base, N, t->task.seq_len, t->task.n_queries, &err), &err);
     CHECK(ps_task_generate(&t->task, 1, &base, NULL) == 0, "task generation");
+    /* the instrument's path: the sweep's work units (ps_sweep_units) over the V4 runtime */
+    ps_runtime rt;
+    ps_v4_runtime(&rt, m, t);
     ps_residue_stats st;
-    CHECK_OK(ps_v4_sweep_run(m, t, &base, &fam, PS_SWEEP_PAD, P, 0, 4, &st, NULL, NULL, &err), &err);
+    int64_t nu = P * ps_sweep_n_batches(N, 4), n = P * N * base.max_q;
+    int32_t *ok = calloc((size_t)n, 4), *rho = calloc((size_t)n, 4);
+    double *lp = calloc((size_t)n, 8);
+    CHECK_OK(ps_sweep_units(&rt, &base, &t->task, &fam, PS_SWEEP_PAD, P, 0, 4, 0, nu, ok, lp, rho, NULL, NULL, &err), &err);
+    REQUIRE_OK(ps_residue_stats_init(&st, P, &err), &err);
+    ps_residue_stats_add_items(&st, ok, lp, rho, n);
+    free(ok), free(rho), free(lp);
     int64_t tot = 0;
     int same = 1;
     for (int r = 0; r < P; r++) tot += st.n[r], same &= st.n[r] == N * t->task.n_queries;
@@ -170,7 +226,7 @@ static void test_units(ps_v4_model *m, const ps_v4_task *t) {
     ps_v4_runtime(&rt, m, t);
     /* the sweep: units in slices, added in order = the whole run */
     ps_residue_stats ref, st;
-    REQUIRE_OK(ps_v4_sweep_run(m, t, &base, &fam, PS_SWEEP_PAD, P, 0, BATCH, &ref, NULL, NULL, &err), &err);
+    REQUIRE_OK(sweep_naive(m, t, &base, P, BATCH, &ref, &err), &err);
     int64_t nb = ps_sweep_n_batches(N, BATCH), nu = P * nb, n = P * N * base.max_q;
     int32_t *ok = calloc((size_t)n, 4), *rho = calloc((size_t)n, 4);
     double *lp = calloc((size_t)n, 8);
@@ -179,7 +235,7 @@ static void test_units(ps_v4_model *m, const ps_v4_task *t) {
         CHECK_OK(ps_sweep_units(&rt, &base, &t->task, &fam, PS_SWEEP_PAD, P, 0, BATCH, cuts[c][0], cuts[c][1], ok, lp, rho, NULL, NULL, &err), &err);
     ps_residue_stats_init(&st, P, &err);
     ps_residue_stats_add_items(&st, ok, lp, rho, n);
-    CHECK(same_stats_v4(&ref, &st), "V4 sweep: units in slices, added up = ps_v4_sweep_run, bit for bit");
+    CHECK(same_stats_v4(&ref, &st), "V4 sweep: units in slices, added up = the naive sweep, bit for bit");
     ps_residue_stats_free(&st);
     ps_residue_stats_free(&ref);
     free(ok), free(rho), free(lp);
@@ -213,7 +269,7 @@ static void test_units(ps_v4_model *m, const ps_v4_task *t) {
     ps_knockout_result_free(&whole);
     /* the gates: units recorded and replayed = the whole run's accumulator */
     ps_chgate_acc acc_ref, acc;
-    REQUIRE_OK(ps_v4_gates_run(m, t, &base, &fam, 0, BATCH, &acc_ref, &err), &err);
+    REQUIRE_OK(gates_whole(m, t, &base, BATCH, &acc_ref, &err), &err);
     ps_shifted s;
     REQUIRE_OK(ps_make_shifted(&base, &t->task, &fam, PS_SWEEP_PAD, 1, 0, 0, m->cfg.max_position_embeddings, &s, &err), &err);
     int64_t ev_off[8] = {0}, al_off[8] = {0};
@@ -232,7 +288,7 @@ static void test_units(ps_v4_model *m, const ps_v4_task *t) {
     REQUIRE_OK(ps_v4_gates_acc_init(&acc, (int)c->n_layers, c->attn_type, rates, c->head_dim, c->index_head_dim, &err), &err);
     CHECK_OK(ps_v4_gates_replay(&acc, ev, ev_off[nb], al, al_off[nb], &err), &err);
     json_t *a = ps_chgate_acc_to_json(&acc_ref), *b = ps_chgate_acc_to_json(&acc);
-    CHECK(a && b && json_equal(a, b), "V4 gates: units recorded out of order and replayed = ps_v4_gates_run");
+    CHECK(a && b && json_equal(a, b), "V4 gates: units recorded out of order and replayed = in order");
     CHECK_ERR(ps_v4_gates_replay(&acc, ev, ev_off[nb], al, al_off[nb] - 1, &err), &err, "does not fit");
     json_decref(a), json_decref(b);
     ps_chgate_acc_free(&acc);
@@ -452,7 +508,7 @@ static void test_uniform_gates(ps_v4_model *m, const ps_v4_task *t) {
     REQUIRE_OK(ps_batch_alloc(&base, 3, t->task.seq_len, t->task.n_queries, &err), &err);
     CHECK(ps_task_generate(&t->task, 5, &base, NULL) == 0, "task generation");
     ps_chgate_acc acc;
-    REQUIRE_OK(ps_v4_gates_run(m, t, &base, &fam, 0, 2, &acc, &err), &err);
+    REQUIRE_OK(gates_whole(m, t, &base, 2, &acc, &err), &err);
     /* layer 1 CSA m 4 (8 slots), layer 2 HCA m 8 (8 slots = the rate), layer 3 CSA m 4 */
     double mg[64], worst = 0;
     int checked = 0;

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/runtime.h"
 #include "interventions/stats.h" /* Wilson intervals, chi-square, the folding period of a curve */
 
 /* ---- the path of the field being checked ---- */
@@ -182,45 +183,36 @@ int ps_ck_opt_int(ps_ck *c, json_t *o, const char *k, int64_t lo, int64_t hi) {
 /* ---- provenance ---- */
 
 int ps_ck_provenance(ps_ck *c, json_t *doc, int instrument, const char *mode_kind, ps_prov_info *pi) {
-    static const char *const ATTN[] = {"full", "compressed", "channel", "v4", "deepseek_v4", NULL}, *const MODES[] = {"pad", "move", NULL};
-    static const char *const V4MODE[] = {"csa", "hca", NULL};
+    static const char *const MODES[] = {"pad", "move", NULL};
     json_t *p, *v;
     memset(pi, 0, sizeof *pi);
     if (ps_ck_get_obj(c, doc, "provenance", &p)) return -1;
     size_t old = ps_ck_key(c, "provenance");
     if (ps_ck_get_str(c, p, "command", NULL) || ps_ck_get_str(c, p, "model", NULL) || ps_ck_get_str(c, p, "version", NULL) ||
-        ps_ck_get_int(c, p, "seed", 0, INT64_MAX, NULL) || ps_ck_opt_str(c, p, "config_hash") || ps_ck_opt_int(c, p, "model_step", 0, INT64_MAX))
+        ps_ck_get_int(c, p, "seed", 0, INT64_MAX, NULL) || ps_ck_opt_str(c, p, "config_hash") || ps_ck_opt_int(c, p, "model_step", 0, INT64_MAX) ||
+        ps_ck_opt_str(c, p, "label") || ps_ck_opt_str(c, p, "kind"))
         return -1;
     /* a served model (`phasescope probe`: provenance.endpoint) has no config phasescope could read */
     if ((instrument && !json_object_get(p, "endpoint")) || json_object_get(p, "config")) {
         json_t *cfg, *att;
-        const char *kind;
         if (ps_ck_get_obj(c, p, "config", &cfg)) return -1;
         size_t o2 = ps_ck_key(c, "config");
         if (ps_ck_get_obj(c, cfg, "attention", &att)) return -1;
         size_t o3 = ps_ck_key(c, "attention");
-        if (ps_ck_get_enum(c, att, "kind", ATTN, &kind)) return -1;
-        if (!strcmp(kind, "compressed")) {
-            int64_t w;
-            if (ps_ck_get_int(c, att, "window", 1, MAX_WINDOW, &w) || ps_ck_get_int(c, att, "stride", 1, w, NULL) || ps_ck_opt_str(c, att, "gate"))
-                return -1;
-        } else if (!strcmp(kind, "channel") || !strcmp(kind, "v4")) {
-            if (ps_ck_get_int(c, att, "rate", 1, MAX_WINDOW, NULL) || ps_ck_get_enum(c, att, "mode", V4MODE, NULL) ||
-                ps_ck_get_int(c, att, "local_window", 1, MAX_INDEX, NULL))
-                return -1;
-        } else if (!strcmp(kind, "deepseek_v4")) {
-            json_t *lt, *cr;
-            int64_t nl;
-            if (ps_ck_get_arr(c, att, "layer_types", 1, MAX_INDEX, &lt, &nl) || ps_ck_get_arr(c, att, "compress_rates", nl, nl, &cr, NULL)) return -1;
-            size_t o4 = ps_ck_key(c, "compress_rates");
-            for (int64_t i = 0; i < nl; i++) {
-                size_t o5 = ps_ck_idx(c, (size_t)i);
-                if (ps_ck_int_value(c, json_array_get(cr, (size_t)i), 0, MAX_INDEX, NULL)) return -1;
-                ps_ck_pop(c, o5);
-            }
-            ps_ck_pop(c, o4);
-        }
+        if (ps_ck_get_str(c, att, "kind", NULL)) return -1;
         ps_ck_pop(c, o3);
+        /* the attention's fields: core's families know their configs (core/runtime.h); a bad one is
+         * "KEY: what is wrong" with KEY under provenance.config */
+        ps_model_desc md;
+        ps_error de;
+        if (ps_model_desc_from_config(cfg, &md, &de)) {
+            const char *sep = strstr(de.msg, ": ");
+            if (!sep) return ps_ck_bad(c, "%s", de.msg);
+            char key[160];
+            snprintf(key, sizeof key, "%.*s", (int)(sep - de.msg), de.msg);
+            ps_ck_key(c, key);
+            return ps_ck_bad(c, "%s", sep + 2);
+        }
         if ((v = json_object_get(cfg, "rope")) && !json_is_boolean(v)) {
             ps_ck_key(c, "rope");
             return ps_ck_bad(c, "expected true or false, got %s", ps_ck_type_name(v));

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "core/fileio.h"
+#include "core/runtime.h"
 
 double ps_fig_num(json_t *o, const char *k) { return json_number_value(json_object_get(o, k)); }
 
@@ -54,55 +55,14 @@ double ps_fig_fit(cairo_t *cr, const char *s, double size, double maxw, int bold
 }
 
 void ps_fig_model_name(char *buf, size_t n, json_t *prov) {
-    char tmp[2048];
+    char tmp[2048], lab[sizeof ((ps_model_desc *)0)->label];
     snprintf(tmp, sizeof tmp, "%s", json_string_value(json_object_get(prov, "model")) ?: "model");
     size_t l = strlen(tmp);
     while (l > 1 && tmp[l - 1] == '/') tmp[--l] = '\0';
     const char *b = basename(tmp);
-    json_t *cfg = json_object_get(prov, "config"), *att = json_object_get(cfg, "attention");
-    const char *kind = json_string_value(json_object_get(att, "kind"));
-    const char *bnd = json_string_value(json_object_get(att, "boundaries"));
-    if (kind && !strcmp(kind, "compressed") && bnd && !strcmp(bnd, "content")) {
-        snprintf(buf, n, "%s (content chunks %lld-%lld, mean %lld)", b, (long long)json_integer_value(json_object_get(att, "chunk_min")),
-                 (long long)json_integer_value(json_object_get(att, "window")),
-                 (long long)json_integer_value(json_object_get(att, "stride")));
-    } else if (kind && !strcmp(kind, "compressed")) {
-        const char *gate = json_string_value(json_object_get(att, "gate"));
-        /* staggered grids (attention.head_offsets, docs/mitigations.md): the offsets, when any is not 0 */
-        json_t *ho = json_object_get(att, "head_offsets");
-        char stag[160] = "";
-        int any = 0;
-        for (size_t i = 0; i < json_array_size(ho); i++) any |= json_integer_value(json_array_get(ho, i)) != 0;
-        int run = 1; /* offsets 0, 1, 2, ... by KV head: "staggered 0–7" */
-        for (size_t i = 0; i < json_array_size(ho); i++) run &= json_integer_value(json_array_get(ho, i)) == (json_int_t)i;
-        if (any && run)
-            snprintf(stag, sizeof stag, ", staggered 0–%zu", json_array_size(ho) - 1);
-        else if (any) {
-            size_t w = (size_t)snprintf(stag, sizeof stag, ", offsets ");
-            for (size_t i = 0; i < json_array_size(ho) && w + 24 < sizeof stag; i++)
-                w += (size_t)snprintf(stag + w, sizeof stag - w, "%s%lld", i ? "," : "", (long long)json_integer_value(json_array_get(ho, i)));
-        }
-        snprintf(buf, n, "%s (W%lld/S%lld%s%s%s)", b, (long long)json_integer_value(json_object_get(att, "window")),
-                 (long long)json_integer_value(json_object_get(att, "stride")), stag,
-                 gate && !strcmp(gate, "uniform") ? ", uniform gate" : "",
-                 json_is_false(json_object_get(cfg, "rope")) ? ", no RoPE" : "");
-    } else if (kind && (!strcmp(kind, "channel") || !strcmp(kind, "v4"))) {
-        const char *mode = json_string_value(json_object_get(att, "mode"));
-        snprintf(buf, n, "%s (V4 compressor: %s, rate %lld, window %lld%s)", b, mode && !strcmp(mode, "hca") ? "HCA" : "CSA",
-                 (long long)json_integer_value(json_object_get(att, "rate")),
-                 (long long)json_integer_value(json_object_get(att, "local_window")),
-                 json_is_false(json_object_get(cfg, "rope")) ? ", no RoPE" : "");
-    } else if (kind && !strcmp(kind, "deepseek_v4")) {
-        json_t *cr = json_object_get(att, "compress_rates");
-        char rates[200] = "";
-        size_t w = 0;
-        for (size_t i = 0; i < json_array_size(cr) && w + 16 < sizeof rates; i++)
-            w += (size_t)snprintf(rates + w, sizeof rates - w, "%s%lld", i ? "," : "", (long long)json_integer_value(json_array_get(cr, i)));
-        snprintf(buf, n, "%s (DeepSeek-V4, compress rates %s)", b, rates);
-    } else if (kind)
-        snprintf(buf, n, "%s (full attention)", b);
-    else
-        snprintf(buf, n, "%s", b);
+    /* the label the result carries, or the one core's families give its config (core/runtime.h) */
+    if (!ps_label_from_provenance(prov, lab, sizeof lab, NULL, 0) && lab[0]) snprintf(buf, n, "%s (%s)", b, lab);
+    else snprintf(buf, n, "%s", b);
 }
 
 void ps_fig_line(cairo_t *cr, double x0, double y0, double x1, double y1) {

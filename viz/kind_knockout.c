@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/runtime.h"
 #include "viz/check_common.h"
 #include "viz/fig_common.h"
 
@@ -365,15 +366,13 @@ int ps_render_knockout(json_t *const *docs, const char *const *paths, int n, con
         grid *g = &x.g[k];
         ps_fig_model_name(g->name, sizeof g->name, json_object_get(docs[k], "provenance"));
         const char *tg = json_string_value(json_object_get(grid_j, "target")), *tt = target_text(tg);
-        const char *akind = json_string_value(
-            json_object_get(json_object_get(json_object_get(json_object_get(docs[k], "provenance"), "config"), "attention"), "kind"));
-        if (akind && tg && (!strcmp(akind, "channel") || !strcmp(akind, "v4") || !strcmp(akind, "deepseek_v4"))) { /* K = V */
-            int rt = !strcmp(akind, "deepseek_v4");
-            if (!strcmp(tg, "raw")) tt = rt ? "knocked out: the raw K=V window (layers.L.attn.kv)" : "knocked out: the raw K=V entries (hook_k)";
-            else if (!strcmp(tg, "compressed"))
-                tt = rt ? "knocked out: the compressed entries (layers.L.attn.compressor.kv)" : "knocked out: the compressed K=V entries (hook_ck)";
-        }
-        if (tt) snprintf(g->target, sizeof g->target, "%s", tt);
+        ps_model_desc md;
+        ps_error de;
+        const char *what = NULL; /* K = V: the family words the raw and compressed entries (core/runtime.h) */
+        if (tg && !ps_model_desc_from_provenance(json_object_get(docs[k], "provenance"), &md, &de) && md.kv_shared)
+            what = !strcmp(tg, "raw") ? md.raw_what : !strcmp(tg, "compressed") ? md.comp_what : NULL;
+        if (what) snprintf(g->target, sizeof g->target, "knocked out: %s", what);
+        else if (tt) snprintf(g->target, sizeof g->target, "%s", tt);
         else snprintf(g->target, sizeof g->target, "knocked out: %s", tg);
         const char *mth = json_string_value(json_object_get(grid_j, "method"));
         if (mth && !strcmp(mth, "atp")) { /* an attribution estimate: NLL changes only */

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/runtime.h"
 #include "viz/check_common.h"
 #include "viz/fig_common.h"
 
@@ -512,10 +513,12 @@ static void gatecycle_text(json_t *doc, int64_t P, char *title, size_t tn, char 
     const char *br = json_string_value(json_object_get(cy, "branch")), *pa = json_string_value(json_object_get(cy, "params"));
     const char *what = pa && !strcmp(pa, "gate") ? "gates" : pa && !strcmp(pa, "payload") ? "payloads" : "gates and payloads";
     const char *bw = br && !strcmp(br, "key") ? "key " : br && !strcmp(br, "value") ? "value " : "";
-    const char *ak = json_string_value(json_object_get(json_object_get(json_object_get(prov, "config"), "attention"), "kind"));
-    if (ak && (!strcmp(ak, "channel") || !strcmp(ak, "v4") || !strcmp(ak, "deepseek_v4"))) /* V4's compressor: its position bias is the per-slot parameter */
+    ps_model_desc md;
+    ps_error de;
+    int have = !ps_model_desc_from_provenance(prov, &md, &de);
+    if (have && md.slot_bias) /* V4's compressor: its position bias is the per-slot parameter */
         snprintf(title, tn, "Gate cycling — %s: layer %lld; %sposition bias (ape) rolled by k = %+lld", name, layer,
-                 br && !strcmp(br, "indexer") ? "the indexer's " : br && !strcmp(br, "both") && !strcmp(ak, "deepseek_v4") ? "compressor and indexer " : "", k);
+                 br && !strcmp(br, "indexer") ? "the indexer's " : br && !strcmp(br, "both") && md.indexer ? "compressor and indexer " : "", k);
     else
         snprintf(title, tn, "Gate cycling — %s: layer %lld, %s; %s%s rolled by k = %+lld", name, layer, hs, bw, what, k);
     static const char *const dk[] = {"dips", "dip_moves", "dip_movement", "dip_shifts", NULL};
