@@ -25,6 +25,7 @@
 
 #include "check.h"
 #include "core/forward.h"
+#include "core/generate.h"
 #include "core/kvcache.h"
 #include "core/rng.h"
 #include "testutil.h"
@@ -497,7 +498,86 @@ static void test_bad_inputs(void) {
     CHECK_ERR(ps_kvcache_truncate(&kv, s, 3, &err), &err, "[0, 0]");
     ps_kvcache_free(&kv);
     ps_model_free(&m);
-    c.kind = PS_ATTN_CHANNEL;
+}
+
+/* ps_generate: greedy tokens equal the argmax of the whole-sequence forward on the growing sequence (the
+ * old path), log-probabilities equal its log-softmax; a prompt reaching max_seq_len stops there; sampling
+ * is seeded (same seed, same tokens) and top_p -> 0 is greedy; mean edits need a prompt holding the entry. */
+static void test_generate(void) {
+    ps_config c = tu_config(PS_ATTN_COMPRESSED);
+    c.n_layers = 2, c.window = 4, c.stride = 2, c.local_window = 3, c.max_seq_len = 40;
+    ps_model m;
+    tu_random_model(&m, &c, 61, 0.8f);
+    ps_error err;
+    int64_t V = c.vocab_size;
+    int32_t p0[9], p1[36];
+    tu_random_tokens(p0, 9, V, 62);
+    tu_random_tokens(p1, 36, V, 63);
+    int32_t *pr[2] = {p0, p1};
+    int64_t len[2] = {9, 36};
+    ps_generate_opts o = {.max_tokens = 12, .temperature = 0, .top_p = 1, .seed = 1};
+    ps_kvcache kv;
+    REQUIRE_OK(ps_kvcache_create(&kv, &m, NULL, &err), &err);
+    ps_generate_result r;
+    REQUIRE_OK(ps_generate(&kv, 2, pr, len, &o, NULL, 0, NULL, &r, &err), &err);
+    CHECK(r.n_gen[0] == 12 && r.n_gen[1] == 5, "generated %lld and %lld tokens (12, and 5 up to max_seq_len 40)", (long long)r.n_gen[0],
+          (long long)r.n_gen[1]);
+    int same = 1;
+    double worst_lp = 0;
+    for (int i = 0; i < 2; i++) {
+        int32_t seq[64];
+        memcpy(seq, pr[i], (size_t)len[i] * sizeof(int32_t));
+        for (int64_t k = 0; k < r.n_gen[i]; k++) {
+            int64_t T = len[i] + k;
+            ps_acts a;
+            CHECK_OK(ps_acts_create(&a, m.ctx, &c, 1, T, false, &err), &err);
+            CHECK_OK(ps_forward(&m, &a, seq, NULL, &err), &err);
+            const float *x = a.p.logits + (T - 1) * V;
+            int64_t arg = 0;
+            double mx = x[0], sum = 0;
+            for (int64_t v = 1; v < V; v++)
+                if (x[v] > x[arg]) arg = v, mx = x[v];
+            for (int64_t v = 0; v < V; v++) sum += exp((double)x[v] - mx);
+            if (arg != r.tok[i][k]) same = 0;
+            worst_lp = fmax(worst_lp, fabs(((double)x[arg] - mx - log(sum)) - r.logprob[i][k]));
+            seq[T] = (int32_t)arg;
+            ps_acts_free(&a);
+        }
+    }
+    CHECK(same, "greedy generation through the cache = argmax of the whole-sequence forward at every step");
+    CHECK(worst_lp < 1e-4, "log-probabilities differ from the forward's log-softmax by %.3g", worst_lp);
+    ps_generate_result_free(&r);
+    ps_kvcache_free(&kv);
+    /* sampling: seeded; a tiny nucleus is greedy */
+    ps_generate_result s1, s2, g1;
+    ps_generate_opts os = {.max_tokens = 12, .temperature = 1.5, .top_p = 0.9, .seed = 7};
+    ps_kvcache k1, k2, k3;
+    REQUIRE_OK(ps_kvcache_create(&k1, &m, NULL, &err), &err);
+    REQUIRE_OK(ps_kvcache_create(&k2, &m, NULL, &err), &err);
+    REQUIRE_OK(ps_kvcache_create(&k3, &m, NULL, &err), &err);
+    CHECK_OK(ps_generate(&k1, 1, pr, len, &os, NULL, 0, NULL, &s1, &err), &err);
+    CHECK_OK(ps_generate(&k2, 1, pr, len, &os, NULL, 0, NULL, &s2, &err), &err);
+    os.top_p = 1e-9;
+    CHECK_OK(ps_generate(&k3, 1, pr, len, &os, NULL, 0, NULL, &g1, &err), &err);
+    CHECK(s1.n_gen[0] == 12 && !memcmp(s1.tok[0], s2.tok[0], 12 * sizeof(int32_t)), "the same seed samples the same tokens");
+    ps_kvcache_free(&k3);
+    REQUIRE_OK(ps_kvcache_create(&k3, &m, NULL, &err), &err);
+    ps_generate_result gg;
+    CHECK_OK(ps_generate(&k3, 1, pr, len, &o, NULL, 0, NULL, &gg, &err), &err);
+    CHECK(!memcmp(g1.tok[0], gg.tok[0], 12 * sizeof(int32_t)), "top_p -> 0 samples the greedy tokens");
+    ps_generate_edit e;
+    CHECK_OK(ps_generate_edit_parse(&c, "blocks.1.attn.cache_cv:1:30:mean", &e, &err), &err);
+    CHECK(e.layer == 1 && e.value == 1 && e.head == 1 && e.entry == 30 && e.mean, "edit parsed");
+    CHECK_ERR(ps_generate_edit_parse(&c, "blocks.1.attn.cache_cv:1:3:half", &e, &err), &err, "expected zero or mean");
+    CHECK_ERR(ps_generate_edit_parse(&c, "blocks.0.attn.hook_ck:0:3:zero", &e, &err), &err, "not a cache point");
+    ps_kvcache_free(&k3);
+    REQUIRE_OK(ps_kvcache_create(&k3, &m, NULL, &err), &err);
+    CHECK_OK(ps_generate_edit_parse(&c, "blocks.1.attn.cache_cv:1:30:mean", &e, &err), &err);
+    ps_generate_result ge;
+    CHECK_ERR(ps_generate(&k3, 1, pr, len, &o, &e, 1, NULL, &ge, &err), &err, "no prompt holds entry 30");
+    ps_generate_result_free(&s1), ps_generate_result_free(&s2), ps_generate_result_free(&g1), ps_generate_result_free(&gg);
+    ps_kvcache_free(&k1), ps_kvcache_free(&k2), ps_kvcache_free(&k3);
+    ps_model_free(&m);
 }
 
 /* One sequence past 128K tokens (PS_KV_LONG=1): every 4096th position against ps_forward at that length. */
@@ -541,6 +621,7 @@ int main(void) {
     test_hooks();
     test_edits();
     test_bad_inputs();
+    test_generate();
     test_long();
     CHECK_DONE();
 }
