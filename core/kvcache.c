@@ -144,7 +144,13 @@ static int32_t rows_tok(const ps_kv_rows *r, int64_t i) {
 
 /* ---- sizes ---- */
 
+/* KV heads with compressed entries: the grid's KV heads, one for the channel attention (K = V), none for full. */
+static int64_t entry_heads(const ps_config *c) {
+    return c->kind == PS_ATTN_COMPRESSED ? c->n_kv_heads : c->kind == PS_ATTN_CHANNEL ? 1 : 0;
+}
+
 double ps_kvcache_bytes_per_token(const ps_config *c) {
+    if (c->kind == PS_ATTN_CHANNEL) return (double)c->n_layers * (double)c->head_dim * 4.0 / (double)c->rate;
     double full = (double)c->n_layers * 2.0 * (double)(c->n_kv_heads * c->head_dim) * 4.0;
     if (c->kind != PS_ATTN_COMPRESSED) return full;
     if (c->boundaries == PS_BOUNDARIES_CONTENT) return full / ps_chunk_expected_len(c);
@@ -152,8 +158,11 @@ double ps_kvcache_bytes_per_token(const ps_config *c) {
 }
 
 double ps_kvcache_fixed_bytes(const ps_config *c) {
-    if (c->kind != PS_ATTN_COMPRESSED) return 0;
     double L = (double)c->n_layers;
+    if (c->kind == PS_ATTN_CHANNEL) /* the sliding window of K = V rows; the compressor's kv and z rows of the open windows */
+        return L * 4.0 * ((double)(c->local_window - 1) * (double)c->head_dim +
+                          (double)(ps_config_v4_slots(c) - 1) * 2.0 * (double)(ps_config_v4_series(c) * c->head_dim));
+    if (c->kind != PS_ATTN_COMPRESSED) return 0;
     return L * 4.0 * (2.0 * (double)(c->local_window - 1) * (double)(c->n_kv_heads * c->head_dim) +
                       (double)(c->window - 1) * (double)c->d_model);
 }
@@ -169,7 +178,7 @@ int64_t ps_kvcache_bytes(const ps_kvcache *kv) {
             const ps_kv_layer *L = &q->layers[l];
             tab += (L->k.cap_pages + L->v.cap_pages + L->ln.cap_pages) * (int64_t)sizeof(void *);
             if (L->ck)
-                for (int64_t g = 0; g < c->n_kv_heads; g++)
+                for (int64_t g = 0; g < entry_heads(c); g++)
                     tab += 2 * (int64_t)sizeof(ps_kv_rows) + (L->ck[g].cap_pages + L->cv[g].cap_pages) * (int64_t)sizeof(void *);
         }
     }
@@ -186,7 +195,7 @@ static void seq_free(ps_kvcache *kv, ps_kv_seq *q) {
             rows_free(kv, &L->k);
             rows_free(kv, &L->v);
             rows_free(kv, &L->ln);
-            for (int64_t g = 0; L->ck && g < c->n_kv_heads; g++) {
+            for (int64_t g = 0; L->ck && g < entry_heads(c); g++) {
                 rows_free(kv, &L->ck[g]);
                 rows_free(kv, &L->cv[g]);
             }
@@ -205,7 +214,7 @@ void ps_kvcache_free(ps_kvcache *kv) {
     free(kv->seqs);
     for (int i = 0; i < kv->n_edits; i++) free(kv->edits[i].vec);
     free(kv->edits);
-    free(kv->x);
+    free(kv->scratch);
     free(kv->att_p);
     free(kv->cstart);
     memset(kv, 0, sizeof *kv);
@@ -214,8 +223,6 @@ void ps_kvcache_free(ps_kvcache *kv) {
 int ps_kvcache_create(ps_kvcache *kv, const ps_model *m, const ps_kvcache_opts *o, ps_error *err) {
     memset(kv, 0, sizeof *kv);
     const ps_config *c = &m->cfg;
-    if (c->kind == PS_ATTN_CHANNEL)
-        return ps_fail(err, "the KV cache does not support the channel attention (attention.kind \"v4\") yet; run sequences whole");
     if (!ps_ctx_host_visible(m->ctx))
         return ps_fail(err, "the KV cache runs on the cpu backend only (the model is on %s)", ps_ctx_backend_name(m->ctx));
     kv->m = m;
@@ -227,9 +234,10 @@ int ps_kvcache_create(ps_kvcache *kv, const ps_model *m, const ps_kvcache_opts *
     int64_t R = kv->o.chunk, d = c->d_model, nh = c->n_heads, hd = c->head_dim, ks = c->n_kv_heads * hd, dff = c->d_ff,
             V = c->vocab_size, W = c->window > 0 ? c->window : 1, qd = nh * hd;
     int64_t nlog = R < 64 ? R : 64;
-    int64_t sizes[] = {R * d, R * d, R * qd, R * ks, R * ks, R * (nh > 1 ? nh : 1) + W, R * qd, R * d, R * d, R * d,
+    int64_t cw = c->kind == PS_ATTN_CHANNEL ? ps_config_v4_series(c) * hd : 0, SL = c->kind == PS_ATTN_CHANNEL ? ps_config_v4_slots(c) : 0;
+    int64_t sizes[] = {hd / 2 + 1, hd / 2 + 1, R * cw, R * cw, 2 * SL * hd, R * d, R * d, R * qd, R * ks, R * ks, R * (nh > 1 ? nh : 1) + W, R * qd, R * d, R * d, R * d,
                        R * dff, R * dff, R * dff, R * d, nlog * V + nlog * 2 * d, R * hd / 2 + 1, R * hd / 2 + 1};
-    float **ptrs[] = {&kv->x, &kv->ln1, &kv->q, &kv->kk, &kv->vv, &kv->rstd, &kv->z, &kv->attn_out, &kv->mid, &kv->ln2,
+    float **ptrs[] = {&kv->ecos, &kv->esin, &kv->ckv, &kv->cz, &kv->calpha, &kv->x, &kv->ln1, &kv->q, &kv->kk, &kv->vv, &kv->rstd, &kv->z, &kv->attn_out, &kv->mid, &kv->ln2,
                       &kv->g, &kv->u, &kv->h, &kv->mlp_out, &kv->logit_rows, &kv->cos_t, &kv->sin_t};
     int n = (int)(sizeof sizes / sizeof sizes[0]);
     /* entry scratch: z, alpha of both branches [4, nkv, W], payloads [2, W, ks], ck, cv [2, ks], a row [ks] */
@@ -237,8 +245,9 @@ int ps_kvcache_create(ps_kvcache *kv, const ps_model *m, const ps_kvcache_opts *
     int64_t tot = ent;
     for (int i = 0; i < n; i++) tot += sizes[i];
     kv->scratch_floats = tot;
-    if (!(kv->x = malloc((size_t)tot * sizeof(float)))) return ps_fail(err, "out of memory for the KV cache's step buffers (%lld floats)", (long long)tot);
-    float *p = kv->x;
+    if (!(kv->scratch = malloc((size_t)tot * sizeof(float))))
+        return ps_fail(err, "out of memory for the KV cache's step buffers (%lld floats)", (long long)tot);
+    float *p = kv->scratch;
     for (int i = 0; i < n; i++) {
         *ptrs[i] = p;
         p += sizes[i];
@@ -280,7 +289,9 @@ int ps_kvcache_add(ps_kvcache *kv, ps_error *err) {
     if (s < 0) return -1;
     ps_kv_seq *q = &kv->seqs[s];
     memset(q, 0, sizeof *q);
-    int64_t ks = c->n_kv_heads * c->head_dim, comp = c->kind == PS_ATTN_COMPRESSED;
+    int64_t ch = c->kind == PS_ATTN_CHANNEL, ks = ch ? c->head_dim : c->n_kv_heads * c->head_dim, ne = entry_heads(c);
+    /* the open windows' inputs: the layer input (grid, chunks) or the compressor's kv and gate rows (channel) */
+    int64_t aw = ch ? 2 * ps_config_v4_series(c) * c->head_dim : c->d_model;
     if (!(q->layers = calloc((size_t)c->n_layers, sizeof *q->layers))) return ps_fail(err, "out of memory for a KV cache sequence");
     q->live = true;
     rows_init(&q->tok, 1);
@@ -289,15 +300,15 @@ int ps_kvcache_add(ps_kvcache *kv, ps_error *err) {
         ps_kv_layer *L = &q->layers[l];
         rows_init(&L->k, ks);
         rows_init(&L->v, ks);
-        rows_init(&L->ln, c->d_model);
-        if (!comp) continue;
-        L->ck = calloc((size_t)c->n_kv_heads, sizeof *L->ck);
-        L->cv = calloc((size_t)c->n_kv_heads, sizeof *L->cv);
+        rows_init(&L->ln, aw);
+        if (!ne) continue;
+        L->ck = calloc((size_t)ne, sizeof *L->ck);
+        L->cv = calloc((size_t)ne, sizeof *L->cv);
         if (!L->ck || !L->cv) {
             seq_free(kv, q);
             return ps_fail(err, "out of memory for a KV cache sequence");
         }
-        for (int64_t g = 0; g < c->n_kv_heads; g++) {
+        for (int64_t g = 0; g < ne; g++) {
             rows_init(&L->ck[g], c->head_dim);
             rows_init(&L->cv[g], c->head_dim);
         }
@@ -320,7 +331,7 @@ int ps_kvcache_fork(ps_kvcache *kv, int src, ps_error *err) {
     for (int64_t l = 0; l < c->n_layers; l++) {
         ps_kv_layer *A = &a->layers[l], *B = &b->layers[l];
         rc |= rows_fork(&B->k, &A->k) | rows_fork(&B->v, &A->v) | rows_fork(&B->ln, &A->ln);
-        for (int64_t g = 0; A->ck && g < c->n_kv_heads; g++) rc |= rows_fork(&B->ck[g], &A->ck[g]) | rows_fork(&B->cv[g], &A->cv[g]);
+        for (int64_t g = 0; A->ck && g < entry_heads(c); g++) rc |= rows_fork(&B->ck[g], &A->ck[g]) | rows_fork(&B->cv[g], &A->cv[g]);
     }
     if (rc) {
         ps_kvcache_drop(kv, s);
@@ -347,10 +358,11 @@ int ps_kvcache_truncate(ps_kvcache *kv, int seq, int64_t T, ps_error *err) {
         return ps_fail(err, "truncating sequence %d of %lld tokens to %lld: must be in [0, %lld]", seq, (long long)q->T, (long long)T,
                        (long long)q->T);
     if (T == q->T) return 0;
-    int comp = c->kind == PS_ATTN_COMPRESSED, content = comp && c->boundaries == PS_BOUNDARIES_CONTENT;
-    if (comp) {
+    int comp = c->kind == PS_ATTN_COMPRESSED, content = comp && c->boundaries == PS_BOUNDARIES_CONTENT,
+        chn = c->kind == PS_ATTN_CHANNEL;
+    if (comp || chn) {
         ps_kv_layer *L = &q->layers[0];
-        int64_t need_k = T - (c->local_window - 1), need_a = T - (c->window - 1);
+        int64_t need_k = T - (c->local_window - 1), need_a = T - (chn ? ps_config_v4_slots(c) - 1 : c->window - 1);
         if ((need_k > 0 && need_k < L->k.base) || (need_a > 0 && need_a < L->ln.base) || (content && T > 0 && T - 1 < q->tok.base))
             return ps_fail(err,
                            "truncating sequence %d from %lld to %lld tokens: the cache no longer holds the local window and open windows of position %lld (it keeps %lld positions of history: ps_kvcache_opts.history)",
@@ -366,6 +378,11 @@ int ps_kvcache_truncate(ps_kvcache *kv, int seq, int64_t T, ps_error *err) {
     for (int64_t l = 0; l < c->n_layers; l++) {
         ps_kv_layer *L = &q->layers[l];
         rows_truncate(kv, &L->k, T);
+        if (chn) { /* K = V: no v rows; the entries of every window of rate tokens that has ended */
+            rows_truncate(kv, &L->ln, T);
+            rows_truncate(kv, &L->ck[0], T / c->rate);
+            continue;
+        }
         rows_truncate(kv, &L->v, T);
         if (!comp) continue;
         rows_truncate(kv, &L->ln, T);
@@ -389,8 +406,9 @@ int ps_kvcache_point_parse(const ps_config *c, const char *name, int *layer, int
         return ps_fail(err, "\"%s\" is not a cache point: expected blocks.{l}.attn.cache_ck or blocks.{l}.attn.cache_cv", name);
     if (l < 0 || l >= c->n_layers)
         return ps_fail(err, "\"%s\": layer %d is outside the model's %lld layers", name, l, (long long)c->n_layers);
-    if (c->kind != PS_ATTN_COMPRESSED)
-        return ps_fail(err, "\"%s\": a full-attention model has no compressed entries in its cache", name);
+    if (c->kind == PS_ATTN_FULL) return ps_fail(err, "\"%s\": a full-attention model has no compressed entries in its cache", name);
+    if (c->kind == PS_ATTN_CHANNEL && !strcmp(what, "cache_cv"))
+        return ps_fail(err, "\"%s\": the channel attention's entries are keys and values at once (K = V): use cache_ck", name);
     *layer = l;
     *value = !strcmp(what, "cache_cv");
     return 0;
@@ -398,10 +416,12 @@ int ps_kvcache_point_parse(const ps_config *c, const char *name, int *layer, int
 
 static int entry_check(const ps_kvcache *kv, int l, int g, int value, ps_error *err) {
     const ps_config *c = &kv->m->cfg;
-    if (c->kind != PS_ATTN_COMPRESSED) return ps_fail(err, "KV cache entries: a full-attention model has no compressed entries");
+    if (c->kind == PS_ATTN_FULL) return ps_fail(err, "KV cache entries: a full-attention model has no compressed entries");
     if (l < 0 || l >= c->n_layers) return ps_fail(err, "KV cache entries: layer %d is outside the model's %lld layers", l, (long long)c->n_layers);
-    if (g < 0 || g >= c->n_kv_heads) return ps_fail(err, "KV cache entries: KV head %d is outside the model's %lld", g, (long long)c->n_kv_heads);
+    if (g < 0 || g >= entry_heads(c)) return ps_fail(err, "KV cache entries: KV head %d is outside the model's %lld", g, (long long)entry_heads(c));
     if (value != 0 && value != 1) return ps_fail(err, "KV cache entries: value must be 0 (cache_ck) or 1 (cache_cv)");
+    if (value == 1 && c->kind == PS_ATTN_CHANNEL)
+        return ps_fail(err, "KV cache entries: the channel attention's entries are keys and values at once (K = V): use cache_ck");
     return 0;
 }
 
@@ -550,8 +570,8 @@ static int close_entries(ps_kvcache *kv, ps_kv_seq *q, int seq, int l, int64_t t
         float *k = ck + g * hd;
         if (c->qk_norm) CK(ps_rmsnorm(ctx, k, NULL, k, w.knorm, 1, hd, (float)c->rms_eps));
         if (c->rope) {
-            rope_row(kv->cos_t, kv->sin_t, start[g], hd, c->rope_theta);
-            CK(ps_rope(ctx, k, kv->cos_t, kv->sin_t, 1, 1, 1, hd, 1));
+            rope_row(kv->ecos, kv->esin, start[g], hd, c->rope_theta);
+            CK(ps_rope(ctx, k, kv->ecos, kv->esin, 1, 1, 1, hd, 1));
         }
     }
     FIRE_P(PS_HOOK_CK, ck, 4, 1, 1, nkv, hd);
@@ -607,21 +627,18 @@ static int attend_row(ps_kvcache *kv, const ps_kv_layer *L, int64_t t, const flo
     return 0;
 }
 
-/* Layer l over the step's rows (kv->x in, out). */
-static int layer_step(ps_kvcache *kv, int l, const kv_piece *P, int np, int64_t R, const int64_t *chunk_len,
-                      const ps_hooks *hooks, ps_error *err) {
+/* Layer l's attention over the step's rows, full or compressed (grid, staggered grid, content chunks): from
+ * kv->x to kv->z, the new rows entering the cache. */
+static int attn_grid(ps_kvcache *kv, int l, const kv_piece *P, int np, int64_t R, const int64_t *chunk_len, const ps_hooks *hooks,
+                     ps_error *err) {
     const ps_model *m = kv->m;
     const ps_config *c = &m->cfg;
     ps_ctx *ctx = kv->ctx;
     ps_layer_params w = ps_model_layer(m, m->params, l);
     int comp = c->kind == PS_ATTN_COMPRESSED, content = comp && c->boundaries == PS_BOUNDARIES_CONTENT;
-    int64_t d = c->d_model, nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim, ks = nkv * hd, qd = nh * hd,
-            dff = c->d_ff, W = c->window, S = c->stride;
+    int64_t d = c->d_model, nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim, ks = nkv * hd, qd = nh * hd, W = c->window,
+            S = c->stride;
     float eps = (float)c->rms_eps;
-    for (int i = 0; i < np; i++) {
-        kv->ev = (ps_kv_event){.seq = P[i].seq, .t0 = P[i].t0, .entry = -1};
-        FIRE_P(PS_HOOK_RESID_PRE, kv->x + P[i].r0 * d, 3, 1, P[i].n, d);
-    }
     CK(ps_rmsnorm(ctx, kv->ln1, NULL, kv->x, w.in_norm, R, d, eps) || ps_matmul(ctx, kv->q, kv->ln1, w.wq, R, d, qd, 0) ||
        ps_matmul(ctx, kv->kk, kv->ln1, w.wk, R, d, ks, 0) || ps_matmul(ctx, kv->vv, kv->ln1, w.wv, R, d, ks, 0));
     if (c->qk_norm)
@@ -671,6 +688,168 @@ static int layer_step(ps_kvcache *kv, int l, const kv_piece *P, int np, int64_t 
             }
         }
     }
+    return 0;
+}
+
+/* The channel attention's entry of window wi (rate m tokens) of layer l, closing now: per channel, a softmax
+ * over the slots of (gate + position bias), the pooled kv rows, the norm, RoPE at wi·m (ps_forward's
+ * v4_layer_pre on one window: ps_v4_comp_slots, ps_v4_slot_softmax, ps_v4_comp_pool term for term). */
+static int close_channel(ps_kvcache *kv, ps_kv_seq *q, int seq, int l, int64_t t, int64_t wi, const ps_hooks *hooks, ps_error *err) {
+    const ps_model *m = kv->m;
+    const ps_config *c = &m->cfg;
+    ps_ctx *ctx = kv->ctx;
+    ps_layer_params w = ps_model_layer(m, m->params, l);
+    ps_kv_layer *L = &q->layers[l];
+    int csa = c->v4_mode == PS_V4_MODE_CSA;
+    int64_t hd = c->head_dim, mr = c->rate, cs = ps_config_v4_series(c), SL = ps_config_v4_slots(c), cw = cs * hd;
+    float *gate = kv->calpha, *al = kv->calpha + SL * hd, *ck = kv->ent;
+    /* slot s: its token and channel block (ps_cpu_v4_comp_slots' slot_src) */
+    for (int64_t s = 0; s < SL; s++) {
+        int64_t tok = -1, chb = 0;
+        if (!csa) tok = wi * mr + s;
+        else if (s < mr) tok = wi > 0 ? (wi - 1) * mr + s : -1;
+        else tok = wi * mr + (s - mr), chb = hd;
+        const float *z = tok >= 0 ? rows_at(&L->ln, tok) + cw : NULL, *a = w.c_ape + (s % mr) * cw + chb;
+        for (int64_t i = 0; i < hd; i++) gate[s * hd + i] = z ? z[chb + i] + a[i] : -INFINITY;
+    }
+    for (int64_t i = 0; i < hd; i++) {
+        float mx = -INFINITY;
+        for (int64_t s = 0; s < SL; s++) mx = gate[s * hd + i] > mx ? gate[s * hd + i] : mx;
+        double sum = 0;
+        for (int64_t s = 0; s < SL; s++) {
+            float e = expf(gate[s * hd + i] - mx);
+            al[s * hd + i] = e;
+            sum += e;
+        }
+        float inv = (float)(1.0 / sum);
+        for (int64_t s = 0; s < SL; s++) al[s * hd + i] *= inv;
+    }
+    kv->ev.t0 = t;
+    kv->ev.entry = wi;
+    FIRE_P(PS_HOOK_GATE_K, al, 4, 1, 1, SL, hd);
+    memset(ck, 0, (size_t)hd * sizeof(float));
+    for (int64_t s = 0; s < SL; s++) {
+        int64_t tok = -1, chb = 0;
+        if (!csa) tok = wi * mr + s;
+        else if (s < mr) tok = wi > 0 ? (wi - 1) * mr + s : -1;
+        else tok = wi * mr + (s - mr), chb = hd;
+        if (tok < 0) continue;
+        const float *src = rows_at(&L->ln, tok) + chb;
+        for (int64_t i = 0; i < hd; i++) ck[i] += al[s * hd + i] * src[i];
+    }
+    CK(ps_rmsnorm(ctx, ck, NULL, ck, w.c_norm, 1, hd, (float)c->rms_eps));
+    if (c->rope) {
+        rope_row(kv->ecos, kv->esin, wi * mr, hd, c->rope_theta);
+        CK(ps_rope(ctx, ck, kv->ecos, kv->esin, 1, 1, 1, hd, 1));
+    }
+    FIRE_P(PS_HOOK_CK, ck, 4, 1, 1, 1, hd);
+    for (int i = 0; i < kv->n_edits; i++) {
+        const ps_kv_edit *e = &kv->edits[i];
+        if (e->layer == l && e->head == 0 && e->value == 0 && e->entry == wi && (e->seq == -1 || e->seq == seq)) edit_apply(e, ck, hd);
+    }
+    if (rows_push(kv, &L->ck[0], ck)) return ps_fail(err, "out of memory for the KV cache's compressed entries");
+    return 0;
+}
+
+/* The channel attention of query row t (ps_cpu_v4_attn for one query, K = 0): the raw K = V rows of the
+ * sliding window, then every entry that has ended; a softmax with the head's sink; the output rotated back
+ * by R(-t) afterwards (the caller). */
+static int attend_channel(ps_kvcache *kv, const ps_kv_layer *L, const float *sink, int64_t t, const float *q_row, float *z_row,
+                          ps_error *err) {
+    const ps_config *c = &kv->m->cfg;
+    int64_t nh = c->n_heads, hd = c->head_dim, lo = t - c->local_window + 1 > 0 ? t - c->local_window + 1 : 0, ne = L->ck[0].rows,
+            tot = (t - lo + 1) + ne;
+    float scale = (float)(1.0 / sqrt((double)hd));
+    if (tot > kv->att_cap) {
+        float *np = realloc(kv->att_p, (size_t)tot * 2 * sizeof(float));
+        if (!np) return ps_fail(err, "out of memory for attention scores of %lld entries", (long long)tot);
+        kv->att_p = np;
+        kv->att_cap = tot * 2;
+    }
+    for (int64_t h = 0; h < nh; h++) {
+        const float *qh = q_row + h * hd;
+        float *sc = kv->att_p, mx = sink[h];
+        for (int64_t i = 0; i < tot; i++) {
+            const float *key = i < t - lo + 1 ? rows_at(&L->k, lo + i) : rows_at(&L->ck[0], i - (t - lo + 1));
+            sc[i] = dotf(qh, key, hd) * scale;
+            if (sc[i] > mx) mx = sc[i];
+        }
+        double sum = exp((double)sink[h] - mx);
+        for (int64_t i = 0; i < tot; i++) sum += (sc[i] = expf(sc[i] - mx));
+        float inv = (float)(1.0 / sum), *o = z_row + h * hd;
+        memset(o, 0, (size_t)hd * sizeof(float));
+        for (int64_t i = 0; i < tot; i++) {
+            const float *key = i < t - lo + 1 ? rows_at(&L->k, lo + i) : rows_at(&L->ck[0], i - (t - lo + 1));
+            float p = sc[i] * inv;
+            for (int64_t e = 0; e < hd; e++) o[e] += p * key[e];
+        }
+    }
+    return 0;
+}
+
+/* Layer l's channel attention (attention.kind "v4") over the step's rows: kv->x to kv->z. */
+static int attn_channel(ps_kvcache *kv, int l, const kv_piece *P, int np, int64_t R, const ps_hooks *hooks, ps_error *err) {
+    const ps_model *m = kv->m;
+    const ps_config *c = &m->cfg;
+    ps_ctx *ctx = kv->ctx;
+    ps_layer_params w = ps_model_layer(m, m->params, l);
+    int64_t d = c->d_model, nh = c->n_heads, hd = c->head_dim, qd = nh * hd, cw = ps_config_v4_series(c) * hd, mr = c->rate,
+            SL = ps_config_v4_slots(c);
+    float eps = (float)c->rms_eps, *row = kv->ent + hd; /* one compressor row: kv then z [2, c*hd] */
+    CK(ps_rmsnorm(ctx, kv->ln1, NULL, kv->x, w.in_norm, R, d, eps) || ps_matmul(ctx, kv->q, kv->ln1, w.wq, R, d, qd, 0) ||
+       ps_matmul(ctx, kv->kk, kv->ln1, w.wk, R, d, hd, 0));
+    if (c->qk_norm)
+        CK(ps_rmsnorm(ctx, kv->q, NULL, kv->q, w.qnorm, R * nh, hd, eps) || ps_rmsnorm(ctx, kv->kk, NULL, kv->kk, w.knorm, R, hd, eps));
+    if (c->rope) {
+        for (int i = 0; i < np; i++)
+            for (int64_t r = 0; r < P[i].n; r++)
+                rope_row(kv->cos_t + (P[i].r0 + r) * (hd / 2), kv->sin_t + (P[i].r0 + r) * (hd / 2), P[i].t0 + r, hd, c->rope_theta);
+        CK(ps_rope(ctx, kv->q, kv->cos_t, kv->sin_t, 1, R, nh, hd, 1) || ps_rope(ctx, kv->kk, kv->cos_t, kv->sin_t, 1, R, 1, hd, 1));
+    }
+    for (int i = 0; i < np; i++) {
+        kv->ev = (ps_kv_event){.seq = P[i].seq, .t0 = P[i].t0, .entry = -1};
+        FIRE_P(PS_HOOK_Q, kv->q + P[i].r0 * qd, 4, 1, P[i].n, nh, hd);
+        FIRE_P(PS_HOOK_K, kv->kk + P[i].r0 * hd, 4, 1, P[i].n, 1, hd);
+    }
+    CK(ps_matmul(ctx, kv->ckv, kv->ln1, w.c_wkv, R, d, cw, 0) || ps_matmul(ctx, kv->cz, kv->ln1, w.c_wgate, R, d, cw, 0));
+    for (int i = 0; i < np; i++) {
+        ps_kv_seq *q = &kv->seqs[P[i].seq];
+        ps_kv_layer *L = &q->layers[l];
+        kv->ev = (ps_kv_event){.seq = P[i].seq, .t0 = P[i].t0, .entry = -1};
+        for (int64_t r = P[i].r0; r < P[i].r0 + P[i].n; r++) {
+            int64_t t = P[i].t0 + (r - P[i].r0);
+            memcpy(row, kv->ckv + r * cw, (size_t)cw * sizeof(float));
+            memcpy(row + cw, kv->cz + r * cw, (size_t)cw * sizeof(float));
+            if (rows_push(kv, &L->k, kv->kk + r * hd) || rows_push(kv, &L->ln, row))
+                return ps_fail(err, "out of memory for the KV cache's pages (sequence %d, position %lld)", P[i].seq, (long long)t);
+            if ((t + 1) % mr == 0) {
+                if (close_channel(kv, q, P[i].seq, l, t, (t + 1) / mr - 1, hooks, err)) return -1;
+                kv->ev = (ps_kv_event){.seq = P[i].seq, .t0 = P[i].t0, .entry = -1};
+            }
+            if (attend_channel(kv, L, w.sinks, t, kv->q + r * qd, kv->z + r * qd, err)) return -1;
+            rows_drop_front(kv, &L->k, t + 1 - (c->local_window - 1) - kv->o.history);
+            rows_drop_front(kv, &L->ln, t + 1 - (SL - 1) - kv->o.history);
+        }
+    }
+    if (c->rope) CK(ps_rope_backward(ctx, kv->z, kv->cos_t, kv->sin_t, 1, R, nh, hd, 1));
+    return 0;
+}
+
+/* Layer l over the step's rows (kv->x in, out). */
+static int layer_step(ps_kvcache *kv, int l, const kv_piece *P, int np, int64_t R, const int64_t *chunk_len,
+                      const ps_hooks *hooks, ps_error *err) {
+    const ps_model *m = kv->m;
+    const ps_config *c = &m->cfg;
+    ps_ctx *ctx = kv->ctx;
+    ps_layer_params w = ps_model_layer(m, m->params, l);
+    int64_t d = c->d_model, nh = c->n_heads, hd = c->head_dim, qd = nh * hd, dff = c->d_ff;
+    float eps = (float)c->rms_eps;
+    for (int i = 0; i < np; i++) {
+        kv->ev = (ps_kv_event){.seq = P[i].seq, .t0 = P[i].t0, .entry = -1};
+        FIRE_P(PS_HOOK_RESID_PRE, kv->x + P[i].r0 * d, 3, 1, P[i].n, d);
+    }
+    if (c->kind == PS_ATTN_CHANNEL ? attn_channel(kv, l, P, np, R, hooks, err) : attn_grid(kv, l, P, np, R, chunk_len, hooks, err))
+        return -1;
     for (int i = 0; i < np; i++) {
         kv->ev = (ps_kv_event){.seq = P[i].seq, .t0 = P[i].t0, .entry = -1};
         FIRE_P(PS_HOOK_Z, kv->z + P[i].r0 * qd, 4, 1, P[i].n, nh, hd);

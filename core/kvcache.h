@@ -10,6 +10,8 @@
  *     the raw keys and values of the last local_window - 1 positions (the next query's local window) and
  *     the RMSNorm'd layer input of the last W - 1 positions (the compressor's open window, pooled when its
  *     last token arrives);
+ *   channel attention: the K = V rows of the sliding window, one entry per `rate` tokens, and the compressor's
+ *     kv and gate rows of the last 2m - 1 (CSA) or m - 1 (HCA) positions;
  *   content chunks: also the chunk ends (shared by every layer and head) and the last token (the boundary
  *     hash reads the pair (x[t-1], x[t])).
  * Every growing array is a list of pages of PS_KV_PAGE_ROWS rows allocated as the sequence grows (never a
@@ -19,8 +21,11 @@
  *
  * Kinds: full; compressed W/S (S <= W: overlapping windows too), learned or uniform gates, per-offset or
  * shared payloads, with or without RoPE and qk-norm; staggered grids (attention.head_offsets: each KV
- * head's windows on its own grid); content-defined chunks (attention.boundaries "content"). Not (yet): the
- * channel attention (attention.kind "v4") and DeepSeek-V4 checkpoints — ps_kvcache_create says so.
+ * head's windows on its own grid); content-defined chunks (attention.boundaries "content"); the channel
+ * attention (attention.kind "v4": one K = V head, a sliding window of local_window raw rows, one entry per
+ * `rate` tokens pooled per channel over m (HCA) or 2m (CSA) slots, a sink per head; what the sequence keeps
+ * of the open windows is the compressor's kv and gate rows, and its entries are cache_ck only). Not (yet):
+ * DeepSeek-V4 checkpoints (core/v4).
  *
  * Backend: the CPU (a host-visible context); the matrix products and norms go through the backend's ops,
  * the compressor of a closing window and the attention of the new rows are plain loops here.
@@ -108,12 +113,15 @@ typedef struct {
     int64_t n_page_copies;    /* copy-on-write copies made */
     ps_kv_event ev;
     /* one step's working set (chunk rows): host buffers */
+    float *ecos, *esin;      /* RoPE of one compressed entry [hd/2] each */
+    float *ckv, *cz, *calpha; /* channel attention: the compressor's kv and gate rows [chunk, c*hd], slots [2, S, hd] */
     float *x, *ln1, *q, *kk, *vv, *rstd, *z, *attn_out, *mid, *ln2, *g, *u, *h, *mlp_out, *logit_rows, *cos_t, *sin_t;
     float *att_p;            /* attention scratch: one row's scores */
     int64_t att_cap;
     float *ent;              /* one entry's scratch: gate z/alpha [2, W], payload [W, hd], pooled [hd] */
     float *pay;              /* payload of one offset [nkv*hd] */
     int64_t *cstart;         /* [2, nkv]: start and length of the entry each KV head closes at a position */
+    float *scratch;          /* every buffer above is a piece of this allocation */
     int64_t scratch_floats;
 } ps_kvcache;
 

@@ -67,15 +67,16 @@ static void ref_free(ref_seq *r) {
 
 /* The cache's entries of sequence s against the forward's at length T (entries ended by T - 1). */
 static void check_entries(const char *label, const ps_kvcache *kv, int s, const ps_config *c, ref_seq *r, int64_t T) {
-    if (c->kind != PS_ATTN_COMPRESSED) return;
+    if (c->kind == PS_ATTN_FULL) return;
+    int chn = c->kind == PS_ATTN_CHANNEL; /* one K = V head, entries every `rate` tokens, no cv */
     ps_error err;
-    int64_t nkv = c->n_kv_heads, hd = c->head_dim, nW = r->a.nW;
+    int64_t nkv = chn ? 1 : c->n_kv_heads, hd = c->head_dim, nW = r->a.nW;
     float got[64];
     double worst = 0;
     int count_ok = 1;
     for (int l = 0; l < c->n_layers; l++) {
         ps_act_ptrs p = ps_acts_layer(&r->a, l);
-        for (int v = 0; v < 2; v++) {
+        for (int v = 0; v < 2 - chn; v++) {
             /* per tensor (SPEC's measure): max |cache - forward| over the entries held / max |forward| of the tensor */
             const float *ref = v ? p.cv : p.ck;
             double num = 0, den = 0;
@@ -83,7 +84,8 @@ static void check_entries(const char *label, const ps_kvcache *kv, int s, const 
             for (int64_t g = 0; g < nkv; g++) {
                 int64_t want = 0;
                 for (int64_t j = 0; j < nW; j++) {
-                    int64_t end = r->a.cend ? r->a.cend[j] : j * c->stride + ps_config_head_offset(c, g) + c->window - 1;
+                    int64_t end = chn ? (j + 1) * c->rate - 1
+                                      : r->a.cend ? r->a.cend[j] : j * c->stride + ps_config_head_offset(c, g) + c->window - 1;
                     if (end <= T - 1) want++;
                 }
                 int64_t have = ps_kvcache_n_entries(kv, s, l, (int)g);
@@ -105,15 +107,25 @@ static void check_entries(const char *label, const ps_kvcache *kv, int s, const 
     worst_entries = worst > worst_entries ? worst : worst_entries;
 }
 
-/* A random config of one kind (0 full, 1 compressed grid, 2 staggered grid, 3 content chunks). */
+/* A random config of one kind (0 full, 1 compressed grid, 2 staggered grid, 3 content chunks, 4 the channel
+ * attention: one K = V head, CSA or HCA, rate 2..6). */
 static ps_config random_config(ps_rng *g, int kind) {
-    ps_config c = tu_config(kind ? PS_ATTN_COMPRESSED : PS_ATTN_FULL);
+    ps_config c = tu_config(kind == 4 ? PS_ATTN_CHANNEL : kind ? PS_ATTN_COMPRESSED : PS_ATTN_FULL);
     c.n_layers = 2;
     c.n_kv_heads = ps_rng_below(g, 2) ? 2 : 4;
     c.n_heads = c.n_kv_heads * (1 + ps_rng_below(g, 2));
     c.rope = ps_rng_below(g, 4) != 0;
     c.qk_norm = ps_rng_below(g, 4) != 0;
     if (!kind) return c;
+    if (kind == 4) {
+        c.n_kv_heads = 1;
+        c.n_heads = 1 + ps_rng_below(g, 3);
+        c.head_dim = 4 + 2 * ps_rng_below(g, 3);
+        c.rate = 2 + ps_rng_below(g, 5);
+        c.v4_mode = ps_rng_below(g, 2) ? PS_V4_MODE_CSA : PS_V4_MODE_HCA;
+        c.local_window = 1 + ps_rng_below(g, 9);
+        return c;
+    }
     c.window = 2 + ps_rng_below(g, 8);
     c.stride = 1 + ps_rng_below(g, c.window);
     c.local_window = 1 + ps_rng_below(g, c.window + 3);
@@ -213,17 +225,18 @@ static void property_run(const char *label, ps_config c, uint64_t seed, int nb, 
 }
 
 static void test_property(void) {
-    const char *kinds[] = {"full", "compressed", "staggered", "content"};
+    const char *kinds[] = {"full", "compressed", "staggered", "content", "channel"};
     ps_rng g;
     ps_rng_seed(&g, 2026);
-    for (int kind = 0; kind < 4; kind++) {
+    for (int kind = 0; kind < 5; kind++) {
         double before = worst_logits;
         worst_logits = 0;
         for (int rep = 0; rep < 6; rep++) {
             ps_config c = random_config(&g, kind);
             char label[160];
-            snprintf(label, sizeof label, "%s rep %d (W%lld S%lld LW%lld m%lld nkv%lld nh%lld rope%d qkn%d gate%d payload%d)", kinds[kind],
-                     rep, (long long)c.window, (long long)c.stride, (long long)c.local_window, (long long)c.chunk_min,
+            snprintf(label, sizeof label, "%s rep %d (W%lld S%lld LW%lld m%lld rate%lld mode%d nkv%lld nh%lld rope%d qkn%d gate%d payload%d)",
+                     kinds[kind], rep, (long long)c.window, (long long)c.stride, (long long)c.local_window, (long long)c.chunk_min,
+                     (long long)c.rate, (int)c.v4_mode,
                      (long long)c.n_kv_heads, (long long)c.n_heads, c.rope, c.qk_norm, (int)c.gate, (int)c.payload);
             int64_t T[3] = {1 + ps_rng_below(&g, 300), 1 + ps_rng_below(&g, 120), 1};
             int64_t rows = rep % 3 == 0 ? 5 : rep % 3 == 1 ? 64 : 256;
@@ -241,9 +254,12 @@ static void test_property(void) {
 
 /* fork shares the prefix; both branches equal their own whole-sequence forward; truncate goes back. */
 static void test_fork_truncate(void) {
-    for (int kind = 0; kind < 2; kind++) {
-        ps_config c = tu_config(kind ? PS_ATTN_COMPRESSED : PS_ATTN_FULL);
+    /* kind 0 full, 1 compressed W8/S4, 2 content chunks, 3 the channel attention (CSA, rate 4) */
+    for (int kind = 0; kind < 4; kind++) {
+        ps_config c = tu_config(kind == 3 ? PS_ATTN_CHANNEL : kind ? PS_ATTN_COMPRESSED : PS_ATTN_FULL);
         c.n_layers = 2, c.window = 8, c.stride = 4, c.local_window = 6, c.max_seq_len = 400;
+        if (kind == 2) c.boundaries = PS_BOUNDARIES_CONTENT, c.chunk_min = 2;
+        if (kind == 3) c.n_kv_heads = 1, c.rate = 4, c.v4_mode = PS_V4_MODE_CSA;
         ps_model m;
         tu_random_model(&m, &c, 5, 0.4f);
         ps_error err;
@@ -289,7 +305,7 @@ static void test_fork_truncate(void) {
          * tokens back is past the 40 of history (refused with a clear error), 40 back is possible */
         const int32_t *cont = tok[0];
         ref_seq *want = &r0;
-        if (kind == 0) CHECK_OK(ps_kvcache_truncate(&kv, b, P, &err), &err);
+        if (kind == 0) CHECK_OK(ps_kvcache_truncate(&kv, b, P, &err), &err); /* full attention keeps every position */
         else {
             ps_error e2;
             int rc = ps_kvcache_truncate(&kv, b, P, &e2);
@@ -317,9 +333,11 @@ static void test_fork_truncate(void) {
 
 /* Bytes per token: the growth of the measured bytes between two lengths against `info`'s formula. */
 static void test_bytes(void) {
-    for (int kind = 0; kind < 3; kind++) {
-        ps_config c = tu_config(kind ? PS_ATTN_COMPRESSED : PS_ATTN_FULL);
+    /* kind 0 full, 1 compressed W8/S8, 2 W8/S4, 3 the channel attention (HCA, rate 8) */
+    for (int kind = 0; kind < 4; kind++) {
+        ps_config c = tu_config(kind == 3 ? PS_ATTN_CHANNEL : kind ? PS_ATTN_COMPRESSED : PS_ATTN_FULL);
         c.n_layers = 2, c.window = 8, c.stride = kind == 2 ? 4 : 8, c.local_window = 8, c.max_seq_len = 8192;
+        if (kind == 3) c.n_kv_heads = 1, c.rate = 8, c.v4_mode = PS_V4_MODE_HCA;
         ps_model m;
         tu_random_model(&m, &c, 3, 0.4f);
         ps_error err;
