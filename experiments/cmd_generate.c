@@ -3,7 +3,8 @@
  * call (ps_generate) and writes what it returns: the text on stdout, and with --out DIR generate.json
  * (provenance, options, per sequence the prompt, the generated tokens, their text and log-probabilities)
  * and, with --hooks, hooks.safetensors ({hook}.{i}: every firing of sequence i concatenated along axis 1 —
- * positions for token points, compressed entries for attn.hook_gate_k/gate_v/ck/cv). */
+ * positions for token points, compressed entries for attn.hook_gate_k/gate_v/ck/cv; and for the cache points
+ * blocks.{l}.attn.cache_ck / cache_cv, the entries the cache holds at the end, [n, KV heads, hd]). */
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -32,7 +33,7 @@ static const ps_flag_spec FLAGS[] = {
     {"--temperature", "T", "0 (default): greedy; > 0: sample from softmax(logits / T)", 0},
     {"--top-p", "P", "sample from the smallest set of tokens whose probability reaches P (default 1)", 0},
     {"--seed", "S", "seed of the sampler (default 0)", 0},
-    {"--hooks", "NAMES", "hook points to record during generation (comma-separated; see docs/hooks.md)", 0},
+    {"--hooks", "NAMES", "hook points to record during generation, and cache points blocks.L.attn.cache_ck|cache_cv (the cache at the end)", 0},
     {"--edit", "SPECS", "cache edits, comma-separated: blocks.L.attn.cache_ck:HEAD:ENTRY:zero|mean (or cache_cv)", 0},
     {"--out", "DIR", "write generate.json (and hooks.safetensors) there", 0},
     {0},
@@ -214,12 +215,22 @@ static int run(const ps_args *args, ps_error *err) {
             rec.names[rec.n_names++] = h;
         }
         if (!(rec.items = calloc((size_t)(rec.n_names * rec.n_seq), sizeof *rec.items))) goto oom;
-        for (int i = 0; i < rec.n_names; i++)
+        for (int i = 0; i < rec.n_names; i++) {
+            int cl, cv;
+            if (strstr(rec.names[i], ".attn.cache_")) { /* the cache itself: read after the generation */
+                if (ps_kvcache_point_parse(c, rec.names[i], &cl, &cv, err)) {
+                    ps_fail_prefix(err, "--hooks: ");
+                    ps_cli_mark_usage(err);
+                    goto done;
+                }
+                continue;
+            }
             if (ps_hooks_add(&hooks, c, rec.names[i], on_hook, &rec, err)) {
                 ps_fail_prefix(err, "--hooks: ");
                 ps_cli_mark_usage(err);
                 goto done;
             }
+        }
     }
     if (ps_generate(&kv, toks.n, toks.seq, toks.len, &o, edits, n_edits, &hooks, &res, err)) goto done;
     /* the text */
@@ -289,6 +300,30 @@ static int run(const ps_args *args, ps_error *err) {
                 if (!it->data) continue;
                 it->shape[0] = it->n1;
                 if (ps_tensor_list_push(&out, it->name, it->ndim, it->shape, it->data, err)) goto done;
+            }
+            /* the cache points: every entry each sequence holds at the end, [n, KV heads, hd] */
+            for (int k = 0; k < rec.n_names; k++) {
+                int cl, cv;
+                if (!strstr(rec.names[k], ".attn.cache_") || ps_kvcache_point_parse(c, rec.names[k], &cl, &cv, err)) continue;
+                int64_t nh = c->kind == PS_ATTN_CHANNEL ? 1 : c->n_kv_heads, hd = c->head_dim;
+                for (int i = 0; i < res.n; i++) {
+                    int64_t ne = ps_kvcache_n_entries(&kv, i, cl, 0);
+                    float *buf = malloc((size_t)((ne ? ne : 1) * nh * hd) * sizeof(float));
+                    if (!buf) goto oom;
+                    int bad = 0;
+                    for (int64_t j = 0; j < ne && !bad; j++)
+                        for (int64_t g = 0; g < nh && !bad; g++) {
+                            if (ps_kvcache_n_entries(&kv, i, cl, (int)g) <= j) /* a staggered head without entry j yet */
+                                memset(buf + (j * nh + g) * hd, 0, (size_t)hd * sizeof(float));
+                            else bad = ps_kvcache_entry(&kv, i, cl, (int)g, cv, j, buf + (j * nh + g) * hd, err);
+                        }
+                    char nm[128];
+                    snprintf(nm, sizeof nm, "%s.%d", rec.names[k], i);
+                    int64_t shp[3] = {ne, nh, hd};
+                    bad = bad || ps_tensor_list_push(&out, nm, 3, shp, buf, err);
+                    free(buf);
+                    if (bad) goto done;
+                }
             }
             if (ps_path_join(path, sizeof path, out_dir, "hooks.safetensors", err) || ps_st_save(path, out.t, out.n, NULL, NULL, 0, err))
                 goto done;

@@ -58,6 +58,19 @@ expect edit 0 "sequence 0:" -- "$PS" generate --model "$M" --tokens "$T/t.json" 
 expect sample1 0 "sequence 0:" -- "$PS" generate --model "$M" --tokens "$T/t.json" --max-tokens 8 --temperature 1.2 --top-p 0.9 --seed 5 --out "$T/s1"
 expect sample2 0 "sequence 0:" -- "$PS" generate --model "$M" --tokens "$T/t.json" --max-tokens 8 --temperature 1.2 --top-p 0.9 --seed 5 --out "$T/s2"
 ok python3 -c "import json,sys; a,b=(json.load(open(p))['sequences'] for p in sys.argv[1:]); assert a==b" "$T/s1/generate.json" "$T/s2/generate.json"
+# the cache as a point of its own: read at the end, with the edited entry zero and the others not
+expect cache-read 0 "wrote" -- "$PS" generate --model "$M" --tokens "$T/t.json" --max-tokens 10 --out "$T/c" \
+  --hooks blocks.0.attn.cache_cv,blocks.0.attn.hook_cv --edit blocks.0.attn.cache_cv:1:0:zero
+ok python3 - "$T/c/hooks.safetensors" <<'PY'
+import json, struct, sys
+b = open(sys.argv[1], "rb").read(); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n])
+def t(k):
+    a, e = h[k]["data_offsets"]; return h[k]["shape"], struct.unpack("<%df" % ((e - a) // 4), b[8 + n + a:8 + n + e])
+shp, x = t("blocks.0.attn.cache_cv.0"); _, fired = t("blocks.0.attn.hook_cv.0")
+assert shp == [3, 16, 16], shp  # 15 + 9 appended tokens: windows ending at 7, 15, 23
+assert all(v == 0 for v in x[16:32]) and any(v != 0 for v in x[:16]), "entry 0 of head 1 zeroed, head 0 kept"
+assert x[256:] == fired[256:] and x[:16] == fired[:16], "the other entries are what hook_cv saw when their windows closed"
+PY
 # text in, text out with a tokenizer
 TT="$SRC/tests/text/tiny_tokenizer.json"
 expect text-init 0 "wrote" -- "$PS" init --config "$SRC/tests/text/tiny_model.json" --out "$T/tm" --seed 2
@@ -68,6 +81,7 @@ expect no-input 2 "give one of --prompt" -- "$PS" generate --model "$M"
 expect prompt-no-tok 2 "--prompt needs --tokenizer" -- "$PS" generate --model "$M" --prompt hi
 expect bad-edit 2 "--edit: edit \"blocks.0.attn.cache_ck:99:0:zero\": KV head 99" -- "$PS" generate --model "$M" --tokens "$T/t.json" --edit blocks.0.attn.cache_ck:99:0:zero
 expect bad-hook 2 "--hooks: " -- "$PS" generate --model "$M" --tokens "$T/t.json" --hooks blocks.0.nope
+expect bad-cache 2 "--hooks: \"blocks.3.attn.cache_ck\": layer 3" -- "$PS" generate --model "$M" --tokens "$T/t.json" --hooks blocks.3.attn.cache_ck
 expect bad-temp 2 "--temperature -1" -- "$PS" generate --model "$M" --tokens "$T/t.json" --temperature -1
 expect mean-missing 1 "no prompt holds entry 50" -- "$PS" generate --model "$M" --tokens "$T/t.json" --edit blocks.0.attn.cache_cv:0:50:mean
 echo "$pass passed, $fail failed"
