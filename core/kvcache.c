@@ -19,7 +19,7 @@ struct ps_kv_page {
     float data[];
 };
 
-#define PR PS_KV_PAGE_ROWS
+#define PR (r->page_rows)
 
 /* ---- pages ---- */
 
@@ -41,16 +41,17 @@ static void page_release(ps_kvcache *kv, const ps_kv_rows *r, ps_kv_page *p) {
     }
 }
 
-static void rows_init(ps_kv_rows *r, int64_t width) {
+static void rows_init(ps_kv_rows *r, int64_t width, int64_t page_rows) {
     memset(r, 0, sizeof *r);
     r->width = width;
+    r->page_rows = page_rows;
 }
 
 static void rows_free(ps_kvcache *kv, ps_kv_rows *r) {
     for (int64_t i = 0; i < r->n_pages; i++) page_release(kv, r, r->pages[i]);
     free(r->pages);
-    int64_t w = r->width;
-    rows_init(r, w);
+    int64_t w = r->width, pr = r->page_rows;
+    rows_init(r, w, pr);
 }
 
 static inline const float *rows_at(const ps_kv_rows *r, int64_t i) {
@@ -120,7 +121,7 @@ static int rows_fork(ps_kv_rows *dst, const ps_kv_rows *src) {
     dst->pages = NULL;
     dst->cap_pages = src->n_pages;
     if (src->n_pages && !(dst->pages = malloc((size_t)src->n_pages * sizeof *dst->pages))) {
-        rows_init(dst, src->width);
+        rows_init(dst, src->width, src->page_rows);
         return -1;
     }
     for (int64_t i = 0; i < src->n_pages; i++) {
@@ -294,13 +295,17 @@ int ps_kvcache_add(ps_kvcache *kv, ps_error *err) {
     int64_t aw = ch ? 2 * ps_config_v4_series(c) * c->head_dim : c->d_model;
     if (!(q->layers = calloc((size_t)c->n_layers, sizeof *q->layers))) return ps_fail(err, "out of memory for a KV cache sequence");
     q->live = true;
-    rows_init(&q->tok, 1);
-    rows_init(&q->cend, 2);
+    /* rows that slide out of a window (raw rows of a local window, the open windows' inputs, the tokens of
+     * content chunks) in small pages, so that what is held stays close to the window; the rest in pages of
+     * PS_KV_PAGE_ROWS */
+    int64_t slide = ne ? PS_KV_SLIDE_ROWS : PS_KV_PAGE_ROWS;
+    rows_init(&q->tok, 1, PS_KV_SLIDE_ROWS);
+    rows_init(&q->cend, 2, PS_KV_PAGE_ROWS);
     for (int64_t l = 0; l < c->n_layers; l++) {
         ps_kv_layer *L = &q->layers[l];
-        rows_init(&L->k, ks);
-        rows_init(&L->v, ks);
-        rows_init(&L->ln, aw);
+        rows_init(&L->k, ks, slide);
+        rows_init(&L->v, ks, slide);
+        rows_init(&L->ln, aw, PS_KV_SLIDE_ROWS);
         if (!ne) continue;
         L->ck = calloc((size_t)ne, sizeof *L->ck);
         L->cv = calloc((size_t)ne, sizeof *L->cv);
@@ -309,8 +314,8 @@ int ps_kvcache_add(ps_kvcache *kv, ps_error *err) {
             return ps_fail(err, "out of memory for a KV cache sequence");
         }
         for (int64_t g = 0; g < ne; g++) {
-            rows_init(&L->ck[g], c->head_dim);
-            rows_init(&L->cv[g], c->head_dim);
+            rows_init(&L->ck[g], c->head_dim, PS_KV_PAGE_ROWS);
+            rows_init(&L->cv[g], c->head_dim, PS_KV_PAGE_ROWS);
         }
     }
     return s;

@@ -14,7 +14,7 @@
  *     kv and gate rows of the last 2m - 1 (CSA) or m - 1 (HCA) positions;
  *   content chunks: also the chunk ends (shared by every layer and head) and the last token (the boundary
  *     hash reads the pair (x[t-1], x[t])).
- * Every growing array is a list of pages of PS_KV_PAGE_ROWS rows allocated as the sequence grows (never a
+ * Every growing array is a list of pages of PS_KV_PAGE_ROWS rows (PS_KV_SLIDE_ROWS for what slides) allocated as the sequence grows (never a
  * T_max-sized buffer); rows that fall out of the window are freed a page at a time. Pages are reference
  * counted: ps_kvcache_fork shares every page of its source and copies one only when either sequence writes
  * into it (copy on write), so a shared prefix is stored once.
@@ -50,9 +50,10 @@
 #include "core/hooks.h"
 #include "core/model.h"
 
-#define PS_KV_PAGE_ROWS 64
+#define PS_KV_PAGE_ROWS 64 /* rows per page of what grows with the sequence */
+#define PS_KV_SLIDE_ROWS 8 /* rows per page of what slides with it (local window, open windows) */
 
-/* A list of pages of rows (width floats each): row i lives in page (i - base) / PS_KV_PAGE_ROWS of the
+/* A list of pages of rows (width floats each): row i lives in page (i - base) / page_rows of the
  * rows still held (rows < base were dropped from the front, whole pages at a time). */
 typedef struct ps_kv_page ps_kv_page;
 typedef struct {
@@ -61,6 +62,7 @@ typedef struct {
     int64_t base;  /* first row held (a multiple of PS_KV_PAGE_ROWS) */
     int64_t rows;  /* rows pushed so far (base included) */
     int64_t width; /* floats per row */
+    int64_t page_rows;
 } ps_kv_rows;
 
 typedef struct {

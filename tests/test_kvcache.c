@@ -354,6 +354,9 @@ static void test_bytes(void) {
         int64_t b2 = ps_kvcache_bytes(&kv);
         double per = (double)(b2 - b1) / (double)n2, want = ps_kvcache_bytes_per_token(&c);
         CHECK(fabs(per - want) / want < 0.05, "kind %d: the cache grows by %.2f bytes per token, info states %.2f", kind, per, want);
+        double stated = want * 8192 + ps_kvcache_fixed_bytes(&c);
+        CHECK(fabs((double)b2 - stated) / stated < 0.05, "kind %d: the cache holds %lld bytes at T = 8192, info states %.0f", kind,
+              (long long)b2, stated);
         printf("  bytes/token kind %d: measured %.3f, info %.3f (total at T=8192: %lld bytes; fixed part stated %.0f)\n", kind, per,
                want, (long long)b2, ps_kvcache_fixed_bytes(&c));
         free(tok);
