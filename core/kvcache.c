@@ -7,6 +7,7 @@
 #include "core/kvcache.h"
 
 #include <math.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -106,6 +107,12 @@ static void rows_drop_front(ps_kvcache *kv, ps_kv_rows *r, int64_t from) {
     memmove(r->pages, r->pages + drop, (size_t)(r->n_pages - drop) * sizeof *r->pages);
     r->n_pages -= drop;
     r->base += drop * PR;
+    if (r->cap_pages > 8 && r->n_pages < r->cap_pages / 4) { /* a long append grew the table: give it back */
+        int64_t cap = r->cap_pages;
+        while (cap > 8 && r->n_pages < cap / 4) cap /= 2;
+        ps_kv_page **np = realloc(r->pages, (size_t)cap * sizeof *np);
+        if (np) r->pages = np, r->cap_pages = cap;
+    }
 }
 
 /* Keep rows [base, n) (n >= base). */
@@ -218,6 +225,7 @@ void ps_kvcache_free(ps_kvcache *kv) {
     free(kv->scratch);
     free(kv->att_p);
     free(kv->cstart);
+    free(kv->nvis);
     memset(kv, 0, sizeof *kv);
 }
 
@@ -255,7 +263,8 @@ int ps_kvcache_create(ps_kvcache *kv, const ps_model *m, const ps_kvcache_opts *
     }
     kv->ent = p;
     kv->pay = p + ent - ks;
-    if (!(kv->cstart = malloc((size_t)(2 * c->n_kv_heads) * sizeof *kv->cstart))) {
+    kv->nvis = malloc((size_t)(R * c->n_kv_heads) * sizeof *kv->nvis);
+    if (!kv->nvis || !(kv->cstart = malloc((size_t)(2 * c->n_kv_heads) * sizeof *kv->cstart))) {
         ps_kvcache_free(kv);
         return ps_fail(err, "out of memory for the KV cache's tables");
     }
@@ -595,41 +604,67 @@ static int close_entries(ps_kvcache *kv, ps_kv_seq *q, int seq, int l, int64_t t
     return 0;
 }
 
-/* The attention of one query row at position t (q_row [nh, hd]) into z_row [nh, hd]. */
-static int attend_row(ps_kvcache *kv, const ps_kv_layer *L, int64_t t, const float *q_row, float *z_row, ps_error *err) {
+/* Rows [i, end) of a page list as contiguous spans: *n rows from the returned pointer. */
+static inline const float *rows_span(const ps_kv_rows *r, int64_t i, int64_t end, int64_t *n) {
+    int64_t k = i - r->base, off = k % r->page_rows, left = r->page_rows - off;
+    *n = end - i < left ? end - i : left;
+    return r->pages[k / r->page_rows]->data + off * r->width;
+}
+
+/* Scratch for the attention scores of `threads` rows at once, each up to `need` entries. */
+static int scores_reserve(ps_kvcache *kv, int64_t need, int threads, ps_error *err) {
+    if (need <= kv->att_cap && threads <= kv->att_threads) return 0;
+    int64_t cap = need > kv->att_cap ? need + need / 2 : kv->att_cap;
+    int th = threads > kv->att_threads ? threads : kv->att_threads;
+    float *np = realloc(kv->att_p, (size_t)(cap * th) * sizeof(float));
+    if (!np) return ps_fail(err, "out of memory for attention scores of %lld entries", (long long)need);
+    kv->att_p = np;
+    kv->att_cap = cap;
+    kv->att_threads = th;
+    return 0;
+}
+
+/* The attention of one query row at position t (q_row [nh, hd]) into z_row [nh, hd]: KV head g's first
+ * nvis[g] compressed entries, then the raw rows of the local window (full attention: every row up to t);
+ * one softmax over both (SPEC §2). sc: scratch of the row's entries. */
+static void attend_row(const ps_kvcache *kv, const ps_kv_layer *L, int64_t t, const int64_t *nvis, const float *q_row, float *z_row,
+                       float *sc) {
     const ps_config *c = &kv->m->cfg;
     int comp = c->kind == PS_ATTN_COMPRESSED;
-    int64_t nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim, grp = nh / nkv;
+    int64_t nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim, grp = nh / nkv, ks = nkv * hd, n;
     int64_t lo = comp ? (t - c->local_window + 1 > 0 ? t - c->local_window + 1 : 0) : 0;
     float scale = 1.0f / sqrtf((float)hd);
-    for (int64_t n = 0; n < nh; n++) {
-        int64_t g = n / grp, ne = comp ? L->ck[g].rows : 0, tot = ne + (t - lo + 1);
-        if (tot > kv->att_cap) {
-            float *np = realloc(kv->att_p, (size_t)tot * 2 * sizeof(float));
-            if (!np) return ps_fail(err, "out of memory for attention scores of %lld entries", (long long)tot);
-            kv->att_p = np;
-            kv->att_cap = tot * 2;
+    for (int64_t h = 0; h < nh; h++) {
+        int64_t g = h / grp, ne = comp ? nvis[g] : 0, tot = ne + (t - lo + 1);
+        const float *qn = q_row + h * hd;
+        float mx = -INFINITY, sum = 0.0f;
+        for (int64_t j = 0; j < ne; j += n) {
+            const float *e = rows_span(&L->ck[g], j, ne, &n);
+            for (int64_t u = 0; u < n; u++) sc[j + u] = dotf(qn, e + u * hd, hd) * scale;
         }
-        const float *qn = q_row + n * hd;
-        float *sc = kv->att_p, mx = -INFINITY, sum = 0.0f;
-        for (int64_t j = 0; j < ne; j++) sc[j] = dotf(qn, rows_at(&L->ck[g], j), hd) * scale;
-        for (int64_t p = lo; p <= t; p++) sc[ne + p - lo] = dotf(qn, rows_at(&L->k, p) + g * hd, hd) * scale;
+        for (int64_t p = lo; p <= t; p += n) {
+            const float *e = rows_span(&L->k, p, t + 1, &n);
+            for (int64_t u = 0; u < n; u++) sc[ne + p - lo + u] = dotf(qn, e + u * ks + g * hd, hd) * scale;
+        }
         for (int64_t j = 0; j < tot; j++) mx = sc[j] > mx ? sc[j] : mx;
         for (int64_t j = 0; j < tot; j++) sum += (sc[j] = ps_expf_v(sc[j] - mx));
-        float inv = 1.0f / sum, *zn = z_row + n * hd;
+        float inv = 1.0f / sum, *zn = z_row + h * hd;
         memset(zn, 0, (size_t)hd * sizeof(float));
-        for (int64_t j = 0; j < ne; j++) {
-            const float *v = rows_at(&L->cv[g], j);
-            float pj = sc[j] * inv;
-            for (int64_t e = 0; e < hd; e++) zn[e] += pj * v[e];
+        for (int64_t j = 0; j < ne; j += n) {
+            const float *e = rows_span(&L->cv[g], j, ne, &n);
+            for (int64_t u = 0; u < n; u++) {
+                float pj = sc[j + u] * inv;
+                for (int64_t x = 0; x < hd; x++) zn[x] += pj * e[u * hd + x];
+            }
         }
-        for (int64_t p = lo; p <= t; p++) {
-            const float *v = rows_at(&L->v, p) + g * hd;
-            float pj = sc[ne + p - lo] * inv;
-            for (int64_t e = 0; e < hd; e++) zn[e] += pj * v[e];
+        for (int64_t p = lo; p <= t; p += n) {
+            const float *e = rows_span(&L->v, p, t + 1, &n);
+            for (int64_t u = 0; u < n; u++) {
+                float pj = sc[ne + p - lo + u] * inv;
+                for (int64_t x = 0; x < hd; x++) zn[x] += pj * e[u * ks + g * hd + x];
+            }
         }
     }
-    return 0;
 }
 
 /* Layer l's attention over the step's rows, full or compressed (grid, staggered grid, content chunks): from
@@ -665,6 +700,7 @@ static int attn_grid(ps_kvcache *kv, int l, const kv_piece *P, int np, int64_t R
         ps_kv_seq *q = &kv->seqs[P[i].seq];
         ps_kv_layer *L = &q->layers[l];
         kv->ev = (ps_kv_event){.seq = P[i].seq, .t0 = P[i].t0, .entry = -1};
+        /* the rows enter the cache in order, and the windows closing at each position are pooled ... */
         for (int64_t r = P[i].r0; r < P[i].r0 + P[i].n; r++) {
             int64_t t = P[i].t0 + (r - P[i].r0);
             if (rows_push(kv, &L->k, kv->kk + r * ks) || rows_push(kv, &L->v, kv->vv + r * ks) ||
@@ -684,13 +720,27 @@ static int attn_grid(ps_kvcache *kv, int l, const kv_piece *P, int np, int64_t R
                 }
                 if (any && close_entries(kv, q, P[i].seq, l, t, start, len, hooks, err)) return -1;
                 kv->ev = (ps_kv_event){.seq = P[i].seq, .t0 = P[i].t0, .entry = -1};
+                for (int64_t g = 0; g < nkv; g++) kv->nvis[r * nkv + g] = L->ck[g].rows; /* what query t sees */
             }
-            if (attend_row(kv, L, t, kv->q + r * qd, kv->z + r * qd, err)) return -1;
-            if (comp) {
-                rows_drop_front(kv, &L->k, t + 1 - (c->local_window - 1) - kv->o.history);
-                rows_drop_front(kv, &L->v, t + 1 - (c->local_window - 1) - kv->o.history);
-                rows_drop_front(kv, &L->ln, t + 1 - (W - 1) - kv->o.history);
-            }
+        }
+        /* ... then every row's query attends to what existed at its position (rows independent: threads) */
+        int64_t t1 = P[i].t0 + P[i].n, need = t1 + 1; /* full attention: every row */
+        if (comp) { /* the most entries of a head, and the local window */
+            need = 0;
+            for (int64_t g = 0; g < nkv; g++) need = L->ck[g].rows > need ? L->ck[g].rows : need;
+            need += c->local_window + 1;
+        }
+        int th = omp_get_max_threads();
+        if (scores_reserve(kv, need, th, err)) return -1;
+        int64_t r0 = P[i].r0, nr = P[i].n;
+#pragma omp parallel for schedule(dynamic, 1) if (nr > 1 && nr * need * nh * hd > 65536)
+        for (int64_t r = r0; r < r0 + nr; r++)
+            attend_row(kv, L, P[i].t0 + (r - r0), comp ? kv->nvis + r * nkv : NULL, kv->q + r * qd, kv->z + r * qd,
+                       kv->att_p + (int64_t)omp_get_thread_num() * kv->att_cap);
+        if (comp) {
+            rows_drop_front(kv, &L->k, t1 - (c->local_window - 1) - kv->o.history);
+            rows_drop_front(kv, &L->v, t1 - (c->local_window - 1) - kv->o.history);
+            rows_drop_front(kv, &L->ln, t1 - (W - 1) - kv->o.history);
         }
     }
     return 0;
@@ -759,37 +809,43 @@ static int close_channel(ps_kvcache *kv, ps_kv_seq *q, int seq, int l, int64_t t
 /* The channel attention of query row t (ps_cpu_v4_attn for one query, K = 0): the raw K = V rows of the
  * sliding window, then every entry that has ended; a softmax with the head's sink; the output rotated back
  * by R(-t) afterwards (the caller). */
-static int attend_channel(ps_kvcache *kv, const ps_kv_layer *L, const float *sink, int64_t t, const float *q_row, float *z_row,
-                          ps_error *err) {
+static void attend_channel(const ps_kvcache *kv, const ps_kv_layer *L, const float *sink, int64_t t, const float *q_row, float *z_row,
+                           float *sc) {
     const ps_config *c = &kv->m->cfg;
-    int64_t nh = c->n_heads, hd = c->head_dim, lo = t - c->local_window + 1 > 0 ? t - c->local_window + 1 : 0, ne = L->ck[0].rows,
-            tot = (t - lo + 1) + ne;
+    int64_t nh = c->n_heads, hd = c->head_dim, lo = t - c->local_window + 1 > 0 ? t - c->local_window + 1 : 0, ne = (t + 1) / c->rate,
+            nraw = t - lo + 1, tot = nraw + ne, n;
     float scale = (float)(1.0 / sqrt((double)hd));
-    if (tot > kv->att_cap) {
-        float *np = realloc(kv->att_p, (size_t)tot * 2 * sizeof(float));
-        if (!np) return ps_fail(err, "out of memory for attention scores of %lld entries", (long long)tot);
-        kv->att_p = np;
-        kv->att_cap = tot * 2;
-    }
     for (int64_t h = 0; h < nh; h++) {
         const float *qh = q_row + h * hd;
-        float *sc = kv->att_p, mx = sink[h];
-        for (int64_t i = 0; i < tot; i++) {
-            const float *key = i < t - lo + 1 ? rows_at(&L->k, lo + i) : rows_at(&L->ck[0], i - (t - lo + 1));
-            sc[i] = dotf(qh, key, hd) * scale;
-            if (sc[i] > mx) mx = sc[i];
+        float mx = sink[h];
+        for (int64_t p = lo; p <= t; p += n) {
+            const float *e = rows_span(&L->k, p, t + 1, &n);
+            for (int64_t u = 0; u < n; u++) sc[p - lo + u] = dotf(qh, e + u * hd, hd) * scale;
         }
+        for (int64_t j = 0; j < ne; j += n) {
+            const float *e = rows_span(&L->ck[0], j, ne, &n);
+            for (int64_t u = 0; u < n; u++) sc[nraw + j + u] = dotf(qh, e + u * hd, hd) * scale;
+        }
+        for (int64_t i = 0; i < tot; i++) mx = sc[i] > mx ? sc[i] : mx;
         double sum = exp((double)sink[h] - mx);
         for (int64_t i = 0; i < tot; i++) sum += (sc[i] = expf(sc[i] - mx));
         float inv = (float)(1.0 / sum), *o = z_row + h * hd;
         memset(o, 0, (size_t)hd * sizeof(float));
-        for (int64_t i = 0; i < tot; i++) {
-            const float *key = i < t - lo + 1 ? rows_at(&L->k, lo + i) : rows_at(&L->ck[0], i - (t - lo + 1));
-            float p = sc[i] * inv;
-            for (int64_t e = 0; e < hd; e++) o[e] += p * key[e];
+        for (int64_t p = lo; p <= t; p += n) {
+            const float *e = rows_span(&L->k, p, t + 1, &n);
+            for (int64_t u = 0; u < n; u++) {
+                float pr = sc[p - lo + u] * inv;
+                for (int64_t x = 0; x < hd; x++) o[x] += pr * e[u * hd + x];
+            }
+        }
+        for (int64_t j = 0; j < ne; j += n) {
+            const float *e = rows_span(&L->ck[0], j, ne, &n);
+            for (int64_t u = 0; u < n; u++) {
+                float pr = sc[nraw + j + u] * inv;
+                for (int64_t x = 0; x < hd; x++) o[x] += pr * e[u * hd + x];
+            }
         }
     }
-    return 0;
 }
 
 /* Layer l's channel attention (attention.kind "v4") over the step's rows: kv->x to kv->z. */
@@ -831,10 +887,15 @@ static int attn_channel(ps_kvcache *kv, int l, const kv_piece *P, int np, int64_
                 if (close_channel(kv, q, P[i].seq, l, t, (t + 1) / mr - 1, hooks, err)) return -1;
                 kv->ev = (ps_kv_event){.seq = P[i].seq, .t0 = P[i].t0, .entry = -1};
             }
-            if (attend_channel(kv, L, w.sinks, t, kv->q + r * qd, kv->z + r * qd, err)) return -1;
-            rows_drop_front(kv, &L->k, t + 1 - (c->local_window - 1) - kv->o.history);
-            rows_drop_front(kv, &L->ln, t + 1 - (SL - 1) - kv->o.history);
         }
+        int64_t t1 = P[i].t0 + P[i].n, need = L->ck[0].rows + c->local_window + 1, r0 = P[i].r0, nr = P[i].n;
+        if (scores_reserve(kv, need, omp_get_max_threads(), err)) return -1;
+#pragma omp parallel for schedule(dynamic, 1) if (nr > 1 && nr * need * nh * hd > 65536)
+        for (int64_t r = r0; r < r0 + nr; r++)
+            attend_channel(kv, L, w.sinks, P[i].t0 + (r - r0), kv->q + r * qd, kv->z + r * qd,
+                           kv->att_p + (int64_t)omp_get_thread_num() * kv->att_cap);
+        rows_drop_front(kv, &L->k, t1 - (c->local_window - 1) - kv->o.history);
+        rows_drop_front(kv, &L->ln, t1 - (SL - 1) - kv->o.history);
     }
     if (c->rope) CK(ps_rope_backward(ctx, kv->z, kv->cos_t, kv->sin_t, 1, R, nh, hd, 1));
     return 0;

@@ -118,8 +118,10 @@ typedef struct {
     float *ecos, *esin;      /* RoPE of one compressed entry [hd/2] each */
     float *ckv, *cz, *calpha; /* channel attention: the compressor's kv and gate rows [chunk, c*hd], slots [2, S, hd] */
     float *x, *ln1, *q, *kk, *vv, *rstd, *z, *attn_out, *mid, *ln2, *g, *u, *h, *mlp_out, *logit_rows, *cos_t, *sin_t;
-    float *att_p;            /* attention scratch: one row's scores */
+    float *att_p;            /* attention scratch: att_threads rows of att_cap scores */
     int64_t att_cap;
+    int att_threads;
+    int64_t *nvis;           /* [chunk, nkv]: entries each row's query sees */
     float *ent;              /* one entry's scratch: gate z/alpha [2, W], payload [W, hd], pooled [hd] */
     float *pay;              /* payload of one offset [nkv*hd] */
     int64_t *cstart;         /* [2, nkv]: start and length of the entry each KV head closes at a position */
