@@ -22,6 +22,7 @@
 #include "interventions/textkv.h"
 #include "core/v4/v4_config.h"
 #include "core/v4/v4_forward.h"
+#include "serve/decode.h"
 
 /* ==== the model adapter (the one family branch: ps_serve_model_open) ==== */
 
@@ -134,6 +135,7 @@ typedef struct job {
 struct ps_server {
     ps_serve_opts o;
     ps_serve_model sm;
+    ps_serve_decoder *dec; /* generation through the KV cache (serve/decode.h); NULL: the whole-sequence path */
     ps_tokenizer *tok;
     char name[512];
     struct MHD_Daemon *d;
@@ -273,9 +275,11 @@ static int run_group(ps_server *sv, job **jobs, int nj, ps_error *err) {
             b.queries[i] = (ps_query){.key_pos = 0, .answer_pos = r0, .answer_len = r1 - r0, .answer_src = r0 + 1};
         }
         fwd_ctx c = {act, sv->sm.vocab};
-        rc = sv->sm.rows(&sv->sm, &b, sv->o.max_batch, 0, on_rows, &c, err);
+        rc = sv->dec ? ps_serve_decode_rows(sv->dec, (const void *const *)act, &b, on_rows, &c, err)
+                     : sv->sm.rows(&sv->sm, &b, sv->o.max_batch, 0, on_rows, &c, err);
         ps_batch_free(&b);
     }
+    if (sv->dec) ps_serve_decoder_reset(sv->dec);
     free(act);
     return rc;
 }
@@ -851,6 +855,10 @@ int ps_serve_start(const ps_serve_opts *o, ps_server **out, ps_error *err) {
         ps_serve_stop(sv);
         return -1;
     }
+    if (sv->sm.family == 0 && (sv->dec = malloc(sizeof *sv->dec)) && ps_serve_decoder_create(sv->dec, &sv->sm.m, NULL)) {
+        free(sv->dec); /* a model the cache does not run (a device backend): the whole-sequence path */
+        sv->dec = NULL;
+    }
     if (!sv->o.max_prompt_tokens || sv->o.max_prompt_tokens > sv->sm.max_seq) sv->o.max_prompt_tokens = sv->sm.max_seq;
     if (o->name) snprintf(sv->name, sizeof sv->name, "%s", o->name);
     else {
@@ -899,6 +907,8 @@ void ps_serve_stop(ps_server *sv) {
     if (sv->worker_up) pthread_join(sv->worker, NULL);
     if (sv->d) MHD_stop_daemon(sv->d);
     ps_tokenizer_free(sv->tok);
+    if (sv->dec) ps_serve_decoder_free(sv->dec);
+    free(sv->dec);
     ps_serve_model_close(&sv->sm);
     pthread_mutex_destroy(&sv->mu);
     pthread_cond_destroy(&sv->cv_work);
