@@ -614,6 +614,21 @@ static inline const float *rows_span(const ps_kv_rows *r, int64_t i, int64_t end
     return r->pages[k / r->page_rows]->data + off * r->width;
 }
 
+/* z[x] += Σ_u p[u] · e[u·stride + x] over n rows, four rows at a time (one store per four rows: the
+ * accumulation is not a chain of stores through z; the sum's order is fixed). */
+static inline void axpy_rows(float *z, const float *p, float scale, const float *e, int64_t stride, int64_t n, int64_t hd) {
+    int64_t u = 0;
+    for (; u + 4 <= n; u += 4) {
+        float p0 = p[u] * scale, p1 = p[u + 1] * scale, p2 = p[u + 2] * scale, p3 = p[u + 3] * scale;
+        const float *e0 = e + u * stride, *e1 = e0 + stride, *e2 = e1 + stride, *e3 = e2 + stride;
+        for (int64_t x = 0; x < hd; x++) z[x] += (p0 * e0[x] + p1 * e1[x]) + (p2 * e2[x] + p3 * e3[x]);
+    }
+    for (; u < n; u++) {
+        float pu = p[u] * scale;
+        for (int64_t x = 0; x < hd; x++) z[x] += pu * e[u * stride + x];
+    }
+}
+
 /* Scratch for the attention scores of `threads` rows at once, each up to `need` entries. */
 static int scores_reserve(ps_kvcache *kv, int64_t need, int threads, ps_error *err) {
     if (need <= kv->att_cap && threads <= kv->att_threads) return 0;
@@ -655,17 +670,11 @@ static void attend_row(const ps_kvcache *kv, const ps_kv_layer *L, int64_t t, co
         memset(zn, 0, (size_t)hd * sizeof(float));
         for (int64_t j = 0; j < ne; j += n) {
             const float *e = rows_span(&L->cv[g], j, ne, &n);
-            for (int64_t u = 0; u < n; u++) {
-                float pj = sc[j + u] * inv;
-                for (int64_t x = 0; x < hd; x++) zn[x] += pj * e[u * hd + x];
-            }
+            axpy_rows(zn, sc + j, inv, e, hd, n, hd);
         }
         for (int64_t p = lo; p <= t; p += n) {
             const float *e = rows_span(&L->v, p, t + 1, &n);
-            for (int64_t u = 0; u < n; u++) {
-                float pj = sc[ne + p - lo + u] * inv;
-                for (int64_t x = 0; x < hd; x++) zn[x] += pj * e[u * ks + g * hd + x];
-            }
+            axpy_rows(zn, sc + ne + p - lo, inv, e + g * hd, ks, n, hd);
         }
     }
 }
@@ -836,17 +845,11 @@ static void attend_channel(const ps_kvcache *kv, const ps_kv_layer *L, const flo
         memset(o, 0, (size_t)hd * sizeof(float));
         for (int64_t p = lo; p <= t; p += n) {
             const float *e = rows_span(&L->k, p, t + 1, &n);
-            for (int64_t u = 0; u < n; u++) {
-                float pr = sc[p - lo + u] * inv;
-                for (int64_t x = 0; x < hd; x++) o[x] += pr * e[u * hd + x];
-            }
+            axpy_rows(o, sc + p - lo, inv, e, hd, n, hd);
         }
         for (int64_t j = 0; j < ne; j += n) {
             const float *e = rows_span(&L->ck[0], j, ne, &n);
-            for (int64_t u = 0; u < n; u++) {
-                float pr = sc[nraw + j + u] * inv;
-                for (int64_t x = 0; x < hd; x++) o[x] += pr * e[u * hd + x];
-            }
+            axpy_rows(o, sc + nraw + j, inv, e, hd, n, hd);
         }
     }
 }
