@@ -486,9 +486,49 @@ static void test_edits(void) {
     double worst = 0;
     for (int64_t t = P; t < T; t++) worst = fmax(worst, row_rel(lg + t * V, r.a.p.logits + t * V, V));
     CHECK(worst < TOL, "cache edits between steps: logits differ from the forward with the same entries overwritten by %.3g", worst);
+    {
+        ref_seq clean;
+        ref_run(&clean, &m, &c, tok, T, NULL);
+        double moved = 0;
+        for (int64_t t = P; t < T; t++) moved = fmax(moved, row_rel(lg + t * V, clean.a.p.logits + t * V, V));
+        CHECK(moved > 100 * TOL, "the edits change the logits (by %.3g): the check above can fail", moved);
+        ref_free(&clean);
+    }
     CHECK_OK(ps_kvcache_entry(&kv, s, 0, 0, 0, 20, got, &err), &err);
     CHECK(memcmp(got, vec, sizeof vec) == 0, "the entry made after the edit holds the vector set");
     CHECK_ERR(ps_kvcache_edit(&kv, -1, 0, 5, 0, 1, PS_KV_EDIT_ZERO, NULL, &err), &err, "KV head 5");
+    ps_hooks_free(&h);
+    ps_kvcache_free(&kv);
+    ref_free(&r);
+    free(lg);
+    ps_model_free(&m);
+
+    /* the channel attention: its entries are cache_ck only (K = V); zeroing entry 4 of layer 1 = the
+     * forward with hook_ck's entry 4 zeroed */
+    c = tu_config(PS_ATTN_CHANNEL);
+    c.n_layers = 2, c.n_kv_heads = 1, c.rate = 4, c.v4_mode = PS_V4_MODE_CSA, c.local_window = 5, c.max_seq_len = T;
+    tu_random_model(&m, &c, 33, 0.4f);
+    ps_hooks_init(&h);
+    ps_hook_action z4 = {.kind = PS_ACT_ZERO, .head = 0, .pos0 = 4, .pos1 = 5};
+    CHECK_OK(ps_hooks_add_action(&h, &c, "blocks.1.attn.hook_ck", &z4, &err), &err);
+    ref_run(&r, &m, &c, tok, T, &h);
+    REQUIRE_OK(ps_kvcache_create(&kv, &m, NULL, &err), &err);
+    s = ps_kvcache_add(&kv, &err);
+    CHECK_OK(ps_kvcache_append(&kv, 1, &s, &P, tok, NULL, NULL, false, &err), &err);
+    CHECK_ERR(ps_kvcache_point_parse(&c, "blocks.1.attn.cache_cv", &layer, &value, &err), &err, "K = V");
+    CHECK_OK(ps_kvcache_edit(&kv, -1, 1, 0, 0, 4, PS_KV_EDIT_ZERO, NULL, &err), &err);
+    lg = malloc((size_t)(T * V) * sizeof(float));
+    int64_t rest = T - P;
+    CHECK_OK(ps_kvcache_append(&kv, 1, &s, &rest, tok + P, NULL, lg + P * V, false, &err), &err);
+    worst = 0;
+    for (int64_t t = P; t < T; t++) worst = fmax(worst, row_rel(lg + t * V, r.a.p.logits + t * V, V));
+    CHECK(worst < TOL, "channel attention: zeroing cache_ck entry 4 differs from the forward with it zeroed by %.3g", worst);
+    ref_seq clean;
+    ref_run(&clean, &m, &c, tok, T, NULL);
+    double moved = 0;
+    for (int64_t t = P; t < T; t++) moved = fmax(moved, row_rel(lg + t * V, clean.a.p.logits + t * V, V));
+    CHECK(moved > 100 * TOL, "the channel edit changes the logits (by %.3g): the check above can fail", moved);
+    ref_free(&clean);
     ps_hooks_free(&h);
     ps_kvcache_free(&kv);
     ref_free(&r);
