@@ -614,6 +614,25 @@ static inline const float *rows_span(const ps_kv_rows *r, int64_t i, int64_t end
     return r->pages[k / r->page_rows]->data + off * r->width;
 }
 
+/* sc[u] = (q · e[u·stride ..]) · scale over n rows, four rows at a time (four independent sums, each in
+ * dotf's order: the same numbers as one row at a time). */
+static inline void dot_rows(float *sc, const float *q, float scale, const float *e, int64_t stride, int64_t n, int64_t hd) {
+    int64_t u = 0;
+    if (hd < 32)
+        for (; u + 4 <= n; u += 4) {
+            const float *e0 = e + u * stride, *e1 = e0 + stride, *e2 = e1 + stride, *e3 = e2 + stride;
+            float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+            for (int64_t x = 0; x < hd; x++) {
+                s0 += q[x] * e0[x];
+                s1 += q[x] * e1[x];
+                s2 += q[x] * e2[x];
+                s3 += q[x] * e3[x];
+            }
+            sc[u] = s0 * scale, sc[u + 1] = s1 * scale, sc[u + 2] = s2 * scale, sc[u + 3] = s3 * scale;
+        }
+    for (; u < n; u++) sc[u] = dotf(q, e + u * stride, hd) * scale;
+}
+
 /* z[x] += Σ_u p[u] · e[u·stride + x] over n rows, four rows at a time (one store per four rows: the
  * accumulation is not a chain of stores through z; the sum's order is fixed). */
 static inline void axpy_rows(float *z, const float *p, float scale, const float *e, int64_t stride, int64_t n, int64_t hd) {
@@ -658,11 +677,11 @@ static void attend_row(const ps_kvcache *kv, const ps_kv_layer *L, int64_t t, co
         float mx = -INFINITY, sum = 0.0f;
         for (int64_t j = 0; j < ne; j += n) {
             const float *e = rows_span(&L->ck[g], j, ne, &n);
-            for (int64_t u = 0; u < n; u++) sc[j + u] = dotf(qn, e + u * hd, hd) * scale;
+            dot_rows(sc + j, qn, scale, e, hd, n, hd);
         }
         for (int64_t p = lo; p <= t; p += n) {
             const float *e = rows_span(&L->k, p, t + 1, &n);
-            for (int64_t u = 0; u < n; u++) sc[ne + p - lo + u] = dotf(qn, e + u * ks + g * hd, hd) * scale;
+            dot_rows(sc + ne + p - lo, qn, scale, e + g * hd, ks, n, hd);
         }
         for (int64_t j = 0; j < tot; j++) mx = sc[j] > mx ? sc[j] : mx;
         for (int64_t j = 0; j < tot; j++) sum += (sc[j] = ps_expf_v(sc[j] - mx));
@@ -832,11 +851,11 @@ static void attend_channel(const ps_kvcache *kv, const ps_kv_layer *L, const flo
         float mx = sink[h];
         for (int64_t p = lo; p <= t; p += n) {
             const float *e = rows_span(&L->k, p, t + 1, &n);
-            for (int64_t u = 0; u < n; u++) sc[p - lo + u] = dotf(qh, e + u * hd, hd) * scale;
+            dot_rows(sc + p - lo, qh, scale, e, hd, n, hd);
         }
         for (int64_t j = 0; j < ne; j += n) {
             const float *e = rows_span(&L->ck[0], j, ne, &n);
-            for (int64_t u = 0; u < n; u++) sc[nraw + j + u] = dotf(qh, e + u * hd, hd) * scale;
+            dot_rows(sc + nraw + j, qh, scale, e, hd, n, hd);
         }
         for (int64_t i = 0; i < tot; i++) mx = sc[i] > mx ? sc[i] : mx;
         double sum = exp((double)sink[h] - mx);
