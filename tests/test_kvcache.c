@@ -163,6 +163,8 @@ static void property_run(const char *label, ps_config c, uint64_t seed, int nb, 
     tu_random_model(&m, &c, seed + 1, 0.4f);
     ps_error err;
     int64_t V = c.vocab_size;
+    CHECK(nb >= 1 && nb <= 8, "property_run: %d sequences (1..8)", nb);
+    if (nb < 1 || nb > 8) return; /* (ids[8] below) */
     ref_seq *ref = calloc((size_t)nb, sizeof *ref);
     int32_t **tok = calloc((size_t)nb, sizeof *tok);
     for (int i = 0; i < nb; i++) {
