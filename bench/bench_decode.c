@@ -11,7 +11,7 @@
  * (the whole-sequence path there: one forward). Wall and CPU seconds; the machine is shared, so CPU time
  * is the steadier number.
  *
- *   bench_decode [--quick] [--qwen]     (--quick: 1K and 8K only)
+ *   bench_decode [--quick] [--qwen | --qwen-only]     (--quick: 1K and 8K only)
  *
  * Output: a markdown table. */
 #include <stdio.h>
@@ -87,12 +87,13 @@ int main(int argc, char **argv) {
     char warn[512] = "";
     ps_cpu_env_prepare(argv, warn, sizeof warn);
     if (warn[0]) fprintf(stderr, "%s\n", warn);
-    int quick = 0, qwen = 0;
+    int quick = 0, qwen = 0, deep = 1;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = 1;
         else if (!strcmp(argv[i], "--qwen")) qwen = 1;
+        else if (!strcmp(argv[i], "--qwen-only")) qwen = 1, deep = 0;
         else {
-            fprintf(stderr, "usage: bench_decode [--quick] [--qwen]\n");
+            fprintf(stderr, "usage: bench_decode [--quick] [--qwen | --qwen-only]\n");
             return 2;
         }
     }
@@ -100,7 +101,7 @@ int main(int argc, char **argv) {
     printf("| model | context T | time to first token s | cache decode tok/s | whole-sequence tok/s | speedup | cache bytes/token "
            "(measured at T) | info bytes/token |\n|---|---|---|---|---|---|---|---|\n");
     int64_t Ts[3] = {1024, 8192, 32768};
-    for (int comp = 1; comp >= 0; comp--) {
+    for (int comp = 1; deep && comp >= 0; comp--) {
         ps_config c = make_config(64, 12, 8, 8, 128, 32768 + 64, comp);
         c.vocab_size = 96;
         ps_model m;
