@@ -139,5 +139,6 @@ extern const ps_command ps_cmd_tokenize;
 extern const ps_command ps_cmd_fillers;
 extern const ps_command ps_cmd_probe;
 extern const ps_command ps_cmd_serve;
+extern const ps_command ps_cmd_generate;
 
 #endif

@@ -29,6 +29,7 @@ static const ps_command *const CMDS[] = {
     &ps_cmd_tokenize,
     &ps_cmd_probe,
     &ps_cmd_serve,
+    &ps_cmd_generate,
 };
 #define N_CMDS (int)(sizeof CMDS / sizeof CMDS[0])
 

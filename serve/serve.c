@@ -20,6 +20,7 @@
 #include "core/fileio.h"
 #include "core/rng.h"
 #include "interventions/textkv.h"
+#include "serve/decode.h"
 
 /* ==== requests ==== */
 
@@ -56,6 +57,7 @@ struct ps_server {
     ps_serve_opts o;
     ps_runtime rt;          /* the model, opened through core's family table */
     int64_t vocab;          /* its vocabulary */
+    ps_serve_decoder *dec;  /* generation through the KV cache (serve/decode.h); NULL: the whole-sequence path */
     ps_tokenizer *tok;
     char name[512];
     struct MHD_Daemon *d;
@@ -195,9 +197,11 @@ static int run_group(ps_server *sv, job **jobs, int nj, ps_error *err) {
             b.queries[i] = (ps_query){.key_pos = 0, .answer_pos = r0, .answer_len = r1 - r0, .answer_src = r0 + 1};
         }
         fwd_ctx c = {act, sv->vocab};
-        rc = sv->rt.family->rows(&sv->rt, &b, sv->o.max_batch, 0, on_rows, &c, err);
+        rc = sv->dec ? ps_serve_decode_rows(sv->dec, (const void *const *)act, &b, on_rows, &c, err)
+                     : sv->rt.family->rows(&sv->rt, &b, sv->o.max_batch, 0, on_rows, &c, err);
         ps_batch_free(&b);
     }
+    if (sv->dec) ps_serve_decoder_reset(sv->dec);
     free(act);
     return rc;
 }
@@ -776,6 +780,10 @@ int ps_serve_start(const ps_serve_opts *o, ps_server **out, ps_error *err) {
         ps_serve_stop(sv);
         return -1;
     }
+    if ((sv->dec = malloc(sizeof *sv->dec)) && ps_serve_decoder_create(sv->dec, &sv->rt, NULL)) {
+        free(sv->dec); /* a model the cache does not run (another family, a device backend): the whole-sequence path */
+        sv->dec = NULL;
+    }
     if (!sv->o.max_prompt_tokens || sv->o.max_prompt_tokens > sv->rt.max_pos) sv->o.max_prompt_tokens = sv->rt.max_pos;
     if (o->name) snprintf(sv->name, sizeof sv->name, "%s", o->name);
     else {
@@ -824,6 +832,8 @@ void ps_serve_stop(ps_server *sv) {
     if (sv->worker_up) pthread_join(sv->worker, NULL);
     if (sv->d) MHD_stop_daemon(sv->d);
     ps_tokenizer_free(sv->tok);
+    if (sv->dec) ps_serve_decoder_free(sv->dec);
+    free(sv->dec);
     ps_runtime_free(&sv->rt);
     pthread_mutex_destroy(&sv->mu);
     pthread_cond_destroy(&sv->cv_work);

@@ -1,0 +1,191 @@
+/* generate.c — generation through the KV cache (generate.h). */
+#include "core/generate.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int ps_generate_edit_parse(const ps_config *c, const char *spec, ps_generate_edit *e, ps_error *err) {
+    char point[96], mode[16];
+    long g, j;
+    int off = 0;
+    if (sscanf(spec, "%95[^:]:%ld:%ld:%15[a-z]%n", point, &g, &j, mode, &off) != 4 || spec[off] != '\0')
+        return ps_fail(err, "edit \"%s\": expected blocks.L.attn.cache_ck:HEAD:ENTRY:zero|mean (or cache_cv)", spec);
+    if (ps_kvcache_point_parse(c, point, &e->layer, &e->value, err)) return ps_fail_prefix(err, "edit \"%s\": ", spec), -1;
+    if (g < 0 || g >= c->n_kv_heads)
+        return ps_fail(err, "edit \"%s\": KV head %ld is outside the model's %lld KV heads", spec, g, (long long)c->n_kv_heads);
+    if (j < 0) return ps_fail(err, "edit \"%s\": entry %ld must be >= 0", spec, j);
+    if (strcmp(mode, "zero") && strcmp(mode, "mean")) return ps_fail(err, "edit \"%s\": mode \"%s\": expected zero or mean", spec, mode);
+    e->head = (int)g;
+    e->entry = j;
+    e->mean = !strcmp(mode, "mean");
+    return 0;
+}
+
+typedef struct {
+    float v;
+    int32_t i;
+} cand;
+
+static int cand_desc(const void *a, const void *b) {
+    const cand *x = a, *y = b;
+    if (x->v != y->v) return x->v < y->v ? 1 : -1;
+    return x->i < y->i ? -1 : x->i > y->i;
+}
+
+int32_t ps_generate_pick(const float *x, int64_t V, double temperature, double top_p, ps_rng *r, double *logprob) {
+    float mx = x[0];
+    int64_t arg = 0;
+    for (int64_t i = 1; i < V; i++)
+        if (x[i] > mx) mx = x[i], arg = i;
+    double sum = 0;
+    for (int64_t i = 0; i < V; i++) sum += exp((double)x[i] - mx);
+    int32_t y = (int32_t)arg;
+    if (temperature > 0) {
+        /* probabilities at the temperature, the nucleus of top_p, one uniform draw */
+        cand *c = malloc((size_t)V * sizeof *c);
+        if (c) {
+            double z = 0;
+            for (int64_t i = 0; i < V; i++) {
+                c[i].v = x[i];
+                c[i].i = (int32_t)i;
+                z += exp(((double)x[i] - mx) / temperature);
+            }
+            qsort(c, (size_t)V, sizeof *c, cand_desc);
+            int64_t k = 0;
+            double acc = 0;
+            while (k < V) {
+                acc += exp(((double)c[k].v - mx) / temperature) / z;
+                k++;
+                if (acc >= top_p) break;
+            }
+            double u = ps_rng_uniform(r) * acc, run = 0;
+            y = c[k - 1].i;
+            for (int64_t i = 0; i < k; i++) {
+                run += exp(((double)c[i].v - mx) / temperature) / z;
+                if (run > u) {
+                    y = c[i].i;
+                    break;
+                }
+            }
+            free(c);
+        }
+    }
+    *logprob = (double)x[y] - mx - log(sum);
+    return y;
+}
+
+void ps_generate_result_free(ps_generate_result *r) {
+    for (int i = 0; i < r->n; i++) {
+        if (r->tok) free(r->tok[i]);
+        if (r->logprob) free(r->logprob[i]);
+    }
+    free(r->tok);
+    free(r->logprob);
+    free(r->n_gen);
+    memset(r, 0, sizeof *r);
+}
+
+int ps_generate(ps_kvcache *kv, int n, int32_t *const *prompt, const int64_t *len, const ps_generate_opts *o,
+                const ps_generate_edit *edits, int n_edits, const ps_hooks *hooks, ps_generate_result *out, ps_error *err) {
+    const ps_config *c = &kv->m->cfg;
+    int64_t V = c->vocab_size, hd = c->head_dim, tot = 0;
+    memset(out, 0, sizeof *out);
+    if (n < 1) return ps_fail(err, "generate: no prompts");
+    if (o->max_tokens < 0) return ps_fail(err, "generate: max_tokens %lld must be >= 0", (long long)o->max_tokens);
+    if (o->temperature < 0 || !(o->top_p > 0 && o->top_p <= 1))
+        return ps_fail(err, "generate: temperature %g must be >= 0 and top_p %g in (0, 1]", o->temperature, o->top_p);
+    for (int i = 0; i < n; i++) {
+        if (len[i] < 1) return ps_fail(err, "generate: prompt %d is empty", i);
+        tot += len[i];
+    }
+    int *ids = malloc((size_t)n * sizeof *ids), *act = malloc((size_t)n * sizeof *act);
+    int64_t *nn = malloc((size_t)n * sizeof *nn);
+    int32_t *cat = malloc((size_t)tot * sizeof *cat), *next = malloc((size_t)n * sizeof *next);
+    float *lg = malloc((size_t)(n * V) * sizeof *lg), *vec = malloc((size_t)hd * sizeof *vec), *tmp = malloc((size_t)hd * sizeof *tmp);
+    out->n = n;
+    out->n_gen = calloc((size_t)n, sizeof *out->n_gen);
+    out->tok = calloc((size_t)n, sizeof *out->tok);
+    out->logprob = calloc((size_t)n, sizeof *out->logprob);
+    int rc = ids && act && nn && cat && next && lg && vec && tmp && out->n_gen && out->tok && out->logprob ? 0 : -1;
+    for (int i = 0; i < n && !rc; i++) {
+        int64_t cap = o->max_tokens > 0 ? o->max_tokens : 1;
+        out->tok[i] = malloc((size_t)cap * sizeof(int32_t));
+        out->logprob[i] = malloc((size_t)cap * sizeof(double));
+        if (!out->tok[i] || !out->logprob[i]) rc = -1;
+    }
+    if (rc) ps_fail(err, "out of memory for generating from %d prompts", n);
+    /* prefill: every prompt in one append */
+    int64_t off = 0;
+    for (int i = 0; i < n && !rc; i++) {
+        if ((ids[i] = ps_kvcache_add(kv, err)) < 0) rc = -1;
+        memcpy(cat + off, prompt[i], (size_t)len[i] * sizeof *cat);
+        off += len[i];
+    }
+    if (!rc) rc = ps_kvcache_append(kv, n, ids, len, cat, hooks, lg, true, err);
+    /* the edits: zero, or the mean of the entry over the prompts that hold it now */
+    for (int k = 0; k < n_edits && !rc; k++) {
+        const ps_generate_edit *e = &edits[k];
+        if (!e->mean) {
+            rc = ps_kvcache_edit(kv, -1, e->layer, e->head, e->value, e->entry, PS_KV_EDIT_ZERO, NULL, err);
+            continue;
+        }
+        int have = 0;
+        double *acc = calloc((size_t)hd, sizeof *acc);
+        if (!acc) rc = ps_fail(err, "out of memory for an edit");
+        for (int i = 0; i < n && !rc; i++) {
+            if (ps_kvcache_n_entries(kv, ids[i], e->layer, e->head) <= e->entry) continue;
+            rc = ps_kvcache_entry(kv, ids[i], e->layer, e->head, e->value, e->entry, tmp, err);
+            for (int64_t x = 0; x < hd && !rc; x++) acc[x] += tmp[x];
+            have++;
+        }
+        if (!rc && !have)
+            rc = ps_fail(err, "edit blocks.%d.attn.%s:%d:%lld:mean: no prompt holds entry %lld after the prefill (nothing to average)", e->layer,
+                         e->value ? "cache_cv" : "cache_ck", e->head, (long long)e->entry, (long long)e->entry);
+        for (int64_t x = 0; x < hd && !rc; x++) vec[x] = (float)(acc[x] / have);
+        if (!rc) rc = ps_kvcache_edit(kv, -1, e->layer, e->head, e->value, e->entry, PS_KV_EDIT_SET, vec, err);
+        free(acc);
+    }
+    ps_rng r;
+    ps_rng_seed(&r, o->seed);
+    /* decode: the last logits of every live sequence pick its next token; one append for all. A sequence
+     * at max_seq_len still picks the token its last logits predict, and stops there. */
+    char *alive = malloc((size_t)n);
+    if (!rc && !alive) rc = ps_fail(err, "out of memory for generating from %d prompts", n);
+    for (int i = 0; i < n && !rc; i++) alive[i] = 1;
+    for (int64_t step = 0; step < o->max_tokens && !rc; step++) {
+        int na = 0;
+        for (int i = 0; i < n; i++) {
+            if (!alive[i]) continue;
+            double lp;
+            int32_t y = ps_generate_pick(lg + (int64_t)i * V, V, o->temperature, o->top_p, &r, &lp);
+            out->tok[i][step] = y;
+            out->logprob[i][step] = lp;
+            out->n_gen[i]++;
+            if (step + 1 < o->max_tokens && ps_kvcache_len(kv, ids[i]) < c->max_seq_len) {
+                act[na] = ids[i];
+                next[na] = y;
+                nn[na++] = 1;
+            } else
+                alive[i] = 0;
+        }
+        if (!na) break;
+        float *lg2 = malloc((size_t)(na * V) * sizeof *lg2);
+        if (!lg2) {
+            rc = ps_fail(err, "out of memory for a decode step");
+            break;
+        }
+        rc = ps_kvcache_append(kv, na, act, nn, next, hooks, lg2, true, err);
+        /* the append's logits come in the order of act: back to the sequences' rows */
+        for (int k = 0, i = 0; k < na && !rc; k++) {
+            while (ids[i] != act[k]) i++;
+            memcpy(lg + (int64_t)i * V, lg2 + (int64_t)k * V, (size_t)V * sizeof *lg);
+        }
+        free(lg2);
+    }
+    free(alive);
+    free(ids), free(act), free(nn), free(cat), free(next), free(lg), free(vec), free(tmp);
+    if (rc) ps_generate_result_free(out);
+    return rc;
+}

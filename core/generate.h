@@ -1,0 +1,53 @@
+/* generate.h — text generation through the KV cache (core/kvcache.h): each prompt is prefilled (one
+ * append), the cache edits asked for are applied (zero, or mean replacement: the mean of that entry over
+ * the prompts that hold it after the prefill, as the knockout's mean over prompts at the same position),
+ * then every sequence decodes one token per step, all sequences in one append (a batch of different
+ * lengths). Greedy by default (the first maximum of the logits); temperature > 0 samples from
+ * softmax(logits / temperature), restricted to the smallest set of tokens whose probability reaches top_p
+ * (nucleus), with a seeded generator (core/rng.h). The log-probability of each generated token is under
+ * the model's own distribution (softmax of the logits at temperature 1). */
+#ifndef PS_GENERATE_H
+#define PS_GENERATE_H
+
+#include <stdint.h>
+
+#include "core/error.h"
+#include "core/hooks.h"
+#include "core/kvcache.h"
+#include "core/rng.h"
+
+typedef struct {
+    int64_t max_tokens;  /* tokens generated per sequence (stops earlier at max_seq_len) */
+    double temperature;  /* 0: greedy */
+    double top_p;        /* (0, 1]; 1: the whole vocabulary */
+    uint64_t seed;
+} ps_generate_opts;
+
+/* A cache edit asked for by name: blocks.{layer}.attn.cache_{ck|cv}, KV head, entry, zero or mean. */
+typedef struct {
+    int layer, head, value;
+    int64_t entry;
+    int mean; /* 1: mean replacement over the prompts; 0: zero */
+} ps_generate_edit;
+
+typedef struct {
+    int n;            /* sequences */
+    int64_t *n_gen;   /* [n] tokens generated */
+    int32_t **tok;    /* [n][n_gen] */
+    double **logprob; /* [n][n_gen] */
+} ps_generate_result;
+
+/* Parse one edit "blocks.L.attn.cache_ck:G:J:zero|mean". */
+int ps_generate_edit_parse(const ps_config *c, const char *spec, ps_generate_edit *e, ps_error *err);
+
+/* Generate for n prompts (prompt[i] of len[i] >= 1 tokens) on kv (fresh: no sequences yet; hooks fire
+ * during its appends). out is filled (ps_generate_result_free). */
+int ps_generate(ps_kvcache *kv, int n, int32_t *const *prompt, const int64_t *len, const ps_generate_opts *o,
+                const ps_generate_edit *edits, int n_edits, const ps_hooks *hooks, ps_generate_result *out, ps_error *err);
+void ps_generate_result_free(ps_generate_result *r);
+
+/* The next token from one logits row (greedy, or sampled as above with r); *logprob its log-probability
+ * at temperature 1. */
+int32_t ps_generate_pick(const float *x, int64_t V, double temperature, double top_p, ps_rng *r, double *logprob);
+
+#endif

@@ -1,0 +1,1102 @@
+/* kvcache.c — the controlled model's KV cache (kvcache.h). An append runs in steps of at most opts.chunk
+ * rows (the new tokens of every sequence of the append, piece after piece): the matrix products, norms and
+ * the MLP go through the backend's ops over all rows of a step at once; then, per row in position order,
+ * its key, value and layer input enter the sequence's pages, the windows that close at its position are
+ * pooled, and its query attends (plain loops below) — so a query sees exactly the entries that exist at
+ * its position, as in ps_forward. */
+#include "core/kvcache.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/chunks.h"
+#include "core/ops.h"
+#include "core/runtime.h"
+
+struct ps_kv_page {
+    int refs;
+    float data[];
+};
+
+#define PR (r->page_rows)
+
+/* ---- pages ---- */
+
+static int64_t page_bytes(const ps_kv_rows *r) { return (int64_t)sizeof(ps_kv_page) + PR * r->width * (int64_t)sizeof(float); }
+
+static ps_kv_page *page_new(ps_kvcache *kv, const ps_kv_rows *r) {
+    ps_kv_page *p = malloc((size_t)page_bytes(r));
+    if (!p) return NULL;
+    p->refs = 1;
+    kv->page_bytes_live += page_bytes(r);
+    if (kv->page_bytes_live > kv->page_bytes_peak) kv->page_bytes_peak = kv->page_bytes_live;
+    return p;
+}
+
+static void page_release(ps_kvcache *kv, const ps_kv_rows *r, ps_kv_page *p) {
+    if (p && --p->refs == 0) {
+        kv->page_bytes_live -= page_bytes(r);
+        free(p);
+    }
+}
+
+static void rows_init(ps_kv_rows *r, int64_t width, int64_t page_rows) {
+    memset(r, 0, sizeof *r);
+    r->width = width;
+    r->page_rows = page_rows;
+}
+
+static void rows_free(ps_kvcache *kv, ps_kv_rows *r) {
+    for (int64_t i = 0; i < r->n_pages; i++) page_release(kv, r, r->pages[i]);
+    free(r->pages);
+    int64_t w = r->width, pr = r->page_rows;
+    rows_init(r, w, pr);
+}
+
+static inline const float *rows_at(const ps_kv_rows *r, int64_t i) {
+    int64_t k = i - r->base;
+    return r->pages[k / PR]->data + (k % PR) * r->width;
+}
+
+/* Page pg made private to this list (copy on write). */
+static int page_own(ps_kvcache *kv, ps_kv_rows *r, int64_t pg) {
+    ps_kv_page *p = r->pages[pg];
+    if (p->refs == 1) return 0;
+    ps_kv_page *c = page_new(kv, r);
+    if (!c) return -1;
+    memcpy(c->data, p->data, (size_t)(PR * r->width) * sizeof(float));
+    p->refs--;
+    r->pages[pg] = c;
+    kv->n_page_copies++;
+    return 0;
+}
+
+static float *rows_mut(ps_kvcache *kv, ps_kv_rows *r, int64_t i) {
+    int64_t k = i - r->base;
+    if (page_own(kv, r, k / PR)) return NULL;
+    return r->pages[k / PR]->data + (k % PR) * r->width;
+}
+
+static int rows_push(ps_kvcache *kv, ps_kv_rows *r, const float *row) {
+    int64_t k = r->rows - r->base, pg = k / PR;
+    if (pg == r->n_pages) {
+        if (r->n_pages == r->cap_pages) {
+            int64_t cap = r->cap_pages ? 2 * r->cap_pages : 4;
+            ps_kv_page **np = realloc(r->pages, (size_t)cap * sizeof *np);
+            if (!np) return -1;
+            r->pages = np;
+            r->cap_pages = cap;
+        }
+        if (!(r->pages[pg] = page_new(kv, r))) return -1;
+        r->n_pages++;
+    } else if (page_own(kv, r, pg))
+        return -1;
+    memcpy(r->pages[pg]->data + (k % PR) * r->width, row, (size_t)r->width * sizeof(float));
+    r->rows++;
+    return 0;
+}
+
+/* Free the whole pages of rows before `from` (rows < from are no longer needed). */
+static void rows_drop_front(ps_kvcache *kv, ps_kv_rows *r, int64_t from) {
+    int64_t drop = 0;
+    while (drop < r->n_pages - 1 && r->base + (drop + 1) * PR <= from) drop++;
+    if (!drop) return;
+    for (int64_t i = 0; i < drop; i++) page_release(kv, r, r->pages[i]);
+    memmove(r->pages, r->pages + drop, (size_t)(r->n_pages - drop) * sizeof *r->pages);
+    r->n_pages -= drop;
+    r->base += drop * PR;
+    if (r->cap_pages > 8 && r->n_pages < r->cap_pages / 4) { /* a long append grew the table: give it back */
+        int64_t cap = r->cap_pages;
+        while (cap > 8 && r->n_pages < cap / 4) cap /= 2;
+        ps_kv_page **np = realloc(r->pages, (size_t)cap * sizeof *np);
+        if (np) r->pages = np, r->cap_pages = cap;
+    }
+}
+
+/* Keep rows [base, n) (n >= base). */
+static void rows_truncate(ps_kvcache *kv, ps_kv_rows *r, int64_t n) {
+    int64_t keep = (n - r->base + PR - 1) / PR;
+    for (int64_t i = keep; i < r->n_pages; i++) page_release(kv, r, r->pages[i]);
+    if (r->n_pages > keep) r->n_pages = keep;
+    r->rows = n;
+}
+
+static int rows_fork(ps_kv_rows *dst, const ps_kv_rows *src) {
+    *dst = *src;
+    dst->pages = NULL;
+    dst->cap_pages = src->n_pages;
+    if (src->n_pages && !(dst->pages = malloc((size_t)src->n_pages * sizeof *dst->pages))) {
+        rows_init(dst, src->width, src->page_rows);
+        return -1;
+    }
+    for (int64_t i = 0; i < src->n_pages; i++) {
+        dst->pages[i] = src->pages[i];
+        dst->pages[i]->refs++;
+    }
+    return 0;
+}
+
+static int64_t rows_i64(const ps_kv_rows *r, int64_t i) {
+    int64_t v;
+    memcpy(&v, rows_at(r, i), sizeof v);
+    return v;
+}
+
+static int32_t rows_tok(const ps_kv_rows *r, int64_t i) {
+    int32_t v;
+    memcpy(&v, rows_at(r, i), sizeof v);
+    return v;
+}
+
+/* ---- sizes ---- */
+
+/* KV heads with compressed entries: the grid's KV heads, one for the channel attention (K = V), none for full. */
+static int64_t entry_heads(const ps_config *c) {
+    return c->kind == PS_ATTN_COMPRESSED ? c->n_kv_heads : c->kind == PS_ATTN_CHANNEL ? 1 : 0;
+}
+
+double ps_kvcache_bytes_per_token(const ps_config *c) {
+    if (c->kind == PS_ATTN_CHANNEL) return (double)c->n_layers * (double)c->head_dim * 4.0 / (double)c->rate;
+    double full = (double)c->n_layers * 2.0 * (double)(c->n_kv_heads * c->head_dim) * 4.0;
+    if (c->kind != PS_ATTN_COMPRESSED) return full;
+    if (c->boundaries == PS_BOUNDARIES_CONTENT) return full / ps_chunk_expected_len(c);
+    return full / (double)c->stride;
+}
+
+double ps_kvcache_fixed_bytes(const ps_config *c) {
+    double L = (double)c->n_layers;
+    if (c->kind == PS_ATTN_CHANNEL) /* the sliding window of K = V rows; the compressor's kv and z rows of the open windows */
+        return L * 4.0 * ((double)(c->local_window - 1) * (double)c->head_dim +
+                          (double)(ps_config_v4_slots(c) - 1) * 2.0 * (double)(ps_config_v4_series(c) * c->head_dim));
+    if (c->kind != PS_ATTN_COMPRESSED) return 0;
+    return L * 4.0 * (2.0 * (double)(c->local_window - 1) * (double)(c->n_kv_heads * c->head_dim) +
+                      (double)(c->window - 1) * (double)c->d_model);
+}
+
+int64_t ps_kvcache_bytes(const ps_kvcache *kv) {
+    int64_t tab = 0;
+    const ps_config *c = &kv->m->cfg;
+    for (int s = 0; s < kv->n_seq; s++) {
+        const ps_kv_seq *q = &kv->seqs[s];
+        if (!q->live) continue;
+        tab += c->n_layers * (int64_t)sizeof(ps_kv_layer);
+        for (int64_t l = 0; l < c->n_layers; l++) {
+            const ps_kv_layer *L = &q->layers[l];
+            tab += (L->k.cap_pages + L->v.cap_pages + L->ln.cap_pages) * (int64_t)sizeof(void *);
+            if (L->ck)
+                for (int64_t g = 0; g < entry_heads(c); g++)
+                    tab += 2 * (int64_t)sizeof(ps_kv_rows) + (L->ck[g].cap_pages + L->cv[g].cap_pages) * (int64_t)sizeof(void *);
+        }
+    }
+    return kv->page_bytes_live + tab;
+}
+
+/* ---- create / sequences ---- */
+
+static void seq_free(ps_kvcache *kv, ps_kv_seq *q) {
+    const ps_config *c = &kv->m->cfg;
+    if (q->layers)
+        for (int64_t l = 0; l < c->n_layers; l++) {
+            ps_kv_layer *L = &q->layers[l];
+            rows_free(kv, &L->k);
+            rows_free(kv, &L->v);
+            rows_free(kv, &L->ln);
+            for (int64_t g = 0; L->ck && g < entry_heads(c); g++) {
+                rows_free(kv, &L->ck[g]);
+                rows_free(kv, &L->cv[g]);
+            }
+            free(L->ck);
+            free(L->cv);
+        }
+    free(q->layers);
+    rows_free(kv, &q->tok);
+    rows_free(kv, &q->cend);
+    memset(q, 0, sizeof *q);
+}
+
+void ps_kvcache_free(ps_kvcache *kv) {
+    for (int s = 0; s < kv->n_seq; s++)
+        if (kv->seqs[s].live) seq_free(kv, &kv->seqs[s]);
+    free(kv->seqs);
+    for (int i = 0; i < kv->n_edits; i++) free(kv->edits[i].vec);
+    free(kv->edits);
+    free(kv->scratch);
+    free(kv->att_p);
+    free(kv->cstart);
+    free(kv->nvis);
+    memset(kv, 0, sizeof *kv);
+}
+
+int ps_kvcache_create(ps_kvcache *kv, const ps_model *m, const ps_kvcache_opts *o, ps_error *err) {
+    memset(kv, 0, sizeof *kv);
+    const ps_config *c = &m->cfg;
+    if (!ps_ctx_host_visible(m->ctx))
+        return ps_fail(err, "the KV cache runs on the cpu backend only (the model is on %s)", ps_ctx_backend_name(m->ctx));
+    kv->m = m;
+    kv->ctx = m->ctx;
+    kv->o.chunk = o && o->chunk > 0 ? o->chunk : 256;
+    kv->o.history = o && o->history > 0 ? o->history : 0;
+    if (o && (o->chunk < 0 || o->history < 0))
+        return ps_fail(err, "KV cache options: chunk %lld and history %lld must be >= 0", (long long)o->chunk, (long long)o->history);
+    int64_t R = kv->o.chunk, d = c->d_model, nh = c->n_heads, hd = c->head_dim, ks = c->n_kv_heads * hd, dff = c->d_ff,
+            V = c->vocab_size, W = c->window > 0 ? c->window : 1, qd = nh * hd;
+    int64_t nlog = R < 64 ? R : 64;
+    int64_t cw = c->kind == PS_ATTN_CHANNEL ? ps_config_v4_series(c) * hd : 0, SL = c->kind == PS_ATTN_CHANNEL ? ps_config_v4_slots(c) : 0;
+    int64_t sizes[] = {hd / 2 + 1, hd / 2 + 1, R * cw, R * cw, 2 * SL * hd, R * d, R * d, R * qd, R * ks, R * ks, R * (nh > 1 ? nh : 1) + W, R * qd, R * d, R * d, R * d,
+                       R * dff, R * dff, R * dff, R * d, nlog * V + nlog * 2 * d, R * hd / 2 + 1, R * hd / 2 + 1};
+    float **ptrs[] = {&kv->ecos, &kv->esin, &kv->ckv, &kv->cz, &kv->calpha, &kv->x, &kv->ln1, &kv->q, &kv->kk, &kv->vv, &kv->rstd, &kv->z, &kv->attn_out, &kv->mid, &kv->ln2,
+                      &kv->g, &kv->u, &kv->h, &kv->mlp_out, &kv->logit_rows, &kv->cos_t, &kv->sin_t};
+    int n = (int)(sizeof sizes / sizeof sizes[0]);
+    /* entry scratch: z, alpha of both branches [4, nkv, W], payloads [2, W, ks], ck, cv [2, ks], a row [ks] */
+    int64_t ent = 4 * c->n_kv_heads * W + 2 * W * ks + 2 * ks + ks;
+    int64_t tot = ent;
+    for (int i = 0; i < n; i++) tot += sizes[i];
+    kv->scratch_floats = tot;
+    if (!(kv->scratch = malloc((size_t)tot * sizeof(float))))
+        return ps_fail(err, "out of memory for the KV cache's step buffers (%lld floats)", (long long)tot);
+    float *p = kv->scratch;
+    for (int i = 0; i < n; i++) {
+        *ptrs[i] = p;
+        p += sizes[i];
+    }
+    kv->ent = p;
+    kv->pay = p + ent - ks;
+    kv->nvis = malloc((size_t)(R * c->n_kv_heads) * sizeof *kv->nvis);
+    if (!kv->nvis || !(kv->cstart = malloc((size_t)(2 * c->n_kv_heads) * sizeof *kv->cstart))) {
+        ps_kvcache_free(kv);
+        return ps_fail(err, "out of memory for the KV cache's tables");
+    }
+    return 0;
+}
+
+static ps_kv_seq *seq_get(ps_kvcache *kv, int seq, ps_error *err) {
+    if (seq < 0 || seq >= kv->n_seq || !kv->seqs[seq].live) {
+        ps_fail(err, "KV cache: no sequence %d", seq);
+        return NULL;
+    }
+    return &kv->seqs[seq];
+}
+
+static int seq_slot(ps_kvcache *kv, ps_error *err) {
+    for (int s = 0; s < kv->n_seq; s++)
+        if (!kv->seqs[s].live) return s;
+    if (kv->n_seq == kv->cap_seq) {
+        int cap = kv->cap_seq ? 2 * kv->cap_seq : 8;
+        ps_kv_seq *ns = realloc(kv->seqs, (size_t)cap * sizeof *ns);
+        if (!ns) return ps_fail(err, "out of memory for %d KV cache sequences", cap);
+        kv->seqs = ns;
+        kv->cap_seq = cap;
+    }
+    memset(&kv->seqs[kv->n_seq], 0, sizeof kv->seqs[0]);
+    return kv->n_seq++;
+}
+
+int ps_kvcache_add(ps_kvcache *kv, ps_error *err) {
+    const ps_config *c = &kv->m->cfg;
+    int s = seq_slot(kv, err);
+    if (s < 0) return -1;
+    ps_kv_seq *q = &kv->seqs[s];
+    memset(q, 0, sizeof *q);
+    int64_t ch = c->kind == PS_ATTN_CHANNEL, ks = ch ? c->head_dim : c->n_kv_heads * c->head_dim, ne = entry_heads(c);
+    /* the open windows' inputs: the layer input (grid, chunks) or the compressor's kv and gate rows (channel) */
+    int64_t aw = ch ? 2 * ps_config_v4_series(c) * c->head_dim : c->d_model;
+    if (!(q->layers = calloc((size_t)c->n_layers, sizeof *q->layers))) return ps_fail(err, "out of memory for a KV cache sequence");
+    q->live = true;
+    /* rows that slide out of a window (raw rows of a local window, the open windows' inputs, the tokens of
+     * content chunks) in small pages, so that what is held stays close to the window; the rest in pages of
+     * PS_KV_PAGE_ROWS */
+    int64_t slide = ne ? PS_KV_SLIDE_ROWS : PS_KV_PAGE_ROWS;
+    rows_init(&q->tok, 1, PS_KV_SLIDE_ROWS);
+    rows_init(&q->cend, 2, PS_KV_PAGE_ROWS);
+    for (int64_t l = 0; l < c->n_layers; l++) {
+        ps_kv_layer *L = &q->layers[l];
+        rows_init(&L->k, ks, slide);
+        rows_init(&L->v, ks, slide);
+        rows_init(&L->ln, aw, PS_KV_SLIDE_ROWS);
+        if (!ne) continue;
+        L->ck = calloc((size_t)ne, sizeof *L->ck);
+        L->cv = calloc((size_t)ne, sizeof *L->cv);
+        if (!L->ck || !L->cv) {
+            seq_free(kv, q);
+            return ps_fail(err, "out of memory for a KV cache sequence");
+        }
+        for (int64_t g = 0; g < ne; g++) {
+            rows_init(&L->ck[g], c->head_dim, PS_KV_PAGE_ROWS);
+            rows_init(&L->cv[g], c->head_dim, PS_KV_PAGE_ROWS);
+        }
+    }
+    return s;
+}
+
+int ps_kvcache_fork(ps_kvcache *kv, int src, ps_error *err) {
+    const ps_config *c = &kv->m->cfg;
+    if (!seq_get(kv, src, err)) return -1;
+    int s = ps_kvcache_add(kv, err);
+    if (s < 0) return -1;
+    ps_kv_seq *a = &kv->seqs[src], *b = &kv->seqs[s]; /* (add may have moved the table: take both after it) */
+    int rc = 0;
+    b->T = a->T;
+    b->chunk_start = a->chunk_start;
+    rows_free(kv, &b->tok);
+    rows_free(kv, &b->cend);
+    rc |= rows_fork(&b->tok, &a->tok) | rows_fork(&b->cend, &a->cend);
+    for (int64_t l = 0; l < c->n_layers; l++) {
+        ps_kv_layer *A = &a->layers[l], *B = &b->layers[l];
+        rc |= rows_fork(&B->k, &A->k) | rows_fork(&B->v, &A->v) | rows_fork(&B->ln, &A->ln);
+        for (int64_t g = 0; A->ck && g < entry_heads(c); g++) rc |= rows_fork(&B->ck[g], &A->ck[g]) | rows_fork(&B->cv[g], &A->cv[g]);
+    }
+    if (rc) {
+        ps_kvcache_drop(kv, s);
+        return ps_fail(err, "out of memory forking KV cache sequence %d", src);
+    }
+    return s;
+}
+
+void ps_kvcache_drop(ps_kvcache *kv, int seq) {
+    if (seq >= 0 && seq < kv->n_seq && kv->seqs[seq].live) seq_free(kv, &kv->seqs[seq]);
+}
+
+/* Entries of KV head g (grid offset off) that have ended by position t (t = -1: none). */
+static int64_t grid_entries(const ps_config *c, int64_t g, int64_t t) {
+    if (t < 0) return 0;
+    return ps_windows_seen_at(t, ps_config_head_offset(c, g), c->window, c->stride, INT64_MAX);
+}
+
+int ps_kvcache_truncate(ps_kvcache *kv, int seq, int64_t T, ps_error *err) {
+    const ps_config *c = &kv->m->cfg;
+    ps_kv_seq *q = seq_get(kv, seq, err);
+    if (!q) return -1;
+    if (T < 0 || T > q->T)
+        return ps_fail(err, "truncating sequence %d of %lld tokens to %lld: must be in [0, %lld]", seq, (long long)q->T, (long long)T,
+                       (long long)q->T);
+    if (T == q->T) return 0;
+    int comp = c->kind == PS_ATTN_COMPRESSED, content = comp && c->boundaries == PS_BOUNDARIES_CONTENT,
+        chn = c->kind == PS_ATTN_CHANNEL;
+    if (comp || chn) {
+        ps_kv_layer *L = &q->layers[0];
+        int64_t need_k = T - (c->local_window - 1), need_a = T - (chn ? ps_config_v4_slots(c) - 1 : c->window - 1);
+        if ((need_k > 0 && need_k < L->k.base) || (need_a > 0 && need_a < L->ln.base) || (content && T > 0 && T - 1 < q->tok.base))
+            return ps_fail(err,
+                           "truncating sequence %d from %lld to %lld tokens: the cache no longer holds the local window and open windows of position %lld (it keeps %lld positions of history: ps_kvcache_opts.history)",
+                           seq, (long long)q->T, (long long)T, (long long)T, (long long)kv->o.history);
+    }
+    int64_t nc = 0;
+    if (content) {
+        while (nc < q->cend.rows && rows_i64(&q->cend, nc) <= T - 1) nc++;
+        rows_truncate(kv, &q->cend, nc);
+        q->chunk_start = nc ? rows_i64(&q->cend, nc - 1) + 1 : 0;
+        rows_truncate(kv, &q->tok, T);
+    }
+    for (int64_t l = 0; l < c->n_layers; l++) {
+        ps_kv_layer *L = &q->layers[l];
+        rows_truncate(kv, &L->k, T);
+        if (chn) { /* K = V: no v rows; the entries of every window of rate tokens that has ended */
+            rows_truncate(kv, &L->ln, T);
+            rows_truncate(kv, &L->ck[0], T / c->rate);
+            continue;
+        }
+        rows_truncate(kv, &L->v, T);
+        if (!comp) continue;
+        rows_truncate(kv, &L->ln, T);
+        for (int64_t g = 0; g < c->n_kv_heads; g++) {
+            int64_t n = content ? nc : grid_entries(c, g, T - 1);
+            rows_truncate(kv, &L->ck[g], n);
+            rows_truncate(kv, &L->cv[g], n);
+        }
+    }
+    q->T = T;
+    return 0;
+}
+
+/* ---- the cache as hook points: read and edit entries ---- */
+
+int ps_kvcache_point_parse(const ps_config *c, const char *name, int *layer, int *value, ps_error *err) {
+    int l, off = 0;
+    char what[16];
+    if (sscanf(name, "blocks.%d.attn.%15[a-z_]%n", &l, what, &off) != 2 || name[off] != '\0' ||
+        (strcmp(what, "cache_ck") && strcmp(what, "cache_cv")))
+        return ps_fail(err, "\"%s\" is not a cache point: expected blocks.{l}.attn.cache_ck or blocks.{l}.attn.cache_cv", name);
+    if (l < 0 || l >= c->n_layers)
+        return ps_fail(err, "\"%s\": layer %d is outside the model's %lld layers", name, l, (long long)c->n_layers);
+    if (c->kind == PS_ATTN_FULL) return ps_fail(err, "\"%s\": a full-attention model has no compressed entries in its cache", name);
+    if (c->kind == PS_ATTN_CHANNEL && !strcmp(what, "cache_cv"))
+        return ps_fail(err, "\"%s\": the channel attention's entries are keys and values at once (K = V): use cache_ck", name);
+    *layer = l;
+    *value = !strcmp(what, "cache_cv");
+    return 0;
+}
+
+static int entry_check(const ps_kvcache *kv, int l, int g, int value, ps_error *err) {
+    const ps_config *c = &kv->m->cfg;
+    if (c->kind == PS_ATTN_FULL) return ps_fail(err, "KV cache entries: a full-attention model has no compressed entries");
+    if (l < 0 || l >= c->n_layers) return ps_fail(err, "KV cache entries: layer %d is outside the model's %lld layers", l, (long long)c->n_layers);
+    if (g < 0 || g >= entry_heads(c)) return ps_fail(err, "KV cache entries: KV head %d is outside the model's %lld", g, (long long)entry_heads(c));
+    if (value != 0 && value != 1) return ps_fail(err, "KV cache entries: value must be 0 (cache_ck) or 1 (cache_cv)");
+    if (value == 1 && c->kind == PS_ATTN_CHANNEL)
+        return ps_fail(err, "KV cache entries: the channel attention's entries are keys and values at once (K = V): use cache_ck");
+    return 0;
+}
+
+int64_t ps_kvcache_n_entries(const ps_kvcache *kv, int seq, int l, int g) {
+    if (seq < 0 || seq >= kv->n_seq || !kv->seqs[seq].live || entry_check(kv, l, g, 0, NULL)) return 0;
+    return kv->seqs[seq].layers[l].ck[g].rows;
+}
+
+int ps_kvcache_entry(const ps_kvcache *kv, int seq, int l, int g, int value, int64_t j, float *out, ps_error *err) {
+    if (entry_check(kv, l, g, value, err)) return -1;
+    if (seq < 0 || seq >= kv->n_seq || !kv->seqs[seq].live) return ps_fail(err, "KV cache: no sequence %d", seq);
+    const ps_kv_rows *r = value ? &kv->seqs[seq].layers[l].cv[g] : &kv->seqs[seq].layers[l].ck[g];
+    if (j < 0 || j >= r->rows)
+        return ps_fail(err, "blocks.%d.attn.%s: sequence %d holds entries 0..%lld of KV head %d, not %lld", l, value ? "cache_cv" : "cache_ck",
+                       seq, (long long)r->rows - 1, g, (long long)j);
+    memcpy(out, rows_at(r, j), (size_t)r->width * sizeof(float));
+    return 0;
+}
+
+static void edit_apply(const ps_kv_edit *e, float *row, int64_t hd) {
+    if (e->kind == PS_KV_EDIT_ZERO) memset(row, 0, (size_t)hd * sizeof(float));
+    else memcpy(row, e->vec, (size_t)hd * sizeof(float));
+}
+
+int ps_kvcache_edit(ps_kvcache *kv, int seq, int l, int g, int value, int64_t j, ps_kv_edit_kind kind, const float *vec,
+                    ps_error *err) {
+    const ps_config *c = &kv->m->cfg;
+    int64_t hd = c->head_dim;
+    if (entry_check(kv, l, g, value, err)) return -1;
+    if (j < 0) return ps_fail(err, "blocks.%d.attn.%s: entry %lld must be >= 0", l, value ? "cache_cv" : "cache_ck", (long long)j);
+    if (kind != PS_KV_EDIT_ZERO && kind != PS_KV_EDIT_SET) return ps_fail(err, "KV cache edit: unknown kind %d", (int)kind);
+    if (kind == PS_KV_EDIT_SET && !vec) return ps_fail(err, "KV cache edit: SET needs a vector of %lld floats", (long long)hd);
+    if (seq != -1 && !seq_get(kv, seq, err)) return -1;
+    ps_kv_edit *ne = realloc(kv->edits, (size_t)(kv->n_edits + 1) * sizeof *ne);
+    if (!ne) return ps_fail(err, "out of memory for a KV cache edit");
+    kv->edits = ne;
+    ps_kv_edit *e = &kv->edits[kv->n_edits];
+    *e = (ps_kv_edit){.layer = l, .head = g, .value = value, .entry = j, .seq = seq, .kind = kind, .vec = NULL};
+    if (kind == PS_KV_EDIT_SET) {
+        if (!(e->vec = malloc((size_t)hd * sizeof(float)))) return ps_fail(err, "out of memory for a KV cache edit");
+        memcpy(e->vec, vec, (size_t)hd * sizeof(float));
+    }
+    kv->n_edits++;
+    for (int s = 0; s < kv->n_seq; s++) {
+        if (!kv->seqs[s].live || (seq != -1 && s != seq)) continue;
+        ps_kv_rows *r = value ? &kv->seqs[s].layers[l].cv[g] : &kv->seqs[s].layers[l].ck[g];
+        if (j >= r->rows) continue;
+        float *row = rows_mut(kv, r, j);
+        if (!row) return ps_fail(err, "out of memory editing a KV cache entry");
+        edit_apply(e, row, hd);
+    }
+    return 0;
+}
+
+/* ---- append ---- */
+
+/* RoPE cos/sin of position p: the formula of the backend's rope table (angles in double). */
+static void rope_row(float *cs, float *sn, int64_t p, int64_t hd, double theta) {
+    for (int64_t i = 0; i < hd / 2; i++) {
+        double f = pow(theta, -2.0 * (double)i / (double)hd), ang = (double)p * f;
+        cs[i] = (float)cos(ang);
+        sn[i] = (float)sin(ang);
+    }
+}
+
+/* The dot products of the cache: in order for short vectors (a head of 8), ps_dot's 16 partial sums in a
+ * fixed order for long ones (a layer input of d; vectorises). */
+static inline float dotf(const float *a, const float *b, int64_t n) {
+    if (n >= 32) return ps_dot(a, b, n);
+    float s = 0.0f;
+    for (int64_t i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+typedef struct {
+    int seq;       /* sequence id */
+    int64_t t0, n; /* positions [t0, t0 + n) */
+    int64_t r0;    /* first row of the step */
+    int64_t out;   /* logits row of its first position (all rows), or the sequence's index (last_only) */
+    bool last;     /* holds the sequence's last new token */
+} kv_piece;
+
+#define FIRE_P(pt, data, nd, ...)                                                            \
+    do {                                                                                     \
+        if (ps_hooks_on(hooks, l, pt)) {                                                     \
+            int64_t shp_[4] = {__VA_ARGS__};                                                 \
+            if (ps_hooks_fire(ctx, hooks, l, pt, (data), (nd), shp_, err)) return -1;       \
+        }                                                                                    \
+    } while (0)
+
+#define CK(expr)                                                                             \
+    do {                                                                                     \
+        if (expr) return ps_ctx_check(ctx, err);                                             \
+    } while (0)
+
+/* The entries of layer l that close at position t of sequence q (row r of the step): the gates, payloads
+ * and pooling of every KV head with a window ending there (closes[g] = its start, or -1), hooks, edits, and
+ * the push into the pages. */
+static int close_entries(ps_kvcache *kv, ps_kv_seq *q, int seq, int l, int64_t t, const int64_t *start, const int64_t *len,
+                         const ps_hooks *hooks, ps_error *err) {
+    const ps_model *m = kv->m;
+    const ps_config *c = &m->cfg;
+    ps_ctx *ctx = kv->ctx;
+    ps_layer_params w = ps_model_layer(m, m->params, l);
+    ps_kv_layer *L = &q->layers[l];
+    int64_t nkv = c->n_kv_heads, hd = c->head_dim, ks = nkv * hd, W = c->window, d = c->d_model;
+    int learned = c->gate == PS_GATE_LEARNED, shared = c->payload == PS_PAYLOAD_SHARED;
+    float *gz = kv->ent, *ga_k = gz + 2 * nkv * W, *ga_v = ga_k + nkv * W, *pk = ga_v + nkv * W, *pv = pk + W * ks,
+          *ck = pv + W * ks, *cv = ck + ks;
+    memset(ga_k, 0, (size_t)(2 * nkv * W) * sizeof(float));
+    memset(ck, 0, (size_t)(2 * ks) * sizeof(float));
+    int64_t j = -1;
+    for (int64_t g = 0; g < nkv; g++) {
+        if (start[g] < 0) continue;
+        j = L->ck[g].rows;
+        for (int br = 0; br < 2; br++) {
+            const float *u = br ? w.value_gate_w : w.key_gate_w, *b = br ? w.value_gate_b : w.key_gate_b;
+            float *al = (br ? ga_v : ga_k) + g * W, *zz = gz + g * W;
+            if (!learned) {
+                for (int64_t i = 0; i < len[g]; i++) al[i] = 1.0f / (float)len[g];
+                continue;
+            }
+            float mx = -INFINITY, sum = 0.0f;
+            for (int64_t i = 0; i < len[g]; i++) {
+                zz[i] = b[i * nkv + g] + dotf(u + (i * nkv + g) * d, rows_at(&L->ln, start[g] + i), d);
+                mx = zz[i] > mx ? zz[i] : mx;
+            }
+            for (int64_t i = 0; i < len[g]; i++) sum += (al[i] = ps_expf_v(zz[i] - mx));
+            for (int64_t i = 0; i < len[g]; i++) al[i] /= sum;
+        }
+    }
+    kv->ev.t0 = t;
+    kv->ev.entry = j; /* heads closing together share the index (one grid); staggered heads close alone */
+    FIRE_P(PS_HOOK_GATE_K, ga_k, 4, 1, 1, nkv, W);
+    FIRE_P(PS_HOOK_GATE_V, ga_v, 4, 1, 1, nkv, W);
+    for (int64_t g = 0; g < nkv; g++) {
+        if (start[g] < 0) continue;
+        for (int br = 0; br < 2; br++) {
+            const float *C = br ? w.value_payload : w.key_payload, *al = (br ? ga_v : ga_k) + g * W;
+            float *P = br ? pv : pk, *o = (br ? cv : ck) + g * hd;
+            for (int64_t i = 0; i < len[g]; i++) {
+                const float *a = rows_at(&L->ln, start[g] + i), *Cg = (shared ? C : C + i * ks * d) + g * hd * d;
+                float *Pi = P + i * hd;
+                for (int64_t e = 0; e < hd; e++) Pi[e] = dotf(Cg + e * d, a, d);
+            }
+            for (int64_t i = 0; i < len[g]; i++)
+                for (int64_t e = 0; e < hd; e++) o[e] += al[i] * P[i * hd + e];
+        }
+        float *k = ck + g * hd;
+        if (c->qk_norm) CK(ps_rmsnorm(ctx, k, NULL, k, w.knorm, 1, hd, (float)c->rms_eps));
+        if (c->rope) {
+            rope_row(kv->ecos, kv->esin, start[g], hd, c->rope_theta);
+            CK(ps_rope(ctx, k, kv->ecos, kv->esin, 1, 1, 1, hd, 1));
+        }
+    }
+    FIRE_P(PS_HOOK_CK, ck, 4, 1, 1, nkv, hd);
+    FIRE_P(PS_HOOK_CV, cv, 4, 1, 1, nkv, hd);
+    for (int64_t g = 0; g < nkv; g++) {
+        if (start[g] < 0) continue;
+        int64_t jg = L->ck[g].rows;
+        for (int i = 0; i < kv->n_edits; i++) {
+            const ps_kv_edit *e = &kv->edits[i];
+            if (e->layer == l && e->head == g && e->entry == jg && (e->seq == -1 || e->seq == seq))
+                edit_apply(e, (e->value ? cv : ck) + g * hd, hd);
+        }
+        if (rows_push(kv, &L->ck[g], ck + g * hd) || rows_push(kv, &L->cv[g], cv + g * hd))
+            return ps_fail(err, "out of memory for the KV cache's compressed entries");
+    }
+    return 0;
+}
+
+/* Rows [i, end) of a page list as contiguous spans: *n rows from the returned pointer. */
+static inline const float *rows_span(const ps_kv_rows *r, int64_t i, int64_t end, int64_t *n) {
+    int64_t k = i - r->base, off = k % r->page_rows, left = r->page_rows - off;
+    *n = end - i < left ? end - i : left;
+    return r->pages[k / r->page_rows]->data + off * r->width;
+}
+
+/* sc[u] = (q · e[u·stride ..]) · scale over n rows, four rows at a time (four independent sums, each in
+ * dotf's order: the same numbers as one row at a time). */
+static inline void dot_rows(float *sc, const float *q, float scale, const float *e, int64_t stride, int64_t n, int64_t hd) {
+    int64_t u = 0;
+    if (hd < 32)
+        for (; u + 4 <= n; u += 4) {
+            const float *e0 = e + u * stride, *e1 = e0 + stride, *e2 = e1 + stride, *e3 = e2 + stride;
+            float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+            for (int64_t x = 0; x < hd; x++) {
+                s0 += q[x] * e0[x];
+                s1 += q[x] * e1[x];
+                s2 += q[x] * e2[x];
+                s3 += q[x] * e3[x];
+            }
+            sc[u] = s0 * scale, sc[u + 1] = s1 * scale, sc[u + 2] = s2 * scale, sc[u + 3] = s3 * scale;
+        }
+    for (; u < n; u++) sc[u] = dotf(q, e + u * stride, hd) * scale;
+}
+
+/* z[x] += Σ_u p[u] · e[u·stride + x] over n rows, four rows at a time (one store per four rows: the
+ * accumulation is not a chain of stores through z; the sum's order is fixed). */
+static inline void axpy_rows(float *z, const float *p, float scale, const float *e, int64_t stride, int64_t n, int64_t hd) {
+    int64_t u = 0;
+    for (; u + 4 <= n; u += 4) {
+        float p0 = p[u] * scale, p1 = p[u + 1] * scale, p2 = p[u + 2] * scale, p3 = p[u + 3] * scale;
+        const float *e0 = e + u * stride, *e1 = e0 + stride, *e2 = e1 + stride, *e3 = e2 + stride;
+        for (int64_t x = 0; x < hd; x++) z[x] += (p0 * e0[x] + p1 * e1[x]) + (p2 * e2[x] + p3 * e3[x]);
+    }
+    for (; u < n; u++) {
+        float pu = p[u] * scale;
+        for (int64_t x = 0; x < hd; x++) z[x] += pu * e[u * stride + x];
+    }
+}
+
+/* Scratch for the attention scores of `threads` rows at once, each up to `need` entries. */
+static int scores_reserve(ps_kvcache *kv, int64_t need, int threads, ps_error *err) {
+    if (need <= kv->att_cap && threads <= kv->att_threads) return 0;
+    int64_t cap = need > kv->att_cap ? need + need / 2 : kv->att_cap;
+    int th = threads > kv->att_threads ? threads : kv->att_threads;
+    float *np = realloc(kv->att_p, (size_t)(cap * th) * sizeof(float));
+    if (!np) return ps_fail(err, "out of memory for attention scores of %lld entries", (long long)need);
+    kv->att_p = np;
+    kv->att_cap = cap;
+    kv->att_threads = th;
+    return 0;
+}
+
+/* The attention of one query row at position t (q_row [nh, hd]) into z_row [nh, hd]: KV head g's first
+ * nvis[g] compressed entries, then the raw rows of the local window (full attention: every row up to t);
+ * one softmax over both (SPEC §2). sc: scratch of the row's entries. */
+static void attend_row(const ps_kvcache *kv, const ps_kv_layer *L, int64_t t, const int64_t *nvis, const float *q_row, float *z_row,
+                       float *sc) {
+    const ps_config *c = &kv->m->cfg;
+    int comp = c->kind == PS_ATTN_COMPRESSED;
+    int64_t nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim, grp = nh / nkv, ks = nkv * hd, n;
+    int64_t lo = comp ? (t - c->local_window + 1 > 0 ? t - c->local_window + 1 : 0) : 0;
+    float scale = 1.0f / sqrtf((float)hd);
+    for (int64_t h = 0; h < nh; h++) {
+        int64_t g = h / grp, ne = comp ? nvis[g] : 0, tot = ne + (t - lo + 1);
+        const float *qn = q_row + h * hd;
+        float mx = -INFINITY, sum = 0.0f;
+        for (int64_t j = 0; j < ne; j += n) {
+            const float *e = rows_span(&L->ck[g], j, ne, &n);
+            dot_rows(sc + j, qn, scale, e, hd, n, hd);
+        }
+        for (int64_t p = lo; p <= t; p += n) {
+            const float *e = rows_span(&L->k, p, t + 1, &n);
+            dot_rows(sc + ne + p - lo, qn, scale, e + g * hd, ks, n, hd);
+        }
+        for (int64_t j = 0; j < tot; j++) mx = sc[j] > mx ? sc[j] : mx;
+        for (int64_t j = 0; j < tot; j++) sum += (sc[j] = ps_expf_v(sc[j] - mx));
+        float inv = 1.0f / sum, *zn = z_row + h * hd;
+        memset(zn, 0, (size_t)hd * sizeof(float));
+        for (int64_t j = 0; j < ne; j += n) {
+            const float *e = rows_span(&L->cv[g], j, ne, &n);
+            axpy_rows(zn, sc + j, inv, e, hd, n, hd);
+        }
+        for (int64_t p = lo; p <= t; p += n) {
+            const float *e = rows_span(&L->v, p, t + 1, &n);
+            axpy_rows(zn, sc + ne + p - lo, inv, e + g * hd, ks, n, hd);
+        }
+    }
+}
+
+/* Layer l's attention over the step's rows, full or compressed (grid, staggered grid, content chunks): from
+ * kv->x to kv->z, the new rows entering the cache. */
+static int attn_grid(ps_kvcache *kv, int l, const kv_piece *P, int np, int64_t R, const int64_t *chunk_len, const ps_hooks *hooks,
+                     ps_error *err) {
+    const ps_model *m = kv->m;
+    const ps_config *c = &m->cfg;
+    ps_ctx *ctx = kv->ctx;
+    ps_layer_params w = ps_model_layer(m, m->params, l);
+    int comp = c->kind == PS_ATTN_COMPRESSED, content = comp && c->boundaries == PS_BOUNDARIES_CONTENT;
+    int64_t d = c->d_model, nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim, ks = nkv * hd, qd = nh * hd, W = c->window,
+            S = c->stride;
+    float eps = (float)c->rms_eps;
+    CK(ps_rmsnorm(ctx, kv->ln1, NULL, kv->x, w.in_norm, R, d, eps) || ps_matmul(ctx, kv->q, kv->ln1, w.wq, R, d, qd, 0) ||
+       ps_matmul(ctx, kv->kk, kv->ln1, w.wk, R, d, ks, 0) || ps_matmul(ctx, kv->vv, kv->ln1, w.wv, R, d, ks, 0));
+    if (c->qk_norm)
+        CK(ps_rmsnorm(ctx, kv->q, NULL, kv->q, w.qnorm, R * nh, hd, eps) || ps_rmsnorm(ctx, kv->kk, NULL, kv->kk, w.knorm, R * nkv, hd, eps));
+    if (c->rope) {
+        for (int i = 0; i < np; i++)
+            for (int64_t r = 0; r < P[i].n; r++)
+                rope_row(kv->cos_t + (P[i].r0 + r) * (hd / 2), kv->sin_t + (P[i].r0 + r) * (hd / 2), P[i].t0 + r, hd, c->rope_theta);
+        CK(ps_rope(ctx, kv->q, kv->cos_t, kv->sin_t, 1, R, nh, hd, 1) || ps_rope(ctx, kv->kk, kv->cos_t, kv->sin_t, 1, R, nkv, hd, 1));
+    }
+    for (int i = 0; i < np; i++) {
+        kv->ev = (ps_kv_event){.seq = P[i].seq, .t0 = P[i].t0, .entry = -1};
+        FIRE_P(PS_HOOK_Q, kv->q + P[i].r0 * qd, 4, 1, P[i].n, nh, hd);
+        FIRE_P(PS_HOOK_K, kv->kk + P[i].r0 * ks, 4, 1, P[i].n, nkv, hd);
+        FIRE_P(PS_HOOK_V, kv->vv + P[i].r0 * ks, 4, 1, P[i].n, nkv, hd);
+    }
+    int64_t *start = kv->cstart, *len = kv->cstart + nkv;
+    for (int i = 0; i < np; i++) {
+        ps_kv_seq *q = &kv->seqs[P[i].seq];
+        ps_kv_layer *L = &q->layers[l];
+        kv->ev = (ps_kv_event){.seq = P[i].seq, .t0 = P[i].t0, .entry = -1};
+        /* the rows enter the cache in order, and the windows closing at each position are pooled ... */
+        for (int64_t r = P[i].r0; r < P[i].r0 + P[i].n; r++) {
+            int64_t t = P[i].t0 + (r - P[i].r0);
+            if (rows_push(kv, &L->k, kv->kk + r * ks) || rows_push(kv, &L->v, kv->vv + r * ks) ||
+                (comp && rows_push(kv, &L->ln, kv->ln1 + r * d)))
+                return ps_fail(err, "out of memory for the KV cache's pages (sequence %d, position %lld)", P[i].seq, (long long)t);
+            if (comp) {
+                int any = 0;
+                for (int64_t g = 0; g < nkv; g++) {
+                    start[g] = -1;
+                    if (content) {
+                        if (chunk_len[r]) start[g] = t - chunk_len[r] + 1, len[g] = chunk_len[r];
+                    } else {
+                        int64_t off = ps_config_head_offset(c, g), u = t - off - W + 1; /* = jS for window j */
+                        if (u >= 0 && u % S == 0) start[g] = u + off, len[g] = W;
+                    }
+                    any |= start[g] >= 0;
+                }
+                if (any && close_entries(kv, q, P[i].seq, l, t, start, len, hooks, err)) return -1;
+                kv->ev = (ps_kv_event){.seq = P[i].seq, .t0 = P[i].t0, .entry = -1};
+                for (int64_t g = 0; g < nkv; g++) kv->nvis[r * nkv + g] = L->ck[g].rows; /* what query t sees */
+            }
+        }
+        /* ... then every row's query attends to what existed at its position (rows independent: threads) */
+        int64_t t1 = P[i].t0 + P[i].n, need = t1 + 1; /* full attention: every row */
+        if (comp) { /* the most entries of a head, and the local window */
+            need = 0;
+            for (int64_t g = 0; g < nkv; g++) need = L->ck[g].rows > need ? L->ck[g].rows : need;
+            need += c->local_window + 1;
+        }
+        int th = omp_get_max_threads();
+        if (scores_reserve(kv, need, th, err)) return -1;
+        int64_t r0 = P[i].r0, nr = P[i].n;
+#pragma omp parallel for schedule(dynamic, 1) if (nr > 1 && nr * need * nh * hd > 65536)
+        for (int64_t r = r0; r < r0 + nr; r++)
+            attend_row(kv, L, P[i].t0 + (r - r0), comp ? kv->nvis + r * nkv : NULL, kv->q + r * qd, kv->z + r * qd,
+                       kv->att_p + (int64_t)omp_get_thread_num() * kv->att_cap);
+        if (comp) {
+            rows_drop_front(kv, &L->k, t1 - (c->local_window - 1) - kv->o.history);
+            rows_drop_front(kv, &L->v, t1 - (c->local_window - 1) - kv->o.history);
+            rows_drop_front(kv, &L->ln, t1 - (W - 1) - kv->o.history);
+        }
+    }
+    return 0;
+}
+
+/* The channel attention's entry of window wi (rate m tokens) of layer l, closing now: per channel, a softmax
+ * over the slots of (gate + position bias), the pooled kv rows, the norm, RoPE at wi·m (ps_forward's
+ * v4_layer_pre on one window: ps_v4_comp_slots, ps_v4_slot_softmax, ps_v4_comp_pool term for term). */
+static int close_channel(ps_kvcache *kv, ps_kv_seq *q, int seq, int l, int64_t t, int64_t wi, const ps_hooks *hooks, ps_error *err) {
+    const ps_model *m = kv->m;
+    const ps_config *c = &m->cfg;
+    ps_ctx *ctx = kv->ctx;
+    ps_layer_params w = ps_model_layer(m, m->params, l);
+    ps_kv_layer *L = &q->layers[l];
+    int csa = c->v4_mode == PS_V4_MODE_CSA;
+    int64_t hd = c->head_dim, mr = c->rate, cs = ps_config_v4_series(c), SL = ps_config_v4_slots(c), cw = cs * hd;
+    float *gate = kv->calpha, *al = kv->calpha + SL * hd, *ck = kv->ent;
+    /* slot s: its token and channel block (ps_cpu_v4_comp_slots' slot_src) */
+    for (int64_t s = 0; s < SL; s++) {
+        int64_t tok = -1, chb = 0;
+        if (!csa) tok = wi * mr + s;
+        else if (s < mr) tok = wi > 0 ? (wi - 1) * mr + s : -1;
+        else tok = wi * mr + (s - mr), chb = hd;
+        const float *z = tok >= 0 ? rows_at(&L->ln, tok) + cw : NULL, *a = w.c_ape + (s % mr) * cw + chb;
+        for (int64_t i = 0; i < hd; i++) gate[s * hd + i] = z ? z[chb + i] + a[i] : -INFINITY;
+    }
+    for (int64_t i = 0; i < hd; i++) {
+        float mx = -INFINITY;
+        for (int64_t s = 0; s < SL; s++) mx = gate[s * hd + i] > mx ? gate[s * hd + i] : mx;
+        double sum = 0;
+        for (int64_t s = 0; s < SL; s++) {
+            float e = expf(gate[s * hd + i] - mx);
+            al[s * hd + i] = e;
+            sum += e;
+        }
+        float inv = (float)(1.0 / sum);
+        for (int64_t s = 0; s < SL; s++) al[s * hd + i] *= inv;
+    }
+    kv->ev.t0 = t;
+    kv->ev.entry = wi;
+    FIRE_P(PS_HOOK_GATE_K, al, 4, 1, 1, SL, hd);
+    memset(ck, 0, (size_t)hd * sizeof(float));
+    for (int64_t s = 0; s < SL; s++) {
+        int64_t tok = -1, chb = 0;
+        if (!csa) tok = wi * mr + s;
+        else if (s < mr) tok = wi > 0 ? (wi - 1) * mr + s : -1;
+        else tok = wi * mr + (s - mr), chb = hd;
+        if (tok < 0) continue;
+        const float *src = rows_at(&L->ln, tok) + chb;
+        for (int64_t i = 0; i < hd; i++) ck[i] += al[s * hd + i] * src[i];
+    }
+    CK(ps_rmsnorm(ctx, ck, NULL, ck, w.c_norm, 1, hd, (float)c->rms_eps));
+    if (c->rope) {
+        rope_row(kv->ecos, kv->esin, wi * mr, hd, c->rope_theta);
+        CK(ps_rope(ctx, ck, kv->ecos, kv->esin, 1, 1, 1, hd, 1));
+    }
+    FIRE_P(PS_HOOK_CK, ck, 4, 1, 1, 1, hd);
+    for (int i = 0; i < kv->n_edits; i++) {
+        const ps_kv_edit *e = &kv->edits[i];
+        if (e->layer == l && e->head == 0 && e->value == 0 && e->entry == wi && (e->seq == -1 || e->seq == seq)) edit_apply(e, ck, hd);
+    }
+    if (rows_push(kv, &L->ck[0], ck)) return ps_fail(err, "out of memory for the KV cache's compressed entries");
+    return 0;
+}
+
+/* The channel attention of query row t (ps_cpu_v4_attn for one query, K = 0): the raw K = V rows of the
+ * sliding window, then every entry that has ended; a softmax with the head's sink; the output rotated back
+ * by R(-t) afterwards (the caller). */
+static void attend_channel(const ps_kvcache *kv, const ps_kv_layer *L, const float *sink, int64_t t, const float *q_row, float *z_row,
+                           float *sc) {
+    const ps_config *c = &kv->m->cfg;
+    int64_t nh = c->n_heads, hd = c->head_dim, lo = t - c->local_window + 1 > 0 ? t - c->local_window + 1 : 0, ne = (t + 1) / c->rate,
+            nraw = t - lo + 1, tot = nraw + ne, n;
+    float scale = (float)(1.0 / sqrt((double)hd));
+    for (int64_t h = 0; h < nh; h++) {
+        const float *qh = q_row + h * hd;
+        float mx = sink[h];
+        for (int64_t p = lo; p <= t; p += n) {
+            const float *e = rows_span(&L->k, p, t + 1, &n);
+            dot_rows(sc + p - lo, qh, scale, e, hd, n, hd);
+        }
+        for (int64_t j = 0; j < ne; j += n) {
+            const float *e = rows_span(&L->ck[0], j, ne, &n);
+            dot_rows(sc + nraw + j, qh, scale, e, hd, n, hd);
+        }
+        for (int64_t i = 0; i < tot; i++) mx = sc[i] > mx ? sc[i] : mx;
+        double sum = exp((double)sink[h] - mx);
+        for (int64_t i = 0; i < tot; i++) sum += (sc[i] = expf(sc[i] - mx));
+        float inv = (float)(1.0 / sum), *o = z_row + h * hd;
+        memset(o, 0, (size_t)hd * sizeof(float));
+        for (int64_t p = lo; p <= t; p += n) {
+            const float *e = rows_span(&L->k, p, t + 1, &n);
+            axpy_rows(o, sc + p - lo, inv, e, hd, n, hd);
+        }
+        for (int64_t j = 0; j < ne; j += n) {
+            const float *e = rows_span(&L->ck[0], j, ne, &n);
+            axpy_rows(o, sc + nraw + j, inv, e, hd, n, hd);
+        }
+    }
+}
+
+/* Layer l's channel attention (attention.kind "v4") over the step's rows: kv->x to kv->z. */
+static int attn_channel(ps_kvcache *kv, int l, const kv_piece *P, int np, int64_t R, const ps_hooks *hooks, ps_error *err) {
+    const ps_model *m = kv->m;
+    const ps_config *c = &m->cfg;
+    ps_ctx *ctx = kv->ctx;
+    ps_layer_params w = ps_model_layer(m, m->params, l);
+    int64_t d = c->d_model, nh = c->n_heads, hd = c->head_dim, qd = nh * hd, cw = ps_config_v4_series(c) * hd, mr = c->rate,
+            SL = ps_config_v4_slots(c);
+    float eps = (float)c->rms_eps, *row = kv->ent + hd; /* one compressor row: kv then z [2, c*hd] */
+    CK(ps_rmsnorm(ctx, kv->ln1, NULL, kv->x, w.in_norm, R, d, eps) || ps_matmul(ctx, kv->q, kv->ln1, w.wq, R, d, qd, 0) ||
+       ps_matmul(ctx, kv->kk, kv->ln1, w.wk, R, d, hd, 0));
+    if (c->qk_norm)
+        CK(ps_rmsnorm(ctx, kv->q, NULL, kv->q, w.qnorm, R * nh, hd, eps) || ps_rmsnorm(ctx, kv->kk, NULL, kv->kk, w.knorm, R, hd, eps));
+    if (c->rope) {
+        for (int i = 0; i < np; i++)
+            for (int64_t r = 0; r < P[i].n; r++)
+                rope_row(kv->cos_t + (P[i].r0 + r) * (hd / 2), kv->sin_t + (P[i].r0 + r) * (hd / 2), P[i].t0 + r, hd, c->rope_theta);
+        CK(ps_rope(ctx, kv->q, kv->cos_t, kv->sin_t, 1, R, nh, hd, 1) || ps_rope(ctx, kv->kk, kv->cos_t, kv->sin_t, 1, R, 1, hd, 1));
+    }
+    for (int i = 0; i < np; i++) {
+        kv->ev = (ps_kv_event){.seq = P[i].seq, .t0 = P[i].t0, .entry = -1};
+        FIRE_P(PS_HOOK_Q, kv->q + P[i].r0 * qd, 4, 1, P[i].n, nh, hd);
+        FIRE_P(PS_HOOK_K, kv->kk + P[i].r0 * hd, 4, 1, P[i].n, 1, hd);
+    }
+    CK(ps_matmul(ctx, kv->ckv, kv->ln1, w.c_wkv, R, d, cw, 0) || ps_matmul(ctx, kv->cz, kv->ln1, w.c_wgate, R, d, cw, 0));
+    for (int i = 0; i < np; i++) {
+        ps_kv_seq *q = &kv->seqs[P[i].seq];
+        ps_kv_layer *L = &q->layers[l];
+        kv->ev = (ps_kv_event){.seq = P[i].seq, .t0 = P[i].t0, .entry = -1};
+        for (int64_t r = P[i].r0; r < P[i].r0 + P[i].n; r++) {
+            int64_t t = P[i].t0 + (r - P[i].r0);
+            memcpy(row, kv->ckv + r * cw, (size_t)cw * sizeof(float));
+            memcpy(row + cw, kv->cz + r * cw, (size_t)cw * sizeof(float));
+            if (rows_push(kv, &L->k, kv->kk + r * hd) || rows_push(kv, &L->ln, row))
+                return ps_fail(err, "out of memory for the KV cache's pages (sequence %d, position %lld)", P[i].seq, (long long)t);
+            if ((t + 1) % mr == 0) {
+                if (close_channel(kv, q, P[i].seq, l, t, (t + 1) / mr - 1, hooks, err)) return -1;
+                kv->ev = (ps_kv_event){.seq = P[i].seq, .t0 = P[i].t0, .entry = -1};
+            }
+        }
+        int64_t t1 = P[i].t0 + P[i].n, need = L->ck[0].rows + c->local_window + 1, r0 = P[i].r0, nr = P[i].n;
+        if (scores_reserve(kv, need, omp_get_max_threads(), err)) return -1;
+#pragma omp parallel for schedule(dynamic, 1) if (nr > 1 && nr * need * nh * hd > 65536)
+        for (int64_t r = r0; r < r0 + nr; r++)
+            attend_channel(kv, L, w.sinks, P[i].t0 + (r - r0), kv->q + r * qd, kv->z + r * qd,
+                           kv->att_p + (int64_t)omp_get_thread_num() * kv->att_cap);
+        rows_drop_front(kv, &L->k, t1 - (c->local_window - 1) - kv->o.history);
+        rows_drop_front(kv, &L->ln, t1 - (SL - 1) - kv->o.history);
+    }
+    if (c->rope) CK(ps_rope_backward(ctx, kv->z, kv->cos_t, kv->sin_t, 1, R, nh, hd, 1));
+    return 0;
+}
+
+/* Layer l over the step's rows (kv->x in, out). */
+static int layer_step(ps_kvcache *kv, int l, const kv_piece *P, int np, int64_t R, const int64_t *chunk_len,
+                      const ps_hooks *hooks, ps_error *err) {
+    const ps_model *m = kv->m;
+    const ps_config *c = &m->cfg;
+    ps_ctx *ctx = kv->ctx;
+    ps_layer_params w = ps_model_layer(m, m->params, l);
+    int64_t d = c->d_model, nh = c->n_heads, hd = c->head_dim, qd = nh * hd, dff = c->d_ff;
+    float eps = (float)c->rms_eps;
+    for (int i = 0; i < np; i++) {
+        kv->ev = (ps_kv_event){.seq = P[i].seq, .t0 = P[i].t0, .entry = -1};
+        FIRE_P(PS_HOOK_RESID_PRE, kv->x + P[i].r0 * d, 3, 1, P[i].n, d);
+    }
+    if (c->kind == PS_ATTN_CHANNEL ? attn_channel(kv, l, P, np, R, hooks, err) : attn_grid(kv, l, P, np, R, chunk_len, hooks, err))
+        return -1;
+    for (int i = 0; i < np; i++) {
+        kv->ev = (ps_kv_event){.seq = P[i].seq, .t0 = P[i].t0, .entry = -1};
+        FIRE_P(PS_HOOK_Z, kv->z + P[i].r0 * qd, 4, 1, P[i].n, nh, hd);
+    }
+    CK(ps_matmul(ctx, kv->attn_out, kv->z, w.wo, R, qd, d, 0));
+    for (int i = 0; i < np; i++) {
+        kv->ev = (ps_kv_event){.seq = P[i].seq, .t0 = P[i].t0, .entry = -1};
+        FIRE_P(PS_HOOK_ATTN_OUT, kv->attn_out + P[i].r0 * d, 3, 1, P[i].n, d);
+    }
+    CK(ps_add(ctx, kv->mid, kv->x, kv->attn_out, R * d));
+    for (int i = 0; i < np; i++) {
+        kv->ev = (ps_kv_event){.seq = P[i].seq, .t0 = P[i].t0, .entry = -1};
+        FIRE_P(PS_HOOK_RESID_MID, kv->mid + P[i].r0 * d, 3, 1, P[i].n, d);
+    }
+    CK(ps_rmsnorm(ctx, kv->ln2, NULL, kv->mid, w.post_norm, R, d, eps) || ps_matmul(ctx, kv->g, kv->ln2, w.mlp_gate, R, d, dff, 0) ||
+       ps_matmul(ctx, kv->u, kv->ln2, w.mlp_up, R, d, dff, 0) || ps_swiglu(ctx, kv->h, kv->g, kv->u, R * dff) ||
+       ps_matmul(ctx, kv->mlp_out, kv->h, w.mlp_down, R, dff, d, 0));
+    for (int i = 0; i < np; i++) {
+        kv->ev = (ps_kv_event){.seq = P[i].seq, .t0 = P[i].t0, .entry = -1};
+        FIRE_P(PS_HOOK_MLP_OUT, kv->mlp_out + P[i].r0 * d, 3, 1, P[i].n, d);
+    }
+    CK(ps_add(ctx, kv->x, kv->mid, kv->mlp_out, R * d));
+    for (int i = 0; i < np; i++) {
+        kv->ev = (ps_kv_event){.seq = P[i].seq, .t0 = P[i].t0, .entry = -1};
+        FIRE_P(PS_HOOK_RESID_POST, kv->x + P[i].r0 * d, 3, 1, P[i].n, d);
+    }
+    return 0;
+}
+
+/* One step: the pieces' tokens through every layer, then the logits asked for. */
+static int run_step(ps_kvcache *kv, const kv_piece *P, int np, int64_t R, const int32_t *tok, int64_t *chunk_len,
+                    const ps_hooks *hooks, float *logits, bool last_only, ps_error *err) {
+    const ps_model *m = kv->m;
+    const ps_config *c = &m->cfg;
+    ps_ctx *ctx = kv->ctx;
+    int64_t d = c->d_model, V = c->vocab_size;
+    int content = c->kind == PS_ATTN_COMPRESSED && c->boundaries == PS_BOUNDARIES_CONTENT;
+    /* content chunks: where a chunk closes (the tokens alone decide it; core/chunks.h) */
+    if (content) {
+        uint64_t th = ps_chunk_threshold(c);
+        for (int i = 0; i < np; i++) {
+            ps_kv_seq *q = &kv->seqs[P[i].seq];
+            for (int64_t r = P[i].r0; r < P[i].r0 + P[i].n; r++) {
+                int64_t t = P[i].t0 + (r - P[i].r0), ln = t - q->chunk_start + 1;
+                int32_t prev = t > 0 ? rows_tok(&q->tok, t - 1) : -1;
+                chunk_len[r] = 0;
+                if (ln >= c->chunk_min && (ln >= c->window || (uint64_t)ps_chunk_hash(prev, tok[r]) < th)) {
+                    int64_t e = t;
+                    float slot[2];
+                    memcpy(slot, &e, sizeof e);
+                    if (rows_push(kv, &q->cend, slot)) return ps_fail(err, "out of memory for the KV cache's chunk table");
+                    chunk_len[r] = ln;
+                    q->chunk_start = t + 1;
+                }
+                float ts;
+                memcpy(&ts, &tok[r], sizeof ts);
+                if (rows_push(kv, &q->tok, &ts)) return ps_fail(err, "out of memory for the KV cache's tokens");
+                rows_drop_front(kv, &q->tok, t - kv->o.history);
+            }
+        }
+    }
+    CK(ps_embed(ctx, kv->x, tok, ps_model_embed(m, m->params), R, d));
+    for (int l = 0; l < c->n_layers; l++)
+        if (layer_step(kv, l, P, np, R, chunk_len, hooks, err)) return -1;
+    for (int i = 0; i < np; i++) kv->seqs[P[i].seq].T = P[i].t0 + P[i].n;
+    if (!logits) return 0;
+    /* the rows asked for, at most 64 at a time */
+    int64_t nl = R < 64 ? R : 64;
+    float *lg = kv->logit_rows, *xr = lg + nl * V, *ln = xr + nl * d;
+    int64_t rows[64], dst[64], k = 0;
+    for (int i = 0; i < np; i++)
+        for (int64_t r = 0; r < P[i].n; r++) {
+            if (last_only && !(P[i].last && r == P[i].n - 1)) continue;
+            rows[k] = P[i].r0 + r;
+            dst[k++] = last_only ? P[i].out : P[i].out + r;
+            int flush = k == nl || (i == np - 1 && r == P[i].n - 1);
+            if (!flush) {
+                /* a later piece may still add rows: flush at the very end */
+                continue;
+            }
+            for (int64_t j = 0; j < k; j++) memcpy(xr + j * d, kv->x + rows[j] * d, (size_t)d * sizeof(float));
+            CK(ps_rmsnorm(ctx, ln, NULL, xr, ps_model_final_norm(m, m->params), k, d, (float)c->rms_eps) ||
+               ps_matmul(ctx, lg, ln, ps_model_lm_head(m, m->params), k, d, V, 0));
+            for (int64_t j = 0; j < k; j++) memcpy(logits + dst[j] * V, lg + j * V, (size_t)V * sizeof(float));
+            k = 0;
+        }
+    if (k > 0) {
+        for (int64_t j = 0; j < k; j++) memcpy(xr + j * d, kv->x + rows[j] * d, (size_t)d * sizeof(float));
+        CK(ps_rmsnorm(ctx, ln, NULL, xr, ps_model_final_norm(m, m->params), k, d, (float)c->rms_eps) ||
+           ps_matmul(ctx, lg, ln, ps_model_lm_head(m, m->params), k, d, V, 0));
+        for (int64_t j = 0; j < k; j++) memcpy(logits + dst[j] * V, lg + j * V, (size_t)V * sizeof(float));
+    }
+    return 0;
+}
+
+int ps_kvcache_append(ps_kvcache *kv, int n_seq, const int *seqs, const int64_t *n, const int32_t *tokens,
+                      const ps_hooks *hooks, float *logits, bool last_only, ps_error *err) {
+    const ps_config *c = &kv->m->cfg;
+    if (n_seq < 0) return ps_fail(err, "KV cache append: %d sequences", n_seq);
+    if (hooks && hooks->mask && hooks->family != &ps_model_hook_family)
+        return ps_fail(err, "the hooks were registered for a %s model, not this phasescope model", hooks->family->name);
+    if (hooks && hooks->mask && hooks->n_layers != c->n_layers)
+        return ps_fail(err, "hooks were registered for a model with %lld layers, this one has %lld", (long long)hooks->n_layers,
+                       (long long)c->n_layers);
+    for (int l = 0; l < c->n_layers; l++)
+        if (ps_hooks_on(hooks, l, PS_HOOK_PATTERN))
+            return ps_fail(err, "hook \"blocks.%d.attn.hook_pattern\" is not available during a KV cache append (run the sequence whole with ps_forward)", l);
+    int64_t tot = 0;
+    for (int i = 0; i < n_seq; i++) {
+        ps_kv_seq *q = seq_get(kv, seqs[i], err);
+        if (!q) return -1;
+        for (int k = 0; k < i; k++)
+            if (seqs[k] == seqs[i]) return ps_fail(err, "KV cache append: sequence %d is given twice", seqs[i]);
+        if (n[i] < 0) return ps_fail(err, "KV cache append: %lld tokens for sequence %d", (long long)n[i], seqs[i]);
+        if (q->T + n[i] > c->max_seq_len)
+            return ps_fail(err, "KV cache append: sequence %d would grow to %lld tokens, past max_seq_len %lld by %lld", seqs[i],
+                           (long long)(q->T + n[i]), (long long)c->max_seq_len, (long long)(q->T + n[i] - c->max_seq_len));
+        for (int64_t t = 0; t < n[i]; t++)
+            if (tokens[tot + t] < 0 || tokens[tot + t] >= c->vocab_size)
+                return ps_fail(err, "token %d (sequence %d, new position %lld) is outside the vocabulary [0, %lld)", tokens[tot + t],
+                               seqs[i], (long long)t, (long long)c->vocab_size);
+        tot += n[i];
+    }
+    int64_t R = kv->o.chunk;
+    kv_piece *P = malloc((size_t)(n_seq > 0 ? n_seq : 1) * sizeof *P);
+    int32_t *tok = malloc((size_t)R * sizeof *tok);
+    int64_t *chunk_len = calloc((size_t)R, sizeof *chunk_len);
+    int rc = P && tok && chunk_len ? 0 : ps_fail(err, "out of memory for a KV cache append");
+    int np = 0, i = 0;
+    int64_t rows = 0, done_i = 0, off = 0, out_row = 0;
+    while (!rc && i < n_seq) {
+        /* fill the step: pieces of the sequences in order */
+        int64_t left = n[i] - done_i, take = left < R - rows ? left : R - rows;
+        if (take > 0) {
+            P[np] = (kv_piece){.seq = seqs[i], .t0 = kv->seqs[seqs[i]].T, .n = take, .r0 = rows,
+                               .out = last_only ? i : out_row, .last = done_i + take == n[i]};
+            memcpy(tok + rows, tokens + off, (size_t)take * sizeof *tok);
+            np++, rows += take, done_i += take, off += take, out_row += take;
+        }
+        if (done_i == n[i]) i++, done_i = 0;
+        if (rows == R || (i == n_seq && rows > 0)) {
+            /* a sequence has one piece per step: its next piece starts where this step leaves its T */
+            rc = run_step(kv, P, np, rows, tok, chunk_len, hooks, logits, last_only, err);
+            np = 0, rows = 0;
+        }
+    }
+    free(P);
+    free(tok);
+    free(chunk_len);
+    return rc;
+}
+
+int ps_kvcache_create_rt(ps_kvcache *kv, const ps_runtime *rt, const ps_kvcache_opts *o, ps_error *err) {
+    if (rt->family != &ps_family_model)
+        return ps_fail(err, "the KV cache is not implemented for the %s family (the whole-sequence path runs)",
+                       rt->family ? rt->family->name : "?");
+    return ps_kvcache_create(kv, (const ps_model *)rt->model, o, err);
+}

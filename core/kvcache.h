@@ -1,0 +1,182 @@
+/* kvcache.h — the inference-time KV cache of the controlled model (SPEC §2; issue 36): sequences that grow
+ * by appends (a prompt is one long append, a decode step an append of one token), each append returning the
+ * logits of the new positions, equal to the whole-sequence ps_forward at those positions up to float
+ * rounding (tests/test_kvcache.c).
+ *
+ * What one sequence keeps, per layer (docs/kvcache.md):
+ *   full attention: the raw keys and values of every position (k, v: [T, nkv, hd]);
+ *   compressed: per KV head g, the compressed key and value of every window (or content chunk) that has
+ *     ended (ck, cv: [n_g, hd]; n_g grows by one every S tokens), as attended (after norm and RoPE), plus
+ *     the raw keys and values of the last local_window - 1 positions (the next query's local window) and
+ *     the RMSNorm'd layer input of the last W - 1 positions (the compressor's open window, pooled when its
+ *     last token arrives);
+ *   channel attention: the K = V rows of the sliding window, one entry per `rate` tokens, and the compressor's
+ *     kv and gate rows of the last 2m - 1 (CSA) or m - 1 (HCA) positions;
+ *   content chunks: also the chunk ends (shared by every layer and head) and the last token (the boundary
+ *     hash reads the pair (x[t-1], x[t])).
+ * Every growing array is a list of pages of PS_KV_PAGE_ROWS rows (PS_KV_SLIDE_ROWS for what slides) allocated as the sequence grows (never a
+ * T_max-sized buffer); rows that fall out of the window are freed a page at a time. Pages are reference
+ * counted: ps_kvcache_fork shares every page of its source and copies one only when either sequence writes
+ * into it (copy on write), so a shared prefix is stored once.
+ *
+ * Kinds: full; compressed W/S (S <= W: overlapping windows too), learned or uniform gates, per-offset or
+ * shared payloads, with or without RoPE and qk-norm; staggered grids (attention.head_offsets: each KV
+ * head's windows on its own grid); content-defined chunks (attention.boundaries "content"); the channel
+ * attention (attention.kind "v4": one K = V head, a sliding window of local_window raw rows, one entry per
+ * `rate` tokens pooled per channel over m (HCA) or 2m (CSA) slots, a sink per head; what the sequence keeps
+ * of the open windows is the compressor's kv and gate rows, and its entries are cache_ck only). Not (yet):
+ * DeepSeek-V4 checkpoints (core/v4).
+ *
+ * Backend: the CPU (a host-visible context); the matrix products and norms go through the backend's ops,
+ * the compressor of a closing window and the attention of the new rows are plain loops here.
+ *
+ * Hooks during an append fire with the same names as in ps_forward, per sequence of the batch and per
+ * piece of at most `chunk` tokens: T is the piece's tokens ([1, T, ...]); attn.hook_gate_k/gate_v/ck/cv
+ * fire when a window closes, one entry at a time ([1, 1, n_kv, W] / [1, 1, n_kv, hd]; heads whose grid
+ * has no entry closing there are 0 and ignored), and ps_kvcache_event() says which sequence, position and
+ * entry index the firing belongs to. attn.hook_pattern is not available during an append (an error).
+ *
+ * The cache as hook points of its own, blocks.{l}.attn.cache_ck / cache_cv: ps_kvcache_entry reads an
+ * entry of a sequence; ps_kvcache_edit sets (mean replacement: the mean given) or zeroes entry j of KV head
+ * g of layer l, now when it exists and when it is made otherwise, for the rest of the cache's life (every
+ * sequence, or one). */
+#ifndef PS_KVCACHE_H
+#define PS_KVCACHE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "core/error.h"
+#include "core/hooks.h"
+#include "core/model.h"
+
+#define PS_KV_PAGE_ROWS 64 /* rows per page of what grows with the sequence */
+#define PS_KV_SLIDE_ROWS 8 /* rows per page of what slides with it (local window, open windows) */
+
+/* A list of pages of rows (width floats each): row i lives in page (i - base) / page_rows of the
+ * rows still held (rows < base were dropped from the front, whole pages at a time). */
+typedef struct ps_kv_page ps_kv_page;
+typedef struct {
+    ps_kv_page **pages;
+    int64_t n_pages, cap_pages;
+    int64_t base;  /* first row held (a multiple of PS_KV_PAGE_ROWS) */
+    int64_t rows;  /* rows pushed so far (base included) */
+    int64_t width; /* floats per row */
+    int64_t page_rows;
+} ps_kv_rows;
+
+typedef struct {
+    ps_kv_rows k, v;   /* raw keys (after norm, RoPE) and values [*, nkv*hd] */
+    ps_kv_rows ln;     /* compressed: the RMSNorm'd layer input [*, d] (the open windows) */
+    ps_kv_rows *ck, *cv; /* compressed: per KV head, [n_g, hd] */
+} ps_kv_layer;
+
+typedef struct {
+    bool live;
+    int64_t T;          /* tokens so far */
+    ps_kv_layer *layers; /* [n_layers] */
+    ps_kv_rows tok;     /* content chunks: the tokens (one float slot each, int32 bits) */
+    ps_kv_rows cend;    /* content chunks: end position of every chunk so far (int64 in two floats) */
+    int64_t chunk_start; /* content chunks: start of the open chunk */
+} ps_kv_seq;
+
+typedef enum { PS_KV_EDIT_ZERO = 1, PS_KV_EDIT_SET } ps_kv_edit_kind;
+typedef struct {
+    int layer, head;
+    int value;         /* 0: cache_ck, 1: cache_cv */
+    int64_t entry;     /* j */
+    int seq;           /* a sequence id, or -1: every sequence */
+    ps_kv_edit_kind kind;
+    float *vec;        /* SET: [hd] (owned) */
+} ps_kv_edit;
+
+/* What the hook firing in progress belongs to (ps_kvcache_event). */
+typedef struct {
+    int seq;        /* the sequence id */
+    int64_t t0;     /* first position of the rows fired (a piece), or the closing position of an entry */
+    int64_t entry;  /* attn.hook_gate_* / hook_ck / hook_cv: the entry index j; -1 otherwise */
+} ps_kv_event;
+
+typedef struct {
+    int64_t chunk;   /* rows run through the layers at once (all sequences of an append together) */
+    int64_t history; /* positions kept beyond the windows, so ps_kvcache_truncate can go back that far */
+} ps_kvcache_opts;
+
+typedef struct {
+    const ps_model *m;
+    ps_ctx *ctx;
+    ps_kvcache_opts o;
+    int n_seq, cap_seq;
+    ps_kv_seq *seqs;
+    int n_edits;
+    ps_kv_edit *edits;
+    int64_t page_bytes_live;  /* bytes of pages alive now (each shared page once) */
+    int64_t page_bytes_peak;
+    int64_t n_page_copies;    /* copy-on-write copies made */
+    ps_kv_event ev;
+    /* one step's working set (chunk rows): host buffers */
+    float *ecos, *esin;      /* RoPE of one compressed entry [hd/2] each */
+    float *ckv, *cz, *calpha; /* channel attention: the compressor's kv and gate rows [chunk, c*hd], slots [2, S, hd] */
+    float *x, *ln1, *q, *kk, *vv, *rstd, *z, *attn_out, *mid, *ln2, *g, *u, *h, *mlp_out, *logit_rows, *cos_t, *sin_t;
+    float *att_p;            /* attention scratch: att_threads rows of att_cap scores */
+    int64_t att_cap;
+    int att_threads;
+    int64_t *nvis;           /* [chunk, nkv]: entries each row's query sees */
+    float *ent;              /* one entry's scratch: gate z/alpha [2, W], payload [W, hd], pooled [hd] */
+    float *pay;              /* payload of one offset [nkv*hd] */
+    int64_t *cstart;         /* [2, nkv]: start and length of the entry each KV head closes at a position */
+    float *scratch;          /* every buffer above is a piece of this allocation */
+    int64_t scratch_floats;
+} ps_kvcache;
+
+/* Bytes per token the cache grows by in the long run, as `phasescope info` states it (float32): full
+ * attention n_layers·2·nkv·hd·4; compressed that over S (content chunks: over E[chunk length]). */
+double ps_kvcache_bytes_per_token(const ps_config *c);
+/* The fixed part: the raw local window (local_window rows of k and v per layer) and the open windows'
+ * layer inputs (W - 1 rows of d per layer), before page rounding; 0 for full attention. */
+double ps_kvcache_fixed_bytes(const ps_config *c);
+
+int ps_kvcache_create(ps_kvcache *kv, const ps_model *m, const ps_kvcache_opts *o, ps_error *err);
+/* The same for an opened checkpoint of any family (core/runtime.h): the families that have a KV cache
+ * (today the controlled model) create it; any other fails with a message naming the family. */
+struct ps_runtime;
+int ps_kvcache_create_rt(ps_kvcache *kv, const struct ps_runtime *rt, const ps_kvcache_opts *o, ps_error *err);
+void ps_kvcache_free(ps_kvcache *kv);
+
+/* A new empty sequence: its id (>= 0), or -1 with err. */
+int ps_kvcache_add(ps_kvcache *kv, ps_error *err);
+/* A new sequence sharing everything of sequence src (copy on write): its id, or -1. */
+int ps_kvcache_fork(ps_kvcache *kv, int src, ps_error *err);
+/* Drop a sequence and its pages (its id may be reused by a later add). */
+void ps_kvcache_drop(ps_kvcache *kv, int seq);
+/* Cut sequence seq back to its first T tokens (T <= its length). Possible while the cache still holds
+ * what position T needs: back by at most opts.history tokens for a compressed model (full attention:
+ * any T). */
+int ps_kvcache_truncate(ps_kvcache *kv, int seq, int64_t T, ps_error *err);
+static inline int64_t ps_kvcache_len(const ps_kvcache *kv, int seq) { return kv->seqs[seq].T; }
+
+/* Append n[i] tokens (concatenated in `tokens`, sequence by sequence) to sequences seqs[0..n_seq) (ids
+ * distinct) and run them. logits: [Σ n[i], V] on the host (every new position, in the same order) when
+ * last_only is false, else [n_seq, V] (each sequence's last new position); NULL for none. */
+int ps_kvcache_append(ps_kvcache *kv, int n_seq, const int *seqs, const int64_t *n, const int32_t *tokens,
+                      const ps_hooks *hooks, float *logits, bool last_only, ps_error *err);
+
+/* The hook firing in progress (valid inside a hook callback during ps_kvcache_append). */
+static inline const ps_kv_event *ps_kvcache_event(const ps_kvcache *kv) { return &kv->ev; }
+
+/* Entries of layer l, KV head g held by a sequence (compressed models). */
+int64_t ps_kvcache_n_entries(const ps_kvcache *kv, int seq, int l, int g);
+/* Copy entry j of layer l, KV head g (value 0: cache_ck, 1: cache_cv) into out[hd]. */
+int ps_kvcache_entry(const ps_kvcache *kv, int seq, int l, int g, int value, int64_t j, float *out, ps_error *err);
+/* Edit entry j of (layer l, KV head g, ck or cv) of sequence seq (-1: every sequence, now and later):
+ * ZERO, or SET to vec[hd] (mean replacement with the mean given). Applied now to the entries that exist
+ * and, for the rest of the cache's life, to that entry when a window closes. */
+int ps_kvcache_edit(ps_kvcache *kv, int seq, int l, int g, int value, int64_t j, ps_kv_edit_kind kind, const float *vec,
+                    ps_error *err);
+/* Parse "blocks.{l}.attn.cache_ck" / "cache_cv" into layer and value (0/1). */
+int ps_kvcache_point_parse(const ps_config *c, const char *name, int *layer, int *value, ps_error *err);
+
+/* Bytes the cache holds now: pages (each shared page once) and the tables. */
+int64_t ps_kvcache_bytes(const ps_kvcache *kv);
+
+#endif

@@ -1,0 +1,33 @@
+/* decode.h — serve's generation through the KV cache (core/kvcache.h): the logits a generation step asks
+ * for, from each sequence's cache (the tokens it has not seen yet appended) instead of a forward pass of
+ * the whole sequence per step. Sequences are named by the caller's keys (serve's per-request state), live
+ * while their group runs, and are dropped together when it ends (ps_serve_decoder_reset). Controlled-model
+ * checkpoints on the CPU backend; create fails otherwise and serve keeps the whole-sequence path. */
+#ifndef PS_SERVE_DECODE_H
+#define PS_SERVE_DECODE_H
+
+#include "core/batch.h"
+#include "core/kvcache.h"
+#include "core/runtime.h"
+#include "interventions/sweep.h"
+
+typedef struct {
+    ps_kvcache kv;
+    int n, cap;
+    const void **keys; /* [n] */
+    int *ids;          /* [n] the cache's sequence of each key */
+    int64_t V;
+} ps_serve_decoder;
+
+int ps_serve_decoder_create(ps_serve_decoder *d, const ps_runtime *rt, ps_error *err);
+void ps_serve_decoder_free(ps_serve_decoder *d);
+/* Drop every sequence (a group is done). */
+void ps_serve_decoder_reset(ps_serve_decoder *d);
+
+/* What sm.rows gives for batch b (sequence i named keys[i]): the logits at each sequence's answer rows
+ * [r0, r0 + n) (one query per sequence, as serve builds them), handed to fn one sequence at a time, in
+ * order. The sequence's tokens before r0 + n must extend what its cache holds, and r0 must not be before
+ * what the cache holds (serve asks for each row once). */
+int ps_serve_decode_rows(ps_serve_decoder *d, const void *const *keys, const ps_batch *b, ps_rows_fn fn, void *user, ps_error *err);
+
+#endif

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# test_generate.sh — `phasescope generate` as a user types it: greedy tokens through the KV cache equal the
+# argmax of `phasescope forward` (the whole-sequence pass) on the prompt plus what was generated, the
+# log-probabilities its log-softmax; --prompt with a tokenizer prints the text and writes it; --hooks writes
+# every firing; --edit changes the continuation only through the cache entries it names; one-line errors
+# with exit status 2 for usage errors. Usage: test_generate.sh BUILD_DIR SOURCE_DIR
+set -u
+B="$1"; SRC="$2"; PS="$B/phasescope"
+T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
+pass=0; fail=0
+ok() { if "$@"; then pass=$((pass+1)); else fail=$((fail+1)); echo "FAIL: $*" >&2; fi; }
+expect() { # expect NAME WANT_RC SUBSTRING -- CMD...
+  local name="$1" want="$2" sub="$3"; shift 4
+  local out rc
+  out=$("$@" 2>&1); rc=$?
+  if [ "$rc" -eq "$want" ] && grep -qF -- "$sub" <<<"$out"; then pass=$((pass+1)); else
+    fail=$((fail+1)); echo "FAIL $name: rc=$rc (want $want), output: $out" >&2; fi
+}
+M="$SRC/data/models/w8s8"
+echo '[[0, 5, 7, 9, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13], [0, 3, 4]]' > "$T/t.json"
+expect greedy 0 "wrote" -- "$PS" generate --model "$M" --tokens "$T/t.json" --max-tokens 20 --out "$T/g" \
+  --hooks blocks.0.attn.hook_ck,blocks.0.hook_resid_post
+# the prompts plus the generated tokens through `forward`
+python3 - "$T/g/generate.json" "$T/full.json" <<'PY'
+import json, sys
+g = json.load(open(sys.argv[1]))
+json.dump([s["prompt"] + s["tokens"] for s in g["sequences"]], open(sys.argv[2], "w"))
+PY
+expect forward 0 "wrote" -- "$PS" forward --model "$M" --tokens "$T/full.json" --out "$T/f.safetensors"
+ok python3 - "$T/g/generate.json" "$T/f.safetensors" "$T/g/hooks.safetensors" <<'PY'
+import json, math, struct, sys
+g = json.load(open(sys.argv[1]))
+def st(p):
+    b = open(p, "rb").read(); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n]); out = {}
+    for k, v in h.items():
+        if k == "__metadata__": continue
+        a, e = v["data_offsets"]; out[k] = (v["shape"], struct.unpack("<%df" % ((e - a) // 4), b[8 + n + a:8 + n + e]))
+    return out
+f, h = st(sys.argv[2]), st(sys.argv[3])
+assert g["provenance"]["config_hash"] and g["options"]["max_tokens"] == 20, "provenance and options"
+for i, s in enumerate(g["sequences"]):
+    (T, V), lg = f["logits.%d" % i]
+    P = len(s["prompt"]); n = len(s["tokens"])
+    assert n == 20 and T == P + n, (n, T)
+    for k in range(n):
+        row = lg[(P - 1 + k) * V:(P + k) * V]
+        arg = max(range(V), key=lambda v: (row[v], -v))
+        assert arg == s["tokens"][k], ("sequence", i, "step", k, arg, s["tokens"][k])
+        mx = max(row); lp = row[arg] - mx - math.log(sum(math.exp(x - mx) for x in row))
+        assert abs(lp - s["logprobs"][k]) < 1e-4, (lp, s["logprobs"][k])
+    # every firing recorded: resid_post at every position but the last generated one (never appended)
+    assert h["blocks.0.hook_resid_post.%d" % i][0] == [T - 1, 64], h["blocks.0.hook_resid_post.%d" % i][0]
+    assert h["blocks.0.attn.hook_ck.%d" % i][0] == [(T - 1 - 8) // 8 + 1, 16, 16], h["blocks.0.attn.hook_ck.%d" % i][0]
+PY
+# an edit: zeroing an entry that exists after the prefill changes nothing before it is read, and the run
+# is deterministic; sampling with a seed repeats
+expect edit 0 "sequence 0:" -- "$PS" generate --model "$M" --tokens "$T/t.json" --max-tokens 8 --edit blocks.0.attn.cache_ck:3:0:zero,blocks.0.attn.cache_cv:3:0:mean,blocks.0.attn.cache_ck:2:1:zero
+expect sample1 0 "sequence 0:" -- "$PS" generate --model "$M" --tokens "$T/t.json" --max-tokens 8 --temperature 1.2 --top-p 0.9 --seed 5 --out "$T/s1"
+expect sample2 0 "sequence 0:" -- "$PS" generate --model "$M" --tokens "$T/t.json" --max-tokens 8 --temperature 1.2 --top-p 0.9 --seed 5 --out "$T/s2"
+ok python3 -c "import json,sys; a,b=(json.load(open(p))['sequences'] for p in sys.argv[1:]); assert a==b" "$T/s1/generate.json" "$T/s2/generate.json"
+# the cache as a point of its own: read at the end, with the edited entry zero and the others not
+expect cache-read 0 "wrote" -- "$PS" generate --model "$M" --tokens "$T/t.json" --max-tokens 10 --out "$T/c" \
+  --hooks blocks.0.attn.cache_cv,blocks.0.attn.hook_cv --edit blocks.0.attn.cache_cv:1:0:zero
+ok python3 - "$T/c/hooks.safetensors" <<'PY'
+import json, struct, sys
+b = open(sys.argv[1], "rb").read(); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n])
+def t(k):
+    a, e = h[k]["data_offsets"]; return h[k]["shape"], struct.unpack("<%df" % ((e - a) // 4), b[8 + n + a:8 + n + e])
+shp, x = t("blocks.0.attn.cache_cv.0"); _, fired = t("blocks.0.attn.hook_cv.0")
+assert shp == [3, 16, 16], shp  # 15 + 9 appended tokens: windows ending at 7, 15, 23
+assert all(v == 0 for v in x[16:32]) and any(v != 0 for v in x[:16]), "entry 0 of head 1 zeroed, head 0 kept"
+assert x[256:] == fired[256:] and x[:16] == fired[:16], "the other entries are what hook_cv saw when their windows closed"
+PY
+# text in, text out with a tokenizer
+TT="$SRC/tests/text/tiny_tokenizer.json"
+expect text-init 0 "wrote" -- "$PS" init --config "$SRC/tests/text/tiny_model.json" --out "$T/tm" --seed 2
+expect text 0 "wrote" -- "$PS" generate --model "$T/tm" --tokenizer "$TT" --prompt "the cat sat on" --max-tokens 5 --out "$T/tg"
+ok python3 -c "import json,sys; s=json.load(open(sys.argv[1]))['sequences'][0]; assert len(s['tokens'])==5 and isinstance(s['text'], str)" "$T/tg/generate.json"
+# errors: one line, exit 2 for usage
+expect no-input 2 "give one of --prompt" -- "$PS" generate --model "$M"
+expect prompt-no-tok 2 "--prompt needs --tokenizer" -- "$PS" generate --model "$M" --prompt hi
+expect bad-edit 2 "--edit: edit \"blocks.0.attn.cache_ck:99:0:zero\": KV head 99" -- "$PS" generate --model "$M" --tokens "$T/t.json" --edit blocks.0.attn.cache_ck:99:0:zero
+expect bad-hook 2 "--hooks: " -- "$PS" generate --model "$M" --tokens "$T/t.json" --hooks blocks.0.nope
+expect bad-cache 2 "--hooks: \"blocks.3.attn.cache_ck\": layer 3" -- "$PS" generate --model "$M" --tokens "$T/t.json" --hooks blocks.3.attn.cache_ck
+expect bad-temp 2 "--temperature -1" -- "$PS" generate --model "$M" --tokens "$T/t.json" --temperature -1
+expect mean-missing 1 "no prompt holds entry 50" -- "$PS" generate --model "$M" --tokens "$T/t.json" --edit blocks.0.attn.cache_cv:0:50:mean
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
