@@ -215,9 +215,12 @@ PS_API void ps_api_result_free(ps_api_result *r);
  * and its kind ("sweep", "knockout", ...). Owned by the result. */
 PS_API const char *ps_api_result_json(const ps_api_result *r);
 PS_API const char *ps_api_result_kind(const ps_api_result *r);
-/* The numeric arrays of the result JSON (provenance aside): every list of numbers, or rectangular list of
- * lists of numbers, named by its path ("curve.accuracy", "grid.delta_acc"; list items as "[i]"), as
- * float64 in C order. */
+/* The numeric arrays of the result JSON (provenance aside), columnwise: every number of the document that
+ * sits at the same place in every record of the lists above it becomes one float64 array (C order; null
+ * is NaN) whose axes are those lists, named by its keys joined with '.': sweep.json's
+ * "curve.residues.accuracy" [P], knockout.json's "grid.cells.residues.delta_nll" [cells, P] and
+ * "grid.cells.layer" [cells]; a plain number is an array of rank 0 ("curve.gap_pp"). Strings, booleans and
+ * ragged lists are left out. At most 8 axes. */
 PS_API int ps_api_result_count(const ps_api_result *r);
 PS_API const char *ps_api_result_name(const ps_api_result *r, int i);
 PS_API const double *ps_api_result_data(const ps_api_result *r, int i);
