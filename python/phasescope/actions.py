@@ -83,8 +83,8 @@ def zero(head=None, positions=None, seqs=None):
 
 
 def set(values, head=None, positions=None, seqs=None):  # noqa: A001 (TransformerLens's name)
-    """x[b, t, head] = values[t, head] (values [npos, *inner]), or values[head] at every position
-    (values [*inner]: one position's values)."""
+    """x[b, t, head] = values[t, head] (values [npos, *inner], indexed by the position itself: it holds
+    at least the positions set), or values[head] at every position (values [*inner]: one position's)."""
     return Action(_lib.SET, head, positions, seqs, src=values)
 
 
@@ -95,11 +95,11 @@ def add(values, scale=1.0, head=None, positions=None, seqs=None):
 
 def mean_replace(acts, head=None, positions=None, seqs=None):
     """x[b, t, head] = mean over s of acts[s, t, head] (acts [S, npos, *inner]: S sequences' activations at
-    this point, e.g. cache[name] of another run; the mean is taken in double, in order)."""
+    this point, e.g. cache[name] of another run; the mean is taken in double, in order; t indexes acts)."""
     return Action(_lib.MEAN_REPLACE, head, positions, seqs, src=acts)
 
 
 def patch(acts, head=None, positions=None, seqs=None):
     """x[b, t, head] = acts[b - seq0, t, head] (acts [S, npos, *inner]: another run's activation at this
-    point, e.g. its cache[name])."""
+    point, e.g. its cache[name]; S >= the sequences patched, t indexes acts)."""
     return Action(_lib.PATCH, head, positions, seqs, src=acts)
