@@ -18,8 +18,9 @@
  *    caller frees with the matching *_free / ps_api_close. Pointers read from a handle (names, arrays,
  *    shapes, JSON text) belong to the handle and stay valid until it is freed: later runs never move or
  *    change them. Strings marked "caller frees" are released with ps_api_free.
- *  - Threads: one handle is used by one thread at a time; distinct models may run in parallel threads.
- *    The library keeps no global mutable state (no "last error": the message is in err).
+ *  - Threads: a handle is used by one thread at a time (calls on distinct handles from several threads
+ *    are not tested). There is no global "last error": the message is in err. An instrument call sets
+ *    the default matrix precision of new contexts from its request, as the CLI does.
  *  - Versioning: PS_API_VERSION is this header's version; ps_api_version() the library's. They are equal
  *    for a matching pair; a binding checks that they are (a change to any signature or meaning below
  *    increments it; additions increment it too).
