@@ -67,6 +67,16 @@ typedef struct ps_api_model ps_api_model;
  * Qwen3 checkpoints, DeepSeek-V4 checkpoints) on `device` (NULL: "cpu"; ps_api_devices lists the
  * others), weights included. *out gets the handle (NULL on failure). */
 PS_API int ps_api_open(const char *path, const char *device, ps_api_model **out, char *err, size_t errlen);
+/* ps_api_open with options: a JSON object (NULL or "" for none) of
+ *   "lazy": true|false  true: load each layer's weights when it runs (DeepSeek-V4 checkpoints larger than
+ *                       memory); false: every layer at once; absent: the family decides (one layer at a
+ *                       time when the float32 weights take more than half of the memory available)
+ *   "layers": N         every run stops after layers 0..N-1 (1 <= N <= the model's layers; families that
+ *                       can stop early: DeepSeek-V4): no logits then (ps_api_output_logits is NULL), and a
+ *                       hook point past them is refused
+ * An option the checkpoint's family does not take is a PS_API_EINPUT error naming it. */
+PS_API int ps_api_open_ex(const char *path, const char *device, const char *options_json, ps_api_model **out, char *err,
+                          size_t errlen);
 PS_API void ps_api_close(ps_api_model *m);
 
 /* The family's name ("phasescope", "deepseek_v4"), the directory, the device. Owned by the model. */
@@ -90,7 +100,8 @@ PS_API const char *ps_api_hook_points_json(const ps_api_model *m);
  * list of strings. Owned by the model. */
 PS_API const char *ps_api_hook_names_json(const ps_api_model *m);
 /* The shape of hook `name`'s activation for B sequences of T tokens: its rank (1-4) with dims[0..rank),
- * or 0 with err set when the name is not a point of this checkpoint (the message lists the valid ones). */
+ * or 0 with err set when the name is not a point of this checkpoint (the message lists the valid ones) or
+ * lies past the layers the model runs (ps_api_open_ex's "layers"). */
 PS_API int ps_api_hook_shape(const ps_api_model *m, const char *name, int64_t B, int64_t T, int64_t dims[4], char *err,
                              size_t errlen);
 
@@ -174,7 +185,8 @@ PS_API int ps_api_run_with_cache(ps_api_model *m, const int32_t *tokens, int64_t
                                  const int32_t *targets, ps_api_output **out, char *err, size_t errlen);
 
 PS_API void ps_api_output_free(ps_api_output *o);
-/* The logits [B, T, vocab]: shape written to shape[3]. */
+/* The logits [B, T, vocab]: shape written to shape[3]; NULL (shape zeros) when the model stops early
+ * (ps_api_open_ex's "layers"). */
 PS_API const float *ps_api_output_logits(const ps_api_output *o, int64_t shape[3]);
 /* The cached arrays: their count, the i-th's name, data and shape (rank written to *rank, dims returned). */
 PS_API int ps_api_output_count(const ps_api_output *o);

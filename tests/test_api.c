@@ -31,6 +31,9 @@ static int failures = 0;
     } while (0)
 
 static const char *BUILD, *SRC;
+/* the program whose `forward` the API is compared with: PS_API_REF_BIN (e.g. a build from before
+ * forward became an API client), else this build's phasescope */
+static char REF[1024];
 static char TMP[512];
 static char err[2048];
 
@@ -144,7 +147,7 @@ static void check_forward(const char *model, const char *const *hooks, int n_hoo
     snprintf(opath, sizeof opath, "%s/fwd.safetensors", TMP);
     write_tokens(tpath, tok, 2, T);
     for (int k = 0; k < n_hooks && with_cli_hooks; k++) snprintf(hl + strlen(hl), sizeof hl - strlen(hl), "%s%s", k ? "," : "", hooks[k]);
-    snprintf(cmd, sizeof cmd, "%s/phasescope forward --model %s --tokens %s --out %s%s%s", BUILD, path, tpath, opath,
+    snprintf(cmd, sizeof cmd, "%s forward --model %s --tokens %s --out %s%s%s", REF, path, tpath, opath,
              hl[0] ? " --hooks " : "", hl);
     st_file f = {0};
     if (run_cmd(cmd) || st_load(&f, opath)) {
@@ -184,6 +187,76 @@ static void check_forward(const char *model, const char *const *hooks, int n_hoo
 done:
     free(f.buf);
     free(tok);
+    ps_api_close(m);
+}
+
+/* ---- DeepSeek-V4 conformance checkpoints: run_with_cache against expected.safetensors (float64 reference
+ * values of the logits and hooks, tests/conformance/v4/NAME/manifest.json), per-array relative max error ---- */
+static void check_v4_expected(const char *name, const char *const *hooks, int n_hooks) {
+    char dir[1024], path[1200];
+    snprintf(dir, sizeof dir, "%s/tests/conformance/v4/%s", SRC, name);
+    ps_api_model *m = NULL;
+    CHECK(!ps_api_open(dir, NULL, &m, err, sizeof err), "open %s: %s", name, err);
+    if (!m) return;
+    CHECK(!strcmp(ps_api_family(m), "deepseek_v4"), "%s: family %s", name, ps_api_family(m));
+    snprintf(path, sizeof path, "%s/tokens.json", dir);
+    FILE *f = fopen(path, "r");
+    static int32_t seq[2][8192];
+    int len[2] = {0, 0}, q = -1, depth = 0, c, in_num = 0;
+    long v = 0;
+    while (f && (c = fgetc(f)) != EOF) { /* [[ids...], [ids...]] */
+        if (c >= '0' && c <= '9') {
+            v = v * 10 + (c - '0'), in_num = 1;
+            continue;
+        }
+        if (in_num && depth == 2 && q >= 0 && q < 2 && len[q] < 8192) seq[q][len[q]++] = (int32_t)v;
+        in_num = 0, v = 0;
+        if (c == '[' && ++depth == 2) q++;
+        if (c == ']') depth--;
+    }
+    if (f) fclose(f);
+    CHECK(len[0] > 0 && len[1] > 0, "%s: tokens.json: %d and %d tokens", name, len[0], len[1]);
+    snprintf(path, sizeof path, "%s/expected.safetensors", dir);
+    st_file ex = {0};
+    CHECK(!st_load(&ex, path), "%s: no expected.safetensors", name);
+    for (int b = 0; b < 2 && ex.buf; b++) {
+        const int32_t *tk = seq[b];
+        int T = len[b];
+        if (T == 0) continue;
+        ps_api_output *o = NULL;
+        int rc = ps_api_run_with_cache(m, tk, 1, T, hooks, n_hooks, NULL, NULL, NULL, 0, NULL, &o, err, sizeof err);
+        CHECK(rc == 0, "%s sequence %d: %s", name, b, err);
+        if (rc) continue;
+        for (int k = -1; k < n_hooks; k++) {
+            char key[256];
+            long cnt = 0;
+            const float *x;
+            long n;
+            if (k < 0) {
+                int64_t ls[3];
+                x = ps_api_output_logits(o, ls);
+                n = (long)(ls[1] * ls[2]);
+                snprintf(key, sizeof key, "logits.%d", b);
+            } else {
+                int i = ps_api_output_find(o, hooks[k]), r = 0;
+                x = ps_api_output_data(o, i);
+                const int64_t *sh = ps_api_output_shape(o, i, &r);
+                n = sh ? numel(sh, r) : -1;
+                snprintf(key, sizeof key, "%s.%d", hooks[k], b);
+            }
+            const float *ref = st_get(&ex, key, &cnt);
+            CHECK(ref && cnt == n, "%s: %s: missing or %ld values for %ld", name, key, cnt, n);
+            if (!ref || cnt != n) continue;
+            double mx = 0, d = 0;
+            for (long j = 0; j < n; j++) {
+                mx = fabs(ref[j]) > mx ? fabs(ref[j]) : mx;
+                d = fabs(x[j] - ref[j]) > d ? fabs(x[j] - ref[j]) : d;
+            }
+            CHECK(d <= 5e-4 * mx, "%s: %s: relative max error %.3g against the float64 reference", name, key, d / mx);
+        }
+        ps_api_output_free(o);
+    }
+    free(ex.buf);
     ps_api_close(m);
 }
 
@@ -446,7 +519,7 @@ static void check_bad_inputs(ps_api_model *m, const int32_t *tok, int B, int T) 
     memcpy(t2, tok, (size_t)(B * T) * sizeof *t2);
     t2[T + 3] = (int32_t)V;
     rc = ps_api_run_with_hooks(m, t2, B, T, NULL, &o, err, sizeof err);
-    CHECK(rc == PS_API_EINPUT && strstr(err, "tokens[1][3]"), "token out of range: rc %d \"%s\"", rc, err);
+    CHECK(rc == PS_API_EINPUT && strstr(err, "token 96 at sequence 1, position 3"), "token out of range: rc %d \"%s\"", rc, err);
     t2[T + 3] = -1;
     rc = ps_api_run_with_hooks(m, t2, B, T, NULL, &o, err, sizeof err);
     CHECK(rc == PS_API_EINPUT, "negative token: rc %d \"%s\"", rc, err);
@@ -526,6 +599,9 @@ int main(int argc, char **argv) {
         return 2;
     }
     BUILD = argv[1], SRC = argv[2];
+    const char *ref = getenv("PS_API_REF_BIN");
+    if (ref && *ref) snprintf(REF, sizeof REF, "%s", ref);
+    else snprintf(REF, sizeof REF, "%s/phasescope", BUILD);
     snprintf(TMP, sizeof TMP, "/tmp/test_api-XXXXXX");
     if (!mkdtemp(TMP)) return 1;
     CHECK(ps_api_version() == PS_API_VERSION, "library version %d, header %d", ps_api_version(), PS_API_VERSION);
@@ -587,6 +663,10 @@ int main(int argc, char **argv) {
     const char *v4_hooks[] = {"embed", "layers.1.attn.kv", "layers.2.attn.compressor.pooled", "layers.3.ffn.out", "hc_head.pre"};
     check_forward("tests/conformance/v4/mix4", v4_hooks, 5, 24, 1);
     check_forward("tests/conformance/v4/hub3", NULL, 0, 20, 0);
+    const char *mix4_expected[] = {"embed", "layers.0.attn.kv", "layers.2.attn.out", "hc_head.pre", "final_hidden"};
+    check_v4_expected("mix4", mix4_expected, 5);
+    const char *hub3_expected[] = {"embed", "layers.1.attn.kv", "layers.1.attn.compressor.kv", "layers.2.attn.out", "final_hidden"};
+    check_v4_expected("hub3", hub3_expected, 5);
 
     check_instrument("data/models/w8s8", "sweep", "{\"n\": 16, \"mode\": \"move\"}", "--n 16 --mode move", "sweep.json",
                      "curve.residues.accuracy");
