@@ -73,13 +73,13 @@ static int build_tables(ps_api_model *M, ps_error *e) {
     char buf[256];
     for (int i = 0; i < first_layer_point; i++)
         if (f->point_shape(rt, i, -1, 1, 1, dims)) json_array_append_new(names, json_string(f->points[i].pattern));
-    for (int l = 0; l < rt->n_layers; l++)
+    for (int l = 0; l < (M->n_run >= 0 ? M->n_run : rt->n_layers); l++)
         for (int i = 0; i < f->n_points; i++)
             if (!ps_point_is_global(&f->points[i]) && f->point_shape(rt, i, l, 1, 1, dims)) {
                 ps_runtime_point_name(rt, i, l, buf, sizeof buf);
                 json_array_append_new(names, json_string(buf));
             }
-    for (int i = first_layer_point; i < f->n_points; i++)
+    for (int i = first_layer_point; i < f->n_points && M->n_run < 0; i++)
         if (ps_point_is_global(&f->points[i]) && f->point_shape(rt, i, -1, 1, 1, dims))
             json_array_append_new(names, json_string(f->points[i].pattern));
     M->n_names = (int)json_array_size(names);
@@ -94,11 +94,49 @@ static int build_tables(ps_api_model *M, ps_error *e) {
     return 0;
 }
 
-PS_API int ps_api_open(const char *path, const char *device, ps_api_model **out, char *err, size_t errlen) {
+int ps_api_point_runs(const ps_api_model *m, int i, int layer) {
+    if (m->n_run < 0) return 1;
+    if (layer >= 0) return layer < m->n_run;
+    const ps_family *f = m->rt.family;
+    for (int k = 0; k < f->n_points; k++) {
+        if (!ps_point_is_global(&f->points[k])) return 0; /* a layer's point comes first */
+        if (k == i) return 1;
+    }
+    return 0;
+}
+
+/* the options of ps_api_open_ex: lazy -1/0/1, layers 0 (all) or N */
+static int parse_options(const char *text, int *lazy, int64_t *layers, char *err, size_t errlen) {
+    *lazy = -1, *layers = 0;
+    if (!text || !*text) return 0;
+    json_error_t je;
+    json_t *o = json_loads(text, 0, &je);
+    int rc = 0;
+    if (!json_is_object(o)) rc = ps_api_say(err, errlen, PS_API_EINPUT, "options: not a JSON object%s%s", o ? "" : ": ", o ? "" : je.text);
+    const char *k;
+    json_t *v;
+    if (!rc) json_object_foreach(o, k, v) {
+            if (!strcmp(k, "lazy") && json_is_boolean(v)) *lazy = json_is_true(v);
+            else if (!strcmp(k, "layers") && json_is_integer(v) && json_integer_value(v) >= 1) *layers = json_integer_value(v);
+            else {
+                rc = ps_api_say(err, errlen, PS_API_EINPUT, "options: \"%s\": %s", k,
+                                !strcmp(k, "lazy") ? "expected true or false" : !strcmp(k, "layers") ? "expected an integer >= 1"
+                                                                                                   : "unknown (lazy, layers)");
+                break;
+            }
+        }
+    json_decref(o);
+    return rc;
+}
+
+static int open_model(const char *path, const char *device, const char *options, ps_api_model **out, char *err, size_t errlen) {
     if (!out) return ps_api_say(err, errlen, PS_API_EINPUT, "ps_api_open: out is NULL");
     *out = NULL;
     if (!path || !*path) return ps_api_say(err, errlen, PS_API_EINPUT, "no checkpoint path given");
     if (!device) device = "cpu";
+    int lazy, rc;
+    int64_t layers;
+    if ((rc = parse_options(options, &lazy, &layers, err, errlen))) return rc;
     if (!known_device(device))
         return ps_api_say(err, errlen, PS_API_EINPUT, "device %s: this build has no such backend (it has: %s)", device,
                           ps_ctx_backends());
@@ -112,9 +150,26 @@ PS_API int ps_api_open(const char *path, const char *device, ps_api_model **out,
     if (stat(cfg, &st) != 0) return ps_api_say(err, errlen, PS_API_EINPUT, "%s is not a model directory (no config.json)", path);
     ps_api_model *M = calloc(1, sizeof *M);
     if (!M) return ps_api_say(err, errlen, PS_API_EFAIL, "out of memory");
+    M->n_run = -1;
     ps_error e = {0};
-    ps_runtime_opts o = {.backend = device, .weights = 1, .lazy = -1};
+    /* the config first (the options are checked against the family before any weight is read) */
+    ps_runtime_opts o = {.backend = device, .weights = 0, .lazy = lazy};
     if (ps_runtime_open(&M->rt, path, &o, &e)) {
+        ps_api_close(M);
+        return ps_api_report(&e, err, errlen);
+    }
+    const ps_family *f = M->rt.family;
+    if (lazy == 1 && !f->load_weights) rc = ps_api_say(err, errlen, PS_API_EINPUT, "options: \"lazy\": %s checkpoints load every layer at once (lazy loading is for DeepSeek-V4 checkpoints)", f->name);
+    else if (layers && !f->early_stop) rc = ps_api_say(err, errlen, PS_API_EINPUT, "options: \"layers\": %s checkpoints run every layer (stopping early is for DeepSeek-V4 checkpoints)", f->name);
+    else if (layers > M->rt.n_layers)
+        rc = ps_api_say(err, errlen, PS_API_EINPUT, "options: \"layers\": %lld layers asked, but the model has %lld", (long long)layers,
+                        (long long)M->rt.n_layers);
+    if (rc) {
+        ps_api_close(M);
+        return rc;
+    }
+    if (layers) M->n_run = (int)layers;
+    if (f->load_weights && f->load_weights(&M->rt, lazy, &e)) {
         ps_api_close(M);
         return ps_api_report(&e, err, errlen);
     }
@@ -127,6 +182,15 @@ PS_API int ps_api_open(const char *path, const char *device, ps_api_model **out,
     }
     *out = M;
     return PS_API_OK;
+}
+
+PS_API int ps_api_open(const char *path, const char *device, ps_api_model **out, char *err, size_t errlen) {
+    return open_model(path, device, NULL, out, err, errlen);
+}
+
+PS_API int ps_api_open_ex(const char *path, const char *device, const char *options_json, ps_api_model **out, char *err,
+                          size_t errlen) {
+    return open_model(path, device, options_json, out, err, errlen);
 }
 
 PS_API void ps_api_close(ps_api_model *m) {
@@ -178,5 +242,9 @@ PS_API int ps_api_hook_shape(const ps_api_model *m, const char *name, int64_t B,
     if (ps_api_point_of(m, name, &i, &l, &e)) return ps_api_report(&e, err, errlen), 0;
     int r = m->rt.family->point_shape(&m->rt, i, l, B, T, dims);
     if (!r) ps_api_say(err, errlen, PS_API_EINPUT, "hook \"%s\": this checkpoint does not have it", name);
+    else if (!ps_api_point_runs(m, i, l)) {
+        ps_api_say(err, errlen, PS_API_EINPUT, "hook \"%s\" is past the layers this model runs (0..%d)", name, m->n_run - 1);
+        r = 0;
+    }
     return r;
 }

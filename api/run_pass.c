@@ -189,13 +189,13 @@ static int check_tokens(const ps_api_model *M, const int32_t *tokens, int64_t B,
     if (!tokens) ps_fail(err, "no tokens given");
     else if (B < 1 || T < 1) ps_fail(err, "tokens [%lld, %lld]: need at least one sequence of at least one token", (long long)B, (long long)T);
     else if (T > rt->max_pos)
-        ps_fail(err, "tokens [%lld, %lld]: %lld tokens per sequence, more than %s %lld by %lld", (long long)B, (long long)T,
-                (long long)T, rt->family->max_pos_name, (long long)rt->max_pos, (long long)(T - rt->max_pos));
+        ps_fail(err, "%lld tokens per sequence, more than %s %lld by %lld", (long long)T, rt->family->max_pos_name,
+                (long long)rt->max_pos, (long long)(T - rt->max_pos));
     else {
         for (int64_t j = 0; j < B * T; j++)
             if (tokens[j] < 0 || tokens[j] >= V) {
-                ps_fail(err, "tokens[%lld][%lld] = %d: out of range [0, %lld) (the vocabulary)", (long long)(j / T),
-                        (long long)(j % T), tokens[j], (long long)V);
+                ps_fail(err, "token %d at sequence %lld, position %lld is outside the vocabulary [0, %lld)", tokens[j],
+                        (long long)(j / T), (long long)(j % T), (long long)V);
                 break;
             }
         for (int64_t j = 0; targets && !err->msg[0] && j < B * T; j++)
@@ -243,6 +243,11 @@ static int run(ps_api_model *M, const int32_t *tokens, int64_t B, int64_t T, con
         goto done;
     }
     if (check_tokens(M, tokens, B, T, targets, err) || register_list(M, &h, list, B, T, err)) goto done;
+    if (grads && M->n_run >= 0) {
+        ps_fail(err, "gradients: the model stops after layer %d (no logits, no loss)", M->n_run - 1);
+        err->usage = 1;
+        goto done;
+    }
     if (grads && !rt->m) {
         ps_fail(err, "gradients at hook points: the %s family has no backward hooks (the phasescope family has them)", f->name);
         err->usage = 1;
@@ -261,22 +266,29 @@ static int run(ps_api_model *M, const int32_t *tokens, int64_t B, int64_t T, con
         if (ps_cache_get(&cache, nm)) continue; /* named twice */
         int i, l;
         if (ps_api_point_of(M, nm, &i, &l, err)) goto done;
+        if (!ps_api_point_runs(M, i, l)) {
+            ps_fail(err, "hook \"%s\" is past the layers this model runs (0..%d)", nm, M->n_run - 1);
+            err->usage = 1;
+            goto done;
+        }
         if (f->cache_watch(rt, &cache, &h, nm, err) || (grads && f->cache_watch(rt, &gcache, &gh, nm, err))) {
             err->usage = 1;
             goto done;
         }
     }
     if (!(acts = f->acts_create(rt, B, T, grads, err))) goto done;
-    if (f->forward(rt, acts, tokens, &h, -1, err)) goto done;
-    const float *lg = f->logits(acts, err);
-    if (!lg) goto done;
-    int64_t V = f->vocab(rt), nl = B * T * V;
-    if (!(o->logits = malloc((size_t)nl * sizeof(float)))) {
-        ps_fail(err, "out of memory for the logits [%lld, %lld, %lld]", (long long)B, (long long)T, (long long)V);
-        goto done;
+    if (f->forward(rt, acts, tokens, &h, M->n_run, err)) goto done;
+    if (M->n_run < 0) {
+        const float *lg = f->logits(acts, err);
+        if (!lg) goto done;
+        int64_t V = f->vocab(rt), nl = B * T * V;
+        if (!(o->logits = malloc((size_t)nl * sizeof(float)))) {
+            ps_fail(err, "out of memory for the logits [%lld, %lld, %lld]", (long long)B, (long long)T, (long long)V);
+            goto done;
+        }
+        memcpy(o->logits, lg, (size_t)nl * sizeof(float));
+        o->logits_shape[0] = B, o->logits_shape[1] = T, o->logits_shape[2] = V;
     }
-    memcpy(o->logits, lg, (size_t)nl * sizeof(float));
-    o->logits_shape[0] = B, o->logits_shape[1] = T, o->logits_shape[2] = V;
     if (grads) { /* the mean cross-entropy over the targets, back through the backward hooks */
         const ps_model *m = rt->m;
         if (!targets) {

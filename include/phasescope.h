@@ -18,8 +18,9 @@
  *    caller frees with the matching *_free / ps_api_close. Pointers read from a handle (names, arrays,
  *    shapes, JSON text) belong to the handle and stay valid until it is freed: later runs never move or
  *    change them. Strings marked "caller frees" are released with ps_api_free.
- *  - Threads: one handle is used by one thread at a time; distinct models may run in parallel threads.
- *    The library keeps no global mutable state (no "last error": the message is in err).
+ *  - Threads: a handle is used by one thread at a time (calls on distinct handles from several threads
+ *    are not tested). There is no global "last error": the message is in err. An instrument call sets
+ *    the default matrix precision of new contexts from its request, as the CLI does.
  *  - Versioning: PS_API_VERSION is this header's version; ps_api_version() the library's. They are equal
  *    for a matching pair; a binding checks that they are (a change to any signature or meaning below
  *    increments it; additions increment it too).
@@ -66,6 +67,16 @@ typedef struct ps_api_model ps_api_model;
  * Qwen3 checkpoints, DeepSeek-V4 checkpoints) on `device` (NULL: "cpu"; ps_api_devices lists the
  * others), weights included. *out gets the handle (NULL on failure). */
 PS_API int ps_api_open(const char *path, const char *device, ps_api_model **out, char *err, size_t errlen);
+/* ps_api_open with options: a JSON object (NULL or "" for none) of
+ *   "lazy": true|false  true: load each layer's weights when it runs (DeepSeek-V4 checkpoints larger than
+ *                       memory); false: every layer at once; absent: the family decides (one layer at a
+ *                       time when the float32 weights take more than half of the memory available)
+ *   "layers": N         every run stops after layers 0..N-1 (1 <= N <= the model's layers; families that
+ *                       can stop early: DeepSeek-V4): no logits then (ps_api_output_logits is NULL), and a
+ *                       hook point past them is refused
+ * An option the checkpoint's family does not take is a PS_API_EINPUT error naming it. */
+PS_API int ps_api_open_ex(const char *path, const char *device, const char *options_json, ps_api_model **out, char *err,
+                          size_t errlen);
 PS_API void ps_api_close(ps_api_model *m);
 
 /* The family's name ("phasescope", "deepseek_v4"), the directory, the device. Owned by the model. */
@@ -79,6 +90,23 @@ PS_API int64_t ps_api_max_tokens(const ps_api_model *m);
 /* The config as JSON text (what results record as provenance.config). Owned by the model. */
 PS_API const char *ps_api_config_json(const ps_api_model *m);
 
+/* ---- tokenizers ----
+ * A Hugging Face tokenizer.json (byte-level BPE, as `phasescope tokenize` reads it: docs/tokenizers.md),
+ * e.g. the one beside a checkpoint. */
+typedef struct ps_api_tokenizer ps_api_tokenizer;
+PS_API int ps_api_tokenizer_open(const char *path, ps_api_tokenizer **out, char *err, size_t errlen);
+PS_API void ps_api_tokenizer_free(ps_api_tokenizer *t);
+/* One past the largest id (model vocabulary and added tokens). */
+PS_API int64_t ps_api_tokenizer_vocab_size(const ps_api_tokenizer *t);
+/* len bytes of text to ids: *ids (caller frees, ps_api_free) gets *n ids; add_special: the
+ * post-processor's special tokens (e.g. a BOS). */
+PS_API int ps_api_encode(const ps_api_tokenizer *t, const char *text, size_t len, int add_special, int32_t **ids, int64_t *n,
+                         char *err, size_t errlen);
+/* ids to UTF-8 text: *text (NUL-terminated, caller frees, ps_api_free) gets *len bytes; skip_special: leave
+ * out the special added tokens. An id outside the vocabulary is PS_API_EINPUT naming its position. */
+PS_API int ps_api_decode(const ps_api_tokenizer *t, const int32_t *ids, int64_t n, int skip_special, char **text, size_t *len,
+                         char *err, size_t errlen);
+
 /* ---- hook points ----
  * The family's point table (docs/hooks.md), one entry per point pattern, as a JSON list of objects
  * {"name": pattern ("blocks.{L}.attn.hook_k", "embed"), "shape": "[B, T, n_kv, hd]", "head_axis": 2 or
@@ -89,7 +117,8 @@ PS_API const char *ps_api_hook_points_json(const ps_api_model *m);
  * list of strings. Owned by the model. */
 PS_API const char *ps_api_hook_names_json(const ps_api_model *m);
 /* The shape of hook `name`'s activation for B sequences of T tokens: its rank (1-4) with dims[0..rank),
- * or 0 with err set when the name is not a point of this checkpoint (the message lists the valid ones). */
+ * or 0 with err set when the name is not a point of this checkpoint (the message lists the valid ones) or
+ * lies past the layers the model runs (ps_api_open_ex's "layers"). */
 PS_API int ps_api_hook_shape(const ps_api_model *m, const char *name, int64_t B, int64_t T, int64_t dims[4], char *err,
                              size_t errlen);
 
@@ -173,7 +202,8 @@ PS_API int ps_api_run_with_cache(ps_api_model *m, const int32_t *tokens, int64_t
                                  const int32_t *targets, ps_api_output **out, char *err, size_t errlen);
 
 PS_API void ps_api_output_free(ps_api_output *o);
-/* The logits [B, T, vocab]: shape written to shape[3]. */
+/* The logits [B, T, vocab]: shape written to shape[3]; NULL (shape zeros) when the model stops early
+ * (ps_api_open_ex's "layers"). */
 PS_API const float *ps_api_output_logits(const ps_api_output *o, int64_t shape[3]);
 /* The cached arrays: their count, the i-th's name, data and shape (rank written to *rank, dims returned). */
 PS_API int ps_api_output_count(const ps_api_output *o);

@@ -19,9 +19,10 @@ declare -A may=(
   [train]="train tasks text gates dist core"
   [viz]="viz interventions tasks text gates dist core"
   [serve]="serve viz interventions train tasks text gates dist core"
-  [experiments]="experiments serve viz interventions train tasks text gates dist core"
+  [experiments]="experiments api serve viz interventions train tasks text gates dist core"
+  [api]="api experiments serve viz interventions train tasks text gates dist core"
 )
-layers="core text gates dist tasks interventions train viz serve experiments"
+layers="core text gates dist tasks interventions train viz serve experiments api"
 # the layer headers by file name (a bare include of one of them is an error)
 declare -A headers=()
 for layer in $layers; do

