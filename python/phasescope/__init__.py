@@ -11,6 +11,7 @@ from .errors import PhasescopeError
 from . import _lib
 from . import actions
 from .model import ActivationCache, Model, load
+from .tokenizer import Tokenizer
 from .instruments import (Figure, Result, fillers, gatecycle, gates, instruments, knockout, probe, run, sweep,
                           train)
 
@@ -24,6 +25,6 @@ def devices():
     return [d.strip() for d in _lib.text(_lib.lib.ps_api_devices()).split(",") if d.strip()]
 
 
-__all__ = ["PhasescopeError", "actions", "ActivationCache", "Model", "load", "Figure", "Result", "fillers",
+__all__ = ["PhasescopeError", "actions", "ActivationCache", "Model", "load", "Tokenizer", "Figure", "Result", "fillers",
            "gatecycle", "gates", "instruments", "knockout", "probe", "run", "sweep", "train", "devices",
            "library_path", "API_VERSION"]

@@ -160,13 +160,15 @@ class Model:
     """A checkpoint opened by ps.load. Close it with .close() (or a with block); it is closed when
     collected too."""
 
-    def __init__(self, path, device="cpu", tokenizer=None):
+    def __init__(self, path, device="cpu", tokenizer=None, lazy=None, layers=None):
         if not isinstance(path, (str, os.PathLike)):
             raise PhasescopeError(f"load: a checkpoint directory path, not {path!r}")
         path = os.fspath(path)
+        opts = {k: v for k, v in (("lazy", lazy), ("layers", layers)) if v is not None}
         h = ctypes.c_void_p()
         err = _lib.errbuf()
-        _lib.check(_lib.lib.ps_api_open(_lib.enc(path), _lib.enc(device), ctypes.byref(h), err, _lib.ERRLEN), err)
+        _lib.check(_lib.lib.ps_api_open_ex(_lib.enc(path), _lib.enc(device), _lib.enc(json.dumps(opts)) if opts else None,
+                                           ctypes.byref(h), err, _lib.ERRLEN), err)
         self._h = h
         L = _lib.lib
         self.path = _lib.text(L.ps_api_path(h))
@@ -178,13 +180,16 @@ class Model:
         self.cfg = json.loads(_lib.text(L.ps_api_config_json(h)))
         self.hook_points = json.loads(_lib.text(L.ps_api_hook_points_json(h)))
         self.hook_names = json.loads(_lib.text(L.ps_api_hook_names_json(h)))
-        # model.tokenizer needs the tokenizer in the C API (text/tokenizer.h), which version 1 does not export:
-        # None until it does (docs/python.md); an explicit tokenizer= is refused rather than ignored.
+        # the tokenizer: the one given, else the checkpoint's own tokenizer.json when there is one
         self.tokenizer = None
-        if tokenizer is not None:
-            self.close()
-            raise PhasescopeError(f"tokenizer={tokenizer!r}: this libphasescope.so (API version {_lib.API_VERSION}) "
-                                  "exports no tokenizer; use `phasescope tokenize` for now")
+        tok = tokenizer if tokenizer is not None else os.path.join(path, "tokenizer.json")
+        if tokenizer is not None or os.path.exists(tok):
+            from .tokenizer import Tokenizer
+            try:
+                self.tokenizer = tok if isinstance(tok, Tokenizer) else Tokenizer(tok)
+            except BaseException:
+                self.close()
+                raise
 
     # ---- lifetime ----
     def close(self):
@@ -225,7 +230,8 @@ class Model:
         L = _lib.lib
         owner = _Owner(out, L.ps_api_output_free)
         shp = (ctypes.c_int64 * 3)()
-        logits = _view(owner, L.ps_api_output_logits(out, shp), tuple(shp), ctypes.c_float, np.float32)
+        lp = L.ps_api_output_logits(out, shp)  # NULL for a model opened with layers=N: no logits
+        logits = _view(owner, lp, tuple(shp), ctypes.c_float, np.float32) if lp else None
         if not with_cache:
             return logits
         cache, gcache = ActivationCache(), ActivationCache()
@@ -321,8 +327,10 @@ class Model:
         return res
 
 
-def load(path, device="cpu", tokenizer=None):
+def load(path, device="cpu", tokenizer=None, lazy=None, layers=None):
     """Open the checkpoint directory `path` (any family phasescope reads: its own checkpoints, Hugging Face
     Qwen3 checkpoints, DeepSeek-V4 checkpoints) on `device` ("cpu"; ps.devices() lists this build's).
-    tokenizer: reserved for a tokenizer.json path (the C API does not export its tokenizer yet)."""
-    return Model(path, device, tokenizer)
+    tokenizer: a tokenizer.json path or a ps.Tokenizer (default: the checkpoint's own tokenizer.json when
+    present) -> model.tokenizer. lazy (DeepSeek-V4: load each layer's weights when it runs) and layers=N
+    (stop after layers 0..N-1: no logits) are ps_api_open_ex's options (None: the family's default)."""
+    return Model(path, device, tokenizer, lazy, layers)
