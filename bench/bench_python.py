@@ -30,8 +30,8 @@ def main():
     a = ap.parse_args()
     os.environ.setdefault("PHASESCOPE_LIB", os.path.join(a.build, "libphasescope.so"))
     sys.path.insert(0, os.path.join(ROOT, "python"))
+    import phasescope as ps  # first: it sets OpenMP's wait policy before numpy loads libgomp
     import numpy as np
-    import phasescope as ps
 
     cli = os.path.join(a.build, "phasescope")
     model = os.path.join(ROOT, "data/models/deep_w8s8")

@@ -33,6 +33,16 @@ HOOK_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p, c_float_p, c_int64_p, 
 FILTER_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
 
 
+def _prepare_env():
+    """What the CLI's start-up does (core/cpu_env.c) that a library cannot do for its host process: OpenMP
+    threads that sleep rather than spin while they wait (OMP_WAIT_POLICY=PASSIVE unless the user set it or
+    GOMP_SPINCOUNT). It takes effect only when libgomp is not loaded yet: import phasescope before numpy
+    (or set OMP_WAIT_POLICY yourself). Spinning threads cost the Python path 2-3x against the CLI on a
+    busy machine (bench/bench_python.py)."""
+    if not os.environ.get("OMP_WAIT_POLICY") and not os.environ.get("GOMP_SPINCOUNT"):
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+
+
 def _candidates():
     env = os.environ.get("PHASESCOPE_LIB")
     if env:
@@ -133,6 +143,7 @@ def _declare(lib):
         f.argtypes = args
 
 
+_prepare_env()
 lib, path = _open()
 _declare(lib)
 if lib.ps_api_version() != API_VERSION:
