@@ -162,7 +162,7 @@ static int open_model(const char *path, const char *device, const char *options,
     if (lazy == 1 && !f->load_weights) rc = ps_api_say(err, errlen, PS_API_EINPUT, "options: \"lazy\": %s checkpoints load every layer at once (lazy loading is for DeepSeek-V4 checkpoints)", f->name);
     else if (layers && !f->early_stop) rc = ps_api_say(err, errlen, PS_API_EINPUT, "options: \"layers\": %s checkpoints run every layer (stopping early is for DeepSeek-V4 checkpoints)", f->name);
     else if (layers > M->rt.n_layers)
-        rc = ps_api_say(err, errlen, PS_API_EINPUT, "options: \"layers\": %lld layers asked, but the model has %lld", (long long)layers,
+        rc = ps_api_say(err, errlen, PS_API_EINPUT, "options: \"layers\": %lld layers asked, but the model has %lld layers", (long long)layers,
                         (long long)M->rt.n_layers);
     if (rc) {
         ps_api_close(M);
@@ -212,6 +212,7 @@ PS_API const char *ps_api_device(const ps_api_model *m) { return m->device; }
 PS_API int64_t ps_api_n_layers(const ps_api_model *m) { return m->rt.n_layers; }
 PS_API int64_t ps_api_vocab_size(const ps_api_model *m) { return m->rt.family->vocab(&m->rt); }
 PS_API int64_t ps_api_max_tokens(const ps_api_model *m) { return m->rt.max_pos; }
+PS_API const char *ps_api_max_tokens_name(const ps_api_model *m) { return m->rt.family->max_pos_name; }
 PS_API const char *ps_api_config_json(const ps_api_model *m) { return m->config_json; }
 PS_API const char *ps_api_hook_points_json(const ps_api_model *m) { return m->points_json; }
 PS_API const char *ps_api_hook_names_json(const ps_api_model *m) { return m->names_json; }
@@ -220,6 +221,19 @@ int ps_api_point_of(const ps_api_model *m, const char *name, int *index, int *la
     const ps_family *f = m->rt.family;
     int slot, point;
     if (f->hook_parse(&m->rt, name, &slot, &point, e)) {
+        e->usage = 1;
+        return -1;
+    }
+    /* the family's own check of the point on this checkpoint (e.g. a compressor point on a sliding layer),
+     * with its message: a watch registered on a scratch set */
+    ps_hooks h;
+    ps_cache c;
+    ps_hooks_init(&h);
+    ps_cache_init(&c);
+    int bad = f->cache_watch(&m->rt, &c, &h, name, e);
+    ps_cache_free(&c);
+    ps_hooks_free(&h);
+    if (bad) {
         e->usage = 1;
         return -1;
     }

@@ -69,8 +69,12 @@ static int run(const ps_args *args, ps_error *err) {
         if (orc == PS_API_EINPUT && !strncmp(err->msg, "options: ", 9)) { /* the message names the flag */
             char m2[PS_ERROR_MAX];
             snprintf(m2, sizeof m2, "%s", err->msg + 9);
-            const char *rest = strchr(m2, ':') ? strchr(m2, ':') + 2 : m2;
+            const char *rest = strchr(m2, ':') ? strchr(m2, ':') + 2 : m2, *has = strstr(m2, "the model has ");
+            long long L;
             if (!strncmp(m2, "\"lazy\"", 6)) ps_cli_usage(err, "--lazy: %.900s", rest);
+            else if (has && sscanf(has, "the model has %lld", &L) == 1) /* out of range */
+                ps_cli_usage(err, "--layers %s: %lld is out of range [0, %lld] (the model has %lld layers)", layers,
+                             (long long)n_run - 1, L - 1, L);
             else ps_cli_usage(err, "--layers %s: %.900s", layers, rest);
         } else /* what the caller asked for and the family refuses (e.g. --lazy on a device): exit 2 */
             err->usage = orc == PS_API_EINPUT;
@@ -85,13 +89,22 @@ static int run(const ps_args *args, ps_error *err) {
             int64_t dims[4];
             char msg[PS_ERROR_MAX - 16];
             if (!ps_api_hook_shape(m, h, 1, 1, dims, msg, sizeof msg)) {
-                ps_cli_usage(err, "--hooks: %s", msg);
+                if (n_run && strstr(msg, "is past the layers"))
+                    ps_cli_usage(err, "--hooks: hook \"%s\" is past --layers %s (layers 0..%lld run)", h, layers, (long long)n_run - 1);
+                else
+                    ps_cli_usage(err, "--hooks: %s", msg);
                 goto done;
             }
             hook[n_names++] = h;
         }
     }
     if (ps_tokens_load(tokens, 0, 0, &toks, err)) goto done;
+    for (int i = 0; i < toks.n; i++)
+        if (toks.len[i] > ps_api_max_tokens(m)) {
+            ps_fail(err, "%s: sequence %d has %lld tokens, more than %s %lld by %lld", tokens, i, (long long)toks.len[i],
+                    ps_api_max_tokens_name(m), (long long)ps_api_max_tokens(m), (long long)(toks.len[i] - ps_api_max_tokens(m)));
+            goto done;
+        }
     for (int i = 0; i < toks.n; i++) {
         ps_api_output *o = NULL;
         static const char *const none[1] = {NULL};

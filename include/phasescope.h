@@ -87,6 +87,8 @@ PS_API int64_t ps_api_n_layers(const ps_api_model *m);
 PS_API int64_t ps_api_vocab_size(const ps_api_model *m);
 /* The longest token sequence the model takes (its max_seq_len / max_position_embeddings). */
 PS_API int64_t ps_api_max_tokens(const ps_api_model *m);
+/* What bounds it, as the config names it ("max_seq_len", "max_position_embeddings"). Static storage. */
+PS_API const char *ps_api_max_tokens_name(const ps_api_model *m);
 /* The config as JSON text (what results record as provenance.config). Owned by the model. */
 PS_API const char *ps_api_config_json(const ps_api_model *m);
 
