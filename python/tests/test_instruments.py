@@ -138,3 +138,35 @@ def test_train(tmp_path):
         assert a[k] == b[k], f"tensor {k} of the checkpoint Python trained differs from the CLI's"
     with pytest.raises(ps.PhasescopeError, match="already holds a run"):
         ps.train(cfg, tmp_path / "py")
+
+
+def test_probe_against_a_stand_in_server(tmp_path):
+    """probe from Python and from the CLI against tests/serve/fake_server.py (deterministic answers): the
+    same sweep.json; and its dry run."""
+    import time
+    tiny = os.path.join(ROOT, "tests/text/tiny_tokenizer.json")
+    portf = tmp_path / "port"
+    srv = subprocess.Popen([sys.executable, os.path.join(ROOT, "tests/serve/fake_server.py"), str(portf), "ok"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(300):
+            if portf.exists() and portf.read_text().strip():
+                break
+            time.sleep(0.1)
+        url = f"http://127.0.0.1:{portf.read_text().strip()}"
+        flags = dict(tokenizer=tiny, pairs=2, n=6, period=4, seed=5, concurrency=1)
+        cli("probe", "--endpoint", url, *cli_args(flags), "--out", tmp_path / "cli")
+        r = ps.probe(endpoint=url, **flags)
+        r.save(tmp_path / "py")
+        files = [f for f in os.listdir(tmp_path / "cli") if f.endswith(".json")]
+        assert files, os.listdir(tmp_path / "cli")
+        for f in files:
+            cmp = subprocess.run([sys.executable, os.path.join(ROOT, "tests/compare_json.py"), str(tmp_path / "cli" / f),
+                                  str(tmp_path / "py" / f)], capture_output=True, text=True)
+            assert cmp.returncode == 0, f"{f}: {cmp.stdout}"
+        assert r.data is not None and r.curve is not None and len(r.curve) == 4
+    finally:
+        srv.terminate()
+        srv.wait()
+    with pytest.raises(ps.PhasescopeError, match="endpoint"):
+        ps.probe(tokenizer=tiny, pairs=2, n=6, period=4)
