@@ -8,10 +8,12 @@
 Arrays handed out (logits, cache entries, gradients) are views of memory the C output owns; each keeps
 that output alive, and no later call moves or changes it (the header's ownership rule), so they stay valid
 as long as they are referenced."""
+import contextlib
 import ctypes
 import json
 import math
 import os
+import threading
 
 import numpy as np
 
@@ -164,6 +166,8 @@ class Model:
         if not isinstance(path, (str, os.PathLike)):
             raise PhasescopeError(f"load: a checkpoint directory path, not {path!r}")
         path = os.fspath(path)
+        self._h = None
+        self._busy = threading.Lock()  # one call at a time: a hook calling its own model, or another thread
         opts = {k: v for k, v in (("lazy", lazy), ("layers", layers)) if v is not None}
         h = ctypes.c_void_p()
         err = _lib.errbuf()
@@ -194,8 +198,13 @@ class Model:
     # ---- lifetime ----
     def close(self):
         if getattr(self, "_h", None):
-            _lib.lib.ps_api_close(self._h)
-            self._h = None
+            if not self._busy.acquire(blocking=False):
+                raise PhasescopeError(f"{self.path}: the model is running; it cannot be closed from a hook or another thread")
+            try:
+                _lib.lib.ps_api_close(self._h)
+                self._h = None
+            finally:
+                self._busy.release()
 
     def __del__(self):
         self.close()
@@ -210,6 +219,18 @@ class Model:
         if not self._h:
             raise PhasescopeError(f"{self.path}: the model is closed")
         return self._h
+
+    @contextlib.contextmanager
+    def _running(self):
+        """The model's handle for one run; a second run while one is in progress (a hook function calling
+        its own model, or another thread) is refused: the C API takes one call at a time per model."""
+        if not self._busy.acquire(blocking=False):
+            raise PhasescopeError(f"{self.path}: the model is already running (a hook function or another thread "
+                                  "called it): one call at a time per model; load it twice to run it in two threads")
+        try:
+            yield self._handle()
+        finally:
+            self._busy.release()
 
     def __repr__(self):
         return (f"<phasescope.Model {self.family} {self.path!r} on {self.device}: {self.n_layers} layers, "
@@ -261,8 +282,9 @@ class Model:
         try:
             out = ctypes.c_void_p()
             err = _lib.errbuf()
-            rc = _lib.lib.ps_api_run_with_hooks(self._handle(), toks.ctypes.data_as(_lib.c_int32_p), toks.shape[0], toks.shape[1],
-                                                run.h, ctypes.byref(out), err, _lib.ERRLEN)
+            with self._running() as h:
+                rc = _lib.lib.ps_api_run_with_hooks(h, toks.ctypes.data_as(_lib.c_int32_p), toks.shape[0], toks.shape[1],
+                                                    run.h, ctypes.byref(out), err, _lib.ERRLEN)
             if rc:
                 run.raise_failure(rc, err)
         finally:
@@ -313,10 +335,11 @@ class Model:
         try:
             out = ctypes.c_void_p()
             err = _lib.errbuf()
-            rc = _lib.lib.ps_api_run_with_cache(
-                self._handle(), toks.ctypes.data_as(_lib.c_int32_p), B, T, c_names, n_names, filt, None, run.h,
-                1 if grads else 0, None if tg is None else tg.ctypes.data_as(_lib.c_int32_p), ctypes.byref(out), err,
-                _lib.ERRLEN)
+            with self._running() as h:
+                rc = _lib.lib.ps_api_run_with_cache(
+                    h, toks.ctypes.data_as(_lib.c_int32_p), B, T, c_names, n_names, filt, None, run.h,
+                    1 if grads else 0, None if tg is None else tg.ctypes.data_as(_lib.c_int32_p), ctypes.byref(out), err,
+                    _lib.ERRLEN)
             if rc:
                 run.raise_failure(rc, err)
         finally:

@@ -4,6 +4,7 @@ alone (the library keeps no global mutable state)."""
 import threading
 
 import numpy as np
+import pytest
 
 import phasescope as ps
 from conftest import bits_equal, model_path, tokens
@@ -64,3 +65,27 @@ def test_two_models_in_two_threads():
         assert bits_equal(lg, ref_b) and bits_equal(c["layers.1.attn.kv"], cb["layers.1.attn.kv"])
     a.close()
     b.close()
+
+
+def test_reentrant_and_concurrent_calls_are_refused(w8s8):
+    toks = tokens(1, 16, w8s8.vocab_size)
+    clean = w8s8(toks)
+
+    def calls_itself(a, name):
+        w8s8(toks)
+
+    with pytest.raises(ps.PhasescopeError, match="already running"):
+        w8s8.run_with_hooks(toks, [("blocks.0.attn.hook_z", calls_itself)])
+    with pytest.raises(ps.PhasescopeError, match="cannot be closed"):
+        w8s8.run_with_hooks(toks, [("blocks.0.attn.hook_z", lambda a, n: w8s8.close())])
+    # another thread while a hook holds the model: refused, not a crash
+    errs = []
+
+    def other_thread(a, name):
+        t = threading.Thread(target=lambda: errs.append(pytest.raises(ps.PhasescopeError, w8s8, toks)))
+        t.start()
+        t.join()
+
+    w8s8.run_with_hooks(toks, [("blocks.0.attn.hook_z", other_thread)])
+    assert errs and "already running" in str(errs[0].value)
+    assert bits_equal(w8s8(toks), clean)
