@@ -1,12 +1,14 @@
 # Thin wrapper over CMake for the two README commands:
 #   make demo   — set up, build, run the main job
 #   make test   — set up, build, run the test suite (plain build, then ASan + UBSan), then the fuzzers
+#   make python — build libphasescope.so for the Python package: then, from the repository root,
+#                 PYTHONPATH=python python3 -c "import phasescope" (docs/python.md)
 JOBS ?= $(shell nproc)
 
 FUZZ_SECONDS ?= 15
 FUZZ_TARGETS = safetensors config train_config render index tokenizer v4_config
 
-.PHONY: all setup build build-asan build-fuzz demo retrain test test-fast test-asan fuzz bench clean
+.PHONY: all setup build build-asan build-fuzz demo retrain test test-fast test-asan fuzz bench clean python
 
 all: build
 
@@ -20,6 +22,14 @@ build: setup
 build-asan: setup
 	@cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DPS_SANITIZE=ON >/dev/null
 	@cmake --build build-asan -j $(JOBS)
+
+# the shared library the Python package binds to (python/phasescope finds build/libphasescope.so), checked
+# by importing the package with Debian's interpreter (PYTHON; python3-numpy)
+PYTHON ?= /usr/bin/python3
+python: setup
+	@cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+	@cmake --build build -j $(JOBS) --target ps_shared
+	@PYTHONPATH=python $(PYTHON) -c 'import phasescope as ps; print("phasescope", ps.__version__, "for Python:", ps.library_path)'
 
 demo: build
 	@bash scripts/demo.sh

@@ -42,6 +42,7 @@ typedef struct {
     int indexer;           /* the model has a lightning indexer with a compressor of its own */
     const char *raw_what;  /* a knockout of the raw entries, in words (NULL: the usual "raw keys and values" wording) */
     const char *comp_what; /* a knockout of the compressed entries, in words (NULL: the usual wording) */
+    int64_t kv_stride;     /* positions per cached key/value entry (a compressed model's stride; 1: one per position) */
 } ps_model_desc;
 struct ps_runtime_ops; /* the instruments' table of a family (interventions/grid.h) */
 

@@ -251,22 +251,24 @@ void ps_command_help(const ps_command *cmd, FILE *f) {
     }
 }
 
+int ps_command_call(const ps_command *cmd, int argc, char **argv, ps_error *err) {
+    ps_args a = {.cmd = cmd, .argc = argc, .argv = argv, .n_flags = n_specs(cmd)};
+    if (a.n_flags > PS_MAX_FLAGS) return ps_fail(err, "internal error: %d flags, more than %d", a.n_flags, PS_MAX_FLAGS);
+    a.pos = malloc((size_t)(argc > 0 ? argc : 1) * sizeof *a.pos);
+    int rc;
+    if (!a.pos) rc = ps_fail(err, "out of memory");
+    else rc = parse(&a, err) || check_backend(&a, err) || cmd->run(&a, err) ? -1 : 0;
+    free(a.pos);
+    return rc;
+}
+
 int ps_command_main(const ps_command *cmd, int argc, char **argv) {
     if (wants_help(argc, argv)) {
         if (ps_dist_rank() == 0) ps_command_help(cmd, stdout); /* under MPI, once */
         return 0;
     }
     ps_error err = {0};
-    ps_args a = {.cmd = cmd, .argc = argc, .argv = argv, .n_flags = n_specs(cmd)};
-    if (a.n_flags > PS_MAX_FLAGS) {
-        fprintf(stderr, "phasescope %s: internal error: %d flags, more than %d\n", cmd->name, a.n_flags, PS_MAX_FLAGS);
-        return 1;
-    }
-    a.pos = malloc((size_t)(argc > 0 ? argc : 1) * sizeof *a.pos);
-    int rc;
-    if (!a.pos) rc = ps_fail(&err, "out of memory");
-    else rc = parse(&a, &err) || check_backend(&a, &err) || cmd->run(&a, &err) ? -1 : 0;
-    free(a.pos);
+    int rc = ps_command_call(cmd, argc, argv, &err);
     if (!rc) return 0;
     /* under MPI: an error every rank has (a usage error, or one the ranks agreed on) is printed by rank 0;
      * one only this rank saw names the rank */

@@ -77,6 +77,10 @@ struct ps_args {
 
 /* Runs a command: help, parsing, usage errors, the error line and the exit status (see above). */
 int ps_command_main(const ps_command *cmd, int argc, char **argv);
+/* The same without the help, the error line and the exit status: parses argv (argv[0] the command's name),
+ * checks and runs; 0, or -1 with err set (err->usage for a usage error). The API's instrument calls
+ * (api/instr_call.c) run a command this way. */
+int ps_command_call(const ps_command *cmd, int argc, char **argv, ps_error *err);
 /* Writes the command's --help text (generated from its table) to f. */
 void ps_command_help(const ps_command *cmd, FILE *f);
 

@@ -4,6 +4,7 @@
 
 #include "experiments/instrument.h"
 #include "dist/partial.h"
+#include "experiments/registry.h"
 
 static int run(const ps_args *a, ps_error *err);
 
@@ -37,16 +38,20 @@ static int run(const ps_args *a, ps_error *err) {
     ps_free_paths(parts, n_parts);
     if (mrc) return -1;
     const char *out = ps_args_get(a, "--out");
-    /* the instruments whose work splits into units, each with the finish that adds its parts up */
-    static const struct {
-        const char *command;
-        int (*finish)(const ps_partial *p, const char *out_dir, ps_error *err);
-    } FINISH[] = {{"sweep", ps_sweep_finish}, {"knockout", ps_knockout_finish}, {"gatecycle", ps_gatecycle_finish},
-                  {"gates", ps_gates_finish}};
-    int rc = 1, found = 0;
-    for (size_t i = 0; i < sizeof FINISH / sizeof FINISH[0] && !found; i++)
-        if (!strcmp(p.command, FINISH[i].command)) found = 1, rc = FINISH[i].finish(&p, out, err);
-    if (!found) rc = ps_fail(err, "%s: parts of a \"%s\" run; merge combines sweep, knockout, gatecycle and gates", a->pos[0], p.command);
+    /* the instruments whose work splits into units, each with the finish that adds its parts up (the registry) */
+    const ps_registry_entry *e = ps_registry_find(p.command);
+    int rc;
+    if (e && e->finish) rc = e->finish(&p, out, err);
+    else {
+        char names[256] = "";
+        size_t o = 0;
+        for (int i = 0; i < ps_registry_n && o < sizeof names; i++)
+            if (ps_registry[i].finish) {
+                int w = snprintf(names + o, sizeof names - o, "%s%s", o ? ", " : "", ps_registry[i].cmd->name);
+                if (w > 0) o += (size_t)w;
+            }
+        rc = ps_fail(err, "%s: parts of a \"%s\" run; merge combines %s", a->pos[0], p.command, names);
+    }
     ps_partial_free(&p);
     return rc;
 }

@@ -1,16 +1,10 @@
 /* cmd_table.c — `phasescope table`: the summary table of several sweeps (like the paper's Table 1). */
-#include <jansson.h>
-#include <libgen.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "experiments/cli.h"
 #include "core/fileio.h"
-#include "viz/results_check.h"
-#include "viz/draw.h"
-#include "viz/tradeoff.h"
+#include "viz/sweep_table.h"
 
 static int run(const ps_args *a, ps_error *err);
 
@@ -40,103 +34,15 @@ const ps_command ps_cmd_table = {
 };
 
 static int run(const ps_args *a, ps_error *err) {
-    const char *const *pos = a->pos;
-    int npos = a->n_pos;
-    size_t cap = 65536, len = 0;
-    char *out = malloc(cap);
-    int rc = 1;
-    if (!out) {
-        ps_fail(err, "out of memory for the table");
-        goto done;
+    size_t len = 0;
+    char *table = ps_sweep_table(a->pos, a->n_pos, ps_args_get(a, "--figure"), &len, err);
+    if (!table) {
+        if (err->usage && a->n_pos == 0) ps_cli_usage(err, "no sweep result given (see --help)");
+        return -1;
     }
-    if (npos == 0) {
-        ps_cli_usage(err, "no sweep result given (see --help)");
-        goto done;
-    }
-    len += (size_t)snprintf(out + len, cap - len,
-                            "| model | attention | period P | mean accuracy | min over residues | gap (pp) | repeats every | "
-                            "dominant period | chi-square p |\n|---|---|---|---|---|---|---|---|---|\n");
-    const char *fig = ps_args_get(a, "--figure");
-    if (fig && npos > 64) {
-        ps_cli_usage(err, "--figure: at most 64 sweep results");
-        goto done;
-    }
-    ps_tradeoff_point pts[64];
-    char groups[64][256]; /* 16 KiB on the stack: the points name their group here */
-    for (int i = 0; i < npos; i++) {
-        json_t *d;
-        if (ps_results_load(pos[i], "sweep", &d, err)) goto done;
-        json_t *prov = json_object_get(d, "provenance"), *c = json_object_get(d, "curve");
-        json_t *att = json_object_get(json_object_get(prov, "config"), "attention");
-        char model[1024], attn[128];
-        snprintf(model, sizeof model, "%s", json_string_value(json_object_get(prov, "model")) ?: "?");
-        size_t ml = strlen(model);
-        while (ml > 1 && model[ml - 1] == '/') model[--ml] = '\0';
-        const char *kind = json_string_value(json_object_get(att, "kind")) ?: "?";
-        if (!strcmp(kind, "compressed"))
-            snprintf(attn, sizeof attn, "compressed W%lld/S%lld%s%s", (long long)json_integer_value(json_object_get(att, "window")),
-                     (long long)json_integer_value(json_object_get(att, "stride")),
-                     !strcmp(json_string_value(json_object_get(att, "gate")) ?: "", "uniform") ? ", uniform gate" : "",
-                     json_is_false(json_object_get(json_object_get(prov, "config"), "rope")) ? ", no RoPE" : "");
-        else if (!strcmp(kind, "channel") || !strcmp(kind, "v4"))
-            snprintf(attn, sizeof attn, "V4 compressor %s, rate %lld", !strcmp(json_string_value(json_object_get(att, "mode")) ?: "", "hca") ? "HCA" : "CSA",
-                     (long long)json_integer_value(json_object_get(att, "rate")));
-        else if (!strcmp(kind, "deepseek_v4")) snprintf(attn, sizeof attn, "DeepSeek-V4");
-        else if (!att && json_object_get(prov, "endpoint")) snprintf(attn, sizeof attn, "served (probe)"); /* docs/served-models.md */
-        else snprintf(attn, sizeof attn, "full");
-        if (!strcmp(kind, "compressed") && !strcmp(json_string_value(json_object_get(att, "boundaries")) ?: "", "content"))
-            snprintf(attn, sizeof attn, "compressed, content chunks %lld-%lld (mean %lld)",
-                     (long long)json_integer_value(json_object_get(att, "chunk_min")),
-                     (long long)json_integer_value(json_object_get(att, "window")),
-                     (long long)json_integer_value(json_object_get(att, "stride")));
-        if (!strcmp(kind, "compressed") && json_is_array(json_object_get(att, "head_offsets")))
-            snprintf(attn + strlen(attn), sizeof attn - strlen(attn), ", staggered grids");
-        if (fig) { /* the trade-off point: KV bytes per token from the model config of the provenance */
-            json_t *cf = json_object_get(prov, "config");
-            double per = 2.0 * 4.0 * (double)json_integer_value(json_object_get(cf, "n_layers")) *
-                         (double)json_integer_value(json_object_get(cf, "n_kv_heads")) *
-                         (double)json_integer_value(json_object_get(cf, "head_dim"));
-            if (!strcmp(kind, "compressed")) per /= (double)json_integer_value(json_object_get(att, "stride"));
-            snprintf(groups[i], sizeof groups[i], "%s", basename(model));
-            size_t gl = strlen(groups[i]), k = gl;
-            while (k > 0 && groups[i][k - 1] >= '0' && groups[i][k - 1] <= '9') k--;
-            if (k < gl && k >= 2 && groups[i][k - 1] == 's' && groups[i][k - 2] == '_') groups[i][k - 2] = '\0';
-            pts[i] = (ps_tradeoff_point){.group = groups[i], .mean = json_number_value(json_object_get(c, "mean_accuracy")),
-                                         .gap_pp = json_number_value(json_object_get(c, "gap_pp")), .kv_bytes = per};
-        }
-        json_t *dp = json_object_get(json_object_get(c, "dominant_period"), "period");
-        json_t *rp = json_object_get(json_object_get(c, "repeat_period"), "period");
-        char per[32], rep[32];
-        if (json_is_number(dp)) snprintf(per, sizeof per, "%.3g", json_number_value(dp));
-        else snprintf(per, sizeof per, "none");
-        if (json_is_integer(rp)) snprintf(rep, sizeof rep, "%lld", (long long)json_integer_value(rp));
-        else snprintf(rep, sizeof rep, json_object_get(c, "repeat_period") ? "none" : "-");
-        if (cap - len < 4096) {
-            cap *= 2;
-            char *grown = realloc(out, cap);
-            if (!grown) {
-                json_decref(d);
-                ps_fail(err, "out of memory for the table");
-                goto done;
-            }
-            out = grown;
-        }
-        char ptext[32];
-        ps_format_p(ptext, sizeof ptext, json_number_value(json_object_get(json_object_get(c, "chi_square"), "p_value")));
-        len += (size_t)snprintf(out + len, cap - len, "| %s | %s | %lld | %.3f | %.3f | %.1f | %s | %s | %s |\n", basename(model), attn,
-                                (long long)json_array_size(json_object_get(c, "residues")),
-                                json_number_value(json_object_get(c, "mean_accuracy")),
-                                json_number_value(json_object_get(c, "min_accuracy")), json_number_value(json_object_get(c, "gap_pp")),
-                                rep, per, ptext);
-        json_decref(d);
-    }
-    fputs(out, stdout);
-    if (fig && ps_fig_tradeoff(fig, "Weak-phase mitigations: gap against mean accuracy", "phasescope table --figure", pts, npos, err))
-        goto done;
+    fputs(table, stdout);
     const char *file = ps_args_get(a, "--out");
-    if (file && ps_write_file_atomic(file, out, len, err)) goto done;
-    rc = 0;
-done:
-    free(out);
+    int rc = file && ps_write_file_atomic(file, table, len, err) ? -1 : 0;
+    free(table);
     return rc;
 }

@@ -157,6 +157,14 @@ typedef struct {
 } ps_gatecycle_request;
 int ps_gatecycle_command(const ps_args *a, const ps_gatecycle_request *rq, ps_error *err);
 
+/* The probe instrument (instr_probe.c): cmd_probe.c's flags of a, checked and run against the served
+ * model; says on stdout which scoring it used and why. */
+int ps_probe_command(const ps_args *a, ps_error *err);
+
+/* The fillers instrument (instr_fillers.c): cmd_fillers.c's flags of a; the checkpoint opened with
+ * ps_runtime_open, the period from --period, the experiment's, else the family's default_period. */
+int ps_fillers_command(const ps_args *a, ps_error *err);
+
 /* How each instrument finishes its result from complete partial results (rank 0, or phasescope merge):
  * the statistics in the one-process order, the JSON, its figures and the summary on stdout. */
 int ps_sweep_finish(const ps_partial *p, const char *out_dir, ps_error *err);

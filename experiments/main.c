@@ -6,55 +6,45 @@
 #include <string.h>
 
 #include "experiments/cli.h"
+#include "experiments/registry.h"
 #include "core/cpu_env.h"
 #include "dist/dist.h"
 
-/* in the order `phasescope --help` lists them; each command's table holds its name and summary */
-static const ps_command *const CMDS[] = {
-    &ps_cmd_train,
-    &ps_cmd_sweep,
-    &ps_cmd_knockout,
-    &ps_cmd_gatecycle,
-    &ps_cmd_gates,
-    &ps_cmd_fillers,
-    &ps_cmd_merge,
-    &ps_cmd_atp_compare,
-    &ps_cmd_render,
-    &ps_cmd_theory,
-    &ps_cmd_table,
-    &ps_cmd_init,
-    &ps_cmd_info,
-    &ps_cmd_forward,
-    &ps_cmd_grad,
-    &ps_cmd_tokenize,
-    &ps_cmd_probe,
-    &ps_cmd_serve,
-    &ps_cmd_generate,
-};
-#define N_CMDS (int)(sizeof CMDS / sizeof CMDS[0])
-
 static void usage(FILE *f) {
     fprintf(f, "phasescope %s — phase sensitivity of compressed-KV-cache transformers\n\nusage: phasescope COMMAND [FLAGS]\n\ncommands:\n", PS_VERSION);
-    for (int i = 0; i < N_CMDS; i++) fprintf(f, "  %-10s %s\n", CMDS[i]->name, CMDS[i]->summary);
+    for (int i = 0; i < ps_registry_n; i++) fprintf(f, "  %-10s %s\n", ps_registry[i].cmd->name, ps_registry[i].cmd->summary);
     fprintf(f, "\n`phasescope COMMAND --help` describes each command.\n");
 }
 
-/* Under an MPI launcher with several ranks, only these commands split their work (docs/scale-out.md). */
-static const char *const DISTRIBUTED[] = {"train", "sweep", "knockout", "gatecycle", "gates", NULL};
+/* The commands whose work splits (the registry's), "train, sweep, ... and gates". */
+static void splitting_names(char *buf, size_t n) {
+    int total = 0, k = 0;
+    size_t o = 0;
+    for (int i = 0; i < ps_registry_n; i++) total += ps_registry[i].splits;
+    buf[0] = '\0';
+    for (int i = 0; i < ps_registry_n && o < n; i++) {
+        if (!ps_registry[i].splits) continue;
+        int w = snprintf(buf + o, n - o, "%s%s", k == 0 ? "" : k == total - 1 ? " and " : ", ", ps_registry[i].cmd->name);
+        if (w < 0) break;
+        o += (size_t)w, k++;
+    }
+}
 
-static int run_command(const ps_command *cmd, int argc, char **argv) {
+static int run_command(const ps_registry_entry *e, int argc, char **argv) {
+    const ps_command *cmd = e->cmd;
     char label[64];
     snprintf(label, sizeof label, "phasescope %s", cmd->name);
     ps_dist_set_label(label);
     if (ps_dist_size() > 1) {
-        int ok = 0;
-        for (int i = 0; DISTRIBUTED[i]; i++) ok |= !strcmp(DISTRIBUTED[i], cmd->name);
+        int ok = e->splits;
         for (int i = 1; i < argc; i++) ok |= !strcmp(argv[i], "--help") || !strcmp(argv[i], "-h");
         if (!ok) {
+            char names[256];
+            splitting_names(names, sizeof names);
             if (ps_dist_rank() == 0)
-                fprintf(stderr, "phasescope %s: runs as one process: under an MPI launcher (here %d ranks) only train, sweep, "
-                                "knockout, gatecycle and gates split their work; run it without mpirun\n",
-                        cmd->name, ps_dist_size());
+                fprintf(stderr, "phasescope %s: runs as one process: under an MPI launcher (here %d ranks) only %s split their "
+                                "work; run it without mpirun\n",
+                        cmd->name, ps_dist_size(), names);
             return ps_dist_exit(2, 1);
         }
     }
@@ -78,8 +68,8 @@ int main(int argc, char **argv) {
     char self[4096];
     snprintf(self, sizeof self, "%s", argv[0]);
     const char *base = basename(self);
-    for (int i = 0; i < N_CMDS; i++)
-        if (!strcmp(base, CMDS[i]->name)) return run_command(CMDS[i], argc, argv);
+    const ps_registry_entry *e = ps_registry_find(base);
+    if (e) return run_command(e, argc, argv);
     int quiet = ps_dist_rank() != 0; /* the top-level usage and errors: rank 0 says them */
     if (argc < 2) {
         if (!quiet) usage(stderr);
@@ -93,8 +83,12 @@ int main(int argc, char **argv) {
         if (!quiet) printf("phasescope %s\n", PS_VERSION);
         return ps_dist_exit(0, 0);
     }
-    for (int i = 0; i < N_CMDS; i++)
-        if (!strcmp(argv[1], CMDS[i]->name)) return run_command(CMDS[i], argc - 1, argv + 1);
+    if (!strcmp(argv[1], "--commands")) { /* the registry's names, one a line (the build's per-command links) */
+        if (!quiet)
+            for (int i = 0; i < ps_registry_n; i++) printf("%s\n", ps_registry[i].cmd->name);
+        return ps_dist_exit(0, 0);
+    }
+    if ((e = ps_registry_find(argv[1]))) return run_command(e, argc - 1, argv + 1);
     if (!quiet) fprintf(stderr, "phasescope: unknown command \"%s\" (see phasescope --help)\n", argv[1]);
     return ps_dist_exit(2, 1);
 }

@@ -5,8 +5,12 @@ set -euo pipefail
 # OpenAI-compatible server), docs/served-models.md.
 # libopenmpi-dev and openmpi-bin: Open MPI for the sharded instruments and data-parallel training under mpirun
 # (docs/scale-out.md); the build uses it when found (PS_MPI=AUTO) and runs as one process without it.
+# python3, python3-numpy, python3-pytest, python3-nbconvert, python3-ipykernel (and python3-setuptools,
+# python3-wheel, python3-venv for `pip install ./python`): the Python package python/phasescope, its tests
+# and the notebook docs/notebooks/phase_tour.ipynb that `make test` executes (docs/python.md).
 PKGS=(gcc make cmake pkg-config libopenblas-openmp-dev libjansson-dev libpng-dev libcairo2-dev fonts-dejavu-core clang libclang-rt-14-dev libomp-dev
-      libpcre2-dev libutf8proc-dev libopenmpi-dev openmpi-bin libcurl4-openssl-dev libmicrohttpd-dev)
+      libpcre2-dev libutf8proc-dev libopenmpi-dev openmpi-bin libcurl4-openssl-dev libmicrohttpd-dev
+      python3 python3-numpy python3-pytest python3-nbconvert python3-ipykernel python3-setuptools python3-wheel python3-venv)
 missing=()
 for p in "${PKGS[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then missing+=("$p"); fi

@@ -20,9 +20,10 @@ declare -A may=(
   [viz]="viz interventions tasks text gates dist core"
   [probe]="probe interventions tasks text gates dist core"
   [serve]="serve viz interventions train tasks text gates dist core"
-  [experiments]="experiments serve probe viz interventions train tasks text gates dist core"
+  [experiments]="experiments api serve probe viz interventions train tasks text gates dist core"
+  [api]="api experiments serve probe viz interventions train tasks text gates dist core"
 )
-layers="core text gates dist tasks interventions train viz probe serve experiments"
+layers="core text gates dist tasks interventions train viz probe serve experiments api"
 # the layer headers by file name (a bare include of one of them is an error)
 declare -A headers=()
 for layer in $layers; do

@@ -8,7 +8,9 @@
  * order check (as ps_render_docs always has), but draws one result at a time, so in effect only sweeps
  * share a figure (several models' curves on one axis) and knockouts one (panels side by side). */
 static const ps_kind KINDS[] = {
-    /* name        check               render               shares   multi  several (multi = 0)  [finish: reserved] */
+    /* name        check               render               shares   multi  several (multi = 0)
+     * (which command writes a kind, and how its partial results are finished: experiments/registry.c,
+     * whose kinds tests/check_api_symbols.sh checks against this table) */
     {"sweep",      ps_check_sweep,     ps_render_curves,    "",      1,     NULL},
     {"knockout",   ps_check_knockout,  ps_render_knockout,  "",      1,     NULL},
     {"gatecycle",  ps_check_gatecycle, ps_render_curves,    "sweep", 0,     "gate-cycling results"},

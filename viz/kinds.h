@@ -32,9 +32,9 @@ typedef struct {
     int multi;                       /* 1: several results of this kind are drawn in one figure */
     const char *several;             /* multi = 0: what several of them are called when refused
                                       * ("render: theory results are drawn one at a time") */
-    /* finish: reserved. The instruments' aggregation of partial results (--shard / MPI merge) is still
-     * dispatched by experiments/cmd_merge.c; when it moves into the instruments' modules, its function
-     * joins this struct here, and a kind's table line names it. */
+    /* The finish of partial results (--shard / MPI, `phasescope merge`) is the instrument's, in the command
+     * registry (experiments/registry.c: command, finish, result kind, result file, splits), which names
+     * this table's kinds (tests/check_api_symbols.sh checks every one is here). */
 } ps_kind;
 
 /* The kind called name, or NULL when none is. */

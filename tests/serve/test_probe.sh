@@ -80,6 +80,9 @@ if fake slow 0.02; then
     bad "the resumed run's sweep.json differs from the unbroken run's"
   fi
   [ "$(field "$T/kr/sweep.json" provenance.probe.scoring)" = echo ] || bad "scoring of the stand-in is not echo"
+  # the console says which scoring was chosen and why (auto against a server that only echoes; a resumed run)
+  grep -q "^scoring: echo (--scoring auto: the server echoes the prompt" "$T/kr0.log" && grep -q "^scoring: echo (the scoring of the journal's run" "$T/kr2.log" &&
+    ok "the console names the scoring and why ($(grep '^scoring:' "$T/kr0.log"))" || bad "no scoring line: $(grep '^scoring' "$T/kr0.log" "$T/kr2.log")"
   # the same --out with another plan: refused
   if $PS probe --endpoint "http://127.0.0.1:$FP" --tokenizer "$TINY" --pairs 2 --n 6 --period 4 --seed 6 --out "$T/kr" >"$T/kr3.log" 2>&1; then
     bad "a journal of another plan was accepted"
@@ -158,6 +161,9 @@ run_pair pad "--n 2 --seed 3" ""
 run_pair move "--n 1 --seed 4 --mode move" ""
 run_pair echo "--n 1 --seed 5" "--scoring echo"
 run_pair greedy "--n 1 --seed 5" "--scoring greedy --concurrency 4"
+grep -q "^scoring: prompt-logprobs (--scoring auto: the server returns prompt_logprobs)" "$T/remote_pad.log" &&
+  grep -q "^scoring: greedy (as --scoring asked)" "$T/remote_greedy.log" && ok "scoring lines: auto against serve, --scoring greedy" ||
+  bad "scoring lines: $(grep -h '^scoring' "$T/remote_pad.log" "$T/remote_greedy.log")"
 
 # the fillers experiment: the same points (top-1 ids, all_top1, delta) and test as the local fillers
 FX="$S/tests/serve/fillers_small.json"

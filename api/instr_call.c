@@ -1,0 +1,445 @@
+/* instr_call.c — every instrument of the registry (experiments/registry.h) as one call
+ * (include/phasescope.h, "instruments"): the request's keys become the command's flags, the command runs
+ * exactly as the CLI runs it (ps_command_call: the same flag table, defaults, checks, messages and
+ * code path), into --out (the request's, or a private temporary directory), and the result is what it
+ * wrote: the result JSON as text (bit for bit the file), the numeric arrays in it, the files. */
+#define _POSIX_C_SOURCE 200809L
+#include <dirent.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "api/api_internal.h"
+#include "core/fileio.h"
+#include "experiments/registry.h"
+
+typedef struct {
+    char *name;
+    int rank;
+    int64_t shape[8];
+    double *data;
+} res_array;
+
+struct ps_api_result {
+    char *json, *kind, *dir, *files_json;
+    int temp; /* dir is ours: removed by ps_api_result_free */
+    int n, cap;
+    res_array *a;
+};
+
+/* ---- the registry as JSON ---- */
+
+PS_API char *ps_api_instruments_json(void) {
+    json_t *list = json_array();
+    for (int i = 0; i < ps_registry_n; i++) {
+        const ps_registry_entry *e = &ps_registry[i];
+        if (!e->instrument) continue;
+        json_t *flags = json_array();
+        for (const ps_flag_spec *f = e->cmd->flags; f && f->name; f++)
+            json_array_append_new(flags, json_pack("{s:s, s:s?, s:s, s:b}", "name", f->name + 2, "value", f->value, "help",
+                                                   f->help ? f->help : "", "required", f->required));
+        json_array_append_new(list, json_pack("{s:s, s:s, s:s?, s:s?, s:b, s:o}", "name", e->cmd->name, "summary",
+                                              e->cmd->summary, "kind", e->kind, "result", e->result, "splits", e->splits,
+                                              "flags", flags));
+    }
+    char *s = json_dumps(list, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(list);
+    return s;
+}
+
+/* ---- the request as a command line ---- */
+
+typedef struct {
+    char **v;
+    int n, cap;
+} argv_t;
+
+static int push(argv_t *a, const char *s) {
+    if (a->n + 1 >= a->cap) {
+        int cap = a->cap ? 2 * a->cap : 16;
+        char **nv = realloc(a->v, (size_t)cap * sizeof *nv);
+        if (!nv) return -1;
+        a->v = nv, a->cap = cap;
+    }
+    if (!(a->v[a->n] = strdup(s))) return -1;
+    a->v[++a->n] = NULL;
+    return 0;
+}
+
+static void argv_free(argv_t *a) {
+    for (int i = 0; i < a->n; i++) free(a->v[i]);
+    free(a->v);
+}
+
+static const ps_flag_spec *find_flag(const ps_command *cmd, const char *flag) {
+    for (const ps_flag_spec *f = cmd->flags; f && f->name; f++)
+        if (!strcmp(f->name, flag)) return f;
+    return NULL;
+}
+
+/* a scalar request value as flag text */
+static int scalar_text(json_t *v, char *buf, size_t n) {
+    if (json_is_string(v)) snprintf(buf, n, "%s", json_string_value(v));
+    else if (json_is_integer(v)) snprintf(buf, n, "%lld", (long long)json_integer_value(v));
+    else if (json_is_real(v)) snprintf(buf, n, "%.17g", json_real_value(v));
+    else if (json_is_true(v)) snprintf(buf, n, "true");
+    else return -1;
+    return 0;
+}
+
+static int request_args(const ps_command *cmd, json_t *req, argv_t *av, ps_error *e) {
+    const char *key;
+    json_t *v;
+    json_object_foreach(req, key, v) {
+        char flag[128], text[8192];
+        snprintf(flag, sizeof flag, "--%s", key);
+        for (char *c = flag + 2; *c; c++)
+            if (*c == '_') *c = '-';
+        const ps_flag_spec *f = find_flag(cmd, flag);
+        if (!f) {
+            ps_fail(e, "request key \"%s\": unknown flag %s of %s (ps_api_instruments_json lists its flags)", key, flag, cmd->name);
+            e->usage = 1;
+            return -1;
+        }
+        if (json_is_null(v) || json_is_false(v)) continue; /* absent */
+        if (!f->value) { /* a switch */
+            if (!json_is_true(v)) {
+                ps_fail(e, "request key \"%s\": %s is a switch (true, false or null)", key, flag);
+                e->usage = 1;
+                return -1;
+            }
+            if (push(av, flag)) return ps_fail(e, "out of memory");
+            continue;
+        }
+        if (json_is_array(v)) {
+            size_t o = 0, i;
+            json_t *x;
+            text[0] = '\0';
+            json_array_foreach(v, i, x) {
+                char one[4096];
+                if (scalar_text(x, one, sizeof one) || json_is_true(x)) {
+                    ps_fail(e, "request key \"%s\": item %zu of the list is not a number or a string", key, i);
+                    e->usage = 1;
+                    return -1;
+                }
+                o += (size_t)snprintf(text + o, sizeof text - o, "%s%s", i ? "," : "", one);
+                if (o >= sizeof text) {
+                    ps_fail(e, "request key \"%s\": the list is too long", key);
+                    e->usage = 1;
+                    return -1;
+                }
+            }
+        } else if (scalar_text(v, text, sizeof text)) {
+            ps_fail(e, "request key \"%s\": expected a string, a number, a list or a boolean", key);
+            e->usage = 1;
+            return -1;
+        }
+        if (push(av, flag) || push(av, text)) return ps_fail(e, "out of memory");
+    }
+    return 0;
+}
+
+/* ---- the result ---- */
+
+static int add_array(ps_api_result *r, const char *name, int rank, const int64_t *shape, double *data) {
+    if (r->n == r->cap) {
+        int cap = r->cap ? 2 * r->cap : 16;
+        res_array *na = realloc(r->a, (size_t)cap * sizeof *na);
+        if (!na) return -1;
+        r->a = na, r->cap = cap;
+    }
+    res_array *a = &r->a[r->n];
+    if (!(a->name = strdup(name))) return -1;
+    a->rank = rank;
+    for (int k = 0; k < rank; k++) a->shape[k] = shape[k];
+    a->data = data;
+    r->n++;
+    return 0;
+}
+
+/* The numeric arrays of a result, columnwise: vals[0..n) are the values at one place of the document in
+ * every record of the lists above it (outer shape shape[0..rank)). Numbers there (null: NaN) make an
+ * array of that shape; objects are descended key by key ("a.b"); lists of one length add an axis (a list
+ * of records becomes columns: curve.residues.accuracy [P]; grid.cells.residues.delta_nll [cells, P]).
+ * Anything else (strings, booleans, ragged lists, mixed kinds) is left out. */
+#define RES_MAX_RANK 8
+static int collect(ps_api_result *r, json_t **vals, int64_t n, char *path, size_t cap, int64_t *shape, int rank) {
+    size_t l = strlen(path);
+    if (n == 0) return 0;
+    int all_num = 1, all_obj = 1, all_arr = 1, any_num = 0;
+    for (int64_t i = 0; i < n; i++) {
+        json_t *v = vals[i];
+        all_num &= json_is_number(v) || json_is_null(v);
+        any_num |= json_is_number(v);
+        all_obj &= json_is_object(v);
+        all_arr &= json_is_array(v) && json_array_size(v) == json_array_size(vals[0]);
+    }
+    if (all_num && any_num) {
+        double *d = malloc((size_t)n * sizeof *d);
+        if (!d) return -1;
+        for (int64_t i = 0; i < n; i++) d[i] = json_is_number(vals[i]) ? json_number_value(vals[i]) : 0.0 / 0.0;
+        if (add_array(r, path, rank, shape, d)) return free(d), -1;
+        return 0;
+    }
+    if (all_obj) {
+        json_t **sub = malloc((size_t)n * sizeof *sub);
+        if (!sub) return -1;
+        const char *k;
+        json_t *x;
+        json_object_foreach(vals[0], k, x) {
+            if (l == 0 && !strcmp(k, "provenance")) continue;
+            int64_t i = 0;
+            for (; i < n && (sub[i] = json_object_get(vals[i], k)); i++) {}
+            if (i < n) continue; /* not in every record */
+            snprintf(path + l, cap - l, "%s%s", l ? "." : "", k);
+            int rc = collect(r, sub, n, path, cap, shape, rank);
+            path[l] = '\0';
+            if (rc) return free(sub), -1;
+        }
+        free(sub);
+        return 0;
+    }
+    if (all_arr && rank < RES_MAX_RANK) {
+        int64_t m = (int64_t)json_array_size(vals[0]);
+        if (m == 0) return 0;
+        json_t **sub = malloc((size_t)(n * m) * sizeof *sub);
+        if (!sub) return -1;
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t j = 0; j < m; j++) sub[i * m + j] = json_array_get(vals[i], (size_t)j);
+        shape[rank] = m;
+        int rc = collect(r, sub, n * m, path, cap, shape, rank + 1);
+        free(sub);
+        return rc;
+    }
+    return 0;
+}
+
+static int is_json_name(const char *s) {
+    size_t l = strlen(s);
+    return l > 5 && !strcmp(s + l - 5, ".json");
+}
+
+/* the files the run wrote (regular files, sorted), as JSON; the result JSON's name when the registry
+ * does not give it: the one .json file */
+static int list_files(ps_api_result *r, const char *result, char *found, size_t n, ps_error *e) {
+    struct dirent **ents;
+    int k = scandir(r->dir, &ents, NULL, alphasort);
+    if (k < 0) return ps_fail(e, "%s: cannot list the run's directory", r->dir);
+    json_t *files = json_array();
+    int n_json = 0;
+    found[0] = '\0';
+    for (int i = 0; i < k; i++) {
+        char p[4400];
+        struct stat st;
+        snprintf(p, sizeof p, "%s/%s", r->dir, ents[i]->d_name);
+        if (stat(p, &st) == 0 && S_ISREG(st.st_mode)) {
+            json_array_append_new(files, json_string(ents[i]->d_name));
+            if (is_json_name(ents[i]->d_name)) {
+                n_json++;
+                if (!result) snprintf(found, n, "%s", ents[i]->d_name);
+            }
+        }
+        free(ents[i]);
+    }
+    free(ents);
+    if (result) snprintf(found, n, "%s", result);
+    else if (n_json != 1) found[0] = '\0';
+    r->files_json = json_dumps(files, JSON_COMPACT);
+    json_decref(files);
+    return r->files_json ? 0 : ps_fail(e, "out of memory");
+}
+
+static void remove_dir(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
+        char p[4400];
+        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+        struct stat st;
+        if (lstat(p, &st) == 0 && S_ISDIR(st.st_mode)) remove_dir(p);
+        else unlink(p);
+    }
+    closedir(d);
+    rmdir(dir);
+}
+
+PS_API void ps_api_result_free(ps_api_result *r) {
+    if (!r) return;
+    if (r->temp && r->dir) remove_dir(r->dir);
+    for (int i = 0; i < r->n; i++) {
+        free(r->a[i].name);
+        free(r->a[i].data);
+    }
+    free(r->a);
+    free(r->json);
+    free(r->kind);
+    free(r->dir);
+    free(r->files_json);
+    free(r);
+}
+
+PS_API int ps_api_instrument(ps_api_model *m, const char *name, const char *request_json, ps_api_result **out, char *err,
+                             size_t errlen) {
+    if (!out) return ps_api_say(err, errlen, PS_API_EINPUT, "ps_api_instrument: out is NULL");
+    *out = NULL;
+    const ps_registry_entry *en = ps_registry_find(name);
+    if (!en || !en->instrument) {
+        char list[512] = "";
+        size_t o = 0;
+        for (int i = 0; i < ps_registry_n && o < sizeof list; i++)
+            if (ps_registry[i].instrument) {
+                int w = snprintf(list + o, sizeof list - o, "%s%s", o ? ", " : "", ps_registry[i].cmd->name);
+                if (w > 0) o += (size_t)w;
+            }
+        return ps_api_say(err, errlen, PS_API_EINPUT, "%s: not an instrument (the instruments: %s)", name ? name : "(null)", list);
+    }
+    const ps_command *cmd = en->cmd;
+    ps_error e = {0};
+    json_error_t je;
+    json_t *req = request_json && *request_json ? json_loads(request_json, 0, &je) : json_object();
+    if (!req || !json_is_object(req)) {
+        json_decref(req);
+        return ps_api_say(err, errlen, PS_API_EINPUT, "%s: the request is not a JSON object%s%s", name, req ? "" : ": ",
+                          req ? "" : je.text);
+    }
+    ps_api_result *r = calloc(1, sizeof *r);
+    argv_t av = {0};
+    int rc = -1;
+    if (!r || push(&av, cmd->name)) {
+        ps_fail(&e, "out of memory");
+        goto done;
+    }
+    if (request_args(cmd, req, &av, &e)) goto done;
+    /* the model handle's checkpoint and device, unless the request names its own */
+    if (m && find_flag(cmd, "--model") && !json_object_get(req, "model") && (push(&av, "--model") || push(&av, m->path))) {
+        ps_fail(&e, "out of memory");
+        goto done;
+    }
+    if (m && find_flag(cmd, "--backend") && !json_object_get(req, "backend") && !json_object_get(req, "device") &&
+        (push(&av, "--backend") || push(&av, m->device))) {
+        ps_fail(&e, "out of memory");
+        goto done;
+    }
+    json_t *o = json_object_get(req, "out");
+    if (o && json_is_string(o)) r->dir = strdup(json_string_value(o));
+    else if (find_flag(cmd, "--out")) {
+        const char *tmp = getenv("TMPDIR");
+        char tmpl[4200];
+        snprintf(tmpl, sizeof tmpl, "%s/phasescope-%s-XXXXXX", tmp && *tmp ? tmp : "/tmp", cmd->name);
+        if (!mkdtemp(tmpl)) {
+            ps_fail(&e, "%s: cannot create a temporary directory for the result", tmpl);
+            goto done;
+        }
+        r->dir = strdup(tmpl);
+        r->temp = 1;
+        if (!r->dir || push(&av, "--out") || push(&av, tmpl)) {
+            if (!r->dir) remove_dir(tmpl);
+            ps_fail(&e, "out of memory");
+            goto done;
+        }
+    }
+    fflush(stdout);
+    if (ps_command_call(cmd, av.n, av.v, &e)) goto done;
+    fflush(stdout);
+    if (r->dir) {
+        struct stat st;
+        char file[512];
+        if (stat(r->dir, &st) == 0 && S_ISDIR(st.st_mode)) {
+            if (list_files(r, en->result, file, sizeof file, &e)) goto done;
+            if (file[0]) {
+                char path[4800];
+                size_t len;
+                snprintf(path, sizeof path, "%s/%s", r->dir, file);
+                if (ps_read_file(path, (size_t)1 << 31, &r->json, &len, &e)) goto done;
+                json_t *doc = json_loads(r->json, 0, &je);
+                if (!doc) {
+                    ps_fail(&e, "%s: the result is not JSON: %s", path, je.text);
+                    goto done;
+                }
+                json_t *k = json_object_get(doc, "kind");
+                if (json_is_string(k) && !(r->kind = strdup(json_string_value(k)))) ps_fail(&e, "out of memory");
+                char p[1024] = "";
+                int64_t shape[RES_MAX_RANK];
+                json_t *top[1] = {doc};
+                if (!e.msg[0] && collect(r, top, 1, p, sizeof p, shape, 0)) ps_fail(&e, "out of memory for the result's arrays");
+                json_decref(doc);
+                if (e.msg[0]) goto done;
+            }
+        }
+    }
+    if (!r->files_json && !(r->files_json = strdup("[]"))) {
+        ps_fail(&e, "out of memory");
+        goto done;
+    }
+    rc = 0;
+done:
+    argv_free(&av);
+    json_decref(req);
+    if (rc) {
+        ps_api_result_free(r);
+        return ps_api_report(&e, err, errlen);
+    }
+    *out = r;
+    return PS_API_OK;
+}
+
+PS_API const char *ps_api_result_json(const ps_api_result *r) { return r->json; }
+PS_API const char *ps_api_result_kind(const ps_api_result *r) { return r->kind; }
+PS_API int ps_api_result_count(const ps_api_result *r) { return r->n; }
+PS_API const char *ps_api_result_name(const ps_api_result *r, int i) { return i >= 0 && i < r->n ? r->a[i].name : NULL; }
+PS_API const double *ps_api_result_data(const ps_api_result *r, int i) { return i >= 0 && i < r->n ? r->a[i].data : NULL; }
+PS_API const int64_t *ps_api_result_shape(const ps_api_result *r, int i, int *rank) {
+    if (i < 0 || i >= r->n) {
+        if (rank) *rank = 0;
+        return NULL;
+    }
+    if (rank) *rank = r->a[i].rank;
+    return r->a[i].shape;
+}
+PS_API int ps_api_result_find(const ps_api_result *r, const char *name) {
+    for (int i = 0; name && i < r->n; i++)
+        if (!strcmp(r->a[i].name, name)) return i;
+    return -1;
+}
+PS_API const char *ps_api_result_dir(const ps_api_result *r) { return r->dir; }
+PS_API const char *ps_api_result_files_json(const ps_api_result *r) { return r->files_json; }
+
+PS_API int ps_api_result_save(const ps_api_result *r, const char *dir, char *err, size_t errlen) {
+    if (!dir || !*dir) return ps_api_say(err, errlen, PS_API_EINPUT, "no directory given");
+    if (!r->dir) return ps_api_say(err, errlen, PS_API_EINPUT, "the run wrote no files");
+    ps_error e = {0};
+    char d[4096];
+    snprintf(d, sizeof d, "%s", dir);
+    for (char *s = d + 1; *s; s++) /* mkdir -p */
+        if (*s == '/') {
+            *s = '\0';
+            if (ps_mkdir(d, &e)) return ps_api_report(&e, err, errlen);
+            *s = '/';
+        }
+    if (ps_mkdir(d, &e)) return ps_api_report(&e, err, errlen);
+    json_t *files = json_loads(r->files_json, 0, NULL);
+    size_t i;
+    json_t *f;
+    int rc = PS_API_OK;
+    json_array_foreach(files, i, f) {
+        char src[4400], dst[4400];
+        size_t len;
+        snprintf(src, sizeof src, "%s/%s", r->dir, json_string_value(f));
+        snprintf(dst, sizeof dst, "%s/%s", d, json_string_value(f));
+        if (!strcmp(src, dst)) continue;
+        char *data = NULL;
+        if (ps_read_file(src, (size_t)1 << 34, &data, &len, &e) || ps_write_file_atomic(dst, data, len, &e)) {
+            free(data);
+            rc = ps_api_report(&e, err, errlen);
+            break;
+        }
+        free(data);
+    }
+    json_decref(files);
+    return rc;
+}

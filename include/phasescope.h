@@ -1,0 +1,272 @@
+/* phasescope.h — the public C API of phasescope (libphasescope.so): open a checkpoint of any family, run
+ * it with TransformerLens-style hooks and caches, take gradients at hook points, and run every instrument
+ * of the CLI as one call. This header is the whole interface: it includes only <stddef.h> and <stdint.h>,
+ * and libphasescope.so exports only the names declared here (every one starts with ps_api_). docs/api.md
+ * describes it at length.
+ *
+ * Conventions (for C and for a binding such as Python's ctypes):
+ *  - Handles are opaque pointers (ps_api_model, ps_api_hooks, ps_api_output, ps_api_result); no struct
+ *    crosses the boundary. Arguments are plain C types, arrays of them, NUL-terminated UTF-8 strings, JSON
+ *    text, and callbacks with the C signatures below.
+ *  - Errors: a function that can fail returns int: 0 on success, PS_API_EINPUT (2) when the caller asked
+ *    for something invalid (a bad path, hook name, token, flag or value), PS_API_EFAIL (1) for any other
+ *    failure (a file, a computation, memory, a callback that aborted). It takes `char *err, size_t errlen`
+ *    last: on failure one NUL-terminated line naming what is at fault is written there (truncated to
+ *    errlen; err may be NULL). A failure leaves every handle usable (the model runs again).
+ *    Functions that cannot fail return the value itself (NULL / -1 for "none").
+ *  - Ownership: what a ps_api_*_new / ps_api_open / ps_api_run_* / ps_api_instrument call hands out, the
+ *    caller frees with the matching *_free / ps_api_close. Pointers read from a handle (names, arrays,
+ *    shapes, JSON text) belong to the handle and stay valid until it is freed: later runs never move or
+ *    change them. Strings marked "caller frees" are released with ps_api_free.
+ *  - Threads: a handle is used by one thread at a time (calls on distinct handles from several threads
+ *    are not tested). There is no global "last error": the message is in err. An instrument call sets
+ *    the default matrix precision of new contexts from its request, as the CLI does.
+ *  - Versioning: PS_API_VERSION is this header's version; ps_api_version() the library's. They are equal
+ *    for a matching pair; a binding checks that they are (a change to any signature or meaning below
+ *    increments it; additions increment it too).
+ */
+#ifndef PHASESCOPE_H
+#define PHASESCOPE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(PS_API_BUILD)
+#define PS_API __attribute__((visibility("default")))
+#else
+#define PS_API
+#endif
+
+#define PS_API_VERSION 1
+
+/* return values of the functions that can fail */
+#define PS_API_OK 0
+#define PS_API_EFAIL 1  /* a file, a computation, memory, an aborted pass */
+#define PS_API_EINPUT 2 /* the caller asked for something invalid (path, name, token, flag, value) */
+
+/* ---- the library ---- */
+
+/* PS_API_VERSION of the library (compare with the header's). */
+PS_API int ps_api_version(void);
+/* phasescope's release, e.g. "0.1.0". Static storage. */
+PS_API const char *ps_api_release(void);
+/* The compute backends (devices) this build has, comma-separated ("cpu" or "cpu, cuda"). Static storage. */
+PS_API const char *ps_api_devices(void);
+/* Releases a string marked "caller frees". NULL is fine. */
+PS_API void ps_api_free(void *p);
+
+/* ---- a checkpoint ---- */
+
+typedef struct ps_api_model ps_api_model;
+
+/* Open the checkpoint directory `path` of any family phasescope reads (its own checkpoints, Hugging Face
+ * Qwen3 checkpoints, DeepSeek-V4 checkpoints) on `device` (NULL: "cpu"; ps_api_devices lists the
+ * others), weights included. *out gets the handle (NULL on failure). */
+PS_API int ps_api_open(const char *path, const char *device, ps_api_model **out, char *err, size_t errlen);
+/* ps_api_open with options: a JSON object (NULL or "" for none) of
+ *   "lazy": true|false  true: load each layer's weights when it runs (DeepSeek-V4 checkpoints larger than
+ *                       memory); false: every layer at once; absent: the family decides (one layer at a
+ *                       time when the float32 weights take more than half of the memory available)
+ *   "layers": N         every run stops after layers 0..N-1 (1 <= N <= the model's layers; families that
+ *                       can stop early: DeepSeek-V4): no logits then (ps_api_output_logits is NULL), and a
+ *                       hook point past them is refused
+ * An option the checkpoint's family does not take is a PS_API_EINPUT error naming it. */
+PS_API int ps_api_open_ex(const char *path, const char *device, const char *options_json, ps_api_model **out, char *err,
+                          size_t errlen);
+PS_API void ps_api_close(ps_api_model *m);
+
+/* The family's name ("phasescope", "deepseek_v4"), the directory, the device. Owned by the model. */
+PS_API const char *ps_api_family(const ps_api_model *m);
+PS_API const char *ps_api_path(const ps_api_model *m);
+PS_API const char *ps_api_device(const ps_api_model *m);
+PS_API int64_t ps_api_n_layers(const ps_api_model *m);
+PS_API int64_t ps_api_vocab_size(const ps_api_model *m);
+/* The longest token sequence the model takes (its max_seq_len / max_position_embeddings). */
+PS_API int64_t ps_api_max_tokens(const ps_api_model *m);
+/* What bounds it, as the config names it ("max_seq_len", "max_position_embeddings"). Static storage. */
+PS_API const char *ps_api_max_tokens_name(const ps_api_model *m);
+/* The config as JSON text (what results record as provenance.config). Owned by the model. */
+PS_API const char *ps_api_config_json(const ps_api_model *m);
+
+/* ---- tokenizers ----
+ * A Hugging Face tokenizer.json (byte-level BPE, as `phasescope tokenize` reads it: docs/tokenizers.md),
+ * e.g. the one beside a checkpoint. */
+typedef struct ps_api_tokenizer ps_api_tokenizer;
+PS_API int ps_api_tokenizer_open(const char *path, ps_api_tokenizer **out, char *err, size_t errlen);
+PS_API void ps_api_tokenizer_free(ps_api_tokenizer *t);
+/* One past the largest id (model vocabulary and added tokens). */
+PS_API int64_t ps_api_tokenizer_vocab_size(const ps_api_tokenizer *t);
+/* len bytes of text to ids: *ids (caller frees, ps_api_free) gets *n ids; add_special: the
+ * post-processor's special tokens (e.g. a BOS). */
+PS_API int ps_api_encode(const ps_api_tokenizer *t, const char *text, size_t len, int add_special, int32_t **ids, int64_t *n,
+                         char *err, size_t errlen);
+/* ids to UTF-8 text: *text (NUL-terminated, caller frees, ps_api_free) gets *len bytes; skip_special: leave
+ * out the special added tokens. An id outside the vocabulary is PS_API_EINPUT naming its position. */
+PS_API int ps_api_decode(const ps_api_tokenizer *t, const int32_t *ids, int64_t n, int skip_special, char **text, size_t *len,
+                         char *err, size_t errlen);
+
+/* ---- hook points ----
+ * The family's point table (docs/hooks.md), one entry per point pattern, as a JSON list of objects
+ * {"name": pattern ("blocks.{L}.attn.hook_k", "embed"), "shape": "[B, T, n_kv, hd]", "head_axis": 2 or
+ * -1, "layers": the layers of this checkpoint that have it ("0-3", "once", ...), "layer_list": [0, 1, ...]
+ * (empty for a global point), "what": one line}. Owned by the model. */
+PS_API const char *ps_api_hook_points_json(const ps_api_model *m);
+/* Every concrete hook name of this checkpoint ("blocks.0.attn.hook_q", ...), in firing order, as a JSON
+ * list of strings. Owned by the model. */
+PS_API const char *ps_api_hook_names_json(const ps_api_model *m);
+/* The shape of hook `name`'s activation for B sequences of T tokens: its rank (1-4) with dims[0..rank),
+ * or 0 with err set when the name is not a point of this checkpoint (the message lists the valid ones) or
+ * lies past the layers the model runs (ps_api_open_ex's "layers"). */
+PS_API int ps_api_hook_shape(const ps_api_model *m, const char *name, int64_t B, int64_t T, int64_t dims[4], char *err,
+                             size_t errlen);
+
+/* ---- hooks: host callbacks and backend-side actions in one list ----
+ *
+ * A ps_api_hooks is an ordered list of (hook name, callback or action). On a point, entries fire in the
+ * order they were added, each seeing what the earlier ones wrote (TransformerLens's fwd_hooks). A list
+ * does not belong to a model: it is checked against the model at each run (a bad name fails the run with
+ * a message listing the valid names), and may be reused across runs and models. */
+typedef struct ps_api_hooks ps_api_hooks;
+
+/* A host callback: the activation of hook `name` as float32 in the point's layout (docs/hooks.md), shape
+ * [rank] dims, C order. It may overwrite data in place (the change flows on through the pass). Return 0
+ * to continue; non-zero aborts the pass, which fails with PS_API_EFAIL and the message the callback left
+ * with ps_api_hooks_fail (or "hook NAME: the callback returned R"). data is valid during the call only. */
+typedef int (*ps_api_hook_fn)(const char *name, float *data, const int64_t *shape, int rank, void *user);
+
+PS_API ps_api_hooks *ps_api_hooks_new(void);
+PS_API void ps_api_hooks_free(ps_api_hooks *h);
+/* Drop every entry (the list is empty again). */
+PS_API void ps_api_hooks_clear(ps_api_hooks *h);
+/* Add a host callback on hook `name`. */
+PS_API int ps_api_hooks_add_fn(ps_api_hooks *h, const char *name, ps_api_hook_fn fn, void *user, char *err, size_t errlen);
+/* A callback about to return non-zero leaves its message here (copied); the pass fails with
+ * "hook NAME: MESSAGE". */
+PS_API void ps_api_hooks_fail(ps_api_hooks *h, const char *message);
+
+/* Backend-side actions (core/hooks.h, TransformerLens names): they run inside the backend, with no copy
+ * of the activation to the host.
+ *   ZERO          x[b, t, head] = 0
+ *   SET           x[b, t, head] = src[t, head] (src [npos, <inner>]), or src[head] at every position
+ *                 (src [<inner>]: one position's values)
+ *   ADD           x[b, t, head] += scale * src[t, head] (or src[head] at every position, as SET)
+ *   MEAN_REPLACE  x[b, t, head] = mean over s of src[s, t, head] (src [S, npos, <inner>]: activations of
+ *                 S sequences at this point, e.g. from a cache; the mean is taken in double, in order)
+ *   PATCH         x[b, t, head] = src[b - seq0, t, head] (src [S, npos, <inner>]: another run's activation
+ *                 at this point, S >= the sequences patched)
+ * <inner> is the point's layout after the position axis ([n_kv, hd] for hook_k; [d] for hook_resid_pre):
+ * src always holds every head, `head` >= 0 picks one of a 4-d point's axis-2 heads (-1: the whole
+ * position). The action touches sequences [seq0, seq1) and positions [pos0, pos1) (seq1 = 0, pos1 = 0: to
+ * the end). src (src_rank dims src_shape) is copied when the action is added. */
+#define PS_API_ZERO 1
+#define PS_API_SET 2
+#define PS_API_ADD 3
+#define PS_API_MEAN_REPLACE 4
+#define PS_API_PATCH 5
+PS_API int ps_api_hooks_add_action(ps_api_hooks *h, const char *name, int kind, int head, int64_t seq0, int64_t seq1,
+                                   int64_t pos0, int64_t pos1, const float *src, const int64_t *src_shape, int src_rank,
+                                   float scale, char *err, size_t errlen);
+/* The number of entries in the list. */
+PS_API int ps_api_hooks_count(const ps_api_hooks *h);
+
+/* ---- running: logits, caches, gradients ----
+ *
+ * tokens: [B, T] int32 token ids, C order (every sequence T long; 1 <= T <= ps_api_max_tokens, each id in
+ * [0, vocab)). A run hands out a ps_api_output: the logits [B, T, vocab] and the cached activations, each
+ * a named float32 array with its shape, owned by the output (freed with ps_api_output_free; a later run
+ * never changes them). */
+typedef struct ps_api_output ps_api_output;
+
+/* A names filter as a predicate: non-zero keeps hook `name`. */
+typedef int (*ps_api_filter_fn)(const char *name, void *user);
+
+/* Forward with hooks (NULL: none); the output holds the logits only. */
+PS_API int ps_api_run_with_hooks(ps_api_model *m, const int32_t *tokens, int64_t B, int64_t T, ps_api_hooks *hooks,
+                                 ps_api_output **out, char *err, size_t errlen);
+
+/* Forward caching the activations of the chosen hook points: the names in names[0..n_names) (every one a
+ * concrete point name; an invalid one fails with the valid ones listed), else the names `filter` keeps,
+ * else (names NULL and filter NULL) every point of the checkpoint. hooks (may be NULL) run in the same
+ * pass; a cached activation is copied after every hook on its point has run (what later layers saw).
+ *
+ * grads non-zero: also the gradient of the loss with respect to each cached activation, through the
+ * backward hooks (TransformerLens's backward hooks; the controlled model's blocks.{l}.attn.hook_z, hook_k,
+ * hook_v, hook_ck, hook_cv — a named point the backward does not reach is an error naming those it
+ * does; with a filter or every point, the points it does not reach get no gradient). The loss is the mean
+ * cross-entropy over the targets: targets [B, T] int32 (-1: no target at that position), or NULL for the
+ * next token (targets[b, t] = tokens[b, t + 1], none at the last position). */
+PS_API int ps_api_run_with_cache(ps_api_model *m, const int32_t *tokens, int64_t B, int64_t T, const char *const *names,
+                                 int n_names, ps_api_filter_fn filter, void *filter_user, ps_api_hooks *hooks, int grads,
+                                 const int32_t *targets, ps_api_output **out, char *err, size_t errlen);
+
+PS_API void ps_api_output_free(ps_api_output *o);
+/* The logits [B, T, vocab]: shape written to shape[3]; NULL (shape zeros) when the model stops early
+ * (ps_api_open_ex's "layers"). */
+PS_API const float *ps_api_output_logits(const ps_api_output *o, int64_t shape[3]);
+/* The cached arrays: their count, the i-th's name, data and shape (rank written to *rank, dims returned). */
+PS_API int ps_api_output_count(const ps_api_output *o);
+PS_API const char *ps_api_output_name(const ps_api_output *o, int i);
+PS_API const float *ps_api_output_data(const ps_api_output *o, int i);
+PS_API const int64_t *ps_api_output_shape(const ps_api_output *o, int i, int *rank);
+/* The gradient at the i-th cached point (same shape), or NULL when the run took none there. */
+PS_API const float *ps_api_output_grad(const ps_api_output *o, int i);
+/* The index of a cached name, or -1. */
+PS_API int ps_api_output_find(const ps_api_output *o, const char *name);
+/* With grads: the mean loss and the number of target positions (0 without grads). */
+PS_API double ps_api_output_loss(const ps_api_output *o);
+PS_API int64_t ps_api_output_n_targets(const ps_api_output *o);
+
+/* ---- instruments ----
+ *
+ * Every command of the CLI's instrument registry (sweep, knockout, gatecycle, gates, fillers, probe,
+ * train, ...) as one call. The request is a JSON object of the command's flags without their dashes, '-'
+ * inside a name written '-' or '_' ({"n": 16, "layers": [10, 11], "method": "atp", "verify": 4}): a
+ * string, a number, true (a switch, or the value "true"), a list (joined with ',': "10,11"), null or false
+ * (absent). "model" and "backend" default to the model handle's path and device (m may be NULL: then the
+ * request's "model", else the shipped default). The defaults, checks and error messages are the CLI's
+ * (an unknown key is "unknown flag --KEY"). Without "out" the result is written to a private temporary
+ * directory, removed by ps_api_result_free; with "out" there (kept).
+ *
+ * The result: the JSON the CLI writes (the same numbers, bit for bit), the numeric arrays in it (the curve,
+ * the grid), and the files of the run (the JSON, its figures). */
+typedef struct ps_api_result ps_api_result;
+
+/* The registry as JSON: a list of {"name", "summary", "kind" (the result's kind, or null), "result"
+ * (file name, or null), "splits" (its work splits over shards and ranks), "flags": [{"name", "value"
+ * (placeholder, null for a switch), "help", "required"}]}. Caller frees (ps_api_free). */
+PS_API char *ps_api_instruments_json(void);
+
+PS_API int ps_api_instrument(ps_api_model *m, const char *name, const char *request_json, ps_api_result **out,
+                             char *err, size_t errlen);
+PS_API void ps_api_result_free(ps_api_result *r);
+/* The result's JSON text as the CLI writes it (NULL for a command that writes no result JSON, e.g. train),
+ * and its kind ("sweep", "knockout", ...). Owned by the result. */
+PS_API const char *ps_api_result_json(const ps_api_result *r);
+PS_API const char *ps_api_result_kind(const ps_api_result *r);
+/* The numeric arrays of the result JSON (provenance aside), columnwise: every number of the document that
+ * sits at the same place in every record of the lists above it becomes one float64 array (C order; null
+ * is NaN) whose axes are those lists, named by its keys joined with '.': sweep.json's
+ * "curve.residues.accuracy" [P], knockout.json's "grid.cells.residues.delta_nll" [cells, P] and
+ * "grid.cells.layer" [cells]; a plain number is an array of rank 0 ("curve.gap_pp"). Strings, booleans and
+ * ragged lists are left out. At most 8 axes. */
+PS_API int ps_api_result_count(const ps_api_result *r);
+PS_API const char *ps_api_result_name(const ps_api_result *r, int i);
+PS_API const double *ps_api_result_data(const ps_api_result *r, int i);
+PS_API const int64_t *ps_api_result_shape(const ps_api_result *r, int i, int *rank);
+/* The index of an array by name, or -1. */
+PS_API int ps_api_result_find(const ps_api_result *r, const char *name);
+/* The directory the run wrote (the JSON and its figures) and the files in it, as a JSON list of names.
+ * Owned by the result. */
+PS_API const char *ps_api_result_dir(const ps_api_result *r);
+PS_API const char *ps_api_result_files_json(const ps_api_result *r);
+/* Copy what the run wrote (what the CLI's --out DIR holds) into dir (created when absent). */
+PS_API int ps_api_result_save(const ps_api_result *r, const char *dir, char *err, size_t errlen);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

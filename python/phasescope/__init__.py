@@ -1,0 +1,30 @@
+"""phasescope — the phasescope runtime and instruments from Python (numpy arrays, TransformerLens habits),
+over libphasescope.so (include/phasescope.h) through ctypes. docs/python.md describes it.
+
+    import phasescope as ps
+    model = ps.load("data/models/deep_w8s8")
+    logits, cache = model.run_with_cache(tokens, names=lambda n: n.endswith("hook_ck"))
+    logits = model.run_with_hooks(tokens, fwd_hooks=[("blocks.10.attn.hook_ck", ps.actions.zero(head=3))])
+    r = ps.knockout(model, n=16, layers=[10, 11], method="atp", verify=4)
+"""
+from .errors import PhasescopeError
+from . import _lib
+from . import actions
+from .model import ActivationCache, Model, load
+from .tokenizer import Tokenizer
+from .instruments import (Figure, Result, fillers, gatecycle, gates, instruments, knockout, probe, run, sweep,
+                          train)
+
+__version__ = _lib.text(_lib.lib.ps_api_release())
+API_VERSION = _lib.API_VERSION
+library_path = _lib.path
+
+
+def devices():
+    """The compute backends this build of libphasescope.so has (["cpu"] or ["cpu", "cuda"])."""
+    return [d.strip() for d in _lib.text(_lib.lib.ps_api_devices()).split(",") if d.strip()]
+
+
+__all__ = ["PhasescopeError", "actions", "ActivationCache", "Model", "load", "Tokenizer", "Figure", "Result", "fillers",
+           "gatecycle", "gates", "instruments", "knockout", "probe", "run", "sweep", "train", "devices",
+           "library_path", "API_VERSION"]

@@ -1,0 +1,11 @@
+"""errors.py — PhasescopeError: every failure of the library, carrying the C message."""
+
+
+class PhasescopeError(Exception):
+    """A call into phasescope failed. str(e) is the library's message (it names the file, tensor, hook,
+    flag or value at fault); e.code is the C return code (1: a failure, 2: an invalid request; 0 when
+    the check was made on the Python side)."""
+
+    def __init__(self, message, code=0):
+        super().__init__(message)
+        self.code = code

@@ -1,0 +1,359 @@
+"""model.py — ps.load and the Model: a checkpoint opened through the C API, run with TransformerLens habits.
+
+    model = ps.load("data/models/deep_w8s8")
+    logits, cache = model.run_with_cache([[1, 2, 3, 4]], names=["blocks.10.attn.hook_ck"])
+    logits = model.run_with_hooks(tokens, fwd_hooks=[("blocks.10.attn.hook_z", fn),
+                                                     ("blocks.10.attn.hook_ck", ps.actions.zero(head=3))])
+
+Arrays handed out (logits, cache entries, gradients) are views of memory the C output owns; each keeps
+that output alive, and no later call moves or changes it (the header's ownership rule), so they stay valid
+as long as they are referenced."""
+import contextlib
+import ctypes
+import json
+import math
+import os
+import threading
+
+import numpy as np
+
+from . import _lib
+from .actions import Action
+from .errors import PhasescopeError
+
+
+class _Owner:
+    """Frees a C handle when the last array viewing its memory is gone."""
+
+    __slots__ = ("h", "free")
+
+    def __init__(self, h, free):
+        self.h, self.free = h, free
+
+    def __del__(self):
+        if self.h:
+            self.free(self.h)
+            self.h = None
+
+
+def _view(owner, ptr, shape, ctype, dtype):
+    """An ndarray over n = prod(shape) C values at ptr, keeping owner alive."""
+    shape = tuple(int(d) for d in shape)
+    n = math.prod(shape)
+    if n == 0 or not ptr:
+        return np.zeros(shape, dtype)
+    buf = (ctype * n).from_address(ctypes.addressof(ptr.contents))
+    buf._owner = owner  # the array's base is buf; buf keeps the C output
+    return np.frombuffer(buf, dtype=dtype).reshape(shape)
+
+
+class ActivationCache(dict):
+    """hook name -> ndarray, in the order the points fired. For a gradient cache, .loss is the mean loss
+    and .n_targets the number of target positions."""
+
+    loss = None
+    n_targets = None
+
+    def __repr__(self):
+        inner = ", ".join(f"{k!r}: {list(v.shape)}" for k, v in self.items())
+        return f"ActivationCache({{{inner}}})"
+
+
+class _HookRun:
+    """The ps_api_hooks list of one call: Python functions (as C callbacks) and actions, in order. A
+    function's exception is kept and re-raised after the pass the C side aborts."""
+
+    def __init__(self, model, fwd_hooks):
+        self.h = _lib.lib.ps_api_hooks_new()
+        if not self.h:
+            raise PhasescopeError("out of memory for a hook list")
+        self.keep = []
+        self.exc = None
+        try:
+            for entry in fwd_hooks or ():
+                try:
+                    name, what = entry
+                except (TypeError, ValueError):
+                    raise PhasescopeError(f"fwd_hooks: each entry is (name, function or ps.actions.*), not {entry!r}") from None
+                names = [n for n in model.hook_names if name(n)] if callable(name) else [name]
+                for n in names:
+                    self._add(n, what)
+        except BaseException:
+            self.close()
+            raise
+
+    def _add(self, name, what):
+        if not isinstance(name, str):
+            raise PhasescopeError(f"fwd_hooks: a hook name is a string or a predicate, not {name!r}")
+        if isinstance(what, Action):
+            what._add_to(self.h, name)
+        elif callable(what):
+            cb = _lib.HOOK_FN(self._wrap(what))
+            self.keep.append(cb)
+            err = _lib.errbuf()
+            _lib.check(_lib.lib.ps_api_hooks_add_fn(self.h, _lib.enc(name), cb, None, err, _lib.ERRLEN), err)
+        else:
+            raise PhasescopeError(f"fwd_hooks: hook {name}: a function fn(activation, name) or a ps.actions.* action, "
+                                  f"not {what!r}")
+
+    def _wrap(self, fn):
+        def cb(name_b, data, shape_p, rank, user):
+            try:
+                name = name_b.decode("utf-8")
+                shape = tuple(shape_p[i] for i in range(rank))
+                n = math.prod(shape)
+                view = np.ctypeslib.as_array(data, shape) if n else np.zeros(shape, np.float32)
+                act = view.copy()  # a hook may keep what it gets: it never sees memory the pass reuses
+                ret = fn(act, name)
+                out = act if ret is None else ret
+                if not isinstance(out, np.ndarray):
+                    raise PhasescopeError(f"returned {type(out).__name__}, not a numpy array (or None after editing in place)")
+                if out.shape != shape:
+                    raise PhasescopeError(f"returned shape {list(out.shape)}, the activation's is {list(shape)}")
+                if out.dtype != np.float32:
+                    raise PhasescopeError(f"returned dtype {out.dtype}, the activation's is float32")
+                if n:
+                    view[...] = out
+                return 0
+            except BaseException as e:  # KeyboardInterrupt too: the pass stops, the caller gets it
+                self.exc = e
+                _lib.lib.ps_api_hooks_fail(self.h, _lib.enc(f"{type(e).__name__}: {e}" if not isinstance(e, PhasescopeError) else str(e)))
+                return 1
+
+        return cb
+
+    def raise_failure(self, rc, err):
+        msg = err.value.decode("utf-8", "replace")
+        if self.exc is not None and not isinstance(self.exc, PhasescopeError):
+            e, self.exc = self.exc, None
+            e.add_note(f"phasescope: {msg}")
+            raise e
+        self.exc = None
+        _lib.check(rc, err)
+
+    def close(self):
+        if self.h:
+            _lib.lib.ps_api_hooks_free(self.h)
+            self.h = None
+
+
+def _as_tokens(tokens, what="tokens"):
+    """tokens (list of lists, 1-d or 2-d integers) -> C-contiguous int32 [B, T]."""
+    if isinstance(tokens, np.ndarray):
+        a = tokens
+    else:
+        try:
+            a = np.array(tokens)
+        except ValueError:
+            raise PhasescopeError(f"{what}: a list of equal-length token lists, or an integer array [B, T]") from None
+    if a.dtype == object or (a.size and a.dtype.kind not in "iu"):
+        raise PhasescopeError(f"{what}: integer token ids in equal-length sequences, got dtype {a.dtype} "
+                              f"(ragged lists are not a [B, T] array)")
+    if a.ndim == 1:
+        a = a[None, :]
+    if a.ndim != 2 or a.shape[0] == 0 or a.shape[1] == 0:
+        raise PhasescopeError(f"{what}: shape {list(a.shape)}; give [B, T] with B, T >= 1")
+    if a.size and (a.min() < np.iinfo(np.int32).min or a.max() > np.iinfo(np.int32).max):
+        raise PhasescopeError(f"{what}: a token id outside the int32 range ({int(a.min())}..{int(a.max())})")
+    return np.ascontiguousarray(a, dtype=np.int32)
+
+
+class Model:
+    """A checkpoint opened by ps.load. Close it with .close() (or a with block); it is closed when
+    collected too."""
+
+    def __init__(self, path, device="cpu", tokenizer=None, lazy=None, layers=None):
+        if not isinstance(path, (str, os.PathLike)):
+            raise PhasescopeError(f"load: a checkpoint directory path, not {path!r}")
+        path = os.fspath(path)
+        self._h = None
+        self._busy = threading.Lock()  # one call at a time: a hook calling its own model, or another thread
+        opts = {k: v for k, v in (("lazy", lazy), ("layers", layers)) if v is not None}
+        h = ctypes.c_void_p()
+        err = _lib.errbuf()
+        _lib.check(_lib.lib.ps_api_open_ex(_lib.enc(path), _lib.enc(device), _lib.enc(json.dumps(opts)) if opts else None,
+                                           ctypes.byref(h), err, _lib.ERRLEN), err)
+        self._h = h
+        L = _lib.lib
+        self.path = _lib.text(L.ps_api_path(h))
+        self.device = _lib.text(L.ps_api_device(h))
+        self.family = _lib.text(L.ps_api_family(h))
+        self.n_layers = int(L.ps_api_n_layers(h))
+        self.vocab_size = int(L.ps_api_vocab_size(h))
+        self.max_tokens = int(L.ps_api_max_tokens(h))
+        self.cfg = json.loads(_lib.text(L.ps_api_config_json(h)))
+        self.hook_points = json.loads(_lib.text(L.ps_api_hook_points_json(h)))
+        self.hook_names = json.loads(_lib.text(L.ps_api_hook_names_json(h)))
+        # the tokenizer: the one given, else the checkpoint's own tokenizer.json when there is one
+        self.tokenizer = None
+        tok = tokenizer if tokenizer is not None else os.path.join(path, "tokenizer.json")
+        if tokenizer is not None or os.path.exists(tok):
+            from .tokenizer import Tokenizer
+            try:
+                self.tokenizer = tok if isinstance(tok, Tokenizer) else Tokenizer(tok)
+            except BaseException:
+                self.close()
+                raise
+
+    # ---- lifetime ----
+    def close(self):
+        if getattr(self, "_h", None):
+            if not self._busy.acquire(blocking=False):
+                raise PhasescopeError(f"{self.path}: the model is running; it cannot be closed from a hook or another thread")
+            try:
+                _lib.lib.ps_api_close(self._h)
+                self._h = None
+            finally:
+                self._busy.release()
+
+    def __del__(self):
+        self.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _handle(self):
+        if not self._h:
+            raise PhasescopeError(f"{self.path}: the model is closed")
+        return self._h
+
+    @contextlib.contextmanager
+    def _running(self):
+        """The model's handle for one run; a second run while one is in progress (a hook function calling
+        its own model, or another thread) is refused: the C API takes one call at a time per model."""
+        if not self._busy.acquire(blocking=False):
+            raise PhasescopeError(f"{self.path}: the model is already running (a hook function or another thread "
+                                  "called it): one call at a time per model; load it twice to run it in two threads")
+        try:
+            yield self._handle()
+        finally:
+            self._busy.release()
+
+    def __repr__(self):
+        return (f"<phasescope.Model {self.family} {self.path!r} on {self.device}: {self.n_layers} layers, "
+                f"vocab {self.vocab_size}, {len(self.hook_names)} hook points>")
+
+    # ---- the table ----
+    def hook_shape(self, name, B=1, T=None):
+        """The shape of hook `name`'s activation for B sequences of T tokens (T: max_tokens)."""
+        dims = (ctypes.c_int64 * 4)()
+        err = _lib.errbuf()
+        r = _lib.lib.ps_api_hook_shape(self._handle(), _lib.enc(name), int(B), int(T or self.max_tokens), dims, err, _lib.ERRLEN)
+        if r <= 0:
+            raise PhasescopeError(err.value.decode("utf-8", "replace"), code=_lib.EINPUT)
+        return tuple(dims[i] for i in range(r))
+
+    # ---- running ----
+    def _outputs(self, out, with_cache, grads):
+        L = _lib.lib
+        owner = _Owner(out, L.ps_api_output_free)
+        shp = (ctypes.c_int64 * 3)()
+        lp = L.ps_api_output_logits(out, shp)  # NULL for a model opened with layers=N: no logits
+        logits = _view(owner, lp, tuple(shp), ctypes.c_float, np.float32) if lp else None
+        if not with_cache:
+            return logits
+        cache, gcache = ActivationCache(), ActivationCache()
+        rank = ctypes.c_int()
+        for i in range(L.ps_api_output_count(out)):
+            name = _lib.text(L.ps_api_output_name(out, i))
+            sp = L.ps_api_output_shape(out, i, ctypes.byref(rank))
+            shape = tuple(sp[k] for k in range(rank.value))
+            cache[name] = _view(owner, L.ps_api_output_data(out, i), shape, ctypes.c_float, np.float32)
+            if grads:
+                g = L.ps_api_output_grad(out, i)
+                if g:
+                    gcache[name] = _view(owner, g, shape, ctypes.c_float, np.float32)
+        if not grads:
+            return logits, cache
+        gcache.loss = float(L.ps_api_output_loss(out))
+        gcache.n_targets = int(L.ps_api_output_n_targets(out))
+        return logits, cache, gcache
+
+    def run_with_hooks(self, tokens, fwd_hooks=()):
+        """Forward with fwd_hooks = [(name or predicate, fn(activation, name) or ps.actions.*), ...];
+        returns the logits [B, T, vocab] (float32). A function edits its activation (a float32 copy) in
+        place or returns a replacement of the same shape and dtype; an exception in it aborts the pass
+        and is raised here (the model stays usable)."""
+        toks = _as_tokens(tokens)
+        run = _HookRun(self, fwd_hooks)
+        try:
+            out = ctypes.c_void_p()
+            err = _lib.errbuf()
+            with self._running() as h:
+                rc = _lib.lib.ps_api_run_with_hooks(h, toks.ctypes.data_as(_lib.c_int32_p), toks.shape[0], toks.shape[1],
+                                                    run.h, ctypes.byref(out), err, _lib.ERRLEN)
+            if rc:
+                run.raise_failure(rc, err)
+        finally:
+            run.close()
+        return self._outputs(out, False, False)
+
+    def __call__(self, tokens):
+        """The logits [B, T, vocab] of tokens."""
+        return self.run_with_hooks(tokens)
+
+    def run_with_cache(self, tokens, names=None, grads=False, targets=None, fwd_hooks=()):
+        """Forward caching hook points: names a list of hook names (or one name), a predicate
+        name -> bool, or None (every point). Returns (logits, cache); with grads=True
+        (logits, cache, grads): grads maps each cached point the backward reaches to the gradient of the
+        mean cross-entropy over targets ([B, T] ints, -1 for none; None: the next token), and has .loss
+        and .n_targets. fwd_hooks run in the same pass (cached values are after them)."""
+        toks = _as_tokens(tokens)
+        B, T = toks.shape
+        c_names, n_names, filt, filt_exc = None, 0, _lib.FILTER_FN(), []
+        if isinstance(names, str):
+            names = [names]
+        if callable(names):
+            pred = names
+
+            def filt_py(name_b, user):
+                try:
+                    return 1 if pred(name_b.decode("utf-8")) else 0
+                except BaseException as e:
+                    filt_exc.append(e)
+                    return 0
+
+            filt = _lib.FILTER_FN(filt_py)
+        elif names is not None:
+            names = list(names)
+            if not names:
+                raise PhasescopeError("run_with_cache: names is empty (None caches every point)")
+            for n in names:
+                if not isinstance(n, str):
+                    raise PhasescopeError(f"run_with_cache: a hook name is a string, not {n!r}")
+            c_names = (ctypes.c_char_p * len(names))(*[_lib.enc(n) for n in names])
+            n_names = len(names)
+        tg = None
+        if targets is not None:
+            tg = _as_tokens(targets, "targets")
+            if tg.shape != toks.shape:
+                raise PhasescopeError(f"targets: shape {list(tg.shape)}, the tokens' is {list(toks.shape)}")
+        run = _HookRun(self, fwd_hooks)
+        try:
+            out = ctypes.c_void_p()
+            err = _lib.errbuf()
+            with self._running() as h:
+                rc = _lib.lib.ps_api_run_with_cache(
+                    h, toks.ctypes.data_as(_lib.c_int32_p), B, T, c_names, n_names, filt, None, run.h,
+                    1 if grads else 0, None if tg is None else tg.ctypes.data_as(_lib.c_int32_p), ctypes.byref(out), err,
+                    _lib.ERRLEN)
+            if rc:
+                run.raise_failure(rc, err)
+        finally:
+            run.close()
+        res = self._outputs(out, True, grads)
+        if filt_exc:
+            raise filt_exc[0]
+        return res
+
+
+def load(path, device="cpu", tokenizer=None, lazy=None, layers=None):
+    """Open the checkpoint directory `path` (any family phasescope reads: its own checkpoints, Hugging Face
+    Qwen3 checkpoints, DeepSeek-V4 checkpoints) on `device` ("cpu"; ps.devices() lists this build's).
+    tokenizer: a tokenizer.json path or a ps.Tokenizer (default: the checkpoint's own tokenizer.json when
+    present) -> model.tokenizer. lazy (DeepSeek-V4: load each layer's weights when it runs) and layers=N
+    (stop after layers 0..N-1: no logits) are ps_api_open_ex's options (None: the family's default)."""
+    return Model(path, device, tokenizer, lazy, layers)
