@@ -11,7 +11,7 @@
 
 /* ---- config fields (a bad one: "KEY: what is wrong", KEY the path within the config) ---- */
 
-static const char *type_name(const json_t *v) {
+const char *ps_config_type_name(const json_t *v) {
     if (!v) return "nothing (the field is missing)";
     switch (json_typeof(v)) {
     case JSON_OBJECT: return "an object";
@@ -28,7 +28,7 @@ static const char *type_name(const json_t *v) {
 static int int_value(const json_t *v, const char *key, int64_t lo, int64_t hi, int64_t *out, ps_error *err) {
     if (!v) return ps_fail(err, "%s: missing", key);
     if (json_is_real(v)) return ps_fail(err, "%s: %.10g is not an integer", key, json_real_value(v));
-    if (!json_is_integer(v)) return ps_fail(err, "%s: expected an integer, got %s", key, type_name(v));
+    if (!json_is_integer(v)) return ps_fail(err, "%s: expected an integer, got %s", key, ps_config_type_name(v));
     int64_t x = (int64_t)json_integer_value(v);
     if (x < lo || x > hi) {
         if (lo == 0 && x < 0) return ps_fail(err, "%s: %lld is negative", key, (long long)x);
@@ -48,7 +48,7 @@ static int get_str(const json_t *att, const char *k, int optional, const char **
     const json_t *v = json_object_get(att, k);
     if (!v && optional) return 0;
     if (!v) return ps_fail(err, "attention.%s: missing", k);
-    if (!json_is_string(v)) return ps_fail(err, "attention.%s: expected a string, got %s", k, type_name(v));
+    if (!json_is_string(v)) return ps_fail(err, "attention.%s: expected a string, got %s", k, ps_config_type_name(v));
     if (out) *out = json_string_value(v);
     return 0;
 }
@@ -73,7 +73,7 @@ static int get_enum(const json_t *att, const char *k, const char *const *opts, i
 static int get_arr(const json_t *att, const char *k, int64_t lo, int64_t hi, json_t **out, int64_t *n, ps_error *err) {
     json_t *v = json_object_get(att, k);
     if (!v) return ps_fail(err, "attention.%s: missing", k);
-    if (!json_is_array(v)) return ps_fail(err, "attention.%s: expected an array, got %s", k, type_name(v));
+    if (!json_is_array(v)) return ps_fail(err, "attention.%s: expected an array, got %s", k, ps_config_type_name(v));
     int64_t m = (int64_t)json_array_size(v);
     if (m < lo || m > hi) {
         if (lo == hi) return ps_fail(err, "attention.%s: %lld entries, expected %lld", k, (long long)m, (long long)lo);
@@ -194,7 +194,7 @@ int64_t ps_runtime_default_period(const ps_runtime *rt) { return rt->family->def
 
 int ps_model_desc_from_config(const json_t *config, ps_model_desc *d, ps_error *err) {
     memset(d, 0, sizeof *d);
-    if (!json_is_object(config)) return ps_fail(err, "expected an object, got %s", type_name(config));
+    if (!json_is_object(config)) return ps_fail(err, "expected an object, got %s", ps_config_type_name(config));
     const json_t *att = json_object_get(config, "attention");
     if (!json_is_object(att)) return ps_fail(err, "attention: %s", att ? "expected an object" : "missing");
     const char *kind = NULL;

@@ -203,6 +203,9 @@ int ps_model_desc_from_config(const json_t *config, ps_model_desc *d, ps_error *
 int ps_model_desc_from_provenance(const json_t *prov, ps_model_desc *d, ps_error *err);
 /* The label and kind alone (either pointer may be NULL); 0, or -1 when the provenance has none. */
 int ps_label_from_provenance(const json_t *prov, char *label, size_t ln, char *kind, size_t kn);
+/* What a config or result field held, for messages: "an object", ..., "a fractional number", "nothing (the
+ * field is missing)" (the result validator's wording; core/fileio.h's ps_json_type_name is the files'). */
+const char *ps_config_type_name(const json_t *v);
 
 /* The layers of point i, as "0-3", "1, 3", "none" or "once" (global points). */
 void ps_runtime_point_layers(const ps_runtime *rt, int i, char *buf, size_t n);

@@ -38,19 +38,7 @@ int ps_ck_bad(ps_ck *c, const char *fmt, ...) {
     return ps_fail(c->err, "%s: %s: %s", c->file, c->len ? c->path : "(top level)", msg);
 }
 
-const char *ps_ck_type_name(const json_t *v) {
-    if (!v) return "nothing (the field is missing)";
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a fractional number";
-    case JSON_TRUE: return "true";
-    case JSON_FALSE: return "false";
-    default: return "null";
-    }
-}
+const char *ps_ck_type_name(const json_t *v) { return ps_config_type_name(v); }
 
 int ps_ck_close_to(double a, double b, double scale) { return fabs(a - b) <= TOL * fmax(1.0, scale); }
 
