@@ -928,6 +928,20 @@ static int attn_channel(ps_kvcache *kv, int l, const kv_piece *P, int np, int64_
 }
 
 /* Layer l over the step's rows (kv->x in, out). */
+/* Fire a residual-width (or, with h2 > 0, a [h1, h2]-per-row) point once per piece: its rows
+ * [r0, r0 + n) of buf ([R, row] floats), shape [1, n, h1] or [1, n, h1, h2], with the piece's event. */
+static int fire_pieces(ps_kvcache *kv, int l, ps_hook_point pt, const kv_piece *P, int np, float *buf, int64_t h1, int64_t h2,
+                       const ps_hooks *hooks, ps_error *err) {
+    if (!ps_hooks_on(hooks, l, pt)) return 0;
+    int64_t row = h2 > 0 ? h1 * h2 : h1;
+    for (int i = 0; i < np; i++) {
+        kv->ev = (ps_kv_event){.seq = P[i].seq, .t0 = P[i].t0, .entry = -1};
+        int64_t shp[4] = {1, P[i].n, h1, h2};
+        if (ps_hooks_fire(kv->ctx, hooks, l, pt, buf + P[i].r0 * row, h2 > 0 ? 4 : 3, shp, err)) return -1;
+    }
+    return 0;
+}
+
 static int layer_step(ps_kvcache *kv, int l, const kv_piece *P, int np, int64_t R, const int64_t *chunk_len,
                       const ps_hooks *hooks, ps_error *err) {
     const ps_model *m = kv->m;
@@ -936,38 +950,20 @@ static int layer_step(ps_kvcache *kv, int l, const kv_piece *P, int np, int64_t 
     ps_layer_params w = ps_model_layer(m, m->params, l);
     int64_t d = c->d_model, nh = c->n_heads, hd = c->head_dim, qd = nh * hd, dff = c->d_ff;
     float eps = (float)c->rms_eps;
-    for (int i = 0; i < np; i++) {
-        kv->ev = (ps_kv_event){.seq = P[i].seq, .t0 = P[i].t0, .entry = -1};
-        FIRE_P(PS_HOOK_RESID_PRE, kv->x + P[i].r0 * d, 3, 1, P[i].n, d);
-    }
+    if (fire_pieces(kv, l, PS_HOOK_RESID_PRE, P, np, kv->x, d, 0, hooks, err)) return -1;
     if (c->kind == PS_ATTN_CHANNEL ? attn_channel(kv, l, P, np, R, hooks, err) : attn_grid(kv, l, P, np, R, chunk_len, hooks, err))
         return -1;
-    for (int i = 0; i < np; i++) {
-        kv->ev = (ps_kv_event){.seq = P[i].seq, .t0 = P[i].t0, .entry = -1};
-        FIRE_P(PS_HOOK_Z, kv->z + P[i].r0 * qd, 4, 1, P[i].n, nh, hd);
-    }
+    if (fire_pieces(kv, l, PS_HOOK_Z, P, np, kv->z, nh, hd, hooks, err)) return -1;
     CK(ps_matmul(ctx, kv->attn_out, kv->z, w.wo, R, qd, d, 0));
-    for (int i = 0; i < np; i++) {
-        kv->ev = (ps_kv_event){.seq = P[i].seq, .t0 = P[i].t0, .entry = -1};
-        FIRE_P(PS_HOOK_ATTN_OUT, kv->attn_out + P[i].r0 * d, 3, 1, P[i].n, d);
-    }
+    if (fire_pieces(kv, l, PS_HOOK_ATTN_OUT, P, np, kv->attn_out, d, 0, hooks, err)) return -1;
     CK(ps_add(ctx, kv->mid, kv->x, kv->attn_out, R * d));
-    for (int i = 0; i < np; i++) {
-        kv->ev = (ps_kv_event){.seq = P[i].seq, .t0 = P[i].t0, .entry = -1};
-        FIRE_P(PS_HOOK_RESID_MID, kv->mid + P[i].r0 * d, 3, 1, P[i].n, d);
-    }
+    if (fire_pieces(kv, l, PS_HOOK_RESID_MID, P, np, kv->mid, d, 0, hooks, err)) return -1;
     CK(ps_rmsnorm(ctx, kv->ln2, NULL, kv->mid, w.post_norm, R, d, eps) || ps_matmul(ctx, kv->g, kv->ln2, w.mlp_gate, R, d, dff, 0) ||
        ps_matmul(ctx, kv->u, kv->ln2, w.mlp_up, R, d, dff, 0) || ps_swiglu(ctx, kv->h, kv->g, kv->u, R * dff) ||
        ps_matmul(ctx, kv->mlp_out, kv->h, w.mlp_down, R, dff, d, 0));
-    for (int i = 0; i < np; i++) {
-        kv->ev = (ps_kv_event){.seq = P[i].seq, .t0 = P[i].t0, .entry = -1};
-        FIRE_P(PS_HOOK_MLP_OUT, kv->mlp_out + P[i].r0 * d, 3, 1, P[i].n, d);
-    }
+    if (fire_pieces(kv, l, PS_HOOK_MLP_OUT, P, np, kv->mlp_out, d, 0, hooks, err)) return -1;
     CK(ps_add(ctx, kv->x, kv->mid, kv->mlp_out, R * d));
-    for (int i = 0; i < np; i++) {
-        kv->ev = (ps_kv_event){.seq = P[i].seq, .t0 = P[i].t0, .entry = -1};
-        FIRE_P(PS_HOOK_RESID_POST, kv->x + P[i].r0 * d, 3, 1, P[i].n, d);
-    }
+    if (fire_pieces(kv, l, PS_HOOK_RESID_POST, P, np, kv->x, d, 0, hooks, err)) return -1;
     return 0;
 }
 

@@ -404,6 +404,18 @@ static void test_hooks(void) {
     ps_hooks_init(&hz);
     ps_hook_action zero = {.kind = PS_ACT_ZERO, .head = 1};
     CHECK_OK(ps_hooks_add_action(&hz, &c, "blocks.1.attn.hook_v", &zero, &err), &err);
+    /* and at the points of the layer's residual path (fired per appended piece): head 2 of z, layer 0's
+     * attention output, a steering vector added to layer 1's residual stream, layer 1's MLP output */
+    ps_hook_action zero2 = {.kind = PS_ACT_ZERO, .head = 2}, zero_all = {.kind = PS_ACT_ZERO, .head = -1};
+    CHECK_OK(ps_hooks_add_action(&hz, &c, "blocks.0.attn.hook_z", &zero2, &err), &err);
+    CHECK_OK(ps_hooks_add_action(&hz, &c, "blocks.0.hook_attn_out", &zero_all, &err), &err);
+    CHECK_OK(ps_hooks_add_action(&hz, &c, "blocks.1.hook_mlp_out", &zero_all, &err), &err);
+    float *steer = malloc((size_t)c.d_model * sizeof(float));
+    for (int64_t i = 0; i < c.d_model; i++) steer[i] = (float)((i % 5) - 2) * 0.25f;
+    const float *steer_src = ps_hooks_upload(&hz, m.ctx, steer, c.d_model, &err);
+    ps_hook_action add = {.kind = PS_ACT_ADD, .head = -1, .src = steer_src, .every_pos = 1, .scale = 0.5f};
+    CHECK_OK(ps_hooks_add_action(&hz, &c, "blocks.1.hook_resid_pre", &add, &err), &err);
+    free(steer);
     ref_seq r, rz;
     ref_run(&r, &m, &c, tok, T, NULL);
     ref_run(&rz, &m, &c, tok, T, &hz);
@@ -428,7 +440,10 @@ static void test_hooks(void) {
           (long long)windows, w.bad);
     double worst = 0;
     for (int64_t t = 0; t < T; t++) worst = fmax(worst, row_rel(lg + t * V, rz.a.p.logits + t * V, V));
-    CHECK(worst < TOL, "zeroing head 1's values by a hook: cache and forward differ by %.3g", worst);
+    CHECK(worst < TOL, "actions at hook_v, hook_z, hook_attn_out, hook_resid_pre, hook_mlp_out: cache and forward differ by %.3g", worst);
+    double moved = 0; /* the actions change the logits (else the comparison above proves nothing) */
+    for (int64_t t = 0; t < T; t++) moved = fmax(moved, row_rel(rz.a.p.logits + t * V, r.a.p.logits + t * V, V));
+    CHECK(moved > 1e-2, "the actions left the logits unchanged (%.3g)", moved);
     /* the pattern hook is refused */
     ps_hooks hp;
     ps_hooks_init(&hp);
