@@ -1,6 +1,7 @@
 # Thin wrapper over CMake for the two README commands:
 #   make demo   — set up, build, run the main job
-#   make test   — set up, build, run the test suite (plain build, then ASan + UBSan), then the fuzzers
+#   make test   — set up, build, run the test suite (plain build, then ASan + UBSan; ctest -j JOBS), then the
+#                 fuzzers (JOBS at a time)
 #   make python — build libphasescope.so for the Python package: then, from the repository root,
 #                 PYTHONPATH=python python3 -c "import phasescope" (docs/python.md)
 JOBS ?= $(shell nproc)
@@ -41,30 +42,21 @@ retrain: build
 	@bash scripts/retrain_text.sh
 
 test-fast: build
-	@cd build && ctest --output-on-failure
+	@cd build && ctest --output-on-failure -j $(JOBS)
 
 test-asan: build-asan
 	@cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 		LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp:print_suppressions=0 \
-		ctest --output-on-failure
+		ctest --output-on-failure -j $(JOBS)
 
 build-fuzz: setup
 	@CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DPS_SANITIZE=ON -DPS_FUZZ=ON >/dev/null
 	@cmake --build build-fuzz -j $(JOBS) -- --no-print-directory -s
 
-# Each target runs for FUZZ_SECONDS on the sanitizer build; new inputs go to a scratch corpus, a crash
-# fails (keep its input under tests/fuzz/regressions/TARGET/ once fixed).
+# Each target runs for FUZZ_SECONDS on the sanitizer build, JOBS targets at a time (scripts/fuzz.sh); new
+# inputs go to a scratch corpus, a crash fails (keep its input under tests/fuzz/regressions/TARGET/ once fixed).
 fuzz: build-fuzz
-	@for t in $(FUZZ_TARGETS); do \
-		rm -rf build-fuzz/corpus-$$t && mkdir -p build-fuzz/corpus-$$t build-fuzz/crashes && \
-		echo "fuzzing $$t for $(FUZZ_SECONDS) s"; \
-		ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp:print_suppressions=0 \
-		./build-fuzz/tests/fuzz/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -timeout=20 -rss_limit_mb=4096 \
-			-artifact_prefix=build-fuzz/crashes/$$t- -print_final_stats=1 \
-			build-fuzz/corpus-$$t tests/fuzz/corpus/$$t $$([ -d tests/fuzz/regressions/$$t ] && echo tests/fuzz/regressions/$$t) > build-fuzz/fuzz-$$t.log 2>&1; \
-		rc=$$?; tail -n 5 build-fuzz/fuzz-$$t.log; \
-		if [ $$rc -ne 0 ]; then echo "fuzz target $$t failed (exit $$rc); inputs in build-fuzz/crashes/"; exit 1; fi; \
-	done
+	@bash scripts/fuzz.sh $(FUZZ_SECONDS) $(JOBS) $(FUZZ_TARGETS)
 
 test: test-fast test-asan fuzz
 
