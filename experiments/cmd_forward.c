@@ -125,6 +125,9 @@ static int run(const ps_args *args, ps_error *err) {
         for (int k = 0; k < ps_api_output_count(o) && !bad; k++) {
             int r;
             const int64_t *s = ps_api_output_shape(o, k, &r);
+            /* a family whose table has a point named "logits" (DeepSeek-V4's): that point is the logits
+             * already written as logits.{i}, the same values; one tensor of that name */
+            if (lg && !strcmp(ps_api_output_name(o, k), "logits")) continue;
             snprintf(name, sizeof name, "%s.%d", ps_api_output_name(o, k), i);
             bad = ps_tensor_list_push(&out, name, r - 1, s + 1, ps_api_output_data(o, k), err);
         }

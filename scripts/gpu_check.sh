@@ -27,16 +27,17 @@
 #   configure   the carried .debs unpacked with dpkg -x into .gpu_prefix/ (only when the machine lacks the
 #               libraries; never into /), a Release build with PS_CUDA=ON for sm_90 against that prefix
 #               (timeout 150 s)
-#   build       test_cuda, bench_gpu, phasescope with -j$(nproc) (timeout 300 s)
+#   build       test_cuda, test_backend_ops, bench_gpu, phasescope with -j$(nproc) (timeout 300 s)
 #   test_cuda   the program itself, PS_REQUIRE_DEVICE=1 (no device: FAIL), under the deadline (not ctest:
 #               its TIMEOUT property would beat any --timeout); the first FAIL lines go to the summary
 #   blocking    after a CUDA error in test_cuda (one fault poisons every later op), a rerun with
 #               CUDA_LAUNCH_BLOCKING=1 names the first op that faulted (when 200 s are left)
+#   test_backend_ops  the op table on the cuda backend against the CPU, PS_REQUIRE_CUDA=1 (when 150 s are left)
 #   bench_gpu   GEMM rates per precision, one training step per precision x attention (1 step, no knockout
 #               unless --full)
 #   torch_peer  the same model and step in PyTorch (bench/torch_gpu_peer.py), when 100 s are left
 # Logs and JSON go to $OUT (the device tool's folder), else build-gpu/out/: summary.txt, configure.log,
-# build.log, test_cuda.log, test_cuda_blocking.log, bench_gpu.log/.json, torch_peer.log/.json.
+# build.log, test_cuda.log, test_cuda_blocking.log, test_backend_ops.log, bench_gpu.log/.json, torch_peer.log/.json.
 # The whole script is one block, read before it runs: editing the file during a run cannot change that run.
 {
 set -uo pipefail
@@ -225,7 +226,7 @@ say "configure: ok in $(($(date +%s) - TC)) s (prefix: $([ "$need_prefix" = 1 ] 
 
 # 2. build
 TB=$(date +%s)
-timeout "$(left $BUILD_TIMEOUT)" cmake --build "$BUILD" -j "$JOBS" --target test_cuda bench_gpu phasescope > "$O/build.log" 2>&1
+timeout "$(left $BUILD_TIMEOUT)" cmake --build "$BUILD" -j "$JOBS" --target test_cuda test_backend_ops bench_gpu phasescope > "$O/build.log" 2>&1
 rc=$?
 BUILD_S=$(($(date +%s) - TB))
 if [ $rc != 0 ]; then
@@ -257,6 +258,20 @@ if [ $CT_RC != 0 ] && grep -qE "cudaError[A-Za-z]+|CUBLAS_STATUS|cuBLAS" "$O/tes
      ./tests/test_cuda "$BUILD") > "$O/test_cuda_blocking.log" 2>&1
   say "blocking rerun (CUDA_LAUNCH_BLOCKING=1): rc $?; first FAIL lines:"
   grep -m 3 '^FAIL' "$O/test_cuda_blocking.log" | cut -c1-300 | sed 's/^/  /' | tee -a "$S"
+fi
+
+# 3c. the op table: every op of the enum on the cuda backend against the CPU at its shapes (a missing case or
+# an op the device lacks fails; PS_REQUIRE_CUDA=1: "cuda not tested" is a failure here)
+if [ "$(left 999)" -gt 150 ]; then
+  TO=$(date +%s)
+  (cd "$BUILD" && PS_REQUIRE_CUDA=1 OMP_NUM_THREADS=8 OMP_WAIT_POLICY=PASSIVE timeout "$(left 90)" ./tests/test_backend_ops) \
+    > "$O/test_backend_ops.log" 2>&1
+  OT_RC=$?
+  say "test_backend_ops (cuda): rc $OT_RC$([ $OT_RC = 124 ] && echo ' (timed out)') in $(($(date +%s) - TO)) s: $(tail -n 1 "$O/test_backend_ops.log" | cut -c1-200)"
+  grep -m 6 '^FAIL' "$O/test_backend_ops.log" | cut -c1-300 | sed 's/^/  /' | tee -a "$S"
+  [ $OT_RC = 0 ] || STATUS=FAIL
+else
+  say "test_backend_ops: skipped ($(left 999) s left)"
 fi
 
 # 4. bench: GEMM rates per precision, one training step per precision x attention

@@ -22,6 +22,10 @@ H=layers.1.attn.pattern,layers.1.attn.indexer.topk,layers.0.ffn.experts,final_hi
 ok "forward runs" '[ $rc -eq 0 ] && grep -q "wrote 12 tensors for 2 sequences" "$T/out"'
 "$PS" forward --model "$CONF/v4/hub3" --tokens "$CONF/v4/hub3/tokens.json" --hooks "$H" --lazy --out "$T/b.st" > /dev/null 2>&1
 ok "--lazy writes the same bytes" 'cmp -s "$T/a.st" "$T/b.st"'
+# the family's point "logits" is the logits every forward writes: asked for, it adds no second tensor
+"$PS" forward --model "$CONF/v4/hub3" --tokens "$CONF/v4/hub3/tokens.json" --hooks logits,embed --out "$T/e.st" > "$T/oute" 2>&1; rc=$?
+"$PS" forward --model "$CONF/v4/hub3" --tokens "$CONF/v4/hub3/tokens.json" --hooks embed --out "$T/f.st" > /dev/null 2>&1
+ok "--hooks logits: the logits once, the same file as without it" '[ $rc -eq 0 ] && grep -q "wrote 4 tensors for 2 sequences" "$T/oute" && cmp -s "$T/e.st" "$T/f.st"'
 "$PS" forward --model="$CONF/v4/mix4" --tokens "$CONF/v4/mix4/tokens.json" --hooks layers.0.out,embed --layers 0..0 --out "$T/c.st" > "$T/out2" 2>&1; rc=$?
 ok "--layers 0..0: hooks only" '[ $rc -eq 0 ] && grep -q "wrote 4 tensors for 2 sequences" "$T/out2" && ! grep -q "logits" "$T/c.st"'
 # a device (in a CUDA build): --lazy stays on the cpu (usage error); without a GPU the move fails in one line

@@ -42,6 +42,9 @@ EOF
 export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE
 D="$SRC/data/models/default"  # the deep W8/S8 (12 layers, 8 KV heads)
 W="$SRC/data/models/w8s8"     # the one-layer W8/S8: knockout grids that take seconds
+# the model of the sweep, gates and gatecycle runs: the deep one in the plain build; under the sanitizers the
+# one-layer W8/S8 (the same code paths, a twelfth of the work: the 12-layer runs are the plain build's)
+DM="$D"; [ "$SAN" = 1 ] && DM="$W"
 
 # ---- --shard I/N and phasescope merge: no MPI needed ----
 section "--shard and merge"
@@ -62,12 +65,12 @@ check "knockout --method atp: the merged result is an estimate" 'grep -q "\"meth
 mkdir -p "$T/empty"
 out=$("$PS" merge "$T/empty" --out "$T/x" 2>&1); rc=$?
 check "merge: a directory without part files is named" '[ $rc -eq 1 ] && grep -q "empty: a directory with no part files" <<<"$out"'
-"$PS" sweep --n 24 --batch 8 --mode move --out "$T/sw1" > /dev/null 2>&1
-for i in 1 0; do "$PS" sweep --n 24 --batch 8 --mode move --shard=$i/2 --out "$T/swp" > /dev/null 2>&1; done
+"$PS" sweep --model "$DM" --n 24 --batch 8 --mode move --out "$T/sw1" > /dev/null 2>&1
+for i in 1 0; do "$PS" sweep --model "$DM" --n 24 --batch 8 --mode move --shard=$i/2 --out "$T/swp" > /dev/null 2>&1; done
 "$PS" merge "$T/swp/sweep.part-0-of-2.safetensors" "$T/swp/sweep.part-1-of-2.safetensors" --out "$T/swm" > /dev/null 2>&1
 check "sweep (move): 2 shards merged = one process" 'same_json "$T/sw1/sweep.json" "$T/swm/sweep.json" command'
-"$PS" gatecycle --layer 0 --shift 3 --n 16 --batch 8 --out "$T/gc1" > /dev/null 2>&1
-for i in 0 1 2; do "$PS" gatecycle --layer 0 --shift 3 --n 16 --batch 8 --shard $i/3 --out "$T/gcp" > /dev/null 2>&1; done
+"$PS" gatecycle --model "$DM" --layer 0 --shift 3 --n 16 --batch 8 --out "$T/gc1" > /dev/null 2>&1
+for i in 0 1 2; do "$PS" gatecycle --model "$DM" --layer 0 --shift 3 --n 16 --batch 8 --shard $i/3 --out "$T/gcp" > /dev/null 2>&1; done
 "$PS" merge "$T"/gcp/gatecycle.part-*-of-3.safetensors --out "$T/gcm" > /dev/null 2>&1
 check "gatecycle: 3 shards merged = one process" 'same_json "$T/gc1/gatecycle.json" "$T/gcm/gatecycle.json" command'
 # --measure knockout: the knockout grids before and after the cycle are work units too (shards that begin
@@ -78,11 +81,11 @@ for i in 0 1 2; do "$PS" "${GK[@]}" --shard $i/3 --out "$T/gkp" > /dev/null 2>&1
 "$PS" merge "$T"/gkp/gatecycle.part-*-of-3.safetensors --out "$T/gkm" > "$T/gkm.txt" 2>&1
 check "gatecycle --measure knockout: 3 shards merged = one process" 'grep -q "per_head" "$T/gk1/gatecycle.json" && same_json "$T/gk1/gatecycle.json" "$T/gkm/gatecycle.json" command'
 check "gatecycle --measure knockout: merged summary = one process" 'cmp -s <(tr "\r" "\n" < "$T/gk1.txt" | grep -v " gatecycle$" | sed "s#$T/gk1#X#") <(sed "s#$T/gkm#X#" "$T/gkm.txt") && grep -q "^per-head knockout measure" "$T/gkm.txt"'
-"$PS" gates --n 48 --batch 16 --out "$T/ga1" > /dev/null 2>&1
-for i in 0 1; do "$PS" gates --n 48 --batch 16 --shard $i/2 --out "$T/gap" > /dev/null 2>&1; done
+"$PS" gates --model "$DM" --n 48 --batch 16 --out "$T/ga1" > /dev/null 2>&1
+for i in 0 1; do "$PS" gates --model "$DM" --n 48 --batch 16 --shard $i/2 --out "$T/gap" > /dev/null 2>&1; done
 "$PS" merge "$T"/gap/gates.part-*-of-2.safetensors --out "$T/gam" > /dev/null 2>&1
 check "gates: 2 shards merged = one process" 'same_json "$T/ga1/gates.json" "$T/gam/gates.json" command'
-for i in 0 1; do "$PS" gates --n 48 --batch 16 --shard $i/2 --out "$T/gad$i" > /dev/null 2>&1; done
+for i in 0 1; do "$PS" gates --model "$DM" --n 48 --batch 16 --shard $i/2 --out "$T/gad$i" > /dev/null 2>&1; done
 "$PS" merge "$T/gad0" "$T/gad1" --out "$T/gadm" > /dev/null 2>&1
 check "merge a b: two --out directories (one shard each)" 'same_json "$T/ga1/gates.json" "$T/gadm/gates.json" command'
 out=$("$PS" merge "$T/kop/knockout.part-0-of-3.safetensors" "$T/kop/knockout.part-2-of-3.safetensors" --out "$T/x" 2>&1); rc=$?
@@ -158,10 +161,10 @@ same_run() { # same_run A B FILE.json: the same JSON and figures
   same_json "$T/$1/$3" "$T/$2/$3" && for f in "$T/$1"/*.png; do cmp -s "$f" "$T/$2/$(basename "$f")" || { echo "$(basename "$f") differs"; return 1; }; done
 }
 section "instruments under mpirun"
-np 1 sw_np1 sweep --n 64 --batch 16 && np 2 sw_np2 sweep --n 64 --batch 16
+np 1 sw_np1 sweep --model "$DM" --n 64 --batch 16 && np 2 sw_np2 sweep --model "$DM" --n 64 --batch 16
 check "sweep: -np 2 = -np 1 (JSON, figure)" 'same_run sw_np1 sw_np2 sweep.json'
 check "sweep: -np 2 provenance names the ranks" 'grep -q "2 MPI ranks" "$T/sw_np2/sweep.json"'
-rm -rf "$T/run"; "$PS" sweep --n 64 --batch 16 --out "$T/run" > /dev/null 2>&1; mv "$T/run" "$T/sw_plain"
+rm -rf "$T/run"; "$PS" sweep --model "$DM" --n 64 --batch 16 --out "$T/run" > /dev/null 2>&1; mv "$T/run" "$T/sw_plain"
 check "sweep: -np 2 = a plain process" 'same_run sw_plain sw_np2 sweep.json'
 # the one-layer W8/S8 (a quarter of the default prompts in 4 batches, to keep the test short)
 section "knockout of w8s8"
@@ -190,7 +193,7 @@ if [ "$SAN" = 0 ]; then
 else
   echo "skipped under the sanitizers: the 12-layer knockout and gatecycle runs under mpirun (the plain build runs them)"
 fi
-np 1 ga_np1 gates --n 48 --batch 16 && np 2 ga_np2 gates --n 48 --batch 16
+np 1 ga_np1 gates --model "$DM" --n 48 --batch 16 && np 2 ga_np2 gates --model "$DM" --n 48 --batch 16
 check "gates: -np 2 = -np 1" 'same_run ga_np1 ga_np2 gates.json'
 np 2 sh_np2 knockout --model "$W" --n 64 --batch 16 --shard 1/3
 cp "$T/kop/knockout.part-0-of-3.safetensors" "$T/kop/knockout.part-2-of-3.safetensors" "$T/sh_np2/"
