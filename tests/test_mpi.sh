@@ -5,9 +5,12 @@
 # -np 2 against -np 1, --resume across rank counts), a rank killed during training (the others stop within
 # seconds with a message naming the last checkpoint, which resumes) and a stuck rank (the stall limit).
 # Without mpirun, or in a build without MPI, the MPI parts are skipped (said on a "skipped" line).
-# Usage: test_mpi.sh BUILD_DIR SRC_DIR HAVE_MPI(ON|OFF)
+# Usage: test_mpi.sh BUILD_DIR SRC_DIR HAVE_MPI(ON|OFF) [PART]
+#   PART: all (default); shards (the --shard/merge part: one process at a time, runs beside other tests);
+#   mpi (everything under mpirun: ctest runs it alone, RUN_SERIAL, since oversubscribed ranks busy-wait)
 set -u
-B="$1"; SRC="$2"; HAVE_MPI="${3:-ON}"; PS="$B/phasescope"
+B="$1"; SRC="$2"; HAVE_MPI="${3:-ON}"; PART="${4:-all}"; PS="$B/phasescope"
+case "$PART" in all|shards|mpi) ;; *) echo "test_mpi.sh: PART must be all, shards or mpi, not $PART" >&2; exit 2;; esac
 T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
 pass=0; fail=0
 t_start=$SECONDS
@@ -46,6 +49,17 @@ W="$SRC/data/models/w8s8"     # the one-layer W8/S8: knockout grids that take se
 # one-layer W8/S8 (the same code paths, a twelfth of the work: the 12-layer runs are the plain build's)
 DM="$D"; [ "$SAN" = 1 ] && DM="$W"
 
+# what both parts use: the text-kv model and sweep, the DeepSeek-V4 model and task
+CONF="$SRC/tests/conformance"; TT="$SRC/tests/text/tiny_tokenizer.json"
+"$PS" init --config "$SRC/tests/text/tiny_model.json" --out "$T/tm" --seed 2 > /dev/null 2>&1
+TK=(sweep --task text-kv --model "$T/tm" --tokenizer "$TT" --n 10 --pairs 4 --batch 4)
+cat > "$T/v4task.json" <<'EOF2'
+{"task": {"kind": "kv-retrieval", "seq_len": 40, "n_keys": 16, "n_values": 16, "n_fillers": 4, "n_pairs": 4,
+          "key_len": 1, "value_len": 1, "gap_min": 0, "gap_max": 3, "query_gap": 8, "n_queries": 2}}
+EOF2
+V4M="$CONF/v4/mix4"; V4A=(--model "$V4M" --task "$T/v4task.json" --n 7 --batch 3)
+
+if [ "$PART" != mpi ]; then
 # ---- --shard I/N and phasescope merge: no MPI needed ----
 section "--shard and merge"
 "$PS" knockout --model "$W" --n 64 --batch 16 --out "$T/ko1" > "$T/ko1.txt" 2>&1
@@ -97,10 +111,7 @@ out=$("$PS" merge "$T/kop/knockout.part-0-of-3.safetensors" "$T/kos/knockout.par
 check "merge: a shard of another seed is refused" '[ $rc -eq 1 ] && grep -q "provenance or parameters differ" <<<"$out"'
 out=$("$PS" sweep --shard 2/2 2>&1); rc=$?
 check "--shard out of range is a usage error" '[ $rc -eq 2 ] && grep -q "need 0 <= I < N" <<<"$out"'
-CONF="$SRC/tests/conformance"; TT="$SRC/tests/text/tiny_tokenizer.json"
 # sweep --task text-kv: units of the batches one process runs (shift after shift), merged = one process
-"$PS" init --config "$SRC/tests/text/tiny_model.json" --out "$T/tm" --seed 2 > /dev/null 2>&1
-TK=(sweep --task text-kv --model "$T/tm" --tokenizer "$TT" --n 10 --pairs 4 --batch 4)
 "$PS" "${TK[@]}" --out "$T/tk1" > "$T/tk1.txt" 2>&1
 for i in 2 0 1; do "$PS" "${TK[@]}" --shard $i/3 --out "$T/tkp" > /dev/null 2>&1; done
 "$PS" merge "$T"/tkp/sweep.part-*-of-3.safetensors --out "$T/tkm" > "$T/tkm.txt" 2>&1
@@ -115,12 +126,7 @@ check "sweep --task text-kv --mode move: 2 shards merged = one process" '[ -s "$
 for i in 0 1 2; do "$PS" gates --model "$SRC/data/models/v4demo" --n 20 --batch 8 --shard $i/3 --out "$T/gchp" > /dev/null 2>&1; done
 "$PS" merge "$T/gchp" --out "$T/gchm" > /dev/null 2>&1
 check "gates (channel attention): 3 shards merged = one process" '[ -s "$T/gch1/gates.json" ] && same_json "$T/gch1/gates.json" "$T/gchm/gates.json" command && grep -q "per_channel" "$T/gchm/gates.json"'
-cat > "$T/v4task.json" <<'EOF2'
-{"task": {"kind": "kv-retrieval", "seq_len": 40, "n_keys": 16, "n_values": 16, "n_fillers": 4, "n_pairs": 4,
-          "key_len": 1, "value_len": 1, "gap_min": 0, "gap_max": 3, "query_gap": 8, "n_queries": 2}}
-EOF2
 # DeepSeek-V4 checkpoints split like the controlled models: every instrument, shards merged = one process
-V4M="$CONF/v4/mix4"; V4A=(--model "$V4M" --task "$T/v4task.json" --n 7 --batch 3)
 v4_shards() { # v4_shards NAME FILE ARGS...: the whole run, 2 shards, merged
   local name="$1" file="$2"; shift 2
   "$PS" "$@" --out "$T/${name}1" > /dev/null 2>&1
@@ -133,6 +139,9 @@ check "DeepSeek-V4 knockout --target indexer: 2 shards merged = one process" 'v4
 check "DeepSeek-V4 sweep: 2 shards merged = one process" 'v4_shards v4sw sweep.json sweep "${V4A[@]}"'
 check "DeepSeek-V4 gates: 2 shards merged = one process" 'v4_shards v4ga gates.json gates "${V4A[@]}"'
 check "DeepSeek-V4 gatecycle: 2 shards merged = one process" 'v4_shards v4gc gatecycle.json gatecycle "${V4A[@]}" --layer 2 --shift 3'
+
+fi # PART != mpi
+if [ "$PART" = shards ]; then section "done"; echo "$pass passed, $fail failed"; [ "$fail" -eq 0 ]; exit; fi
 
 # ---- MPI ----
 skip_mpi=""
@@ -195,6 +204,10 @@ else
 fi
 np 1 ga_np1 gates --model "$DM" --n 48 --batch 16 && np 2 ga_np2 gates --model "$DM" --n 48 --batch 16
 check "gates: -np 2 = -np 1" 'same_run ga_np1 ga_np2 gates.json'
+if [ ! -s "$T/ko1/knockout.json" ]; then # (PART mpi: the one-process run and shards 0 and 2 of the --shard part)
+  "$PS" knockout --model "$W" --n 64 --batch 16 --out "$T/ko1" > /dev/null 2>&1
+  for i in 0 2; do "$PS" knockout --model "$W" --n 64 --batch 16 --shard $i/3 --out "$T/kop" > /dev/null 2>&1; done
+fi
 np 2 sh_np2 knockout --model "$W" --n 64 --batch 16 --shard 1/3
 cp "$T/kop/knockout.part-0-of-3.safetensors" "$T/kop/knockout.part-2-of-3.safetensors" "$T/sh_np2/"
 "$PS" merge "$T"/sh_np2/knockout.part-*-of-3.safetensors --out "$T/shm" > /dev/null 2>&1
@@ -205,6 +218,7 @@ out=$($MPI -np 2 "$PS" info 2>&1); rc=$?
 check "a one-process command under mpirun is refused" '[ $rc -eq 2 ] && grep -q "runs as one process" <<<"$out"'
 # the text-kv sweep and the per-channel gates split over ranks like every other path
 section "text-kv and per-channel gates under mpirun"
+[ -s "$T/tk1/sweep.json" ] || "$PS" "${TK[@]}" --out "$T/tk1" > /dev/null 2>&1 # (PART mpi)
 np 1 tk_np1 "${TK[@]}" && np 2 tk_np2 "${TK[@]}"
 check "sweep --task text-kv: -np 2 = -np 1 (split over the ranks)" 'same_run tk_np1 tk_np2 sweep.json'
 check "sweep --task text-kv: -np 2 = one process" 'same_json "$T/tk1/sweep.json" "$T/tk_np2/sweep.json" command'
