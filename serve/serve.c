@@ -81,6 +81,7 @@ struct ps_server {
     job *run;               /* running (continuous batching): in order of arrival */
     int64_t run_seqs;       /* their sequences */
     int64_t live_seqs, kv_bytes, steps; /* the cache's sequences and bytes after the last step (GET /health) */
+    int64_t dropped[2];     /* jobs whose client went away: while queued, while running */
     int stopping;
     int open_conns;
     int64_t counter;
@@ -238,6 +239,7 @@ static void *worker_main(void *arg) {
         for (job *j; (j = *tailp);) {
             if (j->cancelled) {
                 *tailp = j->next;
+                sv->dropped[1]++;
                 finish_job(sv, j);
             } else
                 tailp = &j->next;
@@ -249,6 +251,7 @@ static void *worker_main(void *arg) {
             if (!sv->head) sv->tail = NULL;
             j->next = NULL;
             if (j->cancelled) {
+                sv->dropped[0]++;
                 j->done = 1;
                 job_release(j);
                 continue;
@@ -782,7 +785,7 @@ static enum MHD_Result completions(ps_server *sv, struct MHD_Connection *conn, c
         return root ? respond_error(conn, 400, NULL, "the body is not a JSON object")
                     : respond_error(conn, 400, NULL, "the body is not JSON: %s (line %d, column %d)", je.text, je.line, je.column);
     }
-    creq q = {16, -1, -1, 0, 0, 1.0, 0};
+    creq q = {16, -1, -1, 0, 0, 1.0, 0, 0, 0};
     int st = 0;
     json_t *v;
     const char *mname = json_string_value(json_object_get(root, "model"));
@@ -1027,8 +1030,9 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
         if (!get) return respond_error(conn, 405, NULL, "%s /health: use GET", method);
         /* and the running batch: its sequences, the KV cache's sequences and bytes after the last step */
         pthread_mutex_lock(&sv->mu);
-        json_t *o = json_pack("{s:s, s:I, s:I, s:I, s:I}", "status", "ok", "running", (json_int_t)sv->run_seqs, "cache_sequences",
-                              (json_int_t)sv->live_seqs, "cache_bytes", (json_int_t)sv->kv_bytes, "steps", (json_int_t)sv->steps);
+        json_t *o = json_pack("{s:s, s:I, s:I, s:I, s:I, s:[I, I]}", "status", "ok", "running", (json_int_t)sv->run_seqs, "cache_sequences",
+                              (json_int_t)sv->live_seqs, "cache_bytes", (json_int_t)sv->kv_bytes, "steps", (json_int_t)sv->steps,
+                              "dropped", (json_int_t)sv->dropped[0], (json_int_t)sv->dropped[1]);
         pthread_mutex_unlock(&sv->mu);
         char *t = o ? json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
         json_decref(o);
