@@ -559,7 +559,7 @@ int main(void) {
         int32_t sp[2][12];
         tu_random_tokens(sp[0], 12, V, 300);
         tu_random_tokens(sp[1], 12, V, 301);
-        char *s0 = ids_json(sp[0], 12), *s1 = ids_json(sp[1], 12), one[4096], str[4096];
+        char *s0 = ids_json(sp[0], 12), *s1 = ids_json(sp[1], 12), one[4096], str[4200];
         snprintf(one, sizeof one, "{\"prompt\": %s, \"max_tokens\": 6, \"temperature\": 0, \"logprobs\": 2, \"return_tokens_as_token_ids\": true", s0);
         snprintf(str, sizeof str, "%s}", one);
         OK(http(port, "POST", "/v1/completions", str, &r) == 200);
