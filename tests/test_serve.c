@@ -2,8 +2,11 @@
  * echo + logprobs and of prompt_logprobs against a plain log-softmax of ps_forward's logits (and their ranks
  * and top lists), greedy continuations against the argmax of a forward of the extended sequence, string
  * prompts through the tokenizer, malformed and oversized requests (4xx JSON naming the limit, and the server
- * keeps serving), the connection limit (429), and 32 concurrent clients that all get their own right answers
- * (the worker batches them). Every server is shut down by the test itself. */
+ * keeps serving), the connection limit (429), 32 concurrent clients that all get their own right answers
+ * (the worker batches them), streamed answers ("stream": true, server-sent events) against the same answers
+ * in one piece (tokens, log-probabilities, text, echo and prompt_logprobs, usage; for the other families
+ * too), and continuous batching: a request joining a batch of running streams, and a stream that others
+ * joined and left, against the same request alone. Every server is shut down by the test itself. */
 #define _POSIX_C_SOURCE 200809L
 #include <arpa/inet.h>
 #include <curl/curl.h>
@@ -334,6 +337,24 @@ static void check_family(const char *dir, int v4) {
     printf("%s (%s): prompt_logprobs vs its forward's log-softmax: max |diff| %.3g\n", dir, v4 ? "DeepSeek-V4" : "Qwen3 layout", worst);
     OK(worst < 1e-4);
     json_decref(r);
+    /* a streamed greedy answer adds up to the answer in one piece (this family's own decode path) */
+    ij = ids_json(ids, 8);
+    char one[4096], str[4200];
+    snprintf(one, sizeof one, "{\"prompt\": %s, \"max_tokens\": 3, \"temperature\": 0, \"logprobs\": 1, \"return_tokens_as_token_ids\": true", ij);
+    free(ij);
+    snprintf(str, sizeof str, "%s}", one);
+    answer A, S;
+    memset(&A, 0, sizeof A);
+    OK(http(ps_serve_port(sv), "POST", "/v1/completions", str, &r) == 200);
+    answer_add(&A, json_array_get(json_object_get(r, "choices"), 0));
+    json_decref(r);
+    snprintf(str, sizeof str, "%s, \"stream\": true}", one);
+    json_t *ev;
+    OK(sse_post(ps_serve_port(sv), str, &ev, NULL, 0) == 200 && ev);
+    answer_of_stream(ev, 0, &S);
+    printf("%s: a streamed answer against the answer in one piece: %d tokens, max |logprob diff| %g\n", dir, S.n, answer_diff(&A, &S));
+    OK(A.n == 3 && answer_diff(&A, &S) == 0 && S.finished);
+    json_decref(ev);
     free(lg);
     ps_serve_stop(sv);
 }
