@@ -17,6 +17,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "core/fileio.h"
 #include "core/rng.h"
@@ -82,6 +83,7 @@ struct ps_server {
     int64_t run_seqs;       /* their sequences */
     int64_t live_seqs, kv_bytes, steps; /* the cache's sequences and bytes after the last step (GET /health) */
     int64_t dropped[2];     /* jobs whose client went away: while queued, while running */
+    int streams;            /* streaming responses not yet freed (ps_serve_stop lets them end) */
     int stopping;
     int open_conns;
     int64_t counter;
@@ -738,6 +740,8 @@ static void stream_free(void *cls) {
         pthread_cond_signal(&x->sv->cv_work);
     }
     job_release(x->j);
+    x->sv->streams--;
+    pthread_cond_broadcast(&x->sv->cv_done);
     pthread_mutex_unlock(&x->sv->mu);
     free(x->sent), free(x->tbytes), free(x->at), free(x->closed), free(x->out);
     free(x);
@@ -757,6 +761,11 @@ static enum MHD_Result respond_stream(ps_server *sv, struct MHD_Connection *conn
     if (x && x->sent && x->tbytes && x->at && x->closed) {
         for (size_t i = 0; i < n; i++) x->sent[i] = q->echo ? 0 : j->seqs[i].n_prompt;
         r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_read, x, stream_free);
+    }
+    if (r) {
+        pthread_mutex_lock(&sv->mu);
+        sv->streams++;
+        pthread_mutex_unlock(&sv->mu);
     }
     if (!r) {
         if (x) free(x->sent), free(x->tbytes), free(x->at), free(x->closed), free(x);
@@ -1173,13 +1182,24 @@ int ps_serve_start(const ps_serve_opts *o, ps_server **out, ps_error *err) {
 
 void ps_serve_stop(ps_server *sv) {
     if (!sv) return;
-    if (sv->d) MHD_quiesce_daemon(sv->d);
+    /* no new connections; the listening socket is ours to close once the daemon has stopped (until then a
+     * client that connects waits in its backlog, then is refused) */
+    MHD_socket lfd = sv->d ? MHD_quiesce_daemon(sv->d) : MHD_INVALID_SOCKET;
     pthread_mutex_lock(&sv->mu);
     sv->stopping = 1;
     pthread_cond_broadcast(&sv->cv_work);
     pthread_mutex_unlock(&sv->mu);
     if (sv->worker_up) pthread_join(sv->worker, NULL);
+    /* the streams still open send what they have (the end, or the 503 event) and data: [DONE] before the
+     * daemon closes their connections; a client that does not read gets 5 s */
+    pthread_mutex_lock(&sv->mu);
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 5;
+    while (sv->streams > 0 && pthread_cond_timedwait(&sv->cv_done, &sv->mu, &until) == 0) {}
+    pthread_mutex_unlock(&sv->mu);
     if (sv->d) MHD_stop_daemon(sv->d);
+    if (lfd != MHD_INVALID_SOCKET) close(lfd);
     ps_tokenizer_free(sv->tok);
     if (sv->dec) ps_serve_decoder_free(sv->dec);
     free(sv->dec);

@@ -69,7 +69,8 @@ typedef struct ps_server ps_server;
 int ps_serve_start(const ps_serve_opts *o, ps_server **out, ps_error *err);
 int ps_serve_port(const ps_server *s);
 const char *ps_serve_name(const ps_server *s);
-/* Stop accepting, fail queued requests with 503, finish, free. */
+/* Stop accepting, fail the queued and running requests with 503 (a stream that has begun: an error event
+ * before data: [DONE]), let the open streams send that (at most 5 s), close every connection, free. */
 void ps_serve_stop(ps_server *s);
 /* `phasescope serve`: start, say where it listens (and write the port to port_file, when given), serve
  * until SIGINT or SIGTERM, stop. The calling thread blocks those two signals for the server's threads. */

@@ -153,8 +153,8 @@ static size_t on_header(char *p, size_t sz, size_t nm, void *u) {
     return n;
 }
 
-/* POST a streaming request; *events: the JSON of every "data:" event before "data: [DONE]" (NULL when the
- * stream does not end with it, or a line is not an event) */
+/* POST a streaming request: the status (minus curl's error code when none came); *events: the JSON of every
+ * "data:" event before "data: [DONE]" (NULL when the stream does not end with it, or a line is not an event) */
 static long sse_post(int port, const char *body, json_t **events, char *ctype, size_t ctn) {
     char url[256];
     snprintf(url, sizeof url, "http://127.0.0.1:%d/v1/completions", port);
@@ -171,7 +171,9 @@ static long sse_post(int port, const char *body, json_t **events, char *ctype, s
     curl_easy_setopt(h, CURLOPT_HTTPHEADER, hd);
     curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
     long st = 0;
-    if (curl_easy_perform(h) == CURLE_OK) curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &st);
+    CURLcode cc = curl_easy_perform(h);
+    if (cc == CURLE_OK) curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &st);
+    else st = -(long)cc; /* no answer: minus curl's error code */
     curl_slist_free_all(hd);
     curl_easy_cleanup(h);
     if (ctype) snprintf(ctype, ctn, "%s", r.ctype);
@@ -734,7 +736,49 @@ int main(void) {
     }
     OK(st == 200);
 
-    ps_serve_stop(sv);
+    /* ---- stopping while streams run: each ends — whole, with an error event (503) before data: [DONE] (or
+     * the JSON error, 503, when it had not started), or cut off by the daemon's stop — and none hangs ---- */
+    {
+        stream_client sc[2];
+        pthread_t stt[2];
+        for (int i = 0; i < 2; i++) {
+            int32_t p8[8];
+            tu_random_tokens(p8, 8, V, 600 + (uint64_t)i);
+            char *j = ids_json(p8, 8);
+            sc[i] = (stream_client){.port = port};
+            snprintf(sc[i].body, sizeof sc[i].body, "{\"prompt\": %s, \"max_tokens\": 240, \"stream\": true}", j);
+            free(j);
+            pthread_create(&stt[i], NULL, stream_main, &sc[i]);
+        }
+        int64_t running = 0;
+        for (int tries = 0; tries < 2000 && running < 1; tries++) {
+            OK(http(port, "GET", "/health", NULL, &r) == 200);
+            running = json_integer_value(json_object_get(r, "running"));
+            json_decref(r);
+        }
+        ps_serve_stop(sv);
+        int whole = 0, stopped = 0, cut = 0;
+        for (int i = 0; i < 2; i++) {
+            pthread_join(stt[i], NULL);
+            json_t *last = json_array_get(sc[i].events, json_array_size(sc[i].events) - 1);
+            json_t *fr = json_object_get(json_array_get(json_object_get(last, "choices"), 0), "finish_reason");
+            if (sc[i].st == 503) { /* stopped before its first step: the JSON error */
+                OK(is_error(sc[i].events, "shutting down"));
+                stopped++;
+            } else if (!sc[i].events) { /* the connection closed by the daemon's stop, never a wait until curl's timeout */
+                OK(sc[i].st != -(long)CURLE_OPERATION_TIMEDOUT);
+                cut++;
+            }
+            else if (json_is_string(fr) && !strcmp(json_string_value(fr), "length")) whole++;
+            else {
+                OK(json_integer_value(json_object_get(json_object_get(last, "error"), "code")) == 503);
+                stopped++;
+            }
+            json_decref(sc[i].events);
+        }
+        printf("stopping with 2 streams running: %d whole, %d ended by a 503 (an error event, or the JSON error before the first "
+               "step), %d cut off\n", whole, stopped, cut);
+    }
     ps_model_free(&m);
 
     /* the other families: a Hugging Face Qwen3 checkpoint and a DeepSeek-V4 checkpoint (conformance vectors) */
