@@ -83,7 +83,7 @@ struct ps_server {
     int64_t run_seqs;       /* their sequences */
     int64_t live_seqs, kv_bytes, steps; /* the cache's sequences and bytes after the last step (GET /health) */
     int64_t dropped[2];     /* jobs whose client went away: while queued, while running */
-    int streams;            /* streaming responses not yet freed (ps_serve_stop lets them end) */
+    int inflight;           /* requests begun and not yet completed (ps_serve_stop lets them end) */
     int stopping;
     int open_conns;
     int64_t counter;
@@ -740,8 +740,6 @@ static void stream_free(void *cls) {
         pthread_cond_signal(&x->sv->cv_work);
     }
     job_release(x->j);
-    x->sv->streams--;
-    pthread_cond_broadcast(&x->sv->cv_done);
     pthread_mutex_unlock(&x->sv->mu);
     free(x->sent), free(x->tbytes), free(x->at), free(x->closed), free(x->out);
     free(x);
@@ -761,11 +759,6 @@ static enum MHD_Result respond_stream(ps_server *sv, struct MHD_Connection *conn
     if (x && x->sent && x->tbytes && x->at && x->closed) {
         for (size_t i = 0; i < n; i++) x->sent[i] = q->echo ? 0 : j->seqs[i].n_prompt;
         r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_read, x, stream_free);
-    }
-    if (r) {
-        pthread_mutex_lock(&sv->mu);
-        sv->streams++;
-        pthread_mutex_unlock(&sv->mu);
     }
     if (!r) {
         if (x) free(x->sent), free(x->tbytes), free(x->at), free(x->closed), free(x);
@@ -1003,6 +996,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
         *con_cls = r;
         pthread_mutex_lock(&sv->mu);
         r->refused = sv->open_conns > sv->o.max_connections;
+        sv->inflight++; /* until on_completed */
         pthread_mutex_unlock(&sv->mu);
         const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Length");
         if (cl && strtoll(cl, NULL, 10) > sv->o.max_body) r->too_big = 1;
@@ -1063,13 +1057,17 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
-    (void)cls;
     (void)c;
     (void)toe;
+    ps_server *sv = cls;
     conn_req *r = *con_cls;
     if (r) {
         free(r->body);
         free(r);
+        pthread_mutex_lock(&sv->mu);
+        sv->inflight--;
+        pthread_cond_broadcast(&sv->cv_done);
+        pthread_mutex_unlock(&sv->mu);
     }
     *con_cls = NULL;
 }
@@ -1190,13 +1188,13 @@ void ps_serve_stop(ps_server *sv) {
     pthread_cond_broadcast(&sv->cv_work);
     pthread_mutex_unlock(&sv->mu);
     if (sv->worker_up) pthread_join(sv->worker, NULL);
-    /* the streams still open send what they have (the end, or the 503 event) and data: [DONE] before the
-     * daemon closes their connections; a client that does not read gets 5 s */
+    /* the requests in flight send their answers (a 503, a stream's end or its 503 event and data: [DONE])
+     * before the daemon closes their connections; a client that does not read gets 5 s */
     pthread_mutex_lock(&sv->mu);
     struct timespec until;
     clock_gettime(CLOCK_REALTIME, &until);
     until.tv_sec += 5;
-    while (sv->streams > 0 && pthread_cond_timedwait(&sv->cv_done, &sv->mu, &until) == 0) {}
+    while (sv->inflight > 0 && pthread_cond_timedwait(&sv->cv_done, &sv->mu, &until) == 0) {}
     pthread_mutex_unlock(&sv->mu);
     if (sv->d) MHD_stop_daemon(sv->d);
     if (lfd != MHD_INVALID_SOCKET) close(lfd);

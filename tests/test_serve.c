@@ -736,8 +736,9 @@ int main(void) {
     }
     OK(st == 200);
 
-    /* ---- stopping while streams run: each ends — whole, with an error event (503) before data: [DONE] (or
-     * the JSON error, 503, when it had not started), or cut off by the daemon's stop — and none hangs ---- */
+    /* ---- stopping while streams run: each ends — whole, or with an error event (503) before data: [DONE]
+     * (the JSON error, 503, when it had not started; cut off only when it had not reached the server) — and
+     * none hangs ---- */
     {
         stream_client sc[2];
         pthread_t stt[2];
@@ -751,7 +752,7 @@ int main(void) {
             pthread_create(&stt[i], NULL, stream_main, &sc[i]);
         }
         int64_t running = 0;
-        for (int tries = 0; tries < 2000 && running < 1; tries++) {
+        for (int tries = 0; tries < 20000 && running < 2; tries++) {
             OK(http(port, "GET", "/health", NULL, &r) == 200);
             running = json_integer_value(json_object_get(r, "running"));
             json_decref(r);
@@ -776,8 +777,9 @@ int main(void) {
             }
             json_decref(sc[i].events);
         }
-        printf("stopping with 2 streams running: %d whole, %d ended by a 503 (an error event, or the JSON error before the first "
-               "step), %d cut off\n", whole, stopped, cut);
+        OK(running < 2 || cut == 0); /* both had begun: both end with their 503 event (or whole), none cut off */
+        printf("stopping with %lld streams running: %d whole, %d ended by a 503 (an error event, or the JSON error before the first "
+               "step), %d cut off\n", (long long)running, whole, stopped, cut);
     }
     ps_model_free(&m);
 
