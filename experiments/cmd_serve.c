@@ -25,7 +25,7 @@ static const ps_flag_spec FLAGS[] = {
     {"--max-tokens", "N", "largest max_tokens (default 1024)", 0},
     {"--max-prompts", "N", "prompts in one request (default 256)", 0},
     {"--max-connections", "N", "open connections at once (default 64): more are refused with 429", 0},
-    {"--max-batch", "N", "sequences per forward pass (default 32): concurrent requests are batched up to it", 0},
+    {"--max-batch", "N", "sequences decoded per step (default 32): concurrent requests join the running batch up to it", 0},
     PS_BACKEND_FLAG,
     {0},
 };
@@ -36,8 +36,10 @@ const ps_command ps_cmd_serve = {
     .description =
         "Serves a model over the OpenAI completions API (docs/served-models.md): POST /v1/completions (prompt as\n"
         "a string, a token-id list or a list of either; max_tokens, temperature 0 = greedy, echo, logprobs N,\n"
-        "vLLM's prompt_logprobs and return_tokens_as_token_ids), GET /v1/models, GET /health. Concurrent requests\n"
-        "are batched into one forward pass. Every refusal is a 4xx JSON error naming the limit or the field.\n"
+        "vLLM's prompt_logprobs and return_tokens_as_token_ids; \"stream\": true answers with server-sent events),\n"
+        "GET /v1/models, GET /health. Concurrent requests share each decode step (continuous batching: they join\n"
+        "and leave between steps); a client that goes away frees its sequences at the next step. Every refusal\n"
+        "is a 4xx JSON error naming the limit or the field.\n"
         "Listens on 127.0.0.1 unless --host says otherwise; SIGINT or SIGTERM stops it.\n",
     .flags = FLAGS,
     .run = run,

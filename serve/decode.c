@@ -15,6 +15,19 @@ void ps_serve_decoder_reset(ps_serve_decoder *d) {
     d->n = 0;
 }
 
+void ps_serve_decoder_drop(ps_serve_decoder *d, const void *key) {
+    for (int i = 0; i < d->n; i++)
+        if (d->keys[i] == key) {
+            ps_kvcache_drop(&d->kv, d->ids[i]);
+            d->keys[i] = d->keys[d->n - 1];
+            d->ids[i] = d->ids[d->n - 1];
+            d->n--;
+            return;
+        }
+}
+
+int ps_serve_decoder_live(const ps_serve_decoder *d) { return d->n; }
+
 void ps_serve_decoder_free(ps_serve_decoder *d) {
     ps_serve_decoder_reset(d);
     ps_kvcache_free(&d->kv);

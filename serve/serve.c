@@ -7,6 +7,7 @@
 #include <math.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -16,6 +17,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "core/fileio.h"
 #include "core/rng.h"
@@ -35,22 +37,32 @@ typedef struct {
 typedef struct {
     int32_t *tok;    /* prompt, then the generated tokens */
     int64_t n_prompt, n, gen_max;
-    int all_rows;    /* the first forward computes every row (echo with logprobs, prompt_logprobs) */
+    int all_rows;    /* the first step computes every row (echo with logprobs, prompt_logprobs) */
     int K;           /* top entries per position */
     double temp;
     ps_rng rng;
     pinfo *pi;       /* [n_prompt + gen_max]: pi[t] for token t (t >= 1) */
     int32_t *tid_pool;
     double *tlp_pool;
-    int64_t row0;    /* the current forward's first row */
+    int64_t row0;    /* the current step's first row */
+    int started;     /* its first step ran */
+    /* published by the worker under the server's lock after each step (what a streaming connection reads):
+     * tok[0, pub) and pi[0, pub) are final; fin: nothing more comes */
+    int64_t pub;
+    int fin;
 } seqst;
 
+/* A request. It is held by its connection and, while queued or running, by the worker (refs); whoever lets
+ * go last frees it (under the server's lock). */
 typedef struct job {
     seqst *seqs;
     int64_t n;
-    int done, failed;
+    int refs;
+    int done, failed;  /* failed: an HTTP status */
+    int stepped;       /* a step has run (a streaming answer starts) */
+    int cancelled;     /* the client went away: the worker drops its sequences at the next step */
     char msg[1024];
-    struct job *next;
+    struct job *next;  /* the queue, then the running list */
 } job;
 
 struct ps_server {
@@ -66,7 +78,12 @@ struct ps_server {
     int worker_up;
     pthread_mutex_t mu;
     pthread_cond_t cv_work, cv_done;
-    job *head, *tail;
+    job *head, *tail;       /* waiting to join */
+    job *run;               /* running (continuous batching): in order of arrival */
+    int64_t run_seqs;       /* their sequences */
+    int64_t live_seqs, kv_bytes, steps; /* the cache's sequences and bytes after the last step (GET /health) */
+    int64_t dropped[2];     /* jobs whose client went away: while queued, while running */
+    int inflight;           /* requests begun and not yet completed (ps_serve_stop lets them end) */
     int stopping;
     int open_conns;
     int64_t counter;
@@ -84,6 +101,11 @@ static void job_free(job *j) {
     for (int64_t i = 0; i < j->n; i++) seq_free(&j->seqs[i]);
     free(j->seqs);
     free(j);
+}
+
+/* (the server's lock held) let go of j */
+static void job_release(job *j) {
+    if (j && --j->refs == 0) job_free(j);
 }
 
 /* the row statistics of one logits row for token y (two passes: the maximum, then the sum of exponentials,
@@ -164,87 +186,141 @@ static int on_rows(const ps_batch *b, int64_t si, const float *rows, int64_t n, 
     return 0;
 }
 
-/* Run a group of jobs: the first forward over every sequence, then one per generated token. */
-static int run_group(ps_server *sv, job **jobs, int nj, ps_error *err) {
-    int64_t total = 0;
-    for (int j = 0; j < nj; j++) total += jobs[j]->n;
-    seqst **act = malloc((size_t)(total ? total : 1) * sizeof *act);
-    if (!act) return ps_fail(err, "out of memory");
-    int rc = 0;
-    for (int step = 0; !rc; step++) {
-        int64_t B = 0, T = 0;
-        for (int j = 0; j < nj; j++)
-            for (int64_t i = 0; i < jobs[j]->n; i++) {
-                seqst *s = &jobs[j]->seqs[i];
-                int gen = s->n - s->n_prompt < s->gen_max;
-                int rows = step == 0 && s->all_rows && s->n > 1;
-                if (!gen && !rows) continue;
-                act[B++] = s;
-                T = s->n > T ? s->n : T;
-            }
-        if (!B) break;
-        ps_batch b;
-        if ((rc = ps_batch_alloc(&b, B, T, 1, err))) break;
-        for (int64_t i = 0; i < B; i++) {
-            seqst *s = act[i];
-            int gen = s->n - s->n_prompt < s->gen_max;
-            memcpy(b.tokens + i * T, s->tok, (size_t)s->n * sizeof(int32_t));
-            for (int64_t t = s->n; t < T; t++) b.tokens[i * T + t] = s->tok[s->n - 1]; /* tail padding: never read */
-            for (int64_t t = 0; t < T; t++) b.targets[i * T + t] = -1;
-            int64_t r0 = step == 0 && s->all_rows ? 0 : s->n - 1, r1 = gen ? s->n : s->n - 1; /* rows [r0, r1) */
-            s->row0 = r0;
-            b.n_q[i] = 1;
-            b.queries[i] = (ps_query){.key_pos = 0, .answer_pos = r0, .answer_len = r1 - r0, .answer_src = r0 + 1};
-        }
-        fwd_ctx c = {act, sv->vocab};
-        rc = sv->dec ? ps_serve_decode_rows(sv->dec, (const void *const *)act, &b, on_rows, &c, err)
-                     : sv->rt.family->rows(&sv->rt, &b, sv->o.max_batch, 0, on_rows, &c, err);
-        ps_batch_free(&b);
+/* a sequence that still needs logits: tokens to generate, or its prompt's rows not yet computed */
+static int seq_needs(const seqst *s) { return s->n - s->n_prompt < s->gen_max || (!s->started && s->all_rows && s->n > 1); }
+
+/* One step of the running sequences act[0, B): a sequence that joins now gets its prompt's rows (its last,
+ * or every row with all_rows), the others one new token each; all in one call of the decoder (one batched
+ * append through the KV cache) or of the family's rows (the whole-sequence path: a forward of each
+ * sequence, padded at the end to the longest). */
+static int run_step(ps_server *sv, seqst **act, int64_t B, ps_error *err) {
+    int64_t T = 0;
+    for (int64_t i = 0; i < B; i++) T = act[i]->n > T ? act[i]->n : T;
+    ps_batch b;
+    int rc = ps_batch_alloc(&b, B, T, 1, err);
+    if (rc) return rc;
+    for (int64_t i = 0; i < B; i++) {
+        seqst *s = act[i];
+        int gen = s->n - s->n_prompt < s->gen_max;
+        memcpy(b.tokens + i * T, s->tok, (size_t)s->n * sizeof(int32_t));
+        for (int64_t t = s->n; t < T; t++) b.tokens[i * T + t] = s->tok[s->n - 1]; /* tail padding: never read */
+        for (int64_t t = 0; t < T; t++) b.targets[i * T + t] = -1;
+        int64_t r0 = !s->started && s->all_rows ? 0 : s->n - 1, r1 = gen ? s->n : s->n - 1; /* rows [r0, r1) */
+        s->row0 = r0;
+        b.n_q[i] = 1;
+        b.queries[i] = (ps_query){.key_pos = 0, .answer_pos = r0, .answer_len = r1 - r0, .answer_src = r0 + 1};
     }
-    if (sv->dec) ps_serve_decoder_reset(sv->dec);
-    free(act);
+    fwd_ctx c = {act, sv->vocab};
+    rc = sv->dec ? ps_serve_decode_rows(sv->dec, (const void *const *)act, &b, on_rows, &c, err)
+                 : sv->rt.family->rows(&sv->rt, &b, sv->o.max_batch, 0, on_rows, &c, err);
+    ps_batch_free(&b);
     return rc;
 }
 
+/* (lock held) j leaves the running batch: its cache sequences are dropped, its connection woken */
+static void finish_job(ps_server *sv, job *j) {
+    if (sv->dec)
+        for (int64_t i = 0; i < j->n; i++) ps_serve_decoder_drop(sv->dec, &j->seqs[i]);
+    sv->run_seqs -= j->n;
+    j->done = 1;
+    job_release(j);
+}
+
+/* Continuous batching: between two steps, the jobs whose clients went away leave, the queued jobs join
+ * (while the running sequences stay within max_batch; a job larger than that runs alone), the finished
+ * ones leave; each step runs every running sequence that needs logits. */
 static void *worker_main(void *arg) {
     ps_server *sv = arg;
-    job **grp = malloc((size_t)(sv->o.max_batch + 1) * sizeof *grp);
+    seqst **act = NULL;
+    int64_t cap = 0;
     pthread_mutex_lock(&sv->mu);
     for (;;) {
-        while (!sv->head && !sv->stopping) pthread_cond_wait(&sv->cv_work, &sv->mu);
-        if (sv->stopping || !grp) break;
-        int ng = 0;
-        int64_t seqs = 0;
-        while (sv->head && ng < sv->o.max_batch && (ng == 0 || seqs + sv->head->n <= sv->o.max_batch)) {
+        while (!sv->stopping && !sv->run && !sv->head) pthread_cond_wait(&sv->cv_work, &sv->mu);
+        if (sv->stopping) break;
+        job **tailp = &sv->run;
+        for (job *j; (j = *tailp);) {
+            if (j->cancelled) {
+                *tailp = j->next;
+                sv->dropped[1]++;
+                finish_job(sv, j);
+            } else
+                tailp = &j->next;
+        }
+        while (sv->head) {
             job *j = sv->head;
+            if (!j->cancelled && sv->run_seqs > 0 && sv->run_seqs + j->n > sv->o.max_batch) break;
             sv->head = j->next;
             if (!sv->head) sv->tail = NULL;
-            grp[ng++] = j;
-            seqs += j->n;
-        }
-        pthread_mutex_unlock(&sv->mu);
-        ps_error e = {0};
-        int rc = run_group(sv, grp, ng, &e);
-        pthread_mutex_lock(&sv->mu);
-        for (int k = 0; k < ng; k++) {
-            if (rc) {
-                grp[k]->failed = 500;
-                snprintf(grp[k]->msg, sizeof grp[k]->msg, "the model failed: %.900s", e.msg);
+            j->next = NULL;
+            if (j->cancelled) {
+                sv->dropped[0]++;
+                j->done = 1;
+                job_release(j);
+                continue;
             }
-            grp[k]->done = 1;
+            *tailp = j;
+            tailp = &j->next;
+            sv->run_seqs += j->n;
         }
+        if (sv->run_seqs > cap) {
+            seqst **na = realloc(act, (size_t)sv->run_seqs * sizeof *na);
+            if (na) act = na, cap = sv->run_seqs;
+        }
+        int64_t B = 0;
+        int rc = 0;
+        ps_error e = {0};
+        if (sv->run_seqs > cap) rc = ps_fail(&e, "out of memory for a step of %lld sequences", (long long)sv->run_seqs);
+        for (job *j = sv->run; j && !rc; j = j->next)
+            for (int64_t i = 0; i < j->n; i++)
+                if (seq_needs(&j->seqs[i])) act[B++] = &j->seqs[i];
+        pthread_mutex_unlock(&sv->mu);
+        if (B && !rc) rc = run_step(sv, act, B, &e);
+        pthread_mutex_lock(&sv->mu);
+        sv->steps++;
+        for (int64_t i = 0; i < B; i++) act[i]->started = 1;
+        for (job **p = &sv->run; *p;) {
+            job *j = *p;
+            int more = 0;
+            for (int64_t i = 0; i < j->n; i++) {
+                seqst *s = &j->seqs[i];
+                s->pub = s->n;
+                s->fin = !seq_needs(s);
+                more |= !s->fin;
+            }
+            j->stepped = 1;
+            if (rc) {
+                j->failed = 500;
+                snprintf(j->msg, sizeof j->msg, "the model failed: %.900s", e.msg);
+            }
+            if (rc || !more) {
+                *p = j->next;
+                finish_job(sv, j);
+            } else
+                p = &j->next;
+        }
+        sv->live_seqs = sv->dec ? ps_serve_decoder_live(sv->dec) : 0;
+        sv->kv_bytes = sv->dec ? ps_kvcache_bytes(&sv->dec->kv) : 0;
         pthread_cond_broadcast(&sv->cv_done);
     }
-    /* shutting down: fail what waits */
-    for (job *j = sv->head; j; j = j->next) {
-        j->failed = 503;
-        snprintf(j->msg, sizeof j->msg, "the server is shutting down");
-        j->done = 1;
+    /* shutting down: fail what runs and what waits */
+    for (int k = 0; k < 2; k++) {
+        job *j = k ? sv->head : sv->run;
+        while (j) {
+            job *nx = j->next;
+            j->failed = 503;
+            snprintf(j->msg, sizeof j->msg, "the server is shutting down");
+            if (k) {
+                j->done = 1;
+                job_release(j);
+            } else
+                finish_job(sv, j);
+            j = nx;
+        }
     }
-    sv->head = sv->tail = NULL;
+    sv->head = sv->tail = sv->run = NULL;
     pthread_cond_broadcast(&sv->cv_done);
     pthread_mutex_unlock(&sv->mu);
-    free(grp);
+    free(act);
     return NULL;
 }
 
@@ -321,6 +397,7 @@ typedef struct {
     int echo, as_ids;
     double temperature;
     uint64_t seed;
+    int stream, usage; /* "stream": server-sent events; stream_options.include_usage */
 } creq;
 
 /* the prompt in v as ids (a string tokenized, or a list of ints); 0, or an HTTP status with msg */
@@ -409,6 +486,39 @@ static json_t *top_dict(const ps_server *sv, const pinfo *pi, int n, int32_t sel
     return d;
 }
 
+/* the OpenAI completions "logprobs" of tokens [t0, t1) of s: tokens, token_logprobs, top_logprobs and
+ * text_offset (*at: the running length of the token texts, carried from chunk to chunk when streaming) */
+static json_t *logprobs_json(const ps_server *sv, const creq *q, const seqst *s, int64_t t0, int64_t t1, int64_t *at) {
+    json_t *lo = json_object(), *tk = json_array(), *tl = json_array(), *tp = json_array(), *off = json_array();
+    for (int64_t t = t0; t < t1; t++) {
+        char *ts = token_text(sv, s->tok[t], q->as_ids);
+        json_array_append_new(tk, json_string(ts ? ts : ""));
+        json_array_append_new(off, json_integer(*at));
+        *at += ts ? utf8_chars(ts) : 0;
+        free(ts);
+        if (t == 0) {
+            json_array_append_new(tl, json_null());
+            json_array_append_new(tp, json_null());
+        } else {
+            json_array_append_new(tl, json_real(s->pi[t].lp));
+            json_array_append_new(tp, top_dict(sv, &s->pi[t], (int)q->logprobs, s->tok[t], q->as_ids, 0));
+        }
+    }
+    json_object_set_new(lo, "tokens", tk);
+    json_object_set_new(lo, "token_logprobs", tl);
+    json_object_set_new(lo, "top_logprobs", tp);
+    json_object_set_new(lo, "text_offset", off);
+    return lo;
+}
+
+/* vLLM's prompt_logprobs of s: [null, {id: {logprob, rank, decoded_token}}, ...] */
+static json_t *prompt_logprobs_json(const ps_server *sv, const creq *q, const seqst *s) {
+    json_t *pl = json_array();
+    for (int64_t t = 0; t < s->n_prompt; t++)
+        json_array_append_new(pl, t == 0 ? json_null() : top_dict(sv, &s->pi[t], (int)q->prompt_logprobs, s->tok[t], q->as_ids, 1));
+    return pl;
+}
+
 /* the choice of sequence s (index i) */
 static json_t *choice_json(const ps_server *sv, const creq *q, const seqst *s, int64_t i) {
     json_t *c = json_object();
@@ -420,38 +530,252 @@ static json_t *choice_json(const ps_server *sv, const creq *q, const seqst *s, i
     if (sv->tok && ps_detokenize(sv->tok, s->tok + t0, (size_t)(s->n - t0), false, &text, &tn, &e)) text = NULL;
     json_object_set_new(c, "text", json_string(text ? text : ""));
     free(text);
-    if (q->logprobs >= 0) {
-        json_t *lo = json_object(), *tk = json_array(), *tl = json_array(), *tp = json_array(), *off = json_array();
-        int64_t at = 0;
-        for (int64_t t = t0; t < s->n; t++) {
-            char *ts = token_text(sv, s->tok[t], q->as_ids);
-            json_array_append_new(tk, json_string(ts ? ts : ""));
-            json_array_append_new(off, json_integer(at));
-            at += ts ? utf8_chars(ts) : 0;
-            free(ts);
-            if (t == 0) {
-                json_array_append_new(tl, json_null());
-                json_array_append_new(tp, json_null());
-            } else {
-                json_array_append_new(tl, json_real(s->pi[t].lp));
-                json_array_append_new(tp, top_dict(sv, &s->pi[t], (int)q->logprobs, s->tok[t], q->as_ids, 0));
-            }
-        }
-        json_object_set_new(lo, "tokens", tk);
-        json_object_set_new(lo, "token_logprobs", tl);
-        json_object_set_new(lo, "top_logprobs", tp);
-        json_object_set_new(lo, "text_offset", off);
-        json_object_set_new(c, "logprobs", lo);
-    } else
-        json_object_set_new(c, "logprobs", json_null());
+    int64_t at = 0;
+    json_object_set_new(c, "logprobs", q->logprobs >= 0 ? logprobs_json(sv, q, s, t0, s->n, &at) : json_null());
     json_object_set_new(c, "finish_reason", json_string("length"));
-    if (q->prompt_logprobs >= 0) {
-        json_t *pl = json_array();
-        for (int64_t t = 0; t < s->n_prompt; t++)
-            json_array_append_new(pl, t == 0 ? json_null() : top_dict(sv, &s->pi[t], (int)q->prompt_logprobs, s->tok[t], q->as_ids, 1));
-        json_object_set_new(c, "prompt_logprobs", pl);
-    }
+    if (q->prompt_logprobs >= 0) json_object_set_new(c, "prompt_logprobs", prompt_logprobs_json(sv, q, s));
     return c;
+}
+
+/* ==== waiting for the worker, and the client going away ==== */
+
+/* The client closed its end (or the connection broke): a poll that sees the end of the stream or an error,
+ * without reading what it may have sent next (a peek). */
+static int client_gone(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!ci) return 0;
+    struct pollfd p = {.fd = ci->connect_fd, .events = POLLIN};
+    if (poll(&p, 1, 0) <= 0) return 0;
+    if (p.revents & (POLLERR | POLLHUP | POLLNVAL)) return 1;
+    char ch;
+    return recv(ci->connect_fd, &ch, 1, MSG_PEEK) <= 0;
+}
+
+/* (lock held) one wait for the worker's next step (at most 100 ms); -1 when the client went away meanwhile:
+ * then j is cancelled (the worker drops its sequences at the next step) */
+static int wait_once(ps_server *sv, job *j, struct MHD_Connection *c) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += 100000000L;
+    if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+    pthread_cond_timedwait(&sv->cv_done, &sv->mu, &ts);
+    if (!j->done && client_gone(c)) {
+        j->cancelled = 1;
+        pthread_cond_signal(&sv->cv_work);
+        return -1;
+    }
+    return 0;
+}
+
+/* (lock held) wait until j is done (first: or has run its first step); -1 as wait_once */
+static int wait_job(ps_server *sv, job *j, struct MHD_Connection *c, int first) {
+    while (!j->done && !(first && j->stepped))
+        if (wait_once(sv, j, c)) return -1;
+    return 0;
+}
+
+/* ==== streaming: server-sent events as the OpenAI API sends them ====
+ * One event per choice and step that brought tokens: data: {"id", "object": "text_completion", "created",
+ * "model", "choices": [{"index", "text", "logprobs", "finish_reason"}]} (the last of a choice with
+ * finish_reason "length"; with echo the first carries the prompt, with prompt_logprobs those too), then
+ * with stream_options.include_usage one with "choices": [] and "usage", then data: [DONE]. The events
+ * leave as the worker publishes the tokens (the connection's thread blocks in the reader until then). */
+typedef struct {
+    ps_server *sv;
+    job *j;                 /* a reference held until the response is freed */
+    creq q;
+    struct MHD_Connection *conn;
+    char rid[64];
+    json_int_t created;
+    int64_t *sent;          /* [n] tokens sent per choice */
+    size_t *tbytes;         /* [n] bytes of text sent */
+    int64_t *at;            /* [n] the text_offset so far */
+    int *closed;            /* [n] the choice's last event sent */
+    int end;                /* [DONE] queued */
+    char *out;
+    size_t on, opos, ocap;
+} stream_ctx;
+
+static int out_add(stream_ctx *x, const char *a, size_t n) {
+    if (x->on + n > x->ocap) {
+        size_t cap = x->ocap ? x->ocap : 4096;
+        while (cap < x->on + n) cap *= 2;
+        char *b = realloc(x->out, cap);
+        if (!b) return -1;
+        x->out = b;
+        x->ocap = cap;
+    }
+    memcpy(x->out + x->on, a, n);
+    x->on += n;
+    return 0;
+}
+
+/* one event: data: JSON\n\n (o is consumed) */
+static int out_event(stream_ctx *x, json_t *o) {
+    char *t = o ? json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+    json_decref(o);
+    int rc = !t || out_add(x, "data: ", 6) || out_add(x, t, strlen(t)) || out_add(x, "\n\n", 2) ? -1 : 0;
+    free(t);
+    return rc;
+}
+
+static json_t *chunk_head(const stream_ctx *x) {
+    return json_pack("{s:s, s:s, s:I, s:s}", "id", x->rid, "object", "text_completion", "created", x->created, "model", x->sv->name);
+}
+
+/* the bytes of t that are whole characters: a trailing incomplete UTF-8 sequence or U+FFFD (a token that
+ * ends inside a character) waits for the next tokens */
+static size_t text_settled(const char *t, size_t n) {
+    if (n >= 3 && !memcmp(t + n - 3, "\xEF\xBF\xBD", 3)) return n - 3;
+    size_t k = n, back = 0;
+    while (k > 0 && back < 4 && ((unsigned char)t[k - 1] & 0xC0) == 0x80) k--, back++;
+    if (k == 0) return n;
+    unsigned char lead = (unsigned char)t[k - 1];
+    size_t need = lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : lead >= 0xC0 ? 2 : 1;
+    return need > back + 1 ? k - 1 : n;
+}
+
+/* the event of choice i: tokens [sent, pub) (last: the choice's final event) */
+static int chunk_event(stream_ctx *x, int64_t i, int64_t pub, int last) {
+    const ps_server *sv = x->sv;
+    const seqst *s = &x->j->seqs[i];
+    int64_t t0 = x->q.echo ? 0 : s->n_prompt, a = x->sent[i];
+    char *text = NULL;
+    size_t tn = 0;
+    ps_error e = {0};
+    if (sv->tok && ps_detokenize(sv->tok, s->tok + t0, (size_t)(pub - t0), false, &text, &tn, &e)) text = NULL, tn = 0;
+    size_t upto = text ? (last ? tn : text_settled(text, tn)) : 0;
+    if (upto < x->tbytes[i]) upto = x->tbytes[i]; /* the text so far never shrinks */
+    json_t *o = chunk_head(x), *c = json_object(), *ch = json_array();
+    json_object_set_new(c, "index", json_integer(i));
+    json_object_set_new(c, "text", json_stringn(text && upto <= tn ? text + x->tbytes[i] : "", text && upto <= tn ? upto - x->tbytes[i] : 0));
+    if (upto <= tn) x->tbytes[i] = upto;
+    free(text);
+    json_object_set_new(c, "logprobs", x->q.logprobs >= 0 ? logprobs_json(sv, &x->q, s, a, pub, &x->at[i]) : json_null());
+    json_object_set_new(c, "finish_reason", last ? json_string("length") : json_null());
+    if (a == t0 && x->q.prompt_logprobs >= 0) json_object_set_new(c, "prompt_logprobs", prompt_logprobs_json(sv, &x->q, s));
+    json_array_append_new(ch, c);
+    json_object_set_new(o, "choices", ch);
+    x->sent[i] = pub;
+    if (last) x->closed[i] = 1;
+    return out_event(x, o);
+}
+
+/* Wait for what the worker publishes next and queue its events; -1: the client went away. */
+static int stream_fill(stream_ctx *x) {
+    ps_server *sv = x->sv;
+    job *j = x->j;
+    int64_t n = j->n;
+    int64_t *pub = malloc((size_t)n * sizeof *pub);
+    int *fin = malloc((size_t)n * sizeof *fin);
+    if (!pub || !fin) {
+        free(pub), free(fin);
+        return -1;
+    }
+    int done, failed;
+    char msg[1024];
+    pthread_mutex_lock(&sv->mu);
+    for (;;) {
+        int news = 0;
+        for (int64_t i = 0; i < n; i++) {
+            pub[i] = j->seqs[i].pub;
+            fin[i] = j->seqs[i].fin;
+            news |= pub[i] > x->sent[i] || (fin[i] && !x->closed[i]);
+        }
+        done = j->done, failed = j->failed;
+        if (news || done) break;
+        if (wait_once(sv, j, x->conn)) {
+            pthread_mutex_unlock(&sv->mu);
+            free(pub), free(fin);
+            return -1;
+        }
+    }
+    snprintf(msg, sizeof msg, "%s", j->msg);
+    pthread_mutex_unlock(&sv->mu);
+    int rc = 0, open = 0;
+    for (int64_t i = 0; i < n && !rc; i++) {
+        if (pub[i] > x->sent[i] || (fin[i] && !x->closed[i])) rc = chunk_event(x, i, pub[i], fin[i]);
+        open |= !x->closed[i];
+    }
+    if (!rc && done && (failed || !open)) {
+        if (failed) { /* after the first event: the error as an event of its own */
+            json_t *o = json_pack("{s:{s:s, s:s, s:n, s:i}}", "error", "message", msg, "type", "server_error", "param", "code", failed);
+            rc = out_event(x, o);
+        } else if (x->q.usage) {
+            int64_t ptok = 0, ctok = 0;
+            for (int64_t i = 0; i < n; i++) ptok += j->seqs[i].n_prompt, ctok += j->seqs[i].n - j->seqs[i].n_prompt;
+            json_t *o = chunk_head(x);
+            json_object_set_new(o, "choices", json_array());
+            json_object_set_new(o, "usage", json_pack("{s:I, s:I, s:I}", "prompt_tokens", (json_int_t)ptok, "completion_tokens", (json_int_t)ctok,
+                                                      "total_tokens", (json_int_t)(ptok + ctok)));
+            rc = out_event(x, o);
+        }
+        if (!rc) rc = out_add(x, "data: [DONE]\n\n", 14);
+        x->end = 1;
+    }
+    free(pub), free(fin);
+    return rc;
+}
+
+static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
+    (void)pos;
+    stream_ctx *x = cls;
+    while (x->opos == x->on) {
+        if (x->end) return MHD_CONTENT_READER_END_OF_STREAM;
+        x->on = x->opos = 0;
+        if (stream_fill(x)) return MHD_CONTENT_READER_END_WITH_ERROR;
+    }
+    size_t k = x->on - x->opos < max ? x->on - x->opos : max;
+    memcpy(buf, x->out + x->opos, k);
+    x->opos += k;
+    return (ssize_t)k;
+}
+
+/* the response is done with (sent, or the client went away): a job still running is cancelled */
+static void stream_free(void *cls) {
+    stream_ctx *x = cls;
+    pthread_mutex_lock(&x->sv->mu);
+    if (!x->j->done) {
+        x->j->cancelled = 1;
+        pthread_cond_signal(&x->sv->cv_work);
+    }
+    job_release(x->j);
+    pthread_mutex_unlock(&x->sv->mu);
+    free(x->sent), free(x->tbytes), free(x->at), free(x->closed), free(x->out);
+    free(x);
+}
+
+/* the SSE response of j (the connection's reference passes to it) */
+static enum MHD_Result respond_stream(ps_server *sv, struct MHD_Connection *conn, job *j, const creq *q, int64_t id) {
+    stream_ctx *x = calloc(1, sizeof *x);
+    size_t n = (size_t)j->n;
+    if (x) {
+        x->sv = sv, x->j = j, x->q = *q, x->conn = conn, x->created = (json_int_t)time(NULL);
+        snprintf(x->rid, sizeof x->rid, "cmpl-%lld", (long long)id);
+        x->sent = malloc(n * sizeof *x->sent), x->tbytes = calloc(n, sizeof *x->tbytes), x->at = calloc(n, sizeof *x->at);
+        x->closed = calloc(n, sizeof *x->closed);
+    }
+    struct MHD_Response *r = NULL;
+    if (x && x->sent && x->tbytes && x->at && x->closed) {
+        for (size_t i = 0; i < n; i++) x->sent[i] = q->echo ? 0 : j->seqs[i].n_prompt;
+        r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_read, x, stream_free);
+    }
+    if (!r) {
+        if (x) free(x->sent), free(x->tbytes), free(x->at), free(x->closed), free(x);
+        pthread_mutex_lock(&sv->mu);
+        if (!j->done) {
+            j->cancelled = 1;
+            pthread_cond_signal(&sv->cv_work);
+        }
+        job_release(j);
+        pthread_mutex_unlock(&sv->mu);
+        return respond_error(conn, 500, NULL, "out of memory");
+    }
+    MHD_add_response_header(r, "Content-Type", "text/event-stream");
+    MHD_add_response_header(r, "Cache-Control", "no-cache");
+    enum MHD_Result res = MHD_queue_response(conn, 200, r);
+    MHD_destroy_response(r);
+    return res;
 }
 
 static enum MHD_Result completions(ps_server *sv, struct MHD_Connection *conn, const char *body, size_t n) {
@@ -463,7 +787,7 @@ static enum MHD_Result completions(ps_server *sv, struct MHD_Connection *conn, c
         return root ? respond_error(conn, 400, NULL, "the body is not a JSON object")
                     : respond_error(conn, 400, NULL, "the body is not JSON: %s (line %d, column %d)", je.text, je.line, je.column);
     }
-    creq q = {16, -1, -1, 0, 0, 1.0, 0};
+    creq q = {16, -1, -1, 0, 0, 1.0, 0, 0, 0};
     int st = 0;
     json_t *v;
     const char *mname = json_string_value(json_object_get(root, "model"));
@@ -497,7 +821,16 @@ static enum MHD_Result completions(ps_server *sv, struct MHD_Connection *conn, c
         st = 400, snprintf(msg, sizeof msg, "n: only 1 completion per prompt is served");
     if (!st && (v = json_object_get(root, "best_of")) && !json_is_null(v) && (!json_is_integer(v) || json_integer_value(v) != 1))
         st = 400, snprintf(msg, sizeof msg, "best_of: only 1 is served");
-    if (!st && json_is_true(json_object_get(root, "stream"))) st = 400, snprintf(msg, sizeof msg, "stream: streaming is not served");
+    if (!st && (v = json_object_get(root, "stream")) && !json_is_null(v)) {
+        if (!json_is_boolean(v)) st = 400, snprintf(msg, sizeof msg, "stream: expected true or false");
+        else q.stream = json_is_true(v);
+    }
+    if (!st && (v = json_object_get(root, "stream_options")) && !json_is_null(v)) {
+        json_t *u = json_object_get(v, "include_usage");
+        if (!json_is_object(v) || (u && !json_is_null(u) && !json_is_boolean(u)))
+            st = 400, snprintf(msg, sizeof msg, "stream_options: expected {\"include_usage\": true or false}");
+        else q.usage = json_is_true(u);
+    }
     if (st) {
         json_decref(root);
         return respond_error(conn, (unsigned)st, NULL, "%s", msg);
@@ -599,25 +932,35 @@ static enum MHD_Result completions(ps_server *sv, struct MHD_Connection *conn, c
         job_free(j);
         return respond_error(conn, (unsigned)st, "prompt", "%s", msg);
     }
-    /* queue it and wait for the worker */
+    /* queue it: it joins the running batch at the worker's next step */
     pthread_mutex_lock(&sv->mu);
     if (sv->stopping) {
         pthread_mutex_unlock(&sv->mu);
         job_free(j);
         return respond_error(conn, 503, NULL, "the server is shutting down");
     }
+    j->refs = 2; /* this connection's, the worker's */
     if (sv->tail) sv->tail->next = j;
     else sv->head = j;
     sv->tail = j;
     pthread_cond_signal(&sv->cv_work);
-    while (!j->done) pthread_cond_wait(&sv->cv_done, &sv->mu);
-    int64_t id = ++sv->counter;
-    pthread_mutex_unlock(&sv->mu);
-    if (j->failed) {
-        enum MHD_Result x = respond_error(conn, (unsigned)j->failed, NULL, "%s", j->msg);
-        job_free(j);
-        return x;
+    /* a streaming answer starts after the first step (an error before it is a JSON error with its status) */
+    if (wait_job(sv, j, conn, q.stream)) {
+        job_release(j);
+        pthread_mutex_unlock(&sv->mu);
+        return MHD_NO; /* the client went away: its sequences are dropped at the next step */
     }
+    int64_t id = ++sv->counter;
+    if (j->failed) {
+        unsigned failed = (unsigned)j->failed;
+        char m[1024];
+        snprintf(m, sizeof m, "%s", j->msg);
+        job_release(j);
+        pthread_mutex_unlock(&sv->mu);
+        return respond_error(conn, failed, NULL, "%s", m);
+    }
+    pthread_mutex_unlock(&sv->mu);
+    if (q.stream) return respond_stream(sv, conn, j, &q, id);
     json_t *res = json_object(), *ch = json_array();
     char rid[64];
     snprintf(rid, sizeof rid, "cmpl-%lld", (long long)id);
@@ -636,7 +979,9 @@ static enum MHD_Result completions(ps_server *sv, struct MHD_Connection *conn, c
                                                 "total_tokens", (json_int_t)(ptok + ctok)));
     char *text = json_dumps(res, JSON_COMPACT | JSON_PRESERVE_ORDER);
     json_decref(res);
-    job_free(j);
+    pthread_mutex_lock(&sv->mu);
+    job_release(j);
+    pthread_mutex_unlock(&sv->mu);
     return respond(conn, 200, text);
 }
 
@@ -651,6 +996,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
         *con_cls = r;
         pthread_mutex_lock(&sv->mu);
         r->refused = sv->open_conns > sv->o.max_connections;
+        sv->inflight++; /* until on_completed */
         pthread_mutex_unlock(&sv->mu);
         const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Length");
         if (cl && strtoll(cl, NULL, 10) > sv->o.max_body) r->too_big = 1;
@@ -685,8 +1031,14 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
     int get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
     if (!strcmp(url, "/health")) {
         if (!get) return respond_error(conn, 405, NULL, "%s /health: use GET", method);
-        char *t = malloc(32);
-        if (t) strcpy(t, "{\"status\":\"ok\"}");
+        /* and the running batch: its sequences, the KV cache's sequences and bytes after the last step */
+        pthread_mutex_lock(&sv->mu);
+        json_t *o = json_pack("{s:s, s:I, s:I, s:I, s:I, s:[I, I]}", "status", "ok", "running", (json_int_t)sv->run_seqs, "cache_sequences",
+                              (json_int_t)sv->live_seqs, "cache_bytes", (json_int_t)sv->kv_bytes, "steps", (json_int_t)sv->steps,
+                              "dropped", (json_int_t)sv->dropped[0], (json_int_t)sv->dropped[1]);
+        pthread_mutex_unlock(&sv->mu);
+        char *t = o ? json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+        json_decref(o);
         return respond(conn, 200, t);
     }
     if (!strcmp(url, "/v1/models")) {
@@ -705,13 +1057,17 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
-    (void)cls;
     (void)c;
     (void)toe;
+    ps_server *sv = cls;
     conn_req *r = *con_cls;
     if (r) {
         free(r->body);
         free(r);
+        pthread_mutex_lock(&sv->mu);
+        sv->inflight--;
+        pthread_cond_broadcast(&sv->cv_done);
+        pthread_mutex_unlock(&sv->mu);
     }
     *con_cls = NULL;
 }
@@ -824,13 +1180,24 @@ int ps_serve_start(const ps_serve_opts *o, ps_server **out, ps_error *err) {
 
 void ps_serve_stop(ps_server *sv) {
     if (!sv) return;
-    if (sv->d) MHD_quiesce_daemon(sv->d);
+    /* no new connections; the listening socket is ours to close once the daemon has stopped (until then a
+     * client that connects waits in its backlog, then is refused) */
+    MHD_socket lfd = sv->d ? MHD_quiesce_daemon(sv->d) : MHD_INVALID_SOCKET;
     pthread_mutex_lock(&sv->mu);
     sv->stopping = 1;
     pthread_cond_broadcast(&sv->cv_work);
     pthread_mutex_unlock(&sv->mu);
     if (sv->worker_up) pthread_join(sv->worker, NULL);
+    /* the requests in flight send their answers (a 503, a stream's end or its 503 event and data: [DONE])
+     * before the daemon closes their connections; a client that does not read gets 5 s */
+    pthread_mutex_lock(&sv->mu);
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 5;
+    while (sv->inflight > 0 && pthread_cond_timedwait(&sv->cv_done, &sv->mu, &until) == 0) {}
+    pthread_mutex_unlock(&sv->mu);
     if (sv->d) MHD_stop_daemon(sv->d);
+    if (lfd != MHD_INVALID_SOCKET) close(lfd);
     ps_tokenizer_free(sv->tok);
     if (sv->dec) ps_serve_decoder_free(sv->dec);
     free(sv->dec);

@@ -2,8 +2,11 @@
  * echo + logprobs and of prompt_logprobs against a plain log-softmax of ps_forward's logits (and their ranks
  * and top lists), greedy continuations against the argmax of a forward of the extended sequence, string
  * prompts through the tokenizer, malformed and oversized requests (4xx JSON naming the limit, and the server
- * keeps serving), the connection limit (429), and 32 concurrent clients that all get their own right answers
- * (the worker batches them). Every server is shut down by the test itself. */
+ * keeps serving), the connection limit (429), 32 concurrent clients that all get their own right answers
+ * (the worker batches them), streamed answers ("stream": true, server-sent events) against the same answers
+ * in one piece (tokens, log-probabilities, text, echo and prompt_logprobs, usage; for the other families
+ * too), and continuous batching: a request joining a batch of running streams, and a stream that others
+ * joined and left, against the same request alone. Every server is shut down by the test itself. */
 #define _POSIX_C_SOURCE 200809L
 #include <arpa/inet.h>
 #include <curl/curl.h>
@@ -14,7 +17,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "check.h"
@@ -64,7 +69,7 @@ static long http(int port, const char *method, const char *path, const char *bod
     if (curl_easy_perform(h) == CURLE_OK) curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &st);
     curl_slist_free_all(hd);
     curl_easy_cleanup(h);
-    if (out) *out = b.b ? json_loads(b.b, 0, NULL) : NULL;
+    if (out) *out = b.b ? json_loads(b.b, JSON_ALLOW_NUL, NULL) : NULL;
     free(b.b);
     return st;
 }
@@ -130,6 +135,143 @@ static void *client_main(void *u) {
     return NULL;
 }
 
+
+/* ---- streaming (server-sent events) ---- */
+typedef struct {
+    buf body;
+    char ctype[128];
+} sse_reply;
+
+static size_t on_header(char *p, size_t sz, size_t nm, void *u) {
+    sse_reply *r = u;
+    size_t n = sz * nm;
+    if (n > 13 && !strncasecmp(p, "Content-Type:", 13)) {
+        size_t k = n - 13 < sizeof r->ctype - 1 ? n - 13 : sizeof r->ctype - 1;
+        memcpy(r->ctype, p + 13, k);
+        r->ctype[k] = '\0';
+    }
+    return n;
+}
+
+/* POST a streaming request: the status (minus curl's error code when none came); *events: the JSON of every
+ * "data:" event before "data: [DONE]" (NULL when the stream does not end with it, or a line is not an event) */
+static long sse_post(int port, const char *body, json_t **events, char *ctype, size_t ctn) {
+    char url[256];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/v1/completions", port);
+    CURL *h = curl_easy_init();
+    sse_reply r = {0};
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_data);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, &r.body);
+    curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
+    curl_easy_setopt(h, CURLOPT_HEADERDATA, &r);
+    curl_easy_setopt(h, CURLOPT_TIMEOUT, 60L);
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    struct curl_slist *hd = curl_slist_append(NULL, "Content-Type: application/json");
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, hd);
+    curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
+    long st = 0;
+    CURLcode cc = curl_easy_perform(h);
+    if (cc == CURLE_OK) curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &st);
+    else st = -(long)cc; /* no answer: minus curl's error code */
+    curl_slist_free_all(hd);
+    curl_easy_cleanup(h);
+    if (ctype) snprintf(ctype, ctn, "%s", r.ctype);
+    *events = NULL;
+    json_t *ev = json_array();
+    int done = 0, bad = 0;
+    char *p = r.body.b;
+    while (p && *p && !bad) {
+        char *e = strstr(p, "\n\n");
+        if (!e || strncmp(p, "data: ", 6) || done) {
+            bad = 1;
+            break;
+        }
+        *e = '\0';
+        if (!strcmp(p + 6, "[DONE]")) done = 1;
+        else {
+            json_t *o = json_loads(p + 6, JSON_ALLOW_NUL, NULL); /* a token may decode to U+0000 */
+            if (!o) bad = 1;
+            else json_array_append_new(ev, o);
+        }
+        p = e + 2;
+    }
+    if (done && !bad) *events = ev;
+    else {
+        if (st == 200) fprintf(stderr, "stream not well formed: %s\n", r.body.b ? r.body.b : "(empty)");
+        json_decref(ev);
+        if (st != 200 && r.body.b) *events = json_loads(r.body.b, 0, NULL); /* a JSON error */
+    }
+    free(r.body.b);
+    return st;
+}
+
+/* the tokens ("token_id:N" ids) and token log-probabilities of a non-streaming choice's logprobs, or of every
+ * event of a stream for choice `index`, concatenated; text too */
+typedef struct {
+    int32_t id[512];
+    double lp[512];
+    int n, finished;
+    char text[4096];
+} answer;
+
+static void answer_add(answer *a, json_t *choice) {
+    json_t *lo = json_object_get(choice, "logprobs"), *tk = json_object_get(lo, "tokens"), *tl = json_object_get(lo, "token_logprobs");
+    for (size_t k = 0; k < json_array_size(tk) && a->n < 512; k++) {
+        const char *t = json_string_value(json_array_get(tk, k));
+        a->id[a->n] = t && !strncmp(t, "token_id:", 9) ? atoi(t + 9) : -1;
+        a->lp[a->n++] = json_is_null(json_array_get(tl, k)) ? NAN : json_number_value(json_array_get(tl, k));
+    }
+    const char *x = json_string_value(json_object_get(choice, "text"));
+    size_t L = strlen(a->text);
+    snprintf(a->text + L, sizeof a->text - L, "%s", x ? x : "");
+    a->finished |= json_is_string(json_object_get(choice, "finish_reason"));
+}
+
+static void answer_of_stream(json_t *events, int index, answer *a) {
+    memset(a, 0, sizeof *a);
+    for (size_t e = 0; e < json_array_size(events); e++) {
+        json_t *ch = json_object_get(json_array_get(events, e), "choices");
+        for (size_t k = 0; k < json_array_size(ch); k++)
+            if (json_integer_value(json_object_get(json_array_get(ch, k), "index")) == index) {
+                OK(!a->finished); /* nothing after a choice's last event */
+                answer_add(a, json_array_get(ch, k));
+            }
+    }
+}
+
+/* |a - b| over the tokens (tokens must be equal); -1 when they differ */
+static double answer_diff(const answer *a, const answer *b) {
+    if (a->n != b->n) return -1;
+    double w = 0;
+    for (int k = 0; k < a->n; k++) {
+        if (a->id[k] != b->id[k]) return -1;
+        if (isnan(a->lp[k]) != isnan(b->lp[k])) return -1;
+        if (!isnan(a->lp[k])) w = fmax(w, fabs(a->lp[k] - b->lp[k]));
+    }
+    return w;
+}
+
+typedef struct {
+    int port;
+    char body[4096];
+    json_t *events;
+    long st;
+    double t_end;
+} stream_client;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void *stream_main(void *u) {
+    stream_client *c = u;
+    c->st = sse_post(c->port, c->body, &c->events, NULL, 0);
+    c->t_end = now_s();
+    return NULL;
+}
 
 /* Another family behind the same adapter: serve dir and compare prompt_logprobs with the log-softmax of
  * that family's own forward (ps_forward, or the DeepSeek-V4 forward), computed here. */
@@ -197,6 +339,24 @@ static void check_family(const char *dir, int v4) {
     printf("%s (%s): prompt_logprobs vs its forward's log-softmax: max |diff| %.3g\n", dir, v4 ? "DeepSeek-V4" : "Qwen3 layout", worst);
     OK(worst < 1e-4);
     json_decref(r);
+    /* a streamed greedy answer adds up to the answer in one piece (this family's own decode path) */
+    ij = ids_json(ids, 8);
+    char one[4096], str[4200];
+    snprintf(one, sizeof one, "{\"prompt\": %s, \"max_tokens\": 3, \"temperature\": 0, \"logprobs\": 1, \"return_tokens_as_token_ids\": true", ij);
+    free(ij);
+    snprintf(str, sizeof str, "%s}", one);
+    answer A, S;
+    memset(&A, 0, sizeof A);
+    OK(http(ps_serve_port(sv), "POST", "/v1/completions", str, &r) == 200);
+    answer_add(&A, json_array_get(json_object_get(r, "choices"), 0));
+    json_decref(r);
+    snprintf(str, sizeof str, "%s, \"stream\": true}", one);
+    json_t *ev;
+    OK(sse_post(ps_serve_port(sv), str, &ev, NULL, 0) == 200 && ev);
+    answer_of_stream(ev, 0, &S);
+    printf("%s: a streamed answer against the answer in one piece: %d tokens, max |logprob diff| %g\n", dir, S.n, answer_diff(&A, &S));
+    OK(A.n == 3 && answer_diff(&A, &S) == 0 && S.finished);
+    json_decref(ev);
     free(lg);
     ps_serve_stop(sv);
 }
@@ -357,7 +517,9 @@ int main(void) {
         {"POST", "/v1/completions", "{\"prompt\": [1, 2], \"max_tokens\": 255}", "context", 400},
         {"POST", "/v1/completions", "{\"prompt\": [1, 2], \"echo\": 3}", "echo", 400},
         {"POST", "/v1/completions", "{\"prompt\": [1, 2], \"n\": 2}", "n:", 400},
-        {"POST", "/v1/completions", "{\"prompt\": [1, 2], \"stream\": true}", "stream", 400},
+        {"POST", "/v1/completions", "{\"prompt\": [1, 2], \"stream\": 3}", "stream", 400},
+        {"POST", "/v1/completions", "{\"prompt\": [1, 2], \"stream\": true, \"stream_options\": 5}", "stream_options", 400},
+        {"POST", "/v1/completions", "{\"prompt\": [1, 2], \"stream\": true, \"logprobs\": 6}", "--max-logprobs", 400},
         {"POST", "/v1/completions", "{\"prompt\": [1, 2], \"model\": \"other\"}", "not served", 404},
         {"POST", "/v1/completions", "{\"prompt\": [1, 2], \"temperature\": \"hot\"}", "temperature", 400},
         {"GET", "/v1/completions", NULL, "use POST", 405},
@@ -415,6 +577,138 @@ int main(void) {
     printf("32 concurrent clients: %d right answers\n", good);
     OK(good == NC);
 
+    /* ---- streaming: the same tokens, log-probabilities and text as the answer in one piece ---- */
+    {
+        int32_t sp[2][12];
+        tu_random_tokens(sp[0], 12, V, 300);
+        tu_random_tokens(sp[1], 12, V, 301);
+        char *s0 = ids_json(sp[0], 12), *s1 = ids_json(sp[1], 12), one[4096], str[4200];
+        snprintf(one, sizeof one, "{\"prompt\": %s, \"max_tokens\": 6, \"temperature\": 0, \"logprobs\": 2, \"return_tokens_as_token_ids\": true", s0);
+        snprintf(str, sizeof str, "%s}", one);
+        OK(http(port, "POST", "/v1/completions", str, &r) == 200);
+        answer A, S;
+        memset(&A, 0, sizeof A);
+        answer_add(&A, json_array_get(json_object_get(r, "choices"), 0));
+        json_decref(r);
+        snprintf(str, sizeof str, "%s, \"stream\": true, \"stream_options\": {\"include_usage\": true}}", one);
+        json_t *ev;
+        char ct[128];
+        OK(sse_post(port, str, &ev, ct, sizeof ct) == 200 && ev);
+        OK(strstr(ct, "text/event-stream") != NULL);
+        answer_of_stream(ev, 0, &S);
+        double d = answer_diff(&A, &S);
+        size_t ne = json_array_size(ev);
+        printf("stream: %zu events, %d tokens; against the answer in one piece: max |logprob diff| %g, text \"%s\" vs \"%s\"\n", ne, S.n, d,
+               S.text, A.text);
+        OK(A.n == 6 && d == 0 && S.finished && !strcmp(A.text, S.text));
+        /* 1 to 6 token events (a slow reader gets several steps in one), then the usage; one id, the chunk object */
+        OK(ne >= 2 && ne <= 7);
+        json_t *last = json_array_get(ev, ne - 1);
+        OK(json_array_size(json_object_get(last, "choices")) == 0);
+        OK(json_integer_value(json_object_get(json_object_get(last, "usage"), "completion_tokens")) == 6);
+        OK(json_integer_value(json_object_get(json_object_get(last, "usage"), "prompt_tokens")) == 12);
+        for (size_t e = 0; e < ne; e++) {
+            json_t *o = json_array_get(ev, e);
+            OK(!strcmp(json_string_value(json_object_get(o, "object")), "text_completion"));
+            OK(!strcmp(json_string_value(json_object_get(o, "id")), json_string_value(json_object_get(json_array_get(ev, 0), "id"))));
+        }
+        json_decref(ev);
+        /* two prompts, echo and prompt_logprobs: each choice's events add up to its choice in one piece, the
+         * first carries the echoed prompt and its prompt_logprobs */
+        snprintf(one, sizeof one, "{\"prompt\": [%s, %s], \"max_tokens\": 3, \"echo\": true, \"logprobs\": 1, \"prompt_logprobs\": 1, \"return_tokens_as_token_ids\": true", s0, s1);
+        snprintf(str, sizeof str, "%s}", one);
+        OK(http(port, "POST", "/v1/completions", str, &r) == 200);
+        snprintf(str, sizeof str, "%s, \"stream\": true}", one);
+        OK(sse_post(port, str, &ev, NULL, 0) == 200 && ev);
+        for (int c = 0; c < 2; c++) {
+            json_t *ch = json_array_get(json_object_get(r, "choices"), (size_t)c);
+            memset(&A, 0, sizeof A);
+            answer_add(&A, ch);
+            answer_of_stream(ev, c, &S);
+            OK(A.n == 15 && answer_diff(&A, &S) == 0 && S.finished && !strcmp(A.text, S.text));
+            json_t *first = NULL;
+            for (size_t e = 0; e < json_array_size(ev) && !first; e++) {
+                json_t *x = json_array_get(json_object_get(json_array_get(ev, e), "choices"), 0);
+                if (json_integer_value(json_object_get(x, "index")) == c) first = x;
+            }
+            json_t *pa = json_object_get(first, "prompt_logprobs"), *pb = json_object_get(ch, "prompt_logprobs");
+            OK(json_array_size(pa) == 12 && json_equal(pa, pb));
+        }
+        json_decref(r);
+        json_decref(ev);
+        free(s0);
+        free(s1);
+    }
+
+    /* ---- continuous batching: a request that joins a running batch between two steps (and leaves it before
+     * the others end) gets the answer it gets alone: the same tokens, log-probabilities within float rounding
+     * (the batched append's matrix products have another row count) ---- */
+    {
+        enum { NL = 8 };
+        int32_t lp[NL][8], rp[10];
+        stream_client lc[NL];
+        pthread_t lt[NL];
+        char one[4096];
+        for (int i = 0; i < NL; i++) {
+            tu_random_tokens(lp[i], 8, V, 400 + (uint64_t)i);
+            char *j = ids_json(lp[i], 8);
+            lc[i] = (stream_client){.port = port};
+            snprintf(lc[i].body, sizeof lc[i].body,
+                     "{\"prompt\": %s, \"max_tokens\": 240, \"temperature\": 0, \"logprobs\": 1, \"return_tokens_as_token_ids\": true, \"stream\": true}", j);
+            free(j);
+        }
+        tu_random_tokens(rp, 10, V, 500);
+        char *j = ids_json(rp, 10);
+        snprintf(one, sizeof one, "{\"prompt\": %s, \"max_tokens\": 6, \"temperature\": 0, \"logprobs\": 3, \"return_tokens_as_token_ids\": true}", j);
+        free(j);
+        answer alone, beside, la, lb;
+        memset(&alone, 0, sizeof alone);
+        memset(&beside, 0, sizeof beside);
+        OK(http(port, "POST", "/v1/completions", one, &r) == 200);
+        answer_add(&alone, json_array_get(json_object_get(r, "choices"), 0));
+        json_decref(r);
+        for (int i = 0; i < NL; i++) pthread_create(&lt[i], NULL, stream_main, &lc[i]);
+        /* the long answers run (GET /health counts the running sequences), then the short request comes
+         * (whether it overlaps them is up to the scheduler, so it is printed, not checked: on an idle machine
+         * the long ones have 200-odd steps to go when it joins) */
+        int64_t running = 0;
+        for (int tries = 0; tries < 2000 && running < NL; tries++) {
+            OK(http(port, "GET", "/health", NULL, &r) == 200);
+            running = json_integer_value(json_object_get(r, "running"));
+            json_decref(r);
+        }
+        OK(http(port, "POST", "/v1/completions", one, &r) == 200);
+        double t_r = now_s();
+        answer_add(&beside, json_array_get(json_object_get(r, "choices"), 0));
+        json_decref(r);
+        int later = 0;
+        for (int i = 0; i < NL; i++) {
+            pthread_join(lt[i], NULL);
+            OK(lc[i].st == 200 && lc[i].events);
+            later += lc[i].t_end > t_r;
+        }
+        double d = answer_diff(&alone, &beside);
+        printf("continuous batching: a 6-token request sent while %lld sequences ran, beside %d 240-token streams (%d of them ended "
+               "after it): same tokens %s, max |logprob diff| %g (%s)\n", (long long)running, NL, later, d >= 0 ? "yes" : "NO", d,
+               d == 0 ? "bit for bit" : "float rounding");
+        OK(alone.n == 6 && d >= 0 && d < 1e-5);
+        /* a long answer beside the others (and the short one joining and leaving) equals it alone */
+        char body0[4096];
+        snprintf(body0, sizeof body0, "%s", lc[0].body);
+        char *sfx = strstr(body0, ", \"stream\": true}");
+        strcpy(sfx, "}");
+        OK(http(port, "POST", "/v1/completions", body0, &r) == 200);
+        memset(&la, 0, sizeof la);
+        answer_add(&la, json_array_get(json_object_get(r, "choices"), 0));
+        json_decref(r);
+        answer_of_stream(lc[0].events, 0, &lb);
+        d = answer_diff(&la, &lb);
+        printf("continuous batching: a 240-token stream beside 7 others and a joining request vs alone: same tokens %s, max |logprob diff| %g\n",
+               d >= 0 ? "yes" : "NO", d);
+        OK(la.n == 240 && d >= 0 && d < 1e-5);
+        for (int i = 0; i < NL; i++) json_decref(lc[i].events);
+    }
+
     /* ---- the connection limit: 40 idle connections open, the next request is refused with 429 ---- */
     int socks[41];
     for (int i = 0; i < 41; i++) {
@@ -442,7 +736,51 @@ int main(void) {
     }
     OK(st == 200);
 
-    ps_serve_stop(sv);
+    /* ---- stopping while streams run: each ends — whole, or with an error event (503) before data: [DONE]
+     * (the JSON error, 503, when it had not started; cut off only when it had not reached the server) — and
+     * none hangs ---- */
+    {
+        stream_client sc[2];
+        pthread_t stt[2];
+        for (int i = 0; i < 2; i++) {
+            int32_t p8[8];
+            tu_random_tokens(p8, 8, V, 600 + (uint64_t)i);
+            char *j = ids_json(p8, 8);
+            sc[i] = (stream_client){.port = port};
+            snprintf(sc[i].body, sizeof sc[i].body, "{\"prompt\": %s, \"max_tokens\": 240, \"stream\": true}", j);
+            free(j);
+            pthread_create(&stt[i], NULL, stream_main, &sc[i]);
+        }
+        int64_t running = 0;
+        for (int tries = 0; tries < 20000 && running < 2; tries++) {
+            OK(http(port, "GET", "/health", NULL, &r) == 200);
+            running = json_integer_value(json_object_get(r, "running"));
+            json_decref(r);
+        }
+        ps_serve_stop(sv);
+        int whole = 0, stopped = 0, cut = 0;
+        for (int i = 0; i < 2; i++) {
+            pthread_join(stt[i], NULL);
+            json_t *last = json_array_get(sc[i].events, json_array_size(sc[i].events) - 1);
+            json_t *fr = json_object_get(json_array_get(json_object_get(last, "choices"), 0), "finish_reason");
+            if (sc[i].st == 503) { /* stopped before its first step: the JSON error */
+                OK(is_error(sc[i].events, "shutting down"));
+                stopped++;
+            } else if (!sc[i].events) { /* the connection closed by the daemon's stop, never a wait until curl's timeout */
+                OK(sc[i].st != -(long)CURLE_OPERATION_TIMEDOUT);
+                cut++;
+            }
+            else if (json_is_string(fr) && !strcmp(json_string_value(fr), "length")) whole++;
+            else {
+                OK(json_integer_value(json_object_get(json_object_get(last, "error"), "code")) == 503);
+                stopped++;
+            }
+            json_decref(sc[i].events);
+        }
+        OK(running < 2 || cut == 0); /* both had begun: both end with their 503 event (or whole), none cut off */
+        printf("stopping with %lld streams running: %d whole, %d ended by a 503 (an error event, or the JSON error before the first "
+               "step), %d cut off\n", (long long)running, whole, stopped, cut);
+    }
     ps_model_free(&m);
 
     /* the other families: a Hugging Face Qwen3 checkpoint and a DeepSeek-V4 checkpoint (conformance vectors) */

@@ -1,7 +1,9 @@
 // The `openai` npm package (a client phasescope did not write) against `phasescope serve`
 // (tests/serve/test_probe.sh): usage: node openai_client.cjs PORT NPM_DIR
 // Lists the models, asks for a completion with echo and logprobs (text prompt and token-id prompt),
-// checks the answer's shape as the OpenAI completions format has it, and that a refused request comes
+// checks the answer's shape as the OpenAI completions format has it, streams the same greedy completion
+// (stream: true, read with the client's own server-sent-events reader: the chunks' texts and tokens make
+// up the answer in one piece, finish_reason "length", the usage chunk), and that a refused request comes
 // back as the client's BadRequestError (status 400). Exits non-zero with a message on any mismatch.
 const path = require("path");
 const [port, npmDir] = process.argv.slice(2);
@@ -44,6 +46,25 @@ function check(cond, what) {
   const ids = await client.completions.create({ model, prompt: [1, 2, 3, 4], max_tokens: 1, temperature: 0, logprobs: 0 });
   check(ids.choices[0].logprobs.tokens.length === 1 && ids.usage.prompt_tokens === 4, "token-id prompt");
 
+  const greedy = { model, prompt, max_tokens: 4, temperature: 0, logprobs: 1 };
+  const plain = await client.completions.create(greedy);
+  const stream = await client.completions.create({ ...greedy, stream: true, stream_options: { include_usage: true } });
+  let stext = "", stoks = [], finish = null, usage = null, chunks = 0;
+  for await (const ch of stream) {
+    chunks++;
+    check(ch.object === "text_completion", "a chunk is not a text_completion");
+    if (ch.usage) usage = ch.usage;
+    for (const sc of ch.choices) {
+      check(finish === null, "a chunk after the choice's finish_reason");
+      stext += sc.text;
+      stoks.push(...sc.logprobs.tokens);
+      finish = sc.finish_reason || null;
+    }
+  }
+  check(stext === plain.choices[0].text, `streamed text ${JSON.stringify(stext)} is not ${JSON.stringify(plain.choices[0].text)}`);
+  check(JSON.stringify(stoks) === JSON.stringify(plain.choices[0].logprobs.tokens), "streamed tokens differ");
+  check(finish === "length" && usage && usage.completion_tokens === 4, `finish ${finish}, usage ${JSON.stringify(usage)}`);
+
   let refused = false;
   try {
     await client.completions.create({ model, prompt, max_tokens: 1, logprobs: 1000 });
@@ -52,7 +73,7 @@ function check(cond, what) {
     if (!refused) console.error(e);
   }
   check(refused, "logprobs 1000 was not refused with a 400 naming --max-logprobs");
-  console.log(`openai client: ${model}: echo + logprobs over ${n} tokens, token-id prompt, 400 on a limit: all well-formed`);
+  console.log(`openai client: ${model}: echo + logprobs over ${n} tokens, token-id prompt, a stream of ${chunks} chunks equal to the answer in one piece, 400 on a limit: all well-formed`);
 })().catch((e) => {
   console.error("openai client: " + (e && e.stack ? e.stack : e));
   process.exit(1);
