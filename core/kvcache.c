@@ -1125,3 +1125,25 @@ int ps_kv_rows_push(ps_kvcache *kv, ps_kv_rows *r, const float *row) { return ro
 void ps_kv_rows_drop_front(ps_kvcache *kv, ps_kv_rows *r, int64_t from) { rows_drop_front(kv, r, from); }
 void ps_kv_rows_truncate(ps_kvcache *kv, ps_kv_rows *r, int64_t n) { rows_truncate(kv, r, n); }
 int ps_kv_rows_fork(ps_kv_rows *dst, const ps_kv_rows *src) { return rows_fork(dst, src); }
+
+/* ---- the cache's model, for any family ---- */
+
+int ps_kvcache_point_parse_kv(const ps_kvcache *kv, const char *name, int *layer, int *value, ps_error *err) {
+    if (kv->v4) return ps_v4_kvcache_point_parse(&kv->v4->m->cfg, name, layer, value, err);
+    return ps_kvcache_point_parse(&kv->m->cfg, name, layer, value, err);
+}
+
+void ps_kvcache_point_name(const ps_kvcache *kv, int layer, int value, char *buf, size_t n) {
+    if (kv->v4) snprintf(buf, n, "layers.%d.attn.%s", layer, value ? "cache_ik" : "cache_kv");
+    else snprintf(buf, n, "blocks.%d.attn.%s", layer, value ? "cache_cv" : "cache_ck");
+}
+
+int64_t ps_kvcache_vocab(const ps_kvcache *kv) { return kv->v4 ? ps_v4_kvcache_vocab(kv) : kv->m->cfg.vocab_size; }
+int64_t ps_kvcache_max_len(const ps_kvcache *kv) { return kv->v4 ? ps_v4_kvcache_max_len(kv) : kv->m->cfg.max_seq_len; }
+int64_t ps_kvcache_entry_heads(const ps_kvcache *kv) { return kv->v4 ? 1 : entry_heads(&kv->m->cfg); }
+
+int64_t ps_kvcache_entry_width(const ps_kvcache *kv, int l, int value) {
+    (void)l;
+    if (kv->v4) return value ? kv->v4->m->cfg.index_head_dim : kv->v4->m->cfg.head_dim;
+    return kv->m->cfg.head_dim;
+}

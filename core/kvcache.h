@@ -45,6 +45,7 @@
 #define PS_KVCACHE_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "core/error.h"
@@ -178,6 +179,17 @@ int ps_kvcache_edit(ps_kvcache *kv, int seq, int l, int g, int value, int64_t j,
                     ps_error *err);
 /* Parse "blocks.{l}.attn.cache_ck" / "cache_cv" into layer and value (0/1). */
 int ps_kvcache_point_parse(const ps_config *c, const char *name, int *layer, int *value, ps_error *err);
+
+/* The same for any family's cache (the controlled model's points above, DeepSeek-V4's
+ * layers.{L}.attn.cache_kv / cache_ik: core/v4/v4_kvcache.h); and the point's name. */
+int ps_kvcache_point_parse_kv(const ps_kvcache *kv, const char *name, int *layer, int *value, ps_error *err);
+void ps_kvcache_point_name(const ps_kvcache *kv, int layer, int value, char *buf, size_t n);
+/* The cache's model: its vocabulary, the longest sequence it takes, the KV heads of its entries (0: none)
+ * and the floats of one entry of layer l's point `value`. */
+int64_t ps_kvcache_vocab(const ps_kvcache *kv);
+int64_t ps_kvcache_max_len(const ps_kvcache *kv);
+int64_t ps_kvcache_entry_heads(const ps_kvcache *kv);
+int64_t ps_kvcache_entry_width(const ps_kvcache *kv, int l, int value);
 
 /* Bytes the cache holds now: pages (each shared page once) and the tables. */
 int64_t ps_kvcache_bytes(const ps_kvcache *kv);
