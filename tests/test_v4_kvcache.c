@@ -16,7 +16,7 @@
  * Also: fork (no page copied until a write) and truncate (with history; too far back is an error); the
  * cache as hook points (zeroing an entry, mean-replacing an indexer key: the forward with that entry
  * overwritten) with a steering hook during the appends; bytes per token against
- * ps_v4_kvcache_bytes_per_token (`phasescope info`); one 2048-token run; bad inputs. */
+ * ps_v4_kvcache_bytes_per_token (`phasescope info`), both models; one 1536-token run (mix4); bad inputs. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -514,7 +514,7 @@ static void bytes_and_long(const char *name, int64_t Tlong) {
     ps_v4_model m;
     if (load(&m, name)) return;
     const ps_v4_config *c = &m.cfg;
-    int64_t V = c->vocab_size, T1 = 1024, T2 = 3072;
+    int64_t V = c->vocab_size, T1 = 512, T2 = 1536;
     ps_error err;
     int32_t *tok = malloc((size_t)T2 * sizeof(int32_t));
     tu_random_tokens(tok, T2, V, 4242);
@@ -533,10 +533,13 @@ static void bytes_and_long(const char *name, int64_t Tlong) {
            "(stated %.0f before page rounding)\n",
            name, slope, (long long)T1, (long long)T2, want, (long long)T2, (long long)b2, fixed, wfixed);
     CHECK(fabs(slope - want) <= 0.05 * want, "%s: %.2f bytes per token measured, %.2f stated", name, slope, want);
+    double stated = want * (double)T2 + wfixed;
+    CHECK(fabs((double)b2 - stated) <= 0.05 * stated, "%s: %lld bytes held at T = %lld, %.0f stated (per token x T + fixed)", name,
+          (long long)b2, (long long)T2, stated);
     ps_kvcache_free(&kv);
     /* one longer run: a prefill of Tlong - 8 tokens in pieces of 256, then 8 decode steps */
     ref_run r;
-    if (!ref_forward(&m, tok, Tlong, &r, NULL, NULL)) {
+    if (Tlong > 0 && !ref_forward(&m, tok, Tlong, &r, NULL, NULL)) {
         CHECK_OK(ps_v4_kvcache_create(&kv, &m, &o, &err), &err);
         s = ps_kvcache_add(&kv, &err);
         float *lg = malloc((size_t)(Tlong * V) * sizeof(float));
@@ -563,7 +566,8 @@ int main(void) {
     fork_truncate("mix4");
     fork_truncate("hub3");
     edits();
-    bytes_and_long("mix4", 2048);
+    bytes_and_long("mix4", 1536);
+    bytes_and_long("hub3", 0);
     printf("worst logits rel. error %.3g, worst entry rel. error %.3g (TOL %g)\n", worst_logits, worst_entries, TOL);
     CHECK_DONE();
 }
