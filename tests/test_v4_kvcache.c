@@ -425,6 +425,13 @@ static void edit_hooks(ps_hooks *h, const ps_v4_config *c, void *u) {
     CHECK_OK(ps_v4_hooks_add(h, c, "layers.0.ffn_in", steer_cb, (void *)e->steer, &err), &err);
 }
 
+/* A hook that fails at its n-th firing (an error inside an append). */
+static int fail_cb(const ps_hook_event *ev, void *user, ps_error *err) {
+    (void)ev;
+    int *left = user;
+    return --*left == 0 ? ps_fail(err, "stopped by the test") : 0;
+}
+
 static void steer_only(ps_hooks *h, const ps_v4_config *c, void *u) {
     ps_error err;
     CHECK_OK(ps_v4_hooks_add(h, c, "layers.0.ffn_in", steer_cb, u, &err), &err);
@@ -479,6 +486,31 @@ static void edits(void) {
     int64_t d3 = 0;
     for (int64_t i = 0; i < T1 * V; i++) d3 += r3.logits[i] != r.logits[i];
     CHECK(d3 > 0, "the HCA edit changes the forward's logits (else the check above cannot fail)");
+    /* a hook failing in the third piece of an append: the append fails, the sequence keeps its first two
+     * pieces (what was appended before the failing one) and goes on from there as the forward */
+    ps_kvcache k2;
+    ps_kvcache_opts o8 = {.chunk = 8};
+    CHECK_OK(ps_v4_kvcache_create(&k2, &m, &o8, &err), &err);
+    ps_hooks hf;
+    ps_hooks_init(&hf);
+    int left = 3;
+    steer_only(&hf, c, steer);
+    CHECK_OK(ps_v4_hooks_add(&hf, c, "layers.2.attn.q", fail_cb, &left, &err), &err);
+    int s3 = ps_kvcache_add(&k2, &err);
+    int64_t n30 = 30;
+    CHECK_ERR(ps_kvcache_append(&k2, 1, &s3, &n30, tok, &hf, lg, false, &err), &err, "stopped by the test", "layer 2");
+    CHECK(ps_kvcache_len(&k2, s3) == 16, "after the failure the sequence holds its first two pieces (%lld tokens)",
+          (long long)ps_kvcache_len(&k2, s3));
+    int64_t rest = T1 - 16;
+    CHECK_OK(ps_kvcache_append(&k2, 1, &s3, &rest, tok + 16, &h, lg, false, &err), &err);
+    ref_run rs;
+    if (!ref_forward(&m, tok, T1, &rs, edit_hooks, &(edit_setup){.n = 0, .steer = steer})) {
+        compare_rows("after a failed append", lg, &rs, 16, rest, V);
+        check_entries("after a failed append", &k2, s3, c, &rs);
+        ref_free(&rs);
+    }
+    ps_hooks_free(&hf);
+    ps_kvcache_free(&k2);
     /* errors */
     int l0, v0;
     CHECK_ERR(ps_kvcache_edit(&kv, -1, 0, 0, 0, 1, PS_KV_EDIT_ZERO, NULL, &err), &err, "sliding-window layer");

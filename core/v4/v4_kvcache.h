@@ -23,7 +23,10 @@
  * (in position order), then every query of the piece attends to the raw window, and to the HCA entries it
  * sees or the CSA entries the indexer selects among the ones it sees ((t + 1) / m of them), the indexer's
  * top-k recomputed per query over the entries existing at the piece's end (those it cannot see are not
- * candidates), with the forward's kernels and tie rule (higher score, then lower index).
+ * candidates), with the forward's kernels and tie rule (higher score, then lower index). The sequences of
+ * an append run one after the other (a decode step of several sequences is several one-row pieces). An
+ * append that fails (a hook's error, no memory) keeps what ran before the failing piece: ps_kvcache_len
+ * says how far each sequence got, and the failing piece leaves nothing behind.
  *
  * Hooks during an append: the V4 hook names (core/v4/v4_hooks.h), fired per sequence and per piece with T
  * the piece's tokens ([1, T, ...]); the compressor and indexer-compressor points fire when a window closes,
