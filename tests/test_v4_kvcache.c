@@ -13,6 +13,8 @@
  * the appends compressor.kv fires once per closing window with its index (ps_kvcache_event), and
  * indexer.topk selects, row by row, exactly the forward's entries in the forward's order.
  *
+ * The same on variants of their configs: sliding windows of 1, 3 and 40, index_topk 1, 2 and 64.
+ *
  * Also: fork (no page copied until a write) and truncate (with history; too far back is an error); the
  * cache as hook points (zeroing an entry, mean-replacing an indexer key: the forward with that entry
  * overwritten) with a steering hook during the appends; bytes per token against
@@ -21,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "check.h"
 #include "core/kvcache.h"
@@ -209,10 +212,12 @@ static void check_entries(const char *label, ps_kvcache *kv, int s, const ps_v4_
     }
 }
 
+/* name: a conformance model, or a directory (a path with a '/') */
 static int load(ps_v4_model *m, const char *name) {
     char dir[1024];
     ps_error err;
-    snprintf(dir, sizeof dir, "%s/v4/%s", tu_conformance_dir(), name);
+    if (strchr(name, '/')) snprintf(dir, sizeof dir, "%s", name);
+    else snprintf(dir, sizeof dir, "%s/v4/%s", tu_conformance_dir(), name);
     if (ps_v4_model_load(m, dir, 0, &err)) {
         CHECK(0, "load %s: %s", name, err.msg);
         return -1;
@@ -322,6 +327,38 @@ static void property(const char *name, uint64_t seed) {
     free(cat);
     for (int i = 0; i < NS; i++) free(tok[i]), ref_free(&ref[i]);
     ps_v4_model_free(&m);
+}
+
+/* A variant of a conformance model in a fresh directory: its weights (a link), its config with another
+ * sliding window and index_topk (neither changes a tensor's shape). */
+static void variant(char *dir, size_t n, const char *name, int64_t W, int64_t topk) {
+    char src[1024], tmp[1100];
+    tu_tempdir(dir, n, "v4kv");
+    snprintf(src, sizeof src, "%s/v4/%s/config.json", tu_conformance_dir(), name);
+    FILE *f = fopen(src, "rb");
+    char *txt = calloc(1, 1 << 16);
+    size_t len = f ? fread(txt, 1, (1 << 16) - 1, f) : 0;
+    if (f) fclose(f);
+    char *out = calloc(1, (size_t)len + 256), *o = out;
+    for (const char *p = txt; *p;) {
+        int64_t v = -1;
+        const char *key = !strncmp(p, "\"sliding_window\":", 17) ? "sliding_window" : !strncmp(p, "\"index_topk\":", 13) ? "index_topk" : NULL;
+        if (key) {
+            v = strcmp(key, "sliding_window") ? topk : W;
+            o += sprintf(o, "\"%s\": %lld", key, (long long)v);
+            p = strchr(p, ':') + 1;
+            while (*p == ' ' || (*p >= '0' && *p <= '9')) p++;
+        } else
+            *o++ = *p++;
+    }
+    snprintf(tmp, sizeof tmp, "%s/config.json", dir);
+    f = fopen(tmp, "wb");
+    if (f) fwrite(out, 1, strlen(out), f), fclose(f);
+    snprintf(src, sizeof src, "%s/v4/%s/model.safetensors", tu_conformance_dir(), name);
+    snprintf(tmp, sizeof tmp, "%s/model.safetensors", dir);
+    CHECK(symlink(src, tmp) == 0, "link %s", tmp);
+    free(txt);
+    free(out);
 }
 
 /* ---- fork, truncate ---- */
@@ -595,6 +632,21 @@ int main(void) {
     property("mix4", 1);
     property("hub3", 2);
     property("mix4", 3);
+    /* variants: a sliding window shorter than a compression window (1: the query's own row only) or longer
+     * than most sequences; a top-k of 1 (one entry per query) or larger than the entries (every visible
+     * one, in score order) */
+    const struct { const char *model; int64_t W, K; } vs[] = {{"mix4", 3, 64}, {"hub3", 1, 1}, {"mix4", 40, 2}};
+    for (int i = 0; i < 3; i++) {
+        char dir[512], path[600];
+        variant(dir, sizeof dir, vs[i].model, vs[i].W, vs[i].K);
+        printf("variant of %s: sliding_window %lld, index_topk %lld\n", vs[i].model, (long long)vs[i].W, (long long)vs[i].K);
+        property(dir, 20 + (uint64_t)i);
+        snprintf(path, sizeof path, "%s/model.safetensors", dir);
+        unlink(path);
+        snprintf(path, sizeof path, "%s/config.json", dir);
+        unlink(path);
+        rmdir(dir);
+    }
     fork_truncate("mix4");
     fork_truncate("hub3");
     edits();
