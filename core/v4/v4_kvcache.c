@@ -479,6 +479,7 @@ static int attention_piece(ps_kvcache *kv, int seq, int l, const ps_v4_layer *w,
                            PS_V4H_C_GATE, hooks, err))
             return -1;
         nE = L->ck->rows;
+        kv->ev = (ps_kv_event){.seq = seq, .t0 = p0, .entry = -1};
     }
     if (at == PS_V4_CSA) {
         int64_t Hi = c->index_n_heads, Di = c->index_head_dim;
