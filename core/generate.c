@@ -23,6 +23,23 @@ int ps_generate_edit_parse(const ps_config *c, const char *spec, ps_generate_edi
     return 0;
 }
 
+int ps_generate_edit_parse_kv(const ps_kvcache *kv, const char *spec, ps_generate_edit *e, ps_error *err) {
+    if (!kv->v4) return ps_generate_edit_parse(&kv->m->cfg, spec, e, err);
+    char point[96], mode[16];
+    long g, j;
+    int off = 0;
+    if (sscanf(spec, "%95[^:]:%ld:%ld:%15[a-z]%n", point, &g, &j, mode, &off) != 4 || spec[off] != '\0')
+        return ps_fail(err, "edit \"%s\": expected layers.L.attn.cache_kv:0:ENTRY:zero|mean (or cache_ik)", spec);
+    if (ps_kvcache_point_parse_kv(kv, point, &e->layer, &e->value, err)) return ps_fail_prefix(err, "edit \"%s\": ", spec), -1;
+    if (g != 0) return ps_fail(err, "edit \"%s\": head %ld: a DeepSeek-V4 layer has one K = V head (0)", spec, g);
+    if (j < 0) return ps_fail(err, "edit \"%s\": entry %ld must be >= 0", spec, j);
+    if (strcmp(mode, "zero") && strcmp(mode, "mean")) return ps_fail(err, "edit \"%s\": mode \"%s\": expected zero or mean", spec, mode);
+    e->head = 0;
+    e->entry = j;
+    e->mean = !strcmp(mode, "mean");
+    return 0;
+}
+
 typedef struct {
     float v;
     int32_t i;
@@ -89,8 +106,9 @@ void ps_generate_result_free(ps_generate_result *r) {
 
 int ps_generate(ps_kvcache *kv, int n, int32_t *const *prompt, const int64_t *len, const ps_generate_opts *o,
                 const ps_generate_edit *edits, int n_edits, const ps_hooks *hooks, ps_generate_result *out, ps_error *err) {
-    const ps_config *c = &kv->m->cfg;
-    int64_t V = c->vocab_size, hd = c->head_dim, tot = 0;
+    int64_t V = ps_kvcache_vocab(kv), hd = ps_kvcache_entry_width(kv, 0, 0), tot = 0, max_len = ps_kvcache_max_len(kv);
+    for (int k = 0; k < n_edits; k++)
+        if (ps_kvcache_entry_width(kv, edits[k].layer, edits[k].value) > hd) hd = ps_kvcache_entry_width(kv, edits[k].layer, edits[k].value);
     memset(out, 0, sizeof *out);
     if (n < 1) return ps_fail(err, "generate: no prompts");
     if (o->max_tokens < 0) return ps_fail(err, "generate: max_tokens %lld must be >= 0", (long long)o->max_tokens);
@@ -132,18 +150,21 @@ int ps_generate(ps_kvcache *kv, int n, int32_t *const *prompt, const int64_t *le
             continue;
         }
         int have = 0;
-        double *acc = calloc((size_t)hd, sizeof *acc);
+        int64_t ew = ps_kvcache_entry_width(kv, e->layer, e->value);
+        double *acc = calloc((size_t)ew, sizeof *acc);
         if (!acc) rc = ps_fail(err, "out of memory for an edit");
         for (int i = 0; i < n && !rc; i++) {
             if (ps_kvcache_n_entries(kv, ids[i], e->layer, e->head) <= e->entry) continue;
             rc = ps_kvcache_entry(kv, ids[i], e->layer, e->head, e->value, e->entry, tmp, err);
-            for (int64_t x = 0; x < hd && !rc; x++) acc[x] += tmp[x];
+            for (int64_t x = 0; x < ew && !rc; x++) acc[x] += tmp[x];
             have++;
         }
+        char pn[96];
+        ps_kvcache_point_name(kv, e->layer, e->value, pn, sizeof pn);
         if (!rc && !have)
-            rc = ps_fail(err, "edit blocks.%d.attn.%s:%d:%lld:mean: no prompt holds entry %lld after the prefill (nothing to average)", e->layer,
-                         e->value ? "cache_cv" : "cache_ck", e->head, (long long)e->entry, (long long)e->entry);
-        for (int64_t x = 0; x < hd && !rc; x++) vec[x] = (float)(acc[x] / have);
+            rc = ps_fail(err, "edit %s:%d:%lld:mean: no prompt holds entry %lld after the prefill (nothing to average)", pn, e->head,
+                         (long long)e->entry, (long long)e->entry);
+        for (int64_t x = 0; x < ew && !rc; x++) vec[x] = (float)(acc[x] / have);
         if (!rc) rc = ps_kvcache_edit(kv, -1, e->layer, e->head, e->value, e->entry, PS_KV_EDIT_SET, vec, err);
         free(acc);
     }
@@ -163,7 +184,7 @@ int ps_generate(ps_kvcache *kv, int n, int32_t *const *prompt, const int64_t *le
             out->tok[i][step] = y;
             out->logprob[i][step] = lp;
             out->n_gen[i]++;
-            if (step + 1 < o->max_tokens && ps_kvcache_len(kv, ids[i]) < c->max_seq_len) {
+            if (step + 1 < o->max_tokens && ps_kvcache_len(kv, ids[i]) < max_len) {
                 act[na] = ids[i];
                 next[na] = y;
                 nn[na++] = 1;

@@ -40,6 +40,9 @@ typedef struct {
 /* Parse one edit "blocks.L.attn.cache_ck:G:J:zero|mean". */
 int ps_generate_edit_parse(const ps_config *c, const char *spec, ps_generate_edit *e, ps_error *err);
 
+/* The same for the cache's model (any family: DeepSeek-V4's layers.L.attn.cache_kv|cache_ik:0:ENTRY:MODE). */
+int ps_generate_edit_parse_kv(const ps_kvcache *kv, const char *spec, ps_generate_edit *e, ps_error *err);
+
 /* Generate for n prompts (prompt[i] of len[i] >= 1 tokens) on kv (fresh: no sequences yet; hooks fire
  * during its appends). out is filled (ps_generate_result_free). */
 int ps_generate(ps_kvcache *kv, int n, int32_t *const *prompt, const int64_t *len, const ps_generate_opts *o,

@@ -15,6 +15,7 @@
 #include "core/chunks.h"
 #include "core/ops.h"
 #include "core/runtime.h"
+#include "core/v4/v4_kvcache.h"
 
 struct ps_kv_page {
     int refs;
@@ -177,6 +178,7 @@ double ps_kvcache_fixed_bytes(const ps_config *c) {
 }
 
 int64_t ps_kvcache_bytes(const ps_kvcache *kv) {
+    if (kv->v4) return ps_v4_kvcache_bytes(kv);
     int64_t tab = 0;
     const ps_config *c = &kv->m->cfg;
     for (int s = 0; s < kv->n_seq; s++) {
@@ -218,6 +220,10 @@ static void seq_free(ps_kvcache *kv, ps_kv_seq *q) {
 }
 
 void ps_kvcache_free(ps_kvcache *kv) {
+    if (kv->v4) {
+        ps_v4_kvcache_free(kv);
+        return;
+    }
     for (int s = 0; s < kv->n_seq; s++)
         if (kv->seqs[s].live) seq_free(kv, &kv->seqs[s]);
     free(kv->seqs);
@@ -295,6 +301,7 @@ static int seq_slot(ps_kvcache *kv, ps_error *err) {
 }
 
 int ps_kvcache_add(ps_kvcache *kv, ps_error *err) {
+    if (kv->v4) return ps_v4_kvcache_add(kv, err);
     const ps_config *c = &kv->m->cfg;
     int s = seq_slot(kv, err);
     if (s < 0) return -1;
@@ -332,6 +339,7 @@ int ps_kvcache_add(ps_kvcache *kv, ps_error *err) {
 }
 
 int ps_kvcache_fork(ps_kvcache *kv, int src, ps_error *err) {
+    if (kv->v4) return ps_v4_kvcache_fork(kv, src, err);
     const ps_config *c = &kv->m->cfg;
     if (!seq_get(kv, src, err)) return -1;
     int s = ps_kvcache_add(kv, err);
@@ -356,6 +364,10 @@ int ps_kvcache_fork(ps_kvcache *kv, int src, ps_error *err) {
 }
 
 void ps_kvcache_drop(ps_kvcache *kv, int seq) {
+    if (kv->v4) {
+        ps_v4_kvcache_drop(kv, seq);
+        return;
+    }
     if (seq >= 0 && seq < kv->n_seq && kv->seqs[seq].live) seq_free(kv, &kv->seqs[seq]);
 }
 
@@ -366,6 +378,7 @@ static int64_t grid_entries(const ps_config *c, int64_t g, int64_t t) {
 }
 
 int ps_kvcache_truncate(ps_kvcache *kv, int seq, int64_t T, ps_error *err) {
+    if (kv->v4) return ps_v4_kvcache_truncate(kv, seq, T, err);
     const ps_config *c = &kv->m->cfg;
     ps_kv_seq *q = seq_get(kv, seq, err);
     if (!q) return -1;
@@ -441,11 +454,13 @@ static int entry_check(const ps_kvcache *kv, int l, int g, int value, ps_error *
 }
 
 int64_t ps_kvcache_n_entries(const ps_kvcache *kv, int seq, int l, int g) {
+    if (kv->v4) return ps_v4_kvcache_n_entries(kv, seq, l, g);
     if (seq < 0 || seq >= kv->n_seq || !kv->seqs[seq].live || entry_check(kv, l, g, 0, NULL)) return 0;
     return kv->seqs[seq].layers[l].ck[g].rows;
 }
 
 int ps_kvcache_entry(const ps_kvcache *kv, int seq, int l, int g, int value, int64_t j, float *out, ps_error *err) {
+    if (kv->v4) return ps_v4_kvcache_entry(kv, seq, l, g, value, j, out, err);
     if (entry_check(kv, l, g, value, err)) return -1;
     if (seq < 0 || seq >= kv->n_seq || !kv->seqs[seq].live) return ps_fail(err, "KV cache: no sequence %d", seq);
     const ps_kv_rows *r = value ? &kv->seqs[seq].layers[l].cv[g] : &kv->seqs[seq].layers[l].ck[g];
@@ -463,6 +478,7 @@ static void edit_apply(const ps_kv_edit *e, float *row, int64_t hd) {
 
 int ps_kvcache_edit(ps_kvcache *kv, int seq, int l, int g, int value, int64_t j, ps_kv_edit_kind kind, const float *vec,
                     ps_error *err) {
+    if (kv->v4) return ps_v4_kvcache_edit(kv, seq, l, g, value, j, kind, vec, err);
     const ps_config *c = &kv->m->cfg;
     int64_t hd = c->head_dim;
     if (entry_check(kv, l, g, value, err)) return -1;
@@ -1035,6 +1051,7 @@ static int run_step(ps_kvcache *kv, const kv_piece *P, int np, int64_t R, const 
 
 int ps_kvcache_append(ps_kvcache *kv, int n_seq, const int *seqs, const int64_t *n, const int32_t *tokens,
                       const ps_hooks *hooks, float *logits, bool last_only, ps_error *err) {
+    if (kv->v4) return ps_v4_kvcache_append(kv, n_seq, seqs, n, tokens, hooks, logits, last_only, err);
     const ps_config *c = &kv->m->cfg;
     if (n_seq < 0) return ps_fail(err, "KV cache append: %d sequences", n_seq);
     if (hooks && hooks->mask && hooks->family != &ps_model_hook_family)
@@ -1091,8 +1108,42 @@ int ps_kvcache_append(ps_kvcache *kv, int n_seq, const int *seqs, const int64_t 
 }
 
 int ps_kvcache_create_rt(ps_kvcache *kv, const ps_runtime *rt, const ps_kvcache_opts *o, ps_error *err) {
+    if (rt->family == &ps_family_v4) return ps_v4_kvcache_create(kv, (ps_v4_model *)rt->model, o, err);
     if (rt->family != &ps_family_model)
         return ps_fail(err, "the KV cache is not implemented for the %s family (the whole-sequence path runs)",
                        rt->family ? rt->family->name : "?");
     return ps_kvcache_create(kv, (const ps_model *)rt->model, o, err);
+}
+
+/* ---- the page lists for the other families' caches ---- */
+
+void ps_kv_rows_init(ps_kv_rows *r, int64_t width, int64_t page_rows) { rows_init(r, width, page_rows); }
+void ps_kv_rows_free(ps_kvcache *kv, ps_kv_rows *r) { rows_free(kv, r); }
+const float *ps_kv_rows_at(const ps_kv_rows *r, int64_t i) { return rows_at(r, i); }
+float *ps_kv_rows_mut(ps_kvcache *kv, ps_kv_rows *r, int64_t i) { return rows_mut(kv, r, i); }
+int ps_kv_rows_push(ps_kvcache *kv, ps_kv_rows *r, const float *row) { return rows_push(kv, r, row); }
+void ps_kv_rows_drop_front(ps_kvcache *kv, ps_kv_rows *r, int64_t from) { rows_drop_front(kv, r, from); }
+void ps_kv_rows_truncate(ps_kvcache *kv, ps_kv_rows *r, int64_t n) { rows_truncate(kv, r, n); }
+int ps_kv_rows_fork(ps_kv_rows *dst, const ps_kv_rows *src) { return rows_fork(dst, src); }
+
+/* ---- the cache's model, for any family ---- */
+
+int ps_kvcache_point_parse_kv(const ps_kvcache *kv, const char *name, int *layer, int *value, ps_error *err) {
+    if (kv->v4) return ps_v4_kvcache_point_parse(&kv->v4->m->cfg, name, layer, value, err);
+    return ps_kvcache_point_parse(&kv->m->cfg, name, layer, value, err);
+}
+
+void ps_kvcache_point_name(const ps_kvcache *kv, int layer, int value, char *buf, size_t n) {
+    if (kv->v4) snprintf(buf, n, "layers.%d.attn.%s", layer, value ? "cache_ik" : "cache_kv");
+    else snprintf(buf, n, "blocks.%d.attn.%s", layer, value ? "cache_cv" : "cache_ck");
+}
+
+int64_t ps_kvcache_vocab(const ps_kvcache *kv) { return kv->v4 ? ps_v4_kvcache_vocab(kv) : kv->m->cfg.vocab_size; }
+int64_t ps_kvcache_max_len(const ps_kvcache *kv) { return kv->v4 ? ps_v4_kvcache_max_len(kv) : kv->m->cfg.max_seq_len; }
+int64_t ps_kvcache_entry_heads(const ps_kvcache *kv) { return kv->v4 ? 1 : entry_heads(&kv->m->cfg); }
+
+int64_t ps_kvcache_entry_width(const ps_kvcache *kv, int l, int value) {
+    (void)l;
+    if (kv->v4) return value ? kv->v4->m->cfg.index_head_dim : kv->v4->m->cfg.head_dim;
+    return kv->m->cfg.head_dim;
 }

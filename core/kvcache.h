@@ -24,8 +24,9 @@
  * head's windows on its own grid); content-defined chunks (attention.boundaries "content"); the channel
  * attention (attention.kind "v4": one K = V head, a sliding window of local_window raw rows, one entry per
  * `rate` tokens pooled per channel over m (HCA) or 2m (CSA) slots, a sink per head; what the sequence keeps
- * of the open windows is the compressor's kv and gate rows, and its entries are cache_ck only). Not (yet):
- * DeepSeek-V4 checkpoints (core/v4).
+ * of the open windows is the compressor's kv and gate rows, and its entries are cache_ck only).
+ * DeepSeek-V4 checkpoints (core/v4) have a cache of their own behind the same functions: kv->v4 is set and
+ * every function below goes to core/v4/v4_kvcache.h (its layout and cache points are described there).
  *
  * Backend: the CPU (a host-visible context); the matrix products and norms go through the backend's ops,
  * the compressor of a closing window and the attention of the new rows are plain loops here.
@@ -44,6 +45,7 @@
 #define PS_KVCACHE_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "core/error.h"
@@ -102,8 +104,10 @@ typedef struct {
     int64_t history; /* positions kept beyond the windows, so ps_kvcache_truncate can go back that far */
 } ps_kvcache_opts;
 
+struct ps_v4_kvcache;
 typedef struct {
-    const ps_model *m;
+    const ps_model *m;       /* the controlled model (NULL for a DeepSeek-V4 cache) */
+    struct ps_v4_kvcache *v4; /* a DeepSeek-V4 checkpoint's cache (core/v4/v4_kvcache.h), or NULL */
     ps_ctx *ctx;
     ps_kvcache_opts o;
     int n_seq, cap_seq;
@@ -176,7 +180,32 @@ int ps_kvcache_edit(ps_kvcache *kv, int seq, int l, int g, int value, int64_t j,
 /* Parse "blocks.{l}.attn.cache_ck" / "cache_cv" into layer and value (0/1). */
 int ps_kvcache_point_parse(const ps_config *c, const char *name, int *layer, int *value, ps_error *err);
 
+/* The same for any family's cache (the controlled model's points above, DeepSeek-V4's
+ * layers.{L}.attn.cache_kv / cache_ik: core/v4/v4_kvcache.h); and the point's name. */
+int ps_kvcache_point_parse_kv(const ps_kvcache *kv, const char *name, int *layer, int *value, ps_error *err);
+void ps_kvcache_point_name(const ps_kvcache *kv, int layer, int value, char *buf, size_t n);
+/* The cache's model: its vocabulary, the longest sequence it takes, the KV heads of its entries (0: none)
+ * and the floats of one entry of layer l's point `value`. */
+int64_t ps_kvcache_vocab(const ps_kvcache *kv);
+int64_t ps_kvcache_max_len(const ps_kvcache *kv);
+int64_t ps_kvcache_entry_heads(const ps_kvcache *kv);
+int64_t ps_kvcache_entry_width(const ps_kvcache *kv, int l, int value);
+
 /* Bytes the cache holds now: pages (each shared page once) and the tables. */
 int64_t ps_kvcache_bytes(const ps_kvcache *kv);
+
+/* The page lists, for the other families' caches (core/v4/v4_kvcache.c): pages are counted in kv's
+ * page_bytes_live / page_bytes_peak / n_page_copies. init: an empty list of rows of `width` floats in
+ * pages of page_rows; at: row i (base <= i < rows); mut: row i made private (copy on write; NULL when out
+ * of memory); push: one row at the end; drop_front: free the whole pages before row `from`; truncate: keep
+ * rows [base, n); fork: dst shares src's pages. */
+void ps_kv_rows_init(ps_kv_rows *r, int64_t width, int64_t page_rows);
+void ps_kv_rows_free(ps_kvcache *kv, ps_kv_rows *r);
+const float *ps_kv_rows_at(const ps_kv_rows *r, int64_t i);
+float *ps_kv_rows_mut(ps_kvcache *kv, ps_kv_rows *r, int64_t i);
+int ps_kv_rows_push(ps_kvcache *kv, ps_kv_rows *r, const float *row);
+void ps_kv_rows_drop_front(ps_kvcache *kv, ps_kv_rows *r, int64_t from);
+void ps_kv_rows_truncate(ps_kvcache *kv, ps_kv_rows *r, int64_t n);
+int ps_kv_rows_fork(ps_kv_rows *dst, const ps_kv_rows *src);
 
 #endif

@@ -13,6 +13,7 @@
 #include "core/v4/v4_config.h"
 #include "core/v4/v4_forward.h"
 #include "core/v4/v4_hooks.h"
+#include "core/v4/v4_kvcache.h"
 #include "core/v4/v4_model.h"
 
 /* the families' descriptions of their configs (describe.c) */
@@ -788,6 +789,16 @@ static int v4_describe(const ps_runtime *rt, int64_t B, FILE *out, ps_error *err
             human(hb, sizeof hb, (double)m->storage.bytes[i]);
             fprintf(out, "  %-22s %8lld tensors  %s\n", cls[i], (long long)m->storage.n_tensors[i], hb);
         }
+    /* the KV cache at inference (core/v4/v4_kvcache.h): per CSA/HCA layer one entry of Dh per m tokens, plus
+     * the indexer's key of Di on CSA layers; fixed: the sliding window's raw rows and the open windows */
+    double kv_tok = ps_v4_kvcache_bytes_per_token(c), kv_full = (double)c->n_layers * (double)c->head_dim * 4.0;
+    char kf[32];
+    human(kf, sizeof kf, ps_v4_kvcache_fixed_bytes(c));
+    fprintf(out,
+            "\nKV cache (float32; generate, serve)\n"
+            "  %.1f bytes/token (compressed entries and indexer keys) + %s fixed (sliding window, open windows)\n"
+            "  one raw K=V row per token in every layer would be %.1f bytes/token (%.1fx more)\n",
+            kv_tok, kf, kv_full, kv_tok > 0 ? kv_full / kv_tok : 0.0);
     /* memory */
     int64_t big = 0;
     for (int l = 0; l < c->n_layers; l++)

@@ -1,6 +1,6 @@
 /* cmd_generate.c — `phasescope generate`: text generation through the KV cache (core/kvcache.h,
- * core/generate.h) on a controlled-model checkpoint. Parses the flags, records the hooks asked for, makes one
- * call (ps_generate) and writes what it returns: the text on stdout, and with --out DIR generate.json
+ * core/generate.h) on a checkpoint of any family with a cache (the controlled model, DeepSeek-V4). Parses
+ * the flags, records the hooks asked for, makes one call (ps_generate) and writes what it returns: the text on stdout, and with --out DIR generate.json
  * (provenance, options, per sequence the prompt, the generated tokens, their text and log-probabilities)
  * and, with --hooks, hooks.safetensors ({hook}.{i}: every firing of sequence i concatenated along axis 1 —
  * positions for token points, compressed entries for attn.hook_gate_k/gate_v/ck/cv; and for the cache points
@@ -16,6 +16,7 @@
 #include "core/generate.h"
 #include "core/kvcache.h"
 #include "core/model.h"
+#include "core/runtime.h"
 #include "core/safetensors.h"
 #include "core/tokens.h"
 #include "experiments/cli.h"
@@ -50,7 +51,9 @@ const ps_command ps_cmd_generate = {
         "generation: zero, or mean (the entry's mean over the prompts that hold it after the prefill).\n"
         "--hooks records activations as they fire during the prefill and every decode step. Prints the\n"
         "generated text (token ids without a tokenizer); --out DIR writes generate.json with provenance and the\n"
-        "per-token log-probabilities (softmax of the logits at temperature 1).\n",
+        "per-token log-probabilities (softmax of the logits at temperature 1). DeepSeek-V4 checkpoints: the hook\n"
+        "names are V4's (layers.L.attn.q, ...) and the cache points layers.L.attn.cache_kv (compressed entries)\n"
+        "and layers.L.attn.cache_ik (the indexer's keys, CSA layers), head 0: --edit layers.1.attn.cache_kv:0:3:zero.\n",
     .flags = FLAGS,
     .run = run,
 };
@@ -133,8 +136,8 @@ static int run(const ps_args *args, ps_error *err) {
     o.seed = (uint64_t)seed;
     int rc = -1;
     char dir[4096], *names = NULL, *edits_s = NULL, *cmdline = NULL;
-    ps_model m;
-    int have_m = 0, have_kv = 0;
+    ps_runtime rt;
+    int have_rt = 0, have_kv = 0;
     ps_kvcache kv;
     ps_tokenizer *tk = NULL;
     ps_token_lists toks = {0};
@@ -146,9 +149,12 @@ static int run(const ps_args *args, ps_error *err) {
     ps_generate_result res = {0};
     ps_tensor_list out = {0};
     json_t *root = NULL;
-    if (ps_cli_model_dir(ps_args_get(args, "--model"), dir, sizeof dir, err) || ps_model_load(&m, dir, err)) goto done;
-    have_m = 1;
-    const ps_config *c = &m.cfg;
+    /* any family with a KV cache (the controlled model, DeepSeek-V4): the runtime picks it */
+    ps_runtime_opts ro = {.backend = NULL, .weights = 1, .lazy = -1};
+    if (ps_cli_model_dir(ps_args_get(args, "--model"), dir, sizeof dir, err)) goto done;
+    have_rt = 1;
+    if (ps_runtime_open(&rt, dir, &ro, err)) goto done;
+    int64_t max_len = rt.max_pos, vocab = rt.family->vocab(&rt);
     if (tokfile && ps_tokenizer_load(tokfile, &tk, err)) goto done;
     if (prompt) {
         int32_t *ids = NULL;
@@ -176,19 +182,19 @@ static int run(const ps_args *args, ps_error *err) {
             ps_fail(err, "%s: sequence %d is empty (a prompt needs at least one token)", tokens ? tokens : "--prompt", i);
             goto done;
         }
-        if (toks.len[i] > c->max_seq_len) {
-            ps_fail(err, "%s: sequence %d has %lld tokens, more than max_seq_len %lld by %lld", tokens ? tokens : "--prompt", i,
-                    (long long)toks.len[i], (long long)c->max_seq_len, (long long)(toks.len[i] - c->max_seq_len));
+        if (toks.len[i] > max_len) {
+            ps_fail(err, "%s: sequence %d has %lld tokens, more than %s %lld by %lld", tokens ? tokens : "--prompt", i,
+                    (long long)toks.len[i], rt.family->max_pos_name, (long long)max_len, (long long)(toks.len[i] - max_len));
             goto done;
         }
         for (int64_t t = 0; t < toks.len[i]; t++)
-            if (toks.seq[i][t] >= c->vocab_size) {
+            if (toks.seq[i][t] >= vocab) {
                 ps_fail(err, "%s: token %d (sequence %d, position %lld) is outside the model's vocabulary [0, %lld)",
-                        tokens ? tokens : "--prompt", toks.seq[i][t], i, (long long)t, (long long)c->vocab_size);
+                        tokens ? tokens : "--prompt", toks.seq[i][t], i, (long long)t, (long long)vocab);
                 goto done;
             }
     }
-    if (ps_kvcache_create(&kv, &m, NULL, err)) goto done;
+    if (ps_kvcache_create_rt(&kv, &rt, NULL, err)) goto done;
     have_kv = 1;
     if (edit_flag) {
         if (!(edits_s = strdup(edit_flag))) goto oom;
@@ -196,7 +202,7 @@ static int run(const ps_args *args, ps_error *err) {
             ps_generate_edit *ne = realloc(edits, (size_t)(n_edits + 1) * sizeof *ne);
             if (!ne) goto oom;
             edits = ne;
-            if (ps_generate_edit_parse(c, e, &edits[n_edits], err)) {
+            if (ps_generate_edit_parse_kv(&kv, e, &edits[n_edits], err)) {
                 ps_fail_prefix(err, "--edit: ");
                 ps_cli_mark_usage(err);
                 goto done;
@@ -218,14 +224,14 @@ static int run(const ps_args *args, ps_error *err) {
         for (int i = 0; i < rec.n_names; i++) {
             int cl, cv;
             if (strstr(rec.names[i], ".attn.cache_")) { /* the cache itself: read after the generation */
-                if (ps_kvcache_point_parse(c, rec.names[i], &cl, &cv, err)) {
+                if (ps_kvcache_point_parse_kv(&kv, rec.names[i], &cl, &cv, err)) {
                     ps_fail_prefix(err, "--hooks: ");
                     ps_cli_mark_usage(err);
                     goto done;
                 }
                 continue;
             }
-            if (ps_hooks_add(&hooks, c, rec.names[i], on_hook, &rec, err)) {
+            if (rt.family->hook_add(&rt, &hooks, rec.names[i], on_hook, &rec, err)) {
                 ps_fail_prefix(err, "--hooks: ");
                 ps_cli_mark_usage(err);
                 goto done;
@@ -265,7 +271,7 @@ static int run(const ps_args *args, ps_error *err) {
     if (out_dir) {
         char path[4200], hash[17];
         if (ps_mkdir(out_dir, err)) goto done;
-        ps_config_hash(c, hash);
+        rt.family->config_hash(&rt, hash);
         cmdline = ps_args_command_line(args);
         json_t *prov = json_object(), *opt = json_object(), *ed = json_array();
         json_object_set_new(prov, "command", json_string(cmdline ? cmdline : "generate"));
@@ -274,9 +280,7 @@ static int run(const ps_args *args, ps_error *err) {
         json_object_set_new(prov, "version", json_string(PS_VERSION));
         json_object_set_new(prov, "seed", json_integer((json_int_t)seed));
         json_object_set_new(prov, "backend", json_string("cpu"));
-        char *cj = ps_config_to_json(c);
-        json_t *cfg = cj ? json_loads(cj, 0, NULL) : NULL;
-        free(cj);
+        json_t *cfg = rt.family->config_json(&rt);
         if (cfg) json_object_set_new(prov, "config", cfg);
         json_object_set_new(opt, "max_tokens", json_integer(max_tokens));
         json_object_set_new(opt, "temperature", json_real(o.temperature));
@@ -304,8 +308,8 @@ static int run(const ps_args *args, ps_error *err) {
             /* the cache points: every entry each sequence holds at the end, [n, KV heads, hd] */
             for (int k = 0; k < rec.n_names; k++) {
                 int cl, cv;
-                if (!strstr(rec.names[k], ".attn.cache_") || ps_kvcache_point_parse(c, rec.names[k], &cl, &cv, err)) continue;
-                int64_t nh = c->kind == PS_ATTN_CHANNEL ? 1 : c->n_kv_heads, hd = c->head_dim;
+                if (!strstr(rec.names[k], ".attn.cache_") || ps_kvcache_point_parse_kv(&kv, rec.names[k], &cl, &cv, err)) continue;
+                int64_t nh = ps_kvcache_entry_heads(&kv), hd = ps_kvcache_entry_width(&kv, cl, cv);
                 for (int i = 0; i < res.n; i++) {
                     int64_t ne = ps_kvcache_n_entries(&kv, i, cl, 0);
                     float *buf = malloc((size_t)((ne ? ne : 1) * nh * hd) * sizeof(float));
@@ -349,6 +353,6 @@ done:
     if (have_kv) ps_kvcache_free(&kv);
     ps_tokens_free(&toks);
     if (tk) ps_tokenizer_free(tk);
-    if (have_m) ps_model_free(&m);
+    if (have_rt) ps_runtime_free(&rt);
     return rc;
 }

@@ -84,5 +84,54 @@ expect bad-hook 2 "--hooks: " -- "$PS" generate --model "$M" --tokens "$T/t.json
 expect bad-cache 2 "--hooks: \"blocks.3.attn.cache_ck\": layer 3" -- "$PS" generate --model "$M" --tokens "$T/t.json" --hooks blocks.3.attn.cache_ck
 expect bad-temp 2 "--temperature -1" -- "$PS" generate --model "$M" --tokens "$T/t.json" --temperature -1
 expect mean-missing 1 "no prompt holds entry 50" -- "$PS" generate --model "$M" --tokens "$T/t.json" --edit blocks.0.attn.cache_cv:0:50:mean
+# DeepSeek-V4 (tests/conformance/v4/mix4: sliding, CSA rate 4, HCA rate 8, CSA rate 4) through its own cache:
+# greedy tokens = the argmax of `forward` on prompt + generated, the log-probabilities its log-softmax; the
+# compressor's entries fire once per window; the cache points cache_kv / cache_ik read at the end; edits
+V4="$SRC/tests/conformance/v4/mix4"
+echo '[[242, 200, 78, 61, 27, 248, 247, 218, 52, 39, 130, 111, 7], [5, 9]]' > "$T/v4t.json"
+expect v4-greedy 0 "wrote" -- "$PS" generate --model "$V4" --tokens "$T/v4t.json" --max-tokens 24 --out "$T/v4g" \
+  --hooks layers.2.attn.compressor.kv,layers.3.attn.cache_kv,layers.3.attn.cache_ik
+python3 - "$T/v4g/generate.json" "$T/v4full.json" <<'PY'
+import json, sys
+g = json.load(open(sys.argv[1]))
+json.dump([s["prompt"] + s["tokens"] for s in g["sequences"]], open(sys.argv[2], "w"))
+PY
+expect v4-forward 0 "wrote" -- "$PS" forward --model "$V4" --tokens "$T/v4full.json" --out "$T/v4f.safetensors"
+ok python3 - "$T/v4g/generate.json" "$T/v4f.safetensors" "$T/v4g/hooks.safetensors" <<'PY'
+import json, math, struct, sys
+g = json.load(open(sys.argv[1]))
+def st(p):
+    b = open(p, "rb").read(); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n]); out = {}
+    for k, v in h.items():
+        if k == "__metadata__": continue
+        a, e = v["data_offsets"]; out[k] = (v["shape"], struct.unpack("<%df" % ((e - a) // 4), b[8 + n + a:8 + n + e]))
+    return out
+f, h = st(sys.argv[2]), st(sys.argv[3])
+for i, s in enumerate(g["sequences"]):
+    (T, V), lg = f["logits.%d" % i]
+    P = len(s["prompt"]); n = len(s["tokens"])
+    assert n == 24 and T == P + n, (n, T)
+    for k in range(n):
+        row = lg[(P - 1 + k) * V:(P + k) * V]
+        arg = max(range(V), key=lambda v: (row[v], -v))
+        assert arg == s["tokens"][k], ("sequence", i, "step", k, arg, s["tokens"][k])
+        mx = max(row); lp = row[arg] - mx - math.log(sum(math.exp(x - mx) for x in row))
+        assert abs(lp - s["logprobs"][k]) < 1e-4, (lp, s["logprobs"][k])
+    # positions 0..T-2 went through the cache (the last generated token is never appended)
+    assert h["layers.2.attn.compressor.kv.%d" % i][0] == [(T - 1) // 8, 32], h["layers.2.attn.compressor.kv.%d" % i][0]
+    assert h["layers.3.attn.cache_kv.%d" % i][0] == [(T - 1) // 4, 1, 32], h["layers.3.attn.cache_kv.%d" % i][0]
+    assert h["layers.3.attn.cache_ik.%d" % i][0] == [(T - 1) // 4, 1, 16], h["layers.3.attn.cache_ik.%d" % i][0]
+PY
+expect v4-edit 0 "wrote" -- "$PS" generate --model "$V4" --tokens "$T/v4t.json" --max-tokens 6 --out "$T/v4e" \
+  --hooks layers.1.attn.cache_kv --edit layers.1.attn.cache_kv:0:1:zero,layers.3.attn.cache_ik:0:2:mean
+ok python3 - "$T/v4e/hooks.safetensors" <<'PY'
+import json, struct, sys
+b = open(sys.argv[1], "rb").read(); n = struct.unpack("<Q", b[:8])[0]; hd = json.loads(b[8:8 + n])
+v = hd["layers.1.attn.cache_kv.0"]; a, e = v["data_offsets"]; x = struct.unpack("<%df" % ((e - a) // 4), b[8 + n + a:8 + n + e])
+assert v["shape"][1:] == [1, 32] and all(t == 0 for t in x[32:64]) and any(t != 0 for t in x[:32]), "entry 1 zeroed, entry 0 not"
+PY
+expect v4-bad-edit 2 "--edit: edit \"layers.2.attn.cache_ik:0:0:zero\": \"layers.2.attn.cache_ik\": layer 2 has no indexer" -- \
+  "$PS" generate --model "$V4" --tokens "$T/v4t.json" --edit layers.2.attn.cache_ik:0:0:zero
+expect v4-bad-head 2 "a DeepSeek-V4 layer has one K = V head" -- "$PS" generate --model "$V4" --tokens "$T/v4t.json" --edit layers.1.attn.cache_kv:1:0:zero
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

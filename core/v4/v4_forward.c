@@ -255,7 +255,7 @@ static int check_indices(ps_v4_acts *a, float *host, const float *buf, int64_t n
 
 /* mHC weights (hooks pre / post / comb) and the collapsed, normed block input (hook `in`) of the streams
  * h for one site. */
-static int hc_site(ps_v4_acts *a, int l, const float *fn, const float *base, const float *scale, const float *norm_w,
+int ps_v4_hc_site(ps_v4_acts *a, int l, const float *fn, const float *base, const float *scale, const float *norm_w,
                    int pt_pre, int pt_in, const ps_hooks *hooks, ps_error *err) {
     ps_ctx *ctx = a->ctx;
     const ps_v4_config *c = a->cfg;
@@ -376,7 +376,7 @@ static int attention(ps_v4_acts *a, int l, const ps_v4_layer *w, const ps_hooks 
     return 0;
 }
 
-static int moe(ps_v4_acts *a, int l, const ps_v4_layer *w, const int32_t *tokens, const ps_hooks *hooks, ps_error *err) {
+int ps_v4_moe(ps_v4_acts *a, int l, const ps_v4_layer *w, const int32_t *tokens, const ps_hooks *hooks, ps_error *err) {
     ps_ctx *ctx = a->ctx;
     const ps_v4_config *c = a->cfg;
     int64_t B = a->B, T = a->T, BT = B * T, D = c->hidden_size, E = c->n_routed_experts, k = c->experts_per_tok,
@@ -439,16 +439,16 @@ static int layer(ps_v4_acts *a, int l, const ps_v4_layer *w, const int32_t *toke
     const ps_v4_config *c = a->cfg;
     int64_t B = a->B, T = a->T, BT = B * T, N = c->hc_mult, D = c->hidden_size;
     float *t;
-    if (hc_site(a, l, w->hc_attn_fn, w->hc_attn_base, w->hc_attn_scale, w->attn_norm, PS_V4H_ATTN_HC_PRE, PS_V4H_ATTN_IN,
+    if (ps_v4_hc_site(a, l, w->hc_attn_fn, w->hc_attn_base, w->hc_attn_scale, w->attn_norm, PS_V4H_ATTN_HC_PRE, PS_V4H_ATTN_IN,
                 hooks, err) ||
         attention(a, l, w, hooks, err))
         return -1;
     OPS(ps_v4_hc_expand(ctx, a->h2, a->post, a->comb, a->attn_out, a->h, BT, N, D));
     t = a->h, a->h = a->h2, a->h2 = t;
     FIRE(l, PS_V4H_MID, a->h, 4, B, T, N, D);
-    if (hc_site(a, l, w->hc_ffn_fn, w->hc_ffn_base, w->hc_ffn_scale, w->ffn_norm, PS_V4H_FFN_HC_PRE, PS_V4H_FFN_IN, hooks,
+    if (ps_v4_hc_site(a, l, w->hc_ffn_fn, w->hc_ffn_base, w->hc_ffn_scale, w->ffn_norm, PS_V4H_FFN_HC_PRE, PS_V4H_FFN_IN, hooks,
                 err) ||
-        moe(a, l, w, tokens, hooks, err))
+        ps_v4_moe(a, l, w, tokens, hooks, err))
         return -1;
     OPS(ps_v4_hc_expand(ctx, a->h2, a->post, a->comb, a->ffn_out, a->h, BT, N, D));
     t = a->h, a->h = a->h2, a->h2 = t;

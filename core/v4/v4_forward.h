@@ -68,6 +68,14 @@ void ps_v4_acts_free(ps_v4_acts *a);
  * runs and drop it after. */
 int ps_v4_forward(ps_v4_model *m, ps_v4_acts *a, const int32_t *tokens, const ps_hooks *hooks, int n_run, ps_error *err);
 
+/* The per-position steps of a layer on the a->B x a->T rows of a (the KV cache, core/v4/v4_kvcache.c, runs
+ * them on the rows of an append with a->T set to the piece's tokens): one mHC site (hooks pt_pre..pt_pre+2
+ * and pt_in; input the streams a->h, output a->pre/post/comb and the normed block input a->xin), and the
+ * MoE (input a->xin, output a->ffn_out; tokens [B*T] for the hash layers). */
+int ps_v4_hc_site(ps_v4_acts *a, int l, const float *fn, const float *base, const float *scale, const float *norm_w,
+                  int pt_pre, int pt_in, const ps_hooks *hooks, ps_error *err);
+int ps_v4_moe(ps_v4_acts *a, int l, const ps_v4_layer *w, const int32_t *tokens, const ps_hooks *hooks, ps_error *err);
+
 /* The logits [B, T, V] readable on the host (a copy on a device backend). */
 const float *ps_v4_logits_host(ps_v4_acts *a, ps_error *err);
 

@@ -1,0 +1,657 @@
+/* test_v4_kvcache.c — DeepSeek-V4's KV cache (core/v4/v4_kvcache.h) against the whole-sequence
+ * ps_v4_forward, on each conformance V4 checkpoint (tests/conformance/v4: mix4 with sliding, CSA and HCA
+ * layers at rates 4 and 8, hash and score routing; hub3 with CSA layers).
+ *
+ * Property (seeded): a batch of sequences of different lengths (1 to 300 tokens) grown by appends of random
+ * sizes (1 token, or chunks whose ends fall anywhere in a compression window; the cache's pieces of 5 rows
+ * split them again) gives at every appended position the logits of the forward on the whole sequence at
+ * that position, within TOL of max|ref| of the row. The forward is causal (query t reads raw j <= t and
+ * entries w < (t + 1) / m), so one forward of the final sequence is the reference for every step. TOL:
+ * SPEC-v4's 1e-4; the cache computes the same float32 formulas, the matrix products over fewer rows.
+ * Plain reference for the contents: after every append the cache holds T / m entries per CSA/HCA layer and
+ * each equals the forward's compressor.kv entry (and the indexer's keys its indexer.compressor.kv); during
+ * the appends compressor.kv fires once per closing window with its index (ps_kvcache_event), and
+ * indexer.topk selects, row by row, exactly the forward's entries in the forward's order.
+ *
+ * The same on variants of their configs: sliding windows of 1, 3 and 40, index_topk 1, 2 and 64.
+ *
+ * Also: fork (no page copied until a write) and truncate (with history; too far back is an error); the
+ * cache as hook points (zeroing an entry, mean-replacing an indexer key: the forward with that entry
+ * overwritten) with a steering hook during the appends; bytes per token against
+ * ps_v4_kvcache_bytes_per_token (`phasescope info`), both models; one 1536-token run (mix4); bad inputs. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "core/kvcache.h"
+#include "core/rng.h"
+#include "core/v4/v4_forward.h"
+#include "core/v4/v4_hooks.h"
+#include "core/v4/v4_kvcache.h"
+#include "core/v4/v4_model.h"
+#include "testutil.h"
+
+#define TOL 1e-4
+#define MAXL 8
+
+static double worst_logits = 0, worst_entries = 0;
+
+static double row_rel(const float *a, const float *b, int64_t n) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double e = fabs((double)a[i] - b[i]);
+        num = e > num ? e : num;
+        den = fabs((double)b[i]) > den ? fabs((double)b[i]) : den;
+    }
+    return den > 0 ? num / den : num;
+}
+
+/* ---- the reference forward, keeping what its hooks show ---- */
+
+typedef struct {
+    float *data;
+    int64_t n, width; /* rows kept */
+} kept;
+
+typedef struct {
+    kept ent[MAXL], ik[MAXL], topk[MAXL]; /* compressor.kv, indexer.compressor.kv, indexer.topk */
+    float *logits;                        /* [T, V] */
+    int64_t T;
+} ref_run;
+
+static int keep_cb(const ps_hook_event *ev, void *user, ps_error *err) {
+    (void)err;
+    kept *k = user;
+    int64_t n = 1;
+    for (int i = 0; i < ev->ndim; i++) n *= ev->shape[i];
+    k->width = ev->shape[ev->ndim - 1];
+    k->n = k->width ? n / k->width : 0;
+    free(k->data);
+    k->data = malloc((size_t)(n ? n : 1) * sizeof(float));
+    memcpy(k->data, ev->data, (size_t)n * sizeof(float));
+    return 0;
+}
+
+/* Edits the reference applies through hooks (the cache's edits, and a steering vector). */
+typedef struct {
+    int64_t row, width;
+    const float *vec; /* NULL: zero */
+} overwrite;
+
+static int overwrite_cb(const ps_hook_event *ev, void *user, ps_error *err) {
+    (void)err;
+    const overwrite *o = user;
+    int64_t rows = ev->shape[1];
+    if (o->row < rows) {
+        float *r = ev->data + o->row * o->width;
+        for (int64_t i = 0; i < o->width; i++) r[i] = o->vec ? o->vec[i] : 0.0f;
+    }
+    return 0;
+}
+
+static int steer_cb(const ps_hook_event *ev, void *user, ps_error *err) {
+    (void)err;
+    const float *vec = user;
+    int64_t D = ev->shape[2];
+    for (int64_t r = 0; r < ev->shape[1]; r++)
+        for (int64_t i = 0; i < D; i++) ev->data[r * D + i] += vec[i];
+    return 0;
+}
+
+static void ref_free(ref_run *r) {
+    for (int l = 0; l < MAXL; l++) free(r->ent[l].data), free(r->ik[l].data), free(r->topk[l].data);
+    free(r->logits);
+    memset(r, 0, sizeof *r);
+}
+
+/* The forward of tok [T] with `extra` hooks (may be NULL) added to the keeping ones. */
+static int ref_forward(ps_v4_model *m, const int32_t *tok, int64_t T, ref_run *r,
+                       void (*extra)(ps_hooks *h, const ps_v4_config *c, void *u), void *u) {
+    const ps_v4_config *c = &m->cfg;
+    ps_error err;
+    ps_hooks h;
+    ps_hooks_init(&h);
+    memset(r, 0, sizeof *r);
+    r->T = T;
+    char nm[96];
+    int rc = 0;
+    for (int l = 0; l < c->n_layers && l < MAXL; l++) {
+        if (c->attn_type[l] == PS_V4_SLIDING) continue;
+        snprintf(nm, sizeof nm, "layers.%d.attn.compressor.kv", l);
+        rc |= ps_v4_hooks_add(&h, c, nm, keep_cb, &r->ent[l], &err);
+        if (c->attn_type[l] != PS_V4_CSA) continue;
+        snprintf(nm, sizeof nm, "layers.%d.attn.indexer.compressor.kv", l);
+        rc |= ps_v4_hooks_add(&h, c, nm, keep_cb, &r->ik[l], &err);
+        snprintf(nm, sizeof nm, "layers.%d.attn.indexer.topk", l);
+        rc |= ps_v4_hooks_add(&h, c, nm, keep_cb, &r->topk[l], &err);
+    }
+    if (extra) extra(&h, c, u);
+    ps_v4_acts a;
+    rc = rc || ps_v4_acts_create(&a, m, 1, T, &err);
+    if (!rc) {
+        rc = ps_v4_forward(m, &a, tok, &h, -1, &err);
+        if (!rc) {
+            r->logits = malloc((size_t)(T * c->vocab_size) * sizeof(float));
+            memcpy(r->logits, a.logits, (size_t)(T * c->vocab_size) * sizeof(float));
+        }
+        ps_v4_acts_free(&a);
+    }
+    if (rc) fprintf(stderr, "reference forward: %s\n", err.msg);
+    ps_hooks_free(&h);
+    return rc;
+}
+
+/* ---- the cache's side ---- */
+
+/* What fires during the appends: compressor.kv (counted, compared with the reference entry of its index)
+ * and indexer.topk (compared row by row with the reference's). */
+typedef struct {
+    ps_kvcache *kv;
+    ref_run *refs;     /* by sequence id */
+    int layer, what;   /* what: 0 compressor.kv, 1 indexer.topk */
+    int64_t fired[8];  /* by sequence id */
+    int64_t bad;
+    double worst;
+} watch;
+
+static int watch_cb(const ps_hook_event *ev, void *user, ps_error *err) {
+    (void)err;
+    watch *w = user;
+    const ps_kv_event *e = ps_kvcache_event(w->kv);
+    ref_run *r = &w->refs[e->seq];
+    if (w->what == 0) {
+        const kept *k = &r->ent[w->layer];
+        if (e->entry != w->fired[e->seq] || e->entry >= k->n || ev->shape[1] != 1) {
+            w->bad++;
+            return 0;
+        }
+        double d = row_rel(ev->data, k->data + e->entry * k->width, k->width);
+        if (d > w->worst) w->worst = d;
+        w->fired[e->seq]++;
+        return 0;
+    }
+    const kept *k = &r->topk[w->layer];
+    int64_t n = ev->shape[1], K = ev->shape[2];
+    for (int64_t i = 0; i < n; i++) {
+        int64_t t = e->t0 + i;
+        const float *want = k->data + t * k->width, *got = ev->data + i * K;
+        for (int64_t j = 0; j < k->width; j++) {
+            float g = j < K ? got[j] : -1.0f;
+            if (g != want[j]) w->bad++;
+        }
+    }
+    w->fired[e->seq] += n;
+    return 0;
+}
+
+/* Every entry and indexer key sequence s holds against the reference. */
+static void check_entries(const char *label, ps_kvcache *kv, int s, const ps_v4_config *c, const ref_run *r) {
+    ps_error err;
+    float got[256];
+    int64_t T = ps_kvcache_len(kv, s);
+    for (int l = 0; l < c->n_layers; l++) {
+        if (c->attn_type[l] == PS_V4_SLIDING) continue;
+        int64_t n = ps_kvcache_n_entries(kv, s, l, 0), want = T / c->compress_rate[l];
+        CHECK(n == want, "%s: layer %d holds %lld entries at T = %lld, expected %lld", label, l, (long long)n, (long long)T, (long long)want);
+        for (int v = 0; v < (c->attn_type[l] == PS_V4_CSA ? 2 : 1); v++) {
+            const kept *k = v ? &r->ik[l] : &r->ent[l];
+            for (int64_t j = 0; j < n && j < k->n; j++) {
+                if (ps_kvcache_entry(kv, s, l, 0, v, j, got, &err)) {
+                    CHECK(0, "%s: %s", label, err.msg);
+                    return;
+                }
+                double d = row_rel(got, k->data + j * k->width, k->width);
+                if (d > worst_entries) worst_entries = d;
+                CHECK(d < TOL, "%s: layer %d %s entry %lld differs from the forward's by %.3g", label, l, v ? "indexer key" : "entry",
+                      (long long)j, d);
+            }
+        }
+    }
+}
+
+/* name: a conformance model, or a directory (a path with a '/') */
+static int load(ps_v4_model *m, const char *name) {
+    char dir[1024];
+    ps_error err;
+    if (strchr(name, '/')) snprintf(dir, sizeof dir, "%s", name);
+    else snprintf(dir, sizeof dir, "%s/v4/%s", tu_conformance_dir(), name);
+    if (ps_v4_model_load(m, dir, 0, &err)) {
+        CHECK(0, "load %s: %s", name, err.msg);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- the property ---- */
+
+static void property(const char *name, uint64_t seed) {
+    ps_v4_model m;
+    if (load(&m, name)) return;
+    const ps_v4_config *c = &m.cfg;
+    int64_t V = c->vocab_size;
+    ps_rng rng;
+    ps_rng_seed(&rng, seed);
+    enum { NS = 3 };
+    int64_t Tf[NS] = {1 + (int64_t)(ps_rng_u64(&rng) % 40), 100 + (int64_t)(ps_rng_u64(&rng) % 100), 300};
+    int32_t *tok[NS];
+    ref_run ref[NS];
+    for (int i = 0; i < NS; i++) {
+        tok[i] = malloc((size_t)Tf[i] * sizeof(int32_t));
+        tu_random_tokens(tok[i], Tf[i], V, seed * 31 + (uint64_t)i);
+        if (ref_forward(&m, tok[i], Tf[i], &ref[i], NULL, NULL)) {
+            CHECK(0, "%s: reference forward", name);
+            return;
+        }
+    }
+    ps_kvcache kv;
+    ps_error err;
+    ps_kvcache_opts o = {.chunk = 5};
+    if (ps_v4_kvcache_create(&kv, &m, &o, &err)) {
+        CHECK(0, "%s: create: %s", name, err.msg);
+        return;
+    }
+    /* watches on every compressed layer's compressor.kv and every CSA layer's indexer.topk */
+    ps_hooks h;
+    ps_hooks_init(&h);
+    watch w[2 * MAXL];
+    int nw = 0;
+    for (int l = 0; l < c->n_layers; l++)
+        for (int what = 0; what < 2; what++) {
+            if (c->attn_type[l] == PS_V4_SLIDING || (what == 1 && c->attn_type[l] != PS_V4_CSA)) continue;
+            char nm[96];
+            snprintf(nm, sizeof nm, what ? "layers.%d.attn.indexer.topk" : "layers.%d.attn.compressor.kv", l);
+            w[nw] = (watch){.kv = &kv, .refs = ref, .layer = l, .what = what};
+            CHECK_OK(ps_v4_hooks_add(&h, c, nm, watch_cb, &w[nw], &err), &err);
+            nw++;
+        }
+    int ids[NS];
+    for (int i = 0; i < NS; i++) ids[i] = ps_kvcache_add(&kv, &err);
+    CHECK(ids[0] == 0 && ids[1] == 1 && ids[2] == 2, "%s: sequence ids 0, 1, 2", name);
+    float *lg = malloc((size_t)(NS * 64 * V) * sizeof(float));
+    int32_t *cat = malloc((size_t)(NS * 64) * sizeof(int32_t));
+    double worst = 0;
+    int steps = 0, ones = 0, mid = 0;
+    for (;;) {
+        int64_t n[NS], tot = 0, any = 0;
+        for (int i = 0; i < NS; i++) {
+            int64_t T = ps_kvcache_len(&kv, i), left = Tf[i] - T;
+            uint64_t r = ps_rng_u64(&rng) % 4;
+            n[i] = r == 0 ? 1 : r == 1 ? 0 : 2 + (int64_t)(ps_rng_u64(&rng) % 37);
+            if (n[i] > left) n[i] = left;
+            any |= left > 0;
+        }
+        if (!any) break;
+        for (int i = 0; i < NS; i++) {
+            memcpy(cat + tot, tok[i] + ps_kvcache_len(&kv, i), (size_t)n[i] * sizeof(int32_t));
+            tot += n[i];
+            ones += n[i] == 1;
+            mid += n[i] > 1 && (ps_kvcache_len(&kv, i) + n[i]) % 4 != 0;
+        }
+        if (ps_kvcache_append(&kv, NS, ids, n, cat, &h, lg, false, &err)) {
+            CHECK(0, "%s: append: %s", name, err.msg);
+            break;
+        }
+        steps++;
+        int64_t off = 0;
+        for (int i = 0; i < NS; i++) {
+            int64_t T = ps_kvcache_len(&kv, i);
+            for (int64_t r = 0; r < n[i]; r++) {
+                int64_t t = T - n[i] + r;
+                double d = row_rel(lg + (off + r) * V, ref[i].logits + t * V, V);
+                if (d > worst) worst = d;
+                CHECK(d < TOL, "%s: sequence %d position %lld: logits differ from the forward's by %.3g", name, i, (long long)t, d);
+            }
+            off += n[i];
+            if (n[i]) check_entries(name, &kv, i, c, &ref[i]);
+        }
+    }
+    if (worst > worst_logits) worst_logits = worst;
+    for (int i = 0; i < nw; i++) {
+        CHECK(w[i].bad == 0, "%s: layer %d %s: %lld firings disagree with the forward", name, w[i].layer,
+              w[i].what ? "indexer.topk" : "compressor.kv", (long long)w[i].bad);
+        for (int s = 0; s < NS; s++) {
+            int64_t want = w[i].what ? Tf[s] : Tf[s] / c->compress_rate[w[i].layer];
+            CHECK(w[i].fired[s] == want, "%s: layer %d %s fired %lld rows/entries for sequence %d, expected %lld", name, w[i].layer,
+                  w[i].what ? "indexer.topk" : "compressor.kv", (long long)w[i].fired[s], s, (long long)want);
+        }
+        CHECK(w[i].worst < TOL, "%s: compressor.kv fired during appends differs by %.3g", name, w[i].worst);
+    }
+    printf("%s: %d appends (%d of 1 token, %d chunks ending inside a window), worst logits rel. error %.3g\n", name, steps, ones,
+           mid, worst);
+    ps_hooks_free(&h);
+    ps_kvcache_free(&kv);
+    free(lg);
+    free(cat);
+    for (int i = 0; i < NS; i++) free(tok[i]), ref_free(&ref[i]);
+    ps_v4_model_free(&m);
+}
+
+/* A variant of a conformance model in a fresh directory: its weights (a link), its config with another
+ * sliding window and index_topk (neither changes a tensor's shape). */
+static void variant(char *dir, size_t n, const char *name, int64_t W, int64_t topk) {
+    char src[1024], tmp[1100];
+    tu_tempdir(dir, n, "v4kv");
+    snprintf(src, sizeof src, "%s/v4/%s/config.json", tu_conformance_dir(), name);
+    FILE *f = fopen(src, "rb");
+    char *txt = calloc(1, 1 << 16);
+    size_t len = f ? fread(txt, 1, (1 << 16) - 1, f) : 0;
+    if (f) fclose(f);
+    char *out = calloc(1, (size_t)len + 256), *o = out;
+    for (const char *p = txt; *p;) {
+        int64_t v = -1;
+        const char *key = !strncmp(p, "\"sliding_window\":", 17) ? "sliding_window" : !strncmp(p, "\"index_topk\":", 13) ? "index_topk" : NULL;
+        if (key) {
+            v = strcmp(key, "sliding_window") ? topk : W;
+            o += sprintf(o, "\"%s\": %lld", key, (long long)v);
+            p = strchr(p, ':') + 1;
+            while (*p == ' ' || (*p >= '0' && *p <= '9')) p++;
+        } else
+            *o++ = *p++;
+    }
+    snprintf(tmp, sizeof tmp, "%s/config.json", dir);
+    f = fopen(tmp, "wb");
+    if (f) fwrite(out, 1, strlen(out), f), fclose(f);
+    snprintf(src, sizeof src, "%s/v4/%s/model.safetensors", tu_conformance_dir(), name);
+    snprintf(tmp, sizeof tmp, "%s/model.safetensors", dir);
+    CHECK(symlink(src, tmp) == 0, "link %s", tmp);
+    free(txt);
+    free(out);
+}
+
+/* ---- fork, truncate ---- */
+
+static void compare_rows(const char *label, const float *lg, const ref_run *r, int64_t t0, int64_t n, int64_t V) {
+    double worst = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = row_rel(lg + i * V, r->logits + (t0 + i) * V, V);
+        worst = d > worst ? d : worst;
+    }
+    if (worst > worst_logits) worst_logits = worst;
+    CHECK(worst < TOL, "%s: logits differ from the forward's by %.3g", label, worst);
+}
+
+static void fork_truncate(const char *name) {
+    ps_v4_model m;
+    if (load(&m, name)) return;
+    const ps_v4_config *c = &m.cfg;
+    int64_t V = c->vocab_size, P = 37, n1 = 20, n2 = 25;
+    ps_error err;
+    int32_t a[128], b[128];
+    tu_random_tokens(a, P + n1, V, 501);
+    memcpy(b, a, (size_t)P * sizeof(int32_t));
+    tu_random_tokens(b + P, n2, V, 502);
+    ref_run ra, rb;
+    if (ref_forward(&m, a, P + n1, &ra, NULL, NULL) || ref_forward(&m, b, P + n2, &rb, NULL, NULL)) return;
+    ps_kvcache kv;
+    ps_kvcache_opts o = {.chunk = 16, .history = 64};
+    if (ps_v4_kvcache_create(&kv, &m, &o, &err)) {
+        CHECK(0, "%s", err.msg);
+        return;
+    }
+    float *lg = malloc((size_t)(128 * V) * sizeof(float));
+    int s0 = ps_kvcache_add(&kv, &err);
+    int64_t np = P;
+    CHECK_OK(ps_kvcache_append(&kv, 1, &s0, &np, a, NULL, lg, false, &err), &err);
+    int64_t before = kv.page_bytes_live;
+    int s1 = ps_kvcache_fork(&kv, s0, &err);
+    CHECK(s1 >= 0 && kv.page_bytes_live == before, "%s: fork copies no page (%lld -> %lld bytes)", name, (long long)before,
+          (long long)kv.page_bytes_live);
+    int ids[2] = {s0, s1};
+    int64_t nn[2] = {n1, n2};
+    int32_t cat[64];
+    memcpy(cat, a + P, (size_t)n1 * sizeof(int32_t));
+    memcpy(cat + n1, b + P, (size_t)n2 * sizeof(int32_t));
+    CHECK_OK(ps_kvcache_append(&kv, 2, ids, nn, cat, NULL, lg, false, &err), &err);
+    compare_rows("fork: the source's continuation", lg, &ra, P, n1, V);
+    compare_rows("fork: the fork's continuation", lg + n1 * V, &rb, P, n2, V);
+    CHECK(kv.n_page_copies > 0, "%s: the writes after a fork copy shared pages", name);
+    check_entries("fork", &kv, s1, c, &rb);
+    /* truncate the fork back to 40 (inside a window): its entries are b's */
+    CHECK_OK(ps_kvcache_truncate(&kv, s1, 40, &err), &err);
+    check_entries("truncate", &kv, s1, c, &rb);
+    /* then back to P - 3 (inside the shared prefix) and regrown as sequence a: a's logits */
+    CHECK_OK(ps_kvcache_truncate(&kv, s1, P - 3, &err), &err);
+    int64_t nr = P + n1 - (P - 3);
+    memcpy(cat, a + P - 3, (size_t)nr * sizeof(int32_t));
+    CHECK_OK(ps_kvcache_append(&kv, 1, &s1, &nr, cat, NULL, lg, false, &err), &err);
+    compare_rows("truncate and regrow", lg, &ra, P - 3, nr, V);
+    check_entries("truncate and regrow", &kv, s1, c, &ra);
+    ps_kvcache_drop(&kv, s1);
+    ps_kvcache_drop(&kv, s0);
+    CHECK(kv.page_bytes_live == 0, "%s: dropping every sequence frees every page (%lld bytes left)", name, (long long)kv.page_bytes_live);
+    ps_kvcache_free(&kv);
+    /* without history: the sliding rows are gone */
+    o.history = 0;
+    CHECK_OK(ps_v4_kvcache_create(&kv, &m, &o, &err), &err);
+    s0 = ps_kvcache_add(&kv, &err);
+    int64_t n100 = 100;
+    int32_t t100[100];
+    tu_random_tokens(t100, 100, V, 9);
+    CHECK_OK(ps_kvcache_append(&kv, 1, &s0, &n100, t100, NULL, NULL, false, &err), &err);
+    CHECK_ERR(ps_kvcache_truncate(&kv, s0, 20, &err), &err, "no longer holds", "history");
+    CHECK_ERR(ps_kvcache_truncate(&kv, s0, 101, &err), &err, "must be in [0, 100]");
+    free(lg);
+    ps_kvcache_free(&kv);
+    ref_free(&ra);
+    ref_free(&rb);
+    ps_v4_model_free(&m);
+}
+
+/* ---- the cache as hook points, and a hook acting during the appends ---- */
+
+typedef struct {
+    int n;                 /* entries overwritten: (layer, value, j) */
+    int layer[3], value[3];
+    int64_t j[3];
+    const float *key, *steer;
+    overwrite o[3];
+} edit_setup;
+
+static void edit_hooks(ps_hooks *h, const ps_v4_config *c, void *u) {
+    edit_setup *e = u;
+    ps_error err;
+    char nm[96];
+    for (int i = 0; i < e->n; i++) {
+        e->o[i] = (overwrite){.row = e->j[i], .width = e->value[i] ? c->index_head_dim : c->head_dim, .vec = e->value[i] ? e->key : NULL};
+        snprintf(nm, sizeof nm, e->value[i] ? "layers.%d.attn.indexer.compressor.kv" : "layers.%d.attn.compressor.kv", e->layer[i]);
+        CHECK_OK(ps_v4_hooks_add(h, c, nm, overwrite_cb, &e->o[i], &err), &err);
+    }
+    CHECK_OK(ps_v4_hooks_add(h, c, "layers.0.ffn_in", steer_cb, (void *)e->steer, &err), &err);
+}
+
+/* A hook that fails at its n-th firing (an error inside an append). */
+static int fail_cb(const ps_hook_event *ev, void *user, ps_error *err) {
+    (void)ev;
+    int *left = user;
+    return --*left == 0 ? ps_fail(err, "stopped by the test") : 0;
+}
+
+static void steer_only(ps_hooks *h, const ps_v4_config *c, void *u) {
+    ps_error err;
+    CHECK_OK(ps_v4_hooks_add(h, c, "layers.0.ffn_in", steer_cb, u, &err), &err);
+}
+
+static void edits(void) {
+    ps_v4_model m;
+    if (load(&m, "mix4")) return; /* layers 1, 3 CSA (rate 4), 2 HCA (rate 8) */
+    const ps_v4_config *c = &m.cfg;
+    int64_t V = c->vocab_size, T0 = 41, T1 = 70;
+    ps_error err;
+    int32_t tok[70];
+    tu_random_tokens(tok, T1, V, 77);
+    float key[64], steer[64];
+    ps_rng rng;
+    ps_rng_seed(&rng, 5);
+    for (int i = 0; i < 64; i++) key[i] = (float)(ps_rng_u64(&rng) % 1000) / 500.0f - 1.0f, steer[i] = 0.05f * (float)(i % 7) - 0.1f;
+    /* the edits of the decode below are on the last layer (3, CSA, rate 4): the positions before them, which
+     * the cache ran unedited, feed no later layer */
+    edit_setup e = {.n = 2, .layer = {3, 3, 2}, .value = {0, 1, 0}, .j = {3, 2, 3}, .key = key, .steer = steer}, e3 = e;
+    e3.n = 3;
+    ref_run r, r3;
+    if (ref_forward(&m, tok, T1, &r, edit_hooks, &e) || ref_forward(&m, tok, T1, &r3, edit_hooks, &e3)) return;
+    ps_kvcache kv;
+    CHECK_OK(ps_v4_kvcache_create(&kv, &m, NULL, &err), &err);
+    ps_hooks h;
+    ps_hooks_init(&h);
+    steer_only(&h, c, steer);
+    int s = ps_kvcache_add(&kv, &err);
+    float *lg = malloc((size_t)(T1 * V) * sizeof(float));
+    CHECK_OK(ps_kvcache_append(&kv, 1, &s, &T0, tok, &h, lg, false, &err), &err);
+    /* layer 3 holds entries 0..9: zero entry 3, set indexer key 2 to `key` (mean replacement with a mean given) */
+    float got[64], zero[64] = {0};
+    CHECK_OK(ps_kvcache_edit(&kv, -1, 3, 0, 0, 3, PS_KV_EDIT_ZERO, NULL, &err), &err);
+    CHECK_OK(ps_kvcache_edit(&kv, -1, 3, 0, 1, 2, PS_KV_EDIT_SET, key, &err), &err);
+    CHECK_OK(ps_kvcache_entry(&kv, s, 3, 0, 0, 3, got, &err), &err);
+    CHECK(!memcmp(got, zero, (size_t)c->head_dim * sizeof(float)), "the zeroed entry reads back as zeros");
+    CHECK_OK(ps_kvcache_entry(&kv, s, 3, 0, 1, 2, got, &err), &err);
+    CHECK(!memcmp(got, key, (size_t)c->index_head_dim * sizeof(float)), "the replaced indexer key reads back");
+    /* then one token at a time: the forward with both overwritten from the start */
+    for (int64_t t = T0; t < T1; t++) {
+        int64_t one = 1;
+        CHECK_OK(ps_kvcache_append(&kv, 1, &s, &one, tok + t, &h, lg + t * V, false, &err), &err);
+    }
+    compare_rows("edits: decode after zeroing an entry and replacing an indexer key", lg + T0 * V, &r, T0, T1 - T0, V);
+    /* an edit of an entry that does not exist yet applies when its window closes: a sequence added after a
+     * third edit (layer 2, HCA, entry 3) is the forward with all three */
+    CHECK_OK(ps_kvcache_edit(&kv, -1, 2, 0, 0, 3, PS_KV_EDIT_ZERO, NULL, &err), &err);
+    int s2 = ps_kvcache_add(&kv, &err);
+    CHECK_OK(ps_kvcache_append(&kv, 1, &s2, &T1, tok, &h, lg, false, &err), &err);
+    compare_rows("edits: a sequence added after the edits", lg, &r3, 0, T1, V);
+    int64_t d3 = 0;
+    for (int64_t i = 0; i < T1 * V; i++) d3 += r3.logits[i] != r.logits[i];
+    CHECK(d3 > 0, "the HCA edit changes the forward's logits (else the check above cannot fail)");
+    /* a hook failing in the third piece of an append: the append fails, the sequence keeps its first two
+     * pieces (what was appended before the failing one) and goes on from there as the forward */
+    ps_kvcache k2;
+    ps_kvcache_opts o8 = {.chunk = 8};
+    CHECK_OK(ps_v4_kvcache_create(&k2, &m, &o8, &err), &err);
+    ps_hooks hf;
+    ps_hooks_init(&hf);
+    int left = 3;
+    steer_only(&hf, c, steer);
+    CHECK_OK(ps_v4_hooks_add(&hf, c, "layers.2.attn.q", fail_cb, &left, &err), &err);
+    int s3 = ps_kvcache_add(&k2, &err);
+    int64_t n30 = 30;
+    CHECK_ERR(ps_kvcache_append(&k2, 1, &s3, &n30, tok, &hf, lg, false, &err), &err, "stopped by the test", "layer 2");
+    CHECK(ps_kvcache_len(&k2, s3) == 16, "after the failure the sequence holds its first two pieces (%lld tokens)",
+          (long long)ps_kvcache_len(&k2, s3));
+    int64_t rest = T1 - 16;
+    CHECK_OK(ps_kvcache_append(&k2, 1, &s3, &rest, tok + 16, &h, lg, false, &err), &err);
+    ref_run rs;
+    if (!ref_forward(&m, tok, T1, &rs, edit_hooks, &(edit_setup){.n = 0, .steer = steer})) {
+        compare_rows("after a failed append", lg, &rs, 16, rest, V);
+        check_entries("after a failed append", &k2, s3, c, &rs);
+        ref_free(&rs);
+    }
+    ps_hooks_free(&hf);
+    ps_kvcache_free(&k2);
+    /* errors */
+    int l0, v0;
+    CHECK_ERR(ps_kvcache_edit(&kv, -1, 0, 0, 0, 1, PS_KV_EDIT_ZERO, NULL, &err), &err, "sliding-window layer");
+    CHECK_ERR(ps_kvcache_edit(&kv, -1, 2, 0, 1, 1, PS_KV_EDIT_ZERO, NULL, &err), &err, "not a CSA layer");
+    CHECK_ERR(ps_kvcache_entry(&kv, s, 1, 0, 0, 99, got, &err), &err, "not 99");
+    CHECK_OK(ps_v4_kvcache_point_parse(c, "layers.3.attn.cache_ik", &l0, &v0, &err), &err);
+    CHECK(l0 == 3 && v0 == 1, "cache_ik parses to layer 3, value 1");
+    CHECK_ERR(ps_v4_kvcache_point_parse(c, "layers.2.attn.cache_ik", &l0, &v0, &err), &err, "no indexer");
+    CHECK_ERR(ps_v4_kvcache_point_parse(c, "blocks.1.attn.cache_ck", &l0, &v0, &err), &err, "cache_kv");
+    /* bad inputs */
+    ps_hooks hp;
+    ps_hooks_init(&hp);
+    CHECK_OK(ps_v4_hooks_add(&hp, c, "layers.1.attn.pattern", steer_cb, NULL, &err), &err);
+    int64_t one = 1;
+    int32_t bad = (int32_t)V;
+    CHECK_ERR(ps_kvcache_append(&kv, 1, &s, &one, tok, &hp, NULL, false, &err), &err, "layers.1.attn.pattern", "not available");
+    CHECK_ERR(ps_kvcache_append(&kv, 1, &s, &one, &bad, NULL, NULL, false, &err), &err, "outside the vocabulary");
+    int twice[2] = {s, s};
+    int64_t nn[2] = {1, 1};
+    CHECK_ERR(ps_kvcache_append(&kv, 2, twice, nn, tok, NULL, NULL, false, &err), &err, "given twice");
+    ps_hooks_free(&hp);
+    ps_hooks_free(&h);
+    free(lg);
+    ps_kvcache_free(&kv);
+    ref_free(&r);
+    ref_free(&r3);
+    ps_v4_model_free(&m);
+}
+
+/* ---- bytes per token, and a longer run ---- */
+
+static void bytes_and_long(const char *name, int64_t Tlong) {
+    ps_v4_model m;
+    if (load(&m, name)) return;
+    const ps_v4_config *c = &m.cfg;
+    int64_t V = c->vocab_size, T1 = 512, T2 = 1536;
+    ps_error err;
+    int32_t *tok = malloc((size_t)T2 * sizeof(int32_t));
+    tu_random_tokens(tok, T2, V, 4242);
+    ps_kvcache kv;
+    ps_kvcache_opts o = {.chunk = 256};
+    CHECK_OK(ps_v4_kvcache_create(&kv, &m, &o, &err), &err);
+    int s = ps_kvcache_add(&kv, &err);
+    int64_t n1 = T1, n2 = T2 - T1;
+    CHECK_OK(ps_kvcache_append(&kv, 1, &s, &n1, tok, NULL, NULL, false, &err), &err);
+    int64_t b1 = ps_kvcache_bytes(&kv);
+    CHECK_OK(ps_kvcache_append(&kv, 1, &s, &n2, tok + T1, NULL, NULL, false, &err), &err);
+    int64_t b2 = ps_kvcache_bytes(&kv);
+    double slope = (double)(b2 - b1) / (double)(T2 - T1), want = ps_v4_kvcache_bytes_per_token(c);
+    double fixed = (double)b2 - want * (double)T2, wfixed = ps_v4_kvcache_fixed_bytes(c);
+    printf("%s: cache bytes per token %.2f measured (T %lld -> %lld), %.2f stated; at T = %lld: %lld bytes, fixed part %.0f "
+           "(stated %.0f before page rounding)\n",
+           name, slope, (long long)T1, (long long)T2, want, (long long)T2, (long long)b2, fixed, wfixed);
+    CHECK(fabs(slope - want) <= 0.05 * want, "%s: %.2f bytes per token measured, %.2f stated", name, slope, want);
+    double stated = want * (double)T2 + wfixed;
+    CHECK(fabs((double)b2 - stated) <= 0.05 * stated, "%s: %lld bytes held at T = %lld, %.0f stated (per token x T + fixed)", name,
+          (long long)b2, (long long)T2, stated);
+    ps_kvcache_free(&kv);
+    /* one longer run: a prefill of Tlong - 8 tokens in pieces of 256, then 8 decode steps */
+    ref_run r;
+    if (Tlong > 0 && !ref_forward(&m, tok, Tlong, &r, NULL, NULL)) {
+        CHECK_OK(ps_v4_kvcache_create(&kv, &m, &o, &err), &err);
+        s = ps_kvcache_add(&kv, &err);
+        float *lg = malloc((size_t)(Tlong * V) * sizeof(float));
+        int64_t np = Tlong - 8;
+        CHECK_OK(ps_kvcache_append(&kv, 1, &s, &np, tok, NULL, lg, false, &err), &err);
+        for (int64_t t = np; t < Tlong; t++) {
+            int64_t one = 1;
+            CHECK_OK(ps_kvcache_append(&kv, 1, &s, &one, tok + t, NULL, lg + t * V, false, &err), &err);
+        }
+        compare_rows("a long run", lg, &r, 0, Tlong, V);
+        check_entries("a long run", &kv, s, c, &r);
+        free(lg);
+        ps_kvcache_free(&kv);
+        ref_free(&r);
+    }
+    free(tok);
+    ps_v4_model_free(&m);
+}
+
+int main(void) {
+    property("mix4", 1);
+    property("hub3", 2);
+    property("mix4", 3);
+    /* variants: a sliding window shorter than a compression window (1: the query's own row only) or longer
+     * than most sequences; a top-k of 1 (one entry per query) or larger than the entries (every visible
+     * one, in score order) */
+    const struct { const char *model; int64_t W, K; } vs[] = {{"mix4", 3, 64}, {"hub3", 1, 1}, {"mix4", 40, 2}};
+    for (int i = 0; i < 3; i++) {
+        char dir[512], path[600];
+        variant(dir, sizeof dir, vs[i].model, vs[i].W, vs[i].K);
+        printf("variant of %s: sliding_window %lld, index_topk %lld\n", vs[i].model, (long long)vs[i].W, (long long)vs[i].K);
+        property(dir, 20 + (uint64_t)i);
+        snprintf(path, sizeof path, "%s/model.safetensors", dir);
+        unlink(path);
+        snprintf(path, sizeof path, "%s/config.json", dir);
+        unlink(path);
+        rmdir(dir);
+    }
+    fork_truncate("mix4");
+    fork_truncate("hub3");
+    edits();
+    bytes_and_long("mix4", 1536);
+    bytes_and_long("hub3", 0);
+    printf("worst logits rel. error %.3g, worst entry rel. error %.3g (TOL %g)\n", worst_logits, worst_entries, TOL);
+    CHECK_DONE();
+}
