@@ -238,13 +238,14 @@ static int check_tokens(const ps_api_model *M, const int32_t *tokens, int64_t B,
     return -1;
 }
 
-static int copy_item(out_item *it, const ps_cache_item *c, ps_error *err) {
-    int64_t n = 1;
+/* the run's cache item becomes the output's: its array is moved, not copied (the run's cache is this
+ * call's own), so the activations are held once, not twice, at the end of the run */
+static int take_item(out_item *it, ps_cache_item *c, ps_error *err) {
     it->rank = c->ndim;
-    for (int k = 0; k < c->ndim; k++) n *= (it->shape[k] = c->shape[k]);
-    if (!(it->name = strdup(c->name)) || !(it->data = malloc((size_t)(n ? n : 1) * sizeof(float))))
-        return ps_fail(err, "out of memory for the cache of %s", c->name);
-    memcpy(it->data, c->data, (size_t)n * sizeof(float));
+    for (int k = 0; k < c->ndim; k++) it->shape[k] = c->shape[k];
+    if (!(it->name = strdup(c->name))) return ps_fail(err, "out of memory for the cache of %s", c->name);
+    it->data = c->data;
+    c->data = NULL;
     return 0;
 }
 
@@ -380,22 +381,16 @@ static int run(ps_api_model *M, const int32_t *tokens, int64_t B, int64_t T, con
     }
     for (int k = 0; k < cache.n; k++) {
         o->n++;
-        if (copy_item(&o->items[k], cache.items[k], err)) goto done;
         if (!cache.items[k]->data) {
             ps_fail(err, "hook %s did not fire in the pass", cache.items[k]->name);
             goto done;
         }
-        const ps_cache_item *gi = grads ? ps_cache_get(&gcache, cache.items[k]->name) : NULL;
-        if (gi && !gi->data) gi = NULL; /* the backward did not reach it */
-        if (gi) {
-            out_item tmp = {0};
-            if (copy_item(&tmp, gi, err)) {
-                free(tmp.name);
-                goto done;
-            }
-            free(tmp.name);
-            o->items[k].grad = tmp.data;
+        ps_cache_item *gi = grads ? (ps_cache_item *)ps_cache_get(&gcache, cache.items[k]->name) : NULL;
+        if (gi && gi->data) { /* NULL: the backward did not reach it */
+            o->items[k].grad = gi->data;
+            gi->data = NULL;
         }
+        if (take_item(&o->items[k], cache.items[k], err)) goto done;
     }
     rc = 0;
 done:
