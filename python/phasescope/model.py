@@ -275,7 +275,12 @@ class Model:
 
     @contextlib.contextmanager
     def _progress(self, h, call):
-        """The model's progress callback (ps_api_set_progress) for one run."""
+        """The model's progress callback (ps_api_set_progress) for one run: always on the cpu (Ctrl-C);
+        on a device only when progress= is given (there the callback's hook point is copied to the host
+        at each layer)."""
+        if call.fn is None and self.device != "cpu":
+            yield
+            return
         _lib.lib.ps_api_set_progress(h, call.cb, None)
         try:
             with call:
