@@ -40,6 +40,22 @@ def test_sweep_progress_and_cancel(w8s8):
         ps.sweep(w8s8, n=16, batch=4, progress=boom)
 
 
+@pytest.mark.parametrize("name,flags", [
+    ("gates", dict(n=16, batch=4)),
+    ("gatecycle", dict(layer=0, shift=2, n=8)),
+    ("knockout", dict(n=8, method="atp", verify=1)),
+], ids=["gates", "gatecycle", "knockout_atp"])
+def test_every_instrument_stops(w8s8, name, flags):
+    ref = ps.run(name, w8s8, **flags)
+    seen = []
+    r = ps.run(name, w8s8, progress=lambda d, t: seen.append((d, t)), **flags)
+    assert len(seen) >= 2 and all(0 < d <= t for d, t in seen) and seen[-1][0] == seen[-1][1], seen
+    assert arrays_equal(r, ref), f"{name}: a progress callback changed the result"
+    with pytest.raises(ps.Cancelled, match=r"cancelled after"):
+        ps.run(name, w8s8, progress=lambda d, t: True, **flags)
+    assert arrays_equal(ps.run(name, w8s8, **flags), ref), f"{name}: other numbers after a cancelled run"
+
+
 def test_run_progress_and_cancel(deep):
     toks = tokens(2, 40, deep.vocab_size)
     ref, cref = deep.run_with_cache(toks, names=["blocks.3.attn.hook_ck"])
