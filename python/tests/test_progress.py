@@ -117,7 +117,7 @@ def test_another_thread_runs_during_an_instrument(w8s8):
     t = threading.Thread(target=count)
     t.start()
     try:
-        ps.sweep(w8s8, n=64, batch=8)
+        ps.sweep(w8s8, n=32, batch=8)
     finally:
         stop.set()
         t.join()
