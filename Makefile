@@ -63,6 +63,8 @@ test: test-fast test-asan fuzz
 # bench: phasescope's benches, then the PyTorch peer of bench_train on the same shapes, with the
 # phasescope/PyTorch ratios side by side (bench/torch_peer.py; PyTorch is a bench-only dependency, Debian's
 # python3-torch for PEER_PYTHON; skipped with a message when missing). BENCH_SECONDS: minimum seconds per row.
+# Then the Python path against the CLI (bench/bench_python.py) and run_with_cache against PyTorch forward
+# hooks on deep_w8s8 and a Qwen3-0.6B-shaped model (bench/bench_python_torch.py; skipped without torch).
 PEER_PYTHON ?= /usr/bin/python3
 BENCH_SECONDS ?= 2
 bench: build
@@ -75,6 +77,8 @@ bench: build
 			"only the bench needs it)"; \
 	fi
 	@./build/bench/bench_knockout
+	@PYTHONPATH=python $(PEER_PYTHON) bench/bench_python.py --build build
+	@$(PEER_PYTHON) bench/bench_python_torch.py --build build
 	@bash bench/bench_contention.sh build .
 	@bash bench/bench_mpi.sh build .
 

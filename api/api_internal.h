@@ -17,7 +17,18 @@ struct ps_api_model {
     char **names; /* every concrete hook name, in firing order (those that run: see n_run) */
     int n_names;
     int n_run;    /* the layers every run runs (ps_api_open_ex's "layers"); -1: all, and the logits */
+    ps_api_progress_fn progress; /* ps_api_set_progress, or NULL */
+    void *progress_user;
 };
+
+/* A caller's progress callback as the engines see it (ps_progress_fn): `stopped` records that it asked to
+ * stop, so that the call's failure is PS_API_ECANCELLED. */
+typedef struct {
+    ps_api_progress_fn fn;
+    void *user;
+    int stopped;
+} ps_api_progress;
+int ps_api_progress_call(int64_t done, int64_t total, void *user); /* user: a ps_api_progress */
 
 /* Copy a phasescope error into the caller's buffer; returns PS_API_EINPUT for a usage error, else
  * PS_API_EFAIL. */

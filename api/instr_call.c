@@ -285,6 +285,11 @@ PS_API void ps_api_result_free(ps_api_result *r) {
 
 PS_API int ps_api_instrument(ps_api_model *m, const char *name, const char *request_json, ps_api_result **out, char *err,
                              size_t errlen) {
+    return ps_api_instrument_ex(m, name, request_json, NULL, NULL, out, err, errlen);
+}
+
+PS_API int ps_api_instrument_ex(ps_api_model *m, const char *name, const char *request_json, ps_api_progress_fn progress,
+                                void *progress_user, ps_api_result **out, char *err, size_t errlen) {
     if (!out) return ps_api_say(err, errlen, PS_API_EINPUT, "ps_api_instrument: out is NULL");
     *out = NULL;
     const ps_registry_entry *en = ps_registry_find(name);
@@ -309,6 +314,7 @@ PS_API int ps_api_instrument(ps_api_model *m, const char *name, const char *requ
     }
     ps_api_result *r = calloc(1, sizeof *r);
     argv_t av = {0};
+    ps_api_progress pr = {.fn = progress, .user = progress_user};
     int rc = -1;
     if (!r || push(&av, cmd->name)) {
         ps_fail(&e, "out of memory");
@@ -344,7 +350,8 @@ PS_API int ps_api_instrument(ps_api_model *m, const char *name, const char *requ
         }
     }
     fflush(stdout);
-    if (ps_command_call(cmd, av.n, av.v, &e)) goto done;
+    if (!pr.fn && m) pr.fn = m->progress, pr.user = m->progress_user; /* the model's */
+    if (ps_command_call(cmd, av.n, av.v, pr.fn ? ps_api_progress_call : NULL, &pr, &e)) goto done;
     fflush(stdout);
     if (r->dir) {
         struct stat st;
@@ -382,7 +389,8 @@ done:
     json_decref(req);
     if (rc) {
         ps_api_result_free(r);
-        return ps_api_report(&e, err, errlen);
+        int code = ps_api_report(&e, err, errlen);
+        return pr.stopped ? PS_API_ECANCELLED : code;
     }
     *out = r;
     return PS_API_OK;

@@ -184,6 +184,19 @@ static int open_model(const char *path, const char *device, const char *options,
     return PS_API_OK;
 }
 
+PS_API void ps_api_set_progress(ps_api_model *m, ps_api_progress_fn fn, void *user) {
+    if (!m) return;
+    m->progress = fn;
+    m->progress_user = fn ? user : NULL;
+}
+
+int ps_api_progress_call(int64_t done, int64_t total, void *user) {
+    ps_api_progress *p = user;
+    if (!p->fn(done, total, p->user)) return 0;
+    p->stopped = 1;
+    return 1;
+}
+
 PS_API int ps_api_open(const char *path, const char *device, ps_api_model **out, char *err, size_t errlen) {
     return open_model(path, device, NULL, out, err, errlen);
 }

@@ -179,6 +179,36 @@ static int register_list(const ps_api_model *M, ps_hooks *h, ps_api_hooks *list,
     return 0;
 }
 
+/* ---- progress: a callback on the first point of each layer (it reads nothing and changes nothing) ---- */
+
+typedef struct {
+    ps_api_progress *p;
+    int layer, n_layers;
+} layer_mark;
+
+static int layer_started(const ps_hook_event *ev, void *user, ps_error *err) {
+    (void)ev;
+    layer_mark *k = user;
+    if (ps_api_progress_call(k->layer, k->n_layers, k->p))
+        return ps_fail(err, "cancelled after %d of %d layers", k->layer, k->n_layers);
+    return 0;
+}
+
+/* marks[0..L) on the first concrete point of each layer that runs (M->names is in firing order) */
+static int watch_layers(const ps_api_model *M, ps_hooks *h, ps_api_progress *p, layer_mark *marks, int L, ps_error *err) {
+    const ps_runtime *rt = &M->rt;
+    int next = 0;
+    for (int k = 0; k < M->n_names && next < L; k++) {
+        int i, l;
+        if (ps_api_point_of(M, M->names[k], &i, &l, err)) return -1;
+        if (l != next) continue;
+        marks[next] = (layer_mark){.p = p, .layer = next, .n_layers = L};
+        if (rt->family->hook_add(rt, h, M->names[k], layer_started, &marks[next], err)) return -1;
+        next++;
+    }
+    return 0;
+}
+
 /* ---- the run ---- */
 
 static int check_tokens(const ps_api_model *M, const int32_t *tokens, int64_t B, int64_t T, const int32_t *targets,
@@ -208,13 +238,14 @@ static int check_tokens(const ps_api_model *M, const int32_t *tokens, int64_t B,
     return -1;
 }
 
-static int copy_item(out_item *it, const ps_cache_item *c, ps_error *err) {
-    int64_t n = 1;
+/* the run's cache item becomes the output's: its array is moved, not copied (the run's cache is this
+ * call's own), so the activations are held once, not twice, at the end of the run */
+static int take_item(out_item *it, ps_cache_item *c, ps_error *err) {
     it->rank = c->ndim;
-    for (int k = 0; k < c->ndim; k++) n *= (it->shape[k] = c->shape[k]);
-    if (!(it->name = strdup(c->name)) || !(it->data = malloc((size_t)(n ? n : 1) * sizeof(float))))
-        return ps_fail(err, "out of memory for the cache of %s", c->name);
-    memcpy(it->data, c->data, (size_t)n * sizeof(float));
+    for (int k = 0; k < c->ndim; k++) it->shape[k] = c->shape[k];
+    if (!(it->name = strdup(c->name))) return ps_fail(err, "out of memory for the cache of %s", c->name);
+    it->data = c->data;
+    c->data = NULL;
     return 0;
 }
 
@@ -237,6 +268,9 @@ static int run(ps_api_model *M, const int32_t *tokens, int64_t B, int64_t T, con
     int have_g = 0, rc = -1, explicit = names != NULL;
     int32_t *tg = NULL;
     float *pgrads = NULL;
+    ps_api_progress pr = {.fn = M->progress, .user = M->progress_user};
+    int L = M->n_run >= 0 ? M->n_run : (int)rt->n_layers;
+    layer_mark *marks = NULL;
     ps_api_output *o = calloc(1, sizeof *o);
     if (!o) {
         ps_fail(err, "out of memory");
@@ -276,8 +310,19 @@ static int run(ps_api_model *M, const int32_t *tokens, int64_t B, int64_t T, con
             goto done;
         }
     }
+    if (pr.fn) { /* last, after the list and the cache */
+        if (!(marks = calloc((size_t)(L > 0 ? L : 1), sizeof *marks))) {
+            ps_fail(err, "out of memory");
+            goto done;
+        }
+        if (watch_layers(M, &h, &pr, marks, L, err)) goto done;
+    }
     if (!(acts = f->acts_create(rt, B, T, grads, err))) goto done;
     if (f->forward(rt, acts, tokens, &h, M->n_run, err)) goto done;
+    if (pr.fn && ps_api_progress_call(L, L, &pr)) {
+        ps_fail(err, "cancelled after %d of %d layers", L, L);
+        goto done;
+    }
     if (M->n_run < 0) {
         const float *lg = f->logits(acts, err);
         if (!lg) goto done;
@@ -336,22 +381,16 @@ static int run(ps_api_model *M, const int32_t *tokens, int64_t B, int64_t T, con
     }
     for (int k = 0; k < cache.n; k++) {
         o->n++;
-        if (copy_item(&o->items[k], cache.items[k], err)) goto done;
         if (!cache.items[k]->data) {
             ps_fail(err, "hook %s did not fire in the pass", cache.items[k]->name);
             goto done;
         }
-        const ps_cache_item *gi = grads ? ps_cache_get(&gcache, cache.items[k]->name) : NULL;
-        if (gi && !gi->data) gi = NULL; /* the backward did not reach it */
-        if (gi) {
-            out_item tmp = {0};
-            if (copy_item(&tmp, gi, err)) {
-                free(tmp.name);
-                goto done;
-            }
-            free(tmp.name);
-            o->items[k].grad = tmp.data;
+        ps_cache_item *gi = grads ? (ps_cache_item *)ps_cache_get(&gcache, cache.items[k]->name) : NULL;
+        if (gi && gi->data) { /* NULL: the backward did not reach it */
+            o->items[k].grad = gi->data;
+            gi->data = NULL;
         }
+        if (take_item(&o->items[k], cache.items[k], err)) goto done;
     }
     rc = 0;
 done:
@@ -361,6 +400,7 @@ done:
     }
     free(pgrads);
     free(tg);
+    free(marks);
     if (have_g) ps_acts_free(&g);
     if (acts) f->acts_free(acts);
     ps_cache_free(&cache);
@@ -369,7 +409,15 @@ done:
     ps_hooks_free(&gh);
     if (rc) ps_api_output_free(o);
     else *out = o;
+    if (rc && pr.stopped) return -2; /* cancelled */
     return rc;
+}
+
+/* run's status as the API's: PS_API_ECANCELLED when the progress callback stopped it */
+static int status(int rc, const ps_error *e, char *err, size_t errlen) {
+    if (!rc) return PS_API_OK;
+    int code = ps_api_report(e, err, errlen);
+    return rc == -2 ? PS_API_ECANCELLED : code;
 }
 
 PS_API int ps_api_run_with_hooks(ps_api_model *m, const int32_t *tokens, int64_t B, int64_t T, ps_api_hooks *hooks,
@@ -377,7 +425,7 @@ PS_API int ps_api_run_with_hooks(ps_api_model *m, const int32_t *tokens, int64_t
     if (!m || !out) return ps_api_say(err, errlen, PS_API_EINPUT, "ps_api_run_with_hooks: no model or no out");
     *out = NULL;
     ps_error e = {0};
-    return run(m, tokens, B, T, NULL, 0, NULL, NULL, 0, hooks, 0, NULL, out, &e) ? ps_api_report(&e, err, errlen) : PS_API_OK;
+    return status(run(m, tokens, B, T, NULL, 0, NULL, NULL, 0, hooks, 0, NULL, out, &e), &e, err, errlen);
 }
 
 PS_API int ps_api_run_with_cache(ps_api_model *m, const int32_t *tokens, int64_t B, int64_t T, const char *const *names,
@@ -387,7 +435,6 @@ PS_API int ps_api_run_with_cache(ps_api_model *m, const int32_t *tokens, int64_t
     *out = NULL;
     if (names && n_names < 0) return ps_api_say(err, errlen, PS_API_EINPUT, "n_names %d: negative", n_names);
     ps_error e = {0};
-    return run(m, tokens, B, T, names, n_names, filter, filter_user, !names && !filter, hooks, grads, targets, out, &e)
-               ? ps_api_report(&e, err, errlen)
-               : PS_API_OK;
+    return status(run(m, tokens, B, T, names, n_names, filter, filter_user, !names && !filter, hooks, grads, targets, out, &e),
+                  &e, err, errlen);
 }

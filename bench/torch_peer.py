@@ -110,11 +110,37 @@ def rope(x, cos, sin):
     return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
 
 
+class HookPoint(torch.nn.Module):
+    """TransformerLens's HookPoint: an identity module on an activation, where forward hooks attach
+    (register_forward_hook) to read it (bench_python_torch.py's run_with_cache caches them this way)."""
+
+    def forward(self, x):
+        return x
+
+
+# phasescope's hook points of a layer (docs/hooks.md), in firing order; gates and compressed entries only
+# for compressed attention
+POINTS = ("hook_resid_pre", "attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_gate_k", "attn.hook_gate_v",
+          "attn.hook_ck", "attn.hook_cv", "attn.hook_pattern", "attn.hook_z", "hook_attn_out", "hook_resid_mid",
+          "hook_mlp_out", "hook_resid_post")
+
+
 class Peer(torch.nn.Module):
-    def __init__(self, cfg, T):
+    """hook_points=True: a HookPoint at each of phasescope's hook points (blocks.{l}.attn.hook_q, ... with
+    phasescope's names and layouts, docs/hooks.md), in self.hook_points (name -> HookPoint); False (the
+    training benchmark, the checks): none, and nothing in the forward changes."""
+
+    def __init__(self, cfg, T, hook_points=False):
         super().__init__()
         self.cfg, self.T = cfg, T
         c = cfg
+        self.hook_points = {}
+        if hook_points:
+            for l in range(c["n_layers"]):
+                for p in POINTS:
+                    if c["kind"] == "compressed" or not any(s in p for s in ("gate", "ck", "cv")):
+                        self.hook_points[f"blocks.{l}.{p}"] = HookPoint()
+            self.hook_modules = torch.nn.ModuleList(self.hook_points.values())
         d, nh, nkv, hd, dff, V = c["d_model"], c["n_heads"], c["n_kv_heads"], c["head_dim"], c["d_ff"], c["vocab_size"]
         P = torch.nn.Parameter
         self.names = {}  # phasescope tensor name -> parameter
@@ -170,14 +196,27 @@ class Peer(torch.nn.Module):
     def p(self, name):
         return getattr(self, self.names[name])
 
+    def hook(self, name, x):
+        hp = self.hook_points.get(name) if self.hook_points else None
+        return hp(x) if hp is not None else x
+
     def forward(self, tok, tgt):
+        """The mean cross-entropy over the targets (-1: none)."""
+        B, T = tok.shape
+        logits = self.logits(tok)
+        return F.cross_entropy(logits.view(B * T, -1), tgt.view(-1), ignore_index=-1)
+
+    def logits(self, tok):
+        """The logits [B, T, V] of tokens [B, T], firing the hook points."""
         c = self.cfg
         B, T = tok.shape
+        hk = self.hook
         d, nh, nkv, hd, eps = c["d_model"], c["n_heads"], c["n_kv_heads"], c["head_dim"], c["rms_eps"]
         grp = nh // nkv
         h = F.embedding(tok, self.p("model.embed_tokens.weight"))
         for l in range(c["n_layers"]):
-            pre = f"model.layers.{l}."
+            pre, hp = f"model.layers.{l}.", f"blocks.{l}."
+            h = hk(hp + "hook_resid_pre", h)
             a = rmsnorm(h, self.p(pre + "input_layernorm.weight"), eps)
             q = (a @ self.p(pre + "self_attn.q_proj.weight").t()).view(B, T, nh, hd)
             k = (a @ self.p(pre + "self_attn.k_proj.weight").t()).view(B, T, nkv, hd)
@@ -185,6 +224,7 @@ class Peer(torch.nn.Module):
             knorm = self.p(pre + "self_attn.k_norm.weight")
             q = rope(rmsnorm(q, self.p(pre + "self_attn.q_norm.weight"), eps), self.cos, self.sin)
             k = rope(rmsnorm(k, knorm, eps), self.cos, self.sin)
+            q, k, v = hk(hp + "attn.hook_q", q), hk(hp + "attn.hook_k", k), hk(hp + "attn.hook_v", v)
             if c["kind"] == "compressed" and self.nW > 0:
                 W, nW = c["window"], self.nW
                 aw = a[:, self.win_idx].view(B, nW, W, d)  # window j, offset i: token jS + i
@@ -194,11 +234,11 @@ class Peer(torch.nn.Module):
                     cb = self.p(pre + f"self_attn.compressor.{br}_gate.bias")  # [W, nkv]
                     C = self.p(pre + f"self_attn.compressor.{br}_payload")  # [W, nkv*hd, d]
                     z = torch.einsum("bjid,igd->bjgi", aw, U) + cb.t()[None, None]  # [B, nW, nkv, W]
-                    alpha = torch.softmax(z, dim=-1)
+                    alpha = hk(hp + f"attn.hook_gate_{br[0]}", torch.softmax(z, dim=-1))
                     pay = torch.einsum("bjid,ied->bjie", aw, C).view(B, nW, W, nkv, hd)
                     pooled.append(torch.einsum("bjgi,bjigh->bjgh", alpha, pay))  # [B, nW, nkv, hd]
-                ck = rope(rmsnorm(pooled[0], knorm, eps), self.ccos, self.csin)
-                cv = pooled[1]
+                ck = hk(hp + "attn.hook_ck", rope(rmsnorm(pooled[0], knorm, eps), self.ccos, self.csin))
+                cv = hk(hp + "attn.hook_cv", pooled[1])
                 keys, vals = torch.cat([ck, k], dim=1), torch.cat([cv, v], dim=1)  # [B, nW + T, nkv, hd]
             else:
                 keys, vals = k, v
@@ -208,15 +248,17 @@ class Peer(torch.nn.Module):
             qh = q.transpose(1, 2)  # [B, nh, T, hd]
             s = (qh @ keys.transpose(-1, -2)) / math.sqrt(hd)
             s = s.masked_fill(~self.mask, float("-inf"))
-            z = (torch.softmax(s, dim=-1) @ vals).transpose(1, 2).reshape(B, T, nh * hd)
-            h = h + z @ self.p(pre + "self_attn.o_proj.weight").t()
+            pattern = hk(hp + "attn.hook_pattern", torch.softmax(s, dim=-1))
+            z = hk(hp + "attn.hook_z", (pattern @ vals).transpose(1, 2)).reshape(B, T, nh * hd)
+            h = h + hk(hp + "hook_attn_out", z @ self.p(pre + "self_attn.o_proj.weight").t())
+            h = hk(hp + "hook_resid_mid", h)
             m = rmsnorm(h, self.p(pre + "post_attention_layernorm.weight"), eps)
             g = m @ self.p(pre + "mlp.gate_proj.weight").t()
             u = m @ self.p(pre + "mlp.up_proj.weight").t()
-            h = h + (F.silu(g) * u) @ self.p(pre + "mlp.down_proj.weight").t()
+            h = h + hk(hp + "hook_mlp_out", (F.silu(g) * u) @ self.p(pre + "mlp.down_proj.weight").t())
+            h = hk(hp + "hook_resid_post", h)
         hf = rmsnorm(h, self.p("model.norm.weight"), eps)
-        logits = hf @ self.p("model.embed_tokens.weight").t()  # tied head
-        return F.cross_entropy(logits.view(B * T, -1), tgt.view(-1), ignore_index=-1)
+        return hf @ self.p("model.embed_tokens.weight").t()  # tied head
 
 
 def make_optimizer(model):

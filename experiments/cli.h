@@ -62,6 +62,12 @@ typedef struct {
     int (*run)(const ps_args *a, ps_error *err);
 } ps_command;
 
+/* A caller's progress callback (a command run through the public API, ps_api_set_progress): done of total
+ * units of the command's work (batches, shifts, candidates, steps), called at each unit's end; 0 goes on,
+ * non-zero stops the command there (it fails with "cancelled after ..."). The same type as the engines'
+ * ps_progress_fn (interventions/sweep.h). */
+typedef int (*ps_cli_progress_fn)(int64_t done, int64_t total, void *user);
+
 /* What the scaffold parsed, handed to the run function. Flags are read by name only. */
 #define PS_MAX_FLAGS 48
 struct ps_args {
@@ -73,14 +79,16 @@ struct ps_args {
     int n_flags;
     const char *value[PS_MAX_FLAGS]; /* parallel to cmd->flags */
     unsigned char present[PS_MAX_FLAGS];
+    ps_cli_progress_fn progress;     /* the caller's (ps_command_call), or NULL (the CLI) */
+    void *progress_user;
 };
 
 /* Runs a command: help, parsing, usage errors, the error line and the exit status (see above). */
 int ps_command_main(const ps_command *cmd, int argc, char **argv);
 /* The same without the help, the error line and the exit status: parses argv (argv[0] the command's name),
  * checks and runs; 0, or -1 with err set (err->usage for a usage error). The API's instrument calls
- * (api/instr_call.c) run a command this way. */
-int ps_command_call(const ps_command *cmd, int argc, char **argv, ps_error *err);
+ * (api/instr_call.c) run a command this way, with their progress callback (NULL: none). */
+int ps_command_call(const ps_command *cmd, int argc, char **argv, ps_cli_progress_fn progress, void *progress_user, ps_error *err);
 /* Writes the command's --help text (generated from its table) to f. */
 void ps_command_help(const ps_command *cmd, FILE *f);
 

@@ -51,6 +51,7 @@ typedef struct {
     ps_progress bar;
     double t_prev, steps_s; /* time of the last step's callback; seconds of the steps after the first */
     int64_t n_steps;
+    const ps_args *a; /* the caller's progress (ps_args.progress: the API's), steps done of the run's */
 } train_ui;
 
 static double now_s(void) {
@@ -59,7 +60,7 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static void on_step(const ps_train_progress *p, void *user) {
+static int on_step(const ps_train_progress *p, void *user) {
     train_ui *ui = user;
     double t = now_s();
     if (ui->t_prev > 0) {
@@ -71,6 +72,7 @@ static void on_step(const ps_train_progress *p, void *user) {
     int w = snprintf(note, sizeof note, "loss %.4f  lr %.2e  |g| %.3f", p->loss, p->lr, p->grad_norm);
     if (p->eval_accuracy >= 0) snprintf(note + w, sizeof note - (size_t)w, "  eval acc %.3f", p->eval_accuracy);
     ps_progress_update(&ui->bar, p->step, p->total, note);
+    return ui->a->progress ? ui->a->progress(p->step, p->total, ui->a->progress_user) : 0;
 }
 
 static int run(const ps_args *a, ps_error *err) {
@@ -83,7 +85,7 @@ static int run(const ps_args *a, ps_error *err) {
     cfg.init_from = ps_args_get(a, "--init-from");
     cfg.backend = ps_args_backend(a); /* --backend / --device and --precision (checked by the scaffold) */
     if (ps_args_get(a, "--precision")) ps_precision_parse(ps_args_get(a, "--precision"), &cfg.precision);
-    train_ui ui = {0};
+    train_ui ui = {.a = a};
     ps_progress_init(&ui.bar, cfg.log_every);
     int64_t calls0, bytes0;
     double ar0, wait0;

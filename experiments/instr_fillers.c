@@ -15,9 +15,10 @@
 
 #include "core/runtime.h"
 
-static void progress(int64_t done, int64_t total, void *user) {
+static int progress(int64_t done, int64_t total, void *user) {
     ps_instr *in = user;
     ps_progress_update(&in->bar, done, total, "candidates");
+    return in->progress ? in->progress(done, total, in->progress_user) : 0;
 }
 
 int ps_fillers_command(const ps_args *a, ps_error *err) {

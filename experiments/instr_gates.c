@@ -71,7 +71,14 @@ int ps_gates_command(const ps_args *a, const ps_gates_request *rq, ps_error *err
     for (int64_t u = 0; u < nu; u++) w[u] = N - u * B < B ? N - u * B : B;
     if (ps_instr_split(&in, w, NULL, nu, 0, &wk, err)) goto done;
     for (int64_t u = 0; u <= nu; u++) ev_off[u] = part.arr[0].off[u] / ints; /* records, not ints */
-    int r = ops->gates_units(rt, &s, in.batch, wk.u0, wk.u1, ev_off, part.arr[1].off, part.arr[0].data, part.arr[1].data, err);
+    /* unit by unit (each is independent: the same records as one call over the range), so that the
+     * caller's progress callback (the API's) sees each batch and can stop the run there */
+    int r = 0;
+    for (int64_t u = wk.u0; u < wk.u1 && !r; u++) {
+        r = ops->gates_units(rt, &s, in.batch, u, u + 1, ev_off, part.arr[1].off, part.arr[0].data, part.arr[1].data, err);
+        if (!r && in.progress && in.progress(u + 1 - wk.u0, wk.u1 - wk.u0, in.progress_user))
+            r = ps_fail(err, "cancelled after %lld of %lld batches", (long long)(u + 1 - wk.u0), (long long)(wk.u1 - wk.u0));
+    }
     int fin = ps_instr_collect(&in, &part, &wk, r, err);
     if (fin < 0 || (fin == 1 && ps_gates_finish(&part, in.out_dir, err))) goto done;
     rc = 0;

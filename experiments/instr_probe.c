@@ -20,7 +20,16 @@
 
 #include "probe/probe.h"
 
-static void on_progress(int64_t done, int64_t total, void *user) { ps_progress_update(user, done, total, "requests"); }
+typedef struct {
+    ps_progress bar;
+    const ps_args *a; /* the caller's progress (ps_args.progress: the API's) */
+} probe_ui;
+
+static int on_progress(int64_t done, int64_t total, void *user) {
+    probe_ui *ui = user;
+    ps_progress_update(&ui->bar, done, total, "requests");
+    return ui->a->progress ? ui->a->progress(done, total, ui->a->progress_user) : 0;
+}
 
 static json_t *provenance(const ps_args *a, const ps_probe *p, const char *cmdline, int64_t seed, int64_t P, int64_t n_prompts,
                           const char *family, const char *mode) {
@@ -129,7 +138,7 @@ int ps_probe_command(const ps_args *a, ps_error *err) {
     ps_fillexp_result fr = {0};
     ps_tokenizer *tok = NULL;
     json_t *plan = NULL, *res = NULL, *body = NULL;
-    ps_progress bar;
+    probe_ui ui = {.a = a};
     ps_probe_cost cost;
     char jpath[4200], dir[4096];
     curl_global_init(CURL_GLOBAL_DEFAULT);
@@ -143,7 +152,7 @@ int ps_probe_command(const ps_args *a, ps_error *err) {
     if (!p.dry_run && ps_mkdir(dir, err)) goto done;
     if (ps_path_join(jpath, sizeof jpath, dir, "probe-journal.jsonl", err)) goto done;
     p.progress = on_progress;
-    p.user = &bar;
+    p.user = &ui;
     if (ti == 0) { /* ---- text-kv ---- */
         ps_textkv_layout lay = {ps_args_get(a, "--tokenizer"), ps_args_get(a, "--words"), ps_args_get(a, "--family"), pairs, vi, NULL, 0};
         if (ps_args_int(a, "--value-digits", 1, 9, &lay.value_digits, err)) goto done;
@@ -174,13 +183,13 @@ int ps_probe_command(const ps_args *a, ps_error *err) {
         plan = json_pack("{s:s, s:s, s:s, s:s, s:I, s:I, s:I, s:o, s:i}", "endpoint", p.endpoint, "api_model", p.model, "task", "text-kv",
                          "mode", MODES[mi], "period", (json_int_t)P, "n", (json_int_t)N, "seed", (json_int_t)seed, "layout",
                          ps_textkv_set_task_json(&set, 0, 0), "max_tokens", (int)mt);
-        ps_progress_init(&bar, N * P / 20 > 0 ? N * P / 20 : 1);
+        ps_progress_init(&ui.bar, N * P / 20 > 0 ? N * P / 20 : 1);
         int64_t tmin, tmax;
         if (ps_probe_textkv(&p, &set, mi ? PS_SWEEP_MOVE : PS_SWEEP_PAD, N, (uint64_t)seed, jpath, plan, &st, &tmin, &tmax, &cost, err)) {
-            ps_progress_end(&bar);
+            ps_progress_end(&ui.bar);
             goto done;
         }
-        ps_progress_end(&bar);
+        ps_progress_end(&ui.bar);
         if (p.dry_run) {
             printf("text-kv %s sweep, period %lld, %lld prompts per shift, %lld pairs and %lld queries per prompt, prompts of %lld-%lld tokens\n",
                    MODES[mi], (long long)P, (long long)N, (long long)set.kv.n_pairs, (long long)set.kv.n_queries, (long long)tmin,
@@ -220,9 +229,9 @@ int ps_probe_command(const ps_args *a, ps_error *err) {
         plan = json_pack("{s:s, s:s, s:s, s:s, s:I, s:I, s:i}", "endpoint", p.endpoint, "api_model", p.model, "task", "fillers", "experiment",
                          exp_path, "period", (json_int_t)P, "tokenizer_ids", (json_int_t)ps_tokenizer_vocab_size(tok), "max_tokens", (int)mt);
         int64_t npts = (int64_t)ex.n_fams * (ex.L_max - ex.L_min + 1);
-        ps_progress_init(&bar, npts * ex.n_cands / 20 > 0 ? npts * ex.n_cands / 20 : 1);
+        ps_progress_init(&ui.bar, npts * ex.n_cands / 20 > 0 ? npts * ex.n_cands / 20 : 1);
         int f = ps_probe_fillers(&p, &ex, P, jpath, plan, &fr, &cost, err);
-        ps_progress_end(&bar);
+        ps_progress_end(&ui.bar);
         if (f) goto done;
         if (p.dry_run) {
             printf("fillers %s: %d families x %lld lengths x %d candidates, period %lld\n", ex.name, ex.n_fams, (long long)(ex.L_max - ex.L_min + 1),

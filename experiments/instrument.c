@@ -108,6 +108,8 @@ static const instr_binding *binding(const ps_family *f) {
 int ps_instr_setup(ps_instr *in, const ps_args *a, int need_task, ps_error *err) {
     in->command = a->cmd->name;
     in->backend = ps_args_backend(a);
+    in->progress = a->progress;
+    in->progress_user = a->progress_user;
     in->cmdline = command_line_unsharded(a);
     in->shard = 0;
     in->n_shards = 1;
@@ -252,9 +254,10 @@ int ps_result_write(const char *out_dir, const char *name, json_t *result, ps_er
     return ps_render(paths, 1, dir, NULL, 1, err);
 }
 
-void ps_instr_progress(int64_t done, int64_t total, void *user) {
+int ps_instr_progress(int64_t done, int64_t total, void *user) {
     ps_instr *in = user;
     if (ps_dist_rank() == 0) ps_progress_update(&in->bar, done, total, in->command);
+    return in->progress ? in->progress(done, total, in->progress_user) : 0;
 }
 
 /* ---- splitting the work ---- */

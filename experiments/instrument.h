@@ -61,6 +61,8 @@ typedef struct {
      * checkpoint's task file `v4_task` gives `task`. */
     ps_runtime rt;
     ps_v4_task v4_task;
+    ps_cli_progress_fn progress; /* the caller's (ps_args.progress), or NULL */
+    void *progress_user;
 } ps_instr;
 
 /* Reads the PS_INSTR_FLAGS of a (whose table must hold them) and opens the checkpoint with
@@ -172,7 +174,8 @@ int ps_knockout_finish(const ps_partial *p, const char *out_dir, ps_error *err);
 int ps_gatecycle_finish(const ps_partial *p, const char *out_dir, ps_error *err);
 int ps_gates_finish(const ps_partial *p, const char *out_dir, ps_error *err);
 
-/* progress callback for ps_progress_fn */
-void ps_instr_progress(int64_t done, int64_t total, void *user);
+/* progress callback for ps_progress_fn: the progress line, then the caller's callback (in->progress, from
+ * ps_args.progress), whose non-zero return stops the engine */
+int ps_instr_progress(int64_t done, int64_t total, void *user);
 
 #endif

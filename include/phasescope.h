@@ -9,8 +9,9 @@
  *    crosses the boundary. Arguments are plain C types, arrays of them, NUL-terminated UTF-8 strings, JSON
  *    text, and callbacks with the C signatures below.
  *  - Errors: a function that can fail returns int: 0 on success, PS_API_EINPUT (2) when the caller asked
- *    for something invalid (a bad path, hook name, token, flag or value), PS_API_EFAIL (1) for any other
- *    failure (a file, a computation, memory, a callback that aborted). It takes `char *err, size_t errlen`
+ *    for something invalid (a bad path, hook name, token, flag or value), PS_API_ECANCELLED (3) when the
+ *    caller's progress callback stopped it, PS_API_EFAIL (1) for any other failure (a file, a computation,
+ *    memory, a hook callback that aborted). It takes `char *err, size_t errlen`
  *    last: on failure one NUL-terminated line naming what is at fault is written there (truncated to
  *    errlen; err may be NULL). A failure leaves every handle usable (the model runs again).
  *    Functions that cannot fail return the value itself (NULL / -1 for "none").
@@ -41,12 +42,13 @@ extern "C" {
 #define PS_API
 #endif
 
-#define PS_API_VERSION 1
+#define PS_API_VERSION 2
 
 /* return values of the functions that can fail */
 #define PS_API_OK 0
 #define PS_API_EFAIL 1  /* a file, a computation, memory, an aborted pass */
 #define PS_API_EINPUT 2 /* the caller asked for something invalid (path, name, token, flag, value) */
+#define PS_API_ECANCELLED 3 /* the progress callback stopped the call (ps_api_set_progress) */
 
 /* ---- the library ---- */
 
@@ -78,6 +80,23 @@ PS_API int ps_api_open(const char *path, const char *device, ps_api_model **out,
 PS_API int ps_api_open_ex(const char *path, const char *device, const char *options_json, ps_api_model **out, char *err,
                           size_t errlen);
 PS_API void ps_api_close(ps_api_model *m);
+
+/* ---- progress and cancellation ----
+ *
+ * A long call reports its progress to a callback, from the calling thread, at the end of each unit of its
+ * work: done of total units (an instrument's batches, shifts, candidates, requests or training steps,
+ * counted from 0 again in each phase of an instrument that has several, e.g. knockout's estimate and its
+ * verification; a run's layers: done = the layers finished, called as each layer starts and once more
+ * when the forward is over). The callback returns 0 to go on; non-zero stops the call at that point: it
+ * fails with PS_API_ECANCELLED and a message saying where ("cancelled after 3 of 16 batches"), keeps
+ * nothing it made (no output, no result; a private result directory is removed; a training run keeps a
+ * checkpoint at the step it stopped after, which --resume continues), and the model runs again as before.
+ * Without a callback nothing is reported and nothing changes: a callback changes no number either. */
+typedef int (*ps_api_progress_fn)(int64_t done, int64_t total, void *user);
+
+/* The model's callback (fn NULL: none), for its runs (ps_api_run_with_hooks, ps_api_run_with_cache) and
+ * the instruments called with it (ps_api_instrument). It stays until replaced. */
+PS_API void ps_api_set_progress(ps_api_model *m, ps_api_progress_fn fn, void *user);
 
 /* The family's name ("phasescope", "deepseek_v4"), the directory, the device. Owned by the model. */
 PS_API const char *ps_api_family(const ps_api_model *m);
@@ -242,6 +261,10 @@ PS_API char *ps_api_instruments_json(void);
 
 PS_API int ps_api_instrument(ps_api_model *m, const char *name, const char *request_json, ps_api_result **out,
                              char *err, size_t errlen);
+/* ps_api_instrument with its own progress callback (NULL: the model's, ps_api_set_progress); the way to
+ * follow and stop an instrument called without a model (train). */
+PS_API int ps_api_instrument_ex(ps_api_model *m, const char *name, const char *request_json, ps_api_progress_fn progress,
+                                void *progress_user, ps_api_result **out, char *err, size_t errlen);
 PS_API void ps_api_result_free(ps_api_result *r);
 /* The result's JSON text as the CLI writes it (NULL for a command that writes no result JSON, e.g. train),
  * and its kind ("sweep", "knockout", ...). Owned by the result. */

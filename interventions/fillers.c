@@ -325,7 +325,8 @@ int ps_fillexp_run(const ps_model *m, const ps_fillexp *e, int64_t P, int64_t ba
         run_ctx x = {r, c, cd->v, cd->n, V};
         if (!rc) rc = ps_eval_rows(m, &b, batch, mem_bytes, score_cand, &x, err);
         ps_batch_free(&b);
-        if (progress) progress(c + 1, e->n_cands, user);
+        if (!rc && progress && progress(c + 1, e->n_cands, user))
+            rc = ps_fail(err, "cancelled after %lld of %lld candidates", (long long)(c + 1), (long long)e->n_cands);
     }
     ps_ids_free(&prompt);
     for (int64_t s = 0; s < N && !rc; s++) r->pts[s].delta = exp(r->pts[s].logprob[0]) - exp(r->pts[s].logprob[1]);

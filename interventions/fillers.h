@@ -79,7 +79,7 @@ typedef struct {
  * ids) in batches of at most `batch` (fewer when their activations would exceed mem_bytes; 0: 1 GiB),
  * prompts of more than PS_LONG_CONTEXT tokens through the chunked prefill. Logits are read at the
  * candidates' rows only. progress may be NULL. */
-typedef void (*ps_fillexp_progress_fn)(int64_t done, int64_t total, void *user);
+typedef int (*ps_fillexp_progress_fn)(int64_t done, int64_t total, void *user); /* non-zero: stop (sweep.h) */
 int ps_fillexp_run(const ps_model *m, const ps_fillexp *e, int64_t P, int64_t batch, double mem_bytes,
                    ps_fillexp_result *r, ps_fillexp_progress_fn progress, void *user, ps_error *err);
 void ps_fillexp_result_free(ps_fillexp_result *r);

@@ -602,7 +602,9 @@ int ps_grid_run(const ps_grid *g, ps_grid_result *out, ps_error *err) {
     int64_t per = 1 + (int64_t)g->n_layers * g->n_cells, total = n_shift * per;
     for (int64_t p = 0; p < n_shift && !rc; p++) {
         rc = run_shift(&st, p, budget, err);
-        if (g->progress) g->progress((p + 1) * per, total, g->progress_user);
+        if (!rc && g->progress && g->progress((p + 1) * per, total, g->progress_user))
+            rc = ps_fail(err, "cancelled after shift %lld of %lld (%lld of %lld cells)", (long long)(p + 1), (long long)n_shift,
+                         (long long)((p + 1) * per), (long long)total);
     }
     free(st.ok);
     free(st.lp);

@@ -179,9 +179,9 @@ typedef struct {
     int64_t n_cells;
 } patch_progress;
 
-static void patch_progress_fn(int64_t done, int64_t total, void *user) {
+static int patch_progress_fn(int64_t done, int64_t total, void *user) {
     patch_progress *p = user;
-    p->fn(done >= total ? p->n_cells : done * p->n_cells / total, p->n_cells, p->user);
+    return p->fn(done >= total ? p->n_cells : done * p->n_cells / total, p->n_cells, p->user);
 }
 
 static double mean_of(const ps_residue_stats *r) { return r->n[0] ? r->lp[0] / (double)r->n[0] : 0.0; }

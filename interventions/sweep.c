@@ -19,7 +19,8 @@ int ps_sweep_run(const ps_model *m, const ps_batch *base, const ps_task *task, c
         rc = ps_eval_shifted(m, &s, batch, NULL, ok, lp, err);
         if (!rc) ps_residue_stats_add(stats, &s, ok, lp);
         ps_shifted_free(&s);
-        if (progress) progress(p + 1, P, user);
+        if (!rc && progress && progress(p + 1, P, user))
+            rc = ps_fail(err, "cancelled after %lld of %lld shifts", (long long)(p + 1), (long long)P);
     }
     free(ok);
     free(lp);

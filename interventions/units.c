@@ -60,7 +60,10 @@ int ps_sweep_units(const ps_runtime *rt, const ps_batch *base, const ps_task *ta
         if ((rc = rt->ops->eval(rt, &v.b, NULL, okb, lpb, err))) break;
         int64_t at = (p * N + i0) * maxq;
         record_outcomes(&v, okb, lpb, maxq, ok + at, lp + at, rho + at);
-        if (progress) progress(u + 1 - u0, u1 - u0, user);
+        if (progress && progress(u + 1 - u0, u1 - u0, user)) {
+            rc = ps_fail(err, "cancelled after %lld of %lld batches", (long long)(u + 1 - u0), (long long)(u1 - u0));
+            break;
+        }
     }
     if (have_p >= 0) ps_shifted_free(&s);
     free(okb);
@@ -401,7 +404,10 @@ int ps_textkv_sweep_units(const ps_model *m, const ps_textkv_set *set, ps_sweep_
         if ((rc = ps_eval_shifted_fit(m, &v, u->size[p], 0, okb, lpb, err))) break;
         int64_t at = (p * N + i0) * maxq;
         record_outcomes(&v, okb, lpb, maxq, ok + at, lp + at, rho + at);
-        if (progress) progress(k + 1 - k0, k1 - k0, user);
+        if (progress && progress(k + 1 - k0, k1 - k0, user)) {
+            rc = ps_fail(err, "cancelled after %lld of %lld batches", (long long)(k + 1 - k0), (long long)(k1 - k0));
+            break;
+        }
     }
     if (have_p >= 0) ps_shifted_free(&s);
     free(okb);

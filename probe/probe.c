@@ -442,7 +442,9 @@ static int req_done(int64_t r, const ps_http_reply *rep, void *user, ps_error *e
     e->have[r] = 1;
     e->done++;
     journal_line(e, r, e->scoring == PS_PROBE_GREEDY ? r % e->rs : 0, e->scoring == PS_PROBE_GREEDY ? 1 : e->n_spans);
-    if (e->p->progress) e->p->progress(e->done, e->n_req, e->p->user);
+    if (e->p->progress && e->p->progress(e->done, e->n_req, e->p->user))
+        return ps_fail(err, "cancelled after %lld of %lld requests (the journal keeps them: run again to resume)",
+                       (long long)e->done, (long long)e->n_req);
     return 0;
 }
 
@@ -630,8 +632,9 @@ static int engine_run(engine *e, const char *journal, json_t *plan, ps_probe_cos
     }
     for (int64_t r = 0; r < e->n_req; r++)
         if (!e->have[r]) todo[nt++] = r;
-    if (p->progress) p->progress(e->done, e->n_req, p->user);
-    rc = ps_http_post_many(&p->http, "/v1/completions", todo, nt, req_make, req_done, req_what, e, err);
+    if (p->progress && p->progress(e->done, e->n_req, p->user))
+        rc = ps_fail(err, "cancelled after %lld of %lld requests", (long long)e->done, (long long)e->n_req);
+    else rc = ps_http_post_many(&p->http, "/v1/completions", todo, nt, req_make, req_done, req_what, e, err);
     free(todo);
 done:
     if (e->journal) fclose(e->journal);
@@ -701,7 +704,8 @@ int ps_probe_textkv(ps_probe *p, const ps_textkv_set *set, ps_sweep_mode mode, i
             js[j * nq + k] = (ps_probe_span){c.q[k].answer_src, c.q[k].answer_len};
         }
         jl[j] = T0 < ids.n ? T0 : ids.n;
-        if (p->progress && p->dry_run) p->progress(j + 1, nj, p->user);
+        if (p->progress && p->dry_run && p->progress(j + 1, nj, p->user))
+            rc = ps_fail(err, "cancelled after %lld of %lld prompts", (long long)(j + 1), (long long)nj);
     }
     ps_ids_free(&ids);
     if (!rc) rc = engine_run(&e, journal, plan, cost, err);

@@ -9,7 +9,11 @@
  *    central finite difference of the loss (computed here from the logits in double) along it;
  *  - an instrument call's JSON against the CLI's (tests/compare_json.py, provenance aside), its arrays
  *    against the JSON, and its saved directory against the CLI's file list;
- *  - every bad input returns a message (and the model runs again, with the same logits, after each).
+ *  - every bad input returns a message (and the model runs again, with the same logits, after each);
+ *  - progress and cancellation: a sweep, a knockout, a run and a training run stopped by the progress
+ *    callback after k units fail with PS_API_ECANCELLED saying where, and the same handle then gives the
+ *    uninterrupted call's numbers bit for bit (a callback that never stops changes none either; the
+ *    training run resumed after its stop equals the uninterrupted one).
  * Usage: test_api BUILD_DIR SOURCE_DIR */
 #include <math.h>
 #include <stdio.h>
@@ -676,6 +680,167 @@ static void check_instrument(const char *model, const char *name, const char *re
     ps_api_close(m);
 }
 
+/* ---- progress and cancellation ---- */
+typedef struct {
+    int64_t stop_at; /* stop when done reaches it (-1: never) */
+    int calls;
+    int64_t last_done, last_total, prev_total;
+    int monotone; /* done never went back within one total */
+} stopper;
+
+static int progress_fn(int64_t done, int64_t total, void *user) {
+    stopper *s = user;
+    if (s->calls && total == s->prev_total && done < s->last_done) s->monotone = 0;
+    s->calls++;
+    s->last_done = done, s->last_total = s->prev_total = total;
+    return s->stop_at >= 0 && done >= s->stop_at;
+}
+
+/* every array of a and b bit for bit (the numbers of two runs of one request) */
+static int same_arrays(const ps_api_result *a, const ps_api_result *b) {
+    if (ps_api_result_count(a) != ps_api_result_count(b) || ps_api_result_count(a) < 1) return 0;
+    for (int i = 0; i < ps_api_result_count(a); i++) {
+        int ra, rb;
+        const int64_t *sa = ps_api_result_shape(a, i, &ra), *sb = ps_api_result_shape(b, i, &rb);
+        if (ra != rb || strcmp(ps_api_result_name(a, i), ps_api_result_name(b, i))) return 0;
+        long n = 1;
+        for (int k = 0; k < ra; k++) {
+            if (sa[k] != sb[k]) return 0;
+            n *= (long)sa[k];
+        }
+        if (memcmp(ps_api_result_data(a, i), ps_api_result_data(b, i), (size_t)n * sizeof(double))) return 0;
+    }
+    return 1;
+}
+
+static void check_cancel_instrument(ps_api_model *m, const char *name, const char *req, int64_t stop_at, const char *says) {
+    ps_api_result *ref = NULL, *r = NULL;
+    CHECK(!ps_api_instrument(m, name, req, &ref, err, sizeof err), "%s: %s", name, err);
+    /* a callback that never stops: every unit reported, in order, and the same numbers */
+    stopper go = {.stop_at = -1, .monotone = 1};
+    CHECK(!ps_api_instrument_ex(m, name, req, progress_fn, &go, &r, err, sizeof err), "%s with progress: %s", name, err);
+    CHECK(go.calls > stop_at && go.monotone && go.last_done == go.last_total, "%s: progress %d calls, last %lld of %lld", name,
+          go.calls, (long long)go.last_done, (long long)go.last_total);
+    CHECK(ref && r && same_arrays(ref, r), "%s: a progress callback changed the result", name);
+    ps_api_result_free(r);
+    r = NULL;
+    /* stopped after stop_at units: PS_API_ECANCELLED saying where, no result, the temporary directory gone */
+    stopper st = {.stop_at = stop_at, .monotone = 1};
+    char tmpd[700], ls[1200];
+    snprintf(tmpd, sizeof tmpd, "%s/tmp_%s", TMP, name);
+    snprintf(ls, sizeof ls, "mkdir -p %s", tmpd);
+    CHECK(!run_cmd(ls), "mkdir %s", tmpd);
+    const char *old = getenv("TMPDIR");
+    char *keep = old ? strdup(old) : NULL;
+    setenv("TMPDIR", tmpd, 1); /* where the call makes its private result directory */
+    ps_api_set_progress(m, progress_fn, &st); /* the model's callback this time */
+    int rc = ps_api_instrument(m, name, req, &r, err, sizeof err);
+    ps_api_set_progress(m, NULL, NULL);
+    if (keep) setenv("TMPDIR", keep, 1);
+    else unsetenv("TMPDIR");
+    free(keep);
+    CHECK(rc == PS_API_ECANCELLED && !r && strstr(err, says), "%s cancelled: rc %d, \"%s\" (expected \"%s\")", name, rc, err, says);
+    CHECK(st.calls == stop_at, "%s: %d progress calls, expected %lld", name, st.calls, (long long)stop_at);
+    snprintf(ls, sizeof ls, "test -z \"$(ls -A %s)\"", tmpd);
+    CHECK(!run_cmd(ls), "%s: a cancelled call left its temporary directory in %s", name, tmpd);
+    /* the same handle: the full call again, the same numbers */
+    CHECK(!ps_api_instrument(m, name, req, &r, err, sizeof err), "%s after the cancel: %s", name, err);
+    CHECK(ref && r && same_arrays(ref, r), "%s after a cancelled call: different numbers", name);
+    ps_api_result_free(r);
+    ps_api_result_free(ref);
+}
+
+static void check_progress(void) {
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/data/models/w8s8", SRC);
+    ps_api_model *m = NULL;
+    CHECK(!ps_api_open(dir, NULL, &m, err, sizeof err), "open w8s8: %s", err);
+    if (!m) return;
+    /* sweep: 8 shifts x 4 batches of 4 prompts = 32 units */
+    check_cancel_instrument(m, "sweep", "{\"n\": 16, \"batch\": 4}", 3, "cancelled after 3 of 32 batches");
+    /* knockout: units are shifts (8) */
+    check_cancel_instrument(m, "knockout", "{\"n\": 8, \"layers\": [0], \"heads\": [0, 1], \"target\": \"raw\"}", 1,
+                            "cancelled after shift 1 of 8");
+    ps_api_close(m);
+    /* a run: per layer (done = the layers finished), on deep_w8s8 (12 layers) */
+    snprintf(dir, sizeof dir, "%s/data/models/deep_w8s8", SRC);
+    m = NULL;
+    CHECK(!ps_api_open(dir, NULL, &m, err, sizeof err), "open deep_w8s8: %s", err);
+    if (!m) return;
+    int B = 2, T = 40, L = (int)ps_api_n_layers(m);
+    int32_t tok[80];
+    for (int i = 0; i < B * T; i++) tok[i] = (int32_t)((i * 5 + 3) % ps_api_vocab_size(m));
+    const char *nm[2] = {"blocks.0.attn.hook_ck", "blocks.11.hook_resid_post"};
+    ps_api_output *ref = NULL, *o = NULL;
+    CHECK(!ps_api_run_with_cache(m, tok, B, T, nm, 2, NULL, NULL, NULL, 0, NULL, &ref, err, sizeof err), "run: %s", err);
+    stopper go = {.stop_at = -1, .monotone = 1};
+    ps_api_set_progress(m, progress_fn, &go);
+    CHECK(!ps_api_run_with_cache(m, tok, B, T, nm, 2, NULL, NULL, NULL, 0, NULL, &o, err, sizeof err), "run, progress: %s", err);
+    CHECK(go.calls == L + 1 && go.monotone && go.last_done == L && go.last_total == L, "run: %d progress calls for %d layers",
+          go.calls, L);
+    int64_t V = ps_api_vocab_size(m);
+    if (ref && o) {
+        CHECK(bits_equal(logits_of(ref), logits_of(o), B * T * V), "run: a progress callback changed the logits");
+        int r0;
+        const int64_t *s0 = ps_api_output_shape(ref, 0, &r0);
+        CHECK(bits_equal(ps_api_output_data(ref, 0), ps_api_output_data(o, 0), numel(s0, r0)), "run: the callback changed the cache");
+    }
+    ps_api_output_free(o);
+    o = NULL;
+    stopper st = {.stop_at = 5, .monotone = 1};
+    ps_api_set_progress(m, progress_fn, &st);
+    int rc = ps_api_run_with_hooks(m, tok, B, T, NULL, &o, err, sizeof err);
+    CHECK(rc == PS_API_ECANCELLED && !o && strstr(err, "cancelled after 5 of 12 layers") && st.calls == 6, "run cancelled: rc %d, %s",
+          rc, err);
+    ps_api_set_progress(m, NULL, NULL);
+    CHECK(!ps_api_run_with_cache(m, tok, B, T, nm, 2, NULL, NULL, NULL, 0, NULL, &o, err, sizeof err), "run after: %s", err);
+    if (ref && o) CHECK(bits_equal(logits_of(ref), logits_of(o), B * T * V), "run after a cancelled one: different logits");
+    ps_api_output_free(o);
+    ps_api_output_free(ref);
+    ps_api_close(m);
+
+    /* train: stopped after step 5 of 12, it keeps a checkpoint; resumed, it equals the run never stopped */
+    char cfg[700], a[700], b[700], req[2400], cmd[2400];
+    snprintf(cfg, sizeof cfg, "%s/train12.json", TMP);
+    snprintf(a, sizeof a, "%s/train_a", TMP);
+    snprintf(b, sizeof b, "%s/train_b", TMP);
+    snprintf(cmd, sizeof cmd,
+             "python3 -c 'import json,sys; c=json.load(open(sys.argv[1])); c[\"train\"][\"steps\"]=12; "
+             "json.dump(c, open(sys.argv[2], \"w\"))' %s/experiments/configs/tiny_kv_w4s4.json %s",
+             SRC, cfg);
+    CHECK(!run_cmd(cmd), "train config");
+    ps_api_result *r = NULL;
+    snprintf(req, sizeof req, "{\"config\": \"%s\", \"out\": \"%s\"}", cfg, a);
+    CHECK(!ps_api_instrument(NULL, "train", req, &r, err, sizeof err), "train: %s", err);
+    ps_api_result_free(r);
+    r = NULL;
+    snprintf(req, sizeof req, "{\"config\": \"%s\", \"out\": \"%s\"}", cfg, b);
+    stopper ts = {.stop_at = 5, .monotone = 1};
+    rc = ps_api_instrument_ex(NULL, "train", req, progress_fn, &ts, &r, err, sizeof err);
+    CHECK(rc == PS_API_ECANCELLED && !r && strstr(err, "cancelled after step 5 of 12") && ts.last_total == 12,
+          "train cancelled: rc %d, %s", rc, err);
+    snprintf(req, sizeof req, "{\"config\": \"%s\", \"out\": \"%s\", \"resume\": true}", cfg, b);
+    CHECK(!ps_api_instrument(NULL, "train", req, &r, err, sizeof err), "train resumed: %s", err);
+    ps_api_result_free(r);
+    ps_api_model *ma = NULL, *mb = NULL;
+    CHECK(!ps_api_open(a, NULL, &ma, err, sizeof err) && !ps_api_open(b, NULL, &mb, err, sizeof err), "open trained: %s", err);
+    if (ma && mb) {
+        ps_api_output *oa = NULL, *ob = NULL;
+        int32_t t2[20];
+        for (int i = 0; i < 20; i++) t2[i] = (int32_t)(i * 7 % ps_api_vocab_size(ma));
+        CHECK(!ps_api_run_with_hooks(ma, t2, 1, 20, NULL, &oa, err, sizeof err) &&
+                  !ps_api_run_with_hooks(mb, t2, 1, 20, NULL, &ob, err, sizeof err),
+              "trained runs: %s", err);
+        if (oa && ob)
+            CHECK(bits_equal(logits_of(oa), logits_of(ob), 20 * ps_api_vocab_size(ma)),
+                  "train stopped after step 5 and resumed != the run never stopped");
+        ps_api_output_free(oa);
+        ps_api_output_free(ob);
+    }
+    ps_api_close(ma);
+    ps_api_close(mb);
+}
+
 int main(int argc, char **argv) {
     if (argc < 3) {
         fprintf(stderr, "usage: test_api BUILD_DIR SOURCE_DIR\n");
@@ -756,6 +921,8 @@ int main(int argc, char **argv) {
                      "curve.residues.accuracy");
     check_instrument("data/models/w8s8", "knockout", "{\"n\": 8, \"layers\": [0], \"heads\": [0, 1], \"target\": \"raw\"}",
                      "--n 8 --layers 0 --heads 0,1 --target raw", "knockout.json", "grid.cells.residues.delta_nll");
+
+    check_progress();
 
     char rm[600];
     snprintf(rm, sizeof rm, "rm -rf %s", TMP);

@@ -371,10 +371,11 @@ static int hand_patch_hook(const ps_hook_event *ev, void *u, ps_error *e) {
 }
 
 static int64_t progress_done, progress_total;
-static void progress_fn(int64_t done, int64_t total, void *user) {
+static int progress_fn(int64_t done, int64_t total, void *user) {
     (void)user;
     progress_done = done;
     progress_total = total;
+    return 0;
 }
 
 static int close_to(double a, double b) { return fabs(a - b) <= 1e-5 * (1 + fabs(b)); }

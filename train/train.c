@@ -836,11 +836,17 @@ int ps_train(const ps_train_cfg *c, const char *dir, int resume, int64_t stop_af
             }
             if (do_gates) log_gates(&s, done_steps);
         }
-        if (done_steps % c->checkpoint_every == 0 || done_steps == end) {
+        int saved = done_steps % c->checkpoint_every == 0 || done_steps == end;
+        if (saved) {
             int sv = root ? save_checkpoint(&s, done_steps, err) : 0;
             if (R > 1 ? dist_checkpoint(&s, done_steps, sv, err) : sv) goto done;
         }
-        if (fn && root) fn(&pr, user);
+        if (fn && root && fn(&pr, user) && R == 1) { /* the caller stopped the run: resumable from this step */
+            if (!saved && save_checkpoint(&s, done_steps, err)) goto done;
+            ps_fail(err, "cancelled after step %lld of %lld (checkpoint at step %lld in %s: --resume continues)",
+                    (long long)done_steps, (long long)c->steps, (long long)done_steps, dir);
+            goto done;
+        }
     }
     ps_dist_set_stall_limit(0);
     rc = 0;

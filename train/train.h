@@ -50,7 +50,10 @@ typedef struct {
     double eval_accuracy; /* < 0 when this step did not evaluate */
 } ps_train_progress;
 
-typedef void (*ps_train_progress_fn)(const ps_train_progress *p, void *user);
+/* Called on rank 0 after each step; returns 0 to go on, non-zero to stop: a run of one process then saves
+ * a checkpoint at that step (unless the schedule just did) and fails with "cancelled after step N of
+ * TOTAL" (--resume continues it); under MPI the ranks go on (they take every step together). */
+typedef int (*ps_train_progress_fn)(const ps_train_progress *p, void *user);
 
 /* Train into out_dir. resume: continue from out_dir's checkpoint (its config must equal c). stop_after >= 0
  * ends the run (with a checkpoint) after that many total steps, as an interruption would (tests). */

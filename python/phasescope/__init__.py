@@ -6,8 +6,11 @@ over libphasescope.so (include/phasescope.h) through ctypes. docs/python.md desc
     logits, cache = model.run_with_cache(tokens, names=lambda n: n.endswith("hook_ck"))
     logits = model.run_with_hooks(tokens, fwd_hooks=[("blocks.10.attn.hook_ck", ps.actions.zero(head=3))])
     r = ps.knockout(model, n=16, layers=[10, 11], method="atp", verify=4)
+
+Long calls release the GIL, take progress=fn(done, total) (a truthy return stops them: ps.Cancelled) and
+stop on Ctrl-C (KeyboardInterrupt), the model usable after.
 """
-from .errors import PhasescopeError
+from .errors import Cancelled, PhasescopeError
 from . import _lib
 from . import actions
 from .model import ActivationCache, Model, load
@@ -25,6 +28,6 @@ def devices():
     return [d.strip() for d in _lib.text(_lib.lib.ps_api_devices()).split(",") if d.strip()]
 
 
-__all__ = ["PhasescopeError", "actions", "ActivationCache", "Model", "load", "Tokenizer", "Figure", "Result", "fillers",
+__all__ = ["PhasescopeError", "Cancelled", "actions", "ActivationCache", "Model", "load", "Tokenizer", "Figure", "Result", "fillers",
            "gatecycle", "gates", "instruments", "knockout", "probe", "run", "sweep", "train", "devices",
            "library_path", "API_VERSION"]

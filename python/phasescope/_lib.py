@@ -13,10 +13,11 @@ import os
 
 from .errors import PhasescopeError
 
-API_VERSION = 1  # include/phasescope.h's PS_API_VERSION this binding was written against
+API_VERSION = 2  # include/phasescope.h's PS_API_VERSION this binding was written against
 
 EFAIL = 1
 EINPUT = 2
+ECANCELLED = 3
 ZERO, SET, ADD, MEAN_REPLACE, PATCH = 1, 2, 3, 4, 5
 
 ERRLEN = 8192
@@ -31,6 +32,8 @@ c_int_p = ctypes.POINTER(ctypes.c_int)
 HOOK_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p, c_float_p, c_int64_p, ctypes.c_int, ctypes.c_void_p)
 # typedef int (*ps_api_filter_fn)(const char *name, void *user);
 FILTER_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
+# typedef int (*ps_api_progress_fn)(int64_t done, int64_t total, void *user);
+PROGRESS_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p)
 
 
 def _prepare_env():
@@ -90,6 +93,7 @@ def _declare(lib):
         "ps_api_encode": (i, [P, ctypes.c_char_p, sz, i, ctypes.POINTER(c_int32_p), c_int64_p] + e),
         "ps_api_decode": (i, [P, c_int32_p, i64, i, ctypes.POINTER(P), ctypes.POINTER(sz)] + e),
         "ps_api_close": (None, [P]),
+        "ps_api_set_progress": (None, [P, PROGRESS_FN, V]),
         "ps_api_family": (s, [P]),
         "ps_api_path": (s, [P]),
         "ps_api_device": (s, [P]),
@@ -122,6 +126,7 @@ def _declare(lib):
         "ps_api_output_n_targets": (i64, [P]),
         "ps_api_instruments_json": (P, []),  # caller frees: a void * so ctypes does not copy and drop it
         "ps_api_instrument": (i, [P, s, s, ctypes.POINTER(P)] + e),
+        "ps_api_instrument_ex": (i, [P, s, s, PROGRESS_FN, V, ctypes.POINTER(P)] + e),
         "ps_api_result_free": (None, [P]),
         "ps_api_result_json": (s, [P]),
         "ps_api_result_kind": (s, [P]),
@@ -163,6 +168,9 @@ def check(rc, err, prefix=""):
     """Raise PhasescopeError with the C message when rc is not 0."""
     if rc:
         msg = err.value.decode("utf-8", "replace") or f"failed with code {rc}"
+        if rc == ECANCELLED:
+            from .errors import Cancelled
+            raise Cancelled(prefix + msg, code=rc)
         raise PhasescopeError(prefix + msg, code=rc)
 
 

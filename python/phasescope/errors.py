@@ -1,4 +1,5 @@
-"""errors.py — PhasescopeError: every failure of the library, carrying the C message."""
+"""errors.py — PhasescopeError: every failure of the library, carrying the C message; Cancelled: a call a
+progress callback stopped."""
 
 
 class PhasescopeError(Exception):
@@ -9,3 +10,9 @@ class PhasescopeError(Exception):
     def __init__(self, message, code=0):
         super().__init__(message)
         self.code = code
+
+
+class Cancelled(PhasescopeError):
+    """A long call stopped because its progress callback asked it to (progress= returned True): str(e) says
+    where ("cancelled after 3 of 16 batches"); e.code is 3 (PS_API_ECANCELLED). Ctrl-C raises
+    KeyboardInterrupt instead."""

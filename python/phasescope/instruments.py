@@ -10,7 +10,12 @@ the CLI's defaults and checks apply:
     r.figure()                               # its PNG (shown inline in a notebook)
 
 `model` is a ps.Model (its checkpoint and device), a checkpoint path, or None (the request's model=...,
-else the CLI's default)."""
+else the CLI's default).
+
+progress=fn: fn(done, total) after each unit of the run's work (batches, shifts, candidates, requests;
+each phase of a run that has several counts from 0 again); a truthy return stops the run there
+(ps.Cancelled). Ctrl-C stops it too (KeyboardInterrupt). Either way nothing of the run is kept and the
+model runs again as before (progress.py)."""
 import ctypes
 import json
 import math
@@ -23,6 +28,7 @@ import numpy as np
 from . import _lib
 from .errors import PhasescopeError
 from .model import Model
+from .progress import Call
 
 
 class Figure(bytes):
@@ -155,8 +161,9 @@ def request_json(flags):
     return json.dumps({k: _value(k, v) for k, v in flags.items() if v is not None})
 
 
-def run(name, model=None, **flags):
-    """Run instrument `name` (any of ps.instruments()) with the CLI's flags as keyword arguments."""
+def run(name, model=None, progress=None, _stop=None, **flags):
+    """Run instrument `name` (any of ps.instruments()) with the CLI's flags as keyword arguments;
+    progress=fn(done, total) as above."""
     h = None
     if isinstance(model, Model):
         h = model._handle()
@@ -167,8 +174,11 @@ def run(name, model=None, **flags):
     req = request_json(flags)
     out = ctypes.c_void_p()
     err = _lib.errbuf()
-    rc = _lib.lib.ps_api_instrument(h, _lib.enc(name), _lib.enc(req), ctypes.byref(out), err, _lib.ERRLEN)
-    _lib.check(rc, err)
+    call = Call(progress, _stop)
+    with call:
+        rc = _lib.lib.ps_api_instrument_ex(h, _lib.enc(name), _lib.enc(req), call.cb, None, ctypes.byref(out), err,
+                                           _lib.ERRLEN)
+    call.finish(rc, err)
     return Result(name, out)
 
 
@@ -220,33 +230,41 @@ def probe(**flags):
 def train(config, out, progress=None, poll_s=0.2, **flags):
     """`phasescope train --config CONFIG --out OUT` (resume=True, stop_after=N, init_from=DIR, ...).
     progress: called with each record of OUT/train.jsonl as the run writes it (a dict: step, loss, ...),
-    from this thread, while the training runs in another (the GIL is released meanwhile). Returns a
-    Result whose .dir is out; .log is the list of train.jsonl records."""
+    from this thread, while the training runs in another (the GIL is released meanwhile); a truthy
+    return stops the run (ps.Cancelled). Ctrl-C stops it too (KeyboardInterrupt). A stopped run keeps a
+    checkpoint at the step it stopped after (resume=True continues it). Returns a Result whose .dir is
+    out; .log is the list of train.jsonl records."""
     flags.update(config=os.fspath(config), out=os.fspath(out))
     if progress is None:
         res = run("train", None, **flags)
         res.log = _read_log(os.path.join(os.fspath(out), "train.jsonl"), 0)[0]
         return res
-    box = {}
+    box, stop = {}, threading.Event()
 
     def work():
         try:
-            box["res"] = run("train", None, **flags)
+            box["res"] = run("train", None, _stop=stop, **flags)
         except BaseException as e:
             box["exc"] = e
 
     t = threading.Thread(target=work, name="phasescope-train", daemon=True)
     log, seen, pos = os.path.join(os.fspath(out), "train.jsonl"), [], 0
     t.start()
-    while True:
-        done = not t.is_alive()
-        recs, pos = _read_log(log, pos)
-        for r in recs:
-            seen.append(r)
-            progress(r)
-        if done:
-            break
-        t.join(poll_s)
+    try:
+        while True:
+            done = not t.is_alive()
+            recs, pos = _read_log(log, pos)
+            for r in recs:
+                seen.append(r)
+                if not stop.is_set() and progress(r):
+                    stop.set()  # the worker's C call stops after its current step
+            if done:
+                break
+            t.join(poll_s)
+    except BaseException:  # Ctrl-C here, or progress raised: stop the training thread, then raise
+        stop.set()
+        t.join()
+        raise
     if "exc" in box:
         raise box["exc"]
     res = box["res"]

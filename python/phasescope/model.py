@@ -20,6 +20,7 @@ import numpy as np
 from . import _lib
 from .actions import Action
 from .errors import PhasescopeError
+from .progress import Call
 
 
 class _Owner:
@@ -272,21 +273,38 @@ class Model:
         gcache.n_targets = int(L.ps_api_output_n_targets(out))
         return logits, cache, gcache
 
-    def run_with_hooks(self, tokens, fwd_hooks=()):
+    @contextlib.contextmanager
+    def _progress(self, h, call):
+        """The model's progress callback (ps_api_set_progress) for one run: always on the cpu (Ctrl-C);
+        on a device only when progress= is given (there the callback's hook point is copied to the host
+        at each layer)."""
+        if call.fn is None and self.device != "cpu":
+            yield
+            return
+        _lib.lib.ps_api_set_progress(h, call.cb, None)
+        try:
+            with call:
+                yield
+        finally:
+            _lib.lib.ps_api_set_progress(h, _lib.PROGRESS_FN(), None)
+
+    def run_with_hooks(self, tokens, fwd_hooks=(), progress=None):
         """Forward with fwd_hooks = [(name or predicate, fn(activation, name) or ps.actions.*), ...];
         returns the logits [B, T, vocab] (float32). A function edits its activation (a float32 copy) in
         place or returns a replacement of the same shape and dtype; an exception in it aborts the pass
-        and is raised here (the model stays usable)."""
+        and is raised here (the model stays usable). progress: fn(layers done, layers), called as each
+        layer starts and at the end; a truthy return stops the pass (ps.Cancelled). Ctrl-C stops it too
+        (KeyboardInterrupt), the model usable after either."""
         toks = _as_tokens(tokens)
         run = _HookRun(self, fwd_hooks)
+        call = Call(progress)
         try:
             out = ctypes.c_void_p()
             err = _lib.errbuf()
-            with self._running() as h:
+            with self._running() as h, self._progress(h, call):
                 rc = _lib.lib.ps_api_run_with_hooks(h, toks.ctypes.data_as(_lib.c_int32_p), toks.shape[0], toks.shape[1],
                                                     run.h, ctypes.byref(out), err, _lib.ERRLEN)
-            if rc:
-                run.raise_failure(rc, err)
+            call.finish(rc, err, run.raise_failure)
         finally:
             run.close()
         return self._outputs(out, False, False)
@@ -295,12 +313,13 @@ class Model:
         """The logits [B, T, vocab] of tokens."""
         return self.run_with_hooks(tokens)
 
-    def run_with_cache(self, tokens, names=None, grads=False, targets=None, fwd_hooks=()):
+    def run_with_cache(self, tokens, names=None, grads=False, targets=None, fwd_hooks=(), progress=None):
         """Forward caching hook points: names a list of hook names (or one name), a predicate
         name -> bool, or None (every point). Returns (logits, cache); with grads=True
         (logits, cache, grads): grads maps each cached point the backward reaches to the gradient of the
         mean cross-entropy over targets ([B, T] ints, -1 for none; None: the next token), and has .loss
-        and .n_targets. fwd_hooks run in the same pass (cached values are after them)."""
+        and .n_targets. fwd_hooks run in the same pass (cached values are after them). progress and Ctrl-C:
+        as run_with_hooks."""
         toks = _as_tokens(tokens)
         B, T = toks.shape
         c_names, n_names, filt, filt_exc = None, 0, _lib.FILTER_FN(), []
@@ -332,16 +351,16 @@ class Model:
             if tg.shape != toks.shape:
                 raise PhasescopeError(f"targets: shape {list(tg.shape)}, the tokens' is {list(toks.shape)}")
         run = _HookRun(self, fwd_hooks)
+        call = Call(progress)
         try:
             out = ctypes.c_void_p()
             err = _lib.errbuf()
-            with self._running() as h:
+            with self._running() as h, self._progress(h, call):
                 rc = _lib.lib.ps_api_run_with_cache(
                     h, toks.ctypes.data_as(_lib.c_int32_p), B, T, c_names, n_names, filt, None, run.h,
                     1 if grads else 0, None if tg is None else tg.ctypes.data_as(_lib.c_int32_p), ctypes.byref(out), err,
                     _lib.ERRLEN)
-            if rc:
-                run.raise_failure(rc, err)
+            call.finish(rc, err, run.raise_failure)
         finally:
             run.close()
         res = self._outputs(out, True, grads)
