@@ -108,8 +108,8 @@ static int add_action(const ps_api_model *M, ps_hooks *h, const ps_api_hook_entr
         if (e->src_rank == ni && same_dims(e->src_shape, inner, ni)) a.every_pos = 1;
         else if (e->src_rank == ni + 1 && same_dims(e->src_shape + 1, inner, ni)) a.src_npos = e->src_shape[0];
         else {
-            ps_fail(err, "hook %s: the source is %s; %s takes [positions, %s] or one position %s", e->name, got,
-                    e->kind == PS_API_SET ? "set" : "add", want + 1, want);
+            ps_fail(err, "hook %s: the source is %s; %s takes [positions%s%s or one position %s", e->name, got,
+                    e->kind == PS_API_SET ? "set" : "add", ni ? ", " : "", want + 1, want);
             err->usage = 1;
             return -1;
         }
@@ -117,8 +117,8 @@ static int add_action(const ps_api_model *M, ps_hooks *h, const ps_api_hook_entr
     case PS_API_MEAN_REPLACE:
     case PS_API_PATCH:
         if (e->src_rank != ni + 2 || !same_dims(e->src_shape + 2, inner, ni)) {
-            ps_fail(err, "hook %s: the source is %s; %s takes [sequences, positions, %s]", e->name, got,
-                    e->kind == PS_API_PATCH ? "patch" : "mean_replace", want + 1);
+            ps_fail(err, "hook %s: the source is %s; %s takes [sequences, positions%s%s", e->name, got,
+                    e->kind == PS_API_PATCH ? "patch" : "mean_replace", ni ? ", " : "", want + 1);
             err->usage = 1;
             return -1;
         }

@@ -10,6 +10,7 @@
 #include "core/cpu_env.h"
 #include "core/fileio.h"
 #include "core/forward.h"
+#include "core/prefill.h"
 #include "core/v4/v4_config.h"
 #include "core/v4/v4_forward.h"
 #include "core/v4/v4_hooks.h"
@@ -19,11 +20,33 @@
 /* the families' descriptions of their configs (describe.c) */
 extern const char *const ps_model_attention_kinds[], *const ps_v4_attention_kinds[];
 int ps_model_describe_config(const json_t *cfg, ps_model_desc *d, ps_error *err);
+/* the families' knockout targets as data (ko_targets.c) */
+extern const char *const ps_model_ko_target_names[];
+int ps_model_ko_default(const ps_runtime *rt);
+int64_t ps_model_ko_heads(const ps_runtime *rt, int target);
+const char *ps_model_ko_unit(const ps_runtime *rt, int target);
+const char *ps_model_ko_missing(const ps_runtime *rt, int target, int layer, char *buf, size_t n);
+int ps_model_ko_arrays(const ps_runtime *rt, int target, ps_ko_array arr[PS_KO_MAX_ARRAYS], int *restart);
+int ps_model_ko_mean(const ps_runtime *rt, int target, const ps_ko_array *a, int layer, const int32_t *tokens, int64_t N,
+                     int64_t T, const double *sum, int64_t n_sum, float *mean, int64_t n_mean, ps_error *err);
+int ps_v4_ko_default(const ps_runtime *rt);
+int64_t ps_v4_ko_heads(const ps_runtime *rt, int target);
+const char *ps_v4_ko_unit(const ps_runtime *rt, int target);
+const char *ps_v4_ko_missing(const ps_runtime *rt, int target, int layer, char *buf, size_t n);
+int ps_v4_ko_arrays(const ps_runtime *rt, int target, ps_ko_array arr[PS_KO_MAX_ARRAYS], int *restart);
+int ps_v4_ko_mean(const ps_runtime *rt, int target, const ps_ko_array *a, int layer, const int32_t *tokens, int64_t N,
+                  int64_t T, const double *sum, int64_t n_sum, float *mean, int64_t n_mean, ps_error *err);
 int ps_v4_describe_config(const json_t *cfg, ps_model_desc *d, ps_error *err);
 
 /* ---- shared ---- */
 
 int ps_point_is_global(const ps_point_info *p) { return strstr(p->pattern, "{L}") == NULL; }
+
+int ps_runtime_point_index(const ps_runtime *rt, int point) {
+    for (int i = 0; i < rt->family->n_points; i++)
+        if (rt->family->points[i].point == point) return i;
+    return -1;
+}
 
 void ps_runtime_point_name(const ps_runtime *rt, int i, int layer, char *buf, size_t n) {
     const char *pat = rt->family->points[i].pattern, *at = strstr(pat, "{L}");
@@ -171,8 +194,37 @@ static int model_score_batch(const ps_batch *view, int64_t i0, ps_acts *a, void 
     return ps_acts_score(a, view, o->ok + i0 * view->max_q, o->lp + i0 * view->max_q, err);
 }
 
+/* Long prompts: one at a time through the chunked prefill, logits at the answer rows only. */
+static int model_score_long(const ps_model *m, const ps_batch *b, int *correct, double *logprob, ps_error *err) {
+    int64_t V = m->cfg.vocab_size, most = 0;
+    for (int64_t s = 0; s < b->B; s++) {
+        int64_t n = ps_answer_rows(b, s, NULL);
+        most = n > most ? n : most;
+    }
+    ps_prefill p;
+    if (ps_prefill_create(&p, m, b->T, PS_PREFILL_CHUNK, err)) return -1;
+    int64_t *pos = malloc((size_t)(most ? most : 1) * sizeof *pos);
+    float *rows = malloc((size_t)((most ? most : 1) * V) * sizeof(float));
+    int rc = pos && rows ? 0 : ps_fail(err, "out of memory for the logits of %lld answer rows", (long long)most);
+    for (int64_t s = 0; s < b->B && !rc; s++) {
+        int64_t n = ps_answer_rows(b, s, pos);
+        rc = ps_prefill_logits(&p, b->tokens + s * b->T, b->T, pos, n, rows, err);
+        if (!rc) ps_score_query_rows(b, s, rows, V, correct + s * b->max_q, logprob + s * b->max_q);
+    }
+    free(pos);
+    free(rows);
+    ps_prefill_free(&p);
+    return rc;
+}
+
+/* forward batches (ps_forward_batches); prompts longer than PS_LONG_CONTEXT through the chunked prefill */
 static int model_score(const ps_runtime *rt, const ps_batch *b, int64_t batch, const ps_hooks *h, int *ok, double *lp,
                        ps_error *err) {
+    if (b->T > PS_LONG_CONTEXT) {
+        if (h) return ps_fail(err, "hooks on prompts of %lld tokens: long prompts run in chunks (prefill), which fires no hooks (at most %d tokens)",
+                              (long long)b->T, PS_LONG_CONTEXT);
+        return model_score_long(model_of(rt), b, ok, lp, err);
+    }
     score_out o = {ok, lp};
     return ps_forward_batches(model_of(rt), b, batch, false, h, model_score_batch, &o, err);
 }
@@ -364,6 +416,16 @@ const ps_family ps_family_model = {
     .early_stop = 0,
     .describe_config = ps_model_describe_config,
     .kinds = ps_model_attention_kinds,
+    .title = "phasescope",
+    .task_file = 0,
+    .ko_targets = ps_model_ko_target_names,
+    .ko_heads_what = "KV heads",
+    .ko_default = ps_model_ko_default,
+    .ko_heads = ps_model_ko_heads,
+    .ko_unit = ps_model_ko_unit,
+    .ko_missing = ps_model_ko_missing,
+    .ko_arrays = ps_model_ko_arrays,
+    .ko_mean = ps_model_ko_mean,
 };
 
 const ps_model *ps_runtime_controlled(const ps_runtime *rt) { return rt->family == &ps_family_model ? rt->model : NULL; }
@@ -880,6 +942,16 @@ const ps_family ps_family_v4 = {
     .early_stop = 1,
     .describe_config = ps_v4_describe_config,
     .kinds = ps_v4_attention_kinds,
+    .title = "DeepSeek-V4",
+    .task_file = 1,
+    .ko_targets = ps_v4_ko_targets,
+    .ko_heads_what = "query heads",
+    .ko_default = ps_v4_ko_default,
+    .ko_heads = ps_v4_ko_heads,
+    .ko_unit = ps_v4_ko_unit,
+    .ko_missing = ps_v4_ko_missing,
+    .ko_arrays = ps_v4_ko_arrays,
+    .ko_mean = ps_v4_ko_mean,
 };
 
 /* ---- opening ---- */
@@ -887,11 +959,14 @@ const ps_family ps_family_v4 = {
 /* DeepSeek-V4 first: its detector is specific; the controlled model's loader judges every other directory */
 const ps_family *const ps_families[] = {&ps_family_v4, &ps_family_model, NULL};
 
-const ps_family *ps_runtime_detect(const char *dir) {
-    for (int i = 0; ps_families[i]; i++)
-        if (ps_families[i]->detect(dir)) return ps_families[i];
+const ps_family *ps_runtime_detect_in(const ps_family *const *families, const char *dir) {
+    if (!families) families = ps_families;
+    for (int i = 0; families[i]; i++)
+        if (families[i]->detect && families[i]->detect(dir)) return families[i];
     return &ps_family_model;
 }
+
+const ps_family *ps_runtime_detect(const char *dir) { return ps_runtime_detect_in(ps_families, dir); }
 
 static int open_with(ps_runtime *rt, const ps_family *f, const char *dir, const ps_runtime_opts *o,
                      void *(*storage)(const ps_family *f, void *user), void *user, ps_error *err) {
@@ -914,6 +989,11 @@ int ps_runtime_open_into(ps_runtime *rt, const char *dir, const ps_runtime_opts 
 
 int ps_runtime_open_family(ps_runtime *rt, const ps_family *f, const char *dir, const ps_runtime_opts *o, ps_error *err) {
     return open_with(rt, f, dir, o, NULL, NULL, err);
+}
+
+int ps_runtime_open_in(ps_runtime *rt, const ps_family *const *families, const char *dir, const ps_runtime_opts *o,
+                       ps_error *err) {
+    return open_with(rt, ps_runtime_detect_in(families, dir), dir, o, NULL, NULL, err);
 }
 
 int ps_runtime_open(ps_runtime *rt, const char *dir, const ps_runtime_opts *o, ps_error *err) {

@@ -6,10 +6,11 @@
  * one, a restart from a layer); the scoring of answer rows (core/batch.h); its hook points as a table
  * (name pattern, shape for B sequences of T tokens, head axis, the layers that have it); its config as
  * JSON and the config hash for provenance; its default phase period; the description of a config it
- * wrote (display label, attention kind, what readers of its results need: ps_model_desc). An opened checkpoint is a
- * ps_runtime: the family, its context, its layers and longest prompt, its model. The instruments add
- * their own table of what they run on a family (rt->ops, interventions/grid.h) and the prompts' mapping
- * (rt->aux); core never reads those two.
+ * wrote (display label, attention kind, what readers of its results need: ps_model_desc); where the instruments'
+ * prompts come from and its knockout targets, as data. An opened checkpoint is a ps_runtime: the family, its
+ * context, its layers and longest prompt, its model. The instruments add the table of what is not yet data of
+ * the family (rt->ops, interventions/grid.h: gates, gate cycling, attribution patching) and the prompts'
+ * mapping (rt->token_map); core never reads those.
  *
  * ps_runtime_open(rt, dir, opts, err) asks every registered family (ps_families) whether it recognises
  * DIR/config.json and opens it with the one that does. Adding a family: docs/design.md, "Adding a model
@@ -44,7 +45,7 @@ typedef struct {
     const char *comp_what; /* a knockout of the compressed entries, in words (NULL: the usual wording) */
     int64_t kv_stride;     /* positions per cached key/value entry (a compressed model's stride; 1: one per position) */
 } ps_model_desc;
-struct ps_runtime_ops; /* the instruments' table of a family (interventions/grid.h) */
+struct ps_runtime_ops; /* the instruments' table of what is not yet data of a family (interventions/grid.h) */
 
 /* An opened checkpoint: `family` is the core table every caller reaches the model through; `model` is the
  * family's own (only its family's code reads it: ps_runtime_controlled for the controlled model's). */
@@ -54,7 +55,8 @@ struct ps_runtime {
     int64_t max_pos;       /* longest prompt the model takes */
     int64_t n_layers;      /* the model's layers */
     void *model;           /* the family's model (ps_model, ps_v4_model, ...) */
-    const void *aux;       /* the instruments' prompt mapping (DeepSeek-V4: its ps_v4_task), or NULL */
+    const int32_t *token_map; /* the instruments' prompt mapping: task token id -> model id (a task file's "ids"), or NULL */
+    int64_t n_token_map;
     const ps_family *family; /* the family's table */
     int owns_model;        /* ps_runtime_free frees `model` (and its storage when the family allocated it) */
     int model_allocated;   /* `model` was allocated by the open (no caller storage) */
@@ -76,6 +78,21 @@ typedef struct {
     int point;             /* the point's number in the family's hook enumeration (ps_hook_point, ps_v4_hook_point) */
     const char *what;      /* one line */
 } ps_point_info;
+
+/* ---- knockout targets as data (what interventions/' one mean-replacement spec reads) ----
+ * A family's knockout target replaces, at each chosen layer, one to four arrays by their mean over the prompts of
+ * the same shift, position by position: the clean run sums the array at `sum_point` (a backend-side sum action),
+ * and a cell sets `set_point` from the mean (a set action on the cell's head, or on the whole array for a
+ * per-layer target). The sizes come from the family's point_shape ([B, npos, ...]: the mean is [npos, ...]). */
+#define PS_KO_MAX_ARRAYS 4
+typedef struct {
+    int sum_point;   /* the point (its number in the family's hook enumeration) whose values the clean run sums */
+    int set_point;   /* the point a cell sets from the mean (the sum point, or where a choice made from it goes) */
+    int fix;         /* 1: the family finishes the mean on the host (ko_mean: content chunk counts, a choice) */
+} ps_ko_array;
+/* where the cells of a target may restart from the kept state of their batch's run (interventions/grid.h's
+ * ps_grid_restart has the same values) */
+enum { PS_KO_RESTART_NONE = 0, PS_KO_RESTART_ATTENTION = 1 };
 
 /* Options of an open. */
 typedef struct {
@@ -158,6 +175,28 @@ struct ps_family {
      * "KEY: what is wrong", KEY the path within the config, e.g. "attention.rate: missing") */
     int (*describe_config)(const json_t *config, ps_model_desc *d, ps_error *err);
     const char *const *kinds;            /* the attention kinds (config.attention.kind) describe_config knows */
+    /* its name in messages ("DeepSeek-V4"; NULL: `name`), and where the instruments' prompts come from: 0 the task
+     * the checkpoint stores (meta "phasescope.task"), 1 a task file (--task FILE.json or DIR/phasescope_task.json,
+     * its "ids" mapping the task's tokens to the model's: interventions/shifted.h, ps_task_file_load) */
+    const char *title;
+    int task_file;
+
+    /* knockout (docs/design.md, "Knockout grid"): the targets (names, NULL-terminated; NULL: the family has
+     * none), what --heads counts ("KV heads"), the default target of this model, how many heads a target's
+     * cells choose from (0: one cell per layer), what a cell is in the result ("query head", "layer"; NULL: not
+     * recorded), whether a layer (-1: the model as a whole) has what a target replaces (NULL, or why not in
+     * buf), the arrays it replaces (ps_ko_array; returns how many, *restart a PS_KO_RESTART_*), and the host
+     * step of a `fix` array: sum [n_sum] the clean run's sums over the N prompts tokens [N, T] of the shift,
+     * mean [n_mean] in: ps_sum_to_mean's means when the set point is the sum point, out: the mean the cells set */
+    const char *const *ko_targets;
+    const char *ko_heads_what;
+    int (*ko_default)(const ps_runtime *rt);
+    int64_t (*ko_heads)(const ps_runtime *rt, int target);
+    const char *(*ko_unit)(const ps_runtime *rt, int target);
+    const char *(*ko_missing)(const ps_runtime *rt, int target, int layer, char *buf, size_t n);
+    int (*ko_arrays)(const ps_runtime *rt, int target, ps_ko_array arr[PS_KO_MAX_ARRAYS], int *restart);
+    int (*ko_mean)(const ps_runtime *rt, int target, const ps_ko_array *a, int layer, const int32_t *tokens, int64_t N,
+                   int64_t T, const double *sum, int64_t n_sum, float *mean, int64_t n_mean, ps_error *err);
 };
 
 /* The registered families, in the order a checkpoint is tried; NULL-terminated. */
@@ -175,6 +214,12 @@ int ps_runtime_open(ps_runtime *rt, const char *dir, const ps_runtime_opts *o, p
  * bytes), or NULL to allocate it. ps_runtime_free frees the model but not caller storage. */
 int ps_runtime_open_into(ps_runtime *rt, const char *dir, const ps_runtime_opts *o,
                          void *(*storage)(const ps_family *f, void *user), void *user, ps_error *err);
+/* The same over a list of families (NULL-terminated; NULL: ps_families), e.g. the shipped ones and a family
+ * defined by the caller: the first whose detector recognises DIR opens it (the controlled model when none
+ * does). No registry is kept: the caller passes its list to each open (serve: ps_serve_opts.families). */
+const ps_family *ps_runtime_detect_in(const ps_family *const *families, const char *dir);
+int ps_runtime_open_in(ps_runtime *rt, const ps_family *const *families, const char *dir, const ps_runtime_opts *o,
+                       ps_error *err);
 /* Open DIR with the given family table (one that ps_families does not list: a family defined by its
  * user, e.g. the toy family of tests/test_toy_family.c). */
 int ps_runtime_open_family(ps_runtime *rt, const ps_family *f, const char *dir, const ps_runtime_opts *o, ps_error *err);
@@ -211,6 +256,8 @@ const char *ps_config_type_name(const json_t *v);
 void ps_runtime_point_layers(const ps_runtime *rt, int i, char *buf, size_t n);
 /* The hook name of point i at layer l (the pattern with {L} replaced). */
 void ps_runtime_point_name(const ps_runtime *rt, int i, int layer, char *buf, size_t n);
+/* The index in the family's points table of point number `point` (-1: none). */
+int ps_runtime_point_index(const ps_runtime *rt, int point);
 /* Whether a point's pattern has a layer. */
 int ps_point_is_global(const ps_point_info *p);
 

@@ -101,7 +101,7 @@ static int run(const ps_args *a, ps_error *err) {
         if (!nl) bad = ps_cli_usage(err, "%s", first ? why : "no layer has what the target replaces");
     }
     if (!bad && nh_max > 0)
-        bad = model_list(a, "--heads", nh_max, rt->ops->ko_heads_what, heads, &nh, err);
+        bad = model_list(a, "--heads", nh_max, ps_knockout_heads_what(rt), heads, &nh, err);
     else if (!bad) {
         if (ps_args_get(a, "--heads"))
             bad = ps_cli_usage(err, "--heads: --target %s replaces whole layers (--heads goes with --target heads)", tname);

@@ -151,6 +151,7 @@ int ps_gatecycle_command(const ps_args *a, const ps_gatecycle_request *rq, ps_er
     int bad = ps_instr_setup(&in, a, 1, err);
     const ps_runtime *rt = &in.rt;
     q.model_dir = in.model_dir;
+    if (!bad && !rt->ops) bad = ps_fail(err, "%s: phasescope does not cycle the gates of %s checkpoints", in.model_dir, rt->family->name);
     if (!bad) bad = rt->ops->gc_check(rt, &q, err);
     /* the per-head measure: the family's "compressed" knockout of the cycled heads */
     int target = -1, nh = 0;

@@ -28,6 +28,7 @@ int ps_gates_command(const ps_args *a, const ps_gates_request *rq, ps_error *err
     int bad = ps_instr_setup(&in, a, 1, err);
     const ps_runtime *rt = &in.rt;
     const ps_runtime_ops *ops = rt->ops;
+    if (!bad && !ops) bad = ps_fail(err, "%s: %s checkpoints have no gate statistics in phasescope", in.model_dir, rt->family->name);
     if (!bad && ops->gates_missing(rt, why, sizeof why)) bad = ps_fail(err, "%s", why);
     if (!bad) {
         bad = ps_make_shifted(&in.base, &in.task, in.fam, PS_SWEEP_PAD, 1, 0, in.seed, rt->max_pos, &s, err);

@@ -83,7 +83,7 @@ static int grid_pass(const ko_pass *ps, ps_partial *part, const unsigned char *m
     json_t *jl = json_array(), *jh = json_array();
     for (int i = 0; i < nl; i++) json_array_append_new(jl, json_integer(ps->layers[i]));
     for (int i = 0; i < nh; i++) json_array_append_new(jh, json_integer(ps->heads[i]));
-    const char *unit = rt->ops->ko_unit(rt, ps->target);
+    const char *unit = ps_knockout_unit(rt, ps->target);
     json_t *meta = json_pack("{s:o, s:I, s:s, s:o, s:o, s:I, s:b, s:s}", "provenance", ps_instr_provenance(in, "pad"), "period",
                              (json_int_t)in->P, "target", ps->tname, "layers", jl, "heads", jh, "max_q", (json_int_t)maxq,
                              "last_first", last_first, "method", ps->atp ? "atp" : "exact");

@@ -160,7 +160,11 @@ int ps_probe_command(const ps_args *a, ps_error *err) {
         if (like_dir) {
             if (ps_model_load(&like, like_dir, err)) goto done;
             have_like = 1;
-            if (!P) P = like.cfg.kind == PS_ATTN_COMPRESSED ? like.cfg.stride : like.cfg.kind == PS_ATTN_CHANNEL ? like.cfg.rate : 8;
+            if (!P) { /* the model's default period, as its family computes it for every instrument */
+                ps_runtime lrt;
+                ps_runtime_wrap_model(&lrt, &like);
+                P = ps_runtime_default_period(&lrt);
+            }
             if (!lay.tokenizer) {
                 have_trained = ps_textkv_checkpoint_task(&like, like_dir, &trained, err);
                 if (have_trained < 0) goto done;

@@ -47,63 +47,11 @@ static char *command_line_unsharded(const ps_args *a) {
     return s;
 }
 
-/* ---- what the instruments add to each family (its core runtime: core/runtime.h) ----
- * The runtime owns the model (ps_runtime_open); each family adds here only the instruments' table and the
- * prompts' task: the controlled model's stored task, a DeepSeek-V4 checkpoint's task file (--task FILE or
- * DIR/phasescope_task.json) with its token mapping, recorded in provenance as "task_source". */
-
-/* the instruments' table and mapping, from the interventions/ constructor of the family's runtime */
-static void take_ops(ps_runtime *rt, const ps_runtime *made) {
-    rt->ops = made->ops;
-    rt->aux = made->aux;
-}
-
-static int model_bind(ps_instr *in, const char *task_flag, int need_task, ps_error *err) {
-    (void)task_flag; /* sweep's --task model|text-kv (any other value was refused before the open) */
-    const ps_model *m = in->rt.model;
-    ps_runtime made;
-    ps_runtime_model(&made, m);
-    take_ops(&in->rt, &made);
-    return need_task ? ps_model_task(m, in->model_dir, &in->task, err) : 0;
-}
-
-static int v4_bind(ps_instr *in, const char *task_flag, int need_task, ps_error *err) {
-    (void)need_task; /* the prompts always come from the task file */
-    ps_v4_model *m = in->rt.model;
-    const ps_v4_config *c = &m->cfg;
-    if (ps_v4_task_load(&in->v4_task, task_flag, in->model_dir, c->vocab_size, c->max_position_embeddings, err)) {
-        if (task_flag) ps_fail_prefix(err, "--task: ");
-        return -1;
-    }
-    in->task = in->v4_task.task;
-    ps_runtime made;
-    ps_v4_runtime(&made, m, &in->v4_task);
-    take_ops(&in->rt, &made);
-    return 0;
-}
-
-static void v4_unbind(ps_instr *in) { ps_v4_task_free(&in->v4_task); }
-
-static json_t *v4_task_source(const ps_instr *in) { return ps_v4_task_source_json(&in->v4_task); }
-
-typedef struct {
-    const ps_family *family;
-    int task_file;       /* the prompts come from a task file: the evaluation set is always built */
-    int (*bind)(ps_instr *in, const char *task_flag, int need_task, ps_error *err);
-    void (*unbind)(ps_instr *in);
-    json_t *(*task_source)(const ps_instr *in);
-} instr_binding;
-
-static const instr_binding BINDINGS[] = {
-    {&ps_family_model, 0, model_bind, NULL, NULL},
-    {&ps_family_v4, 1, v4_bind, v4_unbind, v4_task_source},
-};
-
-static const instr_binding *binding(const ps_family *f) {
-    for (size_t i = 0; i < sizeof BINDINGS / sizeof BINDINGS[0]; i++)
-        if (BINDINGS[i].family == f) return &BINDINGS[i];
-    return NULL;
-}
+/* ---- the prompts' task: the family's data says where it comes from (core/runtime.h: task_file) ----
+ * The runtime owns the model (ps_runtime_open); the instruments add the task: the one a checkpoint stores
+ * (the family's meta "phasescope.task"), or, for a family whose checkpoints carry none, a task file (--task
+ * FILE or DIR/phasescope_task.json) whose ids map the task's tokens to the model's (rt.token_map), recorded in
+ * provenance as "task_source"; and the table of what is not yet data of the family (ps_runtime_ops_of). */
 
 int ps_instr_setup(ps_instr *in, const ps_args *a, int need_task, ps_error *err) {
     in->command = a->cmd->name;
@@ -122,13 +70,12 @@ int ps_instr_setup(ps_instr *in, const ps_args *a, int need_task, ps_error *err)
     ps_error dir_err = {0};
     int bad_dir = ps_cli_model_dir(ps_args_get(a, "--model"), in->model_dir, sizeof in->model_dir, &dir_err);
     const ps_family *fam = ps_runtime_detect(bad_dir ? "" : in->model_dir);
-    const instr_binding *bd = binding(fam);
-    if (!bd) return ps_fail(err, "%s: the instruments do not run on %s checkpoints", in->model_dir, fam->name);
+    int task_file = fam->task_file;
     /* the cheap refusal first: a task file for a family that carries its task */
-    if (!bd->task_file && task_flag && strcmp(task_flag, "model") && strcmp(task_flag, "text-kv"))
+    if (!task_file && task_flag && strcmp(task_flag, "model") && strcmp(task_flag, "text-kv"))
         return ps_cli_usage(err, "--task %s: a task file applies to DeepSeek-V4 checkpoints (a phasescope model carries the task it was trained on)",
                             task_flag);
-    if (bd->task_file && task_flag && (!strcmp(task_flag, "model") || !strcmp(task_flag, "text-kv")))
+    if (task_file && task_flag && (!strcmp(task_flag, "model") || !strcmp(task_flag, "text-kv")))
         return ps_cli_usage(err, "--task %s: a %s checkpoint takes its prompts from a task file (--task FILE.json); %s needs a "
                                  "phasescope model",
                             task_flag, fam->name, !strcmp(task_flag, "text-kv") ? "the text-kv sweep" : "a stored task");
@@ -154,8 +101,20 @@ int ps_instr_setup(ps_instr *in, const ps_args *a, int need_task, ps_error *err)
     if (ps_fillers_load(PS_SOURCE_DIR "/data/fillers.json", &in->fams, &in->n_fams, err) ||
         ps_fillers_find(in->fams, in->n_fams, family, &in->fam, err))
         return in->fams && family ? ps_cli_mark_usage(err) : -1;
-    need_task = need_task || bd->task_file;
-    if (bd->bind(in, task_flag, need_task, err)) return -1;
+    in->rt.ops = ps_runtime_ops_of(in->rt.family);
+    if (task_file) { /* the prompts always come from the task file */
+        need_task = 1;
+        if (ps_task_file_load(&in->task_file, task_flag, in->model_dir, in->rt.family->title ? in->rt.family->title : in->rt.family->name,
+                              in->rt.family->vocab(&in->rt), in->rt.max_pos, err)) {
+            if (task_flag) ps_fail_prefix(err, "--task: ");
+            return -1;
+        }
+        in->has_task_file = 1;
+        in->task = in->task_file.task;
+        in->rt.token_map = in->task_file.ids;
+        in->rt.n_token_map = in->task_file.n_ids;
+    } else if (need_task && ps_runtime_task(&in->rt, in->model_dir, &in->task, err))
+        return -1;
     if (!need_task) return 0;
     if (ps_batch_alloc(&in->base, in->n_prompts, in->task.seq_len, in->task.n_queries, err)) return -1;
     if (ps_task_generate(&in->task, in->seed ^ 0xe7a1ULL, &in->base, err)) return -1;
@@ -168,8 +127,7 @@ void ps_instr_free(ps_instr *in) {
     free(in->fams);
     ps_batch_free(&in->base);
     if (in->rt.family) {
-        const instr_binding *bd = binding(in->rt.family);
-        if (bd && bd->unbind) bd->unbind(in);
+        if (in->has_task_file) ps_task_file_free(&in->task_file);
         ps_runtime_free(&in->rt);
     } else /* a command that loaded `m` itself (fillers, sweep --task text-kv) */
         ps_model_free(&in->m);
@@ -184,7 +142,6 @@ json_t *ps_instr_provenance(const ps_instr *in, const char *mode) {
         ps_runtime_wrap_model(&own, &in->m);
         rt = &own;
     }
-    const instr_binding *bd = binding(rt->family);
     char hash[17] = "";
     rt->family->config_hash(rt, hash);
     json_object_set_new(o, "command", json_string(in->cmdline ? in->cmdline : in->command));
@@ -210,7 +167,7 @@ json_t *ps_instr_provenance(const ps_instr *in, const char *mode) {
         json_object_set_new(o, "kind", json_string(md.kind));
     }
     if (in->base.B) json_object_set_new(o, "task", ps_task_to_json(&in->task));
-    if (bd && bd->task_source) json_object_set_new(o, "task_source", bd->task_source(in));
+    if (in->has_task_file) json_object_set_new(o, "task_source", ps_task_file_source_json(&in->task_file));
     json_object_set_new(ev, "n_prompts", json_integer(in->n_prompts));
     json_object_set_new(ev, "period", json_integer(in->P));
     json_object_set_new(ev, "family", json_string(in->fam ? in->fam->name : ""));

@@ -10,6 +10,7 @@
 #include "experiments/cli.h"
 #include "interventions/grid.h"
 #include "core/model.h"
+#include "interventions/taskfile.h"
 #include "interventions/v4_instr.h"
 #include "dist/partial.h"
 #include "experiments/progress.h"
@@ -58,18 +59,20 @@ typedef struct {
     int shard, n_shards; /* --shard I/N (0/1 without it) */
     /* the checkpoint, opened through its family (core/runtime.h: ps_runtime_open): the runtime every
      * instrument calls; it owns the model (`m` above is only a model a command loads itself). A DeepSeek-V4
-     * checkpoint's task file `v4_task` gives `task`. */
+     * checkpoint's task file `task_file` gives `task`. */
     ps_runtime rt;
-    ps_v4_task v4_task;
+    ps_task_file task_file; /* the prompts' task file (a family whose checkpoints carry no task: core's task_file) */
+    int has_task_file;
     ps_cli_progress_fn progress; /* the caller's (ps_args.progress), or NULL */
     void *progress_user;
 } ps_instr;
 
 /* Reads the PS_INSTR_FLAGS of a (whose table must hold them) and opens the checkpoint with
- * ps_runtime_open, which picks the family (a phasescope model, or a DeepSeek-V4 checkpoint with --task
- * FILE or DIR/phasescope_task.json: interventions/v4_instr.h); in->rt is its runtime, with the
- * instruments' table (rt.ops) and the prompts' mapping (rt.aux) of the family. need_task: build the
- * evaluation set from the stored task (always, for a family whose prompts come from a task file). */
+ * ps_runtime_open, which picks the family; in->rt is its runtime, with the instruments' table of what is not
+ * yet the family's data (rt.ops: ps_runtime_ops_of) and, for a family whose checkpoints carry no task (its
+ * task_file), the task file (--task FILE or DIR/phasescope_task.json: interventions/taskfile.h) and its
+ * token mapping (rt.token_map). need_task: build the evaluation set from the stored task (always, for a family
+ * whose prompts come from a task file). */
 int ps_instr_setup(ps_instr *in, const ps_args *a, int need_task, ps_error *err);
 void ps_instr_free(ps_instr *in);
 

@@ -19,7 +19,7 @@ int ps_atp_default_fix(const ps_runtime *rt) {
 }
 
 const char *ps_atp_fix_missing(const ps_runtime *rt, int fix, char *buf, size_t n) {
-    if (!rt->ops->atp_spec) {
+    if (!rt->ops || !rt->ops->atp_spec) {
         snprintf(buf, n, "--method atp: %s checkpoints have no backward pass in phasescope, so there are no gradients to "
                          "attribute with (use --method exact)", rt->family->name);
         return buf;
@@ -140,7 +140,7 @@ static int recompute_attention(model_atp *A, const ps_runtime *rt, const ps_grid
                 rc = ps_copy_blocks(ctx, G.ck, hd, 0, P.ck + gk * hd, kd, 0, B * nW, 1, hd, 0, 0.0f) ||
                      ps_copy_blocks(ctx, G.cv, hd, 0, P.cv + gk * hd, kd, 0, B * nW, 1, hd, 0, 0.0f);
             for (int i = 0; i < 4 && !rc; i++) {
-                const float *mean = ps_model_ko_mean(&A->ko, li, POINTS[i]);
+                const float *mean = ps_ko_spec_mean(&A->ko, li, POINTS[i]);
                 if (mean) rc = ps_head_set(ctx, point_of(&G, POINTS[i]), mean + gk * hd, kd, B, i < 2 ? T : nW, 1, hd, 0, 0, B);
             }
             if (!rc) rc = ps_attn_forward(ctx, G.z, G.lse, G.q, G.k, G.v, G.ck, G.cv, &g1);
@@ -177,7 +177,7 @@ static int grad_hooks(model_atp *A, const ps_runtime *rt, const ps_grid_shift *s
             continue;
         }
         for (int i = 0; i < 4; i++) {
-            const float *mean = ps_model_ko_mean(&A->ko, li, POINTS[i]);
+            const float *mean = ps_ko_spec_mean(&A->ko, li, POINTS[i]);
             if (!mean) continue;
             ps_hook_name(name, sizeof name, l, POINTS[i]);
             act.src = mean;
@@ -274,7 +274,7 @@ int ps_model_atp_spec(const ps_runtime *rt, int target, const int *heads, int n_
     if (ps_atp_fix_missing(rt, fix, why, sizeof why)) return ps_fail(err, "%s", why);
     model_atp *A = calloc(1, sizeof *A);
     if (!A) return ps_fail(err, "out of memory");
-    if (ps_model_ko_spec(rt, target, heads, n_heads, &A->ko, err)) {
+    if (ps_ko_spec(rt, target, heads, n_heads, &A->ko, err)) {
         free(A);
         return -1;
     }
@@ -290,7 +290,7 @@ void ps_model_atp_spec_free(const ps_runtime *rt, ps_grid_spec *spec) {
     model_atp *A = spec->self;
     if (!A) return;
     scratch_free(A, rt->ctx);
-    ps_model_ko_spec_free(&A->ko);
+    ps_ko_spec_free(&A->ko);
     free(A);
     spec->self = NULL;
 }

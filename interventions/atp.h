@@ -38,7 +38,7 @@ int ps_atp_default_fix(const ps_runtime *rt);
 /* NULL, or why the model cannot take `fix` (an error message in buf). */
 const char *ps_atp_fix_missing(const ps_runtime *rt, int fix, char *buf, size_t n);
 
-/* The controlled model's estimate spec (its runtime's ops.atp_spec): target as ps_model_ko_spec. */
+/* The controlled model's estimate spec (its runtime's ops.atp_spec): target as ps_ko_spec (ko_spec.h). */
 int ps_model_atp_spec(const ps_runtime *rt, int target, const int *heads, int n_heads, int fix, ps_grid_spec *spec,
                       ps_error *err);
 void ps_model_atp_spec_free(const ps_runtime *rt, ps_grid_spec *spec);

@@ -4,51 +4,37 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/forward.h"
-#include "core/prefill.h"
-
-typedef struct {
-    int *correct;
-    double *logprob;
-} eval_out;
-
-static int score_batch(const ps_batch *view, int64_t i0, ps_acts *a, void *user, ps_error *err) {
-    eval_out *o = user;
-    return ps_acts_score(a, view, o->correct + i0 * view->max_q, o->logprob + i0 * view->max_q, err);
-}
-
-/* Long prompts: one at a time through the chunked prefill, logits at the answer rows only. */
-static int eval_long(const ps_model *m, const ps_batch *b, int *correct, double *logprob, ps_error *err) {
-    int64_t V = m->cfg.vocab_size, most = 0;
-    for (int64_t s = 0; s < b->B; s++) {
-        int64_t n = ps_answer_rows(b, s, NULL);
-        most = n > most ? n : most;
-    }
-    ps_prefill p;
-    if (ps_prefill_create(&p, m, b->T, PS_PREFILL_CHUNK, err)) return -1;
-    int64_t *pos = malloc((size_t)(most ? most : 1) * sizeof *pos);
-    float *rows = malloc((size_t)((most ? most : 1) * V) * sizeof(float));
-    int rc = pos && rows ? 0 : ps_fail(err, "out of memory for the logits of %lld answer rows", (long long)most);
-    for (int64_t s = 0; s < b->B && !rc; s++) {
-        int64_t n = ps_answer_rows(b, s, pos);
-        rc = ps_prefill_logits(&p, b->tokens + s * b->T, b->T, pos, n, rows, err);
-        if (!rc) ps_score_query_rows(b, s, rows, V, correct + s * b->max_q, logprob + s * b->max_q);
-    }
-    free(pos);
-    free(rows);
-    ps_prefill_free(&p);
-    return rc;
-}
 
 int ps_eval_shifted(const ps_model *m, const ps_shifted *s, int64_t batch, const ps_hooks *hooks, int *correct,
                     double *logprob, ps_error *err) {
-    if (s->b.T > PS_LONG_CONTEXT) {
-        if (hooks) return ps_fail(err, "hooks on prompts of %lld tokens: long prompts run in chunks (prefill), which fires no hooks (at most %d tokens)",
-                                  (long long)s->b.T, PS_LONG_CONTEXT);
-        return eval_long(m, &s->b, correct, logprob, err);
+    ps_runtime rt; /* the family's score: forward batches, long prompts through the chunked prefill */
+    ps_runtime_wrap_model(&rt, m);
+    return rt.family->score(&rt, &s->b, batch, hooks, correct, logprob, err);
+}
+
+int ps_eval_mapped(const ps_runtime *rt, const ps_batch *b, int64_t batch, const ps_hooks *hooks, int *correct, double *logprob,
+                   ps_error *err) {
+    if (!rt->token_map) return rt->family->score(rt, b, batch, hooks, correct, logprob, err);
+    int64_t N = b->B, T = b->T, n_ids = rt->n_token_map;
+    if (batch < 1) return ps_fail(err, "batch %lld must be >= 1", (long long)batch);
+    if (N == 0) return 0;
+    /* the mapped copy: tokens (and the answer tokens scoring reads from them) in the model's ids */
+    ps_batch mb;
+    if (ps_batch_alloc(&mb, N, T, b->max_q, err)) return -1;
+    for (int64_t i = 0; i < N * T; i++) {
+        int32_t x = b->tokens[i], y = b->targets[i];
+        if (x < 0 || x >= n_ids) {
+            ps_batch_free(&mb);
+            return ps_fail(err, "token %d outside the task's %lld ids", x, (long long)n_ids);
+        }
+        mb.tokens[i] = rt->token_map[x];
+        mb.targets[i] = y >= 0 && y < n_ids ? rt->token_map[y] : -1;
     }
-    eval_out o = {correct, logprob};
-    return ps_forward_batches(m, &s->b, batch, false, hooks, score_batch, &o, err);
+    memcpy(mb.n_q, b->n_q, (size_t)N * sizeof *b->n_q);
+    memcpy(mb.queries, b->queries, (size_t)(N * b->max_q) * sizeof *b->queries);
+    int rc = rt->family->score(rt, &mb, batch, hooks, correct, logprob, err);
+    ps_batch_free(&mb);
+    return rc;
 }
 
 /* ---- text prompts: batches sized to a memory budget (core/rows.h's answer rows) ---- */

@@ -4,6 +4,7 @@
 #include "interventions/atp.h"
 #include "interventions/ko_model.h"
 #include "interventions/units.h"
+#include "interventions/v4_instr.h"
 #include "interventions/gatecycle.h"
 
 #include <math.h>
@@ -15,24 +16,7 @@
 
 /* ---- the controlled model's runtime ---- */
 
-/* one batch as a sweep evaluates it (ps_eval_shifted: long prompts in chunks) */
-static int model_eval(const ps_runtime *rt, const ps_batch *view, const ps_hooks *h, int *ok, double *lp, ps_error *err) {
-    ps_shifted one;
-    memset(&one, 0, sizeof one);
-    one.b = *view;
-    return ps_eval_shifted(ps_runtime_controlled(rt), &one, view->B > 0 ? view->B : 1, h, ok, lp, err);
-}
-
 static const ps_runtime_ops MODEL_OPS = {
-                                         .eval = model_eval,
-                                         .ko_targets = ps_model_ko_target_names,
-                                         .ko_heads_what = "KV heads",
-                                         .ko_default_target = ps_model_ko_default_target,
-                                         .ko_target_heads = ps_model_ko_target_heads,
-                                         .ko_unit = ps_model_ko_unit,
-                                         .ko_layer_missing = ps_model_ko_layer_missing,
-                                         .ko_spec = ps_model_ko_spec,
-                                         .ko_spec_free = ps_model_ko_spec_free,
                                          .atp_spec = ps_model_atp_spec,
                                          .atp_spec_free = ps_model_atp_spec_free,
                                          /* gates (instr_gates.c) */
@@ -47,14 +31,13 @@ static const ps_runtime_ops MODEL_OPS = {
                                          .gc_cycle = ps_model_gc_cycle,
                                          .gc_meta = ps_model_gc_meta};
 
+const ps_runtime_ops *ps_runtime_ops_of(const ps_family *f) {
+    return f == &ps_family_model ? &MODEL_OPS : f == &ps_family_v4 ? &ps_v4_runtime_ops : NULL;
+}
+
 void ps_runtime_model(ps_runtime *rt, const ps_model *m) {
-    memset(rt, 0, sizeof *rt);
+    ps_runtime_wrap_model(rt, m);
     rt->ops = &MODEL_OPS;
-    rt->ctx = m->ctx;
-    rt->max_pos = m->cfg.max_seq_len;
-    rt->n_layers = m->cfg.n_layers;
-    rt->model = (void *)m;
-    rt->family = &ps_family_model;
 }
 
 /* ---- results and units ---- */
@@ -262,7 +245,7 @@ static int cells_full(run_state *st, int64_t unit, int li, const ps_shifted *sv,
                 rc = g->rt->family->forward(g->rt, use, sv->b.tokens, &h, -1, err);
                 if (!rc) rc = score_acts(st, use, sv, i0, err);
             } else
-                rc = g->rt->ops->eval(g->rt, &sv->b, &h, st->ok, st->lp, err);
+                rc = ps_eval_mapped(g->rt, &sv->b, sv->b.B > 0 ? sv->b.B : 1, &h, st->ok, st->lp, err);
         }
         ps_hooks_free(&h);
         if (!rc) record_set(st, &st->out->cells[li * g->n_cells + ci], unit, li * g->n_cells + ci, 0, sv);
@@ -495,7 +478,7 @@ static int run_shift(run_state *st, int64_t p, double budget, ps_error *err) {
             /* a runtime without kept state scores the clean run here, batches in order */
             ps_shifted sv = view_of(st, i0, n);
             int64_t bi = i0 / B;
-            rc = rt->ops->eval(rt, &sv.b, &ref, st->ok, st->lp, err);
+            rc = ps_eval_mapped(rt, &sv.b, sv.b.B > 0 ? sv.b.B : 1, &ref, st->ok, st->lp, err);
             if (!rc && IN(st, UNIT(st, p, bi, 0))) record_set(st, &st->out->clean, UNIT(st, p, bi, 0), -1, 0, &sv);
         }
     }

@@ -96,25 +96,10 @@ typedef struct {
                   int *ok, double *lp);
 } ps_grid_spec;
 
-/* What the engine needs of a model family (the controlled model: ps_runtime_model below; DeepSeek-V4:
- * ps_v4_runtime in v4_instr.h); rt->ops of the runtime (struct ps_runtime, core/runtime.h: the family's
- * core table is rt->family). */
+/* What the instruments still need of a shipped family beyond its core table (rt->family, core/runtime.h:
+ * evaluation is its score, knockout targets its data): rt->ops, ps_runtime_ops_of below (the controlled model's
+ * table; DeepSeek-V4's ps_v4_runtime_ops in v4_instr.h); NULL for any other family. */
 typedef struct ps_runtime_ops {
-    /* One forward of the n prompts of `view` (task token ids) with hooks, scored per query: ok and lp
-     * [view->B · max_q] (as ps_score_queries fills them). */
-    int (*eval)(const ps_runtime *rt, const ps_batch *view, const ps_hooks *h, int *ok, double *lp, ps_error *err);
-    /* the family's knockout (knockout.h): its targets (names, NULL-terminated), the default, the heads a
-     * target's cells choose from (0: one cell per layer), what a cell is (NULL: not recorded), whether a
-     * layer (-1: the model as a whole) has what a target replaces (NULL, or why not in buf), and the target's grid spec over the
-     * chosen heads (spec->self owned by the spec until ko_spec_free) */
-    const char *const *ko_targets;
-    const char *ko_heads_what;      /* what --heads counts ("KV heads", "query heads") */
-    int (*ko_default_target)(const ps_runtime *rt);
-    int64_t (*ko_target_heads)(const ps_runtime *rt, int target);
-    const char *(*ko_unit)(const ps_runtime *rt, int target);
-    const char *(*ko_layer_missing)(const ps_runtime *rt, int target, int layer, char *buf, size_t n);
-    int (*ko_spec)(const ps_runtime *rt, int target, const int *heads, int n_heads, ps_grid_spec *spec, ps_error *err);
-    void (*ko_spec_free)(ps_grid_spec *spec);
     /* The family's attribution-patching knockout (atp.h; NULL: the family has no backward pass, so no
      * estimate): the target's estimate spec over the chosen heads, `fix` as ps_atp_fix. */
     int (*atp_spec)(const ps_runtime *rt, int target, const int *heads, int n_heads, int fix, ps_grid_spec *spec, ps_error *err);
@@ -150,6 +135,9 @@ typedef struct ps_runtime_ops {
 
 /* The controlled model's runtime. */
 void ps_runtime_model(ps_runtime *rt, const ps_model *m);
+/* The instruments' table of a shipped family (the controlled model's, DeepSeek-V4's), NULL for any other: what
+ * is not yet data of the family's core table (attribution patching's estimate, gate statistics, gate cycling). */
+const ps_runtime_ops *ps_runtime_ops_of(const ps_family *f);
 
 
 

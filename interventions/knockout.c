@@ -19,25 +19,31 @@ int64_t ps_knockout_n_units(int64_t N, int64_t batch, int64_t P, int n_layers) {
 
 /* ---- any family ---- */
 
-const char *const *ps_knockout_targets(const ps_runtime *rt) { return rt->ops->ko_targets; }
-int ps_knockout_default_target(const ps_runtime *rt) { return rt->ops->ko_default_target(rt); }
-int64_t ps_knockout_target_heads(const ps_runtime *rt, int target) { return rt->ops->ko_target_heads(rt, target); }
+const char *const *ps_knockout_targets(const ps_runtime *rt) { return rt->family->ko_targets; }
+int ps_knockout_default_target(const ps_runtime *rt) { return rt->family->ko_default(rt); }
+int64_t ps_knockout_target_heads(const ps_runtime *rt, int target) { return rt->family->ko_heads(rt, target); }
 const char *ps_knockout_layer_missing(const ps_runtime *rt, int target, int layer, char *buf, size_t n) {
-    return rt->ops->ko_layer_missing(rt, target, layer, buf, n);
+    return rt->family->ko_missing ? rt->family->ko_missing(rt, target, layer, buf, n) : NULL;
 }
+const char *ps_knockout_unit(const ps_runtime *rt, int target) {
+    return rt->family->ko_unit ? rt->family->ko_unit(rt, target) : NULL;
+}
+const char *ps_knockout_heads_what(const ps_runtime *rt) { return rt->family->ko_heads_what ? rt->family->ko_heads_what : "heads"; }
 
 int ps_knockout_run(const ps_knockout_spec *k, ps_knockout_result *out, ps_error *err) {
     memset(out, 0, sizeof *out);
     const ps_runtime *rt = k->rt;
+    const ps_family *f = rt->family;
+    if (!f->ko_targets) return ps_fail(err, "knockout: the %s family has no knockout targets", f->name);
     int nt = 0;
-    while (rt->ops->ko_targets[nt]) nt++;
+    while (f->ko_targets[nt]) nt++;
     if (k->target < 0 || k->target >= nt) return ps_fail(err, "knockout: target %d out of range", k->target);
     char why[256];
     for (int i = 0; i < k->n_layers; i++) {
-        const char *m = rt->ops->ko_layer_missing(rt, k->target, k->layers[i], why, sizeof why);
+        const char *m = ps_knockout_layer_missing(rt, k->target, k->layers[i], why, sizeof why);
         if (m) return ps_fail(err, "%s", m);
     }
-    int64_t nh_max = rt->ops->ko_target_heads(rt, k->target);
+    int64_t nh_max = f->ko_heads(rt, k->target);
     static const int ONE[1] = {0};
     const int *heads = k->heads;
     int n_heads = k->n_heads;
@@ -45,12 +51,13 @@ int ps_knockout_run(const ps_knockout_spec *k, ps_knockout_result *out, ps_error
     for (int i = 0; nh_max && i < n_heads; i++)
         if (heads[i] < 0 || heads[i] >= nh_max) return ps_fail(err, "knockout grid: head %d out of range", heads[i]);
     ps_grid_spec spec;
-    if (k->opts.atp && !rt->ops->atp_spec) {
+    int atp = k->opts.atp && rt->ops && rt->ops->atp_spec;
+    if (k->opts.atp && !atp) {
         char why[256];
         return ps_fail(err, "%s", ps_atp_fix_missing(rt, k->opts.atp_fix, why, sizeof why));
     }
-    if (k->opts.atp ? rt->ops->atp_spec(rt, k->target, heads, n_heads, k->opts.atp_fix, &spec, err)
-                    : rt->ops->ko_spec(rt, k->target, heads, n_heads, &spec, err))
+    if (atp ? rt->ops->atp_spec(rt, k->target, heads, n_heads, k->opts.atp_fix, &spec, err)
+            : ps_ko_spec(rt, k->target, heads, n_heads, &spec, err))
         return -1;
     ps_grid g = {.rt = rt, .base = k->base, .task = k->task, .fam = k->fam, .P = k->P, .seed = k->seed, .batch = k->batch,
                  .layers = k->layers, .n_layers = k->n_layers, .cells = heads, .n_cells = n_heads, .spec = &spec,
@@ -58,8 +65,8 @@ int ps_knockout_run(const ps_knockout_spec *k, ps_knockout_result *out, ps_error
                  .cell_mask = k->opts.cell_mask, .unit0 = k->opts.unit0, .unit1 = k->opts.unit1, .record = k->opts.record,
                  .record_user = k->opts.record_user, .progress = k->progress, .progress_user = k->progress_user};
     int rc = ps_grid_run(&g, out, err);
-    if (k->opts.atp) rt->ops->atp_spec_free(rt, &spec);
-    else rt->ops->ko_spec_free(&spec);
+    if (atp) rt->ops->atp_spec_free(rt, &spec);
+    else ps_ko_spec_free(&spec);
     return rc;
 }
 

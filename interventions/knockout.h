@@ -20,9 +20,9 @@
  * full forward per cell with the same actions on the whole batch. See docs/design.md, "Knockout grid".
  *
  * The knockout is a spec over the grid engine (grid.h): its sources are sum actions on the reference
- * pass (the clean run) divided into means, its cells set actions from the means; every family supplies
- * its targets and their spec through its runtime (ps_runtime_ops: the controlled model's in
- * ko_model.c, DeepSeek-V4's in v4_instr.c), so one call (ps_knockout_run) runs any family's knockout,
+ * pass (the clean run) divided into means, its cells set actions from the means; every family describes
+ * its targets as data of its core table (core/runtime.h: ko_targets, ko_arrays; the shipped ones in
+ * core/ko_targets.c) and one spec builds the grids (ko_spec.h), so one call (ps_knockout_run) runs any family's knockout,
  * whole or as a work slice; the tests and benches call it too (the controlled model's target index is
  * ps_ko_target − 1). */
 #ifndef PS_KNOCKOUT_H
@@ -89,6 +89,9 @@ const char *const *ps_knockout_targets(const ps_runtime *rt);
 int ps_knockout_default_target(const ps_runtime *rt);
 int64_t ps_knockout_target_heads(const ps_runtime *rt, int target);
 const char *ps_knockout_layer_missing(const ps_runtime *rt, int target, int layer, char *buf, size_t n);
+/* what a cell of target t is in the result (NULL: not recorded) and what --heads counts */
+const char *ps_knockout_unit(const ps_runtime *rt, int target);
+const char *ps_knockout_heads_what(const ps_runtime *rt);
 
 void ps_knockout_result_free(ps_knockout_result *r);
 

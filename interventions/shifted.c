@@ -8,8 +8,8 @@
 
 #include "core/rng.h"
 
-int ps_model_task(const ps_model *m, const char *dir, ps_task *t, ps_error *err) {
-    const char *js = ps_model_get_meta(m, "phasescope.task");
+int ps_runtime_task(const ps_runtime *rt, const char *dir, ps_task *t, ps_error *err) {
+    const char *js = rt->family->meta ? rt->family->meta(rt, "phasescope.task") : NULL;
     if (!js)
         return ps_fail(err, "%s: the checkpoint has no task layout (phasescope.task in its metadata); models trained "
                             "with phasescope train carry one",
@@ -21,8 +21,14 @@ int ps_model_task(const ps_model *m, const char *dir, ps_task *t, ps_error *err)
     snprintf(src, sizeof src, "%s/model.safetensors (phasescope.task)", dir);
     int rc = ps_task_from_json(o, src, t, err);
     json_decref(o);
-    if (!rc) rc = ps_task_validate(t, m->cfg.vocab_size, INT64_MAX / 4, src, err);
+    if (!rc) rc = ps_task_validate(t, rt->family->vocab(rt), INT64_MAX / 4, src, err);
     return rc;
+}
+
+int ps_model_task(const ps_model *m, const char *dir, ps_task *t, ps_error *err) {
+    ps_runtime rt;
+    ps_runtime_wrap_model(&rt, m);
+    return ps_runtime_task(&rt, dir, t, err);
 }
 
 static void filler(const ps_filler_family *f, const ps_task *t, ps_rng *r, int32_t *dst, int64_t n) {

@@ -8,12 +8,15 @@
 #include "core/batch.h"
 #include "core/error.h"
 #include "core/model.h"
+#include "core/runtime.h"
 #include "interventions/filler_families.h"
 #include "tasks/tasks.h"
 
 typedef enum { PS_SWEEP_PAD = 0, PS_SWEEP_MOVE = 1 } ps_sweep_mode;
 
-/* The task stored in a checkpoint's metadata ("phasescope.task"). */
+/* The task stored in a checkpoint's metadata ("phasescope.task", the family's meta), of any family / of a
+ * controlled model. */
+int ps_runtime_task(const ps_runtime *rt, const char *model_dir, ps_task *t, ps_error *err);
 int ps_model_task(const ps_model *m, const char *model_dir, ps_task *t, ps_error *err);
 
 /* Prompts of one shift p: every prompt has the same length, queries carry shifted positions, and

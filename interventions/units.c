@@ -57,7 +57,7 @@ int ps_sweep_units(const ps_runtime *rt, const ps_batch *base, const ps_task *ta
         ps_shifted v = s;
         v.b = ps_batch_view(&s.b, i0, n);
         v.residue = s.residue + i0 * maxq;
-        if ((rc = rt->ops->eval(rt, &v.b, NULL, okb, lpb, err))) break;
+        if ((rc = ps_eval_mapped(rt, &v.b, v.b.B > 0 ? v.b.B : 1, NULL, okb, lpb, err))) break;
         int64_t at = (p * N + i0) * maxq;
         record_outcomes(&v, okb, lpb, maxq, ok + at, lp + at, rho + at);
         if (progress && progress(u + 1 - u0, u1 - u0, user)) {

@@ -1,19 +1,11 @@
 /* v4_instr.h — the instruments on DeepSeek-V4 checkpoints (core/v4/, SPEC-v4.md), over the V4 runtime's
  * hooks: the phase sweep, per-channel gate statistics (gates/chgates.h), gate cycling (the position bias
- * rolled by k) and mean-replacement knockout of query heads, compressed entries, the raw window, the
- * indexer's selection and the sink. The prompts, their shifted copies and the per-residue statistics are
- * sweep.h's; the knockout result and its JSON are knockout.h's (docs/results-schema.md, "DeepSeek-V4").
+ * rolled by k). The prompts, their shifted copies and the per-residue statistics are
+ * sweep.h's; the knockout result and its JSON are knockout.h's (docs/results-schema.md, "DeepSeek-V4"). The
+ * knockout targets are the family's data (core/ko_targets.c), run by the one spec (ko_spec.h).
  *
- * Prompts: a V4 checkpoint carries no phasescope task, so the task comes from a file (--task FILE.json,
- * or DIR/phasescope_task.json when the checkpoint directory has one):
- *
- *   {"task": {...a training task, docs/training.md...},
- *    "ids": {"bos": 0, "marker": 1, "keys": [...], "values": [...], "fillers": [...]}}
- *
- * The prompts are generated in the task's own layout (0 BOS, 1 marker, keys, values, fillers) and every
- * token is mapped through "ids" to a V4 token id before the forward (the answers too: a query is correct
- * when each mapped answer token is the top-1 over the whole V4 vocabulary). Without "ids" the task's
- * ids are used as they are (they must lie inside the vocabulary). A bare task object is accepted too. */
+ * Prompts: a V4 checkpoint carries no phasescope task, so the task comes from a task file (taskfile.h: --task
+ * FILE.json, or DIR/phasescope_task.json), its tokens mapped through the file's "ids" (the family's task_file). */
 #ifndef PS_V4_INSTR_H
 #define PS_V4_INSTR_H
 
@@ -24,23 +16,17 @@
 #include "interventions/grid.h"
 #include "interventions/knockout.h"
 #include "interventions/sweep.h"
+#include "interventions/taskfile.h"
 #include "tasks/tasks.h"
 #include "core/v4/v4_model.h"
 
-typedef struct {
-    ps_task task;
-    int32_t *ids;       /* [ps_task_vocab_needed]: the V4 token of each task token */
-    int64_t n_ids;
-    int mapped;         /* the file gave "ids" */
-    char source[4200];  /* the task file */
-} ps_v4_task;
-
-/* The task for a V4 checkpoint: task_path (--task) if given, else MODEL_DIR/phasescope_task.json; an error
- * says how to give one when neither exists. vocab / max_pos: the model's. */
-int ps_v4_task_load(ps_v4_task *t, const char *task_path, const char *model_dir, int64_t vocab, int64_t max_pos, ps_error *err);
-void ps_v4_task_free(ps_v4_task *t);
-/* {"file", "ids": {...} or "identity"} for provenance. */
-json_t *ps_v4_task_source_json(const ps_v4_task *t);
+/* The task file (taskfile.h): a DeepSeek-V4 checkpoint is a family whose prompts come from one. */
+typedef ps_task_file ps_v4_task;
+static inline int ps_v4_task_load(ps_v4_task *t, const char *task_path, const char *model_dir, int64_t vocab, int64_t max_pos,
+                                  ps_error *err) {
+    return ps_task_file_load(t, task_path, model_dir, "DeepSeek-V4", vocab, max_pos, err);
+}
+static inline void ps_v4_task_free(ps_v4_task *t) { ps_task_file_free(t); }
 
 /* Prompts (in the task's layout) through the V4 forward in batches of `batch`, every token mapped to
  * the model's ids; hooks (a V4 hook set, or NULL) fire on every batch. correct / logprob per query. The
@@ -55,7 +41,7 @@ int ps_v4_eval(ps_v4_model *m, const ps_v4_task *t, const ps_batch *b, int64_t b
  * [B, nW, S, d] in alpha + al_off[u]. Replaying them in order pools the gates of the whole shift. */
 #define PS_V4_GATES_EVENT_INTS 4
 void ps_v4_gates_unit_size(const ps_v4_config *c, int64_t n, int64_t T, int64_t *n_events, int64_t *n_floats);
-int ps_v4_gates_units(ps_v4_model *m, const ps_v4_task *t, const ps_shifted *s, int64_t batch, int64_t u0, int64_t u1,
+int ps_v4_gates_units(ps_v4_model *m, const int32_t *ids, int64_t n_ids, const ps_shifted *s, int64_t batch, int64_t u0, int64_t u1,
                       const int64_t *ev_off, const int64_t *al_off, int32_t *events, float *alpha, ps_error *err);
 /* The accumulator of a V4 schedule (layer types, compression rates, head dims; as provenance.config records
  * them), and the replay of recorded events into it. */
@@ -74,27 +60,15 @@ int ps_v4_gates_replay(ps_chgate_acc *acc, const int32_t *events, int64_t n_even
 #define PS_V4_CYCLE_INDEXER 2
 int ps_v4_gate_cycle(ps_v4_model *m, int layer, int branches, int64_t k, ps_error *err);
 
-/* Knockout targets (mean replacement over the prompts of the same shift, position by position):
- *   heads       layers.L.attn.q, one query head at a time (cells: layer x head)
- *   compressed  layers.L.attn.compressor.kv, the layer's compressed entries (CSA / HCA layers)
- *   raw         layers.L.attn.kv, the layer's raw K=V entries
- *   indexer     layers.L.attn.indexer.topk replaced by the mean-pattern choice: the top-k of the
- *               indexer's scores averaged over the prompts (visible entries, ties to the lower index)
- *   sink        layers.L.attn.sink, every head's sink mass */
-typedef enum { PS_V4KO_HEADS = 0, PS_V4KO_COMPRESSED, PS_V4KO_RAW, PS_V4KO_INDEXER, PS_V4KO_SINK } ps_v4_ko_target;
-extern const char *const ps_v4_ko_targets[]; /* names, NULL-terminated */
-/* Whether layer l has what the target replaces. */
-int ps_v4_ko_layer_ok(const ps_v4_config *c, int l, ps_v4_ko_target target);
+/* Knockout targets (ps_v4_ko_target, ps_v4_ko_targets, ps_v4_ko_layer_ok): core/v4/v4_config.h, as data of the family
+ * (core/ko_targets.c). */
 
 /* The DeepSeek-V4 runtime (grid.h): what the grid engine and the instruments call on a V4 checkpoint
  * (its forward with hooks on the task's prompts mapped through t, its hook names, its knockout targets). */
 void ps_v4_runtime(ps_runtime *rt, ps_v4_model *m, const ps_v4_task *t);
+extern const ps_runtime_ops ps_v4_runtime_ops;
 /* The knockout of a V4 checkpoint: ps_knockout_run (knockout.h) with this runtime, target a
  * ps_v4_ko_target (cells: query heads for `heads`, the one unit 0 for the per-layer targets; a full
  * forward per cell, callbacks and actions on the V4 hooks). */
-
-/* The mean-pattern choice of the indexer: for every query row t of mean scores [T, nW], the top K of its
- * visible entries (w < (t + 1) / m) by score, ties to the lower index, -1 past the visible ones. */
-void ps_v4_mean_topk(const double *mean_scores, int64_t T, int64_t nW, int64_t K, int64_t m, float *topk);
 
 #endif

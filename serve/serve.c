@@ -1130,7 +1130,7 @@ int ps_serve_start(const ps_serve_opts *o, ps_server **out, ps_error *err) {
     pthread_cond_init(&sv->cv_work, NULL);
     pthread_cond_init(&sv->cv_done, NULL);
     ps_runtime_opts ro = {.backend = o->backend, .weights = 1, .lazy = 0};
-    int opened = !ps_runtime_open(&sv->rt, o->model_dir, &ro, err);
+    int opened = !ps_runtime_open_in(&sv->rt, o->families, o->model_dir, &ro, err);
     if (opened) sv->vocab = sv->rt.family->vocab(&sv->rt);
     if (!opened || open_tokenizer(sv, err)) {
         ps_serve_stop(sv);

@@ -60,6 +60,8 @@ typedef struct {
     int max_connections;        /* open connections (default 64) */
     int64_t max_batch;          /* sequences in the running batch (default 32) */
     double max_logit_bytes;     /* logits a request may need at once (echo with logprobs: prompt × vocab × 4; default 2 GiB) */
+    const ps_family *const *families; /* the families the checkpoint is tried with (NULL: core's ps_families; a list with a
+                                       * family of the caller's own serves it: ps_runtime_open_in) */
 } ps_serve_opts;
 
 void ps_serve_defaults(ps_serve_opts *o);

@@ -600,6 +600,9 @@ static void check_bad_inputs(ps_api_model *m, const int32_t *tok, int B, int T) 
     ps_api_hooks_add_action(h, "blocks.0.attn.hook_k", PS_API_SET, -1, 0, 0, 0, 0, src, ss, 1, 0, err, sizeof err);
     rc = ps_api_run_with_hooks(m, tok, B, T, h, &o, err, sizeof err);
     CHECK(rc == PS_API_EINPUT && strstr(err, "[3]"), "bad source shape: rc %d \"%s\"", rc, err);
+    /* the shapes it takes, each bracket closed once: "set takes [positions, n_kv, hd] or one position [n_kv, hd]" */
+    CHECK(strstr(err, "set takes [positions, ") && !strstr(err, "]]") && strstr(err, "] or one position ["),
+          "the set action's shape message: \"%s\"", err);
     ps_api_hooks_free(h);
     int64_t V = ps_api_vocab_size(m), L = ps_api_max_tokens(m);
     int32_t *t2 = malloc((size_t)(B * T) * sizeof *t2);

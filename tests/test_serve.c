@@ -6,7 +6,9 @@
  * (the worker batches them), streamed answers ("stream": true, server-sent events) against the same answers
  * in one piece (tokens, log-probabilities, text, echo and prompt_logprobs, usage; for the other families
  * too), and continuous batching: a request joining a batch of running streams, and a stream that others
- * joined and left, against the same request alone. Every server is shut down by the test itself. */
+ * joined and left, against the same request alone; a family defined in tests/ (the bigram toy, toy_family.h),
+ * passed in the server's family list, answers a greedy completion with the table's argmax and log-softmax.
+ * Every server is shut down by the test itself. */
 #define _POSIX_C_SOURCE 200809L
 #include <arpa/inet.h>
 #include <curl/curl.h>
@@ -29,6 +31,7 @@
 #include "core/model.h"
 #include "serve/serve.h"
 #include "testutil.h"
+#include "toy_family.h"
 #include "text/tokenizer.h"
 #include "core/v4/v4_forward.h"
 #include "core/v4/v4_model.h"
@@ -361,8 +364,72 @@ static void check_family(const char *dir, int v4) {
     ps_serve_stop(sv);
 }
 
+/* the toy's greedy next token after a (lowest index on ties) and whether the maximum is unique */
+static int toy_argmax(int a, int *unique) {
+    int best = 0, n = 0;
+    for (int b = 1; b < TOY_V; b++)
+        if (toy_weight(a, b) > toy_weight(a, best)) best = b;
+    for (int b = 0; b < TOY_V; b++) n += toy_weight(a, b) == toy_weight(a, best);
+    *unique = n == 1;
+    return best;
+}
+
+/* serve on a family the caller defines: the toy bigram table in the server's family list */
+static void test_toy_family(void) {
+    ps_error err = {0};
+    char dir[512], path[600];
+    tu_tempdir(dir, sizeof dir, "serve_toy");
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    OK(f != NULL);
+    if (!f) return;
+    fputs("{\"model_type\": \"toy_bigram\"}\n", f);
+    fclose(f);
+    /* a prompt whose greedy continuation is unambiguous for two tokens */
+    int last = -1, g1 = -1, g2 = -1;
+    for (int a = 0; a < TOY_V && last < 0; a++) {
+        int u1, u2, b = toy_argmax(a, &u1), c = toy_argmax(b, &u2);
+        if (u1 && u2) last = a, g1 = b, g2 = c;
+    }
+    OK(last >= 0);
+    static const ps_family *const FAMILIES[] = {&ps_toy_family, &ps_family_v4, &ps_family_model, NULL}; /* the toy first: the controlled model's detector takes every directory */
+    ps_serve_opts o;
+    ps_serve_defaults(&o);
+    o.model_dir = dir;
+    o.port = 0;
+    o.families = FAMILIES;
+    ps_server *sv;
+    if (ps_serve_start(&o, &sv, &err)) {
+        CHECK(0, "serve on the toy family: %s", err.msg);
+        return;
+    }
+    char body[512];
+    snprintf(body, sizeof body,
+             "{\"prompt\": [3, 5, %d], \"max_tokens\": 2, \"temperature\": 0, \"logprobs\": 1, \"return_tokens_as_token_ids\": true}",
+             last);
+    json_t *r = NULL;
+    long st = http(ps_serve_port(sv), "POST", "/v1/completions", body, &r);
+    json_t *lo = json_object_get(json_array_get(json_object_get(r, "choices"), 0), "logprobs");
+    json_t *tk = json_object_get(lo, "tokens"), *tl = json_object_get(lo, "token_logprobs");
+    char w1[32], w2[32];
+    snprintf(w1, sizeof w1, "token_id:%d", g1);
+    snprintf(w2, sizeof w2, "token_id:%d", g2);
+    const char *t1 = json_string_value(json_array_get(tk, 0)), *t2 = json_string_value(json_array_get(tk, 1));
+    CHECK(st == 200 && t1 && t2 && !strcmp(t1, w1) && !strcmp(t2, w2), "toy family through serve: greedy tokens %s %s, want %s %s (status %ld)",
+          t1 ? t1 : "?", t2 ? t2 : "?", w1, w2, st);
+    /* the log-probability of the first: the log-softmax of the table's row `last` */
+    double mx = -1e30, z = 0;
+    for (int b = 0; b < TOY_V; b++) mx = fmax(mx, toy_weight(last, b));
+    for (int b = 0; b < TOY_V; b++) z += exp(toy_weight(last, b) - mx);
+    double want = toy_weight(last, g1) - mx - log(z), got = json_real_value(json_array_get(tl, 0));
+    CHECK(fabs(got - want) < 1e-5, "toy family through serve: token log-prob %.7f, the table's log-softmax %.7f", got, want);
+    json_decref(r);
+    ps_serve_stop(sv);
+}
+
 int main(void) {
     curl_global_init(CURL_GLOBAL_DEFAULT);
+    test_toy_family();
     ps_error err = {0};
     char dir[512];
     tu_tempdir(dir, sizeof dir, "serve");

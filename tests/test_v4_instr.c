@@ -169,7 +169,7 @@ static int gates_whole(ps_v4_model *m, const ps_v4_task *t, const ps_batch *base
     int32_t *ev = calloc((size_t)(ev_off[nb] * PS_V4_GATES_EVENT_INTS) + 1, 4);
     float *al = calloc((size_t)al_off[nb] + 1, 4);
     const ps_v4_config *c = &m->cfg;
-    int rc = ps_v4_gates_units(m, t, &s, batch, 0, nb, ev_off, al_off, ev, al, err) ||
+    int rc = ps_v4_gates_units(m, t->ids, t->n_ids, &s, batch, 0, nb, ev_off, al_off, ev, al, err) ||
              ps_v4_gates_acc_init(acc, (int)c->n_layers, c->attn_type, c->compress_rate, c->head_dim, c->index_head_dim, err);
     if (!rc && ps_v4_gates_replay(acc, ev, ev_off[nb], al, al_off[nb], err)) {
         ps_chgate_acc_free(acc);
@@ -280,8 +280,8 @@ static void test_units(ps_v4_model *m, const ps_v4_task *t) {
     }
     int32_t *ev = calloc((size_t)(ev_off[nb] * PS_V4_GATES_EVENT_INTS), 4);
     float *al = calloc((size_t)al_off[nb], 4);
-    CHECK_OK(ps_v4_gates_units(m, t, &s, BATCH, 1, nb, ev_off, al_off, ev, al, &err), &err);
-    CHECK_OK(ps_v4_gates_units(m, t, &s, BATCH, 0, 1, ev_off, al_off, ev, al, &err), &err);
+    CHECK_OK(ps_v4_gates_units(m, t->ids, t->n_ids, &s, BATCH, 1, nb, ev_off, al_off, ev, al, &err), &err);
+    CHECK_OK(ps_v4_gates_units(m, t->ids, t->n_ids, &s, BATCH, 0, 1, ev_off, al_off, ev, al, &err), &err);
     const ps_v4_config *c = &m->cfg;
     int64_t rates[PS_V4_MAX_LAYERS];
     for (int l = 0; l < c->n_layers; l++) rates[l] = c->compress_rate[l];

@@ -64,4 +64,20 @@ const char *ps_v4_attn_type_name(ps_v4_attn_type t);   /* "sliding_attention", .
 /* Number of complete compression windows in T tokens for layer l (0 for sliding layers). */
 int64_t ps_v4_n_windows(const ps_v4_config *c, int l, int64_t T);
 
+/* Knockout targets (core/ko_targets.c; mean replacement over the prompts of the same shift, position by
+ * position):
+ *   heads       layers.L.attn.q, one query head at a time (cells: layer x head)
+ *   compressed  layers.L.attn.compressor.kv, the layer's compressed entries (CSA / HCA layers)
+ *   raw         layers.L.attn.kv, the layer's raw K=V entries
+ *   indexer     layers.L.attn.indexer.topk replaced by the mean-pattern choice: the top-k of the
+ *               indexer's scores averaged over the prompts (visible entries, ties to the lower index)
+ *   sink        layers.L.attn.sink, every head's sink mass */
+typedef enum { PS_V4KO_HEADS = 0, PS_V4KO_COMPRESSED, PS_V4KO_RAW, PS_V4KO_INDEXER, PS_V4KO_SINK } ps_v4_ko_target;
+extern const char *const ps_v4_ko_targets[]; /* names, NULL-terminated */
+/* Whether layer l has what the target (a ps_v4_ko_target) replaces. */
+int ps_v4_ko_layer_ok(const ps_v4_config *c, int l, int target);
+/* The mean-pattern choice of the indexer: for every query row t of mean scores [T, nW], the top K of its
+ * visible entries (w < (t + 1) / m) by score, ties to the lower index, -1 past the visible ones. */
+void ps_v4_mean_topk(const double *mean_scores, int64_t T, int64_t nW, int64_t K, int64_t m, float *topk);
+
 #endif

@@ -1,0 +1,21 @@
+/* toy_family.h — a third model family defined in tests/ (toy_family.c): a bigram-table model (next-token
+ * logits = row a of a [V, V] table for token a; one hook point, blocks.0.hook_row, the rows [B, T, V] that are
+ * the logits). Its ps_family table has what every command reaches a model through (core/runtime.h): open,
+ * forward with hooks, score, rows (serve), the hook point table, provenance and description, and its one
+ * knockout target as data ("row": the rows replaced by their mean). A directory whose config.json says
+ * {"model_type": "toy_bigram"} is its checkpoint (no weights: the table is a formula, toy_weight). It is not in
+ * core's ps_families: a caller opens it by passing a list that holds it (ps_runtime_open_in, serve's
+ * ps_serve_opts.families) or the table itself (ps_runtime_open_family). */
+#ifndef PS_TOY_FAMILY_H
+#define PS_TOY_FAMILY_H
+
+#include <stdint.h>
+
+#include "core/runtime.h"
+
+enum { TOY_V = 24, TOY_MAX_POS = 64 };
+/* the table's entry [a, b]: the logit of token b after token a */
+float toy_weight(int64_t a, int64_t b);
+extern const ps_family ps_toy_family;
+
+#endif
