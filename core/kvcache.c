@@ -225,6 +225,7 @@ void ps_kvcache_free(ps_kvcache *kv) {
     free(kv->edits);
     free(kv->scratch);
     free(kv->att_p);
+    free(kv->frame);
     free(kv->cstart);
     free(kv->nvis);
     memset(kv, 0, sizeof *kv);
@@ -239,6 +240,7 @@ int ps_kvcache_create(ps_kvcache *kv, const ps_model *m, const ps_kvcache_opts *
     kv->ctx = m->ctx;
     kv->o.chunk = o && o->chunk > 0 ? o->chunk : 256;
     kv->o.history = o && o->history > 0 ? o->history : 0;
+    kv->o.plain_attention = o ? o->plain_attention : 0;
     if (o && (o->chunk < 0 || o->history < 0))
         return ps_fail(err, "KV cache options: chunk %lld and history %lld must be >= 0", (long long)o->chunk, (long long)o->history);
     int64_t R = kv->o.chunk, d = c->d_model, nh = c->n_heads, hd = c->head_dim, ks = c->n_kv_heads * hd, dff = c->d_ff,
@@ -699,6 +701,60 @@ static void attend_row(const ps_kvcache *kv, const ps_kv_layer *L, int64_t t, co
     }
 }
 
+/* Whether a piece of nr rows attends blocked (attend_blocked): long enough, full attention or the base grid
+ * (no staggered offsets, no content chunks), and not the per-row reference by request. */
+static int blocked_fits(const ps_kvcache *kv, int64_t nr) {
+    const ps_config *c = &kv->m->cfg;
+    if (kv->o.plain_attention || nr < PS_KV_BLOCKED_MIN) return 0;
+    if (c->kind == PS_ATTN_FULL) return 1;
+    return c->kind == PS_ATTN_COMPRESSED && c->boundaries != PS_BOUNDARIES_CONTENT && !c->any_head_offset;
+}
+
+/* Rows [i0, i1) of a page list copied into dst [i1 - i0, width] (contiguous). */
+static void rows_gather(float *dst, const ps_kv_rows *r, int64_t i0, int64_t i1) {
+    int64_t n;
+    for (int64_t i = i0; i < i1; i += n) {
+        const float *e = rows_span(r, i, i1, &n);
+        memcpy(dst + (i - i0) * r->width, e, (size_t)(n * r->width) * sizeof(float));
+    }
+}
+
+/* The attention of a piece's nr query rows at positions [t0, t0 + nr) (q [nr, nh, hd] -> z [nr, nh, hd]),
+ * blocked: the raw keys and values the piece reaches (the local windows: rows [t0 - LW + 1, t0 + nr); full
+ * attention: every row) and the compressed entries ([nW, nkv, hd], the layout of the forward's hook_ck)
+ * gathered from the pages into one frame, then the forward's chunked attention (ps_attn_chunk: per head
+ * and block of query rows, matrix products of the block against the entries and the raw rows, the masks of
+ * ps_attn_forward). The same function as attend_row on each row (test_kvcache compares the two). */
+static int attend_blocked(ps_kvcache *kv, const ps_kv_layer *L, int64_t t0, int64_t nr, const float *q, float *z, ps_error *err) {
+    const ps_config *c = &kv->m->cfg;
+    ps_ctx *ctx = kv->ctx;
+    int comp = c->kind == PS_ATTN_COMPRESSED;
+    int64_t nkv = c->n_kv_heads, hd = c->head_dim, ks = nkv * hd, t1 = t0 + nr;
+    int64_t LW = comp ? (c->local_window < t1 ? c->local_window : t1) : 0;
+    int64_t lo = comp ? (t0 - LW + 1 > 0 ? t0 - LW + 1 : 0) : 0, Tk = t1 - lo, nW = comp ? L->ck[0].rows : 0;
+    int64_t need = 2 * (Tk + nW) * ks;
+    if (need > kv->frame_cap) {
+        int64_t cap = need + need / 2;
+        float *nf = realloc(kv->frame, (size_t)cap * sizeof(float));
+        if (!nf) return ps_fail(err, "out of memory for the attention frame of %lld rows and %lld entries", (long long)Tk, (long long)nW);
+        kv->frame = nf;
+        kv->frame_cap = cap;
+    }
+    float *fk = kv->frame, *fv = fk + Tk * ks, *fck = fv + Tk * ks, *fcv = fck + nW * ks;
+    rows_gather(fk, &L->k, lo, t1);
+    rows_gather(fv, &L->v, lo, t1);
+    for (int64_t g = 0; g < (comp ? nkv : 0); g++)
+        for (int64_t j = 0; j < nW; j++) {
+            memcpy(fck + j * ks + g * hd, rows_at(&L->ck[g], j), (size_t)hd * sizeof(float));
+            memcpy(fcv + j * ks + g * hd, rows_at(&L->cv[g], j), (size_t)hd * sizeof(float));
+        }
+    ps_attn_frame f = {.nh = c->n_heads, .nkv = nkv, .hd = hd, .compressed = comp, .W = comp ? c->window : 0,
+                       .S = comp ? c->stride : 0, .LW = LW, .nW = nW, .Tq = nr, .Tk = Tk, .q_off = t0 - lo, .pos0 = lo};
+    CK(ps_attn_chunk(ctx, z, q, fk, fv, fck, fcv, &f));
+    kv->n_blocked++;
+    return 0;
+}
+
 /* Layer l's attention over the step's rows, full or compressed (grid, staggered grid, content chunks): from
  * kv->x to kv->z, the new rows entering the cache. */
 static int attn_grid(ps_kvcache *kv, int l, const kv_piece *P, int np, int64_t R, const int64_t *chunk_len, const ps_hooks *hooks,
@@ -762,13 +818,17 @@ static int attn_grid(ps_kvcache *kv, int l, const kv_piece *P, int np, int64_t R
             for (int64_t g = 0; g < nkv; g++) need = L->ck[g].rows > need ? L->ck[g].rows : need;
             need += c->local_window + 1;
         }
-        int th = omp_get_max_threads();
-        if (scores_reserve(kv, need, th, err)) return -1;
         int64_t r0 = P[i].r0, nr = P[i].n;
+        if (blocked_fits(kv, nr)) {
+            if (attend_blocked(kv, L, P[i].t0, nr, kv->q + r0 * qd, kv->z + r0 * qd, err)) return -1;
+        } else {
+            int th = omp_get_max_threads();
+            if (scores_reserve(kv, need, th, err)) return -1;
 #pragma omp parallel for schedule(dynamic, 1) if (nr > 1 && nr * need * nh * hd > 65536)
-        for (int64_t r = r0; r < r0 + nr; r++)
-            attend_row(kv, L, P[i].t0 + (r - r0), comp ? kv->nvis + r * nkv : NULL, kv->q + r * qd, kv->z + r * qd,
-                       kv->att_p + (int64_t)omp_get_thread_num() * kv->att_cap);
+            for (int64_t r = r0; r < r0 + nr; r++)
+                attend_row(kv, L, P[i].t0 + (r - r0), comp ? kv->nvis + r * nkv : NULL, kv->q + r * qd, kv->z + r * qd,
+                           kv->att_p + (int64_t)omp_get_thread_num() * kv->att_cap);
+        }
         if (comp) {
             rows_drop_front(kv, &L->k, t1 - (c->local_window - 1) - kv->o.history);
             rows_drop_front(kv, &L->v, t1 - (c->local_window - 1) - kv->o.history);
