@@ -16,8 +16,9 @@
  * embeddings) at the contexts of --qwen-contexts (default 1024; its whole-sequence path: one forward).
  * Wall and CPU seconds; the machine is shared, so CPU time is the steadier number.
  *
- *   bench_decode [--quick] [--qwen | --qwen-only] [--qwen-contexts T,T,...] [--no-whole]
- *     (--quick: 1K and 8K only; --no-whole: skip the whole-sequence path)
+ *   bench_decode [--quick] [--contexts T,...] [--no-full] [--qwen | --qwen-only] [--qwen-contexts T,...] [--no-whole]
+ *     (--quick: 1K and 8K only; --contexts: the deep shapes' contexts; --no-full: not the full-attention
+ *     deep shape; --no-whole: skip the whole-sequence path)
  *
  * Output: a markdown table, and one '#decode' line per row (bench/torch_decode_peer.py --phasescope reads
  * them and prints the ratios). */
@@ -148,32 +149,41 @@ static void row(const char *name, const ps_model *m, int64_t T, int decode_steps
     free(lg);
 }
 
+/* "T,T,..." into out[8]: the count, or -1 with a message. */
+static int parse_list(const char *arg, int64_t *out) {
+    int n = 0;
+    for (const char *p = arg; *p && n < 8;) {
+        char *e;
+        out[n] = strtoll(p, &e, 10);
+        if (e == p || out[n] < 1) {
+            fprintf(stderr, "expected T,T,... (positive integers), got \"%s\"\n", arg);
+            return -1;
+        }
+        n++;
+        p = *e == ',' ? e + 1 : e;
+    }
+    return n;
+}
+
 int main(int argc, char **argv) {
     char warn[512] = "";
     ps_cpu_env_prepare(argv, warn, sizeof warn);
     if (warn[0]) fprintf(stderr, "%s\n", warn);
-    int quick = 0, qwen = 0, deep = 1, whole = 1;
-    int64_t qT[8] = {1024};
-    int nq = 1;
+    int quick = 0, qwen = 0, deep = 1, whole = 1, full = 1;
+    int64_t qT[8] = {1024}, Ts[8] = {1024, 8192, 32768};
+    int nq = 1, nd = 3;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = 1;
         else if (!strcmp(argv[i], "--qwen")) qwen = 1;
         else if (!strcmp(argv[i], "--qwen-only")) qwen = 1, deep = 0;
         else if (!strcmp(argv[i], "--no-whole")) whole = 0;
+        else if (!strcmp(argv[i], "--no-full")) full = 0;
         else if (!strcmp(argv[i], "--qwen-contexts") && i + 1 < argc) {
-            nq = 0;
-            for (char *p = argv[++i]; *p && nq < 8;) {
-                char *e;
-                qT[nq] = strtoll(p, &e, 10);
-                if (e == p || qT[nq] < 1) {
-                    fprintf(stderr, "--qwen-contexts: expected T,T,... (positive integers), got \"%s\"\n", argv[i]);
-                    return 2;
-                }
-                nq++;
-                p = *e == ',' ? e + 1 : e;
-            }
+            if ((nq = parse_list(argv[++i], qT)) < 0) return 2;
+        } else if (!strcmp(argv[i], "--contexts") && i + 1 < argc) {
+            if ((nd = parse_list(argv[++i], Ts)) < 0) return 2;
         } else {
-            fprintf(stderr, "usage: bench_decode [--quick] [--qwen | --qwen-only] [--qwen-contexts T,T,...] [--no-whole]\n");
+            fprintf(stderr, "usage: bench_decode [--quick] [--contexts T,...] [--no-full] [--qwen | --qwen-only] [--qwen-contexts T,...] [--no-whole]\n");
             return 2;
         }
     }
@@ -190,15 +200,17 @@ int main(int argc, char **argv) {
     printf("| model | context T | time to first token s | cache decode tok/s | whole-sequence forward s | whole-sequence tok/s | "
            "speedup | cache bytes/token (measured at T) | info bytes/token | weight MB read/token | read GB/s | bound tok/s | "
            "decode / bound |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-    int64_t Ts[3] = {1024, 8192, 32768};
-    for (int comp = 1; deep && comp >= 0; comp--) {
-        ps_config c = make_config(64, 12, 8, 8, 128, 32768 + 64, comp);
+    if (quick) nd = 2;
+    int64_t dmax = 0;
+    for (int i = 0; i < nd; i++) dmax = Ts[i] > dmax ? Ts[i] : dmax;
+    for (int comp = 1; deep && comp >= !full; comp--) {
+        ps_config c = make_config(64, 12, 8, 8, 128, dmax + 64, comp);
         c.vocab_size = 96;
         ps_model m;
         bench_model(&m, &c);
         char name[64];
         snprintf(name, sizeof name, "deep_w8s8 shape, %s", comp ? "W8/S8" : "full");
-        for (int i = 0; i < (quick ? 2 : 3); i++) row(name, &m, Ts[i], 16, whole ? (i == 2 ? 1 : 2) : 0, bw_arr);
+        for (int i = 0; i < nd; i++) row(name, &m, Ts[i], 16, whole ? (Ts[i] > 16384 ? 1 : 2) : 0, bw_arr);
         ps_model_free(&m);
     }
     if (qwen) {

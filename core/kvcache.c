@@ -701,56 +701,113 @@ static void attend_row(const ps_kvcache *kv, const ps_kv_layer *L, int64_t t, co
     }
 }
 
-/* Whether a piece of nr rows attends blocked (attend_blocked): long enough, full attention or the base grid
- * (no staggered offsets, no content chunks), and not the per-row reference by request. */
+/* Whether a piece of nr rows attends blocked (attend_blocked): long enough, a grid kind (full, compressed,
+ * staggered, content chunks), and not the per-row reference by request. */
 static int blocked_fits(const ps_kvcache *kv, int64_t nr) {
-    const ps_config *c = &kv->m->cfg;
-    if (kv->o.plain_attention || nr < PS_KV_BLOCKED_MIN) return 0;
-    if (c->kind == PS_ATTN_FULL) return 1;
-    return c->kind == PS_ATTN_COMPRESSED && c->boundaries != PS_BOUNDARIES_CONTENT && !c->any_head_offset;
+    return !kv->o.plain_attention && nr >= PS_KV_BLOCKED_MIN && kv->m->cfg.kind != PS_ATTN_CHANNEL;
 }
 
-/* Rows [i0, i1) of a page list copied into dst [i1 - i0, width] (contiguous). */
-static void rows_gather(float *dst, const ps_kv_rows *r, int64_t i0, int64_t i1) {
-    int64_t n;
-    for (int64_t i = i0; i < i1; i += n) {
-        const float *e = rows_span(r, i, i1, &n);
-        memcpy(dst + (i - i0) * r->width, e, (size_t)(n * r->width) * sizeof(float));
-    }
+/* Σ_c a[c]·b[c] over [lo, hi) in 16 interleaved sums added in a fixed order (vectorises; the same float
+ * for any thread count). */
+static inline float dot16(const float *restrict a, const float *restrict b, int64_t lo, int64_t hi) {
+    float acc[16] = {0};
+    int64_t c = lo;
+    for (; c + 16 <= hi; c += 16)
+        for (int l = 0; l < 16; l++) acc[l] += a[c + l] * b[c + l];
+    for (int l = 0; c < hi; c++, l++) acc[l] += a[c] * b[c];
+    for (int w = 8; w >= 1; w /= 2)
+        for (int l = 0; l < w; l++) acc[l] += acc[l + w];
+    return acc[0];
 }
 
-/* The attention of a piece's nr query rows at positions [t0, t0 + nr) (q [nr, nh, hd] -> z [nr, nh, hd]),
- * blocked: the raw keys and values the piece reaches (the local windows: rows [t0 - LW + 1, t0 + nr); full
- * attention: every row) and the compressed entries ([nW, nkv, hd], the layout of the forward's hook_ck)
- * gathered from the pages into one frame, then the forward's chunked attention (ps_attn_chunk: per head
- * and block of query rows, matrix products of the block against the entries and the raw rows, the masks of
- * ps_attn_forward). The same function as attend_row on each row (test_kvcache compares the two). */
-static int attend_blocked(ps_kvcache *kv, const ps_kv_layer *L, int64_t t0, int64_t nr, const float *q, float *z, ps_error *err) {
+/* Σ_c (row[c] = exp(row[c] - mx)) over [lo, hi), 16 interleaved sums (as the forward's kernel). */
+static inline float exp_sum16(float *row, int64_t lo, int64_t hi, float mx) {
+    float acc[16] = {0};
+    int64_t c = lo;
+    for (; c + 16 <= hi; c += 16)
+        for (int l = 0; l < 16; l++) acc[l] += (row[c + l] = ps_expf_v(row[c + l] - mx));
+    for (int l = 0; c < hi; c++, l++) acc[l] += (row[c] = ps_expf_v(row[c] - mx));
+    for (int w = 8; w >= 1; w /= 2)
+        for (int l = 0; l < w; l++) acc[l] += acc[l + w];
+    return acc[0];
+}
+
+/* The attention of a piece's nr query rows at positions [t0, t0 + nr) (q [nr, nh, hd] -> z [nr, nh, hd];
+ * nvis [nr, nkv]: the entries each row sees, compressed kinds), blocked: per KV head g one frame of columns
+ * — its entries [0, ne_g), then the raw rows [lo, t0 + nr) the piece reaches (the local windows; full
+ * attention: every row) — gathered from the pages once per piece, keys and values transposed ([hd, ncol]),
+ * so that a row's scores and its weighted sum run along the columns (vectorised) with the frame in cache
+ * for the rows of the head (head-major tasks). Row t reads the columns [0, nvis) and its local window;
+ * one softmax over both (SPEC §2; attend_row's function, test_kvcache compares the two). Each row alone:
+ * the numbers do not depend on the thread count. */
+static int attend_blocked(ps_kvcache *kv, const ps_kv_layer *L, int64_t t0, int64_t nr, const int64_t *nvis, const float *q, float *z,
+                          ps_error *err) {
     const ps_config *c = &kv->m->cfg;
-    ps_ctx *ctx = kv->ctx;
     int comp = c->kind == PS_ATTN_COMPRESSED;
-    int64_t nkv = c->n_kv_heads, hd = c->head_dim, ks = nkv * hd, t1 = t0 + nr;
-    int64_t LW = comp ? (c->local_window < t1 ? c->local_window : t1) : 0;
-    int64_t lo = comp ? (t0 - LW + 1 > 0 ? t0 - LW + 1 : 0) : 0, Tk = t1 - lo, nW = comp ? L->ck[0].rows : 0;
-    int64_t need = 2 * (Tk + nW) * ks;
+    int64_t nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim, grp = nh / nkv, ks = nkv * hd, qd = nh * hd, t1 = t0 + nr;
+    int64_t LW = comp ? c->local_window : t1 + 1;
+    int64_t lo = t0 - LW + 1 > 0 ? t0 - LW + 1 : 0, nraw = t1 - lo, nemax = 0;
+    for (int64_t g = 0; comp && g < nkv; g++) nemax = L->ck[g].rows > nemax ? L->ck[g].rows : nemax;
+    int64_t ncol = nemax + nraw, th = omp_get_max_threads(), need = 2 * nkv * hd * ncol + th * ncol;
     if (need > kv->frame_cap) {
         int64_t cap = need + need / 2;
         float *nf = realloc(kv->frame, (size_t)cap * sizeof(float));
-        if (!nf) return ps_fail(err, "out of memory for the attention frame of %lld rows and %lld entries", (long long)Tk, (long long)nW);
+        if (!nf) return ps_fail(err, "out of memory for the attention frame of %lld columns", (long long)ncol);
         kv->frame = nf;
         kv->frame_cap = cap;
     }
-    float *fk = kv->frame, *fv = fk + Tk * ks, *fck = fv + Tk * ks, *fcv = fck + nW * ks;
-    rows_gather(fk, &L->k, lo, t1);
-    rows_gather(fv, &L->v, lo, t1);
-    for (int64_t g = 0; g < (comp ? nkv : 0); g++)
-        for (int64_t j = 0; j < nW; j++) {
-            memcpy(fck + j * ks + g * hd, rows_at(&L->ck[g], j), (size_t)hd * sizeof(float));
-            memcpy(fcv + j * ks + g * hd, rows_at(&L->cv[g], j), (size_t)hd * sizeof(float));
+    float *frame = kv->frame, *scores = frame + 2 * nkv * hd * ncol;
+    /* the frames: KV head g's keys at frame + 2g·hd·ncol, its values hd·ncol further, [hd, ncol] each */
+    for (int64_t g = 0; g < nkv; g++) {
+        float *Kt = frame + 2 * g * hd * ncol, *Vt = Kt + hd * ncol;
+        int64_t ne = comp ? L->ck[g].rows : 0, n;
+        for (int br = 0; br < 2 && ne > 0; br++) {
+            const ps_kv_rows *r = br ? &L->cv[g] : &L->ck[g];
+            float *F = br ? Vt : Kt;
+            for (int64_t j = 0; j < ne; j += n) {
+                const float *e = rows_span(r, j, ne, &n);
+                for (int64_t u = 0; u < n; u++)
+                    for (int64_t x = 0; x < hd; x++) F[x * ncol + j + u] = e[u * hd + x];
+            }
         }
-    ps_attn_frame f = {.nh = c->n_heads, .nkv = nkv, .hd = hd, .compressed = comp, .W = comp ? c->window : 0,
-                       .S = comp ? c->stride : 0, .LW = LW, .nW = nW, .Tq = nr, .Tk = Tk, .q_off = t0 - lo, .pos0 = lo};
-    CK(ps_attn_chunk(ctx, z, q, fk, fv, fck, fcv, &f));
+        for (int br = 0; br < 2; br++) {
+            const ps_kv_rows *r = br ? &L->v : &L->k;
+            float *F = (br ? Vt : Kt) + ne;
+            for (int64_t p = lo; p < t1; p += n) {
+                const float *e = rows_span(r, p, t1, &n);
+                for (int64_t u = 0; u < n; u++)
+                    for (int64_t x = 0; x < hd; x++) F[x * ncol + p - lo + u] = e[u * ks + g * hd + x];
+            }
+        }
+    }
+    float scale = 1.0f / sqrtf((float)hd);
+#pragma omp parallel for schedule(dynamic, 8) if (nr * nh * ncol * hd > 65536)
+    for (int64_t task = 0; task < nh * nr; task++) {
+        int64_t h = task / nr, i = task % nr, g = h / grp, t = t0 + i;
+        int64_t ne = comp ? L->ck[g].rows : 0, nv = comp ? nvis[i * nkv + g] : 0;
+        int64_t c_lo = ne + (t - LW + 1 > lo ? t - LW + 1 - lo : 0), c_hi = ne + t - lo + 1;
+        const float *Kt = frame + 2 * g * hd * ncol, *Vt = Kt + hd * ncol, *qr = q + i * qd + h * hd;
+        float *sc = scores + (int64_t)omp_get_thread_num() * ncol, *zr = z + i * qd + h * hd;
+        /* scores along the columns: sc = q · K over [0, nv) and [c_lo, c_hi) */
+        for (int rg = 0; rg < 2; rg++) {
+            int64_t a0 = rg ? c_lo : 0, a1 = rg ? c_hi : nv;
+            for (int64_t cc = a0; cc < a1; cc++) sc[cc] = qr[0] * Kt[cc];
+            for (int64_t x = 1; x < hd; x++) {
+                const float *kx = Kt + x * ncol;
+                float qx = qr[x];
+                for (int64_t cc = a0; cc < a1; cc++) sc[cc] += qx * kx[cc];
+            }
+            for (int64_t cc = a0; cc < a1; cc++) sc[cc] *= scale;
+        }
+        float mx = -INFINITY;
+        for (int64_t cc = 0; cc < nv; cc++) mx = sc[cc] > mx ? sc[cc] : mx;
+        for (int64_t cc = c_lo; cc < c_hi; cc++) mx = sc[cc] > mx ? sc[cc] : mx;
+        float inv = 1.0f / (exp_sum16(sc, 0, nv, mx) + exp_sum16(sc, c_lo, c_hi, mx));
+        for (int64_t x = 0; x < hd; x++) {
+            const float *vx = Vt + x * ncol;
+            zr[x] = (dot16(sc, vx, 0, nv) + dot16(sc, vx, c_lo, c_hi)) * inv;
+        }
+    }
     kv->n_blocked++;
     return 0;
 }
@@ -820,7 +877,7 @@ static int attn_grid(ps_kvcache *kv, int l, const kv_piece *P, int np, int64_t R
         }
         int64_t r0 = P[i].r0, nr = P[i].n;
         if (blocked_fits(kv, nr)) {
-            if (attend_blocked(kv, L, P[i].t0, nr, kv->q + r0 * qd, kv->z + r0 * qd, err)) return -1;
+            if (attend_blocked(kv, L, P[i].t0, nr, comp ? kv->nvis + r0 * nkv : NULL, kv->q + r0 * qd, kv->z + r0 * qd, err)) return -1;
         } else {
             int th = omp_get_max_threads();
             if (scores_reserve(kv, need, th, err)) return -1;

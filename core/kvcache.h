@@ -28,9 +28,9 @@
  * DeepSeek-V4 checkpoints (core/v4).
  *
  * Backend: the CPU (a host-visible context); the matrix products and norms go through the backend's ops,
- * the compressor of a closing window is plain loops here; the attention of the new rows is blocked (the
- * backend's ps_attn_chunk over a gathered frame) for a long piece of full attention or the base grid, and
- * plain loops per row otherwise (a decode step; and the reference: opts.plain_attention).
+ * the compressor of a closing window is plain loops here; the attention of the new rows is blocked over a
+ * gathered frame for a long piece (PS_KV_BLOCKED_MIN rows), and plain loops per row otherwise (a decode
+ * step; and the reference: opts.plain_attention).
  *
  * Hooks during an append fire with the same names as in ps_forward, per sequence of the batch and per
  * piece of at most `chunk` tokens: T is the piece's tokens ([1, T, ...]); attn.hook_gate_k/gate_v/ck/cv
@@ -105,9 +105,10 @@ typedef struct {
     int plain_attention; /* 1: every appended row attends alone (the per-row reference), also in a long append */
 } ps_kvcache_opts;
 
-/* A sequence's piece of an append of at least this many rows attends blocked (full attention and the
- * base grid: the frame of keys and entries gathered, then the forward's ps_attn_chunk); shorter pieces (a
- * decode step) and staggered grids, content chunks and the channel attention run per row. */
+/* A sequence's piece of an append of at least this many rows attends blocked (every grid kind: per KV
+ * head, the entries and the raw rows the piece reaches gathered once into a transposed frame, each row's
+ * scores and weighted sums vectorised along it); shorter pieces (a decode step) and the channel attention
+ * run per row. */
 #define PS_KV_BLOCKED_MIN 16
 
 typedef struct {
@@ -135,9 +136,9 @@ typedef struct {
     int64_t *cstart;         /* [2, nkv]: start and length of the entry each KV head closes at a position */
     float *scratch;          /* every buffer above is a piece of this allocation */
     int64_t scratch_floats;
-    float *frame;            /* blocked attention: raw k, v [Tk, nkv*hd] and entries ck, cv [nW, nkv*hd] gathered */
+    float *frame;            /* blocked attention: per KV head its keys and values transposed [2, hd, ncol], then scores */
     int64_t frame_cap;       /* floats */
-    int64_t n_blocked;       /* pieces that attended blocked so far (the rest per row) */
+    int64_t n_blocked;       /* pieces (per layer) that attended blocked so far; the rest per row */
 } ps_kvcache;
 
 /* Bytes per token the cache grows by in the long run, as `phasescope info` states it (float32): full

@@ -659,20 +659,23 @@ static void test_generate(void) {
     ps_model_free(&m);
 }
 
-/* The blocked attention of a long append (ps_attn_chunk over the gathered frame) against the per-row
- * reference (opts.plain_attention) and the whole-sequence forward: a prefill in pieces of 256 rows (the
- * last one short), then appends of 20 rows (blocked) and 1 row (per row). Full attention, overlapping
- * windows with a short local window, a local window longer than W and a short one; the blocked path must
- * have run (its piece counter) and never for the reference. */
+/* The blocked attention of a long append (attend_blocked) against the per-row reference
+ * (opts.plain_attention) and the whole-sequence forward: a prefill in pieces of 256 rows (the last one
+ * short), then appends of 20 rows (blocked) and 1 row (per row). Full attention, overlapping windows with a
+ * short local window, a local window longer than W, a local window of 1, staggered grids and content
+ * chunks; the blocked path must have run (its piece counter) and never for the reference. */
 static void test_blocked(void) {
-    struct { ps_attn_kind kind; int64_t W, S, LW; int rope, qkn; } cases[] = {
-        {PS_ATTN_FULL, 0, 0, 0, 1, 1}, {PS_ATTN_COMPRESSED, 8, 4, 6, 1, 1}, {PS_ATTN_COMPRESSED, 8, 8, 40, 0, 1},
-        {PS_ATTN_COMPRESSED, 5, 3, 1, 1, 0}};
+    /* extra: 1 staggered grids (KV head 1 on offset 2), 2 content chunks */
+    struct { ps_attn_kind kind; int64_t W, S, LW; int rope, qkn, extra; } cases[] = {
+        {PS_ATTN_FULL, 0, 0, 0, 1, 1, 0}, {PS_ATTN_COMPRESSED, 8, 4, 6, 1, 1, 0}, {PS_ATTN_COMPRESSED, 8, 8, 40, 0, 1, 0},
+        {PS_ATTN_COMPRESSED, 5, 3, 1, 1, 0, 0}, {PS_ATTN_COMPRESSED, 6, 3, 4, 1, 1, 1}, {PS_ATTN_COMPRESSED, 6, 3, 5, 1, 1, 2}};
     double worst_ref = 0, worst_fwd = 0;
-    for (int ci = 0; ci < 4; ci++) {
+    for (int ci = 0; ci < 6; ci++) {
         ps_config c = tu_config(cases[ci].kind);
         c.n_layers = 2, c.n_kv_heads = 2, c.n_heads = 4, c.rope = cases[ci].rope, c.qk_norm = cases[ci].qkn;
         if (cases[ci].kind == PS_ATTN_COMPRESSED) c.window = cases[ci].W, c.stride = cases[ci].S, c.local_window = cases[ci].LW;
+        if (cases[ci].extra == 1) c.n_grid_offsets = 2, c.head_offsets[0] = 0, c.head_offsets[1] = 2, c.any_head_offset = true;
+        if (cases[ci].extra == 2) c.boundaries = PS_BOUNDARIES_CONTENT, c.chunk_min = 2;
         int64_t P = 600, T = P + 20 + 3, V = c.vocab_size;
         c.max_seq_len = T;
         ps_model m;
