@@ -16,9 +16,9 @@
  * embeddings) at the contexts of --qwen-contexts (default 1024; its whole-sequence path: one forward).
  * Wall and CPU seconds; the machine is shared, so CPU time is the steadier number.
  *
- *   bench_decode [--quick] [--contexts T,...] [--no-full] [--qwen | --qwen-only] [--qwen-contexts T,...] [--no-whole]
- *     (--quick: 1K and 8K only; --contexts: the deep shapes' contexts; --no-full: not the full-attention
- *     deep shape; --no-whole: skip the whole-sequence path)
+ *   bench_decode [--quick] [--contexts T,...] [--no-full | --full-only] [--qwen | --qwen-only] [--qwen-contexts T,...] [--no-whole]
+ *     (--quick: 1K and 8K only; --contexts: the deep shapes' contexts; --no-full / --full-only: without /
+ *     only the full-attention deep shape; --no-whole: skip the whole-sequence path)
  *
  * Output: a markdown table, and one '#decode' line per row (bench/torch_decode_peer.py --phasescope reads
  * them and prints the ratios). */
@@ -169,7 +169,7 @@ int main(int argc, char **argv) {
     char warn[512] = "";
     ps_cpu_env_prepare(argv, warn, sizeof warn);
     if (warn[0]) fprintf(stderr, "%s\n", warn);
-    int quick = 0, qwen = 0, deep = 1, whole = 1, full = 1;
+    int quick = 0, qwen = 0, deep = 1, whole = 1, full = 1, comp_on = 1;
     int64_t qT[8] = {1024}, Ts[8] = {1024, 8192, 32768};
     int nq = 1, nd = 3;
     for (int i = 1; i < argc; i++) {
@@ -178,12 +178,13 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--qwen-only")) qwen = 1, deep = 0;
         else if (!strcmp(argv[i], "--no-whole")) whole = 0;
         else if (!strcmp(argv[i], "--no-full")) full = 0;
+        else if (!strcmp(argv[i], "--full-only")) comp_on = 0;
         else if (!strcmp(argv[i], "--qwen-contexts") && i + 1 < argc) {
             if ((nq = parse_list(argv[++i], qT)) < 0) return 2;
         } else if (!strcmp(argv[i], "--contexts") && i + 1 < argc) {
             if ((nd = parse_list(argv[++i], Ts)) < 0) return 2;
         } else {
-            fprintf(stderr, "usage: bench_decode [--quick] [--contexts T,...] [--no-full] [--qwen | --qwen-only] [--qwen-contexts T,...] [--no-whole]\n");
+            fprintf(stderr, "usage: bench_decode [--quick] [--contexts T,...] [--no-full | --full-only] [--qwen | --qwen-only] [--qwen-contexts T,...] [--no-whole]\n");
             return 2;
         }
     }
@@ -203,7 +204,7 @@ int main(int argc, char **argv) {
     if (quick) nd = 2;
     int64_t dmax = 0;
     for (int i = 0; i < nd; i++) dmax = Ts[i] > dmax ? Ts[i] : dmax;
-    for (int comp = 1; deep && comp >= !full; comp--) {
+    for (int comp = comp_on; deep && comp >= !full; comp--) {
         ps_config c = make_config(64, 12, 8, 8, 128, dmax + 64, comp);
         c.vocab_size = 96;
         ps_model m;
