@@ -2,8 +2,10 @@
  * rows (the new tokens of every sequence of the append, piece after piece): the matrix products, norms and
  * the MLP go through the backend's ops over all rows of a step at once; then, per row in position order,
  * its key, value and layer input enter the sequence's pages, the windows that close at its position are
- * pooled, and its query attends (plain loops below) — so a query sees exactly the entries that exist at
- * its position, as in ps_forward. */
+ * pooled, and the number of entries its query sees is noted; then the piece's queries attend — blocked
+ * over a gathered frame for a long piece (attend_blocked), per row for a short one (attend_row: a decode
+ * step; the reference) — so a query sees exactly the entries that exist at its position, as in
+ * ps_forward. */
 #include "core/kvcache.h"
 
 #include <cblas.h>
@@ -745,6 +747,28 @@ static inline float exp_sum16(float *row, int64_t lo, int64_t hi, float mx) {
     return acc[0];
 }
 
+/* The order key of a float: integers ordered as the floats are (NaN aside); max over keys vectorises
+ * where a float max does not (gcc keeps float max reductions scalar without -ffinite-math-only). */
+static inline int32_t fkey(float x) {
+    int32_t i;
+    memcpy(&i, &x, sizeof i);
+    return i >= 0 ? i : i ^ 0x7fffffff;
+}
+static inline float fkey_inv(int32_t k) {
+    int32_t i = k >= 0 ? k : k ^ 0x7fffffff;
+    float x;
+    memcpy(&x, &i, sizeof x);
+    return x;
+}
+/* max(m, the keys of row[lo, hi)) */
+static inline int32_t max_keys(const float *row, int64_t lo, int64_t hi, int32_t m) {
+    for (int64_t c = lo; c < hi; c++) {
+        int32_t k = fkey(row[c]);
+        m = k > m ? k : m;
+    }
+    return m;
+}
+
 /* The attention of a piece's nr query rows at positions [t0, t0 + nr) (q [nr, nh, hd] -> z [nr, nh, hd];
  * nvis [nr, nkv]: the entries each row sees, compressed kinds), blocked: per KV head g one frame of columns
  * — its entries [0, ne_g), then the raw rows [lo, t0 + nr) the piece reaches (the local windows; full
@@ -812,9 +836,7 @@ static int attend_blocked(ps_kvcache *kv, const ps_kv_layer *L, int64_t t0, int6
             }
             for (int64_t cc = a0; cc < a1; cc++) sc[cc] *= scale;
         }
-        float mx = -INFINITY;
-        for (int64_t cc = 0; cc < nv; cc++) mx = sc[cc] > mx ? sc[cc] : mx;
-        for (int64_t cc = c_lo; cc < c_hi; cc++) mx = sc[cc] > mx ? sc[cc] : mx;
+        float mx = fkey_inv(max_keys(sc, c_lo, c_hi, max_keys(sc, 0, nv, fkey(-INFINITY))));
         float inv = 1.0f / (exp_sum16(sc, 0, nv, mx) + exp_sum16(sc, c_lo, c_hi, mx));
         for (int64_t x = 0; x < hd; x++) {
             const float *vx = Vt + x * ncol;
