@@ -229,6 +229,8 @@ void ps_kvcache_free(ps_kvcache *kv) {
     free(kv->scratch);
     free(kv->att_p);
     free(kv->frame);
+    free(kv->ev_t);
+    free(kv->ev_pay);
     free(kv->cstart);
     free(kv->nvis);
     memset(kv, 0, sizeof *kv);
@@ -550,10 +552,11 @@ typedef struct {
     } while (0)
 
 /* The entries of layer l that close at position t of sequence q (row r of the step): the gates, payloads
- * and pooling of every KV head with a window ending there (closes[g] = its start, or -1), hooks, edits, and
- * the push into the pages. */
+ * and pooling of every KV head with a window ending there (start[g], len[g]; start -1: none), hooks, edits,
+ * and the push into the pages. pre_k, pre_v: the window's payloads [W, nkv*hd] when computed already (a
+ * batch of windows: payloads_batched), else NULL (computed here, plain loops). */
 static int close_entries(ps_kvcache *kv, ps_kv_seq *q, int seq, int l, int64_t t, const int64_t *start, const int64_t *len,
-                         const ps_hooks *hooks, ps_error *err) {
+                         const float *pre_k, const float *pre_v, const ps_hooks *hooks, ps_error *err) {
     const ps_model *m = kv->m;
     const ps_config *c = &m->cfg;
     ps_ctx *ctx = kv->ctx;
@@ -592,8 +595,13 @@ static int close_entries(ps_kvcache *kv, ps_kv_seq *q, int seq, int l, int64_t t
     for (int64_t g = 0; g < nkv; g++) {
         if (start[g] < 0) continue;
         for (int br = 0; br < 2; br++) {
-            const float *C = br ? w.value_payload : w.key_payload, *al = (br ? ga_v : ga_k) + g * W;
+            const float *C = br ? w.value_payload : w.key_payload, *al = (br ? ga_v : ga_k) + g * W, *pre = br ? pre_v : pre_k;
             float *P = br ? pv : pk, *o = (br ? cv : ck) + g * hd;
+            if (pre) { /* the payloads computed for a batch of windows (payloads_batched): [W, ks] */
+                for (int64_t i = 0; i < len[g]; i++)
+                    for (int64_t e = 0; e < hd; e++) o[e] += al[i] * pre[i * ks + g * hd + e];
+                continue;
+            }
             for (int64_t i = 0; i < len[g]; i++) {
                 const float *a = rows_at(&L->ln, start[g] + i), *Cg = (shared ? C : C + i * ks * d) + g * hd * d;
                 float *Pi = P + i * hd;
@@ -847,6 +855,52 @@ static int attend_blocked(ps_kvcache *kv, const ps_kv_layer *L, int64_t t0, int6
     return 0;
 }
 
+/* Room for the windows closing in a piece of n rows (every KV head together): their end, start and length,
+ * and their payloads [2, W, nkv*hd] each, with one offset's gathered inputs and products. */
+static int events_reserve(ps_kvcache *kv, int64_t n, ps_error *err) {
+    const ps_config *c = &kv->m->cfg;
+    int64_t W = c->window, ks = c->n_kv_heads * c->head_dim, need = n * 2 * W * ks + n * c->d_model + n * ks;
+    if (n > kv->ev_cap) {
+        int64_t *a = realloc(kv->ev_t, (size_t)(3 * n) * sizeof *a);
+        if (!a) return ps_fail(err, "out of memory for the windows closing in an append of %lld rows", (long long)n);
+        kv->ev_t = a, kv->ev_start = a + n, kv->ev_len = a + 2 * n, kv->ev_cap = n;
+    }
+    if (need > kv->ev_pay_cap) {
+        float *p = realloc(kv->ev_pay, (size_t)need * sizeof *p);
+        if (!p) return ps_fail(err, "out of memory for the payloads of %lld windows", (long long)n);
+        kv->ev_pay = p, kv->ev_pay_cap = need;
+    }
+    return 0;
+}
+
+/* The payloads of the nev windows recorded (kv->ev_start, ev_len) of layer l, both branches, into
+ * kv->ev_pay [nev, 2, W, nkv*hd]: per offset i, one matrix product of the windows' inputs at offset i
+ * ([m, d], the windows longer than i) with C_i ([nkv*hd, d]; shared payloads: C) — what close_entries
+ * computes per window with dot products, here with each C_i read once for the batch. */
+static int payloads_batched(ps_kvcache *kv, const ps_kv_layer *L, int l, int64_t nev, ps_error *err) {
+    const ps_model *m = kv->m;
+    const ps_config *c = &m->cfg;
+    ps_ctx *ctx = kv->ctx;
+    ps_layer_params w = ps_model_layer(m, m->params, l);
+    int64_t W = c->window, d = c->d_model, ks = c->n_kv_heads * c->head_dim;
+    int shared = c->payload == PS_PAYLOAD_SHARED;
+    float *A = kv->ev_pay + nev * 2 * W * ks, *O = A + nev * d;
+    for (int64_t i = 0; i < W; i++) {
+        int64_t mi = 0;
+        for (int64_t e = 0; e < nev; e++)
+            if (kv->ev_len[e] > i) memcpy(A + mi++ * d, rows_at(&L->ln, kv->ev_start[e] + i), (size_t)d * sizeof(float));
+        if (!mi) continue;
+        for (int br = 0; br < 2; br++) {
+            const float *C = br ? w.value_payload : w.key_payload;
+            CK(kv_matmul(kv, O, A, shared ? C : C + i * ks * d, mi, d, ks, 0));
+            for (int64_t e = 0, k = 0; e < nev; e++)
+                if (kv->ev_len[e] > i) memcpy(kv->ev_pay + ((e * 2 + br) * W + i) * ks, O + k++ * ks, (size_t)ks * sizeof(float));
+        }
+    }
+    (void)err;
+    return 0;
+}
+
 /* Layer l's attention over the step's rows, full or compressed (grid, staggered grid, content chunks): from
  * kv->x to kv->z, the new rows entering the cache. */
 static int attn_grid(ps_kvcache *kv, int l, const kv_piece *P, int np, int64_t R, const int64_t *chunk_len, const ps_hooks *hooks,
@@ -880,7 +934,11 @@ static int attn_grid(ps_kvcache *kv, int l, const kv_piece *P, int np, int64_t R
         ps_kv_seq *q = &kv->seqs[P[i].seq];
         ps_kv_layer *L = &q->layers[l];
         kv->ev = (ps_kv_event){.seq = P[i].seq, .t0 = P[i].t0, .entry = -1};
-        /* the rows enter the cache in order, and the windows closing at each position are pooled ... */
+        /* the rows enter the cache in order, and the windows closing at each position are pooled (a long
+         * piece of the base grid or content chunks: after its rows, their payloads in matrix products) ... */
+        int defer = comp && !c->any_head_offset && blocked_fits(kv, P[i].n);
+        int64_t nev = 0;
+        if (defer && events_reserve(kv, P[i].n, err)) return -1;
         for (int64_t r = P[i].r0; r < P[i].r0 + P[i].n; r++) {
             int64_t t = P[i].t0 + (r - P[i].r0);
             if (rows_push(kv, &L->k, kv->kk + r * ks) || rows_push(kv, &L->v, kv->vv + r * ks) ||
@@ -898,9 +956,22 @@ static int attn_grid(ps_kvcache *kv, int l, const kv_piece *P, int np, int64_t R
                     }
                     any |= start[g] >= 0;
                 }
-                if (any && close_entries(kv, q, P[i].seq, l, t, start, len, hooks, err)) return -1;
+                if (any && defer) { /* every KV head closes the same window here: pooled after the piece's rows */
+                    kv->ev_start[nev] = start[0], kv->ev_len[nev] = len[0], kv->ev_t[nev] = t;
+                    nev++;
+                } else if (any && close_entries(kv, q, P[i].seq, l, t, start, len, NULL, NULL, hooks, err))
+                    return -1;
                 kv->ev = (ps_kv_event){.seq = P[i].seq, .t0 = P[i].t0, .entry = -1};
-                for (int64_t g = 0; g < nkv; g++) kv->nvis[r * nkv + g] = L->ck[g].rows; /* what query t sees */
+                for (int64_t g = 0; g < nkv; g++) kv->nvis[r * nkv + g] = L->ck[g].rows + nev; /* what query t sees */
+            }
+        }
+        if (nev > 0) {
+            if (payloads_batched(kv, L, l, nev, err)) return -1;
+            for (int64_t e = 0; e < nev; e++) {
+                for (int64_t g = 0; g < nkv; g++) start[g] = kv->ev_start[e], len[g] = kv->ev_len[e];
+                const float *pk = kv->ev_pay + e * 2 * W * ks;
+                if (close_entries(kv, q, P[i].seq, l, kv->ev_t[e], start, len, pk, pk + W * ks, hooks, err)) return -1;
+                kv->ev = (ps_kv_event){.seq = P[i].seq, .t0 = P[i].t0, .entry = -1};
             }
         }
         /* ... then every row's query attends to what existed at its position (rows independent: threads) */

@@ -139,6 +139,10 @@ typedef struct {
     float *frame;            /* blocked attention: per KV head its keys and values transposed [2, hd, ncol], then scores */
     int64_t frame_cap;       /* floats */
     int64_t n_blocked;       /* pieces (per layer) that attended blocked so far; the rest per row */
+    int64_t *ev_t, *ev_start, *ev_len; /* a long piece's closing windows: end, start, length [ev_cap] each */
+    int64_t ev_cap;
+    float *ev_pay;           /* their payloads [n, 2, W, nkv*hd], then one offset's inputs [n, d] and products [n, nkv*hd] */
+    int64_t ev_pay_cap;
 } ps_kvcache;
 
 /* Bytes per token the cache grows by in the long run, as `phasescope info` states it (float32): full

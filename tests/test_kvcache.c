@@ -711,7 +711,7 @@ static void test_blocked(void) {
         ref_free(&r);
         ps_model_free(&m);
     }
-    CHECK(worst_ref < 1e-5 && worst_fwd < TOL, "blocked attention: logits differ from the per-row reference by %.3g, from the forward by %.3g",
+    CHECK(worst_ref < 3e-5 && worst_fwd < TOL, "blocked attention: logits differ from the per-row reference by %.3g, from the forward by %.3g",
           worst_ref, worst_fwd);
     printf("  blocked attention: max relative logit error %.3g against the per-row reference, %.3g against the forward\n", worst_ref,
            worst_fwd);
