@@ -297,7 +297,7 @@ def run_bench(path, threads):
           f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(library detection)')}, "
           f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}); wall s (CPU s); ratio = phasescope speed / PyTorch speed\n")
     print("| model | context T | torch TTFT s | phasescope TTFT s | TTFT ratio | torch decode tok/s | phasescope decode tok/s "
-          "| decode ratio | phasescope decode / bandwidth bound |")
+          "| decode ratio | phasescope decode / bandwidth bound (CPU) |")
     print("|---|---|---|---|---|---|---|---|---|")
     peers = {}
     for r in rows:
@@ -309,9 +309,10 @@ def run_bench(path, threads):
         ttft, ttft_cpu, dec, dec_cpu, _ = time_row(peers[model], T, steps)
         pt, ptc, ps, psc = (float(r[k]) for k in ("ttft", "ttft_cpu", "step", "step_cpu"))
         bound = float(r["bw"]) / float(r["wbytes"])
+        bound_cpu = float(r.get("bw_cpu", r["bw"])) / float(r["wbytes"])
         print(f"| {model} | {T} | {ttft:.3f} ({ttft_cpu:.3f}) | {pt:.3f} ({ptc:.3f}) | {ttft / pt:.2f}x ({ttft_cpu / ptc:.2f}x) "
               f"| {1 / dec:.1f} ({1 / dec_cpu:.1f}) | {1 / ps:.1f} ({1 / psc:.1f}) | {dec / ps:.2f}x ({dec_cpu / psc:.2f}x) "
-              f"| {100 / ps / bound:.0f}% |")
+              f"| {100 / ps / bound:.0f}% ({100 / psc / bound_cpu:.0f}%) |")
         print(f"#peer model={model} T={T} ttft={ttft:.6f} ttft_cpu={ttft_cpu:.6f} step={dec:.6f} step_cpu={dec_cpu:.6f}")
         sys.stdout.flush()
 
