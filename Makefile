@@ -90,8 +90,9 @@ bench: build
 # at 1K) and its PyTorch peer with a KV cache on the same rows (bench/torch_decode_peer.py), one run.
 bench-decode: build
 	@./build/bench/bench_decode --contexts 1024,8192,32768 --no-full > build/bench_decode.out; rc=$$?; cat build/bench_decode.out; [ $$rc -eq 0 ] || exit $$rc
-	@./build/bench/bench_decode --contexts 1024,8192 --full-only --qwen | grep -v '^BLAS\|^decode\|^$$\|^| model\|^|---' >> build/bench_decode.out; tail -n +1 build/bench_decode.out | grep '^|' | tail -n 3
+	@./build/bench/bench_decode --contexts 1024,8192 --full-only --qwen | grep -v '^BLAS\|^decode\|^$$\|^| model\|^|---' >> build/bench_decode.out; grep '^|' build/bench_decode.out | tail -n 3
 	@if $(PEER_PYTHON) -c 'import torch' >/dev/null 2>&1; then \
+		$(PEER_PYTHON) bench/torch_decode_peer.py --check build/phasescope && \
 		$(PEER_PYTHON) bench/torch_decode_peer.py --phasescope build/bench_decode.out; \
 	else \
 		echo "bench-decode: PyTorch peer skipped: $(PEER_PYTHON) cannot import torch"; \
