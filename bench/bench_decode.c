@@ -16,9 +16,11 @@
  * embeddings) at the contexts of --qwen-contexts (default 1024; its whole-sequence path: one forward).
  * Wall and CPU seconds; the machine is shared, so CPU time is the steadier number.
  *
- *   bench_decode [--quick] [--contexts T,...] [--no-full | --full-only] [--qwen | --qwen-only] [--qwen-contexts T,...] [--no-whole]
+ *   bench_decode [--quick] [--contexts T,...] [--no-full | --full-only] [--qwen | --qwen-only] [--qwen-contexts T,...]
+ *                [--no-whole] [--chunk ROWS]
  *     (--quick: 1K and 8K only; --contexts: the deep shapes' contexts; --no-full / --full-only: without /
- *     only the full-attention deep shape; --no-whole: skip the whole-sequence path)
+ *     only the full-attention deep shape; --no-whole: skip the whole-sequence path; --chunk: the cache's rows
+ *     per step, default 256)
  *
  * Output: a markdown table, and one '#decode' line per row (bench/torch_decode_peer.py --phasescope reads
  * them and prints the ratios). */
@@ -76,6 +78,8 @@ static double weight_bytes_per_token(const ps_model *m) {
     return 4.0 * b;
 }
 
+static int64_t g_chunk = 256; /* --chunk: rows per step of the prefill (ps_kvcache_opts.chunk) */
+
 static void row(const char *name, const ps_model *m, int64_t T, int decode_steps, int whole_runs, const float *bw_arr) {
     const ps_config *c = &m->cfg;
     ps_error err;
@@ -86,7 +90,7 @@ static void row(const char *name, const ps_model *m, int64_t T, int decode_steps
     ps_rng_seed(&r, 3);
     for (int64_t i = 0; i < T + decode_steps + 1; i++) tok[i] = (int32_t)ps_rng_below(&r, V);
     ps_kvcache kv;
-    ps_kvcache_opts o = {.chunk = 256};
+    ps_kvcache_opts o = {.chunk = g_chunk};
     if (ps_kvcache_create(&kv, m, &o, &err)) {
         fprintf(stderr, "%s\n", err.msg);
         exit(1);
@@ -184,12 +188,13 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--no-whole")) whole = 0;
         else if (!strcmp(argv[i], "--no-full")) full = 0;
         else if (!strcmp(argv[i], "--full-only")) comp_on = 0;
+        else if (!strcmp(argv[i], "--chunk") && i + 1 < argc && atoll(argv[i + 1]) > 0) g_chunk = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--qwen-contexts") && i + 1 < argc) {
             if ((nq = parse_list(argv[++i], qT)) < 0) return 2;
         } else if (!strcmp(argv[i], "--contexts") && i + 1 < argc) {
             if ((nd = parse_list(argv[++i], Ts)) < 0) return 2;
         } else {
-            fprintf(stderr, "usage: bench_decode [--quick] [--contexts T,...] [--no-full | --full-only] [--qwen | --qwen-only] [--qwen-contexts T,...] [--no-whole]\n");
+            fprintf(stderr, "usage: bench_decode [--quick] [--contexts T,...] [--no-full | --full-only] [--qwen | --qwen-only] [--qwen-contexts T,...] [--no-whole] [--chunk ROWS]\n");
             return 2;
         }
     }
