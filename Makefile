@@ -9,7 +9,7 @@ JOBS ?= $(shell nproc)
 FUZZ_SECONDS ?= 15
 FUZZ_TARGETS = safetensors config train_config render index tokenizer v4_config
 
-.PHONY: all setup build build-asan build-fuzz demo retrain test test-fast test-asan fuzz bench clean python
+.PHONY: all setup build build-asan build-fuzz demo retrain test test-fast test-asan fuzz bench bench-decode clean python
 
 all: build
 
@@ -81,6 +81,18 @@ bench: build
 	@$(PEER_PYTHON) bench/bench_python_torch.py --build build
 	@bash bench/bench_contention.sh build .
 	@bash bench/bench_mpi.sh build .
+
+# bench-decode: bench_decode (KV cache decode, time to first token, the bandwidth bound; the Qwen3-0.6B shape
+# at 1K) and its PyTorch peer with a KV cache on the same rows (bench/torch_decode_peer.py), one run.
+bench-decode: build
+	@./build/bench/bench_decode --contexts 1024,8192,32768 --no-full > build/bench_decode.out; rc=$$?; cat build/bench_decode.out; [ $$rc -eq 0 ] || exit $$rc
+	@./build/bench/bench_decode --contexts 1024,8192 --full-only --qwen | grep -v '^BLAS\|^decode\|^$$\|^| model\|^|---' >> build/bench_decode.out; grep '^|' build/bench_decode.out | tail -n 3
+	@if $(PEER_PYTHON) -c 'import torch' >/dev/null 2>&1; then \
+		$(PEER_PYTHON) bench/torch_decode_peer.py --check build/phasescope && \
+		$(PEER_PYTHON) bench/torch_decode_peer.py --phasescope build/bench_decode.out; \
+	else \
+		echo "bench-decode: PyTorch peer skipped: $(PEER_PYTHON) cannot import torch"; \
+	fi
 
 clean:
 	rm -rf build build-asan build-fuzz

@@ -2,10 +2,13 @@
  * rows (the new tokens of every sequence of the append, piece after piece): the matrix products, norms and
  * the MLP go through the backend's ops over all rows of a step at once; then, per row in position order,
  * its key, value and layer input enter the sequence's pages, the windows that close at its position are
- * pooled, and its query attends (plain loops below) — so a query sees exactly the entries that exist at
- * its position, as in ps_forward. */
+ * pooled, and the number of entries its query sees is noted; then the piece's queries attend — blocked
+ * over a gathered frame for a long piece (attend_blocked), per row for a short one (attend_row: a decode
+ * step; the reference) — so a query sees exactly the entries that exist at its position, as in
+ * ps_forward. */
 #include "core/kvcache.h"
 
+#include <cblas.h>
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -231,6 +234,9 @@ void ps_kvcache_free(ps_kvcache *kv) {
     free(kv->edits);
     free(kv->scratch);
     free(kv->att_p);
+    free(kv->frame);
+    free(kv->ev_t);
+    free(kv->ev_pay);
     free(kv->cstart);
     free(kv->nvis);
     memset(kv, 0, sizeof *kv);
@@ -245,6 +251,7 @@ int ps_kvcache_create(ps_kvcache *kv, const ps_model *m, const ps_kvcache_opts *
     kv->ctx = m->ctx;
     kv->o.chunk = o && o->chunk > 0 ? o->chunk : 256;
     kv->o.history = o && o->history > 0 ? o->history : 0;
+    kv->o.plain_attention = o ? o->plain_attention : 0;
     if (o && (o->chunk < 0 || o->history < 0))
         return ps_fail(err, "KV cache options: chunk %lld and history %lld must be >= 0", (long long)o->chunk, (long long)o->history);
     int64_t R = kv->o.chunk, d = c->d_model, nh = c->n_heads, hd = c->head_dim, ks = c->n_kv_heads * hd, dff = c->d_ff,
@@ -518,6 +525,18 @@ static void rope_row(float *cs, float *sn, int64_t p, int64_t hd, double theta) 
     }
 }
 
+/* out[M, N] (= or +=) inp[M, K] · w[N, K]^T: the backend's ps_matmul, except one row on the CPU backend
+ * (a decode step of one sequence), which is cblas_sgemv: OpenBLAS 0.3.21's sgemm packs the whole weight
+ * matrix even for one row — measured 2.5-3.4x the CPU time of sgemv on the Qwen3-0.6B shape's logits head
+ * [151936, 1024] and MLP matrices [3072, 1024]. (The cache runs on host-visible contexts only.) */
+static int kv_matmul(ps_kvcache *kv, float *out, const float *inp, const float *w, int64_t M, int64_t K, int64_t N, int accumulate) {
+    if (M == 1 && K > 0 && N > 0 && kv->ctx->be == &ps_backend_cpu && !kv->ctx->failed) {
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, (blasint)N, (blasint)K, 1.0f, w, (blasint)K, inp, 1, accumulate ? 1.0f : 0.0f, out, 1);
+        return 0;
+    }
+    return ps_matmul(kv->ctx, out, inp, w, M, K, N, accumulate);
+}
+
 /* The dot products of the cache: in order for short vectors (a head of 8), ps_dot's 16 partial sums in a
  * fixed order for long ones (a layer input of d; vectorises). */
 static inline float dotf(const float *a, const float *b, int64_t n) {
@@ -549,10 +568,11 @@ typedef struct {
     } while (0)
 
 /* The entries of layer l that close at position t of sequence q (row r of the step): the gates, payloads
- * and pooling of every KV head with a window ending there (closes[g] = its start, or -1), hooks, edits, and
- * the push into the pages. */
+ * and pooling of every KV head with a window ending there (start[g], len[g]; start -1: none), hooks, edits,
+ * and the push into the pages. pre_k, pre_v: the window's payloads [W, nkv*hd] when computed already (a
+ * batch of windows: payloads_batched), else NULL (computed here, plain loops). */
 static int close_entries(ps_kvcache *kv, ps_kv_seq *q, int seq, int l, int64_t t, const int64_t *start, const int64_t *len,
-                         const ps_hooks *hooks, ps_error *err) {
+                         const float *pre_k, const float *pre_v, const ps_hooks *hooks, ps_error *err) {
     const ps_model *m = kv->m;
     const ps_config *c = &m->cfg;
     ps_ctx *ctx = kv->ctx;
@@ -591,8 +611,13 @@ static int close_entries(ps_kvcache *kv, ps_kv_seq *q, int seq, int l, int64_t t
     for (int64_t g = 0; g < nkv; g++) {
         if (start[g] < 0) continue;
         for (int br = 0; br < 2; br++) {
-            const float *C = br ? w.value_payload : w.key_payload, *al = (br ? ga_v : ga_k) + g * W;
+            const float *C = br ? w.value_payload : w.key_payload, *al = (br ? ga_v : ga_k) + g * W, *pre = br ? pre_v : pre_k;
             float *P = br ? pv : pk, *o = (br ? cv : ck) + g * hd;
+            if (pre) { /* the payloads computed for a batch of windows (payloads_batched): [W, ks] */
+                for (int64_t i = 0; i < len[g]; i++)
+                    for (int64_t e = 0; e < hd; e++) o[e] += al[i] * pre[i * ks + g * hd + e];
+                continue;
+            }
             for (int64_t i = 0; i < len[g]; i++) {
                 const float *a = rows_at(&L->ln, start[g] + i), *Cg = (shared ? C : C + i * ks * d) + g * hd * d;
                 float *Pi = P + i * hd;
@@ -715,6 +740,183 @@ static void attend_row(const ps_kvcache *kv, const ps_kv_layer *L, int64_t t, co
     }
 }
 
+/* Whether a piece of nr rows attends blocked (attend_blocked): long enough, a grid kind (full, compressed,
+ * staggered, content chunks), and not the per-row reference by request. */
+static int blocked_fits(const ps_kvcache *kv, int64_t nr) {
+    return !kv->o.plain_attention && nr >= PS_KV_BLOCKED_MIN && kv->m->cfg.kind != PS_ATTN_CHANNEL;
+}
+
+/* Σ_c a[c]·b[c] over [lo, hi) in 16 interleaved sums added in a fixed order (vectorises; the same float
+ * for any thread count). */
+static inline float dot16(const float *restrict a, const float *restrict b, int64_t lo, int64_t hi) {
+    float acc[16] = {0};
+    int64_t c = lo;
+    for (; c + 16 <= hi; c += 16)
+        for (int l = 0; l < 16; l++) acc[l] += a[c + l] * b[c + l];
+    for (int l = 0; c < hi; c++, l++) acc[l] += a[c] * b[c];
+    for (int w = 8; w >= 1; w /= 2)
+        for (int l = 0; l < w; l++) acc[l] += acc[l + w];
+    return acc[0];
+}
+
+/* Σ_c (row[c] = exp(row[c] - mx)) over [lo, hi), 16 interleaved sums (as the forward's kernel). */
+static inline float exp_sum16(float *row, int64_t lo, int64_t hi, float mx) {
+    float acc[16] = {0};
+    int64_t c = lo;
+    for (; c + 16 <= hi; c += 16)
+        for (int l = 0; l < 16; l++) acc[l] += (row[c + l] = ps_expf_v(row[c + l] - mx));
+    for (int l = 0; c < hi; c++, l++) acc[l] += (row[c] = ps_expf_v(row[c] - mx));
+    for (int w = 8; w >= 1; w /= 2)
+        for (int l = 0; l < w; l++) acc[l] += acc[l + w];
+    return acc[0];
+}
+
+/* The order key of a float: integers ordered as the floats are (NaN aside); max over keys vectorises
+ * where a float max does not (gcc keeps float max reductions scalar without -ffinite-math-only). */
+static inline int32_t fkey(float x) {
+    int32_t i;
+    memcpy(&i, &x, sizeof i);
+    return i >= 0 ? i : i ^ 0x7fffffff;
+}
+static inline float fkey_inv(int32_t k) {
+    int32_t i = k >= 0 ? k : k ^ 0x7fffffff;
+    float x;
+    memcpy(&x, &i, sizeof x);
+    return x;
+}
+/* max(m, the keys of row[lo, hi)) */
+static inline int32_t max_keys(const float *row, int64_t lo, int64_t hi, int32_t m) {
+    for (int64_t c = lo; c < hi; c++) {
+        int32_t k = fkey(row[c]);
+        m = k > m ? k : m;
+    }
+    return m;
+}
+
+/* The attention of a piece's nr query rows at positions [t0, t0 + nr) (q [nr, nh, hd] -> z [nr, nh, hd];
+ * nvis [nr, nkv]: the entries each row sees, compressed kinds), blocked: per KV head g one frame of columns
+ * — its entries [0, ne_g), then the raw rows [lo, t0 + nr) the piece reaches (the local windows; full
+ * attention: every row) — gathered from the pages once per piece, keys and values transposed ([hd, ncol]),
+ * so that a row's scores and its weighted sum run along the columns (vectorised) with the frame in cache
+ * for the rows of the head (head-major tasks). Row t reads the columns [0, nvis) and its local window;
+ * one softmax over both (SPEC §2; attend_row's function, test_kvcache compares the two). Each row alone:
+ * the numbers do not depend on the thread count. */
+static int attend_blocked(ps_kvcache *kv, const ps_kv_layer *L, int64_t t0, int64_t nr, const int64_t *nvis, const float *q, float *z,
+                          ps_error *err) {
+    const ps_config *c = &kv->m->cfg;
+    int comp = c->kind == PS_ATTN_COMPRESSED;
+    int64_t nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim, grp = nh / nkv, ks = nkv * hd, qd = nh * hd, t1 = t0 + nr;
+    int64_t LW = comp ? c->local_window : t1 + 1;
+    int64_t lo = t0 - LW + 1 > 0 ? t0 - LW + 1 : 0, nraw = t1 - lo, nemax = 0;
+    for (int64_t g = 0; comp && g < nkv; g++) nemax = L->ck[g].rows > nemax ? L->ck[g].rows : nemax;
+    int64_t ncol = nemax + nraw, th = omp_get_max_threads(), need = 2 * nkv * hd * ncol + th * ncol;
+    if (need > kv->frame_cap) {
+        int64_t cap = need + need / 2;
+        float *nf = realloc(kv->frame, (size_t)cap * sizeof(float));
+        if (!nf) return ps_fail(err, "out of memory for the attention frame of %lld columns", (long long)ncol);
+        kv->frame = nf;
+        kv->frame_cap = cap;
+    }
+    float *frame = kv->frame, *scores = frame + 2 * nkv * hd * ncol;
+    /* the frames: KV head g's keys at frame + 2g·hd·ncol, its values hd·ncol further, [hd, ncol] each */
+    for (int64_t g = 0; g < nkv; g++) {
+        float *Kt = frame + 2 * g * hd * ncol, *Vt = Kt + hd * ncol;
+        int64_t ne = comp ? L->ck[g].rows : 0, n;
+        for (int br = 0; br < 2 && ne > 0; br++) {
+            const ps_kv_rows *r = br ? &L->cv[g] : &L->ck[g];
+            float *F = br ? Vt : Kt;
+            for (int64_t j = 0; j < ne; j += n) {
+                const float *e = rows_span(r, j, ne, &n);
+                for (int64_t u = 0; u < n; u++)
+                    for (int64_t x = 0; x < hd; x++) F[x * ncol + j + u] = e[u * hd + x];
+            }
+        }
+        for (int br = 0; br < 2; br++) {
+            const ps_kv_rows *r = br ? &L->v : &L->k;
+            float *F = (br ? Vt : Kt) + ne;
+            for (int64_t p = lo; p < t1; p += n) {
+                const float *e = rows_span(r, p, t1, &n);
+                for (int64_t u = 0; u < n; u++)
+                    for (int64_t x = 0; x < hd; x++) F[x * ncol + p - lo + u] = e[u * ks + g * hd + x];
+            }
+        }
+    }
+    float scale = 1.0f / sqrtf((float)hd);
+#pragma omp parallel for schedule(dynamic, 8) if (nr * nh * ncol * hd > 65536)
+    for (int64_t task = 0; task < nh * nr; task++) {
+        int64_t h = task / nr, i = task % nr, g = h / grp, t = t0 + i;
+        int64_t ne = comp ? L->ck[g].rows : 0, nv = comp ? nvis[i * nkv + g] : 0;
+        int64_t c_lo = ne + (t - LW + 1 > lo ? t - LW + 1 - lo : 0), c_hi = ne + t - lo + 1;
+        const float *Kt = frame + 2 * g * hd * ncol, *Vt = Kt + hd * ncol, *qr = q + i * qd + h * hd;
+        float *sc = scores + (int64_t)omp_get_thread_num() * ncol, *zr = z + i * qd + h * hd;
+        /* scores along the columns: sc = q · K over [0, nv) and [c_lo, c_hi) */
+        for (int rg = 0; rg < 2; rg++) {
+            int64_t a0 = rg ? c_lo : 0, a1 = rg ? c_hi : nv;
+            for (int64_t cc = a0; cc < a1; cc++) sc[cc] = qr[0] * Kt[cc];
+            for (int64_t x = 1; x < hd; x++) {
+                const float *kx = Kt + x * ncol;
+                float qx = qr[x];
+                for (int64_t cc = a0; cc < a1; cc++) sc[cc] += qx * kx[cc];
+            }
+            for (int64_t cc = a0; cc < a1; cc++) sc[cc] *= scale;
+        }
+        float mx = fkey_inv(max_keys(sc, c_lo, c_hi, max_keys(sc, 0, nv, fkey(-INFINITY))));
+        float inv = 1.0f / (exp_sum16(sc, 0, nv, mx) + exp_sum16(sc, c_lo, c_hi, mx));
+        for (int64_t x = 0; x < hd; x++) {
+            const float *vx = Vt + x * ncol;
+            zr[x] = (dot16(sc, vx, 0, nv) + dot16(sc, vx, c_lo, c_hi)) * inv;
+        }
+    }
+    kv->n_blocked++;
+    return 0;
+}
+
+/* Room for the windows closing in a piece of n rows (every KV head together): their end, start and length,
+ * and their payloads [2, W, nkv*hd] each, with one offset's gathered inputs and products. */
+static int events_reserve(ps_kvcache *kv, int64_t n, ps_error *err) {
+    const ps_config *c = &kv->m->cfg;
+    int64_t W = c->window, ks = c->n_kv_heads * c->head_dim, need = n * 2 * W * ks + n * c->d_model + n * ks;
+    if (n > kv->ev_cap) {
+        int64_t *a = realloc(kv->ev_t, (size_t)(3 * n) * sizeof *a);
+        if (!a) return ps_fail(err, "out of memory for the windows closing in an append of %lld rows", (long long)n);
+        kv->ev_t = a, kv->ev_start = a + n, kv->ev_len = a + 2 * n, kv->ev_cap = n;
+    }
+    if (need > kv->ev_pay_cap) {
+        float *p = realloc(kv->ev_pay, (size_t)need * sizeof *p);
+        if (!p) return ps_fail(err, "out of memory for the payloads of %lld windows", (long long)n);
+        kv->ev_pay = p, kv->ev_pay_cap = need;
+    }
+    return 0;
+}
+
+/* The payloads of the nev windows recorded (kv->ev_start, ev_len) of layer l, both branches, into
+ * kv->ev_pay [nev, 2, W, nkv*hd]: per offset i, one matrix product of the windows' inputs at offset i
+ * ([m, d], the windows longer than i) with C_i ([nkv*hd, d]; shared payloads: C) — what close_entries
+ * computes per window with dot products, here with each C_i read once for the batch. */
+static int payloads_batched(ps_kvcache *kv, const ps_kv_layer *L, int l, int64_t nev, ps_error *err) {
+    const ps_model *m = kv->m;
+    const ps_config *c = &m->cfg;
+    ps_ctx *ctx = kv->ctx;
+    ps_layer_params w = ps_model_layer(m, m->params, l);
+    int64_t W = c->window, d = c->d_model, ks = c->n_kv_heads * c->head_dim;
+    int shared = c->payload == PS_PAYLOAD_SHARED;
+    float *A = kv->ev_pay + nev * 2 * W * ks, *O = A + nev * d;
+    for (int64_t i = 0; i < W; i++) {
+        int64_t mi = 0;
+        for (int64_t e = 0; e < nev; e++)
+            if (kv->ev_len[e] > i) memcpy(A + mi++ * d, rows_at(&L->ln, kv->ev_start[e] + i), (size_t)d * sizeof(float));
+        if (!mi) continue;
+        for (int br = 0; br < 2; br++) {
+            const float *C = br ? w.value_payload : w.key_payload;
+            CK(kv_matmul(kv, O, A, shared ? C : C + i * ks * d, mi, d, ks, 0));
+            for (int64_t e = 0, k = 0; e < nev; e++)
+                if (kv->ev_len[e] > i) memcpy(kv->ev_pay + ((e * 2 + br) * W + i) * ks, O + k++ * ks, (size_t)ks * sizeof(float));
+        }
+    }
+    (void)err;
+    return 0;
+}
+
 /* Layer l's attention over the step's rows, full or compressed (grid, staggered grid, content chunks): from
  * kv->x to kv->z, the new rows entering the cache. */
 static int attn_grid(ps_kvcache *kv, int l, const kv_piece *P, int np, int64_t R, const int64_t *chunk_len, const ps_hooks *hooks,
@@ -727,8 +929,8 @@ static int attn_grid(ps_kvcache *kv, int l, const kv_piece *P, int np, int64_t R
     int64_t d = c->d_model, nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim, ks = nkv * hd, qd = nh * hd, W = c->window,
             S = c->stride;
     float eps = (float)c->rms_eps;
-    CK(ps_rmsnorm(ctx, kv->ln1, NULL, kv->x, w.in_norm, R, d, eps) || ps_matmul(ctx, kv->q, kv->ln1, w.wq, R, d, qd, 0) ||
-       ps_matmul(ctx, kv->kk, kv->ln1, w.wk, R, d, ks, 0) || ps_matmul(ctx, kv->vv, kv->ln1, w.wv, R, d, ks, 0));
+    CK(ps_rmsnorm(ctx, kv->ln1, NULL, kv->x, w.in_norm, R, d, eps) || kv_matmul(kv, kv->q, kv->ln1, w.wq, R, d, qd, 0) ||
+       kv_matmul(kv, kv->kk, kv->ln1, w.wk, R, d, ks, 0) || kv_matmul(kv, kv->vv, kv->ln1, w.wv, R, d, ks, 0));
     if (c->qk_norm)
         CK(ps_rmsnorm(ctx, kv->q, NULL, kv->q, w.qnorm, R * nh, hd, eps) || ps_rmsnorm(ctx, kv->kk, NULL, kv->kk, w.knorm, R * nkv, hd, eps));
     if (c->rope) {
@@ -748,7 +950,11 @@ static int attn_grid(ps_kvcache *kv, int l, const kv_piece *P, int np, int64_t R
         ps_kv_seq *q = &kv->seqs[P[i].seq];
         ps_kv_layer *L = &q->layers[l];
         kv->ev = (ps_kv_event){.seq = P[i].seq, .t0 = P[i].t0, .entry = -1};
-        /* the rows enter the cache in order, and the windows closing at each position are pooled ... */
+        /* the rows enter the cache in order, and the windows closing at each position are pooled (a long
+         * piece of the base grid or content chunks: after its rows, their payloads in matrix products) ... */
+        int defer = comp && !c->any_head_offset && blocked_fits(kv, P[i].n);
+        int64_t nev = 0;
+        if (defer && events_reserve(kv, P[i].n, err)) return -1;
         for (int64_t r = P[i].r0; r < P[i].r0 + P[i].n; r++) {
             int64_t t = P[i].t0 + (r - P[i].r0);
             if (rows_push(kv, &L->k, kv->kk + r * ks) || rows_push(kv, &L->v, kv->vv + r * ks) ||
@@ -766,9 +972,22 @@ static int attn_grid(ps_kvcache *kv, int l, const kv_piece *P, int np, int64_t R
                     }
                     any |= start[g] >= 0;
                 }
-                if (any && close_entries(kv, q, P[i].seq, l, t, start, len, hooks, err)) return -1;
+                if (any && defer) { /* every KV head closes the same window here: pooled after the piece's rows */
+                    kv->ev_start[nev] = start[0], kv->ev_len[nev] = len[0], kv->ev_t[nev] = t;
+                    nev++;
+                } else if (any && close_entries(kv, q, P[i].seq, l, t, start, len, NULL, NULL, hooks, err))
+                    return -1;
                 kv->ev = (ps_kv_event){.seq = P[i].seq, .t0 = P[i].t0, .entry = -1};
-                for (int64_t g = 0; g < nkv; g++) kv->nvis[r * nkv + g] = L->ck[g].rows; /* what query t sees */
+                for (int64_t g = 0; g < nkv; g++) kv->nvis[r * nkv + g] = L->ck[g].rows + nev; /* what query t sees */
+            }
+        }
+        if (nev > 0) {
+            if (payloads_batched(kv, L, l, nev, err)) return -1;
+            for (int64_t e = 0; e < nev; e++) {
+                for (int64_t g = 0; g < nkv; g++) start[g] = kv->ev_start[e], len[g] = kv->ev_len[e];
+                const float *pk = kv->ev_pay + e * 2 * W * ks;
+                if (close_entries(kv, q, P[i].seq, l, kv->ev_t[e], start, len, pk, pk + W * ks, hooks, err)) return -1;
+                kv->ev = (ps_kv_event){.seq = P[i].seq, .t0 = P[i].t0, .entry = -1};
             }
         }
         /* ... then every row's query attends to what existed at its position (rows independent: threads) */
@@ -778,13 +997,17 @@ static int attn_grid(ps_kvcache *kv, int l, const kv_piece *P, int np, int64_t R
             for (int64_t g = 0; g < nkv; g++) need = L->ck[g].rows > need ? L->ck[g].rows : need;
             need += c->local_window + 1;
         }
-        int th = omp_get_max_threads();
-        if (scores_reserve(kv, need, th, err)) return -1;
         int64_t r0 = P[i].r0, nr = P[i].n;
+        if (blocked_fits(kv, nr)) {
+            if (attend_blocked(kv, L, P[i].t0, nr, comp ? kv->nvis + r0 * nkv : NULL, kv->q + r0 * qd, kv->z + r0 * qd, err)) return -1;
+        } else {
+            int th = omp_get_max_threads();
+            if (scores_reserve(kv, need, th, err)) return -1;
 #pragma omp parallel for schedule(dynamic, 1) if (nr > 1 && nr * need * nh * hd > 65536)
-        for (int64_t r = r0; r < r0 + nr; r++)
-            attend_row(kv, L, P[i].t0 + (r - r0), comp ? kv->nvis + r * nkv : NULL, kv->q + r * qd, kv->z + r * qd,
-                       kv->att_p + (int64_t)omp_get_thread_num() * kv->att_cap);
+            for (int64_t r = r0; r < r0 + nr; r++)
+                attend_row(kv, L, P[i].t0 + (r - r0), comp ? kv->nvis + r * nkv : NULL, kv->q + r * qd, kv->z + r * qd,
+                           kv->att_p + (int64_t)omp_get_thread_num() * kv->att_cap);
+        }
         if (comp) {
             rows_drop_front(kv, &L->k, t1 - (c->local_window - 1) - kv->o.history);
             rows_drop_front(kv, &L->v, t1 - (c->local_window - 1) - kv->o.history);
@@ -899,8 +1122,8 @@ static int attn_channel(ps_kvcache *kv, int l, const kv_piece *P, int np, int64_
     int64_t d = c->d_model, nh = c->n_heads, hd = c->head_dim, qd = nh * hd, cw = ps_config_v4_series(c) * hd, mr = c->rate,
             SL = ps_config_v4_slots(c);
     float eps = (float)c->rms_eps, *row = kv->ent + hd; /* one compressor row: kv then z [2, c*hd] */
-    CK(ps_rmsnorm(ctx, kv->ln1, NULL, kv->x, w.in_norm, R, d, eps) || ps_matmul(ctx, kv->q, kv->ln1, w.wq, R, d, qd, 0) ||
-       ps_matmul(ctx, kv->kk, kv->ln1, w.wk, R, d, hd, 0));
+    CK(ps_rmsnorm(ctx, kv->ln1, NULL, kv->x, w.in_norm, R, d, eps) || kv_matmul(kv, kv->q, kv->ln1, w.wq, R, d, qd, 0) ||
+       kv_matmul(kv, kv->kk, kv->ln1, w.wk, R, d, hd, 0));
     if (c->qk_norm)
         CK(ps_rmsnorm(ctx, kv->q, NULL, kv->q, w.qnorm, R * nh, hd, eps) || ps_rmsnorm(ctx, kv->kk, NULL, kv->kk, w.knorm, R, hd, eps));
     if (c->rope) {
@@ -914,7 +1137,7 @@ static int attn_channel(ps_kvcache *kv, int l, const kv_piece *P, int np, int64_
         FIRE_P(PS_HOOK_Q, kv->q + P[i].r0 * qd, 4, 1, P[i].n, nh, hd);
         FIRE_P(PS_HOOK_K, kv->kk + P[i].r0 * hd, 4, 1, P[i].n, 1, hd);
     }
-    CK(ps_matmul(ctx, kv->ckv, kv->ln1, w.c_wkv, R, d, cw, 0) || ps_matmul(ctx, kv->cz, kv->ln1, w.c_wgate, R, d, cw, 0));
+    CK(kv_matmul(kv, kv->ckv, kv->ln1, w.c_wkv, R, d, cw, 0) || kv_matmul(kv, kv->cz, kv->ln1, w.c_wgate, R, d, cw, 0));
     for (int i = 0; i < np; i++) {
         ps_kv_seq *q = &kv->seqs[P[i].seq];
         ps_kv_layer *L = &q->layers[l];
@@ -970,13 +1193,13 @@ static int layer_step(ps_kvcache *kv, int l, const kv_piece *P, int np, int64_t 
     if (c->kind == PS_ATTN_CHANNEL ? attn_channel(kv, l, P, np, R, hooks, err) : attn_grid(kv, l, P, np, R, chunk_len, hooks, err))
         return -1;
     if (fire_pieces(kv, l, PS_HOOK_Z, P, np, kv->z, nh, hd, hooks, err)) return -1;
-    CK(ps_matmul(ctx, kv->attn_out, kv->z, w.wo, R, qd, d, 0));
+    CK(kv_matmul(kv, kv->attn_out, kv->z, w.wo, R, qd, d, 0));
     if (fire_pieces(kv, l, PS_HOOK_ATTN_OUT, P, np, kv->attn_out, d, 0, hooks, err)) return -1;
     CK(ps_add(ctx, kv->mid, kv->x, kv->attn_out, R * d));
     if (fire_pieces(kv, l, PS_HOOK_RESID_MID, P, np, kv->mid, d, 0, hooks, err)) return -1;
-    CK(ps_rmsnorm(ctx, kv->ln2, NULL, kv->mid, w.post_norm, R, d, eps) || ps_matmul(ctx, kv->g, kv->ln2, w.mlp_gate, R, d, dff, 0) ||
-       ps_matmul(ctx, kv->u, kv->ln2, w.mlp_up, R, d, dff, 0) || ps_swiglu(ctx, kv->h, kv->g, kv->u, R * dff) ||
-       ps_matmul(ctx, kv->mlp_out, kv->h, w.mlp_down, R, dff, d, 0));
+    CK(ps_rmsnorm(ctx, kv->ln2, NULL, kv->mid, w.post_norm, R, d, eps) || kv_matmul(kv, kv->g, kv->ln2, w.mlp_gate, R, d, dff, 0) ||
+       kv_matmul(kv, kv->u, kv->ln2, w.mlp_up, R, d, dff, 0) || ps_swiglu(ctx, kv->h, kv->g, kv->u, R * dff) ||
+       kv_matmul(kv, kv->mlp_out, kv->h, w.mlp_down, R, dff, d, 0));
     if (fire_pieces(kv, l, PS_HOOK_MLP_OUT, P, np, kv->mlp_out, d, 0, hooks, err)) return -1;
     CK(ps_add(ctx, kv->x, kv->mid, kv->mlp_out, R * d));
     if (fire_pieces(kv, l, PS_HOOK_RESID_POST, P, np, kv->x, d, 0, hooks, err)) return -1;
@@ -1036,14 +1259,14 @@ static int run_step(ps_kvcache *kv, const kv_piece *P, int np, int64_t R, const 
             }
             for (int64_t j = 0; j < k; j++) memcpy(xr + j * d, kv->x + rows[j] * d, (size_t)d * sizeof(float));
             CK(ps_rmsnorm(ctx, ln, NULL, xr, ps_model_final_norm(m, m->params), k, d, (float)c->rms_eps) ||
-               ps_matmul(ctx, lg, ln, ps_model_lm_head(m, m->params), k, d, V, 0));
+               kv_matmul(kv, lg, ln, ps_model_lm_head(m, m->params), k, d, V, 0));
             for (int64_t j = 0; j < k; j++) memcpy(logits + dst[j] * V, lg + j * V, (size_t)V * sizeof(float));
             k = 0;
         }
     if (k > 0) {
         for (int64_t j = 0; j < k; j++) memcpy(xr + j * d, kv->x + rows[j] * d, (size_t)d * sizeof(float));
         CK(ps_rmsnorm(ctx, ln, NULL, xr, ps_model_final_norm(m, m->params), k, d, (float)c->rms_eps) ||
-           ps_matmul(ctx, lg, ln, ps_model_lm_head(m, m->params), k, d, V, 0));
+           kv_matmul(kv, lg, ln, ps_model_lm_head(m, m->params), k, d, V, 0));
         for (int64_t j = 0; j < k; j++) memcpy(logits + dst[j] * V, lg + j * V, (size_t)V * sizeof(float));
     }
     return 0;

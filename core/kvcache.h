@@ -29,7 +29,9 @@
  * every function below goes to core/v4/v4_kvcache.h (its layout and cache points are described there).
  *
  * Backend: the CPU (a host-visible context); the matrix products and norms go through the backend's ops,
- * the compressor of a closing window and the attention of the new rows are plain loops here.
+ * the compressor of a closing window is plain loops here; the attention of the new rows is blocked over a
+ * gathered frame for a long piece (PS_KV_BLOCKED_MIN rows), and plain loops per row otherwise (a decode
+ * step; and the reference: opts.plain_attention).
  *
  * Hooks during an append fire with the same names as in ps_forward, per sequence of the batch and per
  * piece of at most `chunk` tokens: T is the piece's tokens ([1, T, ...]); attn.hook_gate_k/gate_v/ck/cv
@@ -102,9 +104,16 @@ typedef struct {
 typedef struct {
     int64_t chunk;   /* rows run through the layers at once (all sequences of an append together) */
     int64_t history; /* positions kept beyond the windows, so ps_kvcache_truncate can go back that far */
+    int plain_attention; /* 1: every appended row attends alone (the per-row reference), also in a long append */
 } ps_kvcache_opts;
 
 struct ps_v4_kvcache;
+/* A sequence's piece of an append of at least this many rows attends blocked (every grid kind: per KV
+ * head, the entries and the raw rows the piece reaches gathered once into a transposed frame, each row's
+ * scores and weighted sums vectorised along it); shorter pieces (a decode step) and the channel attention
+ * run per row. */
+#define PS_KV_BLOCKED_MIN 16
+
 typedef struct {
     const ps_model *m;       /* the controlled model (NULL for a DeepSeek-V4 cache) */
     struct ps_v4_kvcache *v4; /* a DeepSeek-V4 checkpoint's cache (core/v4/v4_kvcache.h), or NULL */
@@ -131,6 +140,13 @@ typedef struct {
     int64_t *cstart;         /* [2, nkv]: start and length of the entry each KV head closes at a position */
     float *scratch;          /* every buffer above is a piece of this allocation */
     int64_t scratch_floats;
+    float *frame;            /* blocked attention: per KV head its keys and values transposed [2, hd, ncol], then scores */
+    int64_t frame_cap;       /* floats */
+    int64_t n_blocked;       /* pieces (per layer) that attended blocked so far; the rest per row */
+    int64_t *ev_t, *ev_start, *ev_len; /* a long piece's closing windows: end, start, length [ev_cap] each */
+    int64_t ev_cap;
+    float *ev_pay;           /* their payloads [n, 2, W, nkv*hd], then one offset's inputs [n, d] and products [n, nkv*hd] */
+    int64_t ev_pay_cap;
 } ps_kvcache;
 
 /* Bytes per token the cache grows by in the long run, as `phasescope info` states it (float32): full

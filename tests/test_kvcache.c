@@ -659,6 +659,64 @@ static void test_generate(void) {
     ps_model_free(&m);
 }
 
+/* The blocked attention of a long append (attend_blocked) against the per-row reference
+ * (opts.plain_attention) and the whole-sequence forward: a prefill in pieces of 256 rows (the last one
+ * short), then appends of 20 rows (blocked) and 1 row (per row). Full attention, overlapping windows with a
+ * short local window, a local window longer than W, a local window of 1, staggered grids and content
+ * chunks; the blocked path must have run (its piece counter) and never for the reference. */
+static void test_blocked(void) {
+    /* extra: 1 staggered grids (KV head 1 on offset 2), 2 content chunks */
+    struct { ps_attn_kind kind; int64_t W, S, LW; int rope, qkn, extra; } cases[] = {
+        {PS_ATTN_FULL, 0, 0, 0, 1, 1, 0}, {PS_ATTN_COMPRESSED, 8, 4, 6, 1, 1, 0}, {PS_ATTN_COMPRESSED, 8, 8, 40, 0, 1, 0},
+        {PS_ATTN_COMPRESSED, 5, 3, 1, 1, 0, 0}, {PS_ATTN_COMPRESSED, 6, 3, 4, 1, 1, 1}, {PS_ATTN_COMPRESSED, 6, 3, 5, 1, 1, 2}};
+    double worst_ref = 0, worst_fwd = 0;
+    for (int ci = 0; ci < 6; ci++) {
+        ps_config c = tu_config(cases[ci].kind);
+        c.n_layers = 2, c.n_kv_heads = 2, c.n_heads = 4, c.rope = cases[ci].rope, c.qk_norm = cases[ci].qkn;
+        if (cases[ci].kind == PS_ATTN_COMPRESSED) c.window = cases[ci].W, c.stride = cases[ci].S, c.local_window = cases[ci].LW;
+        if (cases[ci].extra == 1) c.n_grid_offsets = 2, c.head_offsets[0] = 0, c.head_offsets[1] = 2, c.any_head_offset = true;
+        if (cases[ci].extra == 2) c.boundaries = PS_BOUNDARIES_CONTENT, c.chunk_min = 2;
+        int64_t P = 600, T = P + 20 + 3, V = c.vocab_size;
+        c.max_seq_len = T;
+        ps_model m;
+        tu_random_model(&m, &c, 300 + (uint64_t)ci, 0.4f);
+        ps_error err;
+        int32_t *tok = malloc((size_t)T * sizeof(int32_t));
+        tu_random_tokens(tok, T, V, 400 + (uint64_t)ci);
+        ref_seq r;
+        ref_run(&r, &m, &c, tok, T, NULL);
+        float *lg[2];
+        int64_t blocked[2];
+        for (int plain = 0; plain < 2; plain++) {
+            ps_kvcache kv;
+            ps_kvcache_opts o = {.chunk = 256, .plain_attention = plain};
+            REQUIRE_OK(ps_kvcache_create(&kv, &m, &o, &err), &err);
+            int s = ps_kvcache_add(&kv, &err);
+            lg[plain] = malloc((size_t)(T * V) * sizeof(float));
+            int64_t done = 0, steps[5] = {P, 20, 1, 1, 1};
+            for (int k = 0; k < 5; k++) {
+                CHECK_OK(ps_kvcache_append(&kv, 1, &s, &steps[k], tok + done, NULL, lg[plain] + done * V, false, &err), &err);
+                done += steps[k];
+            }
+            blocked[plain] = kv.n_blocked;
+            ps_kvcache_free(&kv);
+        }
+        CHECK(blocked[0] == 2 * 4 && blocked[1] == 0, "case %d: %lld pieces attended blocked (expected 8: 2 layers x 3 prefill pieces + "
+              "the 20-row append), %lld with plain_attention (expected 0)", ci, (long long)blocked[0], (long long)blocked[1]);
+        for (int64_t t = 0; t < T; t++) {
+            worst_ref = fmax(worst_ref, row_rel(lg[0] + t * V, lg[1] + t * V, V));
+            worst_fwd = fmax(worst_fwd, row_rel(lg[0] + t * V, r.a.p.logits + t * V, V));
+        }
+        free(lg[0]), free(lg[1]), free(tok);
+        ref_free(&r);
+        ps_model_free(&m);
+    }
+    CHECK(worst_ref < 3e-5 && worst_fwd < TOL, "blocked attention: logits differ from the per-row reference by %.3g, from the forward by %.3g",
+          worst_ref, worst_fwd);
+    printf("  blocked attention: max relative logit error %.3g against the per-row reference, %.3g against the forward\n", worst_ref,
+           worst_fwd);
+}
+
 /* One sequence past 128K tokens (W = S = 64, so the whole-sequence reference takes seconds on one core;
  * PS_KV_LONG=0 skips it): the prefill's last logits and one decode step's against ps_forward, and every
  * entry. */
@@ -696,6 +754,7 @@ static void test_long(void) {
 }
 
 int main(void) {
+    test_blocked();
     test_property();
     test_fork_truncate();
     test_bytes();
