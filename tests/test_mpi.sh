@@ -235,7 +235,10 @@ check "a DeepSeek-V4 usage error under mpirun: said once, exit 2" '[ $rc -eq 2 ]
 
 # ---- data-parallel training ----
 section "data-parallel training"
-sed 's/"steps": 400/"steps": 20/; s/"checkpoint_every": 200/"checkpoint_every": 10/; s/"log_every": 50/"log_every": 2/; s/"eval_every": 100/"eval_every": 10/; s/"gates_every": 100/"gates_every": 10/' \
+# NS steps with a checkpoint (and eval, gate records) every HALF; under the sanitizers half as many (the same
+# paths: checkpoints, resume across rank counts, evals, gate records)
+NS=20 HALF=10; [ "$SAN" = 1 ] && NS=10 HALF=5
+sed "s/\"steps\": 400/\"steps\": $NS/; s/\"checkpoint_every\": 200/\"checkpoint_every\": $HALF/; s/\"log_every\": 50/\"log_every\": 2/; s/\"eval_every\": 100/\"eval_every\": $HALF/; s/\"gates_every\": 100/\"gates_every\": $HALF/" \
   "$SRC/experiments/configs/tiny_kv_w4s4.json" > "$T/cfg.json"
 $MPI -np 1 "$PS" train --config "$T/cfg.json" --out "$T/t1" > /dev/null 2>&1
 $MPI -np 2 "$PS" train --config "$T/cfg.json" --out "$T/t2" > "$T/t2.txt" 2>&1
@@ -255,12 +258,12 @@ print('largest relative loss difference %.2e' % worst)
 sys.exit(0 if worst <= tol else 1)
 EOF
 }
-check "train: -np 2 loss curve within 1e-5 of -np 1 (20 steps)" 'curve "$T/t1/train.jsonl" "$T/t2/train.jsonl" 1e-5'
-# --resume with another number of ranks: 2 ranks to step 10, then 1 rank to the end (and the other way)
-$MPI -np 2 "$PS" train --config "$T/cfg.json" --out "$T/r21" --stop-after 10 > /dev/null 2>&1
+check "train: -np 2 loss curve within 1e-5 of -np 1 ($NS steps)" 'curve "$T/t1/train.jsonl" "$T/t2/train.jsonl" 1e-5'
+# --resume with another number of ranks: 2 ranks to step HALF, then 1 rank to the end (and the other way)
+$MPI -np 2 "$PS" train --config "$T/cfg.json" --out "$T/r21" --stop-after $HALF > /dev/null 2>&1
 "$PS" train --config "$T/cfg.json" --out "$T/r21" --resume > /dev/null 2>&1
 check "train: 2 ranks, then --resume with 1: the same curve" 'curve "$T/t1/train.jsonl" "$T/r21/train.jsonl" 1e-5'
-"$PS" train --config "$T/cfg.json" --out "$T/r12" --stop-after 10 > /dev/null 2>&1
+"$PS" train --config "$T/cfg.json" --out "$T/r12" --stop-after $HALF > /dev/null 2>&1
 $MPI -np 2 "$PS" train --config "$T/cfg.json" --out "$T/r12" --resume > /dev/null 2>&1
 check "train: 1 rank, then --resume with 2: the same curve" 'curve "$T/t1/train.jsonl" "$T/r12/train.jsonl" 1e-5'
 out=$($MPI -np 2 "$PS" train --config "$T/cfg.json" --out "$T/t2" 2>&1); rc=$?
@@ -280,7 +283,7 @@ check "train channel attention: -np 2 loss curve and gate records like -np 1" 'c
 
 # ---- a rank that dies, a rank that hangs ----
 section "a killed rank, a stuck rank"
-sed 's/"steps": 20/"steps": 100000/; s/"checkpoint_every": 10/"checkpoint_every": 3/; s/"eval_every": 10/"eval_every": 100000/; s/"gates_every": 10/"gates_every": 100000/' \
+sed "s/\"steps\": $NS/\"steps\": 100000/; s/\"checkpoint_every\": $HALF/\"checkpoint_every\": 3/; s/\"eval_every\": $HALF/\"eval_every\": 100000/; s/\"gates_every\": $HALF/\"gates_every\": 100000/" \
   "$T/cfg.json" > "$T/long.json"
 rank_pid() { # rank_pid MPIRUN_PID RANK: the pid of that rank (a child of mpirun)
   local c
