@@ -285,7 +285,7 @@ int ps_kvcache_create(ps_kvcache *kv, const ps_model *m, const ps_kvcache_opts *
     return 0;
 }
 
-static ps_kv_seq *seq_get(ps_kvcache *kv, int seq, ps_error *err) {
+ps_kv_seq *ps_kvcache_seq(ps_kvcache *kv, int seq, ps_error *err) {
     if (seq < 0 || seq >= kv->n_seq || !kv->seqs[seq].live) {
         ps_fail(err, "KV cache: no sequence %d", seq);
         return NULL;
@@ -348,7 +348,7 @@ int ps_kvcache_add(ps_kvcache *kv, ps_error *err) {
 int ps_kvcache_fork(ps_kvcache *kv, int src, ps_error *err) {
     if (kv->v4) return ps_v4_kvcache_fork(kv, src, err);
     const ps_config *c = &kv->m->cfg;
-    if (!seq_get(kv, src, err)) return -1;
+    if (!ps_kvcache_seq(kv, src, err)) return -1;
     int s = ps_kvcache_add(kv, err);
     if (s < 0) return -1;
     ps_kv_seq *a = &kv->seqs[src], *b = &kv->seqs[s]; /* (add may have moved the table: take both after it) */
@@ -387,7 +387,7 @@ static int64_t grid_entries(const ps_config *c, int64_t g, int64_t t) {
 int ps_kvcache_truncate(ps_kvcache *kv, int seq, int64_t T, ps_error *err) {
     if (kv->v4) return ps_v4_kvcache_truncate(kv, seq, T, err);
     const ps_config *c = &kv->m->cfg;
-    ps_kv_seq *q = seq_get(kv, seq, err);
+    ps_kv_seq *q = ps_kvcache_seq(kv, seq, err);
     if (!q) return -1;
     if (T < 0 || T > q->T)
         return ps_fail(err, "truncating sequence %d of %lld tokens to %lld: must be in [0, %lld]", seq, (long long)q->T, (long long)T,
@@ -478,9 +478,43 @@ int ps_kvcache_entry(const ps_kvcache *kv, int seq, int l, int g, int value, int
     return 0;
 }
 
-static void edit_apply(const ps_kv_edit *e, float *row, int64_t hd) {
-    if (e->kind == PS_KV_EDIT_ZERO) memset(row, 0, (size_t)hd * sizeof(float));
-    else memcpy(row, e->vec, (size_t)hd * sizeof(float));
+void ps_kvcache_edit_apply(const ps_kv_edit *e, float *row, int64_t d) {
+    if (e->kind == PS_KV_EDIT_ZERO) memset(row, 0, (size_t)d * sizeof(float));
+    else memcpy(row, e->vec, (size_t)d * sizeof(float));
+}
+
+const ps_kv_edit *ps_kvcache_edit_push(ps_kvcache *kv, int seq, int l, int g, int value, int64_t j, ps_kv_edit_kind kind,
+                                       const float *vec, int64_t d, const char *point, ps_error *err) {
+    if (j < 0) {
+        ps_fail(err, "%s: entry %lld must be >= 0", point, (long long)j);
+        return NULL;
+    }
+    if (kind != PS_KV_EDIT_ZERO && kind != PS_KV_EDIT_SET) {
+        ps_fail(err, "KV cache edit: unknown kind %d", (int)kind);
+        return NULL;
+    }
+    if (kind == PS_KV_EDIT_SET && !vec) {
+        ps_fail(err, "KV cache edit: SET needs a vector of %lld floats", (long long)d);
+        return NULL;
+    }
+    if (seq != -1 && !ps_kvcache_seq(kv, seq, err)) return NULL;
+    ps_kv_edit *ne = realloc(kv->edits, (size_t)(kv->n_edits + 1) * sizeof *ne);
+    if (!ne) {
+        ps_fail(err, "out of memory for a KV cache edit");
+        return NULL;
+    }
+    kv->edits = ne;
+    ps_kv_edit *e = &kv->edits[kv->n_edits];
+    *e = (ps_kv_edit){.layer = l, .head = g, .value = value, .entry = j, .seq = seq, .kind = kind, .vec = NULL};
+    if (kind == PS_KV_EDIT_SET) {
+        if (!(e->vec = malloc((size_t)d * sizeof(float)))) {
+            ps_fail(err, "out of memory for a KV cache edit");
+            return NULL;
+        }
+        memcpy(e->vec, vec, (size_t)d * sizeof(float));
+    }
+    kv->n_edits++;
+    return e;
 }
 
 int ps_kvcache_edit(ps_kvcache *kv, int seq, int l, int g, int value, int64_t j, ps_kv_edit_kind kind, const float *vec,
@@ -489,27 +523,17 @@ int ps_kvcache_edit(ps_kvcache *kv, int seq, int l, int g, int value, int64_t j,
     const ps_config *c = &kv->m->cfg;
     int64_t hd = c->head_dim;
     if (entry_check(kv, l, g, value, err)) return -1;
-    if (j < 0) return ps_fail(err, "blocks.%d.attn.%s: entry %lld must be >= 0", l, value ? "cache_cv" : "cache_ck", (long long)j);
-    if (kind != PS_KV_EDIT_ZERO && kind != PS_KV_EDIT_SET) return ps_fail(err, "KV cache edit: unknown kind %d", (int)kind);
-    if (kind == PS_KV_EDIT_SET && !vec) return ps_fail(err, "KV cache edit: SET needs a vector of %lld floats", (long long)hd);
-    if (seq != -1 && !seq_get(kv, seq, err)) return -1;
-    ps_kv_edit *ne = realloc(kv->edits, (size_t)(kv->n_edits + 1) * sizeof *ne);
-    if (!ne) return ps_fail(err, "out of memory for a KV cache edit");
-    kv->edits = ne;
-    ps_kv_edit *e = &kv->edits[kv->n_edits];
-    *e = (ps_kv_edit){.layer = l, .head = g, .value = value, .entry = j, .seq = seq, .kind = kind, .vec = NULL};
-    if (kind == PS_KV_EDIT_SET) {
-        if (!(e->vec = malloc((size_t)hd * sizeof(float)))) return ps_fail(err, "out of memory for a KV cache edit");
-        memcpy(e->vec, vec, (size_t)hd * sizeof(float));
-    }
-    kv->n_edits++;
+    char point[64];
+    snprintf(point, sizeof point, "blocks.%d.attn.%s", l, value ? "cache_cv" : "cache_ck");
+    const ps_kv_edit *e = ps_kvcache_edit_push(kv, seq, l, g, value, j, kind, vec, hd, point, err);
+    if (!e) return -1;
     for (int s = 0; s < kv->n_seq; s++) {
         if (!kv->seqs[s].live || (seq != -1 && s != seq)) continue;
         ps_kv_rows *r = value ? &kv->seqs[s].layers[l].cv[g] : &kv->seqs[s].layers[l].ck[g];
         if (j >= r->rows) continue;
         float *row = rows_mut(kv, r, j);
         if (!row) return ps_fail(err, "out of memory editing a KV cache entry");
-        edit_apply(e, row, hd);
+        ps_kvcache_edit_apply(e, row, hd);
     }
     return 0;
 }
@@ -641,7 +665,7 @@ static int close_entries(ps_kvcache *kv, ps_kv_seq *q, int seq, int l, int64_t t
         for (int i = 0; i < kv->n_edits; i++) {
             const ps_kv_edit *e = &kv->edits[i];
             if (e->layer == l && e->head == g && e->entry == jg && (e->seq == -1 || e->seq == seq))
-                edit_apply(e, (e->value ? cv : ck) + g * hd, hd);
+                ps_kvcache_edit_apply(e, (e->value ? cv : ck) + g * hd, hd);
         }
         if (rows_push(kv, &L->ck[g], ck + g * hd) || rows_push(kv, &L->cv[g], cv + g * hd))
             return ps_fail(err, "out of memory for the KV cache's compressed entries");
@@ -1071,7 +1095,7 @@ static int close_channel(ps_kvcache *kv, ps_kv_seq *q, int seq, int l, int64_t t
     FIRE_P(PS_HOOK_CK, ck, 4, 1, 1, 1, hd);
     for (int i = 0; i < kv->n_edits; i++) {
         const ps_kv_edit *e = &kv->edits[i];
-        if (e->layer == l && e->head == 0 && e->value == 0 && e->entry == wi && (e->seq == -1 || e->seq == seq)) edit_apply(e, ck, hd);
+        if (e->layer == l && e->head == 0 && e->value == 0 && e->entry == wi && (e->seq == -1 || e->seq == seq)) ps_kvcache_edit_apply(e, ck, hd);
     }
     if (rows_push(kv, &L->ck[0], ck)) return ps_fail(err, "out of memory for the KV cache's compressed entries");
     return 0;
@@ -1287,7 +1311,7 @@ int ps_kvcache_append(ps_kvcache *kv, int n_seq, const int *seqs, const int64_t 
             return ps_fail(err, "hook \"blocks.%d.attn.hook_pattern\" is not available during a KV cache append (run the sequence whole with ps_forward)", l);
     int64_t tot = 0;
     for (int i = 0; i < n_seq; i++) {
-        ps_kv_seq *q = seq_get(kv, seqs[i], err);
+        ps_kv_seq *q = ps_kvcache_seq(kv, seqs[i], err);
         if (!q) return -1;
         for (int k = 0; k < i; k++)
             if (seqs[k] == seqs[i]) return ps_fail(err, "KV cache append: sequence %d is given twice", seqs[i]);

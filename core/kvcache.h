@@ -224,4 +224,13 @@ void ps_kv_rows_drop_front(ps_kvcache *kv, ps_kv_rows *r, int64_t from);
 void ps_kv_rows_truncate(ps_kvcache *kv, ps_kv_rows *r, int64_t n);
 int ps_kv_rows_fork(ps_kv_rows *dst, const ps_kv_rows *src);
 
+/* What both families' caches share beside the pages: ps_kvcache_seq, a live sequence (NULL and a message
+ * naming it otherwise); ps_kvcache_edit_push, checks an edit of entry j (d floats; `point` names the cache
+ * point in messages, e.g. "blocks.3.attn.cache_ck") and records it for the rest of the cache's life (the
+ * recorded edit, NULL and err otherwise); ps_kvcache_edit_apply writes it into a row of d floats. */
+ps_kv_seq *ps_kvcache_seq(ps_kvcache *kv, int seq, ps_error *err);
+const ps_kv_edit *ps_kvcache_edit_push(ps_kvcache *kv, int seq, int l, int g, int value, int64_t j, ps_kv_edit_kind kind,
+                                       const float *vec, int64_t d, const char *point, ps_error *err);
+void ps_kvcache_edit_apply(const ps_kv_edit *e, float *row, int64_t d);
+
 #endif

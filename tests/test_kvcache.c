@@ -575,6 +575,11 @@ static void test_bad_inputs(void) {
     tok[2] = 0;
     CHECK_ERR(ps_kvcache_append(&kv, 2, two, nn, tok, NULL, NULL, false, &err), &err, "twice");
     CHECK_ERR(ps_kvcache_truncate(&kv, s, 3, &err), &err, "[0, 0]");
+    /* a refused edit names the point and is not recorded */
+    CHECK_ERR(ps_kvcache_edit(&kv, -1, 0, 0, 0, -1, PS_KV_EDIT_ZERO, NULL, &err), &err, "blocks.0.attn.cache_ck: entry -1 must be >= 0");
+    CHECK_ERR(ps_kvcache_edit(&kv, -1, 0, 0, 1, 2, PS_KV_EDIT_SET, NULL, &err), &err, "SET needs a vector of");
+    CHECK_ERR(ps_kvcache_edit(&kv, 9, 0, 0, 1, 2, PS_KV_EDIT_ZERO, NULL, &err), &err, "no sequence 9");
+    CHECK(kv.n_edits == 0, "refused edits are not recorded (%d recorded)", kv.n_edits);
     ps_kvcache_free(&kv);
     ps_model_free(&m);
 }

@@ -553,6 +553,11 @@ static void edits(void) {
     CHECK_ERR(ps_kvcache_edit(&kv, -1, 0, 0, 0, 1, PS_KV_EDIT_ZERO, NULL, &err), &err, "sliding-window layer");
     CHECK_ERR(ps_kvcache_edit(&kv, -1, 2, 0, 1, 1, PS_KV_EDIT_ZERO, NULL, &err), &err, "not a CSA layer");
     CHECK_ERR(ps_kvcache_entry(&kv, s, 1, 0, 0, 99, got, &err), &err, "not 99");
+    int n_ed = kv.n_edits;
+    CHECK_ERR(ps_kvcache_edit(&kv, -1, 3, 0, 1, -2, PS_KV_EDIT_ZERO, NULL, &err), &err, "layers.3.attn.cache_ik: entry -2 must be >= 0");
+    CHECK_ERR(ps_kvcache_edit(&kv, -1, 3, 0, 0, 1, PS_KV_EDIT_SET, NULL, &err), &err, "SET needs a vector of");
+    CHECK_ERR(ps_kvcache_edit(&kv, 99, 3, 0, 0, 1, PS_KV_EDIT_ZERO, NULL, &err), &err, "no sequence 99");
+    CHECK(kv.n_edits == n_ed, "refused edits are not recorded (%d, was %d)", kv.n_edits, n_ed);
     CHECK_OK(ps_v4_kvcache_point_parse(c, "layers.3.attn.cache_ik", &l0, &v0, &err), &err);
     CHECK(l0 == 3 && v0 == 1, "cache_ik parses to layer 3, value 1");
     CHECK_ERR(ps_v4_kvcache_point_parse(c, "layers.2.attn.cache_ik", &l0, &v0, &err), &err, "no indexer");

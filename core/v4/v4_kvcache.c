@@ -130,13 +130,6 @@ int ps_v4_kvcache_create(ps_kvcache *kv, ps_v4_model *m, const ps_kvcache_opts *
     return 0;
 }
 
-static ps_kv_seq *seq_get(ps_kvcache *kv, int seq, ps_error *err) {
-    if (seq < 0 || seq >= kv->n_seq || !kv->seqs[seq].live) {
-        ps_fail(err, "KV cache: no sequence %d", seq);
-        return NULL;
-    }
-    return &kv->seqs[seq];
-}
 
 void ps_v4_kvcache_drop(ps_kvcache *kv, int seq) {
     if (seq < 0 || seq >= kv->n_seq || !kv->seqs[seq].live) return;
@@ -197,7 +190,7 @@ int ps_v4_kvcache_add(ps_kvcache *kv, ps_error *err) {
 
 int ps_v4_kvcache_fork(ps_kvcache *kv, int src, ps_error *err) {
     const ps_v4_config *c = cfg_of(kv);
-    if (!seq_get(kv, src, err)) return -1;
+    if (!ps_kvcache_seq(kv, src, err)) return -1;
     int s = ps_v4_kvcache_add(kv, err);
     if (s < 0) return -1;
     ps_kv_seq *a = &kv->seqs[src], *b = &kv->seqs[s]; /* (add may have moved the table: take both after it) */
@@ -234,7 +227,7 @@ static void cut(ps_kvcache *kv, ps_kv_seq *q, int64_t T) {
 
 int ps_v4_kvcache_truncate(ps_kvcache *kv, int seq, int64_t T, ps_error *err) {
     const ps_v4_config *c = cfg_of(kv);
-    ps_kv_seq *q = seq_get(kv, seq, err);
+    ps_kv_seq *q = ps_kvcache_seq(kv, seq, err);
     if (!q) return -1;
     if (T < 0 || T > q->T)
         return ps_fail(err, "truncating sequence %d of %lld tokens to %lld: must be in [0, %lld]", seq, (long long)q->T, (long long)T,
@@ -316,37 +309,23 @@ int ps_v4_kvcache_entry(const ps_kvcache *kv, int seq, int l, int g, int value, 
     return 0;
 }
 
-static void edit_apply(const ps_kv_edit *e, float *row, int64_t d) {
-    if (e->kind == PS_KV_EDIT_ZERO) memset(row, 0, (size_t)d * sizeof(float));
-    else memcpy(row, e->vec, (size_t)d * sizeof(float));
-}
 
 int ps_v4_kvcache_edit(ps_kvcache *kv, int seq, int l, int g, int value, int64_t j, ps_kv_edit_kind kind, const float *vec,
                        ps_error *err) {
     const ps_v4_config *c = cfg_of(kv);
     if (entry_check(kv, l, g, value, err)) return -1;
     int64_t d = value ? c->index_head_dim : c->head_dim;
-    if (j < 0) return ps_fail(err, "layers.%d.attn.%s: entry %lld must be >= 0", l, point_word(value), (long long)j);
-    if (kind != PS_KV_EDIT_ZERO && kind != PS_KV_EDIT_SET) return ps_fail(err, "KV cache edit: unknown kind %d", (int)kind);
-    if (kind == PS_KV_EDIT_SET && !vec) return ps_fail(err, "KV cache edit: SET needs a vector of %lld floats", (long long)d);
-    if (seq != -1 && !seq_get(kv, seq, err)) return -1;
-    ps_kv_edit *ne = realloc(kv->edits, (size_t)(kv->n_edits + 1) * sizeof *ne);
-    if (!ne) return ps_fail(err, "out of memory for a KV cache edit");
-    kv->edits = ne;
-    ps_kv_edit *e = &kv->edits[kv->n_edits];
-    *e = (ps_kv_edit){.layer = l, .head = g, .value = value, .entry = j, .seq = seq, .kind = kind, .vec = NULL};
-    if (kind == PS_KV_EDIT_SET) {
-        if (!(e->vec = malloc((size_t)d * sizeof(float)))) return ps_fail(err, "out of memory for a KV cache edit");
-        memcpy(e->vec, vec, (size_t)d * sizeof(float));
-    }
-    kv->n_edits++;
+    char point[64];
+    snprintf(point, sizeof point, "layers.%d.attn.%s", l, point_word(value));
+    const ps_kv_edit *e = ps_kvcache_edit_push(kv, seq, l, g, value, j, kind, vec, d, point, err);
+    if (!e) return -1;
     for (int s = 0; s < kv->n_seq; s++) {
         if (!kv->seqs[s].live || (seq != -1 && s != seq)) continue;
         ps_kv_rows *r = value ? kv->seqs[s].layers[l].cv : kv->seqs[s].layers[l].ck;
         if (j >= r->rows) continue;
         float *row = ps_kv_rows_mut(kv, r, j);
         if (!row) return ps_fail(err, "out of memory editing a KV cache entry");
-        edit_apply(e, row, d);
+        ps_kvcache_edit_apply(e, row, d);
     }
     return 0;
 }
@@ -419,7 +398,7 @@ static int close_window(ps_kvcache *kv, int seq, int l, int64_t w, int64_t d, in
     FIRE(l, pt_gate + 3, v->ent, 3, 1, 1, d);
     for (int i = 0; i < kv->n_edits; i++) {
         const ps_kv_edit *e = &kv->edits[i];
-        if (e->layer == l && e->value == value && e->entry == w && (e->seq == -1 || e->seq == seq)) edit_apply(e, v->ent, d);
+        if (e->layer == l && e->value == value && e->entry == w && (e->seq == -1 || e->seq == seq)) ps_kvcache_edit_apply(e, v->ent, d);
     }
     if (ps_kv_rows_push(kv, ents, v->ent)) return ps_fail(err, "out of memory for a KV cache page");
     return 0;
@@ -678,7 +657,7 @@ int ps_v4_kvcache_append(ps_kvcache *kv, int n_seq, const int *seqs, const int64
     }
     int64_t tot = 0;
     for (int i = 0; i < n_seq; i++) {
-        ps_kv_seq *q = seq_get(kv, seqs[i], err);
+        ps_kv_seq *q = ps_kvcache_seq(kv, seqs[i], err);
         if (!q) return -1;
         for (int k = 0; k < i; k++)
             if (seqs[k] == seqs[i]) return ps_fail(err, "KV cache append: sequence %d is given twice", seqs[i]);
