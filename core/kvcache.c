@@ -1296,11 +1296,32 @@ static int run_step(ps_kvcache *kv, const kv_piece *P, int np, int64_t R, const 
     return 0;
 }
 
+int ps_kvcache_check_request(ps_kvcache *kv, int n_seq, const int *seqs, const int64_t *n, const int32_t *tokens, ps_error *err) {
+    if (n_seq < 0) return ps_fail(err, "KV cache append: %d sequences", n_seq);
+    int64_t max_len = ps_kvcache_max_len(kv), vocab = ps_kvcache_vocab(kv);
+    const char *max_name = kv->v4 ? "max_position_embeddings" : "max_seq_len";
+    int64_t tot = 0;
+    for (int i = 0; i < n_seq; tot += n[i], i++) {
+        ps_kv_seq *q = ps_kvcache_seq(kv, seqs[i], err);
+        if (!q) return -1;
+        for (int k = 0; k < i; k++)
+            if (seqs[k] == seqs[i]) return ps_fail(err, "KV cache append: sequence %d is given twice", seqs[i]);
+        if (n[i] < 0) return ps_fail(err, "KV cache append: %lld tokens for sequence %d", (long long)n[i], seqs[i]);
+        if (q->T + n[i] > max_len)
+            return ps_fail(err, "KV cache append: sequence %d would grow to %lld tokens, past %s %lld by %lld", seqs[i],
+                           (long long)(q->T + n[i]), max_name, (long long)max_len, (long long)(q->T + n[i] - max_len));
+        for (int64_t t = 0; t < n[i]; t++)
+            if (tokens[tot + t] < 0 || tokens[tot + t] >= vocab)
+                return ps_fail(err, "token %d (sequence %d, new position %lld) is outside the vocabulary [0, %lld)", tokens[tot + t],
+                               seqs[i], (long long)t, (long long)vocab);
+    }
+    return 0;
+}
+
 int ps_kvcache_append(ps_kvcache *kv, int n_seq, const int *seqs, const int64_t *n, const int32_t *tokens,
                       const ps_hooks *hooks, float *logits, bool last_only, ps_error *err) {
     if (kv->v4) return ps_v4_kvcache_append(kv, n_seq, seqs, n, tokens, hooks, logits, last_only, err);
     const ps_config *c = &kv->m->cfg;
-    if (n_seq < 0) return ps_fail(err, "KV cache append: %d sequences", n_seq);
     if (hooks && hooks->mask && hooks->family != &ps_model_hook_family)
         return ps_fail(err, "the hooks were registered for a %s model, not this phasescope model", hooks->family->name);
     if (hooks && hooks->mask && hooks->n_layers != c->n_layers)
@@ -1309,22 +1330,7 @@ int ps_kvcache_append(ps_kvcache *kv, int n_seq, const int *seqs, const int64_t 
     for (int l = 0; l < c->n_layers; l++)
         if (ps_hooks_on(hooks, l, PS_HOOK_PATTERN))
             return ps_fail(err, "hook \"blocks.%d.attn.hook_pattern\" is not available during a KV cache append (run the sequence whole with ps_forward)", l);
-    int64_t tot = 0;
-    for (int i = 0; i < n_seq; i++) {
-        ps_kv_seq *q = ps_kvcache_seq(kv, seqs[i], err);
-        if (!q) return -1;
-        for (int k = 0; k < i; k++)
-            if (seqs[k] == seqs[i]) return ps_fail(err, "KV cache append: sequence %d is given twice", seqs[i]);
-        if (n[i] < 0) return ps_fail(err, "KV cache append: %lld tokens for sequence %d", (long long)n[i], seqs[i]);
-        if (q->T + n[i] > c->max_seq_len)
-            return ps_fail(err, "KV cache append: sequence %d would grow to %lld tokens, past max_seq_len %lld by %lld", seqs[i],
-                           (long long)(q->T + n[i]), (long long)c->max_seq_len, (long long)(q->T + n[i] - c->max_seq_len));
-        for (int64_t t = 0; t < n[i]; t++)
-            if (tokens[tot + t] < 0 || tokens[tot + t] >= c->vocab_size)
-                return ps_fail(err, "token %d (sequence %d, new position %lld) is outside the vocabulary [0, %lld)", tokens[tot + t],
-                               seqs[i], (long long)t, (long long)c->vocab_size);
-        tot += n[i];
-    }
+    if (ps_kvcache_check_request(kv, n_seq, seqs, n, tokens, err)) return -1;
     int64_t R = kv->o.chunk;
     kv_piece *P = malloc((size_t)(n_seq > 0 ? n_seq : 1) * sizeof *P);
     int32_t *tok = malloc((size_t)R * sizeof *tok);

@@ -232,5 +232,8 @@ ps_kv_seq *ps_kvcache_seq(ps_kvcache *kv, int seq, ps_error *err);
 const ps_kv_edit *ps_kvcache_edit_push(ps_kvcache *kv, int seq, int l, int g, int value, int64_t j, ps_kv_edit_kind kind,
                                        const float *vec, int64_t d, const char *point, ps_error *err);
 void ps_kvcache_edit_apply(const ps_kv_edit *e, float *row, int64_t d);
+/* An append's request, for every family: live sequences, each once, no negative counts, lengths within the
+ * model's (max_seq_len / max_position_embeddings), tokens in its vocabulary. 0 or -1 and err. */
+int ps_kvcache_check_request(ps_kvcache *kv, int n_seq, const int *seqs, const int64_t *n, const int32_t *tokens, ps_error *err);
 
 #endif

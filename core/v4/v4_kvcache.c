@@ -643,7 +643,6 @@ static int run_piece(ps_kvcache *kv, int seq, const int32_t *tokens, int64_t n, 
 int ps_v4_kvcache_append(ps_kvcache *kv, int n_seq, const int *seqs, const int64_t *n, const int32_t *tokens,
                          const ps_hooks *hooks, float *logits, bool last_only, ps_error *err) {
     const ps_v4_config *c = cfg_of(kv);
-    if (n_seq < 0) return ps_fail(err, "KV cache append: %d sequences", n_seq);
     if (hooks && hooks->mask && (hooks->family != &ps_v4_hook_family || hooks->n_layers != c->n_layers + 1))
         return ps_fail(err, "the hooks were registered for another model (use ps_v4_hooks_add with this model's config)");
     for (int l = 0; l < c->n_layers; l++) {
@@ -655,23 +654,7 @@ int ps_v4_kvcache_append(ps_kvcache *kv, int n_seq, const int *seqs, const int64
                 return ps_fail(err, "hook \"%s\" is not available during a KV cache append (run the sequence whole with the forward)", nm);
             }
     }
-    int64_t tot = 0;
-    for (int i = 0; i < n_seq; i++) {
-        ps_kv_seq *q = ps_kvcache_seq(kv, seqs[i], err);
-        if (!q) return -1;
-        for (int k = 0; k < i; k++)
-            if (seqs[k] == seqs[i]) return ps_fail(err, "KV cache append: sequence %d is given twice", seqs[i]);
-        if (n[i] < 0) return ps_fail(err, "KV cache append: %lld tokens for sequence %d", (long long)n[i], seqs[i]);
-        if (q->T + n[i] > c->max_position_embeddings)
-            return ps_fail(err, "KV cache append: sequence %d would grow to %lld tokens, past max_position_embeddings %lld by %lld",
-                           seqs[i], (long long)(q->T + n[i]), (long long)c->max_position_embeddings,
-                           (long long)(q->T + n[i] - c->max_position_embeddings));
-        for (int64_t t = 0; t < n[i]; t++)
-            if (tokens[tot + t] < 0 || tokens[tot + t] >= c->vocab_size)
-                return ps_fail(err, "token %d (sequence %d, new position %lld) is outside the vocabulary [0, %lld)", tokens[tot + t],
-                               seqs[i], (long long)t, (long long)c->vocab_size);
-        tot += n[i];
-    }
+    if (ps_kvcache_check_request(kv, n_seq, seqs, n, tokens, err)) return -1;
     int64_t R = kv->o.chunk, V = c->vocab_size, off = 0;
     for (int i = 0; i < n_seq; i++) {
         for (int64_t done = 0; done < n[i]; done += R) {
