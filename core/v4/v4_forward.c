@@ -8,6 +8,7 @@
 #include "core/fileio.h"
 #include "core/ops.h"
 #include "core/v4/v4_hooks.h"
+#include "core/v4/v4_pass.h"
 
 /* ---- sizes ---- */
 
@@ -222,18 +223,7 @@ const float *ps_v4_logits_host(ps_v4_acts *a, ps_error *err) {
 
 /* ---- the pass ---- */
 
-#define HOOKED(slot, pt) ps_hooks_on_point(hooks, &ps_v4_hook_family, (slot), (pt))
-#define FIRE(slot, pt, data, nd, ...)                                                                 \
-    do {                                                                                              \
-        if (HOOKED(slot, pt)) {                                                                       \
-            int64_t shp_[4] = {__VA_ARGS__};                                                          \
-            if (ps_hooks_fire_point(ctx, hooks, (slot), (pt), (data), (nd), shp_, err)) return -1;   \
-        }                                                                                             \
-    } while (0)
-#define OPS(expr)                                                                                     \
-    do {                                                                                              \
-        if (expr) return ps_ctx_check(ctx, err);                                                      \
-    } while (0)
+/* HOOKED, FIRE, OPS: core/v4/v4_pass.h (shared with the KV cache) */
 
 /* Host copy of selected indices [n] (floats) checked to be integers in [lo, hi) (or -1 when allow_empty),
  * each row of k without repeats when no_repeat. */

@@ -13,19 +13,8 @@
 #include "core/hd_math.h"
 #include "core/ops.h"
 #include "core/v4/v4_hooks.h"
+#include "core/v4/v4_pass.h"
 
-#define HOOKED(slot, pt) ps_hooks_on_point(hooks, &ps_v4_hook_family, (slot), (pt))
-#define FIRE(slot, pt, data, nd, ...)                                                                 \
-    do {                                                                                              \
-        if (HOOKED(slot, pt)) {                                                                       \
-            int64_t shp_[4] = {__VA_ARGS__};                                                          \
-            if (ps_hooks_fire_point(ctx, hooks, (slot), (pt), (data), (nd), shp_, err)) return -1;   \
-        }                                                                                             \
-    } while (0)
-#define OPS(expr)                                                                                     \
-    do {                                                                                              \
-        if (expr) return ps_ctx_check(ctx, err);                                                      \
-    } while (0)
 
 /* ---- sizes ---- */
 
