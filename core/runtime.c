@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "core/cpu_env.h"
+#include "core/cycle.h"
 #include "core/fileio.h"
 #include "core/forward.h"
 #include "core/prefill.h"
@@ -37,6 +38,19 @@ int ps_v4_ko_arrays(const ps_runtime *rt, int target, ps_ko_array arr[PS_KO_MAX_
 int ps_v4_ko_mean(const ps_runtime *rt, int target, const ps_ko_array *a, int layer, const int32_t *tokens, int64_t N,
                   int64_t T, const double *sum, int64_t n_sum, float *mean, int64_t n_mean, ps_error *err);
 int ps_v4_describe_config(const json_t *cfg, ps_model_desc *d, ps_error *err);
+/* the controlled model's gradients at hook points (attribution.c) */
+int ps_model_backward(const ps_runtime *rt, void *state, void **scratch, const int32_t *tokens, const int32_t *targets,
+                      const ps_hooks *grad_hooks, int stop_layer, double *loss, ps_error *err);
+void ps_model_backward_free(const ps_runtime *rt, void *scratch);
+const float *ps_model_state_point(const ps_runtime *rt, void *state, int layer, int point, int64_t dims[4]);
+const char *ps_model_patch_missing(const ps_runtime *rt, char *buf, size_t n);
+int ps_model_patch_attention(const ps_runtime *rt, void *state, void **scratch, int layer, int head, const int *points,
+                             const float *const *means, int n, float *dz, ps_error *err);
+/* the families' gate statistics as data (gate_records.c) */
+int ps_model_gates(const ps_runtime *rt, ps_gate_info *g, char *why, size_t n);
+int ps_model_gate_taps(const ps_runtime *rt, int64_t n, int64_t T, ps_gate_tap *taps);
+int ps_v4_gates(const ps_runtime *rt, ps_gate_info *g, char *why, size_t n);
+int ps_v4_gate_taps(const ps_runtime *rt, int64_t n, int64_t T, ps_gate_tap *taps);
 
 /* ---- shared ---- */
 
@@ -426,6 +440,17 @@ const ps_family ps_family_model = {
     .ko_missing = ps_model_ko_missing,
     .ko_arrays = ps_model_ko_arrays,
     .ko_mean = ps_model_ko_mean,
+    .cycle_check = ps_model_cycle_check,
+    .cycle = ps_model_cycle,
+    .cycle_meta = ps_model_cycle_meta,
+    .gates = ps_model_gates,
+    .gate_taps = ps_model_gate_taps,
+    .backward = ps_model_backward,
+    .backward_free = ps_model_backward_free,
+    .state_point = ps_model_state_point,
+    .patch_missing = ps_model_patch_missing,
+    .patch_attention = ps_model_patch_attention,
+    .patch_point = PS_HOOK_Z,
 };
 
 const ps_model *ps_runtime_controlled(const ps_runtime *rt) { return rt->family == &ps_family_model ? rt->model : NULL; }
@@ -952,6 +977,11 @@ const ps_family ps_family_v4 = {
     .ko_missing = ps_v4_ko_missing,
     .ko_arrays = ps_v4_ko_arrays,
     .ko_mean = ps_v4_ko_mean,
+    .cycle_check = ps_v4_cycle_check,
+    .cycle = ps_v4_cycle,
+    .cycle_meta = ps_v4_cycle_meta,
+    .gates = ps_v4_gates,
+    .gate_taps = ps_v4_gate_taps,
 };
 
 /* ---- opening ---- */

@@ -32,6 +32,7 @@
 
 typedef struct ps_family ps_family;
 typedef struct ps_runtime ps_runtime;
+typedef struct ps_cycle_req ps_cycle_req; /* gatecycle's request (core/cycle.h) */
 
 /* What a result's reader (viz, the validator, tables) needs to know of the model that produced it, decided
  * by the family whose config it is: nothing above core compares family or attention-kind names. */
@@ -93,6 +94,33 @@ typedef struct {
 /* where the cells of a target may restart from the kept state of their batch's run (interventions/grid.h's
  * ps_grid_restart has the same values) */
 enum { PS_KO_RESTART_NONE = 0, PS_KO_RESTART_ATTENTION = 1 };
+
+/* ---- gate statistics as data (what interventions/' one gate-records path reads: units.h, ps_gate_units) ----
+ * A family's gate distributions fire at hook points during a forward; each firing is one record of the
+ * partial result: `ints` ints (PS_GATE_REC_WINDOWS: layer, branch, the event's B·nW windows — per-head gates
+ * [B, nW, n_kv, W]; PS_GATE_REC_SEQ_WINDOWS: layer, branch, B, nW — per-channel gates [B, nW, S, d]) and the
+ * event's floats as they fired. The finish pools them: per-head gates into gates/gates.h's accumulator made from
+ * provenance.config, per-channel ones into gates/chgates.h's made from `layout`. */
+enum { PS_GATE_REC_WINDOWS = 3, PS_GATE_REC_SEQ_WINDOWS = 4 };
+/* the training log's gate records: none (a family without phasescope training logs), per (layer, KV head,
+ * branch) gates (gates/gates.h's summary), per-channel gates (gates/chgates.h's) */
+enum { PS_GATE_LOG_NONE = 0, PS_GATE_LOG_HEADS = 1, PS_GATE_LOG_CHANNELS = 2 };
+typedef struct {
+    const char *records;           /* the partial result's record array: "events", "ch_events", "v4_events" */
+    int ints;                      /* ints per record: PS_GATE_REC_* */
+    int log;                       /* PS_GATE_LOG_* */
+    int64_t log_layers, log_heads; /* PS_GATE_LOG_HEADS: the layers and KV heads a log of this model covers */
+    json_t *layout;                /* per-channel gates: the accumulator's layout ({"model": the result's
+                                    * "gates.model", "branches", "n_layers", "gates": [[layer, branch, S, d,
+                                    * skip_first, rate, attention]]}: a new reference); NULL: per-head gates */
+} ps_gate_info;
+/* One gate distribution a forward fires: at hook point number `point` of `layer`, recorded as `branch`, with
+ * `floats` values for the forward's batch. */
+typedef struct {
+    int layer, point, branch;
+    int64_t floats;
+} ps_gate_tap;
+#define PS_GATE_MAX_TAPS_PER_LAYER 2
 
 /* Options of an open. */
 typedef struct {
@@ -197,6 +225,41 @@ struct ps_family {
     int (*ko_arrays)(const ps_runtime *rt, int target, ps_ko_array arr[PS_KO_MAX_ARRAYS], int *restart);
     int (*ko_mean)(const ps_runtime *rt, int target, const ps_ko_array *a, int layer, const int32_t *tokens, int64_t N,
                    int64_t T, const double *sum, int64_t n_sum, float *mean, int64_t n_mean, ps_error *err);
+
+    /* gate cycling (core/cycle.h; NULL: the family does not cycle its gates): gatecycle's flags checked against
+     * the model (fills q's masks; a usage error for a flag the model cannot take), the roll by k (by 0: checks
+     * only), and the family's keys of the instrument's meta (the "cycle" block, the summary line, its hints) */
+    int (*cycle_check)(const ps_runtime *rt, ps_cycle_req *q, ps_error *err);
+    int (*cycle)(const ps_runtime *rt, const ps_cycle_req *q, int64_t k, ps_error *err);
+    int (*cycle_meta)(const ps_runtime *rt, const ps_cycle_req *q, json_t *meta, ps_error *err);
+
+    /* gate statistics (ps_gate_info above; NULL: the family has none): 0 with g filled, or 1 when this model has
+     * no gates (why in buf); and the distributions a forward of n sequences of T tokens fires, in firing order,
+     * into taps (room for PS_GATE_MAX_TAPS_PER_LAYER per layer): how many */
+    int (*gates)(const ps_runtime *rt, ps_gate_info *g, char *why, size_t n);
+    int (*gate_taps)(const ps_runtime *rt, int64_t n, int64_t T, ps_gate_tap *taps);
+
+    /* gradients at hook points (attribution patching, interventions/atp.h; NULL: the family has no backward pass,
+     * so no estimate). `state` is the kept activations of a batch's forward that the grid engine hands an estimate
+     * (a keep_all pass: the family's restart state); `*scratch` the family's backward scratch (NULL at first; made
+     * for the state's batch shape, remade when it changes; backward_free frees it).
+     *   backward: one backward of the summed NLL of targets [B, T] (-1: not scored; tokens [B, T] the pass's) down
+     *     to layer stop_layer, activation gradients only, firing grad_hooks (the forward's hook names, the
+     *     gradient as the event's data: actions such as PS_ACT_DOT read it); *loss the NLL.
+     *   state_point: the clean activation of point number `point` at layer in the state (on rt->ctx) and its
+     *     event shape in dims (NULL: the state has no such array).
+     *   patch_missing / patch_attention (AtP*'s QK fix; patch_attention NULL: the family has none): why this model
+     *     cannot take it (NULL: it can); layer's attention recomputed exactly with KV head `head`'s entries at
+     *     points[i] set to means[i] (as the knockout's means, [npos, ...]; NULL: not replaced), and dz at the
+     *     head's query group of `patch_point` (the attention output, [B, T, heads, hd]) = z' − z. */
+    int (*backward)(const ps_runtime *rt, void *state, void **scratch, const int32_t *tokens, const int32_t *targets,
+                    const ps_hooks *grad_hooks, int stop_layer, double *loss, ps_error *err);
+    void (*backward_free)(const ps_runtime *rt, void *scratch);
+    const float *(*state_point)(const ps_runtime *rt, void *state, int layer, int point, int64_t dims[4]);
+    const char *(*patch_missing)(const ps_runtime *rt, char *buf, size_t n);
+    int (*patch_attention)(const ps_runtime *rt, void *state, void **scratch, int layer, int head, const int *points,
+                           const float *const *means, int n, float *dz, ps_error *err);
+    int patch_point;
 };
 
 /* The registered families, in the order a checkpoint is tried; NULL-terminated. */

@@ -1,5 +1,5 @@
 /* instr_gatecycle.c — the gatecycle instrument's run (instrument.h, ps_gatecycle_command): the model and
- * the family's check of the cycle (ps_runtime_ops: gc_check, gc_cycle, gc_meta), the work units split
+ * the family's check of the cycle (its core entries cycle_check, cycle, cycle_meta: core/cycle.h), the work units split
  * over shards and ranks, --save, and the finish that adds the parts up, analyses the curves (and, with
  * --measure knockout, each cycled head's knockout profiles), writes gatecycle.json and its figures and
  * prints the summary (also phasescope merge's). The flags are cmd_gatecycle.c's.
@@ -151,8 +151,11 @@ int ps_gatecycle_command(const ps_args *a, const ps_gatecycle_request *rq, ps_er
     int bad = ps_instr_setup(&in, a, 1, err);
     const ps_runtime *rt = &in.rt;
     q.model_dir = in.model_dir;
-    if (!bad && !rt->ops) bad = ps_fail(err, "%s: phasescope does not cycle the gates of %s checkpoints", in.model_dir, rt->family->name);
-    if (!bad) bad = rt->ops->gc_check(rt, &q, err);
+    const ps_family *f = rt->family;
+    if (!bad && !(f->cycle_check && f->cycle && f->cycle_meta))
+        bad = ps_fail(err, "%s: phasescope does not cycle the gates of %s checkpoints (the family has no cycle entries)", in.model_dir,
+                      f->name);
+    if (!bad) bad = f->cycle_check(rt, &q, err);
     /* the per-head measure: the family's "compressed" knockout of the cycled heads */
     int target = -1, nh = 0;
     if (!bad && q.per_head) {
@@ -178,7 +181,7 @@ int ps_gatecycle_command(const ps_args *a, const ps_gatecycle_request *rq, ps_er
         r = ps_fail(err, "out of memory for the run's description");
         goto run_done;
     }
-    r = rt->ops->gc_meta(rt, &q, meta, err);
+    r = f->cycle_meta(rt, &q, meta, err);
     if (!r && nk) {
         json_t *jh = json_array();
         for (int i = 0; i < nh; i++) json_array_append_new(jh, json_integer(heads[i]));
@@ -212,7 +215,7 @@ int ps_gatecycle_command(const ps_args *a, const ps_gatecycle_request *rq, ps_er
     /* before the cycle: the grid's units [0, nk), the sweep's [nk, mid) */
     r = gc_grid(&in, &part, ko_meta, 0, nk, CLIP(0, nk, u0), CLIP(0, nk, u1), layer, heads, nh, target, mem, err);
     if (!r) r = gc_sweep(&in, &part, nk, CLIP(nk, mid, u0) - nk, CLIP(nk, mid, u1) - nk, err);
-    if (!r && (u1 > mid || saver)) r = rt->ops->gc_cycle(rt, &q, q.shift, err);
+    if (!r && (u1 > mid || saver)) r = f->cycle(rt, &q, q.shift, err);
     /* after it: the grid's units [mid, mid + nk), the sweep's [mid + nk, nu) */
     if (!r)
         r = gc_grid(&in, &part, ko_meta, mid, nk, CLIP(mid, mid + nk, u0) - mid, CLIP(mid, mid + nk, u1) - mid, layer, heads, nh,
@@ -222,7 +225,7 @@ int ps_gatecycle_command(const ps_args *a, const ps_gatecycle_request *rq, ps_er
     if (!r && saver) {
         char what[96];
         snprintf(what, sizeof what, "layer %lld shift %lld", (long long)q.layer, (long long)q.shift);
-        if (!rt->family->save) /* the family's gc_check refuses --save where it cannot write a checkpoint */
+        if (!rt->family->save) /* the family's cycle_check refuses --save where it cannot write a checkpoint */
             r = ps_fail(err, "--save: writing %s checkpoints is not supported", rt->family->name);
         else
             r = rt->family->save(rt, save, "phasescope.gatecycle", what, err);

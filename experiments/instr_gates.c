@@ -1,5 +1,5 @@
 /* instr_gates.c — the gates instrument (instrument.h, ps_gates_command): the gate statistics of any
- * family (its runtime's gates entries, interventions/grid.h) as work units split over shards and MPI
+ * family (its gate data: core's gates and gate_taps entries, read by interventions/units.h) as work units split over shards and MPI
  * ranks (interventions/units.h), a training log's summary, and the finish (ps_gates_finish: rank 0, or
  * `phasescope merge`), which pools the recorded gate distributions in the one-process order. */
 #include <stdio.h>
@@ -11,46 +11,37 @@
 #include "gates/chgates.h"
 #include "gates/gates.h"
 #include "interventions/units.h"
-#include "interventions/v4_instr.h"
 
 /* The gate statistics' work: the batches of the shift-0 prompts, each unit keeping the gate distributions
- * its hooks saw (the family's records, grid.h); a split run gathers them and ps_gates_finish pools them in
+ * its hooks saw (the family's records, core/runtime.h ps_gate_info); a split run gathers them and ps_gates_finish pools them in
  * the one-process order. */
 int ps_gates_command(const ps_args *a, const ps_gates_request *rq, ps_error *err) {
     ps_instr in = {0};
     ps_partial part = {0};
     ps_instr_work wk = {0};
     ps_shifted s = {0};
-    int have_s = 0, rc = -1, ints = 1;
+    int have_s = 0, rc = -1;
+    ps_gate_info g = {0};
     int64_t *w = NULL, *wf = NULL, *ev_off = NULL;
     json_t *evo = NULL;
-    char why[512];
     int bad = ps_instr_setup(&in, a, 1, err);
     const ps_runtime *rt = &in.rt;
-    const ps_runtime_ops *ops = rt->ops;
-    if (!bad && !ops) bad = ps_fail(err, "%s: %s checkpoints have no gate statistics in phasescope", in.model_dir, rt->family->name);
-    if (!bad && ops->gates_missing(rt, why, sizeof why)) bad = ps_fail(err, "%s", why);
+    if (!bad && ps_gate_info_of(rt, &g, err)) bad = rt->family->gates ? -1 : ps_fail_prefix(err, "%s: ", in.model_dir);
     if (!bad) {
         bad = ps_make_shifted(&in.base, &in.task, in.fam, PS_SWEEP_PAD, 1, 0, in.seed, rt->max_pos, &s, err);
         have_s = !bad;
     }
-    if (!bad && rq->log && !(evo = ops->gates_log(rt, rq->log, err))) bad = ps_fail_prefix(err, "--log: ");
+    if (!bad && rq->log && !(evo = ps_gate_log(rt, &g, rq->log, err))) bad = ps_fail_prefix(err, "--log: ");
     if (ps_dist_agree(bad, err)) goto done;
-    const char *records = ops->gates_records(rt, &ints);
+    const char *records = g.records;
+    int ints = g.ints;
     int64_t N = s.b.B, nu = ps_sweep_n_batches(N, in.batch), B = in.batch < N ? in.batch : N;
     json_t *meta = json_pack("{s:o, s:o}", "provenance", ps_instr_provenance(&in, NULL), "training", evo ? evo : json_null());
     evo = NULL;
     /* per-channel gates: the accumulator's layout goes with the records (the finish reads no config) */
-    ps_chgate_acc chacc;
-    const char *chmodel = NULL;
-    int per_channel = ops->gates_chacc(rt, &chacc, &chmodel, err);
-    if (per_channel < 0) {
-        json_decref(meta);
-        goto done;
-    }
-    if (per_channel) {
-        json_object_set_new(meta, "gate_layout", ps_chgate_layout_json(&chacc, chmodel));
-        ps_chgate_acc_free(&chacc);
+    if (g.layout) {
+        json_object_set_new(meta, "gate_layout", g.layout);
+        g.layout = NULL;
     }
     w = malloc((size_t)(nu ? nu : 1) * sizeof *w);
     wf = malloc((size_t)(nu ? nu : 1) * sizeof *wf);
@@ -62,7 +53,10 @@ int ps_gates_command(const ps_args *a, const ps_gates_request *rq, ps_error *err
     }
     for (int64_t u = 0; u < nu; u++) {
         int64_t n = N - u * B < B ? N - u * B : B, ne, nf;
-        ops->gates_unit_size(rt, n, s.b.T, &ne, &nf);
+        if (ps_gate_unit_size(rt, n, s.b.T, &ne, &nf, err)) {
+            json_decref(meta);
+            goto done;
+        }
         w[u] = ne * ints;
         wf[u] = nf;
     }
@@ -76,7 +70,7 @@ int ps_gates_command(const ps_args *a, const ps_gates_request *rq, ps_error *err
      * caller's progress callback (the API's) sees each batch and can stop the run there */
     int r = 0;
     for (int64_t u = wk.u0; u < wk.u1 && !r; u++) {
-        r = ops->gates_units(rt, &s, in.batch, u, u + 1, ev_off, part.arr[1].off, part.arr[0].data, part.arr[1].data, err);
+        r = ps_gate_units(rt, &s, in.batch, u, u + 1, ev_off, part.arr[1].off, part.arr[0].data, part.arr[1].data, err);
         if (!r && in.progress && in.progress(u + 1 - wk.u0, wk.u1 - wk.u0, in.progress_user))
             r = ps_fail(err, "cancelled after %lld of %lld batches", (long long)(u + 1 - wk.u0), (long long)(wk.u1 - wk.u0));
     }
@@ -85,6 +79,7 @@ int ps_gates_command(const ps_args *a, const ps_gates_request *rq, ps_error *err
     rc = 0;
 done:
     json_decref(evo);
+    json_decref(g.layout);
     free(w);
     free(wf);
     free(ev_off);
@@ -98,14 +93,14 @@ done:
 /* ---- the finish ---- */
 
 /* The per-channel statistics' result: the accumulator from the partial's gate_layout (the family's,
- * written by the run: grid.h gates_chacc), the records replayed, "gates.model" as the family named it. */
+ * written by the run: its ps_gate_info), the records replayed, "gates.model" as the family named it. */
 static int finish_chgates(const ps_partial *p, const char *out_dir, ps_error *err) {
     json_t *prov = json_object_get(p->meta, "provenance"), *res = NULL;
     ps_chgate_acc acc = {0};
     const char *model = NULL;
     int rc = -1;
     if (ps_chgate_layout_acc(json_object_get(p->meta, "gate_layout"), &acc, &model, err)) return -1;
-    if (ps_v4_gates_replay(&acc, p->arr[0].data, p->arr[0].off[p->n_units] / PS_V4_GATES_EVENT_INTS, p->arr[1].data,
+    if (ps_chgate_replay(&acc, p->arr[0].data, p->arr[0].off[p->n_units] / PS_CHGATES_RECORD_INTS, p->arr[1].data,
                            p->arr[1].off[p->n_units], err))
         goto done;
     res = json_object();
@@ -175,7 +170,7 @@ done:
 }
 
 /* Per-channel records carry their accumulator's layout (gate_layout); per-head ones are the compressed
- * attention's "events" (grid.h, gates_records). */
+ * attention's "events" (the family's ps_gate_info). */
 int ps_gates_finish(const ps_partial *p, const char *out_dir, ps_error *err) {
     if (p->n_arr != 2 || ps_partial_find(p, "alpha") != 1)
         return ps_fail(err, "a gate-statistics partial result lacks its records");

@@ -1,27 +1,19 @@
-/* gatecycle.h — gate offset cycling (SPEC §6): roll a layer's per-offset gate parameters (optionally
- * one KV head, one branch, and/or the per-offset payload maps) by k, so that a gate that peaked at offset
- * r peaks at r + k: u'_i = u_{(i-k) mod W}, c'_i = c_{(i-k) mod W}, C'_i = C_{(i-k) mod W}. The roll is
- * the ps_roll_blocks op on the model's context (the parameters never leave it); see docs/hooks.md.
- * Also the comparison of the curves before and after (ps_cycle_analyse), the per-head measure's analysis
- * (ps_gatecycle_per_head_json) and the controlled model's gate-cycling runtime ops (ps_model_gc_*); the
- * instrument's run and finish are experiments/instr_gatecycle.c's. */
+/* gatecycle.h — gate offset cycling (SPEC §6) above core: the comparison of the curves before and after
+ * (ps_cycle_analyse), chance accuracy, and the per-head measure's analysis (ps_gatecycle_per_head_json). The
+ * cycle itself is the family's (its core entries cycle_check, cycle, cycle_meta over a ps_cycle_req:
+ * core/cycle.h, which this header includes); the instrument's one run and finish for every family are
+ * experiments/instr_gatecycle.c's. */
 #ifndef PS_GATECYCLE_H
 #define PS_GATECYCLE_H
 
 #include <jansson.h>
 #include <stdint.h>
 
+#include "core/cycle.h"
 #include "core/error.h"
 #include "interventions/grid.h"
 #include "core/model.h"
 #include "tasks/tasks.h"
-
-enum { PS_CYCLE_KEY = 1, PS_CYCLE_VALUE = 2 };          /* branch mask */
-enum { PS_CYCLE_GATE = 1, PS_CYCLE_PAYLOAD = 2 };       /* parameter mask */
-
-/* head = -1: every KV head. Errors (naming the flag) for a layer or head out of range, a full-attention
- * model, gates on a uniform-gate model, a shared payload. */
-int ps_gate_cycle(ps_model *m, int layer, int head, int branches, int params, int64_t k, ps_error *err);
 
 /* Chance accuracy of a task's scored answers: kv-retrieval (1/n_values)^value_len, bigram 1/n_context. */
 double ps_task_chance(const ps_task *t);
@@ -95,33 +87,5 @@ void ps_head_shift_measure(const double *hurt_before, const double *hurt_after, 
  * grids' clean curves are left out. NULL with err set when memory runs out. */
 json_t *ps_gatecycle_per_head_json(const ps_grid_result *before, const ps_grid_result *after, int64_t k, double chance,
                                    double min_hurt, ps_error *err);
-
-/* ---- gate cycling as a family's runtime ops (ps_runtime_ops, grid.h: gc_check, gc_cycle, gc_meta) ----
- * What gatecycle asked (its flags), checked by the family against its model (gc_check: the family's
- * --branch and --params, its layer and head ranges, the cycle's preconditions, whether it has the per-head
- * measure; a usage error for a bad flag), which fills the masks; the cycle by k (gc_cycle; by 0 it checks
- * and changes nothing); the family's keys of the instrument's meta (gc_meta: the "cycle" block of
- * gatecycle.json, "summary": the line that says what was cycled, "summary_means": whether the line adds
- * the two curves' mean accuracies, and the warning's hints: "gates_without_payloads" and optionally
- * "near_chance_warning"). */
-struct ps_cycle_req {
-    int64_t layer, shift, head;  /* head -1: not given (every KV head) */
-    const char *branch, *params; /* --branch, --params as given, or NULL (the family's defaults) */
-    int save;                    /* --save was given */
-    int per_head;                /* --measure knockout */
-    const char *model_dir;       /* the checkpoint, for messages */
-    const char *note;            /* without --model: what the default model is (messages; "" otherwise) */
-    int branches, params_mask;   /* filled by gc_check (the family's masks) */
-};
-
-/* A flag's value v among choices (NULL-terminated): *idx its index, else a usage error "FLAG V: expected
- * A, B or C" (as the CLI's). */
-int ps_cycle_choice(const char *flag, const char *v, const char *const *choices, int *idx, ps_error *err);
-
-/* The controlled model's (grid.c's table): branches key|value|both (PS_CYCLE_*), params gate|payload|all
- * (default: every per-offset parameter the model has), the per-head measure on compressed models. */
-int ps_model_gc_check(const ps_runtime *rt, ps_cycle_req *q, ps_error *err);
-int ps_model_gc_cycle(const ps_runtime *rt, const ps_cycle_req *q, int64_t k, ps_error *err);
-int ps_model_gc_meta(const ps_runtime *rt, const ps_cycle_req *q, json_t *meta, ps_error *err);
 
 #endif

@@ -18,18 +18,7 @@
 
 static const ps_runtime_ops MODEL_OPS = {
                                          .atp_spec = ps_model_atp_spec,
-                                         .atp_spec_free = ps_model_atp_spec_free,
-                                         /* gates (instr_gates.c) */
-                                         .gates_missing = ps_model_gates_missing,
-                                         .gates_records = ps_model_gates_records,
-                                         .gates_unit_size = ps_model_gates_unit_size,
-                                         .gates_units = ps_model_gates_units,
-                                         .gates_log = ps_model_gates_log,
-                                         .gates_chacc = ps_model_gates_chacc,
-                                         /* gate cycling (gatecycle.c) */
-                                         .gc_check = ps_model_gc_check,
-                                         .gc_cycle = ps_model_gc_cycle,
-                                         .gc_meta = ps_model_gc_meta};
+                                         .atp_spec_free = ps_model_atp_spec_free};
 
 const ps_runtime_ops *ps_runtime_ops_of(const ps_family *f) {
     return f == &ps_family_model ? &MODEL_OPS : f == &ps_family_v4 ? &ps_v4_runtime_ops : NULL;

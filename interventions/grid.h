@@ -43,7 +43,6 @@
 #include "tasks/tasks.h"
 
 typedef struct ps_runtime ps_runtime;
-typedef struct ps_cycle_req ps_cycle_req; /* gatecycle.h */
 
 /* The prompts of one shift, as the spec sees them. */
 typedef struct {
@@ -104,31 +103,6 @@ typedef struct ps_runtime_ops {
      * estimate): the target's estimate spec over the chosen heads, `fix` as ps_atp_fix. */
     int (*atp_spec)(const ps_runtime *rt, int target, const int *heads, int n_heads, int fix, ps_grid_spec *spec, ps_error *err);
     void (*atp_spec_free)(const ps_runtime *rt, ps_grid_spec *spec);
-    /* gates (instr_gates.c) */
-    /* The family's gate statistics as work units (units.h: batches of the shift-0 prompts, each unit the
-     * gate distributions its forward fired, replayed in order by the finish): whether the model has
-     * gates (NULL, or why not in buf); the partial result's record array ("events": a per-head gate's
-     * windows, units.h; "ch_events", "v4_events": per-channel gates, v4_instr.h) and its ints per record;
-     * the records and floats of a unit of n prompts of T tokens; running units [u0, u1) of the shift-0
-     * prompts s (unit u's records at events + ev_off[u] · ints, its floats at alpha + al_off[u]); and the
-     * summary of a training log's gate records (NULL with err set: a bad log, one of another model, or
-     * a family without phasescope training logs). */
-    const char *(*gates_missing)(const ps_runtime *rt, char *buf, size_t n);
-    const char *(*gates_records)(const ps_runtime *rt, int *ints_per_record);
-    void (*gates_unit_size)(const ps_runtime *rt, int64_t n, int64_t T, int64_t *n_records, int64_t *n_floats);
-    int (*gates_units)(const ps_runtime *rt, const ps_shifted *s, int64_t batch, int64_t u0, int64_t u1, const int64_t *ev_off,
-                       const int64_t *al_off, int32_t *events, float *alpha, ps_error *err);
-    json_t *(*gates_log)(const ps_runtime *rt, const char *path, ps_error *err);
-    /* Per-channel gates: 1 with the accumulator the records are replayed into and the name of the result's
-     * "gates.model" (the finish rebuilds it from ps_chgate_layout_json, units.h, so it reads no family's
-     * config); 0: per-head gates (gates.h, whose accumulator the finish makes from the config). */
-    int (*gates_chacc)(const ps_runtime *rt, ps_chgate_acc *acc, const char **model, ps_error *err);
-    /* gate cycling (instr_gatecycle.c) */
-    /* gatecycle's flags checked against the model (fills q's masks), the cycle by k, and the family's
-     * keys of the instrument's meta: the "cycle" block, the summary line (gatecycle.h, ps_cycle_req) */
-    int (*gc_check)(const ps_runtime *rt, ps_cycle_req *q, ps_error *err);
-    int (*gc_cycle)(const ps_runtime *rt, const ps_cycle_req *q, int64_t k, ps_error *err);
-    int (*gc_meta)(const ps_runtime *rt, const ps_cycle_req *q, json_t *meta, ps_error *err);
 } ps_runtime_ops;
 
 /* struct ps_runtime (ops, ctx, max_pos, n_layers, m, model, aux, family): core/runtime.h. */

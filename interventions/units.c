@@ -1,6 +1,7 @@
 /* units.c — the instruments' work units (see units.h). */
 #include "interventions/units.h"
 #include "gates/chgates.h"
+#include "interventions/eval.h"
 #include "tasks/tasks.h"
 
 #include <stdio.h>
@@ -80,77 +81,139 @@ void ps_residue_stats_add_items(ps_residue_stats *r, const int32_t *ok, const do
     }
 }
 
-/* ---- gates ---- */
+/* ---- gates (every family, from its gate data: core/runtime.h ps_gate_info, ps_gate_tap) ---- */
 
-void ps_gates_unit_size(const ps_config *c, int64_t n, int64_t T, int64_t *n_events, int64_t *n_floats) {
-    int64_t nW = ps_config_n_windows(c, T);
-    *n_events = c->n_layers * 2;
-    *n_floats = c->n_layers * 2 * n * nW * c->n_kv_heads * c->window;
-}
-
-typedef struct {
-    int32_t *events;
-    float *alpha;
-    int64_t n_ev, n_fl, max_ev, max_fl; /* recorded so far / room in this unit */
-    int64_t nkv, W;
-    int overflow;
-} recorder;
-
-static int record_gate(const ps_hook_event *ev, void *user, ps_error *err) {
-    (void)err;
-    recorder *r = user;
-    int64_t windows = ev->shape[0] * ev->shape[1], nf = windows * r->nkv * r->W;
-    if (r->n_ev >= r->max_ev || r->n_fl + nf > r->max_fl) {
-        r->overflow = 1;
-        return 0;
+int ps_gate_info_of(const ps_runtime *rt, ps_gate_info *g, ps_error *err) {
+    const ps_family *f = rt->family;
+    char why[512];
+    memset(g, 0, sizeof *g);
+    if (!f->gates || !f->gate_taps)
+        return ps_fail(err, "%s checkpoints have no gate statistics in phasescope (the family has no gates entries)", f->name);
+    if (f->gates(rt, g, why, sizeof why)) return ps_fail(err, "%s", why);
+    if (g->ints != PS_GATE_REC_WINDOWS && g->ints != PS_GATE_REC_SEQ_WINDOWS) {
+        json_decref(g->layout);
+        g->layout = NULL;
+        return ps_fail(err, "%s: gate records of %d ints (expected %d or %d)", f->name, g->ints, PS_GATE_REC_WINDOWS,
+                       PS_GATE_REC_SEQ_WINDOWS);
     }
-    int32_t *e = r->events + r->n_ev * PS_GATES_EVENT_INTS;
-    e[0] = ev->layer;
-    e[1] = ev->point == PS_HOOK_GATE_K ? PS_BRANCH_KEY : PS_BRANCH_VALUE;
-    e[2] = (int32_t)windows;
-    memcpy(r->alpha + r->n_fl, ev->data, (size_t)nf * sizeof(float));
-    r->n_ev++;
-    r->n_fl += nf;
     return 0;
 }
 
-int ps_gates_units(const ps_model *m, const ps_shifted *s, int64_t batch, int64_t u0, int64_t u1, const int64_t *ev_off,
-                   const int64_t *al_off, int32_t *events, float *alpha, ps_error *err) {
-    const ps_config *c = &m->cfg;
+/* the family's taps for n prompts of T tokens (taps: room for PS_GATE_MAX_TAPS_PER_LAYER per layer) */
+static ps_gate_tap *taps_of(const ps_runtime *rt, int64_t n, int64_t T, int *n_taps, ps_error *err) {
+    ps_gate_tap *t = calloc((size_t)(PS_GATE_MAX_TAPS_PER_LAYER * rt->n_layers + 1), sizeof *t);
+    if (!t) {
+        ps_fail(err, "out of memory for the gate taps of %lld layers", (long long)rt->n_layers);
+        return NULL;
+    }
+    *n_taps = rt->family->gate_taps(rt, n, T, t);
+    return t;
+}
+
+int ps_gate_unit_size(const ps_runtime *rt, int64_t n, int64_t T, int64_t *n_records, int64_t *n_floats, ps_error *err) {
+    int nt = 0;
+    ps_gate_tap *t = taps_of(rt, n, T, &nt, err);
+    if (!t) return -1;
+    *n_records = nt, *n_floats = 0;
+    for (int i = 0; i < nt; i++) *n_floats += t[i].floats;
+    free(t);
+    return 0;
+}
+
+typedef struct {
+    int32_t *rec;
+    float *alpha;
+    int ints;
+    int64_t ev, at, ev_end, at_end; /* recorded so far / the unit's end */
+} gate_recorder;
+
+typedef struct {
+    gate_recorder *r;
+    int layer, branch;
+} gate_tap_ctx;
+
+static int record_gate(const ps_hook_event *ev, void *user, ps_error *err) {
+    const gate_tap_ctx *t = user;
+    gate_recorder *r = t->r;
+    int64_t n = 1;
+    for (int i = 0; i < ev->ndim; i++) n *= ev->shape[i];
+    if (r->ev >= r->ev_end || r->at + n > r->at_end)
+        return ps_fail(err, "hook \"%s\": more gate records than the unit holds", ev->name);
+    int32_t *e = r->rec + r->ev * r->ints;
+    e[0] = t->layer, e[1] = t->branch;
+    if (r->ints == PS_GATE_REC_WINDOWS) e[2] = (int32_t)(ev->shape[0] * ev->shape[1]);
+    else e[2] = (int32_t)ev->shape[0], e[3] = (int32_t)ev->shape[1];
+    memcpy(r->alpha + r->at, ev->data, (size_t)n * sizeof(float));
+    r->ev++;
+    r->at += n;
+    return 0;
+}
+
+int ps_gate_units(const ps_runtime *rt, const ps_shifted *s, int64_t batch, int64_t u0, int64_t u1, const int64_t *rec_off,
+                  const int64_t *al_off, int32_t *records, float *alpha, ps_error *err) {
     int64_t N = s->b.B, maxq = s->b.max_q, B = batch < N ? batch : N;
     if (u0 >= u1) return 0;
-    recorder rec = {.nkv = c->n_kv_heads, .W = c->window};
+    ps_gate_info g;
+    if (ps_gate_info_of(rt, &g, err)) return -1;
+    json_decref(g.layout);
+    int nt = 0, rc = 0;
+    ps_gate_tap *taps = taps_of(rt, B, s->b.T, &nt, err);
+    if (!taps) return -1;
+    gate_recorder rec = {.rec = records, .alpha = alpha, .ints = g.ints};
+    gate_tap_ctx *tc = calloc((size_t)(nt > 0 ? nt : 1), sizeof *tc);
+    int *okb = malloc((size_t)(B * maxq > 0 ? B * maxq : 1) * sizeof(int));
+    double *lpb = malloc((size_t)(B * maxq > 0 ? B * maxq : 1) * sizeof(double));
     ps_hooks h;
     ps_hooks_init(&h);
-    int rc = 0;
-    for (int l = 0; l < c->n_layers && !rc; l++)
-        for (int b = 0; b < 2 && !rc; b++) {
-            char name[96];
-            ps_hook_name(name, sizeof name, l, b ? PS_HOOK_GATE_V : PS_HOOK_GATE_K);
-            rc = ps_hooks_add(&h, c, name, record_gate, &rec, err);
+    if (!tc || !okb || !lpb) rc = ps_fail(err, "out of memory for the outcomes of %lld prompts", (long long)B);
+    /* a hook per tap, at the family's point (by its name) */
+    for (int i = 0; i < nt && !rc; i++) {
+        int pi = ps_runtime_point_index(rt, taps[i].point);
+        if (pi < 0) {
+            rc = ps_fail(err, "%s: gate tap %d names point %d, which the family's point table lacks", rt->family->name, i, taps[i].point);
+            break;
         }
-    int *okb = malloc((size_t)(B * maxq) * sizeof(int));
-    double *lpb = malloc((size_t)(B * maxq) * sizeof(double));
-    if (!rc && (!okb || !lpb)) rc = ps_fail(err, "out of memory for the outcomes of %lld prompts", (long long)B);
+        char name[96];
+        ps_runtime_point_name(rt, pi, taps[i].layer, name, sizeof name);
+        tc[i] = (gate_tap_ctx){&rec, taps[i].layer, taps[i].branch};
+        rc = rt->family->hook_add(rt, &h, name, record_gate, &tc[i], err);
+    }
     for (int64_t u = u0; u < u1 && !rc; u++) {
         int64_t i0 = u * B, n = N - i0 < B ? N - i0 : B;
-        rec.events = events + ev_off[u] * PS_GATES_EVENT_INTS;
-        rec.alpha = alpha + al_off[u];
-        rec.n_ev = rec.n_fl = 0;
-        rec.max_ev = ev_off[u + 1] - ev_off[u];
-        rec.max_fl = al_off[u + 1] - al_off[u];
-        ps_shifted v = *s;
-        v.b = ps_batch_view(&s->b, i0, n);
-        v.residue = s->residue + i0 * maxq;
-        rc = ps_eval_shifted(m, &v, n, &h, okb, lpb, err);
-        if (!rc && (rec.overflow || rec.n_ev != rec.max_ev || rec.n_fl != rec.max_fl))
-            rc = ps_fail(err, "internal error: batch %lld fired %lld gate events of %lld floats, expected %lld of %lld",
-                         (long long)u, (long long)rec.n_ev, (long long)rec.n_fl, (long long)rec.max_ev, (long long)rec.max_fl);
+        rec.ev = rec_off[u], rec.ev_end = rec_off[u + 1], rec.at = al_off[u], rec.at_end = al_off[u + 1];
+        /* the batch one process runs (the family's score in batches of `batch`): prompts [i0, i0 + n) */
+        ps_batch view = ps_batch_view(&s->b, i0, n);
+        rc = ps_eval_mapped(rt, &view, n, &h, okb, lpb, err);
+        if (!rc && (rec.ev != rec.ev_end || rec.at != rec.at_end))
+            rc = ps_fail(err, "internal error: batch %lld fired %lld gate records of %lld floats, expected %lld of %lld", (long long)u,
+                         (long long)(rec.ev - rec_off[u]), (long long)(rec.at - al_off[u]), (long long)(rec_off[u + 1] - rec_off[u]),
+                         (long long)(al_off[u + 1] - al_off[u]));
     }
+    ps_hooks_free(&h);
+    free(taps);
+    free(tc);
     free(okb);
     free(lpb);
-    ps_hooks_free(&h);
     return rc;
+}
+
+json_t *ps_gate_log(const ps_runtime *rt, const ps_gate_info *g, const char *path, ps_error *err) {
+    if (g->log == PS_GATE_LOG_CHANNELS) return ps_chgate_log_summary(path, err);
+    if (g->log != PS_GATE_LOG_HEADS) {
+        ps_fail(err, "a %s checkpoint has no phasescope training log", rt->family->title ? rt->family->title : rt->family->name);
+        if (err) err->usage = 1;
+        return NULL;
+    }
+    json_t *evo = ps_gates_log_summary(path, err);
+    size_t want = (size_t)2 * (size_t)g->log_layers * (size_t)g->log_heads;
+    if (evo && json_array_size(evo) != want) {
+        ps_fail(err, "%s: its gate records have %zu (layer, KV head, branch) entries, but the model has %lld layers x %lld KV heads (%zu): "
+                     "the log is of another model",
+                path, json_array_size(evo), (long long)g->log_layers, (long long)g->log_heads, want);
+        json_decref(evo);
+        return NULL;
+    }
+    return evo;
 }
 
 int ps_gate_acc_replay(ps_gate_acc *acc, const int32_t *events, int64_t n_events, const float *alpha, int64_t n_floats,
@@ -169,114 +232,23 @@ int ps_gate_acc_replay(ps_gate_acc *acc, const int32_t *events, int64_t n_events
     return 0;
 }
 
-/* ---- the channel attention's per-channel gates ---- */
-
-void ps_chgates_unit_size(const ps_config *c, int64_t n, int64_t T, int64_t *n_records, int64_t *n_floats) {
-    int64_t nW = ps_config_n_windows(c, T);
-    *n_records = nW > 0 ? c->n_layers : 0;
-    *n_floats = nW > 0 ? c->n_layers * n * nW * ps_config_v4_slots(c) * c->head_dim : 0;
-}
-
-typedef struct {
-    int32_t *rec;
-    float *alpha;
-    int64_t ev, at, ev_end, at_end;
-} ch_recorder;
-
-static int record_chgate(const ps_hook_event *ev, void *user, ps_error *err) {
-    ch_recorder *r = user;
-    int64_t n = 1;
-    for (int i = 0; i < ev->ndim; i++) n *= ev->shape[i];
-    if (r->ev >= r->ev_end || r->at + n > r->at_end)
-        return ps_fail(err, "hook \"%s\": more gate records than the unit holds", ev->name);
-    int32_t *e = r->rec + r->ev * PS_CHGATES_RECORD_INTS;
-    e[0] = ev->layer, e[1] = 0, e[2] = (int32_t)ev->shape[0], e[3] = (int32_t)ev->shape[1];
-    memcpy(r->alpha + r->at, ev->data, (size_t)n * sizeof(float));
-    r->ev++;
-    r->at += n;
+int ps_chgate_replay(ps_chgate_acc *acc, const int32_t *events, int64_t n_events, const float *alpha, int64_t n_floats,
+                     ps_error *err) {
+    int64_t at = 0;
+    for (int64_t i = 0; i < n_events; i++) {
+        const int32_t *e = events + i * PS_CHGATES_RECORD_INTS;
+        if (e[0] < 0 || e[0] >= acc->n_layers || e[1] < 0 || e[1] >= acc->n_branches || e[2] < 0 || e[3] < 0)
+            return ps_fail(err, "gate record %lld (layer %d, branch %d) does not fit the model", (long long)i, e[0], e[1]);
+        const ps_chgate_slot *g = &acc->g[e[0] * acc->n_branches + e[1]];
+        int64_t nf = (int64_t)e[2] * e[3] * g->S * g->d;
+        if (g->S <= 0 || at + nf > n_floats)
+            return ps_fail(err, "gate record %lld (layer %d, branch %d, %d x %d windows) does not fit the model or the data",
+                           (long long)i, e[0], e[1], e[2], e[3]);
+        ps_chgate_acc_add(acc, e[0], e[1], alpha + at, e[2], e[3]);
+        at += nf;
+    }
+    if (at != n_floats) return ps_fail(err, "gate records: %lld floats left over", (long long)(n_floats - at));
     return 0;
-}
-
-int ps_chgates_units(const ps_model *m, const ps_shifted *s, int64_t batch, int64_t u0, int64_t u1, const int64_t *ev_off,
-                     const int64_t *al_off, int32_t *records, float *alpha, ps_error *err) {
-    const ps_config *c = &m->cfg;
-    int64_t N = s->b.B, maxq = s->b.max_q, B = batch < N ? batch : N;
-    if (u0 >= u1) return 0;
-    ch_recorder rec = {.rec = records, .alpha = alpha};
-    ps_hooks h;
-    ps_hooks_init(&h);
-    int rc = 0;
-    for (int l = 0; l < c->n_layers && !rc; l++) {
-        char name[96];
-        ps_hook_name(name, sizeof name, l, PS_HOOK_GATE_K);
-        rc = ps_hooks_add(&h, c, name, record_chgate, &rec, err);
-    }
-    int *okb = malloc((size_t)(B * maxq > 0 ? B * maxq : 1) * sizeof(int));
-    double *lpb = malloc((size_t)(B * maxq > 0 ? B * maxq : 1) * sizeof(double));
-    if (!rc && (!okb || !lpb)) rc = ps_fail(err, "out of memory for the outcomes of %lld prompts", (long long)B);
-    for (int64_t u = u0; u < u1 && !rc; u++) {
-        int64_t i0 = u * B, n = N - i0 < B ? N - i0 : B;
-        rec.ev = ev_off[u], rec.ev_end = ev_off[u + 1], rec.at = al_off[u], rec.at_end = al_off[u + 1];
-        ps_shifted v = *s;
-        v.b = ps_batch_view(&s->b, i0, n);
-        v.residue = s->residue + i0 * maxq;
-        /* the batch one process runs (ps_eval_shifted in batches of `batch`): prompts [i0, i0 + n) */
-        rc = ps_eval_shifted(m, &v, n, &h, okb, lpb, err);
-        if (!rc && (rec.ev != rec.ev_end || rec.at != rec.at_end))
-            rc = ps_fail(err, "internal error: batch %lld fired %lld gate records of %lld floats, expected %lld of %lld", (long long)u,
-                         (long long)(rec.ev - ev_off[u]), (long long)(rec.at - al_off[u]), (long long)(ev_off[u + 1] - ev_off[u]),
-                         (long long)(al_off[u + 1] - al_off[u]));
-    }
-    free(okb);
-    free(lpb);
-    ps_hooks_free(&h);
-    return rc;
-}
-
-/* ---- the controlled model's gates entries (grid.h) ---- */
-
-const char *ps_model_gates_missing(const ps_runtime *rt, char *buf, size_t n) {
-    if (ps_runtime_controlled(rt)->cfg.kind == PS_ATTN_COMPRESSED || ps_runtime_controlled(rt)->cfg.kind == PS_ATTN_CHANNEL) return NULL;
-    snprintf(buf, n, "gate statistics need a compressed-attention model (this one has full attention)");
-    return buf;
-}
-
-const char *ps_model_gates_records(const ps_runtime *rt, int *ints_per_record) {
-    int ch = ps_runtime_controlled(rt)->cfg.kind == PS_ATTN_CHANNEL;
-    *ints_per_record = ch ? PS_CHGATES_RECORD_INTS : PS_GATES_EVENT_INTS;
-    return ch ? "ch_events" : "events";
-}
-
-void ps_model_gates_unit_size(const ps_runtime *rt, int64_t n, int64_t T, int64_t *n_records, int64_t *n_floats) {
-    if (ps_runtime_controlled(rt)->cfg.kind == PS_ATTN_CHANNEL) ps_chgates_unit_size(&ps_runtime_controlled(rt)->cfg, n, T, n_records, n_floats);
-    else ps_gates_unit_size(&ps_runtime_controlled(rt)->cfg, n, T, n_records, n_floats);
-}
-
-int ps_model_gates_units(const ps_runtime *rt, const ps_shifted *s, int64_t batch, int64_t u0, int64_t u1, const int64_t *ev_off,
-                         const int64_t *al_off, int32_t *events, float *alpha, ps_error *err) {
-    if (ps_runtime_controlled(rt)->cfg.kind == PS_ATTN_CHANNEL) return ps_chgates_units(ps_runtime_controlled(rt), s, batch, u0, u1, ev_off, al_off, events, alpha, err);
-    return ps_gates_units(ps_runtime_controlled(rt), s, batch, u0, u1, ev_off, al_off, events, alpha, err);
-}
-
-json_t *ps_model_gates_log(const ps_runtime *rt, const char *path, ps_error *err) {
-    const ps_config *c = &ps_runtime_controlled(rt)->cfg;
-    if (c->kind == PS_ATTN_CHANNEL) return ps_chgate_log_summary(path, err);
-    json_t *evo = ps_gates_log_summary(path, err);
-    size_t want = (size_t)2 * (size_t)c->n_layers * (size_t)c->n_kv_heads;
-    if (evo && json_array_size(evo) != want) {
-        ps_fail(err, "%s: its gate records have %zu (layer, KV head, branch) entries, but the model has %lld layers x %lld KV heads (%zu): "
-                     "the log is of another model",
-                path, json_array_size(evo), (long long)c->n_layers, (long long)c->n_kv_heads, want);
-        json_decref(evo);
-        return NULL;
-    }
-    return evo;
-}
-
-int ps_model_gates_chacc(const ps_runtime *rt, ps_chgate_acc *acc, const char **model, ps_error *err) {
-    if (ps_runtime_controlled(rt)->cfg.kind != PS_ATTN_CHANNEL) return 0; /* per-head gates */
-    *model = "v4"; /* the channel attention's result name, as the results have always said */
-    return ps_chgate_init_model(acc, &ps_runtime_controlled(rt)->cfg, err) ? -1 : 1;
 }
 
 json_t *ps_chgate_layout_json(const ps_chgate_acc *acc, const char *model) {

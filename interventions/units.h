@@ -12,9 +12,8 @@
  *   - sweep --task text-kv: shift p's prompts in the batches one process runs them in (ps_textkv_units:
  *     as many per forward as the memory budget holds at the shift's padded length); outcome arrays as
  *     the sweep's.
- *   - gates (every family: grid.h's gates entries): unit j = batch j of shift 0; per unit the gate
- *     distributions of every window, as the hooks fired them (ps_gates_units; the channel attention's
- *     per-channel gates as ps_chgates_units records them).
+ *   - gates (every family with gate data: its core entries gates, gate_taps): unit j = batch j of shift 0;
+ *     per unit the gate distributions of every window, as the hooks fired them (ps_gate_units).
  *   - knockout (every family): units (shift, batch, layer) of the grid engine (grid.h, ps_grid_unit). */
 #ifndef PS_UNITS_H
 #define PS_UNITS_H
@@ -43,43 +42,33 @@ void ps_sweep_unit_weights(int64_t N, int64_t batch, int64_t P, int64_t T, ps_sw
 /* Add n items (ok, lp, rho as above) in order: what ps_residue_stats_add does for the same queries. */
 void ps_residue_stats_add_items(ps_residue_stats *r, const int32_t *ok, const double *lp, const int32_t *rho, int64_t n);
 
-/* Gates: the windows' gate distributions of one batch, as the hooks fire them: per event (a layer's key
- * or value gates) three ints in `events` (layer, branch, windows) and windows · n_kv · W floats in alpha. */
-#define PS_GATES_EVENT_INTS 3
-/* Events and floats of one unit of n prompts of T tokens. */
-void ps_gates_unit_size(const ps_config *c, int64_t n, int64_t T, int64_t *n_events, int64_t *n_floats);
-/* Run units [u0, u1) (batches of the shift-0 prompts s); unit u's events and floats go to
- * events + ev_off[u] · PS_GATES_EVENT_INTS and alpha + al_off[u]. */
-int ps_gates_units(const ps_model *m, const ps_shifted *s, int64_t batch, int64_t u0, int64_t u1, const int64_t *ev_off,
-                   const int64_t *al_off, int32_t *events, float *alpha, ps_error *err);
-/* Pool recorded events into acc in order (what the gate hooks did in one process). */
+/* Gates, for every family from its gate data (core/runtime.h: its `gates` and `gate_taps` entries, ps_gate_info,
+ * ps_gate_tap): the gate distributions of one batch as the family's hooks fire them. Per record (one tap as it
+ * fired) g->ints ints in `records` (PS_GATE_REC_WINDOWS: layer, branch, windows; PS_GATE_REC_SEQ_WINDOWS:
+ * layer, branch, sequences, windows) and the event's floats in alpha. */
+#define PS_GATES_EVENT_INTS PS_GATE_REC_WINDOWS /* per-head gates (the compressed attention) */
+#define PS_CHGATES_RECORD_INTS PS_GATE_REC_SEQ_WINDOWS /* per-channel gates (the channel attention, DeepSeek-V4) */
+/* The family's gate data (g: its records, layout and log) or why it has none: 0, or -1 with err ("... have no gate
+ * statistics" for a family without the entries, the family's reason for a model without gates). */
+int ps_gate_info_of(const ps_runtime *rt, ps_gate_info *g, ps_error *err);
+/* Records and floats of one unit of n prompts of T tokens (the family's taps). */
+int ps_gate_unit_size(const ps_runtime *rt, int64_t n, int64_t T, int64_t *n_records, int64_t *n_floats, ps_error *err);
+/* Run units [u0, u1) (batches of the shift-0 prompts s, through the family's score with rt->token_map, as the
+ * sweep's) on any family with gate data; unit u's records and floats go to records + rec_off[u] · ints and
+ * alpha + al_off[u]. */
+int ps_gate_units(const ps_runtime *rt, const ps_shifted *s, int64_t batch, int64_t u0, int64_t u1, const int64_t *rec_off,
+                  const int64_t *al_off, int32_t *records, float *alpha, ps_error *err);
+/* The summary of a training log's gate records (the family's log kind, g->log): NULL with err set for a bad log,
+ * one of another model, or a family without phasescope training logs (a usage error). */
+json_t *ps_gate_log(const ps_runtime *rt, const ps_gate_info *g, const char *path, ps_error *err);
+/* Pool recorded per-head events (PS_GATES_EVENT_INTS) into acc in order (what the gate hooks did in one process). */
 int ps_gate_acc_replay(ps_gate_acc *acc, const int32_t *events, int64_t n_events, const float *alpha, int64_t n_floats,
                        ps_error *err);
+/* Pool per-channel records (PS_CHGATES_RECORD_INTS) into acc in order. */
+int ps_chgate_replay(ps_chgate_acc *acc, const int32_t *records, int64_t n_records, const float *alpha, int64_t n_floats,
+                     ps_error *err);
 
-/* The controlled model's per-channel gates (the channel attention, gates/chgates.h): per record (a layer's
- * blocks.L.attn.hook_gate_k as it fired) PS_CHGATES_RECORD_INTS ints (layer, branch 0, sequences,
- * windows) and its alpha [B, nW, S, hd]; the layout of v4_instr.h's records, so ps_v4_gates_replay pools
- * them into ps_chgate_init_model's accumulator. */
-#define PS_CHGATES_RECORD_INTS 4
-void ps_chgates_unit_size(const ps_config *c, int64_t n, int64_t T, int64_t *n_records, int64_t *n_floats);
-int ps_chgates_units(const ps_model *m, const ps_shifted *s, int64_t batch, int64_t u0, int64_t u1, const int64_t *ev_off,
-                     const int64_t *al_off, int32_t *records, float *alpha, ps_error *err);
-
-/* The controlled model's gates entries of its runtime (grid.h): the compressed attention's per-head
- * gates (ps_gates_units, "events") or the channel attention's per-channel gates (ps_chgates_units,
- * "ch_events"); full attention has none. Its training log: ps_gates_log_summary (checked against the
- * model's layers and KV heads) or ps_chgate_log_summary. */
-const char *ps_model_gates_missing(const ps_runtime *rt, char *buf, size_t n);
-const char *ps_model_gates_records(const ps_runtime *rt, int *ints_per_record);
-void ps_model_gates_unit_size(const ps_runtime *rt, int64_t n, int64_t T, int64_t *n_records, int64_t *n_floats);
-int ps_model_gates_units(const ps_runtime *rt, const ps_shifted *s, int64_t batch, int64_t u0, int64_t u1, const int64_t *ev_off,
-                         const int64_t *al_off, int32_t *events, float *alpha, ps_error *err);
-json_t *ps_model_gates_log(const ps_runtime *rt, const char *path, ps_error *err);
-/* The channel attention's accumulator (ps_chgate_init_model) and its result's "gates.model" ("v4"): 1;
- * 0 for the compressed attention's per-head gates. */
-int ps_model_gates_chacc(const ps_runtime *rt, ps_chgate_acc *acc, const char **model, ps_error *err);
-
-/* A per-channel accumulator's layout as plain data, for a finish that has no model (gates_chacc, grid.h):
+/* A per-channel accumulator's layout as plain data, for a finish that has no model (the family's, ps_gate_info):
  * {"model", "branches": [names], "n_layers", "gates": [[layer, branch, S, d, skip_first, rate, attention], ...]}
  * (the gates that exist); and an empty accumulator from it (its branch names point into `layout`, which
  * must outlive it), *model its "model". -1 with err naming the bad field. */

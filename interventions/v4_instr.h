@@ -1,6 +1,6 @@
 /* v4_instr.h — the instruments on DeepSeek-V4 checkpoints (core/v4/, SPEC-v4.md), over the V4 runtime's
- * hooks: the phase sweep, per-channel gate statistics (gates/chgates.h), gate cycling (the position bias
- * rolled by k). The prompts, their shifted copies and the per-residue statistics are
+ * hooks: the phase sweep, per-channel gate statistics (gates/chgates.h); gate cycling is the family's core
+ * entries (core/cycle.h). The prompts, their shifted copies and the per-residue statistics are
  * sweep.h's; the knockout result and its JSON are knockout.h's (docs/results-schema.md, "DeepSeek-V4"). The
  * knockout targets are the family's data (core/ko_targets.c), run by the one spec (ko_spec.h).
  *
@@ -18,6 +18,7 @@
 #include "interventions/sweep.h"
 #include "interventions/taskfile.h"
 #include "tasks/tasks.h"
+#include "core/cycle.h"
 #include "core/v4/v4_model.h"
 
 /* The task file (taskfile.h): a DeepSeek-V4 checkpoint is a family whose prompts come from one. */
@@ -31,34 +32,13 @@ static inline void ps_v4_task_free(ps_v4_task *t) { ps_task_file_free(t); }
 /* Prompts (in the task's layout) through the V4 forward in batches of `batch`, every token mapped to
  * the model's ids; hooks (a V4 hook set, or NULL) fire on every batch. correct / logprob per query. The
  * batches are the family's score (core/runtime.c), its one batching loop. The sweep and the gate
- * statistics run as work units (ps_sweep_units, units.h; ps_v4_gates_units below). */
+ * statistics run as work units (ps_sweep_units, ps_gate_units: units.h). */
 int ps_v4_eval(ps_v4_model *m, const ps_v4_task *t, const ps_batch *b, int64_t batch, const ps_hooks *hooks, int *correct,
                double *logprob, ps_error *err);
 
-/* The gate statistics as work units (units.h, docs/scale-out.md): unit j = batch j of the shift-0 prompts
- * s; per unit, every event (a compressed layer's compressor or indexer gates as they fire) is four ints
- * (layer, branch, sequences, windows) in events + ev_off[u] · PS_V4_GATES_EVENT_INTS and its alpha
- * [B, nW, S, d] in alpha + al_off[u]. Replaying them in order pools the gates of the whole shift. */
-#define PS_V4_GATES_EVENT_INTS 4
-void ps_v4_gates_unit_size(const ps_v4_config *c, int64_t n, int64_t T, int64_t *n_events, int64_t *n_floats);
-int ps_v4_gates_units(ps_v4_model *m, const int32_t *ids, int64_t n_ids, const ps_shifted *s, int64_t batch, int64_t u0, int64_t u1,
-                      const int64_t *ev_off, const int64_t *al_off, int32_t *events, float *alpha, ps_error *err);
-/* The accumulator of a V4 schedule (layer types, compression rates, head dims; as provenance.config records
- * them), and the replay of recorded events into it. */
-int ps_v4_gates_acc_init(ps_chgate_acc *acc, int n_layers, const ps_v4_attn_type *types, const int64_t *rates, int64_t head_dim,
-                         int64_t index_head_dim, ps_error *err);
-int ps_v4_gates_replay(ps_chgate_acc *acc, const int32_t *events, int64_t n_events, const float *alpha, int64_t n_floats,
-                       ps_error *err);
+/* The gate statistics: the family's gate data (core/gate_records.c) run by units.h's ps_gate_units. */
 
-/* Gate cycling: roll layer's position bias (ape [m, c·d]: the only per-slot parameter of a V4
- * compressor; its gate and kv projections are shared by the slots) by k rows, so the bias of token
- * offset r in a window moves to r + k (mod m), in both of CSA's series. branches: 1 the attention's
- * compressor, 2 the indexer's (CSA layers), 3 both (the indexer's only where the layer has one). The
- * weights must be loaded; on a lazily loaded model the cycled layer stays pinned in memory (until the
- * model is freed) so that the roll survives the forward's unloading. */
-#define PS_V4_CYCLE_COMPRESSOR 1
-#define PS_V4_CYCLE_INDEXER 2
-int ps_v4_gate_cycle(ps_v4_model *m, int layer, int branches, int64_t k, ps_error *err);
+/* Gate cycling (ps_v4_gate_cycle, PS_V4_CYCLE_*): the family's core entries, core/cycle.h. */
 
 /* Knockout targets (ps_v4_ko_target, ps_v4_ko_targets, ps_v4_ko_layer_ok): core/v4/v4_config.h, as data of the family
  * (core/ko_targets.c). */

@@ -255,16 +255,18 @@ static void test_gates_units(void) {
     double *lp = malloc(9 * 2 * sizeof(double));
     CHECK_OK(ps_eval_shifted(&m, &s, 4, &h, ok, lp, &err), &err);
     int64_t nu = ps_sweep_n_batches(9, 4), ev[4] = {0}, fl[4] = {0};
+    ps_runtime rt; /* the generic gate units over the family's gate data */
+    ps_runtime_model(&rt, &m);
     for (int64_t u = 0; u < nu; u++) {
-        int64_t n = 9 - u * 4 < 4 ? 9 - u * 4 : 4, ne, nf;
-        ps_gates_unit_size(&m.cfg, n, s.b.T, &ne, &nf);
+        int64_t n = 9 - u * 4 < 4 ? 9 - u * 4 : 4, ne = 0, nf = 0;
+        CHECK_OK(ps_gate_unit_size(&rt, n, s.b.T, &ne, &nf, &err), &err);
         ev[u + 1] = ev[u] + ne;
         fl[u + 1] = fl[u] + nf;
     }
     int32_t *events = calloc((size_t)ev[nu] * PS_GATES_EVENT_INTS, 4);
     float *alpha = calloc((size_t)fl[nu], 4);
-    CHECK_OK(ps_gates_units(&m, &s, 4, 2, 3, ev, fl, events, alpha, &err), &err);
-    CHECK_OK(ps_gates_units(&m, &s, 4, 0, 2, ev, fl, events, alpha, &err), &err);
+    CHECK_OK(ps_gate_units(&rt, &s, 4, 2, 3, ev, fl, events, alpha, &err), &err);
+    CHECK_OK(ps_gate_units(&rt, &s, 4, 0, 2, ev, fl, events, alpha, &err), &err);
     ps_gate_acc_init(&acc, &m.cfg, &err);
     CHECK_OK(ps_gate_acc_replay(&acc, events, ev[nu], alpha, fl[nu], &err), &err);
     int64_t na = m.cfg.n_layers * m.cfg.n_kv_heads * 2 * m.cfg.window, ne = m.cfg.n_layers * m.cfg.n_kv_heads * 2;

@@ -154,24 +154,53 @@ static int sweep_naive(ps_v4_model *m, const ps_v4_task *t, const ps_batch *base
     return rc;
 }
 
+/* The accumulator of a V4 schedule written out here from the config (the compressor's gates on every CSA/HCA
+ * layer, the indexer's on CSA layers), against which the family's layout (core/gate_records.c) is checked. */
+static int v4_acc_init(ps_chgate_acc *acc, const ps_v4_config *c, ps_error *err) {
+    static const char *const BR[] = {"compressor", "indexer"};
+    if (ps_chgate_acc_init(acc, (int)c->n_layers, 2, BR, err)) return -1;
+    for (int l = 0; l < c->n_layers; l++) {
+        if (c->attn_type[l] == PS_V4_SLIDING) continue;
+        int csa = c->attn_type[l] == PS_V4_CSA;
+        int64_t mr = c->compress_rate[l];
+        const char *an = csa ? "csa" : "hca";
+        if (ps_chgate_acc_set(acc, l, 0, csa ? 2 * mr : mr, c->head_dim, csa, mr, an, err) ||
+            (csa && ps_chgate_acc_set(acc, l, 1, 2 * mr, c->index_head_dim, 1, mr, an, err))) {
+            ps_chgate_acc_free(acc);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* The gate statistics of the shift-0 prompts the way the instrument takes them: every unit in order
- * (ps_v4_gates_units), replayed into the schedule's accumulator. */
-static int gates_whole(ps_v4_model *m, const ps_v4_task *t, const ps_batch *base, int64_t batch, ps_chgate_acc *acc, ps_error *err) {
+ * (ps_gate_units over the family's gate data), replayed into the accumulator of the family's layout (*layout
+ * holds its branch names: the caller frees it after acc). */
+static int gates_whole(ps_v4_model *m, const ps_v4_task *t, const ps_batch *base, int64_t batch, ps_chgate_acc *acc, json_t **layout,
+                       ps_error *err) {
+    ps_runtime rt;
+    ps_v4_runtime(&rt, m, t);
+    ps_gate_info g;
+    const char *model = NULL;
+    *layout = NULL;
+    if (ps_gate_info_of(&rt, &g, err)) return -1;
+    *layout = g.layout;
+    if (!g.layout || g.ints != PS_CHGATES_RECORD_INTS || strcmp(g.records, "v4_events"))
+        return ps_fail(err, "the V4 family's gate data: per-channel records of %d ints expected", PS_CHGATES_RECORD_INTS);
     ps_shifted s;
     if (ps_make_shifted(base, &t->task, &fam, PS_SWEEP_PAD, 1, 0, 0, m->cfg.max_position_embeddings, &s, err)) return -1;
     int64_t N = s.b.B, nb = ps_sweep_n_batches(N, batch), B = batch < N ? batch : N;
     int64_t *ev_off = calloc((size_t)nb + 1, sizeof(int64_t)), *al_off = calloc((size_t)nb + 1, sizeof(int64_t));
     for (int64_t u = 0; u < nb; u++) {
         int64_t nn = N - u * B < B ? N - u * B : B, ne, nf;
-        ps_v4_gates_unit_size(&m->cfg, nn, s.b.T, &ne, &nf);
+        ne = nf = 0;
+        ps_gate_unit_size(&rt, nn, s.b.T, &ne, &nf, err);
         ev_off[u + 1] = ev_off[u] + ne, al_off[u + 1] = al_off[u] + nf;
     }
-    int32_t *ev = calloc((size_t)(ev_off[nb] * PS_V4_GATES_EVENT_INTS) + 1, 4);
+    int32_t *ev = calloc((size_t)(ev_off[nb] * PS_CHGATES_RECORD_INTS) + 1, 4);
     float *al = calloc((size_t)al_off[nb] + 1, 4);
-    const ps_v4_config *c = &m->cfg;
-    int rc = ps_v4_gates_units(m, t->ids, t->n_ids, &s, batch, 0, nb, ev_off, al_off, ev, al, err) ||
-             ps_v4_gates_acc_init(acc, (int)c->n_layers, c->attn_type, c->compress_rate, c->head_dim, c->index_head_dim, err);
-    if (!rc && ps_v4_gates_replay(acc, ev, ev_off[nb], al, al_off[nb], err)) {
+    int rc = ps_gate_units(&rt, &s, batch, 0, nb, ev_off, al_off, ev, al, err) || ps_chgate_layout_acc(g.layout, acc, &model, err);
+    if (!rc && ps_chgate_replay(acc, ev, ev_off[nb], al, al_off[nb], err)) {
         ps_chgate_acc_free(acc);
         rc = -1;
     }
@@ -269,30 +298,31 @@ static void test_units(ps_v4_model *m, const ps_v4_task *t) {
     ps_knockout_result_free(&whole);
     /* the gates: units recorded and replayed = the whole run's accumulator */
     ps_chgate_acc acc_ref, acc;
-    REQUIRE_OK(gates_whole(m, t, &base, BATCH, &acc_ref, &err), &err);
+    json_t *layout = NULL;
+    REQUIRE_OK(gates_whole(m, t, &base, BATCH, &acc_ref, &layout, &err), &err);
     ps_shifted s;
     REQUIRE_OK(ps_make_shifted(&base, &t->task, &fam, PS_SWEEP_PAD, 1, 0, 0, m->cfg.max_position_embeddings, &s, &err), &err);
     int64_t ev_off[8] = {0}, al_off[8] = {0};
     for (int64_t u = 0; u < nb; u++) {
         int64_t nn = N - u * BATCH < BATCH ? N - u * BATCH : BATCH, ne, nf;
-        ps_v4_gates_unit_size(&m->cfg, nn, s.b.T, &ne, &nf);
+        ne = nf = 0;
+        CHECK_OK(ps_gate_unit_size(&rt, nn, s.b.T, &ne, &nf, &err), &err);
         ev_off[u + 1] = ev_off[u] + ne, al_off[u + 1] = al_off[u] + nf;
     }
-    int32_t *ev = calloc((size_t)(ev_off[nb] * PS_V4_GATES_EVENT_INTS), 4);
+    int32_t *ev = calloc((size_t)(ev_off[nb] * PS_CHGATES_RECORD_INTS), 4);
     float *al = calloc((size_t)al_off[nb], 4);
-    CHECK_OK(ps_v4_gates_units(m, t->ids, t->n_ids, &s, BATCH, 1, nb, ev_off, al_off, ev, al, &err), &err);
-    CHECK_OK(ps_v4_gates_units(m, t->ids, t->n_ids, &s, BATCH, 0, 1, ev_off, al_off, ev, al, &err), &err);
-    const ps_v4_config *c = &m->cfg;
-    int64_t rates[PS_V4_MAX_LAYERS];
-    for (int l = 0; l < c->n_layers; l++) rates[l] = c->compress_rate[l];
-    REQUIRE_OK(ps_v4_gates_acc_init(&acc, (int)c->n_layers, c->attn_type, rates, c->head_dim, c->index_head_dim, &err), &err);
-    CHECK_OK(ps_v4_gates_replay(&acc, ev, ev_off[nb], al, al_off[nb], &err), &err);
+    CHECK_OK(ps_gate_units(&rt, &s, BATCH, 1, nb, ev_off, al_off, ev, al, &err), &err);
+    CHECK_OK(ps_gate_units(&rt, &s, BATCH, 0, 1, ev_off, al_off, ev, al, &err), &err);
+    /* the accumulator written out from the schedule here: the family's layout (acc_ref's) must be the same */
+    REQUIRE_OK(v4_acc_init(&acc, &m->cfg, &err), &err);
+    CHECK_OK(ps_chgate_replay(&acc, ev, ev_off[nb], al, al_off[nb], &err), &err);
     json_t *a = ps_chgate_acc_to_json(&acc_ref), *b = ps_chgate_acc_to_json(&acc);
-    CHECK(a && b && json_equal(a, b), "V4 gates: units recorded out of order and replayed = in order");
-    CHECK_ERR(ps_v4_gates_replay(&acc, ev, ev_off[nb], al, al_off[nb] - 1, &err), &err, "does not fit");
+    CHECK(a && b && json_equal(a, b), "V4 gates: units recorded out of order and replayed = in order, the family's layout = the schedule's");
+    CHECK_ERR(ps_chgate_replay(&acc, ev, ev_off[nb], al, al_off[nb] - 1, &err), &err, "does not fit");
     json_decref(a), json_decref(b);
     ps_chgate_acc_free(&acc);
     ps_chgate_acc_free(&acc_ref);
+    json_decref(layout);
     free(ev), free(al);
     ps_shifted_free(&s);
     ps_batch_free(&base);
@@ -508,7 +538,8 @@ static void test_uniform_gates(ps_v4_model *m, const ps_v4_task *t) {
     REQUIRE_OK(ps_batch_alloc(&base, 3, t->task.seq_len, t->task.n_queries, &err), &err);
     CHECK(ps_task_generate(&t->task, 5, &base, NULL) == 0, "task generation");
     ps_chgate_acc acc;
-    REQUIRE_OK(gates_whole(m, t, &base, 2, &acc, &err), &err);
+    json_t *layout = NULL;
+    REQUIRE_OK(gates_whole(m, t, &base, 2, &acc, &layout, &err), &err);
     /* layer 1 CSA m 4 (8 slots), layer 2 HCA m 8 (8 slots = the rate), layer 3 CSA m 4 */
     double mg[64], worst = 0;
     int checked = 0;
@@ -536,6 +567,7 @@ static void test_uniform_gates(ps_v4_model *m, const ps_v4_task *t) {
           "per-channel gates JSON");
     json_decref(j);
     ps_chgate_acc_free(&acc);
+    json_decref(layout);
     ps_batch_free(&base);
 }
 
