@@ -7,10 +7,11 @@
  * (name pattern, shape for B sequences of T tokens, head axis, the layers that have it); its config as
  * JSON and the config hash for provenance; its default phase period; the description of a config it
  * wrote (display label, attention kind, what readers of its results need: ps_model_desc); where the instruments'
- * prompts come from and its knockout targets, as data. An opened checkpoint is a ps_runtime: the family, its
- * context, its layers and longest prompt, its model. The instruments add the table of what is not yet data of
- * the family (rt->ops, interventions/grid.h: gates, gate cycling, attribution patching) and the prompts'
- * mapping (rt->token_map); core never reads those.
+ * prompts come from and its knockout targets, as data; its gate statistics as data (the records and the points
+ * they fire at); gate cycling (core/cycle.h); its gradients at hook points (attribution patching). An opened
+ * checkpoint is a ps_runtime: the family, its context, its layers and longest prompt, its model. The instruments
+ * reach the model through the family alone; they add the prompts' mapping (rt->token_map), which core's
+ * entries never read.
  *
  * ps_runtime_open(rt, dir, opts, err) asks every registered family (ps_families) whether it recognises
  * DIR/config.json and opens it with the one that does. Adding a family: docs/design.md, "Adding a model
@@ -46,12 +47,10 @@ typedef struct {
     const char *comp_what; /* a knockout of the compressed entries, in words (NULL: the usual wording) */
     int64_t kv_stride;     /* positions per cached key/value entry (a compressed model's stride; 1: one per position) */
 } ps_model_desc;
-struct ps_runtime_ops; /* the instruments' table of what is not yet data of a family (interventions/grid.h) */
 
 /* An opened checkpoint: `family` is the core table every caller reaches the model through; `model` is the
  * family's own (only its family's code reads it: ps_runtime_controlled for the controlled model's). */
 struct ps_runtime {
-    const struct ps_runtime_ops *ops; /* the instruments' table (set above core; NULL after ps_runtime_open) */
     ps_ctx *ctx;           /* the model's context (activations and action sources live there) */
     int64_t max_pos;       /* longest prompt the model takes */
     int64_t n_layers;      /* the model's layers */

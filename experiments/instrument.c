@@ -51,7 +51,7 @@ static char *command_line_unsharded(const ps_args *a) {
  * The runtime owns the model (ps_runtime_open); the instruments add the task: the one a checkpoint stores
  * (the family's meta "phasescope.task"), or, for a family whose checkpoints carry none, a task file (--task
  * FILE or DIR/phasescope_task.json) whose ids map the task's tokens to the model's (rt.token_map), recorded in
- * provenance as "task_source"; and the table of what is not yet data of the family (ps_runtime_ops_of). */
+ * provenance as "task_source". Everything else the instruments need of the model is its family's core table. */
 
 int ps_instr_setup(ps_instr *in, const ps_args *a, int need_task, ps_error *err) {
     in->command = a->cmd->name;
@@ -101,7 +101,6 @@ int ps_instr_setup(ps_instr *in, const ps_args *a, int need_task, ps_error *err)
     if (ps_fillers_load(PS_SOURCE_DIR "/data/fillers.json", &in->fams, &in->n_fams, err) ||
         ps_fillers_find(in->fams, in->n_fams, family, &in->fam, err))
         return in->fams && family ? ps_cli_mark_usage(err) : -1;
-    in->rt.ops = ps_runtime_ops_of(in->rt.family);
     if (task_file) { /* the prompts always come from the task file */
         need_task = 1;
         if (ps_task_file_load(&in->task_file, task_flag, in->model_dir, in->rt.family->title ? in->rt.family->title : in->rt.family->name,

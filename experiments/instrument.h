@@ -68,8 +68,8 @@ typedef struct {
 } ps_instr;
 
 /* Reads the PS_INSTR_FLAGS of a (whose table must hold them) and opens the checkpoint with
- * ps_runtime_open, which picks the family; in->rt is its runtime, with the instruments' table of what is not
- * yet the family's data (rt.ops: ps_runtime_ops_of) and, for a family whose checkpoints carry no task (its
+ * ps_runtime_open, which picks the family; in->rt is its runtime (the family's core table is all the
+ * instruments reach the model through) and, for a family whose checkpoints carry no task (its
  * task_file), the task file (--task FILE or DIR/phasescope_task.json: interventions/taskfile.h) and its
  * token mapping (rt.token_map). need_task: build the evaluation set from the stored task (always, for a family
  * whose prompts come from a task file). */
@@ -150,7 +150,7 @@ typedef struct {
 int ps_gates_command(const ps_args *a, const ps_gates_request *rq, ps_error *err);
 
 /* The gatecycle instrument (instr_gatecycle.c): its flags as cmd_gatecycle.c parsed them (the family
- * checks --branch, --params and the rest against the model: ps_runtime_ops.gc_check); sets up the model
+ * checks --branch, --params and the rest against the model: its core entry cycle_check, core/cycle.h); sets up the model
  * from a's common flags, then runs its work units (the --measure knockout grid before the cycle and the
  * sweep before it, then the same after it) split over shards and ranks, rank 0 (or the shard's part file)
  * writing the result. */

@@ -6,10 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/backward.h"
-#include "core/forward.h"
 #include "core/ops.h"
-#include "interventions/ko_model.h"
+#include "interventions/ko_spec.h"
 
 const char *const ps_atp_fix_names[] = {"none", "qk", NULL};
 
@@ -19,85 +17,120 @@ int ps_atp_default_fix(const ps_runtime *rt) {
 }
 
 const char *ps_atp_fix_missing(const ps_runtime *rt, int fix, char *buf, size_t n) {
-    if (!rt->ops || !rt->ops->atp_spec) {
+    const ps_family *f = rt->family;
+    if (!f->backward || !f->backward_free || !f->state_point) {
         snprintf(buf, n, "--method atp: %s checkpoints have no backward pass in phasescope, so there are no gradients to "
-                         "attribute with (use --method exact)", rt->family->name);
+                         "attribute with (use --method exact)", f->name);
         return buf;
     }
-    if (fix == PS_ATP_FIX_QK && ps_runtime_controlled(rt) && ps_runtime_controlled(rt)->cfg.kind == PS_ATTN_CHANNEL) {
-        snprintf(buf, n, "--atp-fix qk: the per-channel compressor attention (attention.kind channel) is not recomputed per "
-                         "head; use --atp-fix none");
+    if (fix == PS_ATP_FIX_QK && !f->patch_attention) {
+        snprintf(buf, n, "--atp-fix qk: %s checkpoints have no recomputed attention in phasescope (the family has no "
+                         "patch_attention); use --atp-fix none", f->name);
         return buf;
     }
+    if (fix == PS_ATP_FIX_QK && f->patch_missing) return f->patch_missing(rt, buf, n);
     return NULL;
 }
 
-/* The points a cell of the target replaces, in the forward's order. */
-static const ps_hook_point POINTS[4] = {PS_HOOK_K, PS_HOOK_V, PS_HOOK_CK, PS_HOOK_CV};
-
+/* The estimate over any family with gradients at hook points (its core entries backward, state_point and, fix
+ * qk, patch_attention), from the target's arrays (its ko_arrays: the points a cell sets) and the knockout's
+ * means. */
 typedef struct {
     ps_grid_spec ko; /* the knockout's spec: its sources are the means */
-    int fix;
+    int fix, target;
     const int *heads;
     int n_heads;
-    /* scratch of one batch shape (B, T): the backward's gradients (and, fix qk, the recomputed attention) */
-    ps_acts g;
-    int have_g;
-    float *grads;           /* the parameters' gradients the backward still writes (norms, gates); never read */
-    int64_t n_grads;
+    ps_ko_array arr[PS_KO_MAX_ARRAYS];
+    int n_arr;
+    void *bwd;              /* the family's backward scratch */
+    /* scratch of one batch shape (B, T) */
+    int64_t B, T;
     double *dots, *hdots;   /* [n_layers, B, H] on the context, and its host copy */
     int64_t n_dots;
-    float *dz;              /* fix qk: [n_layers, B, T, nh, hd] the cells' z' − z, head group g holding cell g's */
-    int64_t n_dz;
+    float *dz;              /* fix qk: [n_layers, B, T, heads, hd] the cells' z' − z, head group g holding cell g's */
+    int64_t n_dz, dz_layer;
     int32_t *targets;       /* [B, T] host */
     int64_t n_targets;
-} model_atp;
+} atp_spec;
 
 static int atp_sources(void *self, const ps_runtime *rt, const ps_grid_shift *sh, ps_hooks *ref, ps_error *err) {
-    model_atp *A = self;
+    atp_spec *A = self;
     return A->ko.sources(A->ko.self, rt, sh, ref, err);
 }
 
 static int atp_sources_done(void *self, const ps_runtime *rt, const ps_grid_shift *sh, ps_error *err) {
-    model_atp *A = self;
+    atp_spec *A = self;
     return A->ko.sources_done(A->ko.self, rt, sh, err);
 }
 
 static void atp_shift_end(void *self, const ps_runtime *rt) {
-    model_atp *A = self;
+    atp_spec *A = self;
     if (A->ko.shift_end) A->ko.shift_end(A->ko.self, rt);
 }
 
 /* Free the batch-shape scratch. */
-static void scratch_free(model_atp *A, ps_ctx *ctx) {
-    if (A->have_g) ps_acts_free(&A->g);
-    A->have_g = 0;
-    if (A->grads) ps_buf_free(ctx, A->grads, A->n_grads * (int64_t)sizeof(float));
+static void scratch_free(atp_spec *A, ps_ctx *ctx) {
     if (A->dots) ps_buf_free(ctx, A->dots, A->n_dots * (int64_t)sizeof(double));
     if (A->dz) ps_buf_free(ctx, A->dz, A->n_dz * (int64_t)sizeof(float));
     free(A->hdots);
     free(A->targets);
-    A->grads = NULL, A->dots = NULL, A->dz = NULL, A->hdots = NULL, A->targets = NULL;
-    A->n_grads = A->n_dots = A->n_dz = A->n_targets = 0;
+    A->dots = NULL, A->dz = NULL, A->hdots = NULL, A->targets = NULL;
+    A->n_dots = A->n_dz = A->n_targets = A->dz_layer = A->B = A->T = 0;
+}
+
+/* The sizes of point `point` at layer for B sequences of T tokens (the family's point_shape): its rank, or 0. */
+static int point_dims(const ps_runtime *rt, int point, int layer, int64_t B, int64_t T, int64_t dims[4], int *head_axis) {
+    int i = ps_runtime_point_index(rt, point);
+    if (i < 0) return 0;
+    *head_axis = rt->family->points[i].head_axis;
+    return rt->family->point_shape(rt, i, layer, B, T, dims);
+}
+
+/* The per-sequence head count of the dots (fix none: the replaced arrays' head axis; fix qk: the patched
+ * attention output's) and, fix qk, the floats of one layer's dz. */
+static int dot_heads(const atp_spec *A, const ps_runtime *rt, const ps_grid_shift *sh, int64_t B, int64_t T, int64_t *H,
+                     int64_t *dz_layer, ps_error *err) {
+    int64_t dims[4];
+    int ha = -1, rank;
+    *H = 0, *dz_layer = 0;
+    if (A->fix == PS_ATP_FIX_QK) {
+        rank = point_dims(rt, rt->family->patch_point, sh->layers[0], B, T, dims, &ha);
+        if (rank < 1 || ha < 0 || ha >= rank)
+            return ps_fail(err, "attribution: the %s family's patched point has no head axis", rt->family->name);
+        *H = dims[ha];
+        *dz_layer = 1;
+        for (int d = 0; d < rank; d++) *dz_layer *= dims[d];
+        return 0;
+    }
+    for (int a = 0; a < A->n_arr; a++)
+        for (int li = 0; li < sh->n_layers; li++) {
+            rank = point_dims(rt, A->arr[a].set_point, sh->layers[li], B, T, dims, &ha);
+            if (rank < 1 || ha < 0 || ha >= rank) continue;
+            if (*H && dims[ha] != *H)
+                return ps_fail(err, "attribution: the target's arrays differ in their head counts (%lld, %lld)", (long long)*H,
+                               (long long)dims[ha]);
+            *H = dims[ha];
+        }
+    if (!*H) return ps_fail(err, "attribution: the target replaces no array with heads on the chosen layers");
+    return 0;
 }
 
 /* Scratch for a batch of B sequences of T tokens and nl layers. */
-static int scratch_for(model_atp *A, const ps_model *m, int64_t B, int64_t T, int nl, ps_error *err) {
-    const ps_config *c = &m->cfg;
-    if (A->have_g && A->g.B == B && A->g.T == T) return 0;
-    scratch_free(A, m->ctx);
-    if (ps_acts_create(&A->g, m->ctx, c, B, T, false, err)) return -1;
-    A->have_g = 1;
-    int64_t H = A->fix == PS_ATP_FIX_QK ? c->n_heads : c->n_kv_heads;
-    A->n_grads = m->n_params;
-    A->n_dots = (int64_t)nl * B * H;
+static int scratch_for(atp_spec *A, const ps_runtime *rt, const ps_grid_shift *sh, int64_t B, int64_t T, int64_t *H, ps_error *err) {
+    int64_t dzl = 0;
+    if (dot_heads(A, rt, sh, B, T, H, &dzl, err)) return -1;
+    if (A->dots && A->B == B && A->T == T) return 0;
+    scratch_free(A, rt->ctx);
+    int nl = sh->n_layers;
+    A->B = B, A->T = T;
+    A->n_dots = (int64_t)nl * B * *H;
     A->n_targets = B * T;
-    A->grads = ps_buf_alloc(m->ctx, A->n_grads * (int64_t)sizeof(float), "attribution: the backward's parameter gradients", err);
-    A->dots = A->grads ? ps_buf_alloc(m->ctx, A->n_dots * (int64_t)sizeof(double), "attribution: the cells' dot products", err) : NULL;
+    A->dots = ps_buf_alloc(rt->ctx, A->n_dots * (int64_t)sizeof(double), "attribution: the cells' dot products", err);
     if (!A->dots) return -1;
     if (A->fix == PS_ATP_FIX_QK) {
-        A->n_dz = (int64_t)nl * B * T * c->n_heads * c->head_dim;
-        A->dz = ps_buf_alloc(m->ctx, A->n_dz * (int64_t)sizeof(float), "attribution: the recomputed attention outputs", err);
+        A->dz_layer = dzl;
+        A->n_dz = (int64_t)nl * dzl;
+        A->dz = ps_buf_alloc(rt->ctx, A->n_dz * (int64_t)sizeof(float), "attribution: the recomputed attention outputs", err);
         if (!A->dz) return -1;
     }
     A->hdots = malloc((size_t)A->n_dots * sizeof(double));
@@ -106,85 +139,54 @@ static int scratch_for(model_atp *A, const ps_model *m, int64_t B, int64_t T, in
     return 0;
 }
 
-/* The clean activation at point pt of a layer's slot of the acts. */
-static float *point_of(const ps_act_ptrs *P, ps_hook_point pt) {
-    return pt == PS_HOOK_K ? P->k : pt == PS_HOOK_V ? P->v : pt == PS_HOOK_CK ? P->ck : P->cv;
-}
-
-/* fix qk: for every selected layer and cell, layer l's attention recomputed with the cell's entries set
- * to their means, z'; dz[li] at head group g = z'_g − z. Only the cell's group runs: its query heads and
- * its KV head gathered into contiguous buffers (the scratch acts' arrays), attended as a model with one
- * KV head (its own window offsets), the output scattered back. */
-static int recompute_attention(model_atp *A, const ps_runtime *rt, const ps_grid_shift *sh, ps_acts *a, ps_error *err) {
-    const ps_config *c = &ps_runtime_controlled(rt)->cfg;
-    ps_ctx *ctx = rt->ctx;
-    int64_t B = a->B, T = a->T, nW = a->nW, nkv = c->n_kv_heads, nh = c->n_heads, hd = c->head_dim, grp = nh / nkv;
-    int64_t kd = nkv * hd, qd = nh * hd, gd = grp * hd;
-    ps_act_ptrs G = A->g.p;
-    int64_t *woff1 = a->woff ? malloc((size_t)B * sizeof(int64_t)) : NULL;
-    if (a->woff && !woff1) return ps_fail(err, "out of memory for %lld window offsets", (long long)B);
-    ps_attn_geom g1 = a->geom; /* one KV head and its group's query heads */
-    g1.nh = grp, g1.nkv = 1, g1.woff = woff1;
-    int rc = 0;
-    for (int li = 0; li < sh->n_layers && !rc; li++) {
-        ps_act_ptrs P = ps_acts_layer(a, sh->layers[li]);
-        float *dz = A->dz + (int64_t)li * B * T * qd;
-        for (int ci = 0; ci < A->n_heads && !rc; ci++) {
-            int64_t gk = A->heads[ci];
-            for (int64_t b = 0; woff1 && b < B; b++) woff1[b] = a->woff[b * nkv + gk];
-            /* gather: q of the group [B, T, grp, hd], the head's k, v [B, T, 1, hd] and ck, cv [B, nW, 1, hd] */
-            rc = ps_copy_blocks(ctx, G.q, gd, 0, P.q + gk * gd, qd, 0, B * T, 1, gd, 0, 0.0f) ||
-                 ps_copy_blocks(ctx, G.k, hd, 0, P.k + gk * hd, kd, 0, B * T, 1, hd, 0, 0.0f) ||
-                 ps_copy_blocks(ctx, G.v, hd, 0, P.v + gk * hd, kd, 0, B * T, 1, hd, 0, 0.0f);
-            if (!rc && nW > 0)
-                rc = ps_copy_blocks(ctx, G.ck, hd, 0, P.ck + gk * hd, kd, 0, B * nW, 1, hd, 0, 0.0f) ||
-                     ps_copy_blocks(ctx, G.cv, hd, 0, P.cv + gk * hd, kd, 0, B * nW, 1, hd, 0, 0.0f);
-            for (int i = 0; i < 4 && !rc; i++) {
-                const float *mean = ps_ko_spec_mean(&A->ko, li, POINTS[i]);
-                if (mean) rc = ps_head_set(ctx, point_of(&G, POINTS[i]), mean + gk * hd, kd, B, i < 2 ? T : nW, 1, hd, 0, 0, B);
-            }
-            if (!rc) rc = ps_attn_forward(ctx, G.z, G.lse, G.q, G.k, G.v, G.ck, G.cv, &g1);
-            /* the cell's heads: z'_g − z */
-            if (!rc)
-                rc = ps_copy_blocks(ctx, dz + gk * gd, qd, 0, G.z, gd, 0, B * T, 1, gd, 0, 0.0f) ||
-                     ps_copy_blocks(ctx, dz + gk * gd, qd, 0, P.z + gk * gd, qd, 0, B * T, 1, gd, 1, -1.0f);
-            if (rc) {
-                ps_ctx_check(ctx, err);
-                rc = ps_fail_prefix(err, "attribution (layer %d, KV head %lld, recomputing its attention): ", sh->layers[li], (long long)gk);
-            }
+/* fix qk: for every selected layer and cell, the layer's attention recomputed by the family with the cell's
+ * entries set to their means: dz[li] at the cell's head group = z' − z. */
+static int patch_all(atp_spec *A, const ps_runtime *rt, const ps_grid_shift *sh, void *state, ps_error *err) {
+    int pts[PS_KO_MAX_ARRAYS];
+    const float *means[PS_KO_MAX_ARRAYS];
+    for (int li = 0; li < sh->n_layers; li++) {
+        for (int a = 0; a < A->n_arr; a++) {
+            pts[a] = A->arr[a].set_point;
+            means[a] = ps_ko_spec_mean(&A->ko, li, pts[a]);
         }
+        for (int ci = 0; ci < A->n_heads; ci++)
+            if (rt->family->patch_attention(rt, state, &A->bwd, sh->layers[li], A->heads[ci], pts, means, A->n_arr,
+                                            A->dz + (int64_t)li * A->dz_layer, err))
+                return -1;
     }
-    free(woff1);
-    return rc;
+    return 0;
 }
 
-/* The dot actions on the gradients: fix none, Σ ∂NLL/∂x · (mean − x) per (sequence, KV head) at each
- * replaced array; fix qk, Σ ∂NLL/∂z · dz per (sequence, query head) at hook_z. */
-static int grad_hooks(model_atp *A, const ps_runtime *rt, const ps_grid_shift *sh, ps_acts *a, ps_hooks *gh, ps_error *err) {
-    const ps_config *c = &ps_runtime_controlled(rt)->cfg;
-    int64_t B = a->B, T = a->T, H = A->fix == PS_ATP_FIX_QK ? c->n_heads : c->n_kv_heads;
+/* The dot actions on the gradients: fix none, Σ ∂NLL/∂x · (mean − x) per (sequence, head) at each replaced
+ * array; fix qk, Σ ∂NLL/∂z · dz per (sequence, query head) at the patched point. */
+static int grad_hooks(atp_spec *A, const ps_runtime *rt, const ps_grid_shift *sh, void *state, int64_t B, int64_t T, int64_t H,
+                      ps_hooks *gh, ps_error *err) {
+    const ps_family *f = rt->family;
     for (int li = 0; li < sh->n_layers; li++) {
         int l = sh->layers[li];
-        ps_act_ptrs P = ps_acts_layer(a, l);
         char name[96];
         ps_hook_action act = {.kind = PS_ACT_DOT, .head = -1, .acc = A->dots + (int64_t)li * B * H, .acc_n = B * H};
         if (A->fix == PS_ATP_FIX_QK) {
-            ps_hook_name(name, sizeof name, l, PS_HOOK_Z);
-            act.src = A->dz + (int64_t)li * B * T * c->n_heads * c->head_dim;
+            ps_runtime_point_name(rt, ps_runtime_point_index(rt, f->patch_point), l, name, sizeof name);
+            act.src = A->dz + (int64_t)li * A->dz_layer;
             act.src_nseq = B;
             act.src_npos = T;
-            if (ps_hooks_add_action(gh, c, name, &act, err)) return -1;
+            if (f->hook_add_action(rt, gh, name, &act, err)) return -1;
             continue;
         }
-        for (int i = 0; i < 4; i++) {
-            const float *mean = ps_ko_spec_mean(&A->ko, li, POINTS[i]);
+        for (int a = 0; a < A->n_arr; a++) {
+            int pt = A->arr[a].set_point;
+            const float *mean = ps_ko_spec_mean(&A->ko, li, pt);
+            int64_t dims[4];
+            const float *clean = mean ? f->state_point(rt, state, l, pt, dims) : NULL;
             if (!mean) continue;
-            ps_hook_name(name, sizeof name, l, POINTS[i]);
+            if (!clean) return ps_fail(err, "attribution (layer %d): the %s family's kept activations lack point %d", l, f->name, pt);
+            ps_runtime_point_name(rt, ps_runtime_point_index(rt, pt), l, name, sizeof name);
             act.src = mean;
             act.src_nseq = 0;
-            act.src_npos = POINTS[i] == PS_HOOK_K || POINTS[i] == PS_HOOK_V ? T : a->nW;
-            act.ref = point_of(&P, POINTS[i]);
-            if (ps_hooks_add_action(gh, c, name, &act, err)) return -1;
+            act.src_npos = dims[1];
+            act.ref = clean;
+            if (f->hook_add_action(rt, gh, name, &act, err)) return -1;
         }
     }
     return 0;
@@ -193,22 +195,20 @@ static int grad_hooks(model_atp *A, const ps_runtime *rt, const ps_grid_shift *s
 /* The estimate of one batch (grid.h, spec->estimate): one backward per residue. */
 static int atp_estimate(void *self, const ps_runtime *rt, const ps_grid_shift *sh, const ps_shifted *sv, void *state,
                         const double *clean_lp, double *cell_lp, ps_error *err) {
-    model_atp *A = self;
-    const ps_model *m = ps_runtime_controlled(rt);
-    const ps_config *c = &m->cfg;
-    ps_acts *a = state;
+    atp_spec *A = self;
     const ps_batch *b = &sv->b;
     int nl = sh->n_layers, nc = A->n_heads, qk = A->fix == PS_ATP_FIX_QK;
-    int64_t B = a->B, T = a->T, maxq = b->max_q, nq = B * maxq, H = qk ? c->n_heads : c->n_kv_heads, grp = c->n_heads / c->n_kv_heads;
-    if (scratch_for(A, m, B, T, nl, err)) return -1;
+    int64_t B = b->B, T = b->T, maxq = b->max_q, nq = B * maxq, H = 0;
+    if (scratch_for(A, rt, sh, B, T, &H, err)) return -1;
+    int64_t grp = qk ? H / rt->family->ko_heads(rt, A->target) : 1;
     for (int64_t i = 0; i < (int64_t)nl * nc; i++) memcpy(cell_lp + i * nq, clean_lp, (size_t)nq * sizeof(double));
     int stop = sh->layers[0];
     for (int li = 1; li < nl; li++)
         if (sh->layers[li] < stop) stop = sh->layers[li];
-    if (qk && recompute_attention(A, rt, sh, a, err)) return -1;
+    if (qk && patch_all(A, rt, sh, state, err)) return -1;
     ps_hooks gh; /* the same dot actions for every residue's backward (they add into A->dots) */
     ps_hooks_init(&gh);
-    int rc = grad_hooks(A, rt, sh, a, &gh, err);
+    int rc = grad_hooks(A, rt, sh, state, B, T, H, &gh, err);
     /* One backward per residue present: the loss is the NLL of every scored query of that residue (its
      * answer tokens). The statistics add estimates by residue, so a sequence's estimate for residue rho
      * goes to its first query of that residue (its others keep the clean log-prob). */
@@ -232,9 +232,7 @@ static int atp_estimate(void *self, const ps_runtime *rt, const ps_grid_shift *s
             break;
         }
         double loss = 0;
-        int64_t n_t = 0;
-        ps_backward_opts o = {.grad_hooks = &gh, .no_weight_grads = 1, .stop_layer = stop};
-        if (ps_backward_ex(m, a, &A->g, b->tokens, A->targets, 1.0f, A->grads, &loss, &n_t, &o, err)) {
+        if (rt->family->backward(rt, state, &A->bwd, b->tokens, A->targets, &gh, stop, &loss, err)) {
             rc = ps_fail_prefix(err, "attribution backward (residue %lld): ", (long long)rho);
             break;
         }
@@ -268,17 +266,23 @@ static int atp_estimate(void *self, const ps_runtime *rt, const ps_grid_shift *s
     return rc;
 }
 
-int ps_model_atp_spec(const ps_runtime *rt, int target, const int *heads, int n_heads, int fix, ps_grid_spec *spec,
-                      ps_error *err) {
+int ps_atp_spec(const ps_runtime *rt, int target, const int *heads, int n_heads, int fix, ps_grid_spec *spec, ps_error *err) {
     char why[256];
     if (ps_atp_fix_missing(rt, fix, why, sizeof why)) return ps_fail(err, "%s", why);
-    model_atp *A = calloc(1, sizeof *A);
+    const ps_family *f = rt->family;
+    if (!f->ko_arrays || !f->ko_heads || !f->ko_heads(rt, target))
+        return ps_fail(err, "--method atp: the %s family's target has no per-head cells to attribute", f->name);
+    atp_spec *A = calloc(1, sizeof *A);
     if (!A) return ps_fail(err, "out of memory");
-    if (ps_ko_spec(rt, target, heads, n_heads, &A->ko, err)) {
+    int restart = 0;
+    A->n_arr = f->ko_arrays(rt, target, A->arr, &restart);
+    if (A->n_arr < 1 || A->n_arr > PS_KO_MAX_ARRAYS || ps_ko_spec(rt, target, heads, n_heads, &A->ko, err)) {
+        if (A->n_arr < 1 || A->n_arr > PS_KO_MAX_ARRAYS) ps_fail(err, "--method atp: the %s family's target replaces no array", f->name);
         free(A);
         return -1;
     }
     A->fix = fix;
+    A->target = target;
     A->heads = heads;
     A->n_heads = n_heads;
     *spec = (ps_grid_spec){.self = A, .sources = atp_sources, .sources_done = atp_sources_done, .shift_end = atp_shift_end,
@@ -286,10 +290,11 @@ int ps_model_atp_spec(const ps_runtime *rt, int target, const int *heads, int n_
     return 0;
 }
 
-void ps_model_atp_spec_free(const ps_runtime *rt, ps_grid_spec *spec) {
-    model_atp *A = spec->self;
+void ps_atp_spec_free(const ps_runtime *rt, ps_grid_spec *spec) {
+    atp_spec *A = spec->self;
     if (!A) return;
     scratch_free(A, rt->ctx);
+    if (A->bwd) rt->family->backward_free(rt, A->bwd);
     ps_ko_spec_free(&A->ko);
     free(A);
     spec->self = NULL;

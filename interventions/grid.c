@@ -1,11 +1,8 @@
 /* grid.c — the cell-grid engine (grid.h). */
 #include "interventions/grid.h"
 
-#include "interventions/atp.h"
 #include "interventions/ko_model.h"
 #include "interventions/units.h"
-#include "interventions/v4_instr.h"
-#include "interventions/gatecycle.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -16,18 +13,7 @@
 
 /* ---- the controlled model's runtime ---- */
 
-static const ps_runtime_ops MODEL_OPS = {
-                                         .atp_spec = ps_model_atp_spec,
-                                         .atp_spec_free = ps_model_atp_spec_free};
-
-const ps_runtime_ops *ps_runtime_ops_of(const ps_family *f) {
-    return f == &ps_family_model ? &MODEL_OPS : f == &ps_family_v4 ? &ps_v4_runtime_ops : NULL;
-}
-
-void ps_runtime_model(ps_runtime *rt, const ps_model *m) {
-    ps_runtime_wrap_model(rt, m);
-    rt->ops = &MODEL_OPS;
-}
+void ps_runtime_model(ps_runtime *rt, const ps_model *m) { ps_runtime_wrap_model(rt, m); }
 
 /* ---- results and units ---- */
 

@@ -95,23 +95,11 @@ typedef struct {
                   int *ok, double *lp);
 } ps_grid_spec;
 
-/* What the instruments still need of a shipped family beyond its core table (rt->family, core/runtime.h:
- * evaluation is its score, knockout targets its data): rt->ops, ps_runtime_ops_of below (the controlled model's
- * table; DeepSeek-V4's ps_v4_runtime_ops in v4_instr.h); NULL for any other family. */
-typedef struct ps_runtime_ops {
-    /* The family's attribution-patching knockout (atp.h; NULL: the family has no backward pass, so no
-     * estimate): the target's estimate spec over the chosen heads, `fix` as ps_atp_fix. */
-    int (*atp_spec)(const ps_runtime *rt, int target, const int *heads, int n_heads, int fix, ps_grid_spec *spec, ps_error *err);
-    void (*atp_spec_free)(const ps_runtime *rt, ps_grid_spec *spec);
-} ps_runtime_ops;
+/* struct ps_runtime (ctx, max_pos, n_layers, model, family, ...): core/runtime.h. Everything the instruments need of
+ * a family is its core table (rt->family): evaluation, knockout targets, gates, gate cycling, gradients. */
 
-/* struct ps_runtime (ops, ctx, max_pos, n_layers, m, model, aux, family): core/runtime.h. */
-
-/* The controlled model's runtime. */
+/* The controlled model's runtime (ps_runtime_wrap_model). */
 void ps_runtime_model(ps_runtime *rt, const ps_model *m);
-/* The instruments' table of a shipped family (the controlled model's, DeepSeek-V4's), NULL for any other: what
- * is not yet data of the family's core table (attribution patching's estimate, gate statistics, gate cycling). */
-const ps_runtime_ops *ps_runtime_ops_of(const ps_family *f);
 
 
 

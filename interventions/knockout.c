@@ -51,12 +51,8 @@ int ps_knockout_run(const ps_knockout_spec *k, ps_knockout_result *out, ps_error
     for (int i = 0; nh_max && i < n_heads; i++)
         if (heads[i] < 0 || heads[i] >= nh_max) return ps_fail(err, "knockout grid: head %d out of range", heads[i]);
     ps_grid_spec spec;
-    int atp = k->opts.atp && rt->ops && rt->ops->atp_spec;
-    if (k->opts.atp && !atp) {
-        char why[256];
-        return ps_fail(err, "%s", ps_atp_fix_missing(rt, k->opts.atp_fix, why, sizeof why));
-    }
-    if (atp ? rt->ops->atp_spec(rt, k->target, heads, n_heads, k->opts.atp_fix, &spec, err)
+    int atp = k->opts.atp;
+    if (atp ? ps_atp_spec(rt, k->target, heads, n_heads, k->opts.atp_fix, &spec, err)
             : ps_ko_spec(rt, k->target, heads, n_heads, &spec, err))
         return -1;
     ps_grid g = {.rt = rt, .base = k->base, .task = k->task, .fam = k->fam, .P = k->P, .seed = k->seed, .batch = k->batch,
@@ -65,7 +61,7 @@ int ps_knockout_run(const ps_knockout_spec *k, ps_knockout_result *out, ps_error
                  .cell_mask = k->opts.cell_mask, .unit0 = k->opts.unit0, .unit1 = k->opts.unit1, .record = k->opts.record,
                  .record_user = k->opts.record_user, .progress = k->progress, .progress_user = k->progress_user};
     int rc = ps_grid_run(&g, out, err);
-    if (atp) rt->ops->atp_spec_free(rt, &spec);
+    if (atp) ps_atp_spec_free(rt, &spec);
     else ps_ko_spec_free(&spec);
     return rc;
 }

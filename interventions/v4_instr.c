@@ -25,11 +25,8 @@ int ps_v4_eval(ps_v4_model *m, const ps_v4_task *t, const ps_batch *b, int64_t b
 
 /* ---- the DeepSeek-V4 runtime (its knockout targets are core's data: core/ko_targets.c) ---- */
 
-const ps_runtime_ops ps_v4_runtime_ops = {0};
-
 void ps_v4_runtime(ps_runtime *rt, ps_v4_model *m, const ps_v4_task *t) {
     memset(rt, 0, sizeof *rt);
-    rt->ops = &ps_v4_runtime_ops;
     rt->ctx = m->ctx;
     rt->max_pos = m->cfg.max_position_embeddings;
     rt->n_layers = m->cfg.n_layers;

@@ -46,7 +46,6 @@ int ps_v4_eval(ps_v4_model *m, const ps_v4_task *t, const ps_batch *b, int64_t b
 /* The DeepSeek-V4 runtime (grid.h): what the grid engine and the instruments call on a V4 checkpoint
  * (its forward with hooks on the task's prompts mapped through t, its hook names, its knockout targets). */
 void ps_v4_runtime(ps_runtime *rt, ps_v4_model *m, const ps_v4_task *t);
-extern const ps_runtime_ops ps_v4_runtime_ops;
 /* The knockout of a V4 checkpoint: ps_knockout_run (knockout.h) with this runtime, target a
  * ps_v4_ko_target (cells: query heads for `heads`, the one unit 0 for the per-layer targets; a full
  * forward per cell, callbacks and actions on the V4 hooks). */

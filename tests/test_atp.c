@@ -430,7 +430,7 @@ static void test_mask_and_errors(void) {
     CHECK(ps_atp_default_fix(&rt) == PS_ATP_FIX_NONE, "channel attention defaults to fix none");
     ps_grid_spec spec;
     int heads[1] = {0};
-    CHECK_ERR(ps_model_atp_spec(&rt, 1, heads, 1, PS_ATP_FIX_QK, &spec, &err), &err, "--atp-fix qk", "channel");
+    CHECK_ERR(ps_atp_spec(&rt, 1, heads, 1, PS_ATP_FIX_QK, &spec, &err), &err, "--atp-fix qk", "channel");
     ps_model_free(&m);
 }
 

@@ -108,6 +108,12 @@ static void test_toy(void) {
     ps_hook_action act = {.kind = PS_ACT_ZERO, .head = -1};
     CHECK_ERR(rt.family->hook_add_action(&rt, &h, "blocks.1.hook_row", &act, &err), &err, "not a hook of the toy bigram model");
     ps_hooks_free(&h);
+    /* what its table lacks (no backward, no gate data) is refused by name, not run */
+    ps_knockout_result none;
+    k.opts.atp = 1;
+    CHECK_ERR(ps_knockout_run(&k, &none, &err), &err, "--method atp", "no backward pass");
+    ps_gate_info gi;
+    CHECK_ERR(ps_gate_info_of(&rt, &gi, &err), &err, "no gate statistics", "gates entries");
     ps_knockout_result_free(&res);
     ps_residue_stats_free(&got);
     ps_residue_stats_free(&want);
