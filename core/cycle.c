@@ -10,7 +10,7 @@
 /* The channel attention: the compressor's only per-slot parameter is its position bias ape [m, c·hd] (the
  * gate and payload projections are shared by the slots); rolling its rows by k moves the bias of token
  * offset r in a window to offset r + k (mod m), in both of CSA's series. */
-static int v4_cycle(ps_model *m, int layer, int head, int branches, int params, int64_t k, ps_error *err) {
+static int channel_cycle(ps_model *m, int layer, int head, int branches, int params, int64_t k, ps_error *err) {
     const ps_config *c = &m->cfg;
     if (layer < 0 || layer >= c->n_layers)
         return ps_fail(err, "--layer %d: out of range (the model has %lld layers, 0..%lld)", layer, (long long)c->n_layers,
@@ -36,7 +36,7 @@ static int v4_cycle(ps_model *m, int layer, int head, int branches, int params, 
 
 int ps_gate_cycle(ps_model *m, int layer, int head, int branches, int params, int64_t k, ps_error *err) {
     const ps_config *c = &m->cfg;
-    if (c->kind == PS_ATTN_CHANNEL) return v4_cycle(m, layer, head, branches, params, k, err);
+    if (c->kind == PS_ATTN_CHANNEL) return channel_cycle(m, layer, head, branches, params, k, err);
     if (c->kind != PS_ATTN_COMPRESSED) return ps_fail(err, "the model has full attention: there is no gate to cycle");
     if (layer < 0 || layer >= c->n_layers)
         return ps_fail(err, "--layer %d: out of range (the model has %lld layers, 0..%lld)", layer, (long long)c->n_layers,

@@ -140,8 +140,8 @@ typedef struct {
 } ps_sweep_request;
 int ps_sweep_command(const ps_args *a, const ps_sweep_request *rq, ps_error *err);
 
-/* The gates instrument (instr_gates.c): the gate statistics of the checkpoint's gates (its runtime's
- * gates entries, grid.h: a compressed model's per-head gates, the per-channel gates of the channel
+/* The gates instrument (instr_gates.c): the gate statistics of the checkpoint's gates (its family's gate
+ * data, core/runtime.h ps_gate_info, run by interventions/units.h: a compressed model's per-head gates, the per-channel gates of the channel
  * attention and of DeepSeek-V4 checkpoints) pooled over the shift-0 prompts in units (batches), with
  * log (may be NULL) a training log whose gate records are summarised; split over shards and ranks. */
 typedef struct {

@@ -1,18 +1,10 @@
+/* v4_instr.c — a DeepSeek-V4 checkpoint's runtime over a model opened elsewhere and its evaluation (v4_instr.h);
+ * everything else the instruments do on it is the family's core table. */
 #include "interventions/v4_instr.h"
 
-#include <math.h>
-#include <stdarg.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
-#include "core/fileio.h"
-#include "core/ops.h"
-#include "core/v4/v4_forward.h"
-#include "core/v4/v4_hooks.h"
-#include "interventions/gatecycle.h"
-#include "tasks/tasks.h"
+#include "interventions/eval.h"
 
 /* ---- evaluation ---- */
 
