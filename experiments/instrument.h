@@ -65,6 +65,7 @@ typedef struct {
     int has_task_file;
     ps_cli_progress_fn progress; /* the caller's (ps_args.progress), or NULL */
     void *progress_user;
+    int borrowed; /* rt is a copy of the caller's open checkpoint (ps_args.rt): ps_instr_free leaves its model alone */
 } ps_instr;
 
 /* Reads the PS_INSTR_FLAGS of a (whose table must hold them) and opens the checkpoint with
@@ -74,6 +75,10 @@ typedef struct {
  * token mapping (rt.token_map). need_task: build the evaluation set from the stored task (always, for a family
  * whose prompts come from a task file). */
 int ps_instr_setup(ps_instr *in, const ps_args *a, int need_task, ps_error *err);
+/* The checkpoint of in->model_dir into in->rt: the caller's already open one (a->rt, the API's model handle:
+ * copied, in->borrowed set, not reopened), else opened through its family among a->families (NULL: core's
+ * ps_families) on in->backend. */
+int ps_instr_open(ps_instr *in, const ps_args *a, ps_error *err);
 void ps_instr_free(ps_instr *in);
 
 /* The sweep's one-line summary on stdout (mean, min, gap, chi-square, verdict, periods), read from the curve
