@@ -253,6 +253,19 @@ static void test_api(void) {
               ps_api_result_files_json(r));
         ps_api_result_free(r);
     }
+    /* a refused request names the flag and leaves the handle as it was: the same rows after it */
+    int rc = ps_api_instrument(m, "knockout", "{\"n\": 4, \"layers\": [3]}", &r, err.msg, sizeof err.msg);
+    CHECK(rc == PS_API_EINPUT && strstr(err.msg, "--layers"), "a layer the toy lacks: rc %d, \"%s\"", rc, err.msg);
+    if (!ps_api_run_with_hooks(m, tok, 1, 6, NULL, &o, err.msg, sizeof err.msg)) {
+        int64_t sh[3];
+        const float *lg = ps_api_output_logits(o, sh);
+        int same = 1;
+        for (int i = 0; i < 6; i++)
+            for (int v = 0; v < TOY_V; v++) same &= lg[i * TOY_V + v] == toy_weight(tok[i], v);
+        CHECK(same, "the handle after the instruments: the table's rows");
+        ps_api_output_free(o);
+    } else
+        CHECK(0, "run after the instruments: %s", err.msg);
     CHECK(toy_opens == opens + 1, "the instruments ran on the open handle (%d opens of the toy, want 1)", toy_opens - opens);
     free(ok), free(lp), free(fams);
     ps_batch_free(&base);
