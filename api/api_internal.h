@@ -19,6 +19,8 @@ struct ps_api_model {
     int n_run;    /* the layers every run runs (ps_api_open_ex's "layers"); -1: all, and the logits */
     ps_api_progress_fn progress; /* ps_api_set_progress, or NULL */
     void *progress_user;
+    const ps_family **families; /* the families it was opened with (ps_api_open_in: a NULL-terminated copy), or
+                                 * NULL: core's ps_families; an instrument's request naming another model uses them */
 };
 
 /* A caller's progress callback as the engines see it (ps_progress_fn): `stopped` records that it asked to

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "api/api_internal.h"
+#include "core/ctx.h"
 #include "core/fileio.h"
 #include "experiments/registry.h"
 
@@ -351,7 +352,22 @@ PS_API int ps_api_instrument_ex(ps_api_model *m, const char *name, const char *r
     }
     fflush(stdout);
     if (!pr.fn && m) pr.fn = m->progress, pr.user = m->progress_user; /* the model's */
-    if (ps_command_call(cmd, av.n, av.v, pr.fn ? ps_api_progress_call : NULL, &pr, &e)) goto done;
+    ps_call call = {.progress = pr.fn ? ps_api_progress_call : NULL, .progress_user = &pr};
+    if (m) {
+        call.families = m->families;
+        /* the caller's open model, unless the request asks for another checkpoint, device or precision, or
+         * the command changes the weights (gatecycle): then the command opens its own, as the CLI does */
+        if (!json_object_get(req, "model") && !json_object_get(req, "backend") && !json_object_get(req, "device") &&
+            !json_object_get(req, "precision") && !en->changes_model)
+            call.rt = &m->rt;
+    }
+    if (ps_command_call(cmd, av.n, av.v, &call, &e)) {
+        if (call.rt) { /* the handle stays usable: a failed op's state is cleared, as after a failed run */
+            ps_error dummy = {0};
+            ps_ctx_check(m->rt.ctx, &dummy);
+        }
+        goto done;
+    }
     fflush(stdout);
     if (r->dir) {
         struct stat st;

@@ -129,7 +129,8 @@ static int parse_options(const char *text, int *lazy, int64_t *layers, char *err
     return rc;
 }
 
-static int open_model(const char *path, const char *device, const char *options, ps_api_model **out, char *err, size_t errlen) {
+static int open_model(const ps_family *const *families, const char *path, const char *device, const char *options,
+                      ps_api_model **out, char *err, size_t errlen) {
     if (!out) return ps_api_say(err, errlen, PS_API_EINPUT, "ps_api_open: out is NULL");
     *out = NULL;
     if (!path || !*path) return ps_api_say(err, errlen, PS_API_EINPUT, "no checkpoint path given");
@@ -152,9 +153,18 @@ static int open_model(const char *path, const char *device, const char *options,
     if (!M) return ps_api_say(err, errlen, PS_API_EFAIL, "out of memory");
     M->n_run = -1;
     ps_error e = {0};
+    if (families) { /* the caller's list, kept for the instruments (a request naming another checkpoint) */
+        int n = 0;
+        while (families[n]) n++;
+        if (!(M->families = calloc((size_t)n + 1, sizeof *M->families))) {
+            ps_api_close(M);
+            return ps_api_say(err, errlen, PS_API_EFAIL, "out of memory");
+        }
+        for (int i = 0; i < n; i++) M->families[i] = families[i];
+    }
     /* the config first (the options are checked against the family before any weight is read) */
     ps_runtime_opts o = {.backend = device, .weights = 0, .lazy = lazy};
-    if (ps_runtime_open(&M->rt, path, &o, &e)) {
+    if (ps_runtime_open_in(&M->rt, families, path, &o, &e)) {
         ps_api_close(M);
         return ps_api_report(&e, err, errlen);
     }
@@ -198,12 +208,19 @@ int ps_api_progress_call(int64_t done, int64_t total, void *user) {
 }
 
 PS_API int ps_api_open(const char *path, const char *device, ps_api_model **out, char *err, size_t errlen) {
-    return open_model(path, device, NULL, out, err, errlen);
+    return open_model(NULL, path, device, NULL, out, err, errlen);
 }
 
 PS_API int ps_api_open_ex(const char *path, const char *device, const char *options_json, ps_api_model **out, char *err,
                           size_t errlen) {
-    return open_model(path, device, options_json, out, err, errlen);
+    return open_model(NULL, path, device, options_json, out, err, errlen);
+}
+
+PS_API const ps_family *const *ps_api_shipped_families(void) { return ps_families; }
+
+PS_API int ps_api_open_in(const ps_family *const *families, const char *path, const char *device, const char *options_json,
+                          ps_api_model **out, char *err, size_t errlen) {
+    return open_model(families, path, device, options_json, out, err, errlen);
 }
 
 PS_API void ps_api_close(ps_api_model *m) {
@@ -216,6 +233,7 @@ PS_API void ps_api_close(ps_api_model *m) {
     free(m->config_json);
     free(m->points_json);
     free(m->names_json);
+    free(m->families);
     free(m);
 }
 

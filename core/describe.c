@@ -192,7 +192,8 @@ int ps_v4_describe_config(const json_t *cfg, ps_model_desc *d, ps_error *err) {
 
 int64_t ps_runtime_default_period(const ps_runtime *rt) { return rt->family->default_period(rt); }
 
-int ps_model_desc_from_config(const json_t *config, ps_model_desc *d, ps_error *err) {
+/* 1: a shipped family described config; 0: none knows its attention kind (err says so); -1: a bad field */
+static int desc_config(const json_t *config, ps_model_desc *d, ps_error *err) {
     memset(d, 0, sizeof *d);
     if (!json_is_object(config)) return ps_fail(err, "expected an object, got %s", ps_config_type_name(config));
     const json_t *att = json_object_get(config, "attention");
@@ -201,7 +202,7 @@ int ps_model_desc_from_config(const json_t *config, ps_model_desc *d, ps_error *
     if (get_str(att, "kind", 0, &kind, err)) return -1;
     for (int i = 0; ps_families[i]; i++) {
         int r = ps_families[i]->describe_config ? ps_families[i]->describe_config(config, d, err) : 0;
-        if (r) return r > 0 ? 0 : -1;
+        if (r) return r > 0 ? 1 : -1;
     }
     char list[256] = "";
     for (int i = 0; ps_families[i]; i++)
@@ -209,12 +210,23 @@ int ps_model_desc_from_config(const json_t *config, ps_model_desc *d, ps_error *
             size_t l = strlen(list);
             snprintf(list + l, sizeof list - l, "%s%s", l ? ", " : "", ps_families[i]->kinds[k]);
         }
-    return ps_fail(err, "attention.kind: \"%.100s\" is not one of %s", kind, list);
+    ps_fail(err, "attention.kind: \"%.100s\" is not one of %s", kind, list);
+    return 0;
+}
+
+int ps_model_desc_from_config(const json_t *config, ps_model_desc *d, ps_error *err) {
+    return desc_config(config, d, err) == 1 ? 0 : -1;
 }
 
 int ps_model_desc_from_provenance(const json_t *prov, ps_model_desc *d, ps_error *err) {
-    if (ps_model_desc_from_config(json_object_get(prov, "config"), d, err)) return -1;
     const char *l = json_string_value(json_object_get(prov, "label")), *k = json_string_value(json_object_get(prov, "kind"));
+    const json_t *config = json_object_get(prov, "config");
+    int r = desc_config(config, d, err);
+    /* a family this build does not ship (one a caller defines: ps_runtime_open_in) is described by what its
+     * writer stored: its label, and its kind, which names the config's attention kind */
+    const char *ck = json_string_value(json_object_get(json_object_get(config, "attention"), "kind"));
+    if (r < 0 || (r == 0 && !(l && k && ck && !strcmp(k, ck)))) return -1;
+    if (r == 0) memset(d, 0, sizeof *d);
     if (l) snprintf(d->label, sizeof d->label, "%s", l);
     if (k) snprintf(d->kind, sizeof d->kind, "%s", k);
     return 0;

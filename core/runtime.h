@@ -304,8 +304,10 @@ const char *ps_runtime_label(const ps_runtime *rt, char *buf, size_t n);
 
 /* A result's model description from its provenance: the families decide from provenance.config (so a
  * result written before labels existed is labelled as a new one), and a provenance "label" / "kind" the
- * writer stored wins for those two. -1 with err when there is no config or no family knows it (err:
- * "KEY: what is wrong", KEY the path within provenance.config). */
+ * writer stored wins for those two; a config no shipped family knows (a family its user defined) is
+ * described by that label and kind alone (the other fields 0) when the kind is the config's attention.kind. -1 with err when there is no config, a field
+ * is bad, or no family knows it and the provenance has no label and kind (err: "KEY: what is wrong", KEY the
+ * path within provenance.config). */
 int ps_model_desc_from_config(const json_t *config, ps_model_desc *d, ps_error *err);
 int ps_model_desc_from_provenance(const json_t *prov, ps_model_desc *d, ps_error *err);
 /* The label and kind alone (either pointer may be NULL); 0, or -1 when the provenance has none. */

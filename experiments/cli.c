@@ -251,8 +251,11 @@ void ps_command_help(const ps_command *cmd, FILE *f) {
     }
 }
 
-int ps_command_call(const ps_command *cmd, int argc, char **argv, ps_cli_progress_fn progress, void *progress_user, ps_error *err) {
-    ps_args a = {.cmd = cmd, .argc = argc, .argv = argv, .n_flags = n_specs(cmd), .progress = progress, .progress_user = progress_user};
+int ps_command_call(const ps_command *cmd, int argc, char **argv, const ps_call *call, ps_error *err) {
+    ps_call none = {0};
+    if (!call) call = &none;
+    ps_args a = {.cmd = cmd, .argc = argc, .argv = argv, .n_flags = n_specs(cmd), .progress = call->progress,
+                 .progress_user = call->progress_user, .rt = call->rt, .families = call->families};
     if (a.n_flags > PS_MAX_FLAGS) return ps_fail(err, "internal error: %d flags, more than %d", a.n_flags, PS_MAX_FLAGS);
     a.pos = malloc((size_t)(argc > 0 ? argc : 1) * sizeof *a.pos);
     int rc;
@@ -268,7 +271,7 @@ int ps_command_main(const ps_command *cmd, int argc, char **argv) {
         return 0;
     }
     ps_error err = {0};
-    int rc = ps_command_call(cmd, argc, argv, NULL, NULL, &err);
+    int rc = ps_command_call(cmd, argc, argv, NULL, &err);
     if (!rc) return 0;
     /* under MPI: an error every rank has (a usage error, or one the ranks agreed on) is printed by rank 0;
      * one only this rank saw names the rank */

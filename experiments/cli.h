@@ -12,6 +12,9 @@
 #include "core/ctx.h"
 #include "core/error.h"
 
+struct ps_runtime; /* core/runtime.h: an open checkpoint and a model family's table */
+struct ps_family;
+
 /* ---- the command scaffold ----
  *
  * A command is a table (ps_command): its name, a one-line summary, its usage text, its flags with their
@@ -81,14 +84,28 @@ struct ps_args {
     unsigned char present[PS_MAX_FLAGS];
     ps_cli_progress_fn progress;     /* the caller's (ps_command_call), or NULL (the CLI) */
     void *progress_user;
+    /* the checkpoint --model names, already open (the API's model handle: ps_command_call's ps_call.rt), or
+     * NULL: the command opens --model itself. A command that runs on it copies the runtime and never frees it. */
+    const struct ps_runtime *rt;
+    const struct ps_family *const *families; /* the families --model is tried with (NULL: core's ps_families) */
 };
+
+/* What a caller of a command hands it besides argv (every field may be 0): its progress callback, the
+ * checkpoint already open (ps_args.rt) and the family list (ps_args.families). */
+typedef struct {
+    ps_cli_progress_fn progress;
+    void *progress_user;
+    const struct ps_runtime *rt;
+    const struct ps_family *const *families;
+} ps_call;
 
 /* Runs a command: help, parsing, usage errors, the error line and the exit status (see above). */
 int ps_command_main(const ps_command *cmd, int argc, char **argv);
 /* The same without the help, the error line and the exit status: parses argv (argv[0] the command's name),
  * checks and runs; 0, or -1 with err set (err->usage for a usage error). The API's instrument calls
- * (api/instr_call.c) run a command this way, with their progress callback (NULL: none). */
-int ps_command_call(const ps_command *cmd, int argc, char **argv, ps_cli_progress_fn progress, void *progress_user, ps_error *err);
+ * (api/instr_call.c) run a command this way, with their progress callback and the caller's open model
+ * (call: NULL for none). */
+int ps_command_call(const ps_command *cmd, int argc, char **argv, const ps_call *call, ps_error *err);
 /* Writes the command's --help text (generated from its table) to f. */
 void ps_command_help(const ps_command *cmd, FILE *f);
 

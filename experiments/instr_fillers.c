@@ -41,9 +41,7 @@ int ps_fillers_command(const ps_args *a, ps_error *err) {
     /* the cheap checks first: the experiment, the tokenizer and the prompts, then the model */
     if (ps_fillexp_load(exp_path, &e, err) || ps_tokenizer_load(tok_path, &tok, err) || ps_fillexp_prepare(&e, tok, err)) goto done;
     /* the checkpoint through its family (core/runtime.h); the experiment scores the controlled model's rows */
-    ps_runtime_opts ro = {.backend = in.backend, .weights = 1, .lazy = -1};
-    if (ps_cli_model_dir(ps_args_get(a, "--model"), in.model_dir, sizeof in.model_dir, err) ||
-        ps_runtime_open(&in.rt, in.model_dir, &ro, err))
+    if (ps_cli_model_dir(ps_args_get(a, "--model"), in.model_dir, sizeof in.model_dir, err) || ps_instr_open(&in, a, err))
         goto done;
     if (!ps_runtime_controlled(&in.rt)) {
         ps_fail(err, "%s: fillers runs on phasescope checkpoints (this is a %s checkpoint)", in.model_dir, in.rt.family->name);

@@ -69,7 +69,7 @@ int ps_instr_setup(ps_instr *in, const ps_args *a, int need_task, ps_error *err)
     const char *task_flag = ps_args_get(a, "--task");
     ps_error dir_err = {0};
     int bad_dir = ps_cli_model_dir(ps_args_get(a, "--model"), in->model_dir, sizeof in->model_dir, &dir_err);
-    const ps_family *fam = ps_runtime_detect(bad_dir ? "" : in->model_dir);
+    const ps_family *fam = a->rt ? a->rt->family : ps_runtime_detect_in(a->families, bad_dir ? "" : in->model_dir);
     int task_file = fam->task_file;
     /* the cheap refusal first: a task file for a family that carries its task */
     if (!task_file && task_flag && strcmp(task_flag, "model") && strcmp(task_flag, "text-kv"))
@@ -83,9 +83,8 @@ int ps_instr_setup(ps_instr *in, const ps_args *a, int need_task, ps_error *err)
         *err = dir_err;
         return -1;
     }
-    ps_runtime_opts ro = {.backend = in->backend, .weights = 1, .lazy = -1};
-    if (ps_runtime_open(&in->rt, in->model_dir, &ro, err)) return -1;
-    if (in->rt.lazy)
+    if (ps_instr_open(in, a, err)) return -1;
+    if (in->rt.lazy && !in->borrowed)
         fprintf(stderr, "phasescope %s: the weights (%.1f GB as float32) are loaded one layer at a time\n", in->command,
                 in->rt.weight_bytes / 1e9);
     in->P = ps_runtime_default_period(&in->rt);
@@ -121,13 +120,27 @@ int ps_instr_setup(ps_instr *in, const ps_args *a, int need_task, ps_error *err)
     return 0;
 }
 
+int ps_instr_open(ps_instr *in, const ps_args *a, ps_error *err) {
+    if (a->rt) { /* the caller's: the instrument's own fields (token_map) go into the copy */
+        in->rt = *a->rt;
+        in->rt.token_map = NULL;
+        in->rt.n_token_map = 0;
+        in->rt.owns_model = 0;
+        in->borrowed = 1;
+        return 0;
+    }
+    ps_runtime_opts ro = {.backend = in->backend, .weights = 1, .lazy = -1};
+    return ps_runtime_open_in(&in->rt, a->families, in->model_dir, &ro, err);
+}
+
 void ps_instr_free(ps_instr *in) {
     free(in->cmdline);
     free(in->fams);
     ps_batch_free(&in->base);
     if (in->rt.family) {
         if (in->has_task_file) ps_task_file_free(&in->task_file);
-        ps_runtime_free(&in->rt);
+        if (in->borrowed) memset(&in->rt, 0, sizeof in->rt);
+        else ps_runtime_free(&in->rt);
     } else /* a command that loaded `m` itself (fillers, sweep --task text-kv) */
         ps_model_free(&in->m);
 }

@@ -14,6 +14,8 @@
 #include "interventions/v4_instr.h"
 #include "dist/partial.h"
 #include "experiments/progress.h"
+#include "gates/theory_train.h"
+#include "train/train.h"
 #include "interventions/sweep.h"
 #include "tasks/tasks.h"
 
@@ -65,6 +67,7 @@ typedef struct {
     int has_task_file;
     ps_cli_progress_fn progress; /* the caller's (ps_args.progress), or NULL */
     void *progress_user;
+    int borrowed; /* rt is a copy of the caller's open checkpoint (ps_args.rt): ps_instr_free leaves its model alone */
 } ps_instr;
 
 /* Reads the PS_INSTR_FLAGS of a (whose table must hold them) and opens the checkpoint with
@@ -74,6 +77,10 @@ typedef struct {
  * token mapping (rt.token_map). need_task: build the evaluation set from the stored task (always, for a family
  * whose prompts come from a task file). */
 int ps_instr_setup(ps_instr *in, const ps_args *a, int need_task, ps_error *err);
+/* The checkpoint of in->model_dir into in->rt: the caller's already open one (a->rt, the API's model handle:
+ * copied, in->borrowed set, not reopened), else opened through its family among a->families (NULL: core's
+ * ps_families) on in->backend. */
+int ps_instr_open(ps_instr *in, const ps_args *a, ps_error *err);
 void ps_instr_free(ps_instr *in);
 
 /* The sweep's one-line summary on stdout (mean, min, gap, chi-square, verdict, periods), read from the curve
@@ -112,17 +119,19 @@ int ps_instr_collect(const ps_instr *in, ps_partial *p, const ps_instr_work *wk,
 int ps_instr_partial_init(const ps_instr *in, ps_partial *p, int64_t n_units, json_t *meta, ps_error *err);
 
 
-/* The knockout instrument (instr_knockout.c): the grid over the given layers (any order) and heads of
- * the family's target (by index; target_name its name), exact or estimated (atp, atp_fix as
- * interventions/atp.h), then, verify > 0, the exact knockout of the estimate's top `verify` cells; split
- * over shards and ranks, rank 0 (or the shard's part file) writing the result. */
+/* The knockout instrument (instr_knockout.c): sets up the instrument from a's flags (cmd_knockout.c's
+ * table), checks --target, --layers, --heads, --method, --atp-fix and --verify against the model into a
+ * ps_knockout_request, and runs the grid over those layers (any order) and heads of the family's target (by
+ * index; target_name its name), exact or estimated (atp, atp_fix as interventions/atp.h), then, verify > 0,
+ * the exact knockout of the estimate's top `verify` cells; split over shards and ranks, rank 0 (or the
+ * shard's part file) writing the result. */
 typedef struct {
     const int *layers, *heads;
     int n_layers, n_heads, target, atp, atp_fix;
     int64_t verify;
     const char *target_name;
 } ps_knockout_request;
-int ps_knockout_command(ps_instr *in, const ps_knockout_request *rq, ps_error *err);
+int ps_knockout_command(const ps_args *a, ps_error *err);
 
 /* The sweep instrument (instr_sweep.c): the prefix-padding or move-mode sweep of the checkpoint's task
  * (any family: units (shift, batch), interventions/units.h), or of text-kv prompts (--task text-kv, or a
@@ -169,6 +178,22 @@ int ps_probe_command(const ps_args *a, ps_error *err);
 /* The fillers instrument (instr_fillers.c): cmd_fillers.c's flags of a; the checkpoint opened with
  * ps_runtime_open, the period from --period, the experiment's, else the family's default_period. */
 int ps_fillers_command(const ps_args *a, ps_error *err);
+
+/* The theory instrument (instr_theory.c): trains the idealised bigram-induction model with the options
+ * cmd_theory.c read (gates/theory_train.h), prints the per-head summary and writes OUT/theory.json (--out
+ * of a, default out/theory) and its figure; check_only: the gradient check alone. */
+int ps_theory_command(const ps_args *a, const ps_theory_opts *o, int check_only, ps_error *err);
+
+/* The atp-compare instrument (instr_atp_compare.c): the exact knockout.json against the estimate's (and,
+ * times "EXACT.json,ATP.json", their timings), OUT/atp_compare.json (out NULL: the default) and its figure,
+ * the summary on stdout; a gives the command line for provenance. */
+int ps_atp_compare_command(const char *exact, const char *estimate, const char *times, const char *out, const ps_args *a,
+                           ps_error *err);
+
+/* The train instrument (instr_train.c): a training run of cfg into out (resume: continue it; stop >= 0: stop
+ * after that many steps, with a checkpoint), its progress (the caller's callback from a), the timing
+ * summary under MPI and the log's figure (rank 0). */
+int ps_train_command(const ps_args *a, const ps_train_cfg *cfg, const char *out, int resume, int64_t stop, ps_error *err);
 
 /* How each instrument finishes its result from complete partial results (rank 0, or phasescope merge):
  * the statistics in the one-process order, the JSON, its figures and the summary on stdout. */

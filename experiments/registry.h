@@ -25,6 +25,8 @@ typedef struct {
                             * takes the one JSON file the run wrote) */
     int splits;            /* 1: --shard I/N and MPI ranks split its work (docs/scale-out.md) */
     int instrument;        /* 1: ps_api_instrument runs it (a request of its flags) */
+    int changes_model;     /* 1: its run changes the model's weights (gatecycle's cycle): ps_api_instrument opens a
+                            * copy of the checkpoint for it instead of running it on the caller's model handle */
 } ps_registry_entry;
 
 /* The commands, in the order `phasescope --help` lists them. */

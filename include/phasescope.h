@@ -42,7 +42,7 @@ extern "C" {
 #define PS_API
 #endif
 
-#define PS_API_VERSION 2
+#define PS_API_VERSION 3
 
 /* return values of the functions that can fail */
 #define PS_API_OK 0
@@ -81,6 +81,23 @@ PS_API int ps_api_open_ex(const char *path, const char *device, const char *opti
                           size_t errlen);
 PS_API void ps_api_close(ps_api_model *m);
 
+/* ---- model families ----
+ * A model family is a table of functions (opening a checkpoint, the forward with hooks, scoring, its hook
+ * points, its config and description, its knockout targets as data). The table is defined in phasescope's
+ * core/runtime.h (struct ps_family, "Adding a model family" in docs/design.md), which a family's implementer
+ * includes (and links phasescope's static libraries); here it is opaque. There is no registry: a caller
+ * passes its list of families, NULL-terminated, to each open; the first whose detector recognises the
+ * directory opens it (the phasescope family's detector takes every directory: put it last). */
+typedef struct ps_family ps_family; /* the same typedef as core/runtime.h's */
+/* The families this build ships (the DeepSeek-V4 family, then the phasescope family: what ps_api_open tries),
+ * NULL-terminated. Static storage. */
+PS_API const ps_family *const *ps_api_shipped_families(void);
+/* ps_api_open_ex over the caller's family list (families NULL: the shipped ones), e.g. a family of its own
+ * followed by the shipped ones. The model handle keeps a copy of the list (not the tables: they must outlive
+ * it); an instrument whose request names another "model" opens it with the same list. */
+PS_API int ps_api_open_in(const ps_family *const *families, const char *path, const char *device, const char *options_json,
+                          ps_api_model **out, char *err, size_t errlen);
+
 /* ---- progress and cancellation ----
  *
  * A long call reports its progress to a callback, from the calling thread, at the end of each unit of its
@@ -98,7 +115,8 @@ typedef int (*ps_api_progress_fn)(int64_t done, int64_t total, void *user);
  * the instruments called with it (ps_api_instrument). It stays until replaced. */
 PS_API void ps_api_set_progress(ps_api_model *m, ps_api_progress_fn fn, void *user);
 
-/* The family's name ("phasescope", "deepseek_v4"), the directory, the device. Owned by the model. */
+/* The family's name ("phasescope", "deepseek_v4", or a caller's family's), the directory, the device. Owned by
+ * the model. */
 PS_API const char *ps_api_family(const ps_api_model *m);
 PS_API const char *ps_api_path(const ps_api_model *m);
 PS_API const char *ps_api_device(const ps_api_model *m);
@@ -249,6 +267,13 @@ PS_API int64_t ps_api_output_n_targets(const ps_api_output *o);
  * request's "model", else the shipped default). The defaults, checks and error messages are the CLI's
  * (an unknown key is "unknown flag --KEY"). Without "out" the result is written to a private temporary
  * directory, removed by ps_api_result_free; with "out" there (kept).
+ *
+ * The instrument runs on the model handle itself: its weights, context and family as opened (no second
+ * load of the checkpoint; a family of the caller's own, ps_api_open_in, runs every instrument it supports),
+ * and every run of the whole model (ps_api_open_ex's "layers" applies to ps_api_run_* only). It opens a
+ * copy of the checkpoint instead when the request names its own "model", "backend"/"device" or "precision",
+ * and for an instrument that changes the weights (gatecycle, whose --save writes the cycled model): the
+ * handle's model is never changed by an instrument.
  *
  * The result: the JSON the CLI writes (the same numbers, bit for bit), the numeric arrays in it (the curve,
  * the grid), and the files of the run (the JSON, its figures). */

@@ -392,12 +392,11 @@ static void test_toy_family(void) {
         if (u1 && u2) last = a, g1 = b, g2 = c;
     }
     OK(last >= 0);
-    static const ps_family *const FAMILIES[] = {&ps_toy_family, &ps_family_v4, &ps_family_model, NULL}; /* the toy first: the controlled model's detector takes every directory */
     ps_serve_opts o;
     ps_serve_defaults(&o);
     o.model_dir = dir;
     o.port = 0;
-    o.families = FAMILIES;
+    o.families = toy_family_list(); /* the list test_toy_family opens it with through ps_api_open_in */
     ps_server *sv;
     if (ps_serve_start(&o, &sv, &err)) {
         CHECK(0, "serve on the toy family: %s", err.msg);

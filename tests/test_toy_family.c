@@ -11,18 +11,23 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
+
 #include "check.h"
 #include "core/ops.h"
 #include "core/runtime.h"
+#include "interventions/filler_families.h"
 #include "interventions/knockout.h"
 #include "interventions/units.h"
+#include "phasescope.h"
+#include "testutil.h"
 
 #include "toy_family.h"
 
 /* ---- the checks: plain loops over the table ---- */
 
 static ps_task toy_task(void) {
-    ps_task t = {.kind = PS_TASK_KV, .seq_len = 30, .n_keys = 6, .n_values = 6, .n_fillers = 3, .n_pairs = 3,
+    ps_task t = {.kind = PS_TASK_KV, .seq_len = 36, .n_keys = 6, .n_values = 6, .n_fillers = 3, .n_pairs = 3,
                  .key_len = 1, .value_len = 2, .gap_min = 0, .gap_max = 3, .query_gap = 4, .n_queries = 2};
     return t;
 }
@@ -123,7 +128,160 @@ static void test_toy(void) {
     ps_runtime_free(&rt);
 }
 
+/* ---- the same family through the public API: ps_api_open_in with the caller's family list, then the
+ * instruments as one call each on that handle (ps_api_instrument), checked against the plain loops ---- */
+
+/* the array `name` of result r at index i (NaN when absent) */
+static double res_at(const ps_api_result *r, const char *name, int64_t i) {
+    int k = ps_api_result_find(r, name);
+    return k < 0 ? NAN : ps_api_result_data(r, k)[i];
+}
+
+/* a curve of the result (prefix "curve" or "grid.clean": per residue n, correct, mean_logprob; or a cell of
+ * "grid.cells": cell c) equals the plain loops' statistics want */
+static int same_curve(const ps_api_result *r, const char *prefix, int64_t c, int64_t P, const ps_residue_stats *want) {
+    char n[128], k[128], lp[128];
+    snprintf(n, sizeof n, "%s.residues.n", prefix);
+    snprintf(k, sizeof k, "%s.residues.correct", prefix);
+    snprintf(lp, sizeof lp, "%s.residues.mean_logprob", prefix);
+    int same = 1;
+    for (int64_t rho = 0; rho < P; rho++) {
+        double wl = want->n[rho] ? want->lp[rho] / (double)want->n[rho] : 0.0, gl = res_at(r, lp, c * P + rho);
+        same &= res_at(r, n, c * P + rho) == (double)want->n[rho] && res_at(r, k, c * P + rho) == (double)want->k[rho] &&
+                fabs(gl - wl) <= 1e-8 * fabs(wl) + 1e-12;
+        if (!same) {
+            fprintf(stderr, "  %s residue %lld: n %g/%lld correct %g/%lld mean_logprob %.12g/%.12g\n", prefix, (long long)rho,
+                    res_at(r, n, c * P + rho), (long long)want->n[rho], res_at(r, k, c * P + rho), (long long)want->k[rho], gl, wl);
+            break;
+        }
+    }
+    return same;
+}
+
+static void test_api(void) {
+    enum { N = 10, P = 4 };
+    ps_error err = {0};
+    char dir[512], path[600];
+    tu_tempdir(dir, sizeof dir, "toy_api");
+    /* the checkpoint: its config, and its prompts' task (a family whose checkpoints carry none: task_file) */
+    ps_task t = toy_task();
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        CHECK(0, "cannot write %s", path);
+        return;
+    }
+    fputs("{\"model_type\": \"toy_bigram\"}\n", f);
+    fclose(f);
+    snprintf(path, sizeof path, "%s/phasescope_task.json", dir);
+    json_t *tj = ps_task_to_json(&t);
+    CHECK(json_dump_file(tj, path, 0) == 0, "write %s", path);
+    json_decref(tj);
+    /* the shipped list does not know the toy; the caller's list does */
+    ps_api_model *m = NULL;
+    CHECK(ps_api_open_in(NULL, dir, "cpu", NULL, &m, err.msg, sizeof err.msg) != 0 && !m, "the shipped families do not open the toy");
+    int opens = toy_opens;
+    REQUIRE_OK(ps_api_open_in(toy_family_list(), dir, "cpu", NULL, &m, err.msg, sizeof err.msg), &err);
+    CHECK(!strcmp(ps_api_family(m), "toy_bigram") && ps_api_n_layers(m) == 1 && ps_api_vocab_size(m) == TOY_V,
+          "the toy through the API: family %s, %lld layers, vocab %lld", ps_api_family(m), (long long)ps_api_n_layers(m),
+          (long long)ps_api_vocab_size(m));
+    CHECK(ps_api_shipped_families()[0] && ps_api_shipped_families()[2] == NULL, "two shipped families");
+    /* a run with the cache: the logits and the hook point are the table's rows */
+    int32_t tok[6] = {3, 5, 7, 0, 23, 11};
+    const char *names[] = {"blocks.0.hook_row"};
+    ps_api_output *o = NULL;
+    if (ps_api_run_with_cache(m, tok, 2, 3, names, 1, NULL, NULL, NULL, 0, NULL, &o, err.msg, sizeof err.msg)) CHECK(0, "run_with_cache: %s", err.msg);
+    else {
+        int64_t sh[3];
+        const float *lg = ps_api_output_logits(o, sh), *row = ps_api_output_data(o, 0);
+        int same = sh[0] == 2 && sh[1] == 3 && sh[2] == TOY_V && ps_api_output_count(o) == 1;
+        for (int i = 0; same && i < 6; i++)
+            for (int v = 0; v < TOY_V; v++) same &= lg[i * TOY_V + v] == toy_weight(tok[i], v) && row[i * TOY_V + v] == toy_weight(tok[i], v);
+        CHECK(same, "the toy's logits and blocks.0.hook_row through ps_api_run_with_cache = the table");
+        ps_api_output_free(o);
+    }
+    /* what the instruments compute, by plain loops: the prompts the instruments make (ps_instr_setup: seed 0,
+     * the task generated with seed ^ 0xe7a1, the first filler family of data/fillers.json) */
+    ps_filler_family *fams = NULL;
+    const ps_filler_family *fam;
+    int n_fams;
+    REQUIRE_OK(ps_fillers_load(PS_SOURCE_DIR "/data/fillers.json", &fams, &n_fams, &err) || ps_fillers_find(fams, n_fams, NULL, &fam, &err), &err);
+    ps_batch base;
+    REQUIRE_OK(ps_batch_alloc(&base, N, t.seq_len, t.n_queries, &err), &err);
+    REQUIRE_OK(ps_task_generate(&t, 0 ^ 0xe7a1ULL, &base, &err), &err);
+    ps_residue_stats want, want_ko;
+    REQUIRE_OK(ps_residue_stats_init(&want, P, &err) || ps_residue_stats_init(&want_ko, P, &err), &err);
+    int *ok = malloc((size_t)(N * t.n_queries) * sizeof(int));
+    double *lp = malloc((size_t)(N * t.n_queries) * sizeof(double));
+    for (int64_t p = 0; p < P; p++) {
+        ps_shifted s;
+        REQUIRE_OK(ps_make_shifted(&base, &t, fam, PS_SWEEP_PAD, P, p, 0, TOY_MAX_POS, &s, &err), &err);
+        expected(&s, 0, ok, lp);
+        ps_residue_stats_add(&want, &s, ok, lp);
+        expected(&s, 1, ok, lp);
+        ps_residue_stats_add(&want_ko, &s, ok, lp);
+        ps_shifted_free(&s);
+    }
+    /* sweep and knockout as one call each on the handle: no second open of the checkpoint */
+    char out[700];
+    snprintf(out, sizeof out, "%s/sweep", dir);
+    char req[1024];
+    snprintf(req, sizeof req, "{\"n\": %d, \"period\": %d, \"batch\": 3, \"out\": \"%s\"}", N, P, out);
+    ps_api_result *r = NULL;
+    if (ps_api_instrument(m, "sweep", req, &r, err.msg, sizeof err.msg)) CHECK(0, "sweep on the toy through the API: %s", err.msg);
+    else {
+        CHECK(same_curve(r, "curve", 0, P, &want), "the toy's sweep through ps_api_instrument = the plain loops, per residue");
+        json_t *doc = json_loads(ps_api_result_json(r), 0, NULL), *prov = json_object_get(doc, "provenance");
+        const char *lab = json_string_value(json_object_get(prov, "label")), *kind = json_string_value(json_object_get(prov, "kind"));
+        CHECK(lab && kind && !strcmp(lab, "bigram table, vocab 24") && !strcmp(kind, "bigram"), "the sweep's provenance: label %s, kind %s",
+              lab ? lab : "(none)", kind ? kind : "(none)");
+        CHECK(strstr(ps_api_result_files_json(r), ".png") != NULL, "the sweep's figure is drawn from the result (files %s)",
+              ps_api_result_files_json(r));
+        json_decref(doc);
+        ps_api_result_free(r);
+    }
+    snprintf(out, sizeof out, "%s/knockout", dir);
+    snprintf(req, sizeof req, "{\"n\": %d, \"period\": %d, \"batch\": 3, \"layers\": [0], \"out\": \"%s\"}", N, P, out);
+    if (ps_api_instrument(m, "knockout", req, &r, err.msg, sizeof err.msg)) CHECK(0, "knockout on the toy through the API: %s", err.msg);
+    else {
+        CHECK(same_curve(r, "grid.clean", 0, P, &want), "the toy's knockout through ps_api_instrument: the clean curve = the plain loops");
+        /* the one cell (layer 0's rows replaced by their mean over the shift's prompts): n, accuracy, mean NLL */
+        int same = res_at(r, "grid.cells.layer", 0) == 0 && ps_api_result_find(r, "grid.cells.residues.n") >= 0;
+        for (int64_t rho = 0; same && rho < P; rho++) {
+            double n = (double)want_ko.n[rho], acc = n ? (double)want_ko.k[rho] / n : 0, nll = n ? -want_ko.lp[rho] / n : 0;
+            double gn = res_at(r, "grid.cells.residues.n", rho), ga = res_at(r, "grid.cells.residues.accuracy", rho),
+                   gl = res_at(r, "grid.cells.residues.mean_nll", rho);
+            same &= gn == n && fabs(ga - acc) <= 1e-9 && fabs(gl - nll) <= 1e-6 * fabs(nll);
+            if (!same) fprintf(stderr, "  cell residue %lld: n %g/%g accuracy %g/%g mean_nll %.10g/%.10g\n", (long long)rho, gn, n, ga, acc, gl, nll);
+        }
+        CHECK(same, "the toy's knockout through ps_api_instrument: the cell = the plain loops (rows replaced by their mean)");
+        CHECK(strstr(ps_api_result_files_json(r), ".png") != NULL, "the knockout's figure is drawn from the result (files %s)",
+              ps_api_result_files_json(r));
+        ps_api_result_free(r);
+    }
+    /* a refused request names the flag and leaves the handle as it was: the same rows after it */
+    int rc = ps_api_instrument(m, "knockout", "{\"n\": 4, \"layers\": [3]}", &r, err.msg, sizeof err.msg);
+    CHECK(rc == PS_API_EINPUT && strstr(err.msg, "--layers"), "a layer the toy lacks: rc %d, \"%s\"", rc, err.msg);
+    if (!ps_api_run_with_hooks(m, tok, 1, 6, NULL, &o, err.msg, sizeof err.msg)) {
+        int64_t sh[3];
+        const float *lg = ps_api_output_logits(o, sh);
+        int same = 1;
+        for (int i = 0; i < 6; i++)
+            for (int v = 0; v < TOY_V; v++) same &= lg[i * TOY_V + v] == toy_weight(tok[i], v);
+        CHECK(same, "the handle after the instruments: the table's rows");
+        ps_api_output_free(o);
+    } else
+        CHECK(0, "run after the instruments: %s", err.msg);
+    CHECK(toy_opens == opens + 1, "the instruments ran on the open handle (%d opens of the toy, want 1)", toy_opens - opens);
+    free(ok), free(lp), free(fams);
+    ps_batch_free(&base);
+    ps_residue_stats_free(&want);
+    ps_residue_stats_free(&want_ko);
+    ps_api_close(m);
+}
+
 int main(void) {
     test_toy();
+    test_api();
     CHECK_DONE();
 }

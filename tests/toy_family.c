@@ -22,6 +22,8 @@ typedef struct {
     float *row; /* [B, T, V], a buffer of the context: the logits */
 } toy_acts;
 
+int toy_opens; /* checkpoints opened (the test's count: whether a call reused an open model) */
+
 float toy_weight(int64_t a, int64_t b) { return (float)((a * 7 + b * 13) % 17 - 8) * 0.25f; }
 
 static void toy_point_name(char *buf, size_t n, int slot, int point) {
@@ -46,6 +48,7 @@ static int toy_detect(const char *dir) {
 static int toy_open(ps_runtime *rt, void *model, const char *dir, const ps_runtime_opts *o, ps_error *err) {
     (void)dir;
     toy_model *m = model;
+    toy_opens++;
     for (int64_t a = 0; a < TOY_V; a++)
         for (int64_t b = 0; b < TOY_V; b++) m->w[a * TOY_V + b] = toy_weight(a, b);
     if (ps_ctx_create(&m->ctx, o && o->backend ? o->backend : "cpu", err)) return -1;
@@ -135,6 +138,10 @@ static int toy_hook_add_action(const ps_runtime *rt, ps_hooks *h, const char *na
     int slot;
     return toy_parse(name, &slot, err) ? -1 : ps_hooks_add_at(h, &TOY_HOOKS, rt->n_layers, slot, 0, name, NULL, NULL, act, 0, err);
 }
+static int toy_cache_watch(const ps_runtime *rt, ps_cache *c, ps_hooks *h, const char *name, ps_error *err) {
+    int slot;
+    return toy_parse(name, &slot, err) ? -1 : ps_cache_watch_at(c, h, &TOY_HOOKS, rt->n_layers, slot, 0, err);
+}
 static int toy_hook_parse(const ps_runtime *rt, const char *name, int *slot, int *point, ps_error *err) {
     (void)rt;
     *point = 0;
@@ -183,9 +190,13 @@ const ps_family ps_toy_family = {
     .name = "toy_bigram", .model_size = sizeof(toy_model), .detect = toy_detect, .open = toy_open, .free_model = toy_free,
     .acts_create = toy_acts_create, .acts_free = toy_acts_free, .forward = toy_forward, .logits = toy_logits,
     .score = toy_score, .rows = toy_rows, .points = TOY_POINTS, .n_points = 1, .hook_family = &TOY_HOOKS, .point_shape = toy_point_shape,
-    .hook_add = toy_hook_add, .hook_add_action = toy_hook_add_action, .hook_parse = toy_hook_parse,
+    .hook_add = toy_hook_add, .hook_add_action = toy_hook_add_action, .cache_watch = toy_cache_watch, .hook_parse = toy_hook_parse,
     .config_json = toy_config_json, .config_hash = toy_config_hash, .step = toy_step, .default_period = toy_period,
     .vocab = toy_vocab, .meta = toy_meta, .max_pos_name = "max_pos", .describe_config = toy_describe_config,
     .kinds = TOY_KINDS, .ko_targets = TOY_TARGETS, .ko_heads_what = "layers", .ko_default = ko_default, .ko_heads = ko_heads,
     .ko_unit = ko_unit, .ko_arrays = ko_arrays, .task_file = 1};
 
+
+/* the toy first: the controlled model's detector takes every directory */
+static const ps_family *const TOY_FAMILIES[] = {&ps_toy_family, &ps_family_v4, &ps_family_model, NULL};
+const ps_family *const *toy_family_list(void) { return TOY_FAMILIES; }

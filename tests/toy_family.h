@@ -4,8 +4,9 @@
  * forward with hooks, score, rows (serve), the hook point table, provenance and description, and its one
  * knockout target as data ("row": the rows replaced by their mean). A directory whose config.json says
  * {"model_type": "toy_bigram"} is its checkpoint (no weights: the table is a formula, toy_weight). It is not in
- * core's ps_families: a caller opens it by passing a list that holds it (ps_runtime_open_in, serve's
- * ps_serve_opts.families) or the table itself (ps_runtime_open_family). */
+ * core's ps_families: a caller opens it by passing a list that holds it (toy_family_list: the public API's
+ * ps_api_open_in, ps_runtime_open_in, serve's ps_serve_opts.families) or the table itself
+ * (ps_runtime_open_family). */
 #ifndef PS_TOY_FAMILY_H
 #define PS_TOY_FAMILY_H
 
@@ -17,5 +18,12 @@ enum { TOY_V = 24, TOY_MAX_POS = 64 };
 /* the table's entry [a, b]: the logit of token b after token a */
 float toy_weight(int64_t a, int64_t b);
 extern const ps_family ps_toy_family;
+/* how many toy checkpoints were opened so far (tests only: a call that should run on an open model must not
+ * open another) */
+extern int toy_opens;
+/* The family list a caller passes to open a toy checkpoint (NULL-terminated): the toy, then core's families
+ * (the same list for the public API's ps_api_open_in, core's ps_runtime_open_in and serve's
+ * ps_serve_opts.families). */
+const ps_family *const *toy_family_list(void);
 
 #endif

@@ -190,10 +190,11 @@ int ps_ck_provenance(ps_ck *c, json_t *doc, int instrument, const char *mode_kin
         if (ps_ck_get_str(c, att, "kind", NULL)) return -1;
         ps_ck_pop(c, o3);
         /* the attention's fields: core's families know their configs (core/runtime.h); a bad one is
-         * "KEY: what is wrong" with KEY under provenance.config */
+         * "KEY: what is wrong" with KEY under provenance.config. A kind no shipped family knows is the model of
+         * a family its user defined: the provenance's label and kind describe it */
         ps_model_desc md;
         ps_error de;
-        if (ps_model_desc_from_config(cfg, &md, &de)) {
+        if (ps_model_desc_from_provenance(p, &md, &de)) {
             const char *sep = strstr(de.msg, ": ");
             if (!sep) return ps_ck_bad(c, "%s", de.msg);
             char key[160];

@@ -119,7 +119,13 @@ int ps_check_knockout(ps_ck *c, json_t *doc) {
         ps_ck_bad(c, "%lld, but provenance.eval.period is %lld", (long long)P, (long long)pi.period);
         goto done;
     }
-    if (ps_ck_get_enum(c, g, "target", TGT, NULL) || ps_ck_curve(c, g, "clean", P, &cl)) goto done;
+    /* a shipped family's target is one of its names; a family its user defined (a config no shipped family
+     * describes, its provenance's label and kind do) names its own targets */
+    ps_model_desc md;
+    ps_error de;
+    int shipped = !ps_model_desc_from_config(json_object_get(json_object_get(doc, "provenance"), "config"), &md, &de);
+    if ((shipped ? ps_ck_get_enum(c, g, "target", TGT, NULL) : ps_ck_get_str(c, g, "target", NULL)) || ps_ck_curve(c, g, "clean", P, &cl))
+        goto done;
     if (json_object_get(g, "method")) { /* absent: an exact grid (results before the method was recorded) */
         const char *mth;
         if (ps_ck_get_enum(c, g, "method", METHOD, &mth)) goto done;

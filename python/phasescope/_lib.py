@@ -13,7 +13,7 @@ import os
 
 from .errors import PhasescopeError
 
-API_VERSION = 2  # include/phasescope.h's PS_API_VERSION this binding was written against
+API_VERSION = 3  # include/phasescope.h's PS_API_VERSION this binding was written against
 
 EFAIL = 1
 EINPUT = 2
