@@ -664,12 +664,13 @@ static void rope_row(float *cs, float *sn, int64_t p, int64_t hd, double theta) 
     }
 }
 
-/* out[M, N] (= or +=) inp[M, K] · w[N, K]^T: the backend's ps_matmul, except one row on the CPU backend
- * (a decode step of one sequence), which is cblas_sgemv: OpenBLAS 0.3.21's sgemm packs the whole weight
- * matrix even for one row — measured 2.5-3.4x the CPU time of sgemv on the Qwen3-0.6B shape's logits head
- * [151936, 1024] and MLP matrices [3072, 1024]. (The cache runs on host-visible contexts only.) */
+/* out[M, N] (= or +=) inp[M, K] · w[N, K]^T: the backend's ps_matmul, except one row on a backend whose
+ * matmul is the CPU's (cpu, and the test backend cpu-staged, whose buffers are host memory it calls not
+ * host-visible: the same bits on both), which is cblas_sgemv (a decode step of one sequence): OpenBLAS
+ * 0.3.21's sgemm packs the whole weight matrix even for one row — measured 2.5-3.4x the CPU time of sgemv
+ * on the Qwen3-0.6B shape's logits head [151936, 1024] and MLP matrices [3072, 1024]. */
 static int kv_matmul(ps_kvcache *kv, float *out, const float *inp, const float *w, int64_t M, int64_t K, int64_t N, int accumulate) {
-    if (M == 1 && K > 0 && N > 0 && kv->ctx->be == &ps_backend_cpu && !kv->ctx->failed) {
+    if (M == 1 && K > 0 && N > 0 && kv->ctx->be->ops.matmul == ps_backend_cpu.ops.matmul && !kv->ctx->failed) {
         cblas_sgemv(CblasRowMajor, CblasNoTrans, (blasint)N, (blasint)K, 1.0f, w, (blasint)K, inp, 1, accumulate ? 1.0f : 0.0f, out, 1);
         return 0;
     }

@@ -758,7 +758,131 @@ static void test_long(void) {
     ps_model_free(&m);
 }
 
+/* A callback on hook_gate_k that sums what it sees and scales the gates of KV head 0 by 0.5 (an edit in
+ * place: on a device context the hooks module copies the point to the host and back). */
+static int on_gate(const ps_hook_event *ev, void *user, ps_error *err) {
+    (void)err;
+    double *sum = user;
+    int64_t n = ev->shape[0] * ev->shape[1] * ev->shape[2] * ev->shape[3], W = ev->shape[3];
+    for (int64_t i = 0; i < n; i++) *sum += ev->data[i] * (double)(i + 1);
+    for (int64_t i = 0; i < W; i++) ev->data[i] *= 0.5f;
+    return 0;
+}
+
+/* One run of the staged comparison on model m: a batch of two sequences grown by seeded appends (single
+ * tokens and chunks of up to 90 rows: per-row and blocked attention, batched payloads), a fork half way, an
+ * edit of every sequence's entry 1 and of one sequence's entry 3, hooks (an action on hook_v, a callback
+ * editing hook_gate_k); the logits of every appended position into lg, every entry held at the end into ent
+ * (both host), the callback's sum into *gsum. Returns the floats written to lg. */
+static int64_t staged_run(const ps_model *m, const ps_config *c, const int32_t *tok, int64_t T, float *lg, float *ent, int64_t *n_ent,
+                          double *gsum) {
+    ps_error err;
+    ps_kvcache kv;
+    ps_kvcache_opts o = {.chunk = 64};
+    int64_t V = c->vocab_size, out = 0, ne = 0, hd = c->head_dim;
+    if (ps_kvcache_create(&kv, m, &o, &err)) {
+        CHECK_OK(-1, &err);
+        return 0;
+    }
+    ps_hooks h;
+    ps_hooks_init(&h);
+    ps_hook_action zero = {.kind = PS_ACT_ZERO, .head = 1};
+    CHECK_OK(ps_hooks_add_action(&h, c, "blocks.1.attn.hook_v", &zero, &err), &err);
+    if (c->kind == PS_ATTN_COMPRESSED) CHECK_OK(ps_hooks_add(&h, c, "blocks.0.attn.hook_gate_k", on_gate, gsum, &err), &err);
+    int ids[2] = {ps_kvcache_add(&kv, &err), -1};
+    ps_rng g;
+    ps_rng_seed(&g, 99);
+    int64_t done[2] = {0, 0};
+    float vec[64];
+    for (int64_t e = 0; e < hd; e++) vec[e] = 0.1f * (float)(e + 1);
+    while (done[0] < T) {
+        if (ids[1] < 0 && done[0] >= T / 2) { /* fork; then edits */
+            ids[1] = ps_kvcache_fork(&kv, ids[0], &err);
+            done[1] = done[0];
+            if (c->kind == PS_ATTN_COMPRESSED) {
+                CHECK_OK(ps_kvcache_edit(&kv, -1, 0, 0, 0, 1, PS_KV_EDIT_ZERO, NULL, &err), &err);
+                CHECK_OK(ps_kvcache_edit(&kv, ids[1], 1, 1, 1, 3, PS_KV_EDIT_SET, vec, &err), &err);
+            }
+        }
+        int nseq = ids[1] < 0 ? 1 : 2;
+        int64_t n[2];
+        int32_t buf[200];
+        int64_t off = 0;
+        for (int i = 0; i < nseq; i++) {
+            int64_t k = ps_rng_below(&g, 3) ? 1 : 1 + ps_rng_below(&g, 90);
+            if (k > T - done[i]) k = T - done[i];
+            n[i] = k;
+            for (int64_t t = 0; t < k; t++) buf[off + t] = tok[(done[i] + t + (int64_t)i * 7) % T];
+            off += k;
+        }
+        if (nseq == 2 && n[1] == 0) nseq = 1;
+        CHECK_OK(ps_kvcache_append(&kv, nseq, ids, n, buf, &h, lg + out, false, &err), &err);
+        out += off * V;
+        for (int i = 0; i < nseq; i++) done[i] += n[i];
+    }
+    for (int i = 0; i < 2 && c->kind == PS_ATTN_COMPRESSED; i++)
+        for (int l = 0; l < c->n_layers; l++)
+            for (int gk = 0; gk < c->n_kv_heads; gk++)
+                for (int v = 0; v < 2; v++)
+                    for (int64_t j = 0; j < ps_kvcache_n_entries(&kv, ids[i], l, gk); j++, ne += hd)
+                        CHECK_OK(ps_kvcache_entry(&kv, ids[i], l, gk, v, j, ent + ne, &err), &err);
+    *n_ent = ne;
+    ps_hooks_free(&h);
+    ps_kvcache_free(&kv);
+    return out;
+}
+
+/* The cache on the test backend cpu-staged — the cpu's ops and memory behind a context that says its
+ * buffers are not host-visible, so every page write, kv op over page tables, hook and read takes the
+ * device path — gives the cpu backend's numbers bit for bit: every appended position's logits, every entry
+ * held, what a hook saw; full attention, the base grid, a staggered grid and content chunks. */
+static void test_staged(void) {
+    const char *kinds[] = {"full", "compressed", "staggered", "content"};
+    ps_rng g;
+    ps_rng_seed(&g, 4242);
+    ps_error err;
+    ps_ctx *sctx;
+    REQUIRE_OK(ps_ctx_create(&sctx, "cpu-staged", &err), &err);
+    for (int kind = 0; kind < 4; kind++) {
+        ps_config c = random_config(&g, kind);
+        int64_t T = 260, V = c.vocab_size;
+        c.max_seq_len = T + 8;
+        ps_model m[2];
+        tu_random_model(&m[0], &c, 55 + (uint64_t)kind, 0.4f);
+        tu_random_model(&m[1], &c, 55 + (uint64_t)kind, 0.4f);
+        REQUIRE_OK(ps_model_to(&m[1], sctx, &err), &err);
+        int32_t *tok = malloc((size_t)T * sizeof *tok);
+        tu_random_tokens(tok, T, V, 56 + (uint64_t)kind);
+        int64_t cap_ent = 2 * c.n_layers * 2 * c.n_kv_heads * T * c.head_dim + 1, nl[2], ne[2];
+        float *lg[2], *ent[2];
+        double gsum[2] = {0, 0};
+        for (int b = 0; b < 2; b++) {
+            lg[b] = calloc((size_t)(2 * T * V), sizeof(float));
+            ent[b] = calloc((size_t)cap_ent, sizeof(float));
+            nl[b] = staged_run(&m[b], &c, tok, T, lg[b], ent[b], &ne[b], &gsum[b]);
+        }
+        CHECK(nl[0] == nl[1] && nl[0] > T * V, "%s: %lld and %lld logits", kinds[kind], (long long)nl[0], (long long)nl[1]);
+        CHECK(memcmp(lg[0], lg[1], (size_t)nl[0] * sizeof(float)) == 0, "%s: cpu-staged logits differ from the cpu's", kinds[kind]);
+        CHECK(ne[0] == ne[1] && memcmp(ent[0], ent[1], (size_t)ne[0] * sizeof(float)) == 0, "%s: cpu-staged entries differ from the cpu's",
+              kinds[kind]);
+        CHECK(gsum[0] == gsum[1], "%s: the hook saw other gates on cpu-staged (%.17g vs %.17g)", kinds[kind], gsum[1], gsum[0]);
+        printf("  cpu-staged %-10s against the cpu, bit for bit: %lld logit rows, %lld entry floats compared\n", kinds[kind], (long long)(nl[0] / V), (long long)ne[0]);
+        for (int b = 0; b < 2; b++) free(lg[b]), free(ent[b]), ps_model_free(&m[b]);
+        free(tok);
+    }
+    /* the channel attention's cache stays on host-visible backends: refused, naming the backend */
+    ps_config c = random_config(&g, 4);
+    ps_model m;
+    tu_random_model(&m, &c, 60, 0.4f);
+    REQUIRE_OK(ps_model_to(&m, sctx, &err), &err);
+    ps_kvcache kv;
+    CHECK_ERR(ps_kvcache_create(&kv, &m, NULL, &err), &err, "cpu-staged");
+    ps_model_free(&m);
+    ps_ctx_free(sctx);
+}
+
 int main(void) {
+    test_staged();
     test_blocked();
     test_property();
     test_fork_truncate();
