@@ -2,10 +2,12 @@
  * rows (the new tokens of every sequence of the append, piece after piece): the matrix products, norms and
  * the MLP go through the backend's ops over all rows of a step at once; then, per row in position order,
  * its key, value and layer input enter the sequence's pages, the windows that close at its position are
- * pooled, and the number of entries its query sees is noted; then the piece's queries attend — blocked
- * over a gathered frame for a long piece (attend_blocked), per row for a short one (attend_row: a decode
- * step; the reference) — so a query sees exactly the entries that exist at its position, as in
- * ps_forward. */
+ * pooled (the backend's kv_gate and kv_pool), and the number of entries its query sees is noted; then the
+ * piece's queries attend (the backend's kv_attend over the page tables; on the CPU blocked over a gathered
+ * frame for a long piece, per row for a short one: a decode step, and the reference) — so a query sees
+ * exactly the entries that exist at its position, as in ps_forward. Pages and step buffers are buffers of
+ * the model's context; the channel attention (close_channel, attend_channel) reads them on the host and
+ * runs on host-visible contexts only. */
 #include "core/kvcache.h"
 
 #include <cblas.h>

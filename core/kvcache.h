@@ -28,10 +28,12 @@
  * DeepSeek-V4 checkpoints (core/v4) have a cache of their own behind the same functions: kv->v4 is set and
  * every function below goes to core/v4/v4_kvcache.h (its layout and cache points are described there).
  *
- * Backend: the CPU (a host-visible context); the matrix products and norms go through the backend's ops,
- * the compressor of a closing window is plain loops here; the attention of the new rows is blocked over a
- * gathered frame for a long piece (PS_KV_BLOCKED_MIN rows), and plain loops per row otherwise (a decode
- * step; and the reference: opts.plain_attention).
+ * Backend: any (docs/kvcache.md "Backends"): the pages and step buffers are buffers of the model's context;
+ * the matrix products and norms go through the backend's ops, and so do the attention of the new rows
+ * (ps_kv_attend over the page tables: blocked over a gathered frame on the CPU for a long piece,
+ * PS_KV_BLOCKED_MIN rows, per row otherwise — a decode step; and the reference: opts.plain_attention) and
+ * the compressor of a closing window (ps_kv_gate, ps_kv_pool). The channel attention's cache is the CPU's
+ * (host-visible contexts only).
  *
  * Hooks during an append fire with the same names as in ps_forward, per sequence of the batch and per
  * piece of at most `chunk` tokens: T is the piece's tokens ([1, T, ...]); attn.hook_gate_k/gate_v/ck/cv
