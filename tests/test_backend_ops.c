@@ -9,7 +9,8 @@
  * same bits; other backends agree within the case's tolerance (relative to the largest reference value).
  * The window ops run the base grid, a staggered grid of 75 windows (two 64-wide tiles), and content chunks
  * with one and with two tiles of real chunks (T 400); the attention ops full attention, the base grid with
- * 75 windows, a staggered grid and content chunks of two tiles. */
+ * 75 windows, a staggered grid and content chunks of two tiles; the KV cache's ops page lists of several
+ * pages (raw rows after dropped pages, entries in pages of 5), per-row and blocked attention. */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <stdint.h>
