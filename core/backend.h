@@ -81,6 +81,16 @@ typedef struct {
     ps_kv_pages ln;
     const int64_t *start, *len; /* [nkv] (host) */
 } ps_kv_close;
+/* kv_slots / kv_slot_pool: the channel attention's entry of window wi (attention.kind "v4", SPEC §2) closing:
+ * slot s (of m, or 2m for CSA) reads token wi*m + s (CSA: slots s < m token (wi-1)*m + s of channel block 0,
+ * none for wi = 0; slots s >= m token wi*m + s - m of block hd) of the compressor's rows ln [*, 2*cw] (kv
+ * [cw], then the gate logits z [cw]; cw = hd or 2*hd for CSA). */
+typedef struct {
+    int64_t hd, rate, cw;
+    int csa;
+    int64_t wi;
+    ps_kv_pages ln;
+} ps_kv_chan;
 /* ---------------- end KV cache ---------------- */
 
 /* Settings of one AdamW segment (a run of parameters with one learning rate and decay). */
@@ -146,6 +156,7 @@ typedef struct {
     X(ATTN_ROWS, attn_rows) X(PATTERN_EXPAND, pattern_expand) X(PATTERN_COMPACT, pattern_compact)             \
     X(GATHER_ROWS, gather_rows) X(SCATTER_ROWS, scatter_rows)                                                 \
     X(KV_ATTEND, kv_attend) X(KV_GATE, kv_gate) X(KV_POOL, kv_pool) X(KV_GATHER, kv_gather)                   \
+    X(KV_ATTEND_SINK, kv_attend_sink) X(KV_SLOTS, kv_slots) X(KV_SLOT_POOL, kv_slot_pool)                     \
     X(HEAD_SET, head_set) X(ADD_VECTOR, add_vector) X(ROLL_BLOCKS, roll_blocks) X(COPY_BLOCKS, copy_blocks)   \
     X(ACCUMULATE_SEQS, accumulate_seqs) X(SUM_TO_MEAN, sum_to_mean) X(DELTA_DOT, delta_dot)                   \
     X(MATMUL_BACKWARD, matmul_backward) X(EMBED_BACKWARD, embed_backward)                                     \
@@ -227,6 +238,9 @@ typedef struct {
     int (*kv_pool)(ps_ctx *c, float *out, const float *alpha, const float *C, int shared, const float *pre, int64_t hd,
                    const ps_kv_close *w);
     int (*kv_gather)(ps_ctx *c, float *out, const ps_kv_pages *p, const int64_t *rows, int64_t n);
+    int (*kv_attend_sink)(ps_ctx *c, float *z, const float *q, const float *sink, const ps_kv_attn *a);
+    int (*kv_slots)(ps_ctx *c, float *alpha, const float *ape, const ps_kv_chan *k);
+    int (*kv_slot_pool)(ps_ctx *c, float *out, const float *alpha, const ps_kv_chan *k);
     /* hook actions */
     int (*head_set)(ps_ctx *c, float *x, const float *src, int64_t src_stride, int64_t n_seq, int64_t npos, int64_t nh,
                     int64_t hd, int64_t head, int64_t seq0, int64_t seq1);

@@ -5,14 +5,12 @@
  * pooled (the backend's kv_gate and kv_pool), and the number of entries its query sees is noted; then the
  * piece's queries attend (the backend's kv_attend over the page tables; on the CPU blocked over a gathered
  * frame for a long piece, per row for a short one: a decode step, and the reference) — so a query sees
- * exactly the entries that exist at its position, as in ps_forward. Pages and step buffers are buffers of
- * the model's context; the channel attention (close_channel, attend_channel) reads them on the host and
- * runs on host-visible contexts only. */
+ * exactly the entries that exist at its position, as in ps_forward (the channel attention: kv_slots,
+ * kv_slot_pool, kv_attend_sink). Pages and step buffers are buffers of the model's context. */
 #include "core/kvcache.h"
 
 #include <cblas.h>
 #include <math.h>
-#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -336,7 +334,6 @@ void ps_kvcache_free(ps_kvcache *kv) {
     if (kv->scratch) ps_buf_free(kv->ctx, kv->scratch, kv->scratch_floats * (int64_t)sizeof(float));
     free(kv->hscratch);
     free(kv->ckp);
-    free(kv->att_p);
     free(kv->ev_t);
     if (kv->ev_pay) ps_buf_free(kv->ctx, kv->ev_pay, kv->ev_pay_cap * (int64_t)sizeof(float));
     free(kv->cstart);
@@ -348,9 +345,6 @@ int ps_kvcache_create(ps_kvcache *kv, const ps_model *m, const ps_kvcache_opts *
     memset(kv, 0, sizeof *kv);
     const ps_config *c = &m->cfg;
     int host = ps_ctx_host_visible(m->ctx);
-    if (!host && c->kind == PS_ATTN_CHANNEL)
-        return ps_fail(err, "the KV cache of the channel attention (attention.kind \"v4\") runs on the cpu backend only (the model is on %s)",
-                       ps_ctx_backend_name(m->ctx));
     kv->m = m;
     kv->ctx = m->ctx;
     kv->o.chunk = o && o->chunk > 0 ? o->chunk : 256;
@@ -679,15 +673,6 @@ static int kv_matmul(ps_kvcache *kv, float *out, const float *inp, const float *
     return ps_matmul(kv->ctx, out, inp, w, M, K, N, accumulate);
 }
 
-/* The dot products of the cache: in order for short vectors (a head of 8), ps_dot's 16 partial sums in a
- * fixed order for long ones (a layer input of d; vectorises). */
-static inline float dotf(const float *a, const float *b, int64_t n) {
-    if (n >= 32) return ps_dot(a, b, n);
-    float s = 0.0f;
-    for (int64_t i = 0; i < n; i++) s += a[i] * b[i];
-    return s;
-}
-
 typedef struct {
     int seq;       /* sequence id */
     int64_t t0, n; /* positions [t0, t0 + n) */
@@ -768,60 +753,6 @@ static int close_entries(ps_kvcache *kv, ps_kv_seq *q, int seq, int l, int64_t t
         if (rows_push(kv, &L->ck[g], ck + g * hd) || rows_push(kv, &L->cv[g], cv + g * hd))
             return page_fail(kv, err, "out of memory for the KV cache's compressed entries");
     }
-    return 0;
-}
-
-/* Rows [i, end) of a page list as contiguous spans: *n rows from the returned pointer. */
-static inline const float *rows_span(const ps_kv_rows *r, int64_t i, int64_t end, int64_t *n) {
-    int64_t k = i - r->base, off = k % r->page_rows, left = r->page_rows - off;
-    *n = end - i < left ? end - i : left;
-    return r->data[k / r->page_rows] + off * r->width;
-}
-
-/* sc[u] = (q · e[u·stride ..]) · scale over n rows, four rows at a time (four independent sums, each in
- * dotf's order: the same numbers as one row at a time). */
-static inline void dot_rows(float *sc, const float *q, float scale, const float *e, int64_t stride, int64_t n, int64_t hd) {
-    int64_t u = 0;
-    if (hd < 32)
-        for (; u + 4 <= n; u += 4) {
-            const float *e0 = e + u * stride, *e1 = e0 + stride, *e2 = e1 + stride, *e3 = e2 + stride;
-            float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
-            for (int64_t x = 0; x < hd; x++) {
-                s0 += q[x] * e0[x];
-                s1 += q[x] * e1[x];
-                s2 += q[x] * e2[x];
-                s3 += q[x] * e3[x];
-            }
-            sc[u] = s0 * scale, sc[u + 1] = s1 * scale, sc[u + 2] = s2 * scale, sc[u + 3] = s3 * scale;
-        }
-    for (; u < n; u++) sc[u] = dotf(q, e + u * stride, hd) * scale;
-}
-
-/* z[x] += Σ_u p[u] · e[u·stride + x] over n rows, four rows at a time (one store per four rows: the
- * accumulation is not a chain of stores through z; the sum's order is fixed). */
-static inline void axpy_rows(float *z, const float *p, float scale, const float *e, int64_t stride, int64_t n, int64_t hd) {
-    int64_t u = 0;
-    for (; u + 4 <= n; u += 4) {
-        float p0 = p[u] * scale, p1 = p[u + 1] * scale, p2 = p[u + 2] * scale, p3 = p[u + 3] * scale;
-        const float *e0 = e + u * stride, *e1 = e0 + stride, *e2 = e1 + stride, *e3 = e2 + stride;
-        for (int64_t x = 0; x < hd; x++) z[x] += (p0 * e0[x] + p1 * e1[x]) + (p2 * e2[x] + p3 * e3[x]);
-    }
-    for (; u < n; u++) {
-        float pu = p[u] * scale;
-        for (int64_t x = 0; x < hd; x++) z[x] += pu * e[u * stride + x];
-    }
-}
-
-/* Scratch for the attention scores of `threads` rows at once, each up to `need` entries. */
-static int scores_reserve(ps_kvcache *kv, int64_t need, int threads, ps_error *err) {
-    if (need <= kv->att_cap && threads <= kv->att_threads) return 0;
-    int64_t cap = need > kv->att_cap ? need + need / 2 : kv->att_cap;
-    int th = threads > kv->att_threads ? threads : kv->att_threads;
-    float *np = realloc(kv->att_p, (size_t)(cap * th) * sizeof(float));
-    if (!np) return ps_fail(err, "out of memory for attention scores of %lld entries", (long long)need);
-    kv->att_p = np;
-    kv->att_cap = cap;
-    kv->att_threads = th;
     return 0;
 }
 
@@ -986,43 +917,15 @@ static int close_channel(ps_kvcache *kv, ps_kv_seq *q, int seq, int l, int64_t t
     ps_ctx *ctx = kv->ctx;
     ps_layer_params w = ps_model_layer(m, m->params, l);
     ps_kv_layer *L = &q->layers[l];
-    int csa = c->v4_mode == PS_V4_MODE_CSA;
-    int64_t hd = c->head_dim, mr = c->rate, cs = ps_config_v4_series(c), SL = ps_config_v4_slots(c), cw = cs * hd;
-    float *gate = kv->calpha, *al = kv->calpha + SL * hd, *ck = kv->ent;
-    /* slot s: its token and channel block (ps_cpu_v4_comp_slots' slot_src) */
-    for (int64_t s = 0; s < SL; s++) {
-        int64_t tok = -1, chb = 0;
-        if (!csa) tok = wi * mr + s;
-        else if (s < mr) tok = wi > 0 ? (wi - 1) * mr + s : -1;
-        else tok = wi * mr + (s - mr), chb = hd;
-        const float *z = tok >= 0 ? rows_at(&L->ln, tok) + cw : NULL, *a = w.c_ape + (s % mr) * cw + chb;
-        for (int64_t i = 0; i < hd; i++) gate[s * hd + i] = z ? z[chb + i] + a[i] : -INFINITY;
-    }
-    for (int64_t i = 0; i < hd; i++) {
-        float mx = -INFINITY;
-        for (int64_t s = 0; s < SL; s++) mx = gate[s * hd + i] > mx ? gate[s * hd + i] : mx;
-        double sum = 0;
-        for (int64_t s = 0; s < SL; s++) {
-            float e = expf(gate[s * hd + i] - mx);
-            al[s * hd + i] = e;
-            sum += e;
-        }
-        float inv = (float)(1.0 / sum);
-        for (int64_t s = 0; s < SL; s++) al[s * hd + i] *= inv;
-    }
+    int64_t hd = c->head_dim, mr = c->rate, SL = ps_config_v4_slots(c);
+    float *al = kv->calpha + SL * hd, *ck = kv->ent;
+    ps_kv_chan sl = {.hd = hd, .rate = mr, .cw = ps_config_v4_series(c) * hd, .csa = c->v4_mode == PS_V4_MODE_CSA, .wi = wi,
+                      .ln = rows_view(&L->ln)};
+    CK(ps_kv_slots(ctx, al, w.c_ape, &sl));
     kv->ev.t0 = t;
     kv->ev.entry = wi;
     FIRE_P(PS_HOOK_GATE_K, al, 4, 1, 1, SL, hd);
-    memset(ck, 0, (size_t)hd * sizeof(float));
-    for (int64_t s = 0; s < SL; s++) {
-        int64_t tok = -1, chb = 0;
-        if (!csa) tok = wi * mr + s;
-        else if (s < mr) tok = wi > 0 ? (wi - 1) * mr + s : -1;
-        else tok = wi * mr + (s - mr), chb = hd;
-        if (tok < 0) continue;
-        const float *src = rows_at(&L->ln, tok) + chb;
-        for (int64_t i = 0; i < hd; i++) ck[i] += al[s * hd + i] * src[i];
-    }
+    CK(ps_kv_slot_pool(ctx, ck, al, &sl));
     CK(ps_rmsnorm(ctx, ck, NULL, ck, w.c_norm, 1, hd, (float)c->rms_eps));
     if (c->rope) {
         rope_row(kv->hecos, kv->hesin, wi * mr, hd, c->rope_theta);
@@ -1032,46 +935,12 @@ static int close_channel(ps_kvcache *kv, ps_kv_seq *q, int seq, int l, int64_t t
     FIRE_P(PS_HOOK_CK, ck, 4, 1, 1, 1, hd);
     for (int i = 0; i < kv->n_edits; i++) {
         const ps_kv_edit *e = &kv->edits[i];
-        if (e->layer == l && e->head == 0 && e->value == 0 && e->entry == wi && (e->seq == -1 || e->seq == seq)) ps_kvcache_edit_apply(e, ck, hd);
+        if (e->layer == l && e->head == 0 && e->value == 0 && e->entry == wi && (e->seq == -1 || e->seq == seq) &&
+            edit_apply_buf(kv, e, ck, hd, err))
+            return -1;
     }
-    if (rows_push(kv, &L->ck[0], ck)) return ps_fail(err, "out of memory for the KV cache's compressed entries");
+    if (rows_push(kv, &L->ck[0], ck)) return page_fail(kv, err, "out of memory for the KV cache's compressed entries");
     return 0;
-}
-
-/* The channel attention of query row t (ps_cpu_v4_attn for one query, K = 0): the raw K = V rows of the
- * sliding window, then every entry that has ended; a softmax with the head's sink; the output rotated back
- * by R(-t) afterwards (the caller). */
-static void attend_channel(const ps_kvcache *kv, const ps_kv_layer *L, const float *sink, int64_t t, const float *q_row, float *z_row,
-                           float *sc) {
-    const ps_config *c = &kv->m->cfg;
-    int64_t nh = c->n_heads, hd = c->head_dim, lo = t - c->local_window + 1 > 0 ? t - c->local_window + 1 : 0, ne = (t + 1) / c->rate,
-            nraw = t - lo + 1, tot = nraw + ne, n;
-    float scale = (float)(1.0 / sqrt((double)hd));
-    for (int64_t h = 0; h < nh; h++) {
-        const float *qh = q_row + h * hd;
-        float mx = sink[h];
-        for (int64_t p = lo; p <= t; p += n) {
-            const float *e = rows_span(&L->k, p, t + 1, &n);
-            dot_rows(sc + p - lo, qh, scale, e, hd, n, hd);
-        }
-        for (int64_t j = 0; j < ne; j += n) {
-            const float *e = rows_span(&L->ck[0], j, ne, &n);
-            dot_rows(sc + nraw + j, qh, scale, e, hd, n, hd);
-        }
-        for (int64_t i = 0; i < tot; i++) mx = sc[i] > mx ? sc[i] : mx;
-        double sum = exp((double)sink[h] - mx);
-        for (int64_t i = 0; i < tot; i++) sum += (sc[i] = expf(sc[i] - mx));
-        float inv = (float)(1.0 / sum), *o = z_row + h * hd;
-        memset(o, 0, (size_t)hd * sizeof(float));
-        for (int64_t p = lo; p <= t; p += n) {
-            const float *e = rows_span(&L->k, p, t + 1, &n);
-            axpy_rows(o, sc + p - lo, inv, e, hd, n, hd);
-        }
-        for (int64_t j = 0; j < ne; j += n) {
-            const float *e = rows_span(&L->ck[0], j, ne, &n);
-            axpy_rows(o, sc + nraw + j, inv, e, hd, n, hd);
-        }
-    }
 }
 
 /* Layer l's channel attention (attention.kind "v4") over the step's rows: kv->x to kv->z. */
@@ -1082,7 +951,7 @@ static int attn_channel(ps_kvcache *kv, int l, const kv_piece *P, int np, int64_
     ps_layer_params w = ps_model_layer(m, m->params, l);
     int64_t d = c->d_model, nh = c->n_heads, hd = c->head_dim, qd = nh * hd, cw = ps_config_v4_series(c) * hd, mr = c->rate,
             SL = ps_config_v4_slots(c);
-    float eps = (float)c->rms_eps, *row = kv->ent + hd; /* one compressor row: kv then z [2, c*hd] */
+    float eps = (float)c->rms_eps;
     CK(ps_rmsnorm(ctx, kv->ln1, NULL, kv->x, w.in_norm, R, d, eps) || kv_matmul(kv, kv->q, kv->ln1, w.wq, R, d, qd, 0) ||
        kv_matmul(kv, kv->kk, kv->ln1, w.wk, R, d, hd, 0));
     if (c->qk_norm)
@@ -1106,21 +975,22 @@ static int attn_channel(ps_kvcache *kv, int l, const kv_piece *P, int np, int64_
         kv->ev = (ps_kv_event){.seq = P[i].seq, .t0 = P[i].t0, .entry = -1};
         for (int64_t r = P[i].r0; r < P[i].r0 + P[i].n; r++) {
             int64_t t = P[i].t0 + (r - P[i].r0);
-            memcpy(row, kv->ckv + r * cw, (size_t)cw * sizeof(float));
-            memcpy(row + cw, kv->cz + r * cw, (size_t)cw * sizeof(float));
-            if (rows_push(kv, &L->k, kv->kk + r * hd) || rows_push(kv, &L->ln, row))
-                return ps_fail(err, "out of memory for the KV cache's pages (sequence %d, position %lld)", P[i].seq, (long long)t);
+            float *row = rows_push(kv, &L->k, kv->kk + r * hd) ? NULL : rows_append(kv, &L->ln); /* the compressor's row: kv, z */
+            if (!row || kv_copy(kv, &L->ln, row, kv->ckv + r * cw, cw) || kv_copy(kv, &L->ln, row + cw, kv->cz + r * cw, cw))
+                return page_fail(kv, err, "out of memory for the KV cache's pages");
             if ((t + 1) % mr == 0) {
                 if (close_channel(kv, q, P[i].seq, l, t, (t + 1) / mr - 1, hooks, err)) return -1;
                 kv->ev = (ps_kv_event){.seq = P[i].seq, .t0 = P[i].t0, .entry = -1};
             }
         }
-        int64_t t1 = P[i].t0 + P[i].n, need = L->ck[0].rows + c->local_window + 1, r0 = P[i].r0, nr = P[i].n;
-        if (scores_reserve(kv, need, omp_get_max_threads(), err)) return -1;
-#pragma omp parallel for schedule(dynamic, 1) if (nr > 1 && nr * need * nh * hd > 65536)
-        for (int64_t r = r0; r < r0 + nr; r++)
-            attend_channel(kv, L, w.sinks, P[i].t0 + (r - r0), kv->q + r * qd, kv->z + r * qd,
-                           kv->att_p + (int64_t)omp_get_thread_num() * kv->att_cap);
+        /* the rows' queries over the sliding window and the entries ended at their positions (the backend's
+         * kv_attend_sink; K = V: the raw rows and the entries are both keys and values) */
+        int64_t t1 = P[i].t0 + P[i].n, r0 = P[i].r0, nr = P[i].n;
+        for (int64_t r = 0; r < nr; r++) kv->nvis[r0 + r] = (P[i].t0 + r + 1) / mr;
+        kv->ckp[0] = rows_view(&L->ck[0]);
+        ps_kv_attn a = {.nh = nh, .nkv = 1, .hd = hd, .compressed = 1, .LW = c->local_window, .t0 = P[i].t0, .nr = nr,
+                        .nvis = kv->nvis + r0, .k = rows_view(&L->k), .v = rows_view(&L->k), .ck = kv->ckp, .cv = kv->ckp};
+        CK(ps_kv_attend_sink(ctx, kv->z + r0 * qd, kv->q + r0 * qd, w.sinks, &a));
         rows_drop_front(kv, &L->k, t1 - (c->local_window - 1) - kv->o.history);
         rows_drop_front(kv, &L->ln, t1 - (SL - 1) - kv->o.history);
     }

@@ -32,8 +32,8 @@
  * the matrix products and norms go through the backend's ops, and so do the attention of the new rows
  * (ps_kv_attend over the page tables: blocked over a gathered frame on the CPU for a long piece,
  * PS_KV_BLOCKED_MIN rows, per row otherwise — a decode step; and the reference: opts.plain_attention) and
- * the compressor of a closing window (ps_kv_gate, ps_kv_pool). The channel attention's cache is the CPU's
- * (host-visible contexts only).
+ * the compressor of a closing window (ps_kv_gate, ps_kv_pool; the channel attention: ps_kv_attend_sink,
+ * ps_kv_slots, ps_kv_slot_pool).
  *
  * Hooks during an append fire with the same names as in ps_forward, per sequence of the batch and per
  * piece of at most `chunk` tokens: T is the piece's tokens ([1, T, ...]); attn.hook_gate_k/gate_v/ck/cv
@@ -141,9 +141,6 @@ typedef struct {
     /* host arrays */
     float *hecos, *hesin, *hcos_t, *hsin_t; /* the RoPE rows computed on the host (host-visible: ecos, … themselves) */
     float *hscratch;         /* their allocation on a device context */
-    float *att_p;            /* channel attention scratch: att_threads rows of att_cap scores (host-visible only) */
-    int64_t att_cap;
-    int att_threads;
     int64_t *nvis;           /* [chunk, nkv]: entries each row's query sees */
     int64_t *cstart;         /* [2, nkv]: start and length of the entry each KV head closes at a position */
     ps_kv_pages *ckp;        /* [2, nkv]: the page tables of ck and cv handed to kv_attend */

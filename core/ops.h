@@ -292,6 +292,23 @@ static inline int ps_kv_pool(ps_ctx *c, float *out, const float *alpha, const fl
                              const ps_kv_close *w) {
     return PS_OP_CALL(c, kv_pool, out, alpha, C, shared, pre, hd, w);
 }
+/* The channel attention (one K = V head: a->nkv 1, a->k the raw rows, a->ck the entries; a->v, a->cv the same
+ * lists): z [nr, nh, hd] of the queries q, row t over its sliding window's raw rows max(0, t - LW + 1) .. t,
+ * then its first nvis[i] entries; one softmax with the head's sink logit sink[h] (a column of value 0). */
+static inline int ps_kv_attend_sink(ps_ctx *c, float *z, const float *q, const float *sink, const ps_kv_attn *a) {
+    return PS_OP_CALL(c, kv_attend_sink, z, q, sink, a);
+}
+/* alpha [S, hd] (S = m, 2m for CSA): per channel i, softmax over the slots s of z[tok_s, chb_s + i] +
+ * ape[(s % m)*cw + chb_s + i] (-inf for a slot without a token); ape [m, cw]. */
+static inline int ps_kv_slots(ps_ctx *c, float *alpha, const float *ape, const ps_kv_chan *k) {
+    return PS_OP_CALL(c, kv_slots, alpha, ape, k);
+}
+/* out [hd]: Σ_s alpha[s, i] · kv[tok_s, chb_s + i] over the slots with a token. */
+static inline int ps_kv_slot_pool(ps_ctx *c, float *out, const float *alpha, const ps_kv_chan *k) {
+    return PS_OP_CALL(c, kv_slot_pool, out, alpha, k);
+}
+int ps_kv_slots_check(ps_ctx *c, const char *op, const ps_kv_chan *k);
+
 /* out [n, width]: rows rows[i] (host array, base <= rows[i] < p->rows) of the page list p. */
 static inline int ps_kv_gather(ps_ctx *c, float *out, const ps_kv_pages *p, const int64_t *rows, int64_t n) {
     return PS_OP_CALL(c, kv_gather, out, p, rows, n);

@@ -604,6 +604,56 @@ static int c_kv_gather(int s) {
     return 1;
 }
 
+/* the channel attention: one K = V head of 8 (per row) or of 32 (a piece of 20 rows), the sliding window's
+ * raw rows after dropped pages, entries every 4 tokens in pages of 5, a sink per head */
+static int c_kv_attend_sink(int s) {
+    if (s > 1) return 0;
+    int64_t nh = s ? 3 : 2, hd = s ? 32 : 8, nr = s ? 20 : 3, t0 = s ? 41 : 70, LW = s ? 9 : 5, rate = 4, t1 = t0 + nr;
+    float *kt[16], *ct[8];
+    int64_t nvis[32];
+    ps_kv_attn a = {.nh = nh, .nkv = 1, .hd = hd, .compressed = 1, .LW = LW, .t0 = t0, .nr = nr};
+    a.k = pages_in(kt, 32, t1, hd, 8);
+    a.v = a.k;
+    ps_kv_pages ck = pages_in(ct, 0, t1 / rate, hd, 5);
+    for (int64_t i = 0; i < nr; i++) nvis[i] = (t0 + i + 1) / rate;
+    a.ck = &ck, a.cv = &ck, a.nvis = nvis;
+    float *q = IN(nr * nh * hd, 1), *z = IN(nr * nh * hd, 1), *sink = IN(nh, 1);
+    ps_kv_attend_sink(R.c, z, q, sink, &a);
+    OUT("z", z, nr * nh * hd);
+    return 1;
+}
+
+/* the compressor rows (kv, z) of rate 4 from row 8 in pages of 8: HCA window 5, CSA window 5 (two windows'
+ * slots) and CSA window 0 (the first window's missing half) */
+static ps_kv_chan slots_in(int s, float **tab) {
+    ps_kv_chan k = {.hd = 6, .rate = 4, .csa = s > 0, .wi = s == 2 ? 0 : 5};
+    k.cw = (k.csa ? 2 : 1) * k.hd;
+    k.ln = pages_in(tab, s == 2 ? 0 : 8, 26, 2 * k.cw, 8);
+    return k;
+}
+
+static int c_kv_slots(int s) {
+    if (s > 2) return 0;
+    float *tab[8];
+    ps_kv_chan k = slots_in(s, tab);
+    int64_t SL = (k.csa ? 2 : 1) * k.rate;
+    float *ape = IN(k.rate * k.cw, 1), *al = IN(SL * k.hd, 1);
+    ps_kv_slots(R.c, al, ape, &k);
+    OUT("alpha", al, SL * k.hd);
+    return 1;
+}
+
+static int c_kv_slot_pool(int s) {
+    if (s > 2) return 0;
+    float *tab[8];
+    ps_kv_chan k = slots_in(s, tab);
+    int64_t SL = (k.csa ? 2 : 1) * k.rate;
+    float *al = IN(SL * k.hd, 1), *out = IN(k.hd, 1);
+    ps_kv_slot_pool(R.c, out, al, &k);
+    OUT("out", out, k.hd);
+    return 1;
+}
+
 /* hook actions */
 static int c_head_set(int s) {
     if (s > 2) return 0;
@@ -1035,6 +1085,9 @@ static const op_case CORE[PS_OP_COUNT] = {
     [PS_OP_KV_GATE] = {c_kv_gate, 1e-5},
     [PS_OP_KV_POOL] = {c_kv_pool, 1e-5},
     [PS_OP_KV_GATHER] = {c_kv_gather, 0},
+    [PS_OP_KV_ATTEND_SINK] = {c_kv_attend_sink, 1e-5},
+    [PS_OP_KV_SLOTS] = {c_kv_slots, 1e-5},
+    [PS_OP_KV_SLOT_POOL] = {c_kv_slot_pool, 1e-5},
     [PS_OP_HEAD_SET] = {c_head_set, 0},
     [PS_OP_ADD_VECTOR] = {c_add_vector, 1e-6},
     [PS_OP_ROLL_BLOCKS] = {c_roll_blocks, 0},

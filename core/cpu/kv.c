@@ -338,3 +338,109 @@ int ps_cpu_kv_gather(ps_ctx *ctx, float *out, const ps_kv_pages *p, const int64_
     for (int64_t i = 0; i < n; i++) memcpy(out + i * p->width, pg_at(p, rows[i]), (size_t)p->width * sizeof(float));
     return 0;
 }
+
+/* ---- the channel attention (attention.kind "v4") ---- */
+
+/* The channel attention of query row t (ps_cpu_v4_attn for one query, K = 0): the raw K = V rows of the
+ * sliding window, then the ne entries the row sees; a softmax with the head's sink. sc: the row's scratch. */
+static void attend_sink_row(const ps_kv_attn *a, const float *sink, int64_t t, int64_t ne, const float *q_row, float *z_row,
+                            float *sc) {
+    int64_t nh = a->nh, hd = a->hd, lo = t - a->LW + 1 > 0 ? t - a->LW + 1 : 0, nraw = t - lo + 1, tot = nraw + ne, n;
+    float scale = (float)(1.0 / sqrt((double)hd));
+    for (int64_t h = 0; h < nh; h++) {
+        const float *qh = q_row + h * hd;
+        float mx = sink[h];
+        for (int64_t p = lo; p <= t; p += n) {
+            const float *e = pg_span(&a->k, p, t + 1, &n);
+            dot_rows(sc + p - lo, qh, scale, e, hd, n, hd);
+        }
+        for (int64_t j = 0; j < ne; j += n) {
+            const float *e = pg_span(&a->ck[0], j, ne, &n);
+            dot_rows(sc + nraw + j, qh, scale, e, hd, n, hd);
+        }
+        for (int64_t i = 0; i < tot; i++) mx = sc[i] > mx ? sc[i] : mx;
+        double sum = exp((double)sink[h] - mx);
+        for (int64_t i = 0; i < tot; i++) sum += (sc[i] = expf(sc[i] - mx));
+        float inv = (float)(1.0 / sum), *o = z_row + h * hd;
+        memset(o, 0, (size_t)hd * sizeof(float));
+        for (int64_t p = lo; p <= t; p += n) {
+            const float *e = pg_span(&a->k, p, t + 1, &n);
+            axpy_rows(o, sc + p - lo, inv, e, hd, n, hd);
+        }
+        for (int64_t j = 0; j < ne; j += n) {
+            const float *e = pg_span(&a->ck[0], j, ne, &n);
+            axpy_rows(o, sc + nraw + j, inv, e, hd, n, hd);
+        }
+    }
+}
+
+int ps_cpu_kv_attend_sink(ps_ctx *ctx, float *z, const float *q, const float *sink, const ps_kv_attn *a) {
+    if (ps_kv_attn_check(ctx, a)) return -1;
+    if (a->nkv != 1 || !a->compressed) return ps_ctx_fail(ctx, "kv_attend_sink: one K = V head with entries (nkv %lld)", (long long)a->nkv);
+    if (a->nr == 0) return 0;
+    int64_t nh = a->nh, hd = a->hd, qd = nh * hd, nr = a->nr, need = a->ck[0].rows + a->LW + 1;
+    int th = omp_get_max_threads();
+    float *sc = ws_round(ctx, need * th);
+    if (!sc) return -1;
+#pragma omp parallel for schedule(dynamic, 1) if (nr > 1 && nr * need * nh * hd > 65536)
+    for (int64_t i = 0; i < nr; i++)
+        attend_sink_row(a, sink, a->t0 + i, a->nvis[i], q + i * qd, z + i * qd, sc + (int64_t)omp_get_thread_num() * need);
+    return 0;
+}
+
+int ps_kv_slots_check(ps_ctx *ctx, const char *op, const ps_kv_chan *k) {
+    int64_t need = (k->wi + 1) * k->rate, first = k->csa && k->wi > 0 ? (k->wi - 1) * k->rate : k->wi * k->rate;
+    if (k->hd >= 1 && k->rate >= 1 && k->wi >= 0 && k->cw == (k->csa ? 2 : 1) * k->hd && k->ln.width == 2 * k->cw &&
+        k->ln.base <= first && k->ln.rows >= need)
+        return 0;
+    return ps_ctx_fail(ctx, "%s: invalid slots (hd %lld, rate %lld, window %lld, rows held %lld..%lld)", op, (long long)k->hd,
+                       (long long)k->rate, (long long)k->wi, (long long)k->ln.base, (long long)k->ln.rows - 1);
+}
+
+/* slot s of window wi: its token (-1: none), and its channel block in *chb (ps_cpu_v4_comp_slots' slot_src) */
+static inline int64_t slot_src(const ps_kv_chan *k, int64_t s, int64_t *chb) {
+    int64_t mr = k->rate, wi = k->wi;
+    *chb = 0;
+    if (!k->csa) return wi * mr + s;
+    if (s < mr) return wi > 0 ? (wi - 1) * mr + s : -1;
+    *chb = k->hd;
+    return wi * mr + (s - mr);
+}
+
+int ps_cpu_kv_slots(ps_ctx *ctx, float *alpha, const float *ape, const ps_kv_chan *k) {
+    if (ps_kv_slots_check(ctx, "kv_slots", k)) return -1;
+    int64_t hd = k->hd, mr = k->rate, cw = k->cw, SL = k->csa ? 2 * mr : mr;
+    float *gate = ps_ctx_workspace(ctx, SL * hd), *al = alpha;
+    if (!gate) return -1;
+    for (int64_t s = 0; s < SL; s++) {
+        int64_t chb, tok = slot_src(k, s, &chb);
+        const float *zr = tok >= 0 ? pg_at(&k->ln, tok) + cw : NULL, *a = ape + (s % mr) * cw + chb;
+        for (int64_t i = 0; i < hd; i++) gate[s * hd + i] = zr ? zr[chb + i] + a[i] : -INFINITY;
+    }
+    for (int64_t i = 0; i < hd; i++) {
+        float mx = -INFINITY;
+        for (int64_t s = 0; s < SL; s++) mx = gate[s * hd + i] > mx ? gate[s * hd + i] : mx;
+        double sum = 0;
+        for (int64_t s = 0; s < SL; s++) {
+            float e = expf(gate[s * hd + i] - mx);
+            al[s * hd + i] = e;
+            sum += e;
+        }
+        float inv = (float)(1.0 / sum);
+        for (int64_t s = 0; s < SL; s++) al[s * hd + i] *= inv;
+    }
+    return 0;
+}
+
+int ps_cpu_kv_slot_pool(ps_ctx *ctx, float *out, const float *alpha, const ps_kv_chan *k) {
+    if (ps_kv_slots_check(ctx, "kv_slot_pool", k)) return -1;
+    int64_t hd = k->hd, SL = k->csa ? 2 * k->rate : k->rate;
+    memset(out, 0, (size_t)hd * sizeof(float));
+    for (int64_t s = 0; s < SL; s++) {
+        int64_t chb, tok = slot_src(k, s, &chb);
+        if (tok < 0) continue;
+        const float *src = pg_at(&k->ln, tok) + chb;
+        for (int64_t i = 0; i < hd; i++) out[i] += alpha[s * hd + i] * src[i];
+    }
+    return 0;
+}

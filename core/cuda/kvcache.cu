@@ -3,7 +3,8 @@
  * arrays of device pointers) and the small index arrays are staged with cu_stage. Exactness over speed: one
  * thread per (query row, head) with sequential loops over the entries and the raw rows (three passes: the
  * maximum, the sum of exponentials, the weighted values), one thread per KV head for a closing window's
- * gates, one per (KV head, channel) for its pooled entry. */
+ * gates, one per (KV head, channel) for its pooled entry; the channel attention likewise (kv_attend_sink,
+ * kv_slots, kv_slot_pool). */
 #include <string.h>
 
 #include "core/cuda/cuda_internal.cuh"
@@ -192,4 +193,117 @@ extern "C" int ps_cuda_kv_gather(ps_ctx *c, float *out, const ps_kv_pages *p, co
     k_kv_gather<<<cu_grid(n * p->width, 256), 256, 0, STREAM(c)>>>(out, (float *const *)d[0], p->base, p->page_rows, p->width,
                                                                     (const int64_t *)d[1], n);
     return CU_LAUNCHED(c, "kv_gather");
+}
+
+/* ---- the channel attention (attention.kind "v4") ---- */
+
+/* z row i, head h: the sliding window's raw K = V rows, then the entries; a softmax with the head's sink */
+__global__ void k_kv_attend_sink(float *z, const float *q, const float *sink, kv_attn_args a) {
+    GS_LOOP(task, a.nr * a.nh) {
+        int64_t i = task / a.nh, h = task % a.nh, t = a.t0 + i, hd = a.hd, ne = a.nvis[i];
+        int64_t lo = t - a.LW + 1 > 0 ? t - a.LW + 1 : 0;
+        const float *qr = q + (i * a.nh + h) * hd;
+        float *zr = z + (i * a.nh + h) * hd;
+        float scale = (float)(1.0 / sqrt((double)hd)), mx = sink[h];
+        for (int64_t p = lo; p <= t; p++) mx = fmaxf(mx, kv_dot(qr, dp_row(a.k, p), hd) * scale);
+        for (int64_t j = 0; j < ne; j++) mx = fmaxf(mx, kv_dot(qr, dp_row(a.ck[0], j), hd) * scale);
+        double sum = exp((double)sink[h] - mx);
+        for (int64_t p = lo; p <= t; p++) sum += expf(kv_dot(qr, dp_row(a.k, p), hd) * scale - mx);
+        for (int64_t j = 0; j < ne; j++) sum += expf(kv_dot(qr, dp_row(a.ck[0], j), hd) * scale - mx);
+        float inv = (float)(1.0 / sum);
+        for (int64_t x = 0; x < hd; x++) zr[x] = 0.0f;
+        for (int64_t p = lo; p <= t; p++) {
+            const float *e = dp_row(a.k, p);
+            float w = expf(kv_dot(qr, e, hd) * scale - mx) * inv;
+            for (int64_t x = 0; x < hd; x++) zr[x] += w * e[x];
+        }
+        for (int64_t j = 0; j < ne; j++) {
+            const float *e = dp_row(a.ck[0], j);
+            float w = expf(kv_dot(qr, e, hd) * scale - mx) * inv;
+            for (int64_t x = 0; x < hd; x++) zr[x] += w * e[x];
+        }
+    }
+}
+
+extern "C" int ps_cuda_kv_attend_sink(ps_ctx *c, float *z, const float *q, const float *sink, const ps_kv_attn *a) {
+    if (ps_kv_attn_check(c, a)) return -1;
+    if (a->nkv != 1 || !a->compressed) return ps_ctx_fail(c, "kv_attend_sink: one K = V head with entries (nkv %lld)", (long long)a->nkv);
+    if (a->nr == 0) return 0;
+    const void *h[3] = {a->k.page, a->ck[0].page, a->nvis};
+    int64_t by[3] = {n_pages(&a->k) * (int64_t)sizeof(float *), n_pages(&a->ck[0]) * (int64_t)sizeof(float *),
+                     a->nr * (int64_t)sizeof(int64_t)};
+    void *d[3];
+    if (cu_stage(c, 3, h, by, d)) return -1;
+    kv_attn_args x;
+    memset(&x, 0, sizeof x);
+    x.nh = a->nh, x.nkv = 1, x.hd = a->hd, x.LW = a->LW, x.t0 = a->t0, x.nr = a->nr, x.compressed = 1;
+    x.k = dpages(&a->k, d[0]), x.v = x.k, x.ck[0] = dpages(&a->ck[0], d[1]), x.cv[0] = x.ck[0];
+    x.nvis = (const int64_t *)d[2];
+    k_kv_attend_sink<<<cu_grid(a->nr * a->nh, 64), 64, 0, STREAM(c)>>>(z, q, sink, x);
+    return CU_LAUNCHED(c, "kv_attend_sink");
+}
+
+/* slot s of window wi: its token (-1: none) and channel block (core/cpu/kv.c's slot_src) */
+__device__ __forceinline__ int64_t kv_slot_src(int csa, int64_t mr, int64_t wi, int64_t hd, int64_t s, int64_t *chb) {
+    *chb = 0;
+    if (!csa) return wi * mr + s;
+    if (s < mr) return wi > 0 ? (wi - 1) * mr + s : -1;
+    *chb = hd;
+    return wi * mr + (s - mr);
+}
+
+/* alpha [S, hd]: one thread per channel (the slots' gates into alpha, then their softmax in place) */
+__global__ void k_kv_slots(float *alpha, const float *ape, int64_t hd, int64_t mr, int64_t cw, int csa, int64_t wi, float *const *tab,
+                           int64_t base, int64_t page_rows) {
+    int64_t SL = csa ? 2 * mr : mr;
+    GS_LOOP(i, hd) {
+        float mx = -INFINITY;
+        for (int64_t s = 0; s < SL; s++) {
+            int64_t chb, tok = kv_slot_src(csa, mr, wi, hd, s, &chb);
+            float g = -INFINITY;
+            if (tok >= 0) g = kv_row(tab, base, page_rows, 2 * cw, tok)[cw + chb + i] + ape[(s % mr) * cw + chb + i];
+            alpha[s * hd + i] = g;
+            mx = fmaxf(mx, g);
+        }
+        double sum = 0;
+        for (int64_t s = 0; s < SL; s++) sum += (alpha[s * hd + i] = expf(alpha[s * hd + i] - mx));
+        float inv = (float)(1.0 / sum);
+        for (int64_t s = 0; s < SL; s++) alpha[s * hd + i] *= inv;
+    }
+}
+
+extern "C" int ps_cuda_kv_slots(ps_ctx *c, float *alpha, const float *ape, const ps_kv_chan *k) {
+    if (ps_kv_slots_check(c, "kv_slots", k)) return -1;
+    const void *h[1] = {k->ln.page};
+    int64_t by[1] = {n_pages(&k->ln) * (int64_t)sizeof(float *)};
+    void *d[1];
+    if (cu_stage(c, 1, h, by, d)) return -1;
+    k_kv_slots<<<cu_grid(k->hd, 64), 64, 0, STREAM(c)>>>(alpha, ape, k->hd, k->rate, k->cw, k->csa, k->wi, (float *const *)d[0],
+                                                          k->ln.base, k->ln.page_rows);
+    return CU_LAUNCHED(c, "kv_slots");
+}
+
+/* out [hd]: one thread per channel */
+__global__ void k_kv_slot_pool(float *out, const float *alpha, int64_t hd, int64_t mr, int64_t cw, int csa, int64_t wi,
+                               float *const *tab, int64_t base, int64_t page_rows) {
+    int64_t SL = csa ? 2 * mr : mr;
+    GS_LOOP(i, hd) {
+        float o = 0.0f;
+        for (int64_t s = 0; s < SL; s++) {
+            int64_t chb, tok = kv_slot_src(csa, mr, wi, hd, s, &chb);
+            if (tok >= 0) o += alpha[s * hd + i] * kv_row(tab, base, page_rows, 2 * cw, tok)[chb + i];
+        }
+        out[i] = o;
+    }
+}
+
+extern "C" int ps_cuda_kv_slot_pool(ps_ctx *c, float *out, const float *alpha, const ps_kv_chan *k) {
+    if (ps_kv_slots_check(c, "kv_slot_pool", k)) return -1;
+    const void *h[1] = {k->ln.page};
+    int64_t by[1] = {n_pages(&k->ln) * (int64_t)sizeof(float *)};
+    void *d[1];
+    if (cu_stage(c, 1, h, by, d)) return -1;
+    k_kv_slot_pool<<<cu_grid(k->hd, 64), 64, 0, STREAM(c)>>>(out, alpha, k->hd, k->rate, k->cw, k->csa, k->wi, (float *const *)d[0],
+                                                              k->ln.base, k->ln.page_rows);
+    return CU_LAUNCHED(c, "kv_slot_pool");
 }
