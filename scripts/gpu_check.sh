@@ -34,7 +34,7 @@
 #               CUDA_LAUNCH_BLOCKING=1 names the first op that faulted (when 200 s are left)
 #   test_backend_ops  the op table on the cuda backend against the CPU, PS_REQUIRE_CUDA=1 (when 150 s are left)
 #   test_kvcache      the KV cache on the cuda backend against the cpu (test_kvcache --backends: appends,
-#               fork, edits, hooks; full, grid, staggered, content), PS_REQUIRE_CUDA=1 (when 120 s are left)
+#               fork, edits, hooks; full, grid, staggered, content, channel), PS_REQUIRE_CUDA=1 (when 120 s are left)
 #   bench_gpu   GEMM rates per precision, one training step per precision x attention (1 step, no knockout
 #               unless --full)
 #   torch_peer  the same model and step in PyTorch (bench/torch_gpu_peer.py), when 100 s are left
