@@ -49,6 +49,50 @@ typedef struct {
     int64_t Tq, Tk, q_off, pos0;
 } ps_attn_frame;
 
+/* ---------------- the KV cache (core/kvcache.h) ---------------- */
+/* A page list of a KV cache as its ops see it: row i (base <= i < rows) of width floats lives at
+ * page[(i - base) / page_rows] + ((i - base) % page_rows) * width. page is a host array of the backend's
+ * buffers (a page table, staged like the other ops' index arrays); rows before base were dropped. */
+typedef struct {
+    float *const *page;
+    int64_t base, rows, width, page_rows;
+} ps_kv_pages;
+
+/* kv_attend: the nr query rows of one sequence at positions t0 .. t0 + nr - 1 against its cache (SPEC §2).
+ * Compressed: query t, head h (KV head g = h / (nh / nkv)) sees the first nvis[i, g] entries of ck[g] / cv[g]
+ * and the raw rows of its local window max(0, t - LW + 1) .. t of k, v; full attention: every raw row
+ * 0 .. t. One softmax over both, scale hd^-0.5. */
+typedef struct {
+    int64_t nh, nkv, hd;
+    int compressed;
+    int64_t LW;              /* compressed: the local window */
+    int64_t t0, nr;
+    const int64_t *nvis;     /* compressed: [nr, nkv] (host) entries row i sees of KV head g */
+    ps_kv_pages k, v;        /* raw keys and values [*, nkv*hd] holding the rows the queries reach */
+    const ps_kv_pages *ck, *cv; /* compressed: [nkv] (host) entries [*, hd] per KV head, at least max nvis rows */
+    int blocked;             /* a hint: the CPU gathers one transposed frame per KV head (a long piece) instead of
+                              * reading the pages per row; the same function, another summation order */
+} ps_kv_attn;
+
+/* kv_gate / kv_pool: the windows that close at one position of one sequence, per KV head g: start[g], len[g]
+ * (start < 0: no window of head g closes there) over the layer inputs ln [*, d] (rows start .. start+len-1). */
+typedef struct {
+    int64_t nkv, W, d;
+    ps_kv_pages ln;
+    const int64_t *start, *len; /* [nkv] (host) */
+} ps_kv_close;
+/* kv_slots / kv_slot_pool: the channel attention's entry of window wi (attention.kind "v4", SPEC §2) closing:
+ * slot s (of m, or 2m for CSA) reads token wi*m + s (CSA: slots s < m token (wi-1)*m + s of channel block 0,
+ * none for wi = 0; slots s >= m token wi*m + s - m of block hd) of the compressor's rows ln [*, 2*cw] (kv
+ * [cw], then the gate logits z [cw]; cw = hd or 2*hd for CSA). */
+typedef struct {
+    int64_t hd, rate, cw;
+    int csa;
+    int64_t wi;
+    ps_kv_pages ln;
+} ps_kv_chan;
+/* ---------------- end KV cache ---------------- */
+
 /* Settings of one AdamW segment (a run of parameters with one learning rate and decay). */
 typedef struct {
     int64_t offset, n;    /* floats into the parameter buffer */
@@ -111,6 +155,8 @@ typedef struct {
     X(ATTN_FORWARD, attn_forward) X(ATTN_PROBS, attn_probs) X(ATTN_OUT, attn_out) X(ATTN_CHUNK, attn_chunk)    \
     X(ATTN_ROWS, attn_rows) X(PATTERN_EXPAND, pattern_expand) X(PATTERN_COMPACT, pattern_compact)             \
     X(GATHER_ROWS, gather_rows) X(SCATTER_ROWS, scatter_rows)                                                 \
+    X(KV_ATTEND, kv_attend) X(KV_GATE, kv_gate) X(KV_POOL, kv_pool) X(KV_GATHER, kv_gather)                   \
+    X(KV_ATTEND_SINK, kv_attend_sink) X(KV_SLOTS, kv_slots) X(KV_SLOT_POOL, kv_slot_pool)                     \
     X(HEAD_SET, head_set) X(ADD_VECTOR, add_vector) X(ROLL_BLOCKS, roll_blocks) X(COPY_BLOCKS, copy_blocks)   \
     X(ACCUMULATE_SEQS, accumulate_seqs) X(SUM_TO_MEAN, sum_to_mean) X(DELTA_DOT, delta_dot)                   \
     X(MATMUL_BACKWARD, matmul_backward) X(EMBED_BACKWARD, embed_backward)                                     \
@@ -185,6 +231,16 @@ typedef struct {
     int (*gather_rows)(ps_ctx *c, float *out, const float *in, const float *add, const int64_t *rows, int64_t n,
                        int64_t width);
     int (*scatter_rows)(ps_ctx *c, float *out, const float *in, const int64_t *rows, int64_t n, int64_t width);
+    /* the KV cache (core/kvcache.h): attention of a piece's rows over the pages, the compressor of a closing
+     * window (gates; payloads and pooling), rows of a page list */
+    int (*kv_attend)(ps_ctx *c, float *z, const float *q, const ps_kv_attn *a);
+    int (*kv_gate)(ps_ctx *c, float *alpha, const float *u, const float *bias, int learned, const ps_kv_close *w);
+    int (*kv_pool)(ps_ctx *c, float *out, const float *alpha, const float *C, int shared, const float *pre, int64_t hd,
+                   const ps_kv_close *w);
+    int (*kv_gather)(ps_ctx *c, float *out, const ps_kv_pages *p, const int64_t *rows, int64_t n);
+    int (*kv_attend_sink)(ps_ctx *c, float *z, const float *q, const float *sink, const ps_kv_attn *a);
+    int (*kv_slots)(ps_ctx *c, float *alpha, const float *ape, const ps_kv_chan *k);
+    int (*kv_slot_pool)(ps_ctx *c, float *out, const float *alpha, const ps_kv_chan *k);
     /* hook actions */
     int (*head_set)(ps_ctx *c, float *x, const float *src, int64_t src_stride, int64_t n_seq, int64_t npos, int64_t nh,
                     int64_t hd, int64_t head, int64_t seq0, int64_t seq1);

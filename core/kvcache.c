@@ -2,15 +2,15 @@
  * rows (the new tokens of every sequence of the append, piece after piece): the matrix products, norms and
  * the MLP go through the backend's ops over all rows of a step at once; then, per row in position order,
  * its key, value and layer input enter the sequence's pages, the windows that close at its position are
- * pooled, and the number of entries its query sees is noted; then the piece's queries attend — blocked
- * over a gathered frame for a long piece (attend_blocked), per row for a short one (attend_row: a decode
- * step; the reference) — so a query sees exactly the entries that exist at its position, as in
- * ps_forward. */
+ * pooled (the backend's kv_gate and kv_pool), and the number of entries its query sees is noted; then the
+ * piece's queries attend (the backend's kv_attend over the page tables; on the CPU blocked over a gathered
+ * frame for a long piece, per row for a short one: a decode step, and the reference) — so a query sees
+ * exactly the entries that exist at its position, as in ps_forward (the channel attention: kv_slots,
+ * kv_slot_pool, kv_attend_sink). Pages and step buffers are buffers of the model's context. */
 #include "core/kvcache.h"
 
 #include <cblas.h>
 #include <math.h>
-#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,31 +20,50 @@
 #include "core/runtime.h"
 #include "core/v4/v4_kvcache.h"
 
-struct ps_kv_page {
-    int refs;
-    float data[];
-};
-
 #define PR (r->page_rows)
 
-/* ---- pages ---- */
+/* ---- pages ----
+ * A list holds its pages' buffers in `data` (the page table the backend's kv ops read). A page belongs to
+ * one list until a fork shares it: then both lists point at one reference count (`refs`, a table made at
+ * the first fork; a NULL entry: the page is the list's alone), and the last holder frees it. A page is
+ * counted as its rows plus 4 bytes (one count). */
 
-static int64_t page_bytes(const ps_kv_rows *r) { return (int64_t)sizeof(ps_kv_page) + PR * r->width * (int64_t)sizeof(float); }
+static int64_t page_data_bytes(const ps_kv_rows *r) { return PR * r->width * (int64_t)sizeof(float); }
+static int64_t page_bytes(const ps_kv_rows *r) { return (int64_t)sizeof(int) + page_data_bytes(r); }
 
-static ps_kv_page *page_new(ps_kvcache *kv, const ps_kv_rows *r) {
-    ps_kv_page *p = malloc((size_t)page_bytes(r));
-    if (!p) return NULL;
-    p->refs = 1;
+/* a new page's rows (a buffer of the context; host memory on a host list), counted */
+static float *page_new(ps_kvcache *kv, const ps_kv_rows *r) {
+    float *d = r->host ? malloc((size_t)page_data_bytes(r)) : ps_buf_alloc(kv->ctx, page_data_bytes(r), "a KV cache page", NULL);
+    if (!d) return NULL;
     kv->page_bytes_live += page_bytes(r);
     if (kv->page_bytes_live > kv->page_bytes_peak) kv->page_bytes_peak = kv->page_bytes_live;
-    return p;
+    return d;
 }
 
-static void page_release(ps_kvcache *kv, const ps_kv_rows *r, ps_kv_page *p) {
-    if (p && --p->refs == 0) {
-        kv->page_bytes_live -= page_bytes(r);
-        free(p);
+static void page_free(ps_kvcache *kv, const ps_kv_rows *r, float *d) {
+    kv->page_bytes_live -= page_bytes(r);
+    if (r->host) free(d);
+    else ps_buf_free(kv->ctx, d, page_data_bytes(r));
+}
+
+/* the list lets go of its page i: freed unless another list still holds it */
+static void page_release(ps_kvcache *kv, ps_kv_rows *r, int64_t i) {
+    int *cnt = r->refs ? r->refs[i] : NULL;
+    if (cnt) {
+        r->refs[i] = NULL;
+        if (--*cnt > 0) return;
+        free(cnt);
     }
+    page_free(kv, r, r->data[i]);
+}
+
+/* n floats from src to dst, both the cache's buffers (or both host memory on a host list / context) */
+static int kv_copy(ps_kvcache *kv, const ps_kv_rows *r, float *dst, const float *src, int64_t n) {
+    if (r->host || ps_ctx_host_visible(kv->ctx)) {
+        memcpy(dst, src, (size_t)n * sizeof(float));
+        return 0;
+    }
+    return ps_copy(kv->ctx, dst, src, n);
 }
 
 static void rows_init(ps_kv_rows *r, int64_t width, int64_t page_rows) {
@@ -53,27 +72,50 @@ static void rows_init(ps_kv_rows *r, int64_t width, int64_t page_rows) {
     r->page_rows = page_rows;
 }
 
-static void rows_free(ps_kvcache *kv, ps_kv_rows *r) {
-    for (int64_t i = 0; i < r->n_pages; i++) page_release(kv, r, r->pages[i]);
-    free(r->pages);
-    int64_t w = r->width, pr = r->page_rows;
-    rows_init(r, w, pr);
+static void rows_init_host(ps_kv_rows *r, int64_t width, int64_t page_rows) {
+    rows_init(r, width, page_rows);
+    r->host = 1;
 }
 
+static void rows_free(ps_kvcache *kv, ps_kv_rows *r) {
+    for (int64_t i = 0; i < r->n_pages; i++) page_release(kv, r, i);
+    free(r->data);
+    free(r->refs);
+    int64_t w = r->width, pr = r->page_rows;
+    int host = r->host;
+    rows_init(r, w, pr);
+    r->host = host;
+}
+
+/* row i: a host pointer on a host list or context, else a pointer into a backend buffer */
 static inline const float *rows_at(const ps_kv_rows *r, int64_t i) {
     int64_t k = i - r->base;
-    return r->pages[k / PR]->data + (k % PR) * r->width;
+    return r->data[k / PR] + (k % PR) * r->width;
+}
+
+/* The page list as the backend's kv ops see it. */
+static inline ps_kv_pages rows_view(const ps_kv_rows *r) {
+    return (ps_kv_pages){.page = r->data, .base = r->base, .rows = r->rows, .width = r->width, .page_rows = r->page_rows};
 }
 
 /* Page pg made private to this list (copy on write). */
 static int page_own(ps_kvcache *kv, ps_kv_rows *r, int64_t pg) {
-    ps_kv_page *p = r->pages[pg];
-    if (p->refs == 1) return 0;
-    ps_kv_page *c = page_new(kv, r);
-    if (!c) return -1;
-    memcpy(c->data, p->data, (size_t)(PR * r->width) * sizeof(float));
-    p->refs--;
-    r->pages[pg] = c;
+    int *cnt = r->refs ? r->refs[pg] : NULL;
+    if (!cnt) return 0;
+    if (*cnt == 1) { /* the other holders have let go */
+        free(cnt);
+        r->refs[pg] = NULL;
+        return 0;
+    }
+    float *cd = page_new(kv, r);
+    if (!cd) return -1;
+    if (kv_copy(kv, r, cd, r->data[pg], PR * r->width)) {
+        page_free(kv, r, cd);
+        return -1;
+    }
+    --*cnt;
+    r->refs[pg] = NULL;
+    r->data[pg] = cd;
     kv->n_page_copies++;
     return 0;
 }
@@ -81,26 +123,43 @@ static int page_own(ps_kvcache *kv, ps_kv_rows *r, int64_t pg) {
 static float *rows_mut(ps_kvcache *kv, ps_kv_rows *r, int64_t i) {
     int64_t k = i - r->base;
     if (page_own(kv, r, k / PR)) return NULL;
-    return r->pages[k / PR]->data + (k % PR) * r->width;
+    return r->data[k / PR] + (k % PR) * r->width;
 }
 
-static int rows_push(ps_kvcache *kv, ps_kv_rows *r, const float *row) {
+/* The tables at capacity cap (>= n_pages): both or neither (they keep one capacity). */
+static int rows_tables(ps_kv_rows *r, int64_t cap) {
+    float **nd = malloc((size_t)cap * sizeof *nd);
+    int **nr = r->refs ? malloc((size_t)cap * sizeof *nr) : NULL;
+    if (!nd || (r->refs && !nr)) {
+        free(nd), free(nr);
+        return -1;
+    }
+    if (r->n_pages) memcpy(nd, r->data, (size_t)r->n_pages * sizeof *nd);
+    if (nr && r->n_pages) memcpy(nr, r->refs, (size_t)r->n_pages * sizeof *nr);
+    free(r->data), free(r->refs);
+    r->data = nd, r->refs = nr, r->cap_pages = cap;
+    return 0;
+}
+
+/* A new row at the end: its pointer (in the list's memory), NULL when out of memory. */
+static float *rows_append(ps_kvcache *kv, ps_kv_rows *r) {
     int64_t k = r->rows - r->base, pg = k / PR;
     if (pg == r->n_pages) {
-        if (r->n_pages == r->cap_pages) {
-            int64_t cap = r->cap_pages ? 2 * r->cap_pages : 4;
-            ps_kv_page **np = realloc(r->pages, (size_t)cap * sizeof *np);
-            if (!np) return -1;
-            r->pages = np;
-            r->cap_pages = cap;
-        }
-        if (!(r->pages[pg] = page_new(kv, r))) return -1;
+        if (r->n_pages == r->cap_pages && rows_tables(r, r->cap_pages ? 2 * r->cap_pages : 4)) return NULL;
+        if (!(r->data[pg] = page_new(kv, r))) return NULL;
+        if (r->refs) r->refs[pg] = NULL;
         r->n_pages++;
     } else if (page_own(kv, r, pg))
-        return -1;
-    memcpy(r->pages[pg]->data + (k % PR) * r->width, row, (size_t)r->width * sizeof(float));
+        return NULL;
     r->rows++;
-    return 0;
+    return r->data[pg] + (k % PR) * r->width;
+}
+
+/* One row at the end from row (the list's kind of memory: a buffer of the context, or host memory). */
+static int rows_push(ps_kvcache *kv, ps_kv_rows *r, const float *row) {
+    float *dst = rows_append(kv, r);
+    if (!dst) return -1;
+    return kv_copy(kv, r, dst, row, r->width);
 }
 
 /* Free the whole pages of rows before `from` (rows < from are no longer needed). */
@@ -108,37 +167,58 @@ static void rows_drop_front(ps_kvcache *kv, ps_kv_rows *r, int64_t from) {
     int64_t drop = 0;
     while (drop < r->n_pages - 1 && r->base + (drop + 1) * PR <= from) drop++;
     if (!drop) return;
-    for (int64_t i = 0; i < drop; i++) page_release(kv, r, r->pages[i]);
-    memmove(r->pages, r->pages + drop, (size_t)(r->n_pages - drop) * sizeof *r->pages);
+    for (int64_t i = 0; i < drop; i++) page_release(kv, r, i);
+    memmove(r->data, r->data + drop, (size_t)(r->n_pages - drop) * sizeof *r->data);
+    if (r->refs) memmove(r->refs, r->refs + drop, (size_t)(r->n_pages - drop) * sizeof *r->refs);
     r->n_pages -= drop;
     r->base += drop * PR;
-    if (r->cap_pages > 8 && r->n_pages < r->cap_pages / 4) { /* a long append grew the table: give it back */
+    if (r->cap_pages > 8 && r->n_pages < r->cap_pages / 4) { /* a long append grew the tables: give them back */
         int64_t cap = r->cap_pages;
         while (cap > 8 && r->n_pages < cap / 4) cap /= 2;
-        ps_kv_page **np = realloc(r->pages, (size_t)cap * sizeof *np);
-        if (np) r->pages = np, r->cap_pages = cap;
+        rows_tables(r, cap); /* (kept as they are when memory runs out) */
     }
 }
 
 /* Keep rows [base, n) (n >= base). */
 static void rows_truncate(ps_kvcache *kv, ps_kv_rows *r, int64_t n) {
     int64_t keep = (n - r->base + PR - 1) / PR;
-    for (int64_t i = keep; i < r->n_pages; i++) page_release(kv, r, r->pages[i]);
+    for (int64_t i = keep; i < r->n_pages; i++) page_release(kv, r, i);
     if (r->n_pages > keep) r->n_pages = keep;
     r->rows = n;
 }
 
-static int rows_fork(ps_kv_rows *dst, const ps_kv_rows *src) {
+/* dst shares every page of src (dst: an empty list): one count per page, made now where there is none. */
+static int rows_fork(ps_kv_rows *dst, ps_kv_rows *src) {
+    int64_t w = src->width, pr = src->page_rows;
+    int host = src->host;
+    if (src->n_pages && !src->refs) {
+        if (!(src->refs = calloc((size_t)src->cap_pages, sizeof *src->refs))) return -1;
+    }
+    for (int64_t i = 0; i < src->n_pages; i++)
+        if (!src->refs[i]) {
+            int *cnt = malloc(sizeof *cnt);
+            if (!cnt) return -1;
+            *cnt = 1;
+            src->refs[i] = cnt;
+        }
     *dst = *src;
-    dst->pages = NULL;
-    dst->cap_pages = src->n_pages;
-    if (src->n_pages && !(dst->pages = malloc((size_t)src->n_pages * sizeof *dst->pages))) {
-        rows_init(dst, src->width, src->page_rows);
+    dst->data = NULL, dst->refs = NULL, dst->cap_pages = 0, dst->n_pages = 0;
+    if (src->n_pages && rows_tables(dst, src->n_pages)) {
+        rows_init(dst, w, pr);
+        dst->host = host;
         return -1;
     }
+    if (src->n_pages && !(dst->refs = malloc((size_t)src->n_pages * sizeof *dst->refs))) {
+        free(dst->data);
+        rows_init(dst, w, pr);
+        dst->host = host;
+        return -1;
+    }
+    dst->n_pages = src->n_pages;
     for (int64_t i = 0; i < src->n_pages; i++) {
-        dst->pages[i] = src->pages[i];
-        dst->pages[i]->refs++;
+        dst->data[i] = src->data[i];
+        dst->refs[i] = src->refs[i];
+        ++*src->refs[i];
     }
     return 0;
 }
@@ -153,6 +233,22 @@ static int32_t rows_tok(const ps_kv_rows *r, int64_t i) {
     int32_t v;
     memcpy(&v, rows_at(r, i), sizeof v);
     return v;
+}
+
+/* A page operation failed: the context's error when a copy on it failed, else out of memory (msg). */
+static int page_fail(ps_kvcache *kv, ps_error *err, const char *msg) {
+    if (kv->ctx->failed) return ps_ctx_check(kv->ctx, err);
+    return ps_fail(err, "%s", msg);
+}
+
+/* An edit written into a row of the cache's memory (a host row on a host-visible context). */
+static int edit_apply_buf(ps_kvcache *kv, const ps_kv_edit *e, float *row, int64_t d, ps_error *err) {
+    if (ps_ctx_host_visible(kv->ctx)) {
+        ps_kvcache_edit_apply(e, row, d);
+        return 0;
+    }
+    if (e->kind == PS_KV_EDIT_ZERO) return ps_fill(kv->ctx, row, 0.0f, d) ? ps_ctx_check(kv->ctx, err) : 0;
+    return ps_buf_from_host(kv->ctx, row, e->vec, d * (int64_t)sizeof(float), err);
 }
 
 /* ---- sizes ---- */
@@ -180,6 +276,9 @@ double ps_kvcache_fixed_bytes(const ps_config *c) {
                       (double)(c->window - 1) * (double)c->d_model);
 }
 
+/* a list's page tables: the buffers', and the counts' once a fork shared its pages */
+static int64_t table_bytes(const ps_kv_rows *r) { return r->cap_pages * (int64_t)sizeof(void *) * (r->refs ? 2 : 1); }
+
 int64_t ps_kvcache_bytes(const ps_kvcache *kv) {
     if (kv->v4) return ps_v4_kvcache_bytes(kv);
     int64_t tab = 0;
@@ -190,10 +289,10 @@ int64_t ps_kvcache_bytes(const ps_kvcache *kv) {
         tab += c->n_layers * (int64_t)sizeof(ps_kv_layer);
         for (int64_t l = 0; l < c->n_layers; l++) {
             const ps_kv_layer *L = &q->layers[l];
-            tab += (L->k.cap_pages + L->v.cap_pages + L->ln.cap_pages) * (int64_t)sizeof(void *);
+            tab += table_bytes(&L->k) + table_bytes(&L->v) + table_bytes(&L->ln);
             if (L->ck)
                 for (int64_t g = 0; g < entry_heads(c); g++)
-                    tab += 2 * (int64_t)sizeof(ps_kv_rows) + (L->ck[g].cap_pages + L->cv[g].cap_pages) * (int64_t)sizeof(void *);
+                    tab += 2 * (int64_t)sizeof(ps_kv_rows) + table_bytes(&L->ck[g]) + table_bytes(&L->cv[g]);
         }
     }
     return kv->page_bytes_live + tab;
@@ -232,11 +331,11 @@ void ps_kvcache_free(ps_kvcache *kv) {
     free(kv->seqs);
     for (int i = 0; i < kv->n_edits; i++) free(kv->edits[i].vec);
     free(kv->edits);
-    free(kv->scratch);
-    free(kv->att_p);
-    free(kv->frame);
+    if (kv->scratch) ps_buf_free(kv->ctx, kv->scratch, kv->scratch_floats * (int64_t)sizeof(float));
+    free(kv->hscratch);
+    free(kv->ckp);
     free(kv->ev_t);
-    free(kv->ev_pay);
+    if (kv->ev_pay) ps_buf_free(kv->ctx, kv->ev_pay, kv->ev_pay_cap * (int64_t)sizeof(float));
     free(kv->cstart);
     free(kv->nvis);
     memset(kv, 0, sizeof *kv);
@@ -245,8 +344,7 @@ void ps_kvcache_free(ps_kvcache *kv) {
 int ps_kvcache_create(ps_kvcache *kv, const ps_model *m, const ps_kvcache_opts *o, ps_error *err) {
     memset(kv, 0, sizeof *kv);
     const ps_config *c = &m->cfg;
-    if (!ps_ctx_host_visible(m->ctx))
-        return ps_fail(err, "the KV cache runs on the cpu backend only (the model is on %s)", ps_ctx_backend_name(m->ctx));
+    int host = ps_ctx_host_visible(m->ctx);
     kv->m = m;
     kv->ctx = m->ctx;
     kv->o.chunk = o && o->chunk > 0 ? o->chunk : 256;
@@ -255,30 +353,44 @@ int ps_kvcache_create(ps_kvcache *kv, const ps_model *m, const ps_kvcache_opts *
     if (o && (o->chunk < 0 || o->history < 0))
         return ps_fail(err, "KV cache options: chunk %lld and history %lld must be >= 0", (long long)o->chunk, (long long)o->history);
     int64_t R = kv->o.chunk, d = c->d_model, nh = c->n_heads, hd = c->head_dim, ks = c->n_kv_heads * hd, dff = c->d_ff,
-            V = c->vocab_size, W = c->window > 0 ? c->window : 1, qd = nh * hd;
+            V = c->vocab_size, W = c->window > 0 ? c->window : 1, qd = nh * hd, nkv = c->n_kv_heads;
     int64_t nlog = R < 64 ? R : 64;
     int64_t cw = c->kind == PS_ATTN_CHANNEL ? ps_config_v4_series(c) * hd : 0, SL = c->kind == PS_ATTN_CHANNEL ? ps_config_v4_slots(c) : 0;
+    /* the step's buffers, one allocation on the model's context */
     int64_t sizes[] = {hd / 2 + 1, hd / 2 + 1, R * cw, R * cw, 2 * SL * hd, R * d, R * d, R * qd, R * ks, R * ks, R * (nh > 1 ? nh : 1) + W, R * qd, R * d, R * d, R * d,
                        R * dff, R * dff, R * dff, R * d, nlog * V + nlog * 2 * d, R * hd / 2 + 1, R * hd / 2 + 1};
     float **ptrs[] = {&kv->ecos, &kv->esin, &kv->ckv, &kv->cz, &kv->calpha, &kv->x, &kv->ln1, &kv->q, &kv->kk, &kv->vv, &kv->rstd, &kv->z, &kv->attn_out, &kv->mid, &kv->ln2,
                       &kv->g, &kv->u, &kv->h, &kv->mlp_out, &kv->logit_rows, &kv->cos_t, &kv->sin_t};
     int n = (int)(sizeof sizes / sizeof sizes[0]);
-    /* entry scratch: z, alpha of both branches [4, nkv, W], payloads [2, W, ks], ck, cv [2, ks], a row [ks] */
-    int64_t ent = 4 * c->n_kv_heads * W + 2 * W * ks + 2 * ks + ks;
+    /* entry scratch: alpha of both branches [2, nkv, W], the pooled ck, cv [2, ks], a row [ks] (channel: a
+     * compressor row [2, c*hd] after one entry [hd]) */
+    int64_t ent = 2 * nkv * W + 3 * ks, ent_ch = hd + 2 * cw;
+    if (ent_ch > ent) ent = ent_ch;
     int64_t tot = ent;
     for (int i = 0; i < n; i++) tot += sizes[i];
     kv->scratch_floats = tot;
-    if (!(kv->scratch = malloc((size_t)tot * sizeof(float))))
-        return ps_fail(err, "out of memory for the KV cache's step buffers (%lld floats)", (long long)tot);
+    if (!(kv->scratch = ps_buf_alloc(kv->ctx, tot * (int64_t)sizeof(float), "the KV cache's step buffers", err))) return -1;
     float *p = kv->scratch;
     for (int i = 0; i < n; i++) {
         *ptrs[i] = p;
         p += sizes[i];
     }
     kv->ent = p;
-    kv->pay = p + ent - ks;
-    kv->nvis = malloc((size_t)(R * c->n_kv_heads) * sizeof *kv->nvis);
-    if (!kv->nvis || !(kv->cstart = malloc((size_t)(2 * c->n_kv_heads) * sizeof *kv->cstart))) {
+    /* host arrays: what the host computes and stages for the ops (RoPE rows; on a host-visible context the
+     * buffers themselves), the entries each row sees, the closing windows, the page tables of kv_attend */
+    int64_t hsz = host ? 0 : 2 * (hd / 2 + 1) + 2 * (R * hd / 2 + 1);
+    kv->hscratch = hsz ? malloc((size_t)hsz * sizeof(float)) : NULL;
+    if (hsz && !kv->hscratch) {
+        ps_kvcache_free(kv);
+        return ps_fail(err, "out of memory for the KV cache's host buffers");
+    }
+    kv->hecos = host ? kv->ecos : kv->hscratch;
+    kv->hesin = host ? kv->esin : kv->hecos + hd / 2 + 1;
+    kv->hcos_t = host ? kv->cos_t : kv->hesin + hd / 2 + 1;
+    kv->hsin_t = host ? kv->sin_t : kv->hcos_t + R * hd / 2 + 1;
+    kv->nvis = malloc((size_t)(R * nkv) * sizeof *kv->nvis);
+    kv->ckp = malloc((size_t)(2 * nkv) * sizeof *kv->ckp);
+    if (!kv->nvis || !kv->ckp || !(kv->cstart = malloc((size_t)(2 * nkv) * sizeof *kv->cstart))) {
         ps_kvcache_free(kv);
         return ps_fail(err, "out of memory for the KV cache's tables");
     }
@@ -323,8 +435,8 @@ int ps_kvcache_add(ps_kvcache *kv, ps_error *err) {
      * content chunks) in small pages, so that what is held stays close to the window; the rest in pages of
      * PS_KV_PAGE_ROWS */
     int64_t slide = ne ? PS_KV_SLIDE_ROWS : PS_KV_PAGE_ROWS;
-    rows_init(&q->tok, 1, PS_KV_SLIDE_ROWS);
-    rows_init(&q->cend, 2, PS_KV_PAGE_ROWS);
+    rows_init_host(&q->tok, 1, PS_KV_SLIDE_ROWS);
+    rows_init_host(&q->cend, 2, PS_KV_PAGE_ROWS);
     for (int64_t l = 0; l < c->n_layers; l++) {
         ps_kv_layer *L = &q->layers[l];
         rows_init(&L->k, ks, slide);
@@ -474,8 +586,7 @@ int ps_kvcache_entry(const ps_kvcache *kv, int seq, int l, int g, int value, int
     if (j < 0 || j >= r->rows)
         return ps_fail(err, "blocks.%d.attn.%s: sequence %d holds entries 0..%lld of KV head %d, not %lld", l, value ? "cache_cv" : "cache_ck",
                        seq, (long long)r->rows - 1, g, (long long)j);
-    memcpy(out, rows_at(r, j), (size_t)r->width * sizeof(float));
-    return 0;
+    return ps_buf_to_host(kv->ctx, out, rows_at(r, j), r->width * (int64_t)sizeof(float), err);
 }
 
 void ps_kvcache_edit_apply(const ps_kv_edit *e, float *row, int64_t d) {
@@ -532,8 +643,8 @@ int ps_kvcache_edit(ps_kvcache *kv, int seq, int l, int g, int value, int64_t j,
         ps_kv_rows *r = value ? &kv->seqs[s].layers[l].cv[g] : &kv->seqs[s].layers[l].ck[g];
         if (j >= r->rows) continue;
         float *row = rows_mut(kv, r, j);
-        if (!row) return ps_fail(err, "out of memory editing a KV cache entry");
-        ps_kvcache_edit_apply(e, row, hd);
+        if (!row) return page_fail(kv, err, "out of memory editing a KV cache entry");
+        if (edit_apply_buf(kv, e, row, hd, err)) return -1;
     }
     return 0;
 }
@@ -549,25 +660,17 @@ static void rope_row(float *cs, float *sn, int64_t p, int64_t hd, double theta) 
     }
 }
 
-/* out[M, N] (= or +=) inp[M, K] · w[N, K]^T: the backend's ps_matmul, except one row on the CPU backend
- * (a decode step of one sequence), which is cblas_sgemv: OpenBLAS 0.3.21's sgemm packs the whole weight
- * matrix even for one row — measured 2.5-3.4x the CPU time of sgemv on the Qwen3-0.6B shape's logits head
- * [151936, 1024] and MLP matrices [3072, 1024]. (The cache runs on host-visible contexts only.) */
+/* out[M, N] (= or +=) inp[M, K] · w[N, K]^T: the backend's ps_matmul, except one row on a backend whose
+ * matmul is the CPU's (cpu, and the test backend cpu-staged, whose buffers are host memory it calls not
+ * host-visible: the same bits on both), which is cblas_sgemv (a decode step of one sequence): OpenBLAS
+ * 0.3.21's sgemm packs the whole weight matrix even for one row — measured 2.5-3.4x the CPU time of sgemv
+ * on the Qwen3-0.6B shape's logits head [151936, 1024] and MLP matrices [3072, 1024]. */
 static int kv_matmul(ps_kvcache *kv, float *out, const float *inp, const float *w, int64_t M, int64_t K, int64_t N, int accumulate) {
-    if (M == 1 && K > 0 && N > 0 && kv->ctx->be == &ps_backend_cpu && !kv->ctx->failed) {
+    if (M == 1 && K > 0 && N > 0 && kv->ctx->be->ops.matmul == ps_backend_cpu.ops.matmul && !kv->ctx->failed) {
         cblas_sgemv(CblasRowMajor, CblasNoTrans, (blasint)N, (blasint)K, 1.0f, w, (blasint)K, inp, 1, accumulate ? 1.0f : 0.0f, out, 1);
         return 0;
     }
     return ps_matmul(kv->ctx, out, inp, w, M, K, N, accumulate);
-}
-
-/* The dot products of the cache: in order for short vectors (a head of 8), ps_dot's 16 partial sums in a
- * fixed order for long ones (a layer input of d; vectorises). */
-static inline float dotf(const float *a, const float *b, int64_t n) {
-    if (n >= 32) return ps_dot(a, b, n);
-    float s = 0.0f;
-    for (int64_t i = 0; i < n; i++) s += a[i] * b[i];
-    return s;
 }
 
 typedef struct {
@@ -591,10 +694,19 @@ typedef struct {
         if (expr) return ps_ctx_check(ctx, err);                                             \
     } while (0)
 
+/* RoPE cos/sin of n rows computed on the host (hc, hs) into the buffers dc, ds (the same memory on a
+ * host-visible context). */
+static int rope_upload(ps_kvcache *kv, float *dc, float *ds, const float *hc, const float *hs, int64_t n, ps_error *err) {
+    if (dc == hc) return 0;
+    return ps_buf_from_host(kv->ctx, dc, hc, n * (int64_t)sizeof(float), err) ||
+           ps_buf_from_host(kv->ctx, ds, hs, n * (int64_t)sizeof(float), err);
+}
+
 /* The entries of layer l that close at position t of sequence q (row r of the step): the gates, payloads
- * and pooling of every KV head with a window ending there (start[g], len[g]; start -1: none), hooks, edits,
- * and the push into the pages. pre_k, pre_v: the window's payloads [W, nkv*hd] when computed already (a
- * batch of windows: payloads_batched), else NULL (computed here, plain loops). */
+ * and pooling of every KV head with a window ending there (start[g], len[g]; start -1: none; the backend's
+ * kv_gate and kv_pool), the norm and RoPE of the keys, hooks, edits, and the push into the pages. pre_k,
+ * pre_v: the window's payloads [W, nkv*hd] when computed already (a batch of windows: payloads_batched),
+ * else NULL (kv_pool computes them). */
 static int close_entries(ps_kvcache *kv, ps_kv_seq *q, int seq, int l, int64_t t, const int64_t *start, const int64_t *len,
                          const float *pre_k, const float *pre_v, const ps_hooks *hooks, ps_error *err) {
     const ps_model *m = kv->m;
@@ -604,56 +716,26 @@ static int close_entries(ps_kvcache *kv, ps_kv_seq *q, int seq, int l, int64_t t
     ps_kv_layer *L = &q->layers[l];
     int64_t nkv = c->n_kv_heads, hd = c->head_dim, ks = nkv * hd, W = c->window, d = c->d_model;
     int learned = c->gate == PS_GATE_LEARNED, shared = c->payload == PS_PAYLOAD_SHARED;
-    float *gz = kv->ent, *ga_k = gz + 2 * nkv * W, *ga_v = ga_k + nkv * W, *pk = ga_v + nkv * W, *pv = pk + W * ks,
-          *ck = pv + W * ks, *cv = ck + ks;
-    memset(ga_k, 0, (size_t)(2 * nkv * W) * sizeof(float));
-    memset(ck, 0, (size_t)(2 * ks) * sizeof(float));
+    float *ga_k = kv->ent, *ga_v = ga_k + nkv * W, *ck = ga_v + nkv * W, *cv = ck + ks;
+    ps_kv_close win = {.nkv = nkv, .W = W, .d = d, .ln = rows_view(&L->ln), .start = start, .len = len};
     int64_t j = -1;
-    for (int64_t g = 0; g < nkv; g++) {
-        if (start[g] < 0) continue;
-        j = L->ck[g].rows;
-        for (int br = 0; br < 2; br++) {
-            const float *u = br ? w.value_gate_w : w.key_gate_w, *b = br ? w.value_gate_b : w.key_gate_b;
-            float *al = (br ? ga_v : ga_k) + g * W, *zz = gz + g * W;
-            if (!learned) {
-                for (int64_t i = 0; i < len[g]; i++) al[i] = 1.0f / (float)len[g];
-                continue;
-            }
-            float mx = -INFINITY, sum = 0.0f;
-            for (int64_t i = 0; i < len[g]; i++) {
-                zz[i] = b[i * nkv + g] + dotf(u + (i * nkv + g) * d, rows_at(&L->ln, start[g] + i), d);
-                mx = zz[i] > mx ? zz[i] : mx;
-            }
-            for (int64_t i = 0; i < len[g]; i++) sum += (al[i] = ps_expf_v(zz[i] - mx));
-            for (int64_t i = 0; i < len[g]; i++) al[i] /= sum;
-        }
-    }
+    for (int64_t g = 0; g < nkv; g++)
+        if (start[g] >= 0) j = L->ck[g].rows;
+    CK(ps_kv_gate(ctx, ga_k, w.key_gate_w, w.key_gate_b, learned, &win) ||
+       ps_kv_gate(ctx, ga_v, w.value_gate_w, w.value_gate_b, learned, &win));
     kv->ev.t0 = t;
     kv->ev.entry = j; /* heads closing together share the index (one grid); staggered heads close alone */
     FIRE_P(PS_HOOK_GATE_K, ga_k, 4, 1, 1, nkv, W);
     FIRE_P(PS_HOOK_GATE_V, ga_v, 4, 1, 1, nkv, W);
+    CK(ps_kv_pool(ctx, ck, ga_k, w.key_payload, shared, pre_k, hd, &win) ||
+       ps_kv_pool(ctx, cv, ga_v, w.value_payload, shared, pre_v, hd, &win));
     for (int64_t g = 0; g < nkv; g++) {
         if (start[g] < 0) continue;
-        for (int br = 0; br < 2; br++) {
-            const float *C = br ? w.value_payload : w.key_payload, *al = (br ? ga_v : ga_k) + g * W, *pre = br ? pre_v : pre_k;
-            float *P = br ? pv : pk, *o = (br ? cv : ck) + g * hd;
-            if (pre) { /* the payloads computed for a batch of windows (payloads_batched): [W, ks] */
-                for (int64_t i = 0; i < len[g]; i++)
-                    for (int64_t e = 0; e < hd; e++) o[e] += al[i] * pre[i * ks + g * hd + e];
-                continue;
-            }
-            for (int64_t i = 0; i < len[g]; i++) {
-                const float *a = rows_at(&L->ln, start[g] + i), *Cg = (shared ? C : C + i * ks * d) + g * hd * d;
-                float *Pi = P + i * hd;
-                for (int64_t e = 0; e < hd; e++) Pi[e] = dotf(Cg + e * d, a, d);
-            }
-            for (int64_t i = 0; i < len[g]; i++)
-                for (int64_t e = 0; e < hd; e++) o[e] += al[i] * P[i * hd + e];
-        }
         float *k = ck + g * hd;
         if (c->qk_norm) CK(ps_rmsnorm(ctx, k, NULL, k, w.knorm, 1, hd, (float)c->rms_eps));
         if (c->rope) {
-            rope_row(kv->ecos, kv->esin, start[g], hd, c->rope_theta);
+            rope_row(kv->hecos, kv->hesin, start[g], hd, c->rope_theta);
+            if (rope_upload(kv, kv->ecos, kv->esin, kv->hecos, kv->hesin, hd / 2, err)) return -1;
             CK(ps_rope(ctx, k, kv->ecos, kv->esin, 1, 1, 1, hd, 1));
         }
     }
@@ -664,104 +746,14 @@ static int close_entries(ps_kvcache *kv, ps_kv_seq *q, int seq, int l, int64_t t
         int64_t jg = L->ck[g].rows;
         for (int i = 0; i < kv->n_edits; i++) {
             const ps_kv_edit *e = &kv->edits[i];
-            if (e->layer == l && e->head == g && e->entry == jg && (e->seq == -1 || e->seq == seq))
-                ps_kvcache_edit_apply(e, (e->value ? cv : ck) + g * hd, hd);
+            if (e->layer == l && e->head == g && e->entry == jg && (e->seq == -1 || e->seq == seq) &&
+                edit_apply_buf(kv, e, (e->value ? cv : ck) + g * hd, hd, err))
+                return -1;
         }
         if (rows_push(kv, &L->ck[g], ck + g * hd) || rows_push(kv, &L->cv[g], cv + g * hd))
-            return ps_fail(err, "out of memory for the KV cache's compressed entries");
+            return page_fail(kv, err, "out of memory for the KV cache's compressed entries");
     }
     return 0;
-}
-
-/* Rows [i, end) of a page list as contiguous spans: *n rows from the returned pointer. */
-static inline const float *rows_span(const ps_kv_rows *r, int64_t i, int64_t end, int64_t *n) {
-    int64_t k = i - r->base, off = k % r->page_rows, left = r->page_rows - off;
-    *n = end - i < left ? end - i : left;
-    return r->pages[k / r->page_rows]->data + off * r->width;
-}
-
-/* sc[u] = (q · e[u·stride ..]) · scale over n rows, four rows at a time (four independent sums, each in
- * dotf's order: the same numbers as one row at a time). */
-static inline void dot_rows(float *sc, const float *q, float scale, const float *e, int64_t stride, int64_t n, int64_t hd) {
-    int64_t u = 0;
-    if (hd < 32)
-        for (; u + 4 <= n; u += 4) {
-            const float *e0 = e + u * stride, *e1 = e0 + stride, *e2 = e1 + stride, *e3 = e2 + stride;
-            float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
-            for (int64_t x = 0; x < hd; x++) {
-                s0 += q[x] * e0[x];
-                s1 += q[x] * e1[x];
-                s2 += q[x] * e2[x];
-                s3 += q[x] * e3[x];
-            }
-            sc[u] = s0 * scale, sc[u + 1] = s1 * scale, sc[u + 2] = s2 * scale, sc[u + 3] = s3 * scale;
-        }
-    for (; u < n; u++) sc[u] = dotf(q, e + u * stride, hd) * scale;
-}
-
-/* z[x] += Σ_u p[u] · e[u·stride + x] over n rows, four rows at a time (one store per four rows: the
- * accumulation is not a chain of stores through z; the sum's order is fixed). */
-static inline void axpy_rows(float *z, const float *p, float scale, const float *e, int64_t stride, int64_t n, int64_t hd) {
-    int64_t u = 0;
-    for (; u + 4 <= n; u += 4) {
-        float p0 = p[u] * scale, p1 = p[u + 1] * scale, p2 = p[u + 2] * scale, p3 = p[u + 3] * scale;
-        const float *e0 = e + u * stride, *e1 = e0 + stride, *e2 = e1 + stride, *e3 = e2 + stride;
-        for (int64_t x = 0; x < hd; x++) z[x] += (p0 * e0[x] + p1 * e1[x]) + (p2 * e2[x] + p3 * e3[x]);
-    }
-    for (; u < n; u++) {
-        float pu = p[u] * scale;
-        for (int64_t x = 0; x < hd; x++) z[x] += pu * e[u * stride + x];
-    }
-}
-
-/* Scratch for the attention scores of `threads` rows at once, each up to `need` entries. */
-static int scores_reserve(ps_kvcache *kv, int64_t need, int threads, ps_error *err) {
-    if (need <= kv->att_cap && threads <= kv->att_threads) return 0;
-    int64_t cap = need > kv->att_cap ? need + need / 2 : kv->att_cap;
-    int th = threads > kv->att_threads ? threads : kv->att_threads;
-    float *np = realloc(kv->att_p, (size_t)(cap * th) * sizeof(float));
-    if (!np) return ps_fail(err, "out of memory for attention scores of %lld entries", (long long)need);
-    kv->att_p = np;
-    kv->att_cap = cap;
-    kv->att_threads = th;
-    return 0;
-}
-
-/* The attention of one query row at position t (q_row [nh, hd]) into z_row [nh, hd]: KV head g's first
- * nvis[g] compressed entries, then the raw rows of the local window (full attention: every row up to t);
- * one softmax over both (SPEC §2). sc: scratch of the row's entries. */
-static void attend_row(const ps_kvcache *kv, const ps_kv_layer *L, int64_t t, const int64_t *nvis, const float *q_row, float *z_row,
-                       float *sc) {
-    const ps_config *c = &kv->m->cfg;
-    int comp = c->kind == PS_ATTN_COMPRESSED;
-    int64_t nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim, grp = nh / nkv, ks = nkv * hd, n;
-    int64_t lo = comp ? (t - c->local_window + 1 > 0 ? t - c->local_window + 1 : 0) : 0;
-    float scale = 1.0f / sqrtf((float)hd);
-    for (int64_t h = 0; h < nh; h++) {
-        int64_t g = h / grp, ne = comp ? nvis[g] : 0, tot = ne + (t - lo + 1);
-        const float *qn = q_row + h * hd;
-        float mx = -INFINITY, sum = 0.0f;
-        for (int64_t j = 0; j < ne; j += n) {
-            const float *e = rows_span(&L->ck[g], j, ne, &n);
-            dot_rows(sc + j, qn, scale, e, hd, n, hd);
-        }
-        for (int64_t p = lo; p <= t; p += n) {
-            const float *e = rows_span(&L->k, p, t + 1, &n);
-            dot_rows(sc + ne + p - lo, qn, scale, e + g * hd, ks, n, hd);
-        }
-        for (int64_t j = 0; j < tot; j++) mx = sc[j] > mx ? sc[j] : mx;
-        for (int64_t j = 0; j < tot; j++) sum += (sc[j] = ps_expf_v(sc[j] - mx));
-        float inv = 1.0f / sum, *zn = z_row + h * hd;
-        memset(zn, 0, (size_t)hd * sizeof(float));
-        for (int64_t j = 0; j < ne; j += n) {
-            const float *e = rows_span(&L->cv[g], j, ne, &n);
-            axpy_rows(zn, sc + j, inv, e, hd, n, hd);
-        }
-        for (int64_t p = lo; p <= t; p += n) {
-            const float *e = rows_span(&L->v, p, t + 1, &n);
-            axpy_rows(zn, sc + ne + p - lo, inv, e + g * hd, ks, n, hd);
-        }
-    }
 }
 
 /* Whether a piece of nr rows attends blocked (attend_blocked): long enough, a grid kind (full, compressed,
@@ -770,153 +762,30 @@ static int blocked_fits(const ps_kvcache *kv, int64_t nr) {
     return !kv->o.plain_attention && nr >= PS_KV_BLOCKED_MIN && kv->m->cfg.kind != PS_ATTN_CHANNEL;
 }
 
-/* Σ_c a[c]·b[c] over [lo, hi) in 16 interleaved sums added in a fixed order (vectorises; the same float
- * for any thread count). */
-static inline float dot16(const float *restrict a, const float *restrict b, int64_t lo, int64_t hi) {
-    float acc[16] = {0};
-    int64_t c = lo;
-    for (; c + 16 <= hi; c += 16)
-        for (int l = 0; l < 16; l++) acc[l] += a[c + l] * b[c + l];
-    for (int l = 0; c < hi; c++, l++) acc[l] += a[c] * b[c];
-    for (int w = 8; w >= 1; w /= 2)
-        for (int l = 0; l < w; l++) acc[l] += acc[l + w];
-    return acc[0];
-}
-
-/* Σ_c (row[c] = exp(row[c] - mx)) over [lo, hi), 16 interleaved sums (as the forward's kernel). */
-static inline float exp_sum16(float *row, int64_t lo, int64_t hi, float mx) {
-    float acc[16] = {0};
-    int64_t c = lo;
-    for (; c + 16 <= hi; c += 16)
-        for (int l = 0; l < 16; l++) acc[l] += (row[c + l] = ps_expf_v(row[c + l] - mx));
-    for (int l = 0; c < hi; c++, l++) acc[l] += (row[c] = ps_expf_v(row[c] - mx));
-    for (int w = 8; w >= 1; w /= 2)
-        for (int l = 0; l < w; l++) acc[l] += acc[l + w];
-    return acc[0];
-}
-
-/* The order key of a float: integers ordered as the floats are (NaN aside); max over keys vectorises
- * where a float max does not (gcc keeps float max reductions scalar without -ffinite-math-only). */
-static inline int32_t fkey(float x) {
-    int32_t i;
-    memcpy(&i, &x, sizeof i);
-    return i >= 0 ? i : i ^ 0x7fffffff;
-}
-static inline float fkey_inv(int32_t k) {
-    int32_t i = k >= 0 ? k : k ^ 0x7fffffff;
-    float x;
-    memcpy(&x, &i, sizeof x);
-    return x;
-}
-/* max(m, the keys of row[lo, hi)) */
-static inline int32_t max_keys(const float *row, int64_t lo, int64_t hi, int32_t m) {
-    for (int64_t c = lo; c < hi; c++) {
-        int32_t k = fkey(row[c]);
-        m = k > m ? k : m;
-    }
-    return m;
-}
-
-/* The attention of a piece's nr query rows at positions [t0, t0 + nr) (q [nr, nh, hd] -> z [nr, nh, hd];
- * nvis [nr, nkv]: the entries each row sees, compressed kinds), blocked: per KV head g one frame of columns
- * — its entries [0, ne_g), then the raw rows [lo, t0 + nr) the piece reaches (the local windows; full
- * attention: every row) — gathered from the pages once per piece, keys and values transposed ([hd, ncol]),
- * so that a row's scores and its weighted sum run along the columns (vectorised) with the frame in cache
- * for the rows of the head (head-major tasks). Row t reads the columns [0, nvis) and its local window;
- * one softmax over both (SPEC §2; attend_row's function, test_kvcache compares the two). Each row alone:
- * the numbers do not depend on the thread count. */
-static int attend_blocked(ps_kvcache *kv, const ps_kv_layer *L, int64_t t0, int64_t nr, const int64_t *nvis, const float *q, float *z,
-                          ps_error *err) {
-    const ps_config *c = &kv->m->cfg;
-    int comp = c->kind == PS_ATTN_COMPRESSED;
-    int64_t nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim, grp = nh / nkv, ks = nkv * hd, qd = nh * hd, t1 = t0 + nr;
-    int64_t LW = comp ? c->local_window : t1 + 1;
-    int64_t lo = t0 - LW + 1 > 0 ? t0 - LW + 1 : 0, nraw = t1 - lo, nemax = 0;
-    for (int64_t g = 0; comp && g < nkv; g++) nemax = L->ck[g].rows > nemax ? L->ck[g].rows : nemax;
-    int64_t ncol = nemax + nraw, th = omp_get_max_threads(), need = 2 * nkv * hd * ncol + th * ncol;
-    if (need > kv->frame_cap) {
-        int64_t cap = need + need / 2;
-        float *nf = realloc(kv->frame, (size_t)cap * sizeof(float));
-        if (!nf) return ps_fail(err, "out of memory for the attention frame of %lld columns", (long long)ncol);
-        kv->frame = nf;
-        kv->frame_cap = cap;
-    }
-    float *frame = kv->frame, *scores = frame + 2 * nkv * hd * ncol;
-    /* the frames: KV head g's keys at frame + 2g·hd·ncol, its values hd·ncol further, [hd, ncol] each */
-    for (int64_t g = 0; g < nkv; g++) {
-        float *Kt = frame + 2 * g * hd * ncol, *Vt = Kt + hd * ncol;
-        int64_t ne = comp ? L->ck[g].rows : 0, n;
-        for (int br = 0; br < 2 && ne > 0; br++) {
-            const ps_kv_rows *r = br ? &L->cv[g] : &L->ck[g];
-            float *F = br ? Vt : Kt;
-            for (int64_t j = 0; j < ne; j += n) {
-                const float *e = rows_span(r, j, ne, &n);
-                for (int64_t u = 0; u < n; u++)
-                    for (int64_t x = 0; x < hd; x++) F[x * ncol + j + u] = e[u * hd + x];
-            }
-        }
-        for (int br = 0; br < 2; br++) {
-            const ps_kv_rows *r = br ? &L->v : &L->k;
-            float *F = (br ? Vt : Kt) + ne;
-            for (int64_t p = lo; p < t1; p += n) {
-                const float *e = rows_span(r, p, t1, &n);
-                for (int64_t u = 0; u < n; u++)
-                    for (int64_t x = 0; x < hd; x++) F[x * ncol + p - lo + u] = e[u * ks + g * hd + x];
-            }
-        }
-    }
-    float scale = 1.0f / sqrtf((float)hd);
-#pragma omp parallel for schedule(dynamic, 8) if (nr * nh * ncol * hd > 65536)
-    for (int64_t task = 0; task < nh * nr; task++) {
-        int64_t h = task / nr, i = task % nr, g = h / grp, t = t0 + i;
-        int64_t ne = comp ? L->ck[g].rows : 0, nv = comp ? nvis[i * nkv + g] : 0;
-        int64_t c_lo = ne + (t - LW + 1 > lo ? t - LW + 1 - lo : 0), c_hi = ne + t - lo + 1;
-        const float *Kt = frame + 2 * g * hd * ncol, *Vt = Kt + hd * ncol, *qr = q + i * qd + h * hd;
-        float *sc = scores + (int64_t)omp_get_thread_num() * ncol, *zr = z + i * qd + h * hd;
-        /* scores along the columns: sc = q · K over [0, nv) and [c_lo, c_hi) */
-        for (int rg = 0; rg < 2; rg++) {
-            int64_t a0 = rg ? c_lo : 0, a1 = rg ? c_hi : nv;
-            for (int64_t cc = a0; cc < a1; cc++) sc[cc] = qr[0] * Kt[cc];
-            for (int64_t x = 1; x < hd; x++) {
-                const float *kx = Kt + x * ncol;
-                float qx = qr[x];
-                for (int64_t cc = a0; cc < a1; cc++) sc[cc] += qx * kx[cc];
-            }
-            for (int64_t cc = a0; cc < a1; cc++) sc[cc] *= scale;
-        }
-        float mx = fkey_inv(max_keys(sc, c_lo, c_hi, max_keys(sc, 0, nv, fkey(-INFINITY))));
-        float inv = 1.0f / (exp_sum16(sc, 0, nv, mx) + exp_sum16(sc, c_lo, c_hi, mx));
-        for (int64_t x = 0; x < hd; x++) {
-            const float *vx = Vt + x * ncol;
-            zr[x] = (dot16(sc, vx, 0, nv) + dot16(sc, vx, c_lo, c_hi)) * inv;
-        }
-    }
-    kv->n_blocked++;
-    return 0;
-}
-
 /* Room for the windows closing in a piece of n rows (every KV head together): their end, start and length,
  * and their payloads [2, W, nkv*hd] each, with one offset's gathered inputs and products. */
 static int events_reserve(ps_kvcache *kv, int64_t n, ps_error *err) {
     const ps_config *c = &kv->m->cfg;
     int64_t W = c->window, ks = c->n_kv_heads * c->head_dim, need = n * 2 * W * ks + n * c->d_model + n * ks;
     if (n > kv->ev_cap) {
-        int64_t *a = realloc(kv->ev_t, (size_t)(3 * n) * sizeof *a);
+        int64_t *a = realloc(kv->ev_t, (size_t)(4 * n) * sizeof *a);
         if (!a) return ps_fail(err, "out of memory for the windows closing in an append of %lld rows", (long long)n);
-        kv->ev_t = a, kv->ev_start = a + n, kv->ev_len = a + 2 * n, kv->ev_cap = n;
+        kv->ev_t = a, kv->ev_start = a + n, kv->ev_len = a + 2 * n, kv->ev_rows = a + 3 * n, kv->ev_cap = n;
     }
     if (need > kv->ev_pay_cap) {
-        float *p = realloc(kv->ev_pay, (size_t)need * sizeof *p);
-        if (!p) return ps_fail(err, "out of memory for the payloads of %lld windows", (long long)n);
-        kv->ev_pay = p, kv->ev_pay_cap = need;
+        if (kv->ev_pay) ps_buf_free(kv->ctx, kv->ev_pay, kv->ev_pay_cap * (int64_t)sizeof(float));
+        kv->ev_pay = NULL, kv->ev_pay_cap = 0;
+        if (!(kv->ev_pay = ps_buf_alloc(kv->ctx, need * (int64_t)sizeof(float), "the payloads of the windows closing in an append", err)))
+            return -1;
+        kv->ev_pay_cap = need;
     }
     return 0;
 }
 
 /* The payloads of the nev windows recorded (kv->ev_start, ev_len) of layer l, both branches, into
  * kv->ev_pay [nev, 2, W, nkv*hd]: per offset i, one matrix product of the windows' inputs at offset i
- * ([m, d], the windows longer than i) with C_i ([nkv*hd, d]; shared payloads: C) — what close_entries
- * computes per window with dot products, here with each C_i read once for the batch. */
+ * ([m, d], the windows longer than i, gathered from the pages) with C_i ([nkv*hd, d]; shared payloads: C)
+ * — what kv_pool computes per window with dot products, here with each C_i read once for the batch. */
 static int payloads_batched(ps_kvcache *kv, const ps_kv_layer *L, int l, int64_t nev, ps_error *err) {
     const ps_model *m = kv->m;
     const ps_config *c = &m->cfg;
@@ -925,16 +794,21 @@ static int payloads_batched(ps_kvcache *kv, const ps_kv_layer *L, int l, int64_t
     int64_t W = c->window, d = c->d_model, ks = c->n_kv_heads * c->head_dim;
     int shared = c->payload == PS_PAYLOAD_SHARED;
     float *A = kv->ev_pay + nev * 2 * W * ks, *O = A + nev * d;
+    ps_kv_pages ln = rows_view(&L->ln);
+    int64_t *rows = kv->ev_rows;
     for (int64_t i = 0; i < W; i++) {
         int64_t mi = 0;
         for (int64_t e = 0; e < nev; e++)
-            if (kv->ev_len[e] > i) memcpy(A + mi++ * d, rows_at(&L->ln, kv->ev_start[e] + i), (size_t)d * sizeof(float));
+            if (kv->ev_len[e] > i) rows[mi++] = kv->ev_start[e] + i;
         if (!mi) continue;
+        CK(ps_kv_gather(ctx, A, &ln, rows, mi));
         for (int br = 0; br < 2; br++) {
             const float *C = br ? w.value_payload : w.key_payload;
             CK(kv_matmul(kv, O, A, shared ? C : C + i * ks * d, mi, d, ks, 0));
-            for (int64_t e = 0, k = 0; e < nev; e++)
-                if (kv->ev_len[e] > i) memcpy(kv->ev_pay + ((e * 2 + br) * W + i) * ks, O + k++ * ks, (size_t)ks * sizeof(float));
+            int64_t k = 0; /* O's row k goes to row (e·2 + br)·W + i of ev_pay ([*, ks]) */
+            for (int64_t e = 0; e < nev; e++)
+                if (kv->ev_len[e] > i) rows[k++] = (e * 2 + br) * W + i;
+            CK(ps_scatter_rows(ctx, kv->ev_pay, O, rows, k, ks));
         }
     }
     (void)err;
@@ -960,7 +834,8 @@ static int attn_grid(ps_kvcache *kv, int l, const kv_piece *P, int np, int64_t R
     if (c->rope) {
         for (int i = 0; i < np; i++)
             for (int64_t r = 0; r < P[i].n; r++)
-                rope_row(kv->cos_t + (P[i].r0 + r) * (hd / 2), kv->sin_t + (P[i].r0 + r) * (hd / 2), P[i].t0 + r, hd, c->rope_theta);
+                rope_row(kv->hcos_t + (P[i].r0 + r) * (hd / 2), kv->hsin_t + (P[i].r0 + r) * (hd / 2), P[i].t0 + r, hd, c->rope_theta);
+        if (rope_upload(kv, kv->cos_t, kv->sin_t, kv->hcos_t, kv->hsin_t, R * (hd / 2), err)) return -1;
         CK(ps_rope(ctx, kv->q, kv->cos_t, kv->sin_t, 1, R, nh, hd, 1) || ps_rope(ctx, kv->kk, kv->cos_t, kv->sin_t, 1, R, nkv, hd, 1));
     }
     for (int i = 0; i < np; i++) {
@@ -983,7 +858,7 @@ static int attn_grid(ps_kvcache *kv, int l, const kv_piece *P, int np, int64_t R
             int64_t t = P[i].t0 + (r - P[i].r0);
             if (rows_push(kv, &L->k, kv->kk + r * ks) || rows_push(kv, &L->v, kv->vv + r * ks) ||
                 (comp && rows_push(kv, &L->ln, kv->ln1 + r * d)))
-                return ps_fail(err, "out of memory for the KV cache's pages (sequence %d, position %lld)", P[i].seq, (long long)t);
+                return page_fail(kv, err, "out of memory for the KV cache's pages");
             if (comp) {
                 int any = 0;
                 for (int64_t g = 0; g < nkv; g++) {
@@ -1014,24 +889,16 @@ static int attn_grid(ps_kvcache *kv, int l, const kv_piece *P, int np, int64_t R
                 kv->ev = (ps_kv_event){.seq = P[i].seq, .t0 = P[i].t0, .entry = -1};
             }
         }
-        /* ... then every row's query attends to what existed at its position (rows independent: threads) */
-        int64_t t1 = P[i].t0 + P[i].n, need = t1 + 1; /* full attention: every row */
-        if (comp) { /* the most entries of a head, and the local window */
-            need = 0;
-            for (int64_t g = 0; g < nkv; g++) need = L->ck[g].rows > need ? L->ck[g].rows : need;
-            need += c->local_window + 1;
-        }
-        int64_t r0 = P[i].r0, nr = P[i].n;
-        if (blocked_fits(kv, nr)) {
-            if (attend_blocked(kv, L, P[i].t0, nr, comp ? kv->nvis + r0 * nkv : NULL, kv->q + r0 * qd, kv->z + r0 * qd, err)) return -1;
-        } else {
-            int th = omp_get_max_threads();
-            if (scores_reserve(kv, need, th, err)) return -1;
-#pragma omp parallel for schedule(dynamic, 1) if (nr > 1 && nr * need * nh * hd > 65536)
-            for (int64_t r = r0; r < r0 + nr; r++)
-                attend_row(kv, L, P[i].t0 + (r - r0), comp ? kv->nvis + r * nkv : NULL, kv->q + r * qd, kv->z + r * qd,
-                           kv->att_p + (int64_t)omp_get_thread_num() * kv->att_cap);
-        }
+        /* ... then every row's query attends to what existed at its position: the backend's kv_attend over the
+         * page lists (the CPU: per row, or blocked over a gathered frame for a long piece) */
+        int64_t t1 = P[i].t0 + P[i].n, r0 = P[i].r0, nr = P[i].n;
+        ps_kv_pages *ckp = kv->ckp, *cvp = kv->ckp + nkv;
+        for (int64_t g = 0; comp && g < nkv; g++) ckp[g] = rows_view(&L->ck[g]), cvp[g] = rows_view(&L->cv[g]);
+        ps_kv_attn a = {.nh = nh, .nkv = nkv, .hd = hd, .compressed = comp, .LW = comp ? c->local_window : 0, .t0 = P[i].t0,
+                        .nr = nr, .nvis = comp ? kv->nvis + r0 * nkv : NULL, .k = rows_view(&L->k), .v = rows_view(&L->v),
+                        .ck = comp ? ckp : NULL, .cv = comp ? cvp : NULL, .blocked = blocked_fits(kv, nr)};
+        CK(ps_kv_attend(ctx, kv->z + r0 * qd, kv->q + r0 * qd, &a));
+        kv->n_blocked += a.blocked;
         if (comp) {
             rows_drop_front(kv, &L->k, t1 - (c->local_window - 1) - kv->o.history);
             rows_drop_front(kv, &L->v, t1 - (c->local_window - 1) - kv->o.history);
@@ -1050,91 +917,30 @@ static int close_channel(ps_kvcache *kv, ps_kv_seq *q, int seq, int l, int64_t t
     ps_ctx *ctx = kv->ctx;
     ps_layer_params w = ps_model_layer(m, m->params, l);
     ps_kv_layer *L = &q->layers[l];
-    int csa = c->v4_mode == PS_V4_MODE_CSA;
-    int64_t hd = c->head_dim, mr = c->rate, cs = ps_config_v4_series(c), SL = ps_config_v4_slots(c), cw = cs * hd;
-    float *gate = kv->calpha, *al = kv->calpha + SL * hd, *ck = kv->ent;
-    /* slot s: its token and channel block (ps_cpu_v4_comp_slots' slot_src) */
-    for (int64_t s = 0; s < SL; s++) {
-        int64_t tok = -1, chb = 0;
-        if (!csa) tok = wi * mr + s;
-        else if (s < mr) tok = wi > 0 ? (wi - 1) * mr + s : -1;
-        else tok = wi * mr + (s - mr), chb = hd;
-        const float *z = tok >= 0 ? rows_at(&L->ln, tok) + cw : NULL, *a = w.c_ape + (s % mr) * cw + chb;
-        for (int64_t i = 0; i < hd; i++) gate[s * hd + i] = z ? z[chb + i] + a[i] : -INFINITY;
-    }
-    for (int64_t i = 0; i < hd; i++) {
-        float mx = -INFINITY;
-        for (int64_t s = 0; s < SL; s++) mx = gate[s * hd + i] > mx ? gate[s * hd + i] : mx;
-        double sum = 0;
-        for (int64_t s = 0; s < SL; s++) {
-            float e = expf(gate[s * hd + i] - mx);
-            al[s * hd + i] = e;
-            sum += e;
-        }
-        float inv = (float)(1.0 / sum);
-        for (int64_t s = 0; s < SL; s++) al[s * hd + i] *= inv;
-    }
+    int64_t hd = c->head_dim, mr = c->rate, SL = ps_config_v4_slots(c);
+    float *al = kv->calpha + SL * hd, *ck = kv->ent;
+    ps_kv_chan sl = {.hd = hd, .rate = mr, .cw = ps_config_v4_series(c) * hd, .csa = c->v4_mode == PS_V4_MODE_CSA, .wi = wi,
+                      .ln = rows_view(&L->ln)};
+    CK(ps_kv_slots(ctx, al, w.c_ape, &sl));
     kv->ev.t0 = t;
     kv->ev.entry = wi;
     FIRE_P(PS_HOOK_GATE_K, al, 4, 1, 1, SL, hd);
-    memset(ck, 0, (size_t)hd * sizeof(float));
-    for (int64_t s = 0; s < SL; s++) {
-        int64_t tok = -1, chb = 0;
-        if (!csa) tok = wi * mr + s;
-        else if (s < mr) tok = wi > 0 ? (wi - 1) * mr + s : -1;
-        else tok = wi * mr + (s - mr), chb = hd;
-        if (tok < 0) continue;
-        const float *src = rows_at(&L->ln, tok) + chb;
-        for (int64_t i = 0; i < hd; i++) ck[i] += al[s * hd + i] * src[i];
-    }
+    CK(ps_kv_slot_pool(ctx, ck, al, &sl));
     CK(ps_rmsnorm(ctx, ck, NULL, ck, w.c_norm, 1, hd, (float)c->rms_eps));
     if (c->rope) {
-        rope_row(kv->ecos, kv->esin, wi * mr, hd, c->rope_theta);
+        rope_row(kv->hecos, kv->hesin, wi * mr, hd, c->rope_theta);
+        if (rope_upload(kv, kv->ecos, kv->esin, kv->hecos, kv->hesin, hd / 2, err)) return -1;
         CK(ps_rope(ctx, ck, kv->ecos, kv->esin, 1, 1, 1, hd, 1));
     }
     FIRE_P(PS_HOOK_CK, ck, 4, 1, 1, 1, hd);
     for (int i = 0; i < kv->n_edits; i++) {
         const ps_kv_edit *e = &kv->edits[i];
-        if (e->layer == l && e->head == 0 && e->value == 0 && e->entry == wi && (e->seq == -1 || e->seq == seq)) ps_kvcache_edit_apply(e, ck, hd);
+        if (e->layer == l && e->head == 0 && e->value == 0 && e->entry == wi && (e->seq == -1 || e->seq == seq) &&
+            edit_apply_buf(kv, e, ck, hd, err))
+            return -1;
     }
-    if (rows_push(kv, &L->ck[0], ck)) return ps_fail(err, "out of memory for the KV cache's compressed entries");
+    if (rows_push(kv, &L->ck[0], ck)) return page_fail(kv, err, "out of memory for the KV cache's compressed entries");
     return 0;
-}
-
-/* The channel attention of query row t (ps_cpu_v4_attn for one query, K = 0): the raw K = V rows of the
- * sliding window, then every entry that has ended; a softmax with the head's sink; the output rotated back
- * by R(-t) afterwards (the caller). */
-static void attend_channel(const ps_kvcache *kv, const ps_kv_layer *L, const float *sink, int64_t t, const float *q_row, float *z_row,
-                           float *sc) {
-    const ps_config *c = &kv->m->cfg;
-    int64_t nh = c->n_heads, hd = c->head_dim, lo = t - c->local_window + 1 > 0 ? t - c->local_window + 1 : 0, ne = (t + 1) / c->rate,
-            nraw = t - lo + 1, tot = nraw + ne, n;
-    float scale = (float)(1.0 / sqrt((double)hd));
-    for (int64_t h = 0; h < nh; h++) {
-        const float *qh = q_row + h * hd;
-        float mx = sink[h];
-        for (int64_t p = lo; p <= t; p += n) {
-            const float *e = rows_span(&L->k, p, t + 1, &n);
-            dot_rows(sc + p - lo, qh, scale, e, hd, n, hd);
-        }
-        for (int64_t j = 0; j < ne; j += n) {
-            const float *e = rows_span(&L->ck[0], j, ne, &n);
-            dot_rows(sc + nraw + j, qh, scale, e, hd, n, hd);
-        }
-        for (int64_t i = 0; i < tot; i++) mx = sc[i] > mx ? sc[i] : mx;
-        double sum = exp((double)sink[h] - mx);
-        for (int64_t i = 0; i < tot; i++) sum += (sc[i] = expf(sc[i] - mx));
-        float inv = (float)(1.0 / sum), *o = z_row + h * hd;
-        memset(o, 0, (size_t)hd * sizeof(float));
-        for (int64_t p = lo; p <= t; p += n) {
-            const float *e = rows_span(&L->k, p, t + 1, &n);
-            axpy_rows(o, sc + p - lo, inv, e, hd, n, hd);
-        }
-        for (int64_t j = 0; j < ne; j += n) {
-            const float *e = rows_span(&L->ck[0], j, ne, &n);
-            axpy_rows(o, sc + nraw + j, inv, e, hd, n, hd);
-        }
-    }
 }
 
 /* Layer l's channel attention (attention.kind "v4") over the step's rows: kv->x to kv->z. */
@@ -1145,7 +951,7 @@ static int attn_channel(ps_kvcache *kv, int l, const kv_piece *P, int np, int64_
     ps_layer_params w = ps_model_layer(m, m->params, l);
     int64_t d = c->d_model, nh = c->n_heads, hd = c->head_dim, qd = nh * hd, cw = ps_config_v4_series(c) * hd, mr = c->rate,
             SL = ps_config_v4_slots(c);
-    float eps = (float)c->rms_eps, *row = kv->ent + hd; /* one compressor row: kv then z [2, c*hd] */
+    float eps = (float)c->rms_eps;
     CK(ps_rmsnorm(ctx, kv->ln1, NULL, kv->x, w.in_norm, R, d, eps) || kv_matmul(kv, kv->q, kv->ln1, w.wq, R, d, qd, 0) ||
        kv_matmul(kv, kv->kk, kv->ln1, w.wk, R, d, hd, 0));
     if (c->qk_norm)
@@ -1153,7 +959,8 @@ static int attn_channel(ps_kvcache *kv, int l, const kv_piece *P, int np, int64_
     if (c->rope) {
         for (int i = 0; i < np; i++)
             for (int64_t r = 0; r < P[i].n; r++)
-                rope_row(kv->cos_t + (P[i].r0 + r) * (hd / 2), kv->sin_t + (P[i].r0 + r) * (hd / 2), P[i].t0 + r, hd, c->rope_theta);
+                rope_row(kv->hcos_t + (P[i].r0 + r) * (hd / 2), kv->hsin_t + (P[i].r0 + r) * (hd / 2), P[i].t0 + r, hd, c->rope_theta);
+        if (rope_upload(kv, kv->cos_t, kv->sin_t, kv->hcos_t, kv->hsin_t, R * (hd / 2), err)) return -1;
         CK(ps_rope(ctx, kv->q, kv->cos_t, kv->sin_t, 1, R, nh, hd, 1) || ps_rope(ctx, kv->kk, kv->cos_t, kv->sin_t, 1, R, 1, hd, 1));
     }
     for (int i = 0; i < np; i++) {
@@ -1168,21 +975,22 @@ static int attn_channel(ps_kvcache *kv, int l, const kv_piece *P, int np, int64_
         kv->ev = (ps_kv_event){.seq = P[i].seq, .t0 = P[i].t0, .entry = -1};
         for (int64_t r = P[i].r0; r < P[i].r0 + P[i].n; r++) {
             int64_t t = P[i].t0 + (r - P[i].r0);
-            memcpy(row, kv->ckv + r * cw, (size_t)cw * sizeof(float));
-            memcpy(row + cw, kv->cz + r * cw, (size_t)cw * sizeof(float));
-            if (rows_push(kv, &L->k, kv->kk + r * hd) || rows_push(kv, &L->ln, row))
-                return ps_fail(err, "out of memory for the KV cache's pages (sequence %d, position %lld)", P[i].seq, (long long)t);
+            float *row = rows_push(kv, &L->k, kv->kk + r * hd) ? NULL : rows_append(kv, &L->ln); /* the compressor's row: kv, z */
+            if (!row || kv_copy(kv, &L->ln, row, kv->ckv + r * cw, cw) || kv_copy(kv, &L->ln, row + cw, kv->cz + r * cw, cw))
+                return page_fail(kv, err, "out of memory for the KV cache's pages");
             if ((t + 1) % mr == 0) {
                 if (close_channel(kv, q, P[i].seq, l, t, (t + 1) / mr - 1, hooks, err)) return -1;
                 kv->ev = (ps_kv_event){.seq = P[i].seq, .t0 = P[i].t0, .entry = -1};
             }
         }
-        int64_t t1 = P[i].t0 + P[i].n, need = L->ck[0].rows + c->local_window + 1, r0 = P[i].r0, nr = P[i].n;
-        if (scores_reserve(kv, need, omp_get_max_threads(), err)) return -1;
-#pragma omp parallel for schedule(dynamic, 1) if (nr > 1 && nr * need * nh * hd > 65536)
-        for (int64_t r = r0; r < r0 + nr; r++)
-            attend_channel(kv, L, w.sinks, P[i].t0 + (r - r0), kv->q + r * qd, kv->z + r * qd,
-                           kv->att_p + (int64_t)omp_get_thread_num() * kv->att_cap);
+        /* the rows' queries over the sliding window and the entries ended at their positions (the backend's
+         * kv_attend_sink; K = V: the raw rows and the entries are both keys and values) */
+        int64_t t1 = P[i].t0 + P[i].n, r0 = P[i].r0, nr = P[i].n;
+        for (int64_t r = 0; r < nr; r++) kv->nvis[r0 + r] = (P[i].t0 + r + 1) / mr;
+        kv->ckp[0] = rows_view(&L->ck[0]);
+        ps_kv_attn a = {.nh = nh, .nkv = 1, .hd = hd, .compressed = 1, .LW = c->local_window, .t0 = P[i].t0, .nr = nr,
+                        .nvis = kv->nvis + r0, .k = rows_view(&L->k), .v = rows_view(&L->k), .ck = kv->ckp, .cv = kv->ckp};
+        CK(ps_kv_attend_sink(ctx, kv->z + r0 * qd, kv->q + r0 * qd, w.sinks, &a));
         rows_drop_front(kv, &L->k, t1 - (c->local_window - 1) - kv->o.history);
         rows_drop_front(kv, &L->ln, t1 - (SL - 1) - kv->o.history);
     }
@@ -1230,13 +1038,35 @@ static int layer_step(ps_kvcache *kv, int l, const kv_piece *P, int np, int64_t 
     return 0;
 }
 
+/* The logits of the step's rows rows[0..k) (k <= 64) into the host rows dst[j] of logits [*, V]. */
+static int logit_rows(ps_kvcache *kv, const int64_t *rows, const int64_t *dst, int64_t k, float *logits, ps_error *err) {
+    const ps_model *m = kv->m;
+    const ps_config *c = &m->cfg;
+    ps_ctx *ctx = kv->ctx;
+    int64_t d = c->d_model, V = c->vocab_size, nl = kv->o.chunk < 64 ? kv->o.chunk : 64;
+    float *lg = kv->logit_rows, *xr = lg + nl * V, *ln = xr + nl * d;
+    if (ps_ctx_host_visible(ctx))
+        for (int64_t j = 0; j < k; j++) memcpy(xr + j * d, kv->x + rows[j] * d, (size_t)d * sizeof(float));
+    else
+        CK(ps_gather_rows(ctx, xr, kv->x, NULL, rows, k, d));
+    CK(ps_rmsnorm(ctx, ln, NULL, xr, ps_model_final_norm(m, m->params), k, d, (float)c->rms_eps) ||
+       kv_matmul(kv, lg, ln, ps_model_lm_head(m, m->params), k, d, V, 0));
+    if (ps_ctx_host_visible(ctx)) {
+        for (int64_t j = 0; j < k; j++) memcpy(logits + dst[j] * V, lg + j * V, (size_t)V * sizeof(float));
+        return 0;
+    }
+    for (int64_t j = 0; j < k; j++)
+        if (ps_buf_to_host(ctx, logits + dst[j] * V, lg + j * V, V * (int64_t)sizeof(float), err)) return -1;
+    return 0;
+}
+
 /* One step: the pieces' tokens through every layer, then the logits asked for. */
 static int run_step(ps_kvcache *kv, const kv_piece *P, int np, int64_t R, const int32_t *tok, int64_t *chunk_len,
                     const ps_hooks *hooks, float *logits, bool last_only, ps_error *err) {
     const ps_model *m = kv->m;
     const ps_config *c = &m->cfg;
     ps_ctx *ctx = kv->ctx;
-    int64_t d = c->d_model, V = c->vocab_size;
+    int64_t d = c->d_model;
     int content = c->kind == PS_ATTN_COMPRESSED && c->boundaries == PS_BOUNDARIES_CONTENT;
     /* content chunks: where a chunk closes (the tokens alone decide it; core/chunks.h) */
     if (content) {
@@ -1269,7 +1099,6 @@ static int run_step(ps_kvcache *kv, const kv_piece *P, int np, int64_t R, const 
     if (!logits) return 0;
     /* the rows asked for, at most 64 at a time */
     int64_t nl = R < 64 ? R : 64;
-    float *lg = kv->logit_rows, *xr = lg + nl * V, *ln = xr + nl * d;
     int64_t rows[64], dst[64], k = 0;
     for (int i = 0; i < np; i++)
         for (int64_t r = 0; r < P[i].n; r++) {
@@ -1281,18 +1110,10 @@ static int run_step(ps_kvcache *kv, const kv_piece *P, int np, int64_t R, const 
                 /* a later piece may still add rows: flush at the very end */
                 continue;
             }
-            for (int64_t j = 0; j < k; j++) memcpy(xr + j * d, kv->x + rows[j] * d, (size_t)d * sizeof(float));
-            CK(ps_rmsnorm(ctx, ln, NULL, xr, ps_model_final_norm(m, m->params), k, d, (float)c->rms_eps) ||
-               kv_matmul(kv, lg, ln, ps_model_lm_head(m, m->params), k, d, V, 0));
-            for (int64_t j = 0; j < k; j++) memcpy(logits + dst[j] * V, lg + j * V, (size_t)V * sizeof(float));
+            if (logit_rows(kv, rows, dst, k, logits, err)) return -1;
             k = 0;
         }
-    if (k > 0) {
-        for (int64_t j = 0; j < k; j++) memcpy(xr + j * d, kv->x + rows[j] * d, (size_t)d * sizeof(float));
-        CK(ps_rmsnorm(ctx, ln, NULL, xr, ps_model_final_norm(m, m->params), k, d, (float)c->rms_eps) ||
-           kv_matmul(kv, lg, ln, ps_model_lm_head(m, m->params), k, d, V, 0));
-        for (int64_t j = 0; j < k; j++) memcpy(logits + dst[j] * V, lg + j * V, (size_t)V * sizeof(float));
-    }
+    if (k > 0 && logit_rows(kv, rows, dst, k, logits, err)) return -1;
     return 0;
 }
 
@@ -1377,7 +1198,7 @@ float *ps_kv_rows_mut(ps_kvcache *kv, ps_kv_rows *r, int64_t i) { return rows_mu
 int ps_kv_rows_push(ps_kvcache *kv, ps_kv_rows *r, const float *row) { return rows_push(kv, r, row); }
 void ps_kv_rows_drop_front(ps_kvcache *kv, ps_kv_rows *r, int64_t from) { rows_drop_front(kv, r, from); }
 void ps_kv_rows_truncate(ps_kvcache *kv, ps_kv_rows *r, int64_t n) { rows_truncate(kv, r, n); }
-int ps_kv_rows_fork(ps_kv_rows *dst, const ps_kv_rows *src) { return rows_fork(dst, src); }
+int ps_kv_rows_fork(ps_kv_rows *dst, ps_kv_rows *src) { return rows_fork(dst, src); }
 
 /* ---- the cache's model, for any family ---- */
 

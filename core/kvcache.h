@@ -28,10 +28,12 @@
  * DeepSeek-V4 checkpoints (core/v4) have a cache of their own behind the same functions: kv->v4 is set and
  * every function below goes to core/v4/v4_kvcache.h (its layout and cache points are described there).
  *
- * Backend: the CPU (a host-visible context); the matrix products and norms go through the backend's ops,
- * the compressor of a closing window is plain loops here; the attention of the new rows is blocked over a
- * gathered frame for a long piece (PS_KV_BLOCKED_MIN rows), and plain loops per row otherwise (a decode
- * step; and the reference: opts.plain_attention).
+ * Backend: any (docs/kvcache.md "Backends"): the pages and step buffers are buffers of the model's context;
+ * the matrix products and norms go through the backend's ops, and so do the attention of the new rows
+ * (ps_kv_attend over the page tables: blocked over a gathered frame on the CPU for a long piece,
+ * PS_KV_BLOCKED_MIN rows, per row otherwise — a decode step; and the reference: opts.plain_attention) and
+ * the compressor of a closing window (ps_kv_gate, ps_kv_pool; the channel attention: ps_kv_attend_sink,
+ * ps_kv_slots, ps_kv_slot_pool).
  *
  * Hooks during an append fire with the same names as in ps_forward, per sequence of the batch and per
  * piece of at most `chunk` tokens: T is the piece's tokens ([1, T, ...]); attn.hook_gate_k/gate_v/ck/cv
@@ -52,6 +54,7 @@
 
 #include "core/error.h"
 #include "core/hooks.h"
+#include "core/backend.h"
 #include "core/model.h"
 
 #define PS_KV_PAGE_ROWS 64 /* rows per page of what grows with the sequence */
@@ -59,14 +62,15 @@
 
 /* A list of pages of rows (width floats each): row i lives in page (i - base) / page_rows of the
  * rows still held (rows < base were dropped from the front, whole pages at a time). */
-typedef struct ps_kv_page ps_kv_page;
 typedef struct {
-    ps_kv_page **pages;
+    float **data;  /* [cap_pages]: the pages' buffers, in order (the page table the backend's kv ops read) */
+    int **refs;    /* [cap_pages]: a shared page's count of holders (NULL: the list's alone); NULL until a fork */
     int64_t n_pages, cap_pages;
     int64_t base;  /* first row held (a multiple of PS_KV_PAGE_ROWS) */
     int64_t rows;  /* rows pushed so far (base included) */
     int64_t width; /* floats per row */
     int64_t page_rows;
+    int host;      /* pages in host memory (what the host reads: tokens, chunk ends); else the backend's buffers */
 } ps_kv_rows;
 
 typedef struct {
@@ -127,25 +131,23 @@ typedef struct {
     int64_t page_bytes_peak;
     int64_t n_page_copies;    /* copy-on-write copies made */
     ps_kv_event ev;
-    /* one step's working set (chunk rows): host buffers */
+    /* one step's working set (chunk rows): buffers of ctx (one allocation, `scratch`) */
     float *ecos, *esin;      /* RoPE of one compressed entry [hd/2] each */
     float *ckv, *cz, *calpha; /* channel attention: the compressor's kv and gate rows [chunk, c*hd], slots [2, S, hd] */
     float *x, *ln1, *q, *kk, *vv, *rstd, *z, *attn_out, *mid, *ln2, *g, *u, *h, *mlp_out, *logit_rows, *cos_t, *sin_t;
-    float *att_p;            /* attention scratch: att_threads rows of att_cap scores */
-    int64_t att_cap;
-    int att_threads;
-    int64_t *nvis;           /* [chunk, nkv]: entries each row's query sees */
-    float *ent;              /* one entry's scratch: gate z/alpha [2, W], payload [W, hd], pooled [hd] */
-    float *pay;              /* payload of one offset [nkv*hd] */
-    int64_t *cstart;         /* [2, nkv]: start and length of the entry each KV head closes at a position */
+    float *ent;              /* one closing position's entries: gates [2, nkv, W], pooled ck, cv [2, nkv*hd], a row */
     float *scratch;          /* every buffer above is a piece of this allocation */
     int64_t scratch_floats;
-    float *frame;            /* blocked attention: per KV head its keys and values transposed [2, hd, ncol], then scores */
-    int64_t frame_cap;       /* floats */
+    /* host arrays */
+    float *hecos, *hesin, *hcos_t, *hsin_t; /* the RoPE rows computed on the host (host-visible: ecos, … themselves) */
+    float *hscratch;         /* their allocation on a device context */
+    int64_t *nvis;           /* [chunk, nkv]: entries each row's query sees */
+    int64_t *cstart;         /* [2, nkv]: start and length of the entry each KV head closes at a position */
+    ps_kv_pages *ckp;        /* [2, nkv]: the page tables of ck and cv handed to kv_attend */
     int64_t n_blocked;       /* pieces (per layer) that attended blocked so far; the rest per row */
-    int64_t *ev_t, *ev_start, *ev_len; /* a long piece's closing windows: end, start, length [ev_cap] each */
+    int64_t *ev_t, *ev_start, *ev_len, *ev_rows; /* a long piece's closing windows: end, start, length; rows [ev_cap] each */
     int64_t ev_cap;
-    float *ev_pay;           /* their payloads [n, 2, W, nkv*hd], then one offset's inputs [n, d] and products [n, nkv*hd] */
+    float *ev_pay;           /* (a buffer) their payloads [n, 2, W, nkv*hd], then one offset's inputs [n, d] and products [n, nkv*hd] */
     int64_t ev_pay_cap;
 } ps_kvcache;
 
@@ -222,7 +224,7 @@ float *ps_kv_rows_mut(ps_kvcache *kv, ps_kv_rows *r, int64_t i);
 int ps_kv_rows_push(ps_kvcache *kv, ps_kv_rows *r, const float *row);
 void ps_kv_rows_drop_front(ps_kvcache *kv, ps_kv_rows *r, int64_t from);
 void ps_kv_rows_truncate(ps_kvcache *kv, ps_kv_rows *r, int64_t n);
-int ps_kv_rows_fork(ps_kv_rows *dst, const ps_kv_rows *src);
+int ps_kv_rows_fork(ps_kv_rows *dst, ps_kv_rows *src);
 
 /* What both families' caches share beside the pages: ps_kvcache_seq, a live sequence (NULL and a message
  * naming it otherwise); ps_kvcache_edit_push, checks an edit of entry j (d floats; `point` names the cache

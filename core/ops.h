@@ -264,6 +264,56 @@ static inline int ps_scatter_rows(ps_ctx *c, float *out, const float *in, const 
     return PS_OP_CALL(c, scatter_rows, out, in, rows, n, width);
 }
 
+/* ---- the KV cache's ops (core/kvcache.h; the geometry structs in core/backend.h) ---- */
+
+/* The checks every backend's kv ops make first (core/cpu/kv.c): sizes, and page lists that hold the rows the
+ * op reads; 0, or -1 with the context failed naming the op. */
+int ps_kv_attn_check(ps_ctx *c, const ps_kv_attn *a);
+int ps_kv_close_check(ps_ctx *c, const char *op, const ps_kv_close *w);
+
+/* z [nr, nh, hd] = the attention of the queries q [nr, nh, hd] of one sequence's rows t0 .. t0 + nr - 1 over
+ * its page lists (ps_kv_attn: compressed entries the row sees plus its local window, or every raw row up to
+ * it; one softmax). The CPU's per-row loops are the reference (a->blocked: the same function over a gathered
+ * frame, the cache's long pieces). */
+static inline int ps_kv_attend(ps_ctx *c, float *z, const float *q, const ps_kv_attn *a) {
+    return PS_OP_CALL(c, kv_attend, z, q, a);
+}
+/* alpha [nkv, W]: the gate weights of the windows closing (ps_kv_close): learned, per head g with a window,
+ * softmax_i(bias[i*nkv + g] + u[(i*nkv + g), :] · ln[start[g] + i]) over i < len[g]; uniform (learned 0),
+ * 1 / len[g]; 0 for offsets i >= len[g] and heads without a window. u [W*nkv, d], bias [W*nkv]. */
+static inline int ps_kv_gate(ps_ctx *c, float *alpha, const float *u, const float *bias, int learned, const ps_kv_close *w) {
+    return PS_OP_CALL(c, kv_gate, alpha, u, bias, learned, w);
+}
+/* out [nkv, hd]: the pooled entries of the windows closing, Σ_i alpha[g, i] · P_i[g] with the payload
+ * P_i[g] = C_i[g*hd .. g*hd + hd) · ln[start[g] + i] (C_i = C + i*nkv*hd*d per offset, C when shared;
+ * [nkv*hd, d] each), or P_i[g] = pre[i*nkv*hd + g*hd ..] when pre [W, nkv*hd] holds them already; 0 for
+ * heads without a window. */
+static inline int ps_kv_pool(ps_ctx *c, float *out, const float *alpha, const float *C, int shared, const float *pre, int64_t hd,
+                             const ps_kv_close *w) {
+    return PS_OP_CALL(c, kv_pool, out, alpha, C, shared, pre, hd, w);
+}
+/* The channel attention (one K = V head: a->nkv 1, a->k the raw rows, a->ck the entries; a->v, a->cv the same
+ * lists): z [nr, nh, hd] of the queries q, row t over its sliding window's raw rows max(0, t - LW + 1) .. t,
+ * then its first nvis[i] entries; one softmax with the head's sink logit sink[h] (a column of value 0). */
+static inline int ps_kv_attend_sink(ps_ctx *c, float *z, const float *q, const float *sink, const ps_kv_attn *a) {
+    return PS_OP_CALL(c, kv_attend_sink, z, q, sink, a);
+}
+/* alpha [S, hd] (S = m, 2m for CSA): per channel i, softmax over the slots s of z[tok_s, chb_s + i] +
+ * ape[(s % m)*cw + chb_s + i] (-inf for a slot without a token); ape [m, cw]. */
+static inline int ps_kv_slots(ps_ctx *c, float *alpha, const float *ape, const ps_kv_chan *k) {
+    return PS_OP_CALL(c, kv_slots, alpha, ape, k);
+}
+/* out [hd]: Σ_s alpha[s, i] · kv[tok_s, chb_s + i] over the slots with a token. */
+static inline int ps_kv_slot_pool(ps_ctx *c, float *out, const float *alpha, const ps_kv_chan *k) {
+    return PS_OP_CALL(c, kv_slot_pool, out, alpha, k);
+}
+int ps_kv_slots_check(ps_ctx *c, const char *op, const ps_kv_chan *k);
+
+/* out [n, width]: rows rows[i] (host array, base <= rows[i] < p->rows) of the page list p. */
+static inline int ps_kv_gather(ps_ctx *c, float *out, const ps_kv_pages *p, const int64_t *rows, int64_t n) {
+    return PS_OP_CALL(c, kv_gather, out, p, rows, n);
+}
+
 /* ---------------- hook actions (interventions inside the backend) ---------------- */
 
 /* x: [n_seq, npos, nh, hd]. For sequences [seq0, seq1) and head `head`, position t, for t < npos:

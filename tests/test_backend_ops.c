@@ -9,7 +9,8 @@
  * same bits; other backends agree within the case's tolerance (relative to the largest reference value).
  * The window ops run the base grid, a staggered grid of 75 windows (two 64-wide tiles), and content chunks
  * with one and with two tiles of real chunks (T 400); the attention ops full attention, the base grid with
- * 75 windows, a staggered grid and content chunks of two tiles. */
+ * 75 windows, a staggered grid and content chunks of two tiles; the KV cache's ops page lists of several
+ * pages (raw rows after dropped pages, entries in pages of 5), per-row and blocked attention. */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <stdint.h>
@@ -27,7 +28,7 @@
 
 /* ---------------- the harness: one run of a case on one context ---------------- */
 
-enum { MAX_OUT = 12, MAX_BUF = 48 };
+enum { MAX_OUT = 12, MAX_BUF = 160 };
 typedef struct {
     ps_ctx *c;
     uint64_t seed; /* next input's seed: the same sequence on every backend */
@@ -515,6 +516,144 @@ static int rows_case(int s, int scatter) {
 static int c_gather_rows(int s) { return rows_case(s, 0); }
 static int c_scatter_rows(int s) { return rows_case(s, 1); }
 
+/* the KV cache's ops: page lists of random rows in buffers of the context, their tables host arrays */
+
+/* rows [base, rows) of width floats in pages of pr rows; tab (host) receives the pages */
+static ps_kv_pages pages_in(float **tab, int64_t base, int64_t rows, int64_t width, int64_t pr) {
+    int64_t np = (rows - base + pr - 1) / pr;
+    for (int64_t i = 0; i < np; i++) tab[i] = IN(pr * width, 1);
+    ps_kv_pages p = {.page = tab, .base = base, .rows = rows, .width = width, .page_rows = pr};
+    return p;
+}
+
+/* full attention per row and blocked; the base grid's entries with a local window, per row and blocked
+ * (pages of 5 entries, raw rows from 40 after dropped pages); one KV head of 32 channels (the long dot
+ * products), a local window of 1 */
+static int c_kv_attend(int s) {
+    if (s > 3) return 0;
+    static const struct {
+        int64_t nh, nkv, hd, LW, t0, nr, kbase, ne;
+        int comp, blocked;
+    } S[4] = {{4, 2, 8, 0, 37, 5, 0, 0, 0, 0},
+              {4, 2, 16, 6, 50, 20, 40, 12, 1, 1},
+              {2, 1, 32, 1, 70, 3, 64, 9, 1, 0},
+              {2, 2, 8, 0, 0, 17, 0, 0, 0, 1}};
+    int64_t nh = S[s].nh, nkv = S[s].nkv, hd = S[s].hd, nr = S[s].nr, t1 = S[s].t0 + nr, ks = nkv * hd;
+    float *kt[16], *vt[16], *ct[4][4];
+    ps_kv_pages ck[2], cv[2];
+    int64_t nvis[64];
+    ps_kv_attn a = {.nh = nh, .nkv = nkv, .hd = hd, .compressed = S[s].comp, .LW = S[s].LW, .t0 = S[s].t0, .nr = nr,
+                    .blocked = S[s].blocked};
+    a.k = pages_in(kt, S[s].kbase, t1, ks, 8);
+    a.v = pages_in(vt, S[s].kbase, t1, ks, 8);
+    if (S[s].comp) {
+        for (int64_t g = 0; g < nkv; g++) ck[g] = pages_in(ct[2 * g], 0, S[s].ne, hd, 5), cv[g] = pages_in(ct[2 * g + 1], 0, S[s].ne, hd, 5);
+        for (int64_t i = 0; i < nr; i++) /* entries seen grow with the row, head 1 a step behind */
+            for (int64_t g = 0; g < nkv; g++) nvis[i * nkv + g] = (S[s].ne - 1) * (i + 1) / nr + (g == 0);
+        a.ck = ck, a.cv = cv, a.nvis = nvis;
+    }
+    float *q = IN(nr * nh * hd, 1), *z = IN(nr * nh * hd, 1);
+    ps_kv_attend(R.c, z, q, &a);
+    OUT("z", z, nr * nh * hd);
+    return 1;
+}
+
+/* windows closing at one position: heads 0 and 2 close (lengths 5 and 3), head 1 not; the layer inputs from
+ * row 8 in pages of 8; d 12 and 40 (the long dot products) */
+static ps_kv_close close_in(int s, float **tab, int64_t *start, int64_t *len) {
+    int64_t st[3] = {12, -1, 20}, ln[3] = {5, 0, 3};
+    memcpy(start, st, sizeof st), memcpy(len, ln, sizeof ln);
+    ps_kv_close w = {.nkv = 3, .W = 5, .d = s == 1 ? 40 : 12, .start = start, .len = len};
+    w.ln = pages_in(tab, 8, 30, w.d, 8);
+    return w;
+}
+
+static int c_kv_gate(int s) {
+    if (s > 2) return 0;
+    float *tab[8];
+    int64_t st[3], ln[3];
+    ps_kv_close w = close_in(s, tab, st, ln);
+    float *u = IN(w.W * w.nkv * w.d, 0.3f), *b = IN(w.W * w.nkv, 1), *al = IN(w.nkv * w.W, 1);
+    ps_kv_gate(R.c, al, u, b, s != 2, &w);
+    OUT("alpha", al, w.nkv * w.W);
+    return 1;
+}
+
+/* payloads per offset, shared, and given (pre) */
+static int c_kv_pool(int s) {
+    if (s > 2) return 0;
+    float *tab[8];
+    int64_t st[3], ln[3], hd = 4;
+    ps_kv_close w = close_in(s, tab, st, ln);
+    int64_t ks = w.nkv * hd;
+    float *al = IN(w.nkv * w.W, 1), *C = IN((s == 1 ? 1 : w.W) * ks * w.d, 0.3f), *pre = s == 2 ? IN(w.W * ks, 1) : NULL,
+          *out = IN(ks, 1);
+    ps_kv_pool(R.c, out, al, C, s == 1, pre, hd, &w);
+    OUT("out", out, ks);
+    return 1;
+}
+
+static int c_kv_gather(int s) {
+    if (s > 1) return 0;
+    float *tab[8];
+    int64_t rows[5] = {9, 29, 12, 8, 16}, n = s ? 5 : 3, width = s ? 40 : 7;
+    ps_kv_pages p = pages_in(tab, 8, 30, width, 8);
+    float *out = IN(n * width, 1);
+    ps_kv_gather(R.c, out, &p, rows, n);
+    OUT("out", out, n * width);
+    return 1;
+}
+
+/* the channel attention: one K = V head of 8 (per row) or of 32 (a piece of 20 rows), the sliding window's
+ * raw rows after dropped pages, entries every 4 tokens in pages of 5, a sink per head */
+static int c_kv_attend_sink(int s) {
+    if (s > 1) return 0;
+    int64_t nh = s ? 3 : 2, hd = s ? 32 : 8, nr = s ? 20 : 3, t0 = s ? 41 : 70, LW = s ? 9 : 5, rate = 4, t1 = t0 + nr;
+    float *kt[16], *ct[8];
+    int64_t nvis[32];
+    ps_kv_attn a = {.nh = nh, .nkv = 1, .hd = hd, .compressed = 1, .LW = LW, .t0 = t0, .nr = nr};
+    a.k = pages_in(kt, 32, t1, hd, 8);
+    a.v = a.k;
+    ps_kv_pages ck = pages_in(ct, 0, t1 / rate, hd, 5);
+    for (int64_t i = 0; i < nr; i++) nvis[i] = (t0 + i + 1) / rate;
+    a.ck = &ck, a.cv = &ck, a.nvis = nvis;
+    float *q = IN(nr * nh * hd, 1), *z = IN(nr * nh * hd, 1), *sink = IN(nh, 1);
+    ps_kv_attend_sink(R.c, z, q, sink, &a);
+    OUT("z", z, nr * nh * hd);
+    return 1;
+}
+
+/* the compressor rows (kv, z) of rate 4 from row 8 in pages of 8: HCA window 5, CSA window 5 (two windows'
+ * slots) and CSA window 0 (the first window's missing half) */
+static ps_kv_chan slots_in(int s, float **tab) {
+    ps_kv_chan k = {.hd = 6, .rate = 4, .csa = s > 0, .wi = s == 2 ? 0 : 5};
+    k.cw = (k.csa ? 2 : 1) * k.hd;
+    k.ln = pages_in(tab, s == 2 ? 0 : 8, 26, 2 * k.cw, 8);
+    return k;
+}
+
+static int c_kv_slots(int s) {
+    if (s > 2) return 0;
+    float *tab[8];
+    ps_kv_chan k = slots_in(s, tab);
+    int64_t SL = (k.csa ? 2 : 1) * k.rate;
+    float *ape = IN(k.rate * k.cw, 1), *al = IN(SL * k.hd, 1);
+    ps_kv_slots(R.c, al, ape, &k);
+    OUT("alpha", al, SL * k.hd);
+    return 1;
+}
+
+static int c_kv_slot_pool(int s) {
+    if (s > 2) return 0;
+    float *tab[8];
+    ps_kv_chan k = slots_in(s, tab);
+    int64_t SL = (k.csa ? 2 : 1) * k.rate;
+    float *al = IN(SL * k.hd, 1), *out = IN(k.hd, 1);
+    ps_kv_slot_pool(R.c, out, al, &k);
+    OUT("out", out, k.hd);
+    return 1;
+}
+
 /* hook actions */
 static int c_head_set(int s) {
     if (s > 2) return 0;
@@ -942,6 +1081,13 @@ static const op_case CORE[PS_OP_COUNT] = {
     [PS_OP_PATTERN_COMPACT] = {c_pattern_compact, 1e-5},
     [PS_OP_GATHER_ROWS] = {c_gather_rows, 0},
     [PS_OP_SCATTER_ROWS] = {c_scatter_rows, 0},
+    [PS_OP_KV_ATTEND] = {c_kv_attend, 1e-5},
+    [PS_OP_KV_GATE] = {c_kv_gate, 1e-5},
+    [PS_OP_KV_POOL] = {c_kv_pool, 1e-5},
+    [PS_OP_KV_GATHER] = {c_kv_gather, 0},
+    [PS_OP_KV_ATTEND_SINK] = {c_kv_attend_sink, 1e-5},
+    [PS_OP_KV_SLOTS] = {c_kv_slots, 1e-5},
+    [PS_OP_KV_SLOT_POOL] = {c_kv_slot_pool, 1e-5},
     [PS_OP_HEAD_SET] = {c_head_set, 0},
     [PS_OP_ADD_VECTOR] = {c_add_vector, 1e-6},
     [PS_OP_ROLL_BLOCKS] = {c_roll_blocks, 0},

@@ -758,7 +758,166 @@ static void test_long(void) {
     ps_model_free(&m);
 }
 
-int main(void) {
+/* A callback on hook_gate_k that sums what it sees and scales the gates of KV head 0 by 0.5 (an edit in
+ * place: on a device context the hooks module copies the point to the host and back). */
+static int on_gate(const ps_hook_event *ev, void *user, ps_error *err) {
+    (void)err;
+    double *sum = user;
+    int64_t n = ev->shape[0] * ev->shape[1] * ev->shape[2] * ev->shape[3], W = ev->shape[3];
+    for (int64_t i = 0; i < n; i++) *sum += ev->data[i] * (double)(i + 1);
+    for (int64_t i = 0; i < W; i++) ev->data[i] *= 0.5f;
+    return 0;
+}
+
+/* One run of the staged comparison on model m: a batch of two sequences grown by seeded appends (single
+ * tokens and chunks of up to 90 rows: per-row and blocked attention, batched payloads), a fork half way, an
+ * edit of every sequence's entry 1 and of one sequence's entry 3, hooks (an action on hook_v — the channel attention: hook_z —, a callback
+ * editing hook_gate_k); the logits of every appended position into lg, every entry held at the end into ent
+ * (both host), the callback's sum into *gsum. Returns the floats written to lg. */
+static int64_t staged_run(const ps_model *m, const ps_config *c, const int32_t *tok, int64_t T, float *lg, float *ent, int64_t *n_ent,
+                          double *gsum) {
+    ps_error err;
+    ps_kvcache kv;
+    ps_kvcache_opts o = {.chunk = 64};
+    int64_t V = c->vocab_size, out = 0, ne = 0, hd = c->head_dim;
+    if (ps_kvcache_create(&kv, m, &o, &err)) {
+        CHECK_OK(-1, &err);
+        return 0;
+    }
+    ps_hooks h;
+    ps_hooks_init(&h);
+    int comp = c->kind == PS_ATTN_COMPRESSED, chn = c->kind == PS_ATTN_CHANNEL;
+    ps_hook_action zero = {.kind = PS_ACT_ZERO, .head = 1}; /* (the channel attention: K = V, head 0 of hook_z) */
+    if (chn) zero.head = 0;
+    CHECK_OK(ps_hooks_add_action(&h, c, chn ? "blocks.1.attn.hook_z" : "blocks.1.attn.hook_v", &zero, &err), &err);
+    if (comp || chn) CHECK_OK(ps_hooks_add(&h, c, "blocks.0.attn.hook_gate_k", on_gate, gsum, &err), &err);
+    int ids[2] = {ps_kvcache_add(&kv, &err), -1};
+    ps_rng g;
+    ps_rng_seed(&g, 99);
+    int64_t done[2] = {0, 0};
+    float vec[64];
+    for (int64_t e = 0; e < hd; e++) vec[e] = 0.1f * (float)(e + 1);
+    while (done[0] < T) {
+        if (ids[1] < 0 && done[0] >= T / 2) { /* fork; then edits */
+            ids[1] = ps_kvcache_fork(&kv, ids[0], &err);
+            done[1] = done[0];
+            if (comp || chn) { /* (the channel attention: one head, cache_ck only) */
+                CHECK_OK(ps_kvcache_edit(&kv, -1, 0, 0, 0, 1, PS_KV_EDIT_ZERO, NULL, &err), &err);
+                CHECK_OK(ps_kvcache_edit(&kv, ids[1], 1, chn ? 0 : 1, chn ? 0 : 1, 3, PS_KV_EDIT_SET, vec, &err), &err);
+            }
+        }
+        int nseq = ids[1] < 0 ? 1 : 2;
+        int64_t n[2];
+        int32_t buf[200];
+        int64_t off = 0;
+        for (int i = 0; i < nseq; i++) {
+            int64_t k = ps_rng_below(&g, 3) ? 1 : 1 + ps_rng_below(&g, 90);
+            if (k > T - done[i]) k = T - done[i];
+            n[i] = k;
+            for (int64_t t = 0; t < k; t++) buf[off + t] = tok[(done[i] + t + (int64_t)i * 7) % T];
+            off += k;
+        }
+        if (nseq == 2 && n[1] == 0) nseq = 1;
+        CHECK_OK(ps_kvcache_append(&kv, nseq, ids, n, buf, &h, lg + out, false, &err), &err);
+        out += off * V;
+        for (int i = 0; i < nseq; i++) done[i] += n[i];
+    }
+    for (int i = 0; i < 2 && (comp || chn); i++)
+        for (int l = 0; l < c->n_layers; l++)
+            for (int gk = 0; gk < ps_kvcache_entry_heads(&kv); gk++)
+                for (int v = 0; v < 2 - chn; v++)
+                    for (int64_t j = 0; j < ps_kvcache_n_entries(&kv, ids[i], l, gk); j++, ne += hd)
+                        CHECK_OK(ps_kvcache_entry(&kv, ids[i], l, gk, v, j, ent + ne, &err), &err);
+    *n_ent = ne;
+    ps_hooks_free(&h);
+    ps_kvcache_free(&kv);
+    return out;
+}
+
+/* max over rows of row_rel(a row, b row), rows of n floats */
+static double rows_rel(const float *a, const float *b, int64_t rows, int64_t n) {
+    double w = 0;
+    for (int64_t r = 0; r < rows; r++) w = fmax(w, row_rel(a + r * n, b + r * n, n));
+    return w;
+}
+
+/* The cache on another backend against the cpu backend, the same appends, forks, edits and hooks
+ * (staged_run): full attention, the base grid, a staggered grid, content chunks and the channel attention.
+ * On the test backend
+ * cpu-staged — the cpu's ops and memory behind a context that says its buffers are not host-visible, so
+ * every page write, kv op over page tables, hook and read takes the device path — every appended
+ * position's logits, every entry held and what a hook saw are the cpu's bits. On a device (cuda) they
+ * agree within TOL (logits per row, entries per list). Returns 0 when the backend cannot be opened here. */
+static int test_backend_cache(const char *name) {
+    const char *kinds[] = {"full", "compressed", "staggered", "content", "channel"};
+    int exact = !strcmp(name, "cpu-staged");
+    ps_rng g;
+    ps_rng_seed(&g, 4242);
+    ps_error err;
+    ps_ctx *sctx;
+    if (ps_ctx_create(&sctx, name, &err)) {
+        printf("  %s: not tested (%s)\n", name, err.msg);
+        return 0;
+    }
+    for (int kind = 0; kind < 5; kind++) {
+        ps_config c = random_config(&g, kind);
+        int64_t T = 260, V = c.vocab_size;
+        c.max_seq_len = T + 8;
+        ps_model m[2];
+        tu_random_model(&m[0], &c, 55 + (uint64_t)kind, 0.4f);
+        tu_random_model(&m[1], &c, 55 + (uint64_t)kind, 0.4f);
+        if (ps_model_to(&m[1], sctx, &err)) {
+            CHECK_OK(-1, &err);
+            ps_model_free(&m[0]), ps_model_free(&m[1]), ps_ctx_free(sctx);
+            return 1;
+        }
+        int32_t *tok = malloc((size_t)T * sizeof *tok);
+        tu_random_tokens(tok, T, V, 56 + (uint64_t)kind);
+        int64_t cap_ent = 2 * c.n_layers * 2 * c.n_kv_heads * T * c.head_dim + 1, nl[2], ne[2];
+        float *lg[2], *ent[2];
+        double gsum[2] = {0, 0};
+        for (int b = 0; b < 2; b++) {
+            lg[b] = calloc((size_t)(2 * T * V), sizeof(float));
+            ent[b] = calloc((size_t)cap_ent, sizeof(float));
+            nl[b] = staged_run(&m[b], &c, tok, T, lg[b], ent[b], &ne[b], &gsum[b]);
+        }
+        CHECK(nl[0] == nl[1] && nl[0] > T * V, "%s %s: %lld and %lld logits", name, kinds[kind], (long long)nl[0], (long long)nl[1]);
+        CHECK(ne[0] == ne[1], "%s %s: %lld and %lld entry floats", name, kinds[kind], (long long)ne[0], (long long)ne[1]);
+        double dl = nl[0] == nl[1] ? rows_rel(lg[1], lg[0], nl[0] / V, V) : INFINITY;
+        double de = ne[0] == ne[1] ? row_rel(ent[1], ent[0], ne[0]) : INFINITY;
+        double dg = fabs(gsum[1] - gsum[0]) / fmax(fabs(gsum[0]), 1e-30);
+        if (exact) {
+            CHECK(nl[0] == nl[1] && memcmp(lg[0], lg[1], (size_t)nl[0] * sizeof(float)) == 0, "%s %s: logits differ from the cpu's (%.3g)",
+                  name, kinds[kind], dl);
+            CHECK(ne[0] == ne[1] && memcmp(ent[0], ent[1], (size_t)ne[0] * sizeof(float)) == 0, "%s %s: entries differ from the cpu's (%.3g)",
+                  name, kinds[kind], de);
+            CHECK(gsum[0] == gsum[1], "%s %s: the hook saw other gates (%.17g vs %.17g)", name, kinds[kind], gsum[1], gsum[0]);
+        } else {
+            CHECK(dl < TOL && de < TOL && dg < TOL, "%s %s: logits %.3g, entries %.3g, the hook's sum %.3g from the cpu's (tolerance %.0e)",
+                  name, kinds[kind], dl, de, dg, TOL);
+        }
+        printf("  %s %-10s against the cpu%s: %lld logit rows (%.3g), %lld entry floats (%.3g), hook %.3g\n", name, kinds[kind],
+               exact ? ", bit for bit" : "", (long long)(nl[0] / V), dl, (long long)ne[0], de, dg);
+        for (int b = 0; b < 2; b++) free(lg[b]), free(ent[b]), ps_model_free(&m[b]);
+        free(tok);
+    }
+    ps_ctx_free(sctx);
+    return 1;
+}
+
+/* cpu-staged always; cuda when the build has it and a device is present — a failure when the run asks for
+ * it (PS_REQUIRE_CUDA=1: scripts/gpu_check.sh) */
+static void test_backends(void) {
+    test_backend_cache("cpu-staged");
+    int cuda = test_backend_cache("cuda");
+    const char *req = getenv("PS_REQUIRE_CUDA");
+    CHECK(cuda || !req || !*req || !strcmp(req, "0"), "PS_REQUIRE_CUDA is set and the KV cache could not be tested on cuda");
+}
+
+/* --backends: the backend comparison alone (the device check, scripts/gpu_check.sh) */
+int main(int argc, char **argv) {
+    test_backends();
+    if (argc > 1 && !strcmp(argv[1], "--backends")) CHECK_DONE();
     test_blocked();
     test_property();
     test_fork_truncate();

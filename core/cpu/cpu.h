@@ -54,6 +54,16 @@ int ps_cpu_attn_backward_probs(ps_ctx *ctx, float *dq, float *dk, float *dv, flo
 int ps_cpu_cross_entropy(ps_ctx *ctx, double *loss_sum, int64_t *n_targets, float *dlogits, const float *logits, const
     int32_t *targets, int64_t n_rows, int64_t V, float scale);
 
+/* core/cpu/kv.c: the KV cache's ops */
+int ps_cpu_kv_attend(ps_ctx *ctx, float *z, const float *q, const ps_kv_attn *a);
+int ps_cpu_kv_gate(ps_ctx *ctx, float *alpha, const float *u, const float *bias, int learned, const ps_kv_close *w);
+int ps_cpu_kv_pool(ps_ctx *ctx, float *out, const float *alpha, const float *C, int shared, const float *pre, int64_t hd,
+                   const ps_kv_close *w);
+int ps_cpu_kv_gather(ps_ctx *ctx, float *out, const ps_kv_pages *p, const int64_t *rows, int64_t n);
+int ps_cpu_kv_attend_sink(ps_ctx *ctx, float *z, const float *q, const float *sink, const ps_kv_attn *a);
+int ps_cpu_kv_slots(ps_ctx *ctx, float *alpha, const float *ape, const ps_kv_chan *k);
+int ps_cpu_kv_slot_pool(ps_ctx *ctx, float *out, const float *alpha, const ps_kv_chan *k);
+
 /* core/cpu/ops_cpu_misc.c: data movement, hook actions, embedding backward, optimizer */
 int ps_cpu_copy(ps_ctx *ctx, float *dst, const float *src, int64_t n);
 int ps_cpu_fill(ps_ctx *ctx, float *x, float value, int64_t n);

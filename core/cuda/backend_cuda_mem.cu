@@ -147,8 +147,8 @@ extern "C" int ps_cuda_sync(ps_ctx *c) {
 
 int cu_stage(ps_ctx *c, int n, const void *const *host, const int64_t *bytes, void **dev) {
     ps_cuda *cu = CU(c);
-    size_t total = 0, off[8];
-    if (n > 8) return ps_ctx_fail(c, "cuda staging: %d arrays (at most 8)", n);
+    size_t total = 0, off[CU_STAGE_MAX];
+    if (n > CU_STAGE_MAX) return ps_ctx_fail(c, "cuda staging: %d arrays (at most %d)", n, CU_STAGE_MAX);
     for (int i = 0; i < n; i++) {
         off[i] = total;
         total += ((size_t)(bytes[i] > 0 ? bytes[i] : 0) + 255) & ~(size_t)255;

@@ -73,6 +73,7 @@ static inline unsigned cu_grid(int64_t n, int threads) {
 /* Copy host arrays to the device staging area (one buffer, each array 256-byte aligned, grown as needed;
  * stream-ordered, so a later op may reuse the area). n arrays: host[i] of bytes[i]; dev[i] receives the
  * device pointers. 0, or -1 with the context failed. */
+#define CU_STAGE_MAX 136 /* arrays per call: kv_attend stages 2 page tables per KV head, up to 32 heads (kvcache.cu) */
 int cu_stage(ps_ctx *c, int n, const void *const *host, const int64_t *bytes, void **dev);
 
 /* Row-major GEMM, batched with strides (floats): for every batch index

@@ -91,6 +91,15 @@ int ps_cuda_cross_entropy(ps_ctx *ctx, double *loss_sum, int64_t *n_targets, flo
     const int32_t *targets, int64_t n_rows, int64_t V, float scale);
 int ps_cuda_copy(ps_ctx *ctx, float *dst, const float *src, int64_t n);
 int ps_cuda_fill(ps_ctx *ctx, float *x, float value, int64_t n);
+/* the KV cache's ops (kvcache.cu) */
+int ps_cuda_kv_attend(ps_ctx *c, float *z, const float *q, const ps_kv_attn *a);
+int ps_cuda_kv_gate(ps_ctx *c, float *alpha, const float *u, const float *bias, int learned, const ps_kv_close *w);
+int ps_cuda_kv_pool(ps_ctx *c, float *out, const float *alpha, const float *C, int shared, const float *pre, int64_t hd,
+                    const ps_kv_close *w);
+int ps_cuda_kv_gather(ps_ctx *c, float *out, const ps_kv_pages *p, const int64_t *rows, int64_t n);
+int ps_cuda_kv_attend_sink(ps_ctx *c, float *z, const float *q, const float *sink, const ps_kv_attn *a);
+int ps_cuda_kv_slots(ps_ctx *c, float *alpha, const float *ape, const ps_kv_chan *k);
+int ps_cuda_kv_slot_pool(ps_ctx *c, float *out, const float *alpha, const ps_kv_chan *k);
 int ps_cuda_gather_rows(ps_ctx *ctx, float *out, const float *in, const float *add, const int64_t *rows, int64_t n,
     int64_t width);
 int ps_cuda_scatter_rows(ps_ctx *ctx, float *out, const float *in, const int64_t *rows, int64_t n, int64_t width);
