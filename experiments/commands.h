@@ -1,0 +1,34 @@
+/* commands.h — the non-instrument commands' modules (generate, tokenize, forward, init, info, grad): each a
+ * request struct of its flags' values and the one call its command file makes (experiments/run_NAME.c: the
+ * loading, the work and the writing of outputs). The cmd_NAME.c files parse and check their flags, fill the
+ * request and make that call; the call's messages, errors and outputs are the command's. */
+#ifndef PS_COMMANDS_H
+#define PS_COMMANDS_H
+
+#include <stdint.h>
+
+#include "core/error.h"
+#include "experiments/cli.h"
+
+/* ---- generate (run_generate.c) ---- */
+typedef struct {
+    const char *model;     /* --model DIR, or NULL: the shipped default */
+    const char *prompt;    /* --prompt TEXT (with tokenizer), or NULL: tokens */
+    const char *tokenizer; /* --tokenizer FILE, or NULL */
+    const char *tokens;    /* --tokens T.json, or NULL: prompt */
+    const char *hooks;     /* --hooks NAMES (comma-separated), or NULL */
+    const char *edits;     /* --edit SPECS (comma-separated), or NULL */
+    const char *out_dir;   /* --out DIR, or NULL: the text on stdout only */
+    int64_t max_tokens;    /* --max-tokens (default 32) */
+    int64_t seed;          /* --seed (default 0) */
+    double temperature;    /* --temperature (default 0: greedy) */
+    double top_p;          /* --top-p (default 1) */
+} ps_generate_req;
+
+/* Opens the model, tokenizes or loads the prompts, records the hooks asked for, generates through the KV
+ * cache (core/generate.h) and prints the text; with out_dir writes generate.json (provenance from args'
+ * command line) and, with hooks, hooks.safetensors. 0, or -1 with err set (a usage error for a bad --prompt,
+ * --edit or --hooks). */
+int ps_generate_command(const ps_args *args, const ps_generate_req *r, ps_error *err);
+
+#endif
