@@ -5,6 +5,7 @@
 #ifndef PS_COMMANDS_H
 #define PS_COMMANDS_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "core/error.h"
@@ -30,5 +31,20 @@ typedef struct {
  * command line) and, with hooks, hooks.safetensors. 0, or -1 with err set (a usage error for a bad --prompt,
  * --edit or --hooks). */
 int ps_generate_command(const ps_args *args, const ps_generate_req *r, ps_error *err);
+
+/* ---- tokenize (run_tokenize.c) ---- */
+typedef struct {
+    const char *tokenizer; /* --tokenizer FILE: the model's tokenizer.json */
+    const char *in;        /* --in FILE: a JSON list of strings (of id lists when decode) */
+    const char *out;       /* --out FILE, written atomically */
+    bool decode;           /* --decode: ids to strings */
+    bool add_special;      /* --add-special (encoding only) */
+    bool skip_special;     /* --skip-special (decode only) */
+} ps_tokenize_req;
+
+/* Reads the input list, loads the tokenizer, encodes (or decodes) every item, writes the output and prints
+ * "encoded|decoded N strings|id lists, T tokens (R tokens/s) -> OUT". 0, or nonzero with err set naming the
+ * file and the item. */
+int ps_tokenize_command(const ps_tokenize_req *r, ps_error *err);
 
 #endif
