@@ -47,4 +47,20 @@ typedef struct {
  * file and the item. */
 int ps_tokenize_command(const ps_tokenize_req *r, ps_error *err);
 
+/* ---- forward (run_forward.c) ---- */
+typedef struct {
+    const char *model;   /* --model DIR, or NULL: the shipped default */
+    const char *tokens;  /* --tokens T.json */
+    const char *hooks;   /* --hooks NAMES (comma-separated), or NULL */
+    const char *out;     /* --out OUT.safetensors */
+    const char *layers;  /* --layers "0..L" as given (DeepSeek-V4), or NULL */
+    int lazy;            /* --lazy (DeepSeek-V4) */
+    const char *backend; /* --backend / --device */
+} ps_forward_req;
+
+/* Opens the checkpoint through the public API, checks the hook names against its table, runs every
+ * sequence on its own and writes logits.{i} and {hook}.{i} to out. 0, or -1 with err set (a usage error
+ * for a bad --layers, --lazy or --hooks). */
+int ps_forward_command(const ps_forward_req *r, ps_error *err);
+
 #endif
