@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "core/error.h"
+#include "core/model.h"
 #include "experiments/cli.h"
 
 /* ---- generate (run_generate.c) ---- */
@@ -62,5 +63,19 @@ typedef struct {
  * sequence on its own and writes logits.{i} and {hook}.{i} to out. 0, or -1 with err set (a usage error
  * for a bad --layers, --lazy or --hooks). */
 int ps_forward_command(const ps_forward_req *r, ps_error *err);
+
+/* ---- init (run_init.c) ---- */
+typedef struct {
+    const char *config; /* --config FILE (a model or a training config), or NULL: from */
+    const char *from;   /* --from DIR (copy that checkpoint), or NULL: config */
+    const char *out;    /* --out DIR */
+    int64_t seed;       /* --seed (config only; default 0) */
+    ps_save_opts save;  /* --format, --dtype, --shard-mb */
+} ps_init_req;
+
+/* Writes out: the checkpoint from (loaded, saved with save), or a model created from config and initialised
+ * with seed (its training config's task stored as metadata phasescope.task); prints "wrote OUT (...)". 0, or
+ * nonzero with err set. */
+int ps_init_command(const ps_init_req *r, ps_error *err);
 
 #endif
