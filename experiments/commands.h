@@ -78,4 +78,15 @@ typedef struct {
  * nonzero with err set. */
 int ps_init_command(const ps_init_req *r, ps_error *err);
 
+/* ---- info (run_info.c) ---- */
+typedef struct {
+    const char *model;   /* --model DIR, or NULL: the shipped default */
+    int64_t batch;       /* --batch B of the memory estimates (default 1) */
+    const char *backend; /* --backend / --device */
+} ps_info_req;
+
+/* Prints the family's description of the checkpoint (with the content chunks measured on its task), its
+ * hook-point table and the compute environment. 0, or -1 with err set. */
+int ps_info_command(const ps_info_req *r, ps_error *err);
+
 #endif
