@@ -89,4 +89,18 @@ typedef struct {
  * hook-point table and the compute environment. 0, or -1 with err set. */
 int ps_info_command(const ps_info_req *r, ps_error *err);
 
+/* ---- grad (run_grad.c) ---- */
+typedef struct {
+    const char *model;   /* --model DIR, or NULL: the shipped default */
+    const char *tokens;  /* --tokens T.json */
+    const char *targets; /* --targets Y.json (same shape; -1 or null: no target) */
+    const char *out;     /* --out GRADS.safetensors */
+    const char *backend; /* --backend / --device */
+} ps_grad_req;
+
+/* Runs every sequence on its own, accumulates the gradient of the mean cross-entropy over all target
+ * positions for every checkpoint tensor and writes `loss` and the gradients to out. 0, or nonzero with err
+ * set (the file and the sequence named). */
+int ps_grad_command(const ps_grad_req *r, ps_error *err);
+
 #endif
