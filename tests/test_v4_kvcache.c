@@ -18,7 +18,11 @@
  * Also: fork (no page copied until a write) and truncate (with history; too far back is an error); the
  * cache as hook points (zeroing an entry, mean-replacing an indexer key: the forward with that entry
  * overwritten) with a steering hook during the appends; bytes per token against
- * ps_v4_kvcache_bytes_per_token (`phasescope info`), both models; one 1536-token run (mix4); bad inputs. */
+ * ps_v4_kvcache_bytes_per_token (`phasescope info`), both models; one 1536-token run (mix4); bad inputs.
+ *
+ * On other backends (first; `--backends` runs only this): the same appends, fork, edits, truncate and hooks on
+ * cpu-staged give the cpu's bits (logits, entries, what the hooks saw), on cuda (when present) the cpu's within
+ * a tolerance; PS_REQUIRE_CUDA=1 fails without a device. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -633,7 +637,200 @@ static void bytes_and_long(const char *name, int64_t Tlong) {
     ps_v4_model_free(&m);
 }
 
-int main(void) {
+/* ---- the cache on another backend against the cpu ---- */
+
+/* A callback on a compressor's gate: sums what it sees (weighted by the index) and halves slot 0's gates (an
+ * edit in place: on a device context the hooks module copies the point to the host and back). */
+static int on_gate(const ps_hook_event *ev, void *user, ps_error *err) {
+    (void)err;
+    double *sum = user;
+    int64_t n = ev->shape[0] * ev->shape[1] * ev->shape[2] * ev->shape[3], d = ev->shape[3];
+    for (int64_t i = 0; i < n; i++)
+        if (isfinite(ev->data[i])) *sum += ev->data[i] * (double)(i + 1); /* (a slot without a token: -inf) */
+    for (int64_t i = 0; i < d; i++) ev->data[i] *= 0.5f;
+    return 0;
+}
+
+/* A callback on indexer.topk: sums the indices it sees and empties each row's last slot (-1: a selection the
+ * cache then checks on the host, a copy on a device). */
+static int on_topk(const ps_hook_event *ev, void *user, ps_error *err) {
+    (void)err;
+    double *sum = user;
+    int64_t n = ev->shape[1], K = ev->shape[2];
+    for (int64_t i = 0; i < n * K; i++) *sum += ev->data[i] * (double)(i % 7 + 1);
+    if (K > 1)
+        for (int64_t r = 0; r < n; r++) ev->data[r * K + K - 1] = -1.0f;
+    return 0;
+}
+
+/* One run of the staged comparison on model m (on its backend): two sequences grown by seeded appends (single
+ * tokens and chunks of up to 40 rows, pieces of 16), a fork half way, then edits (entry 1 of the first
+ * compressed layer zeroed everywhere, indexer key 3 of the last CSA layer set in the fork), a truncate of the
+ * fork by 3 tokens (history) and its regrowth; hooks: an action zeroing head 1 of the last layer's attn.q, a
+ * callback halving gates of the first compressed layer's compressor, one emptying the last top-k slot of the
+ * first CSA layer. The logits of every appended position into lg, every entry and indexer key held at the end
+ * into ent, what the callbacks summed into sums[2]. Returns the floats written to lg. */
+static int64_t staged_run(ps_v4_model *m, const int32_t *tok, int64_t T, float *lg, float *ent, int64_t *n_ent, double *sums) {
+    const ps_v4_config *c = &m->cfg;
+    ps_error err;
+    ps_kvcache kv;
+    ps_kvcache_opts o = {.chunk = 16, .history = 8};
+    int64_t V = c->vocab_size, out = 0, ne = 0;
+    if (ps_v4_kvcache_create(&kv, m, &o, &err)) {
+        CHECK_OK(-1, &err);
+        return 0;
+    }
+    int first_comp = -1, first_csa = -1, last_csa = -1;
+    for (int l = 0; l < c->n_layers; l++) {
+        if (c->attn_type[l] != PS_V4_SLIDING && first_comp < 0) first_comp = l;
+        if (c->attn_type[l] == PS_V4_CSA) last_csa = l, first_csa = first_csa < 0 ? l : first_csa;
+    }
+    ps_hooks h;
+    ps_hooks_init(&h);
+    char nm[96];
+    ps_hook_action zero = {.kind = PS_ACT_ZERO, .head = 1};
+    snprintf(nm, sizeof nm, "layers.%lld.attn.q", (long long)c->n_layers - 1);
+    CHECK_OK(ps_v4_hooks_add_action(&h, c, nm, &zero, &err), &err);
+    snprintf(nm, sizeof nm, "layers.%d.attn.compressor.gate", first_comp);
+    CHECK_OK(ps_v4_hooks_add(&h, c, nm, on_gate, &sums[0], &err), &err);
+    snprintf(nm, sizeof nm, "layers.%d.attn.indexer.topk", first_csa);
+    CHECK_OK(ps_v4_hooks_add(&h, c, nm, on_topk, &sums[1], &err), &err);
+    int ids[2] = {ps_kvcache_add(&kv, &err), -1};
+    ps_rng g;
+    ps_rng_seed(&g, 99);
+    int64_t done[2] = {0, 0};
+    int cut = 0;
+    float vec[64];
+    for (int64_t e = 0; e < 64; e++) vec[e] = 0.1f * (float)(e + 1);
+    while (done[0] < T) {
+        if (ids[1] < 0 && done[0] >= T / 2) { /* fork; then edits */
+            ids[1] = ps_kvcache_fork(&kv, ids[0], &err);
+            done[1] = done[0];
+            CHECK_OK(ps_kvcache_edit(&kv, -1, first_comp, 0, 0, 1, PS_KV_EDIT_ZERO, NULL, &err), &err);
+            CHECK_OK(ps_kvcache_edit(&kv, ids[1], last_csa, 0, 1, 3, PS_KV_EDIT_SET, vec, &err), &err);
+        } else if (ids[1] >= 0 && !cut && done[1] >= T / 2 + 20) { /* the fork back by 3 tokens */
+            done[1] -= 3;
+            CHECK_OK(ps_kvcache_truncate(&kv, ids[1], done[1], &err), &err);
+            cut = 1;
+        }
+        int nseq = ids[1] < 0 ? 1 : 2;
+        int64_t n[2], off = 0;
+        int32_t buf[100];
+        for (int i = 0; i < nseq; i++) {
+            int64_t k = ps_rng_u64(&g) % 3 ? 1 : 1 + (int64_t)(ps_rng_u64(&g) % 40);
+            if (k > T - done[i]) k = T - done[i];
+            n[i] = k;
+            for (int64_t t = 0; t < k; t++) buf[off + t] = tok[(done[i] + t + (int64_t)i * 7) % T];
+            off += k;
+        }
+        if (nseq == 2 && n[1] == 0) nseq = 1;
+        if (ps_kvcache_append(&kv, nseq, ids, n, buf, &h, lg + out, false, &err)) {
+            CHECK_OK(-1, &err);
+            break;
+        }
+        out += off * V;
+        for (int i = 0; i < nseq; i++) done[i] += n[i];
+    }
+    for (int i = 0; i < 2; i++)
+        for (int l = 0; l < c->n_layers; l++) {
+            if (c->attn_type[l] == PS_V4_SLIDING) continue;
+            for (int v = 0; v < (c->attn_type[l] == PS_V4_CSA ? 2 : 1); v++)
+                for (int64_t j = 0; j < ps_kvcache_n_entries(&kv, ids[i], l, 0); j++, ne += ps_kvcache_entry_width(&kv, l, v))
+                    CHECK_OK(ps_kvcache_entry(&kv, ids[i], l, 0, v, j, ent + ne, &err), &err);
+        }
+    *n_ent = ne;
+    ps_hooks_free(&h);
+    ps_kvcache_free(&kv);
+    return out;
+}
+
+/* max over rows of row_rel(a row, b row), rows of n floats */
+static double rows_rel(const float *a, const float *b, int64_t rows, int64_t n) {
+    double w = 0;
+    for (int64_t r = 0; r < rows; r++) w = fmax(w, row_rel(a + r * n, b + r * n, n));
+    return w;
+}
+
+/* The cache on backend `name` against the cpu backend, the same appends, fork, edits, truncate and hooks
+ * (staged_run), on mix4 (sliding, CSA and HCA layers) and hub3. On the test backend cpu-staged — the cpu's
+ * ops and memory behind a context that says its buffers are not host-visible, so every page write, op over
+ * the page tables, hook and read takes the device path — every appended position's logits, every entry and
+ * indexer key held, and what the callbacks saw are the cpu's bits. On a device (cuda) they agree within
+ * 1e-3 (logits per row; a top-k selection could flip where two scores lie within rounding). Returns 0 when
+ * the backend cannot be opened here. */
+static int test_backend_cache(const char *name) {
+    const char *models[] = {"mix4", "hub3"};
+    int exact = !strcmp(name, "cpu-staged");
+    double tol = 1e-3;
+    ps_error err;
+    ps_ctx *probe;
+    if (ps_ctx_create(&probe, name, &err)) {
+        printf("  %s: not tested (%s)\n", name, err.msg);
+        return 0;
+    }
+    ps_ctx_free(probe);
+    for (int k = 0; k < 2; k++) {
+        ps_v4_model m[2];
+        if (load(&m[0], models[k])) return 1;
+        if (load(&m[1], models[k])) {
+            ps_v4_model_free(&m[0]);
+            return 1;
+        }
+        if (ps_v4_model_to_backend(&m[1], name, &err)) {
+            CHECK_OK(-1, &err);
+            ps_v4_model_free(&m[0]), ps_v4_model_free(&m[1]);
+            return 1;
+        }
+        const ps_v4_config *c = &m[0].cfg;
+        int64_t T = 180, V = c->vocab_size, nl[2], ne[2], cap_ent = 2 * c->n_layers * 2 * T * 64 + 1;
+        int32_t tok[180];
+        tu_random_tokens(tok, T, V, 57 + (uint64_t)k);
+        float *lg[2], *ent[2];
+        double sums[2][2] = {{0, 0}, {0, 0}};
+        for (int b = 0; b < 2; b++) {
+            lg[b] = calloc((size_t)(2 * T * V), sizeof(float));
+            ent[b] = calloc((size_t)cap_ent, sizeof(float));
+            nl[b] = staged_run(&m[b], tok, T, lg[b], ent[b], &ne[b], sums[b]);
+        }
+        CHECK(nl[0] == nl[1] && nl[0] > T * V, "%s %s: %lld and %lld logits", name, models[k], (long long)nl[0], (long long)nl[1]);
+        CHECK(ne[0] == ne[1] && ne[0] > 0, "%s %s: %lld and %lld entry floats", name, models[k], (long long)ne[0], (long long)ne[1]);
+        double dl = nl[0] == nl[1] ? rows_rel(lg[1], lg[0], nl[0] / V, V) : INFINITY;
+        double de = ne[0] == ne[1] ? row_rel(ent[1], ent[0], ne[0]) : INFINITY;
+        double dg = fabs(sums[1][0] - sums[0][0]) / fmax(fabs(sums[0][0]), 1e-30);
+        CHECK(sums[0][0] != 0 && sums[0][1] != 0, "%s %s: the callbacks fired (%g, %g)", name, models[k], sums[0][0], sums[0][1]);
+        if (exact) {
+            CHECK(nl[0] == nl[1] && memcmp(lg[0], lg[1], (size_t)nl[0] * sizeof(float)) == 0, "%s %s: logits differ from the cpu's (%.3g)",
+                  name, models[k], dl);
+            CHECK(ne[0] == ne[1] && memcmp(ent[0], ent[1], (size_t)ne[0] * sizeof(float)) == 0,
+                  "%s %s: entries differ from the cpu's (%.3g)", name, models[k], de);
+            CHECK(sums[0][0] == sums[1][0] && sums[0][1] == sums[1][1], "%s %s: the hooks saw other values (%.17g %.17g vs %.17g %.17g)",
+                  name, models[k], sums[1][0], sums[1][1], sums[0][0], sums[0][1]);
+        } else {
+            CHECK(dl < tol && de < tol && dg < tol, "%s %s: logits %.3g, entries %.3g, the gate hook's sum %.3g from the cpu's (tolerance %.0e)",
+                  name, models[k], dl, de, dg, tol);
+        }
+        printf("  %s %s against the cpu%s: %lld logit rows (%.3g), %lld entry floats (%.3g), gate hook %.3g, top-k hook %s\n", name,
+               models[k], exact ? ", bit for bit" : "", (long long)(nl[0] / V), dl, (long long)ne[0], de, dg,
+               sums[0][1] == sums[1][1] ? "the same" : "differs");
+        for (int b = 0; b < 2; b++) free(lg[b]), free(ent[b]), ps_v4_model_free(&m[b]);
+    }
+    return 1;
+}
+
+/* cpu-staged always; cuda when the build has it and a device is present — a failure when the run asks for
+ * it (PS_REQUIRE_CUDA=1: scripts/gpu_check.sh) */
+static void test_backends(void) {
+    printf("the DeepSeek-V4 cache on other backends:\n");
+    test_backend_cache("cpu-staged");
+    int cuda = test_backend_cache("cuda");
+    const char *req = getenv("PS_REQUIRE_CUDA");
+    CHECK(cuda || !req || !*req || !strcmp(req, "0"), "PS_REQUIRE_CUDA is set and the DeepSeek-V4 KV cache could not be tested on cuda");
+}
+
+/* --backends: the backend comparison alone (the device check, scripts/gpu_check.sh) */
+int main(int argc, char **argv) {
+    test_backends();
+    if (argc > 1 && !strcmp(argv[1], "--backends")) CHECK_DONE();
     property("mix4", 1);
     property("hub3", 2);
     property("mix4", 3);
