@@ -22,7 +22,7 @@
  *
  * On other backends (first; `--backends` runs only this): the same appends, fork, edits, truncate and hooks on
  * cpu-staged give the cpu's bits (logits, entries, what the hooks saw), on cuda (when present) the cpu's within
- * a tolerance; PS_REQUIRE_CUDA=1 fails without a device. */
+ * a tolerance; PS_REQUIRE_CUDA=1 fails without a device. The CUDA kernels' bodies on the host against the cpu's ops. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,7 +30,9 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "core/cuda/kvcache_v4_bodies.h"
 #include "core/kvcache.h"
+#include "core/ops.h"
 #include "core/rng.h"
 #include "core/v4/v4_forward.h"
 #include "core/v4/v4_hooks.h"
@@ -827,10 +829,85 @@ static void test_backends(void) {
     CHECK(cuda || !req || !*req || !strcmp(req, "0"), "PS_REQUIRE_CUDA is set and the DeepSeek-V4 KV cache could not be tested on cuda");
 }
 
+/* The CUDA kernels' bodies (core/cuda/kvcache_v4_bodies.h) checked without a GPU: run on the host over the
+ * kernels' index spaces (one call per query row and head, per channel) with host page tables, against the cpu
+ * backend's ops on the same pages — the same bits (the bodies follow the CPU's order of operations). A
+ * sliding layer's piece, an HCA layer's (head dim 32, 20 rows), a CSA layer's with empty top-k slots and an
+ * index past the entries held; the gates of an HCA window, a CSA window and CSA's first window. */
+static void test_cuda_bodies(void) {
+    ps_ctx *c;
+    ps_error err;
+    if (ps_ctx_create(&c, "cpu", &err)) {
+        CHECK(0, "%s", err.msg);
+        return;
+    }
+    ps_rng g;
+    ps_rng_seed(&g, 31);
+    static const struct {
+        int64_t H, Dh, W, m, K, t0, n, kbase;
+    } S[3] = {{2, 8, 5, 0, 0, 70, 3, 64}, {3, 32, 9, 4, 0, 41, 20, 32}, {2, 16, 6, 4, 3, 50, 6, 40}};
+    int64_t checked = 0;
+    for (int s = 0; s < 3; s++) {
+        int64_t H = S[s].H, Dh = S[s].Dh, n = S[s].n, t1 = S[s].t0 + n, K = S[s].K, pr = 8, pe = 5;
+        ps_v4_kv_attn a = {.H = H, .Dh = Dh, .W = S[s].W, .m = S[s].m, .K = K, .t0 = S[s].t0, .n = n,
+                           .scale = (float)(1.0 / sqrt((double)Dh))};
+        int64_t nkp = (t1 - S[s].kbase + pr - 1) / pr, ne = a.m > 0 ? t1 / a.m : 0, nep = (ne + pe - 1) / pe;
+        float *kt[16] = {0}, *et[8] = {0};
+        for (int64_t i = 0; i < nkp; i++) {
+            kt[i] = malloc((size_t)(pr * Dh) * sizeof(float));
+            for (int64_t j = 0; j < pr * Dh; j++) kt[i][j] = (float)ps_rng_normal(&g);
+        }
+        for (int64_t i = 0; i < nep; i++) {
+            et[i] = malloc((size_t)(pe * Dh) * sizeof(float));
+            for (int64_t j = 0; j < pe * Dh; j++) et[i][j] = (float)ps_rng_normal(&g);
+        }
+        a.kv = (ps_kv_pages){.page = kt, .base = S[s].kbase, .rows = t1, .width = Dh, .page_rows = pr};
+        a.nE = ne;
+        if (ne) a.ent = (ps_kv_pages){.page = et, .base = 0, .rows = ne, .width = Dh, .page_rows = pe};
+        float topk[32], sink[4], *q = malloc((size_t)(n * H * Dh) * sizeof(float));
+        for (int64_t r = 0; r < n * K; r++) {
+            int64_t row = r / K, i = r % K, vis = (S[s].t0 + row + 1) / a.m;
+            topk[r] = i == 0 ? (float)(vis - 1 - row % 3) : i == 1 ? (row % 2 ? -1.0f : (float)(row % 5)) : (float)(row == 2 ? ne : 5 + row % 3);
+        }
+        for (int64_t h = 0; h < H; h++) sink[h] = (float)ps_rng_normal(&g);
+        for (int64_t i = 0; i < n * H * Dh; i++) q[i] = (float)ps_rng_normal(&g);
+        float *o1 = calloc((size_t)(n * H * Dh), sizeof(float)), *o2 = calloc((size_t)(n * H * Dh), sizeof(float));
+        float *s1 = calloc((size_t)(n * H), sizeof(float)), *s2 = calloc((size_t)(n * H), sizeof(float));
+        CHECK(ps_v4_kv_attend(c, o1, s1, q, K ? topk : NULL, sink, &a) == 0, "v4_kv_attend on the cpu: %s", c->err.msg);
+        for (int64_t task = 0; task < n * H; task++) ps_v4kb_kv_attend(o2, s2, q, K ? topk : NULL, sink, &a, task);
+        CHECK(!memcmp(o1, o2, (size_t)(n * H * Dh) * sizeof(float)) && !memcmp(s1, s2, (size_t)(n * H) * sizeof(float)),
+              "the CUDA body of v4_kv_attend differs from the cpu's (shape %d: out %.3g, sinkp %.3g)", s, row_rel(o2, o1, n * H * Dh),
+              row_rel(s2, s1, n * H));
+        checked += n * H * (Dh + 1);
+        /* the gates: HCA window 5, CSA window 5, CSA window 0 (rows from 8, or 0 for window 0, in pages of 8) */
+        ps_kv_chan k = {.hd = 6, .rate = 4, .csa = s > 0, .wi = s == 2 ? 0 : 5};
+        k.cw = (k.csa ? 2 : 1) * k.hd;
+        int64_t base = s == 2 ? 0 : 8, np = (26 - base + 7) / 8, SL = (k.csa ? 2 : 1) * k.rate;
+        float *lt[4], ape[64], g1[64], g2[64];
+        for (int64_t i = 0; i < np; i++) {
+            lt[i] = malloc((size_t)(8 * 2 * k.cw) * sizeof(float));
+            for (int64_t j = 0; j < 8 * 2 * k.cw; j++) lt[i][j] = (float)ps_rng_normal(&g);
+        }
+        for (int64_t i = 0; i < k.rate * k.cw; i++) ape[i] = (float)ps_rng_normal(&g);
+        k.ln = (ps_kv_pages){.page = lt, .base = base, .rows = 26, .width = 2 * k.cw, .page_rows = 8};
+        CHECK(ps_v4_kv_slots(c, g1, ape, &k) == 0, "v4_kv_slots on the cpu: %s", c->err.msg);
+        for (int64_t i = 0; i < k.hd; i++) ps_v4kb_kv_slots(g2, ape, &k, i);
+        CHECK(!memcmp(g1, g2, (size_t)(SL * k.hd) * sizeof(float)), "the CUDA body of v4_kv_slots differs from the cpu's (shape %d)", s);
+        checked += SL * k.hd;
+        for (int64_t i = 0; i < np; i++) free(lt[i]);
+        for (int64_t i = 0; i < nkp; i++) free(kt[i]);
+        for (int64_t i = 0; i < nep; i++) free(et[i]);
+        free(q), free(o1), free(o2), free(s1), free(s2);
+    }
+    printf("the CUDA bodies of v4_kv_attend and v4_kv_slots on the host: %lld outputs, the cpu's bits\n", (long long)checked);
+    ps_ctx_free(c);
+}
+
 /* --backends: the backend comparison alone (the device check, scripts/gpu_check.sh) */
 int main(int argc, char **argv) {
     test_backends();
     if (argc > 1 && !strcmp(argv[1], "--backends")) CHECK_DONE();
+    test_cuda_bodies();
     property("mix4", 1);
     property("hub3", 2);
     property("mix4", 3);
