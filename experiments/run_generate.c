@@ -33,6 +33,7 @@ typedef struct {
     int64_t inner; /* floats per unit of axis 1 */
     int64_t shape[4];
     int64_t n1;    /* units of axis 1 so far */
+    int started;   /* fired at least once (a firing may hold no floats: a top-k over no entries yet) */
     float *data;
     int64_t cap;
 } rec_item;
@@ -44,6 +45,10 @@ typedef struct {
     char **names;
 } recorder;
 
+/* Firing f's rows into it. A point whose last axis grows between firings (DeepSeek-V4's indexer.scores and
+ * indexer.topk: over the entries that exist so far) is kept at its widest: the recorded rows are re-laid
+ * out when a wider firing comes, and every row narrower than the recording is padded with NaN ("no such
+ * entry yet"). Any other change of shape is an error naming the hook. */
 static int on_hook(const ps_hook_event *ev, void *user, ps_error *err) {
     recorder *r = user;
     int seq = ps_kvcache_event(r->kv)->seq, k = -1;
@@ -51,23 +56,42 @@ static int on_hook(const ps_hook_event *ev, void *user, ps_error *err) {
         if (!strcmp(r->names[i], ev->name)) k = i;
     if (k < 0 || seq < 0 || seq >= r->n_seq) return 0;
     rec_item *it = &r->items[k * r->n_seq + seq];
-    int64_t inner = 1;
-    for (int d = 2; d < ev->ndim; d++) inner *= ev->shape[d];
-    if (!it->data) {
+    int nd = ev->ndim;
+    int64_t rows = 1, last = nd > 2 ? ev->shape[nd - 1] : 1; /* per unit of axis 1: rows × last floats */
+    for (int d = 2; d < nd - 1; d++) rows *= ev->shape[d];
+    if (!it->started) {
+        it->started = 1;
         snprintf(it->name, sizeof it->name, "%s.%d", ev->name, seq);
-        it->ndim = ev->ndim - 1;
-        it->inner = inner;
-        for (int d = 1; d < ev->ndim; d++) it->shape[d - 1] = ev->shape[d];
+        it->ndim = nd - 1;
+        it->inner = rows * last;
+        for (int d = 1; d < nd; d++) it->shape[d - 1] = ev->shape[d];
+    } else {
+        int same = nd - 1 == it->ndim;
+        for (int d = 2; same && d < nd - 1; d++) same = ev->shape[d] == it->shape[d - 1];
+        if (!same) return ps_fail(err, "recording hook %s: its shape changed between firings (only the last axis may grow)", ev->name);
     }
-    int64_t add = ev->shape[1], need = (it->n1 + add) * inner;
+    int64_t have = nd > 2 ? it->shape[nd - 2] : 1, wide = last > have ? last : have;
+    int64_t add = ev->shape[1], need = (it->n1 + add) * rows * wide;
     if (need > it->cap) {
         int64_t cap = need > 2 * it->cap ? need : 2 * it->cap;
-        float *nd = realloc(it->data, (size_t)cap * sizeof(float));
-        if (!nd) return ps_fail(err, "out of memory recording hook %s", ev->name);
-        it->data = nd;
+        float *nd_ = realloc(it->data, (size_t)cap * sizeof(float));
+        if (!nd_) return ps_fail(err, "out of memory recording hook %s", ev->name);
+        it->data = nd_;
         it->cap = cap;
     }
-    memcpy(it->data + it->n1 * inner, ev->data, (size_t)(add * inner) * sizeof(float));
+    if (wide > have) { /* widen what is recorded, from the end backwards (in place) */
+        for (int64_t i = it->n1 * rows - 1; i >= 0; i--) {
+            memmove(it->data + i * wide, it->data + i * have, (size_t)have * sizeof(float));
+            for (int64_t j = have; j < wide; j++) it->data[i * wide + j] = NAN;
+        }
+        it->shape[nd - 2] = wide;
+        it->inner = rows * wide;
+    }
+    for (int64_t i = 0; i < add * rows; i++) {
+        float *dst = it->data + (it->n1 * rows + i) * wide;
+        memcpy(dst, ev->data + i * last, (size_t)last * sizeof(float));
+        for (int64_t j = last; j < wide; j++) dst[j] = NAN;
+    }
     it->n1 += add;
     return 0;
 }

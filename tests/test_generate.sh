@@ -90,7 +90,7 @@ expect mean-missing 1 "no prompt holds entry 50" -- "$PS" generate --model "$M" 
 V4="$SRC/tests/conformance/v4/mix4"
 echo '[[242, 200, 78, 61, 27, 248, 247, 218, 52, 39, 130, 111, 7], [5, 9]]' > "$T/v4t.json"
 expect v4-greedy 0 "wrote" -- "$PS" generate --model "$V4" --tokens "$T/v4t.json" --max-tokens 24 --out "$T/v4g" \
-  --hooks layers.2.attn.compressor.kv,layers.3.attn.cache_kv,layers.3.attn.cache_ik
+  --hooks layers.2.attn.compressor.kv,layers.3.attn.cache_kv,layers.3.attn.cache_ik,layers.1.attn.indexer.topk
 python3 - "$T/v4g/generate.json" "$T/v4full.json" <<'PY'
 import json, sys
 g = json.load(open(sys.argv[1]))
@@ -121,7 +121,20 @@ for i, s in enumerate(g["sequences"]):
     assert h["layers.2.attn.compressor.kv.%d" % i][0] == [(T - 1) // 8, 32], h["layers.2.attn.compressor.kv.%d" % i][0]
     assert h["layers.3.attn.cache_kv.%d" % i][0] == [(T - 1) // 4, 1, 32], h["layers.3.attn.cache_kv.%d" % i][0]
     assert h["layers.3.attn.cache_ik.%d" % i][0] == [(T - 1) // 4, 1, 16], h["layers.3.attn.cache_ik.%d" % i][0]
+    # indexer.topk grows wider as entries appear: recorded at its widest, narrower rows padded with NaN; row p
+    # (position p) picks among the (p + 1) // 4 entries it sees, -1 where it has fewer than its width
+    (R, K), tk = h["layers.1.attn.indexer.topk.%d" % i]
+    assert R == T - 1 and K == min(4, (T - 1) // 4), (R, K)
+    for p in range(R):
+        row = tk[p * K:(p + 1) * K]
+        m = [x for x in row if x == x]
+        assert all(x != x for x in row[len(m):]), ("NaN only at the end of a row", p, row)
+        assert all(x == -1 or (x == int(x) and 0 <= x < (p + 1) // 4) for x in m), (p, row)
+        assert len([x for x in m if x >= 0]) == min(len(m), (p + 1) // 4), (p, row)
 PY
+expect v4-again 0 "wrote" -- "$PS" generate --model "$V4" --tokens "$T/v4t.json" --max-tokens 24 --out "$T/v4g2" \
+  --hooks layers.2.attn.compressor.kv,layers.3.attn.cache_kv,layers.3.attn.cache_ik,layers.1.attn.indexer.topk
+ok cmp "$T/v4g/hooks.safetensors" "$T/v4g2/hooks.safetensors"
 expect v4-edit 0 "wrote" -- "$PS" generate --model "$V4" --tokens "$T/v4t.json" --max-tokens 6 --out "$T/v4e" \
   --hooks layers.1.attn.cache_kv --edit layers.1.attn.cache_kv:0:1:zero,layers.3.attn.cache_ik:0:2:mean
 ok python3 - "$T/v4e/hooks.safetensors" <<'PY'
