@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "core/names.h"
 #include "core/ops.h"
 
 /* The channel attention: the compressor's only per-slot parameter is its position bias ape [m, c·hd] (the
@@ -81,28 +82,12 @@ static int usage(ps_error *err) {
     return -1;
 }
 
-int ps_cycle_choice(const char *flag, const char *v, const char *const *choices, int *idx, ps_error *err) {
-    int n = 0;
-    for (; choices[n]; n++)
-        if (!strcmp(choices[n], v)) {
-            *idx = n;
-            return 0;
-        }
-    char list[512];
-    size_t len = 0;
-    list[0] = '\0';
-    for (int i = 0; i < n && len < sizeof list; i++)
-        len += (size_t)snprintf(list + len, sizeof list - len, "%s%s", i == 0 ? "" : i == n - 1 ? " or " : ", ", choices[i]);
-    ps_fail(err, "%s %s: expected %s", flag, v, list);
-    return usage(err);
-}
-
 int ps_model_cycle_check(const ps_runtime *rt, ps_cycle_req *q, ps_error *err) {
     static const char *const BRANCHES[] = {"key", "value", "both", NULL}, *const PARAMS[] = {"gate", "payload", "all", NULL};
     ps_model *m = rt->model;
     const ps_config *c = &m->cfg;
     int bi = 2, pi = -1;
-    if ((q->branch && ps_cycle_choice("--branch", q->branch, BRANCHES, &bi, err)) || (q->params && ps_cycle_choice("--params", q->params, PARAMS, &pi, err)))
+    if ((q->branch && ps_choice("--branch", q->branch, BRANCHES, &bi, err)) || (q->params && ps_choice("--params", q->params, PARAMS, &pi, err)))
         return -1;
     int64_t layer = q->layer, head = q->head;
     int branches = bi == 0 ? PS_CYCLE_KEY : bi == 1 ? PS_CYCLE_VALUE : PS_CYCLE_KEY | PS_CYCLE_VALUE;

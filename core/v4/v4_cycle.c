@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "core/names.h"
 #include "core/ops.h"
 #include "core/v4/v4_config.h"
 #include "core/v4/v4_model.h"
@@ -75,7 +76,7 @@ int ps_v4_cycle_check(const ps_runtime *rt, ps_cycle_req *q, ps_error *err) {
                                 "DeepSeek-V4 compressor has one K=V head)");
     static const char *const BR[] = {"compressor", "indexer", "both", NULL};
     int bi = 2;
-    if (q->branch && ps_cycle_choice("--branch", q->branch, BR, &bi, err)) return ps_fail_prefix(err, "DeepSeek-V4: ");
+    if (q->branch && ps_choice("--branch", q->branch, BR, &bi, err)) return ps_fail_prefix(err, "DeepSeek-V4: ");
     int branches = bi == 0 ? PS_V4_CYCLE_COMPRESSOR : bi == 1 ? PS_V4_CYCLE_INDEXER : PS_V4_CYCLE_COMPRESSOR | PS_V4_CYCLE_INDEXER;
     if (q->layer < 0 || q->layer >= c->n_layers)
         return v4_gc_usage(err, "--layer %lld: out of range (the model has %lld layers, 0..%lld)", (long long)q->layer,
