@@ -28,7 +28,7 @@
 #include "core/config.h"
 #include "core/forward.h"
 #include "core/model.h"
-#include "http_client.h"
+#include "serve_http.h"
 #include "serve/serve.h"
 #include "testutil.h"
 #include "toy_family.h"

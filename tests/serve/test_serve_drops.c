@@ -25,7 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "http_client.h"
+#include "serve_http.h"
 
 static int fails, passes;
 #define OK(c)                                                                   \

@@ -1,6 +1,6 @@
-/* http_client.c — the tests' HTTP client (http_client.h). */
+/* serve_http.c — the tests' HTTP client for serve (serve_http.h). */
 #define _POSIX_C_SOURCE 200809L
-#include "http_client.h"
+#include "serve_http.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,8 +1,9 @@
-/* http_client.h — the tests' HTTP client (libcurl) for a `phasescope serve` on loopback: a handle set up for
+/* serve_http.h — the tests' HTTP client (libcurl) for a `phasescope serve` on loopback: a handle set up for
  * one request to 127.0.0.1:PORT, the growing buffer a response body is read into, and one whole request with
- * its JSON answer. test_serve.c (in process) and serve/test_serve_drops.c (a server process) use it. */
-#ifndef PS_TEST_HTTP_CLIENT_H
-#define PS_TEST_HTTP_CLIENT_H
+ * its JSON answer. test_serve.c (in process) and serve/test_serve_drops.c (a server process) use it. Not
+ * probe/http_client.h: that one retries 429 and 5xx answers, which these tests expect to see. */
+#ifndef PS_TEST_SERVE_HTTP_H
+#define PS_TEST_SERVE_HTTP_H
 
 #include <curl/curl.h>
 #include <jansson.h>
