@@ -13,6 +13,16 @@ int ps_fail(ps_error *err, const char *fmt, ...) {
     return -1;
 }
 
+int ps_fail_usage(ps_error *err, const char *fmt, ...) {
+    if (!err) return -1;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+    va_end(ap);
+    err->usage = 1;
+    return -1;
+}
+
 int ps_fail_prefix(ps_error *err, const char *fmt, ...) {
     if (!err) return -1;
     char prefix[PS_ERROR_MAX], old[PS_ERROR_MAX];

@@ -16,9 +16,7 @@ int ps_choice(const char *flag, const char *v, const char *const *choices, int *
     list[0] = '\0';
     for (int i = 0; i < n && len < sizeof list; i++)
         len += (size_t)snprintf(list + len, sizeof list - len, "%s%s", i == 0 ? "" : i == n - 1 ? " or " : ", ", choices[i]);
-    ps_fail(err, "%s %s: expected %s", flag, v, list);
-    if (err) err->usage = 1;
-    return -1;
+    return ps_fail_usage(err, "%s %s: expected %s", flag, v, list);
 }
 
 int ps_family_by_name(const void *items, int n, ps_name_of_fn name_of, const char *name, const char *what, int *idx,
