@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "core/names.h"
 #include "core/ops.h"
 
 /* The channel attention: the compressor's only per-slot parameter is its position bias ape [m, c·hd] (the
@@ -76,33 +77,12 @@ int ps_gate_cycle(ps_model *m, int layer, int head, int branches, int params, in
 
 /* ---- the controlled model's entries (runtime.c's table) ---- */
 
-static int usage(ps_error *err) {
-    if (err) err->usage = 1;
-    return -1;
-}
-
-int ps_cycle_choice(const char *flag, const char *v, const char *const *choices, int *idx, ps_error *err) {
-    int n = 0;
-    for (; choices[n]; n++)
-        if (!strcmp(choices[n], v)) {
-            *idx = n;
-            return 0;
-        }
-    char list[512];
-    size_t len = 0;
-    list[0] = '\0';
-    for (int i = 0; i < n && len < sizeof list; i++)
-        len += (size_t)snprintf(list + len, sizeof list - len, "%s%s", i == 0 ? "" : i == n - 1 ? " or " : ", ", choices[i]);
-    ps_fail(err, "%s %s: expected %s", flag, v, list);
-    return usage(err);
-}
-
 int ps_model_cycle_check(const ps_runtime *rt, ps_cycle_req *q, ps_error *err) {
     static const char *const BRANCHES[] = {"key", "value", "both", NULL}, *const PARAMS[] = {"gate", "payload", "all", NULL};
     ps_model *m = rt->model;
     const ps_config *c = &m->cfg;
     int bi = 2, pi = -1;
-    if ((q->branch && ps_cycle_choice("--branch", q->branch, BRANCHES, &bi, err)) || (q->params && ps_cycle_choice("--params", q->params, PARAMS, &pi, err)))
+    if ((q->branch && ps_choice("--branch", q->branch, BRANCHES, &bi, err)) || (q->params && ps_choice("--params", q->params, PARAMS, &pi, err)))
         return -1;
     int64_t layer = q->layer, head = q->head;
     int branches = bi == 0 ? PS_CYCLE_KEY : bi == 1 ? PS_CYCLE_VALUE : PS_CYCLE_KEY | PS_CYCLE_VALUE;
@@ -114,21 +94,20 @@ int ps_model_cycle_check(const ps_runtime *rt, ps_cycle_req *q, ps_error *err) {
             char valid[64];
             if (c->n_layers == 1) snprintf(valid, sizeof valid, "--layer 0");
             else snprintf(valid, sizeof valid, "--layer 0..%lld", (long long)c->n_layers - 1);
-            ps_fail(err, "--layer %lld: out of range: no --model given, so this is %s, which has %lld layer%s: valid %s (or pass --model DIR)",
-                    (long long)layer, note, (long long)c->n_layers, c->n_layers == 1 ? "" : "s", valid);
-        } else
-            ps_fail(err, "--layer %lld: out of range (the model has %lld layers, 0..%lld)", (long long)layer, (long long)c->n_layers,
-                    (long long)c->n_layers - 1);
-        return usage(err);
+            return ps_fail_usage(err, "--layer %lld: out of range: no --model given, so this is %s, which has %lld layer%s: valid %s (or "
+                                      "pass --model DIR)",
+                                 (long long)layer, note, (long long)c->n_layers, c->n_layers == 1 ? "" : "s", valid);
+        }
+        return ps_fail_usage(err, "--layer %lld: out of range (the model has %lld layers, 0..%lld)", (long long)layer,
+                             (long long)c->n_layers, (long long)c->n_layers - 1);
     }
     if (c->kind != PS_ATTN_FULL && head >= c->n_kv_heads) {
         if (note[0])
-            ps_fail(err, "--head %lld: out of range: no --model given, so this is %s, which has %lld KV heads: valid --head 0..%lld (or pass --model DIR)",
-                    (long long)head, note, (long long)c->n_kv_heads, (long long)c->n_kv_heads - 1);
-        else
-            ps_fail(err, "--head %lld: out of range (the model has %lld KV heads, 0..%lld)", (long long)head, (long long)c->n_kv_heads,
-                    (long long)c->n_kv_heads - 1);
-        return usage(err);
+            return ps_fail_usage(err, "--head %lld: out of range: no --model given, so this is %s, which has %lld KV heads: valid --head "
+                                      "0..%lld (or pass --model DIR)",
+                                 (long long)head, note, (long long)c->n_kv_heads, (long long)c->n_kv_heads - 1);
+        return ps_fail_usage(err, "--head %lld: out of range (the model has %lld KV heads, 0..%lld)", (long long)head,
+                             (long long)c->n_kv_heads, (long long)c->n_kv_heads - 1);
     }
     /* default: every per-offset parameter the model has (gates and payloads move together) */
     if (!params && c->kind == PS_ATTN_COMPRESSED) {
@@ -142,11 +121,11 @@ int ps_model_cycle_check(const ps_runtime *rt, ps_cycle_req *q, ps_error *err) {
     /* the cycle's preconditions (a bad model fails before any sweep): cycling by 0 checks them and changes nothing */
     if (ps_gate_cycle(m, (int)layer, (int)head, branches, params, 0, err)) {
         if (strncmp(err->msg, "--", 2)) return ps_fail_prefix(err, "--model %s: ", q->model_dir);
-        return usage(err);
+        err->usage = 1; /* the message names the flag at fault */
+        return -1;
     }
     if (q->per_head && c->kind != PS_ATTN_COMPRESSED) {
-        ps_fail(err, "--measure knockout: the model has no compressed cache to cycle");
-        return usage(err);
+        return ps_fail_usage(err, "--measure knockout: the model has no compressed cache to cycle");
     }
     q->branches = branches;
     q->params_mask = params;

@@ -40,10 +40,6 @@ struct ps_cycle_req {
     int branches, params_mask;   /* filled by cycle_check (the family's masks) */
 };
 
-/* A flag's value v among choices (NULL-terminated): *idx its index, else a usage error "FLAG V: expected
- * A, B or C" (as the CLI's). */
-int ps_cycle_choice(const char *flag, const char *v, const char *const *choices, int *idx, ps_error *err);
-
 /* The controlled model: head = -1 every KV head. Errors (naming the flag) for a layer or head out of range,
  * a full-attention model, gates on a uniform-gate model, a shared payload. */
 int ps_gate_cycle(ps_model *m, int layer, int head, int branches, int params, int64_t k, ps_error *err);

@@ -3,13 +3,27 @@
 #include <stdio.h>
 #include <string.h>
 
-int ps_fail(ps_error *err, const char *fmt, ...) {
+/* the message, and whether it is a usage error */
+static int fail_v(ps_error *err, int usage, const char *fmt, va_list ap) {
     if (!err) return -1;
+    vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+    err->usage = usage;
+    return -1;
+}
+
+int ps_fail(ps_error *err, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+    fail_v(err, 0, fmt, ap);
     va_end(ap);
-    err->usage = 0;
+    return -1;
+}
+
+int ps_fail_usage(ps_error *err, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fail_v(err, 1, fmt, ap);
+    va_end(ap);
     return -1;
 }
 

@@ -18,6 +18,9 @@ typedef struct {
 /* Write a message into err (NULL-safe; clears `usage`); always returns -1 so callers can `return ps_fail(...)`. */
 int ps_fail(ps_error *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* As ps_fail, and marks the error a usage error (`usage` = 1: a flag or value the caller gave is invalid). */
+int ps_fail_usage(ps_error *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
 /* Prefix an existing message, e.g. with the file name: "FILE: <old message>". Returns -1. */
 int ps_fail_prefix(ps_error *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/names.h"
 #include "experiments/cli.h"
 
 int ps_cli_mark_usage(ps_error *err) {
@@ -136,19 +137,7 @@ int ps_args_positive(const ps_args *a, const char *name, double max, double *out
 
 int ps_args_choice(const ps_args *a, const char *name, const char *const *choices, int *idx, ps_error *err) {
     const char *v = ps_args_get(a, name);
-    if (!v) return 0;
-    int n = 0;
-    for (; choices[n]; n++)
-        if (!strcmp(choices[n], v)) {
-            *idx = n;
-            return 0;
-        }
-    char list[512];
-    size_t len = 0;
-    list[0] = '\0';
-    for (int i = 0; i < n && len < sizeof list; i++)
-        len += (size_t)snprintf(list + len, sizeof list - len, "%s%s", i == 0 ? "" : i == n - 1 ? " or " : ", ", choices[i]);
-    return ps_cli_usage(err, "%s %s: expected %s", name, v, list);
+    return v ? ps_choice(name, v, choices, idx, err) : 0;
 }
 
 const char *ps_args_backend(const ps_args *a) {

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "core/fileio.h"
+#include "core/names.h"
 
 int ps_fillers_load(const char *path, ps_filler_family **out, int *n, ps_error *err) {
     *out = NULL;
@@ -70,20 +71,11 @@ done:
     return rc;
 }
 
-int ps_fillers_find(const ps_filler_family *f, int n, const char *name, const ps_filler_family **out, ps_error *err) {
-    if (!name) {
-        *out = &f[0];
-        return 0;
-    }
-    char list[512] = "";
-    for (int i = 0; i < n; i++) {
-        if (!strcmp(f[i].name, name)) {
-            *out = &f[i];
-            return 0;
-        }
-        size_t l = strlen(list);
-        snprintf(list + l, sizeof list - l, "%s%s", i ? ", " : "", f[i].name);
-    }
-    return ps_fail(err, "--family %s: unknown filler family (families: %s)", name, list);
-}
+static const char *filler_name(const void *f, int i) { return ((const ps_filler_family *)f)[i].name; }
 
+int ps_fillers_find(const ps_filler_family *f, int n, const char *name, const ps_filler_family **out, ps_error *err) {
+    int i;
+    if (ps_family_by_name(f, n, filler_name, name, "filler family", &i, err)) return -1;
+    *out = &f[i];
+    return 0;
+}

@@ -354,6 +354,8 @@ for h in ph["heads"]:
 assert ph["summary"]["n_heads"] == 2 and ph["summary"]["n_measured"] + ph["summary"]["n_lost"] + ph["summary"]["n_no_profile"] == 2
 ' "$T/gm/gatecycle.json"
 expect gatecycle-measure-bad 2 "--measure bogus" -- "$PS" gatecycle --model "$R" --layer 0 --shift 1 --measure bogus
+expect gatecycle-branch-bad 2 "--branch kv: expected key, value or both" -- "$PS" gatecycle --model "$R" --layer 0 --shift 1 --branch kv
+expect gatecycle-params-bad 2 "--params gates: expected gate, payload or all" -- "$PS" gatecycle --model "$R" --layer 0 --shift 1 --params gates
 expect gatecycle-min-hurt-bad 2 "--min-hurt 0: expected a positive number" -- "$PS" gatecycle --model "$R" --layer 0 --shift 1 --min-hurt 0
 expect gatecycle-layer 2 "--layer 9: out of range (the model has 2 layers, 0..1)" -- "$PS" gatecycle --model "$R" --layer 9 --shift 2
 expect gatecycle-head 2 "--head 5: out of range (the model has 2 KV heads, 0..1)" -- "$PS" gatecycle --model "$R" --layer 0 --shift 2 --head 5

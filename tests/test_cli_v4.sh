@@ -66,6 +66,7 @@ ok "knockout --method atp: V4 checkpoints have no backward pass" '[ "$(err knock
 ok "knockout --target indexer --layers 2: HCA has none" '[ "$(err knockout --model "$M" --task "$T/task.json" --target indexer --layers 2 --out "$T/x")" = 2 ] && grep -q "layer 2 is heavily_compressed_attention" "$T/e.out"'
 ok "gatecycle on a sliding layer" '[ "$(err gatecycle --model "$M" --task "$T/task.json" --layer 0 --shift 1 --out "$T/x")" = 2 ] && grep -q "sliding" "$T/e.out"'
 ok "gatecycle --params payload on V4" '[ "$(err gatecycle --model "$M" --task "$T/task.json" --layer 1 --shift 1 --params payload --out "$T/x")" = 2 ]'
+ok "gatecycle --branch kv on V4: the family's choices" '[ "$(err gatecycle --model "$M" --task "$T/task.json" --layer 1 --shift 1 --branch kv --out "$T/x")" = 2 ] && grep -q "DeepSeek-V4: --branch kv: expected compressor, indexer or both" "$T/e.out"'
 ok "gates --log on V4" '[ "$(err gates --model "$M" --task "$T/task.json" --log /dev/null --out "$T/x")" = 2 ]'
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

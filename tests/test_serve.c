@@ -11,7 +11,6 @@
  * Every server is shut down by the test itself. */
 #define _POSIX_C_SOURCE 200809L
 #include <arpa/inet.h>
-#include <curl/curl.h>
 #include <jansson.h>
 #include <math.h>
 #include <netinet/in.h>
@@ -29,53 +28,13 @@
 #include "core/config.h"
 #include "core/forward.h"
 #include "core/model.h"
+#include "serve_http.h"
 #include "serve/serve.h"
 #include "testutil.h"
 #include "toy_family.h"
 #include "text/tokenizer.h"
 #include "core/v4/v4_forward.h"
 #include "core/v4/v4_model.h"
-
-typedef struct {
-    char *b;
-    size_t n;
-} buf;
-
-static size_t on_data(char *p, size_t sz, size_t nm, void *u) {
-    buf *b = u;
-    size_t n = sz * nm;
-    char *r = realloc(b->b, b->n + n + 1);
-    if (!r) return 0;
-    b->b = r;
-    memcpy(b->b + b->n, p, n);
-    b->n += n;
-    b->b[b->n] = '\0';
-    return n;
-}
-
-/* one request; returns the status, *out the parsed body (NULL when not JSON) */
-static long http(int port, const char *method, const char *path, const char *body, json_t **out) {
-    char url[256];
-    snprintf(url, sizeof url, "http://127.0.0.1:%d%s", port, path);
-    CURL *h = curl_easy_init();
-    buf b = {0};
-    curl_easy_setopt(h, CURLOPT_URL, url);
-    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_data);
-    curl_easy_setopt(h, CURLOPT_WRITEDATA, &b);
-    curl_easy_setopt(h, CURLOPT_TIMEOUT, 60L);
-    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
-    struct curl_slist *hd = curl_slist_append(NULL, "Content-Type: application/json");
-    curl_easy_setopt(h, CURLOPT_HTTPHEADER, hd);
-    if (!strcmp(method, "POST")) curl_easy_setopt(h, CURLOPT_POSTFIELDS, body ? body : "");
-    else if (strcmp(method, "GET")) curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, method);
-    long st = 0;
-    if (curl_easy_perform(h) == CURLE_OK) curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &st);
-    curl_slist_free_all(hd);
-    curl_easy_cleanup(h);
-    if (out) *out = b.b ? json_loads(b.b, JSON_ALLOW_NUL, NULL) : NULL;
-    free(b.b);
-    return st;
-}
 
 /* log-softmax of the forward's logits for ids (double, plain loops): lsm[t * V + v] for the row at t */
 static double *reference_lsm(const ps_model *m, const int32_t *ids, int64_t T) {
@@ -128,7 +87,7 @@ static void *client_main(void *u) {
     snprintf(body, sizeof body, "{\"prompt\": %s, \"max_tokens\": 1, \"temperature\": 0, \"logprobs\": 1, \"return_tokens_as_token_ids\": true}", ij);
     free(ij);
     json_t *o;
-    long st = http(c->port, "POST", "/v1/completions", body, &o);
+    long st = tu_http(c->port, "POST", "/v1/completions", body, &o);
     const char *tk = json_string_value(json_array_get(
         json_object_get(json_object_get(json_array_get(json_object_get(o, "choices"), 0), "logprobs"), "tokens"), 0));
     char want[32];
@@ -141,7 +100,7 @@ static void *client_main(void *u) {
 
 /* ---- streaming (server-sent events) ---- */
 typedef struct {
-    buf body;
+    tu_http_buf body;
     char ctype[128];
 } sse_reply;
 
@@ -159,19 +118,11 @@ static size_t on_header(char *p, size_t sz, size_t nm, void *u) {
 /* POST a streaming request: the status (minus curl's error code when none came); *events: the JSON of every
  * "data:" event before "data: [DONE]" (NULL when the stream does not end with it, or a line is not an event) */
 static long sse_post(int port, const char *body, json_t **events, char *ctype, size_t ctn) {
-    char url[256];
-    snprintf(url, sizeof url, "http://127.0.0.1:%d/v1/completions", port);
-    CURL *h = curl_easy_init();
     sse_reply r = {0};
-    curl_easy_setopt(h, CURLOPT_URL, url);
-    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_data);
-    curl_easy_setopt(h, CURLOPT_WRITEDATA, &r.body);
+    struct curl_slist *hd;
+    CURL *h = tu_http_open(port, "/v1/completions", &r.body, &hd);
     curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
     curl_easy_setopt(h, CURLOPT_HEADERDATA, &r);
-    curl_easy_setopt(h, CURLOPT_TIMEOUT, 60L);
-    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
-    struct curl_slist *hd = curl_slist_append(NULL, "Content-Type: application/json");
-    curl_easy_setopt(h, CURLOPT_HTTPHEADER, hd);
     curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
     long st = 0;
     CURLcode cc = curl_easy_perform(h);
@@ -324,7 +275,7 @@ static void check_family(const char *dir, int v4) {
     snprintf(body, sizeof body, "{\"prompt\": %s, \"max_tokens\": 1, \"temperature\": 0, \"prompt_logprobs\": 1}", ij);
     free(ij);
     json_t *r;
-    OK(http(ps_serve_port(sv), "POST", "/v1/completions", body, &r) == 200);
+    OK(tu_http(ps_serve_port(sv), "POST", "/v1/completions", body, &r) == 200);
     json_t *pl = json_object_get(json_array_get(json_object_get(r, "choices"), 0), "prompt_logprobs");
     OK(json_array_size(pl) == (size_t)T);
     double worst = 0;
@@ -350,7 +301,7 @@ static void check_family(const char *dir, int v4) {
     snprintf(str, sizeof str, "%s}", one);
     answer A, S;
     memset(&A, 0, sizeof A);
-    OK(http(ps_serve_port(sv), "POST", "/v1/completions", str, &r) == 200);
+    OK(tu_http(ps_serve_port(sv), "POST", "/v1/completions", str, &r) == 200);
     answer_add(&A, json_array_get(json_object_get(r, "choices"), 0));
     json_decref(r);
     snprintf(str, sizeof str, "%s, \"stream\": true}", one);
@@ -407,7 +358,7 @@ static void test_toy_family(void) {
              "{\"prompt\": [3, 5, %d], \"max_tokens\": 2, \"temperature\": 0, \"logprobs\": 1, \"return_tokens_as_token_ids\": true}",
              last);
     json_t *r = NULL;
-    long st = http(ps_serve_port(sv), "POST", "/v1/completions", body, &r);
+    long st = tu_http(ps_serve_port(sv), "POST", "/v1/completions", body, &r);
     json_t *lo = json_object_get(json_array_get(json_object_get(r, "choices"), 0), "logprobs");
     json_t *tk = json_object_get(lo, "tokens"), *tl = json_object_get(lo, "token_logprobs");
     char w1[32], w2[32];
@@ -457,9 +408,9 @@ int main(void) {
     int port = ps_serve_port(sv);
     OK(port > 0);
     json_t *r;
-    OK(http(port, "GET", "/health", NULL, &r) == 200 && !strcmp(json_string_value(json_object_get(r, "status")), "ok"));
+    OK(tu_http(port, "GET", "/health", NULL, &r) == 200 && !strcmp(json_string_value(json_object_get(r, "status")), "ok"));
     json_decref(r);
-    OK(http(port, "GET", "/v1/models", NULL, &r) == 200);
+    OK(tu_http(port, "GET", "/v1/models", NULL, &r) == 200);
     const char *nm = json_string_value(json_object_get(json_array_get(json_object_get(r, "data"), 0), "id"));
     OK(nm && !strcmp(nm, ps_serve_name(sv)));
     char name[512];
@@ -473,7 +424,7 @@ int main(void) {
     double *lsm = reference_lsm(&m, ids, T);
     char *ij = ids_json(ids, T), body[8192];
     snprintf(body, sizeof body, "{\"model\": \"%s\", \"prompt\": %s, \"max_tokens\": 2, \"temperature\": 0, \"echo\": true, \"logprobs\": 3, \"prompt_logprobs\": 2}", name, ij);
-    long st0 = http(port, "POST", "/v1/completions", body, &r);
+    long st0 = tu_http(port, "POST", "/v1/completions", body, &r);
     if (st0 != 200) {
         char *t = r ? json_dumps(r, 0) : NULL;
         fprintf(stderr, "status %ld: %s\n", st0, t ? t : "(no JSON)");
@@ -537,7 +488,7 @@ int main(void) {
     json_decref(r);
     /* the same prompt with return_tokens_as_token_ids: the generated ids */
     snprintf(body, sizeof body, "{\"prompt\": %s, \"max_tokens\": 2, \"temperature\": 0, \"logprobs\": 0, \"return_tokens_as_token_ids\": true}", ij);
-    OK(http(port, "POST", "/v1/completions", body, &r) == 200);
+    OK(tu_http(port, "POST", "/v1/completions", body, &r) == 200);
     tk = json_object_get(json_object_get(json_array_get(json_object_get(r, "choices"), 0), "logprobs"), "tokens");
     char w0[32], w1[32];
     snprintf(w0, sizeof w0, "token_id:%d", (int)ext[T]);
@@ -555,7 +506,7 @@ int main(void) {
     int32_t *sid;
     size_t sn;
     OK(!ps_tokenize(tok, "def f(x):\n    return x", 22, false, &sid, &sn, &err));
-    OK(http(port, "POST", "/v1/completions", "{\"prompt\": [\"def f(x):\\n    return x\", [5, 6, 7]], \"max_tokens\": 0, \"echo\": true, \"logprobs\": 1}", &r) == 200);
+    OK(tu_http(port, "POST", "/v1/completions", "{\"prompt\": [\"def f(x):\\n    return x\", [5, 6, 7]], \"max_tokens\": 0, \"echo\": true, \"logprobs\": 1}", &r) == 200);
     json_t *ch = json_object_get(r, "choices");
     OK(json_array_size(ch) == 2);
     OK(!strcmp(json_string_value(json_object_get(json_array_get(ch, 0), "text")), "def f(x):\n    return x"));
@@ -593,7 +544,7 @@ int main(void) {
         {"GET", "/v2/nothing", NULL, "no such endpoint", 404},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        long st = http(port, bad[i].method, bad[i].path, bad[i].body, &r);
+        long st = tu_http(port, bad[i].method, bad[i].path, bad[i].body, &r);
         if (st != bad[i].status || !is_error(r, bad[i].needle)) fprintf(stderr, "bad request %zu: status %ld\n", i, st);
         OK(st == bad[i].status && is_error(r, bad[i].needle));
         json_decref(r);
@@ -604,19 +555,19 @@ int main(void) {
     ij = ids_json(many, 101);
     snprintf(body, sizeof body, "{\"prompt\": %s, \"max_tokens\": 0}", ij);
     free(ij);
-    OK(http(port, "POST", "/v1/completions", body, &r) == 400 && is_error(r, "--max-prompt-tokens"));
+    OK(tu_http(port, "POST", "/v1/completions", body, &r) == 400 && is_error(r, "--max-prompt-tokens"));
     json_decref(r);
     char *huge = malloc(10000);
     memset(huge, ' ', 9999);
     memcpy(huge, "{\"prompt\": [1]", 14);
     huge[9998] = '}';
     huge[9999] = '\0';
-    OK(http(port, "POST", "/v1/completions", huge, &r) == 413 && is_error(r, "--max-body"));
+    OK(tu_http(port, "POST", "/v1/completions", huge, &r) == 413 && is_error(r, "--max-body"));
     json_decref(r);
     free(huge);
-    OK(http(port, "GET", "/health", NULL, &r) == 200);
+    OK(tu_http(port, "GET", "/health", NULL, &r) == 200);
     json_decref(r);
-    OK(http(port, "POST", "/v1/completions", "{\"prompt\": [1, 2, 3], \"max_tokens\": 1, \"temperature\": 0}", &r) == 200);
+    OK(tu_http(port, "POST", "/v1/completions", "{\"prompt\": [1, 2, 3], \"max_tokens\": 1, \"temperature\": 0}", &r) == 200);
     json_decref(r);
 
     /* ---- 32 concurrent clients, each its own prompt: every answer is its own greedy token ---- */
@@ -651,7 +602,7 @@ int main(void) {
         char *s0 = ids_json(sp[0], 12), *s1 = ids_json(sp[1], 12), one[4096], str[4200];
         snprintf(one, sizeof one, "{\"prompt\": %s, \"max_tokens\": 6, \"temperature\": 0, \"logprobs\": 2, \"return_tokens_as_token_ids\": true", s0);
         snprintf(str, sizeof str, "%s}", one);
-        OK(http(port, "POST", "/v1/completions", str, &r) == 200);
+        OK(tu_http(port, "POST", "/v1/completions", str, &r) == 200);
         answer A, S;
         memset(&A, 0, sizeof A);
         answer_add(&A, json_array_get(json_object_get(r, "choices"), 0));
@@ -683,7 +634,7 @@ int main(void) {
          * first carries the echoed prompt and its prompt_logprobs */
         snprintf(one, sizeof one, "{\"prompt\": [%s, %s], \"max_tokens\": 3, \"echo\": true, \"logprobs\": 1, \"prompt_logprobs\": 1, \"return_tokens_as_token_ids\": true", s0, s1);
         snprintf(str, sizeof str, "%s}", one);
-        OK(http(port, "POST", "/v1/completions", str, &r) == 200);
+        OK(tu_http(port, "POST", "/v1/completions", str, &r) == 200);
         snprintf(str, sizeof str, "%s, \"stream\": true}", one);
         OK(sse_post(port, str, &ev, NULL, 0) == 200 && ev);
         for (int c = 0; c < 2; c++) {
@@ -730,7 +681,7 @@ int main(void) {
         answer alone, beside, la, lb;
         memset(&alone, 0, sizeof alone);
         memset(&beside, 0, sizeof beside);
-        OK(http(port, "POST", "/v1/completions", one, &r) == 200);
+        OK(tu_http(port, "POST", "/v1/completions", one, &r) == 200);
         answer_add(&alone, json_array_get(json_object_get(r, "choices"), 0));
         json_decref(r);
         for (int i = 0; i < NL; i++) pthread_create(&lt[i], NULL, stream_main, &lc[i]);
@@ -739,11 +690,11 @@ int main(void) {
          * the long ones have 200-odd steps to go when it joins) */
         int64_t running = 0;
         for (int tries = 0; tries < 2000 && running < NL; tries++) {
-            OK(http(port, "GET", "/health", NULL, &r) == 200);
+            OK(tu_http(port, "GET", "/health", NULL, &r) == 200);
             running = json_integer_value(json_object_get(r, "running"));
             json_decref(r);
         }
-        OK(http(port, "POST", "/v1/completions", one, &r) == 200);
+        OK(tu_http(port, "POST", "/v1/completions", one, &r) == 200);
         double t_r = now_s();
         answer_add(&beside, json_array_get(json_object_get(r, "choices"), 0));
         json_decref(r);
@@ -763,7 +714,7 @@ int main(void) {
         snprintf(body0, sizeof body0, "%s", lc[0].body);
         char *sfx = strstr(body0, ", \"stream\": true}");
         strcpy(sfx, "}");
-        OK(http(port, "POST", "/v1/completions", body0, &r) == 200);
+        OK(tu_http(port, "POST", "/v1/completions", body0, &r) == 200);
         memset(&la, 0, sizeof la);
         answer_add(&la, json_array_get(json_object_get(r, "choices"), 0));
         json_decref(r);
@@ -790,7 +741,7 @@ int main(void) {
     for (int tries = 0; tries < 50 && st != 429; tries++) { /* the server counts a connection once it accepted it */
         usleep(100000);
         json_decref(r);
-        st = http(port, "GET", "/health", NULL, &r);
+        st = tu_http(port, "GET", "/health", NULL, &r);
     }
     OK(st == 429 && is_error(r, "--max-connections"));
     json_decref(r);
@@ -798,7 +749,7 @@ int main(void) {
     st = 0;
     for (int tries = 0; tries < 50 && st != 200; tries++) {
         usleep(100000);
-        st = http(port, "GET", "/health", NULL, NULL);
+        st = tu_http(port, "GET", "/health", NULL, NULL);
     }
     OK(st == 200);
 
@@ -819,7 +770,7 @@ int main(void) {
         }
         int64_t running = 0;
         for (int tries = 0; tries < 20000 && running < 2; tries++) {
-            OK(http(port, "GET", "/health", NULL, &r) == 200);
+            OK(tu_http(port, "GET", "/health", NULL, &r) == 200);
             running = json_integer_value(json_object_get(r, "running"));
             json_decref(r);
         }

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "core/fileio.h"
+#include "core/names.h"
 
 #define MAX_TEXT_FILE ((size_t)64 << 20) /* a word list or sentence file */
 #define MAX_FAMILY_TEXT ((size_t)64 << 20) /* the text a repeating family may grow to */
@@ -253,21 +254,13 @@ int ps_text_families_load(const char *path, ps_text_family **out, int *n, ps_err
     return rc;
 }
 
+static const char *text_family_name(const void *f, int i) { return ((const ps_text_family *)f)[i].name; }
+
 int ps_text_family_find(const ps_text_family *f, int n, const char *name, const ps_text_family **out, ps_error *err) {
-    if (!name) {
-        *out = &f[0];
-        return 0;
-    }
-    char list[512] = "";
-    for (int i = 0; i < n; i++) {
-        if (!strcmp(f[i].name, name)) {
-            *out = &f[i];
-            return 0;
-        }
-        size_t l = strlen(list);
-        snprintf(list + l, sizeof list - l, "%s%s", i ? ", " : "", f[i].name);
-    }
-    return ps_fail(err, "--family %s: unknown text filler family (families: %s)", name, list);
+    int i;
+    if (ps_family_by_name(f, n, text_family_name, name, "text filler family", &i, err)) return -1;
+    *out = &f[i];
+    return 0;
 }
 
 /* k rounds of the sentences joined by the separator */

@@ -213,19 +213,6 @@ static void scores_block(float *S, float *dP, const head *h, const ps_attn_geom 
     }
 }
 
-/* Σ_c (row[c] = exp(row[c] - mx)) over [lo, hi) (ps_expf_v): 16 interleaved sums added in a fixed order
- * (vectorises). */
-static float exp_sum(float *row, int64_t lo, int64_t hi, float mx) {
-    float acc[16] = {0};
-    int64_t c = lo;
-    for (; c + 16 <= hi; c += 16)
-        for (int l = 0; l < 16; l++) acc[l] += (row[c + l] = ps_expf_v(row[c + l] - mx));
-    for (int l = 0; c < hi; c++, l++) acc[l] += (row[c] = ps_expf_v(row[c] - mx));
-    for (int w = 8; w >= 1; w /= 2)
-        for (int l = 0; l < w; l++) acc[l] += acc[l + w];
-    return acc[0];
-}
-
 /* Softmax of one score row in place over the entries it sees, [0, n0) ∪ [lo, hi); [n0, nz) set to 0 (the
  * masked columns the block's sgemm reads). Returns the row's log-sum-exp. (A row always sees itself:
  * the sum is >= 1.) */
@@ -234,7 +221,7 @@ static float softmax_lse(float *row, int64_t n0, int64_t nz, int64_t lo, int64_t
     float mx = -INFINITY;
     for (int64_t c = 0; c < n0; c++) mx = row[c] > mx ? row[c] : mx;
     for (int64_t c = lo; c < hi; c++) mx = row[c] > mx ? row[c] : mx;
-    float sum = exp_sum(row, 0, n0, mx) + exp_sum(row, lo, hi, mx);
+    float sum = ps_cpu_exp_sum(row, 0, n0, mx) + ps_cpu_exp_sum(row, lo, hi, mx);
     float inv = 1.0f / sum;
     for (int64_t c = 0; c < n0; c++) row[c] *= inv;
     for (int64_t c = n0; c < nz; c++) row[c] = 0.0f;

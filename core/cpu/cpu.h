@@ -149,6 +149,20 @@ int ps_cpu_v4_kv_attend(ps_ctx *ctx, float *out, float *sinkp, const float *q, c
 int ps_cpu_v4_kv_slots(ps_ctx *ctx, float *gate, const float *ape, const ps_kv_chan *k);
 /* ---------------- end DeepSeek-V4 ---------------- */
 
+/* Σ_c (row[c] = exp(row[c] - mx)) over [lo, hi) (ps_expf_v): 16 interleaved sums added in a fixed order
+ * (vectorises; the same float for any thread count). The softmax of the attention's score rows
+ * (attention.c) and of the KV cache's decode rows (kv.c). */
+static inline float ps_cpu_exp_sum(float *row, int64_t lo, int64_t hi, float mx) {
+    float acc[16] = {0};
+    int64_t c = lo;
+    for (; c + 16 <= hi; c += 16)
+        for (int l = 0; l < 16; l++) acc[l] += (row[c + l] = ps_expf_v(row[c + l] - mx));
+    for (int l = 0; c < hi; c++, l++) acc[l] += (row[c] = ps_expf_v(row[c] - mx));
+    for (int w = 8; w >= 1; w /= 2)
+        for (int l = 0; l < w; l++) acc[l] += acc[l + w];
+    return acc[0];
+}
+
 /* The gates' softmax backward in place, row by row (n rows of W; a row whose alpha is 0 gets dz = 0):
  * dz_i = alpha_i (d alpha_i - sum_j alpha_j d alpha_j), the sum in double. The offset-grid and
  * content-chunk gate backwards share it. */

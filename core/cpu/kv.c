@@ -109,31 +109,6 @@ static void attend_row(const ps_kv_attn *a, int64_t t, const int64_t *nvis, cons
     }
 }
 
-/* Σ_c a[c]·b[c] over [lo, hi) in 16 interleaved sums added in a fixed order (vectorises; the same float
- * for any thread count). */
-static inline float dot16(const float *restrict a, const float *restrict b, int64_t lo, int64_t hi) {
-    float acc[16] = {0};
-    int64_t c = lo;
-    for (; c + 16 <= hi; c += 16)
-        for (int l = 0; l < 16; l++) acc[l] += a[c + l] * b[c + l];
-    for (int l = 0; c < hi; c++, l++) acc[l] += a[c] * b[c];
-    for (int w = 8; w >= 1; w /= 2)
-        for (int l = 0; l < w; l++) acc[l] += acc[l + w];
-    return acc[0];
-}
-
-/* Σ_c (row[c] = exp(row[c] - mx)) over [lo, hi), 16 interleaved sums (as the forward's kernel). */
-static inline float exp_sum16(float *row, int64_t lo, int64_t hi, float mx) {
-    float acc[16] = {0};
-    int64_t c = lo;
-    for (; c + 16 <= hi; c += 16)
-        for (int l = 0; l < 16; l++) acc[l] += (row[c + l] = ps_expf_v(row[c + l] - mx));
-    for (int l = 0; c < hi; c++, l++) acc[l] += (row[c] = ps_expf_v(row[c] - mx));
-    for (int w = 8; w >= 1; w /= 2)
-        for (int l = 0; l < w; l++) acc[l] += acc[l + w];
-    return acc[0];
-}
-
 /* The order key of a float: integers ordered as the floats are (NaN aside); max over keys vectorises
  * where a float max does not (gcc keeps float max reductions scalar without -ffinite-math-only). */
 static inline int32_t fkey(float x) {
@@ -218,10 +193,10 @@ static int attend_blocked(ps_ctx *ctx, const ps_kv_attn *a, const float *q, floa
             for (int64_t cc = a0; cc < a1; cc++) sc[cc] *= scale;
         }
         float mx = fkey_inv(max_keys(sc, c_lo, c_hi, max_keys(sc, 0, nv, fkey(-INFINITY))));
-        float inv = 1.0f / (exp_sum16(sc, 0, nv, mx) + exp_sum16(sc, c_lo, c_hi, mx));
+        float inv = 1.0f / (ps_cpu_exp_sum(sc, 0, nv, mx) + ps_cpu_exp_sum(sc, c_lo, c_hi, mx));
         for (int64_t x = 0; x < hd; x++) {
             const float *vx = Vt + x * ncol;
-            zr[x] = (dot16(sc, vx, 0, nv) + dot16(sc, vx, c_lo, c_hi)) * inv;
+            zr[x] = (ps_dot(sc, vx, nv) + ps_dot(sc + c_lo, vx + c_lo, c_hi - c_lo)) * inv;
         }
     }
     return 0;

@@ -73,6 +73,21 @@ static int64_t n_pages(const ps_kv_pages *p) {
     return p->rows > p->base ? (p->rows - p->base + p->page_rows - 1) / p->page_rows : 0;
 }
 
+/* one page list's page table (a host array of device pointers) staged: *d its device copy */
+static int stage_pages(ps_ctx *c, const ps_kv_pages *p, void **d) {
+    const void *h[1] = {p->page};
+    int64_t by[1] = {n_pages(p) * (int64_t)sizeof(float *)};
+    return cu_stage(c, 1, h, by, d);
+}
+
+/* kernel k over n items (its grid-stride loop) in blocks of `threads` on the context's stream; a launch
+ * error fails the context, naming the op */
+template <typename... P, typename... A>
+static int launch(ps_ctx *c, const char *op, void (*k)(P...), int64_t n, int threads, A... args) {
+    k<<<cu_grid(n, threads), threads, 0, STREAM(c)>>>(args...);
+    return CU_LAUNCHED(c, op);
+}
+
 static kv_dpages dpages(const ps_kv_pages *p, void *tab) {
     kv_dpages d = {(float *const *)tab, p->base, p->rows, p->width, p->page_rows};
     return d;
@@ -102,8 +117,7 @@ extern "C" int ps_cuda_kv_attend(ps_ctx *c, float *z, const float *q, const ps_k
     x.k = dpages(&a->k, d[0]), x.v = dpages(&a->v, d[1]);
     for (int64_t g = 0; g < ne; g++) x.ck[g] = dpages(&a->ck[g], d[2 + 2 * g]), x.cv[g] = dpages(&a->cv[g], d[3 + 2 * g]);
     x.nvis = a->compressed ? (const int64_t *)d[n - 1] : NULL;
-    k_kv_attend<<<cu_grid(a->nr * a->nh, 64), 64, 0, STREAM(c)>>>(z, q, x);
-    return CU_LAUNCHED(c, "kv_attend");
+    return launch(c, "kv_attend", k_kv_attend, a->nr * a->nh, 64, z, q, x);
 }
 
 /* alpha [nkv, W]: one thread per KV head (its window's gates, then their softmax in place) */
@@ -139,9 +153,8 @@ extern "C" int ps_cuda_kv_gate(ps_ctx *c, float *alpha, const float *u, const fl
     if (ps_kv_close_check(c, "kv_gate", w)) return -1;
     void *d[3];
     if (stage_close(c, w, d)) return -1;
-    k_kv_gate<<<cu_grid(w->nkv, 32), 32, 0, STREAM(c)>>>(alpha, u, bias, learned, w->nkv, w->W, w->d, (float *const *)d[0],
-                                                          w->ln.base, w->ln.page_rows, (const int64_t *)d[1], (const int64_t *)d[2]);
-    return CU_LAUNCHED(c, "kv_gate");
+    return launch(c, "kv_gate", k_kv_gate, w->nkv, 32, alpha, u, bias, learned, w->nkv, w->W, w->d, (float *const *)d[0],
+                  w->ln.base, w->ln.page_rows, (const int64_t *)d[1], (const int64_t *)d[2]);
 }
 
 /* out [nkv, hd]: one thread per (KV head, channel) */
@@ -167,9 +180,8 @@ extern "C" int ps_cuda_kv_pool(ps_ctx *c, float *out, const float *alpha, const 
     if (ps_kv_close_check(c, "kv_pool", w)) return -1;
     void *d[3];
     if (stage_close(c, w, d)) return -1;
-    k_kv_pool<<<cu_grid(w->nkv * hd, 64), 64, 0, STREAM(c)>>>(out, alpha, C, shared, pre, w->nkv, hd, w->W, w->d, (float *const *)d[0],
-                                                               w->ln.base, w->ln.page_rows, (const int64_t *)d[1], (const int64_t *)d[2]);
-    return CU_LAUNCHED(c, "kv_pool");
+    return launch(c, "kv_pool", k_kv_pool, w->nkv * hd, 64, out, alpha, C, shared, pre, w->nkv, hd, w->W, w->d,
+                  (float *const *)d[0], w->ln.base, w->ln.page_rows, (const int64_t *)d[1], (const int64_t *)d[2]);
 }
 
 __global__ void k_kv_gather(float *out, float *const *tab, int64_t base, int64_t page_rows, int64_t width, const int64_t *rows,
@@ -190,9 +202,8 @@ extern "C" int ps_cuda_kv_gather(ps_ctx *c, float *out, const ps_kv_pages *p, co
     int64_t by[2] = {n_pages(p) * (int64_t)sizeof(float *), n * 8};
     void *d[2];
     if (cu_stage(c, 2, h, by, d)) return -1;
-    k_kv_gather<<<cu_grid(n * p->width, 256), 256, 0, STREAM(c)>>>(out, (float *const *)d[0], p->base, p->page_rows, p->width,
-                                                                    (const int64_t *)d[1], n);
-    return CU_LAUNCHED(c, "kv_gather");
+    return launch(c, "kv_gather", k_kv_gather, n * p->width, 256, out, (float *const *)d[0], p->base, p->page_rows, p->width,
+                  (const int64_t *)d[1], n);
 }
 
 /* ---- the channel attention (attention.kind "v4") ---- */
@@ -239,8 +250,7 @@ extern "C" int ps_cuda_kv_attend_sink(ps_ctx *c, float *z, const float *q, const
     x.nh = a->nh, x.nkv = 1, x.hd = a->hd, x.LW = a->LW, x.t0 = a->t0, x.nr = a->nr, x.compressed = 1;
     x.k = dpages(&a->k, d[0]), x.v = x.k, x.ck[0] = dpages(&a->ck[0], d[1]), x.cv[0] = x.ck[0];
     x.nvis = (const int64_t *)d[2];
-    k_kv_attend_sink<<<cu_grid(a->nr * a->nh, 64), 64, 0, STREAM(c)>>>(z, q, sink, x);
-    return CU_LAUNCHED(c, "kv_attend_sink");
+    return launch(c, "kv_attend_sink", k_kv_attend_sink, a->nr * a->nh, 64, z, q, sink, x);
 }
 
 /* slot s of window wi: its token (-1: none) and channel block (core/cpu/kv.c's slot_src) */
@@ -274,13 +284,10 @@ __global__ void k_kv_slots(float *alpha, const float *ape, int64_t hd, int64_t m
 
 extern "C" int ps_cuda_kv_slots(ps_ctx *c, float *alpha, const float *ape, const ps_kv_chan *k) {
     if (ps_kv_slots_check(c, "kv_slots", k)) return -1;
-    const void *h[1] = {k->ln.page};
-    int64_t by[1] = {n_pages(&k->ln) * (int64_t)sizeof(float *)};
     void *d[1];
-    if (cu_stage(c, 1, h, by, d)) return -1;
-    k_kv_slots<<<cu_grid(k->hd, 64), 64, 0, STREAM(c)>>>(alpha, ape, k->hd, k->rate, k->cw, k->csa, k->wi, (float *const *)d[0],
-                                                          k->ln.base, k->ln.page_rows);
-    return CU_LAUNCHED(c, "kv_slots");
+    if (stage_pages(c, &k->ln, d)) return -1;
+    return launch(c, "kv_slots", k_kv_slots, k->hd, 64, alpha, ape, k->hd, k->rate, k->cw, k->csa, k->wi, (float *const *)d[0],
+                  k->ln.base, k->ln.page_rows);
 }
 
 /* out [hd]: one thread per channel */
@@ -299,11 +306,8 @@ __global__ void k_kv_slot_pool(float *out, const float *alpha, int64_t hd, int64
 
 extern "C" int ps_cuda_kv_slot_pool(ps_ctx *c, float *out, const float *alpha, const ps_kv_chan *k) {
     if (ps_kv_slots_check(c, "kv_slot_pool", k)) return -1;
-    const void *h[1] = {k->ln.page};
-    int64_t by[1] = {n_pages(&k->ln) * (int64_t)sizeof(float *)};
     void *d[1];
-    if (cu_stage(c, 1, h, by, d)) return -1;
-    k_kv_slot_pool<<<cu_grid(k->hd, 64), 64, 0, STREAM(c)>>>(out, alpha, k->hd, k->rate, k->cw, k->csa, k->wi, (float *const *)d[0],
-                                                              k->ln.base, k->ln.page_rows);
-    return CU_LAUNCHED(c, "kv_slot_pool");
+    if (stage_pages(c, &k->ln, d)) return -1;
+    return launch(c, "kv_slot_pool", k_kv_slot_pool, k->hd, 64, out, alpha, k->hd, k->rate, k->cw, k->csa, k->wi,
+                  (float *const *)d[0], k->ln.base, k->ln.page_rows);
 }

@@ -2,10 +2,10 @@
  * the family's entries (check, cycle, meta). */
 #include "core/cycle.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
+#include "core/names.h"
 #include "core/ops.h"
 #include "core/v4/v4_config.h"
 #include "core/v4/v4_model.h"
@@ -47,39 +47,27 @@ int ps_v4_gate_cycle(ps_v4_model *m, int layer, int branches, int64_t k, ps_erro
 
 /* ---- the family entries (runtime.c's table; cycle.h, ps_cycle_req): a compressor's position bias ---- */
 
-/* a usage error (a flag the checkpoint cannot take) */
-static int v4_gc_usage(ps_error *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int v4_gc_usage(ps_error *err, const char *fmt, ...) {
-    if (!err) return -1;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err->msg, sizeof err->msg, fmt, ap);
-    va_end(ap);
-    err->usage = 1;
-    return -1;
-}
-
 /* --branch compressor|indexer|both; no --head, --save, --params but gate, no per-head measure */
 int ps_v4_cycle_check(const ps_runtime *rt, ps_cycle_req *q, ps_error *err) {
     ps_v4_model *m = rt->model;
     const ps_v4_config *c = &m->cfg;
     if (q->head >= 0)
-        return v4_gc_usage(err, "--head: a DeepSeek-V4 compressor has one K=V head; its position bias is rolled for every channel");
-    if (q->save) return v4_gc_usage(err, "--save: writing DeepSeek-V4 checkpoints is not supported");
+        return ps_fail_usage(err, "--head: a DeepSeek-V4 compressor has one K=V head; its position bias is rolled for every channel");
+    if (q->save) return ps_fail_usage(err, "--save: writing DeepSeek-V4 checkpoints is not supported");
     if (q->params && strcmp(q->params, "gate"))
-        return v4_gc_usage(err, "--params %s: a DeepSeek-V4 compressor's only per-slot parameter is its position bias (ape): "
-                                "use --params gate (the default)",
-                           q->params);
+        return ps_fail_usage(err, "--params %s: a DeepSeek-V4 compressor's only per-slot parameter is its position bias (ape): "
+                                  "use --params gate (the default)",
+                             q->params);
     if (q->per_head)
-        return v4_gc_usage(err, "--measure knockout: the per-head measure cycles one KV head of a phasescope compressed model (a "
-                                "DeepSeek-V4 compressor has one K=V head)");
+        return ps_fail_usage(err, "--measure knockout: the per-head measure cycles one KV head of a phasescope compressed model (a "
+                                  "DeepSeek-V4 compressor has one K=V head)");
     static const char *const BR[] = {"compressor", "indexer", "both", NULL};
     int bi = 2;
-    if (q->branch && ps_cycle_choice("--branch", q->branch, BR, &bi, err)) return ps_fail_prefix(err, "DeepSeek-V4: ");
+    if (q->branch && ps_choice("--branch", q->branch, BR, &bi, err)) return ps_fail_prefix(err, "DeepSeek-V4: ");
     int branches = bi == 0 ? PS_V4_CYCLE_COMPRESSOR : bi == 1 ? PS_V4_CYCLE_INDEXER : PS_V4_CYCLE_COMPRESSOR | PS_V4_CYCLE_INDEXER;
     if (q->layer < 0 || q->layer >= c->n_layers)
-        return v4_gc_usage(err, "--layer %lld: out of range (the model has %lld layers, 0..%lld)", (long long)q->layer,
-                           (long long)c->n_layers, (long long)c->n_layers - 1);
+        return ps_fail_usage(err, "--layer %lld: out of range (the model has %lld layers, 0..%lld)", (long long)q->layer,
+                             (long long)c->n_layers, (long long)c->n_layers - 1);
     if (ps_v4_gate_cycle(m, (int)q->layer, branches, 0, err)) { /* the preconditions: cycling by 0 changes nothing */
         err->usage = 1;
         return -1;

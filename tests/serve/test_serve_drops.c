@@ -10,7 +10,6 @@
  * its exit makes that nonzero). usage: test_serve_drops PHASESCOPE MODEL_DIR [CHECK_RSS] */
 #define _POSIX_C_SOURCE 200809L
 #include <arpa/inet.h>
-#include <curl/curl.h>
 #include <jansson.h>
 #include <math.h>
 #include <netinet/in.h>
@@ -25,6 +24,8 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "serve_http.h"
 
 static int fails, passes;
 #define OK(c)                                                                   \
@@ -48,45 +49,6 @@ static uint64_t rng_next(uint64_t *s) { /* splitmix64 */
 static void sleep_ms(long ms) {
     struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
     nanosleep(&ts, NULL);
-}
-
-typedef struct {
-    char *b;
-    size_t n;
-} buf;
-
-static size_t on_data(char *p, size_t sz, size_t nm, void *u) {
-    buf *b = u;
-    size_t n = sz * nm;
-    char *r = realloc(b->b, b->n + n + 1);
-    if (!r) return 0;
-    b->b = r;
-    memcpy(b->b + b->n, p, n);
-    b->n += n;
-    b->b[b->n] = '\0';
-    return n;
-}
-
-static long http(int port, const char *path, const char *body, json_t **out) {
-    char url[256];
-    snprintf(url, sizeof url, "http://127.0.0.1:%d%s", port, path);
-    CURL *h = curl_easy_init();
-    buf b = {0};
-    curl_easy_setopt(h, CURLOPT_URL, url);
-    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_data);
-    curl_easy_setopt(h, CURLOPT_WRITEDATA, &b);
-    curl_easy_setopt(h, CURLOPT_TIMEOUT, 60L);
-    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
-    struct curl_slist *hd = curl_slist_append(NULL, "Content-Type: application/json");
-    curl_easy_setopt(h, CURLOPT_HTTPHEADER, hd);
-    if (body) curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
-    long st = 0;
-    if (curl_easy_perform(h) == CURLE_OK) curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &st);
-    curl_slist_free_all(hd);
-    curl_easy_cleanup(h);
-    *out = b.b ? json_loads(b.b, JSON_ALLOW_NUL, NULL) : NULL;
-    free(b.b);
-    return st;
 }
 
 static char *prompt_body(uint64_t seed, int64_t V, int stream) {
@@ -165,7 +127,7 @@ static long vm_rss_kb(pid_t pid) {
 static json_t *settle(int port) {
     for (int tries = 0; tries < 600; tries++) {
         json_t *h;
-        if (http(port, "/health", NULL, &h) == 200 && json_integer_value(json_object_get(h, "running")) == 0 &&
+        if (tu_http(port, "GET", "/health", NULL, &h) == 200 && json_integer_value(json_object_get(h, "running")) == 0 &&
             json_integer_value(json_object_get(h, "cache_sequences")) == 0)
             return h;
         json_decref(h);
@@ -177,7 +139,7 @@ static json_t *settle(int port) {
 /* the greedy reference request: its tokens and log-probabilities as one JSON value */
 static json_t *reference(int port, const char *body) {
     json_t *r;
-    if (http(port, "/v1/completions", body, &r) != 200) {
+    if (tu_http(port, "POST", "/v1/completions", body, &r) != 200) {
         json_decref(r);
         return NULL;
     }
