@@ -45,7 +45,7 @@ typedef struct {
 /* one key of the options JSON: its entry in the table, its type, then the CLI's checks and messages */
 static int serve_option(const char *key, json_t *v, void *user, char *err, size_t errlen) {
     setup *u = user;
-    const ps_serve_option *p = strncmp(key, "--", 2) ? ps_serve_option_find(key) : NULL;
+    const ps_serve_option *p = ps_serve_option_find(key);
     if (!p) {
         char keys[512] = "";
         size_t o = 0;

@@ -121,7 +121,7 @@ typedef struct {
 } ps_serve_option;
 extern const ps_serve_option ps_serve_options[]; /* host, port, tokenizer, name, max_body, ... ending with {0} */
 
-/* The option named key ("max_batch", "max-batch" or "--max-batch"), or NULL. */
+/* The option named key ("max_batch" or "max-batch"), or NULL. */
 const ps_serve_option *ps_serve_option_find(const char *key);
 /* Sets option p of o from its text value (a string option keeps the pointer: value must outlive o). A usage
  * error naming the flag for a value that is not an integer in [lo, hi] or (host) not an IPv4 address. */

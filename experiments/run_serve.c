@@ -31,7 +31,6 @@ const ps_serve_option ps_serve_options[] = {{0}};
 
 const ps_serve_option *ps_serve_option_find(const char *key) {
     if (!key) return NULL;
-    if (!strncmp(key, "--", 2)) key += 2;
     for (const ps_serve_option *p = ps_serve_options; p->key; p++) {
         size_t i = 0;
         for (; p->key[i] && (key[i] == p->key[i] || (p->key[i] == '_' && key[i] == '-')); i++) {}
