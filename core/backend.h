@@ -342,6 +342,10 @@ struct ps_backend {
     int host_visible; /* buffers are host pointers */
     /* free and total bytes of the backend's memory (NULL: host memory, /proc/meminfo's MemAvailable) */
     int (*mem_info)(ps_ctx *c, int64_t *free_bytes, int64_t *total_bytes);
+    /* (may be NULL) called with open = 1 before and open = 0 after every op and copy (core/ops.h's
+     * ps_op_open / ps_op_close; nested calls count): a backend whose buffers the host must not touch
+     * between ops can make them unreachable there (the test backend cpu-staged does). */
+    void (*guard)(ps_ctx *c, int open);
     int (*init)(ps_ctx *c);   /* backend state into c->impl (may be NULL) */
     void (*fini)(ps_ctx *c);  /* (may be NULL) */
     /* Can this backend run op with these parameters? (NULL: every op with any parameters.) ops.h asks

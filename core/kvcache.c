@@ -667,8 +667,9 @@ static void rope_row(float *cs, float *sn, int64_t p, int64_t hd, double theta) 
  * on the Qwen3-0.6B shape's logits head [151936, 1024] and MLP matrices [3072, 1024]. */
 static int kv_matmul(ps_kvcache *kv, float *out, const float *inp, const float *w, int64_t M, int64_t K, int64_t N, int accumulate) {
     if (M == 1 && K > 0 && N > 0 && kv->ctx->be->ops.matmul == ps_backend_cpu.ops.matmul && !kv->ctx->failed) {
+        ps_op_open(kv->ctx); /* it runs as an op: cpu-staged's buffers are reachable only inside one */
         cblas_sgemv(CblasRowMajor, CblasNoTrans, (blasint)N, (blasint)K, 1.0f, w, (blasint)K, inp, 1, accumulate ? 1.0f : 0.0f, out, 1);
-        return 0;
+        return ps_op_close(kv->ctx, 0);
     }
     return ps_matmul(kv->ctx, out, inp, w, M, K, N, accumulate);
 }

@@ -84,8 +84,20 @@ static inline int64_t ps_geom_seen(const ps_attn_geom *g, int64_t b, int64_t kv,
     return ps_entries_seen(g->cend ? g->cend + b * g->nW : NULL, ps_woff(g->woff, b, g->nkv, kv), g->W, g->S, g->nW, t);
 }
 
+/* A backend with a guard (the test backend cpu-staged) makes its buffers reachable only while one of its
+ * ops or copies runs: every op call is bracketed by ps_op_open / ps_op_close. */
+static inline void ps_op_open(ps_ctx *c) {
+    if (c->be->guard) c->be->guard(c, 1);
+}
+static inline int ps_op_close(ps_ctx *c, int rc) {
+    if (c->be->guard) c->be->guard(c, 0);
+    return rc;
+}
+/* Call a backend entry fn(c, ...) inside the guard. */
+#define PS_BE_RUN(c, fn, ...) (ps_op_open(c), ps_op_close((c), (fn)((c), __VA_ARGS__)))
+
 /* Dispatch through the backend's op table (core/backend.h): a failed context fails at once. */
-#define PS_OP_CALL(c, op, ...) ((c)->failed ? -1 : (c)->be->ops.op((c), __VA_ARGS__))
+#define PS_OP_CALL(c, op, ...) ((c)->failed ? -1 : PS_BE_RUN((c), (c)->be->ops.op, __VA_ARGS__))
 
 /* Ops with parameters ask the backend first (supports(op, params)) and fail naming the op, the backend and
  * why when it declines. */
@@ -112,14 +124,14 @@ static inline int ps_op_check_frame(ps_ctx *c, const ps_attn_frame *f) {
     p.frame = f;
     return ps_op_check(c, PS_OP_ATTN_CHUNK, &p);
 }
-#define PS_ATTN_CALL(c, g, op, E, ...) (ps_op_check_attn((c), PS_OP_##E, (g)) ? -1 : (c)->be->ops.op((c), __VA_ARGS__))
+#define PS_ATTN_CALL(c, g, op, E, ...) (ps_op_check_attn((c), PS_OP_##E, (g)) ? -1 : PS_BE_RUN((c), (c)->be->ops.op, __VA_ARGS__))
 /* The compressor ops: the window table is checked (core/windows.h) before the backend sees it. */
-#define PS_WIN_CALL(c, w, op, E, ...) (ps_op_check_win((c), PS_OP_##E, (w)) ? -1 : (c)->be->ops.op((c), __VA_ARGS__))
+#define PS_WIN_CALL(c, w, op, E, ...) (ps_op_check_win((c), PS_OP_##E, (w)) ? -1 : PS_BE_RUN((c), (c)->be->ops.op, __VA_ARGS__))
 /* The DeepSeek-V4 extension ops: the backend must have the extension table. */
 #define PS_V4_CALL(c, op, ...)                                                                                 \
     ((c)->failed ? -1                                                                                          \
      : !(c)->be->v4 ? ps_ctx_fail((c), "%s: the %s backend has no DeepSeek-V4 ops", #op, (c)->be->name)         \
-                    : (c)->be->v4->op((c), __VA_ARGS__))
+                    : PS_BE_RUN((c), (c)->be->v4->op, __VA_ARGS__))
 
 /* ---------------- forward ---------------- */
 
@@ -232,7 +244,7 @@ static inline int ps_attn_out(ps_ctx *c, float *z, const float *probs, const flo
  * same function as ps_attn_forward on the whole sequence, row for row. Scratch O(Tk) per thread. */
 static inline int ps_attn_chunk(ps_ctx *c, float *z, const float *q, const float *k, const float *v, const float *ck,
                                 const float *cv, const ps_attn_frame *f) {
-    return ps_op_check_frame(c, f) ? -1 : c->be->ops.attn_chunk(c, z, q, k, v, ck, cv, f);
+    return ps_op_check_frame(c, f) ? -1 : PS_BE_RUN(c, c->be->ops.attn_chunk, z, q, k, v, ck, cv, f);
 }
 
 /* Attention output for chosen query rows only (row r = b·T + t): z_rows[n, nh·hd], the same math as

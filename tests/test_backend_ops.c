@@ -17,6 +17,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "check.h"
 #include "core/chunks.h"
@@ -1287,8 +1289,47 @@ static void test_supports(void) {
 #endif
 }
 
+/* cpu-staged's guard: its buffers are readable inside an op or copy and fault outside, as a device pointer
+ * read on the host would on CUDA. A child process reads one between ops (it must die by the signal, or by
+ * ASan's report of it: exit status 1); the same read inside ps_op_open / ps_op_close, and the ops and
+ * copies themselves, work. */
+static void test_staged_guard(void) {
+    ps_error err;
+    ps_ctx *c = NULL;
+    REQUIRE_OK(ps_ctx_create(&c, "cpu-staged", &err), &err);
+    float *b = ps_buf_alloc(c, 3000 * sizeof(float), "guard test", &err), host[3] = {1, 2, 3}, back[3] = {0};
+    REQUIRE_OK(b == NULL, &err);
+    CHECK(ps_fill(c, b, 0.5f, 3000) == 0, "fill");
+    CHECK_OK(ps_buf_from_host(c, b + 2997, host, sizeof host, &err), &err);
+    CHECK_OK(ps_buf_to_host(c, back, b + 2997, sizeof back, &err), &err);
+    CHECK(back[0] == 1 && back[2] == 3, "copies through the guard: %g %g", back[0], back[2]);
+    ps_op_open(c);
+    float inside = b[10];
+    ps_op_close(c, 0);
+    CHECK(inside == 0.5f, "a read inside the guard: %g", inside);
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        volatile float x = b[10]; /* between ops: must fault */
+        (void)x;
+        _exit(0);
+    }
+    int st = 0;
+    CHECK(pid > 0 && waitpid(pid, &st, 0) == pid, "fork");
+    CHECK(!(WIFEXITED(st) && WEXITSTATUS(st) == 0), "a host read of a cpu-staged buffer between ops did not fault");
+    ps_buf_free(c, b, 3000 * sizeof(float));
+    /* a freed block is reused zero-filled, as calloc's */
+    float *z = ps_buf_alloc(c, 3000 * sizeof(float), "guard test 2", &err);
+    REQUIRE_OK(z == NULL, &err);
+    CHECK_OK(ps_buf_to_host(c, back, z + 9, sizeof back, &err), &err);
+    CHECK(back[0] == 0 && back[1] == 0 && back[2] == 0, "a reused block reads %g %g %g, not zero", back[0], back[1], back[2]);
+    ps_buf_free(c, z, 3000 * sizeof(float));
+    ps_ctx_free(c);
+}
+
 int main(void) {
     test_complete();
+    test_staged_guard();
     test_supports();
     test_backend("cpu-staged");
     /* "not tested" where the build has no cuda backend or the machine no device — a failure when the run asks

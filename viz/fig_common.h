@@ -26,7 +26,6 @@
 #define PS_GATE_CONCENTRATED_FIG 2.0 /* gates.h PS_GATE_CONCENTRATED */
 #define MAX_GATE_VALUES ((int64_t)1 << 26) /* training / theory: records × layers × heads × 2 × window */
 
-typedef void (*ps_fig_draw_fn)(cairo_t *cr, void *ctx);
 
 /* The PNG text chunks of a figure: its title, and the command and model of the result's provenance. */
 typedef struct {
@@ -36,9 +35,19 @@ typedef struct {
 /* o[k] as a number (0 when missing or not a number) */
 double ps_fig_num(json_t *o, const char *k);
 void ps_fig_make_chunks(ps_fig_chunks *c, json_t *prov, const char *title);
-/* Draw fn(cr, ctx) on a w × h figure into OUT/name.png (and .pdf/.svg when asked); prints the files when verbose. */
-int ps_fig_emit(const char *out_dir, const char *name, double w, double h, ps_fig_draw_fn fn, void *ctx, const ps_fig_chunks *ch,
-                const ps_render_opts *o, int verbose, ps_error *err);
+/* A figure's files: OUT/name.png, then the same drawing as .pdf / .svg when o asks for a vector copy
+ * (ps_fig_n_files: 1 or 2). The kind draws each file itself between open and close (no callback):
+ *     for (int k = 0; !rc && k < ps_fig_n_files(o); k++)
+ *         if (!(rc = ps_fig_file_open(&f, out, "name", w, h, o, k, err))) {
+ *             draw_name(f.cr, &x);
+ *             rc = ps_fig_file_close(&f, &ch, verbose, err);
+ *         }
+ * open makes OUT (k = 0) and begins the w × h file k on f->cr; close writes it with the chunks (the PNG's
+ * text chunks, the vector file's metadata) and prints its path when verbose. */
+int ps_fig_n_files(const ps_render_opts *o);
+int ps_fig_file_open(ps_fig *f, const char *out_dir, const char *name, double w, double h, const ps_render_opts *o, int k,
+                     ps_error *err);
+int ps_fig_file_close(ps_fig *f, const ps_fig_chunks *ch, int verbose, ps_error *err);
 /* Text width before a figure exists (for sizing the canvas). */
 double ps_fig_measure(const char *s, double size, int bold);
 /* The largest font size <= size (down to 8) at which s fits in maxw. */

@@ -479,7 +479,13 @@ static int render_fillers(json_t *doc, const char *path, const char *out, const 
              shown, ps_fig_num(pl, "eta2"), pt, (long long)json_integer_value(json_object_get(pl, "permutations")), (long long)x.P);
     ps_fig_chunks ch;
     ps_fig_make_chunks(&ch, prov, x.title);
-    int rc = ps_fig_emit(out, "fillers", 40 + x.cols * fl_cell_w(&x), FL_TOP + x.rows * FL_CELL_H + 40, draw_fillers, &x, &ch, o, verbose, err);
+    int rc = 0;
+    ps_fig f;
+    for (int k = 0; !rc && k < ps_fig_n_files(o); k++)
+        if (!(rc = ps_fig_file_open(&f, out, "fillers", 40 + x.cols * fl_cell_w(&x), FL_TOP + x.rows * FL_CELL_H + 40, o, k, err))) {
+            draw_fillers(f.cr, &x);
+            rc = ps_fig_file_close(&f, &ch, verbose, err);
+        }
     free(x.d);
     free(x.name);
     free(x.stats);

@@ -398,8 +398,15 @@ static int render_gates(json_t *doc, const char *path, const char *out, const ps
     if (x.fig_w > PS_FIG_MAX_SIDE || H_px > PS_FIG_MAX_SIDE)
         rc = ps_fail(err, "%s: %zu layers x %zu heads x window %lld need a %.0f x %.0f px figure (at most %.0f a side)", path, L,
                      H, (long long)W, x.fig_w, H_px, PS_FIG_MAX_SIDE);
-    else
-        rc = ps_fig_emit(out, "gate_concentration", x.fig_w, H_px, draw_gates, &x, &ch, o, verbose, err);
+    else {
+        rc = 0;
+        ps_fig f;
+        for (int k = 0; !rc && k < ps_fig_n_files(o); k++)
+            if (!(rc = ps_fig_file_open(&f, out, "gate_concentration", x.fig_w, H_px, o, k, err))) {
+                draw_gates(f.cr, &x);
+                rc = ps_fig_file_close(&f, &ch, verbose, err);
+            }
+    }
     free_gates(&x);
     if (!rc && json_array_size(json_object_get(doc, "training"))) rc = render_gate_training(doc, path, out, o, verbose, err);
     return rc;
@@ -541,8 +548,15 @@ static int render_gate_training(json_t *doc, const char *path, const char *out, 
     if (x.fig_w > PS_FIG_MAX_SIDE || H_px > PS_FIG_MAX_SIDE)
         rc = ps_fail(err, "%s: gate training figure would be %.0f x %.0f px (at most %.0f a side)", path, x.fig_w, H_px,
                      PS_FIG_MAX_SIDE);
-    else
-        rc = ps_fig_emit(out, "gate_training", x.fig_w, H_px, draw_gate_training, &x, &ch, o, verbose, err);
+    else {
+        rc = 0;
+        ps_fig f;
+        for (int k = 0; !rc && k < ps_fig_n_files(o); k++)
+            if (!(rc = ps_fig_file_open(&f, out, "gate_training", x.fig_w, H_px, o, k, err))) {
+                draw_gate_training(f.cr, &x);
+                rc = ps_fig_file_close(&f, &ch, verbose, err);
+            }
+    }
     free(x.v);
     free(x.steps);
     return rc;
@@ -764,8 +778,15 @@ static int render_chgates(json_t *doc, const char *path, const char *out, const 
         if (x.fig_w > PS_FIG_MAX_SIDE || H_px > PS_FIG_MAX_SIDE)
             rc = ps_fail(err, "%s: %zu layers of per-channel gates need a %.0f x %.0f px figure (at most %.0f a side)", path, L, x.fig_w,
                          H_px, PS_FIG_MAX_SIDE);
-        else
-            rc = ps_fig_emit(out, "gate_concentration", x.fig_w, H_px, draw_chgates, &x, &ch, o, verbose, err);
+        else {
+            rc = 0;
+            ps_fig f;
+            for (int k = 0; !rc && k < ps_fig_n_files(o); k++)
+                if (!(rc = ps_fig_file_open(&f, out, "gate_concentration", x.fig_w, H_px, o, k, err))) {
+                    draw_chgates(f.cr, &x);
+                    rc = ps_fig_file_close(&f, &ch, verbose, err);
+                }
+        }
     }
     free_chg(&x);
     return rc;

@@ -265,6 +265,7 @@ ps_rgb ps_knockout_color(double v, double vmax, int acc) {
 
 typedef struct {
     char name[512], target[256];
+    int per_layer; /* the result's unit is "layer": one cell per layer, no head labels */
     int rows, cols;
     int *layer, *head;
     double *v, vmax;
@@ -315,7 +316,7 @@ static void draw_knockout(cairo_t *cr, void *vctx) {
                 }
                 r0 = r;
             }
-        if (ch >= 10)
+        if (ch >= 10 && !g->per_layer)
             for (int r = 0; r < g->rows; r++) {
                 char buf[16];
                 snprintf(buf, sizeof buf, "h%d", g->head[r]);
@@ -365,13 +366,18 @@ int ps_render_knockout(json_t *const *docs, const char *const *paths, int n, con
     x.g = calloc((size_t)n, sizeof *x.g);
     x.heat = calloc((size_t)n, sizeof *x.heat);
     int *rows = calloc((size_t)n, sizeof(int)), *cols = calloc((size_t)n, sizeof(int));
-    int rc = 0, n_est = 0;
+    int rc = 0, n_est = 0, mixed_units = 0;
+    const char *unit0 = NULL;
     if (!x.g || !x.heat || !rows || !cols) rc = ps_fail(err, "%s: out of memory", paths[0]);
     for (int k = 0; k < n && !rc; k++) {
         json_t *grid_j = json_object_get(docs[k], "grid"), *cells = json_object_get(grid_j, "cells");
         grid *g = &x.g[k];
         ps_fig_model_name(g->name, sizeof g->name, json_object_get(docs[k], "provenance"));
         const char *tg = json_string_value(json_object_get(grid_j, "target")), *tt = target_text(tg);
+        const char *unit = json_string_value(json_object_get(grid_j, "unit")); /* what a cell is (NULL: a KV head) */
+        g->per_layer = unit && !strcmp(unit, "layer");
+        if (k == 0) unit0 = unit;
+        else if (!unit0 != !unit || (unit && strcmp(unit, unit0))) mixed_units = 1;
         ps_model_desc md;
         ps_error de;
         const char *what = NULL; /* K = V: the family words the raw and compressed entries (core/runtime.h) */
@@ -431,12 +437,20 @@ int ps_render_knockout(json_t *const *docs, const char *const *paths, int n, con
     if (!rc) rc = ps_knockout_layout(n, rows, cols, x.heat, &W, &H, err);
     if (!rc) {
         x.fig_w = W;
-        snprintf(x.title, sizeof x.title, "KV-head knockout (mean replacement): %s in %s per layer × KV head and phase residue",
+        /* what a cell is: a KV head (the result names no unit), or the unit it names ("query head", "layer") */
+        const char *kind = mixed_units ? "Knockout" : !unit0 ? "KV-head knockout" : !strcmp(unit0, "query head") ? "Query-head knockout" : "Knockout";
+        char rows_what[96], cell_what[96];
+        if (mixed_units) snprintf(rows_what, sizeof rows_what, "per cell"), snprintf(cell_what, sizeof cell_what, "each cell's entries");
+        else if (!unit0) snprintf(rows_what, sizeof rows_what, "per layer × KV head"), snprintf(cell_what, sizeof cell_what, "each KV head's entries");
+        else if (!strcmp(unit0, "layer")) snprintf(rows_what, sizeof rows_what, "per layer"), snprintf(cell_what, sizeof cell_what, "each layer's knocked-out values");
+        else snprintf(rows_what, sizeof rows_what, "per layer × %s", unit0), snprintf(cell_what, sizeof cell_what, "each %s's values", unit0);
+        snprintf(x.title, sizeof x.title, "%s (mean replacement): %s in %s %s and phase residue", kind,
                  n_est == n ? "estimated change (attribution patching)" : n_est ? "exact and estimated change" : "change",
-                 x.acc ? "accuracy" : "mean target NLL");
+                 x.acc ? "accuracy" : "mean target NLL", rows_what);
         snprintf(x.subtitle, sizeof x.subtitle,
-                 "each KV head's entries (named over each panel) replaced by their mean over the prompts of the same shift; "
+                 "%s (named over each panel) replaced by their mean over the prompts of the same shift; "
                  "%s",
+                 cell_what,
                  x.acc ? "change = knocked out − clean accuracy, in percentage points"
                  : n_est ? "change = knocked out − clean NLL, in nats (AtP panels: to first order)"
                          : "change = knocked out − clean NLL, in nats");
@@ -444,7 +458,12 @@ int ps_render_knockout(json_t *const *docs, const char *const *paths, int n, con
                  x.acc ? "accuracy falls" : "NLL rises", n > 1 ? "; each panel has its own colour scale" : "");
         ps_fig_chunks ch;
         ps_fig_make_chunks(&ch, json_object_get(docs[0], "provenance"), x.title);
-        rc = ps_fig_emit(out, x.acc ? "knockout_heatmap_acc" : "knockout_heatmap", W, H, draw_knockout, &x, &ch, o, verbose, err);
+        ps_fig f;
+        for (int k = 0; !rc && k < ps_fig_n_files(o); k++)
+            if (!(rc = ps_fig_file_open(&f, out, x.acc ? "knockout_heatmap_acc" : "knockout_heatmap", W, H, o, k, err))) {
+                draw_knockout(f.cr, &x);
+                rc = ps_fig_file_close(&f, &ch, verbose, err);
+            }
     }
     free_grids(&x);
     free(rows);
@@ -640,7 +659,12 @@ int ps_render_atp_compare(json_t *const *docs, const char *const *paths, int n, 
         snprintf(x.subtitle2, sizeof x.subtitle2, "orange = knockout hurts (NLL rises), blue = it helps, white = no change, grey = no prompts");
         ps_fig_chunks ch;
         ps_fig_make_chunks(&ch, json_object_get(doc, "provenance"), x.title);
-        rc = ps_fig_emit(out, "atp_compare", W, H, draw_knockout, &x, &ch, o, verbose, err);
+        ps_fig f;
+        for (int k = 0; !rc && k < ps_fig_n_files(o); k++)
+            if (!(rc = ps_fig_file_open(&f, out, "atp_compare", W, H, o, k, err))) {
+                draw_knockout(f.cr, &x);
+                rc = ps_fig_file_close(&f, &ch, verbose, err);
+            }
     }
     for (int k = 0; k < 2; k++) free(g[k].layer), free(g[k].head), free(g[k].v);
     return rc;

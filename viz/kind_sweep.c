@@ -675,8 +675,12 @@ int ps_render_curves(json_t *const *docs, const char *const *paths, int n, const
         snprintf(x.xlabel, sizeof x.xlabel, "phase residue ρ = t_K mod %lld", (long long)P);
         ps_fig_chunks ch;
         ps_fig_make_chunks(&ch, json_object_get(docs[0], "provenance"), x.title);
-        rc = ps_fig_emit(out, gc ? "gatecycle_curve" : "phase_curve", CURVE_W, fmax(580, CURVE_T + 8 + x.n * 74 + 60), draw_curves, &x,
-                  &ch, o, verbose, err);
+        ps_fig f;
+        for (int k = 0; !rc && k < ps_fig_n_files(o); k++)
+            if (!(rc = ps_fig_file_open(&f, out, gc ? "gatecycle_curve" : "phase_curve", CURVE_W, fmax(580, CURVE_T + 8 + x.n * 74 + 60), o, k, err))) {
+                draw_curves(f.cr, &x);
+                rc = ps_fig_file_close(&f, &ch, verbose, err);
+            }
     }
     free_curves(&x);
     return rc;

@@ -451,7 +451,13 @@ static int render_theory(json_t *doc, const char *path, const char *out, const p
     ps_fig_make_chunks(&ch, json_object_get(doc, "provenance"), x.title);
     double hh = fmin(300, fmax(60, 22.0 * x.H));
     x.fig_w = 1320;
-    int rc = ps_fig_emit(out, "theory", x.fig_w, TH_ROW3 + hh + 50, draw_theory, &x, &ch, o, verbose, err);
+    int rc = 0;
+    ps_fig f;
+    for (int k = 0; !rc && k < ps_fig_n_files(o); k++)
+        if (!(rc = ps_fig_file_open(&f, out, "theory", x.fig_w, TH_ROW3 + hh + 50, o, k, err))) {
+            draw_theory(f.cr, &x);
+            rc = ps_fig_file_close(&f, &ch, verbose, err);
+        }
     free_theory(&x);
     return rc;
 }

@@ -380,7 +380,12 @@ int ps_render_training(const char *path, const char *out, const ps_render_opts *
         snprintf(ch.title, sizeof ch.title, "%s", x.title);
         double W, H;
         train_size(&x, &W, &H);
-        rc = ps_fig_emit(out, "training", W, H, draw_training, &x, &ch, o, verbose, err);
+        ps_fig f;
+        for (int k = 0; !rc && k < ps_fig_n_files(o); k++)
+            if (!(rc = ps_fig_file_open(&f, out, "training", W, H, o, k, err))) {
+                draw_training(f.cr, &x);
+                rc = ps_fig_file_close(&f, &ch, verbose, err);
+            }
     }
     free_train(&x);
     return rc;
