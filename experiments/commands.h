@@ -108,7 +108,7 @@ int ps_grad_command(const ps_grad_req *r, ps_error *err);
  * A server's options by name: the one table that `phasescope serve`'s flags (--max-batch N) and the public
  * API's options JSON (ps_api_serve_start: {"max_batch": N}) are read through, so the two are the same set
  * with the same ranges and messages. The defaults are ps_serve_defaults'. Built without libmicrohttpd
- * (PS_HAVE_SERVE unset) the table is empty and the setter fails saying so. */
+ * (PS_HAVE_SERVE unset) the table is empty (the command and ps_api_serve_start say the build has no server). */
 struct ps_serve_opts;
 enum { PS_SERVE_OPT_TEXT = 1, PS_SERVE_OPT_I64, PS_SERVE_OPT_INT };
 typedef struct {

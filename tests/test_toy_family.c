@@ -20,6 +20,8 @@
 #include "check.h"
 #include "core/ops.h"
 #include "core/runtime.h"
+#include "experiments/cli.h"
+#include "experiments/commands.h"
 #include "interventions/filler_families.h"
 #include "interventions/knockout.h"
 #include "interventions/units.h"
@@ -227,8 +229,39 @@ static long post(int port, const char *path, const char *body, json_t **out) {
 }
 #endif
 
+/* the API's serve options and `phasescope serve`'s flags are one set: every table entry is a flag of the
+ * command, and every flag of the command is an entry, but the checkpoint, the device and the port file (the
+ * call's path and device; the CLI's own) */
+static void check_serve_options(void) {
+    int n = 0, same = 1;
+    for (const ps_serve_option *p = ps_serve_options; p->key; p++, n++) {
+        int found = 0;
+        for (const ps_flag_spec *f = ps_cmd_serve.flags; f->name; f++) found |= !strcmp(f->name, p->flag);
+        char key[64];
+        snprintf(key, sizeof key, "%s", p->flag + 2);
+        for (char *c = key; *c; c++)
+            if (*c == '-') *c = '_';
+        same &= found && !strcmp(key, p->key) && ps_serve_option_find(p->key) == p && ps_serve_option_find(p->flag + 2) == p;
+        CHECK(found, "serve option %s is not a flag of phasescope serve", p->key);
+    }
+    for (const ps_flag_spec *f = ps_cmd_serve.flags; f->name; f++) {
+        static const char *const own[] = {"--model", "--port-file", "--backend", "--device", "--precision"};
+        int mine = 0;
+        for (size_t i = 0; i < sizeof own / sizeof own[0]; i++) mine |= !strcmp(f->name, own[i]);
+        int in_table = 0;
+        for (const ps_serve_option *p = ps_serve_options; p->key; p++) in_table |= !strcmp(f->name, p->flag);
+        CHECK(mine || in_table || n == 0, "flag %s of phasescope serve is not a serve option of the API", f->name);
+    }
+#ifdef PS_HAVE_SERVE
+    CHECK(same && n == 11, "the serve options table: %d entries (host, port, tokenizer, name and 7 limits), keys = flags", n);
+#else
+    CHECK(n == 0, "without serve the options table is empty");
+#endif
+}
+
 static void test_serve(const char *dir) {
     char err[1024];
+    check_serve_options();
     ps_api_server *s = NULL;
     int rc = ps_api_serve_start_in(toy_family_list(), dir, "cpu", "{\"port\": 0, \"name\": \"toy\", \"max_batch\": 4}", &s, err,
                                    sizeof err);
