@@ -117,6 +117,22 @@ typedef struct {
     int64_t m;    /* compression rate (0: sliding layer) */
     float scale;  /* logit scale, Dh^-0.5 */
 } ps_v4_attn_geom;
+
+/* v4_kv_attend: the attention of one sequence's piece of n query rows at positions t0 .. t0 + n - 1 over its
+ * KV cache pages (core/v4/v4_kvcache.h): query t reads the raw K = V rows max(0, t - W + 1) .. t of kv, then
+ * (m > 0) its entries of ent — CSA (K > 0): the ones topk [n, K] (a buffer; -1 or an index >= nE: none)
+ * lists, in its order; HCA (K = 0): the first min((t + 1) / m, nE) — with the head's sink column. */
+typedef struct {
+    int64_t H, Dh;   /* query heads, head dim (the one K = V head's too) */
+    int64_t W;       /* sliding window */
+    int64_t m;       /* compression rate (0: a sliding layer, no entries) */
+    int64_t K;       /* CSA: entries selected per query (topk [n, K]); 0: every visible entry */
+    int64_t nE;      /* entries held (ent's rows) */
+    int64_t t0, n;   /* the queries' positions */
+    float scale;     /* logit scale, Dh^-0.5 */
+    ps_kv_pages kv;  /* the raw K = V rows [*, Dh], holding max(0, t0 - W + 1) .. t0 + n - 1 */
+    ps_kv_pages ent; /* the compressed entries [nE, Dh] (base 0) */
+} ps_v4_kv_attn;
 /* ---------------- end DeepSeek-V4 ---------------- */
 
 /* The compressor's windows as data (SPEC §2, docs/mitigations.md): a table of starts and lengths. Window j of
@@ -175,7 +191,8 @@ typedef struct {
     X(ATTN_LOGITS, v4_attn_logits) X(ATTN_SOFTMAX, v4_attn_softmax) X(ATTN_APPLY, v4_attn_apply)               \
     X(SINK_RESCALE, v4_sink_rescale) X(GROUPED_LINEAR, v4_grouped_linear) X(SCALE, v4_scale)                   \
     X(COMP_SLOTS_BACKWARD, v4_comp_slots_backward) X(SLOT_SOFTMAX_BACKWARD, v4_slot_softmax_backward)          \
-    X(COMP_POOL_BACKWARD, v4_comp_pool_backward) X(ATTN_BACKWARD, v4_attn_backward)
+    X(COMP_POOL_BACKWARD, v4_comp_pool_backward) X(ATTN_BACKWARD, v4_attn_backward)                          \
+    X(KV_ATTEND, v4_kv_attend) X(KV_SLOTS, v4_kv_slots)
 
 #define PS_OP_ENUM_(E, f) PS_OP_##E,
 typedef enum { PS_CORE_OPS(PS_OP_ENUM_) PS_OP_COUNT } ps_op;
@@ -330,6 +347,10 @@ typedef struct {
                                  const float *kv, int64_t B, int64_t T, int64_t nW, int64_t m, int64_t d, int overlap);
     int (*v4_attn_backward)(ps_ctx *c, float *dq, float *dkv, float *dckv, float *dsink, const float *dout, const float *out,
                             const float *q, const float *kv, const float *ckv, const float *sink, const ps_v4_attn_geom *g);
+    /* the DeepSeek-V4 KV cache (core/v4/v4_kvcache.h): the attention over the pages, a closing window's gates */
+    int (*v4_kv_attend)(ps_ctx *c, float *out, float *sinkp, const float *q, const float *topk, const float *sink,
+                        const ps_v4_kv_attn *a);
+    int (*v4_kv_slots)(ps_ctx *c, float *gate, const float *ape, const ps_kv_chan *k);
 } ps_backend_v4_ops;
 
 struct ps_backend {

@@ -653,6 +653,23 @@ static inline int ps_v4_attn_backward(ps_ctx *c, float *dq, float *dkv, float *d
                                       const float *sink, const ps_v4_attn_geom *g) {
     return PS_V4_CALL(c, v4_attn_backward, dq, dkv, dckv, dsink, dout, out, q, kv, ckv, sink, g);
 }
+/* ---- the DeepSeek-V4 KV cache's ops (core/v4/v4_kvcache.h; the geometry in core/backend.h) ---- */
+/* The check every backend's v4_kv_attend makes first (core/cpu/kv_v4.c): sizes, and page lists that hold the
+ * rows it reads; 0, or -1 with the context failed. */
+int ps_v4_kv_attn_check(ps_ctx *c, const ps_v4_kv_attn *a);
+/* out [n, H, Dh] and sinkp [H, n] (the sink's probability) of the queries q [n, H, Dh] over the pages
+ * (ps_v4_kv_attn): per row and head, the scaled dot products with the raw rows then the entries, a softmax
+ * over them and the sink logit sink[h] (a column without a value), out = Σ p · key (K = V). topk: [n, a->K]
+ * (a buffer; NULL when a->K = 0). As ps_v4_attn's arithmetic per query (the CPU: the same loops). */
+static inline int ps_v4_kv_attend(ps_ctx *c, float *out, float *sinkp, const float *q, const float *topk, const float *sink,
+                                  const ps_v4_kv_attn *a) {
+    return PS_V4_CALL(c, v4_kv_attend, out, sinkp, q, topk, sink, a);
+}
+/* gate [S, hd] (S = m, 2m for CSA) of the window k->wi closing: slot s, channel i is z[tok_s, chb_s + i] +
+ * ape[(s % m)*cw + chb_s + i], -inf for a slot without a token (ps_kv_chan; ps_kv_slots before its softmax). */
+static inline int ps_v4_kv_slots(ps_ctx *c, float *gate, const float *ape, const ps_kv_chan *k) {
+    return PS_V4_CALL(c, v4_kv_slots, gate, ape, k);
+}
 /* ---------------- end DeepSeek-V4 ---------------- */
 
 #endif

@@ -27,7 +27,8 @@
 #   configure   the carried .debs unpacked with dpkg -x into .gpu_prefix/ (only when the machine lacks the
 #               libraries; never into /), a Release build with PS_CUDA=ON for sm_90 against that prefix
 #               (timeout 150 s)
-#   build       test_cuda, test_backend_ops, test_kvcache, bench_gpu, phasescope with -j$(nproc) (timeout 300 s)
+#   build       test_cuda, test_backend_ops, test_kvcache, test_v4_kvcache, bench_gpu, phasescope with -j$(nproc)
+#               (timeout 300 s)
 #   test_cuda   the program itself, PS_REQUIRE_DEVICE=1 (no device: FAIL), under the deadline (not ctest:
 #               its TIMEOUT property would beat any --timeout); the first FAIL lines go to the summary
 #   blocking    after a CUDA error in test_cuda (one fault poisons every later op), a rerun with
@@ -35,11 +36,14 @@
 #   test_backend_ops  the op table on the cuda backend against the CPU, PS_REQUIRE_CUDA=1 (when 150 s are left)
 #   test_kvcache      the KV cache on the cuda backend against the cpu (test_kvcache --backends: appends,
 #               fork, edits, hooks; full, grid, staggered, content, channel), PS_REQUIRE_CUDA=1 (when 120 s are left)
+#   test_v4_kvcache   the DeepSeek-V4 KV cache on the cuda backend against the cpu (test_v4_kvcache --backends:
+#               appends, fork, edits, truncate, hooks; mix4 and hub3), PS_REQUIRE_CUDA=1 (when 120 s are left)
 #   bench_gpu   GEMM rates per precision, one training step per precision x attention (1 step, no knockout
 #               unless --full)
 #   torch_peer  the same model and step in PyTorch (bench/torch_gpu_peer.py), when 100 s are left
 # Logs and JSON go to $OUT (the device tool's folder), else build-gpu/out/: summary.txt, configure.log,
-# build.log, test_cuda.log, test_cuda_blocking.log, test_backend_ops.log, test_kvcache.log, bench_gpu.log/.json,
+# build.log, test_cuda.log, test_cuda_blocking.log, test_backend_ops.log, test_kvcache.log, test_v4_kvcache.log,
+# bench_gpu.log/.json,
 # torch_peer.log/.json.
 # The whole script is one block, read before it runs: editing the file during a run cannot change that run.
 {
@@ -229,7 +233,7 @@ say "configure: ok in $(($(date +%s) - TC)) s (prefix: $([ "$need_prefix" = 1 ] 
 
 # 2. build
 TB=$(date +%s)
-timeout "$(left $BUILD_TIMEOUT)" cmake --build "$BUILD" -j "$JOBS" --target test_cuda test_backend_ops test_kvcache bench_gpu phasescope > "$O/build.log" 2>&1
+timeout "$(left $BUILD_TIMEOUT)" cmake --build "$BUILD" -j "$JOBS" --target test_cuda test_backend_ops test_kvcache test_v4_kvcache bench_gpu phasescope > "$O/build.log" 2>&1
 rc=$?
 BUILD_S=$(($(date +%s) - TB))
 if [ $rc != 0 ]; then
@@ -290,6 +294,21 @@ if [ "$(left 999)" -gt 120 ]; then
   [ $KT_RC = 0 ] || STATUS=FAIL
 else
   say "test_kvcache: skipped ($(left 999) s left)"
+fi
+
+# 3e. the DeepSeek-V4 KV cache on the device: test_v4_kvcache's backend comparison (cpu-staged bit for bit, cuda
+# within its tolerance; the conformance checkpoints mix4 and hub3)
+if [ "$(left 999)" -gt 120 ]; then
+  TV=$(date +%s)
+  (cd "$BUILD" && PS_REQUIRE_CUDA=1 OMP_NUM_THREADS=8 OMP_WAIT_POLICY=PASSIVE timeout "$(left 60)" ./tests/test_v4_kvcache --backends) \
+    > "$O/test_v4_kvcache.log" 2>&1
+  VT_RC=$?
+  say "test_v4_kvcache --backends (cuda): rc $VT_RC$([ $VT_RC = 124 ] && echo ' (timed out)') in $(($(date +%s) - TV)) s: $(tail -n 1 "$O/test_v4_kvcache.log" | cut -c1-200)"
+  grep -E '^  cuda ' "$O/test_v4_kvcache.log" | cut -c1-200 | tee -a "$S"
+  grep -m 6 '^FAIL' "$O/test_v4_kvcache.log" | cut -c1-300 | sed 's/^/  /' | tee -a "$S"
+  [ $VT_RC = 0 ] || STATUS=FAIL
+else
+  say "test_v4_kvcache: skipped ($(left 999) s left)"
 fi
 
 # 4. bench: GEMM rates per precision, one training step per precision x attention

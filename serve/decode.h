@@ -3,8 +3,8 @@
  * the whole sequence per step. Sequences are named by the caller's keys (serve's per-sequence state), live
  * while their request runs and are dropped one by one when it ends or its client goes away
  * (ps_serve_decoder_drop), so that requests join and leave the batch between steps. Any checkpoint
- * with a cache (ps_kvcache_create_rt: the controlled model, DeepSeek-V4) on the CPU backend; create fails
- * otherwise and serve keeps the whole-sequence path. */
+ * with a cache (ps_kvcache_create_rt: the controlled model, DeepSeek-V4), on any backend; create fails
+ * otherwise (a family without one) and serve keeps the whole-sequence path. */
 #ifndef PS_SERVE_DECODE_H
 #define PS_SERVE_DECODE_H
 

@@ -1138,7 +1138,7 @@ int ps_serve_start(const ps_serve_opts *o, ps_server **out, ps_error *err) {
         return -1;
     }
     if ((sv->dec = malloc(sizeof *sv->dec)) && ps_serve_decoder_create(sv->dec, &sv->rt, NULL)) {
-        free(sv->dec); /* a model the cache does not run (a family without one, a DeepSeek-V4 checkpoint on a device backend): the whole-sequence path */
+        free(sv->dec); /* a model the cache does not run (a family without one): the whole-sequence path */
         sv->dec = NULL;
     }
     if (!sv->o.max_prompt_tokens || sv->o.max_prompt_tokens > sv->rt.max_pos) sv->o.max_prompt_tokens = sv->rt.max_pos;

@@ -10,7 +10,8 @@
  * The window ops run the base grid, a staggered grid of 75 windows (two 64-wide tiles), and content chunks
  * with one and with two tiles of real chunks (T 400); the attention ops full attention, the base grid with
  * 75 windows, a staggered grid and content chunks of two tiles; the KV cache's ops page lists of several
- * pages (raw rows after dropped pages, entries in pages of 5), per-row and blocked attention. */
+ * pages (raw rows after dropped pages, entries in pages of 5), per-row and blocked attention; the DeepSeek-V4
+ * cache's a sliding, an HCA and a CSA layer's piece. */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <stdint.h>
@@ -1053,6 +1054,43 @@ static int c_v4_attn_backward(int s) {
     return 1;
 }
 
+/* the DeepSeek-V4 KV cache: a piece of query rows over the raw K = V rows (after dropped pages, pages of 8)
+ * and the entries (pages of 5) — a sliding layer (no entries), an HCA layer (every visible entry; a head of 32:
+ * the long dot products; 20 rows), a CSA layer (the entries topk lists, with empty slots and an index past
+ * the entries held, which reads nothing) */
+static int c_v4_kv_attend(int s) {
+    if (s > 2) return 0;
+    static const struct {
+        int64_t H, Dh, W, m, K, t0, n, kbase;
+    } S[3] = {{2, 8, 5, 0, 0, 70, 3, 64}, {3, 32, 9, 4, 0, 41, 20, 32}, {2, 16, 6, 4, 3, 50, 6, 40}};
+    int64_t H = S[s].H, Dh = S[s].Dh, n = S[s].n, t1 = S[s].t0 + n, K = S[s].K;
+    float *kt[16], *et[8], hk[32];
+    ps_v4_kv_attn a = {.H = H, .Dh = Dh, .W = S[s].W, .m = S[s].m, .K = K, .t0 = S[s].t0, .n = n,
+                       .scale = (float)(1.0 / sqrt((double)Dh))};
+    a.kv = pages_in(kt, S[s].kbase, t1, Dh, 8);
+    if (a.m > 0) a.nE = t1 / a.m, a.ent = pages_in(et, 0, a.nE, Dh, 5);
+    for (int64_t r = 0; r < n * K; r++) { /* row r: entries it sees, then an empty slot, then one past the held */
+        int64_t row = r / K, i = r % K, vis = (S[s].t0 + row + 1) / a.m;
+        hk[r] = i == 0 ? (float)(vis - 1 - row % 3) : i == 1 ? (row % 2 ? -1.0f : (float)(row % 5)) : (float)(row == 2 ? a.nE : 5 + row % 3);
+    }
+    float *q = IN(n * H * Dh, 1), *sink = IN(H, 1), *topk = K ? UP(hk, n * K) : NULL, *out = IN(n * H * Dh, 1), *sp = IN(H * n, 1);
+    ps_v4_kv_attend(R.c, out, sp, q, topk, sink, &a);
+    OUT("out", out, n * H * Dh), OUT("sinkp", sp, H * n);
+    return 1;
+}
+
+/* a closing window's gates over the compressor rows (slots_in: HCA window 5, CSA window 5, CSA window 0) */
+static int c_v4_kv_slots(int s) {
+    if (s > 2) return 0;
+    float *tab[8];
+    ps_kv_chan k = slots_in(s, tab);
+    int64_t SL = (k.csa ? 2 : 1) * k.rate;
+    float *ape = IN(k.rate * k.cw, 1), *gate = IN(SL * k.hd, 1);
+    ps_v4_kv_slots(R.c, gate, ape, &k);
+    OUT("gate", gate, SL * k.hd);
+    return 1;
+}
+
 /* ---------------- the case tables, indexed by the enums ---------------- */
 
 typedef struct {
@@ -1139,6 +1177,8 @@ static const op_case V4[PS_V4_OP_COUNT] = {
     [PS_V4_OP_SLOT_SOFTMAX_BACKWARD] = {c_v4_slot_softmax_backward, 1e-5},
     [PS_V4_OP_COMP_POOL_BACKWARD] = {c_v4_comp_pool_backward, 1e-5},
     [PS_V4_OP_ATTN_BACKWARD] = {c_v4_attn_backward, 1e-4},
+    [PS_V4_OP_KV_ATTEND] = {c_v4_kv_attend, 1e-5},
+    [PS_V4_OP_KV_SLOTS] = {c_v4_kv_slots, 0},
 };
 
 /* ---------------- running and comparing ---------------- */

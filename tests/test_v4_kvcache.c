@@ -18,7 +18,11 @@
  * Also: fork (no page copied until a write) and truncate (with history; too far back is an error); the
  * cache as hook points (zeroing an entry, mean-replacing an indexer key: the forward with that entry
  * overwritten) with a steering hook during the appends; bytes per token against
- * ps_v4_kvcache_bytes_per_token (`phasescope info`), both models; one 1536-token run (mix4); bad inputs. */
+ * ps_v4_kvcache_bytes_per_token (`phasescope info`), both models; one 1536-token run (mix4); bad inputs.
+ *
+ * On other backends (first; `--backends` runs only this): the same appends, fork, edits, truncate and hooks on
+ * cpu-staged give the cpu's bits (logits, entries, what the hooks saw), on cuda (when present) the cpu's within
+ * a tolerance; PS_REQUIRE_CUDA=1 fails without a device. The CUDA kernels' bodies on the host against the cpu's ops. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,7 +30,9 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "core/cuda/kvcache_v4_bodies.h"
 #include "core/kvcache.h"
+#include "core/ops.h"
 #include "core/rng.h"
 #include "core/v4/v4_forward.h"
 #include "core/v4/v4_hooks.h"
@@ -633,7 +639,275 @@ static void bytes_and_long(const char *name, int64_t Tlong) {
     ps_v4_model_free(&m);
 }
 
-int main(void) {
+/* ---- the cache on another backend against the cpu ---- */
+
+/* A callback on a compressor's gate: sums what it sees (weighted by the index) and halves slot 0's gates (an
+ * edit in place: on a device context the hooks module copies the point to the host and back). */
+static int on_gate(const ps_hook_event *ev, void *user, ps_error *err) {
+    (void)err;
+    double *sum = user;
+    int64_t n = ev->shape[0] * ev->shape[1] * ev->shape[2] * ev->shape[3], d = ev->shape[3];
+    for (int64_t i = 0; i < n; i++)
+        if (isfinite(ev->data[i])) *sum += ev->data[i] * (double)(i + 1); /* (a slot without a token: -inf) */
+    for (int64_t i = 0; i < d; i++) ev->data[i] *= 0.5f;
+    return 0;
+}
+
+/* A callback on indexer.topk: sums the indices it sees and empties each row's last slot (-1: a selection the
+ * cache then checks on the host, a copy on a device). */
+static int on_topk(const ps_hook_event *ev, void *user, ps_error *err) {
+    (void)err;
+    double *sum = user;
+    int64_t n = ev->shape[1], K = ev->shape[2];
+    for (int64_t i = 0; i < n * K; i++) *sum += ev->data[i] * (double)(i % 7 + 1);
+    if (K > 1)
+        for (int64_t r = 0; r < n; r++) ev->data[r * K + K - 1] = -1.0f;
+    return 0;
+}
+
+/* One run of the staged comparison on model m (on its backend): two sequences grown by seeded appends (single
+ * tokens and chunks of up to 40 rows, pieces of 16), a fork half way, then edits (entry 1 of the first
+ * compressed layer zeroed everywhere, indexer key 3 of the last CSA layer set in the fork), a truncate of the
+ * fork by 3 tokens (history) and its regrowth; hooks: an action zeroing head 1 of the last layer's attn.q, a
+ * callback halving gates of the first compressed layer's compressor, one emptying the last top-k slot of the
+ * first CSA layer. The logits of every appended position into lg, every entry and indexer key held at the end
+ * into ent, what the callbacks summed into sums[2]. Returns the floats written to lg. */
+static int64_t staged_run(ps_v4_model *m, const int32_t *tok, int64_t T, float *lg, float *ent, int64_t *n_ent, double *sums) {
+    const ps_v4_config *c = &m->cfg;
+    ps_error err;
+    ps_kvcache kv;
+    ps_kvcache_opts o = {.chunk = 16, .history = 8};
+    int64_t V = c->vocab_size, out = 0, ne = 0;
+    if (ps_v4_kvcache_create(&kv, m, &o, &err)) {
+        CHECK_OK(-1, &err);
+        return 0;
+    }
+    int first_comp = -1, first_csa = -1, last_csa = -1;
+    for (int l = 0; l < c->n_layers; l++) {
+        if (c->attn_type[l] != PS_V4_SLIDING && first_comp < 0) first_comp = l;
+        if (c->attn_type[l] == PS_V4_CSA) last_csa = l, first_csa = first_csa < 0 ? l : first_csa;
+    }
+    ps_hooks h;
+    ps_hooks_init(&h);
+    char nm[96];
+    ps_hook_action zero = {.kind = PS_ACT_ZERO, .head = 1};
+    snprintf(nm, sizeof nm, "layers.%lld.attn.q", (long long)c->n_layers - 1);
+    CHECK_OK(ps_v4_hooks_add_action(&h, c, nm, &zero, &err), &err);
+    snprintf(nm, sizeof nm, "layers.%d.attn.compressor.gate", first_comp);
+    CHECK_OK(ps_v4_hooks_add(&h, c, nm, on_gate, &sums[0], &err), &err);
+    snprintf(nm, sizeof nm, "layers.%d.attn.indexer.topk", first_csa);
+    CHECK_OK(ps_v4_hooks_add(&h, c, nm, on_topk, &sums[1], &err), &err);
+    int ids[2] = {ps_kvcache_add(&kv, &err), -1};
+    ps_rng g;
+    ps_rng_seed(&g, 99);
+    int64_t done[2] = {0, 0};
+    int cut = 0;
+    float vec[64];
+    for (int64_t e = 0; e < 64; e++) vec[e] = 0.1f * (float)(e + 1);
+    while (done[0] < T) {
+        if (ids[1] < 0 && done[0] >= T / 2) { /* fork; then edits */
+            ids[1] = ps_kvcache_fork(&kv, ids[0], &err);
+            done[1] = done[0];
+            CHECK_OK(ps_kvcache_edit(&kv, -1, first_comp, 0, 0, 1, PS_KV_EDIT_ZERO, NULL, &err), &err);
+            CHECK_OK(ps_kvcache_edit(&kv, ids[1], last_csa, 0, 1, 3, PS_KV_EDIT_SET, vec, &err), &err);
+        } else if (ids[1] >= 0 && !cut && done[1] >= T / 2 + 20) { /* the fork back by 3 tokens */
+            done[1] -= 3;
+            CHECK_OK(ps_kvcache_truncate(&kv, ids[1], done[1], &err), &err);
+            cut = 1;
+        }
+        int nseq = ids[1] < 0 ? 1 : 2;
+        int64_t n[2], off = 0;
+        int32_t buf[100];
+        for (int i = 0; i < nseq; i++) {
+            int64_t k = ps_rng_u64(&g) % 3 ? 1 : 1 + (int64_t)(ps_rng_u64(&g) % 40);
+            if (k > T - done[i]) k = T - done[i];
+            n[i] = k;
+            for (int64_t t = 0; t < k; t++) buf[off + t] = tok[(done[i] + t + (int64_t)i * 7) % T];
+            off += k;
+        }
+        if (nseq == 2 && n[1] == 0) nseq = 1;
+        if (ps_kvcache_append(&kv, nseq, ids, n, buf, &h, lg + out, false, &err)) {
+            CHECK_OK(-1, &err);
+            break;
+        }
+        out += off * V;
+        for (int i = 0; i < nseq; i++) done[i] += n[i];
+    }
+    for (int i = 0; i < 2; i++)
+        for (int l = 0; l < c->n_layers; l++) {
+            if (c->attn_type[l] == PS_V4_SLIDING) continue;
+            for (int v = 0; v < (c->attn_type[l] == PS_V4_CSA ? 2 : 1); v++)
+                for (int64_t j = 0; j < ps_kvcache_n_entries(&kv, ids[i], l, 0); j++, ne += ps_kvcache_entry_width(&kv, l, v))
+                    CHECK_OK(ps_kvcache_entry(&kv, ids[i], l, 0, v, j, ent + ne, &err), &err);
+        }
+    *n_ent = ne;
+    ps_hooks_free(&h);
+    ps_kvcache_free(&kv);
+    return out;
+}
+
+/* max over rows of row_rel(a row, b row), rows of n floats */
+static double rows_rel(const float *a, const float *b, int64_t rows, int64_t n) {
+    double w = 0;
+    for (int64_t r = 0; r < rows; r++) w = fmax(w, row_rel(a + r * n, b + r * n, n));
+    return w;
+}
+
+/* The cache on backend `name` against the cpu backend, the same appends, fork, edits, truncate and hooks
+ * (staged_run), on mix4 (sliding, CSA and HCA layers) and hub3. On the test backend cpu-staged — the cpu's
+ * ops and memory behind a context that says its buffers are not host-visible, so every page write, op over
+ * the page tables, hook and read takes the device path — every appended position's logits, every entry and
+ * indexer key held, and what the callbacks saw are the cpu's bits. On a device (cuda) they agree within
+ * 1e-3 (logits per row; a top-k selection could flip where two scores lie within rounding). Returns 0 when
+ * the backend cannot be opened here. */
+static int test_backend_cache(const char *name) {
+    const char *models[] = {"mix4", "hub3"};
+    int exact = !strcmp(name, "cpu-staged");
+    double tol = 1e-3;
+    ps_error err;
+    ps_ctx *probe;
+    if (ps_ctx_create(&probe, name, &err)) {
+        printf("  %s: not tested (%s)\n", name, err.msg);
+        return 0;
+    }
+    ps_ctx_free(probe);
+    for (int k = 0; k < 2; k++) {
+        ps_v4_model m[2];
+        if (load(&m[0], models[k])) return 1;
+        if (load(&m[1], models[k])) {
+            ps_v4_model_free(&m[0]);
+            return 1;
+        }
+        if (ps_v4_model_to_backend(&m[1], name, &err)) {
+            CHECK_OK(-1, &err);
+            ps_v4_model_free(&m[0]), ps_v4_model_free(&m[1]);
+            return 1;
+        }
+        const ps_v4_config *c = &m[0].cfg;
+        int64_t T = 180, V = c->vocab_size, nl[2], ne[2], cap_ent = 2 * c->n_layers * 2 * T * 64 + 1;
+        int32_t tok[180];
+        tu_random_tokens(tok, T, V, 57 + (uint64_t)k);
+        float *lg[2], *ent[2];
+        double sums[2][2] = {{0, 0}, {0, 0}};
+        for (int b = 0; b < 2; b++) {
+            lg[b] = calloc((size_t)(2 * T * V), sizeof(float));
+            ent[b] = calloc((size_t)cap_ent, sizeof(float));
+            nl[b] = staged_run(&m[b], tok, T, lg[b], ent[b], &ne[b], sums[b]);
+        }
+        CHECK(nl[0] == nl[1] && nl[0] > T * V, "%s %s: %lld and %lld logits", name, models[k], (long long)nl[0], (long long)nl[1]);
+        CHECK(ne[0] == ne[1] && ne[0] > 0, "%s %s: %lld and %lld entry floats", name, models[k], (long long)ne[0], (long long)ne[1]);
+        double dl = nl[0] == nl[1] ? rows_rel(lg[1], lg[0], nl[0] / V, V) : INFINITY;
+        double de = ne[0] == ne[1] ? row_rel(ent[1], ent[0], ne[0]) : INFINITY;
+        double dg = fabs(sums[1][0] - sums[0][0]) / fmax(fabs(sums[0][0]), 1e-30);
+        CHECK(sums[0][0] != 0 && sums[0][1] != 0, "%s %s: the callbacks fired (%g, %g)", name, models[k], sums[0][0], sums[0][1]);
+        if (exact) {
+            CHECK(nl[0] == nl[1] && memcmp(lg[0], lg[1], (size_t)nl[0] * sizeof(float)) == 0, "%s %s: logits differ from the cpu's (%.3g)",
+                  name, models[k], dl);
+            CHECK(ne[0] == ne[1] && memcmp(ent[0], ent[1], (size_t)ne[0] * sizeof(float)) == 0,
+                  "%s %s: entries differ from the cpu's (%.3g)", name, models[k], de);
+            CHECK(sums[0][0] == sums[1][0] && sums[0][1] == sums[1][1], "%s %s: the hooks saw other values (%.17g %.17g vs %.17g %.17g)",
+                  name, models[k], sums[1][0], sums[1][1], sums[0][0], sums[0][1]);
+        } else {
+            CHECK(dl < tol && de < tol && dg < tol, "%s %s: logits %.3g, entries %.3g, the gate hook's sum %.3g from the cpu's (tolerance %.0e)",
+                  name, models[k], dl, de, dg, tol);
+        }
+        printf("  %s %s against the cpu%s: %lld logit rows (%.3g), %lld entry floats (%.3g), gate hook %.3g, top-k hook %s\n", name,
+               models[k], exact ? ", bit for bit" : "", (long long)(nl[0] / V), dl, (long long)ne[0], de, dg,
+               sums[0][1] == sums[1][1] ? "the same" : "differs");
+        for (int b = 0; b < 2; b++) free(lg[b]), free(ent[b]), ps_v4_model_free(&m[b]);
+    }
+    return 1;
+}
+
+/* cpu-staged always; cuda when the build has it and a device is present — a failure when the run asks for
+ * it (PS_REQUIRE_CUDA=1: scripts/gpu_check.sh) */
+static void test_backends(void) {
+    printf("the DeepSeek-V4 cache on other backends:\n");
+    test_backend_cache("cpu-staged");
+    int cuda = test_backend_cache("cuda");
+    const char *req = getenv("PS_REQUIRE_CUDA");
+    CHECK(cuda || !req || !*req || !strcmp(req, "0"), "PS_REQUIRE_CUDA is set and the DeepSeek-V4 KV cache could not be tested on cuda");
+}
+
+/* The CUDA kernels' bodies (core/cuda/kvcache_v4_bodies.h) checked without a GPU: run on the host over the
+ * kernels' index spaces (one call per query row and head, per channel) with host page tables, against the cpu
+ * backend's ops on the same pages — the same bits (the bodies follow the CPU's order of operations). A
+ * sliding layer's piece, an HCA layer's (head dim 32, 20 rows), a CSA layer's with empty top-k slots and an
+ * index past the entries held; the gates of an HCA window, a CSA window and CSA's first window. */
+static void test_cuda_bodies(void) {
+    ps_ctx *c;
+    ps_error err;
+    if (ps_ctx_create(&c, "cpu", &err)) {
+        CHECK(0, "%s", err.msg);
+        return;
+    }
+    ps_rng g;
+    ps_rng_seed(&g, 31);
+    static const struct {
+        int64_t H, Dh, W, m, K, t0, n, kbase;
+    } S[3] = {{2, 8, 5, 0, 0, 70, 3, 64}, {3, 32, 9, 4, 0, 41, 20, 32}, {2, 16, 6, 4, 3, 50, 6, 40}};
+    int64_t checked = 0;
+    for (int s = 0; s < 3; s++) {
+        int64_t H = S[s].H, Dh = S[s].Dh, n = S[s].n, t1 = S[s].t0 + n, K = S[s].K, pr = 8, pe = 5;
+        ps_v4_kv_attn a = {.H = H, .Dh = Dh, .W = S[s].W, .m = S[s].m, .K = K, .t0 = S[s].t0, .n = n,
+                           .scale = (float)(1.0 / sqrt((double)Dh))};
+        int64_t nkp = (t1 - S[s].kbase + pr - 1) / pr, ne = a.m > 0 ? t1 / a.m : 0, nep = (ne + pe - 1) / pe;
+        float *kt[16] = {0}, *et[8] = {0};
+        for (int64_t i = 0; i < nkp; i++) {
+            kt[i] = malloc((size_t)(pr * Dh) * sizeof(float));
+            for (int64_t j = 0; j < pr * Dh; j++) kt[i][j] = (float)ps_rng_normal(&g);
+        }
+        for (int64_t i = 0; i < nep; i++) {
+            et[i] = malloc((size_t)(pe * Dh) * sizeof(float));
+            for (int64_t j = 0; j < pe * Dh; j++) et[i][j] = (float)ps_rng_normal(&g);
+        }
+        a.kv = (ps_kv_pages){.page = kt, .base = S[s].kbase, .rows = t1, .width = Dh, .page_rows = pr};
+        a.nE = ne;
+        if (ne) a.ent = (ps_kv_pages){.page = et, .base = 0, .rows = ne, .width = Dh, .page_rows = pe};
+        float topk[32], sink[4], *q = malloc((size_t)(n * H * Dh) * sizeof(float));
+        for (int64_t r = 0; r < n * K; r++) {
+            int64_t row = r / K, i = r % K, vis = (S[s].t0 + row + 1) / a.m;
+            topk[r] = i == 0 ? (float)(vis - 1 - row % 3) : i == 1 ? (row % 2 ? -1.0f : (float)(row % 5)) : (float)(row == 2 ? ne : 5 + row % 3);
+        }
+        for (int64_t h = 0; h < H; h++) sink[h] = (float)ps_rng_normal(&g);
+        for (int64_t i = 0; i < n * H * Dh; i++) q[i] = (float)ps_rng_normal(&g);
+        float *o1 = calloc((size_t)(n * H * Dh), sizeof(float)), *o2 = calloc((size_t)(n * H * Dh), sizeof(float));
+        float *s1 = calloc((size_t)(n * H), sizeof(float)), *s2 = calloc((size_t)(n * H), sizeof(float));
+        CHECK(ps_v4_kv_attend(c, o1, s1, q, K ? topk : NULL, sink, &a) == 0, "v4_kv_attend on the cpu: %s", c->err.msg);
+        for (int64_t task = 0; task < n * H; task++) ps_v4kb_kv_attend(o2, s2, q, K ? topk : NULL, sink, &a, task);
+        CHECK(!memcmp(o1, o2, (size_t)(n * H * Dh) * sizeof(float)) && !memcmp(s1, s2, (size_t)(n * H) * sizeof(float)),
+              "the CUDA body of v4_kv_attend differs from the cpu's (shape %d: out %.3g, sinkp %.3g)", s, row_rel(o2, o1, n * H * Dh),
+              row_rel(s2, s1, n * H));
+        checked += n * H * (Dh + 1);
+        /* the gates: HCA window 5, CSA window 5, CSA window 0 (rows from 8, or 0 for window 0, in pages of 8) */
+        ps_kv_chan k = {.hd = 6, .rate = 4, .csa = s > 0, .wi = s == 2 ? 0 : 5};
+        k.cw = (k.csa ? 2 : 1) * k.hd;
+        int64_t base = s == 2 ? 0 : 8, np = (26 - base + 7) / 8, SL = (k.csa ? 2 : 1) * k.rate;
+        float *lt[4], ape[64], g1[64], g2[64];
+        for (int64_t i = 0; i < np; i++) {
+            lt[i] = malloc((size_t)(8 * 2 * k.cw) * sizeof(float));
+            for (int64_t j = 0; j < 8 * 2 * k.cw; j++) lt[i][j] = (float)ps_rng_normal(&g);
+        }
+        for (int64_t i = 0; i < k.rate * k.cw; i++) ape[i] = (float)ps_rng_normal(&g);
+        k.ln = (ps_kv_pages){.page = lt, .base = base, .rows = 26, .width = 2 * k.cw, .page_rows = 8};
+        CHECK(ps_v4_kv_slots(c, g1, ape, &k) == 0, "v4_kv_slots on the cpu: %s", c->err.msg);
+        for (int64_t i = 0; i < k.hd; i++) ps_v4kb_kv_slots(g2, ape, &k, i);
+        CHECK(!memcmp(g1, g2, (size_t)(SL * k.hd) * sizeof(float)), "the CUDA body of v4_kv_slots differs from the cpu's (shape %d)", s);
+        checked += SL * k.hd;
+        for (int64_t i = 0; i < np; i++) free(lt[i]);
+        for (int64_t i = 0; i < nkp; i++) free(kt[i]);
+        for (int64_t i = 0; i < nep; i++) free(et[i]);
+        free(q), free(o1), free(o2), free(s1), free(s2);
+    }
+    printf("the CUDA bodies of v4_kv_attend and v4_kv_slots on the host: %lld outputs, the cpu's bits\n", (long long)checked);
+    ps_ctx_free(c);
+}
+
+/* --backends: the backend comparison alone (the device check, scripts/gpu_check.sh) */
+int main(int argc, char **argv) {
+    test_backends();
+    if (argc > 1 && !strcmp(argv[1], "--backends")) CHECK_DONE();
+    test_cuda_bodies();
     property("mix4", 1);
     property("hub3", 2);
     property("mix4", 3);

@@ -143,6 +143,10 @@ int ps_cpu_v4_comp_pool_backward(ps_ctx *ctx, float *dalpha, float *dkv, const f
     const float *kv, int64_t B, int64_t T, int64_t nW, int64_t m, int64_t d, int overlap);
 int ps_cpu_v4_attn_backward(ps_ctx *ctx, float *dq, float *dkv, float *dckv, float *dsink, const float *dout,
     const float *out, const float *q, const float *kv, const float *ckv, const float *sink, const ps_v4_attn_geom *g);
+/* core/cpu/kv_v4.c: the DeepSeek-V4 KV cache's ops */
+int ps_cpu_v4_kv_attend(ps_ctx *ctx, float *out, float *sinkp, const float *q, const float *topk, const float *sink,
+    const ps_v4_kv_attn *a);
+int ps_cpu_v4_kv_slots(ps_ctx *ctx, float *gate, const float *ape, const ps_kv_chan *k);
 /* ---------------- end DeepSeek-V4 ---------------- */
 
 /* The gates' softmax backward in place, row by row (n rows of W; a row whose alpha is 0 gets dz = 0):

@@ -175,6 +175,10 @@ int ps_cuda_v4_comp_pool_backward(ps_ctx *c, float *dalpha, float *dkv, const fl
     const float *kv, int64_t B, int64_t T, int64_t nW, int64_t m, int64_t d, int overlap);
 int ps_cuda_v4_attn_backward(ps_ctx *c, float *dq, float *dkv, float *dckv, float *dsink, const float *dout,
     const float *out, const float *q, const float *kv, const float *ckv, const float *sink, const ps_v4_attn_geom *g);
+/* kvcache_v4.cu: the DeepSeek-V4 KV cache's ops */
+int ps_cuda_v4_kv_attend(ps_ctx *c, float *out, float *sinkp, const float *q, const float *topk, const float *sink,
+    const ps_v4_kv_attn *a);
+int ps_cuda_v4_kv_slots(ps_ctx *c, float *gate, const float *ape, const ps_kv_chan *k);
 
 #ifdef __cplusplus
 }

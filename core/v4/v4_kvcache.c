@@ -1,8 +1,10 @@
 /* v4_kvcache.c — DeepSeek-V4's KV cache (v4_kvcache.h). The per-position steps are the forward's own
  * (ps_v4_hc_site, ps_v4_moe, the backend's matmul / rmsnorm / rope / slot softmax / indexer scores / top-k
  * ops on the piece's rows); what reads other positions — the windows that close, the attention over the
- * raw window and the entries — is plain loops here over the sequence's pages, written as the CPU kernels of
- * core/cpu/ops_cpu_v4.c (the same arithmetic in the same order). */
+ * raw window and the entries, the indexer keys' gather — is the backend's ops over the sequence's pages
+ * (ps_v4_kv_slots, ps_kv_slot_pool, ps_v4_kv_attend, ps_kv_gather; on the CPU core/cpu/kv_v4.c and kv.c, the
+ * loops this file ran on host memory before, the same arithmetic in the same order). Pages and step buffers
+ * are buffers of the model's context: the cache runs on any backend. */
 #include "core/v4/v4_kvcache.h"
 
 #include <math.h>
@@ -59,13 +61,13 @@ void ps_v4_kvcache_free(ps_kvcache *kv) {
     free(kv->edits);
     if (v) {
         ps_v4_acts_free(&v->a);
-        free(v->scratch);
-        free(v->att);
-        free(v->key);
-        free(v->ik);
-        free(v->scores);
+        if (v->scratch) ps_buf_free(kv->ctx, v->scratch, v->scratch_floats * (int64_t)sizeof(float));
+        if (v->ik) ps_buf_free(kv->ctx, v->ik, v->ik_cap * (int64_t)sizeof(float));
+        if (v->scores) ps_buf_free(kv->ctx, v->scores, v->sc_cap * (int64_t)sizeof(float));
+        free(v->hscratch);
         free(v->host_idx);
         free(v->tok);
+        free(v->rows);
         free(v);
     }
     memset(kv, 0, sizeof *kv);
@@ -75,8 +77,6 @@ int ps_v4_kvcache_create(ps_kvcache *kv, ps_v4_model *m, const ps_kvcache_opts *
     memset(kv, 0, sizeof *kv);
     const ps_v4_config *c = &m->cfg;
     if (!m->ctx) return ps_fail(err, "%s: the weights are not loaded", m->dir);
-    if (!ps_ctx_host_visible(m->ctx))
-        return ps_fail(err, "the DeepSeek-V4 KV cache runs on the cpu backend only (the model is on %s)", ps_ctx_backend_name(m->ctx));
     if (o && (o->chunk < 0 || o->history < 0))
         return ps_fail(err, "KV cache options: chunk %lld and history %lld must be >= 0", (long long)o->chunk, (long long)o->history);
     kv->ctx = m->ctx;
@@ -87,6 +87,7 @@ int ps_v4_kvcache_create(ps_kvcache *kv, ps_v4_model *m, const ps_kvcache_opts *
     if (!v) return ps_fail(err, "out of memory for a DeepSeek-V4 KV cache");
     kv->v4 = v;
     v->m = m;
+    int host = ps_ctx_host_visible(m->ctx);
     int64_t R = kv->o.chunk, half = c->rope_dim / 2, Dh = c->head_dim, Di = c->index_head_dim;
     int64_t dmax = Dh > Di ? Dh : Di, smax = 1, K = c->index_topk > 0 ? c->index_topk : 1;
     for (int l = 0; l < c->n_layers; l++)
@@ -98,23 +99,40 @@ int ps_v4_kvcache_create(ps_kvcache *kv, ps_v4_model *m, const ps_kvcache_opts *
         ps_v4_kvcache_free(kv);
         return -1;
     }
+    /* the step's buffers, one allocation on the model's context */
     int64_t sizes[] = {R * half, R * half, R * half, R * half, half, half, smax * dmax, smax * dmax, dmax, dmax, 4 * dmax, R * K, R};
     float **ptrs[] = {&v->cos_m, &v->sin_m, &v->cos_c, &v->sin_c, &v->ecos, &v->esin, &v->gate, &v->alpha,
                       &v->pooled, &v->ent, &v->row, &v->topk, &v->gap};
     int n = (int)(sizeof sizes / sizeof sizes[0]);
     int64_t tot = 0;
     for (int i = 0; i < n; i++) tot += sizes[i] > 0 ? sizes[i] : 1;
-    v->scratch = malloc((size_t)tot * sizeof(float));
-    v->tok = malloc((size_t)R * sizeof *v->tok);
-    v->host_idx = malloc((size_t)(R * K) * sizeof(float));
-    if (!v->scratch || !v->tok || !v->host_idx) {
+    v->scratch = ps_buf_alloc(kv->ctx, tot * (int64_t)sizeof(float), "the DeepSeek-V4 KV cache's step buffers", err);
+    if (!v->scratch) {
         ps_v4_kvcache_free(kv);
-        return ps_fail(err, "out of memory for the DeepSeek-V4 KV cache's step buffers (%lld floats)", (long long)tot);
+        return -1;
     }
+    v->scratch_floats = tot;
     float *p = v->scratch;
     for (int i = 0; i < n; i++) {
         *ptrs[i] = p;
         p += sizes[i] > 0 ? sizes[i] : 1;
+    }
+    /* host arrays: the RoPE rows the host computes (on a host-visible context the buffers themselves), the
+     * tokens, a hooked top-k's copy */
+    int64_t hsz = host ? 0 : 4 * (R * half + 1) + 2 * (half + 1);
+    v->hscratch = hsz ? malloc((size_t)hsz * sizeof(float)) : NULL;
+    v->tok = malloc((size_t)R * sizeof *v->tok);
+    v->host_idx = malloc((size_t)(R * K) * sizeof(float));
+    if ((hsz && !v->hscratch) || !v->tok || !v->host_idx) {
+        ps_v4_kvcache_free(kv);
+        return ps_fail(err, "out of memory for the DeepSeek-V4 KV cache's host buffers");
+    }
+    float *hp = v->hscratch;
+    float **hptr[] = {&v->hcos_m, &v->hsin_m, &v->hcos_c, &v->hsin_c, &v->hecos, &v->hesin};
+    float *dptr[] = {v->cos_m, v->sin_m, v->cos_c, v->sin_c, v->ecos, v->esin};
+    for (int i = 0; i < 6; i++) {
+        *hptr[i] = host ? dptr[i] : hp;
+        if (!host) hp += (i < 4 ? R * half : half) + 1;
     }
     return 0;
 }
@@ -294,8 +312,23 @@ int ps_v4_kvcache_entry(const ps_kvcache *kv, int seq, int l, int g, int value, 
     if (j < 0 || j >= r->rows)
         return ps_fail(err, "layers.%d.attn.%s: sequence %d holds entries 0..%lld, not %lld", l, point_word(value), seq,
                        (long long)r->rows - 1, (long long)j);
-    memcpy(out, ps_kv_rows_at(r, j), (size_t)r->width * sizeof(float));
-    return 0;
+    return ps_buf_to_host(kv->ctx, out, ps_kv_rows_at(r, j), r->width * (int64_t)sizeof(float), err);
+}
+
+/* An edit written into a row of the cache's memory (a buffer of the context; a host row on a host-visible one). */
+static int edit_row(ps_kvcache *kv, const ps_kv_edit *e, float *row, int64_t d, ps_error *err) {
+    if (ps_ctx_host_visible(kv->ctx)) {
+        ps_kvcache_edit_apply(e, row, d);
+        return 0;
+    }
+    if (e->kind == PS_KV_EDIT_ZERO) return ps_fill(kv->ctx, row, 0.0f, d) ? ps_ctx_check(kv->ctx, err) : 0;
+    return ps_buf_from_host(kv->ctx, row, e->vec, d * (int64_t)sizeof(float), err);
+}
+
+/* A page operation failed: the context's error when a copy on it failed, else out of memory (what). */
+static int page_fail(ps_kvcache *kv, ps_error *err, const char *what) {
+    if (kv->ctx->failed) return ps_ctx_check(kv->ctx, err);
+    return ps_fail(err, "out of memory for %s", what);
 }
 
 
@@ -313,8 +346,8 @@ int ps_v4_kvcache_edit(ps_kvcache *kv, int seq, int l, int g, int value, int64_t
         ps_kv_rows *r = value ? kv->seqs[s].layers[l].cv : kv->seqs[s].layers[l].ck;
         if (j >= r->rows) continue;
         float *row = ps_kv_rows_mut(kv, r, j);
-        if (!row) return ps_fail(err, "out of memory editing a KV cache entry");
-        ps_kvcache_edit_apply(e, row, d);
+        if (!row) return page_fail(kv, err, "editing a KV cache entry");
+        if (edit_row(kv, e, row, d, err)) return -1;
     }
     return 0;
 }
@@ -331,21 +364,43 @@ static void rope_rows(float *cs, float *sn, int64_t p0, int64_t n, int64_t half,
         }
 }
 
-static float *grow(float **buf, int64_t *cap, int64_t want) {
+/* A buffer of the context of at least `want` floats (its contents not kept when it grows). */
+static float *buf_grow(ps_kvcache *kv, float **buf, int64_t *cap, int64_t want, const char *what, ps_error *err) {
     if (want < 1) want = 1;
     if (want <= *cap) return *buf;
     int64_t c = *cap ? *cap : 64;
     while (c < want) c *= 2;
-    float *nb = realloc(*buf, (size_t)c * sizeof(float));
-    if (!nb) return NULL;
-    *buf = nb;
+    if (*buf) ps_buf_free(kv->ctx, *buf, *cap * (int64_t)sizeof(float));
+    *buf = NULL, *cap = 0;
+    if (!(*buf = ps_buf_alloc(kv->ctx, c * (int64_t)sizeof(float), what, err))) return NULL;
     *cap = c;
-    return nb;
+    return *buf;
+}
+
+/* n floats of rows computed on the host (h) into the buffer d (the same memory on a host-visible context) */
+static int upload(ps_kvcache *kv, float *d, const float *h, int64_t n, ps_error *err) {
+    if (d == h) return 0;
+    return ps_buf_from_host(kv->ctx, d, h, n * (int64_t)sizeof(float), err);
+}
+
+/* n floats from src to dst, both buffers of the context */
+static int buf_copy(ps_kvcache *kv, float *dst, const float *src, int64_t n) {
+    if (ps_ctx_host_visible(kv->ctx)) {
+        memcpy(dst, src, (size_t)n * sizeof(float));
+        return 0;
+    }
+    return ps_copy(kv->ctx, dst, src, n);
+}
+
+/* A page list as the backend's kv ops see it. */
+static ps_kv_pages pages_of(const ps_kv_rows *r) {
+    return (ps_kv_pages){.page = r->data, .base = r->base, .rows = r->rows, .width = r->width, .page_rows = r->page_rows};
 }
 
 /* Window w of layer l closes: from the open rows `open` (kv | z of each position, c·d each) the gate, alpha,
  * pooled and entry (hooks pt_gate..pt_gate+3), the cache's edits of (l, value), and the entry pushed onto
- * `ents`. Written as ps_cpu_v4_comp_slots / slot_softmax / comp_pool, then the rmsnorm and rope ops. */
+ * `ents`. The backend's ops: v4_kv_slots (the gate in slot layout, as ps_cpu_v4_comp_slots), slot softmax,
+ * kv_slot_pool (as comp_pool), then rmsnorm and rope. */
 static int close_window(ps_kvcache *kv, int seq, int l, int64_t w, int64_t d, int overlap, const float *ape, const float *norm_w,
                         ps_kv_rows *open, ps_kv_rows *ents, int value, int pt_gate, const ps_hooks *hooks, ps_error *err) {
     struct ps_v4_kvcache *v = kv->v4;
@@ -353,43 +408,24 @@ static int close_window(ps_kvcache *kv, int seq, int l, int64_t w, int64_t d, in
     const ps_v4_config *c = cfg_of(kv);
     int64_t m = c->compress_rate[l], S = overlap ? 2 * m : m, cc = overlap ? 2 : 1;
     kv->ev = (ps_kv_event){.seq = seq, .t0 = (w + 1) * m - 1, .entry = w};
-    /* gate in slot layout */
-    for (int64_t s = 0; s < S; s++) {
-        int64_t tok, ch;
-        float *o = v->gate + s * d;
-        if (!overlap) tok = w * m + s, ch = 0;
-        else if (s < m) tok = (w - 1) * m + s, ch = 0;
-        else tok = w * m + (s - m), ch = d;
-        if (tok < 0) {
-            for (int64_t i = 0; i < d; i++) o[i] = -INFINITY;
-            continue;
-        }
-        const float *z = ps_kv_rows_at(open, tok) + cc * d + ch, *a = ape + (s % m) * cc * d + ch;
-        for (int64_t i = 0; i < d; i++) o[i] = z[i] + a[i];
-    }
+    ps_kv_chan ch = {.hd = d, .rate = m, .cw = cc * d, .csa = overlap, .wi = w, .ln = pages_of(open)};
+    OPS(ps_v4_kv_slots(ctx, v->gate, ape, &ch));
     FIRE(l, pt_gate, v->gate, 4, 1, 1, S, d);
     OPS(ps_v4_slot_softmax(ctx, v->alpha, v->gate, 1, S, d));
     FIRE(l, pt_gate + 1, v->alpha, 4, 1, 1, S, d);
-    for (int64_t i = 0; i < d; i++) v->pooled[i] = 0.0f;
-    for (int64_t s = 0; s < S; s++) {
-        int64_t tok, ch;
-        if (!overlap) tok = w * m + s, ch = 0;
-        else if (s < m) tok = (w - 1) * m + s, ch = 0;
-        else tok = w * m + (s - m), ch = d;
-        if (tok < 0) continue;
-        const float *x = ps_kv_rows_at(open, tok) + ch, *a = v->alpha + s * d;
-        for (int64_t i = 0; i < d; i++) v->pooled[i] += a[i] * x[i];
-    }
+    OPS(ps_kv_slot_pool(ctx, v->pooled, v->alpha, &ch));
     FIRE(l, pt_gate + 2, v->pooled, 3, 1, 1, d);
-    rope_rows(v->ecos, v->esin, w * m, 1, v->half, v->inv_comp, c->rope_compress.attention_factor);
+    rope_rows(v->hecos, v->hesin, w * m, 1, v->half, v->inv_comp, c->rope_compress.attention_factor);
+    if (upload(kv, v->ecos, v->hecos, v->half, err) || upload(kv, v->esin, v->hesin, v->half, err)) return -1;
     OPS(ps_rmsnorm(ctx, v->ent, NULL, v->pooled, norm_w, 1, d, (float)c->rms_eps) ||
         ps_v4_rope(ctx, v->ent, v->ecos, v->esin, 1, 1, 1, d, c->rope_dim, 1, 0));
     FIRE(l, pt_gate + 3, v->ent, 3, 1, 1, d);
     for (int i = 0; i < kv->n_edits; i++) {
         const ps_kv_edit *e = &kv->edits[i];
-        if (e->layer == l && e->value == value && e->entry == w && (e->seq == -1 || e->seq == seq)) ps_kvcache_edit_apply(e, v->ent, d);
+        if (e->layer == l && e->value == value && e->entry == w && (e->seq == -1 || e->seq == seq) && edit_row(kv, e, v->ent, d, err))
+            return -1;
     }
-    if (ps_kv_rows_push(kv, ents, v->ent)) return ps_fail(err, "out of memory for a KV cache page");
+    if (ps_kv_rows_push(kv, ents, v->ent)) return page_fail(kv, err, "a KV cache page");
     return 0;
 }
 
@@ -400,11 +436,9 @@ static int compress_piece(ps_kvcache *kv, int seq, int l, int64_t p0, int64_t n,
                           int pt_gate, const ps_hooks *hooks, ps_error *err) {
     struct ps_v4_kvcache *v = kv->v4;
     int64_t cd = (overlap ? 2 : 1) * d, m = cfg_of(kv)->compress_rate[l];
-    for (int64_t r = 0; r < n; r++) {
-        memcpy(v->row, kv_raw + r * cd, (size_t)cd * sizeof(float));
-        memcpy(v->row + cd, z + r * cd, (size_t)cd * sizeof(float));
-        if (ps_kv_rows_push(kv, open, v->row)) return ps_fail(err, "out of memory for a KV cache page");
-    }
+    for (int64_t r = 0; r < n; r++)
+        if (buf_copy(kv, v->row, kv_raw + r * cd, cd) || buf_copy(kv, v->row + cd, z + r * cd, cd) || ps_kv_rows_push(kv, open, v->row))
+            return page_fail(kv, err, "a KV cache page");
     for (int64_t t = p0; t < p0 + n; t++)
         if ((t + 1) % m == 0 &&
             close_window(kv, seq, l, (t + 1) / m - 1, d, overlap, ape, norm_w, open, ents, value, pt_gate, hooks, err))
@@ -437,7 +471,7 @@ static int attention_piece(ps_kvcache *kv, int seq, int l, const ps_v4_layer *w,
         ps_v4_rope(ctx, a->kv, cs, sn, 1, n, 1, Dh, R, 1, 0));
     FIRE(l, PS_V4H_KV, a->kv, 3, 1, n, Dh);
     for (int64_t r = 0; r < n; r++)
-        if (ps_kv_rows_push(kv, &L->k, a->kv + r * Dh)) return ps_fail(err, "out of memory for a KV cache page");
+        if (ps_kv_rows_push(kv, &L->k, a->kv + r * Dh)) return page_fail(kv, err, "a KV cache page");
     /* compressed entries, and for CSA the indexer's keys and selection */
     int64_t K = 0, nE = 0;
     if (at != PS_V4_SLIDING) {
@@ -461,9 +495,19 @@ static int attention_piece(ps_kvcache *kv, int seq, int l, const ps_v4_layer *w,
         FIRE(l, PS_V4H_I_Q, a->i_q, 4, 1, n, Hi, Di);
         OPS(ps_matmul(ctx, a->i_w, a->xin, w->i_wp, n, D, Hi, 0) || ps_v4_scale(ctx, a->i_w, (float)(1.0 / sqrt((double)Hi)), n * Hi));
         FIRE(l, PS_V4H_I_WEIGHTS, a->i_w, 3, 1, n, Hi);
-        if (!grow(&v->ik, &v->ik_cap, nE * Di) || !grow(&v->scores, &v->sc_cap, n * nE))
-            return ps_fail(err, "out of memory for the indexer's scores over %lld entries", (long long)nE);
-        for (int64_t s = 0; s < nE; s++) memcpy(v->ik + s * Di, ps_kv_rows_at(L->cv, s), (size_t)Di * sizeof(float));
+        if (!buf_grow(kv, &v->ik, &v->ik_cap, nE * Di, "the indexer keys", err) ||
+            !buf_grow(kv, &v->scores, &v->sc_cap, n * nE, "the indexer's scores", err))
+            return -1;
+        if (nE > v->rows_cap) { /* the rows 0 .. nE - 1 of the keys' gather */
+            int64_t cap = v->rows_cap ? 2 * v->rows_cap : 64;
+            while (cap < nE) cap *= 2;
+            int64_t *nr = realloc(v->rows, (size_t)cap * sizeof *nr);
+            if (!nr) return ps_fail(err, "out of memory for the indexer's scores over %lld entries", (long long)nE);
+            for (int64_t i = v->rows_cap; i < cap; i++) nr[i] = i;
+            v->rows = nr, v->rows_cap = cap;
+        }
+        ps_kv_pages ikp = pages_of(L->cv);
+        OPS(ps_kv_gather(ctx, v->ik, &ikp, v->rows, nE));
         OPS(ps_v4_indexer_scores(ctx, v->scores, a->i_q, v->ik, a->i_w, 1, n, nE, Hi, Di, (float)(1.0 / sqrt((double)Di))));
         FIRE(l, PS_V4H_I_SCORES, v->scores, 3, 1, n, nE);
         /* per query, the top K among the entries it sees: ps_v4_topk over the row's first (t + 1) / m columns */
@@ -475,10 +519,15 @@ static int attention_piece(ps_kvcache *kv, int seq, int l, const ps_v4_layer *w,
         if (HOOKED(l, PS_V4H_I_TOPK)) {
             int64_t shp[3] = {1, n, K};
             if (ps_hooks_fire_point(ctx, hooks, l, PS_V4H_I_TOPK, v->topk, 3, shp, err)) return -1;
+            const float *ti = v->topk; /* what the hook left, read on the host */
+            if (!ps_ctx_host_visible(ctx)) {
+                if (ps_buf_to_host(ctx, v->host_idx, v->topk, n * K * (int64_t)sizeof(float), err)) return -1;
+                ti = v->host_idx;
+            }
             for (int64_t i = 0; i < n * K; i++) {
-                float f = v->topk[i];
+                float f = ti[i];
                 int bad = f != floorf(f) || !(f >= -1.0f) || !(f < (float)nE);
-                for (int64_t j = i - i % K; j < i && !bad; j++) bad = f >= 0 && v->topk[j] == f;
+                for (int64_t j = i - i % K; j < i && !bad; j++) bad = f >= 0 && ti[j] == f;
                 if (bad)
                     return ps_fail(err, "hook \"layers.%d.attn.indexer.topk\": entry %lld of row %lld is %g: not an index in [-1, %lld) or a repeat",
                                    l, (long long)(i % K), (long long)(i / K), (double)f, (long long)nE);
@@ -486,50 +535,13 @@ static int attention_piece(ps_kvcache *kv, int seq, int l, const ps_v4_layer *w,
         }
         FIRE(l, PS_V4H_I_GAP, v->gap, 2, 1, n);
     }
-    /* attention: as ps_cpu_v4_attn, query t over the raw rows t-W+1..t, then its entries */
-    int64_t want = (Wn < p0 + n ? Wn : p0 + n) + (K > 0 ? K : nE) + 1;
-    if (want > v->att_cap) {
-        float *na = realloc(v->att, (size_t)want * sizeof(float));
-        const float **nk = na ? realloc(v->key, (size_t)want * sizeof *nk) : NULL;
-        if (na) v->att = na;
-        if (!nk) return ps_fail(err, "out of memory for the attention of %lld keys", (long long)want);
-        v->key = nk;
-        v->att_cap = want;
-    }
+    /* attention (the backend's v4_kv_attend over the pages; as ps_cpu_v4_attn): query t over the raw rows
+     * t-W+1..t, then its entries, with the sink */
     float scale = (float)(1.0 / sqrt((double)Dh));
-    for (int64_t r = 0; r < n; r++) {
-        int64_t t = p0 + r, nk = 0, j0 = t - Wn + 1 < 0 ? 0 : t - Wn + 1;
-        for (int64_t j = j0; j <= t; j++) v->key[nk++] = ps_kv_rows_at(&L->k, j);
-        if (K > 0) {
-            for (int64_t i = 0; i < K; i++) {
-                float f = v->topk[r * K + i];
-                if (f >= 0 && f < (float)nE) v->key[nk++] = ps_kv_rows_at(L->ck, (int64_t)f);
-            }
-        } else if (at != PS_V4_SLIDING) {
-            int64_t nv = (t + 1) / m < nE ? (t + 1) / m : nE;
-            for (int64_t e = 0; e < nv; e++) v->key[nk++] = ps_kv_rows_at(L->ck, e);
-        }
-        float *sc = v->att;
-        for (int64_t h = 0; h < H; h++) {
-            const float *qh = a->q + (r * H + h) * Dh;
-            float mx = w->sink[h];
-            for (int64_t i = 0; i < nk; i++) {
-                sc[i] = ps_dot(qh, v->key[i], Dh) * scale;
-                if (sc[i] > mx) mx = sc[i];
-            }
-            double sum = exp((double)w->sink[h] - mx);
-            for (int64_t i = 0; i < nk; i++) sum += (sc[i] = expf(sc[i] - mx));
-            float inv = (float)(1.0 / sum);
-            float *o = a->heads + (r * H + h) * Dh;
-            for (int64_t d = 0; d < Dh; d++) o[d] = 0.0f;
-            for (int64_t i = 0; i < nk; i++) {
-                float p = sc[i] * inv;
-                const float *k = v->key[i];
-                for (int64_t d = 0; d < Dh; d++) o[d] += p * k[d];
-            }
-            a->sinkp[h * n + r] = (float)(exp((double)w->sink[h] - mx) / sum);
-        }
-    }
+    ps_v4_kv_attn ka = {.H = H, .Dh = Dh, .W = Wn, .m = at == PS_V4_SLIDING ? 0 : m, .K = K, .nE = nE, .t0 = p0, .n = n,
+                        .scale = scale, .kv = pages_of(&L->k)};
+    if (at != PS_V4_SLIDING) ka.ent = pages_of(L->ck);
+    OPS(ps_v4_kv_attend(ctx, a->heads, a->sinkp, a->q, K > 0 ? v->topk : NULL, w->sink, &ka));
     if (HOOKED(l, PS_V4H_SINK)) {
         ps_v4_attn_geom g = {.B = 1, .T = n, .H = H, .Dh = Dh, .nW = nE, .K = K, .W = Wn, .m = at == PS_V4_SLIDING ? 0 : m, .scale = scale};
         OPS(ps_copy(ctx, a->sink_old, a->sinkp, H * n));
@@ -571,8 +583,11 @@ static int run_piece(ps_kvcache *kv, int seq, const int32_t *tokens, int64_t n, 
     int gslot = (int)L;
     a->T = n;
     memcpy(v->tok, tokens, (size_t)n * sizeof *v->tok);
-    rope_rows(v->cos_m, v->sin_m, p0, n, v->half, v->inv_main, c->rope_main.attention_factor);
-    rope_rows(v->cos_c, v->sin_c, p0, n, v->half, v->inv_comp, c->rope_compress.attention_factor);
+    rope_rows(v->hcos_m, v->hsin_m, p0, n, v->half, v->inv_main, c->rope_main.attention_factor);
+    rope_rows(v->hcos_c, v->hsin_c, p0, n, v->half, v->inv_comp, c->rope_compress.attention_factor);
+    if (upload(kv, v->cos_m, v->hcos_m, n * v->half, err) || upload(kv, v->sin_m, v->hsin_m, n * v->half, err) ||
+        upload(kv, v->cos_c, v->hcos_c, n * v->half, err) || upload(kv, v->sin_c, v->hsin_c, n * v->half, err))
+        return -1;
     kv->ev = (ps_kv_event){.seq = seq, .t0 = p0, .entry = -1};
     OPS(ps_embed(ctx, a->x, v->tok, ps_v4_global(m, PS_V4_T_EMBED), n, D));
     FIRE(gslot, PS_V4H_EMBED, a->x, 3, 1, n, D);
@@ -621,8 +636,10 @@ static int run_piece(ps_kvcache *kv, int seq, const int32_t *tokens, int64_t n, 
     OPS(ps_matmul(ctx, a->logits, a->final_hidden, ps_v4_global(m, PS_V4_T_HEAD), n, D, V, 0));
     FIRE(gslot, PS_V4H_LOGITS_OUT, a->logits, 3, 1, n, V);
     if (out) {
-        if (last_only) memcpy(out, a->logits + (n - 1) * V, (size_t)V * sizeof(float));
-        else memcpy(out, a->logits, (size_t)(n * V) * sizeof(float));
+        const float *src = last_only ? a->logits + (n - 1) * V : a->logits;
+        int64_t cnt = last_only ? V : n * V;
+        if (ps_ctx_host_visible(ctx)) memcpy(out, src, (size_t)cnt * sizeof(float));
+        else if (ps_buf_to_host(ctx, out, src, cnt * (int64_t)sizeof(float), err)) return -1;
     }
     q->T = p0 + n;
     slide(kv, q);

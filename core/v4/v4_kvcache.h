@@ -54,23 +54,30 @@ struct ps_v4_kvcache {
     ps_v4_acts a;          /* one piece's activations: B = 1, T = opts.chunk (a.T is set to the piece's tokens) */
     int64_t half;          /* rope_dim / 2 */
     double inv_main[PS_V4_MAX_HALF_ROPE], inv_comp[PS_V4_MAX_HALF_ROPE];
-    float *scratch;        /* every fixed buffer below is a piece of it */
+    /* the step's buffers: one buffer of the model's context (`scratch`), every fixed one below a piece of it */
+    float *scratch;
+    int64_t scratch_floats;
     float *cos_m, *sin_m, *cos_c, *sin_c; /* [chunk, half]: the piece's positions, main and compress rope */
     float *ecos, *esin;    /* [half]: one entry's position (compress rope) */
     float *gate, *alpha;   /* one closing window: [S_max, d_max] */
     float *pooled, *ent;   /* [d_max] */
     float *row;            /* one open-window row [2·2·d_max] */
     float *topk, *gap;     /* [chunk, index_topk], [chunk] */
-    float *att;            /* the attention's scores of one query [W + max(index_topk, entries)] (grown) */
-    const float **key;     /* its keys (grown with att) */
-    int64_t att_cap;
-    float *ik, *scores;    /* the indexer keys gathered [n, Di], the piece's scores [chunk, n] (grown) */
+    float *ik, *scores;    /* buffers of the context (grown): the indexer keys gathered [n, Di], the piece's scores [chunk, n] */
     int64_t ik_cap, sc_cap;
+    /* host arrays */
+    float *hcos_m, *hsin_m, *hcos_c, *hsin_c, *hecos, *hesin; /* the RoPE rows computed on the host (a host-visible
+                                                               * context: the buffers above themselves) */
+    float *hscratch;       /* their allocation on a device context */
     float *host_idx;       /* a hooked indexer.topk's check [chunk·index_topk] */
     int32_t *tok;          /* the piece's tokens [chunk] */
+    int64_t *rows;         /* 0, 1, …: the rows of the indexer keys' gather (grown) */
+    int64_t rows_cap;
 };
 
-/* A DeepSeek-V4 cache on kv for model m (loaded, on a host-visible context). */
+/* A DeepSeek-V4 cache on kv for model m (loaded, on any backend: its pages and step buffers are buffers of the
+ * model's context, and every step that reads them is a backend op — ps_v4_kv_attend, ps_v4_kv_slots,
+ * ps_kv_slot_pool, ps_kv_gather; docs/kvcache.md "Backends"). */
 int ps_v4_kvcache_create(ps_kvcache *kv, ps_v4_model *m, const ps_kvcache_opts *o, ps_error *err);
 
 /* Bytes per token the cache grows by in the long run (the compressed entries and the indexer's keys, float32),
