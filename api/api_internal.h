@@ -38,6 +38,16 @@ int ps_api_report(const ps_error *e, char *err, size_t errlen);
 /* Copy a message (printf-style) into the caller's buffer; returns code. */
 int ps_api_say(char *err, size_t errlen, int code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 
+/* Whether device names one of the build's backends (ps_ctx_backends: "cpu, cuda"). */
+int ps_api_known_device(const char *device);
+
+/* A call's options JSON (ps_api_open_ex's, ps_api_serve_start's; NULL or "": none): a JSON object, each of
+ * whose keys `one` takes (0) or refuses (a PS_API_EINPUT message naming the key: unknown, wrong type, out of
+ * range). Returns 0, "options: not a JSON object" or the first refusal. */
+struct json_t;
+typedef int (*ps_api_option_fn)(const char *key, struct json_t *value, void *user, char *err, size_t errlen);
+int ps_api_options(const char *text, ps_api_option_fn one, void *user, char *err, size_t errlen);
+
 /* The index in the family's point table of the point `name` parses to, and its layer (-1: a global
  * point); an invalid name is a usage error listing the valid ones (the family's parser). */
 int ps_api_point_of(const ps_api_model *m, const char *name, int *index, int *layer, ps_error *e);

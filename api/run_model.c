@@ -27,8 +27,7 @@ int ps_api_say(char *err, size_t errlen, int code, const char *fmt, ...) {
     return code;
 }
 
-/* device among the build's backends (ps_ctx_backends: "cpu, cuda") */
-static int known_device(const char *v) {
+int ps_api_known_device(const char *v) {
     size_t n = strlen(v);
     for (const char *q = ps_ctx_backends(); *q;) {
         size_t l = strcspn(q, ",");
@@ -105,9 +104,7 @@ int ps_api_point_runs(const ps_api_model *m, int i, int layer) {
     return 0;
 }
 
-/* the options of ps_api_open_ex: lazy -1/0/1, layers 0 (all) or N */
-static int parse_options(const char *text, int *lazy, int64_t *layers, char *err, size_t errlen) {
-    *lazy = -1, *layers = 0;
+int ps_api_options(const char *text, ps_api_option_fn one, void *user, char *err, size_t errlen) {
     if (!text || !*text) return 0;
     json_error_t je;
     json_t *o = json_loads(text, 0, &je);
@@ -116,16 +113,33 @@ static int parse_options(const char *text, int *lazy, int64_t *layers, char *err
     const char *k;
     json_t *v;
     if (!rc) json_object_foreach(o, k, v) {
-            if (!strcmp(k, "lazy") && json_is_boolean(v)) *lazy = json_is_true(v);
-            else if (!strcmp(k, "layers") && json_is_integer(v) && json_integer_value(v) >= 1) *layers = json_integer_value(v);
-            else {
-                rc = ps_api_say(err, errlen, PS_API_EINPUT, "options: \"%s\": %s", k,
-                                !strcmp(k, "lazy") ? "expected true or false" : !strcmp(k, "layers") ? "expected an integer >= 1"
-                                                                                                   : "unknown (lazy, layers)");
-                break;
-            }
+            if ((rc = one(k, v, user, err, errlen))) break;
         }
     json_decref(o);
+    return rc;
+}
+
+/* the options of ps_api_open_ex: lazy -1/0/1, layers 0 (all) or N */
+typedef struct {
+    int lazy;
+    int64_t layers;
+} open_options;
+
+static int open_option(const char *k, json_t *v, void *user, char *err, size_t errlen) {
+    open_options *O = user;
+    if (!strcmp(k, "lazy") && json_is_boolean(v)) O->lazy = json_is_true(v);
+    else if (!strcmp(k, "layers") && json_is_integer(v) && json_integer_value(v) >= 1) O->layers = json_integer_value(v);
+    else
+        return ps_api_say(err, errlen, PS_API_EINPUT, "options: \"%s\": %s", k,
+                          !strcmp(k, "lazy") ? "expected true or false" : !strcmp(k, "layers") ? "expected an integer >= 1"
+                                                                                             : "unknown (lazy, layers)");
+    return 0;
+}
+
+static int parse_options(const char *text, int *lazy, int64_t *layers, char *err, size_t errlen) {
+    open_options O = {.lazy = -1, .layers = 0};
+    int rc = ps_api_options(text, open_option, &O, err, errlen);
+    *lazy = O.lazy, *layers = O.layers;
     return rc;
 }
 
@@ -138,7 +152,7 @@ static int open_model(const ps_family *const *families, const char *path, const 
     int lazy, rc;
     int64_t layers;
     if ((rc = parse_options(options, &lazy, &layers, err, errlen))) return rc;
-    if (!known_device(device))
+    if (!ps_api_known_device(device))
         return ps_api_say(err, errlen, PS_API_EINPUT, "device %s: this build has no such backend (it has: %s)", device,
                           ps_ctx_backends());
     struct stat st;

@@ -1,10 +1,7 @@
 /* cmd_serve.c — `phasescope serve`: an OpenAI-compatible server in front of a model (serve/serve.h,
  * docs/served-models.md). */
-#include <arpa/inet.h>
-#include <stdio.h>
-#include <string.h>
-
 #include "experiments/cli.h"
+#include "experiments/commands.h"
 #ifdef PS_HAVE_SERVE /* the serve layer: built when libmicrohttpd is found (CMakeLists.txt) */
 #include "serve/serve.h"
 #endif
@@ -46,28 +43,19 @@ const ps_command ps_cmd_serve = {
 };
 
 #ifdef PS_HAVE_SERVE
+/* the server's options from their flags, through the table ps_api_serve_start reads its options JSON through
+ * (experiments/commands.h: ps_serve_options) */
 static int run(const ps_args *a, ps_error *err) {
     ps_serve_opts o;
     ps_serve_defaults(&o);
+    for (const ps_serve_option *p = ps_serve_options; p->key; p++) {
+        const char *v = ps_args_get(a, p->flag);
+        if (v && ps_serve_option_set(&o, p, v, err)) return -1;
+    }
     char dir[4096];
-    int64_t port = 8000, conns = o.max_connections;
-    if (ps_args_int(a, "--port", 0, 65535, &port, err) || ps_args_int(a, "--max-body", 1, (int64_t)1 << 34, &o.max_body, err) ||
-        ps_args_int(a, "--max-prompt-tokens", 1, (int64_t)1 << 31, &o.max_prompt_tokens, err) ||
-        ps_args_int(a, "--max-logprobs", 0, 1 << 20, &o.max_logprobs, err) || ps_args_int(a, "--max-tokens", 0, 1 << 24, &o.max_tokens, err) ||
-        ps_args_int(a, "--max-prompts", 1, 1 << 20, &o.max_prompts, err) || ps_args_int(a, "--max-connections", 1, 100000, &conns, err) ||
-        ps_args_int(a, "--max-batch", 1, 1 << 16, &o.max_batch, err))
-        return -1;
     if (ps_cli_model_dir(ps_args_get(a, "--model"), dir, sizeof dir, err)) return -1;
     o.model_dir = dir;
-    o.port = (int)port;
-    o.max_connections = (int)conns;
     o.backend = ps_args_backend(a);
-    o.tokenizer = ps_args_get(a, "--tokenizer");
-    o.name = ps_args_get(a, "--name");
-    if (ps_args_get(a, "--host")) o.host = ps_args_get(a, "--host");
-    struct in_addr ia;
-    if (strcmp(o.host, "localhost") && inet_pton(AF_INET, o.host, &ia) != 1)
-        return ps_cli_usage(err, "--host %s: expected an IPv4 address (127.0.0.1, 0.0.0.0, ...)", o.host);
     return ps_serve_run(&o, ps_args_get(a, "--port-file"), err);
 }
 #else

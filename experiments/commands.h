@@ -6,6 +6,7 @@
 #define PS_COMMANDS_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "core/error.h"
@@ -102,5 +103,28 @@ typedef struct {
  * positions for every checkpoint tensor and writes `loss` and the gradients to out. 0, or nonzero with err
  * set (the file and the sequence named). */
 int ps_grad_command(const ps_grad_req *r, ps_error *err);
+
+/* ---- serve (run_serve.c; the server itself is serve/serve.h) ----
+ * A server's options by name: the one table that `phasescope serve`'s flags (--max-batch N) and the public
+ * API's options JSON (ps_api_serve_start: {"max_batch": N}) are read through, so the two are the same set
+ * with the same ranges and messages. The defaults are ps_serve_defaults'. Built without libmicrohttpd
+ * (PS_HAVE_SERVE unset) the table is empty (the command and ps_api_serve_start say the build has no server). */
+struct ps_serve_opts;
+enum { PS_SERVE_OPT_TEXT = 1, PS_SERVE_OPT_I64, PS_SERVE_OPT_INT };
+typedef struct {
+    const char *key;  /* "max_batch": the options key */
+    const char *flag; /* "--max-batch": the flag */
+    int kind;         /* PS_SERVE_OPT_TEXT: a string (host, tokenizer, name); else an integer in [lo, hi], an int64_t
+                       * (_I64) or an int (_INT) field */
+    int64_t lo, hi;
+    size_t offset;    /* of its field in ps_serve_opts */
+} ps_serve_option;
+extern const ps_serve_option ps_serve_options[]; /* host, port, tokenizer, name, max_body, ... ending with {0} */
+
+/* The option named key ("max_batch" or "max-batch"), or NULL. */
+const ps_serve_option *ps_serve_option_find(const char *key);
+/* Sets option p of o from its text value (a string option keeps the pointer: value must outlive o). A usage
+ * error naming the flag for a value that is not an integer in [lo, hi] or (host) not an IPv4 address. */
+int ps_serve_option_set(struct ps_serve_opts *o, const ps_serve_option *p, const char *value, ps_error *err);
 
 #endif

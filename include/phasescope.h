@@ -5,7 +5,7 @@
  * describes it at length.
  *
  * Conventions (for C and for a binding such as Python's ctypes):
- *  - Handles are opaque pointers (ps_api_model, ps_api_hooks, ps_api_output, ps_api_result); no struct
+ *  - Handles are opaque pointers (ps_api_model, ps_api_hooks, ps_api_output, ps_api_result, ps_api_server); no struct
  *    crosses the boundary. Arguments are plain C types, arrays of them, NUL-terminated UTF-8 strings, JSON
  *    text, and callbacks with the C signatures below.
  *  - Errors: a function that can fail returns int: 0 on success, PS_API_EINPUT (2) when the caller asked
@@ -42,7 +42,7 @@ extern "C" {
 #define PS_API
 #endif
 
-#define PS_API_VERSION 3
+#define PS_API_VERSION 4
 
 /* return values of the functions that can fail */
 #define PS_API_OK 0
@@ -313,6 +313,50 @@ PS_API const char *ps_api_result_dir(const ps_api_result *r);
 PS_API const char *ps_api_result_files_json(const ps_api_result *r);
 /* Copy what the run wrote (what the CLI's --out DIR holds) into dir (created when absent). */
 PS_API int ps_api_result_save(const ps_api_result *r, const char *dir, char *err, size_t errlen);
+
+/* ---- serving: `phasescope serve` as calls ----
+ *
+ * An OpenAI-compatible HTTP server in front of a checkpoint (docs/served-models.md): POST /v1/completions
+ * (echo, logprobs, prompt_logprobs, streaming), GET /v1/models, GET /health, with continuous batching of
+ * concurrent requests. ps_api_serve_start opens the checkpoint `path` of any family on `device` (NULL:
+ * "cpu"), starts the server on threads of its own and returns once it listens; the caller's thread goes on,
+ * and ps_api_serve_stop ends it. The server leaves the process's signals alone (the CLI's serve stops on
+ * SIGINT / SIGTERM; a caller stops its server itself).
+ *
+ * options_json (NULL or "": none) is a JSON object of the server's options: `phasescope serve`'s flags
+ * without their dashes ('-' inside a name written '_' or '-'), the same set, defaults, ranges and checks
+ * (one table: experiments/commands.h, ps_serve_options):
+ *   "host": "127.0.0.1"        IPv4 address to listen on ("0.0.0.0": every interface; "localhost")
+ *   "port": 8000               0: a free port (ps_api_serve_port says which)
+ *   "tokenizer": "FILE"        tokenizer.json for text prompts and token texts (default: the one a text-kv
+ *                              model trained with, else PATH/tokenizer.json, else none: token-id prompts only)
+ *   "name": "NAME"             the model's name in the API (default: the directory's name)
+ *   "max_body": 67108864       bytes of a request body (larger: 413)
+ *   "max_prompt_tokens": N     tokens of one prompt (default: the model's context)
+ *   "max_logprobs": 20         largest logprobs / prompt_logprobs N
+ *   "max_tokens": 1024         largest max_tokens
+ *   "max_prompts": 256         prompts in one request
+ *   "max_connections": 64      open connections (more: 429)
+ *   "max_batch": 32            sequences decoded per step
+ * Strings for host, tokenizer and name, integers for the others. An unknown key, a value of the wrong type
+ * or out of range is PS_API_EINPUT naming the key ("options: \"port\": --port 70000: must be in [0, 65535]").
+ * A build without libmicrohttpd has no server: ps_api_serve_start fails (PS_API_EFAIL) saying so. */
+typedef struct ps_api_server ps_api_server;
+
+PS_API int ps_api_serve_start(const char *path, const char *device, const char *options_json, ps_api_server **out, char *err,
+                              size_t errlen);
+/* ps_api_serve_start over the caller's family list (families NULL: the shipped ones), as ps_api_open_in: a
+ * family of the caller's own is served (its table must outlive the server). */
+PS_API int ps_api_serve_start_in(const ps_family *const *families, const char *path, const char *device, const char *options_json,
+                                 ps_api_server **out, char *err, size_t errlen);
+/* The port the server listens on (the one picked when "port" was 0). */
+PS_API int ps_api_serve_port(const ps_api_server *s);
+/* The model's name in the API (what /v1/models lists and a request's "model" names). Owned by the server. */
+PS_API const char *ps_api_serve_name(const ps_api_server *s);
+/* Stop: no new connections; the queued and running requests are answered with 503 (a stream that has begun:
+ * an error event, then data: [DONE]; at most 5 s for clients that do not read); every connection closed, the
+ * model freed, the handle too. NULL is fine. */
+PS_API void ps_api_serve_stop(ps_api_server *s);
 
 #ifdef __cplusplus
 }

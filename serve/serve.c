@@ -1084,6 +1084,7 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
 void ps_serve_defaults(ps_serve_opts *o) {
     memset(o, 0, sizeof *o);
     o->host = "127.0.0.1";
+    o->port = 8000;
     o->max_body = 64 << 20;
     o->max_logprobs = 20;
     o->max_tokens = 1024;

@@ -45,13 +45,13 @@
 #include "text/tokenizer.h"
 
 /* ---- the server ---- */
-typedef struct {
+typedef struct ps_serve_opts {
     const char *model_dir;
     const char *backend;        /* NULL: cpu */
     const char *tokenizer;      /* tokenizer.json: string prompts and token texts; NULL: the text-kv model's, DIR/tokenizer.json, or none (ids only) */
     const char *name;           /* the model's API name (NULL: the directory's base name) */
     const char *host;           /* NULL: 127.0.0.1 */
-    int port;                   /* 0: a free port (ps_serve_port says which) */
+    int port;                   /* default 8000; 0: a free port (ps_serve_port says which) */
     int64_t max_body;           /* bytes of a request body (default 64 MiB) */
     int64_t max_prompt_tokens;  /* per prompt (default: the model's max_seq_len) */
     int64_t max_logprobs;       /* logprobs / prompt_logprobs N (default 20) */
@@ -64,6 +64,8 @@ typedef struct {
                                        * family of the caller's own serves it: ps_runtime_open_in) */
 } ps_serve_opts;
 
+/* The defaults (the ones `phasescope serve` and ps_api_serve_start start from). experiments/run_serve.c's
+ * table sets the options by name (the CLI's flags, the API's options JSON). */
 void ps_serve_defaults(ps_serve_opts *o);
 
 typedef struct ps_server ps_server;

@@ -13,13 +13,20 @@
  *  - progress and cancellation: a sweep, a knockout, a run and a training run stopped by the progress
  *    callback after k units fail with PS_API_ECANCELLED saying where, and the same handle then gives the
  *    uninterrupted call's numbers bit for bit (a callback that never stops changes none either; the
- *    training run resumed after its stop equals the uninterrupted one).
+ *    training run resumed after its stop equals the uninterrupted one);
+ *  - serving: the server's options refused by key (unknown, wrong type, out of range), and a shipped model
+ *    served on a free port answering GET /health over a plain socket (a build without serve: its error).
  * Usage: test_api BUILD_DIR SOURCE_DIR */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#ifdef PS_HAVE_SERVE
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#endif
 
 #include "phasescope.h"
 
@@ -642,6 +649,84 @@ static void check_bad_inputs(ps_api_model *m, const int32_t *tok, int B, int T) 
     free(longer);
 }
 
+/* ---- serving ---- */
+
+#ifdef PS_HAVE_SERVE
+/* GET path on 127.0.0.1:port over a plain socket (HTTP/1.0: the server closes after the answer); the
+ * answer's status, its body copied to body */
+static int http_get(int port, const char *path, char *body, size_t n) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    body[0] = '\0';
+    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a)) {
+        if (fd >= 0) close(fd);
+        return -1;
+    }
+    char req[256], buf[8192];
+    int k = snprintf(req, sizeof req, "GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n", path);
+    size_t got = 0;
+    if (write(fd, req, (size_t)k) == k) {
+        ssize_t r;
+        while (got + 1 < sizeof buf && (r = read(fd, buf + got, sizeof buf - 1 - got)) > 0) got += (size_t)r;
+    }
+    close(fd);
+    buf[got] = '\0';
+    int status = -1;
+    if (sscanf(buf, "HTTP/1.%*d %d", &status) != 1) return -1;
+    const char *b = strstr(buf, "\r\n\r\n");
+    if (b) snprintf(body, n, "%s", b + 4);
+    return status;
+}
+#endif
+
+static void check_serve(void) {
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/data/models/w8s8", SRC);
+    ps_api_server *s = NULL;
+#ifndef PS_HAVE_SERVE
+    int rc = ps_api_serve_start(dir, NULL, "{\"port\": 0}", &s, err, sizeof err);
+    CHECK(rc == PS_API_EFAIL && !s && strstr(err, "libmicrohttpd"), "a build without serve says so: rc %d \"%s\"", rc, err);
+#else
+    /* options refused by key, before anything is loaded */
+    static const struct {
+        const char *options, *says;
+        int rc;
+    } bad[] = {
+        {"{\"bogus\": 1}", "\"bogus\": unknown (the server's options: host, port, ", PS_API_EINPUT},
+        {"{\"port\": \"8000\"}", "\"port\": expected an integer in [0, 65535]", PS_API_EINPUT},
+        {"{\"port\": 70000}", "\"port\": --port 70000: must be in [0, 65535]", PS_API_EINPUT},
+        {"{\"port\": -1}", "\"port\": --port -1: must be in [0, 65535]", PS_API_EINPUT},
+        {"{\"max_batch\": 0}", "\"max_batch\": --max-batch 0: must be in [1, 65536]", PS_API_EINPUT},
+        {"{\"name\": 3}", "\"name\": expected a string", PS_API_EINPUT},
+        {"{\"host\": \"example.org\"}", "\"host\": --host example.org: expected an IPv4 address", PS_API_EINPUT},
+        {"{\"model\": \"x\"}", "\"model\": unknown", PS_API_EINPUT},
+        {"[1, 2]", "options: not a JSON object", PS_API_EINPUT},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        int rc = ps_api_serve_start(dir, NULL, bad[i].options, &s, err, sizeof err);
+        CHECK(rc == bad[i].rc && !s && strstr(err, bad[i].says), "serve options %s: rc %d \"%s\", want \"%s\"", bad[i].options, rc, err,
+              bad[i].says);
+    }
+    int rc = ps_api_serve_start(dir, "tpu", NULL, &s, err, sizeof err);
+    CHECK(rc == PS_API_EINPUT && !s && strstr(err, "tpu"), "serve on a bad device: rc %d \"%s\"", rc, err);
+    rc = ps_api_serve_start("/nonexistent/model", NULL, "{\"port\": 0}", &s, err, sizeof err);
+    CHECK(rc != 0 && !s && strstr(err, "/nonexistent/model"), "serve a bad path: rc %d \"%s\"", rc, err);
+    /* a shipped model on a free port ('-' in a key as '_'), answering /health */
+    rc = ps_api_serve_start(dir, "cpu", "{\"port\": 0, \"max-connections\": 4}", &s, err, sizeof err);
+    CHECK(rc == 0 && s, "serve w8s8: %s", err);
+    if (!s) return;
+    char body[4096];
+    int st = http_get(ps_api_serve_port(s), "/health", body, sizeof body);
+    CHECK(ps_api_serve_port(s) > 0 && st == 200 && strstr(body, "\"status\"") && strstr(body, "\"ok\""), "GET /health on port %d: %d %s",
+          ps_api_serve_port(s), st, body);
+    st = http_get(ps_api_serve_port(s), "/v1/models", body, sizeof body);
+    CHECK(!strcmp(ps_api_serve_name(s), "w8s8") && st == 200 && strstr(body, "\"w8s8\""), "GET /v1/models: %d %s (name %s)", st, body,
+          ps_api_serve_name(s));
+    ps_api_serve_stop(s);
+#endif
+}
+
 /* ---- an instrument's JSON against the CLI's ---- */
 static void check_instrument(const char *model, const char *name, const char *request, const char *flags, const char *file,
                              const char *array) {
@@ -926,6 +1011,7 @@ int main(int argc, char **argv) {
                      "--n 8 --layers 0 --heads 0,1 --target raw", "knockout.json", "grid.cells.residues.delta_nll");
 
     check_progress();
+    check_serve();
 
     char rm[600];
     snprintf(rm, sizeof rm, "rm -rf %s", TMP);

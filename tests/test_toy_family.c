@@ -5,8 +5,12 @@
  * of the rows) is data in its table (ko_targets, ko_arrays) — and run through the shipped code paths: the
  * sweep's work units (ps_sweep_units) and a knockout (ps_knockout_run: the one mean-replacement spec,
  * interventions/ko_spec.c, on the grid engine's naive path). Both are
- * checked against the same numbers computed by plain loops over the table. */
+ * checked against the same numbers computed by plain loops over the table. Then the same through the public
+ * API: ps_api_open_in with the caller's family list, sweep and knockout as ps_api_instrument calls, and the
+ * family served (ps_api_serve_start_in, port 0): one completion over loopback, its greedy tokens and
+ * log-probabilities against the table's log-softmax. */
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +20,8 @@
 #include "check.h"
 #include "core/ops.h"
 #include "core/runtime.h"
+#include "experiments/cli.h"
+#include "experiments/commands.h"
 #include "interventions/filler_families.h"
 #include "interventions/knockout.h"
 #include "interventions/units.h"
@@ -23,6 +29,10 @@
 #include "testutil.h"
 
 #include "toy_family.h"
+
+#ifdef PS_TEST_CURL /* the HTTP client of the serve check (tests/CMakeLists.txt: when libcurl is found) */
+#include <curl/curl.h>
+#endif
 
 /* ---- the checks: plain loops over the table ---- */
 
@@ -158,6 +168,148 @@ static int same_curve(const ps_api_result *r, const char *prefix, int64_t c, int
     return same;
 }
 
+/* ---- the same family served through the API: ps_api_serve_start_in with the caller's family list (port 0),
+ * one completion over loopback, its greedy tokens and log-probabilities against the table ---- */
+
+#ifdef PS_TEST_CURL
+/* the toy's greedy next token after a (lowest index on ties); *unique: the maximum is unique */
+static int toy_argmax(int a, int *unique) {
+    int best = 0, n = 0;
+    for (int b = 1; b < TOY_V; b++)
+        if (toy_weight(a, b) > toy_weight(a, best)) best = b;
+    for (int b = 0; b < TOY_V; b++) n += toy_weight(a, b) == toy_weight(a, best);
+    *unique = n == 1;
+    return best;
+}
+
+/* log-softmax of the table's row a at b, in double */
+static double toy_logprob(int a, int b) {
+    double mx = -1e30, z = 0;
+    for (int v = 0; v < TOY_V; v++) mx = fmax(mx, toy_weight(a, v));
+    for (int v = 0; v < TOY_V; v++) z += exp(toy_weight(a, v) - mx);
+    return toy_weight(a, b) - mx - log(z);
+}
+
+typedef struct {
+    char *b;
+    size_t n;
+} body_buf;
+
+static size_t on_body(char *p, size_t sz, size_t nm, void *u) {
+    body_buf *b = u;
+    char *r = realloc(b->b, b->n + sz * nm + 1);
+    if (!r) return 0;
+    memcpy(r + b->n, p, sz * nm);
+    b->b = r, b->n += sz * nm;
+    b->b[b->n] = '\0';
+    return sz * nm;
+}
+
+/* POST body to http://127.0.0.1:port/path: the status, *out the JSON answer (NULL when not JSON) */
+static long post(int port, const char *path, const char *body, json_t **out) {
+    char url[128];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d%s", port, path);
+    CURL *h = curl_easy_init();
+    body_buf b = {0};
+    struct curl_slist *hd = curl_slist_append(NULL, "Content-Type: application/json");
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, hd);
+    curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, &b);
+    curl_easy_setopt(h, CURLOPT_TIMEOUT, 60L);
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    long st = 0;
+    if (curl_easy_perform(h) == CURLE_OK) curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &st);
+    curl_slist_free_all(hd);
+    curl_easy_cleanup(h);
+    *out = b.b ? json_loads(b.b, 0, NULL) : NULL;
+    free(b.b);
+    return st;
+}
+#endif
+
+/* the API's serve options and `phasescope serve`'s flags are one set: every table entry is a flag of the
+ * command, and every flag of the command is an entry, but the checkpoint, the device and the port file (the
+ * call's path and device; the CLI's own) */
+static void check_serve_options(void) {
+    int n = 0, same = 1;
+    for (const ps_serve_option *p = ps_serve_options; p->key; p++, n++) {
+        int found = 0;
+        for (const ps_flag_spec *f = ps_cmd_serve.flags; f->name; f++) found |= !strcmp(f->name, p->flag);
+        char key[64];
+        snprintf(key, sizeof key, "%s", p->flag + 2);
+        for (char *c = key; *c; c++)
+            if (*c == '-') *c = '_';
+        same &= found && !strcmp(key, p->key) && ps_serve_option_find(p->key) == p && ps_serve_option_find(p->flag + 2) == p;
+        CHECK(found, "serve option %s is not a flag of phasescope serve", p->key);
+    }
+    for (const ps_flag_spec *f = ps_cmd_serve.flags; f->name; f++) {
+        static const char *const own[] = {"--model", "--port-file", "--backend", "--device", "--precision"};
+        int mine = 0;
+        for (size_t i = 0; i < sizeof own / sizeof own[0]; i++) mine |= !strcmp(f->name, own[i]);
+        int in_table = 0;
+        for (const ps_serve_option *p = ps_serve_options; p->key; p++) in_table |= !strcmp(f->name, p->flag);
+        CHECK(mine || in_table || n == 0, "flag %s of phasescope serve is not a serve option of the API", f->name);
+    }
+#ifdef PS_HAVE_SERVE
+    CHECK(same && n == 11, "the serve options table: %d entries (host, port, tokenizer, name and 7 limits), keys = flags", n);
+#else
+    CHECK(n == 0, "without serve the options table is empty");
+#endif
+}
+
+static void test_serve(const char *dir) {
+    char err[1024];
+    check_serve_options();
+    ps_api_server *s = NULL;
+    int rc = ps_api_serve_start_in(toy_family_list(), dir, "cpu", "{\"port\": 0, \"name\": \"toy\", \"max_batch\": 4}", &s, err,
+                                   sizeof err);
+#ifndef PS_HAVE_SERVE
+    CHECK(rc == PS_API_EFAIL && !s && strstr(err, "libmicrohttpd"), "a build without serve says so: rc %d, \"%s\"", rc, err);
+    return;
+#endif
+    if (rc) {
+        CHECK(0, "serve the toy through ps_api_serve_start_in: %s", err);
+        return;
+    }
+    CHECK(ps_api_serve_port(s) > 0 && !strcmp(ps_api_serve_name(s), "toy"), "the toy's server: port %d, name %s", ps_api_serve_port(s),
+          ps_api_serve_name(s));
+#ifdef PS_TEST_CURL
+    /* a prompt whose greedy continuation is unambiguous for two tokens */
+    int last = -1, g1 = -1, g2 = -1;
+    for (int a = 0; a < TOY_V && last < 0; a++) {
+        int u1, u2, b = toy_argmax(a, &u1), c = toy_argmax(b, &u2);
+        if (u1 && u2) last = a, g1 = b, g2 = c;
+    }
+    CHECK(last >= 0, "a toy prompt with an unambiguous greedy continuation");
+    char body[256];
+    snprintf(body, sizeof body,
+             "{\"model\": \"toy\", \"prompt\": [3, 5, %d], \"max_tokens\": 2, \"temperature\": 0, \"logprobs\": 1, "
+             "\"return_tokens_as_token_ids\": true}",
+             last);
+    json_t *r = NULL;
+    long st = post(ps_api_serve_port(s), "/v1/completions", body, &r);
+    json_t *lo = json_object_get(json_array_get(json_object_get(r, "choices"), 0), "logprobs");
+    json_t *tk = json_object_get(lo, "tokens"), *tl = json_object_get(lo, "token_logprobs");
+    const char *t1 = json_string_value(json_array_get(tk, 0)), *t2 = json_string_value(json_array_get(tk, 1));
+    char w1[32], w2[32];
+    snprintf(w1, sizeof w1, "token_id:%d", g1);
+    snprintf(w2, sizeof w2, "token_id:%d", g2);
+    CHECK(st == 200 && json_array_size(tk) == 2 && t1 && t2 && !strcmp(t1, w1) && !strcmp(t2, w2),
+          "the toy served through the API: greedy tokens %s %s, want %s %s (status %ld)", t1 ? t1 : "?", t2 ? t2 : "?", w1, w2, st);
+    double l1 = json_number_value(json_array_get(tl, 0)), l2 = json_number_value(json_array_get(tl, 1));
+    CHECK(fabs(l1 - toy_logprob(last, g1)) < 1e-5 && fabs(l2 - toy_logprob(g1, g2)) < 1e-5,
+          "the toy served through the API: token log-probs %.7f %.7f, the table's log-softmax %.7f %.7f", l1, l2, toy_logprob(last, g1),
+          toy_logprob(g1, g2));
+    json_decref(r);
+#endif
+    ps_api_serve_stop(s);
+    /* a refused option names the key and starts nothing */
+    rc = ps_api_serve_start_in(toy_family_list(), dir, "cpu", "{\"max_batch\": 0}", &s, err, sizeof err);
+    CHECK(rc == PS_API_EINPUT && !s && strstr(err, "\"max_batch\""), "max_batch 0: rc %d, \"%s\"", rc, err);
+}
+
 static void test_api(void) {
     enum { N = 10, P = 4 };
     ps_error err = {0};
@@ -273,6 +425,7 @@ static void test_api(void) {
     } else
         CHECK(0, "run after the instruments: %s", err.msg);
     CHECK(toy_opens == opens + 1, "the instruments ran on the open handle (%d opens of the toy, want 1)", toy_opens - opens);
+    test_serve(dir);
     free(ok), free(lp), free(fams);
     ps_batch_free(&base);
     ps_residue_stats_free(&want);
@@ -281,6 +434,9 @@ static void test_api(void) {
 }
 
 int main(void) {
+#ifdef PS_TEST_CURL
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+#endif
     test_toy();
     test_api();
     CHECK_DONE();

@@ -6,6 +6,7 @@ over libphasescope.so (include/phasescope.h) through ctypes. docs/python.md desc
     logits, cache = model.run_with_cache(tokens, names=lambda n: n.endswith("hook_ck"))
     logits = model.run_with_hooks(tokens, fwd_hooks=[("blocks.10.attn.hook_ck", ps.actions.zero(head=3))])
     r = ps.knockout(model, n=16, layers=[10, 11], method="atp", verify=4)
+    with ps.serve("data/models/w8s8", port=0) as s: ...   # an OpenAI-compatible server at s.url
 
 Long calls release the GIL, take progress=fn(done, total) (a truthy return stops them: ps.Cancelled) and
 stop on Ctrl-C (KeyboardInterrupt), the model usable after.
@@ -17,6 +18,7 @@ from .model import ActivationCache, Model, load
 from .tokenizer import Tokenizer
 from .instruments import (Figure, Result, fillers, gatecycle, gates, instruments, knockout, probe, run, sweep,
                           train)
+from .server import Server, serve
 
 __version__ = _lib.text(_lib.lib.ps_api_release())
 API_VERSION = _lib.API_VERSION
@@ -29,5 +31,5 @@ def devices():
 
 
 __all__ = ["PhasescopeError", "Cancelled", "actions", "ActivationCache", "Model", "load", "Tokenizer", "Figure", "Result", "fillers",
-           "gatecycle", "gates", "instruments", "knockout", "probe", "run", "sweep", "train", "devices",
+           "gatecycle", "gates", "instruments", "knockout", "probe", "run", "sweep", "train", "Server", "serve", "devices",
            "library_path", "API_VERSION"]

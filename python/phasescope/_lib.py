@@ -13,7 +13,7 @@ import os
 
 from .errors import PhasescopeError
 
-API_VERSION = 3  # include/phasescope.h's PS_API_VERSION this binding was written against
+API_VERSION = 4  # include/phasescope.h's PS_API_VERSION this binding was written against
 
 EFAIL = 1
 EINPUT = 2
@@ -138,6 +138,10 @@ def _declare(lib):
         "ps_api_result_dir": (s, [P]),
         "ps_api_result_files_json": (s, [P]),
         "ps_api_result_save": (i, [P, s] + e),
+        "ps_api_serve_start": (i, [s, s, s, ctypes.POINTER(P)] + e),
+        "ps_api_serve_port": (i, [P]),
+        "ps_api_serve_name": (s, [P]),
+        "ps_api_serve_stop": (None, [P]),
     }
     for name, (res, args) in sig.items():
         try:
