@@ -76,6 +76,25 @@ static inline unsigned cu_grid(int64_t n, int threads) {
 #define CU_STAGE_MAX 136 /* arrays per call: kv_attend stages 2 page tables per KV head, up to 32 heads (kvcache.cu) */
 int cu_stage(ps_ctx *c, int n, const void *const *host, const int64_t *bytes, void **dev);
 
+/* The KV cache's page lists (core/backend.h ps_kv_pages): pages p holds, and its page table (a host array of
+ * device pointers) staged on the device (*d), 0 or -1 with the context failed. */
+static inline int64_t cu_kv_n_pages(const ps_kv_pages *p) {
+    return p->rows > p->base ? (p->rows - p->base + p->page_rows - 1) / p->page_rows : 0;
+}
+static inline int cu_stage_pages(ps_ctx *c, const ps_kv_pages *p, void **d) {
+    const void *h[1] = {p->page};
+    int64_t by[1] = {cu_kv_n_pages(p) * (int64_t)sizeof(float *)};
+    return cu_stage(c, 1, h, by, d);
+}
+
+/* kernel k over n items (its grid-stride loop) in blocks of `threads` on the context's stream; a launch
+ * error fails the context, naming the op */
+template <typename... P, typename... A>
+static int cu_launch(ps_ctx *c, const char *op, void (*k)(P...), int64_t n, int threads, A... args) {
+    k<<<cu_grid(n, threads), threads, 0, STREAM(c)>>>(args...);
+    return CU_LAUNCHED(c, op);
+}
+
 /* Row-major GEMM, batched with strides (floats): for every batch index
  *   C[M, N] (ld ldc) = alpha · op(A) · op(B) + beta · C,  op(A) [M, K] (ta: A is stored [K, M]),
  *   op(B) [K, N] (tb: B is stored [N, K]);

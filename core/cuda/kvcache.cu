@@ -69,25 +69,6 @@ __global__ void k_kv_attend(float *z, const float *q, kv_attn_args a) {
     }
 }
 
-static int64_t n_pages(const ps_kv_pages *p) {
-    return p->rows > p->base ? (p->rows - p->base + p->page_rows - 1) / p->page_rows : 0;
-}
-
-/* one page list's page table (a host array of device pointers) staged: *d its device copy */
-static int stage_pages(ps_ctx *c, const ps_kv_pages *p, void **d) {
-    const void *h[1] = {p->page};
-    int64_t by[1] = {n_pages(p) * (int64_t)sizeof(float *)};
-    return cu_stage(c, 1, h, by, d);
-}
-
-/* kernel k over n items (its grid-stride loop) in blocks of `threads` on the context's stream; a launch
- * error fails the context, naming the op */
-template <typename... P, typename... A>
-static int launch(ps_ctx *c, const char *op, void (*k)(P...), int64_t n, int threads, A... args) {
-    k<<<cu_grid(n, threads), threads, 0, STREAM(c)>>>(args...);
-    return CU_LAUNCHED(c, op);
-}
-
 static kv_dpages dpages(const ps_kv_pages *p, void *tab) {
     kv_dpages d = {(float *const *)tab, p->base, p->rows, p->width, p->page_rows};
     return d;
@@ -103,11 +84,11 @@ extern "C" int ps_cuda_kv_attend(ps_ctx *c, float *z, const float *q, const ps_k
     int64_t by[CU_STAGE_MAX];
     void *d[CU_STAGE_MAX];
     int n = 0;
-    h[n] = a->k.page, by[n++] = n_pages(&a->k) * (int64_t)sizeof(float *);
-    h[n] = a->v.page, by[n++] = n_pages(&a->v) * (int64_t)sizeof(float *);
+    h[n] = a->k.page, by[n++] = cu_kv_n_pages(&a->k) * (int64_t)sizeof(float *);
+    h[n] = a->v.page, by[n++] = cu_kv_n_pages(&a->v) * (int64_t)sizeof(float *);
     for (int64_t g = 0; g < ne; g++) {
-        h[n] = a->ck[g].page, by[n++] = n_pages(&a->ck[g]) * (int64_t)sizeof(float *);
-        h[n] = a->cv[g].page, by[n++] = n_pages(&a->cv[g]) * (int64_t)sizeof(float *);
+        h[n] = a->ck[g].page, by[n++] = cu_kv_n_pages(&a->ck[g]) * (int64_t)sizeof(float *);
+        h[n] = a->cv[g].page, by[n++] = cu_kv_n_pages(&a->cv[g]) * (int64_t)sizeof(float *);
     }
     h[n] = a->nvis, by[n++] = a->compressed ? a->nr * a->nkv * (int64_t)sizeof(int64_t) : 0;
     if (cu_stage(c, n, h, by, d)) return -1;
@@ -117,7 +98,7 @@ extern "C" int ps_cuda_kv_attend(ps_ctx *c, float *z, const float *q, const ps_k
     x.k = dpages(&a->k, d[0]), x.v = dpages(&a->v, d[1]);
     for (int64_t g = 0; g < ne; g++) x.ck[g] = dpages(&a->ck[g], d[2 + 2 * g]), x.cv[g] = dpages(&a->cv[g], d[3 + 2 * g]);
     x.nvis = a->compressed ? (const int64_t *)d[n - 1] : NULL;
-    return launch(c, "kv_attend", k_kv_attend, a->nr * a->nh, 64, z, q, x);
+    return cu_launch(c, "kv_attend", k_kv_attend, a->nr * a->nh, 64, z, q, x);
 }
 
 /* alpha [nkv, W]: one thread per KV head (its window's gates, then their softmax in place) */
@@ -145,7 +126,7 @@ __global__ void k_kv_gate(float *alpha, const float *u, const float *bias, int l
 /* the window table: the layer inputs' page table, start, len */
 static int stage_close(ps_ctx *c, const ps_kv_close *w, void **d) {
     const void *h[3] = {w->ln.page, w->start, w->len};
-    int64_t by[3] = {n_pages(&w->ln) * (int64_t)sizeof(float *), w->nkv * 8, w->nkv * 8};
+    int64_t by[3] = {cu_kv_n_pages(&w->ln) * (int64_t)sizeof(float *), w->nkv * 8, w->nkv * 8};
     return cu_stage(c, 3, h, by, d);
 }
 
@@ -153,7 +134,7 @@ extern "C" int ps_cuda_kv_gate(ps_ctx *c, float *alpha, const float *u, const fl
     if (ps_kv_close_check(c, "kv_gate", w)) return -1;
     void *d[3];
     if (stage_close(c, w, d)) return -1;
-    return launch(c, "kv_gate", k_kv_gate, w->nkv, 32, alpha, u, bias, learned, w->nkv, w->W, w->d, (float *const *)d[0],
+    return cu_launch(c, "kv_gate", k_kv_gate, w->nkv, 32, alpha, u, bias, learned, w->nkv, w->W, w->d, (float *const *)d[0],
                   w->ln.base, w->ln.page_rows, (const int64_t *)d[1], (const int64_t *)d[2]);
 }
 
@@ -180,7 +161,7 @@ extern "C" int ps_cuda_kv_pool(ps_ctx *c, float *out, const float *alpha, const 
     if (ps_kv_close_check(c, "kv_pool", w)) return -1;
     void *d[3];
     if (stage_close(c, w, d)) return -1;
-    return launch(c, "kv_pool", k_kv_pool, w->nkv * hd, 64, out, alpha, C, shared, pre, w->nkv, hd, w->W, w->d,
+    return cu_launch(c, "kv_pool", k_kv_pool, w->nkv * hd, 64, out, alpha, C, shared, pre, w->nkv, hd, w->W, w->d,
                   (float *const *)d[0], w->ln.base, w->ln.page_rows, (const int64_t *)d[1], (const int64_t *)d[2]);
 }
 
@@ -199,10 +180,10 @@ extern "C" int ps_cuda_kv_gather(ps_ctx *c, float *out, const ps_kv_pages *p, co
                                (long long)p->rows - 1);
     if (n <= 0 || p->width <= 0) return 0;
     const void *h[2] = {p->page, rows};
-    int64_t by[2] = {n_pages(p) * (int64_t)sizeof(float *), n * 8};
+    int64_t by[2] = {cu_kv_n_pages(p) * (int64_t)sizeof(float *), n * 8};
     void *d[2];
     if (cu_stage(c, 2, h, by, d)) return -1;
-    return launch(c, "kv_gather", k_kv_gather, n * p->width, 256, out, (float *const *)d[0], p->base, p->page_rows, p->width,
+    return cu_launch(c, "kv_gather", k_kv_gather, n * p->width, 256, out, (float *const *)d[0], p->base, p->page_rows, p->width,
                   (const int64_t *)d[1], n);
 }
 
@@ -241,7 +222,7 @@ extern "C" int ps_cuda_kv_attend_sink(ps_ctx *c, float *z, const float *q, const
     if (a->nkv != 1 || !a->compressed) return ps_ctx_fail(c, "kv_attend_sink: one K = V head with entries (nkv %lld)", (long long)a->nkv);
     if (a->nr == 0) return 0;
     const void *h[3] = {a->k.page, a->ck[0].page, a->nvis};
-    int64_t by[3] = {n_pages(&a->k) * (int64_t)sizeof(float *), n_pages(&a->ck[0]) * (int64_t)sizeof(float *),
+    int64_t by[3] = {cu_kv_n_pages(&a->k) * (int64_t)sizeof(float *), cu_kv_n_pages(&a->ck[0]) * (int64_t)sizeof(float *),
                      a->nr * (int64_t)sizeof(int64_t)};
     void *d[3];
     if (cu_stage(c, 3, h, by, d)) return -1;
@@ -250,7 +231,7 @@ extern "C" int ps_cuda_kv_attend_sink(ps_ctx *c, float *z, const float *q, const
     x.nh = a->nh, x.nkv = 1, x.hd = a->hd, x.LW = a->LW, x.t0 = a->t0, x.nr = a->nr, x.compressed = 1;
     x.k = dpages(&a->k, d[0]), x.v = x.k, x.ck[0] = dpages(&a->ck[0], d[1]), x.cv[0] = x.ck[0];
     x.nvis = (const int64_t *)d[2];
-    return launch(c, "kv_attend_sink", k_kv_attend_sink, a->nr * a->nh, 64, z, q, sink, x);
+    return cu_launch(c, "kv_attend_sink", k_kv_attend_sink, a->nr * a->nh, 64, z, q, sink, x);
 }
 
 /* slot s of window wi: its token (-1: none) and channel block (core/cpu/kv.c's slot_src) */
@@ -285,8 +266,8 @@ __global__ void k_kv_slots(float *alpha, const float *ape, int64_t hd, int64_t m
 extern "C" int ps_cuda_kv_slots(ps_ctx *c, float *alpha, const float *ape, const ps_kv_chan *k) {
     if (ps_kv_slots_check(c, "kv_slots", k)) return -1;
     void *d[1];
-    if (stage_pages(c, &k->ln, d)) return -1;
-    return launch(c, "kv_slots", k_kv_slots, k->hd, 64, alpha, ape, k->hd, k->rate, k->cw, k->csa, k->wi, (float *const *)d[0],
+    if (cu_stage_pages(c, &k->ln, d)) return -1;
+    return cu_launch(c, "kv_slots", k_kv_slots, k->hd, 64, alpha, ape, k->hd, k->rate, k->cw, k->csa, k->wi, (float *const *)d[0],
                   k->ln.base, k->ln.page_rows);
 }
 
@@ -307,7 +288,7 @@ __global__ void k_kv_slot_pool(float *out, const float *alpha, int64_t hd, int64
 extern "C" int ps_cuda_kv_slot_pool(ps_ctx *c, float *out, const float *alpha, const ps_kv_chan *k) {
     if (ps_kv_slots_check(c, "kv_slot_pool", k)) return -1;
     void *d[1];
-    if (stage_pages(c, &k->ln, d)) return -1;
-    return launch(c, "kv_slot_pool", k_kv_slot_pool, k->hd, 64, out, alpha, k->hd, k->rate, k->cw, k->csa, k->wi,
+    if (cu_stage_pages(c, &k->ln, d)) return -1;
+    return cu_launch(c, "kv_slot_pool", k_kv_slot_pool, k->hd, 64, out, alpha, k->hd, k->rate, k->cw, k->csa, k->wi,
                   (float *const *)d[0], k->ln.base, k->ln.page_rows);
 }

@@ -9,10 +9,6 @@
 #include "core/cuda/cuda_internal.cuh"
 #include "core/cuda/kvcache_v4_bodies.h"
 
-static int64_t v4k_n_pages(const ps_kv_pages *p) {
-    return p->rows > p->base ? (p->rows - p->base + p->page_rows - 1) / p->page_rows : 0;
-}
-
 /* a: the geometry with its page tables' device copies */
 __global__ void k_v4_kv_attend(float *out, float *sinkp, const float *q, const float *topk, const float *sink, ps_v4_kv_attn a) {
     GS_LOOP(task, a.n * a.H) ps_v4kb_kv_attend(out, sinkp, q, topk, sink, &a, task);
@@ -24,14 +20,13 @@ extern "C" int ps_cuda_v4_kv_attend(ps_ctx *c, float *out, float *sinkp, const f
     if (a->K > 0 && !topk) return ps_ctx_fail(c, "v4_kv_attend: K = %lld entries per query and no topk", (long long)a->K);
     if (a->n == 0) return 0;
     const void *h[2] = {a->kv.page, a->ent.page};
-    int64_t by[2] = {v4k_n_pages(&a->kv) * (int64_t)sizeof(float *), a->nE > 0 ? v4k_n_pages(&a->ent) * (int64_t)sizeof(float *) : 0};
+    int64_t by[2] = {cu_kv_n_pages(&a->kv) * (int64_t)sizeof(float *), a->nE > 0 ? cu_kv_n_pages(&a->ent) * (int64_t)sizeof(float *) : 0};
     void *d[2];
     if (cu_stage(c, 2, h, by, d)) return -1;
     ps_v4_kv_attn x = *a;
     x.kv.page = (float *const *)d[0];
     x.ent.page = a->nE > 0 ? (float *const *)d[1] : NULL;
-    k_v4_kv_attend<<<cu_grid(a->n * a->H, 64), 64, 0, STREAM(c)>>>(out, sinkp, q, topk, sink, x);
-    return CU_LAUNCHED(c, "v4_kv_attend");
+    return cu_launch(c, "v4_kv_attend", k_v4_kv_attend, a->n * a->H, 64, out, sinkp, q, topk, sink, x);
 }
 
 /* k: the window with its page table's device copy */
@@ -41,12 +36,9 @@ __global__ void k_v4_kv_slots(float *gate, const float *ape, ps_kv_chan k) {
 
 extern "C" int ps_cuda_v4_kv_slots(ps_ctx *c, float *gate, const float *ape, const ps_kv_chan *k) {
     if (ps_kv_slots_check(c, "v4_kv_slots", k)) return -1;
-    const void *h[1] = {k->ln.page};
-    int64_t by[1] = {v4k_n_pages(&k->ln) * (int64_t)sizeof(float *)};
-    void *d[1];
-    if (cu_stage(c, 1, h, by, d)) return -1;
+    void *d;
+    if (cu_stage_pages(c, &k->ln, &d)) return -1;
     ps_kv_chan x = *k;
-    x.ln.page = (float *const *)d[0];
-    k_v4_kv_slots<<<cu_grid(k->hd, 64), 64, 0, STREAM(c)>>>(gate, ape, x);
-    return CU_LAUNCHED(c, "v4_kv_slots");
+    x.ln.page = (float *const *)d;
+    return cu_launch(c, "v4_kv_slots", k_v4_kv_slots, k->hd, 64, gate, ape, x);
 }
