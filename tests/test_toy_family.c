@@ -30,8 +30,8 @@
 
 #include "toy_family.h"
 
-#ifdef PS_TEST_CURL /* the HTTP client of the serve check (tests/CMakeLists.txt: when libcurl is found) */
-#include <curl/curl.h>
+#ifdef PS_TEST_CURL /* the serve check's HTTP client: the tests' one (tests/serve_http.h, built when libcurl is found) */
+#include "serve_http.h"
 #endif
 
 /* ---- the checks: plain loops over the table ---- */
@@ -190,43 +190,6 @@ static double toy_logprob(int a, int b) {
     return toy_weight(a, b) - mx - log(z);
 }
 
-typedef struct {
-    char *b;
-    size_t n;
-} body_buf;
-
-static size_t on_body(char *p, size_t sz, size_t nm, void *u) {
-    body_buf *b = u;
-    char *r = realloc(b->b, b->n + sz * nm + 1);
-    if (!r) return 0;
-    memcpy(r + b->n, p, sz * nm);
-    b->b = r, b->n += sz * nm;
-    b->b[b->n] = '\0';
-    return sz * nm;
-}
-
-/* POST body to http://127.0.0.1:port/path: the status, *out the JSON answer (NULL when not JSON) */
-static long post(int port, const char *path, const char *body, json_t **out) {
-    char url[128];
-    snprintf(url, sizeof url, "http://127.0.0.1:%d%s", port, path);
-    CURL *h = curl_easy_init();
-    body_buf b = {0};
-    struct curl_slist *hd = curl_slist_append(NULL, "Content-Type: application/json");
-    curl_easy_setopt(h, CURLOPT_URL, url);
-    curl_easy_setopt(h, CURLOPT_HTTPHEADER, hd);
-    curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
-    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
-    curl_easy_setopt(h, CURLOPT_WRITEDATA, &b);
-    curl_easy_setopt(h, CURLOPT_TIMEOUT, 60L);
-    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
-    long st = 0;
-    if (curl_easy_perform(h) == CURLE_OK) curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &st);
-    curl_slist_free_all(hd);
-    curl_easy_cleanup(h);
-    *out = b.b ? json_loads(b.b, 0, NULL) : NULL;
-    free(b.b);
-    return st;
-}
 #endif
 
 /* the API's serve options and `phasescope serve`'s flags are one set: every table entry is a flag of the
@@ -289,7 +252,7 @@ static void test_serve(const char *dir) {
              "\"return_tokens_as_token_ids\": true}",
              last);
     json_t *r = NULL;
-    long st = post(ps_api_serve_port(s), "/v1/completions", body, &r);
+    long st = tu_http(ps_api_serve_port(s), "POST", "/v1/completions", body, &r);
     json_t *lo = json_object_get(json_array_get(json_object_get(r, "choices"), 0), "logprobs");
     json_t *tk = json_object_get(lo, "tokens"), *tl = json_object_get(lo, "token_logprobs");
     const char *t1 = json_string_value(json_array_get(tk, 0)), *t2 = json_string_value(json_array_get(tk, 1));
