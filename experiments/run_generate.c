@@ -81,15 +81,15 @@ static int on_hook(const ps_hook_event *ev, void *user, ps_error *err) {
     }
     if (wide > have) { /* widen what is recorded, from the end backwards (in place) */
         for (int64_t i = it->n1 * rows - 1; i >= 0; i--) {
-            memmove(it->data + i * wide, it->data + i * have, (size_t)have * sizeof(float));
+            if (have) memmove(it->data + i * wide, it->data + i * have, (size_t)have * sizeof(float));
             for (int64_t j = have; j < wide; j++) it->data[i * wide + j] = NAN;
         }
         it->shape[nd - 2] = wide;
         it->inner = rows * wide;
     }
-    for (int64_t i = 0; i < add * rows; i++) {
+    for (int64_t i = 0; wide && i < add * rows; i++) { /* a firing over no entries yet holds no floats */
         float *dst = it->data + (it->n1 * rows + i) * wide;
-        memcpy(dst, ev->data + i * last, (size_t)last * sizeof(float));
+        if (last) memcpy(dst, ev->data + i * last, (size_t)last * sizeof(float));
         for (int64_t j = last; j < wide; j++) dst[j] = NAN;
     }
     it->n1 += add;
