@@ -368,6 +368,20 @@ class Model:
             raise filt_exc[0]
         return res
 
+    # ---- the KV cache and generation (kvcache.py) ----
+    def kv_cache(self):
+        """A KV cache on this model (ps.KVCache): sequences grown by appends, entries read and edited
+        between steps. Free it (or use a with block) before closing the model."""
+        from .kvcache import KVCache
+        return KVCache(self)
+
+    def generate(self, tokens, max_tokens=16, edits=(), fwd_hooks=()):
+        """Greedy decoding of the prompt `tokens` (1-d ids) through a KV cache: (new token ids, their
+        log-probabilities). edits: (name, head, j) zeroes, (name, head, j, value) sets entry j of a cache
+        point after the prefill, for the rest of the generation; fwd_hooks fire during every append."""
+        from .kvcache import generate
+        return generate(self, tokens, max_tokens, edits, fwd_hooks)
+
 
 def load(path, device="cpu", tokenizer=None, lazy=None, layers=None):
     """Open the checkpoint directory `path` (any family phasescope reads: its own checkpoints, Hugging Face
