@@ -2,12 +2,14 @@
 (run_with_hooks): a prefill in two chunks and single-token decode steps give its logits at those
 positions; an entry equals the forward's hook_ck; a mean ("set") edit changes the next logits and a zero
 edit reads back zeros; fwd_hooks during an append equal the forward's; greedy generate equals an argmax
-loop over run_with_hooks on the growing sequence."""
+loop over run_with_hooks on the growing sequence, and with an edit the CLI's `generate --edit`."""
+import json
+
 import numpy as np
 import pytest
 
 import phasescope as ps
-from conftest import tokens
+from conftest import cli, model_path, tokens
 
 CK = "blocks.0.attn.cache_ck"
 TOL = 1e-4
@@ -90,3 +92,15 @@ def test_generate_greedy(w8s8, toks):
     # an edit changes what is generated from (or at least the log-probabilities)
     new2, lps2 = w8s8.generate(prompt, max_tokens=4, edits=[(CK, h, 0) for h in range(16)])
     assert new2 != new or not np.allclose(lps2, lps)
+
+
+def test_generate_equals_cli(w8s8, toks, tmp_path):
+    """model.generate with a zero edit against `phasescope generate --edit` (core/generate.c)."""
+    prompt = [int(t) for t in toks[:19]]
+    (tmp_path / "t.json").write_text(json.dumps([prompt]))
+    cli("generate", "--model", model_path("data/models/w8s8"), "--tokens", tmp_path / "t.json", "--max-tokens", 6,
+        "--edit", f"{CK}:3:0:zero", "--out", tmp_path / "out")
+    ref = json.loads((tmp_path / "out" / "generate.json").read_text())["sequences"][0]
+    new, lps = w8s8.generate(prompt, max_tokens=6, edits=[(CK, 3, 0)])
+    assert new == ref["tokens"]
+    assert np.abs(np.array(lps) - np.array(ref["logprobs"])).max() < 1e-5
