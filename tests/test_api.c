@@ -16,7 +16,7 @@
  *    training run resumed after its stop equals the uninterrupted one);
  *  - the KV cache (ps_api_cache_*): appends in chunks and single tokens against run_with_cache's logits, its
  *    entries against the forward's hook_ck, a hook action through an append against the forward's, fork and
- *    truncate, edits read back, and every bad argument named;
+ *    truncate, edits read back, and every bad argument named; DeepSeek-V4's cache (mix4) the same way;
  *  - serving: the server's options refused by key (unknown, wrong type, out of range), and a shipped model
  *    served on a free port answering GET /health over a plain socket (a build without serve: its error).
  * Usage: test_api BUILD_DIR SOURCE_DIR */
@@ -799,6 +799,34 @@ done:
             CHECK(rc == PS_API_EINPUT && strstr(err, "no compressed entries"), "full: entry rc %d \"%s\"", rc, err);
         }
         ps_api_cache_free(c);
+    }
+    ps_api_close(m), m = NULL;
+    /* DeepSeek-V4 (its own cache behind the same calls): appends against the forward, an entry's width */
+    snprintf(dir, sizeof dir, "%s/tests/conformance/v4/mix4", SRC);
+    CHECK(!ps_api_open(dir, NULL, &m, err, sizeof err), "open mix4: %s", err);
+    if (m) {
+        int64_t V4 = ps_api_vocab_size(m);
+        int32_t t4[20];
+        for (int i = 0; i < 20; i++) t4[i] = (int32_t)((i * 7 + 3) % V4);
+        ps_api_output *o4 = NULL;
+        float *l4 = malloc((size_t)(20 * V4) * sizeof *l4);
+        c = NULL;
+        int s4 = -1;
+        CHECK(!ps_api_run_with_hooks(m, t4, 1, 20, NULL, &o4, err, sizeof err), "mix4 forward: %s", err);
+        CHECK(!ps_api_cache_new(m, &c, err, sizeof err) && !ps_api_cache_add(c, &s4, err, sizeof err), "mix4 cache: %s", err);
+        if (o4 && c) {
+            CHECK(!ps_api_cache_append(c, s4, t4, 11, NULL, l4, err, sizeof err) &&
+                      !ps_api_cache_append(c, s4, t4 + 11, 9, NULL, l4 + 11 * V4, err, sizeof err),
+                  "mix4 appends: %s", err);
+            double w4 = max_diff(l4, logits_of(o4), 20 * (long)V4);
+            CHECK(w4 < 1e-4, "mix4: appended logits differ from the forward's by %.3g", w4);
+            CHECK(ps_api_cache_entry_width(c, "layers.1.attn.cache_kv") > 0 && ps_api_cache_n_entries(c, s4, 1, 0) > 0,
+                  "mix4: layers.1.attn.cache_kv width %lld, %lld entries", (long long)ps_api_cache_entry_width(c, "layers.1.attn.cache_kv"),
+                  (long long)ps_api_cache_n_entries(c, s4, 1, 0));
+        }
+        ps_api_cache_free(c);
+        ps_api_output_free(o4);
+        free(l4);
     }
     ps_api_close(m);
 }

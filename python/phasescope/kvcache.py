@@ -125,7 +125,8 @@ class KVCache:
         """The floats of one entry at cache point `name`."""
         w = _lib.lib.ps_api_cache_entry_width(self._handle(), _lib.enc(name))
         if w < 0:
-            raise PhasescopeError(f"{name}: not a KV cache point of this model (blocks.{{l}}.attn.cache_ck / cache_cv)",
+            raise PhasescopeError(f"{name}: not a KV cache point of this model (blocks.{{l}}.attn.cache_ck / cache_cv; "
+                                  "DeepSeek-V4: layers.{L}.attn.cache_kv / cache_ik of a layer with compressed entries)",
                                   code=_lib.EINPUT)
         return int(w)
 
