@@ -7,9 +7,10 @@
         kv.edit("blocks.0.attn.cache_ck", head=3, j=0)      # zero entry 0 of KV head 3 from now on
         logits = kv.append(s, [int(logits[-1].argmax())])   # one decode step
 
-The cache uses its model (one call at a time per model, as every run): free it (or leave the with block)
-before closing the model."""
+The cache uses its model (one call at a time per model, as every run); closing the model frees its caches
+(a freed cache's calls raise)."""
 import ctypes
+import weakref
 
 import numpy as np
 
@@ -29,6 +30,9 @@ class KVCache:
         with model._running() as mh:
             _lib.check(_lib.lib.ps_api_cache_new(mh, ctypes.byref(h), err, _lib.ERRLEN), err)
         self._h = h
+        if not hasattr(model, "_caches"):
+            model._caches = weakref.WeakSet()
+        model._caches.add(self)  # Model.close frees it first
 
     # ---- lifetime ----
     def free(self):
@@ -39,10 +43,7 @@ class KVCache:
     close = free
 
     def __del__(self):
-        # a cache outliving its model's handle must not touch it: the model frees nothing of the cache,
-        # so freeing here is safe only while the model is open
-        if getattr(self, "_h", None) and getattr(self.model, "_h", None):
-            self.free()
+        self.free()  # (closing the model frees it first: it is in model._caches)
 
     def __enter__(self):
         return self
@@ -52,7 +53,7 @@ class KVCache:
 
     def _handle(self):
         if not self._h:
-            raise PhasescopeError("the KV cache is freed")
+            raise PhasescopeError("the KV cache is freed (by .free(), its with block, or closing its model)")
         if not getattr(self.model, "_h", None):
             raise PhasescopeError(f"{self.model.path}: the model is closed (free its KV caches first)")
         return self._h

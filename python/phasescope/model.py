@@ -202,6 +202,8 @@ class Model:
             if not self._busy.acquire(blocking=False):
                 raise PhasescopeError(f"{self.path}: the model is running; it cannot be closed from a hook or another thread")
             try:
+                for kv in list(getattr(self, "_caches", ())):  # its KV caches first: they use the model
+                    kv.free()
                 _lib.lib.ps_api_close(self._h)
                 self._h = None
             finally:
@@ -371,7 +373,7 @@ class Model:
     # ---- the KV cache and generation (kvcache.py) ----
     def kv_cache(self):
         """A KV cache on this model (ps.KVCache): sequences grown by appends, entries read and edited
-        between steps. Free it (or use a with block) before closing the model."""
+        between steps (free it, or use a with block; closing the model frees it too)."""
         from .kvcache import KVCache
         return KVCache(self)
 

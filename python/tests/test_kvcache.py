@@ -104,3 +104,14 @@ def test_generate_equals_cli(w8s8, toks, tmp_path):
     new, lps = w8s8.generate(prompt, max_tokens=6, edits=[(CK, 3, 0)])
     assert new == ref["tokens"]
     assert np.abs(np.array(lps) - np.array(ref["logprobs"])).max() < 1e-5
+
+
+def test_model_close_frees_its_caches(toks):
+    m = ps.load(model_path("data/models/w8s8"))
+    kv = m.kv_cache()
+    s = kv.add()
+    kv.append(s, toks[:5])
+    m.close()
+    with pytest.raises(ps.PhasescopeError, match="freed"):
+        kv.append(s, toks[5:6])
+    kv.free()  # again: nothing
