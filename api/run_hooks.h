@@ -5,6 +5,7 @@
 #define PS_API_RUN_HOOKS_H
 
 #include "api/api_internal.h"
+#include "core/hooks.h"
 
 typedef struct {
     char *name;
@@ -23,5 +24,10 @@ struct ps_api_hooks {
     ps_api_hook_entry *e;
     char fail_msg[PS_ERROR_MAX - 128]; /* ps_api_hooks_fail */
 };
+
+/* The list's entries registered on h for a run of B sequences of T tokens (each name checked against the
+ * model, each action's source against the point's shape): api/run_pass.c (a forward) and
+ * api/kvcache_call.c (an append to the KV cache, B = 1, T = the tokens appended). 0, or -1 and err. */
+int ps_api_hooks_register(const ps_api_model *M, ps_hooks *h, ps_api_hooks *list, int64_t B, int64_t T, ps_error *err);
 
 #endif

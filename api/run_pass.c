@@ -153,7 +153,7 @@ static int add_action(const ps_api_model *M, ps_hooks *h, const ps_api_hook_entr
     return 0;
 }
 
-static int register_list(const ps_api_model *M, ps_hooks *h, ps_api_hooks *list, int64_t B, int64_t T, ps_error *err) {
+int ps_api_hooks_register(const ps_api_model *M, ps_hooks *h, ps_api_hooks *list, int64_t B, int64_t T, ps_error *err) {
     const ps_runtime *rt = &M->rt;
     if (!list) return 0;
     list->fail_msg[0] = '\0';
@@ -276,7 +276,7 @@ static int run(ps_api_model *M, const int32_t *tokens, int64_t B, int64_t T, con
         ps_fail(err, "out of memory");
         goto done;
     }
-    if (check_tokens(M, tokens, B, T, targets, err) || register_list(M, &h, list, B, T, err)) goto done;
+    if (check_tokens(M, tokens, B, T, targets, err) || ps_api_hooks_register(M, &h, list, B, T, err)) goto done;
     if (grads && M->n_run >= 0) {
         ps_fail(err, "gradients: the model stops after layer %d (no logits, no loss)", M->n_run - 1);
         err->usage = 1;

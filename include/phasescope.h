@@ -5,7 +5,7 @@
  * describes it at length.
  *
  * Conventions (for C and for a binding such as Python's ctypes):
- *  - Handles are opaque pointers (ps_api_model, ps_api_hooks, ps_api_output, ps_api_result, ps_api_server); no struct
+ *  - Handles are opaque pointers (ps_api_model, ps_api_hooks, ps_api_output, ps_api_cache, ps_api_result, ps_api_server); no struct
  *    crosses the boundary. Arguments are plain C types, arrays of them, NUL-terminated UTF-8 strings, JSON
  *    text, and callbacks with the C signatures below.
  *  - Errors: a function that can fail returns int: 0 on success, PS_API_EINPUT (2) when the caller asked
@@ -42,7 +42,7 @@ extern "C" {
 #define PS_API
 #endif
 
-#define PS_API_VERSION 4
+#define PS_API_VERSION 5
 
 /* return values of the functions that can fail */
 #define PS_API_OK 0
@@ -256,6 +256,58 @@ PS_API int ps_api_output_find(const ps_api_output *o, const char *name);
 /* With grads: the mean loss and the number of target positions (0 without grads). */
 PS_API double ps_api_output_loss(const ps_api_output *o);
 PS_API int64_t ps_api_output_n_targets(const ps_api_output *o);
+
+/* ---- the KV cache: prefill and decode, its entries read and edited between steps ----
+ *
+ * The model's inference-time cache (docs/kvcache.md): sequences that grow by appends (a prompt is one long
+ * append, a decode step an append of one token), each append returning the logits of the new positions,
+ * equal to ps_api_run_with_hooks's whole-sequence logits at those positions up to float rounding. The
+ * families that have a cache: the phasescope family (every attention kind) and DeepSeek-V4; another is
+ * a PS_API_EINPUT error naming it. The cache lives on the model's device and uses the model: free it
+ * before closing the model. Pages are allocated as sequences grow; fork shares a prefix (copy on write).
+ *
+ * Its entries are hook points of their own: blocks.{l}.attn.cache_ck / cache_cv (the compressed key and
+ * value of every window that has ended, per KV head; DeepSeek-V4: layers.{L}.attn.cache_kv / cache_ik,
+ * head 0). Entry j of a head can be read (ps_api_cache_entry), or edited for the rest of the cache's life
+ * (ps_api_cache_edit: "zero", or "set" to a vector, e.g. the mean of entries for mean replacement) — now
+ * when it exists, and when its window closes otherwise. */
+typedef struct ps_api_cache ps_api_cache;
+
+/* A cache on the model (ps_api_open_ex's "layers" refused: an append needs the logits). */
+PS_API int ps_api_cache_new(ps_api_model *m, ps_api_cache **out, char *err, size_t errlen);
+PS_API void ps_api_cache_free(ps_api_cache *c);
+/* A new empty sequence: its id in *seq. */
+PS_API int ps_api_cache_add(ps_api_cache *c, int *seq, char *err, size_t errlen);
+/* A new sequence sharing everything of sequence src: its id in *seq. */
+PS_API int ps_api_cache_fork(ps_api_cache *c, int src, int *seq, char *err, size_t errlen);
+/* Drop a sequence and its pages (its id may be reused by a later add or fork). */
+PS_API int ps_api_cache_drop(ps_api_cache *c, int seq, char *err, size_t errlen);
+/* Cut sequence seq back to its first T tokens (0 <= T <= its length; a compressed model's cache goes back
+ * only as far as it still holds the local window and open windows of position T: an error says so). */
+PS_API int ps_api_cache_truncate(ps_api_cache *c, int seq, int64_t T, char *err, size_t errlen);
+/* The tokens of sequence seq (-1: no such sequence). */
+PS_API int64_t ps_api_cache_len(const ps_api_cache *c, int seq);
+/* Bytes the cache holds now (its pages, each shared page once, and tables). */
+PS_API int64_t ps_api_cache_bytes(const ps_api_cache *c);
+/* Append tokens[0..n) to sequence seq and run them; hooks (NULL: none) fire as in a forward of the n new
+ * tokens (B = 1, T = n; the shapes of a forward: an action's positions are the appended ones, counted from
+ * 0; attn.hook_pattern does not fire: an error), and a compressed entry's points (attn.hook_ck ...) when
+ * its window closes ([1, 1, n_kv, hd]). logits_out (NULL: none) gets the logits [n, vocab] of the new
+ * positions. The sequence's length plus n must be within ps_api_max_tokens. */
+PS_API int ps_api_cache_append(ps_api_cache *c, int seq, const int32_t *tokens, int64_t n, ps_api_hooks *hooks,
+                               float *logits_out, char *err, size_t errlen);
+/* The entries sequence seq holds at layer `layer`, KV head `head` (0 for an invalid argument or a model
+ * without compressed entries; -1: no such sequence). */
+PS_API int64_t ps_api_cache_n_entries(const ps_api_cache *c, int seq, int layer, int head);
+/* The floats of one entry of the cache point point_name (-1: not a cache point of this model). */
+PS_API int64_t ps_api_cache_entry_width(const ps_api_cache *c, const char *point_name);
+/* Copy entry j of KV head `head` at cache point point_name of sequence seq into out[width]. */
+PS_API int ps_api_cache_entry(ps_api_cache *c, int seq, const char *point_name, int head, int64_t j, float *out, char *err,
+                              size_t errlen);
+/* Edit entry j of KV head `head` at cache point point_name of sequence seq (-1: every sequence, those
+ * added later too) for the rest of the cache's life: kind "zero", or "set" to vec[width] (copied). */
+PS_API int ps_api_cache_edit(ps_api_cache *c, int seq, const char *point_name, int head, int64_t j, const char *kind,
+                             const float *vec, char *err, size_t errlen);
 
 /* ---- instruments ----
  *

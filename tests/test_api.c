@@ -14,6 +14,9 @@
  *    callback after k units fail with PS_API_ECANCELLED saying where, and the same handle then gives the
  *    uninterrupted call's numbers bit for bit (a callback that never stops changes none either; the
  *    training run resumed after its stop equals the uninterrupted one);
+ *  - the KV cache (ps_api_cache_*): appends in chunks and single tokens against run_with_cache's logits, its
+ *    entries against the forward's hook_ck, a hook action through an append against the forward's, fork and
+ *    truncate, edits read back, and every bad argument named; DeepSeek-V4's cache (mix4) the same way;
  *  - serving: the server's options refused by key (unknown, wrong type, out of range), and a shipped model
  *    served on a free port answering GET /health over a plain socket (a build without serve: its error).
  * Usage: test_api BUILD_DIR SOURCE_DIR */
@@ -649,6 +652,185 @@ static void check_bad_inputs(ps_api_model *m, const int32_t *tok, int B, int T) 
     free(longer);
 }
 
+/* ---- the KV cache (ps_api_cache_*) on w8s8 (compressed W = S = 8) ---- */
+
+static double max_diff(const float *a, const float *b, long n) {
+    double w = 0;
+    for (long i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - (double)b[i]);
+        if (!(d <= w)) w = d; /* NaN counts */
+    }
+    return w;
+}
+
+static int count_fire(const char *name, float *data, const int64_t *shape, int rank, void *user) {
+    (void)name, (void)data;
+    int64_t *seen = user; /* [calls, rows] */
+    seen[0]++;
+    if (rank == 3) seen[1] += shape[1];
+    return 0;
+}
+
+static void check_kvcache(void) {
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/data/models/w8s8", SRC);
+    ps_api_model *m = NULL;
+    CHECK(!ps_api_open(dir, NULL, &m, err, sizeof err), "open w8s8: %s", err);
+    if (!m) return;
+    enum { T = 24 };
+    const char *CK = "blocks.0.attn.cache_ck";
+    int64_t V = ps_api_vocab_size(m);
+    int32_t tok[T];
+    for (int i = 0; i < T; i++) tok[i] = (int32_t)((i * 11 + 5) % V);
+    /* the whole-sequence reference: logits and the compressed keys as attended */
+    const char *nm[1] = {"blocks.0.attn.hook_ck"};
+    ps_api_output *ref = NULL;
+    CHECK(!ps_api_run_with_cache(m, tok, 1, T, nm, 1, NULL, NULL, NULL, 0, NULL, &ref, err, sizeof err), "reference: %s", err);
+    ps_api_cache *c = NULL;
+    CHECK(!ps_api_cache_new(m, &c, err, sizeof err), "cache_new: %s", err);
+    if (!ref || !c) goto done;
+    const float *rl = logits_of(ref);
+    int r;
+    const int64_t *cks = ps_api_output_shape(ref, 0, &r);
+    const float *ck = ps_api_output_data(ref, 0);
+    float *lg = malloc((size_t)(T * V) * sizeof *lg), *lg2 = malloc((size_t)(2 * V) * sizeof *lg2);
+    int s = -1, f = -1, g = -1;
+    CHECK(!ps_api_cache_add(c, &s, err, sizeof err) && s >= 0, "cache_add: %s", err);
+    /* a prompt in two chunks (13 + 8: ends inside a window), then 3 single tokens */
+    int64_t hooks_seen[2] = {0, 0};
+    ps_api_hooks *h = ps_api_hooks_new();
+    ps_api_hooks_add_fn(h, "blocks.0.hook_resid_pre", count_fire, hooks_seen, err, sizeof err);
+    CHECK(!ps_api_cache_append(c, s, tok, 13, h, lg, err, sizeof err), "append 13: %s", err);
+    CHECK(!ps_api_cache_append(c, s, tok + 13, 8, NULL, lg + 13 * V, err, sizeof err), "append 8: %s", err);
+    for (int i = 21; i < T; i++) CHECK(!ps_api_cache_append(c, s, tok + i, 1, h, lg + i * V, err, sizeof err), "append 1: %s", err);
+    CHECK(hooks_seen[0] == 4 && hooks_seen[1] == 16, "hook_resid_pre during appends: %lld calls, %lld rows (want 4, 16)",
+          (long long)hooks_seen[0], (long long)hooks_seen[1]);
+    double w = max_diff(lg, rl, (long)T * V);
+    CHECK(w < 1e-4, "appended logits differ from the whole forward's by %.3g", w);
+    CHECK(ps_api_cache_len(c, s) == T && ps_api_cache_bytes(c) > 0 && ps_api_cache_len(c, 9) == -1, "len %lld, bytes %lld",
+          (long long)ps_api_cache_len(c, s), (long long)ps_api_cache_bytes(c));
+    /* the entries against the forward's hook_ck [1, nW, n_kv, hd] */
+    CHECK(ps_api_cache_entry_width(c, CK) == 16 && ps_api_cache_entry_width(c, "blocks.0.attn.hook_ck") == -1, "entry width %lld",
+          (long long)ps_api_cache_entry_width(c, CK));
+    CHECK(r == 4 && cks[1] == T / 8 && ps_api_cache_n_entries(c, s, 0, 3) == cks[1], "n_entries %lld, hook_ck [%lld, %lld, ...]",
+          (long long)ps_api_cache_n_entries(c, s, 0, 3), (long long)cks[0], (long long)cks[1]);
+    float e[16], zero[16] = {0};
+    for (int j = 0; j < T / 8; j++)
+        for (int hd = 0; hd < 16; hd += 5) {
+            CHECK(!ps_api_cache_entry(c, s, CK, hd, j, e, err, sizeof err), "entry: %s", err);
+            w = max_diff(e, ck + ((int64_t)j * cks[2] + hd) * 16, 16);
+            CHECK(w < 1e-5, "cache_ck entry %d of head %d differs from hook_ck by %.3g", j, hd, w);
+        }
+    /* hooks translated as for a forward: a zero action on hook_z head 2 through the cache = the forward's */
+    ps_api_hooks_clear(h);
+    ps_api_hooks_add_action(h, "blocks.0.attn.hook_z", PS_API_ZERO, 2, 0, 0, 0, 0, NULL, NULL, 0, 0, err, sizeof err);
+    ps_api_output *za = NULL;
+    CHECK(!ps_api_run_with_hooks(m, tok, 1, T, h, &za, err, sizeof err), "forward with the action: %s", err);
+    CHECK(!ps_api_cache_add(c, &g, err, sizeof err), "add: %s", err);
+    CHECK(!ps_api_cache_append(c, g, tok, T, h, lg, err, sizeof err), "append with the action: %s", err);
+    if (za) {
+        w = max_diff(lg, logits_of(za), (long)T * V);
+        CHECK(w < 1e-4 && max_diff(lg, rl, (long)T * V) > 1e-3, "zero action through the cache differs from the forward's by %.3g", w);
+    }
+    ps_api_output_free(za);
+    CHECK(!ps_api_cache_drop(c, g, err, sizeof err), "drop: %s", err);
+    /* fork, truncate, and the fork's next rows equal the forward's */
+    CHECK(!ps_api_cache_fork(c, s, &f, err, sizeof err) && f != s && ps_api_cache_len(c, f) == T, "fork: %s", err);
+    CHECK(!ps_api_cache_truncate(c, f, T - 1, err, sizeof err) && ps_api_cache_len(c, f) == T - 1 && ps_api_cache_len(c, s) == T,
+          "truncate: %s", err);
+    CHECK(!ps_api_cache_append(c, f, tok + T - 1, 1, NULL, lg2, err, sizeof err), "append after truncate: %s", err);
+    w = max_diff(lg2, rl + (T - 1) * V, V);
+    CHECK(w < 1e-4, "the truncated fork's last row differs by %.3g", w);
+    /* edits: zero entry 1 of head 3 in s only: reads back zeros, the fork keeps it, the next logits differ */
+    CHECK(!ps_api_cache_edit(c, s, CK, 3, 1, "zero", NULL, err, sizeof err), "edit zero: %s", err);
+    CHECK(!ps_api_cache_entry(c, s, CK, 3, 1, e, err, sizeof err) && !memcmp(e, zero, sizeof e), "zeroed entry reads back non-zero");
+    CHECK(!ps_api_cache_entry(c, f, CK, 3, 1, e, err, sizeof err) && max_diff(e, ck + (1 * cks[2] + 3) * 16, 16) < 1e-5,
+          "the fork's entry changed with s's edit");
+    CHECK(!ps_api_cache_append(c, s, tok + 3, 1, NULL, lg2, err, sizeof err) &&
+              !ps_api_cache_append(c, f, tok + 3, 1, NULL, lg2 + V, err, sizeof err),
+          "append after the edit: %s", err);
+    CHECK(max_diff(lg2, lg2 + V, V) > 1e-4, "zeroing an entry did not change the next logits");
+    float vec[16];
+    for (int k = 0; k < 16; k++) vec[k] = 0.25f * (float)k - 1.0f;
+    CHECK(!ps_api_cache_edit(c, -1, "blocks.0.attn.cache_cv", 5, 0, "set", vec, err, sizeof err), "edit set: %s", err);
+    CHECK(!ps_api_cache_entry(c, f, "blocks.0.attn.cache_cv", 5, 0, e, err, sizeof err) && !memcmp(e, vec, sizeof e),
+          "the set entry reads back otherwise");
+    /* bad inputs, each named */
+    int rc = ps_api_cache_entry(c, s, "blocks.0.attn.cache_zz", 0, 0, e, err, sizeof err);
+    CHECK(rc == PS_API_EINPUT && strstr(err, "cache_zz"), "bad point: rc %d \"%s\"", rc, err);
+    rc = ps_api_cache_entry(c, s, CK, 99, 0, e, err, sizeof err);
+    CHECK(rc == PS_API_EINPUT && strstr(err, "head 99"), "bad head: rc %d \"%s\"", rc, err);
+    rc = ps_api_cache_entry(c, s, CK, 0, 3, e, err, sizeof err);
+    CHECK(rc == PS_API_EINPUT && strstr(err, "j = 3") && strstr(err, "3 entries"), "j past the entries: rc %d \"%s\"", rc, err);
+    rc = ps_api_cache_entry(c, 77, CK, 0, 0, e, err, sizeof err);
+    CHECK(rc == PS_API_EINPUT && strstr(err, "sequence 77"), "unknown seq: rc %d \"%s\"", rc, err);
+    rc = ps_api_cache_edit(c, 77, CK, 0, 0, "zero", NULL, err, sizeof err);
+    CHECK(rc == PS_API_EINPUT && strstr(err, "sequence 77"), "edit unknown seq: rc %d \"%s\"", rc, err);
+    rc = ps_api_cache_edit(c, s, CK, 0, 0, "mean", NULL, err, sizeof err);
+    CHECK(rc == PS_API_EINPUT && strstr(err, "\"mean\""), "edit kind: rc %d \"%s\"", rc, err);
+    rc = ps_api_cache_edit(c, s, CK, 0, 0, "set", NULL, err, sizeof err);
+    CHECK(rc == PS_API_EINPUT && strstr(err, "vec"), "set without vec: rc %d \"%s\"", rc, err);
+    int32_t badtok = (int32_t)V;
+    rc = ps_api_cache_append(c, s, &badtok, 1, NULL, NULL, err, sizeof err);
+    CHECK(rc == PS_API_EINPUT && strstr(err, "96"), "token out of range: rc %d \"%s\"", rc, err);
+    rc = ps_api_cache_append(c, 77, tok, 1, NULL, NULL, err, sizeof err);
+    CHECK(rc == PS_API_EINPUT && strstr(err, "sequence 77"), "append unknown seq: rc %d \"%s\"", rc, err);
+    rc = ps_api_cache_truncate(c, f, 99, err, sizeof err);
+    CHECK(rc == PS_API_EINPUT && strstr(err, "99"), "truncate past the end: rc %d \"%s\"", rc, err);
+    CHECK(ps_api_cache_len(c, s) == T + 1, "a failed call changed the length: %lld", (long long)ps_api_cache_len(c, s));
+    ps_api_hooks_free(h);
+    free(lg);
+    free(lg2);
+done:
+    ps_api_cache_free(c);
+    ps_api_output_free(ref);
+    /* a full-attention model has a cache but no compressed entries */
+    snprintf(dir, sizeof dir, "%s/data/models/full", SRC);
+    ps_api_close(m), m = NULL;
+    CHECK(!ps_api_open(dir, NULL, &m, err, sizeof err), "open full: %s", err);
+    if (m) {
+        c = NULL;
+        CHECK(!ps_api_cache_new(m, &c, err, sizeof err), "cache on full: %s", err);
+        if (c) {
+            int s0 = -1;
+            CHECK(!ps_api_cache_add(c, &s0, err, sizeof err) && !ps_api_cache_append(c, s0, tok, 9, NULL, NULL, err, sizeof err),
+                  "full: append %s", err);
+            rc = ps_api_cache_entry(c, s0, CK, 0, 0, e, err, sizeof err);
+            CHECK(rc == PS_API_EINPUT && strstr(err, "no compressed entries"), "full: entry rc %d \"%s\"", rc, err);
+        }
+        ps_api_cache_free(c);
+    }
+    ps_api_close(m), m = NULL;
+    /* DeepSeek-V4 (its own cache behind the same calls): appends against the forward, an entry's width */
+    snprintf(dir, sizeof dir, "%s/tests/conformance/v4/mix4", SRC);
+    CHECK(!ps_api_open(dir, NULL, &m, err, sizeof err), "open mix4: %s", err);
+    if (m) {
+        int64_t V4 = ps_api_vocab_size(m);
+        int32_t t4[20];
+        for (int i = 0; i < 20; i++) t4[i] = (int32_t)((i * 7 + 3) % V4);
+        ps_api_output *o4 = NULL;
+        float *l4 = malloc((size_t)(20 * V4) * sizeof *l4);
+        c = NULL;
+        int s4 = -1;
+        CHECK(!ps_api_run_with_hooks(m, t4, 1, 20, NULL, &o4, err, sizeof err), "mix4 forward: %s", err);
+        CHECK(!ps_api_cache_new(m, &c, err, sizeof err) && !ps_api_cache_add(c, &s4, err, sizeof err), "mix4 cache: %s", err);
+        if (o4 && c) {
+            CHECK(!ps_api_cache_append(c, s4, t4, 11, NULL, l4, err, sizeof err) &&
+                      !ps_api_cache_append(c, s4, t4 + 11, 9, NULL, l4 + 11 * V4, err, sizeof err),
+                  "mix4 appends: %s", err);
+            double w4 = max_diff(l4, logits_of(o4), 20 * (long)V4);
+            CHECK(w4 < 1e-4, "mix4: appended logits differ from the forward's by %.3g", w4);
+            CHECK(ps_api_cache_entry_width(c, "layers.1.attn.cache_kv") > 0 && ps_api_cache_n_entries(c, s4, 1, 0) > 0,
+                  "mix4: layers.1.attn.cache_kv width %lld, %lld entries", (long long)ps_api_cache_entry_width(c, "layers.1.attn.cache_kv"),
+                  (long long)ps_api_cache_n_entries(c, s4, 1, 0));
+        }
+        ps_api_cache_free(c);
+        ps_api_output_free(o4);
+        free(l4);
+    }
+    ps_api_close(m);
+}
+
 /* ---- serving ---- */
 
 #ifdef PS_HAVE_SERVE
@@ -1010,6 +1192,7 @@ int main(int argc, char **argv) {
     check_instrument("data/models/w8s8", "knockout", "{\"n\": 8, \"layers\": [0], \"heads\": [0, 1], \"target\": \"raw\"}",
                      "--n 8 --layers 0 --heads 0,1 --target raw", "knockout.json", "grid.cells.residues.delta_nll");
 
+    check_kvcache();
     check_progress();
     check_serve();
 

@@ -14,6 +14,7 @@ stop on Ctrl-C (KeyboardInterrupt), the model usable after.
 from .errors import Cancelled, PhasescopeError
 from . import _lib
 from . import actions
+from .kvcache import KVCache
 from .model import ActivationCache, Model, load
 from .tokenizer import Tokenizer
 from .instruments import (Figure, Result, fillers, gatecycle, gates, instruments, knockout, probe, run, sweep,
@@ -30,6 +31,6 @@ def devices():
     return [d.strip() for d in _lib.text(_lib.lib.ps_api_devices()).split(",") if d.strip()]
 
 
-__all__ = ["PhasescopeError", "Cancelled", "actions", "ActivationCache", "Model", "load", "Tokenizer", "Figure", "Result", "fillers",
+__all__ = ["PhasescopeError", "Cancelled", "actions", "ActivationCache", "KVCache", "Model", "load", "Tokenizer", "Figure", "Result", "fillers",
            "gatecycle", "gates", "instruments", "knockout", "probe", "run", "sweep", "train", "Server", "serve", "devices",
            "library_path", "API_VERSION"]

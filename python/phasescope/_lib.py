@@ -13,7 +13,7 @@ import os
 
 from .errors import PhasescopeError
 
-API_VERSION = 4  # include/phasescope.h's PS_API_VERSION this binding was written against
+API_VERSION = 5  # include/phasescope.h's PS_API_VERSION this binding was written against
 
 EFAIL = 1
 EINPUT = 2
@@ -124,6 +124,19 @@ def _declare(lib):
         "ps_api_output_find": (i, [P, s]),
         "ps_api_output_loss": (ctypes.c_double, [P]),
         "ps_api_output_n_targets": (i64, [P]),
+        "ps_api_cache_new": (i, [P, ctypes.POINTER(P)] + e),
+        "ps_api_cache_free": (None, [P]),
+        "ps_api_cache_add": (i, [P, c_int_p] + e),
+        "ps_api_cache_fork": (i, [P, i, c_int_p] + e),
+        "ps_api_cache_drop": (i, [P, i] + e),
+        "ps_api_cache_truncate": (i, [P, i, i64] + e),
+        "ps_api_cache_len": (i64, [P, i]),
+        "ps_api_cache_bytes": (i64, [P]),
+        "ps_api_cache_append": (i, [P, i, c_int32_p, i64, P, c_float_p] + e),
+        "ps_api_cache_n_entries": (i64, [P, i, i, i]),
+        "ps_api_cache_entry_width": (i64, [P, s]),
+        "ps_api_cache_entry": (i, [P, i, s, i, i64, c_float_p] + e),
+        "ps_api_cache_edit": (i, [P, i, s, i, i64, s, c_float_p] + e),
         "ps_api_instruments_json": (P, []),  # caller frees: a void * so ctypes does not copy and drop it
         "ps_api_instrument": (i, [P, s, s, ctypes.POINTER(P)] + e),
         "ps_api_instrument_ex": (i, [P, s, s, PROGRESS_FN, V, ctypes.POINTER(P)] + e),

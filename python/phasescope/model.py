@@ -202,6 +202,8 @@ class Model:
             if not self._busy.acquire(blocking=False):
                 raise PhasescopeError(f"{self.path}: the model is running; it cannot be closed from a hook or another thread")
             try:
+                for kv in list(getattr(self, "_caches", ())):  # its KV caches first: they use the model
+                    kv.free()
                 _lib.lib.ps_api_close(self._h)
                 self._h = None
             finally:
@@ -367,6 +369,20 @@ class Model:
         if filt_exc:
             raise filt_exc[0]
         return res
+
+    # ---- the KV cache and generation (kvcache.py) ----
+    def kv_cache(self):
+        """A KV cache on this model (ps.KVCache): sequences grown by appends, entries read and edited
+        between steps (free it, or use a with block; closing the model frees it too)."""
+        from .kvcache import KVCache
+        return KVCache(self)
+
+    def generate(self, tokens, max_tokens=16, edits=(), fwd_hooks=()):
+        """Greedy decoding of the prompt `tokens` (1-d ids) through a KV cache: (new token ids, their
+        log-probabilities). edits: (name, head, j) zeroes, (name, head, j, value) sets entry j of a cache
+        point after the prefill, for the rest of the generation; fwd_hooks fire during every append."""
+        from .kvcache import generate
+        return generate(self, tokens, max_tokens, edits, fwd_hooks)
 
 
 def load(path, device="cpu", tokenizer=None, lazy=None, layers=None):

@@ -1,0 +1,117 @@
+"""The KV cache from Python (model.kv_cache(), model.generate()) against the whole-sequence forward
+(run_with_hooks): a prefill in two chunks and single-token decode steps give its logits at those
+positions; an entry equals the forward's hook_ck; a mean ("set") edit changes the next logits and a zero
+edit reads back zeros; fwd_hooks during an append equal the forward's; greedy generate equals an argmax
+loop over run_with_hooks on the growing sequence, and with an edit the CLI's `generate --edit`."""
+import json
+
+import numpy as np
+import pytest
+
+import phasescope as ps
+from conftest import cli, model_path, tokens
+
+CK = "blocks.0.attn.cache_ck"
+TOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def toks(w8s8):
+    return tokens(1, 22, w8s8.vocab_size, salt=5)[0]
+
+
+def test_prefill_decode_equal_forward(w8s8, toks):
+    ref = w8s8.run_with_hooks(toks[None])[0]
+    with w8s8.kv_cache() as kv:
+        s = kv.add()
+        rows = [kv.append(s, toks[:10]), kv.append(s, toks[10:19])]
+        rows += [kv.append(s, toks[t:t + 1]) for t in range(19, 22)]
+        got = np.concatenate(rows)
+        assert got.shape == ref.shape
+        assert np.abs(got - ref).max() < TOL
+        assert kv.len(s) == 22 and kv.nbytes > 0
+        # an entry against the forward's compressed keys as attended
+        _, cache = w8s8.run_with_cache(toks[None], names=["blocks.0.attn.hook_ck"])
+        ck = cache["blocks.0.attn.hook_ck"][0]  # [nW, n_kv, hd]
+        assert kv.n_entries(s, 0, 2) == ck.shape[0] == 2
+        assert np.abs(kv.entry(s, CK, 2, 1) - ck[1, 2]).max() < 1e-5
+        # fork and truncate
+        f = kv.fork(s)
+        kv.truncate(f, 21)
+        assert kv.len(f) == 21 and kv.len(s) == 22
+        assert np.abs(kv.append(f, toks[21:]) - ref[21:]).max() < TOL
+
+
+def test_edits(w8s8, toks):
+    with w8s8.kv_cache() as kv:
+        s = kv.add()
+        kv.append(s, toks[:20])
+        f = kv.fork(s)
+        g = kv.fork(s)
+        n = kv.n_entries(s, 0, 4)
+        mean = np.mean([kv.entry(s, CK, 4, j) for j in range(n)], axis=0)
+        kv.edit(CK, 4, 0, mean, seq=s)  # mean replacement of entry 0 of head 4
+        assert np.array_equal(kv.entry(s, CK, 4, 0), mean.astype(np.float32))
+        kv.edit(CK, 4, 1, seq=g)  # zero
+        assert not kv.entry(g, CK, 4, 1).any() and kv.entry(f, CK, 4, 1).any()
+        nxt = toks[20:21]
+        a, b, c = kv.append(s, nxt), kv.append(f, nxt), kv.append(g, nxt)
+        assert np.abs(a - b).max() > TOL and np.abs(c - b).max() > TOL
+        with pytest.raises(ps.PhasescopeError, match="cache_zz"):
+            kv.entry(s, "blocks.0.attn.cache_zz", 0, 0)
+        with pytest.raises(ps.PhasescopeError, match="head 99"):
+            kv.edit(CK, 99, 0)
+        with pytest.raises(ps.PhasescopeError, match="sequence 42"):
+            kv.append(42, nxt)
+
+
+def test_hooks_during_append(w8s8, toks):
+    hooks = [("blocks.0.attn.hook_z", ps.actions.zero(head=1))]
+    ref = w8s8.run_with_hooks(toks[None], fwd_hooks=hooks)[0]
+    seen = []
+
+    def watch(a, name):
+        seen.append(a.shape)
+
+    with w8s8.kv_cache() as kv:
+        s = kv.add()
+        got = kv.append(s, toks, fwd_hooks=hooks + [("blocks.0.hook_resid_pre", watch)])
+    assert np.abs(got - ref).max() < TOL
+    assert seen == [(1, len(toks), w8s8.cfg["d_model"])]
+
+
+def test_generate_greedy(w8s8, toks):
+    prompt = list(toks[:9])
+    new, lps = w8s8.generate(prompt, max_tokens=4)
+    seq = list(prompt)
+    for _ in range(4):
+        row = w8s8.run_with_hooks([seq])[0, -1].astype(np.float64)
+        seq.append(int(np.argmax(row)))
+    assert new == seq[9:]
+    assert len(lps) == 4 and all(lp <= 0 for lp in lps)
+    # an edit changes what is generated from (or at least the log-probabilities)
+    new2, lps2 = w8s8.generate(prompt, max_tokens=4, edits=[(CK, h, 0) for h in range(16)])
+    assert new2 != new or not np.allclose(lps2, lps)
+
+
+def test_generate_equals_cli(w8s8, toks, tmp_path):
+    """model.generate with a zero edit against `phasescope generate --edit` (core/generate.c)."""
+    prompt = [int(t) for t in toks[:19]]
+    (tmp_path / "t.json").write_text(json.dumps([prompt]))
+    cli("generate", "--model", model_path("data/models/w8s8"), "--tokens", tmp_path / "t.json", "--max-tokens", 6,
+        "--edit", f"{CK}:3:0:zero", "--out", tmp_path / "out")
+    ref = json.loads((tmp_path / "out" / "generate.json").read_text())["sequences"][0]
+    new, lps = w8s8.generate(prompt, max_tokens=6, edits=[(CK, 3, 0)])
+    assert new == ref["tokens"]
+    assert np.abs(np.array(lps) - np.array(ref["logprobs"])).max() < 1e-5
+
+
+def test_model_close_frees_its_caches(toks):
+    m = ps.load(model_path("data/models/w8s8"))
+    kv = m.kv_cache()
+    s = kv.add()
+    kv.append(s, toks[:5])
+    m.close()
+    with pytest.raises(ps.PhasescopeError, match="freed"):
+        kv.append(s, toks[5:6])
+    kv.free()  # again: nothing
