@@ -281,35 +281,27 @@ else
   say "test_backend_ops: skipped ($(left 999) s left)"
 fi
 
-# 3d. the KV cache on the device: the cpu-staged and cuda runs of test_kvcache's backend comparison (the same
-# appends, forks, edits and hooks as on the cpu; logits and entries within its tolerance)
-if [ "$(left 999)" -gt 120 ]; then
-  TK=$(date +%s)
-  (cd "$BUILD" && PS_REQUIRE_CUDA=1 OMP_NUM_THREADS=8 OMP_WAIT_POLICY=PASSIVE timeout "$(left 60)" ./tests/test_kvcache --backends) \
-    > "$O/test_kvcache.log" 2>&1
-  KT_RC=$?
-  say "test_kvcache --backends (cuda): rc $KT_RC$([ $KT_RC = 124 ] && echo ' (timed out)') in $(($(date +%s) - TK)) s: $(tail -n 1 "$O/test_kvcache.log" | cut -c1-200)"
-  grep -E '^  cuda ' "$O/test_kvcache.log" | cut -c1-200 | tee -a "$S"
-  grep -m 6 '^FAIL' "$O/test_kvcache.log" | cut -c1-300 | sed 's/^/  /' | tee -a "$S"
-  [ $KT_RC = 0 ] || STATUS=FAIL
-else
-  say "test_kvcache: skipped ($(left 999) s left)"
-fi
-
-# 3e. the DeepSeek-V4 KV cache on the device: test_v4_kvcache's backend comparison (cpu-staged bit for bit, cuda
-# within its tolerance; the conformance checkpoints mix4 and hub3)
-if [ "$(left 999)" -gt 120 ]; then
-  TV=$(date +%s)
-  (cd "$BUILD" && PS_REQUIRE_CUDA=1 OMP_NUM_THREADS=8 OMP_WAIT_POLICY=PASSIVE timeout "$(left 60)" ./tests/test_v4_kvcache --backends) \
-    > "$O/test_v4_kvcache.log" 2>&1
-  VT_RC=$?
-  say "test_v4_kvcache --backends (cuda): rc $VT_RC$([ $VT_RC = 124 ] && echo ' (timed out)') in $(($(date +%s) - TV)) s: $(tail -n 1 "$O/test_v4_kvcache.log" | cut -c1-200)"
-  grep -E '^  cuda ' "$O/test_v4_kvcache.log" | cut -c1-200 | tee -a "$S"
-  grep -m 6 '^FAIL' "$O/test_v4_kvcache.log" | cut -c1-300 | sed 's/^/  /' | tee -a "$S"
-  [ $VT_RC = 0 ] || STATUS=FAIL
-else
-  say "test_v4_kvcache: skipped ($(left 999) s left)"
-fi
+# 3d / 3e. a KV cache's backend comparison on the device (the cpu-staged run bit for bit, the cuda run within
+# the test's tolerance): NAME is tests/NAME --backends, run when 120 s are left
+backend_stage() {
+  local name=$1 t0 rc
+  if [ "$(left 999)" -gt 120 ]; then
+    t0=$(date +%s)
+    (cd "$BUILD" && PS_REQUIRE_CUDA=1 OMP_NUM_THREADS=8 OMP_WAIT_POLICY=PASSIVE timeout "$(left 60)" "./tests/$name" --backends) \
+      > "$O/$name.log" 2>&1
+    rc=$?
+    say "$name --backends (cuda): rc $rc$([ $rc = 124 ] && echo ' (timed out)') in $(($(date +%s) - t0)) s: $(tail -n 1 "$O/$name.log" | cut -c1-200)"
+    grep -E '^  cuda ' "$O/$name.log" | cut -c1-200 | tee -a "$S"
+    grep -m 6 '^FAIL' "$O/$name.log" | cut -c1-300 | sed 's/^/  /' | tee -a "$S"
+    [ $rc = 0 ] || STATUS=FAIL
+  else
+    say "$name: skipped ($(left 999) s left)"
+  fi
+}
+# 3d. the controlled model's cache: the same appends, forks, edits and hooks as on the cpu
+backend_stage test_kvcache
+# 3e. the DeepSeek-V4 cache: the conformance checkpoints mix4 and hub3
+backend_stage test_v4_kvcache
 
 # 4. bench: GEMM rates per precision, one training step per precision x attention
 BG_RC=0 PEER_RC=0
