@@ -96,6 +96,9 @@ int ps_cpu_attn_chunk(ps_ctx *ctx, float *z, const float *q, const float *k, con
 #include "core/cpu/cpu_attention.h"
 
 /* ---------------- DeepSeek-V4 (SPEC-v4): core/cpu/ops_cpu_v4.c ---------------- */
+/* one query row's heads against its listed keys and the sink (the forward's and the cache's attention) */
+void ps_cpu_v4_attend_keys(float *out, float *sinkp, int64_t sink_stride, const float *q, const float *const *key, int64_t nk,
+                           const float *sink, int64_t H, int64_t Dh, float scale, float *sc);
 int ps_cpu_v4_rope_table(ps_ctx *ctx, float *cos_t, float *sin_t, int64_t n_pos, int64_t half, const double *inv_freq,
     float mscale);
 int ps_cpu_v4_rope(ps_ctx *ctx, float *x, const float *cos_t, const float *sin_t, int64_t n_seq, int64_t rows_per_seq,

@@ -65,25 +65,7 @@ int ps_cpu_v4_kv_attend(ps_ctx *ctx, float *out, float *sinkp, const float *q, c
         float *sc = ws + per * (int64_t)omp_get_thread_num();
         const float **key = (const float **)(void *)(sc + even);
         int64_t nk = row_keys(a, topk, r, key);
-        for (int64_t h = 0; h < H; h++) {
-            const float *qh = q + (r * H + h) * Dh;
-            float mx = sink[h];
-            for (int64_t i = 0; i < nk; i++) {
-                sc[i] = ps_dot(qh, key[i], Dh) * scale;
-                if (sc[i] > mx) mx = sc[i];
-            }
-            double sum = exp((double)sink[h] - mx);
-            for (int64_t i = 0; i < nk; i++) sum += (sc[i] = expf(sc[i] - mx));
-            float inv = (float)(1.0 / sum);
-            float *o = out + (r * H + h) * Dh;
-            for (int64_t d = 0; d < Dh; d++) o[d] = 0.0f;
-            for (int64_t i = 0; i < nk; i++) {
-                float p = sc[i] * inv;
-                const float *k = key[i];
-                for (int64_t d = 0; d < Dh; d++) o[d] += p * k[d];
-            }
-            sinkp[h * n + r] = (float)(exp((double)sink[h] - mx) / sum);
-        }
+        ps_cpu_v4_attend_keys(out + r * H * Dh, sinkp + r, n, q + r * H * Dh, key, nk, sink, H, Dh, scale, sc);
     }
     return 0;
 }

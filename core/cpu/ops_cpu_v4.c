@@ -376,6 +376,32 @@ static inline int64_t visible_entries(const ps_v4_attn_geom *g, int64_t t) {
     return n < g->nW ? n : g->nW;
 }
 
+/* One query row's H heads against its nk keys (K = V rows, key[i]) and the sink: out [H, Dh] the heads,
+ * sinkp[h · sink_stride] (sinkp NULL: not written) the sink's probability; sc [nk] scratch. The forward
+ * (ps_cpu_v4_attn) and the KV cache (ps_cpu_v4_kv_attend, kv_v4.c) differ only in how they list the keys. */
+void ps_cpu_v4_attend_keys(float *out, float *sinkp, int64_t sink_stride, const float *q, const float *const *key, int64_t nk,
+                           const float *sink, int64_t H, int64_t Dh, float scale, float *sc) {
+    for (int64_t h = 0; h < H; h++) {
+        const float *qh = q + h * Dh;
+        float mx = sink[h];
+        for (int64_t i = 0; i < nk; i++) {
+            sc[i] = ps_dot(qh, key[i], Dh) * scale;
+            if (sc[i] > mx) mx = sc[i];
+        }
+        double sum = exp((double)sink[h] - mx);
+        for (int64_t i = 0; i < nk; i++) sum += (sc[i] = expf(sc[i] - mx));
+        float inv = (float)(1.0 / sum);
+        float *o = out + h * Dh;
+        for (int64_t d = 0; d < Dh; d++) o[d] = 0.0f;
+        for (int64_t i = 0; i < nk; i++) {
+            float p = sc[i] * inv;
+            const float *k = key[i];
+            for (int64_t d = 0; d < Dh; d++) o[d] += p * k[d];
+        }
+        if (sinkp) sinkp[h * sink_stride] = (float)(exp((double)sink[h] - mx) / sum);
+    }
+}
+
 int ps_cpu_v4_attn(ps_ctx *ctx, float *out, float *sinkp, const float *q, const float *kv, const float *ckv,
                    const float *topk, const float *sink, const ps_v4_attn_geom *g) {
     int64_t B = g->B, T = g->T, H = g->H, Dh = g->Dh, nW = g->nW, K = g->K, W = g->W;
@@ -399,25 +425,8 @@ int ps_cpu_v4_attn(ps_ctx *ctx, float *out, float *sinkp, const float *q, const 
             int64_t nv = visible_entries(g, t);
             for (int64_t w = 0; w < nv; w++) key[nk++] = ckv + (b * nW + w) * Dh;
         }
-        for (int64_t h = 0; h < H; h++) {
-            const float *qh = q + (bt * H + h) * Dh;
-            float mx = sink[h];
-            for (int64_t i = 0; i < nk; i++) {
-                sc[i] = ps_dot(qh, key[i], Dh) * g->scale;
-                if (sc[i] > mx) mx = sc[i];
-            }
-            double sum = exp((double)sink[h] - mx);
-            for (int64_t i = 0; i < nk; i++) sum += (sc[i] = expf(sc[i] - mx));
-            float inv = (float)(1.0 / sum);
-            float *o = out + (bt * H + h) * Dh;
-            for (int64_t d = 0; d < Dh; d++) o[d] = 0.0f;
-            for (int64_t i = 0; i < nk; i++) {
-                float p = sc[i] * inv;
-                const float *k = key[i];
-                for (int64_t d = 0; d < Dh; d++) o[d] += p * k[d];
-            }
-            if (sinkp) sinkp[(b * H + h) * T + t] = (float)(exp((double)sink[h] - mx) / sum);
-        }
+        ps_cpu_v4_attend_keys(out + bt * H * Dh, sinkp ? sinkp + b * H * T + t : NULL, T, q + bt * H * Dh, key, nk, sink, H, Dh,
+                              g->scale, sc);
     }
     return 0;
 }
