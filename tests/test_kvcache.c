@@ -35,17 +35,6 @@
 
 static double worst_logits = 0, worst_entries = 0;
 
-/* max |a - b| / max |b| over one row */
-static double row_rel(const float *a, const float *b, int64_t n) {
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < n; i++) {
-        double e = fabs((double)a[i] - b[i]);
-        num = e > num ? e : num;
-        den = fabs((double)b[i]) > den ? fabs((double)b[i]) : den;
-    }
-    return den > 0 ? num / den : num;
-}
-
 typedef struct {
     ps_acts a;
     int32_t *tok;
@@ -207,7 +196,7 @@ static void property_run(const char *label, ps_config c, uint64_t seed, int nb, 
         for (int i = 0; i < nb; i++) {
             if (done[i] == T[i]) continue;
             for (int64_t t = done[i]; t < done[i] + n[i]; t++, row++) {
-                double e = row_rel(lg + row * V, ref[i].a.p.logits + t * V, V);
+                double e = tu_row_rel(lg + row * V, ref[i].a.p.logits + t * V, V);
                 worst = e > worst ? e : worst;
             }
             done[i] += n[i];
@@ -293,7 +282,7 @@ static void test_fork_truncate(void) {
         CHECK_OK(ps_kvcache_append(&kv, 2, ids, nn, cat, NULL, lg, false, &err), &err);
         double worst = 0;
         for (int64_t t = 0; t < A; t++) {
-            double e0 = row_rel(lg + t * V, r0.a.p.logits + (P + t) * V, V), e1 = row_rel(lg + (A + t) * V, r1.a.p.logits + (P + t) * V, V);
+            double e0 = tu_row_rel(lg + t * V, r0.a.p.logits + (P + t) * V, V), e1 = tu_row_rel(lg + (A + t) * V, r1.a.p.logits + (P + t) * V, V);
             worst = fmax(worst, fmax(e0, e1));
         }
         CHECK(worst < TOL, "kind %d: forked branches differ from their forwards by %.3g", kind, worst);
@@ -319,7 +308,7 @@ static void test_fork_truncate(void) {
         int64_t back = ps_kvcache_len(&kv, b), more = P + A - back;
         CHECK_OK(ps_kvcache_append(&kv, 1, &b, &more, cont + back, NULL, lg, false, &err), &err);
         worst = 0;
-        for (int64_t t = 0; t < more; t++) worst = fmax(worst, row_rel(lg + t * V, want->a.p.logits + (back + t) * V, V));
+        for (int64_t t = 0; t < more; t++) worst = fmax(worst, tu_row_rel(lg + t * V, want->a.p.logits + (back + t) * V, V));
         CHECK(worst < TOL, "kind %d: after truncate to %lld and re-append the logits differ by %.3g", kind, (long long)back, worst);
         check_entries("re-appended b", &kv, b, &c, want, P + A);
         ps_kvcache_drop(&kv, a);
@@ -386,7 +375,7 @@ static int on_ck(const ps_hook_event *ev, void *user, ps_error *err) {
         return 0;
     }
     ps_act_ptrs p = ps_acts_layer(&w->ref->a, ev->layer);
-    if (row_rel(ev->data, p.ck + e->entry * nkv * hd, nkv * hd) > TOL) w->bad++;
+    if (tu_row_rel(ev->data, p.ck + e->entry * nkv * hd, nkv * hd) > TOL) w->bad++;
     return 0;
 }
 
@@ -439,10 +428,10 @@ static void test_hooks(void) {
     CHECK(w.fired == windows && w.bad == 0, "hook_ck fired %d times (windows %lld), %d firings differ from the forward's entry", w.fired,
           (long long)windows, w.bad);
     double worst = 0;
-    for (int64_t t = 0; t < T; t++) worst = fmax(worst, row_rel(lg + t * V, rz.a.p.logits + t * V, V));
+    for (int64_t t = 0; t < T; t++) worst = fmax(worst, tu_row_rel(lg + t * V, rz.a.p.logits + t * V, V));
     CHECK(worst < TOL, "actions at hook_v, hook_z, hook_attn_out, hook_resid_pre, hook_mlp_out: cache and forward differ by %.3g", worst);
     double moved = 0; /* the actions change the logits (else the comparison above proves nothing) */
-    for (int64_t t = 0; t < T; t++) moved = fmax(moved, row_rel(rz.a.p.logits + t * V, r.a.p.logits + t * V, V));
+    for (int64_t t = 0; t < T; t++) moved = fmax(moved, tu_row_rel(rz.a.p.logits + t * V, r.a.p.logits + t * V, V));
     CHECK(moved > 1e-2, "the actions left the logits unchanged (%.3g)", moved);
     /* the pattern hook is refused */
     ps_hooks hp;
@@ -501,13 +490,13 @@ static void test_edits(void) {
         CHECK_OK(ps_kvcache_append(&kv, 1, &s, &one, tok + t, NULL, lg + t * V, false, &err), &err);
     }
     double worst = 0;
-    for (int64_t t = P; t < T; t++) worst = fmax(worst, row_rel(lg + t * V, r.a.p.logits + t * V, V));
+    for (int64_t t = P; t < T; t++) worst = fmax(worst, tu_row_rel(lg + t * V, r.a.p.logits + t * V, V));
     CHECK(worst < TOL, "cache edits between steps: logits differ from the forward with the same entries overwritten by %.3g", worst);
     {
         ref_seq clean;
         ref_run(&clean, &m, &c, tok, T, NULL);
         double moved = 0;
-        for (int64_t t = P; t < T; t++) moved = fmax(moved, row_rel(lg + t * V, clean.a.p.logits + t * V, V));
+        for (int64_t t = P; t < T; t++) moved = fmax(moved, tu_row_rel(lg + t * V, clean.a.p.logits + t * V, V));
         CHECK(moved > 100 * TOL, "the edits change the logits (by %.3g): the check above can fail", moved);
         ref_free(&clean);
     }
@@ -538,12 +527,12 @@ static void test_edits(void) {
     int64_t rest = T - P;
     CHECK_OK(ps_kvcache_append(&kv, 1, &s, &rest, tok + P, NULL, lg + P * V, false, &err), &err);
     worst = 0;
-    for (int64_t t = P; t < T; t++) worst = fmax(worst, row_rel(lg + t * V, r.a.p.logits + t * V, V));
+    for (int64_t t = P; t < T; t++) worst = fmax(worst, tu_row_rel(lg + t * V, r.a.p.logits + t * V, V));
     CHECK(worst < TOL, "channel attention: zeroing cache_ck entry 4 differs from the forward with it zeroed by %.3g", worst);
     ref_seq clean;
     ref_run(&clean, &m, &c, tok, T, NULL);
     double moved = 0;
-    for (int64_t t = P; t < T; t++) moved = fmax(moved, row_rel(lg + t * V, clean.a.p.logits + t * V, V));
+    for (int64_t t = P; t < T; t++) moved = fmax(moved, tu_row_rel(lg + t * V, clean.a.p.logits + t * V, V));
     CHECK(moved > 100 * TOL, "the channel edit changes the logits (by %.3g): the check above can fail", moved);
     ref_free(&clean);
     ps_hooks_free(&h);
@@ -709,8 +698,8 @@ static void test_blocked(void) {
         CHECK(blocked[0] == 2 * 4 && blocked[1] == 0, "case %d: %lld pieces attended blocked (expected 8: 2 layers x 3 prefill pieces + "
               "the 20-row append), %lld with plain_attention (expected 0)", ci, (long long)blocked[0], (long long)blocked[1]);
         for (int64_t t = 0; t < T; t++) {
-            worst_ref = fmax(worst_ref, row_rel(lg[0] + t * V, lg[1] + t * V, V));
-            worst_fwd = fmax(worst_fwd, row_rel(lg[0] + t * V, r.a.p.logits + t * V, V));
+            worst_ref = fmax(worst_ref, tu_row_rel(lg[0] + t * V, lg[1] + t * V, V));
+            worst_fwd = fmax(worst_fwd, tu_row_rel(lg[0] + t * V, r.a.p.logits + t * V, V));
         }
         free(lg[0]), free(lg[1]), free(tok);
         ref_free(&r);
@@ -744,9 +733,9 @@ static void test_long(void) {
     int64_t V = c.vocab_size, n = T - 1, one = 1;
     float *lg = malloc((size_t)V * sizeof(float));
     CHECK_OK(ps_kvcache_append(&kv, 1, &s, &n, tok, NULL, lg, true, &err), &err);
-    double e1 = row_rel(lg, r.a.p.logits + (T - 2) * V, V);
+    double e1 = tu_row_rel(lg, r.a.p.logits + (T - 2) * V, V);
     CHECK_OK(ps_kvcache_append(&kv, 1, &s, &one, tok + T - 1, NULL, lg, true, &err), &err);
-    double e2 = row_rel(lg, r.a.p.logits + (T - 1) * V, V);
+    double e2 = tu_row_rel(lg, r.a.p.logits + (T - 1) * V, V);
     CHECK(e1 < TOL && e2 < TOL, "T = %lld: prefill's last logits differ by %.3g, the decode step's by %.3g", (long long)T, e1, e2);
     printf("  T=%lld: last logits of the prefill %.3g, of one decode step %.3g; cache %lld bytes\n", (long long)T, e1, e2,
            (long long)ps_kvcache_bytes(&kv));
@@ -834,13 +823,6 @@ static int64_t staged_run(const ps_model *m, const ps_config *c, const int32_t *
     return out;
 }
 
-/* max over rows of row_rel(a row, b row), rows of n floats */
-static double rows_rel(const float *a, const float *b, int64_t rows, int64_t n) {
-    double w = 0;
-    for (int64_t r = 0; r < rows; r++) w = fmax(w, row_rel(a + r * n, b + r * n, n));
-    return w;
-}
-
 /* The cache on another backend against the cpu backend, the same appends, forks, edits and hooks
  * (staged_run): full attention, the base grid, a staggered grid, content chunks and the channel attention.
  * On the test backend
@@ -883,8 +865,8 @@ static int test_backend_cache(const char *name) {
         }
         CHECK(nl[0] == nl[1] && nl[0] > T * V, "%s %s: %lld and %lld logits", name, kinds[kind], (long long)nl[0], (long long)nl[1]);
         CHECK(ne[0] == ne[1], "%s %s: %lld and %lld entry floats", name, kinds[kind], (long long)ne[0], (long long)ne[1]);
-        double dl = nl[0] == nl[1] ? rows_rel(lg[1], lg[0], nl[0] / V, V) : INFINITY;
-        double de = ne[0] == ne[1] ? row_rel(ent[1], ent[0], ne[0]) : INFINITY;
+        double dl = nl[0] == nl[1] ? tu_rows_rel(lg[1], lg[0], nl[0] / V, V) : INFINITY;
+        double de = ne[0] == ne[1] ? tu_row_rel(ent[1], ent[0], ne[0]) : INFINITY;
         double dg = fabs(gsum[1] - gsum[0]) / fmax(fabs(gsum[0]), 1e-30);
         if (exact) {
             CHECK(nl[0] == nl[1] && memcmp(lg[0], lg[1], (size_t)nl[0] * sizeof(float)) == 0, "%s %s: logits differ from the cpu's (%.3g)",

@@ -45,16 +45,6 @@
 
 static double worst_logits = 0, worst_entries = 0;
 
-static double row_rel(const float *a, const float *b, int64_t n) {
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < n; i++) {
-        double e = fabs((double)a[i] - b[i]);
-        num = e > num ? e : num;
-        den = fabs((double)b[i]) > den ? fabs((double)b[i]) : den;
-    }
-    return den > 0 ? num / den : num;
-}
-
 /* ---- the reference forward, keeping what its hooks show ---- */
 
 typedef struct {
@@ -174,7 +164,7 @@ static int watch_cb(const ps_hook_event *ev, void *user, ps_error *err) {
             w->bad++;
             return 0;
         }
-        double d = row_rel(ev->data, k->data + e->entry * k->width, k->width);
+        double d = tu_row_rel(ev->data, k->data + e->entry * k->width, k->width);
         if (d > w->worst) w->worst = d;
         w->fired[e->seq]++;
         return 0;
@@ -209,7 +199,7 @@ static void check_entries(const char *label, ps_kvcache *kv, int s, const ps_v4_
                     CHECK(0, "%s: %s", label, err.msg);
                     return;
                 }
-                double d = row_rel(got, k->data + j * k->width, k->width);
+                double d = tu_row_rel(got, k->data + j * k->width, k->width);
                 if (d > worst_entries) worst_entries = d;
                 CHECK(d < TOL, "%s: layer %d %s entry %lld differs from the forward's by %.3g", label, l, v ? "indexer key" : "entry",
                       (long long)j, d);
@@ -306,7 +296,7 @@ static void property(const char *name, uint64_t seed) {
             int64_t T = ps_kvcache_len(&kv, i);
             for (int64_t r = 0; r < n[i]; r++) {
                 int64_t t = T - n[i] + r;
-                double d = row_rel(lg + (off + r) * V, ref[i].logits + t * V, V);
+                double d = tu_row_rel(lg + (off + r) * V, ref[i].logits + t * V, V);
                 if (d > worst) worst = d;
                 CHECK(d < TOL, "%s: sequence %d position %lld: logits differ from the forward's by %.3g", name, i, (long long)t, d);
             }
@@ -372,7 +362,7 @@ static void variant(char *dir, size_t n, const char *name, int64_t W, int64_t to
 static void compare_rows(const char *label, const float *lg, const ref_run *r, int64_t t0, int64_t n, int64_t V) {
     double worst = 0;
     for (int64_t i = 0; i < n; i++) {
-        double d = row_rel(lg + i * V, r->logits + (t0 + i) * V, V);
+        double d = tu_row_rel(lg + i * V, r->logits + (t0 + i) * V, V);
         worst = d > worst ? d : worst;
     }
     if (worst > worst_logits) worst_logits = worst;
@@ -746,13 +736,6 @@ static int64_t staged_run(ps_v4_model *m, const int32_t *tok, int64_t T, float *
     return out;
 }
 
-/* max over rows of row_rel(a row, b row), rows of n floats */
-static double rows_rel(const float *a, const float *b, int64_t rows, int64_t n) {
-    double w = 0;
-    for (int64_t r = 0; r < rows; r++) w = fmax(w, row_rel(a + r * n, b + r * n, n));
-    return w;
-}
-
 /* The cache on backend `name` against the cpu backend, the same appends, fork, edits, truncate and hooks
  * (staged_run), on mix4 (sliding, CSA and HCA layers) and hub3. On the test backend cpu-staged — the cpu's
  * ops and memory behind a context that says its buffers are not host-visible, so every page write, op over
@@ -796,8 +779,8 @@ static int test_backend_cache(const char *name) {
         }
         CHECK(nl[0] == nl[1] && nl[0] > T * V, "%s %s: %lld and %lld logits", name, models[k], (long long)nl[0], (long long)nl[1]);
         CHECK(ne[0] == ne[1] && ne[0] > 0, "%s %s: %lld and %lld entry floats", name, models[k], (long long)ne[0], (long long)ne[1]);
-        double dl = nl[0] == nl[1] ? rows_rel(lg[1], lg[0], nl[0] / V, V) : INFINITY;
-        double de = ne[0] == ne[1] ? row_rel(ent[1], ent[0], ne[0]) : INFINITY;
+        double dl = nl[0] == nl[1] ? tu_rows_rel(lg[1], lg[0], nl[0] / V, V) : INFINITY;
+        double de = ne[0] == ne[1] ? tu_row_rel(ent[1], ent[0], ne[0]) : INFINITY;
         double dg = fabs(sums[1][0] - sums[0][0]) / fmax(fabs(sums[0][0]), 1e-30);
         CHECK(sums[0][0] != 0 && sums[0][1] != 0, "%s %s: the callbacks fired (%g, %g)", name, models[k], sums[0][0], sums[0][1]);
         if (exact) {
@@ -876,8 +859,8 @@ static void test_cuda_bodies(void) {
         CHECK(ps_v4_kv_attend(c, o1, s1, q, K ? topk : NULL, sink, &a) == 0, "v4_kv_attend on the cpu: %s", c->err.msg);
         for (int64_t task = 0; task < n * H; task++) ps_v4kb_kv_attend(o2, s2, q, K ? topk : NULL, sink, &a, task);
         CHECK(!memcmp(o1, o2, (size_t)(n * H * Dh) * sizeof(float)) && !memcmp(s1, s2, (size_t)(n * H) * sizeof(float)),
-              "the CUDA body of v4_kv_attend differs from the cpu's (shape %d: out %.3g, sinkp %.3g)", s, row_rel(o2, o1, n * H * Dh),
-              row_rel(s2, s1, n * H));
+              "the CUDA body of v4_kv_attend differs from the cpu's (shape %d: out %.3g, sinkp %.3g)", s, tu_row_rel(o2, o1, n * H * Dh),
+              tu_row_rel(s2, s1, n * H));
         checked += n * H * (Dh + 1);
         /* the gates: HCA window 5, CSA window 5, CSA window 0 (rows from 8, or 0 for window 0, in pages of 8) */
         ps_kv_chan k = {.hd = 6, .rate = 4, .csa = s > 0, .wi = s == 2 ? 0 : 5};

@@ -189,3 +189,19 @@ tu_tally tu_fd_model(const char *label, ps_config c, uint64_t seed, int T, const
     ps_model_free(&m);
     return tl;
 }
+
+double tu_row_rel(const float *a, const float *b, int64_t n) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double e = fabs((double)a[i] - b[i]);
+        num = e > num ? e : num;
+        den = fabs((double)b[i]) > den ? fabs((double)b[i]) : den;
+    }
+    return den > 0 ? num / den : num;
+}
+
+double tu_rows_rel(const float *a, const float *b, int64_t rows, int64_t n) {
+    double w = 0;
+    for (int64_t r = 0; r < rows; r++) w = fmax(w, tu_row_rel(a + r * n, b + r * n, n));
+    return w;
+}

@@ -16,6 +16,10 @@ void tu_random_model(ps_model *m, const ps_config *cfg, uint64_t seed, float sca
 void tu_random_tokens(int32_t *tok, int64_t n, int64_t vocab, uint64_t seed);
 /* A fresh directory under /tmp (or $TMPDIR); returns a static-lifetime string owned by the caller buffer. */
 void tu_tempdir(char *out, size_t n, const char *tag);
+/* max |a - b| / max |b| over one row of n floats (max |a - b| when b is all zero); tu_rows_rel: its maximum
+ * over rows rows of n floats */
+double tu_row_rel(const float *a, const float *b, int64_t n);
+double tu_rows_rel(const float *a, const float *b, int64_t rows, int64_t n);
 /* The shared conformance folder (tests/conformance in the repository; PS_CONFORMANCE_DIR overrides). */
 const char *tu_conformance_dir(void);
 
