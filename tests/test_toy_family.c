@@ -171,27 +171,6 @@ static int same_curve(const ps_api_result *r, const char *prefix, int64_t c, int
 /* ---- the same family served through the API: ps_api_serve_start_in with the caller's family list (port 0),
  * one completion over loopback, its greedy tokens and log-probabilities against the table ---- */
 
-#ifdef PS_TEST_CURL
-/* the toy's greedy next token after a (lowest index on ties); *unique: the maximum is unique */
-static int toy_argmax(int a, int *unique) {
-    int best = 0, n = 0;
-    for (int b = 1; b < TOY_V; b++)
-        if (toy_weight(a, b) > toy_weight(a, best)) best = b;
-    for (int b = 0; b < TOY_V; b++) n += toy_weight(a, b) == toy_weight(a, best);
-    *unique = n == 1;
-    return best;
-}
-
-/* log-softmax of the table's row a at b, in double */
-static double toy_logprob(int a, int b) {
-    double mx = -1e30, z = 0;
-    for (int v = 0; v < TOY_V; v++) mx = fmax(mx, toy_weight(a, v));
-    for (int v = 0; v < TOY_V; v++) z += exp(toy_weight(a, v) - mx);
-    return toy_weight(a, b) - mx - log(z);
-}
-
-#endif
-
 /* the API's serve options and `phasescope serve`'s flags are one set: every table entry is a flag of the
  * command, and every flag of the command is an entry, but the checkpoint, the device and the port file (the
  * call's path and device; the CLI's own) */
@@ -241,11 +220,7 @@ static void test_serve(const char *dir) {
 #ifdef PS_TEST_CURL
     /* a prompt whose greedy continuation is unambiguous for two tokens */
     int last = -1, g1 = -1, g2 = -1;
-    for (int a = 0; a < TOY_V && last < 0; a++) {
-        int u1, u2, b = toy_argmax(a, &u1), c = toy_argmax(b, &u2);
-        if (u1 && u2) last = a, g1 = b, g2 = c;
-    }
-    CHECK(last >= 0, "a toy prompt with an unambiguous greedy continuation");
+    CHECK(!toy_greedy_pair(&last, &g1, &g2), "a toy prompt with an unambiguous greedy continuation");
     char body[256];
     snprintf(body, sizeof body,
              "{\"model\": \"toy\", \"prompt\": [3, 5, %d], \"max_tokens\": 2, \"temperature\": 0, \"logprobs\": 1, "

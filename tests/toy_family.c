@@ -3,6 +3,7 @@
 #include "toy_family.h"
 
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -200,3 +201,31 @@ const ps_family ps_toy_family = {
 /* the toy first: the controlled model's detector takes every directory */
 static const ps_family *const TOY_FAMILIES[] = {&ps_toy_family, &ps_family_v4, &ps_family_model, NULL};
 const ps_family *const *toy_family_list(void) { return TOY_FAMILIES; }
+
+/* the toy's greedy next token after a (lowest index on ties); *unique: the maximum is unique */
+static int toy_argmax(int a, int *unique) {
+    int best = 0, n = 0;
+    for (int b = 1; b < TOY_V; b++)
+        if (toy_weight(a, b) > toy_weight(a, best)) best = b;
+    for (int b = 0; b < TOY_V; b++) n += toy_weight(a, b) == toy_weight(a, best);
+    *unique = n == 1;
+    return best;
+}
+
+int toy_greedy_pair(int *a, int *g1, int *g2) {
+    for (int x = 0; x < TOY_V; x++) {
+        int u1, u2, b = toy_argmax(x, &u1), c = toy_argmax(b, &u2);
+        if (u1 && u2) {
+            *a = x, *g1 = b, *g2 = c;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+double toy_logprob(int a, int b) {
+    double mx = -1e30, z = 0;
+    for (int v = 0; v < TOY_V; v++) mx = fmax(mx, toy_weight(a, v));
+    for (int v = 0; v < TOY_V; v++) z += exp(toy_weight(a, v) - mx);
+    return toy_weight(a, b) - mx - log(z);
+}

@@ -18,6 +18,11 @@ enum { TOY_V = 24, TOY_MAX_POS = 64 };
 /* the table's entry [a, b]: the logit of token b after token a */
 float toy_weight(int64_t a, int64_t b);
 extern const ps_family ps_toy_family;
+/* log-softmax of the table's row a at b, in double (what the model gives token b after token a) */
+double toy_logprob(int a, int b);
+/* a prompt's last token a whose greedy continuation a -> g1 -> g2 is unambiguous for two tokens (a unique
+ * maximum in both rows; the lowest such a): 0, or -1 when the table has none */
+int toy_greedy_pair(int *a, int *g1, int *g2);
 /* how many toy checkpoints were opened so far (tests only: a call that should run on an open model must not
  * open another) */
 extern int toy_opens;
