@@ -7,6 +7,7 @@
 #include <string.h>
 
 int ps_generate_edit_parse(const ps_config *c, const char *spec, ps_generate_edit *e, ps_error *err) {
+    memset(e, 0, sizeof *e);
     char point[96], mode[16];
     long g, j;
     int off = 0;
@@ -25,6 +26,7 @@ int ps_generate_edit_parse(const ps_config *c, const char *spec, ps_generate_edi
 
 int ps_generate_edit_parse_kv(const ps_kvcache *kv, const char *spec, ps_generate_edit *e, ps_error *err) {
     if (!kv->v4) return ps_generate_edit_parse(&kv->m->cfg, spec, e, err);
+    memset(e, 0, sizeof *e);
     char point[96], mode[16];
     long g, j;
     int off = 0;
@@ -146,7 +148,7 @@ int ps_generate(ps_kvcache *kv, int n, int32_t *const *prompt, const int64_t *le
     for (int k = 0; k < n_edits && !rc; k++) {
         const ps_generate_edit *e = &edits[k];
         if (!e->mean) {
-            rc = ps_kvcache_edit(kv, -1, e->layer, e->head, e->value, e->entry, PS_KV_EDIT_ZERO, NULL, err);
+            rc = ps_kvcache_edit(kv, -1, e->layer, e->head, e->value, e->entry, e->vec ? PS_KV_EDIT_SET : PS_KV_EDIT_ZERO, e->vec, err);
             continue;
         }
         int have = 0;
@@ -175,6 +177,8 @@ int ps_generate(ps_kvcache *kv, int n, int32_t *const *prompt, const int64_t *le
     char *alive = malloc((size_t)n);
     if (!rc && !alive) rc = ps_fail(err, "out of memory for generating from %d prompts", n);
     for (int i = 0; i < n && !rc; i++) alive[i] = 1;
+    if (!rc && o->progress && o->progress(0, o->max_tokens, o->progress_user))
+        rc = ps_fail(err, "cancelled after 0 of %lld tokens", (long long)o->max_tokens);
     for (int64_t step = 0; step < o->max_tokens && !rc; step++) {
         int na = 0;
         for (int i = 0; i < n; i++) {
@@ -190,6 +194,10 @@ int ps_generate(ps_kvcache *kv, int n, int32_t *const *prompt, const int64_t *le
                 nn[na++] = 1;
             } else
                 alive[i] = 0;
+        }
+        if (o->progress && o->progress(step + 1, o->max_tokens, o->progress_user)) {
+            rc = ps_fail(err, "cancelled after %lld of %lld tokens", (long long)(step + 1), (long long)o->max_tokens);
+            break;
         }
         if (!na) break;
         float *lg2 = malloc((size_t)(na * V) * sizeof *lg2);

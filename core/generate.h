@@ -21,13 +21,19 @@ typedef struct {
     double temperature;  /* 0: greedy */
     double top_p;        /* (0, 1]; 1: the whole vocabulary */
     uint64_t seed;
+    /* called after the prefill (done 0) and after each decode step (done = steps so far, total = max_tokens);
+     * non-zero stops the generation: it fails with "cancelled after D of N tokens" (NULL: none) */
+    int (*progress)(int64_t done, int64_t total, void *user);
+    void *progress_user;
 } ps_generate_opts;
 
-/* A cache edit asked for by name: blocks.{layer}.attn.cache_{ck|cv}, KV head, entry, zero or mean. */
+/* A cache edit asked for by name: blocks.{layer}.attn.cache_{ck|cv}, KV head, entry, zero, mean or a
+ * given vector. */
 typedef struct {
     int layer, head, value;
     int64_t entry;
-    int mean; /* 1: mean replacement over the prompts; 0: zero */
+    int mean;         /* 1: mean replacement over the prompts; 0: zero (or vec) */
+    const float *vec; /* non-NULL (mean 0): set to this vector (the point's entry width; the caller's memory) */
 } ps_generate_edit;
 
 typedef struct {

@@ -42,7 +42,7 @@ extern "C" {
 #define PS_API
 #endif
 
-#define PS_API_VERSION 5
+#define PS_API_VERSION 6
 
 /* return values of the functions that can fail */
 #define PS_API_OK 0
@@ -308,6 +308,31 @@ PS_API int ps_api_cache_entry(ps_api_cache *c, int seq, const char *point_name, 
  * added later too) for the rest of the cache's life: kind "zero", or "set" to vec[width] (copied). */
 PS_API int ps_api_cache_edit(ps_api_cache *c, int seq, const char *point_name, int head, int64_t j, const char *kind,
                              const float *vec, char *err, size_t errlen);
+
+/* Generate for n prompts together through a KV cache of their own (the CLI's `generate`, docs/kvcache.md):
+ * every prompt prefilled, the edits applied, then one decode step for every sequence at a time, each step
+ * picking a sequence's next token from its last logits. tokens: the n prompts one after another, prompt i
+ * lens[i] >= 1 tokens long. options_json (NULL or "": greedy, no edits) is a JSON object of
+ *   "temperature": T  0 (default): greedy, the first maximum of the logits; > 0 (at most 100): sampled from
+ *                     softmax(logits / T)
+ *   "top_p": P        in (0, 1] (default 1): sample from the smallest set of tokens whose probability
+ *                     reaches P (nucleus)
+ *   "seed": S         the sampler's seed (integer >= 0, default 0): the same seed, the same tokens
+ *   "edits": [...]    cache edits made after the prefill, for the rest of the generation, in every
+ *                     sequence: a string "POINT:HEAD:ENTRY:zero|mean" (the CLI's --edit; mean: the entry's
+ *                     mean over the prompts that hold it after the prefill), or an object {"point": POINT,
+ *                     "head": G, "entry": J, "value": [the entry's width of numbers]} (set to that vector)
+ * hooks (NULL: none) fire during every append as in ps_api_cache_append, a sequence at a time (B = 1): at
+ * the prefill each prompt in order (T = its tokens), then at each step each sequence still generating
+ * (T = 1). Out: row i of tokens_out
+ * [n, max_tokens] and logprobs_out [n, max_tokens] (NULL: not wanted) holds prompt i's tokens and their
+ * log-probabilities under the model (softmax of the logits at temperature 1), n_gen[i] how many it got:
+ * max_tokens, or fewer when the sequence reached ps_api_max_tokens (the rest of the row: -1 and 0). The
+ * model's progress callback is called after the prefill and after each step (done: steps of max_tokens).
+ * Equal to the CLI's generate for the same model, prompts and options (tokens and log-probabilities). */
+PS_API int ps_api_generate(ps_api_model *m, const int32_t *tokens, const int64_t *lens, int n, int64_t max_tokens,
+                           const char *options_json, ps_api_hooks *hooks, int32_t *tokens_out, double *logprobs_out,
+                           int64_t *n_gen, char *err, size_t errlen);
 
 /* ---- instruments ----
  *

@@ -831,6 +831,206 @@ done:
     ps_api_close(m);
 }
 
+/* ---- generation (ps_api_generate) against the whole forward and against appends ---- */
+
+/* the last row of the whole forward of seq[0..n): the first maximum and log softmax at `at` (-1: the
+ * maximum) */
+static int forward_pick(ps_api_model *m, const int32_t *seq, int64_t n, int32_t at, double *lp) {
+    ps_api_output *o = NULL;
+    if (ps_api_run_with_hooks(m, seq, 1, n, NULL, &o, err, sizeof err)) return -1;
+    int64_t V = ps_api_vocab_size(m);
+    const float *x = logits_of(o) + (n - 1) * V;
+    int32_t arg = 0;
+    for (int64_t k = 1; k < V; k++)
+        if (x[k] > x[arg]) arg = (int32_t)k;
+    double z = 0;
+    for (int64_t k = 0; k < V; k++) z += exp((double)x[k] - x[arg]);
+    if (at < 0) at = arg;
+    *lp = (double)x[at] - x[arg] - log(z);
+    ps_api_output_free(o);
+    return arg;
+}
+
+/* a greedy loop over a cache's appends from the logits row `row`: n_tok tokens into out, their log softmax
+ * into lp */
+static int cache_greedy(ps_api_cache *c, int s, const float *row, int64_t V, int n_tok, int32_t *out, double *lp) {
+    float *lg = malloc((size_t)V * sizeof *lg);
+    memcpy(lg, row, (size_t)V * sizeof *lg);
+    int rc = 0;
+    for (int t = 0; t < n_tok && !rc; t++) {
+        int32_t arg = 0;
+        for (int64_t k = 1; k < V; k++)
+            if (lg[k] > lg[arg]) arg = (int32_t)k;
+        double z = 0;
+        for (int64_t k = 0; k < V; k++) z += exp((double)lg[k] - lg[arg]);
+        out[t] = arg;
+        lp[t] = -log(z);
+        if (t + 1 < n_tok) rc = ps_api_cache_append(c, s, &arg, 1, NULL, lg, err, sizeof err);
+    }
+    free(lg);
+    return rc;
+}
+
+static int stop_at_2(int64_t done, int64_t total, void *user) {
+    int64_t *seen = user; /* calls, last done, total */
+    seen[0]++, seen[1] = done, seen[2] = total;
+    return done >= 2;
+}
+
+static void check_generate(void) {
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/data/models/w8s8", SRC);
+    ps_api_model *m = NULL;
+    CHECK(!ps_api_open(dir, NULL, &m, err, sizeof err), "open w8s8: %s", err);
+    if (!m) return;
+    enum { N = 3, MT = 6 };
+    int64_t V = ps_api_vocab_size(m), lens[N] = {9, 14, 5}, ng[N];
+    int32_t cat[28], out[N * MT], out2[N * MT], seq[64];
+    double lp[N * MT], lp2[N * MT];
+    for (int i = 0; i < 28; i++) cat[i] = (int32_t)((i * 13 + 7) % V);
+    /* greedy: every prompt's tokens = the first maximum of the whole forward over the growing sequence;
+     * the log-probabilities = its log softmax there; the hooks fire a sequence at a time */
+    int64_t seen[2] = {0, 0};
+    ps_api_hooks *h = ps_api_hooks_new();
+    ps_api_hooks_add_fn(h, "blocks.0.hook_resid_pre", count_fire, seen, err, sizeof err);
+    CHECK(!ps_api_generate(m, cat, lens, N, MT, NULL, h, out, lp, ng, err, sizeof err), "generate: %s", err);
+    CHECK(seen[0] == N + N * (MT - 1) && seen[1] == 28 + N * (MT - 1), "hooks during generate: %lld calls, %lld rows (want %d, %d)",
+          (long long)seen[0], (long long)seen[1], N + N * (MT - 1), 28 + N * (MT - 1));
+    for (int i = 0, off = 0; i < N; off += (int)lens[i], i++) {
+        CHECK(ng[i] == MT, "prompt %d: %lld tokens", i, (long long)ng[i]);
+        memcpy(seq, cat + off, (size_t)lens[i] * sizeof *seq);
+        for (int t = 0; t < MT; t++) {
+            double l = NAN;
+            int32_t y = (int32_t)forward_pick(m, seq, lens[i] + t, -1, &l);
+            CHECK(out[i * MT + t] == y && fabs(lp[i * MT + t] - l) < 1e-4, "greedy prompt %d token %d: %d (%.6f), forward %d (%.6f)", i, t,
+                  out[i * MT + t], lp[i * MT + t], y, l);
+            seq[lens[i] + t] = out[i * MT + t];
+        }
+    }
+    /* sampled: the log-probabilities are the forward's at the sampled tokens; the same seed repeats them,
+     * another seed does not */
+    const char *samp = "{\"temperature\": 1.5, \"top_p\": 0.95, \"seed\": 11}";
+    CHECK(!ps_api_generate(m, cat, lens, N, MT, samp, NULL, out, lp, ng, err, sizeof err), "sampled: %s", err);
+    int differs_from_greedy = 0;
+    for (int i = 0, off = 0; i < N; off += (int)lens[i], i++) {
+        memcpy(seq, cat + off, (size_t)lens[i] * sizeof *seq);
+        for (int t = 0; t < MT; t++) {
+            double l = NAN;
+            int32_t y = (int32_t)forward_pick(m, seq, lens[i] + t, out[i * MT + t], &l);
+            differs_from_greedy += y != out[i * MT + t];
+            CHECK(fabs(lp[i * MT + t] - l) < 1e-4, "sampled prompt %d token %d: log-probability %.6f, forward %.6f", i, t, lp[i * MT + t], l);
+            seq[lens[i] + t] = out[i * MT + t];
+        }
+    }
+    CHECK(differs_from_greedy > 0, "18 tokens sampled at temperature 1.5 are all the greedy ones");
+    CHECK(!ps_api_generate(m, cat, lens, N, MT, samp, NULL, out2, lp2, ng, err, sizeof err) && !memcmp(out, out2, sizeof out) &&
+              !memcmp(lp, lp2, sizeof lp),
+          "the same seed gave other tokens: %s", err);
+    CHECK(!ps_api_generate(m, cat, lens, N, MT, "{\"temperature\": 1.5, \"top_p\": 0.95, \"seed\": 12}", NULL, out2, lp2, ng, err, sizeof err) &&
+              memcmp(out, out2, sizeof out),
+          "seeds 11 and 12 gave the same 18 tokens: %s", err);
+    /* edits: "mean" and a "set" object = the mean computed here and set through a cache, then a greedy
+     * loop over its appends */
+    const char *CK = "blocks.0.attn.cache_ck";
+    float vec[16], mean[16] = {0}, e[16];
+    for (int k = 0; k < 16; k++) vec[k] = 4.0f - 0.5f * (float)k;
+    char opts[1024];
+    int o = snprintf(opts, sizeof opts, "{\"edits\": [\"%s:2:0:mean\", {\"point\": \"%s\", \"head\": 5, \"entry\": 0, \"value\": [", CK, CK);
+    for (int k = 0; k < 16; k++) o += snprintf(opts + o, sizeof opts - (size_t)o, "%s%.9g", k ? ", " : "", vec[k]);
+    snprintf(opts + o, sizeof opts - (size_t)o, "]}]}");
+    CHECK(!ps_api_generate(m, cat, lens, N, MT, opts, NULL, out, lp, ng, err, sizeof err), "generate with edits: %s", err);
+    ps_api_cache *c = NULL;
+    CHECK(!ps_api_cache_new(m, &c, err, sizeof err), "cache: %s", err);
+    float *lg = malloc((size_t)(28 * V) * sizeof *lg);
+    int sid[N], have = 0;
+    for (int i = 0, off = 0; c && i < N; off += (int)lens[i], i++) {
+        CHECK(!ps_api_cache_add(c, &sid[i], err, sizeof err) && !ps_api_cache_append(c, sid[i], cat + off, lens[i], NULL, lg + off * V, err, sizeof err),
+              "prefill %d: %s", i, err);
+        if (ps_api_cache_n_entries(c, sid[i], 0, 2) < 1) continue;
+        CHECK(!ps_api_cache_entry(c, sid[i], CK, 2, 0, e, err, sizeof err), "entry: %s", err);
+        for (int k = 0; k < 16; k++) mean[k] += e[k];
+        have++;
+    }
+    CHECK(have == 2, "%d prompts hold entry 0 (want 2: the 5-token one does not)", have);
+    for (int k = 0; k < 16; k++) mean[k] = (float)((double)mean[k] / have);
+    if (c) {
+        CHECK(!ps_api_cache_edit(c, -1, CK, 2, 0, "set", mean, err, sizeof err) && !ps_api_cache_edit(c, -1, CK, 5, 0, "set", vec, err, sizeof err),
+              "edits: %s", err);
+        for (int i = 0, off = 0; i < N; off += (int)lens[i], i++) {
+            CHECK(!cache_greedy(c, sid[i], lg + (off + lens[i] - 1) * V, V, MT, out2 + i * MT, lp2 + i * MT), "greedy loop: %s", err);
+            double wl = 0;
+            for (int t = 0; t < MT; t++) wl = fmax(wl, fabs(lp[i * MT + t] - lp2[i * MT + t]));
+            CHECK(!memcmp(out + i * MT, out2 + i * MT, MT * sizeof *out) && wl < 1e-5, /* (one append of 3 rows vs 1) */
+                  "prompt %d with edits: generate and the cache's loop differ (log-probabilities by %.3g)", i, wl);
+        }
+    }
+    ps_api_cache_free(c);
+    free(lg);
+    /* the model's max_tokens stops a sequence (the rest of its row: -1); progress, and a cancel */
+    int64_t mx = ps_api_max_tokens(m), ln = mx - 2;
+    int32_t *longp = malloc((size_t)ln * sizeof *longp);
+    for (int64_t i = 0; i < ln; i++) longp[i] = (int32_t)(i % V);
+    CHECK(!ps_api_generate(m, longp, &ln, 1, MT, NULL, NULL, out, NULL, ng, err, sizeof err) && ng[0] == 3 && out[2] >= 0 && out[3] == -1,
+          "a prompt of max_tokens - 2: %lld tokens (want 3), row %d %d: %s", (long long)ng[0], out[2], out[3], err);
+    free(longp);
+    int64_t pr[3] = {0, 0, 0};
+    ps_api_set_progress(m, stop_at_2, pr);
+    int rc = ps_api_generate(m, cat, lens, N, MT, NULL, NULL, out, lp, ng, err, sizeof err);
+    CHECK(rc == PS_API_ECANCELLED && strstr(err, "cancelled after 2 of 6 tokens") && pr[0] == 3 && pr[2] == MT, "cancel: rc %d \"%s\" (%lld calls)",
+          rc, err, (long long)pr[0]);
+    ps_api_set_progress(m, NULL, NULL);
+    /* bad inputs, each named */
+    struct {
+        const char *opts, *want;
+    } bad[] = {
+        {"{\"temp\": 1}", "\"temp\": unknown"},
+        {"{\"temperature\": -1}", "temperature"},
+        {"{\"top_p\": 0}", "top_p"},
+        {"{\"seed\": -3}", "seed"},
+        {"[1]", "not a JSON object"},
+        {"{\"edits\": [\"blocks.0.attn.cache_zz:0:0:zero\"]}", "cache_zz"},
+        {"{\"edits\": [\"blocks.0.attn.cache_ck:0:0:half\"]}", "half"},
+        {"{\"edits\": [{\"point\": \"blocks.0.attn.cache_ck\", \"head\": 0, \"entry\": 0, \"value\": [1, 2]}]}", "2 numbers"},
+        {"{\"edits\": [{\"point\": \"blocks.0.attn.cache_ck\", \"head\": 99, \"entry\": 0, \"value\": []}]}", "head 99"},
+        {"{\"edits\": 3}", "a list"},
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof *bad; k++) {
+        rc = ps_api_generate(m, cat, lens, N, MT, bad[k].opts, NULL, out, lp, ng, err, sizeof err);
+        CHECK(rc == PS_API_EINPUT && strstr(err, bad[k].want), "options %s: rc %d \"%s\" (want \"%s\")", bad[k].opts, rc, err, bad[k].want);
+    }
+    int64_t l0[1] = {0};
+    rc = ps_api_generate(m, cat, l0, 1, MT, NULL, NULL, out, lp, ng, err, sizeof err);
+    CHECK(rc == PS_API_EINPUT && strstr(err, "prompt 0 has 0 tokens"), "empty prompt: rc %d \"%s\"", rc, err);
+    int32_t badt[2] = {1, (int32_t)V};
+    int64_t l2[1] = {2};
+    rc = ps_api_generate(m, badt, l2, 1, MT, NULL, NULL, out, lp, ng, err, sizeof err);
+    CHECK(rc == PS_API_EINPUT && strstr(err, "position 1"), "token out of range: rc %d \"%s\"", rc, err);
+    rc = ps_api_generate(m, cat, lens, 0, MT, NULL, NULL, out, lp, ng, err, sizeof err);
+    CHECK(rc == PS_API_EINPUT && strstr(err, "n = 0"), "no prompts: rc %d \"%s\"", rc, err);
+    rc = ps_api_generate(m, cat, lens, N, -1, NULL, NULL, out, lp, ng, err, sizeof err);
+    CHECK(rc == PS_API_EINPUT && strstr(err, "max_tokens = -1"), "max_tokens -1: rc %d \"%s\"", rc, err);
+    /* after every failure the model runs again: the greedy tokens once more */
+    CHECK(!ps_api_generate(m, cat, lens, N, MT, NULL, NULL, out2, lp2, ng, err, sizeof err), "again: %s", err);
+    ps_api_hooks_free(h);
+    ps_api_close(m);
+    /* DeepSeek-V4 (mix4): greedy = the forward's first maximum */
+    snprintf(dir, sizeof dir, "%s/tests/conformance/v4/mix4", SRC);
+    m = NULL;
+    CHECK(!ps_api_open(dir, NULL, &m, err, sizeof err), "open mix4: %s", err);
+    if (m) {
+        int64_t V4 = ps_api_vocab_size(m), l4[1] = {13};
+        for (int i = 0; i < 13; i++) seq[i] = (int32_t)((i * 7 + 3) % V4);
+        CHECK(!ps_api_generate(m, seq, l4, 1, 4, NULL, NULL, out, lp, ng, err, sizeof err) && ng[0] == 4, "mix4 generate: %s", err);
+        for (int t = 0; t < 4; t++) {
+            double l = NAN;
+            int32_t y = (int32_t)forward_pick(m, seq, 13 + t, -1, &l);
+            CHECK(out[t] == y && fabs(lp[t] - l) < 1e-4, "mix4 greedy token %d: %d (%.6f), forward %d (%.6f)", t, out[t], lp[t], y, l);
+            seq[13 + t] = out[t];
+        }
+        ps_api_close(m);
+    }
+}
+
 /* ---- serving ---- */
 
 #ifdef PS_HAVE_SERVE
@@ -1193,6 +1393,7 @@ int main(int argc, char **argv) {
                      "--n 8 --layers 0 --heads 0,1 --target raw", "knockout.json", "grid.cells.residues.delta_nll");
 
     check_kvcache();
+    check_generate();
     check_progress();
     check_serve();
 

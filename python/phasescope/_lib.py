@@ -13,7 +13,7 @@ import os
 
 from .errors import PhasescopeError
 
-API_VERSION = 5  # include/phasescope.h's PS_API_VERSION this binding was written against
+API_VERSION = 6  # include/phasescope.h's PS_API_VERSION this binding was written against
 
 EFAIL = 1
 EINPUT = 2
@@ -137,6 +137,7 @@ def _declare(lib):
         "ps_api_cache_entry_width": (i64, [P, s]),
         "ps_api_cache_entry": (i, [P, i, s, i, i64, c_float_p] + e),
         "ps_api_cache_edit": (i, [P, i, s, i, i64, s, c_float_p] + e),
+        "ps_api_generate": (i, [P, c_int32_p, c_int64_p, i, i64, s, P, c_int32_p, c_double_p, c_int64_p] + e),
         "ps_api_instruments_json": (P, []),  # caller frees: a void * so ctypes does not copy and drop it
         "ps_api_instrument": (i, [P, s, s, ctypes.POINTER(P)] + e),
         "ps_api_instrument_ex": (i, [P, s, s, PROGRESS_FN, V, ctypes.POINTER(P)] + e),

@@ -1,5 +1,6 @@
 """kvcache.py — model.kv_cache() and model.generate(): the C API's KV cache (ps_api_cache_*, docs/api.md
-"The KV cache") as a KVCache, and greedy generation written on its append.
+"The KV cache") as a KVCache, and generation (ps_api_generate: greedy or sampled, several prompts, cache
+edits).
 
     with model.kv_cache() as kv:
         s = kv.add()
@@ -159,43 +160,67 @@ class KVCache:
                    b"zero" if value is None else b"set", vec)
 
 
-def _log_softmax_at(row, k):
-    """log softmax(row)[k] in double (the model's distribution at temperature 1)."""
-    x = row.astype(np.float64)
-    m = x.max()
-    return float(x[k] - m - np.log(np.exp(x - m).sum()))
+def _edit_json(e):
+    """One edit of generate's edits as ps_api_generate's JSON: (name, head, j) zero, (name, head, j, "mean")
+    mean replacement over the prompts, (name, head, j, value) set to value ([width] numbers)."""
+    if not isinstance(e, (tuple, list)) or len(e) not in (3, 4) or not isinstance(e[0], str):
+        raise PhasescopeError(f"generate: an edit is (name, head, j), (name, head, j, \"mean\") or (name, head, j, value), "
+                              f"not {e!r}", code=_lib.EINPUT)
+    name, head, j = e[0], int(e[1]), int(e[2])
+    if len(e) == 3 or isinstance(e[3], str):  # "zero" or "mean" (the C side names anything else)
+        return f"{name}:{head}:{j}:{e[3] if len(e) == 4 else 'zero'}"
+    v = np.asarray(e[3], dtype=np.float32)
+    if v.ndim != 1:
+        raise PhasescopeError(f"generate: edit {name}:{head}:{j}: value of shape {list(v.shape)}, an entry is 1-d",
+                              code=_lib.EINPUT)
+    return {"point": name, "head": head, "entry": j, "value": [float(x) for x in v]}  # float32 -> double: exact
 
 
-def generate(model, tokens, max_tokens=16, edits=(), fwd_hooks=()):
-    """Greedy decoding through a KV cache (written on KVCache.append): the prompt `tokens` (1-d ids) is
-    prefilled, the edits applied (each (name, head, j) to zero, or (name, head, j, value) to set), then
-    max_tokens tokens are generated, each the first maximum of the last logits row (core/generate.c's
-    greedy pick), stopping at the model's max_tokens. fwd_hooks fire during every append. Returns
-    (new token ids, their log-probabilities)."""
-    prompt = np.asarray(tokens)
-    if prompt.ndim != 1 or prompt.size == 0:
-        raise PhasescopeError(f"generate: a 1-d prompt of at least one token, got shape {list(prompt.shape)}")
-    out, lps = [], []
-    with KVCache(model) as kv:
-        s = kv.add()
-        logits = kv.append(s, prompt, fwd_hooks)
-        for e in edits:
-            if len(e) == 3:
-                kv.edit(e[0], e[1], e[2], seq=s)
-            elif len(e) == 4:
-                kv.edit(e[0], e[1], e[2], e[3], seq=s)
-            else:
-                raise PhasescopeError(f"generate: an edit is (name, head, j) or (name, head, j, value), not {e!r}")
-        n = int(prompt.size)
-        for _ in range(int(max_tokens)):
-            if n >= model.max_tokens:
-                break
-            row = logits[-1]
-            k = int(np.argmax(row))  # the first maximum
-            out.append(k)
-            lps.append(_log_softmax_at(row, k))
-            n += 1
-            if len(out) == max_tokens or n >= model.max_tokens:
-                break
-            logits = kv.append(s, [k], fwd_hooks)
-    return out, lps
+def generate(model, tokens, max_tokens=16, edits=(), fwd_hooks=(), temperature=0.0, top_p=1.0, seed=0, progress=None):
+    """Generation through a KV cache (ps_api_generate: the CLI's `generate`). tokens: one prompt (1-d ids)
+    or several (a list of 1-d ids, or a 2-d array), generated together. Every prompt is prefilled, the
+    edits made, then max_tokens tokens decoded for each, stopping at the model's max_tokens. Greedy (the
+    first maximum of the logits) by default; temperature > 0 samples from softmax(logits / temperature)
+    within the nucleus top_p, with seed. edits, for the rest of the generation: (name, head, j) zeroes entry
+    j of a cache point, (name, head, j, "mean") replaces it with its mean over the prompts that hold it,
+    (name, head, j, value) sets it to value. fwd_hooks fire during every append, a sequence at a time.
+    progress: fn(tokens so far, max_tokens). Returns (new token ids, their log-probabilities under the
+    model) for one prompt, or lists of them (one per prompt)."""
+    import json
+    from .model import _HookRun
+    from .progress import Call
+    one = isinstance(tokens, np.ndarray) and tokens.ndim == 1 or (
+        not isinstance(tokens, np.ndarray) and len(tokens) > 0 and np.ndim(tokens[0]) == 0)
+    prompts = [np.asarray(tokens)] if one else [np.asarray(p) for p in tokens]
+    if not prompts:
+        raise PhasescopeError("generate: no prompts", code=_lib.EINPUT)
+    for i, p in enumerate(prompts):
+        if p.ndim != 1 or p.size == 0 or (p.size and not np.issubdtype(p.dtype, np.integer)):
+            raise PhasescopeError(f"generate: prompt {i}: 1-d integer token ids, at least one, got shape {list(p.shape)} "
+                                  f"of {p.dtype}", code=_lib.EINPUT)
+    cat = np.ascontiguousarray(np.concatenate(prompts), dtype=np.int32)
+    lens = np.array([p.size for p in prompts], dtype=np.int64)
+    n, mt = len(prompts), int(max_tokens)
+    if mt < 0:
+        raise PhasescopeError(f"generate: max_tokens {mt} must be >= 0", code=_lib.EINPUT)
+    opts = {"temperature": float(temperature), "top_p": float(top_p), "seed": int(seed),
+            "edits": [_edit_json(e) for e in edits]}
+    toks = np.empty((n, max(mt, 1)), np.int32)
+    lps = np.empty((n, max(mt, 1)), np.float64)
+    n_gen = np.zeros(n, np.int64)
+    run = _HookRun(model, fwd_hooks)
+    call = Call(progress)
+    try:
+        err = _lib.errbuf()
+        with model._running() as h, model._progress(h, call):
+            rc = _lib.lib.ps_api_generate(h, cat.ctypes.data_as(_lib.c_int32_p), lens.ctypes.data_as(_lib.c_int64_p), n, mt,
+                                          _lib.enc(json.dumps(opts)), run.h, toks.ctypes.data_as(_lib.c_int32_p),
+                                          lps.ctypes.data_as(_lib.c_double_p), n_gen.ctypes.data_as(_lib.c_int64_p),
+                                          err, _lib.ERRLEN)
+        call.finish(rc, err, run.raise_failure)
+    finally:
+        run.close()
+    out = [([int(x) for x in toks[i, :n_gen[i]]], [float(x) for x in lps[i, :n_gen[i]]]) for i in range(n)]
+    if one:
+        return out[0]
+    return [o[0] for o in out], [o[1] for o in out]

@@ -377,12 +377,15 @@ class Model:
         from .kvcache import KVCache
         return KVCache(self)
 
-    def generate(self, tokens, max_tokens=16, edits=(), fwd_hooks=()):
-        """Greedy decoding of the prompt `tokens` (1-d ids) through a KV cache: (new token ids, their
-        log-probabilities). edits: (name, head, j) zeroes, (name, head, j, value) sets entry j of a cache
-        point after the prefill, for the rest of the generation; fwd_hooks fire during every append."""
+    def generate(self, tokens, max_tokens=16, edits=(), fwd_hooks=(), temperature=0.0, top_p=1.0, seed=0, progress=None):
+        """Generation through a KV cache (the CLI's `generate`): one prompt (1-d ids) -> (new token ids,
+        their log-probabilities); several (a list of 1-d ids) -> (a list of id lists, a list of log-probability
+        lists). Greedy by default; temperature > 0 samples within top_p, with seed. edits: (name, head, j)
+        zeroes, (name, head, j, "mean") mean-replaces, (name, head, j, value) sets entry j of a cache point
+        after the prefill, for the rest of the generation; fwd_hooks fire during every append; progress:
+        fn(tokens so far, max_tokens), a truthy return stops it (ps.Cancelled)."""
         from .kvcache import generate
-        return generate(self, tokens, max_tokens, edits, fwd_hooks)
+        return generate(self, tokens, max_tokens, edits, fwd_hooks, temperature, top_p, seed, progress)
 
 
 def load(path, device="cpu", tokenizer=None, lazy=None, layers=None):

@@ -2,7 +2,9 @@
 (run_with_hooks): a prefill in two chunks and single-token decode steps give its logits at those
 positions; an entry equals the forward's hook_ck; a mean ("set") edit changes the next logits and a zero
 edit reads back zeros; fwd_hooks during an append equal the forward's; greedy generate equals an argmax
-loop over run_with_hooks on the growing sequence, and with an edit the CLI's `generate --edit`."""
+loop over run_with_hooks on the growing sequence, and with an edit the CLI's `generate --edit`; several prompts
+sampled with mean and set edits equal the CLI's `generate` with the same options (a set edit equals a
+KVCache loop with .edit); progress and its cancel; bad arguments."""
 import json
 
 import numpy as np
@@ -104,6 +106,64 @@ def test_generate_equals_cli(w8s8, toks, tmp_path):
     new, lps = w8s8.generate(prompt, max_tokens=6, edits=[(CK, 3, 0)])
     assert new == ref["tokens"]
     assert np.abs(np.array(lps) - np.array(ref["logprobs"])).max() < 1e-5
+
+
+def test_generate_batch_sampled_equals_cli(w8s8, tmp_path):
+    """Three prompts of different lengths, sampled with a seed and a mean edit: the CLI's generate (one
+    code path, core/generate.c: the same tokens, log-probabilities bit for bit through JSON's doubles)."""
+    prompts = [[int(t) for t in tokens(1, n, w8s8.vocab_size, salt=n)[0]] for n in (11, 17, 6)]
+    (tmp_path / "t.json").write_text(json.dumps(prompts))
+    cli("generate", "--model", model_path("data/models/w8s8"), "--tokens", tmp_path / "t.json", "--max-tokens", 7,
+        "--temperature", 1.2, "--top-p", 0.9, "--seed", 4, "--edit", f"{CK}:1:0:mean", "--out", tmp_path / "out")
+    ref = json.loads((tmp_path / "out" / "generate.json").read_text())["sequences"]
+    new, lps = w8s8.generate(prompts, max_tokens=7, temperature=1.2, top_p=0.9, seed=4, edits=[(CK, 1, 0, "mean")])
+    assert new == [r["tokens"] for r in ref]
+    assert [np.abs(np.array(a) - np.array(r["logprobs"])).max() for a, r in zip(lps, ref)] == [0, 0, 0]
+    # a 2-d array of prompts is a list of them
+    two, two_lps = w8s8.generate(np.array([prompts[0], prompts[0]]), max_tokens=7)
+    assert len(two) == 2 and two[0] == two[1] and two_lps[0] == two_lps[1] and len(two[0]) == 7
+
+
+def test_generate_set_edit_equals_cache_loop(w8s8, toks):
+    """A (name, head, j, value) edit equals a KVCache prefill, .edit(value) and a greedy append loop."""
+    prompt = toks[:13]
+    vec = np.linspace(3, -3, w8s8.kv_cache().width(CK), dtype=np.float32)
+    new, lps = w8s8.generate(prompt, max_tokens=5, edits=[(CK, 4, 0, vec)])
+    with w8s8.kv_cache() as kv:
+        s = kv.add()
+        row = kv.append(s, prompt)[-1]
+        kv.edit(CK, 4, 0, vec)
+        ref, ref_lp = [], []
+        for t in range(5):
+            k = int(np.argmax(row))
+            x = row.astype(np.float64)
+            ref.append(k)
+            ref_lp.append(float(x[k] - x.max() - np.log(np.exp(x - x.max()).sum())))
+            if t < 4:
+                row = kv.append(s, [k])[-1]
+    assert new == ref
+    assert np.abs(np.array(lps) - np.array(ref_lp)).max() < 1e-6
+    plain, plain_lps = w8s8.generate(prompt, max_tokens=5)
+    assert np.abs(np.array(plain_lps) - np.array(lps)).max() > 1e-4  # the edit mattered
+
+
+def test_generate_progress_and_errors(w8s8, toks):
+    seen = []
+    w8s8.generate(toks[:9], max_tokens=4, progress=lambda d, n: seen.append((d, n)))
+    assert seen == [(0, 4), (1, 4), (2, 4), (3, 4), (4, 4)]
+    with pytest.raises(ps.Cancelled, match="cancelled after 2 of 4 tokens"):
+        w8s8.generate(toks[:9], max_tokens=4, progress=lambda d, n: d >= 2)
+    for kw, msg in [(dict(edits=[("blocks.0.attn.cache_zz", 0, 0)]), "cache_zz"),
+                    (dict(edits=[(CK, 0, 0, "half")]), "half"),
+                    (dict(edits=[(CK, 0, 0, np.zeros(3))]), "3 numbers"),
+                    (dict(temperature=-1), "temperature"),
+                    (dict(top_p=0), "top_p"),
+                    (dict(max_tokens=-2), "max_tokens")]:
+        with pytest.raises(ps.PhasescopeError, match=msg):
+            w8s8.generate(toks[:9], **{"max_tokens": 3, **kw})
+    with pytest.raises(ps.PhasescopeError, match="prompt 1"):
+        w8s8.generate([list(toks[:4]), []], max_tokens=2)
+    assert w8s8.generate(toks[:9], max_tokens=2)[0] == w8s8.generate(toks[:9], max_tokens=2)[0]  # usable after
 
 
 def test_model_close_frees_its_caches(toks):
