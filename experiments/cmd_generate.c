@@ -21,6 +21,7 @@ static const ps_flag_spec FLAGS[] = {
     {"--hooks", "NAMES", "hook points to record during generation, and cache points blocks.L.attn.cache_ck|cache_cv (the cache at the end)", 0},
     {"--edit", "SPECS", "cache edits, comma-separated: blocks.L.attn.cache_ck:HEAD:ENTRY:zero|mean (or cache_cv)", 0},
     {"--out", "DIR", "write generate.json (and hooks.safetensors) there", 0},
+    PS_BACKEND_FLAG,
     {0},
 };
 
@@ -28,7 +29,8 @@ const ps_command ps_cmd_generate = {
     .name = "generate",
     .summary = "generate text through the KV cache (greedy or sampled), with hooks and cache edits",
     .synopsis = "phasescope generate --model DIR (--prompt TEXT --tokenizer FILE | --tokens T.json) [--max-tokens N]\n"
-                "                    [--temperature T --top-p P --seed S] [--hooks NAMES] [--edit SPECS] [--out DIR]\n",
+                "                    [--temperature T --top-p P --seed S] [--hooks NAMES] [--edit SPECS] [--out DIR]\n"
+                "                    [--device NAME [--precision P]]\n",
     .description =
         "Prefills each prompt into the KV cache (docs/kvcache.md) and decodes one token per step for every\n"
         "prompt at once, greedy by default. --edit changes compressed entries of the cache for the rest of the\n"
@@ -37,7 +39,9 @@ const ps_command ps_cmd_generate = {
         "generated text (token ids without a tokenizer); --out DIR writes generate.json with provenance and the\n"
         "per-token log-probabilities (softmax of the logits at temperature 1). DeepSeek-V4 checkpoints: the hook\n"
         "names are V4's (layers.L.attn.q, ...) and the cache points layers.L.attn.cache_kv (compressed entries)\n"
-        "and layers.L.attn.cache_ik (the indexer's keys, CSA layers), head 0: --edit layers.1.attn.cache_kv:0:3:zero.\n",
+        "and layers.L.attn.cache_ik (the indexer's keys, CSA layers), head 0: --edit layers.1.attn.cache_kv:0:3:zero.\n"
+        "--device cuda runs the model and its cache on the GPU (a build with CUDA; docs/cuda.md); the picks, the\n"
+        "edits' means and the recorded hooks are read back to the host.\n",
     .flags = FLAGS,
     .run = run,
 };
@@ -59,6 +63,7 @@ static int run(const ps_args *args, ps_error *err) {
                          .hooks = ps_args_get(args, "--hooks"),
                          .edits = ps_args_get(args, "--edit"),
                          .out_dir = ps_args_get(args, "--out"),
+                         .backend = ps_args_backend(args),
                          .max_tokens = 32,
                          .seed = 0,
                          .temperature = 0,

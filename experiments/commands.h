@@ -26,6 +26,7 @@ typedef struct {
     int64_t seed;          /* --seed (default 0) */
     double temperature;    /* --temperature (default 0: greedy) */
     double top_p;          /* --top-p (default 1) */
+    const char *backend;   /* --device / --backend NAME (checked by the scaffold), or NULL: the cpu */
 } ps_generate_req;
 
 /* Opens the model, tokenizes or loads the prompts, records the hooks asked for, generates through the KV

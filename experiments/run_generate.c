@@ -125,7 +125,8 @@ int ps_generate_command(const ps_args *args, const ps_generate_req *r, ps_error 
     ps_tensor_list out = {0};
     json_t *root = NULL;
     /* any family with a KV cache (the controlled model, DeepSeek-V4): the runtime picks it */
-    ps_runtime_opts ro = {.backend = NULL, .weights = 1, .lazy = -1};
+    const char *backend = r->backend ? r->backend : "cpu";
+    ps_runtime_opts ro = {.backend = backend, .weights = 1, .lazy = -1};
     if (ps_cli_model_dir(r->model, dir, sizeof dir, err)) goto done;
     have_rt = 1;
     if (ps_runtime_open(&rt, dir, &ro, err)) goto done;
@@ -254,7 +255,7 @@ int ps_generate_command(const ps_args *args, const ps_generate_req *r, ps_error 
         json_object_set_new(prov, "config_hash", json_string(hash));
         json_object_set_new(prov, "version", json_string(PS_VERSION));
         json_object_set_new(prov, "seed", json_integer((json_int_t)seed));
-        json_object_set_new(prov, "backend", json_string("cpu"));
+        json_object_set_new(prov, "backend", json_string(backend));
         json_t *cfg = rt.family->config_json(&rt);
         if (cfg) json_object_set_new(prov, "config", cfg);
         json_object_set_new(opt, "max_tokens", json_integer(max_tokens));

@@ -38,12 +38,14 @@
 #               fork, edits, hooks; full, grid, staggered, content, channel), PS_REQUIRE_CUDA=1 (when 120 s are left)
 #   test_v4_kvcache   the DeepSeek-V4 KV cache on the cuda backend against the cpu (test_v4_kvcache --backends:
 #               appends, fork, edits, truncate, hooks; mix4 and hub3), PS_REQUIRE_CUDA=1 (when 120 s are left)
+#   generate    `phasescope generate --device cuda` against --device cpu: deep_w8s8 (3 prompts, a mean edit)
+#               and mix4, tokens equal and log-probabilities within 1e-3 (when 90 s are left)
 #   bench_gpu   GEMM rates per precision, one training step per precision x attention (1 step, no knockout
 #               unless --full)
 #   torch_peer  the same model and step in PyTorch (bench/torch_gpu_peer.py), when 100 s are left
 # Logs and JSON go to $OUT (the device tool's folder), else build-gpu/out/: summary.txt, configure.log,
 # build.log, test_cuda.log, test_cuda_blocking.log, test_backend_ops.log, test_kvcache.log, test_v4_kvcache.log,
-# bench_gpu.log/.json,
+# generate_cpu.log, generate_cuda.log, generate_compare.log, bench_gpu.log/.json,
 # torch_peer.log/.json.
 # The whole script is one block, read before it runs: editing the file during a run cannot change that run.
 {
@@ -302,6 +304,45 @@ backend_stage() {
 backend_stage test_kvcache
 # 3e. the DeepSeek-V4 cache: the conformance checkpoints mix4 and hub3
 backend_stage test_v4_kvcache
+# 3f. `phasescope generate --device cuda` against the cpu (deep_w8s8: 3 prompts, 16 greedy tokens, a mean
+# edit; mix4: 8 tokens): the tokens equal, the log-probabilities within 1e-3 (a flip between two near-equal
+# logits is reported with its margin, not failed). GEN_DEVICE: the device compared (cuda).
+gen_stage() {
+  local t0 rc=0 dev=${GEN_DEVICE:-cuda}
+  if [ "$(left 999)" -le 90 ]; then say "generate: skipped ($(left 999) s left)"; return; fi
+  t0=$(date +%s)
+  python3 -c 'import json; print(json.dumps([[(7 * i + 3 * j + 1) % 96 for i in range(n)] for j, n in enumerate((21, 34, 9))]))' \
+    > "$O/gen_prompts.json"
+  python3 -c 'import json; print(json.dumps([[(5 * i + 2) % 64 for i in range(13)]]))' > "$O/gen_prompts_v4.json"
+  for d in cpu "$dev"; do
+    timeout "$(left 40)" "$BUILD/phasescope" generate --model "$ROOT/data/models/default" --tokens "$O/gen_prompts.json" \
+      --max-tokens 16 --edit blocks.3.attn.cache_ck:2:1:mean --device "$d" --out "$O/generate_$d" > "$O/generate_$d.log" 2>&1 || rc=1
+    timeout "$(left 40)" "$BUILD/phasescope" generate --model "$ROOT/tests/conformance/v4/mix4" --tokens "$O/gen_prompts_v4.json" \
+      --max-tokens 8 --device "$d" --out "$O/generate_v4_$d" >> "$O/generate_$d.log" 2>&1 || rc=1
+  done
+  if [ $rc = 0 ]; then
+    python3 - "$O" "$dev" > "$O/generate_compare.log" 2>&1 <<'PYEOF' || rc=1
+import json, sys
+o, dev = sys.argv[1], sys.argv[2]
+bad = 0
+for tag in ("", "_v4"):
+    a = json.load(open(f"{o}/generate{tag}_cpu/generate.json"))["sequences"]
+    b = json.load(open(f"{o}/generate{tag}_{dev}/generate.json"))["sequences"]
+    for i, (x, y) in enumerate(zip(a, b)):
+        n = next((k for k, (p, q) in enumerate(zip(x["tokens"], y["tokens"])) if p != q), len(x["tokens"]))
+        w = max([abs(p - q) for p, q in zip(x["logprobs"][:n + 1], y["logprobs"][:n + 1])] or [0])
+        ok = w < 1e-3 and len(x["tokens"]) == len(y["tokens"])
+        flip = "" if n == len(x["tokens"]) else f"; tokens differ from step {n} (cpu {x['tokens'][n]} lp {x['logprobs'][n]:.5f}, {dev} {y['tokens'][n]} lp {y['logprobs'][n]:.5f})"
+        print(f"generate {'mix4' if tag else 'deep_w8s8'} sequence {i}: {len(y['tokens'])} tokens, log-probabilities within {w:.2e}{flip}{'' if ok else ' FAIL'}")
+        bad += not ok
+sys.exit(1 if bad else 0)
+PYEOF
+  fi
+  say "generate --device $dev vs cpu: rc $rc in $(($(date +%s) - t0)) s"
+  cat "$O/generate_compare.log" 2>/dev/null | cut -c1-240 | sed 's/^/  /' | tee -a "$S"
+  [ $rc = 0 ] || { tail -n 3 "$O/generate_$dev.log" | cut -c1-240 | sed 's/^/  /' | tee -a "$S"; STATUS=FAIL; }
+}
+gen_stage
 
 # 4. bench: GEMM rates per precision, one training step per precision x attention
 BG_RC=0 PEER_RC=0

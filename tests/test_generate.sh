@@ -58,6 +58,10 @@ expect edit 0 "sequence 0:" -- "$PS" generate --model "$M" --tokens "$T/t.json" 
 expect sample1 0 "sequence 0:" -- "$PS" generate --model "$M" --tokens "$T/t.json" --max-tokens 8 --temperature 1.2 --top-p 0.9 --seed 5 --out "$T/s1"
 expect sample2 0 "sequence 0:" -- "$PS" generate --model "$M" --tokens "$T/t.json" --max-tokens 8 --temperature 1.2 --top-p 0.9 --seed 5 --out "$T/s2"
 ok python3 -c "import json,sys; a,b=(json.load(open(p))['sequences'] for p in sys.argv[1:]); assert a==b" "$T/s1/generate.json" "$T/s2/generate.json"
+# --device cpu is the default spelled out (the provenance names it); a device this build lacks is a usage error
+expect sample-cpu 0 "sequence 0:" -- "$PS" generate --model "$M" --tokens "$T/t.json" --max-tokens 8 --temperature 1.2 --top-p 0.9 --seed 5 --device cpu --out "$T/s3"
+ok python3 -c "import json,sys; a,b=(json.load(open(p)) for p in sys.argv[1:]); assert a['sequences']==b['sequences'] and b['provenance']['backend']=='cpu'" "$T/s1/generate.json" "$T/s3/generate.json"
+expect bad-device 2 "--device tpu: this build has no such backend" -- "$PS" generate --model "$M" --tokens "$T/t.json" --device tpu
 # the cache as a point of its own: read at the end, with the edited entry zero and the others not
 expect cache-read 0 "wrote" -- "$PS" generate --model "$M" --tokens "$T/t.json" --max-tokens 10 --out "$T/c" \
   --hooks blocks.0.attn.cache_cv,blocks.0.attn.hook_cv --edit blocks.0.attn.cache_cv:1:0:zero
