@@ -823,6 +823,48 @@ static int64_t staged_run(const ps_model *m, const ps_config *c, const int32_t *
     return out;
 }
 
+static int sum_rows(const ps_hook_event *ev, void *user, ps_error *err) {
+    (void)err;
+    double *s = user;
+    int64_t n = 1;
+    for (int d = 0; d < ev->ndim; d++) n *= ev->shape[d];
+    for (int64_t i = 0; i < n; i++) *s += ev->data[i];
+    return 0;
+}
+
+/* ps_generate (core/generate.c: the CLI's and the API's generate) on model m: 3 prompts of 41, 17 and 5
+ * tokens, 6 tokens each (sampled with a seed), a mean and a zero edit where the model has compressed entries,
+ * a host callback on blocks.0.hook_resid_pre; tokens, log-probabilities and the callback's sum written out */
+static int staged_generate(const ps_model *m, const ps_config *c, const int32_t *tok, int32_t *out_tok, double *out_lp, double *hsum) {
+    ps_error err;
+    ps_kvcache kv;
+    if (ps_kvcache_create(&kv, m, NULL, &err)) {
+        CHECK_OK(-1, &err);
+        return -1;
+    }
+    ps_hooks h;
+    ps_hooks_init(&h);
+    CHECK_OK(ps_hooks_add(&h, c, "blocks.0.hook_resid_pre", sum_rows, hsum, &err), &err);
+    int32_t *pr[3] = {(int32_t *)tok, (int32_t *)tok + 50, (int32_t *)tok + 100};
+    int64_t len[3] = {41, 17, 5};
+    ps_generate_opts o = {.max_tokens = 6, .temperature = 1.1, .top_p = 0.95, .seed = 8};
+    ps_generate_edit ed[2] = {{.layer = 0, .head = 0, .value = 0, .entry = 0, .mean = 1}, {.layer = 1, .head = 0, .value = 1, .entry = 1}};
+    int n_ed = c->kind == PS_ATTN_COMPRESSED || c->kind == PS_ATTN_CHANNEL ? 2 : 0;
+    if (c->kind == PS_ATTN_CHANNEL) ed[1].value = 0; /* (one head, cache_ck only) */
+    ps_generate_result r = {0};
+    int rc = ps_generate(&kv, 3, pr, len, &o, ed, n_ed, &h, &r, &err);
+    CHECK_OK(rc, &err);
+    for (int i = 0; !rc && i < 3; i++)
+        for (int k = 0; k < 6; k++) {
+            out_tok[i * 6 + k] = k < r.n_gen[i] ? r.tok[i][k] : -1;
+            out_lp[i * 6 + k] = k < r.n_gen[i] ? r.logprob[i][k] : 0;
+        }
+    ps_generate_result_free(&r);
+    ps_hooks_free(&h);
+    ps_kvcache_free(&kv);
+    return rc;
+}
+
 /* The cache on another backend against the cpu backend, the same appends, forks, edits and hooks
  * (staged_run): full attention, the base grid, a staggered grid, content chunks and the channel attention.
  * On the test backend
@@ -880,6 +922,22 @@ static int test_backend_cache(const char *name) {
         }
         printf("  %s %-10s against the cpu%s: %lld logit rows (%.3g), %lld entry floats (%.3g), hook %.3g\n", name, kinds[kind],
                exact ? ", bit for bit" : "", (long long)(nl[0] / V), dl, (long long)ne[0], de, dg);
+        /* generation (sampled, edits, a host callback) through the same two caches' code */
+        int32_t gt[2][18];
+        double glp[2][18], hs[2] = {0, 0}, wl = 0;
+        int gr0 = staged_generate(&m[0], &c, tok, gt[0], glp[0], &hs[0]), gr1 = staged_generate(&m[1], &c, tok, gt[1], glp[1], &hs[1]);
+        int same_tok = !memcmp(gt[0], gt[1], sizeof gt[0]);
+        for (int k = 0; k < 18; k++) wl = fmax(wl, fabs(glp[0][k] - glp[1][k]));
+        double dh = fabs(hs[1] - hs[0]) / fmax(fabs(hs[0]), 1e-30);
+        if (exact)
+            CHECK(!gr0 && !gr1 && same_tok && !memcmp(glp[0], glp[1], sizeof glp[0]) && hs[0] == hs[1],
+                  "%s %s: generate differs from the cpu's (tokens %s, log-probabilities %.3g, hook %.3g)", name, kinds[kind],
+                  same_tok ? "equal" : "differ", wl, dh);
+        else /* a sampled token may flip where the cpu's draw falls within rounding of a boundary: say so */
+            CHECK(!gr0 && !gr1 && (!same_tok || (wl < TOL && dh < TOL)), "%s %s: generate's log-probabilities %.3g, hook %.3g from the cpu's",
+                  name, kinds[kind], wl, dh);
+        printf("  %s %-10s generate against the cpu: tokens %s, log-probabilities %.3g, hook %.3g\n", name, kinds[kind],
+               same_tok ? "equal" : "DIFFER (a sampled flip?)", wl, dh);
         for (int b = 0; b < 2; b++) free(lg[b]), free(ent[b]), ps_model_free(&m[b]);
         free(tok);
     }
