@@ -136,15 +136,27 @@ int ps_generate(ps_kvcache *kv, int n, int32_t *const *prompt, const int64_t *le
         if (!out->tok[i] || !out->logprob[i]) rc = -1;
     }
     if (rc) ps_fail(err, "out of memory for generating from %d prompts", n);
-    /* prefill: every prompt in one append */
+    /* prefill: every prompt in one append. With edits, every prompt but its last token first, then the
+     * edits, then the last tokens in one append, so that the first token picked sees the edited cache too
+     * (what an edit means: from the first generated token on). */
     int64_t off = 0;
-    for (int i = 0; i < n && !rc; i++) {
+    for (int i = 0; i < n && !rc; i++)
         if ((ids[i] = ps_kvcache_add(kv, err)) < 0) rc = -1;
-        memcpy(cat + off, prompt[i], (size_t)len[i] * sizeof *cat);
-        off += len[i];
+    if (!rc && !n_edits) {
+        for (int i = 0; i < n; off += len[i], i++) memcpy(cat + off, prompt[i], (size_t)len[i] * sizeof *cat);
+        rc = ps_kvcache_append(kv, n, ids, len, cat, hooks, lg, true, err);
+    } else if (!rc) {
+        int nh = 0;
+        for (int i = 0; i < n; i++) {
+            if (len[i] < 2) continue;
+            act[nh] = ids[i];
+            nn[nh++] = len[i] - 1;
+            memcpy(cat + off, prompt[i], (size_t)(len[i] - 1) * sizeof *cat);
+            off += len[i] - 1;
+        }
+        if (nh) rc = ps_kvcache_append(kv, nh, act, nn, cat, hooks, NULL, true, err);
     }
-    if (!rc) rc = ps_kvcache_append(kv, n, ids, len, cat, hooks, lg, true, err);
-    /* the edits: zero, or the mean of the entry over the prompts that hold it now */
+    /* the edits: zero, a given vector, or the mean of the entry over the prompts that hold it now */
     for (int k = 0; k < n_edits && !rc; k++) {
         const ps_generate_edit *e = &edits[k];
         if (!e->mean) {
@@ -164,11 +176,19 @@ int ps_generate(ps_kvcache *kv, int n, int32_t *const *prompt, const int64_t *le
         char pn[96];
         ps_kvcache_point_name(kv, e->layer, e->value, pn, sizeof pn);
         if (!rc && !have)
-            rc = ps_fail(err, "edit %s:%d:%lld:mean: no prompt holds entry %lld after the prefill (nothing to average)", pn, e->head,
+            rc = ps_fail(err, "edit %s:%d:%lld:mean: no prompt holds entry %lld before its last token (nothing to average)", pn, e->head,
                          (long long)e->entry, (long long)e->entry);
         for (int64_t x = 0; x < ew && !rc; x++) vec[x] = (float)(acc[x] / have);
         if (!rc) rc = ps_kvcache_edit(kv, -1, e->layer, e->head, e->value, e->entry, PS_KV_EDIT_SET, vec, err);
         free(acc);
+    }
+    if (!rc && n_edits) { /* the prompts' last tokens, after the edits: the logits of the first pick */
+        for (int i = 0; i < n; i++) {
+            act[i] = ids[i];
+            nn[i] = 1;
+            next[i] = prompt[i][len[i] - 1];
+        }
+        rc = ps_kvcache_append(kv, n, act, nn, next, hooks, lg, true, err);
     }
     ps_rng r;
     ps_rng_seed(&r, o->seed);

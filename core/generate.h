@@ -1,8 +1,10 @@
-/* generate.h — text generation through the KV cache (core/kvcache.h): each prompt is prefilled (one
- * append), the cache edits asked for are applied (zero, or mean replacement: the mean of that entry over
- * the prompts that hold it after the prefill, as the knockout's mean over prompts at the same position),
- * then every sequence decodes one token per step, all sequences in one append (a batch of different
- * lengths). Greedy by default (the first maximum of the logits); temperature > 0 samples from
+/* generate.h — text generation through the KV cache (core/kvcache.h): the prompts are prefilled (one
+ * append), then every sequence decodes one token per step, all sequences in one append (a batch of
+ * different lengths). Cache edits (zero, a given vector, or mean replacement: the mean of that entry over
+ * the prompts that hold it, as the knockout's mean over prompts at the same position) hold from the first
+ * generated token on: with edits the prefill runs every prompt but its last token, the edits are made (a
+ * mean over the entries held then), and the last tokens run in one append whose logits give the first
+ * pick; an entry whose window closes later is edited when it closes. Greedy by default (the first maximum of the logits); temperature > 0 samples from
  * softmax(logits / temperature), restricted to the smallest set of tokens whose probability reaches top_p
  * (nucleus), with a seeded generator (core/rng.h). The log-probability of each generated token is under
  * the model's own distribution (softmax of the logits at temperature 1). */

@@ -33,8 +33,9 @@ const ps_command ps_cmd_generate = {
                 "                    [--device NAME [--precision P]]\n",
     .description =
         "Prefills each prompt into the KV cache (docs/kvcache.md) and decodes one token per step for every\n"
-        "prompt at once, greedy by default. --edit changes compressed entries of the cache for the rest of the\n"
-        "generation: zero, or mean (the entry's mean over the prompts that hold it after the prefill).\n"
+        "prompt at once, greedy by default. --edit changes compressed entries of the cache from the first\n"
+        "generated token on: zero, or mean (the entry's mean over the prompts that hold it before their last\n"
+        "token runs; the prompts' last tokens run after the edits, so the first pick sees them).\n"
         "--hooks records activations as they fire during the prefill and every decode step. Prints the\n"
         "generated text (token ids without a tokenizer); --out DIR writes generate.json with provenance and the\n"
         "per-token log-probabilities (softmax of the logits at temperature 1). DeepSeek-V4 checkpoints: the hook\n"

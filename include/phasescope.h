@@ -318,13 +318,14 @@ PS_API int ps_api_cache_edit(ps_api_cache *c, int seq, const char *point_name, i
  *   "top_p": P        in (0, 1] (default 1): sample from the smallest set of tokens whose probability
  *                     reaches P (nucleus)
  *   "seed": S         the sampler's seed (integer >= 0, default 0): the same seed, the same tokens
- *   "edits": [...]    cache edits made after the prefill, for the rest of the generation, in every
- *                     sequence: a string "POINT:HEAD:ENTRY:zero|mean" (the CLI's --edit; mean: the entry's
- *                     mean over the prompts that hold it after the prefill), or an object {"point": POINT,
+ *   "edits": [...]    cache edits holding from the first generated token on, in every sequence (the
+ *                     prompts' last tokens run after them): a string "POINT:HEAD:ENTRY:zero|mean" (the
+ *                     CLI's --edit; mean: the entry's mean over the prompts that hold it before their last
+ *                     token), or an object {"point": POINT,
  *                     "head": G, "entry": J, "value": [the entry's width of numbers]} (set to that vector)
  * hooks (NULL: none) fire during every append as in ps_api_cache_append, a sequence at a time (B = 1): at
- * the prefill each prompt in order (T = its tokens), then at each step each sequence still generating
- * (T = 1). Out: row i of tokens_out
+ * the prefill each prompt in order (T = its tokens; with edits, T = its tokens but the last, then after the
+ * edits T = 1 for its last token), then at each step each sequence still generating (T = 1). Out: row i of tokens_out
  * [n, max_tokens] and logprobs_out [n, max_tokens] (NULL: not wanted) holds prompt i's tokens and their
  * log-probabilities under the model (softmax of the logits at temperature 1), n_gen[i] how many it got:
  * max_tokens, or fewer when the sequence reached ps_api_max_tokens (the rest of the row: -1 and 0). The

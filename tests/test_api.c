@@ -907,6 +907,8 @@ static void check_generate(void) {
             seq[lens[i] + t] = out[i * MT + t];
         }
     }
+    double greedy_lp0[N];
+    for (int i = 0; i < N; i++) greedy_lp0[i] = lp[i * MT];
     /* sampled: the log-probabilities are the forward's at the sampled tokens; the same seed repeats them,
      * another seed does not */
     const char *samp = "{\"temperature\": 1.5, \"top_p\": 0.95, \"seed\": 11}";
@@ -929,8 +931,9 @@ static void check_generate(void) {
     CHECK(!ps_api_generate(m, cat, lens, N, MT, "{\"temperature\": 1.5, \"top_p\": 0.95, \"seed\": 12}", NULL, out2, lp2, ng, err, sizeof err) &&
               memcmp(out, out2, sizeof out),
           "seeds 11 and 12 gave the same 18 tokens: %s", err);
-    /* edits: "mean" and a "set" object = the mean computed here and set through a cache, then a greedy
-     * loop over its appends */
+    /* edits: "mean" and a "set" object = through a cache: every prompt but its last token, the mean computed
+     * here over the entries held then, both set, the last tokens, then a greedy loop over its appends (the
+     * first token picked sees the edits) */
     const char *CK = "blocks.0.attn.cache_ck";
     float vec[16], mean[16] = {0}, e[16];
     for (int k = 0; k < 16; k++) vec[k] = 4.0f - 0.5f * (float)k;
@@ -939,12 +942,15 @@ static void check_generate(void) {
     for (int k = 0; k < 16; k++) o += snprintf(opts + o, sizeof opts - (size_t)o, "%s%.9g", k ? ", " : "", vec[k]);
     snprintf(opts + o, sizeof opts - (size_t)o, "]}]}");
     CHECK(!ps_api_generate(m, cat, lens, N, MT, opts, NULL, out, lp, ng, err, sizeof err), "generate with edits: %s", err);
+    double first = 0;
+    for (int i = 0; i < N; i++) first = fmax(first, fabs(lp[i * MT] - greedy_lp0[i]));
+    CHECK(first > 2e-5, "the edits changed the first tokens' log-probabilities by %.3g only", first);
     ps_api_cache *c = NULL;
     CHECK(!ps_api_cache_new(m, &c, err, sizeof err), "cache: %s", err);
     float *lg = malloc((size_t)(28 * V) * sizeof *lg);
     int sid[N], have = 0;
     for (int i = 0, off = 0; c && i < N; off += (int)lens[i], i++) {
-        CHECK(!ps_api_cache_add(c, &sid[i], err, sizeof err) && !ps_api_cache_append(c, sid[i], cat + off, lens[i], NULL, lg + off * V, err, sizeof err),
+        CHECK(!ps_api_cache_add(c, &sid[i], err, sizeof err) && !ps_api_cache_append(c, sid[i], cat + off, lens[i] - 1, NULL, NULL, err, sizeof err),
               "prefill %d: %s", i, err);
         if (ps_api_cache_n_entries(c, sid[i], 0, 2) < 1) continue;
         CHECK(!ps_api_cache_entry(c, sid[i], CK, 2, 0, e, err, sizeof err), "entry: %s", err);
@@ -957,7 +963,8 @@ static void check_generate(void) {
         CHECK(!ps_api_cache_edit(c, -1, CK, 2, 0, "set", mean, err, sizeof err) && !ps_api_cache_edit(c, -1, CK, 5, 0, "set", vec, err, sizeof err),
               "edits: %s", err);
         for (int i = 0, off = 0; i < N; off += (int)lens[i], i++) {
-            CHECK(!cache_greedy(c, sid[i], lg + (off + lens[i] - 1) * V, V, MT, out2 + i * MT, lp2 + i * MT), "greedy loop: %s", err);
+            CHECK(!ps_api_cache_append(c, sid[i], cat + off + lens[i] - 1, 1, NULL, lg, err, sizeof err), "last token %d: %s", i, err);
+            CHECK(!cache_greedy(c, sid[i], lg, V, MT, out2 + i * MT, lp2 + i * MT), "greedy loop: %s", err);
             double wl = 0;
             for (int t = 0; t < MT; t++) wl = fmax(wl, fabs(lp[i * MT + t] - lp2[i * MT + t]));
             CHECK(!memcmp(out + i * MT, out2 + i * MT, MT * sizeof *out) && wl < 1e-5, /* (one append of 3 rows vs 1) */

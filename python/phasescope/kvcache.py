@@ -181,7 +181,7 @@ def generate(model, tokens, max_tokens=16, edits=(), fwd_hooks=(), temperature=0
     or several (a list of 1-d ids, or a 2-d array), generated together. Every prompt is prefilled, the
     edits made, then max_tokens tokens decoded for each, stopping at the model's max_tokens. Greedy (the
     first maximum of the logits) by default; temperature > 0 samples from softmax(logits / temperature)
-    within the nucleus top_p, with seed. edits, for the rest of the generation: (name, head, j) zeroes entry
+    within the nucleus top_p, with seed. edits, from the first generated token on: (name, head, j) zeroes entry
     j of a cache point, (name, head, j, "mean") replaces it with its mean over the prompts that hold it,
     (name, head, j, value) sets it to value. fwd_hooks fire during every append, a sequence at a time.
     progress: fn(tokens so far, max_tokens). Returns (new token ids, their log-probabilities under the

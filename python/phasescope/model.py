@@ -382,7 +382,7 @@ class Model:
         their log-probabilities); several (a list of 1-d ids) -> (a list of id lists, a list of log-probability
         lists). Greedy by default; temperature > 0 samples within top_p, with seed. edits: (name, head, j)
         zeroes, (name, head, j, "mean") mean-replaces, (name, head, j, value) sets entry j of a cache point
-        after the prefill, for the rest of the generation; fwd_hooks fire during every append; progress:
+        from the first generated token on; fwd_hooks fire during every append; progress:
         fn(tokens so far, max_tokens), a truthy return stops it (ps.Cancelled)."""
         from .kvcache import generate
         return generate(self, tokens, max_tokens, edits, fwd_hooks, temperature, top_p, seed, progress)
