@@ -178,7 +178,9 @@ def _edit_json(e):
 
 def generate(model, tokens, max_tokens=16, edits=(), fwd_hooks=(), temperature=0.0, top_p=1.0, seed=0, progress=None):
     """Generation through a KV cache (ps_api_generate: the CLI's `generate`). tokens: one prompt (1-d ids)
-    or several (a list of 1-d ids, or a 2-d array), generated together. Every prompt is prefilled, the
+    or several (a list of 1-d ids, or a 2-d array), generated together; or text (a str, or a list of str)
+    with model.tokenizer, as the CLI's --prompt (encoded with its special tokens; the new tokens decoded
+    without them), which returns text in place of ids. Every prompt is prefilled, the
     edits made, then max_tokens tokens decoded for each, stopping at the model's max_tokens. Greedy (the
     first maximum of the logits) by default; temperature > 0 samples from softmax(logits / temperature)
     within the nucleus top_p, with seed. edits, from the first generated token on: (name, head, j) zeroes entry
@@ -189,6 +191,20 @@ def generate(model, tokens, max_tokens=16, edits=(), fwd_hooks=(), temperature=0
     import json
     from .model import _HookRun
     from .progress import Call
+    texts = [tokens] if isinstance(tokens, str) else (
+        tokens if isinstance(tokens, (list, tuple)) and tokens and all(isinstance(t, str) for t in tokens) else None)
+    if texts is not None:
+        tk = model.tokenizer
+        if tk is None:
+            raise PhasescopeError(f"generate: a text prompt needs a tokenizer: {model.path} has no tokenizer.json "
+                                  "(ps.load(path, tokenizer=...))", code=_lib.EINPUT)
+        ids = [tk.encode(t, add_special=True) for t in texts]
+        for i, x in enumerate(ids):
+            if not x:
+                raise PhasescopeError(f"generate: text prompt {i} has no tokens", code=_lib.EINPUT)
+        new, lps = generate(model, ids, max_tokens, edits, fwd_hooks, temperature, top_p, seed, progress)
+        out = [tk.decode(x, skip_special=True) for x in new]
+        return (out[0], lps[0]) if isinstance(tokens, str) else (out, lps)
     one = isinstance(tokens, np.ndarray) and tokens.ndim == 1 or (
         not isinstance(tokens, np.ndarray) and len(tokens) > 0 and np.ndim(tokens[0]) == 0)
     prompts = [np.asarray(tokens)] if one else [np.asarray(p) for p in tokens]

@@ -168,6 +168,25 @@ def test_generate_progress_and_errors(w8s8, toks):
     assert w8s8.generate(toks[:9], max_tokens=2)[0] == w8s8.generate(toks[:9], max_tokens=2)[0]  # usable after
 
 
+def test_generate_text_equals_cli(tmp_path):
+    """A text prompt through model.tokenizer equals the CLI's generate --prompt (tokens, text, log-probabilities)."""
+    tt = model_path("tests/text/tiny_tokenizer.json")
+    cli("init", "--config", model_path("tests/text/tiny_model.json"), "--out", tmp_path / "tm", "--seed", 2)
+    cli("generate", "--model", tmp_path / "tm", "--tokenizer", tt, "--prompt", "the cat sat on", "--max-tokens", 5,
+        "--temperature", 0.9, "--seed", 3, "--out", tmp_path / "g")
+    ref = json.loads((tmp_path / "g" / "generate.json").read_text())["sequences"][0]
+    m = ps.load(str(tmp_path / "tm"), tokenizer=tt)
+    try:
+        text, lps = m.generate("the cat sat on", max_tokens=5, temperature=0.9, seed=3)
+        assert text == ref["text"] and np.abs(np.array(lps) - np.array(ref["logprobs"])).max() == 0
+        texts, _ = m.generate(["the cat sat on", "a dog"], max_tokens=3)
+        assert len(texts) == 2 and all(isinstance(t, str) for t in texts)
+    finally:
+        m.close()
+    with pytest.raises(ps.PhasescopeError, match="needs a tokenizer"):
+        ps.load(model_path("data/models/w8s8")).generate("the cat", max_tokens=2)
+
+
 def test_model_close_frees_its_caches(toks):
     m = ps.load(model_path("data/models/w8s8"))
     kv = m.kv_cache()
