@@ -187,6 +187,24 @@ def test_generate_text_equals_cli(tmp_path):
         ps.load(model_path("data/models/w8s8")).generate("the cat", max_tokens=2)
 
 
+def test_generate_qwen3_equals_forward_argmax():
+    """A Hugging Face Qwen3 checkpoint (tests/conformance/qwen3_published: q/k norms, GQA, tied embeddings)
+    decodes through the cache as an argmax loop over the whole forward says, log-probabilities within 1e-4."""
+    m = ps.load(model_path("tests/conformance/qwen3_published"))
+    try:
+        prompt = [int(t) for t in tokens(1, 11, m.vocab_size, salt=3)[0]]
+        new, lps = m.generate(prompt, max_tokens=5)
+        seq = list(prompt)
+        for k, lp in zip(new, lps):
+            row = m.run_with_hooks([seq])[0, -1].astype(np.float64)
+            assert k == int(np.argmax(row))
+            assert abs(lp - (row[k] - row.max() - np.log(np.exp(row - row.max()).sum()))) < 1e-4
+            seq.append(k)
+        assert len(new) == 5
+    finally:
+        m.close()
+
+
 def test_model_close_frees_its_caches(toks):
     m = ps.load(model_path("data/models/w8s8"))
     kv = m.kv_cache()
