@@ -208,6 +208,7 @@ typedef struct {
     ps_generate_opts *o;
     ps_generate_edit *edits;
     float **vecs; /* [n_alloc] the "value" lists of object edits (NULL for the others), owned here */
+    int32_t *stop; /* the "stop" ids, owned here */
     int n_edits, n_alloc;
 } gen_options;
 
@@ -275,6 +276,19 @@ static int gen_option(const char *k, json_t *v, void *user, char *err, size_t er
         if (!json_is_integer(v) || json_integer_value(v) < 0)
             return ps_api_say(err, errlen, PS_API_EINPUT, "options: \"seed\": expected an integer >= 0");
         G->o->seed = (uint64_t)json_integer_value(v);
+    } else if (!strcmp(k, "stop")) {
+        size_t n = json_is_array(v) ? json_array_size(v) : 0;
+        int64_t V = ps_kvcache_vocab(G->kv);
+        if (!json_is_array(v) || n > 1024) return ps_api_say(err, errlen, PS_API_EINPUT, "options: \"stop\": expected a list of at most 1024 token ids");
+        free(G->stop);
+        if (!(G->stop = malloc((n ? n : 1) * sizeof *G->stop))) return ps_api_say(err, errlen, PS_API_EFAIL, "out of memory");
+        for (size_t i = 0; i < n; i++) {
+            json_t *x = json_array_get(v, i);
+            if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) >= V)
+                return ps_api_say(err, errlen, PS_API_EINPUT, "options: \"stop\"[%zu]: expected a token id in [0, %lld)", i, (long long)V);
+            G->stop[i] = (int32_t)json_integer_value(x);
+        }
+        G->o->stop = G->stop, G->o->n_stop = (int)n;
     } else if (!strcmp(k, "edits")) {
         if (!json_is_array(v)) return ps_api_say(err, errlen, PS_API_EINPUT, "options: \"edits\": expected a list");
         size_t n = json_array_size(v);
@@ -289,7 +303,7 @@ static int gen_option(const char *k, json_t *v, void *user, char *err, size_t er
         }
         G->n_edits = (int)n;
     } else
-        return ps_api_say(err, errlen, PS_API_EINPUT, "options: \"%s\": unknown (temperature, top_p, seed, edits)", k);
+        return ps_api_say(err, errlen, PS_API_EINPUT, "options: \"%s\": unknown (temperature, top_p, seed, stop, edits)", k);
     return 0;
 }
 
@@ -347,6 +361,7 @@ PS_API int ps_api_generate(ps_api_model *m, const int32_t *tokens, const int64_t
     for (int k = 0; k < G.n_alloc; k++) free(G.vecs[k]);
     free(G.vecs);
     free(G.edits);
+    free(G.stop);
     free(prompt);
     ps_api_cache_free(c);
     return rc;

@@ -116,6 +116,9 @@ int ps_generate(ps_kvcache *kv, int n, int32_t *const *prompt, const int64_t *le
     if (o->max_tokens < 0) return ps_fail(err, "generate: max_tokens %lld must be >= 0", (long long)o->max_tokens);
     if (o->temperature < 0 || !(o->top_p > 0 && o->top_p <= 1))
         return ps_fail(err, "generate: temperature %g must be >= 0 and top_p %g in (0, 1]", o->temperature, o->top_p);
+    for (int k = 0; k < o->n_stop; k++)
+        if (o->stop[k] < 0 || o->stop[k] >= V)
+            return ps_fail(err, "generate: stop token %d is outside the vocabulary [0, %lld)", o->stop[k], (long long)V);
     for (int i = 0; i < n; i++) {
         if (len[i] < 1) return ps_fail(err, "generate: prompt %d is empty", i);
         tot += len[i];
@@ -208,7 +211,9 @@ int ps_generate(ps_kvcache *kv, int n, int32_t *const *prompt, const int64_t *le
             out->tok[i][step] = y;
             out->logprob[i][step] = lp;
             out->n_gen[i]++;
-            if (step + 1 < o->max_tokens && ps_kvcache_len(kv, ids[i]) < max_len) {
+            int stop = 0;
+            for (int k = 0; k < o->n_stop && !stop; k++) stop = y == o->stop[k];
+            if (!stop && step + 1 < o->max_tokens && ps_kvcache_len(kv, ids[i]) < max_len) {
                 act[na] = ids[i];
                 next[na] = y;
                 nn[na++] = 1;

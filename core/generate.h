@@ -23,6 +23,9 @@ typedef struct {
     double temperature;  /* 0: greedy */
     double top_p;        /* (0, 1]; 1: the whole vocabulary */
     uint64_t seed;
+    const int32_t *stop; /* [n_stop] token ids: a sequence that generates one of them stops there (the token
+                          * kept, as Hugging Face's eos_token_id); NULL / 0: none */
+    int n_stop;
     /* called after the prefill (done 0) and after each decode step (done = steps so far, total = max_tokens);
      * non-zero stops the generation: it fails with "cancelled after D of N tokens" (NULL: none) */
     int (*progress)(int64_t done, int64_t total, void *user);

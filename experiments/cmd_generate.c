@@ -18,6 +18,7 @@ static const ps_flag_spec FLAGS[] = {
     {"--temperature", "T", "0 (default): greedy; > 0: sample from softmax(logits / T)", 0},
     {"--top-p", "P", "sample from the smallest set of tokens whose probability reaches P (default 1)", 0},
     {"--seed", "S", "seed of the sampler (default 0)", 0},
+    {"--stop", "IDS", "token ids, comma-separated (at most 64): a sequence stops after generating one (e.g. the EOS id)", 0},
     {"--hooks", "NAMES", "hook points to record during generation, and cache points blocks.L.attn.cache_ck|cache_cv (the cache at the end)", 0},
     {"--edit", "SPECS", "cache edits, comma-separated: blocks.L.attn.cache_ck:HEAD:ENTRY:zero|mean (or cache_cv)", 0},
     {"--out", "DIR", "write generate.json (and hooks.safetensors) there", 0},
@@ -29,7 +30,7 @@ const ps_command ps_cmd_generate = {
     .name = "generate",
     .summary = "generate text through the KV cache (greedy or sampled), with hooks and cache edits",
     .synopsis = "phasescope generate --model DIR (--prompt TEXT --tokenizer FILE | --tokens T.json) [--max-tokens N]\n"
-                "                    [--temperature T --top-p P --seed S] [--hooks NAMES] [--edit SPECS] [--out DIR]\n"
+                "                    [--temperature T --top-p P --seed S] [--stop IDS] [--hooks NAMES] [--edit SPECS] [--out DIR]\n"
                 "                    [--device NAME [--precision P]]\n",
     .description =
         "Prefills each prompt into the KV cache (docs/kvcache.md) and decodes one token per step for every\n"
@@ -75,5 +76,7 @@ static int run(const ps_args *args, ps_error *err) {
         parse_double("--temperature", ps_args_get(args, "--temperature"), 0, 100, &r.temperature, err) ||
         parse_double("--top-p", ps_args_get(args, "--top-p"), 1e-9, 1, &r.top_p, err))
         return -1;
+    const char *stop = ps_args_get(args, "--stop");
+    if (stop && ps_cli_int_list("--stop", stop, 0, INT32_MAX, r.stop, 64, &r.n_stop, err)) return -1;
     return ps_generate_command(args, &r, err);
 }

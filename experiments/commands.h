@@ -27,6 +27,8 @@ typedef struct {
     double temperature;    /* --temperature (default 0: greedy) */
     double top_p;          /* --top-p (default 1) */
     const char *backend;   /* --device / --backend NAME (checked by the scaffold), or NULL: the cpu */
+    int stop[64];          /* --stop IDS: a sequence stops after generating one of them */
+    int n_stop;
 } ps_generate_req;
 
 /* Opens the model, tokenizes or loads the prompts, records the hooks asked for, generates through the KV

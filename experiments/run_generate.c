@@ -109,6 +109,9 @@ int ps_generate_command(const ps_args *args, const ps_generate_req *r, ps_error 
     ps_generate_opts o = {.temperature = r->temperature, .top_p = r->top_p};
     o.max_tokens = max_tokens;
     o.seed = (uint64_t)seed;
+    int32_t stop_ids[64];
+    for (int k = 0; k < r->n_stop; k++) stop_ids[k] = (int32_t)r->stop[k];
+    o.stop = stop_ids, o.n_stop = r->n_stop;
     int rc = -1;
     char dir[4096], *names = NULL, *edits_s = NULL, *cmdline = NULL;
     ps_runtime rt;
@@ -131,6 +134,11 @@ int ps_generate_command(const ps_args *args, const ps_generate_req *r, ps_error 
     have_rt = 1;
     if (ps_runtime_open(&rt, dir, &ro, err)) goto done;
     int64_t max_len = rt.max_pos, vocab = rt.family->vocab(&rt);
+    for (int k = 0; k < r->n_stop; k++)
+        if (r->stop[k] >= vocab) {
+            ps_cli_usage(err, "--stop: token %d is outside the model's vocabulary [0, %lld)", r->stop[k], (long long)vocab);
+            goto done;
+        }
     if (tokfile && ps_tokenizer_load(tokfile, &tk, err)) goto done;
     if (prompt) {
         int32_t *ids = NULL;
@@ -261,6 +269,11 @@ int ps_generate_command(const ps_args *args, const ps_generate_req *r, ps_error 
         json_object_set_new(opt, "max_tokens", json_integer(max_tokens));
         json_object_set_new(opt, "temperature", json_real(o.temperature));
         json_object_set_new(opt, "top_p", json_real(o.top_p));
+        if (r->n_stop) {
+            json_t *st = json_array();
+            for (int k = 0; k < r->n_stop; k++) json_array_append_new(st, json_integer(r->stop[k]));
+            json_object_set_new(opt, "stop", st);
+        }
         for (char *save = NULL, *e = edit_flag ? strtok_r(strcpy(edits_s, edit_flag), ",", &save) : NULL; e; e = strtok_r(NULL, ",", &save))
             json_array_append_new(ed, json_string(e));
         json_object_set_new(opt, "edits", ed);

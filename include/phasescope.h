@@ -318,6 +318,8 @@ PS_API int ps_api_cache_edit(ps_api_cache *c, int seq, const char *point_name, i
  *   "top_p": P        in (0, 1] (default 1): sample from the smallest set of tokens whose probability
  *                     reaches P (nucleus)
  *   "seed": S         the sampler's seed (integer >= 0, default 0): the same seed, the same tokens
+ *   "stop": [ids]     token ids: a sequence that generates one stops there (the token kept; e.g. the
+ *                     checkpoint's EOS id)
  *   "edits": [...]    cache edits holding from the first generated token on, in every sequence (the
  *                     prompts' last tokens run after them): a string "POINT:HEAD:ENTRY:zero|mean" (the
  *                     CLI's --edit; mean: the entry's mean over the prompts that hold it before their last
@@ -328,7 +330,8 @@ PS_API int ps_api_cache_edit(ps_api_cache *c, int seq, const char *point_name, i
  * edits T = 1 for its last token), then at each step each sequence still generating (T = 1). Out: row i of tokens_out
  * [n, max_tokens] and logprobs_out [n, max_tokens] (NULL: not wanted) holds prompt i's tokens and their
  * log-probabilities under the model (softmax of the logits at temperature 1), n_gen[i] how many it got:
- * max_tokens, or fewer when the sequence reached ps_api_max_tokens (the rest of the row: -1 and 0). The
+ * max_tokens, or fewer when it generated a stop token or reached ps_api_max_tokens (the rest of the row:
+ * -1 and 0). The
  * model's progress callback is called after the prefill and after each step (done: steps of max_tokens).
  * Equal to the CLI's generate for the same model, prompts and options (tokens and log-probabilities). */
 PS_API int ps_api_generate(ps_api_model *m, const int32_t *tokens, const int64_t *lens, int n, int64_t max_tokens,

@@ -909,6 +909,24 @@ static void check_generate(void) {
     }
     double greedy_lp0[N];
     for (int i = 0; i < N; i++) greedy_lp0[i] = lp[i * MT];
+    /* "stop": prompt 1's third greedy token stops each sequence right after its first occurrence */
+    {
+        int32_t st[N * MT];
+        int64_t sg[N];
+        char so[64];
+        snprintf(so, sizeof so, "{\"stop\": [%d]}", out[1 * MT + 2]);
+        CHECK(!ps_api_generate(m, cat, lens, N, MT, so, NULL, st, NULL, sg, err, sizeof err), "stop: %s", err);
+        for (int i = 0; i < N; i++) {
+            int64_t want = MT;
+            for (int t = 0; t < MT; t++)
+                if (out[i * MT + t] == out[1 * MT + 2]) {
+                    want = t + 1;
+                    break;
+                }
+            CHECK(sg[i] == want && !memcmp(st + i * MT, out + i * MT, (size_t)want * sizeof *st) && (want == MT || st[i * MT + want] == -1),
+                  "stop %s: prompt %d got %lld tokens (want %lld)", so, i, (long long)sg[i], (long long)want);
+        }
+    }
     /* sampled: the log-probabilities are the forward's at the sampled tokens; the same seed repeats them,
      * another seed does not */
     const char *samp = "{\"temperature\": 1.5, \"top_p\": 0.95, \"seed\": 11}";
@@ -1000,6 +1018,8 @@ static void check_generate(void) {
         {"{\"edits\": [{\"point\": \"blocks.0.attn.cache_ck\", \"head\": 0, \"entry\": 0, \"value\": [1, 2]}]}", "2 numbers"},
         {"{\"edits\": [{\"point\": \"blocks.0.attn.cache_ck\", \"head\": 99, \"entry\": 0, \"value\": []}]}", "head 99"},
         {"{\"edits\": 3}", "a list"},
+        {"{\"stop\": [96]}", "\"stop\"[0]"},
+        {"{\"stop\": 5}", "\"stop\": expected a list"},
     };
     for (size_t k = 0; k < sizeof bad / sizeof *bad; k++) {
         rc = ps_api_generate(m, cat, lens, N, MT, bad[k].opts, NULL, out, lp, ng, err, sizeof err);

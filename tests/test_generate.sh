@@ -62,6 +62,20 @@ ok python3 -c "import json,sys; a,b=(json.load(open(p))['sequences'] for p in sy
 expect sample-cpu 0 "sequence 0:" -- "$PS" generate --model "$M" --tokens "$T/t.json" --max-tokens 8 --temperature 1.2 --top-p 0.9 --seed 5 --device cpu --out "$T/s3"
 ok python3 -c "import json,sys; a,b=(json.load(open(p)) for p in sys.argv[1:]); assert a['sequences']==b['sequences'] and b['provenance']['backend']=='cpu'" "$T/s1/generate.json" "$T/s3/generate.json"
 expect bad-device 2 "--device tpu: this build has no such backend" -- "$PS" generate --model "$M" --tokens "$T/t.json" --device tpu
+# --stop: each sequence stops after the first stop token it generates (the token kept); the others go on
+STOP=$(python3 -c "import json,sys; s=json.load(open(sys.argv[1]))['sequences']; print(s[0]['tokens'][2])" "$T/g/generate.json")
+expect stop 0 "wrote" -- "$PS" generate --model "$M" --tokens "$T/t.json" --max-tokens 20 --stop "$STOP" --out "$T/st"
+ok python3 - "$T/g/generate.json" "$T/st/generate.json" "$STOP" <<'PY'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3]); stop = int(sys.argv[3])
+assert b["options"]["stop"] == [stop], b["options"]
+for x, y in zip(a["sequences"], b["sequences"]):
+    n = x["tokens"].index(stop) + 1 if stop in x["tokens"] else len(x["tokens"])
+    # (a stopped sequence leaves the others' appends: a smaller batch, other last bits)
+    assert y["tokens"] == x["tokens"][:n] and max(abs(p - q) for p, q in zip(y["logprobs"], x["logprobs"])) < 1e-5, (n, x, y)
+assert len(b["sequences"][0]["tokens"]) <= 3
+PY
+expect bad-stop 2 "--stop: token 4000 is outside the model's vocabulary" -- "$PS" generate --model "$M" --tokens "$T/t.json" --stop 4000
 # the cache as a point of its own: read at the end, with the edited entry zero and the others not
 expect cache-read 0 "wrote" -- "$PS" generate --model "$M" --tokens "$T/t.json" --max-tokens 10 --out "$T/c" \
   --hooks blocks.0.attn.cache_cv,blocks.0.attn.hook_cv --edit blocks.0.attn.cache_cv:1:0:zero

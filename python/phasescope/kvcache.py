@@ -176,7 +176,8 @@ def _edit_json(e):
     return {"point": name, "head": head, "entry": j, "value": [float(x) for x in v]}  # float32 -> double: exact
 
 
-def generate(model, tokens, max_tokens=16, edits=(), fwd_hooks=(), temperature=0.0, top_p=1.0, seed=0, progress=None):
+def generate(model, tokens, max_tokens=16, edits=(), fwd_hooks=(), temperature=0.0, top_p=1.0, seed=0, progress=None,
+             stop=()):
     """Generation through a KV cache (ps_api_generate: the CLI's `generate`). tokens: one prompt (1-d ids)
     or several (a list of 1-d ids, or a 2-d array), generated together; or text (a str, or a list of str)
     with model.tokenizer, as the CLI's --prompt (encoded with its special tokens; the new tokens decoded
@@ -185,7 +186,8 @@ def generate(model, tokens, max_tokens=16, edits=(), fwd_hooks=(), temperature=0
     first maximum of the logits) by default; temperature > 0 samples from softmax(logits / temperature)
     within the nucleus top_p, with seed. edits, from the first generated token on: (name, head, j) zeroes entry
     j of a cache point, (name, head, j, "mean") replaces it with its mean over the prompts that hold it,
-    (name, head, j, value) sets it to value. fwd_hooks fire during every append, a sequence at a time.
+    (name, head, j, value) sets it to value. stop: token ids (e.g. the EOS id) after which a sequence stops
+    (the token kept). fwd_hooks fire during every append, a sequence at a time.
     progress: fn(tokens so far, max_tokens). Returns (new token ids, their log-probabilities under the
     model) for one prompt, or lists of them (one per prompt)."""
     import json
@@ -202,7 +204,7 @@ def generate(model, tokens, max_tokens=16, edits=(), fwd_hooks=(), temperature=0
         for i, x in enumerate(ids):
             if not x:
                 raise PhasescopeError(f"generate: text prompt {i} has no tokens", code=_lib.EINPUT)
-        new, lps = generate(model, ids, max_tokens, edits, fwd_hooks, temperature, top_p, seed, progress)
+        new, lps = generate(model, ids, max_tokens, edits, fwd_hooks, temperature, top_p, seed, progress, stop)
         out = [tk.decode(x, skip_special=True) for x in new]
         return (out[0], lps[0]) if isinstance(tokens, str) else (out, lps)
     one = isinstance(tokens, np.ndarray) and tokens.ndim == 1 or (
@@ -220,7 +222,7 @@ def generate(model, tokens, max_tokens=16, edits=(), fwd_hooks=(), temperature=0
     if mt < 0:
         raise PhasescopeError(f"generate: max_tokens {mt} must be >= 0", code=_lib.EINPUT)
     opts = {"temperature": float(temperature), "top_p": float(top_p), "seed": int(seed),
-            "edits": [_edit_json(e) for e in edits]}
+            "stop": [int(t) for t in stop], "edits": [_edit_json(e) for e in edits]}
     toks = np.empty((n, max(mt, 1)), np.int32)
     lps = np.empty((n, max(mt, 1)), np.float64)
     n_gen = np.zeros(n, np.int64)

@@ -377,15 +377,17 @@ class Model:
         from .kvcache import KVCache
         return KVCache(self)
 
-    def generate(self, tokens, max_tokens=16, edits=(), fwd_hooks=(), temperature=0.0, top_p=1.0, seed=0, progress=None):
+    def generate(self, tokens, max_tokens=16, edits=(), fwd_hooks=(), temperature=0.0, top_p=1.0, seed=0, progress=None,
+                 stop=()):
         """Generation through a KV cache (the CLI's `generate`): one prompt (1-d ids) -> (new token ids,
         their log-probabilities); several (a list of 1-d ids) -> (a list of id lists, a list of log-probability
         lists); text (a str or a list of str, with self.tokenizer) -> the new text in place of the ids. Greedy by default; temperature > 0 samples within top_p, with seed. edits: (name, head, j)
         zeroes, (name, head, j, "mean") mean-replaces, (name, head, j, value) sets entry j of a cache point
         from the first generated token on; fwd_hooks fire during every append; progress:
-        fn(tokens so far, max_tokens), a truthy return stops it (ps.Cancelled)."""
+        fn(tokens so far, max_tokens), a truthy return stops it (ps.Cancelled); stop: token ids (e.g. the EOS
+        id) after which a sequence stops, the token kept."""
         from .kvcache import generate
-        return generate(self, tokens, max_tokens, edits, fwd_hooks, temperature, top_p, seed, progress)
+        return generate(self, tokens, max_tokens, edits, fwd_hooks, temperature, top_p, seed, progress, stop)
 
 
 def load(path, device="cpu", tokenizer=None, lazy=None, layers=None):

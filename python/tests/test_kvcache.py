@@ -165,6 +165,12 @@ def test_generate_progress_and_errors(w8s8, toks):
             w8s8.generate(toks[:9], **{"max_tokens": 3, **kw})
     with pytest.raises(ps.PhasescopeError, match="prompt 1"):
         w8s8.generate([list(toks[:4]), []], max_tokens=2)
+    # stop: the sequence ends at the first stop token it generates, the token kept
+    full, _ = w8s8.generate(toks[:9], max_tokens=6)
+    cut, _ = w8s8.generate(toks[:9], max_tokens=6, stop=[full[1]])
+    assert cut == full[:full.index(full[1]) + 1]
+    with pytest.raises(ps.PhasescopeError, match="stop"):
+        w8s8.generate(toks[:9], max_tokens=2, stop=[w8s8.vocab_size])
     assert w8s8.generate(toks[:9], max_tokens=2)[0] == w8s8.generate(toks[:9], max_tokens=2)[0]  # usable after
 
 
