@@ -235,9 +235,9 @@ check "a DeepSeek-V4 usage error under mpirun: said once, exit 2" '[ $rc -eq 2 ]
 
 # ---- data-parallel training ----
 section "data-parallel training"
-# NS steps with a checkpoint (and eval, gate records) every HALF; under the sanitizers half as many (the same
+# NS steps with a checkpoint (and eval, gate records) every HALF; under the sanitizers 6 and 3 (the same
 # paths: checkpoints, resume across rank counts, evals, gate records)
-NS=20 HALF=10; [ "$SAN" = 1 ] && NS=10 HALF=5
+NS=20 HALF=10; [ "$SAN" = 1 ] && NS=6 HALF=3
 sed "s/\"steps\": 400/\"steps\": $NS/; s/\"checkpoint_every\": 200/\"checkpoint_every\": $HALF/; s/\"log_every\": 50/\"log_every\": 2/; s/\"eval_every\": 100/\"eval_every\": $HALF/; s/\"gates_every\": 100/\"gates_every\": $HALF/" \
   "$SRC/experiments/configs/tiny_kv_w4s4.json" > "$T/cfg.json"
 $MPI -np 1 "$PS" train --config "$T/cfg.json" --out "$T/t1" > /dev/null 2>&1
