@@ -821,6 +821,23 @@ static enum MHD_Result completions(ps_server *sv, struct MHD_Connection *conn, c
         st = 400, snprintf(msg, sizeof msg, "n: only 1 completion per prompt is served");
     if (!st && (v = json_object_get(root, "best_of")) && !json_is_null(v) && (!json_is_integer(v) || json_integer_value(v) != 1))
         st = 400, snprintf(msg, sizeof msg, "best_of: only 1 is served");
+    /* what an OpenAI or vLLM client may ask for and this server does not do: refused when it would change the
+     * completion (absent, null or the neutral value is fine), never ignored */
+    static const struct {
+        const char *key;
+        double neutral; /* a number equal to this, an empty string, list or object, or false: nothing asked */
+    } unserved[] = {{"top_p", 1},        {"top_k", -1},           {"min_p", 0},          {"stop", 0},
+                    {"stop_token_ids", 0}, {"presence_penalty", 0}, {"frequency_penalty", 0}, {"repetition_penalty", 1},
+                    {"logit_bias", 0},   {"suffix", 0},           {"min_tokens", 0},     {"ignore_eos", 0}};
+    for (size_t k = 0; !st && k < sizeof unserved / sizeof *unserved; k++) {
+        v = json_object_get(root, unserved[k].key);
+        int neutral = !v || json_is_null(v) || json_is_false(v) || (json_is_number(v) && json_number_value(v) == unserved[k].neutral) ||
+                      (json_is_string(v) && !*json_string_value(v)) || (json_is_array(v) && !json_array_size(v)) ||
+                      (json_is_object(v) && !json_object_size(v));
+        if (!neutral)
+            st = 400, snprintf(msg, sizeof msg, "%s: not served here (a completion is greedy or sampled from softmax(logits / temperature), "
+                                                "and ends after max_tokens tokens)", unserved[k].key);
+    }
     if (!st && (v = json_object_get(root, "stream")) && !json_is_null(v)) {
         if (!json_is_boolean(v)) st = 400, snprintf(msg, sizeof msg, "stream: expected true or false");
         else q.stream = json_is_true(v);

@@ -520,6 +520,10 @@ int main(void) {
         {"POST", "/v1/completions", "{\"prompt\": [1, 2], \"max_tokens\": 255}", "context", 400},
         {"POST", "/v1/completions", "{\"prompt\": [1, 2], \"echo\": 3}", "echo", 400},
         {"POST", "/v1/completions", "{\"prompt\": [1, 2], \"n\": 2}", "n:", 400},
+        {"POST", "/v1/completions", "{\"prompt\": [1, 2], \"stop\": [\"\\n\"]}", "stop: not served", 400},
+        {"POST", "/v1/completions", "{\"prompt\": [1, 2], \"top_p\": 0.9}", "top_p: not served", 400},
+        {"POST", "/v1/completions", "{\"prompt\": [1, 2], \"stop_token_ids\": [3]}", "stop_token_ids: not served", 400},
+        {"POST", "/v1/completions", "{\"prompt\": [1, 2], \"presence_penalty\": 0.5}", "presence_penalty: not served", 400},
         {"POST", "/v1/completions", "{\"prompt\": [1, 2], \"stream\": 3}", "stream", 400},
         {"POST", "/v1/completions", "{\"prompt\": [1, 2], \"stream\": true, \"stream_options\": 5}", "stream_options", 400},
         {"POST", "/v1/completions", "{\"prompt\": [1, 2], \"stream\": true, \"logprobs\": 6}", "--max-logprobs", 400},
@@ -554,6 +558,15 @@ int main(void) {
     OK(tu_http(port, "GET", "/health", NULL, &r) == 200);
     json_decref(r);
     OK(tu_http(port, "POST", "/v1/completions", "{\"prompt\": [1, 2, 3], \"max_tokens\": 1, \"temperature\": 0}", &r) == 200);
+    /* the unserved keys at their neutral values (what a client library may send) change nothing */
+    json_t *r2 = NULL;
+    OK(tu_http(port, "POST", "/v1/completions",
+               "{\"prompt\": [1, 2, 3], \"max_tokens\": 1, \"temperature\": 0, \"top_p\": 1, \"stop\": null, \"stop_token_ids\": [], "
+               "\"presence_penalty\": 0, \"frequency_penalty\": 0.0, \"logit_bias\": {}, \"top_k\": -1, \"ignore_eos\": false}",
+               &r2) == 200);
+    OK(r && r2 && json_equal(json_object_get(json_array_get(json_object_get(r, "choices"), 0), "text"),
+                             json_object_get(json_array_get(json_object_get(r2, "choices"), 0), "text")));
+    json_decref(r2);
     json_decref(r);
 
     /* ---- 32 concurrent clients, each its own prompt: every answer is its own greedy token ---- */
