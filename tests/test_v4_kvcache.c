@@ -31,6 +31,7 @@
 
 #include "check.h"
 #include "core/cuda/kvcache_v4_bodies.h"
+#include "core/generate.h"
 #include "core/kvcache.h"
 #include "core/ops.h"
 #include "core/rng.h"
@@ -736,6 +737,41 @@ static int64_t staged_run(ps_v4_model *m, const int32_t *tok, int64_t T, float *
     return out;
 }
 
+/* ps_generate (core/generate.c: the CLI's and the API's generate) on model m: 3 prompts of 37, 15 and 4 tokens,
+ * 6 tokens each, sampled with a seed; a mean edit of the first compressed layer's entry 0 and a zero edit of
+ * the last CSA layer's indexer key 1 (so the prompts' last tokens run after the edits). Tokens and
+ * log-probabilities written out. */
+static int staged_generate(ps_v4_model *m, const int32_t *tok, int32_t *out_tok, double *out_lp) {
+    const ps_v4_config *c = &m->cfg;
+    ps_error err;
+    ps_kvcache kv;
+    if (ps_v4_kvcache_create(&kv, m, NULL, &err)) {
+        CHECK_OK(-1, &err);
+        return -1;
+    }
+    int first_comp = -1, last_csa = -1;
+    for (int l = 0; l < c->n_layers; l++) {
+        if (c->attn_type[l] != PS_V4_SLIDING && first_comp < 0) first_comp = l;
+        if (c->attn_type[l] == PS_V4_CSA) last_csa = l;
+    }
+    int32_t *pr[3] = {(int32_t *)tok, (int32_t *)tok + 50, (int32_t *)tok + 100};
+    int64_t len[3] = {37, 15, 4};
+    ps_generate_opts o = {.max_tokens = 6, .temperature = 1.1, .top_p = 0.95, .seed = 8};
+    ps_generate_edit ed[2] = {{.layer = first_comp, .head = 0, .value = 0, .entry = 0, .mean = 1},
+                              {.layer = last_csa, .head = 0, .value = 1, .entry = 1}};
+    ps_generate_result r = {0};
+    int rc = ps_generate(&kv, 3, pr, len, &o, ed, last_csa >= 0 ? 2 : 1, NULL, &r, &err);
+    CHECK_OK(rc, &err);
+    for (int i = 0; !rc && i < 3; i++)
+        for (int k = 0; k < 6; k++) {
+            out_tok[i * 6 + k] = k < r.n_gen[i] ? r.tok[i][k] : -1;
+            out_lp[i * 6 + k] = k < r.n_gen[i] ? r.logprob[i][k] : 0;
+        }
+    ps_generate_result_free(&r);
+    ps_kvcache_free(&kv);
+    return rc;
+}
+
 /* The cache on backend `name` against the cpu backend, the same appends, fork, edits, truncate and hooks
  * (staged_run), on mix4 (sliding, CSA and HCA layers) and hub3. On the test backend cpu-staged — the cpu's
  * ops and memory behind a context that says its buffers are not host-visible, so every page write, op over
@@ -797,6 +833,19 @@ static int test_backend_cache(const char *name) {
         printf("  %s %s against the cpu%s: %lld logit rows (%.3g), %lld entry floats (%.3g), gate hook %.3g, top-k hook %s\n", name,
                models[k], exact ? ", bit for bit" : "", (long long)(nl[0] / V), dl, (long long)ne[0], de, dg,
                sums[0][1] == sums[1][1] ? "the same" : "differs");
+        /* generation (sampled, a mean and a zero edit) through the two models' caches */
+        int32_t gt[2][18];
+        double glp[2][18], wl = 0;
+        int gr0 = staged_generate(&m[0], tok, gt[0], glp[0]), gr1 = staged_generate(&m[1], tok, gt[1], glp[1]);
+        int same_tok = !memcmp(gt[0], gt[1], sizeof gt[0]);
+        for (int i = 0; i < 18; i++) wl = fmax(wl, fabs(glp[0][i] - glp[1][i]));
+        if (exact)
+            CHECK(!gr0 && !gr1 && same_tok && !memcmp(glp[0], glp[1], sizeof glp[0]), "%s %s: generate differs from the cpu's (tokens %s, %.3g)",
+                  name, models[k], same_tok ? "equal" : "differ", wl);
+        else /* a sampled token may flip where the draw falls within rounding of a boundary: said, not failed */
+            CHECK(!gr0 && !gr1 && (!same_tok || wl < tol), "%s %s: generate's log-probabilities %.3g from the cpu's", name, models[k], wl);
+        printf("  %s %s generate against the cpu: tokens %s, log-probabilities %.3g\n", name, models[k],
+               same_tok ? "equal" : "DIFFER (a sampled flip?)", wl);
         for (int b = 0; b < 2; b++) free(lg[b]), free(ent[b]), ps_v4_model_free(&m[b]);
     }
     return 1;
