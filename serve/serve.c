@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "core/fileio.h"
+#include "core/generate.h"
 #include "core/rng.h"
 #include "interventions/textkv.h"
 #include "serve/decode.h"
@@ -39,7 +40,7 @@ typedef struct {
     int64_t n_prompt, n, gen_max;
     int all_rows;    /* the first step computes every row (echo with logprobs, prompt_logprobs) */
     int K;           /* top entries per position */
-    double temp;
+    double temp, top_p;
     ps_rng rng;
     pinfo *pi;       /* [n_prompt + gen_max]: pi[t] for token t (t >= 1) */
     int32_t *tid_pool;
@@ -110,7 +111,7 @@ static void job_release(job *j) {
 
 /* the row statistics of one logits row for token y (two passes: the maximum, then the sum of exponentials,
  * the rank of y and the K best); choose: pick the next token (greedy: the first maximum, as the local
- * scoring does; temperature > 0: sampled) */
+ * scoring does; temperature > 0: sampled within the nucleus top_p, generate's sampler: ps_generate_pick) */
 static int32_t row_stats(seqst *s, const float *x, int64_t V, int32_t y, int choose, pinfo *pi) {
     float mx = x[0];
     int64_t arg = 0;
@@ -120,18 +121,9 @@ static int32_t row_stats(seqst *s, const float *x, int64_t V, int32_t y, int cho
             arg = i;
         }
     if (choose) {
-        if (s->temp > 0) { /* sample from softmax(x / temp) */
-            double z = 0;
-            for (int64_t i = 0; i < V; i++) z += exp((double)(x[i] - mx) / s->temp);
-            double u = ps_rng_uniform(&s->rng) * z, c = 0;
-            y = (int32_t)(V - 1);
-            for (int64_t i = 0; i < V; i++) {
-                c += exp((double)(x[i] - mx) / s->temp);
-                if (c > u) {
-                    y = (int32_t)i;
-                    break;
-                }
-            }
+        if (s->temp > 0) { /* sample from softmax(x / temp) within the nucleus top_p */
+            double lp_unused;
+            y = ps_generate_pick(x, V, s->temp, s->top_p, &s->rng, &lp_unused);
         } else
             y = (int32_t)arg;
     }
@@ -395,7 +387,7 @@ static int64_t utf8_chars(const char *s) {
 typedef struct {
     int64_t max_tokens, logprobs, prompt_logprobs; /* -1: not asked */
     int echo, as_ids;
-    double temperature;
+    double temperature, top_p;
     uint64_t seed;
     int stream, usage; /* "stream": server-sent events; stream_options.include_usage */
 } creq;
@@ -787,7 +779,7 @@ static enum MHD_Result completions(ps_server *sv, struct MHD_Connection *conn, c
         return root ? respond_error(conn, 400, NULL, "the body is not a JSON object")
                     : respond_error(conn, 400, NULL, "the body is not JSON: %s (line %d, column %d)", je.text, je.line, je.column);
     }
-    creq q = {16, -1, -1, 0, 0, 1.0, 0, 0, 0};
+    creq q = {.max_tokens = 16, .logprobs = -1, .prompt_logprobs = -1, .temperature = 1.0, .top_p = 1.0};
     int st = 0;
     json_t *v;
     const char *mname = json_string_value(json_object_get(root, "model"));
@@ -813,6 +805,11 @@ static enum MHD_Result completions(ps_server *sv, struct MHD_Connection *conn, c
             st = 400, snprintf(msg, sizeof msg, "temperature: expected a number in [0, 100]");
         else q.temperature = json_number_value(v);
     }
+    if (!st && (v = json_object_get(root, "top_p")) && !json_is_null(v)) {
+        if (!json_is_number(v) || !(json_number_value(v) > 0 && json_number_value(v) <= 1))
+            st = 400, snprintf(msg, sizeof msg, "top_p: expected a number in (0, 1]");
+        else q.top_p = json_number_value(v);
+    }
     if (!st && (v = json_object_get(root, "seed")) && !json_is_null(v)) {
         if (!json_is_integer(v)) st = 400, snprintf(msg, sizeof msg, "seed: expected an integer");
         else q.seed = (uint64_t)json_integer_value(v);
@@ -826,7 +823,7 @@ static enum MHD_Result completions(ps_server *sv, struct MHD_Connection *conn, c
     static const struct {
         const char *key;
         double neutral; /* a number equal to this, an empty string, list or object, or false: nothing asked */
-    } unserved[] = {{"top_p", 1},        {"top_k", -1},           {"min_p", 0},          {"stop", 0},
+    } unserved[] = {{"top_k", -1},           {"min_p", 0},          {"stop", 0},
                     {"stop_token_ids", 0}, {"presence_penalty", 0}, {"frequency_penalty", 0}, {"repetition_penalty", 1},
                     {"logit_bias", 0},   {"suffix", 0},           {"min_tokens", 0},     {"ignore_eos", 0}};
     for (size_t k = 0; !st && k < sizeof unserved / sizeof *unserved; k++) {
@@ -835,8 +832,8 @@ static enum MHD_Result completions(ps_server *sv, struct MHD_Connection *conn, c
                       (json_is_string(v) && !*json_string_value(v)) || (json_is_array(v) && !json_array_size(v)) ||
                       (json_is_object(v) && !json_object_size(v));
         if (!neutral)
-            st = 400, snprintf(msg, sizeof msg, "%s: not served here (a completion is greedy or sampled from softmax(logits / temperature), "
-                                                "and ends after max_tokens tokens)", unserved[k].key);
+            st = 400, snprintf(msg, sizeof msg, "%s: not served here (a completion is greedy, or sampled from softmax(logits / temperature) "
+                                                "within top_p, and ends after max_tokens tokens)", unserved[k].key);
     }
     if (!st && (v = json_object_get(root, "stream")) && !json_is_null(v)) {
         if (!json_is_boolean(v)) st = 400, snprintf(msg, sizeof msg, "stream: expected true or false");
@@ -930,6 +927,7 @@ static enum MHD_Result completions(ps_server *sv, struct MHD_Connection *conn, c
         s->gen_max = q.max_tokens;
         s->K = K;
         s->temp = q.temperature;
+        s->top_p = q.top_p;
         ps_rng_seed(&s->rng, q.seed * 0x9E3779B97F4A7C15ULL + (uint64_t)i);
         s->pi = calloc((size_t)cap, sizeof *s->pi);
         s->tid_pool = malloc((size_t)(cap * K) * sizeof(int32_t));

@@ -521,7 +521,8 @@ int main(void) {
         {"POST", "/v1/completions", "{\"prompt\": [1, 2], \"echo\": 3}", "echo", 400},
         {"POST", "/v1/completions", "{\"prompt\": [1, 2], \"n\": 2}", "n:", 400},
         {"POST", "/v1/completions", "{\"prompt\": [1, 2], \"stop\": [\"\\n\"]}", "stop: not served", 400},
-        {"POST", "/v1/completions", "{\"prompt\": [1, 2], \"top_p\": 0.9}", "top_p: not served", 400},
+        {"POST", "/v1/completions", "{\"prompt\": [1, 2], \"top_p\": 0}", "top_p: expected a number in (0, 1]", 400},
+        {"POST", "/v1/completions", "{\"prompt\": [1, 2], \"top_k\": 5}", "top_k: not served", 400},
         {"POST", "/v1/completions", "{\"prompt\": [1, 2], \"stop_token_ids\": [3]}", "stop_token_ids: not served", 400},
         {"POST", "/v1/completions", "{\"prompt\": [1, 2], \"presence_penalty\": 0.5}", "presence_penalty: not served", 400},
         {"POST", "/v1/completions", "{\"prompt\": [1, 2], \"stream\": 3}", "stream", 400},
@@ -568,6 +569,19 @@ int main(void) {
                              json_object_get(json_array_get(json_object_get(r2, "choices"), 0), "text")));
     json_decref(r2);
     json_decref(r);
+    /* sampling (generate's sampler): a seed repeats its tokens; a nucleus of one token is the greedy answer */
+    const char *samp = "{\"prompt\": [1, 2, 3], \"max_tokens\": 5, \"temperature\": 1.5, \"top_p\": 0.9, \"seed\": 4, "
+                       "\"return_tokens_as_token_ids\": true, \"logprobs\": 0}";
+    json_t *sa = NULL, *sb = NULL, *g1 = NULL, *n1 = NULL;
+    OK(tu_http(port, "POST", "/v1/completions", samp, &sa) == 200 && tu_http(port, "POST", "/v1/completions", samp, &sb) == 200);
+    OK(sa && sb && json_equal(json_object_get(json_array_get(json_object_get(sa, "choices"), 0), "text"),
+                              json_object_get(json_array_get(json_object_get(sb, "choices"), 0), "text")));
+    OK(tu_http(port, "POST", "/v1/completions", "{\"prompt\": [1, 2, 3], \"max_tokens\": 5, \"temperature\": 0}", &g1) == 200);
+    OK(tu_http(port, "POST", "/v1/completions",
+               "{\"prompt\": [1, 2, 3], \"max_tokens\": 5, \"temperature\": 1.5, \"top_p\": 1e-9, \"seed\": 9}", &n1) == 200);
+    OK(g1 && n1 && json_equal(json_object_get(json_array_get(json_object_get(g1, "choices"), 0), "text"),
+                              json_object_get(json_array_get(json_object_get(n1, "choices"), 0), "text")));
+    json_decref(sa), json_decref(sb), json_decref(g1), json_decref(n1);
 
     /* ---- 32 concurrent clients, each its own prompt: every answer is its own greedy token ---- */
     enum { NC = 32 };
