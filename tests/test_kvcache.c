@@ -833,8 +833,9 @@ static int sum_rows(const ps_hook_event *ev, void *user, ps_error *err) {
 }
 
 /* ps_generate (core/generate.c: the CLI's and the API's generate) on model m: 3 prompts of 41, 17 and 5
- * tokens, 6 tokens each (sampled with a seed), a mean and a zero edit where the model has compressed entries,
- * a host callback on blocks.0.hook_resid_pre; tokens, log-probabilities and the callback's sum written out */
+ * tokens, 6 tokens each (tu_generate_rows: sampled with a seed), a mean and a zero edit where the model has
+ * compressed entries, a host callback on blocks.0.hook_resid_pre; tokens, log-probabilities and the
+ * callback's sum written out */
 static int staged_generate(const ps_model *m, const ps_config *c, const int32_t *tok, int32_t *out_tok, double *out_lp, double *hsum) {
     ps_error err;
     ps_kvcache kv;
@@ -847,19 +848,11 @@ static int staged_generate(const ps_model *m, const ps_config *c, const int32_t 
     CHECK_OK(ps_hooks_add(&h, c, "blocks.0.hook_resid_pre", sum_rows, hsum, &err), &err);
     int32_t *pr[3] = {(int32_t *)tok, (int32_t *)tok + 50, (int32_t *)tok + 100};
     int64_t len[3] = {41, 17, 5};
-    ps_generate_opts o = {.max_tokens = 6, .temperature = 1.1, .top_p = 0.95, .seed = 8};
     ps_generate_edit ed[2] = {{.layer = 0, .head = 0, .value = 0, .entry = 0, .mean = 1}, {.layer = 1, .head = 0, .value = 1, .entry = 1}};
     int n_ed = c->kind == PS_ATTN_COMPRESSED || c->kind == PS_ATTN_CHANNEL ? 2 : 0;
     if (c->kind == PS_ATTN_CHANNEL) ed[1].value = 0; /* (one head, cache_ck only) */
-    ps_generate_result r = {0};
-    int rc = ps_generate(&kv, 3, pr, len, &o, ed, n_ed, &h, &r, &err);
+    int rc = tu_generate_rows(&kv, pr, len, ed, n_ed, &h, out_tok, out_lp, &err);
     CHECK_OK(rc, &err);
-    for (int i = 0; !rc && i < 3; i++)
-        for (int k = 0; k < 6; k++) {
-            out_tok[i * 6 + k] = k < r.n_gen[i] ? r.tok[i][k] : -1;
-            out_lp[i * 6 + k] = k < r.n_gen[i] ? r.logprob[i][k] : 0;
-        }
-    ps_generate_result_free(&r);
     ps_hooks_free(&h);
     ps_kvcache_free(&kv);
     return rc;

@@ -738,7 +738,7 @@ static int64_t staged_run(ps_v4_model *m, const int32_t *tok, int64_t T, float *
 }
 
 /* ps_generate (core/generate.c: the CLI's and the API's generate) on model m: 3 prompts of 37, 15 and 4 tokens,
- * 6 tokens each, sampled with a seed; a mean edit of the first compressed layer's entry 0 and a zero edit of
+ * 6 tokens each (tu_generate_rows: sampled with a seed); a mean edit of the first compressed layer's entry 0 and a zero edit of
  * the last CSA layer's indexer key 1 (so the prompts' last tokens run after the edits). Tokens and
  * log-probabilities written out. */
 static int staged_generate(ps_v4_model *m, const int32_t *tok, int32_t *out_tok, double *out_lp) {
@@ -756,18 +756,10 @@ static int staged_generate(ps_v4_model *m, const int32_t *tok, int32_t *out_tok,
     }
     int32_t *pr[3] = {(int32_t *)tok, (int32_t *)tok + 50, (int32_t *)tok + 100};
     int64_t len[3] = {37, 15, 4};
-    ps_generate_opts o = {.max_tokens = 6, .temperature = 1.1, .top_p = 0.95, .seed = 8};
     ps_generate_edit ed[2] = {{.layer = first_comp, .head = 0, .value = 0, .entry = 0, .mean = 1},
                               {.layer = last_csa, .head = 0, .value = 1, .entry = 1}};
-    ps_generate_result r = {0};
-    int rc = ps_generate(&kv, 3, pr, len, &o, ed, last_csa >= 0 ? 2 : 1, NULL, &r, &err);
+    int rc = tu_generate_rows(&kv, pr, len, ed, last_csa >= 0 ? 2 : 1, NULL, out_tok, out_lp, &err);
     CHECK_OK(rc, &err);
-    for (int i = 0; !rc && i < 3; i++)
-        for (int k = 0; k < 6; k++) {
-            out_tok[i * 6 + k] = k < r.n_gen[i] ? r.tok[i][k] : -1;
-            out_lp[i * 6 + k] = k < r.n_gen[i] ? r.logprob[i][k] : 0;
-        }
-    ps_generate_result_free(&r);
     ps_kvcache_free(&kv);
     return rc;
 }

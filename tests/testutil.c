@@ -61,6 +61,20 @@ void tu_tempdir(char *out, size_t n, const char *tag) {
     }
 }
 
+int tu_generate_rows(ps_kvcache *kv, int32_t *const *pr, const int64_t *len, const ps_generate_edit *edits, int n_edits,
+                     const ps_hooks *hooks, int32_t *out_tok, double *out_lp, ps_error *err) {
+    ps_generate_opts o = {.max_tokens = 6, .temperature = 1.1, .top_p = 0.95, .seed = 8};
+    ps_generate_result r = {0};
+    if (ps_generate(kv, 3, pr, len, &o, edits, n_edits, hooks, &r, err)) return -1;
+    for (int i = 0; i < 3; i++)
+        for (int k = 0; k < 6; k++) {
+            out_tok[i * 6 + k] = k < r.n_gen[i] ? r.tok[i][k] : -1;
+            out_lp[i * 6 + k] = k < r.n_gen[i] ? r.logprob[i][k] : 0;
+        }
+    ps_generate_result_free(&r);
+    return 0;
+}
+
 const char *tu_conformance_dir(void) {
     const char *e = getenv("PS_CONFORMANCE_DIR");
     return e && *e ? e : PS_SOURCE_DIR "/tests/conformance";

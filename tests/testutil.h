@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "core/config.h"
+#include "core/generate.h"
 #include "core/model.h"
 #include "interventions/knockout.h"
 
@@ -22,6 +23,13 @@ double tu_row_rel(const float *a, const float *b, int64_t n);
 double tu_rows_rel(const float *a, const float *b, int64_t rows, int64_t n);
 /* The shared conformance folder (tests/conformance in the repository; PS_CONFORMANCE_DIR overrides). */
 const char *tu_conformance_dir(void);
+
+/* The backend comparisons' generation (test_kvcache, test_v4_kvcache): ps_generate on kv for the 3 prompts
+ * pr[3] of len[3] tokens, 6 tokens each sampled (temperature 1.1, top_p 0.95, seed 8), with the edits and
+ * hooks given; the tokens [3, 6] (-1 past a sequence's end) and log-probabilities [3, 6] (0 there) written
+ * out. 0, or -1 with err. */
+int tu_generate_rows(ps_kvcache *kv, int32_t *const *pr, const int64_t *len, const ps_generate_edit *edits, int n_edits,
+                     const ps_hooks *hooks, int32_t *out_tok, double *out_lp, ps_error *err);
 
 /* The controlled model's knockout grid with options (ps_knockout_run with the model's runtime). */
 int tu_knockout_opts(const ps_model *m, const ps_batch *base, const ps_task *task, const ps_filler_family *fam, int64_t P,
