@@ -60,8 +60,10 @@ int ps_generate(ps_kvcache *kv, int n, int32_t *const *prompt, const int64_t *le
                 const ps_generate_edit *edits, int n_edits, const ps_hooks *hooks, ps_generate_result *out, ps_error *err);
 void ps_generate_result_free(ps_generate_result *r);
 
-/* The next token from one logits row (greedy, or sampled as above with r); *logprob its log-probability
- * at temperature 1. */
+/* The next token from one logits row (greedy, or sampled as above with r: top_p >= 1 draws over every token
+ * in token order, top_p < 1 over the nucleus sorted by logit); *logprob (NULL: not wanted) its
+ * log-probability at temperature 1. One uniform draw per sampled token; no allocation but for a nucleus of
+ * more than 256 tokens. */
 int32_t ps_generate_pick(const float *x, int64_t V, double temperature, double top_p, ps_rng *r, double *logprob);
 
 #endif

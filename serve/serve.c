@@ -122,8 +122,7 @@ static int32_t row_stats(seqst *s, const float *x, int64_t V, int32_t y, int cho
         }
     if (choose) {
         if (s->temp > 0) { /* sample from softmax(x / temp) within the nucleus top_p */
-            double lp_unused;
-            y = ps_generate_pick(x, V, s->temp, s->top_p, &s->rng, &lp_unused);
+            y = ps_generate_pick(x, V, s->temp, s->top_p, &s->rng, NULL);
         } else
             y = (int32_t)arg;
     }

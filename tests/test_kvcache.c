@@ -576,6 +576,80 @@ static void test_bad_inputs(void) {
 /* ps_generate: greedy tokens equal the argmax of the whole-sequence forward on the growing sequence (the
  * old path), log-probabilities equal its log-softmax; a prompt reaching max_seq_len stops there; sampling
  * is seeded (same seed, same tokens) and top_p -> 0 is greedy; mean edits need a prompt holding the entry. */
+/* The naive sampler ps_generate_pick replaces: every token sorted by logit (ties: the lower id first), the
+ * prefix reaching top_p (top_p 1: every token in token order), one uniform draw. */
+typedef struct {
+    float v;
+    int32_t i;
+} ref_cand;
+static int ref_desc(const void *a, const void *b) {
+    const ref_cand *x = a, *y = b;
+    if (x->v != y->v) return x->v < y->v ? 1 : -1;
+    return x->i < y->i ? -1 : x->i > y->i;
+}
+static int32_t ref_pick(const float *x, int64_t V, double T, double top_p, ps_rng *r) {
+    float mx = x[0];
+    for (int64_t i = 1; i < V; i++) mx = x[i] > mx ? x[i] : mx;
+    double z = 0;
+    for (int64_t i = 0; i < V; i++) z += exp(((double)x[i] - mx) / T);
+    ref_cand *c = malloc((size_t)V * sizeof *c);
+    for (int64_t i = 0; i < V; i++) c[i].v = x[i], c[i].i = (int32_t)i;
+    if (top_p < 1) qsort(c, (size_t)V, sizeof *c, ref_desc);
+    int64_t k = 0;
+    double acc = 0;
+    if (top_p < 1)
+        while (k < V && acc < top_p) acc += exp(((double)c[k++].v - mx) / T) / z;
+    else
+        k = V, acc = 1;
+    double u = ps_rng_uniform(r) * (top_p < 1 ? acc : z), run = 0;
+    int32_t y = c[k - 1].i;
+    for (int64_t i = 0; i < k; i++) {
+        run += top_p < 1 ? exp(((double)c[i].v - mx) / T) / z : exp(((double)c[i].v - mx) / T);
+        if (run > u) {
+            y = c[i].i;
+            break;
+        }
+    }
+    free(c);
+    return y;
+}
+
+/* ps_generate_pick against ref_pick, draw for draw: peaked and flat rows (a nucleus of a few tokens and one
+ * of thousands: the widening up to every token), tied logits, several temperatures and top_p; and its
+ * log-probability against the log softmax. */
+static void test_pick(void) {
+    int64_t V = 5000;
+    float *x = malloc((size_t)V * sizeof *x);
+    ps_rng g;
+    ps_rng_seed(&g, 77);
+    int same = 0, total = 0;
+    double worst_lp = 0;
+    for (int shape = 0; shape < 3; shape++) {
+        for (int64_t i = 0; i < V; i++) /* peaked, flat, and ties (logits on a grid of 0.5) */
+            x[i] = shape == 0 ? (float)(8 * ps_rng_uniform(&g) * ps_rng_uniform(&g) * ps_rng_uniform(&g))
+                   : shape == 1 ? (float)(0.01 * ps_rng_uniform(&g))
+                                : 0.5f * (float)ps_rng_below(&g, 6);
+        const double temps[] = {0.3, 1.0, 2.5}, tops[] = {1e-9, 0.5, 0.9, 0.999, 1.0};
+        for (int a = 0; a < 3; a++)
+            for (int b = 0; b < 5; b++) {
+                ps_rng r1, r2;
+                ps_rng_seed(&r1, 1000 + (uint64_t)(a * 5 + b)), ps_rng_seed(&r2, 1000 + (uint64_t)(a * 5 + b));
+                for (int d = 0; d < 20; d++) {
+                    double lp;
+                    int32_t y = ps_generate_pick(x, V, temps[a], tops[b], &r1, &lp), w = ref_pick(x, V, temps[a], tops[b], &r2);
+                    same += y == w, total++;
+                    double mx = x[0], z = 0;
+                    for (int64_t i = 1; i < V; i++) mx = x[i] > mx ? x[i] : mx;
+                    for (int64_t i = 0; i < V; i++) z += exp(x[i] - mx);
+                    worst_lp = fmax(worst_lp, fabs(lp - (x[y] - mx - log(z))));
+                }
+            }
+    }
+    CHECK(same == total, "ps_generate_pick drew the naive sampler's token %d times of %d", same, total);
+    CHECK(worst_lp < 1e-12, "its log-probability differs from the log softmax by %.3g", worst_lp);
+    free(x);
+}
+
 static void test_generate(void) {
     ps_config c = tu_config(PS_ATTN_COMPRESSED);
     c.n_layers = 2, c.window = 4, c.stride = 2, c.local_window = 3, c.max_seq_len = 40;
@@ -958,6 +1032,7 @@ int main(int argc, char **argv) {
     test_hooks();
     test_edits();
     test_bad_inputs();
+    test_pick();
     test_generate();
     test_long();
     CHECK_DONE();
