@@ -231,7 +231,8 @@ int ps_generate(ps_kvcache *kv, int n, int32_t *const *prompt, const int64_t *le
     /* decode: the last logits of every live sequence pick its next token; one append for all. A sequence
      * at max_seq_len still picks the token its last logits predict, and stops there. */
     char *alive = malloc((size_t)n);
-    if (!rc && !alive) rc = ps_fail(err, "out of memory for generating from %d prompts", n);
+    float *lg2 = malloc((size_t)(n * V) * sizeof *lg2); /* a step's logits, in the order of act */
+    if (!rc && (!alive || !lg2)) rc = ps_fail(err, "out of memory for generating from %d prompts", n);
     for (int i = 0; i < n && !rc; i++) alive[i] = 1;
     if (!rc && o->progress && o->progress(0, o->max_tokens, o->progress_user))
         rc = ps_fail(err, "cancelled after 0 of %lld tokens", (long long)o->max_tokens);
@@ -258,20 +259,15 @@ int ps_generate(ps_kvcache *kv, int n, int32_t *const *prompt, const int64_t *le
             break;
         }
         if (!na) break;
-        float *lg2 = malloc((size_t)(na * V) * sizeof *lg2);
-        if (!lg2) {
-            rc = ps_fail(err, "out of memory for a decode step");
-            break;
-        }
         rc = ps_kvcache_append(kv, na, act, nn, next, hooks, lg2, true, err);
         /* the append's logits come in the order of act: back to the sequences' rows */
         for (int k = 0, i = 0; k < na && !rc; k++) {
             while (ids[i] != act[k]) i++;
             memcpy(lg + (int64_t)i * V, lg2 + (int64_t)k * V, (size_t)V * sizeof *lg);
         }
-        free(lg2);
     }
     free(alive);
+    free(lg2);
     free(ids), free(act), free(nn), free(cat), free(next), free(lg), free(vec), free(tmp);
     if (rc) ps_generate_result_free(out);
     return rc;
