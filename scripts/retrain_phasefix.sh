@@ -7,6 +7,12 @@
 #   scripts/retrain_phasefix.sh finetune NAME FROM OUT  NAME's deep config from FROM's weights, by the rule
 #   scripts/retrain_phasefix.sh follow NAME FROM OUT LEADER  its control, in lockstep with LEADER
 #   scripts/retrain_phasefix.sh all                  the shipped models w8s8_staggered, w8s8_content, deep_phasefix
+#   scripts/retrain_phasefix.sh seed SEED            deep_phasefix's recipe at seed SEED (config w8s8_staggered_sSEED)
+#                                                    into data/models/deep_phasefix_sSEED, resumable (below)
+#   scripts/retrain_phasefix.sh park SEED            copy the seed run's unfinished state into data/runs/ (to commit)
+# A seed run takes hours; a session may stop in the middle. `seed` continues from out/phasefix/ where the last
+# checkpoint is, else from data/runs/deep_phasefix_sSEED/ (a parked state, committed by `park`), else from scratch.
+# Nothing is written under data/models/ before the run has reached step 8000.
 # The deep recipe is retrain_deep.sh's: train 50 steps at a time (--resume is bit-identical to one run) until
 # the first evaluation with held-out accuracy >= 0.6, at most 8000 steps. One thread (OMP_NUM_THREADS=1).
 set -euo pipefail
@@ -85,5 +91,35 @@ case "${1:-all}" in
     $PS train --config experiments/configs/deep/w8s8_staggered.json --out data/models/deep_phasefix \
       --init-from out/phasefix/deep_w8s8_staggered --stop-after $((8000 - s)) > /dev/null
     rm -f data/models/deep_phasefix/optimizer-*.safetensors ;;
+  seed) # seed SEED: deep_phasefix's recipe (the two phases of `all`) at another seed, resumable
+    sd=$2 rule=out/phasefix/deep_w8s8_staggered_s$2 cont=out/phasefix/deep_phasefix_s$2 park=data/runs/deep_phasefix_s$2
+    cfg=experiments/configs/deep/w8s8_staggered_s$sd.json
+    for d in rule cont; do # restore a parked phase that out/ lacks
+      [ -d "$park/$d" ] && [ ! -f "${!d}/train.jsonl" ] && { mkdir -p "${!d}"; cp -r "$park/$d/." "${!d}/"; }
+    done
+    if [ ! -f "$rule/stopped_at" ]; then
+      RESUME=$([ -f "$rule/train.jsonl" ] && echo 1 || echo 0) first_at "$cfg" "$rule" 0.6
+    fi
+    s=$(cat "$rule/stopped_at")
+    if [ -f "$cont/train.jsonl" ]; then
+      $PS train --config "$cfg" --out "$cont" --resume --stop-after $((8000 - s)) > /dev/null
+    else
+      $PS train --config "$cfg" --out "$cont" --init-from "$rule" --stop-after $((8000 - s)) > /dev/null
+    fi
+    rm -rf "data/models/deep_phasefix_s$sd" "$park"
+    cp -r "$cont" "data/models/deep_phasefix_s$sd"
+    rm -f data/models/deep_phasefix_s$sd/optimizer-*.safetensors
+    $PS render "data/models/deep_phasefix_s$sd/train.jsonl" --out "data/models/deep_phasefix_s$sd" > /dev/null
+    echo "data/models/deep_phasefix_s$sd: step 8000 (rule at step $s)" ;;
+  park) # park SEED: the unfinished seed run's state (weights, AdamW state, logs) into data/runs/ to be committed
+    sd=$2 park=data/runs/deep_phasefix_s$2
+    rm -rf "$park"
+    for d in rule:out/phasefix/deep_w8s8_staggered_s$sd cont:out/phasefix/deep_phasefix_s$sd; do
+      [ -f "${d#*:}/train.jsonl" ] || continue
+      mkdir -p "$park/${d%%:*}"
+      cp "${d#*:}"/*.json* "${d#*:}"/*.safetensors "$park/${d%%:*}/" 2>/dev/null || true
+      [ -f "${d#*:}/stopped_at" ] && cp "${d#*:}/stopped_at" "$park/${d%%:*}/"
+    done
+    echo "parked in $park: $(ls "$park" 2>/dev/null | tr '\n' ' ')" ;;
   *) echo "usage: $0 deep NAME [OUT] | demo NAME SEED [OUT] | short NAME SEED [OUT] | finetune NAME FROM OUT | follow NAME FROM OUT LEADER | all" >&2; exit 2 ;;
 esac
