@@ -16,6 +16,7 @@
 #include "core/ctx.h"
 #include "core/fileio.h"
 #include "experiments/registry.h"
+#include "interventions/promptset.h"
 
 typedef struct {
     char *name;
@@ -96,6 +97,7 @@ static int request_args(const ps_command *cmd, json_t *req, argv_t *av, ps_error
     json_t *v;
     json_object_foreach(req, key, v) {
         char flag[128], text[8192];
+        if (!strcmp(key, "prompts") && json_is_array(v)) continue; /* a prompt set given inline: ps_call.prompts */
         snprintf(flag, sizeof flag, "--%s", key);
         for (char *c = flag + 2; *c; c++)
             if (*c == '_') *c = '-';
@@ -315,6 +317,8 @@ PS_API int ps_api_instrument_ex(ps_api_model *m, const char *name, const char *r
     }
     ps_api_result *r = calloc(1, sizeof *r);
     argv_t av = {0};
+    ps_promptset pset = {0};
+    int have_pset = 0;
     ps_api_progress pr = {.fn = progress, .user = progress_user};
     int rc = -1;
     if (!r || push(&av, cmd->name)) {
@@ -322,6 +326,19 @@ PS_API int ps_api_instrument_ex(ps_api_model *m, const char *name, const char *r
         goto done;
     }
     if (request_args(cmd, req, &av, &e)) goto done;
+    json_t *jp = json_object_get(req, "prompts");
+    if (json_is_array(jp)) { /* the caller's prompt set, inline: records as --prompts FILE's lines */
+        if (!find_flag(cmd, "--prompts")) {
+            ps_fail(&e, "request key \"prompts\": %s takes no prompt set", cmd->name);
+            e.usage = 1;
+            goto done;
+        }
+        if (ps_promptset_from_json(jp, "request key \"prompts\"", &pset, &e)) {
+            e.usage = 1;
+            goto done;
+        }
+        have_pset = 1;
+    }
     /* the model handle's checkpoint and device, unless the request names its own */
     if (m && find_flag(cmd, "--model") && !json_object_get(req, "model") && (push(&av, "--model") || push(&av, m->path))) {
         ps_fail(&e, "out of memory");
@@ -352,7 +369,7 @@ PS_API int ps_api_instrument_ex(ps_api_model *m, const char *name, const char *r
     }
     fflush(stdout);
     if (!pr.fn && m) pr.fn = m->progress, pr.user = m->progress_user; /* the model's */
-    ps_call call = {.progress = pr.fn ? ps_api_progress_call : NULL, .progress_user = &pr};
+    ps_call call = {.progress = pr.fn ? ps_api_progress_call : NULL, .progress_user = &pr, .prompts = have_pset ? &pset : NULL};
     if (m) {
         call.families = m->families;
         /* the caller's open model, unless the request asks for another checkpoint, device or precision, or
@@ -402,6 +419,7 @@ PS_API int ps_api_instrument_ex(ps_api_model *m, const char *name, const char *r
     rc = 0;
 done:
     argv_free(&av);
+    if (have_pset) ps_promptset_free(&pset);
     json_decref(req);
     if (rc) {
         ps_api_result_free(r);

@@ -44,7 +44,7 @@ static void score_query(const ps_query *q, const int32_t *seq, const float *firs
     double lp = 0;
     for (int64_t k = 0; k < q->answer_len; k++) {
         const float *x = first + k * V;
-        int32_t y = seq[q->answer_src + k];
+        int32_t y = ps_query_answer(q, seq, k);
         float mx = x[0];
         int64_t arg = 0;
         for (int64_t i = 1; i < V; i++)

@@ -16,8 +16,15 @@ typedef struct {
     int64_t answer_pos; /* position whose next-token prediction is the first answer token */
     int64_t answer_len; /* answer tokens (value_len, or 1) */
     int64_t answer_src; /* where the answer tokens stand in the sequence: kv: answer_pos + 1 (the teacher-
-                           forced value); bigram: key_pos + 1 (the successor in the context) */
+                           forced value); bigram: key_pos + 1 (the successor in the context); -1: the
+                           answer is answer_id (one token, not in the sequence: a caller's prompt set) */
+    int32_t answer_id;  /* the answer token when answer_src is -1 */
 } ps_query;
+
+/* Answer token k of query q of the sequence seq: seq[answer_src + k], or the given answer_id. */
+static inline int32_t ps_query_answer(const ps_query *q, const int32_t *seq, int64_t k) {
+    return q->answer_src < 0 ? q->answer_id : seq[q->answer_src + k];
+}
 
 typedef struct {
     int64_t B, T;

@@ -88,6 +88,9 @@ struct ps_args {
      * NULL: the command opens --model itself. A command that runs on it copies the runtime and never frees it. */
     const struct ps_runtime *rt;
     const struct ps_family *const *families; /* the families --model is tried with (NULL: core's ps_families) */
+    /* the caller's prompt set (the API's request key "prompts", interventions/promptset.h), or NULL: a
+     * command whose table has --prompts reads the file it names, if any */
+    const struct ps_promptset_s *prompts;
 };
 
 /* What a caller of a command hands it besides argv (every field may be 0): its progress callback, the
@@ -97,6 +100,7 @@ typedef struct {
     void *progress_user;
     const struct ps_runtime *rt;
     const struct ps_family *const *families;
+    const struct ps_promptset_s *prompts;
 } ps_call;
 
 /* Runs a command: help, parsing, usage errors, the error line and the exit status (see above). */

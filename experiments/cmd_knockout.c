@@ -22,6 +22,7 @@ static const ps_flag_spec FLAGS[] = {
     {"--verify", "K", "atp: then the exact knockout of the K cells with the largest estimated effect", 0},
     PS_INSTR_FLAGS,
     PS_V4_TASK_FLAG,
+    PS_PROMPTS_FLAG,
     {0},
 };
 
@@ -34,7 +35,9 @@ const ps_command ps_cmd_knockout = {
         "prefix-padding sweep is run. Reports per (layer, head, residue) the change in accuracy (pp) and in mean\n"
         "target NLL against the clean run, and each head's worst residue (the largest accuracy drop). Writes\n"
         "OUT/knockout.json. --method atp estimates every cell's NLL change from gradients instead (no\n"
-        "accuracy), --verify K then runs the K cells that matter most exactly.\n",
+        "accuracy), --verify K then runs the K cells that matter most exactly.\n"
+        "--prompts FILE: the grid on your own prompts (docs/prompt-sets.md): each entry of the target replaced by\n"
+        "its mean over the N prompts, position by position; with alt, logit differences beside the NLL.\n",
     .flags = FLAGS,
     .run = run,
 };

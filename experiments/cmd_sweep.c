@@ -20,6 +20,7 @@ static const ps_flag_spec FLAGS[] = {
     {"--values", "numbers|words", "text-kv: values are 4-digit numbers (default) or words from --words", 0},
     {"--value-digits", "D", "text-kv: digits of a number value (default 4; 1-9): 5 gives 90,000 distinct values", 0},
     PS_INSTR_FLAGS,
+    PS_PROMPTS_FLAG,
     {0},
 };
 
@@ -40,7 +41,9 @@ const ps_command ps_cmd_sweep = {
         "VALUE.\", a question for one key, the value teacher-forced as the answer (every answer token must be\n"
         "the top-1); pad inserts p tokens of filler text (--family NAME of data/text/fillers.json, default prose)\n"
         "before the pairs, move puts them around the queried pair; rho = t_K mod P, t_K the key's first token\n"
-        "in its pair line. Prompts longer than 4096 tokens run through the chunked prefill.\n",
+        "in its pair line. Prompts longer than 4096 tokens run through the chunked prefill.\n"
+        "--prompts FILE: your own prompts (docs/prompt-sets.md), each scored at its query position against its\n"
+        "answer and counted at its residue; with alt, the mean logit difference answer - alt per residue too.\n",
     .flags = FLAGS,
     .run = run,
 };
@@ -60,6 +63,7 @@ static int run(const ps_args *a, ps_error *err) {
     /* a --task value that names no file is one of the two */
     if (rq.task && !strchr(rq.task, '.') && ps_args_choice(a, "--task", TASKS, &ti, err)) return 1;
     rq.mode = mi ? PS_SWEEP_MOVE : PS_SWEEP_PAD;
+    rq.mode_given = ps_args_has(a, "--mode");
     for (int i = 0; TEXT_ONLY[i] && !rq.text_only_flag; i++)
         if (ps_args_has(a, TEXT_ONLY[i])) rq.text_only_flag = TEXT_ONLY[i];
     return ps_sweep_command(a, &rq, err) ? 1 : 0;

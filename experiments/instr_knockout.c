@@ -169,8 +169,10 @@ static int grid_pass(const ko_pass *ps, ps_partial *part, const unsigned char *m
     /* every rank groups its cells as rank 0 would alone: rank 0's memory budget */
     ps_knockout_opts opts = {.mem_bytes = ps_knockout_default_budget(), .atp = ps->atp, .atp_fix = ps->fix, .cell_mask = mask};
     if (ps_dist_bcast(&opts.mem_bytes, sizeof opts.mem_bytes, 0, err)) return -1;
-    int64_t N = in->base.B, maxq = in->base.max_q;
-    int64_t nu = ps_knockout_n_units(N, in->batch, in->P, nl);
+    /* the task's prompts over P shifts, or a caller's prompt set: one shift of N prompts, P residues */
+    const ps_batch *pb = in->prompts ? &in->prompts->b : &in->base;
+    int64_t N = pb->B, maxq = pb->max_q, n_shifts = in->prompts ? 1 : in->P;
+    int64_t nu = ps_knockout_n_units(N, in->batch, n_shifts, nl);
     int last_first = ps_grid_last_first(rt);
     json_t *jl = json_array(), *jh = json_array();
     for (int i = 0; i < nl; i++) json_array_append_new(jl, json_integer(ps->layers[i]));
@@ -189,9 +191,9 @@ static int grid_pass(const ko_pass *ps, ps_partial *part, const unsigned char *m
         goto done;
     }
     if (ps_instr_partial_init(in, part, nu, meta, err)) goto done;
-    if (ps_knockout_partial_layout(part, N, in->batch, in->P, nl, nh, maxq, last_first, err)) goto done;
-    if (ps->atp) ps_grid_unit_weights_estimate(N, in->batch, in->P, nl, w, snap);
-    else ps_grid_unit_weights(rt, N, in->batch, in->P, ps->layers, nl, nh, L, w, snap);
+    if (ps_knockout_partial_layout(part, N, in->batch, n_shifts, nl, nh, maxq, last_first, err)) goto done;
+    if (ps->atp) ps_grid_unit_weights_estimate(N, in->batch, n_shifts, nl, w, snap);
+    else ps_grid_unit_weights(rt, N, in->batch, n_shifts, ps->layers, nl, nh, L, w, snap);
     if (ps_instr_split(in, w, snap, nu, 64 * N, &wk, err)) goto done;
     ps_knockout_recorder rec = {.p = part, .nh = nh};
     opts.unit0 = wk.u0;
@@ -200,7 +202,7 @@ static int grid_pass(const ko_pass *ps, ps_partial *part, const unsigned char *m
     opts.record_user = &rec;
     int rr = 0;
     if (wk.u1 > wk.u0) { /* an empty range runs nothing (unit1 = 0 would mean every unit) */
-        ps_knockout_spec ks = {.rt = rt, .base = &in->base, .task = &in->task, .fam = in->fam, .P = in->P, .seed = in->seed,
+        ps_knockout_spec ks = {.rt = rt, .base = &in->base, .task = &in->task, .fam = in->fam, .prompts = in->prompts, .P = in->P, .seed = in->seed,
                                .batch = in->batch, .layers = ps->layers, .n_layers = nl, .heads = ps->heads, .n_heads = nh,
                                .target = ps->target, .opts = opts, .progress = ps_instr_progress, .progress_user = in};
         rr = ps_knockout_run(&ks, &r, err);
@@ -245,6 +247,10 @@ static int knockout_finish(const ps_partial *p, const ps_partial *v, const unsig
     if (atp && !aj.fix) aj.fix = "none";
     json_t *grid = ps_knockout_json_ex(&r, tg, unit, atp ? &aj : NULL, err);
     if (!grid) goto done;
+    if (ps_knockout_logit_diff(p, grid, err) < 0) {
+        json_decref(grid);
+        goto done;
+    }
     json_object_set_new(res, "grid", grid);
     if (ps_result_write(out_dir, "knockout.json", res, err)) goto done;
     /* every head with the residue it hurts most (a head that kills one residue can have a small mean),

@@ -74,6 +74,38 @@ done:
     return rc;
 }
 
+/* The sweep of a caller's prompt set (interventions/promptset.h): units are its batches (one shift), the
+ * outcomes per query as the model's sweep records them (an alt query at residue + P). */
+static int run_prompts(ps_instr *in, ps_error *err) {
+    ps_partial part = {0};
+    ps_instr_work wk = {0};
+    int rc = 1;
+    const ps_shifted *set = in->prompts;
+    int64_t N = set->b.B, maxq = set->b.max_q, nu = ps_sweep_n_batches(N, in->batch);
+    int64_t *w = malloc((size_t)(nu ? nu : 1) * sizeof *w);
+    json_t *meta = json_pack("{s:o, s:I}", "provenance", ps_instr_provenance(in, NULL), "period", (json_int_t)in->P);
+    if (!w) {
+        json_decref(meta);
+        ps_fail(err, "out of memory for %lld work units", (long long)nu);
+        goto done;
+    }
+    for (int64_t u = 0; u < nu; u++) w[u] = (N - u * in->batch < in->batch ? N - u * in->batch : in->batch) * maxq;
+    if (sweep_partial(in, &part, nu, w, meta, err)) goto done;
+    ps_sweep_unit_weights(N, in->batch, 1, set->b.T, PS_SWEEP_PAD, w);
+    if (ps_instr_split(in, w, NULL, nu, 0, &wk, err)) goto done;
+    int r = ps_promptset_sweep_units(&in->rt, set, in->batch, wk.u0, wk.u1, part.arr[0].data, part.arr[1].data, part.arr[2].data,
+                                     ps_instr_progress, in, err);
+    ps_progress_end(&in->bar);
+    int fin = ps_instr_collect(in, &part, &wk, r, err);
+    if (fin < 0 || (fin == 1 && ps_sweep_finish(&part, in->out_dir, err))) goto done;
+    rc = 0;
+done:
+    free(w);
+    ps_instr_work_free(&wk);
+    ps_partial_free(&part);
+    return rc;
+}
+
 /* ---- text-kv prompts ---- */
 
 /* The text-kv sweep (docs/text-experiments.md) on the set-up model: the layout from the flags and the
@@ -174,6 +206,15 @@ int ps_sweep_command(const ps_args *a, const ps_sweep_request *rq, ps_error *err
         if (has_trained < 0) bad = -1;
         else if (has_trained) textkv = 1;
     }
+    if (!bad && in.prompts) { /* the caller's prompts: none of the task's choices apply */
+        if (rq->task) bad = ps_cli_usage(err, "--task %s and --prompts: give one source of prompts", rq->task);
+        else if (rq->text_only_flag) bad = ps_cli_usage(err, "%s: only with --task text-kv, not with --prompts", rq->text_only_flag);
+        else if (rq->mode_given) bad = ps_cli_usage(err, "--mode: a prompt set is run as given (no shifts)");
+        else if (ps_args_get(a, "--family")) bad = ps_cli_usage(err, "--family: a prompt set has no fillers (its prompts are as given)");
+        if (ps_dist_agree(bad, err)) goto done;
+        rc = run_prompts(&in, err) ? -1 : 0;
+        goto done;
+    }
     if (!bad && textkv && !ps_runtime_controlled(&in.rt)) bad = ps_cli_usage(err, "--task text-kv: text prompts need a phasescope model");
     if (!bad && !textkv && rq->text_only_flag) bad = ps_cli_usage(err, "%s: only with --task text-kv", rq->text_only_flag);
     if (!bad && !textkv) bad = model_task(&in, a, err);
@@ -200,6 +241,11 @@ int ps_sweep_finish(const ps_partial *p, const char *out_dir, ps_error *err) {
     json_object_set(res, "provenance", json_object_get(p->meta, "provenance"));
     json_t *curve = ps_residue_stats_json(&st, err);
     if (!curve) goto done;
+    if (ps_promptset_residue_logit_diff(json_object_get(curve, "residues"), p->arr[ilp].data, p->arr[irho].data,
+                                        p->arr[iok].off[p->n_units], P, NULL, NULL, err) < 0) {
+        json_decref(curve);
+        goto done;
+    }
     json_object_set_new(res, "curve", curve);
     if (ps_result_write(out_dir, "sweep.json", res, err)) goto done;
     ps_sweep_summary_line(curve);

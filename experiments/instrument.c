@@ -53,6 +53,29 @@ static char *command_line_unsharded(const ps_args *a) {
  * FILE or DIR/phasescope_task.json) whose ids map the task's tokens to the model's (rt.token_map), recorded in
  * provenance as "task_source". Everything else the instruments need of the model is its family's core table. */
 
+static int has_flag(const ps_command *cmd, const char *name) {
+    for (const ps_flag_spec *f = cmd->flags; f && f->name; f++)
+        if (!strcmp(f->name, name)) return 1;
+    return 0;
+}
+
+/* The caller's prompt set (ps_args.prompts, or the file --prompts names), checked against the opened model and
+ * the period (--period, else the largest residue + 1), as in->prompts; 0 when there is none. */
+static int setup_prompts(ps_instr *in, const ps_args *a, ps_error *err) {
+    const char *file = has_flag(a->cmd, "--prompts") ? ps_args_get(a, "--prompts") : NULL;
+    if (!a->prompts && !file) return 0;
+    if (a->prompts) in->pset = *a->prompts;
+    else if (ps_promptset_read(file, &in->pset, err)) return ps_fail_prefix(err, "--prompts: "), ps_cli_mark_usage(err);
+    else in->own_pset = 1;
+    int64_t P = ps_args_get(a, "--period") ? in->P : 0;
+    if (ps_promptset_check(&in->pset, in->rt.family->vocab(&in->rt), in->rt.max_pos, &P, err)) return ps_cli_mark_usage(err);
+    in->P = P;
+    in->n_prompts = in->pset.N;
+    if (ps_promptset_shifted(&in->pset, P, &in->pshift, err)) return -1;
+    in->prompts = &in->pshift;
+    return 0;
+}
+
 int ps_instr_setup(ps_instr *in, const ps_args *a, int need_task, ps_error *err) {
     in->command = a->cmd->name;
     in->backend = ps_args_backend(a);
@@ -100,6 +123,13 @@ int ps_instr_setup(ps_instr *in, const ps_args *a, int need_task, ps_error *err)
     if (ps_fillers_load(PS_SOURCE_DIR "/data/fillers.json", &in->fams, &in->n_fams, err) ||
         ps_fillers_find(in->fams, in->n_fams, family, &in->fam, err))
         return in->fams && family ? ps_cli_mark_usage(err) : -1;
+    if (setup_prompts(in, a, err)) return -1;
+    if (in->prompts) { /* the caller's prompts, in the model's own token ids: no task, no shifts */
+        if (task_flag) return ps_cli_usage(err, "--task %s and --prompts: give one source of prompts", task_flag);
+        if (family) return ps_cli_usage(err, "--family %s: a prompt set has no fillers (its prompts are as given)", family);
+        ps_progress_init(&in->bar, (int64_t)1 << 40);
+        return 0;
+    }
     if (task_file) { /* the prompts always come from the task file */
         need_task = 1;
         if (ps_task_file_load(&in->task_file, task_flag, in->model_dir, in->rt.family->title ? in->rt.family->title : in->rt.family->name,
@@ -134,6 +164,8 @@ int ps_instr_open(ps_instr *in, const ps_args *a, ps_error *err) {
 }
 
 void ps_instr_free(ps_instr *in) {
+    ps_shifted_free(&in->pshift);
+    if (in->own_pset) ps_promptset_free(&in->pset);
     free(in->cmdline);
     free(in->fams);
     ps_batch_free(&in->base);
@@ -182,8 +214,11 @@ json_t *ps_instr_provenance(const ps_instr *in, const char *mode) {
     if (in->has_task_file) json_object_set_new(o, "task_source", ps_task_file_source_json(&in->task_file));
     json_object_set_new(ev, "n_prompts", json_integer(in->n_prompts));
     json_object_set_new(ev, "period", json_integer(in->P));
-    json_object_set_new(ev, "family", json_string(in->fam ? in->fam->name : ""));
-    if (mode) json_object_set_new(ev, "mode", json_string(mode));
+    if (in->prompts) json_object_set_new(ev, "prompts", ps_promptset_json(&in->pset));
+    else {
+        json_object_set_new(ev, "family", json_string(in->fam ? in->fam->name : ""));
+        if (mode) json_object_set_new(ev, "mode", json_string(mode));
+    }
     json_object_set_new(o, "eval", ev);
     return o;
 }

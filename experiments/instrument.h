@@ -9,6 +9,7 @@
 
 #include "experiments/cli.h"
 #include "interventions/grid.h"
+#include "interventions/promptset.h"
 #include "core/model.h"
 #include "interventions/taskfile.h"
 #include "interventions/v4_instr.h"
@@ -35,6 +36,14 @@
          "result one process writes (docs/scale-out.md)",                                                      \
          0},                                                                                                   \
         PS_BACKEND_FLAG
+
+/* --prompts of knockout and sweep: the caller's prompts (interventions/promptset.h) */
+#define PS_PROMPTS_FLAG                                                                                          \
+    {"--prompts", "FILE",                                                                                        \
+     "run on your own prompts instead of the task's: JSON lines {\"tokens\": [...], \"query\": t,\n"         \
+     "\"answer\": id, \"residue\": r[, \"alt\": id]} of one length; --period P (default: the largest\n"    \
+     "residue + 1); docs/prompt-sets.md",                                                                        \
+     0}
 
 /* --task of knockout, gates and gatecycle (sweep has its own --task, which also takes model|text-kv). */
 #define PS_V4_TASK_FLAG                                                                                          \
@@ -68,6 +77,12 @@ typedef struct {
     ps_cli_progress_fn progress; /* the caller's (ps_args.progress), or NULL */
     void *progress_user;
     int borrowed; /* rt is a copy of the caller's open checkpoint (ps_args.rt): ps_instr_free leaves its model alone */
+    /* a caller's prompt set (--prompts FILE, or the API's ps_args.prompts): the prompts the instrument runs on
+     * instead of the task's shifts (prompts: pshift, one shift of P residues), or NULL */
+    ps_promptset pset;
+    int own_pset; /* pset was read from --prompts (freed by ps_instr_free); else a copy of the caller's */
+    ps_shifted pshift;
+    const ps_shifted *prompts;
 } ps_instr;
 
 /* Reads the PS_INSTR_FLAGS of a (whose table must hold them) and opens the checkpoint with
@@ -140,6 +155,7 @@ int ps_knockout_command(const ps_args *a, ps_error *err);
  * (ps_instr_setup) from the flags of a. */
 typedef struct {
     ps_sweep_mode mode;
+    int mode_given;            /* --mode was given (a prompt set has no modes) */
     const char *task;          /* --task: NULL or "model" (the checkpoint's own), "text-kv", or a task file */
     /* text-kv (NULL / -1 / 0 when not given): --tokenizer, --words, --values (0 numbers, 1 words), --pairs,
      * --value-digits; text_only_flag: the first of them given (refused unless the sweep is text-kv) */

@@ -221,7 +221,7 @@ static int atp_estimate(void *self, const ps_runtime *rt, const ps_grid_shift *s
                 if (sv->residue[s * maxq + q] != rho) continue;
                 const ps_query *qq = &b->queries[s * maxq + q];
                 for (int64_t k = 0; k < qq->answer_len; k++)
-                    A->targets[s * T + qq->answer_pos + k] = b->tokens[s * T + qq->answer_src + k];
+                    A->targets[s * T + qq->answer_pos + k] = ps_query_answer(qq, b->tokens + s * T, k);
                 want -= clean_lp[s * maxq + q];
                 any = 1;
             }

@@ -55,7 +55,7 @@ int ps_knockout_run(const ps_knockout_spec *k, ps_knockout_result *out, ps_error
     if (atp ? ps_atp_spec(rt, k->target, heads, n_heads, k->opts.atp_fix, &spec, err)
             : ps_ko_spec(rt, k->target, heads, n_heads, &spec, err))
         return -1;
-    ps_grid g = {.rt = rt, .base = k->base, .task = k->task, .fam = k->fam, .P = k->P, .seed = k->seed, .batch = k->batch,
+    ps_grid g = {.rt = rt, .base = k->base, .task = k->task, .fam = k->fam, .prompts = k->prompts, .P = k->P, .seed = k->seed, .batch = k->batch,
                  .layers = k->layers, .n_layers = k->n_layers, .cells = heads, .n_cells = n_heads, .spec = &spec,
                  .naive = k->opts.naive, .max_cells = k->opts.max_cells, .mem_bytes = k->opts.mem_bytes,
                  .cell_mask = k->opts.cell_mask, .unit0 = k->opts.unit0, .unit1 = k->opts.unit1, .record = k->opts.record,

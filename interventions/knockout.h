@@ -67,6 +67,7 @@ typedef struct {
     const ps_batch *base;
     const ps_task *task;
     const ps_filler_family *fam;
+    const ps_shifted *prompts; /* a caller's prompt set (promptset.h), or NULL: the sweep of base */
     int64_t P;
     uint64_t seed;
     int64_t batch;
@@ -116,6 +117,10 @@ int ps_knockout_partial_layout(ps_partial *p, int64_t N, int64_t batch, int64_t 
 void ps_knockout_record(void *user, int64_t unit, int cell, int64_t first, const ps_shifted *set, const int *ok,
                         const double *lp);
 int ps_knockout_from_partial(const ps_partial *p, ps_knockout_result *out, ps_error *err);
+/* A prompt set with alt answers (interventions/promptset.h): the logit difference answer − alt per residue into
+ * the result's grid JSON (clean.residues[r].mean_logit_diff; each cell's mean_logit_diff and delta_logit_diff
+ * against the clean run's), from the complete partial p. 1 when added, 0 when p holds no alt query, -1 on an error. */
+int ps_knockout_logit_diff(const ps_partial *p, json_t *grid, ps_error *err);
 
 /* {"period", "target", ["unit",] "clean": {...curve...}, "cells": [{"layer", "head", "residues": [{"rho",
  * "delta_accuracy_pp", "delta_nll", "accuracy", "mean_nll"}], "mean_delta_accuracy_pp",

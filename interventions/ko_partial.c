@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "interventions/knockout.h"
+#include "interventions/promptset.h"
 #include "interventions/units.h"
 
 /* ---- split runs: the partial result's layout, the recording, the aggregation ---- */
@@ -107,4 +108,43 @@ done:
     free(heads);
     if (rc) ps_grid_result_free(r);
     return rc;
+}
+
+int ps_knockout_logit_diff(const ps_partial *p, json_t *grid, ps_error *err) {
+    int nl = (int)json_array_size(json_object_get(p->meta, "layers")), nh = (int)json_array_size(json_object_get(p->meta, "heads"));
+    int64_t P = json_integer_value(json_object_get(p->meta, "period"));
+    if (nl < 1 || nh < 1 || P < 1 || p->n_units % nl) return ps_fail(err, "a knockout grid's partial result lacks its layers, heads or period");
+    double *sum = calloc((size_t)((1 + (int64_t)nl * nh) * P), sizeof *sum), *clean = malloc((size_t)P * sizeof *clean);
+    int64_t *n = calloc((size_t)((1 + (int64_t)nl * nh) * P), sizeof *n);
+    if (!sum || !n || !clean) {
+        free(sum);
+        free(n);
+        free(clean);
+        return ps_fail(err, "out of memory for the logit differences of %d x %d cells", nl, nh);
+    }
+    const int32_t *rho = NULL;
+    int64_t n_items = 0, any = 0;
+    for (int64_t u = 0; u < p->n_units; u++) { /* the one-process order, as ps_knockout_from_partial */
+        int li = (int)(u % nl);
+        if (li == 0) {
+            rho = ps_partial_at(p, KO_RHO, u);
+            n_items = ps_partial_count(p, KO_RHO, u);
+            ps_promptset_logit_diff(ps_partial_at(p, KO_CLEAN_LP, u), rho, n_items, P, sum, n);
+        }
+        for (int hi = 0; hi < nh && rho; hi++)
+            ps_promptset_logit_diff((const double *)ps_partial_at(p, KO_CELL_LP, u) + hi * n_items, rho, n_items, P,
+                                    sum + (1 + li * nh + hi) * P, n + (1 + li * nh + hi) * P);
+    }
+    for (int64_t r = 0; r < P; r++) any += n[r];
+    if (any) {
+        ps_promptset_put_logit_diff(json_object_get(json_object_get(grid, "clean"), "residues"), sum, n, P, NULL, clean);
+        json_t *cells = json_object_get(grid, "cells");
+        for (int64_t c = 0; c < (int64_t)nl * nh; c++)
+            ps_promptset_put_logit_diff(json_object_get(json_array_get(cells, (size_t)c), "residues"), sum + (1 + c) * P, n + (1 + c) * P, P,
+                                        clean, NULL);
+    }
+    free(sum);
+    free(n);
+    free(clean);
+    return any ? 1 : 0;
 }

@@ -51,10 +51,12 @@ static double query_value(ps_patch_metric metric, const ps_batch *clean, const p
     const ps_query *q = &clean->queries[b * clean->max_q + qi];
     if (metric == PS_PATCH_LOGIT_DIFF) {
         const float *x = lg + q->answer_pos * V;
-        return (double)x[clean->tokens[b * T + q->answer_src]] - (double)x[corrupted->tokens[b * T + q->answer_src]];
+        const ps_query *cq = &corrupted->queries[b * corrupted->max_q + qi]; /* a prompt set: its own answer */
+        int32_t alt = q->answer_src < 0 ? ps_query_answer(cq, corrupted->tokens + b * T, 0) : corrupted->tokens[b * T + q->answer_src];
+        return (double)x[ps_query_answer(q, clean->tokens + b * T, 0)] - (double)x[alt];
     }
     double nll = 0;
-    for (int64_t k = 0; k < q->answer_len; k++) nll -= log_prob(lg + (q->answer_pos + k) * V, V, clean->tokens[b * T + q->answer_src + k]);
+    for (int64_t k = 0; k < q->answer_len; k++) nll -= log_prob(lg + (q->answer_pos + k) * V, V, ps_query_answer(q, clean->tokens + b * T, k));
     return nll;
 }
 

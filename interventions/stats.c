@@ -225,7 +225,7 @@ void ps_residue_stats_add(ps_residue_stats *r, const ps_shifted *s, const int *c
     for (int64_t i = 0; i < s->b.B; i++)
         for (int64_t q = 0; q < s->b.n_q[i]; q++) {
             int64_t rho = s->residue[i * s->b.max_q + q];
-            if (rho < 0) continue;
+            if (rho < 0 || rho >= r->P) continue; /* a prompt set's alt queries are labelled past P */
             r->n[rho]++;
             r->k[rho] += correct[i * s->b.max_q + q];
             r->lp[rho] += logprob[i * s->b.max_q + q];

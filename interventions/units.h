@@ -36,6 +36,11 @@ int ps_sweep_units(const ps_runtime *rt, const ps_batch *base, const ps_task *ta
                    ps_sweep_mode mode, int64_t P, uint64_t seed, int64_t batch, int64_t u0, int64_t u1, int32_t *ok,
                    double *lp, int32_t *rho, ps_progress_fn progress, void *user, ps_error *err);
 
+/* The same over a caller's prompt set (promptset.h: one shift, set->P residues): units are its batches, query q
+ * of prompt i at index i · max_q + q. */
+int ps_promptset_sweep_units(const ps_runtime *rt, const ps_shifted *set, int64_t batch, int64_t u0, int64_t u1, int32_t *ok,
+                             double *lp, int32_t *rho, ps_progress_fn progress, void *user, ps_error *err);
+
 /* Weights of the sweep units for the split (prompts × tokens): w[P · n_batches]. */
 void ps_sweep_unit_weights(int64_t N, int64_t batch, int64_t P, int64_t T, ps_sweep_mode mode, int64_t *w);
 

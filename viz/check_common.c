@@ -216,10 +216,25 @@ int ps_ck_provenance(ps_ck *c, json_t *doc, int instrument, const char *mode_kin
         json_t *ev;
         if (ps_ck_get_obj(c, p, "eval", &ev)) return -1;
         size_t o2 = ps_ck_key(c, "eval");
-        if (ps_ck_get_int(c, ev, "n_prompts", 1, MAX_PROMPTS, &pi->n_prompts) || ps_ck_get_int(c, ev, "period", 1, MAX_PERIOD, &pi->period) ||
-            ps_ck_get_str(c, ev, "family", NULL))
+        if (ps_ck_get_int(c, ev, "n_prompts", 1, MAX_PROMPTS, &pi->n_prompts) || ps_ck_get_int(c, ev, "period", 1, MAX_PERIOD, &pi->period))
             return -1;
-        if (mode_kind || json_object_get(ev, "mode"))
+        json_t *pr = json_object_get(ev, "prompts"); /* a caller's prompt set instead of the task's fillers */
+        if (pr) {
+            json_t *ps;
+            int64_t n, T;
+            if (ps_ck_get_obj(c, ev, "prompts", &ps)) return -1;
+            size_t o3 = ps_ck_key(c, "prompts");
+            if (ps_ck_get_str(c, ps, "source", NULL) || ps_ck_get_int(c, ps, "n", 1, MAX_PROMPTS, &n) ||
+                ps_ck_get_int(c, ps, "T", 1, INT64_MAX, &T) || ps_ck_get_str(c, ps, "tokens_hash", NULL))
+                return -1;
+            if (n != pi->n_prompts) {
+                ps_ck_key(c, "n");
+                return ps_ck_bad(c, "%lld, but eval.n_prompts is %lld", (long long)n, (long long)pi->n_prompts);
+            }
+            ps_ck_pop(c, o3);
+        } else if (ps_ck_get_str(c, ev, "family", NULL))
+            return -1;
+        if ((mode_kind && !pr) || json_object_get(ev, "mode"))
             if (ps_ck_get_enum(c, ev, "mode", MODES, NULL)) return -1;
         ps_ck_pop(c, o2);
     }

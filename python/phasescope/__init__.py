@@ -16,6 +16,7 @@ from . import _lib
 from . import actions
 from .kvcache import KVCache
 from .model import ActivationCache, Model, load
+from .prompts import PromptSet
 from .tokenizer import Tokenizer
 from .instruments import (Figure, Result, fillers, gatecycle, gates, instruments, knockout, probe, run, sweep,
                           train)
@@ -31,6 +32,6 @@ def devices():
     return [d.strip() for d in _lib.text(_lib.lib.ps_api_devices()).split(",") if d.strip()]
 
 
-__all__ = ["PhasescopeError", "Cancelled", "actions", "ActivationCache", "KVCache", "Model", "load", "Tokenizer", "Figure", "Result", "fillers",
+__all__ = ["PhasescopeError", "Cancelled", "actions", "ActivationCache", "KVCache", "Model", "load", "PromptSet", "Tokenizer", "Figure", "Result", "fillers",
            "gatecycle", "gates", "instruments", "knockout", "probe", "run", "sweep", "train", "Server", "serve", "devices",
            "library_path", "API_VERSION"]

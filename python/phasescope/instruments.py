@@ -29,6 +29,7 @@ from . import _lib
 from .errors import PhasescopeError
 from .model import Model
 from .progress import Call
+from .prompts import PromptSet
 
 
 class Figure(bytes):
@@ -145,12 +146,16 @@ class _Handle:
 
 
 def _value(k, v):
+    if isinstance(v, PromptSet):  # the API's inline prompt set (the records of --prompts FILE)
+        return v.records()
     if isinstance(v, os.PathLike):
         return os.fspath(v)
     if isinstance(v, (list, tuple, range, np.ndarray)):
         return [_value(k, x) for x in v]
     if isinstance(v, np.generic):
         return v.item()
+    if isinstance(v, dict):  # a record of an inline prompt set
+        return {str(kk): _value(k, x) for kk, x in v.items()}
     if v is None or isinstance(v, (bool, int, float, str)):
         return v
     raise PhasescopeError(f"{k}={v!r}: a flag's value is a string, number, bool, list or None")
@@ -196,14 +201,18 @@ def instruments():
 
 def sweep(model=None, **flags):
     """`phasescope sweep`: accuracy against the needle's offset (mode="pad"|"move", n=, period=, ...).
-    The curve: .arrays["curve.residues.accuracy"] (and the other curve.* arrays)."""
+    The curve: .arrays["curve.residues.accuracy"] (and the other curve.* arrays). prompts=ps.PromptSet(...)
+    (or a JSON-lines file): your own prompts, accuracy and mean log-prob per residue (and the logit
+    difference with alt)."""
     return run("sweep", model, **flags)
 
 
 def knockout(model=None, **flags):
     """`phasescope knockout`: the (layer, head) knockout grid (layers=[...], heads=[...],
     target="raw"|"compressed"|"both", method="exact"|"atp", verify=K, n=, ...). The grid:
-    .arrays["grid.cells.residues.delta_nll"] [cells, P] with "grid.cells.layer" / "grid.cells.head"."""
+    .arrays["grid.cells.residues.delta_nll"] [cells, P] with "grid.cells.layer" / "grid.cells.head".
+    prompts=ps.PromptSet(...) (or a JSON-lines file): the grid on your own prompts, every entry of the target
+    mean-replaced by its mean over them, position by position (with alt: grid.cells.residues.delta_logit_diff)."""
     return run("knockout", model, **flags)
 
 
