@@ -1,22 +1,22 @@
 /* instr_call.c — every instrument of the registry (experiments/registry.h) as one call
  * (include/phasescope.h, "instruments"): the request's keys become the command's flags, the command runs
  * exactly as the CLI runs it (ps_command_call: the same flag table, defaults, checks, messages and
- * code path), into --out (the request's, or a private temporary directory), and the result is what it
- * wrote: the result JSON as text (bit for bit the file), the numeric arrays in it, the files. */
+ * code path) with a sink (experiments/result_out.h) instead of a directory: the result documents stay in
+ * memory (their text bit for bit what the CLI's files hold), nothing is written and nothing printed. The
+ * numeric arrays come from that text, the figures are drawn from it on request (in memory, viz/figures.h),
+ * and ps_api_result_save writes exactly the files the CLI writes. */
 #define _POSIX_C_SOURCE 200809L
-#include <dirent.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "api/api_internal.h"
 #include "core/ctx.h"
 #include "core/fileio.h"
 #include "experiments/registry.h"
 #include "interventions/promptset.h"
+#include "viz/figures.h"
 
 typedef struct {
     char *name;
@@ -26,8 +26,10 @@ typedef struct {
 } res_array;
 
 struct ps_api_result {
-    char *json, *kind, *dir, *files_json;
-    int temp; /* dir is ours: removed by ps_api_result_free */
+    char *json, *kind, *dir, *files_json, *figures_json;
+    json_t *docs; /* {"NAME.json": "its text", ...}: the run's result documents (the sink's) */
+    ps_png_set figs; /* the figures, drawn on the first ps_api_result_figure* call */
+    int drawn;
     int n, cap;
     res_array *a;
 };
@@ -220,60 +222,91 @@ static int collect(ps_api_result *r, json_t **vals, int64_t n, char *path, size_
     return 0;
 }
 
-static int is_json_name(const char *s) {
-    size_t l = strlen(s);
-    return l > 5 && !strcmp(s + l - 5, ".json");
-}
-
-/* the files the run wrote (regular files, sorted), as JSON; the result JSON's name when the registry
- * does not give it: the one .json file */
-static int list_files(ps_api_result *r, const char *result, char *found, size_t n, ps_error *e) {
-    struct dirent **ents;
-    int k = scandir(r->dir, &ents, NULL, alphasort);
-    if (k < 0) return ps_fail(e, "%s: cannot list the run's directory", r->dir);
+/* The run's result document (the registry's file name, else the only one): its text, kind and arrays; the
+ * documents' names as the files list. */
+static int take_result(ps_api_result *r, const char *result, ps_error *e) {
     json_t *files = json_array();
-    int n_json = 0;
-    found[0] = '\0';
-    for (int i = 0; i < k; i++) {
-        char p[4400];
-        struct stat st;
-        snprintf(p, sizeof p, "%s/%s", r->dir, ents[i]->d_name);
-        if (stat(p, &st) == 0 && S_ISREG(st.st_mode)) {
-            json_array_append_new(files, json_string(ents[i]->d_name));
-            if (is_json_name(ents[i]->d_name)) {
-                n_json++;
-                if (!result) snprintf(found, n, "%s", ents[i]->d_name);
-            }
-        }
-        free(ents[i]);
+    const char *name, *found = NULL;
+    json_t *v;
+    int n_docs = 0;
+    json_object_foreach(r->docs, name, v) {
+        json_array_append_new(files, json_string(name));
+        n_docs++;
+        if (!result || !strcmp(name, result)) found = name;
     }
-    free(ents);
-    if (result) snprintf(found, n, "%s", result);
-    else if (n_json != 1) found[0] = '\0';
+    if (!result && n_docs != 1) found = NULL;
     r->files_json = json_dumps(files, JSON_COMPACT);
     json_decref(files);
-    return r->files_json ? 0 : ps_fail(e, "out of memory");
+    if (!r->files_json) return ps_fail(e, "out of memory");
+    if (!found) return 0;
+    if (!(r->json = strdup(json_string_value(json_object_get(r->docs, found))))) return ps_fail(e, "out of memory");
+    json_error_t je;
+    json_t *doc = json_loads(r->json, 0, &je); /* what a reader of the file gets */
+    if (!doc) return ps_fail(e, "%s: the result is not JSON: %s", found, je.text);
+    json_t *k = json_object_get(doc, "kind");
+    if (json_is_string(k) && !(r->kind = strdup(json_string_value(k)))) ps_fail(e, "out of memory");
+    char p[1024] = "";
+    int64_t shape[RES_MAX_RANK];
+    json_t *top[1] = {doc};
+    if (!e->msg[0] && collect(r, top, 1, p, sizeof p, shape, 0)) ps_fail(e, "out of memory for the result's arrays");
+    json_decref(doc);
+    return e->msg[0] ? -1 : 0;
 }
 
-static void remove_dir(const char *dir) {
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *de;
-    while ((de = readdir(d))) {
-        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
-        char p[4400];
-        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
-        struct stat st;
-        if (lstat(p, &st) == 0 && S_ISDIR(st.st_mode)) remove_dir(p);
-        else unlink(p);
+/* Draw the figures of every result document into dir (NULL: into r->figs, in memory), as `phasescope render`
+ * draws them from the files (the text parsed as a reader parses it). */
+static int draw(ps_api_result *r, const char *dir, ps_error *e) {
+    const char *name;
+    json_t *v;
+    json_object_foreach(r->docs, name, v) {
+        json_t *doc = json_loads(json_string_value(v), 0, NULL);
+        if (!doc) return ps_fail(e, "%s: the result is not JSON", name);
+        char path[4400];
+        if (dir) snprintf(path, sizeof path, "%s/%s", dir, name);
+        else snprintf(path, sizeof path, "%s", name);
+        const char *paths[1] = {path};
+        json_t *docs[1] = {doc};
+        ps_render_opts ro = {.mem = dir ? NULL : &r->figs};
+        int rc = ps_render_docs(docs, paths, 1, dir ? dir : ".", &ro, 0, e);
+        json_decref(doc);
+        if (rc) return -1;
     }
-    closedir(d);
-    rmdir(dir);
+    return 0;
+}
+
+PS_API const char *ps_api_result_figures_json(ps_api_result *r, char *err, size_t errlen) {
+    ps_error e = {0};
+    if (!r->drawn) {
+        if (draw(r, NULL, &e)) {
+            ps_api_report(&e, err, errlen);
+            return NULL;
+        }
+        r->drawn = 1;
+        json_t *names = json_array();
+        for (int i = 0; i < r->figs.n; i++) json_array_append_new(names, json_string(r->figs.files[i].name));
+        r->figures_json = json_dumps(names, JSON_COMPACT);
+        json_decref(names);
+    }
+    if (!r->figures_json) ps_api_say(err, errlen, PS_API_EFAIL, "out of memory");
+    return r->figures_json;
+}
+
+PS_API const unsigned char *ps_api_result_figure(ps_api_result *r, const char *name, size_t *len, char *err, size_t errlen) {
+    if (!ps_api_result_figures_json(r, err, errlen)) return NULL;
+    const ps_png_file *f = ps_png_set_find(&r->figs, name);
+    if (!f) {
+        ps_api_say(err, errlen, PS_API_EINPUT, "%s: no such figure (ps_api_result_figures_json lists them)", name ? name : "(null)");
+        return NULL;
+    }
+    if (len) *len = f->len;
+    return f->data;
 }
 
 PS_API void ps_api_result_free(ps_api_result *r) {
     if (!r) return;
-    if (r->temp && r->dir) remove_dir(r->dir);
+    json_decref(r->docs);
+    ps_png_set_free(&r->figs);
+    free(r->figures_json);
     for (int i = 0; i < r->n; i++) {
         free(r->a[i].name);
         free(r->a[i].data);
@@ -319,6 +352,7 @@ PS_API int ps_api_instrument_ex(ps_api_model *m, const char *name, const char *r
     argv_t av = {0};
     ps_promptset pset = {0};
     int have_pset = 0;
+    ps_result_sink sink = {0};
     ps_api_progress pr = {.fn = progress, .user = progress_user};
     int rc = -1;
     if (!r || push(&av, cmd->name)) {
@@ -350,26 +384,14 @@ PS_API int ps_api_instrument_ex(ps_api_model *m, const char *name, const char *r
         goto done;
     }
     json_t *o = json_object_get(req, "out");
-    if (o && json_is_string(o)) r->dir = strdup(json_string_value(o));
-    else if (find_flag(cmd, "--out")) {
-        const char *tmp = getenv("TMPDIR");
-        char tmpl[4200];
-        snprintf(tmpl, sizeof tmpl, "%s/phasescope-%s-XXXXXX", tmp && *tmp ? tmp : "/tmp", cmd->name);
-        if (!mkdtemp(tmpl)) {
-            ps_fail(&e, "%s: cannot create a temporary directory for the result", tmpl);
-            goto done;
-        }
-        r->dir = strdup(tmpl);
-        r->temp = 1;
-        if (!r->dir || push(&av, "--out") || push(&av, tmpl)) {
-            if (!r->dir) remove_dir(tmpl);
-            ps_fail(&e, "out of memory");
-            goto done;
-        }
+    if (o && json_is_string(o) && !(r->dir = strdup(json_string_value(o)))) { /* the files go there too */
+        ps_fail(&e, "out of memory");
+        goto done;
     }
     fflush(stdout);
     if (!pr.fn && m) pr.fn = m->progress, pr.user = m->progress_user; /* the model's */
-    ps_call call = {.progress = pr.fn ? ps_api_progress_call : NULL, .progress_user = &pr, .prompts = have_pset ? &pset : NULL};
+    ps_call call = {.progress = pr.fn ? ps_api_progress_call : NULL, .progress_user = &pr, .prompts = have_pset ? &pset : NULL,
+                    .sink = &sink};
     if (m) {
         call.families = m->families;
         /* the caller's open model, unless the request asks for another checkpoint, device or precision, or
@@ -385,31 +407,14 @@ PS_API int ps_api_instrument_ex(ps_api_model *m, const char *name, const char *r
         }
         goto done;
     }
-    fflush(stdout);
-    if (r->dir) {
-        struct stat st;
-        char file[512];
-        if (stat(r->dir, &st) == 0 && S_ISDIR(st.st_mode)) {
-            if (list_files(r, en->result, file, sizeof file, &e)) goto done;
-            if (file[0]) {
-                char path[4800];
-                size_t len;
-                snprintf(path, sizeof path, "%s/%s", r->dir, file);
-                if (ps_read_file(path, (size_t)1 << 31, &r->json, &len, &e)) goto done;
-                json_t *doc = json_loads(r->json, 0, &je);
-                if (!doc) {
-                    ps_fail(&e, "%s: the result is not JSON: %s", path, je.text);
-                    goto done;
-                }
-                json_t *k = json_object_get(doc, "kind");
-                if (json_is_string(k) && !(r->kind = strdup(json_string_value(k)))) ps_fail(&e, "out of memory");
-                char p[1024] = "";
-                int64_t shape[RES_MAX_RANK];
-                json_t *top[1] = {doc};
-                if (!e.msg[0] && collect(r, top, 1, p, sizeof p, shape, 0)) ps_fail(&e, "out of memory for the result's arrays");
-                json_decref(doc);
-                if (e.msg[0]) goto done;
-            }
+    r->docs = sink.docs;
+    sink.docs = NULL;
+    if (take_result(r, en->result, &e)) goto done;
+    if (r->dir && r->docs) { /* "out": what the CLI's --out holds, written there as well */
+        char msg[PS_ERROR_MAX];
+        if (ps_api_result_save(r, r->dir, msg, sizeof msg) != PS_API_OK) {
+            ps_fail(&e, "%s", msg);
+            goto done;
         }
     }
     if (!r->files_json && !(r->files_json = strdup("[]"))) {
@@ -419,6 +424,7 @@ PS_API int ps_api_instrument_ex(ps_api_model *m, const char *name, const char *r
     rc = 0;
 done:
     argv_free(&av);
+    ps_result_sink_free(&sink);
     if (have_pset) ps_promptset_free(&pset);
     json_decref(req);
     if (rc) {
@@ -453,7 +459,7 @@ PS_API const char *ps_api_result_files_json(const ps_api_result *r) { return r->
 
 PS_API int ps_api_result_save(const ps_api_result *r, const char *dir, char *err, size_t errlen) {
     if (!dir || !*dir) return ps_api_say(err, errlen, PS_API_EINPUT, "no directory given");
-    if (!r->dir) return ps_api_say(err, errlen, PS_API_EINPUT, "the run wrote no files");
+    if (!r->docs || !json_object_size(r->docs)) return ps_api_say(err, errlen, PS_API_EINPUT, "the run has no result to save");
     ps_error e = {0};
     char d[4096];
     snprintf(d, sizeof d, "%s", dir);
@@ -464,24 +470,15 @@ PS_API int ps_api_result_save(const ps_api_result *r, const char *dir, char *err
             *s = '/';
         }
     if (ps_mkdir(d, &e)) return ps_api_report(&e, err, errlen);
-    json_t *files = json_loads(r->files_json, 0, NULL);
-    size_t i;
-    json_t *f;
-    int rc = PS_API_OK;
-    json_array_foreach(files, i, f) {
-        char src[4400], dst[4400];
-        size_t len;
-        snprintf(src, sizeof src, "%s/%s", r->dir, json_string_value(f));
-        snprintf(dst, sizeof dst, "%s/%s", d, json_string_value(f));
-        if (!strcmp(src, dst)) continue;
-        char *data = NULL;
-        if (ps_read_file(src, (size_t)1 << 34, &data, &len, &e) || ps_write_file_atomic(dst, data, len, &e)) {
-            free(data);
-            rc = ps_api_report(&e, err, errlen);
-            break;
-        }
-        free(data);
+    const char *name;
+    json_t *v;
+    json_object_foreach(r->docs, name, v) { /* the JSON files, byte for byte what the CLI writes */
+        char path[4400];
+        const char *text = json_string_value(v);
+        snprintf(path, sizeof path, "%s/%s", d, name);
+        if (ps_write_file_atomic(path, text, strlen(text), &e)) return ps_api_report(&e, err, errlen);
     }
-    json_decref(files);
-    return rc;
+    /* and their figures, drawn from them as the CLI draws them */
+    if (draw((ps_api_result *)r, d, &e)) return ps_api_report(&e, err, errlen);
+    return PS_API_OK;
 }

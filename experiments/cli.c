@@ -160,7 +160,7 @@ int ps_command_call(const ps_command *cmd, int argc, char **argv, const ps_call 
     ps_call none = {0};
     if (!call) call = &none;
     ps_args a = {.cmd = cmd, .argc = argc, .argv = argv, .n_flags = n_specs(cmd), .progress = call->progress,
-                 .progress_user = call->progress_user, .rt = call->rt, .families = call->families, .prompts = call->prompts};
+                 .progress_user = call->progress_user, .rt = call->rt, .families = call->families, .prompts = call->prompts, .sink = call->sink};
     if (a.n_flags > PS_MAX_FLAGS) return ps_fail(err, "internal error: %d flags, more than %d", a.n_flags, PS_MAX_FLAGS);
     a.pos = malloc((size_t)(argc > 0 ? argc : 1) * sizeof *a.pos);
     int rc;

@@ -91,6 +91,9 @@ struct ps_args {
     /* the caller's prompt set (the API's request key "prompts", interventions/promptset.h), or NULL: a
      * command whose table has --prompts reads the file it names, if any */
     const struct ps_promptset_s *prompts;
+    /* a library call's sink (experiments/result_out.h): the results kept in memory, nothing written or printed;
+     * NULL: the CLI */
+    struct ps_result_sink *sink;
 };
 
 /* What a caller of a command hands it besides argv (every field may be 0): its progress callback, the
@@ -101,6 +104,7 @@ typedef struct {
     const struct ps_runtime *rt;
     const struct ps_family *const *families;
     const struct ps_promptset_s *prompts;
+    struct ps_result_sink *sink;
 } ps_call;
 
 /* Runs a command: help, parsing, usage errors, the error line and the exit status (see above). */

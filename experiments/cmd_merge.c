@@ -41,7 +41,8 @@ static int run(const ps_args *a, ps_error *err) {
     /* the instruments whose work splits into units, each with the finish that adds its parts up (the registry) */
     const ps_registry_entry *e = ps_registry_find(p.command);
     int rc;
-    if (e && e->finish) rc = e->finish(&p, out, err);
+    ps_out o = {.dir = out};
+    if (e && e->finish) rc = e->finish(&p, &o, err);
     else {
         char names[256] = "";
         size_t o = 0;

@@ -36,18 +36,19 @@ int ps_atp_compare_command(const char *exact, const char *estimate, const char *
     char *cmd = ps_args_command_line(a);
     res = ps_atp_compare(ex, es, te, ta, cmd, err);
     free(cmd);
-    if (!res || ps_result_write(out, "atp_compare.json", res, err)) goto done;
-    printf("%s, fix %s: %lld cell x residue pairs, Pearson %.3f, Spearman %.3f (cells' worst residue: %.3f, %.3f)\n",
+    ps_out po = {.dir = out, .sink = a->sink};
+    if (!res || ps_result_write(&po, "atp_compare.json", res, err)) goto done;
+    ps_say(&po, "%s, fix %s: %lld cell x residue pairs, Pearson %.3f, Spearman %.3f (cells' worst residue: %.3f, %.3f)\n",
            json_string_value(json_object_get(res, "target")), json_string_value(json_object_get(res, "fix")),
            (long long)json_integer_value(json_object_get(res, "n_pairs")), json_number_value(json_object_get(res, "pearson")),
            json_number_value(json_object_get(res, "spearman")), json_number_value(json_object_get(res, "cell_pearson")),
            json_number_value(json_object_get(res, "cell_spearman")));
-    printf("strong cells (exact worst residue <= -30 pp): %zu; recall in the estimate's top %lld: %.2f (worst rank %lld)\n",
+    ps_say(&po, "strong cells (exact worst residue <= -30 pp): %zu; recall in the estimate's top %lld: %.2f (worst rank %lld)\n",
            json_array_size(json_object_get(res, "strong")), (long long)json_integer_value(json_object_get(res, "top_k")),
            json_number_value(json_object_get(res, "recall")), (long long)json_integer_value(json_object_get(res, "max_strong_rank")));
     json_t *t = json_object_get(res, "times");
     if (json_object_get(t, "wall_ratio"))
-        printf("exact %.1f s wall, %.1f s CPU; estimate %.1f s wall, %.1f s CPU: %.1fx faster (wall), %.1fx (CPU)\n",
+        ps_say(&po, "exact %.1f s wall, %.1f s CPU; estimate %.1f s wall, %.1f s CPU: %.1fx faster (wall), %.1fx (CPU)\n",
                json_number_value(json_object_get(te, "wall_s")),
                json_number_value(json_object_get(te, "user_s")) + json_number_value(json_object_get(te, "sys_s")),
                json_number_value(json_object_get(ta, "wall_s")),
@@ -56,7 +57,7 @@ int ps_atp_compare_command(const char *exact, const char *estimate, const char *
     json_t *fn = json_object_get(res, "false_negatives");
     for (size_t i = 0; i < json_array_size(fn); i++) {
         json_t *c = json_array_get(fn, i);
-        printf("  missed: layer %lld head %lld: exact %+.1f pp (dNLL %+.3f), estimated dNLL %+.3f, rank %lld\n",
+        ps_say(&po, "  missed: layer %lld head %lld: exact %+.1f pp (dNLL %+.3f), estimated dNLL %+.3f, rank %lld\n",
                (long long)json_integer_value(json_object_get(c, "layer")), (long long)json_integer_value(json_object_get(c, "head")),
                json_number_value(json_object_get(c, "exact_worst_delta_accuracy_pp")),
                json_number_value(json_object_get(c, "exact_worst_delta_nll")),

@@ -38,6 +38,7 @@ int ps_fillers_command(const ps_args *a, ps_error *err) {
     in.cmdline = ps_args_command_line(a);
     const char *out = ps_args_get(a, "--out");
     snprintf(in.out_dir, sizeof in.out_dir, "%s", out ? out : "out/fillers");
+    in.out = (ps_out){.dir = in.out_dir, .sink = a->sink};
     /* the cheap checks first: the experiment, the tokenizer and the prompts, then the model */
     if (ps_fillexp_load(exp_path, &e, err) || ps_tokenizer_load(tok_path, &tok, err) || ps_fillexp_prepare(&e, tok, err)) goto done;
     /* the checkpoint through its family (core/runtime.h); the experiment scores the controlled model's rows */
@@ -83,12 +84,12 @@ int ps_fillers_command(const ps_args *a, ps_error *err) {
         double md = 0;
         for (size_t k = 0; k < json_array_size(pts); k++) md += json_number_value(json_object_get(json_array_get(pts, k), "delta"));
         ps_format_p(pt, sizeof pt, json_number_value(json_object_get(t, "p_value")));
-        printf("%-16s mean delta %+.4g, eta2 %.3f, permutation p %s\n", json_string_value(json_object_get(fo, "name")),
+        ps_say(&in.out, "%-16s mean delta %+.4g, eta2 %.3f, permutation p %s\n", json_string_value(json_object_get(fo, "name")),
                md / (double)(json_array_size(pts) ? json_array_size(pts) : 1), json_number_value(json_object_get(t, "eta2")), pt);
     }
     json_t *pl = json_object_get(res, "pooled");
     ps_format_p(pt, sizeof pt, json_number_value(json_object_get(pl, "p_value")));
-    printf("pooled           eta2 %.3f, permutation p %s (period %lld, %lld permutations)\n",
+    ps_say(&in.out, "pooled           eta2 %.3f, permutation p %s (period %lld, %lld permutations)\n",
            json_number_value(json_object_get(pl, "eta2")), pt, (long long)P, (long long)e.permutations);
     rc = 0;
 done:

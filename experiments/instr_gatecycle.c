@@ -229,11 +229,11 @@ int ps_gatecycle_command(const ps_args *a, const ps_gatecycle_request *rq, ps_er
             r = ps_fail(err, "--save: writing %s checkpoints is not supported", rt->family->name);
         else
             r = rt->family->save(rt, save, "phasescope.gatecycle", what, err);
-        if (!r) printf("wrote the cycled checkpoint to %s\n", save);
+        if (!r) ps_say(&in.out, "wrote the cycled checkpoint to %s\n", save);
     }
 run_done:;
     int fin = ps_instr_collect(&in, &part, &wk, r, err);
-    if (fin < 0 || (fin == 1 && ps_gatecycle_finish(&part, in.out_dir, err))) goto done;
+    if (fin < 0 || (fin == 1 && ps_gatecycle_finish(&part, &in.out, err))) goto done;
     rc = 0;
 done:
     json_decref(meta);
@@ -249,8 +249,8 @@ done:
 /* ---- the finish ---- */
 
 /* The per-head measure's summary on stdout, from the "per_head" object. */
-static void print_per_head(json_t *out, int64_t layer, int64_t k) {
-    printf("per-head knockout measure (layer %lld, shift %lld; hurt = accuracy drop when the head is knocked out):\n", (long long)layer,
+static void print_per_head(const ps_out *o, json_t *out, int64_t layer, int64_t k) {
+    ps_say(o, "per-head knockout measure (layer %lld, shift %lld; hurt = accuracy drop when the head is knocked out):\n", (long long)layer,
            (long long)k);
     json_t *hl = json_object_get(out, "heads"), *e;
     size_t i;
@@ -263,11 +263,11 @@ static void print_per_head(json_t *out, int64_t layer, int64_t k) {
                         ? json_number_value(json_array_get(json_object_get(e, "hurt_after_pp"), (size_t)wa)) : 0;
         /* print a tiny negative hurt as 0.0, not -0.0 */
         double shb = fabs(hb) < 0.05 ? 0 : hb, sha = fabs(ha) < 0.05 ? 0 : ha;
-        printf("  head %lld: ", (long long)json_integer_value(json_object_get(e, "head")));
-        if (!strcmp(st, "no_profile")) printf("owns no residue before (largest hurt %.1f pp at rho %lld)\n", shb, (long long)wb);
-        else if (!strcmp(st, "lost")) printf("rho %lld (%.1f pp) -> lost after cycling (largest hurt %.1f pp)\n", (long long)wb, shb, sha);
+        ps_say(o, "  head %lld: ", (long long)json_integer_value(json_object_get(e, "head")));
+        if (!strcmp(st, "no_profile")) ps_say(o, "owns no residue before (largest hurt %.1f pp at rho %lld)\n", shb, (long long)wb);
+        else if (!strcmp(st, "lost")) ps_say(o, "rho %lld (%.1f pp) -> lost after cycling (largest hurt %.1f pp)\n", (long long)wb, shb, sha);
         else
-            printf("rho %lld (%.1f pp) -> rho %lld (%.1f pp): shift %+lld, shift - k %+lld; profile xcorr shift %+lld, - k %+lld\n",
+            ps_say(o, "rho %lld (%.1f pp) -> rho %lld (%.1f pp): shift %+lld, shift - k %+lld; profile xcorr shift %+lld, - k %+lld\n",
                    (long long)wb, hb, (long long)wa, ha, (long long)json_integer_value(json_object_get(e, "shift_worst")),
                    (long long)json_integer_value(json_object_get(e, "error_worst")),
                    (long long)json_integer_value(json_object_get(e, "shift_xcorr")),
@@ -277,14 +277,14 @@ static void print_per_head(json_t *out, int64_t layer, int64_t k) {
     int n_meas = (int)json_integer_value(json_object_get(sum, "n_measured")), nh = (int)json_integer_value(json_object_get(sum, "n_heads"));
     int n_lost = (int)json_integer_value(json_object_get(sum, "n_lost")), n_none = (int)json_integer_value(json_object_get(sum, "n_no_profile"));
     if (n_meas)
-        printf("  summary: %d of %d heads measured (%d lost, %d own no residue); mean |shift - k| %.3f (worst residue), %.3f "
+        ps_say(o, "  summary: %d of %d heads measured (%d lost, %d own no residue); mean |shift - k| %.3f (worst residue), %.3f "
                "(xcorr); exact %d/%d, %d/%d\n",
                n_meas, nh, n_lost, n_none, json_number_value(json_object_get(sum, "mean_abs_error_worst")),
                json_number_value(json_object_get(sum, "mean_abs_error_xcorr")),
                (int)lround(json_number_value(json_object_get(sum, "fraction_exact_worst")) * n_meas), n_meas,
                (int)lround(json_number_value(json_object_get(sum, "fraction_exact_xcorr")) * n_meas), n_meas);
     else
-        printf("  summary: no head measured (%d lost, %d own no residue)\n", n_lost, n_none);
+        ps_say(o, "  summary: no head measured (%d lost, %d own no residue)\n", n_lost, n_none);
 }
 
 /* The per-head measure from the two grids' units (the halves' first nk units). */
@@ -301,7 +301,7 @@ static json_t *per_head_measure(const ps_partial *p, json_t *ko_meta, int64_t nk
     return out;
 }
 
-int ps_gatecycle_finish(const ps_partial *p, const char *out_dir, ps_error *err) {
+int ps_gatecycle_finish(const ps_partial *p, const ps_out *out, ps_error *err) {
     ps_residue_stats before = {0}, after = {0};
     ps_cycle_analysis an = {0};
     json_t *res = NULL, *meta = p->meta, *cy = json_object_get(meta, "cycle"), *per_head = NULL;
@@ -323,7 +323,7 @@ int ps_gatecycle_finish(const ps_partial *p, const char *out_dir, ps_error *err)
     double chance = json_number_value(json_object_get(meta, "chance"));
     if (nk) { /* --measure knockout: each cycled head's knockout profile before and after */
         if (!(per_head = per_head_measure(p, ko_meta, nk, mid, shift, chance, err))) return -1;
-        print_per_head(per_head, layer, shift);
+        print_per_head(out, per_head, layer, shift);
     }
     if (ps_residue_stats_init(&before, P, err) || ps_residue_stats_init(&after, P, err)) goto done;
     ps_residue_stats_add_items(&before, okb, lpb, rhob, nib);
@@ -389,40 +389,40 @@ int ps_gatecycle_finish(const ps_partial *p, const char *out_dir, ps_error *err)
     json_object_set_new(res, "best_shift_correlation", json_real(an.best_shift_correlation));
     json_object_set_new(res, "warnings", warns);
     if (per_head) json_object_set(res, "per_head", per_head); /* --measure knockout */
-    if (ps_result_write(out_dir, "gatecycle.json", res, err)) goto done;
+    if (ps_result_write(out, "gatecycle.json", res, err)) goto done;
     if (warning[0]) fprintf(stderr, "phasescope gatecycle: warning: %s\n", warning);
     /* the family's line (what was cycled), with the curves' means where it asks for them */
-    printf("%s", summary);
+    ps_say(out, "%s", summary);
     if (json_is_true(json_object_get(meta, "summary_means")))
-        printf("; mean accuracy %.3f -> %.3f", json_number_value(json_object_get(jb, "mean_accuracy")),
+        ps_say(out, "; mean accuracy %.3f -> %.3f", json_number_value(json_object_get(jb, "mean_accuracy")),
                json_number_value(json_object_get(ja, "mean_accuracy")));
-    printf("\n");
+    ps_say(out, "\n");
     for (int64_t i = 0; i < an.n_moves; i++) {
         const ps_dip_move *mv = &an.moves[i];
         if (mv->after >= 0)
-            printf("  dip at rho %lld (%.3f) -> rho %lld (%.3f)", (long long)mv->before, mv->acc_before, (long long)mv->after,
+            ps_say(out, "  dip at rho %lld (%.3f) -> rho %lld (%.3f)", (long long)mv->before, mv->acc_before, (long long)mv->after,
                    mv->acc_after);
         else if (an.after_near_chance)
-            printf("  dip at rho %lld (%.3f) -> nowhere: every residue is near chance after cycling", (long long)mv->before,
+            ps_say(out, "  dip at rho %lld (%.3f) -> nowhere: every residue is near chance after cycling", (long long)mv->before,
                    mv->acc_before);
         else
-            printf("  dip at rho %lld (%.3f) -> %s", (long long)mv->before, mv->acc_before,
+            ps_say(out, "  dip at rho %lld (%.3f) -> %s", (long long)mv->before, mv->acc_before,
                    mv->still_dips ? "stays (no new dip)" : "gone (no new dip)");
-        if (mv->still_dips) printf("; rho %lld still dips after (%.3f)", (long long)mv->before, aa[mv->before]);
-        else if (mv->after >= 0) printf("; rho %lld recovers (%.3f)", (long long)mv->before, aa[mv->before]);
-        printf("\n");
+        if (mv->still_dips) ps_say(out, "; rho %lld still dips after (%.3f)", (long long)mv->before, aa[mv->before]);
+        else if (mv->after >= 0) ps_say(out, "; rho %lld recovers (%.3f)", (long long)mv->before, aa[mv->before]);
+        ps_say(out, "\n");
     }
-    if (!an.n_moves) printf("  no dip before cycling\n");
+    if (!an.n_moves) ps_say(out, "  no dip before cycling\n");
     for (int64_t i = 0; i < an.n_new; i++)
-        printf("  new dip at rho %lld (%.3f)\n", (long long)an.new_dips[i], aa[an.new_dips[i]]);
-    printf("whole-curve best-aligning shift %lld (signed %+lld, correlation %.3f)%s", (long long)an.best_shift,
+        ps_say(out, "  new dip at rho %lld (%.3f)\n", (long long)an.new_dips[i], aa[an.new_dips[i]]);
+    ps_say(out, "whole-curve best-aligning shift %lld (signed %+lld, correlation %.3f)%s", (long long)an.best_shift,
            (long long)an.best_shift_signed, an.best_shift_correlation,
            an.after_near_chance ? " [meaningless: the cycled curve is near chance]" : "");
     if (an.n_excluded) {
-        printf("; left out %lld residue%s near chance in both curves:", (long long)an.n_excluded, an.n_excluded == 1 ? "" : "s");
-        for (int64_t i = 0; i < an.n_excluded; i++) printf(" %lld", (long long)an.excluded[i]);
+        ps_say(out, "; left out %lld residue%s near chance in both curves:", (long long)an.n_excluded, an.n_excluded == 1 ? "" : "s");
+        for (int64_t i = 0; i < an.n_excluded; i++) ps_say(out, " %lld", (long long)an.excluded[i]);
     }
-    printf("\n");
+    ps_say(out, "\n");
     rc = 0;
 done:
     free(ab);

@@ -75,7 +75,7 @@ int ps_gates_command(const ps_args *a, const ps_gates_request *rq, ps_error *err
             r = ps_fail(err, "cancelled after %lld of %lld batches", (long long)(u + 1 - wk.u0), (long long)(wk.u1 - wk.u0));
     }
     int fin = ps_instr_collect(&in, &part, &wk, r, err);
-    if (fin < 0 || (fin == 1 && ps_gates_finish(&part, in.out_dir, err))) goto done;
+    if (fin < 0 || (fin == 1 && ps_gates_finish(&part, &in.out, err))) goto done;
     rc = 0;
 done:
     json_decref(evo);
@@ -94,7 +94,7 @@ done:
 
 /* The per-channel statistics' result: the accumulator from the partial's gate_layout (the family's,
  * written by the run: its ps_gate_info), the records replayed, "gates.model" as the family named it. */
-static int finish_chgates(const ps_partial *p, const char *out_dir, ps_error *err) {
+static int finish_chgates(const ps_partial *p, const ps_out *out, ps_error *err) {
     json_t *prov = json_object_get(p->meta, "provenance"), *res = NULL;
     ps_chgate_acc acc = {0};
     const char *model = NULL;
@@ -116,7 +116,7 @@ static int finish_chgates(const ps_partial *p, const char *out_dir, ps_error *er
     json_object_set_new(res, "gates", g);
     json_t *evo = json_object_get(p->meta, "training");
     if (json_is_array(evo)) json_object_set(res, "training", evo);
-    if (ps_result_write(out_dir, "gates.json", res, err)) goto done;
+    if (ps_result_write(out, "gates.json", res, err)) goto done;
     ps_chgate_print(&acc);
     rc = 0;
 done:
@@ -135,7 +135,7 @@ static int partial_config(const ps_partial *p, ps_config *cfg, ps_error *err) {
 }
 
 /* A compressed model's per-head gates. */
-static int finish_heads(const ps_partial *p, const char *out_dir, ps_error *err) {
+static int finish_heads(const ps_partial *p, const ps_out *out, ps_error *err) {
     ps_gate_acc acc = {0};
     ps_config cfg;
     json_t *res = NULL, *prov = json_object_get(p->meta, "provenance");
@@ -152,14 +152,14 @@ static int finish_heads(const ps_partial *p, const char *out_dir, ps_error *err)
     json_object_set_new(res, "gates", stats);
     json_t *evo = json_object_get(p->meta, "training");
     if (json_is_array(evo)) json_object_set(res, "training", evo);
-    if (ps_result_write(out_dir, "gates.json", res, err)) goto done;
-    printf("%-6s %-5s %-6s %9s %9s %5s  %s\n", "layer", "head", "branch", "N_static", "N_input", "peak", "label");
+    if (ps_result_write(out, "gates.json", res, err)) goto done;
+    ps_say(out, "%-6s %-5s %-6s %9s %9s %5s  %s\n", "layer", "head", "branch", "N_static", "N_input", "peak", "label");
     for (int l = 0; l < cfg.n_layers; l++)
         for (int g = 0; g < cfg.n_kv_heads; g++)
             for (int b = 0; b < 2; b++) {
                 ps_gate_stat st;
                 ps_gate_acc_stat(&acc, l, g, (ps_branch)b, &st);
-                printf("%-6d %-5d %-6s %9.3f %9.3f %5d  %s\n", l, g, b ? "value" : "key", st.N_static, st.N_input, st.peak,
+                ps_say(out, "%-6d %-5d %-6s %9.3f %9.3f %5d  %s\n", l, g, b ? "value" : "key", st.N_static, st.N_input, st.peak,
                        ps_gate_label(&st));
             }
     rc = 0;
@@ -171,10 +171,10 @@ done:
 
 /* Per-channel records carry their accumulator's layout (gate_layout); per-head ones are the compressed
  * attention's "events" (the family's ps_gate_info). */
-int ps_gates_finish(const ps_partial *p, const char *out_dir, ps_error *err) {
+int ps_gates_finish(const ps_partial *p, const ps_out *out, ps_error *err) {
     if (p->n_arr != 2 || ps_partial_find(p, "alpha") != 1)
         return ps_fail(err, "a gate-statistics partial result lacks its records");
-    if (json_object_get(p->meta, "gate_layout")) return finish_chgates(p, out_dir, err);
-    if (ps_partial_find(p, "events") == 0) return finish_heads(p, out_dir, err);
+    if (json_object_get(p->meta, "gate_layout")) return finish_chgates(p, out, err);
+    if (ps_partial_find(p, "events") == 0) return finish_heads(p, out, err);
     return ps_fail(err, "a gate-statistics partial result lacks its records");
 }

@@ -114,7 +114,7 @@ typedef struct {
 } ko_pass;
 static int grid_pass(const ko_pass *ps, ps_partial *part, const unsigned char *mask, ps_error *err);
 static int knockout_top_cells(const ps_partial *p, int64_t K, unsigned char *mask, ps_error *err);
-static int knockout_finish(const ps_partial *p, const ps_partial *v, const unsigned char *mask, const char *out_dir, ps_error *err);
+static int knockout_finish(const ps_partial *p, const ps_partial *v, const unsigned char *mask, const ps_out *out, ps_error *err);
 
 static int knockout_run(ps_instr *inp, const ps_knockout_request *rq, ps_error *err) {
     ps_partial part = {0}, vpart = {0};
@@ -143,8 +143,8 @@ static int knockout_run(ps_instr *inp, const ps_knockout_request *rq, ps_error *
         pv.atp = 0;
         int fv = grid_pass(&pv, &vpart, mask, err);
         if (fv < 0) goto done;
-        if (fv == 1 && knockout_finish(&part, &vpart, mask, inp->out_dir, err)) goto done;
-    } else if (fin == 1 && ps_knockout_finish(&part, inp->out_dir, err))
+        if (fv == 1 && knockout_finish(&part, &vpart, mask, &inp->out, err)) goto done;
+    } else if (fin == 1 && ps_knockout_finish(&part, &inp->out, err))
         goto done;
     rc = 0;
 done:
@@ -226,11 +226,11 @@ static int knockout_top_cells(const ps_partial *p, int64_t K, unsigned char *mas
     return 0;
 }
 
-int ps_knockout_finish(const ps_partial *p, const char *out_dir, ps_error *err) { return knockout_finish(p, NULL, NULL, out_dir, err); }
+int ps_knockout_finish(const ps_partial *p, const ps_out *out, ps_error *err) { return knockout_finish(p, NULL, NULL, out, err); }
 
 /* The result of the grid's partial result p (an exact grid or an estimate) and, for a verified estimate,
  * the exact partial result v of the masked cells. */
-static int knockout_finish(const ps_partial *p, const ps_partial *v, const unsigned char *mask, const char *out_dir, ps_error *err) {
+static int knockout_finish(const ps_partial *p, const ps_partial *v, const unsigned char *mask, const ps_out *out, ps_error *err) {
     ps_knockout_result r = {0}, rv = {0};
     json_t *res = NULL;
     int rc = -1, *order = NULL;
@@ -252,7 +252,7 @@ static int knockout_finish(const ps_partial *p, const ps_partial *v, const unsig
         goto done;
     }
     json_object_set_new(res, "grid", grid);
-    if (ps_result_write(out_dir, "knockout.json", res, err)) goto done;
+    if (ps_result_write(out, "knockout.json", res, err)) goto done;
     /* every head with the residue it hurts most (a head that kills one residue can have a small mean),
      * worst first (an estimate: by its worst residue's estimated NLL increase) */
     json_t *cells = json_object_get(grid, "cells");
@@ -276,7 +276,7 @@ static int knockout_finish(const ps_partial *p, const ps_partial *v, const unsig
             order[j] = order[j - 1];
             order[j - 1] = t;
         }
-    printf("clean mean accuracy %.3f; per head, the residue it hurts most (worst first%s):\n",
+    ps_say(out, "clean mean accuracy %.3f; per head, the residue it hurts most (worst first%s):\n",
            json_number_value(json_object_get(json_object_get(grid, "clean"), "mean_accuracy")),
            atp ? "; attribution patching: estimated NLL changes" : "");
     size_t show = ncell < 32 ? ncell : 32;
@@ -285,25 +285,25 @@ static int knockout_finish(const ps_partial *p, const ps_partial *v, const unsig
         long long layer = (long long)json_integer_value(json_object_get(cell, "layer")),
                   head = (long long)json_integer_value(json_object_get(cell, "head")), rho = (long long)json_integer_value(json_object_get(w, "rho"));
         if (atp) {
-            printf("  layer %lld head %lld: worst rho %lld: estimated dNLL %+.3f; mean estimated dNLL %+.3f", layer, head, rho,
+            ps_say(out, "  layer %lld head %lld: worst rho %lld: estimated dNLL %+.3f; mean estimated dNLL %+.3f", layer, head, rho,
                    json_number_value(json_object_get(w, "delta_nll")), MEAN_DNLL(i));
             if (json_is_object(ex)) {
                 json_t *xw = json_object_get(ex, "worst_residue");
-                printf("; exact: worst rho %lld %+.1f pp, dNLL %+.3f (at rho %lld: dNLL %+.3f)",
+                ps_say(out, "; exact: worst rho %lld %+.1f pp, dNLL %+.3f (at rho %lld: dNLL %+.3f)",
                        (long long)json_integer_value(json_object_get(xw, "rho")), json_number_value(json_object_get(xw, "delta_accuracy_pp")),
                        json_number_value(json_object_get(xw, "delta_nll")), rho,
                        json_number_value(json_object_get(json_array_get(json_object_get(ex, "residues"), (size_t)rho), "delta_nll")));
             }
-            printf("\n");
+            ps_say(out, "\n");
             continue;
         }
-        printf("  layer %lld head %lld: worst rho %lld: %.3f -> %.3f (%+.1f pp, dNLL %+.3f); mean dacc %+.1f pp, mean dNLL %+.3f\n",
+        ps_say(out, "  layer %lld head %lld: worst rho %lld: %.3f -> %.3f (%+.1f pp, dNLL %+.3f); mean dacc %+.1f pp, mean dNLL %+.3f\n",
                layer, head, rho, json_number_value(json_object_get(w, "clean_accuracy")),
                json_number_value(json_object_get(w, "accuracy")), json_number_value(json_object_get(w, "delta_accuracy_pp")),
                json_number_value(json_object_get(w, "delta_nll")),
                json_number_value(json_object_get(cell, "mean_delta_accuracy_pp")), MEAN_DNLL(i));
     }
-    if (show < ncell) printf("  ... %zu more heads in knockout.json\n", ncell - show);
+    if (show < ncell) ps_say(out, "  ... %zu more heads in knockout.json\n", ncell - show);
     rc = 0;
 done:
     free(order);

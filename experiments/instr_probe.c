@@ -60,8 +60,8 @@ static int resolve(ps_probe *p, ps_error *err) {
     return 0;
 }
 
-static void print_cost(const ps_probe *p, const ps_probe_cost *c) {
-    printf("plan: %lld requests to %s, %lld prompt tokens (longest %lld), at most %lld generated tokens; scoring %s%s\n",
+static void print_cost(const ps_out *po, const ps_probe *p, const ps_probe_cost *c) {
+    ps_say(po, "plan: %lld requests to %s, %lld prompt tokens (longest %lld), at most %lld generated tokens; scoring %s%s\n",
            (long long)c->requests, p->endpoint, (long long)c->prompt_tokens, (long long)c->max_prompt_tokens,
            (long long)c->generated_tokens, ps_probe_scoring_name(c->scoring),
            c->scoring == PS_PROBE_AUTO ? " (one request per prompt when the server gives prompt log-probabilities; "
@@ -70,7 +70,7 @@ static void print_cost(const ps_probe *p, const ps_probe_cost *c) {
 }
 
 /* Which scoring the run used and why, on stdout (the provenance records it as probe.scoring). */
-static void say_scoring(const ps_probe *p, const ps_probe_cost *c) {
+static void say_scoring(const ps_out *po, const ps_probe *p, const ps_probe_cost *c) {
     const char *name = ps_probe_scoring_name(c->scoring), *why;
     if (p->scoring != PS_PROBE_AUTO) why = "as --scoring asked";
     else if (c->resumed) why = "the scoring of the journal's run, which this run resumes";
@@ -79,7 +79,7 @@ static void say_scoring(const ps_probe *p, const ps_probe_cost *c) {
     else
         why = "--scoring auto: the server returned neither prompt_logprobs nor an echoed prompt with log-probabilities, so each "
               "answer is generated greedily (one request per answer; accuracy only: mean_logprob is null)";
-    printf("scoring: %s (%s)\n", name, why);
+    ps_say(po, "scoring: %s (%s)\n", name, why);
 }
 
 int ps_probe_command(const ps_args *a, ps_error *err) {
@@ -126,6 +126,7 @@ int ps_probe_command(const ps_args *a, ps_error *err) {
     char url[4096];
     if (ps_http_url(&p.http, "/v1/completions", url, sizeof url, err)) return ps_cli_mark_usage(err);
     const char *out = ps_args_get(a, "--out") ? ps_args_get(a, "--out") : "out/probe";
+    ps_out po = {.dir = out, .sink = a->sink};
     char *cmdline = ps_args_command_line(a);
     ps_model like = {0};
     int have_like = 0, have_trained = 0, have_set = 0;
@@ -142,14 +143,16 @@ int ps_probe_command(const ps_args *a, ps_error *err) {
     ps_probe_cost cost;
     char jpath[4200], dir[4096];
     curl_global_init(CURL_GLOBAL_DEFAULT);
+    /* the journal (resume) lives in --out; a library call without an "out" keeps none and writes nothing */
+    int journal = !a->sink || ps_args_get(a, "--out");
     snprintf(dir, sizeof dir, "%s", out);
-    for (char *s = dir + 1; *s && !p.dry_run; s++)
+    for (char *s = dir + 1; *s && !p.dry_run && journal; s++)
         if (*s == '/') {
             *s = '\0';
             if (ps_mkdir(dir, err)) goto done;
             *s = '/';
         }
-    if (!p.dry_run && ps_mkdir(dir, err)) goto done;
+    if (!p.dry_run && journal && ps_mkdir(dir, err)) goto done;
     if (ps_path_join(jpath, sizeof jpath, dir, "probe-journal.jsonl", err)) goto done;
     p.progress = on_progress;
     p.user = &ui;
@@ -189,24 +192,24 @@ int ps_probe_command(const ps_args *a, ps_error *err) {
                          ps_textkv_set_task_json(&set, 0, 0), "max_tokens", (int)mt);
         ps_progress_init(&ui.bar, N * P / 20 > 0 ? N * P / 20 : 1);
         int64_t tmin, tmax;
-        if (ps_probe_textkv(&p, &set, mi ? PS_SWEEP_MOVE : PS_SWEEP_PAD, N, (uint64_t)seed, jpath, plan, &st, &tmin, &tmax, &cost, err)) {
+        if (ps_probe_textkv(&p, &set, mi ? PS_SWEEP_MOVE : PS_SWEEP_PAD, N, (uint64_t)seed, journal ? jpath : NULL, plan, &st, &tmin, &tmax, &cost, err)) {
             ps_progress_end(&ui.bar);
             goto done;
         }
         ps_progress_end(&ui.bar);
         if (p.dry_run) {
-            printf("text-kv %s sweep, period %lld, %lld prompts per shift, %lld pairs and %lld queries per prompt, prompts of %lld-%lld tokens\n",
+            ps_say(&po, "text-kv %s sweep, period %lld, %lld prompts per shift, %lld pairs and %lld queries per prompt, prompts of %lld-%lld tokens\n",
                    MODES[mi], (long long)P, (long long)N, (long long)set.kv.n_pairs, (long long)set.kv.n_queries, (long long)tmin,
                    (long long)tmax);
-            print_cost(&p, &cost);
+            print_cost(&po, &p, &cost);
             if (cost.scoring != PS_PROBE_GREEDY)
-                printf("with --scoring greedy: %lld requests, %lld prompt tokens at most\n", (long long)(cost.requests * set.kv.n_queries),
+                ps_say(&po, "with --scoring greedy: %lld requests, %lld prompt tokens at most\n", (long long)(cost.requests * set.kv.n_queries),
                        (long long)(cost.prompt_tokens * set.kv.n_queries));
             rc = 0;
             goto done;
         }
-        if (cost.resumed) printf("resumed: %lld of %lld requests were in %s\n", (long long)cost.resumed, (long long)cost.requests, jpath);
-        say_scoring(&p, &cost);
+        if (cost.resumed) ps_say(&po, "resumed: %lld of %lld requests were in %s\n", (long long)cost.resumed, (long long)cost.requests, jpath);
+        say_scoring(&po, &p, &cost);
         res = json_object();
         json_object_set_new(res, "kind", json_string("sweep"));
         json_t *prov = provenance(a, &p, cmdline, seed, P, N, set.fam->name, MODES[mi]);
@@ -222,8 +225,8 @@ int ps_probe_command(const ps_args *a, ps_error *err) {
             json_array_foreach(json_object_get(curve, "residues"), i, e) json_object_set_new(e, "mean_logprob", json_null());
         }
         json_object_set_new(res, "curve", curve);
-        if (ps_result_write(out, "sweep.json", res, err)) goto done;
-        ps_sweep_summary_line(curve);
+        if (ps_result_write(&po, "sweep.json", res, err)) goto done;
+        ps_sweep_summary_line(&po, curve);
     } else { /* ---- fillers ---- */
         const char *tok_path = ps_args_get(a, "--tokenizer"), *exp_path = ps_args_get(a, "--experiment");
         if (ps_fillexp_load(exp_path, &ex, err) || ps_tokenizer_load(tok_path, &tok, err) || ps_fillexp_prepare(&ex, tok, err)) goto done;
@@ -234,18 +237,18 @@ int ps_probe_command(const ps_args *a, ps_error *err) {
                          exp_path, "period", (json_int_t)P, "tokenizer_ids", (json_int_t)ps_tokenizer_vocab_size(tok), "max_tokens", (int)mt);
         int64_t npts = (int64_t)ex.n_fams * (ex.L_max - ex.L_min + 1);
         ps_progress_init(&ui.bar, npts * ex.n_cands / 20 > 0 ? npts * ex.n_cands / 20 : 1);
-        int f = ps_probe_fillers(&p, &ex, P, jpath, plan, &fr, &cost, err);
+        int f = ps_probe_fillers(&p, &ex, P, journal ? jpath : NULL, plan, &fr, &cost, err);
         ps_progress_end(&ui.bar);
         if (f) goto done;
         if (p.dry_run) {
-            printf("fillers %s: %d families x %lld lengths x %d candidates, period %lld\n", ex.name, ex.n_fams, (long long)(ex.L_max - ex.L_min + 1),
+            ps_say(&po, "fillers %s: %d families x %lld lengths x %d candidates, period %lld\n", ex.name, ex.n_fams, (long long)(ex.L_max - ex.L_min + 1),
                    ex.n_cands, (long long)P);
-            print_cost(&p, &cost);
+            print_cost(&po, &p, &cost);
             rc = 0;
             goto done;
         }
-        if (cost.resumed) printf("resumed: %lld of %lld requests were in %s\n", (long long)cost.resumed, (long long)cost.requests, jpath);
-        say_scoring(&p, &cost);
+        if (cost.resumed) ps_say(&po, "resumed: %lld of %lld requests were in %s\n", (long long)cost.resumed, (long long)cost.requests, jpath);
+        say_scoring(&po, &p, &cost);
         if (!(body = ps_fillexp_json(&ex, tok, &fr, err))) goto done;
         res = json_object();
         json_object_set_new(res, "kind", json_string("fillers"));
@@ -261,11 +264,11 @@ int ps_probe_command(const ps_args *a, ps_error *err) {
         json_object_set_new(prov, "probe", ps_probe_json(&p, &cost));
         json_object_set_new(res, "provenance", prov);
         json_object_update(res, body);
-        if (ps_result_write(out, "fillers.json", res, err)) goto done;
+        if (ps_result_write(&po, "fillers.json", res, err)) goto done;
         json_t *pl = json_object_get(res, "pooled");
         char pt[32];
         ps_format_p(pt, sizeof pt, json_number_value(json_object_get(pl, "p_value")));
-        printf("pooled eta2 %.3f, permutation p %s (period %lld)\n", json_number_value(json_object_get(pl, "eta2")), pt, (long long)P);
+        ps_say(&po, "pooled eta2 %.3f, permutation p %s (period %lld)\n", json_number_value(json_object_get(pl, "eta2")), pt, (long long)P);
     }
     rc = 0;
 done:

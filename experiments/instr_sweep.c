@@ -15,22 +15,22 @@
 #include "viz/draw.h"
 
 /* the verdict and the periods come from the JSON just written, so the printed line and the file always agree */
-void ps_sweep_summary_line(json_t *curve) {
+void ps_sweep_summary_line(const ps_out *out, json_t *curve) {
     json_t *cs = json_object_get(curve, "chi_square"), *dp = json_object_get(curve, "dominant_period");
     json_t *rp = json_object_get(curve, "repeat_period");
     double p = json_number_value(json_object_get(cs, "p_value"));
     double gap = json_number_value(json_object_get(curve, "gap_pp"));
     char ptext[32];
     ps_format_p(ptext, sizeof ptext, p);
-    printf("mean accuracy %.3f, min %.3f, gap %.1f pp; chi-square p %s%s: %s", json_number_value(json_object_get(curve, "mean_accuracy")),
+    ps_say(out, "mean accuracy %.3f, min %.3f, gap %.1f pp; chi-square p %s%s: %s", json_number_value(json_object_get(curve, "mean_accuracy")),
            json_number_value(json_object_get(curve, "min_accuracy")), gap, ptext[0] == '<' ? "" : "= ", ptext,
            json_string_value(json_object_get(curve, "verdict")));
     if (json_is_integer(json_object_get(rp, "period")))
-        printf(", repeats every %lld (folding R^2 %.2f)", (long long)json_integer_value(json_object_get(rp, "period")),
+        ps_say(out, ", repeats every %lld (folding R^2 %.2f)", (long long)json_integer_value(json_object_get(rp, "period")),
                json_number_value(json_object_get(rp, "r2")));
     if (json_is_number(json_object_get(dp, "period")))
-        printf(", dominant period %.4g", json_number_value(json_object_get(dp, "period")));
-    printf("\n");
+        ps_say(out, ", dominant period %.4g", json_number_value(json_object_get(dp, "period")));
+    ps_say(out, "\n");
 }
 
 /* The partial result of a sweep: per unit its queries' outcomes (ok, logprob, rho), w[u] queries; meta
@@ -65,7 +65,7 @@ static int run_model(ps_instr *in, ps_sweep_mode mode, ps_error *err) {
                            part.arr[1].data, part.arr[2].data, ps_instr_progress, in, err);
     ps_progress_end(&in->bar);
     int fin = ps_instr_collect(in, &part, &wk, r, err);
-    if (fin < 0 || (fin == 1 && ps_sweep_finish(&part, in->out_dir, err))) goto done;
+    if (fin < 0 || (fin == 1 && ps_sweep_finish(&part, &in->out, err))) goto done;
     rc = 0;
 done:
     free(w);
@@ -97,7 +97,7 @@ static int run_prompts(ps_instr *in, ps_error *err) {
                                      ps_instr_progress, in, err);
     ps_progress_end(&in->bar);
     int fin = ps_instr_collect(in, &part, &wk, r, err);
-    if (fin < 0 || (fin == 1 && ps_sweep_finish(&part, in->out_dir, err))) goto done;
+    if (fin < 0 || (fin == 1 && ps_sweep_finish(&part, &in->out, err))) goto done;
     rc = 0;
 done:
     free(w);
@@ -153,7 +153,7 @@ static int run_textkv(ps_instr *in, const ps_args *a, const ps_sweep_request *rq
                                   part.arr[2].data, ps_instr_progress, in, err);
     ps_progress_end(&in->bar);
     int fin = ps_instr_collect(in, &part, &wk, r, err);
-    if (fin < 0 || (fin == 1 && ps_sweep_finish(&part, in->out_dir, err))) goto done;
+    if (fin < 0 || (fin == 1 && ps_sweep_finish(&part, &in->out, err))) goto done;
     rc = 0;
 done:
     free(T);
@@ -227,7 +227,7 @@ done:
     return rc;
 }
 
-int ps_sweep_finish(const ps_partial *p, const char *out_dir, ps_error *err) {
+int ps_sweep_finish(const ps_partial *p, const ps_out *out, ps_error *err) {
     ps_residue_stats st = {0};
     json_t *res = NULL;
     int rc = -1;
@@ -247,8 +247,8 @@ int ps_sweep_finish(const ps_partial *p, const char *out_dir, ps_error *err) {
         goto done;
     }
     json_object_set_new(res, "curve", curve);
-    if (ps_result_write(out_dir, "sweep.json", res, err)) goto done;
-    ps_sweep_summary_line(curve);
+    if (ps_result_write(out, "sweep.json", res, err)) goto done;
+    ps_sweep_summary_line(out, curve);
     rc = 0;
 done:
     json_decref(res);

@@ -88,14 +88,14 @@ static int records_init(records *r, int64_t H, ps_error *err) {
     return 0;
 }
 
-static int check_grad(const ps_theory_opts *o, ps_error *err) {
+static int check_grad(const ps_out *po, const ps_theory_opts *o, ps_error *err) {
     ps_theory_gradcheck r;
     int rc = ps_theory_check_grad(o, &r, err);
     if (r.n_params) {
-        printf("gradient check: %lld parameters, max |exact - finite difference| / max |gradient| = %.2e (gate logits), "
+        ps_say(po, "gradient check: %lld parameters, max |exact - finite difference| / max |gradient| = %.2e (gate logits), "
                "%.2e (log lambda, log mu)\n",
                (long long)r.n_params, r.gates, r.temperatures);
-        printf("phase sum vs every position: loss %.2e, gradient %.2e (relative)\n", r.phase_loss, r.phase_grad);
+        ps_say(po, "phase sum vs every position: loss %.2e, gradient %.2e (relative)\n", r.phase_loss, r.phase_grad);
     }
     return rc;
 }
@@ -158,7 +158,8 @@ static json_t *result_json(const ps_args *a, const ps_theory_opts *o, records *r
 
 int ps_theory_command(const ps_args *a, const ps_theory_opts *opts, int check_only, ps_error *err) {
     ps_theory_opts o = *opts;
-    if (check_only) return check_grad(&o, err);
+    ps_out po = {.sink = a->sink}; /* a library call prints nothing */
+    if (check_only) return check_grad(&po, &o, err);
 
     ps_theory t = {0};
     ps_theory_summary *s = malloc(sizeof *s);
@@ -171,20 +172,21 @@ int ps_theory_command(const ps_args *a, const ps_theory_opts *opts, int check_on
         return -1;
     }
     if (records_init(&rec, o.H, err)) goto done;
+    rec.bar.silent = a->sink != NULL;
     int bad = ps_theory_train(&t, &o, on_record, &rec, &loss, &acc, err);
     ps_progress_end(&rec.bar);
     if (bad) goto done;
     /* per head: final peaks and effective offsets; which phases are answered (key r, value r + 1) */
     ps_theory_summarise(&t, s);
-    printf("%-5s %-9s %-9s %-10s %-10s %s\n", "head", "key peak", "val peak", "N_key", "N_value", "value = key + 1");
+    ps_say(&po, "%-5s %-9s %-9s %-10s %-10s %s\n", "head", "key peak", "val peak", "N_key", "N_value", "value = key + 1");
     for (int64_t h = 0; h < o.H; h++) {
         const ps_theory_head *e = &s->head[h];
-        printf("%-5lld %-9lld %-9lld %-10.4f %-10.4f %s\n", (long long)h, (long long)e->key_peak, (long long)e->value_peak,
+        ps_say(&po, "%-5lld %-9lld %-9lld %-10.4f %-10.4f %s\n", (long long)h, (long long)e->key_peak, (long long)e->value_peak,
                e->N_key, e->N_value, e->aligned ? "yes" : "no");
     }
     res = result_json(a, &o, &rec, s);
     int64_t S = o.S;
-    printf("%lld of %lld heads have their value peak one offset after their key peak; %lld of %lld one-hot (N_key, N_value "
+    ps_say(&po, "%lld of %lld heads have their value peak one offset after their key peak; %lld of %lld one-hot (N_key, N_value "
            "<= %.2f)\n"
            "phases answered (key r, value r + 1): %lld of the %lld a head can answer (0 .. %lld); final loss %.4f, accuracy %.3f, "
            "lambda %.3f, mu %.3f\n",
@@ -194,6 +196,11 @@ int ps_theory_command(const ps_args *a, const ps_theory_opts *opts, int check_on
     const char *out = ps_args_get(a, "--out");
     if (!out) out = "out/theory";
     char path[4200];
+    if (a->sink) { /* a library call: the text the file would hold */
+        if (ps_result_keep(a->sink, "theory.json", res, JSON_REAL_PRECISION(8), err)) goto done;
+        rc = 0;
+        goto done;
+    }
     if (ps_mkdir("out", err) || ps_mkdir(out, err) || ps_path_join(path, sizeof path, out, "theory.json", err)) goto done;
     char *text = json_dumps(res, JSON_INDENT(1) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(8));
     bad = !text || ps_write_file_atomic(path, text, strlen(text), err);

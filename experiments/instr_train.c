@@ -44,6 +44,8 @@ static int on_step(const ps_train_progress *p, void *user) {
 int ps_train_command(const ps_args *a, const ps_train_cfg *cfg, const char *out, int resume, int64_t stop, ps_error *err) {
     int rc = 1;
     train_ui ui = {.a = a};
+    ps_out po = {.dir = out, .sink = a->sink}; /* a library call prints nothing (the run's files are its result) */
+    ui.bar.silent = a->sink != NULL;
     ps_progress_init(&ui.bar, cfg->log_every);
     int64_t calls0, bytes0;
     double ar0, wait0;
@@ -64,7 +66,7 @@ int ps_train_command(const ps_args *a, const ps_train_cfg *cfg, const char *out,
         calls -= calls0, ar -= ar0, wait -= wait0;
         double per = calls ? ar / (double)calls : 0, wper = calls ? wait / (double)calls : 0;
         double step = ui.n_steps ? ui.steps_s / (double)ui.n_steps : 0;
-        printf("data parallel over %d ranks (global batch %lld): %.2f ms per step on rank 0, of which the gradient "
+        ps_say(&po, "data parallel over %d ranks (global batch %lld): %.2f ms per step on rank 0, of which the gradient "
                "all-reduce (%.2f MB) %.2f ms (%.1f%%) and waiting for the slowest rank %.2f ms (%.1f%%)\n",
                ps_dist_size(), (long long)cfg->batch_size, 1e3 * step, calls ? (double)(bytes - bytes0) / (double)calls / 1e6 : 0,
                1e3 * per, step > 0 ? 100 * per / step : 0, 1e3 * wper, step > 0 ? 100 * wper / step : 0);
@@ -72,8 +74,8 @@ int ps_train_command(const ps_args *a, const ps_train_cfg *cfg, const char *out,
     char logp[4200];
     if (ps_path_join(logp, sizeof logp, out, "train.jsonl", err)) goto done;
     const char *paths[1] = {logp};
-    if (ps_render(paths, 1, out, NULL, 1, err)) goto done;
-    printf("run in %s\n", out);
+    if (ps_render(paths, 1, out, NULL, !a->sink, err)) goto done;
+    ps_say(&po, "run in %s\n", out);
     rc = 0;
 done:
     return rc;

@@ -1,5 +1,6 @@
 #include "experiments/instrument.h"
 
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -120,6 +121,8 @@ int ps_instr_setup(ps_instr *in, const ps_args *a, int need_task, ps_error *err)
     const char *out = ps_args_get(a, "--out"), *family = ps_args_get(a, "--family");
     if (out) snprintf(in->out_dir, sizeof in->out_dir, "%s", out);
     else snprintf(in->out_dir, sizeof in->out_dir, "out/%s", in->command);
+    in->out = (ps_out){.dir = in->out_dir, .sink = a->sink};
+    in->bar.silent = a->sink != NULL;
     if (ps_fillers_load(PS_SOURCE_DIR "/data/fillers.json", &in->fams, &in->n_fams, err) ||
         ps_fillers_find(in->fams, in->n_fams, family, &in->fam, err))
         return in->fams && family ? ps_cli_mark_usage(err) : -1;
@@ -236,18 +239,47 @@ static int make_dirs(const char *out_dir, char *dir, size_t n, ps_error *err) {
 }
 
 int ps_instr_write(const ps_instr *in, const char *name, json_t *result, ps_error *err) {
-    return ps_result_write(in->out_dir, name, result, err);
+    return ps_result_write(&in->out, name, result, err);
 }
 
-int ps_result_write(const char *out_dir, const char *name, json_t *result, ps_error *err) {
+void ps_say(const ps_out *o, const char *fmt, ...) {
+    if (o && o->sink) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vprintf(fmt, ap);
+    va_end(ap);
+}
+
+char *ps_result_text(json_t *result) { return json_dumps(result, JSON_INDENT(1) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10)); }
+
+int ps_result_keep(ps_result_sink *s, const char *name, json_t *result, size_t precision_flag, ps_error *err) {
+    char *text = json_dumps(result, JSON_INDENT(1) | JSON_PRESERVE_ORDER | precision_flag);
+    if (!text) return ps_fail(err, "%s: cannot serialise the result", name);
+    if (!s->docs) s->docs = json_object();
+    int bad = !s->docs || json_object_set_new(s->docs, name, json_string(text));
+    free(text);
+    return bad ? ps_fail(err, "%s: out of memory", name) : 0;
+}
+
+void ps_result_sink_free(ps_result_sink *s) {
+    json_decref(s->docs);
+    s->docs = NULL;
+}
+
+int ps_result_write(const ps_out *out, const char *name, json_t *result, ps_error *err) {
+    char path[4200];
+    if (out->sink) { /* a library call: validated, kept in memory */
+        snprintf(path, sizeof path, "%s", name);
+        if (ps_results_check(result, path, err)) return ps_fail_prefix(err, "internal error: the result does not validate: ");
+        return ps_result_keep(out->sink, name, result, JSON_REAL_PRECISION(10), err);
+    }
     /* create out/COMMAND and its parent */
     char dir[4096];
-    if (make_dirs(out_dir, dir, sizeof dir, err)) return -1;
-    char path[4200];
+    if (make_dirs(out->dir, dir, sizeof dir, err)) return -1;
     if (ps_path_join(path, sizeof path, dir, name, err)) return -1;
     /* what a command writes must pass the reader's validator (writers and validator kept in step) */
     if (ps_results_check(result, path, err)) return ps_fail_prefix(err, "internal error: the result does not validate: ");
-    char *text = json_dumps(result, JSON_INDENT(1) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10));
+    char *text = ps_result_text(result);
     if (!text) return ps_fail(err, "%s: cannot serialise the result", path);
     int rc = ps_write_file_atomic(path, text, strlen(text), err);
     free(text);
@@ -260,7 +292,7 @@ int ps_result_write(const char *out_dir, const char *name, json_t *result, ps_er
 
 int ps_instr_progress(int64_t done, int64_t total, void *user) {
     ps_instr *in = user;
-    if (ps_dist_rank() == 0) ps_progress_update(&in->bar, done, total, in->command);
+    if (ps_dist_rank() == 0 && !in->out.sink) ps_progress_update(&in->bar, done, total, in->command);
     return in->progress ? in->progress(done, total, in->progress_user) : 0;
 }
 
@@ -308,7 +340,7 @@ int ps_instr_collect(const ps_instr *in, ps_partial *p, const ps_instr_work *wk,
     if (make_dirs(in->out_dir, dir, sizeof dir, err)) return -1;
     ps_partial_file_name(name, sizeof name, in->command, in->shard, in->n_shards);
     if (ps_path_join(path, sizeof path, dir, name, err) || ps_partial_write(p, path, err)) return -1;
-    printf("wrote %s (shard %d of %d: work units %lld-%lld of %lld; combine the %d parts with phasescope merge)\n", path,
+    ps_say(&in->out, "wrote %s (shard %d of %d: work units %lld-%lld of %lld; combine the %d parts with phasescope merge)\n", path,
            in->shard, in->n_shards, (long long)p->u0, (long long)p->u1 - 1, (long long)p->n_units, in->n_shards);
     return 0;
 }

@@ -15,6 +15,7 @@
 #include "interventions/v4_instr.h"
 #include "dist/partial.h"
 #include "experiments/progress.h"
+#include "experiments/result_out.h"
 #include "gates/theory_train.h"
 #include "train/train.h"
 #include "interventions/sweep.h"
@@ -83,6 +84,7 @@ typedef struct {
     int own_pset; /* pset was read from --prompts (freed by ps_instr_free); else a copy of the caller's */
     ps_shifted pshift;
     const ps_shifted *prompts;
+    ps_out out; /* out_dir, and the caller's sink (ps_args.sink) for a library call */
 } ps_instr;
 
 /* Reads the PS_INSTR_FLAGS of a (whose table must hold them) and opens the checkpoint with
@@ -100,18 +102,15 @@ void ps_instr_free(ps_instr *in);
 
 /* The sweep's one-line summary on stdout (mean, min, gap, chi-square, verdict, periods), read from the curve
  * object of sweep.json (instr_sweep.c: every sweep, the merged one too). */
-void ps_sweep_summary_line(json_t *curve);
+void ps_sweep_summary_line(const ps_out *out, json_t *curve);
 
 /* {"command", "model", "config_hash", "seed", "version", "backend", "compute", ["model_step"], "config",
  * ["task", "task_source"], "eval": {...}}: the config, its hash and the step from the family's runtime (a
  * command that loaded `m` itself without ps_instr_setup: that model's). */
 json_t *ps_instr_provenance(const ps_instr *in, const char *mode);
 
-/* Write OUT_DIR/name atomically (pretty JSON). */
+/* ps_result_write (result_out.h) to the instrument's out (OUT_DIR/name, or the caller's sink). */
 int ps_instr_write(const ps_instr *in, const char *name, json_t *result, ps_error *err);
-/* The same for a result that no ps_instr describes (phasescope merge): the validator, the file, "wrote
- * PATH" and the figures drawn from it. */
-int ps_result_write(const char *out_dir, const char *name, json_t *result, ps_error *err);
 
 /* ---- splitting the work (docs/scale-out.md) ----
  * An instrument's work is a list of units in the one-process order (interventions/units.h). This process
@@ -213,10 +212,10 @@ int ps_train_command(const ps_args *a, const ps_train_cfg *cfg, const char *out,
 
 /* How each instrument finishes its result from complete partial results (rank 0, or phasescope merge):
  * the statistics in the one-process order, the JSON, its figures and the summary on stdout. */
-int ps_sweep_finish(const ps_partial *p, const char *out_dir, ps_error *err);
-int ps_knockout_finish(const ps_partial *p, const char *out_dir, ps_error *err);
-int ps_gatecycle_finish(const ps_partial *p, const char *out_dir, ps_error *err);
-int ps_gates_finish(const ps_partial *p, const char *out_dir, ps_error *err);
+int ps_sweep_finish(const ps_partial *p, const ps_out *out, ps_error *err);
+int ps_knockout_finish(const ps_partial *p, const ps_out *out, ps_error *err);
+int ps_gatecycle_finish(const ps_partial *p, const ps_out *out, ps_error *err);
+int ps_gates_finish(const ps_partial *p, const ps_out *out, ps_error *err);
 
 /* progress callback for ps_progress_fn: the progress line, then the caller's callback (in->progress, from
  * ps_args.progress), whose non-zero return stops the engine */

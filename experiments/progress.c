@@ -18,6 +18,7 @@ void ps_progress_init(ps_progress *p, int64_t plain_every) {
 }
 
 void ps_progress_update(ps_progress *p, int64_t done, int64_t total, const char *note) {
+    if (p->silent) return;
     double el = now_s() - p->t0, eta = done > 0 ? el * (double)(total - done) / (double)done : 0;
     if (p->tty) {
         int width = 30, fill = total > 0 ? (int)(width * done / total) : width;
@@ -34,5 +35,5 @@ void ps_progress_update(ps_progress *p, int64_t done, int64_t total, const char 
 }
 
 void ps_progress_end(ps_progress *p) {
-    if (p->tty) printf("\n");
+    if (p->tty && !p->silent) printf("\n");
 }

@@ -9,6 +9,7 @@ typedef struct {
     bool tty;
     double t0;
     int64_t every; /* plain mode: print every `every` units */
+    int silent; /* a library call: nothing printed (ps_progress_init leaves it as it is) */
 } ps_progress;
 
 void ps_progress_init(ps_progress *p, int64_t plain_every);

@@ -14,12 +14,13 @@
 #include "core/error.h"
 #include "dist/partial.h"
 #include "experiments/cli.h"
+#include "experiments/result_out.h"
 
 typedef struct {
     const ps_command *cmd; /* name, summary, flags, run */
     /* the result from complete partial results (rank 0 of a run, or `phasescope merge`); NULL: the
      * command writes no partial results */
-    int (*finish)(const ps_partial *p, const char *out_dir, ps_error *err);
+    int (*finish)(const ps_partial *p, const ps_out *out, ps_error *err);
     const char *kind;      /* the "kind" of the result JSON it writes (viz/kinds.c), or NULL (none, or it varies) */
     const char *result;    /* the result's file name in --out DIR, or NULL (none, or it varies: the API
                             * takes the one JSON file the run wrote) */

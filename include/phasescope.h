@@ -346,8 +346,10 @@ PS_API int ps_api_generate(ps_api_model *m, const int32_t *tokens, const int64_t
  * string, a number, true (a switch, or the value "true"), a list (joined with ',': "10,11"), null or false
  * (absent). "model" and "backend" default to the model handle's path and device (m may be NULL: then the
  * request's "model", else the shipped default). The defaults, checks and error messages are the CLI's
- * (an unknown key is "unknown flag --KEY"). Without "out" the result is written to a private temporary
- * directory, removed by ps_api_result_free; with "out" there (kept).
+ * (an unknown key is "unknown flag --KEY"). The call writes no file and prints nothing: the result stays in
+ * memory (its JSON text, arrays and figures below); with "out" the files the CLI writes are written there too.
+ * knockout and sweep also take "prompts": a list of records {"tokens": [...], "query": t, "answer": id,
+ * "residue": r[, "alt": id]} (the caller's prompt set, as the lines of the CLI's --prompts FILE).
  *
  * The instrument runs on the model handle itself: its weights, context and family as opened (no second
  * load of the checkpoint; a family of the caller's own, ps_api_open_in, runs every instrument it supports),
@@ -356,8 +358,8 @@ PS_API int ps_api_generate(ps_api_model *m, const int32_t *tokens, const int64_t
  * and for an instrument that changes the weights (gatecycle, whose --save writes the cycled model): the
  * handle's model is never changed by an instrument.
  *
- * The result: the JSON the CLI writes (the same numbers, bit for bit), the numeric arrays in it (the curve,
- * the grid), and the files of the run (the JSON, its figures). */
+ * The result: the JSON the CLI writes (the same text, bit for bit), the numeric arrays in it (the curve,
+ * the grid), and its figures, drawn from it on request. */
 typedef struct ps_api_result ps_api_result;
 
 /* The registry as JSON: a list of {"name", "summary", "kind" (the result's kind, or null), "result"
@@ -388,11 +390,16 @@ PS_API const double *ps_api_result_data(const ps_api_result *r, int i);
 PS_API const int64_t *ps_api_result_shape(const ps_api_result *r, int i, int *rank);
 /* The index of an array by name, or -1. */
 PS_API int ps_api_result_find(const ps_api_result *r, const char *name);
-/* The directory the run wrote (the JSON and its figures) and the files in it, as a JSON list of names.
+/* The request's "out" (NULL without one) and the result documents' file names, as a JSON list ("[\"knockout.json\"]").
  * Owned by the result. */
 PS_API const char *ps_api_result_dir(const ps_api_result *r);
 PS_API const char *ps_api_result_files_json(const ps_api_result *r);
-/* Copy what the run wrote (what the CLI's --out DIR holds) into dir (created when absent). */
+/* The figures of the result (the PNGs the CLI draws beside its JSON), drawn in memory on the first call: their
+ * names as a JSON list, and one's bytes (*len its size). Owned by the result; NULL with err on an error. */
+PS_API const char *ps_api_result_figures_json(ps_api_result *r, char *err, size_t errlen);
+PS_API const unsigned char *ps_api_result_figure(ps_api_result *r, const char *name, size_t *len, char *err, size_t errlen);
+/* Write what the CLI's --out DIR holds after the same run into dir (created when absent): the result JSON byte
+ * for byte and its figures. */
 PS_API int ps_api_result_save(const ps_api_result *r, const char *dir, char *err, size_t errlen);
 
 /* ---- serving: `phasescope serve` as calls ----

@@ -1137,6 +1137,24 @@ static void check_serve(void) {
 }
 
 /* ---- an instrument's JSON against the CLI's ---- */
+static char *read_all(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    size_t cap = 1 << 16, n = 0, k;
+    char *b = malloc(cap);
+    while (b && (k = fread(b + n, 1, cap - n, f)) > 0) {
+        n += k;
+        if (n == cap) {
+            char *nb = realloc(b, cap *= 2);
+            if (!nb) free(b);
+            b = nb;
+        }
+    }
+    fclose(f);
+    *len = n;
+    return b;
+}
+
 static void check_instrument(const char *model, const char *name, const char *request, const char *flags, const char *file,
                              const char *array) {
     char path[1024], cmd[4096], cli_dir[700], api_dir[700];
@@ -1165,12 +1183,36 @@ static void check_instrument(const char *model, const char *name, const char *re
             const int64_t *s = ps_api_result_shape(r, i, &rank);
             CHECK(rank >= 1 && s[0] >= 1 && ps_api_result_data(r, i), "%s: array %s empty", name, array);
         }
-        /* the temporary directory goes with the result */
-        char dir[700];
-        snprintf(dir, sizeof dir, "%s", ps_api_result_dir(r));
-        ps_api_result_free(r);
-        r = NULL;
-        CHECK(access(dir, F_OK) != 0, "%s: the temporary directory %s stayed", name, dir);
+        /* the result is in memory: no directory; its JSON text is the saved file's, byte for byte; its figures
+         * are drawn in memory, the saved ones' bytes */
+        CHECK(ps_api_result_dir(r) == NULL, "%s: a result without \"out\" has a directory %s", name, ps_api_result_dir(r));
+        char fpath[800], *text;
+        size_t len = 0;
+        snprintf(fpath, sizeof fpath, "%s/%s", api_dir, file);
+        text = read_all(fpath, &len);
+        CHECK(text && len == strlen(ps_api_result_json(r)) && !memcmp(text, ps_api_result_json(r), len),
+              "%s: the result's JSON text differs from the saved %s", name, file);
+        free(text);
+        const char *figs = ps_api_result_figures_json(r, err, sizeof err);
+        int n_figs = 0;
+        char names[1024];
+        snprintf(names, sizeof names, "%s", figs ? figs : "");
+        for (char *q = strchr(names, '"'); q; q = strchr(q, '"')) { /* ["a.png", "b.png"] */
+            char *e = strchr(q + 1, '"');
+            if (!e) break;
+            *e = '\0';
+            const char *fn = q + 1;
+            size_t flen = 0;
+            const unsigned char *png = ps_api_result_figure(r, fn, &flen, err, sizeof err);
+            snprintf(fpath, sizeof fpath, "%s/%s", api_dir, fn);
+            text = read_all(fpath, &len);
+            CHECK(png && text && len == flen && !memcmp(text, png, len), "%s: figure %s in memory differs from the saved file", name, fn);
+            free(text);
+            n_figs++;
+            q = e + 1;
+        }
+        CHECK(n_figs >= 1, "%s: no figure drawn (%s)", name, figs ? figs : err);
+        CHECK(ps_api_result_figure(r, "nope.png", NULL, err, sizeof err) == NULL && strstr(err, "nope.png"), "an unknown figure: %s", err);
     } else
         CHECK(0, "%s: the CLI failed", name);
     ps_api_result_free(r);

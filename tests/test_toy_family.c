@@ -325,8 +325,8 @@ static void test_api(void) {
         const char *lab = json_string_value(json_object_get(prov, "label")), *kind = json_string_value(json_object_get(prov, "kind"));
         CHECK(lab && kind && !strcmp(lab, "bigram table, vocab 24") && !strcmp(kind, "bigram"), "the sweep's provenance: label %s, kind %s",
               lab ? lab : "(none)", kind ? kind : "(none)");
-        CHECK(strstr(ps_api_result_files_json(r), ".png") != NULL, "the sweep's figure is drawn from the result (files %s)",
-              ps_api_result_files_json(r));
+        const char *figs = ps_api_result_figures_json(r, err.msg, sizeof err.msg);
+        CHECK(figs && strstr(figs, ".png") != NULL, "the sweep's figure is drawn from the result (figures %s)", figs ? figs : err.msg);
         json_decref(doc);
         ps_api_result_free(r);
     }
@@ -345,8 +345,8 @@ static void test_api(void) {
             if (!same) fprintf(stderr, "  cell residue %lld: n %g/%g accuracy %g/%g mean_nll %.10g/%.10g\n", (long long)rho, gn, n, ga, acc, gl, nll);
         }
         CHECK(same, "the toy's knockout through ps_api_instrument: the cell = the plain loops (rows replaced by their mean)");
-        CHECK(strstr(ps_api_result_files_json(r), ".png") != NULL, "the knockout's figure is drawn from the result (files %s)",
-              ps_api_result_files_json(r));
+        const char *figs = ps_api_result_figures_json(r, err.msg, sizeof err.msg);
+        CHECK(figs && strstr(figs, ".png") != NULL, "the knockout's figure is drawn from the result (figures %s)", figs ? figs : err.msg);
         ps_api_result_free(r);
     }
     /* a refused request names the flag and leaves the handle as it was: the same rows after it */

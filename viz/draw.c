@@ -51,13 +51,78 @@ void ps_fig_abort(ps_fig *f) {
     f->surface = NULL;
 }
 
+void ps_png_set_free(ps_png_set *s) {
+    for (int i = 0; i < s->n; i++) free(s->files[i].data);
+    free(s->files);
+    memset(s, 0, sizeof *s);
+}
+
+const ps_png_file *ps_png_set_find(const ps_png_set *s, const char *name) {
+    for (int i = 0; s && name && i < s->n; i++)
+        if (!strcmp(s->files[i].name, name)) return &s->files[i];
+    return NULL;
+}
+
+/* libpng's writer into a growing buffer (ps_fig.mem) */
+typedef struct {
+    unsigned char *data;
+    size_t len, cap;
+    int oom;
+} png_buf;
+
+static void png_buf_write(png_structp png, png_bytep data, png_size_t n) {
+    png_buf *b = png_get_io_ptr(png);
+    if (b->oom) return;
+    if (b->len + n > b->cap) {
+        size_t cap = b->cap ? 2 * b->cap : 65536;
+        while (cap < b->len + n) cap *= 2;
+        unsigned char *d = realloc(b->data, cap);
+        if (!d) {
+            b->oom = 1;
+            return;
+        }
+        b->data = d, b->cap = cap;
+    }
+    memcpy(b->data + b->len, data, n);
+    b->len += n;
+}
+
+static void png_buf_flush(png_structp png) { (void)png; }
+
+/* the PNG into f->mem under the path's base name (replacing one of that name) */
+static int keep_png(ps_fig *f, png_buf *b, ps_error *err) {
+    if (b->oom) return ps_fail(err, "%s: out of memory for the PNG", f->path);
+    const char *base = strrchr(f->path, '/');
+    base = base ? base + 1 : f->path;
+    ps_png_set *s = f->mem;
+    int at = s->n;
+    for (int i = 0; i < s->n; i++)
+        if (!strcmp(s->files[i].name, base)) at = i;
+    if (at == s->n && s->n == s->cap) {
+        int cap = s->cap ? 2 * s->cap : 4;
+        ps_png_file *nf = realloc(s->files, (size_t)cap * sizeof *nf);
+        if (!nf) return ps_fail(err, "%s: out of memory", f->path);
+        s->files = nf, s->cap = cap;
+    }
+    if (at == s->n) s->n++;
+    else free(s->files[at].data);
+    if (strlen(base) >= sizeof s->files[at].name) return ps_fail(err, "%s: the figure's name is too long", f->path);
+    memcpy(s->files[at].name, base, strlen(base) + 1);
+    s->files[at].data = b->data;
+    s->files[at].len = b->len;
+    b->data = NULL;
+    return 0;
+}
+
 static int write_png(ps_fig *f, const char *const *keys, const char *const *vals, int n_text, ps_error *err) {
     cairo_surface_flush(f->surface);
     int W = cairo_image_surface_get_width(f->surface), H = cairo_image_surface_get_height(f->surface);
     int stride = cairo_image_surface_get_stride(f->surface);
     const unsigned char *data = cairo_image_surface_get_data(f->surface);
-    ps_atomic_file af;
-    if (ps_atomic_open(&af, f->path, err)) return -1;
+    ps_atomic_file af = {0};
+    png_buf *const mb = f->mem ? calloc(1, sizeof *mb) : NULL; /* on the heap: it changes between setjmp and longjmp */
+    if (f->mem && !mb) return ps_fail(err, "%s: out of memory", f->path);
+    if (!f->mem && ps_atomic_open(&af, f->path, err)) return -1;
     png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, NULL, NULL, NULL);
     png_infop info = png ? png_create_info_struct(png) : NULL;
     unsigned char *row = malloc((size_t)W * 3);
@@ -65,17 +130,20 @@ static int write_png(ps_fig *f, const char *const *keys, const char *const *vals
     if (!png || !info || !row) {
         png_destroy_write_struct(&png, &info);
         free(row);
-        ps_atomic_abort(&af);
+        if (mb) free(mb->data), free(mb);
+        else ps_atomic_abort(&af);
         return ps_fail(err, "%s: out of memory", f->path);
     }
     if (setjmp(png_jmpbuf(png))) {
         png_destroy_write_struct(&png, &info);
         free(txt);
         free(row);
-        ps_atomic_abort(&af);
+        if (mb) free(mb->data), free(mb);
+        else ps_atomic_abort(&af);
         return ps_fail(err, "%s: PNG write failed", f->path);
     }
-    png_init_io(png, af.f);
+    if (mb) png_set_write_fn(png, mb, png_buf_write, png_buf_flush);
+    else png_init_io(png, af.f);
     png_set_IHDR(png, info, (png_uint_32)W, (png_uint_32)H, 8, PNG_COLOR_TYPE_RGB, PNG_INTERLACE_NONE,
                  PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
     txt = calloc((size_t)(n_text ? n_text : 1), sizeof *txt);
@@ -100,6 +168,12 @@ static int write_png(ps_fig *f, const char *const *keys, const char *const *vals
     png_destroy_write_struct(&png, &info);
     free(txt);
     free(row);
+    if (mb) {
+        int rc = keep_png(f, mb, err);
+        free(mb->data);
+        free(mb);
+        return rc;
+    }
     return ps_atomic_commit(&af, err);
 }
 

@@ -14,12 +14,29 @@
 
 typedef enum { PS_FMT_PNG = 0, PS_FMT_PDF, PS_FMT_SVG } ps_fig_format;
 
+/* Figures drawn in memory (a library call's result: nothing written): each PNG file's name and bytes, in the
+ * order drawn. */
+typedef struct {
+    char name[256];
+    unsigned char *data;
+    size_t len;
+} ps_png_file;
+typedef struct {
+    ps_png_file *files;
+    int n, cap;
+} ps_png_set;
+void ps_png_set_free(ps_png_set *s);
+/* the file named `name` in s, or NULL */
+const ps_png_file *ps_png_set_find(const ps_png_set *s, const char *name);
+
 typedef struct {
     cairo_surface_t *surface;
     cairo_t *cr;
     double w, h;
     ps_fig_format format;
     char path[4096], tmp[4200];
+    ps_png_set *mem; /* set by the caller after ps_fig_begin (PNG only): ps_fig_end adds the PNG there, under the
+                      * path's base name, instead of writing the file */
 } ps_fig;
 
 /* The largest figure side drawn, in pixels: renderers refuse inputs that would need more. */

@@ -19,23 +19,26 @@ void ps_fig_make_chunks(ps_fig_chunks *c, json_t *prov, const char *title) {
 }
 
 /* Draw into OUT/name.png (and .pdf/.svg when asked). */
-int ps_fig_n_files(const ps_render_opts *o) { return o && o->vector ? 2 : 1; }
+int ps_fig_n_files(const ps_render_opts *o) { return o && o->vector && !o->mem ? 2 : 1; }
 
 int ps_fig_file_open(ps_fig *f, const char *out_dir, const char *name, double w, double h, const ps_render_opts *o, int k,
                      ps_error *err) {
-    if (k == 0 && ps_mkdir(out_dir, err)) return -1;
+    int mem = o && o->mem;
+    if (k == 0 && !mem && ps_mkdir(out_dir, err)) return -1;
     ps_fig_format fmt = k ? o->format : PS_FMT_PNG;
     char file[600], path[4800];
     snprintf(file, sizeof file, "%s.%s", name, fmt == PS_FMT_PNG ? "png" : fmt == PS_FMT_PDF ? "pdf" : "svg");
     if (ps_path_join(path, sizeof path, out_dir, file, err)) return -1;
-    return ps_fig_begin(f, w, h, fmt, path, err);
+    if (ps_fig_begin(f, w, h, fmt, path, err)) return -1;
+    if (mem) f->mem = o->mem;
+    return 0;
 }
 
 int ps_fig_file_close(ps_fig *f, const ps_fig_chunks *ch, int verbose, ps_error *err) {
     const char *keys[] = {"Title", "Software", "Command", "Model"};
     const char *vals[] = {ch->title, "phasescope " PS_VERSION, ch->command, ch->model};
     if (ps_fig_end(f, keys, vals, 4, err)) return -1;
-    if (verbose) printf("wrote %s\n", f->path);
+    if (verbose && !f->mem) printf("wrote %s\n", f->path);
     return 0;
 }
 

@@ -17,6 +17,7 @@ typedef struct {
     ps_fig_format format; /* PNG always; PDF or SVG in addition when set */
     int vector;
     const char *measure; /* knockout colour: "nll" (default) or "acc" */
+    ps_png_set *mem;     /* draw the PNGs into memory (no file, no directory; vector formats not drawn): a library call */
 } ps_render_opts;
 
 /* Render the figures of result files (all of one kind: sweep/gatecycle curves, knockout grids, gates,

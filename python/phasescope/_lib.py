@@ -152,6 +152,8 @@ def _declare(lib):
         "ps_api_result_dir": (s, [P]),
         "ps_api_result_files_json": (s, [P]),
         "ps_api_result_save": (i, [P, s] + e),
+        "ps_api_result_figures_json": (s, [P] + e),
+        "ps_api_result_figure": (ctypes.POINTER(ctypes.c_ubyte), [P, s, ctypes.POINTER(sz)] + e),
         "ps_api_serve_start": (i, [s, s, s, ctypes.POINTER(P)] + e),
         "ps_api_serve_port": (i, [P]),
         "ps_api_serve_name": (s, [P]),

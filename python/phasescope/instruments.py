@@ -51,11 +51,12 @@ class Figure(bytes):
 
 
 class Result:
-    """What one instrument run produced. .name the instrument, .kind the result's kind, .data the result
-    JSON as a dict (None for a command that writes none, e.g. train), .json its text, .arrays the numeric
-    arrays of the JSON (ps_api_result_*: name -> float64 ndarray, e.g. "curve.residues.accuracy" [P],
-    "grid.cells.residues.delta_nll" [cells, P]), .files the files the run wrote, .dir where they are (a
-    temporary directory removed with the result unless out= was given)."""
+    """What one instrument run produced, in memory (the call writes no file). .name the instrument, .kind the
+    result's kind, .data the result JSON as a dict (None for a command that writes none, e.g. train), .json its
+    text (byte for byte the CLI's file), .arrays the numeric arrays of the JSON (ps_api_result_*: name ->
+    float64 ndarray, e.g. "curve.residues.accuracy" [P], "grid.cells.residues.delta_nll" [cells, P]), .files the
+    result files' names, .dir the out= directory when one was given (None otherwise). .figure() draws the
+    figure in memory; .save(dir) writes what the CLI's --out dir holds."""
 
     def __init__(self, name, handle):
         self.name = name
@@ -107,21 +108,28 @@ class Result:
         return dir
 
     def figures(self):
-        """Every PNG the run wrote: file name -> Figure."""
+        """The result's figures (the PNGs the CLI draws), drawn in memory: file name -> Figure."""
+        L = _lib.lib
+        err = _lib.errbuf()
+        names = L.ps_api_result_figures_json(self._owner.h, err, _lib.ERRLEN)
+        if names is None:
+            _lib.check(_lib.EFAIL, err)
         out = {}
-        for f in self.files:
-            if f.endswith(".png"):
-                with open(os.path.join(self.dir, f), "rb") as fh:
-                    fig = Figure(fh.read())
-                fig.name = f
-                out[f] = fig
+        for f in json.loads(_lib.text(names)):
+            n = ctypes.c_size_t()
+            p = L.ps_api_result_figure(self._owner.h, _lib.enc(f), ctypes.byref(n), err, _lib.ERRLEN)
+            if not p:
+                _lib.check(_lib.EFAIL, err)
+            fig = Figure(ctypes.string_at(p, n.value))
+            fig.name = f
+            out[f] = fig
         return out
 
     def figure(self, name=None):
         """The run's figure (PNG bytes, shown inline in a notebook): the first PNG, or the one named."""
         figs = self.figures()
         if not figs:
-            raise PhasescopeError(f"{self.name}: the run wrote no figure (files: {', '.join(self.files) or 'none'})")
+            raise PhasescopeError(f"{self.name}: the result has no figure (results: {', '.join(self.files) or 'none'})")
         if name is None:
             return next(iter(figs.values()))
         if name not in figs:

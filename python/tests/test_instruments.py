@@ -1,6 +1,7 @@
 """Each instrument called from Python equals the CLI's JSON (tests/compare_json.py: provenance aside, every
 number bit for bit), its arrays equal the JSON's numbers, .save(dir) writes the files the CLI's --out dir
-holds, .figure() is the PNG the CLI wrote. Train: the same log and the same checkpoint bytes, with the
+holds, .figure() (drawn in memory) has the pixels of the PNG the CLI wrote; a call writes no file and prints
+nothing. Train: the same log and the same checkpoint bytes, with the
 progress callback seeing every record."""
 import json
 import os
@@ -56,6 +57,17 @@ def numbers_at(doc, path):
     return np.array(walk(doc, path.split(".")), dtype=np.float64)
 
 
+def idat(png):
+    """The image data of a PNG (its IDAT chunks; the text chunks name the command, which differs)."""
+    out, i = b"", 8
+    while i < len(png):
+        n = int.from_bytes(png[i:i + 4], "big")
+        if png[i + 4:i + 8] == b"IDAT":
+            out += png[i + 8:i + 8 + n]
+        i += 12 + n
+    return out
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_instrument_equals_cli(case, tmp_path):
     cid, name, rel, flags, file = case
@@ -71,7 +83,8 @@ def test_instrument_equals_cli(case, tmp_path):
                           str(tmp_path / "py" / file)], capture_output=True, text=True)
     assert cmp.returncode == 0, f"{cid}: Python's JSON differs from the CLI's:\n{cmp.stdout}{cmp.stderr}"
     assert r.data == json.load(open(tmp_path / "py" / file))
-    assert sorted(os.listdir(tmp_path / "py")) == sorted(r.files) == sorted(os.listdir(tmp_path / "cli"))
+    assert r.json == open(tmp_path / "py" / file).read()
+    assert sorted(os.listdir(tmp_path / "py")) == sorted(os.listdir(tmp_path / "cli")) and r.files == [file]
     # the arrays are the JSON's numbers
     assert r.arrays, f"{cid}: no arrays"
     for k, a in r.arrays.items():
@@ -83,20 +96,42 @@ def test_instrument_equals_cli(case, tmp_path):
         g = r.data["grid"]["cells"]
         assert r.grid.shape == (len(g), len(g[0]["residues"]))
         assert np.array_equal(r.grid, [[x["delta_nll"] for x in c["residues"]] for c in g])
-    pngs = [f for f in r.files if f.endswith(".png")]
+    pngs = sorted(f for f in os.listdir(tmp_path / "cli") if f.endswith(".png"))
+    figs = r.figures()
+    assert sorted(figs) == pngs
     if pngs:
         fig = r.figure()
         assert fig[:8] == b"\x89PNG\r\n\x1a\n" and fig._repr_png_() == bytes(fig)
-        assert bytes(fig) == open(tmp_path / "py" / fig.name, "rb").read()
-    tmp = r.dir
-    del r  # the temporary directory goes with the result
-    assert not os.path.exists(tmp)
+        for name, f in figs.items():  # in memory as saved; the pixels (IDAT) as the CLI drew them
+            assert bytes(f) == open(tmp_path / "py" / name, "rb").read()
+            assert idat(bytes(f)) == idat(open(tmp_path / "cli" / name, "rb").read()), name
+    assert r.dir is None
+
+
+def test_no_file_no_output(tmp_path, monkeypatch, capfd):
+    """A library call writes nothing (the working directory and an empty TMPDIR stay empty) and prints nothing
+    (file descriptors 1 and 2); its figure is drawn in memory."""
+    work, tmp = tmp_path / "work", tmp_path / "tmp"
+    work.mkdir()
+    tmp.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    m = ps.load(model_path("data/models/deep_w8s8"))
+    capfd.readouterr()
+    k = ps.knockout(m, n=8, layers=[11], heads=[5, 6])
+    s = ps.sweep(m, n=8, period=8)
+    figs = {**k.figures(), **s.figures()}
+    out, errs = capfd.readouterr()
+    assert os.listdir(work) == [] and os.listdir(tmp) == []
+    assert out == "" and errs == "", (out, errs)
+    assert sorted(figs) == ["knockout_heatmap.png", "phase_curve.png"]
+    m.close()
 
 
 def test_model_by_path_and_out(tmp_path):
     out = tmp_path / "kept"
     r = ps.sweep(model_path("data/models/w8s8"), n=16, out=out)
-    assert r.dir == str(out) and sorted(os.listdir(out)) == sorted(r.files)
+    assert r.dir == str(out) and sorted(os.listdir(out)) == sorted(r.files + list(r.figures()))
     del r
     assert os.path.exists(out / "sweep.json"), "a result written to out= was removed"
 
