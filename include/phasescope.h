@@ -226,8 +226,9 @@ PS_API int ps_api_run_with_hooks(ps_api_model *m, const int32_t *tokens, int64_t
                                  ps_api_output **out, char *err, size_t errlen);
 
 /* Forward caching the activations of the chosen hook points: the names in names[0..n_names) (every one a
- * concrete point name; an invalid one fails with the valid ones listed), else the names `filter` keeps,
- * else (names NULL and filter NULL) every point of the checkpoint. hooks (may be NULL) run in the same
+ * concrete point name; an invalid one fails with the valid ones listed; names non-NULL with n_names 0:
+ * none, the output holds the logits only), else the names `filter` keeps, else (names NULL and filter
+ * NULL) every point of the checkpoint. hooks (may be NULL) run in the same
  * pass; a cached activation is copied after every hook on its point has run (what later layers saw).
  *
  * grads non-zero: also the gradient of the loss with respect to each cached activation, through the

@@ -633,6 +633,12 @@ static void check_bad_inputs(ps_api_model *m, const int32_t *tok, int B, int T) 
     CHECK(rc == 0 && o && ps_api_output_count(o) > 3, "filter: %s", err);
     for (int i = 0; o && i < ps_api_output_count(o); i++) CHECK(keep_attn(ps_api_output_name(o, i), NULL), "filter kept %s", ps_api_output_name(o, i));
     ps_api_output_free(o), o = NULL;
+    /* an empty names list (non-NULL, n_names 0): nothing cached, the plain forward's logits */
+    const char *no_names[1] = {NULL};
+    rc = ps_api_run_with_cache(m, tok, B, T, no_names, 0, NULL, NULL, NULL, 0, NULL, &o, err, sizeof err);
+    CHECK(rc == 0 && o && ps_api_output_count(o) == 0, "empty names: rc %d, %d cached: %s", rc, o ? ps_api_output_count(o) : -1, err);
+    if (o && clean) CHECK(bits_equal(logits_of(o), logits_of(clean), (long)B * T * V), "empty names: the logits differ from a plain forward's");
+    ps_api_output_free(o), o = NULL;
     /* the instruments' bad requests */
     ps_api_result *r = NULL;
     rc = ps_api_instrument(m, "nope", "{}", &r, err, sizeof err);

@@ -317,7 +317,8 @@ class Model:
 
     def run_with_cache(self, tokens, names=None, grads=False, targets=None, fwd_hooks=(), progress=None):
         """Forward caching hook points: names a list of hook names (or one name), a predicate
-        name -> bool, or None (every point). Returns (logits, cache); with grads=True
+        name -> bool, or None (every point); an empty list caches nothing (the logits, an empty cache),
+        as TransformerLens's names_filter=[]. Returns (logits, cache); with grads=True
         (logits, cache, grads): grads maps each cached point the backward reaches to the gradient of the
         mean cross-entropy over targets ([B, T] ints, -1 for none; None: the next token), and has .loss
         and .n_targets. fwd_hooks run in the same pass (cached values are after them). progress and Ctrl-C:
@@ -340,12 +341,12 @@ class Model:
             filt = _lib.FILTER_FN(filt_py)
         elif names is not None:
             names = list(names)
-            if not names:
-                raise PhasescopeError("run_with_cache: names is empty (None caches every point)")
             for n in names:
                 if not isinstance(n, str):
                     raise PhasescopeError(f"run_with_cache: a hook name is a string, not {n!r}")
-            c_names = (ctypes.c_char_p * len(names))(*[_lib.enc(n) for n in names])
+            # an empty list caches nothing (TransformerLens's names_filter=[]): the C API takes a non-NULL
+            # names with n_names 0 as that (NULL would mean every point), so the array has a slot to spare
+            c_names = (ctypes.c_char_p * (len(names) + 1))(*[_lib.enc(n) for n in names], None)
             n_names = len(names)
         tg = None
         if targets is not None:
