@@ -181,7 +181,7 @@ class Model:
         self.family = _lib.text(L.ps_api_family(h))
         self.n_layers = int(L.ps_api_n_layers(h))
         self.vocab_size = int(L.ps_api_vocab_size(h))
-        self.max_tokens = int(L.ps_api_max_tokens(h))
+        self.n_ctx = int(L.ps_api_context_length(h))  # the context length (TransformerLens cfg.n_ctx)
         self.cfg = json.loads(_lib.text(L.ps_api_config_json(h)))
         self.hook_points = json.loads(_lib.text(L.ps_api_hook_points_json(h)))
         self.hook_names = json.loads(_lib.text(L.ps_api_hook_names_json(h)))
@@ -241,10 +241,10 @@ class Model:
 
     # ---- the table ----
     def hook_shape(self, name, B=1, T=None):
-        """The shape of hook `name`'s activation for B sequences of T tokens (T: max_tokens)."""
+        """The shape of hook `name`'s activation for B sequences of T tokens (T: the context length, n_ctx)."""
         dims = (ctypes.c_int64 * 4)()
         err = _lib.errbuf()
-        r = _lib.lib.ps_api_hook_shape(self._handle(), _lib.enc(name), int(B), int(T or self.max_tokens), dims, err, _lib.ERRLEN)
+        r = _lib.lib.ps_api_hook_shape(self._handle(), _lib.enc(name), int(B), int(T or self.n_ctx), dims, err, _lib.ERRLEN)
         if r <= 0:
             raise PhasescopeError(err.value.decode("utf-8", "replace"), code=_lib.EINPUT)
         return tuple(dims[i] for i in range(r))

@@ -53,7 +53,7 @@ def test_bad_tokens(m):
     V = m.vocab_size
     raises(r"token 96 at sequence 0, position 2 is outside the vocabulary \[0, 96\)", lambda: m([[1, 2, V]]), 2)
     raises(r"token -1 at sequence 1, position 1 is outside the vocabulary", lambda: m([[1, 2], [1, -1]]), 2)
-    raises(r"more than max_seq_len 96 by 1", lambda: m(np.zeros((1, m.max_tokens + 1), int)), 2)
+    raises(r"more than max_seq_len 96 by 1", lambda: m(np.zeros((1, m.n_ctx + 1), int)), 2)
     raises("equal-length", lambda: m([[1, 2], [3]]))
     raises("dtype float64", lambda: m([[1.5, 2.0]]))
     raises("int32 range", lambda: m([[2 ** 40]]))
