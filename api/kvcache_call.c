@@ -322,7 +322,7 @@ PS_API int ps_api_generate(ps_api_model *m, const int32_t *tokens, const int64_t
     for (int i = 0; i < n && !rc; off += lens[i], i++) {
         if (lens[i] < 1 || lens[i] > max_len)
             rc = ps_api_say(err, errlen, PS_API_EINPUT, "ps_api_generate: prompt %d has %lld tokens (1..%lld, %s)", i,
-                            (long long)lens[i], (long long)max_len, ps_api_max_tokens_name(m));
+                            (long long)lens[i], (long long)max_len, ps_api_context_length_name(m));
         for (int64_t t = 0; t < lens[i] && !rc; t++)
             if (tokens[off + t] < 0 || tokens[off + t] >= V)
                 rc = ps_api_say(err, errlen, PS_API_EINPUT, "ps_api_generate: token %d (prompt %d, position %lld) is outside the vocabulary [0, %lld)",

@@ -256,8 +256,8 @@ PS_API const char *ps_api_path(const ps_api_model *m) { return m->path; }
 PS_API const char *ps_api_device(const ps_api_model *m) { return m->device; }
 PS_API int64_t ps_api_n_layers(const ps_api_model *m) { return m->rt.n_layers; }
 PS_API int64_t ps_api_vocab_size(const ps_api_model *m) { return m->rt.family->vocab(&m->rt); }
-PS_API int64_t ps_api_max_tokens(const ps_api_model *m) { return m->rt.max_pos; }
-PS_API const char *ps_api_max_tokens_name(const ps_api_model *m) { return m->rt.family->max_pos_name; }
+PS_API int64_t ps_api_context_length(const ps_api_model *m) { return m->rt.max_pos; }
+PS_API const char *ps_api_context_length_name(const ps_api_model *m) { return m->rt.family->max_pos_name; }
 PS_API const char *ps_api_config_json(const ps_api_model *m) { return m->config_json; }
 PS_API const char *ps_api_hook_points_json(const ps_api_model *m) { return m->points_json; }
 PS_API const char *ps_api_hook_names_json(const ps_api_model *m) { return m->names_json; }

@@ -76,10 +76,11 @@ int ps_forward_command(const ps_forward_req *r, ps_error *err) {
         }
     }
     if (ps_tokens_load(tokens, 0, 0, &toks, err)) goto done;
+    const int64_t n_ctx = ps_api_context_length(m);
     for (int i = 0; i < toks.n; i++)
-        if (toks.len[i] > ps_api_max_tokens(m)) {
+        if (toks.len[i] > n_ctx) {
             ps_fail(err, "%s: sequence %d has %lld tokens, more than %s %lld by %lld", tokens, i, (long long)toks.len[i],
-                    ps_api_max_tokens_name(m), (long long)ps_api_max_tokens(m), (long long)(toks.len[i] - ps_api_max_tokens(m)));
+                    ps_api_context_length_name(m), (long long)n_ctx, (long long)(toks.len[i] - n_ctx));
             goto done;
         }
     for (int i = 0; i < toks.n; i++) {

@@ -42,7 +42,7 @@ extern "C" {
 #define PS_API
 #endif
 
-#define PS_API_VERSION 6
+#define PS_API_VERSION 7
 
 /* return values of the functions that can fail */
 #define PS_API_OK 0
@@ -122,10 +122,11 @@ PS_API const char *ps_api_path(const ps_api_model *m);
 PS_API const char *ps_api_device(const ps_api_model *m);
 PS_API int64_t ps_api_n_layers(const ps_api_model *m);
 PS_API int64_t ps_api_vocab_size(const ps_api_model *m);
-/* The longest token sequence the model takes (its max_seq_len / max_position_embeddings). */
-PS_API int64_t ps_api_max_tokens(const ps_api_model *m);
+/* The model's context length: the longest token sequence it takes (its max_seq_len /
+ * max_position_embeddings; TransformerLens's n_ctx). Not ps_api_generate's max_tokens (new tokens). */
+PS_API int64_t ps_api_context_length(const ps_api_model *m);
 /* What bounds it, as the config names it ("max_seq_len", "max_position_embeddings"). Static storage. */
-PS_API const char *ps_api_max_tokens_name(const ps_api_model *m);
+PS_API const char *ps_api_context_length_name(const ps_api_model *m);
 /* The config as JSON text (what results record as provenance.config). Owned by the model. */
 PS_API const char *ps_api_config_json(const ps_api_model *m);
 
@@ -212,7 +213,7 @@ PS_API int ps_api_hooks_count(const ps_api_hooks *h);
 
 /* ---- running: logits, caches, gradients ----
  *
- * tokens: [B, T] int32 token ids, C order (every sequence T long; 1 <= T <= ps_api_max_tokens, each id in
+ * tokens: [B, T] int32 token ids, C order (every sequence T long; 1 <= T <= ps_api_context_length, each id in
  * [0, vocab)). A run hands out a ps_api_output: the logits [B, T, vocab] and the cached activations, each
  * a named float32 array with its shape, owned by the output (freed with ps_api_output_free; a later run
  * never changes them). */
@@ -226,8 +227,9 @@ PS_API int ps_api_run_with_hooks(ps_api_model *m, const int32_t *tokens, int64_t
                                  ps_api_output **out, char *err, size_t errlen);
 
 /* Forward caching the activations of the chosen hook points: the names in names[0..n_names) (every one a
- * concrete point name; an invalid one fails with the valid ones listed), else the names `filter` keeps,
- * else (names NULL and filter NULL) every point of the checkpoint. hooks (may be NULL) run in the same
+ * concrete point name; an invalid one fails with the valid ones listed; names non-NULL with n_names 0:
+ * none, the output holds the logits only), else the names `filter` keeps, else (names NULL and filter
+ * NULL) every point of the checkpoint. hooks (may be NULL) run in the same
  * pass; a cached activation is copied after every hook on its point has run (what later layers saw).
  *
  * grads non-zero: also the gradient of the loss with respect to each cached activation, through the
@@ -293,7 +295,7 @@ PS_API int64_t ps_api_cache_bytes(const ps_api_cache *c);
  * tokens (B = 1, T = n; the shapes of a forward: an action's positions are the appended ones, counted from
  * 0; attn.hook_pattern does not fire: an error), and a compressed entry's points (attn.hook_ck ...) when
  * its window closes ([1, 1, n_kv, hd]). logits_out (NULL: none) gets the logits [n, vocab] of the new
- * positions. The sequence's length plus n must be within ps_api_max_tokens. */
+ * positions. The sequence's length plus n must be within ps_api_context_length. */
 PS_API int ps_api_cache_append(ps_api_cache *c, int seq, const int32_t *tokens, int64_t n, ps_api_hooks *hooks,
                                float *logits_out, char *err, size_t errlen);
 /* The entries sequence seq holds at layer `layer`, KV head `head` (0 for an invalid argument or a model
@@ -330,7 +332,7 @@ PS_API int ps_api_cache_edit(ps_api_cache *c, int seq, const char *point_name, i
  * edits T = 1 for its last token), then at each step each sequence still generating (T = 1). Out: row i of tokens_out
  * [n, max_tokens] and logprobs_out [n, max_tokens] (NULL: not wanted) holds prompt i's tokens and their
  * log-probabilities under the model (softmax of the logits at temperature 1), n_gen[i] how many it got:
- * max_tokens, or fewer when it generated a stop token or reached ps_api_max_tokens (the rest of the row:
+ * max_tokens, or fewer when it generated a stop token or reached ps_api_context_length (the rest of the row:
  * -1 and 0). The
  * model's progress callback is called after the prefill and after each step (done: steps of max_tokens).
  * Equal to the CLI's generate for the same model, prompts and options (tokens and log-probabilities). */

@@ -614,7 +614,7 @@ static void check_bad_inputs(ps_api_model *m, const int32_t *tok, int B, int T) 
     CHECK(strstr(err, "set takes [positions, ") && !strstr(err, "]]") && strstr(err, "] or one position ["),
           "the set action's shape message: \"%s\"", err);
     ps_api_hooks_free(h);
-    int64_t V = ps_api_vocab_size(m), L = ps_api_max_tokens(m);
+    int64_t V = ps_api_vocab_size(m), L = ps_api_context_length(m);
     int32_t *t2 = malloc((size_t)(B * T) * sizeof *t2);
     memcpy(t2, tok, (size_t)(B * T) * sizeof *t2);
     t2[T + 3] = (int32_t)V;
@@ -632,6 +632,12 @@ static void check_bad_inputs(ps_api_model *m, const int32_t *tok, int B, int T) 
     rc = ps_api_run_with_cache(m, tok, B, T, NULL, 0, keep_attn, NULL, NULL, 0, NULL, &o, err, sizeof err);
     CHECK(rc == 0 && o && ps_api_output_count(o) > 3, "filter: %s", err);
     for (int i = 0; o && i < ps_api_output_count(o); i++) CHECK(keep_attn(ps_api_output_name(o, i), NULL), "filter kept %s", ps_api_output_name(o, i));
+    ps_api_output_free(o), o = NULL;
+    /* an empty names list (non-NULL, n_names 0): nothing cached, the plain forward's logits */
+    const char *no_names[1] = {NULL};
+    rc = ps_api_run_with_cache(m, tok, B, T, no_names, 0, NULL, NULL, NULL, 0, NULL, &o, err, sizeof err);
+    CHECK(rc == 0 && o && ps_api_output_count(o) == 0, "empty names: rc %d, %d cached: %s", rc, o ? ps_api_output_count(o) : -1, err);
+    if (o && clean) CHECK(bits_equal(logits_of(o), logits_of(clean), (long)B * T * V), "empty names: the logits differ from a plain forward's");
     ps_api_output_free(o), o = NULL;
     /* the instruments' bad requests */
     ps_api_result *r = NULL;
@@ -991,12 +997,12 @@ static void check_generate(void) {
     }
     ps_api_cache_free(c);
     free(lg);
-    /* the model's max_tokens stops a sequence (the rest of its row: -1); progress, and a cancel */
-    int64_t mx = ps_api_max_tokens(m), ln = mx - 2;
+    /* the model's context length stops a sequence (the rest of its row: -1); progress, and a cancel */
+    int64_t mx = ps_api_context_length(m), ln = mx - 2;
     int32_t *longp = malloc((size_t)ln * sizeof *longp);
     for (int64_t i = 0; i < ln; i++) longp[i] = (int32_t)(i % V);
     CHECK(!ps_api_generate(m, longp, &ln, 1, MT, NULL, NULL, out, NULL, ng, err, sizeof err) && ng[0] == 3 && out[2] >= 0 && out[3] == -1,
-          "a prompt of max_tokens - 2: %lld tokens (want 3), row %d %d: %s", (long long)ng[0], out[2], out[3], err);
+          "a prompt of the context length - 2: %lld tokens (want 3), row %d %d: %s", (long long)ng[0], out[2], out[3], err);
     free(longp);
     int64_t pr[3] = {0, 0, 0};
     ps_api_set_progress(m, stop_at_2, pr);
@@ -1404,7 +1410,7 @@ int main(int argc, char **argv) {
     CHECK(!ps_api_open(dir, "cpu", &m, err, sizeof err), "open deep_w8s8: %s", err);
     if (m) {
         CHECK(!strcmp(ps_api_family(m), "phasescope") && ps_api_n_layers(m) == 12 && ps_api_vocab_size(m) == 96 &&
-                  ps_api_max_tokens(m) == 96,
+                  ps_api_context_length(m) == 96,
               "deep_w8s8: %s, %lld layers, vocab %lld", ps_api_family(m), (long long)ps_api_n_layers(m), (long long)ps_api_vocab_size(m));
         CHECK(strstr(ps_api_config_json(m), "\"d_model\"") != NULL, "config: %s", ps_api_config_json(m));
         const char *pts = ps_api_hook_points_json(m);

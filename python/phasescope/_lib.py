@@ -13,7 +13,7 @@ import os
 
 from .errors import PhasescopeError
 
-API_VERSION = 6  # include/phasescope.h's PS_API_VERSION this binding was written against
+API_VERSION = 7  # include/phasescope.h's PS_API_VERSION this binding was written against
 
 EFAIL = 1
 EINPUT = 2
@@ -99,7 +99,7 @@ def _declare(lib):
         "ps_api_device": (s, [P]),
         "ps_api_n_layers": (i64, [P]),
         "ps_api_vocab_size": (i64, [P]),
-        "ps_api_max_tokens": (i64, [P]),
+        "ps_api_context_length": (i64, [P]),
         "ps_api_config_json": (s, [P]),
         "ps_api_hook_points_json": (s, [P]),
         "ps_api_hook_names_json": (s, [P]),

@@ -181,9 +181,9 @@ def generate(model, tokens, max_tokens=16, edits=(), fwd_hooks=(), temperature=0
     """Generation through a KV cache (ps_api_generate: the CLI's `generate`). tokens: one prompt (1-d ids)
     or several (a list of 1-d ids, or a 2-d array), generated together; or text (a str, or a list of str)
     with model.tokenizer, as the CLI's --prompt (encoded with its special tokens; the new tokens decoded
-    without them), which returns text in place of ids. Every prompt is prefilled, the
-    edits made, then max_tokens tokens decoded for each, stopping at the model's max_tokens. Greedy (the
-    first maximum of the logits) by default; temperature > 0 samples from softmax(logits / temperature)
+    without them), which returns text in place of ids. Every prompt is prefilled, the edits made, then
+    max_tokens new tokens decoded for each, stopping at the model's context length (model.n_ctx). Greedy
+    (the first maximum of the logits) by default; temperature > 0 samples from softmax(logits / temperature)
     within the nucleus top_p, with seed. edits, from the first generated token on: (name, head, j) zeroes entry
     j of a cache point, (name, head, j, "mean") replaces it with its mean over the prompts that hold it,
     (name, head, j, value) sets it to value. stop: token ids (e.g. the EOS id) after which a sequence stops

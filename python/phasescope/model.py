@@ -181,7 +181,7 @@ class Model:
         self.family = _lib.text(L.ps_api_family(h))
         self.n_layers = int(L.ps_api_n_layers(h))
         self.vocab_size = int(L.ps_api_vocab_size(h))
-        self.max_tokens = int(L.ps_api_max_tokens(h))
+        self.n_ctx = int(L.ps_api_context_length(h))  # the context length (TransformerLens cfg.n_ctx)
         self.cfg = json.loads(_lib.text(L.ps_api_config_json(h)))
         self.hook_points = json.loads(_lib.text(L.ps_api_hook_points_json(h)))
         self.hook_names = json.loads(_lib.text(L.ps_api_hook_names_json(h)))
@@ -241,10 +241,10 @@ class Model:
 
     # ---- the table ----
     def hook_shape(self, name, B=1, T=None):
-        """The shape of hook `name`'s activation for B sequences of T tokens (T: max_tokens)."""
+        """The shape of hook `name`'s activation for B sequences of T tokens (T: the context length, n_ctx)."""
         dims = (ctypes.c_int64 * 4)()
         err = _lib.errbuf()
-        r = _lib.lib.ps_api_hook_shape(self._handle(), _lib.enc(name), int(B), int(T or self.max_tokens), dims, err, _lib.ERRLEN)
+        r = _lib.lib.ps_api_hook_shape(self._handle(), _lib.enc(name), int(B), int(T or self.n_ctx), dims, err, _lib.ERRLEN)
         if r <= 0:
             raise PhasescopeError(err.value.decode("utf-8", "replace"), code=_lib.EINPUT)
         return tuple(dims[i] for i in range(r))
@@ -317,7 +317,8 @@ class Model:
 
     def run_with_cache(self, tokens, names=None, grads=False, targets=None, fwd_hooks=(), progress=None):
         """Forward caching hook points: names a list of hook names (or one name), a predicate
-        name -> bool, or None (every point). Returns (logits, cache); with grads=True
+        name -> bool, or None (every point); an empty list caches nothing (the logits, an empty cache),
+        as TransformerLens's names_filter=[]. Returns (logits, cache); with grads=True
         (logits, cache, grads): grads maps each cached point the backward reaches to the gradient of the
         mean cross-entropy over targets ([B, T] ints, -1 for none; None: the next token), and has .loss
         and .n_targets. fwd_hooks run in the same pass (cached values are after them). progress and Ctrl-C:
@@ -340,12 +341,12 @@ class Model:
             filt = _lib.FILTER_FN(filt_py)
         elif names is not None:
             names = list(names)
-            if not names:
-                raise PhasescopeError("run_with_cache: names is empty (None caches every point)")
             for n in names:
                 if not isinstance(n, str):
                     raise PhasescopeError(f"run_with_cache: a hook name is a string, not {n!r}")
-            c_names = (ctypes.c_char_p * len(names))(*[_lib.enc(n) for n in names])
+            # an empty list caches nothing (TransformerLens's names_filter=[]): the C API takes a non-NULL
+            # names with n_names 0 as that (NULL would mean every point), so the array has a slot to spare
+            c_names = (ctypes.c_char_p * (len(names) + 1))(*[_lib.enc(n) for n in names], None)
             n_names = len(names)
         tg = None
         if targets is not None:

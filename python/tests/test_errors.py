@@ -53,7 +53,7 @@ def test_bad_tokens(m):
     V = m.vocab_size
     raises(r"token 96 at sequence 0, position 2 is outside the vocabulary \[0, 96\)", lambda: m([[1, 2, V]]), 2)
     raises(r"token -1 at sequence 1, position 1 is outside the vocabulary", lambda: m([[1, 2], [1, -1]]), 2)
-    raises(r"more than max_seq_len 96 by 1", lambda: m(np.zeros((1, m.max_tokens + 1), int)), 2)
+    raises(r"more than max_seq_len 96 by 1", lambda: m(np.zeros((1, m.n_ctx + 1), int)), 2)
     raises("equal-length", lambda: m([[1, 2], [3]]))
     raises("dtype float64", lambda: m([[1.5, 2.0]]))
     raises("int32 range", lambda: m([[2 ** 40]]))
@@ -70,9 +70,23 @@ def test_bad_hook_names(m):
            lambda: m.run_with_cache([[1, 2, 3]], names=["blocks.5.attn.hook_z"]))
     raises("unknown hook name", lambda: m.run_with_hooks([[1, 2, 3]], [("nope", lambda a, n: None)]))
     raises("unknown hook name", lambda: m.hook_shape("nope"))
-    raises("names is empty", lambda: m.run_with_cache([[1, 2, 3]], names=[]))
     raises("each entry is", lambda: m.run_with_hooks([[1, 2, 3]], ["blocks.0.attn.hook_z"]))
     raises("a function fn", lambda: m.run_with_hooks([[1, 2, 3]], [("blocks.0.attn.hook_z", 3)]))
+
+
+def test_empty_names_cache_nothing(m):
+    """names=[] (TransformerLens's empty names_filter) is no error: nothing cached, the plain forward's
+    logits; with grads, the loss and no gradients."""
+    toks = tokens(2, 12, m.vocab_size, salt=5)
+    plain = m(toks)
+    for empty in ([], (), set()):
+        logits, cache = m.run_with_cache(toks, names=empty)
+        assert isinstance(cache, ps.ActivationCache) and len(cache) == 0, (empty, cache)
+        assert bits_equal(logits, plain), f"names={empty!r}: the logits differ from model(tokens)"
+    logits, cache, grads = m.run_with_cache(toks, names=[], grads=True)
+    _, _, ref = m.run_with_cache(toks, names=["blocks.0.attn.hook_z"], grads=True)
+    assert bits_equal(logits, plain) and len(cache) == 0 and len(grads) == 0
+    assert grads.loss == ref.loss and grads.n_targets == ref.n_targets == 2 * 11
 
 
 def test_bad_hook_results(m):

