@@ -21,6 +21,10 @@ static const ps_flag_spec FLAGS[] = {
     {"--value-digits", "D", "text-kv: digits of a number value (default 4; 1-9): 5 gives 90,000 distinct values", 0},
     PS_INSTR_FLAGS,
     PS_PROMPTS_FLAG,
+    {"--save-prompts", "FILE",
+     "also write the sweep's prompts as a prompt set (JSON lines, one per scored query, in the\n"
+     "model's token ids, padded after the query to one length): a template for --prompts",
+     0},
     {0},
 };
 
@@ -55,7 +59,7 @@ static int run(const ps_args *a, ps_error *err) {
     static const char *const TEXT_ONLY[] = {"--tokenizer", "--pairs", "--words", "--values", "--value-digits", NULL};
     static const char *const TASKS[] = {"model", "text-kv", NULL};
     int mi = 0, ti = 0;
-    ps_sweep_request rq = {.task = ps_args_get(a, "--task"), .tokenizer = ps_args_get(a, "--tokenizer"), .words = ps_args_get(a, "--words"),
+    ps_sweep_request rq = {.task = ps_args_get(a, "--task"), .save_prompts = ps_args_get(a, "--save-prompts"), .tokenizer = ps_args_get(a, "--tokenizer"), .words = ps_args_get(a, "--words"),
                            .values = -1, .pairs = -1, .value_digits = -1};
     if (ps_args_choice(a, "--mode", MODES, &mi, err) || ps_args_choice(a, "--values", VALUES, &rq.values, err) ||
         ps_args_int(a, "--pairs", 1, 100000, &rq.pairs, err) || ps_args_int(a, "--value-digits", 1, 9, &rq.value_digits, err))

@@ -44,6 +44,28 @@ static int sweep_partial(ps_instr *in, ps_partial *part, int64_t nu, const int64
 
 /* The sweep of the checkpoint's own task: units (shift, batch) with per-query outcomes (interventions/units.h);
  * a split run (MPI ranks, --shard) gathers them and ps_sweep_finish adds them up in the one-process order. */
+/* The P shifts' prompts as a prompt set in FILE (rank 0; --save-prompts). */
+static int save_prompts(ps_instr *in, ps_sweep_mode mode, const char *file, ps_error *err) {
+    if (ps_dist_rank() != 0) return 0;
+    ps_shifted *sh = calloc((size_t)in->P, sizeof *sh);
+    const ps_shifted **ptr = calloc((size_t)in->P, sizeof *ptr);
+    int rc = sh && ptr ? 0 : ps_fail(err, "out of memory for %lld shifts", (long long)in->P);
+    int64_t made = 0;
+    for (; made < in->P && !rc; made++) {
+        rc = ps_make_shifted(&in->base, &in->task, in->fam, mode, in->P, made, in->seed, in->rt.max_pos, &sh[made], err);
+        ptr[made] = &sh[made];
+    }
+    ps_promptset set = {0};
+    if (!rc) rc = ps_promptset_from_shifts(ptr, (int)in->P, in->rt.token_map, in->rt.n_token_map, (int32_t)ps_task_fill0(&in->task), &set, err);
+    if (!rc && (rc = ps_promptset_save(&set, file, err))) ps_fail_prefix(err, "--save-prompts: ");
+    if (!rc) ps_say(&in->out, "wrote %s (%lld prompts of %lld tokens, period %lld)\n", file, (long long)set.N, (long long)set.T, (long long)in->P);
+    ps_promptset_free(&set);
+    for (int64_t p = 0; p < made; p++) ps_shifted_free(&sh[p]);
+    free(sh);
+    free(ptr);
+    return rc;
+}
+
 static int run_model(ps_instr *in, ps_sweep_mode mode, ps_error *err) {
     ps_partial part = {0};
     ps_instr_work wk = {0};
@@ -211,6 +233,7 @@ int ps_sweep_command(const ps_args *a, const ps_sweep_request *rq, ps_error *err
         else if (rq->text_only_flag) bad = ps_cli_usage(err, "%s: only with --task text-kv, not with --prompts", rq->text_only_flag);
         else if (rq->mode_given) bad = ps_cli_usage(err, "--mode: a prompt set is run as given (no shifts)");
         else if (ps_args_get(a, "--family")) bad = ps_cli_usage(err, "--family: a prompt set has no fillers (its prompts are as given)");
+        else if (rq->save_prompts) bad = ps_cli_usage(err, "--save-prompts: writes the prompts of the checkpoint's task sweep (not of --prompts)");
         if (ps_dist_agree(bad, err)) goto done;
         rc = run_prompts(&in, err) ? -1 : 0;
         goto done;
@@ -219,6 +242,14 @@ int ps_sweep_command(const ps_args *a, const ps_sweep_request *rq, ps_error *err
     if (!bad && !textkv && rq->text_only_flag) bad = ps_cli_usage(err, "%s: only with --task text-kv", rq->text_only_flag);
     if (!bad && !textkv) bad = model_task(&in, a, err);
     if (ps_dist_agree(bad, err)) goto done;
+    if (rq->save_prompts && (textkv || in.prompts)) {
+        rc = ps_cli_usage(err, "--save-prompts: writes the prompts of the checkpoint's task sweep (not of %s)", textkv ? "text-kv" : "--prompts");
+        goto done;
+    }
+    if (!textkv && rq->save_prompts && save_prompts(&in, rq->mode, rq->save_prompts, err)) {
+        rc = -1;
+        goto done;
+    }
     rc = textkv ? run_textkv(&in, a, rq, has_trained > 0 ? &trained : NULL, err) : run_model(&in, rq->mode, err);
     rc = rc ? -1 : 0;
 done:

@@ -155,6 +155,7 @@ int ps_knockout_command(const ps_args *a, ps_error *err);
 typedef struct {
     ps_sweep_mode mode;
     int mode_given;            /* --mode was given (a prompt set has no modes) */
+    const char *save_prompts;  /* --save-prompts FILE: the task sweep's prompts written as a prompt set */
     const char *task;          /* --task: NULL or "model" (the checkpoint's own), "text-kv", or a task file */
     /* text-kv (NULL / -1 / 0 when not given): --tokenizer, --words, --values (0 numbers, 1 words), --pairs,
      * --value-digits; text_only_flag: the first of them given (refused unless the sweep is text-kv) */

@@ -245,3 +245,73 @@ int ps_promptset_residue_logit_diff(json_t *residues, const double *lp, const in
     free(n);
     return 1;
 }
+
+int ps_promptset_from_shifts(const ps_shifted *const *shifts, int n_shifts, const int32_t *token_map, int64_t n_map, int32_t pad,
+                             ps_promptset *out, ps_error *err) {
+    memset(out, 0, sizeof *out);
+    snprintf(out->source, sizeof out->source, "sweep");
+    int64_t T = 0, n = 0;
+    for (int k = 0; k < n_shifts; k++) {
+        const ps_shifted *s = shifts[k];
+        if (s->b.T > T) T = s->b.T;
+        for (int64_t i = 0; i < s->b.B; i++)
+            for (int64_t q = 0; q < s->b.n_q[i]; q++) {
+                const ps_query *qq = &s->b.queries[i * s->b.max_q + q];
+                if (s->residue[i * s->b.max_q + q] < 0) continue;
+                if (qq->answer_len != 1)
+                    return ps_fail(err, "a prompt set scores one answer token per prompt; this task's answers have %lld tokens",
+                                   (long long)qq->answer_len);
+                n++;
+            }
+    }
+    out->N = n, out->T = T;
+    out->tokens = malloc((size_t)(n * T) * sizeof *out->tokens);
+    out->query = malloc((size_t)n * sizeof *out->query);
+    out->answer = malloc((size_t)n * sizeof *out->answer);
+    out->residue = malloc((size_t)n * sizeof *out->residue);
+    if (!out->tokens || !out->query || !out->answer || !out->residue) {
+        ps_promptset_free(out);
+        return ps_fail(err, "out of memory for %lld prompts of %lld tokens", (long long)n, (long long)T);
+    }
+#define MAP(x) (token_map ? ((x) >= 0 && (x) < n_map ? token_map[(x)] : -1) : (x))
+    int64_t r = 0;
+    for (int k = 0; k < n_shifts; k++) {
+        const ps_shifted *s = shifts[k];
+        for (int64_t i = 0; i < s->b.B; i++) {
+            const int32_t *seq = s->b.tokens + i * s->b.T;
+            for (int64_t q = 0; q < s->b.n_q[i]; q++) {
+                const ps_query *qq = &s->b.queries[i * s->b.max_q + q];
+                int64_t rho = s->residue[i * s->b.max_q + q];
+                if (rho < 0) continue;
+                int32_t *dst = out->tokens + r * T;
+                for (int64_t t = 0; t < T; t++) dst[t] = MAP(t < s->b.T ? seq[t] : pad); /* padded after: rows <= query unchanged */
+                out->query[r] = qq->answer_pos;
+                out->answer[r] = MAP(ps_query_answer(qq, seq, 0));
+                out->residue[r] = rho;
+                if (rho > out->max_residue) out->max_residue = rho;
+                r++;
+            }
+        }
+    }
+#undef MAP
+    for (int64_t i = 0; i < n * T; i++)
+        if (out->tokens[i] < 0) {
+            ps_promptset_free(out);
+            return ps_fail(err, "a task token outside the task file's ids");
+        }
+    return 0;
+}
+
+int ps_promptset_save(const ps_promptset *s, const char *path, ps_error *err) {
+    ps_atomic_file af;
+    if (ps_atomic_open(&af, path, err)) return -1;
+    for (int64_t i = 0; i < s->N; i++) {
+        fputs("{\"tokens\": [", af.f);
+        for (int64_t t = 0; t < s->T; t++) fprintf(af.f, "%s%d", t ? ", " : "", s->tokens[i * s->T + t]);
+        fprintf(af.f, "], \"query\": %lld, \"answer\": %lld, \"residue\": %lld", (long long)s->query[i], (long long)s->answer[i],
+                (long long)s->residue[i]);
+        if (s->alt) fprintf(af.f, ", \"alt\": %lld", (long long)s->alt[i]);
+        fputs("}\n", af.f);
+    }
+    return ps_atomic_commit(&af, err);
+}

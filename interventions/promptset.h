@@ -45,6 +45,14 @@ int ps_promptset_shifted(const ps_promptset *s, int64_t P, ps_shifted *out, ps_e
  * and alts, as 16 hex digits) */
 json_t *ps_promptset_json(const ps_promptset *s);
 void ps_promptset_free(ps_promptset *s);
+/* The scored queries of a sweep's shifted prompts as a prompt set, one record per query (every answer one token,
+ * else an error): tokens padded after their end with `pad` to the longest shift (a causal model's rows up to the
+ * query do not see them), mapped through token_map when given (a task file's ids: the set is in the model's
+ * ids). What `sweep --save-prompts FILE` writes. */
+int ps_promptset_from_shifts(const ps_shifted *const *shifts, int n_shifts, const int32_t *token_map, int64_t n_map, int32_t pad,
+                             ps_promptset *out, ps_error *err);
+/* Write the set as JSON lines (what ps_promptset_read reads), atomically. */
+int ps_promptset_save(const ps_promptset *s, const char *path, ps_error *err);
 
 /* Per-residue logit differences from per-query outcomes in the one-process order (rho as the sweep and the
  * knockout record them: an alt query at rho + P follows its prompt's answer query): sum[P] += lp(answer) −

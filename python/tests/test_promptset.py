@@ -209,3 +209,19 @@ def test_bad_requests(deep):
         ps.PromptSet([[0, 1, 2]], [5], [1], [0])
     with pytest.raises(ps.PhasescopeError, match="answer has 2 entries for 1 prompts"):
         ps.PromptSet([[0, 1, 2]], [1], [1, 2], [0])
+
+
+def test_saved_sweep_prompts_reproduce_the_sweep(deep, tmp_path):
+    """sweep --save-prompts writes the task sweep's prompts as a prompt set; the sweep on that set gives the
+    built-in sweep's numbers (the same accuracy per residue; log-probs to float rounding: other batches)."""
+    f = tmp_path / "sweep.jsonl"
+    for mode in ("pad", "move"):
+        r = ps.sweep(deep, n=4, period=8, mode=mode, save_prompts=f)
+        S = ps.PromptSet.load(f)
+        assert len(S) == sum(r.arrays["curve.residues.n"])
+        s = ps.sweep(deep, prompts=S, period=8)
+        np.testing.assert_array_equal(s.arrays["curve.residues.n"], r.arrays["curve.residues.n"])
+        np.testing.assert_array_equal(s.arrays["curve.residues.accuracy"], r.arrays["curve.residues.accuracy"])
+        np.testing.assert_allclose(s.arrays["curve.residues.mean_logprob"], r.arrays["curve.residues.mean_logprob"], atol=1e-3)
+    with pytest.raises(ps.PhasescopeError, match="--save-prompts: writes the prompts of the checkpoint's task sweep"):
+        ps.sweep(deep, prompts=S, save_prompts=f)
