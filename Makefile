@@ -64,7 +64,8 @@ test: test-fast test-asan fuzz
 # phasescope/PyTorch ratios side by side (bench/torch_peer.py; PyTorch is a bench-only dependency, Debian's
 # python3-torch for PEER_PYTHON; skipped with a message when missing). BENCH_SECONDS: minimum seconds per row.
 # Then the Python path against the CLI (bench/bench_python.py) and run_with_cache against PyTorch forward
-# hooks on deep_w8s8 and a Qwen3-0.6B-shaped model (bench/bench_python_torch.py; skipped without torch).
+# hooks on deep_w8s8 and a Qwen3-0.6B-shaped model (bench/bench_python_torch.py; skipped without torch), and the
+# knockout grid on a prompt set against a run_with_hooks loop and the CLI (bench/bench_promptset.py).
 PEER_PYTHON ?= /usr/bin/python3
 BENCH_SECONDS ?= 2
 bench: build
@@ -78,6 +79,7 @@ bench: build
 	fi
 	@./build/bench/bench_knockout
 	@PYTHONPATH=python $(PEER_PYTHON) bench/bench_python.py --build build
+	@PYTHONPATH=python $(PEER_PYTHON) bench/bench_promptset.py --build build
 	@$(PEER_PYTHON) bench/bench_python_torch.py --build build
 	@bash bench/bench_contention.sh build .
 	@bash bench/bench_mpi.sh build .

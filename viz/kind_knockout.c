@@ -447,10 +447,18 @@ int ps_render_knockout(json_t *const *docs, const char *const *paths, int n, con
         snprintf(x.title, sizeof x.title, "%s (mean replacement): %s in %s %s and phase residue", kind,
                  n_est == n ? "estimated change (attribution patching)" : n_est ? "exact and estimated change" : "change",
                  x.acc ? "accuracy" : "mean target NLL", rows_what);
+        /* over what the mean is taken: the task's prompts of one shift, or a caller's whole prompt set */
+        int64_t n_set = 0;
+        for (int k = 0; k < n && !n_set; k++)
+            n_set = json_integer_value(json_object_get(
+                json_object_get(json_object_get(json_object_get(docs[k], "provenance"), "eval"), "prompts"), "n"));
+        char over[96];
+        if (n_set) snprintf(over, sizeof over, "the %lld prompts of the prompt set", (long long)n_set);
+        else snprintf(over, sizeof over, "the prompts of the same shift");
         snprintf(x.subtitle, sizeof x.subtitle,
-                 "%s (named over each panel) replaced by their mean over the prompts of the same shift; "
+                 "%s (named over each panel) replaced by their mean over %s; "
                  "%s",
-                 cell_what,
+                 cell_what, over,
                  x.acc ? "change = knocked out − clean accuracy, in percentage points"
                  : n_est ? "change = knocked out − clean NLL, in nats (AtP panels: to first order)"
                          : "change = knocked out − clean NLL, in nats");
