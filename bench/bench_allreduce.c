@@ -10,7 +10,7 @@
 
 #include "bench_common.h"
 #include "core/cpu_env.h"
-#include "dist/dist.h"
+#include "scaleout/dist.h"
 
 static int cmp(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;

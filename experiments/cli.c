@@ -11,7 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "dist/dist.h"
+#include "scaleout/dist.h"
 
 int ps_cli_status(const ps_error *err) { return err && err->usage ? 2 : 1; }
 

@@ -1,6 +1,6 @@
 /* cmd_gatecycle.c — `phasescope gatecycle`: roll per-offset gate parameters, sweep before and after. The
  * flags; the run is ps_gatecycle_command (instr_gatecycle.c). */
-#include "dist/dist.h"
+#include "scaleout/dist.h"
 #include "experiments/instrument.h"
 #include "interventions/gatecycle.h"
 #include "viz/results_check.h"

@@ -3,7 +3,7 @@
 #include <string.h>
 
 #include "experiments/instrument.h"
-#include "dist/partial.h"
+#include "scaleout/partial.h"
 #include "experiments/registry.h"
 
 static int run(const ps_args *a, ps_error *err);

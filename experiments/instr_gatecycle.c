@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dist/dist.h"
+#include "scaleout/dist.h"
 #include "experiments/instrument.h"
 #include "interventions/gatecycle.h"
 #include "interventions/knockout.h"

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dist/dist.h"
+#include "scaleout/dist.h"
 #include "experiments/instrument.h"
 #include "gates/chgates.h"
 #include "gates/gates.h"

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dist/dist.h"
+#include "scaleout/dist.h"
 #include "experiments/instrument.h"
 #include "interventions/textkv.h"
 #include "interventions/units.h"

@@ -7,7 +7,7 @@
 #include <time.h>
 
 #include "core/fileio.h"
-#include "dist/dist.h"
+#include "scaleout/dist.h"
 #include "experiments/instrument.h"
 #include "experiments/progress.h"
 #include "train/train.h"

@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "core/cpu_env.h"
-#include "dist/dist.h"
+#include "scaleout/dist.h"
 #include "core/fileio.h"
 #include "viz/figures.h"
 #include "viz/results_check.h"

@@ -13,7 +13,7 @@
 #include "core/model.h"
 #include "interventions/taskfile.h"
 #include "interventions/v4_instr.h"
-#include "dist/partial.h"
+#include "scaleout/partial.h"
 #include "experiments/progress.h"
 #include "experiments/result_out.h"
 #include "gates/theory_train.h"

@@ -8,7 +8,7 @@
 #include "experiments/cli.h"
 #include "experiments/registry.h"
 #include "core/cpu_env.h"
-#include "dist/dist.h"
+#include "scaleout/dist.h"
 
 static void usage(FILE *f) {
     fprintf(f, "phasescope %s — phase sensitivity of compressed-KV-cache transformers\n\nusage: phasescope COMMAND [FLAGS]\n\ncommands:\n", PS_VERSION);

@@ -12,7 +12,7 @@
 #define PS_REGISTRY_H
 
 #include "core/error.h"
-#include "dist/partial.h"
+#include "scaleout/partial.h"
 #include "experiments/cli.h"
 #include "experiments/result_out.h"
 

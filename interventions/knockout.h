@@ -30,7 +30,7 @@
 
 #include <jansson.h>
 
-#include "dist/partial.h"
+#include "scaleout/partial.h"
 #include "interventions/grid.h"
 #include "interventions/ko_model.h"
 #include "interventions/sweep.h"

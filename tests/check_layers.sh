@@ -13,17 +13,17 @@ cd "$src"
 # what each layer may include (itself and the layers it links, in CMakeLists.txt's order)
 declare -A may=(
   [core]="core"
-  [text]="text core" [gates]="gates core" [dist]="dist core"
+  [text]="text core" [gates]="gates core" [scaleout]="scaleout core"
   [tasks]="tasks text core"
-  [interventions]="interventions tasks text gates dist core"
-  [train]="train tasks text gates dist core"
-  [viz]="viz interventions tasks text gates dist core"
-  [probe]="probe interventions tasks text gates dist core"
-  [serve]="serve viz interventions train tasks text gates dist core"
-  [experiments]="experiments api serve probe viz interventions train tasks text gates dist core"
-  [api]="api experiments serve probe viz interventions train tasks text gates dist core"
+  [interventions]="interventions tasks text gates scaleout core"
+  [train]="train tasks text gates scaleout core"
+  [viz]="viz interventions tasks text gates scaleout core"
+  [probe]="probe interventions tasks text gates scaleout core"
+  [serve]="serve viz interventions train tasks text gates scaleout core"
+  [experiments]="experiments api serve probe viz interventions train tasks text gates scaleout core"
+  [api]="api experiments serve probe viz interventions train tasks text gates scaleout core"
 )
-layers="core text gates dist tasks interventions train viz probe serve experiments api"
+layers="core text gates scaleout tasks interventions train viz probe serve experiments api"
 # the layer headers by file name (a bare include of one of them is an error)
 declare -A headers=()
 for layer in $layers; do

@@ -11,10 +11,10 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "dist/dist.h"
+#include "scaleout/dist.h"
 #include "gates/gates.h"
 #include "interventions/knockout.h"
-#include "dist/partial.h"
+#include "scaleout/partial.h"
 #include "interventions/sweep.h"
 #include "testutil.h"
 #include "interventions/units.h"

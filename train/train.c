@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 #include "core/backward.h"
-#include "dist/dist.h"
+#include "scaleout/dist.h"
 #include "core/fileio.h"
 #include "core/forward.h"
 #include "gates/chgates.h"

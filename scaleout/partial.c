@@ -1,5 +1,5 @@
 /* partial.c — partial results: per-unit arrays, MPI gather, part files and their merge (see partial.h). */
-#include "dist/partial.h"
+#include "scaleout/partial.h"
 
 #include <dirent.h>
 #include <stdio.h>
@@ -7,7 +7,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "dist/dist.h"
+#include "scaleout/dist.h"
 #include "core/fileio.h"
 #include "core/safetensors.h"
 

@@ -1,6 +1,6 @@
 /* dist.c — ranks and collectives over MPI, or a single rank without it (see dist.h). */
 #define _GNU_SOURCE
-#include "dist/dist.h"
+#include "scaleout/dist.h"
 
 #include <limits.h>
 #include <sched.h>
