@@ -12,7 +12,7 @@ the CLI's defaults and checks apply:
 `model` is a ps.Model (its checkpoint and device), a checkpoint path, or None (the request's model=...,
 else the CLI's default).
 
-progress=fn: fn(done, total) after each unit of the run's work (batches, shifts, candidates, requests;
+progress=True: a progress bar (tqdm's when installed). progress=fn: fn(done, total) after each unit of the run's work (batches, shifts, candidates, requests;
 each phase of a run that has several counts from 0 again); a truthy return stops the run there
 (ps.Cancelled). Ctrl-C stops it too (KeyboardInterrupt). Either way nothing of the run is kept and the
 model runs again as before (progress.py)."""
@@ -187,7 +187,7 @@ def run(name, model=None, progress=None, _stop=None, **flags):
     req = request_json(flags)
     out = ctypes.c_void_p()
     err = _lib.errbuf()
-    call = Call(progress, _stop)
+    call = Call(progress, _stop, desc=name)
     with call:
         rc = _lib.lib.ps_api_instrument_ex(h, _lib.enc(name), _lib.enc(req), call.cb, None, ctypes.byref(out), err,
                                            _lib.ERRLEN)

@@ -2,7 +2,8 @@
 cancellation": ps_api_set_progress, ps_api_instrument_ex).
 
 Every long call (an instrument, a run) takes progress=fn: fn(done, total) is called at the end of each
-unit of the call's work (batches, shifts, candidates, steps; a run's layers), in the calling thread; a
+unit of the call's work (progress=True: a progress bar, tqdm's when python3-tqdm is installed, else a line on
+stderr) (batches, shifts, candidates, steps; a run's layers), in the calling thread; a
 truthy return stops the call there and raises ps.Cancelled ("cancelled after 3 of 16 batches"); an
 exception raised by fn stops it too and is raised after it.
 
@@ -15,6 +16,7 @@ frees what it made, and returns; the old handler is put back and KeyboardInterru
 runs again as before)."""
 import ctypes
 import signal
+import sys
 import threading
 
 from . import _lib
@@ -25,14 +27,56 @@ _check_signals.restype = ctypes.c_int
 _check_signals.argtypes = []
 
 
+class Bar:
+    """progress=True: a bar per phase of the call (a new total starts a new bar): tqdm's (tqdm.auto: a widget in a
+    notebook) when it is installed, else one line on stderr redrawn in place."""
+
+    def __init__(self, desc=None):
+        self.desc, self.total, self.bar = desc, None, None
+        try:
+            from tqdm.auto import tqdm
+            self._tqdm = tqdm
+        except ImportError:
+            self._tqdm = None
+
+    def __call__(self, done, total):
+        if total != self.total or self.bar is None:
+            self.close()
+            self.total = total
+            if self._tqdm is not None:
+                self.bar = self._tqdm(total=total, desc=self.desc, leave=False)
+            else:
+                self.bar = [0]
+        if self._tqdm is not None:
+            self.bar.update(done - self.bar.n)
+        else:
+            w = 30
+            fill = w * done // total if total else w
+            sys.stderr.write(f"\r{self.desc or 'phasescope'} [{'#' * fill}{'.' * (w - fill)}] {done}/{total}")
+            sys.stderr.flush()
+            self.bar[0] = done
+        return False
+
+    def close(self):
+        if self.bar is None:
+            return
+        if self._tqdm is not None:
+            self.bar.close()
+        else:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+        self.bar = None
+
+
 class Call:
     """One long C call's progress callback: `with Call(fn) as c:` then pass c.cb (a PROGRESS_FN) to C,
     and c.finish(rc, err) after it returns (raises what the call's outcome asks for).
 
     stop_event: a threading.Event another thread sets to stop the call (train runs in a worker thread)."""
 
-    def __init__(self, fn=None, stop_event=None):
-        self.fn = fn
+    def __init__(self, fn=None, stop_event=None, desc=None):
+        self.bar = Bar(desc) if fn is True else None
+        self.fn = self.bar if fn is True else fn
         self.stop_event = stop_event
         self.interrupted = False
         self.exc = None
@@ -63,6 +107,8 @@ class Call:
         return self
 
     def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.close()
         if self._old is not None:
             try:
                 _check_signals()  # a SIGINT that came after the last callback
@@ -96,4 +142,4 @@ class Call:
         return rc
 
 
-__all__ = ["Call", "Cancelled"]
+__all__ = ["Bar", "Call", "Cancelled"]

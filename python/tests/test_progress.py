@@ -140,3 +140,22 @@ def test_train_progress_stops(tmp_path):
     assert seen and seen[-1]["step"] < 40
     r = ps.train(cfg, tmp_path / "run", resume=True)  # the checkpoint it kept continues
     assert r.log[-1]["step"] == 40
+
+
+def test_progress_true_draws_a_bar(w8s8, capfd, monkeypatch):
+    """progress=True: a bar (tqdm's when installed; here the line on stderr, tqdm hidden) reaching the call's
+    total, and the same numbers as without it."""
+    import builtins
+    real_import = builtins.__import__
+
+    def no_tqdm(name, *a, **k):
+        if name.startswith("tqdm"):
+            raise ImportError(name)
+        return real_import(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", no_tqdm)
+    capfd.readouterr()
+    r = ps.sweep(w8s8, n=8, progress=True)
+    out, err = capfd.readouterr()
+    assert out == "" and "sweep [" in err and err.rstrip().endswith("8/8"), err[-200:]
+    assert r.json == ps.sweep(w8s8, n=8).json
