@@ -17,6 +17,7 @@ import numpy as np
 
 from . import _lib
 from .errors import PhasescopeError
+from ._run import _as_tokens, _HookRun
 
 
 class KVCache:
@@ -103,7 +104,6 @@ class KVCache:
         """Append tokens (a 1-d list or array of ids) to sequence seq and run them: the logits [n, vocab]
         (float32) of the new positions. fwd_hooks as run_with_hooks takes them (T = the appended tokens;
         a compressed entry's points fire when its window closes)."""
-        from .model import _HookRun, _as_tokens
         toks = _as_tokens(tokens)
         if toks.shape[0] != 1:
             raise PhasescopeError(f"append: one sequence's tokens (1-d), got shape {list(toks.shape)}")
@@ -191,7 +191,6 @@ def generate(model, tokens, max_tokens=16, edits=(), fwd_hooks=(), temperature=0
     progress: fn(tokens so far, max_tokens). Returns (new token ids, their log-probabilities under the
     model) for one prompt, or lists of them (one per prompt)."""
     import json
-    from .model import _HookRun
     from .progress import Call
     texts = [tokens] if isinstance(tokens, str) else (
         tokens if isinstance(tokens, (list, tuple)) and tokens and all(isinstance(t, str) for t in tokens) else None)
