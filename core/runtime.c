@@ -521,8 +521,7 @@ static int v4_detect(const char *dir) {
 
 static int v4_load_weights(ps_runtime *rt, int lazy, ps_error *err);
 
-/* provenance: FNV-1a 64 of config.json as stored */
-static int v4_hash_file(const char *path, char out[17], ps_error *err) {
+int ps_runtime_hash_file(const char *path, char out[17], ps_error *err) {
     char *text;
     size_t len;
     uint64_t h = 1469598103934665603ULL;
@@ -554,7 +553,7 @@ static int v4_open(ps_runtime *rt, void *model, const char *dir, const ps_runtim
     rt->max_pos = m->cfg.max_position_embeddings;
     rt->n_layers = m->cfg.n_layers;
     rt->weight_bytes = 4.0 * (double)m->n_params;
-    if (v4_hash_file(m->cpath, rt->config_hash, err)) return -1;
+    if (ps_runtime_hash_file(m->cpath, rt->config_hash, err)) return -1;
     rt->ctx = m->ctx;
     /* lazy -1: every layer in memory when the float32 weights take at most half of the memory available */
     return !o || o->weights ? v4_load_weights(rt, o ? o->lazy : -1, err) : 0;
@@ -789,7 +788,7 @@ static json_t *v4_config_json(const ps_runtime *rt) {
 static void v4_config_hash(const ps_runtime *rt, char out[17]) {
     ps_error e;
     if (rt->config_hash[0]) memcpy(out, rt->config_hash, 17);
-    else if (v4_hash_file(v4_of(rt)->cpath, out, &e)) out[0] = '\0'; /* a runtime made without the open */
+    else if (ps_runtime_hash_file(v4_of(rt)->cpath, out, &e)) out[0] = '\0'; /* a runtime made without the open */
 }
 
 static int64_t v4_step(const ps_runtime *rt) {
@@ -986,8 +985,8 @@ const ps_family ps_family_v4 = {
 
 /* ---- opening ---- */
 
-/* DeepSeek-V4 first: its detector is specific; the controlled model's loader judges every other directory */
-const ps_family *const ps_families[] = {&ps_family_v4, &ps_family_model, NULL};
+/* DeepSeek-V4 and MiniCPM4 first: their detectors are specific; the controlled model's loader judges every other directory */
+const ps_family *const ps_families[] = {&ps_family_v4, &ps_family_minicpm, &ps_family_model, NULL};
 
 const ps_family *ps_runtime_detect_in(const ps_family *const *families, const char *dir) {
     if (!families) families = ps_families;
