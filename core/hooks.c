@@ -422,7 +422,7 @@ static int cache_hook(const ps_hook_event *ev, void *user, ps_error *err) {
     int64_t n = 1, old = it->data ? 1 : 0;
     for (int i = 0; i < ev->ndim; i++) n *= ev->shape[i];
     for (int i = 0; old && i < it->ndim; i++) old *= it->shape[i];
-    if (n != old) {
+    if (n != old || !it->data) { /* an event of 0 floats (no windows yet) is cached too: an empty array */
         float *d = realloc(it->data, (size_t)(n ? n : 1) * sizeof(float));
         if (!d) return ps_fail(err, "hook \"%s\": out of memory caching %lld floats", ev->name, (long long)n);
         it->data = d;

@@ -252,8 +252,408 @@ static void test_conformance(void) {
     ps_minicpm_model_free(&m);
 }
 
+/* ---- checkpoints written here from the tiny one ---- */
+
+typedef struct {
+    int n;
+    char names[32][96];
+    int64_t shape[32][2];
+    int nd[32];
+    float *data[32];
+} weights;
+
+static void weights_read(weights *w, ps_error *err) {
+    char path[2300];
+    ps_st_file f;
+    memset(w, 0, sizeof *w);
+    tiny_path(path, sizeof path, "model.safetensors");
+    if (ps_st_open(path, &f, err)) {
+        CHECK(0, "%s", err->msg);
+        return;
+    }
+    for (int i = 0; i < f.n && w->n < 32; i++) {
+        const ps_st_entry *e = &f.entries[i];
+        snprintf(w->names[w->n], sizeof w->names[0], "%s", e->name);
+        w->nd[w->n] = e->ndim;
+        for (int d = 0; d < e->ndim; d++) w->shape[w->n][d] = e->shape[d];
+        w->data[w->n] = malloc((size_t)ps_st_numel(e) * sizeof(float));
+        CHECK_OK(ps_st_read_f32(&f, e, w->data[w->n], err), err);
+        w->n++;
+    }
+    ps_st_close(&f);
+}
+
+static void weights_free(weights *w) {
+    for (int i = 0; i < w->n; i++) free(w->data[i]);
+}
+
+static int find_w(const weights *w, const char *name) {
+    for (int i = 0; i < w->n; i++)
+        if (!strcmp(w->names[i], name)) return i;
+    return -1;
+}
+
+/* the tiny config with edits: set[key] = JSON value text (a key "sparse_config.X" edits the sub-object; a NULL
+ * value deletes the key) */
+static void write_config(const char *dir, const char *const *keys, const char *const *vals, int n) {
+    char path[2300];
+    tiny_path(path, sizeof path, "config.json");
+    json_error_t je;
+    json_t *root = json_load_file(path, 0, &je);
+    for (int i = 0; i < n; i++) {
+        json_t *obj = root;
+        const char *k = keys[i];
+        if (!strncmp(k, "sparse_config.", 14)) obj = json_object_get(root, "sparse_config"), k += 14;
+        if (!strncmp(k, "rope_scaling.", 13)) obj = json_object_get(root, "rope_scaling"), k += 13;
+        if (!vals[i]) json_object_del(obj, k);
+        else json_object_set_new(obj, k, json_loads(vals[i], JSON_DECODE_ANY, &je));
+    }
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    CHECK(json_dump_file(root, path, JSON_INDENT(1)) == 0, "write %s", path);
+    json_decref(root);
+}
+
+/* write the weights (all but `skip`) as `dtype`, in one file or (shards > 1) shards with an index */
+static void write_weights(const char *dir, const weights *w, const char *skip, ps_dtype dtype, int shards) {
+    ps_error err;
+    ps_st_tensor t[32];
+    int n = 0;
+    for (int i = 0; i < w->n; i++) {
+        if (skip && !strcmp(w->names[i], skip)) continue;
+        t[n] = (ps_st_tensor){.name = w->names[i], .ndim = w->nd[i], .data = w->data[i]};
+        memcpy(t[n].shape, w->shape[i], sizeof w->shape[i]);
+        n++;
+    }
+    char path[2300];
+    if (shards <= 1) {
+        snprintf(path, sizeof path, "%s/model.safetensors", dir);
+        CHECK_OK(ps_st_save_as(path, t, n, NULL, NULL, 0, dtype, &err), &err);
+        return;
+    }
+    json_t *map = json_object();
+    for (int s = 0; s < shards; s++) {
+        char file[64];
+        snprintf(file, sizeof file, "model-%05d-of-%05d.safetensors", s + 1, shards);
+        int i0 = n * s / shards, i1 = n * (s + 1) / shards;
+        snprintf(path, sizeof path, "%s/%s", dir, file);
+        CHECK_OK(ps_st_save_as(path, t + i0, i1 - i0, NULL, NULL, 0, dtype, &err), &err);
+        for (int i = i0; i < i1; i++) json_object_set_new(map, t[i].name, json_string(file));
+    }
+    json_t *ix = json_pack("{s:{s:i}, s:o}", "metadata", "total_size", 0, "weight_map", map);
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    CHECK(json_dump_file(ix, path, 0) == 0, "write %s", path);
+    json_decref(ix);
+}
+
+/* logits [T, V] of the checkpoint in dir over tok (NULL on an error, reported) */
+static float *logits_of(const char *dir, const int32_t *tok, int64_t T, const ps_hooks *h) {
+    ps_error err;
+    ps_minicpm_model m;
+    ps_minicpm_acts a;
+    if (ps_minicpm_model_load(&m, dir, &err) || ps_minicpm_acts_create(&a, &m, 1, T, &err)) {
+        CHECK(0, "%s: %s", dir, err.msg);
+        ps_minicpm_model_free(&m);
+        return NULL;
+    }
+    float *out = NULL;
+    if (ps_minicpm_forward(&m, &a, tok, h, -1, &err)) CHECK(0, "%s: forward: %s", dir, err.msg);
+    else {
+        out = malloc((size_t)(T * m.cfg.vocab_size) * sizeof(float));
+        memcpy(out, a.logits, (size_t)(T * m.cfg.vocab_size) * sizeof(float));
+    }
+    ps_minicpm_acts_free(&a);
+    ps_minicpm_model_free(&m);
+    return out;
+}
+
+static int same_floats(const float *a, const float *b, int64_t n) { return a && b && !memcmp(a, b, (size_t)n * sizeof(float)); }
+
+static double max_diff(const float *a, const float *b, int64_t n) {
+    double d = 0;
+    for (int64_t i = 0; a && b && i < n; i++) d = fmax(d, fabs(a[i] - b[i]));
+    return a && b ? d : INFINITY;
+}
+
+enum { TV = 200, VOC = 128 };
+
+static void test_variants(void) {
+    ps_error err;
+    weights w;
+    weights_read(&w, &err);
+    int32_t tok[TV];
+    tu_random_tokens(tok, TV, VOC, 11);
+    float *base = logits_of(TINY, tok, TV, NULL);
+    char dir[512];
+    /* float32 weights (bf16 values widened exactly): the same logits bit for bit */
+    tu_tempdir(dir, sizeof dir, "minicpm_f32");
+    write_config(dir, NULL, NULL, 0);
+    write_weights(dir, &w, NULL, PS_DT_F32, 1);
+    float *f32 = logits_of(dir, tok, TV, NULL);
+    CHECK(same_floats(base, f32, TV * VOC), "f32 weights = the bf16 checkpoint's logits");
+    /* f16 storage rounds: close, not equal */
+    tu_tempdir(dir, sizeof dir, "minicpm_f16");
+    write_config(dir, NULL, NULL, 0);
+    write_weights(dir, &w, NULL, PS_DT_F16, 1);
+    float *f16 = logits_of(dir, tok, TV, NULL);
+    CHECK(max_diff(base, f16, TV * VOC) < 0.05, "f16 weights: within rounding (%.3g)", max_diff(base, f16, TV * VOC));
+    /* sharded with an index: the same logits */
+    tu_tempdir(dir, sizeof dir, "minicpm_shards");
+    write_config(dir, NULL, NULL, 0);
+    write_weights(dir, &w, NULL, PS_DT_BF16, 3);
+    float *sh = logits_of(dir, tok, TV, NULL);
+    CHECK(same_floats(base, sh, TV * VOC), "three shards with an index = one file");
+    /* tied: no lm_head.weight, the embedding is the head; = the untied checkpoint whose head is the embedding */
+    int ie = find_w(&w, "model.embed_tokens.weight"), ih = find_w(&w, "lm_head.weight");
+    float *keep = w.data[ih];
+    w.data[ih] = w.data[ie];
+    tu_tempdir(dir, sizeof dir, "minicpm_untied_copy");
+    write_config(dir, NULL, NULL, 0);
+    write_weights(dir, &w, NULL, PS_DT_BF16, 1);
+    float *untied = logits_of(dir, tok, TV, NULL);
+    w.data[ih] = keep;
+    tu_tempdir(dir, sizeof dir, "minicpm_tied");
+    const char *tk[] = {"tie_word_embeddings"}, *tv[] = {"true"};
+    write_config(dir, tk, tv, 1);
+    write_weights(dir, &w, "lm_head.weight", PS_DT_BF16, 1);
+    float *tied = logits_of(dir, tok, TV, NULL);
+    CHECK(same_floats(untied, tied, TV * VOC) && !same_floats(base, tied, TV * VOC),
+          "tied head = an untied one holding the embedding (and differs from the tiny's own head)");
+    /* untied without lm_head.weight: refused by tensor and file */
+    tu_tempdir(dir, sizeof dir, "minicpm_nohead");
+    write_config(dir, NULL, NULL, 0);
+    write_weights(dir, &w, "lm_head.weight", PS_DT_BF16, 1);
+    ps_minicpm_model m;
+    CHECK_ERR(ps_minicpm_model_load(&m, dir, &err), &err, "lm_head.weight", "model.safetensors", "tie_word_embeddings");
+    ps_minicpm_model_free(&m);
+    /* dense_len: below it ordinary causal attention (at 96 tokens the 6 slots hold every block: the same logits as
+     * the sparse path), at 200 tokens the sparse path leaves blocks out (different logits) */
+    tu_tempdir(dir, sizeof dir, "minicpm_dense");
+    const char *dk[] = {"sparse_config.dense_len"}, *dv[] = {"1000"};
+    write_config(dir, dk, dv, 1);
+    write_weights(dir, &w, NULL, PS_DT_BF16, 1);
+    float *dense = logits_of(dir, tok, TV, NULL), *dense96 = logits_of(dir, tok, 96, NULL), *sparse96 = logits_of(TINY, tok, 96, NULL);
+    CHECK(max_diff(dense96, sparse96, 96 * VOC) < 1e-5, "96 tokens: dense = sparse with every block selected (%.3g)",
+          max_diff(dense96, sparse96, 96 * VOC));
+    CHECK(max_diff(dense, base, TV * VOC) > 1e-3, "200 tokens: dense differs from sparse (%.3g)", max_diff(dense, base, TV * VOC));
+    free(base), free(f32), free(f16), free(sh), free(untied), free(tied), free(dense), free(dense96), free(sparse96);
+    weights_free(&w);
+}
+
+static void test_bad_configs(void) {
+    ps_error err;
+    weights w;
+    weights_read(&w, &err);
+    struct {
+        const char *key, *val, *want1, *want2;
+    } cases[] = {
+        {"scale_emb", NULL, "\"scale_emb\"", "missing"},
+        {"hidden_size", NULL, "\"hidden_size\"", "missing"},
+        {"sparse_config.topk", NULL, "\"sparse_config.topk\"", "missing"},
+        {"sparse_config", NULL, "\"sparse_config\"", "missing"},
+        {"sparse_config.block_size", "18", "\"sparse_config.block_size\"", "multiple"},
+        {"sparse_config.kernel_size", "2", "\"sparse_config.kernel_size\"", "less than"},
+        {"sparse_config.topk", "-1", "\"sparse_config.topk\"", "outside"},
+        {"sparse_config.window_size", "40", "\"sparse_config.window_size\"", "multiple"},
+        {"sparse_config.use_nope", "1", "\"sparse_config.use_nope\"", "true or false"},
+        {"rope_scaling.rope_type", "\"yarn\"", "\"rope_scaling.rope_type\"", "longrope"},
+        {"rope_scaling.long_factor", "[1, 2]", "\"rope_scaling.long_factor\"", "head_dim / 2"},
+        {"num_key_value_heads", "3", "\"num_key_value_heads\"", "divide"},
+        {"rms_norm_eps", "\"small\"", "\"rms_norm_eps\"", "a number"},
+        {"hidden_act", "\"gelu\"", "\"hidden_act\"", "silu"},
+        {"num_key_value_heads", "4", "k_proj.weight", "[64, 64]"}, /* a tensor of the wrong shape */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char dir[512];
+        tu_tempdir(dir, sizeof dir, "minicpm_bad");
+        write_config(dir, &cases[i].key, &cases[i].val, 1);
+        write_weights(dir, &w, NULL, PS_DT_BF16, 1);
+        ps_minicpm_model m;
+        const char *file = i + 1 == sizeof cases / sizeof cases[0] ? "model.safetensors" : "config.json";
+        CHECK_ERR(ps_minicpm_model_load(&m, dir, &err), &err, cases[i].want1, cases[i].want2, file);
+        ps_minicpm_model_free(&m);
+    }
+    weights_free(&w);
+}
+
+/* ---- hook edits that change what is attended ---- */
+
+typedef struct {
+    int kind; /* 0: scale hook_ck by 3; 1: zero stage-1 scores of KV head 0; 2: set blocks to {0, q_blk} */
+    int64_t block, fired;
+} edit;
+
+static int do_edit(const ps_hook_event *ev, void *user, ps_error *err) {
+    (void)err;
+    edit *e = user;
+    int64_t n = ev->shape[0] * ev->shape[1] * ev->shape[2] * ev->shape[3];
+    e->fired++;
+    if (e->kind == 0)
+        for (int64_t i = 0; i < n; i++) ev->data[i] *= 3.0f;
+    else if (e->kind == 1)
+        for (int64_t i = 0; i < n; i++) ev->data[i] = (i / ev->shape[3]) % ev->shape[2] == 0 ? 0.0f : ev->data[i];
+    else {
+        int64_t T = ev->shape[1], Hk = ev->shape[2], K = ev->shape[3];
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t h = 0; h < Hk; h++) {
+                float *r = ev->data + (t * Hk + h) * K;
+                for (int64_t k = 0; k < K; k++) r[k] = -1;
+                r[0] = 0;
+                r[1] = t / e->block ? (float)(t / e->block) : -1.0f;
+            }
+    }
+    return 0;
+}
+
+static void test_edits(void) {
+    ps_error err;
+    ps_minicpm_model m;
+    REQUIRE_OK(ps_minicpm_model_load(&m, TINY, &err), &err);
+    const ps_minicpm_config *c = &m.cfg;
+    int64_t T = 160, V = c->vocab_size, H = c->n_heads, Hk = c->n_kv_heads, D = c->head_dim, Bk = c->sel.block;
+    int32_t tok[160];
+    tu_random_tokens(tok, T, V, 5);
+    ps_minicpm_acts a;
+    REQUIRE_OK(ps_minicpm_acts_create(&a, &m, 1, T, &err), &err);
+    REQUIRE_OK(ps_minicpm_forward(&m, &a, tok, NULL, -1, &err), &err);
+    float *clean = malloc((size_t)(T * V) * sizeof(float));
+    memcpy(clean, a.logits, (size_t)(T * V) * sizeof(float));
+    const char *names[3] = {"blocks.1.attn.hook_ck", "blocks.1.attn.hook_select_scores", "blocks.1.attn.hook_blocks"};
+    for (int k = 0; k < 3; k++) {
+        ps_hooks h;
+        ps_cache cache;
+        ps_hooks_init(&h);
+        ps_cache_init(&cache);
+        edit e = {.kind = k, .block = Bk};
+        const char *watch[5] = {"blocks.1.attn.hook_q", "blocks.1.attn.hook_k", "blocks.1.attn.hook_v", "blocks.1.attn.hook_blocks",
+                                "blocks.1.attn.hook_z"};
+        CHECK_OK(ps_minicpm_cache_watch(&cache, &h, c, watch[3], &err), &err); /* before the edit: the clean selection */
+        CHECK_OK(ps_minicpm_hooks_add(&h, c, names[k], do_edit, &e, &err), &err);
+        for (int i = 0; i < 5; i++)
+            if (i != 3) CHECK_OK(ps_minicpm_cache_watch(&cache, &h, c, watch[i], &err), &err);
+        CHECK_OK(ps_minicpm_forward(&m, &a, tok, &h, -1, &err), &err);
+        CHECK(e.fired == 1 && max_diff(a.logits, clean, T * V) > 1e-4, "editing %s changes the logits (%.3g)", names[k],
+              max_diff(a.logits, clean, T * V));
+        if (k == 2) {
+            /* attention restricted to blocks {0, q_blk}, computed here by plain loops over the cached q, k, v */
+            const float *q = ps_cache_get(&cache, watch[0])->data, *kk = ps_cache_get(&cache, watch[1])->data,
+                        *vv = ps_cache_get(&cache, watch[2])->data, *z = ps_cache_get(&cache, watch[4])->data;
+            double worst = 0, zmax = 0;
+            for (int64_t t = 0; t < T; t++)
+                for (int64_t g = 0; g < H; g++) {
+                    int64_t kh = g / (H / Hk);
+                    double w[160], mx = -1e300, sum = 0;
+                    for (int64_t j = 0; j <= t; j++) {
+                        w[j] = -1e300;
+                        if (j / Bk != 0 && j / Bk != t / Bk) continue;
+                        double s = 0;
+                        for (int64_t d = 0; d < D; d++) s += (double)q[(t * H + g) * D + d] * kk[(j * Hk + kh) * D + d];
+                        w[j] = s / sqrt((double)D);
+                        mx = fmax(mx, w[j]);
+                    }
+                    for (int64_t j = 0; j <= t; j++) sum += w[j] > -1e299 ? exp(w[j] - mx) : 0;
+                    for (int64_t d = 0; d < D; d++) {
+                        double o = 0;
+                        for (int64_t j = 0; j <= t; j++)
+                            if (w[j] > -1e299) o += exp(w[j] - mx) / sum * vv[(j * Hk + kh) * D + d];
+                        worst = fmax(worst, fabs(o - z[(t * H + g) * D + d]));
+                        zmax = fmax(zmax, fabs(o));
+                    }
+                }
+            CHECK(worst / zmax < 1e-5, "hook_blocks set to {0, q_blk}: hook_z = attention over those blocks (%.3g)", worst / zmax);
+        } else {
+            /* the edit moved the selection that follows it */
+            ps_hooks h2;
+            ps_cache c2;
+            ps_hooks_init(&h2);
+            ps_cache_init(&c2);
+            CHECK_OK(ps_minicpm_cache_watch(&c2, &h2, c, watch[3], &err), &err);
+            CHECK_OK(ps_minicpm_forward(&m, &a, tok, &h2, -1, &err), &err);
+            const ps_cache_item *cl = ps_cache_get(&c2, watch[3]), *ed = ps_cache_get(&cache, watch[3]);
+            CHECK(cl && ed && memcmp(cl->data, ed->data, (size_t)(T * Hk * ps_select_slots(&c->sel)) * sizeof(float)),
+                  "editing %s changes the selected blocks", names[k]);
+            ps_hooks_free(&h2);
+            ps_cache_free(&c2);
+        }
+        ps_hooks_free(&h);
+        ps_cache_free(&cache);
+    }
+    /* an overwritten hook_blocks is checked */
+    {
+        ps_hooks h;
+        ps_hooks_init(&h);
+        ps_hook_action act = {.kind = PS_ACT_ZERO, .head = 1};
+        CHECK_OK(ps_minicpm_hooks_add_action(&h, c, "blocks.0.attn.hook_blocks", &act, &err), &err);
+        CHECK_OK(ps_minicpm_forward(&m, &a, tok, &h, -1, &err), &err); /* zeros: block 0 only, valid */
+        ps_hooks_free(&h);
+        ps_hooks_init(&h);
+        ps_hook_action bad = {.kind = PS_ACT_ADD, .head = -1, .every_pos = 1, .scale = 0.5f};
+        float half[2 * 6] = {0};
+        bad.src = half;
+        for (int i = 0; i < 12; i++) half[i] = 1;
+        CHECK_OK(ps_minicpm_hooks_add_action(&h, c, "blocks.0.attn.hook_blocks", &bad, &err), &err);
+        CHECK_ERR(ps_minicpm_forward(&m, &a, tok, &h, -1, &err), &err, "blocks.0.attn.hook_blocks", "0.5");
+        ps_hooks_free(&h);
+        CHECK_ERR(ps_minicpm_hooks_add(&h, c, "blocks.2.attn.hook_ck", do_edit, NULL, &err), &err, "out of range", "hook_blocks");
+        CHECK_ERR(ps_minicpm_hooks_add(&h, c, "blocks.0.attn.hook_pattern", do_edit, NULL, &err), &err, "unknown hook name");
+    }
+    ps_minicpm_acts_free(&a);
+    free(clean);
+    ps_minicpm_model_free(&m);
+}
+
+/* ---- through the family table ---- */
+
+static void test_runtime(void) {
+    ps_error err;
+    ps_runtime rt;
+    ps_runtime_opts o = {.backend = "cpu", .weights = 0, .lazy = -1};
+    REQUIRE_OK(ps_runtime_open(&rt, TINY, &o, &err), &err);
+    CHECK(rt.family == &ps_family_minicpm && rt.n_layers == 2 && rt.max_pos == 1024, "ps_runtime_open picks the MiniCPM4 family");
+    CHECK(ps_runtime_detect(TINY) == &ps_family_minicpm, "the detector");
+    int64_t d[4];
+    int got = 0;
+    for (int i = 0; i < rt.family->n_points; i++) {
+        int r = rt.family->point_shape(&rt, i, 1, 2, 256, d);
+        if (rt.family->points[i].point == PS_MCH_BLOCKS) got |= r == 4 && d[0] == 2 && d[1] == 256 && d[2] == 2 && d[3] == 6;
+        if (rt.family->points[i].point == PS_MCH_SELECT_SCORES) got |= (r == 4 && d[3] == 63) << 1;
+        if (rt.family->points[i].point == PS_MCH_CK2) got |= (r == 4 && d[1] == 15) << 2;
+    }
+    CHECK(got == 7, "point shapes: hook_blocks [2, 256, 2, 6], select_scores [.., 63], ck2 [2, 15, ..]");
+    FILE *f = tmpfile();
+    CHECK_OK(rt.family->describe(&rt, 1, f, &err), &err);
+    char buf[4096] = "";
+    rewind(f);
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+    CHECK(strstr(buf, "InfLLM-v2") && strstr(buf, "top 4 + 2 local"), "info's account: %s", buf);
+    char lab[128];
+    CHECK(!strcmp(ps_runtime_label(&rt, lab, sizeof lab), "MiniCPM4 InfLLM-v2, blocks of 16, top 4 + 2 local"), "label %s", lab);
+    /* the weights after a headers-only open, then a forward through the table */
+    CHECK_OK(rt.family->load_weights(&rt, -1, &err), &err);
+    int32_t tok[40];
+    tu_random_tokens(tok, 40, 128, 3);
+    void *a = rt.family->acts_create(&rt, 1, 40, 0, &err);
+    CHECK(a != NULL, "acts: %s", err.msg);
+    if (a) {
+        CHECK_OK(rt.family->forward(&rt, a, tok, NULL, -1, &err), &err);
+        float *direct = logits_of(TINY, tok, 40, NULL);
+        CHECK(same_floats(rt.family->logits(a, &err), direct, 40 * 128), "forward through the family table");
+        free(direct);
+        rt.family->acts_free(a);
+    }
+    ps_runtime_free(&rt);
+    o.backend = "cuda";
+    CHECK_ERR(ps_runtime_open(&rt, TINY, &o, &err), &err, "--backend cuda", "cpu");
+    ps_runtime_free(&rt);
+}
+
 int main(void) {
     snprintf(TINY, sizeof TINY, "%s/infllm/tiny", tu_conformance_dir());
     test_conformance();
+    test_variants();
+    test_bad_configs();
+    test_edits();
+    test_runtime();
     CHECK_DONE();
 }

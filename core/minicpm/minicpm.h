@@ -101,7 +101,8 @@ typedef enum {
 } ps_minicpm_hook_point;
 extern const ps_hook_family ps_minicpm_hook_family;
 void ps_minicpm_hook_name(char *buf, size_t n, int slot, int point);
-/* The shape of point p at T tokens: its rank, 0 when a forward of T tokens does not fire it. */
+/* The shape of point p at T tokens and its rank (every layer has every point; the selection points fire only on
+ * the sparse path, with 0 entries before the first complete window: N1 = 0 while T < kernel_size). */
 int ps_minicpm_point_shape(const ps_minicpm_config *c, int p, int64_t B, int64_t T, int64_t d[4]);
 int ps_minicpm_hook_parse(const ps_minicpm_config *c, const char *name, int *slot, int *point, ps_error *err);
 int ps_minicpm_hooks_add(ps_hooks *h, const ps_minicpm_config *c, const char *name, ps_hook_fn fn, void *user, ps_error *err);

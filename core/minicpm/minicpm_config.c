@@ -158,13 +158,14 @@ static int parse_root(json_t *root, const char *src, ps_minicpm_config *c, ps_er
     for (size_t i = 0; i < sizeof sk / sizeof sk[0]; i++)
         if (integer(sc, sk[i].key, sk[i].path, src, 1, sk[i].lo, BIG, sk[i].dst, err)) return -1;
     if (boolean(sc, "use_nope", "sparse_config.use_nope", src, &c->use_nope, err)) return -1;
+    static const char *const names[6] = {"sparse_config.kernel_size", "sparse_config.kernel_stride", "sparse_config.block_size",
+                                         "sparse_config.init_blocks", "sparse_config.window_size", "sparse_config.topk"};
+    c->sel.local_blocks = c->window_size / c->sel.block;
+    if (ps_select_cfg_check(&c->sel, src, names, err)) return -1;
     if (c->window_size % c->sel.block)
         return ps_fail(err, "%s: key \"sparse_config.window_size\" is %lld, not a multiple of block_size %lld", src,
                        (long long)c->window_size, (long long)c->sel.block);
-    c->sel.local_blocks = c->window_size / c->sel.block;
-    static const char *const names[6] = {"sparse_config.kernel_size", "sparse_config.kernel_stride", "sparse_config.block_size",
-                                         "sparse_config.init_blocks", "sparse_config.window_size", "sparse_config.topk"};
-    return ps_select_cfg_check(&c->sel, src, names, err);
+    return 0;
 }
 
 int ps_minicpm_config_parse(const char *text, size_t len, const char *src, ps_minicpm_config *c, ps_error *err) {

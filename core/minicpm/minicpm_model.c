@@ -208,12 +208,9 @@ void ps_minicpm_hook_name(char *buf, size_t n, int slot, int point) {
 
 const ps_hook_family ps_minicpm_hook_family = {"minicpm", ps_minicpm_hook_name};
 
-static int selection_point(int p) { return p >= PS_MCH_CK && p <= PS_MCH_BLOCKS; }
-
 int ps_minicpm_point_shape(const ps_minicpm_config *c, int p, int64_t B, int64_t T, int64_t d[4]) {
     int64_t N1, N2, nb, ns;
     sizes(c, T, &N1, &N2, &nb, &ns);
-    if (selection_point(p) && !ps_minicpm_sparse(c, T)) return 0;
     d[0] = B, d[1] = T;
     switch (p) {
     case PS_MCH_Q:
@@ -223,8 +220,8 @@ int ps_minicpm_point_shape(const ps_minicpm_config *c, int p, int64_t B, int64_t
     case PS_MCH_CK:
     case PS_MCH_CK2:
         d[1] = p == PS_MCH_CK ? N1 : N2, d[2] = c->n_kv_heads, d[3] = c->head_dim;
-        return d[1] ? 4 : 0;
-    case PS_MCH_SELECT_SCORES: d[2] = c->n_kv_heads, d[3] = N1; return N1 ? 4 : 0;
+        return 4;
+    case PS_MCH_SELECT_SCORES: d[2] = c->n_kv_heads, d[3] = N1; return 4;
     case PS_MCH_BLOCK_SCORES: d[2] = c->n_kv_heads, d[3] = nb; return 4;
     case PS_MCH_BLOCKS: d[2] = c->n_kv_heads, d[3] = ns; return 4;
     default: d[2] = c->hidden_size; return 3;
@@ -301,7 +298,7 @@ static int fire(const ps_minicpm_model *m, const ps_hooks *h, int l, int p, floa
     if (!ps_hooks_on_point(h, &ps_minicpm_hook_family, l, p)) return 0;
     int64_t d[4];
     int nd = ps_minicpm_point_shape(&m->cfg, p, B, T, d);
-    return nd ? ps_hooks_fire_point(m->ctx, h, l, p, data, nd, d, err) : 0;
+    return ps_hooks_fire_point(m->ctx, h, l, p, data, nd, d, err); /* before the first complete window: 0 entries */
 }
 
 static void scale(float *x, double s, int64_t n) {
