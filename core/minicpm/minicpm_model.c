@@ -230,14 +230,11 @@ int ps_minicpm_point_shape(const ps_minicpm_config *c, int p, int64_t B, int64_t
 
 static int invalid(const ps_minicpm_config *c, const char *name, const char *why, ps_error *err) {
     char nm[120];
-    size_t k = 0;
-    for (; name[k] && k + 4 < sizeof nm; k++) nm[k] = (unsigned char)name[k] < 0x20 || (unsigned char)name[k] >= 0x7f ? '?' : name[k];
-    nm[k] = '\0';
     return ps_fail(err,
-                   "hook \"%s%s\": %s; valid hooks (l = 0..%lld): blocks.{l}. + hook_resid_pre, attn.{hook_q,hook_k,hook_v,"
+                   "hook \"%s\": %s; valid hooks (l = 0..%lld): blocks.{l}. + hook_resid_pre, attn.{hook_q,hook_k,hook_v,"
                    "hook_ck,hook_ck2,hook_select_scores,hook_block_scores,hook_blocks,hook_z}, hook_attn_out, hook_mlp_out, "
                    "hook_resid_post",
-                   nm, name[k] ? "..." : "", why, (long long)c->n_layers - 1);
+                   ps_st_printable(name, nm, sizeof nm), why, (long long)c->n_layers - 1);
 }
 
 int ps_minicpm_hook_parse(const ps_minicpm_config *c, const char *name, int *slot, int *point, ps_error *err) {
