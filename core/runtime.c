@@ -125,8 +125,8 @@ static const ps_point_info MODEL_POINTS[] = {
     {"blocks.{L}.attn.hook_gate_k", "[B, nW, n_kv, W] (channel: [B, nW, slots, hd])", 2, "compressed and channel models",
      PS_HOOK_GATE_K, "key-branch gate alpha (channel: the per-channel gate)"},
     {"blocks.{L}.attn.hook_gate_v", "[B, nW, n_kv, W]", 2, "compressed models", PS_HOOK_GATE_V, "value-branch gate alpha"},
-    {"blocks.{L}.attn.hook_ck", "[B, nW, n_kv, hd]", 2, "compressed and channel models", PS_HOOK_CK,
-     "compressed keys as attended"},
+    {"blocks.{L}.attn.hook_ck", "[B, nW, n_kv, hd]", 2, "compressed, channel and select models", PS_HOOK_CK,
+     "compressed keys as attended (select: level-1 keys, [B, N1, n_kv, hd])"},
     {"blocks.{L}.attn.hook_cv", "[B, nW, n_kv, hd]", 2, "compressed models", PS_HOOK_CV, "compressed values"},
     {"blocks.{L}.attn.hook_pattern", "[B, n_heads, T, nW + T] (full: [B, n_heads, T, T])", 1,
      "every layer (not the channel attention)", PS_HOOK_PATTERN, "attention probabilities"},
@@ -135,6 +135,10 @@ static const ps_point_info MODEL_POINTS[] = {
     {"blocks.{L}.hook_resid_mid", "[B, T, d]", -1, "every layer", PS_HOOK_RESID_MID, "residual after attention"},
     {"blocks.{L}.hook_mlp_out", "[B, T, d]", -1, "every layer", PS_HOOK_MLP_OUT, "MLP output"},
     {"blocks.{L}.hook_resid_post", "[B, T, d]", -1, "every layer", PS_HOOK_RESID_POST, "residual leaving the layer"},
+    {"blocks.{L}.attn.hook_ck2", "[B, N2, n_kv, hd]", 2, "select models", PS_HOOK_CK2, "level-2 compressed keys (stage 1's normaliser)"},
+    {"blocks.{L}.attn.hook_select_scores", "[B, T, n_kv, N1]", 2, "select models", PS_HOOK_SELECT_SCORES, "stage-1 scores (0 unseen)"},
+    {"blocks.{L}.attn.hook_block_scores", "[B, T, n_kv, nb]", 2, "select models", PS_HOOK_BLOCK_SCORES, "block scores (+inf forced)"},
+    {"blocks.{L}.attn.hook_blocks", "[B, T, n_kv, topk + local]", 2, "select models", PS_HOOK_BLOCKS, "blocks attended (-1 empty)"},
 };
 
 static const ps_model *model_of(const ps_runtime *rt) { return rt->model; }

@@ -2,7 +2,10 @@
  * and hand-worked cases: compressed keys (both levels), the stage-1 score, block scores with forced blocks,
  * the top-k selection (exact ties to the lower index, blocks after the query's dropped), attention over the
  * selected blocks and the dense path, one decode row = the last row of a whole pass, and the attention's
- * backward against central finite differences of the double reference. */
+ * backward against central finite differences of the double reference. Then the controlled model's attention kind
+ * `select` (the same math over its q and k after qk-norm and RoPE): its config keys refused by name, the round
+ * trip of its config, forward and gradients against tests/ref_model.c by central differences with the choice of
+ * blocks fixed, the dense path = full attention, and its hook points. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -10,7 +13,13 @@
 #include <string.h>
 
 #include "check.h"
+#include "core/config.h"
+#include "core/forward.h"
+#include "core/hooks.h"
+#include "core/model.h"
 #include "core/select.h"
+#include "ref_model.h"
+#include "testutil.h"
 
 static uint64_t rng = 0x9e3779b97f4a7c15ULL;
 static float urand(void) {
@@ -209,7 +218,138 @@ static void test_layer(void) {
         free(rblk), free(z), free(lse), free(rz);
 }
 
+/* ---- the controlled model's attention kind select ---- */
+
+static ps_config select_config(void) {
+    ps_config c = tu_config(PS_ATTN_FULL);
+    c.kind = PS_ATTN_SELECT;
+    c.n_layers = 2;
+    c.window = 4, c.stride = 2, c.block = 4, c.topk = 2, c.init_blocks = 1, c.local_blocks = 1, c.dense_len = 0;
+    return c;
+}
+
+static void test_select_config(void) {
+    ps_error err;
+    ps_config c;
+    const char *base = "{\"vocab_size\": 23, \"d_model\": 16, \"n_layers\": 2, \"n_heads\": 4, \"n_kv_heads\": 2, \"head_dim\": 4, "
+                       "\"d_ff\": 24, \"max_seq_len\": 64, \"attention\": {\"kind\": \"select\", %s}}";
+    struct {
+        const char *att, *want;
+    } bad[] = {
+        {"\"window\": 4, \"stride\": 2, \"block\": 5, \"topk\": 2", "\"attention.block\""},     /* not a multiple */
+        {"\"window\": 4, \"stride\": 2, \"block\": 4, \"topk\": 1", "\"attention.topk\""},     /* < init_blocks + 1 */
+        {"\"window\": 4, \"stride\": 2, \"block\": 4, \"topk\": 3, \"init_blocks\": 3", "\"attention.topk\""},
+        {"\"window\": 2, \"stride\": 4, \"block\": 4, \"topk\": 2", "\"attention.window\""},   /* kernel < stride */
+        {"\"window\": 4, \"stride\": 2, \"topk\": 2", "\"attention.block\""},                  /* missing */
+        {"\"stride\": 2, \"block\": 4, \"topk\": 2", "\"attention.window\""},                  /* missing */
+        {"\"window\": 4, \"block\": 4, \"topk\": 2, \"gate\": \"uniform\"", "\"attention.gate\""},
+        {"\"window\": 4, \"block\": 4, \"topk\": 2, \"local_blocks\": -1", "\"attention.local_blocks\""},
+        {"\"window\": 4, \"block\": 4, \"topk\": 2, \"init_blocks\": -1", "\"attention.init_blocks\""},
+    };
+    char text[1024];
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(text, sizeof text, base, bad[i].att);
+        CHECK_ERR(ps_config_parse(text, strlen(text), "sel.json", &c, &err), &err, "sel.json", bad[i].want);
+        if (!strstr(err.msg, bad[i].want)) fprintf(stderr, "  case %zu: %s\n", i, bad[i].att);
+    }
+    const char *full = "{\"vocab_size\": 23, \"d_model\": 16, \"n_layers\": 2, \"n_heads\": 4, \"n_kv_heads\": 2, \"head_dim\": 4, "
+                       "\"d_ff\": 24, \"max_seq_len\": 64, \"attention\": {\"kind\": \"full\", \"topk\": 3}}";
+    CHECK_ERR(ps_config_parse(full, strlen(full), "full.json", &c, &err), &err, "\"attention.topk\"", "select");
+    /* the config, and its round trip through the writer */
+    snprintf(text, sizeof text, base,
+             "\"window\": 8, \"stride\": 4, \"block\": 16, \"topk\": 3, \"init_blocks\": 1, \"local_blocks\": 1, \"dense_len\": 0");
+    CHECK_OK(ps_config_parse(text, strlen(text), "sel.json", &c, &err), &err);
+    char *js = ps_config_to_json(&c), h1[17], h2[17];
+    ps_config c2;
+    CHECK_OK(ps_config_parse(js, strlen(js), "round trip", &c2, &err), &err);
+    ps_config_hash(&c, h1);
+    ps_config_hash(&c2, h2);
+    CHECK(c2.kind == PS_ATTN_SELECT && c2.block == 16 && c2.topk == 3 && c2.window == 8 && c2.stride == 4 && !strcmp(h1, h2),
+          "select config round trip: %s", js);
+    free(js);
+}
+
+static void test_select_model(void) {
+    ps_error err;
+    /* forward and every parameter's gradient against the double reference, the choice fixed after its first call */
+    for (int dense = 0; dense < 2; dense++) {
+        ps_config c = select_config();
+        if (dense) c.dense_len = 1000;
+        ref_select_fix fix = {0};
+        char label[64];
+        snprintf(label, sizeof label, "select%s", dense ? " (dense)" : "");
+        CHECK_TALLY(tu_fd_model(label, c, 21, 40, NULL, ref_forward_select, &fix));
+        /* the reference's choice leaves blocks out (the check can tell select from full attention) */
+        int64_t out = 0, nb = 10;
+        for (int64_t i = 0; fix.keep && i < 2 * 40 * 2; i++) {
+            int64_t t = (i / 2) % 40, n = 0;
+            for (int64_t b = 0; b <= t / 4; b++) n += fix.keep[i * nb + b];
+            out += n < t / 4 + 1;
+        }
+        CHECK(dense ? fix.keep == NULL : out > 40, "%s: rows that leave blocks out: %lld", label, (long long)out);
+        free(fix.keep);
+    }
+    /* the dense path is full attention: the same parameters, the same logits */
+    ps_config cs = select_config(), cf = select_config();
+    cs.dense_len = 1000, cf.kind = PS_ATTN_FULL;
+    ps_model ms, mf;
+    tu_random_model(&ms, &cs, 5, 0.5f);
+    tu_random_model(&mf, &cf, 5, 0.5f);
+    int32_t tok[40];
+    tu_random_tokens(tok, 40, 23, 9);
+    ps_acts as, af;
+    REQUIRE_OK(ps_acts_create(&as, ms.ctx, &cs, 1, 40, false, &err) || ps_acts_create(&af, mf.ctx, &cf, 1, 40, false, &err), &err);
+    CHECK_OK(ps_forward(&ms, &as, tok, NULL, &err) || ps_forward(&mf, &af, tok, NULL, &err), &err);
+    double worst = 0;
+    for (int i = 0; i < 40 * 23; i++) worst = fmax(worst, fabs(as.p.logits[i] - af.p.logits[i]));
+    CHECK(ms.n_params == mf.n_params && worst < 1e-5, "select below dense_len = full attention (%.3g)", worst);
+    ps_acts_free(&as), ps_acts_free(&af);
+    ps_model_free(&ms), ps_model_free(&mf);
+    /* hook points: the selection's, and an edit of the blocks moves the logits */
+    ps_config c = select_config();
+    ps_model m;
+    tu_random_model(&m, &c, 5, 0.5f);
+    ps_acts a;
+    REQUIRE_OK(ps_acts_create(&a, m.ctx, &c, 1, 40, false, &err), &err);
+    ps_hooks h;
+    ps_cache cache;
+    ps_hooks_init(&h);
+    ps_cache_init(&cache);
+    const char *names[5] = {"blocks.1.attn.hook_ck", "blocks.1.attn.hook_ck2", "blocks.1.attn.hook_select_scores",
+                            "blocks.1.attn.hook_block_scores", "blocks.1.attn.hook_blocks"};
+    for (int i = 0; i < 5; i++) CHECK_OK(ps_cache_watch(&cache, &h, &c, names[i], &err), &err);
+    CHECK_OK(ps_forward(&m, &a, tok, &h, &err), &err);
+    int64_t want[5][4] = {{1, 19, 2, 4}, {1, 4, 2, 4}, {1, 40, 2, 19}, {1, 40, 2, 10}, {1, 40, 2, 3}};
+    int shapes = 1;
+    for (int i = 0; i < 5; i++) {
+        const ps_cache_item *it = ps_cache_get(&cache, names[i]);
+        shapes &= it && it->ndim == 4 && !memcmp(it->shape, want[i], sizeof want[i]);
+    }
+    CHECK(shapes, "select hook shapes: ck [1,19,2,4], ck2 [1,4,2,4], scores [1,40,2,19], block scores [1,40,2,10], blocks [1,40,2,3]");
+    float *clean = malloc(40 * 23 * sizeof(float));
+    memcpy(clean, a.p.logits, 40 * 23 * sizeof(float));
+    ps_hook_action zero = {.kind = PS_ACT_ZERO, .head = 0};
+    CHECK_OK(ps_hooks_add_action(&h, &c, "blocks.0.attn.hook_blocks", &zero, &err), &err); /* KV head 0: block 0 only */
+    CHECK_OK(ps_forward(&m, &a, tok, &h, &err), &err);
+    worst = 0;
+    for (int i = 0; i < 40 * 23; i++) worst = fmax(worst, fabs(a.p.logits[i] - clean[i]));
+    CHECK(worst > 1e-3, "setting hook_blocks moves the logits (%.3g)", worst);
+    ps_hooks_free(&h);
+    ps_hooks_init(&h);
+    CHECK_ERR(ps_hooks_add_action(&h, &c, "blocks.0.attn.hook_pattern", &zero, &err), &err, "not available on the select attention");
+    ps_config cfull = select_config();
+    cfull.kind = PS_ATTN_FULL;
+    CHECK_ERR(ps_hooks_add_action(&h, &cfull, "blocks.0.attn.hook_blocks", &zero, &err), &err, "only on select-attention models");
+    ps_hooks_free(&h);
+    ps_cache_free(&cache);
+    free(clean);
+    ps_acts_free(&a);
+    ps_model_free(&m);
+}
+
 int main(void) {
     test_layer();
+    test_select_config();
+    test_select_model();
     CHECK_DONE();
 }
