@@ -60,15 +60,9 @@ static void shape_text(char *buf, size_t n, int nd, const int64_t *s) {
     else snprintf(buf, n, "(rank %d)", nd);
 }
 
-int ps_minicpm_model_open(ps_minicpm_model *m, const char *dir, ps_error *err) {
-    memset(m, 0, sizeof *m);
-    snprintf(m->dir, sizeof m->dir, "%s", dir);
-    snprintf(m->cpath, sizeof m->cpath, "%s/config.json", dir);
-    if (ps_minicpm_config_load(m->cpath, &m->cfg, err)) return -1;
-    if (ps_ctx_create(&m->ctx, "cpu", err)) return -1;
-    if (ps_st_set_open(&m->files, dir, err)) return -1;
-    m->files_open = 1;
-    m->stored_dtype = -1;
+/* Every tensor the config needs: checked (present, dtype, shape) when load is 0, else converted to float32 into
+ * the model's arrays. */
+static int each_tensor(ps_minicpm_model *m, int load, ps_error *err) {
     for (int64_t i = 0; i < n_tensors(m); i++) {
         char name[256], got[64], want[64];
         int nd;
@@ -82,33 +76,20 @@ int ps_minicpm_model_open(ps_minicpm_model *m, const char *dir, ps_error *err) {
         if (!r)
             return ps_fail(err, "%s: tensor \"%s\" is missing (the config in %s needs it%s)", m->files.path, name, m->cpath,
                            i == T_HEAD ? ": tie_word_embeddings is false" : "");
-        if (e->dtype != PS_DT_F32 && e->dtype != PS_DT_BF16 && e->dtype != PS_DT_F16)
-            return ps_fail(err, "%s: tensor \"%s\" has dtype %s (F32, BF16 or F16)", f->path, name, ps_dtype_name(e->dtype));
-        int same = e->ndim == nd;
-        for (int d = 0; same && d < nd; d++) same = e->shape[d] == shape[d];
-        if (!same) {
-            shape_text(got, sizeof got, e->ndim, e->shape);
-            shape_text(want, sizeof want, nd, shape);
-            return ps_fail(err, "%s: tensor \"%s\" has shape %s but the config in %s needs %s", f->path, name, got, m->cpath, want);
+        if (!load) {
+            if (e->dtype != PS_DT_F32 && e->dtype != PS_DT_BF16 && e->dtype != PS_DT_F16)
+                return ps_fail(err, "%s: tensor \"%s\" has dtype %s (F32, BF16 or F16)", f->path, name, ps_dtype_name(e->dtype));
+            int same = e->ndim == nd;
+            for (int d = 0; same && d < nd; d++) same = e->shape[d] == shape[d];
+            if (!same) {
+                shape_text(got, sizeof got, e->ndim, e->shape);
+                shape_text(want, sizeof want, nd, shape);
+                return ps_fail(err, "%s: tensor \"%s\" has shape %s but the config in %s needs %s", f->path, name, got, m->cpath, want);
+            }
+            if (m->stored_dtype < 0) m->stored_dtype = (int)e->dtype;
+            m->n_params += shape[0] * (nd == 2 ? shape[1] : 1);
+            continue;
         }
-        if (m->stored_dtype < 0) m->stored_dtype = (int)e->dtype;
-        m->n_params += shape[0] * (nd == 2 ? shape[1] : 1);
-    }
-    return 0;
-}
-
-int ps_minicpm_model_load_weights(ps_minicpm_model *m, ps_error *err) {
-    if (m->loaded) return 0;
-    if (!(m->layers = calloc((size_t)m->cfg.n_layers, sizeof *m->layers))) return ps_fail(err, "out of memory");
-    for (int64_t i = 0; i < n_tensors(m); i++) {
-        char name[256];
-        int nd;
-        int64_t shape[2];
-        float **dst;
-        if (!tensor_at(m, i, name, sizeof name, &nd, shape, &dst)) continue;
-        const ps_st_file *f;
-        const ps_st_entry *e;
-        if (ps_st_set_find(&m->files, name, &f, &e, err) != 1) return ps_fail(err, "%s: tensor \"%s\" is gone", m->files.path, name);
         int64_t numel = ps_st_numel(e);
         if (!(*dst = malloc((size_t)numel * sizeof(float))))
             return ps_fail(err, "out of memory for tensor \"%s\" (%lld floats)", name, (long long)numel);
@@ -118,6 +99,25 @@ int ps_minicpm_model_load_weights(ps_minicpm_model *m, ps_error *err) {
             if (!isfinite((*dst)[j]))
                 return ps_fail(err, "%s: tensor \"%s\" holds a non-finite value at flat index %lld", f->path, name, (long long)j);
     }
+    return 0;
+}
+
+int ps_minicpm_model_open(ps_minicpm_model *m, const char *dir, ps_error *err) {
+    memset(m, 0, sizeof *m);
+    snprintf(m->dir, sizeof m->dir, "%s", dir);
+    snprintf(m->cpath, sizeof m->cpath, "%s/config.json", dir);
+    if (ps_minicpm_config_load(m->cpath, &m->cfg, err)) return -1;
+    if (ps_ctx_create(&m->ctx, "cpu", err)) return -1;
+    if (ps_st_set_open(&m->files, dir, err)) return -1;
+    m->files_open = 1;
+    m->stored_dtype = -1;
+    return each_tensor(m, 0, err);
+}
+
+int ps_minicpm_model_load_weights(ps_minicpm_model *m, ps_error *err) {
+    if (m->loaded) return 0;
+    if (!(m->layers = calloc((size_t)m->cfg.n_layers, sizeof *m->layers))) return ps_fail(err, "out of memory");
+    if (each_tensor(m, 1, err)) return -1;
     if (m->cfg.tie_word_embeddings) m->lm_head = m->embed;
     m->loaded = 1;
     return 0;
