@@ -435,6 +435,50 @@ static void test_variants(void) {
     CHECK(max_diff(dense96, sparse96, 96 * VOC) < 1e-5, "96 tokens: dense = sparse with every block selected (%.3g)",
           max_diff(dense96, sparse96, 96 * VOC));
     CHECK(max_diff(dense, base, TV * VOC) > 1e-3, "200 tokens: dense differs from sparse (%.3g)", max_diff(dense, base, TV * VOC));
+    /* use_nope: the compressed keys are window means of the un-roped keys (hook_k rotated back here) */
+    {
+        tu_tempdir(dir, sizeof dir, "minicpm_nope");
+        const char *nk[] = {"sparse_config.use_nope"}, *nv[] = {"true"};
+        write_config(dir, nk, nv, 1);
+        write_weights(dir, &w, NULL, PS_DT_BF16, 1);
+        ps_minicpm_model mn;
+        ps_minicpm_acts an;
+        if (ps_minicpm_model_load(&mn, dir, &err) || ps_minicpm_acts_create(&an, &mn, 1, TV, &err)) CHECK(0, "use_nope: %s", err.msg);
+        else {
+            ps_hooks h;
+            ps_cache cache;
+            ps_hooks_init(&h);
+            ps_cache_init(&cache);
+            CHECK_OK(ps_minicpm_cache_watch(&cache, &h, &mn.cfg, "blocks.1.attn.hook_k", &err), &err);
+            CHECK_OK(ps_minicpm_cache_watch(&cache, &h, &mn.cfg, "blocks.1.attn.hook_ck", &err), &err);
+            CHECK_OK(ps_minicpm_forward(&mn, &an, tok, &h, -1, &err), &err);
+            const ps_cache_item *ik = ps_cache_get(&cache, "blocks.1.attn.hook_k"), *ic = ps_cache_get(&cache, "blocks.1.attn.hook_ck");
+            int64_t Hk = mn.cfg.n_kv_heads, D = mn.cfg.head_dim, half = D / 2, K = mn.cfg.sel.kernel, S = mn.cfg.sel.stride;
+            float *cs = malloc((size_t)(TV * half) * sizeof(float)), *sn = malloc((size_t)(TV * half) * sizeof(float));
+            ps_minicpm_rope_table(&mn.cfg, TV, cs, sn);
+            double worst = 0, mx = 0;
+            for (int64_t j = 0; ik && ic && j < ic->shape[1]; j++)
+                for (int64_t h2 = 0; h2 < Hk; h2++)
+                    for (int64_t e = 0; e < D; e++) {
+                        double mean = 0;
+                        for (int64_t t = j * S; t < j * S + K; t++) {
+                            const float *x = ik->data + (t * Hk + h2) * D;
+                            int64_t i = e % half;
+                            double c = cs[t * half + i], sv = sn[t * half + i], m2 = c * c + sv * sv; /* the longrope scale squared */
+                            mean += (e < half ? x[i] * c + x[i + half] * sv : x[i + half] * c - x[i] * sv) / m2 / (double)K;
+                        }
+                        worst = fmax(worst, fabs(mean - ic->data[(j * Hk + h2) * D + e]));
+                        mx = fmax(mx, fabs(mean));
+                    }
+            CHECK(ik && ic && worst / mx < 1e-5, "use_nope: hook_ck = window means of the un-roped keys (%.3g)", worst / mx);
+            CHECK(max_diff(an.logits, base, TV * VOC) > 1e-4, "use_nope changes the logits");
+            free(cs), free(sn);
+            ps_hooks_free(&h);
+            ps_cache_free(&cache);
+            ps_minicpm_acts_free(&an);
+        }
+        ps_minicpm_model_free(&mn);
+    }
     free(base), free(f32), free(f16), free(sh), free(untied), free(tied), free(dense), free(dense96), free(sparse96);
     weights_free(&w);
 }
