@@ -124,7 +124,7 @@ void ref_forward_user(const ps_model *m, const int32_t *tok, int T, const void *
  * stage 1 sums exp(q·k1/√hd − log Σ exp(q·k2/√hd)) over the group's heads; block b scores the largest over level-1
  * keys m·b − 1 .. m·b + m − 1 (m = block / S); the initial and local blocks are forced; the top topk + local_blocks
  * are kept (the first of equal scores), then those after the query's block dropped. */
-static void ref_select(const ps_config *c, const double *q, const double *k, int T, char *keep) {
+static void ref_select(const ps_config *c, const double *q, const double *k, int T, char *keep, double *margin) {
     int nh = (int)c->n_heads, nkv = (int)c->n_kv_heads, hd = (int)c->head_dim, W = (int)c->window, S = (int)c->stride;
     int Bk = (int)c->block, mm = Bk / S, nb = (T + Bk - 1) / Bk, ns = (int)(c->topk + c->local_blocks);
     double *sc = malloc((size_t)nb * 8), *P = malloc((size_t)(T / S + 2) * 8), *ka = malloc((size_t)hd * 8);
@@ -167,12 +167,18 @@ static void ref_select(const ps_config *c, const double *q, const double *k, int
                 if (b < c->init_blocks || (b <= qb && b >= qb - c->local_blocks)) sc[b] = INFINITY;
             }
             char *kp = keep + (t * nkv + g) * nb;
+            double last = INFINITY;
             for (int r = 0; r < ns && r < nb; r++) {
                 int best = -1;
                 for (int b = 0; b < nb; b++)
                     if (!kp[b] && (best < 0 || sc[b] > sc[best])) best = b;
                 kp[best] = 1;
+                last = sc[best];
             }
+            /* the gap between the last block kept and the best left out (exact ties excepted: both sides agree on them) */
+            for (int b = 0; margin && b < nb && ns < nb; b++)
+                if (!kp[b] && sc[b] != last && isfinite(last) && (last - sc[b]) / fmax(fabs(last), 1e-300) < *margin)
+                    *margin = (last - sc[b]) / fmax(fabs(last), 1e-300);
             for (int b = qb + 1; b < nb; b++) kp[b] = 0;
         }
     free(sc), free(P), free(ka);
@@ -200,7 +206,10 @@ static void ref_forward_impl(const ps_model *m, const int32_t *tok, int T, int s
     int sel = c->kind == PS_ATTN_SELECT && (c->dense_len <= 0 || T >= c->dense_len), nb = sel ? (int)((T + c->block - 1) / c->block) : 0;
     char *keep_own = sel ? malloc((size_t)c->n_layers * T * nkv * nb) : NULL;
     char *keep = sel && fix ? fix->keep : keep_own;
-    if (sel && fix && !fix->keep) keep = fix->keep = calloc((size_t)c->n_layers * T * nkv * nb, 1);
+    if (sel && fix && !fix->keep) {
+        keep = fix->keep = calloc((size_t)c->n_layers * T * nkv * nb, 1);
+        fix->margin = INFINITY;
+    }
     double eps = c->rms_eps;
     double *h = calloc((size_t)T * d, 8), *a = calloc((size_t)T * d, 8);
     double *q = calloc((size_t)T * nh * hd, 8), *k = calloc((size_t)T * nkv * hd, 8), *v = calloc((size_t)T * nkv * hd, 8);
@@ -231,7 +240,7 @@ static void ref_forward_impl(const ps_model *m, const int32_t *tok, int T, int s
             }
         }
         char *kl = sel ? keep + (size_t)l * T * nkv * nb : NULL;
-        if (sel && !(fix && fix->filled)) ref_select(c, q, k, T, kl); /* fixed: the first call's choice */
+        if (sel && !(fix && fix->filled)) ref_select(c, q, k, T, kl, fix ? &fix->margin : NULL); /* fixed: the first call's */
         memset(ck, 0, (size_t)(nW + 1) * nkv * hd * 8);
         memset(cv, 0, (size_t)(nW + 1) * nkv * hd * 8);
         for (int j = 0; j < nW; j++)

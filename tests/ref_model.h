@@ -24,6 +24,7 @@ void ref_forward_user(const ps_model *m, const int32_t *tok, int T, const void *
 typedef struct {
     char *keep;
     int filled;
+    double margin; /* the first call's smallest relative gap between a kept block's score and a dropped one's (ties aside) */
 } ref_select_fix;
 void ref_forward_select(const ps_model *m, const int32_t *tok, int T, const void *fix, double *logits);
 

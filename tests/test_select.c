@@ -224,7 +224,7 @@ static ps_config select_config(void) {
     ps_config c = tu_config(PS_ATTN_FULL);
     c.kind = PS_ATTN_SELECT;
     c.n_layers = 2;
-    c.window = 4, c.stride = 2, c.block = 4, c.topk = 2, c.init_blocks = 1, c.local_blocks = 1, c.dense_len = 0;
+    c.window = 4, c.stride = 2, c.block = 4, c.topk = 3, c.init_blocks = 1, c.local_blocks = 1, c.dense_len = 0;
     return c;
 }
 
@@ -287,6 +287,9 @@ static void test_select_model(void) {
             out += n < t / 4 + 1;
         }
         CHECK(dense ? fix.keep == NULL : out > 40, "%s: rows that leave blocks out: %lld", label, (long long)out);
+        /* no near-tie that float32 rounding could decide otherwise on another CPU */
+        CHECK(dense || fix.margin > 1e-4, "%s: smallest gap at the selection boundary %.3g", label, fix.margin);
+        if (!dense) printf("select: smallest relative gap at the selection boundary %.3g\n", fix.margin);
         free(fix.keep);
     }
     /* the dense path is full attention: the same parameters, the same logits */
@@ -319,13 +322,13 @@ static void test_select_model(void) {
                             "blocks.1.attn.hook_block_scores", "blocks.1.attn.hook_blocks"};
     for (int i = 0; i < 5; i++) CHECK_OK(ps_cache_watch(&cache, &h, &c, names[i], &err), &err);
     CHECK_OK(ps_forward(&m, &a, tok, &h, &err), &err);
-    int64_t want[5][4] = {{1, 19, 2, 4}, {1, 4, 2, 4}, {1, 40, 2, 19}, {1, 40, 2, 10}, {1, 40, 2, 3}};
+    int64_t want[5][4] = {{1, 19, 2, 4}, {1, 4, 2, 4}, {1, 40, 2, 19}, {1, 40, 2, 10}, {1, 40, 2, 4}};
     int shapes = 1;
     for (int i = 0; i < 5; i++) {
         const ps_cache_item *it = ps_cache_get(&cache, names[i]);
         shapes &= it && it->ndim == 4 && !memcmp(it->shape, want[i], sizeof want[i]);
     }
-    CHECK(shapes, "select hook shapes: ck [1,19,2,4], ck2 [1,4,2,4], scores [1,40,2,19], block scores [1,40,2,10], blocks [1,40,2,3]");
+    CHECK(shapes, "select hook shapes: ck [1,19,2,4], ck2 [1,4,2,4], scores [1,40,2,19], block scores [1,40,2,10], blocks [1,40,2,4]");
     float *clean = malloc(40 * 23 * sizeof(float));
     memcpy(clean, a.p.logits, 40 * 23 * sizeof(float));
     ps_hook_action zero = {.kind = PS_ACT_ZERO, .head = 0};
