@@ -247,6 +247,42 @@ static void test_conformance(void) {
     CHECK(worst < 1e-4 && worst_bs < 1e-4, "decode logits %.3g, block scores %.3g", worst, worst_bs);
     CHECK(same_tok, "the greedy decode's tokens");
     CHECK(same_sel, "the decode steps' selections as sets");
+    /* the same decode through the KV cache: the prompt prefilled at once, then one token at a time */
+    {
+        ps_minicpm_cache kv;
+        float *row = malloc((size_t)V * sizeof(float));
+        double wl = 0, wb = 0;
+        int tok_ok = 1, sel_ok = 1;
+        REQUIRE_OK(ps_minicpm_cache_create(&kv, &m, n, &err), &err);
+        for (int64_t i = 0; i < Tp; i++) seq[i] = (int32_t)dt[i];
+        for (int64_t s = 0; s <= steps; s++) {
+            int64_t L = Tp + s, nbL = ps_select_n_blocks(&c->sel, L);
+            int rc = s == 0 ? ps_minicpm_prefill(&m, &kv, seq, Tp, row, &err) : ps_minicpm_decode(&m, &kv, seq[L - 1], row, &err);
+            CHECK_OK(rc, &err);
+            if (rc) break;
+            wl = fmax(wl, rel(row, dl + s * V, V));
+            int64_t arg = 0;
+            for (int64_t v = 1; v < V; v++) arg = row[v] > row[arg] ? v : arg;
+            if (s < steps) tok_ok &= arg == (int64_t)dt[L], seq[L] = (int32_t)dt[L];
+            for (int l = 0; l < c->n_layers; l++) {
+                char rn[80];
+                snprintf(rn, sizeof rn, "decode.step%lld.layer%d.topk_idx", (long long)s, l);
+                double *ti = ref_get(&ref, rn, NULL);
+                snprintf(rn, sizeof rn, "decode.step%lld.layer%d.block_scores", (long long)s, l);
+                double *tb = ref_get(&ref, rn, NULL);
+                if (ti && tb) {
+                    sel_ok &= set_mismatch(kv.blocks + l * Hk * K, ti, 1, Hk, K) == 0;
+                    wb = fmax(wb, rel_ht(kv.bs + l * Hk * kv.nb_cap, tb, 1, Hk, nbL));
+                }
+                free(ti), free(tb);
+            }
+        }
+        printf("decode (%lld steps, KV cache): logits %.3g, block scores %.3g, tokens %s, selections %s\n", (long long)steps, wl, wb,
+               tok_ok ? "same" : "DIFFER", sel_ok ? "same" : "DIFFER");
+        CHECK(wl < 1e-4 && wb < 1e-4 && tok_ok && sel_ok, "the KV-cache decode reproduces the vectors");
+        ps_minicpm_cache_free(&kv);
+        free(row);
+    }
     free(seq), free(dt), free(dl), free(lg), free(tok), free(tokd);
     ps_st_close(&ref);
     ps_minicpm_model_free(&m);
@@ -435,6 +471,35 @@ static void test_variants(void) {
     CHECK(max_diff(dense96, sparse96, 96 * VOC) < 1e-5, "96 tokens: dense = sparse with every block selected (%.3g)",
           max_diff(dense96, sparse96, 96 * VOC));
     CHECK(max_diff(dense, base, TV * VOC) > 1e-3, "200 tokens: dense differs from sparse (%.3g)", max_diff(dense, base, TV * VOC));
+    /* a decode that crosses dense_len (prompt of 96, dense below 99): equal to whole forwards while dense, then it
+     * keeps the keys of its dense calls and differs from a whole sparse forward (by design) */
+    {
+        tu_tempdir(dir, sizeof dir, "minicpm_cross");
+        const char *ck[] = {"sparse_config.dense_len"}, *cv[] = {"99"};
+        write_config(dir, ck, cv, 1);
+        write_weights(dir, &w, NULL, PS_DT_BF16, 1);
+        ps_minicpm_model mc;
+        ps_minicpm_cache kv;
+        if (ps_minicpm_model_load(&mc, dir, &err) || ps_minicpm_cache_create(&kv, &mc, 128, &err)) CHECK(0, "cross: %s", err.msg);
+        else {
+            float row[VOC];
+            double dense_diff = 0, sparse_diff = 0;
+            CHECK_OK(ps_minicpm_prefill(&mc, &kv, tok, 96, row, &err), &err);
+            for (int64_t L = 97; L <= 104; L++) {
+                CHECK_OK(ps_minicpm_decode(&mc, &kv, tok[L - 1], row, &err), &err);
+                float *whole = logits_of(dir, tok, L, NULL);
+                double dd = max_diff(row, whole ? whole + (L - 1) * VOC : NULL, VOC);
+                if (L < 99) dense_diff = fmax(dense_diff, dd);
+                else sparse_diff = fmax(sparse_diff, dd);
+                free(whole);
+            }
+            CHECK(dense_diff < 1e-4 && sparse_diff > 1e-4,
+                  "crossing dense_len: dense steps = whole forwards (%.3g); sparse steps keep the dense keys (differ by %.3g)", dense_diff,
+                  sparse_diff);
+            ps_minicpm_cache_free(&kv);
+        }
+        ps_minicpm_model_free(&mc);
+    }
     /* use_nope: the compressed keys are window means of the un-roped keys (hook_k rotated back here) */
     {
         tu_tempdir(dir, sizeof dir, "minicpm_nope");
@@ -455,7 +520,7 @@ static void test_variants(void) {
             const ps_cache_item *ik = ps_cache_get(&cache, "blocks.1.attn.hook_k"), *ic = ps_cache_get(&cache, "blocks.1.attn.hook_ck");
             int64_t Hk = mn.cfg.n_kv_heads, D = mn.cfg.head_dim, half = D / 2, K = mn.cfg.sel.kernel, S = mn.cfg.sel.stride;
             float *cs = malloc((size_t)(TV * half) * sizeof(float)), *sn = malloc((size_t)(TV * half) * sizeof(float));
-            ps_minicpm_rope_table(&mn.cfg, TV, cs, sn);
+            ps_minicpm_rope_table(&mn.cfg, 0, TV, TV, cs, sn);
             double worst = 0, mx = 0;
             for (int64_t j = 0; ik && ic && j < ic->shape[1]; j++)
                 for (int64_t h2 = 0; h2 < Hk; h2++)

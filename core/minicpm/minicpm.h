@@ -7,8 +7,8 @@
  * Forward (per sequence of T tokens; L = T): h = embed[ids]·scale_emb; per layer
  *   h += o_proj(attn(RMSNorm(h)))·scale_depth/√n_layers, h += down(silu(gate(x))⊙up(x))·scale_depth/√n_layers
  * with x = RMSNorm(h); logits = lm_head(RMSNorm(h) / (hidden_size / dim_model_base)). Attention: T < dense_len
- * → ordinary causal attention; else InfLLM-v2 selection over blocks (select.h). There is no KV cache yet: a
- * decode is a whole forward over the grown sequence (docs/minicpm.md says why that equals a cached decode).
+ * → ordinary causal attention; else InfLLM-v2 selection over blocks (select.h). A KV cache (ps_minicpm_cache,
+ * below) decodes one token at a time; the family's table has no cache entry yet (generate and serve do not run it).
  *
  * Hook points per layer l (slot l; B sequences of T tokens; N1 / N2 the level-1 / level-2 windows complete in
  * T tokens, nb = ⌈T / block⌉, k + Lb the slots): blocks.l.hook_resid_pre [B,T,d], attn.hook_q [B,T,H,D] (roped),
@@ -53,8 +53,9 @@ int ps_minicpm_config_detect_file(const char *path);
 /* Parse and check; src names the file in errors. */
 int ps_minicpm_config_parse(const char *text, size_t len, const char *src, ps_minicpm_config *c, ps_error *err);
 int ps_minicpm_config_load(const char *path, ps_minicpm_config *c, ps_error *err);
-/* The rotary tables of T positions: cos / sin [T, head_dim / 2] (longrope factors and scale applied). */
-void ps_minicpm_rope_table(const ps_minicpm_config *c, int64_t T, float *cos_t, float *sin_t);
+/* The rotary tables of positions p0 .. p0 + n - 1 in a sequence of L tokens (L picks longrope's short or long
+ * factors): cos / sin [n, head_dim / 2], the longrope scale applied. */
+void ps_minicpm_rope_table(const ps_minicpm_config *c, int64_t p0, int64_t n, int64_t L, float *cos_t, float *sin_t);
 
 typedef struct {
     float *wq, *wk, *wv, *wo, *w_in, *w_post, *gate, *up, *down;
@@ -92,6 +93,28 @@ static inline int ps_minicpm_sparse(const ps_minicpm_config *c, int64_t L) { ret
 /* tokens [B, T]; n_run layers (-1: all and the logits [B, T, V] in a->logits). */
 int ps_minicpm_forward(const ps_minicpm_model *m, ps_minicpm_acts *a, const int32_t *tokens, const ps_hooks *h, int n_run,
                        ps_error *err);
+
+/* ---- the KV cache (one sequence): a prefill over the prompt at once, then one token at a time ----
+ * Each call decides dense or sparse by its total length L (docs/minicpm.md, "Decode"): a decode step on the sparse
+ * path equals the last row of a whole forward over the L tokens; one that crossed dense_len keeps the keys its
+ * dense calls computed. The compressed keys grow as windows complete. No hooks fire in a decode step. */
+typedef struct {
+    int64_t cap, L, nb_cap;      /* positions it holds, tokens so far, blocks of cap */
+    int64_t n1, n2;              /* complete windows of both levels so far */
+    float *k, *v, *kn;           /* per layer [cap, Hkv, D]: roped keys, values, un-roped keys (use_nope) */
+    float *k1, *k2;              /* per layer [N1(cap), Hkv, D], [N2(cap), Hkv, D] */
+    float *P;                    /* [Hkv, N1(cap)] the new row's stage-1 scores */
+    float *bs, *blocks;          /* per layer (slots of Hkv·nb_cap, Hkv·(k + Lb)) the last row's block scores [Hkv, nb(L)]
+                                  * and blocks [Hkv, k + Lb] (sparse calls) */
+    ps_minicpm_acts row;         /* one row's activations */
+} ps_minicpm_cache;
+int ps_minicpm_cache_create(ps_minicpm_cache *kv, const ps_minicpm_model *m, int64_t cap, ps_error *err);
+void ps_minicpm_cache_free(ps_minicpm_cache *kv);
+/* The prompt's T tokens at once into an empty cache; logits [V] of its last row. */
+int ps_minicpm_prefill(const ps_minicpm_model *m, ps_minicpm_cache *kv, const int32_t *tokens, int64_t T, float *logits,
+                       ps_error *err);
+/* One token at position kv->L; logits [V] of it. */
+int ps_minicpm_decode(const ps_minicpm_model *m, ps_minicpm_cache *kv, int32_t token, float *logits, ps_error *err);
 
 /* ---- hook points ---- */
 typedef enum {

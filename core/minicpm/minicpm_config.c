@@ -186,9 +186,9 @@ int ps_minicpm_config_load(const char *path, ps_minicpm_config *c, ps_error *err
     return rc;
 }
 
-// cos_t, sin_t: [T, head_dim / 2]
-void ps_minicpm_rope_table(const ps_minicpm_config *c, int64_t T, float *cos_t, float *sin_t) {
-    int64_t half = c->head_dim / 2, table = c->max_position_embeddings > T ? c->max_position_embeddings : T;
+// cos_t, sin_t: [n, head_dim / 2]
+void ps_minicpm_rope_table(const ps_minicpm_config *c, int64_t p0, int64_t n, int64_t L, float *cos_t, float *sin_t) {
+    int64_t half = c->head_dim / 2, table = c->max_position_embeddings > L ? c->max_position_embeddings : L;
     const double *f = NULL;
     double scale = 1.0;
     if (c->longrope) {
@@ -196,9 +196,9 @@ void ps_minicpm_rope_table(const ps_minicpm_config *c, int64_t T, float *cos_t, 
         double r = (double)c->max_position_embeddings / (double)c->original_max;
         scale = sqrt(1.0 + log(r) / log((double)c->original_max)); /* checked positive by the parse */
     }
-    for (int64_t t = 0; t < T; t++)
+    for (int64_t t = 0; t < n; t++)
         for (int64_t i = 0; i < half; i++) {
-            double a = (double)t / (f ? f[i] : 1.0) * pow(c->rope_theta, -2.0 * (double)i / (double)c->head_dim);
+            double a = (double)(p0 + t) / (f ? f[i] : 1.0) * pow(c->rope_theta, -2.0 * (double)i / (double)c->head_dim);
             cos_t[t * half + i] = (float)(cos(a) * scale);
             sin_t[t * half + i] = (float)(sin(a) * scale);
         }

@@ -185,7 +185,7 @@ int ps_minicpm_acts_create(ps_minicpm_acts *a, const ps_minicpm_model *m, int64_
             ps_minicpm_acts_free(a);
             return ps_fail(err, "out of memory for the activations (B = %lld, T = %lld)", (long long)B, (long long)T);
         }
-    ps_minicpm_rope_table(&m->cfg, T, a->cos_t, a->sin_t);
+    ps_minicpm_rope_table(&m->cfg, 0, T, T, a->cos_t, a->sin_t);
     return 0;
 }
 
@@ -339,55 +339,193 @@ static int attention(const ps_minicpm_model *m, ps_minicpm_acts *a, const ps_hoo
     return 0;
 }
 
-int ps_minicpm_forward(const ps_minicpm_model *m, ps_minicpm_acts *a, const int32_t *tokens, const ps_hooks *h, int n_run,
-                       ps_error *err) {
+/* The first half of layer l over rows of a (B sequences of T rows at positions from the tables a->cos_t / a->sin_t):
+ * x = RMSNorm(h)·w_in, q, k, v, their un-roped copies under use_nope, RoPE; the hooks q, k, v. */
+static int qkv(const ps_minicpm_model *m, ps_minicpm_acts *a, int l, int64_t B, int64_t T, const ps_hooks *h, ps_error *err) {
+    const ps_minicpm_config *c = &m->cfg;
+    const ps_minicpm_layer *L = &m->layers[l];
+    ps_ctx *cx = m->ctx;
+    int64_t BT = B * T, d = c->hidden_size, H = c->n_heads, Hk = c->n_kv_heads, D = c->head_dim;
+    if (fire(m, h, l, PS_MCH_RESID_PRE, a->h, B, T, err)) return -1;
+    if (ps_rmsnorm(cx, a->x, NULL, a->h, L->w_in, BT, d, (float)c->rms_norm_eps) || ps_matmul(cx, a->q, a->x, L->wq, BT, d, H * D, 0) ||
+        ps_matmul(cx, a->k, a->x, L->wk, BT, d, Hk * D, 0) || ps_matmul(cx, a->v, a->x, L->wv, BT, d, Hk * D, 0))
+        return ps_ctx_check(cx, err);
+    if (c->use_nope) {
+        memcpy(a->qn, a->q, (size_t)(BT * H * D) * sizeof(float));
+        memcpy(a->kn, a->k, (size_t)(BT * Hk * D) * sizeof(float));
+    }
+    if (ps_rope(cx, a->q, a->cos_t, a->sin_t, B, T, H, D, 1) || ps_rope(cx, a->k, a->cos_t, a->sin_t, B, T, Hk, D, 1))
+        return ps_ctx_check(cx, err);
+    return fire(m, h, l, PS_MCH_Q, a->q, B, T, err) || fire(m, h, l, PS_MCH_K, a->k, B, T, err) ||
+                   fire(m, h, l, PS_MCH_V, a->v, B, T, err)
+               ? -1
+               : 0;
+}
+
+/* The second half of layer l from a->z: o_proj and the MLP, each scaled into the residual a->h; their hooks. */
+static int post(const ps_minicpm_model *m, ps_minicpm_acts *a, int l, int64_t B, int64_t T, const ps_hooks *h, ps_error *err) {
+    const ps_minicpm_config *c = &m->cfg;
+    const ps_minicpm_layer *L = &m->layers[l];
+    ps_ctx *cx = m->ctx;
+    int64_t BT = B * T, d = c->hidden_size, H = c->n_heads, D = c->head_dim, F = c->intermediate_size;
+    double res = c->scale_depth / sqrt((double)c->n_layers);
+    if (fire(m, h, l, PS_MCH_Z, a->z, B, T, err)) return -1;
+    if (ps_matmul(cx, a->ao, a->z, L->wo, BT, H * D, d, 0)) return ps_ctx_check(cx, err);
+    scale(a->ao, res, BT * d);
+    if (fire(m, h, l, PS_MCH_ATTN_OUT, a->ao, B, T, err) || ps_add(cx, a->h, a->h, a->ao, BT * d)) return -1;
+    if (ps_rmsnorm(cx, a->x, NULL, a->h, L->w_post, BT, d, (float)c->rms_norm_eps) || ps_matmul(cx, a->g, a->x, L->gate, BT, d, F, 0) ||
+        ps_matmul(cx, a->u, a->x, L->up, BT, d, F, 0) || ps_swiglu(cx, a->g, a->g, a->u, BT * F) ||
+        ps_matmul(cx, a->mo, a->g, L->down, BT, F, d, 0))
+        return ps_ctx_check(cx, err);
+    scale(a->mo, res, BT * d);
+    return fire(m, h, l, PS_MCH_MLP_OUT, a->mo, B, T, err) || ps_add(cx, a->h, a->h, a->mo, BT * d) ||
+                   fire(m, h, l, PS_MCH_RESID_POST, a->h, B, T, err)
+               ? -1
+               : 0;
+}
+
+/* embed [n tokens] into a->h; final norm and head of a->h into a->logits */
+static int embed(const ps_minicpm_model *m, ps_minicpm_acts *a, const int32_t *tokens, int64_t n, ps_error *err) {
+    const ps_minicpm_config *c = &m->cfg;
+    for (int64_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= c->vocab_size)
+            return ps_fail(err, "token %d at row %lld is outside the vocabulary [0, %lld)", tokens[i], (long long)i,
+                           (long long)c->vocab_size);
+    if (ps_embed(m->ctx, a->h, tokens, m->embed, n, c->hidden_size)) return ps_ctx_check(m->ctx, err);
+    scale(a->h, c->scale_emb, n * c->hidden_size);
+    return 0;
+}
+
+static int head(const ps_minicpm_model *m, ps_minicpm_acts *a, int64_t n, ps_error *err) {
+    const ps_minicpm_config *c = &m->cfg;
+    int64_t d = c->hidden_size;
+    if (ps_rmsnorm(m->ctx, a->x, NULL, a->h, m->norm, n, d, (float)c->rms_norm_eps)) return ps_ctx_check(m->ctx, err);
+    scale(a->x, c->dim_model_base / (double)d, n * d);
+    if (ps_matmul(m->ctx, a->logits, a->x, m->lm_head, n, d, c->vocab_size, 0)) return ps_ctx_check(m->ctx, err);
+    return ps_ctx_check(m->ctx, err);
+}
+
+/* the forward; kv (B = 1, empty) keeps each layer's keys, values and compressed keys: a prefill */
+static int forward(const ps_minicpm_model *m, ps_minicpm_acts *a, const int32_t *tokens, const ps_hooks *h, int n_run,
+                   ps_minicpm_cache *kv, ps_error *err) {
     const ps_minicpm_config *c = &m->cfg;
     if (!m->loaded) return ps_fail(err, "%s: the weights are not loaded", m->dir);
-    int64_t B = a->B, T = a->T, BT = B * T, d = c->hidden_size, H = c->n_heads, Hk = c->n_kv_heads, D = c->head_dim,
-            F = c->intermediate_size, V = c->vocab_size;
-    for (int64_t i = 0; i < BT; i++)
-        if (tokens[i] < 0 || tokens[i] >= V)
-            return ps_fail(err, "token %d at position %lld of sequence %lld is outside the vocabulary [0, %lld)", tokens[i],
-                           (long long)(i % T), (long long)(i / T), (long long)V);
-    ps_ctx *cx = m->ctx;
-    float eps = (float)c->rms_norm_eps;
-    double res = c->scale_depth / sqrt((double)c->n_layers);
+    int64_t B = a->B, T = a->T, Hk = c->n_kv_heads, D = c->head_dim;
     int n = n_run < 0 || n_run > c->n_layers ? (int)c->n_layers : n_run;
-    if (ps_embed(cx, a->h, tokens, m->embed, BT, d)) goto op_failed;
-    scale(a->h, c->scale_emb, BT * d);
+    if (embed(m, a, tokens, B * T, err)) return -1;
     for (int l = 0; l < n; l++) {
-        const ps_minicpm_layer *L = &m->layers[l];
-        if (fire(m, h, l, PS_MCH_RESID_PRE, a->h, B, T, err)) return -1;
-        if (ps_rmsnorm(cx, a->x, NULL, a->h, L->w_in, BT, d, eps) || ps_matmul(cx, a->q, a->x, L->wq, BT, d, H * D, 0) ||
-            ps_matmul(cx, a->k, a->x, L->wk, BT, d, Hk * D, 0) || ps_matmul(cx, a->v, a->x, L->wv, BT, d, Hk * D, 0))
-            goto op_failed;
-        if (c->use_nope) {
-            memcpy(a->qn, a->q, (size_t)(BT * H * D) * sizeof(float));
-            memcpy(a->kn, a->k, (size_t)(BT * Hk * D) * sizeof(float));
+        if (qkv(m, a, l, B, T, h, err) || attention(m, a, h, l, err)) return -1;
+        if (kv) { /* the prefill's keys and values, and the compressed keys from them */
+            memcpy(kv->k + l * kv->cap * Hk * D, a->k, (size_t)(T * Hk * D) * sizeof(float));
+            memcpy(kv->v + l * kv->cap * Hk * D, a->v, (size_t)(T * Hk * D) * sizeof(float));
+            if (c->use_nope) memcpy(kv->kn + l * kv->cap * Hk * D, a->kn, (size_t)(T * Hk * D) * sizeof(float));
+            if (ps_minicpm_sparse(c, T)) {
+                int64_t nb = ps_select_n_blocks(&c->sel, T), ns = ps_select_slots(&c->sel);
+                memcpy(kv->blocks + l * Hk * ns, a->blocks + (T - 1) * Hk * ns, (size_t)(Hk * ns) * sizeof(float));
+                memcpy(kv->bs + l * Hk * kv->nb_cap, a->bs + (T - 1) * Hk * nb, (size_t)(Hk * nb) * sizeof(float));
+            }
         }
-        if (ps_rope(cx, a->q, a->cos_t, a->sin_t, B, T, H, D, 1) || ps_rope(cx, a->k, a->cos_t, a->sin_t, B, T, Hk, D, 1))
-            goto op_failed;
-        if (fire(m, h, l, PS_MCH_Q, a->q, B, T, err) || fire(m, h, l, PS_MCH_K, a->k, B, T, err) ||
-            fire(m, h, l, PS_MCH_V, a->v, B, T, err) || attention(m, a, h, l, err) || fire(m, h, l, PS_MCH_Z, a->z, B, T, err))
-            return -1;
-        if (ps_matmul(cx, a->ao, a->z, L->wo, BT, H * D, d, 0)) goto op_failed;
-        scale(a->ao, res, BT * d);
-        if (fire(m, h, l, PS_MCH_ATTN_OUT, a->ao, B, T, err) || ps_add(cx, a->h, a->h, a->ao, BT * d)) return -1;
-        if (ps_rmsnorm(cx, a->x, NULL, a->h, L->w_post, BT, d, eps) || ps_matmul(cx, a->g, a->x, L->gate, BT, d, F, 0) ||
-            ps_matmul(cx, a->u, a->x, L->up, BT, d, F, 0) || ps_swiglu(cx, a->g, a->g, a->u, BT * F) ||
-            ps_matmul(cx, a->mo, a->g, L->down, BT, F, d, 0))
-            goto op_failed;
-        scale(a->mo, res, BT * d);
-        if (fire(m, h, l, PS_MCH_MLP_OUT, a->mo, B, T, err) || ps_add(cx, a->h, a->h, a->mo, BT * d) ||
-            fire(m, h, l, PS_MCH_RESID_POST, a->h, B, T, err))
-            return -1;
+        if (post(m, a, l, B, T, h, err)) return -1;
     }
-    if (n == c->n_layers) {
-        if (ps_rmsnorm(cx, a->x, NULL, a->h, m->norm, BT, d, eps)) goto op_failed;
-        scale(a->x, c->dim_model_base / (double)d, BT * d);
-        if (ps_matmul(cx, a->logits, a->x, m->lm_head, BT, d, V, 0)) goto op_failed;
+    return n == c->n_layers ? head(m, a, B * T, err) : ps_ctx_check(m->ctx, err);
+}
+
+int ps_minicpm_forward(const ps_minicpm_model *m, ps_minicpm_acts *a, const int32_t *tokens, const ps_hooks *h, int n_run,
+                       ps_error *err) {
+    return forward(m, a, tokens, h, n_run, NULL, err);
+}
+
+/* ---- the KV cache: a prefill, then one token at a time ---- */
+
+int ps_minicpm_cache_create(ps_minicpm_cache *kv, const ps_minicpm_model *m, int64_t cap, ps_error *err) {
+    const ps_minicpm_config *c = &m->cfg;
+    memset(kv, 0, sizeof *kv);
+    if (cap < 1) return ps_fail(err, "a KV cache of %lld positions: must be >= 1", (long long)cap);
+    int64_t Lr = c->n_layers, Hk = c->n_kv_heads, D = c->head_dim, K = c->sel.kernel, S = c->sel.stride;
+    kv->cap = cap;
+    kv->nb_cap = ps_select_n_blocks(&c->sel, cap);
+    int64_t N1 = ps_select_n_windows(cap, K, S), N2 = ps_select_n_windows(cap, 4 * K, 4 * S), ns = ps_select_slots(&c->sel);
+    int64_t n[8] = {Lr * cap * Hk * D, Lr * cap * Hk * D, c->use_nope ? Lr * cap * Hk * D : 0, Lr * N1 * Hk * D,
+                    Lr * N2 * Hk * D, Hk * (N1 ? N1 : 1), Lr * Hk * kv->nb_cap, Lr * Hk * ns};
+    float **p[8] = {&kv->k, &kv->v, &kv->kn, &kv->k1, &kv->k2, &kv->P, &kv->bs, &kv->blocks};
+    for (int i = 0; i < 8; i++)
+        if (!(*p[i] = calloc((size_t)(n[i] ? n[i] : 1), sizeof(float)))) {
+            ps_minicpm_cache_free(kv);
+            return ps_fail(err, "out of memory for a KV cache of %lld positions", (long long)cap);
+        }
+    if (ps_minicpm_acts_create(&kv->row, m, 1, 1, err)) {
+        ps_minicpm_cache_free(kv);
+        return -1;
     }
-    return ps_ctx_check(cx, err);
-op_failed:
-    return ps_ctx_check(cx, err) ? -1 : ps_fail(err, "MiniCPM forward: an op failed");
+    return 0;
+}
+
+void ps_minicpm_cache_free(ps_minicpm_cache *kv) {
+    free(kv->k), free(kv->v), free(kv->kn), free(kv->k1), free(kv->k2), free(kv->P), free(kv->bs), free(kv->blocks);
+    if (kv->row.h) ps_minicpm_acts_free(&kv->row);
+    memset(kv, 0, sizeof *kv);
+}
+
+/* the windows of both levels that complete within the cache's L tokens, appended to layer l's compressed keys */
+static void extend_windows(const ps_minicpm_config *c, ps_minicpm_cache *kv, int l, int64_t L) {
+    int64_t Hk = c->n_kv_heads, D = c->head_dim, W = Hk * D, K = c->sel.kernel, S = c->sel.stride;
+    const float *keys = (c->use_nope ? kv->kn : kv->k) + l * kv->cap * W;
+    int64_t N1c = ps_select_n_windows(kv->cap, K, S), N2c = ps_select_n_windows(kv->cap, 4 * K, 4 * S);
+    for (int64_t j = kv->n1; j < ps_select_n_windows(L, K, S); j++)
+        ps_select_compress_forward(kv->k1 + (l * N1c + j) * W, keys + j * S * W, K, Hk, D, K, S);
+    for (int64_t j = kv->n2; j < ps_select_n_windows(L, 4 * K, 4 * S); j++)
+        ps_select_compress_forward(kv->k2 + (l * N2c + j) * W, keys + j * 4 * S * W, 4 * K, Hk, D, 4 * K, 4 * S);
+}
+
+int ps_minicpm_prefill(const ps_minicpm_model *m, ps_minicpm_cache *kv, const int32_t *tokens, int64_t T, float *logits,
+                       ps_error *err) {
+    const ps_minicpm_config *c = &m->cfg;
+    if (kv->L) return ps_fail(err, "prefill: the KV cache already holds %lld tokens", (long long)kv->L);
+    if (T < 1 || T > kv->cap) return ps_fail(err, "prefill of %lld tokens into a KV cache of %lld", (long long)T, (long long)kv->cap);
+    ps_minicpm_acts a;
+    if (ps_minicpm_acts_create(&a, m, 1, T, err)) return -1;
+    int rc = forward(m, &a, tokens, NULL, -1, kv, err);
+    if (!rc) {
+        for (int l = 0; l < c->n_layers; l++) extend_windows(c, kv, l, T);
+        kv->n1 = ps_select_n_windows(T, c->sel.kernel, c->sel.stride);
+        kv->n2 = ps_select_n_windows(T, 4 * c->sel.kernel, 4 * c->sel.stride);
+        kv->L = T;
+        memcpy(logits, a.logits + (T - 1) * c->vocab_size, (size_t)c->vocab_size * sizeof(float));
+    }
+    ps_minicpm_acts_free(&a);
+    return rc;
+}
+
+int ps_minicpm_decode(const ps_minicpm_model *m, ps_minicpm_cache *kv, int32_t token, float *logits, ps_error *err) {
+    const ps_minicpm_config *c = &m->cfg;
+    if (kv->L >= kv->cap) return ps_fail(err, "decode: the KV cache of %lld positions is full", (long long)kv->cap);
+    ps_minicpm_acts *a = &kv->row;
+    int64_t p = kv->L, L = p + 1, Hk = c->n_kv_heads, H = c->n_heads, D = c->head_dim, W = Hk * D, K = c->sel.kernel,
+            S = c->sel.stride;
+    int64_t N1 = ps_select_n_windows(L, K, S), N2 = ps_select_n_windows(L, 4 * K, 4 * S), nb = ps_select_n_blocks(&c->sel, L),
+            ns = ps_select_slots(&c->sel), N1c = ps_select_n_windows(kv->cap, K, S), N2c = ps_select_n_windows(kv->cap, 4 * K, 4 * S);
+    ps_minicpm_rope_table(c, p, 1, L, a->cos_t, a->sin_t);
+    if (embed(m, a, &token, 1, err)) return -1;
+    for (int l = 0; l < c->n_layers; l++) {
+        if (qkv(m, a, l, 1, 1, NULL, err)) return -1;
+        float *kl = kv->k + l * kv->cap * W, *vl = kv->v + l * kv->cap * W;
+        memcpy(kl + p * W, a->k, (size_t)W * sizeof(float));
+        memcpy(vl + p * W, a->v, (size_t)W * sizeof(float));
+        if (c->use_nope) memcpy(kv->kn + l * kv->cap * W + p * W, a->kn, (size_t)W * sizeof(float));
+        extend_windows(c, kv, l, L);
+        float *blk = NULL;
+        if (ps_minicpm_sparse(c, L)) { /* stage 1, block scores and the choice for the new row (q_blk = p / block) */
+            float *k1 = kv->k1 + l * N1c * W, *k2 = kv->k2 + l * N2c * W, *bs = kv->bs + l * Hk * kv->nb_cap;
+            blk = kv->blocks + l * Hk * ns;
+            ps_select_scores_forward(kv->P, c->use_nope ? a->qn : a->q, 1, p, k1, N1, k2, N2, H, Hk, D, K, S);
+            ps_select_block_scores_forward(bs, kv->P, 1, p, N1, nb, Hk, &c->sel);
+            ps_select_topk_forward(blk, bs, 1, p, nb, Hk, &c->sel);
+        }
+        ps_select_attn_forward(a->z, NULL, a->q, kl, vl, blk, ns, 1, p, L, c->sel.block, H, Hk, D);
+        if (post(m, a, l, 1, 1, NULL, err)) return -1;
+    }
+    if (head(m, a, 1, err)) return -1;
+    kv->n1 = N1, kv->n2 = N2, kv->L = L;
+    memcpy(logits, a->logits, (size_t)c->vocab_size * sizeof(float));
+    return 0;
 }
