@@ -113,6 +113,21 @@ static int64_t tie_pairs(const double *bs, int64_t T, int64_t Hk, int64_t nb, in
     return n;
 }
 
+/* decode step s of layer l against the vectors: the new row's blocks [Hkv, K] as a set per KV head (0 when they
+ * differ) and its block scores [Hkv, nb] (the relative error; +inf when a reference tensor is missing) */
+static int step_check(const ps_st_file *ref, int64_t s, int l, const float *blocks, const float *bs, int64_t Hk, int64_t K,
+                      int64_t nb, double *err_bs) {
+    char rn[80];
+    snprintf(rn, sizeof rn, "decode.step%lld.layer%d.topk_idx", (long long)s, l);
+    double *ti = ref_get(ref, rn, NULL);
+    snprintf(rn, sizeof rn, "decode.step%lld.layer%d.block_scores", (long long)s, l);
+    double *tb = ref_get(ref, rn, NULL);
+    int ok = ti && tb && set_mismatch(blocks, ti, 1, Hk, K) == 0;
+    *err_bs = fmax(*err_bs, ti && tb ? rel_ht(bs, tb, 1, Hk, nb) : INFINITY);
+    free(ti), free(tb);
+    return ok;
+}
+
 static char TINY[2048];
 
 static void tiny_path(char *buf, size_t n, const char *file) { snprintf(buf, n, "%s/%s", TINY, file); }
@@ -222,21 +237,12 @@ static void test_conformance(void) {
         }
         int64_t nbL = ps_select_n_blocks(&c->sel, L);
         for (int l = 0; l < c->n_layers; l++) {
-            char rn[80];
-            snprintf(rn, sizeof rn, "decode.step%lld.layer%d.topk_idx", (long long)s, l);
-            double *ti = ref_get(&ref, rn, NULL);
-            snprintf(rn, sizeof rn, "decode.step%lld.layer%d.block_scores", (long long)s, l);
-            double *tb = ref_get(&ref, rn, NULL);
             snprintf(nm, sizeof nm, "blocks.%d.attn.hook_blocks", l);
             const ps_cache_item *ib = ps_cache_get(&cache, nm);
             snprintf(nm, sizeof nm, "blocks.%d.attn.hook_block_scores", l);
             const ps_cache_item *is = ps_cache_get(&cache, nm);
-            if (ti && tb && ib && is) {
-                same_sel &= set_mismatch(ib->data + (L - 1) * Hk * K, ti, 1, Hk, K) == 0;
-                worst_bs = fmax(worst_bs, rel_ht(is->data + (L - 1) * Hk * nbL, tb, 1, Hk, nbL));
-            } else
-                same_sel = 0;
-            free(ti), free(tb);
+            same_sel &= ib && is &&
+                        step_check(&ref, s, l, ib->data + (L - 1) * Hk * K, is->data + (L - 1) * Hk * nbL, Hk, K, nbL, &worst_bs);
         }
         ps_minicpm_acts_free(&a);
         ps_hooks_free(&h);
@@ -264,18 +270,8 @@ static void test_conformance(void) {
             int64_t arg = 0;
             for (int64_t v = 1; v < V; v++) arg = row[v] > row[arg] ? v : arg;
             if (s < steps) tok_ok &= arg == (int64_t)dt[L], seq[L] = (int32_t)dt[L];
-            for (int l = 0; l < c->n_layers; l++) {
-                char rn[80];
-                snprintf(rn, sizeof rn, "decode.step%lld.layer%d.topk_idx", (long long)s, l);
-                double *ti = ref_get(&ref, rn, NULL);
-                snprintf(rn, sizeof rn, "decode.step%lld.layer%d.block_scores", (long long)s, l);
-                double *tb = ref_get(&ref, rn, NULL);
-                if (ti && tb) {
-                    sel_ok &= set_mismatch(kv.blocks + l * Hk * K, ti, 1, Hk, K) == 0;
-                    wb = fmax(wb, rel_ht(kv.bs + l * Hk * kv.nb_cap, tb, 1, Hk, nbL));
-                }
-                free(ti), free(tb);
-            }
+            for (int l = 0; l < c->n_layers; l++)
+                sel_ok &= step_check(&ref, s, l, kv.blocks + l * Hk * K, kv.bs + l * Hk * kv.nb_cap, Hk, K, nbL, &wb);
         }
         printf("decode (%lld steps, KV cache): logits %.3g, block scores %.3g, tokens %s, selections %s\n", (long long)steps, wl, wb,
                tok_ok ? "same" : "DIFFER", sel_ok ? "same" : "DIFFER");
