@@ -73,6 +73,10 @@ const float *ps_model_state_point(const ps_runtime *rt, void *state, int layer, 
 }
 
 const char *ps_model_patch_missing(const ps_runtime *rt, char *buf, size_t n) {
+    if (model_of(rt)->cfg.kind == PS_ATTN_SELECT) {
+        snprintf(buf, n, "--atp-fix qk: the select attention (attention.kind select) is not recomputed per head; use --atp-fix none");
+        return buf;
+    }
     if (model_of(rt)->cfg.kind != PS_ATTN_CHANNEL) return NULL;
     snprintf(buf, n, "--atp-fix qk: the per-channel compressor attention (attention.kind channel) is not recomputed per head; use "
                      "--atp-fix none");

@@ -114,8 +114,17 @@ static int layer_backward(const ps_model *m, const ps_acts *a, ps_acts *g, int l
     OPB(PS_PROF_MATMUL, ps_matmul_backward(ctx, G.z, DW(dw.wo), dh, p.z, w.wo, BT, nh * hd, d));
     GRAD_FIRE(PS_HOOK_Z, G.z, 4, B, T, nh, hd);
     if (nW > 0) OPB(PS_PROF_OTHER, ps_fill(ctx, G.ck, 0.0f, B * nW * nkv * hd) || ps_fill(ctx, G.cv, 0.0f, B * nW * nkv * hd));
-    OPB(PS_PROF_ATTENTION,
-        ps_attn_backward(ctx, G.q, G.k, G.v, G.ck, G.cv, G.z, p.z, p.lse, p.q, p.k, p.v, p.ck, p.cv, &a->geom));
+    if (c->kind == PS_ATTN_SELECT) { /* over the forward's blocks (kept per layer): no gradient through the choice */
+        ps_select_cfg sc = ps_config_select(c);
+        int64_t ns = ps_select_slots(&sc), qs = T * nh * hd, ks = T * nkv * hd, sparse = ps_select_sparse(c, T);
+        OPB(PS_PROF_OTHER, ps_fill(ctx, G.q, 0.0f, BT * nh * hd));
+        for (int64_t b = 0; b < B; b++)
+            ps_select_attn_backward(G.q + b * qs, G.k + b * ks, G.v + b * ks, G.z + b * qs, p.z + b * qs, p.lse + b * T * nh,
+                                    p.q + b * qs, p.k + b * ks, p.v + b * ks, sparse ? p.sel_blocks + b * T * nkv * ns : NULL, ns,
+                                    T, 0, T, c->block, nh, nkv, hd);
+    } else
+        OPB(PS_PROF_ATTENTION,
+            ps_attn_backward(ctx, G.q, G.k, G.v, G.ck, G.cv, G.z, p.z, p.lse, p.q, p.k, p.v, p.ck, p.cv, &a->geom));
     /* the gradients at the hook points k, v, ck, cv (before the rope backward rotates k and ck in place) */
     GRAD_FIRE(PS_HOOK_K, G.k, 4, B, T, nkv, hd);
     GRAD_FIRE(PS_HOOK_V, G.v, 4, B, T, nkv, hd);

@@ -23,6 +23,8 @@ void ps_config_defaults(ps_config *c) {
     c->payload = PS_PAYLOAD_PER_OFFSET;
     c->rate = 4;
     c->v4_mode = PS_V4_MODE_CSA;
+    c->init_blocks = 1;
+    c->local_blocks = 1;
 }
 
 /* ---- typed getters: each names the key (with its JSON path) and the file ---- */
@@ -90,27 +92,33 @@ static int parse_attention(json_t *att, const char *src, ps_config *c, ps_error 
     const char *k;
     json_t *v;
     /* keys of one kind only: the compressed model's window/stride/gate/payload, the v4 kind's rate/mode */
-    int seen_comp = 0, seen_v4 = 0, seen_lw = 0, seen_cmin = 0;
-    const char *comp_key = NULL, *v4_key = NULL;
+    int seen_comp = 0, seen_v4 = 0, seen_lw = 0, seen_cmin = 0, seen_sel = 0, seen_geom = 0, seen_block = 0, seen_topk = 0;
+    const char *comp_key = NULL, *v4_key = NULL, *sel_key = NULL, *geom_key = NULL;
     json_object_foreach(att, k, v) {
         int e = 0, tmp = 0;
         if (!strcmp(k, "kind")) {
             if (!json_is_string(v))
-                return ps_fail(err, "%s: key \"attention.kind\" must be a string (\"full\", \"compressed\" or \"channel\")", src);
+                return ps_fail(err, "%s: key \"attention.kind\" must be a string (\"full\", \"compressed\", \"channel\" or \"select\")", src);
             const char *s = json_string_value(v);
             if (!strcmp(s, "full")) c->kind = PS_ATTN_FULL;
             else if (!strcmp(s, "compressed")) c->kind = PS_ATTN_COMPRESSED;
             else if (!strcmp(s, "channel") || !strcmp(s, "v4")) c->kind = PS_ATTN_CHANNEL; /* "v4": the deprecated name (docs/training.md) */
+            else if (!strcmp(s, "select")) c->kind = PS_ATTN_SELECT;
             else {
                 char b[64];
                 size_t w = 0;
                 for (; s[w] && w < 40; w++) b[w] = (unsigned char)s[w] < 0x20 || (unsigned char)s[w] >= 0x7f ? '?' : s[w];
                 b[w] = '\0';
-                return ps_fail(err, "%s: key \"attention.kind\" is \"%s%s\", expected \"full\", \"compressed\" or \"channel\"", src, b,
+                return ps_fail(err, "%s: key \"attention.kind\" is \"%s%s\", expected \"full\", \"compressed\", \"channel\" or \"select\"", src, b,
                                s[w] ? "..." : "");
             }
-        } else if (!strcmp(k, "window")) e = get_int(v, "attention.window", src, &c->window, err), seen_comp = 1, comp_key = "window";
-        else if (!strcmp(k, "stride")) e = get_int(v, "attention.stride", src, &c->stride, err), seen_comp = 1, comp_key = "stride";
+        } else if (!strcmp(k, "window")) e = get_int(v, "attention.window", src, &c->window, err), seen_geom = 1, geom_key = "window";
+        else if (!strcmp(k, "stride")) e = get_int(v, "attention.stride", src, &c->stride, err), seen_geom = 1, geom_key = "stride";
+        else if (!strcmp(k, "block")) e = get_int(v, "attention.block", src, &c->block, err), seen_sel = seen_block = 1, sel_key = "block";
+        else if (!strcmp(k, "topk")) e = get_int(v, "attention.topk", src, &c->topk, err), seen_sel = seen_topk = 1, sel_key = "topk";
+        else if (!strcmp(k, "init_blocks")) e = get_int(v, "attention.init_blocks", src, &c->init_blocks, err), seen_sel = 1, sel_key = "init_blocks";
+        else if (!strcmp(k, "local_blocks")) e = get_int(v, "attention.local_blocks", src, &c->local_blocks, err), seen_sel = 1, sel_key = "local_blocks";
+        else if (!strcmp(k, "dense_len")) e = get_int(v, "attention.dense_len", src, &c->dense_len, err), seen_sel = 1, sel_key = "dense_len";
         else if (!strcmp(k, "local_window")) e = get_int(v, "attention.local_window", src, &c->local_window, err), seen_lw = 1;
         else if (!strcmp(k, "gate")) {
             e = get_enum(v, "attention.gate", src, "learned", "uniform", &tmp, err);
@@ -139,10 +147,20 @@ static int parse_attention(json_t *att, const char *src, ps_config *c, ps_error 
             return ps_fail(err,
                            "%s: unknown key \"attention.%s\" (valid: kind, window, stride, local_window, gate, payload, head_offsets, "
                            "boundaries, chunk_min; "
-                           "kind \"channel\": rate, mode, local_window)",
+                           "kind \"channel\": rate, mode, local_window; kind \"select\": window, stride, block, topk, init_blocks, "
+                           "local_blocks, dense_len)",
                            src, k);
         if (e) return -1;
     }
+    if (seen_geom && c->kind == PS_ATTN_CHANNEL) seen_comp = 1, comp_key = geom_key;
+    if (c->kind == PS_ATTN_SELECT && (seen_comp || seen_lw || seen_v4))
+        return ps_fail(err, "%s: key \"attention.%s\" does not apply to kind \"select\" (its keys: window, stride, block, topk, "
+                       "init_blocks, local_blocks, dense_len)", src, seen_comp ? comp_key : seen_lw ? "local_window" : v4_key);
+    if (c->kind != PS_ATTN_SELECT && seen_sel)
+        return ps_fail(err, "%s: key \"attention.%s\" applies to kind \"select\" only", src, sel_key);
+    if (c->kind == PS_ATTN_SELECT && (!seen_geom || !json_object_get(att, "window") || !seen_block || !seen_topk))
+        return ps_fail(err, "%s: missing key \"attention.%s\" (kind \"select\" needs window, block and topk)", src,
+                       !json_object_get(att, "window") ? "window" : !seen_block ? "block" : "topk");
     if (c->kind == PS_ATTN_CHANNEL && seen_comp)
         return ps_fail(err, "%s: key \"attention.%s\" does not apply to kind \"channel\" (its keys: rate, mode, local_window)", src, comp_key);
     if (c->kind != PS_ATTN_CHANNEL && seen_v4)
@@ -375,6 +393,19 @@ int ps_config_validate(const ps_config *c, const char *src, ps_error *err) {
             return ps_fail(err, "%s: key \"n_kv_heads\" is %lld: the channel attention has one K=V head (DeepSeek-V4), so it must be 1", src,
                            (long long)c->n_kv_heads);
     }
+    if (c->kind == PS_ATTN_SELECT) {
+        static const char *const names[6] = {"attention.window", "attention.stride", "attention.block", "attention.init_blocks",
+                                             "attention.local_blocks", "attention.topk"};
+        ps_select_cfg sc = ps_config_select(c);
+        if (ps_select_cfg_check(&sc, src, names, err)) return -1;
+        if (c->window > 4096 || c->block > PS_MAX_DIM || c->topk > PS_MAX_DIM || c->init_blocks > PS_MAX_DIM ||
+            c->local_blocks > PS_MAX_DIM)
+            return ps_fail(err, "%s: key \"attention.window\" (at most 4096) or a block count (at most %lld) is too large", src,
+                           (long long)PS_MAX_DIM);
+        if (c->topk < c->init_blocks + 1)
+            return ps_fail(err, "%s: key \"attention.topk\" is %lld: it must be at least init_blocks + 1 = %lld (room for a block "
+                           "beyond the initial ones)", src, (long long)c->topk, (long long)(c->init_blocks + 1));
+    }
     if (c->kind == PS_ATTN_COMPRESSED && c->n_grid_offsets != 0) {
         if (c->n_grid_offsets != c->n_kv_heads)
             return ps_fail(err, "%s: key \"attention.head_offsets\" has %lld entries, n_kv_heads is %lld (one offset per KV head)", src,
@@ -490,6 +521,17 @@ static json_t *attention_json(const ps_config *c) {
         json_object_set_new(a, "rate", json_integer(c->rate));
         json_object_set_new(a, "mode", json_string(c->v4_mode == PS_V4_MODE_HCA ? "hca" : "csa"));
         json_object_set_new(a, "local_window", json_integer(c->local_window));
+        return a;
+    }
+    if (c->kind == PS_ATTN_SELECT) {
+        json_object_set_new(a, "kind", json_string("select"));
+        json_object_set_new(a, "window", json_integer(c->window));
+        json_object_set_new(a, "stride", json_integer(c->stride));
+        json_object_set_new(a, "block", json_integer(c->block));
+        json_object_set_new(a, "topk", json_integer(c->topk));
+        json_object_set_new(a, "init_blocks", json_integer(c->init_blocks));
+        json_object_set_new(a, "local_blocks", json_integer(c->local_blocks));
+        json_object_set_new(a, "dense_len", json_integer(c->dense_len));
         return a;
     }
     json_object_set_new(a, "kind", json_string(c->kind == PS_ATTN_COMPRESSED ? "compressed" : "full"));

@@ -9,12 +9,16 @@
 #include <stdbool.h>
 
 #include "core/error.h"
+#include "core/select.h"
 
 /* PS_ATTN_CHANNEL: DeepSeek-V4's compressor as an attention variant of this model (docs/training.md, "The v4
  * attention"): one K=V head, a per-channel gate softmax over window slots with a learned position bias,
  * CSA's two overlapping half-window series or HCA's plain windows, a sliding raw window and a per-head
  * attention sink. */
-typedef enum { PS_ATTN_FULL = 0, PS_ATTN_COMPRESSED = 1, PS_ATTN_CHANNEL = 2 } ps_attn_kind;
+/* PS_ATTN_SELECT: InfLLM-v2 block-sparse selection (core/select.h, docs/models.md "The select attention"): full
+ * attention's parameters; each query attends the raw keys of the blocks its KV head selects from mean-pooled
+ * compressed keys (window W = kernel, stride S), the initial and local blocks always among them. */
+typedef enum { PS_ATTN_FULL = 0, PS_ATTN_COMPRESSED = 1, PS_ATTN_CHANNEL = 2, PS_ATTN_SELECT = 3 } ps_attn_kind;
 typedef enum { PS_V4_MODE_CSA = 0, PS_V4_MODE_HCA = 1 } ps_v4_mode;
 typedef enum { PS_GATE_LEARNED = 0, PS_GATE_UNIFORM = 1 } ps_gate_kind;
 typedef enum { PS_PAYLOAD_PER_OFFSET = 0, PS_PAYLOAD_SHARED = 1 } ps_payload_kind;
@@ -55,12 +59,27 @@ typedef struct {
     /* kind v4 (local_window above is its sliding raw window) */
     int64_t rate;         /* compression rate m: one compressed entry per m tokens */
     ps_v4_mode v4_mode;   /* csa: entries pool 2m slots (two overlapping half-window series), hca: m slots */
+    /* kind select (window / stride above are the level-1 kernel and stride) */
+    int64_t block;        /* tokens per block, a multiple of stride */
+    int64_t topk;         /* blocks selected by score; a row attends topk + local_blocks slots */
+    int64_t init_blocks;  /* blocks 0 .. init_blocks-1 always attended */
+    int64_t local_blocks; /* the query's block and the local_blocks before it always attended */
+    int64_t dense_len;    /* a forward over fewer tokens is ordinary causal attention (<= 0: never) */
 } ps_config;
 
 /* channel attention: slots per compressed entry (CSA 2m, HCA m) and the compressor's projection width factor
  * (CSA 2: the two series, HCA 1). */
 static inline int64_t ps_config_v4_slots(const ps_config *c) { return c->v4_mode == PS_V4_MODE_CSA ? 2 * c->rate : c->rate; }
 static inline int64_t ps_config_v4_series(const ps_config *c) { return c->v4_mode == PS_V4_MODE_CSA ? 2 : 1; }
+
+/* kind select: the geometry of core/select.h (kernel = window, stride, block, initial / local blocks, topk). */
+static inline ps_select_cfg ps_config_select(const ps_config *c) {
+    return (ps_select_cfg){.kernel = c->window, .stride = c->stride, .block = c->block, .init_blocks = c->init_blocks,
+                           .local_blocks = c->local_blocks, .topk = c->topk};
+}
+
+/* kind select: whether a forward over T tokens takes the sparse path (T >= dense_len, or dense_len <= 0). */
+static inline int ps_select_sparse(const ps_config *c, int64_t T) { return c->dense_len <= 0 || T >= c->dense_len; }
 
 /* Defaults for every optional key; the required ones are left 0. */
 void ps_config_defaults(ps_config *c);

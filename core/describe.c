@@ -96,7 +96,7 @@ static void label(ps_model_desc *d, const char *fmt, ...) {
 
 /* ---- the controlled model: full, compressed, and the channel attention ("v4": its former name) ---- */
 
-const char *const ps_model_attention_kinds[] = {"full", "compressed", "channel", "v4", NULL};
+const char *const ps_model_attention_kinds[] = {"full", "compressed", "channel", "v4", "select", NULL};
 
 int ps_model_describe_config(const json_t *cfg, ps_model_desc *d, ps_error *err) {
     const json_t *att = json_object_get(cfg, "attention");
@@ -143,6 +143,16 @@ int ps_model_describe_config(const json_t *cfg, ps_model_desc *d, ps_error *err)
         }
         label(d, "W%lld/S%lld%s%s%s", (long long)w, (long long)s, stag, gate && !strcmp(gate, "uniform") ? ", uniform gate" : "",
               norope);
+        return 1;
+    }
+    if (k == 4) { /* block-sparse selection (core/select.h) */
+        int64_t w, s, b, topk, lb;
+        if (get_int(att, "window", 1, MAX_WINDOW, &w, err) || get_int(att, "stride", 1, w, &s, err) ||
+            get_int(att, "block", 1, MAX_INDEX, &b, err) || get_int(att, "topk", 0, MAX_INDEX, &topk, err) ||
+            get_int(att, "local_blocks", 0, MAX_INDEX, &lb, err))
+            return -1;
+        label(d, "select: blocks of %lld, top %lld + %lld local, windows W%lld/S%lld%s", (long long)b, (long long)topk, (long long)lb,
+              (long long)w, (long long)s, norope);
         return 1;
     }
     static const char *const MODES[] = {"csa", "hca", NULL};

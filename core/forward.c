@@ -70,6 +70,15 @@ static int build_specs(act_spec *s, ps_act_ptrs *p, const ps_config *c, int64_t 
     SPEC(c_alpha, B * nW * S4 * hd, true);
     SPEC(z_pre, channel ? BT * nh * hd : 0, true);
     SPEC(sinkp, channel ? B * nh * T : 0, true);
+    int sel = c->kind == PS_ATTN_SELECT;
+    ps_select_cfg sc = ps_config_select(c);
+    int64_t N1 = sel ? ps_select_n_windows(T, c->window, c->stride) : 0, N2 = sel ? ps_select_n_windows(T, 4 * c->window, 4 * c->stride) : 0;
+    int64_t nb = sel ? ps_select_n_blocks(&sc, T) : 0, ns = sel ? ps_select_slots(&sc) : 0;
+    SPEC(sel_k1, B * N1 * nkv * hd, false);
+    SPEC(sel_k2, B * N2 * nkv * hd, false);
+    SPEC(sel_P, BT * nkv * N1, false);
+    SPEC(sel_bs, BT * nkv * nb, false);
+    SPEC(sel_blocks, BT * nkv * ns, true);
 #undef SPEC
     return k;
 }
@@ -84,7 +93,7 @@ static int64_t pattern_floats(const ps_config *c, int64_t B, int64_t T) {
 }
 
 int64_t ps_acts_size(const ps_config *cfg, int64_t B, int64_t T, bool keep_all, bool pattern_hook) {
-    act_spec s[48];
+    act_spec s[56];
     ps_act_ptrs p;
     int n = build_specs(s, &p, cfg, B, T, ps_config_n_windows(cfg, T), 0);
     int64_t tot = pattern_hook ? pattern_floats(cfg, B, T) : 0;
@@ -120,7 +129,7 @@ int ps_acts_create_rows(ps_acts *a, ps_ctx *ctx, const ps_config *cfg, int64_t B
     if (cfg->kind == PS_ATTN_CHANNEL)
         a->geom4 = (ps_v4_attn_geom){.B = B, .T = T, .H = cfg->n_heads, .Dh = cfg->head_dim, .nW = a->nW, .K = 0,
                                      .W = cfg->local_window, .m = cfg->rate, .scale = (float)(1.0 / sqrt((double)cfg->head_dim))};
-    act_spec s[48];
+    act_spec s[56];
     int n = build_specs(s, &a->p, cfg, B, T, a->nW, max_rows);
     a->max_rows = max_rows;
     if (max_rows && !(a->rows = malloc((size_t)max_rows * sizeof *a->rows)))
@@ -367,6 +376,52 @@ static int attention(ps_acts *a, int l, const ps_act_ptrs *pp, const ps_hooks *h
     return 0;
 }
 
+/* Attention of a select layer (core/select.h, host arrays: the cpu backend) into p.z and p.lse ([B, T, nh] here):
+ * below dense_len ordinary causal attention; else per sequence the compressed keys (hook_ck, hook_ck2), the
+ * stage-1 scores (hook_select_scores), block scores (hook_block_scores) and the blocks (hook_blocks, checked after
+ * its hooks), each computed from what the hooks before it left, then attention over the selected blocks. */
+static int select_attention(ps_acts *a, int l, const ps_act_ptrs *pp, const ps_hooks *hooks, ps_error *err) {
+    ps_ctx *ctx = a->ctx;
+    const ps_config *c = a->cfg;
+    ps_act_ptrs p = *pp;
+    if (!ps_ctx_host_visible(ctx))
+        return ps_fail(err, "attention.kind \"select\" runs on the cpu backend only (this model is on %s)", ps_ctx_backend_name(ctx));
+    ps_select_cfg sc = ps_config_select(c);
+    int64_t B = a->B, T = a->T, nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim, K = c->window, S = c->stride;
+    int64_t N1 = ps_select_n_windows(T, K, S), N2 = ps_select_n_windows(T, 4 * K, 4 * S), nb = ps_select_n_blocks(&sc, T),
+            ns = ps_select_slots(&sc), qs = T * nh * hd, ks = T * nkv * hd;
+    if (!ps_select_sparse(c, T)) {
+        for (int64_t b = 0; b < B; b++)
+            ps_select_attn_forward(p.z + b * qs, p.lse + b * T * nh, p.q + b * qs, p.k + b * ks, p.v + b * ks, NULL, ns, T, 0, T,
+                                   c->block, nh, nkv, hd);
+        return 0;
+    }
+    for (int64_t b = 0; b < B; b++) {
+        ps_select_compress_forward(p.sel_k1 + b * N1 * nkv * hd, p.k + b * ks, T, nkv, hd, K, S);
+        ps_select_compress_forward(p.sel_k2 + b * N2 * nkv * hd, p.k + b * ks, T, nkv, hd, 4 * K, 4 * S);
+    }
+    FIRE(PS_HOOK_CK, p.sel_k1, 4, B, N1, nkv, hd);
+    FIRE(PS_HOOK_CK2, p.sel_k2, 4, B, N2, nkv, hd);
+    for (int64_t b = 0; b < B; b++)
+        ps_select_scores_forward(p.sel_P + b * T * nkv * N1, p.q + b * qs, T, 0, p.sel_k1 + b * N1 * nkv * hd, N1,
+                                 p.sel_k2 + b * N2 * nkv * hd, N2, nh, nkv, hd, K, S);
+    FIRE(PS_HOOK_SELECT_SCORES, p.sel_P, 4, B, T, nkv, N1);
+    for (int64_t b = 0; b < B; b++)
+        ps_select_block_scores_forward(p.sel_bs + b * T * nkv * nb, p.sel_P + b * T * nkv * N1, T, 0, N1, nb, nkv, &sc);
+    FIRE(PS_HOOK_BLOCK_SCORES, p.sel_bs, 4, B, T, nkv, nb);
+    for (int64_t b = 0; b < B; b++) ps_select_topk_forward(p.sel_blocks + b * T * nkv * ns, p.sel_bs + b * T * nkv * nb, T, 0, nb, nkv, &sc);
+    if (ps_hooks_on(hooks, l, PS_HOOK_BLOCKS)) {
+        char what[96];
+        ps_hook_name(what, sizeof what, l, PS_HOOK_BLOCKS);
+        FIRE(PS_HOOK_BLOCKS, p.sel_blocks, 4, B, T, nkv, ns);
+        if (ps_select_blocks_check(p.sel_blocks, B * T, nkv, ns, nb, what, err)) return -1;
+    }
+    for (int64_t b = 0; b < B; b++)
+        ps_select_attn_forward(p.z + b * qs, p.lse + b * T * nh, p.q + b * qs, p.k + b * ks, p.v + b * ks,
+                               p.sel_blocks + b * T * nkv * ns, ns, T, 0, T, c->block, nh, nkv, hd);
+    return 0;
+}
+
 /* ---- the channel attention (DeepSeek-V4's compressor in this model, through the V4 extension ops;
  * docs/training.md) ---- */
 
@@ -496,7 +551,10 @@ static int layer_forward_post(const ps_model *m, ps_acts *a, int l, const ps_hoo
     int64_t B = a->B, T = a->T, BT = B * T, d = c->d_model, hd = c->head_dim, nh = c->n_heads, dff = c->d_ff;
     float eps = (float)c->rms_eps;
     float *h = a->p.resid + (int64_t)l * BT * d, *h_next = h + BT * d;
-    if (c->kind == PS_ATTN_CHANNEL ? channel_attention(m, a, l, &p, err) : attention(a, l, &p, hooks, err)) return -1;
+    if (c->kind == PS_ATTN_CHANNEL  ? channel_attention(m, a, l, &p, err)
+        : c->kind == PS_ATTN_SELECT ? select_attention(a, l, &p, hooks, err)
+                                    : attention(a, l, &p, hooks, err))
+        return -1;
     FIRE(PS_HOOK_Z, p.z, 4, B, T, nh, hd);
     OPS(PS_PROF_MATMUL, ps_matmul(ctx, p.attn_out, p.z, w.wo, BT, nh * hd, d, 0));
     FIRE(PS_HOOK_ATTN_OUT, p.attn_out, 3, B, T, d);
@@ -598,8 +656,9 @@ int ps_forward_from_attention_rows(const ps_model *m, ps_acts *a, int l, const p
     if (same_ctx(m, a, err)) return -1;
     if (!a->keep_all) return ps_fail(err, "forward from the attention of layer %d needs the activations of every layer", l);
     if (l < 0 || l > last) return ps_fail(err, "forward from layer %d: the model has %lld layers", l, (long long)c->n_layers);
-    if (c->kind == PS_ATTN_CHANNEL)
-        return ps_fail(err, "the answer-row restart is not available for the channel attention (use ps_forward_from_attention)");
+    if (c->kind == PS_ATTN_CHANNEL || c->kind == PS_ATTN_SELECT)
+        return ps_fail(err, "the answer-row restart is not available for the %s attention (use ps_forward_from_attention)",
+                       c->kind == PS_ATTN_CHANNEL ? "channel" : "select");
     for (int64_t i = 0; i < n; i++)
         if (rows[i] < 0 || rows[i] >= a->B * a->T)
             return ps_fail(err, "answer row %lld is outside the batch's %lld rows", (long long)rows[i], (long long)(a->B * a->T));

@@ -45,6 +45,10 @@ typedef struct {
     float *c_gate, *c_alpha;    /* [B,nW,S,hd] slot logits with the position bias; per-channel softmax */
     float *z_pre;               /* [B,T,nh,hd] attention output before the inverse rope */
     float *sinkp;               /* [B,nh,T] probability mass on the sink */
+    /* attention kind select (core/select.h; N1 / N2 level-1 / level-2 windows, nb blocks, ns = topk + local_blocks) */
+    float *sel_k1, *sel_k2;     /* [B,N1,nkv,hd], [B,N2,nkv,hd] compressed keys */
+    float *sel_P, *sel_bs;      /* [B,T,nkv,N1] stage-1 scores, [B,T,nkv,nb] block scores */
+    float *sel_blocks;          /* [B,T,nkv,ns] the blocks attended (kept per layer: the backward reads them) */
 } ps_act_ptrs;
 
 /* Optional per-op timing (bench programs): process CPU seconds (all threads) by category, [0] forward,

@@ -10,6 +10,7 @@ static const char *const SUFFIX[PS_HOOK_NPOINTS] = {
     "hook_resid_pre",   "attn.hook_q",      "attn.hook_k",  "attn.hook_v",      "attn.hook_gate_k",
     "attn.hook_gate_v", "attn.hook_ck",     "attn.hook_cv", "attn.hook_pattern", "attn.hook_z",
     "hook_attn_out",    "hook_resid_mid",   "hook_mlp_out", "hook_resid_post",
+    "attn.hook_ck2",    "attn.hook_select_scores", "attn.hook_block_scores", "attn.hook_blocks",
 };
 
 const char *ps_hook_suffix(ps_hook_point pt) { return SUFFIX[pt]; }
@@ -23,10 +24,17 @@ void ps_hook_name(char *buf, size_t n, int layer, ps_hook_point pt) { snprintf(b
 /* Points a config does not have: the compressor's on full attention; on the channel attention (K = V, one
  * compressor, per-channel gate) v, gate_v, cv and, for now, the pattern. NULL: the point exists. */
 static const char *point_missing(const ps_config *cfg, ps_hook_point pt) {
+    int sel_only = pt == PS_HOOK_CK2 || pt == PS_HOOK_SELECT_SCORES || pt == PS_HOOK_BLOCK_SCORES || pt == PS_HOOK_BLOCKS;
+    if (sel_only && cfg->kind != PS_ATTN_SELECT) return "exists only on select-attention models";
     if (cfg->kind == PS_ATTN_CHANNEL) {
         if (pt == PS_HOOK_V || pt == PS_HOOK_CV) return "does not exist on the channel attention (K = V: use hook_k / hook_ck)";
         if (pt == PS_HOOK_GATE_V) return "does not exist on the channel attention (one compressor: its per-channel gate is hook_gate_k)";
         if (pt == PS_HOOK_PATTERN) return "is not available on the channel attention";
+        return NULL;
+    }
+    if (cfg->kind == PS_ATTN_SELECT) { /* hook_ck: the level-1 compressed keys */
+        if (pt == PS_HOOK_PATTERN) return "is not available on the select attention (its probabilities are never materialised)";
+        if (compressed_only(pt) && pt != PS_HOOK_CK) return "exists only on compressed-attention models";
         return NULL;
     }
     if (compressed_only(pt) && cfg->kind != PS_ATTN_COMPRESSED) return "exists only on compressed-attention models";
@@ -87,7 +95,22 @@ int ps_hook_shape(const ps_config *cfg, ps_hook_point pt, int64_t B, int64_t T, 
         shape[1] = nW, shape[2] = nkv, shape[3] = W;
         return 4;
     case PS_HOOK_CK:
-    case PS_HOOK_CV: shape[1] = nW, shape[2] = nkv, shape[3] = hd; return 4;
+    case PS_HOOK_CV:
+    case PS_HOOK_CK2:
+        shape[1] = nW, shape[2] = nkv, shape[3] = hd;
+        if (cfg->kind == PS_ATTN_SELECT) shape[1] = pt == PS_HOOK_CK2 ? ps_select_n_windows(T, 4 * cfg->window, 4 * cfg->stride)
+                                                                       : ps_select_n_windows(T, cfg->window, cfg->stride);
+        return 4;
+    case PS_HOOK_SELECT_SCORES:
+    case PS_HOOK_BLOCK_SCORES:
+    case PS_HOOK_BLOCKS: {
+        ps_select_cfg sc = ps_config_select(cfg);
+        shape[1] = T, shape[2] = nkv;
+        shape[3] = pt == PS_HOOK_SELECT_SCORES ? ps_select_n_windows(T, cfg->window, cfg->stride)
+                   : pt == PS_HOOK_BLOCK_SCORES ? ps_select_n_blocks(&sc, T)
+                                                : ps_select_slots(&sc);
+        return 4;
+    }
     case PS_HOOK_PATTERN: shape[1] = nh, shape[2] = T, shape[3] = comp ? nW + T : T; return 4;
     default: shape[1] = T, shape[2] = d; return 3;
     }
@@ -105,7 +128,11 @@ static int64_t point_heads(const ps_config *cfg, ps_hook_point pt) {
     case PS_HOOK_K:
     case PS_HOOK_V:
     case PS_HOOK_CK:
-    case PS_HOOK_CV: return cfg->n_kv_heads;
+    case PS_HOOK_CV:
+    case PS_HOOK_CK2:
+    case PS_HOOK_SELECT_SCORES:
+    case PS_HOOK_BLOCK_SCORES:
+    case PS_HOOK_BLOCKS: return cfg->n_kv_heads;
     default: return 0;
     }
 }
@@ -422,7 +449,7 @@ static int cache_hook(const ps_hook_event *ev, void *user, ps_error *err) {
     int64_t n = 1, old = it->data ? 1 : 0;
     for (int i = 0; i < ev->ndim; i++) n *= ev->shape[i];
     for (int i = 0; old && i < it->ndim; i++) old *= it->shape[i];
-    if (n != old) {
+    if (n != old || !it->data) { /* an event of 0 floats (no windows yet) is cached too: an empty array */
         float *d = realloc(it->data, (size_t)(n ? n : 1) * sizeof(float));
         if (!d) return ps_fail(err, "hook \"%s\": out of memory caching %lld floats", ev->name, (long long)n);
         it->data = d;

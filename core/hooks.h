@@ -6,6 +6,9 @@
  *   blocks.{l}.attn.hook_q, hook_z [B, T, n_heads, hd]     blocks.{l}.attn.hook_k, hook_v [B, T, n_kv, hd]
  *   blocks.{l}.attn.hook_gate_k, hook_gate_v [B, nW, n_kv, W]   (compressed only)
  *   blocks.{l}.attn.hook_ck, hook_cv [B, nW, n_kv, hd]          (compressed only)
+ *   select only (N1 / N2 level-1 / level-2 windows, nb blocks, ns = topk + local_blocks; docs/models.md):
+ *   blocks.{l}.attn.hook_ck [B, N1, n_kv, hd], hook_ck2 [B, N2, n_kv, hd], hook_select_scores [B, T, n_kv, N1],
+ *   hook_block_scores [B, T, n_kv, nb], hook_blocks [B, T, n_kv, ns] (block ids as floats, -1 empty)
  *   blocks.{l}.attn.hook_pattern [B, n_heads, T, nW + T] (compressed: windows first, then raw positions)
  *                                [B, n_heads, T, T] (full); unseen entries are 0, and overwrites of
  *                                unseen entries are ignored. */
@@ -23,6 +26,8 @@
 typedef enum {
     PS_HOOK_RESID_PRE = 0, PS_HOOK_Q, PS_HOOK_K, PS_HOOK_V, PS_HOOK_GATE_K, PS_HOOK_GATE_V, PS_HOOK_CK, PS_HOOK_CV,
     PS_HOOK_PATTERN, PS_HOOK_Z, PS_HOOK_ATTN_OUT, PS_HOOK_RESID_MID, PS_HOOK_MLP_OUT, PS_HOOK_RESID_POST,
+    /* attention kind select only (core/select.h): hook_ck is its level-1 compressed keys */
+    PS_HOOK_CK2, PS_HOOK_SELECT_SCORES, PS_HOOK_BLOCK_SCORES, PS_HOOK_BLOCKS,
     PS_HOOK_NPOINTS
 } ps_hook_point;
 

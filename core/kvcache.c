@@ -352,6 +352,8 @@ int ps_kvcache_create(ps_kvcache *kv, const ps_model *m, const ps_kvcache_opts *
     kv->o.plain_attention = o ? o->plain_attention : 0;
     if (o && (o->chunk < 0 || o->history < 0))
         return ps_fail(err, "KV cache options: chunk %lld and history %lld must be >= 0", (long long)o->chunk, (long long)o->history);
+    if (c->kind == PS_ATTN_SELECT)
+        return ps_fail(err, "the KV cache is not implemented for the select attention (attention.kind \"select\"): generate and serve need it; forward, train and the instruments run whole sequences");
     int64_t R = kv->o.chunk, d = c->d_model, nh = c->n_heads, hd = c->head_dim, ks = c->n_kv_heads * hd, dff = c->d_ff,
             V = c->vocab_size, W = c->window > 0 ? c->window : 1, qd = nh * hd, nkv = c->n_kv_heads;
     int64_t nlog = R < 64 ? R : 64;

@@ -107,6 +107,7 @@ int ps_prefill_create(ps_prefill *p, const ps_model *m, int64_t T_max, int64_t c
     if (T_max > c->max_seq_len)
         return ps_fail(err, "sequence of %lld tokens exceeds max_seq_len %lld", (long long)T_max, (long long)c->max_seq_len);
     if (c->kind == PS_ATTN_CHANNEL) return ps_fail(err, "the chunked prefill does not support the channel attention (run prompts whole)");
+    if (c->kind == PS_ATTN_SELECT) return ps_fail(err, "the chunked prefill does not support the select attention (run prompts whole)");
     if (c->kind == PS_ATTN_COMPRESSED && c->any_head_offset)
         return ps_fail(err, "the chunked prefill does not support window grids with offsets (attention.head_offsets; run prompts whole)");
     if (c->kind == PS_ATTN_COMPRESSED && c->boundaries == PS_BOUNDARIES_CONTENT)

@@ -125,8 +125,8 @@ static const ps_point_info MODEL_POINTS[] = {
     {"blocks.{L}.attn.hook_gate_k", "[B, nW, n_kv, W] (channel: [B, nW, slots, hd])", 2, "compressed and channel models",
      PS_HOOK_GATE_K, "key-branch gate alpha (channel: the per-channel gate)"},
     {"blocks.{L}.attn.hook_gate_v", "[B, nW, n_kv, W]", 2, "compressed models", PS_HOOK_GATE_V, "value-branch gate alpha"},
-    {"blocks.{L}.attn.hook_ck", "[B, nW, n_kv, hd]", 2, "compressed and channel models", PS_HOOK_CK,
-     "compressed keys as attended"},
+    {"blocks.{L}.attn.hook_ck", "[B, nW, n_kv, hd]", 2, "compressed, channel and select models", PS_HOOK_CK,
+     "compressed keys as attended (select: level-1 keys, [B, N1, n_kv, hd])"},
     {"blocks.{L}.attn.hook_cv", "[B, nW, n_kv, hd]", 2, "compressed models", PS_HOOK_CV, "compressed values"},
     {"blocks.{L}.attn.hook_pattern", "[B, n_heads, T, nW + T] (full: [B, n_heads, T, T])", 1,
      "every layer (not the channel attention)", PS_HOOK_PATTERN, "attention probabilities"},
@@ -135,6 +135,10 @@ static const ps_point_info MODEL_POINTS[] = {
     {"blocks.{L}.hook_resid_mid", "[B, T, d]", -1, "every layer", PS_HOOK_RESID_MID, "residual after attention"},
     {"blocks.{L}.hook_mlp_out", "[B, T, d]", -1, "every layer", PS_HOOK_MLP_OUT, "MLP output"},
     {"blocks.{L}.hook_resid_post", "[B, T, d]", -1, "every layer", PS_HOOK_RESID_POST, "residual leaving the layer"},
+    {"blocks.{L}.attn.hook_ck2", "[B, N2, n_kv, hd]", 2, "select models", PS_HOOK_CK2, "level-2 compressed keys (stage 1's normaliser)"},
+    {"blocks.{L}.attn.hook_select_scores", "[B, T, n_kv, N1]", 2, "select models", PS_HOOK_SELECT_SCORES, "stage-1 scores (0 unseen)"},
+    {"blocks.{L}.attn.hook_block_scores", "[B, T, n_kv, nb]", 2, "select models", PS_HOOK_BLOCK_SCORES, "block scores (+inf forced)"},
+    {"blocks.{L}.attn.hook_blocks", "[B, T, n_kv, topk + local]", 2, "select models", PS_HOOK_BLOCKS, "blocks attended (-1 empty)"},
 };
 
 static const ps_model *model_of(const ps_runtime *rt) { return rt->model; }
@@ -521,8 +525,7 @@ static int v4_detect(const char *dir) {
 
 static int v4_load_weights(ps_runtime *rt, int lazy, ps_error *err);
 
-/* provenance: FNV-1a 64 of config.json as stored */
-static int v4_hash_file(const char *path, char out[17], ps_error *err) {
+int ps_runtime_hash_file(const char *path, char out[17], ps_error *err) {
     char *text;
     size_t len;
     uint64_t h = 1469598103934665603ULL;
@@ -554,7 +557,7 @@ static int v4_open(ps_runtime *rt, void *model, const char *dir, const ps_runtim
     rt->max_pos = m->cfg.max_position_embeddings;
     rt->n_layers = m->cfg.n_layers;
     rt->weight_bytes = 4.0 * (double)m->n_params;
-    if (v4_hash_file(m->cpath, rt->config_hash, err)) return -1;
+    if (ps_runtime_hash_file(m->cpath, rt->config_hash, err)) return -1;
     rt->ctx = m->ctx;
     /* lazy -1: every layer in memory when the float32 weights take at most half of the memory available */
     return !o || o->weights ? v4_load_weights(rt, o ? o->lazy : -1, err) : 0;
@@ -789,7 +792,7 @@ static json_t *v4_config_json(const ps_runtime *rt) {
 static void v4_config_hash(const ps_runtime *rt, char out[17]) {
     ps_error e;
     if (rt->config_hash[0]) memcpy(out, rt->config_hash, 17);
-    else if (v4_hash_file(v4_of(rt)->cpath, out, &e)) out[0] = '\0'; /* a runtime made without the open */
+    else if (ps_runtime_hash_file(v4_of(rt)->cpath, out, &e)) out[0] = '\0'; /* a runtime made without the open */
 }
 
 static int64_t v4_step(const ps_runtime *rt) {
@@ -986,8 +989,8 @@ const ps_family ps_family_v4 = {
 
 /* ---- opening ---- */
 
-/* DeepSeek-V4 first: its detector is specific; the controlled model's loader judges every other directory */
-const ps_family *const ps_families[] = {&ps_family_v4, &ps_family_model, NULL};
+/* DeepSeek-V4 and MiniCPM4 first: their detectors are specific; the controlled model's loader judges every other directory */
+const ps_family *const ps_families[] = {&ps_family_v4, &ps_family_minicpm, &ps_family_model, NULL};
 
 const ps_family *ps_runtime_detect_in(const ps_family *const *families, const char *dir) {
     if (!families) families = ps_families;

@@ -265,6 +265,10 @@ struct ps_family {
 extern const ps_family *const ps_families[];
 extern const ps_family ps_family_model; /* the controlled model (phasescope checkpoints, Hugging Face Qwen3) */
 extern const ps_family ps_family_v4;    /* DeepSeek-V4 checkpoints */
+extern const ps_family ps_family_minicpm; /* MiniCPM4 checkpoints with InfLLM-v2 sparse attention (core/minicpm/) */
+
+/* A checkpoint's provenance hash: FNV-1a 64 of the file as stored (config.json), 16 hex digits. */
+int ps_runtime_hash_file(const char *path, char out[17], ps_error *err);
 
 /* The family whose detector recognises DIR (the controlled model when none does: its loader says what is
  * wrong with the directory). */

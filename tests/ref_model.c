@@ -118,15 +118,98 @@ void ref_forward_user(const ps_model *m, const int32_t *tok, int T, const void *
     ref_forward_grid(m, tok, T, shift ? *(const int *)shift : 0, logits);
 }
 
+/* The select attention's choice for one layer (attention.kind "select", docs/models.md), written from the
+ * definitions in double over the layer's q [T, nh, hd] and k [T, nkv, hd]: keep[(t * nkv + g) * nb + b] = 1 when
+ * query t with KV head g attends block b. Compressed keys are window means (kernel W, stride S; level 2: 4W, 4S);
+ * stage 1 sums exp(q·k1/√hd − log Σ exp(q·k2/√hd)) over the group's heads; block b scores the largest over level-1
+ * keys m·b − 1 .. m·b + m − 1 (m = block / S); the initial and local blocks are forced; the top topk + local_blocks
+ * are kept (the first of equal scores), then those after the query's block dropped. */
+static void ref_select(const ps_config *c, const double *q, const double *k, int T, char *keep, double *margin) {
+    int nh = (int)c->n_heads, nkv = (int)c->n_kv_heads, hd = (int)c->head_dim, W = (int)c->window, S = (int)c->stride;
+    int Bk = (int)c->block, mm = Bk / S, nb = (T + Bk - 1) / Bk, ns = (int)(c->topk + c->local_blocks);
+    double *sc = malloc((size_t)nb * 8), *P = malloc((size_t)(T / S + 2) * 8), *ka = malloc((size_t)hd * 8);
+    memset(keep, 0, (size_t)T * nkv * nb);
+    for (int t = 0; t < T; t++)
+        for (int g = 0; g < nkv; g++) {
+            int n1 = 0;
+            for (int j = 0; j * S + W <= T; j++) {
+                P[j] = 0;
+                n1 = j + 1;
+            }
+            for (int n = g * (nh / nkv); n < (g + 1) * (nh / nkv); n++) {
+                const double *qn = q + (t * nh + n) * hd;
+                double z2 = 0;
+                int any = 0;
+                for (int i = 0; 4 * S * i + 4 * W <= t + 1; i++) { /* visible level-2 keys */
+                    double s = 0;
+                    for (int e = 0; e < hd; e++) {
+                        double mean = 0;
+                        for (int r = 0; r < 4 * W; r++) mean += k[((4 * S * i + r) * nkv + g) * hd + e];
+                        s += qn[e] * mean / (4 * W);
+                    }
+                    z2 += exp(s / sqrt(hd)), any = 1;
+                }
+                for (int j = 0; any && j < n1 && j * S + W <= t + 1; j++) {
+                    for (int e = 0; e < hd; e++) {
+                        ka[e] = 0;
+                        for (int r = 0; r < W; r++) ka[e] += k[((j * S + r) * nkv + g) * hd + e] / W;
+                    }
+                    double s = 0;
+                    for (int e = 0; e < hd; e++) s += qn[e] * ka[e];
+                    P[j] += exp(s / sqrt(hd)) / z2;
+                }
+            }
+            int qb = t / Bk;
+            for (int b = 0; b < nb; b++) {
+                sc[b] = 0;
+                for (int j = mm * b - 1; j <= mm * b + mm - 1; j++)
+                    if (j >= 0 && j < n1 && P[j] > sc[b]) sc[b] = P[j];
+                if (b < c->init_blocks || (b <= qb && b >= qb - c->local_blocks)) sc[b] = INFINITY;
+            }
+            char *kp = keep + (t * nkv + g) * nb;
+            double last = INFINITY;
+            for (int r = 0; r < ns && r < nb; r++) {
+                int best = -1;
+                for (int b = 0; b < nb; b++)
+                    if (!kp[b] && (best < 0 || sc[b] > sc[best])) best = b;
+                kp[best] = 1;
+                last = sc[best];
+            }
+            /* the gap between the last block kept and the best left out (exact ties excepted: both sides agree on them) */
+            for (int b = 0; margin && b < nb && ns < nb; b++)
+                if (!kp[b] && sc[b] != last && isfinite(last) && (last - sc[b]) / fmax(fabs(last), 1e-300) < *margin)
+                    *margin = (last - sc[b]) / fmax(fabs(last), 1e-300);
+            for (int b = qb + 1; b < nb; b++) kp[b] = 0;
+        }
+    free(sc), free(P), free(ka);
+}
+
+static void ref_forward_impl(const ps_model *m, const int32_t *tok, int T, int shift, ref_select_fix *fix, double *logits);
+
+void ref_forward_grid(const ps_model *m, const int32_t *tok, int T, int shift, double *logits) {
+    ref_forward_impl(m, tok, T, shift, NULL, logits);
+}
+
+void ref_forward_select(const ps_model *m, const int32_t *tok, int T, const void *fix, double *logits) {
+    ref_forward_impl(m, tok, T, 0, (ref_select_fix *)fix, logits);
+}
+
 /* Window grids with offsets (docs/mitigations.md): window j of KV head g covers j*S + o_g + i with
  * o_g = (head_offsets[g] + shift) mod S; it exists when j*S + o_g + W <= T; query t sees it when
  * j*S + o_g + W - 1 <= t; its compressed key is rotated by R(j*S + o_g). */
-void ref_forward_grid(const ps_model *m, const int32_t *tok, int T, int shift, double *logits) {
+static void ref_forward_impl(const ps_model *m, const int32_t *tok, int T, int shift, ref_select_fix *fix, double *logits) {
     const ps_config *c = &m->cfg;
     int d = (int)c->d_model, hd = (int)c->head_dim, nh = (int)c->n_heads, nkv = (int)c->n_kv_heads, F = (int)c->d_ff;
     int W = (int)c->window, S = (int)c->stride, LW = (int)c->local_window, V = (int)c->vocab_size;
     int comp = c->kind == PS_ATTN_COMPRESSED;
     int nW = comp && T >= W ? (T - W) / S + 1 : 0;
+    int sel = c->kind == PS_ATTN_SELECT && (c->dense_len <= 0 || T >= c->dense_len), nb = sel ? (int)((T + c->block - 1) / c->block) : 0;
+    char *keep_own = sel ? malloc((size_t)c->n_layers * T * nkv * nb) : NULL;
+    char *keep = sel && fix ? fix->keep : keep_own;
+    if (sel && fix && !fix->keep) {
+        keep = fix->keep = calloc((size_t)c->n_layers * T * nkv * nb, 1);
+        fix->margin = INFINITY;
+    }
     double eps = c->rms_eps;
     double *h = calloc((size_t)T * d, 8), *a = calloc((size_t)T * d, 8);
     double *q = calloc((size_t)T * nh * hd, 8), *k = calloc((size_t)T * nkv * hd, 8), *v = calloc((size_t)T * nkv * hd, 8);
@@ -156,6 +239,8 @@ void ref_forward_grid(const ps_model *m, const int32_t *tok, int T, int shift, d
                 if (c->rope) rope(k + (t * nkv + g) * hd, hd, t, c->rope_theta);
             }
         }
+        char *kl = sel ? keep + (size_t)l * T * nkv * nb : NULL;
+        if (sel && !(fix && fix->filled)) ref_select(c, q, k, T, kl, fix ? &fix->margin : NULL); /* fixed: the first call's */
         memset(ck, 0, (size_t)(nW + 1) * nkv * hd * 8);
         memset(cv, 0, (size_t)(nW + 1) * nkv * hd * 8);
         for (int j = 0; j < nW; j++)
@@ -207,7 +292,7 @@ void ref_forward_grid(const ps_model *m, const int32_t *tok, int T, int shift, d
                 for (int tp = lo; tp <= t; tp++) {
                     double s = 0;
                     for (int e = 0; e < hd; e++) s += qt[e] * k[(tp * nkv + g) * hd + e];
-                    sc[ns++] = s / sqrt(hd);
+                    sc[ns++] = !sel || kl[(t * nkv + g) * nb + tp / c->block] ? s / sqrt(hd) : -INFINITY;
                 }
                 double sum = 0;
                 for (int i = 0; i < ns; i++) mx = sc[i] > mx ? sc[i] : mx;
@@ -239,5 +324,7 @@ void ref_forward_grid(const ps_model *m, const int32_t *tok, int T, int shift, d
         rms(a + t * d, h + t * d, ps_model_final_norm(m, m->params), d, eps);
         mv(logits + (int64_t)t * V, H, a + t * d, V, d);
     }
+    if (fix && sel) fix->filled = 1;
+    free(keep_own);
     free(h); free(a); free(q); free(k); free(v); free(ck); free(cv); free(z); free(tmp); free(sc);
 }

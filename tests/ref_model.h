@@ -17,4 +17,15 @@ void ref_forward_grid(const ps_model *m, const int32_t *tok, int T, int shift, d
 /* ref_forward_grid in the form tu_fd_model takes (testutil.h): shift points to an int, or NULL for 0. */
 void ref_forward_user(const ps_model *m, const int32_t *tok, int T, const void *shift, double *logits);
 
+/* The select attention (attention.kind "select") with its choice of blocks fixed: the first call on a ref_select_fix
+ * computes the choice in double from its own q and k and keeps it (keep: [L, T, nkv, nb]); later calls attend the
+ * same blocks, so finite differences see attention over fixed keys (the backward has no gradient through the
+ * choice). A NULL fix computes the choice each call. In the form tu_fd_model takes. */
+typedef struct {
+    char *keep;
+    int filled;
+    double margin; /* the first call's smallest relative gap between a kept block's score and a dropped one's (ties aside) */
+} ref_select_fix;
+void ref_forward_select(const ps_model *m, const int32_t *tok, int T, const void *fix, double *logits);
+
 #endif

@@ -104,6 +104,7 @@ static void test_model(ps_attn_kind kind) {
     for (int l = 1; l >= 0; l--) /* registration order must not matter */
         for (int p = PS_HOOK_NPOINTS - 1; p >= 0; p--) {
             if (kind == PS_ATTN_FULL && p >= PS_HOOK_GATE_K && p <= PS_HOOK_CV) continue;
+            if (p >= PS_HOOK_CK2) continue; /* the select attention's points (tests/test_select.c) */
             char nm[96];
             ps_hook_name(nm, sizeof nm, l, (ps_hook_point)p);
             CHECK_OK(ps_hooks_add(&h, &c, nm, log_hook, &log, &err), &err);
@@ -131,6 +132,7 @@ static void test_model(ps_attn_kind kind) {
     for (int l = 0; l < 2; l++)
         for (int p = 0; p < PS_HOOK_NPOINTS; p++) {
             if (kind == PS_ATTN_FULL && p >= PS_HOOK_GATE_K && p <= PS_HOOK_CV) continue;
+            if (p >= PS_HOOK_CK2) continue; /* the select attention's points (tests/test_select.c) */
             char nm[96];
             ps_hook_name(nm, sizeof nm, l, (ps_hook_point)p);
             CHECK_OK(ps_hooks_add(&h, &c, nm, identity_hook, NULL, &err), &err);

@@ -236,7 +236,7 @@ static void test_sweep(void) {
     d = json_deep_copy(base);
     json_object_set_new(json_object_get(json_object_get(json_object_get(d, "provenance"), "config"), "attention"), "kind",
                         json_string("sparse"));
-    CHECK_ERR(chk(d, &err), &err, "r.json: provenance.config.attention.kind: \"sparse\" is not one of deepseek_v4, full, compressed, channel, v4");
+    CHECK_ERR(chk(d, &err), &err, "r.json: provenance.config.attention.kind: \"sparse\" is not one of deepseek_v4, infllm_v2, full, compressed, channel, v4, select");
     /* a family no shipped table knows (one its user defined): described by the writer's label and kind,
      * which must name the config's kind */
     json_object_set_new(json_object_get(d, "provenance"), "kind", json_string("sparse"));

@@ -316,7 +316,7 @@ static void check_descriptions(void) {
     check_desc_json("{\"attention\": {\"kind\": \"deepseek_v4\", \"layer_types\": [\"csa\"], \"compress_rates\": [-1]}}", NULL, NULL, 0,
                     "attention.compress_rates[0]: -1 is negative");
     check_desc_json("{\"attention\": {\"kind\": \"sparse\"}}", NULL, NULL, 0,
-                    "attention.kind: \"sparse\" is not one of deepseek_v4, full, compressed, channel, v4");
+                    "attention.kind: \"sparse\" is not one of deepseek_v4, infllm_v2, full, compressed, channel, v4, select");
     char dir[4200];
     snprintf(dir, sizeof dir, "%s/compressed_w6s3_overlap", tu_conformance_dir());
     check_runtime_desc(dir, "W6/S3", "compressed", 3);
