@@ -314,7 +314,7 @@ static void test_config_and_names(void) {
         {"{\"kind\": \"compressed\", \"rate\": 4}", "applies to kind \"channel\" only"},
         {"{\"kind\": \"v4\", \"rate\": 0}", "attention.rate"},
         {"{\"kind\": \"v4\", \"mode\": \"nsa\"}", "attention.mode"},
-        {"{\"kind\": \"sparse\"}", "\"full\", \"compressed\" or \"channel\""},
+        {"{\"kind\": \"sparse\"}", "\"full\", \"compressed\", \"channel\" or \"select\""},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char t[512];
