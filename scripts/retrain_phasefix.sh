@@ -9,9 +9,11 @@
 #   scripts/retrain_phasefix.sh all                  the shipped models w8s8_staggered, w8s8_content, deep_phasefix
 #   scripts/retrain_phasefix.sh seed SEED            deep_phasefix's recipe at seed SEED (config w8s8_staggered_sSEED)
 #                                                    into data/models/deep_phasefix_sSEED, resumable (below)
-#   scripts/retrain_phasefix.sh park SEED            copy the seed run's unfinished state into data/runs/ (to commit)
-# A seed run takes hours; a session may stop in the middle. `seed` continues from out/phasefix/ where the last
-# checkpoint is, else from data/runs/deep_phasefix_sSEED/ (a parked state, committed by `park`), else from scratch.
+#   scripts/retrain_phasefix.sh select SEED          deep_w8s8's recipe with the select kind (config select_sSEED)
+#                                                    into data/models/deep_select_sSEED, resumable (below)
+#   scripts/retrain_phasefix.sh park NAME            copy run NAME's unfinished state into data/runs/NAME (to commit)
+# A seed or select run takes hours; a session may stop in the middle. Each continues from out/phasefix/ where the
+# last checkpoint is, else from data/runs/NAME/ (a parked state, committed by `park NAME`), else from scratch.
 # Nothing is written under data/models/ before the run has reached step 8000.
 # The deep recipe is retrain_deep.sh's: train 50 steps at a time (--resume is bit-identical to one run) until
 # the first evaluation with held-out accuracy >= 0.6, at most 8000 steps. One thread (OMP_NUM_THREADS=1).
@@ -58,6 +60,29 @@ follow() { # follow CFG DIR LEADER INIT_FROM: the control of a fine-tune, traine
   rm -f "$dir"/optimizer-*.safetensors
   $PS render "$dir/train.jsonl" --out "$dir" > /dev/null
 }
+rule_then_end() { # rule_then_end CFG RULE_DIR CONT_DIR NAME: train CFG from scratch by the held-out-0.6 rule into
+  # RULE_DIR, then on from the rule's weights (a fresh optimizer) to step 8000 into CONT_DIR, then copy it to
+  # data/models/NAME (the rule's checkpoint stays in RULE_DIR). Resumable: continues from out/phasefix/ where the
+  # last checkpoint is, else from data/runs/NAME/{rule,cont} (a parked state, `park NAME`), else from scratch.
+  local cfg=$1 rule=$2 cont=$3 name=$4 park=data/runs/$4 s d
+  for d in rule cont; do # restore a parked phase that out/ lacks
+    [ -d "$park/$d" ] && [ ! -f "${!d}/train.jsonl" ] && { mkdir -p "${!d}"; cp -r "$park/$d/." "${!d}/"; }
+  done
+  if [ ! -f "$rule/stopped_at" ]; then
+    RESUME=$([ -f "$rule/train.jsonl" ] && echo 1 || echo 0) first_at "$cfg" "$rule" 0.6
+  fi
+  s=$(cat "$rule/stopped_at")
+  if [ -f "$cont/train.jsonl" ]; then
+    $PS train --config "$cfg" --out "$cont" --resume --stop-after $((8000 - s)) > /dev/null
+  else
+    $PS train --config "$cfg" --out "$cont" --init-from "$rule" --stop-after $((8000 - s)) > /dev/null
+  fi
+  rm -rf "data/models/$name" "$park"
+  cp -r "$cont" "data/models/$name"
+  rm -f data/models/$name/optimizer-*.safetensors
+  $PS render "data/models/$name/train.jsonl" --out "data/models/$name" > /dev/null
+  echo "data/models/$name: step 8000 (rule at step $s)"
+}
 demo_seed() { # demo_seed NAME SEED DIR [STEPS]: the 1-layer recipe with another seed (and step budget)
   local name=$1 seed=$2 dir=$3 steps=${4:-} cfg
   cfg=$(mktemp --suffix=.json)
@@ -92,29 +117,21 @@ case "${1:-all}" in
       --init-from out/phasefix/deep_w8s8_staggered --stop-after $((8000 - s)) > /dev/null
     rm -f data/models/deep_phasefix/optimizer-*.safetensors ;;
   seed) # seed SEED: deep_phasefix's recipe (the two phases of `all`) at another seed, resumable
-    sd=$2 rule=out/phasefix/deep_w8s8_staggered_s$2 cont=out/phasefix/deep_phasefix_s$2 park=data/runs/deep_phasefix_s$2
-    cfg=experiments/configs/deep/w8s8_staggered_s$sd.json
-    for d in rule cont; do # restore a parked phase that out/ lacks
-      [ -d "$park/$d" ] && [ ! -f "${!d}/train.jsonl" ] && { mkdir -p "${!d}"; cp -r "$park/$d/." "${!d}/"; }
-    done
-    if [ ! -f "$rule/stopped_at" ]; then
-      RESUME=$([ -f "$rule/train.jsonl" ] && echo 1 || echo 0) first_at "$cfg" "$rule" 0.6
-    fi
-    s=$(cat "$rule/stopped_at")
-    if [ -f "$cont/train.jsonl" ]; then
-      $PS train --config "$cfg" --out "$cont" --resume --stop-after $((8000 - s)) > /dev/null
-    else
-      $PS train --config "$cfg" --out "$cont" --init-from "$rule" --stop-after $((8000 - s)) > /dev/null
-    fi
-    rm -rf "data/models/deep_phasefix_s$sd" "$park"
-    cp -r "$cont" "data/models/deep_phasefix_s$sd"
-    rm -f data/models/deep_phasefix_s$sd/optimizer-*.safetensors
-    $PS render "data/models/deep_phasefix_s$sd/train.jsonl" --out "data/models/deep_phasefix_s$sd" > /dev/null
-    echo "data/models/deep_phasefix_s$sd: step 8000 (rule at step $s)" ;;
-  park) # park SEED: the unfinished seed run's state (weights, AdamW state, logs) into data/runs/ to be committed
-    sd=$2 park=data/runs/deep_phasefix_s$2
+    rule_then_end "experiments/configs/deep/w8s8_staggered_s$2.json" out/phasefix/deep_w8s8_staggered_s$2 \
+      out/phasefix/deep_phasefix_s$2 "deep_phasefix_s$2" ;;
+  select) # select SEED: deep_w8s8's recipe with the select kind (issue 46), the same two phases, resumable
+    rule_then_end "experiments/configs/deep/select_s$2.json" out/phasefix/deep_select_s$2_rule out/phasefix/deep_select_s$2 \
+      "deep_select_s$2" ;;
+  park) # park NAME: an unfinished run's state (weights, AdamW state, logs) into data/runs/NAME to be committed
+    # (NAME deep_phasefix_sSEED or deep_select_sSEED)
+    park=data/runs/$2
+    case "$2" in
+      deep_phasefix_s*) rule=out/phasefix/deep_w8s8_staggered_s${2#deep_phasefix_s} ;;
+      deep_select_s*) rule=out/phasefix/$2_rule ;;
+      *) echo "park: unknown run $2" >&2; exit 2 ;;
+    esac
     rm -rf "$park"
-    for d in rule:out/phasefix/deep_w8s8_staggered_s$sd cont:out/phasefix/deep_phasefix_s$sd; do
+    for d in rule:$rule cont:out/phasefix/$2; do
       [ -f "${d#*:}/train.jsonl" ] || continue
       mkdir -p "$park/${d%%:*}"
       cp "${d#*:}"/*.json* "${d#*:}"/*.safetensors "$park/${d%%:*}/" 2>/dev/null || true
