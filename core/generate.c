@@ -25,18 +25,22 @@ int ps_generate_edit_parse(const ps_config *c, const char *spec, ps_generate_edi
 }
 
 int ps_generate_edit_parse_kv(const ps_kvcache *kv, const char *spec, ps_generate_edit *e, ps_error *err) {
-    if (!kv->v4) return ps_generate_edit_parse(&kv->m->cfg, spec, e, err);
     memset(e, 0, sizeof *e);
     char point[96], mode[16];
     long g, j;
     int off = 0;
+    const ps_kvcache_ops *ops = kv->ops;
     if (sscanf(spec, "%95[^:]:%ld:%ld:%15[a-z]%n", point, &g, &j, mode, &off) != 4 || spec[off] != '\0')
-        return ps_fail(err, "edit \"%s\": expected layers.L.attn.cache_kv:0:ENTRY:zero|mean (or cache_ik)", spec);
+        return ps_fail(err, "edit \"%s\": expected %s", spec, ops->edit_form);
     if (ps_kvcache_point_parse_kv(kv, point, &e->layer, &e->value, err)) return ps_fail_prefix(err, "edit \"%s\": ", spec), -1;
-    if (g != 0) return ps_fail(err, "edit \"%s\": head %ld: a DeepSeek-V4 layer has one K = V head (0)", spec, g);
+    int64_t nh = ps_kvcache_entry_heads(kv);
+    if (g < 0 || g >= nh) {
+        if (ops->one_head) return ps_fail(err, "edit \"%s\": head %ld: %s", spec, g, ops->one_head);
+        return ps_fail(err, "edit \"%s\": KV head %ld is outside the model's %lld KV heads", spec, g, (long long)nh);
+    }
     if (j < 0) return ps_fail(err, "edit \"%s\": entry %ld must be >= 0", spec, j);
     if (strcmp(mode, "zero") && strcmp(mode, "mean")) return ps_fail(err, "edit \"%s\": mode \"%s\": expected zero or mean", spec, mode);
-    e->head = 0;
+    e->head = (int)g;
     e->entry = j;
     e->mean = !strcmp(mode, "mean");
     return 0;

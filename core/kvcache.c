@@ -18,7 +18,6 @@
 #include "core/chunks.h"
 #include "core/ops.h"
 #include "core/runtime.h"
-#include "core/v4/v4_kvcache.h"
 
 #define PR (r->page_rows)
 
@@ -279,8 +278,7 @@ double ps_kvcache_fixed_bytes(const ps_config *c) {
 /* a list's page tables: the buffers', and the counts' once a fork shared its pages */
 static int64_t table_bytes(const ps_kv_rows *r) { return r->cap_pages * (int64_t)sizeof(void *) * (r->refs ? 2 : 1); }
 
-int64_t ps_kvcache_bytes(const ps_kvcache *kv) {
-    if (kv->v4) return ps_v4_kvcache_bytes(kv);
+static int64_t model_bytes(const ps_kvcache *kv) {
     int64_t tab = 0;
     const ps_config *c = &kv->m->cfg;
     for (int s = 0; s < kv->n_seq; s++) {
@@ -321,11 +319,7 @@ static void seq_free(ps_kvcache *kv, ps_kv_seq *q) {
     memset(q, 0, sizeof *q);
 }
 
-void ps_kvcache_free(ps_kvcache *kv) {
-    if (kv->v4) {
-        ps_v4_kvcache_free(kv);
-        return;
-    }
+static void model_free(ps_kvcache *kv) {
     for (int s = 0; s < kv->n_seq; s++)
         if (kv->seqs[s].live) seq_free(kv, &kv->seqs[s]);
     free(kv->seqs);
@@ -345,6 +339,7 @@ int ps_kvcache_create(ps_kvcache *kv, const ps_model *m, const ps_kvcache_opts *
     memset(kv, 0, sizeof *kv);
     const ps_config *c = &m->cfg;
     int host = ps_ctx_host_visible(m->ctx);
+    kv->ops = &ps_kvcache_model_ops;
     kv->m = m;
     kv->ctx = m->ctx;
     kv->o.chunk = o && o->chunk > 0 ? o->chunk : 256;
@@ -421,8 +416,7 @@ static int seq_slot(ps_kvcache *kv, ps_error *err) {
     return kv->n_seq++;
 }
 
-int ps_kvcache_add(ps_kvcache *kv, ps_error *err) {
-    if (kv->v4) return ps_v4_kvcache_add(kv, err);
+static int model_add(ps_kvcache *kv, ps_error *err) {
     const ps_config *c = &kv->m->cfg;
     int s = seq_slot(kv, err);
     if (s < 0) return -1;
@@ -459,8 +453,7 @@ int ps_kvcache_add(ps_kvcache *kv, ps_error *err) {
     return s;
 }
 
-int ps_kvcache_fork(ps_kvcache *kv, int src, ps_error *err) {
-    if (kv->v4) return ps_v4_kvcache_fork(kv, src, err);
+static int model_fork(ps_kvcache *kv, int src, ps_error *err) {
     const ps_config *c = &kv->m->cfg;
     if (!ps_kvcache_seq(kv, src, err)) return -1;
     int s = ps_kvcache_add(kv, err);
@@ -484,11 +477,7 @@ int ps_kvcache_fork(ps_kvcache *kv, int src, ps_error *err) {
     return s;
 }
 
-void ps_kvcache_drop(ps_kvcache *kv, int seq) {
-    if (kv->v4) {
-        ps_v4_kvcache_drop(kv, seq);
-        return;
-    }
+static void model_drop(ps_kvcache *kv, int seq) {
     if (seq >= 0 && seq < kv->n_seq && kv->seqs[seq].live) seq_free(kv, &kv->seqs[seq]);
 }
 
@@ -498,8 +487,7 @@ static int64_t grid_entries(const ps_config *c, int64_t g, int64_t t) {
     return ps_windows_seen_at(t, ps_config_head_offset(c, g), c->window, c->stride, INT64_MAX);
 }
 
-int ps_kvcache_truncate(ps_kvcache *kv, int seq, int64_t T, ps_error *err) {
-    if (kv->v4) return ps_v4_kvcache_truncate(kv, seq, T, err);
+static int model_truncate(ps_kvcache *kv, int seq, int64_t T, ps_error *err) {
     const ps_config *c = &kv->m->cfg;
     ps_kv_seq *q = ps_kvcache_seq(kv, seq, err);
     if (!q) return -1;
@@ -574,14 +562,12 @@ static int entry_check(const ps_kvcache *kv, int l, int g, int value, ps_error *
     return 0;
 }
 
-int64_t ps_kvcache_n_entries(const ps_kvcache *kv, int seq, int l, int g) {
-    if (kv->v4) return ps_v4_kvcache_n_entries(kv, seq, l, g);
+static int64_t model_n_entries(const ps_kvcache *kv, int seq, int l, int g) {
     if (seq < 0 || seq >= kv->n_seq || !kv->seqs[seq].live || entry_check(kv, l, g, 0, NULL)) return 0;
     return kv->seqs[seq].layers[l].ck[g].rows;
 }
 
-int ps_kvcache_entry(const ps_kvcache *kv, int seq, int l, int g, int value, int64_t j, float *out, ps_error *err) {
-    if (kv->v4) return ps_v4_kvcache_entry(kv, seq, l, g, value, j, out, err);
+static int model_entry(const ps_kvcache *kv, int seq, int l, int g, int value, int64_t j, float *out, ps_error *err) {
     if (entry_check(kv, l, g, value, err)) return -1;
     if (seq < 0 || seq >= kv->n_seq || !kv->seqs[seq].live) return ps_fail(err, "KV cache: no sequence %d", seq);
     const ps_kv_rows *r = value ? &kv->seqs[seq].layers[l].cv[g] : &kv->seqs[seq].layers[l].ck[g];
@@ -630,9 +616,8 @@ const ps_kv_edit *ps_kvcache_edit_push(ps_kvcache *kv, int seq, int l, int g, in
     return e;
 }
 
-int ps_kvcache_edit(ps_kvcache *kv, int seq, int l, int g, int value, int64_t j, ps_kv_edit_kind kind, const float *vec,
-                    ps_error *err) {
-    if (kv->v4) return ps_v4_kvcache_edit(kv, seq, l, g, value, j, kind, vec, err);
+static int model_edit(ps_kvcache *kv, int seq, int l, int g, int value, int64_t j, ps_kv_edit_kind kind, const float *vec,
+                      ps_error *err) {
     const ps_config *c = &kv->m->cfg;
     int64_t hd = c->head_dim;
     if (entry_check(kv, l, g, value, err)) return -1;
@@ -1123,7 +1108,7 @@ static int run_step(ps_kvcache *kv, const kv_piece *P, int np, int64_t R, const 
 int ps_kvcache_check_request(ps_kvcache *kv, int n_seq, const int *seqs, const int64_t *n, const int32_t *tokens, ps_error *err) {
     if (n_seq < 0) return ps_fail(err, "KV cache append: %d sequences", n_seq);
     int64_t max_len = ps_kvcache_max_len(kv), vocab = ps_kvcache_vocab(kv);
-    const char *max_name = kv->v4 ? "max_position_embeddings" : "max_seq_len";
+    const char *max_name = kv->ops->max_len_name;
     int64_t tot = 0;
     for (int i = 0; i < n_seq; tot += n[i], i++) {
         ps_kv_seq *q = ps_kvcache_seq(kv, seqs[i], err);
@@ -1142,9 +1127,8 @@ int ps_kvcache_check_request(ps_kvcache *kv, int n_seq, const int *seqs, const i
     return 0;
 }
 
-int ps_kvcache_append(ps_kvcache *kv, int n_seq, const int *seqs, const int64_t *n, const int32_t *tokens,
-                      const ps_hooks *hooks, float *logits, bool last_only, ps_error *err) {
-    if (kv->v4) return ps_v4_kvcache_append(kv, n_seq, seqs, n, tokens, hooks, logits, last_only, err);
+static int model_append(ps_kvcache *kv, int n_seq, const int *seqs, const int64_t *n, const int32_t *tokens,
+                        const ps_hooks *hooks, float *logits, bool last_only, ps_error *err) {
     const ps_config *c = &kv->m->cfg;
     if (hooks && hooks->mask && hooks->family != &ps_model_hook_family)
         return ps_fail(err, "the hooks were registered for a %s model, not this phasescope model", hooks->family->name);
@@ -1185,12 +1169,44 @@ int ps_kvcache_append(ps_kvcache *kv, int n_seq, const int *seqs, const int64_t 
 }
 
 int ps_kvcache_create_rt(ps_kvcache *kv, const ps_runtime *rt, const ps_kvcache_opts *o, ps_error *err) {
-    if (rt->family == &ps_family_v4) return ps_v4_kvcache_create(kv, (ps_v4_model *)rt->model, o, err);
-    if (rt->family != &ps_family_model)
+    memset(kv, 0, sizeof *kv);
+    const ps_kvcache_ops *ops = rt->family ? rt->family->kvcache : NULL;
+    if (!ops)
         return ps_fail(err, "the KV cache is not implemented for the %s family (the whole-sequence path runs)",
                        rt->family ? rt->family->name : "?");
-    return ps_kvcache_create(kv, (const ps_model *)rt->model, o, err);
+    return ops->create(kv, rt, o, err);
 }
+
+/* ---- every family's cache: its table's functions ---- */
+
+void ps_kvcache_free(ps_kvcache *kv) {
+    if (kv->ops) kv->ops->free(kv);
+}
+int ps_kvcache_add(ps_kvcache *kv, ps_error *err) { return kv->ops->add(kv, err); }
+int ps_kvcache_fork(ps_kvcache *kv, int src, ps_error *err) { return kv->ops->fork(kv, src, err); }
+void ps_kvcache_drop(ps_kvcache *kv, int seq) { kv->ops->drop(kv, seq); }
+int ps_kvcache_truncate(ps_kvcache *kv, int seq, int64_t T, ps_error *err) { return kv->ops->truncate(kv, seq, T, err); }
+int ps_kvcache_append(ps_kvcache *kv, int n_seq, const int *seqs, const int64_t *n, const int32_t *tokens, const ps_hooks *hooks,
+                      float *logits, bool last_only, ps_error *err) {
+    return kv->ops->append(kv, n_seq, seqs, n, tokens, hooks, logits, last_only, err);
+}
+int64_t ps_kvcache_n_entries(const ps_kvcache *kv, int seq, int l, int g) { return kv->ops->n_entries(kv, seq, l, g); }
+int ps_kvcache_entry(const ps_kvcache *kv, int seq, int l, int g, int value, int64_t j, float *out, ps_error *err) {
+    return kv->ops->entry(kv, seq, l, g, value, j, out, err);
+}
+int ps_kvcache_edit(ps_kvcache *kv, int seq, int l, int g, int value, int64_t j, ps_kv_edit_kind kind, const float *vec,
+                    ps_error *err) {
+    return kv->ops->edit(kv, seq, l, g, value, j, kind, vec, err);
+}
+int64_t ps_kvcache_bytes(const ps_kvcache *kv) { return kv->ops->bytes(kv); }
+int ps_kvcache_point_parse_kv(const ps_kvcache *kv, const char *name, int *layer, int *value, ps_error *err) {
+    return kv->ops->point_parse(kv, name, layer, value, err);
+}
+void ps_kvcache_point_name(const ps_kvcache *kv, int layer, int value, char *buf, size_t n) { kv->ops->point_name(kv, layer, value, buf, n); }
+int64_t ps_kvcache_vocab(const ps_kvcache *kv) { return kv->ops->vocab(kv); }
+int64_t ps_kvcache_max_len(const ps_kvcache *kv) { return kv->ops->max_len(kv); }
+int64_t ps_kvcache_entry_heads(const ps_kvcache *kv) { return kv->ops->entry_heads(kv); }
+int64_t ps_kvcache_entry_width(const ps_kvcache *kv, int l, int value) { return kv->ops->entry_width(kv, l, value); }
 
 /* ---- the page lists for the other families' caches ---- */
 
@@ -1203,24 +1219,45 @@ void ps_kv_rows_drop_front(ps_kvcache *kv, ps_kv_rows *r, int64_t from) { rows_d
 void ps_kv_rows_truncate(ps_kvcache *kv, ps_kv_rows *r, int64_t n) { rows_truncate(kv, r, n); }
 int ps_kv_rows_fork(ps_kv_rows *dst, ps_kv_rows *src) { return rows_fork(dst, src); }
 
-/* ---- the cache's model, for any family ---- */
+/* ---- the controlled model's cache as its family's table ---- */
 
-int ps_kvcache_point_parse_kv(const ps_kvcache *kv, const char *name, int *layer, int *value, ps_error *err) {
-    if (kv->v4) return ps_v4_kvcache_point_parse(&kv->v4->m->cfg, name, layer, value, err);
+static int model_create_rt(ps_kvcache *kv, const ps_runtime *rt, const ps_kvcache_opts *o, ps_error *err) {
+    return ps_kvcache_create(kv, (const ps_model *)rt->model, o, err);
+}
+static int model_point_parse(const ps_kvcache *kv, const char *name, int *layer, int *value, ps_error *err) {
     return ps_kvcache_point_parse(&kv->m->cfg, name, layer, value, err);
 }
-
-void ps_kvcache_point_name(const ps_kvcache *kv, int layer, int value, char *buf, size_t n) {
-    if (kv->v4) snprintf(buf, n, "layers.%d.attn.%s", layer, value ? "cache_ik" : "cache_kv");
-    else snprintf(buf, n, "blocks.%d.attn.%s", layer, value ? "cache_cv" : "cache_ck");
+static void model_point_name(const ps_kvcache *kv, int layer, int value, char *buf, size_t n) {
+    (void)kv;
+    snprintf(buf, n, "blocks.%d.attn.%s", layer, value ? "cache_cv" : "cache_ck");
 }
-
-int64_t ps_kvcache_vocab(const ps_kvcache *kv) { return kv->v4 ? ps_v4_kvcache_vocab(kv) : kv->m->cfg.vocab_size; }
-int64_t ps_kvcache_max_len(const ps_kvcache *kv) { return kv->v4 ? ps_v4_kvcache_max_len(kv) : kv->m->cfg.max_seq_len; }
-int64_t ps_kvcache_entry_heads(const ps_kvcache *kv) { return kv->v4 ? 1 : entry_heads(&kv->m->cfg); }
-
-int64_t ps_kvcache_entry_width(const ps_kvcache *kv, int l, int value) {
-    (void)l;
-    if (kv->v4) return value ? kv->v4->m->cfg.index_head_dim : kv->v4->m->cfg.head_dim;
+static int64_t model_vocab(const ps_kvcache *kv) { return kv->m->cfg.vocab_size; }
+static int64_t model_max_len(const ps_kvcache *kv) { return kv->m->cfg.max_seq_len; }
+static int64_t model_entry_heads(const ps_kvcache *kv) { return entry_heads(&kv->m->cfg); }
+static int64_t model_entry_width(const ps_kvcache *kv, int l, int value) {
+    (void)l, (void)value;
     return kv->m->cfg.head_dim;
 }
+
+const ps_kvcache_ops ps_kvcache_model_ops = {
+    .name = "phasescope",
+    .create = model_create_rt,
+    .free = model_free,
+    .add = model_add,
+    .fork = model_fork,
+    .drop = model_drop,
+    .truncate = model_truncate,
+    .append = model_append,
+    .n_entries = model_n_entries,
+    .entry = model_entry,
+    .edit = model_edit,
+    .bytes = model_bytes,
+    .point_parse = model_point_parse,
+    .point_name = model_point_name,
+    .vocab = model_vocab,
+    .max_len = model_max_len,
+    .entry_heads = model_entry_heads,
+    .entry_width = model_entry_width,
+    .max_len_name = "max_seq_len",
+    .edit_form = "blocks.L.attn.cache_ck:HEAD:ENTRY:zero|mean (or cache_cv)",
+};

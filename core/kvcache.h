@@ -25,8 +25,11 @@
  * attention (attention.kind "v4": one K = V head, a sliding window of local_window raw rows, one entry per
  * `rate` tokens pooled per channel over m (HCA) or 2m (CSA) slots, a sink per head; what the sequence keeps
  * of the open windows is the compressor's kv and gate rows, and its entries are cache_ck only).
- * DeepSeek-V4 checkpoints (core/v4) have a cache of their own behind the same functions: kv->v4 is set and
- * every function below goes to core/v4/v4_kvcache.h (its layout and cache points are described there).
+ * The functions below are the same for every family: each goes through the cache's table (ps_kvcache_ops, kv->ops),
+ * which the family supplies in its family table (core/runtime.h: ps_family.kvcache; NULL: the family has no cache,
+ * and generate and serve say so). This file implements the controlled model's (ps_kvcache_model_ops); DeepSeek-V4's
+ * is core/v4/v4_kvcache.h (its layout and cache points are described there); a family defined outside the library
+ * brings its own (tests/toy_family.c). A family's own state hangs on kv->impl.
  *
  * Backend: any (docs/kvcache.md "Backends"): the pages and step buffers are buffers of the model's context;
  * the matrix products and norms go through the backend's ops, and so do the attention of the new rows
@@ -111,16 +114,17 @@ typedef struct {
     int plain_attention; /* 1: every appended row attends alone (the per-row reference), also in a long append */
 } ps_kvcache_opts;
 
-struct ps_v4_kvcache;
+struct ps_kvcache_ops;
 /* A sequence's piece of an append of at least this many rows attends blocked (every grid kind: per KV
  * head, the entries and the raw rows the piece reaches gathered once into a transposed frame, each row's
  * scores and weighted sums vectorised along it); shorter pieces (a decode step) and the channel attention
  * run per row. */
 #define PS_KV_BLOCKED_MIN 16
 
-typedef struct {
-    const ps_model *m;       /* the controlled model (NULL for a DeepSeek-V4 cache) */
-    struct ps_v4_kvcache *v4; /* a DeepSeek-V4 checkpoint's cache (core/v4/v4_kvcache.h), or NULL */
+typedef struct ps_kvcache {
+    const struct ps_kvcache_ops *ops; /* the family's cache (below) */
+    const ps_model *m;       /* the controlled model's cache: its model (NULL for another family's) */
+    void *impl;              /* another family's cache: its state (DeepSeek-V4: struct ps_v4_kvcache) */
     ps_ctx *ctx;
     ps_kvcache_opts o;
     int n_seq, cap_seq;
@@ -151,6 +155,41 @@ typedef struct {
     int64_t ev_pay_cap;
 } ps_kvcache;
 
+/* A family's KV cache: what every ps_kvcache_* function below does on it. create fills kv (zeroed by the caller)
+ * for the opened checkpoint rt and sets kv->ops; the rest are the functions below with the same names.
+ * point_parse / point_name: the cache's hook points (their names: "blocks.{l}.attn.cache_ck", ...);
+ * max_len_name: what bounds a sequence, as the config names it; edit_form: how an edit is written
+ * ("blocks.L.attn.cache_ck:HEAD:ENTRY:zero|mean (or cache_cv)"); one_head: for a cache whose entries have one
+ * head, why (the message for another head; NULL: heads are KV heads). */
+struct ps_runtime;
+typedef struct ps_kvcache_ops {
+    const char *name;
+    int (*create)(ps_kvcache *kv, const struct ps_runtime *rt, const ps_kvcache_opts *o, ps_error *err);
+    void (*free)(ps_kvcache *kv);
+    int (*add)(ps_kvcache *kv, ps_error *err);
+    int (*fork)(ps_kvcache *kv, int src, ps_error *err);
+    void (*drop)(ps_kvcache *kv, int seq);
+    int (*truncate)(ps_kvcache *kv, int seq, int64_t T, ps_error *err);
+    int (*append)(ps_kvcache *kv, int n_seq, const int *seqs, const int64_t *n, const int32_t *tokens, const ps_hooks *hooks,
+                  float *logits, bool last_only, ps_error *err);
+    int64_t (*n_entries)(const ps_kvcache *kv, int seq, int l, int g);
+    int (*entry)(const ps_kvcache *kv, int seq, int l, int g, int value, int64_t j, float *out, ps_error *err);
+    int (*edit)(ps_kvcache *kv, int seq, int l, int g, int value, int64_t j, ps_kv_edit_kind kind, const float *vec, ps_error *err);
+    int64_t (*bytes)(const ps_kvcache *kv);
+    int (*point_parse)(const ps_kvcache *kv, const char *name, int *layer, int *value, ps_error *err);
+    void (*point_name)(const ps_kvcache *kv, int layer, int value, char *buf, size_t n);
+    int64_t (*vocab)(const ps_kvcache *kv);
+    int64_t (*max_len)(const ps_kvcache *kv);
+    int64_t (*entry_heads)(const ps_kvcache *kv);
+    int64_t (*entry_width)(const ps_kvcache *kv, int l, int value);
+    /* a sequence's length (NULL: kv->seqs[seq].T) */
+    int64_t (*len)(const ps_kvcache *kv, int seq);
+    const char *max_len_name, *edit_form, *one_head;
+} ps_kvcache_ops;
+
+/* The controlled model's cache (this file). */
+extern const ps_kvcache_ops ps_kvcache_model_ops;
+
 /* Bytes per token the cache grows by in the long run, as `phasescope info` states it (float32): full
  * attention n_layers·2·nkv·hd·4; compressed that over S (content chunks: over E[chunk length]). */
 double ps_kvcache_bytes_per_token(const ps_config *c);
@@ -159,9 +198,8 @@ double ps_kvcache_bytes_per_token(const ps_config *c);
 double ps_kvcache_fixed_bytes(const ps_config *c);
 
 int ps_kvcache_create(ps_kvcache *kv, const ps_model *m, const ps_kvcache_opts *o, ps_error *err);
-/* The same for an opened checkpoint of any family (core/runtime.h): the families that have a KV cache
- * (today the controlled model) create it; any other fails with a message naming the family. */
-struct ps_runtime;
+/* The same for an opened checkpoint of any family (core/runtime.h): its family table's cache (ps_family.kvcache)
+ * creates it; a family without one fails with a message naming the family. */
 int ps_kvcache_create_rt(ps_kvcache *kv, const struct ps_runtime *rt, const ps_kvcache_opts *o, ps_error *err);
 void ps_kvcache_free(ps_kvcache *kv);
 
@@ -175,7 +213,7 @@ void ps_kvcache_drop(ps_kvcache *kv, int seq);
  * what position T needs: back by at most opts.history tokens for a compressed model (full attention:
  * any T). */
 int ps_kvcache_truncate(ps_kvcache *kv, int seq, int64_t T, ps_error *err);
-static inline int64_t ps_kvcache_len(const ps_kvcache *kv, int seq) { return kv->seqs[seq].T; }
+static inline int64_t ps_kvcache_len(const ps_kvcache *kv, int seq) { return kv->ops && kv->ops->len ? kv->ops->len(kv, seq) : kv->seqs[seq].T; }
 
 /* Append n[i] tokens (concatenated in `tokens`, sequence by sequence) to sequences seqs[0..n_seq) (ids
  * distinct) and run them. logits: [Σ n[i], V] on the host (every new position, in the same order) when
@@ -198,7 +236,7 @@ int ps_kvcache_edit(ps_kvcache *kv, int seq, int l, int g, int value, int64_t j,
 /* Parse "blocks.{l}.attn.cache_ck" / "cache_cv" into layer and value (0/1). */
 int ps_kvcache_point_parse(const ps_config *c, const char *name, int *layer, int *value, ps_error *err);
 
-/* The same for any family's cache (the controlled model's points above, DeepSeek-V4's
+/* The same for any family's cache (its table's: the controlled model's points above, DeepSeek-V4's
  * layers.{L}.attn.cache_kv / cache_ik: core/v4/v4_kvcache.h); and the point's name. */
 int ps_kvcache_point_parse_kv(const ps_kvcache *kv, const char *name, int *layer, int *value, ps_error *err);
 void ps_kvcache_point_name(const ps_kvcache *kv, int layer, int value, char *buf, size_t n);

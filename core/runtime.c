@@ -15,6 +15,7 @@
 #include "core/v4/v4_config.h"
 #include "core/v4/v4_forward.h"
 #include "core/v4/v4_hooks.h"
+#include "core/kvcache.h"
 #include "core/v4/v4_kvcache.h"
 #include "core/v4/v4_model.h"
 
@@ -401,6 +402,7 @@ static int model_describe(const ps_runtime *rt, int64_t B, FILE *out, ps_error *
 
 const ps_family ps_family_model = {
     .name = "phasescope",
+    .kvcache = &ps_kvcache_model_ops,
     .model_size = sizeof(ps_model),
     .detect = model_detect,
     .open = model_open,
@@ -937,6 +939,7 @@ static int v4_load_weights(ps_runtime *rt, int lazy, ps_error *err) {
 
 const ps_family ps_family_v4 = {
     .name = "deepseek_v4",
+    .kvcache = &ps_v4_kvcache_ops,
     .model_size = sizeof(ps_v4_model),
     .detect = v4_detect,
     .open = v4_open,

@@ -159,6 +159,10 @@ struct ps_family {
     int (*rows)(const ps_runtime *rt, const ps_batch *b, int64_t batch, double mem_bytes, ps_rows_fn fn, void *user,
                 ps_error *err);
 
+    /* the KV cache at inference (core/kvcache.h: create and every ps_kvcache_* function; NULL: the family has
+     * none, and generate and serve say so) */
+    const struct ps_kvcache_ops *kvcache;
+
     /* hook points */
     const ps_point_info *points;
     int n_points;

@@ -363,6 +363,27 @@ static void test_api(void) {
     } else
         CHECK(0, "run after the instruments: %s", err.msg);
     CHECK(toy_opens == opens + 1, "the instruments ran on the open handle (%d opens of the toy, want 1)", toy_opens - opens);
+    /* generation through the family's own KV cache (its table's kvcache): greedy tokens and log-probs are the
+     * table's, two prompts of different lengths in one call */
+    {
+        int last = -1, g1 = -1, g2 = -1;
+        CHECK(!toy_greedy_pair(&last, &g1, &g2), "a toy prompt with an unambiguous greedy continuation");
+        int32_t prompts[5] = {3, 5, last, 9, last};
+        int64_t lens[2] = {3, 2}, n_gen[2] = {0, 0};
+        int32_t out[4];
+        double lps[4];
+        int rc = ps_api_generate(m, prompts, lens, 2, 2, NULL, NULL, out, lps, n_gen, err.msg, sizeof err.msg);
+        CHECK(rc == 0 && n_gen[0] == 2 && n_gen[1] == 2 && out[0] == g1 && out[1] == g2 && out[2] == g1 && out[3] == g2,
+              "the toy generates through its cache: rc %d (%s), tokens %d %d / %d %d, want %d %d", rc, rc ? err.msg : "", out[0], out[1],
+              out[2], out[3], g1, g2);
+        CHECK(rc == 0 && fabs(lps[0] - toy_logprob(last, g1)) < 1e-5 && fabs(lps[1] - toy_logprob(g1, g2)) < 1e-5 &&
+                  fabs(lps[3] - toy_logprob(g1, g2)) < 1e-5,
+              "the toy's generated log-probs = the table's log-softmax (%.7f %.7f, want %.7f %.7f)", lps[0], lps[1], toy_logprob(last, g1),
+              toy_logprob(g1, g2));
+        rc = ps_api_generate(m, prompts, lens, 1, 1, "{\"edits\": [\"blocks.0.attn.cache_ck:0:0:zero\"]}", NULL, out, lps, n_gen, err.msg,
+                             sizeof err.msg);
+        CHECK(rc != 0 && strstr(err.msg, "no cache points"), "an edit of the toy's cache (which has no entries) is refused: %s", err.msg);
+    }
     test_serve(dir);
     free(ok), free(lp), free(fams);
     ps_batch_free(&base);

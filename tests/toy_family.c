@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/kvcache.h"
 #include "core/ops.h"
 
 /* ---- the family: a bigram table ---- */
@@ -187,7 +188,120 @@ static int ko_arrays(const ps_runtime *rt, int t, ps_ko_array arr[PS_KO_MAX_ARRA
     return 1;
 }
 
+/* ---- its KV cache (core/kvcache.h ps_kvcache_ops): a bigram's next logits need only the last token, so a
+ * sequence keeps its length (kv->seqs[s].T) and its last token (impl); no entries, no cache points ---- */
+
+typedef struct {
+    const toy_model *m;
+    int32_t *last; /* [cap_seq] */
+} toy_cache;
+
+static int toy_kv_create(ps_kvcache *kv, const ps_runtime *rt, const ps_kvcache_opts *o, ps_error *err) {
+    (void)o;
+    toy_cache *c = calloc(1, sizeof *c);
+    if (!c) return ps_fail(err, "out of memory for the toy's cache");
+    c->m = rt->model;
+    kv->impl = c;
+    kv->ops = &toy_kv_ops;
+    kv->ctx = rt->ctx;
+    return 0;
+}
+static void toy_kv_free(ps_kvcache *kv) {
+    toy_cache *c = kv->impl;
+    if (c) free(c->last);
+    free(c);
+    free(kv->seqs);
+    memset(kv, 0, sizeof *kv);
+}
+static int toy_kv_add(ps_kvcache *kv, ps_error *err) {
+    toy_cache *c = kv->impl;
+    int s = 0;
+    while (s < kv->n_seq && kv->seqs[s].live) s++;
+    if (s == kv->n_seq) {
+        ps_kv_seq *q = realloc(kv->seqs, (size_t)(s + 1) * sizeof *q);
+        int32_t *l = q ? realloc(c->last, (size_t)(s + 1) * sizeof *l) : NULL;
+        if (q) kv->seqs = q;
+        if (l) c->last = l;
+        if (!q || !l) return ps_fail(err, "out of memory for a toy cache sequence");
+        kv->n_seq++;
+    }
+    memset(&kv->seqs[s], 0, sizeof kv->seqs[s]);
+    kv->seqs[s].live = true;
+    c->last[s] = -1;
+    return s;
+}
+static int toy_kv_fork(ps_kvcache *kv, int src, ps_error *err) {
+    if (!ps_kvcache_seq(kv, src, err)) return -1;
+    int s = toy_kv_add(kv, err);
+    if (s < 0) return -1;
+    kv->seqs[s].T = kv->seqs[src].T;
+    ((toy_cache *)kv->impl)->last[s] = ((toy_cache *)kv->impl)->last[src];
+    return s;
+}
+static void toy_kv_drop(ps_kvcache *kv, int seq) {
+    if (seq >= 0 && seq < kv->n_seq) kv->seqs[seq].live = false;
+}
+static int toy_kv_truncate(ps_kvcache *kv, int seq, int64_t T, ps_error *err) {
+    ps_kv_seq *q = ps_kvcache_seq(kv, seq, err);
+    if (!q) return -1;
+    if (T != q->T) return ps_fail(err, "the toy's cache keeps the last token only: it cannot go back to %lld tokens", (long long)T);
+    return 0;
+}
+/* logits of every new position (or each sequence's last): row w[token]; blocks.0.hook_row fires per sequence */
+static int toy_kv_append(ps_kvcache *kv, int n_seq, const int *seqs, const int64_t *n, const int32_t *tokens, const ps_hooks *hooks,
+                         float *logits, bool last_only, ps_error *err) {
+    toy_cache *c = kv->impl;
+    if (ps_kvcache_check_request(kv, n_seq, seqs, n, tokens, err)) return -1;
+    int64_t off = 0;
+    for (int i = 0; i < n_seq; off += n[i], i++) {
+        float *rows = malloc((size_t)(n[i] > 0 ? n[i] : 1) * TOY_V * sizeof(float));
+        if (!rows) return ps_fail(err, "out of memory");
+        for (int64_t t = 0; t < n[i]; t++) memcpy(rows + t * TOY_V, c->m->w + tokens[off + t] * TOY_V, TOY_V * sizeof(float));
+        int64_t shape[3] = {1, n[i], TOY_V};
+        int rc = n[i] && ps_hooks_on_point(hooks, &TOY_HOOKS, 0, 0) ? ps_hooks_fire_point(kv->ctx, hooks, 0, 0, rows, 3, shape, err) : 0;
+        if (!rc && logits && n[i]) {
+            if (last_only) memcpy(logits + (int64_t)i * TOY_V, rows + (n[i] - 1) * TOY_V, TOY_V * sizeof(float));
+            else memcpy(logits + off * TOY_V, rows, (size_t)(n[i] * TOY_V) * sizeof(float));
+        }
+        free(rows);
+        if (rc) return -1;
+        kv->seqs[seqs[i]].T += n[i];
+        if (n[i]) c->last[seqs[i]] = tokens[off + n[i] - 1];
+    }
+    return 0;
+}
+static int64_t toy_kv_n_entries(const ps_kvcache *kv, int seq, int l, int g) { return (void)kv, (void)seq, (void)l, (void)g, 0; }
+static int toy_kv_entry(const ps_kvcache *kv, int seq, int l, int g, int value, int64_t j, float *out, ps_error *err) {
+    (void)kv, (void)seq, (void)l, (void)g, (void)value, (void)j, (void)out;
+    return ps_fail(err, "the toy's cache holds no entries");
+}
+static int toy_kv_edit(ps_kvcache *kv, int seq, int l, int g, int value, int64_t j, ps_kv_edit_kind kind, const float *vec, ps_error *err) {
+    (void)kv, (void)seq, (void)l, (void)g, (void)value, (void)j, (void)kind, (void)vec;
+    return ps_fail(err, "the toy's cache holds no entries to edit");
+}
+static int64_t toy_kv_bytes(const ps_kvcache *kv) { return kv->n_seq * (int64_t)(sizeof(ps_kv_seq) + sizeof(int32_t)); }
+static int toy_kv_point_parse(const ps_kvcache *kv, const char *name, int *layer, int *value, ps_error *err) {
+    (void)kv, (void)layer, (void)value;
+    return ps_fail(err, "%s: the toy's cache has no cache points", name);
+}
+static void toy_kv_point_name(const ps_kvcache *kv, int layer, int value, char *buf, size_t n) {
+    (void)kv, (void)layer, (void)value;
+    snprintf(buf, n, "(none)");
+}
+static int64_t toy_kv_vocab(const ps_kvcache *kv) { return (void)kv, TOY_V; }
+static int64_t toy_kv_max_len(const ps_kvcache *kv) { return (void)kv, TOY_MAX_POS; }
+static int64_t toy_kv_entry_heads(const ps_kvcache *kv) { return (void)kv, 0; }
+static int64_t toy_kv_entry_width(const ps_kvcache *kv, int l, int value) { return (void)kv, (void)l, (void)value, 1; }
+
+const ps_kvcache_ops toy_kv_ops = {
+    .name = "toy_bigram", .create = toy_kv_create, .free = toy_kv_free, .add = toy_kv_add, .fork = toy_kv_fork, .drop = toy_kv_drop,
+    .truncate = toy_kv_truncate, .append = toy_kv_append, .n_entries = toy_kv_n_entries, .entry = toy_kv_entry, .edit = toy_kv_edit,
+    .bytes = toy_kv_bytes, .point_parse = toy_kv_point_parse, .point_name = toy_kv_point_name, .vocab = toy_kv_vocab,
+    .max_len = toy_kv_max_len, .entry_heads = toy_kv_entry_heads, .entry_width = toy_kv_entry_width, .max_len_name = "max_pos",
+    .edit_form = "(the toy's cache has no cache points)", .one_head = "the toy's cache has no heads"};
+
 const ps_family ps_toy_family = {
+    .kvcache = &toy_kv_ops,
     .name = "toy_bigram", .model_size = sizeof(toy_model), .detect = toy_detect, .open = toy_open, .free_model = toy_free,
     .acts_create = toy_acts_create, .acts_free = toy_acts_free, .forward = toy_forward, .logits = toy_logits,
     .score = toy_score, .rows = toy_rows, .points = TOY_POINTS, .n_points = 1, .hook_family = &TOY_HOOKS, .point_shape = toy_point_shape,

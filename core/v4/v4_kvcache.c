@@ -15,6 +15,7 @@
 #include "core/hd_math.h"
 #include "core/ops.h"
 #include "core/v4/v4_hooks.h"
+#include "core/runtime.h"
 #include "core/v4/v4_pass.h"
 
 
@@ -47,14 +48,14 @@ double ps_v4_kvcache_fixed_bytes(const ps_v4_config *c) {
     return b;
 }
 
-static const ps_v4_config *cfg_of(const ps_kvcache *kv) { return &kv->v4->m->cfg; }
+static const ps_v4_config *cfg_of(const ps_kvcache *kv) { return &((struct ps_v4_kvcache *)kv->impl)->m->cfg; }
 int64_t ps_v4_kvcache_max_len(const ps_kvcache *kv) { return cfg_of(kv)->max_position_embeddings; }
 int64_t ps_v4_kvcache_vocab(const ps_kvcache *kv) { return cfg_of(kv)->vocab_size; }
 
 /* ---- create / sequences ---- */
 
 void ps_v4_kvcache_free(ps_kvcache *kv) {
-    struct ps_v4_kvcache *v = kv->v4;
+    struct ps_v4_kvcache *v = ((struct ps_v4_kvcache *)kv->impl);
     for (int s = 0; s < kv->n_seq; s++) ps_v4_kvcache_drop(kv, s);
     free(kv->seqs);
     for (int i = 0; i < kv->n_edits; i++) free(kv->edits[i].vec);
@@ -85,7 +86,8 @@ int ps_v4_kvcache_create(ps_kvcache *kv, ps_v4_model *m, const ps_kvcache_opts *
     kv->o.history = o && o->history > 0 ? o->history : 0;
     struct ps_v4_kvcache *v = calloc(1, sizeof *v);
     if (!v) return ps_fail(err, "out of memory for a DeepSeek-V4 KV cache");
-    kv->v4 = v;
+    kv->impl = v;
+    kv->ops = &ps_v4_kvcache_ops;
     v->m = m;
     int host = ps_ctx_host_visible(m->ctx);
     int64_t R = kv->o.chunk, half = c->rope_dim / 2, Dh = c->head_dim, Di = c->index_head_dim;
@@ -403,7 +405,7 @@ static ps_kv_pages pages_of(const ps_kv_rows *r) {
  * kv_slot_pool (as comp_pool), then rmsnorm and rope. */
 static int close_window(ps_kvcache *kv, int seq, int l, int64_t w, int64_t d, int overlap, const float *ape, const float *norm_w,
                         ps_kv_rows *open, ps_kv_rows *ents, int value, int pt_gate, const ps_hooks *hooks, ps_error *err) {
-    struct ps_v4_kvcache *v = kv->v4;
+    struct ps_v4_kvcache *v = ((struct ps_v4_kvcache *)kv->impl);
     ps_ctx *ctx = kv->ctx;
     const ps_v4_config *c = cfg_of(kv);
     int64_t m = c->compress_rate[l], S = overlap ? 2 * m : m, cc = overlap ? 2 : 1;
@@ -434,7 +436,7 @@ static int close_window(ps_kvcache *kv, int seq, int l, int64_t w, int64_t d, in
 static int compress_piece(ps_kvcache *kv, int seq, int l, int64_t p0, int64_t n, int64_t d, int overlap, const float *kv_raw,
                           const float *z, const float *ape, const float *norm_w, ps_kv_rows *open, ps_kv_rows *ents, int value,
                           int pt_gate, const ps_hooks *hooks, ps_error *err) {
-    struct ps_v4_kvcache *v = kv->v4;
+    struct ps_v4_kvcache *v = ((struct ps_v4_kvcache *)kv->impl);
     int64_t cd = (overlap ? 2 : 1) * d, m = cfg_of(kv)->compress_rate[l];
     for (int64_t r = 0; r < n; r++)
         if (buf_copy(kv, v->row, kv_raw + r * cd, cd) || buf_copy(kv, v->row + cd, z + r * cd, cd) || ps_kv_rows_push(kv, open, v->row))
@@ -450,7 +452,7 @@ static int compress_piece(ps_kvcache *kv, int seq, int l, int64_t p0, int64_t n,
  * a->attn_out), as the forward's attention() with the keys from the sequence's pages. */
 static int attention_piece(ps_kvcache *kv, int seq, int l, const ps_v4_layer *w, int64_t p0, int64_t n, const ps_hooks *hooks,
                            ps_error *err) {
-    struct ps_v4_kvcache *v = kv->v4;
+    struct ps_v4_kvcache *v = ((struct ps_v4_kvcache *)kv->impl);
     ps_v4_acts *a = &v->a;
     ps_ctx *ctx = kv->ctx;
     const ps_v4_config *c = cfg_of(kv);
@@ -573,7 +575,7 @@ static void slide(ps_kvcache *kv, ps_kv_seq *q) {
 /* One piece of n tokens of sequence seq through the model; logits [n, V] (or the last row only) to out. */
 static int run_piece(ps_kvcache *kv, int seq, const int32_t *tokens, int64_t n, const ps_hooks *hooks, float *out, bool last_only,
                      ps_error *err) {
-    struct ps_v4_kvcache *v = kv->v4;
+    struct ps_v4_kvcache *v = ((struct ps_v4_kvcache *)kv->impl);
     ps_v4_model *m = v->m;
     ps_v4_acts *a = &v->a;
     ps_ctx *ctx = kv->ctx;
@@ -679,3 +681,48 @@ int ps_v4_kvcache_append(ps_kvcache *kv, int n_seq, const int *seqs, const int64
     }
     return 0;
 }
+
+/* ---- the cache as the DeepSeek-V4 family's table (core/kvcache.h ps_kvcache_ops) ---- */
+
+static int v4_create_rt(ps_kvcache *kv, const struct ps_runtime *rt, const ps_kvcache_opts *o, ps_error *err) {
+    return ps_v4_kvcache_create(kv, (ps_v4_model *)rt->model, o, err);
+}
+static int v4_point_parse(const ps_kvcache *kv, const char *name, int *layer, int *value, ps_error *err) {
+    return ps_v4_kvcache_point_parse(cfg_of(kv), name, layer, value, err);
+}
+static void v4_point_name(const ps_kvcache *kv, int layer, int value, char *buf, size_t n) {
+    (void)kv;
+    snprintf(buf, n, "layers.%d.attn.%s", layer, value ? "cache_ik" : "cache_kv");
+}
+static int64_t v4_entry_heads(const ps_kvcache *kv) {
+    (void)kv;
+    return 1;
+}
+static int64_t v4_entry_width(const ps_kvcache *kv, int l, int value) {
+    (void)l;
+    return value ? cfg_of(kv)->index_head_dim : cfg_of(kv)->head_dim;
+}
+
+const ps_kvcache_ops ps_v4_kvcache_ops = {
+    .name = "deepseek_v4",
+    .create = v4_create_rt,
+    .free = ps_v4_kvcache_free,
+    .add = ps_v4_kvcache_add,
+    .fork = ps_v4_kvcache_fork,
+    .drop = ps_v4_kvcache_drop,
+    .truncate = ps_v4_kvcache_truncate,
+    .append = ps_v4_kvcache_append,
+    .n_entries = ps_v4_kvcache_n_entries,
+    .entry = ps_v4_kvcache_entry,
+    .edit = ps_v4_kvcache_edit,
+    .bytes = ps_v4_kvcache_bytes,
+    .point_parse = v4_point_parse,
+    .point_name = v4_point_name,
+    .vocab = ps_v4_kvcache_vocab,
+    .max_len = ps_v4_kvcache_max_len,
+    .entry_heads = v4_entry_heads,
+    .entry_width = v4_entry_width,
+    .max_len_name = "max_position_embeddings",
+    .edit_form = "layers.L.attn.cache_kv:0:ENTRY:zero|mean (or cache_ik)",
+    .one_head = "a DeepSeek-V4 layer has one K = V head (0)",
+};

@@ -1,8 +1,9 @@
 /* v4_kvcache.h — DeepSeek-V4's KV cache at inference (issue 36; SPEC-v4.md "The computation"): sequences
  * of a V4 checkpoint that grow by appends, each append returning the logits of the new positions, equal to
  * the whole-sequence ps_v4_forward at those positions up to float rounding (tests/test_v4_kvcache.c). It is
- * reached through core/kvcache.h's functions (ps_kvcache_create_rt on a DeepSeek-V4 runtime sets kv->v4 and
- * every ps_kvcache_* call comes here), so generate and serve drive it as they drive the controlled model's.
+ * the DeepSeek-V4 family's cache table (ps_v4_kvcache_ops, in its family table: ps_kvcache_create_rt on a
+ * DeepSeek-V4 runtime creates it and every ps_kvcache_* call comes here through kv->ops; its state is kv->impl),
+ * so generate and serve drive it as they drive the controlled model's.
  *
  * Only the attention carries anything from one position to the next (the mHC streams, the norms and the
  * MoE are per position), so a sequence keeps, per layer, in ps_kv_seq's lists (docs/kvcache.md):
@@ -89,7 +90,8 @@ double ps_v4_kvcache_fixed_bytes(const ps_v4_config *c);
 /* Parse "layers.{L}.attn.cache_kv" (value 0) / "layers.{L}.attn.cache_ik" (value 1, CSA layers). */
 int ps_v4_kvcache_point_parse(const ps_v4_config *c, const char *name, int *layer, int *value, ps_error *err);
 
-/* The ps_kvcache functions for a V4 cache (kv->v4 set; core/kvcache.c calls these). */
+/* The cache's table (core/kvcache.h), and its functions (kv->impl a struct ps_v4_kvcache). */
+extern const ps_kvcache_ops ps_v4_kvcache_ops;
 void ps_v4_kvcache_free(ps_kvcache *kv);
 int ps_v4_kvcache_add(ps_kvcache *kv, ps_error *err);
 int ps_v4_kvcache_fork(ps_kvcache *kv, int src, ps_error *err);
