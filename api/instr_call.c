@@ -1,7 +1,8 @@
-/* instr_call.c — every instrument of the registry (experiments/registry.h) as one call
- * (include/phasescope.h, "instruments"): the request's keys become the command's flags, the command runs
- * exactly as the CLI runs it (ps_command_call: the same flag table, defaults, checks, messages and
- * code path) with a sink (experiments/result_out.h) instead of a directory: the result documents stay in
+/* instr_call.c — every instrument of the registry (instruments/registry.h) as one call
+ * (include/phasescope.h, "instruments"): the request's keys are set as the command's keys (ps_args_set: the same
+ * flag table, checks and messages as the CLI's command line, with no command line in between; the words a
+ * request stands for are kept for provenance only), the command runs exactly as the CLI runs it
+ * (ps_command_run: the same defaults, checks and code path) with a sink (instruments/result_out.h) instead of a directory: the result documents stay in
  * memory (their text bit for bit what the CLI's files hold), nothing is written and nothing printed. The
  * numeric arrays come from that text, the figures are drawn from it on request (in memory, viz/figures.h),
  * and ps_api_result_save writes exactly the files the CLI writes. */
@@ -14,7 +15,7 @@
 #include "api/api_internal.h"
 #include "core/ctx.h"
 #include "core/fileio.h"
-#include "experiments/registry.h"
+#include "instruments/registry.h"
 #include "interventions/promptset.h"
 #include "viz/figures.h"
 
@@ -94,7 +95,9 @@ static int scalar_text(json_t *v, char *buf, size_t n) {
     return 0;
 }
 
-static int request_args(const ps_command *cmd, json_t *req, argv_t *av, ps_error *e) {
+/* The request's keys into words (av: the command line they stand for, for provenance) and their (key, value)
+ * word indices (kv: 2 ints a key; value -1 for a switch) for ps_args_set. */
+static int request_args(const ps_command *cmd, json_t *req, argv_t *av, int *kv, int *n_kv, ps_error *e) {
     const char *key;
     json_t *v;
     json_object_foreach(req, key, v) {
@@ -117,6 +120,7 @@ static int request_args(const ps_command *cmd, json_t *req, argv_t *av, ps_error
                 return -1;
             }
             if (push(av, flag)) return ps_fail(e, "out of memory");
+            kv[2 * *n_kv] = av->n - 1, kv[2 * *n_kv + 1] = -1, (*n_kv)++;
             continue;
         }
         if (json_is_array(v)) {
@@ -143,6 +147,7 @@ static int request_args(const ps_command *cmd, json_t *req, argv_t *av, ps_error
             return -1;
         }
         if (push(av, flag) || push(av, text)) return ps_fail(e, "out of memory");
+        kv[2 * *n_kv] = av->n - 2, kv[2 * *n_kv + 1] = av->n - 1, (*n_kv)++;
     }
     return 0;
 }
@@ -350,16 +355,18 @@ PS_API int ps_api_instrument_ex(ps_api_model *m, const char *name, const char *r
     }
     ps_api_result *r = calloc(1, sizeof *r);
     argv_t av = {0};
+    ps_args args = {0};
+    int *kv = malloc((json_object_size(req) + 3) * 2 * sizeof(int)), n_kv = 0;
     ps_promptset pset = {0};
     int have_pset = 0;
     ps_result_sink sink = {0};
     ps_api_progress pr = {.fn = progress, .user = progress_user};
     int rc = -1;
-    if (!r || push(&av, cmd->name)) {
+    if (!r || !kv || push(&av, cmd->name)) {
         ps_fail(&e, "out of memory");
         goto done;
     }
-    if (request_args(cmd, req, &av, &e)) goto done;
+    if (request_args(cmd, req, &av, kv, &n_kv, &e)) goto done;
     json_t *jp = json_object_get(req, "prompts");
     if (json_is_array(jp)) { /* the caller's prompt set, inline: records as --prompts FILE's lines */
         if (!find_flag(cmd, "--prompts")) {
@@ -374,14 +381,19 @@ PS_API int ps_api_instrument_ex(ps_api_model *m, const char *name, const char *r
         have_pset = 1;
     }
     /* the model handle's checkpoint and device, unless the request names its own */
-    if (m && find_flag(cmd, "--model") && !json_object_get(req, "model") && (push(&av, "--model") || push(&av, m->path))) {
-        ps_fail(&e, "out of memory");
-        goto done;
+    if (m && find_flag(cmd, "--model") && !json_object_get(req, "model")) {
+        if (push(&av, "--model") || push(&av, m->path)) {
+            ps_fail(&e, "out of memory");
+            goto done;
+        }
+        kv[2 * n_kv] = av.n - 2, kv[2 * n_kv + 1] = av.n - 1, n_kv++;
     }
-    if (m && find_flag(cmd, "--backend") && !json_object_get(req, "backend") && !json_object_get(req, "device") &&
-        (push(&av, "--backend") || push(&av, m->device))) {
-        ps_fail(&e, "out of memory");
-        goto done;
+    if (m && find_flag(cmd, "--backend") && !json_object_get(req, "backend") && !json_object_get(req, "device")) {
+        if (push(&av, "--backend") || push(&av, m->device)) {
+            ps_fail(&e, "out of memory");
+            goto done;
+        }
+        kv[2 * n_kv] = av.n - 2, kv[2 * n_kv + 1] = av.n - 1, n_kv++;
     }
     json_t *o = json_object_get(req, "out");
     if (o && json_is_string(o) && !(r->dir = strdup(json_string_value(o)))) { /* the files go there too */
@@ -400,7 +412,10 @@ PS_API int ps_api_instrument_ex(ps_api_model *m, const char *name, const char *r
             !json_object_get(req, "precision") && !en->changes_model)
             call.rt = &m->rt;
     }
-    if (ps_command_call(cmd, av.n, av.v, &call, &e)) {
+    int bad = ps_args_init(&args, cmd, &call, &e);
+    args.argc = av.n, args.argv = av.v; /* the command line the request stands for: provenance only */
+    for (int k = 0; k < n_kv && !bad; k++) bad = ps_args_set(&args, av.v[kv[2 * k]], kv[2 * k + 1] >= 0 ? av.v[kv[2 * k + 1]] : NULL, &e);
+    if (bad || ps_command_run(&args, &e)) {
         if (call.rt) { /* the handle stays usable: a failed op's state is cleared, as after a failed run */
             ps_error dummy = {0};
             ps_ctx_check(m->rt.ctx, &dummy);
@@ -423,6 +438,8 @@ PS_API int ps_api_instrument_ex(ps_api_model *m, const char *name, const char *r
     }
     rc = 0;
 done:
+    ps_args_free(&args);
+    free(kv);
     argv_free(&av);
     ps_result_sink_free(&sink);
     if (have_pset) ps_promptset_free(&pset);

@@ -1,5 +1,5 @@
 /* serve_call.c — `phasescope serve` as calls of the public API (include/phasescope.h, "serving"): the
- * options JSON read through the table the CLI reads its flags through (experiments/commands.h:
+ * options JSON read through the table the CLI reads its flags through (instruments/commands.h:
  * ps_serve_options, ps_serve_option_set), then the server of serve/serve.h started on threads of its own. */
 #define _POSIX_C_SOURCE 200809L
 #include <jansson.h>
@@ -9,7 +9,7 @@
 
 #include "api/api_internal.h"
 #include "core/ctx.h"
-#include "experiments/commands.h"
+#include "instruments/commands.h"
 #ifdef PS_HAVE_SERVE /* the serve layer: built when libmicrohttpd is found (CMakeLists.txt) */
 #include "serve/serve.h"
 #endif

@@ -1,5 +1,5 @@
 /* cycle.h — gate offset cycling (SPEC §6) as the families' own core entries (runtime.h: cycle_check, cycle,
- * cycle_meta), which interventions/' one gatecycle path (experiments/instr_gatecycle.c over
+ * cycle_meta), which interventions/' one gatecycle path (instruments/instr_gatecycle.c over
  * interventions/gatecycle.h) calls for every family. What a family cycles is its own: the controlled model rolls
  * a layer's per-offset gate parameters (optionally one KV head, one branch, and/or the per-offset payload
  * maps) by k, u'_i = u_{(i-k) mod W}, c'_i = c_{(i-k) mod W}, C'_i = C_{(i-k) mod W} (its channel attention:

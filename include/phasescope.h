@@ -415,7 +415,7 @@ PS_API int ps_api_result_save(const ps_api_result *r, const char *dir, char *err
  *
  * options_json (NULL or "": none) is a JSON object of the server's options: `phasescope serve`'s flags
  * without their dashes ('-' inside a name written '_' or '-'), the same set, defaults, ranges and checks
- * (one table: experiments/commands.h, ps_serve_options):
+ * (one table: instruments/commands.h, ps_serve_options):
  *   "host": "127.0.0.1"        IPv4 address to listen on ("0.0.0.0": every interface; "localhost")
  *   "port": 8000               0: a free port (ps_api_serve_port says which)
  *   "tokenizer": "FILE"        tokenizer.json for text prompts and token texts (default: the one a text-kv

@@ -2,7 +2,7 @@
  * (ps_cycle_analyse), chance accuracy, and the per-head measure's analysis (ps_gatecycle_per_head_json). The
  * cycle itself is the family's (its core entries cycle_check, cycle, cycle_meta over a ps_cycle_req:
  * core/cycle.h, which this header includes); the instrument's one run and finish for every family are
- * experiments/instr_gatecycle.c's. */
+ * instruments/instr_gatecycle.c's. */
 #ifndef PS_GATECYCLE_H
 #define PS_GATECYCLE_H
 
@@ -79,7 +79,7 @@ void ps_head_shift_measure(const double *hurt_before, const double *hurt_after, 
 /* The per-head measure of a cycle (gatecycle --measure knockout): each cycled KV head of the layer knocked
  * out (the family's "compressed" knockout target: a grid over the grid engine, grid.h) before and after
  * cycling by k, and where each head's residue moved (ps_head_shift_measure). The grids run as work units
- * of the gatecycle instrument (experiments/instr_gatecycle.c: the knockout grid before the cycle, then
+ * of the gatecycle instrument (instruments/instr_gatecycle.c: the knockout grid before the cycle, then
  * the one after it, each beside its sweep); given the two grids' results (same heads, P residues), this is
  * the "per_head" object of gatecycle.json ({"measure", "target", "min_hurt_pp", "excluded_residues",
  * "heads": [{"head", "status", "hurt_before_pp", "hurt_after_pp", "worst_before", "worst_after",

@@ -1,5 +1,5 @@
 # command_links.cmake — cmake -DPROGRAM=PATH -DDIR=DIR -P command_links.cmake: one symbolic link per
-# command of the registry (experiments/registry.c), DIR/NAME -> phasescope, the names read from
+# command of the registry (instruments/registry.c), DIR/NAME -> phasescope, the names read from
 # `PROGRAM --commands` (so the links and the table cannot disagree; tests/check_api_symbols.sh checks
 # the build tree's).
 execute_process(COMMAND ${PROGRAM} --commands OUTPUT_VARIABLE cmds RESULT_VARIABLE rc)

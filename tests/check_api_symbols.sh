@@ -3,7 +3,7 @@
 #  1. nm -D --defined-only lists only ps_api_* names, and exactly the functions include/phasescope.h
 #     declares (PS_API ... ps_api_NAME(): none missing, none extra);
 #  2. the build's per-command links are the registry's commands (`phasescope --commands`);
-#  3. every result kind experiments/registry.c names is a kind of viz/kinds.c.
+#  3. every result kind instruments/registry.c names is a kind of viz/kinds.c.
 set -uo pipefail
 src=${1:?usage: check_api_symbols.sh SRC_DIR BUILD_DIR}; build=${2:?}
 lib=$build/libphasescope.so
@@ -28,8 +28,8 @@ done
 links=$(find "$build" -maxdepth 1 -type l -lname phasescope -printf '%f\n' | sort)
 if [ "$links" != "$cmds" ]; then echo "links in $build that are not commands: $(comm -13 <(echo "$cmds") <(echo "$links"))"; bad=1; fi
 # 3. the kinds
-kinds=$(grep -oE '^\s*\{&ps_cmd_[a-z_]+,\s*[A-Za-z_]+,\s*"[a-z_]+"' "$src/experiments/registry.c" | grep -oE '"[a-z_]+"$' | tr -d '"')
-[ -n "$kinds" ] || { echo "no kinds parsed from experiments/registry.c"; bad=1; }
+kinds=$(grep -oE '^\s*\{&ps_cmd_[a-z_]+,\s*[A-Za-z_]+,\s*"[a-z_]+"' "$src/instruments/registry.c" | grep -oE '"[a-z_]+"$' | tr -d '"')
+[ -n "$kinds" ] || { echo "no kinds parsed from instruments/registry.c"; bad=1; }
 for k in $kinds; do
   grep -qE "^\s*\{\"$k\"," "$src/viz/kinds.c" || { echo "registry kind $k is not a kind of viz/kinds.c"; bad=1; }
 done

@@ -32,10 +32,10 @@ if [ "${1:-}" = "--self-test" ]; then
 fi
 src=${1:?usage: check_family_strings.sh SRC_DIR | --self-test}
 cd "$src"
-# experiments/cmd_table.c: moved by the registry engineer in the same milestone; the lead wires it to
+# instruments/cmd_table.c: moved by the registry engineer in the same milestone; the lead wires it to
 # ps_label_from_provenance at merge and removes this entry.
 ALLOW=""
-layers="text gates dist tasks interventions train viz serve experiments"
+layers="text gates scaleout tasks interventions train viz serve instruments api cli"
 cmp='(strcmp|strncmp|strcasecmp|strstr)[[:space:]]*\('
 names='"(channel|v4|deepseek_v4|phasescope|qwen3)"'
 ctx='(kind|attn|attention|family|model_type)'

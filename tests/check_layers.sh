@@ -20,10 +20,11 @@ declare -A may=(
   [viz]="viz interventions tasks text gates scaleout core"
   [probe]="probe interventions tasks text gates scaleout core"
   [serve]="serve viz interventions train tasks text gates scaleout core"
-  [experiments]="experiments api serve probe viz interventions train tasks text gates scaleout core"
-  [api]="api experiments serve probe viz interventions train tasks text gates scaleout core"
+  [instruments]="instruments serve probe viz interventions train tasks text gates scaleout core"
+  [api]="api instruments serve probe viz interventions train tasks text gates scaleout core"
+  [cli]="cli api instruments serve probe viz interventions train tasks text gates scaleout core"
 )
-layers="core text gates scaleout tasks interventions train viz probe serve experiments api"
+layers="core text gates scaleout tasks interventions train viz probe serve instruments api cli"
 # the layer headers by file name (a bare include of one of them is an error)
 declare -A headers=()
 for layer in $layers; do

@@ -9,7 +9,7 @@
  * share a figure (several models' curves on one axis) and knockouts one (panels side by side). */
 static const ps_kind KINDS[] = {
     /* name        check               render               shares   multi  several (multi = 0)
-     * (which command writes a kind, and how its partial results are finished: experiments/registry.c,
+     * (which command writes a kind, and how its partial results are finished: instruments/registry.c,
      * whose kinds tests/check_api_symbols.sh checks against this table) */
     {"sweep",      ps_check_sweep,     ps_render_curves,    "",      1,     NULL},
     {"knockout",   ps_check_knockout,  ps_render_knockout,  "",      1,     NULL},

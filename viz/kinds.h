@@ -33,7 +33,7 @@ typedef struct {
     const char *several;             /* multi = 0: what several of them are called when refused
                                       * ("render: theory results are drawn one at a time") */
     /* The finish of partial results (--shard / MPI, `phasescope merge`) is the instrument's, in the command
-     * registry (experiments/registry.c: command, finish, result kind, result file, splits), which names
+     * registry (instruments/registry.c: command, finish, result kind, result file, splits), which names
      * this table's kinds (tests/check_api_symbols.sh checks every one is here). */
 } ps_kind;
 

@@ -15,7 +15,7 @@
 #include "core/error.h"
 
 /* The writers' limits that the validator enforces, one definition for both: --period and --n of the
- * instruments (experiments/instrument.c), gatecycle's --layer, --shift and --head (|value| at most
+ * instruments (instruments/instrument.c), gatecycle's --layer, --shift and --head (|value| at most
  * PS_RESULT_MAX_SHIFT). The idealised model's limits are gates/theory.h's PS_THEORY_ constants. */
 #define PS_RESULT_MAX_PERIOD 4096
 #define PS_RESULT_MAX_PROMPTS ((int64_t)1 << 22)
