@@ -42,8 +42,6 @@ static int sweep_partial(ps_instr *in, ps_partial *part, int64_t nu, const int64
     return 0;
 }
 
-/* The sweep of the checkpoint's own task: units (shift, batch) with per-query outcomes (interventions/units.h);
- * a split run (MPI ranks, --shard) gathers them and ps_sweep_finish adds them up in the one-process order. */
 /* The P shifts' prompts as a prompt set in FILE (rank 0; --save-prompts). */
 static int save_prompts(ps_instr *in, ps_sweep_mode mode, const char *file, ps_error *err) {
     if (ps_dist_rank() != 0) return 0;
@@ -66,14 +64,18 @@ static int save_prompts(ps_instr *in, ps_sweep_mode mode, const char *file, ps_e
     return rc;
 }
 
+/* The sweep of the checkpoint's own task (units (shift, batch)), or of a caller's prompt set (in->prompts: one
+ * shift, its batches), with per-query outcomes (interventions/units.h); a split run (MPI ranks, --shard) gathers
+ * them and ps_sweep_finish adds them up in the one-process order. */
 static int run_model(ps_instr *in, ps_sweep_mode mode, ps_error *err) {
     ps_partial part = {0};
     ps_instr_work wk = {0};
     int rc = 1;
-    int64_t N = in->base.B, maxq = in->base.max_q, nb = ps_sweep_n_batches(N, in->batch), nu = in->P * nb;
+    const ps_batch *pb = in->prompts ? &in->prompts->b : &in->base;
+    int64_t N = pb->B, maxq = pb->max_q, nb = ps_sweep_n_batches(N, in->batch), n_shifts = in->prompts ? 1 : in->P, nu = n_shifts * nb;
     int64_t *w = malloc((size_t)(nu ? nu : 1) * sizeof *w);
-    json_t *meta = json_pack("{s:o, s:I}", "provenance", ps_instr_provenance(in, mode == PS_SWEEP_PAD ? "pad" : "move"), "period",
-                             (json_int_t)in->P);
+    json_t *meta = json_pack("{s:o, s:I}", "provenance", ps_instr_provenance(in, in->prompts ? NULL : mode == PS_SWEEP_PAD ? "pad" : "move"),
+                             "period", (json_int_t)in->P);
     if (!w) {
         json_decref(meta);
         ps_fail(err, "out of memory for %lld work units", (long long)nu);
@@ -81,42 +83,13 @@ static int run_model(ps_instr *in, ps_sweep_mode mode, ps_error *err) {
     }
     for (int64_t u = 0; u < nu; u++) w[u] = (N - u % nb * in->batch < in->batch ? N - u % nb * in->batch : in->batch) * maxq;
     if (sweep_partial(in, &part, nu, w, meta, err)) goto done;
-    ps_sweep_unit_weights(N, in->batch, in->P, in->base.T, mode, w);
+    ps_sweep_unit_weights(N, in->batch, n_shifts, pb->T, mode, w);
     if (ps_instr_split(in, w, NULL, nu, 0, &wk, err)) goto done;
-    int r = ps_sweep_units(&in->rt, &in->base, &in->task, in->fam, mode, in->P, in->seed, in->batch, wk.u0, wk.u1, part.arr[0].data,
-                           part.arr[1].data, part.arr[2].data, ps_instr_progress, in, err);
-    ps_progress_end(&in->bar);
-    int fin = ps_instr_collect(in, &part, &wk, r, err);
-    if (fin < 0 || (fin == 1 && ps_sweep_finish(&part, &in->out, err))) goto done;
-    rc = 0;
-done:
-    free(w);
-    ps_instr_work_free(&wk);
-    ps_partial_free(&part);
-    return rc;
-}
-
-/* The sweep of a caller's prompt set (interventions/promptset.h): units are its batches (one shift), the
- * outcomes per query as the model's sweep records them (an alt query at residue + P). */
-static int run_prompts(ps_instr *in, ps_error *err) {
-    ps_partial part = {0};
-    ps_instr_work wk = {0};
-    int rc = 1;
-    const ps_shifted *set = in->prompts;
-    int64_t N = set->b.B, maxq = set->b.max_q, nu = ps_sweep_n_batches(N, in->batch);
-    int64_t *w = malloc((size_t)(nu ? nu : 1) * sizeof *w);
-    json_t *meta = json_pack("{s:o, s:I}", "provenance", ps_instr_provenance(in, NULL), "period", (json_int_t)in->P);
-    if (!w) {
-        json_decref(meta);
-        ps_fail(err, "out of memory for %lld work units", (long long)nu);
-        goto done;
-    }
-    for (int64_t u = 0; u < nu; u++) w[u] = (N - u * in->batch < in->batch ? N - u * in->batch : in->batch) * maxq;
-    if (sweep_partial(in, &part, nu, w, meta, err)) goto done;
-    ps_sweep_unit_weights(N, in->batch, 1, set->b.T, PS_SWEEP_PAD, w);
-    if (ps_instr_split(in, w, NULL, nu, 0, &wk, err)) goto done;
-    int r = ps_promptset_sweep_units(&in->rt, set, in->batch, wk.u0, wk.u1, part.arr[0].data, part.arr[1].data, part.arr[2].data,
-                                     ps_instr_progress, in, err);
+    int32_t *ok = part.arr[0].data, *rho = part.arr[2].data;
+    double *lp = part.arr[1].data;
+    int r = in->prompts ? ps_promptset_sweep_units(&in->rt, in->prompts, in->batch, wk.u0, wk.u1, ok, lp, rho, ps_instr_progress, in, err)
+                        : ps_sweep_units(&in->rt, &in->base, &in->task, in->fam, mode, in->P, in->seed, in->batch, wk.u0, wk.u1, ok, lp,
+                                         rho, ps_instr_progress, in, err);
     ps_progress_end(&in->bar);
     int fin = ps_instr_collect(in, &part, &wk, r, err);
     if (fin < 0 || (fin == 1 && ps_sweep_finish(&part, &in->out, err))) goto done;
@@ -235,7 +208,7 @@ int ps_sweep_command(const ps_args *a, const ps_sweep_request *rq, ps_error *err
         else if (ps_args_get(a, "--family")) bad = ps_cli_usage(err, "--family: a prompt set has no fillers (its prompts are as given)");
         else if (rq->save_prompts) bad = ps_cli_usage(err, "--save-prompts: writes the prompts of the checkpoint's task sweep (not of --prompts)");
         if (ps_dist_agree(bad, err)) goto done;
-        rc = run_prompts(&in, err) ? -1 : 0;
+        rc = run_model(&in, PS_SWEEP_PAD, err) ? -1 : 0;
         goto done;
     }
     if (!bad && textkv && !ps_runtime_controlled(&in.rt)) bad = ps_cli_usage(err, "--task text-kv: text prompts need a phasescope model");
