@@ -164,5 +164,16 @@ PY
 expect v4-bad-edit 2 "--edit: edit \"layers.2.attn.cache_ik:0:0:zero\": \"layers.2.attn.cache_ik\": layer 2 has no indexer" -- \
   "$PS" generate --model "$V4" --tokens "$T/v4t.json" --edit layers.2.attn.cache_ik:0:0:zero
 expect v4-bad-head 2 "a DeepSeek-V4 layer has one K = V head" -- "$PS" generate --model "$V4" --tokens "$T/v4t.json" --edit layers.1.attn.cache_kv:1:0:zero
+# MiniCPM4 (InfLLM-v2) through its family table's KV cache: the conformance checkpoint's 250-token prompt prefilled,
+# then 12 greedy steps, equal token for token to the reference decode (tests/conformance/infllm/tiny)
+MC="$SRC/tests/conformance/infllm/tiny"
+python3 - "$MC/reference_outputs.safetensors" "$T/mct.json" "$T/mc_want.txt" <<'PY'
+import array, json, sys
+b = open(sys.argv[1], "rb").read(); n = int.from_bytes(b[:8], "little"); hd = json.loads(b[8:8 + n])
+a, e = hd["decode.tokens"]["data_offsets"]; t = array.array("q"); t.frombytes(b[8 + n + a:8 + n + e]); t = list(t)
+json.dump([t[:250]], open(sys.argv[2], "w")); open(sys.argv[3], "w").write(" ".join(map(str, t[250:262])))
+PY
+expect minicpm-generate 0 "sequence 0: $(cat "$T/mc_want.txt")" -- "$PS" generate --model "$MC" --tokens "$T/mct.json" --max-tokens 12 --out "$T/mcg"
+expect minicpm-no-edit 2 "no cache points" -- "$PS" generate --model "$MC" --tokens "$T/mct.json" --max-tokens 2 --edit blocks.0.attn.cache_ck:0:0:zero
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -8,7 +8,7 @@
  *   h += o_proj(attn(RMSNorm(h)))·scale_depth/√n_layers, h += down(silu(gate(x))⊙up(x))·scale_depth/√n_layers
  * with x = RMSNorm(h); logits = lm_head(RMSNorm(h) / (hidden_size / dim_model_base)). Attention: T < dense_len
  * → ordinary causal attention; else InfLLM-v2 selection over blocks (select.h). A KV cache (ps_minicpm_cache,
- * below) decodes one token at a time; the family's table has no cache entry yet (generate and serve do not run it).
+ * below) decodes one token at a time; it is the family table's kvcache (minicpm_family.c), so generate and serve run it.
  *
  * Hook points per layer l (slot l; B sequences of T tokens; N1 / N2 the level-1 / level-2 windows complete in
  * T tokens, nb = ⌈T / block⌉, k + Lb the slots): blocks.l.hook_resid_pre [B,T,d], attn.hook_q [B,T,H,D] (roped),

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "core/batch.h"
+#include "core/kvcache.h"
 #include "core/fileio.h"
 #include "core/minicpm/minicpm.h"
 #include "core/runtime.h"
@@ -246,8 +247,142 @@ static int mc_describe_config(const json_t *cfg, ps_model_desc *d, ps_error *err
     return 1;
 }
 
+/* ---- the family's KV cache (core/kvcache.h ps_kvcache_ops): one ps_minicpm_cache per sequence — its first
+ * append is a prefill of its tokens at once, every later token a decode step (docs/minicpm.md, "Decode"). Only the
+ * last new row's logits are returned (generate's and serve's greedy decoding); no hooks fire and there are no
+ * cache points (no entries to edit); a sequence cannot be forked or cut back. ---- */
+
+typedef struct {
+    const ps_minicpm_model *m;
+    ps_minicpm_cache *c; /* [kv->n_seq], created on add */
+} mc_cache;
+
+static const ps_kvcache_ops MC_KV;
+
+static int mc_kv_create(ps_kvcache *kv, const ps_runtime *rt, const ps_kvcache_opts *o, ps_error *err) {
+    (void)o;
+    mc_cache *c = calloc(1, sizeof *c);
+    if (!c) return ps_fail(err, "out of memory for a MiniCPM4 KV cache");
+    c->m = rt->model;
+    kv->impl = c, kv->ops = &MC_KV, kv->ctx = rt->ctx;
+    return 0;
+}
+static void mc_kv_drop(ps_kvcache *kv, int seq) {
+    mc_cache *c = kv->impl;
+    if (seq < 0 || seq >= kv->n_seq || !kv->seqs[seq].live) return;
+    ps_minicpm_cache_free(&c->c[seq]);
+    kv->seqs[seq].live = false;
+}
+static void mc_kv_free(ps_kvcache *kv) {
+    mc_cache *c = kv->impl;
+    for (int s = 0; c && s < kv->n_seq; s++) mc_kv_drop(kv, s);
+    if (c) free(c->c);
+    free(c);
+    free(kv->seqs);
+    memset(kv, 0, sizeof *kv);
+}
+static int mc_kv_add(ps_kvcache *kv, ps_error *err) {
+    mc_cache *c = kv->impl;
+    int s = 0;
+    while (s < kv->n_seq && kv->seqs[s].live) s++;
+    if (s == kv->n_seq) {
+        ps_kv_seq *q = realloc(kv->seqs, (size_t)(s + 1) * sizeof *q);
+        if (q) kv->seqs = q;
+        ps_minicpm_cache *nc = q ? realloc(c->c, (size_t)(s + 1) * sizeof *nc) : NULL;
+        if (nc) c->c = nc;
+        if (!q || !nc) return ps_fail(err, "out of memory for a MiniCPM4 cache sequence");
+        kv->n_seq++;
+    }
+    memset(&kv->seqs[s], 0, sizeof kv->seqs[s]);
+    memset(&c->c[s], 0, sizeof c->c[s]);
+    if (ps_minicpm_cache_create(&c->c[s], c->m, c->m->cfg.max_position_embeddings, err)) return -1;
+    kv->seqs[s].live = true;
+    return s;
+}
+static int mc_kv_fork(ps_kvcache *kv, int src, ps_error *err) {
+    (void)kv;
+    return ps_fail(err, "the MiniCPM4 KV cache cannot fork sequence %d (each sequence is prefilled on its own)", src);
+}
+static int mc_kv_truncate(ps_kvcache *kv, int seq, int64_t T, ps_error *err) {
+    ps_kv_seq *q = ps_kvcache_seq(kv, seq, err);
+    if (!q) return -1;
+    if (T != q->T) return ps_fail(err, "the MiniCPM4 KV cache cannot cut sequence %d back to %lld tokens", seq, (long long)T);
+    return 0;
+}
+static int mc_kv_append(ps_kvcache *kv, int n_seq, const int *seqs, const int64_t *n, const int32_t *tokens, const ps_hooks *hooks,
+                        float *logits, bool last_only, ps_error *err) {
+    mc_cache *c = kv->impl;
+    int64_t V = c->m->cfg.vocab_size, off = 0;
+    if (hooks && hooks->mask) return ps_fail(err, "hooks do not fire during a MiniCPM4 KV cache append (run the sequence whole)");
+    if (!last_only) {
+        for (int i = 0; i < n_seq; i++)
+            if (n[i] > 1) return ps_fail(err, "the MiniCPM4 KV cache returns the last new row's logits only (%lld rows asked)", (long long)n[i]);
+    }
+    if (ps_kvcache_check_request(kv, n_seq, seqs, n, tokens, err)) return -1;
+    float *row = malloc((size_t)V * sizeof *row);
+    if (!row) return ps_fail(err, "out of memory");
+    int rc = 0;
+    for (int i = 0; i < n_seq && !rc; off += n[i], i++) {
+        ps_kv_seq *q = &kv->seqs[seqs[i]];
+        ps_minicpm_cache *mc = &c->c[seqs[i]];
+        if (n[i] == 0) continue;
+        int64_t t = 0;
+        if (q->T == 0) { /* the prompt at once */
+            rc = ps_minicpm_prefill(c->m, mc, tokens + off, n[i], row, err);
+            t = n[i];
+        }
+        for (; t < n[i] && !rc; t++) rc = ps_minicpm_decode(c->m, mc, tokens[off + t], row, err);
+        if (rc) break;
+        q->T += n[i];
+        if (logits) memcpy(logits + (last_only ? (int64_t)i : off) * V, row, (size_t)V * sizeof *row);
+    }
+    free(row);
+    return rc;
+}
+static int64_t mc_kv_n_entries(const ps_kvcache *kv, int seq, int l, int g) { return (void)kv, (void)seq, (void)l, (void)g, 0; }
+static int mc_kv_entry(const ps_kvcache *kv, int seq, int l, int g, int value, int64_t j, float *out, ps_error *err) {
+    (void)kv, (void)seq, (void)l, (void)g, (void)value, (void)j, (void)out;
+    return ps_fail(err, "the MiniCPM4 KV cache has no cache points yet");
+}
+static int mc_kv_edit(ps_kvcache *kv, int seq, int l, int g, int value, int64_t j, ps_kv_edit_kind kind, const float *vec, ps_error *err) {
+    (void)kv, (void)seq, (void)l, (void)g, (void)value, (void)j, (void)kind, (void)vec;
+    return ps_fail(err, "the MiniCPM4 KV cache has no cache points yet (no edits)");
+}
+static int64_t mc_kv_bytes(const ps_kvcache *kv) {
+    const mc_cache *c = kv->impl;
+    const ps_minicpm_config *f = &c->m->cfg;
+    int64_t per = 0;
+    for (int s = 0; s < kv->n_seq; s++) /* k, v (and the un-roped keys) of every position it holds, per layer */
+        if (kv->seqs[s].live) per += c->c[s].cap * f->n_layers * f->n_kv_heads * f->head_dim * (int64_t)sizeof(float) * (f->use_nope ? 3 : 2);
+    return per;
+}
+static int mc_kv_point_parse(const ps_kvcache *kv, const char *name, int *layer, int *value, ps_error *err) {
+    (void)kv, (void)layer, (void)value;
+    return ps_fail(err, "%s: the MiniCPM4 KV cache has no cache points yet", name);
+}
+static void mc_kv_point_name(const ps_kvcache *kv, int layer, int value, char *buf, size_t n) {
+    (void)kv, (void)value;
+    snprintf(buf, n, "blocks.%d.attn.(no cache point)", layer);
+}
+static int64_t mc_kv_vocab(const ps_kvcache *kv) { return ((const mc_cache *)kv->impl)->m->cfg.vocab_size; }
+static int64_t mc_kv_max_len(const ps_kvcache *kv) { return ((const mc_cache *)kv->impl)->m->cfg.max_position_embeddings; }
+static int64_t mc_kv_entry_heads(const ps_kvcache *kv) { return (void)kv, 0; }
+static int64_t mc_kv_entry_width(const ps_kvcache *kv, int l, int value) {
+    (void)l, (void)value;
+    return ((const mc_cache *)kv->impl)->m->cfg.head_dim;
+}
+
+static const ps_kvcache_ops MC_KV = {
+    .name = "minicpm", .create = mc_kv_create, .free = mc_kv_free, .add = mc_kv_add, .fork = mc_kv_fork, .drop = mc_kv_drop,
+    .truncate = mc_kv_truncate, .append = mc_kv_append, .n_entries = mc_kv_n_entries, .entry = mc_kv_entry, .edit = mc_kv_edit,
+    .bytes = mc_kv_bytes, .point_parse = mc_kv_point_parse, .point_name = mc_kv_point_name, .vocab = mc_kv_vocab,
+    .max_len = mc_kv_max_len, .entry_heads = mc_kv_entry_heads, .entry_width = mc_kv_entry_width,
+    .max_len_name = "max_position_embeddings", .edit_form = "(the MiniCPM4 cache has no cache points yet)",
+    .one_head = "the MiniCPM4 cache has no cache points yet"};
+
 const ps_family ps_family_minicpm = {
     .name = "minicpm",
+    .kvcache = &MC_KV,
     .model_size = sizeof(ps_minicpm_model),
     .detect = mc_detect,
     .open = mc_open,
