@@ -43,6 +43,9 @@ int ps_model_gate_taps(const ps_runtime *rt, int64_t n, int64_t T, ps_gate_tap *
 int ps_v4_gates(const ps_runtime *rt, ps_gate_info *g, char *why, size_t n);
 int ps_v4_gate_taps(const ps_runtime *rt, int64_t n, int64_t T, ps_gate_tap *taps);
 
+/* A gate layout for ps_gate_info (gate_records.c): {"model", "branches", "n_layers", "gates": [...]}, and one gate. */
+json_t *ps_gate_layout_new(const char *model, const char *const *branches, int n_branches, int n_layers);
+void ps_gate_layout_add(json_t *layout, int l, int b, int64_t S, int64_t d, int skip_first, int64_t rate, const char *attention);
 /* "1.50 GiB"; "X available now on cpu" / "X free of Y on cuda" (the memory of the context the model runs on) */
 void ps_runtime_human_bytes(char *buf, size_t n, double bytes);
 void ps_runtime_mem_now(char *buf, size_t n, ps_ctx *ctx);
