@@ -1,5 +1,5 @@
-/* cycle.h — gate offset cycling (SPEC §6) as the families' own core entries (runtime.h: cycle_check, cycle,
- * cycle_meta), which interventions/' one gatecycle path (instruments/instr_gatecycle.c over
+/* cycle.h — gate offset cycling (SPEC §6) as the families' own core entries (runtime.h: cycle.check, cycle,
+ * cycle.meta), which interventions/' one gatecycle path (instruments/instr_gatecycle.c over
  * interventions/gatecycle.h) calls for every family. What a family cycles is its own: the controlled model rolls
  * a layer's per-offset gate parameters (optionally one KV head, one branch, and/or the per-offset payload
  * maps) by k, u'_i = u_{(i-k) mod W}, c'_i = c_{(i-k) mod W}, C'_i = C_{(i-k) mod W} (its channel attention:
@@ -7,10 +7,10 @@
  * (ape) of its compressor and/or indexer. Every roll is the ps_roll_blocks op on the model's context (the
  * parameters never leave it); docs/hooks.md.
  *
- * A request (ps_cycle_req) is what gatecycle asked (its flags). The family's cycle_check checks it against
+ * A request (ps_cycle_req) is what gatecycle asked (its flags). The family's cycle.check checks it against
  * its model (its --branch and --params choices, its layer and head ranges, the cycle's preconditions,
  * whether it has the per-head measure; a usage error for a bad flag) and fills the masks; cycle rolls by k
- * (by 0 it checks and changes nothing); cycle_meta writes the family's keys of the instrument's meta: the
+ * (by 0 it checks and changes nothing); cycle.meta writes the family's keys of the instrument's meta: the
  * "cycle" block of gatecycle.json, "summary" (the line that says what was cycled), "summary_means" (whether
  * the line adds the two curves' mean accuracies) and the warning's hints "gates_without_payloads" and
  * optionally "near_chance_warning". */
@@ -37,7 +37,7 @@ struct ps_cycle_req {
     int per_head;                /* --measure knockout */
     const char *model_dir;       /* the checkpoint, for messages */
     const char *note;            /* without --model: what the default model is (messages; "" otherwise) */
-    int branches, params_mask;   /* filled by cycle_check (the family's masks) */
+    int branches, params_mask;   /* filled by cycle.check (the family's masks) */
 };
 
 /* The controlled model: head = -1 every KV head. Errors (naming the flag) for a layer or head out of range,

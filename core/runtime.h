@@ -130,6 +130,70 @@ typedef struct {
                             * rt->lazy says what was chosen (the caller may say so: core prints nothing) */
 } ps_runtime_opts;
 
+/* The instruments' entries of a family (struct ps_family below), grouped by instrument. */
+typedef struct {
+    /* knockout (docs/design.md, "Knockout grid"): the targets (names, NULL-terminated; NULL: the family has
+     * none), what --heads counts ("KV heads"), the default target of this model, how many heads a target's
+     * cells choose from (0: one cell per layer), what a cell is in the result ("query head", "layer"; NULL: not
+     * recorded), whether a layer (-1: the model as a whole) has what a target replaces (NULL, or why not in
+     * buf), the arrays it replaces (ps_ko_array; returns how many, *restart a PS_KO_RESTART_*), and the host
+     * step of a `fix` array: sum [n_sum] the clean run's sums over the N prompts tokens [N, T] of the shift,
+     * mean [n_mean] in: ps_sum_to_mean's means when the set point is the sum point, out: the mean the cells set */
+    const char *const *targets;
+    const char *heads_what;
+    int (*default_target)(const ps_runtime *rt);
+    int64_t (*heads)(const ps_runtime *rt, int target);
+    const char *(*unit)(const ps_runtime *rt, int target);
+    const char *(*missing)(const ps_runtime *rt, int target, int layer, char *buf, size_t n);
+    int (*arrays)(const ps_runtime *rt, int target, ps_ko_array arr[PS_KO_MAX_ARRAYS], int *restart);
+    int (*mean)(const ps_runtime *rt, int target, const ps_ko_array *a, int layer, const int32_t *tokens, int64_t N,
+                   int64_t T, const double *sum, int64_t n_sum, float *mean, int64_t n_mean, ps_error *err);
+
+} ps_family_knockout;
+
+typedef struct {
+    /* gate cycling (core/cycle.h; NULL: the family does not cycle its gates): gatecycle's flags checked against
+     * the model (fills q's masks; a usage error for a flag the model cannot take), the roll by k (by 0: checks
+     * only), and the family's keys of the instrument's meta (the "cycle" block, the summary line, its hints) */
+    int (*check)(const ps_runtime *rt, ps_cycle_req *q, ps_error *err);
+    int (*roll)(const ps_runtime *rt, const ps_cycle_req *q, int64_t k, ps_error *err);
+    int (*meta)(const ps_runtime *rt, const ps_cycle_req *q, json_t *meta, ps_error *err);
+
+} ps_family_cycle;
+
+typedef struct {
+    /* gate statistics (ps_gate_info above; NULL: the family has none): 0 with g filled, or 1 when this model has
+     * no gates (why in buf); and the distributions a forward of n sequences of T tokens fires, in firing order,
+     * into taps (room for PS_GATE_MAX_TAPS_PER_LAYER per layer): how many */
+    int (*info)(const ps_runtime *rt, ps_gate_info *g, char *why, size_t n);
+    int (*taps)(const ps_runtime *rt, int64_t n, int64_t T, ps_gate_tap *taps);
+
+} ps_family_gates;
+
+typedef struct {
+    /* gradients at hook points (attribution patching, interventions/atp.h; NULL: the family has no backward pass,
+     * so no estimate). `state` is the kept activations of a batch's forward that the grid engine hands an estimate
+     * (a keep_all pass: the family's restart state); `*scratch` the family's backward scratch (NULL at first; made
+     * for the state's batch shape, remade when it changes; backward_free frees it).
+     *   backward: one backward of the summed NLL of targets [B, T] (-1: not scored; tokens [B, T] the pass's) down
+     *     to layer stop_layer, activation gradients only, firing grad_hooks (the forward's hook names, the
+     *     gradient as the event's data: actions such as PS_ACT_DOT read it); *loss the NLL.
+     *   state_point: the clean activation of point number `point` at layer in the state (on rt->ctx) and its
+     *     event shape in dims (NULL: the state has no such array).
+     *   patch_missing / patch_attention (AtP*'s QK fix; patch_attention NULL: the family has none): why this model
+     *     cannot take it (NULL: it can); layer's attention recomputed exactly with KV head `head`'s entries at
+     *     points[i] set to means[i] (as the knockout's means, [npos, ...]; NULL: not replaced), and dz at the
+     *     head's query group of `patch_point` (the attention output, [B, T, heads, hd]) = z' − z. */
+    int (*backward)(const ps_runtime *rt, void *state, void **scratch, const int32_t *tokens, const int32_t *targets,
+                    const ps_hooks *grad_hooks, int stop_layer, double *loss, ps_error *err);
+    void (*backward_free)(const ps_runtime *rt, void *scratch);
+    const float *(*state_point)(const ps_runtime *rt, void *state, int layer, int point, int64_t dims[4]);
+    const char *(*patch_missing)(const ps_runtime *rt, char *buf, size_t n);
+    int (*patch_attention)(const ps_runtime *rt, void *state, void **scratch, int layer, int head, const int *points,
+                           const float *const *means, int n, float *dz, ps_error *err);
+    int patch_point;
+} ps_family_grad;
+
 struct ps_family {
     const char *name;                    /* "phasescope", "deepseek_v4" (provenance, messages) */
     size_t model_size;                   /* bytes of the family's model (caller storage for ps_runtime_open_into) */
@@ -212,57 +276,11 @@ struct ps_family {
     const char *title;
     int task_file;
 
-    /* knockout (docs/design.md, "Knockout grid"): the targets (names, NULL-terminated; NULL: the family has
-     * none), what --heads counts ("KV heads"), the default target of this model, how many heads a target's
-     * cells choose from (0: one cell per layer), what a cell is in the result ("query head", "layer"; NULL: not
-     * recorded), whether a layer (-1: the model as a whole) has what a target replaces (NULL, or why not in
-     * buf), the arrays it replaces (ps_ko_array; returns how many, *restart a PS_KO_RESTART_*), and the host
-     * step of a `fix` array: sum [n_sum] the clean run's sums over the N prompts tokens [N, T] of the shift,
-     * mean [n_mean] in: ps_sum_to_mean's means when the set point is the sum point, out: the mean the cells set */
-    const char *const *ko_targets;
-    const char *ko_heads_what;
-    int (*ko_default)(const ps_runtime *rt);
-    int64_t (*ko_heads)(const ps_runtime *rt, int target);
-    const char *(*ko_unit)(const ps_runtime *rt, int target);
-    const char *(*ko_missing)(const ps_runtime *rt, int target, int layer, char *buf, size_t n);
-    int (*ko_arrays)(const ps_runtime *rt, int target, ps_ko_array arr[PS_KO_MAX_ARRAYS], int *restart);
-    int (*ko_mean)(const ps_runtime *rt, int target, const ps_ko_array *a, int layer, const int32_t *tokens, int64_t N,
-                   int64_t T, const double *sum, int64_t n_sum, float *mean, int64_t n_mean, ps_error *err);
-
-    /* gate cycling (core/cycle.h; NULL: the family does not cycle its gates): gatecycle's flags checked against
-     * the model (fills q's masks; a usage error for a flag the model cannot take), the roll by k (by 0: checks
-     * only), and the family's keys of the instrument's meta (the "cycle" block, the summary line, its hints) */
-    int (*cycle_check)(const ps_runtime *rt, ps_cycle_req *q, ps_error *err);
-    int (*cycle)(const ps_runtime *rt, const ps_cycle_req *q, int64_t k, ps_error *err);
-    int (*cycle_meta)(const ps_runtime *rt, const ps_cycle_req *q, json_t *meta, ps_error *err);
-
-    /* gate statistics (ps_gate_info above; NULL: the family has none): 0 with g filled, or 1 when this model has
-     * no gates (why in buf); and the distributions a forward of n sequences of T tokens fires, in firing order,
-     * into taps (room for PS_GATE_MAX_TAPS_PER_LAYER per layer): how many */
-    int (*gates)(const ps_runtime *rt, ps_gate_info *g, char *why, size_t n);
-    int (*gate_taps)(const ps_runtime *rt, int64_t n, int64_t T, ps_gate_tap *taps);
-
-    /* gradients at hook points (attribution patching, interventions/atp.h; NULL: the family has no backward pass,
-     * so no estimate). `state` is the kept activations of a batch's forward that the grid engine hands an estimate
-     * (a keep_all pass: the family's restart state); `*scratch` the family's backward scratch (NULL at first; made
-     * for the state's batch shape, remade when it changes; backward_free frees it).
-     *   backward: one backward of the summed NLL of targets [B, T] (-1: not scored; tokens [B, T] the pass's) down
-     *     to layer stop_layer, activation gradients only, firing grad_hooks (the forward's hook names, the
-     *     gradient as the event's data: actions such as PS_ACT_DOT read it); *loss the NLL.
-     *   state_point: the clean activation of point number `point` at layer in the state (on rt->ctx) and its
-     *     event shape in dims (NULL: the state has no such array).
-     *   patch_missing / patch_attention (AtP*'s QK fix; patch_attention NULL: the family has none): why this model
-     *     cannot take it (NULL: it can); layer's attention recomputed exactly with KV head `head`'s entries at
-     *     points[i] set to means[i] (as the knockout's means, [npos, ...]; NULL: not replaced), and dz at the
-     *     head's query group of `patch_point` (the attention output, [B, T, heads, hd]) = z' − z. */
-    int (*backward)(const ps_runtime *rt, void *state, void **scratch, const int32_t *tokens, const int32_t *targets,
-                    const ps_hooks *grad_hooks, int stop_layer, double *loss, ps_error *err);
-    void (*backward_free)(const ps_runtime *rt, void *scratch);
-    const float *(*state_point)(const ps_runtime *rt, void *state, int layer, int point, int64_t dims[4]);
-    const char *(*patch_missing)(const ps_runtime *rt, char *buf, size_t n);
-    int (*patch_attention)(const ps_runtime *rt, void *state, void **scratch, int layer, int head, const int *points,
-                           const float *const *means, int n, float *dz, ps_error *err);
-    int patch_point;
+    /* the instruments' entries, one sub-table each (NULL members: the family has not that instrument) */
+    ps_family_knockout ko;   /* knockout targets (f->ko.targets, f->ko.arrays, ...) */
+    ps_family_cycle cycle;   /* gate cycling (f->cycle.check, f->cycle.roll, f->cycle.meta) */
+    ps_family_gates gates;   /* gate statistics (f->gates.info, f->gates.taps) */
+    ps_family_grad grad;     /* gradients and attribution patching (f->grad.backward, ...) */
 };
 
 /* The registered families, in the order a checkpoint is tried; NULL-terminated. */

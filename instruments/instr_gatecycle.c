@@ -152,10 +152,10 @@ int ps_gatecycle_command(const ps_args *a, const ps_gatecycle_request *rq, ps_er
     const ps_runtime *rt = &in.rt;
     q.model_dir = in.model_dir;
     const ps_family *f = rt->family;
-    if (!bad && !(f->cycle_check && f->cycle && f->cycle_meta))
+    if (!bad && !(f->cycle.check && f->cycle.roll && f->cycle.meta))
         bad = ps_fail(err, "%s: phasescope does not cycle the gates of %s checkpoints (the family has no cycle entries)", in.model_dir,
                       f->name);
-    if (!bad) bad = f->cycle_check(rt, &q, err);
+    if (!bad) bad = f->cycle.check(rt, &q, err);
     /* the per-head measure: the family's "compressed" knockout of the cycled heads */
     int target = -1, nh = 0;
     if (!bad && q.per_head) {
@@ -181,7 +181,7 @@ int ps_gatecycle_command(const ps_args *a, const ps_gatecycle_request *rq, ps_er
         r = ps_fail(err, "out of memory for the run's description");
         goto run_done;
     }
-    r = f->cycle_meta(rt, &q, meta, err);
+    r = f->cycle.meta(rt, &q, meta, err);
     if (!r && nk) {
         json_t *jh = json_array();
         for (int i = 0; i < nh; i++) json_array_append_new(jh, json_integer(heads[i]));
@@ -215,7 +215,7 @@ int ps_gatecycle_command(const ps_args *a, const ps_gatecycle_request *rq, ps_er
     /* before the cycle: the grid's units [0, nk), the sweep's [nk, mid) */
     r = gc_grid(&in, &part, ko_meta, 0, nk, CLIP(0, nk, u0), CLIP(0, nk, u1), layer, heads, nh, target, mem, err);
     if (!r) r = gc_sweep(&in, &part, nk, CLIP(nk, mid, u0) - nk, CLIP(nk, mid, u1) - nk, err);
-    if (!r && (u1 > mid || saver)) r = f->cycle(rt, &q, q.shift, err);
+    if (!r && (u1 > mid || saver)) r = f->cycle.roll(rt, &q, q.shift, err);
     /* after it: the grid's units [mid, mid + nk), the sweep's [mid + nk, nu) */
     if (!r)
         r = gc_grid(&in, &part, ko_meta, mid, nk, CLIP(mid, mid + nk, u0) - mid, CLIP(mid, mid + nk, u1) - mid, layer, heads, nh,

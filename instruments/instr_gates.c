@@ -26,7 +26,7 @@ int ps_gates_command(const ps_args *a, const ps_gates_request *rq, ps_error *err
     json_t *evo = NULL;
     int bad = ps_instr_setup(&in, a, 1, err);
     const ps_runtime *rt = &in.rt;
-    if (!bad && ps_gate_info_of(rt, &g, err)) bad = rt->family->gates ? -1 : ps_fail_prefix(err, "%s: ", in.model_dir);
+    if (!bad && ps_gate_info_of(rt, &g, err)) bad = rt->family->gates.info ? -1 : ps_fail_prefix(err, "%s: ", in.model_dir);
     if (!bad) {
         bad = ps_make_shifted(&in.base, &in.task, in.fam, PS_SWEEP_PAD, 1, 0, in.seed, rt->max_pos, &s, err);
         have_s = !bad;

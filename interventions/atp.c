@@ -18,17 +18,17 @@ int ps_atp_default_fix(const ps_runtime *rt) {
 
 const char *ps_atp_fix_missing(const ps_runtime *rt, int fix, char *buf, size_t n) {
     const ps_family *f = rt->family;
-    if (!f->backward || !f->backward_free || !f->state_point) {
+    if (!f->grad.backward || !f->grad.backward_free || !f->grad.state_point) {
         snprintf(buf, n, "--method atp: %s checkpoints have no backward pass in phasescope, so there are no gradients to "
                          "attribute with (use --method exact)", f->name);
         return buf;
     }
-    if (fix == PS_ATP_FIX_QK && !f->patch_attention) {
+    if (fix == PS_ATP_FIX_QK && !f->grad.patch_attention) {
         snprintf(buf, n, "--atp-fix qk: %s checkpoints have no recomputed attention in phasescope (the family has no "
                          "patch_attention); use --atp-fix none", f->name);
         return buf;
     }
-    if (fix == PS_ATP_FIX_QK && f->patch_missing) return f->patch_missing(rt, buf, n);
+    if (fix == PS_ATP_FIX_QK && f->grad.patch_missing) return f->grad.patch_missing(rt, buf, n);
     return NULL;
 }
 
@@ -94,7 +94,7 @@ static int dot_heads(const atp_spec *A, const ps_runtime *rt, const ps_grid_shif
     int ha = -1, rank;
     *H = 0, *dz_layer = 0;
     if (A->fix == PS_ATP_FIX_QK) {
-        rank = point_dims(rt, rt->family->patch_point, sh->layers[0], B, T, dims, &ha);
+        rank = point_dims(rt, rt->family->grad.patch_point, sh->layers[0], B, T, dims, &ha);
         if (rank < 1 || ha < 0 || ha >= rank)
             return ps_fail(err, "attribution: the %s family's patched point has no head axis", rt->family->name);
         *H = dims[ha];
@@ -150,7 +150,7 @@ static int patch_all(atp_spec *A, const ps_runtime *rt, const ps_grid_shift *sh,
             means[a] = ps_ko_spec_mean(&A->ko, li, pts[a]);
         }
         for (int ci = 0; ci < A->n_heads; ci++)
-            if (rt->family->patch_attention(rt, state, &A->bwd, sh->layers[li], A->heads[ci], pts, means, A->n_arr,
+            if (rt->family->grad.patch_attention(rt, state, &A->bwd, sh->layers[li], A->heads[ci], pts, means, A->n_arr,
                                             A->dz + (int64_t)li * A->dz_layer, err))
                 return -1;
     }
@@ -167,7 +167,7 @@ static int grad_hooks(atp_spec *A, const ps_runtime *rt, const ps_grid_shift *sh
         char name[96];
         ps_hook_action act = {.kind = PS_ACT_DOT, .head = -1, .acc = A->dots + (int64_t)li * B * H, .acc_n = B * H};
         if (A->fix == PS_ATP_FIX_QK) {
-            ps_runtime_point_name(rt, ps_runtime_point_index(rt, f->patch_point), l, name, sizeof name);
+            ps_runtime_point_name(rt, ps_runtime_point_index(rt, f->grad.patch_point), l, name, sizeof name);
             act.src = A->dz + (int64_t)li * A->dz_layer;
             act.src_nseq = B;
             act.src_npos = T;
@@ -178,7 +178,7 @@ static int grad_hooks(atp_spec *A, const ps_runtime *rt, const ps_grid_shift *sh
             int pt = A->arr[a].set_point;
             const float *mean = ps_ko_spec_mean(&A->ko, li, pt);
             int64_t dims[4];
-            const float *clean = mean ? f->state_point(rt, state, l, pt, dims) : NULL;
+            const float *clean = mean ? f->grad.state_point(rt, state, l, pt, dims) : NULL;
             if (!mean) continue;
             if (!clean) return ps_fail(err, "attribution (layer %d): the %s family's kept activations lack point %d", l, f->name, pt);
             ps_runtime_point_name(rt, ps_runtime_point_index(rt, pt), l, name, sizeof name);
@@ -200,7 +200,7 @@ static int atp_estimate(void *self, const ps_runtime *rt, const ps_grid_shift *s
     int nl = sh->n_layers, nc = A->n_heads, qk = A->fix == PS_ATP_FIX_QK;
     int64_t B = b->B, T = b->T, maxq = b->max_q, nq = B * maxq, H = 0;
     if (scratch_for(A, rt, sh, B, T, &H, err)) return -1;
-    int64_t grp = qk ? H / rt->family->ko_heads(rt, A->target) : 1;
+    int64_t grp = qk ? H / rt->family->ko.heads(rt, A->target) : 1;
     for (int64_t i = 0; i < (int64_t)nl * nc; i++) memcpy(cell_lp + i * nq, clean_lp, (size_t)nq * sizeof(double));
     int stop = sh->layers[0];
     for (int li = 1; li < nl; li++)
@@ -232,7 +232,7 @@ static int atp_estimate(void *self, const ps_runtime *rt, const ps_grid_shift *s
             break;
         }
         double loss = 0;
-        if (rt->family->backward(rt, state, &A->bwd, b->tokens, A->targets, &gh, stop, &loss, err)) {
+        if (rt->family->grad.backward(rt, state, &A->bwd, b->tokens, A->targets, &gh, stop, &loss, err)) {
             rc = ps_fail_prefix(err, "attribution backward (residue %lld): ", (long long)rho);
             break;
         }
@@ -270,12 +270,12 @@ int ps_atp_spec(const ps_runtime *rt, int target, const int *heads, int n_heads,
     char why[256];
     if (ps_atp_fix_missing(rt, fix, why, sizeof why)) return ps_fail(err, "%s", why);
     const ps_family *f = rt->family;
-    if (!f->ko_arrays || !f->ko_heads || !f->ko_heads(rt, target))
+    if (!f->ko.arrays || !f->ko.heads || !f->ko.heads(rt, target))
         return ps_fail(err, "--method atp: the %s family's target has no per-head cells to attribute", f->name);
     atp_spec *A = calloc(1, sizeof *A);
     if (!A) return ps_fail(err, "out of memory");
     int restart = 0;
-    A->n_arr = f->ko_arrays(rt, target, A->arr, &restart);
+    A->n_arr = f->ko.arrays(rt, target, A->arr, &restart);
     if (A->n_arr < 1 || A->n_arr > PS_KO_MAX_ARRAYS || ps_ko_spec(rt, target, heads, n_heads, &A->ko, err)) {
         if (A->n_arr < 1 || A->n_arr > PS_KO_MAX_ARRAYS) ps_fail(err, "--method atp: the %s family's target replaces no array", f->name);
         free(A);
@@ -294,7 +294,7 @@ void ps_atp_spec_free(const ps_runtime *rt, ps_grid_spec *spec) {
     atp_spec *A = spec->self;
     if (!A) return;
     scratch_free(A, rt->ctx);
-    if (A->bwd) rt->family->backward_free(rt, A->bwd);
+    if (A->bwd) rt->family->grad.backward_free(rt, A->bwd);
     ps_ko_spec_free(&A->ko);
     free(A);
     spec->self = NULL;

@@ -19,7 +19,7 @@
  * log-prob lp − Δ̂ goes through the grid's statistics and records like an exact cell's, so shards and
  * ranks split and merge an estimate as they do a grid; an estimate has no accuracy (the JSON says null).
  *
- * Families: any whose core table has a backward (runtime.h: backward, state_point; fix qk: patch_attention):
+ * Families: any whose core table has a backward (runtime.h: backward, grad.state_point; fix qk: grad.patch_attention):
  * the controlled model (full, compressed, staggered, per-channel compressor; fix qk for full and compressed
  * attention: core/attribution.c). DeepSeek-V4 checkpoints have no backward pass here: no estimate (an error
  * that says so), and neither has a family without the entries (the toy family of the tests). */
@@ -39,9 +39,9 @@ int ps_atp_default_fix(const ps_runtime *rt);
 /* NULL, or why the model cannot take `fix` (an error message in buf). */
 const char *ps_atp_fix_missing(const ps_runtime *rt, int fix, char *buf, size_t n);
 
-/* The estimate spec of any family with gradients at hook points (its core entries backward, backward_free,
- * state_point; fix qk: patch_attention, patch_missing, patch_point — core/runtime.h): target as ps_ko_spec
- * (ko_spec.h, whose means it reads; the cells set the target's ko_arrays' points). An error naming what the
+/* The estimate spec of any family with gradients at hook points (its core entries backward, grad.backward_free,
+ * grad.state_point; fix qk: grad.patch_attention, grad.patch_missing, grad.patch_point — core/runtime.h): target as ps_ko_spec
+ * (ko_spec.h, whose means it reads; the cells set the target's ko.arrays' points). An error naming what the
  * family lacks (ps_atp_fix_missing) for a family without them. */
 int ps_atp_spec(const ps_runtime *rt, int target, const int *heads, int n_heads, int fix, ps_grid_spec *spec, ps_error *err);
 void ps_atp_spec_free(const ps_runtime *rt, ps_grid_spec *spec);

@@ -1,6 +1,6 @@
 /* gatecycle.h — gate offset cycling (SPEC §6) above core: the comparison of the curves before and after
  * (ps_cycle_analyse), chance accuracy, and the per-head measure's analysis (ps_gatecycle_per_head_json). The
- * cycle itself is the family's (its core entries cycle_check, cycle, cycle_meta over a ps_cycle_req:
+ * cycle itself is the family's (its core entries cycle.check, cycle, cycle.meta over a ps_cycle_req:
  * core/cycle.h, which this header includes); the instrument's one run and finish for every family are
  * instruments/instr_gatecycle.c's. */
 #ifndef PS_GATECYCLE_H

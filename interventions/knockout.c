@@ -19,31 +19,31 @@ int64_t ps_knockout_n_units(int64_t N, int64_t batch, int64_t P, int n_layers) {
 
 /* ---- any family ---- */
 
-const char *const *ps_knockout_targets(const ps_runtime *rt) { return rt->family->ko_targets; }
-int ps_knockout_default_target(const ps_runtime *rt) { return rt->family->ko_default(rt); }
-int64_t ps_knockout_target_heads(const ps_runtime *rt, int target) { return rt->family->ko_heads(rt, target); }
+const char *const *ps_knockout_targets(const ps_runtime *rt) { return rt->family->ko.targets; }
+int ps_knockout_default_target(const ps_runtime *rt) { return rt->family->ko.default_target(rt); }
+int64_t ps_knockout_target_heads(const ps_runtime *rt, int target) { return rt->family->ko.heads(rt, target); }
 const char *ps_knockout_layer_missing(const ps_runtime *rt, int target, int layer, char *buf, size_t n) {
-    return rt->family->ko_missing ? rt->family->ko_missing(rt, target, layer, buf, n) : NULL;
+    return rt->family->ko.missing ? rt->family->ko.missing(rt, target, layer, buf, n) : NULL;
 }
 const char *ps_knockout_unit(const ps_runtime *rt, int target) {
-    return rt->family->ko_unit ? rt->family->ko_unit(rt, target) : NULL;
+    return rt->family->ko.unit ? rt->family->ko.unit(rt, target) : NULL;
 }
-const char *ps_knockout_heads_what(const ps_runtime *rt) { return rt->family->ko_heads_what ? rt->family->ko_heads_what : "heads"; }
+const char *ps_knockout_heads_what(const ps_runtime *rt) { return rt->family->ko.heads_what ? rt->family->ko.heads_what : "heads"; }
 
 int ps_knockout_run(const ps_knockout_spec *k, ps_knockout_result *out, ps_error *err) {
     memset(out, 0, sizeof *out);
     const ps_runtime *rt = k->rt;
     const ps_family *f = rt->family;
-    if (!f->ko_targets) return ps_fail(err, "knockout: the %s family has no knockout targets", f->name);
+    if (!f->ko.targets) return ps_fail(err, "knockout: the %s family has no knockout targets", f->name);
     int nt = 0;
-    while (f->ko_targets[nt]) nt++;
+    while (f->ko.targets[nt]) nt++;
     if (k->target < 0 || k->target >= nt) return ps_fail(err, "knockout: target %d out of range", k->target);
     char why[256];
     for (int i = 0; i < k->n_layers; i++) {
         const char *m = ps_knockout_layer_missing(rt, k->target, k->layers[i], why, sizeof why);
         if (m) return ps_fail(err, "%s", m);
     }
-    int64_t nh_max = f->ko_heads(rt, k->target);
+    int64_t nh_max = f->ko.heads(rt, k->target);
     static const int ONE[1] = {0};
     const int *heads = k->heads;
     int n_heads = k->n_heads;

@@ -21,7 +21,7 @@
  *
  * The knockout is a spec over the grid engine (grid.h): its sources are sum actions on the reference
  * pass (the clean run) divided into means, its cells set actions from the means; every family describes
- * its targets as data of its core table (core/runtime.h: ko_targets, ko_arrays; the shipped ones in
+ * its targets as data of its core table (core/runtime.h: ko.targets, ko.arrays; the shipped ones in
  * core/ko_targets.c) and one spec builds the grids (ko_spec.h), so one call (ps_knockout_run) runs any family's knockout,
  * whole or as a work slice; the tests and benches call it too (the controlled model's target index is
  * ps_ko_target − 1). */

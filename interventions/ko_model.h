@@ -7,7 +7,7 @@
 #include "interventions/ko_spec.h"
 
 /* bit 1: raw k/v, bit 2: compressed ck/cv; the family's target index is ps_ko_target − 1 ("raw",
- * "compressed", "both": ps_family_model.ko_targets) */
+ * "compressed", "both": ps_family_model.ko.targets) */
 typedef enum { PS_KO_RAW = 1, PS_KO_COMPRESSED = 2, PS_KO_BOTH = 3 } ps_ko_target;
 const char *ps_ko_target_name(ps_ko_target t);
 

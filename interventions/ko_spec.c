@@ -98,7 +98,7 @@ static int ko_sources_done(void *self, const ps_runtime *rt, const ps_grid_shift
             if (!rc) rc = ps_buf_to_host(rt->ctx, hs, x->sum, x->n_sum * (int64_t)sizeof(double), err);
             if (!rc && same) rc = ps_buf_to_host(rt->ctx, hm, x->mean, x->n_mean * (int64_t)sizeof(float), err);
             if (!rc)
-                rc = rt->family->ko_mean(rt, k->target, ar, sh->layers[li], sh->s->b.tokens, sh->N, sh->T, hs, x->n_sum, hm, x->n_mean,
+                rc = rt->family->ko.mean(rt, k->target, ar, sh->layers[li], sh->s->b.tokens, sh->N, sh->T, hs, x->n_sum, hm, x->n_mean,
                                          err);
             if (!rc) rc = ps_buf_from_host(rt->ctx, x->mean, hm, x->n_mean * (int64_t)sizeof(float), err);
             free(hs);
@@ -127,18 +127,18 @@ static int ko_cell(void *self, const ps_runtime *rt, const ps_grid_shift *sh, in
 int ps_ko_spec(const ps_runtime *rt, int target, const int *heads, int n_heads, ps_grid_spec *spec, ps_error *err) {
     (void)n_heads;
     const ps_family *f = rt->family;
-    if (!f->ko_targets || !f->ko_arrays) return ps_fail(err, "knockout: the %s family has no knockout targets", f->name);
+    if (!f->ko.targets || !f->ko.arrays) return ps_fail(err, "knockout: the %s family has no knockout targets", f->name);
     ko_spec *k = calloc(1, sizeof *k);
     if (!k) return ps_fail(err, "out of memory");
     int restart = PS_KO_RESTART_NONE;
     k->target = target;
     k->heads = heads;
-    k->per_head = f->ko_heads(rt, target) > 0;
-    k->n_arr = f->ko_arrays(rt, target, k->arr, &restart);
+    k->per_head = f->ko.heads(rt, target) > 0;
+    k->n_arr = f->ko.arrays(rt, target, k->arr, &restart);
     if (k->n_arr < 1 || k->n_arr > PS_KO_MAX_ARRAYS) {
         int n = k->n_arr;
         free(k);
-        return ps_fail(err, "knockout: target %s of the %s family replaces %d arrays", f->ko_targets[target], f->name, n);
+        return ps_fail(err, "knockout: target %s of the %s family replaces %d arrays", f->ko.targets[target], f->name, n);
     }
     *spec = (ps_grid_spec){.self = k, .restart = restart == PS_KO_RESTART_ATTENTION ? PS_GRID_RESTART_ATTENTION : PS_GRID_RESTART_NONE,
                            .sources = ko_sources, .sources_done = ko_sources_done, .cell = ko_cell, .shift_end = ko_shift_end};

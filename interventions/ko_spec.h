@@ -1,5 +1,5 @@
 /* ko_spec.h — the one mean-replacement knockout spec (grid.h) of every family: it reads what the family's
- * core table says a target replaces (core/runtime.h: ko_arrays, ps_ko_array; ko_mean for a mean finished on
+ * core table says a target replaces (core/runtime.h: ko.arrays, ps_ko_array; ko.mean for a mean finished on
  * the host) and builds the grid from it. Per chosen layer and replaced array, the sources are sum actions
  * (PS_ACT_SUM) on the clean run's sum point divided into means ([npos, ...] as the family's point_shape
  * gives it, on the model's context), and a cell is a PS_ACT_SET action on the set point from the mean —
@@ -11,7 +11,7 @@
 
 #include "interventions/grid.h"
 
-/* The spec of the family's target (an index of rt->family->ko_targets) over the chosen heads (the cells'
+/* The spec of the family's target (an index of rt->family->ko.targets) over the chosen heads (the cells'
  * labels; any value for a per-layer target, whose one cell is 0). heads must outlive the spec. */
 int ps_ko_spec(const ps_runtime *rt, int target, const int *heads, int n_heads, ps_grid_spec *spec, ps_error *err);
 void ps_ko_spec_free(ps_grid_spec *spec);

@@ -108,9 +108,9 @@ int ps_gate_info_of(const ps_runtime *rt, ps_gate_info *g, ps_error *err) {
     const ps_family *f = rt->family;
     char why[512];
     memset(g, 0, sizeof *g);
-    if (!f->gates || !f->gate_taps)
+    if (!f->gates.info || !f->gates.taps)
         return ps_fail(err, "%s checkpoints have no gate statistics in phasescope (the family has no gates entries)", f->name);
-    if (f->gates(rt, g, why, sizeof why)) return ps_fail(err, "%s", why);
+    if (f->gates.info(rt, g, why, sizeof why)) return ps_fail(err, "%s", why);
     if (g->ints != PS_GATE_REC_WINDOWS && g->ints != PS_GATE_REC_SEQ_WINDOWS) {
         json_decref(g->layout);
         g->layout = NULL;
@@ -127,7 +127,7 @@ static ps_gate_tap *taps_of(const ps_runtime *rt, int64_t n, int64_t T, int *n_t
         ps_fail(err, "out of memory for the gate taps of %lld layers", (long long)rt->n_layers);
         return NULL;
     }
-    *n_taps = rt->family->gate_taps(rt, n, T, t);
+    *n_taps = rt->family->gates.taps(rt, n, T, t);
     return t;
 }
 

@@ -12,7 +12,7 @@
  *   - sweep --task text-kv: shift p's prompts in the batches one process runs them in (ps_textkv_units:
  *     as many per forward as the memory budget holds at the shift's padded length); outcome arrays as
  *     the sweep's.
- *   - gates (every family with gate data: its core entries gates, gate_taps): unit j = batch j of shift 0;
+ *   - gates (every family with gate data: its core entries gates, gates.taps): unit j = batch j of shift 0;
  *     per unit the gate distributions of every window, as the hooks fired them (ps_gate_units).
  *   - knockout (every family): units (shift, batch, layer) of the grid engine (grid.h, ps_grid_unit). */
 #ifndef PS_UNITS_H
@@ -47,7 +47,7 @@ void ps_sweep_unit_weights(int64_t N, int64_t batch, int64_t P, int64_t T, ps_sw
 /* Add n items (ok, lp, rho as above) in order: what ps_residue_stats_add does for the same queries. */
 void ps_residue_stats_add_items(ps_residue_stats *r, const int32_t *ok, const double *lp, const int32_t *rho, int64_t n);
 
-/* Gates, for every family from its gate data (core/runtime.h: its `gates` and `gate_taps` entries, ps_gate_info,
+/* Gates, for every family from its gate data (core/runtime.h: its `gates` and `gates.taps` entries, ps_gate_info,
  * ps_gate_tap): the gate distributions of one batch as the family's hooks fire them. Per record (one tap as it
  * fired) g->ints ints in `records` (PS_GATE_REC_WINDOWS: layer, branch, windows; PS_GATE_REC_SEQ_WINDOWS:
  * layer, branch, sequences, windows) and the event's floats in alpha. */

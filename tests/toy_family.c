@@ -308,8 +308,8 @@ const ps_family ps_toy_family = {
     .hook_add = toy_hook_add, .hook_add_action = toy_hook_add_action, .cache_watch = toy_cache_watch, .hook_parse = toy_hook_parse,
     .config_json = toy_config_json, .config_hash = toy_config_hash, .step = toy_step, .default_period = toy_period,
     .vocab = toy_vocab, .meta = toy_meta, .max_pos_name = "max_pos", .describe_config = toy_describe_config,
-    .kinds = TOY_KINDS, .ko_targets = TOY_TARGETS, .ko_heads_what = "layers", .ko_default = ko_default, .ko_heads = ko_heads,
-    .ko_unit = ko_unit, .ko_arrays = ko_arrays, .task_file = 1};
+    .kinds = TOY_KINDS, .ko.targets = TOY_TARGETS, .ko.heads_what = "layers", .ko.default_target = ko_default, .ko.heads = ko_heads,
+    .ko.unit = ko_unit, .ko.arrays = ko_arrays, .task_file = 1};
 
 
 /* the toy first: the controlled model's detector takes every directory */

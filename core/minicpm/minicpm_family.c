@@ -416,5 +416,5 @@ const ps_family ps_family_minicpm = {
     .kinds = KINDS,
     .title = "MiniCPM4",
     .task_file = 1,
-    .ko_heads_what = "KV heads",
+    .ko.heads_what = "KV heads",
 };
