@@ -102,9 +102,138 @@ static json_t *int_array(const int32_t *x, int64_t n) {
     return a;
 }
 
+/* The prompts (--prompt through the tokenizer, or --tokens), each checked against the model: not empty, within
+ * its length, every id in its vocabulary. */
+static int read_prompts(const ps_generate_req *r, ps_tokenizer *tk, const ps_runtime *rt, ps_token_lists *toks, ps_error *err) {
+    const char *prompt = r->prompt, *tokens = r->tokens;
+    if (prompt) {
+        int32_t *ids = NULL;
+        size_t n = 0;
+        if (ps_tokenize(tk, prompt, strlen(prompt), true, &ids, &n, err)) return -1;
+        if (n == 0) {
+            free(ids);
+            ps_cli_usage(err, "--prompt: the text has no tokens");
+            return -1;
+        }
+        toks->n = 1;
+        toks->len = malloc(sizeof *toks->len);
+        toks->seq = malloc(sizeof *toks->seq);
+        if (!toks->len || !toks->seq) {
+            free(ids);
+            ps_fail(err, "out of memory for the prompt");
+            return -1;
+        }
+        toks->len[0] = (int64_t)n;
+        toks->seq[0] = ids;
+    } else if (ps_tokens_load(tokens, 0, 0, toks, err))
+        return -1;
+    for (int i = 0; i < toks->n; i++) {
+        if (toks->len[i] < 1) {
+            ps_fail(err, "%s: sequence %d is empty (a prompt needs at least one token)", tokens ? tokens : "--prompt", i);
+            return -1;
+        }
+        if (toks->len[i] > rt->max_pos) {
+            ps_fail(err, "%s: sequence %d has %lld tokens, more than %s %lld by %lld", tokens ? tokens : "--prompt", i,
+                    (long long)toks->len[i], rt->family->max_pos_name, (long long)rt->max_pos, (long long)(toks->len[i] - rt->max_pos));
+            return -1;
+        }
+        for (int64_t t = 0; t < toks->len[i]; t++)
+            if (toks->seq[i][t] >= rt->family->vocab(rt)) {
+                ps_fail(err, "%s: token %d (sequence %d, position %lld) is outside the model's vocabulary [0, %lld)",
+                        tokens ? tokens : "--prompt", toks->seq[i][t], i, (long long)t, (long long)rt->family->vocab(rt));
+                return -1;
+            }
+    }
+    return 0;
+}
+
+/* --edit: comma-separated edits of the cache (ps_generate_edit_parse_kv), usage errors naming the flag. */
+static int parse_edits(const char *edit_flag, const ps_kvcache *kv, ps_generate_edit **edits, int *n_edits, ps_error *err) {
+    char *s = strdup(edit_flag);
+    int rc = s ? 0 : ps_fail(err, "out of memory");
+    for (char *save = NULL, *e = s ? strtok_r(s, ",", &save) : NULL; e && !rc; e = strtok_r(NULL, ",", &save)) {
+        ps_generate_edit *ne = realloc(*edits, (size_t)(*n_edits + 1) * sizeof *ne);
+        if (!ne) {
+            rc = ps_fail(err, "out of memory");
+            break;
+        }
+        *edits = ne;
+        if (ps_generate_edit_parse_kv(kv, e, &ne[*n_edits], err)) {
+            ps_fail_prefix(err, "--edit: ");
+            rc = ps_cli_mark_usage(err);
+            break;
+        }
+        (*n_edits)++;
+    }
+    free(s);
+    return rc;
+}
+
+/* The cache points --hooks names (blocks.L.attn.cache_*): every entry each of the n_seq sequences holds at the
+ * end, [n, KV heads, hd], into out as "NAME.SEQ". */
+static int push_cache_points(const recorder *rec, const ps_kvcache *kv, int n_seq, ps_tensor_list *out, ps_error *err) {
+    for (int k = 0; k < rec->n_names; k++) {
+        int cl, cv;
+        if (!strstr(rec->names[k], ".attn.cache_") || ps_kvcache_point_parse_kv(kv, rec->names[k], &cl, &cv, err)) continue;
+        int64_t nh = ps_kvcache_entry_heads(kv), hd = ps_kvcache_entry_width(kv, cl, cv);
+        for (int i = 0; i < n_seq; i++) {
+            int64_t ne = ps_kvcache_n_entries(kv, i, cl, 0);
+            float *buf = malloc((size_t)((ne ? ne : 1) * nh * hd) * sizeof(float));
+            if (!buf) return ps_fail(err, "out of memory");
+            int bad = 0;
+            for (int64_t j = 0; j < ne && !bad; j++)
+                for (int64_t g = 0; g < nh && !bad; g++) {
+                    if (ps_kvcache_n_entries(kv, i, cl, (int)g) <= j) /* a staggered head without entry j yet */
+                        memset(buf + (j * nh + g) * hd, 0, (size_t)hd * sizeof(float));
+                    else bad = ps_kvcache_entry(kv, i, cl, (int)g, cv, j, buf + (j * nh + g) * hd, err);
+                }
+            char nm[128];
+            snprintf(nm, sizeof nm, "%s.%d", rec->names[k], i);
+            int64_t shp[3] = {ne, nh, hd};
+            bad = bad || ps_tensor_list_push(out, nm, 3, shp, buf, err);
+            free(buf);
+            if (bad) return -1;
+        }
+    }
+    return 0;
+}
+
+/* generate.json's provenance and options (the options as given: the edits as written) */
+static json_t *gen_provenance(const ps_runtime *rt, const char *cmdline, const char *dir, const char *hash, int64_t seed,
+                              const char *backend) {
+    json_t *prov = json_object();
+    json_object_set_new(prov, "command", json_string(cmdline ? cmdline : "generate"));
+    json_object_set_new(prov, "model", json_string(dir));
+    json_object_set_new(prov, "config_hash", json_string(hash));
+    json_object_set_new(prov, "version", json_string(PS_VERSION));
+    json_object_set_new(prov, "seed", json_integer((json_int_t)seed));
+    json_object_set_new(prov, "backend", json_string(backend));
+    json_t *cfg = rt->family->config_json(rt);
+    if (cfg) json_object_set_new(prov, "config", cfg);
+    return prov;
+}
+
+static json_t *gen_options(const ps_generate_req *r, const ps_generate_opts *o) {
+    json_t *opt = json_object(), *ed = json_array();
+    json_object_set_new(opt, "max_tokens", json_integer(r->max_tokens));
+    json_object_set_new(opt, "temperature", json_real(o->temperature));
+    json_object_set_new(opt, "top_p", json_real(o->top_p));
+    if (r->n_stop) {
+        json_t *st = json_array();
+        for (int k = 0; k < r->n_stop; k++) json_array_append_new(st, json_integer(r->stop[k]));
+        json_object_set_new(opt, "stop", st);
+    }
+    char *es = r->edits ? strdup(r->edits) : NULL;
+    if (r->edits && !es) return json_decref(opt), json_decref(ed), NULL;
+    for (char *save = NULL, *e = es ? strtok_r(es, ",", &save) : NULL; e; e = strtok_r(NULL, ",", &save))
+        json_array_append_new(ed, json_string(e));
+    free(es);
+    json_object_set_new(opt, "edits", ed);
+    return opt;
+}
+
 int ps_generate_command(const ps_args *args, const ps_generate_req *r, ps_error *err) {
-    const char *prompt = r->prompt, *tokfile = r->tokenizer, *tokens = r->tokens, *hooks_flag = r->hooks,
-               *edit_flag = r->edits, *out_dir = r->out_dir;
+    const char *tokfile = r->tokenizer, *hooks_flag = r->hooks, *edit_flag = r->edits, *out_dir = r->out_dir;
     int64_t max_tokens = r->max_tokens, seed = r->seed;
     ps_generate_opts o = {.temperature = r->temperature, .top_p = r->top_p};
     o.max_tokens = max_tokens;
@@ -113,7 +242,7 @@ int ps_generate_command(const ps_args *args, const ps_generate_req *r, ps_error 
     for (int k = 0; k < r->n_stop; k++) stop_ids[k] = (int32_t)r->stop[k];
     o.stop = stop_ids, o.n_stop = r->n_stop;
     int rc = -1;
-    char dir[4096], *names = NULL, *edits_s = NULL, *cmdline = NULL;
+    char dir[4096], *names = NULL, *cmdline = NULL;
     ps_runtime rt;
     int have_rt = 0, have_kv = 0;
     ps_kvcache kv;
@@ -133,67 +262,17 @@ int ps_generate_command(const ps_args *args, const ps_generate_req *r, ps_error 
     if (ps_cli_model_dir(r->model, dir, sizeof dir, err)) goto done;
     have_rt = 1;
     if (ps_runtime_open(&rt, dir, &ro, err)) goto done;
-    int64_t max_len = rt.max_pos, vocab = rt.family->vocab(&rt);
+    int64_t vocab = rt.family->vocab(&rt);
     for (int k = 0; k < r->n_stop; k++)
         if (r->stop[k] >= vocab) {
             ps_cli_usage(err, "--stop: token %d is outside the model's vocabulary [0, %lld)", r->stop[k], (long long)vocab);
             goto done;
         }
     if (tokfile && ps_tokenizer_load(tokfile, &tk, err)) goto done;
-    if (prompt) {
-        int32_t *ids = NULL;
-        size_t n = 0;
-        if (ps_tokenize(tk, prompt, strlen(prompt), true, &ids, &n, err)) goto done;
-        if (n == 0) {
-            free(ids);
-            ps_cli_usage(err, "--prompt: the text has no tokens");
-            goto done;
-        }
-        toks.n = 1;
-        toks.len = malloc(sizeof *toks.len);
-        toks.seq = malloc(sizeof *toks.seq);
-        if (!toks.len || !toks.seq) {
-            free(ids);
-            ps_fail(err, "out of memory for the prompt");
-            goto done;
-        }
-        toks.len[0] = (int64_t)n;
-        toks.seq[0] = ids;
-    } else if (ps_tokens_load(tokens, 0, 0, &toks, err))
-        goto done;
-    for (int i = 0; i < toks.n; i++) {
-        if (toks.len[i] < 1) {
-            ps_fail(err, "%s: sequence %d is empty (a prompt needs at least one token)", tokens ? tokens : "--prompt", i);
-            goto done;
-        }
-        if (toks.len[i] > max_len) {
-            ps_fail(err, "%s: sequence %d has %lld tokens, more than %s %lld by %lld", tokens ? tokens : "--prompt", i,
-                    (long long)toks.len[i], rt.family->max_pos_name, (long long)max_len, (long long)(toks.len[i] - max_len));
-            goto done;
-        }
-        for (int64_t t = 0; t < toks.len[i]; t++)
-            if (toks.seq[i][t] >= vocab) {
-                ps_fail(err, "%s: token %d (sequence %d, position %lld) is outside the model's vocabulary [0, %lld)",
-                        tokens ? tokens : "--prompt", toks.seq[i][t], i, (long long)t, (long long)vocab);
-                goto done;
-            }
-    }
+    if (read_prompts(r, tk, &rt, &toks, err)) goto done;
     if (ps_kvcache_create_rt(&kv, &rt, NULL, err)) goto done;
     have_kv = 1;
-    if (edit_flag) {
-        if (!(edits_s = strdup(edit_flag))) goto oom;
-        for (char *save = NULL, *e = strtok_r(edits_s, ",", &save); e; e = strtok_r(NULL, ",", &save)) {
-            ps_generate_edit *ne = realloc(edits, (size_t)(n_edits + 1) * sizeof *ne);
-            if (!ne) goto oom;
-            edits = ne;
-            if (ps_generate_edit_parse_kv(&kv, e, &edits[n_edits], err)) {
-                ps_fail_prefix(err, "--edit: ");
-                ps_cli_mark_usage(err);
-                goto done;
-            }
-            n_edits++;
-        }
-    }
+    if (edit_flag && parse_edits(edit_flag, &kv, &edits, &n_edits, err)) goto done;
     if (hooks_flag) {
         if (!(names = strdup(hooks_flag))) goto oom;
         rec.kv = &kv;
@@ -257,30 +336,13 @@ int ps_generate_command(const ps_args *args, const ps_generate_req *r, ps_error 
         if (ps_mkdir(out_dir, err)) goto done;
         rt.family->config_hash(&rt, hash);
         cmdline = ps_args_command_line(args);
-        json_t *prov = json_object(), *opt = json_object(), *ed = json_array();
-        json_object_set_new(prov, "command", json_string(cmdline ? cmdline : "generate"));
-        json_object_set_new(prov, "model", json_string(dir));
-        json_object_set_new(prov, "config_hash", json_string(hash));
-        json_object_set_new(prov, "version", json_string(PS_VERSION));
-        json_object_set_new(prov, "seed", json_integer((json_int_t)seed));
-        json_object_set_new(prov, "backend", json_string(backend));
-        json_t *cfg = rt.family->config_json(&rt);
-        if (cfg) json_object_set_new(prov, "config", cfg);
-        json_object_set_new(opt, "max_tokens", json_integer(max_tokens));
-        json_object_set_new(opt, "temperature", json_real(o.temperature));
-        json_object_set_new(opt, "top_p", json_real(o.top_p));
-        if (r->n_stop) {
-            json_t *st = json_array();
-            for (int k = 0; k < r->n_stop; k++) json_array_append_new(st, json_integer(r->stop[k]));
-            json_object_set_new(opt, "stop", st);
+        json_t *prov = gen_provenance(&rt, cmdline, dir, hash, seed, backend), *opt = gen_options(r, &o);
+        if (!prov || !opt) {
+            json_decref(prov), json_decref(opt);
+            goto oom;
         }
-        for (char *save = NULL, *e = edit_flag ? strtok_r(strcpy(edits_s, edit_flag), ",", &save) : NULL; e; e = strtok_r(NULL, ",", &save))
-            json_array_append_new(ed, json_string(e));
-        json_object_set_new(opt, "edits", ed);
-        json_object_set(root, "provenance", prov);
-        json_object_set(root, "options", opt);
-        json_decref(prov);
-        json_decref(opt);
+        json_object_set_new(root, "provenance", prov);
+        json_object_set_new(root, "options", opt);
         char *txt = json_dumps(root, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
         if (!txt) goto oom;
         int w = ps_path_join(path, sizeof path, out_dir, "generate.json", err) || ps_write_file_atomic(path, txt, strlen(txt), err);
@@ -294,30 +356,7 @@ int ps_generate_command(const ps_args *args, const ps_generate_req *r, ps_error 
                 it->shape[0] = it->n1;
                 if (ps_tensor_list_push(&out, it->name, it->ndim, it->shape, it->data, err)) goto done;
             }
-            /* the cache points: every entry each sequence holds at the end, [n, KV heads, hd] */
-            for (int k = 0; k < rec.n_names; k++) {
-                int cl, cv;
-                if (!strstr(rec.names[k], ".attn.cache_") || ps_kvcache_point_parse_kv(&kv, rec.names[k], &cl, &cv, err)) continue;
-                int64_t nh = ps_kvcache_entry_heads(&kv), hd = ps_kvcache_entry_width(&kv, cl, cv);
-                for (int i = 0; i < res.n; i++) {
-                    int64_t ne = ps_kvcache_n_entries(&kv, i, cl, 0);
-                    float *buf = malloc((size_t)((ne ? ne : 1) * nh * hd) * sizeof(float));
-                    if (!buf) goto oom;
-                    int bad = 0;
-                    for (int64_t j = 0; j < ne && !bad; j++)
-                        for (int64_t g = 0; g < nh && !bad; g++) {
-                            if (ps_kvcache_n_entries(&kv, i, cl, (int)g) <= j) /* a staggered head without entry j yet */
-                                memset(buf + (j * nh + g) * hd, 0, (size_t)hd * sizeof(float));
-                            else bad = ps_kvcache_entry(&kv, i, cl, (int)g, cv, j, buf + (j * nh + g) * hd, err);
-                        }
-                    char nm[128];
-                    snprintf(nm, sizeof nm, "%s.%d", rec.names[k], i);
-                    int64_t shp[3] = {ne, nh, hd};
-                    bad = bad || ps_tensor_list_push(&out, nm, 3, shp, buf, err);
-                    free(buf);
-                    if (bad) goto done;
-                }
-            }
+            if (push_cache_points(&rec, &kv, res.n, &out, err)) goto done;
             if (ps_path_join(path, sizeof path, out_dir, "hooks.safetensors", err) || ps_st_save(path, out.t, out.n, NULL, NULL, 0, err))
                 goto done;
             printf("wrote %d tensors to %s\n", out.n, path);
@@ -336,7 +375,6 @@ done:
     free(rec.names);
     free(names);
     free(edits);
-    free(edits_s);
     free(cmdline);
     ps_hooks_free(&hooks);
     if (have_kv) ps_kvcache_free(&kv);
