@@ -134,8 +134,10 @@ case "${1:-all}" in
     for d in rule:$rule cont:out/phasefix/$2; do
       [ -f "${d#*:}/train.jsonl" ] || continue
       mkdir -p "$park/${d%%:*}"
-      cp "${d#*:}"/*.json* "${d#*:}"/*.safetensors "$park/${d%%:*}/" 2>/dev/null || true
-      [ -f "${d#*:}/stopped_at" ] && cp "${d#*:}/stopped_at" "$park/${d%%:*}/"
+      cp "${d#*:}"/*.json* "${d#*:}"/model.safetensors "$park/${d%%:*}/" 2>/dev/null || true
+      # the AdamW state only where the phase goes on (a finished rule phase restarts from its weights alone)
+      if [ -f "${d#*:}/stopped_at" ]; then cp "${d#*:}/stopped_at" "$park/${d%%:*}/"
+      else cp "${d#*:}"/optimizer-*.safetensors "$park/${d%%:*}/" 2>/dev/null || true; fi
     done
     echo "parked in $park: $(ls "$park" 2>/dev/null | tr '\n' ' ')" ;;
   *) echo "usage: $0 deep NAME [OUT] | demo NAME SEED [OUT] | short NAME SEED [OUT] | finetune NAME FROM OUT | follow NAME FROM OUT LEADER | all" >&2; exit 2 ;;
