@@ -94,10 +94,11 @@ pack() {
   if [ -e "$STASH/PACKED" ]; then
     echo "gpu_check --pack: already packed (models in .gpu_stash/)"
   else
-    git diff --cached --quiet -- data/models || { echo "gpu_check --pack: data/models has staged changes; commit or unstage them first"; return 1; }
+    git diff --cached --quiet -- data/models data/runs || { echo "gpu_check --pack: data/models or data/runs has staged changes; commit or unstage them first"; return 1; }
     mkdir -p "$STASH"
     local hide
-    hide=$(git ls-files data/models | grep -Ev "$KEEP_MODELS")
+    # the models the run does not read, and the parked unfinished trainings (data/runs: the run reads none)
+    hide=$(git ls-files data/models | grep -Ev "$KEEP_MODELS"; git ls-files data/runs)
     [ -n "$hide" ] || { echo "gpu_check --pack: no model to hide"; return 1; }
     # out of the index (so not tracked) and out of the tree (so not an untracked file either): into the
     # git-ignored .gpu_stash/, as the list of moved files says
@@ -105,7 +106,7 @@ pack() {
     git rm -q --cached -- $hide || return 1
     local f
     for f in $hide; do mkdir -p "$STASH/$(dirname "$f")" && mv "$f" "$STASH/$f" || return 1; done
-    find data/models -mindepth 1 -type d -empty -delete
+    find data/models data/runs -mindepth 1 -type d -empty -delete 2>/dev/null
     echo "gpu_check --pack: $(wc -l < "$STASH/PACKED") model files moved out of the index and the tree (into .gpu_stash/)"
   fi
   local sizes tree debs total
@@ -130,8 +131,8 @@ undo() {
   xargs -a "$STASH/PACKED" git reset -q -- || return 1
   rm -rf "$STASH"
   echo "gpu_check --undo: data/models back in the index and the tree; git status --short data/models:"
-  git status --short data/models | head -5
-  git status --short data/models | grep -q . || echo "  (clean)"
+  git status --short data/models data/runs | head -5
+  git status --short data/models data/runs | grep -q . || echo "  (clean)"
 }
 
 MODE=run QUICK=1 SKIP_PEER=0 SKIP_BENCH=0 CONFIGURE_ONLY=0 REHEARSE=0
