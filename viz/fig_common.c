@@ -58,6 +58,17 @@ double ps_fig_fit(cairo_t *cr, const char *s, double size, double maxw, int bold
     return size;
 }
 
+void ps_fig_ellipsize(cairo_t *cr, const char *s, double size, double maxw, int bold, char *out, size_t n) {
+    snprintf(out, n, "%s", s);
+    size_t l = strlen(out);
+    while (l > 0 && ps_text_width(cr, out, size, bold) > maxw) {
+        do l--; /* back to the start of a UTF-8 character */
+        while (l > 0 && ((unsigned char)out[l] & 0xC0) == 0x80);
+        if (l + 4 > n) continue;
+        memcpy(out + l, "\u2026", 4); /* "…" (3 bytes) and the terminator */
+    }
+}
+
 void ps_fig_model_name(char *buf, size_t n, json_t *prov) {
     char tmp[2048], lab[sizeof ((ps_model_desc *)0)->label];
     snprintf(tmp, sizeof tmp, "%s", json_string_value(json_object_get(prov, "model")) ?: "model");

@@ -52,6 +52,9 @@ int ps_fig_file_close(ps_fig *f, const ps_fig_chunks *ch, int verbose, ps_error 
 double ps_fig_measure(const char *s, double size, int bold);
 /* The largest font size <= size (down to 8) at which s fits in maxw. */
 double ps_fig_fit(cairo_t *cr, const char *s, double size, double maxw, int bold);
+/* s into out (n bytes) cut at a UTF-8 character boundary and ended with "…" where even at `size` it is wider than
+ * maxw (unchanged when it fits): a label that stays inside the figure. */
+void ps_fig_ellipsize(cairo_t *cr, const char *s, double size, double maxw, int bold, char *out, size_t n);
 /* The model as titles name it: the folder's name and its attention, "w8s8 (W8/S8)", from a provenance block. */
 void ps_fig_model_name(char *buf, size_t n, json_t *prov);
 void ps_fig_line(cairo_t *cr, double x0, double y0, double x1, double y1);

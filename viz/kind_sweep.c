@@ -407,7 +407,10 @@ static void draw_curves(cairo_t *cr, void *vctx) {
         else cairo_arc(cr, lx + 12, ly + 6, 3.4, 0, 2 * M_PI);
         cairo_fill(cr);
         cairo_set_source_rgb(cr, 0, 0, 0);
-        ps_text(cr, lx + 32, ly + 6, c->label, ps_fig_fit(cr, c->label, 13, tw, 1), 0, 0.5, 0, 1);
+        double lsz = ps_fig_fit(cr, c->label, 13, tw, 1);
+        char lab[sizeof c->label + 4];
+        ps_fig_ellipsize(cr, c->label, lsz, tw, 1, lab, sizeof lab);
+        ps_text(cr, lx + 32, ly + 6, lab, lsz, 0, 0.5, 0, 1);
         ps_text(cr, lx + 32, ly + 25, c->stats, ps_fig_fit(cr, c->stats, 12, tw, 0), 0, 0.5, 0, 0);
         ps_text(cr, lx + 32, ly + 42, c->stats2, ps_fig_fit(cr, c->stats2, 12, tw, 0), 0, 0.5, 0, 0);
     }
