@@ -37,11 +37,13 @@ const char *ps_model_ko_missing(const ps_runtime *rt, int target, int layer, cha
     return NULL;
 }
 
-/* k, v, ck, cv in the order the forward fires them (the channel attention: K = V, hook_k / hook_ck only); the
- * compressed entries of content chunks are finished on the host (their counts, ps_model_ko_mean) */
+/* k, v, ck, cv in the order the forward fires them (the channel attention: K = V, hook_k / hook_ck only; the
+ * select attention: its level-1 pooled keys hook_ck are the compressed target, which changes the blocks a head
+ * selects; it has no hook_cv); the compressed entries of content chunks are finished on the host (their counts,
+ * ps_model_ko_mean). The channel and select attentions have no answer-row restart: a forward per cell. */
 int ps_model_ko_arrays(const ps_runtime *rt, int target, ps_ko_array arr[PS_KO_MAX_ARRAYS], int *restart) {
     const ps_config *c = cfg_of(rt);
-    int bits = target + 1, kv_shared = c->kind == PS_ATTN_CHANNEL, n = 0;
+    int bits = target + 1, kv_shared = c->kind == PS_ATTN_CHANNEL, sel = c->kind == PS_ATTN_SELECT, n = 0;
     int content = c->kind == PS_ATTN_COMPRESSED && c->boundaries == PS_BOUNDARIES_CONTENT;
     if (bits & 1) {
         arr[n++] = (ps_ko_array){PS_HOOK_K, PS_HOOK_K, 0};
@@ -49,9 +51,9 @@ int ps_model_ko_arrays(const ps_runtime *rt, int target, ps_ko_array arr[PS_KO_M
     }
     if (bits & 2) {
         arr[n++] = (ps_ko_array){PS_HOOK_CK, PS_HOOK_CK, content};
-        if (!kv_shared) arr[n++] = (ps_ko_array){PS_HOOK_CV, PS_HOOK_CV, content};
+        if (!kv_shared && !sel) arr[n++] = (ps_ko_array){PS_HOOK_CV, PS_HOOK_CV, content};
     }
-    *restart = kv_shared ? PS_KO_RESTART_NONE : PS_KO_RESTART_ATTENTION;
+    *restart = kv_shared || sel ? PS_KO_RESTART_NONE : PS_KO_RESTART_ATTENTION;
     return n;
 }
 

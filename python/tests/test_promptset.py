@@ -225,3 +225,16 @@ def test_saved_sweep_prompts_reproduce_the_sweep(deep, tmp_path):
         np.testing.assert_allclose(s.arrays["curve.residues.mean_logprob"], r.arrays["curve.residues.mean_logprob"], atol=1e-3)
     with pytest.raises(ps.PhasescopeError, match="--save-prompts: writes the prompts of the checkpoint's task sweep"):
         ps.sweep(deep, prompts=S, save_prompts=f)
+
+
+@pytest.mark.parametrize("target,points", [("raw", ["blocks.11.attn.hook_k", "blocks.11.attn.hook_v"]),
+                                           ("compressed", ["blocks.11.attn.hook_ck"])])
+def test_knockout_on_select_kind(target, points):
+    """The select kind (block selection through pooled keys, data/models/deep_select_s2_rule): raw replaces the
+    keys and values the selected blocks are read from, compressed the level-1 pooled keys that choose the blocks;
+    a forward per cell (no restart path), equal to the hook loop."""
+    m = ps.load(model_path("data/models/deep_select_s2_rule"))
+    S = make_set(m.vocab_size, 16, 48, 16, seed=7)
+    r = ps.knockout(m, prompts=S, layers=[11], target=target, heads=[0, 3, 6])
+    check_knockout(r, loop_knockout(m, S, points, 2, [0, 3, 6]))
+    m.close()
