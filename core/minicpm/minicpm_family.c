@@ -255,6 +255,7 @@ static int mc_describe_config(const json_t *cfg, ps_model_desc *d, ps_error *err
 typedef struct {
     const ps_minicpm_model *m;
     ps_minicpm_cache *c; /* [kv->n_seq], created on add */
+    float *row;          /* [vocab]: one step's logits (allocated once, not per token) */
 } mc_cache;
 
 static const ps_kvcache_ops MC_KV;
@@ -262,8 +263,10 @@ static const ps_kvcache_ops MC_KV;
 static int mc_kv_create(ps_kvcache *kv, const ps_runtime *rt, const ps_kvcache_opts *o, ps_error *err) {
     (void)o;
     mc_cache *c = calloc(1, sizeof *c);
+    const ps_minicpm_model *m = rt->model;
+    if (c && !(c->row = malloc((size_t)m->cfg.vocab_size * sizeof *c->row))) free(c), c = NULL;
     if (!c) return ps_fail(err, "out of memory for a MiniCPM4 KV cache");
-    c->m = rt->model;
+    c->m = m;
     kv->impl = c, kv->ops = &MC_KV, kv->ctx = rt->ctx;
     return 0;
 }
@@ -276,7 +279,7 @@ static void mc_kv_drop(ps_kvcache *kv, int seq) {
 static void mc_kv_free(ps_kvcache *kv) {
     mc_cache *c = kv->impl;
     for (int s = 0; c && s < kv->n_seq; s++) mc_kv_drop(kv, s);
-    if (c) free(c->c);
+    if (c) free(c->c), free(c->row);
     free(c);
     free(kv->seqs);
     memset(kv, 0, sizeof *kv);
@@ -319,8 +322,7 @@ static int mc_kv_append(ps_kvcache *kv, int n_seq, const int *seqs, const int64_
             if (n[i] > 1) return ps_fail(err, "the MiniCPM4 KV cache returns the last new row's logits only (%lld rows asked)", (long long)n[i]);
     }
     if (ps_kvcache_check_request(kv, n_seq, seqs, n, tokens, err)) return -1;
-    float *row = malloc((size_t)V * sizeof *row);
-    if (!row) return ps_fail(err, "out of memory");
+    float *row = c->row;
     int rc = 0;
     for (int i = 0; i < n_seq && !rc; off += n[i], i++) {
         ps_kv_seq *q = &kv->seqs[seqs[i]];
@@ -336,7 +338,6 @@ static int mc_kv_append(ps_kvcache *kv, int n_seq, const int *seqs, const int64_
         q->T += n[i];
         if (logits) memcpy(logits + (last_only ? (int64_t)i : off) * V, row, (size_t)V * sizeof *row);
     }
-    free(row);
     return rc;
 }
 static int64_t mc_kv_n_entries(const ps_kvcache *kv, int seq, int l, int g) { return (void)kv, (void)seq, (void)l, (void)g, 0; }

@@ -75,12 +75,21 @@ def loop_knockout(m, S, points, head_axis, heads):
     return np.array(d_nll), np.array(acc), np.array(d_ld), per_residue(ok0.astype(float), S, P)
 
 
+def same_accuracy(got, want, n_per):
+    """Accuracies from two computations of the same numbers (other batches, another summation order): equal,
+    except that a prompt whose top two logits are within rounding may flip on another CPU (AVX2 vs AVX-512): at
+    most one prompt per entry and two entries in all."""
+    got, want = np.asarray(got, dtype=float), np.asarray(want, dtype=float)
+    d = np.abs(got - want)
+    assert np.all(d <= 1.0 / np.maximum(n_per, 1) + 1e-9) and np.count_nonzero(d > 1e-12) <= 2, (got, want)
+
+
 def check_knockout(r, loop, tol=1e-3):
     d_nll, acc, d_ld, clean_acc = loop
     np.testing.assert_allclose(r.arrays["grid.cells.residues.delta_nll"], d_nll, atol=tol)
-    np.testing.assert_allclose(r.arrays["grid.cells.residues.accuracy"], acc, atol=1e-12)
+    same_accuracy(r.arrays["grid.cells.residues.accuracy"], acc, r.arrays["grid.cells.residues.n"])
     np.testing.assert_allclose(r.arrays["grid.cells.residues.delta_logit_diff"], d_ld, atol=tol)
-    np.testing.assert_allclose(r.arrays["grid.clean.residues.accuracy"], clean_acc, atol=1e-12)
+    same_accuracy(r.arrays["grid.clean.residues.accuracy"], clean_acc, r.arrays["grid.clean.residues.n"])
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +114,7 @@ def test_sweep_equals_plain_forward(deep, deep_set):
     S = deep_set
     r = ps.sweep(deep, prompts=S)
     ok, nll, ld = outcomes(deep(S.tokens), S)
-    np.testing.assert_allclose(r.arrays["curve.residues.accuracy"], per_residue(ok.astype(float), S, 8), atol=1e-12)
+    same_accuracy(r.arrays["curve.residues.accuracy"], per_residue(ok.astype(float), S, 8), r.arrays["curve.residues.n"])
     np.testing.assert_allclose(r.arrays["curve.residues.mean_logprob"], per_residue(-nll, S, 8), atol=2e-5)
     np.testing.assert_allclose(r.arrays["curve.residues.mean_logit_diff"], per_residue(ld, S, 8), atol=2e-5)
     assert list(r.arrays["curve.residues.n"]) == [3] * 8
@@ -140,7 +149,7 @@ def test_deepseek_v4(tmp_path):
     check_knockout(r, loop_knockout(m, S, [f"layers.{layer}.attn.kv"], None, [0]))
     s = ps.sweep(m, prompts=S)
     ok, nll, _ = outcomes(m(S.tokens), S)
-    np.testing.assert_allclose(s.arrays["curve.residues.accuracy"], per_residue(ok.astype(float), S, 4), atol=1e-12)
+    same_accuracy(s.arrays["curve.residues.accuracy"], per_residue(ok.astype(float), S, 4), s.arrays["curve.residues.n"])
     np.testing.assert_allclose(s.arrays["curve.residues.mean_logprob"], per_residue(-nll, S, 4), atol=2e-5)
     m.close()
 
@@ -221,7 +230,7 @@ def test_saved_sweep_prompts_reproduce_the_sweep(deep, tmp_path):
         assert len(S) == sum(r.arrays["curve.residues.n"])
         s = ps.sweep(deep, prompts=S, period=8)
         np.testing.assert_array_equal(s.arrays["curve.residues.n"], r.arrays["curve.residues.n"])
-        np.testing.assert_array_equal(s.arrays["curve.residues.accuracy"], r.arrays["curve.residues.accuracy"])
+        same_accuracy(s.arrays["curve.residues.accuracy"], r.arrays["curve.residues.accuracy"], r.arrays["curve.residues.n"])
         np.testing.assert_allclose(s.arrays["curve.residues.mean_logprob"], r.arrays["curve.residues.mean_logprob"], atol=1e-3)
     with pytest.raises(ps.PhasescopeError, match="--save-prompts: writes the prompts of the checkpoint's task sweep"):
         ps.sweep(deep, prompts=S, save_prompts=f)
