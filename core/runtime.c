@@ -369,6 +369,24 @@ static int model_describe(const ps_runtime *rt, int64_t B, FILE *out, ps_error *
     return 0;
 }
 
+/* block selection: every layer of a select model, at T >= dense_len */
+static int model_sel_layer(const ps_runtime *rt, int layer, int64_t T, ps_select_geom *g, char *why, size_t n) {
+    const ps_config *c = &model_of(rt)->cfg;
+    (void)layer;
+    if (c->kind != PS_ATTN_SELECT) {
+        snprintf(why, n, "the model's attention (kind %s) selects no blocks: recall needs attention.kind \"select\"",
+                 c->kind == PS_ATTN_FULL ? "full" : c->kind == PS_ATTN_COMPRESSED ? "compressed" : "channel");
+        return 0;
+    }
+    if (!ps_select_sparse(c, T)) {
+        snprintf(why, n, "a forward of %lld tokens is dense (attention.dense_len %lld): every block is attended", (long long)T,
+                 (long long)c->dense_len);
+        return 0;
+    }
+    *g = (ps_select_geom){.cfg = ps_config_select(c), .n_kv = c->n_kv_heads, .blocks_point = PS_HOOK_BLOCKS};
+    return 1;
+}
+
 const ps_family ps_family_model = {
     .name = "phasescope",
     .kvcache = &ps_kvcache_model_ops,
@@ -426,6 +444,7 @@ const ps_family ps_family_model = {
     .grad.patch_missing = ps_model_patch_missing,
     .grad.patch_attention = ps_model_patch_attention,
     .grad.patch_point = PS_HOOK_Z,
+    .sel.layer = model_sel_layer,
 };
 
 const ps_model *ps_runtime_controlled(const ps_runtime *rt) { return rt->family == &ps_family_model ? rt->model : NULL; }

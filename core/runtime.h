@@ -30,6 +30,7 @@
 #include "core/hooks.h"
 #include "core/model.h"
 #include "core/rows.h"
+#include "core/select.h"
 
 typedef struct ps_family ps_family;
 typedef struct ps_runtime ps_runtime;
@@ -194,6 +195,22 @@ typedef struct {
     int patch_point;
 } ps_family_grad;
 
+/* ---- block selection as data (what the selection-recall instrument reads: interventions/recall.h) ----
+ * A layer that selects blocks (core/select.h) fires a point with its chosen blocks, [B, T, n_kv, slots] (block ids as
+ * floats, ascending, -1 for an empty slot); the instrument reads the answer rows there. */
+typedef struct {
+    ps_select_cfg cfg;    /* the layer's geometry: kernel, stride, block, forced blocks, top-k */
+    int64_t n_kv;         /* KV heads (the point's axis 2) */
+    int blocks_point;     /* the point's number in the family's hook enumeration (hook_blocks) */
+} ps_select_geom;
+
+typedef struct {
+    /* block selection (NULL: the family selects no blocks): 1 with *g filled when `layer` selects blocks in a
+     * forward of T tokens; 0 when it attends every key there (why in buf: full attention, fewer than dense_len
+     * tokens) */
+    int (*layer)(const ps_runtime *rt, int layer, int64_t T, ps_select_geom *g, char *why, size_t n);
+} ps_family_select;
+
 struct ps_family {
     const char *name;                    /* "phasescope", "deepseek_v4" (provenance, messages) */
     size_t model_size;                   /* bytes of the family's model (caller storage for ps_runtime_open_into) */
@@ -281,6 +298,7 @@ struct ps_family {
     ps_family_cycle cycle;   /* gate cycling (f->cycle.check, f->cycle.roll, f->cycle.meta) */
     ps_family_gates gates;   /* gate statistics (f->gates.info, f->gates.taps) */
     ps_family_grad grad;     /* gradients and attribution patching (f->grad.backward, ...) */
+    ps_family_select sel;    /* block selection (f->sel.layer: the selection-recall instrument) */
 };
 
 /* The registered families, in the order a checkpoint is tried; NULL-terminated. */

@@ -174,6 +174,7 @@ extern const ps_command ps_cmd_forward;
 extern const ps_command ps_cmd_grad;
 extern const ps_command ps_cmd_sweep;
 extern const ps_command ps_cmd_knockout;
+extern const ps_command ps_cmd_recall;
 extern const ps_command ps_cmd_gatecycle;
 extern const ps_command ps_cmd_gates;
 extern const ps_command ps_cmd_merge;

@@ -147,6 +147,12 @@ typedef struct {
 } ps_knockout_request;
 int ps_knockout_command(const ps_args *a, ps_error *err);
 
+/* The selection-recall instrument (instr_recall.c, interventions/recall.h): the set-up, cmd_recall.c's flags checked
+ * against the model (its selecting layers, the mode, the needle offset; a prompt set needs its needle column), the
+ * sweep's units with the selected blocks read, split over shards and ranks, and the finish (recall.json, its
+ * figure, the summary). */
+int ps_recall_command(const ps_args *a, ps_error *err);
+
 /* The sweep instrument (instr_sweep.c): the prefix-padding or move-mode sweep of the checkpoint's task
  * (any family: units (shift, batch), interventions/units.h), or of text-kv prompts (--task text-kv, or a
  * model trained on text-kv; units of the batches one process runs, ps_textkv_units); split over shards
@@ -215,6 +221,7 @@ int ps_train_command(const ps_args *a, const ps_train_cfg *cfg, const char *out,
  * the statistics in the one-process order, the JSON, its figures and the summary on stdout. */
 int ps_sweep_finish(const ps_partial *p, const ps_out *out, ps_error *err);
 int ps_knockout_finish(const ps_partial *p, const ps_out *out, ps_error *err);
+int ps_recall_finish(const ps_partial *p, const ps_out *out, ps_error *err);
 int ps_gatecycle_finish(const ps_partial *p, const ps_out *out, ps_error *err);
 int ps_gates_finish(const ps_partial *p, const ps_out *out, ps_error *err);
 

@@ -15,11 +15,12 @@ void ps_promptset_free(ps_promptset *s) {
     free(s->answer);
     free(s->residue);
     free(s->alt);
+    free(s->needle);
     memset(s, 0, sizeof *s);
 }
 
 /* Room for n prompts of T tokens (the columns grow as records come). */
-static int grow(ps_promptset *s, int64_t *cap, int64_t need, int with_alt, ps_error *err) {
+static int grow(ps_promptset *s, int64_t *cap, int64_t need, int with_alt, int with_needle, ps_error *err) {
     if (need <= *cap) return 0;
     int64_t c = *cap ? 2 * *cap : 64;
     while (c < need) c *= 2;
@@ -33,7 +34,9 @@ static int grow(ps_promptset *s, int64_t *cap, int64_t need, int with_alt, ps_er
     if (r) s->residue = r;
     int64_t *al = with_alt ? realloc(s->alt, (size_t)c * sizeof *al) : NULL;
     if (al) s->alt = al;
-    if (!t || !q || !a || !r || (with_alt && !al)) return ps_fail(err, "out of memory for %lld prompts of %lld tokens", (long long)c, (long long)s->T);
+    int64_t *nd = with_needle ? realloc(s->needle, (size_t)c * sizeof *nd) : NULL;
+    if (nd) s->needle = nd;
+    if (!t || !q || !a || !r || (with_alt && !al) || (with_needle && !nd)) return ps_fail(err, "out of memory for %lld prompts of %lld tokens", (long long)c, (long long)s->T);
     *cap = c;
     return 0;
 }
@@ -48,7 +51,7 @@ static int int_key(const json_t *o, const char *key, int64_t lo, int64_t *v, con
     return 0;
 }
 
-static const char *const KEYS[] = {"tokens", "query", "answer", "residue", "alt", NULL};
+static const char *const KEYS[] = {"tokens", "query", "answer", "residue", "alt", "needle", NULL};
 
 /* Record i (where: "FILE line L" or "what item I") into s. */
 static int add_record(ps_promptset *s, int64_t *cap, const json_t *o, const char *where, ps_error *err) {
@@ -58,13 +61,13 @@ static int add_record(ps_promptset *s, int64_t *cap, const json_t *o, const char
     json_object_foreach((json_t *)o, k, x) {
         int known = 0;
         for (int i = 0; KEYS[i]; i++) known |= !strcmp(k, KEYS[i]);
-        if (!known) return ps_fail(err, "%s: unknown key \"%s\" (the keys: tokens, query, answer, residue, alt)", where, k);
+        if (!known) return ps_fail(err, "%s: unknown key \"%s\" (the keys: tokens, query, answer, residue, alt, needle)", where, k);
     }
     json_t *tok = json_object_get(o, "tokens");
     if (!tok) return ps_fail(err, "%s: missing key \"tokens\"", where);
     if (!json_is_array(tok) || json_array_size(tok) == 0) return ps_fail(err, "%s: key \"tokens\" is not a non-empty list of token ids", where);
     int64_t T = (int64_t)json_array_size(tok), i = s->N;
-    int has_alt = json_object_get(o, "alt") != NULL;
+    int has_alt = json_object_get(o, "alt") != NULL, has_needle = json_object_get(o, "needle") != NULL;
     if (i == 0) s->T = T;
     else if (T != s->T)
         return ps_fail(err, "%s: key \"tokens\": %lld tokens, but the first prompt has %lld (one length per set)", where, (long long)T,
@@ -72,7 +75,10 @@ static int add_record(ps_promptset *s, int64_t *cap, const json_t *o, const char
     if (i > 0 && has_alt != (s->alt != NULL))
         return ps_fail(err, "%s: key \"alt\" %s, but the first prompt has %s (every prompt or none)", where, has_alt ? "given" : "missing",
                        has_alt ? "none" : "one");
-    if (grow(s, cap, i + 1, has_alt, err)) return -1;
+    if (i > 0 && has_needle != (s->needle != NULL))
+        return ps_fail(err, "%s: key \"needle\" %s, but the first prompt has %s (every prompt or none)", where,
+                       has_needle ? "given" : "missing", has_needle ? "none" : "one");
+    if (grow(s, cap, i + 1, has_alt, has_needle, err)) return -1;
     for (int64_t t = 0; t < T; t++) {
         json_t *v = json_array_get(tok, (size_t)t);
         if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX)
@@ -80,10 +86,14 @@ static int add_record(ps_promptset *s, int64_t *cap, const json_t *o, const char
         s->tokens[i * T + t] = (int32_t)json_integer_value(v);
     }
     if (int_key(o, "query", 0, &s->query[i], where, err) || int_key(o, "answer", 0, &s->answer[i], where, err) ||
-        int_key(o, "residue", 0, &s->residue[i], where, err) || (has_alt && int_key(o, "alt", 0, &s->alt[i], where, err)))
+        int_key(o, "residue", 0, &s->residue[i], where, err) || (has_alt && int_key(o, "alt", 0, &s->alt[i], where, err)) ||
+        (has_needle && int_key(o, "needle", 0, &s->needle[i], where, err)))
         return -1;
     if (s->query[i] >= T)
         return ps_fail(err, "%s: key \"query\" = %lld is past the tokens (0 <= query < %lld)", where, (long long)s->query[i], (long long)T);
+    if (has_needle && s->needle[i] > s->query[i])
+        return ps_fail(err, "%s: key \"needle\" = %lld is after the query (0 <= needle <= query = %lld)", where, (long long)s->needle[i],
+                       (long long)s->query[i]);
     if (s->residue[i] > s->max_residue) s->max_residue = s->residue[i];
     s->N = i + 1;
     return 0;
@@ -179,7 +189,7 @@ int ps_promptset_shifted(const ps_promptset *s, int64_t P, ps_shifted *out, ps_e
         for (int64_t q = 0; q < mq; q++) {
             int32_t id = (int32_t)(q == 0 ? s->answer[i] : s->alt[i]);
             out->b.queries[i * mq + q] =
-                (ps_query){.key_pos = s->query[i], .answer_pos = s->query[i], .answer_len = 1, .answer_src = -1, .answer_id = id};
+                (ps_query){.key_pos = s->needle ? s->needle[i] : s->query[i], .answer_pos = s->query[i], .answer_len = 1, .answer_src = -1, .answer_id = id};
             out->residue[i * mq + q] = s->residue[i] + q * P; /* the alt query: outside [0, P) */
         }
         out->b.targets[i * T + s->query[i]] = (int32_t)s->answer[i];
@@ -200,10 +210,13 @@ json_t *ps_promptset_json(const ps_promptset *s) {
     h = fnv(h, s->answer, (size_t)s->N * sizeof *s->answer);
     h = fnv(h, s->residue, (size_t)s->N * sizeof *s->residue);
     if (s->alt) h = fnv(h, s->alt, (size_t)s->N * sizeof *s->alt);
+    if (s->needle) h = fnv(h, s->needle, (size_t)s->N * sizeof *s->needle);
     char hex[17];
     snprintf(hex, sizeof hex, "%016llx", (unsigned long long)h);
-    return json_pack("{s:s, s:I, s:I, s:b, s:s}", "source", s->source, "n", (json_int_t)s->N, "T", (json_int_t)s->T, "alt", s->alt != NULL,
-                     "tokens_hash", hex);
+    json_t *o = json_pack("{s:s, s:I, s:I, s:b, s:s}", "source", s->source, "n", (json_int_t)s->N, "T", (json_int_t)s->T, "alt",
+                          s->alt != NULL, "tokens_hash", hex);
+    if (o && s->needle) json_object_set_new(o, "needle", json_true());
+    return o;
 }
 
 void ps_promptset_logit_diff(const double *lp, const int32_t *rho, int64_t n_items, int64_t P, double *sum, int64_t *n) {
@@ -269,7 +282,8 @@ int ps_promptset_from_shifts(const ps_shifted *const *shifts, int n_shifts, cons
     out->query = malloc((size_t)n * sizeof *out->query);
     out->answer = malloc((size_t)n * sizeof *out->answer);
     out->residue = malloc((size_t)n * sizeof *out->residue);
-    if (!out->tokens || !out->query || !out->answer || !out->residue) {
+    out->needle = malloc((size_t)n * sizeof *out->needle);
+    if (!out->tokens || !out->query || !out->answer || !out->residue || !out->needle) {
         ps_promptset_free(out);
         return ps_fail(err, "out of memory for %lld prompts of %lld tokens", (long long)n, (long long)T);
     }
@@ -288,6 +302,7 @@ int ps_promptset_from_shifts(const ps_shifted *const *shifts, int n_shifts, cons
                 out->query[r] = qq->answer_pos;
                 out->answer[r] = MAP(ps_query_answer(qq, seq, 0));
                 out->residue[r] = rho;
+                out->needle[r] = qq->key_pos; /* t_K: the position whose residue the query carries */
                 if (rho > out->max_residue) out->max_residue = rho;
                 r++;
             }
@@ -311,6 +326,7 @@ int ps_promptset_save(const ps_promptset *s, const char *path, ps_error *err) {
         fprintf(af.f, "], \"query\": %lld, \"answer\": %lld, \"residue\": %lld", (long long)s->query[i], (long long)s->answer[i],
                 (long long)s->residue[i]);
         if (s->alt) fprintf(af.f, ", \"alt\": %lld", (long long)s->alt[i]);
+        if (s->needle) fprintf(af.f, ", \"needle\": %lld", (long long)s->needle[i]);
         fputs("}\n", af.f);
     }
     return ps_atomic_commit(&af, err);

@@ -3,14 +3,14 @@
  * whose next-token prediction is scored, 0 <= query < T), the expected token answer[i] there, its phase label
  * residue[i] (0 <= residue < P) and, optionally, a second answer alt[i] (the logit difference answer − alt is
  * reported beside the NLL). The set is read from JSON lines (`--prompts FILE`: one object a line,
- * {"tokens": [...], "query": t, "answer": id, "residue": r, "alt": id}) or from the same records in a JSON
+ * {"tokens": [...], "query": t, "answer": id, "residue": r, "alt": id, "needle": n}) or from the same records in a JSON
  * list (the API's "prompts" key); every bad record is an error naming its line (or item) and key.
  *
  * As the grid engine and the sweep see it, the set is one ps_shifted (interventions/shifted.h) without
  * shifts: a batch whose queries carry their answer as a token id (ps_query.answer_src = -1), one query per
  * prompt at residue[i], and with alt a second query at the same row answering alt, labelled residue + P, which
  * the per-residue statistics leave out (they count residues [0, P)) and the logit-difference columns pair with
- * the first (ps_promptset_logit_diff). */
+ * the first (ps_promptset_logit_diff). A query's key_pos is the prompt's needle (its query position without one). */
 #ifndef PS_PROMPTSET_H
 #define PS_PROMPTSET_H
 
@@ -26,6 +26,8 @@ typedef struct ps_promptset_s {
     int32_t *tokens;                  /* [N, T] */
     int64_t *query, *answer, *residue; /* [N] */
     int64_t *alt;                     /* [N], or NULL: no second answer */
+    int64_t *needle;                  /* [N], or NULL: the position of the fact the query retrieves (0 <= needle <=
+                                       * query; the selection-recall instrument asks whether its block is selected) */
     int64_t max_residue;              /* the largest residue */
     char source[512];                 /* the file, or "request" (provenance) */
 } ps_promptset;

@@ -36,23 +36,27 @@ static void record_outcomes(const ps_shifted *v, const int *okb, const double *l
         }
 }
 
-/* Batch [i0, i0 + n) of the prompts s (shift p, N prompts) as one forward: outcomes at (p · N + i0) · maxq. */
-static int sweep_batch(const ps_runtime *rt, const ps_shifted *s, int64_t p, int64_t N, int64_t i0, int64_t n, int *okb, double *lpb,
-                       int32_t *ok, double *lp, int32_t *rho, ps_error *err) {
+/* Batch [i0, i0 + n) of the prompts s (shift p, N prompts) as one forward (with bh's hooks, when given): outcomes at
+ * (p · N + i0) · maxq. */
+static int sweep_batch(const ps_runtime *rt, const ps_shifted *s, int64_t p, int64_t N, int64_t i0, int64_t n, const ps_batch_hooks *bh,
+                       int *okb, double *lpb, int32_t *ok, double *lp, int32_t *rho, ps_error *err) {
     int64_t maxq = s->b.max_q;
     ps_shifted v = *s;
     v.b = ps_batch_view(&s->b, i0, n);
     v.residue = s->residue + i0 * maxq;
-    if (ps_eval_mapped(rt, &v.b, v.b.B > 0 ? v.b.B : 1, NULL, okb, lpb, err)) return -1;
     int64_t at = (p * N + i0) * maxq;
+    const ps_hooks *h = NULL;
+    if (bh && bh->begin(bh->user, &v, at, &h, err)) return -1;
+    if (ps_eval_mapped(rt, &v.b, v.b.B > 0 ? v.b.B : 1, h, okb, lpb, err)) return -1;
+    if (bh && bh->end && bh->end(bh->user, err)) return -1;
     record_outcomes(&v, okb, lpb, maxq, ok + at, lp + at, rho + at);
     return 0;
 }
 
 /* Units [u0, u1) of `nb` batches per shift: shift u / nb from make (NULL: the one given set `given`). */
 static int sweep_units(const ps_runtime *rt, const ps_batch *base, const ps_task *task, const ps_filler_family *fam, ps_sweep_mode mode,
-                       int64_t P, uint64_t seed, const ps_shifted *given, int64_t batch, int64_t u0, int64_t u1, int32_t *ok, double *lp,
-                       int32_t *rho, ps_progress_fn progress, void *user, ps_error *err) {
+                       int64_t P, uint64_t seed, const ps_shifted *given, int64_t batch, const ps_batch_hooks *bh, int64_t u0, int64_t u1,
+                       int32_t *ok, double *lp, int32_t *rho, ps_progress_fn progress, void *user, ps_error *err) {
     const ps_batch *b0 = given ? &given->b : base;
     int64_t N = b0->B, maxq = b0->max_q, nb = ps_sweep_n_batches(N, batch), B = batch < N ? batch : N;
     if (u0 >= u1) return 0;
@@ -70,7 +74,7 @@ static int sweep_units(const ps_runtime *rt, const ps_batch *base, const ps_task
             have_p = p;
         }
         /* the batch one process runs: prompts [i0, i0 + n) of shift p, as one forward of n sequences */
-        if ((rc = sweep_batch(rt, given ? given : &s, p, N, i0, n, okb, lpb, ok, lp, rho, err))) break;
+        if ((rc = sweep_batch(rt, given ? given : &s, p, N, i0, n, bh, okb, lpb, ok, lp, rho, err))) break;
         if (progress && progress(u + 1 - u0, u1 - u0, user)) {
             rc = ps_fail(err, "cancelled after %lld of %lld batches", (long long)(u + 1 - u0), (long long)(u1 - u0));
             break;
@@ -85,12 +89,18 @@ static int sweep_units(const ps_runtime *rt, const ps_batch *base, const ps_task
 int ps_sweep_units(const ps_runtime *rt, const ps_batch *base, const ps_task *task, const ps_filler_family *fam,
                    ps_sweep_mode mode, int64_t P, uint64_t seed, int64_t batch, int64_t u0, int64_t u1, int32_t *ok,
                    double *lp, int32_t *rho, ps_progress_fn progress, void *user, ps_error *err) {
-    return sweep_units(rt, base, task, fam, mode, P, seed, NULL, batch, u0, u1, ok, lp, rho, progress, user, err);
+    return sweep_units(rt, base, task, fam, mode, P, seed, NULL, batch, NULL, u0, u1, ok, lp, rho, progress, user, err);
 }
 
 int ps_promptset_sweep_units(const ps_runtime *rt, const ps_shifted *set, int64_t batch, int64_t u0, int64_t u1, int32_t *ok,
                              double *lp, int32_t *rho, ps_progress_fn progress, void *user, ps_error *err) {
-    return sweep_units(rt, NULL, NULL, NULL, PS_SWEEP_PAD, set->P, 0, set, batch, u0, u1, ok, lp, rho, progress, user, err);
+    return sweep_units(rt, NULL, NULL, NULL, PS_SWEEP_PAD, set->P, 0, set, batch, NULL, u0, u1, ok, lp, rho, progress, user, err);
+}
+
+int ps_sweep_units_hooked(const ps_runtime *rt, const ps_batch *base, const ps_task *task, const ps_filler_family *fam, ps_sweep_mode mode,
+                          int64_t P, uint64_t seed, const ps_shifted *given, int64_t batch, const ps_batch_hooks *bh, int64_t u0, int64_t u1,
+                          int32_t *ok, double *lp, int32_t *rho, ps_progress_fn progress, void *user, ps_error *err) {
+    return sweep_units(rt, base, task, fam, mode, P, seed, given, batch, bh, u0, u1, ok, lp, rho, progress, user, err);
 }
 
 void ps_residue_stats_add_items(ps_residue_stats *r, const int32_t *ok, const double *lp, const int32_t *rho, int64_t n) {

@@ -41,6 +41,19 @@ int ps_sweep_units(const ps_runtime *rt, const ps_batch *base, const ps_task *ta
 int ps_promptset_sweep_units(const ps_runtime *rt, const ps_shifted *set, int64_t batch, int64_t u0, int64_t u1, int32_t *ok,
                              double *lp, int32_t *rho, ps_progress_fn progress, void *user, ps_error *err);
 
+/* The sweep's units with hooks chosen per forward batch (what an instrument that reads activations during the sweep's
+ * own forwards needs: the selection recall, recall.h): before batch v's forward (its outcomes at index `at` of
+ * ok / lp / rho) begin gives the hooks to run it with (*h NULL: none); after it, end (may be NULL). */
+typedef struct {
+    int (*begin)(void *user, const ps_shifted *v, int64_t at, const ps_hooks **h, ps_error *err);
+    int (*end)(void *user, ps_error *err);
+    void *user;
+} ps_batch_hooks;
+/* ps_sweep_units (given NULL) or ps_promptset_sweep_units (given the set; base, task, fam, mode, seed unused) with bh. */
+int ps_sweep_units_hooked(const ps_runtime *rt, const ps_batch *base, const ps_task *task, const ps_filler_family *fam, ps_sweep_mode mode,
+                          int64_t P, uint64_t seed, const ps_shifted *given, int64_t batch, const ps_batch_hooks *bh, int64_t u0, int64_t u1,
+                          int32_t *ok, double *lp, int32_t *rho, ps_progress_fn progress, void *user, ps_error *err);
+
 /* Weights of the sweep units for the split (prompts × tokens): w[P · n_batches]. */
 void ps_sweep_unit_weights(int64_t N, int64_t batch, int64_t P, int64_t T, ps_sweep_mode mode, int64_t *w);
 

@@ -52,6 +52,9 @@ int ps_render_curves(json_t *const *docs, const char *const *paths, int n, const
 int ps_check_knockout(ps_ck *c, json_t *doc);
 int ps_render_knockout(json_t *const *docs, const char *const *paths, int n, const char *out, const ps_render_opts *o,
                        int verbose, ps_error *err);
+int ps_check_recall(ps_ck *c, json_t *doc);
+int ps_render_recall(json_t *const *docs, const char *const *paths, int n, const char *out, const ps_render_opts *o,
+                     int verbose, ps_error *err); /* kind_recall.c: selection recall per layer x KV head and residue */
 int ps_check_atp_compare(ps_ck *c, json_t *doc);
 int ps_render_atp_compare(json_t *const *docs, const char *const *paths, int n, const char *out, const ps_render_opts *o,
                           int verbose, ps_error *err); /* kind_knockout.c: an attribution estimate against the exact grid */

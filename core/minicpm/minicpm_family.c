@@ -195,6 +195,18 @@ static int64_t mc_step(const ps_runtime *rt) { return (void)rt, -1; }
 static int64_t mc_period(const ps_runtime *rt) { return mc(rt)->cfg.sel.block; } /* the selection's unit */
 static int64_t mc_vocab(const ps_runtime *rt) { return mc(rt)->cfg.vocab_size; }
 static const char *mc_meta(const ps_runtime *rt, const char *key) { return (void)rt, (void)key, NULL; }
+/* block selection: every layer, on the sparse path (T >= dense_len) */
+static int mc_sel_layer(const ps_runtime *rt, int layer, int64_t T, ps_select_geom *g, char *why, size_t n) {
+    const ps_minicpm_config *c = &mc(rt)->cfg;
+    (void)layer;
+    if (!ps_minicpm_sparse(c, T)) {
+        snprintf(why, n, "a forward of %lld tokens is dense (sparse_config.dense_len %lld): every block is attended", (long long)T,
+                 (long long)c->dense_len);
+        return 0;
+    }
+    *g = (ps_select_geom){.cfg = c->sel, .n_kv = c->n_kv_heads, .blocks_point = PS_MCH_BLOCKS};
+    return 1;
+}
 
 static int mc_describe(const ps_runtime *rt, int64_t B, FILE *out, ps_error *err) {
     (void)err;
@@ -395,6 +407,7 @@ const ps_family ps_family_minicpm = {
     .logits = mc_logits,
     .score = mc_score,
     .rows = mc_rows,
+    .sel.layer = mc_sel_layer,
     .points = POINTS,
     .n_points = (int)(sizeof POINTS / sizeof POINTS[0]),
     .hook_family = &ps_minicpm_hook_family,

@@ -224,6 +224,16 @@ def knockout(model=None, **flags):
     return run("knockout", model, **flags)
 
 
+def recall(model=None, **flags):
+    """`phasescope recall`: selection recall per phase residue on a model that selects blocks (the select
+    attention kind, MiniCPM4): for each (layer, KV head) the share of queries whose needle's block is among the
+    blocks attended at the query's row (layers=[...], mode="pad"|"move", needle_offset=K, n=, period=, ...).
+    .arrays["cells.residues.recall"] [cells, P] with "cells.layer" / "cells.head"; the accuracy of the same
+    forwards in "curve.residues.accuracy". prompts=ps.PromptSet(..., needle=...) (or a JSON-lines file with a
+    "needle" key): your own prompts."""
+    return run("recall", model, **flags)
+
+
 def gates(model=None, **flags):
     """`phasescope gates`: the gate statistics of every compressed head (log=RUN/train.jsonl, n=, ...)."""
     return run("gates", model, **flags)

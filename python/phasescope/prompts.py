@@ -1,11 +1,12 @@
 """prompts.py — a caller's own prompts for the instruments (knockout, sweep): ps.PromptSet.
 
-    ps.PromptSet(tokens, query, answer, residue, alt=None)
+    ps.PromptSet(tokens, query, answer, residue, alt=None, needle=None)
 
 tokens int [N, T] (one length per set), query int [N] (the position whose next-token prediction is scored,
 0 <= query < T), answer int [N] (the expected token there), residue int [N] (the phase label, 0 <= residue < P;
 P = period= or max + 1), alt int [N] optional (a second answer: the logit difference answer - alt is reported
-beside the NLL). ps.knockout(model, prompts=ps_set, ...) and ps.sweep(model, prompts=ps_set) run on it, as
+beside the NLL), needle int [N] optional (the position of the fact the query retrieves, 0 <= needle <= query:
+what ps.recall asks about — is the needle's block among the blocks the model selects). ps.knockout(model, prompts=ps_set, ...) and ps.sweep(model, prompts=ps_set) run on it, as
 `phasescope knockout --prompts FILE` runs on the same records as JSON lines (.save(FILE) writes them,
 PromptSet.load(FILE) reads them). docs/prompt-sets.md."""
 import json
@@ -30,7 +31,7 @@ def _ints(name, x, ndim):
 class PromptSet:
     """N prompts of T tokens, each scored at one position (see the module's doc)."""
 
-    def __init__(self, tokens, query, answer, residue, alt=None):
+    def __init__(self, tokens, query, answer, residue, alt=None, needle=None):
         self.tokens = _ints("tokens", tokens, 2)
         n, t = self.tokens.shape
         if n == 0 or t == 0:
@@ -38,6 +39,8 @@ class PromptSet:
         cols = {"query": query, "answer": answer, "residue": residue}
         if alt is not None:
             cols["alt"] = alt
+        if needle is not None:
+            cols["needle"] = needle
         for k, v in cols.items():
             a = _ints(k, v, 1)
             if a.shape[0] != n:
@@ -45,10 +48,18 @@ class PromptSet:
             setattr(self, k, a)
         if alt is None:
             self.alt = None
+        if needle is None:
+            self.needle = None
         bad = np.nonzero(self.query >= t)[0]
         if bad.size:
             i = int(bad[0])
             raise PhasescopeError(f"PromptSet: prompt {i}: query {int(self.query[i])} is past the tokens (0 <= query < {t})")
+        if self.needle is not None:
+            bad = np.nonzero(self.needle > self.query)[0]
+            if bad.size:
+                i = int(bad[0])
+                raise PhasescopeError(f"PromptSet: prompt {i}: needle {int(self.needle[i])} is after the query "
+                                      f"(0 <= needle <= query = {int(self.query[i])})")
 
     def __len__(self):
         return self.tokens.shape[0]
@@ -66,6 +77,8 @@ class PromptSet:
                  "residue": int(self.residue[i])}
             if self.alt is not None:
                 r["alt"] = int(self.alt[i])
+            if self.needle is not None:
+                r["needle"] = int(self.needle[i])
             out.append(r)
         return out
 
@@ -86,9 +99,10 @@ class PromptSet:
         if not rows:
             raise PhasescopeError(f"{path}: no prompts")
         alt = [r["alt"] for r in rows] if "alt" in rows[0] else None
+        needle = [r["needle"] for r in rows] if "needle" in rows[0] else None
         return cls([r["tokens"] for r in rows], [r["query"] for r in rows], [r["answer"] for r in rows],
-                   [r["residue"] for r in rows], alt)
+                   [r["residue"] for r in rows], alt, needle)
 
     def __repr__(self):
         n, t = self.tokens.shape
-        return f"PromptSet(N={n}, T={t}, period={self.period}{', alt' if self.alt is not None else ''})"
+        return f"PromptSet(N={n}, T={t}, period={self.period}{', alt' if self.alt is not None else ''}{', needle' if self.needle is not None else ''})"
