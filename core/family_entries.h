@@ -1,7 +1,8 @@
 /* family_entries.h — the shipped families' entries defined outside their tables' files (core's internal header):
  * the config descriptions (describe.c), the knockout targets (ko_targets.c), gradients and the patch fix
  * (attribution.c), the gate records (gate_records.c), and the byte and memory wording of `info` (runtime.c). The
- * tables: the controlled model's in runtime.c, DeepSeek-V4's in core/v4/v4_family.c. */
+ * tables: the controlled model's in runtime.c, DeepSeek-V4's in core/v4/v4_family.c, MiniCPM4's in
+ * core/minicpm/minicpm_family.c (its knockout targets: core/minicpm/minicpm_ko_targets.c). */
 #ifndef PS_FAMILY_ENTRIES_H
 #define PS_FAMILY_ENTRIES_H
 
@@ -29,6 +30,15 @@ int ps_v4_ko_arrays(const ps_runtime *rt, int target, ps_ko_array arr[PS_KO_MAX_
 int ps_v4_ko_mean(const ps_runtime *rt, int target, const ps_ko_array *a, int layer, const int32_t *tokens, int64_t N,
                   int64_t T, const double *sum, int64_t n_sum, float *mean, int64_t n_mean, ps_error *err);
 int ps_v4_describe_config(const json_t *cfg, ps_model_desc *d, ps_error *err);
+/* MiniCPM4's knockout targets (core/minicpm/minicpm_ko_targets.c): raw, compressed */
+extern const char *const ps_minicpm_ko_targets[];
+int ps_minicpm_ko_default(const ps_runtime *rt);
+int ps_minicpm_ko_default_at(const ps_runtime *rt, int64_t T);
+int64_t ps_minicpm_ko_heads(const ps_runtime *rt, int target);
+const char *ps_minicpm_ko_unit(const ps_runtime *rt, int target);
+const char *ps_minicpm_ko_missing(const ps_runtime *rt, int target, int layer, char *buf, size_t n);
+const char *ps_minicpm_ko_missing_at(const ps_runtime *rt, int target, int layer, int64_t T, char *buf, size_t n);
+int ps_minicpm_ko_arrays(const ps_runtime *rt, int target, ps_ko_array arr[PS_KO_MAX_ARRAYS], int *restart);
 /* the controlled model's gradients at hook points (attribution.c) */
 int ps_model_backward(const ps_runtime *rt, void *state, void **scratch, const int32_t *tokens, const int32_t *targets,
                       const ps_hooks *grad_hooks, int stop_layer, double *loss, ps_error *err);

@@ -149,6 +149,13 @@ typedef struct {
     int (*arrays)(const ps_runtime *rt, int target, ps_ko_array arr[PS_KO_MAX_ARRAYS], int *restart);
     int (*mean)(const ps_runtime *rt, int target, const ps_ko_array *a, int layer, const int32_t *tokens, int64_t N,
                    int64_t T, const double *sum, int64_t n_sum, float *mean, int64_t n_mean, ps_error *err);
+    /* where what a target replaces depends on the prompts' length T (every prompt of a shift has it; a task
+     * sweep's shifts run T .. T + P - 1; MiniCPM4: the dense path below dense_len, no compressed keys before the
+     * first complete window): the default target at that length, and whether layer has what the target
+     * replaces at that length (NULL, or why not in buf). NULL entries: the length does not matter
+     * (default_target, missing). */
+    int (*default_at)(const ps_runtime *rt, int64_t T);
+    const char *(*missing_at)(const ps_runtime *rt, int target, int layer, int64_t T, char *buf, size_t n);
 
 } ps_family_knockout;
 

@@ -9,7 +9,9 @@ static const ps_flag_spec FLAGS[] = {
     {"--target", "raw|compressed|both",
      "compressed (default for compressed models): hook_ck and hook_cv; raw (default for\n"
      "full attention): hook_k and hook_v; both. DeepSeek-V4 checkpoints: heads, compressed\n"
-     "(default), raw, indexer or sink (docs/results-schema.md)",
+     "(default), raw, indexer or sink (docs/results-schema.md). MiniCPM4 checkpoints: raw or\n"
+     "compressed (hook_ck, the pooled keys that choose the blocks; default where the prompts\n"
+     "take the sparse path; docs/minicpm.md)",
      0},
     {"--method", "exact|atp",
      "exact (default): a forward per cell; atp: attribution patching, every cell estimated from one\n"

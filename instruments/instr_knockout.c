@@ -34,11 +34,15 @@ int ps_knockout_command(const ps_args *a, ps_error *err) {
     int rc = 1, *layers = NULL, *heads = NULL, nl = 0, nh = 0, target = 0;
     int bad = ps_instr_setup(&in, a, 1, err);
     const ps_runtime *rt = &in.rt;
-    int64_t L = 0, nh_max = 0;
+    int64_t L = 0, nh_max = 0, T0 = 0, T1 = 0;
     char why[256];
     if (!bad) {
         L = rt->n_layers;
-        target = ps_knockout_default_target(rt);
+        /* the prompts' lengths: a prompt set's T, or the task sweep's seq_len .. seq_len + P - 1 (prefix padding);
+         * the default target is the family's at the shortest */
+        T0 = in.prompts ? in.prompts->b.T : in.base.T;
+        T1 = in.prompts ? T0 : T0 + in.P - 1;
+        target = ps_knockout_default_target_at(rt, T0);
         const char *tv = ps_args_get(a, "--target");
         if (tv && ps_args_choice(a, "--target", ps_knockout_targets(rt), &target, err)) bad = -1;
     }
@@ -55,13 +59,13 @@ int ps_knockout_command(const ps_args *a, ps_error *err) {
     if (!bad && ps_args_get(a, "--layers")) {
         bad = model_list(a, "--layers", L, "layers", layers, &nl, err);
         for (int i = 0; i < nl && !bad; i++) {
-            const char *m = ps_knockout_layer_missing(rt, target, layers[i], why, sizeof why);
+            const char *m = ps_knockout_layer_missing_in(rt, target, layers[i], T0, T1, why, sizeof why);
             if (m) bad = ps_cli_usage(err, "--layers: %s", m);
         }
     } else if (!bad) { /* every layer that has what the target replaces */
         const char *first = NULL;
         for (int l = 0; l < L; l++) {
-            const char *m = ps_knockout_layer_missing(rt, target, l, why, sizeof why);
+            const char *m = ps_knockout_layer_missing_in(rt, target, l, T0, T1, why, sizeof why);
             if (!m) layers[nl++] = l;
             else if (!first) first = m;
         }

@@ -25,6 +25,21 @@ int64_t ps_knockout_target_heads(const ps_runtime *rt, int target) { return rt->
 const char *ps_knockout_layer_missing(const ps_runtime *rt, int target, int layer, char *buf, size_t n) {
     return rt->family->ko.missing ? rt->family->ko.missing(rt, target, layer, buf, n) : NULL;
 }
+int ps_knockout_default_target_at(const ps_runtime *rt, int64_t T) {
+    return rt->family->ko.default_at ? rt->family->ko.default_at(rt, T) : ps_knockout_default_target(rt);
+}
+const char *ps_knockout_layer_missing_at(const ps_runtime *rt, int target, int layer, int64_t T, char *buf, size_t n) {
+    return rt->family->ko.missing_at ? rt->family->ko.missing_at(rt, target, layer, T, buf, n)
+                                     : ps_knockout_layer_missing(rt, target, layer, buf, n);
+}
+const char *ps_knockout_layer_missing_in(const ps_runtime *rt, int target, int layer, int64_t T0, int64_t T1, char *buf, size_t n) {
+    if (!rt->family->ko.missing_at) return ps_knockout_layer_missing(rt, target, layer, buf, n);
+    for (int64_t T = T0; T <= T1; T++) {
+        const char *m = rt->family->ko.missing_at(rt, target, layer, T, buf, n);
+        if (m) return m;
+    }
+    return NULL;
+}
 const char *ps_knockout_unit(const ps_runtime *rt, int target) {
     return rt->family->ko.unit ? rt->family->ko.unit(rt, target) : NULL;
 }
@@ -39,8 +54,11 @@ int ps_knockout_run(const ps_knockout_spec *k, ps_knockout_result *out, ps_error
     while (f->ko.targets[nt]) nt++;
     if (k->target < 0 || k->target >= nt) return ps_fail(err, "knockout: target %d out of range", k->target);
     char why[256];
+    /* the lengths the shifts run: a prompt set's T, or the sweep's base.T + p for p < P (prefix padding) */
+    int64_t T0 = k->prompts ? k->prompts->b.T : k->base ? k->base->T : 0, T1 = k->prompts || !k->base ? T0 : T0 + k->P - 1;
     for (int i = 0; i < k->n_layers; i++) {
-        const char *m = ps_knockout_layer_missing(rt, k->target, k->layers[i], why, sizeof why);
+        const char *m = T0 > 0 ? ps_knockout_layer_missing_in(rt, k->target, k->layers[i], T0, T1, why, sizeof why)
+                               : ps_knockout_layer_missing(rt, k->target, k->layers[i], why, sizeof why);
         if (m) return ps_fail(err, "%s", m);
     }
     int64_t nh_max = f->ko.heads(rt, k->target);

@@ -90,6 +90,14 @@ const char *const *ps_knockout_targets(const ps_runtime *rt);
 int ps_knockout_default_target(const ps_runtime *rt);
 int64_t ps_knockout_target_heads(const ps_runtime *rt, int target);
 const char *ps_knockout_layer_missing(const ps_runtime *rt, int target, int layer, char *buf, size_t n);
+/* The same for prompts of T tokens (a family whose entries depend on the length: MiniCPM4's dense path, a
+ * prompt shorter than a window): the default target at T, and whether layer has what the target replaces at T
+ * (the family's default_at / missing_at; without them, the length-free answers above). The lengths a request
+ * runs: T0 .. T1 (a prompt set: its T; a task sweep: the task's seq_len .. + P - 1); the first that lacks it is
+ * named (NULL: every one has it). */
+int ps_knockout_default_target_at(const ps_runtime *rt, int64_t T);
+const char *ps_knockout_layer_missing_at(const ps_runtime *rt, int target, int layer, int64_t T, char *buf, size_t n);
+const char *ps_knockout_layer_missing_in(const ps_runtime *rt, int target, int layer, int64_t T0, int64_t T1, char *buf, size_t n);
 /* what a cell of target t is in the result (NULL: not recorded) and what --heads counts */
 const char *ps_knockout_unit(const ps_runtime *rt, int target);
 const char *ps_knockout_heads_what(const ps_runtime *rt);

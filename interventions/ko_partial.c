@@ -138,10 +138,19 @@ int ps_knockout_logit_diff(const ps_partial *p, json_t *grid, ps_error *err) {
     for (int64_t r = 0; r < P; r++) any += n[r];
     if (any) {
         ps_promptset_put_logit_diff(json_object_get(json_object_get(grid, "clean"), "residues"), sum, n, P, NULL, clean);
-        json_t *cells = json_object_get(grid, "cells");
-        for (int64_t c = 0; c < (int64_t)nl * nh; c++)
-            ps_promptset_put_logit_diff(json_object_get(json_array_get(cells, (size_t)c), "residues"), sum + (1 + c) * P, n + (1 + c) * P, P,
-                                        clean, NULL);
+        /* the partial's cells are layer index major (its layers top-down), the grid's cells by ascending layer
+         * (ps_knockout_json): layer index li's cells sit at the rank of its layer among the layers */
+        json_t *cells = json_object_get(grid, "cells"), *jl = json_object_get(p->meta, "layers");
+        for (int li = 0; li < nl; li++) {
+            json_int_t l = json_integer_value(json_array_get(jl, (size_t)li));
+            int64_t rank = 0;
+            for (int lj = 0; lj < nl; lj++) rank += json_integer_value(json_array_get(jl, (size_t)lj)) < l;
+            for (int hi = 0; hi < nh; hi++) {
+                int64_t c = (int64_t)li * nh + hi;
+                ps_promptset_put_logit_diff(json_object_get(json_array_get(cells, (size_t)(rank * nh + hi)), "residues"), sum + (1 + c) * P,
+                                            n + (1 + c) * P, P, clean, NULL);
+            }
+        }
     }
     free(sum);
     free(n);

@@ -55,6 +55,11 @@ v4 v4rope && sed -i 's/"type": "yarn"/"type": "linear"/' "$T/v4rope/config.json"
 cp "$SRC/experiments/configs/v4/task_kv_small.json" "$T/v4task.json"
 printf '{"task": {"kind": "kv-retrieval", "seq_len": 40, "n_keys": 4, "n_values": 2, "n_fillers": 1, "n_pairs": 2, "query_gap": 4, "n_queries": 1}, "ids": {"bos": 0, "marker": 1, "keys": [2, 3, 4, 5], "values": [6, 3], "fillers": [9]}}' > "$T/v4dup.json"
 mkdir -p "$T/v4gqa" && sed 's/"n_kv_heads": 1/"n_kv_heads": 2/' "$SRC/data/models/v4demo/config.json" > "$T/v4gqa/config.json"
+# ---- MiniCPM4 (InfLLM-v2) knockout: copies of the conformance checkpoint that run dense below 512 tokens / always ----
+for d in 512 2048; do
+  mkdir -p "$T/mcdense$d" && ln -s "$CONF/infllm/tiny/model.safetensors" "$T/mcdense$d/model.safetensors"
+  sed "s/\"dense_len\": 0/\"dense_len\": $d/" "$CONF/infllm/tiny/config.json" > "$T/mcdense$d/config.json"
+done
 # ---- result files for render and table (the result validator, viz/results_check.c) ----
 "$PS" sweep --model "$T/run" --n 4 --out "$T/res" > /dev/null 2>&1
 S="$T/res/sweep.json"

@@ -380,8 +380,8 @@ int ps_render_knockout(json_t *const *docs, const char *const *paths, int n, con
         else if (!unit0 != !unit || (unit && strcmp(unit, unit0))) mixed_units = 1;
         ps_model_desc md;
         ps_error de;
-        const char *what = NULL; /* K = V: the family words the raw and compressed entries (core/runtime.h) */
-        if (tg && !ps_model_desc_from_provenance(json_object_get(docs[k], "provenance"), &md, &de) && md.kv_shared)
+        const char *what = NULL; /* the family's words for the raw and compressed entries (K = V, pooled keys only) */
+        if (tg && !ps_model_desc_from_provenance(json_object_get(docs[k], "provenance"), &md, &de))
             what = !strcmp(tg, "raw") ? md.raw_what : !strcmp(tg, "compressed") ? md.comp_what : NULL;
         if (what) snprintf(g->target, sizeof g->target, "knocked out: %s", what);
         else if (tt) snprintf(g->target, sizeof g->target, "%s", tt);

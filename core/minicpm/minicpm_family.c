@@ -1,6 +1,7 @@
 /* minicpm_family.c — the MiniCPM4 family's table (core/runtime.h ps_family): open, forward with hooks, scoring
- * and answer rows through the forward, the hook point table, provenance and `phasescope info`'s account. No
- * knockout targets, gates, gate cycling or backward yet (NULL entries: the instruments say so by name). */
+ * and answer rows through the forward, the hook point table, provenance and `phasescope info`'s account; its
+ * knockout targets are minicpm_ko_targets.c's. No gates, gate cycling or backward yet (NULL entries: the
+ * instruments say so by name). */
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -8,8 +9,9 @@
 #include <string.h>
 
 #include "core/batch.h"
-#include "core/kvcache.h"
+#include "core/family_entries.h"
 #include "core/fileio.h"
+#include "core/kvcache.h"
 #include "core/minicpm/minicpm.h"
 #include "core/runtime.h"
 
@@ -256,6 +258,8 @@ static int mc_describe_config(const json_t *cfg, ps_model_desc *d, ps_error *err
     snprintf(d->label, sizeof d->label, "MiniCPM4 InfLLM-v2, blocks of %lld, top %lld + %lld local", (long long)v[0],
              (long long)v[1], (long long)(v[0] ? v[2] / v[0] : 0));
     d->kv_stride = 1;
+    d->raw_what = "raw keys and values (hook_k, hook_v)";
+    d->comp_what = "the level-1 pooled keys that choose the blocks (hook_ck)";
     return 1;
 }
 
@@ -430,5 +434,13 @@ const ps_family ps_family_minicpm = {
     .kinds = KINDS,
     .title = "MiniCPM4",
     .task_file = 1,
+    .ko.targets = ps_minicpm_ko_targets,
     .ko.heads_what = "KV heads",
+    .ko.default_target = ps_minicpm_ko_default,
+    .ko.heads = ps_minicpm_ko_heads,
+    .ko.unit = ps_minicpm_ko_unit,
+    .ko.missing = ps_minicpm_ko_missing,
+    .ko.arrays = ps_minicpm_ko_arrays,
+    .ko.default_at = ps_minicpm_ko_default_at,
+    .ko.missing_at = ps_minicpm_ko_missing_at,
 };

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import phasescope as ps
-from conftest import CLI, ROOT, model_path
+from conftest import CLI, ROOT, cli, model_path
 
 
 def make_set(vocab, N, T, P, seed, alt=True, lo=2):
@@ -247,3 +247,94 @@ def test_knockout_on_select_kind(target, points):
     r = ps.knockout(m, prompts=S, layers=[11], target=target, heads=[0, 3, 6])
     check_knockout(r, loop_knockout(m, S, points, 2, [0, 3, 6]))
     m.close()
+
+
+MINICPM = "tests/conformance/infllm/tiny"  # K 8, S 4, blocks of 16, top 4 + 2 local + 1 initial, dense_len 0
+
+
+@pytest.fixture(scope="module")
+def minicpm():
+    m = ps.load(model_path(MINICPM))
+    yield m
+    m.close()
+
+
+@pytest.mark.parametrize("target,points", [("raw", ["blocks.{l}.attn.hook_k", "blocks.{l}.attn.hook_v"]),
+                                           ("compressed", ["blocks.{l}.attn.hook_ck"])])
+def test_knockout_on_minicpm(minicpm, target, points):
+    """MiniCPM4 (InfLLM-v2, tests/conformance/infllm/tiny) at 112 tokens (the sparse path: 7 blocks for 6 slots,
+    so the choice matters): raw replaces a KV head's keys and values, compressed its level-1 pooled keys hook_ck;
+    a forward per cell, equal to the hook loop on both layers."""
+    m = minicpm
+    S = make_set(m.vocab_size, 12, 112, 4, seed=8)
+    r = ps.knockout(m, prompts=S, layers=[0, 1], target=target)
+    assert r.data["grid"]["target"] == target
+    assert list(r.arrays["grid.cells.layer"]) == [0, 0, 1, 1] and list(r.arrays["grid.cells.head"]) == [0, 1, 0, 1]
+    loops = [loop_knockout(m, S, [p.format(l=l) for p in points], 2, [0, 1]) for l in (0, 1)]
+    check_knockout(r, tuple(np.concatenate(x) for x in zip(*(lp[:3] for lp in loops))) + (loops[0][3],))
+    assert np.abs(r.arrays["grid.cells.residues.delta_nll"]).max() > 1e-3  # the knockout moves something
+
+
+def test_minicpm_compressed_knockout_moves_the_selection(minicpm):
+    """The point of the compressed target: a KV head's level-1 pooled keys replaced by their mean (as a
+    compressed-target cell does) change the blocks that head selects, and only that head's at that layer."""
+    m = minicpm
+    S = make_set(m.vocab_size, 12, 112, 4, seed=8)
+    ck, bl = "blocks.0.attn.hook_ck", "blocks.0.attn.hook_blocks"
+    _, cache = m.run_with_cache(S.tokens, names=[ck, bl])
+    mean = cache[ck].astype(np.float64).mean(0).astype(np.float32)
+    for g in (0, 1):
+        seen = {}
+
+        def put(a, name, g=g):
+            a[:, :, g] = mean[:, g]
+
+        def keep(a, name):
+            seen["blocks"] = a.copy()
+
+        m.run_with_hooks(S.tokens, fwd_hooks=[(ck, put), (bl, keep)])
+        moved = (seen["blocks"][:, :, g] != cache[bl][:, :, g]).any(-1)
+        assert moved.mean() > 0.05, moved.mean()  # rows whose selected set changed
+        np.testing.assert_array_equal(seen["blocks"][:, :, 1 - g], cache[bl][:, :, 1 - g])
+
+
+def test_minicpm_knockout_cli_with_task_file(tmp_path):
+    """The CLI on the checkpoint with the task file tests/conformance/infllm/tiny_task.json (128 tokens: the
+    sparse path, so the default target is compressed)."""
+    out = tmp_path / "ko"
+    cli("knockout", "--model", model_path(MINICPM), "--task", model_path("tests/conformance/infllm/tiny_task.json"), "--n", 8,
+        "--period", 2, "--out", out)
+    with open(out / "knockout.json") as fh:
+        doc = json.load(fh)
+    g = doc["grid"]
+    assert g["target"] == "compressed" and g["period"] == 2 and "unit" not in g
+    assert [(c["layer"], c["head"]) for c in g["cells"]] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert doc["provenance"]["task_source"]["file"].endswith("tiny_task.json")
+    d = np.array([[r["delta_nll"] for r in c["residues"]] for c in g["cells"]])
+    assert np.all(np.isfinite(d)) and np.abs(d).max() > 1e-4
+    cli("render", out / "knockout.json", "--out", tmp_path / "fig")  # the result validator, then its figure
+
+
+def test_minicpm_bad_knockout_requests(minicpm, tmp_path):
+    m = minicpm
+    S = make_set(m.vocab_size, 4, 112, 2, seed=9)
+    with pytest.raises(ps.PhasescopeError, match="--target both: expected raw or compressed"):
+        ps.knockout(m, prompts=S, target="both")
+    with pytest.raises(ps.PhasescopeError, match="--target heads: expected raw or compressed"):
+        ps.knockout(m, prompts=S, target="heads")
+    short = ps.PromptSet([[0, 5, 6, 7, 5]] * 2, [4, 4], [6, 6], [0, 1])  # fewer tokens than a window (K = 8)
+    with pytest.raises(ps.PhasescopeError, match="prompts of 5 tokens have no complete level-1 window"):
+        ps.knockout(m, prompts=short, target="compressed")
+    assert ps.knockout(m, prompts=short).data["grid"]["target"] == "raw"  # the default at that length
+    # a copy whose prompts below 256 tokens run dense: raw by default, compressed refused
+    d = tmp_path / "dense"
+    d.mkdir()
+    cfg = json.load(open(model_path(MINICPM + "/config.json")))
+    cfg["sparse_config"]["dense_len"] = 256
+    json.dump(cfg, open(d / "config.json", "w"))
+    os.symlink(model_path(MINICPM + "/model.safetensors"), d / "model.safetensors")
+    md = ps.load(d)
+    assert ps.knockout(md, prompts=S, layers=[0]).data["grid"]["target"] == "raw"
+    with pytest.raises(ps.PhasescopeError, match="prompts of 112 tokens run dense \\(below sparse_config.dense_len 256\\)"):
+        ps.knockout(md, prompts=S, target="compressed")
+    md.close()
