@@ -165,6 +165,17 @@ def test_cli_equals_python(deep, deep_pair, tmp_path):
         assert doc["provenance"]["eval"][k]["tokens_hash"] == py.data["provenance"]["eval"][k]["tokens_hash"]
     # files as arguments of the Python call too
     assert strip(ps.patch(deep, clean=clean, corrupt=corr, layers=[11], heads=[1, 2]).data) == strip(doc)
+    # --shard I/N (batches of 5: the units cross batches) merged = one process
+    whole = tmp_path / "whole"
+    args = ["--prompts", clean, "--corrupt", corr, "--layers", "10,11", "--heads", "1,2", "--batch", "5"]
+    assert run_cli(*args, "--out", whole).returncode == 0
+    for i in range(3):
+        r = run_cli(*args, "--shard", f"{i}/3", "--out", tmp_path / "parts")
+        assert r.returncode == 0, r.stderr
+    r = subprocess.run([CLI, "merge", str(tmp_path / "parts"), "--out", str(tmp_path / "merged")], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    with open(whole / "patch.json") as a, open(tmp_path / "merged" / "patch.json") as b:
+        assert strip(json.load(a)) == strip(json.load(b))
 
 
 def test_bad_inputs(deep, deep_pair, tmp_path):
