@@ -103,6 +103,7 @@ static int request_args(const ps_command *cmd, json_t *req, argv_t *av, int *kv,
     json_object_foreach(req, key, v) {
         char flag[128], text[8192];
         if (!strcmp(key, "prompts") && json_is_array(v)) continue; /* a prompt set given inline: ps_call.prompts */
+        if (!strcmp(key, "corrupt") && json_is_array(v)) continue; /* corrupt tokens given inline: ps_call.corrupt */
         snprintf(flag, sizeof flag, "--%s", key);
         for (char *c = flag + 2; *c; c++)
             if (*c == '_') *c = '-';
@@ -358,7 +359,8 @@ PS_API int ps_api_instrument_ex(ps_api_model *m, const char *name, const char *r
     ps_args args = {0};
     int *kv = malloc((json_object_size(req) + 3) * 2 * sizeof(int)), n_kv = 0;
     ps_promptset pset = {0};
-    int have_pset = 0;
+    ps_token_set cset = {0};
+    int have_pset = 0, have_cset = 0;
     ps_result_sink sink = {0};
     ps_api_progress pr = {.fn = progress, .user = progress_user};
     int rc = -1;
@@ -379,6 +381,19 @@ PS_API int ps_api_instrument_ex(ps_api_model *m, const char *name, const char *r
             goto done;
         }
         have_pset = 1;
+    }
+    json_t *jc = json_object_get(req, "corrupt");
+    if (json_is_array(jc)) { /* corrupt tokens, inline: [N, T] token lists (or records with "tokens") */
+        if (!find_flag(cmd, "--corrupt")) {
+            ps_fail(&e, "request key \"corrupt\": %s takes no corrupt tokens", cmd->name);
+            e.usage = 1;
+            goto done;
+        }
+        if (ps_token_set_from_json(jc, "request key \"corrupt\"", &cset, &e)) {
+            e.usage = 1;
+            goto done;
+        }
+        have_cset = 1;
     }
     /* the model handle's checkpoint and device, unless the request names its own */
     if (m && find_flag(cmd, "--model") && !json_object_get(req, "model")) {
@@ -403,7 +418,7 @@ PS_API int ps_api_instrument_ex(ps_api_model *m, const char *name, const char *r
     fflush(stdout);
     if (!pr.fn && m) pr.fn = m->progress, pr.user = m->progress_user; /* the model's */
     ps_call call = {.progress = pr.fn ? ps_api_progress_call : NULL, .progress_user = &pr, .prompts = have_pset ? &pset : NULL,
-                    .sink = &sink};
+                    .corrupt = have_cset ? &cset : NULL, .sink = &sink};
     if (m) {
         call.families = m->families;
         /* the caller's open model, unless the request asks for another checkpoint, device or precision, or
@@ -443,6 +458,7 @@ done:
     argv_free(&av);
     ps_result_sink_free(&sink);
     if (have_pset) ps_promptset_free(&pset);
+    if (have_cset) ps_token_set_free(&cset);
     json_decref(req);
     if (rc) {
         ps_api_result_free(r);

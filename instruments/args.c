@@ -165,7 +165,7 @@ int ps_args_init(ps_args *a, const ps_command *cmd, const ps_call *call, ps_erro
     if (!call) call = &none;
     memset(a, 0, sizeof *a);
     *a = (ps_args){.cmd = cmd, .n_flags = ps_command_n_flags(cmd), .progress = call->progress, .progress_user = call->progress_user,
-                   .rt = call->rt, .families = call->families, .prompts = call->prompts, .sink = call->sink};
+                   .rt = call->rt, .families = call->families, .prompts = call->prompts, .corrupt = call->corrupt, .sink = call->sink};
     if (a->n_flags > PS_MAX_FLAGS) return ps_fail(err, "internal error: %d flags, more than %d", a->n_flags, PS_MAX_FLAGS);
     a->pos = calloc((size_t)(cmd->max_positional > 0 ? cmd->max_positional : 1), sizeof *a->pos);
     return a->pos ? 0 : ps_fail(err, "out of memory");

@@ -96,6 +96,9 @@ struct ps_args {
     /* the caller's prompt set (the API's request key "prompts", interventions/promptset.h), or NULL: a
      * command whose table has --prompts reads the file it names, if any */
     const struct ps_promptset_s *prompts;
+    /* the caller's corrupt tokens (the API's request key "corrupt" given inline, interventions/promptset.h), or
+     * NULL: a command whose table has --corrupt reads the file it names */
+    const struct ps_token_set_s *corrupt;
     /* a library call's sink (instruments/result_out.h): the results kept in memory, nothing written or printed;
      * NULL: the CLI */
     struct ps_result_sink *sink;
@@ -109,6 +112,7 @@ typedef struct {
     const struct ps_runtime *rt;
     const struct ps_family *const *families;
     const struct ps_promptset_s *prompts;
+    const struct ps_token_set_s *corrupt;
     struct ps_result_sink *sink;
 } ps_call;
 
@@ -175,6 +179,7 @@ extern const ps_command ps_cmd_grad;
 extern const ps_command ps_cmd_sweep;
 extern const ps_command ps_cmd_knockout;
 extern const ps_command ps_cmd_recall;
+extern const ps_command ps_cmd_patch;
 extern const ps_command ps_cmd_gatecycle;
 extern const ps_command ps_cmd_gates;
 extern const ps_command ps_cmd_merge;

@@ -28,9 +28,32 @@ static int model_list(const ps_args *a, const char *flag, int64_t count, const c
     return ps_cli_usage(err, "%.900s (the model has %lld %s)", m, (long long)count, what);
 }
 
-/* The flags of cmd_knockout.c, checked against the model, then the run (knockout_run). */
-int ps_knockout_command(const ps_args *a, ps_error *err) {
+/* The flags of cmd_knockout.c (or cmd_patch.c: patch), checked against the model, then the run (knockout_run). */
+static int grid_command(const ps_args *a, int patch, ps_error *err);
+int ps_knockout_command(const ps_args *a, ps_error *err) { return grid_command(a, 0, err); }
+int ps_patch_command(const ps_args *a, ps_error *err) { return grid_command(a, 1, err); }
+
+/* patch: the clean prompt set (--prompts, or the API's inline set) and its corrupt tokens (--corrupt FILE, or the
+ * API's inline "corrupt"), of the same N and T, ids below the vocabulary */
+static int patch_inputs(const ps_instr *in, const ps_args *a, ps_token_set *cs, int *own, ps_error *err) {
+    if (!in->prompts)
+        return ps_cli_usage(err, "patch needs the clean prompts: --prompts CLEAN.jsonl (docs/prompt-sets.md; Python: clean=ps.PromptSet)");
+    const char *file = ps_args_get(a, "--corrupt");
+    if (a->corrupt && file) return ps_cli_usage(err, "--corrupt: given twice (a file and the request's token list)");
+    if (a->corrupt) *cs = *a->corrupt;
+    else if (!file)
+        return ps_cli_usage(err, "patch needs the corrupt tokens: --corrupt CORRUPT.jsonl ({\"tokens\": [...]} a line, the clean set's N and T)");
+    else if (ps_token_set_read(file, cs, err)) return ps_fail_prefix(err, "--corrupt: "), ps_cli_mark_usage(err);
+    else *own = 1;
+    if (ps_token_set_check(cs, in->pset.N, in->pset.T, "the clean prompts", in->rt.family->vocab(&in->rt), err))
+        return ps_fail_prefix(err, "--corrupt: "), ps_cli_mark_usage(err);
+    return 0;
+}
+
+static int grid_command(const ps_args *a, int patch, ps_error *err) {
     ps_instr in = {0};
+    ps_token_set cs = {0};
+    int own_cs = 0;
     int rc = 1, *layers = NULL, *heads = NULL, nl = 0, nh = 0, target = 0;
     int bad = ps_instr_setup(&in, a, 1, err);
     const ps_runtime *rt = &in.rt;
@@ -80,18 +103,19 @@ int ps_knockout_command(const ps_args *a, ps_error *err) {
     }
     int atp = 0, fix = 0;
     int64_t verify = 0;
-    if (!bad) {
+    if (!bad && patch) bad = patch_inputs(&in, a, &cs, &own_cs, err);
+    if (!bad && !patch) {
         static const char *const METHODS[] = {"exact", "atp", NULL};
         if (ps_args_get(a, "--method") && ps_args_choice(a, "--method", METHODS, &atp, err)) bad = -1;
     }
-    if (!bad) {
+    if (!bad && !patch) {
         fix = ps_atp_default_fix(rt);
         if (ps_args_get(a, "--atp-fix") && ps_args_choice(a, "--atp-fix", ps_atp_fix_names, &fix, err)) bad = -1;
         else if (!atp && ps_args_get(a, "--atp-fix")) bad = ps_cli_usage(err, "--atp-fix goes with --method atp");
         else if (atp && ps_atp_fix_missing(rt, fix, why, sizeof why))
             bad = ps_args_get(a, "--atp-fix") ? ps_cli_usage(err, "%s", why) : ps_fail(err, "%s", why);
     }
-    if (!bad && ps_args_get(a, "--verify")) {
+    if (!bad && !patch && ps_args_get(a, "--verify")) {
         if (!atp) bad = ps_cli_usage(err, "--verify goes with --method atp (an exact grid is exact already)");
         else if (in.n_shards > 1)
             bad = ps_cli_usage(err, "--verify needs the whole estimate to choose its cells: run it without --shard (MPI ranks split both passes)");
@@ -99,10 +123,11 @@ int ps_knockout_command(const ps_args *a, ps_error *err) {
     }
     if (ps_dist_agree(bad, err)) goto done;
     ps_knockout_request rq = {.layers = layers, .n_layers = nl, .heads = heads, .n_heads = nh, .target = target,
-                              .target_name = tname, .atp = atp, .atp_fix = fix, .verify = verify};
+                              .target_name = tname, .atp = atp, .atp_fix = fix, .verify = verify, .corrupt = patch ? &cs : NULL};
     if (knockout_run(&in, &rq, err)) goto done;
     rc = 0;
 done:
+    if (own_cs) ps_token_set_free(&cs);
     free(layers);
     free(heads);
     ps_instr_free(&in);
@@ -115,6 +140,7 @@ typedef struct {
     const int *layers, *heads; /* layers top-down */
     int nl, nh, target, atp, fix;
     const char *tname;
+    const ps_token_set *corrupt; /* activation patching's corrupt tokens, or NULL */
 } ko_pass;
 static int grid_pass(const ko_pass *ps, ps_partial *part, const unsigned char *mask, ps_error *err);
 static int knockout_top_cells(const ps_partial *p, int64_t K, unsigned char *mask, ps_error *err);
@@ -132,7 +158,7 @@ static int knockout_run(ps_instr *inp, const ps_knockout_request *rq, ps_error *
     memcpy(layers, rq->layers, (size_t)nl * sizeof(int));
     ps_grid_sort_topdown(layers, nl); /* the partial result lists them as the grid visits them */
     ko_pass ps = {.in = inp, .layers = layers, .nl = nl, .heads = heads, .nh = nh, .target = target, .tname = tname, .atp = atp,
-                  .fix = fix};
+                  .fix = fix, .corrupt = rq->corrupt};
     int fin = grid_pass(&ps, &part, NULL, err);
     if (fin < 0) goto done;
     if (verify > 0) { /* the K cells the estimate ranks first, exactly (every rank takes part) */
@@ -182,9 +208,12 @@ static int grid_pass(const ko_pass *ps, ps_partial *part, const unsigned char *m
     for (int i = 0; i < nl; i++) json_array_append_new(jl, json_integer(ps->layers[i]));
     for (int i = 0; i < nh; i++) json_array_append_new(jh, json_integer(ps->heads[i]));
     const char *unit = ps_knockout_unit(rt, ps->target);
-    json_t *meta = json_pack("{s:o, s:I, s:s, s:o, s:o, s:I, s:b, s:s}", "provenance", ps_instr_provenance(in, "pad"), "period",
+    json_t *prov = ps_instr_provenance(in, "pad");
+    if (prov && ps->corrupt) /* activation patching: the corrupt tokens beside the clean set */
+        json_object_set_new(json_object_get(prov, "eval"), "corrupt", ps_token_set_json(ps->corrupt));
+    json_t *meta = json_pack("{s:o, s:I, s:s, s:o, s:o, s:I, s:b, s:s}", "provenance", prov, "period",
                              (json_int_t)in->P, "target", ps->tname, "layers", jl, "heads", jh, "max_q", (json_int_t)maxq,
-                             "last_first", last_first, "method", ps->atp ? "atp" : "exact");
+                             "last_first", last_first, "method", ps->corrupt ? "patch" : ps->atp ? "atp" : "exact");
     if (meta && unit) json_object_set_new(meta, "unit", json_string(unit));
     if (meta && ps->atp) json_object_set_new(meta, "atp_fix", json_string(ps_atp_fix_names[ps->fix]));
     w = malloc((size_t)(nu ? nu : 1) * sizeof *w);
@@ -195,7 +224,8 @@ static int grid_pass(const ko_pass *ps, ps_partial *part, const unsigned char *m
         goto done;
     }
     if (ps_instr_partial_init(in, part, nu, meta, err)) goto done;
-    if (ps_knockout_partial_layout(part, N, in->batch, n_shifts, nl, nh, maxq, last_first, err)) goto done;
+    if ((ps->corrupt ? ps_patch_partial_layout : ps_knockout_partial_layout)(part, N, in->batch, n_shifts, nl, nh, maxq, last_first, err))
+        goto done;
     if (ps->atp) ps_grid_unit_weights_estimate(N, in->batch, n_shifts, nl, w, snap);
     else ps_grid_unit_weights(rt, N, in->batch, n_shifts, ps->layers, nl, nh, L, w, snap);
     if (ps_instr_split(in, w, snap, nu, 64 * N, &wk, err)) goto done;
@@ -208,7 +238,8 @@ static int grid_pass(const ko_pass *ps, ps_partial *part, const unsigned char *m
     if (wk.u1 > wk.u0) { /* an empty range runs nothing (unit1 = 0 would mean every unit) */
         ps_knockout_spec ks = {.rt = rt, .base = &in->base, .task = &in->task, .fam = in->fam, .prompts = in->prompts, .P = in->P, .seed = in->seed,
                                .batch = in->batch, .layers = ps->layers, .n_layers = nl, .heads = ps->heads, .n_heads = nh,
-                               .target = ps->target, .opts = opts, .progress = ps_instr_progress, .progress_user = in};
+                               .target = ps->target, .opts = opts, .progress = ps_instr_progress, .progress_user = in,
+                               .corrupt = ps->corrupt ? ps->corrupt->tokens : NULL};
         rr = ps_knockout_run(&ks, &r, err);
         ps_progress_end(&in->bar);
     }
@@ -240,23 +271,32 @@ static int knockout_finish(const ps_partial *p, const ps_partial *v, const unsig
     int rc = -1, *order = NULL;
     const char *tg = json_string_value(json_object_get(p->meta, "target")), *unit = json_string_value(json_object_get(p->meta, "unit"));
     const char *method = json_string_value(json_object_get(p->meta, "method"));
-    int atp = method && !strcmp(method, "atp");
+    int atp = method && !strcmp(method, "atp"), patch = method && !strcmp(method, "patch");
+    if (patch && p->n_arr != 7) return ps_fail(err, "an activation-patching grid's partial result lacks the corrupt run's outcomes");
     if (ps_knockout_from_partial(p, &r, err)) return -1;
     if (v && ps_knockout_from_partial(v, &rv, err)) goto done;
     res = json_object();
-    json_object_set_new(res, "kind", json_string("knockout"));
+    json_object_set_new(res, "kind", json_string(patch ? "patch" : "knockout"));
     json_object_set(res, "provenance", json_object_get(p->meta, "provenance"));
     ps_knockout_atp_json aj = {.fix = json_string_value(json_object_get(p->meta, "atp_fix")), .verified = v ? mask : NULL,
                                .exact = v ? &rv : NULL};
     if (atp && !aj.fix) aj.fix = "none";
     json_t *grid = ps_knockout_json_ex(&r, tg, unit, atp ? &aj : NULL, err);
     if (!grid) goto done;
+    if (patch) { /* the knockout's grid with the corrupt run beside the clean one (each cell's deltas: patched - clean) */
+        json_t *corr = ps_residue_stats_json(&r.ref, err);
+        if (!corr || json_object_set_new(grid, "method", json_string("patch")) || json_object_set_new(grid, "corrupt", corr)) {
+            json_decref(grid);
+            if (corr) ps_fail(err, "out of memory for the patching grid");
+            goto done;
+        }
+    }
     if (ps_knockout_logit_diff(p, grid, err) < 0) {
         json_decref(grid);
         goto done;
     }
     json_object_set_new(res, "grid", grid);
-    if (ps_result_write(out, "knockout.json", res, err)) goto done;
+    if (ps_result_write(out, patch ? "patch.json" : "knockout.json", res, err)) goto done;
     /* every head with the residue it hurts most (a head that kills one residue can have a small mean),
      * worst first (an estimate: by its worst residue's estimated NLL increase) */
     json_t *cells = json_object_get(grid, "cells");
@@ -280,9 +320,14 @@ static int knockout_finish(const ps_partial *p, const ps_partial *v, const unsig
             order[j] = order[j - 1];
             order[j - 1] = t;
         }
-    ps_say(out, "clean mean accuracy %.3f; per head, the residue it hurts most (worst first%s):\n",
-           json_number_value(json_object_get(json_object_get(grid, "clean"), "mean_accuracy")),
-           atp ? "; attribution patching: estimated NLL changes" : "");
+    if (patch)
+        ps_say(out, "clean mean accuracy %.3f, corrupt %.3f; per cell patched from the corrupt run, the residue it hurts most (worst first):\n",
+               json_number_value(json_object_get(json_object_get(grid, "clean"), "mean_accuracy")),
+               json_number_value(json_object_get(json_object_get(grid, "corrupt"), "mean_accuracy")));
+    else
+        ps_say(out, "clean mean accuracy %.3f; per head, the residue it hurts most (worst first%s):\n",
+               json_number_value(json_object_get(json_object_get(grid, "clean"), "mean_accuracy")),
+               atp ? "; attribution patching: estimated NLL changes" : "");
     size_t show = ncell < 32 ? ncell : 32;
     for (size_t i = 0; i < show; i++) {
         json_t *cell = CELL(i), *w = json_object_get(cell, "worst_residue"), *ex = json_object_get(cell, "exact");
@@ -307,7 +352,7 @@ static int knockout_finish(const ps_partial *p, const ps_partial *v, const unsig
                json_number_value(json_object_get(w, "delta_nll")),
                json_number_value(json_object_get(cell, "mean_delta_accuracy_pp")), MEAN_DNLL(i));
     }
-    if (show < ncell) ps_say(out, "  ... %zu more heads in knockout.json\n", ncell - show);
+    if (show < ncell) ps_say(out, "  ... %zu more heads in %s\n", ncell - show, patch ? "patch.json" : "knockout.json");
     rc = 0;
 done:
     free(order);

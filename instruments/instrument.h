@@ -144,8 +144,15 @@ typedef struct {
     int n_layers, n_heads, target, atp, atp_fix;
     int64_t verify;
     const char *target_name;
+    const ps_token_set *corrupt; /* the patch instrument's corrupt tokens (NULL: the knockout) */
 } ps_knockout_request;
 int ps_knockout_command(const ps_args *a, ps_error *err);
+/* The patch instrument (cmd_patch.c's flags, run by instr_knockout.c as the knockout's grid with the activation-
+ * patching spec, interventions/patching.h): the clean prompt set (--prompts, required) and the corrupt tokens
+ * (--corrupt FILE, or the API's inline ps_args.corrupt) of the same N and T, the target, layers and heads as the
+ * knockout's; every cell's entries patched from the corrupt run into the clean one; OUT/patch.json (kind
+ * "patch": the knockout's grid with method "patch", grid.corrupt, and with alt each residue's patch_metric). */
+int ps_patch_command(const ps_args *a, ps_error *err);
 
 /* The selection-recall instrument (instr_recall.c, interventions/recall.h): the set-up, cmd_recall.c's flags checked
  * against the model (its selecting layers, the mode, the needle offset; a prompt set needs its needle column), the

@@ -11,6 +11,7 @@ const ps_registry_entry ps_registry[] = {
     {&ps_cmd_sweep,         ps_sweep_finish,     "sweep",       "sweep.json",     1,     1,         0},
     {&ps_cmd_knockout,      ps_knockout_finish,  "knockout",    "knockout.json",  1,     1,         0},
     {&ps_cmd_recall,        ps_recall_finish,    "recall",      "recall.json",    1,     1,         0},
+    {&ps_cmd_patch,         ps_knockout_finish,  "patch",       "patch.json",     1,     1,         0}, /* the knockout's finish, by its meta's method */
     {&ps_cmd_gatecycle,     ps_gatecycle_finish, "gatecycle",   "gatecycle.json", 1,     1,         1},
     {&ps_cmd_gates,         ps_gates_finish,     "gates",       "gates.json",     1,     1,         0},
     {&ps_cmd_fillers,       NULL,                "fillers",     "fillers.json",   0,     1,         0},

@@ -180,6 +180,13 @@ static void record_set(run_state *st, ps_residue_stats *rs, int64_t unit, int ce
     if (st->g->record) st->g->record(st->g->record_user, unit, cell, first, set, st->ok, st->lp);
 }
 
+/* The reference run's outcomes (st->ok, st->lp) of a batch (the set, its unit's): into the result's `ref` and,
+ * as cell PS_GRID_REF, to `record`. */
+static void record_ref(run_state *st, int64_t unit, const ps_shifted *set) {
+    ps_residue_stats_add(&st->out->ref, set, st->ok, st->lp);
+    if (st->g->record) st->g->record(st->g->record_user, unit, PS_GRID_REF, 0, set, st->ok, st->lp);
+}
+
 /* The view of prompts [i0, i0 + n) of the shift. */
 static ps_shifted view_of(const run_state *st, int64_t i0, int64_t n) {
     ps_shifted v = st->s;
@@ -447,14 +454,19 @@ static int run_shift(run_state *st, int64_t p, double budget, ps_error *err) {
             int64_t u0 = UNIT(st, p, st->last_first ? (last0 - i0) / B : i0 / B, 0);
             if (!rc && g->ref_tokens && IN(st, u0)) { /* the reference run's outcomes */
                 ps_shifted sv = view_of(st, i0, n);
-                if (!(rc = score_acts(st, use, &sv, i0, err))) ps_residue_stats_add(&st->out->ref, &sv, st->ok, st->lp);
+                if (!(rc = score_acts(st, use, &sv, i0, err))) record_ref(st, u0, &sv);
             }
         } else {
-            /* a runtime without kept state scores the clean run here, batches in order */
+            /* a runtime without kept state scores the clean run here (or the reference run: its tokens in
+             * the prompts' view), batches in order */
             ps_shifted sv = view_of(st, i0, n);
             int64_t bi = i0 / B;
+            if (g->ref_tokens) sv.b.tokens = (int32_t *)g->ref_tokens + i0 * T;
             rc = ps_eval_mapped(rt, &sv.b, sv.b.B > 0 ? sv.b.B : 1, &ref, st->ok, st->lp, err);
-            if (!rc && IN(st, UNIT(st, p, bi, 0))) record_set(st, &st->out->clean, UNIT(st, p, bi, 0), -1, 0, &sv);
+            if (!rc && IN(st, UNIT(st, p, bi, 0))) {
+                if (g->ref_tokens) record_ref(st, UNIT(st, p, bi, 0), &sv);
+                else record_set(st, &st->out->clean, UNIT(st, p, bi, 0), -1, 0, &sv);
+            }
         }
     }
     ps_hooks_free(&ref);
@@ -473,6 +485,9 @@ static int run_shift(run_state *st, int64_t p, double budget, ps_error *err) {
             if (!rc && (IN(st, UNIT(st, p, bi, 0)) || g->spec->estimate) && !(rc = score_acts(st, use, &sv, i0, err)) &&
                 IN(st, UNIT(st, p, bi, 0)))
                 record_set(st, &st->out->clean, UNIT(st, p, bi, 0), -1, 0, &sv);
+        } else if (g->ref_tokens && IN(st, UNIT(st, p, bi, 0))) { /* pass 1 ran the reference tokens: the clean run */
+            rc = ps_eval_mapped(rt, &sv.b, sv.b.B > 0 ? sv.b.B : 1, NULL, st->ok, st->lp, err);
+            if (!rc) record_set(st, &st->out->clean, UNIT(st, p, bi, 0), -1, 0, &sv);
         }
         if (!rc && g->spec->estimate) {
             rc = estimate_batch(st, p, bi, &sv, use, err);
@@ -521,10 +536,10 @@ int ps_grid_run(const ps_grid *g, ps_grid_result *out, ps_error *err) {
         ps_grid_result_free(out);
         return ps_fail(err, "an estimated grid needs the %s runtime's kept activations (this family has none)", g->rt->family->name);
     }
-    if ((g->spec->score || g->ref_tokens) && !g->rt->family->restart) {
+    if (g->spec->score && !g->rt->family->restart) {
         ps_grid_result_free(out);
-        return ps_fail(err, "a grid with its own scoring or a reference run of other prompts needs the controlled model's logits "
-                            "(the %s runtime scores its answers only)", g->rt->family->name);
+        return ps_fail(err, "a grid with its own scoring needs the controlled model's logits (the %s runtime scores its answers only)",
+                       g->rt->family->name);
     }
     if (g->ref_tokens && g->spec->estimate) {
         ps_grid_result_free(out);

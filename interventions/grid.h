@@ -103,9 +103,10 @@ void ps_runtime_model(ps_runtime *rt, const ps_model *m);
 
 
 
-/* The outcomes of one scored set of prompts: `unit` the work unit, cell -1 the clean run, else
- * li · n_cells + ci; the set is prompts [first, first + set->b.B) of the unit's batch; ok, lp:
- * [set->b.B · max_q]. */
+/* The outcomes of one scored set of prompts: `unit` the work unit, cell -1 the clean run, PS_GRID_REF (-2) the
+ * reference run of other tokens (ps_grid.ref_tokens: on the batch's li = 0 unit), else li · n_cells + ci; the
+ * set is prompts [first, first + set->b.B) of the unit's batch; ok, lp: [set->b.B · max_q]. */
+#define PS_GRID_REF (-2)
 typedef void (*ps_grid_record_fn)(void *user, int64_t unit, int cell, int64_t first, const ps_shifted *set, const int *ok,
                                   const double *lp);
 
@@ -128,10 +129,10 @@ typedef struct {
      * prompts as they are, one "shift" 0 whose queries count in residues [0, P) by prompts->residue
      * (base, task, fam and seed unused). */
     const ps_shifted *prompts;
-    /* The reference pass's tokens [N, T] when they are not the prompts' own (NULL: the prompts'; the
-     * controlled model only): the sources come from a run of other prompts (activation patching: the
-     * clean run, the cells on the corrupted prompts); its outcomes, scored as the cells', go to the
-     * result's `ref` (not to `record`). */
+    /* The reference pass's tokens [N, T] when they are not the prompts' own (NULL: the prompts'; any
+     * family): the sources come from a run of other prompts (activation patching: the source run, the cells
+     * on the other prompts), scored against the prompts' queries as the cells are; its outcomes go to the
+     * result's `ref` and to `record` as cell PS_GRID_REF. The clean run is then a forward of its own. */
     const int32_t *ref_tokens;
     const ps_task *task;
     const ps_filler_family *fam;

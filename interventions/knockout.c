@@ -8,6 +8,7 @@
 #include "core/fileio.h"
 #include "core/ops.h"
 #include "interventions/atp.h"
+#include "interventions/patching.h"
 #include "interventions/units.h"
 #include "tasks/tasks.h"
 
@@ -69,17 +70,22 @@ int ps_knockout_run(const ps_knockout_spec *k, ps_knockout_result *out, ps_error
     for (int i = 0; nh_max && i < n_heads; i++)
         if (heads[i] < 0 || heads[i] >= nh_max) return ps_fail(err, "knockout grid: head %d out of range", heads[i]);
     ps_grid_spec spec;
-    int atp = k->opts.atp;
-    if (atp ? ps_atp_spec(rt, k->target, heads, n_heads, k->opts.atp_fix, &spec, err)
-            : ps_ko_spec(rt, k->target, heads, n_heads, &spec, err))
+    int atp = k->opts.atp, patch = k->corrupt != NULL;
+    if (patch && (atp || !k->prompts))
+        return ps_fail(err, "activation patching runs exactly (no attribution estimate) on a prompt set (its clean prompts)");
+    if (patch ? ps_patch_target_spec(rt, k->target, heads, n_heads, &spec, err)
+        : atp ? ps_atp_spec(rt, k->target, heads, n_heads, k->opts.atp_fix, &spec, err)
+              : ps_ko_spec(rt, k->target, heads, n_heads, &spec, err))
         return -1;
     ps_grid g = {.rt = rt, .base = k->base, .task = k->task, .fam = k->fam, .prompts = k->prompts, .P = k->P, .seed = k->seed, .batch = k->batch,
                  .layers = k->layers, .n_layers = k->n_layers, .cells = heads, .n_cells = n_heads, .spec = &spec,
                  .naive = k->opts.naive, .max_cells = k->opts.max_cells, .mem_bytes = k->opts.mem_bytes,
                  .cell_mask = k->opts.cell_mask, .unit0 = k->opts.unit0, .unit1 = k->opts.unit1, .record = k->opts.record,
-                 .record_user = k->opts.record_user, .progress = k->progress, .progress_user = k->progress_user};
+                 .record_user = k->opts.record_user, .progress = k->progress, .progress_user = k->progress_user,
+                 .ref_tokens = k->corrupt};
     int rc = ps_grid_run(&g, out, err);
-    if (atp) ps_atp_spec_free(rt, &spec);
+    if (patch) ps_patch_spec_free(rt, &spec);
+    else if (atp) ps_atp_spec_free(rt, &spec);
     else ps_ko_spec_free(&spec);
     return rc;
 }

@@ -79,6 +79,12 @@ typedef struct {
     ps_knockout_opts opts;
     ps_progress_fn progress;
     void *progress_user;
+    /* Activation patching instead of the mean replacement (patching.h, ps_patch_target_spec): the corrupt
+     * tokens [N, T] of the prompt set's N prompts (prompts required; NULL: the knockout). Each cell's entries
+     * of the target are patched from the corrupt run into the clean prompts, same positions; the corrupt
+     * run's outcomes (scored against the clean prompts' queries) go to the result's `ref` (and to
+     * opts.record as cell PS_GRID_REF). Not with atp. */
+    const int32_t *corrupt;
 } ps_knockout_spec;
 
 int ps_knockout_run(const ps_knockout_spec *k, ps_knockout_result *out, ps_error *err);
@@ -122,6 +128,12 @@ typedef struct {
 } ps_knockout_recorder;
 int ps_knockout_partial_layout(ps_partial *p, int64_t N, int64_t batch, int64_t P, int n_layers, int n_cells, int64_t maxq,
                                int last_first, ps_error *err);
+/* The same with activation patching's corrupt-run arrays ("corrupt_ok", "corrupt_logprob" on each batch's li =
+ * 0 unit), which ps_knockout_record fills (cell PS_GRID_REF) and ps_knockout_from_partial adds into the
+ * result's `ref`; ps_knockout_logit_diff then adds grid.corrupt's logit differences and each cell residue's
+ * "patch_metric" (patched − corrupt) / (clean − corrupt), null where clean and corrupt do not differ. */
+int ps_patch_partial_layout(ps_partial *p, int64_t N, int64_t batch, int64_t P, int n_layers, int n_cells, int64_t maxq,
+                            int last_first, ps_error *err);
 void ps_knockout_record(void *user, int64_t unit, int cell, int64_t first, const ps_shifted *set, const int *ok,
                         const double *lp);
 int ps_knockout_from_partial(const ps_partial *p, ps_knockout_result *out, ps_error *err);

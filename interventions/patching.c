@@ -69,109 +69,190 @@ double ps_patch_metric_value(ps_patch_metric metric, const ps_batch *clean, cons
     return nq ? acc / (double)nq : 0.0;
 }
 
-/* ---- the spec: sources the clean run's activation at the point of every selected layer, cells
- * PS_ACT_PATCH actions from it on the corrupted prompts, scoring the metric per query ---- */
+/* ---- the spec: the source run's activation at every patched point of every selected layer, cells
+ * PS_ACT_PATCH actions from it ---- */
 
-typedef struct patch_spec patch_spec;
-
+/* one patched point of one selected layer: the source run's activation [N, npos, <inner>] collected on the
+ * host (seen sequences so far), then on the model's context */
 typedef struct {
-    patch_spec *P;
-    int li;           /* the engine's layer index (top-down) */
-} patch_layer;
+    struct patch_spec *P;
+    char name[96];
+    int64_t npos, per_seq, seen;
+    float *host, *src;
+} patch_slot;
 
-struct patch_spec {
-    ps_hook_point pt;
-    const ps_batch *clean, *corrupted;
-    ps_patch_metric metric;
-    const int *heads;       /* [nh] the result's heads (-1: the point has none) */
-    int nl;
-    int64_t n_pos;          /* cells per head: the point's positions with per_position, else 1 */
+typedef struct patch_spec {
+    int points[PS_KO_MAX_ARRAYS], n_points;
+    const int *heads;
+    int64_t n_pos;
     int per_position;
-    int64_t N, npos, per_seq; /* prompts; the point's positions and floats of one sequence */
-    float **host;           /* [nl] the clean activation [N, npos, inner], collected batch by batch */
-    int64_t *seen;          /* [nl] sequences collected */
-    float **src;            /* [nl] the same on the model's context: the patch actions' sources */
-    patch_layer *pl;        /* [nl] the collecting hooks' user data */
-};
+    void (*score)(void *user, const ps_grid_shift *sh, const ps_shifted *set, int64_t prompt0, const float *logits, int64_t V,
+                  int *ok, double *lp);
+    void *score_user;
+    int64_t N;
+    int n_layers;
+    patch_slot *slot; /* [n_layers · n_points], layer index major */
+} patch_spec;
 
-/* The reference pass (the clean prompts, in order, batch by batch): a copy of each batch's activation. */
+static void slots_free(patch_spec *P, const ps_runtime *rt) {
+    for (int i = 0; P->slot && i < P->n_layers * P->n_points; i++) {
+        patch_slot *x = &P->slot[i];
+        if (x->src) ps_buf_free(rt->ctx, x->src, P->N * x->per_seq * (int64_t)sizeof(float));
+        free(x->host);
+        x->src = x->host = NULL;
+        x->per_seq = x->npos = x->seen = 0;
+    }
+}
+
+/* The reference pass (the source prompts, in order, batch by batch): a copy of each batch's activation. */
 static int patch_collect(const ps_hook_event *ev, void *user, ps_error *err) {
-    patch_layer *x = user;
-    patch_spec *P = x->P;
+    patch_slot *x = user;
     int64_t B = ev->shape[0];
-    if (P->seen[x->li] + B > P->N)
-        return ps_fail(err, "activation patching: %s fired for more than the %lld clean prompts", ev->name, (long long)P->N);
-    memcpy(P->host[x->li] + P->seen[x->li] * P->per_seq, ev->data, (size_t)(B * P->per_seq) * sizeof(float));
-    P->seen[x->li] += B;
+    if (x->seen + B > x->P->N)
+        return ps_fail(err, "activation patching: %s fired for more than the %lld source prompts", ev->name, (long long)x->P->N);
+    memcpy(x->host + x->seen * x->per_seq, ev->data, (size_t)(B * x->per_seq) * sizeof(float));
+    x->seen += B;
     return 0;
 }
 
 static int patch_sources(void *self, const ps_runtime *rt, const ps_grid_shift *sh, ps_hooks *ref, ps_error *err) {
     patch_spec *P = self;
-    for (int li = 0; li < sh->n_layers; li++) {
-        char name[96];
-        ps_hook_name(name, sizeof name, sh->layers[li], P->pt);
-        P->seen[li] = 0;
-        P->pl[li] = (patch_layer){.P = P, .li = li};
-        if (ps_hooks_add(ref, &ps_runtime_controlled(rt)->cfg, name, patch_collect, &P->pl[li], err)) return -1;
+    if (!P->slot) {
+        P->slot = calloc((size_t)sh->n_layers * (size_t)P->n_points, sizeof *P->slot);
+        if (!P->slot) return ps_fail(err, "out of memory");
+        P->n_layers = sh->n_layers;
     }
+    slots_free(P, rt);
+    P->N = sh->N;
+    for (int li = 0; li < sh->n_layers; li++)
+        for (int a = 0; a < P->n_points; a++) {
+            patch_slot *x = &P->slot[li * P->n_points + a];
+            int i = ps_runtime_point_index(rt, P->points[a]);
+            int64_t d[4];
+            int r = i < 0 ? 0 : rt->family->point_shape(rt, i, sh->layers[li], 1, sh->T, d);
+            x->P = P;
+            if (r < 2 || d[1] < 1) continue; /* nothing at this length (compressed entries of fewer tokens than a window) */
+            ps_runtime_point_name(rt, i, sh->layers[li], x->name, sizeof x->name);
+            x->npos = d[1];
+            x->per_seq = 1;
+            for (int k = 1; k < r; k++) x->per_seq *= d[k];
+            if (!(x->host = malloc((size_t)(sh->N * x->per_seq) * sizeof(float))))
+                return ps_fail(err, "out of memory for the source activation %s (%lld floats)", x->name, (long long)(sh->N * x->per_seq));
+            if (rt->family->hook_add(rt, ref, x->name, patch_collect, x, err)) return -1;
+        }
     return 0;
 }
 
 static int patch_sources_done(void *self, const ps_runtime *rt, const ps_grid_shift *sh, ps_error *err) {
     patch_spec *P = self;
-    int64_t bytes = P->N * P->per_seq * (int64_t)sizeof(float);
-    for (int li = 0; li < sh->n_layers; li++) {
-        if (P->seen[li] != P->N)
-            return ps_fail(err, "activation patching: the clean run gave %lld of %lld prompts at layer %d", (long long)P->seen[li],
-                           (long long)P->N, sh->layers[li]);
-        if (!(P->src[li] = ps_buf_alloc(rt->ctx, bytes, "a layer's clean activation", err))) return -1;
-        if (ps_buf_from_host(rt->ctx, P->src[li], P->host[li], bytes, err)) return -1;
+    for (int i = 0; i < P->n_layers * P->n_points; i++) {
+        patch_slot *x = &P->slot[i];
+        if (!x->host) continue;
+        int64_t bytes = P->N * x->per_seq * (int64_t)sizeof(float);
+        if (x->seen != P->N)
+            return ps_fail(err, "activation patching: the source run gave %lld of %lld prompts at %s", (long long)x->seen,
+                           (long long)P->N, x->name);
+        if (!(x->src = ps_buf_alloc(rt->ctx, bytes, "a layer's source activation", err))) return -1;
+        if (ps_buf_from_host(rt->ctx, x->src, x->host, bytes, err)) return -1;
+        free(x->host);
+        x->host = NULL;
+    }
+    (void)sh;
+    return 0;
+}
+
+static void patch_shift_end(void *self, const ps_runtime *rt) { slots_free(self, rt); }
+
+/* Cell ci = head index ci / n_pos, position ci % n_pos: the source activation of the prompts the sequences
+ * hold, patched into them at that head (and position), at every patched point of the layer. */
+static int patch_cell(void *self, const ps_runtime *rt, const ps_grid_shift *sh, int li, int ci, int64_t seq0, int64_t seq1,
+                      int64_t prompt0, ps_hooks *h, ps_error *err) {
+    (void)sh;
+    patch_spec *P = self;
+    int64_t hi = ci / P->n_pos, t = ci % P->n_pos;
+    for (int a = 0; a < P->n_points; a++) {
+        const patch_slot *x = &P->slot[li * P->n_points + a];
+        if (!x->src) continue;
+        ps_hook_action act = {.kind = PS_ACT_PATCH, .head = P->heads[hi], .seq0 = seq0, .seq1 = seq1,
+                              .pos0 = P->per_position ? t : 0, .pos1 = P->per_position ? t + 1 : 0, .src = x->src,
+                              .src_npos = x->npos, .src_nseq = P->N, .src_seq0 = prompt0};
+        if (rt->family->hook_add_action(rt, h, x->name, &act, err)) return -1;
     }
     return 0;
 }
 
-static void patch_shift_end(void *self, const ps_runtime *rt) {
-    patch_spec *P = self;
-    for (int li = 0; li < P->nl; li++) {
-        if (P->src[li]) ps_buf_free(rt->ctx, P->src[li], P->N * P->per_seq * (int64_t)sizeof(float));
-        P->src[li] = NULL;
-    }
-}
-
-/* Cell ci = head index ci / n_pos, position ci % n_pos: the clean activation of the prompts the
- * sequences hold, patched into them at that head (and position). */
-static int patch_cell(void *self, const ps_runtime *rt, const ps_grid_shift *sh, int li, int ci, int64_t seq0, int64_t seq1,
-                      int64_t prompt0, ps_hooks *h, ps_error *err) {
-    patch_spec *P = self;
-    int64_t hi = ci / P->n_pos, t = ci % P->n_pos;
-    char name[96];
-    ps_hook_name(name, sizeof name, sh->layers[li], P->pt);
-    ps_hook_action act = {.kind = PS_ACT_PATCH, .head = P->heads[hi], .seq0 = seq0, .seq1 = seq1,
-                          .pos0 = P->per_position ? t : 0, .pos1 = P->per_position ? t + 1 : 0, .src = P->src[li],
-                          .src_npos = P->npos, .src_nseq = P->N, .src_seq0 = prompt0};
-    return rt->family->hook_add_action(rt, h, name, &act, err);
-}
-
-/* Per query its metric value (the engine's mean over queries is the metric); no accuracy. */
 static void patch_score(void *self, const ps_grid_shift *sh, const ps_shifted *set, int64_t prompt0, const float *logits,
                         int64_t V, int *ok, double *lp) {
-    (void)sh;
     patch_spec *P = self;
+    P->score(P->score_user, sh, set, prompt0, logits, V, ok, lp);
+}
+
+int ps_patch_spec(const ps_runtime *rt, const ps_patch_spec_opts *o, ps_grid_spec *spec, ps_error *err) {
+    (void)rt; /* the points are resolved against the runtime as the grid runs */
+    if (o->n_points < 1 || o->n_points > PS_KO_MAX_ARRAYS)
+        return ps_fail(err, "activation patching: %d points per cell (1 to %d)", o->n_points, PS_KO_MAX_ARRAYS);
+    if (o->n_heads < 1 || !o->heads) return ps_fail(err, "activation patching: no heads");
+    if (o->per_position && (o->n_points != 1 || o->n_pos < 1))
+        return ps_fail(err, "activation patching: per position needs one point and its positions");
+    patch_spec *P = calloc(1, sizeof *P);
+    if (!P) return ps_fail(err, "out of memory");
+    memcpy(P->points, o->points, (size_t)o->n_points * sizeof(int));
+    P->n_points = o->n_points;
+    P->heads = o->heads;
+    P->per_position = o->per_position;
+    P->n_pos = o->per_position ? o->n_pos : 1;
+    P->score = o->score;
+    P->score_user = o->score_user;
+    *spec = (ps_grid_spec){.self = P, .restart = o->restart, .sources = patch_sources, .sources_done = patch_sources_done,
+                           .cell = patch_cell, .shift_end = patch_shift_end, .score = o->score ? patch_score : NULL};
+    return 0;
+}
+
+int ps_patch_target_spec(const ps_runtime *rt, int target, const int *heads, int n_heads, ps_grid_spec *spec, ps_error *err) {
+    const ps_family *f = rt->family;
+    if (!f->ko.targets || !f->ko.arrays) return ps_fail(err, "activation patching: the %s family has no targets", f->name);
+    ps_ko_array arr[PS_KO_MAX_ARRAYS];
+    int restart = PS_KO_RESTART_NONE, n = f->ko.arrays(rt, target, arr, &restart), pts[PS_KO_MAX_ARRAYS], np = 0;
+    if (n < 1 || n > PS_KO_MAX_ARRAYS)
+        return ps_fail(err, "activation patching: target %s of the %s family has %d arrays", f->ko.targets[target], f->name, n);
+    for (int a = 0; a < n; a++) { /* the points its cells set, each once */
+        int dup = 0;
+        for (int b = 0; b < np; b++) dup |= pts[b] == arr[a].set_point;
+        if (!dup) pts[np++] = arr[a].set_point;
+    }
+    static const int WHOLE[1] = {-1};
+    int per_head = f->ko.heads(rt, target) > 0;
+    ps_patch_spec_opts o = {.points = pts, .n_points = np, .heads = per_head ? heads : WHOLE, .n_heads = per_head ? n_heads : 1,
+                            .restart = restart == PS_KO_RESTART_ATTENTION ? PS_GRID_RESTART_ATTENTION : PS_GRID_RESTART_NONE};
+    return ps_patch_spec(rt, &o, spec, err);
+}
+
+void ps_patch_spec_free(const ps_runtime *rt, ps_grid_spec *spec) {
+    patch_spec *P = spec->self;
+    if (P) {
+        slots_free(P, rt);
+        free(P->slot);
+    }
+    free(P);
+    spec->self = NULL;
+}
+
+/* ps_activation_patching's metric per query (the engine's mean over queries is the metric); no accuracy. */
+typedef struct {
+    ps_patch_metric metric;
+    const ps_batch *clean, *corrupted;
+} metric_scorer;
+
+static void metric_score(void *user, const ps_grid_shift *sh, const ps_shifted *set, int64_t prompt0, const float *logits,
+                         int64_t V, int *ok, double *lp) {
+    (void)sh;
+    metric_scorer *M = user;
     int64_t T = set->b.T, maxq = set->b.max_q;
     for (int64_t b = 0; b < set->b.B; b++)
         for (int64_t qi = 0; qi < set->b.n_q[b]; qi++) {
             ok[b * maxq + qi] = 0;
-            lp[b * maxq + qi] = query_value(P->metric, P->clean, P->corrupted, prompt0 + b, qi, logits + b * T * V, V);
+            lp[b * maxq + qi] = query_value(M->metric, M->clean, M->corrupted, prompt0 + b, qi, logits + b * T * V, V);
         }
-}
-
-static void patch_spec_free(patch_spec *P) {
-    for (int li = 0; P->host && li < P->nl; li++) free(P->host[li]);
-    free(P->host);
-    free(P->seen);
-    free(P->src);
-    free(P->pl);
 }
 
 /* the engine's progress (cells done of 1 + n_layers · n_cells per shift) as patching cells */
@@ -245,30 +326,23 @@ int ps_activation_patching(const ps_model *m, const ps_batch *clean, const ps_ba
 
     /* the grid: the corrupted prompts (the clean batch's queries) as one prompt set of one residue,
      * the clean tokens as the reference pass */
-    patch_spec P = {.pt = pt, .clean = clean, .corrupted = corrupted, .metric = opts->metric, .heads = out->heads,
-                    .nl = nl, .n_pos = out->n_pos, .per_position = opts->per_position, .N = N, .npos = npos,
-                    .per_seq = npos * inner};
     ps_shifted run = {.b = *clean, .p = 0, .P = 1};
     run.b.tokens = corrupted->tokens;
     run.b.targets = corrupted->targets;
     run.residue = malloc((size_t)(N * clean->max_q) * sizeof(int64_t));
     int *cell_ids = malloc((size_t)per_layer * sizeof(int));
-    P.host = calloc((size_t)nl, sizeof(float *));
-    P.seen = calloc((size_t)nl, sizeof(int64_t));
-    P.src = calloc((size_t)nl, sizeof(float *));
-    P.pl = calloc((size_t)nl, sizeof(patch_layer));
     int rc = 0;
-    if (!run.residue || !cell_ids || !P.host || !P.seen || !P.src || !P.pl)
-        rc = ps_fail(err, "out of memory for the patching of %d layers x %lld cells", nl, (long long)per_layer);
-    for (int li = 0; li < nl && !rc; li++)
-        if (!(P.host[li] = malloc((size_t)(N * P.per_seq > 0 ? N * P.per_seq : 1) * sizeof(float))))
-            rc = ps_fail(err, "out of memory for a layer's clean activation (%lld floats)", (long long)(N * P.per_seq));
+    if (!run.residue || !cell_ids) rc = ps_fail(err, "out of memory for the patching of %d layers x %lld cells", nl, (long long)per_layer);
     for (int64_t i = 0; !rc && i < N * clean->max_q; i++) run.residue[i] = i % clean->max_q < clean->n_q[i / clean->max_q] ? 0 : -1;
     for (int64_t i = 0; !rc && i < per_layer; i++) cell_ids[i] = (int)i;
-    ps_grid_spec spec = {.self = &P, .restart = PS_GRID_RESTART_LAYER, .sources = patch_sources, .sources_done = patch_sources_done,
-                         .cell = patch_cell, .shift_end = patch_shift_end, .score = patch_score};
+    metric_scorer ms = {.metric = opts->metric, .clean = clean, .corrupted = corrupted};
+    int point = (int)pt;
+    ps_patch_spec_opts so = {.points = &point, .n_points = 1, .heads = out->heads, .n_heads = nh, .per_position = opts->per_position,
+                             .n_pos = out->n_pos, .restart = PS_GRID_RESTART_LAYER, .score = metric_score, .score_user = &ms};
+    ps_grid_spec spec = {0};
     ps_runtime rt;
     ps_runtime_model(&rt, m);
+    if (!rc) rc = ps_patch_spec(&rt, &so, &spec, err);
     patch_progress pp = {.fn = progress, .user = user, .n_cells = n_cells};
     ps_grid g = {.rt = &rt, .prompts = &run, .ref_tokens = clean->tokens, .P = 1, .batch = N, .layers = out->layers,
                  .n_layers = nl, .cells = cell_ids, .n_cells = (int)per_layer, .spec = &spec, .naive = opts->naive,
@@ -288,7 +362,7 @@ int ps_activation_patching(const ps_model *m, const ps_batch *clean, const ps_ba
         }
     }
     ps_grid_result_free(&r);
-    patch_spec_free(&P);
+    ps_patch_spec_free(&rt, &spec);
     free(run.residue);
     free(cell_ids);
     return rc;

@@ -1,17 +1,20 @@
-/* patching.h — TransformerLens-style helpers on the public hook mechanism (core/hooks.h): a forward
- * that caches chosen activations (run_with_cache), and activation patching over (layer, head[,
- * position]) of one hook point, which patches the clean run's activation into the corrupted run with the
- * built-in PS_ACT_PATCH action and reports a metric per cell.
+/* patching.h — activation patching over the grid engine (grid.h), and TransformerLens-style helpers on the
+ * public hook mechanism (core/hooks.h): a forward that caches chosen activations (run_with_cache).
  *
- * Activation patching is a spec over the grid engine (grid.h), like the knockout: the engine's prompt
- * set is the corrupted prompts (one set, no shifts), its reference pass runs the clean prompts and the
- * spec's sources keep the clean activation at the point of every chosen layer; a cell is a patch action
- * on the corrupted run; the spec scores each query by the metric, which the engine's statistics average.
- * Cells batch as the engine batches them: k cells are k replicas of the corrupted prompts in one forward
- * (replica r = sequences [r·m, (r+1)·m) gets its own cell's patch action), as many as the memory budget
- * holds (ps_acts_size); the cells of one layer restart from the corrupted run's residual stream at that
- * layer (ps_forward_from, PS_GRID_RESTART_LAYER): layers below are never recomputed. The naive path (a
- * full forward per cell) is the reference. See docs/hooks.md. */
+ * One spec patches (ps_patch_spec): the grid's reference pass runs the SOURCE prompts (ps_grid.ref_tokens) and
+ * the spec keeps, per chosen layer, the source run's activation at each patched point ([N, npos, ...], collected
+ * by host callbacks in prompt order, then put on the model's context); a cell is a PS_ACT_PATCH action per
+ * point — the cell's head (or the whole position) of the source run's activation of the same prompt, same
+ * positions — on the grid's prompts; the engine scores every cell (the answers, or the spec's metric). Cells
+ * batch and restart as the engine does it (grid.h: k cells as k replicas of the prompts in one forward, from the
+ * kept state at the layer where the runtime can), a full forward per cell on any other family. Two callers:
+ *   - the patch instrument (`phasescope patch`, ps.patch): the family's knockout target (ko.arrays: the points
+ *     its cells set; ps_patch_target_spec) patched from the CORRUPT run into the CLEAN prompt set, scored by
+ *     the answers (knockout.h: ps_knockout_spec.corrupt runs it through the knockout's grid, work units and
+ *     partial results);
+ *   - ps_activation_patching (below): one hook point of the controlled model, per head (and position), the
+ *     clean run patched into the corrupted prompts, scored by a metric.
+ * See docs/hooks.md and docs/prompt-sets.md. */
 #ifndef PS_PATCHING_H
 #define PS_PATCHING_H
 
@@ -20,8 +23,33 @@
 #include "core/error.h"
 #include "core/hooks.h"
 #include "core/model.h"
+#include "interventions/grid.h"
 #include "interventions/sweep.h"
 #include "tasks/tasks.h"
+
+/* The activation-patching spec (above). points: the family's point numbers (its hook enumeration) a cell
+ * patches together, n_points of them (1 to PS_KO_MAX_ARRAYS; a point a layer lacks at this length is left
+ * out there); heads: the cells' heads (-1: whole positions), n_heads; per_position (one point only): n_pos
+ * cells per head, one per position of the point's axis 1 (cell ci = head ci / n_pos, position ci % n_pos);
+ * restart: where the cells may restart (ps_grid_restart); score, score_user: the per-query outcome (the
+ * grid's score with score_user as its self; NULL: the answers). heads and the scorer must outlive the spec. */
+typedef struct {
+    const int *points;
+    int n_points;
+    const int *heads;
+    int n_heads;
+    int per_position;
+    int64_t n_pos;
+    ps_grid_restart restart;
+    void (*score)(void *user, const ps_grid_shift *sh, const ps_shifted *set, int64_t prompt0, const float *logits, int64_t V,
+                  int *ok, double *lp);
+    void *score_user;
+} ps_patch_spec_opts;
+int ps_patch_spec(const ps_runtime *rt, const ps_patch_spec_opts *o, ps_grid_spec *spec, ps_error *err);
+/* The spec of the family's knockout target (an index of rt->family->ko.targets): the points its cells set, per
+ * head (heads, n_heads) or, for a per-layer target, the whole arrays; restarting where the knockout does. */
+int ps_patch_target_spec(const ps_runtime *rt, int target, const int *heads, int n_heads, ps_grid_spec *spec, ps_error *err);
+void ps_patch_spec_free(const ps_runtime *rt, ps_grid_spec *spec);
 
 /* One forward of B sequences of T tokens (tokens [B, T]) with a cache watching each of names[0 .. n):
  * afterwards ps_cache_get(cache, name) holds the activation (host memory; the values after any earlier

@@ -331,3 +331,115 @@ int ps_promptset_save(const ps_promptset *s, const char *path, ps_error *err) {
     }
     return ps_atomic_commit(&af, err);
 }
+
+/* ---- token sets: activation patching's corrupt tokens ---- */
+
+void ps_token_set_free(ps_token_set *s) {
+    free(s->tokens);
+    memset(s, 0, sizeof *s);
+}
+
+/* One record (a prompt-set record with "tokens", or a bare list of ids) as row N of s (where: "FILE line L" or
+ * "what: item I"). */
+static int add_tokens(ps_token_set *s, int64_t *cap, const json_t *o, const char *where, ps_error *err) {
+    const json_t *tok = o;
+    const char *key = json_is_object(o) ? "key \"tokens\"" : "the record";
+    if (json_is_object(o)) {
+        const char *k;
+        json_t *x;
+        json_object_foreach((json_t *)o, k, x) {
+            int known = 0;
+            for (int i = 0; KEYS[i]; i++) known |= !strcmp(k, KEYS[i]);
+            if (!known) return ps_fail(err, "%s: unknown key \"%s\" (a record's tokens are its key \"tokens\")", where, k);
+        }
+        if (!(tok = json_object_get(o, "tokens"))) return ps_fail(err, "%s: missing key \"tokens\"", where);
+    }
+    if (!json_is_array(tok) || json_array_size(tok) == 0)
+        return ps_fail(err, "%s: %s is not a non-empty list of token ids ({\"tokens\": [...]} a line)", where, key);
+    int64_t T = (int64_t)json_array_size(tok), i = s->N;
+    if (i == 0) s->T = T;
+    else if (T != s->T)
+        return ps_fail(err, "%s: %s: %lld tokens, but the first has %lld (one length per set)", where, key, (long long)T, (long long)s->T);
+    if (i + 1 > *cap) {
+        int64_t c = *cap ? 2 * *cap : 64;
+        int32_t *t = realloc(s->tokens, (size_t)(c * T) * sizeof *t);
+        if (!t) return ps_fail(err, "out of memory for %lld sequences of %lld tokens", (long long)c, (long long)T);
+        s->tokens = t, *cap = c;
+    }
+    for (int64_t t = 0; t < T; t++) {
+        json_t *v = json_array_get(tok, (size_t)t);
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX)
+            return ps_fail(err, "%s: %s: item %lld is not a token id (a non-negative integer)", where, key, (long long)t);
+        s->tokens[i * T + t] = (int32_t)json_integer_value(v);
+    }
+    s->N = i + 1;
+    return 0;
+}
+
+int ps_token_set_read(const char *path, ps_token_set *s, ps_error *err) {
+    memset(s, 0, sizeof *s);
+    snprintf(s->source, sizeof s->source, "%s", path);
+    char *data = NULL;
+    size_t len = 0;
+    if (ps_read_file(path, (size_t)1 << 34, &data, &len, err)) return -1;
+    int64_t cap = 0, line = 0;
+    int rc = 0;
+    for (char *p = data, *next; p && p < data + len && !rc; p = next) {
+        char *nl = memchr(p, '\n', (size_t)(data + len - p));
+        next = nl ? nl + 1 : NULL;
+        if (nl) *nl = '\0';
+        line++;
+        char *q = p;
+        while (*q == ' ' || *q == '\t' || *q == '\r') q++;
+        if (!*q) continue;
+        char where[600];
+        snprintf(where, sizeof where, "%s line %lld", path, (long long)line);
+        json_error_t je;
+        json_t *o = json_loads(p, JSON_REJECT_DUPLICATES, &je);
+        if (!o) rc = ps_fail(err, "%s: not JSON: %s", where, je.text);
+        else rc = add_tokens(s, &cap, o, where, err);
+        json_decref(o);
+    }
+    free(data);
+    if (!rc && s->N == 0) rc = ps_fail(err, "%s: no token sequences (one JSON object {\"tokens\": [...]} a line)", path);
+    if (rc) ps_token_set_free(s);
+    return rc;
+}
+
+int ps_token_set_from_json(const json_t *list, const char *what, ps_token_set *s, ps_error *err) {
+    memset(s, 0, sizeof *s);
+    snprintf(s->source, sizeof s->source, "request");
+    if (!json_is_array(list) || json_array_size(list) == 0)
+        return ps_fail(err, "%s: expected a non-empty list of token lists [N, T]", what);
+    int64_t cap = 0;
+    for (size_t i = 0; i < json_array_size(list); i++) {
+        char where[600];
+        snprintf(where, sizeof where, "%s: item %zu", what, i);
+        if (add_tokens(s, &cap, json_array_get(list, i), where, err)) {
+            ps_token_set_free(s);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int ps_token_set_check(const ps_token_set *s, int64_t N, int64_t T, const char *what, int64_t vocab, ps_error *err) {
+    if (s->N != N)
+        return ps_fail(err, "%s: %lld token sequences, but %s are %lld (one corrupt sequence per prompt, in order)", s->source,
+                       (long long)s->N, what, (long long)N);
+    if (s->T != T)
+        return ps_fail(err, "%s: key \"tokens\": %lld tokens, but %s have %lld (the same positions)", s->source, (long long)s->T, what,
+                       (long long)T);
+    for (int64_t i = 0; i < N * T; i++)
+        if (s->tokens[i] >= vocab)
+            return ps_fail(err, "%s: sequence %lld: key \"tokens\": id %d at position %lld is outside the vocabulary (%lld ids)", s->source,
+                           (long long)(i / T), s->tokens[i], (long long)(i % T), (long long)vocab);
+    return 0;
+}
+
+json_t *ps_token_set_json(const ps_token_set *s) {
+    uint64_t h = fnv(0xcbf29ce484222325ULL, s->tokens, (size_t)(s->N * s->T) * sizeof *s->tokens);
+    char hex[17];
+    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)h);
+    return json_pack("{s:s, s:I, s:I, s:s}", "source", s->source, "n", (json_int_t)s->N, "T", (json_int_t)s->T, "tokens_hash", hex);
+}

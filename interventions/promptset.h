@@ -56,6 +56,23 @@ int ps_promptset_from_shifts(const ps_shifted *const *shifts, int n_shifts, cons
 /* Write the set as JSON lines (what ps_promptset_read reads), atomically. */
 int ps_promptset_save(const ps_promptset *s, const char *path, ps_error *err);
 
+/* Other tokens for the same prompts: activation patching's corrupt run (`patch --corrupt FILE`, the API's
+ * "corrupt" key). N sequences of T tokens, read from JSON lines whose records have "tokens" (the other keys
+ * of a prompt-set record may be there and are not read: a prompt-set file serves) or from a JSON list of
+ * such records or of bare token lists. Errors name the file's line (or the item) and the key. */
+typedef struct ps_token_set_s {
+    int64_t N, T;
+    int32_t *tokens; /* [N, T] */
+    char source[512]; /* the file, or "request" */
+} ps_token_set;
+int ps_token_set_read(const char *path, ps_token_set *s, ps_error *err);
+int ps_token_set_from_json(const json_t *list, const char *what, ps_token_set *s, ps_error *err);
+/* The same N and T as the prompts they go with (what: "the clean prompts"), every id below vocab. */
+int ps_token_set_check(const ps_token_set *s, int64_t N, int64_t T, const char *what, int64_t vocab, ps_error *err);
+/* provenance: {"source", "n", "T", "tokens_hash"} (a 64-bit FNV-1a of the tokens, 16 hex digits) */
+json_t *ps_token_set_json(const ps_token_set *s);
+void ps_token_set_free(ps_token_set *s);
+
 /* Per-residue logit differences from per-query outcomes in the one-process order (rho as the sweep and the
  * knockout record them: an alt query at rho + P follows its prompt's answer query): sum[P] += lp(answer) −
  * lp(alt) (= logit[answer] − logit[alt]), n[P] += 1. */

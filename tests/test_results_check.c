@@ -571,10 +571,10 @@ static void test_v4_results(void) {
 /* ---- the registry of result kinds (viz/kinds.h) ---- */
 
 static void test_registry(void) {
-    static const char *const NAMES[] = {"sweep", "knockout", "gatecycle", "gates", "theory", "fillers", "atp_compare"};
+    static const char *const NAMES[] = {"sweep", "knockout", "patch", "gatecycle", "gates", "theory", "fillers", "atp_compare"};
     char names[256];
     ps_kind_names(names, sizeof names);
-    CHECK(!strcmp(names, "sweep, knockout, gatecycle, gates, theory, fillers, atp_compare"), "the registry's names: %s", names);
+    CHECK(!strcmp(names, "sweep, knockout, recall, patch, gatecycle, gates, theory, fillers, atp_compare"), "the registry's names: %s", names);
     ps_error err = {0};
     for (size_t i = 0; i < sizeof NAMES / sizeof NAMES[0]; i++) {
         const ps_kind *k = ps_kind_find(NAMES[i]);
@@ -597,7 +597,7 @@ static void test_registry(void) {
     ps_kind_names(small, sizeof small);
     CHECK(!strcmp(small, "sweep, knoc"), "ps_kind_names truncates: %s", small);
     json_t *d = json_pack("{s:s}", "kind", "banana");
-    CHECK_ERR(chk(d, &err), &err, "r.json: kind: \"banana\" is not a result kind (sweep, knockout, gatecycle, gates, theory, fillers, atp_compare)");
+    CHECK_ERR(chk(d, &err), &err, "r.json: kind: \"banana\" is not a result kind (sweep, knockout, recall, patch, gatecycle, gates, theory, fillers, atp_compare)");
     json_decref(d);
     d = json_pack("{s:i}", "kind", 3);
     CHECK_ERR(chk(d, &err), &err, "r.json: kind: expected a string, got an integer");

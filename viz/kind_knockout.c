@@ -103,9 +103,14 @@ static int check_cell_stats(ps_ck *c, json_t *cell, int64_t P, const ps_curve_in
     return 0;
 }
 
-int ps_check_knockout(ps_ck *c, json_t *doc) {
+static int check_grid(ps_ck *c, json_t *doc, int patch);
+int ps_check_knockout(ps_ck *c, json_t *doc) { return check_grid(c, doc, 0); }
+int ps_check_patch(ps_ck *c, json_t *doc) { return check_grid(c, doc, 1); }
+
+/* a knockout grid, or (patch) activation patching's: method "patch" and the corrupt run's curve */
+static int check_grid(ps_ck *c, json_t *doc, int patch) {
     static const char *const TGT[] = {"raw", "compressed", "both", "heads", "indexer", "sink", NULL};
-    static const char *const METHOD[] = {"exact", "atp", NULL};
+    static const char *const METHOD[] = {"exact", "atp", NULL}, *const PATCH[] = {"patch", NULL};
     ps_prov_info pi;
     ps_curve_info cl = {0};
     json_t *g, *cells;
@@ -126,7 +131,12 @@ int ps_check_knockout(ps_ck *c, json_t *doc) {
     int shipped = !ps_model_desc_from_config(json_object_get(json_object_get(doc, "provenance"), "config"), &md, &de);
     if ((shipped ? ps_ck_get_enum(c, g, "target", TGT, NULL) : ps_ck_get_str(c, g, "target", NULL)) || ps_ck_curve(c, g, "clean", P, &cl))
         goto done;
-    if (json_object_get(g, "method")) { /* absent: an exact grid (results before the method was recorded) */
+    if (patch) {
+        ps_curve_info cr = {0};
+        int bad = ps_ck_get_enum(c, g, "method", PATCH, NULL) || ps_ck_curve(c, g, "corrupt", P, &cr);
+        ps_ck_curve_free(&cr);
+        if (bad) goto done;
+    } else if (json_object_get(g, "method")) { /* absent: an exact grid (results before the method was recorded) */
         const char *mth;
         if (ps_ck_get_enum(c, g, "method", METHOD, &mth)) goto done;
         est = !strcmp(mth, "atp");
@@ -366,7 +376,7 @@ int ps_render_knockout(json_t *const *docs, const char *const *paths, int n, con
     x.g = calloc((size_t)n, sizeof *x.g);
     x.heat = calloc((size_t)n, sizeof *x.heat);
     int *rows = calloc((size_t)n, sizeof(int)), *cols = calloc((size_t)n, sizeof(int));
-    int rc = 0, n_est = 0, mixed_units = 0;
+    int rc = 0, n_est = 0, n_patch = 0, mixed_units = 0;
     const char *unit0 = NULL;
     if (!x.g || !x.heat || !rows || !cols) rc = ps_fail(err, "%s: out of memory", paths[0]);
     for (int k = 0; k < n && !rc; k++) {
@@ -387,7 +397,13 @@ int ps_render_knockout(json_t *const *docs, const char *const *paths, int n, con
         else if (tt) snprintf(g->target, sizeof g->target, "%s", tt);
         else snprintf(g->target, sizeof g->target, "knocked out: %s", tg);
         const char *mth = json_string_value(json_object_get(grid_j, "method"));
-        if (mth && !strcmp(mth, "atp")) { /* an attribution estimate: NLL changes only */
+        if (mth && !strcmp(mth, "patch")) { /* activation patching: the same grid, the corrupt run's entries in place */
+            n_patch++;
+            const char *w = strchr(g->target, ':');
+            char t[256];
+            snprintf(t, sizeof t, "patched from the corrupt run%s", w ? w : "");
+            snprintf(g->target, sizeof g->target, "%s", t);
+        } else if (mth && !strcmp(mth, "atp")) { /* an attribution estimate: NLL changes only */
             if (x.acc) {
                 rc = ps_fail(err, "%s: --measure acc: an attribution-patching estimate has no accuracy (its cells' NLL changes are drawn by default)", paths[k]);
                 break;
@@ -464,11 +480,25 @@ int ps_render_knockout(json_t *const *docs, const char *const *paths, int n, con
                          : "change = knocked out − clean NLL, in nats");
         snprintf(x.subtitle2, sizeof x.subtitle2, "orange = knockout hurts (%s), blue = knockout helps, white = no change, grey = no prompts%s",
                  x.acc ? "accuracy falls" : "NLL rises", n > 1 ? "; each panel has its own colour scale" : "");
+        if (n_patch == n) { /* activation patching's words: what replaces a cell is the corrupt run's activation */
+            snprintf(x.title, sizeof x.title, "Activation patching (corrupt into clean): change in %s %s and phase residue",
+                     x.acc ? "accuracy" : "mean target NLL", rows_what);
+            snprintf(x.subtitle, sizeof x.subtitle,
+                     "%s (named over each panel) replaced by the corrupt run's at the same positions, in the clean run; %s", cell_what,
+                     x.acc ? "change = patched − clean accuracy, in percentage points" : "change = patched − clean NLL, in nats");
+            snprintf(x.subtitle2, sizeof x.subtitle2,
+                     "orange = the corrupt activation hurts (%s: the cell carries what the corruption changes), blue = it helps, "
+                     "white = no change, grey = no prompts%s",
+                     x.acc ? "accuracy falls" : "NLL rises", n > 1 ? "; each panel has its own colour scale" : "");
+        }
         ps_fig_chunks ch;
         ps_fig_make_chunks(&ch, json_object_get(docs[0], "provenance"), x.title);
         ps_fig f;
         for (int k = 0; !rc && k < ps_fig_n_files(o); k++)
-            if (!(rc = ps_fig_file_open(&f, out, x.acc ? "knockout_heatmap_acc" : "knockout_heatmap", W, H, o, k, err))) {
+            if (!(rc = ps_fig_file_open(&f, out,
+                                        n_patch == n ? (x.acc ? "patch_heatmap_acc" : "patch_heatmap")
+                                                     : (x.acc ? "knockout_heatmap_acc" : "knockout_heatmap"),
+                                        W, H, o, k, err))) {
                 draw_knockout(f.cr, &x);
                 rc = ps_fig_file_close(&f, &ch, verbose, err);
             }

@@ -14,6 +14,7 @@ static const ps_kind KINDS[] = {
     {"sweep",      ps_check_sweep,     ps_render_curves,    "",      1,     NULL},
     {"knockout",   ps_check_knockout,  ps_render_knockout,  "",      1,     NULL},
     {"recall",     ps_check_recall,    ps_render_recall,    "",      1,     NULL},
+    {"patch",      ps_check_patch,     ps_render_knockout,  "",      1,     NULL},
     {"gatecycle",  ps_check_gatecycle, ps_render_curves,    "sweep", 0,     "gate-cycling results"},
     {"gates",      ps_check_gates,     ps_render_gates,     "",      0,     "gates results"},
     {"theory",     ps_check_theory,    ps_render_theory,    "",      0,     "theory results"},

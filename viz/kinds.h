@@ -49,6 +49,9 @@ int ps_check_sweep(ps_ck *c, json_t *doc);
 int ps_check_gatecycle(ps_ck *c, json_t *doc);
 int ps_render_curves(json_t *const *docs, const char *const *paths, int n, const char *out, const ps_render_opts *o,
                      int verbose, ps_error *err); /* kind_sweep.c: sweep and gatecycle */
+/* kind "patch" (phasescope patch): the knockout's grid with method "patch" and the corrupt run's curve beside the
+ * clean one; drawn by the knockout's heatmap renderer (titles of activation patching) */
+int ps_check_patch(ps_ck *c, json_t *doc);
 int ps_check_knockout(ps_ck *c, json_t *doc);
 int ps_render_knockout(json_t *const *docs, const char *const *paths, int n, const char *out, const ps_render_opts *o,
                        int verbose, ps_error *err);

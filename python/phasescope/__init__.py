@@ -18,7 +18,7 @@ from .kvcache import KVCache
 from .model import ActivationCache, Model, load
 from .prompts import PromptSet
 from .tokenizer import Tokenizer
-from .instruments import (Figure, Result, fillers, gatecycle, gates, instruments, knockout, probe, recall, run, sweep,
+from .instruments import (Figure, Result, fillers, gatecycle, gates, instruments, knockout, patch, probe, recall, run, sweep,
                           train)
 from .server import Server, serve
 
@@ -33,5 +33,5 @@ def devices():
 
 
 __all__ = ["PhasescopeError", "Cancelled", "actions", "ActivationCache", "KVCache", "Model", "load", "PromptSet", "Tokenizer", "Figure", "Result", "fillers",
-           "gatecycle", "gates", "instruments", "knockout", "probe", "recall", "run", "sweep", "train", "Server", "serve", "devices",
+           "gatecycle", "gates", "instruments", "knockout", "patch", "probe", "recall", "run", "sweep", "train", "Server", "serve", "devices",
            "library_path", "API_VERSION"]

@@ -234,6 +234,27 @@ def recall(model=None, **flags):
     return run("recall", model, **flags)
 
 
+def patch(model=None, clean=None, corrupt=None, **flags):
+    """`phasescope patch`: activation patching of every (layer, head) cell of the target from the corrupt run
+    into the clean one (TransformerLens's get_act_patch_*, corrupt into clean). clean: a ps.PromptSet (or a
+    JSON-lines file; the CLI's --prompts), corrupt: int tokens [N, T] of the same shape (or a JSON-lines file of
+    {"tokens": [...]}; the CLI's --corrupt); layers=, heads=, target= as knockout's. The result is knockout's
+    grid (kind "patch"): .arrays["grid.cells.residues.delta_nll"] [cells, P] (patched - clean), the clean and
+    corrupt runs' curves ("grid.clean.residues.*", "grid.corrupt.residues.*") and, with alt,
+    "grid.cells.residues.patch_metric" = (patched - corrupt) / (clean - corrupt) of the logit difference."""
+    if "prompts" in flags and clean is not None:
+        raise PhasescopeError("patch: the clean prompts are given twice (clean= and prompts=)")
+    if clean is not None:
+        flags["prompts"] = clean
+    if corrupt is not None and not isinstance(corrupt, (str, os.PathLike)):
+        a = np.asarray(corrupt)
+        if a.dtype == object or a.ndim != 2 or (a.size and not np.issubdtype(a.dtype, np.integer)):
+            raise PhasescopeError(f"patch: corrupt must be integer tokens [N, T] (got {a.dtype} of shape {a.shape})")
+        corrupt = a.astype(np.int64).tolist()
+    flags["corrupt"] = corrupt
+    return run("patch", model, **flags)
+
+
 def gates(model=None, **flags):
     """`phasescope gates`: the gate statistics of every compressed head (log=RUN/train.jsonl, n=, ...)."""
     return run("gates", model, **flags)

@@ -110,6 +110,15 @@ def test_knockout_equals_hook_loop(deep, deep_set, target, points):
     assert r.data["grid"]["period"] == 8
 
 
+def test_knockout_two_layers(deep, deep_set):
+    """Each layer's cells get their own logit differences (the JSON lists layers ascending, the grid runs them
+    top-down)."""
+    r = ps.knockout(deep, prompts=deep_set, layers=[10, 11], heads=[0, 3], target="compressed")
+    loops = [loop_knockout(deep, deep_set, [f"blocks.{l}.attn.hook_ck", f"blocks.{l}.attn.hook_cv"], 2, [0, 3]) for l in (10, 11)]
+    np.testing.assert_allclose(r.arrays["grid.cells.residues.delta_logit_diff"], np.concatenate([lp[2] for lp in loops]), atol=1e-3)
+    np.testing.assert_allclose(r.arrays["grid.cells.residues.delta_nll"], np.concatenate([lp[0] for lp in loops]), atol=1e-3)
+
+
 def test_sweep_equals_plain_forward(deep, deep_set):
     S = deep_set
     r = ps.sweep(deep, prompts=S)
