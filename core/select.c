@@ -162,8 +162,7 @@ int ps_select_blocks_check(const float *blocks, int64_t n, int64_t Hkv, int64_t 
     return 0;
 }
 
-/* the key range [*j0, *j1) of slot r of a row (empty for -1, a repeated id, or keys after t) */
-static void slot_keys(const float *row, int64_t r, int64_t t, int64_t block, int64_t *j0, int64_t *j1) {
+void ps_select_slot_keys(const float *row, int64_t r, int64_t t, int64_t block, int64_t *j0, int64_t *j1) {
     int64_t b = (int64_t)row[r];
     *j0 = *j1 = 0;
     if (b < 0) return;
@@ -190,7 +189,7 @@ void ps_select_attn_forward(float *z, float *lse, const float *q, const float *k
             memset(o, 0, (size_t)D * sizeof(float));
             for (int64_t r = 0; r < ns; r++) {
                 int64_t j0 = 0, j1 = t + 1;
-                if (row) slot_keys(row, r, t, block, &j0, &j1);
+                if (row) ps_select_slot_keys(row, r, t, block, &j0, &j1);
                 for (int64_t j = j0; j < j1; j++) {
                     float s = dotf(qg, k + (j * Hkv + h) * D, D) * sc;
                     mx = s > mx ? s : mx;
@@ -198,7 +197,7 @@ void ps_select_attn_forward(float *z, float *lse, const float *q, const float *k
             }
             for (int64_t r = 0; r < ns && mx > -INFINITY; r++) {
                 int64_t j0 = 0, j1 = t + 1;
-                if (row) slot_keys(row, r, t, block, &j0, &j1);
+                if (row) ps_select_slot_keys(row, r, t, block, &j0, &j1);
                 for (int64_t j = j0; j < j1; j++) {
                     float p = expf(dotf(qg, k + (j * Hkv + h) * D, D) * sc - mx);
                     const float *vj = v + (j * Hkv + h) * D;
@@ -233,7 +232,7 @@ void ps_select_attn_backward(float *dq, float *dk, float *dv, const float *dz, c
                 float *dqg = dq + (i * H + g) * D, Di = dotf(dzg, zg, D);
                 for (int64_t r = 0; r < ns; r++) {
                     int64_t j0 = 0, j1 = t + 1;
-                    if (row) slot_keys(row, r, t, block, &j0, &j1);
+                    if (row) ps_select_slot_keys(row, r, t, block, &j0, &j1);
                     for (int64_t j = j0; j < j1; j++) {
                         const float *kj = k + (j * Hkv + h) * D, *vj = v + (j * Hkv + h) * D;
                         float p = expf(dotf(qg, kj, D) * sc - l), ds = p * (dotf(dzg, vj, D) - Di) * sc;
