@@ -204,10 +204,11 @@ typedef struct ps_kvcache_ops {
 extern const ps_kvcache_ops ps_kvcache_model_ops;
 
 /* Bytes per token the cache grows by in the long run, as `phasescope info` states it (float32): full
- * attention n_layers·2·nkv·hd·4; compressed that over S (content chunks: over E[chunk length]). */
+ * attention n_layers·2·nkv·hd·4; compressed that over S (content chunks: over E[chunk length]); select the
+ * full attention's plus the pooled keys, n_layers·nkv·hd·4·(1/S + 1/(4S)). */
 double ps_kvcache_bytes_per_token(const ps_config *c);
 /* The fixed part: the raw local window (local_window rows of k and v per layer) and the open windows'
- * layer inputs (W - 1 rows of d per layer), before page rounding; 0 for full attention. */
+ * layer inputs (W - 1 rows of d per layer), before page rounding; 0 for full attention and select. */
 double ps_kvcache_fixed_bytes(const ps_config *c);
 
 int ps_kvcache_create(ps_kvcache *kv, const ps_model *m, const ps_kvcache_opts *o, ps_error *err);

@@ -61,6 +61,7 @@ void ps_select_scores_forward(float *P, const float *q, int64_t n, int64_t pos0,
                               const float *k2, int64_t N2, int64_t H, int64_t Hkv, int64_t D, int64_t K, int64_t S) {
     int64_t G = H / Hkv;
     float sc = 1.0f / sqrtf((float)D);
+    if (N1 <= 0) return; /* no level-1 key yet: P is empty (and may be NULL) */
 #pragma omp parallel for schedule(static) if (n * N1 * H * D > 65536)
     for (int64_t i = 0; i < n; i++) {
         int64_t t = pos0 + i, v1 = n_visible(t, N1, K, S), v2 = n_visible(t, N2, 4 * K, 4 * S);
