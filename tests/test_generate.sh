@@ -3,7 +3,8 @@
 # argmax of `phasescope forward` (the whole-sequence pass) on the prompt plus what was generated, the
 # log-probabilities its log-softmax; --prompt with a tokenizer prints the text and writes it; --hooks writes
 # every firing; --edit changes the continuation only through the cache entries it names; one-line errors
-# with exit status 2 for usage errors. Usage: test_generate.sh BUILD_DIR SOURCE_DIR
+# with exit status 2 for usage errors; the same on a select-attention model (random weights, the demo's shape),
+# DeepSeek-V4 and MiniCPM4. Usage: test_generate.sh BUILD_DIR SOURCE_DIR
 set -u
 B="$1"; SRC="$2"; PS="$B/phasescope"
 T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
