@@ -18,6 +18,7 @@
 #include "core/chunks.h"
 #include "core/ops.h"
 #include "core/runtime.h"
+#include "core/select.h"
 
 #define PR (r->page_rows)
 
@@ -260,6 +261,8 @@ static int64_t entry_heads(const ps_config *c) {
 double ps_kvcache_bytes_per_token(const ps_config *c) {
     if (c->kind == PS_ATTN_CHANNEL) return (double)c->n_layers * (double)c->head_dim * 4.0 / (double)c->rate;
     double full = (double)c->n_layers * 2.0 * (double)(c->n_kv_heads * c->head_dim) * 4.0;
+    if (c->kind == PS_ATTN_SELECT) /* raw k and v of every token, and a pooled key every S (level 1) and 4S (level 2) */
+        return full + full / 2.0 * (1.0 / (double)c->stride + 1.0 / (4.0 * (double)c->stride));
     if (c->kind != PS_ATTN_COMPRESSED) return full;
     if (c->boundaries == PS_BOUNDARIES_CONTENT) return full / ps_chunk_expected_len(c);
     return full / (double)c->stride;
@@ -287,7 +290,8 @@ static int64_t model_bytes(const ps_kvcache *kv) {
         tab += c->n_layers * (int64_t)sizeof(ps_kv_layer);
         for (int64_t l = 0; l < c->n_layers; l++) {
             const ps_kv_layer *L = &q->layers[l];
-            tab += table_bytes(&L->k) + table_bytes(&L->v) + table_bytes(&L->ln);
+            tab += table_bytes(&L->k) + table_bytes(&L->v) + table_bytes(&L->ln) ;
+            if (L->k1) tab += 2 * (int64_t)sizeof(ps_kv_rows) + table_bytes(L->k1) + table_bytes(L->k2);
             if (L->ck)
                 for (int64_t g = 0; g < entry_heads(c); g++)
                     tab += 2 * (int64_t)sizeof(ps_kv_rows) + table_bytes(&L->ck[g]) + table_bytes(&L->cv[g]);
@@ -306,6 +310,11 @@ static void seq_free(ps_kvcache *kv, ps_kv_seq *q) {
             rows_free(kv, &L->k);
             rows_free(kv, &L->v);
             rows_free(kv, &L->ln);
+            if (L->k1) {
+                rows_free(kv, L->k1);
+                rows_free(kv, L->k2);
+                free(L->k1);
+            }
             for (int64_t g = 0; L->ck && g < entry_heads(c); g++) {
                 rows_free(kv, &L->ck[g]);
                 rows_free(kv, &L->cv[g]);
@@ -332,6 +341,7 @@ static void model_free(ps_kvcache *kv) {
     if (kv->ev_pay) ps_buf_free(kv->ctx, kv->ev_pay, kv->ev_pay_cap * (int64_t)sizeof(float));
     free(kv->cstart);
     free(kv->nvis);
+    free(kv->sel);
     memset(kv, 0, sizeof *kv);
 }
 
@@ -347,8 +357,9 @@ int ps_kvcache_create(ps_kvcache *kv, const ps_model *m, const ps_kvcache_opts *
     kv->o.plain_attention = o ? o->plain_attention : 0;
     if (o && (o->chunk < 0 || o->history < 0))
         return ps_fail(err, "KV cache options: chunk %lld and history %lld must be >= 0", (long long)o->chunk, (long long)o->history);
-    if (c->kind == PS_ATTN_SELECT)
-        return ps_fail(err, "the KV cache is not implemented for the select attention (attention.kind \"select\"): generate and serve need it; forward, train and the instruments run whole sequences");
+    if (c->kind == PS_ATTN_SELECT && !host)
+        return ps_fail(err, "the KV cache of the select attention (attention.kind \"select\") runs on the cpu backend only (this model is on %s)",
+                       ps_ctx_backend_name(m->ctx));
     int64_t R = kv->o.chunk, d = c->d_model, nh = c->n_heads, hd = c->head_dim, ks = c->n_kv_heads * hd, dff = c->d_ff,
             V = c->vocab_size, W = c->window > 0 ? c->window : 1, qd = nh * hd, nkv = c->n_kv_heads;
     int64_t nlog = R < 64 ? R : 64;
@@ -438,6 +449,15 @@ static int model_add(ps_kvcache *kv, ps_error *err) {
         rows_init(&L->k, ks, slide);
         rows_init(&L->v, ks, slide);
         rows_init(&L->ln, aw, PS_KV_SLIDE_ROWS);
+        if (c->kind == PS_ATTN_SELECT) {
+            if (!(L->k1 = calloc(2, sizeof *L->k1))) {
+                seq_free(kv, q);
+                return ps_fail(err, "out of memory for a KV cache sequence");
+            }
+            L->k2 = L->k1 + 1;
+            rows_init(L->k1, ks, PS_KV_PAGE_ROWS);
+            rows_init(L->k2, ks, PS_KV_PAGE_ROWS);
+        }
         if (!ne) continue;
         L->ck = calloc((size_t)ne, sizeof *L->ck);
         L->cv = calloc((size_t)ne, sizeof *L->cv);
@@ -468,6 +488,7 @@ static int model_fork(ps_kvcache *kv, int src, ps_error *err) {
     for (int64_t l = 0; l < c->n_layers; l++) {
         ps_kv_layer *A = &a->layers[l], *B = &b->layers[l];
         rc |= rows_fork(&B->k, &A->k) | rows_fork(&B->v, &A->v) | rows_fork(&B->ln, &A->ln);
+        if (A->k1) rc |= rows_fork(B->k1, A->k1) | rows_fork(B->k2, A->k2);
         for (int64_t g = 0; A->ck && g < entry_heads(c); g++) rc |= rows_fork(&B->ck[g], &A->ck[g]) | rows_fork(&B->cv[g], &A->cv[g]);
     }
     if (rc) {
@@ -521,6 +542,10 @@ static int model_truncate(ps_kvcache *kv, int seq, int64_t T, ps_error *err) {
             continue;
         }
         rows_truncate(kv, &L->v, T);
+        if (c->kind == PS_ATTN_SELECT) { /* the pooled keys of the windows that still complete in T tokens */
+            rows_truncate(kv, L->k1, ps_select_n_windows(T, c->window, c->stride));
+            rows_truncate(kv, L->k2, ps_select_n_windows(T, 4 * c->window, 4 * c->stride));
+        }
         if (!comp) continue;
         rows_truncate(kv, &L->ln, T);
         for (int64_t g = 0; g < c->n_kv_heads; g++) {
@@ -544,6 +569,8 @@ int ps_kvcache_point_parse(const ps_config *c, const char *name, int *layer, int
     if (l < 0 || l >= c->n_layers)
         return ps_fail(err, "\"%s\": layer %d is outside the model's %lld layers", name, l, (long long)c->n_layers);
     if (c->kind == PS_ATTN_FULL) return ps_fail(err, "\"%s\": a full-attention model has no compressed entries in its cache", name);
+    if (c->kind == PS_ATTN_SELECT)
+        return ps_fail(err, "\"%s\": a select-attention model's cache has no entries to read or edit (its pooled keys only choose blocks: hook blocks.{l}.attn.hook_ck)", name);
     if (c->kind == PS_ATTN_CHANNEL && !strcmp(what, "cache_cv"))
         return ps_fail(err, "\"%s\": the channel attention's entries are keys and values at once (K = V): use cache_ck", name);
     *layer = l;
@@ -554,6 +581,8 @@ int ps_kvcache_point_parse(const ps_config *c, const char *name, int *layer, int
 static int entry_check(const ps_kvcache *kv, int l, int g, int value, ps_error *err) {
     const ps_config *c = &kv->m->cfg;
     if (c->kind == PS_ATTN_FULL) return ps_fail(err, "KV cache entries: a full-attention model has no compressed entries");
+    if (c->kind == PS_ATTN_SELECT)
+        return ps_fail(err, "KV cache entries: a select-attention model's cache has no entries to read or edit (its pooled keys only choose blocks)");
     if (l < 0 || l >= c->n_layers) return ps_fail(err, "KV cache entries: layer %d is outside the model's %lld layers", l, (long long)c->n_layers);
     if (g < 0 || g >= entry_heads(c)) return ps_fail(err, "KV cache entries: KV head %d is outside the model's %lld", g, (long long)entry_heads(c));
     if (value != 0 && value != 1) return ps_fail(err, "KV cache entries: value must be 0 (cache_ck) or 1 (cache_cv)");
@@ -667,6 +696,7 @@ typedef struct {
     int64_t r0;    /* first row of the step */
     int64_t out;   /* logits row of its first position (all rows), or the sequence's index (last_only) */
     bool last;     /* holds the sequence's last new token */
+    int64_t tend;  /* the sequence's length at the end of the append (select: it decides dense or sparse, and the blocks) */
 } kv_piece;
 
 #define FIRE_P(pt, data, nd, ...)                                                            \
@@ -803,17 +833,14 @@ static int payloads_batched(ps_kvcache *kv, const ps_kv_layer *L, int l, int64_t
     return 0;
 }
 
-/* Layer l's attention over the step's rows, full or compressed (grid, staggered grid, content chunks): from
- * kv->x to kv->z, the new rows entering the cache. */
-static int attn_grid(ps_kvcache *kv, int l, const kv_piece *P, int np, int64_t R, const int64_t *chunk_len, const ps_hooks *hooks,
-                     ps_error *err) {
+/* Layer l's queries, keys and values of the step's rows (kv->q, kk, vv: norm, products, qk-norm, RoPE at
+ * each row's position), and the hooks q, k, v per piece. */
+static int qkv_rows(ps_kvcache *kv, int l, const kv_piece *P, int np, int64_t R, const ps_hooks *hooks, ps_error *err) {
     const ps_model *m = kv->m;
     const ps_config *c = &m->cfg;
     ps_ctx *ctx = kv->ctx;
     ps_layer_params w = ps_model_layer(m, m->params, l);
-    int comp = c->kind == PS_ATTN_COMPRESSED, content = comp && c->boundaries == PS_BOUNDARIES_CONTENT;
-    int64_t d = c->d_model, nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim, ks = nkv * hd, qd = nh * hd, W = c->window,
-            S = c->stride;
+    int64_t d = c->d_model, nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim, ks = nkv * hd, qd = nh * hd;
     float eps = (float)c->rms_eps;
     CK(ps_rmsnorm(ctx, kv->ln1, NULL, kv->x, w.in_norm, R, d, eps) || kv_matmul(kv, kv->q, kv->ln1, w.wq, R, d, qd, 0) ||
        kv_matmul(kv, kv->kk, kv->ln1, w.wk, R, d, ks, 0) || kv_matmul(kv, kv->vv, kv->ln1, w.wv, R, d, ks, 0));
@@ -832,6 +859,20 @@ static int attn_grid(ps_kvcache *kv, int l, const kv_piece *P, int np, int64_t R
         FIRE_P(PS_HOOK_K, kv->kk + P[i].r0 * ks, 4, 1, P[i].n, nkv, hd);
         FIRE_P(PS_HOOK_V, kv->vv + P[i].r0 * ks, 4, 1, P[i].n, nkv, hd);
     }
+    return 0;
+}
+
+/* Layer l's attention over the step's rows, full or compressed (grid, staggered grid, content chunks): from
+ * kv->x to kv->z, the new rows entering the cache. */
+static int attn_grid(ps_kvcache *kv, int l, const kv_piece *P, int np, int64_t R, const int64_t *chunk_len, const ps_hooks *hooks,
+                     ps_error *err) {
+    const ps_model *m = kv->m;
+    const ps_config *c = &m->cfg;
+    ps_ctx *ctx = kv->ctx;
+    int comp = c->kind == PS_ATTN_COMPRESSED, content = comp && c->boundaries == PS_BOUNDARIES_CONTENT;
+    int64_t d = c->d_model, nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim, ks = nkv * hd, qd = nh * hd, W = c->window,
+            S = c->stride;
+    if (qkv_rows(kv, l, P, np, R, hooks, err)) return -1;
     int64_t *start = kv->cstart, *len = kv->cstart + nkv;
     for (int i = 0; i < np; i++) {
         ps_kv_seq *q = &kv->seqs[P[i].seq];
@@ -986,6 +1027,141 @@ static int attn_channel(ps_kvcache *kv, int l, const kv_piece *P, int np, int64_
     return 0;
 }
 
+/* ---- the select attention (InfLLM-v2 block selection, core/select.h; CPU only: host pointers) ---- */
+
+/* kv->sel at least n floats (host memory; its old contents are not kept). */
+static float *sel_reserve(ps_kvcache *kv, int64_t n, ps_error *err) {
+    if (n > kv->sel_cap) {
+        free(kv->sel);
+        kv->sel_cap = 0;
+        if (!(kv->sel = malloc((size_t)n * sizeof(float)))) {
+            ps_fail(err, "out of memory for the select attention's working set (%lld floats)", (long long)n);
+            return NULL;
+        }
+        kv->sel_cap = n;
+    }
+    return kv->sel;
+}
+
+/* rows [a, b) of a page list into dst [b - a, width] */
+static void rows_gather(float *dst, const ps_kv_rows *r, int64_t a, int64_t b) {
+    for (int64_t i = a; i < b; i++) memcpy(dst + (i - a) * r->width, rows_at(r, i), (size_t)r->width * sizeof(float));
+}
+
+/* The pooled key of the window of kernel K over positions [start, start + K) of layer l's keys (a mean, by
+ * ps_select_compress_forward as the whole forward pools it), its hook (level 1: hook_ck, level 2: hook_ck2; only
+ * on the sparse path) and its push. frame: room for K·nkv·hd + nkv·hd floats. */
+static int close_select(ps_kvcache *kv, ps_kv_layer *L, ps_kv_rows *dst, int l, int64_t start, int64_t K, ps_hook_point pt, int sparse,
+                        int64_t t, float *frame, const ps_hooks *hooks, ps_error *err) {
+    const ps_config *c = &kv->m->cfg;
+    ps_ctx *ctx = kv->ctx;
+    int64_t nkv = c->n_kv_heads, hd = c->head_dim, ks = nkv * hd;
+    float *ck = frame + K * ks;
+    rows_gather(frame, &L->k, start, start + K);
+    ps_select_compress_forward(ck, frame, K, nkv, hd, K, K);
+    if (sparse) {
+        kv->ev.t0 = t;
+        kv->ev.entry = dst->rows;
+        FIRE_P(pt, ck, 4, 1, 1, nkv, hd);
+    }
+    if (rows_push(kv, dst, ck)) return page_fail(kv, err, "out of memory for the KV cache's pooled keys");
+    return 0;
+}
+
+/* Layer l's select attention over the step's rows: kv->x to kv->z. Per piece: its keys and values enter the
+ * pages and the windows completing at its positions are pooled (both levels); then, on the sparse path (the
+ * append's final length tend >= dense_len), stage 1 over the pooled keys, block scores over the blocks of tend
+ * tokens, top-k and attention over the selected blocks' raw keys — a long piece over a frame of every key so far
+ * (ps_select_attn_forward with its blocks), a short one (a decode step) per row and KV head over a frame of its
+ * selected keys only; on the dense path ordinary causal attention over every key. */
+static int attn_select(ps_kvcache *kv, int l, const kv_piece *P, int np, int64_t R, const ps_hooks *hooks, ps_error *err) {
+    const ps_model *m = kv->m;
+    const ps_config *c = &m->cfg;
+    ps_ctx *ctx = kv->ctx;
+    ps_select_cfg sc = ps_config_select(c);
+    int64_t nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim, ks = nkv * hd, qd = nh * hd, K = c->window, S = c->stride,
+            Bk = c->block, ns = ps_select_slots(&sc), G = nh / nkv;
+    if (qkv_rows(kv, l, P, np, R, hooks, err)) return -1;
+    for (int i = 0; i < np; i++) {
+        ps_kv_seq *q = &kv->seqs[P[i].seq];
+        ps_kv_layer *L = &q->layers[l];
+        int64_t t0 = P[i].t0, n = P[i].n, t1 = t0 + n, r0 = P[i].r0;
+        /* (opts.plain_attention: every sparse row alone, over its selected keys) */
+        int sparse = ps_select_sparse(c, P[i].tend), frame_all = !sparse || (n >= PS_KV_BLOCKED_MIN && !kv->o.plain_attention);
+        int64_t N1 = ps_select_n_windows(t1, K, S), N2 = ps_select_n_windows(t1, 4 * K, 4 * S), nb = ps_select_n_blocks(&sc, P[i].tend);
+        /* the working set: a window being pooled, then (sparse) the pooled-key frames, P, block scores, blocks,
+         * then the key and value frames (every key so far, or one row's selected keys) */
+        int64_t pool = 4 * K * ks + ks, sel = sparse ? (N1 + N2) * ks + n * nkv * (N1 + nb + ns) : 0,
+                fr = frame_all ? t1 * ks : ns * Bk * hd;
+        float *buf = sel_reserve(kv, pool + sel + 2 * fr, err);
+        if (!buf) return -1;
+        float *k1f = buf + pool, *k2f = k1f + N1 * ks, *Pm = k2f + N2 * ks, *bs = Pm + n * nkv * N1, *blk = bs + n * nkv * nb,
+              *kf = buf + pool + sel, *vf = kf + fr;
+        kv->ev = (ps_kv_event){.seq = P[i].seq, .t0 = t0, .entry = -1};
+        for (int64_t r = r0; r < r0 + n; r++) {
+            int64_t t = t0 + (r - r0);
+            if (rows_push(kv, &L->k, kv->kk + r * ks) || rows_push(kv, &L->v, kv->vv + r * ks))
+                return page_fail(kv, err, "out of memory for the KV cache's pages");
+            /* windows ending at t: level 1 (K every S) and level 2 (4K every 4S) */
+            if (t >= K - 1 && (t - K + 1) % S == 0 &&
+                close_select(kv, L, L->k1, l, t - K + 1, K, PS_HOOK_CK, sparse, t, buf, hooks, err))
+                return -1;
+            if (t >= 4 * K - 1 && (t - 4 * K + 1) % (4 * S) == 0 &&
+                close_select(kv, L, L->k2, l, t - 4 * K + 1, 4 * K, PS_HOOK_CK2, sparse, t, buf, hooks, err))
+                return -1;
+        }
+        kv->ev = (ps_kv_event){.seq = P[i].seq, .t0 = t0, .entry = -1};
+        float *qp = kv->q + r0 * qd, *zp = kv->z + r0 * qd;
+        if (frame_all) {
+            rows_gather(kf, &L->k, 0, t1);
+            rows_gather(vf, &L->v, 0, t1);
+        }
+        if (!sparse) { /* ordinary causal attention, as ps_forward below dense_len */
+            ps_select_attn_forward(zp, NULL, qp, kf, vf, NULL, ns, n, t0, t1, Bk, nh, nkv, hd);
+            continue;
+        }
+        rows_gather(k1f, L->k1, 0, N1);
+        rows_gather(k2f, L->k2, 0, N2);
+        ps_select_scores_forward(Pm, qp, n, t0, k1f, N1, k2f, N2, nh, nkv, hd, K, S);
+        FIRE_P(PS_HOOK_SELECT_SCORES, Pm, 4, 1, n, nkv, N1);
+        ps_select_block_scores_forward(bs, Pm, n, t0, N1, nb, nkv, &sc);
+        FIRE_P(PS_HOOK_BLOCK_SCORES, bs, 4, 1, n, nkv, nb);
+        ps_select_topk_forward(blk, bs, n, t0, nb, nkv, &sc);
+        if (ps_hooks_on(hooks, l, PS_HOOK_BLOCKS)) {
+            char what[96];
+            ps_hook_name(what, sizeof what, l, PS_HOOK_BLOCKS);
+            FIRE_P(PS_HOOK_BLOCKS, blk, 4, 1, n, nkv, ns);
+            if (ps_select_blocks_check(blk, n, nkv, ns, nb, what, err)) return -1;
+        }
+        if (frame_all) {
+            ps_select_attn_forward(zp, NULL, qp, kf, vf, blk, ns, n, t0, t1, Bk, nh, nkv, hd);
+            continue;
+        }
+        /* a short piece: per row and KV head, the selected keys gathered in the order ps_select_attn_forward
+         * visits them, then attention over that frame (the same terms in the same order) */
+        for (int64_t r = 0; r < n; r++) {
+            int64_t t = t0 + r;
+            for (int64_t h = 0; h < nkv; h++) {
+                const float *row = blk + (r * nkv + h) * ns;
+                int64_t nk = 0;
+                for (int64_t s = 0; s < ns; s++) {
+                    int64_t j0, j1;
+                    ps_select_slot_keys(row, s, t, Bk, &j0, &j1);
+                    for (int64_t j = j0; j < j1; j++, nk++) {
+                        memcpy(kf + nk * hd, rows_at(&L->k, j) + h * hd, (size_t)hd * sizeof(float));
+                        memcpy(vf + nk * hd, rows_at(&L->v, j) + h * hd, (size_t)hd * sizeof(float));
+                    }
+                }
+                float *zh = zp + (r * nh + h * G) * hd;
+                if (!nk) memset(zh, 0, (size_t)(G * hd) * sizeof(float));
+                else ps_select_attn_forward(zh, NULL, qp + (r * nh + h * G) * hd, kf, vf, NULL, 1, 1, nk - 1, nk, Bk, G, 1, hd);
+            }
+        }
+    }
+    (void)ctx;
+    return 0;
+}
+
 /* Layer l over the step's rows (kv->x in, out). */
 /* Fire a residual-width (or, with h2 > 0, a [h1, h2]-per-row) point once per piece: its rows
  * [r0, r0 + n) of buf ([R, row] floats), shape [1, n, h1] or [1, n, h1, h2], with the piece's event. */
@@ -1010,7 +1186,9 @@ static int layer_step(ps_kvcache *kv, int l, const kv_piece *P, int np, int64_t 
     int64_t d = c->d_model, nh = c->n_heads, hd = c->head_dim, qd = nh * hd, dff = c->d_ff;
     float eps = (float)c->rms_eps;
     if (fire_pieces(kv, l, PS_HOOK_RESID_PRE, P, np, kv->x, d, 0, hooks, err)) return -1;
-    if (c->kind == PS_ATTN_CHANNEL ? attn_channel(kv, l, P, np, R, hooks, err) : attn_grid(kv, l, P, np, R, chunk_len, hooks, err))
+    if (c->kind == PS_ATTN_CHANNEL  ? attn_channel(kv, l, P, np, R, hooks, err)
+        : c->kind == PS_ATTN_SELECT ? attn_select(kv, l, P, np, R, hooks, err)
+                                    : attn_grid(kv, l, P, np, R, chunk_len, hooks, err))
         return -1;
     if (fire_pieces(kv, l, PS_HOOK_Z, P, np, kv->z, nh, hd, hooks, err)) return -1;
     CK(kv_matmul(kv, kv->attn_out, kv->z, w.wo, R, qd, d, 0));
@@ -1151,7 +1329,8 @@ static int model_append(ps_kvcache *kv, int n_seq, const int *seqs, const int64_
         int64_t left = n[i] - done_i, take = left < R - rows ? left : R - rows;
         if (take > 0) {
             P[np] = (kv_piece){.seq = seqs[i], .t0 = kv->seqs[seqs[i]].T, .n = take, .r0 = rows,
-                               .out = last_only ? i : out_row, .last = done_i + take == n[i]};
+                               .out = last_only ? i : out_row, .last = done_i + take == n[i],
+                               .tend = kv->seqs[seqs[i]].T + left};
             memcpy(tok + rows, tokens + off, (size_t)take * sizeof *tok);
             np++, rows += take, done_i += take, off += take, out_row += take;
         }

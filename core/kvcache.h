@@ -13,7 +13,16 @@
  *   channel attention: the K = V rows of the sliding window, one entry per `rate` tokens, and the compressor's
  *     kv and gate rows of the last 2m - 1 (CSA) or m - 1 (HCA) positions;
  *   content chunks: also the chunk ends (shared by every layer and head) and the last token (the boundary
- *     hash reads the pair (x[t-1], x[t])).
+ *     hash reads the pair (x[t-1], x[t]));
+ *   select (InfLLM-v2 block selection, core/select.h): the raw keys and values of every position, and the
+ *     level-1 (K every S) and level-2 (4K every 4S) pooled keys of every complete window, each pooled when its
+ *     last token arrives (k1, k2). A row scores the N1 level-1 keys it sees (stage 1), picks its blocks and
+ *     attends to the selected blocks' raw keys only: a decode step costs O(N1 + (topk + local_blocks)·block)
+ *     per KV head. The append's final length L decides dense or sparse for all its rows, as ps_forward over L
+ *     tokens does (dense_len): a generation that crosses dense_len keeps the rows its dense appends computed
+ *     (docs/kvcache.md "Select models"). Hooks hook_ck / hook_ck2 fire per window as it is pooled ([1, 1,
+ *     nkv, hd]), hook_select_scores / hook_block_scores / hook_blocks per piece ([1, T, nkv, *]), all on the
+ *     sparse path only; the cache has no cache_ck / cache_cv points. CPU backend only.
  * Every growing array is a list of pages of PS_KV_PAGE_ROWS rows (PS_KV_SLIDE_ROWS for what slides) allocated as the sequence grows (never a
  * T_max-sized buffer); rows that fall out of the window are freed a page at a time. Pages are reference
  * counted: ps_kvcache_fork shares every page of its source and copies one only when either sequence writes
@@ -80,6 +89,8 @@ typedef struct {
     ps_kv_rows k, v;   /* raw keys (after norm, RoPE) and values [*, nkv*hd] */
     ps_kv_rows ln;     /* compressed: the RMSNorm'd layer input [*, d] (the open windows) */
     ps_kv_rows *ck, *cv; /* compressed: per KV head, [n_g, hd] */
+    ps_kv_rows *k1, *k2; /* select: the level-1 and level-2 pooled keys of every complete window [N, nkv*hd] (one
+                          * allocation of two lists, k2 = k1 + 1; NULL on the other kinds) */
 } ps_kv_layer;
 
 typedef struct {
@@ -153,6 +164,8 @@ typedef struct ps_kvcache {
     int64_t ev_cap;
     float *ev_pay;           /* (a buffer) their payloads [n, 2, W, nkv*hd], then one offset's inputs [n, d] and products [n, nkv*hd] */
     int64_t ev_pay_cap;
+    float *sel;              /* select: a piece's host working set (pooled-key frames, P, block scores, blocks, gathered keys) */
+    int64_t sel_cap;         /* its floats (grown as sequences grow) */
 } ps_kvcache;
 
 /* A family's KV cache: what every ps_kvcache_* function below does on it. create fills kv (zeroed by the caller)
@@ -191,10 +204,11 @@ typedef struct ps_kvcache_ops {
 extern const ps_kvcache_ops ps_kvcache_model_ops;
 
 /* Bytes per token the cache grows by in the long run, as `phasescope info` states it (float32): full
- * attention n_layers·2·nkv·hd·4; compressed that over S (content chunks: over E[chunk length]). */
+ * attention n_layers·2·nkv·hd·4; compressed that over S (content chunks: over E[chunk length]); select the
+ * full attention's plus the pooled keys, n_layers·nkv·hd·4·(1/S + 1/(4S)). */
 double ps_kvcache_bytes_per_token(const ps_config *c);
 /* The fixed part: the raw local window (local_window rows of k and v per layer) and the open windows'
- * layer inputs (W - 1 rows of d per layer), before page rounding; 0 for full attention. */
+ * layer inputs (W - 1 rows of d per layer), before page rounding; 0 for full attention and select. */
 double ps_kvcache_fixed_bytes(const ps_config *c);
 
 int ps_kvcache_create(ps_kvcache *kv, const ps_model *m, const ps_kvcache_opts *o, ps_error *err);
@@ -210,8 +224,8 @@ int ps_kvcache_fork(ps_kvcache *kv, int src, ps_error *err);
 /* Drop a sequence and its pages (its id may be reused by a later add). */
 void ps_kvcache_drop(ps_kvcache *kv, int seq);
 /* Cut sequence seq back to its first T tokens (T <= its length). Possible while the cache still holds
- * what position T needs: back by at most opts.history tokens for a compressed model (full attention:
- * any T). */
+ * what position T needs: back by at most opts.history tokens for a compressed model (full attention and
+ * select: any T; select drops the pooled keys of the windows that no longer complete). */
 int ps_kvcache_truncate(ps_kvcache *kv, int seq, int64_t T, ps_error *err);
 static inline int64_t ps_kvcache_len(const ps_kvcache *kv, int seq) { return kv->ops && kv->ops->len ? kv->ops->len(kv, seq) : kv->seqs[seq].T; }
 

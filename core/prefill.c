@@ -6,6 +6,7 @@
 
 #include "core/fileio.h"
 #include "core/ops.h"
+#include "core/select.h"
 #include "core/windows.h"
 
 /* ---- size table: per layer the carried state, then one chunk's working set ---- */
@@ -17,9 +18,12 @@ typedef struct {
 
 static int prefill_specs(pf_spec *s, ps_prefill *p, const ps_config *c, int64_t T_max, int64_t C, int64_t nW_max,
                          int64_t hk, int64_t ha) {
-    int comp = c->kind == PS_ATTN_COMPRESSED;
+    int comp = c->kind == PS_ATTN_COMPRESSED, sel = c->kind == PS_ATTN_SELECT;
     int64_t d = c->d_model, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads, W = c->window, S = c->stride,
             dff = c->d_ff, V = c->vocab_size, ks = nkv * hd;
+    ps_select_cfg sc = ps_config_select(c);
+    int64_t N1 = sel ? ps_select_n_windows(T_max, W, S) : 0, N2 = sel ? ps_select_n_windows(T_max, 4 * W, 4 * S) : 0,
+            nb = sel ? ps_select_n_blocks(&sc, T_max) : 0, ns = sel ? ps_select_slots(&sc) : 0;
     int64_t krows = comp ? hk + C : T_max;
     /* windows completed inside one chunk: at most those ending in it */
     int64_t nwin = comp ? C / S + 2 : 0;
@@ -32,7 +36,12 @@ static int prefill_specs(pf_spec *s, ps_prefill *p, const ps_config *c, int64_t 
         SPEC(L->ck, comp ? nW_max * ks : 0);
         SPEC(L->cv, comp ? nW_max * ks : 0);
         SPEC(L->a, comp ? (ha + C) * d : 0);
+        SPEC(L->k1, N1 * ks);
+        SPEC(L->k2, N2 * ks);
     }
+    SPEC(p->sel_P, C * nkv * N1);
+    SPEC(p->sel_bs, C * nkv * nb);
+    SPEC(p->sel_blocks, C * nkv * ns);
     SPEC(p->x, C * d);
     SPEC(p->q_pre, C * nh * hd);
     SPEC(p->q, C * nh * hd);
@@ -82,7 +91,7 @@ double ps_prefill_bytes(const ps_config *c, int64_t T_max, int64_t chunk) {
     ps_prefill_layer *layers = calloc((size_t)c->n_layers, sizeof *layers);
     if (!layers) return -1;
     p.layers = layers;
-    pf_spec *s = malloc((size_t)(5 * c->n_layers + 40) * sizeof *s);
+    pf_spec *s = malloc((size_t)(7 * c->n_layers + 40) * sizeof *s);
     double tot = 0;
     if (s) {
         int n = prefill_specs(s, &p, c, T_max, chunk, nW_max, hk, ha);
@@ -107,7 +116,9 @@ int ps_prefill_create(ps_prefill *p, const ps_model *m, int64_t T_max, int64_t c
     if (T_max > c->max_seq_len)
         return ps_fail(err, "sequence of %lld tokens exceeds max_seq_len %lld", (long long)T_max, (long long)c->max_seq_len);
     if (c->kind == PS_ATTN_CHANNEL) return ps_fail(err, "the chunked prefill does not support the channel attention (run prompts whole)");
-    if (c->kind == PS_ATTN_SELECT) return ps_fail(err, "the chunked prefill does not support the select attention (run prompts whole)");
+    if (c->kind == PS_ATTN_SELECT && !ps_ctx_host_visible(m->ctx))
+        return ps_fail(err, "the chunked prefill of the select attention runs on the cpu backend only (this model is on %s)",
+                       ps_ctx_backend_name(m->ctx));
     if (c->kind == PS_ATTN_COMPRESSED && c->any_head_offset)
         return ps_fail(err, "the chunked prefill does not support window grids with offsets (attention.head_offsets; run prompts whole)");
     if (c->kind == PS_ATTN_COMPRESSED && c->boundaries == PS_BOUNDARIES_CONTENT)
@@ -119,7 +130,7 @@ int ps_prefill_create(ps_prefill *p, const ps_model *m, int64_t T_max, int64_t c
     p->chunk = chunk;
     geometry(c, T_max, &p->nW_max, &p->hist_k, &p->hist_a);
     p->layers = calloc((size_t)c->n_layers, sizeof *p->layers);
-    pf_spec *s = malloc((size_t)(5 * c->n_layers + 40) * sizeof *s);
+    pf_spec *s = malloc((size_t)(7 * c->n_layers + 40) * sizeof *s);
     if (!p->layers || !s) {
         free(s);
         ps_prefill_free(p);
@@ -166,8 +177,37 @@ static int keep_tail(ps_ctx *ctx, float *frame, float *tmp, int64_t have, int64_
     return ps_copy(ctx, tmp, frame + (have - keep) * width, keep * width) || ps_copy(ctx, frame, tmp, keep * width);
 }
 
-/* One layer over the chunk [t0, t1): p->x is its input and becomes its output. */
-static int layer_chunk(ps_prefill *p, int l, int64_t t0, int64_t t1, int64_t *nw_done) {
+/* The select attention of the chunk [t0, t1) of a prefill of T tokens (host arrays): the windows of both levels
+ * completed by t1 pooled (nw_done[0], [1]: those done before), then as ps_forward over T tokens: dense below
+ * dense_len, else stage 1, block scores over the blocks of T tokens, top-k and attention over the selected
+ * blocks — the chunk's rows of the whole forward's select_attention. */
+static void select_chunk(ps_prefill *p, int l, int64_t t0, int64_t t1, int64_t T, int64_t *nw_done) {
+    const ps_config *c = &p->m->cfg;
+    ps_prefill_layer *L = &p->layers[l];
+    ps_select_cfg sc = ps_config_select(c);
+    int64_t C = t1 - t0, nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim, ks = nkv * hd, K = c->window, S = c->stride;
+    int64_t N1 = ps_select_n_windows(t1, K, S), N2 = ps_select_n_windows(t1, 4 * K, 4 * S), nb = ps_select_n_blocks(&sc, T),
+            ns = ps_select_slots(&sc);
+    /* windows j0.. of a level: ps_select_compress_forward over the keys from window j0's first position */
+    if (N1 > nw_done[0])
+        ps_select_compress_forward(L->k1 + nw_done[0] * ks, L->k + nw_done[0] * S * ks, t1 - nw_done[0] * S, nkv, hd, K, S);
+    if (N2 > nw_done[1])
+        ps_select_compress_forward(L->k2 + nw_done[1] * ks, L->k + nw_done[1] * 4 * S * ks, t1 - nw_done[1] * 4 * S, nkv, hd, 4 * K,
+                                   4 * S);
+    nw_done[0] = N1 > nw_done[0] ? N1 : nw_done[0];
+    nw_done[1] = N2 > nw_done[1] ? N2 : nw_done[1];
+    if (!ps_select_sparse(c, T)) {
+        ps_select_attn_forward(p->z, NULL, p->q, L->k, L->v, NULL, ns, C, t0, t1, c->block, nh, nkv, hd);
+        return;
+    }
+    ps_select_scores_forward(p->sel_P, p->q, C, t0, L->k1, N1, L->k2, N2, nh, nkv, hd, K, S);
+    ps_select_block_scores_forward(p->sel_bs, p->sel_P, C, t0, N1, nb, nkv, &sc);
+    ps_select_topk_forward(p->sel_blocks, p->sel_bs, C, t0, nb, nkv, &sc);
+    ps_select_attn_forward(p->z, NULL, p->q, L->k, L->v, p->sel_blocks, ns, C, t0, t1, c->block, nh, nkv, hd);
+}
+
+/* One layer over the chunk [t0, t1) of T tokens: p->x is its input and becomes its output. */
+static int layer_chunk(ps_prefill *p, int l, int64_t t0, int64_t t1, int64_t T, int64_t *nw_done) {
     const ps_model *m = p->m;
     const ps_config *c = &m->cfg;
     ps_ctx *ctx = p->ctx;
@@ -235,7 +275,8 @@ static int layer_chunk(ps_prefill *p, int l, int64_t t0, int64_t t1, int64_t *nw
     } else {
         f.Tk = t1, f.q_off = t0, f.pos0 = 0;
     }
-    if (ps_attn_chunk(ctx, p->z, p->q, L->k, L->v, L->ck, L->cv, &f) ||
+    if (c->kind == PS_ATTN_SELECT) select_chunk(p, l, t0, t1, T, nw_done);
+    if ((c->kind != PS_ATTN_SELECT && ps_attn_chunk(ctx, p->z, p->q, L->k, L->v, L->ck, L->cv, &f)) ||
         ps_matmul(ctx, p->attn_out, p->z, w.wo, C, nh * hd, d, 0) || ps_add(ctx, p->mid, p->x, p->attn_out, C * d) ||
         ps_rmsnorm(ctx, p->ln2, p->rstd, p->mid, w.post_norm, C, d, eps) ||
         ps_matmul(ctx, p->g, p->ln2, w.mlp_gate, C, d, dff, 0) || ps_matmul(ctx, p->u, p->ln2, w.mlp_up, C, d, dff, 0) ||
@@ -260,13 +301,13 @@ int ps_prefill_logits(ps_prefill *p, const int32_t *tokens, int64_t T, const int
     for (int64_t i = 0; i < n; i++)
         if (pos[i] < 0 || pos[i] >= T)
             return ps_fail(err, "position %lld asked for is outside the %lld tokens", (long long)pos[i], (long long)T);
-    int64_t *nw_done = calloc((size_t)c->n_layers, sizeof *nw_done), *rows = malloc((size_t)p->chunk * sizeof *rows),
+    int64_t *nw_done = calloc((size_t)(2 * c->n_layers), sizeof *nw_done), *rows = malloc((size_t)p->chunk * sizeof *rows),
             *which = malloc((size_t)p->chunk * sizeof *which);
     int rc = nw_done && rows && which ? 0 : ps_fail(err, "out of memory for the prefill bookkeeping");
     for (int64_t t0 = 0; t0 < T && !rc; t0 += p->chunk) {
         int64_t t1 = t0 + p->chunk < T ? t0 + p->chunk : T, C = t1 - t0;
         rc = ps_embed(ctx, p->x, tokens + t0, ps_model_embed(m, m->params), C, d);
-        for (int l = 0; l < c->n_layers && !rc; l++) rc = layer_chunk(p, l, t0, t1, &nw_done[l]);
+        for (int l = 0; l < c->n_layers && !rc; l++) rc = layer_chunk(p, l, t0, t1, T, &nw_done[2 * l]);
         /* the asked-for positions in this chunk: final norm and logits for those rows only */
         int64_t k = 0;
         for (int64_t i = 0; i < n && !rc; i++)

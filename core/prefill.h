@@ -7,7 +7,11 @@
  *     query), and the compressor's partial-window state: the RMSNorm'd layer input of the last W - 1
  *     positions (a window that straddles two chunks is pooled once its last position arrives);
  *   full attention: the raw keys and values of every position so far (that is O(T) per layer, and the
- *     reason full attention at 128K tokens does not fit a 0.6B model in 24 GiB: ps_prefill_bytes).
+ *     reason full attention at 128K tokens does not fit a 0.6B model in 24 GiB: ps_prefill_bytes);
+ *   select attention (core/select.h; cpu backend): the same raw keys and values, and the level-1 and level-2
+ *     pooled keys of every window completed so far (pooled when the chunk holding its last token runs). Every
+ *     chunk takes the path a whole forward over the T tokens takes (dense below dense_len) and chooses blocks
+ *     among the blocks of T tokens, so the chunks equal the whole forward.
  * Everything else (q, the MLP, the residual) lives for one chunk. Attention per chunk is ps_attn_chunk:
  * scratch O(T) per thread. Memory: ps_prefill_bytes, linear in T.
  *
@@ -28,6 +32,7 @@ typedef struct {
     float *k, *v;         /* raw key frame [rows, nkv, hd]: compressed local_window - 1 + chunk rows; full T_max */
     float *ck, *cv;       /* compressed cache [nW_max, nkv, hd] */
     float *a;             /* compressor input frame [W - 1 + chunk, d] */
+    float *k1, *k2;       /* select: the level-1 and level-2 pooled keys [N1(T_max) / N2(T_max), nkv, hd] */
 } ps_prefill_layer;
 
 typedef struct {
@@ -39,6 +44,7 @@ typedef struct {
     float *x, *q_pre, *q, *k_pre, *rstd, *z, *attn_out, *mid, *ln2, *g, *u, *h, *mlp_out;
     float *gz_k, *ga_k, *gz_v, *ga_v, *pk, *pv, *ck_pre, *pscratch, *tmp;
     float *rope_cos, *rope_sin; /* [T_max, hd/2] */
+    float *sel_P, *sel_bs, *sel_blocks; /* select: one chunk's stage-1 scores, block scores, blocks [chunk, nkv, *] */
     float *a_full;        /* full attention: the chunk's RMSNorm'd input [chunk, d] */
     float *rows_x, *rows_ln, *rows_logits, *rows_rstd; /* [R, d] ×2, [R, V], [R]: R = PS_PREFILL_ROWS */
     float *buf;

@@ -339,6 +339,11 @@ static int model_describe(const ps_runtime *rt, int64_t B, FILE *out, ps_error *
         fprintf(out, "  compressed W%lld/S%lld      %.1f bytes/token (%.1fx smaller) + %s fixed local window\n",
                (long long)c->window, (long long)c->stride, per_tok, (double)c->stride, local);
     }
+    if (c->kind == PS_ATTN_SELECT) { /* every raw k and v, and the pooled keys that choose the blocks */
+        double per_tok = ps_kvcache_bytes_per_token(c);
+        fprintf(out, "  select K%lld/S%lld, block %lld  %.1f bytes/token (raw k, v of every token and pooled keys every %lld and %lld tokens)\n",
+                (long long)c->window, (long long)c->stride, (long long)c->block, per_tok, (long long)c->stride, (long long)(4 * c->stride));
+    }
     if (c->kind == PS_ATTN_CHANNEL) { /* K = V: one entry per token (raw) or per m tokens (compressed) */
         double per_tok = (double)c->n_layers * (double)c->head_dim * 4.0 / (double)c->rate;
         char local[32];

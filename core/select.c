@@ -61,6 +61,7 @@ void ps_select_scores_forward(float *P, const float *q, int64_t n, int64_t pos0,
                               const float *k2, int64_t N2, int64_t H, int64_t Hkv, int64_t D, int64_t K, int64_t S) {
     int64_t G = H / Hkv;
     float sc = 1.0f / sqrtf((float)D);
+    if (N1 <= 0) return; /* no level-1 key yet: P is empty (and may be NULL) */
 #pragma omp parallel for schedule(static) if (n * N1 * H * D > 65536)
     for (int64_t i = 0; i < n; i++) {
         int64_t t = pos0 + i, v1 = n_visible(t, N1, K, S), v2 = n_visible(t, N2, 4 * K, 4 * S);
@@ -162,8 +163,7 @@ int ps_select_blocks_check(const float *blocks, int64_t n, int64_t Hkv, int64_t 
     return 0;
 }
 
-/* the key range [*j0, *j1) of slot r of a row (empty for -1, a repeated id, or keys after t) */
-static void slot_keys(const float *row, int64_t r, int64_t t, int64_t block, int64_t *j0, int64_t *j1) {
+void ps_select_slot_keys(const float *row, int64_t r, int64_t t, int64_t block, int64_t *j0, int64_t *j1) {
     int64_t b = (int64_t)row[r];
     *j0 = *j1 = 0;
     if (b < 0) return;
@@ -190,7 +190,7 @@ void ps_select_attn_forward(float *z, float *lse, const float *q, const float *k
             memset(o, 0, (size_t)D * sizeof(float));
             for (int64_t r = 0; r < ns; r++) {
                 int64_t j0 = 0, j1 = t + 1;
-                if (row) slot_keys(row, r, t, block, &j0, &j1);
+                if (row) ps_select_slot_keys(row, r, t, block, &j0, &j1);
                 for (int64_t j = j0; j < j1; j++) {
                     float s = dotf(qg, k + (j * Hkv + h) * D, D) * sc;
                     mx = s > mx ? s : mx;
@@ -198,7 +198,7 @@ void ps_select_attn_forward(float *z, float *lse, const float *q, const float *k
             }
             for (int64_t r = 0; r < ns && mx > -INFINITY; r++) {
                 int64_t j0 = 0, j1 = t + 1;
-                if (row) slot_keys(row, r, t, block, &j0, &j1);
+                if (row) ps_select_slot_keys(row, r, t, block, &j0, &j1);
                 for (int64_t j = j0; j < j1; j++) {
                     float p = expf(dotf(qg, k + (j * Hkv + h) * D, D) * sc - mx);
                     const float *vj = v + (j * Hkv + h) * D;
@@ -233,7 +233,7 @@ void ps_select_attn_backward(float *dq, float *dk, float *dv, const float *dz, c
                 float *dqg = dq + (i * H + g) * D, Di = dotf(dzg, zg, D);
                 for (int64_t r = 0; r < ns; r++) {
                     int64_t j0 = 0, j1 = t + 1;
-                    if (row) slot_keys(row, r, t, block, &j0, &j1);
+                    if (row) ps_select_slot_keys(row, r, t, block, &j0, &j1);
                     for (int64_t j = j0; j < j1; j++) {
                         const float *kj = k + (j * Hkv + h) * D, *vj = v + (j * Hkv + h) * D;
                         float p = expf(dotf(qg, kj, D) * sc - l), ds = p * (dotf(dzg, vj, D) - Di) * sc;

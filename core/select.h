@@ -70,6 +70,12 @@ void ps_select_attn_forward(float *z, float *lse, const float *q, const float *k
                             int64_t slots, int64_t n, int64_t pos0, int64_t L, int64_t block, int64_t H, int64_t Hkv,
                             int64_t D);
 
+/* The keys slot r of a blocks row (one query, one KV head) gives the query at position t: [*j0, *j1) — empty
+ * for -1, for an id an earlier slot of the row holds, and for keys after t. ps_select_attn_forward visits these
+ * ranges slot by slot in this order; a cache that gathers them into one frame in the same order and attends to
+ * the whole frame (blocks NULL) adds the same terms in the same order (core/kvcache.c's decode row). */
+void ps_select_slot_keys(const float *row, int64_t r, int64_t t, int64_t block, int64_t *j0, int64_t *j1);
+
 /* ---- backward (the selection is a discrete choice: no gradient through it) ---- */
 
 /* Given dz [n, H, D] and the forward's z and lse: dq [n, H, D], dk, dv [L, Hkv, D] accumulated (+=). */

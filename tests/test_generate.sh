@@ -3,7 +3,8 @@
 # argmax of `phasescope forward` (the whole-sequence pass) on the prompt plus what was generated, the
 # log-probabilities its log-softmax; --prompt with a tokenizer prints the text and writes it; --hooks writes
 # every firing; --edit changes the continuation only through the cache entries it names; one-line errors
-# with exit status 2 for usage errors. Usage: test_generate.sh BUILD_DIR SOURCE_DIR
+# with exit status 2 for usage errors; the same on a select-attention model (random weights, the demo's shape),
+# DeepSeek-V4 and MiniCPM4. Usage: test_generate.sh BUILD_DIR SOURCE_DIR
 set -u
 B="$1"; SRC="$2"; PS="$B/phasescope"
 T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
@@ -175,5 +176,52 @@ json.dump([t[:250]], open(sys.argv[2], "w")); open(sys.argv[3], "w").write(" ".j
 PY
 expect minicpm-generate 0 "sequence 0: $(cat "$T/mc_want.txt")" -- "$PS" generate --model "$MC" --tokens "$T/mct.json" --max-tokens 12 --out "$T/mcg"
 expect minicpm-no-edit 2 "no cache points" -- "$PS" generate --model "$MC" --tokens "$T/mct.json" --max-tokens 2 --edit blocks.0.attn.cache_ck:0:0:zero
+# the select attention (experiments/configs/demo/select.json's shape, random weights) through the KV cache: sampled
+# tokens (temperature 1, so they vary) whose log-probabilities are the log-softmax of `forward` on prompt plus
+# generated; the prompts cross block and window boundaries; hook_blocks fires for every appended row, hook_ck once per
+# complete level-1 window; the cache has no cache points; and the same run greedy is the argmax of `forward`
+expect sel-init 0 "wrote" -- "$PS" init --config "$SRC/experiments/configs/demo/select.json" --out "$T/sel" --seed 3
+echo '[[0, 5, 7, 9, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18], [0, 3, 4]]' > "$T/selt.json"
+for mode in sample greedy; do
+  opt=""; [ "$mode" = sample ] && opt="--temperature 1 --seed 4"
+  expect sel-$mode 0 "wrote" -- "$PS" generate --model "$T/sel" --tokens "$T/selt.json" --max-tokens 40 $opt --out "$T/sel_$mode" \
+    --hooks blocks.1.attn.hook_blocks,blocks.0.attn.hook_ck
+  python3 - "$T/sel_$mode/generate.json" "$T/sel_full_$mode.json" <<'PY'
+import json, sys
+g = json.load(open(sys.argv[1]))
+json.dump([s["prompt"] + s["tokens"] for s in g["sequences"]], open(sys.argv[2], "w"))
+PY
+  expect sel-forward-$mode 0 "wrote" -- "$PS" forward --model "$T/sel" --tokens "$T/sel_full_$mode.json" --out "$T/sel_f_$mode.safetensors"
+  ok python3 - "$T/sel_$mode/generate.json" "$T/sel_f_$mode.safetensors" "$T/sel_$mode/hooks.safetensors" "$mode" <<'PY'
+import json, math, struct, sys
+g = json.load(open(sys.argv[1])); mode = sys.argv[4]
+def st(p):
+    b = open(p, "rb").read(); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n]); out = {}
+    for k, v in h.items():
+        if k == "__metadata__": continue
+        a, e = v["data_offsets"]; out[k] = (v["shape"], struct.unpack("<%df" % ((e - a) // 4), b[8 + n + a:8 + n + e]))
+    return out
+f, h = st(sys.argv[2]), st(sys.argv[3])
+distinct = set()
+for i, s in enumerate(g["sequences"]):
+    (T, V), lg = f["logits.%d" % i]
+    P = len(s["prompt"]); n = len(s["tokens"])
+    assert n == 40 and T == P + n, (n, T)
+    distinct |= set(s["tokens"])
+    for k in range(n):
+        row = lg[(P - 1 + k) * V:(P + k) * V]
+        tk = s["tokens"][k]
+        if mode == "greedy":
+            assert max(range(V), key=lambda v: (row[v], -v)) == tk, ("sequence", i, "step", k)
+        mx = max(row); lp = row[tk] - mx - math.log(sum(math.exp(x - mx) for x in row))
+        assert abs(lp - s["logprobs"][k]) < 1e-4, ("sequence", i, "step", k, lp, s["logprobs"][k])
+    # positions 0..T-2 went through the cache: one blocks row each ([rows, KV heads 4, slots topk 3 + local 1]),
+    # one level-1 pooled key per complete window of 8 every 4
+    assert h["blocks.1.attn.hook_blocks.%d" % i][0] == [T - 1, 4, 4], h["blocks.1.attn.hook_blocks.%d" % i][0]
+    assert h["blocks.0.attn.hook_ck.%d" % i][0] == [(T - 1 - 8) // 4 + 1, 4, 16], h["blocks.0.attn.hook_ck.%d" % i][0]
+assert mode == "greedy" or len(distinct) > 5, distinct
+PY
+done
+expect sel-no-cache-points 2 "no entries to read or edit" -- "$PS" generate --model "$T/sel" --tokens "$T/selt.json" --max-tokens 2 --edit blocks.0.attn.cache_ck:0:0:zero
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -220,3 +220,35 @@ def test_model_close_frees_its_caches(toks):
     with pytest.raises(ps.PhasescopeError, match="freed"):
         kv.append(s, toks[5:6])
     kv.free()  # again: nothing
+
+
+def test_select_model_cache_and_generate(tmp_path):
+    """A select-attention model (experiments/configs/demo/select.json's shape, random weights): a prefill in two
+    chunks and single-token decode steps give the whole forward's logits, a fork truncated into a window grows
+    like its own forward, and greedy generate equals an argmax loop over run_with_hooks; the cache has no entries."""
+    cli("init", "--config", model_path("experiments/configs/demo/select.json"), "--out", tmp_path / "sel", "--seed", 5)
+    m = ps.load(str(tmp_path / "sel"))
+    try:
+        toks = tokens(1, 70, m.vocab_size, salt=3)[0]
+        ref = m.run_with_hooks(toks[None])[0]
+        with m.kv_cache() as kv:
+            s = kv.add()
+            rows = [kv.append(s, toks[:27]), kv.append(s, toks[27:50])]
+            rows += [kv.append(s, toks[t:t + 1]) for t in range(50, 70)]
+            assert np.abs(np.concatenate(rows) - ref).max() < TOL
+            f = kv.fork(s)
+            kv.truncate(f, 41)
+            other = tokens(1, 20, m.vocab_size, salt=9)[0]
+            ref2 = m.run_with_hooks(np.concatenate([toks[:41], other])[None])[0]
+            got = np.concatenate([kv.append(f, other[:7])] + [kv.append(f, other[t:t + 1]) for t in range(7, 20)])
+            assert np.abs(got - ref2[41:]).max() < TOL
+            with pytest.raises(ps.PhasescopeError, match="not a KV cache point"):
+                kv.entry(s, CK, 0, 0)
+        prompt = list(toks[:30])
+        new, _ = m.generate(prompt, max_tokens=12)
+        seq = list(prompt)
+        for _ in range(12):
+            seq.append(int(np.argmax(m.run_with_hooks([seq])[0, -1].astype(np.float64))))
+        assert new == seq[30:]
+    finally:
+        m.close()
