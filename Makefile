@@ -9,7 +9,7 @@ JOBS ?= $(shell nproc)
 FUZZ_SECONDS ?= 15
 FUZZ_TARGETS = safetensors config train_config render index tokenizer v4_config
 
-.PHONY: all setup build build-asan build-fuzz demo retrain test test-fast test-asan fuzz bench bench-decode clean python
+.PHONY: all setup build build-asan build-fuzz demo retrain test test-fast test-asan fuzz bench bench-decode bench-select clean python
 
 all: build
 
@@ -95,6 +95,13 @@ bench-decode: build
 	else \
 		echo "bench-decode: PyTorch peer skipped: $(PEER_PYTHON) cannot import torch"; \
 	fi
+
+# bench-select: InfLLM-v2 block-sparse selection against dense attention on the same random MiniCPM4-shaped
+# checkpoint (bench/bench_select_decode.py writes it; build/bench/bench_select_decode times it): decode per token
+# at 16K and 32K on 1 and 2 threads, the prefill, the cache's memory against `phasescope info`. About 10 minutes
+# on 2 busy cores; the raw results go to bench/results/select_decode.json (docs/minicpm.md "Speed").
+bench-select: build
+	@$(PYTHON) bench/bench_select_decode.py --build build --out bench/results/select_decode.json
 
 clean:
 	rm -rf build build-asan build-fuzz

@@ -5,6 +5,9 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
 
 int64_t ps_select_n_windows(int64_t L, int64_t K, int64_t S) { return L < K || K < 1 || S < 1 ? 0 : (L - K) / S + 1; }
 
@@ -39,6 +42,41 @@ static float dotf(const float *a, const float *b, int64_t D) {
     return s;
 }
 
+/* a·b over D floats in 16 partial sums (two vector registers' worth: the compiler turns the inner loop into
+ * vector multiply-adds, and the two chains hide their latency); the tail one by one */
+static inline float dotv(const float *a, const float *b, int64_t D) {
+    float acc[16] = {0}, s = 0;
+    int64_t d = 0;
+    for (; d + 16 <= D; d += 16)
+        for (int u = 0; u < 16; u++) acc[u] += a[d + u] * b[d + u];
+    for (; d < D; d++) s += a[d] * b[d];
+    for (int u = 0; u < 8; u++) acc[u] += acc[u + 8];
+    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + s;
+}
+
+/* out[0..4) = sc · q·k_r for the four keys k_r = k0 + r·stride: the four sums run side by side (AVX2: one
+ * vector multiply-add chain per key, q loaded once for the four, and the four vectors summed across together) */
+static inline void dots4(float *out, const float *q, const float *k0, int64_t stride, int64_t D, float sc) {
+#if defined(__AVX2__) && defined(__FMA__)
+    if (D % 8 == 0) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        const float *k1 = k0 + stride, *k2 = k1 + stride, *k3 = k2 + stride;
+        for (int64_t d = 0; d < D; d += 8) {
+            __m256 qv = _mm256_loadu_ps(q + d);
+            a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + d), a0);
+            a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k1 + d), a1);
+            a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k2 + d), a2);
+            a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k3 + d), a3);
+        }
+        __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+        __m128 r = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+        _mm_storeu_ps(out, _mm_mul_ps(r, _mm_set1_ps(sc)));
+        return;
+    }
+#endif
+    for (int r = 0; r < 4; r++) out[r] = dotv(q, k0 + r * stride, D) * sc;
+}
+
 /* ---------------- forward ---------------- */
 
 // ck: [N, Hkv, D]; k: [L, Hkv, D]
@@ -62,24 +100,23 @@ void ps_select_scores_forward(float *P, const float *q, int64_t n, int64_t pos0,
     int64_t G = H / Hkv;
     float sc = 1.0f / sqrtf((float)D);
     if (N1 <= 0) return; /* no level-1 key yet: P is empty (and may be NULL) */
+    /* (row, KV head) pairs in parallel: a decode row's KV heads on different threads */
 #pragma omp parallel for schedule(static) if (n * N1 * H * D > 65536)
-    for (int64_t i = 0; i < n; i++) {
-        int64_t t = pos0 + i, v1 = n_visible(t, N1, K, S), v2 = n_visible(t, N2, 4 * K, 4 * S);
-        memset(P + i * Hkv * N1, 0, (size_t)(Hkv * N1) * sizeof(float));
+    for (int64_t ih = 0; ih < n * Hkv; ih++) {
+        int64_t i = ih / Hkv, h = ih % Hkv, t = pos0 + i, v1 = n_visible(t, N1, K, S), v2 = n_visible(t, N2, 4 * K, 4 * S);
+        float *p = P + (i * Hkv + h) * N1;
+        memset(p, 0, (size_t)N1 * sizeof(float));
         if (!v2) continue;
-        for (int64_t h = 0; h < Hkv; h++) {
-            float *p = P + (i * Hkv + h) * N1;
-            for (int64_t g = h * G; g < (h + 1) * G; g++) {
-                const float *qg = q + (i * H + g) * D;
-                float mx = -INFINITY, sum = 0;
-                for (int64_t v = 0; v < v2; v++) {
-                    float s = dotf(qg, k2 + (v * Hkv + h) * D, D) * sc;
-                    mx = s > mx ? s : mx;
-                }
-                for (int64_t v = 0; v < v2; v++) sum += expf(dotf(qg, k2 + (v * Hkv + h) * D, D) * sc - mx);
-                float lse = mx + logf(sum);
-                for (int64_t j = 0; j < v1; j++) p[j] += expf(dotf(qg, k1 + (j * Hkv + h) * D, D) * sc - lse);
+        for (int64_t g = h * G; g < (h + 1) * G; g++) {
+            const float *qg = q + (i * H + g) * D;
+            float mx = -INFINITY, sum = 0;
+            for (int64_t v = 0; v < v2; v++) {
+                float s = dotv(qg, k2 + (v * Hkv + h) * D, D) * sc;
+                mx = s > mx ? s : mx;
             }
+            for (int64_t v = 0; v < v2; v++) sum += expf(dotv(qg, k2 + (v * Hkv + h) * D, D) * sc - mx);
+            float lse = mx + logf(sum);
+            for (int64_t j = 0; j < v1; j++) p[j] += expf(dotv(qg, k1 + (j * Hkv + h) * D, D) * sc - lse);
         }
     }
 }
@@ -174,42 +211,135 @@ void ps_select_slot_keys(const float *row, int64_t r, int64_t t, int64_t block, 
     if (a < z) *j0 = a, *j1 = z;
 }
 
+/* Row i, KV head h, plainly: two passes over the keys the row attends (the fallback when attn_tile's workspace
+ * cannot be had) */
+static void attn_row_nobuf(float *z, float *lse, const float *q, const float *k, const float *v, const float *row, int64_t ns,
+                           int64_t i, int64_t t, int64_t h, int64_t block, int64_t H, int64_t Hkv, int64_t D, float sc) {
+    int64_t G = H / Hkv;
+    for (int64_t g = h * G; g < (h + 1) * G; g++) {
+        const float *qg = q + (i * H + g) * D;
+        float *o = z + (i * H + g) * D, mx = -INFINITY, sum = 0;
+        memset(o, 0, (size_t)D * sizeof(float));
+        for (int64_t r = 0; r < ns; r++) {
+            int64_t j0 = 0, j1 = t + 1;
+            if (row) ps_select_slot_keys(row, r, t, block, &j0, &j1);
+            for (int64_t j = j0; j < j1; j++) {
+                float s = dotv(qg, k + (j * Hkv + h) * D, D) * sc;
+                mx = s > mx ? s : mx;
+            }
+        }
+        for (int64_t r = 0; r < ns && mx > -INFINITY; r++) {
+            int64_t j0 = 0, j1 = t + 1;
+            if (row) ps_select_slot_keys(row, r, t, block, &j0, &j1);
+            for (int64_t j = j0; j < j1; j++) {
+                float p = expf(dotv(qg, k + (j * Hkv + h) * D, D) * sc - mx);
+                const float *vj = v + (j * Hkv + h) * D;
+                sum += p;
+                for (int64_t d = 0; d < D; d++) o[d] += p * vj[d];
+            }
+        }
+        if (sum > 0)
+            for (int64_t d = 0; d < D; d++) o[d] /= sum;
+        if (lse) lse[i * H + g] = sum > 0 ? mx + logf(sum) : -INFINITY;
+    }
+}
+
+/* Rows i0 .. i1 - 1 (positions pos0 + i), KV head h, with an online softmax over key chunks in ascending order
+ * (chunks of `block` keys, or 64 on the dense path): each chunk of keys and values is read once for all the
+ * tile's rows that attend it, while it is in cache — a row reading every key it attends on its own streams them
+ * from memory. ws holds [R·G] running maxima, [R·G] sums and a chunk's logits; mark [R, nbk] which chunks each
+ * row attends. The same keys, weights and sums as attn_row, in another order. */
+static void attn_tile(float *z, float *lse, const float *q, const float *k, const float *v, const float *blocks, int64_t slots,
+                      int64_t i0, int64_t i1, int64_t pos0, int64_t L, int64_t block, int64_t h, int64_t H, int64_t Hkv,
+                      int64_t D, float sc, float *ws, unsigned char *mark, int64_t nbk) {
+    int64_t G = H / Hkv, R = i1 - i0, chunk = blocks ? block : 64;
+    float *mrow = ws, *lrow = ws + R * G, *sv = ws + 2 * R * G;
+    int64_t tlast = pos0 + i1 - 1 < L - 1 ? pos0 + i1 - 1 : L - 1, bmax = tlast / chunk;
+    memset(mark, 0, (size_t)(R * nbk));
+    for (int64_t i = i0; i < i1; i++) {
+        int64_t t = pos0 + i < L ? pos0 + i : L - 1;
+        unsigned char *mk = mark + (i - i0) * nbk;
+        if (!blocks)
+            for (int64_t b = 0; b <= t / chunk; b++) mk[b] = 1;
+        else
+            for (int64_t r = 0; r < slots; r++) {
+                int64_t b = (int64_t)blocks[(i * Hkv + h) * slots + r];
+                if (b >= 0 && b * block <= t && b < nbk) mk[b] = 1; /* repeats count once */
+            }
+        for (int64_t g = 0; g < G; g++) {
+            mrow[(i - i0) * G + g] = -INFINITY, lrow[(i - i0) * G + g] = 0;
+            memset(z + (i * H + h * G + g) * D, 0, (size_t)D * sizeof(float));
+        }
+    }
+    for (int64_t b = 0; b <= bmax; b++)
+        for (int64_t i = i0; i < i1; i++) {
+            if (!mark[(i - i0) * nbk + b]) continue;
+            int64_t t = pos0 + i < L ? pos0 + i : L - 1, j0 = b * chunk, j1 = j0 + chunk < t + 1 ? j0 + chunk : t + 1, n = j1 - j0;
+            if (n <= 0) continue;
+            for (int64_t g = 0; g < G; g++) {
+                const float *qg = q + (i * H + h * G + g) * D;
+                int64_t c = 0;
+                for (; c + 4 <= n; c += 4) dots4(sv + c, qg, k + ((j0 + c) * Hkv + h) * D, Hkv * D, D, sc);
+                for (; c < n; c++) sv[c] = dotv(qg, k + ((j0 + c) * Hkv + h) * D, D) * sc;
+                float *m = mrow + (i - i0) * G + g, *l = lrow + (i - i0) * G + g, mx = *m, sum = 0;
+                for (c = 0; c < n; c++) mx = sv[c] > mx ? sv[c] : mx;
+                float alpha = *m > -INFINITY ? expf(*m - mx) : 0;
+                for (c = 0; c < n; c++) sum += (sv[c] = expf(sv[c] - mx));
+                *l = *l * alpha + sum, *m = mx;
+                float *o = z + (i * H + h * G + g) * D;
+                for (int64_t d0 = 0; d0 < D; d0 += 32) {
+                    int64_t w = D - d0 < 32 ? D - d0 : 32;
+                    float acc[32];
+                    for (int64_t u = 0; u < w; u++) acc[u] = o[d0 + u] * alpha;
+                    if (w == 32)
+                        for (c = 0; c < n; c++) {
+                            const float *vj = v + ((j0 + c) * Hkv + h) * D + d0;
+                            float p = sv[c];
+                            for (int u = 0; u < 32; u++) acc[u] += p * vj[u];
+                        }
+                    else
+                        for (c = 0; c < n; c++) {
+                            const float *vj = v + ((j0 + c) * Hkv + h) * D + d0;
+                            for (int64_t u = 0; u < w; u++) acc[u] += sv[c] * vj[u];
+                        }
+                    memcpy(o + d0, acc, (size_t)w * sizeof(float));
+                }
+            }
+        }
+    for (int64_t i = i0; i < i1; i++)
+        for (int64_t g = 0; g < G; g++) {
+            float l = lrow[(i - i0) * G + g], inv = l > 0 ? 1.0f / l : 0, *o = z + (i * H + h * G + g) * D;
+            for (int64_t d = 0; d < D; d++) o[d] *= inv;
+            if (lse) lse[i * H + h * G + g] = l > 0 ? mrow[(i - i0) * G + g] + logf(l) : -INFINITY;
+        }
+}
+
+#define ATTN_TILE 64 /* rows per tile of attn_tile */
+
 // z: [n, H, D]; q: [n, H, D]; k, v: [L, Hkv, D]; blocks: [n, Hkv, slots] or NULL; lse: [n, H] or NULL
 void ps_select_attn_forward(float *z, float *lse, const float *q, const float *k, const float *v, const float *blocks,
                             int64_t slots, int64_t n, int64_t pos0, int64_t L, int64_t block, int64_t H, int64_t Hkv,
                             int64_t D) {
     int64_t G = H / Hkv, ns = blocks ? slots : 1;
     float sc = 1.0f / sqrtf((float)D);
-#pragma omp parallel for schedule(dynamic, 4) if (n * H * D * 64 > 65536)
-    for (int64_t i = 0; i < n; i++) {
-        int64_t t = pos0 + i < L ? pos0 + i : L - 1;
-        for (int64_t g = 0; g < H; g++) {
-            int64_t h = g / G;
-            const float *qg = q + (i * H + g) * D, *row = blocks ? blocks + (i * Hkv + h) * slots : NULL;
-            float *o = z + (i * H + g) * D, mx = -INFINITY, sum = 0;
-            memset(o, 0, (size_t)D * sizeof(float));
-            for (int64_t r = 0; r < ns; r++) {
-                int64_t j0 = 0, j1 = t + 1;
-                if (row) ps_select_slot_keys(row, r, t, block, &j0, &j1);
-                for (int64_t j = j0; j < j1; j++) {
-                    float s = dotf(qg, k + (j * Hkv + h) * D, D) * sc;
-                    mx = s > mx ? s : mx;
-                }
-            }
-            for (int64_t r = 0; r < ns && mx > -INFINITY; r++) {
-                int64_t j0 = 0, j1 = t + 1;
-                if (row) ps_select_slot_keys(row, r, t, block, &j0, &j1);
-                for (int64_t j = j0; j < j1; j++) {
-                    float p = expf(dotf(qg, k + (j * Hkv + h) * D, D) * sc - mx);
-                    const float *vj = v + (j * Hkv + h) * D;
-                    sum += p;
-                    for (int64_t d = 0; d < D; d++) o[d] += p * vj[d];
-                }
-            }
-            if (sum > 0)
-                for (int64_t d = 0; d < D; d++) o[d] /= sum;
-            if (lse) lse[i * H + g] = sum > 0 ? mx + logf(sum) : -INFINITY;
+    if (n < 1 || L < 1) return;
+    /* tiles of rows (a decode row is a tile of one: the same sums in the same order as the whole pass's last row) */
+    int64_t chunk = blocks ? block : 64, nbk = (L + chunk - 1) / chunk, ntile = (n + ATTN_TILE - 1) / ATTN_TILE;
+#pragma omp parallel if (n * H * D * (blocks ? slots * block : (pos0 + n + 1) / 2) > 262144)
+    {
+        int64_t R = n < ATTN_TILE ? n : ATTN_TILE; /* a decode row: one row's marks, nbk bytes */
+        float *ws = malloc((size_t)(2 * R * G + chunk) * sizeof(float));
+        unsigned char *mark = malloc((size_t)(R * nbk));
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t th = 0; th < ntile * Hkv; th++) {
+            int64_t i0 = th / Hkv * ATTN_TILE, i1 = i0 + ATTN_TILE < n ? i0 + ATTN_TILE : n, h = th % Hkv;
+            if (ws && mark) attn_tile(z, lse, q, k, v, blocks, slots, i0, i1, pos0, L, block, h, H, Hkv, D, sc, ws, mark, nbk);
+            else
+                for (int64_t i = i0; i < i1; i++) /* no workspace on this thread: row by row */
+                    attn_row_nobuf(z, lse, q, k, v, blocks ? blocks + (i * Hkv + h) * slots : NULL, ns, i,
+                                   pos0 + i < L ? pos0 + i : L - 1, h, block, H, Hkv, D, sc);
         }
+        free(ws), free(mark);
     }
 }
 

@@ -65,7 +65,10 @@ int ps_select_blocks_check(const float *blocks, int64_t n, int64_t Hkv, int64_t 
 /* Attention: z[i, g] = softmax over the keys j <= t whose block j / Bk is among row i's blocks (KV head g / G)
  * of q·k_j/√D, times v_j. blocks NULL: every key j <= t (ordinary causal attention; the dense path). lse
  * [n, H] (may be NULL): each row's log-sum-exp of the scaled logits, kept for the backward (-inf: no key).
- * A row without any key gives z = 0. Blocks must have passed ps_select_blocks_check. */
+ * A row without any key gives z = 0. Blocks must have passed ps_select_blocks_check. Runs over tiles of 64 rows and
+ * one KV head with an online softmax over key chunks in ascending order (the selected blocks; 64 keys dense), each
+ * chunk read once per tile; a row's result does not depend on the other rows of the call, so a decode row
+ * (n = 1) equals the last row of a whole pass bit for bit. */
 void ps_select_attn_forward(float *z, float *lse, const float *q, const float *k, const float *v, const float *blocks,
                             int64_t slots, int64_t n, int64_t pos0, int64_t L, int64_t block, int64_t H, int64_t Hkv,
                             int64_t D);

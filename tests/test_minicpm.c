@@ -4,7 +4,7 @@
  * here from the tiny checkpoint (f32 weights, a tied head, shards with an index, dense_len); every bad config
  * refused by key and file; the hook edits that change what is attended (hook_ck, hook_select_scores,
  * hook_blocks: the last against attention restricted to the set, computed here); and the family table
- * (ps_runtime_open picks it, point shapes, info). */
+ * (ps_runtime_open picks it, point shapes, info, the KV cache's bytes against info's figure per token). */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -15,6 +15,7 @@
 
 #include "check.h"
 #include "core/fileio.h"
+#include "core/kvcache.h"
 #include "core/minicpm/minicpm.h"
 #include "core/runtime.h"
 #include "core/safetensors.h"
@@ -747,6 +748,25 @@ static void test_runtime(void) {
         free(direct);
         rt.family->acts_free(a);
     }
+    /* the cache's bytes: info's figure per token, and what ps_kvcache_bytes reports for a sequence at its length
+     * (tiny: 2 layers x 2 KV heads x 16: keys and values 512 bytes/token, the compressed keys 2·32·4·(1/4 + 1/16) = 80) */
+    const ps_minicpm_config *mcfg = &((const ps_minicpm_model *)rt.model)->cfg;
+    CHECK(strstr(buf, "592.0 bytes/token: keys and values 512.0, compressed keys 80.0"), "info's cache account: %s", buf);
+    double per = (double)(ps_minicpm_cache_bytes(mcfg, 1024) - ps_minicpm_cache_bytes(mcfg, 0)) / 1024.0;
+    CHECK(fabs(per - 592.0) < 0.01 * 592.0, "the cache grows by %.2f bytes/token (info: 592)", per);
+    ps_kvcache kv;
+    if (!ps_kvcache_create_rt(&kv, &rt, NULL, &err)) {
+        int s = ps_kvcache_add(&kv, &err);
+        int64_t nt = 40, one = 1;
+        float lg[128];
+        CHECK_OK(s < 0 || ps_kvcache_append(&kv, 1, &s, &nt, tok, NULL, lg, true, &err) ||
+                     ps_kvcache_append(&kv, 1, &s, &one, tok, NULL, lg, true, &err),
+                 &err);
+        CHECK(ps_kvcache_bytes(&kv) == ps_minicpm_cache_bytes(mcfg, 41), "ps_kvcache_bytes %lld = the cache at 41 tokens %lld",
+              (long long)ps_kvcache_bytes(&kv), (long long)ps_minicpm_cache_bytes(mcfg, 41));
+        ps_kvcache_free(&kv);
+    } else
+        CHECK(0, "kvcache: %s", err.msg);
     ps_runtime_free(&rt);
     o.backend = "cuda";
     CHECK_ERR(ps_runtime_open(&rt, TINY, &o, &err), &err, "--backend cuda", "cpu");

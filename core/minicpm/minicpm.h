@@ -110,6 +110,11 @@ typedef struct {
 } ps_minicpm_cache;
 int ps_minicpm_cache_create(ps_minicpm_cache *kv, const ps_minicpm_model *m, int64_t cap, ps_error *err);
 void ps_minicpm_cache_free(ps_minicpm_cache *kv);
+/* The bytes a cache holding L tokens has written (what is resident: its arrays are sized for cap positions but
+ * only the first L are touched): per layer the keys and values (and the un-roped keys under use_nope) of L
+ * positions and the compressed keys of both levels complete in L, the last row's block scores and blocks, the
+ * stage-1 row, and the one-row activations. `phasescope info` prints it; bench/bench_select_decode measures it. */
+int64_t ps_minicpm_cache_bytes(const ps_minicpm_config *c, int64_t L);
 /* The prompt's T tokens at once into an empty cache; logits [V] of its last row. */
 int ps_minicpm_prefill(const ps_minicpm_model *m, ps_minicpm_cache *kv, const int32_t *tokens, int64_t T, float *logits,
                        ps_error *err);

@@ -230,11 +230,20 @@ static int mc_describe(const ps_runtime *rt, int64_t B, FILE *out, ps_error *err
             (long long)c->sel.block, (long long)c->sel.topk, (long long)c->sel.local_blocks, (long long)c->sel.init_blocks,
             (long long)c->dense_len, c->use_nope ? ", stage 1 on un-roped q and k" : "");
     fprintf(out, "\nparameters  %lld (float32 after conversion: %.2f MiB)\n", (long long)m->n_params, 4.0 * (double)m->n_params / 1048576.0);
-    int64_t Ts[] = {256, 4096, 32768};
+    int64_t Ts[] = {256, 4096, 16384, 32768};
     fprintf(out, "\nmemory (batch %lld)\n", (long long)B);
-    for (int i = 0; i < 3 && Ts[i] <= c->max_position_embeddings; i++)
+    for (int i = 0; i < 4 && Ts[i] <= c->max_position_embeddings; i++)
         fprintf(out, "  forward T = %-6lld activations %.2f MiB\n", (long long)Ts[i],
                 (double)ps_minicpm_acts_bytes(c, B, Ts[i]) / 1048576.0);
+    /* the KV cache of one sequence (ps_minicpm_cache_bytes): raw keys and values, the compressed keys, a few rows */
+    double raw = 4.0 * (double)(c->n_layers * (c->use_nope ? 3 : 2) * c->n_kv_heads * c->head_dim),
+           comp = 4.0 * (double)(c->n_layers * c->n_kv_heads * c->head_dim) * (1.0 / (double)c->sel.stride + 0.25 / (double)c->sel.stride);
+    fprintf(out, "\nKV cache (float32, one sequence)\n  %.1f bytes/token: keys and values %.1f%s, compressed keys %.1f (level 1 every %lld "
+                 "tokens, level 2 every %lld)\n",
+            raw + comp, raw, c->use_nope ? " (with the un-roped keys)" : "", comp, (long long)c->sel.stride, (long long)(4 * c->sel.stride));
+    for (int i = 1; i < 4 && Ts[i] <= c->max_position_embeddings; i++)
+        fprintf(out, "  T = %-6lld %lld bytes (%.2f MiB)\n", (long long)Ts[i], (long long)ps_minicpm_cache_bytes(c, Ts[i]),
+                (double)ps_minicpm_cache_bytes(c, Ts[i]) / 1048576.0);
     return 0;
 }
 
@@ -369,8 +378,8 @@ static int64_t mc_kv_bytes(const ps_kvcache *kv) {
     const mc_cache *c = kv->impl;
     const ps_minicpm_config *f = &c->m->cfg;
     int64_t per = 0;
-    for (int s = 0; s < kv->n_seq; s++) /* k, v (and the un-roped keys) of every position it holds, per layer */
-        if (kv->seqs[s].live) per += c->c[s].cap * f->n_layers * f->n_kv_heads * f->head_dim * (int64_t)sizeof(float) * (f->use_nope ? 3 : 2);
+    for (int s = 0; s < kv->n_seq; s++) /* what each sequence has written: its arrays are only touched up to its length */
+        if (kv->seqs[s].live) per += ps_minicpm_cache_bytes(f, c->c[s].L);
     return per;
 }
 static int mc_kv_point_parse(const ps_kvcache *kv, const char *name, int *layer, int *value, ps_error *err) {

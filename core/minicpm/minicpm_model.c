@@ -8,6 +8,7 @@
 #include "core/fileio.h"
 #include "core/minicpm/minicpm.h"
 #include "core/ops.h"
+#include <cblas.h>
 
 /* ---- the tensors the config needs ---- */
 
@@ -298,6 +299,17 @@ static int fire(const ps_minicpm_model *m, const ps_hooks *h, int l, int p, floa
     return ps_hooks_fire_point(m->ctx, h, l, p, data, nd, d, err); /* before the first complete window: 0 entries */
 }
 
+/* out[M, N] = inp[M, K] · w[N, K]^T: ps_matmul, except one row (a decode step), which is cblas_sgemv — OpenBLAS
+ * 0.3.21's sgemm packs the whole weight matrix even for one row (docs/kvcache.md "Decode"; the model's context is
+ * always the cpu backend, so its buffers are host memory) */
+static int mc_matmul(ps_ctx *cx, float *out, const float *inp, const float *w, int64_t M, int64_t K, int64_t N) {
+    if (M == 1 && K > 0 && N > 0 && !cx->failed) {
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, (blasint)N, (blasint)K, 1.0f, w, (blasint)K, inp, 1, 0.0f, out, 1);
+        return 0;
+    }
+    return ps_matmul(cx, out, inp, w, M, K, N, 0);
+}
+
 static void scale(float *x, double s, int64_t n) {
     for (int64_t i = 0; i < n; i++) x[i] = (float)(x[i] * s);
 }
@@ -347,8 +359,8 @@ static int qkv(const ps_minicpm_model *m, ps_minicpm_acts *a, int l, int64_t B, 
     ps_ctx *cx = m->ctx;
     int64_t BT = B * T, d = c->hidden_size, H = c->n_heads, Hk = c->n_kv_heads, D = c->head_dim;
     if (fire(m, h, l, PS_MCH_RESID_PRE, a->h, B, T, err)) return -1;
-    if (ps_rmsnorm(cx, a->x, NULL, a->h, L->w_in, BT, d, (float)c->rms_norm_eps) || ps_matmul(cx, a->q, a->x, L->wq, BT, d, H * D, 0) ||
-        ps_matmul(cx, a->k, a->x, L->wk, BT, d, Hk * D, 0) || ps_matmul(cx, a->v, a->x, L->wv, BT, d, Hk * D, 0))
+    if (ps_rmsnorm(cx, a->x, NULL, a->h, L->w_in, BT, d, (float)c->rms_norm_eps) || mc_matmul(cx, a->q, a->x, L->wq, BT, d, H * D) ||
+        mc_matmul(cx, a->k, a->x, L->wk, BT, d, Hk * D) || mc_matmul(cx, a->v, a->x, L->wv, BT, d, Hk * D))
         return ps_ctx_check(cx, err);
     if (c->use_nope) {
         memcpy(a->qn, a->q, (size_t)(BT * H * D) * sizeof(float));
@@ -370,12 +382,12 @@ static int post(const ps_minicpm_model *m, ps_minicpm_acts *a, int l, int64_t B,
     int64_t BT = B * T, d = c->hidden_size, H = c->n_heads, D = c->head_dim, F = c->intermediate_size;
     double res = c->scale_depth / sqrt((double)c->n_layers);
     if (fire(m, h, l, PS_MCH_Z, a->z, B, T, err)) return -1;
-    if (ps_matmul(cx, a->ao, a->z, L->wo, BT, H * D, d, 0)) return ps_ctx_check(cx, err);
+    if (mc_matmul(cx, a->ao, a->z, L->wo, BT, H * D, d)) return ps_ctx_check(cx, err);
     scale(a->ao, res, BT * d);
     if (fire(m, h, l, PS_MCH_ATTN_OUT, a->ao, B, T, err) || ps_add(cx, a->h, a->h, a->ao, BT * d)) return -1;
-    if (ps_rmsnorm(cx, a->x, NULL, a->h, L->w_post, BT, d, (float)c->rms_norm_eps) || ps_matmul(cx, a->g, a->x, L->gate, BT, d, F, 0) ||
-        ps_matmul(cx, a->u, a->x, L->up, BT, d, F, 0) || ps_swiglu(cx, a->g, a->g, a->u, BT * F) ||
-        ps_matmul(cx, a->mo, a->g, L->down, BT, F, d, 0))
+    if (ps_rmsnorm(cx, a->x, NULL, a->h, L->w_post, BT, d, (float)c->rms_norm_eps) || mc_matmul(cx, a->g, a->x, L->gate, BT, d, F) ||
+        mc_matmul(cx, a->u, a->x, L->up, BT, d, F) || ps_swiglu(cx, a->g, a->g, a->u, BT * F) ||
+        mc_matmul(cx, a->mo, a->g, L->down, BT, F, d))
         return ps_ctx_check(cx, err);
     scale(a->mo, res, BT * d);
     return fire(m, h, l, PS_MCH_MLP_OUT, a->mo, B, T, err) || ps_add(cx, a->h, a->h, a->mo, BT * d) ||
@@ -401,7 +413,7 @@ static int head(const ps_minicpm_model *m, ps_minicpm_acts *a, int64_t n, ps_err
     int64_t d = c->hidden_size;
     if (ps_rmsnorm(m->ctx, a->x, NULL, a->h, m->norm, n, d, (float)c->rms_norm_eps)) return ps_ctx_check(m->ctx, err);
     scale(a->x, c->dim_model_base / (double)d, n * d);
-    if (ps_matmul(m->ctx, a->logits, a->x, m->lm_head, n, d, c->vocab_size, 0)) return ps_ctx_check(m->ctx, err);
+    if (mc_matmul(m->ctx, a->logits, a->x, m->lm_head, n, d, c->vocab_size)) return ps_ctx_check(m->ctx, err);
     return ps_ctx_check(m->ctx, err);
 }
 
@@ -464,6 +476,13 @@ void ps_minicpm_cache_free(ps_minicpm_cache *kv) {
     free(kv->k), free(kv->v), free(kv->kn), free(kv->k1), free(kv->k2), free(kv->P), free(kv->bs), free(kv->blocks);
     if (kv->row.h) ps_minicpm_acts_free(&kv->row);
     memset(kv, 0, sizeof *kv);
+}
+
+int64_t ps_minicpm_cache_bytes(const ps_minicpm_config *c, int64_t L) {
+    int64_t Lr = c->n_layers, Hk = c->n_kv_heads, W = Hk * c->head_dim, K = c->sel.kernel, S = c->sel.stride;
+    int64_t N1 = ps_select_n_windows(L, K, S), N2 = ps_select_n_windows(L, 4 * K, 4 * S), nb = ps_select_n_blocks(&c->sel, L);
+    int64_t floats = Lr * (c->use_nope ? 3 : 2) * L * W + Lr * (N1 + N2) * W + Hk * N1 + Lr * Hk * (nb + ps_select_slots(&c->sel));
+    return 4 * floats + ps_minicpm_acts_bytes(c, 1, 1);
 }
 
 /* the windows of both levels that complete within the cache's L tokens, appended to layer l's compressed keys */
