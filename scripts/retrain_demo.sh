@@ -16,4 +16,9 @@ done
 rm -rf data/models/v4demo
 OMP_NUM_THREADS=1 $PS train --config experiments/configs/v4/v4demo.json --out data/models/v4demo
 rm -f data/models/v4demo/optimizer-*.safetensors
+# the select-attention demo (InfLLM-v2 block selection; experiments/configs/demo/select.json), one thread: its
+# numbers in docs/results.md are from a one-thread run (about 15 CPU minutes alone, 6000 steps)
+rm -rf data/models/select
+OMP_NUM_THREADS=1 $PS train --config experiments/configs/demo/select.json --out data/models/select
+rm -f data/models/select/optimizer-*.safetensors
 # the default model is the deep W8/S8 (scripts/retrain_deep.sh)
