@@ -122,6 +122,15 @@ static void recall_summary(const ps_out *out, json_t *res) {
            json_number_value(json_object_get(curve, "min_accuracy")), json_number_value(json_object_get(curve, "gap_pp")));
     size_t i, k;
     json_t *ly, *c;
+    double amn = INFINITY, amx = -INFINITY;
+    json_t *e;
+    json_array_foreach(json_object_get(res, "any_cell"), i, e) {
+        json_t *v = json_object_get(e, "any_cell");
+        if (!json_is_number(v)) continue;
+        amn = fmin(amn, json_number_value(v));
+        amx = fmax(amx, json_number_value(v));
+    }
+    if (amn <= amx) ps_say(out, "needle's block attended by some recorded head of some layer: %.3f to %.3f over the residues\n", amn, amx);
     json_array_foreach(lays, i, ly) {
         double mn = INFINITY, mx = -INFINITY;
         int64_t at = -1;
@@ -179,6 +188,7 @@ int ps_recall_finish(const ps_partial *p, const ps_out *out, ps_error *err) {
     json_object_set_new(res, "curve", curve);
     json_object_set(res, "cells", json_object_get(stats, "cells"));
     json_object_set(res, "layers", json_object_get(stats, "layers"));
+    json_object_set(res, "any_cell", json_object_get(stats, "any_cell"));
     if (ps_result_write(out, "recall.json", res, err)) goto done;
     recall_summary(out, res);
     rc = 0;

@@ -199,15 +199,16 @@ json_t *ps_recall_stats_json(const int32_t *codes, const int32_t *rho, int64_t n
                              int64_t P, double *recall, ps_error *err) {
     int64_t nc = (int64_t)n_layers * n_kv;
     /* per cell and residue: n, found, forced, dense; per layer and residue: any head found, sum of heads found */
-    int64_t *cnt = calloc((size_t)(nc * P * 4 + (int64_t)n_layers * P * 2 + 1), sizeof *cnt);
+    int64_t *cnt = calloc((size_t)(nc * P * 4 + (int64_t)n_layers * P * 2 + P + 1), sizeof *cnt);
     if (!cnt) {
         ps_fail(err, "out of memory for %lld cells x %lld residues", (long long)nc, (long long)P);
         return NULL;
     }
-    int64_t *ly = cnt + nc * P * 4;
+    int64_t *ly = cnt + nc * P * 4, *all = ly + (int64_t)n_layers * P * 2;
     for (int64_t k = 0; k < n_items; k++) {
         if (rho[k] < 0 || rho[k] >= P) continue;
         const int32_t *c = codes + k * nc;
+        int64_t any_cell = 0;
         for (int li = 0; li < n_layers; li++) {
             int64_t any = 0, sum = 0;
             for (int64_t g = 0; g < n_kv; g++) {
@@ -228,7 +229,9 @@ json_t *ps_recall_stats_json(const int32_t *codes, const int32_t *rho, int64_t n
             }
             ly[(li * P + rho[k]) * 2] += any;
             ly[(li * P + rho[k]) * 2 + 1] += sum;
+            any_cell |= any;
         }
+        all[rho[k]] += any_cell;
     }
     json_t *cells = json_array(), *lays = json_array();
     for (int li = 0; li < n_layers; li++) {
@@ -274,6 +277,13 @@ json_t *ps_recall_stats_json(const int32_t *codes, const int32_t *rho, int64_t n
         }
         json_array_append_new(lays, json_pack("{s:i, s:o}", "layer", layers[li], "residues", res));
     }
+    json_t *ov = json_array();
+    for (int64_t r = 0; r < P; r++) {
+        int64_t n = cnt[r * 4]; /* cell 0's count: every cell counts every query */
+        json_t *o = json_pack("{s:I, s:I}", "rho", (json_int_t)r, "n", (json_int_t)n);
+        json_object_set_new(o, "any_cell", n ? json_real((double)all[r] / (double)n) : json_null());
+        json_array_append_new(ov, o);
+    }
     free(cnt);
-    return json_pack("{s:o, s:o}", "cells", cells, "layers", lays);
+    return json_pack("{s:o, s:o, s:o}", "cells", cells, "layers", lays, "any_cell", ov);
 }

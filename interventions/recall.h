@@ -58,7 +58,8 @@ int ps_recall_units(const ps_runtime *rt, const ps_recall_spec *sp, const ps_bat
 /* The result's statistics from n_items queries' codes (n_cells = n_layers · n_kv per query) and residues rho (those
  * in [0, P) count): {"cells": [{"layer", "head", "mean_recall", "min_recall", "max_recall", "gap_pp", "worst_rho",
  * "residues": [{"rho", "n", "found", "forced", "dense", "recall", "ci_low", "ci_high"}]}], "layers": [{"layer",
- * "residues": [{"rho", "n", "any_head", "mean_heads"}]}]}; NULL with err on a bad code. recall [n_cells, P] (may be
+ * "residues": [{"rho", "n", "any_head", "mean_heads"}]}], "any_cell": [{"rho", "n", "any_cell"}]} (any_cell: the share
+ * of queries whose needle's block some recorded cell, of any layer, attends); NULL with err on a bad code. recall [n_cells, P] (may be
  * NULL) gets the recall of each cell and residue (NaN where n is 0). */
 json_t *ps_recall_stats_json(const int32_t *codes, const int32_t *rho, int64_t n_items, const int *layers, int n_layers, int64_t n_kv,
                              int64_t P, double *recall, ps_error *err);

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job: the phase-sensitivity reproduction on the demo models shipped under data/models/ (no
 # training). Sweeps every model, runs the knockout grid for the full-attention baseline and W8/S8, the
-# gate statistics, and gate cycling on W8/S8; the deep models' sweeps (every stride, uniform gate, no RoPE; each at its own stride, and on P = 24), gates over
+# gate statistics, and gate cycling on W8/S8; the select-attention model's sweep, selection recall and knockout; the deep models' sweeps (every stride, uniform gate, no RoPE; each at its own stride, and on P = 24), gates over
 # training and one phase head's cycling measured by knockout; the text models (real Qwen3 tokenizer); the V4-compressor model (v4demo): sweep, knockout,
 # per-channel gates and position-bias cycling; writes JSON and figures under out/demo/ and prints the
 # summary table (also out/demo/summary.md).
@@ -62,6 +62,11 @@ $PS sweep --model "$M/v4demo" --n "$N" --out "$OUT/sweep/v4demo"
 $PS knockout --model "$M/v4demo" --n 128 --out "$OUT/knockout/v4demo"
 $PS gates --model "$M/v4demo" --n 128 --log "$M/v4demo/train.jsonl" --out "$OUT/gates/v4demo"
 $PS gatecycle --model "$M/v4demo" --layer 0 --shift 2 --n "$N" --out "$OUT/gatecycle/v4demo"
+echo "== block-sparse selection (attention kind select, InfLLM-v2: blocks of 8, one chosen by score): sweep, selection recall"
+$PS sweep --model "$M/select" --n "$N" --out "$OUT/sweep/select"
+$PS recall --model "$M/select" --n "$N" --out "$OUT/recall/select"
+$PS recall --model "$M/select" --n "$N" --needle-offset 1 --out "$OUT/recall/select_answer"
+$PS knockout --model "$M/select" --n 128 --target raw --out "$OUT/knockout/select"
 echo "== the idealised bigram-induction model"
 $PS theory --out "$OUT/theory"
 echo "== all models on the shared coordinate P = 24"
@@ -84,7 +89,7 @@ else
 fi
 echo
 echo "Summary (each model at its own period; P = 8 for the baseline):"
-$PS table "$OUT"/sweep/{full,w8s8,w4s4,w8s8_uniform,w8s8_norope,v4demo}/sweep.json --out "$OUT/summary.md"
+$PS table "$OUT"/sweep/{full,w8s8,w4s4,w8s8_uniform,w8s8_norope,v4demo,select}/sweep.json --out "$OUT/summary.md"
 echo
 echo "Deep models (12 layers, 8 KV heads):"
 $PS table "$OUT"/sweep_deep/{deep_full,deep_w8s8,deep_w8s4,deep_w8s6,deep_w12s12,deep_w8s8_uniform,deep_w8s8_norope}/sweep.json \

@@ -98,6 +98,8 @@ def test_recall_select_kind_equals_loop(sel):
     np.testing.assert_allclose(mean_heads, rec.mean(1), atol=1e-9)
     any_head = np.array([[e["any_head"] for e in ly["residues"]] for ly in r.data["layers"]])
     assert np.all(any_head >= rec.max(1) - 1e-12)
+    any_cell = np.array([e["any_cell"] for e in r.data["any_cell"]])
+    assert np.all(any_cell >= any_head.max(0) - 1e-12) and np.all(any_cell <= 1)
 
 
 def test_recall_forced_blocks(sel):
@@ -149,7 +151,7 @@ def test_recall_cli_and_shards_equal_python(sel, tmp_path):
     subprocess.run([CLI, "merge", *parts, "--out", str(tmp_path / "merged")], check=True, capture_output=True, env=env)
     one = json.load(open(tmp_path / "one" / "recall.json"))
     merged = json.load(open(tmp_path / "merged" / "recall.json"))
-    for key in ("curve", "cells", "layers", "selection", "period"):
+    for key in ("curve", "cells", "layers", "any_cell", "selection", "period"):
         assert one[key] == merged[key] == r.data[key], key
     assert (tmp_path / "one" / "recall_heatmap.png").stat().st_size > 10000
     fig = r.figure()
