@@ -219,6 +219,25 @@ static void test_append_and_prefill(void) {
             free(ref2);
             ps_prefill_free(&p);
         }
+        /* the chunked prefill on cpu-staged (the selection through the ops of core/ops.h, on buffers the host may
+         * not read between ops): the cpu's logits bit for bit */
+        ps_model ms;
+        ps_prefill p1, p2;
+        float *lc = malloc((size_t)(T * V) * sizeof *lc);
+        tu_random_model(&ms, &c, 31 + (uint64_t)dl, 0.5f);
+        if (ps_model_to_backend(&ms, "cpu-staged", &err) || ps_prefill_create(&p1, &m, T, 7, &err)) {
+            CHECK(0, "%s: prefill on cpu-staged: %s", what, err.msg);
+        } else {
+            if (ps_prefill_create(&p2, &ms, T, 7, &err)) CHECK(0, "%s: prefill on cpu-staged: %s", what, err.msg);
+            else {
+                CHECK_OK(ps_prefill_logits(&p1, tok, T, pos, T, lc, &err) || ps_prefill_logits(&p2, tok, T, pos, T, lg, &err), &err);
+                CHECK(!memcmp(lc, lg, (size_t)(T * V) * sizeof *lg), "%s: prefill on cpu-staged = on the cpu, bit for bit", what);
+                ps_prefill_free(&p2);
+            }
+            ps_prefill_free(&p1);
+        }
+        ps_model_free(&ms);
+        free(lc);
         free(lg), free(ref);
         ps_model_free(&m);
     }
