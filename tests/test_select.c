@@ -5,7 +5,9 @@
  * backward against central finite differences of the double reference. Then the controlled model's attention kind
  * `select` (the same math over its q and k after qk-norm and RoPE): its config keys refused by name, the round
  * trip of its config, forward and gradients against tests/ref_model.c by central differences with the choice of
- * blocks fixed, the dense path = full attention, and its hook points. */
+ * blocks fixed, the dense path = full attention, and its hook points; on another backend (through the selection
+ * ops of core/ops.h) a forward with hooks and the backward against the cpu: cpu-staged bit for bit, cuda when
+ * present (--backends: that comparison alone, the device check scripts/gpu_check.sh). */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>

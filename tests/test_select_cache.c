@@ -9,7 +9,8 @@
  * whole forward over the same tokens (within TOL of max|ref|), and the blocks the cache chose for it (its
  * hook_blocks, every layer) equal the whole forward's last-row blocks; the number of pooled keys is the number
  * of complete windows. One append of many rows (steps of 5 and 32 rows, and plain_attention) = the whole
- * forward at every row; the chunked prefill in chunks of 1, 3, 7 and T the same (sparse, dense, window = stride).
+ * forward at every row; the chunked prefill in chunks of 1, 3, 7 and T the same (sparse, dense, window = stride),
+ * and on cpu-staged (the selection ops on buffers the host may not read between ops) the cpu's logits bit for bit.
  * Fork + truncate: a fork truncated into the middle of a window and grown another way equals the forward
  * of its own tokens, the source is untouched, and a truncation followed by the same tokens again gives the
  * same logits. dense_len: a decode that crosses it equals the whole forward while the rows before it select
