@@ -15,6 +15,7 @@
 #include <stdint.h>
 
 #include "core/ctx.h"
+#include "core/select.h"
 
 
 /* Attention geometry shared by the attention ops. */
@@ -155,11 +156,27 @@ typedef struct {
     const int64_t *start, *len; /* [B, nW, H] */
 } ps_windows;
 
+/* ---------------- block-sparse selection (InfLLM-v2; attention.kind "select"; core/select.h) ---------------- */
+/* The geometry of the selection ops over B sequences (each array's leading dimension): n query rows per
+ * sequence at positions pos0 .. pos0 + n - 1 against L raw keys (a whole forward: pos0 = 0, n = L = T; a
+ * chunk of a prefill: pos0 = t0, L = t1), H query heads reading KV head g / (H / Hkv), head dim D; N1, N2
+ * compressed keys per sequence at level 1 (windows of K every S) and level 2 (4K every 4S); nb blocks scored
+ * per row (ceil(T / block) of the pass, which may exceed the blocks of L keys); sel the selection's settings
+ * (slots per row: sel.topk + sel.local_blocks). */
+typedef struct {
+    int64_t B, n, pos0, L;
+    int64_t H, Hkv, D;
+    int64_t N1, N2, nb;
+    ps_select_cfg sel;
+} ps_sel_geom;
+/* ---------------- end selection ---------------- */
+
 /* Parameters supports() sees: the geometry of the op (NULL where the op has none of that kind). */
 typedef struct {
     const ps_attn_geom *attn;   /* attention ops over a whole batch */
     const ps_attn_frame *frame; /* attn_chunk */
     const ps_windows *win;      /* the compressor ops over a window table */
+    const ps_sel_geom *sel;  /* the selection ops (select_scores .. select_backward) */
 } ps_op_params;
 
 /* The core ops, in the op table's order: X(ENUM_NAME, field). ps_op's values are PS_OP_<ENUM_NAME>;
@@ -173,12 +190,15 @@ typedef struct {
     X(GATHER_ROWS, gather_rows) X(SCATTER_ROWS, scatter_rows)                                                 \
     X(KV_ATTEND, kv_attend) X(KV_GATE, kv_gate) X(KV_POOL, kv_pool) X(KV_GATHER, kv_gather)                   \
     X(KV_ATTEND_SINK, kv_attend_sink) X(KV_SLOTS, kv_slots) X(KV_SLOT_POOL, kv_slot_pool)                     \
+    X(SELECT_COMPRESS, select_compress) X(SELECT_SCORES, select_scores)                                       \
+    X(SELECT_BLOCK_SCORES, select_block_scores) X(SELECT_TOPK, select_topk) X(SELECT_ATTN, select_attn)       \
     X(HEAD_SET, head_set) X(ADD_VECTOR, add_vector) X(ROLL_BLOCKS, roll_blocks) X(COPY_BLOCKS, copy_blocks)   \
     X(ACCUMULATE_SEQS, accumulate_seqs) X(SUM_TO_MEAN, sum_to_mean) X(DELTA_DOT, delta_dot)                   \
     X(MATMUL_BACKWARD, matmul_backward) X(EMBED_BACKWARD, embed_backward)                                     \
     X(RMSNORM_BACKWARD, rmsnorm_backward) X(ROPE_BACKWARD, rope_backward) X(SWIGLU_BACKWARD, swiglu_backward) \
     X(GATE_BACKWARD, gate_backward) X(PAYLOAD_BACKWARD, payload_backward) X(GATE_ENTROPY, gate_entropy)       \
-    X(POOL_BACKWARD, pool_backward) X(ATTN_BACKWARD, attn_backward) X(CROSS_ENTROPY, cross_entropy)           \
+    X(POOL_BACKWARD, pool_backward) X(ATTN_BACKWARD, attn_backward) X(SELECT_BACKWARD, select_backward)       \
+    X(CROSS_ENTROPY, cross_entropy)                                                                           \
     X(SUMSQ, sumsq) X(ADAMW, adamw)
 
 /* The DeepSeek-V4 extension ops, in the extension table's order: PS_V4_OP_<ENUM_NAME>. */
@@ -258,6 +278,14 @@ typedef struct {
     int (*kv_attend_sink)(ps_ctx *c, float *z, const float *q, const float *sink, const ps_kv_attn *a);
     int (*kv_slots)(ps_ctx *c, float *alpha, const float *ape, const ps_kv_chan *k);
     int (*kv_slot_pool)(ps_ctx *c, float *out, const float *alpha, const ps_kv_chan *k);
+    /* block-sparse selection (InfLLM-v2, core/select.h; shapes in core/ops.h) */
+    int (*select_compress)(ps_ctx *c, float *ck, const float *k, int64_t B, int64_t L, int64_t Hkv, int64_t D, int64_t K,
+                           int64_t S);
+    int (*select_scores)(ps_ctx *c, float *P, const float *q, const float *k1, const float *k2, const ps_sel_geom *g);
+    int (*select_block_scores)(ps_ctx *c, float *bs, const float *P, const ps_sel_geom *g);
+    int (*select_topk)(ps_ctx *c, float *blocks, const float *bs, const ps_sel_geom *g);
+    int (*select_attn)(ps_ctx *c, float *z, float *lse, const float *q, const float *k, const float *v, const float *blocks,
+                       const ps_sel_geom *g);
     /* hook actions */
     int (*head_set)(ps_ctx *c, float *x, const float *src, int64_t src_stride, int64_t n_seq, int64_t npos, int64_t nh,
                     int64_t hd, int64_t head, int64_t seq0, int64_t seq1);
@@ -289,6 +317,8 @@ typedef struct {
     int (*attn_backward)(ps_ctx *c, float *dq, float *dk, float *dv, float *dck, float *dcv, const float *dz,
                          const float *z, const float *lse, const float *q, const float *k, const float *v,
                          const float *ck, const float *cv, const ps_attn_geom *g);
+    int (*select_backward)(ps_ctx *c, float *dq, float *dk, float *dv, const float *dz, const float *z, const float *lse,
+                           const float *q, const float *k, const float *v, const float *blocks, const ps_sel_geom *g);
     int (*cross_entropy)(ps_ctx *c, double *loss_sum, int64_t *n_targets, float *dlogits, const float *logits,
                          const int32_t *targets, int64_t n_rows, int64_t V, float scale);
     /* optimizer */
@@ -370,7 +400,7 @@ struct ps_backend {
     int (*init)(ps_ctx *c);   /* backend state into c->impl (may be NULL) */
     void (*fini)(ps_ctx *c);  /* (may be NULL) */
     /* Can this backend run op with these parameters? (NULL: every op with any parameters.) ops.h asks
-     * before each op that has parameters (p->attn, p->frame, p->win) and fails naming the op, the backend
+     * before each op that has parameters (p->attn, p->frame, p->win, p->sel) and fails naming the op, the backend
      * and why (*why, a static string) when the answer is 0. */
     int (*supports)(ps_op op, const ps_op_params *p, const char **why);
     ps_backend_ops ops;           /* every entry required */

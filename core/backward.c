@@ -116,12 +116,12 @@ static int layer_backward(const ps_model *m, const ps_acts *a, ps_acts *g, int l
     if (nW > 0) OPB(PS_PROF_OTHER, ps_fill(ctx, G.ck, 0.0f, B * nW * nkv * hd) || ps_fill(ctx, G.cv, 0.0f, B * nW * nkv * hd));
     if (c->kind == PS_ATTN_SELECT) { /* over the forward's blocks (kept per layer): no gradient through the choice */
         ps_select_cfg sc = ps_config_select(c);
-        int64_t ns = ps_select_slots(&sc), qs = T * nh * hd, ks = T * nkv * hd, sparse = ps_select_sparse(c, T);
+        ps_sel_geom sg = {.B = B, .n = T, .pos0 = 0, .L = T, .H = nh, .Hkv = nkv, .D = hd, .sel = sc,
+                          .N1 = ps_select_n_windows(T, c->window, c->stride),
+                          .N2 = ps_select_n_windows(T, 4 * c->window, 4 * c->stride), .nb = ps_select_n_blocks(&sc, T)};
         OPB(PS_PROF_OTHER, ps_fill(ctx, G.q, 0.0f, BT * nh * hd));
-        for (int64_t b = 0; b < B; b++)
-            ps_select_attn_backward(G.q + b * qs, G.k + b * ks, G.v + b * ks, G.z + b * qs, p.z + b * qs, p.lse + b * T * nh,
-                                    p.q + b * qs, p.k + b * ks, p.v + b * ks, sparse ? p.sel_blocks + b * T * nkv * ns : NULL, ns,
-                                    T, 0, T, c->block, nh, nkv, hd);
+        OPB(PS_PROF_ATTENTION, ps_select_backward(ctx, G.q, G.k, G.v, G.z, p.z, p.lse, p.q, p.k, p.v,
+                                                  ps_select_sparse(c, T) ? p.sel_blocks : NULL, &sg));
     } else
         OPB(PS_PROF_ATTENTION,
             ps_attn_backward(ctx, G.q, G.k, G.v, G.ck, G.cv, G.z, p.z, p.lse, p.q, p.k, p.v, p.ck, p.cv, &a->geom));

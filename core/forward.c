@@ -376,49 +376,55 @@ static int attention(ps_acts *a, int l, const ps_act_ptrs *pp, const ps_hooks *h
     return 0;
 }
 
-/* Attention of a select layer (core/select.h, host arrays: the cpu backend) into p.z and p.lse ([B, T, nh] here):
- * below dense_len ordinary causal attention; else per sequence the compressed keys (hook_ck, hook_ck2), the
- * stage-1 scores (hook_select_scores), block scores (hook_block_scores) and the blocks (hook_blocks, checked after
- * its hooks), each computed from what the hooks before it left, then attention over the selected blocks. */
+/* Blocks a hook wrote, checked as ps_select_blocks_check does (on a backend whose buffers the host cannot read,
+ * over a host copy). */
+static int select_blocks_check_buf(ps_ctx *ctx, const float *blocks, int64_t n, int64_t Hkv, int64_t slots, int64_t nb,
+                               const char *what, ps_error *err) {
+    if (ps_ctx_host_visible(ctx)) return ps_select_blocks_check(blocks, n, Hkv, slots, nb, what, err);
+    int64_t cnt = n * Hkv * slots;
+    float *h = malloc((size_t)(cnt > 0 ? cnt : 1) * sizeof(float));
+    if (!h) return ps_fail(err, "%s: out of memory for a host copy of %lld block ids", what, (long long)cnt);
+    int rc = ps_buf_to_host(ctx, h, blocks, cnt * (int64_t)sizeof(float), err) ||
+             ps_select_blocks_check(h, n, Hkv, slots, nb, what, err);
+    free(h);
+    return rc ? -1 : 0;
+}
+
+/* Attention of a select layer (core/select.h through the selection ops of core/ops.h) into p.z and p.lse
+ * ([B, T, nh] here): below dense_len ordinary causal attention; else the compressed keys of both levels
+ * (hook_ck, hook_ck2), the stage-1 scores (hook_select_scores), block scores (hook_block_scores) and the blocks
+ * (hook_blocks, checked after its hooks), each computed from what the hooks before it left, then attention over
+ * the selected blocks. */
 static int select_attention(ps_acts *a, int l, const ps_act_ptrs *pp, const ps_hooks *hooks, ps_error *err) {
     ps_ctx *ctx = a->ctx;
+    ps_profile *prof = a->prof;
     const ps_config *c = a->cfg;
     ps_act_ptrs p = *pp;
-    if (!ps_ctx_host_visible(ctx))
-        return ps_fail(err, "attention.kind \"select\" runs on the cpu backend only (this model is on %s)", ps_ctx_backend_name(ctx));
     ps_select_cfg sc = ps_config_select(c);
     int64_t B = a->B, T = a->T, nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim, K = c->window, S = c->stride;
     int64_t N1 = ps_select_n_windows(T, K, S), N2 = ps_select_n_windows(T, 4 * K, 4 * S), nb = ps_select_n_blocks(&sc, T),
-            ns = ps_select_slots(&sc), qs = T * nh * hd, ks = T * nkv * hd;
+            ns = ps_select_slots(&sc);
+    ps_sel_geom g = {.B = B, .n = T, .pos0 = 0, .L = T, .H = nh, .Hkv = nkv, .D = hd, .N1 = N1, .N2 = N2, .nb = nb, .sel = sc};
     if (!ps_select_sparse(c, T)) {
-        for (int64_t b = 0; b < B; b++)
-            ps_select_attn_forward(p.z + b * qs, p.lse + b * T * nh, p.q + b * qs, p.k + b * ks, p.v + b * ks, NULL, ns, T, 0, T,
-                                   c->block, nh, nkv, hd);
+        OPS(PS_PROF_ATTENTION, ps_select_attn(ctx, p.z, p.lse, p.q, p.k, p.v, NULL, &g));
         return 0;
     }
-    for (int64_t b = 0; b < B; b++) {
-        ps_select_compress_forward(p.sel_k1 + b * N1 * nkv * hd, p.k + b * ks, T, nkv, hd, K, S);
-        ps_select_compress_forward(p.sel_k2 + b * N2 * nkv * hd, p.k + b * ks, T, nkv, hd, 4 * K, 4 * S);
-    }
+    OPS(PS_PROF_ATTENTION, ps_select_compress(ctx, p.sel_k1, p.k, B, T, nkv, hd, K, S) ||
+                               ps_select_compress(ctx, p.sel_k2, p.k, B, T, nkv, hd, 4 * K, 4 * S));
     FIRE(PS_HOOK_CK, p.sel_k1, 4, B, N1, nkv, hd);
     FIRE(PS_HOOK_CK2, p.sel_k2, 4, B, N2, nkv, hd);
-    for (int64_t b = 0; b < B; b++)
-        ps_select_scores_forward(p.sel_P + b * T * nkv * N1, p.q + b * qs, T, 0, p.sel_k1 + b * N1 * nkv * hd, N1,
-                                 p.sel_k2 + b * N2 * nkv * hd, N2, nh, nkv, hd, K, S);
+    OPS(PS_PROF_ATTENTION, ps_select_scores(ctx, p.sel_P, p.q, p.sel_k1, p.sel_k2, &g));
     FIRE(PS_HOOK_SELECT_SCORES, p.sel_P, 4, B, T, nkv, N1);
-    for (int64_t b = 0; b < B; b++)
-        ps_select_block_scores_forward(p.sel_bs + b * T * nkv * nb, p.sel_P + b * T * nkv * N1, T, 0, N1, nb, nkv, &sc);
+    OPS(PS_PROF_ATTENTION, ps_select_block_scores(ctx, p.sel_bs, p.sel_P, &g));
     FIRE(PS_HOOK_BLOCK_SCORES, p.sel_bs, 4, B, T, nkv, nb);
-    for (int64_t b = 0; b < B; b++) ps_select_topk_forward(p.sel_blocks + b * T * nkv * ns, p.sel_bs + b * T * nkv * nb, T, 0, nb, nkv, &sc);
+    OPS(PS_PROF_ATTENTION, ps_select_topk(ctx, p.sel_blocks, p.sel_bs, &g));
     if (ps_hooks_on(hooks, l, PS_HOOK_BLOCKS)) {
         char what[96];
         ps_hook_name(what, sizeof what, l, PS_HOOK_BLOCKS);
         FIRE(PS_HOOK_BLOCKS, p.sel_blocks, 4, B, T, nkv, ns);
-        if (ps_select_blocks_check(p.sel_blocks, B * T, nkv, ns, nb, what, err)) return -1;
+        if (select_blocks_check_buf(ctx, p.sel_blocks, B * T, nkv, ns, nb, what, err)) return -1;
     }
-    for (int64_t b = 0; b < B; b++)
-        ps_select_attn_forward(p.z + b * qs, p.lse + b * T * nh, p.q + b * qs, p.k + b * ks, p.v + b * ks,
-                               p.sel_blocks + b * T * nkv * ns, ns, T, 0, T, c->block, nh, nkv, hd);
+    OPS(PS_PROF_ATTENTION, ps_select_attn(ctx, p.z, p.lse, p.q, p.k, p.v, p.sel_blocks, &g));
     return 0;
 }
 

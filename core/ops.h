@@ -109,21 +109,30 @@ static inline int ps_op_check(ps_ctx *c, ps_op op, const ps_op_params *p) {
     return 0;
 }
 static inline int ps_op_check_attn(ps_ctx *c, ps_op op, const ps_attn_geom *g) {
-    ps_op_params p = {NULL, NULL, NULL};
+    ps_op_params p = {NULL, NULL, NULL, NULL};
     p.attn = g;
     return ps_op_check(c, op, &p);
 }
 static inline int ps_op_check_win(ps_ctx *c, ps_op op, const ps_windows *w) {
     if (c->failed || ps_windows_check(c, ps_op_name(op), w)) return -1;
-    ps_op_params p = {NULL, NULL, NULL};
+    ps_op_params p = {NULL, NULL, NULL, NULL};
     p.win = w;
     return ps_op_check(c, op, &p);
 }
 static inline int ps_op_check_frame(ps_ctx *c, const ps_attn_frame *f) {
-    ps_op_params p = {NULL, NULL, NULL};
+    ps_op_params p = {NULL, NULL, NULL, NULL};
     p.frame = f;
     return ps_op_check(c, PS_OP_ATTN_CHUNK, &p);
 }
+/* The selection ops: the geometry is checked (ps_sel_geom_check) before the backend is asked. */
+int ps_sel_geom_check(ps_ctx *c, const char *op, const ps_sel_geom *g);
+static inline int ps_op_check_sel(ps_ctx *c, ps_op op, const ps_sel_geom *g) {
+    if (c->failed || ps_sel_geom_check(c, ps_op_name(op), g)) return -1;
+    ps_op_params p = {NULL, NULL, NULL, NULL};
+    p.sel = g;
+    return ps_op_check(c, op, &p);
+}
+#define PS_SEL_CALL(c, g, op, E, ...) (ps_op_check_sel((c), PS_OP_##E, (g)) ? -1 : PS_BE_RUN((c), (c)->be->ops.op, __VA_ARGS__))
 #define PS_ATTN_CALL(c, g, op, E, ...) (ps_op_check_attn((c), PS_OP_##E, (g)) ? -1 : PS_BE_RUN((c), (c)->be->ops.op, __VA_ARGS__))
 /* The compressor ops: the window table is checked (core/windows.h) before the backend sees it. */
 #define PS_WIN_CALL(c, w, op, E, ...) (ps_op_check_win((c), PS_OP_##E, (w)) ? -1 : PS_BE_RUN((c), (c)->be->ops.op, __VA_ARGS__))
@@ -321,6 +330,55 @@ static inline int ps_kv_slot_pool(ps_ctx *c, float *out, const float *alpha, con
 }
 int ps_kv_slots_check(ps_ctx *c, const char *op, const ps_kv_chan *k);
 
+/* ---- block-sparse selection attention (InfLLM-v2, attention.kind "select"; the math in core/select.h, the
+ * geometry ps_sel_geom in core/backend.h). B sequences, each array's leading dimension; per sequence:
+ * q, z [n, H, D] (rows at positions pos0 ..), k, v [L, Hkv, D], k1 [N1, Hkv, D], k2 [N2, Hkv, D], P [n, Hkv, N1],
+ * bs [n, Hkv, nb], blocks [n, Hkv, slots] (block ids ascending as floats, -1 an empty slot), lse [n, H]. The
+ * order of the ops is the layer's: compress both levels, scores, block scores, top-k, attention; a hook may
+ * rewrite each result before the next op reads it. ---- */
+
+/* ck [B, N, Hkv, D] = the mean of k [B, L, Hkv, D] over window j of each sequence: rows [jS, jS + K),
+ * N = ps_select_n_windows(L, K, S) (level 1: K, S; level 2: 4K, 4S). */
+static inline int ps_select_compress(ps_ctx *c, float *ck, const float *k, int64_t B, int64_t L, int64_t Hkv, int64_t D,
+                                     int64_t K, int64_t S) {
+    if (c->failed) return -1;
+    if (B < 0 || L < 0 || Hkv < 1 || D < 1 || K < 1 || S < 1)
+        return ps_ctx_fail(c, "select_compress: bad sizes (B %lld, L %lld, Hkv %lld, D %lld, K %lld, S %lld)", (long long)B,
+                           (long long)L, (long long)Hkv, (long long)D, (long long)K, (long long)S);
+    return PS_OP_CALL(c, select_compress, ck, k, B, L, Hkv, D, K, S);
+}
+
+/* Stage 1: P [B, n, Hkv, N1]: for row i (position t = pos0 + i) and KV head h, the sum over h's G query heads
+ * of exp(q·k1_j/√D − LSE_v(q·k2_v/√D)) over the level-1 keys j visible at t (jS + K − 1 <= t) and the level-2
+ * keys v visible at t (4Sv + 4K − 1 <= t); 0 for the keys t does not see, and the whole row 0 when no level-2
+ * key is visible. */
+static inline int ps_select_scores(ps_ctx *c, float *P, const float *q, const float *k1, const float *k2,
+                                   const ps_sel_geom *g) {
+    return PS_SEL_CALL(c, g, select_scores, SELECT_SCORES, P, q, k1, k2, g);
+}
+
+/* Block scores bs [B, n, Hkv, nb] = max over j in [m·b − 1, m·b + m − 1] ∩ [0, N1) of P (m = block / S; an
+ * empty range 0), +inf for the forced blocks: b < init_blocks, or q_blk − local_blocks <= b <= q_blk
+ * (q_blk = t / block). */
+static inline int ps_select_block_scores(ps_ctx *c, float *bs, const float *P, const ps_sel_geom *g) {
+    return PS_SEL_CALL(c, g, select_block_scores, SELECT_BLOCK_SCORES, bs, P, g);
+}
+
+/* blocks [B, n, Hkv, slots]: the top `slots` blocks of each bs row (the higher score first, ties to the lower
+ * id, NaN the lowest), those after q_blk dropped, the rest in ascending order, then -1. */
+static inline int ps_select_topk(ps_ctx *c, float *blocks, const float *bs, const ps_sel_geom *g) {
+    return PS_SEL_CALL(c, g, select_topk, SELECT_TOPK, blocks, bs, g);
+}
+
+/* z [B, n, H, D] = softmax(q·k_j/√D) · v_j over the keys j <= t (j < L) whose block j / block is among the
+ * row's blocks of its KV head (blocks NULL: every key j <= t, plain causal attention); lse [B, n, H] (may be
+ * NULL) the row's log-sum-exp of the scaled logits (-inf, and z = 0, for a row without a key). Blocks must
+ * hold ids in [-1, nb) (ps_select_blocks_check: the caller checks blocks a hook wrote). */
+static inline int ps_select_attn(ps_ctx *c, float *z, float *lse, const float *q, const float *k, const float *v,
+                                 const float *blocks, const ps_sel_geom *g) {
+    return PS_SEL_CALL(c, g, select_attn, SELECT_ATTN, z, lse, q, k, v, blocks, g);
+}
+
 /* out [n, width]: rows rows[i] (host array, base <= rows[i] < p->rows) of the page list p. */
 static inline int ps_kv_gather(ps_ctx *c, float *out, const ps_kv_pages *p, const int64_t *rows, int64_t n) {
     return PS_OP_CALL(c, kv_gather, out, p, rows, n);
@@ -449,6 +507,15 @@ static inline int ps_attn_backward(ps_ctx *c, float *dq, float *dk, float *dv, f
                                    const float *z, const float *lse, const float *q, const float *k, const float *v,
                                    const float *ck, const float *cv, const ps_attn_geom *g) {
     return PS_ATTN_CALL(c, g, attn_backward, ATTN_BACKWARD, dq, dk, dv, dck, dcv, dz, z, lse, q, k, v, ck, cv, g);
+}
+
+/* Backward of ps_select_attn over the same blocks (the selection is a discrete choice: no gradient flows
+ * through P, the block scores or the top-k): from dz [B, n, H, D], the forward's z and lse, accumulates
+ * (+=) dq [B, n, H, D] and dk, dv [B, L, Hkv, D]; probabilities recomputed from lse. */
+static inline int ps_select_backward(ps_ctx *c, float *dq, float *dk, float *dv, const float *dz, const float *z,
+                                     const float *lse, const float *q, const float *k, const float *v, const float *blocks,
+                                     const ps_sel_geom *g) {
+    return PS_SEL_CALL(c, g, select_backward, SELECT_BACKWARD, dq, dk, dv, dz, z, lse, q, k, v, blocks, g);
 }
 
 /* Softmax cross-entropy over rows of V logits. For rows with target >= 0: adds -log p[target] to

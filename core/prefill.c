@@ -116,9 +116,6 @@ int ps_prefill_create(ps_prefill *p, const ps_model *m, int64_t T_max, int64_t c
     if (T_max > c->max_seq_len)
         return ps_fail(err, "sequence of %lld tokens exceeds max_seq_len %lld", (long long)T_max, (long long)c->max_seq_len);
     if (c->kind == PS_ATTN_CHANNEL) return ps_fail(err, "the chunked prefill does not support the channel attention (run prompts whole)");
-    if (c->kind == PS_ATTN_SELECT && !ps_ctx_host_visible(m->ctx))
-        return ps_fail(err, "the chunked prefill of the select attention runs on the cpu backend only (this model is on %s)",
-                       ps_ctx_backend_name(m->ctx));
     if (c->kind == PS_ATTN_COMPRESSED && c->any_head_offset)
         return ps_fail(err, "the chunked prefill does not support window grids with offsets (attention.head_offsets; run prompts whole)");
     if (c->kind == PS_ATTN_COMPRESSED && c->boundaries == PS_BOUNDARIES_CONTENT)
@@ -177,33 +174,33 @@ static int keep_tail(ps_ctx *ctx, float *frame, float *tmp, int64_t have, int64_
     return ps_copy(ctx, tmp, frame + (have - keep) * width, keep * width) || ps_copy(ctx, frame, tmp, keep * width);
 }
 
-/* The select attention of the chunk [t0, t1) of a prefill of T tokens (host arrays): the windows of both levels
- * completed by t1 pooled (nw_done[0], [1]: those done before), then as ps_forward over T tokens: dense below
- * dense_len, else stage 1, block scores over the blocks of T tokens, top-k and attention over the selected
- * blocks — the chunk's rows of the whole forward's select_attention. */
-static void select_chunk(ps_prefill *p, int l, int64_t t0, int64_t t1, int64_t T, int64_t *nw_done) {
+/* The select attention of the chunk [t0, t1) of a prefill of T tokens (the selection ops of core/ops.h): the windows
+ * of both levels completed by t1 pooled (nw_done[0], [1]: those done before), then as ps_forward over T tokens:
+ * dense below dense_len, else stage 1, block scores over the blocks of T tokens, top-k and attention over the
+ * selected blocks — the chunk's rows of the whole forward's select_attention. 0, or -1 with the context failed. */
+static int select_chunk(ps_prefill *p, int l, int64_t t0, int64_t t1, int64_t T, int64_t *nw_done) {
     const ps_config *c = &p->m->cfg;
+    ps_ctx *ctx = p->ctx;
     ps_prefill_layer *L = &p->layers[l];
     ps_select_cfg sc = ps_config_select(c);
     int64_t C = t1 - t0, nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim, ks = nkv * hd, K = c->window, S = c->stride;
-    int64_t N1 = ps_select_n_windows(t1, K, S), N2 = ps_select_n_windows(t1, 4 * K, 4 * S), nb = ps_select_n_blocks(&sc, T),
-            ns = ps_select_slots(&sc);
-    /* windows j0.. of a level: ps_select_compress_forward over the keys from window j0's first position */
-    if (N1 > nw_done[0])
-        ps_select_compress_forward(L->k1 + nw_done[0] * ks, L->k + nw_done[0] * S * ks, t1 - nw_done[0] * S, nkv, hd, K, S);
-    if (N2 > nw_done[1])
-        ps_select_compress_forward(L->k2 + nw_done[1] * ks, L->k + nw_done[1] * 4 * S * ks, t1 - nw_done[1] * 4 * S, nkv, hd, 4 * K,
-                                   4 * S);
+    int64_t N1 = ps_select_n_windows(t1, K, S), N2 = ps_select_n_windows(t1, 4 * K, 4 * S), nb = ps_select_n_blocks(&sc, T);
+    ps_sel_geom g = {.B = 1, .n = C, .pos0 = t0, .L = t1, .H = nh, .Hkv = nkv, .D = hd, .N1 = N1, .N2 = N2, .nb = nb, .sel = sc};
+    /* windows j0.. of a level: ps_select_compress over the keys from window j0's first position */
+    if (N1 > nw_done[0] &&
+        ps_select_compress(ctx, L->k1 + nw_done[0] * ks, L->k + nw_done[0] * S * ks, 1, t1 - nw_done[0] * S, nkv, hd, K, S))
+        return -1;
+    if (N2 > nw_done[1] && ps_select_compress(ctx, L->k2 + nw_done[1] * ks, L->k + nw_done[1] * 4 * S * ks, 1,
+                                              t1 - nw_done[1] * 4 * S, nkv, hd, 4 * K, 4 * S))
+        return -1;
     nw_done[0] = N1 > nw_done[0] ? N1 : nw_done[0];
     nw_done[1] = N2 > nw_done[1] ? N2 : nw_done[1];
-    if (!ps_select_sparse(c, T)) {
-        ps_select_attn_forward(p->z, NULL, p->q, L->k, L->v, NULL, ns, C, t0, t1, c->block, nh, nkv, hd);
-        return;
-    }
-    ps_select_scores_forward(p->sel_P, p->q, C, t0, L->k1, N1, L->k2, N2, nh, nkv, hd, K, S);
-    ps_select_block_scores_forward(p->sel_bs, p->sel_P, C, t0, N1, nb, nkv, &sc);
-    ps_select_topk_forward(p->sel_blocks, p->sel_bs, C, t0, nb, nkv, &sc);
-    ps_select_attn_forward(p->z, NULL, p->q, L->k, L->v, p->sel_blocks, ns, C, t0, t1, c->block, nh, nkv, hd);
+    if (!ps_select_sparse(c, T)) return ps_select_attn(ctx, p->z, NULL, p->q, L->k, L->v, NULL, &g);
+    return ps_select_scores(ctx, p->sel_P, p->q, L->k1, L->k2, &g) || ps_select_block_scores(ctx, p->sel_bs, p->sel_P, &g) ||
+                   ps_select_topk(ctx, p->sel_blocks, p->sel_bs, &g) ||
+                   ps_select_attn(ctx, p->z, NULL, p->q, L->k, L->v, p->sel_blocks, &g)
+               ? -1
+               : 0;
 }
 
 /* One layer over the chunk [t0, t1) of T tokens: p->x is its input and becomes its output. */
@@ -275,8 +272,8 @@ static int layer_chunk(ps_prefill *p, int l, int64_t t0, int64_t t1, int64_t T, 
     } else {
         f.Tk = t1, f.q_off = t0, f.pos0 = 0;
     }
-    if (c->kind == PS_ATTN_SELECT) select_chunk(p, l, t0, t1, T, nw_done);
-    if ((c->kind != PS_ATTN_SELECT && ps_attn_chunk(ctx, p->z, p->q, L->k, L->v, L->ck, L->cv, &f)) ||
+    if ((c->kind == PS_ATTN_SELECT ? select_chunk(p, l, t0, t1, T, nw_done)
+                                   : ps_attn_chunk(ctx, p->z, p->q, L->k, L->v, L->ck, L->cv, &f)) ||
         ps_matmul(ctx, p->attn_out, p->z, w.wo, C, nh * hd, d, 0) || ps_add(ctx, p->mid, p->x, p->attn_out, C * d) ||
         ps_rmsnorm(ctx, p->ln2, p->rstd, p->mid, w.post_norm, C, d, eps) ||
         ps_matmul(ctx, p->g, p->ln2, w.mlp_gate, C, d, dff, 0) || ps_matmul(ctx, p->u, p->ln2, w.mlp_up, C, d, dff, 0) ||

@@ -27,7 +27,7 @@
 #   configure   the carried .debs unpacked with dpkg -x into .gpu_prefix/ (only when the machine lacks the
 #               libraries; never into /), a Release build with PS_CUDA=ON for sm_90 against that prefix
 #               (timeout 150 s)
-#   build       test_cuda, test_backend_ops, test_kvcache, test_v4_kvcache, bench_gpu, phasescope with -j$(nproc)
+#   build       test_cuda, test_backend_ops, test_kvcache, test_v4_kvcache, test_select, bench_gpu, phasescope with -j$(nproc)
 #               (timeout 300 s)
 #   test_cuda   the program itself, PS_REQUIRE_DEVICE=1 (no device: FAIL), under the deadline (not ctest:
 #               its TIMEOUT property would beat any --timeout); the first FAIL lines go to the summary
@@ -38,13 +38,15 @@
 #               fork, edits, hooks; full, grid, staggered, content, channel), PS_REQUIRE_CUDA=1 (when 120 s are left)
 #   test_v4_kvcache   the DeepSeek-V4 KV cache on the cuda backend against the cpu (test_v4_kvcache --backends:
 #               appends, fork, edits, truncate, hooks; mix4 and hub3), PS_REQUIRE_CUDA=1 (when 120 s are left)
+#   test_select the select attention kind on the cuda backend against the cpu (test_select --backends: a
+#               forward with hooks, a hook_blocks edit, the backward), PS_REQUIRE_CUDA=1 (when 120 s are left)
 #   generate    `phasescope generate --device cuda` against --device cpu: deep_w8s8 (3 prompts, a mean edit)
 #               and mix4, tokens equal and log-probabilities within 1e-3 (when 90 s are left)
 #   bench_gpu   GEMM rates per precision, one training step per precision x attention (1 step, no knockout
 #               unless --full)
 #   torch_peer  the same model and step in PyTorch (bench/torch_gpu_peer.py), when 100 s are left
 # Logs and JSON go to $OUT (the device tool's folder), else build-gpu/out/: summary.txt, configure.log,
-# build.log, test_cuda.log, test_cuda_blocking.log, test_backend_ops.log, test_kvcache.log, test_v4_kvcache.log,
+# build.log, test_cuda.log, test_cuda_blocking.log, test_backend_ops.log, test_kvcache.log, test_v4_kvcache.log, test_select.log,
 # generate_cpu.log, generate_cuda.log, generate_compare.log, bench_gpu.log/.json,
 # torch_peer.log/.json.
 # The whole script is one block, read before it runs: editing the file during a run cannot change that run.
@@ -236,7 +238,7 @@ say "configure: ok in $(($(date +%s) - TC)) s (prefix: $([ "$need_prefix" = 1 ] 
 
 # 2. build
 TB=$(date +%s)
-timeout "$(left $BUILD_TIMEOUT)" cmake --build "$BUILD" -j "$JOBS" --target test_cuda test_backend_ops test_kvcache test_v4_kvcache bench_gpu phasescope > "$O/build.log" 2>&1
+timeout "$(left $BUILD_TIMEOUT)" cmake --build "$BUILD" -j "$JOBS" --target test_cuda test_backend_ops test_kvcache test_v4_kvcache test_select bench_gpu phasescope > "$O/build.log" 2>&1
 rc=$?
 BUILD_S=$(($(date +%s) - TB))
 if [ $rc != 0 ]; then
@@ -305,6 +307,8 @@ backend_stage() {
 backend_stage test_kvcache
 # 3e. the DeepSeek-V4 cache: the conformance checkpoints mix4 and hub3
 backend_stage test_v4_kvcache
+# 3e'. the select attention kind (select.cu): a forward with hooks and the backward against the cpu
+backend_stage test_select
 # 3f. `phasescope generate --device cuda` against the cpu (deep_w8s8: 3 prompts, 16 greedy tokens, a mean
 # edit; mix4: 8 tokens): the tokens equal, the log-probabilities within 1e-3 (a flip between two near-equal
 # logits is reported with its margin, not failed). GEN_DEVICE: the device compared (cuda).

@@ -11,7 +11,9 @@
  * with one and with two tiles of real chunks (T 400); the attention ops full attention, the base grid with
  * 75 windows, a staggered grid and content chunks of two tiles; the KV cache's ops page lists of several
  * pages (raw rows after dropped pages, entries in pages of 5), per-row and blocked attention; the DeepSeek-V4
- * cache's a sliding, an HCA and a CSA layer's piece. */
+ * cache's a sliding, an HCA and a CSA layer's piece; the block-sparse selection ops a whole pass of two sequences,
+ * one of 70 rows and a prefill chunk, with top-k ties / NaN and attention over blocks a hook might write
+ * (test_select_refs also holds the CPU's selection ops to core/select.c's naive references). */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <stdint.h>
@@ -1091,6 +1093,174 @@ static int c_v4_kv_slots(int s) {
     return 1;
 }
 
+/* ---------------- block-sparse selection (InfLLM-v2; core/select.h) ---------------- */
+
+/* B, n rows from position pos0, extra blocks scored past the keys (a prefill chunk's nb counts the whole prompt), H,
+ * Hkv, D, K, S, block, init, local, topk: a whole pass of two sequences, one of 70 rows (two tiles of 64), and a
+ * chunk of 9 rows at 30 with blocks past its keys */
+static const int64_t SELC[3][13] = {{2, 40, 0, 0, 4, 2, 8, 4, 2, 8, 1, 1, 2},
+                                    {1, 70, 0, 0, 2, 1, 16, 8, 4, 16, 1, 1, 1},
+                                    {1, 9, 30, 3, 4, 2, 8, 4, 2, 4, 0, 1, 3}};
+static int sel_make(int s, ps_sel_geom *g) {
+    if (s >= 3) return 0;
+    const int64_t *x = SELC[s];
+    ps_select_cfg sc = {.kernel = x[7], .stride = x[8], .block = x[9], .init_blocks = x[10], .local_blocks = x[11], .topk = x[12]};
+    int64_t L = x[2] + x[1];
+    *g = (ps_sel_geom){.B = x[0], .n = x[1], .pos0 = x[2], .L = L, .H = x[4], .Hkv = x[5], .D = x[6], .sel = sc,
+                       .N1 = ps_select_n_windows(L, sc.kernel, sc.stride), .N2 = ps_select_n_windows(L, 4 * sc.kernel, 4 * sc.stride),
+                       .nb = ps_select_n_blocks(&sc, L) + x[3]};
+    return 1;
+}
+/* blocks [B, n, Hkv, slots] as a hook might leave them: ids in [-1, nb), repeats and ids past the row's block */
+static float *sel_blocks_host(const ps_sel_geom *g) {
+    int64_t ns = ps_select_slots(&g->sel), cnt = g->B * g->n * g->Hkv * ns;
+    float *h = malloc((size_t)cnt * sizeof(float));
+    ps_rng r;
+    ps_rng_seed(&r, 1000 + R.seed++);
+    for (int64_t i = 0; i < cnt; i++) h[i] = (float)((int64_t)(ps_rng_uniform(&r) * (double)(g->nb + 1)) - 1);
+    return h;
+}
+static int c_select_compress(int s) {
+    ps_sel_geom g;
+    if (!sel_make(s, &g)) return 0;
+    int64_t ks = g.Hkv * g.D, K = g.sel.kernel, S = g.sel.stride;
+    float *k = IN(g.B * g.L * ks, 1), *c1 = ZERO(g.B * g.N1 * ks), *c2 = ZERO(g.B * g.N2 * ks);
+    ps_select_compress(R.c, c1, k, g.B, g.L, g.Hkv, g.D, K, S);
+    ps_select_compress(R.c, c2, k, g.B, g.L, g.Hkv, g.D, 4 * K, 4 * S);
+    OUT("k1", c1, g.B * g.N1 * ks), OUT("k2", c2, g.B * g.N2 * ks);
+    return 1;
+}
+static int c_select_scores(int s) {
+    ps_sel_geom g;
+    if (!sel_make(s, &g)) return 0;
+    int64_t ks = g.Hkv * g.D, nP = g.B * g.n * g.Hkv * g.N1;
+    float *q = IN(g.B * g.n * g.H * g.D, 1), *k1 = IN(g.B * g.N1 * ks, 1), *k2 = IN(g.B * g.N2 * ks, 1), *P = ZERO(nP);
+    ps_select_scores(R.c, P, q, k1, k2, &g);
+    OUT("P", P, nP);
+    return 1;
+}
+static int c_select_block_scores(int s) {
+    ps_sel_geom g;
+    if (!sel_make(s, &g)) return 0;
+    int64_t nbs = g.B * g.n * g.Hkv * g.nb;
+    float *P = IN(g.B * g.n * g.Hkv * g.N1, 1), *bs = ZERO(nbs);
+    ps_select_block_scores(R.c, bs, P, &g);
+    OUT("bs", bs, nbs);
+    return 1;
+}
+static int c_select_topk(int s) {
+    ps_sel_geom g;
+    if (!sel_make(s, &g)) return 0;
+    int64_t nbs = g.B * g.n * g.Hkv * g.nb, nbl = g.B * g.n * g.Hkv * ps_select_slots(&g.sel);
+    float *h = host_rnd(nbs, 2);
+    for (int64_t i = 0; i < nbs; i++) h[i] = i % 7 == 3 ? INFINITY : i % 11 == 5 ? NAN : roundf(h[i]); /* ties, forced, NaN */
+    float *bs = UP(h, nbs), *blk = ZERO(nbl);
+    free(h);
+    ps_select_topk(R.c, blk, bs, &g);
+    OUT("blocks", blk, nbl);
+    return 1;
+}
+static int c_select_attn(int s) {
+    ps_sel_geom g;
+    if (!sel_make(s, &g)) return 0;
+    int64_t nq = g.B * g.n * g.H * g.D, nk = g.B * g.L * g.Hkv * g.D, nl = g.B * g.n * g.H;
+    float *hb = sel_blocks_host(&g), *blk = UP(hb, g.B * g.n * g.Hkv * ps_select_slots(&g.sel));
+    free(hb);
+    float *q = IN(nq, 1), *k = IN(nk, 1), *v = IN(nk, 1), *z = ZERO(nq), *lse = ZERO(nl), *zd = ZERO(nq), *lsed = ZERO(nl);
+    ps_select_attn(R.c, z, lse, q, k, v, blk, &g);
+    ps_select_attn(R.c, zd, lsed, q, k, v, NULL, &g);
+    OUT("z", z, nq), OUT("lse", lse, nl), OUT("z dense", zd, nq), OUT("lse dense", lsed, nl);
+    return 1;
+}
+static int c_select_backward(int s) {
+    ps_sel_geom g;
+    if (!sel_make(s, &g)) return 0;
+    int64_t nq = g.B * g.n * g.H * g.D, nk = g.B * g.L * g.Hkv * g.D, nl = g.B * g.n * g.H;
+    float *hb = sel_blocks_host(&g), *blk = UP(hb, g.B * g.n * g.Hkv * ps_select_slots(&g.sel));
+    free(hb);
+    float *q = IN(nq, 1), *k = IN(nk, 1), *v = IN(nk, 1), *dz = IN(nq, 1), *z = ZERO(nq), *lse = ZERO(nl);
+    for (int dense = 0; dense < 2; dense++) {
+        const float *b = dense ? NULL : blk;
+        float *dq = IN(nq, 1), *dk = IN(nk, 1), *dv = IN(nk, 1); /* accumulated into */
+        ps_select_attn(R.c, z, lse, q, k, v, b, &g);
+        ps_select_backward(R.c, dq, dk, dv, dz, z, lse, q, k, v, b, &g);
+        OUT(dense ? "dq dense" : "dq", dq, nq), OUT(dense ? "dk dense" : "dk", dk, nk), OUT(dense ? "dv dense" : "dv", dv, nk);
+    }
+    return 1;
+}
+
+/* The CPU's selection ops (batched, through a "cpu" context) against core/select.c's naive references per sequence:
+ * compressed keys, stage-1 scores, block scores and attention within 1e-5 of the largest value (the references in
+ * double), top-k exactly (ties, forced blocks, NaN). */
+static double sel_ref_diff(const float *got, const double *want, int64_t n) {
+    double big = 0, worst = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (isfinite(want[i])) big = fmax(big, fabs(want[i]));
+    for (int64_t i = 0; i < n; i++) {
+        if (!isfinite(want[i]) || !isfinite(got[i])) {
+            if (!((double)got[i] == want[i])) return INFINITY;
+            continue;
+        }
+        worst = fmax(worst, fabs(got[i] - want[i]));
+    }
+    return big > 0 ? worst / big : worst;
+}
+static void test_select_refs(void) {
+    ps_ctx *c;
+    ps_error err;
+    REQUIRE_OK(ps_ctx_create(&c, "cpu", &err), &err);
+    ps_sel_geom g;
+    for (int s = 0; sel_make(s, &g); s++) {
+        memset(&R, 0, sizeof R);
+        R.c = c;
+        int64_t ks = g.Hkv * g.D, K = g.sel.kernel, S = g.sel.stride, ns = ps_select_slots(&g.sel), qs = g.n * g.H * g.D;
+        int64_t nq = g.B * qs, nk = g.B * g.L * ks, nP = g.n * g.Hkv * g.N1, nbs = g.n * g.Hkv * g.nb, nbl = g.n * g.Hkv * ns;
+        float *q = host_rnd(nq, 1), *k = host_rnd(nk, 1), *v = host_rnd(nk, 1), *k1 = calloc((size_t)(g.B * g.N1 * ks + 1), 4),
+              *k2 = calloc((size_t)(g.B * g.N2 * ks + 1), 4), *P = calloc((size_t)(g.B * nP + 1), 4),
+              *bs = calloc((size_t)(g.B * nbs + 1), 4), *blk = calloc((size_t)(g.B * nbl + 1), 4), *z = calloc((size_t)nq, 4);
+        double *ref = calloc((size_t)(nq + g.B * (nP + nbs + nk) + 1), 8);
+        int64_t *iblk = calloc((size_t)(nbl + 1), 8);
+        CHECK(!ps_select_compress(c, k1, k, g.B, g.L, g.Hkv, g.D, K, S) &&
+                  !ps_select_compress(c, k2, k, g.B, g.L, g.Hkv, g.D, 4 * K, 4 * S) && !ps_select_scores(c, P, q, k1, k2, &g) &&
+                  !ps_select_block_scores(c, bs, P, &g) && !ps_select_topk(c, blk, bs, &g),
+              "selection ops on the cpu: %s", c->err.msg);
+        for (int64_t b = 0; b < g.B; b++) {
+            const float *kb = k + b * g.L * ks, *qb = q + b * qs;
+            ps_select_compress_ref(ref, kb, g.L, g.Hkv, g.D, K, S);
+            CHECK(sel_ref_diff(k1 + b * g.N1 * ks, ref, g.N1 * ks) <= 1e-5, "shape %d seq %lld: select_compress vs its ref", s, (long long)b);
+            ps_select_compress_ref(ref, kb, g.L, g.Hkv, g.D, 4 * K, 4 * S);
+            CHECK(sel_ref_diff(k2 + b * g.N2 * ks, ref, g.N2 * ks) <= 1e-5, "shape %d seq %lld: level 2 vs its ref", s, (long long)b);
+            ps_select_scores_ref(ref, qb, g.n, g.pos0, k1 + b * g.N1 * ks, g.N1, k2 + b * g.N2 * ks, g.N2, g.H, g.Hkv, g.D, K, S);
+            double d = sel_ref_diff(P + b * nP, ref, nP);
+            CHECK(d <= 1e-5, "shape %d seq %lld: select_scores vs its ref: %.3g", s, (long long)b, d);
+            ps_select_block_scores_ref(ref, P + b * nP, g.n, g.pos0, g.N1, g.nb, g.Hkv, &g.sel);
+            CHECK(sel_ref_diff(bs + b * nbs, ref, nbs) == 0, "shape %d seq %lld: select_block_scores vs its ref", s, (long long)b);
+            ps_select_topk_ref(iblk, bs + b * nbs, g.n, g.pos0, g.nb, g.Hkv, &g.sel);
+            int same = 1;
+            for (int64_t i = 0; i < nbl; i++) same &= (double)blk[b * nbl + i] == (double)iblk[i];
+            CHECK(same, "shape %d seq %lld: select_topk vs its ref", s, (long long)b);
+        }
+        for (int dense = 0; dense < 2; dense++) {
+            const float *bl = dense ? NULL : blk;
+            CHECK(!ps_select_attn(c, z, NULL, q, k, v, bl, &g), "select_attn: %s", c->err.msg);
+            for (int64_t b = 0; b < g.B; b++) {
+                ps_select_attn_ref(ref, q + b * qs, k + b * g.L * ks, v + b * g.L * ks, bl ? bl + b * nbl : NULL, ns, g.n, g.pos0,
+                                   g.L, g.sel.block, g.H, g.Hkv, g.D);
+                double d = sel_ref_diff(z + b * qs, ref, qs);
+                CHECK(d <= 1e-5, "shape %d seq %lld%s: select_attn vs its ref: %.3g", s, (long long)b, dense ? " dense" : "", d);
+            }
+        }
+        free(q), free(k), free(v), free(k1), free(k2), free(P), free(bs), free(blk), free(z), free(ref), free(iblk);
+    }
+    /* a bad geometry fails in the wrapper, naming the op */
+    g.Hkv = 3;
+    float x[4] = {0};
+    CHECK(ps_select_attn(c, x, NULL, x, x, x, NULL, &g) != 0 && strstr(c->err.msg, "select_attn: bad geometry"), "bad geometry: %s",
+          c->err.msg);
+    memset(&R, 0, sizeof R);
+    ps_ctx_free(c);
+}
+
 /* ---------------- the case tables, indexed by the enums ---------------- */
 
 typedef struct {
@@ -1128,6 +1298,11 @@ static const op_case CORE[PS_OP_COUNT] = {
     [PS_OP_KV_ATTEND_SINK] = {c_kv_attend_sink, 1e-5},
     [PS_OP_KV_SLOTS] = {c_kv_slots, 1e-5},
     [PS_OP_KV_SLOT_POOL] = {c_kv_slot_pool, 1e-5},
+    [PS_OP_SELECT_COMPRESS] = {c_select_compress, 1e-6},
+    [PS_OP_SELECT_SCORES] = {c_select_scores, 1e-5},
+    [PS_OP_SELECT_BLOCK_SCORES] = {c_select_block_scores, 0},
+    [PS_OP_SELECT_TOPK] = {c_select_topk, 0},
+    [PS_OP_SELECT_ATTN] = {c_select_attn, 1e-5},
     [PS_OP_HEAD_SET] = {c_head_set, 0},
     [PS_OP_ADD_VECTOR] = {c_add_vector, 1e-6},
     [PS_OP_ROLL_BLOCKS] = {c_roll_blocks, 0},
@@ -1145,6 +1320,7 @@ static const op_case CORE[PS_OP_COUNT] = {
     [PS_OP_GATE_ENTROPY] = {c_gate_entropy, 1e-5},
     [PS_OP_POOL_BACKWARD] = {c_pool_backward, 1e-5},
     [PS_OP_ATTN_BACKWARD] = {c_attn_backward, 1e-4},
+    [PS_OP_SELECT_BACKWARD] = {c_select_backward, 1e-4},
     [PS_OP_CROSS_ENTROPY] = {c_cross_entropy, 1e-5},
     [PS_OP_SUMSQ] = {c_sumsq, 1e-9},
     [PS_OP_ADAMW] = {c_adamw, 1e-5},
@@ -1371,6 +1547,7 @@ int main(void) {
     test_complete();
     test_staged_guard();
     test_supports();
+    test_select_refs();
     test_backend("cpu-staged");
     /* "not tested" where the build has no cuda backend or the machine no device — a failure when the run asks
      * for the device (PS_REQUIRE_CUDA=1: a GPU check must never pass without one) */

@@ -5,7 +5,9 @@
  * backward against central finite differences of the double reference. Then the controlled model's attention kind
  * `select` (the same math over its q and k after qk-norm and RoPE): its config keys refused by name, the round
  * trip of its config, forward and gradients against tests/ref_model.c by central differences with the choice of
- * blocks fixed, the dense path = full attention, and its hook points. */
+ * blocks fixed, the dense path = full attention, and its hook points; on another backend (through the selection
+ * ops of core/ops.h) a forward with hooks and the backward against the cpu: cpu-staged bit for bit, cuda when
+ * present (--backends: that comparison alone, the device check scripts/gpu_check.sh). */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -13,6 +15,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "core/backward.h"
 #include "core/config.h"
 #include "core/forward.h"
 #include "core/hooks.h"
@@ -389,7 +392,114 @@ static void test_select_model(void) {
     ps_model_free(&m);
 }
 
-int main(void) {
+/* max |x - y| over max |y| (n floats) */
+static double rel_max(const float *x, const float *y, int64_t n) {
+    double big = 0, worst = 0;
+    for (int64_t i = 0; i < n; i++) big = fmax(big, fabs(y[i])), worst = fmax(worst, fabs((double)x[i] - y[i]));
+    return big > 0 ? worst / big : worst;
+}
+
+/* The select kind on another backend against the cpu: on the test backend cpu-staged (docs/backends.md: the CPU's
+ * ops on buffers the host may not read between ops, so every step must go through the ops of core/ops.h) a forward
+ * of two sequences past dense_len with the selection's hook points cached and a hook_blocks edit, and the backward,
+ * equal to the cpu run bit for bit (the same kernels on the same inputs); on cuda within 1e-3 of the largest value
+ * (a block choice may flip between two scores within rounding). A hook's bad block id is refused there as on the
+ * cpu (the check reads a host copy). 0 when the backend cannot be opened (not tested). */
+static int test_select_backend(const char *name) {
+    ps_error err;
+    ps_config c = select_config();
+    enum { BS = 2, TS = 40 };
+    int64_t V = c.vocab_size;
+    int32_t tok[BS * TS], tgt[BS * TS];
+    tu_random_tokens(tok, BS * TS, V, 29);
+    for (int i = 0; i < BS * TS; i++) tgt[i] = i % TS == TS - 1 ? -1 : tok[i + 1];
+    ps_model m[2];
+    float *logits[2], *grads[2], *scores[2];
+    int64_t n_scores = BS * TS * 2 * 19;
+    for (int r = 0; r < 2; r++) {
+        tu_random_model(&m[r], &c, 5, 0.5f);
+        if (r && ps_model_to_backend(&m[r], name, &err)) {
+            printf("select on %s: not tested (%s)\n", name, err.msg);
+            ps_model_free(&m[0]), ps_model_free(&m[1]);
+            free(logits[0]), free(grads[0]), free(scores[0]);
+            return 0;
+        }
+        ps_acts a, g;
+        if (ps_acts_create(&a, m[r].ctx, &c, BS, TS, true, &err) || ps_acts_create(&g, m[r].ctx, &c, BS, TS, false, &err)) {
+            CHECK(0, "select on %s: %s", name, err.msg);
+            return 1;
+        }
+        ps_hooks h;
+        ps_cache cache;
+        ps_hooks_init(&h);
+        ps_cache_init(&cache);
+        ps_hook_action zero = {.kind = PS_ACT_ZERO, .head = 1};
+        CHECK_OK(ps_cache_watch(&cache, &h, &c, "blocks.1.attn.hook_select_scores", &err) ||
+                     ps_hooks_add_action(&h, &c, "blocks.0.attn.hook_blocks", &zero, &err),
+                 &err);
+        CHECK_OK(ps_forward(&m[r], &a, tok, &h, &err), &err);
+        const float *lh = ps_acts_logits_host(&a, &err);
+        const ps_cache_item *it = ps_cache_get(&cache, "blocks.1.attn.hook_select_scores");
+        logits[r] = calloc((size_t)(BS * TS * V), sizeof(float));
+        scores[r] = calloc((size_t)n_scores, sizeof(float));
+        if (lh) memcpy(logits[r], lh, (size_t)(BS * TS * V) * sizeof(float));
+        if (it && it->ndim == 4 && it->shape[0] * it->shape[1] * it->shape[2] * it->shape[3] == n_scores)
+            memcpy(scores[r], it->data, (size_t)n_scores * sizeof(float));
+        grads[r] = calloc((size_t)m[r].n_params, sizeof(float));
+        float *gb = ps_buf_alloc(m[r].ctx, m[r].n_params * (int64_t)sizeof(float), "test grads", &err);
+        double loss = 0;
+        int64_t nt = 0;
+        CHECK_OK(!gb || ps_backward(&m[r], &a, &g, tok, tgt, 1.0f / (BS * TS), gb, &loss, &nt, &err) ||
+                     ps_buf_to_host(m[r].ctx, grads[r], gb, m[r].n_params * (int64_t)sizeof(float), &err),
+                 &err);
+        if (gb) ps_buf_free(m[r].ctx, gb, m[r].n_params * (int64_t)sizeof(float));
+        /* a hook that writes a block id past the blocks fails, naming the point */
+        ps_hooks_free(&h);
+        ps_hooks_init(&h);
+        float nine[8] = {99, 99, 99, 99, 99, 99, 99, 99}, *src = ps_buf_alloc(m[r].ctx, sizeof nine, "test source", &err);
+        ps_hook_action bad = {.kind = PS_ACT_SET, .head = -1, .src = src, .every_pos = 1};
+        CHECK_OK(!src || ps_buf_from_host(m[r].ctx, src, nine, sizeof nine, &err) ||
+                     ps_hooks_add_action(&h, &c, "blocks.0.attn.hook_blocks", &bad, &err),
+                 &err);
+        CHECK_ERR(ps_forward(&m[r], &a, tok, &h, &err), &err, "blocks.0.attn.hook_blocks");
+        if (src) ps_buf_free(m[r].ctx, src, sizeof nine);
+        ps_hooks_free(&h);
+        ps_cache_free(&cache);
+        ps_acts_free(&a), ps_acts_free(&g);
+    }
+    int exact = !strcmp(name, "cpu-staged");
+    double dl = rel_max(logits[1], logits[0], BS * TS * V), ds = rel_max(scores[1], scores[0], n_scores),
+           dg = rel_max(grads[1], grads[0], m[0].n_params);
+    if (exact)
+        CHECK(!memcmp(logits[0], logits[1], (size_t)(BS * TS * V) * sizeof(float)) &&
+                  !memcmp(scores[0], scores[1], (size_t)n_scores * sizeof(float)) &&
+                  !memcmp(grads[0], grads[1], (size_t)m[0].n_params * sizeof(float)),
+              "select on %s: not the cpu's bits (logits %.3g, hook_select_scores %.3g, gradients %.3g)", name, dl, ds, dg);
+    else
+        CHECK(dl <= 1e-3 && ds <= 1e-3 && dg <= 1e-3, "select on %s against the cpu: logits %.3g, hook_select_scores %.3g, gradients %.3g",
+              name, dl, ds, dg);
+    printf("select on %s: logits %.3g, hook_select_scores %.3g, gradients %.3g of the largest value from the cpu's\n", name, dl,
+           ds, dg);
+    double gsum = 0;
+    for (int64_t i = 0; i < m[0].n_params; i++) gsum += fabs(grads[0][i]);
+    CHECK(gsum > 0, "select: the gradients are all zero");
+    for (int r = 0; r < 2; r++) free(logits[r]), free(grads[r]), free(scores[r]), ps_model_free(&m[r]);
+    return 1;
+}
+
+/* cpu-staged always; cuda when the build has it and a device is present — a failure when the run asks for it
+ * (PS_REQUIRE_CUDA=1: scripts/gpu_check.sh) */
+static void test_select_backends(void) {
+    test_select_backend("cpu-staged");
+    int cuda = test_select_backend("cuda");
+    const char *req = getenv("PS_REQUIRE_CUDA");
+    CHECK(cuda || !req || !*req || !strcmp(req, "0"), "PS_REQUIRE_CUDA is set and the select kind could not be tested on cuda");
+}
+
+/* --backends: the backend comparison alone (the device check, scripts/gpu_check.sh) */
+int main(int argc, char **argv) {
+    test_select_backends();
+    if (argc > 1 && !strcmp(argv[1], "--backends")) CHECK_DONE();
     test_layer();
     test_attn_shapes();
     test_select_config();

@@ -9,7 +9,8 @@
  * whole forward over the same tokens (within TOL of max|ref|), and the blocks the cache chose for it (its
  * hook_blocks, every layer) equal the whole forward's last-row blocks; the number of pooled keys is the number
  * of complete windows. One append of many rows (steps of 5 and 32 rows, and plain_attention) = the whole
- * forward at every row; the chunked prefill in chunks of 1, 3, 7 and T the same (sparse, dense, window = stride).
+ * forward at every row; the chunked prefill in chunks of 1, 3, 7 and T the same (sparse, dense, window = stride),
+ * and on cpu-staged (the selection ops on buffers the host may not read between ops) the cpu's logits bit for bit.
  * Fork + truncate: a fork truncated into the middle of a window and grown another way equals the forward
  * of its own tokens, the source is untouched, and a truncation followed by the same tokens again gives the
  * same logits. dense_len: a decode that crosses it equals the whole forward while the rows before it select
@@ -219,6 +220,25 @@ static void test_append_and_prefill(void) {
             free(ref2);
             ps_prefill_free(&p);
         }
+        /* the chunked prefill on cpu-staged (the selection through the ops of core/ops.h, on buffers the host may
+         * not read between ops): the cpu's logits bit for bit */
+        ps_model ms;
+        ps_prefill p1, p2;
+        float *lc = malloc((size_t)(T * V) * sizeof *lc);
+        tu_random_model(&ms, &c, 31 + (uint64_t)dl, 0.5f);
+        if (ps_model_to_backend(&ms, "cpu-staged", &err) || ps_prefill_create(&p1, &m, T, 7, &err)) {
+            CHECK(0, "%s: prefill on cpu-staged: %s", what, err.msg);
+        } else {
+            if (ps_prefill_create(&p2, &ms, T, 7, &err)) CHECK(0, "%s: prefill on cpu-staged: %s", what, err.msg);
+            else {
+                CHECK_OK(ps_prefill_logits(&p1, tok, T, pos, T, lc, &err) || ps_prefill_logits(&p2, tok, T, pos, T, lg, &err), &err);
+                CHECK(!memcmp(lc, lg, (size_t)(T * V) * sizeof *lg), "%s: prefill on cpu-staged = on the cpu, bit for bit", what);
+                ps_prefill_free(&p2);
+            }
+            ps_prefill_free(&p1);
+        }
+        ps_model_free(&ms);
+        free(lc);
         free(lg), free(ref);
         ps_model_free(&m);
     }

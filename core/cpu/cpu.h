@@ -64,6 +64,17 @@ int ps_cpu_kv_attend_sink(ps_ctx *ctx, float *z, const float *q, const float *si
 int ps_cpu_kv_slots(ps_ctx *ctx, float *alpha, const float *ape, const ps_kv_chan *k);
 int ps_cpu_kv_slot_pool(ps_ctx *ctx, float *out, const float *alpha, const ps_kv_chan *k);
 
+/* core/cpu/select_cpu.c: block-sparse selection (core/select.c's fast paths per sequence) */
+int ps_cpu_select_compress(ps_ctx *ctx, float *ck, const float *k, int64_t B, int64_t L, int64_t Hkv, int64_t D, int64_t K,
+                           int64_t S);
+int ps_cpu_select_scores(ps_ctx *ctx, float *P, const float *q, const float *k1, const float *k2, const ps_sel_geom *g);
+int ps_cpu_select_block_scores(ps_ctx *ctx, float *bs, const float *P, const ps_sel_geom *g);
+int ps_cpu_select_topk(ps_ctx *ctx, float *blocks, const float *bs, const ps_sel_geom *g);
+int ps_cpu_select_attn(ps_ctx *ctx, float *z, float *lse, const float *q, const float *k, const float *v, const float *blocks,
+                       const ps_sel_geom *g);
+int ps_cpu_select_backward(ps_ctx *ctx, float *dq, float *dk, float *dv, const float *dz, const float *z, const float *lse,
+                           const float *q, const float *k, const float *v, const float *blocks, const ps_sel_geom *g);
+
 /* core/cpu/ops_cpu_misc.c: data movement, hook actions, embedding backward, optimizer */
 int ps_cpu_copy(ps_ctx *ctx, float *dst, const float *src, int64_t n);
 int ps_cpu_fill(ps_ctx *ctx, float *x, float value, int64_t n);

@@ -128,6 +128,16 @@ int ps_cuda_attn_backward(ps_ctx *ctx, float *dq, float *dk, float *dv, float *d
     float *z, const float *lse, const float *q, const float *k, const float *v, const float *ck, const float *cv,
     const ps_attn_geom *g);
 
+/* block-sparse selection (select.cu; the arithmetic in select_bodies.h) */
+int ps_cuda_select_compress(ps_ctx *c, float *ck, const float *k, int64_t B, int64_t L, int64_t Hkv, int64_t D, int64_t K,
+    int64_t S);
+int ps_cuda_select_scores(ps_ctx *c, float *P, const float *q, const float *k1, const float *k2, const ps_sel_geom *g);
+int ps_cuda_select_block_scores(ps_ctx *c, float *bs, const float *P, const ps_sel_geom *g);
+int ps_cuda_select_topk(ps_ctx *c, float *blocks, const float *bs, const ps_sel_geom *g);
+int ps_cuda_select_attn(ps_ctx *c, float *z, float *lse, const float *q, const float *k, const float *v, const float *blocks,
+    const ps_sel_geom *g);
+int ps_cuda_select_backward(ps_ctx *c, float *dq, float *dk, float *dv, const float *dz, const float *z, const float *lse,
+    const float *q, const float *k, const float *v, const float *blocks, const ps_sel_geom *g);
 /* DeepSeek-V4 (v4.cu; the arithmetic in v4_bodies.h) */
 int ps_cuda_v4_rope_table(ps_ctx *c, float *cos_t, float *sin_t, int64_t n_pos, int64_t half, const double *inv_freq,
     float mscale);
