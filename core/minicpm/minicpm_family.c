@@ -412,7 +412,7 @@ static int mc_kv_entry(const ps_kvcache *kv, int seq, int l, int g, int value, i
 static int mc_kv_edit(ps_kvcache *kv, int seq, int l, int g, int value, int64_t j, ps_kv_edit_kind kind, const float *vec, ps_error *err) {
     (void)kv, (void)seq, (void)g, (void)j, (void)kind, (void)vec;
     (void)value;
-    return ps_fail(err, "blocks.%d.attn.cache_ck: the MiniCPM4 cache's pooled keys are read-only (edit them as they are made: a hook "
+    return ps_fail_usage(err, "blocks.%d.attn.cache_ck: the MiniCPM4 cache's pooled keys are read-only (edit them as they are made: a hook "
                         "on attn.hook_ck during the append)", l);
 }
 static int64_t mc_kv_bytes(const ps_kvcache *kv) {
