@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "core/backward.h"
+#include "core/family_entries.h"
 #include "core/forward.h"
 #include "core/ops.h"
 #include "core/runtime.h"
@@ -70,6 +71,18 @@ const float *ps_model_state_point(const ps_runtime *rt, void *state, int layer, 
     if (point == PS_HOOK_CK || point == PS_HOOK_CV) dims[1] = a->nW; /* the entries this batch's pass made */
     ps_act_ptrs P = ps_acts_layer(a, layer);
     return point_of(&P, point);
+}
+
+/* The select attention's compressed target (hook_ck, the level-1 pooled keys) reaches the output only through the
+ * top-k choice of blocks: a discrete choice with no gradient, so every cell's first-order estimate would be 0 — a
+ * refusal rather than a grid of zeros that reads as "no head matters" (target both would silently drop that part). */
+const char *ps_model_atp_target_missing(const ps_runtime *rt, int target, char *buf, size_t n) {
+    if (model_of(rt)->cfg.kind != PS_ATTN_SELECT || !((target + 1) & 2)) return NULL;
+    snprintf(buf, n, "--method atp --target %s: the select attention's compressed keys (hook_ck) only choose which blocks a "
+                     "query attends (a discrete top-k with no gradient), so attribution patching would estimate 0 for every "
+                     "cell; use --method exact for this target, or --target raw (hook_k, hook_v)",
+             ps_model_ko_target_names[target]);
+    return buf;
 }
 
 const char *ps_model_patch_missing(const ps_runtime *rt, char *buf, size_t n) {

@@ -44,6 +44,7 @@ int ps_model_backward(const ps_runtime *rt, void *state, void **scratch, const i
                       const ps_hooks *grad_hooks, int stop_layer, double *loss, ps_error *err);
 void ps_model_backward_free(const ps_runtime *rt, void *scratch);
 const float *ps_model_state_point(const ps_runtime *rt, void *state, int layer, int point, int64_t dims[4]);
+const char *ps_model_atp_target_missing(const ps_runtime *rt, int target, char *buf, size_t n);
 const char *ps_model_patch_missing(const ps_runtime *rt, char *buf, size_t n);
 int ps_model_patch_attention(const ps_runtime *rt, void *state, void **scratch, int layer, int head, const int *points,
                              const float *const *means, int n, float *dz, ps_error *err);

@@ -37,7 +37,8 @@
  * The functions below are the same for every family: each goes through the cache's table (ps_kvcache_ops, kv->ops),
  * which the family supplies in its family table (core/runtime.h: ps_family.kvcache; NULL: the family has no cache,
  * and generate and serve say so). This file implements the controlled model's (ps_kvcache_model_ops); DeepSeek-V4's
- * is core/v4/v4_kvcache.h (its layout and cache points are described there); a family defined outside the library
+ * is core/v4/v4_kvcache.h (its layout and cache points are described there); MiniCPM4's is core/minicpm/minicpm_family.c
+ * (one ps_minicpm_cache per sequence, its cache point blocks.{l}.attn.cache_ck read-only: docs/minicpm.md); a family defined outside the library
  * brings its own (tests/toy_family.c). A family's own state hangs on kv->impl.
  *
  * Backend: any (docs/kvcache.md "Backends"): the pages and step buffers are buffers of the model's context;

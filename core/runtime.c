@@ -446,6 +446,7 @@ const ps_family ps_family_model = {
     .grad.backward = ps_model_backward,
     .grad.backward_free = ps_model_backward_free,
     .grad.state_point = ps_model_state_point,
+    .grad.target_missing = ps_model_atp_target_missing,
     .grad.patch_missing = ps_model_patch_missing,
     .grad.patch_attention = ps_model_patch_attention,
     .grad.patch_point = PS_HOOK_Z,

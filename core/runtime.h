@@ -188,6 +188,9 @@ typedef struct {
      *     gradient as the event's data: actions such as PS_ACT_DOT read it); *loss the NLL.
      *   state_point: the clean activation of point number `point` at layer in the state (on rt->ctx) and its
      *     event shape in dims (NULL: the state has no such array).
+     *   target_missing: why a first-order estimate of knockout target `target` would be meaningless on this model
+     *     (NULL: it is not; NULL entry: every target with cells is estimated) — the controlled model's select
+     *     attention: its compressed target acts only through a discrete top-k choice, whose gradient is 0.
      *   patch_missing / patch_attention (AtP*'s QK fix; patch_attention NULL: the family has none): why this model
      *     cannot take it (NULL: it can); layer's attention recomputed exactly with KV head `head`'s entries at
      *     points[i] set to means[i] (as the knockout's means, [npos, ...]; NULL: not replaced), and dz at the
@@ -196,6 +199,7 @@ typedef struct {
                     const ps_hooks *grad_hooks, int stop_layer, double *loss, ps_error *err);
     void (*backward_free)(const ps_runtime *rt, void *scratch);
     const float *(*state_point)(const ps_runtime *rt, void *state, int layer, int point, int64_t dims[4]);
+    const char *(*target_missing)(const ps_runtime *rt, int target, char *buf, size_t n);
     const char *(*patch_missing)(const ps_runtime *rt, char *buf, size_t n);
     int (*patch_attention)(const ps_runtime *rt, void *state, void **scratch, int layer, int head, const int *points,
                            const float *const *means, int n, float *dz, ps_error *err);

@@ -9,7 +9,7 @@
 static int run(const ps_args *a, ps_error *err);
 
 static const ps_flag_spec FLAGS[] = {
-    {"--model", "DIR", "the checkpoint: a phasescope model, a Hugging Face Qwen3 checkpoint or a DeepSeek-V4\ncheckpoint (default: the shipped model)", 0},
+    {"--model", "DIR", "the checkpoint: a phasescope model, a Hugging Face Qwen3 checkpoint, a DeepSeek-V4\ncheckpoint or a MiniCPM4 checkpoint (default: the shipped model)", 0},
     {"--host", "ADDR", "IPv4 address to listen on (default 127.0.0.1: this machine only)", 0},
     {"--port", "N", "port (default 8000; 0: any free port, printed and written to --port-file)", 0},
     {"--port-file", "FILE", "write the port to FILE once listening (for scripts)", 0},

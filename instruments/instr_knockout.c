@@ -59,6 +59,11 @@ static int grid_command(const ps_args *a, int patch, ps_error *err) {
     const ps_runtime *rt = &in.rt;
     int64_t L = 0, nh_max = 0, T0 = 0, T1 = 0;
     char why[256];
+    int atp = 0, fix = 0;
+    if (!bad && !patch) {
+        static const char *const METHODS[] = {"exact", "atp", NULL};
+        if (ps_args_get(a, "--method") && ps_args_choice(a, "--method", METHODS, &atp, err)) bad = -1;
+    }
     if (!bad) {
         L = rt->n_layers;
         /* the prompts' lengths: a prompt set's T, or the task sweep's seq_len .. seq_len + P - 1 (prefix padding);
@@ -68,6 +73,18 @@ static int grid_command(const ps_args *a, int patch, ps_error *err) {
         target = ps_knockout_default_target_at(rt, T0);
         const char *tv = ps_args_get(a, "--target");
         if (tv && ps_args_choice(a, "--target", ps_knockout_targets(rt), &target, err)) bad = -1;
+        /* --method atp on a target it cannot estimate (the select attention's compressed keys choose blocks: no
+         * gradient): refused when asked for, else the first target it can (select: raw) */
+        if (!bad && atp && ps_atp_target_missing(rt, target, why, sizeof why)) {
+            if (tv) bad = ps_cli_usage(err, "%s", why);
+            else {
+                int found = -1;
+                for (int t = 0; found < 0 && ps_knockout_targets(rt)[t]; t++)
+                    if (!ps_atp_target_missing(rt, t, why, sizeof why) && !ps_knockout_layer_missing(rt, t, -1, why, sizeof why)) found = t;
+                if (found < 0) bad = ps_fail(err, "--method atp: no knockout target of this model can be estimated from gradients");
+                else target = found;
+            }
+        }
     }
     if (!bad) {
         nh_max = ps_knockout_target_heads(rt, target);
@@ -101,13 +118,8 @@ static int grid_command(const ps_args *a, int patch, ps_error *err) {
             bad = ps_cli_usage(err, "--heads: --target %s replaces whole layers (--heads goes with --target heads)", tname);
         heads[0] = 0, nh = 1;
     }
-    int atp = 0, fix = 0;
     int64_t verify = 0;
     if (!bad && patch) bad = patch_inputs(&in, a, &cs, &own_cs, err);
-    if (!bad && !patch) {
-        static const char *const METHODS[] = {"exact", "atp", NULL};
-        if (ps_args_get(a, "--method") && ps_args_choice(a, "--method", METHODS, &atp, err)) bad = -1;
-    }
     if (!bad && !patch) {
         fix = ps_atp_default_fix(rt);
         if (ps_args_get(a, "--atp-fix") && ps_args_choice(a, "--atp-fix", ps_atp_fix_names, &fix, err)) bad = -1;

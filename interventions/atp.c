@@ -32,6 +32,11 @@ const char *ps_atp_fix_missing(const ps_runtime *rt, int fix, char *buf, size_t 
     return NULL;
 }
 
+const char *ps_atp_target_missing(const ps_runtime *rt, int target, char *buf, size_t n) {
+    const ps_family *f = rt->family;
+    return f->grad.target_missing ? f->grad.target_missing(rt, target, buf, n) : NULL;
+}
+
 /* The estimate over any family with gradients at hook points (its core entries backward, state_point and, fix
  * qk, patch_attention), from the target's arrays (its ko_arrays: the points a cell sets) and the knockout's
  * means. */
@@ -268,7 +273,8 @@ static int atp_estimate(void *self, const ps_runtime *rt, const ps_grid_shift *s
 
 int ps_atp_spec(const ps_runtime *rt, int target, const int *heads, int n_heads, int fix, ps_grid_spec *spec, ps_error *err) {
     char why[256];
-    if (ps_atp_fix_missing(rt, fix, why, sizeof why)) return ps_fail(err, "%s", why);
+    if (ps_atp_fix_missing(rt, fix, why, sizeof why) || ps_atp_target_missing(rt, target, why, sizeof why))
+        return ps_fail(err, "%s", why);
     const ps_family *f = rt->family;
     if (!f->ko.arrays || !f->ko.heads || !f->ko.heads(rt, target))
         return ps_fail(err, "--method atp: the %s family's target has no per-head cells to attribute", f->name);

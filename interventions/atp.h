@@ -39,6 +39,10 @@ int ps_atp_default_fix(const ps_runtime *rt);
 /* NULL, or why the model cannot take `fix` (an error message in buf). */
 const char *ps_atp_fix_missing(const ps_runtime *rt, int fix, char *buf, size_t n);
 
+/* NULL, or why the model's knockout target `target` cannot be estimated to first order (an error message in buf:
+ * the select attention's compressed target acts only through a discrete choice; runtime.h grad.target_missing). */
+const char *ps_atp_target_missing(const ps_runtime *rt, int target, char *buf, size_t n);
+
 /* The estimate spec of any family with gradients at hook points (its core entries backward, grad.backward_free,
  * grad.state_point; fix qk: grad.patch_attention, grad.patch_missing, grad.patch_point — core/runtime.h): target as ps_ko_spec
  * (ko_spec.h, whose means it reads; the cells set the target's ko.arrays' points). An error naming what the

@@ -6,9 +6,11 @@
  *     along the cell's replacement, by central differences of hooked forwards written here (host
  *     callbacks, the means averaged here from cached clean runs): fix none along (mean − a) at the
  *     replaced arrays; fix qk along (z'_c − z) at hook_z, z'_c cached from a forward with the cell's
- *     mean replacement — for full, compressed (every target), staggered and per-channel attention;
+ *     mean replacement — for full, compressed (every target), staggered, per-channel and select attention
+ *     (select: target raw, the block choice held by a small step; hook_k/hook_v gradients too);
  *   - one prompt (its mean is itself) estimates exactly 0 for every cell, both fixes;
- *   - a cell mask runs exactly the masked cells; the errors (fix qk on the per-channel compressor). */
+ *   - a cell mask runs exactly the masked cells; the errors (fix qk on the per-channel compressor and select,
+ *     select's compressed and both targets: a discrete choice). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,6 +39,8 @@ static ps_config cfg_of(ps_attn_kind kind, int staggered) {
     c.max_seq_len = 40;
     c.window = 4, c.stride = 4, c.local_window = 4;
     if (kind == PS_ATTN_CHANNEL) c.n_kv_heads = 1, c.rate = 4, c.v4_mode = PS_V4_MODE_CSA, c.local_window = 3;
+    /* select: 4-token blocks, 3 of them chosen besides the local one (a 30-token row keeps 4 of 8: sparse) */
+    if (kind == PS_ATTN_SELECT) c.stride = 2, c.block = 4, c.topk = 3, c.init_blocks = 1, c.local_blocks = 1, c.dense_len = 0;
     if (staggered) {
         c.n_grid_offsets = c.n_kv_heads;
         c.head_offsets[0] = 0, c.head_offsets[1] = 2;
@@ -117,6 +121,7 @@ static void test_grad_hooks(ps_attn_kind kind, const char *what) {
             ps_hook_point pt = pts[pi];
             if (kind == PS_ATTN_FULL && (pt == PS_HOOK_CK || pt == PS_HOOK_CV)) continue;
             if (kind == PS_ATTN_CHANNEL && (pt == PS_HOOK_V || pt == PS_HOOK_CV)) continue;
+            if (kind == PS_ATTN_SELECT && (pt == PS_HOOK_CK || pt == PS_HOOK_CV)) continue; /* the choice: no gradient */
             char name[96];
             ps_hook_name(name, sizeof name, l, pt);
             /* the gradient the backward hands the hook */
@@ -256,6 +261,10 @@ static void test_estimate(ps_attn_kind kind, int staggered, ps_ko_target target,
         return;
     }
     int nc = r.nc, K = kind == PS_ATTN_CHANNEL;
+    /* the step of the central differences: select's pooled keys follow hook_k, and a step of 1e-2 along (mean − k)
+     * already flips a near-tie of this random model's block choice (a jump, not a derivative); 1e-3 keeps every
+     * choice (measured: agreement to 1e-3 of the largest derivative, 12.7) */
+    const float step = kind == PS_ATTN_SELECT ? 1e-3f : 1e-2f;
     double worst = 0, scale = 0;
     for (int64_t p = 0; p < P; p++) {
         ps_shifted s;
@@ -314,7 +323,7 @@ static void test_estimate(ps_attn_kind kind, int staggered, ps_ko_target target,
                 }
                 double f[2][N * MAXQ];
                 for (int sgn = 0; sgn < 2; sgn++) {
-                    const float e = sgn ? -1e-2f : 1e-2f;
+                    const float e = sgn ? -step : step;
                     interp ip[4];
                     ps_hooks h;
                     ps_hooks_init(&h);
@@ -337,7 +346,7 @@ static void test_estimate(ps_attn_kind kind, int staggered, ps_ko_target target,
                             int64_t k = b * MAXQ + q, o = ((p * 2 + li) * nc + ci) * N * MAXQ + k;
                             CHECK(r.seen[o], "%s: the cell (layer %d, head %d) was recorded", what, l, ci);
                             if (s.residue[k] != rho) continue;
-                            fd += (f[0][k] - f[1][k]) / 2e-2;
+                            fd += (f[0][k] - f[1][k]) / (2.0 * step);
                             est += r.clean[p][k] - r.cell[o];
                         }
                         worst = fmax(worst, fabs(fd - est));
@@ -431,6 +440,20 @@ static void test_mask_and_errors(void) {
     ps_grid_spec spec;
     int heads[1] = {0};
     CHECK_ERR(ps_atp_spec(&rt, 1, heads, 1, PS_ATP_FIX_QK, &spec, &err), &err, "--atp-fix qk", "channel");
+    CHECK(!ps_atp_target_missing(&rt, 1, why, sizeof why), "channel attention's compressed target is estimated");
+    ps_model_free(&m);
+    /* select: the compressed keys only choose blocks (no gradient): target compressed and both are refused, raw is
+     * estimated; fix qk is not offered */
+    ps_config cs = cfg_of(PS_ATTN_SELECT, 0);
+    tu_random_model(&m, &cs, 94, 0.5f);
+    ps_runtime_model(&rt, &m);
+    CHECK(!ps_atp_target_missing(&rt, 0, why, sizeof why), "select: target raw is estimated");
+    for (int t = 1; t <= 2; t++) {
+        CHECK(ps_atp_target_missing(&rt, t, why, sizeof why) && strstr(why, "discrete"), "select: target %d refused (%s)", t, why);
+        CHECK_ERR(ps_atp_spec(&rt, t, heads, 1, PS_ATP_FIX_NONE, &spec, &err), &err, t == 1 ? "--target compressed" : "--target both",
+                  "discrete top-k");
+    }
+    CHECK(ps_atp_fix_missing(&rt, PS_ATP_FIX_QK, why, sizeof why) && strstr(why, "select"), "fix qk on select attention is refused");
     ps_model_free(&m);
 }
 
@@ -438,6 +461,7 @@ int main(void) {
     test_grad_hooks(PS_ATTN_COMPRESSED, "compressed");
     test_grad_hooks(PS_ATTN_FULL, "full");
     test_grad_hooks(PS_ATTN_CHANNEL, "channel");
+    test_grad_hooks(PS_ATTN_SELECT, "select");
     test_estimate(PS_ATTN_COMPRESSED, 0, PS_KO_COMPRESSED, PS_ATP_FIX_NONE, "compressed, target compressed, fix none");
     test_estimate(PS_ATTN_COMPRESSED, 0, PS_KO_RAW, PS_ATP_FIX_NONE, "compressed, target raw, fix none");
     test_estimate(PS_ATTN_COMPRESSED, 0, PS_KO_BOTH, PS_ATP_FIX_NONE, "compressed, target both, fix none");
@@ -448,6 +472,7 @@ int main(void) {
     test_estimate(PS_ATTN_COMPRESSED, 1, PS_KO_COMPRESSED, PS_ATP_FIX_QK, "staggered, target compressed, fix qk");
     test_estimate(PS_ATTN_CHANNEL, 0, PS_KO_COMPRESSED, PS_ATP_FIX_NONE, "channel, target compressed, fix none");
     test_estimate(PS_ATTN_CHANNEL, 0, PS_KO_RAW, PS_ATP_FIX_NONE, "channel, target raw, fix none");
+    test_estimate(PS_ATTN_SELECT, 0, PS_KO_RAW, PS_ATP_FIX_NONE, "select, target raw, fix none");
     test_mask_and_errors();
     CHECK_DONE();
 }

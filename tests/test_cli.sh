@@ -301,6 +301,22 @@ expect atp-fix-exact 2 "--atp-fix goes with --method atp" -- "$PS" knockout --mo
 expect atp-method 2 "--method fast: expected exact or atp" -- "$PS" knockout --model "$R" --method fast
 expect atp-verify-shard 2 "--verify needs the whole estimate" -- "$PS" knockout --model "$R" --method atp --verify 2 --shard 0/2
 expect atp-channel 2 "--atp-fix qk: the per-channel compressor attention" -- "$PS" knockout --model "$(dirname "$0")/../data/models/v4demo" --method atp --atp-fix qk --n 2
+# select attention: --method atp estimates the raw target (its default there: the compressed keys only choose
+# blocks, a discrete choice with no gradient), close to the exact grid on the late layers of a trained model
+S="$(dirname "$0")/../data/models/deep_select_s2_rule"
+expect atp-select 0 "attribution patching: estimated NLL changes" -- "$PS" knockout --model "$S" --n 8 --layers 10-11 --heads 0-3 --period 4 --method atp --out "$T/atps"
+expect atp-select-exact 0 "the residue it hurts most" -- "$PS" knockout --model "$S" --n 8 --layers 10-11 --heads 0-3 --period 4 --target raw --out "$T/atpsx"
+expect atp-select-compare 0 "recall in the estimate's top" -- "$PS" atp-compare "$T/atpsx/knockout.json" "$T/atps/knockout.json" --out "$T/atpsc"
+check atp-select-agree '
+d = load(A[0]); g = d["grid"]
+assert load(A[1])["grid"]["target"] == "raw" and d["n_pairs"] == 32, d["n_pairs"]
+assert d["pearson"] > 0.8 and d["cell_pearson"] > 0.8, (d["pearson"], d["cell_pearson"])
+ex = [x for r in g["exact"] for x in r]; es = [x for r in g["estimate"] for x in r]
+big = [(a, b) for a, b in zip(ex, es) if abs(a) > 1e-3]
+assert len(big) >= 5 and sum((a > 0) == (b > 0) for a, b in big) >= 0.8 * len(big), big
+' "$T/atpsc/atp_compare.json" "$T/atps/knockout.json"
+expect atp-select-compressed 2 "only choose which blocks a query attends (a discrete top-k with no gradient)" -- "$PS" knockout --model "$S" --n 8 --method atp --target compressed --out "$T/x"
+expect atp-select-qk 2 "--atp-fix qk: the select attention" -- "$PS" knockout --model "$S" --n 8 --method atp --atp-fix qk --out "$T/x"
 # a model with more KV heads than the old 4096-entry lists (regression: stack overflow when --heads is absent)
 cat > "$T/many.json" <<'JSON'
 {"model": {"vocab_size": 32, "d_model": 4, "n_layers": 1, "n_heads": 4097, "n_kv_heads": 4097, "head_dim": 2,

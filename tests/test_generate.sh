@@ -4,7 +4,7 @@
 # log-probabilities its log-softmax; --prompt with a tokenizer prints the text and writes it; --hooks writes
 # every firing; --edit changes the continuation only through the cache entries it names; one-line errors
 # with exit status 2 for usage errors; the same on a select-attention model (random weights, the demo's shape),
-# DeepSeek-V4 and MiniCPM4. Usage: test_generate.sh BUILD_DIR SOURCE_DIR
+# DeepSeek-V4 and MiniCPM4 (and `phasescope serve` on MiniCPM4: its greedy completion = generate's). Usage: test_generate.sh BUILD_DIR SOURCE_DIR
 set -u
 B="$1"; SRC="$2"; PS="$B/phasescope"
 T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
@@ -175,7 +175,34 @@ a, e = hd["decode.tokens"]["data_offsets"]; t = array.array("q"); t.frombytes(b[
 json.dump([t[:250]], open(sys.argv[2], "w")); open(sys.argv[3], "w").write(" ".join(map(str, t[250:262])))
 PY
 expect minicpm-generate 0 "sequence 0: $(cat "$T/mc_want.txt")" -- "$PS" generate --model "$MC" --tokens "$T/mct.json" --max-tokens 12 --out "$T/mcg"
-expect minicpm-no-edit 2 "no cache points" -- "$PS" generate --model "$MC" --tokens "$T/mct.json" --max-tokens 2 --edit blocks.0.attn.cache_ck:0:0:zero
+expect minicpm-no-edit 2 "pooled keys are read-only" -- "$PS" generate --model "$MC" --tokens "$T/mct.json" --max-tokens 2 --edit blocks.0.attn.cache_ck:0:0:zero
+# hooks during its appends (the prefill's rows at once, then one row per step) and the cache point cache_ck (the
+# level-1 pooled keys: one per complete window of 8 tokens every 4, 61 in the 250 + 1 appended tokens)
+expect minicpm-hooks 0 "wrote 2 tensors" -- "$PS" generate --model "$MC" --tokens "$T/mct.json" --max-tokens 2 --out "$T/mch" \
+  --hooks blocks.1.attn.hook_blocks,blocks.0.attn.cache_ck
+ok python3 - "$T/mch/hooks.safetensors" <<'PY'
+import json, struct, sys
+b = open(sys.argv[1], "rb").read(); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n])
+assert h["blocks.1.attn.hook_blocks.0"]["shape"] == [251, 2, 6], h
+assert h["blocks.0.attn.cache_ck.0"]["shape"] == [61, 2, 16], h
+PY
+# serve on MiniCPM4: a greedy /v1/completions of the same prompt answers generate's tokens and log-probabilities
+if "$PS" serve --help > /dev/null 2>&1; then
+  "$PS" serve --model "$MC" --port 0 --port-file "$T/mc.port" > "$T/mc_serve.log" 2>&1 &
+  SP=$!
+  for _ in $(seq 100); do [ -s "$T/mc.port" ] && break; sleep 0.1; done
+  ok python3 - "$(cat "$T/mc.port" 2>/dev/null)" "$T/mct.json" "$T/mcg/generate.json" <<'PY'
+import json, sys, urllib.request
+port, prompt, g = sys.argv[1], json.load(open(sys.argv[2]))[0], json.load(open(sys.argv[3]))["sequences"][0]
+body = {"prompt": prompt, "max_tokens": 12, "temperature": 0, "logprobs": 1, "return_tokens_as_token_ids": True}
+rq = urllib.request.Request("http://127.0.0.1:%s/v1/completions" % port, json.dumps(body).encode(), {"Content-Type": "application/json"})
+lp = json.load(urllib.request.urlopen(rq, timeout=60))["choices"][0]["logprobs"]
+got = [int(t.split(":")[1]) for t in lp["tokens"]]
+assert got == g["tokens"], (got, g["tokens"])
+assert max(abs(a - b) for a, b in zip(lp["token_logprobs"], g["logprobs"])) < 1e-5, (lp["token_logprobs"], g["logprobs"])
+PY
+  kill "$SP"; wait "$SP" 2> /dev/null
+fi
 # the select attention (experiments/configs/demo/select.json's shape, random weights) through the KV cache: sampled
 # tokens (temperature 1, so they vary) whose log-probabilities are the log-softmax of `forward` on prompt plus
 # generated; the prompts cross block and window boundaries; hook_blocks fires for every appended row, hook_ck once per

@@ -773,6 +773,190 @@ static void test_runtime(void) {
     ps_runtime_free(&rt);
 }
 
+/* ---- the family's KV cache through ps_kvcache_* (minicpm_family.c) on the conformance checkpoint: every new row's
+ * logits, fork, truncate, hooks during an append, the cache point cache_ck ---- */
+
+/* a hook that records each firing's shape, the event's position and entry, and (zero) zeroes the last row */
+typedef struct {
+    const ps_kvcache *kv;
+    int n, zero;
+    int64_t shape[4], t0, entry;
+    float last[64];
+    int64_t nlast;
+} kv_tap;
+
+static int kv_tap_fn(const ps_hook_event *ev, void *user, ps_error *err) {
+    (void)err;
+    kv_tap *t = user;
+    int64_t row = 1, n = 1;
+    for (int i = 0; i < ev->ndim; i++) n *= ev->shape[i];
+    for (int i = 2; i < ev->ndim; i++) row *= ev->shape[i];
+    t->n++;
+    memcpy(t->shape, ev->shape, sizeof t->shape);
+    if (t->kv) t->t0 = ps_kvcache_event(t->kv)->t0, t->entry = ps_kvcache_event(t->kv)->entry;
+    t->nlast = row < 64 ? row : 64;
+    if (n >= row) memcpy(t->last, ev->data + n - row, (size_t)t->nlast * sizeof(float));
+    if (t->zero && n >= row) memset(ev->data + n - row, 0, (size_t)row * sizeof(float));
+    return 0;
+}
+
+static void test_kvcache_ops(void) {
+    enum { NT = 60, P0 = 37 };
+    ps_error err;
+    ps_runtime rt;
+    REQUIRE_OK(ps_runtime_open(&rt, TINY, NULL, &err), &err);
+    const ps_minicpm_model *m = rt.model;
+    const ps_minicpm_config *c = &m->cfg;
+    int64_t V = c->vocab_size, Hk = c->n_kv_heads, D = c->head_dim, ns = ps_select_slots(&c->sel);
+    int32_t tok[NT], alt[NT];
+    tu_random_tokens(tok, NT, (int)V, 41);
+    tu_random_tokens(alt, NT, (int)V, 42);
+    float *ref = logits_of(TINY, tok, NT, NULL); /* the whole forward over every token */
+    float *lg = malloc((size_t)(NT * V) * sizeof(float)), *lg2 = malloc((size_t)(NT * V) * sizeof(float));
+    double big = 0;
+    for (int64_t i = 0; ref && i < NT * V; i++) big = fmax(big, fabs(ref[i]));
+    const double tol = 1e-4 * big; /* float32: a prefill's products over many rows vs a decode step's one row */
+    ps_kvcache kv;
+    REQUIRE_OK(ps_kvcache_create_rt(&kv, &rt, NULL, &err), &err);
+    /* 1. every new row's logits: the prompt (a prefill) and 10 more tokens in one append (decode steps) = the whole
+     * forward's rows (a row of the sparse path does not depend on the tokens after it) */
+    int a = ps_kvcache_add(&kv, &err);
+    int64_t n0 = P0, n1 = 10, n5 = 5;
+    CHECK_OK(ps_kvcache_append(&kv, 1, &a, &n0, tok, NULL, lg, false, &err) ||
+                 ps_kvcache_append(&kv, 1, &a, &n1, tok + P0, NULL, lg + P0 * V, false, &err),
+             &err);
+    double wa = max_diff(lg, ref, (P0 + 10) * V);
+    CHECK(wa < tol, "all rows: %d appended rows vs the whole forward: %.3g (tolerance %.3g)", P0 + 10, wa, tol);
+    CHECK(ps_kvcache_len(&kv, a) == P0 + 10, "length %lld", (long long)ps_kvcache_len(&kv, a));
+    /* the last-only form gives the same last row, bit for bit */
+    int b0 = ps_kvcache_add(&kv, &err);
+    CHECK_OK(ps_kvcache_append(&kv, 1, &b0, &n0, tok, NULL, lg2, true, &err), &err);
+    CHECK(same_floats(lg2, lg + (P0 - 1) * V, V), "a prefill's last row: last_only = all rows' last");
+    ps_kvcache_drop(&kv, b0);
+    /* 2. the cache point cache_ck: entry j of head g = the whole forward's hook_ck (over the same 47 tokens) */
+    {
+        ps_hooks h;
+        ps_cache cc;
+        ps_hooks_init(&h);
+        ps_cache_init(&cc);
+        CHECK_OK(ps_minicpm_cache_watch(&cc, &h, c, "blocks.1.attn.hook_ck", &err), &err);
+        float *r47 = logits_of(TINY, tok, P0 + 10, &h);
+        const ps_cache_item *it = ps_cache_get(&cc, "blocks.1.attn.hook_ck");
+        int64_t N1 = ps_select_n_windows(P0 + 10, c->sel.kernel, c->sel.stride);
+        int l = -1, v = -1;
+        CHECK_OK(ps_kvcache_point_parse_kv(&kv, "blocks.1.attn.cache_ck", &l, &v, &err), &err);
+        CHECK(l == 1 && v == 0 && ps_kvcache_n_entries(&kv, a, 1, 0) == N1 && ps_kvcache_entry_heads(&kv) == Hk,
+              "cache_ck: layer %d, %lld entries (want %lld)", l, (long long)ps_kvcache_n_entries(&kv, a, 1, 0), (long long)N1);
+        double we = 0, me = 0;
+        float e[64];
+        for (int64_t j = 0; it && j < N1; j++)
+            for (int g = 0; g < Hk; g++) {
+                CHECK_OK(ps_kvcache_entry(&kv, a, 1, g, 0, j, e, &err), &err);
+                for (int64_t i = 0; i < D; i++)
+                    we = fmax(we, fabs(e[i] - it->data[(j * Hk + g) * D + i])), me = fmax(me, fabs(it->data[(j * Hk + g) * D + i]));
+            }
+        CHECK(it && we < 1e-4 * fmax(me, 1.0), "cache_ck entries vs the whole forward's hook_ck: %.3g", we);
+        CHECK_ERR(ps_kvcache_entry(&kv, a, 1, 0, 0, N1, e, &err), &err, "cache_ck entry", "holds");
+        CHECK_ERR(ps_kvcache_point_parse_kv(&kv, "blocks.1.attn.cache_cv", &l, &v, &err), &err, "cache_cv", "cache_ck");
+        CHECK_ERR(ps_kvcache_edit(&kv, a, 1, 0, 0, 0, PS_KV_EDIT_ZERO, NULL, &err), &err, "read-only", "hook_ck");
+        free(r47);
+        ps_cache_free(&cc);
+        ps_hooks_free(&h);
+    }
+    /* 3. fork: the copy and a sequence with the same history decode the same tokens bit for bit, while the source
+     * takes other tokens (each keeps its own) */
+    int f = ps_kvcache_fork(&kv, a, &err), twin = ps_kvcache_add(&kv, &err);
+    int64_t n47 = P0 + 10;
+    CHECK(f >= 0 && twin >= 0 && ps_kvcache_len(&kv, f) == P0 + 10, "fork: %s", err.msg);
+    CHECK_OK(ps_kvcache_append(&kv, 1, &twin, &n0, tok, NULL, NULL, true, &err) ||
+                 ps_kvcache_append(&kv, 1, &twin, &n1, tok + P0, NULL, NULL, true, &err) ||
+                 ps_kvcache_append(&kv, 1, &a, &n5, alt, NULL, lg2, false, &err) ||
+                 ps_kvcache_append(&kv, 1, &f, &n5, tok + n47, NULL, lg, false, &err),
+             &err);
+    CHECK(max_diff(lg, ref + n47 * V, 5 * V) < tol, "fork then decode = the whole forward's rows");
+    CHECK_OK(ps_kvcache_append(&kv, 1, &twin, &n5, tok + n47, NULL, lg2, false, &err), &err);
+    CHECK(same_floats(lg, lg2, 5 * V), "fork then decode = the same decode of the original's history, bit for bit");
+    /* 4. truncate: the source (47 + 5 other tokens) cut to 41 (inside a window) and grown by 6 tokens of its history =
+     * the same rows it computed before (bit for bit), and = a fresh prefill of the 41 tokens then the 6 decodes
+     * (the tiny model is always sparse, dense_len 0: docs/minicpm.md) */
+    int64_t n6 = 6, n41 = 41;
+    CHECK_OK(ps_kvcache_truncate(&kv, a, 41, &err), &err);
+    CHECK(ps_kvcache_len(&kv, a) == 41 && ps_kvcache_n_entries(&kv, a, 0, 0) == ps_select_n_windows(41, c->sel.kernel, c->sel.stride),
+          "truncate: length %lld, %lld pooled keys", (long long)ps_kvcache_len(&kv, a), (long long)ps_kvcache_n_entries(&kv, a, 0, 0));
+    CHECK_OK(ps_kvcache_append(&kv, 1, &a, &n6, tok + 41, NULL, lg, false, &err), &err);
+    int fresh = ps_kvcache_add(&kv, &err);
+    CHECK_OK(ps_kvcache_append(&kv, 1, &fresh, &n41, tok, NULL, NULL, true, &err) ||
+                 ps_kvcache_append(&kv, 1, &fresh, &n6, tok + 41, NULL, lg2, false, &err),
+             &err);
+    double wt = max_diff(lg, lg2, 6 * V);
+    CHECK(wt < tol, "truncate to 41 then decode = a prefill of 41 then decode: %.3g", wt);
+    CHECK(max_diff(lg, ref + 41 * V, 6 * V) < tol, "truncate then decode = the whole forward's rows");
+    CHECK_ERR(ps_kvcache_truncate(&kv, a, 48, &err), &err, "truncate", "holds 47");
+    /* 5. hooks during an append: a decode step fires q, k, ck (as windows complete), blocks, resid_post on its row
+     * with ps_kvcache_event's position; the blocks = the whole forward's last row; zeroing the new row's hook_k in
+     * layer 0 = a whole forward that zeroes the last row of hook_k (what a hook leaves is what the cache keeps) */
+    {
+        kv_tap tk = {.kv = &kv}, tb = {.kv = &kv}, tc = {.kv = &kv}, tr = {.kv = &kv};
+        ps_hooks h;
+        ps_hooks_init(&h);
+        CHECK_OK(rt.family->hook_add(&rt, &h, "blocks.0.attn.hook_k", kv_tap_fn, &tk, &err) ||
+                     rt.family->hook_add(&rt, &h, "blocks.1.attn.hook_blocks", kv_tap_fn, &tb, &err) ||
+                     rt.family->hook_add(&rt, &h, "blocks.1.attn.hook_ck", kv_tap_fn, &tc, &err) ||
+                     rt.family->hook_add(&rt, &h, "blocks.1.hook_resid_post", kv_tap_fn, &tr, &err),
+                 &err);
+        int hs = ps_kvcache_fork(&kv, fresh, &err); /* 47 tokens; the next one (position 47) completes window 10 */
+        int64_t one = 1;
+        CHECK_OK(hs < 0 || ps_kvcache_append(&kv, 1, &hs, &one, tok + 47, &h, lg, true, &err), &err);
+        CHECK(tk.n == 1 && tk.shape[0] == 1 && tk.shape[1] == 1 && tk.shape[2] == Hk && tk.shape[3] == D && tk.t0 == 47 &&
+                  tk.entry == -1,
+              "hook_k on the step's row: %d firings, [%lld, %lld, %lld, %lld] at %lld", tk.n, (long long)tk.shape[0],
+              (long long)tk.shape[1], (long long)tk.shape[2], (long long)tk.shape[3], (long long)tk.t0);
+        CHECK(tc.n == 1 && tc.shape[1] == 1 && tc.entry == 10 && tr.n == 1 && tr.shape[2] == c->hidden_size,
+              "hook_ck per completed window (%d firings, entry %lld), resid_post per row", tc.n, (long long)tc.entry);
+        CHECK(tb.n == 1 && tb.shape[3] == ns, "hook_blocks [1, 1, Hkv, %lld]: %d firings", (long long)ns, tb.n);
+        kv_tap wb = {0};
+        ps_hooks hw;
+        ps_hooks_init(&hw);
+        CHECK_OK(ps_minicpm_hooks_add(&hw, c, "blocks.1.attn.hook_blocks", kv_tap_fn, &wb, &err), &err);
+        float *w48 = logits_of(TINY, tok, 48, &hw);
+        CHECK(wb.n == 1 && wb.nlast == tb.nlast && !memcmp(wb.last, tb.last, (size_t)tb.nlast * sizeof(float)),
+              "the step's blocks = the whole forward's last row");
+        CHECK(max_diff(lg, w48 + 47 * V, V) < tol, "a hooked step that only reads = the whole forward's row");
+        free(w48);
+        ps_hooks_free(&hw);
+        /* zeroing the new row's keys in layer 0 */
+        kv_tap zk = {.kv = &kv, .zero = 1}, zw = {.zero = 1};
+        ps_hooks hz;
+        ps_hooks_init(&hz);
+        CHECK_OK(rt.family->hook_add(&rt, &hz, "blocks.0.attn.hook_k", kv_tap_fn, &zk, &err), &err);
+        int zs = ps_kvcache_fork(&kv, fresh, &err);
+        CHECK_OK(zs < 0 || ps_kvcache_append(&kv, 1, &zs, &one, tok + 47, &hz, lg2, true, &err), &err);
+        ps_hooks_free(&hz);
+        ps_hooks_init(&hz);
+        CHECK_OK(ps_minicpm_hooks_add(&hz, c, "blocks.0.attn.hook_k", kv_tap_fn, &zw, &err), &err);
+        float *z48 = logits_of(TINY, tok, 48, &hz);
+        double wz = max_diff(lg2, z48 + 47 * V, V), moved = max_diff(lg2, lg, V);
+        CHECK(wz < tol && moved > 1e-3 && moved > 100 * wz, "a zeroed hook_k row: decode vs whole forward %.3g, moved by %.3g", wz, moved);
+        free(z48);
+        ps_hooks_free(&hz);
+        ps_hooks_free(&h);
+    }
+    /* an append of hooks registered for another model is refused */
+    {
+        ps_config oc = tu_config(PS_ATTN_FULL);
+        ps_hooks ho;
+        ps_hooks_init(&ho);
+        kv_tap t = {0};
+        CHECK_OK(ps_hooks_add(&ho, &oc, "blocks.0.attn.hook_k", kv_tap_fn, &t, &err), &err);
+        int64_t one = 1;
+        CHECK_ERR(ps_kvcache_append(&kv, 1, &fresh, &one, tok, &ho, NULL, true, &err), &err, "another model");
+        ps_hooks_free(&ho);
+    }
+    ps_kvcache_free(&kv);
+    free(ref), free(lg), free(lg2);
+    ps_runtime_free(&rt);
+}
+
 int main(void) {
     snprintf(TINY, sizeof TINY, "%s/infllm/tiny", tu_conformance_dir());
     test_conformance();
@@ -780,5 +964,6 @@ int main(void) {
     test_bad_configs();
     test_edits();
     test_runtime();
+    test_kvcache_ops();
     CHECK_DONE();
 }

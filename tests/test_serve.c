@@ -5,7 +5,7 @@
  * keeps serving), the connection limit (429), 32 concurrent clients that all get their own right answers
  * (the worker batches them), streamed answers ("stream": true, server-sent events) against the same answers
  * in one piece (tokens, log-probabilities, text, echo and prompt_logprobs, usage; for the other families
- * too), and continuous batching: a request joining a batch of running streams, and a stream that others
+ * too: Qwen3, DeepSeek-V4, MiniCPM4), and continuous batching: a request joining a batch of running streams, and a stream that others
  * joined and left, against the same request alone; a family defined in tests/ (the bigram toy, toy_family.h),
  * passed in the server's family list, answers a greedy completion with the table's argmax and log-softmax.
  * Every server is shut down by the test itself. */
@@ -35,6 +35,7 @@
 #include "text/tokenizer.h"
 #include "core/v4/v4_forward.h"
 #include "core/v4/v4_model.h"
+#include "core/minicpm/minicpm.h"
 
 /* log-softmax of the forward's logits for ids (double, plain loops): lsm[t * V + v] for the row at t */
 static double *reference_lsm(const ps_model *m, const int32_t *ids, int64_t T) {
@@ -228,7 +229,7 @@ static void *stream_main(void *u) {
 }
 
 /* Another family behind the same adapter: serve dir and compare prompt_logprobs with the log-softmax of
- * that family's own forward (ps_forward, or the DeepSeek-V4 forward), computed here. */
+ * that family's own forward (ps_forward, the DeepSeek-V4 forward (v4 1) or the MiniCPM4 forward (v4 2)), computed here. */
 static void check_family(const char *dir, int v4) {
     ps_error err = {0};
     ps_serve_opts o;
@@ -244,7 +245,19 @@ static void check_family(const char *dir, int v4) {
     int64_t V, T = 24;
     int32_t ids[24];
     float *lg = NULL;
-    if (v4) {
+    if (v4 == 2) { /* MiniCPM4 */
+        ps_minicpm_model m;
+        memset(&m, 0, sizeof m);
+        OK(!ps_minicpm_model_load(&m, dir, &err));
+        V = m.cfg.vocab_size;
+        tu_random_tokens(ids, T, V, 5);
+        ps_minicpm_acts a;
+        OK(!ps_minicpm_acts_create(&a, &m, 1, T, &err) && !ps_minicpm_forward(&m, &a, ids, NULL, -1, &err));
+        lg = malloc((size_t)(T * V) * sizeof *lg);
+        memcpy(lg, a.logits, (size_t)(T * V) * sizeof *lg);
+        ps_minicpm_acts_free(&a);
+        ps_minicpm_model_free(&m);
+    } else if (v4) {
         ps_v4_model m;
         memset(&m, 0, sizeof m);
         OK(!ps_v4_model_load(&m, dir, 0, &err));
@@ -290,7 +303,7 @@ static void check_family(const char *dir, int v4) {
         OK(e != NULL);
         worst = fmax(worst, fabs(json_number_value(json_object_get(e, "logprob")) - (x[ids[t]] - mx - log(sum))));
     }
-    printf("%s (%s): prompt_logprobs vs its forward's log-softmax: max |diff| %.3g\n", dir, v4 ? "DeepSeek-V4" : "Qwen3 layout", worst);
+    printf("%s (%s): prompt_logprobs vs its forward's log-softmax: max |diff| %.3g\n", dir, v4 == 2 ? "MiniCPM4" : v4 ? "DeepSeek-V4" : "Qwen3 layout", worst);
     OK(worst < 1e-4);
     json_decref(r);
     /* a streamed greedy answer adds up to the answer in one piece (this family's own decode path) */
@@ -819,6 +832,8 @@ int main(void) {
     check_family(fd, 0);
     snprintf(fd, sizeof fd, "%s/v4/hub3", tu_conformance_dir());
     check_family(fd, 1);
+    snprintf(fd, sizeof fd, "%s/infllm/tiny", tu_conformance_dir()); /* MiniCPM4: every prompt row through its cache */
+    check_family(fd, 2);
     curl_global_cleanup();
     CHECK_DONE();
 }

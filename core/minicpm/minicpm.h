@@ -97,7 +97,7 @@ int ps_minicpm_forward(const ps_minicpm_model *m, ps_minicpm_acts *a, const int3
 /* ---- the KV cache (one sequence): a prefill over the prompt at once, then one token at a time ----
  * Each call decides dense or sparse by its total length L (docs/minicpm.md, "Decode"): a decode step on the sparse
  * path equals the last row of a whole forward over the L tokens; one that crossed dense_len keeps the keys its
- * dense calls computed. The compressed keys grow as windows complete. No hooks fire in a decode step. */
+ * dense calls computed. The compressed keys grow as windows complete. */
 typedef struct {
     int64_t cap, L, nb_cap;      /* positions it holds, tokens so far, blocks of cap */
     int64_t n1, n2;              /* complete windows of both levels so far */
@@ -120,6 +120,21 @@ int ps_minicpm_prefill(const ps_minicpm_model *m, ps_minicpm_cache *kv, const in
                        ps_error *err);
 /* One token at position kv->L; logits [V] of it. */
 int ps_minicpm_decode(const ps_minicpm_model *m, ps_minicpm_cache *kv, int32_t token, float *logits, ps_error *err);
+/* The same with hooks h (NULL: none) and, prefill, every row's logits [T, V] when all_rows (logits NULL: none). A
+ * prefill fires every point as a whole forward over its T tokens does (hook_ck [1, N1, Hkv, D] once); a decode
+ * step fires each point on its row ([1, 1, ...]; the selection points [1, 1, Hkv, N1 / nb / k + Lb]) and hook_ck /
+ * hook_ck2 once per window that completes at it ([1, 1, Hkv, D]; *ev_entry, when given, holds the window's index
+ * while it fires, else -1), the selection points on the sparse path only. What the hooks leave is what the cache
+ * keeps (keys, values, pooled keys) and what the step goes on from. */
+int ps_minicpm_prefill_ex(const ps_minicpm_model *m, ps_minicpm_cache *kv, const int32_t *tokens, int64_t T, const ps_hooks *h,
+                          float *logits, int all_rows, ps_error *err);
+int ps_minicpm_decode_ex(const ps_minicpm_model *m, ps_minicpm_cache *kv, int32_t token, const ps_hooks *h, int64_t *ev_entry,
+                         float *logits, ps_error *err);
+/* fork: dst (uninitialised) a copy of everything src has written (its own arrays of src's capacity). truncate: back to
+ * the first T tokens (T <= L): positions and complete windows beyond T are forgotten; what is kept is what the longer
+ * sequence computed (dense or sparse as its calls were: docs/minicpm.md "Fork and truncate"). */
+int ps_minicpm_cache_copy(ps_minicpm_cache *dst, const ps_minicpm_cache *src, const ps_minicpm_model *m, ps_error *err);
+int ps_minicpm_cache_truncate(const ps_minicpm_config *c, ps_minicpm_cache *kv, int64_t T, ps_error *err);
 
 /* ---- hook points ---- */
 typedef enum {

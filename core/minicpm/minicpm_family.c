@@ -273,9 +273,11 @@ static int mc_describe_config(const json_t *cfg, ps_model_desc *d, ps_error *err
 }
 
 /* ---- the family's KV cache (core/kvcache.h ps_kvcache_ops): one ps_minicpm_cache per sequence — its first
- * append is a prefill of its tokens at once, every later token a decode step (docs/minicpm.md, "Decode"). Only the
- * last new row's logits are returned (generate's and serve's greedy decoding); no hooks fire and there are no
- * cache points (no entries to edit); a sequence cannot be forked or cut back. ---- */
+ * append is a prefill of its tokens at once, every later token a decode step (docs/minicpm.md, "Decode" and "The KV
+ * cache"). Every new row's logits or the last one's; the family's hooks fire during an append (a prefill as a whole
+ * forward over the prompt, a decode step per row; ps_kvcache_event says which sequence, position and window);
+ * fork copies a sequence, truncate cuts it back; the cache point blocks.{l}.attn.cache_ck reads the level-1 pooled
+ * keys (no edits: hook_ck during an append edits them as they are made). ---- */
 
 typedef struct {
     const ps_minicpm_model *m;
@@ -309,7 +311,8 @@ static void mc_kv_free(ps_kvcache *kv) {
     free(kv->seqs);
     memset(kv, 0, sizeof *kv);
 }
-static int mc_kv_add(ps_kvcache *kv, ps_error *err) {
+/* a free slot for a new sequence (its cache zeroed, not created): its id, or -1 */
+static int mc_kv_slot(ps_kvcache *kv, ps_error *err) {
     mc_cache *c = kv->impl;
     int s = 0;
     while (s < kv->n_seq && kv->seqs[s].live) s++;
@@ -323,56 +326,94 @@ static int mc_kv_add(ps_kvcache *kv, ps_error *err) {
     }
     memset(&kv->seqs[s], 0, sizeof kv->seqs[s]);
     memset(&c->c[s], 0, sizeof c->c[s]);
-    if (ps_minicpm_cache_create(&c->c[s], c->m, c->m->cfg.max_position_embeddings, err)) return -1;
+    return s;
+}
+static int mc_kv_add(ps_kvcache *kv, ps_error *err) {
+    mc_cache *c = kv->impl;
+    int s = mc_kv_slot(kv, err);
+    if (s < 0 || ps_minicpm_cache_create(&c->c[s], c->m, c->m->cfg.max_position_embeddings, err)) return -1;
     kv->seqs[s].live = true;
     return s;
 }
+/* a copy of everything the source has written (its keys, values and pooled keys up to its length) */
 static int mc_kv_fork(ps_kvcache *kv, int src, ps_error *err) {
-    (void)kv;
-    return ps_fail(err, "the MiniCPM4 KV cache cannot fork sequence %d (each sequence is prefilled on its own)", src);
+    mc_cache *c = kv->impl;
+    if (!ps_kvcache_seq(kv, src, err)) return -1;
+    int s = mc_kv_slot(kv, err);
+    if (s < 0 || ps_minicpm_cache_copy(&c->c[s], &c->c[src], c->m, err)) return -1;
+    kv->seqs[s].live = true;
+    kv->seqs[s].T = kv->seqs[src].T;
+    return s;
 }
+/* any T <= the length: the cache holds every position */
 static int mc_kv_truncate(ps_kvcache *kv, int seq, int64_t T, ps_error *err) {
+    mc_cache *c = kv->impl;
     ps_kv_seq *q = ps_kvcache_seq(kv, seq, err);
     if (!q) return -1;
-    if (T != q->T) return ps_fail(err, "the MiniCPM4 KV cache cannot cut sequence %d back to %lld tokens", seq, (long long)T);
+    if (T < 0 || T > q->T)
+        return ps_fail(err, "truncate sequence %d to %lld tokens: it holds %lld", seq, (long long)T, (long long)q->T);
+    if (ps_minicpm_cache_truncate(&c->m->cfg, &c->c[seq], T, err)) return -1;
+    q->T = T;
     return 0;
 }
 static int mc_kv_append(ps_kvcache *kv, int n_seq, const int *seqs, const int64_t *n, const int32_t *tokens, const ps_hooks *hooks,
                         float *logits, bool last_only, ps_error *err) {
     mc_cache *c = kv->impl;
-    int64_t V = c->m->cfg.vocab_size, off = 0;
-    if (hooks && hooks->mask) return ps_fail(err, "hooks do not fire during a MiniCPM4 KV cache append (run the sequence whole)");
-    if (!last_only) {
-        for (int i = 0; i < n_seq; i++)
-            if (n[i] > 1) return ps_fail(err, "the MiniCPM4 KV cache returns the last new row's logits only (%lld rows asked)", (long long)n[i]);
-    }
+    const ps_minicpm_config *f = &c->m->cfg;
+    int64_t V = f->vocab_size, off = 0;
+    if (hooks && hooks->mask && (hooks->family != &ps_minicpm_hook_family || hooks->n_layers != f->n_layers))
+        return ps_fail(err, "the hooks were registered for another model (use this MiniCPM4 checkpoint's hook names)");
+    if (!hooks || !hooks->mask) hooks = NULL;
     if (ps_kvcache_check_request(kv, n_seq, seqs, n, tokens, err)) return -1;
-    float *row = c->row;
     int rc = 0;
     for (int i = 0; i < n_seq && !rc; off += n[i], i++) {
         ps_kv_seq *q = &kv->seqs[seqs[i]];
         ps_minicpm_cache *mc = &c->c[seqs[i]];
         if (n[i] == 0) continue;
         int64_t t = 0;
-        if (q->T == 0) { /* the prompt at once */
-            rc = ps_minicpm_prefill(c->m, mc, tokens + off, n[i], row, err);
+        float *dst = logits ? logits + (last_only ? (int64_t)i : off) * V : NULL;
+        kv->ev = (ps_kv_event){.seq = seqs[i], .t0 = q->T, .entry = -1};
+        if (q->T == 0) { /* the prompt at once: every row's logits, or the last one's */
+            rc = ps_minicpm_prefill_ex(c->m, mc, tokens + off, n[i], hooks, last_only ? c->row : dst, !last_only, err);
             t = n[i];
         }
-        for (; t < n[i] && !rc; t++) rc = ps_minicpm_decode(c->m, mc, tokens[off + t], row, err);
+        for (; t < n[i] && !rc; t++) {
+            kv->ev = (ps_kv_event){.seq = seqs[i], .t0 = q->T + t, .entry = -1};
+            rc = ps_minicpm_decode_ex(c->m, mc, tokens[off + t], hooks, &kv->ev.entry, last_only || !dst ? c->row : dst + t * V, err);
+        }
         if (rc) break;
         q->T += n[i];
-        if (logits) memcpy(logits + (last_only ? (int64_t)i : off) * V, row, (size_t)V * sizeof *row);
+        if (dst && last_only) memcpy(dst, c->row, (size_t)V * sizeof *dst);
     }
     return rc;
 }
-static int64_t mc_kv_n_entries(const ps_kvcache *kv, int seq, int l, int g) { return (void)kv, (void)seq, (void)l, (void)g, 0; }
+/* the cache point blocks.{l}.attn.cache_ck (value 0): entry j of KV head g, the level-1 pooled key of window j (the
+ * keys that choose the blocks; the level-2 keys only normalise stage 1 and are not a point) */
+static int64_t mc_kv_n_entries(const ps_kvcache *kv, int seq, int l, int g) {
+    const mc_cache *c = kv->impl;
+    (void)l, (void)g;
+    return seq < 0 || seq >= kv->n_seq || !kv->seqs[seq].live ? 0 : c->c[seq].n1;
+}
 static int mc_kv_entry(const ps_kvcache *kv, int seq, int l, int g, int value, int64_t j, float *out, ps_error *err) {
-    (void)kv, (void)seq, (void)l, (void)g, (void)value, (void)j, (void)out;
-    return ps_fail(err, "the MiniCPM4 KV cache has no cache points yet");
+    const mc_cache *c = kv->impl;
+    const ps_minicpm_config *f = &c->m->cfg;
+    if (seq < 0 || seq >= kv->n_seq || !kv->seqs[seq].live) return ps_fail(err, "sequence %d is not in the cache", seq);
+    if (l < 0 || l >= f->n_layers || g < 0 || g >= f->n_kv_heads || value != 0)
+        return ps_fail(err, "cache entry (layer %d, KV head %d, point %d): the model has %lld layers, %lld KV heads and the point "
+                            "cache_ck (0)", l, g, value, (long long)f->n_layers, (long long)f->n_kv_heads);
+    const ps_minicpm_cache *mc = &c->c[seq];
+    int64_t W = f->n_kv_heads * f->head_dim, K = f->sel.kernel, S = f->sel.stride, Nc = ps_select_n_windows(mc->cap, K, S);
+    if (j < 0 || j >= mc->n1)
+        return ps_fail(err, "blocks.%d.attn.cache_ck entry %lld: sequence %d holds %lld (one per complete window of %lld tokens every %lld)",
+                       l, (long long)j, seq, (long long)mc->n1, (long long)K, (long long)S);
+    memcpy(out, mc->k1 + ((int64_t)l * Nc + j) * W + (int64_t)g * f->head_dim, (size_t)f->head_dim * sizeof(float));
+    return 0;
 }
 static int mc_kv_edit(ps_kvcache *kv, int seq, int l, int g, int value, int64_t j, ps_kv_edit_kind kind, const float *vec, ps_error *err) {
-    (void)kv, (void)seq, (void)l, (void)g, (void)value, (void)j, (void)kind, (void)vec;
-    return ps_fail(err, "the MiniCPM4 KV cache has no cache points yet (no edits)");
+    (void)kv, (void)seq, (void)g, (void)j, (void)kind, (void)vec;
+    (void)value;
+    return ps_fail_usage(err, "blocks.%d.attn.cache_ck: the MiniCPM4 cache's pooled keys are read-only (edit them as they are made: a hook "
+                        "on attn.hook_ck during the append)", l);
 }
 static int64_t mc_kv_bytes(const ps_kvcache *kv) {
     const mc_cache *c = kv->impl;
@@ -383,16 +424,24 @@ static int64_t mc_kv_bytes(const ps_kvcache *kv) {
     return per;
 }
 static int mc_kv_point_parse(const ps_kvcache *kv, const char *name, int *layer, int *value, ps_error *err) {
-    (void)kv, (void)layer, (void)value;
-    return ps_fail(err, "%s: the MiniCPM4 KV cache has no cache points yet", name);
+    const mc_cache *c = kv->impl;
+    int l = -1, used = 0;
+    char pt[16] = "";
+    if (sscanf(name, "blocks.%d.attn.%15[a-z_0-9]%n", &l, pt, &used) == 2 && !name[used] && l >= 0 && l < c->m->cfg.n_layers &&
+        !strcmp(pt, "cache_ck")) {
+        *layer = l, *value = 0;
+        return 0;
+    }
+    return ps_fail(err, "%s: not a cache point of this MiniCPM4 model (blocks.{0..%lld}.attn.cache_ck, the level-1 pooled keys)", name,
+                   (long long)c->m->cfg.n_layers - 1);
 }
 static void mc_kv_point_name(const ps_kvcache *kv, int layer, int value, char *buf, size_t n) {
     (void)kv, (void)value;
-    snprintf(buf, n, "blocks.%d.attn.(no cache point)", layer);
+    snprintf(buf, n, "blocks.%d.attn.cache_ck", layer);
 }
 static int64_t mc_kv_vocab(const ps_kvcache *kv) { return ((const mc_cache *)kv->impl)->m->cfg.vocab_size; }
 static int64_t mc_kv_max_len(const ps_kvcache *kv) { return ((const mc_cache *)kv->impl)->m->cfg.max_position_embeddings; }
-static int64_t mc_kv_entry_heads(const ps_kvcache *kv) { return (void)kv, 0; }
+static int64_t mc_kv_entry_heads(const ps_kvcache *kv) { return ((const mc_cache *)kv->impl)->m->cfg.n_kv_heads; }
 static int64_t mc_kv_entry_width(const ps_kvcache *kv, int l, int value) {
     (void)l, (void)value;
     return ((const mc_cache *)kv->impl)->m->cfg.head_dim;
@@ -403,8 +452,8 @@ static const ps_kvcache_ops MC_KV = {
     .truncate = mc_kv_truncate, .append = mc_kv_append, .n_entries = mc_kv_n_entries, .entry = mc_kv_entry, .edit = mc_kv_edit,
     .bytes = mc_kv_bytes, .point_parse = mc_kv_point_parse, .point_name = mc_kv_point_name, .vocab = mc_kv_vocab,
     .max_len = mc_kv_max_len, .entry_heads = mc_kv_entry_heads, .entry_width = mc_kv_entry_width,
-    .max_len_name = "max_position_embeddings", .edit_form = "(the MiniCPM4 cache has no cache points yet)",
-    .one_head = "the MiniCPM4 cache has no cache points yet"};
+    .max_len_name = "max_position_embeddings",
+    .edit_form = "(the MiniCPM4 cache's point blocks.L.attn.cache_ck is read-only)", .one_head = NULL};
 
 const ps_family ps_family_minicpm = {
     .name = "minicpm",

@@ -431,8 +431,11 @@ static int forward(const ps_minicpm_model *m, ps_minicpm_acts *a, const int32_t 
             memcpy(kv->k + l * kv->cap * Hk * D, a->k, (size_t)(T * Hk * D) * sizeof(float));
             memcpy(kv->v + l * kv->cap * Hk * D, a->v, (size_t)(T * Hk * D) * sizeof(float));
             if (c->use_nope) memcpy(kv->kn + l * kv->cap * Hk * D, a->kn, (size_t)(T * Hk * D) * sizeof(float));
-            if (ps_minicpm_sparse(c, T)) {
-                int64_t nb = ps_select_n_blocks(&c->sel, T), ns = ps_select_slots(&c->sel);
+            if (ps_minicpm_sparse(c, T)) { /* the pooled keys as the layer used them (after their hooks) */
+                int64_t nb = ps_select_n_blocks(&c->sel, T), ns = ps_select_slots(&c->sel), K = c->sel.kernel, S = c->sel.stride;
+                int64_t N1 = ps_select_n_windows(T, K, S), N2 = ps_select_n_windows(T, 4 * K, 4 * S);
+                memcpy(kv->k1 + l * ps_select_n_windows(kv->cap, K, S) * Hk * D, a->k1, (size_t)(N1 * Hk * D) * sizeof(float));
+                memcpy(kv->k2 + l * ps_select_n_windows(kv->cap, 4 * K, 4 * S) * Hk * D, a->k2, (size_t)(N2 * Hk * D) * sizeof(float));
                 memcpy(kv->blocks + l * Hk * ns, a->blocks + (T - 1) * Hk * ns, (size_t)(Hk * ns) * sizeof(float));
                 memcpy(kv->bs + l * Hk * kv->nb_cap, a->bs + (T - 1) * Hk * nb, (size_t)(Hk * nb) * sizeof(float));
             }
@@ -485,37 +488,68 @@ int64_t ps_minicpm_cache_bytes(const ps_minicpm_config *c, int64_t L) {
     return 4 * floats + ps_minicpm_acts_bytes(c, 1, 1);
 }
 
-/* the windows of both levels that complete within the cache's L tokens, appended to layer l's compressed keys */
-static void extend_windows(const ps_minicpm_config *c, ps_minicpm_cache *kv, int l, int64_t L) {
+/* the windows of both levels that complete within the cache's L tokens, appended to layer l's compressed keys; on
+ * the sparse path (fire) each fires its hook (hook_ck / hook_ck2, [1, 1, Hkv, D], *ev_entry its index while it fires)
+ * and is kept as the hook leaves it */
+static int extend_windows(const ps_minicpm_model *m, ps_minicpm_cache *kv, int l, int64_t L, int fire_hooks, const ps_hooks *h,
+                          int64_t *ev_entry, ps_error *err) {
+    const ps_minicpm_config *c = &m->cfg;
     int64_t Hk = c->n_kv_heads, D = c->head_dim, W = Hk * D, K = c->sel.kernel, S = c->sel.stride;
     const float *keys = (c->use_nope ? kv->kn : kv->k) + l * kv->cap * W;
     int64_t N1c = ps_select_n_windows(kv->cap, K, S), N2c = ps_select_n_windows(kv->cap, 4 * K, 4 * S);
-    for (int64_t j = kv->n1; j < ps_select_n_windows(L, K, S); j++)
-        ps_select_compress_forward(kv->k1 + (l * N1c + j) * W, keys + j * S * W, K, Hk, D, K, S);
-    for (int64_t j = kv->n2; j < ps_select_n_windows(L, 4 * K, 4 * S); j++)
-        ps_select_compress_forward(kv->k2 + (l * N2c + j) * W, keys + j * 4 * S * W, 4 * K, Hk, D, 4 * K, 4 * S);
+    for (int lv = 0; lv < 2; lv++) {
+        int64_t Kl = lv ? 4 * K : K, Sl = lv ? 4 * S : S, j0 = lv ? kv->n2 : kv->n1, N = ps_select_n_windows(L, Kl, Sl);
+        float *dst = (lv ? kv->k2 + l * N2c * W : kv->k1 + l * N1c * W);
+        int pt = lv ? PS_MCH_CK2 : PS_MCH_CK;
+        for (int64_t j = j0; j < N; j++) {
+            ps_select_compress_forward(dst + j * W, keys + j * Sl * W, Kl, Hk, D, Kl, Sl);
+            if (!fire_hooks || !ps_hooks_on_point(h, &ps_minicpm_hook_family, l, pt)) continue;
+            int64_t d[4] = {1, 1, Hk, D};
+            if (ev_entry) *ev_entry = j;
+            int rc = ps_hooks_fire_point(m->ctx, h, l, pt, dst + j * W, 4, d, err);
+            if (ev_entry) *ev_entry = -1;
+            if (rc) return -1;
+        }
+    }
+    return 0;
 }
 
-int ps_minicpm_prefill(const ps_minicpm_model *m, ps_minicpm_cache *kv, const int32_t *tokens, int64_t T, float *logits,
-                       ps_error *err) {
+/* fire point p of layer l on a decode step's row: [1, 1, Hkv, n] */
+static int fire_row(const ps_minicpm_model *m, const ps_hooks *h, int l, int p, float *data, int64_t n, ps_error *err) {
+    if (!ps_hooks_on_point(h, &ps_minicpm_hook_family, l, p)) return 0;
+    int64_t d[4] = {1, 1, m->cfg.n_kv_heads, n};
+    return ps_hooks_fire_point(m->ctx, h, l, p, data, 4, d, err);
+}
+
+int ps_minicpm_prefill_ex(const ps_minicpm_model *m, ps_minicpm_cache *kv, const int32_t *tokens, int64_t T, const ps_hooks *h,
+                          float *logits, int all_rows, ps_error *err) {
     const ps_minicpm_config *c = &m->cfg;
     if (kv->L) return ps_fail(err, "prefill: the KV cache already holds %lld tokens", (long long)kv->L);
     if (T < 1 || T > kv->cap) return ps_fail(err, "prefill of %lld tokens into a KV cache of %lld", (long long)T, (long long)kv->cap);
     ps_minicpm_acts a;
     if (ps_minicpm_acts_create(&a, m, 1, T, err)) return -1;
-    int rc = forward(m, &a, tokens, NULL, -1, kv, err);
+    int rc = forward(m, &a, tokens, h, -1, kv, err);
+    /* the sparse path kept the forward's pooled keys (forward); the dense one pools them here, without hooks */
+    for (int l = 0; !rc && !ps_minicpm_sparse(c, T) && l < c->n_layers; l++) rc = extend_windows(m, kv, l, T, 0, NULL, NULL, err);
     if (!rc) {
-        for (int l = 0; l < c->n_layers; l++) extend_windows(c, kv, l, T);
         kv->n1 = ps_select_n_windows(T, c->sel.kernel, c->sel.stride);
         kv->n2 = ps_select_n_windows(T, 4 * c->sel.kernel, 4 * c->sel.stride);
         kv->L = T;
-        memcpy(logits, a.logits + (T - 1) * c->vocab_size, (size_t)c->vocab_size * sizeof(float));
+        if (logits)
+            memcpy(logits, a.logits + (all_rows ? 0 : T - 1) * c->vocab_size,
+                   (size_t)((all_rows ? T : 1) * c->vocab_size) * sizeof(float));
     }
     ps_minicpm_acts_free(&a);
     return rc;
 }
 
-int ps_minicpm_decode(const ps_minicpm_model *m, ps_minicpm_cache *kv, int32_t token, float *logits, ps_error *err) {
+int ps_minicpm_prefill(const ps_minicpm_model *m, ps_minicpm_cache *kv, const int32_t *tokens, int64_t T, float *logits,
+                       ps_error *err) {
+    return ps_minicpm_prefill_ex(m, kv, tokens, T, NULL, logits, 0, err);
+}
+
+int ps_minicpm_decode_ex(const ps_minicpm_model *m, ps_minicpm_cache *kv, int32_t token, const ps_hooks *h, int64_t *ev_entry,
+                         float *logits, ps_error *err) {
     const ps_minicpm_config *c = &m->cfg;
     if (kv->L >= kv->cap) return ps_fail(err, "decode: the KV cache of %lld positions is full", (long long)kv->cap);
     ps_minicpm_acts *a = &kv->row;
@@ -523,28 +557,70 @@ int ps_minicpm_decode(const ps_minicpm_model *m, ps_minicpm_cache *kv, int32_t t
             S = c->sel.stride;
     int64_t N1 = ps_select_n_windows(L, K, S), N2 = ps_select_n_windows(L, 4 * K, 4 * S), nb = ps_select_n_blocks(&c->sel, L),
             ns = ps_select_slots(&c->sel), N1c = ps_select_n_windows(kv->cap, K, S), N2c = ps_select_n_windows(kv->cap, 4 * K, 4 * S);
+    int sparse = ps_minicpm_sparse(c, L);
     ps_minicpm_rope_table(c, p, 1, L, a->cos_t, a->sin_t);
     if (embed(m, a, &token, 1, err)) return -1;
     for (int l = 0; l < c->n_layers; l++) {
-        if (qkv(m, a, l, 1, 1, NULL, err)) return -1;
+        if (qkv(m, a, l, 1, 1, h, err)) return -1; /* the hooks q, k, v: the cache keeps what they leave */
         float *kl = kv->k + l * kv->cap * W, *vl = kv->v + l * kv->cap * W;
         memcpy(kl + p * W, a->k, (size_t)W * sizeof(float));
         memcpy(vl + p * W, a->v, (size_t)W * sizeof(float));
         if (c->use_nope) memcpy(kv->kn + l * kv->cap * W + p * W, a->kn, (size_t)W * sizeof(float));
-        extend_windows(c, kv, l, L);
+        if (extend_windows(m, kv, l, L, sparse, h, ev_entry, err)) return -1;
         float *blk = NULL;
-        if (ps_minicpm_sparse(c, L)) { /* stage 1, block scores and the choice for the new row (q_blk = p / block) */
+        if (sparse) { /* stage 1, block scores and the choice for the new row (q_blk = p / block), their hooks */
             float *k1 = kv->k1 + l * N1c * W, *k2 = kv->k2 + l * N2c * W, *bs = kv->bs + l * Hk * kv->nb_cap;
             blk = kv->blocks + l * Hk * ns;
             ps_select_scores_forward(kv->P, c->use_nope ? a->qn : a->q, 1, p, k1, N1, k2, N2, H, Hk, D, K, S);
+            if (fire_row(m, h, l, PS_MCH_SELECT_SCORES, kv->P, N1, err)) return -1;
             ps_select_block_scores_forward(bs, kv->P, 1, p, N1, nb, Hk, &c->sel);
+            if (fire_row(m, h, l, PS_MCH_BLOCK_SCORES, bs, nb, err)) return -1;
             ps_select_topk_forward(blk, bs, 1, p, nb, Hk, &c->sel);
+            if (ps_hooks_on_point(h, &ps_minicpm_hook_family, l, PS_MCH_BLOCKS)) {
+                char what[96];
+                ps_minicpm_hook_name(what, sizeof what, l, PS_MCH_BLOCKS);
+                if (fire_row(m, h, l, PS_MCH_BLOCKS, blk, ns, err) || ps_select_blocks_check(blk, 1, Hk, ns, nb, what, err)) return -1;
+            }
         }
         ps_select_attn_forward(a->z, NULL, a->q, kl, vl, blk, ns, 1, p, L, c->sel.block, H, Hk, D);
-        if (post(m, a, l, 1, 1, NULL, err)) return -1;
+        if (post(m, a, l, 1, 1, h, err)) return -1;
     }
     if (head(m, a, 1, err)) return -1;
     kv->n1 = N1, kv->n2 = N2, kv->L = L;
-    memcpy(logits, a->logits, (size_t)c->vocab_size * sizeof(float));
+    if (logits) memcpy(logits, a->logits, (size_t)c->vocab_size * sizeof(float));
+    return 0;
+}
+
+int ps_minicpm_decode(const ps_minicpm_model *m, ps_minicpm_cache *kv, int32_t token, float *logits, ps_error *err) {
+    return ps_minicpm_decode_ex(m, kv, token, NULL, NULL, logits, err);
+}
+
+/* ---- fork and truncate ---- */
+
+int ps_minicpm_cache_copy(ps_minicpm_cache *dst, const ps_minicpm_cache *src, const ps_minicpm_model *m, ps_error *err) {
+    const ps_minicpm_config *c = &m->cfg;
+    if (ps_minicpm_cache_create(dst, m, src->cap, err)) return -1;
+    int64_t W = c->n_kv_heads * c->head_dim, K = c->sel.kernel, S = c->sel.stride, ns = ps_select_slots(&c->sel);
+    int64_t N1c = ps_select_n_windows(src->cap, K, S), N2c = ps_select_n_windows(src->cap, 4 * K, 4 * S);
+    for (int64_t l = 0; l < c->n_layers; l++) { /* what the source has written: L positions, n1 / n2 windows */
+        size_t row = (size_t)W * sizeof(float);
+        memcpy(dst->k + l * src->cap * W, src->k + l * src->cap * W, (size_t)src->L * row);
+        memcpy(dst->v + l * src->cap * W, src->v + l * src->cap * W, (size_t)src->L * row);
+        if (c->use_nope) memcpy(dst->kn + l * src->cap * W, src->kn + l * src->cap * W, (size_t)src->L * row);
+        memcpy(dst->k1 + l * N1c * W, src->k1 + l * N1c * W, (size_t)src->n1 * row);
+        memcpy(dst->k2 + l * N2c * W, src->k2 + l * N2c * W, (size_t)src->n2 * row);
+    }
+    memcpy(dst->bs, src->bs, (size_t)(c->n_layers * c->n_kv_heads * src->nb_cap) * sizeof(float));
+    memcpy(dst->blocks, src->blocks, (size_t)(c->n_layers * c->n_kv_heads * ns) * sizeof(float));
+    dst->L = src->L, dst->n1 = src->n1, dst->n2 = src->n2;
+    return 0;
+}
+
+int ps_minicpm_cache_truncate(const ps_minicpm_config *c, ps_minicpm_cache *kv, int64_t T, ps_error *err) {
+    if (T < 0 || T > kv->L)
+        return ps_fail(err, "truncate to %lld tokens: the sequence holds %lld", (long long)T, (long long)kv->L);
+    kv->L = T;
+    kv->n1 = ps_select_n_windows(T, c->sel.kernel, c->sel.stride);
+    kv->n2 = ps_select_n_windows(T, 4 * c->sel.kernel, 4 * c->sel.stride);
     return 0;
 }
