@@ -252,6 +252,123 @@ static int take_item(out_item *it, ps_cache_item *c, ps_error *err) {
 /* the points whose gradients the backward hooks reach (core/backward.h) */
 static const char *const GRAD_POINTS = "blocks.{L}.attn.hook_z, hook_k, hook_v, hook_ck and hook_cv";
 
+/* The cache of the pass (and, with grads, of its gradients): the names asked for (names, n_names), or the
+ * model's points that filter keeps, or all of them; each is watched on h (gh) in that order. */
+static int watch_cache(ps_api_model *M, const char *const *names, int n_names, ps_api_filter_fn filter, void *filter_user,
+                       int all, int grads, ps_hooks *h, ps_hooks *gh, ps_cache *cache, ps_cache *gcache, ps_error *err) {
+    const ps_runtime *rt = &M->rt;
+    const ps_family *f = rt->family;
+    int explicit = names != NULL;
+    int n_watch = explicit ? n_names : (filter || all) ? M->n_names : 0;
+    for (int k = 0; k < n_watch; k++) {
+        const char *nm = explicit ? names[k] : M->names[k];
+        if (!nm) {
+            ps_fail(err, "names[%d] is NULL", k);
+            err->usage = 1;
+            return -1;
+        }
+        if (!explicit && filter && !filter(nm, filter_user)) continue;
+        if (ps_cache_get(cache, nm)) continue; /* named twice */
+        int i, l;
+        if (ps_api_point_of(M, nm, &i, &l, err)) return -1;
+        if (!ps_api_point_runs(M, i, l)) {
+            ps_fail(err, "hook \"%s\" is past the layers this model runs (0..%d)", nm, M->n_run - 1);
+            err->usage = 1;
+            return -1;
+        }
+        if (f->cache_watch(rt, cache, h, nm, err) || (grads && f->cache_watch(rt, gcache, gh, nm, err))) {
+            err->usage = 1;
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* The family's logits of the pass, copied into o */
+static int copy_logits(const ps_runtime *rt, void *acts, int64_t B, int64_t T, ps_api_output *o, ps_error *err) {
+    const ps_family *f = rt->family;
+    const float *lg = f->logits(acts, err);
+    if (!lg) return -1;
+    int64_t V = f->vocab(rt), nl = B * T * V;
+    if (!(o->logits = malloc((size_t)nl * sizeof(float))))
+        return ps_fail(err, "out of memory for the logits [%lld, %lld, %lld]", (long long)B, (long long)T, (long long)V);
+    memcpy(o->logits, lg, (size_t)nl * sizeof(float));
+    o->logits_shape[0] = B, o->logits_shape[1] = T, o->logits_shape[2] = V;
+    return 0;
+}
+
+/* The mean cross-entropy over the targets (NULL: the next tokens), back through the backward hooks gh
+ * (the controlled model's backward: run refuses other families first): o's loss and target count; with
+ * explicit names, each cached point must have been reached. */
+static int backward_pass(const ps_runtime *rt, void *acts, const int32_t *tokens, const int32_t *targets, int64_t B, int64_t T,
+                         ps_hooks *gh, const ps_cache *cache, const ps_cache *gcache, int explicit, ps_api_output *o, ps_error *err) {
+    const ps_model *m = ps_runtime_controlled(rt);
+    int32_t *tg = NULL;
+    float *pgrads = NULL;
+    ps_acts g;
+    int have_g = 0, rc = -1;
+    if (!targets) {
+        if (!(tg = malloc((size_t)(B * T) * sizeof *tg))) {
+            ps_fail(err, "out of memory");
+            goto done;
+        }
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t t = 0; t < T; t++) tg[b * T + t] = t + 1 < T ? tokens[b * T + t + 1] : -1;
+        targets = tg;
+    }
+    int64_t total = 0;
+    for (int64_t j = 0; j < B * T; j++) total += targets[j] >= 0;
+    if (!total) {
+        ps_fail(err, "gradients: no target positions (T = 1 without targets, or every target -1)");
+        err->usage = 1;
+        goto done;
+    }
+    if (ps_acts_create(&g, rt->ctx, &m->cfg, B, T, false, err)) goto done;
+    have_g = 1;
+    if (!(pgrads = calloc((size_t)m->n_params, sizeof(float)))) {
+        ps_fail(err, "out of memory for the parameter gradients");
+        goto done;
+    }
+    double loss_sum = 0;
+    int64_t n_t = 0;
+    ps_backward_opts bo = {.grad_hooks = gh, .no_weight_grads = 1, .stop_layer = 0};
+    if (ps_backward_ex(m, (const ps_acts *)acts, &g, tokens, targets, 1.0f / (float)total, pgrads, &loss_sum, &n_t, &bo, err))
+        goto done;
+    o->loss = loss_sum / (double)n_t;
+    o->n_targets = n_t;
+    if (explicit)
+        for (int k = 0; k < cache->n; k++) {
+            const ps_cache_item *gi = ps_cache_get(gcache, cache->items[k]->name);
+            if (!gi || !gi->data) {
+                ps_fail(err, "gradients: the backward does not reach %s (it reaches %s)", cache->items[k]->name, GRAD_POINTS);
+                err->usage = 1;
+                goto done;
+            }
+        }
+    rc = 0;
+done:
+    free(pgrads);
+    free(tg);
+    if (have_g) ps_acts_free(&g);
+    return rc;
+}
+
+/* The cached activations (and gradients) move into o's items, in the cache's order */
+static int take_items(ps_cache *cache, ps_cache *gcache, int grads, ps_api_output *o, ps_error *err) {
+    if (cache->n && !(o->items = calloc((size_t)cache->n, sizeof *o->items))) return ps_fail(err, "out of memory");
+    for (int k = 0; k < cache->n; k++) {
+        o->n++;
+        if (!cache->items[k]->data) return ps_fail(err, "hook %s did not fire in the pass", cache->items[k]->name);
+        ps_cache_item *gi = grads ? (ps_cache_item *)ps_cache_get(gcache, cache->items[k]->name) : NULL;
+        if (gi && gi->data) { /* NULL: the backward did not reach it */
+            o->items[k].grad = gi->data;
+            gi->data = NULL;
+        }
+        if (take_item(&o->items[k], cache->items[k], err)) return -1;
+    }
+    return 0;
+}
+
 static int run(ps_api_model *M, const int32_t *tokens, int64_t B, int64_t T, const char *const *names, int n_names,
                ps_api_filter_fn filter, void *filter_user, int all, ps_api_hooks *list, int grads, const int32_t *targets,
                ps_api_output **out, ps_error *err) {
@@ -264,10 +381,7 @@ static int run(ps_api_model *M, const int32_t *tokens, int64_t B, int64_t T, con
     ps_cache_init(&cache);
     ps_cache_init(&gcache);
     void *acts = NULL;
-    ps_acts g;
-    int have_g = 0, rc = -1, explicit = names != NULL;
-    int32_t *tg = NULL;
-    float *pgrads = NULL;
+    int rc = -1;
     ps_api_progress pr = {.fn = M->progress, .user = M->progress_user};
     int L = M->n_run >= 0 ? M->n_run : (int)rt->n_layers;
     layer_mark *marks = NULL;
@@ -288,28 +402,7 @@ static int run(ps_api_model *M, const int32_t *tokens, int64_t B, int64_t T, con
         goto done;
     }
     /* the cache: after the hook list, so that each copy is what later layers saw */
-    int n_watch = explicit ? n_names : (filter || all) ? M->n_names : 0;
-    for (int k = 0; k < n_watch; k++) {
-        const char *nm = explicit ? names[k] : M->names[k];
-        if (!nm) {
-            ps_fail(err, "names[%d] is NULL", k);
-            err->usage = 1;
-            goto done;
-        }
-        if (!explicit && filter && !filter(nm, filter_user)) continue;
-        if (ps_cache_get(&cache, nm)) continue; /* named twice */
-        int i, l;
-        if (ps_api_point_of(M, nm, &i, &l, err)) goto done;
-        if (!ps_api_point_runs(M, i, l)) {
-            ps_fail(err, "hook \"%s\" is past the layers this model runs (0..%d)", nm, M->n_run - 1);
-            err->usage = 1;
-            goto done;
-        }
-        if (f->cache_watch(rt, &cache, &h, nm, err) || (grads && f->cache_watch(rt, &gcache, &gh, nm, err))) {
-            err->usage = 1;
-            goto done;
-        }
-    }
+    if (watch_cache(M, names, n_names, filter, filter_user, all, grads, &h, &gh, &cache, &gcache, err)) goto done;
     if (pr.fn) { /* last, after the list and the cache */
         if (!(marks = calloc((size_t)(L > 0 ? L : 1), sizeof *marks))) {
             ps_fail(err, "out of memory");
@@ -323,85 +416,16 @@ static int run(ps_api_model *M, const int32_t *tokens, int64_t B, int64_t T, con
         ps_fail(err, "cancelled after %d of %d layers", L, L);
         goto done;
     }
-    if (M->n_run < 0) {
-        const float *lg = f->logits(acts, err);
-        if (!lg) goto done;
-        int64_t V = f->vocab(rt), nl = B * T * V;
-        if (!(o->logits = malloc((size_t)nl * sizeof(float)))) {
-            ps_fail(err, "out of memory for the logits [%lld, %lld, %lld]", (long long)B, (long long)T, (long long)V);
-            goto done;
-        }
-        memcpy(o->logits, lg, (size_t)nl * sizeof(float));
-        o->logits_shape[0] = B, o->logits_shape[1] = T, o->logits_shape[2] = V;
-    }
-    if (grads) { /* the mean cross-entropy over the targets, back through the backward hooks */
-        const ps_model *m = ps_runtime_controlled(rt);
-        if (!targets) {
-            if (!(tg = malloc((size_t)(B * T) * sizeof *tg))) {
-                ps_fail(err, "out of memory");
-                goto done;
-            }
-            for (int64_t b = 0; b < B; b++)
-                for (int64_t t = 0; t < T; t++) tg[b * T + t] = t + 1 < T ? tokens[b * T + t + 1] : -1;
-            targets = tg;
-        }
-        int64_t total = 0;
-        for (int64_t j = 0; j < B * T; j++) total += targets[j] >= 0;
-        if (!total) {
-            ps_fail(err, "gradients: no target positions (T = 1 without targets, or every target -1)");
-            err->usage = 1;
-            goto done;
-        }
-        if (ps_acts_create(&g, rt->ctx, &m->cfg, B, T, false, err)) goto done;
-        have_g = 1;
-        if (!(pgrads = calloc((size_t)m->n_params, sizeof(float)))) {
-            ps_fail(err, "out of memory for the parameter gradients");
-            goto done;
-        }
-        double loss_sum = 0;
-        int64_t n_t = 0;
-        ps_backward_opts bo = {.grad_hooks = &gh, .no_weight_grads = 1, .stop_layer = 0};
-        if (ps_backward_ex(m, (const ps_acts *)acts, &g, tokens, targets, 1.0f / (float)total, pgrads, &loss_sum, &n_t, &bo, err))
-            goto done;
-        o->loss = loss_sum / (double)n_t;
-        o->n_targets = n_t;
-        if (explicit)
-            for (int k = 0; k < cache.n; k++) {
-                const ps_cache_item *gi = ps_cache_get(&gcache, cache.items[k]->name);
-                if (!gi || !gi->data) {
-                    ps_fail(err, "gradients: the backward does not reach %s (it reaches %s)", cache.items[k]->name, GRAD_POINTS);
-                    err->usage = 1;
-                    goto done;
-                }
-            }
-    }
-    if (cache.n && !(o->items = calloc((size_t)cache.n, sizeof *o->items))) {
-        ps_fail(err, "out of memory");
-        goto done;
-    }
-    for (int k = 0; k < cache.n; k++) {
-        o->n++;
-        if (!cache.items[k]->data) {
-            ps_fail(err, "hook %s did not fire in the pass", cache.items[k]->name);
-            goto done;
-        }
-        ps_cache_item *gi = grads ? (ps_cache_item *)ps_cache_get(&gcache, cache.items[k]->name) : NULL;
-        if (gi && gi->data) { /* NULL: the backward did not reach it */
-            o->items[k].grad = gi->data;
-            gi->data = NULL;
-        }
-        if (take_item(&o->items[k], cache.items[k], err)) goto done;
-    }
+    if (M->n_run < 0 && copy_logits(rt, acts, B, T, o, err)) goto done;
+    if (grads && backward_pass(rt, acts, tokens, targets, B, T, &gh, &cache, &gcache, names != NULL, o, err)) goto done;
+    if (take_items(&cache, &gcache, grads, o, err)) goto done;
     rc = 0;
 done:
     if (rc) { /* the model stays usable: a failed op's state is cleared */
         ps_error dummy = {0};
         ps_ctx_check(rt->ctx, &dummy);
     }
-    free(pgrads);
-    free(tg);
     free(marks);
-    if (have_g) ps_acts_free(&g);
     if (acts) f->acts_free(acts);
     ps_cache_free(&cache);
     ps_cache_free(&gcache);

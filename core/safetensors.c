@@ -183,6 +183,47 @@ static int parse_entry(const char *path, const char *name, json_t *v, ps_st_entr
     return 0;
 }
 
+/* The header's __metadata__ (v): string values only, copied into f. */
+static int parse_metadata(const char *path, json_t *v, ps_st_file *f, ps_error *err) {
+    if (!json_is_object(v)) return ps_fail(err, "%s: __metadata__ is not an object", path);
+    size_t nm = json_object_size(v);
+    f->meta_keys = calloc(nm ? nm : 1, sizeof(char *));
+    f->meta_vals = calloc(nm ? nm : 1, sizeof(char *));
+    if (!f->meta_keys || !f->meta_vals) return ps_fail(err, "%s: out of memory", path);
+    const char *mk;
+    json_t *mv;
+    json_object_foreach(v, mk, mv) {
+        if (!json_is_string(mv)) return ps_fail(err, "%s: __metadata__ value of \"%s\" is not a string", path, mk);
+        f->meta_keys[f->n_meta] = strdup(mk);
+        f->meta_vals[f->n_meta] = strdup(json_string_value(mv));
+        f->n_meta++;
+    }
+    return 0;
+}
+
+/* The tensors must tile the data section exactly: no holes, no overlaps, no trailing bytes. */
+static int check_tiling(const char *path, const ps_st_file *f, ps_error *err) {
+    ps_st_entry **order = malloc((size_t)(f->n ? f->n : 1) * sizeof *order);
+    if (!order) return ps_fail(err, "%s: out of memory", path);
+    for (int i = 0; i < f->n; i++) order[i] = &f->entries[i];
+    qsort(order, (size_t)f->n, sizeof *order, cmp_begin);
+    uint64_t pos = 0;
+    for (int i = 0; i < f->n; i++) {
+        if (order[i]->begin != pos) {
+            ps_fail(err, "%s: tensor \"%s\": data_offsets begin %llu %s (expected %llu)", path, order[i]->name,
+                    (unsigned long long)order[i]->begin,
+                    order[i]->begin < pos ? "overlaps the previous tensor" : "leaves a hole", (unsigned long long)pos);
+            free(order);
+            return -1;
+        }
+        pos = order[i]->end;
+    }
+    free(order);
+    if (pos != f->data_len)
+        return ps_fail(err, "%s: %llu trailing bytes after the last tensor", path, (unsigned long long)(f->data_len - pos));
+    return 0;
+}
+
 int ps_st_open(const char *path, ps_st_file *f, ps_error *err) {
     memset(f, 0, sizeof *f);
     int fd = open(path, O_RDONLY);
@@ -247,28 +288,7 @@ int ps_st_open(const char *path, ps_st_file *f, ps_error *err) {
     json_t *v;
     json_object_foreach(root, k, v) {
         if (!strcmp(k, "__metadata__")) {
-            if (!json_is_object(v)) {
-                ps_fail(err, "%s: __metadata__ is not an object", path);
-                goto fail;
-            }
-            size_t nm = json_object_size(v);
-            f->meta_keys = calloc(nm ? nm : 1, sizeof(char *));
-            f->meta_vals = calloc(nm ? nm : 1, sizeof(char *));
-            if (!f->meta_keys || !f->meta_vals) {
-                ps_fail(err, "%s: out of memory", path);
-                goto fail;
-            }
-            const char *mk;
-            json_t *mv;
-            json_object_foreach(v, mk, mv) {
-                if (!json_is_string(mv)) {
-                    ps_fail(err, "%s: __metadata__ value of \"%s\" is not a string", path, mk);
-                    goto fail;
-                }
-                f->meta_keys[f->n_meta] = strdup(mk);
-                f->meta_vals[f->n_meta] = strdup(json_string_value(mv));
-                f->n_meta++;
-            }
+            if (parse_metadata(path, v, f, err)) goto fail;
             continue;
         }
         ps_st_entry *e = &f->entries[f->n];
@@ -280,32 +300,7 @@ int ps_st_open(const char *path, ps_st_file *f, ps_error *err) {
         }
         f->n++;
     }
-    /* The tensors must tile the data section exactly: no holes, no overlaps, no trailing bytes. */
-    {
-        ps_st_entry **order = malloc((size_t)(f->n ? f->n : 1) * sizeof *order);
-        if (!order) {
-            ps_fail(err, "%s: out of memory", path);
-            goto fail;
-        }
-        for (int i = 0; i < f->n; i++) order[i] = &f->entries[i];
-        qsort(order, (size_t)f->n, sizeof *order, cmp_begin);
-        uint64_t pos = 0;
-        for (int i = 0; i < f->n; i++) {
-            if (order[i]->begin != pos) {
-                ps_fail(err, "%s: tensor \"%s\": data_offsets begin %llu %s (expected %llu)", path, order[i]->name,
-                        (unsigned long long)order[i]->begin,
-                        order[i]->begin < pos ? "overlaps the previous tensor" : "leaves a hole", (unsigned long long)pos);
-                free(order);
-                goto fail;
-            }
-            pos = order[i]->end;
-        }
-        free(order);
-        if (pos != f->data_len) {
-            ps_fail(err, "%s: %llu trailing bytes after the last tensor", path, (unsigned long long)(f->data_len - pos));
-            goto fail;
-        }
-    }
+    if (check_tiling(path, f, err)) goto fail;
     /* The data section is mapped, not read: a tensor's pages come in when it is converted and go
      * again with ps_st_release, so loading never holds the file's bytes and the float32 copy at once. */
     {

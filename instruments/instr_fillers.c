@@ -41,20 +41,16 @@ int ps_fillers_command(const ps_args *a, ps_error *err) {
     in.out = (ps_out){.dir = in.out_dir, .sink = a->sink};
     /* the cheap checks first: the experiment, the tokenizer and the prompts, then the model */
     if (ps_fillexp_load(exp_path, &e, err) || ps_tokenizer_load(tok_path, &tok, err) || ps_fillexp_prepare(&e, tok, err)) goto done;
-    /* the checkpoint through its family (core/runtime.h); the experiment scores the controlled model's rows */
+    /* the checkpoint through its family (core/runtime.h); the experiment scores the family's answer rows */
     if (ps_cli_model_dir(ps_args_get(a, "--model"), in.model_dir, sizeof in.model_dir, err) || ps_instr_open(&in, a, err))
         goto done;
-    if (!ps_runtime_controlled(&in.rt)) {
-        ps_fail(err, "%s: fillers runs on phasescope checkpoints (this is a %s checkpoint)", in.model_dir, in.rt.family->name);
-        goto done;
-    }
     if (ps_text_check_vocab(tok, tok_path, in.rt.family->vocab(&in.rt), in.model_dir, err)) goto done;
     if (!P) P = e.period ? e.period : ps_runtime_default_period(&in.rt);
     in.P = P;
     in.seed = e.seed;
     in.n_prompts = (int64_t)e.n_fams * (e.L_max - e.L_min + 1);
     ps_progress_init(&in.bar, (int64_t)1 << 40);
-    int f = ps_fillexp_run(ps_runtime_controlled(&in.rt), &e, P, in.batch, 0, &r, progress, &in, err);
+    int f = ps_fillexp_run(&in.rt, &e, P, in.batch, 0, &r, progress, &in, err);
     ps_progress_end(&in.bar);
     if (f) goto done;
     if (!(body = ps_fillexp_json(&e, tok, &r, err))) goto done;

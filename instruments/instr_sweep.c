@@ -179,7 +179,7 @@ static int model_task(ps_instr *in, const ps_args *a, ps_error *err) {
     const char *family = ps_args_get(a, "--family");
     if (ps_fillers_find(in->fams, in->n_fams, family, &in->fam, err)) return ps_cli_mark_usage(err);
     if (in->base.B) return 0;
-    if (ps_model_task(ps_runtime_controlled(&in->rt), in->model_dir, &in->task, err) || ps_batch_alloc(&in->base, in->n_prompts, in->task.seq_len, in->task.n_queries, err) ||
+    if (ps_runtime_task(&in->rt, in->model_dir, &in->task, err) || ps_batch_alloc(&in->base, in->n_prompts, in->task.seq_len, in->task.n_queries, err) ||
         ps_task_generate(&in->task, in->seed ^ 0xe7a1ULL, &in->base, err))
         return -1;
     ps_progress_init(&in->bar, (int64_t)1 << 40);
@@ -196,7 +196,7 @@ int ps_sweep_command(const ps_args *a, const ps_sweep_request *rq, ps_error *err
     int bad = ps_instr_setup(&in, &b, 0, err);
     /* a phasescope model trained on text-kv names its tokenizer and layout: its text-kv sweep is the
      * default, and its layout gives --task text-kv's defaults */
-    if (!bad && ps_runtime_controlled(&in.rt) && (textkv || !rq->task || !strcmp(rq->task, "model")) && !(textkv && rq->tokenizer)) {
+    if (!bad && in.rt.family->meta && (textkv || !rq->task || !strcmp(rq->task, "model")) && !(textkv && rq->tokenizer)) {
         has_trained = ps_textkv_runtime_task(&in.rt, in.model_dir, &trained, err);
         if (has_trained < 0) bad = -1;
         else if (has_trained) textkv = 1;
@@ -211,7 +211,9 @@ int ps_sweep_command(const ps_args *a, const ps_sweep_request *rq, ps_error *err
         rc = run_model(&in, PS_SWEEP_PAD, err) ? -1 : 0;
         goto done;
     }
-    if (!bad && textkv && !ps_runtime_controlled(&in.rt)) bad = ps_cli_usage(err, "--task text-kv: text prompts need a phasescope model");
+    if (!bad && textkv && !ps_runtime_controlled(&in.rt)) /* the text-kv units run the controlled model (run_textkv) */
+        bad = ps_cli_usage(err, "--task text-kv: text prompts need a phasescope model (this is a %s checkpoint)",
+                           in.rt.family->title ? in.rt.family->title : in.rt.family->name);
     if (!bad && !textkv && rq->text_only_flag) bad = ps_cli_usage(err, "%s: only with --task text-kv", rq->text_only_flag);
     if (!bad && !textkv) bad = model_task(&in, a, err);
     if (ps_dist_agree(bad, err)) goto done;

@@ -232,6 +232,49 @@ static json_t *gen_options(const ps_generate_req *r, const ps_generate_opts *o) 
     return opt;
 }
 
+/* sequence i of the generation as JSON (its prompt, tokens, log-probabilities and, with a tokenizer, its
+ * text), said on stdout (the text, or the token ids); NULL with err set */
+static json_t *sequence_json(const ps_generate_result *res, const ps_token_lists *toks, ps_tokenizer *tk, int i, ps_error *err) {
+    json_t *s = json_object(), *lp = json_array();
+    json_object_set_new(s, "prompt", int_array(toks->seq[i], toks->len[i]));
+    json_object_set_new(s, "tokens", int_array(res->tok[i], res->n_gen[i]));
+    for (int64_t t = 0; t < res->n_gen[i]; t++) json_array_append_new(lp, json_real(res->logprob[i][t]));
+    json_object_set_new(s, "logprobs", lp);
+    if (tk) {
+        char *txt = NULL;
+        size_t tl = 0;
+        if (ps_detokenize(tk, res->tok[i], (size_t)res->n_gen[i], true, &txt, &tl, err)) {
+            json_decref(s);
+            return NULL;
+        }
+        json_object_set_new(s, "text", json_stringn(txt, tl));
+        printf("%s%s\n", res->n > 1 ? "---\n" : "", txt);
+        free(txt);
+    } else {
+        printf("sequence %d:", i);
+        for (int64_t t = 0; t < res->n_gen[i]; t++) printf(" %d", res->tok[i][t]);
+        printf("\n");
+    }
+    return s;
+}
+
+/* --hooks with --out: what the hooks recorded and the cache points read after the generation (n_seq
+ * sequences), as out_dir/hooks.safetensors (out collects them) */
+static int write_hooks(recorder *rec, ps_kvcache *kv, int n_seq, const char *out_dir, ps_tensor_list *out, ps_error *err) {
+    char path[4200];
+    for (int k = 0; k < rec->n_names * rec->n_seq; k++) {
+        rec_item *it = &rec->items[k];
+        if (!it->data) continue;
+        it->shape[0] = it->n1;
+        if (ps_tensor_list_push(out, it->name, it->ndim, it->shape, it->data, err)) return -1;
+    }
+    if (push_cache_points(rec, kv, n_seq, out, err)) return -1;
+    if (ps_path_join(path, sizeof path, out_dir, "hooks.safetensors", err) || ps_st_save(path, out->t, out->n, NULL, NULL, 0, err))
+        return -1;
+    printf("wrote %d tensors to %s\n", out->n, path);
+    return 0;
+}
+
 int ps_generate_command(const ps_args *args, const ps_generate_req *r, ps_error *err) {
     const char *tokfile = r->tokenizer, *hooks_flag = r->hooks, *edit_flag = r->edits, *out_dir = r->out_dir;
     int64_t max_tokens = r->max_tokens, seed = r->seed;
@@ -309,26 +352,8 @@ int ps_generate_command(const ps_args *args, const ps_generate_req *r, ps_error 
     json_object_set_new(root, "options", json_object());
     json_object_set_new(root, "sequences", seqs);
     for (int i = 0; i < res.n; i++) {
-        json_t *s = json_object(), *lp = json_array();
-        json_object_set_new(s, "prompt", int_array(toks.seq[i], toks.len[i]));
-        json_object_set_new(s, "tokens", int_array(res.tok[i], res.n_gen[i]));
-        for (int64_t t = 0; t < res.n_gen[i]; t++) json_array_append_new(lp, json_real(res.logprob[i][t]));
-        json_object_set_new(s, "logprobs", lp);
-        if (tk) {
-            char *txt = NULL;
-            size_t tl = 0;
-            if (ps_detokenize(tk, res.tok[i], (size_t)res.n_gen[i], true, &txt, &tl, err)) {
-                json_decref(s);
-                goto done;
-            }
-            json_object_set_new(s, "text", json_stringn(txt, tl));
-            printf("%s%s\n", res.n > 1 ? "---\n" : "", txt);
-            free(txt);
-        } else {
-            printf("sequence %d:", i);
-            for (int64_t t = 0; t < res.n_gen[i]; t++) printf(" %d", res.tok[i][t]);
-            printf("\n");
-        }
+        json_t *s = sequence_json(&res, &toks, tk, i, err);
+        if (!s) goto done;
         json_array_append_new(seqs, s);
     }
     if (out_dir) {
@@ -349,18 +374,7 @@ int ps_generate_command(const ps_args *args, const ps_generate_req *r, ps_error 
         free(txt);
         if (w) goto done;
         printf("wrote %s\n", path);
-        if (rec.n_names) {
-            for (int k = 0; k < rec.n_names * rec.n_seq; k++) {
-                rec_item *it = &rec.items[k];
-                if (!it->data) continue;
-                it->shape[0] = it->n1;
-                if (ps_tensor_list_push(&out, it->name, it->ndim, it->shape, it->data, err)) goto done;
-            }
-            if (push_cache_points(&rec, &kv, res.n, &out, err)) goto done;
-            if (ps_path_join(path, sizeof path, out_dir, "hooks.safetensors", err) || ps_st_save(path, out.t, out.n, NULL, NULL, 0, err))
-                goto done;
-            printf("wrote %d tensors to %s\n", out.n, path);
-        }
+        if (rec.n_names && write_hooks(&rec, &kv, res.n, out_dir, &out, err)) goto done;
     }
     rc = 0;
     goto done;

@@ -62,11 +62,13 @@ int ps_info_command(const ps_info_req *r, ps_error *err) {
     const ps_family *f = rt.family;
     printf("model       %s\n", dir);
     int rc = f->describe(&rt, B, stdout, err);
-    if (!rc && ps_runtime_controlled(&rt) && ps_runtime_controlled(&rt)->cfg.kind == PS_ATTN_COMPRESSED && ps_runtime_controlled(&rt)->cfg.boundaries == PS_BOUNDARIES_CONTENT) {
-        /* content chunk boundaries: the entries per token depend on the tokens, so measure them on the task */
-        const ps_config *c = &ps_runtime_controlled(&rt)->cfg;
+    /* content chunk boundaries (a controlled-model config; other families have none): the entries per token
+     * depend on the tokens, so measure them on the task */
+    const ps_model *cm = ps_runtime_controlled(&rt);
+    if (!rc && cm && cm->cfg.kind == PS_ATTN_COMPRESSED && cm->cfg.boundaries == PS_BOUNDARIES_CONTENT) {
+        const ps_config *c = &cm->cfg;
         printf("\nKV entries of the content chunks, measured\n");
-        measure_chunks(ps_runtime_controlled(&rt), dir, (double)c->n_layers * 2.0 * (double)(c->n_kv_heads * c->head_dim) * 4.0);
+        measure_chunks(cm, dir, (double)c->n_layers * 2.0 * (double)(c->n_kv_heads * c->head_dim) * 4.0);
     }
     if (!rc) {
         /* the hook points, from the family's table */

@@ -275,12 +275,12 @@ static int score_cand(const ps_batch *b, int64_t s, const float *rows, int64_t n
     return 0;
 }
 
-int ps_fillexp_run(const ps_model *m, const ps_fillexp *e, int64_t P, int64_t batch, double mem_bytes,
+int ps_fillexp_run(const ps_runtime *rt, const ps_fillexp *e, int64_t P, int64_t batch, double mem_bytes,
                    ps_fillexp_result *r, ps_fillexp_progress_fn progress, void *user, ps_error *err) {
     memset(r, 0, sizeof *r);
     if (!e->fill) return ps_fail(err, "internal error: the experiment is not prepared");
     if (P < 1) return ps_fail(err, "period %lld must be >= 1", (long long)P);
-    int64_t nL = e->L_max - e->L_min + 1, N = (int64_t)e->n_fams * nL, V = m->cfg.vocab_size;
+    int64_t nL = e->L_max - e->L_min + 1, N = (int64_t)e->n_fams * nL, V = rt->family->vocab(rt);
     r->n_fams = e->n_fams;
     r->n_cands = e->n_cands;
     r->n_L = nL;
@@ -303,9 +303,9 @@ int ps_fillexp_run(const ps_model *m, const ps_fillexp *e, int64_t P, int64_t ba
                 rc = ps_fail(err, "%s: candidates[%d]: id %d is outside the model's vocabulary (%lld)", e->path, c, (int)cd->v[k],
                              (long long)V);
         int64_t T = e->before.n + e->L_max + e->after.n + cd->n;
-        if (!rc && T > m->cfg.max_seq_len)
-            rc = ps_fail(err, "%s: the longest prompt with candidates[%d] has %lld tokens, more than the model's max_seq_len %lld",
-                         e->path, c, (long long)T, (long long)m->cfg.max_seq_len);
+        if (!rc && T > rt->max_pos)
+            rc = ps_fail(err, "%s: the longest prompt with candidates[%d] has %lld tokens, more than the model's %s %lld",
+                         e->path, c, (long long)T, rt->family->max_pos_name ? rt->family->max_pos_name : "context", (long long)rt->max_pos);
         ps_batch b = {0};
         if (!rc) rc = ps_batch_alloc(&b, N, T, 1, err);
         for (int64_t s = 0; s < N && !rc; s++) {
@@ -323,7 +323,7 @@ int ps_fillexp_run(const ps_model *m, const ps_fillexp *e, int64_t P, int64_t ba
             for (int64_t k = 0; k < cd->n; k++) b.targets[s * T + Tp - 1 + k] = cd->v[k];
         }
         run_ctx x = {r, c, cd->v, cd->n, V};
-        if (!rc) rc = ps_eval_rows(m, &b, batch, mem_bytes, score_cand, &x, err);
+        if (!rc) rc = rt->family->rows(rt, &b, batch, mem_bytes, score_cand, &x, err);
         ps_batch_free(&b);
         if (!rc && progress && progress(c + 1, e->n_cands, user))
             rc = ps_fail(err, "cancelled after %lld of %lld candidates", (long long)(c + 1), (long long)e->n_cands);

@@ -15,6 +15,7 @@
 
 #include "core/error.h"
 #include "core/model.h"
+#include "core/runtime.h"
 #include "text/textutil.h"
 #include "text/tokenizer.h"
 
@@ -75,12 +76,13 @@ typedef struct {
     ps_fillexp_point *pts; /* [n_fams × n_L], family-major, L increasing */
 } ps_fillexp_result;
 
-/* Run every prompt of a prepared experiment with period P: each candidate's sequences (prompt + candidate
- * ids) in batches of at most `batch` (fewer when their activations would exceed mem_bytes; 0: 1 GiB),
- * prompts of more than PS_LONG_CONTEXT tokens through the chunked prefill. Logits are read at the
- * candidates' rows only. progress may be NULL. */
+/* Run every prompt of a prepared experiment with period P on the model of rt, any family (the prompts' ids
+ * are the model's): each candidate's sequences (prompt + candidate ids) through the family's `rows` entry
+ * (core/runtime.h), in batches of at most `batch` (fewer when their activations would exceed mem_bytes; 0:
+ * the default; the controlled model: 1 GiB, prompts of more than PS_LONG_CONTEXT tokens through the chunked
+ * prefill). Logits are read at the candidates' rows only. progress may be NULL. */
 typedef int (*ps_fillexp_progress_fn)(int64_t done, int64_t total, void *user); /* non-zero: stop (sweep.h) */
-int ps_fillexp_run(const ps_model *m, const ps_fillexp *e, int64_t P, int64_t batch, double mem_bytes,
+int ps_fillexp_run(const ps_runtime *rt, const ps_fillexp *e, int64_t P, int64_t batch, double mem_bytes,
                    ps_fillexp_result *r, ps_fillexp_progress_fn progress, void *user, ps_error *err);
 void ps_fillexp_result_free(ps_fillexp_result *r);
 

@@ -332,7 +332,7 @@ static int cells_restart(run_state *st, int64_t unit, int li, const ps_shifted *
 /* Sizes and buffers of the restart path for this shift (T tokens). */
 static int restart_prepare(run_state *st, double budget, ps_error *err) {
     const ps_grid *g = st->g;
-    const ps_config *c = &ps_runtime_controlled(g->rt)->cfg;
+    const ps_config *c = &ps_runtime_controlled(g->rt)->cfg; /* the restart path: the controlled model's acts */
     int64_t N = st->N, B = st->B, maxq = st->maxq, T = st->sh.T, V = c->vocab_size;
     int at_attn = st->restart == PS_GRID_RESTART_ATTENTION;
     /* the restarted passes stop at the last answer row (causal: nothing after it is read); from the
@@ -389,7 +389,7 @@ static void shift_free(run_state *st) {
     st->have_rep = st->have_part = st->have_a = 0;
     free(st->rows);
     free(st->dst_rows);
-    if (st->ans_logits) ps_buf_free(g->rt->ctx, st->ans_logits, st->n_ans_max * ps_runtime_controlled(g->rt)->cfg.vocab_size * (int64_t)sizeof(float));
+    if (st->ans_logits) ps_buf_free(g->rt->ctx, st->ans_logits, st->n_ans_max * g->rt->family->vocab(g->rt) * (int64_t)sizeof(float));
     st->rows = st->dst_rows = NULL;
     st->ans_logits = NULL;
     if (g->spec->shift_end) g->spec->shift_end(g->spec->self, g->rt);

@@ -769,6 +769,218 @@ static enum MHD_Result respond_stream(ps_server *sv, struct MHD_Connection *conn
     return res;
 }
 
+/* A request's boolean option key (absent or null: *out kept); 0, or 400 with msg. */
+static int get_flag(json_t *root, const char *key, int *out, char *msg, size_t mn) {
+    json_t *v = json_object_get(root, key);
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_boolean(v)) {
+        snprintf(msg, mn, "%s: expected true or false", key);
+        return 400;
+    }
+    *out = json_is_true(v);
+    return 0;
+}
+
+/* What an OpenAI or vLLM client may ask for and this server does not do: refused when it would change the
+ * completion (absent, null or the neutral value is fine), never ignored. 0, or 400 with msg. */
+static int refuse_unserved(json_t *root, char *msg, size_t mn) {
+    static const struct {
+        const char *key;
+        double neutral; /* a number equal to this, an empty string, list or object, or false: nothing asked */
+    } unserved[] = {{"top_k", -1},           {"min_p", 0},          {"stop", 0},
+                    {"stop_token_ids", 0}, {"presence_penalty", 0}, {"frequency_penalty", 0}, {"repetition_penalty", 1},
+                    {"logit_bias", 0},   {"suffix", 0},           {"min_tokens", 0},     {"ignore_eos", 0}};
+    for (size_t k = 0; k < sizeof unserved / sizeof *unserved; k++) {
+        json_t *v = json_object_get(root, unserved[k].key);
+        int neutral = !v || json_is_null(v) || json_is_false(v) || (json_is_number(v) && json_number_value(v) == unserved[k].neutral) ||
+                      (json_is_string(v) && !*json_string_value(v)) || (json_is_array(v) && !json_array_size(v)) ||
+                      (json_is_object(v) && !json_object_size(v));
+        if (!neutral) {
+            snprintf(msg, mn, "%s: not served here (a completion is greedy, or sampled from softmax(logits / temperature) "
+                              "within top_p, and ends after max_tokens tokens)", unserved[k].key);
+            return 400;
+        }
+    }
+    return 0;
+}
+
+/* The request's options (all but "model" and "prompt") into q, in the order they are checked; 0, or the HTTP
+ * status with msg. */
+static int parse_options(const ps_server *sv, json_t *root, creq *q, char *msg, size_t mn) {
+    int st = 0;
+    json_t *v;
+    if (!st) st = get_count(root, "max_tokens", 0, sv->o.max_tokens, "--max-tokens", &q->max_tokens, msg, mn);
+    if (!st) st = get_count(root, "logprobs", 0, sv->o.max_logprobs, "--max-logprobs", &q->logprobs, msg, mn);
+    if (!st) st = get_count(root, "prompt_logprobs", 0, sv->o.max_logprobs, "--max-logprobs", &q->prompt_logprobs, msg, mn);
+    if (!st) st = get_flag(root, "echo", &q->echo, msg, mn);
+    if (!st) st = get_flag(root, "return_tokens_as_token_ids", &q->as_ids, msg, mn);
+    if (!st && (v = json_object_get(root, "temperature")) && !json_is_null(v)) {
+        if (!json_is_number(v) || json_number_value(v) < 0 || json_number_value(v) > 100)
+            st = 400, snprintf(msg, mn, "temperature: expected a number in [0, 100]");
+        else q->temperature = json_number_value(v);
+    }
+    if (!st && (v = json_object_get(root, "top_p")) && !json_is_null(v)) {
+        if (!json_is_number(v) || !(json_number_value(v) > 0 && json_number_value(v) <= 1))
+            st = 400, snprintf(msg, mn, "top_p: expected a number in (0, 1]");
+        else q->top_p = json_number_value(v);
+    }
+    if (!st && (v = json_object_get(root, "seed")) && !json_is_null(v)) {
+        if (!json_is_integer(v)) st = 400, snprintf(msg, mn, "seed: expected an integer");
+        else q->seed = (uint64_t)json_integer_value(v);
+    }
+    if (!st && (v = json_object_get(root, "n")) && !json_is_null(v) && (!json_is_integer(v) || json_integer_value(v) != 1))
+        st = 400, snprintf(msg, mn, "n: only 1 completion per prompt is served");
+    if (!st && (v = json_object_get(root, "best_of")) && !json_is_null(v) && (!json_is_integer(v) || json_integer_value(v) != 1))
+        st = 400, snprintf(msg, mn, "best_of: only 1 is served");
+    if (!st) st = refuse_unserved(root, msg, mn);
+    if (!st) st = get_flag(root, "stream", &q->stream, msg, mn);
+    if (!st && (v = json_object_get(root, "stream_options")) && !json_is_null(v)) {
+        json_t *u = json_object_get(v, "include_usage");
+        if (!json_is_object(v) || (u && !json_is_null(u) && !json_is_boolean(u)))
+            st = 400, snprintf(msg, mn, "stream_options: expected {\"include_usage\": true or false}");
+        else q->usage = json_is_true(u);
+    }
+    return st;
+}
+
+/* Prompt i of the request (pv, named param in messages) into s: its ids within the limits, its sampling state
+ * and the buffers of its generation (K log-probabilities a position); 0, or the HTTP status with msg. */
+static int seq_init(const ps_server *sv, const creq *q, json_t *pv, const char *param, int64_t i, int K, seqst *s,
+                    char *msg, size_t mn) {
+    if (!json_is_string(pv) && !json_is_array(pv)) {
+        snprintf(msg, mn, "%s: expected a string or a list of token ids", param);
+        return 400;
+    }
+    int32_t *ids;
+    int64_t L;
+    int st = prompt_ids(sv, pv, param, &ids, &L, msg, mn);
+    if (st) return st;
+    if (L < 1) {
+        free(ids);
+        snprintf(msg, mn, "%s: the prompt is empty", param);
+        return 400;
+    }
+    if (L > sv->o.max_prompt_tokens) {
+        free(ids);
+        snprintf(msg, mn, "%s: %lld prompt tokens exceed the limit %lld (--max-prompt-tokens)", param, (long long)L,
+                 (long long)sv->o.max_prompt_tokens);
+        return 400;
+    }
+    if (L + q->max_tokens > sv->rt.max_pos) {
+        free(ids);
+        snprintf(msg, mn, "%s: %lld prompt tokens + max_tokens %lld exceed the model's context of %lld tokens", param,
+                 (long long)L, (long long)q->max_tokens, (long long)sv->rt.max_pos);
+        return 400;
+    }
+    s->all_rows = (q->echo && q->logprobs >= 0) || q->prompt_logprobs >= 0;
+    double need = (double)(s->all_rows ? L + 1 : 1) * (double)sv->vocab * 4.0;
+    if (need > sv->o.max_logit_bytes) {
+        free(ids);
+        snprintf(msg, mn, "%s: log-probabilities at %lld positions need %.2f GiB of logits, more than the limit %.2f GiB (--max-logit-bytes)",
+                 param, (long long)L, need / 1073741824.0, sv->o.max_logit_bytes / 1073741824.0);
+        return 400;
+    }
+    int64_t cap = L + q->max_tokens;
+    s->tok = realloc(ids, (size_t)cap * sizeof(int32_t));
+    if (!s->tok) {
+        free(ids);
+        snprintf(msg, mn, "out of memory");
+        return 500;
+    }
+    s->n_prompt = s->n = L;
+    s->gen_max = q->max_tokens;
+    s->K = K;
+    s->temp = q->temperature;
+    s->top_p = q->top_p;
+    ps_rng_seed(&s->rng, q->seed * 0x9E3779B97F4A7C15ULL + (uint64_t)i);
+    s->pi = calloc((size_t)cap, sizeof *s->pi);
+    s->tid_pool = malloc((size_t)(cap * K) * sizeof(int32_t));
+    s->tlp_pool = malloc((size_t)(cap * K) * sizeof(double));
+    if (!s->pi || !s->tid_pool || !s->tlp_pool) {
+        snprintf(msg, mn, "out of memory");
+        return 500;
+    }
+    for (int64_t t = 0; t < cap; t++) {
+        s->pi[t].tid = s->tid_pool + t * K;
+        s->pi[t].tlp = s->tlp_pool + t * K;
+    }
+    return 0;
+}
+
+/* The sequences of j (j->n of them) from the request's prompts (list: the prompts; pr: "prompt" as sent, which
+ * names them in messages); 0, or the HTTP status with msg. */
+static int job_init(const ps_server *sv, const creq *q, json_t *pr, json_t *list, job *j, char *msg, size_t mn) {
+    int K = (int)(q->logprobs > q->prompt_logprobs ? q->logprobs : q->prompt_logprobs);
+    if (K < 1) K = 1;
+    int st = 0;
+    for (int64_t i = 0; i < j->n && !st; i++) {
+        char param[64];
+        if (json_is_string(pr) || json_is_integer(json_array_get(pr, 0))) snprintf(param, sizeof param, "prompt");
+        else snprintf(param, sizeof param, "prompt[%lld]", (long long)i);
+        st = seq_init(sv, q, json_array_get(list, (size_t)i), param, i, K, &j->seqs[i], msg, mn);
+    }
+    return st;
+}
+
+/* The non-streaming answer of a finished job j (the connection's reference is released). */
+static enum MHD_Result respond_completion(ps_server *sv, struct MHD_Connection *conn, job *j, const creq *q, int64_t id) {
+    json_t *res = json_object(), *ch = json_array();
+    char rid[64];
+    snprintf(rid, sizeof rid, "cmpl-%lld", (long long)id);
+    int64_t ptok = 0, ctok = 0;
+    json_object_set_new(res, "id", json_string(rid));
+    json_object_set_new(res, "object", json_string("text_completion"));
+    json_object_set_new(res, "created", json_integer((json_int_t)time(NULL)));
+    json_object_set_new(res, "model", json_string(sv->name));
+    for (int64_t i = 0; i < j->n; i++) {
+        json_array_append_new(ch, choice_json(sv, q, &j->seqs[i], i));
+        ptok += j->seqs[i].n_prompt;
+        ctok += j->seqs[i].n - j->seqs[i].n_prompt;
+    }
+    json_object_set_new(res, "choices", ch);
+    json_object_set_new(res, "usage", json_pack("{s:I, s:I, s:I}", "prompt_tokens", (json_int_t)ptok, "completion_tokens", (json_int_t)ctok,
+                                                "total_tokens", (json_int_t)(ptok + ctok)));
+    char *text = json_dumps(res, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(res);
+    pthread_mutex_lock(&sv->mu);
+    job_release(j);
+    pthread_mutex_unlock(&sv->mu);
+    return respond(conn, 200, text);
+}
+
+/* Queue j (it joins the running batch at the worker's next step), wait for it (a streaming answer: for its
+ * first step; an error before it is a JSON error with its status) and answer. */
+static enum MHD_Result run_job(ps_server *sv, struct MHD_Connection *conn, job *j, const creq *q) {
+    pthread_mutex_lock(&sv->mu);
+    if (sv->stopping) {
+        pthread_mutex_unlock(&sv->mu);
+        job_free(j);
+        return respond_error(conn, 503, NULL, "the server is shutting down");
+    }
+    j->refs = 2; /* this connection's, the worker's */
+    if (sv->tail) sv->tail->next = j;
+    else sv->head = j;
+    sv->tail = j;
+    pthread_cond_signal(&sv->cv_work);
+    if (wait_job(sv, j, conn, q->stream)) {
+        job_release(j);
+        pthread_mutex_unlock(&sv->mu);
+        return MHD_NO; /* the client went away: its sequences are dropped at the next step */
+    }
+    int64_t id = ++sv->counter;
+    if (j->failed) {
+        unsigned failed = (unsigned)j->failed;
+        char m[1024];
+        snprintf(m, sizeof m, "%s", j->msg);
+        job_release(j);
+        pthread_mutex_unlock(&sv->mu);
+        return respond_error(conn, failed, NULL, "%s", m);
+    }
+    pthread_mutex_unlock(&sv->mu);
+    if (q->stream) return respond_stream(sv, conn, j, q, id);
+    return respond_completion(sv, conn, j, q, id);
+}
+
 static enum MHD_Result completions(ps_server *sv, struct MHD_Connection *conn, const char *body, size_t n) {
     json_error_t je;
     json_t *root = json_loadb(body, n, 0, &je);
@@ -779,8 +991,6 @@ static enum MHD_Result completions(ps_server *sv, struct MHD_Connection *conn, c
                     : respond_error(conn, 400, NULL, "the body is not JSON: %s (line %d, column %d)", je.text, je.line, je.column);
     }
     creq q = {.max_tokens = 16, .logprobs = -1, .prompt_logprobs = -1, .temperature = 1.0, .top_p = 1.0};
-    int st = 0;
-    json_t *v;
     const char *mname = json_string_value(json_object_get(root, "model"));
     if (json_object_get(root, "model") && !json_is_null(json_object_get(root, "model")) && (!mname || strcmp(mname, sv->name))) {
         char got[300];
@@ -788,62 +998,7 @@ static enum MHD_Result completions(ps_server *sv, struct MHD_Connection *conn, c
         json_decref(root);
         return respond_error(conn, 404, "model", "model %s is not served here (this server serves \"%s\")", got, sv->name);
     }
-    if (!st) st = get_count(root, "max_tokens", 0, sv->o.max_tokens, "--max-tokens", &q.max_tokens, msg, sizeof msg);
-    if (!st) st = get_count(root, "logprobs", 0, sv->o.max_logprobs, "--max-logprobs", &q.logprobs, msg, sizeof msg);
-    if (!st) st = get_count(root, "prompt_logprobs", 0, sv->o.max_logprobs, "--max-logprobs", &q.prompt_logprobs, msg, sizeof msg);
-    if (!st && (v = json_object_get(root, "echo")) && !json_is_null(v)) {
-        if (!json_is_boolean(v)) st = 400, snprintf(msg, sizeof msg, "echo: expected true or false");
-        else q.echo = json_is_true(v);
-    }
-    if (!st && (v = json_object_get(root, "return_tokens_as_token_ids")) && !json_is_null(v)) {
-        if (!json_is_boolean(v)) st = 400, snprintf(msg, sizeof msg, "return_tokens_as_token_ids: expected true or false");
-        else q.as_ids = json_is_true(v);
-    }
-    if (!st && (v = json_object_get(root, "temperature")) && !json_is_null(v)) {
-        if (!json_is_number(v) || json_number_value(v) < 0 || json_number_value(v) > 100)
-            st = 400, snprintf(msg, sizeof msg, "temperature: expected a number in [0, 100]");
-        else q.temperature = json_number_value(v);
-    }
-    if (!st && (v = json_object_get(root, "top_p")) && !json_is_null(v)) {
-        if (!json_is_number(v) || !(json_number_value(v) > 0 && json_number_value(v) <= 1))
-            st = 400, snprintf(msg, sizeof msg, "top_p: expected a number in (0, 1]");
-        else q.top_p = json_number_value(v);
-    }
-    if (!st && (v = json_object_get(root, "seed")) && !json_is_null(v)) {
-        if (!json_is_integer(v)) st = 400, snprintf(msg, sizeof msg, "seed: expected an integer");
-        else q.seed = (uint64_t)json_integer_value(v);
-    }
-    if (!st && (v = json_object_get(root, "n")) && !json_is_null(v) && (!json_is_integer(v) || json_integer_value(v) != 1))
-        st = 400, snprintf(msg, sizeof msg, "n: only 1 completion per prompt is served");
-    if (!st && (v = json_object_get(root, "best_of")) && !json_is_null(v) && (!json_is_integer(v) || json_integer_value(v) != 1))
-        st = 400, snprintf(msg, sizeof msg, "best_of: only 1 is served");
-    /* what an OpenAI or vLLM client may ask for and this server does not do: refused when it would change the
-     * completion (absent, null or the neutral value is fine), never ignored */
-    static const struct {
-        const char *key;
-        double neutral; /* a number equal to this, an empty string, list or object, or false: nothing asked */
-    } unserved[] = {{"top_k", -1},           {"min_p", 0},          {"stop", 0},
-                    {"stop_token_ids", 0}, {"presence_penalty", 0}, {"frequency_penalty", 0}, {"repetition_penalty", 1},
-                    {"logit_bias", 0},   {"suffix", 0},           {"min_tokens", 0},     {"ignore_eos", 0}};
-    for (size_t k = 0; !st && k < sizeof unserved / sizeof *unserved; k++) {
-        v = json_object_get(root, unserved[k].key);
-        int neutral = !v || json_is_null(v) || json_is_false(v) || (json_is_number(v) && json_number_value(v) == unserved[k].neutral) ||
-                      (json_is_string(v) && !*json_string_value(v)) || (json_is_array(v) && !json_array_size(v)) ||
-                      (json_is_object(v) && !json_object_size(v));
-        if (!neutral)
-            st = 400, snprintf(msg, sizeof msg, "%s: not served here (a completion is greedy, or sampled from softmax(logits / temperature) "
-                                                "within top_p, and ends after max_tokens tokens)", unserved[k].key);
-    }
-    if (!st && (v = json_object_get(root, "stream")) && !json_is_null(v)) {
-        if (!json_is_boolean(v)) st = 400, snprintf(msg, sizeof msg, "stream: expected true or false");
-        else q.stream = json_is_true(v);
-    }
-    if (!st && (v = json_object_get(root, "stream_options")) && !json_is_null(v)) {
-        json_t *u = json_object_get(v, "include_usage");
-        if (!json_is_object(v) || (u && !json_is_null(u) && !json_is_boolean(u)))
-            st = 400, snprintf(msg, sizeof msg, "stream_options: expected {\"include_usage\": true or false}");
-        else q.usage = json_is_true(u);
-    }
+    int st = parse_options(sv, root, &q, msg, sizeof msg);
     if (st) {
         json_decref(root);
         return respond_error(conn, (unsigned)st, NULL, "%s", msg);
@@ -875,128 +1030,14 @@ static enum MHD_Result completions(ps_server *sv, struct MHD_Connection *conn, c
         return respond_error(conn, 500, NULL, "out of memory");
     }
     j->n = np;
-    int K = (int)(q.logprobs > q.prompt_logprobs ? q.logprobs : q.prompt_logprobs);
-    if (K < 1) K = 1;
-    for (int64_t i = 0; i < np && !st; i++) {
-        char param[64];
-        if (json_is_string(pr) || json_is_integer(json_array_get(pr, 0))) snprintf(param, sizeof param, "prompt");
-        else snprintf(param, sizeof param, "prompt[%lld]", (long long)i);
-        json_t *pv = json_array_get(list, (size_t)i);
-        if (!json_is_string(pv) && !json_is_array(pv)) {
-            st = 400, snprintf(msg, sizeof msg, "%s: expected a string or a list of token ids", param);
-            break;
-        }
-        seqst *s = &j->seqs[i];
-        int32_t *ids;
-        int64_t L;
-        if ((st = prompt_ids(sv, pv, param, &ids, &L, msg, sizeof msg))) break;
-        if (L < 1) {
-            free(ids);
-            st = 400, snprintf(msg, sizeof msg, "%s: the prompt is empty", param);
-            break;
-        }
-        if (L > sv->o.max_prompt_tokens) {
-            free(ids);
-            st = 400, snprintf(msg, sizeof msg, "%s: %lld prompt tokens exceed the limit %lld (--max-prompt-tokens)", param, (long long)L,
-                               (long long)sv->o.max_prompt_tokens);
-            break;
-        }
-        if (L + q.max_tokens > sv->rt.max_pos) {
-            free(ids);
-            st = 400, snprintf(msg, sizeof msg, "%s: %lld prompt tokens + max_tokens %lld exceed the model's context of %lld tokens", param,
-                               (long long)L, (long long)q.max_tokens, (long long)sv->rt.max_pos);
-            break;
-        }
-        s->all_rows = (q.echo && q.logprobs >= 0) || q.prompt_logprobs >= 0;
-        double need = (double)(s->all_rows ? L + 1 : 1) * (double)sv->vocab * 4.0;
-        if (need > sv->o.max_logit_bytes) {
-            free(ids);
-            st = 400, snprintf(msg, sizeof msg, "%s: log-probabilities at %lld positions need %.2f GiB of logits, more than the limit %.2f GiB (--max-logit-bytes)",
-                               param, (long long)L, need / 1073741824.0, sv->o.max_logit_bytes / 1073741824.0);
-            break;
-        }
-        int64_t cap = L + q.max_tokens;
-        s->tok = realloc(ids, (size_t)cap * sizeof(int32_t));
-        if (!s->tok) {
-            free(ids);
-            st = 500, snprintf(msg, sizeof msg, "out of memory");
-            break;
-        }
-        s->n_prompt = s->n = L;
-        s->gen_max = q.max_tokens;
-        s->K = K;
-        s->temp = q.temperature;
-        s->top_p = q.top_p;
-        ps_rng_seed(&s->rng, q.seed * 0x9E3779B97F4A7C15ULL + (uint64_t)i);
-        s->pi = calloc((size_t)cap, sizeof *s->pi);
-        s->tid_pool = malloc((size_t)(cap * K) * sizeof(int32_t));
-        s->tlp_pool = malloc((size_t)(cap * K) * sizeof(double));
-        if (!s->pi || !s->tid_pool || !s->tlp_pool) {
-            st = 500, snprintf(msg, sizeof msg, "out of memory");
-            break;
-        }
-        for (int64_t t = 0; t < cap; t++) {
-            s->pi[t].tid = s->tid_pool + t * K;
-            s->pi[t].tlp = s->tlp_pool + t * K;
-        }
-    }
+    st = job_init(sv, &q, pr, list, j, msg, sizeof msg);
     json_decref(list);
     json_decref(root);
     if (st) {
         job_free(j);
         return respond_error(conn, (unsigned)st, "prompt", "%s", msg);
     }
-    /* queue it: it joins the running batch at the worker's next step */
-    pthread_mutex_lock(&sv->mu);
-    if (sv->stopping) {
-        pthread_mutex_unlock(&sv->mu);
-        job_free(j);
-        return respond_error(conn, 503, NULL, "the server is shutting down");
-    }
-    j->refs = 2; /* this connection's, the worker's */
-    if (sv->tail) sv->tail->next = j;
-    else sv->head = j;
-    sv->tail = j;
-    pthread_cond_signal(&sv->cv_work);
-    /* a streaming answer starts after the first step (an error before it is a JSON error with its status) */
-    if (wait_job(sv, j, conn, q.stream)) {
-        job_release(j);
-        pthread_mutex_unlock(&sv->mu);
-        return MHD_NO; /* the client went away: its sequences are dropped at the next step */
-    }
-    int64_t id = ++sv->counter;
-    if (j->failed) {
-        unsigned failed = (unsigned)j->failed;
-        char m[1024];
-        snprintf(m, sizeof m, "%s", j->msg);
-        job_release(j);
-        pthread_mutex_unlock(&sv->mu);
-        return respond_error(conn, failed, NULL, "%s", m);
-    }
-    pthread_mutex_unlock(&sv->mu);
-    if (q.stream) return respond_stream(sv, conn, j, &q, id);
-    json_t *res = json_object(), *ch = json_array();
-    char rid[64];
-    snprintf(rid, sizeof rid, "cmpl-%lld", (long long)id);
-    int64_t ptok = 0, ctok = 0;
-    json_object_set_new(res, "id", json_string(rid));
-    json_object_set_new(res, "object", json_string("text_completion"));
-    json_object_set_new(res, "created", json_integer((json_int_t)time(NULL)));
-    json_object_set_new(res, "model", json_string(sv->name));
-    for (int64_t i = 0; i < j->n; i++) {
-        json_array_append_new(ch, choice_json(sv, &q, &j->seqs[i], i));
-        ptok += j->seqs[i].n_prompt;
-        ctok += j->seqs[i].n - j->seqs[i].n_prompt;
-    }
-    json_object_set_new(res, "choices", ch);
-    json_object_set_new(res, "usage", json_pack("{s:I, s:I, s:I}", "prompt_tokens", (json_int_t)ptok, "completion_tokens", (json_int_t)ctok,
-                                                "total_tokens", (json_int_t)(ptok + ctok)));
-    char *text = json_dumps(res, JSON_COMPACT | JSON_PRESERVE_ORDER);
-    json_decref(res);
-    pthread_mutex_lock(&sv->mu);
-    job_release(j);
-    pthread_mutex_unlock(&sv->mu);
-    return respond(conn, 200, text);
+    return run_job(sv, conn, j, &q);
 }
 
 static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const char *url, const char *method, const char *version,

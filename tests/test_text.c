@@ -263,9 +263,11 @@ static void test_candidates(void) {
     ps_model m;
     tu_random_model(&m, &cfg, 11, 0.3f);
     ps_fillexp_result r, r2;
-    REQUIRE_OK(ps_fillexp_run(&m, &e, 4, 5, 0, &r, NULL, NULL, &err), &err);
+    ps_runtime mrt;
+    ps_runtime_wrap_model(&mrt, &m);
+    REQUIRE_OK(ps_fillexp_run(&mrt, &e, 4, 5, 0, &r, NULL, NULL, &err), &err);
     /* the prefill path (a budget too small for one sequence) gives the same numbers */
-    REQUIRE_OK(ps_fillexp_run(&m, &e, 4, 5, 1, &r2, NULL, NULL, &err), &err);
+    REQUIRE_OK(ps_fillexp_run(&mrt, &e, 4, 5, 1, &r2, NULL, NULL, &err), &err);
     int64_t N = (int64_t)e.n_fams * r.n_L, checked = 0;
     double worst = 0, worst_path = 0;
     ps_ids pr = {0};
@@ -718,6 +720,67 @@ static void test_qwen3_experiments(void) {
     ps_tokenizer_free(q);
 }
 
+/* ---------------------------------------------------------------- fillers on another family */
+
+/* The experiment on a MiniCPM4 checkpoint (tests/conformance/infllm/tiny, vocabulary 128: the tiny tokenizer's
+ * ASCII bytes are its ids) through the family's rows entry: every candidate's log-probability equals the sum
+ * of log-softmax over a manual forward of the family (forward + logits), its top-1 the argmax there. */
+static void test_candidates_other_family(void) {
+    static const char *XP = "{\"name\": \"mc\", \"template\": \"x{filler}y\", \"families\": [{\"name\": \"eq\", \"sentences\": [\"=\"], "
+                            "\"repeat\": true}], \"lengths\": [3, 9], \"candidates\": [\"8\", \"9\"], \"permutations\": 99}";
+    ps_error err = {0};
+    ps_fillexp e;
+    json_t *root = parse(XP);
+    REQUIRE_OK(ps_fillexp_parse(root, "mc.json", ".", &e, &err), &err);
+    json_decref(root);
+    REQUIRE_OK(ps_fillexp_prepare(&e, tok, &err), &err);
+    ps_runtime rt;
+    ps_runtime_opts o = {.backend = "cpu", .weights = 1, .lazy = 0};
+    if (ps_runtime_open(&rt, PS_SOURCE_DIR "/tests/conformance/infllm/tiny", &o, &err)) {
+        CHECK(0, "open the MiniCPM4 checkpoint: %s", err.msg);
+        ps_runtime_free(&rt);
+        ps_fillexp_free(&e);
+        return;
+    }
+    CHECK(!ps_runtime_controlled(&rt), "the checkpoint is another family's (%s)", rt.family->name);
+    ps_fillexp_result r;
+    REQUIRE_OK(ps_fillexp_run(&rt, &e, 4, 3, 0, &r, NULL, NULL, &err), &err);
+    int64_t V = rt.family->vocab(&rt), checked = 0;
+    double worst = 0;
+    ps_ids pr = {0};
+    for (int64_t s = 0; s < (int64_t)e.n_fams * r.n_L; s++) {
+        const ps_fillexp_point *pt = &r.pts[s];
+        for (int c = 0; c < e.n_cands; c++) {
+            REQUIRE_OK(ps_fillexp_prompt(&e, (int)(s / r.n_L), pt->L, &pr, &err), &err);
+            int64_t Tp = pr.n;
+            REQUIRE_OK(ps_ids_push(&pr, e.cands[c].ids.v, e.cands[c].ids.n, &err), &err);
+            void *a = rt.family->acts_create(&rt, 1, pr.n, 0, &err);
+            REQUIRE_OK(a ? 0 : -1, &err);
+            REQUIRE_OK(rt.family->forward(&rt, a, pr.v, NULL, -1, &err), &err);
+            const float *lg = rt.family->logits(a, &err);
+            REQUIRE_OK(lg ? 0 : -1, &err);
+            double lp = 0;
+            for (int64_t k = 0; k < e.cands[c].ids.n; k++) {
+                const float *row = lg + (Tp - 1 + k) * V;
+                lp += logp(row, V, e.cands[c].ids.v[k]);
+                int64_t arg = 0;
+                for (int64_t i = 1; i < V; i++)
+                    if (row[i] > row[arg]) arg = i;
+                if (k == 0 && c == 0) CHECK(arg == pt->top1, "top-1 after the prompt: %lld vs %d", (long long)arg, (int)pt->top1);
+            }
+            worst = fmax(worst, fabs(pt->logprob[c] - lp));
+            rt.family->acts_free(a);
+            checked++;
+        }
+    }
+    CHECK(worst < 1e-4, "MiniCPM4: candidate log-probability = a manual forward's (abs err %.3g)", worst);
+    CHECK(checked == 14, "%lld candidates checked", (long long)checked);
+    ps_ids_free(&pr);
+    ps_fillexp_result_free(&r);
+    ps_runtime_free(&rt);
+    ps_fillexp_free(&e);
+}
+
 int main(void) {
     ps_error err;
     if (ps_tokenizer_load(TINY, &tok, &err)) {
@@ -729,6 +792,7 @@ int main(void) {
     test_exact_L();
     test_bad_experiments();
     test_candidates();
+    test_candidates_other_family();
     test_period_test();
     test_textkv();
     test_textkv_task();

@@ -269,6 +269,11 @@ typedef struct {
     ps_chgate_acc chacc;
     float *stage; /* a device backend (not host-visible): 2 · n_params host floats that parameters and moments
                      pass through on their way to and from the checkpoint files; NULL until needed */
+    int R, root;                /* ranks; this one is rank 0 */
+    int64_t Bg, b0, B, T;       /* the global batch; this rank's rows of it, [b0, b0 + B); sequence length */
+    int64_t max_rows;           /* train.logits "answers": the most logit rows of this rank's part (0: all rows) */
+    double gate_reg_w;          /* train.gate_reg: the weight of each (layer, KV head, branch) term */
+    char logpath[4200];         /* rank 0: the run's train.jsonl */
 } run_state;
 
 /* The host staging buffer of a run on a device backend (allocated once, on first use). */
@@ -598,6 +603,317 @@ static int dist_checkpoint(run_state *s, int64_t step, int rc, ps_error *err) {
     return 0;
 }
 
+/* ---- the run, in parts ---- */
+
+/* The run directory (rank 0's) and the model in it: created and initialised (or --init-from), or a
+ * checkpoint's (--resume, *start its step); then on the run's backend with its moments (a resumed run's
+ * read back, its log cut at *start); with several ranks every one starts from rank 0's weights, moments and
+ * step. -1 with err set when the run cannot start. */
+static int open_run(run_state *s, int resume, int64_t *start, ps_error *err) {
+    const ps_train_cfg *c = s->c;
+    const char *dir = s->dir;
+    char mpath[4200];
+    int bad = 0;
+    if (s->root) { /* the run directory is rank 0's */
+        bad = ps_mkdir(dir, err) || ps_path_join(s->logpath, sizeof s->logpath, dir, "train.jsonl", err) ||
+              ps_path_join(mpath, sizeof mpath, dir, "model.safetensors", err);
+        if (!bad) ps_clean_temp_files(dir); /* what a killed checkpoint write left behind */
+        if (!bad && resume && access(mpath, F_OK) != 0) bad = ps_fail(err, "--resume: %s holds no checkpoint to resume", dir);
+        else if (!bad && !resume && access(mpath, F_OK) == 0)
+            bad = ps_fail(err, "%s already holds a run; use --resume to continue it or choose another --out", dir);
+        if (!bad && resume) bad = load_resume(s, start, err);
+        else if (!bad) {
+            bad = ps_model_create(&s->m, &c->model, err);
+            if (!bad) ps_model_init_std(&s->m, c->seed, c->init_std);
+            if (!bad && c->init_from) bad = init_from_checkpoint(&s->m, c->init_from, err);
+        }
+    } else
+        bad = ps_model_create(&s->m, &c->model, err);
+    /* created, initialised or loaded on the host; then onto the run's backend, where the moments (and below,
+     * the gradients and activations) are allocated; a resumed run's moments follow them there */
+    bad = bad || to_backend(s, err) || alloc_optimizer(s, err) ||
+          (s->root && resume && (load_moments(s, *start, err) || truncate_log(s->logpath, *start, err)));
+    if (s->R > 1) {
+        /* every rank starts from rank 0's weights, moments and step */
+        int64_t nb = s->m.n_params * (int64_t)sizeof(float);
+        if (ps_dist_agree(bad, err)) return -1;
+        if (!ps_ctx_host_visible(s->m.ctx))
+            return ps_fail(err, "data-parallel training on a device backend needs its broadcast (not written yet)");
+        if (ps_dist_bcast(start, sizeof *start, 0, err) || ps_dist_bcast(s->m.params, nb, 0, err) ||
+            ps_dist_bcast(s->m1, nb, 0, err) || ps_dist_bcast(s->m2, nb, 0, err))
+            return -1;
+    } else if (bad)
+        return -1;
+    return 0;
+}
+
+/* train.logits "answers": s->max_rows, the most target rows this rank's part of a batch can have (each
+ * query's answer tokens), and s->rows to hold them; 0 rows when the logits are taken everywhere. */
+static int plan_logit_rows(run_state *s, ps_error *err) {
+    const ps_train_cfg *c = s->c;
+    s->max_rows = 0;
+    if (c->logits_answers) {
+        if (c->task.loss_all) {
+            ps_fail(err, "%s: train.logits \"answers\" needs task.loss \"answers\" (the loss is taken on every position)", s->dir);
+            ps_dist_mark_shared();
+            return -1;
+        }
+        s->max_rows = s->B * c->task.n_queries *
+                      (c->task.kind == PS_TASK_KV || c->task.kind == PS_TASK_TEXT ? c->task.value_len : 1);
+        if (s->max_rows > s->B * s->T) s->max_rows = s->B * s->T;
+    }
+    s->rows = s->max_rows ? malloc((size_t)s->max_rows * sizeof *s->rows) : NULL;
+    if (s->max_rows && !s->rows) return ps_fail(err, "out of memory for %lld logit rows", (long long)s->max_rows);
+    return 0;
+}
+
+/* Mitigations (docs/mitigations.md): the checks on train.gate_reg and train.phase_augment, s->gate_reg_w (the
+ * gate regulariser's weight per (layer, KV head, branch) term, so the loss term is gate_reg · the mean over
+ * them of (log W - H(pooled gate)) / log W) and the phase shifts' buffer. */
+static int plan_mitigations(run_state *s, ps_error *err) {
+    const ps_train_cfg *c = s->c;
+    const char *dir = s->dir;
+    s->gate_reg_w = 0;
+    if ((c->gate_reg > 0 || c->phase_augment) && c->model.kind != PS_ATTN_COMPRESSED) {
+        ps_fail(err, "%s: train.%s needs a compressed-attention model", dir, c->gate_reg > 0 ? "gate_reg" : "phase_augment");
+        ps_dist_mark_shared();
+        return -1;
+    }
+    if (c->phase_augment && c->model.boundaries == PS_BOUNDARIES_CONTENT) {
+        ps_fail(err, "%s: train.phase_augment shifts a window grid; content chunk boundaries (attention.boundaries \"content\") have none", dir);
+        ps_dist_mark_shared();
+        return -1;
+    }
+    if (c->gate_reg > 0 && s->R > 1) {
+        ps_fail(err, "%s: train.gate_reg is single-process only (each rank would add the whole term)", dir);
+        ps_dist_mark_shared();
+        return -1;
+    }
+    if (c->gate_reg > 0) {
+        if (c->model.gate != PS_GATE_LEARNED) {
+            ps_fail(err, "%s: train.gate_reg needs learned gates (attention.gate \"learned\")", dir);
+            ps_dist_mark_shared();
+            return -1;
+        }
+        s->gate_reg_w = c->gate_reg / (log((double)c->model.window) * (double)c->model.n_layers * (double)c->model.n_kv_heads * 2.0);
+    }
+    if (c->phase_augment && !(s->shift = calloc((size_t)s->B, sizeof *s->shift)))
+        return ps_fail(err, "out of memory for %lld phase shifts", (long long)s->B);
+    return 0;
+}
+
+/* What the steps work in: gradients, logit rows, mitigations, activations, the batches (rank 0's held-out
+ * evaluation batch generated), the gate statistics (rank 0's) and the log (rank 0's; appended to when
+ * resuming). */
+static int alloc_run(run_state *s, int resume, ps_error *err) {
+    const ps_train_cfg *c = s->c;
+    int64_t pbytes = s->m.n_params * (int64_t)sizeof(float);
+    s->grads = ps_buf_alloc(s->m.ctx, pbytes, "gradients", err);
+    if (plan_logit_rows(s, err) || plan_mitigations(s, err)) return -1;
+    if (!s->grads || ps_acts_create_rows(&s->acts, s->m.ctx, &c->model, s->B, s->T, true, s->max_rows, err) ||
+        ps_acts_create_rows(&s->gacts, s->m.ctx, &c->model, s->B, s->T, false, s->max_rows, err) ||
+        ps_batch_alloc(&s->batch, s->Bg, s->T, c->task.n_queries, err) ||
+        (s->root && ps_batch_alloc(&s->eval_batch, c->eval_size, s->T, c->task.n_queries, err)))
+        return -1;
+    if (s->root && generate(c, step_seed(c->seed ^ 0x5eed0e7a1ULL, -1), &s->eval_batch, err)) return -1; /* held out: never a train seed */
+    s->has_gates = c->model.kind == PS_ATTN_COMPRESSED;
+    if (s->root && s->has_gates &&
+        (ps_gate_acc_init(&s->gacc, &c->model, err) || ps_gate_acc_watch(&s->gacc, &s->ghooks, &c->model, err)))
+        return -1;
+    if (s->root && c->model.kind == PS_ATTN_CHANNEL) { /* gate statistics are rank 0's, like the evaluation they come from */
+        if (ps_chgate_init_model(&s->chacc, &c->model, err)) return -1;
+        s->has_gates = s->has_chgates = 1;
+        if (ps_chgate_watch_model(&s->chacc, &s->ghooks, &c->model, err)) return -1;
+    }
+    if (s->root) s->log = fopen(s->logpath, resume ? "a" : "w");
+    if (s->root && !s->log) return ps_fail(err, "%s: cannot open for writing", s->logpath);
+    return 0;
+}
+
+/* {"type": "eval", "step", "accuracy", "loss"} */
+static void log_eval(run_state *s, int64_t step, double acc, double loss) {
+    json_t *o = json_object();
+    json_object_set_new(o, "type", json_string("eval"));
+    json_object_set_new(o, "step", json_integer(step));
+    json_object_set_new(o, "accuracy", json_real(acc));
+    json_object_set_new(o, "loss", json_real(loss));
+    log_json(s, o);
+}
+
+/* A new run's step 0 (rank 0): the --init-from record, the evaluation and gate statistics where the gates
+ * start (uniform, or the --init-from checkpoint's) and the step-0 checkpoint. */
+static int log_start(run_state *s, ps_error *err) {
+    const ps_train_cfg *c = s->c;
+    if (c->init_from) {
+        json_t *o = json_object();
+        json_object_set_new(o, "type", json_string("init"));
+        json_object_set_new(o, "step", json_integer(0));
+        json_object_set_new(o, "from", json_string(c->init_from));
+        log_json(s, o);
+    }
+    double acc, el;
+    if (evaluate(s, s->has_gates, &acc, &el, err)) return -1;
+    log_eval(s, 0, acc, el);
+    if (s->has_gates) log_gates(s, 0);
+    return save_checkpoint(s, 0, err);
+}
+
+/* The logit rows of this rank's part of the batch: its target positions (train.logits "answers"). */
+static int set_logit_rows(run_state *s, int64_t step, const int32_t *my_targets, ps_error *err) {
+    int64_t nr = 0;
+    for (int64_t i = 0; i < s->B * s->T; i++)
+        if (my_targets[i] >= 0) {
+            if (nr == s->max_rows)
+                return ps_fail(err, "step %lld: more targets than the %lld logit rows the task allows", (long long)step + 1,
+                               (long long)s->max_rows);
+            s->rows[nr++] = i;
+        }
+    return ps_acts_set_rows(&s->acts, s->rows, nr, err);
+}
+
+/* train.phase_augment: a random grid phase per sequence of the global batch, from the step's seed
+ * (docs/mitigations.md); this rank keeps its rows' */
+static int set_phase_shifts(run_state *s, int64_t step, ps_error *err) {
+    const ps_train_cfg *c = s->c;
+    ps_rng pr;
+    ps_rng_seed(&pr, step_seed(c->seed ^ 0x9a5e0ffULL, step));
+    for (int64_t b = 0; b < s->Bg; b++) {
+        int64_t sh = ps_rng_below(&pr, c->model.stride);
+        if (b >= s->b0 && b < s->b0 + s->B) s->shift[b - s->b0] = sh;
+    }
+    return ps_acts_set_phase(&s->acts, s->shift, err);
+}
+
+/* One optimizer step (step counts from 0): the step's batch, this rank's forward and backward, the sums over
+ * the ranks, the gradient norm and the AdamW update; *loss, *lr and *gn are the step's. -1 with err set
+ * (a loss or norm that is not finite stops the run). */
+static int train_step(run_state *s, int64_t step, double *loss_out, double *lr_out, double *gn_out, ps_error *err) {
+    const ps_train_cfg *c = s->c;
+    int64_t T = s->T;
+    if (generate(c, step_seed(c->seed, step), &s->batch, err)) return -1;
+    /* this rank's rows of the batch (after generate: the text-kv task reallocates the batch) */
+    const int32_t *my_tokens = s->batch.tokens + s->b0 * T, *my_targets = s->batch.targets + s->b0 * T;
+    if (ps_fill(s->m.ctx, s->grads, 0.0f, s->m.n_params)) {
+        ps_ctx_check(s->m.ctx, err);
+        return -1;
+    }
+    int64_t n_t = 0; /* targets of the global batch: every rank scales its gradients by the same 1 / n_t */
+    for (int64_t i = 0; i < s->Bg * T; i++) n_t += s->batch.targets[i] >= 0;
+    double lsum = 0;
+    int64_t cnt = 0;
+    if (s->max_rows && set_logit_rows(s, step, my_targets, err)) return -1; /* logits at this batch's target rows only */
+    if (c->phase_augment && set_phase_shifts(s, step, err)) return -1;
+    s->gacts.gate_reg_weight = s->gate_reg_w;
+    s->gacts.gate_reg_value = 0;
+    if (ps_forward(&s->m, &s->acts, my_tokens, NULL, err) ||
+        ps_backward(&s->m, &s->acts, &s->gacts, my_tokens, my_targets, 1.0f / (float)n_t, s->grads, &lsum, &cnt, err))
+        return -1;
+    if (s->R > 1) { /* the gradient seam (NCCL on a device backend) and the loss over the global batch */
+        double sums[2] = {lsum, (double)cnt};
+        if (ps_dist_allreduce_buf(s->m.ctx, s->grads, s->m.n_params, err) || ps_dist_allreduce_f64(sums, 2, err)) return -1;
+        lsum = sums[0];
+        cnt = (int64_t)sums[1];
+    }
+    double loss = lsum / (double)cnt, gn = 0;
+    if (ps_grad_norm(s->m.ctx, s->grads, s->m.n_params, &gn, err)) return -1;
+    if (!isfinite(loss) || !isfinite(gn)) {
+        ps_dist_mark_shared(); /* every rank sees the same loss and norm */
+        ps_fail(err, "step %lld: %s is %s; stopping (the last good checkpoint is kept in %s)", (long long)step + 1,
+                isfinite(loss) ? "gradient norm" : "loss", isnan(isfinite(loss) ? gn : loss) ? "NaN" : "infinite", s->dir);
+        return -1;
+    }
+    double clip = c->opt.grad_clip > 0 && gn > c->opt.grad_clip ? c->opt.grad_clip / gn : 1.0, lr = ps_lr_at(&c->opt, step);
+    if (ps_adamw_update(&s->m, s->grads, s->m1, s->m2, step + 1, lr, clip, &c->opt, err)) return -1;
+    *loss_out = loss, *lr_out = lr, *gn_out = gn;
+    return 0;
+}
+
+/* {"type": "train", "step", "loss", "lr", "grad_norm", "tokens_per_s"[, "gate_reg"]} */
+static void log_train(run_state *s, const ps_train_progress *pr) {
+    json_t *o = json_object();
+    json_object_set_new(o, "type", json_string("train"));
+    json_object_set_new(o, "step", json_integer(pr->step));
+    json_object_set_new(o, "loss", json_real(pr->loss));
+    json_object_set_new(o, "lr", json_real(pr->lr));
+    json_object_set_new(o, "grad_norm", json_real(pr->grad_norm));
+    json_object_set_new(o, "tokens_per_s", json_real(round(pr->tokens_per_s)));
+    if (s->c->gate_reg > 0) json_object_set_new(o, "gate_reg", json_real(s->gacts.gate_reg_value)); /* rank 0's batch */
+    log_json(s, o);
+}
+
+/* After step pr->step (rank 0): the evaluation and gate statistics due at it (pr->eval_accuracy set when an
+ * evaluation is logged). */
+static int log_eval_due(run_state *s, ps_train_progress *pr, int last, ps_error *err) {
+    const ps_train_cfg *c = s->c;
+    int64_t done_steps = pr->step;
+    int do_gates = s->has_gates && (done_steps % c->gates_every == 0 || last);
+    if (!(done_steps % c->eval_every == 0 || last || do_gates)) return 0;
+    double acc, el;
+    if (evaluate(s, do_gates, &acc, &el, err)) return -1;
+    if (done_steps % c->eval_every == 0 || last) {
+        log_eval(s, done_steps, acc, el);
+        pr->eval_accuracy = acc;
+    }
+    if (do_gates) log_gates(s, done_steps);
+    return 0;
+}
+
+/* The steps [start, end): each one's step, its records (their schedule is the full run's, so an interrupted
+ * and resumed run logs exactly what an uninterrupted one does), its checkpoint when due, and fn's say. */
+static int run_steps(run_state *s, int64_t start, int64_t end, ps_train_progress_fn fn, void *user, ps_error *err) {
+    const ps_train_cfg *c = s->c;
+    double t_last = now_s();
+    int64_t tok_since = 0;
+    for (int64_t step = start; step < end; step++) {
+        double loss, lr, gn;
+        if (train_step(s, step, &loss, &lr, &gn, err)) return -1;
+        tok_since += s->Bg * s->T;
+        int64_t done_steps = step + 1;
+        int last = done_steps == c->steps;
+        ps_train_progress pr = {.step = done_steps, .total = c->steps, .loss = loss, .lr = lr, .grad_norm = gn,
+                                .tokens_per_s = 0, .eval_accuracy = -1};
+        if (s->root && (done_steps % c->log_every == 0 || last)) {
+            double t = now_s();
+            pr.tokens_per_s = (double)tok_since / (t - t_last > 1e-9 ? t - t_last : 1e-9);
+            t_last = t;
+            tok_since = 0;
+            log_train(s, &pr);
+        }
+        if (s->root && log_eval_due(s, &pr, last, err)) return -1;
+        int saved = done_steps % c->checkpoint_every == 0 || done_steps == end;
+        if (saved) {
+            int sv = s->root ? save_checkpoint(s, done_steps, err) : 0;
+            if (s->R > 1 ? dist_checkpoint(s, done_steps, sv, err) : sv) return -1;
+        }
+        if (fn && s->root && fn(&pr, user) && s->R == 1) { /* the caller stopped the run: resumable from this step */
+            if (!saved && save_checkpoint(s, done_steps, err)) return -1;
+            return ps_fail(err, "cancelled after step %lld of %lld (checkpoint at step %lld in %s: --resume continues)",
+                           (long long)done_steps, (long long)c->steps, (long long)done_steps, s->dir);
+        }
+    }
+    return 0;
+}
+
+static void free_run(run_state *s) {
+    if (s->log) fclose(s->log);
+    ps_hooks_free(&s->ghooks);
+    if (s->has_chgates) ps_chgate_acc_free(&s->chacc);
+    else if (s->has_gates) ps_gate_acc_free(&s->gacc);
+    ps_batch_free(&s->batch);
+    ps_batch_free(&s->eval_batch);
+    ps_acts_free(&s->acts);
+    ps_acts_free(&s->gacts);
+    free(s->rows);
+    free(s->shift);
+    free(s->stage);
+    if (s->m.ctx) {
+        ps_buf_free(s->m.ctx, s->grads, s->m.n_params * (int64_t)sizeof(float));
+        ps_buf_free(s->m.ctx, s->m1, s->m.n_params * (int64_t)sizeof(float));
+        ps_buf_free(s->m.ctx, s->m2, s->m.n_params * (int64_t)sizeof(float));
+    }
+    ps_model_free(&s->m);
+}
+
 int ps_train(const ps_train_cfg *c, const char *dir, int resume, int64_t stop_after, ps_train_progress_fn fn,
              void *user, ps_error *err) {
     run_state s;
@@ -605,269 +921,30 @@ int ps_train(const ps_train_cfg *c, const char *dir, int resume, int64_t stop_af
     s.c = c;
     s.dir = dir;
     ps_hooks_init(&s.ghooks);
-    int rc = -1;
-    int R = ps_dist_size(), me = ps_dist_rank(), root = me == 0;
+    int me = ps_dist_rank();
+    s.R = ps_dist_size(), s.root = me == 0;
     /* this rank's rows of the global batch: [b0, b0 + B) */
-    int64_t start = 0, Bg = c->batch_size, b0 = Bg * me / R, B = Bg * (me + 1) / R - b0, T = c->task.seq_len;
-    char logpath[4200], mpath[4200];
-    if (R > Bg) {
+    s.Bg = c->batch_size, s.b0 = s.Bg * me / s.R, s.B = s.Bg * (me + 1) / s.R - s.b0, s.T = c->task.seq_len;
+    if (s.R > s.Bg) {
         ps_fail(err, "a global batch of %lld sequences (train.batch_size) cannot be split over %d ranks: use at most %lld ranks",
-                (long long)Bg, R, (long long)Bg);
+                (long long)s.Bg, s.R, (long long)s.Bg);
         ps_dist_mark_shared();
         return -1;
     }
-    int bad = 0;
     /* a run directory this call creates is removed again if the run fails before writing anything into it
      * (e.g. --device cuda without a device): rmdir removes only an empty directory */
-    int made_dir = root && access(dir, F_OK) != 0;
-    if (root) { /* the run directory is rank 0's */
-        bad = ps_mkdir(dir, err) || ps_path_join(logpath, sizeof logpath, dir, "train.jsonl", err) ||
-              ps_path_join(mpath, sizeof mpath, dir, "model.safetensors", err);
-        if (!bad) ps_clean_temp_files(dir); /* what a killed checkpoint write left behind */
-        if (!bad && resume && access(mpath, F_OK) != 0) bad = ps_fail(err, "--resume: %s holds no checkpoint to resume", dir);
-        else if (!bad && !resume && access(mpath, F_OK) == 0)
-            bad = ps_fail(err, "%s already holds a run; use --resume to continue it or choose another --out", dir);
-        if (!bad && resume) bad = load_resume(&s, &start, err);
-        else if (!bad) {
-            bad = ps_model_create(&s.m, &c->model, err);
-            if (!bad) ps_model_init_std(&s.m, c->seed, c->init_std);
-            if (!bad && c->init_from) bad = init_from_checkpoint(&s.m, c->init_from, err);
-        }
-    } else
-        bad = ps_model_create(&s.m, &c->model, err);
-    /* created, initialised or loaded on the host; then onto the run's backend, where the moments (and below,
-     * the gradients and activations) are allocated; a resumed run's moments follow them there */
-    bad = bad || to_backend(&s, err) || alloc_optimizer(&s, err) ||
-          (root && resume && (load_moments(&s, start, err) || truncate_log(logpath, start, err)));
-    if (R > 1) {
-        /* every rank starts from rank 0's weights, moments and step */
-        int64_t nb = s.m.n_params * (int64_t)sizeof(float);
-        if (ps_dist_agree(bad, err)) goto done;
-        if (!ps_ctx_host_visible(s.m.ctx)) {
-            ps_fail(err, "data-parallel training on a device backend needs its broadcast (not written yet)");
-            goto done;
-        }
-        if (ps_dist_bcast(&start, sizeof start, 0, err) || ps_dist_bcast(s.m.params, nb, 0, err) ||
-            ps_dist_bcast(s.m1, nb, 0, err) || ps_dist_bcast(s.m2, nb, 0, err))
-            goto done;
-    } else if (bad)
-        goto done;
-    int64_t pbytes = s.m.n_params * (int64_t)sizeof(float);
-    s.grads = ps_buf_alloc(s.m.ctx, pbytes, "gradients", err);
-    /* "logits": "answers": the most target rows a batch can have (each query's answer tokens) */
-    int64_t max_rows = 0;
-    if (c->logits_answers) {
-        if (c->task.loss_all) {
-            ps_fail(err, "%s: train.logits \"answers\" needs task.loss \"answers\" (the loss is taken on every position)", dir);
-            ps_dist_mark_shared();
-            goto done;
-        }
-        max_rows = B * c->task.n_queries * (c->task.kind == PS_TASK_KV || c->task.kind == PS_TASK_TEXT ? c->task.value_len : 1);
-        if (max_rows > B * T) max_rows = B * T;
+    int made_dir = s.root && access(dir, F_OK) != 0;
+    int64_t start = 0;
+    int rc = open_run(&s, resume, &start, err) || alloc_run(&s, resume, err) ||
+             (!resume && s.root && log_start(&s, err)) || (s.R > 1 && dist_checkpoint(&s, start, 0, err));
+    if (!rc) {
+        if (s.R > 1) ps_dist_set_stall_limit(300); /* a rank gone or stuck ends the job (PS_DIST_TIMEOUT overrides) */
+        int64_t end = stop_after >= 0 && stop_after < c->steps ? stop_after : c->steps;
+        rc = run_steps(&s, start, end, fn, user, err);
+        if (!rc) ps_dist_set_stall_limit(0);
     }
-    int64_t *rows = max_rows ? malloc((size_t)max_rows * sizeof *rows) : NULL;
-    if (max_rows && !rows) {
-        ps_fail(err, "out of memory for %lld logit rows", (long long)max_rows);
-        goto done;
-    }
-    s.rows = rows;
-    /* mitigations (docs/mitigations.md): the gate regulariser's weight per (layer, KV head, branch) term, so the
-     * loss term is gate_reg · the mean over them of (log W - H(pooled gate)) / log W */
-    double gate_reg_w = 0;
-    if ((c->gate_reg > 0 || c->phase_augment) && c->model.kind != PS_ATTN_COMPRESSED) {
-        ps_fail(err, "%s: train.%s needs a compressed-attention model", dir, c->gate_reg > 0 ? "gate_reg" : "phase_augment");
-        ps_dist_mark_shared();
-        goto done;
-    }
-    if (c->phase_augment && c->model.boundaries == PS_BOUNDARIES_CONTENT) {
-        ps_fail(err, "%s: train.phase_augment shifts a window grid; content chunk boundaries (attention.boundaries \"content\") have none", dir);
-        ps_dist_mark_shared();
-        goto done;
-    }
-    if (c->gate_reg > 0 && R > 1) {
-        ps_fail(err, "%s: train.gate_reg is single-process only (each rank would add the whole term)", dir);
-        ps_dist_mark_shared();
-        goto done;
-    }
-    if (c->gate_reg > 0) {
-        if (c->model.gate != PS_GATE_LEARNED) {
-            ps_fail(err, "%s: train.gate_reg needs learned gates (attention.gate \"learned\")", dir);
-            ps_dist_mark_shared();
-            goto done;
-        }
-        gate_reg_w = c->gate_reg / (log((double)c->model.window) * (double)c->model.n_layers * (double)c->model.n_kv_heads * 2.0);
-    }
-    if (c->phase_augment && !(s.shift = calloc((size_t)B, sizeof *s.shift))) {
-        ps_fail(err, "out of memory for %lld phase shifts", (long long)B);
-        goto done;
-    }
-    if (!s.grads || ps_acts_create_rows(&s.acts, s.m.ctx, &c->model, B, T, true, max_rows, err) ||
-        ps_acts_create_rows(&s.gacts, s.m.ctx, &c->model, B, T, false, max_rows, err) ||
-        ps_batch_alloc(&s.batch, Bg, T, c->task.n_queries, err) ||
-        (root && ps_batch_alloc(&s.eval_batch, c->eval_size, T, c->task.n_queries, err)))
-        goto done;
-    if (root && generate(c, step_seed(c->seed ^ 0x5eed0e7a1ULL, -1), &s.eval_batch, err)) goto done; /* held out: never a train seed */
-    s.has_gates = c->model.kind == PS_ATTN_COMPRESSED;
-    if (root && s.has_gates && (ps_gate_acc_init(&s.gacc, &c->model, err) || ps_gate_acc_watch(&s.gacc, &s.ghooks, &c->model, err)))
-        goto done;
-    if (root && c->model.kind == PS_ATTN_CHANNEL) { /* gate statistics are rank 0's, like the evaluation they come from */
-        if (ps_chgate_init_model(&s.chacc, &c->model, err)) goto done;
-        s.has_gates = s.has_chgates = 1;
-        if (ps_chgate_watch_model(&s.chacc, &s.ghooks, &c->model, err)) goto done;
-    }
-    if (root) s.log = fopen(logpath, resume ? "a" : "w");
-    if (root && !s.log) {
-        ps_fail(err, "%s: cannot open for writing", logpath);
-        goto done;
-    }
-    if (!resume && root) {
-        if (c->init_from) {
-            json_t *o = json_object();
-            json_object_set_new(o, "type", json_string("init"));
-            json_object_set_new(o, "step", json_integer(0));
-            json_object_set_new(o, "from", json_string(c->init_from));
-            log_json(&s, o);
-        }
-        /* step-0 statistics: where the gates start (uniform, or the --init-from checkpoint's) */
-        double acc, el;
-        if (evaluate(&s, s.has_gates, &acc, &el, err)) goto done;
-        json_t *o = json_object();
-        json_object_set_new(o, "type", json_string("eval"));
-        json_object_set_new(o, "step", json_integer(0));
-        json_object_set_new(o, "accuracy", json_real(acc));
-        json_object_set_new(o, "loss", json_real(el));
-        log_json(&s, o);
-        if (s.has_gates) log_gates(&s, 0);
-        if (save_checkpoint(&s, 0, err)) goto done;
-    }
-    if (R > 1 && dist_checkpoint(&s, start, 0, err)) goto done;
-    if (R > 1) ps_dist_set_stall_limit(300); /* a rank gone or stuck ends the job (PS_DIST_TIMEOUT overrides) */
-    int64_t end = stop_after >= 0 && stop_after < c->steps ? stop_after : c->steps;
-    double t_last = now_s();
-    int64_t tok_since = 0;
-    for (int64_t step = start; step < end; step++) {
-        if (generate(c, step_seed(c->seed, step), &s.batch, err)) goto done;
-        /* this rank's rows of the batch (after generate: the text-kv task reallocates the batch) */
-        const int32_t *my_tokens = s.batch.tokens + b0 * T, *my_targets = s.batch.targets + b0 * T;
-        if (ps_fill(s.m.ctx, s.grads, 0.0f, s.m.n_params)) {
-            ps_ctx_check(s.m.ctx, err);
-            goto done;
-        }
-        int64_t n_t = 0; /* targets of the global batch: every rank scales its gradients by the same 1 / n_t */
-        for (int64_t i = 0; i < Bg * T; i++) n_t += s.batch.targets[i] >= 0;
-        double lsum = 0;
-        int64_t cnt = 0;
-        if (max_rows) { /* logits at this batch's target rows only */
-            int64_t nr = 0;
-            for (int64_t i = 0; i < B * T; i++)
-                if (my_targets[i] >= 0) {
-                    if (nr == max_rows) {
-                        ps_fail(err, "step %lld: more targets than the %lld logit rows the task allows", (long long)step + 1,
-                                (long long)max_rows);
-                        goto done;
-                    }
-                    rows[nr++] = i;
-                }
-            if (ps_acts_set_rows(&s.acts, rows, nr, err)) goto done;
-        }
-        if (c->phase_augment) { /* a random grid phase per sequence, from the step's seed (docs/mitigations.md) */
-            ps_rng pr;
-            ps_rng_seed(&pr, step_seed(c->seed ^ 0x9a5e0ffULL, step));
-            for (int64_t b = 0; b < Bg; b++) {
-                int64_t sh = ps_rng_below(&pr, c->model.stride);
-                if (b >= b0 && b < b0 + B) s.shift[b - b0] = sh;
-            }
-            if (ps_acts_set_phase(&s.acts, s.shift, err)) goto done;
-        }
-        s.gacts.gate_reg_weight = gate_reg_w;
-        s.gacts.gate_reg_value = 0;
-        if (ps_forward(&s.m, &s.acts, my_tokens, NULL, err) ||
-            ps_backward(&s.m, &s.acts, &s.gacts, my_tokens, my_targets, 1.0f / (float)n_t, s.grads, &lsum, &cnt, err))
-            goto done;
-        if (R > 1) { /* the gradient seam (NCCL on a device backend) and the loss over the global batch */
-            double sums[2] = {lsum, (double)cnt};
-            if (ps_dist_allreduce_buf(s.m.ctx, s.grads, s.m.n_params, err) || ps_dist_allreduce_f64(sums, 2, err)) goto done;
-            lsum = sums[0];
-            cnt = (int64_t)sums[1];
-        }
-        double loss = lsum / (double)cnt, gn = 0;
-        if (ps_grad_norm(s.m.ctx, s.grads, s.m.n_params, &gn, err)) goto done;
-        if (!isfinite(loss) || !isfinite(gn)) {
-            ps_dist_mark_shared(); /* every rank sees the same loss and norm */
-            ps_fail(err, "step %lld: %s is %s; stopping (the last good checkpoint is kept in %s)", (long long)step + 1,
-                    isfinite(loss) ? "gradient norm" : "loss", isnan(isfinite(loss) ? gn : loss) ? "NaN" : "infinite", dir);
-            goto done;
-        }
-        double clip = c->opt.grad_clip > 0 && gn > c->opt.grad_clip ? c->opt.grad_clip / gn : 1.0, lr = ps_lr_at(&c->opt, step);
-        if (ps_adamw_update(&s.m, s.grads, s.m1, s.m2, step + 1, lr, clip, &c->opt, err)) goto done;
-        tok_since += Bg * T;
-        int64_t done_steps = step + 1;
-        int last = done_steps == c->steps; /* logs follow the schedule of the full run, so an interrupted and
-                                              resumed run logs exactly what an uninterrupted one does */
-        ps_train_progress pr = {.step = done_steps, .total = c->steps, .loss = loss, .lr = lr, .grad_norm = gn,
-                                .tokens_per_s = 0, .eval_accuracy = -1};
-        if (root && (done_steps % c->log_every == 0 || last)) {
-            double t = now_s();
-            pr.tokens_per_s = (double)tok_since / (t - t_last > 1e-9 ? t - t_last : 1e-9);
-            t_last = t;
-            tok_since = 0;
-            json_t *o = json_object();
-            json_object_set_new(o, "type", json_string("train"));
-            json_object_set_new(o, "step", json_integer(done_steps));
-            json_object_set_new(o, "loss", json_real(loss));
-            json_object_set_new(o, "lr", json_real(lr));
-            json_object_set_new(o, "grad_norm", json_real(gn));
-            json_object_set_new(o, "tokens_per_s", json_real(round(pr.tokens_per_s)));
-            if (c->gate_reg > 0) json_object_set_new(o, "gate_reg", json_real(s.gacts.gate_reg_value)); /* rank 0's batch */
-            log_json(&s, o);
-        }
-        int do_gates = s.has_gates && (done_steps % c->gates_every == 0 || last);
-        if (root && (done_steps % c->eval_every == 0 || last || do_gates)) {
-            double acc, el;
-            if (evaluate(&s, do_gates, &acc, &el, err)) goto done;
-            if (done_steps % c->eval_every == 0 || last) {
-                json_t *o = json_object();
-                json_object_set_new(o, "type", json_string("eval"));
-                json_object_set_new(o, "step", json_integer(done_steps));
-                json_object_set_new(o, "accuracy", json_real(acc));
-                json_object_set_new(o, "loss", json_real(el));
-                log_json(&s, o);
-                pr.eval_accuracy = acc;
-            }
-            if (do_gates) log_gates(&s, done_steps);
-        }
-        int saved = done_steps % c->checkpoint_every == 0 || done_steps == end;
-        if (saved) {
-            int sv = root ? save_checkpoint(&s, done_steps, err) : 0;
-            if (R > 1 ? dist_checkpoint(&s, done_steps, sv, err) : sv) goto done;
-        }
-        if (fn && root && fn(&pr, user) && R == 1) { /* the caller stopped the run: resumable from this step */
-            if (!saved && save_checkpoint(&s, done_steps, err)) goto done;
-            ps_fail(err, "cancelled after step %lld of %lld (checkpoint at step %lld in %s: --resume continues)",
-                    (long long)done_steps, (long long)c->steps, (long long)done_steps, dir);
-            goto done;
-        }
-    }
-    ps_dist_set_stall_limit(0);
-    rc = 0;
-done:
-    if (s.log) fclose(s.log);
-    ps_hooks_free(&s.ghooks);
-    if (s.has_chgates) ps_chgate_acc_free(&s.chacc);
-    else if (s.has_gates) ps_gate_acc_free(&s.gacc);
-    ps_batch_free(&s.batch);
-    ps_batch_free(&s.eval_batch);
-    ps_acts_free(&s.acts);
-    ps_acts_free(&s.gacts);
-    free(s.rows);
-    free(s.shift);
-    free(s.stage);
-    if (s.m.ctx) {
-        ps_buf_free(s.m.ctx, s.grads, s.m.n_params * (int64_t)sizeof(float));
-        ps_buf_free(s.m.ctx, s.m1, s.m.n_params * (int64_t)sizeof(float));
-        ps_buf_free(s.m.ctx, s.m2, s.m.n_params * (int64_t)sizeof(float));
-    }
-    ps_model_free(&s.m);
+    rc = rc ? -1 : 0;
+    free_run(&s);
     if (rc && made_dir) rmdir(dir);
     return rc;
 }

@@ -253,6 +253,165 @@ void ps_ck_curve_free(ps_curve_info *ci) {
     memset(ci, 0, sizeof *ci);
 }
 
+/* residues[r] of a curve (e, at key index r of "residues"): its counts, accuracy, Wilson interval and
+ * mean log-probability, kept in ci at r */
+static int ck_residue(ps_ck *c, json_t *e, int64_t r, int64_t P, ps_curve_info *ci) {
+    if (ps_ck_want_type(c, e, json_is_object(e), "an object")) return -1;
+    int64_t rho, n, k;
+    double a, lo, hi, wlo, whi;
+    if (ps_ck_get_int(c, e, "rho", INT64_MIN, INT64_MAX, &rho)) return -1;
+    if (rho != r) {
+        ps_ck_key(c, "rho");
+        return ps_ck_bad(c, "%lld, expected %lld (the residues 0..P-1 = 0..%lld, each once, in order)", (long long)rho, (long long)r,
+                   (long long)(P - 1));
+    }
+    if (ps_ck_get_int(c, e, "n", 0, MAX_COUNT, &n) || ps_ck_get_int(c, e, "correct", 0, MAX_COUNT, &k)) return -1;
+    if (k > n) {
+        ps_ck_key(c, "correct");
+        return ps_ck_bad(c, "%lld > n = %lld", (long long)k, (long long)n);
+    }
+    if (ps_ck_get_frac(c, e, "accuracy", &a)) return -1;
+    double want = n ? (double)k / (double)n : 0.0;
+    if (!ps_ck_close_to(a, want, 0)) {
+        ps_ck_key(c, "accuracy");
+        return ps_ck_bad(c, "%.10g, but correct/n = %lld/%lld = %.10g", json_number_value(json_object_get(e, "accuracy")), (long long)k,
+                   (long long)n, want);
+    }
+    if (ps_ck_get_frac(c, e, "wilson_lo", &lo) || ps_ck_get_frac(c, e, "wilson_hi", &hi)) return -1;
+    ps_wilson(k, n, 1.96, &wlo, &whi);
+    if (!ps_ck_close_to(lo, wlo, 0) || !ps_ck_close_to(hi, whi, 0)) {
+        ps_ck_key(c, ps_ck_close_to(lo, wlo, 0) ? "wilson_hi" : "wilson_lo");
+        return ps_ck_bad(c, "[%.10g, %.10g] is not the 95%% Wilson interval of %lld/%lld, [%.10g, %.10g]", lo, hi, (long long)k,
+                   (long long)n, wlo, whi);
+    }
+    /* null: not measured (a served model scored by greedy answers: docs/served-models.md) */
+    if (json_is_null(json_object_get(e, "mean_logprob"))) ci->lp[r] = NAN;
+    else if (ps_ck_get_num(c, e, "mean_logprob", -INFINITY, TOL, &ci->lp[r])) return -1;
+    ci->n[r] = n;
+    ci->k[r] = k;
+    ci->acc[r] = want;
+    return 0;
+}
+
+/* the curve's totals against its residues (ci): n, mean / min / max accuracy, gap_pp */
+static int ck_curve_totals(ps_ck *c, json_t *cv, const ps_curve_info *ci) {
+    int64_t N = 0, K = 0, tn;
+    double mn = INFINITY, mx = -INFINITY, m;
+    for (int64_t r = 0; r < ci->P; r++) {
+        N += ci->n[r];
+        K += ci->k[r];
+        if (ci->n[r]) {
+            mn = fmin(mn, ci->acc[r]);
+            mx = fmax(mx, ci->acc[r]);
+        }
+    }
+    if (ps_ck_get_int(c, cv, "n", 0, INT64_MAX, &tn)) return -1;
+    if (tn != N) {
+        ps_ck_key(c, "n");
+        return ps_ck_bad(c, "%lld, but the residues' n add up to %lld", (long long)tn, (long long)N);
+    }
+    if (N == 0) {
+        ps_ck_key(c, "n");
+        return ps_ck_bad(c, "0: nothing was measured (every residue has n = 0)");
+    }
+    const char *sk[3] = {"mean_accuracy", "min_accuracy", "max_accuracy"};
+    double sv[3] = {(double)K / (double)N, mn, mx};
+    const char *why[3] = {"correct/n over all residues", "the lowest residue accuracy", "the highest residue accuracy"};
+    for (int i = 0; i < 3; i++) {
+        if (ps_ck_get_frac(c, cv, sk[i], &m)) return -1;
+        if (!ps_ck_close_to(m, sv[i], 0)) {
+            ps_ck_key(c, sk[i]);
+            return ps_ck_bad(c, "%.10g, but %s is %.10g", m, why[i], sv[i]);
+        }
+    }
+    if (ps_ck_get_num(c, cv, "gap_pp", -TOL, 100 + TOL, &m)) return -1;
+    if (!ps_ck_close_to(m, 100 * (mx - mn), 100)) {
+        ps_ck_key(c, "gap_pp");
+        return ps_ck_bad(c, "%.10g, but max - min accuracy is %.10g pp", m, 100 * (mx - mn));
+    }
+    return 0;
+}
+
+/* chi_square: recomputed from the residues' counts (ci) */
+static int ck_chi_square(ps_ck *c, json_t *cv, const ps_curve_info *ci) {
+    json_t *cs;
+    double chi2, p, st, pv;
+    int64_t df, wdf, used = 0;
+    for (int64_t r = 0; r < ci->P; r++) used += ci->n[r] > 0;
+    ps_chi_square(ci->k, ci->n, ci->P, &chi2, &wdf, &p);
+    if (ps_ck_get_obj(c, cv, "chi_square", &cs)) return -1;
+    size_t o4 = ps_ck_key(c, "chi_square");
+    if (ps_ck_get_num(c, cs, "statistic", 0, INFINITY, &st) || ps_ck_get_int(c, cs, "df", 0, MAX_PERIOD, &df) ||
+        ps_ck_get_num(c, cs, "p_value", 0, 1, &pv))
+        return -1;
+    if (!ps_ck_close_to(st, chi2, chi2)) {
+        ps_ck_key(c, "statistic");
+        return ps_ck_bad(c, "%.10g, but the counts give %.10g", st, chi2);
+    }
+    if (df != wdf) {
+        ps_ck_key(c, "df");
+        return ps_ck_bad(c, "%lld, but %lld residues have n > 0 (df = %lld)", (long long)df, (long long)used, (long long)wdf);
+    }
+    if (!ps_ck_close_to(pv, p, 0) && fabs(pv - p) > 1e-3 * p) {
+        ps_ck_key(c, "p_value");
+        return ps_ck_bad(c, "%.10g, but the counts give %.10g", pv, p);
+    }
+    ps_ck_pop(c, o4);
+    return 0;
+}
+
+/* dominant_period: null (flat, or not significant) or P / frequency */
+static int ck_dominant_period(ps_ck *c, json_t *cv, int64_t P) {
+    json_t *v = json_object_get(cv, "dominant_period");
+    if (!v) {
+        ps_ck_key(c, "dominant_period");
+        return ps_ck_bad(c, "missing");
+    }
+    if (json_is_null(v)) return 0;
+    size_t o5 = ps_ck_key(c, "dominant_period");
+    if (ps_ck_want_type(c, v, json_is_object(v), "an object or null")) return -1;
+    int64_t fk;
+    if (ps_ck_get_int(c, v, "frequency", 0, P / 2, &fk) || ps_ck_get_frac(c, v, "power_fraction", NULL)) return -1;
+    json_t *dp = json_object_get(v, "period");
+    if (!dp) {
+        ps_ck_key(c, "period");
+        return ps_ck_bad(c, "missing");
+    }
+    if (!json_is_null(dp)) {
+        ps_ck_key(c, "period");
+        double d;
+        if (ps_ck_num_value(c, dp, 1, (double)P, &d)) return -1;
+        if (fk < 1) return ps_ck_bad(c, "%.10g, but frequency is %lld (no period)", d, (long long)fk);
+        if (!ps_ck_close_to(d, (double)P / (double)fk, (double)P))
+            return ps_ck_bad(c, "%.10g, but P / frequency = %lld / %lld = %.10g", d, (long long)P, (long long)fk, (double)P / (double)fk);
+    }
+    ps_ck_pop(c, o5);
+    return 0;
+}
+
+/* repeat_period by folding (written since the deep-stride models; absent in older files): null or the
+ * smallest divisor of P whose folding explains PS_FOLD_R2_MIN of the curve, recomputed here */
+static int ck_repeat_period(ps_ck *c, json_t *cv, const ps_curve_info *ci) {
+    json_t *v = json_object_get(cv, "repeat_period");
+    if (!v || json_is_null(v)) return 0;
+    size_t o6 = ps_ck_key(c, "repeat_period");
+    if (ps_ck_want_type(c, v, json_is_object(v), "an object or null")) return -1;
+    json_t *rp = json_object_get(v, "period");
+    if (rp && !json_is_null(rp)) {
+        ps_ck_key(c, "period");
+        int64_t d;
+        if (ps_ck_want_type(c, rp, json_is_integer(rp), "an integer or null")) return -1;
+        d = json_integer_value(rp);
+        double r2;
+        int64_t want = ps_fold_period(ci->acc, ci->P, &r2);
+        if (d != want)
+            return ps_ck_bad(c, "%lld, but folding the residues' accuracies gives %lld (the smallest divisor of P = %lld explaining %.2f of the curve)",
+                       (long long)d, (long long)want, (long long)ci->P, PS_FOLD_R2_MIN);
+    }
+    ps_ck_pop(c, o6);
+    return 0;
+}
+
 /* want_P: the period the provenance declares (eval.period) */
 int ps_ck_curve(ps_ck *c, json_t *parent, const char *name, int64_t want_P, ps_curve_info *ci) {
     json_t *cv, *res, *v;
@@ -281,150 +440,13 @@ int ps_ck_curve(ps_ck *c, json_t *parent, const char *name, int64_t want_P, ps_c
     ci->lp = calloc((size_t)P, sizeof(double));
     if (!ci->n || !ci->k || !ci->acc || !ci->lp) return ps_fail(c->err, "out of memory");
     size_t o2 = ps_ck_key(c, "residues");
-    int64_t N = 0, K = 0, used = 0;
-    double mn = INFINITY, mx = -INFINITY;
     for (int64_t r = 0; r < P; r++) {
-        json_t *e = json_array_get(res, (size_t)r);
         size_t o3 = ps_ck_idx(c, (size_t)r);
-        if (ps_ck_want_type(c, e, json_is_object(e), "an object")) return -1;
-        int64_t rho, n, k;
-        double a, lo, hi, wlo, whi;
-        if (ps_ck_get_int(c, e, "rho", INT64_MIN, INT64_MAX, &rho)) return -1;
-        if (rho != r) {
-            ps_ck_key(c, "rho");
-            return ps_ck_bad(c, "%lld, expected %lld (the residues 0..P-1 = 0..%lld, each once, in order)", (long long)rho, (long long)r,
-                       (long long)(P - 1));
-        }
-        if (ps_ck_get_int(c, e, "n", 0, MAX_COUNT, &n) || ps_ck_get_int(c, e, "correct", 0, MAX_COUNT, &k)) return -1;
-        if (k > n) {
-            ps_ck_key(c, "correct");
-            return ps_ck_bad(c, "%lld > n = %lld", (long long)k, (long long)n);
-        }
-        if (ps_ck_get_frac(c, e, "accuracy", &a)) return -1;
-        double want = n ? (double)k / (double)n : 0.0;
-        if (!ps_ck_close_to(a, want, 0)) {
-            ps_ck_key(c, "accuracy");
-            return ps_ck_bad(c, "%.10g, but correct/n = %lld/%lld = %.10g", json_number_value(json_object_get(e, "accuracy")), (long long)k,
-                       (long long)n, want);
-        }
-        if (ps_ck_get_frac(c, e, "wilson_lo", &lo) || ps_ck_get_frac(c, e, "wilson_hi", &hi)) return -1;
-        ps_wilson(k, n, 1.96, &wlo, &whi);
-        if (!ps_ck_close_to(lo, wlo, 0) || !ps_ck_close_to(hi, whi, 0)) {
-            ps_ck_key(c, ps_ck_close_to(lo, wlo, 0) ? "wilson_hi" : "wilson_lo");
-            return ps_ck_bad(c, "[%.10g, %.10g] is not the 95%% Wilson interval of %lld/%lld, [%.10g, %.10g]", lo, hi, (long long)k,
-                       (long long)n, wlo, whi);
-        }
-        /* null: not measured (a served model scored by greedy answers: docs/served-models.md) */
-        if (json_is_null(json_object_get(e, "mean_logprob"))) ci->lp[r] = NAN;
-        else if (ps_ck_get_num(c, e, "mean_logprob", -INFINITY, TOL, &ci->lp[r])) return -1;
-        ci->n[r] = n;
-        ci->k[r] = k;
-        ci->acc[r] = want;
-        N += n;
-        K += k;
-        if (n) {
-            used++;
-            mn = fmin(mn, want);
-            mx = fmax(mx, want);
-        }
+        if (ck_residue(c, json_array_get(res, (size_t)r), r, P, ci)) return -1;
         ps_ck_pop(c, o3);
     }
     ps_ck_pop(c, o2);
-    int64_t tn;
-    double m;
-    if (ps_ck_get_int(c, cv, "n", 0, INT64_MAX, &tn)) return -1;
-    if (tn != N) {
-        ps_ck_key(c, "n");
-        return ps_ck_bad(c, "%lld, but the residues' n add up to %lld", (long long)tn, (long long)N);
-    }
-    if (N == 0) {
-        ps_ck_key(c, "n");
-        return ps_ck_bad(c, "0: nothing was measured (every residue has n = 0)");
-    }
-    const char *sk[3] = {"mean_accuracy", "min_accuracy", "max_accuracy"};
-    double sv[3] = {(double)K / (double)N, mn, mx};
-    const char *why[3] = {"correct/n over all residues", "the lowest residue accuracy", "the highest residue accuracy"};
-    for (int i = 0; i < 3; i++) {
-        if (ps_ck_get_frac(c, cv, sk[i], &m)) return -1;
-        if (!ps_ck_close_to(m, sv[i], 0)) {
-            ps_ck_key(c, sk[i]);
-            return ps_ck_bad(c, "%.10g, but %s is %.10g", m, why[i], sv[i]);
-        }
-    }
-    if (ps_ck_get_num(c, cv, "gap_pp", -TOL, 100 + TOL, &m)) return -1;
-    if (!ps_ck_close_to(m, 100 * (mx - mn), 100)) {
-        ps_ck_key(c, "gap_pp");
-        return ps_ck_bad(c, "%.10g, but max - min accuracy is %.10g pp", m, 100 * (mx - mn));
-    }
-    /* chi-square: recomputed from the counts */
-    json_t *cs;
-    double chi2, p, st, pv;
-    int64_t df, wdf;
-    ps_chi_square(ci->k, ci->n, P, &chi2, &wdf, &p);
-    if (ps_ck_get_obj(c, cv, "chi_square", &cs)) return -1;
-    size_t o4 = ps_ck_key(c, "chi_square");
-    if (ps_ck_get_num(c, cs, "statistic", 0, INFINITY, &st) || ps_ck_get_int(c, cs, "df", 0, MAX_PERIOD, &df) ||
-        ps_ck_get_num(c, cs, "p_value", 0, 1, &pv))
-        return -1;
-    if (!ps_ck_close_to(st, chi2, chi2)) {
-        ps_ck_key(c, "statistic");
-        return ps_ck_bad(c, "%.10g, but the counts give %.10g", st, chi2);
-    }
-    if (df != wdf) {
-        ps_ck_key(c, "df");
-        return ps_ck_bad(c, "%lld, but %lld residues have n > 0 (df = %lld)", (long long)df, (long long)used, (long long)wdf);
-    }
-    if (!ps_ck_close_to(pv, p, 0) && fabs(pv - p) > 1e-3 * p) {
-        ps_ck_key(c, "p_value");
-        return ps_ck_bad(c, "%.10g, but the counts give %.10g", pv, p);
-    }
-    ps_ck_pop(c, o4);
-    /* dominant period: null (flat, or not significant) or P / frequency */
-    v = json_object_get(cv, "dominant_period");
-    if (!v) {
-        ps_ck_key(c, "dominant_period");
-        return ps_ck_bad(c, "missing");
-    }
-    if (!json_is_null(v)) {
-        size_t o5 = ps_ck_key(c, "dominant_period");
-        if (ps_ck_want_type(c, v, json_is_object(v), "an object or null")) return -1;
-        int64_t fk;
-        if (ps_ck_get_int(c, v, "frequency", 0, P / 2, &fk) || ps_ck_get_frac(c, v, "power_fraction", NULL)) return -1;
-        json_t *dp = json_object_get(v, "period");
-        if (!dp) {
-            ps_ck_key(c, "period");
-            return ps_ck_bad(c, "missing");
-        }
-        if (!json_is_null(dp)) {
-            ps_ck_key(c, "period");
-            double d;
-            if (ps_ck_num_value(c, dp, 1, (double)P, &d)) return -1;
-            if (fk < 1) return ps_ck_bad(c, "%.10g, but frequency is %lld (no period)", d, (long long)fk);
-            if (!ps_ck_close_to(d, (double)P / (double)fk, (double)P))
-                return ps_ck_bad(c, "%.10g, but P / frequency = %lld / %lld = %.10g", d, (long long)P, (long long)fk, (double)P / (double)fk);
-        }
-        ps_ck_pop(c, o5);
-    }
-    /* repeat period by folding (written since the deep-stride models; absent in older files): null or the
-     * smallest divisor of P whose folding explains PS_FOLD_R2_MIN of the curve, recomputed here */
-    v = json_object_get(cv, "repeat_period");
-    if (v && !json_is_null(v)) {
-        size_t o6 = ps_ck_key(c, "repeat_period");
-        if (ps_ck_want_type(c, v, json_is_object(v), "an object or null")) return -1;
-        json_t *rp = json_object_get(v, "period");
-        if (rp && !json_is_null(rp)) {
-            ps_ck_key(c, "period");
-            int64_t d;
-            if (ps_ck_want_type(c, rp, json_is_integer(rp), "an integer or null")) return -1;
-            d = json_integer_value(rp);
-            double r2;
-            int64_t want = ps_fold_period(ci->acc, P, &r2);
-            if (d != want)
-                return ps_ck_bad(c, "%lld, but folding the residues' accuracies gives %lld (the smallest divisor of P = %lld explaining %.2f of the curve)",
-                           (long long)d, (long long)want, (long long)P, PS_FOLD_R2_MIN);
-        }
-        ps_ck_pop(c, o6);
-    }
+    if (ck_curve_totals(c, cv, ci) || ck_chi_square(c, cv, ci) || ck_dominant_period(c, cv, P) || ck_repeat_period(c, cv, ci)) return -1;
     ps_ck_pop(c, old);
     return 0;
 }

@@ -72,28 +72,23 @@ static int check_phase_test(ps_ck *c, json_t *t, const double *y, const int64_t 
     return 0;
 }
 
-int ps_check_fillers(ps_ck *c, json_t *doc) {
-    ps_prov_info pi;
-    json_t *ex, *ln, *cands, *st, *fams, *v;
-    int64_t Lmin, Lmax, nc, P, perms, nf;
-    int rc = -1, detrend;
-    double *y = NULL;
-    int64_t *x = NULL;
-    int *strat = NULL;
-    if (ps_ck_provenance(c, doc, 1, NULL, &pi) || ps_ck_get_obj(c, doc, "experiment", &ex)) return -1;
+/* experiment: its lengths [min, max] and its candidates (nc of them), each a list of token ids */
+static int ck_experiment(ps_ck *c, json_t *doc, int64_t *Lmin, int64_t *Lmax, int64_t *nc) {
+    json_t *ex, *ln, *cands, *v;
+    if (ps_ck_get_obj(c, doc, "experiment", &ex)) return -1;
     size_t old = ps_ck_key(c, "experiment");
     if (ps_ck_get_arr(c, ex, "lengths", 2, 2, &ln, NULL)) return -1;
     size_t o1 = ps_ck_key(c, "lengths");
     for (int i = 0; i < 2; i++) {
         size_t o2 = ps_ck_idx(c, (size_t)i);
-        if (ps_ck_int_value(c, json_array_get(ln, (size_t)i), 0, PS_FILLERS_MAX_L, i ? &Lmax : &Lmin)) return -1;
+        if (ps_ck_int_value(c, json_array_get(ln, (size_t)i), 0, PS_FILLERS_MAX_L, i ? Lmax : Lmin)) return -1;
         ps_ck_pop(c, o2);
     }
-    if (Lmin > Lmax) return ps_ck_bad(c, "min %lld > max %lld", (long long)Lmin, (long long)Lmax);
+    if (*Lmin > *Lmax) return ps_ck_bad(c, "min %lld > max %lld", (long long)*Lmin, (long long)*Lmax);
     ps_ck_pop(c, o1);
-    if (ps_ck_get_arr(c, ex, "candidates", 2, PS_FILLERS_MAX_CANDIDATES, &cands, &nc)) return -1;
+    if (ps_ck_get_arr(c, ex, "candidates", 2, PS_FILLERS_MAX_CANDIDATES, &cands, nc)) return -1;
     o1 = ps_ck_key(c, "candidates");
-    for (int64_t i = 0; i < nc; i++) {
+    for (int64_t i = 0; i < *nc; i++) {
         json_t *co = json_array_get(cands, (size_t)i), *ids;
         size_t o2 = ps_ck_idx(c, (size_t)i);
         int64_t ni;
@@ -113,13 +108,110 @@ int ps_check_fillers(ps_ck *c, json_t *doc) {
     }
     ps_ck_pop(c, o1);
     ps_ck_pop(c, old);
+    return 0;
+}
+
+/* a point's candidates (nc of them): p = exp(logprob), all_top1 a boolean; pr: the first two p */
+static int ck_point_candidates(ps_ck *c, json_t *pc, int64_t nc, double pr[2]) {
+    size_t o5 = ps_ck_key(c, "candidates");
+    for (int64_t k = 0; k < nc; k++) {
+        json_t *co = json_array_get(pc, (size_t)k), *v;
+        size_t o6 = ps_ck_idx(c, (size_t)k);
+        double lp, p;
+        if (ps_ck_want_type(c, co, json_is_object(co), "an object") || ps_ck_get_num(c, co, "logprob", -INFINITY, TOL, &lp) ||
+            ps_ck_get_frac(c, co, "p", &p))
+            return -1;
+        if (!ps_ck_close_to(p, exp(lp), 0)) {
+            ps_ck_key(c, "p");
+            return ps_ck_bad(c, "%.10g, but exp(logprob) = %.10g", p, exp(lp));
+        }
+        v = json_object_get(co, "all_top1");
+        ps_ck_key(c, "all_top1");
+        if (ps_ck_want_type(c, v, json_is_boolean(v), "true or false")) return -1;
+        ps_ck_pop(c, o6);
+        if (k < 2) pr[k] = p;
+    }
+    ps_ck_pop(c, o5);
+    return 0;
+}
+
+/* points[i] of a family (po): its length L = Lmin + i, phase L mod P, candidates and delta (*L, *ph, *d) */
+static int ck_point(ps_ck *c, json_t *po, int64_t i, int64_t Lmin, int64_t P, int64_t nc, int64_t *Lp, int64_t *php, double *dp) {
+    json_t *pc, *t1;
+    int64_t L, ph, pt;
+    double d, pr[2] = {0, 0};
+    if (ps_ck_want_type(c, po, json_is_object(po), "an object") || ps_ck_get_int(c, po, "L", 0, PS_FILLERS_MAX_L, &L)) return -1;
+    if (L != Lmin + i) {
+        ps_ck_key(c, "L");
+        return ps_ck_bad(c, "%lld, expected %lld (lengths min..max, each once, in order)", (long long)L, (long long)(Lmin + i));
+    }
+    if (ps_ck_get_int(c, po, "phase", 0, P - 1, &ph)) return -1;
+    if (ph != L % P) {
+        ps_ck_key(c, "phase");
+        return ps_ck_bad(c, "%lld, but L mod P = %lld mod %lld = %lld", (long long)ph, (long long)L, (long long)P, (long long)(L % P));
+    }
+    if (ps_ck_get_int(c, po, "prompt_tokens", L, INT64_MAX, &pt) || ps_ck_get_arr(c, po, "candidates", nc, nc, &pc, NULL)) return -1;
+    if (ck_point_candidates(c, pc, nc, pr)) return -1;
+    if (ps_ck_get_num(c, po, "delta", -1 - TOL, 1 + TOL, &d)) return -1;
+    if (!ps_ck_close_to(d, pr[0] - pr[1], 0)) {
+        ps_ck_key(c, "delta");
+        return ps_ck_bad(c, "%.10g, but candidates[0].p - candidates[1].p = %.10g", d, pr[0] - pr[1]);
+    }
+    if (ps_ck_get_obj(c, po, "top1", &t1)) return -1;
+    size_t o7 = ps_ck_key(c, "top1");
+    if (ps_ck_get_int(c, t1, "id", 0, INT32_MAX, NULL)) return -1;
+    ps_ck_pop(c, o7);
+    *Lp = L, *php = ph, *dp = d;
+    return 0;
+}
+
+/* a family's residues: each one's n and mean delta against its points' (cnt, sum per phase) */
+static int ck_family_residues(ps_ck *c, json_t *fo, int64_t P, int64_t nL, const int64_t *cnt, const double *sum) {
+    json_t *res;
+    if (ps_ck_get_arr(c, fo, "residues", P, P, &res, NULL)) return -1;
+    size_t o3 = ps_ck_key(c, "residues");
+    for (int64_t r = 0; r < P; r++) {
+        json_t *ro = json_array_get(res, (size_t)r);
+        size_t o4 = ps_ck_idx(c, (size_t)r);
+        int64_t rho, n;
+        double md = 0;
+        int isnull = 0;
+        if (ps_ck_want_type(c, ro, json_is_object(ro), "an object") || ps_ck_get_int(c, ro, "rho", r, r, &rho) ||
+            ps_ck_get_int(c, ro, "n", 0, nL, &n) || opt_null_or_num(c, ro, "mean_delta", -1 - TOL, 1 + TOL, &md, &isnull))
+            return -1;
+        if (n != cnt[r]) {
+            ps_ck_key(c, "n");
+            return ps_ck_bad(c, "%lld, but %lld points have phase %lld", (long long)n, (long long)cnt[r], (long long)r);
+        }
+        if (isnull != (n == 0) || (n && !ps_ck_close_to(md, sum[r] / (double)n, 0))) {
+            ps_ck_key(c, "mean_delta");
+            if (n)
+                return ps_ck_bad(c, "%s, but the mean delta of its %lld points is %.10g", isnull ? "null" : "a different value", (long long)n,
+                           sum[r] / (double)n);
+            return ps_ck_bad(c, "a number, but no point has this phase (null expected)");
+        }
+        ps_ck_pop(c, o4);
+    }
+    ps_ck_pop(c, o3);
+    return 0;
+}
+
+int ps_check_fillers(ps_ck *c, json_t *doc) {
+    ps_prov_info pi;
+    json_t *st, *fams, *v;
+    int64_t Lmin, Lmax, nc, P, perms, nf;
+    int rc = -1, detrend;
+    double *y = NULL;
+    int64_t *x = NULL;
+    int *strat = NULL;
+    if (ps_ck_provenance(c, doc, 1, NULL, &pi) || ck_experiment(c, doc, &Lmin, &Lmax, &nc)) return -1;
     if (ps_ck_get_int(c, doc, "period", 1, MAX_PERIOD, &P)) return -1;
     if (P != pi.period) {
         ps_ck_key(c, "period");
         return ps_ck_bad(c, "%lld, but provenance.eval.period is %lld", (long long)P, (long long)pi.period);
     }
     if (ps_ck_get_obj(c, doc, "statistic", &st)) return -1;
-    old = ps_ck_key(c, "statistic");
+    size_t old = ps_ck_key(c, "statistic");
     if (ps_ck_get_int(c, st, "permutations", 0, PS_FILLERS_MAX_PERMUTATIONS, &perms)) return -1;
     v = json_object_get(st, "detrend");
     ps_ck_key(c, "detrend");
@@ -139,7 +231,7 @@ int ps_check_fillers(ps_ck *c, json_t *doc) {
     }
     size_t of = ps_ck_key(c, "families");
     for (int64_t f = 0; f < nf; f++) {
-        json_t *fo = json_array_get(fams, (size_t)f), *pts, *res;
+        json_t *fo = json_array_get(fams, (size_t)f), *pts;
         size_t o2 = ps_ck_idx(c, (size_t)f);
         if (ps_ck_want_type(c, fo, json_is_object(fo), "an object") || ps_ck_get_str(c, fo, "name", NULL) ||
             ps_ck_get_arr(c, fo, "points", nL, nL, &pts, NULL))
@@ -148,53 +240,10 @@ int ps_check_fillers(ps_ck *c, json_t *doc) {
         memset(sum, 0, (size_t)P * sizeof *sum);
         size_t o3 = ps_ck_key(c, "points");
         for (int64_t i = 0; i < nL; i++) {
-            json_t *po = json_array_get(pts, (size_t)i), *pc, *t1;
             size_t o4 = ps_ck_idx(c, (size_t)i);
-            int64_t L, ph, pt;
-            double d, pr[2] = {0, 0};
-            if (ps_ck_want_type(c, po, json_is_object(po), "an object") || ps_ck_get_int(c, po, "L", 0, PS_FILLERS_MAX_L, &L)) goto done;
-            if (L != Lmin + i) {
-                ps_ck_key(c, "L");
-                ps_ck_bad(c, "%lld, expected %lld (lengths min..max, each once, in order)", (long long)L, (long long)(Lmin + i));
-                goto done;
-            }
-            if (ps_ck_get_int(c, po, "phase", 0, P - 1, &ph)) goto done;
-            if (ph != L % P) {
-                ps_ck_key(c, "phase");
-                ps_ck_bad(c, "%lld, but L mod P = %lld mod %lld = %lld", (long long)ph, (long long)L, (long long)P, (long long)(L % P));
-                goto done;
-            }
-            if (ps_ck_get_int(c, po, "prompt_tokens", L, INT64_MAX, &pt) || ps_ck_get_arr(c, po, "candidates", nc, nc, &pc, NULL)) goto done;
-            size_t o5 = ps_ck_key(c, "candidates");
-            for (int64_t k = 0; k < nc; k++) {
-                json_t *co = json_array_get(pc, (size_t)k);
-                size_t o6 = ps_ck_idx(c, (size_t)k);
-                double lp, p;
-                if (ps_ck_want_type(c, co, json_is_object(co), "an object") || ps_ck_get_num(c, co, "logprob", -INFINITY, TOL, &lp) ||
-                    ps_ck_get_frac(c, co, "p", &p))
-                    goto done;
-                if (!ps_ck_close_to(p, exp(lp), 0)) {
-                    ps_ck_key(c, "p");
-                    ps_ck_bad(c, "%.10g, but exp(logprob) = %.10g", p, exp(lp));
-                    goto done;
-                }
-                v = json_object_get(co, "all_top1");
-                ps_ck_key(c, "all_top1");
-                if (ps_ck_want_type(c, v, json_is_boolean(v), "true or false")) goto done;
-                ps_ck_pop(c, o6);
-                if (k < 2) pr[k] = p;
-            }
-            ps_ck_pop(c, o5);
-            if (ps_ck_get_num(c, po, "delta", -1 - TOL, 1 + TOL, &d)) goto done;
-            if (!ps_ck_close_to(d, pr[0] - pr[1], 0)) {
-                ps_ck_key(c, "delta");
-                ps_ck_bad(c, "%.10g, but candidates[0].p - candidates[1].p = %.10g", d, pr[0] - pr[1]);
-                goto done;
-            }
-            if (ps_ck_get_obj(c, po, "top1", &t1)) goto done;
-            size_t o7 = ps_ck_key(c, "top1");
-            if (ps_ck_get_int(c, t1, "id", 0, INT32_MAX, NULL)) goto done;
-            ps_ck_pop(c, o7);
+            int64_t L = 0, ph = 0;
+            double d = 0;
+            if (ck_point(c, json_array_get(pts, (size_t)i), i, Lmin, P, nc, &L, &ph, &d)) goto done;
             y[f * nL + i] = d;
             x[f * nL + i] = L;
             strat[f * nL + i] = (int)f;
@@ -203,32 +252,7 @@ int ps_check_fillers(ps_ck *c, json_t *doc) {
             ps_ck_pop(c, o4);
         }
         ps_ck_pop(c, o3);
-        if (ps_ck_get_arr(c, fo, "residues", P, P, &res, NULL)) goto done;
-        o3 = ps_ck_key(c, "residues");
-        for (int64_t r = 0; r < P; r++) {
-            json_t *ro = json_array_get(res, (size_t)r);
-            size_t o4 = ps_ck_idx(c, (size_t)r);
-            int64_t rho, n;
-            double md = 0;
-            int isnull = 0;
-            if (ps_ck_want_type(c, ro, json_is_object(ro), "an object") || ps_ck_get_int(c, ro, "rho", r, r, &rho) ||
-                ps_ck_get_int(c, ro, "n", 0, nL, &n) || opt_null_or_num(c, ro, "mean_delta", -1 - TOL, 1 + TOL, &md, &isnull))
-                goto done;
-            if (n != cnt[r]) {
-                ps_ck_key(c, "n");
-                ps_ck_bad(c, "%lld, but %lld points have phase %lld", (long long)n, (long long)cnt[r], (long long)r);
-                goto done;
-            }
-            if (isnull != (n == 0) || (n && !ps_ck_close_to(md, sum[r] / (double)n, 0))) {
-                ps_ck_key(c, "mean_delta");
-                if (n) ps_ck_bad(c, "%s, but the mean delta of its %lld points is %.10g", isnull ? "null" : "a different value", (long long)n,
-                           sum[r] / (double)n);
-                else ps_ck_bad(c, "a number, but no point has this phase (null expected)");
-                goto done;
-            }
-            ps_ck_pop(c, o4);
-        }
-        ps_ck_pop(c, o3);
+        if (ck_family_residues(c, fo, P, nL, cnt, sum)) goto done;
         json_t *t = json_object_get(fo, "test");
         size_t o8 = ps_ck_key(c, "test");
         if (check_phase_test(c, t, y + f * nL, x + f * nL, NULL, nL, P, detrend, perms)) goto done;

@@ -14,13 +14,12 @@
 
 /* ---- validation ---- */
 
-int ps_check_theory(ps_ck *c, json_t *doc) {
-    ps_prov_info pi;
-    json_t *pr, *st, *loss, *acc, *heads, *v;
-    int64_t n, H, W = -1, ph, pw;
-    if (ps_ck_provenance(c, doc, 0, NULL, &pi) || ps_ck_get_obj(c, doc, "params", &pr)) return -1;
+/* params: heads (*ph), window (*pw), chunks, steps, batch and the two switches */
+static int ck_theory_params(ps_ck *c, json_t *doc, int64_t *ph, int64_t *pw) {
+    json_t *pr, *v;
+    if (ps_ck_get_obj(c, doc, "params", &pr)) return -1;
     size_t old = ps_ck_key(c, "params");
-    if (ps_ck_get_int(c, pr, "heads", 1, PS_THEORY_MAX_HEADS, &ph) || ps_ck_get_int(c, pr, "window", PS_THEORY_MIN_WINDOW, PS_THEORY_MAX_WINDOW, &pw) ||
+    if (ps_ck_get_int(c, pr, "heads", 1, PS_THEORY_MAX_HEADS, ph) || ps_ck_get_int(c, pr, "window", PS_THEORY_MIN_WINDOW, PS_THEORY_MAX_WINDOW, pw) ||
         ps_ck_get_int(c, pr, "chunks", 1, PS_THEORY_MAX_CHUNKS, NULL) || ps_ck_get_int(c, pr, "steps", 1, PS_THEORY_MAX_STEPS, NULL) ||
         ps_ck_get_int(c, pr, "batch", 0, PS_THEORY_MAX_BATCH, NULL))
         return -1;
@@ -32,7 +31,13 @@ int ps_check_theory(ps_ck *c, json_t *doc) {
         ps_ck_pop(c, o);
     }
     ps_ck_pop(c, old);
-    json_t *sc[2];
+    return 0;
+}
+
+/* the records over time (*n of them): steps increasing, loss, accuracy and the two scales in range */
+static int ck_theory_records(ps_ck *c, json_t *doc, int64_t *np) {
+    json_t *st, *loss, *acc, *sc[2];
+    int64_t n;
     if (ps_ck_get_arr(c, doc, "steps", 1, 100000, &st, &n) || ps_ck_get_arr(c, doc, "loss", n, n, &loss, NULL) ||
         ps_ck_get_arr(c, doc, "accuracy", n, n, &acc, NULL) || ps_ck_get_arr(c, doc, "score_scale", n, n, &sc[0], NULL) ||
         ps_ck_get_arr(c, doc, "logit_scale", n, n, &sc[1], NULL))
@@ -60,6 +65,15 @@ int ps_check_theory(ps_ck *c, json_t *doc) {
             ps_ck_pop(c, o);
         }
     }
+    *np = n;
+    return 0;
+}
+
+int ps_check_theory(ps_ck *c, json_t *doc) {
+    ps_prov_info pi;
+    json_t *heads;
+    int64_t n = 0, H, W = -1, ph, pw;
+    if (ps_ck_provenance(c, doc, 0, NULL, &pi) || ck_theory_params(c, doc, &ph, &pw) || ck_theory_records(c, doc, &n)) return -1;
     if (ps_ck_get_arr(c, doc, "heads", ph, ph, &heads, &H)) return -1;
     int64_t aligned = 0, wa, onehot = 0, cover[PS_THEORY_MAX_WINDOW] = {0};
     double tol = 1e-3 * (double)pw;
