@@ -4,7 +4,7 @@
  * {hook}.{i} (batch dimension dropped), the hook names checked against the family's point table
  * (docs/hooks.md; `phasescope info` lists them). DeepSeek-V4 checkpoints also take --layers 0..L (stop
  * early: no logits, hooks past L refused) and --lazy (one layer's weights in memory at a time). The flags go
- * into a request and one call, ps_forward_command (instruments/run_forward.c), does the rest. */
+ * into a request and one call, ps_forward_command (instruments/exec_forward.c), does the rest. */
 #include "instruments/command.h"
 #include "instruments/commands.h"
 

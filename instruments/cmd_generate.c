@@ -1,6 +1,6 @@
 /* cmd_generate.c — `phasescope generate`: text generation through the KV cache on a checkpoint of any
  * family with a cache (the controlled model, DeepSeek-V4). Parses and checks the flags into a request and
- * makes one call, ps_generate_command (instruments/run_generate.c: the model, the prompts, the hooks, the
+ * makes one call, ps_generate_command (instruments/exec_generate.c: the model, the prompts, the hooks, the
  * generation and its outputs). */
 #include <stdlib.h>
 

@@ -1,6 +1,6 @@
 /* cmd_grad.c — `phasescope grad` (SPEC §7): the mean next-token cross-entropy over every target position
  * of every sequence, and its gradient for every checkpoint tensor, to a safetensors file. The flags go into a
- * request and one call, ps_grad_command (instruments/run_grad.c), does the work. */
+ * request and one call, ps_grad_command (instruments/exec_grad.c), does the work. */
 #include "instruments/command.h"
 #include "instruments/commands.h"
 

@@ -1,7 +1,7 @@
 /* cmd_info.c — `phasescope info`: the checkpoint's family describes it (the config, parameter counts by
  * group, KV-cache bytes per token, memory estimates: ps_family.describe), then its hook-point table (name
  * pattern, shape, head axis, the layers that have it) and the compute environment. The flags go into a
- * request and one call, ps_info_command (instruments/run_info.c), prints it all. */
+ * request and one call, ps_info_command (instruments/exec_info.c), prints it all. */
 #include "instruments/command.h"
 #include "instruments/commands.h"
 

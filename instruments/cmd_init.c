@@ -1,6 +1,6 @@
 /* cmd_init.c — `phasescope init`: write a freshly initialised checkpoint for a config (the starting
  * point of training, and a model to try the other commands on). Checks the flags into a request and makes
- * one call, ps_init_command (instruments/run_init.c: the config or the copied checkpoint, the writing). */
+ * one call, ps_init_command (instruments/exec_init.c: the config or the copied checkpoint, the writing). */
 #include "instruments/command.h"
 #include "instruments/commands.h"
 

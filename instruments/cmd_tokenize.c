@@ -1,6 +1,6 @@
 /* cmd_tokenize.c — `phasescope tokenize`: text to token ids (and back) with a model's own
  * tokenizer.json (text/tokenizer.h; docs/tokenizers.md). Checks the flags into a request and makes one call,
- * ps_tokenize_command (instruments/run_tokenize.c: the input, the encoding or decoding, the output). */
+ * ps_tokenize_command (instruments/exec_tokenize.c: the input, the encoding or decoding, the output). */
 #include "instruments/command.h"
 #include "instruments/commands.h"
 

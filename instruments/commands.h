@@ -1,5 +1,5 @@
 /* commands.h — the non-instrument commands' modules (generate, tokenize, forward, init, info, grad): each a
- * request struct of its flags' values and the one call its command file makes (experiments/run_NAME.c: the
+ * request struct of its flags' values and the one call its command file makes (instruments/exec_NAME.c: the
  * loading, the work and the writing of outputs). The cmd_NAME.c files parse and check their flags, fill the
  * request and make that call; the call's messages, errors and outputs are the command's. */
 #ifndef PS_COMMANDS_H
@@ -13,7 +13,7 @@
 #include "core/model.h"
 #include "instruments/command.h"
 
-/* ---- generate (run_generate.c) ---- */
+/* ---- generate (exec_generate.c) ---- */
 typedef struct {
     const char *model;     /* --model DIR, or NULL: the shipped default */
     const char *prompt;    /* --prompt TEXT (with tokenizer), or NULL: tokens */
@@ -37,7 +37,7 @@ typedef struct {
  * --edit or --hooks). */
 int ps_generate_command(const ps_args *args, const ps_generate_req *r, ps_error *err);
 
-/* ---- tokenize (run_tokenize.c) ---- */
+/* ---- tokenize (exec_tokenize.c) ---- */
 typedef struct {
     const char *tokenizer; /* --tokenizer FILE: the model's tokenizer.json */
     const char *in;        /* --in FILE: a JSON list of strings (of id lists when decode) */
@@ -52,7 +52,7 @@ typedef struct {
  * file and the item. */
 int ps_tokenize_command(const ps_tokenize_req *r, ps_error *err);
 
-/* ---- forward (run_forward.c) ---- */
+/* ---- forward (exec_forward.c) ---- */
 typedef struct {
     const char *model;   /* --model DIR, or NULL: the shipped default */
     const char *tokens;  /* --tokens T.json */
@@ -68,7 +68,7 @@ typedef struct {
  * for a bad --layers, --lazy or --hooks). */
 int ps_forward_command(const ps_forward_req *r, ps_error *err);
 
-/* ---- init (run_init.c) ---- */
+/* ---- init (exec_init.c) ---- */
 typedef struct {
     const char *config; /* --config FILE (a model or a training config), or NULL: from */
     const char *from;   /* --from DIR (copy that checkpoint), or NULL: config */
@@ -82,7 +82,7 @@ typedef struct {
  * nonzero with err set. */
 int ps_init_command(const ps_init_req *r, ps_error *err);
 
-/* ---- info (run_info.c) ---- */
+/* ---- info (exec_info.c) ---- */
 typedef struct {
     const char *model;   /* --model DIR, or NULL: the shipped default */
     int64_t batch;       /* --batch B of the memory estimates (default 1) */
@@ -93,7 +93,7 @@ typedef struct {
  * hook-point table and the compute environment. 0, or -1 with err set. */
 int ps_info_command(const ps_info_req *r, ps_error *err);
 
-/* ---- grad (run_grad.c) ---- */
+/* ---- grad (exec_grad.c) ---- */
 typedef struct {
     const char *model;   /* --model DIR, or NULL: the shipped default */
     const char *tokens;  /* --tokens T.json */
@@ -107,7 +107,7 @@ typedef struct {
  * set (the file and the sequence named). */
 int ps_grad_command(const ps_grad_req *r, ps_error *err);
 
-/* ---- serve (run_serve.c; the server itself is serve/serve.h) ----
+/* ---- serve (exec_serve.c; the server itself is serve/serve.h) ----
  * A server's options by name: the one table that `phasescope serve`'s flags (--max-batch N) and the public
  * API's options JSON (ps_api_serve_start: {"max_batch": N}) are read through, so the two are the same set
  * with the same ranges and messages. The defaults are ps_serve_defaults'. Built without libmicrohttpd

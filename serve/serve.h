@@ -64,7 +64,7 @@ typedef struct ps_serve_opts {
                                        * family of the caller's own serves it: ps_runtime_open_in) */
 } ps_serve_opts;
 
-/* The defaults (the ones `phasescope serve` and ps_api_serve_start start from). instruments/run_serve.c's
+/* The defaults (the ones `phasescope serve` and ps_api_serve_start start from). instruments/exec_serve.c's
  * table sets the options by name (the CLI's flags, the API's options JSON). */
 void ps_serve_defaults(ps_serve_opts *o);
 

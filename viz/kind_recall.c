@@ -162,7 +162,7 @@ static void draw_recall(cairo_t *cr, void *vctx) {
             snprintf(buf, sizeof buf, "%d", c);
             ps_text(cr, px + (c + 0.5) * cw, T + h + 6, buf, 12, 0.5, 0, 0, 0);
         }
-        ps_text(cr, px + w / 2, T + h + 28, "phase residue ρ of the needle", 13, 0.5, 0, 0, 0);
+        ps_text(cr, px + w / 2, T + h + 28, "phase residue ρ = t_K mod P", 13, 0.5, 0, 0, 0);
         double ya = T + h + RC_ACC_GAP;
         ps_heatmap(cr, px, ya, w, RC_ACC_H, g->acc, 1, g->cols, ps_viridis, 0, 1);
         cairo_set_source_rgb(cr, 0, 0, 0);

@@ -1,4 +1,4 @@
-/* run_grad.c — the body of `phasescope grad` (SPEC §7; instruments/commands.h): the mean next-token
+/* exec_grad.c — the body of `phasescope grad` (SPEC §7; instruments/commands.h): the mean next-token
  * cross-entropy over every target position of every sequence, and its gradient for every checkpoint tensor,
  * to a safetensors file. */
 #include <stdio.h>

@@ -1,4 +1,4 @@
-/* run_info.c — the body of `phasescope info` (instruments/commands.h): the checkpoint's family describes it
+/* exec_info.c — the body of `phasescope info` (instruments/commands.h): the checkpoint's family describes it
  * (the config, parameter counts by group, KV-cache bytes per token, memory estimates: ps_family.describe),
  * then its hook-point table (name pattern, shape, head axis, the layers that have it) and the compute
  * environment. */

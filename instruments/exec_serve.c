@@ -1,4 +1,4 @@
-/* run_serve.c — a server's options by name (instruments/commands.h, "serve"): the table `phasescope serve`
+/* exec_serve.c — a server's options by name (instruments/commands.h, "serve"): the table `phasescope serve`
  * (cmd_serve.c) reads its flags through and the public API (api/serve_call.c: ps_api_serve_start) reads its
  * options JSON through. */
 #include <arpa/inet.h>

@@ -1,4 +1,4 @@
-/* run_init.c — the body of `phasescope init` (instruments/commands.h): writes a freshly initialised
+/* exec_init.c — the body of `phasescope init` (instruments/commands.h): writes a freshly initialised
  * checkpoint for a config (the starting point of training, and a model to try the other commands on), or
  * a copy of an existing checkpoint in another layout (a converter). */
 #include <jansson.h>

@@ -1,4 +1,4 @@
-/* run_tokenize.c — the body of `phasescope tokenize` (instruments/commands.h): text to token ids (and back)
+/* exec_tokenize.c — the body of `phasescope tokenize` (instruments/commands.h): text to token ids (and back)
  * with a model's own tokenizer.json (text/tokenizer.h; docs/tokenizers.md): reads the input list, encodes or
  * decodes every item, writes the output atomically and prints one summary line. */
 #include <jansson.h>

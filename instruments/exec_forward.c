@@ -1,4 +1,4 @@
-/* run_forward.c — the body of `phasescope forward` (instruments/commands.h): the export path (SPEC §7), a
+/* exec_forward.c — the body of `phasescope forward` (instruments/commands.h): the export path (SPEC §7), a
  * client of the public C API (include/phasescope.h: ps_api_open_ex, ps_api_run_with_cache), so the CLI and
  * every binding run the same code: each sequence of T.json runs on its own (batch of one); writes logits.{i}
  * [T_i, vocab] and {hook}.{i} (batch dimension dropped), the hook names checked against the family's point

@@ -1,4 +1,4 @@
-/* run_generate.c — the body of `phasescope generate` (instruments/commands.h): text generation through the
+/* exec_generate.c — the body of `phasescope generate` (instruments/commands.h): text generation through the
  * KV cache (core/kvcache.h, core/generate.h) on a checkpoint of any family with a cache (the controlled model,
  * DeepSeek-V4). Records the hooks asked for, makes the one generation call (ps_generate) and writes what it
  * returns: the text on stdout, and with an output folder generate.json (provenance, options, per sequence the
