@@ -110,11 +110,12 @@ int ps_model_patch_attention(const ps_runtime *rt, void *state, void **scratch, 
     int64_t B = a->B, T = a->T, nW = a->nW, nkv = c->n_kv_heads, nh = c->n_heads, hd = c->head_dim, grp = nh / nkv, gk = gk_;
     int64_t kd = nkv * hd, qd = nh * hd, gd = grp * hd;
     ps_act_ptrs G = S->g.p, P = ps_acts_layer(a, layer);
-    int64_t *woff1 = a->woff ? malloc((size_t)B * sizeof(int64_t)) : NULL;
-    if (a->woff && !woff1) return ps_fail(err, "out of memory for %lld window offsets", (long long)B);
-    ps_attn_geom g1 = a->geom; /* one KV head and its group's query heads */
+    const int64_t *woffl = ps_acts_woff(a, layer); /* the layer's grid */
+    int64_t *woff1 = woffl ? malloc((size_t)B * sizeof(int64_t)) : NULL;
+    if (woffl && !woff1) return ps_fail(err, "out of memory for %lld window offsets", (long long)B);
+    ps_attn_geom g1 = ps_acts_geom(a, layer); /* one KV head and its group's query heads */
     g1.nh = grp, g1.nkv = 1, g1.woff = woff1;
-    for (int64_t b = 0; woff1 && b < B; b++) woff1[b] = a->woff[b * nkv + gk];
+    for (int64_t b = 0; woff1 && b < B; b++) woff1[b] = woffl[b * nkv + gk];
     /* gather: q of the group [B, T, grp, hd], the head's k, v [B, T, 1, hd] and ck, cv [B, nW, 1, hd] */
     int rc = ps_copy_blocks(ctx, G.q, gd, 0, P.q + gk * gd, qd, 0, B * T, 1, gd, 0, 0.0f) ||
              ps_copy_blocks(ctx, G.k, hd, 0, P.k + gk * hd, kd, 0, B * T, 1, hd, 0, 0.0f) ||

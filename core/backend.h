@@ -48,6 +48,10 @@ typedef struct {
     int64_t W, S, LW;     /* compressed: window, stride, local window (min(local_window, T) of the pass) */
     int64_t nW;           /* windows in ck/cv */
     int64_t Tq, Tk, q_off, pos0;
+    /* compressed: the sequence's window grid offsets [nkv] (KV head g's window j covers jS + woff[g] + i and is
+     * seen from position jS + woff[g] + W - 1 on; 0 <= woff[g] < S: staggered and per-layer grids); NULL: the
+     * base grid. A host array. */
+    const int64_t *woff;
 } ps_attn_frame;
 
 /* ---------------- the KV cache (core/kvcache.h) ---------------- */

@@ -122,9 +122,11 @@ static int layer_backward(const ps_model *m, const ps_acts *a, ps_acts *g, int l
         OPB(PS_PROF_OTHER, ps_fill(ctx, G.q, 0.0f, BT * nh * hd));
         OPB(PS_PROF_ATTENTION, ps_select_backward(ctx, G.q, G.k, G.v, G.z, p.z, p.lse, p.q, p.k, p.v,
                                                   ps_select_sparse(c, T) ? p.sel_blocks : NULL, &sg));
-    } else
+    } else {
+        const ps_attn_geom gl = ps_acts_geom(a, l); /* layer l's window grid */
         OPB(PS_PROF_ATTENTION,
-            ps_attn_backward(ctx, G.q, G.k, G.v, G.ck, G.cv, G.z, p.z, p.lse, p.q, p.k, p.v, p.ck, p.cv, &a->geom));
+            ps_attn_backward(ctx, G.q, G.k, G.v, G.ck, G.cv, G.z, p.z, p.lse, p.q, p.k, p.v, p.ck, p.cv, &gl));
+    }
     /* the gradients at the hook points k, v, ck, cv (before the rope backward rotates k and ck in place) */
     GRAD_FIRE(PS_HOOK_K, G.k, 4, B, T, nkv, hd);
     GRAD_FIRE(PS_HOOK_V, G.v, 4, B, T, nkv, hd);
@@ -151,7 +153,7 @@ static int layer_backward(const ps_model *m, const ps_acts *a, ps_acts *g, int l
 
     if (c->kind == PS_ATTN_COMPRESSED && nW > 0) {
         int shared = c->payload == PS_PAYLOAD_SHARED;
-        const ps_windows wt = ps_acts_windows(a), *win = &wt; /* the forward's windows */
+        const ps_windows wt = ps_acts_windows(a, l), *win = &wt; /* the forward's windows of layer l */
         if (c->rope) OPB(PS_PROF_NORM_ROPE, ps_rope_windows(ctx, G.ck, a->p.rope_cos, a->p.rope_sin, hd, win, 1));
         if (c->qk_norm) {
             OPB(PS_PROF_OTHER, ps_fill(ctx, G.ck_pre, 0.0f, B * nW * nkv * hd));

@@ -59,20 +59,53 @@ static int get_enum(json_t *v, const char *key, const char *src, const char *a, 
     return 0;
 }
 
-/* attention.head_offsets: a JSON array of one integer per KV head, or "staggered" (o_g = floor(g*S/n_kv),
- * resolved in ps_config_validate once S and n_kv are known: marked here by -1 in slot 0). The values are
- * range-checked in ps_config_validate. */
+/* attention.head_offsets: a JSON array of one integer per KV head, "staggered" (o_g = floor(g*S/n_kv)),
+ * "staggered_layers" (o_{l,g} = (floor(g*S/n_kv) + l*k) mod S, ps_config_layer_stagger) or a 2-D array
+ * [n_layers][n_kv_heads] (a per-layer grid). The strings are resolved in ps_config_parse once S, n_layers and
+ * n_kv are known (marked here by n_grid_offsets = -1, n_offset_layers = -1); the values are range-checked and
+ * the shapes matched to the model in ps_config_validate. */
 static int get_head_offsets(json_t *v, const char *src, ps_config *c, ps_error *err) {
     if (json_is_string(v)) {
-        if (strcmp(json_string_value(v), "staggered"))
-            return ps_fail(err, "%s: key \"attention.head_offsets\" is \"%s\": expected \"staggered\" or an array of integers", src,
-                           json_string_value(v));
-        c->n_grid_offsets = -1; /* resolved in ps_config_parse once S and n_kv_heads are known */
+        const char *s = json_string_value(v);
+        if (!strcmp(s, "staggered")) c->n_grid_offsets = -1;
+        else if (!strcmp(s, "staggered_layers")) c->n_offset_layers = -1;
+        else
+            return ps_fail(err, "%s: key \"attention.head_offsets\" is \"%s\": expected \"staggered\", \"staggered_layers\", an array "
+                           "of integers (one per KV head) or an array of such arrays (one per layer)", src, s);
         return 0;
     }
     if (!json_is_array(v))
-        return ps_fail(err, "%s: key \"attention.head_offsets\" must be an array of integers (one per KV head) or \"staggered\"", src);
+        return ps_fail(err, "%s: key \"attention.head_offsets\" must be an array of integers (one per KV head), an array of such "
+                       "arrays (one per layer), \"staggered\" or \"staggered_layers\"", src);
     size_t n = json_array_size(v);
+    if (n > 0 && json_is_array(json_array_get(v, 0))) { /* [n_layers][n_kv_heads] */
+        size_t w = json_array_size(json_array_get(v, 0));
+        if (w == 0 || w > PS_MAX_GRID_HEADS || n * w > PS_MAX_GRID_OFFSETS)
+            return ps_fail(err, "%s: key \"attention.head_offsets\" has %zu rows of %zu entries: rows must be non-empty, with at most "
+                           "%d KV heads and %d offsets in all", src, n, w, PS_MAX_GRID_HEADS, PS_MAX_GRID_OFFSETS);
+        for (size_t l = 0; l < n; l++) {
+            json_t *row = json_array_get(v, l);
+            if (!json_is_array(row))
+                return ps_fail(err, "%s: key \"attention.head_offsets\": row %zu must be an array of integers (row 0 is one)", src, l);
+            if (json_array_size(row) != w)
+                return ps_fail(err, "%s: key \"attention.head_offsets\": row %zu has %zu entries, row 0 has %zu (one per KV head)", src, l,
+                               json_array_size(row), w);
+            for (size_t g = 0; g < w; g++) {
+                json_t *e = json_array_get(row, g);
+                if (!json_is_integer(e))
+                    return ps_fail(err, "%s: key \"attention.head_offsets\": entry [%zu][%zu] must be a JSON integer", src, l, g);
+                json_int_t o = json_integer_value(e);
+                if (o < 0 || o >= 4096) /* S <= W <= 4096; the exact bound is checked in ps_config_validate */
+                    return ps_fail(err, "%s: key \"attention.head_offsets\": entry [%zu][%zu] is %lld, must be in [0, attention.stride)",
+                                   src, l, g, (long long)o);
+                c->layer_offsets[l * w + g] = (int32_t)o;
+            }
+        }
+        c->n_offset_layers = (int64_t)n;
+        c->n_grid_offsets = (int64_t)w;
+        c->any_head_offset = true; /* resolved by normalize_offsets */
+        return 0;
+    }
     if (n > PS_MAX_GRID_HEADS)
         return ps_fail(err, "%s: key \"attention.head_offsets\" has %zu entries, more than the supported %d KV heads", src, n,
                        PS_MAX_GRID_HEADS);
@@ -84,6 +117,76 @@ static int get_head_offsets(json_t *v, const char *src, ps_config *c, ps_error *
         c->head_offsets[i] = (int64_t)json_integer_value(e);
         if (c->head_offsets[i] != 0) c->any_head_offset = true;
     }
+    return 0;
+}
+
+int64_t ps_config_layer_stagger(int64_t S) {
+    const double target = (2.0 - 1.6180339887498949) * (double)S; /* (2 - phi) S = S / phi^2 */
+    int64_t best = 0;
+    double bd = 0;
+    for (int64_t k = 1; k < S; k++) {
+        int64_t a = k, b = S;
+        while (b) { /* gcd(k, S) */
+            int64_t t = a % b;
+            a = b, b = t;
+        }
+        double dist = (double)k > target ? (double)k - target : target - (double)k;
+        if (a == 1 && (!best || dist < bd)) best = k, bd = dist;
+    }
+    return best;
+}
+
+/* One form for one grid, so that a round trip gives the same struct (and hash): a per-layer grid whose rows are
+ * all equal becomes the per-head form, all-zero offsets (or any model but a compressed one) the base grid. */
+static void normalize_offsets(ps_config *c) {
+    int64_t nkv = c->n_kv_heads;
+    if (c->n_offset_layers > 0) {
+        bool same = true;
+        for (int64_t l = 1; l < c->n_offset_layers && same; l++)
+            for (int64_t g = 0; g < nkv; g++) same &= c->layer_offsets[l * nkv + g] == c->layer_offsets[g];
+        if (same) {
+            for (int64_t g = 0; g < nkv; g++) c->head_offsets[g] = c->layer_offsets[g];
+            memset(c->layer_offsets, 0, sizeof c->layer_offsets);
+            c->n_offset_layers = 0;
+        }
+    }
+    c->any_head_offset = false;
+    if (c->n_offset_layers > 0)
+        for (int64_t i = 0; i < c->n_offset_layers * nkv; i++) c->any_head_offset |= c->layer_offsets[i] != 0;
+    else
+        for (int64_t g = 0; g < c->n_grid_offsets && g < PS_MAX_GRID_HEADS; g++) c->any_head_offset |= c->head_offsets[g] != 0;
+    if (c->kind != PS_ATTN_COMPRESSED || !c->any_head_offset) {
+        memset(c->head_offsets, 0, sizeof c->head_offsets);
+        memset(c->layer_offsets, 0, sizeof c->layer_offsets);
+        c->n_grid_offsets = 0;
+        c->n_offset_layers = 0;
+        c->any_head_offset = false;
+    }
+}
+
+int ps_config_set_grid_offsets(ps_config *c, const int64_t *o, int64_t rows, ps_error *err) {
+    int64_t nkv = c->n_kv_heads, S = c->stride;
+    if (c->kind != PS_ATTN_COMPRESSED)
+        return ps_fail(err, "key \"attention.head_offsets\" applies to kind \"compressed\" only");
+    if (rows != 1 && rows != c->n_layers)
+        return ps_fail(err, "key \"attention.head_offsets\": %lld rows of offsets, expected 1 or n_layers = %lld", (long long)rows,
+                       (long long)c->n_layers);
+    if (nkv < 1 || nkv > PS_MAX_GRID_HEADS || rows * nkv > PS_MAX_GRID_OFFSETS)
+        return ps_fail(err, "key \"attention.head_offsets\": %lld rows of %lld KV heads exceed the supported %d heads, %d offsets",
+                       (long long)rows, (long long)nkv, PS_MAX_GRID_HEADS, PS_MAX_GRID_OFFSETS);
+    for (int64_t i = 0; i < rows * nkv; i++)
+        if (o[i] < 0 || o[i] >= S)
+            return ps_fail(err, "key \"attention.head_offsets\": entry [%lld][%lld] is %lld, must be in [0, attention.stride = %lld)",
+                           (long long)(i / nkv), (long long)(i % nkv), (long long)o[i], (long long)S);
+    memset(c->head_offsets, 0, sizeof c->head_offsets);
+    memset(c->layer_offsets, 0, sizeof c->layer_offsets);
+    c->n_grid_offsets = nkv;
+    c->n_offset_layers = rows > 1 ? rows : 0;
+    for (int64_t i = 0; i < rows * nkv; i++) {
+        if (rows > 1) c->layer_offsets[i] = (int32_t)o[i];
+        else c->head_offsets[i] = o[i];
+    }
+    normalize_offsets(c);
     return 0;
 }
 
@@ -170,6 +273,8 @@ static int parse_attention(json_t *att, const char *src, ps_config *c, ps_error 
         return ps_fail(err, "%s: key \"attention.chunk_min\" applies to \"boundaries\": \"content\" only", src);
     if (seen_cmin && c->chunk_min < 1)
         return ps_fail(err, "%s: key \"attention.chunk_min\" must be >= 1, got %lld", src, (long long)c->chunk_min);
+    if (c->n_offset_layers != 0 && c->kind != PS_ATTN_COMPRESSED) /* the per-layer forms are new: refused, not ignored */
+        return ps_fail(err, "%s: key \"attention.head_offsets\" (per-layer offsets) applies to kind \"compressed\" only", src);
     return 0;
 }
 
@@ -406,7 +511,24 @@ int ps_config_validate(const ps_config *c, const char *src, ps_error *err) {
             return ps_fail(err, "%s: key \"attention.topk\" is %lld: it must be at least init_blocks + 1 = %lld (room for a block "
                            "beyond the initial ones)", src, (long long)c->topk, (long long)(c->init_blocks + 1));
     }
-    if (c->kind == PS_ATTN_COMPRESSED && c->n_grid_offsets != 0) {
+    if (c->kind != PS_ATTN_COMPRESSED && c->n_offset_layers > 0)
+        return ps_fail(err, "%s: key \"attention.head_offsets\" (per-layer offsets) applies to kind \"compressed\" only", src);
+    if (c->kind == PS_ATTN_COMPRESSED && c->n_offset_layers > 0) {
+        if (c->n_offset_layers != c->n_layers)
+            return ps_fail(err, "%s: key \"attention.head_offsets\" has %lld rows, n_layers is %lld (one row of offsets per layer)", src,
+                           (long long)c->n_offset_layers, (long long)c->n_layers);
+        if (c->n_grid_offsets != c->n_kv_heads)
+            return ps_fail(err, "%s: key \"attention.head_offsets\" has rows of %lld entries, n_kv_heads is %lld (one offset per KV "
+                           "head)", src, (long long)c->n_grid_offsets, (long long)c->n_kv_heads);
+        if (c->n_layers * c->n_kv_heads > PS_MAX_GRID_OFFSETS)
+            return ps_fail(err, "%s: key \"attention.head_offsets\": %lld layers of %lld KV heads exceed the supported %d offsets", src,
+                           (long long)c->n_layers, (long long)c->n_kv_heads, PS_MAX_GRID_OFFSETS);
+        for (int64_t i = 0; i < c->n_layers * c->n_kv_heads; i++)
+            if (c->layer_offsets[i] < 0 || c->layer_offsets[i] >= (c->stride > 0 ? c->stride : 1))
+                return ps_fail(err, "%s: key \"attention.head_offsets\": entry [%lld][%lld] is %lld, must be in [0, attention.stride = "
+                               "%lld)", src, (long long)(i / c->n_kv_heads), (long long)(i % c->n_kv_heads),
+                               (long long)c->layer_offsets[i], (long long)c->stride);
+    } else if (c->kind == PS_ATTN_COMPRESSED && c->n_grid_offsets != 0) {
         if (c->n_grid_offsets != c->n_kv_heads)
             return ps_fail(err, "%s: key \"attention.head_offsets\" has %lld entries, n_kv_heads is %lld (one offset per KV head)", src,
                            (long long)c->n_grid_offsets, (long long)c->n_kv_heads);
@@ -481,14 +603,25 @@ int ps_config_parse(const char *text, size_t len, const char *src, ps_config *c,
             if (c->head_offsets[g]) c->any_head_offset = true;
         }
     }
+    if (c->n_offset_layers == -1) { /* "staggered_layers": o_{l,g} = (floor(g*S/n_kv) + l*k) mod S */
+        if (c->n_kv_heads < 1 || c->n_kv_heads > PS_MAX_GRID_HEADS || c->n_layers < 1 ||
+            c->n_layers * c->n_kv_heads > PS_MAX_GRID_OFFSETS || c->stride < 1) {
+            ps_fail(err, "%s: key \"attention.head_offsets\" \"staggered_layers\" needs 1..%d KV heads, a stride >= 1 and at most %d "
+                    "(layer, KV head) pairs; n_layers is %lld, n_kv_heads %lld, stride %lld", src, PS_MAX_GRID_HEADS,
+                    PS_MAX_GRID_OFFSETS, (long long)c->n_layers, (long long)c->n_kv_heads, (long long)c->stride);
+            goto done;
+        }
+        int64_t S = c->stride, k = ps_config_layer_stagger(S);
+        c->n_offset_layers = c->n_layers;
+        c->n_grid_offsets = c->n_kv_heads;
+        for (int64_t l = 0; l < c->n_layers; l++)
+            for (int64_t g = 0; g < c->n_kv_heads; g++)
+                c->any_head_offset |= (c->layer_offsets[l * c->n_kv_heads + g] = (int32_t)((g * S / c->n_kv_heads + l * k) % S)) != 0;
+    }
     rc = ps_config_validate(c, src, err);
     /* one form for one grid (a round trip gives the same struct): no offsets unless a compressed model has a
-     * non-zero one (SPEC §2: attention keys are ignored for full attention) */
-    if (!rc && (c->kind != PS_ATTN_COMPRESSED || !c->any_head_offset)) {
-        memset(c->head_offsets, 0, sizeof c->head_offsets);
-        c->n_grid_offsets = 0;
-        c->any_head_offset = false;
-    }
+     * non-zero one (SPEC §2: attention keys are ignored for full attention); equal rows are one row */
+    if (!rc) normalize_offsets(c);
 done:
     json_decref(root);
     return rc;
@@ -540,7 +673,15 @@ static json_t *attention_json(const ps_config *c) {
     json_object_set_new(a, "local_window", json_integer(c->local_window));
     json_object_set_new(a, "gate", json_string(c->gate == PS_GATE_UNIFORM ? "uniform" : "learned"));
     json_object_set_new(a, "payload", json_string(c->payload == PS_PAYLOAD_SHARED ? "shared" : "per_offset"));
-    if (c->any_head_offset) { /* only when non-zero: every base-model config (and its hash) stays as it was */
+    if (ps_config_per_layer_offsets(c)) { /* [n_layers][n_kv_heads] */
+        json_t *arr = json_array();
+        for (int64_t l = 0; l < c->n_offset_layers; l++) {
+            json_t *row = json_array();
+            for (int64_t g = 0; g < c->n_kv_heads; g++) json_array_append_new(row, json_integer(ps_config_grid_offset(c, l, g)));
+            json_array_append_new(arr, row);
+        }
+        json_object_set_new(a, "head_offsets", arr);
+    } else if (c->any_head_offset) { /* only when non-zero: every base-model config (and its hash) stays as it was */
         json_t *arr = json_array();
         for (int64_t g = 0; g < c->n_kv_heads && g < PS_MAX_GRID_HEADS; g++) json_array_append_new(arr, json_integer(c->head_offsets[g]));
         json_object_set_new(a, "head_offsets", arr);

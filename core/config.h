@@ -28,6 +28,9 @@ typedef enum { PS_BOUNDARIES_GRID = 0, PS_BOUNDARIES_CONTENT = 1 } ps_boundaries
 
 /* Most KV heads whose window grids may be offset (attention.head_offsets). */
 #define PS_MAX_GRID_HEADS 256
+/* Most (layer, KV head) offsets of a per-layer grid (attention.head_offsets "staggered_layers" or a
+ * [n_layers][n_kv_heads] list): n_layers * n_kv_heads must not exceed it. */
+#define PS_MAX_GRID_OFFSETS 4096
 
 /* Upper bound on every integer dimension; keeps all size products far from int64 overflow. */
 #define PS_MAX_DIM ((int64_t)1 << 24)
@@ -49,8 +52,14 @@ typedef struct {
      * 0 <= head_offsets[g] < S. All 0 (the default, and the base model of SPEC §2) unless
      * attention.head_offsets is given; any_head_offset says whether one is non-zero. */
     int64_t head_offsets[PS_MAX_GRID_HEADS];
-    int64_t n_grid_offsets; /* entries given (must be n_kv_heads); -1 while "staggered" is unresolved */
-    bool any_head_offset;
+    int64_t n_grid_offsets; /* entries given (per layer: must be n_kv_heads); -1 while "staggered" is unresolved */
+    bool any_head_offset;   /* some offset (of any layer) is non-zero */
+    /* Per-layer grids (docs/mitigations.md, "Per-layer grids"): window j of KV head g in layer l covers
+     * j*S + layer_offsets[l*n_kv_heads + g] + i. n_offset_layers is n_layers when the layers' offsets differ
+     * (head_offsets is then all 0 and unused), 0 when one row is shared by every layer (head_offsets holds
+     * it), -1 while "staggered_layers" is unresolved. Read offsets through ps_config_grid_offset. */
+    int32_t layer_offsets[PS_MAX_GRID_OFFSETS];
+    int64_t n_offset_layers;
     /* Content-defined chunk boundaries (docs/mitigations.md §4; attention.boundaries "content"): chunks of
      * chunk_min .. W tokens whose ends depend on the token ids, mean length S (core/chunks.h). GRID (the
      * default) is SPEC §2; chunk_min is 0 then. */
@@ -108,10 +117,25 @@ int ps_config_save_hf(const ps_config *c, const char *dtype, const char *path, p
 /* 16 hex digits: FNV-1a 64 over the canonical JSON of the config. */
 void ps_config_hash(const ps_config *c, char out[17]);
 
-/* Start offset of KV head g's window grid (0 unless attention.head_offsets is given). */
-static inline int64_t ps_config_head_offset(const ps_config *c, int64_t g) {
-    return c->any_head_offset && g < PS_MAX_GRID_HEADS ? c->head_offsets[g] : 0;
+/* Start offset of KV head g's window grid in layer l (0 unless attention.head_offsets is given). */
+static inline int64_t ps_config_grid_offset(const ps_config *c, int64_t l, int64_t g) {
+    if (!c->any_head_offset || g < 0 || g >= PS_MAX_GRID_HEADS) return 0;
+    if (c->n_offset_layers > 0)
+        return l >= 0 && l < c->n_offset_layers && g < c->n_kv_heads ? c->layer_offsets[l * c->n_kv_heads + g] : 0;
+    return c->head_offsets[g];
 }
+
+/* Whether the layers' grids differ (a per-layer grid: attention.head_offsets "staggered_layers" or a 2-D list). */
+static inline bool ps_config_per_layer_offsets(const ps_config *c) { return c->any_head_offset && c->n_offset_layers > 0; }
+
+/* The multiplier k of "staggered_layers", o_{l,g} = (floor(g*S/n_kv) + l*k) mod S: the integer in [1, S) coprime
+ * with S nearest (2 - phi)*S ~ 0.382*S (ties to the smaller; S = 8: k = 3; S = 1: 0). */
+int64_t ps_config_layer_stagger(int64_t S);
+
+/* Set the grid offsets of a compressed config: o [rows][n_kv_heads], rows 1 (one row for every layer) or
+ * n_layers (a per-layer grid); each in [0, stride). Normalised as the parser does (identical rows become one,
+ * all zero the base grid). An error names attention.head_offsets. */
+int ps_config_set_grid_offsets(ps_config *c, const int64_t *o, int64_t rows, ps_error *err);
 
 /* Number of compressed windows wholly inside a sequence of T tokens (0 for full attention). With content
  * boundaries: the most chunks a sequence of T tokens can have, floor(T / chunk_min) (the padded chunk axis). */

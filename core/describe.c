@@ -130,6 +130,19 @@ int ps_model_describe_config(const json_t *cfg, ps_model_desc *d, ps_error *err)
         const json_t *ho = json_object_get(att, "head_offsets");
         char stag[160] = "";
         int any = 0, run = 1; /* run: offsets 0, 1, 2, ... by KV head ("staggered 0–7") */
+        if (json_array_size(ho) > 0 && json_is_array(json_array_get(ho, 0))) {
+            /* a per-layer grid [n_layers][n_kv_heads]: "staggered_layers" when it is that formula */
+            size_t nl = json_array_size(ho), nkv = json_array_size(json_array_get(ho, 0));
+            int64_t k = ps_config_layer_stagger(s);
+            int stl = 1;
+            for (size_t l = 0; l < nl; l++)
+                for (size_t g = 0; g < nkv; g++)
+                    stl &= json_integer_value(json_array_get(json_array_get(ho, l), g)) ==
+                           (json_int_t)(((int64_t)g * s / (int64_t)nkv + (int64_t)l * k) % s);
+            if (stl) snprintf(stag, sizeof stag, ", staggered by layer (k %lld)", (long long)k);
+            else snprintf(stag, sizeof stag, ", per-layer offsets");
+            ho = NULL;
+        }
         for (size_t i = 0; i < json_array_size(ho); i++) {
             any |= json_integer_value(json_array_get(ho, i)) != 0;
             run &= json_integer_value(json_array_get(ho, i)) == (json_int_t)i;

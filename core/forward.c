@@ -218,22 +218,42 @@ int ps_acts_set_phase(ps_acts *a, const int64_t *shift, ps_error *err) {
     if (!shift && !c->any_head_offset) { /* the base grid */
         free(a->woff);
         a->woff = NULL;
+        a->woff_layers = 0;
         a->geom.woff = NULL;
         return 0;
     }
-    if (!a->woff && !(a->woff = malloc((size_t)(B * nkv) * sizeof *a->woff)))
+    int64_t nL = ps_config_per_layer_offsets(c) ? c->n_layers : 1; /* a per-layer grid: one [B, nkv] table per layer */
+    if (a->woff && a->woff_layers != nL) {
+        free(a->woff);
+        a->woff = NULL;
+    }
+    if (!a->woff && !(a->woff = malloc((size_t)(nL * B * nkv) * sizeof *a->woff)))
         return ps_fail(err, "out of memory for the window offsets of %lld sequences", (long long)B);
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t g = 0; g < nkv; g++) a->woff[b * nkv + g] = (ps_config_head_offset(c, g) + (shift ? shift[b] : 0)) % S;
+    a->woff_layers = nL;
+    for (int64_t l = 0; l < nL; l++)
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t g = 0; g < nkv; g++)
+                a->woff[(l * B + b) * nkv + g] = (ps_config_grid_offset(c, l, g) + (shift ? shift[b] : 0)) % S;
     a->geom.woff = a->woff;
     return 0;
 }
 
-ps_windows ps_acts_windows(const ps_acts *a) {
+const int64_t *ps_acts_woff(const ps_acts *a, int64_t l) {
+    if (!a->woff) return NULL;
+    return a->woff_layers > 1 && l >= 0 && l < a->woff_layers ? a->woff + l * a->B * a->cfg->n_kv_heads : a->woff;
+}
+
+ps_attn_geom ps_acts_geom(const ps_acts *a, int64_t l) {
+    ps_attn_geom g = a->geom;
+    if (g.compressed) g.woff = ps_acts_woff(a, l);
+    return g;
+}
+
+ps_windows ps_acts_windows(const ps_acts *a, int64_t l) {
     const ps_config *c = a->cfg;
     if (c->boundaries == PS_BOUNDARIES_CONTENT)
         return ps_windows_chunks(a->win_start, a->win_len, a->cs, a->cl, a->B, a->T, a->nW, c->window, c->n_kv_heads);
-    return ps_windows_grid(a->win_start, a->win_len, a->B, a->T, a->nW, c->window, c->stride, c->n_kv_heads, a->woff);
+    return ps_windows_grid(a->win_start, a->win_len, a->B, a->T, a->nW, c->window, c->stride, c->n_kv_heads, ps_acts_woff(a, l));
 }
 
 int ps_acts_set_chunks(ps_acts *a, const int32_t *tokens, ps_error *err) {
@@ -361,7 +381,7 @@ double ps_prof_now(void) {
 static int attention(ps_acts *a, int l, const ps_act_ptrs *pp, const ps_hooks *hooks, ps_error *err) {
     ps_ctx *ctx = a->ctx;
     ps_profile *prof = a->prof;
-    const ps_attn_geom *g = &a->geom;
+    const ps_attn_geom gl = ps_acts_geom(a, l), *g = &gl; /* layer l's window grid */
     ps_act_ptrs p = *pp;
     OPS(PS_PROF_ATTENTION, ps_attn_forward(ctx, p.z, p.lse, p.q, p.k, p.v, p.ck, p.cv, g));
     if (!ps_hooks_on(hooks, l, PS_HOOK_PATTERN)) return 0;
@@ -525,7 +545,7 @@ static int layer_forward_pre(const ps_model *m, ps_acts *a, int l, const ps_hook
         int learned = c->gate == PS_GATE_LEARNED, shared = c->payload == PS_PAYLOAD_SHARED;
         if (c->boundaries == PS_BOUNDARIES_CONTENT && !a->chunks_set)
             return ps_fail(err, "content chunk boundaries (attention.boundaries \"content\") need the batch's tokens: run ps_forward on these activations first");
-        const ps_windows wt = ps_acts_windows(a), *win = &wt; /* the base grid, a staggered grid or content chunks */
+        const ps_windows wt = ps_acts_windows(a, l), *win = &wt; /* the base grid, layer l's offset grid or content chunks */
         OPS(PS_PROF_COMPRESSOR,
             ps_gate(ctx, p.gz_k, p.ga_k, p.ln1, learned ? w.key_gate_w : NULL, w.key_gate_b, d, win) ||
                 ps_gate(ctx, p.gz_v, p.ga_v, p.ln1, learned ? w.value_gate_w : NULL, w.value_gate_b, d, win));
@@ -639,12 +659,13 @@ static int last_layer_rows(const ps_model *m, ps_acts *a, const int64_t *rows, i
     int64_t BT = a->B * a->T, d = c->d_model, qd = c->n_heads * c->head_dim, dff = c->d_ff, V = c->vocab_size;
     float eps = (float)c->rms_eps;
     const float *h = a->p.resid + (int64_t)l * BT * d;
+    const ps_attn_geom gl = ps_acts_geom(a, l); /* the last layer's window grid */
     float *buf = acts_scratch(a, &a->rows_buf, &a->rows_n, n * (qd + 4 * d + 3 * dff + V) + 2 * n, "answer-row scratch", err);
     if (!buf) return -1;
     float *z = buf, *ao = z + n * qd, *mid = ao + n * d, *ln = mid + n * d, *hh = ln + n * d, *g = hh + n * d,
           *u = g + n * dff, *mh = u + n * dff, *lg = mh + n * dff, *rs = lg + n * V;
     OPS(PS_PROF_OTHER,
-        ps_attn_rows(ctx, z, rows, n, p.q, p.k, p.v, p.ck, p.cv, &a->geom) || ps_matmul(ctx, ao, z, w.wo, n, qd, d, 0) ||
+        ps_attn_rows(ctx, z, rows, n, p.q, p.k, p.v, p.ck, p.cv, &gl) || ps_matmul(ctx, ao, z, w.wo, n, qd, d, 0) ||
             ps_gather_rows(ctx, mid, h, ao, rows, n, d) || ps_rmsnorm(ctx, ln, rs, mid, w.post_norm, n, d, eps) ||
             ps_matmul(ctx, g, ln, w.mlp_gate, n, d, dff, 0) || ps_matmul(ctx, u, ln, w.mlp_up, n, d, dff, 0) ||
             ps_swiglu(ctx, mh, g, u, n * dff) || ps_matmul(ctx, hh, mh, w.mlp_down, n, dff, d, 0) ||

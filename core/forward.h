@@ -85,10 +85,12 @@ typedef struct {
     float *logits_host;    /* host copy of the logits (device backends only) */
     int64_t max_rows, n_rows; /* rows mode (max_rows > 0): logits only at rows[0..n_rows) (row = b·T + t) */
     int64_t *rows;
-    /* Window grid offsets [B, nkv] (host; compressed models only): NULL for the base grid, else
-     * (attention.head_offsets[g] + shift[b]) mod S, shift from ps_acts_set_phase (0 unless set). geom.woff
-     * points here. */
+    /* Window grid offsets [woff_layers, B, nkv] (host; compressed models only): NULL for the base grid, else
+     * (o_{l,g} + shift[b]) mod S with o_{l,g} = ps_config_grid_offset (attention.head_offsets), shift from
+     * ps_acts_set_phase (0 unless set). woff_layers is n_layers for a per-layer grid, else 1 (every layer's).
+     * geom.woff points at layer 0's table: a layer's pass takes ps_acts_geom(a, l). */
     int64_t *woff;
+    int64_t woff_layers;
     /* Content chunk boundaries (attention.boundaries "content", docs/mitigations.md §4; host, else NULL):
      * chunk starts cs, lengths cl (0: absent) and last positions cend (INT64_MAX: absent) [B, nW], set from
      * the tokens by ps_forward (ps_acts_set_chunks); geom.cend points at cend. chunks_set: they are. */
@@ -121,14 +123,19 @@ int ps_acts_set_rows(ps_acts *a, const int64_t *rows, int64_t n, ps_error *err);
 int ps_acts_set_answer_rows(ps_acts *a, const ps_batch *view, ps_error *err);
 
 /* Phase augmentation (docs/mitigations.md): shift[b] in [0, S) moves sequence b's window grid by shift[b]
- * (window j of KV head g at jS + (head_offsets[g] + shift[b]) mod S + i) for the next passes; shift NULL
+ * (window j of KV head g in layer l at jS + (o_{l,g} + shift[b]) mod S + i) for the next passes; shift NULL
  * restores the config's grid. Compressed models only; an error on any other, or for a shift outside [0, S). */
 int ps_acts_set_phase(ps_acts *a, const int64_t *shift, ps_error *err);
 
-/* The window table of the compressor as the activations stand (the base grid, woff's staggered grid, or
- * the content chunks of ps_acts_set_chunks), for the compressor ops; a grid is written into win_start /
- * win_len (the table points there, or at cs / cl). */
-ps_windows ps_acts_windows(const ps_acts *a);
+/* Layer l's window offsets [B, nkv] as the activations stand (NULL: the base grid), and a->geom with them: the
+ * geometry layer l's attention ops take (a per-layer grid differs by layer; any other, the same for all). */
+const int64_t *ps_acts_woff(const ps_acts *a, int64_t l);
+ps_attn_geom ps_acts_geom(const ps_acts *a, int64_t l);
+
+/* Layer l's window table of the compressor as the activations stand (the base grid, woff's offset grid of
+ * layer l, or the content chunks of ps_acts_set_chunks), for the compressor ops; a grid is written into
+ * win_start / win_len (the table points there, or at cs / cl), so it holds until the next call. */
+ps_windows ps_acts_windows(const ps_acts *a, int64_t l);
 
 /* Content chunk boundaries (docs/mitigations.md §4): the chunk tables of tokens [B, T] (ps_forward calls it;
  * a pass that starts from a kept residual, ps_forward_from, uses the tables of the last ps_forward). A no-op

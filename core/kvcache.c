@@ -502,10 +502,10 @@ static void model_drop(ps_kvcache *kv, int seq) {
     if (seq >= 0 && seq < kv->n_seq && kv->seqs[seq].live) seq_free(kv, &kv->seqs[seq]);
 }
 
-/* Entries of KV head g (grid offset off) that have ended by position t (t = -1: none). */
-static int64_t grid_entries(const ps_config *c, int64_t g, int64_t t) {
+/* Entries of KV head g in layer l (its grid offset) that have ended by position t (t = -1: none). */
+static int64_t grid_entries(const ps_config *c, int64_t l, int64_t g, int64_t t) {
     if (t < 0) return 0;
-    return ps_windows_seen_at(t, ps_config_head_offset(c, g), c->window, c->stride, INT64_MAX);
+    return ps_windows_seen_at(t, ps_config_grid_offset(c, l, g), c->window, c->stride, INT64_MAX);
 }
 
 static int model_truncate(ps_kvcache *kv, int seq, int64_t T, ps_error *err) {
@@ -549,7 +549,7 @@ static int model_truncate(ps_kvcache *kv, int seq, int64_t T, ps_error *err) {
         if (!comp) continue;
         rows_truncate(kv, &L->ln, T);
         for (int64_t g = 0; g < c->n_kv_heads; g++) {
-            int64_t n = content ? nc : grid_entries(c, g, T - 1);
+            int64_t n = content ? nc : grid_entries(c, l, g, T - 1);
             rows_truncate(kv, &L->ck[g], n);
             rows_truncate(kv, &L->cv[g], n);
         }
@@ -895,7 +895,7 @@ static int attn_grid(ps_kvcache *kv, int l, const kv_piece *P, int np, int64_t R
                     if (content) {
                         if (chunk_len[r]) start[g] = t - chunk_len[r] + 1, len[g] = chunk_len[r];
                     } else {
-                        int64_t off = ps_config_head_offset(c, g), u = t - off - W + 1; /* = jS for window j */
+                        int64_t off = ps_config_grid_offset(c, l, g), u = t - off - W + 1; /* = jS for window j (layer l's grid) */
                         if (u >= 0 && u % S == 0) start[g] = u + off, len[g] = W;
                     }
                     any |= start[g] >= 0;

@@ -25,8 +25,10 @@ static int prefill_specs(pf_spec *s, ps_prefill *p, const ps_config *c, int64_t 
     int64_t N1 = sel ? ps_select_n_windows(T_max, W, S) : 0, N2 = sel ? ps_select_n_windows(T_max, 4 * W, 4 * S) : 0,
             nb = sel ? ps_select_n_blocks(&sc, T_max) : 0, ns = sel ? ps_select_slots(&sc) : 0;
     int64_t krows = comp ? hk + C : T_max;
-    /* windows completed inside one chunk: at most those ending in it */
-    int64_t nwin = comp ? C / S + 2 : 0;
+    /* windows completed inside one chunk: at most those ending in it (offset grids: per head, from the fewest
+     * done to the most, one more) */
+    int offs = comp && c->any_head_offset;
+    int64_t nwin = comp ? C / S + 2 + offs : 0;
     int k = 0;
 #define SPEC(field, count) s[k++] = (pf_spec){&(field), (count)}
     for (int64_t l = 0; l < c->n_layers; l++) {
@@ -46,7 +48,7 @@ static int prefill_specs(pf_spec *s, ps_prefill *p, const ps_config *c, int64_t 
     SPEC(p->q_pre, C * nh * hd);
     SPEC(p->q, C * nh * hd);
     SPEC(p->k_pre, C * ks);
-    SPEC(p->rstd, C * (nh > nkv ? nh : nkv) + (ha + C));
+    SPEC(p->rstd, C * (nh > nkv ? nh : nkv) + (ha + C) + nwin * nkv);
     SPEC(p->z, C * nh * hd);
     SPEC(p->attn_out, C * d);
     SPEC(p->mid, C * d);
@@ -63,6 +65,8 @@ static int prefill_specs(pf_spec *s, ps_prefill *p, const ps_config *c, int64_t 
     SPEC(p->pk, nwin * W * ks);
     SPEC(p->pv, nwin * W * ks);
     SPEC(p->ck_pre, nwin * ks);
+    SPEC(p->ck_new, offs ? nwin * ks : 0);
+    SPEC(p->cv_new, offs ? nwin * ks : 0);
     SPEC(p->pscratch, comp && c->payload == PS_PAYLOAD_SHARED ? (ha + C) * ks : 0);
     SPEC(p->tmp, comp ? (hk * ks > ha * d ? hk * ks : ha * d) + 1 : 0);
     SPEC(p->rope_cos, c->rope ? T_max * (hd / 2) : 0);
@@ -91,7 +95,7 @@ double ps_prefill_bytes(const ps_config *c, int64_t T_max, int64_t chunk) {
     ps_prefill_layer *layers = calloc((size_t)c->n_layers, sizeof *layers);
     if (!layers) return -1;
     p.layers = layers;
-    pf_spec *s = malloc((size_t)(7 * c->n_layers + 40) * sizeof *s);
+    pf_spec *s = malloc((size_t)(7 * c->n_layers + 42) * sizeof *s);
     double tot = 0;
     if (s) {
         int n = prefill_specs(s, &p, c, T_max, chunk, nW_max, hk, ha);
@@ -105,6 +109,7 @@ double ps_prefill_bytes(const ps_config *c, int64_t T_max, int64_t chunk) {
 void ps_prefill_free(ps_prefill *p) {
     if (p->ctx) ps_buf_free(p->ctx, p->buf, p->n_floats * (int64_t)sizeof(float));
     free(p->layers);
+    free(p->woff);
     memset(p, 0, sizeof *p);
 }
 
@@ -116,8 +121,6 @@ int ps_prefill_create(ps_prefill *p, const ps_model *m, int64_t T_max, int64_t c
     if (T_max > c->max_seq_len)
         return ps_fail(err, "sequence of %lld tokens exceeds max_seq_len %lld", (long long)T_max, (long long)c->max_seq_len);
     if (c->kind == PS_ATTN_CHANNEL) return ps_fail(err, "the chunked prefill does not support the channel attention (run prompts whole)");
-    if (c->kind == PS_ATTN_COMPRESSED && c->any_head_offset)
-        return ps_fail(err, "the chunked prefill does not support window grids with offsets (attention.head_offsets; run prompts whole)");
     if (c->kind == PS_ATTN_COMPRESSED && c->boundaries == PS_BOUNDARIES_CONTENT)
         return ps_fail(err, "the chunked prefill does not support content chunk boundaries (attention.boundaries \"content\"; run prompts whole)");
     if (chunk > T_max) chunk = T_max;
@@ -127,8 +130,13 @@ int ps_prefill_create(ps_prefill *p, const ps_model *m, int64_t T_max, int64_t c
     p->chunk = chunk;
     geometry(c, T_max, &p->nW_max, &p->hist_k, &p->hist_a);
     p->layers = calloc((size_t)c->n_layers, sizeof *p->layers);
-    pf_spec *s = malloc((size_t)(7 * c->n_layers + 40) * sizeof *s);
-    if (!p->layers || !s) {
+    pf_spec *s = malloc((size_t)(7 * c->n_layers + 42) * sizeof *s);
+    if (c->kind == PS_ATTN_COMPRESSED && c->any_head_offset) { /* each layer's grid offsets */
+        p->woff = malloc((size_t)(c->n_layers * c->n_kv_heads) * sizeof *p->woff);
+        for (int64_t l = 0; p->woff && l < c->n_layers; l++)
+            for (int64_t g = 0; g < c->n_kv_heads; g++) p->woff[l * c->n_kv_heads + g] = ps_config_grid_offset(c, l, g);
+    }
+    if (!p->layers || !s || (c->kind == PS_ATTN_COMPRESSED && c->any_head_offset && !p->woff)) {
         free(s);
         ps_prefill_free(p);
         return ps_fail(err, "out of memory for the prefill tables of %lld layers", (long long)c->n_layers);
@@ -203,6 +211,66 @@ static int select_chunk(ps_prefill *p, int l, int64_t t0, int64_t t1, int64_t T,
                : 0;
 }
 
+/* Offset grids (layer l's offsets woff [nkv]): the windows of each KV head that end in the chunk [t0, t1),
+ * pooled from the compressor frame L->a (ha history rows, then the chunk) into ck / cv at their indices. Head
+ * g has done[g] windows before the chunk and tot[g] after; the table spans indices [j0, j1) (the fewest done,
+ * the most after), with the windows a head has not got here (done already, or not ended yet) absent: their
+ * pooled entries are 0 and only those of a head's new windows are copied. */
+static int offset_windows(ps_prefill *p, int l, const int64_t *woff, int64_t t0, int64_t t1, int64_t ha) {
+    const ps_model *m = p->m;
+    const ps_config *c = &m->cfg;
+    ps_ctx *ctx = p->ctx;
+    ps_layer_params w = ps_model_layer(m, m->params, l);
+    ps_prefill_layer *L = &p->layers[l];
+    int64_t nkv = c->n_kv_heads, hd = c->head_dim, ks = nkv * hd, d = c->d_model, W = c->window, S = c->stride, half = hd / 2;
+    int64_t j0 = INT64_MAX, j1 = 0, fs = t0 - ha, Tw = ha + (t1 - t0); /* fs: the frame's first position */
+    for (int64_t g = 0; g < nkv; g++) {
+        int64_t dn = t0 > 0 ? ps_windows_seen_at(t0 - 1, woff[g], W, S, p->nW_max) : 0, tt = ps_windows_seen_at(t1 - 1, woff[g], W, S, p->nW_max);
+        j0 = dn < j0 ? dn : j0;
+        j1 = tt > j1 ? tt : j1;
+    }
+    int64_t nn = j1 - j0;
+    if (nn <= 0) return 0;
+    if (nn > (t1 - t0) / S + 3)
+        return ps_ctx_fail(ctx, "prefill: %lld windows of an offset grid in a chunk of %lld tokens (at most %lld)", (long long)nn,
+                           (long long)(t1 - t0), (long long)((t1 - t0) / S + 3));
+    int64_t *tab = malloc((size_t)(2 * nn * nkv) * sizeof *tab);
+    char *fresh = malloc((size_t)(nn * nkv));
+    if (!tab || !fresh) {
+        free(tab);
+        free(fresh);
+        return ps_ctx_fail(ctx, "prefill: out of memory for the window table of %lld windows", (long long)nn);
+    }
+    int64_t *start = tab, *len = tab + nn * nkv;
+    for (int64_t j = 0; j < nn; j++)
+        for (int64_t g = 0; g < nkv; g++) {
+            int64_t J = j0 + j, e = j * nkv + g, s0 = J * S + woff[g]; /* window J of head g: positions s0 .. s0 + W - 1 */
+            int64_t dn = t0 > 0 ? ps_windows_seen_at(t0 - 1, woff[g], W, S, p->nW_max) : 0;
+            fresh[e] = J >= dn; /* not pooled before: this chunk writes its entry (0 while it has not ended) */
+            int ends = J >= dn && s0 + W - 1 <= t1 - 1 && J < p->nW_max;
+            start[e] = ends ? s0 - fs : -1, len[e] = ends ? W : 0;
+        }
+    ps_windows wt = {.B = 1, .T = Tw, .nW = nn, .nkv = nkv, .W = W, .H = nkv, .S = 0, .start = start, .len = len};
+    int learned = c->gate == PS_GATE_LEARNED, shared = c->payload == PS_PAYLOAD_SHARED;
+    const float *cos_f = c->rope ? p->rope_cos + fs * half : NULL, *sin_f = c->rope ? p->rope_sin + fs * half : NULL;
+    int rc = ps_gate(ctx, p->gz_k, p->ga_k, L->a, learned ? w.key_gate_w : NULL, w.key_gate_b, d, &wt) ||
+             ps_gate(ctx, p->gz_v, p->ga_v, L->a, learned ? w.value_gate_w : NULL, w.value_gate_b, d, &wt) ||
+             ps_payload(ctx, p->pk, L->a, w.key_payload, shared, p->pscratch, d, hd, &wt) ||
+             ps_payload(ctx, p->pv, L->a, w.value_payload, shared, p->pscratch, d, hd, &wt) ||
+             ps_pool(ctx, p->ck_pre, p->ga_k, p->pk, 1, nn, W, nkv, hd) || ps_pool(ctx, p->cv_new, p->ga_v, p->pv, 1, nn, W, nkv, hd) ||
+             (c->qk_norm ? ps_rmsnorm(ctx, p->ck_new, p->rstd, p->ck_pre, w.knorm, nn * nkv, hd, (float)c->rms_eps)
+                         : ps_copy(ctx, p->ck_new, p->ck_pre, nn * ks)) ||
+             (c->rope && ps_rope_windows(ctx, p->ck_new, cos_f, sin_f, hd, &wt, 0));
+    for (int64_t e = 0; e < nn * nkv && !rc; e++) {
+        int64_t J = j0 + e / nkv, g = e % nkv;
+        if (!fresh[e] || J >= p->nW_max) continue;
+        rc = ps_copy(ctx, L->ck + J * ks + g * hd, p->ck_new + e * hd, hd) || ps_copy(ctx, L->cv + J * ks + g * hd, p->cv_new + e * hd, hd);
+    }
+    free(tab);
+    free(fresh);
+    return rc ? -1 : 0;
+}
+
 /* One layer over the chunk [t0, t1) of T tokens: p->x is its input and becomes its output. */
 static int layer_chunk(ps_prefill *p, int l, int64_t t0, int64_t t1, int64_t T, int64_t *nw_done) {
     const ps_model *m = p->m;
@@ -241,7 +309,16 @@ static int layer_chunk(ps_prefill *p, int l, int64_t t0, int64_t t1, int64_t T, 
     if (c->rope && (ps_rope(ctx, p->q, cos_t, sin_t, 1, C, nh, hd, 1) || ps_rope(ctx, kdst, cos_t, sin_t, 1, C, nkv, hd, 1)))
         return -1;
     ps_attn_frame f = {.nh = nh, .nkv = nkv, .hd = hd, .compressed = comp, .Tq = C, .Tk = hk + C, .q_off = hk, .pos0 = t0 - hk};
-    if (comp) {
+    const int64_t *woff = comp && p->woff ? p->woff + (int64_t)l * nkv : NULL; /* layer l's grid offsets */
+    if (woff) {
+        if (offset_windows(p, l, woff, t0, t1, ha)) return -1;
+        int64_t nw = 0;
+        for (int64_t g = 0; g < nkv; g++) {
+            int64_t e = ps_windows_seen_at(t1 - 1, woff[g], W, S, p->nW_max);
+            nw = e > nw ? e : nw;
+        }
+        f.W = W, f.S = S, f.LW = c->local_window, f.nW = nw, f.woff = woff;
+    } else if (comp) {
         /* windows completed by t1 that were not before: pooled from the frame's rows */
         int64_t nw_tot = ps_windows_seen(t1 - 1, W, S, p->nW_max), j0 = *nw_done, nn = nw_tot - j0;
         if (nn > 0) {

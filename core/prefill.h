@@ -12,6 +12,8 @@
  *     pooled keys of every window completed so far (pooled when the chunk holding its last token runs). Every
  *     chunk takes the path a whole forward over the T tokens takes (dense below dense_len) and chooses blocks
  *     among the blocks of T tokens, so the chunks equal the whole forward.
+ * Offset grids (staggered and per-layer, attention.head_offsets): each KV head's windows close on its own grid
+ * (layer l's offsets), pooled from the compressor frame when their last position arrives.
  * Everything else (q, the MLP, the residual) lives for one chunk. Attention per chunk is ps_attn_chunk:
  * scratch O(T) per thread. Memory: ps_prefill_bytes, linear in T.
  *
@@ -47,6 +49,10 @@ typedef struct {
     float *sel_P, *sel_bs, *sel_blocks; /* select: one chunk's stage-1 scores, block scores, blocks [chunk, nkv, *] */
     float *a_full;        /* full attention: the chunk's RMSNorm'd input [chunk, d] */
     float *rows_x, *rows_ln, *rows_logits, *rows_rstd; /* [R, d] ×2, [R, V], [R]: R = PS_PREFILL_ROWS */
+    /* offset grids (attention.head_offsets; compressed): each layer's offsets woff [n_layers, nkv] (host; NULL:
+     * the base grid), and the chunk's new entries before they enter ck / cv: cv_new, ck_new [windows, nkv, hd] */
+    int64_t *woff;
+    float *ck_new, *cv_new;
     float *buf;
     int64_t n_floats;
 } ps_prefill;

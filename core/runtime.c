@@ -291,6 +291,15 @@ static int model_describe(const ps_runtime *rt, int64_t B, FILE *out, ps_error *
     char *cj = ps_config_to_json(c);
     fprintf(out, "config hash %s\n%s\n\n", hash, cj);
     free(cj);
+    if (ps_config_per_layer_offsets(c)) { /* the config's 2-D list, one line per layer */
+        fprintf(out, "window grid offsets o_{l,g} (attention.head_offsets; a row per layer, a column per KV head)\n");
+        for (int64_t l = 0; l < c->n_layers; l++) {
+            fprintf(out, "  layer %-3lld", (long long)l);
+            for (int64_t g = 0; g < c->n_kv_heads; g++) fprintf(out, " %lld", (long long)ps_config_grid_offset(c, l, g));
+            fprintf(out, "\n");
+        }
+        fprintf(out, "\n");
+    }
 
     const char *groups[] = {"embedding", "attention q/k/v/o", "qk-norm", "compressor payloads", "compressor gates",
                             "layer norms", "mlp", "lm_head (untied)"};

@@ -121,8 +121,9 @@ json_t *ps_gate_acc_to_json(const ps_gate_acc *acc, const ps_config *cfg) {
         for (int g = 0; g < acc->nkv; g++) {
             json_t *ho = json_object();
             json_object_set_new(ho, "head", json_integer(g));
-            /* staggered grids: offset i of this head's windows is absolute phase (grid_offset + i) mod S */
-            if (cfg->any_head_offset) json_object_set_new(ho, "grid_offset", json_integer(ps_config_head_offset(cfg, g)));
+            /* offset grids: offset i of this head's windows is absolute phase (grid_offset + i) mod S, with this
+             * layer's offset o_{l,g} (a per-layer grid differs by layer) */
+            if (cfg->any_head_offset) json_object_set_new(ho, "grid_offset", json_integer(ps_config_grid_offset(cfg, l, g)));
             for (int b = 0; b < 2; b++) {
                 ps_gate_acc_stat(acc, l, g, (ps_branch)b, st);
                 json_t *bo = json_object(), *mg = json_array();

@@ -25,7 +25,7 @@ const ps_command ps_cmd_table = {
         "residue, gap (pp), the detected period (dominant DFT frequency of the residue curve) and the chi-square\n"
         "p-value of accuracy against residue. --out also writes it to a file (atomically). Each file is checked\n"
         "against docs/results-schema.md first; a malformed one is refused, naming the field at fault.\n"
-        "The attention column names staggered grids (attention.head_offsets); the KV column is the KV-cache bytes\n"
+        "The attention column names staggered and per-layer grids (attention.head_offsets); the KV column is the KV-cache bytes\n"
         "per token of the compressed entries (float32; full attention: every token's K and V).\n",
     .positional = "SWEEP.json [MORE.json ...]",
     .max_positional = 256,

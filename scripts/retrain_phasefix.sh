@@ -11,8 +11,11 @@
 #                                                    into data/models/deep_phasefix_sSEED, resumable (below)
 #   scripts/retrain_phasefix.sh select SEED          deep_w8s8's recipe with the select kind (config select_sSEED)
 #                                                    into data/models/deep_select_sSEED, resumable (below)
+#   scripts/retrain_phasefix.sh layerstag SEED       deep_phasefix's recipe with per-layer grids (config
+#                                                    w8s8_layerstag_sSEED: head_offsets "staggered_layers") into
+#                                                    data/models/deep_layerstag_sSEED, resumable (below)
 #   scripts/retrain_phasefix.sh park NAME            copy run NAME's unfinished state into data/runs/NAME (to commit)
-# A seed or select run takes hours; a session may stop in the middle. Each continues from out/phasefix/ where the
+# A seed, select or layerstag run takes hours; a session may stop in the middle. Each continues from out/phasefix/ where the
 # last checkpoint is, else from data/runs/NAME/ (a parked state, committed by `park NAME`), else from scratch.
 # Nothing is written under data/models/ before the run has reached step 8000.
 # The deep recipe is retrain_deep.sh's: train 50 steps at a time (--resume is bit-identical to one run) until
@@ -122,12 +125,15 @@ case "${1:-all}" in
   select) # select SEED: deep_w8s8's recipe with the select kind (issue 46), the same two phases, resumable
     rule_then_end "experiments/configs/deep/select_s$2.json" out/phasefix/deep_select_s$2_rule out/phasefix/deep_select_s$2 \
       "deep_select_s$2" ;;
+  layerstag) # layerstag SEED: deep_phasefix's recipe with o_{l,g} = (g + 3l) mod 8 (docs/mitigations.md 1c), resumable
+    rule_then_end "experiments/configs/deep/w8s8_layerstag_s$2.json" out/phasefix/deep_layerstag_s$2_rule \
+      out/phasefix/deep_layerstag_s$2 "deep_layerstag_s$2" ;;
   park) # park NAME: an unfinished run's state (weights, AdamW state, logs) into data/runs/NAME to be committed
-    # (NAME deep_phasefix_sSEED or deep_select_sSEED)
+    # (NAME deep_phasefix_sSEED, deep_select_sSEED or deep_layerstag_sSEED)
     park=data/runs/$2
     case "$2" in
       deep_phasefix_s*) rule=out/phasefix/deep_w8s8_staggered_s${2#deep_phasefix_s} ;;
-      deep_select_s*) rule=out/phasefix/$2_rule ;;
+      deep_select_s*|deep_layerstag_s*) rule=out/phasefix/$2_rule ;;
       *) echo "park: unknown run $2" >&2; exit 2 ;;
     esac
     rm -rf "$park"
@@ -140,5 +146,5 @@ case "${1:-all}" in
       else cp "${d#*:}"/optimizer-*.safetensors "$park/${d%%:*}/" 2>/dev/null || true; fi
     done
     echo "parked in $park: $(ls "$park" 2>/dev/null | tr '\n' ' ')" ;;
-  *) echo "usage: $0 deep NAME [OUT] | demo NAME SEED [OUT] | short NAME SEED [OUT] | finetune NAME FROM OUT | follow NAME FROM OUT LEADER | all" >&2; exit 2 ;;
+  *) echo "usage: $0 deep NAME [OUT] | demo NAME SEED [OUT] | short NAME SEED [OUT] | finetune NAME FROM OUT | follow NAME FROM OUT LEADER | all | seed SEED | select SEED | layerstag SEED | park NAME" >&2; exit 2 ;;
 esac

@@ -249,7 +249,7 @@ static void ref_forward_impl(const ps_model *m, const int32_t *tok, int T, int s
                 const float *P = br ? w.value_payload : w.key_payload;
                 double *out = br ? cv : ck;
                 for (int g = 0; g < nkv; g++) {
-                    int og = (int)((c->any_head_offset ? c->head_offsets[g] : 0) + shift) % S, p0 = j * S + og;
+                    int og = (int)(ps_config_grid_offset(c, l, g) + shift) % S, p0 = j * S + og;
                     if (p0 + W > T) continue; /* this head's grid has no window j */
                     double zl[4096], al[4096], mx = -1e300, sum = 0;
                     for (int i = 0; i < W; i++) {
@@ -280,7 +280,7 @@ static void ref_forward_impl(const ps_model *m, const int32_t *tok, int T, int s
                 const double *qt = q + (t * nh + n) * hd;
                 double mx = -1e300;
                 /* entries: compressed windows that ended, then raw keys of the local window (or all, full) */
-                int jmax = 0, og = comp ? (int)((c->any_head_offset ? c->head_offsets[g] : 0) + shift) % S : 0;
+                int jmax = 0, og = comp ? (int)(ps_config_grid_offset(c, l, g) + shift) % S : 0;
                 for (int j = 0; j < nW; j++)
                     if (j * S + og + W - 1 <= t) jmax = j + 1;
                 int lo = comp ? (t - LW + 1 > 0 ? t - LW + 1 : 0) : 0;

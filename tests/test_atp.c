@@ -41,10 +41,14 @@ static ps_config cfg_of(ps_attn_kind kind, int staggered) {
     if (kind == PS_ATTN_CHANNEL) c.n_kv_heads = 1, c.rate = 4, c.v4_mode = PS_V4_MODE_CSA, c.local_window = 3;
     /* select: 4-token blocks, 3 of them chosen besides the local one (a 30-token row keeps 4 of 8: sparse) */
     if (kind == PS_ATTN_SELECT) c.stride = 2, c.block = 4, c.topk = 3, c.init_blocks = 1, c.local_blocks = 1, c.dense_len = 0;
-    if (staggered) {
+    if (staggered == 1) {
         c.n_grid_offsets = c.n_kv_heads;
         c.head_offsets[0] = 0, c.head_offsets[1] = 2;
         c.any_head_offset = true;
+    } else if (staggered == 2) { /* a per-layer grid: layer 0 [0, 2], layer 1 [3, 1] */
+        int64_t o[4] = {0, 2, 3, 1};
+        ps_error e;
+        if (c.n_kv_heads != 2 || ps_config_set_grid_offsets(&c, o, 2, &e)) abort();
     }
     return c;
 }
@@ -470,6 +474,7 @@ int main(void) {
     test_estimate(PS_ATTN_FULL, 0, PS_KO_RAW, PS_ATP_FIX_NONE, "full, target raw, fix none");
     test_estimate(PS_ATTN_FULL, 0, PS_KO_RAW, PS_ATP_FIX_QK, "full, target raw, fix qk");
     test_estimate(PS_ATTN_COMPRESSED, 1, PS_KO_COMPRESSED, PS_ATP_FIX_QK, "staggered, target compressed, fix qk");
+    test_estimate(PS_ATTN_COMPRESSED, 2, PS_KO_COMPRESSED, PS_ATP_FIX_QK, "per-layer grid, target compressed, fix qk");
     test_estimate(PS_ATTN_CHANNEL, 0, PS_KO_COMPRESSED, PS_ATP_FIX_NONE, "channel, target compressed, fix none");
     test_estimate(PS_ATTN_CHANNEL, 0, PS_KO_RAW, PS_ATP_FIX_NONE, "channel, target raw, fix none");
     test_estimate(PS_ATTN_SELECT, 0, PS_KO_RAW, PS_ATP_FIX_NONE, "select, target raw, fix none");

@@ -570,7 +570,8 @@ static void test_attention(ps_attn_geom g, const char *label) {
     for (int64_t q_off = 0; q_off < T; q_off += T / 3 + 1) {
         int64_t Tq = T - q_off < T / 3 + 1 ? T - q_off : T / 3 + 1;
         ps_attn_frame f = {.nh = g.nh, .nkv = g.nkv, .hd = g.hd, .compressed = g.compressed, .W = g.W, .S = g.S, .LW = g.LW,
-                           .nW = g.nW, .Tq = Tq, .Tk = T, .q_off = q_off, .pos0 = 0};
+                           .nW = g.nW, .Tq = Tq, .Tk = T, .q_off = q_off, .pos0 = 0,
+                           .woff = g.compressed && !g.cend ? g.woff : NULL}; /* sequence 0's grid offsets [nkv] */
         int64_t nz = Tq * g.nh * g.hd;
         float *zc = rnd(nz, 86, 1), *dzc = up(zc, nz);
         ps_attn_chunk(CPU, zc, q + q_off * g.nh * g.hd, k, v, ck, cv, &f);

@@ -2,7 +2,7 @@
  *
  * Property: for random configs (seeded) of every attention kind the cache supports — full; compressed W/S
  * with S <= W (overlapping windows), learned or uniform gates, per-offset or shared payloads, RoPE and
- * qk-norm on or off, local windows shorter and longer than W; staggered grids; content-defined chunks —
+ * qk-norm on or off, local windows shorter and longer than W; staggered grids, per-layer grids; content-defined chunks —
  * a batch of sequences of different lengths grown by appends of random sizes (1 token, or chunks whose
  * ends fall anywhere in a window; steps of a few rows so appends are split too) gives at every appended
  * position the logits of ps_forward on the whole sequence at that position, within TOL of max|ref| of
@@ -75,7 +75,7 @@ static void check_entries(const char *label, const ps_kvcache *kv, int s, const 
                 int64_t want = 0;
                 for (int64_t j = 0; j < nW; j++) {
                     int64_t end = chn ? (j + 1) * c->rate - 1
-                                      : r->a.cend ? r->a.cend[j] : j * c->stride + ps_config_head_offset(c, g) + c->window - 1;
+                                      : r->a.cend ? r->a.cend[j] : j * c->stride + ps_config_grid_offset(c, l, g) + c->window - 1;
                     if (end <= T - 1) want++;
                 }
                 int64_t have = ps_kvcache_n_entries(kv, s, l, (int)g);
@@ -244,17 +244,48 @@ static void test_property(void) {
     printf("  entries    max relative error %.3g\n", worst_entries);
 }
 
+/* Per-layer grids: appends of random lengths against the whole-sequence forward (logits and every cached entry,
+ * whose count follows each layer's own grid). */
+static void test_layer_offsets(void) {
+    ps_rng g;
+    ps_rng_seed(&g, 2027);
+    double before = worst_logits;
+    worst_logits = 0;
+    for (int rep = 0; rep < 4; rep++) {
+        ps_config c = random_config(&g, 1);
+        int64_t o[2 * PS_MAX_GRID_HEADS];
+        for (int64_t i = 0; i < 2 * c.n_kv_heads; i++) o[i] = ps_rng_below(&g, c.stride);
+        if (c.stride > 1) o[c.n_kv_heads] = (o[0] + 1) % c.stride; /* the layers differ */
+        ps_error err;
+        REQUIRE_OK(ps_config_set_grid_offsets(&c, o, 2, &err), &err);
+        char label[160];
+        snprintf(label, sizeof label, "per-layer rep %d (W%lld S%lld LW%lld nkv%lld nh%lld)", rep, (long long)c.window,
+                 (long long)c.stride, (long long)c.local_window, (long long)c.n_kv_heads, (long long)c.n_heads);
+        int64_t T[2] = {1 + ps_rng_below(&g, 200), 1 + ps_rng_below(&g, 80)};
+        property_run(label, c, 500 + (uint64_t)rep, 2, T, rep % 2 ? 5 : 64, rep == 3);
+    }
+    printf("  per-layer  max relative logit error %.3g\n", worst_logits);
+    worst_logits = worst_logits > before ? worst_logits : before;
+}
+
 /* fork shares the prefix; both branches equal their own whole-sequence forward; truncate goes back. */
 static void test_fork_truncate(void) {
-    /* kind 0 full, 1 compressed W8/S4, 2 content chunks, 3 the channel attention (CSA, rate 4) */
-    for (int kind = 0; kind < 4; kind++) {
+    /* kind 0 full, 1 compressed W8/S4, 2 content chunks, 3 the channel attention (CSA, rate 4), 4 a per-layer grid
+     * (W8/S4: layer 0's offsets g mod 4, layer 1's moved by 1) */
+    for (int kind = 0; kind < 5; kind++) {
         ps_config c = tu_config(kind == 3 ? PS_ATTN_CHANNEL : kind ? PS_ATTN_COMPRESSED : PS_ATTN_FULL);
         c.n_layers = 2, c.window = 8, c.stride = 4, c.local_window = 6, c.max_seq_len = 400;
         if (kind == 2) c.boundaries = PS_BOUNDARIES_CONTENT, c.chunk_min = 2;
         if (kind == 3) c.n_kv_heads = 1, c.rate = 4, c.v4_mode = PS_V4_MODE_CSA;
+        ps_error err;
+        if (kind == 4) {
+            int64_t o[2 * PS_MAX_GRID_HEADS];
+            for (int64_t l = 0; l < 2; l++)
+                for (int64_t g = 0; g < c.n_kv_heads; g++) o[l * c.n_kv_heads + g] = (g + l) % 4;
+            REQUIRE_OK(ps_config_set_grid_offsets(&c, o, 2, &err), &err);
+        }
         ps_model m;
         tu_random_model(&m, &c, 5, 0.4f);
-        ps_error err;
         int64_t V = c.vocab_size, P = 150, A = 90;
         int32_t tok[2][400];
         tu_random_tokens(tok[0], 400, V, 9);
@@ -1027,6 +1058,7 @@ int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "--backends")) CHECK_DONE();
     test_blocked();
     test_property();
+    test_layer_offsets();
     test_fork_truncate();
     test_bytes();
     test_hooks();

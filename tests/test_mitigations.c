@@ -4,7 +4,9 @@
  * reference (tests/ref_model.c, ref_forward_grid), the grid ops with no offsets against the base ops,
  * the backward against central finite differences of the reference, hooks and gate statistics on a grid
  * whose heads lack a window, and the gate regulariser op against a plain-loop value and its finite
- * differences. */
+ * differences; per-layer grids ("staggered_layers", [n_layers][n_kv_heads]): config forms and refusals, the
+ * forward, gradients and restarts against the reference, a zero-offset layer against the base model's, gate
+ * statistics per layer, the batched knockout, the chunked prefill. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,6 +20,7 @@
 #include "interventions/sweep.h"
 #include "tasks/tasks.h"
 #include "core/model.h"
+#include "core/prefill.h"
 #include "core/ops.h"
 #include "ref_model.h"
 #include "core/rng.h"
@@ -63,7 +66,7 @@ static void test_config_key(void) {
     ps_error err;
     snprintf(buf, sizeof buf, base, ", \"head_offsets\": [0, 3, 5, 7]");
     CHECK_OK(ps_config_parse(buf, strlen(buf), "x.json", &c, &err), &err);
-    CHECK(c.any_head_offset && c.head_offsets[1] == 3 && c.head_offsets[3] == 7 && ps_config_head_offset(&c, 2) == 5,
+    CHECK(c.any_head_offset && c.head_offsets[1] == 3 && c.head_offsets[3] == 7 && ps_config_grid_offset(&c, 0, 2) == 5,
           "offsets parsed");
     char *js = ps_config_to_json(&c);
     ps_config c2;
@@ -304,21 +307,28 @@ static void test_hooks_and_gates(void) {
 /* ---- the knockout grid on staggered grids: the batched path (restarted passes, replicas of the kept
  * compressed entries) against the naive full forward with mean-replacement actions ---- */
 
-static void test_knockout_staggered(void) {
+static void test_knockout_staggered(int per_layer) {
     ps_config c = tu_config(PS_ATTN_COMPRESSED);
     c.n_layers = 2;
     c.max_seq_len = 40;
     c.window = 4; c.stride = 4; c.local_window = 4;
-    int64_t o[16] = {0};
-    for (int64_t g = 0; g < c.n_kv_heads; g++) o[g] = (g * 4 / c.n_kv_heads);
-    set_offsets_n(&c, o, c.n_kv_heads);
+    int64_t o[32] = {0};
+    ps_error err;
+    if (per_layer) { /* layer 1's grid is layer 0's moved by 3 */
+        for (int64_t l = 0; l < 2; l++)
+            for (int64_t g = 0; g < c.n_kv_heads; g++) o[l * c.n_kv_heads + g] = (g * 4 / c.n_kv_heads + 3 * l) % 4;
+        REQUIRE_OK(ps_config_set_grid_offsets(&c, o, 2, &err), &err);
+        CHECK(ps_config_per_layer_offsets(&c), "the test grid is per layer");
+    } else {
+        for (int64_t g = 0; g < c.n_kv_heads; g++) o[g] = (g * 4 / c.n_kv_heads);
+        set_offsets_n(&c, o, c.n_kv_heads);
+    }
     CHECK(c.any_head_offset, "the test grid is offset");
     ps_model m;
     tu_random_model(&m, &c, 300, 0.5f);
     ps_task t = {.kind = PS_TASK_KV, .seq_len = 30, .n_keys = 6, .n_values = 6, .n_fillers = 3, .n_pairs = 3,
                  .key_len = 1, .value_len = 2, .gap_min = 0, .gap_max = 3, .query_gap = 4, .n_queries = 2};
     ps_batch base;
-    ps_error err;
     const int64_t N = 10, P = 4, batch = 4;
     REQUIRE_OK(ps_batch_alloc(&base, N, t.seq_len, t.n_queries, &err), &err);
     CHECK(ps_task_generate(&t, 13, &base, NULL) == 0, "task generation");
@@ -338,11 +348,229 @@ static void test_knockout_staggered(void) {
             worst = fmax(worst, fabs(naive.cells[cell].lp[r] - fast.cells[cell].lp[r]) / fmax(1e-9, fabs(naive.cells[cell].lp[r])));
             changed |= fabs(naive.cells[cell].lp[r] - naive.clean.lp[r]) > 1e-3 * fabs(naive.clean.lp[r]);
         }
-    CHECK(same && worst < 1e-5, "staggered knockout: batched grid differs from the naive one (rel %g)", worst);
-    CHECK(changed, "staggered knockout changed nothing (the comparison would be vacuous)");
+    CHECK(same && worst < 1e-5, "%s knockout: batched grid differs from the naive one (rel %g)", per_layer ? "per-layer" : "staggered",
+          worst);
+    CHECK(changed, "%s knockout changed nothing (the comparison would be vacuous)", per_layer ? "per-layer" : "staggered");
     ps_knockout_result_free(&naive);
     ps_knockout_result_free(&fast);
     ps_batch_free(&base);
+    ps_model_free(&m);
+}
+
+/* ---- per-layer grids (attention.head_offsets "staggered_layers" or [n_layers][n_kv_heads]) ---- */
+
+static void test_config_layers(void) {
+    /* k of "staggered_layers": coprime with S, nearest 0.382 S */
+    CHECK(ps_config_layer_stagger(8) == 3 && ps_config_layer_stagger(4) == 1 && ps_config_layer_stagger(1) == 0 &&
+              ps_config_layer_stagger(2) == 1 && ps_config_layer_stagger(16) == 7 && ps_config_layer_stagger(6) == 1 &&
+              ps_config_layer_stagger(3) == 1,
+          "layer stagger k: S 8 -> %lld, 4 -> %lld, 16 -> %lld", (long long)ps_config_layer_stagger(8),
+          (long long)ps_config_layer_stagger(4), (long long)ps_config_layer_stagger(16));
+    const char *base = "{\"vocab_size\": 16, \"d_model\": 8, \"n_layers\": 3, \"n_heads\": 4, \"n_kv_heads\": %d, "
+                       "\"head_dim\": 4, \"d_ff\": 8, \"max_seq_len\": 32, \"attention\": {\"kind\": \"%s\", "
+                       "\"window\": 8, \"stride\": 8%s}}";
+    char buf[1024];
+    ps_config c, c2;
+    ps_error err;
+    char h1[17], h2[17];
+    /* "staggered_layers", n_kv 4, S 8: o_{l,g} = (2g + 3l) mod 8 */
+    snprintf(buf, sizeof buf, base, 4, "compressed", ", \"head_offsets\": \"staggered_layers\"");
+    CHECK_OK(ps_config_parse(buf, strlen(buf), "x.json", &c, &err), &err);
+    int ok = ps_config_per_layer_offsets(&c) && c.any_head_offset;
+    for (int l = 0; l < 3; l++)
+        for (int g = 0; g < 4; g++) ok &= ps_config_grid_offset(&c, l, g) == (2 * g + 3 * l) % 8;
+    CHECK(ok, "staggered_layers: o_{l,g} = (g*S/n_kv + 3l) mod 8 (layer 1 head 0: %lld, layer 2 head 3: %lld)",
+          (long long)ps_config_grid_offset(&c, 1, 0), (long long)ps_config_grid_offset(&c, 2, 3));
+    /* the checkpoint form: the resolved 2-D list, which reads back to the same struct and hash */
+    char *js = ps_config_to_json(&c);
+    CHECK(strstr(js, "[") && strstr(js, "head_offsets"), "per-layer offsets written");
+    CHECK_OK(ps_config_parse(js, strlen(js), "round trip", &c2, &err), &err);
+    ps_config_hash(&c, h1);
+    ps_config_hash(&c2, h2);
+    CHECK(memcmp(&c, &c2, sizeof c) == 0 && !strcmp(h1, h2), "per-layer offsets round trip (struct and hash)");
+    free(js);
+    /* an explicit 2-D list */
+    snprintf(buf, sizeof buf, base, 2, "compressed", ", \"head_offsets\": [[0, 0], [1, 7], [0, 5]]");
+    CHECK_OK(ps_config_parse(buf, strlen(buf), "x.json", &c, &err), &err);
+    CHECK(ps_config_per_layer_offsets(&c) && ps_config_grid_offset(&c, 0, 1) == 0 && ps_config_grid_offset(&c, 1, 1) == 7 &&
+              ps_config_grid_offset(&c, 2, 1) == 5 && ps_config_grid_offset(&c, 1, 0) == 1,
+          "2-D offsets parsed");
+    /* equal rows are the per-head form; all-zero rows the base config (one struct, one hash) */
+    snprintf(buf, sizeof buf, base, 2, "compressed", ", \"head_offsets\": [[0, 4], [0, 4], [0, 4]]");
+    CHECK_OK(ps_config_parse(buf, strlen(buf), "x.json", &c, &err), &err);
+    snprintf(buf, sizeof buf, base, 2, "compressed", ", \"head_offsets\": [0, 4]");
+    CHECK_OK(ps_config_parse(buf, strlen(buf), "x.json", &c2, &err), &err);
+    CHECK(!ps_config_per_layer_offsets(&c) && memcmp(&c, &c2, sizeof c) == 0, "equal rows = the per-head form");
+    snprintf(buf, sizeof buf, base, 2, "compressed", ", \"head_offsets\": [[0, 0], [0, 0], [0, 0]]");
+    CHECK_OK(ps_config_parse(buf, strlen(buf), "x.json", &c, &err), &err);
+    snprintf(buf, sizeof buf, base, 2, "compressed", "");
+    CHECK_OK(ps_config_parse(buf, strlen(buf), "x.json", &c2, &err), &err);
+    CHECK(!c.any_head_offset && memcmp(&c, &c2, sizeof c) == 0, "all-zero rows = the base config");
+    /* one layer: "staggered_layers" is "staggered" */
+    const char *one = "{\"vocab_size\": 16, \"d_model\": 8, \"n_layers\": 1, \"n_heads\": 4, \"n_kv_heads\": 4, \"head_dim\": 4, "
+                      "\"d_ff\": 8, \"max_seq_len\": 32, \"attention\": {\"kind\": \"compressed\", \"window\": 8, \"stride\": 8, "
+                      "\"head_offsets\": \"%s\"}}";
+    snprintf(buf, sizeof buf, one, "staggered_layers");
+    CHECK_OK(ps_config_parse(buf, strlen(buf), "x.json", &c, &err), &err);
+    snprintf(buf, sizeof buf, one, "staggered");
+    CHECK_OK(ps_config_parse(buf, strlen(buf), "x.json", &c2, &err), &err);
+    CHECK(memcmp(&c, &c2, sizeof c) == 0, "one layer: staggered_layers = staggered");
+    /* every bad value names the key and the file */
+    const char *bad[] = {", \"head_offsets\": [[0, 1], [2, 3]]",         /* 2 rows, 3 layers */
+                         ", \"head_offsets\": [[0, 1, 2], [0, 1, 2], [0, 1, 2]]", /* rows of 3, 2 KV heads */
+                         ", \"head_offsets\": [[0, 1], [2], [0, 1]]",     /* a ragged row */
+                         ", \"head_offsets\": [[0, 1], [2, 8], [0, 1]]",  /* >= S */
+                         ", \"head_offsets\": [[0, 1], [2, -1], [0, 1]]", /* negative */
+                         ", \"head_offsets\": [[0, 1], [2, 1.5], [0, 1]]",
+                         ", \"head_offsets\": [[0, 1], 3, [0, 1]]",
+                         ", \"head_offsets\": [[], [], []]",
+                         ", \"head_offsets\": \"staggered_layer\""};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(buf, sizeof buf, base, 2, "compressed", bad[i]);
+        CHECK_ERR(ps_config_parse(buf, strlen(buf), "bad.json", &c, &err), &err, "bad.json", "head_offsets");
+    }
+    /* the per-layer forms on another kind are refused (not ignored as the per-head list is on full attention) */
+    snprintf(buf, sizeof buf, base, 2, "full", ", \"head_offsets\": \"staggered_layers\"");
+    CHECK_ERR(ps_config_parse(buf, strlen(buf), "full.json", &c, &err), &err, "full.json", "head_offsets", "compressed");
+    snprintf(buf, sizeof buf, base, 2, "full", ", \"head_offsets\": [[0, 1], [2, 3], [0, 1]]");
+    CHECK_ERR(ps_config_parse(buf, strlen(buf), "full.json", &c, &err), &err, "full.json", "head_offsets", "compressed");
+    const char *v4 = "{\"vocab_size\": 16, \"d_model\": 8, \"n_layers\": 3, \"n_heads\": 4, \"n_kv_heads\": 1, \"head_dim\": 4, "
+                     "\"d_ff\": 8, \"max_seq_len\": 32, \"attention\": {\"kind\": \"channel\", \"rate\": 4, "
+                     "\"head_offsets\": \"staggered_layers\"}}";
+    CHECK_ERR(ps_config_parse(v4, strlen(v4), "v4.json", &c, &err), &err, "v4.json", "head_offsets");
+    /* ps_config_set_grid_offsets: the same checks */
+    c = small_cfg(4, 4, 4, 2);
+    int64_t o3[6] = {0, 1, 2, 3, 0, 1}, o4[4] = {0, 1, 2, 4};
+    CHECK_ERR(ps_config_set_grid_offsets(&c, o3, 3, &err), &err, "head_offsets", "rows");
+    CHECK_ERR(ps_config_set_grid_offsets(&c, o4, 2, &err), &err, "head_offsets", "entry [1][1]");
+    CHECK_OK(ps_config_set_grid_offsets(&c, o3, 2, &err), &err);
+    CHECK_OK(ps_config_validate(&c, "set", &err), &err);
+    CHECK(ps_config_per_layer_offsets(&c) && ps_config_grid_offset(&c, 1, 1) == 3, "set_grid_offsets");
+    c.n_offset_layers = 3; /* a struct whose rows do not match its layers */
+    CHECK_ERR(ps_config_validate(&c, "v.json", &err), &err, "v.json", "head_offsets", "n_layers");
+}
+
+/* Forward (against the reference, which takes each layer's offsets), gradients, the answer-row restart and a
+ * layer whose offsets are all 0 against the base model's layer. */
+static void test_forward_layers(void) {
+    ps_error err;
+    int64_t o[4] = {0, 2, 3, 1}, sh[] = {0, 1, 3};
+    ps_config c = small_cfg(4, 4, 4, 2);
+    REQUIRE_OK(ps_config_set_grid_offsets(&c, o, 2, &err), &err);
+    compare_grid("per-layer [[0,2],[3,1]]", c, 17, 1, NULL, 411);
+    compare_grid("per-layer [[0,2],[3,1]] + shifts", c, 18, 3, sh, 412);
+    ps_config c2 = small_cfg(4, 2, 4, 2);
+    int64_t o2[4] = {1, 0, 0, 1};
+    c2.local_window = 3;
+    c2.payload = PS_PAYLOAD_SHARED;
+    REQUIRE_OK(ps_config_set_grid_offsets(&c2, o2, 2, &err), &err);
+    compare_grid("per-layer overlap W4/S2 shared payload LW3", c2, 15, 2, NULL, 413);
+    fd_grid("per-layer [[0,2],[3,1]]", c, 0, 414);
+    fd_grid("per-layer [[0,2],[3,1]] + shift 2", c, 2, 415);
+
+    /* the answer-row restart (the last layer's grid) and the restart from each layer's attention */
+    enum { T = 18 };
+    int32_t tok[2 * T];
+    tu_random_tokens(tok, 2 * T, c.vocab_size, 416);
+    ps_model m;
+    tu_random_model(&m, &c, 417, 0.5f);
+    int64_t V = c.vocab_size;
+    ps_acts a;
+    REQUIRE_OK(ps_acts_create(&a, m.ctx, &c, 2, T, true, &err), &err);
+    CHECK_OK(ps_forward(&m, &a, tok, NULL, &err), &err);
+    float *full = malloc((size_t)(2 * T * V) * sizeof(float));
+    memcpy(full, a.p.logits, (size_t)(2 * T * V) * sizeof(float));
+    for (int l = 0; l < 2; l++) {
+        CHECK_OK(ps_forward_from_attention(&m, &a, l, NULL, &err), &err);
+        CHECK(rel_err_f(a.p.logits, full, 2 * T * V) < 1e-6, "per-layer grid: forward_from_attention(%d) differs", l);
+        int64_t rows[3] = {5, T - 1, 2 * T - 1};
+        memset(a.p.logits, 0, (size_t)(2 * T * V) * sizeof(float));
+        CHECK_OK(ps_forward_from_attention_rows(&m, &a, l, NULL, rows, 3, &err), &err);
+        double e = 0;
+        for (int i = 0; i < 3; i++) e = fmax(e, rel_err_f(a.p.logits + rows[i] * V, full + rows[i] * V, V));
+        CHECK(e < 1e-5, "per-layer grid: forward_from_attention_rows(%d): rows differ by %.3g", l, e);
+    }
+    ps_acts_free(&a);
+    ps_model_free(&m);
+
+    /* layer 0 all 0, layer 1 offset: layer 0 is the base model's layer 0 (same weights), layer 1 is not */
+    int64_t oz[4] = {0, 0, 1, 3};
+    ps_config cz = small_cfg(4, 4, 4, 2), cb = cz;
+    REQUIRE_OK(ps_config_set_grid_offsets(&cz, oz, 2, &err), &err);
+    ps_model mz, mb;
+    tu_random_model(&mz, &cz, 418, 0.5f);
+    tu_random_model(&mb, &cb, 418, 0.5f);
+    ps_acts az, ab;
+    REQUIRE_OK(ps_acts_create(&az, mz.ctx, &cz, 2, T, true, &err), &err);
+    REQUIRE_OK(ps_acts_create(&ab, mb.ctx, &cb, 2, T, true, &err), &err);
+    CHECK_OK(ps_forward(&mz, &az, tok, NULL, &err), &err);
+    CHECK_OK(ps_forward(&mb, &ab, tok, NULL, &err), &err);
+    int64_t BTd = 2 * T * cz.d_model;
+    double e1 = rel_err_f(az.p.resid + BTd, ab.p.resid + BTd, BTd), e2 = rel_err_f(az.p.resid + 2 * BTd, ab.p.resid + 2 * BTd, BTd);
+    CHECK(ps_acts_woff(&az, 0) && ps_acts_woff(&az, 0)[1] == 0 && ps_acts_woff(&az, 1)[1] == 3 && ps_acts_woff(&ab, 0) == NULL,
+          "per-layer woff tables");
+    CHECK(e1 < 1e-6, "a layer of all-zero offsets differs from the base model's layer by %.3g", e1);
+    CHECK(e2 > 1e-3, "the offset layer equals the base layer (%.3g): the comparison would be vacuous", e2);
+    ps_acts_free(&az);
+    ps_acts_free(&ab);
+    ps_model_free(&mz);
+    ps_model_free(&mb);
+    free(full);
+}
+
+/* Gate statistics report each layer's own grid offset; the chunked prefill equals the forward. */
+static void test_gates_prefill_layers(void) {
+    ps_error err;
+    ps_config c = small_cfg(4, 4, 4, 2);
+    int64_t o[4] = {0, 2, 3, 1};
+    REQUIRE_OK(ps_config_set_grid_offsets(&c, o, 2, &err), &err);
+    ps_model m;
+    tu_random_model(&m, &c, 420, 0.5f);
+    enum { T = 16 };
+    int32_t tok[T];
+    tu_random_tokens(tok, T, c.vocab_size, 421);
+    ps_gate_acc acc;
+    ps_hooks h;
+    ps_hooks_init(&h);
+    REQUIRE_OK(ps_gate_acc_init(&acc, &c, &err), &err);
+    REQUIRE_OK(ps_gate_acc_watch(&acc, &h, &c, &err), &err);
+    ps_acts a;
+    REQUIRE_OK(ps_acts_create(&a, m.ctx, &c, 1, T, true, &err), &err);
+    CHECK_OK(ps_forward(&m, &a, tok, &h, &err), &err);
+    /* T = 16, W = S = 4: a head with offset 0 has 4 windows, any other 3 */
+    int ok = 1;
+    for (int l = 0; l < 2; l++)
+        for (int g = 0; g < 2; g++) {
+            ps_gate_stat st;
+            ps_gate_acc_stat(&acc, l, g, PS_BRANCH_VALUE, &st);
+            ok &= st.n_windows == (o[l * 2 + g] ? 3 : 4);
+        }
+    CHECK(ok, "windows pooled per (layer, head) follow that layer's grid");
+    json_t *js = ps_gate_acc_to_json(&acc, &c);
+    json_t *ls = json_object_get(js, "layers");
+    for (int l = 0; l < 2; l++)
+        for (int g = 0; g < 2; g++) {
+            json_t *ho = json_array_get(json_object_get(json_array_get(ls, (size_t)l), "heads"), (size_t)g);
+            CHECK(json_integer_value(json_object_get(ho, "grid_offset")) == o[l * 2 + g], "gates.json: layer %d head %d grid_offset %lld",
+                  l, g, (long long)json_integer_value(json_object_get(ho, "grid_offset")));
+        }
+    json_decref(js);
+    /* the chunked prefill (chunks of 5: windows of both layers' grids close inside chunks and across them) */
+    ps_prefill p;
+    int64_t pos[T];
+    float *got = malloc((size_t)(T * c.vocab_size) * sizeof(float));
+    for (int64_t t = 0; t < T; t++) pos[t] = T - 1 - t;
+    REQUIRE_OK(ps_prefill_create(&p, &m, T, 5, &err), &err);
+    CHECK_OK(ps_prefill_logits(&p, tok, T, pos, T, got, &err), &err);
+    double worst = 0;
+    for (int64_t i = 0; i < T; i++)
+        worst = fmax(worst, rel_err_f(got + i * c.vocab_size, a.p.logits + pos[i] * c.vocab_size, c.vocab_size));
+    CHECK(worst < 1e-5, "per-layer grid: the chunked prefill differs from the forward by %.3g", worst);
+    ps_prefill_free(&p);
+    free(got);
+    ps_acts_free(&a);
+    ps_hooks_free(&h);
+    ps_gate_acc_free(&acc);
     ps_model_free(&m);
 }
 
@@ -418,7 +646,11 @@ int main(void) {
     test_grid_ops_match_base();
     test_gradients();
     test_hooks_and_gates();
-    test_knockout_staggered();
+    test_knockout_staggered(0);
+    test_knockout_staggered(1);
+    test_config_layers();
+    test_forward_layers();
+    test_gates_prefill_layers();
     test_gate_regulariser();
     CHECK_DONE();
 }

@@ -1,7 +1,8 @@
 /* test_prefill.c — chunked prefill (core/prefill.h) against one unchunked ps_forward pass: the logits at
  * asked-for positions agree for full and compressed attention (non-overlapping and overlapping windows,
  * shared payloads, uniform gates, no RoPE, qk-norm off), for chunk sizes that split windows and local
- * windows anywhere (1, 3, 7, 64, the whole sequence); positions asked in any order; bad inputs; and the
+ * windows anywhere (1, 3, 7, 64, the whole sequence), staggered and per-layer window grids; positions asked in any
+ * order; bad inputs; and the
  * memory estimate grows linearly in T for compressed attention. */
 #include <math.h>
 #include <stdlib.h>
@@ -91,6 +92,24 @@ static void test_equivalence(void) {
     compare("compressed W4/S4 LW12 no RoPE, no qk-norm", c, 130);
     c.window = 16, c.stride = 16, c.local_window = 4;
     compare("compressed W16 (fewer positions than a window at first)", c, 40);
+    /* offset grids: each KV head's windows close on its own grid (staggered: the same in every layer; per layer) */
+    ps_error err;
+    c = tu_config(PS_ATTN_COMPRESSED);
+    c.n_layers = 3, c.n_kv_heads = 4, c.n_heads = 8;
+    c.window = 8, c.stride = 8, c.local_window = 8;
+    int64_t st[4] = {0, 2, 5, 7}, pl[12] = {0, 2, 4, 6, 3, 5, 7, 1, 6, 0, 1, 1};
+    REQUIRE_OK(ps_config_set_grid_offsets(&c, st, 1, &err), &err);
+    compare("staggered W8/S8 [0,2,5,7]", c, 150);
+    REQUIRE_OK(ps_config_set_grid_offsets(&c, pl, 3, &err), &err);
+    compare("per-layer W8/S8", c, 150);
+    c.window = 6, c.stride = 3, c.local_window = 5;
+    int64_t po[12] = {0, 1, 2, 0, 2, 2, 1, 0, 1, 0, 0, 2};
+    REQUIRE_OK(ps_config_set_grid_offsets(&c, po, 3, &err), &err);
+    c.payload = PS_PAYLOAD_SHARED;
+    compare("per-layer W6/S3 LW5 shared payload", c, 97);
+    c.payload = PS_PAYLOAD_PER_OFFSET;
+    c.rope = false, c.qk_norm = false, c.gate = PS_GATE_UNIFORM;
+    compare("per-layer W6/S3 no RoPE, no qk-norm, uniform gate", c, 61);
 }
 
 static void test_bad_inputs(void) {

@@ -303,6 +303,13 @@ static void check_descriptions(void) {
     check_desc_json("{\"attention\": {\"kind\": \"compressed\", \"window\": 8, \"stride\": 4, \"gate\": \"uniform\", "
                     "\"head_offsets\": [0, 2]}, \"rope\": false}",
                     "W8/S4, offsets 0,2, uniform gate, no RoPE", "compressed", 0, NULL);
+    /* per-layer grids: the "staggered_layers" formula (S 8: k 3; n_kv 2: 0, 4 then + 3l) and any other 2-D list */
+    check_desc_json("{\"attention\": {\"kind\": \"compressed\", \"window\": 8, \"stride\": 8, "
+                    "\"head_offsets\": [[0, 4], [3, 7], [6, 2]]}}",
+                    "W8/S8, staggered by layer (k 3)", "compressed", 0, NULL);
+    check_desc_json("{\"attention\": {\"kind\": \"compressed\", \"window\": 8, \"stride\": 8, "
+                    "\"head_offsets\": [[0, 4], [1, 7], [6, 2]]}}",
+                    "W8/S8, per-layer offsets", "compressed", 0, NULL);
     check_desc_json("{\"attention\": {\"kind\": \"compressed\", \"window\": 16, \"stride\": 8, \"boundaries\": \"content\", "
                     "\"chunk_min\": 4}}", "content chunks 4-16, mean 8", "compressed", 0, NULL);
     check_desc_json("{\"attention\": {\"kind\": \"channel\", \"rate\": 4, \"mode\": \"hca\", \"local_window\": 3}}",

@@ -33,6 +33,10 @@ int ps_cpu_attn_chunk(ps_ctx *ctx, float *z, const float *q, const float *k, con
     if (f->q_off < 0 || f->q_off + Tq > f->Tk)
         return ps_ctx_fail(ctx, "attention chunk: query rows [%lld, %lld) outside the key frame of %lld rows",
                            (long long)f->q_off, (long long)(f->q_off + Tq), (long long)f->Tk);
+    for (int64_t g = 0; f->compressed && f->woff && g < nkv; g++)
+        if (f->woff[g] < 0 || f->woff[g] >= f->S)
+            return ps_ctx_fail(ctx, "attention chunk: KV head %lld's grid offset %lld is outside [0, S = %lld)", (long long)g,
+                               (long long)f->woff[g], (long long)f->S);
     int64_t nblk = (Tq + CHUNK_BLK - 1) / CHUNK_BLK;
     /* widest row of scores: compressed — every window plus the local band of a block; full — every key */
     int64_t width = f->compressed ? f->nW + f->LW + CHUNK_BLK : f->Tk;
@@ -47,10 +51,10 @@ int ps_cpu_attn_chunk(ps_ctx *ctx, float *z, const float *q, const float *k, con
         float *P = ws + (int64_t)omp_get_thread_num() * CHUNK_BLK * width;
         const float *Q = q + r0 * qs + n * hd;
         /* columns: [0, ncw) windows, then raw key rows [lo, hi) */
-        int64_t hi = f->q_off + r1, lo = 0, ncw = 0;
+        int64_t hi = f->q_off + r1, lo = 0, ncw = 0, off = f->compressed && f->woff ? f->woff[kv] : 0; /* KV head kv's grid */
         if (f->compressed) {
             lo = f->q_off + r0 - f->LW + 1 > 0 ? f->q_off + r0 - f->LW + 1 : 0;
-            ncw = ps_windows_seen(f->pos0 + f->q_off + r1 - 1, f->W, f->S, f->nW);
+            ncw = ps_windows_seen_at(f->pos0 + f->q_off + r1 - 1, off, f->W, f->S, f->nW);
         }
         int64_t nc = ncw + (hi - lo);
         gemm_nt(m, ncw, hd, scale, Q, qs, ck + kv * hd, ks, 0.0f, P, nc);
@@ -58,7 +62,7 @@ int ps_cpu_attn_chunk(ps_ctx *ctx, float *z, const float *q, const float *k, con
         for (int64_t i = 0; i < m; i++) {
             float *row = P + i * nc;
             int64_t kr = f->q_off + r0 + i; /* the query's own key row */
-            int64_t seen = f->compressed ? ps_windows_seen(f->pos0 + kr, f->W, f->S, f->nW) : 0;
+            int64_t seen = f->compressed ? ps_windows_seen_at(f->pos0 + kr, off, f->W, f->S, f->nW) : 0;
             int64_t c_lo = ncw + ((f->compressed && kr - f->LW + 1 > lo) ? kr - f->LW + 1 - lo : 0);
             int64_t c_hi = ncw + (kr + 1 - lo);
             float mx = -INFINITY;

@@ -518,6 +518,13 @@ extern "C" int ps_cuda_attn_chunk(ps_ctx *c, float *z, const float *q, const flo
     p.compressed = f->compressed, p.W = f->W, p.S = f->S, p.LW = f->LW, p.q_off = f->q_off, p.pos0 = f->pos0;
     p.scale = 1.0f / sqrtf((float)f->hd);
     p.q = q, p.k = k, p.v = v, p.ck = ck, p.cv = cv, p.z = z, p.lse = NULL;
+    if (f->compressed && f->woff) { /* the grid offsets [1, nkv] staged like ps_attn_geom.woff */
+        const void *h[1] = {f->woff};
+        int64_t by[1] = {f->nkv * (int64_t)sizeof(int64_t)};
+        void *d[1];
+        if (cu_stage(c, 1, h, by, d)) return -1;
+        p.woff = (const int64_t *)d[0];
+    }
     return fwd(c, p, "attention chunk");
 }
 
