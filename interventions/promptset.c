@@ -99,9 +99,10 @@ static int add_record(ps_promptset *s, int64_t *cap, const json_t *o, const char
     return 0;
 }
 
-int ps_promptset_read(const char *path, ps_promptset *s, ps_error *err) {
-    memset(s, 0, sizeof *s);
-    snprintf(s->source, sizeof s->source, "%s", path);
+/* Each non-blank line of the JSON-lines file `path` parsed and handed to add(user, &cap, object, "PATH line L", err),
+ * in order, until one fails. */
+static int each_json_line(const char *path, int (*add)(void *, int64_t *, const json_t *, const char *, ps_error *), void *user,
+                          ps_error *err) {
     char *data = NULL;
     size_t len = 0;
     if (ps_read_file(path, (size_t)1 << 34, &data, &len, err)) return -1;
@@ -120,10 +121,21 @@ int ps_promptset_read(const char *path, ps_promptset *s, ps_error *err) {
         json_error_t je;
         json_t *o = json_loads(p, JSON_REJECT_DUPLICATES, &je);
         if (!o) rc = ps_fail(err, "%s: not JSON: %s", where, je.text);
-        else rc = add_record(s, &cap, o, where, err);
+        else rc = add(user, &cap, o, where, err);
         json_decref(o);
     }
     free(data);
+    return rc;
+}
+
+static int add_record_cb(void *s, int64_t *cap, const json_t *o, const char *where, ps_error *err) {
+    return add_record(s, cap, o, where, err);
+}
+
+int ps_promptset_read(const char *path, ps_promptset *s, ps_error *err) {
+    memset(s, 0, sizeof *s);
+    snprintf(s->source, sizeof s->source, "%s", path);
+    int rc = each_json_line(path, add_record_cb, s, err);
     if (!rc && s->N == 0) rc = ps_fail(err, "%s: no prompts (one JSON object a line)", path);
     if (rc) ps_promptset_free(s);
     return rc;
@@ -376,31 +388,14 @@ static int add_tokens(ps_token_set *s, int64_t *cap, const json_t *o, const char
     return 0;
 }
 
+static int add_tokens_cb(void *s, int64_t *cap, const json_t *o, const char *where, ps_error *err) {
+    return add_tokens(s, cap, o, where, err);
+}
+
 int ps_token_set_read(const char *path, ps_token_set *s, ps_error *err) {
     memset(s, 0, sizeof *s);
     snprintf(s->source, sizeof s->source, "%s", path);
-    char *data = NULL;
-    size_t len = 0;
-    if (ps_read_file(path, (size_t)1 << 34, &data, &len, err)) return -1;
-    int64_t cap = 0, line = 0;
-    int rc = 0;
-    for (char *p = data, *next; p && p < data + len && !rc; p = next) {
-        char *nl = memchr(p, '\n', (size_t)(data + len - p));
-        next = nl ? nl + 1 : NULL;
-        if (nl) *nl = '\0';
-        line++;
-        char *q = p;
-        while (*q == ' ' || *q == '\t' || *q == '\r') q++;
-        if (!*q) continue;
-        char where[600];
-        snprintf(where, sizeof where, "%s line %lld", path, (long long)line);
-        json_error_t je;
-        json_t *o = json_loads(p, JSON_REJECT_DUPLICATES, &je);
-        if (!o) rc = ps_fail(err, "%s: not JSON: %s", where, je.text);
-        else rc = add_tokens(s, &cap, o, where, err);
-        json_decref(o);
-    }
-    free(data);
+    int rc = each_json_line(path, add_tokens_cb, s, err);
     if (!rc && s->N == 0) rc = ps_fail(err, "%s: no token sequences (one JSON object {\"tokens\": [...]} a line)", path);
     if (rc) ps_token_set_free(s);
     return rc;
