@@ -19,7 +19,8 @@ models=("$@")
 if [ ${#models[@]} -eq 0 ]; then
   for m in deep_full deep_w8s8 deep_w8s4 deep_phasefix deep_phasefix_s2_rule deep_phasefix_s2 \
            deep_select_s1_rule deep_select_s1 deep_select_s2_rule deep_select_s2 \
-           deep_layerstag_s1_rule deep_layerstag_s1 deep_layerstag_s2_rule deep_layerstag_s2; do
+           deep_layerstag_s1_rule deep_layerstag_s1 deep_layerstag_s2_rule deep_layerstag_s2 \
+           deep_overlap_s1_rule deep_overlap_s1 deep_overlap_s2_rule deep_overlap_s2; do
     [ -f "data/models/$m/model.safetensors" ] && models+=("$m")
   done
 fi

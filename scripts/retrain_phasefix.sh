@@ -14,8 +14,11 @@
 #   scripts/retrain_phasefix.sh layerstag SEED       deep_phasefix's recipe with per-layer grids (config
 #                                                    w8s8_layerstag_sSEED: head_offsets "staggered_layers") into
 #                                                    data/models/deep_layerstag_sSEED, resumable (below)
+#   scripts/retrain_phasefix.sh overlap SEED         deep_phasefix's recipe with overlapping windows W16/S8 (config
+#                                                    w16s8_staggered_sSEED: the same stride, so the same cache bytes)
+#                                                    into data/models/deep_overlap_sSEED, resumable (below)
 #   scripts/retrain_phasefix.sh park NAME            copy run NAME's unfinished state into data/runs/NAME (to commit)
-# A seed, select or layerstag run takes hours; a session may stop in the middle. Each continues from out/phasefix/ where the
+# A seed, select, layerstag or overlap run takes hours; a session may stop in the middle. Each continues from out/phasefix/ where the
 # last checkpoint is, else from data/runs/NAME/ (a parked state, committed by `park NAME`), else from scratch.
 # Nothing is written under data/models/ before the run has reached step 8000.
 # The deep recipe is retrain_deep.sh's: train 50 steps at a time (--resume is bit-identical to one run) until
@@ -128,12 +131,15 @@ case "${1:-all}" in
   layerstag) # layerstag SEED: deep_phasefix's recipe with o_{l,g} = (g + 3l) mod 8 (docs/mitigations.md 1c), resumable
     rule_then_end "experiments/configs/deep/w8s8_layerstag_s$2.json" out/phasefix/deep_layerstag_s$2_rule \
       out/phasefix/deep_layerstag_s$2 "deep_layerstag_s$2" ;;
+  overlap) # overlap SEED: deep_phasefix's recipe with W16/S8 windows on staggered grids (issue 46), resumable
+    rule_then_end "experiments/configs/deep/w16s8_staggered_s$2.json" out/phasefix/deep_overlap_s$2_rule \
+      out/phasefix/deep_overlap_s$2 "deep_overlap_s$2" ;;
   park) # park NAME: an unfinished run's state (weights, AdamW state, logs) into data/runs/NAME to be committed
-    # (NAME deep_phasefix_sSEED, deep_select_sSEED or deep_layerstag_sSEED)
+    # (NAME deep_phasefix_sSEED, deep_select_sSEED, deep_layerstag_sSEED or deep_overlap_sSEED)
     park=data/runs/$2
     case "$2" in
       deep_phasefix_s*) rule=out/phasefix/deep_w8s8_staggered_s${2#deep_phasefix_s} ;;
-      deep_select_s*|deep_layerstag_s*) rule=out/phasefix/$2_rule ;;
+      deep_select_s*|deep_layerstag_s*|deep_overlap_s*) rule=out/phasefix/$2_rule ;;
       *) echo "park: unknown run $2" >&2; exit 2 ;;
     esac
     rm -rf "$park"
@@ -146,5 +152,5 @@ case "${1:-all}" in
       else cp "${d#*:}"/optimizer-*.safetensors "$park/${d%%:*}/" 2>/dev/null || true; fi
     done
     echo "parked in $park: $(ls "$park" 2>/dev/null | tr '\n' ' ')" ;;
-  *) echo "usage: $0 deep NAME [OUT] | demo NAME SEED [OUT] | short NAME SEED [OUT] | finetune NAME FROM OUT | follow NAME FROM OUT LEADER | all | seed SEED | select SEED | layerstag SEED | park NAME" >&2; exit 2 ;;
+  *) echo "usage: $0 deep NAME [OUT] | demo NAME SEED [OUT] | short NAME SEED [OUT] | finetune NAME FROM OUT | follow NAME FROM OUT LEADER | all | seed SEED | select SEED | layerstag SEED | overlap SEED | park NAME" >&2; exit 2 ;;
 esac
