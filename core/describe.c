@@ -4,6 +4,7 @@
  * the lookups through the family table (ps_model_desc_from_provenance, ps_runtime_label, the default
  * period). */
 #include "core/runtime.h"
+#include "core/kvcache.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -166,6 +167,7 @@ int ps_model_describe_config(const json_t *cfg, ps_model_desc *d, ps_error *err)
             return -1;
         label(d, "select: blocks of %lld, top %lld + %lld local, windows W%lld/S%lld%s", (long long)b, (long long)topk, (long long)lb,
               (long long)w, (long long)s, norope);
+        d->kv_factor = ps_select_kv_factor(s);
         return 1;
     }
     static const char *const MODES[] = {"csa", "hca", NULL};

@@ -258,11 +258,14 @@ static int64_t entry_heads(const ps_config *c) {
     return c->kind == PS_ATTN_COMPRESSED ? c->n_kv_heads : c->kind == PS_ATTN_CHANNEL ? 1 : 0;
 }
 
+double ps_select_kv_factor(int64_t stride) { /* raw k and v of every token, a pooled key every S and 4S */
+    return 1.0 + 0.5 * (1.0 / (double)stride + 1.0 / (4.0 * (double)stride));
+}
+
 double ps_kvcache_bytes_per_token(const ps_config *c) {
     if (c->kind == PS_ATTN_CHANNEL) return (double)c->n_layers * (double)c->head_dim * 4.0 / (double)c->rate;
     double full = (double)c->n_layers * 2.0 * (double)(c->n_kv_heads * c->head_dim) * 4.0;
-    if (c->kind == PS_ATTN_SELECT) /* raw k and v of every token, and a pooled key every S (level 1) and 4S (level 2) */
-        return full + full / 2.0 * (1.0 / (double)c->stride + 1.0 / (4.0 * (double)c->stride));
+    if (c->kind == PS_ATTN_SELECT) return full * ps_select_kv_factor(c->stride);
     if (c->kind != PS_ATTN_COMPRESSED) return full;
     if (c->boundaries == PS_BOUNDARIES_CONTENT) return full / ps_chunk_expected_len(c);
     return full / (double)c->stride;

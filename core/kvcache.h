@@ -208,6 +208,9 @@ extern const ps_kvcache_ops ps_kvcache_model_ops;
  * attention n_layers·2·nkv·hd·4; compressed that over S (content chunks: over E[chunk length]); select the
  * full attention's plus the pooled keys, n_layers·nkv·hd·4·(1/S + 1/(4S)). */
 double ps_kvcache_bytes_per_token(const ps_config *c);
+/* The select kind's cache bytes per token over full attention's at stride S: the raw keys and values of
+ * every token plus a pooled key every S (level 1) and every 4S tokens (level 2). */
+double ps_select_kv_factor(int64_t stride);
 /* The fixed part: the raw local window (local_window rows of k and v per layer) and the open windows'
  * layer inputs (W - 1 rows of d per layer), before page rounding; 0 for full attention and select. */
 double ps_kvcache_fixed_bytes(const ps_config *c);

@@ -12,7 +12,8 @@ static const ps_flag_spec FLAGS[] = {
     {"--out", "TABLE.md", "also write the table to this file (atomically)", 0},
     {"--figure", "PLOT.png",
      "also draw gap against mean accuracy, one point per file, marker area = KV bytes per token, colour =\n"
-     "the model name without a trailing _sN seed suffix (docs/results.md \"Closing the weak phase\")",
+     "the model name without a trailing _rule and _sN seed suffix (at most 8), a ring for a _rule checkpoint (at the\n"
+     "held-out-0.6 rule), a disc for the others (docs/results.md \"The weak phase across designs\")",
      0},
     {0},
 };

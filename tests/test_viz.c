@@ -16,6 +16,7 @@
 #include "viz/draw.h"
 #include "viz/fig_common.h"
 #include "viz/figures.h"
+#include "viz/tradeoff.h"
 #include "core/fileio.h"
 #include "testutil.h"
 
@@ -458,6 +459,52 @@ static void test_model_names(void) {
     }
 }
 
+/* The trade-off figure: a run's checkpoints share a colour (the legend group drops "_rule" and a seed suffix
+ * "_sN"), the one at the rule is a ring (its centre stays near white, its rim has the colour), the end of
+ * training a disc (its centre has the colour at 55 % over white); a ninth group is refused by name. */
+static void test_tradeoff_pixels(void) {
+    static const struct { const char *name, *group; int rule; } names[] = {
+        {"deep_select_s1_rule", "deep_select", 1}, {"deep_select_s12", "deep_select", 0}, {"deep_w8s8", "deep_w8s8", 0},
+        {"rule", "rule", 0}, {"x_rule_s2", "x_rule", 0}, {"_s", "_s", 0}, {"a_s3_rule", "a", 1}};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        char g[64];
+        int r = ps_tradeoff_group(g, sizeof g, names[i].name);
+        CHECK(r == names[i].rule && !strcmp(g, names[i].group), "group of %s: %s (rule %d), want %s (%d)", names[i].name, g, r,
+              names[i].group, names[i].rule);
+    }
+    ps_tradeoff_point pts[3] = {{.group = "a", .mean = 0.55, .gap_pp = 75, .kv_bytes = 768},
+                                {.group = "a", .mean = 0.85, .gap_pp = 35, .kv_bytes = 6144, .hollow = 1},
+                                {.group = "b", .mean = 0.65, .gap_pp = 55, .kv_bytes = 768}}; /* off the grid lines */
+    char path[1024];
+    snprintf(path, sizeof path, "%s/tradeoff.png", TMP);
+    ps_error err;
+    REQUIRE_OK(ps_fig_tradeoff(path, "t", "c", pts, 3, &err), &err);
+    png_img img;
+    if (read_png(path, &img)) {
+        CHECK(0, "trade-off figure does not decode");
+        return;
+    }
+    ps_rgb c0 = ps_okabe_ito(0), c1 = ps_okabe_ito(1);
+    ps_rgb fill0 = {1 - 0.55 * (1 - c0.r), 1 - 0.55 * (1 - c0.g), 1 - 0.55 * (1 - c0.b)};
+    ps_rgb fill1 = {1 - 0.55 * (1 - c1.r), 1 - 0.55 * (1 - c1.g), 1 - 0.55 * (1 - c1.b)};
+    ps_rgb ring_in = {1 - 0.08 * (1 - c0.r), 1 - 0.08 * (1 - c0.g), 1 - 0.08 * (1 - c0.b)};
+    double x, y;
+    ps_tradeoff_xy(pts, 3, 0, &x, &y);
+    CHECK(px_close(&img, x, y, fill0, 3), "the end-of-training disc of group a lacks its fill at (%.0f, %.0f)", x, y);
+    ps_tradeoff_xy(pts, 3, 2, &x, &y);
+    CHECK(px_close(&img, x, y, fill1, 3), "group b's disc is not in the second colour at (%.0f, %.0f)", x, y);
+    ps_tradeoff_xy(pts, 3, 1, &x, &y);
+    double r = ps_tradeoff_radius(pts, 3, 1);
+    CHECK(fabs(r - 6.0 * sqrt(8.0)) < 1e-9, "marker radius %.3f for 8x the smallest bytes, want 6·√8", r);
+    CHECK(px_close(&img, x + 1, y + 1, ring_in, 3), "the rule checkpoint's ring is filled at its centre (%.0f, %.0f)", x, y);
+    CHECK(px_near(&img, x + r, y, c0, 1, 40), "the rule checkpoint's ring lacks group a's colour on its rim");
+    free(img.rgb);
+    ps_tradeoff_point many[9];
+    static const char *const g9[9] = {"g1", "g2", "g3", "g4", "g5", "g6", "g7", "g8", "g9"};
+    for (int i = 0; i < 9; i++) many[i] = (ps_tradeoff_point){.group = g9[i], .mean = 0.5, .gap_pp = 5, .kv_bytes = 768};
+    CHECK_ERR(ps_fig_tradeoff(path, "t", "c", many, 9, &err), &err, "the 9th: g9");
+}
+
 int main(void) {
     tu_tempdir(TMP, sizeof TMP, "viz");
     test_model_names();
@@ -468,5 +515,6 @@ int main(void) {
     test_curve_pixels();
     test_huge_dimensions();
     test_gatecycle_title();
+    test_tradeoff_pixels();
     CHECK_DONE();
 }

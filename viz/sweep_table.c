@@ -36,6 +36,7 @@ char *ps_sweep_table(const char *const *pos, int npos, const char *fig, size_t *
         goto done;
     }
     ps_tradeoff_point pts[64];
+    int64_t period = 0; /* the sweeps' common period P, -1 when they differ */
     char groups[64][256]; /* 16 KiB on the stack: the points name their group here */
     for (int i = 0; i < npos; i++) {
         json_t *d;
@@ -58,13 +59,14 @@ char *ps_sweep_table(const char *const *pos, int npos, const char *fig, size_t *
             double per = 2.0 * 4.0 * (double)json_integer_value(json_object_get(cf, "n_layers")) *
                          (double)json_integer_value(json_object_get(cf, "n_kv_heads")) *
                          (double)json_integer_value(json_object_get(cf, "head_dim"));
-            if (described && desc.kv_stride > 1) per /= (double)desc.kv_stride;
-            snprintf(groups[i], sizeof groups[i], "%s", basename(model));
-            size_t gl = strlen(groups[i]), k = gl;
-            while (k > 0 && groups[i][k - 1] >= '0' && groups[i][k - 1] <= '9') k--;
-            if (k < gl && k >= 2 && groups[i][k - 1] == 's' && groups[i][k - 2] == '_') groups[i][k - 2] = '\0';
+            if (described && desc.kv_factor <= 0 && desc.kv_stride > 1) per /= (double)desc.kv_stride;
+            if (described && desc.kv_factor > 0) per *= desc.kv_factor;
+            int hollow = ps_tradeoff_group(groups[i], sizeof groups[i], basename(model));
             pts[i] = (ps_tradeoff_point){.group = groups[i], .mean = json_number_value(json_object_get(c, "mean_accuracy")),
-                                         .gap_pp = json_number_value(json_object_get(c, "gap_pp")), .kv_bytes = per};
+                                         .gap_pp = json_number_value(json_object_get(c, "gap_pp")), .kv_bytes = per,
+                                         .hollow = hollow};
+            int64_t np = (int64_t)json_array_size(json_object_get(c, "residues"));
+            period = i == 0 || period == np ? np : -1;
         }
         json_t *dp = json_object_get(json_object_get(c, "dominant_period"), "period");
         json_t *rp = json_object_get(json_object_get(c, "repeat_period"), "period");
@@ -92,8 +94,10 @@ char *ps_sweep_table(const char *const *pos, int npos, const char *fig, size_t *
                                 rep, per, ptext);
         json_decref(d);
     }
-    if (fig && ps_fig_tradeoff(fig, "Weak-phase mitigations: gap against mean accuracy", "phasescope table --figure", pts, npos, err))
-        goto done;
+    char title[128];
+    if (period > 0) snprintf(title, sizeof title, "The weak phase: gap against mean accuracy at P = %lld", (long long)period);
+    else snprintf(title, sizeof title, "The weak phase: gap against mean accuracy (several periods)");
+    if (fig && ps_fig_tradeoff(fig, title, "phasescope table --figure", pts, npos, err)) goto done;
     rc = 0;
 done:
     if (rc) {

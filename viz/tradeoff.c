@@ -16,6 +16,40 @@
 static double px(double mean, double lo, double hi) { return PL + (mean - lo) / (hi - lo) * PW; }
 static double py(double gap) { return PT + PH - gap / 100.0 * PH; }
 
+int ps_tradeoff_group(char *g, size_t n, const char *name) {
+    snprintf(g, n, "%s", name);
+    size_t gl = strlen(g), k;
+    int rule = gl > 5 && !strcmp(g + gl - 5, "_rule");
+    if (rule) g[gl -= 5] = '\0';
+    k = gl;
+    while (k > 0 && g[k - 1] >= '0' && g[k - 1] <= '9') k--;
+    if (k < gl && k >= 2 && g[k - 1] == 's' && g[k - 2] == '_') g[k - 2] = '\0';
+    return rule;
+}
+
+/* the x axis: the points' means on a 0.1 grid with a margin, at least 0.2 wide, inside [0, 1] */
+static void mean_range(const ps_tradeoff_point *pts, int n, double *lo_out, double *hi_out) {
+    double lo = 1, hi = 0;
+    for (int i = 0; i < n; i++) lo = fmin(lo, pts[i].mean), hi = fmax(hi, pts[i].mean);
+    lo = floor(lo * 10 - 0.5) / 10, hi = ceil(hi * 10 + 0.5) / 10;
+    if (lo < 0) lo = 0;
+    if (hi > 1) hi = 1;
+    if (hi - lo < 0.2) hi = fmin(1, lo + 0.2), lo = hi - 0.2;
+    *lo_out = lo, *hi_out = hi;
+}
+
+void ps_tradeoff_xy(const ps_tradeoff_point *pts, int n, int i, double *x, double *y) {
+    double lo, hi;
+    mean_range(pts, n, &lo, &hi);
+    *x = px(pts[i].mean, lo, hi), *y = py(pts[i].gap_pp);
+}
+
+double ps_tradeoff_radius(const ps_tradeoff_point *pts, int n, int i) {
+    double bmin = INFINITY;
+    for (int k = 0; k < n; k++) bmin = fmin(bmin, pts[k].kv_bytes);
+    return 6.0 * sqrt(pts[i].kv_bytes / bmin);
+}
+
 /* marker radius: area proportional to bytes, the smallest of the figure at radius 6 */
 static double radius(double b, double bmin) { return 6.0 * sqrt(b / bmin); }
 
@@ -23,8 +57,8 @@ int ps_fig_tradeoff(const char *path, const char *title, const char *command, co
                     ps_error *err) {
     if (n < 1 || n > 64) return ps_fail(err, "%s: a trade-off figure shows 1 to 64 points, got %d", path, n);
     const char *groups[8];
-    int ng = 0, gi[64];
-    double bmin = INFINITY, lo = 1, hi = 0;
+    int ng = 0, gi[64], any_hollow = 0;
+    double bmin = INFINITY, lo, hi;
     for (int i = 0; i < n; i++) {
         if (!(pts[i].kv_bytes > 0) || !isfinite(pts[i].mean) || !isfinite(pts[i].gap_pp))
             return ps_fail(err, "%s: point %d (%s) has no finite mean, gap or positive KV bytes", path, i, pts[i].group);
@@ -35,14 +69,10 @@ int ps_fig_tradeoff(const char *path, const char *title, const char *command, co
             groups[ng++] = pts[i].group;
         }
         gi[i] = g;
+        any_hollow |= pts[i].hollow;
         bmin = fmin(bmin, pts[i].kv_bytes);
-        lo = fmin(lo, pts[i].mean);
-        hi = fmax(hi, pts[i].mean);
     }
-    lo = floor(lo * 10 - 0.5) / 10, hi = ceil(hi * 10 + 0.5) / 10; /* 0.1 grid with a margin */
-    if (lo < 0) lo = 0;
-    if (hi > 1) hi = 1;
-    if (hi - lo < 0.2) hi = fmin(1, lo + 0.2), lo = hi - 0.2;
+    mean_range(pts, n, &lo, &hi);
     ps_fig f;
     if (ps_fig_begin(&f, TW, TH, PS_FMT_PNG, path, err)) return -1;
     cairo_t *cr = f.cr;
@@ -84,11 +114,11 @@ int ps_fig_tradeoff(const char *path, const char *title, const char *command, co
     for (int i = 0; i < n; i++) {
         double x = px(pts[i].mean, lo, hi), y = py(pts[i].gap_pp), r = radius(pts[i].kv_bytes, bmin);
         ps_rgb c = ps_okabe_ito(gi[i]);
-        cairo_set_source_rgba(cr, c.r, c.g, c.b, 0.55);
+        cairo_set_source_rgba(cr, c.r, c.g, c.b, pts[i].hollow ? 0.08 : 0.55);
         cairo_arc(cr, x, y, r, 0, 2 * M_PI);
         cairo_fill_preserve(cr);
         ps_set_rgb(cr, c);
-        cairo_set_line_width(cr, 1.6);
+        cairo_set_line_width(cr, pts[i].hollow ? 2.6 : 1.6);
         cairo_stroke(cr);
     }
     /* legends: groups, then marker sizes */
@@ -105,6 +135,20 @@ int ps_fig_tradeoff(const char *path, const char *title, const char *command, co
         ps_text(cr, lx + 22, y, groups[g], 12, 0, 0.5, 0, 0);
     }
     double sy = ly + 24 + ng * 24 + 20;
+    if (any_hollow) { /* the two checkpoints of a run */
+        for (int k = 0; k < 2; k++) {
+            double y = sy + k * 22;
+            cairo_arc(cr, lx + 8, y, 6, 0, 2 * M_PI);
+            cairo_set_source_rgba(cr, 0.4, 0.4, 0.4, k ? 0.08 : 0.55);
+            cairo_fill_preserve(cr);
+            cairo_set_source_rgb(cr, 0.4, 0.4, 0.4);
+            cairo_set_line_width(cr, k ? 2.6 : 1.6);
+            cairo_stroke(cr);
+            cairo_set_source_rgb(cr, 0, 0, 0);
+            ps_text(cr, lx + 22, y, k ? "at the held-out-0.6 rule" : "end of training", 12, 0, 0.5, 0, 0);
+        }
+        sy += 2 * 22 + 14;
+    }
     ps_text(cr, lx, sy, "KV bytes / token", 13, 0, 0.5, 0, 1);
     double seen[64] = {0};
     int ns = 0;
