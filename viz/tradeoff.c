@@ -50,6 +50,9 @@ double ps_tradeoff_radius(const ps_tradeoff_point *pts, int n, int i) {
     return 6.0 * sqrt(pts[i].kv_bytes / bmin);
 }
 
+/* a marker's rim: its group colour at 75 %, so that the light colours (yellow) stand out on white */
+static ps_rgb rim(ps_rgb c) { return (ps_rgb){0.75 * c.r, 0.75 * c.g, 0.75 * c.b}; }
+
 /* marker radius: area proportional to bytes, the smallest of the figure at radius 6 */
 static double radius(double b, double bmin) { return 6.0 * sqrt(b / bmin); }
 
@@ -117,7 +120,7 @@ int ps_fig_tradeoff(const char *path, const char *title, const char *command, co
         cairo_set_source_rgba(cr, c.r, c.g, c.b, pts[i].hollow ? 0.08 : 0.55);
         cairo_arc(cr, x, y, r, 0, 2 * M_PI);
         cairo_fill_preserve(cr);
-        ps_set_rgb(cr, c);
+        ps_set_rgb(cr, rim(c));
         cairo_set_line_width(cr, pts[i].hollow ? 2.6 : 1.6);
         cairo_stroke(cr);
     }
@@ -130,7 +133,10 @@ int ps_fig_tradeoff(const char *path, const char *title, const char *command, co
         double y = ly + 24 + g * 24;
         cairo_set_source_rgba(cr, c.r, c.g, c.b, 0.55);
         cairo_arc(cr, lx + 8, y, 6, 0, 2 * M_PI);
-        cairo_fill(cr);
+        cairo_fill_preserve(cr);
+        ps_set_rgb(cr, rim(c));
+        cairo_set_line_width(cr, 1.6);
+        cairo_stroke(cr);
         cairo_set_source_rgb(cr, 0, 0, 0);
         ps_text(cr, lx + 22, y, groups[g], 12, 0, 0.5, 0, 0);
     }
