@@ -107,7 +107,7 @@ int ps_model_describe_config(const json_t *cfg, ps_model_desc *d, ps_error *err)
         if (!strcmp(kind, ps_model_attention_kinds[i])) k = i;
     if (k < 0) return 0;
     memset(d, 0, sizeof *d);
-    d->kv_stride = 1;
+    d->kv_factor = 1;
     snprintf(d->kind, sizeof d->kind, "%s", kind);
     const char *norope = json_is_false(json_object_get(cfg, "rope")) ? ", no RoPE" : "";
     if (k == 0) {
@@ -120,7 +120,7 @@ int ps_model_describe_config(const json_t *cfg, ps_model_desc *d, ps_error *err)
         if (get_int(att, "window", 1, MAX_WINDOW, &w, err) || get_int(att, "stride", 1, w, &s, err) ||
             get_str(att, "gate", 1, &gate, err))
             return -1;
-        d->kv_stride = s;
+        d->kv_factor = 1.0 / (double)s;
         bnd = json_string_value(json_object_get(att, "boundaries"));
         if (bnd && !strcmp(bnd, "content")) {
             label(d, "content chunks %lld-%lld, mean %lld", (long long)json_integer_value(json_object_get(att, "chunk_min")),
@@ -192,7 +192,7 @@ int ps_v4_describe_config(const json_t *cfg, ps_model_desc *d, ps_error *err) {
     const char *kind = json_string_value(json_object_get(att, "kind"));
     if (!kind || strcmp(kind, ps_v4_attention_kinds[0])) return 0;
     memset(d, 0, sizeof *d);
-    d->kv_stride = 1;
+    d->kv_factor = 1;
     snprintf(d->kind, sizeof d->kind, "%s", kind);
     json_t *lt, *cr;
     int64_t nl;

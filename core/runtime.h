@@ -46,9 +46,8 @@ typedef struct {
     int indexer;           /* the model has a lightning indexer with a compressor of its own */
     const char *raw_what;  /* a knockout of the raw entries, in words (NULL: the usual "raw keys and values" wording) */
     const char *comp_what; /* a knockout of the compressed entries, in words (NULL: the usual wording) */
-    int64_t kv_stride;     /* positions per cached key/value entry (a compressed model's stride; 1: one per position) */
-    double kv_factor;      /* cache bytes per token relative to full attention's, where kv_stride does not say it
-                            * (select: raw entries plus pooled keys); 0: 1 / kv_stride */
+    double kv_factor;      /* the cache's bytes per token over full attention's (1; a compressed model's 1 / S; select
+                            * ps_select_kv_factor: the raw entries plus the pooled keys) */
 } ps_model_desc;
 
 /* An opened checkpoint: `family` is the core table every caller reaches the model through; `model` is the

@@ -14,7 +14,7 @@ and data/models/MODEL/train.jsonl:
 - the gap at P = 16 and 24 (pad) and at 8 and 24 in move mode;
 - KV bytes per token of the cache the model decodes with (`phasescope info`'s line for its own attention);
 - target: issue 46's, gap <= 10 pp at P = 8 and at P = 24 (pad) at <= 1.25x the base W8/S8's 768 B/token.
-Computes nothing the instruments did not write except the step sums.
+Computes nothing the instruments did not write except the step sums and the verdict.
 """
 import json
 import os

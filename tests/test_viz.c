@@ -18,6 +18,7 @@
 #include "viz/figures.h"
 #include "viz/tradeoff.h"
 #include "core/fileio.h"
+#include "core/runtime.h"
 #include "testutil.h"
 
 static char TMP[512];
@@ -506,8 +507,30 @@ static void test_tradeoff_pixels(void) {
     CHECK_ERR(ps_fig_tradeoff(path, "t", "c", many, 9, &err), &err, "the 9th: g9");
 }
 
+/* The trade-off markers' bytes: a model's cache bytes per token over full attention's, from its description */
+static void test_kv_factor(void) {
+    struct { const char *att; double want; } v[] = {
+        {"{\"kind\": \"full\"}", 1.0},
+        {"{\"kind\": \"compressed\", \"window\": 16, \"stride\": 8}", 0.125},
+        {"{\"kind\": \"select\", \"window\": 16, \"stride\": 8, \"block\": 16, \"topk\": 3, \"local_blocks\": 1}",
+         6624.0 / 6144.0}, /* `phasescope info` of deep_select_s1: 6624 against full attention's 6144 B/token */
+    };
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+        char js[512];
+        snprintf(js, sizeof js, "{\"model\": \"data/models/m\", \"config\": {\"attention\": %s}}", v[i].att);
+        json_error_t je;
+        json_t *prov = json_loads(js, 0, &je);
+        ps_model_desc d;
+        ps_error err;
+        CHECK(prov && !ps_model_desc_from_provenance(prov, &d, &err), "%s: not described", js);
+        if (prov) CHECK(fabs(d.kv_factor - v[i].want) < 1e-12, "%s: kv_factor %.6f, want %.6f", v[i].att, d.kv_factor, v[i].want);
+        json_decref(prov);
+    }
+}
+
 int main(void) {
     tu_tempdir(TMP, sizeof TMP, "viz");
+    test_kv_factor();
     test_model_names();
     test_colormaps();
     test_heatmap_pixels();

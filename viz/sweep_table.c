@@ -59,8 +59,7 @@ char *ps_sweep_table(const char *const *pos, int npos, const char *fig, size_t *
             double per = 2.0 * 4.0 * (double)json_integer_value(json_object_get(cf, "n_layers")) *
                          (double)json_integer_value(json_object_get(cf, "n_kv_heads")) *
                          (double)json_integer_value(json_object_get(cf, "head_dim"));
-            if (described && desc.kv_factor <= 0 && desc.kv_stride > 1) per /= (double)desc.kv_stride;
-            if (described && desc.kv_factor > 0) per *= desc.kv_factor;
+            if (described) per *= desc.kv_factor;
             int hollow = ps_tradeoff_group(groups[i], sizeof groups[i], basename(model));
             pts[i] = (ps_tradeoff_point){.group = groups[i], .mean = json_number_value(json_object_get(c, "mean_accuracy")),
                                          .gap_pp = json_number_value(json_object_get(c, "gap_pp")), .kv_bytes = per,

@@ -44,17 +44,17 @@ void ps_tradeoff_xy(const ps_tradeoff_point *pts, int n, int i, double *x, doubl
     *x = px(pts[i].mean, lo, hi), *y = py(pts[i].gap_pp);
 }
 
-double ps_tradeoff_radius(const ps_tradeoff_point *pts, int n, int i) {
-    double bmin = INFINITY;
-    for (int k = 0; k < n; k++) bmin = fmin(bmin, pts[k].kv_bytes);
-    return 6.0 * sqrt(pts[i].kv_bytes / bmin);
-}
-
 /* a marker's rim: its group colour at 75 %, so that the light colours (yellow) stand out on white */
 static ps_rgb rim(ps_rgb c) { return (ps_rgb){0.75 * c.r, 0.75 * c.g, 0.75 * c.b}; }
 
 /* marker radius: area proportional to bytes, the smallest of the figure at radius 6 */
 static double radius(double b, double bmin) { return 6.0 * sqrt(b / bmin); }
+
+double ps_tradeoff_radius(const ps_tradeoff_point *pts, int n, int i) {
+    double bmin = INFINITY;
+    for (int k = 0; k < n; k++) bmin = fmin(bmin, pts[k].kv_bytes);
+    return radius(pts[i].kv_bytes, bmin);
+}
 
 int ps_fig_tradeoff(const char *path, const char *title, const char *command, const ps_tradeoff_point *pts, int n,
                     ps_error *err) {

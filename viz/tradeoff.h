@@ -1,7 +1,8 @@
 /* tradeoff.h — the mitigation trade-off figure (docs/results.md "Closing the weak phase"): one point per
  * model (and seed), x = mean accuracy over residues, y = gap (max − min over residues, pp), marker area
  * proportional to the KV-cache bytes per token, colour and legend by group (a mitigation: the seeds of
- * one config share a colour; a checkpoint at the held-out-0.6 rule is a ring, the end of training a disc). Drawn from sweep results by `phasescope table --figure`. */
+ * one config share a colour; a checkpoint at the held-out-0.6 rule is a ring, the end of training a disc).
+ * Drawn from sweep results by `phasescope table --figure`. */
 #ifndef PS_TRADEOFF_H
 #define PS_TRADEOFF_H
 

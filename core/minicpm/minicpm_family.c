@@ -266,7 +266,7 @@ static int mc_describe_config(const json_t *cfg, ps_model_desc *d, ps_error *err
     snprintf(d->kind, sizeof d->kind, "%s", kind);
     snprintf(d->label, sizeof d->label, "MiniCPM4 InfLLM-v2, blocks of %lld, top %lld + %lld local", (long long)v[0],
              (long long)v[1], (long long)(v[0] ? v[2] / v[0] : 0));
-    d->kv_stride = 1;
+    d->kv_factor = 1;
     d->raw_what = "raw keys and values (hook_k, hook_v)";
     d->comp_what = "the level-1 pooled keys that choose the blocks (hook_ck)";
     return 1;
