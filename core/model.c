@@ -452,6 +452,11 @@ int ps_model_save_as(const ps_model *m, const char *dir, const ps_save_opts *o, 
         ps_fail(err, "%s: %d shards is more than the 99999 the file names allow; raise the shard size", dir, n_shards);
         goto done;
     }
+    /* config.json first: the weights (model.safetensors, or the shard index written after its shards) are the
+     * commit point, so a process killed between the two files never leaves weights without their config
+     * (train --resume and every loader take model.safetensors to mean a whole checkpoint) */
+    if (o->layout == PS_LAYOUT_HF ? ps_config_save_hf(&m->cfg, hf_dtype_name(dt), cpath, err) : ps_config_save(&m->cfg, cpath, err))
+        goto done;
     if (n_shards == 1) {
         if (ps_st_save_as(wpath, t, m->n_tensors, (const char *const *)m->meta_keys, (const char *const *)m->meta_vals,
                           m->n_meta, dt, err))
@@ -487,8 +492,6 @@ int ps_model_save_as(const ps_model *m, const char *dir, const ps_save_opts *o, 
         free(js);
         if (bad) goto done;
     }
-    if (o->layout == PS_LAYOUT_HF ? ps_config_save_hf(&m->cfg, hf_dtype_name(dt), cpath, err) : ps_config_save(&m->cfg, cpath, err))
-        goto done;
     remove_stale(dir, n_shards);
     rc = 0;
 done:

@@ -2,7 +2,8 @@
  * back (single file or shards, F32/BF16/F16, full and compressed attention: same weights, identical
  * forward), stale files of the other layout removed, every malformed shard index answered by a one-line
  * error naming the file (and the tensor or shard), lazy shard opening, the hub-cache symlink layout,
- * and the memory model of loading (peak RSS while loading a BF16 sharded checkpoint). */
+ * the config written before the weights (a save's commit point), and the memory model of loading (peak RSS while
+ * loading a BF16 sharded checkpoint). */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <stdint.h>
@@ -192,6 +193,40 @@ static void test_stale_files(void) {
     CHECK(!exists(dir, "model.safetensors"), "sharded save left model.safetensors (it would win on load)");
     CHECK_OK(ps_model_load(&m2, dir, &err), &err);
     ps_model_free(&m2);
+    ps_model_free(&m);
+}
+
+/* The weights are a save's commit point: config.json is written before them, so a save that cannot write its
+ * config (here config.json is a directory; a process killed between the two files is the same case) leaves
+ * no model.safetensors or shard index behind, the files train --resume and every loader take for a whole
+ * checkpoint (the CI failure of test_kill_resume: a kill after the step-0 weights, before their config). */
+static void test_config_before_weights(void) {
+    ps_error err;
+    ps_config c = tu_config(PS_ATTN_COMPRESSED);
+    ps_model m;
+    tu_random_model(&m, &c, 4, 0.3f);
+    ps_save_opts single = {0}, sharded = {.max_shard_bytes = 2500};
+    const ps_save_opts *opts[2] = {&single, &sharded};
+    for (int k = 0; k < 2; k++) {
+        char dir[1024], cdir[1100];
+        snprintf(dir, sizeof dir, "%s/order%d", TMP, k);
+        snprintf(cdir, sizeof cdir, "%s/config.json", dir);
+        CHECK(mkdir(dir, 0700) == 0 && mkdir(cdir, 0700) == 0, "cannot make %s", cdir);
+        CHECK_ERR(ps_model_save_as(&m, dir, opts[k], &err), &err, "config.json");
+        CHECK(!exists(dir, "model.safetensors") && !exists(dir, PS_ST_INDEX_NAME),
+              "%s save: weights written although their config.json could not be", k ? "sharded" : "single-file");
+        int files = 0;
+        DIR *d = opendir(dir);
+        for (struct dirent *e; d && (e = readdir(d));) files += strstr(e->d_name, ".safetensors") != NULL;
+        if (d) closedir(d);
+        CHECK(files == 0, "%s save: %d weight files written without a config", k ? "sharded" : "single-file", files);
+        /* with the obstacle gone the same directory takes the checkpoint */
+        rmdir(cdir);
+        CHECK_OK(ps_model_save_as(&m, dir, opts[k], &err), &err);
+        ps_model m2;
+        CHECK_OK(ps_model_load(&m2, dir, &err), &err);
+        ps_model_free(&m2);
+    }
     ps_model_free(&m);
 }
 
@@ -469,6 +504,7 @@ int main(void) {
     test_peak_memory();
     test_round_trips();
     test_stale_files();
+    test_config_before_weights();
     test_bad_indexes();
     CHECK_DONE();
 }
